@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The whole rocev2 test suite. Installs what the tests need first (Debian packages when run as
+# root, Go modules), then: gofmt, go vet, the full test suite, the suite again under the race
+# detector (-short: soak-sized cases shrink), and a short run of every fuzz target.
+#
+#   ./scripts/test.sh              everything
+#   FUZZTIME=30s ./scripts/test.sh longer fuzzing per target (default 10s)
+#   SKIP_FUZZ=1 ./scripts/test.sh  no fuzzing
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
+
+step() { printf '\n== %s ==\n' "$*"; }
+
+step "dependencies"
+need=()
+for pkg in tshark:tshark tcpdump:tcpdump ip:iproute2; do
+	command -v "${pkg%%:*}" >/dev/null 2>&1 || need+=("${pkg#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" = 0 ]; then
+		export DEBIAN_FRONTEND=noninteractive
+		echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
+		apt-get update -q
+		apt-get install -y -q --no-install-recommends "${need[@]}"
+	else
+		echo "WARNING: missing ${need[*]} and not root: tests that need them will skip loudly (they fail under CI=true)"
+	fi
+fi
+go mod download
+go version
+
+step "gofmt"
+bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$bad" ]; then echo "gofmt needed:"; echo "$bad"; exit 1; fi
+echo ok
+
+step "go vet"
+go vet ./...
+
+step "go test ./..."
+go test -count=1 -timeout 20m ./...
+
+step "go test -race -short ./..."
+go test -race -short -count=1 -timeout 25m ./...
+
+if [ "${SKIP_FUZZ:-}" != 1 ]; then
+	step "fuzz (${FUZZTIME:-10s} per target)"
+	for pkg in $(go list ./...); do
+		for target in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
+			echo "-- $pkg $target"
+			go test -run '^$' -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-10s}" "$pkg"
+		done
+	done
+fi
+
+step "done"
+echo "all checks passed"
