@@ -1,0 +1,124 @@
+// Package udp is the network under the RoCEv2 transport: a small batch-oriented
+// Link interface (shaped like wireguard-go's conn.Bind) and its implementations.
+//
+// A Link moves RoCEv2 UDP payloads (BTH .. ICRC) to and from UDP port 4791. It
+// owns the one thing only the network layer can know: the IP and UDP header the
+// packet really travels with. So Send fills in the ICRC for that header, and
+// Recv verifies it and never hands a packet with a bad ICRC to the transport.
+//
+// Implementations:
+//   - MemNetwork / MemLink: an in-memory network with seeded, reproducible
+//     faults (loss, duplication, reordering, corruption, delay) for tests and
+//     simulator soaks.
+//   - SocketLink (Linux): a kernel UDP socket bound to port 4791, batched with
+//     sendmmsg/recvmmsg.
+package udp
+
+import (
+	"errors"
+	"net/netip"
+)
+
+// Port is the IANA UDP destination port of RoCEv2.
+const Port = 4791
+
+// MaxPacketSize is the largest UDP payload (BTH .. ICRC) a Link sends or
+// receives: a 4096-byte IB MTU payload plus room for every header.
+const MaxPacketSize = 4096 + 128
+
+// minPacketSize is the smallest UDP payload that can be RoCEv2: a BTH and an ICRC.
+const minPacketSize = 12 + 4
+
+// Packet is one RoCEv2 datagram as the transport sees it.
+type Packet struct {
+	// Buf is the UDP payload: BTH .. ICRC. On Send the ICRC trailer (the
+	// last 4 bytes) is filled in by the Link. On Recv the caller provides
+	// a buffer with cap >= MaxPacketSize; Recv reslices it to the packet.
+	Buf []byte
+	// Addr is the destination IP on Send and the source IP on Recv.
+	Addr netip.Addr
+	// SrcPort is the UDP source port to use on Send (one per QP flow) and
+	// the sender's source port on Recv.
+	SrcPort uint16
+	// TOS is the IP TOS / traffic class byte to set on Send (the low two
+	// bits are ECN) and as received on Recv, when the backend can read it.
+	TOS uint8
+}
+
+// ECN codepoints in the low two bits of TOS.
+const (
+	ECNNotECT = 0 // not ECN-capable transport
+	ECNECT1   = 1 // ECN-capable transport (1)
+	ECNECT0   = 2 // ECN-capable transport (0)
+	ECNCE     = 3 // congestion experienced
+	ECNMask   = 3
+)
+
+// Link is a RoCEv2 network attachment: one local IP address, UDP port 4791.
+type Link interface {
+	// Send sends every packet or returns an error; it fills each packet's ICRC for the IP/UDP
+	// header the backend will actually put on the wire. Buffers may be reused when Send returns.
+	Send(pkts []Packet) error
+	// Recv blocks until at least one packet arrives and fills pkts[:n]; the caller provides
+	// Buf with cap >= MaxPacketSize (Recv reslices Buf to the packet length). Packets with a
+	// bad ICRC or that are not RoCEv2 are dropped and counted, never returned.
+	// After Close, Recv returns net.ErrClosed.
+	Recv(pkts []Packet) (n int, err error)
+	// LocalAddr is the IP address the link sends from and receives on.
+	LocalAddr() netip.Addr
+	// BatchSize is the number of packets Send and Recv handle per call efficiently.
+	BatchSize() int
+	// Stats returns a snapshot of the link's counters.
+	Stats() Stats
+	// Close releases the link and unblocks Recv.
+	Close() error
+}
+
+// Stats are a Link's cumulative counters.
+type Stats struct {
+	SentPkts      uint64 // packets handed to the network by Send
+	RcvdPkts      uint64 // packets returned by Recv
+	DropBadICRC   uint64 // received packets dropped because the ICRC did not verify
+	DropMalformed uint64 // received datagrams too short (or otherwise not RoCEv2)
+	DropOther     uint64 // received packets dropped for any other reason (queue overflow, ...)
+}
+
+// Errors returned by Links. They are matched with errors.Is.
+var (
+	// ErrPacketSize: a packet given to Send is shorter than BTH+ICRC or longer than MaxPacketSize.
+	ErrPacketSize = errors.New("udp: packet size out of range")
+	// ErrShortBuffer: a Packet.Buf given to Recv has cap < MaxPacketSize.
+	ErrShortBuffer = errors.New("udp: receive buffer cap smaller than MaxPacketSize")
+	// ErrAddress: an address is invalid for this link (zero, or the wrong IP family).
+	ErrAddress = errors.New("udp: invalid address")
+)
+
+// SourcePort returns a stable UDP source port for a QP: 0xc000 | (hash(qpn) &
+// 0x3fff), so that each QP is one ordered flow through ECMP and RSS. The hash is
+// the kernel's hash_32 (multiplication by the 32-bit golden ratio), which older
+// rxe versions used for exactly this.
+func SourcePort(qpn uint32) uint16 {
+	h := (qpn & 0xffffff) * 0x61c88647 >> (32 - 14)
+	return 0xc000 | uint16(h&0x3fff)
+}
+
+// FlowSourcePort returns the UDP source port Linux rxe (and the kernel's
+// rdma_get_udp_sport) uses for an RC/UC QP with local QPN lqpn connected to
+// remote QPN rqpn when the address vector carries no flow label: the flow
+// label is derived from lqpn*rqpn and folded into 14 bits above 0xc000.
+// Matching it makes our flows look exactly like rxe's in captures.
+func FlowSourcePort(lqpn, rqpn uint32) uint16 {
+	v := uint64(lqpn) * uint64(rqpn)
+	v ^= v >> 20
+	v ^= v >> 40
+	fl := uint32(v & 0xfffff)
+	low := fl & 0x3fff
+	low ^= (fl & 0xfc000) >> 14
+	return uint16(low) | 0xc000
+}
+
+// normAddr returns a in the form links are keyed by: IPv4-mapped IPv6 (the
+// RoCEv2 GID form) becomes plain IPv4, and any zone is removed.
+func normAddr(a netip.Addr) netip.Addr {
+	return a.Unmap().WithZone("")
+}
