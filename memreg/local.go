@@ -1,0 +1,129 @@
+package memreg
+
+import "fmt"
+
+// SGE is one element of a local scatter/gather list, as in ibv_sge: Addr
+// is an address in the IOVA space of the region named by LKey.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// resolveLocal finds the region an SGE piece (addr, n>0) may use with the
+// local rights acc (0 = read, or AccessLocalWrite).
+func (pd *PD) resolveLocal(key uint32, addr, n uint64, acc Access) (*entry, uint64, error) {
+	e := pd.t.lookup(key)
+	switch {
+	case e == nil:
+		return nil, 0, pd.t.missErr(key)
+	case e.key != key:
+		return nil, 0, ErrStaleKey
+	case e.pd != pd:
+		return nil, 0, ErrWrongPD
+	case e.kind != kindMR:
+		return e, 0, ErrKeyType
+	case e.access&acc != acc:
+		return e, 0, ErrAccessDenied
+	}
+	last := addr + n - 1
+	if last < addr {
+		return e, 0, ErrAddressWrap
+	}
+	if addr < e.start || last > e.last {
+		return e, 0, ErrOutOfBounds
+	}
+	return e, addr - e.start, nil
+}
+
+func checkLocalFlags(op Op, acc Access) error {
+	if acc&^AccessLocalWrite != 0 {
+		return &AccessError{Op: op, Err: fmt.Errorf("%w: %v is not a local right", ErrInvalidAccessFlags, acc)}
+	}
+	return nil
+}
+
+// CheckSGEs checks every element of a scatter/gather list against its
+// lkey: the key is live, of this PD, names a memory region (not a window),
+// grants acc (0 for a gather source, AccessLocalWrite for a receive buffer
+// or a READ/atomic destination), and the element lies inside the region.
+// Zero-length elements are skipped, as zero-length accesses check no key.
+// It returns the list's total length.
+func (pd *PD) CheckSGEs(sges []SGE, acc Access) (total uint64, err error) {
+	if err := checkLocalFlags(OpCheckSGE, acc); err != nil {
+		return 0, err
+	}
+	for i := range sges {
+		s := &sges[i]
+		if s.Length == 0 {
+			continue
+		}
+		if e, _, err := pd.resolveLocal(s.LKey, s.Addr, uint64(s.Length), acc); err != nil {
+			return 0, accessErr(OpCheckSGE, s.LKey, s.Addr, uint64(s.Length), err, e, acc)
+		}
+		total += uint64(s.Length)
+	}
+	return total, nil
+}
+
+// Gather copies len(dst) bytes out of local memory, starting at byte
+// offset of the concatenated list (local read needs no flag). It fails
+// with ErrLength when the list is shorter than offset+len(dst).
+func (pd *PD) Gather(sges []SGE, offset uint64, dst []byte) error {
+	return pd.move(OpGather, sges, offset, dst, 0)
+}
+
+// Scatter places src into local memory at byte offset of the concatenated
+// list (a receive buffer for SEND, the destination of an RDMA READ); every
+// region written needs AccessLocalWrite. It fails with ErrLength when src
+// does not fit. Each element's copy happens under its region's pin; if an
+// element fails its check, the bytes before it have been placed (as a NIC
+// would have) and the error names the element.
+func (pd *PD) Scatter(sges []SGE, offset uint64, src []byte) error {
+	return pd.move(OpScatter, sges, offset, src, AccessLocalWrite)
+}
+
+func (pd *PD) move(op Op, sges []SGE, offset uint64, buf []byte, acc Access) error {
+	n := uint64(len(buf))
+	if n == 0 {
+		return nil
+	}
+	var total uint64
+	for i := range sges {
+		total += uint64(sges[i].Length)
+	}
+	if offset > total || n > total-offset {
+		return &AccessError{Op: op, VA: offset, Len: n, Err: ErrLength,
+			Detail: fmt.Sprintf("list holds %d bytes", total)}
+	}
+	skip := offset
+	for i := range sges {
+		s := &sges[i]
+		l := uint64(s.Length)
+		if skip >= l {
+			skip -= l
+			continue
+		}
+		chunk := min(l-skip, uint64(len(buf)))
+		addr := s.Addr + skip
+		skip = 0
+		e, off, err := pd.resolveLocal(s.LKey, addr, chunk, acc)
+		if err != nil {
+			return accessErr(op, s.LKey, addr, chunk, err, e, acc)
+		}
+		if !e.pin() {
+			return accessErr(op, s.LKey, addr, chunk, ErrStaleKey, e, 0)
+		}
+		if op == OpScatter {
+			copy(e.mem[off:off+chunk], buf[:chunk])
+		} else {
+			copy(buf[:chunk], e.mem[off:off+chunk])
+		}
+		e.unpin()
+		buf = buf[chunk:]
+		if len(buf) == 0 {
+			return nil
+		}
+	}
+	return nil
+}

@@ -1,0 +1,43 @@
+package memreg
+
+import "fmt"
+
+// PD is a protection domain: keys of one PD are never honoured for
+// accesses arriving through another.
+type PD struct {
+	t *Table
+	// Under t.mu:
+	nMR, nMW int
+	dead     bool
+}
+
+// AllocPD creates a protection domain.
+func (t *Table) AllocPD() (*PD, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lim.MaxPD > 0 && t.usage.PDs >= t.lim.MaxPD {
+		return nil, fmt.Errorf("memreg: alloc PD: %w: MaxPD=%d", ErrLimit, t.lim.MaxPD)
+	}
+	t.usage.PDs++
+	return &PD{t: t}, nil
+}
+
+// Table returns the table the PD belongs to.
+func (pd *PD) Table() *Table { return pd.t }
+
+// Dealloc releases the PD. It fails with ErrBusy while regions or windows
+// of the PD are live, and with ErrClosed if already released.
+func (pd *PD) Dealloc() error {
+	t := pd.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case pd.dead:
+		return fmt.Errorf("memreg: dealloc PD: %w", ErrClosed)
+	case pd.nMR > 0 || pd.nMW > 0:
+		return fmt.Errorf("memreg: dealloc PD: %w: %d regions and %d windows still live", ErrBusy, pd.nMR, pd.nMW)
+	}
+	pd.dead = true
+	t.usage.PDs--
+	return nil
+}

@@ -1,0 +1,355 @@
+package memreg
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// QPView performs the remote-facing operations on behalf of one QP. It
+// adds the one check the PD-level methods cannot make: a type 2 memory
+// window is usable only through the QP it is bound to. The PD-level
+// methods (pd.CheckRemote, ...) are the same calls without that check.
+type QPView struct {
+	pd  *PD
+	qpn uint32
+}
+
+// ForQP returns the remote-facing operations as seen by QP qpn (24 bits).
+func (pd *PD) ForQP(qpn uint32) QPView { return QPView{pd: pd, qpn: qpn & 0xffffff} }
+
+func (pd *PD) any() QPView { return QPView{pd: pd, qpn: anyQP} }
+
+// resolveRemote finds the registration a remote access (key, va, n>0, acc)
+// may use and returns it with the byte offset of va in its memory. It does
+// not pin. The error is a bare sentinel (no allocation); e is returned when
+// known, for the error's detail.
+func (v QPView) resolveRemote(key uint32, va, n uint64, acc Access) (*entry, uint64, error) {
+	if n > maxDMALen {
+		return nil, 0, ErrLength
+	}
+	e := v.pd.t.lookup(key)
+	switch {
+	case e == nil:
+		return nil, 0, v.pd.t.missErr(key)
+	case e.key != key:
+		return nil, 0, ErrStaleKey
+	case e.pd != v.pd:
+		return nil, 0, ErrWrongPD
+	case e.unbound:
+		return e, 0, ErrNotBound
+	case e.kind == kindMW2 && v.qpn != anyQP && e.qpn != v.qpn:
+		return e, 0, ErrWrongQP
+	case e.access&acc != acc:
+		return e, 0, ErrAccessDenied
+	}
+	last := va + n - 1
+	if last < va {
+		return e, 0, ErrAddressWrap
+	}
+	if va < e.start || last > e.last {
+		return e, 0, ErrOutOfBounds
+	}
+	return e, va - e.start, nil
+}
+
+// accessErr wraps a sentinel into an *AccessError with a useful detail.
+//
+//go:noinline
+func accessErr(op Op, key uint32, va, n uint64, err error, e *entry, need Access) error {
+	ae := &AccessError{Op: op, Key: key, VA: va, Len: n, Err: err}
+	switch err {
+	case ErrAccessDenied:
+		if e != nil {
+			ae.Detail = fmt.Sprintf("needs %v, key grants %v", need, e.access)
+		}
+	case ErrOutOfBounds:
+		if e != nil {
+			ae.Detail = fmt.Sprintf("key covers [%#x, %#x]", e.start, e.last)
+		}
+	case ErrWrongQP:
+		if e != nil {
+			ae.Detail = fmt.Sprintf("window bound to QP %#x", e.qpn)
+		}
+	case ErrLength:
+		if op.local() {
+			ae.Detail = "beyond the end of the scatter/gather list"
+		} else {
+			ae.Detail = "DMA length above 2^31"
+		}
+	case ErrStaleKey:
+		if e != nil {
+			ae.Detail = "registration released during the access"
+		}
+	}
+	return ae
+}
+
+func checkRemoteFlags(op Op, key uint32, va, n uint64, acc Access) error {
+	if acc == 0 || acc&^accessRemote != 0 {
+		return &AccessError{Op: op, Key: key, VA: va, Len: n,
+			Err: fmt.Errorf("%w: %v is not a set of remote rights", ErrInvalidAccessFlags, acc)}
+	}
+	return nil
+}
+
+// CheckRemote checks a remote access of length bytes at va through rkey
+// needing the remote rights acc (AccessRemoteWrite, AccessRemoteRead,
+// AccessRemoteAtomic, or a union). A zero length is valid and checks no
+// key (IBTA: the R_Key is not validated when the DMA length is 0). The
+// checks run in rxe's order: length (<= 2^31), key, PD, window state/QP,
+// rights, wrap, bounds. CheckRemote does not check atomic alignment.
+func (v QPView) CheckRemote(rkey uint32, va uint64, length uint32, acc Access) error {
+	if err := checkRemoteFlags(OpCheck, rkey, va, uint64(length), acc); err != nil {
+		return err
+	}
+	if length == 0 {
+		return nil
+	}
+	if e, _, err := v.resolveRemote(rkey, va, uint64(length), acc); err != nil {
+		return accessErr(OpCheck, rkey, va, uint64(length), err, e, acc)
+	}
+	return nil
+}
+
+// WriteRemote places data at va through rkey (RDMA WRITE); it needs
+// AccessRemoteWrite. The copy runs while the registration is pinned, so it
+// either completes before a concurrent Deregister returns or does not start.
+func (v QPView) WriteRemote(rkey uint32, va uint64, data []byte) error {
+	n := uint64(len(data))
+	if n == 0 {
+		return nil
+	}
+	e, off, err := v.resolveRemote(rkey, va, n, AccessRemoteWrite)
+	if err != nil {
+		return accessErr(OpWrite, rkey, va, n, err, e, AccessRemoteWrite)
+	}
+	if !e.pin() {
+		return accessErr(OpWrite, rkey, va, n, ErrStaleKey, e, 0)
+	}
+	copy(e.mem[off:off+n], data)
+	e.unpin()
+	return nil
+}
+
+// ReadRemote copies len(dst) bytes at va through rkey into dst (RDMA READ
+// response data); it needs AccessRemoteRead.
+func (v QPView) ReadRemote(rkey uint32, va uint64, dst []byte) error {
+	n := uint64(len(dst))
+	if n == 0 {
+		return nil
+	}
+	e, off, err := v.resolveRemote(rkey, va, n, AccessRemoteRead)
+	if err != nil {
+		return accessErr(OpRead, rkey, va, n, err, e, AccessRemoteRead)
+	}
+	if !e.pin() {
+		return accessErr(OpRead, rkey, va, n, ErrStaleKey, e, 0)
+	}
+	copy(dst, e.mem[off:off+n])
+	e.unpin()
+	return nil
+}
+
+// atomicTarget resolves and pins the 8 bytes an atomic works on.
+func (v QPView) atomicTarget(op Op, rkey uint32, va uint64) (*entry, []byte, error) {
+	e, off, err := v.resolveRemote(rkey, va, 8, AccessRemoteAtomic)
+	if err == nil && va&7 != 0 {
+		err = ErrMisaligned
+	}
+	if err != nil {
+		return nil, nil, accessErr(op, rkey, va, 8, err, e, AccessRemoteAtomic)
+	}
+	if !e.pin() {
+		return nil, nil, accessErr(op, rkey, va, 8, ErrStaleKey, e, 0)
+	}
+	return e, e.mem[off : off+8 : off+8], nil
+}
+
+// atomicStripes serialize atomics on host addresses that are not 8-byte
+// aligned (possible only when a custom IOVA is congruent to 0 mod 8 while
+// the host address is not). Every atomic on such an address takes the same
+// stripe, so they stay atomic with respect to each other.
+var atomicStripes [64]struct {
+	sync.Mutex
+	_ [56]byte
+}
+
+func stripe(p unsafe.Pointer) *sync.Mutex { return &atomicStripes[(uintptr(p)>>3)%64].Mutex }
+
+// CompareSwap is the responder side of an ATOMIC CmpSwap: if the 8 bytes
+// at va equal compare they are replaced by swap; the original value is
+// returned either way. It needs AccessRemoteAtomic and an 8-byte aligned
+// va (ErrMisaligned). Memory is read and written in host byte order;
+// compare and swap are host values (the caller decodes the big-endian
+// AtomicETH fields). Atomic with respect to every other CompareSwap and
+// FetchAdd on the same memory.
+func (v QPView) CompareSwap(rkey uint32, va uint64, compare, swap uint64) (orig uint64, err error) {
+	e, b, err := v.atomicTarget(OpCompareSwap, rkey, va)
+	if err != nil {
+		return 0, err
+	}
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	if uintptr(p)&7 == 0 {
+		w := (*uint64)(p)
+		for {
+			orig = atomic.LoadUint64(w)
+			if orig != compare || atomic.CompareAndSwapUint64(w, orig, swap) {
+				break
+			}
+		}
+	} else {
+		mu := stripe(p)
+		mu.Lock()
+		orig = binary.NativeEndian.Uint64(b)
+		if orig == compare {
+			binary.NativeEndian.PutUint64(b, swap)
+		}
+		mu.Unlock()
+	}
+	e.unpin()
+	return orig, nil
+}
+
+// FetchAdd is the responder side of an ATOMIC FetchAdd: it adds add
+// (modulo 2^64) to the 8 bytes at va and returns their original value.
+// Same rules as CompareSwap.
+func (v QPView) FetchAdd(rkey uint32, va uint64, add uint64) (orig uint64, err error) {
+	e, b, err := v.atomicTarget(OpFetchAdd, rkey, va)
+	if err != nil {
+		return 0, err
+	}
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	if uintptr(p)&7 == 0 {
+		orig = atomic.AddUint64((*uint64)(p), add) - add
+	} else {
+		mu := stripe(p)
+		mu.Lock()
+		orig = binary.NativeEndian.Uint64(b)
+		binary.NativeEndian.PutUint64(b, orig+add)
+		mu.Unlock()
+	}
+	e.unpin()
+	return orig, nil
+}
+
+// Target is the result of a successful remote access check: the place
+// where a multi-packet RDMA WRITE lands or an RDMA READ is served from.
+// It holds no pin: each Write/Read pins the registration again and fails
+// with ErrStaleKey once the registration (or window binding) is gone.
+// The zero Target (from a zero-length Lookup) has length 0.
+type Target struct {
+	e   *entry
+	off uint64 // offset of va in e.mem
+	va  uint64
+	n   uint64
+	acc Access
+	key uint32
+}
+
+// Lookup checks a remote access like CheckRemote and returns its target.
+func (v QPView) Lookup(rkey uint32, va uint64, length uint32, acc Access) (Target, error) {
+	n := uint64(length)
+	if err := checkRemoteFlags(OpCheck, rkey, va, n, acc); err != nil {
+		return Target{}, err
+	}
+	if n == 0 {
+		return Target{va: va, key: rkey, acc: acc}, nil
+	}
+	e, off, err := v.resolveRemote(rkey, va, n, acc)
+	if err != nil {
+		return Target{}, accessErr(OpCheck, rkey, va, n, err, e, acc)
+	}
+	return Target{e: e, off: off, va: va, n: n, acc: acc, key: rkey}, nil
+}
+
+// Len returns the length the target was checked for.
+func (t Target) Len() uint64 { return t.n }
+
+// VA returns the address the target starts at.
+func (t Target) VA() uint64 { return t.va }
+
+// Write places p at byte offset off of the target (off is relative to the
+// VA it was looked up with). The target must have been looked up with
+// AccessRemoteWrite, and [off, off+len(p)) must lie inside it.
+func (t Target) Write(off uint64, p []byte) error {
+	n := uint64(len(p))
+	if n == 0 {
+		return nil
+	}
+	if err := t.span(OpWrite, off, n, AccessRemoteWrite); err != nil {
+		return err
+	}
+	if !t.e.pin() {
+		return accessErr(OpWrite, t.key, t.va+off, n, ErrStaleKey, t.e, 0)
+	}
+	s := t.off + off
+	copy(t.e.mem[s:s+n], p)
+	t.e.unpin()
+	return nil
+}
+
+// Read copies len(dst) bytes at byte offset off of the target into dst.
+// The target must have been looked up with AccessRemoteRead.
+func (t Target) Read(off uint64, dst []byte) error {
+	n := uint64(len(dst))
+	if n == 0 {
+		return nil
+	}
+	if err := t.span(OpRead, off, n, AccessRemoteRead); err != nil {
+		return err
+	}
+	if !t.e.pin() {
+		return accessErr(OpRead, t.key, t.va+off, n, ErrStaleKey, t.e, 0)
+	}
+	s := t.off + off
+	copy(dst, t.e.mem[s:s+n])
+	t.e.unpin()
+	return nil
+}
+
+func (t Target) span(op Op, off, n uint64, need Access) error {
+	if t.acc&need != need {
+		return accessErr(op, t.key, t.va+off, n, ErrAccessDenied, t.e, need)
+	}
+	if off > t.n || n > t.n-off {
+		return &AccessError{Op: op, Key: t.key, VA: t.va + off, Len: n, Err: ErrOutOfBounds,
+			Detail: fmt.Sprintf("target is %d bytes at %#x", t.n, t.va)}
+	}
+	return nil
+}
+
+// The PD-level remote calls: the same as through ForQP, without the type 2
+// window QP check (the PD does not know which QP a request arrived on).
+
+// CheckRemote checks a remote access; see QPView.CheckRemote.
+func (pd *PD) CheckRemote(rkey uint32, va uint64, length uint32, acc Access) error {
+	return pd.any().CheckRemote(rkey, va, length, acc)
+}
+
+// WriteRemote places data at va through rkey; see QPView.WriteRemote.
+func (pd *PD) WriteRemote(rkey uint32, va uint64, data []byte) error {
+	return pd.any().WriteRemote(rkey, va, data)
+}
+
+// ReadRemote copies out of memory at va through rkey; see QPView.ReadRemote.
+func (pd *PD) ReadRemote(rkey uint32, va uint64, dst []byte) error {
+	return pd.any().ReadRemote(rkey, va, dst)
+}
+
+// CompareSwap runs an atomic compare-and-swap; see QPView.CompareSwap.
+func (pd *PD) CompareSwap(rkey uint32, va uint64, compare, swap uint64) (orig uint64, err error) {
+	return pd.any().CompareSwap(rkey, va, compare, swap)
+}
+
+// FetchAdd runs an atomic fetch-and-add; see QPView.FetchAdd.
+func (pd *PD) FetchAdd(rkey uint32, va uint64, add uint64) (orig uint64, err error) {
+	return pd.any().FetchAdd(rkey, va, add)
+}
+
+// Lookup checks a remote access and returns its target; see QPView.Lookup.
+func (pd *PD) Lookup(rkey uint32, va uint64, length uint32, acc Access) (Target, error) {
+	return pd.any().Lookup(rkey, va, length, acc)
+}
