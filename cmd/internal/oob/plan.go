@@ -1,0 +1,266 @@
+package oob
+
+import (
+	"context"
+	"fmt"
+)
+
+// PerfTest names a perftest program.
+type PerfTest uint8
+
+// The perftest programs whose exchange sequences Plan knows.
+const (
+	WriteBW PerfTest = iota + 1
+	ReadBW
+	SendBW
+	AtomicBW
+	WriteLat
+	ReadLat
+	SendLat
+	AtomicLat
+)
+
+var perfTestNames = [...]string{
+	WriteBW: "write-bw", ReadBW: "read-bw", SendBW: "send-bw", AtomicBW: "atomic-bw",
+	WriteLat: "write-lat", ReadLat: "read-lat", SendLat: "send-lat", AtomicLat: "atomic-lat",
+}
+
+// String returns the rocev2d subcommand name ("write-bw", …).
+func (t PerfTest) String() string {
+	if int(t) < len(perfTestNames) && perfTestNames[t] != "" {
+		return perfTestNames[t]
+	}
+	return fmt.Sprintf("PerfTest(%d)", uint8(t))
+}
+
+// Valid reports whether t is one of the known tests.
+func (t PerfTest) Valid() bool { return t >= WriteBW && t <= AtomicLat }
+
+// IsBW reports whether t is a bandwidth test.
+func (t PerfTest) IsBW() bool { return t >= WriteBW && t <= AtomicBW }
+
+// Step is one element of a perftest exchange plan: either a wire exchange or
+// a local action the caller performs through Hooks.
+type Step uint8
+
+// Plan steps.
+const (
+	StepVersion     Step = iota + 1 // 16-byte version exchange
+	StepCycleBuffer                 // 4-byte BE int
+	StepCacheLine                   // 4-byte BE int
+	StepMTU                         // 2 bytes: enum digit + NUL
+	StepDest                        // 108-byte QP data exchange
+	StepConnect                     // local: bring the QP to RTR/RTS (Hooks.Connect)
+	StepSync                        // 108-byte QP data re-exchange used as a barrier
+	StepPrepare                     // local: post WQEs for the next size (Hooks.Prepare)
+	StepTraffic                     // local: run the data phase of one size (Hooks.Traffic)
+	StepReport                      // 5 × 8-byte bandwidth report exchange
+	StepDone                        // "done\0" written by both sides
+)
+
+var stepNames = [...]string{
+	StepVersion: PerfStepVersion, StepCycleBuffer: PerfStepCycleBuffer, StepCacheLine: PerfStepCacheLine,
+	StepMTU: PerfStepMTU, StepDest: PerfStepDest, StepConnect: "connect", StepSync: PerfStepSync,
+	StepPrepare: "prepare", StepTraffic: "traffic", StepReport: "report", StepDone: PerfStepDone,
+}
+
+// String returns the step's name.
+func (s Step) String() string {
+	if int(s) < len(stepNames) && stepNames[s] != "" {
+		return stepNames[s]
+	}
+	return fmt.Sprintf("Step(%d)", uint8(s))
+}
+
+// WireBytes returns how many bytes each side writes in step s (0 for local
+// steps).
+func (s Step) WireBytes() int {
+	switch s {
+	case StepVersion:
+		return VersionSize
+	case StepCycleBuffer, StepCacheLine:
+		return 4
+	case StepMTU:
+		return 2
+	case StepDest, StepSync:
+		return PerfDestSize
+	case StepReport:
+		return ReportSize
+	case StepDone:
+		return len(doneMsg)
+	}
+	return 0
+}
+
+// Plan returns the exact sequence perftest 4.5 runs for test in role, in the
+// default mode: one QP, ethernet exchange (no -R/rdma_cm), not bidirectional
+// (-b), not --run_infinitely. sizes is the number of message sizes: 1, or
+// the count of sizes with -a. Duration mode (-D) does not change the
+// sequence. Derived from perftest 4.5-0.17 (src/*_bw.c, *_lat.c) and the
+// captures in ../shared/golden. Both roles' plans have the same wire steps in
+// the same order; they differ only in local steps.
+//
+//	write/read/atomic-bw: version cycle cache mtu dest connect sync sync
+//	    client: [prepare traffic]×sizes; both: sync report sync done
+//	    (the server has no data phase: it waits in that sync)
+//	send-bw:  version cycle cache mtu dest connect sync sync
+//	    sizes=1: prepare sync traffic; -a: [prepare sync traffic sync]×sizes
+//	    then sync done
+//	write-lat: version cycle cache mtu dest sync connect sync sync
+//	    [prepare traffic]×sizes; no done, each side just closes
+//	read/atomic-lat: version cycle cache mtu dest sync connect sync sync
+//	    client: [prepare traffic]×sizes; both: sync done
+//	send-lat: version cycle cache mtu dest connect sync sync
+//	    [prepare sync traffic]×sizes; sync done
+func Plan(test PerfTest, role Role, sizes int) ([]Step, error) {
+	if !test.Valid() {
+		return nil, fmt.Errorf("oob: unknown perftest %v", test)
+	}
+	if role != Client && role != Server {
+		return nil, fmt.Errorf("oob: unknown role %v", role)
+	}
+	if sizes < 1 {
+		return nil, fmt.Errorf("oob: sizes %d < 1", sizes)
+	}
+	p := []Step{StepVersion, StepCycleBuffer, StepCacheLine, StepMTU, StepDest}
+	active := role == Client // does this side run a data phase?
+	switch test {
+	case WriteBW, ReadBW, AtomicBW:
+		// dest; ctx_connect; hand_shake (remote print); hand_shake (after RTR).
+		p = append(p, StepConnect, StepSync, StepSync)
+		if active {
+			for range sizes {
+				p = append(p, StepPrepare, StepTraffic)
+			}
+		}
+		// half-duplex end: hand_shake; xchg_bw_reports; ctx_close_connection.
+		p = append(p, StepSync, StepReport, StepSync, StepDone)
+	case SendBW:
+		p = append(p, StepConnect, StepSync, StepSync)
+		if sizes == 1 {
+			// RUN_REGULAR: set wqes; hand_shake; run_iter_bw(_server).
+			p = append(p, StepPrepare, StepSync, StepTraffic)
+		} else {
+			// RUN_ALL: per size set wqes; hand_shake; run; hand_shake.
+			for range sizes {
+				p = append(p, StepPrepare, StepSync, StepTraffic, StepSync)
+			}
+		}
+		p = append(p, StepSync, StepDone)
+	case WriteLat:
+		// hand_shake before the per-QP loop and one in it; ctx_connect;
+		// hand_shake (remote print); hand_shake (after RTR).
+		p = append(p, StepSync, StepConnect, StepSync, StepSync)
+		for range sizes {
+			p = append(p, StepPrepare, StepTraffic)
+		}
+		// write_lat 4.5 never calls ctx_close_connection.
+	case ReadLat, AtomicLat:
+		p = append(p, StepSync, StepConnect, StepSync, StepSync)
+		if active {
+			for range sizes {
+				p = append(p, StepPrepare, StepTraffic)
+			}
+		}
+		p = append(p, StepSync, StepDone)
+	case SendLat:
+		p = append(p, StepConnect, StepSync, StepSync)
+		for range sizes {
+			// post receives; hand_shake so the client does not send early.
+			p = append(p, StepPrepare, StepSync, StepTraffic)
+		}
+		p = append(p, StepSync, StepDone)
+	}
+	return p, nil
+}
+
+// Hooks are the caller's local actions during Run. Nil hooks are skipped.
+type Hooks struct {
+	// Connect brings the QP to RTR (and RTS) using the peer's QP data and
+	// the negotiated parameters (ctx_connect).
+	Connect func(ctx context.Context, remote PerfDest, negotiated Params) error
+	// Prepare posts the WQEs for message size number i (0-based); for SEND
+	// tests the server's receives must be posted here, before the barrier.
+	Prepare func(ctx context.Context, i int) error
+	// Traffic runs the data phase for size number i and returns this side's
+	// report (used by bandwidth tests' report exchange; the last one wins).
+	Traffic func(ctx context.Context, i int) (Report, error)
+}
+
+// Result is what Run learned from the peer.
+type Result struct {
+	PeerVersion  string
+	RemoteParams Params
+	Negotiated   Params
+	Remote       PerfDest // the peer's QP data (from its first message)
+	LocalReport  Report   // the last report Traffic returned
+	RemoteReport Report   // the peer's report, if HasReport
+	HasReport    bool
+}
+
+// Run executes plan (from Plan) on the session: wire steps through the step
+// methods, local steps through hooks. params are this side's Params, local
+// its QP data. Errors name the step; local hooks' errors are returned as
+// StepErrors with Op "local".
+func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local PerfDest, hooks Hooks) (Result, error) {
+	var res Result
+	size := 0 // index of the current message size
+	prepared := false
+	for _, st := range plan {
+		var err error
+		switch st {
+		case StepVersion:
+			res.PeerVersion, err = s.Handshake(ctx)
+		case StepCycleBuffer:
+			res.RemoteParams.CycleBuffer, err = s.exchangeCycleBuffer(ctx, params)
+		case StepCacheLine:
+			res.RemoteParams.CacheLine, err = s.exchangeCacheLine(ctx, params)
+		case StepMTU:
+			res.RemoteParams.MTU, err = s.exchangeMTU(ctx, params)
+		case StepDest:
+			res.Remote, err = s.ExchangeDest(ctx, local)
+		case StepConnect:
+			if hooks.Connect != nil {
+				err = s.localErr(st, hooks.Connect(ctx, res.Remote, res.Negotiated))
+			}
+		case StepSync:
+			err = s.Sync(ctx)
+		case StepPrepare:
+			if prepared {
+				size++
+			}
+			prepared = true
+			if hooks.Prepare != nil {
+				err = s.localErr(st, hooks.Prepare(ctx, size))
+			}
+		case StepTraffic:
+			if hooks.Traffic != nil {
+				var r Report
+				r, err = hooks.Traffic(ctx, size)
+				err = s.localErr(st, err)
+				if err == nil {
+					res.LocalReport = r
+				}
+			}
+		case StepReport:
+			res.RemoteReport, err = s.ExchangeReport(ctx, res.LocalReport)
+			res.HasReport = err == nil
+		case StepDone:
+			err = s.Done(ctx)
+		default:
+			err = &StepError{Protocol: s.c.proto, Step: st.String(), Op: "check", Err: fmt.Errorf("unknown plan step")}
+		}
+		if err != nil {
+			return res, err
+		}
+		res.Negotiated = params.Negotiate(res.RemoteParams)
+	}
+	return res, nil
+}
+
+func (s *PerfSession) localErr(st Step, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &StepError{Protocol: s.c.proto, Step: st.String(), Op: "local", Err: err}
+}
