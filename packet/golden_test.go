@@ -1,0 +1,212 @@
+package packet
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+)
+
+// goldenDir returns the directory of the golden captures: $ROCEV2_GOLDEN, or
+// ../shared/golden relative to the directory holding go.mod. It returns ""
+// if it cannot be found.
+func goldenDir() string {
+	if d := os.Getenv("ROCEV2_GOLDEN"); d != "" {
+		return d
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for i := 0; i < 32; i++ {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, "..", "shared", "golden")
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return ""
+}
+
+// goldenFiles lists the golden pcaps, skipping (or failing under CI=true)
+// when there are none.
+func goldenFiles(tb testing.TB) []string {
+	tb.Helper()
+	dir := goldenDir()
+	var files []string
+	if dir != "" {
+		files, _ = filepath.Glob(filepath.Join(dir, "*.pcap"))
+	}
+	if len(files) == 0 {
+		msg := "GOLDEN CAPTURES NOT FOUND (looked in " + strconv.Quote(dir) +
+			"; set ROCEV2_GOLDEN): golden packet tests did not run"
+		if os.Getenv("CI") == "true" {
+			tb.Fatal(msg)
+		}
+		tb.Skip(msg)
+	}
+	return files
+}
+
+// goldenPacket is one RoCEv2 UDP payload from a capture.
+type goldenPacket struct {
+	frame   int // 1-based frame number in the pcap
+	payload []byte
+}
+
+// readRoCE returns the UDP payloads to port 4791 in the pcap at path.
+func readRoCE(tb testing.TB, path string) []goldenPacket {
+	tb.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	r, err := newPcapReader(bufio.NewReader(f))
+	if err != nil {
+		tb.Fatalf("%s: %v", path, err)
+	}
+	var out []goldenPacket
+	for frame := 1; frame < 1_000_000; frame++ {
+		data, err := r.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			tb.Fatalf("%s frame %d: %v", path, frame, err)
+		}
+		pkt := gopacket.NewPacket(data, r.linkType, gopacket.Default)
+		l := pkt.Layer(layers.LayerTypeUDP)
+		if l == nil {
+			continue
+		}
+		udp := l.(*layers.UDP)
+		if udp.DstPort != 4791 {
+			continue
+		}
+		out = append(out, goldenPacket{frame: frame, payload: append([]byte(nil), udp.Payload...)})
+	}
+	return out
+}
+
+// expectation is what the capture's .txt (roce_pcap.py) says about a frame.
+type expectation struct {
+	op     string
+	dqpn   uint64
+	psn    uint64
+	ackReq bool
+	pkey   uint64
+	pay    int
+	icrc   uint64
+}
+
+var lineRE = regexp.MustCompile(`^\s*(\d+)\s+\S+\s+\S+\s+>\s+\S+\s+(\S+)\s+dqpn=0x([0-9a-f]+) psn=0x([0-9a-f]+)( A)? pkey=0x([0-9a-f]+) pay=(\d+)\s.*icrc=0x([0-9a-f]+)\s*$`)
+
+// readExpectations parses the "## packets" section of the .txt next to a pcap.
+func readExpectations(tb testing.TB, pcap string) map[int]expectation {
+	tb.Helper()
+	f, err := os.Open(strings.TrimSuffix(pcap, ".pcap") + ".txt")
+	if err != nil {
+		tb.Logf("no expectations for %s: %v", pcap, err)
+		return nil
+	}
+	defer f.Close()
+	m := map[int]expectation{}
+	in := false
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "## ") {
+			in = strings.HasPrefix(line, "## packets")
+			continue
+		}
+		if !in {
+			continue
+		}
+		s := lineRE.FindStringSubmatch(line)
+		if s == nil {
+			if strings.TrimSpace(line) != "" {
+				tb.Errorf("%s: unparsed packet line %q", pcap, line)
+			}
+			continue
+		}
+		frame, _ := strconv.Atoi(s[1])
+		hex := func(x string) uint64 { v, _ := strconv.ParseUint(x, 16, 64); return v }
+		pay, _ := strconv.Atoi(s[7])
+		m[frame] = expectation{op: s[2], dqpn: hex(s[3]), psn: hex(s[4]), ackReq: s[5] != "",
+			pkey: hex(s[6]), pay: pay, icrc: hex(s[8])}
+	}
+	return m
+}
+
+func TestGoldenCaptures(t *testing.T) {
+	total := 0
+	for _, path := range goldenFiles(t) {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			pkts := readRoCE(t, path)
+			if len(pkts) == 0 {
+				t.Fatal("no RoCEv2 packets")
+			}
+			exp := readExpectations(t, path)
+			for _, g := range pkts {
+				total++
+				var p Packet
+				if err := p.Parse(g.payload); err != nil {
+					t.Errorf("frame %d: Parse: %v", g.frame, err)
+					continue
+				}
+				if e, ok := exp[g.frame]; ok {
+					got := expectation{op: p.BTH.Opcode().String(), dqpn: uint64(p.BTH.DestQP()),
+						psn: uint64(p.BTH.PSN()), ackReq: p.BTH.AckReq(), pkey: uint64(p.BTH.PKey()),
+						pay: len(p.Payload), icrc: uint64(p.ICRC)}
+					if got != e {
+						t.Errorf("frame %d: parsed %+v, capture says %+v", g.frame, got, e)
+					}
+				} else if exp != nil {
+					t.Errorf("frame %d: not listed in the .txt", g.frame)
+				}
+				f := p.Fields()
+				buf := make([]byte, len(g.payload)+8)
+				n, err := Build(buf, &f)
+				if err != nil {
+					t.Errorf("frame %d: Build: %v", g.frame, err)
+					continue
+				}
+				if n != len(g.payload) {
+					t.Errorf("frame %d: Build length %d, capture %d", g.frame, n, len(g.payload))
+					continue
+				}
+				body := len(g.payload) - ICRCSize
+				if string(buf[:body]) != string(g.payload[:body]) {
+					t.Errorf("frame %d (%v): Build differs from capture\n got % x\nwant % x",
+						g.frame, p.BTH.Opcode(), buf[:body], g.payload[:body])
+				}
+				if Len(p.BTH.Opcode(), len(p.Payload)) != len(g.payload) {
+					t.Errorf("frame %d: Len = %d, want %d", g.frame, Len(p.BTH.Opcode(), len(p.Payload)), len(g.payload))
+				}
+			}
+			if exp != nil && len(exp) != len(pkts) {
+				t.Errorf("capture has %d RoCEv2 packets, .txt lists %d", len(pkts), len(exp))
+			}
+		})
+	}
+	t.Logf("%d golden RoCEv2 packets parsed and rebuilt", total)
+}
+
+// goldenFilesNoSkip lists the pcaps in dir without skipping (for fuzz seeds).
+func goldenFilesNoSkip(dir string) []string {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.pcap"))
+	return files
+}

@@ -1,0 +1,290 @@
+// Package packet parses and builds whole RoCEv2 UDP payloads: the BTH, the
+// extension headers its opcode calls for, the payload, the pad and the
+// 4-byte ICRC trailer. It validates the layout but not the ICRC value (see
+// package icrc) and leaves MTU policing to the transport.
+//
+// Both Parse and Build are allocation-free on success.
+package packet
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/atomiceth"
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/deth"
+	"github.com/gorocev2/rocev2/immdt"
+	"github.com/gorocev2/rocev2/reth"
+)
+
+// ICRCSize is the length of the ICRC trailer in bytes.
+const ICRCSize = 4
+
+// MinLen is the length of the shortest possible RoCEv2 UDP payload: a BTH and
+// an ICRC.
+const MinLen = bth.Size + ICRCSize
+
+// Errors returned (wrapped, with details) by Parse and Build; test with errors.Is.
+var (
+	// ErrTruncated: the packet is shorter than its BTH, headers and ICRC.
+	ErrTruncated = errors.New("packet: truncated")
+	// ErrUnknownOpcode: the BTH opcode is not defined (see bth.Opcode.Info).
+	ErrUnknownOpcode = errors.New("packet: unknown opcode")
+	// ErrBadTVer: the BTH transport header version is not 0.
+	ErrBadTVer = errors.New("packet: bad transport header version")
+	// ErrBadPadCount: the BTH pad count exceeds the bytes after the headers.
+	ErrBadPadCount = errors.New("packet: bad pad count")
+	// ErrUnexpectedPayload: payload on an opcode that carries none.
+	ErrUnexpectedPayload = errors.New("packet: unexpected payload")
+	// ErrShortBuffer: Build's buffer cannot hold the packet.
+	ErrShortBuffer = errors.New("packet: buffer too small")
+)
+
+// Packet is a parsed RoCEv2 UDP payload. Its views alias the parsed buffer;
+// views of headers the opcode does not carry are nil.
+type Packet struct {
+	// BTH is the base transport header.
+	BTH bth.BTH
+	// Info is the opcode table entry of BTH.Opcode().
+	Info bth.Info
+	// RETH is the RDMA extended transport header, or nil.
+	RETH reth.RETH
+	// AETH is the ACK extended transport header, or nil.
+	AETH aeth.AETH
+	// AtomicETH is the atomic extended transport header, or nil.
+	AtomicETH atomiceth.AtomicETH
+	// AtomicAck is the atomic ACK extended transport header, or nil.
+	AtomicAck aeth.AtomicAck
+	// ImmDt is the immediate data header, or nil.
+	ImmDt immdt.ImmDt
+	// IETH is the invalidate extended transport header, or nil.
+	IETH immdt.IETH
+	// DETH is the datagram extended transport header, or nil.
+	DETH deth.DETH
+	// Payload is the payload without the pad. Its capacity ends at the
+	// payload, so appending to it never overwrites the pad or ICRC.
+	Payload []byte
+	// ICRC is the trailer as stored (little-endian in the last 4 bytes).
+	ICRC uint32
+}
+
+// Parse parses b, a whole UDP payload (BTH .. ICRC), into p; the views alias
+// b. It checks the length, that TVer is 0, that the opcode is defined, that
+// opcodes without payload carry none, and the pad rule: the pad count fits
+// and payload plus pad is a whole number of 4-byte words. It does
+// not check the ICRC value. On error p is zeroed.
+func (p *Packet) Parse(b []byte) error {
+	*p = Packet{}
+	if len(b) < MinLen {
+		return fmt.Errorf("%w: %d bytes, need at least %d for BTH and ICRC", ErrTruncated, len(b), MinLen)
+	}
+	h := bth.BTH(b[:bth.Size])
+	op := h.Opcode()
+	if v := h.TVer(); v != 0 {
+		return fmt.Errorf("%w: TVer %d in %v packet, want 0", ErrBadTVer, v, op)
+	}
+	info := op.Info()
+	if !info.Valid {
+		return fmt.Errorf("%w: opcode 0x%02x", ErrUnknownOpcode, uint8(op))
+	}
+	end := len(b) - ICRCSize
+	off := bth.Size
+	if need := bth.Size + info.HeaderLen + ICRCSize; len(b) < need {
+		return fmt.Errorf("%w: %v packet of %d bytes, need at least %d for BTH, %v and ICRC",
+			ErrTruncated, op, len(b), need, info.Headers)
+	}
+	rest := end - off - info.HeaderLen // payload + pad
+	pad := h.PadCount()
+	if !info.Payload && rest != 0 {
+		return fmt.Errorf("%w: %v carries no payload, got %d bytes after the headers",
+			ErrUnexpectedPayload, op, rest)
+	}
+	if pad > rest {
+		return fmt.Errorf("%w: %v pad count %d but only %d bytes after the headers",
+			ErrBadPadCount, op, pad, rest)
+	}
+	if rest%4 != 0 {
+		// Payload plus pad must fill whole 4-byte words, so the pad count
+		// agrees with the payload length (pad == bth.PadFor(payload)).
+		return fmt.Errorf("%w: %v payload+pad is %d bytes, not a multiple of 4 (pad count %d)",
+			ErrBadPadCount, op, rest, pad)
+	}
+
+	p.BTH = h
+	p.Info = info
+	hs := info.Headers
+	// Extension headers in wire order (see bth.Header).
+	if hs&bth.HdrRDETH != 0 {
+		off += bth.RDETHSize // no view: RD is not a supported transport
+	}
+	if hs&bth.HdrDETH != 0 {
+		p.DETH = deth.DETH(b[off : off+deth.Size : off+deth.Size])
+		off += deth.Size
+	}
+	if hs&bth.HdrRETH != 0 {
+		p.RETH = reth.RETH(b[off : off+reth.Size : off+reth.Size])
+		off += reth.Size
+	}
+	if hs&bth.HdrAtomicETH != 0 {
+		p.AtomicETH = atomiceth.AtomicETH(b[off : off+atomiceth.Size : off+atomiceth.Size])
+		off += atomiceth.Size
+	}
+	if hs&bth.HdrAETH != 0 {
+		p.AETH = aeth.AETH(b[off : off+aeth.Size : off+aeth.Size])
+		off += aeth.Size
+	}
+	if hs&bth.HdrAtomicAckETH != 0 {
+		p.AtomicAck = aeth.AtomicAck(b[off : off+aeth.AtomicAckSize : off+aeth.AtomicAckSize])
+		off += aeth.AtomicAckSize
+	}
+	if hs&bth.HdrImmDt != 0 {
+		p.ImmDt = immdt.ImmDt(b[off : off+immdt.Size : off+immdt.Size])
+		off += immdt.Size
+	}
+	if hs&bth.HdrIETH != 0 {
+		p.IETH = immdt.IETH(b[off : off+immdt.IETHSize : off+immdt.IETHSize])
+		off += immdt.IETHSize
+	}
+	if hs&bth.HdrCNPPad != 0 {
+		off += bth.CNPPadSize
+	}
+	pe := end - pad
+	p.Payload = b[off:pe:pe]
+	p.ICRC = binary.LittleEndian.Uint32(b[end:])
+	return nil
+}
+
+// Fields holds everything Build needs to write a packet. Only the headers the
+// opcode carries are used; the others are ignored.
+type Fields struct {
+	// BTH is written as given except PadCount, which Build computes from
+	// len(Payload).
+	BTH bth.Fields
+	// RETH is used by WRITE first/only and READ request opcodes.
+	RETH reth.Fields
+	// AETH is used by READ response first/last/only, ACK and ATOMIC ACK.
+	AETH aeth.Fields
+	// AtomicETH is used by COMPARE_SWAP and FETCH_ADD.
+	AtomicETH atomiceth.Fields
+	// AtomicAckOrig is the original data of an ATOMIC ACK.
+	AtomicAckOrig uint64
+	// Imm is the immediate data of *_WITH_IMMEDIATE opcodes.
+	Imm uint32
+	// IETHRKey is the R_Key to invalidate of *_WITH_INVALIDATE opcodes.
+	IETHRKey uint32
+	// DETH is used by UD opcodes.
+	DETH deth.Fields
+	// Payload is copied after the headers; it must be empty for opcodes that
+	// carry none.
+	Payload []byte
+}
+
+// Fields returns the Fields that Build turns back into p's bytes (except the
+// ICRC, which Build leaves zero). Payload aliases p.Payload.
+func (p *Packet) Fields() Fields {
+	var f Fields
+	if p.BTH == nil {
+		return f
+	}
+	f.BTH = p.BTH.Fields()
+	if p.RETH != nil {
+		f.RETH = p.RETH.Fields()
+	}
+	if p.AETH != nil {
+		f.AETH = p.AETH.Fields()
+	}
+	if p.AtomicETH != nil {
+		f.AtomicETH = p.AtomicETH.Fields()
+	}
+	if p.AtomicAck != nil {
+		f.AtomicAckOrig = p.AtomicAck.OrigData()
+	}
+	if p.ImmDt != nil {
+		f.Imm = p.ImmDt.Imm()
+	}
+	if p.IETH != nil {
+		f.IETHRKey = p.IETH.RKey()
+	}
+	if p.DETH != nil {
+		f.DETH = p.DETH.Fields()
+	}
+	f.Payload = p.Payload
+	return f
+}
+
+// Len returns the length of a packet with opcode op and payloadLen bytes of
+// payload: BTH + extension headers + payload + pad + ICRC. For an undefined
+// opcode it counts no extension headers.
+func Len(op bth.Opcode, payloadLen int) int {
+	return bth.Size + op.Info().HeaderLen + payloadLen + bth.PadFor(payloadLen) + ICRCSize
+}
+
+// Build writes the packet described by f into buf: the BTH (with PadCount
+// computed from len(f.Payload)), the opcode's extension headers in wire
+// order, the payload, zero pad bytes and a zero ICRC placeholder. It returns
+// the packet length. It fails, writing nothing, if the opcode is undefined,
+// if the opcode carries no payload but f.Payload is not empty, or if buf is
+// shorter than Len(op, len(f.Payload)).
+func Build(buf []byte, f *Fields) (int, error) {
+	op := f.BTH.Opcode
+	info := op.Info()
+	if !info.Valid {
+		return 0, fmt.Errorf("%w: cannot build opcode 0x%02x", ErrUnknownOpcode, uint8(op))
+	}
+	if !info.Payload && len(f.Payload) != 0 {
+		return 0, fmt.Errorf("%w: %v carries no payload, got %d bytes", ErrUnexpectedPayload, op, len(f.Payload))
+	}
+	pad := bth.PadFor(len(f.Payload))
+	n := bth.Size + info.HeaderLen + len(f.Payload) + pad + ICRCSize
+	if len(buf) < n {
+		return 0, fmt.Errorf("%w: %v packet with %d bytes of payload needs %d bytes, have %d",
+			ErrShortBuffer, op, len(f.Payload), n, len(buf))
+	}
+	buf = buf[:n]
+	h := bth.BTH(buf[:bth.Size])
+	h.Encode(&f.BTH)
+	h.SetPadCount(pad)
+	off := bth.Size
+	hs := info.Headers
+	if hs&bth.HdrRDETH != 0 {
+		clear(buf[off : off+bth.RDETHSize])
+		off += bth.RDETHSize
+	}
+	if hs&bth.HdrDETH != 0 {
+		deth.DETH(buf[off:]).Encode(&f.DETH)
+		off += deth.Size
+	}
+	if hs&bth.HdrRETH != 0 {
+		reth.RETH(buf[off:]).Encode(&f.RETH)
+		off += reth.Size
+	}
+	if hs&bth.HdrAtomicETH != 0 {
+		atomiceth.AtomicETH(buf[off:]).Encode(&f.AtomicETH)
+		off += atomiceth.Size
+	}
+	if hs&bth.HdrAETH != 0 {
+		aeth.AETH(buf[off:]).Encode(&f.AETH)
+		off += aeth.Size
+	}
+	if hs&bth.HdrAtomicAckETH != 0 {
+		aeth.AtomicAck(buf[off:]).SetOrigData(f.AtomicAckOrig)
+		off += aeth.AtomicAckSize
+	}
+	if hs&bth.HdrImmDt != 0 {
+		immdt.ImmDt(buf[off:]).SetImm(f.Imm)
+		off += immdt.Size
+	}
+	if hs&bth.HdrIETH != 0 {
+		immdt.IETH(buf[off:]).SetRKey(f.IETHRKey)
+		off += immdt.IETHSize
+	}
+	if hs&bth.HdrCNPPad != 0 {
+		clear(buf[off : off+bth.CNPPadSize])
+		off += bth.CNPPadSize
+	}
+	off += copy(buf[off:], f.Payload)
+	clear(buf[off:]) // pad and ICRC placeholder
+	return n, nil
+}
