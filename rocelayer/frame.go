@@ -1,0 +1,158 @@
+package rocelayer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/icrc"
+	"github.com/gorocev2/rocev2/packet"
+)
+
+// Errors of the frame helpers (errors.Is-able).
+var (
+	// ErrNoIP means the packet has no IPv4 or IPv6 layer.
+	ErrNoIP = errors.New("rocelayer: no IPv4/IPv6 layer")
+	// ErrNoUDP means the packet has no UDP layer after its IP layer.
+	ErrNoUDP = errors.New("rocelayer: no UDP layer")
+	// ErrNotContiguous means the decoded layers do not lie back to back in
+	// the packet's data, so the IP packet cannot be cut out of it.
+	ErrNotContiguous = errors.New("rocelayer: layers are not contiguous in the packet data")
+)
+
+// IPPacket returns the slice of p.Data() that holds the IP packet carrying
+// the RoCEv2 payload: from the first byte of the IPv4/IPv6 header to the end
+// of the UDP payload (which ends with the ICRC). It aliases p's data, so
+// icrc.Verify and icrc.Put can work on it directly. Link-layer padding after
+// the IP packet is excluded.
+func IPPacket(p gopacket.Packet) ([]byte, error) {
+	data := p.Data()
+	off := 0
+	ipIdx := -1
+	ls := p.Layers()
+	for i, l := range ls {
+		t := l.LayerType()
+		if t == layers.LayerTypeIPv4 || t == layers.LayerTypeIPv6 {
+			ipIdx = i
+			break
+		}
+		off += len(l.LayerContents())
+	}
+	if ipIdx < 0 {
+		return nil, ErrNoIP
+	}
+	end := off
+	for _, l := range ls[ipIdx:] {
+		end += len(l.LayerContents())
+		if l.LayerType() == layers.LayerTypeUDP {
+			end += len(l.LayerPayload())
+			if end > len(data) {
+				return nil, ErrNotContiguous
+			}
+			ip := data[off:end]
+			// The layers must lie back to back: the IP header starts at off.
+			if c := ls[ipIdx].LayerContents(); len(c) == 0 || len(ip) < len(c) || &ip[0] != &c[0] {
+				return nil, ErrNotContiguous
+			}
+			return ip, nil
+		}
+	}
+	return nil, ErrNoUDP
+}
+
+// VerifyICRC verifies the ICRC of the RoCEv2 packet p (icrc.Verify on its IP
+// packet). It returns icrc.ErrMismatch (wrapped) when the ICRC is wrong.
+func VerifyICRC(p gopacket.Packet) error {
+	ip, err := IPPacket(p)
+	if err != nil {
+		return err
+	}
+	return icrc.Verify(ip)
+}
+
+// PutICRC computes the ICRC of the RoCEv2 frame and stores it in the frame's
+// trailer. first is the type of the frame's first layer (e.g.
+// layers.LayerTypeEthernet, layers.LayerTypeIPv4).
+func PutICRC(frame []byte, first gopacket.LayerType) error {
+	p := gopacket.NewPacket(frame, first, gopacket.DecodeOptions{NoCopy: true})
+	ip, err := IPPacket(p)
+	if err != nil {
+		return err
+	}
+	return icrc.Put(ip)
+}
+
+// SerializeLayers serializes ls into buf like gopacket.SerializeLayers and
+// then computes the ICRC (PutICRC). ls[0] must be a link or IP layer and the
+// stack must contain a UDP layer and a BTH layer.
+//
+// The UDP layer is always serialized without ComputeChecksums: its checksum
+// would cover the ICRC, which is only known afterwards. Its Checksum field is
+// written as is; RoCEv2 senders (rxe, RNICs) use 0, which the ICRC masks
+// anyway. Other layers get opts unchanged (IPv4 computes its header checksum
+// with opts.ComputeChecksums).
+func SerializeLayers(buf gopacket.SerializeBuffer, opts gopacket.SerializeOptions, ls ...gopacket.SerializableLayer) error {
+	if len(ls) == 0 {
+		return errors.New("rocelayer: SerializeLayers: no layers")
+	}
+	if err := buf.Clear(); err != nil {
+		return err
+	}
+	udpOpts := opts
+	udpOpts.ComputeChecksums = false
+	for i := len(ls) - 1; i >= 0; i-- {
+		o := opts
+		if ls[i].LayerType() == layers.LayerTypeUDP {
+			o = udpOpts
+		}
+		if err := ls[i].SerializeTo(buf, o); err != nil {
+			return fmt.Errorf("rocelayer: serialize %v: %w", ls[i].LayerType(), err)
+		}
+	}
+	return PutICRC(buf.Bytes(), ls[0].LayerType())
+}
+
+// FromFields returns the layers of the RoCEv2 packet described by f: a BTH,
+// one layer per extension header of f.BTH.Opcode in wire order, and a
+// gopacket.Payload if f.Payload is not empty. The BTH's PadCount is set
+// from len(f.Payload) and its ICRC is zero. Serialized (after IP/UDP layers)
+// they produce the same bytes as packet.Build.
+func FromFields(f *packet.Fields) []gopacket.SerializableLayer {
+	info := f.BTH.Opcode.Info()
+	b := &BTH{Fields: f.BTH, Info: info}
+	b.PadCount = uint8(bth.PadFor(len(f.Payload)))
+	out := make([]gopacket.SerializableLayer, 0, 5)
+	out = append(out, b)
+	for _, h := range headerOrder {
+		if info.Headers&h.hdr == 0 {
+			continue
+		}
+		switch h.hdr {
+		case bth.HdrRDETH:
+			out = append(out, &RDETH{})
+		case bth.HdrDETH:
+			out = append(out, &DETH{Fields: f.DETH})
+		case bth.HdrRETH:
+			out = append(out, &RETH{Fields: f.RETH})
+		case bth.HdrAtomicETH:
+			out = append(out, &AtomicETH{Fields: f.AtomicETH})
+		case bth.HdrAETH:
+			out = append(out, &AETH{Fields: f.AETH})
+		case bth.HdrAtomicAckETH:
+			out = append(out, &AtomicAckETH{OrigData: f.AtomicAckOrig})
+		case bth.HdrImmDt:
+			out = append(out, &ImmDt{Imm: f.Imm})
+		case bth.HdrIETH:
+			out = append(out, &IETH{RKey: f.IETHRKey})
+		case bth.HdrCNPPad:
+			out = append(out, &CNPPad{})
+		}
+	}
+	if len(f.Payload) > 0 {
+		out = append(out, gopacket.Payload(f.Payload))
+	}
+	return out
+}

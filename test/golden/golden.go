@@ -1,0 +1,422 @@
+// Package golden gives tests access to the golden RoCEv2 captures of real
+// Linux rdma_rxe traffic kept beside the checkout (../shared/golden, or
+// $ROCEV2_GOLDEN): it finds them, reads their frames and parses the values
+// each capture's .txt states (the "## packets" lines and the QPN/PSN/RKey/
+// VAddr lines the tools printed).
+package golden
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/gopacket/layers"
+	"github.com/gorocev2/rocev2/rocelayer/pcapfile"
+)
+
+// EnvDir names the environment variable that overrides the golden directory.
+const EnvDir = "ROCEV2_GOLDEN"
+
+// Dir returns the directory holding the golden captures: $ROCEV2_GOLDEN if
+// set, else ../shared/golden next to the directory holding go.mod (found by
+// walking up from the working directory). If there is none, the test is
+// skipped with a loud reason, or fails when CI=true.
+func Dir(tb testing.TB) string {
+	tb.Helper()
+	dir, err := Locate()
+	if err != nil {
+		msg := fmt.Sprintf("GOLDEN CAPTURES NOT FOUND (%v): golden-capture checks did NOT run", err)
+		if os.Getenv("CI") == "true" {
+			tb.Fatal(msg)
+		}
+		tb.Skip(msg)
+	}
+	return dir
+}
+
+// Locate finds the golden directory without a testing.TB.
+func Locate() (string, error) {
+	if d := os.Getenv(EnvDir); d != "" {
+		if st, err := os.Stat(d); err != nil || !st.IsDir() {
+			return "", fmt.Errorf("$%s=%q is not a directory", EnvDir, d)
+		}
+		return d, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := wd; ; {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			g := filepath.Join(d, "..", "shared", "golden")
+			if st, err := os.Stat(g); err != nil || !st.IsDir() {
+				return "", fmt.Errorf("%s does not exist (set $%s)", g, EnvDir)
+			}
+			return filepath.Clean(g), nil
+		}
+		p := filepath.Dir(d)
+		if p == d {
+			return "", fmt.Errorf("no go.mod above %s", wd)
+		}
+		d = p
+	}
+}
+
+// PCAPs returns the paths of every *.pcap in the golden directory, sorted.
+// It fails the test if there are none.
+func PCAPs(tb testing.TB) []string {
+	tb.Helper()
+	m, err := filepath.Glob(filepath.Join(Dir(tb), "*.pcap"))
+	if err != nil || len(m) == 0 {
+		tb.Fatalf("no golden *.pcap in %s (%v)", Dir(tb), err)
+	}
+	sort.Strings(m)
+	return m
+}
+
+// Frame is one frame of a capture.
+type Frame struct {
+	// Num is the 1-based frame number (as tcpdump and Wireshark count).
+	Num int
+	// Data is the captured frame.
+	Data []byte
+	// Len is the original frame length.
+	Len int
+}
+
+// ReadPCAP reads every frame of a pcap file.
+func ReadPCAP(path string) ([]Frame, layers.LinkType, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	r, err := pcapfile.NewReader(f)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", path, err)
+	}
+	var out []Frame
+	for n := 1; ; n++ {
+		data, ci, err := r.ReadPacketData()
+		if errors.Is(err, io.EOF) {
+			return out, r.LinkType(), nil
+		}
+		if err != nil {
+			return nil, 0, fmt.Errorf("%s: frame %d: %w", path, n, err)
+		}
+		out = append(out, Frame{Num: n, Data: data, Len: ci.Length})
+	}
+}
+
+// Line is one line of a .txt's "## packets" section, e.g.
+//
+//	20 0.000000 192.0.2.3:49593 > 192.0.2.2 RC_RDMA_WRITE_ONLY dqpn=0x000015 psn=0xc8a712 A pkey=0xffff pay=64 RETH[va=0x55d90dddb000 rkey=0x00000654 len=64] icrc=0x6305d220
+type Line struct {
+	Frame   int
+	Src     netip.Addr
+	SrcPort uint16
+	Dst     netip.Addr
+	Opcode  string
+	DQPN    uint32
+	PSN     uint32
+	AckReq  bool
+	PKey    uint16
+	Pay     int
+	ICRC    uint32
+
+	RETH      *RETH
+	AETH      *AETH
+	AtomicETH *AtomicETH
+	AtomicAck *uint64 // AtomicAckETH original data
+	Imm       *uint32 // ImmDt
+	IETH      *uint32 // IETH R_Key
+	DETH      *DETH
+
+	// Text is the line as written.
+	Text string
+}
+
+// RETH holds the RETH[...] values of a Line.
+type RETH struct {
+	VA   uint64
+	RKey uint32
+	Len  uint32
+}
+
+// AETH holds the AETH[...] values of a Line.
+type AETH struct {
+	Syndrome string // e.g. "ACK credits=31"
+	MSN      uint32
+}
+
+// AtomicETH holds the AtomicETH[...] values of a Line.
+type AtomicETH struct {
+	VA      uint64
+	RKey    uint32
+	SwapAdd uint64
+	Compare uint64
+}
+
+// DETH holds the DETH[...] values of a Line.
+type DETH struct {
+	QKey  uint32
+	SrcQP uint32
+}
+
+// Addr is a queue pair as a tool printed it ("local address: ... QPN .. PSN
+// .. RKey .. VAddr .."), attributed to the host that owns it.
+type Addr struct {
+	Host  netip.Addr
+	QPN   uint32
+	PSN   uint32
+	RKey  uint32
+	VAddr uint64
+	// HasRKey reports whether the line stated RKey and VAddr.
+	HasRKey bool
+	// Text is the line as written.
+	Text string
+}
+
+// Capture is what a golden .txt states.
+type Capture struct {
+	// Name is the capture's base name without extension.
+	Name string
+	// Server and Client are the hosts' IP addresses.
+	Server, Client netip.Addr
+	// Packets are the "## packets" lines.
+	Packets []Line
+	// Addrs are the queue pairs from the tool output sections, each
+	// attributed to its owner (a "remote" line belongs to the peer).
+	Addrs []Addr
+	// SentImm are the immediate values the client reported sending ("sent
+	// #k ... imm=0x.."), in order.
+	SentImm []uint32
+}
+
+var (
+	reRole = regexp.MustCompile(`^(server|client) \((?:\S+ )?(\d+\.\d+\.\d+\.\d+)`)
+	reHead = regexp.MustCompile(`^\s*(\d+) \d+\.\d+ (\d+\.\d+\.\d+\.\d+):(\d+) > (\d+\.\d+\.\d+\.\d+) ([A-Z_]+)\s+dqpn=(0x[0-9a-f]+) psn=(0x[0-9a-f]+) (A )?pkey=(0x[0-9a-f]+) pay=(\d+)\s*(.*?)\s*icrc=(0x[0-9a-f]{8})$`)
+	reExt  = regexp.MustCompile(`^(RETH|AETH|AtomicETH|AtomicAckETH|DETH|IETH)\[([^\]]*)\]|^ImmDt=(0x[0-9a-f]+)`)
+	reAddr = regexp.MustCompile(`^\s*(local|remote)(?: address)?:\s+(?:LID \S+\s+)?QPN (0x[0-9a-f]+),? PSN (0x[0-9a-f]+)[,:]?(?: OUT \S+)?(?: RKey (0x[0-9a-f]+) VAddr (0x[0-9a-f]+))?`)
+	reSent = regexp.MustCompile(`^\s*sent #\d+ .*imm=(0x[0-9a-f]+)`)
+)
+
+// ParseTxt parses a golden .txt file.
+func ParseTxt(path string) (*Capture, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	c := &Capture{Name: strings.TrimSuffix(filepath.Base(path), ".txt")}
+	section := ""
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	ln := 0
+	for sc.Scan() {
+		ln++
+		s := sc.Text()
+		if strings.HasPrefix(s, "## ") {
+			section = strings.TrimPrefix(s, "## ")
+			continue
+		}
+		bad := func(err error) error { return fmt.Errorf("%s:%d: %w: %q", path, ln, err, s) }
+		switch {
+		case section == "":
+			if m := reRole.FindStringSubmatch(s); m != nil {
+				a, err := netip.ParseAddr(m[2])
+				if err != nil {
+					return nil, bad(err)
+				}
+				if m[1] == "server" {
+					c.Server = a
+				} else {
+					c.Client = a
+				}
+			}
+		case strings.HasPrefix(section, "packets"):
+			if strings.TrimSpace(s) == "" {
+				continue
+			}
+			l, err := parseLine(s)
+			if err != nil {
+				return nil, bad(err)
+			}
+			c.Packets = append(c.Packets, l)
+		case section == "server output" || section == "client output":
+			if m := reSent.FindStringSubmatch(s); m != nil && section == "client output" {
+				v, _ := strconv.ParseUint(m[1], 0, 32)
+				c.SentImm = append(c.SentImm, uint32(v))
+			}
+			m := reAddr.FindStringSubmatch(s)
+			if m == nil {
+				continue
+			}
+			own, peer := c.Server, c.Client
+			if section == "client output" {
+				own, peer = peer, own
+			}
+			a := Addr{Host: own, Text: strings.TrimSpace(s)}
+			if m[1] == "remote" {
+				a.Host = peer
+			}
+			if !a.Host.IsValid() {
+				return nil, bad(errors.New("address line before the server/client header lines"))
+			}
+			a.QPN = uint32(hex(m[2]))
+			a.PSN = uint32(hex(m[3]))
+			if m[4] != "" {
+				a.HasRKey = true
+				a.RKey = uint32(hex(m[4]))
+				a.VAddr = hex(m[5])
+			}
+			c.Addrs = append(c.Addrs, a)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(c.Packets) == 0 {
+		return nil, fmt.Errorf("%s: no \"## packets\" lines", path)
+	}
+	return c, nil
+}
+
+func hex(s string) uint64 {
+	v, _ := strconv.ParseUint(s, 0, 64) // the regexps only admit 0x[0-9a-f]+
+	return v
+}
+
+// parseLine parses one "## packets" line; every token must be understood.
+func parseLine(s string) (Line, error) {
+	m := reHead.FindStringSubmatch(s)
+	if m == nil {
+		return Line{}, errors.New("unrecognised packet line")
+	}
+	var l Line
+	var err error
+	l.Text = strings.TrimSpace(s)
+	if l.Frame, err = strconv.Atoi(m[1]); err != nil {
+		return l, err
+	}
+	if l.Src, err = netip.ParseAddr(m[2]); err != nil {
+		return l, err
+	}
+	sp, err := strconv.ParseUint(m[3], 10, 16)
+	if err != nil {
+		return l, err
+	}
+	l.SrcPort = uint16(sp)
+	if l.Dst, err = netip.ParseAddr(m[4]); err != nil {
+		return l, err
+	}
+	l.Opcode = m[5]
+	l.DQPN = uint32(hex(m[6]))
+	l.PSN = uint32(hex(m[7]))
+	l.AckReq = m[8] != ""
+	l.PKey = uint16(hex(m[9]))
+	if l.Pay, err = strconv.Atoi(m[10]); err != nil {
+		return l, err
+	}
+	l.ICRC = uint32(hex(m[12]))
+	rest := m[11]
+	for rest = strings.TrimSpace(rest); rest != ""; rest = strings.TrimSpace(rest) {
+		e := reExt.FindStringSubmatchIndex(rest)
+		if e == nil {
+			return l, fmt.Errorf("unrecognised extension header text %q", rest)
+		}
+		if e[6] >= 0 { // ImmDt=0x..
+			v := uint32(hex(rest[e[6]:e[7]]))
+			l.Imm = &v
+		} else if err := l.setExt(rest[e[2]:e[3]], rest[e[4]:e[5]]); err != nil {
+			return l, err
+		}
+		rest = rest[e[1]:]
+	}
+	return l, nil
+}
+
+// kv parses "a=1 b=0x2" into a map; keys listed in want must all be present
+// and no others.
+func kv(body string, want ...string) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for _, f := range strings.Fields(body) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return nil, fmt.Errorf("bad field %q", f)
+		}
+		n, err := strconv.ParseUint(v, 0, 64)
+		if err != nil {
+			return nil, fmt.Errorf("field %s: %w", k, err)
+		}
+		out[k] = n
+	}
+	if len(out) != len(want) {
+		return nil, fmt.Errorf("fields %q: want exactly %v", body, want)
+	}
+	for _, k := range want {
+		if _, ok := out[k]; !ok {
+			return nil, fmt.Errorf("fields %q: missing %s", body, k)
+		}
+	}
+	return out, nil
+}
+
+func (l *Line) setExt(name, body string) error {
+	switch name {
+	case "RETH":
+		m, err := kv(body, "va", "rkey", "len")
+		if err != nil {
+			return err
+		}
+		l.RETH = &RETH{VA: m["va"], RKey: uint32(m["rkey"]), Len: uint32(m["len"])}
+	case "AETH":
+		syn, msn, ok := strings.Cut(body, " msn=")
+		if !ok {
+			return fmt.Errorf("AETH %q: no msn", body)
+		}
+		v, err := strconv.ParseUint(msn, 0, 32)
+		if err != nil {
+			return fmt.Errorf("AETH msn: %w", err)
+		}
+		l.AETH = &AETH{Syndrome: syn, MSN: uint32(v)}
+	case "AtomicETH":
+		m, err := kv(body, "va", "rkey", "swap_add", "compare")
+		if err != nil {
+			return err
+		}
+		l.AtomicETH = &AtomicETH{VA: m["va"], RKey: uint32(m["rkey"]), SwapAdd: m["swap_add"], Compare: m["compare"]}
+	case "AtomicAckETH":
+		m, err := kv(body, "orig")
+		if err != nil {
+			return err
+		}
+		v := m["orig"]
+		l.AtomicAck = &v
+	case "DETH":
+		m, err := kv(body, "qkey", "srcqp")
+		if err != nil {
+			return err
+		}
+		l.DETH = &DETH{QKey: uint32(m["qkey"]), SrcQP: uint32(m["srcqp"])}
+	case "IETH":
+		m, err := kv(body, "rkey")
+		if err != nil {
+			return err
+		}
+		v := uint32(m["rkey"])
+		l.IETH = &v
+	default:
+		return fmt.Errorf("unknown extension header %s", name)
+	}
+	return nil
+}
