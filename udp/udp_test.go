@@ -29,4 +29,3 @@ func TestSourcePort(t *testing.T) {
 		t.Errorf("SourcePort spreads 1000 QPs over only %d ports", len(seen))
 	}
 }
-

@@ -1,0 +1,576 @@
+package udp
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/gorocev2/rocev2/icrc"
+)
+
+// Faults configures the impairments of a MemNetwork. Probabilities are per
+// packet, in [0, 1] (values outside are clamped, NaN counts as 0).
+//
+// A packet passes the stages in this order: loss, corruption, duplication,
+// reordering, delay. The random decisions come from one PCG stream seeded
+// with Seed, drawn in a fixed pattern per packet, so a run that sends the
+// same packets in the same order sees exactly the same faults.
+type Faults struct {
+	// Loss is the probability that a packet disappears.
+	Loss float64
+	// Dup is the probability that a packet is delivered twice.
+	Dup float64
+	// Reorder is the probability that a packet is held back and delivered
+	// after the next packet to the same destination (or after ReorderHold
+	// when no further packet comes).
+	Reorder float64
+	// Corrupt is the probability that one random bit of the packet is
+	// flipped. Only bits the ICRC covers are chosen (not the masked BTH
+	// byte 4), so the receiving MemLink always detects the damage, drops the
+	// packet and counts it in Stats.DropBadICRC.
+	Corrupt float64
+	// Delay is added to every packet's delivery; delivery is timer driven and
+	// never blocks the sender. Packets leave the delay line in FIFO order.
+	Delay time.Duration
+	// Seed seeds the fault generator.
+	Seed int64
+	// ReorderHold bounds how long a reordered packet waits for a successor;
+	// 0 means 1 ms.
+	ReorderHold time.Duration
+}
+
+// MemCounters counts what a MemNetwork did to the packets it carried.
+type MemCounters struct {
+	Packets    uint64 // packets offered to the network by Send
+	Lost       uint64 // dropped by the Loss fault
+	Duplicated uint64 // extra copies made by the Dup fault
+	Reordered  uint64 // packets held back by the Reorder fault
+	Corrupted  uint64 // packets with one bit flipped by the Corrupt fault
+	Delayed    uint64 // packets that went through the delay line
+	NoRoute    uint64 // packets sent to an address with no link (silently dropped)
+}
+
+const (
+	memQueueLen       = 4096 // per-link delivery queue, like a NIC ring
+	memBatchSize      = 128
+	defaultReorderHld = time.Millisecond
+)
+
+// memBuf is one packet in flight inside a MemNetwork. Buffers are pooled.
+type memBuf struct {
+	n       int
+	src     netip.Addr
+	srcPort uint16
+	tos     uint8
+	at      time.Time // delivery time on the delay line
+	dst     *MemLink  // destination while on the delay line
+	b       [MaxPacketSize]byte
+}
+
+var memBufPool = sync.Pool{New: func() any { return new(memBuf) }}
+
+func getMemBuf() *memBuf { return memBufPool.Get().(*memBuf) }
+
+func putMemBuf(b *memBuf) {
+	b.dst = nil
+	b.src = netip.Addr{}
+	memBufPool.Put(b)
+}
+
+// MemNetwork is an in-memory IP network of MemLinks with seeded, reproducible
+// faults, in the style of wireguard-go's conn/bindtest. It is safe for
+// concurrent use.
+type MemNetwork struct {
+	mu     sync.Mutex
+	links  map[netip.Addr]*MemLink
+	faults Faults
+	src    *rand.PCG
+	rng    *rand.Rand
+	ctr    MemCounters
+
+	// delay line: a FIFO ring of packets waiting for their delivery time,
+	// drained by one goroutine that runs while the ring is not empty.
+	delayQ       []*memBuf
+	delayHead    int
+	delayLen     int
+	delayRunning bool
+	delayTimer   *time.Timer
+}
+
+// NewMemNetwork returns an empty network with the given faults.
+func NewMemNetwork(f Faults) *MemNetwork {
+	n := &MemNetwork{links: make(map[netip.Addr]*MemLink)}
+	n.faults = sanitizeFaults(f)
+	n.src = rand.NewPCG(uint64(f.Seed), 0x9e3779b97f4a7c15)
+	n.rng = rand.New(n.src)
+	return n
+}
+
+func clampProb(p float64) float64 {
+	switch {
+	case math.IsNaN(p) || p < 0:
+		return 0
+	case p > 1:
+		return 1
+	}
+	return p
+}
+
+func sanitizeFaults(f Faults) Faults {
+	f.Loss = clampProb(f.Loss)
+	f.Dup = clampProb(f.Dup)
+	f.Reorder = clampProb(f.Reorder)
+	f.Corrupt = clampProb(f.Corrupt)
+	if f.Delay < 0 {
+		f.Delay = 0
+	}
+	if f.ReorderHold <= 0 {
+		f.ReorderHold = defaultReorderHld
+	}
+	return f
+}
+
+// SetFaults changes the faults at run time; they apply to packets sent after
+// it returns. The random stream continues, unless f.Seed differs from the
+// current seed: then it restarts from f.Seed. Lowering Delay does not
+// overtake packets already on the delay line.
+func (n *MemNetwork) SetFaults(f Faults) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if f.Seed != n.faults.Seed {
+		n.src.Seed(uint64(f.Seed), 0x9e3779b97f4a7c15)
+	}
+	n.faults = sanitizeFaults(f)
+}
+
+// Faults returns the current faults.
+func (n *MemNetwork) Faults() Faults {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.faults
+}
+
+// Counters returns a snapshot of what the network did to its packets.
+func (n *MemNetwork) Counters() MemCounters {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ctr
+}
+
+// Link attaches a new link with the given IP address. IPv4-mapped IPv6
+// addresses (the RoCEv2 GID form) are treated as IPv4. It fails with an error
+// matching syscall.EADDRINUSE when the address already has a link.
+func (n *MemNetwork) Link(addr netip.Addr) (*MemLink, error) {
+	a := normAddr(addr)
+	if !a.IsValid() || a.IsUnspecified() {
+		return nil, fmt.Errorf("udp: mem link address %v: %w", addr, ErrAddress)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.links[a]; ok {
+		return nil, fmt.Errorf("udp: mem link %s port %d: %w", a, Port, syscall.EADDRINUSE)
+	}
+	l := &MemLink{
+		net:  n,
+		addr: a,
+		q:    make(chan *memBuf, memQueueLen),
+		done: make(chan struct{}),
+	}
+	n.links[a] = l
+	return l, nil
+}
+
+// MemLink is one attachment to a MemNetwork. It implements Link.
+type MemLink struct {
+	net  *MemNetwork
+	addr netip.Addr
+	q    chan *memBuf
+	done chan struct{}
+
+	// guarded by net.mu
+	closed     bool
+	held       *memBuf // packet held back by the Reorder fault
+	heldUntil  time.Time
+	heldTimer  *time.Timer
+	heldTimerF func()
+
+	sent, rcvd, badICRC, malformed, other atomic.Uint64
+}
+
+var _ Link = (*MemLink)(nil)
+
+// LocalAddr returns the link's address.
+func (l *MemLink) LocalAddr() netip.Addr { return l.addr }
+
+// BatchSize returns the preferred number of packets per Send/Recv call.
+func (l *MemLink) BatchSize() int { return memBatchSize }
+
+// Stats returns a snapshot of the link's counters.
+func (l *MemLink) Stats() Stats {
+	return Stats{
+		SentPkts:      l.sent.Load(),
+		RcvdPkts:      l.rcvd.Load(),
+		DropBadICRC:   l.badICRC.Load(),
+		DropMalformed: l.malformed.Load(),
+		DropOther:     l.other.Load(),
+	}
+}
+
+func (l *MemLink) isClosed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// computeICRC returns the ICRC of a UDP payload travelling src:srcPort ->
+// dst:4791 in an IPv4 (ID 0, DF) or IPv6 datagram. src and dst are normalised
+// and of the same family.
+func computeICRC(src, dst netip.Addr, srcPort uint16, payload []byte) uint32 {
+	if src.Is4() {
+		h := icrc.IPv4Pseudo{
+			Src: src.As4(), Dst: dst.As4(),
+			ID: 0, FlagsFrag: 0x4000,
+			SrcPort: srcPort, DstPort: Port,
+		}
+		return icrc.ComputeIPv4(&h, payload)
+	}
+	h := icrc.IPv6Pseudo{
+		Src: src.As16(), Dst: dst.As16(),
+		SrcPort: srcPort, DstPort: Port,
+	}
+	return icrc.ComputeIPv6(&h, payload)
+}
+
+func (l *MemLink) checkSend(pkts []Packet) error {
+	for i := range pkts {
+		p := &pkts[i]
+		if len(p.Buf) < minPacketSize || len(p.Buf) > MaxPacketSize {
+			return fmt.Errorf("udp: send packet %d: length %d not in [%d, %d]: %w",
+				i, len(p.Buf), minPacketSize, MaxPacketSize, ErrPacketSize)
+		}
+		dst := normAddr(p.Addr)
+		if !dst.IsValid() || dst.Is4() != l.addr.Is4() {
+			return fmt.Errorf("udp: send packet %d: destination %v from %v: %w", i, p.Addr, l.addr, ErrAddress)
+		}
+	}
+	return nil
+}
+
+// Send fills each packet's ICRC (IPv4: source = this link, ID 0, DF; UDP
+// source port Packet.SrcPort, destination port 4791; IPv6 likewise) and hands
+// the packets to the network, which copies them. Packets to an address with no
+// link are silently dropped and counted in MemNetwork.Counters().NoRoute.
+func (l *MemLink) Send(pkts []Packet) error {
+	if l.isClosed() {
+		return net.ErrClosed
+	}
+	if err := l.checkSend(pkts); err != nil {
+		return err
+	}
+	for i := range pkts {
+		p := &pkts[i]
+		icrc.Store(p.Buf, computeICRC(l.addr, normAddr(p.Addr), p.SrcPort, p.Buf))
+	}
+	n := l.net
+	n.mu.Lock()
+	for i := range pkts {
+		n.route(l, &pkts[i])
+	}
+	n.mu.Unlock()
+	l.sent.Add(uint64(len(pkts)))
+	return nil
+}
+
+// SendRaw hands datagrams to the network exactly as given: no ICRC is
+// filled and any length up to MaxPacketSize is accepted. It exists to test
+// receivers with garbage, truncated or mis-checksummed datagrams.
+func (l *MemLink) SendRaw(pkts []Packet) error {
+	if l.isClosed() {
+		return net.ErrClosed
+	}
+	for i := range pkts {
+		p := &pkts[i]
+		dst := normAddr(p.Addr)
+		if len(p.Buf) > MaxPacketSize {
+			return fmt.Errorf("udp: send packet %d: length %d > %d: %w", i, len(p.Buf), MaxPacketSize, ErrPacketSize)
+		}
+		if !dst.IsValid() || dst.Is4() != l.addr.Is4() {
+			return fmt.Errorf("udp: send packet %d: destination %v from %v: %w", i, p.Addr, l.addr, ErrAddress)
+		}
+	}
+	n := l.net
+	n.mu.Lock()
+	for i := range pkts {
+		n.route(l, &pkts[i])
+	}
+	n.mu.Unlock()
+	l.sent.Add(uint64(len(pkts)))
+	return nil
+}
+
+// route applies the faults to one packet and forwards it. Called with n.mu held.
+func (n *MemNetwork) route(src *MemLink, p *Packet) {
+	f := &n.faults
+	n.ctr.Packets++
+	// Fixed draw pattern per packet keeps runs reproducible.
+	rLoss, rCorrupt, rDup, rReorder := n.rng.Float64(), n.rng.Float64(), n.rng.Float64(), n.rng.Float64()
+	dst := n.links[normAddr(p.Addr)]
+	if dst == nil || dst.closed {
+		n.ctr.NoRoute++
+		return
+	}
+	if rLoss < f.Loss {
+		n.ctr.Lost++
+		return
+	}
+	b := getMemBuf()
+	b.n = copy(b.b[:], p.Buf)
+	b.src = src.addr
+	b.srcPort = p.SrcPort
+	b.tos = p.TOS
+	if rCorrupt < f.Corrupt && b.n > 4 {
+		// Flip one bit among those the ICRC covers: every byte except the
+		// masked BTH byte 4 (FECN/BECN), including the ICRC trailer.
+		bit := n.rng.IntN((b.n - 1) * 8)
+		i := bit / 8
+		if i >= 4 {
+			i++
+		}
+		b.b[i] ^= 1 << (bit % 8)
+		n.ctr.Corrupted++
+	}
+	var dup *memBuf
+	if rDup < f.Dup {
+		dup = getMemBuf()
+		dup.n = copy(dup.b[:], b.b[:b.n])
+		dup.src, dup.srcPort, dup.tos = b.src, b.srcPort, b.tos
+		n.ctr.Duplicated++
+	}
+	if rReorder < f.Reorder && dst.held == nil {
+		n.ctr.Reordered++
+		n.hold(dst, b)
+		b = nil
+	}
+	if b != nil {
+		n.forward(dst, b)
+	}
+	if dup != nil {
+		n.forward(dst, dup)
+	}
+	if b != nil && dst.held != nil {
+		h := dst.held
+		dst.held = nil
+		dst.heldTimer.Stop()
+		n.forward(dst, h)
+	}
+}
+
+// hold parks b on dst until the next packet to dst or until ReorderHold
+// passes. Called with n.mu held.
+func (n *MemNetwork) hold(dst *MemLink, b *memBuf) {
+	dst.held = b
+	dst.heldUntil = time.Now().Add(n.faults.ReorderHold)
+	if dst.heldTimer == nil {
+		dst.heldTimerF = func() { n.releaseHeld(dst) }
+		dst.heldTimer = time.AfterFunc(n.faults.ReorderHold, dst.heldTimerF)
+		return
+	}
+	dst.heldTimer.Reset(n.faults.ReorderHold)
+}
+
+// releaseHeld is the ReorderHold timer: it forwards the held packet unless it
+// was already released (a stale timer finds none, or a newer one not yet due).
+func (n *MemNetwork) releaseHeld(dst *MemLink) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	h := dst.held
+	if h == nil || time.Now().Before(dst.heldUntil) {
+		return
+	}
+	dst.held = nil
+	n.forward(dst, h)
+}
+
+// forward sends b to dst through the delay line when Delay is set, else
+// directly. Called with n.mu held.
+func (n *MemNetwork) forward(dst *MemLink, b *memBuf) {
+	if n.faults.Delay <= 0 && n.delayLen == 0 {
+		n.deliver(dst, b)
+		return
+	}
+	n.ctr.Delayed++
+	b.at = time.Now().Add(n.faults.Delay)
+	b.dst = dst
+	if n.delayLen == len(n.delayQ) {
+		n.growDelay()
+	}
+	n.delayQ[(n.delayHead+n.delayLen)%len(n.delayQ)] = b
+	n.delayLen++
+	if !n.delayRunning {
+		n.delayRunning = true
+		if n.delayTimer == nil {
+			n.delayTimer = time.NewTimer(time.Hour)
+			n.delayTimer.Stop()
+		}
+		go n.delayLoop()
+	}
+}
+
+func (n *MemNetwork) growDelay() {
+	nq := make([]*memBuf, max(64, 2*len(n.delayQ)))
+	for i := 0; i < n.delayLen; i++ {
+		nq[i] = n.delayQ[(n.delayHead+i)%len(n.delayQ)]
+	}
+	n.delayQ = nq
+	n.delayHead = 0
+}
+
+// delayLoop delivers packets from the delay line when they are due. It exits
+// when the line is empty; forward starts it again.
+func (n *MemNetwork) delayLoop() {
+	n.mu.Lock()
+	for n.delayLen > 0 {
+		b := n.delayQ[n.delayHead]
+		d := time.Until(b.at)
+		if d > 0 {
+			n.mu.Unlock()
+			n.delayTimer.Reset(d)
+			<-n.delayTimer.C
+			n.mu.Lock()
+			continue
+		}
+		n.delayQ[n.delayHead] = nil
+		n.delayHead = (n.delayHead + 1) % len(n.delayQ)
+		n.delayLen--
+		dst := b.dst
+		b.dst = nil
+		n.deliver(dst, b)
+	}
+	n.delayRunning = false
+	n.mu.Unlock()
+}
+
+// deliver puts b on dst's receive queue, dropping it when the link is closed
+// or the queue is full (counted as DropOther, like a NIC ring overflow).
+// Called with n.mu held.
+func (n *MemNetwork) deliver(dst *MemLink, b *memBuf) {
+	if dst.closed {
+		putMemBuf(b)
+		return
+	}
+	select {
+	case dst.q <- b:
+	default:
+		dst.other.Add(1)
+		putMemBuf(b)
+	}
+}
+
+// Recv blocks until at least one valid packet is available, then returns up
+// to len(pkts) of them. Each datagram's ICRC is verified for the IP/UDP
+// header it travelled with (sender address and source port, this link's
+// address, port 4791, IPv4 ID 0 with DF); bad ones count as DropBadICRC,
+// datagrams shorter than BTH+ICRC as DropMalformed. Addr is the sender's
+// address. After Close it returns net.ErrClosed.
+func (l *MemLink) Recv(pkts []Packet) (int, error) {
+	if len(pkts) == 0 {
+		return 0, nil
+	}
+	for i := range pkts {
+		if cap(pkts[i].Buf) < MaxPacketSize {
+			return 0, fmt.Errorf("udp: recv packet %d: buffer cap %d: %w", i, cap(pkts[i].Buf), ErrShortBuffer)
+		}
+	}
+	for {
+		if l.isClosed() {
+			return 0, net.ErrClosed
+		}
+		var b *memBuf
+		select {
+		case b = <-l.q:
+		case <-l.done:
+			return 0, net.ErrClosed
+		}
+		n := 0
+		for {
+			if l.accept(b, &pkts[n]) {
+				n++
+			}
+			putMemBuf(b)
+			if n == len(pkts) {
+				break
+			}
+			select {
+			case b = <-l.q:
+				continue
+			default:
+			}
+			break
+		}
+		if n > 0 {
+			l.rcvd.Add(uint64(n))
+			return n, nil
+		}
+	}
+}
+
+// accept verifies b and copies it into p. It reports whether p was filled.
+func (l *MemLink) accept(b *memBuf, p *Packet) bool {
+	if b.n < minPacketSize {
+		l.malformed.Add(1)
+		return false
+	}
+	data := b.b[:b.n]
+	if computeICRC(b.src, l.addr, b.srcPort, data) != icrc.Load(data) {
+		l.badICRC.Add(1)
+		return false
+	}
+	p.Buf = p.Buf[:b.n]
+	copy(p.Buf, data)
+	p.Addr = b.src
+	p.SrcPort = b.srcPort
+	p.TOS = b.tos
+	return true
+}
+
+// Close detaches the link from the network (its address becomes free),
+// discards queued packets and makes a blocked Recv return net.ErrClosed.
+// Closing twice is harmless.
+func (l *MemLink) Close() error {
+	n := l.net
+	n.mu.Lock()
+	if l.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	if n.links[l.addr] == l {
+		delete(n.links, l.addr)
+	}
+	if l.held != nil {
+		putMemBuf(l.held)
+		l.held = nil
+	}
+	if l.heldTimer != nil {
+		l.heldTimer.Stop()
+	}
+	close(l.done)
+	n.mu.Unlock()
+	for {
+		select {
+		case b := <-l.q:
+			putMemBuf(b)
+		default:
+			return nil
+		}
+	}
+}
