@@ -1,0 +1,240 @@
+package icrc
+
+import (
+	"hash/crc32"
+	"math/bits"
+	"sync/atomic"
+)
+
+// This file holds the CRC-32 machinery behind the package: a slicing-by-8
+// routine for the short header prefixes the package synthesizes on the stack
+// (crc32.Update would move such a buffer to the heap, because it calls through
+// a function variable), per-position correction tables that let Compute run a
+// single hardware-accelerated crc32.Update over the packet in place, and
+// GF(2)[x] arithmetic modulo the CRC polynomial for SolveIPv4ID.
+//
+// Notation. Go's crc32.Update keeps a register R = ^crc and, per byte b,
+// computes R' = A(R) ^ T(b) with A(R) = T(R&0xff) ^ R>>8 and T the IEEE table.
+// Both A and T are GF(2)-linear. After n bytes b_0..b_{n-1},
+//
+//	R_n = A^n(R_0) ^ sum_i A^(n-1-i)(T(b_i)).
+//
+// Changing byte i by d therefore changes R_n by A^(n-1-i)(T(d)); changing the
+// start register by e changes it by A^n(e). The two are equal for
+// e = A^-(i+1)(T(d)), which does not depend on n: a change to a byte at a fixed
+// offset from the start of the data can be folded into the start register.
+// That is how the masked fields (TOS, TTL, checksums, BTH byte 4) are handled
+// without copying the packet.
+//
+// In the reflected bit order used by CRC-32/IEEE a register value is a
+// polynomial of degree < 32 with the coefficient of x^k in bit 31-k, A is
+// multiplication by x^8 modulo P, and one bit step (see mulX) is
+// multiplication by x.
+
+// poly is the reflected CRC-32/IEEE polynomial (without the x^32 term).
+const poly = 0xedb88320
+
+// xPow0 is the polynomial 1 (x^0) in reflected representation.
+const xPow0 = 1 << 31
+
+var (
+	// slicing8Table[k][b] is the register after byte b followed by k zero
+	// bytes, starting from a zero register (slicing-by-8).
+	slicing8Table [8][256]uint32
+
+	// invTop[T(x)>>24] = x; the top bytes of the table entries are a
+	// permutation of 0..255, which makes A invertible.
+	invTop [256]byte
+
+	// seed is the CRC value (Go convention) after the 8 bytes of 0xff that
+	// stand for the masked LRH.
+	seed uint32
+
+	// x2n[k] = x^(2^k) mod P; xInv2n[k] = x^-(2^k) mod P.
+	x2n, xInv2n [64]uint32
+
+	// masks holds the correction tables of the fast paths (see maskTable).
+	masks [numMaskPos][256]uint32
+
+	// invCache[n] caches x^-(8n-16) mod P for SolveIPv4ID; 0 means not yet
+	// computed (the value is never 0).
+	invCache [invCacheLen]atomic.Uint32
+)
+
+const invCacheLen = 1 << 14
+
+// Indexes into masks. IPv4 offsets assume a 20-byte header (IHL 5).
+const (
+	mIPv4TOS     = iota // IPv4 byte 1; also IPv6 byte 1 (traffic class low nibble, flow label high nibble)
+	mIPv4TTL            // IPv4 byte 8
+	mIPv4Sum0           // IPv4 byte 10
+	mIPv4Sum1           // IPv4 byte 11
+	mIPv4UDPSum0        // IPv4 byte 26
+	mIPv4UDPSum1        // IPv4 byte 27
+	mIPv4BTH4           // IPv4 byte 32
+	mIPv6Byte0          // IPv6 byte 0, low nibble only (traffic class high nibble)
+	mIPv6Byte2          // IPv6 byte 2 (flow label)
+	mIPv6Byte3          // IPv6 byte 3 (flow label)
+	mIPv6Hop            // IPv6 byte 7
+	mIPv6UDPSum0        // IPv6 byte 46
+	mIPv6UDPSum1        // IPv6 byte 47
+	mIPv6BTH4           // IPv6 byte 52
+	numMaskPos
+)
+
+func init() {
+	tab := crc32.IEEETable
+	slicing8Table[0] = *tab
+	for i := range 256 {
+		c := tab[i]
+		for k := 1; k < 8; k++ {
+			c = tab[c&0xff] ^ c>>8
+			slicing8Table[k][i] = c
+		}
+	}
+
+	var seen [256]bool
+	for x := range 256 {
+		top := byte(tab[x] >> 24)
+		if seen[top] {
+			panic("icrc: CRC table top bytes are not a permutation")
+		}
+		seen[top] = true
+		invTop[top] = byte(x)
+	}
+
+	var ff [8]byte
+	for i := range ff {
+		ff[i] = 0xff
+	}
+	seed = slicing8(0, ff[:])
+
+	x2n[0] = xPow0 >> 1 // x^1
+	// x^-1: in normal bit order x^-1 = (P ^ 1) / x = 0x82608edb (x^32 term
+	// included before the shift); reflect it.
+	xInv2n[0] = bits.Reverse32(0x82608edb)
+	for k := 1; k < len(x2n); k++ {
+		x2n[k] = multModP(x2n[k-1], x2n[k-1])
+		xInv2n[k] = multModP(xInv2n[k-1], xInv2n[k-1])
+	}
+	if multModP(x2n[0], xInv2n[0]) != xPow0 {
+		panic("icrc: bad x^-1 constant")
+	}
+
+	full := func(b byte) byte { return b ^ 0xff }
+	masks[mIPv4TOS] = maskTable(1, full)
+	masks[mIPv4TTL] = maskTable(8, full)
+	masks[mIPv4Sum0] = maskTable(10, full)
+	masks[mIPv4Sum1] = maskTable(11, full)
+	masks[mIPv4UDPSum0] = maskTable(26, full)
+	masks[mIPv4UDPSum1] = maskTable(27, full)
+	masks[mIPv4BTH4] = maskTable(32, full)
+	masks[mIPv6Byte0] = maskTable(0, func(b byte) byte { return (b ^ 0x0f) & 0x0f })
+	masks[mIPv6Byte2] = maskTable(2, full)
+	masks[mIPv6Byte3] = maskTable(3, full)
+	masks[mIPv6Hop] = maskTable(7, full)
+	masks[mIPv6UDPSum0] = maskTable(46, full)
+	masks[mIPv6UDPSum1] = maskTable(47, full)
+	masks[mIPv6BTH4] = maskTable(52, full)
+}
+
+// slicing8 is crc32.Update(crc, crc32.IEEETable, p) in portable code. It is
+// used only for short, stack-allocated buffers: unlike crc32.Update it does not
+// make its argument escape.
+func slicing8(crc uint32, p []byte) uint32 {
+	t := &slicing8Table
+	crc = ^crc
+	for len(p) >= 8 {
+		crc ^= uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
+		crc = t[0][p[7]] ^ t[1][p[6]] ^ t[2][p[5]] ^ t[3][p[4]] ^
+			t[4][crc>>24] ^ t[5][crc>>16&0xff] ^ t[6][crc>>8&0xff] ^ t[7][crc&0xff]
+		p = p[8:]
+	}
+	for _, b := range p {
+		crc = t[0][byte(crc)^b] ^ crc>>8
+	}
+	return ^crc
+}
+
+// invA applies the inverse of the zero-byte step A.
+func invA(r uint32) uint32 {
+	x := invTop[r>>24]
+	return (r^crc32.IEEETable[x])<<8 | uint32(x)
+}
+
+// startDelta returns the change of the start register that has the same effect
+// on the final CRC as XORing d into the data byte at offset i.
+func startDelta(i int, d byte) uint32 {
+	r := crc32.IEEETable[d]
+	for range i + 1 {
+		r = invA(r)
+	}
+	return r
+}
+
+// maskTable returns, for the data byte at offset i, the start-register
+// correction for each byte value b that turns the CRC of the data as it is into
+// the CRC of the data with byte i replaced by its masked value; diff(b) is b
+// XOR its masked value.
+func maskTable(i int, diff func(byte) byte) (t [256]uint32) {
+	var basis [8]uint32
+	for k := range basis {
+		basis[k] = startDelta(i, 1<<k)
+	}
+	for b := range 256 {
+		d := diff(byte(b))
+		var r uint32
+		for k := range basis {
+			if d&(1<<k) != 0 {
+				r ^= basis[k]
+			}
+		}
+		t[b] = r
+	}
+	return t
+}
+
+// multModP returns a*b mod P (reflected representation).
+func multModP(a, b uint32) uint32 {
+	var p uint32
+	for m := uint32(xPow0); a != 0; m >>= 1 {
+		if a&m != 0 {
+			p ^= b
+			a &^= m
+		}
+		b = mulX(b)
+	}
+	return p
+}
+
+// mulX returns v*x mod P: one bit step of the CRC register with a zero data bit.
+func mulX(v uint32) uint32 {
+	return v>>1 ^ poly&-(v&1)
+}
+
+// xPow returns x^e mod P, using tab = x2n (positive powers) or xInv2n
+// (negative powers).
+func xPow(tab *[64]uint32, e uint64) uint32 {
+	p := uint32(xPow0)
+	for k := 0; e != 0; k, e = k+1, e>>1 {
+		if e&1 != 0 {
+			p = multModP(tab[k], p)
+		}
+	}
+	return p
+}
+
+// idInverse returns x^-(8n-16) mod P for a covered length of n bytes (IP
+// header start to ICRC, n >= 2), cached for small n. See SolveIPv4ID.
+func idInverse(n int) uint32 {
+	e := 8*uint64(n) - 16
+	if n >= invCacheLen {
+		return xPow(&xInv2n, e)
+	}
+	if v := invCache[n].Load(); v != 0 {
+		return v
+	}
+	v := xPow(&xInv2n, e)
+	invCache[n].Store(v)
+	return v
+}
