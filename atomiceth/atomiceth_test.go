@@ -64,3 +64,18 @@ func TestAllocs(t *testing.T) {
 		t.Fatalf("allocs = %v", n)
 	}
 }
+
+func FuzzAtomicETH(f *testing.F) {
+	f.Add(make([]byte, Size))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < Size {
+			return
+		}
+		fl := AtomicETH(data).Fields()
+		out := make(AtomicETH, Size)
+		out.Encode(&fl)
+		if !bytes.Equal(out, data[:Size]) {
+			t.Fatalf("Encode(Fields(x)) = % x, want % x", []byte(out), data[:Size])
+		}
+	})
+}

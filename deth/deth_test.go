@@ -50,3 +50,23 @@ func TestAllocs(t *testing.T) {
 		t.Fatalf("allocs = %v", n)
 	}
 }
+
+func FuzzDETH(f *testing.F) {
+	f.Add(golden)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < Size {
+			return
+		}
+		fl := DETH(data).Fields()
+		if fl.SrcQP > 0xffffff {
+			t.Fatalf("SrcQP %#x exceeds 24 bits", fl.SrcQP)
+		}
+		out := make(DETH, Size)
+		out.Encode(&fl)
+		want := append([]byte(nil), data[:Size]...)
+		want[4] = 0 // reserved
+		if !bytes.Equal(out, want) {
+			t.Fatalf("Encode(Fields(x)) = % x, want % x", []byte(out), want)
+		}
+	})
+}

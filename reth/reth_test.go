@@ -56,3 +56,18 @@ func TestAllocs(t *testing.T) {
 		t.Fatalf("allocs = %v", n)
 	}
 }
+
+func FuzzRETH(f *testing.F) {
+	f.Add(golden)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < Size {
+			return
+		}
+		fl := RETH(data).Fields()
+		out := make(RETH, Size)
+		out.Encode(&fl)
+		if !bytes.Equal(out, data[:Size]) {
+			t.Fatalf("Encode(Fields(x)) = % x, want % x", []byte(out), data[:Size])
+		}
+	})
+}
