@@ -1,0 +1,260 @@
+package transport
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/bth"
+)
+
+// completer processes responses (ACK, NAK, READ responses, atomic ACKs)
+// and completes send WQEs in order (rxe_comp.c).
+type completer struct {
+	psn          bth.PSN // oldest unacknowledged PSN
+	retryCnt     uint8
+	rnrRetry     uint8
+	deadline     time.Time
+	timerArmed   bool
+	rnrWait      bool
+	retryPending bool    // a go-back-N is under way and nothing was acked since
+	retryPSN     bth.PSN // the PSN it started from
+	scratch      [8]byte
+}
+
+func (c *completer) reset(psn bth.PSN, a *QPAttr) {
+	*c = completer{psn: psn, retryCnt: a.RetryCnt, rnrRetry: a.RNRRetry}
+}
+
+// progress records forward progress: retry counters are restored and the
+// ACK timer is pushed out.
+func (qp *QP) progress() {
+	qp.comp.retryCnt = qp.attr.RetryCnt
+	qp.comp.rnrRetry = qp.attr.RNRRetry
+	qp.comp.retryPending = false
+	qp.armRetrans()
+}
+
+func (qp *QP) head() *sendWQE {
+	if qp.sqHead == qp.sqEnd || !qp.started(qp.sqHead) {
+		return nil
+	}
+	return &qp.sq[qp.sqHead%uint64(len(qp.sq))]
+}
+
+// started reports whether the WQE at index i has been (at least partly) sent.
+func (qp *QP) started(i uint64) bool {
+	return i < qp.sqCur || (i == qp.sqCur && qp.req.curPkt > 0)
+}
+
+// completeHead completes the head WQE successfully and advances.
+func (qp *QP) completeHead(w *sendWQE) {
+	w.done = true
+	if w.rdCounted {
+		w.rdCounted = false
+		qp.req.rdOut--
+	}
+	switch w.wr.Opcode {
+	case WRSend, WRSendImm, WRSendInv:
+		inc(&qp.dev.ctr.RDMASends)
+	}
+	qp.completeSend(w, WCSuccess)
+	qp.sqHead++
+	qp.comp.psn = w.firstPSN.Add(w.npkts)
+}
+
+// ackUpTo applies a cumulative acknowledgement of every PSN up to and
+// including psn. It reports true when the ACK covers a READ or atomic
+// whose response is missing (the requester must retry).
+func (qp *QP) ackUpTo(psn bth.PSN) (needRetry bool) {
+	if psn.Before(qp.comp.psn) {
+		return false
+	}
+	moved := false
+	for {
+		w := qp.head()
+		if w == nil || psn.Before(w.firstPSN) {
+			break
+		}
+		if isRdAtomic(w.wr.Opcode) {
+			needRetry = true
+			break
+		}
+		last := w.firstPSN.Add(w.npkts - 1)
+		if psn.Before(last) {
+			qp.comp.psn = psn.Add(1)
+			moved = true
+			break
+		}
+		qp.completeHead(w)
+		moved = true
+	}
+	if moved {
+		qp.progress()
+	}
+	return needRetry
+}
+
+// compInput handles a response packet. Called with qp.mu held.
+func (qp *QP) compInput(p *packetT) {
+	psn := p.BTH.PSN()
+	if !psn.Before(qp.req.psn) || psn.Before(qp.comp.psn) {
+		return // not for an outstanding PSN (stale duplicate or bogus)
+	}
+	switch p.Info.Kind {
+	case bth.KindAck:
+		qp.onAck(p, psn)
+	case bth.KindReadResponse:
+		qp.onReadResponse(p, psn)
+	case bth.KindAtomicAck:
+		qp.onAtomicAck(p, psn)
+	}
+	if qp.attr.State == QPSRTS || qp.attr.State == QPSSQD {
+		qp.reqProgress()
+	}
+}
+
+func (qp *QP) onAck(p *packetT, psn bth.PSN) {
+	syn := p.AETH.Syndrome()
+	switch syn.Type() {
+	case aeth.TypeACK:
+		if qp.ackUpTo(psn) {
+			qp.retry()
+		}
+	case aeth.TypeRNRNAK:
+		qp.ackUpTo(psn.Add(-1))
+		w := qp.head()
+		if w == nil || psn != qp.comp.psn {
+			return
+		}
+		inc(&qp.dev.ctr.RcvdRNRErr)
+		if qp.comp.rnrRetry == 0 {
+			inc(&qp.dev.ctr.RetryRNRExceededErr)
+			w.done, w.status = true, WCRNRRetryExcErr
+			qp.toError()
+			return
+		}
+		if qp.comp.rnrRetry != 7 {
+			qp.comp.rnrRetry--
+		}
+		qp.rewind()
+		qp.comp.rnrWait = true
+		qp.rnrTimer.Reset(aeth.RNRTimeout(syn.RNRTimer()))
+	case aeth.TypeNAK:
+		code := syn.NAKCode()
+		if code == aeth.NAKPSNSeqError {
+			qp.ackUpTo(psn.Add(-1))
+			inc(&qp.dev.ctr.RcvdSeqErr)
+			if qp.comp.retryPending && qp.comp.retryPSN == qp.comp.psn {
+				return // this gap is already being retransmitted
+			}
+			qp.retry()
+			return
+		}
+		if qp.ackUpTo(psn.Add(-1)) {
+			qp.retry()
+			return
+		}
+		w := qp.head()
+		if w == nil || psn.Before(w.firstPSN) || !psn.Before(w.firstPSN.Add(w.npkts)) {
+			return
+		}
+		switch code {
+		case aeth.NAKInvalidRequest:
+			w.status = WCRemInvReqErr
+		case aeth.NAKRemoteAccessError:
+			w.status = WCRemAccessErr
+		case aeth.NAKRemoteOperationalError:
+			w.status = WCRemOpErr
+		case aeth.NAKInvalidRDRequest:
+			w.status = WCRemInvRDReqErr
+		default:
+			w.status = WCBadRespErr
+		}
+		w.done = true
+		qp.toError()
+	}
+}
+
+func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
+	// A READ response implicitly acknowledges every earlier SEND/WRITE.
+	if qp.ackUpTo(psn.Add(-1)) {
+		// An earlier READ/atomic is still missing its response.
+		qp.retryOnGap()
+		return
+	}
+	w := qp.head()
+	if w == nil || w.wr.Opcode != WRRead {
+		return
+	}
+	if psn != qp.comp.psn {
+		qp.retryOnGap()
+		return
+	}
+	k := int(psn.Diff(w.firstPSN))
+	if k < 0 || k >= w.npkts {
+		return
+	}
+	// Position and length must fit the request.
+	pos := p.Info.Pos
+	lastPkt := k == w.npkts-1
+	if lastPkt != (pos == bth.PosLast || pos == bth.PosOnly) {
+		return
+	}
+	if p.AETH != nil && p.AETH.Syndrome().Type() != aeth.TypeACK {
+		return
+	}
+	off := uint64(k) * uint64(qp.mtu)
+	want := uint64(w.length) - off
+	if want > uint64(qp.mtu) {
+		want = uint64(qp.mtu)
+	}
+	if uint64(len(p.Payload)) != want {
+		w.done, w.status = true, WCBadRespErr
+		qp.toError()
+		return
+	}
+	if len(p.Payload) > 0 {
+		if err := qp.pd.Scatter(w.sges, off, p.Payload); err != nil {
+			w.done, w.status = true, WCLocProtErr
+			qp.toError()
+			return
+		}
+	}
+	qp.comp.psn = psn.Add(1)
+	if lastPkt {
+		qp.completeHead(w)
+	}
+	qp.progress()
+}
+
+// retryOnGap retransmits after a response revealed missing responses,
+// once per gap.
+func (qp *QP) retryOnGap() {
+	if qp.comp.retryPending && qp.comp.retryPSN == qp.comp.psn {
+		return
+	}
+	qp.retry()
+}
+
+func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
+	if qp.ackUpTo(psn.Add(-1)) {
+		qp.retryOnGap()
+		return
+	}
+	w := qp.head()
+	if w == nil || (w.wr.Opcode != WRCompareSwap && w.wr.Opcode != WRFetchAdd) {
+		return
+	}
+	if psn != qp.comp.psn || psn != w.firstPSN || p.AETH.Syndrome().Type() != aeth.TypeACK {
+		return
+	}
+	binary.NativeEndian.PutUint64(qp.comp.scratch[:], p.AtomicAck.OrigData())
+	if err := qp.pd.Scatter(w.sges, 0, qp.comp.scratch[:]); err != nil {
+		w.done, w.status = true, WCLocProtErr
+		qp.toError()
+		return
+	}
+	qp.completeHead(w)
+	qp.progress()
+}

@@ -1,0 +1,244 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// DeviceConfig configures a Device. The zero value of every field selects a
+// default.
+type DeviceConfig struct {
+	// Addr is the local IP address (the GID). Zero means link.LocalAddr().
+	Addr netip.Addr
+	// Clock drives the protocol timers. Nil means the wall clock.
+	Clock Clock
+	// MaxQP bounds the number of QPs (default 1024).
+	MaxQP int
+	// Limits bounds the device's memory registration table.
+	Limits memreg.Limits
+	// MaxUnackedPSNs is the requester window: at most this many PSNs are
+	// sent beyond the oldest unacknowledged one (default 128, like rxe).
+	MaxUnackedPSNs int
+	// MaxPktsPerAck is how many packets a requester sends at most without
+	// setting AckReq (default 64, like rxe).
+	MaxPktsPerAck int
+	// MaxRdAtomic is the device limit for max_rd_atomic and
+	// max_dest_rd_atomic (default 16, like rxe's max_qp_rd_atom).
+	MaxRdAtomic int
+}
+
+// Device is a RoCEv2 device bound to one udp.Link. It owns a memory
+// registration table, its QPs and one receive goroutine that demultiplexes
+// incoming packets by destination QPN.
+type Device struct {
+	link    udp.Link
+	cfg     DeviceConfig
+	clock   Clock
+	table   *memreg.Table
+	addr    netip.Addr
+	ctr     Counters
+	closed  atomic.Bool
+	done    chan struct{}
+	mu      sync.RWMutex
+	qps     map[uint32]*QP
+	nextQPN uint32
+}
+
+// firstQPN is the first QPN handed out; rxe starts at 17 as well (0 and 1 are special).
+const firstQPN = 0x11
+
+// NewDevice creates a device on link and starts its receive goroutine.
+func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
+	if link == nil {
+		return nil, fmt.Errorf("transport: NewDevice: nil link: %w", ErrInvalidConfig)
+	}
+	if !cfg.Addr.IsValid() {
+		cfg.Addr = link.LocalAddr()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = RealClock{}
+	}
+	if cfg.MaxQP <= 0 {
+		cfg.MaxQP = 1024
+	}
+	if cfg.MaxUnackedPSNs <= 0 {
+		cfg.MaxUnackedPSNs = 128
+	}
+	if cfg.MaxUnackedPSNs > 1<<22 {
+		return nil, fmt.Errorf("transport: NewDevice: MaxUnackedPSNs %d > %d: %w", cfg.MaxUnackedPSNs, 1<<22, ErrInvalidConfig)
+	}
+	if cfg.MaxPktsPerAck <= 0 {
+		cfg.MaxPktsPerAck = 64
+	}
+	if cfg.MaxRdAtomic <= 0 {
+		cfg.MaxRdAtomic = 16
+	}
+	d := &Device{
+		link:    link,
+		cfg:     cfg,
+		clock:   cfg.Clock,
+		table:   memreg.NewTable(cfg.Limits),
+		addr:    cfg.Addr.Unmap(),
+		done:    make(chan struct{}),
+		qps:     make(map[uint32]*QP),
+		nextQPN: firstQPN,
+	}
+	go d.recvLoop()
+	return d, nil
+}
+
+// GID returns the device's GID: the IPv6 address, or the IPv4-mapped IPv6
+// address (::ffff:a.b.c.d) for IPv4.
+func (d *Device) GID() [16]byte { return d.addr.As16() }
+
+// Addr returns the local IP address.
+func (d *Device) Addr() netip.Addr { return d.addr }
+
+// Link returns the link the device is bound to.
+func (d *Device) Link() udp.Link { return d.link }
+
+// Clock returns the device clock.
+func (d *Device) Clock() Clock { return d.clock }
+
+// AllocPD allocates a protection domain in the device's registration table.
+func (d *Device) AllocPD() (*memreg.PD, error) {
+	if d.isClosed() {
+		return nil, ErrClosed
+	}
+	return d.table.AllocPD()
+}
+
+// Counters returns a snapshot of the device counters.
+func (d *Device) Counters() Counters { return d.ctr.snapshot() }
+
+func (d *Device) isClosed() bool { return d.closed.Load() }
+
+// Close moves every QP to the error state (flushing their work requests),
+// closes the link and waits for the receive goroutine to exit.
+func (d *Device) Close() error {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	d.mu.Lock()
+	qps := make([]*QP, 0, len(d.qps))
+	for _, qp := range d.qps {
+		qps = append(qps, qp)
+	}
+	d.mu.Unlock()
+	for _, qp := range qps {
+		qp.mu.Lock()
+		qp.toError()
+		qp.stopTimersLocked()
+		qp.mu.Unlock()
+	}
+	err := d.link.Close()
+	select {
+	case <-d.done:
+	case <-time.After(5 * time.Second):
+		return errors.New("transport: Close: receive goroutine did not exit")
+	}
+	return err
+}
+
+func (d *Device) lookup(qpn uint32) *QP {
+	d.mu.RLock()
+	qp := d.qps[qpn]
+	d.mu.RUnlock()
+	return qp
+}
+
+func (d *Device) recvLoop() {
+	defer close(d.done)
+	bs := d.link.BatchSize()
+	if bs <= 0 {
+		bs = 1
+	}
+	if bs > 256 {
+		bs = 256
+	}
+	pkts := make([]udp.Packet, bs)
+	bufs := make([][]byte, bs)
+	for i := range pkts {
+		bufs[i] = make([]byte, udp.MaxPacketSize)
+	}
+	var p packet.Packet
+	for {
+		for i := range pkts {
+			pkts[i].Buf = bufs[i]
+		}
+		n, err := d.link.Recv(pkts)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || d.isClosed() {
+				return
+			}
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		for i := 0; i < n; i++ {
+			d.input(&p, &pkts[i])
+		}
+	}
+}
+
+// input handles one received datagram.
+func (d *Device) input(p *packet.Packet, up *udp.Packet) {
+	if err := p.Parse(up.Buf); err != nil {
+		inc(&d.ctr.MalformedPkts)
+		return
+	}
+	if p.Info.Transport != bth.TransportRC {
+		inc(&d.ctr.UnknownQP)
+		return
+	}
+	qp := d.lookup(p.BTH.DestQP())
+	if qp == nil {
+		inc(&d.ctr.UnknownQP)
+		return
+	}
+	qp.input(p, up.Addr)
+}
+
+// HandlePacket feeds one RoCEv2 UDP payload (BTH .. ICRC) from src into the
+// device as if the link had received it. Tests and tools use it to replay
+// captured packets. It reports a parse error; protocol-level drops are
+// counted, not returned.
+func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
+	var p packet.Packet
+	if err := p.Parse(buf); err != nil {
+		inc(&d.ctr.MalformedPkts)
+		return err
+	}
+	if p.Info.Transport != bth.TransportRC {
+		inc(&d.ctr.UnknownQP)
+		return fmt.Errorf("transport: HandlePacket: transport %#x not supported: %w", uint8(p.Info.Transport), ErrInvalidWR)
+	}
+	qp := d.lookup(p.BTH.DestQP())
+	if qp == nil {
+		inc(&d.ctr.UnknownQP)
+		return fmt.Errorf("transport: HandlePacket: no QP %#x: %w", p.BTH.DestQP(), ErrInvalidWR)
+	}
+	qp.input(&p, src)
+	return nil
+}
+
+// send hands a batch to the link and counts it.
+func (d *Device) send(pkts []udp.Packet) {
+	if len(pkts) == 0 {
+		return
+	}
+	if err := d.link.Send(pkts); err != nil {
+		inc(&d.ctr.SendErr)
+		return
+	}
+	atomic.AddUint64(&d.ctr.SentPkts, uint64(len(pkts)))
+}

@@ -1,0 +1,331 @@
+package transport
+
+import (
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/packet"
+)
+
+type packetT = packet.Packet
+
+// requester is the send side of a QP: it turns send WQEs into request
+// packets (rxe_req.c).
+type requester struct {
+	psn    bth.PSN // next PSN to send
+	maxPSN bth.PSN // highest PSN ever sent + 1 (to count retransmissions)
+	curPkt int     // packets (PSNs) of sq[sqCur] already sent
+	noack  int     // packets sent since the last AckReq
+	rdOut  int     // READ/atomic WQEs outstanding
+	f      packet.Fields
+}
+
+func (r *requester) reset(psn bth.PSN) { *r = requester{psn: psn, maxPSN: psn} }
+
+func isRdAtomic(op WROpcode) bool {
+	return op == WRRead || op == WRCompareSwap || op == WRFetchAdd
+}
+
+// npkts returns the number of PSNs a message of n bytes takes at mtu (at least 1).
+func npkts(n uint32, mtu int) int {
+	if n == 0 {
+		return 1
+	}
+	return int((uint64(n) + uint64(mtu) - 1) / uint64(mtu))
+}
+
+// reqProgress sends as many request packets as the window, the
+// READ/atomic limit and fences allow. Called with qp.mu held.
+func (qp *QP) reqProgress() {
+	st := qp.attr.State
+	if (st != QPSRTS && st != QPSSQD) || qp.comp.rnrWait || qp.mtu == 0 {
+		return
+	}
+	maxRd := int(qp.attr.MaxQPRdAtomic)
+	if maxRd < 1 {
+		maxRd = 1
+	}
+	window := int32(qp.dev.cfg.MaxUnackedPSNs)
+	sent := false
+	for qp.sqCur != qp.sqEnd {
+		if qp.req.psn.Diff(qp.comp.psn) >= window {
+			break
+		}
+		w := &qp.sq[qp.sqCur%uint64(len(qp.sq))]
+		if qp.req.curPkt == 0 {
+			if st == QPSSQD {
+				break
+			}
+			if w.wr.Flags&SendFence != 0 && qp.req.rdOut > 0 {
+				break
+			}
+			if isRdAtomic(w.wr.Opcode) {
+				if qp.req.rdOut >= maxRd {
+					break
+				}
+				qp.req.rdOut++
+				w.rdCounted = true
+			}
+			w.firstPSN = qp.req.psn
+			if w.wr.Opcode == WRCompareSwap || w.wr.Opcode == WRFetchAdd {
+				w.npkts = 1
+			} else {
+				w.npkts = npkts(w.length, qp.mtu)
+			}
+		}
+		if !qp.sendRequest(w) {
+			return
+		}
+		sent = true
+	}
+	if sent {
+		qp.armRetrans()
+	}
+}
+
+// sendRequest emits the next packet of w (a READ request covers all its
+// remaining PSNs) and advances the requester. It reports false when the
+// QP went to ERR.
+func (qp *QP) sendRequest(w *sendWQE) bool {
+	r := &qp.req
+	k := r.curPkt
+	mtu := qp.mtu
+	f := &r.f
+	*f = packet.Fields{}
+	f.BTH.PKey = bth.DefaultPKey
+	f.BTH.DestQP = qp.attr.DestQPN
+	f.BTH.PSN = r.psn
+	consumed := 1
+	var payloadLen int
+	var off uint64
+	switch w.wr.Opcode {
+	case WRRead:
+		off = uint64(k) * uint64(mtu)
+		f.BTH.Opcode = bth.RCReadRequest
+		f.BTH.AckReq = true
+		f.RETH.VA = w.wr.RemoteAddr + off
+		f.RETH.RKey = w.wr.RKey
+		f.RETH.DMALength = w.length - uint32(off)
+		consumed = w.npkts - k
+	case WRCompareSwap, WRFetchAdd:
+		f.BTH.Opcode = bth.RCFetchAdd
+		if w.wr.Opcode == WRCompareSwap {
+			f.BTH.Opcode = bth.RCCompareSwap
+			f.AtomicETH.SwapAdd = w.wr.Swap
+			f.AtomicETH.Compare = w.wr.CompareAdd
+		} else {
+			f.AtomicETH.SwapAdd = w.wr.CompareAdd
+		}
+		f.BTH.AckReq = true
+		f.AtomicETH.VA = w.wr.RemoteAddr
+		f.AtomicETH.RKey = w.wr.RKey
+	default:
+		off = uint64(k) * uint64(mtu)
+		rest := uint64(w.length) - off
+		payloadLen = mtu
+		if rest <= uint64(mtu) {
+			payloadLen = int(rest)
+		}
+		first, last := k == 0, k == w.npkts-1
+		f.BTH.Opcode = dataOpcode(w.wr.Opcode, first, last)
+		if last {
+			f.BTH.AckReq = true
+			switch w.wr.Opcode {
+			case WRSendImm, WRWriteImm:
+				f.Imm = w.wr.Imm
+			case WRSendInv:
+				f.IETHRKey = w.wr.InvRKey
+			}
+			if w.wr.Flags&SendSolicited != 0 && w.wr.Opcode != WRWrite {
+				f.BTH.SolicitedEvent = true
+			}
+		}
+		if first && (w.wr.Opcode == WRWrite || w.wr.Opcode == WRWriteImm) {
+			f.RETH.VA = w.wr.RemoteAddr
+			f.RETH.RKey = w.wr.RKey
+			f.RETH.DMALength = w.length
+		}
+	}
+	r.noack++
+	if r.noack >= qp.dev.cfg.MaxPktsPerAck {
+		f.BTH.AckReq = true
+	}
+	if f.BTH.AckReq {
+		r.noack = 0
+	}
+	buf := qp.outBuf()
+	if payloadLen > 0 {
+		hdr := bth.Size + f.BTH.Opcode.Info().HeaderLen
+		slot := buf[hdr : hdr+payloadLen]
+		if err := qp.pd.Gather(w.sges, off, slot); err != nil {
+			// The local memory went away after PostSend: local protection error.
+			w.done, w.status = true, WCLocProtErr
+			qp.failHead(w)
+			return false
+		}
+		f.Payload = slot
+	}
+	n, err := packet.Build(buf, f)
+	if err != nil {
+		w.done, w.status = true, WCLocQPOpErr
+		qp.failHead(w)
+		return false
+	}
+	qp.commit(n)
+	if r.psn.Before(r.maxPSN) {
+		inc(&qp.dev.ctr.RetransmittedPkts)
+	}
+	r.psn = r.psn.Add(consumed)
+	if r.maxPSN.Before(r.psn) {
+		r.maxPSN = r.psn
+	}
+	r.curPkt += consumed
+	if r.curPkt >= w.npkts {
+		r.curPkt = 0
+		qp.sqCur++
+	}
+	return true
+}
+
+// failHead completes w with its error status (it must be the WQE at or
+// after the head) and moves the QP to ERR.
+func (qp *QP) failHead(w *sendWQE) {
+	// Everything before w that is still outstanding is flushed by toError
+	// in order; w itself reports its own status.
+	qp.toError()
+}
+
+func dataOpcode(op WROpcode, first, last bool) bth.Opcode {
+	switch op {
+	case WRWrite, WRWriteImm:
+		switch {
+		case first && last:
+			if op == WRWriteImm {
+				return bth.RCWriteOnlyImm
+			}
+			return bth.RCWriteOnly
+		case first:
+			return bth.RCWriteFirst
+		case last:
+			if op == WRWriteImm {
+				return bth.RCWriteLastImm
+			}
+			return bth.RCWriteLast
+		}
+		return bth.RCWriteMiddle
+	default:
+		switch {
+		case first && last:
+			switch op {
+			case WRSendImm:
+				return bth.RCSendOnlyImm
+			case WRSendInv:
+				return bth.RCSendOnlyInv
+			}
+			return bth.RCSendOnly
+		case first:
+			return bth.RCSendFirst
+		case last:
+			switch op {
+			case WRSendImm:
+				return bth.RCSendLastImm
+			case WRSendInv:
+				return bth.RCSendLastInv
+			}
+			return bth.RCSendLast
+		}
+		return bth.RCSendMiddle
+	}
+}
+
+// outstanding reports whether any sent request awaits a response.
+func (qp *QP) outstanding() bool {
+	return qp.comp.psn != qp.req.psn
+}
+
+// armRetrans pushes the local ACK deadline out by one timeout and arms
+// the timer if needed.
+func (qp *QP) armRetrans() {
+	if qp.timeout == 0 || !qp.outstanding() {
+		return
+	}
+	qp.comp.deadline = qp.dev.clock.Now().Add(qp.timeout)
+	if !qp.comp.timerArmed {
+		qp.comp.timerArmed = true
+		qp.retransTimer.Reset(qp.timeout)
+	}
+}
+
+// onRetransTimer is the local ACK timeout.
+func (qp *QP) onRetransTimer() {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	qp.comp.timerArmed = false
+	st := qp.attr.State
+	if qp.destroyed || (st != QPSRTS && st != QPSSQD) || qp.timeout == 0 || !qp.outstanding() || qp.comp.rnrWait {
+		return
+	}
+	now := qp.dev.clock.Now()
+	if now.Before(qp.comp.deadline) {
+		qp.comp.timerArmed = true
+		qp.retransTimer.Reset(qp.comp.deadline.Sub(now))
+		return
+	}
+	inc(&qp.dev.ctr.LocalAckTimeout)
+	qp.retry()
+	qp.flushOut()
+}
+
+// onRNRTimer ends an RNR back-off: the requester resends from the NAKed PSN.
+func (qp *QP) onRNRTimer() {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if !qp.comp.rnrWait {
+		return
+	}
+	qp.comp.rnrWait = false
+	qp.reqProgress()
+	qp.flushOut()
+}
+
+// retry starts a go-back-N retransmission from the oldest unacknowledged
+// PSN, or fails the QP when retry_cnt is exhausted.
+func (qp *QP) retry() {
+	if qp.sqHead == qp.sqEnd {
+		return
+	}
+	if qp.comp.retryCnt == 0 {
+		inc(&qp.dev.ctr.RetryExceededErr)
+		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
+		w.done, w.status = true, WCRetryExcErr
+		qp.toError()
+		return
+	}
+	qp.comp.retryCnt--
+	inc(&qp.dev.ctr.CompleterRetryErr)
+	qp.rewind()
+	qp.reqProgress()
+}
+
+// rewind resets the requester to the oldest unacknowledged PSN.
+func (qp *QP) rewind() {
+	for i := qp.sqHead; i != qp.sqEnd && i <= qp.sqCur; i++ {
+		qp.sq[i%uint64(len(qp.sq))].rdCounted = false
+	}
+	qp.req.rdOut = 0
+	qp.sqCur = qp.sqHead
+	qp.req.psn = qp.comp.psn
+	qp.req.noack = 0
+	qp.req.curPkt = 0
+	qp.comp.retryPending = true
+	qp.comp.retryPSN = qp.comp.psn
+	if qp.sqHead == qp.sqEnd {
+		return
+	}
+	w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
+	if k := int(qp.comp.psn.Diff(w.firstPSN)); k > 0 && k < w.npkts {
+		qp.req.curPkt = k
+		if isRdAtomic(w.wr.Opcode) {
+			w.rdCounted = true
+			qp.req.rdOut = 1
+		}
+	}
+}

@@ -1,0 +1,437 @@
+package transport
+
+import (
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
+)
+
+// responder is the receive side of a QP: it checks and executes incoming
+// requests and generates ACKs, NAKs, READ responses and atomic ACKs
+// (rxe_resp.c).
+type responder struct {
+	psn     bth.PSN // expected PSN
+	msn     uint32  // completed messages (24 bits)
+	nakSent bool    // a PSN sequence error NAK was sent for the current gap
+
+	op        uint8 // message in progress: opNone, opSend, opWrite
+	wqeActive bool  // rq head is being filled by a multi-packet SEND
+	offset    uint64
+	wva       uint64
+	wrkey     uint32
+	wlen      uint32
+
+	res     []rdRes
+	resNext int
+	f       packet.Fields
+}
+
+const (
+	opNone = iota
+	opSend
+	opWrite
+)
+
+func (r *responder) reset(psn bth.PSN) {
+	res := r.res
+	for i := range res {
+		res[i] = rdRes{}
+	}
+	*r = responder{psn: psn, res: res}
+}
+
+// respInput handles a request packet. Called with qp.mu held.
+func (qp *QP) respInput(p *packetT) {
+	r := &qp.resp
+	psn := p.BTH.PSN()
+	d := psn.Diff(r.psn)
+	if d > 0 {
+		if !r.nakSent {
+			r.nakSent = true
+			inc(&qp.dev.ctr.OutOfSeqRequest)
+			qp.sendAck(aeth.NAK(aeth.NAKPSNSeqError), r.psn)
+		}
+		return
+	}
+	if d < 0 {
+		inc(&qp.dev.ctr.DuplicateRequest)
+		qp.respDuplicate(p, psn)
+		return
+	}
+	r.nakSent = false
+	// Opcode sequence: a message in progress continues with middle/last of
+	// the same kind; otherwise only first/only packets may start one.
+	kind, pos := p.Info.Kind, p.Info.Pos
+	cont := pos == bth.PosMiddle || pos == bth.PosLast
+	switch r.op {
+	case opSend:
+		if kind != bth.KindSend || !cont {
+			qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+			return
+		}
+	case opWrite:
+		if kind != bth.KindWrite || !cont {
+			qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+			return
+		}
+	default:
+		if cont {
+			qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+			return
+		}
+	}
+	switch kind {
+	case bth.KindSend:
+		qp.respSend(p, psn)
+	case bth.KindWrite:
+		qp.respWrite(p, psn)
+	case bth.KindReadRequest:
+		qp.respRead(p, psn)
+	case bth.KindCompareSwap, bth.KindFetchAdd:
+		qp.respAtomic(p, psn)
+	default:
+		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+	}
+}
+
+// respFatal sends a NAK for psn and moves the QP to ERR; a receive WQE in
+// progress completes with st.
+func (qp *QP) respFatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
+	qp.sendAck(aeth.NAK(code), psn)
+	if qp.resp.wqeActive {
+		qp.completeRecv(st, WCRecv, 0, 0, 0, 0)
+	}
+	qp.toError()
+}
+
+// checkLen enforces the packet length rules: first and middle packets carry
+// exactly one path MTU, last and only packets at most one.
+func (qp *QP) checkLen(p *packetT) bool {
+	n := len(p.Payload)
+	switch p.Info.Pos {
+	case bth.PosFirst, bth.PosMiddle:
+		return n == qp.mtu
+	}
+	return n <= qp.mtu
+}
+
+func (qp *QP) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, imm, inv uint32) {
+	rw := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+	wc := WC{WRID: rw.wrid, Status: st, Opcode: op, ByteLen: n, Flags: flags, Imm: imm,
+		InvalidatedRKey: inv, QPN: qp.qpn, SrcQP: qp.attr.DestQPN}
+	qp.rqHead++
+	qp.resp.wqeActive = false
+	inc(&qp.dev.ctr.RDMARecvs)
+	qp.recvCQ.push(&wc)
+}
+
+func (qp *QP) rnrNAK(psn bth.PSN) {
+	inc(&qp.dev.ctr.SendRNRErr)
+	qp.sendAck(aeth.RNRNAK(qp.attr.MinRNRTimer), psn)
+}
+
+func (qp *QP) endRequest(p *packetT, psn bth.PSN) {
+	r := &qp.resp
+	r.psn = psn.Add(1)
+	if p.Info.Pos == bth.PosLast || p.Info.Pos == bth.PosOnly {
+		r.op = opNone
+		r.msn = (r.msn + 1) & 0xffffff
+	}
+	if p.BTH.AckReq() {
+		qp.sendAck(aeth.ACK(aeth.NoCreditLimit), psn)
+	} else {
+		inc(&qp.dev.ctr.AckDeferred)
+	}
+}
+
+func (qp *QP) respSend(p *packetT, psn bth.PSN) {
+	r := &qp.resp
+	pos := p.Info.Pos
+	if pos == bth.PosFirst || pos == bth.PosOnly {
+		if qp.rqHead == qp.rqEnd {
+			qp.rnrNAK(psn)
+			return
+		}
+		r.wqeActive = true
+		r.offset = 0
+		r.op = opSend
+	}
+	if !qp.checkLen(p) {
+		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		return
+	}
+	rw := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+	n := uint64(len(p.Payload))
+	if r.offset+n > rw.length {
+		qp.respFatal(aeth.NAKInvalidRequest, psn, WCLocLenErr)
+		return
+	}
+	if n > 0 {
+		if err := qp.pd.Scatter(rw.sges, r.offset, p.Payload); err != nil {
+			qp.respFatal(aeth.NAKRemoteOperationalError, psn, WCLocProtErr)
+			return
+		}
+	}
+	r.offset += n
+	if pos == bth.PosLast || pos == bth.PosOnly {
+		var flags WCFlags
+		var imm, inv uint32
+		if p.Info.Imm {
+			flags |= WCWithImm
+			imm = p.ImmDt.Imm()
+		}
+		if p.Info.Inv {
+			inv = p.IETH.RKey()
+			if err := qp.rv.InvalidateRemote(inv); err != nil {
+				qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+				return
+			}
+			flags |= WCWithInv
+		}
+		qp.completeRecv(WCSuccess, WCRecv, uint32(r.offset), flags, imm, inv)
+	}
+	qp.endRequest(p, psn)
+}
+
+func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
+	r := &qp.resp
+	if qp.attr.AccessFlags&memreg.AccessRemoteWrite == 0 {
+		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		return
+	}
+	pos := p.Info.Pos
+	// A WRITE with immediate consumes a receive WQE: check for one before
+	// any side effect so that an RNR NAK leaves nothing half done.
+	if p.Info.Imm && qp.rqHead == qp.rqEnd {
+		qp.rnrNAK(psn)
+		return
+	}
+	if pos == bth.PosFirst || pos == bth.PosOnly {
+		va, rkey, n := p.RETH.VA(), p.RETH.RKey(), p.RETH.DMALength()
+		if err := qp.rv.CheckRemote(rkey, va, n, memreg.AccessRemoteWrite); err != nil {
+			qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+			return
+		}
+		r.wva, r.wrkey, r.wlen, r.offset = va, rkey, n, 0
+		r.op = opWrite
+	}
+	if !qp.checkLen(p) {
+		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		return
+	}
+	n := uint64(len(p.Payload))
+	if r.offset+n > uint64(r.wlen) {
+		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		return
+	}
+	if n > 0 {
+		if err := qp.rv.WriteRemote(r.wrkey, r.wva+r.offset, p.Payload); err != nil {
+			qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+			return
+		}
+	}
+	r.offset += n
+	if pos == bth.PosLast || pos == bth.PosOnly {
+		if r.offset != uint64(r.wlen) {
+			qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+			return
+		}
+		if p.Info.Imm {
+			qp.completeRecv(WCSuccess, WCRecvRDMAImm, r.wlen, WCWithImm, p.ImmDt.Imm(), 0)
+		}
+	}
+	qp.endRequest(p, psn)
+}
+
+func (qp *QP) maxDestRd() int {
+	n := int(qp.attr.MaxDestRdAtomic)
+	if n < 1 {
+		n = 1
+	}
+	if n > len(qp.resp.res) {
+		n = len(qp.resp.res)
+	}
+	return n
+}
+
+func (qp *QP) saveRes(x rdRes) {
+	r := &qp.resp
+	if r.resNext >= qp.maxDestRd() {
+		r.resNext = 0
+	}
+	x.valid = true
+	r.res[r.resNext] = x
+	r.resNext++
+}
+
+func (qp *QP) respRead(p *packetT, psn bth.PSN) {
+	r := &qp.resp
+	if qp.attr.AccessFlags&memreg.AccessRemoteRead == 0 {
+		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		return
+	}
+	va, rkey, n := p.RETH.VA(), p.RETH.RKey(), p.RETH.DMALength()
+	if n > 1<<31 {
+		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		return
+	}
+	if err := qp.rv.CheckRemote(rkey, va, n, memreg.AccessRemoteRead); err != nil {
+		qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+		return
+	}
+	np := npkts(n, qp.mtu)
+	qp.saveRes(rdRes{firstPSN: psn, lastPSN: psn.Add(np - 1), va: va, rkey: rkey, length: n})
+	r.msn = (r.msn + 1) & 0xffffff
+	r.psn = psn.Add(np)
+	qp.readReply(psn, va, rkey, n, true)
+}
+
+// readReply sends READ response packets for [va, va+n) starting at psn.
+// A new request starts with FIRST/ONLY; a replay of a partly answered
+// request (first == false) starts with MIDDLE/LAST, as rxe does.
+func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first bool) {
+	r := &qp.resp
+	mtu := uint32(qp.mtu)
+	f := &r.f
+	rest := n
+	for i := 0; ; i++ {
+		isFirst := i == 0 && first
+		isLast := rest <= mtu
+		var op bth.Opcode
+		switch {
+		case isFirst && isLast:
+			op = bth.RCReadResponseOnly
+		case isFirst:
+			op = bth.RCReadResponseFirst
+		case isLast:
+			op = bth.RCReadResponseLast
+		default:
+			op = bth.RCReadResponseMiddle
+		}
+		plen := rest
+		if plen > mtu {
+			plen = mtu
+		}
+		*f = packet.Fields{}
+		f.BTH.Opcode = op
+		f.BTH.PKey = bth.DefaultPKey
+		f.BTH.DestQP = qp.attr.DestQPN
+		f.BTH.PSN = psn
+		f.AETH.Syndrome = aeth.ACK(aeth.NoCreditLimit)
+		f.AETH.MSN = r.msn
+		buf := qp.outBuf()
+		if plen > 0 {
+			hdr := bth.Size + op.Info().HeaderLen
+			slot := buf[hdr : hdr+int(plen)]
+			if err := qp.rv.ReadRemote(rkey, va, slot); err != nil {
+				qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+				return
+			}
+			f.Payload = slot
+		}
+		k, err := packet.Build(buf, f)
+		if err != nil {
+			return
+		}
+		qp.commit(k)
+		if isLast {
+			return
+		}
+		rest -= plen
+		va += uint64(plen)
+		psn = psn.Add(1)
+	}
+}
+
+func (qp *QP) respAtomic(p *packetT, psn bth.PSN) {
+	r := &qp.resp
+	if qp.attr.AccessFlags&memreg.AccessRemoteAtomic == 0 {
+		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		return
+	}
+	a := p.AtomicETH
+	var orig uint64
+	var err error
+	if p.Info.Kind == bth.KindCompareSwap {
+		orig, err = qp.rv.CompareSwap(a.RKey(), a.VA(), a.Compare(), a.SwapAdd())
+	} else {
+		orig, err = qp.rv.FetchAdd(a.RKey(), a.VA(), a.SwapAdd())
+	}
+	if err != nil {
+		qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+		return
+	}
+	qp.saveRes(rdRes{atomic: true, firstPSN: psn, lastPSN: psn, orig: orig})
+	r.msn = (r.msn + 1) & 0xffffff
+	r.psn = psn.Add(1)
+	qp.sendAtomicAck(psn, orig)
+}
+
+func (qp *QP) sendAtomicAck(psn bth.PSN, orig uint64) {
+	f := &qp.resp.f
+	*f = packet.Fields{}
+	f.BTH.Opcode = bth.RCAtomicAck
+	f.BTH.PKey = bth.DefaultPKey
+	f.BTH.DestQP = qp.attr.DestQPN
+	f.BTH.PSN = psn
+	f.AETH.Syndrome = aeth.ACK(aeth.NoCreditLimit)
+	f.AETH.MSN = qp.resp.msn
+	f.AtomicAckOrig = orig
+	buf := qp.outBuf()
+	if n, err := packet.Build(buf, f); err == nil {
+		qp.commit(n)
+	}
+}
+
+// sendAck sends an ACKNOWLEDGE with syndrome syn for psn and the current MSN.
+func (qp *QP) sendAck(syn aeth.Syndrome, psn bth.PSN) {
+	f := &qp.resp.f
+	*f = packet.Fields{}
+	f.BTH.Opcode = bth.RCAck
+	f.BTH.PKey = bth.DefaultPKey
+	f.BTH.DestQP = qp.attr.DestQPN
+	f.BTH.PSN = psn
+	f.AETH.Syndrome = syn
+	f.AETH.MSN = qp.resp.msn
+	buf := qp.outBuf()
+	if n, err := packet.Build(buf, f); err == nil {
+		qp.commit(n)
+	}
+}
+
+func (qp *QP) findRes(psn bth.PSN, atomic bool) *rdRes {
+	for i := range qp.resp.res {
+		x := &qp.resp.res[i]
+		if x.valid && x.atomic == atomic && psn.Diff(x.firstPSN) >= 0 && x.lastPSN.Diff(psn) >= 0 {
+			return x
+		}
+	}
+	return nil
+}
+
+// respDuplicate handles a request behind the expected PSN: SEND/WRITE are
+// re-acknowledged, READ and atomics are replayed from the saved responder
+// resources (never executed again).
+func (qp *QP) respDuplicate(p *packetT, psn bth.PSN) {
+	switch p.Info.Kind {
+	case bth.KindSend, bth.KindWrite:
+		qp.sendAck(aeth.ACK(aeth.NoCreditLimit), qp.resp.psn.Add(-1))
+	case bth.KindReadRequest:
+		x := qp.findRes(psn, false)
+		if x == nil {
+			return
+		}
+		va, n, rkey := p.RETH.VA(), p.RETH.DMALength(), p.RETH.RKey()
+		if rkey != x.rkey || va < x.va || uint64(va)+uint64(n) > x.va+uint64(x.length) {
+			return
+		}
+		qp.readReply(psn, va, rkey, n, psn == x.firstPSN)
+	case bth.KindCompareSwap, bth.KindFetchAdd:
+		x := qp.findRes(psn, true)
+		if x == nil {
+			return
+		}
+		qp.sendAtomicAck(psn, x.orig)
+	}
+}
