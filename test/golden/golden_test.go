@@ -1,0 +1,433 @@
+package golden_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/icrc"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/rocelayer"
+	"github.com/gorocev2/rocev2/test/golden"
+)
+
+// rocePacket is one RoCEv2 frame of a golden capture, decoded.
+type rocePacket struct {
+	num   int
+	frame []byte
+	gp    gopacket.Packet
+	ip    []byte // IP header .. ICRC (aliases frame)
+	udp   *layers.UDP
+	pk    packet.Packet
+	src   netip.Addr
+	dst   netip.Addr
+}
+
+// loadRoCE decodes every RoCEv2 frame (UDP destination port 4791) of a
+// capture. Frames that fail to decode fail the test.
+func loadRoCE(t *testing.T, path string) []*rocePacket {
+	t.Helper()
+	frames, lt, err := golden.ReadPCAP(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lt != layers.LinkTypeEthernet {
+		t.Fatalf("%s: link type %v", path, lt)
+	}
+	var out []*rocePacket
+	for _, f := range frames {
+		gp := gopacket.NewPacket(f.Data, layers.LayerTypeEthernet, gopacket.DecodeOptions{NoCopy: true, SkipDecodeRecovery: true})
+		udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+		if udp == nil || udp.DstPort != rocelayer.Port {
+			continue
+		}
+		where := fmt.Sprintf("%s #%d", filepath.Base(path), f.Num)
+		if f.Len != len(f.Data) {
+			t.Fatalf("%s: frame truncated by the capture (%d of %d bytes)", where, len(f.Data), f.Len)
+		}
+		if el := gp.ErrorLayer(); el != nil {
+			t.Fatalf("%s: decode: %v", where, el.Error())
+		}
+		r := &rocePacket{num: f.Num, frame: f.Data, gp: gp, udp: udp}
+		if r.ip, err = rocelayer.IPPacket(gp); err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+		if err := r.pk.Parse(udp.Payload); err != nil {
+			t.Fatalf("%s: packet.Parse: %v", where, err)
+		}
+		src, dst := gp.NetworkLayer().NetworkFlow().Endpoints()
+		r.src, _ = netip.AddrFromSlice(src.Raw())
+		r.dst, _ = netip.AddrFromSlice(dst.Raw())
+		out = append(out, r)
+	}
+	return out
+}
+
+// TestGoldenCaptures is the first "Must show": every RoCEv2 packet
+// of every golden capture decodes, its ICRC verifies, its fields equal what
+// the capture's .txt states, and re-encoding it from its decoded fields
+// reproduces the captured bytes (UDP payload with packet.Build, whole frame
+// with rocelayer).
+func TestGoldenCaptures(t *testing.T) {
+	total := 0
+	for _, path := range golden.PCAPs(t) {
+		name := filepath.Base(path)
+		t.Run(strings.TrimSuffix(name, ".pcap"), func(t *testing.T) {
+			c, err := golden.ParseTxt(strings.TrimSuffix(path, ".pcap") + ".txt")
+			if err != nil {
+				t.Fatal(err)
+			}
+			pkts := loadRoCE(t, path)
+			if len(pkts) != len(c.Packets) {
+				t.Errorf("%d RoCEv2 frames, the .txt lists %d", len(pkts), len(c.Packets))
+			}
+			byNum := map[int]*rocePacket{}
+			for _, p := range pkts {
+				byNum[p.num] = p
+			}
+			for _, l := range c.Packets {
+				p := byNum[l.Frame]
+				if p == nil {
+					t.Errorf("frame %d listed in the .txt is not a RoCEv2 frame of the capture", l.Frame)
+					continue
+				}
+				where := fmt.Sprintf("%s #%d", name, l.Frame)
+				if err := icrc.Verify(p.ip); err != nil {
+					t.Errorf("%s: icrc.Verify: %v", where, err)
+				}
+				compareLine(t, where, p, &l)
+				reencode(t, where, p)
+				total++
+			}
+			checkToolOutput(t, name, c, pkts)
+		})
+	}
+	t.Logf("%d golden RoCEv2 packets checked", total)
+	if total < 300 {
+		t.Errorf("only %d golden packets checked; INDEX.md lists 311", total)
+	}
+}
+
+// compareLine compares a decoded packet with its .txt line, field by field.
+func compareLine(t *testing.T, where string, p *rocePacket, l *golden.Line) {
+	t.Helper()
+	b := p.pk.BTH
+	eq := func(field string, got, want any) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: %s = %v, .txt says %v", where, field, got, want)
+		}
+	}
+	eq("src", p.src, l.Src)
+	eq("src port", uint16(p.udp.SrcPort), l.SrcPort)
+	eq("dst", p.dst, l.Dst)
+	eq("opcode", b.Opcode().String(), l.Opcode)
+	eq("dqpn", b.DestQP(), l.DQPN)
+	eq("psn", uint32(b.PSN()), l.PSN)
+	eq("AckReq", b.AckReq(), l.AckReq)
+	eq("pkey", b.PKey(), l.PKey)
+	eq("payload length", len(p.pk.Payload), l.Pay)
+	eq("icrc", p.pk.ICRC, l.ICRC)
+	// rocelayer's view agrees with packet's.
+	bl := p.gp.Layer(rocelayer.LayerTypeBTH).(*rocelayer.BTH)
+	eq("rocelayer ICRC", bl.ICRC, l.ICRC)
+	eq("rocelayer opcode", bl.Opcode.String(), l.Opcode)
+
+	eq("RETH present", p.pk.RETH != nil, l.RETH != nil)
+	if p.pk.RETH != nil && l.RETH != nil {
+		eq("RETH va", p.pk.RETH.VA(), l.RETH.VA)
+		eq("RETH rkey", p.pk.RETH.RKey(), l.RETH.RKey)
+		eq("RETH len", p.pk.RETH.DMALength(), l.RETH.Len)
+	}
+	eq("AETH present", p.pk.AETH != nil, l.AETH != nil)
+	if p.pk.AETH != nil && l.AETH != nil {
+		eq("AETH syndrome", p.pk.AETH.Syndrome().String(), l.AETH.Syndrome)
+		eq("AETH msn", p.pk.AETH.MSN(), l.AETH.MSN)
+		if p.pk.AETH.Syndrome().Type() == aeth.TypeACK {
+			eq("AETH credits (rxe: no limit)", p.pk.AETH.Syndrome().Credits(), uint8(aeth.NoCreditLimit))
+		}
+	}
+	eq("AtomicETH present", p.pk.AtomicETH != nil, l.AtomicETH != nil)
+	if p.pk.AtomicETH != nil && l.AtomicETH != nil {
+		eq("AtomicETH va", p.pk.AtomicETH.VA(), l.AtomicETH.VA)
+		eq("AtomicETH rkey", p.pk.AtomicETH.RKey(), l.AtomicETH.RKey)
+		eq("AtomicETH swap_add", p.pk.AtomicETH.SwapAdd(), l.AtomicETH.SwapAdd)
+		eq("AtomicETH compare", p.pk.AtomicETH.Compare(), l.AtomicETH.Compare)
+	}
+	eq("AtomicAckETH present", p.pk.AtomicAck != nil, l.AtomicAck != nil)
+	if p.pk.AtomicAck != nil && l.AtomicAck != nil {
+		eq("AtomicAckETH orig", p.pk.AtomicAck.OrigData(), *l.AtomicAck)
+	}
+	eq("ImmDt present", p.pk.ImmDt != nil, l.Imm != nil)
+	if p.pk.ImmDt != nil && l.Imm != nil {
+		eq("ImmDt", p.pk.ImmDt.Imm(), *l.Imm)
+	}
+	eq("IETH present", p.pk.IETH != nil, l.IETH != nil)
+	if p.pk.IETH != nil && l.IETH != nil {
+		eq("IETH rkey", p.pk.IETH.RKey(), *l.IETH)
+	}
+	eq("DETH present", p.pk.DETH != nil, l.DETH != nil)
+	if p.pk.DETH != nil && l.DETH != nil {
+		eq("DETH qkey", p.pk.DETH.QKey(), l.DETH.QKey)
+		eq("DETH srcqp", p.pk.DETH.SrcQP(), l.DETH.SrcQP)
+	}
+}
+
+// fieldsOf returns the packet.Fields that describe a parsed packet.
+func fieldsOf(pk *packet.Packet) packet.Fields {
+	f := packet.Fields{BTH: pk.BTH.Fields(), Payload: pk.Payload}
+	if pk.RETH != nil {
+		f.RETH = pk.RETH.Fields()
+	}
+	if pk.AETH != nil {
+		f.AETH = pk.AETH.Fields()
+	}
+	if pk.AtomicETH != nil {
+		f.AtomicETH = pk.AtomicETH.Fields()
+	}
+	if pk.AtomicAck != nil {
+		f.AtomicAckOrig = pk.AtomicAck.OrigData()
+	}
+	if pk.ImmDt != nil {
+		f.Imm = pk.ImmDt.Imm()
+	}
+	if pk.IETH != nil {
+		f.IETHRKey = pk.IETH.RKey()
+	}
+	if pk.DETH != nil {
+		f.DETH = pk.DETH.Fields()
+	}
+	return f
+}
+
+// reencode rebuilds the packet from its decoded fields: packet.Build plus
+// the ICRC (icrc.Put over the rebuilt IP packet) must give the captured UDP
+// payload, and rocelayer (decoded Ethernet/IP/UDP layers + FromFields +
+// SerializeLayers) the whole captured frame.
+func reencode(t *testing.T, where string, p *rocePacket) {
+	t.Helper()
+	f := fieldsOf(&p.pk)
+	udpHdr := len(p.ip) - len(p.udp.Payload)
+	ip := make([]byte, len(p.ip))
+	copy(ip, p.ip[:udpHdr]) // captured IP and UDP headers
+	n, err := packet.Build(ip[udpHdr:], &f)
+	if err != nil {
+		t.Errorf("%s: packet.Build: %v", where, err)
+		return
+	}
+	if udpHdr+n != len(ip) {
+		t.Errorf("%s: packet.Build wrote %d bytes, captured UDP payload has %d", where, n, len(p.udp.Payload))
+		return
+	}
+	if err := icrc.Put(ip); err != nil {
+		t.Errorf("%s: icrc.Put: %v", where, err)
+	}
+	if !bytes.Equal(ip[udpHdr:], p.udp.Payload) {
+		t.Errorf("%s: packet.Build + icrc.Put\n got %x\nwant %x", where, ip[udpHdr:], p.udp.Payload)
+	}
+
+	eth := *p.gp.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	ip4 := *p.gp.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	udp := *p.udp
+	ip4.Checksum, ip4.Length, ip4.IHL, udp.Length = 0, 0, 0, 0
+	ls := append([]gopacket.SerializableLayer{&eth, &ip4, &udp}, rocelayer.FromFields(&f)...)
+	buf := gopacket.NewSerializeBuffer()
+	if err := rocelayer.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
+		t.Errorf("%s: rocelayer.SerializeLayers: %v", where, err)
+		return
+	}
+	if !bytes.Equal(buf.Bytes(), p.frame) {
+		t.Errorf("%s: rocelayer frame\n got %x\nwant %x", where, buf.Bytes(), p.frame)
+	}
+}
+
+// checkToolOutput cross-checks the QPN/PSN/RKey/VAddr values the tools
+// printed against the packets.
+func checkToolOutput(t *testing.T, name string, c *golden.Capture, pkts []*rocePacket) {
+	t.Helper()
+	perHost := map[netip.Addr]int{}
+	seen := map[golden.Addr]bool{}
+	var addrs []golden.Addr
+	for _, a := range c.Addrs {
+		k := a
+		k.Text = ""
+		if !seen[k] {
+			seen[k] = true
+			perHost[a.Host]++
+			addrs = append(addrs, a)
+		}
+	}
+	rkeyChecked := 0
+	for _, a := range addrs {
+		where := fmt.Sprintf("%s: %v %q", name, a.Host, a.Text)
+		// Packets to the host address its QP.
+		found := false
+		for _, p := range pkts {
+			if p.dst == a.Host && p.pk.BTH.DestQP() == a.QPN {
+				found = true
+				break
+			}
+		}
+		if !found {
+			t.Errorf("%s: no packet to QPN %#x", where, a.QPN)
+		}
+		// The host's first request carries its initial PSN; a UD sender
+		// names its QP in the DETH.
+		if perHost[a.Host] == 1 {
+			for _, p := range pkts {
+				if p.src != a.Host || !p.pk.Info.Request {
+					continue
+				}
+				if uint32(p.pk.BTH.PSN()) != a.PSN {
+					t.Errorf("%s: first request #%d has PSN %v, tool printed %#x", where, p.num, p.pk.BTH.PSN(), a.PSN)
+				}
+				break
+			}
+			for _, p := range pkts {
+				if p.src == a.Host && p.pk.DETH != nil && p.pk.DETH.SrcQP() != a.QPN {
+					t.Errorf("%s: #%d DETH srcqp %#x, tool printed QPN %#x", where, p.num, p.pk.DETH.SrcQP(), a.QPN)
+				}
+			}
+		}
+		// Remote accesses to the host use its RKey and stay in its buffer.
+		if !a.HasRKey {
+			continue
+		}
+		for _, p := range pkts {
+			if p.dst != a.Host {
+				continue
+			}
+			var rkey uint32
+			var va uint64
+			switch {
+			case p.pk.RETH != nil:
+				rkey, va = p.pk.RETH.RKey(), p.pk.RETH.VA()
+			case p.pk.AtomicETH != nil:
+				rkey, va = p.pk.AtomicETH.RKey(), p.pk.AtomicETH.VA()
+			default:
+				continue
+			}
+			rkeyChecked++
+			if rkey != a.RKey {
+				t.Errorf("%s: #%d rkey %#x, tool printed %#x", where, p.num, rkey, a.RKey)
+			}
+			if va < a.VAddr || va-a.VAddr >= 1<<20 {
+				t.Errorf("%s: #%d va %#x outside the buffer at %#x", where, p.num, va, a.VAddr)
+			}
+		}
+	}
+	for _, p := range pkts {
+		if (p.pk.RETH != nil || p.pk.AtomicETH != nil) && len(addrs) > 0 && rkeyChecked == 0 && hasRKeys(addrs) {
+			t.Errorf("%s: remote-access packets but none matched a printed RKey", name)
+			break
+		}
+	}
+	// Immediate data the client reported sending, in order.
+	if len(c.SentImm) > 0 {
+		var got []uint32
+		for _, p := range pkts {
+			if p.src == c.Client && p.pk.ImmDt != nil {
+				got = append(got, p.pk.ImmDt.Imm())
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.SentImm) {
+			t.Errorf("%s: ImmDt sent %x, client printed %x", name, got, c.SentImm)
+		}
+	}
+}
+
+func hasRKeys(addrs []golden.Addr) bool {
+	for _, a := range addrs {
+		if a.HasRKey {
+			return true
+		}
+	}
+	return false
+}
+
+// TestGoldenBitFlips: flipping any single bit of a covered byte of a golden
+// packet makes ICRC verification fail; changing a masked field (TOS/ECN,
+// TTL, IPv4 checksum, UDP checksum, BTH byte 4) does not. The gopacket
+// checker path (rocelayer.VerifyICRC) is exercised on one flip per byte of
+// the first packet of each capture.
+func TestGoldenBitFlips(t *testing.T) {
+	const ipHdr, udpHdr = 20, 8
+	masked := map[int]bool{1: true, 8: true, 10: true, 11: true, ipHdr + 6: true, ipHdr + 7: true, ipHdr + udpHdr + 4: true}
+	flips := 0
+	for _, path := range golden.PCAPs(t) {
+		name := filepath.Base(path)
+		for i, p := range loadRoCE(t, path) {
+			if p.ip[0]>>4 != 4 || p.ip[0]&0xf != 5 {
+				t.Fatalf("%s #%d: not a 20-byte IPv4 header", name, p.num)
+			}
+			ip := append([]byte(nil), p.ip...)
+			for off := range ip {
+				if masked[off] {
+					continue
+				}
+				for bit := 0; bit < 8; bit++ {
+					ip[off] ^= 1 << bit
+					err := icrc.Verify(ip)
+					// Flips of addresses, ports and everything from the BTH on
+					// are plain mismatches; flips of length/version/protocol
+					// fields may be reported as malformed instead.
+					plain := off >= 12 && off < ipHdr || off >= ipHdr && off < ipHdr+4 || off >= ipHdr+udpHdr
+					if err == nil || plain && !errors.Is(err, icrc.ErrMismatch) {
+						t.Fatalf("%s #%d: flipping bit %d of IP byte %d: icrc.Verify = %v", name, p.num, bit, off, err)
+					}
+					ip[off] ^= 1 << bit
+					flips++
+				}
+				if i == 0 {
+					fr := append([]byte(nil), p.frame...)
+					fr[14+off] ^= 0x10
+					gp := gopacket.NewPacket(fr, layers.LayerTypeEthernet, gopacket.DecodeOptions{SkipDecodeRecovery: true})
+					if err := rocelayer.VerifyICRC(gp); err == nil && gp.ErrorLayer() == nil {
+						t.Errorf("%s #%d: checker accepted a flip of IP byte %d", name, p.num, off)
+					}
+				}
+			}
+			// Masked fields may take any value.
+			for _, m := range []struct {
+				off int
+				v   byte
+			}{{1, 0xff}, {1, 0x03}, {8, 1}, {8, 0xff}, {10, 0x12}, {11, 0x34}, {ipHdr + 6, 0xab}, {ipHdr + 7, 0xcd}, {ipHdr + udpHdr + 4, 0xc0}, {ipHdr + udpHdr + 4, 0x3f}} {
+				ip := append([]byte(nil), p.ip...)
+				ip[m.off] = m.v
+				if err := icrc.Verify(ip); err != nil {
+					t.Fatalf("%s #%d: setting masked byte %d to %#x: %v", name, p.num, m.off, m.v, err)
+				}
+			}
+			if err := icrc.Verify(p.ip); err != nil {
+				t.Fatalf("%s #%d: %v", name, p.num, err)
+			}
+		}
+	}
+	t.Logf("%d single-bit flips rejected", flips)
+}
+
+// TestGoldenOpcodeNames checks that every opcode name in the .txt files
+// parses back to the opcode (bth.ParseOpcode) and prints the same.
+func TestGoldenOpcodeNames(t *testing.T) {
+	for _, path := range golden.PCAPs(t) {
+		c, err := golden.ParseTxt(strings.TrimSuffix(path, ".pcap") + ".txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range c.Packets {
+			op, ok := bth.ParseOpcode(l.Opcode)
+			if !ok || op.String() != l.Opcode {
+				t.Errorf("%s: %q -> %v %v", filepath.Base(path), l.Opcode, op, ok)
+			}
+		}
+	}
+}
