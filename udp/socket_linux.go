@@ -1,0 +1,533 @@
+//go:build linux
+
+package udp
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gorocev2/rocev2/icrc"
+)
+
+// SocketOptions configures ListenSocket. The zero value is sensible.
+type SocketOptions struct {
+	// RecvBufferSize and SendBufferSize set SO_RCVBUF / SO_SNDBUF in bytes
+	// (with SO_RCVBUFFORCE / SO_SNDBUFFORCE when the process may, so the
+	// sysctl limits do not cap them). 0 means 8 MiB.
+	RecvBufferSize, SendBufferSize int
+	// BatchSize is the number of datagrams per sendmmsg/recvmmsg call.
+	// 0 means 64.
+	BatchSize int
+}
+
+const (
+	defaultSocketBuf   = 8 << 20
+	defaultSocketBatch = 64
+	// cmsgSpace is the control buffer per message: one cmsg with an int
+	// (IP_TOS / IPV6_TCLASS) needs unix.CmsgSpace(4) = 24 bytes on 64-bit;
+	// keep room for a second one the kernel might add.
+	cmsgSpace = 64
+)
+
+// SocketLink is a Link over a kernel UDP socket bound to addr:4791 (Linux).
+//
+// Sending: the socket is never connected and has IP_MTU_DISCOVER =
+// IP_PMTUDISC_DO, so Linux sends every IPv4 datagram with DF and
+// identification 0; the ICRC is computed for exactly that header. All
+// datagrams leave from source port 4791 (the bound socket): Packet.SrcPort
+// is ignored on Send in this version. RoCEv2 peers (Linux rxe, RNICs) accept
+// any source port; the cost is that all QPs form one 5-tuple flow for ECMP
+// and RSS. Packet.TOS is sent as ancillary data (IP_TOS / IPV6_TCLASS).
+//
+// Receiving: a UDP socket does not see the IP header. IPv6 packets are
+// verified fully (the pseudo header is all known). For IPv4 the
+// identification and flags are unknown, so a packet is accepted when an
+// identification exists that makes the ICRC valid (icrc.SolveIPv4ID, with DF
+// and then without); a random corruption passes that test with probability
+// about 2^-16 per flag setting. TOS/ECN is read with IP_RECVTOS /
+// IPV6_RECVTCLASS.
+type SocketLink struct {
+	conn  *net.UDPConn
+	rc    syscall.RawConn
+	addr  netip.Addr // normalised (unmapped, no zone)
+	is6   bool
+	batch int
+
+	sendMu sync.Mutex
+	send   mmsgState
+	sendFn func(fd uintptr) bool
+
+	recvMu sync.Mutex
+	recv   mmsgState
+	recvFn func(fd uintptr) bool
+
+	sent, rcvd, badICRC, malformed, other atomic.Uint64
+}
+
+var _ Link = (*SocketLink)(nil)
+
+// mmsgState is the preallocated argument block of one sendmmsg/recvmmsg
+// caller, plus the in/out values of the RawConn callback (kept in the
+// struct so the callback is one method value allocated at open time).
+type mmsgState struct {
+	hdrs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6 // large enough for either family
+	ctrl  []byte
+
+	off, cnt int        // messages hdrs[off:cnt] still to transfer
+	n        int        // result: messages transferred by the last call
+	errno    unix.Errno // result: error of the last call
+}
+
+func newMmsgState(batch int) mmsgState {
+	s := mmsgState{
+		hdrs:  make([]unix.Mmsghdr, batch),
+		iovs:  make([]unix.Iovec, batch),
+		names: make([]unix.RawSockaddrInet6, batch),
+		ctrl:  make([]byte, batch*cmsgSpace),
+	}
+	for i := range s.hdrs {
+		h := &s.hdrs[i].Hdr
+		h.Iov = &s.iovs[i]
+		h.SetIovlen(1)
+		h.Name = (*byte)(unsafe.Pointer(&s.names[i]))
+	}
+	return s
+}
+
+// ListenSocket opens a SocketLink on addr, UDP port 4791. addr must be a
+// specific address of this host (IPv4, IPv4-mapped IPv6, or IPv6; a zone is
+// kept for link-local addresses). opts may be nil.
+//
+// Errors match syscall.EADDRINUSE when port 4791 on that address is taken
+// (for example by a kernel rxe device) and syscall.EADDRNOTAVAIL when the
+// address is not configured on this host; the message names address:port.
+func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
+	var o SocketOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.RecvBufferSize <= 0 {
+		o.RecvBufferSize = defaultSocketBuf
+	}
+	if o.SendBufferSize <= 0 {
+		o.SendBufferSize = defaultSocketBuf
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = defaultSocketBatch
+	}
+	zone := addr.Zone()
+	a := normAddr(addr)
+	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {
+		return nil, fmt.Errorf("udp: listen on %v: need a unicast address of this host: %w", addr, ErrAddress)
+	}
+	is6 := a.Is6()
+	network := "udp4"
+	bindAddr := a
+	if is6 {
+		network = "udp6"
+		bindAddr = a.WithZone(zone)
+	}
+	ap := netip.AddrPortFrom(bindAddr, Port)
+
+	var sockErr error
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		err := c.Control(func(fd uintptr) {
+			sockErr = setSocketOptions(int(fd), is6, &o)
+		})
+		if err != nil {
+			return err
+		}
+		return sockErr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), network, ap.String())
+	if err != nil {
+		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
+	}
+	conn := pc.(*net.UDPConn)
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
+	}
+	l := &SocketLink{
+		conn:  conn,
+		rc:    rc,
+		addr:  a,
+		is6:   is6,
+		batch: o.BatchSize,
+		send:  newMmsgState(o.BatchSize),
+		recv:  newMmsgState(o.BatchSize),
+	}
+	l.sendFn = l.doSend
+	l.recvFn = l.doRecv
+	return l, nil
+}
+
+func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
+	set := func(level, opt, v int, name string) error {
+		if err := unix.SetsockoptInt(fd, level, opt, v); err != nil {
+			return fmt.Errorf("setsockopt %s=%d: %w", name, v, err)
+		}
+		return nil
+	}
+	if is6 {
+		if err := set(unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO, "IPV6_MTU_DISCOVER"); err != nil {
+			return err
+		}
+		if err := set(unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1, "IPV6_RECVTCLASS"); err != nil {
+			return err
+		}
+	} else {
+		// DF and, on an unconnected socket, IPv4 identification 0.
+		if err := set(unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO, "IP_MTU_DISCOVER"); err != nil {
+			return err
+		}
+		if err := set(unix.IPPROTO_IP, unix.IP_RECVTOS, 1, "IP_RECVTOS"); err != nil {
+			return err
+		}
+	}
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, o.RecvBufferSize) != nil {
+		if err := set(unix.SOL_SOCKET, unix.SO_RCVBUF, o.RecvBufferSize, "SO_RCVBUF"); err != nil {
+			return err
+		}
+	}
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, o.SendBufferSize) != nil {
+		if err := set(unix.SOL_SOCKET, unix.SO_SNDBUF, o.SendBufferSize, "SO_SNDBUF"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// LocalAddr returns the bound address (IPv4-mapped addresses unmapped).
+func (l *SocketLink) LocalAddr() netip.Addr { return l.addr }
+
+// BatchSize returns the number of datagrams per sendmmsg/recvmmsg call.
+func (l *SocketLink) BatchSize() int { return l.batch }
+
+// Stats returns a snapshot of the link's counters.
+func (l *SocketLink) Stats() Stats {
+	return Stats{
+		SentPkts:      l.sent.Load(),
+		RcvdPkts:      l.rcvd.Load(),
+		DropBadICRC:   l.badICRC.Load(),
+		DropMalformed: l.malformed.Load(),
+		DropOther:     l.other.Load(),
+	}
+}
+
+// Close closes the socket; a blocked Recv returns net.ErrClosed.
+func (l *SocketLink) Close() error {
+	if err := l.conn.Close(); err != nil {
+		return net.ErrClosed
+	}
+	return nil
+}
+
+// SocketBuffers returns the kernel's effective SO_RCVBUF and SO_SNDBUF.
+func (l *SocketLink) SocketBuffers() (rcv, snd int, err error) {
+	cerr := l.rc.Control(func(fd uintptr) {
+		rcv, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+		if err == nil {
+			snd, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+		}
+	})
+	if cerr != nil {
+		return 0, 0, cerr
+	}
+	return rcv, snd, err
+}
+
+// putSockaddr writes dst:4791 into sa and returns its length.
+func putSockaddr(sa *unix.RawSockaddrInet6, dst netip.Addr, is6 bool) uint32 {
+	if is6 {
+		sa.Family = unix.AF_INET6
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], Port)
+		sa.Flowinfo = 0
+		sa.Addr = dst.As16()
+		sa.Scope_id = 0
+		return unix.SizeofSockaddrInet6
+	}
+	s4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+	s4.Family = unix.AF_INET
+	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&s4.Port))[:], Port)
+	s4.Addr = dst.As4()
+	s4.Zero = [8]uint8{}
+	return unix.SizeofSockaddrInet4
+}
+
+// putTOSCmsg writes one IP_TOS / IPV6_TCLASS control message carrying tos
+// into b and returns its length.
+func putTOSCmsg(b []byte, tos uint8, is6 bool) int {
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	if is6 {
+		h.Level, h.Type = unix.IPPROTO_IPV6, unix.IPV6_TCLASS
+	} else {
+		h.Level, h.Type = unix.IPPROTO_IP, unix.IP_TOS
+	}
+	h.SetLen(unix.CmsgLen(4))
+	*(*int32)(unsafe.Pointer(&b[unix.CmsgLen(0)])) = int32(tos)
+	return unix.CmsgSpace(4)
+}
+
+// Send fills each packet's ICRC for the header the kernel will send (this
+// address, source port 4791, destination port 4791, IPv4 ID 0 with DF) and
+// sends the packets with sendmmsg, BatchSize per call. Packet.SrcPort is
+// ignored (see SocketLink). It returns after every packet was accepted by
+// the kernel, or with the first error (packets before it were sent).
+func (l *SocketLink) Send(pkts []Packet) error {
+	for i := range pkts {
+		p := &pkts[i]
+		if len(p.Buf) < minPacketSize || len(p.Buf) > MaxPacketSize {
+			return fmt.Errorf("udp: send packet %d: length %d not in [%d, %d]: %w",
+				i, len(p.Buf), minPacketSize, MaxPacketSize, ErrPacketSize)
+		}
+		dst := normAddr(p.Addr)
+		if !dst.IsValid() || dst.Is6() != l.is6 {
+			return fmt.Errorf("udp: send packet %d: destination %v from %v: %w", i, p.Addr, l.addr, ErrAddress)
+		}
+	}
+	for i := range pkts {
+		p := &pkts[i]
+		icrc.Store(p.Buf, computeICRC(l.addr, normAddr(p.Addr), Port, p.Buf))
+	}
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	s := &l.send
+	for base := 0; base < len(pkts); {
+		k := min(l.batch, len(pkts)-base)
+		for i := range k {
+			p := &pkts[base+i]
+			h := &s.hdrs[i].Hdr
+			s.iovs[i].Base = &p.Buf[0]
+			s.iovs[i].SetLen(len(p.Buf))
+			h.Namelen = putSockaddr(&s.names[i], normAddr(p.Addr), l.is6)
+			if p.TOS != 0 {
+				c := s.ctrl[i*cmsgSpace : (i+1)*cmsgSpace]
+				h.Control = &c[0]
+				h.SetControllen(putTOSCmsg(c, p.TOS, l.is6))
+			} else {
+				h.Control = nil
+				h.SetControllen(0)
+			}
+			h.Flags = 0
+		}
+		s.off, s.cnt = 0, k
+		for s.off < s.cnt {
+			if err := l.rc.Write(l.sendFn); err != nil {
+				l.clearIovs(s, k)
+				return fmt.Errorf("udp: send: %w", err)
+			}
+			if s.errno != 0 {
+				l.clearIovs(s, k)
+				return fmt.Errorf("udp: sendmmsg packet %d to %v: %w", base+s.off, pkts[base+s.off].Addr, s.errno)
+			}
+			s.off += s.n
+			l.sent.Add(uint64(s.n))
+		}
+		l.clearIovs(s, k)
+		base += k
+	}
+	return nil
+}
+
+// clearIovs drops the references to the caller's buffers.
+func (l *SocketLink) clearIovs(s *mmsgState, k int) {
+	for i := range k {
+		s.iovs[i].Base = nil
+	}
+}
+
+// doSend is the RawConn write callback: one sendmmsg of hdrs[off:cnt].
+func (l *SocketLink) doSend(fd uintptr) bool {
+	s := &l.send
+	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd,
+		uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN || e == unix.EINTR {
+		return false
+	}
+	s.errno = e
+	s.n = int(n)
+	if e != 0 {
+		s.n = 0
+	}
+	return true
+}
+
+// doRecv is the RawConn read callback: one recvmmsg into hdrs[:cnt].
+func (l *SocketLink) doRecv(fd uintptr) bool {
+	s := &l.recv
+	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd,
+		uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.cnt), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN || e == unix.EINTR {
+		return false
+	}
+	s.errno = e
+	s.n = int(n)
+	if e != 0 {
+		s.n = 0
+	}
+	return true
+}
+
+// Recv receives up to min(len(pkts), BatchSize) datagrams with one
+// recvmmsg, blocking until at least one valid RoCEv2 packet arrived. Bad
+// datagrams are dropped and counted: shorter than BTH+ICRC or truncated
+// (DropMalformed), ICRC not verifiable (DropBadICRC). Recv may permute the
+// Buf slices among pkts (a dropped datagram's buffer moves to the end).
+func (l *SocketLink) Recv(pkts []Packet) (int, error) {
+	if len(pkts) == 0 {
+		return 0, nil
+	}
+	for i := range pkts {
+		if cap(pkts[i].Buf) < MaxPacketSize {
+			return 0, fmt.Errorf("udp: recv packet %d: buffer cap %d: %w", i, cap(pkts[i].Buf), ErrShortBuffer)
+		}
+	}
+	l.recvMu.Lock()
+	defer l.recvMu.Unlock()
+	s := &l.recv
+	k := min(len(pkts), l.batch)
+	for {
+		for i := range k {
+			b := pkts[i].Buf[:cap(pkts[i].Buf)]
+			h := &s.hdrs[i].Hdr
+			s.iovs[i].Base = &b[0]
+			s.iovs[i].SetLen(len(b))
+			h.Namelen = unix.SizeofSockaddrInet6
+			c := s.ctrl[i*cmsgSpace : (i+1)*cmsgSpace]
+			h.Control = &c[0]
+			h.SetControllen(cmsgSpace)
+			h.Flags = 0
+			s.hdrs[i].Len = 0
+		}
+		s.cnt = k
+		err := l.rc.Read(l.recvFn)
+		l.clearIovs(s, k)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return 0, net.ErrClosed
+			}
+			return 0, fmt.Errorf("udp: recv: %w", err)
+		}
+		if s.errno != 0 {
+			return 0, fmt.Errorf("udp: recvmmsg on %v: %w", l.addr, s.errno)
+		}
+		out := 0
+		for i := 0; i < s.n; i++ {
+			if !l.accept(i, &pkts[i]) {
+				continue
+			}
+			if out != i {
+				pkts[out], pkts[i] = pkts[i], pkts[out]
+			}
+			out++
+		}
+		if out > 0 {
+			l.rcvd.Add(uint64(out))
+			return out, nil
+		}
+	}
+}
+
+// accept checks received message i, now in p.Buf, and fills p.
+func (l *SocketLink) accept(i int, p *Packet) bool {
+	s := &l.recv
+	m := &s.hdrs[i]
+	n := int(m.Len)
+	if m.Hdr.Flags&unix.MSG_TRUNC != 0 || n < minPacketSize || n > MaxPacketSize {
+		l.malformed.Add(1)
+		return false
+	}
+	buf := p.Buf[:n]
+	src, srcPort, ok := parseSockaddr(&s.names[i], m.Hdr.Namelen)
+	if !ok {
+		l.other.Add(1)
+		return false
+	}
+	tos := parseTOS(s.ctrl[i*cmsgSpace : i*cmsgSpace+int(m.Hdr.Controllen)])
+	if l.is6 {
+		h := icrc.IPv6Pseudo{Src: src.As16(), Dst: l.addr.As16(), SrcPort: srcPort, DstPort: Port}
+		if icrc.ComputeIPv6(&h, buf) != icrc.Load(buf) {
+			l.badICRC.Add(1)
+			return false
+		}
+	} else {
+		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), FlagsFrag: 0x4000, SrcPort: srcPort, DstPort: Port}
+		if _, ok := icrc.SolveIPv4ID(&h, buf); !ok {
+			h.FlagsFrag = 0
+			if _, ok := icrc.SolveIPv4ID(&h, buf); !ok {
+				l.badICRC.Add(1)
+				return false
+			}
+		}
+	}
+	p.Buf = buf
+	p.Addr = src
+	p.SrcPort = srcPort
+	p.TOS = tos
+	return true
+}
+
+// parseSockaddr decodes a received source address.
+func parseSockaddr(sa *unix.RawSockaddrInet6, n uint32) (netip.Addr, uint16, bool) {
+	switch sa.Family {
+	case unix.AF_INET:
+		if n < unix.SizeofSockaddrInet4 {
+			return netip.Addr{}, 0, false
+		}
+		s4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		return netip.AddrFrom4(s4.Addr), binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&s4.Port))[:]), true
+	case unix.AF_INET6:
+		if n < unix.SizeofSockaddrInet6 {
+			return netip.Addr{}, 0, false
+		}
+		a := netip.AddrFrom16(sa.Addr).Unmap()
+		return a, binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:]), true
+	}
+	return netip.Addr{}, 0, false
+}
+
+// parseTOS finds IP_TOS (1 byte) or IPV6_TCLASS (int) in received control
+// messages; 0 when absent. It does not allocate.
+func parseTOS(b []byte) uint8 {
+	hdr := unix.CmsgLen(0)
+	for len(b) >= hdr {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+		clen := int(h.Len)
+		if clen < hdr || clen > len(b) {
+			return 0
+		}
+		data := b[hdr:clen]
+		switch {
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TOS && len(data) >= 1:
+			return data[0]
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_TCLASS && len(data) >= 4:
+			return uint8(*(*int32)(unsafe.Pointer(&data[0])))
+		}
+		next := unix.CmsgSpace(clen - hdr)
+		if next > len(b) {
+			return 0
+		}
+		b = b[next:]
+	}
+	return 0
+}
+
+// String describes the link, e.g. "udp 192.0.2.1:4791".
+func (l *SocketLink) String() string {
+	return "udp " + net.JoinHostPort(l.addr.String(), strconv.Itoa(Port))
+}

@@ -1,0 +1,44 @@
+//go:build !linux
+
+package udp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// SocketOptions configures ListenSocket (see the Linux implementation).
+type SocketOptions struct {
+	RecvBufferSize, SendBufferSize int
+	BatchSize                      int
+}
+
+// SocketLink is the kernel UDP socket backend; it is implemented on Linux only.
+type SocketLink struct{}
+
+var _ Link = (*SocketLink)(nil)
+
+// ListenSocket is not supported on this platform.
+func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
+	return nil, fmt.Errorf("udp: socket backend on %v: %w", addr, errors.ErrUnsupported)
+}
+
+// Send is not supported on this platform.
+func (l *SocketLink) Send(pkts []Packet) error { return errors.ErrUnsupported }
+
+// Recv is not supported on this platform.
+func (l *SocketLink) Recv(pkts []Packet) (int, error) { return 0, net.ErrClosed }
+
+// LocalAddr returns the zero address.
+func (l *SocketLink) LocalAddr() netip.Addr { return netip.Addr{} }
+
+// BatchSize returns 1.
+func (l *SocketLink) BatchSize() int { return 1 }
+
+// Stats returns zero counters.
+func (l *SocketLink) Stats() Stats { return Stats{} }
+
+// Close does nothing.
+func (l *SocketLink) Close() error { return nil }
