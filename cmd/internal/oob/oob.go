@@ -258,10 +258,11 @@ func parseHex(msg, field string, b []byte) (uint64, error) {
 	return v, nil
 }
 
-// expectByte checks that b[off] == want.
-func expectByte(msg, field string, b []byte, off int, want byte) error {
+// expectByte checks that b[off] == want; suffix is appended to the field
+// name in the error (only then, to keep the success path allocation-free).
+func expectByte(msg, field, suffix string, b []byte, off int, want byte) error {
 	if b[off] != want {
-		return &ParseError{Message: msg, Field: field,
+		return &ParseError{Message: msg, Field: field + suffix,
 			Detail: fmt.Sprintf("byte %d is %q, want %q", off, b[off], want)}
 	}
 	return nil

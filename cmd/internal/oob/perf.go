@@ -251,6 +251,9 @@ func (s *PerfSession) Handshake(ctx context.Context) (peerVersion string, err er
 // with Params.Negotiate.
 func (s *PerfSession) ExchangeParams(ctx context.Context, local Params) (Params, error) {
 	var remote Params
+	if err := checkLocalMTU(local); err != nil {
+		return remote, err
+	}
 	var err error
 	if remote.CycleBuffer, err = s.exchangeCycleBuffer(ctx, local); err != nil {
 		return remote, err
@@ -280,9 +283,8 @@ func (s *PerfSession) exchangeCacheLine(ctx context.Context, local Params) (uint
 }
 
 func (s *PerfSession) exchangeMTU(ctx context.Context, local Params) (MTU, error) {
-	if !local.MTU.Valid() {
-		return 0, &StepError{Protocol: s.c.proto, Step: PerfStepMTU, Op: "check",
-			Err: &ParseError{Message: "perftest mtu", Field: "mtu", Detail: fmt.Sprintf("local MTU enum %d is not 1..5", local.MTU)}}
+	if err := checkLocalMTU(local); err != nil {
+		return 0, err
 	}
 	out := [2]byte{'0' + byte(local.MTU), 0}
 	var in [2]byte
@@ -391,4 +393,12 @@ func (s *PerfSession) Done(ctx context.Context) error {
 		<-werr
 		return "", nil
 	})
+}
+
+func checkLocalMTU(local Params) error {
+	if local.MTU.Valid() {
+		return nil
+	}
+	return &StepError{Protocol: "perftest", Step: PerfStepMTU, Op: "check",
+		Err: &ParseError{Message: "perftest mtu", Field: "mtu", Detail: fmt.Sprintf("local MTU enum %d is not 1..5", local.MTU)}}
 }

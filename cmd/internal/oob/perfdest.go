@@ -113,7 +113,7 @@ func ParsePerfDest(b []byte) (PerfDest, error) {
 	}
 	var vals [len(perfFields)]uint64
 	for i, f := range perfFields {
-		if err := expectByte(pdMsgName, f.name+" separator", b, f.off+f.n, ':'); err != nil {
+		if err := expectByte(pdMsgName, f.name, " separator", b, f.off+f.n, ':'); err != nil {
 			return d, err
 		}
 		v, err := parseHex(pdMsgName, f.name, b[f.off:f.off+f.n])
@@ -125,7 +125,7 @@ func ParsePerfDest(b []byte) (PerfDest, error) {
 	for i := range d.GID {
 		o := pdGIDOff + 3*i
 		field := gidFieldNames[i]
-		if err := expectByte(pdMsgName, field+" separator", b, o+2, ':'); err != nil {
+		if err := expectByte(pdMsgName, field, " separator", b, o+2, ':'); err != nil {
 			return d, err
 		}
 		v, err := parseHex(pdMsgName, field, b[o:o+2])
@@ -134,7 +134,7 @@ func ParsePerfDest(b []byte) (PerfDest, error) {
 		}
 		d.GID[i] = byte(v)
 	}
-	if err := expectByte(pdMsgName, "terminator", b, pdNulOff, 0); err != nil {
+	if err := expectByte(pdMsgName, "terminator", "", b, pdNulOff, 0); err != nil {
 		return d, err
 	}
 	d.LID = uint16(vals[0])

@@ -88,11 +88,11 @@ func ParsePingpongDest(b []byte) (PingpongDest, error) {
 		off   int
 		field string
 	}{{ppQPNOff - 1, "qpn"}, {ppPSNOff - 1, "psn"}, {ppGIDOff - 1, "gid"}} {
-		if err := expectByte(ppMsgName, sep.field+" separator", b, sep.off, ':'); err != nil {
+		if err := expectByte(ppMsgName, sep.field, " separator", b, sep.off, ':'); err != nil {
 			return d, err
 		}
 	}
-	if err := expectByte(ppMsgName, "terminator", b, ppNulOff, 0); err != nil {
+	if err := expectByte(ppMsgName, "terminator", "", b, ppNulOff, 0); err != nil {
 		return d, err
 	}
 	v, err := parseHex(ppMsgName, "lid", b[ppLIDOff:ppLIDOff+ppLIDLen])

@@ -185,6 +185,11 @@ type Hooks struct {
 	// Traffic runs the data phase for size number i and returns this side's
 	// report (used by bandwidth tests' report exchange; the last one wins).
 	Traffic func(ctx context.Context, i int) (Report, error)
+	// Report, if set, supplies the report to send at the report exchange
+	// instead of the last one Traffic returned. A passive side (the server
+	// of write/read/atomic-bw) has no Traffic; it sends zeros by default
+	// (perftest's server sends uninitialised memory).
+	Report func() Report
 }
 
 // Result is what Run learned from the peer.
@@ -204,6 +209,12 @@ type Result struct {
 // StepErrors with Op "local".
 func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local PerfDest, hooks Hooks) (Result, error) {
 	var res Result
+	if err := checkLocalMTU(params); err != nil {
+		return res, err // before any I/O
+	}
+	if err := local.Validate(); err != nil {
+		return res, &StepError{Protocol: s.c.proto, Step: PerfStepDest, Op: "check", Err: err}
+	}
 	size := 0 // index of the current message size
 	prepared := false
 	for _, st := range plan {
@@ -243,6 +254,9 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 				}
 			}
 		case StepReport:
+			if hooks.Report != nil {
+				res.LocalReport = hooks.Report()
+			}
 			res.RemoteReport, err = s.ExchangeReport(ctx, res.LocalReport)
 			res.HasReport = err == nil
 		case StepDone:
