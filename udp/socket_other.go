@@ -13,6 +13,7 @@ import (
 type SocketOptions struct {
 	RecvBufferSize, SendBufferSize int
 	BatchSize                      int
+	GSO                            bool
 }
 
 // SocketLink is the kernel UDP socket backend; it is implemented on Linux only.
