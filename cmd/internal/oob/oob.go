@@ -141,9 +141,16 @@ func (c *stepConn) run(ctx context.Context, step string, fn func() (op string, e
 		return nil
 	}
 	if isTimeout(err) {
-		cerr := ctx.Err()
+		cerr := context.Cause(ctx)
 		if d, ok := ctx.Deadline(); cerr == nil && ok && !time.Now().Before(d) {
-			cerr = context.DeadlineExceeded // the conn's timer fired first
+			// The conn's timer fired just before the context's: wait for it
+			// to get the context's cause.
+			select {
+			case <-ctx.Done():
+				cerr = context.Cause(ctx)
+			case <-time.After(100 * time.Millisecond):
+				cerr = context.DeadlineExceeded
+			}
 		}
 		if cerr != nil {
 			err = fmt.Errorf("%w (%w)", cerr, err)

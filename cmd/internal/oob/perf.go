@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"time"
 )
 
 // PerfVersion is the version perftest 4.5 (Debian 12, perftest 4.5+0.17)
@@ -199,6 +200,9 @@ const (
 // step methods directly, or Run with a Plan. A PerfSession is not safe for
 // concurrent use; it owns conn's deadlines while a step runs.
 type PerfSession struct {
+	// StepTimeout, if positive, bounds each wire step of Run (see Run).
+	StepTimeout time.Duration
+
 	c    stepConn
 	role Role
 

@@ -289,3 +289,51 @@ func ExamplePerfSession_Run() {
 	// server prints: 64 5 0.08 0.07 0.001218
 	// [version cycle buffer cache line mtu qp data connect sync sync prepare traffic sync report sync done]
 }
+
+// TestStepTimeout: a passive server with a short StepTimeout still waits as
+// long as the client's data phase takes, but a silent peer at any other step
+// fails within StepTimeout.
+func TestStepTimeout(t *testing.T) {
+	ctx := context.Background()
+	t.Run("passive server waits for traffic", func(t *testing.T) {
+		c, s := loopback(t)
+		errc := make(chan error, 1)
+		go func() {
+			plan, _ := Plan(WriteBW, Server, 1)
+			ss := NewPerfSession(s, Server)
+			ss.StepTimeout = 100 * time.Millisecond
+			_, err := ss.Run(ctx, plan, DefaultParams, testDest, Hooks{})
+			errc <- err
+		}()
+		plan, _ := Plan(WriteBW, Client, 1)
+		cs := NewPerfSession(c, Client)
+		cs.StepTimeout = 100 * time.Millisecond
+		_, err := cs.Run(ctx, plan, DefaultParams, testDest, Hooks{
+			Traffic: func(context.Context, int) (Report, error) {
+				time.Sleep(400 * time.Millisecond)
+				return Report{Size: 1}, nil
+			},
+		})
+		if err != nil {
+			t.Fatalf("client: %v", err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatalf("server: %v", err)
+		}
+	})
+	t.Run("silent peer", func(t *testing.T) {
+		c, s := loopback(t)
+		fakeServer(t, s, PerfVersion, func(s net.Conn) {
+			readAll(s, make([]byte, PerfDestSize))
+			time.Sleep(time.Second)
+		})
+		plan, _ := Plan(ReadLat, Client, 1)
+		cs := NewPerfSession(c, Client)
+		cs.StepTimeout = 100 * time.Millisecond
+		_, err := cs.Run(ctx, plan, DefaultParams, testDest, Hooks{})
+		wantStepErr(t, err, PerfStepDest, "read", context.DeadlineExceeded)
+		if !strings.Contains(err.Error(), "no reply within 100ms") {
+			t.Errorf("error %q does not state the step timeout", err)
+		}
+	})
+}

@@ -101,15 +101,22 @@ func (s Step) WireBytes() int {
 // the same order; they differ only in local steps.
 //
 //	write/read/atomic-bw: version cycle cache mtu dest connect sync sync
-//	    client: [prepare traffic]×sizes; both: sync report sync done
-//	    (the server has no data phase: it waits in that sync)
+//	    client: [prepare traffic]×sizes; server: traffic (passive, once);
+//	    both: sync report sync done
 //	send-bw:  version cycle cache mtu dest connect sync sync
 //	    sizes=1: prepare sync traffic; -a: [prepare sync traffic sync]×sizes
 //	    then sync done
 //	write-lat: version cycle cache mtu dest sync connect sync sync
 //	    [prepare traffic]×sizes; no done, each side just closes
 //	read/atomic-lat: version cycle cache mtu dest sync connect sync sync
-//	    client: [prepare traffic]×sizes; both: sync done
+//	    client: [prepare traffic]×sizes; server: traffic (passive, once);
+//	    both: sync done
+//
+// A passive side (the server of write/read/atomic-bw and read/atomic-lat)
+// has nothing to do on the wire while the client runs; its plan holds a
+// single StepTraffic there, and its next wire step waits for the client to
+// finish.
+//
 //	send-lat: version cycle cache mtu dest connect sync sync
 //	    [prepare sync traffic]×sizes; sync done
 func Plan(test PerfTest, role Role, sizes int) ([]Step, error) {
@@ -132,6 +139,8 @@ func Plan(test PerfTest, role Role, sizes int) ([]Step, error) {
 			for range sizes {
 				p = append(p, StepPrepare, StepTraffic)
 			}
+		} else {
+			p = append(p, StepTraffic) // passive: the peer's data phase
 		}
 		// half-duplex end: hand_shake; xchg_bw_reports; ctx_close_connection.
 		p = append(p, StepSync, StepReport, StepSync, StepDone)
@@ -161,6 +170,8 @@ func Plan(test PerfTest, role Role, sizes int) ([]Step, error) {
 			for range sizes {
 				p = append(p, StepPrepare, StepTraffic)
 			}
+		} else {
+			p = append(p, StepTraffic) // passive: the peer's data phase
 		}
 		p = append(p, StepSync, StepDone)
 	case SendLat:
@@ -184,6 +195,8 @@ type Hooks struct {
 	Prepare func(ctx context.Context, i int) error
 	// Traffic runs the data phase for size number i and returns this side's
 	// report (used by bandwidth tests' report exchange; the last one wins).
+	// On a passive side it is called once, with i = 0, and should return
+	// at once (the wait for the peer happens in the next wire step).
 	Traffic func(ctx context.Context, i int) (Report, error)
 	// Report, if set, supplies the report to send at the report exchange
 	// instead of the last one Traffic returned. A passive side (the server
@@ -191,6 +204,9 @@ type Hooks struct {
 	// (perftest's server sends uninitialised memory).
 	Report func() Report
 }
+
+// wire reports whether st is exchanged on the connection.
+func (st Step) wire() bool { return st.WireBytes() > 0 }
 
 // Result is what Run learned from the peer.
 type Result struct {
@@ -206,7 +222,9 @@ type Result struct {
 // Run executes plan (from Plan) on the session: wire steps through the step
 // methods, local steps through hooks. params are this side's Params, local
 // its QP data. Errors name the step; local hooks' errors are returned as
-// StepErrors with Op "local".
+// StepErrors with Op "local". ctx bounds the whole run; with StepTimeout set,
+// each wire step must also complete within StepTimeout, except the first
+// wire step after a StepTraffic, which waits for the peer's data phase.
 func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local PerfDest, hooks Hooks) (Result, error) {
 	var res Result
 	if err := checkLocalMTU(params); err != nil {
@@ -217,7 +235,16 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 	}
 	size := 0 // index of the current message size
 	prepared := false
+	afterTraffic := false
 	for _, st := range plan {
+		ctx, cancel := ctx, context.CancelFunc(func() {})
+		if st.wire() {
+			if s.StepTimeout > 0 && !afterTraffic {
+				ctx, cancel = context.WithTimeoutCause(ctx, s.StepTimeout,
+					fmt.Errorf("%w: no reply within %v", context.DeadlineExceeded, s.StepTimeout))
+			}
+			afterTraffic = false
+		}
 		var err error
 		switch st {
 		case StepVersion:
@@ -253,6 +280,7 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 					res.LocalReport = r
 				}
 			}
+			afterTraffic = true
 		case StepReport:
 			if hooks.Report != nil {
 				res.LocalReport = hooks.Report()
@@ -264,6 +292,7 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 		default:
 			err = &StepError{Protocol: s.c.proto, Step: st.String(), Op: "check", Err: fmt.Errorf("unknown plan step")}
 		}
+		cancel()
 		if err != nil {
 			return res, err
 		}
