@@ -119,7 +119,7 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 	switch syn.Type() {
 	case aeth.TypeACK:
 		if qp.ackUpTo(psn) {
-			qp.retry()
+			qp.retryOnGap()
 		}
 	case aeth.TypeRNRNAK:
 		qp.ackUpTo(psn.Add(-1))
@@ -145,14 +145,11 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 		if code == aeth.NAKPSNSeqError {
 			qp.ackUpTo(psn.Add(-1))
 			inc(&qp.dev.ctr.RcvdSeqErr)
-			if qp.comp.retryPending && qp.comp.retryPSN == qp.comp.psn {
-				return // this gap is already being retransmitted
-			}
-			qp.retry()
+			qp.retryOnGap()
 			return
 		}
 		if qp.ackUpTo(psn.Add(-1)) {
-			qp.retry()
+			qp.retryOnGap()
 			return
 		}
 		w := qp.head()
@@ -228,10 +225,13 @@ func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
 	qp.progress()
 }
 
-// retryOnGap retransmits after a response revealed missing responses,
-// once per gap.
+// retryOnGap retransmits after a response revealed a gap (a PSN sequence
+// NAK, a response beyond a missing one, an ACK beyond an unanswered READ).
+// While a retransmission is under way and nothing new has been
+// acknowledged, further such signals come from the old flight and are
+// ignored, so one loss costs one go-back-N (rxe's started_retry).
 func (qp *QP) retryOnGap() {
-	if qp.comp.retryPending && qp.comp.retryPSN == qp.comp.psn {
+	if qp.comp.retryPending {
 		return
 	}
 	qp.retry()
