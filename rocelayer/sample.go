@@ -62,7 +62,8 @@ func SampleFields(op bth.Opcode, i int) packet.Fields {
 		f.BTH.SolicitedEvent = i%2 == 0
 	}
 	if in.Kind == bth.KindCNP {
-		f.BTH.BECN = true
+		f.BTH.BECN = true // as RNICs send it; PSN and flags zero
+		f.BTH.PSN = 0
 	}
 	if in.Payload {
 		n := 1 + (i*37)%200 // every pad count shows up

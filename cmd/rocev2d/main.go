@@ -1,0 +1,106 @@
+// Command rocev2d is the rocev2 command: it checks and writes RoCEv2
+// captures and (as its other subcommands land) runs demos, pingpong and
+// perftest-compatible peers and benchmarks.
+//
+// Usage:
+//
+//	rocev2d <command> [arguments]
+//	rocev2d help [command]
+//
+// Each subcommand lives in its own file and registers itself with one line:
+//
+//	func init() { register("pcap", "check RoCEv2 captures, write a sample capture", pcapUsage, runPcap) }
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// Exit statuses shared by every subcommand.
+const (
+	exitOK    = 0 // success
+	exitFail  = 1 // the command ran and found a problem (bad packet, failed test)
+	exitUsage = 2 // bad usage or unreadable input
+)
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string // one line for `rocev2d help`
+	usage   string // full help text for `rocev2d help NAME`
+	// run executes the subcommand with the arguments after its name and
+	// returns the exit status. It writes only to stdout and stderr and
+	// returns when ctx is cancelled (SIGINT/SIGTERM) if it runs long.
+	run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+// commands is the subcommand table, filled by register calls in each
+// subcommand's file.
+var commands = map[string]*command{}
+
+// register adds a subcommand to the table; it panics on a duplicate name
+// (a programming error found by any test).
+func register(name, summary, usage string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) int) {
+	if _, dup := commands[name]; dup {
+		panic("rocev2d: duplicate command " + name)
+	}
+	commands[name] = &command{name: name, summary: summary, usage: usage, run: run}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches args[0] to its subcommand and returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		printHelp(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			c, ok := commands[args[1]]
+			if !ok {
+				fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args[1])
+				printHelp(stderr)
+				return exitUsage
+			}
+			fmt.Fprint(stdout, c.usage)
+			return exitOK
+		}
+		printHelp(stdout)
+		return exitOK
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args[0])
+		printHelp(stderr)
+		return exitUsage
+	}
+	return c.run(ctx, args[1:], stdout, stderr)
+}
+
+// printHelp lists the commands.
+func printHelp(w io.Writer) {
+	fmt.Fprintln(w, "usage: rocev2d <command> [arguments]")
+	fmt.Fprintln(w, "\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintf(w, "  %-10s %s\n", "help", "show this list, or `help COMMAND` for a command's usage")
+}

@@ -1,0 +1,453 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+func init() {
+	register("pingpong", "RC ping-pong, flag- and wire-compatible with ibv_rc_pingpong", pingpongUsage, runPingpong)
+}
+
+const pingpongUsage = `usage: rocev2d pingpong [options] [server]
+
+An RC ping-pong compatible with rdma-core's ibv_rc_pingpong: the same flags,
+the same out-of-band exchange on TCP (default port 18515) and the same result
+lines, so either side may be rocev2d or the real tool. Without a server
+argument it waits for a client; with one it connects to it.
+
+Both sides post rx-depth receives; the client sends first and then each side
+alternates: send size bytes, receive size bytes, iters times.
+
+options:
+  -p, --port=PORT        out-of-band TCP port (default 18515)
+  -d, --ib-dev=DEV       device name (accepted for compatibility; rocev2d has one device per address)
+  -i, --ib-port=PORT     port of the device (accepted, must be 1)
+  -s, --size=SIZE        message size in bytes (default 4096)
+  -m, --mtu=MTU          path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
+  -r, --rx-depth=DEP     receives to post (default 500)
+  -n, --iters=ITERS      iterations (default 1000)
+  -l, --sl=SL            service level (accepted, not used by RoCEv2)
+  -e, --events           sleep on completion events (rocev2d always blocks; accepted)
+  -g, --gid-idx=IDX      local GID index (accepted; the GID is the --bind address)
+  -c, --chk              validate the received buffer like ibv_rc_pingpong -c
+      --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
+                         of the out-of-band TCP connection's local end
+      --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
+
+Output: the local and remote address lines, then
+  N bytes in S seconds = M Mbit/sec
+  N iters in S seconds = U usec/iter
+`
+
+// Work request ids, as in ibv_rc_pingpong (they double as pending bits).
+const (
+	ppRecvWRID = 1
+	ppSendWRID = 2
+)
+
+// pingpongConfig holds the parsed flags of `rocev2d pingpong`.
+type pingpongConfig struct {
+	port    int
+	dev     string
+	ibPort  int
+	size    int
+	mtu     transport.MTU
+	rxDepth int
+	iters   int
+	sl      int
+	events  bool
+	gidIdx  int
+	chk     bool
+	bind    netip.Addr
+	timeout time.Duration
+	server  string // empty: run as server
+}
+
+// parsePingpongFlags parses args like getopt_long does for the C tool: flags
+// and the optional server argument may come in any order.
+func parsePingpongFlags(args []string) (*pingpongConfig, error) {
+	c := &pingpongConfig{}
+	var mtu int
+	var bind string
+	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	intFlag := func(p *int, short, long string, def int) {
+		fs.IntVar(p, short, def, "")
+		fs.IntVar(p, long, def, "")
+	}
+	intFlag(&c.port, "p", "port", 18515)
+	fs.StringVar(&c.dev, "d", "", "")
+	fs.StringVar(&c.dev, "ib-dev", "", "")
+	intFlag(&c.ibPort, "i", "ib-port", 1)
+	intFlag(&c.size, "s", "size", 4096)
+	intFlag(&mtu, "m", "mtu", 1024)
+	intFlag(&c.rxDepth, "r", "rx-depth", 500)
+	intFlag(&c.iters, "n", "iters", 1000)
+	intFlag(&c.sl, "l", "sl", 0)
+	fs.BoolVar(&c.events, "e", false, "")
+	fs.BoolVar(&c.events, "events", false, "")
+	intFlag(&c.gidIdx, "g", "gid-idx", -1)
+	fs.BoolVar(&c.chk, "c", false, "")
+	fs.BoolVar(&c.chk, "chk", false, "")
+	fs.StringVar(&bind, "bind", "", "")
+	fs.DurationVar(&c.timeout, "timeout", 0, "")
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if c.server != "" {
+			return nil, fmt.Errorf("%w: unexpected argument %q after server %q", errUsage, rest[0], c.server)
+		}
+		c.server, args = rest[0], rest[1:]
+	}
+	var ok bool
+	if c.mtu, ok = transport.MTUFromBytes(mtu); !ok {
+		return nil, fmt.Errorf("%w: -m %d: MTU must be 256, 512, 1024, 2048 or 4096", errUsage, mtu)
+	}
+	switch {
+	case c.port <= 0 || c.port > 65535:
+		return nil, fmt.Errorf("%w: -p %d: port out of range 1..65535", errUsage, c.port)
+	case c.ibPort != 1:
+		return nil, fmt.Errorf("%w: -i %d: rocev2d devices have one port, 1", errUsage, c.ibPort)
+	case c.size <= 0 || c.size > 1<<30:
+		return nil, fmt.Errorf("%w: -s %d: size out of range 1..%d", errUsage, c.size, 1<<30)
+	case c.rxDepth <= 0 || c.rxDepth > 1<<16:
+		return nil, fmt.Errorf("%w: -r %d: rx-depth out of range 1..%d", errUsage, c.rxDepth, 1<<16)
+	case c.iters <= 0:
+		return nil, fmt.Errorf("%w: -n %d: iters must be positive", errUsage, c.iters)
+	case c.sl < 0 || c.sl > 15:
+		return nil, fmt.Errorf("%w: -l %d: sl out of range 0..15", errUsage, c.sl)
+	case c.timeout < 0:
+		return nil, fmt.Errorf("%w: --timeout %v: negative", errUsage, c.timeout)
+	}
+	if bind != "" {
+		a, err := netip.ParseAddr(bind)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --bind %q: not an IP address", errUsage, bind)
+		}
+		c.bind = a.Unmap()
+	}
+	return c, nil
+}
+
+// errUsage marks errors caused by bad flags (exit status 2).
+var errUsage = errors.New("bad usage")
+
+func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := parsePingpongFlags(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, pingpongUsage)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d pingpong: %v\n(see `rocev2d help pingpong`)\n", err)
+		return exitUsage
+	}
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	if err := pingpong(ctx, c, stdout); err != nil {
+		fmt.Fprintf(stderr, "rocev2d pingpong: %v\n", err)
+		return exitFail
+	}
+	return exitOK
+}
+
+// ppContext is one side of a ping-pong: device, memory, CQ and QP.
+type ppContext struct {
+	dev   *transport.Device
+	pd    *memreg.PD
+	buf   []byte
+	mr    *memreg.MR
+	cq    *transport.CQ
+	qp    *transport.QP
+	psn   uint32
+	routs int
+}
+
+// pingpong runs one ping-pong as server (c.server empty) or client.
+func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer) error {
+	conn, err := ppOOBConnect(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	local := c.bind
+	if !local.IsValid() {
+		ap, err := netip.ParseAddrPort(conn.LocalAddr().String())
+		if err != nil {
+			return fmt.Errorf("local address of the out-of-band connection %s: %v", conn.LocalAddr(), err)
+		}
+		local = ap.Addr().Unmap()
+	}
+	pc, err := ppInit(local, c)
+	if err != nil {
+		return err
+	}
+	defer pc.close()
+
+	me := oob.PingpongDest{QPN: pc.qp.QPN(), PSN: pc.psn, GID: pc.dev.GID()}
+	fmt.Fprintf(stdout, "  local address:  %s\n", ppDestString(me))
+	var rem oob.PingpongDest
+	if c.server != "" {
+		rem, err = oob.PingpongClient(ctx, conn, me)
+		if err == nil {
+			err = pc.connect(c, me.PSN, rem)
+		}
+	} else {
+		rem, err = oob.PingpongServer(ctx, conn, func(r oob.PingpongDest) (oob.PingpongDest, error) {
+			return me, pc.connect(c, me.PSN, r)
+		})
+	}
+	if err != nil {
+		return ppCtxErr(ctx, fmt.Errorf("out-of-band exchange with %s: %w", conn.RemoteAddr(), err))
+	}
+	conn.Close()
+	fmt.Fprintf(stdout, "  remote address: %s\n", ppDestString(rem))
+
+	start := time.Now()
+	if err := pc.loop(ctx, c); err != nil {
+		return ppCtxErr(ctx, err)
+	}
+	el := time.Since(start)
+	usec := float64(el.Nanoseconds()) / 1e3
+	if usec <= 0 {
+		usec = 1e-3
+	}
+	bytes := int64(c.size) * int64(c.iters) * 2
+	fmt.Fprintf(stdout, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
+	fmt.Fprintf(stdout, "%d iters in %.2f seconds = %.2f usec/iter\n", c.iters, usec/1e6, usec/float64(c.iters))
+	if c.chk {
+		// ibv_rc_pingpong -c: the client marks every page's first byte with
+		// i/page_size % sizeof(char), i.e. 0, and the message bounces back
+		// and forth, so both buffers must hold 0 there at the end.
+		for i := 0; i < c.size; i += ppPageSize {
+			if pc.buf[i] != 0 {
+				return fmt.Errorf("data validation failed at byte %d: got %#x, want 0", i, pc.buf[i])
+			}
+		}
+	}
+	return nil
+}
+
+// ppPageSize is the page size ibv_rc_pingpong uses for its -c marks.
+const ppPageSize = 4096
+
+// ppCtxErr names the timeout or cancellation when ctx ended the run.
+func ppCtxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		return fmt.Errorf("%w (%v)", err, context.Cause(ctx))
+	}
+	return err
+}
+
+// ppDestString formats a destination like the tools' address lines.
+func ppDestString(d oob.PingpongDest) string {
+	return fmt.Sprintf("LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s", d.LID, d.QPN, d.PSN, netip.AddrFrom16(d.GID))
+}
+
+// ppOOBConnect opens the out-of-band TCP connection: the client dials the
+// server, the server accepts one client on every address.
+func ppOOBConnect(ctx context.Context, c *pingpongConfig) (net.Conn, error) {
+	port := strconv.Itoa(c.port)
+	if c.server != "" {
+		addr := net.JoinHostPort(c.server, port)
+		d := net.Dialer{Timeout: 20 * time.Second}
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("couldn't connect to %s: %w", addr, err)
+		}
+		return conn, nil
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort("", port))
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("couldn't listen on TCP port %d: port in use: %w", c.port, err)
+		}
+		return nil, fmt.Errorf("couldn't listen on TCP port %d: %w", c.port, err)
+	}
+	defer ln.Close()
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	conn, err := ln.Accept()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("waiting for a client on TCP port %d: %w", c.port, context.Cause(ctx))
+		}
+		return nil, fmt.Errorf("accept on TCP port %d: %w", c.port, err)
+	}
+	return conn, nil
+}
+
+// ppInit creates the device on local, registers the buffer, creates the CQ
+// and QP, moves it to INIT and posts rx-depth receives (pp_init_ctx +
+// pp_post_recv).
+func ppInit(local netip.Addr, c *pingpongConfig) (*ppContext, error) {
+	link, err := udp.ListenSocket(local, nil)
+	if err != nil {
+		return nil, fmt.Errorf("RoCEv2 on %s: %w", netip.AddrPortFrom(local, udp.Port), err)
+	}
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	if err != nil {
+		link.Close()
+		return nil, err
+	}
+	pc := &ppContext{dev: dev, buf: make([]byte, c.size), psn: rand.Uint32() & 0xffffff}
+	for i := range pc.buf {
+		pc.buf[i] = 0x7b // as ibv_rc_pingpong
+	}
+	fail := func(err error) (*ppContext, error) {
+		pc.close()
+		return nil, err
+	}
+	if pc.pd, err = dev.AllocPD(); err != nil {
+		return fail(err)
+	}
+	if pc.mr, err = pc.pd.RegisterMR(pc.buf, memreg.AccessLocalWrite); err != nil {
+		return fail(fmt.Errorf("couldn't register MR: %w", err))
+	}
+	if pc.cq, err = dev.CreateCQ(c.rxDepth + 1); err != nil {
+		return fail(fmt.Errorf("couldn't create CQ: %w", err))
+	}
+	pc.qp, err = dev.CreateQP(pc.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: pc.cq, RecvCQ: pc.cq,
+		MaxSendWR: 1, MaxRecvWR: c.rxDepth, MaxSGE: 1, SigAll: true})
+	if err != nil {
+		return fail(fmt.Errorf("couldn't create QP: %w", err))
+	}
+	a := transport.QPAttr{State: transport.QPSInit, PKeyIndex: 0, Port: 1}
+	if err := pc.qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
+		return fail(fmt.Errorf("failed to modify QP to INIT: %w", err))
+	}
+	if pc.routs = pc.postRecv(c.rxDepth); pc.routs < c.rxDepth {
+		return fail(fmt.Errorf("couldn't post receive (%d)", pc.routs))
+	}
+	return pc, nil
+}
+
+// postRecv posts up to n receives of the whole buffer and returns how many
+// were posted.
+func (pc *ppContext) postRecv(n int) int {
+	wr := transport.RecvWR{WRID: ppRecvWRID, SGEs: []memreg.SGE{{Addr: pc.mr.IOVA(), Length: uint32(len(pc.buf)), LKey: pc.mr.LKey()}}}
+	for i := 0; i < n; i++ {
+		if pc.qp.PostRecv(wr) != nil {
+			return i
+		}
+	}
+	return n
+}
+
+// postSend posts one signalled SEND of the whole buffer.
+func (pc *ppContext) postSend() error {
+	return pc.qp.PostSend(transport.SendWR{WRID: ppSendWRID, Opcode: transport.WRSend, Flags: transport.SendSignaled,
+		SGEs: []memreg.SGE{{Addr: pc.mr.IOVA(), Length: uint32(len(pc.buf)), LKey: pc.mr.LKey()}}})
+}
+
+// connect moves the QP to RTR and RTS towards rem with ibv_rc_pingpong's
+// attributes (pp_connect_ctx).
+func (pc *ppContext) connect(c *pingpongConfig, myPSN uint32, rem oob.PingpongDest) error {
+	peer := netip.AddrFrom16(rem.GID).Unmap()
+	if !peer.IsValid() || peer.IsUnspecified() {
+		return fmt.Errorf("remote GID %s is not a RoCEv2 address (is the peer using -g with its IPv4 GID index?)", netip.AddrFrom16(rem.GID))
+	}
+	a := transport.QPAttr{State: transport.QPSRTR, PathMTU: c.mtu, DestQPN: rem.QPN, RQPSN: rem.PSN,
+		MaxDestRdAtomic: 1, MinRNRTimer: 12, AV: transport.AddressVector{Addr: peer}}
+	if err := pc.qp.Modify(&a, transport.AttrState|transport.AttrAV|transport.AttrPathMTU|transport.AttrDestQPN|
+		transport.AttrRQPSN|transport.AttrMaxDestRdAtomic|transport.AttrMinRNRTimer); err != nil {
+		return fmt.Errorf("failed to modify QP to RTR: %w", err)
+	}
+	a = transport.QPAttr{State: transport.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, SQPSN: myPSN, MaxQPRdAtomic: 1}
+	if err := pc.qp.Modify(&a, transport.AttrState|transport.AttrTimeout|transport.AttrRetryCnt|
+		transport.AttrRNRRetry|transport.AttrSQPSN|transport.AttrMaxQPRdAtomic); err != nil {
+		return fmt.Errorf("failed to modify QP to RTS: %w", err)
+	}
+	return nil
+}
+
+// loop is ibv_rc_pingpong's main loop: the client sends first; a side posts
+// its next send once both its previous send and the peer's message have
+// completed; receives are reposted when at most one is left.
+func (pc *ppContext) loop(ctx context.Context, c *pingpongConfig) error {
+	pending := ppRecvWRID
+	if c.server != "" {
+		if c.chk {
+			for i := 0; i < c.size; i += ppPageSize {
+				pc.buf[i] = 0
+			}
+		}
+		if err := pc.postSend(); err != nil {
+			return fmt.Errorf("couldn't post send: %w", err)
+		}
+		pending |= ppSendWRID
+	}
+	var wcs [2]transport.WC
+	rcnt, scnt := 0, 0
+	for rcnt < c.iters || scnt < c.iters {
+		n, err := pc.cq.Wait(ctx, wcs[:])
+		if err != nil {
+			return fmt.Errorf("waiting for completions after %d sends and %d receives of %d: %w", scnt, rcnt, c.iters, err)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != transport.WCSuccess {
+				return fmt.Errorf("failed status %s (%d) for wr_id %d", wc.Status, uint8(wc.Status), wc.WRID)
+			}
+			switch wc.WRID {
+			case ppSendWRID:
+				scnt++
+			case ppRecvWRID:
+				pc.routs--
+				if pc.routs <= 1 {
+					pc.routs += pc.postRecv(c.rxDepth - pc.routs)
+					if pc.routs < c.rxDepth {
+						return fmt.Errorf("couldn't post receive (%d)", pc.routs)
+					}
+				}
+				rcnt++
+			default:
+				return fmt.Errorf("completion for unknown wr_id %d", wc.WRID)
+			}
+			pending &^= int(wc.WRID)
+			if scnt < c.iters && pending == 0 {
+				if err := pc.postSend(); err != nil {
+					return fmt.Errorf("couldn't post send: %w", err)
+				}
+				pending = ppRecvWRID | ppSendWRID
+			}
+		}
+	}
+	return nil
+}
+
+// close releases the device (its QPs, CQs and link).
+func (pc *ppContext) close() {
+	if pc.dev != nil {
+		pc.dev.Close()
+	}
+}
