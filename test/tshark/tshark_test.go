@@ -341,3 +341,94 @@ func writePCAP(name string, frames ...[]byte) error {
 	}
 	return os.WriteFile(name, buf.Bytes(), 0o644)
 }
+
+// fieldsOf returns the packet.Fields of a parsed packet.
+func fieldsOf(pk *packet.Packet) packet.Fields {
+	f := packet.Fields{BTH: pk.BTH.Fields(), Payload: pk.Payload}
+	if pk.RETH != nil {
+		f.RETH = pk.RETH.Fields()
+	}
+	if pk.AETH != nil {
+		f.AETH = pk.AETH.Fields()
+	}
+	if pk.AtomicETH != nil {
+		f.AtomicETH = pk.AtomicETH.Fields()
+	}
+	if pk.AtomicAck != nil {
+		f.AtomicAckOrig = pk.AtomicAck.OrigData()
+	}
+	if pk.ImmDt != nil {
+		f.Imm = pk.ImmDt.Imm()
+	}
+	if pk.IETH != nil {
+		f.IETHRKey = pk.IETH.RKey()
+	}
+	if pk.DETH != nil {
+		f.DETH = pk.DETH.Fields()
+	}
+	return f
+}
+
+// TestTsharkGolden compares tshark's view of every RoCEv2 packet of the
+// golden captures with packet.Parse's, and requires no malformed or expert
+// info on them.
+func TestTsharkGolden(t *testing.T) {
+	tshark := needTshark(t)
+	if testing.Short() {
+		t.Skip("-short: one tshark run per golden capture takes ~10 s")
+	}
+	total := 0
+	for _, path := range golden.PCAPs(t) {
+		name := filepath.Base(path)
+		frames, _, err := golden.ReadPCAP(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[int]map[string]uint64{}
+		for _, fr := range frames {
+			gp := gopacket.NewPacket(fr.Data, layers.LayerTypeEthernet, gopacket.DecodeOptions{NoCopy: true})
+			udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+			if udp == nil || udp.DstPort != rocelayer.Port {
+				continue
+			}
+			var pk packet.Packet
+			if err := pk.Parse(udp.Payload); err != nil {
+				t.Fatalf("%s #%d: %v", name, fr.Num, err)
+			}
+			f := fieldsOf(&pk)
+			m := expected(fr.Num, &f)
+			m["infiniband.invariant.crc"] = uint64(bits.ReverseBytes32(pk.ICRC))
+			want[fr.Num] = m
+		}
+		args := []string{"-r", path, "-n", "-Y", "infiniband", "-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"}
+		for _, f := range fields {
+			args = append(args, "-e", f)
+		}
+		out := strings.TrimRight(string(runCmd(t, "", tshark, args...)), "\n")
+		lines := strings.Split(out, "\n")
+		if len(lines) != len(want) {
+			t.Errorf("%s: tshark shows %d InfiniBand frames, we decode %d", name, len(lines), len(want))
+		}
+		for _, line := range lines {
+			vals := strings.Split(line, "\t")
+			num, err := strconv.Atoi(vals[0])
+			if err != nil || len(vals) != len(fields) || want[num] == nil {
+				t.Errorf("%s: unexpected tshark line %q", name, line)
+				continue
+			}
+			for j, f := range fields {
+				got, err := parseValue(f, vals[j])
+				if err != nil || got != want[num][f] {
+					t.Errorf("%s #%d: tshark %s = %q, packet.Parse %s", name, num, f, vals[j], show(want[num][f]))
+				}
+			}
+			total++
+		}
+		bad := strings.TrimSpace(string(runCmd(t, "", tshark, "-r", path, "-n", "-Y", "infiniband && (_ws.malformed || _ws.expert)",
+			"-T", "fields", "-e", "frame.number", "-e", "_ws.expert.message")))
+		if bad != "" {
+			t.Errorf("%s: tshark flags RoCEv2 frames:\n%s", name, bad)
+		}
+	}
+	t.Logf("%d golden packets agree with tshark", total)
+}
