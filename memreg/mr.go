@@ -68,6 +68,7 @@ func (pd *PD) RegisterMRIOVA(buf []byte, iova uint64, access Access) (*MR, error
 		key:    key,
 		kind:   kindMR,
 		access: access,
+		qpn:    anyQP,
 		pd:     pd,
 		start:  iova,
 		last:   iova + n - 1,

@@ -77,7 +77,7 @@ func (mw *MW) kind() kind {
 }
 
 func (mw *MW) unboundEntry(key uint32) *entry {
-	return &entry{key: key, kind: mw.kind(), unbound: true, pd: mw.pd, mw: mw}
+	return &entry{key: key, kind: mw.kind(), unbound: true, qpn: anyQP, pd: mw.pd, mw: mw}
 }
 
 // RKey returns the window's current rkey.
@@ -192,6 +192,9 @@ func (mw *MW) bind(qpn uint32, mr *MR, addr, length uint64, access Access, keyBy
 		ne = mw.unboundEntry(key)
 	} else {
 		off := addr - mr.e.start
+		if mw.typ == MWType1 {
+			qpn = anyQP
+		}
 		ne = &entry{
 			key:    key,
 			kind:   mw.kind(),

@@ -102,6 +102,13 @@ func checkRemoteFlags(op Op, key uint32, va, n uint64, acc Access) error {
 // checks run in rxe's order: length (<= 2^31), key, PD, window state/QP,
 // rights, wrap, bounds. CheckRemote does not check atomic alignment.
 func (v QPView) CheckRemote(rkey uint32, va uint64, length uint32, acc Access) error {
+	if acc != 0 && acc&^accessRemote == 0 && v.pd.t.lookup(rkey).fast(v.pd, v.qpn, rkey, va, uint64(length), acc) {
+		return nil
+	}
+	return v.checkSlow(rkey, va, length, acc)
+}
+
+func (v QPView) checkSlow(rkey uint32, va uint64, length uint32, acc Access) error {
 	if err := checkRemoteFlags(OpCheck, rkey, va, uint64(length), acc); err != nil {
 		return err
 	}
@@ -114,10 +121,32 @@ func (v QPView) CheckRemote(rkey uint32, va uint64, length uint32, acc Access) e
 	return nil
 }
 
+// fast reports whether entry e passes every remote check for (key, va,
+// n, acc) seen from QP qpn. It is the lock-free hot path; on false the
+// slow path (resolveRemote) finds the rule that failed. n == 0 and
+// unbound windows (access 0) always take the slow path.
+func (e *entry) fast(pd *PD, qpn, key uint32, va, n uint64, acc Access) bool {
+	last := va + n - 1
+	return e != nil && e.key == key && e.pd == pd && e.access&acc == acc &&
+		(e.qpn == anyQP || e.qpn == qpn || qpn == anyQP) &&
+		n-1 < maxDMALen && va >= e.start && last <= e.last && last >= va
+}
+
 // WriteRemote places data at va through rkey (RDMA WRITE); it needs
 // AccessRemoteWrite. The copy runs while the registration is pinned, so it
 // either completes before a concurrent Deregister returns or does not start.
 func (v QPView) WriteRemote(rkey uint32, va uint64, data []byte) error {
+	n := uint64(len(data))
+	if e := v.pd.t.lookup(rkey); e.fast(v.pd, v.qpn, rkey, va, n, AccessRemoteWrite) && e.pin() {
+		off := va - e.start
+		copy(e.mem[off:off+n], data)
+		e.unpin()
+		return nil
+	}
+	return v.writeSlow(rkey, va, data)
+}
+
+func (v QPView) writeSlow(rkey uint32, va uint64, data []byte) error {
 	n := uint64(len(data))
 	if n == 0 {
 		return nil
@@ -138,6 +167,17 @@ func (v QPView) WriteRemote(rkey uint32, va uint64, data []byte) error {
 // response data); it needs AccessRemoteRead.
 func (v QPView) ReadRemote(rkey uint32, va uint64, dst []byte) error {
 	n := uint64(len(dst))
+	if e := v.pd.t.lookup(rkey); e.fast(v.pd, v.qpn, rkey, va, n, AccessRemoteRead) && e.pin() {
+		off := va - e.start
+		copy(dst, e.mem[off:off+n])
+		e.unpin()
+		return nil
+	}
+	return v.readSlow(rkey, va, dst)
+}
+
+func (v QPView) readSlow(rkey uint32, va uint64, dst []byte) error {
+	n := uint64(len(dst))
 	if n == 0 {
 		return nil
 	}
@@ -155,6 +195,10 @@ func (v QPView) ReadRemote(rkey uint32, va uint64, dst []byte) error {
 
 // atomicTarget resolves and pins the 8 bytes an atomic works on.
 func (v QPView) atomicTarget(op Op, rkey uint32, va uint64) (*entry, []byte, error) {
+	if e := v.pd.t.lookup(rkey); e.fast(v.pd, v.qpn, rkey, va, 8, AccessRemoteAtomic) && va&7 == 0 && e.pin() {
+		off := va - e.start
+		return e, e.mem[off : off+8 : off+8], nil
+	}
 	e, off, err := v.resolveRemote(rkey, va, 8, AccessRemoteAtomic)
 	if err == nil && va&7 != 0 {
 		err = ErrMisaligned
@@ -287,6 +331,33 @@ func (t Target) Write(off uint64, p []byte) error {
 	}
 	s := t.off + off
 	copy(t.e.mem[s:s+n], p)
+	t.e.unpin()
+	return nil
+}
+
+// WriteV places the payloads back to back starting at byte offset off of
+// the target (the consecutive packets of a multi-packet WRITE received in
+// one batch) under a single pin: one pair of atomic operations for the
+// whole batch instead of one per packet. All of [off, off+total) must lie
+// inside the target; nothing is placed otherwise.
+func (t Target) WriteV(off uint64, payloads [][]byte) error {
+	var n uint64
+	for _, p := range payloads {
+		n += uint64(len(p))
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := t.span(OpWrite, off, n, AccessRemoteWrite); err != nil {
+		return err
+	}
+	if !t.e.pin() {
+		return accessErr(OpWrite, t.key, t.va+off, n, ErrStaleKey, t.e, 0)
+	}
+	s := t.off + off
+	for _, p := range payloads {
+		s += uint64(copy(t.e.mem[s:s+uint64(len(p))], p))
+	}
 	t.e.unpin()
 	return nil
 }

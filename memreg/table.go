@@ -56,6 +56,7 @@ type Usage struct {
 // serialize on a mutex.
 type Table struct {
 	lim   Limits
+	page0 page // the first 4096 indices live inline: one dependent load less per lookup
 	pages [numPages]atomic.Pointer[page]
 	next  atomic.Uint32 // indices in [1, next) have been handed out at least once
 
@@ -74,6 +75,7 @@ type page struct {
 // NewTable returns an empty table with the given limits.
 func NewTable(l Limits) *Table {
 	t := &Table{lim: l, rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+	t.pages[0].Store(&t.page0)
 	t.next.Store(1)
 	return t
 }
@@ -111,7 +113,7 @@ type entry struct {
 	kind    kind
 	unbound bool   // a window with no binding
 	access  Access // rights this key grants
-	qpn     uint32 // type 2 window: the QP it is bound to
+	qpn     uint32 // type 2 window: the QP it is bound to; anyQP otherwise
 	pd      *PD
 	start   uint64 // first valid address (IOVA space)
 	last    uint64 // last valid address (inclusive)
@@ -153,6 +155,9 @@ func (e *entry) drain() {
 // lookup returns the live entry at key's index (whatever its key byte), or nil.
 func (t *Table) lookup(key uint32) *entry {
 	idx := key >> 8
+	if idx < pageSize {
+		return t.page0.slots[idx].Load()
+	}
 	p := t.pages[idx>>pageShift].Load()
 	if p == nil {
 		return nil
