@@ -36,6 +36,15 @@ type SocketOptions struct {
 	// ICRC for that. Off by default: a NIC doing the segmentation (USO)
 	// must number IDs the same way — check with a capture first.
 	GSO bool
+	// NoGRO turns UDP GRO off. By default the socket has UDP_GRO: the
+	// kernel may hand over a run of same-flow, same-size, same-TOS datagrams
+	// as one buffer (always from a GSO sender on lo; from a NIC when its
+	// NAPI batches them), which Recv splits into packets again. Receives
+	// then go through the link's own 64 KiB buffers, BatchSize of them (4 MiB
+	// of address space by default; pages become resident only as coalesced
+	// datagrams fill them), and are copied out. With NoGRO, recvmmsg writes
+	// into the caller's buffers.
+	NoGRO bool
 }
 
 const (
@@ -45,6 +54,8 @@ const (
 	// (IP_TOS / IPV6_TCLASS) needs unix.CmsgSpace(4) = 24 bytes on 64-bit;
 	// keep room for a second one the kernel might add.
 	cmsgSpace = 64
+
+	groBufSize = 65536 // one coalesced UDP datagram at most
 )
 
 // SocketLink is a Link over a kernel UDP socket bound to addr:4791 (Linux).
@@ -71,6 +82,9 @@ type SocketLink struct {
 	is6   bool
 	batch int
 	gso   bool
+	gro   *groState // nil with SocketOptions.NoGRO
+
+	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
 
 	sendMu sync.Mutex
 	send   mmsgState
@@ -183,6 +197,9 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		send:  newMmsgState(o.BatchSize),
 		recv:  newMmsgState(o.BatchSize),
 	}
+	if !o.NoGRO {
+		l.gro = &groState{mem: make([]byte, o.BatchSize*groBufSize), msgs: make([]groMsg, o.BatchSize)}
+	}
 	l.sendFn = l.doSend
 	l.recvFn = l.doRecv
 	return l, nil
@@ -208,6 +225,11 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 			return err
 		}
 		if err := set(unix.IPPROTO_IP, unix.IP_RECVTOS, 1, "IP_RECVTOS"); err != nil {
+			return err
+		}
+	}
+	if !o.NoGRO {
+		if err := set(unix.SOL_UDP, unix.UDP_GRO, 1, "UDP_GRO"); err != nil {
 			return err
 		}
 	}
@@ -496,6 +518,9 @@ func (l *SocketLink) Recv(pkts []Packet) (int, error) {
 	}
 	l.recvMu.Lock()
 	defer l.recvMu.Unlock()
+	if l.gro != nil {
+		return l.recvGRO(pkts)
+	}
 	s := &l.recv
 	k := min(len(pkts), l.batch)
 	for {
@@ -540,6 +565,110 @@ func (l *SocketLink) Recv(pkts []Packet) (int, error) {
 	}
 }
 
+// groState holds the datagrams of the last GRO recvmmsg not yet returned.
+type groState struct {
+	mem    []byte // BatchSize buffers of groBufSize
+	msgs   []groMsg
+	cur, n int // msgs[cur:n] still hold segments
+}
+
+// groMsg is one received buffer: one datagram, or several of seg bytes
+// (the last may be shorter) coalesced by GRO.
+type groMsg struct {
+	buf  []byte
+	seg  int
+	off  int // next segment starts here
+	src  netip.Addr
+	port uint16
+	tos  uint8
+}
+
+// recvGRO is Recv for a socket with UDP_GRO. Called with recvMu held.
+func (l *SocketLink) recvGRO(pkts []Packet) (int, error) {
+	g := l.gro
+	s := &l.recv
+	for {
+		n := 0
+		for g.cur < g.n && n < len(pkts) {
+			m := &g.msgs[g.cur]
+			if m.off >= len(m.buf) {
+				g.cur++
+				continue
+			}
+			end := min(m.off+m.seg, len(m.buf))
+			seg := m.buf[m.off:end]
+			m.off = end
+			if len(seg) < minPacketSize || len(seg) > MaxPacketSize {
+				l.malformed.Add(1)
+				continue
+			}
+			if !l.verify(seg, m.src, m.port) {
+				continue
+			}
+			p := &pkts[n]
+			p.Buf = p.Buf[:len(seg)]
+			copy(p.Buf, seg)
+			p.Addr, p.SrcPort, p.TOS = m.src, m.port, m.tos
+			n++
+		}
+		if n > 0 {
+			l.rcvd.Add(uint64(n))
+			return n, nil
+		}
+		// Everything returned: receive the next buffers.
+		k := l.batch
+		for i := range k {
+			b := g.mem[i*groBufSize : (i+1)*groBufSize]
+			h := &s.hdrs[i].Hdr
+			s.iovs[i].Base = &b[0]
+			s.iovs[i].SetLen(len(b))
+			h.Namelen = unix.SizeofSockaddrInet6
+			c := s.ctrl[i*cmsgSpace : (i+1)*cmsgSpace]
+			h.Control = &c[0]
+			h.SetControllen(cmsgSpace)
+			h.Flags = 0
+			s.hdrs[i].Len = 0
+		}
+		s.cnt = k
+		err := l.rc.Read(l.recvFn)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return 0, net.ErrClosed
+			}
+			return 0, fmt.Errorf("udp: recv: %w", err)
+		}
+		if s.errno != 0 {
+			return 0, fmt.Errorf("udp: recvmmsg on %v: %w", l.addr, s.errno)
+		}
+		g.cur, g.n = 0, 0
+		for i := 0; i < s.n; i++ {
+			m := &s.hdrs[i]
+			if m.Hdr.Flags&unix.MSG_TRUNC != 0 {
+				l.malformed.Add(1)
+				continue
+			}
+			src, port, ok := parseSockaddr(&s.names[i], m.Hdr.Namelen)
+			if !ok {
+				l.other.Add(1)
+				continue
+			}
+			tos, seg := parseCmsgs(s.ctrl[i*cmsgSpace : i*cmsgSpace+int(m.Hdr.Controllen)])
+			size := int(m.Len)
+			if size < minPacketSize {
+				l.malformed.Add(1)
+				continue
+			}
+			if seg <= 0 || seg >= size {
+				seg = size
+			} else {
+				l.groCoalesced.Add(1)
+			}
+			g.msgs[g.n] = groMsg{buf: g.mem[i*groBufSize : i*groBufSize+size], seg: max(seg, 1), src: src, port: port, tos: tos}
+			g.n++
+		}
+	}
+}
+
 // testHookIPv4ID, when set by a test, sees the IPv4 identification each
 // accepted IPv4 packet's ICRC was solved for.
 var testHookIPv4ID func(id uint16)
@@ -559,31 +688,40 @@ func (l *SocketLink) accept(i int, p *Packet) bool {
 		l.other.Add(1)
 		return false
 	}
-	tos := parseTOS(s.ctrl[i*cmsgSpace : i*cmsgSpace+int(m.Hdr.Controllen)])
+	tos, _ := parseCmsgs(s.ctrl[i*cmsgSpace : i*cmsgSpace+int(m.Hdr.Controllen)])
+	if !l.verify(buf, src, srcPort) {
+		return false
+	}
+	p.Buf = buf
+	p.Addr = src
+	p.SrcPort = srcPort
+	p.TOS = tos
+	return true
+}
+
+// verify checks a received datagram's ICRC (see SocketLink) and counts a
+// failure in DropBadICRC.
+func (l *SocketLink) verify(buf []byte, src netip.Addr, srcPort uint16) bool {
 	if l.is6 {
 		h := icrc.IPv6Pseudo{Src: src.As16(), Dst: l.addr.As16(), SrcPort: srcPort, DstPort: Port}
 		if icrc.ComputeIPv6(&h, buf) != icrc.Load(buf) {
 			l.badICRC.Add(1)
 			return false
 		}
-	} else {
-		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), FlagsFrag: 0x4000, SrcPort: srcPort, DstPort: Port}
-		id, ok := icrc.SolveIPv4ID(&h, buf)
-		if !ok {
-			h.FlagsFrag = 0
-			if id, ok = icrc.SolveIPv4ID(&h, buf); !ok {
-				l.badICRC.Add(1)
-				return false
-			}
-		}
-		if testHookIPv4ID != nil {
-			testHookIPv4ID(id)
+		return true
+	}
+	h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), FlagsFrag: 0x4000, SrcPort: srcPort, DstPort: Port}
+	id, ok := icrc.SolveIPv4ID(&h, buf)
+	if !ok {
+		h.FlagsFrag = 0
+		if id, ok = icrc.SolveIPv4ID(&h, buf); !ok {
+			l.badICRC.Add(1)
+			return false
 		}
 	}
-	p.Buf = buf
-	p.Addr = src
-	p.SrcPort = srcPort
-	p.TOS = tos
+	if testHookIPv4ID != nil {
+		testHookIPv4ID(id)
+	}
 	return true
 }
 
@@ -606,30 +744,33 @@ func parseSockaddr(sa *unix.RawSockaddrInet6, n uint32) (netip.Addr, uint16, boo
 	return netip.Addr{}, 0, false
 }
 
-// parseTOS finds IP_TOS (1 byte) or IPV6_TCLASS (int) in received control
-// messages; 0 when absent. It does not allocate.
-func parseTOS(b []byte) uint8 {
+// parseCmsgs finds IP_TOS (1 byte) or IPV6_TCLASS (int) and UDP_GRO (int:
+// the segment size of a coalesced datagram) in received control messages;
+// zeros when absent. It does not allocate.
+func parseCmsgs(b []byte) (tos uint8, groSize int) {
 	hdr := unix.CmsgLen(0)
 	for len(b) >= hdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
 		clen := int(h.Len)
 		if clen < hdr || clen > len(b) {
-			return 0
+			return
 		}
 		data := b[hdr:clen]
 		switch {
 		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TOS && len(data) >= 1:
-			return data[0]
+			tos = data[0]
 		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_TCLASS && len(data) >= 4:
-			return uint8(*(*int32)(unsafe.Pointer(&data[0])))
+			tos = uint8(*(*int32)(unsafe.Pointer(&data[0])))
+		case h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO && len(data) >= 4:
+			groSize = int(*(*int32)(unsafe.Pointer(&data[0])))
 		}
 		next := unix.CmsgSpace(clen - hdr)
 		if next > len(b) {
-			return 0
+			return
 		}
 		b = b[next:]
 	}
-	return 0
+	return
 }
 
 // String describes the link, e.g. "udp 192.0.2.1:4791".

@@ -31,11 +31,16 @@ var (
 
 func listenPair(t testing.TB) (*SocketLink, *SocketLink) {
 	t.Helper()
-	a, err := ListenSocket(sockA, nil)
+	return listenPairOpts(t, nil, nil)
+}
+
+func listenPairOpts(t testing.TB, oa, ob *SocketOptions) (*SocketLink, *SocketLink) {
+	t.Helper()
+	a, err := ListenSocket(sockA, oa)
 	if err != nil {
 		t.Fatalf("ListenSocket(%v): %v", sockA, err)
 	}
-	b, err := ListenSocket(sockB, nil)
+	b, err := ListenSocket(sockB, ob)
 	if err != nil {
 		a.Close()
 		t.Fatalf("ListenSocket(%v): %v", sockB, err)
@@ -83,7 +88,15 @@ func recvN(t testing.TB, l Link, want int, d time.Duration) []Packet {
 }
 
 func TestSocketSendRecvBatches(t *testing.T) {
-	a, b := listenPair(t)
+	for _, gro := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "GRO"}[gro], func(t *testing.T) {
+			testSocketSendRecvBatches(t, &SocketOptions{NoGRO: !gro})
+		})
+	}
+}
+
+func testSocketSendRecvBatches(t *testing.T, ob *SocketOptions) {
+	a, b := listenPairOpts(t, nil, ob)
 	const total = 150 // more than one sendmmsg batch
 	sizes := []int{16, 17, 64, 1024 + 28, 4096 + 32, MaxPacketSize}
 	pkts := make([]Packet, total)
@@ -122,7 +135,15 @@ func TestSocketSendRecvBatches(t *testing.T) {
 }
 
 func TestSocketTOSAndECN(t *testing.T) {
-	a, b := listenPair(t)
+	for _, gro := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "GRO"}[gro], func(t *testing.T) {
+			testSocketTOSAndECN(t, &SocketOptions{NoGRO: !gro})
+		})
+	}
+}
+
+func testSocketTOSAndECN(t *testing.T, ob *SocketOptions) {
+	a, b := listenPairOpts(t, nil, ob)
 	tests := []uint8{0, ECNECT0, ECNECT1, ECNCE, 0xb8 | ECNCE}
 	for i, tos := range tests {
 		p := []Packet{{Buf: testPayload(make([]byte, 64), uint32(i), 64), Addr: sockB, TOS: tos}}
@@ -137,7 +158,15 @@ func TestSocketTOSAndECN(t *testing.T) {
 }
 
 func TestSocketDropsGarbage(t *testing.T) {
-	a, b := listenPair(t)
+	for _, gro := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "GRO"}[gro], func(t *testing.T) {
+			testSocketDropsGarbage(t, &SocketOptions{NoGRO: !gro})
+		})
+	}
+}
+
+func testSocketDropsGarbage(t *testing.T, ob *SocketOptions) {
+	a, b := listenPairOpts(t, nil, ob)
 	raw, err := net.ListenUDP("udp4", &net.UDPAddr{IP: sockA.AsSlice()})
 	if err != nil {
 		t.Fatal(err)
@@ -462,18 +491,16 @@ func BenchmarkSocket(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "pkts/s")
 		})
-		for _, gso := range []bool{false, true} {
-			bname := "SocketLink/"
-			if gso {
-				bname = "SocketLink-GSO/"
-			}
-			b.Run(bname+name, func(b *testing.B) {
+		for _, mode := range []string{"SocketLink", "SocketLink-GRO", "SocketLink-GSO", "SocketLink-GSO-GRO"} {
+			gso := strings.Contains(mode, "GSO")
+			gro := strings.Contains(mode, "GRO")
+			b.Run(mode+"/"+name, func(b *testing.B) {
 				s, err := ListenSocket(sockA, &SocketOptions{GSO: gso})
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer s.Close()
-				r, err := ListenSocket(sockB, nil)
+				r, err := ListenSocket(sockB, &SocketOptions{NoGRO: !gro})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -537,16 +564,15 @@ func TestGSOGroup(t *testing.T) {
 // and that its ICRC was computed for the identification Linux gave it
 // (0, 1, 2, ... within each GSO datagram).
 func TestSocketGSO(t *testing.T) {
-	a, err := ListenSocket(sockA, &SocketOptions{GSO: true})
-	if err != nil {
-		t.Fatal(err)
+	for _, gro := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain receiver", true: "GRO receiver"}[gro], func(t *testing.T) {
+			testSocketGSO(t, &SocketOptions{NoGRO: !gro})
+		})
 	}
-	defer a.Close()
-	b, err := ListenSocket(sockB, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+}
+
+func testSocketGSO(t *testing.T, ob *SocketOptions) {
+	a, b := listenPairOpts(t, &SocketOptions{GSO: true}, ob)
 	var pkts []Packet
 	add := func(n, size int, tos uint8) {
 		for range n {
@@ -591,5 +617,44 @@ func TestSocketGSO(t *testing.T) {
 	}
 	if s := a.Stats(); s.SentPkts != uint64(len(pkts)) {
 		t.Errorf("SentPkts = %d, want %d", s.SentPkts, len(pkts))
+	}
+	if !ob.NoGRO && b.groCoalesced.Load() == 0 {
+		t.Errorf("GRO receiver never got a coalesced buffer from a GSO sender on lo")
+	}
+	if s := b.Stats(); s != (Stats{RcvdPkts: uint64(len(pkts))}) {
+		t.Errorf("receiver stats %+v", s)
+	}
+}
+
+// TestSocketGROSmallRecv returns the segments of coalesced buffers through
+// Recv calls with fewer slots than segments.
+func TestSocketGROSmallRecv(t *testing.T) {
+	a, b := listenPairOpts(t, &SocketOptions{GSO: true}, &SocketOptions{})
+	const total = 40
+	pkts := make([]Packet, total)
+	for i := range pkts {
+		pkts[i] = Packet{Buf: testPayload(make([]byte, 1000), uint32(i), 1000), Addr: sockB}
+	}
+	if err := a.Send(pkts); err != nil {
+		t.Fatal(err)
+	}
+	r := recvBufs(3)
+	for got := 0; got < total; {
+		n, err := b.Recv(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > len(r) {
+			t.Fatalf("Recv returned %d > %d slots", n, len(r))
+		}
+		for i := range n {
+			if s := seqOf(r[i].Buf); s != uint32(got+i) || len(r[i].Buf) != 1000 {
+				t.Fatalf("packet %d: seq %d len %d", got+i, s, len(r[i].Buf))
+			}
+		}
+		got += n
+	}
+	if b.groCoalesced.Load() == 0 {
+		t.Errorf("no coalesced buffer")
 	}
 }

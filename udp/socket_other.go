@@ -14,6 +14,7 @@ type SocketOptions struct {
 	RecvBufferSize, SendBufferSize int
 	BatchSize                      int
 	GSO                            bool
+	NoGRO                          bool
 }
 
 // SocketLink is the kernel UDP socket backend; it is implemented on Linux only.
