@@ -53,6 +53,14 @@ var (
 	// x2n[k] = x^(2^k) mod P; xInv2n[k] = x^-(2^k) mod P.
 	x2n, xInv2n [64]uint32
 
+	// inv4Table[k][b] = A^-4(b << 8k), so that A^-4(r) is the XOR of four
+	// lookups (see undoTrailer).
+	inv4Table [4][256]uint32
+
+	// residue is the CRC (hash/crc32 convention) of any byte string followed
+	// by its own CRC stored little-endian: 0x2144df1c for CRC-32/IEEE.
+	residue uint32
+
 	// masks holds the correction tables of the fast paths (see maskTable).
 	masks [numMaskPos][256]uint32
 
@@ -108,6 +116,18 @@ func init() {
 		ff[i] = 0xff
 	}
 	seed = slicing8(0, ff[:])
+	var zero [4]byte
+	residue = slicing8(0, zero[:])
+
+	for k := range inv4Table {
+		for b := range 256 {
+			r := uint32(b) << (8 * k)
+			for range 4 {
+				r = invA(r)
+			}
+			inv4Table[k][b] = r
+		}
+	}
 
 	x2n[0] = xPow0 >> 1 // x^1
 	// x^-1: in normal bit order x^-1 = (P ^ 1) / x = 0x82608edb (x^32 term
@@ -154,6 +174,20 @@ func slicing8(crc uint32, p []byte) uint32 {
 		crc = t[0][byte(crc)^b] ^ crc>>8
 	}
 	return ^crc
+}
+
+// undoTrailer returns the CRC (hash/crc32 convention) of a byte string m,
+// given c, the CRC of m followed by the 4 bytes t. After those 4 bytes the
+// register is A^4(R) ^ C(t), where C(t) is t's contribution from a zero
+// register (four independent lookups in the slicing tables), so
+// R = A^-4(r ^ C(t)), which is four more lookups.
+func undoTrailer(c uint32, t []byte) uint32 {
+	_ = t[3]
+	s := &slicing8Table
+	r := ^c ^ s[3][t[0]] ^ s[2][t[1]] ^ s[1][t[2]] ^ s[0][t[3]]
+	i := &inv4Table
+	r = i[0][r&0xff] ^ i[1][r>>8&0xff] ^ i[2][r>>16&0xff] ^ i[3][r>>24]
+	return ^r
 }
 
 // invA applies the inverse of the zero-byte step A.

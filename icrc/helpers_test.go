@@ -142,16 +142,14 @@ func pseudo6(ip []byte) (*IPv6Pseudo, []byte) {
 	return h, ip[48 : 40+int(binary.BigEndian.Uint16(ip[4:]))]
 }
 
-// goldenDir locates ../shared/golden relative to the module root (or
-// $ROCEV2_GOLDEN). It skips the test loudly if the directory is absent, or
-// fails it when CI=true.
-func goldenDir(tb testing.TB) string {
-	tb.Helper()
+// findGoldenDir locates ../shared/golden relative to the module root, or
+// $ROCEV2_GOLDEN, and reports whether it holds captures.
+func findGoldenDir() (string, bool) {
 	dir := os.Getenv("ROCEV2_GOLDEN")
 	if dir == "" {
 		wd, err := os.Getwd()
 		if err != nil {
-			tb.Fatal(err)
+			return "", false
 		}
 		for d := wd; ; d = filepath.Dir(d) {
 			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
@@ -159,14 +157,21 @@ func goldenDir(tb testing.TB) string {
 				break
 			}
 			if filepath.Dir(d) == d {
-				break
+				return "", false
 			}
 		}
 	}
-	if dir != "" {
-		if m, _ := filepath.Glob(filepath.Join(dir, "*.pcap")); len(m) > 0 {
-			return dir
-		}
+	m, _ := filepath.Glob(filepath.Join(dir, "*.pcap"))
+	return dir, len(m) > 0
+}
+
+// goldenDir returns the golden capture directory. It skips the test loudly if
+// the captures are absent, or fails it when CI=true.
+func goldenDir(tb testing.TB) string {
+	tb.Helper()
+	dir, ok := findGoldenDir()
+	if ok {
+		return dir
 	}
 	msg := "GOLDEN CAPTURES NOT FOUND (looked for ../shared/golden next to the module root, or $ROCEV2_GOLDEN=" +
 		os.Getenv("ROCEV2_GOLDEN") + "): golden ICRC tests did not run"

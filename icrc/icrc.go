@@ -27,10 +27,11 @@
 // IPv6 extension headers are rejected (ErrNotUDP): the next header must be
 // UDP. IPv4 fragments are rejected (ErrFragment).
 //
-// Nothing in this package allocates on success, and Compute runs a single
-// hardware-accelerated crc32.Update over the packet in place: the masked fields
-// are accounted for by folding precomputed corrections into the CRC's start
-// value, so the caller's buffer is never modified or copied.
+// Nothing in this package allocates on success, and Compute, Verify and Put run
+// a single hardware-accelerated crc32.Update over exactly the bytes of the
+// packet, in place: the masked fields are accounted for by folding precomputed
+// corrections into the CRC's start value, so the caller's buffer is never
+// modified or copied.
 package icrc
 
 import (
@@ -163,34 +164,84 @@ func parse(ip []byte) (layout, error) {
 	}
 }
 
+// quickIPv4 recognises the common case, a well-formed IPv4 packet with a
+// 20-byte header, with fewer branches than parse; it accepts exactly the
+// packets with IHL 5 that parse accepts, with the same end.
+func quickIPv4(ip []byte) (end int, ok bool) {
+	if len(ip) < ipv4MinSize+udpSize+bthSize+Size || ip[0] != 0x45 || ip[ipv4ProtoOff] != protoUDP {
+		return 0, false
+	}
+	tl := int(binary.BigEndian.Uint16(ip[ipv4TotalLenOff:]))
+	if tl > len(ip) || tl < ipv4MinSize+udpSize+bthSize+Size ||
+		binary.BigEndian.Uint16(ip[ipv4FlagsOff:])&ipv4FragMask != 0 ||
+		int(binary.BigEndian.Uint16(ip[ipv4MinSize+udpLenOff:])) != tl-ipv4MinSize {
+		return 0, false
+	}
+	return tl, true
+}
+
+// ipv4Delta returns the start-register correction for the masked fields of
+// an IPv4 packet with a 20-byte header (see crc.go).
+func ipv4Delta(ip []byte) uint32 {
+	_ = ip[ipv4MinSize+udpSize+bthMaskOff] // bounds check hint
+	m := &masks
+	return m[mIPv4TOS][ip[ipv4TOSOff]] ^ m[mIPv4TTL][ip[ipv4TTLOff]] ^
+		m[mIPv4Sum0][ip[ipv4SumOff]] ^ m[mIPv4Sum1][ip[ipv4SumOff+1]] ^
+		m[mIPv4UDPSum0][ip[ipv4MinSize+udpSumOff]] ^ m[mIPv4UDPSum1][ip[ipv4MinSize+udpSumOff+1]] ^
+		m[mIPv4BTH4][ip[ipv4MinSize+udpSize+bthMaskOff]]
+}
+
+// ipv6Delta returns the start-register correction for the masked fields of
+// an IPv6 packet (see crc.go).
+func ipv6Delta(ip []byte) uint32 {
+	_ = ip[ipv6Size+udpSize+bthMaskOff] // bounds check hint
+	m := &masks
+	return m[mIPv6Byte0][ip[0]] ^ m[mIPv4TOS][ip[1]] ^ m[mIPv6Byte2][ip[2]] ^ m[mIPv6Byte3][ip[3]] ^
+		m[mIPv6Hop][ip[ipv6HopLimitOff]] ^
+		m[mIPv6UDPSum0][ip[ipv6Size+udpSumOff]] ^ m[mIPv6UDPSum1][ip[ipv6Size+udpSumOff+1]] ^
+		m[mIPv6BTH4][ip[ipv6Size+udpSize+bthMaskOff]]
+}
+
+// crcThrough returns the CRC (hash/crc32 convention) of the masked packet
+// including its stored ICRC bytes, for a packet with a 20-byte IPv4 header or
+// an IPv6 header (fast reports whether the layout is one of those). This is a
+// single crc32.Update over exactly the bytes of the packet, as they are: the
+// masked fields are accounted for by start-register corrections (see crc.go).
+// Running over the stored ICRC too keeps the CRC's hardware path on the same
+// length as the packet (hash/crc32 processes len&^15 bytes with CLMUL, the
+// rest byte by byte, and switches to AVX-512 at 1024 bytes); Verify then
+// compares against the CRC residue, and Compute removes the trailer again
+// with undoTrailer.
+func crcThrough(ip []byte, l layout) (c uint32, fast bool) {
+	switch {
+	case l.v6:
+		return crc32.Update(seed^ipv6Delta(ip), crc32.IEEETable, ip[:l.end]), true
+	case l.hl == ipv4MinSize:
+		return crc32.Update(seed^ipv4Delta(ip), crc32.IEEETable, ip[:l.end]), true
+	}
+	return 0, false
+}
+
 // compute returns the ICRC of a packet parse accepted.
 func compute(ip []byte, l layout) uint32 {
-	n := l.end - Size
-	if l.v6 {
-		_ = ip[ipv6Size+udpSize+bthMaskOff] // bounds check hint
-		m := &masks
-		d := m[mIPv6Byte0][ip[0]] ^ m[mIPv4TOS][ip[1]] ^ m[mIPv6Byte2][ip[2]] ^ m[mIPv6Byte3][ip[3]] ^
-			m[mIPv6Hop][ip[ipv6HopLimitOff]] ^
-			m[mIPv6UDPSum0][ip[ipv6Size+udpSumOff]] ^ m[mIPv6UDPSum1][ip[ipv6Size+udpSumOff+1]] ^
-			m[mIPv6BTH4][ip[ipv6Size+udpSize+bthMaskOff]]
-		return crc32.Update(seed^d, crc32.IEEETable, ip[:n])
-	}
-	if l.hl == ipv4MinSize {
-		_ = ip[ipv4MinSize+udpSize+bthMaskOff] // bounds check hint
-		m := &masks
-		d := m[mIPv4TOS][ip[ipv4TOSOff]] ^ m[mIPv4TTL][ip[ipv4TTLOff]] ^
-			m[mIPv4Sum0][ip[ipv4SumOff]] ^ m[mIPv4Sum1][ip[ipv4SumOff+1]] ^
-			m[mIPv4UDPSum0][ip[ipv4MinSize+udpSumOff]] ^ m[mIPv4UDPSum1][ip[ipv4MinSize+udpSumOff+1]] ^
-			m[mIPv4BTH4][ip[ipv4MinSize+udpSize+bthMaskOff]]
-		return crc32.Update(seed^d, crc32.IEEETable, ip[:n])
+	if c, ok := crcThrough(ip, l); ok {
+		return undoTrailer(c, ip[l.end-Size:l.end])
 	}
 	return computeMaskedPrefix(ip, l)
 }
 
+// valid reports whether the stored ICRC of a packet parse accepted is right.
+func valid(ip []byte, l layout) bool {
+	if c, ok := crcThrough(ip, l); ok {
+		return c == residue
+	}
+	return computeMaskedPrefix(ip, l) == binary.LittleEndian.Uint32(ip[l.end-Size:])
+}
+
 // computeMaskedPrefix computes the ICRC by copying the IP, UDP and BTH headers
 // into a stack buffer, masking them there, and running crc32.Update over the
-// rest in place. It serves IPv4 packets with options and, in tests, as a
-// cross-check of the table-driven fast path.
+// rest (up to the ICRC) in place. It serves IPv4 packets with options and, in
+// tests, as a cross-check of the table-driven fast path.
 func computeMaskedPrefix(ip []byte, l layout) uint32 {
 	var pre [ipv4MaxSize + udpSize + bthSize]byte
 	k := copy(pre[:], ip[:l.hl+udpSize+bthSize])
@@ -215,6 +266,10 @@ func computeMaskedPrefix(ip []byte, l layout) uint32 {
 // end are the ICRC and are not covered. Any bytes after that end, such as
 // Ethernet padding, are ignored. ip is not modified.
 func Compute(ip []byte) (uint32, error) {
+	if end, ok := quickIPv4(ip); ok {
+		c := crc32.Update(seed^ipv4Delta(ip), crc32.IEEETable, ip[:end])
+		return undoTrailer(c, ip[end-Size:end]), nil
+	}
 	l, err := parse(ip)
 	if err != nil {
 		return 0, err
@@ -226,11 +281,17 @@ func Compute(ip []byte) (uint32, error) {
 // returns nil if it is valid, ErrMismatch if it is not (without allocating), or
 // a malformed-input error.
 func Verify(ip []byte) error {
+	if end, ok := quickIPv4(ip); ok {
+		if crc32.Update(seed^ipv4Delta(ip), crc32.IEEETable, ip[:end]) != residue {
+			return ErrMismatch
+		}
+		return nil
+	}
 	l, err := parse(ip)
 	if err != nil {
 		return err
 	}
-	if compute(ip, l) != binary.LittleEndian.Uint32(ip[l.end-Size:]) {
+	if !valid(ip, l) {
 		return ErrMismatch
 	}
 	return nil
@@ -239,6 +300,11 @@ func Verify(ip []byte) error {
 // Put computes the ICRC of ip (see Compute for the framing) and stores it,
 // little-endian, in the packet's last 4 bytes.
 func Put(ip []byte) error {
+	if end, ok := quickIPv4(ip); ok {
+		c := crc32.Update(seed^ipv4Delta(ip), crc32.IEEETable, ip[:end])
+		binary.LittleEndian.PutUint32(ip[end-Size:], undoTrailer(c, ip[end-Size:end]))
+		return nil
+	}
 	l, err := parse(ip)
 	if err != nil {
 		return err

@@ -42,9 +42,12 @@ func putUDP(b []byte, sport, dport uint16, length int) {
 
 // computeSynth finishes the ICRC of a synthesized, already masked IP + UDP
 // header pre[:hdr] followed by udpPayload: it appends (a masked copy of) the
-// BTH to the stack buffer, runs slicing8 over it, and crc32.Update over the
-// rest of the payload in place. A payload shorter than BTH + ICRC is covered
-// as far as it goes (it is not a valid RoCEv2 packet, but this never panics).
+// BTH to the stack buffer and runs slicing8 over it, then covers the rest of
+// the payload in place: with slicing8 if it is short, else with one
+// crc32.Update over the rest including the stored ICRC, which undoTrailer then
+// removes (this keeps the hardware path on a 16-byte-aligned length when the
+// packet is). A payload shorter than BTH + ICRC is covered as far as it goes
+// (it is not a valid RoCEv2 packet, but this never panics).
 func computeSynth(pre []byte, hdr int, udpPayload []byte) uint32 {
 	cov := len(udpPayload) - Size
 	if cov < 0 {
@@ -55,11 +58,15 @@ func computeSynth(pre []byte, hdr int, udpPayload []byte) uint32 {
 		pre[hdr+bthMaskOff] = 0xff
 	}
 	c := slicing8(seed, pre[:hdr+k])
-	if k == cov {
-		return c
+	if len(udpPayload)-k < hwMin {
+		return slicing8(c, udpPayload[k:cov])
 	}
-	return crc32.Update(c, crc32.IEEETable, udpPayload[k:cov])
+	c = crc32.Update(c, crc32.IEEETable, udpPayload[k:])
+	return undoTrailer(c, udpPayload[cov:])
 }
+
+// hwMin is the length from which hash/crc32 uses its CLMUL path on amd64.
+const hwMin = 64
 
 // ComputeIPv4 returns the ICRC of a RoCEv2 packet sent over IPv4 with a
 // 20-byte header, given its UDP payload (BTH .. ICRC; the last 4 bytes are not

@@ -1,0 +1,112 @@
+package icrc
+
+import (
+	"hash/crc32"
+	"math/rand/v2"
+	"testing"
+)
+
+var sink uint32
+
+// benchPacket returns a valid IPv4 RoCEv2 packet of exactly size bytes
+// (IP header .. ICRC).
+func benchPacket(size int, v6 bool) []byte {
+	hdr := 20 + 8 + 12 + 4
+	if v6 {
+		hdr = 40 + 8 + 12 + 4
+	}
+	r := rand.New(rand.NewPCG(uint64(size), 1))
+	ip := randPkt(r, v6, size-hdr).build()
+	if err := Put(ip); err != nil {
+		panic(err)
+	}
+	return ip
+}
+
+func benchVerify(b *testing.B, ip []byte) {
+	b.SetBytes(int64(len(ip)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := Verify(ip); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchBaseline is plain crc32.ChecksumIEEE over the same bytes.
+func benchBaseline(b *testing.B, ip []byte) {
+	b.SetBytes(int64(len(ip)))
+	b.ReportAllocs()
+	for b.Loop() {
+		sink = crc32.ChecksumIEEE(ip)
+	}
+}
+
+// Sizes are whole IP packets (IP header .. ICRC).
+func BenchmarkVerify64(b *testing.B)             { benchVerify(b, benchPacket(64, false)) }
+func BenchmarkCRC32Baseline64(b *testing.B)      { benchBaseline(b, benchPacket(64, false)) }
+func BenchmarkVerify1K(b *testing.B)             { benchVerify(b, benchPacket(1024, false)) }
+func BenchmarkCRC32Baseline1K(b *testing.B)      { benchBaseline(b, benchPacket(1024, false)) }
+func BenchmarkVerify4K(b *testing.B)             { benchVerify(b, benchPacket(4096, false)) }
+func BenchmarkCRC32Baseline4K(b *testing.B)      { benchBaseline(b, benchPacket(4096, false)) }
+func BenchmarkVerifyIPv6_4K(b *testing.B)        { benchVerify(b, benchPacket(4096, true)) }
+func BenchmarkVerifyMTU4096(b *testing.B)        { benchVerify(b, benchPacket(4096+44, false)) }
+func BenchmarkCRC32BaselineMTU4096(b *testing.B) { benchBaseline(b, benchPacket(4096+44, false)) }
+
+// BenchmarkVerifyOptions4K uses the slower masked-prefix path (IPv4 options).
+func BenchmarkVerifyOptions4K(b *testing.B) {
+	r := rand.New(rand.NewPCG(4096, 2))
+	p := randPkt(r, false, 4096-44-8)
+	p.options = make([]byte, 8)
+	ip := p.build()
+	if err := Put(ip); err != nil {
+		b.Fatal(err)
+	}
+	benchVerify(b, ip)
+}
+
+func BenchmarkPut4K(b *testing.B) {
+	ip := benchPacket(4096, false)
+	b.SetBytes(int64(len(ip)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := Put(ip); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchComputeIPv4(b *testing.B, size int) {
+	h, p := pseudo4(benchPacket(size, false))
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	for b.Loop() {
+		sink = ComputeIPv4(h, p)
+	}
+}
+
+func BenchmarkComputeIPv4_64(b *testing.B) { benchComputeIPv4(b, 64) }
+func BenchmarkComputeIPv4_4K(b *testing.B) { benchComputeIPv4(b, 4096) }
+
+func BenchmarkComputeIPv6_4K(b *testing.B) {
+	h, p := pseudo6(benchPacket(4096, true))
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		sink = ComputeIPv6(h, p)
+	}
+}
+
+func benchSolve(b *testing.B, size int) {
+	h, p := pseudo4(benchPacket(size, false))
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := SolveIPv4ID(h, p); !ok {
+			b.Fatal("not solved")
+		}
+	}
+}
+
+func BenchmarkSolveIPv4ID64(b *testing.B) { benchSolve(b, 64) }
+func BenchmarkSolveIPv4ID4K(b *testing.B) { benchSolve(b, 4096) }
