@@ -36,6 +36,13 @@ type SocketOptions struct {
 	// ICRC for that. Off by default: a NIC doing the segmentation (USO)
 	// must number IDs the same way — check with a capture first.
 	GSO bool
+	// SourcePorts sends each packet from its Packet.SrcPort (rxe uses one
+	// source port per QP, so a QP is one flow for ECMP and RSS): a send-only
+	// socket bound to addr:SrcPort is opened on first use of each port.
+	// When a port cannot be bound (taken by another socket) its packets
+	// leave from 4791 instead. Without SourcePorts every packet leaves from
+	// 4791. Either way the ICRC is computed for the port actually used.
+	SourcePorts bool
 	// NoGRO turns UDP GRO off. By default the socket has UDP_GRO: the
 	// kernel may hand over a run of same-flow, same-size, same-TOS datagrams
 	// as one buffer (always from a GSO sender on lo; from a NIC when its
@@ -62,11 +69,13 @@ const (
 //
 // Sending: the socket is never connected and has IP_MTU_DISCOVER =
 // IP_PMTUDISC_DO, so Linux sends every IPv4 datagram with DF and
-// identification 0; the ICRC is computed for exactly that header. All
-// datagrams leave from source port 4791 (the bound socket): Packet.SrcPort
-// is ignored on Send in this version. RoCEv2 peers (Linux rxe, RNICs) accept
-// any source port; the cost is that all QPs form one 5-tuple flow for ECMP
-// and RSS. Packet.TOS is sent as ancillary data (IP_TOS / IPV6_TCLASS).
+// identification 0; the ICRC is computed for exactly that header. By default
+// all datagrams leave from source port 4791 (the bound socket) and
+// Packet.SrcPort is ignored — RoCEv2 peers (Linux rxe, RNICs) accept any
+// source port, the cost is that all QPs form one flow for ECMP and RSS.
+// With SocketOptions.SourcePorts each packet leaves from its SrcPort.
+// Packet.TOS is sent as ancillary data (IP_TOS / IPV6_TCLASS). Optional UDP
+// GSO (SocketOptions.GSO) batches same-size runs into one datagram.
 //
 // Receiving: a UDP socket does not see the IP header. IPv6 packets are
 // verified fully (the pseudo header is all known). For IPv4 the
@@ -83,6 +92,13 @@ type SocketLink struct {
 	batch int
 	gso   bool
 	gro   *groState // nil with SocketOptions.NoGRO
+
+	srcPorts      bool
+	bindAddr      netip.Addr // addr with its zone, for source-port sockets
+	sndBuf        int
+	portsMu       sync.Mutex
+	ports         map[uint16]*portSocket // nil after Close; nil value = port unavailable
+	portFallbacks atomic.Uint64          // source ports that could not be bound
 
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
 
@@ -194,8 +210,13 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		is6:   is6,
 		batch: o.BatchSize,
 		gso:   o.GSO,
-		send:  newMmsgState(o.BatchSize),
-		recv:  newMmsgState(o.BatchSize),
+
+		srcPorts: o.SourcePorts,
+		bindAddr: bindAddr,
+		sndBuf:   o.SendBufferSize,
+		ports:    make(map[uint16]*portSocket),
+		send:     newMmsgState(o.BatchSize),
+		recv:     newMmsgState(o.BatchSize),
 	}
 	if !o.NoGRO {
 		l.gro = &groState{mem: make([]byte, o.BatchSize*groBufSize), msgs: make([]groMsg, o.BatchSize)}
@@ -265,7 +286,16 @@ func (l *SocketLink) Stats() Stats {
 
 // Close closes the socket; a blocked Recv returns net.ErrClosed.
 func (l *SocketLink) Close() error {
-	if err := l.conn.Close(); err != nil {
+	err := l.conn.Close()
+	l.portsMu.Lock()
+	for _, ps := range l.ports {
+		if ps != nil {
+			ps.conn.Close()
+		}
+	}
+	l.ports = nil
+	l.portsMu.Unlock()
+	if err != nil {
 		return net.ErrClosed
 	}
 	return nil
@@ -318,11 +348,12 @@ func putTOSCmsg(b []byte, tos uint8, is6 bool) int {
 }
 
 // Send fills each packet's ICRC for the header the kernel will send (this
-// address, source port 4791, destination port 4791, DF, IPv4 identification
-// 0 — or, with GSO, the segment's index in its group) and sends the packets
-// with sendmmsg, BatchSize per call. Packet.SrcPort is ignored (see
-// SocketLink). It returns after every packet was accepted by the kernel, or
-// with the first error (packets before it were sent).
+// address, the source port actually used, destination port 4791, DF, IPv4
+// identification 0 — or, with GSO, the segment's index in its group) and
+// sends the packets with sendmmsg, BatchSize per call. The source port is
+// 4791, or Packet.SrcPort with SocketOptions.SourcePorts (see SocketLink).
+// It returns after every packet was accepted by the kernel, or with the
+// first error (packets before it were sent).
 func (l *SocketLink) Send(pkts []Packet) error {
 	for i := range pkts {
 		p := &pkts[i]
@@ -337,33 +368,130 @@ func (l *SocketLink) Send(pkts []Packet) error {
 	}
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
-	s := &l.send
 	for base := 0; base < len(pkts); {
 		k := min(l.batch, len(pkts)-base)
 		chunk := pkts[base : base+k]
-		nmsg := l.buildSend(chunk)
-		s.off, s.cnt = 0, nmsg
-		first := 0 // index in chunk of the first packet of message s.off
-		for s.off < s.cnt {
-			if err := l.rc.Write(l.sendFn); err != nil {
-				l.clearIovs(s, k)
-				return fmt.Errorf("udp: send: %w", err)
+		// Runs of packets leaving from the same socket (source port).
+		for off := 0; off < k; {
+			end := off + 1
+			if l.srcPorts {
+				for end < k && chunk[end].SrcPort == chunk[off].SrcPort {
+					end++
+				}
+			} else {
+				end = k
 			}
-			if s.errno != 0 {
-				l.clearIovs(s, k)
-				return fmt.Errorf("udp: sendmmsg packet %d (%d bytes, %d in GSO group) to %v: %w",
-					base+first, len(chunk[first].Buf), s.segs[s.off], chunk[first].Addr, s.errno)
+			rc, port, err := l.sourceSocket(chunk[off].SrcPort)
+			if err != nil {
+				return err
 			}
-			for m := s.off; m < s.off+s.n; m++ {
-				first += s.segs[m]
-				l.sent.Add(uint64(s.segs[m]))
+			if err := l.sendRun(rc, port, chunk[off:end], base+off); err != nil {
+				return err
 			}
-			s.off += s.n
+			off = end
 		}
-		l.clearIovs(s, k)
 		base += k
 	}
 	return nil
+}
+
+// sendRun sends run (at most BatchSize packets, index base in the caller's
+// slice) from the socket rc whose source port is port.
+func (l *SocketLink) sendRun(rc syscall.RawConn, port uint16, run []Packet, base int) error {
+	s := &l.send
+	defer l.clearIovs(s, len(run))
+	nmsg := l.buildSend(run, port)
+	s.off, s.cnt = 0, nmsg
+	first := 0 // index in run of the first packet of message s.off
+	for s.off < s.cnt {
+		if err := rc.Write(l.sendFn); err != nil {
+			return fmt.Errorf("udp: send: %w", err)
+		}
+		if s.errno != 0 {
+			return fmt.Errorf("udp: sendmmsg packet %d (%d bytes, %d in GSO group) %v:%d -> %v: %w",
+				base+first, len(run[first].Buf), s.segs[s.off], l.addr, port, run[first].Addr, s.errno)
+		}
+		for m := s.off; m < s.off+s.n; m++ {
+			first += s.segs[m]
+			l.sent.Add(uint64(s.segs[m]))
+		}
+		s.off += s.n
+	}
+	return nil
+}
+
+// sourceSocket returns the socket to send a packet with source port want
+// from, and the port it really has. Without SourcePorts, or for port 0 or
+// 4791, that is the link's socket (port 4791). Otherwise a send-only socket
+// bound to addr:want is opened on first use; when that fails (the port is
+// taken) the link's socket is used from then on for that port.
+func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) {
+	if !l.srcPorts || want == 0 || want == Port {
+		return l.rc, Port, nil
+	}
+	l.portsMu.Lock()
+	defer l.portsMu.Unlock()
+	if l.ports == nil {
+		return nil, 0, fmt.Errorf("udp: send from %v: %w", l.addr, net.ErrClosed)
+	}
+	if ps, ok := l.ports[want]; ok {
+		if ps == nil {
+			return l.rc, Port, nil
+		}
+		return ps.rc, want, nil
+	}
+	ps, err := l.openSourceSocket(want)
+	if err != nil {
+		l.ports[want] = nil
+		l.portFallbacks.Add(1)
+		return l.rc, Port, nil
+	}
+	l.ports[want] = ps
+	return ps.rc, want, nil
+}
+
+// portSocket is a send-only socket for one UDP source port.
+type portSocket struct {
+	conn *net.UDPConn
+	rc   syscall.RawConn
+}
+
+// openSourceSocket opens a socket bound to addr:port that only sends: the
+// same DF / ID 0 settings as the link's socket, and a socket filter that
+// drops everything it would receive.
+func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
+	var sockErr error
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		err := c.Control(func(fd uintptr) {
+			o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: l.sndBuf, NoGRO: true}
+			if sockErr = setSocketOptions(int(fd), l.is6, &o); sockErr != nil {
+				return
+			}
+			dropAll := []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
+			sockErr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
+				&unix.SockFprog{Len: 1, Filter: &dropAll[0]})
+		})
+		if err != nil {
+			return err
+		}
+		return sockErr
+	}}
+	network := "udp4"
+	if l.is6 {
+		network = "udp6"
+	}
+	ap := netip.AddrPortFrom(l.bindAddr, port)
+	pc, err := lc.ListenPacket(context.Background(), network, ap.String())
+	if err != nil {
+		return nil, err
+	}
+	conn := pc.(*net.UDPConn)
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &portSocket{conn: conn, rc: rc}, nil
 }
 
 // gsoMaxSegs and gsoMaxBytes bound one GSO send: Linux before 6.11 accepts
@@ -398,7 +526,7 @@ func gsoGroup(pkts []Packet) int {
 
 // buildSend fills the ICRCs of chunk and the send mmsghdrs, one message per
 // packet or, with GSO, one per group. It returns the number of messages.
-func (l *SocketLink) buildSend(chunk []Packet) int {
+func (l *SocketLink) buildSend(chunk []Packet, port uint16) int {
 	s := &l.send
 	nmsg := 0
 	for i := 0; i < len(chunk); {
@@ -412,7 +540,7 @@ func (l *SocketLink) buildSend(chunk []Packet) int {
 			q := &chunk[i+k]
 			// Linux gives a DF datagram from an unconnected socket ID 0;
 			// GSO numbers the segments' IDs upward from there.
-			icrc.Store(q.Buf, l.sendICRC(dst, uint16(k), q.Buf))
+			icrc.Store(q.Buf, l.sendICRC(dst, port, uint16(k), q.Buf))
 			s.iovs[i+k].Base = &q.Buf[0]
 			s.iovs[i+k].SetLen(len(q.Buf))
 		}
@@ -442,14 +570,14 @@ func (l *SocketLink) buildSend(chunk []Packet) int {
 	return nmsg
 }
 
-// sendICRC is the ICRC of a datagram this link sends to dst with the given
-// IPv4 identification (ignored for IPv6).
-func (l *SocketLink) sendICRC(dst netip.Addr, id uint16, payload []byte) uint32 {
+// sendICRC is the ICRC of a datagram this link sends from source port port
+// to dst with the given IPv4 identification (ignored for IPv6).
+func (l *SocketLink) sendICRC(dst netip.Addr, port, id uint16, payload []byte) uint32 {
 	if l.is6 {
-		h := icrc.IPv6Pseudo{Src: l.addr.As16(), Dst: dst.As16(), SrcPort: Port, DstPort: Port}
+		h := icrc.IPv6Pseudo{Src: l.addr.As16(), Dst: dst.As16(), SrcPort: port, DstPort: Port}
 		return icrc.ComputeIPv6(&h, payload)
 	}
-	h := icrc.IPv4Pseudo{Src: l.addr.As4(), Dst: dst.As4(), ID: id, FlagsFrag: 0x4000, SrcPort: Port, DstPort: Port}
+	h := icrc.IPv4Pseudo{Src: l.addr.As4(), Dst: dst.As4(), ID: id, FlagsFrag: 0x4000, SrcPort: port, DstPort: Port}
 	return icrc.ComputeIPv4(&h, payload)
 }
 

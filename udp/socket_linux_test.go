@@ -658,3 +658,56 @@ func TestSocketGROSmallRecv(t *testing.T) {
 		t.Errorf("no coalesced buffer")
 	}
 }
+
+func TestSocketSourcePorts(t *testing.T) {
+	a, b := listenPairOpts(t, &SocketOptions{SourcePorts: true}, nil)
+	var ids []uint16
+	testHookIPv4ID = func(id uint16) { ids = append(ids, id) }
+	defer func() { testHookIPv4ID = nil }()
+	// A port another socket holds: its packets fall back to 4791.
+	busy, err := net.ListenUDP("udp4", &net.UDPAddr{IP: sockA.AsSlice()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	busyPort := uint16(busy.LocalAddr().(*net.UDPAddr).Port)
+	ports := []uint16{FlowSourcePort(0x12, 0x12), FlowSourcePort(0x11, 0x11), 0, busyPort, Port}
+	wantPort := []uint16{ports[0], ports[1], Port, Port, Port}
+	var pkts []Packet
+	var want []uint16
+	for r := range 30 { // runs of 1..4 packets per port
+		pi := r % len(ports)
+		for range r%4 + 1 {
+			seq := uint32(len(pkts))
+			pkts = append(pkts, Packet{Buf: testPayload(make([]byte, 500), seq, 500), Addr: sockB, SrcPort: ports[pi]})
+			want = append(want, wantPort[pi])
+		}
+	}
+	if err := a.Send(pkts); err != nil {
+		t.Fatal(err)
+	}
+	got := recvN(t, b, len(pkts), 10*time.Second)
+	for i, p := range got {
+		if seqOf(p.Buf) != uint32(i) || p.SrcPort != want[i] {
+			t.Fatalf("packet %d: seq %d from port %d, want seq %d from port %d", i, seqOf(p.Buf), p.SrcPort, i, want[i])
+		}
+	}
+	if n := a.portFallbacks.Load(); n != 1 {
+		t.Errorf("port fallbacks = %d, want 1 (the busy port)", n)
+	}
+	for i, id := range ids {
+		if id != 0 {
+			t.Fatalf("packet %d left with IPv4 ID %d, want 0 (DF, unconnected)", i, id)
+		}
+	}
+	// The source-port sockets close with the link.
+	a.Close()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: sockA.AsSlice(), Port: int(ports[0])})
+	if err != nil {
+		t.Fatalf("source port %d still bound after Close: %v", ports[0], err)
+	}
+	c.Close()
+	if err := a.Send(pkts[:1]); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Send after Close: %v, want net.ErrClosed", err)
+	}
+}

@@ -15,6 +15,7 @@ type SocketOptions struct {
 	BatchSize                      int
 	GSO                            bool
 	NoGRO                          bool
+	SourcePorts                    bool
 }
 
 // SocketLink is the kernel UDP socket backend; it is implemented on Linux only.
