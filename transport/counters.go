@@ -34,7 +34,7 @@ type Counter struct {
 
 // List returns the counters as name/value pairs in a fixed order, named as
 // rxe names them.
-func (c *Counters) List() []Counter {
+func (c Counters) List() []Counter {
 	return []Counter{
 		{"sent_pkts", c.SentPkts},
 		{"rcvd_pkts", c.RcvdPkts},

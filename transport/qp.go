@@ -793,8 +793,11 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	}
 	w := &qp.sq[qp.sqEnd%uint64(len(qp.sq))]
 	sges := append(w.sges[:0], wr.SGEs...)
-	*w = sendWQE{wr: *wr, sges: sges, length: uint32(total)}
-	w.wr.SGEs = sges
+	// Field by field, so that the caller's SGE slice is not retained
+	// (and does not escape).
+	*w = sendWQE{wr: SendWR{WRID: wr.WRID, Opcode: wr.Opcode, SGEs: sges, Flags: wr.Flags, Imm: wr.Imm,
+		InvRKey: wr.InvRKey, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey, CompareAdd: wr.CompareAdd, Swap: wr.Swap},
+		sges: sges, length: uint32(total)}
 	w.signaled = qp.init.SigAll || wr.Flags&SendSignaled != 0
 	qp.sqEnd++
 	return nil
