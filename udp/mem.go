@@ -101,6 +101,22 @@ type MemNetwork struct {
 	delayLen     int
 	delayRunning bool
 	delayTimer   *time.Timer
+
+	tap TapFunc
+}
+
+// TapFunc sees a packet entering a MemNetwork: the IP addresses, UDP source
+// port (destination is 4791), TOS and the UDP payload (BTH .. ICRC) exactly
+// as sent, before any fault. It runs with the network locked: it must not
+// block or call into the network, and payload is only valid during the call.
+type TapFunc func(src, dst netip.Addr, srcPort uint16, tos uint8, payload []byte)
+
+// SetTap installs fn (nil removes it) to observe every packet sent on the
+// network, e.g. to write a pcap for Wireshark.
+func (n *MemNetwork) SetTap(fn TapFunc) {
+	n.mu.Lock()
+	n.tap = fn
+	n.mu.Unlock()
 }
 
 // NewMemNetwork returns an empty network with the given faults.
@@ -321,6 +337,9 @@ func (l *MemLink) SendRaw(pkts []Packet) error {
 func (n *MemNetwork) route(src *MemLink, p *Packet) {
 	f := &n.faults
 	n.ctr.Packets++
+	if n.tap != nil {
+		n.tap(src.addr, normAddr(p.Addr), p.SrcPort, p.TOS, p.Buf)
+	}
 	// Fixed draw pattern per packet keeps runs reproducible.
 	rLoss, rCorrupt, rDup, rReorder := n.rng.Float64(), n.rng.Float64(), n.rng.Float64(), n.rng.Float64()
 	dst := n.links[normAddr(p.Addr)]

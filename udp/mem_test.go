@@ -635,3 +635,31 @@ func FuzzMemRecv(f *testing.F) {
 		}
 	})
 }
+
+func TestMemTap(t *testing.T) {
+	n, la, lb := newPair(t, Faults{Loss: 1}, addrA, addrB)
+	type seen struct {
+		src, dst netip.Addr
+		port     uint16
+		tos      uint8
+		payload  []byte
+	}
+	var got []seen
+	n.SetTap(func(src, dst netip.Addr, port uint16, tos uint8, payload []byte) {
+		got = append(got, seen{src, dst, port, tos, bytes.Clone(payload)})
+	})
+	p := []Packet{{Buf: testPayload(make([]byte, 64), 1, 64), Addr: addrB, SrcPort: 0xc001, TOS: ECNECT0}}
+	if err := la.Send(p); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].src != addrA || got[0].dst != addrB || got[0].port != 0xc001 || got[0].tos != ECNECT0 || !bytes.Equal(got[0].payload, p[0].Buf) {
+		t.Fatalf("tap saw %+v", got)
+	}
+	n.SetTap(nil)
+	if err := lb.Send(p); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Errorf("tap still called after SetTap(nil)")
+	}
+}
