@@ -45,3 +45,20 @@ func (l *SocketLink) Stats() Stats { return Stats{} }
 
 // Close does nothing.
 func (l *SocketLink) Close() error { return nil }
+
+// RawOptions configures ListenRaw (see the Linux implementation).
+type RawOptions struct {
+	RecvBufferSize, SendBufferSize int
+	BatchSize                      int
+	TTL                            uint8
+}
+
+// RawLink is the raw IPv4 socket backend; it is implemented on Linux only.
+type RawLink struct{ SocketLink }
+
+var _ Link = (*RawLink)(nil)
+
+// ListenRaw is not supported on this platform.
+func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
+	return nil, fmt.Errorf("udp: raw backend on %v: %w", addr, errors.ErrUnsupported)
+}

@@ -1,0 +1,191 @@
+//go:build linux
+
+package udp
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gorocev2/rocev2/icrc"
+)
+
+func listenRaw(t testing.TB, addr netip.Addr) *RawLink {
+	t.Helper()
+	l, err := ListenRaw(addr, nil)
+	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES) {
+		t.Skipf("raw sockets need CAP_NET_RAW: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func TestRawSendRecv(t *testing.T) {
+	a := listenRaw(t, sockA)
+	b := listenRaw(t, sockB)
+	const total = 150
+	sizes := []int{16, 63, 1024 + 28, MaxPacketSize}
+	ports := []uint16{0, 0xc144, 0xc121}
+	pkts := make([]Packet, total)
+	for i := range pkts {
+		size := sizes[i%len(sizes)]
+		pkts[i] = Packet{Buf: testPayload(make([]byte, size), uint32(i), size), Addr: sockB,
+			SrcPort: ports[i%len(ports)], TOS: uint8(i % 4)}
+	}
+	if err := a.Send(pkts); err != nil {
+		t.Fatal(err)
+	}
+	got := recvN(t, b, total, 10*time.Second)
+	for i, p := range got {
+		wantPort := ports[i%len(ports)]
+		if wantPort == 0 {
+			wantPort = Port
+		}
+		if !bytes.Equal(p.Buf, pkts[i].Buf) || p.Addr != sockA || p.SrcPort != wantPort || p.TOS != uint8(i%4) {
+			t.Fatalf("packet %d: len %d from %v:%d tos %d; want len %d from %v:%d tos %d",
+				i, len(p.Buf), p.Addr, p.SrcPort, p.TOS, len(pkts[i].Buf), sockA, wantPort, i%4)
+		}
+	}
+	if s := b.Stats(); s != (Stats{RcvdPkts: total}) {
+		t.Errorf("receiver stats %+v", s)
+	}
+}
+
+// TestRawInteropSocket: RawLink and SocketLink understand each other (same
+// wire header: DF, ID 0).
+func TestRawInteropSocket(t *testing.T) {
+	r := listenRaw(t, sockA)
+	s, err := ListenSocket(sockB, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Send([]Packet{{Buf: testPayload(make([]byte, 100), 1, 100), Addr: sockA}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := recvN(t, r, 1, 5*time.Second); seqOf(got[0].Buf) != 1 || got[0].SrcPort != Port {
+		t.Errorf("raw got seq %d port %d", seqOf(got[0].Buf), got[0].SrcPort)
+	}
+	if err := r.Send([]Packet{{Buf: testPayload(make([]byte, 100), 2, 100), Addr: sockB, SrcPort: 0xc555}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := recvN(t, s, 1, 5*time.Second); seqOf(got[0].Buf) != 2 || got[0].SrcPort != 0xc555 {
+		t.Errorf("socket got seq %d port %d", seqOf(got[0].Buf), got[0].SrcPort)
+	}
+}
+
+// TestRawVerifiesIPv4ID: a packet whose ICRC was computed for another IPv4
+// identification passes a UDP socket's 16-bit check (SolveIPv4ID) but not
+// RawLink's full one.
+func TestRawVerifiesIPv4ID(t *testing.T) {
+	b := listenRaw(t, sockB)
+	plain, err := net.ListenUDP("udp4", &net.UDPAddr{IP: sockA.AsSlice()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	// Like SocketLink: DF from an unconnected socket gets IPv4 ID 0.
+	rc, err := plain.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Control(func(fd uintptr) {
+		err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lport := uint16(plain.LocalAddr().(*net.UDPAddr).Port)
+	dst := &net.UDPAddr{IP: sockB.AsSlice(), Port: Port}
+	mk := func(seq uint32, id uint16) []byte {
+		p := testPayload(make([]byte, 64), seq, 64)
+		h := icrc.IPv4Pseudo{Src: sockA.As4(), Dst: sockB.As4(), ID: id, FlagsFrag: 0x4000, SrcPort: lport, DstPort: Port}
+		icrc.Store(p, icrc.ComputeIPv4(&h, p))
+		return p
+	}
+	for _, g := range [][]byte{mk(1, 5), {1, 2, 3}, make([]byte, 40), mk(2, 0)} {
+		if _, err := plain.WriteToUDP(g, dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := recvN(t, b, 1, 5*time.Second)
+	if seqOf(got[0].Buf) != 2 || got[0].SrcPort != lport {
+		t.Errorf("got seq %d from %d, want the ID-0 packet (seq 2) from %d", seqOf(got[0].Buf), got[0].SrcPort, lport)
+	}
+	if s := b.Stats(); s.DropBadICRC != 2 || s.DropMalformed != 1 || s.RcvdPkts != 1 {
+		t.Errorf("stats %+v, want 2 bad ICRC (wrong ID, zeros), 1 malformed, 1 received", s)
+	}
+}
+
+func TestRawErrorsAndClose(t *testing.T) {
+	a := listenRaw(t, sockA)
+	if _, err := ListenRaw(sockA, nil); !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), "127.47.91.1:4791") {
+		t.Errorf("second ListenRaw: %v, want EADDRINUSE naming the address", err)
+	}
+	if _, err := ListenRaw(netip.MustParseAddr("203.0.113.77"), nil); !errors.Is(err, syscall.EADDRNOTAVAIL) {
+		t.Errorf("foreign address: %v, want EADDRNOTAVAIL", err)
+	}
+	if _, err := ListenRaw(netip.IPv6Loopback(), nil); !errors.Is(err, ErrAddress) {
+		t.Errorf("IPv6: %v, want ErrAddress", err)
+	}
+	if err := a.Send([]Packet{{Buf: make([]byte, 64), Addr: netip.IPv6Loopback()}}); !errors.Is(err, ErrAddress) {
+		t.Errorf("IPv6 destination: %v", err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.Recv(recvBufs(2))
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	a.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Recv after Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Recv still blocked after Close")
+	}
+}
+
+// BenchmarkRaw measures RawLink over loopback, 64 datagrams per call; compare
+// with BenchmarkSocket in the same run.
+func BenchmarkRaw(b *testing.B) {
+	const batch = 64
+	for _, size := range []int{1024, 4096} {
+		b.Run(map[int]string{1024: "1KiB", 4096: "4KiB"}[size], func(b *testing.B) {
+			s := listenRaw(b, sockA)
+			r := listenRaw(b, sockB)
+			out := make([]Packet, batch)
+			for i := range out {
+				out[i] = Packet{Buf: testPayload(make([]byte, size), uint32(i), size), Addr: sockB, SrcPort: 0xc000}
+			}
+			in := recvBufs(batch)
+			b.SetBytes(int64(size * batch))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := s.Send(out); err != nil {
+					b.Fatal(err)
+				}
+				for got := 0; got < batch; {
+					n, err := r.Recv(in[:batch-got])
+					if err != nil {
+						b.Fatal(err)
+					}
+					got += n
+				}
+			}
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "pkts/s")
+		})
+	}
+}
