@@ -159,6 +159,7 @@ type AddressVector struct {
 // QPAttr holds the attributes of a QP, as in struct ibv_qp_attr.
 type QPAttr struct {
 	State           QPState
+	CurState        QPState       // with AttrCurState: the state the caller believes the QP is in
 	AccessFlags     memreg.Access // remote rights the responder grants: REMOTE_WRITE/READ/ATOMIC
 	PKeyIndex       uint16
 	Port            uint8
@@ -478,8 +479,8 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 			return fmt.Errorf("transport: Modify qp %#x: state %d: %w", qp.qpn, next, ErrInvalidAttr)
 		}
 	}
-	if mask&AttrCurState != 0 && attr.State != cur && mask&AttrState == 0 {
-		return fmt.Errorf("transport: Modify qp %#x: cur_state: %w", qp.qpn, ErrInvalidAttr)
+	if mask&AttrCurState != 0 && attr.CurState != cur {
+		return fmt.Errorf("transport: Modify qp %#x: cur_state %v, QP is in %v: %w", qp.qpn, attr.CurState, cur, ErrInvalidAttr)
 	}
 	var tr transition
 	switch {
@@ -874,7 +875,7 @@ func (qp *QP) input(p *packetT, src netip.Addr) {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	st := qp.attr.State
-	if st < QPSRTR || st == QPSErr || qp.destroyed || src.Unmap() != qp.peer {
+	if st < QPSRTR || st == QPSErr || qp.destroyed || src.Unmap() != qp.peer || p.BTH.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
 		inc(&qp.dev.ctr.UnknownQP)
 		return
 	}

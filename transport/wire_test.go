@@ -1,0 +1,221 @@
+package transport
+
+import (
+	"bytes"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// tapLink records every packet sent through it; with silent set it drops
+// them instead of forwarding.
+type tapLink struct {
+	udp.Link
+	mu     sync.Mutex
+	silent bool
+	pkts   [][]byte
+}
+
+func (l *tapLink) Send(pkts []udp.Packet) error {
+	l.mu.Lock()
+	for _, p := range pkts {
+		l.pkts = append(l.pkts, bytes.Clone(p.Buf))
+	}
+	silent := l.silent
+	l.mu.Unlock()
+	if silent {
+		return nil
+	}
+	return l.Link.Send(pkts)
+}
+
+func (l *tapLink) sent() []packet.Packet {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]packet.Packet, len(l.pkts))
+	for i, b := range l.pkts {
+		if err := out[i].Parse(b); err != nil {
+			panic(err)
+		}
+	}
+	return out
+}
+
+// tapPair connects a (sending through a tapLink) with b.
+func tapPair(t *testing.T, o pairOpts, silent bool) (a, b *side, tap *tapLink) {
+	t.Helper()
+	o.defaults()
+	n := udp.NewMemNetwork(udp.Faults{})
+	la, err := n.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap = &tapLink{Link: la, silent: silent}
+	a = sideOn(t, tap, &o)
+	b = newSide(t, n, addrB, &o)
+	connect(t, a, b, addrB, 0xfffffe, 0x10, &o)
+	connect(t, b, a, addrA, 0x10, 0xfffffe, &o)
+	return a, b, tap
+}
+
+// TestWireSegmentation checks a multi-packet WRITE on the wire: opcodes,
+// consecutive PSNs across the 24-bit wrap, RETH only on the first packet,
+// payload sizes, AckReq on every 64th and on the last packet.
+func TestWireSegmentation(t *testing.T) {
+	a, b, tap := tapPair(t, pairOpts{mtu: MTU256}, false)
+	const size = 100*256 - 10
+	src, smr := a.buffer(t, size, 0)
+	fill(src, 3)
+	dst, dmr := b.buffer(t, size, memreg.AccessRemoteWrite)
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, size), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, a.scq, 1, 5*time.Second)
+	if !bytes.Equal(src, dst) {
+		t.Fatal("data differs")
+	}
+	pk := tap.sent()
+	if len(pk) != 100 {
+		t.Fatalf("%d packets, want 100", len(pk))
+	}
+	for i, p := range pk {
+		wantOp := bth.RCWriteMiddle
+		switch i {
+		case 0:
+			wantOp = bth.RCWriteFirst
+		case 99:
+			wantOp = bth.RCWriteLast
+		}
+		if p.BTH.Opcode() != wantOp || p.BTH.PSN() != bth.PSN(0xfffffe).Add(i) || p.BTH.DestQP() != b.qp.QPN() {
+			t.Fatalf("packet %d: %v psn %v", i, p.BTH.Opcode(), p.BTH.PSN())
+		}
+		if (p.RETH != nil) != (i == 0) || i == 0 && p.RETH.DMALength() != size {
+			t.Fatalf("packet %d: RETH %v", i, p.RETH)
+		}
+		wantLen := 256
+		if i == 99 {
+			wantLen = 246
+		}
+		if len(p.Payload) != wantLen || p.BTH.PadCount() != bth.PadFor(wantLen) {
+			t.Fatalf("packet %d: payload %d pad %d", i, len(p.Payload), p.BTH.PadCount())
+		}
+		if want := i == 63 || i == 99; p.BTH.AckReq() != want {
+			t.Fatalf("packet %d: AckReq %v", i, p.BTH.AckReq())
+		}
+	}
+}
+
+// TestWireWindow: against a silent peer the requester sends at most
+// MaxUnackedPSNs PSNs.
+func TestWireWindow(t *testing.T) {
+	for _, w := range []int{0, 16} {
+		a, _, tap := tapPair(t, pairOpts{mtu: MTU256, clock: manual(), window: w}, true)
+		_, smr := a.buffer(t, 1<<20, 0)
+		if err := a.qp.PostSend(SendWR{Opcode: WRWrite, SGEs: sge(smr, 0, 1<<20), RemoteAddr: 0x1000, RKey: 5}); err != nil {
+			t.Fatal(err)
+		}
+		want := w
+		if w == 0 {
+			want = 128
+		}
+		if n := len(tap.sent()); n != want {
+			t.Fatalf("window %d: sent %d packets, want %d", w, n, want)
+		}
+	}
+}
+
+// TestWireReadAtomicLimit: at most max_rd_atomic READ/atomic requests are
+// outstanding; a fenced WR waits for them; a READ request consumes one PSN
+// per response packet.
+func TestWireReadAtomicLimit(t *testing.T) {
+	a, _, tap := tapPair(t, pairOpts{mtu: MTU1024, clock: manual(), maxRd: 2}, true)
+	_, mr := a.buffer(t, 1<<16, 0)
+	for i := 0; i < 3; i++ {
+		if err := a.qp.PostSend(SendWR{Opcode: WRRead, SGEs: sge(mr, i*5000, 5000), RemoteAddr: 0x1000, RKey: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pk := tap.sent()
+	if len(pk) != 2 || pk[0].BTH.PSN() != 0xfffffe || pk[1].BTH.PSN() != bth.PSN(0xfffffe).Add(5) {
+		t.Fatalf("%d packets", len(pk))
+	}
+	if !pk[0].BTH.AckReq() || pk[0].RETH.DMALength() != 5000 {
+		t.Fatal("READ request without AckReq or wrong length")
+	}
+
+	a, b, tap := tapPair(t, pairOpts{mtu: MTU1024}, false)
+	_, lmr := a.buffer(t, 64, 0)
+	_, rmr := b.buffer(t, 64, memreg.AccessRemoteRead|memreg.AccessRemoteWrite)
+	if err := a.qp.PostSend(
+		SendWR{WRID: 1, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(lmr, 0, 8), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()},
+		SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled | SendFence, SGEs: sge(lmr, 0, 8), RemoteAddr: rmr.IOVA() + 8, RKey: rmr.RKey()},
+	); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(tap.sent()); n != 1 {
+		t.Fatalf("fenced WRITE went out before the READ completed (%d packets)", n)
+	}
+	wcs := waitWC(t, a.scq, 2, 5*time.Second)
+	if wcs[0].WRID != 1 || wcs[1].WRID != 2 || wcs[1].Status != WCSuccess {
+		t.Fatalf("%+v", wcs)
+	}
+}
+
+// TestUnsignaled: only signaled WRs complete (unless SigAll); completions
+// come in posting order.
+func TestUnsignaled(t *testing.T) {
+	a, b, tap := tapPair(t, pairOpts{}, false)
+	_, smr := a.buffer(t, 64, 0)
+	_, dmr := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	if err := b.qp.PostRecv(RecvWR{WRID: 50, SGEs: sge(dmr, 0, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(
+		SendWR{WRID: 1, Opcode: WRWrite, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+		SendWR{WRID: 2, Opcode: WRWrite, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+		SendWR{WRID: 3, Opcode: WRSend, Flags: SendSignaled | SendSolicited, SGEs: sge(smr, 0, 8)},
+	); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 1, 5*time.Second)
+	if wcs[0].WRID != 3 {
+		t.Fatalf("%+v", wcs)
+	}
+	waitWC(t, b.rcq, 1, 5*time.Second)
+	time.Sleep(10 * time.Millisecond)
+	noWC(t, a.scq)
+	pk := tap.sent()
+	if !pk[2].BTH.SolicitedEvent() || pk[0].BTH.SolicitedEvent() {
+		t.Fatal("solicited event bit")
+	}
+}
+
+// TestDuplicateWriteReACK: a duplicated WRITE is re-acknowledged with the
+// PSN before the expected one and not written twice (counted).
+func TestDuplicateRequestsReplay(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{faults: udp.Faults{Dup: 1, Seed: 1}})
+	_, smr := a.buffer(t, 64, 0)
+	target, tmr := b.buffer(t, 64, memreg.AccessRemoteWrite|memreg.AccessRemoteAtomic|memreg.AccessRemoteRead)
+	for i := 0; i < 10; i++ {
+		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRFetchAdd, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: tmr.IOVA(), RKey: tmr.RKey(), CompareAdd: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wcs := waitWC(t, a.scq, 10, 5*time.Second)
+	for i, wc := range wcs {
+		if wc.WRID != uint64(i) || wc.Status != WCSuccess {
+			t.Fatalf("%+v", wc)
+		}
+	}
+	if got := nativeGet(target); got != 10 {
+		t.Fatalf("counter %d after 10 fetch-adds with every packet duplicated", got)
+	}
+	if c := b.dev.Counters(); c.DuplicateRequest < 10 {
+		t.Fatalf("duplicate_request %d", c.DuplicateRequest)
+	}
+}
