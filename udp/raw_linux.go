@@ -336,9 +336,16 @@ func (l *RawLink) clearSend(k int) {
 
 func (l *RawLink) doSend(fd uintptr) bool {
 	s := &l.send
-	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd,
-		uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
-	if e == unix.EAGAIN || e == unix.EINTR {
+	var n uintptr
+	var e unix.Errno
+	for {
+		n, _, e = unix.Syscall6(unix.SYS_SENDMMSG, fd,
+			uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
+		if e != unix.EINTR {
+			break
+		}
+	}
+	if e == unix.EAGAIN {
 		return false
 	}
 	s.errno = e
@@ -351,9 +358,16 @@ func (l *RawLink) doSend(fd uintptr) bool {
 
 func (l *RawLink) doRecv(fd uintptr) bool {
 	s := &l.recv
-	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd,
-		uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.cnt), unix.MSG_DONTWAIT, 0, 0)
-	if e == unix.EAGAIN || e == unix.EINTR {
+	var n uintptr
+	var e unix.Errno
+	for {
+		n, _, e = unix.Syscall6(unix.SYS_RECVMMSG, fd,
+			uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.cnt), unix.MSG_DONTWAIT, 0, 0)
+		if e != unix.EINTR {
+			break
+		}
+	}
+	if e == unix.EAGAIN {
 		return false
 	}
 	s.errno = e

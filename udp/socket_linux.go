@@ -601,9 +601,16 @@ func (l *SocketLink) clearIovs(s *mmsgState, k int) {
 // doSend is the RawConn write callback: one sendmmsg of hdrs[off:cnt].
 func (l *SocketLink) doSend(fd uintptr) bool {
 	s := &l.send
-	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd,
-		uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
-	if e == unix.EAGAIN || e == unix.EINTR {
+	var n uintptr
+	var e unix.Errno
+	for {
+		n, _, e = unix.Syscall6(unix.SYS_SENDMMSG, fd,
+			uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
+		if e != unix.EINTR {
+			break
+		}
+	}
+	if e == unix.EAGAIN {
 		return false
 	}
 	s.errno = e
@@ -617,9 +624,16 @@ func (l *SocketLink) doSend(fd uintptr) bool {
 // doRecv is the RawConn read callback: one recvmmsg into hdrs[:cnt].
 func (l *SocketLink) doRecv(fd uintptr) bool {
 	s := &l.recv
-	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd,
-		uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.cnt), unix.MSG_DONTWAIT, 0, 0)
-	if e == unix.EAGAIN || e == unix.EINTR {
+	var n uintptr
+	var e unix.Errno
+	for {
+		n, _, e = unix.Syscall6(unix.SYS_RECVMMSG, fd,
+			uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.cnt), unix.MSG_DONTWAIT, 0, 0)
+		if e != unix.EINTR {
+			break
+		}
+	}
+	if e == unix.EAGAIN {
 		return false
 	}
 	s.errno = e

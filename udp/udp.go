@@ -10,8 +10,16 @@
 //   - MemNetwork / MemLink: an in-memory network with seeded, reproducible
 //     faults (loss, duplication, reordering, corruption, delay) for tests and
 //     simulator soaks.
-//   - SocketLink (Linux): a kernel UDP socket bound to port 4791, batched with
-//     sendmmsg/recvmmsg.
+//   - SocketLink (Linux): a kernel UDP socket bound to addr:4791, batched with
+//     sendmmsg/recvmmsg, UDP GRO on receive, optional UDP GSO on send and
+//     optional per-QP source ports. IPv6 is verified fully; IPv4 with the
+//     identification solved (icrc.SolveIPv4ID), since a UDP socket never
+//     sees the IP header.
+//   - RawLink (Linux, CAP_NET_RAW): an IPv4 raw socket that writes rxe's
+//     exact IP/UDP header and verifies the ICRC over the real header.
+//
+// Addresses: IPv4-mapped IPv6 addresses (the RoCEv2 GID form) are accepted
+// everywhere and treated as IPv4; Recv reports IPv4 sources as plain IPv4.
 package udp
 
 import (
