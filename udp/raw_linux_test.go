@@ -189,3 +189,37 @@ func BenchmarkRaw(b *testing.B) {
 		})
 	}
 }
+
+// FuzzRawAccept feeds arbitrary bytes to RawLink's IP packet check: it must
+// never panic, and may only accept a well-formed IPv4/UDP/4791 packet whose
+// ICRC verifies.
+func FuzzRawAccept(f *testing.F) {
+	good := make([]byte, 28+64)
+	good[0], good[2], good[3], good[6], good[8], good[9] = 0x45, 0, byte(len(good)), 0x40, 64, 17
+	copy(good[12:16], []byte{127, 47, 91, 1})
+	copy(good[16:20], []byte{127, 47, 91, 2})
+	good[20], good[21], good[22], good[23], good[25] = 0x12, 0xb7, 0x12, 0xb7, 72
+	testPayload(good[28:], 1, 64)
+	if err := icrc.Put(good); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add([]byte{0x45})
+	f.Add(make([]byte, 60))
+	f.Fuzz(func(t *testing.T, ip []byte) {
+		l := &RawLink{}
+		p := Packet{Buf: make([]byte, MaxPacketSize)}
+		if l.acceptRaw(ip, &p) {
+			if err := icrc.Verify(ip); err != nil {
+				t.Fatalf("accepted a packet that does not verify: %v", err)
+			}
+			if !bytes.Equal(p.Buf, ip[len(ip)-len(p.Buf):]) {
+				t.Fatalf("payload is not the packet's tail")
+			}
+		}
+		s := l.Stats()
+		if s.DropBadICRC+s.DropMalformed+s.DropOther > 1 {
+			t.Fatalf("one packet counted twice: %+v", s)
+		}
+	})
+}

@@ -711,3 +711,37 @@ func TestSocketSourcePorts(t *testing.T) {
 		t.Errorf("Send after Close: %v, want net.ErrClosed", err)
 	}
 }
+
+// FuzzParseCmsgs: the control-message walker never panics or reads past
+// its buffer.
+func FuzzParseCmsgs(f *testing.F) {
+	b := make([]byte, cmsgSpace)
+	n := putTOSCmsg(b, ECNCE, false)
+	n += putGSOCmsg(b[n:], 1000)
+	f.Add(b[:n])
+	f.Add([]byte{})
+	f.Add(make([]byte, 17))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%8 != 0 {
+			b = append(make([]byte, 0, len(b)), b...) // the kernel's buffer is aligned
+		}
+		parseCmsgs(b)
+	})
+}
+
+func TestParseCmsgs(t *testing.T) {
+	b := make([]byte, cmsgSpace)
+	n := putTOSCmsg(b, ECNCE, false)
+	// A received UDP_GRO cmsg carries an int.
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[n]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_GRO
+	h.SetLen(unix.CmsgLen(4))
+	*(*int32)(unsafe.Pointer(&b[n+unix.CmsgLen(0)])) = 1052
+	n += unix.CmsgSpace(4)
+	if tos, gro := parseCmsgs(b[:n]); tos != ECNCE || gro != 1052 {
+		t.Errorf("parseCmsgs = tos %d, gro %d; want 3, 1052", tos, gro)
+	}
+	if tos, gro := parseCmsgs(b[:5]); tos != 0 || gro != 0 {
+		t.Errorf("truncated: tos %d gro %d", tos, gro)
+	}
+}
