@@ -6,12 +6,13 @@ import (
 	"sync/atomic"
 )
 
-// This file holds the CRC-32 machinery behind the package: a slicing-by-8
+// This file holds the CRC-32 machinery behind the package: a slicing-by-16
 // routine for the short header prefixes the package synthesizes on the stack
 // (crc32.Update would move such a buffer to the heap, because it calls through
-// a function variable), per-position correction tables that let Compute run a
-// single hardware-accelerated crc32.Update over the packet in place, and
-// GF(2)[x] arithmetic modulo the CRC polynomial for SolveIPv4ID.
+// a function variable) and for the sub-16-byte tails that hash/crc32's CLMUL
+// path leaves to a byte-at-a-time loop; per-position correction tables that
+// let Compute run a single hardware-accelerated crc32.Update over the packet in
+// place; and GF(2)[x] arithmetic modulo the CRC polynomial for SolveIPv4ID.
 //
 // Notation. Go's crc32.Update keeps a register R = ^crc and, per byte b,
 // computes R' = A(R) ^ T(b) with A(R) = T(R&0xff) ^ R>>8 and T the IEEE table.
@@ -38,9 +39,9 @@ const poly = 0xedb88320
 const xPow0 = 1 << 31
 
 var (
-	// slicing8Table[k][b] is the register after byte b followed by k zero
-	// bytes, starting from a zero register (slicing-by-8).
-	slicing8Table [8][256]uint32
+	// sliceTable[k][b] is the register after byte b followed by k zero
+	// bytes, starting from a zero register (slicing-by-16).
+	sliceTable [16][256]uint32
 
 	// invTop[T(x)>>24] = x; the top bytes of the table entries are a
 	// permutation of 0..255, which makes A invertible.
@@ -87,17 +88,18 @@ const (
 	mIPv6UDPSum0        // IPv6 byte 46
 	mIPv6UDPSum1        // IPv6 byte 47
 	mIPv6BTH4           // IPv6 byte 52
+	mPayloadBTH4        // UDP payload byte 4, for ComputeIPv4/ComputeIPv6
 	numMaskPos
 )
 
 func init() {
 	tab := crc32.IEEETable
-	slicing8Table[0] = *tab
+	sliceTable[0] = *tab
 	for i := range 256 {
 		c := tab[i]
-		for k := 1; k < 8; k++ {
+		for k := 1; k < len(sliceTable); k++ {
 			c = tab[c&0xff] ^ c>>8
-			slicing8Table[k][i] = c
+			sliceTable[k][i] = c
 		}
 	}
 
@@ -115,9 +117,9 @@ func init() {
 	for i := range ff {
 		ff[i] = 0xff
 	}
-	seed = slicing8(0, ff[:])
+	seed = softUpdate(0, ff[:])
 	var zero [4]byte
-	residue = slicing8(0, zero[:])
+	residue = softUpdate(0, zero[:])
 
 	for k := range inv4Table {
 		for b := range 256 {
@@ -156,25 +158,68 @@ func init() {
 	masks[mIPv6UDPSum0] = maskTable(46, full)
 	masks[mIPv6UDPSum1] = maskTable(47, full)
 	masks[mIPv6BTH4] = maskTable(52, full)
+	masks[mPayloadBTH4] = maskTable(bthMaskOff, full)
 }
 
-// slicing8 is crc32.Update(crc, crc32.IEEETable, p) in portable code. It is
-// used only for short, stack-allocated buffers: unlike crc32.Update it does not
-// make its argument escape.
-func slicing8(crc uint32, p []byte) uint32 {
-	t := &slicing8Table
-	crc = ^crc
-	for len(p) >= 8 {
-		crc ^= uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
-		crc = t[0][p[7]] ^ t[1][p[6]] ^ t[2][p[5]] ^ t[3][p[4]] ^
-			t[4][crc>>24] ^ t[5][crc>>16&0xff] ^ t[6][crc>>8&0xff] ^ t[7][crc&0xff]
-		p = p[8:]
+// softUpdate is crc32.Update(crc, crc32.IEEETable, p) in portable code
+// (slicing-by-16, then at most one round of table lookups for the last 1..15
+// bytes). Unlike crc32.Update it does not make its argument escape, so it is
+// used for short stack buffers.
+func softUpdate(crc uint32, p []byte) uint32 {
+	t := &sliceTable
+	r := ^crc
+	for len(p) >= 16 {
+		r ^= uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
+		r = t[15][byte(r)] ^ t[14][byte(r>>8)] ^ t[13][byte(r>>16)] ^ t[12][r>>24] ^
+			t[11][p[4]] ^ t[10][p[5]] ^ t[9][p[6]] ^ t[8][p[7]] ^
+			t[7][p[8]] ^ t[6][p[9]] ^ t[5][p[10]] ^ t[4][p[11]] ^
+			t[3][p[12]] ^ t[2][p[13]] ^ t[1][p[14]] ^ t[0][p[15]]
+		p = p[16:]
 	}
-	for _, b := range p {
-		crc = t[0][byte(crc)^b] ^ crc>>8
-	}
-	return ^crc
+	return ^tail(r, p)
 }
+
+// tail processes len(p) < 16 bytes into register r. For n >= 4 bytes the
+// register folds into the first four, after which every byte is one
+// independent lookup (byte j followed by n-1-j zero bytes); this replaces the
+// byte-serial loop hash/crc32 runs after its CLMUL part.
+func tail(r uint32, p []byte) uint32 {
+	n := len(p)
+	if n < 4 {
+		for _, b := range p {
+			r = sliceTable[0][byte(r)^b] ^ r>>8
+		}
+		return r
+	}
+	t := sliceTable[:n:n] // t[n-1-j] serves byte j
+	x := t[n-1][p[0]^byte(r)] ^ t[n-2][p[1]^byte(r>>8)] ^ t[n-3][p[2]^byte(r>>16)] ^ t[n-4][p[3]^byte(r>>24)]
+	for j := 4; j < n; j++ {
+		x ^= t[n-1-j][p[j]]
+	}
+	return x
+}
+
+// update is crc32.Update(crc, crc32.IEEETable, p): hash/crc32 (hardware) over
+// the longest 16-byte multiple of p if that is at least hwMin bytes, then
+// softUpdate over the rest. p must not be a stack buffer (it escapes).
+func update(crc uint32, p []byte) uint32 {
+	if len(p)&15 == 0 && len(p) >= hwMin {
+		return crc32.Update(crc, crc32.IEEETable, p) // inlined fast case
+	}
+	return updateSplit(crc, p)
+}
+
+// updateSplit is update for lengths that are not a multiple of 16.
+func updateSplit(crc uint32, p []byte) uint32 {
+	if k := len(p) &^ 15; k >= hwMin {
+		crc = crc32.Update(crc, crc32.IEEETable, p[:k])
+		p = p[k:]
+	}
+	return softUpdate(crc, p)
+}
+
+// hwMin is the length from which hash/crc32 uses its CLMUL path on amd64.
+const hwMin = 64
 
 // undoTrailer returns the CRC (hash/crc32 convention) of a byte string m,
 // given c, the CRC of m followed by the 4 bytes t. After those 4 bytes the
@@ -183,7 +228,7 @@ func slicing8(crc uint32, p []byte) uint32 {
 // R = A^-4(r ^ C(t)), which is four more lookups.
 func undoTrailer(c uint32, t []byte) uint32 {
 	_ = t[3]
-	s := &slicing8Table
+	s := &sliceTable
 	r := ^c ^ s[3][t[0]] ^ s[2][t[1]] ^ s[1][t[2]] ^ s[0][t[3]]
 	i := &inv4Table
 	r = i[0][r&0xff] ^ i[1][r>>8&0xff] ^ i[2][r>>16&0xff] ^ i[3][r>>24]

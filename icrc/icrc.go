@@ -27,9 +27,10 @@
 // IPv6 extension headers are rejected (ErrNotUDP): the next header must be
 // UDP. IPv4 fragments are rejected (ErrFragment).
 //
-// Nothing in this package allocates on success, and Compute, Verify and Put run
-// a single hardware-accelerated crc32.Update over exactly the bytes of the
-// packet, in place: the masked fields are accounted for by folding precomputed
+// Nothing in this package allocates on success. Compute, Verify and Put run a
+// single hardware-accelerated crc32.Update over exactly the bytes of the
+// packet, in place (plus one round of table lookups for a length that is not a
+// multiple of 16): the masked fields are accounted for by folding precomputed
 // corrections into the CRC's start value, so the caller's buffer is never
 // modified or copied.
 package icrc
@@ -207,17 +208,17 @@ func ipv6Delta(ip []byte) uint32 {
 // an IPv6 header (fast reports whether the layout is one of those). This is a
 // single crc32.Update over exactly the bytes of the packet, as they are: the
 // masked fields are accounted for by start-register corrections (see crc.go).
-// Running over the stored ICRC too keeps the CRC's hardware path on the same
-// length as the packet (hash/crc32 processes len&^15 bytes with CLMUL, the
-// rest byte by byte, and switches to AVX-512 at 1024 bytes); Verify then
-// compares against the CRC residue, and Compute removes the trailer again
-// with undoTrailer.
+// Running over the stored ICRC too keeps the hardware path on the same length
+// as the packet (update runs hash/crc32's CLMUL code, AVX-512 from 1024 bytes,
+// over len&^15 bytes and one round of table lookups over the rest); Verify
+// then compares against the CRC residue, and Compute removes the trailer
+// again with undoTrailer.
 func crcThrough(ip []byte, l layout) (c uint32, fast bool) {
 	switch {
 	case l.v6:
-		return crc32.Update(seed^ipv6Delta(ip), crc32.IEEETable, ip[:l.end]), true
+		return update(seed^ipv6Delta(ip), ip[:l.end]), true
 	case l.hl == ipv4MinSize:
-		return crc32.Update(seed^ipv4Delta(ip), crc32.IEEETable, ip[:l.end]), true
+		return update(seed^ipv4Delta(ip), ip[:l.end]), true
 	}
 	return 0, false
 }
@@ -256,7 +257,7 @@ func computeMaskedPrefix(ip []byte, l layout) uint32 {
 	}
 	pre[l.hl+udpSumOff], pre[l.hl+udpSumOff+1] = 0xff, 0xff
 	pre[l.hl+udpSize+bthMaskOff] = 0xff
-	c := slicing8(seed, pre[:k])
+	c := softUpdate(seed, pre[:k])
 	return crc32.Update(c, crc32.IEEETable, ip[k:l.end-Size])
 }
 
@@ -267,7 +268,7 @@ func computeMaskedPrefix(ip []byte, l layout) uint32 {
 // Ethernet padding, are ignored. ip is not modified.
 func Compute(ip []byte) (uint32, error) {
 	if end, ok := quickIPv4(ip); ok {
-		c := crc32.Update(seed^ipv4Delta(ip), crc32.IEEETable, ip[:end])
+		c := update(seed^ipv4Delta(ip), ip[:end])
 		return undoTrailer(c, ip[end-Size:end]), nil
 	}
 	l, err := parse(ip)
@@ -282,7 +283,14 @@ func Compute(ip []byte) (uint32, error) {
 // a malformed-input error.
 func Verify(ip []byte) error {
 	if end, ok := quickIPv4(ip); ok {
-		if crc32.Update(seed^ipv4Delta(ip), crc32.IEEETable, ip[:end]) != residue {
+		s, p := seed^ipv4Delta(ip), ip[:end]
+		var c uint32
+		if end&15 == 0 && end >= hwMin {
+			c = crc32.Update(s, crc32.IEEETable, p) // inlined fast case of update
+		} else {
+			c = updateSplit(s, p)
+		}
+		if c != residue {
 			return ErrMismatch
 		}
 		return nil
@@ -301,7 +309,7 @@ func Verify(ip []byte) error {
 // little-endian, in the packet's last 4 bytes.
 func Put(ip []byte) error {
 	if end, ok := quickIPv4(ip); ok {
-		c := crc32.Update(seed^ipv4Delta(ip), crc32.IEEETable, ip[:end])
+		c := update(seed^ipv4Delta(ip), ip[:end])
 		binary.LittleEndian.PutUint32(ip[end-Size:], undoTrailer(c, ip[end-Size:end]))
 		return nil
 	}

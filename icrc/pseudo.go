@@ -2,7 +2,6 @@ package icrc
 
 import (
 	"encoding/binary"
-	"hash/crc32"
 	"math/bits"
 )
 
@@ -41,38 +40,24 @@ func putUDP(b []byte, sport, dport uint16, length int) {
 }
 
 // computeSynth finishes the ICRC of a synthesized, already masked IP + UDP
-// header pre[:hdr] followed by udpPayload: it appends (a masked copy of) the
-// BTH to the stack buffer and runs slicing8 over it, then covers the rest of
-// the payload in place: with slicing8 if it is short, else with one
-// crc32.Update over the rest including the stored ICRC, which undoTrailer then
-// removes (this keeps the hardware path on a 16-byte-aligned length when the
-// packet is). A payload shorter than BTH + ICRC is covered as far as it goes
-// (it is not a valid RoCEv2 packet, but this never panics).
-func computeSynth(pre []byte, hdr int, udpPayload []byte) uint32 {
+// header hdr (a stack buffer, covered with softUpdate) followed by udpPayload,
+// which is covered in place with update; the masked BTH byte 4 is folded into
+// the start value (see crc.go). A payload shorter than BTH + ICRC is covered as
+// far as it goes (it is not a valid RoCEv2 packet, but this never panics).
+func computeSynth(hdr []byte, udpPayload []byte) uint32 {
+	c := softUpdate(seed, hdr)
 	cov := len(udpPayload) - Size
-	if cov < 0 {
-		cov = 0
+	if cov <= bthMaskOff {
+		return softUpdate(c, udpPayload[:max(cov, 0)])
 	}
-	k := copy(pre[hdr:], udpPayload[:min(cov, bthSize)])
-	if k > bthMaskOff {
-		pre[hdr+bthMaskOff] = 0xff
-	}
-	c := slicing8(seed, pre[:hdr+k])
-	if len(udpPayload)-k < hwMin {
-		return slicing8(c, udpPayload[k:cov])
-	}
-	c = crc32.Update(c, crc32.IEEETable, udpPayload[k:])
-	return undoTrailer(c, udpPayload[cov:])
+	return update(c^masks[mPayloadBTH4][udpPayload[bthMaskOff]], udpPayload[:cov])
 }
-
-// hwMin is the length from which hash/crc32 uses its CLMUL path on amd64.
-const hwMin = 64
 
 // ComputeIPv4 returns the ICRC of a RoCEv2 packet sent over IPv4 with a
 // 20-byte header, given its UDP payload (BTH .. ICRC; the last 4 bytes are not
 // covered) and the header fields in h. It does not allocate.
 func ComputeIPv4(h *IPv4Pseudo, udpPayload []byte) uint32 {
-	var pre [ipv4MinSize + udpSize + bthSize]byte
+	var pre [ipv4MinSize + udpSize]byte
 	pre[0] = 0x45
 	pre[ipv4TOSOff] = 0xff
 	binary.BigEndian.PutUint16(pre[ipv4TotalLenOff:], uint16(ipv4MinSize+udpSize+len(udpPayload)))
@@ -84,14 +69,14 @@ func ComputeIPv4(h *IPv4Pseudo, udpPayload []byte) uint32 {
 	copy(pre[ipv4SrcOff:], h.Src[:])
 	copy(pre[ipv4DstOff:], h.Dst[:])
 	putUDP(pre[ipv4MinSize:], h.SrcPort, h.DstPort, udpSize+len(udpPayload))
-	return computeSynth(pre[:], ipv4MinSize+udpSize, udpPayload)
+	return computeSynth(pre[:], udpPayload)
 }
 
 // ComputeIPv6 returns the ICRC of a RoCEv2 packet sent over IPv6 without
 // extension headers, given its UDP payload (BTH .. ICRC; the last 4 bytes are
 // not covered) and the header fields in h. It does not allocate.
 func ComputeIPv6(h *IPv6Pseudo, udpPayload []byte) uint32 {
-	var pre [ipv6Size + udpSize + bthSize]byte
+	var pre [ipv6Size + udpSize]byte
 	pre[0], pre[1], pre[2], pre[3] = 0x6f, 0xff, 0xff, 0xff
 	binary.BigEndian.PutUint16(pre[ipv6PayloadLenOff:], uint16(udpSize+len(udpPayload)))
 	pre[ipv6NextHdrOff] = protoUDP
@@ -99,7 +84,7 @@ func ComputeIPv6(h *IPv6Pseudo, udpPayload []byte) uint32 {
 	copy(pre[ipv6SrcOff:], h.Src[:])
 	copy(pre[ipv6DstOff:], h.Dst[:])
 	putUDP(pre[ipv6Size:], h.SrcPort, h.DstPort, udpSize+len(udpPayload))
-	return computeSynth(pre[:], ipv6Size+udpSize, udpPayload)
+	return computeSynth(pre[:], udpPayload)
 }
 
 // SolveIPv4ID returns the IPv4 identification that makes the ICRC stored in

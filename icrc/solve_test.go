@@ -189,9 +189,9 @@ func TestIDInverse(t *testing.T) {
 	}
 }
 
-func crc32IEEEStep(r uint32) uint32 { return slicing8Table[0][r&0xff] ^ r>>8 }
+func crc32IEEEStep(r uint32) uint32 { return sliceTable[0][r&0xff] ^ r>>8 }
 
-// TestCRCHelpers checks slicing8 against hash/crc32, the residue constant and
+// TestCRCHelpers checks softUpdate and update against hash/crc32, the residue constant and
 // undoTrailer.
 func TestCRCHelpers(t *testing.T) {
 	if residue != 0x2144df1c {
@@ -203,8 +203,11 @@ func TestCRCHelpers(t *testing.T) {
 		fill(r, b)
 		start := r.Uint32()
 		want := crc32.Update(start, crc32.IEEETable, b[:n])
-		if got := slicing8(start, b[:n]); got != want {
-			t.Fatalf("n=%d: slicing8 %#08x, crc32 %#08x", n, got, want)
+		if got := softUpdate(start, b[:n]); got != want {
+			t.Fatalf("n=%d: softUpdate %#08x, crc32 %#08x", n, got, want)
+		}
+		if got := update(start, b[:n]); got != want {
+			t.Fatalf("n=%d: update %#08x, crc32 %#08x", n, got, want)
 		}
 		if got := undoTrailer(crc32.Update(start, crc32.IEEETable, b), b[n:]); got != want {
 			t.Fatalf("n=%d: undoTrailer %#08x, want %#08x", n, got, want)
