@@ -57,7 +57,8 @@ type MemCounters struct {
 }
 
 const (
-	memQueueLen       = 4096 // per-link delivery queue, like a NIC ring
+	memQueueLen       = 4096    // per-link delivery queue, like a NIC ring
+	memDelayMax       = 1 << 16 // packets on the delay line; more are dropped (DropOther at the destination)
 	memBatchSize      = 128
 	defaultReorderHld = time.Millisecond
 )
@@ -424,6 +425,11 @@ func (n *MemNetwork) releaseHeld(dst *MemLink) {
 func (n *MemNetwork) forward(dst *MemLink, b *memBuf) {
 	if n.faults.Delay <= 0 && n.delayLen == 0 {
 		n.deliver(dst, b)
+		return
+	}
+	if n.delayLen >= memDelayMax {
+		dst.other.Add(1) // like a bufferbloated router finally dropping
+		putMemBuf(b)
 		return
 	}
 	n.ctr.Delayed++
