@@ -17,8 +17,8 @@ import (
 // Faults configures the impairments of a MemNetwork. Probabilities are per
 // packet, in [0, 1] (values outside are clamped, NaN counts as 0).
 //
-// A packet passes the stages in this order: loss, corruption, duplication,
-// reordering, delay. The random decisions come from one PCG stream seeded
+// A packet passes the stages in this order: loss, ECN marking, corruption,
+// duplication, reordering, delay. The random decisions come from one PCG stream seeded
 // with Seed, drawn in a fixed pattern per packet, so a run that sends the
 // same packets in the same order sees exactly the same faults.
 type Faults struct {
@@ -38,6 +38,10 @@ type Faults struct {
 	// Delay is added to every packet's delivery; delivery is timer driven and
 	// never blocks the sender. Packets leave the delay line in FIFO order.
 	Delay time.Duration
+	// CEMark is the probability that an ECN-capable packet (TOS ECN bits
+	// ECT(0) or ECT(1)) arrives marked Congestion Experienced, as a switch
+	// with ECN marking would do; it drives the CNP path.
+	CEMark float64
 	// Seed seeds the fault generator.
 	Seed int64
 	// ReorderHold bounds how long a reordered packet waits for a successor;
@@ -52,6 +56,7 @@ type MemCounters struct {
 	Duplicated uint64 // extra copies made by the Dup fault
 	Reordered  uint64 // packets held back by the Reorder fault
 	Corrupted  uint64 // packets with one bit flipped by the Corrupt fault
+	CEMarked   uint64 // ECN-capable packets marked CE by the CEMark fault
 	Delayed    uint64 // packets that went through the delay line
 	NoRoute    uint64 // packets sent to an address with no link (silently dropped)
 }
@@ -144,6 +149,7 @@ func sanitizeFaults(f Faults) Faults {
 	f.Dup = clampProb(f.Dup)
 	f.Reorder = clampProb(f.Reorder)
 	f.Corrupt = clampProb(f.Corrupt)
+	f.CEMark = clampProb(f.CEMark)
 	if f.Delay < 0 {
 		f.Delay = 0
 	}
@@ -357,6 +363,12 @@ func (n *MemNetwork) route(src *MemLink, p *Packet) {
 	b.src = src.addr
 	b.srcPort = p.SrcPort
 	b.tos = p.TOS
+	// Drawn only when CEMark is set, so configurations without it keep
+	// their random sequences.
+	if f.CEMark > 0 && n.rng.Float64() < f.CEMark && b.tos&ECNMask != ECNNotECT && b.tos&ECNMask != ECNCE {
+		b.tos |= ECNCE
+		n.ctr.CEMarked++
+	}
 	if rCorrupt < f.Corrupt && b.n > 4 {
 		// Flip one bit among those the ICRC covers: every byte except the
 		// masked BTH byte 4 (FECN/BECN), including the ICRC trailer.

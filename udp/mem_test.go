@@ -663,3 +663,38 @@ func TestMemTap(t *testing.T) {
 		t.Errorf("tap still called after SetTap(nil)")
 	}
 }
+
+func TestMemCEMark(t *testing.T) {
+	n, la, lb := newPair(t, Faults{CEMark: 0.2, Seed: 9}, addrA, addrB)
+	const count = 2000
+	r := recvBufs(64)
+	var ce, notECTMarked int
+	buf := make([]byte, 64)
+	for i := range count {
+		tos := uint8(ECNECT0)
+		if i%2 == 1 {
+			tos = 0xb8 // DSCP EF, Not-ECT
+		}
+		if err := la.Send([]Packet{{Buf: testPayload(buf, uint32(i), 64), Addr: addrB, TOS: tos}}); err != nil {
+			t.Fatal(err)
+		}
+		k, err := lb.Recv(r)
+		if err != nil || k != 1 {
+			t.Fatalf("Recv = %d, %v", k, err)
+		}
+		switch {
+		case tos == ECNECT0 && r[0].TOS == ECNCE:
+			ce++
+		case tos == 0xb8 && r[0].TOS != 0xb8:
+			notECTMarked++
+		case tos == ECNECT0 && r[0].TOS != ECNECT0:
+			t.Fatalf("TOS %#x became %#x", tos, r[0].TOS)
+		}
+	}
+	if notECTMarked != 0 {
+		t.Errorf("%d Not-ECT packets were marked", notECTMarked)
+	}
+	if !within(uint64(ce), count/2, 0.2) || uint64(ce) != n.Counters().CEMarked {
+		t.Errorf("CE marked %d of %d ECT packets (counter %d), want ~20%%", ce, count/2, n.Counters().CEMarked)
+	}
+}
