@@ -241,12 +241,13 @@ func (l *RawLink) Stats() Stats {
 	}
 }
 
-// Close closes both sockets; a blocked Recv returns net.ErrClosed.
+// Close closes both sockets; a blocked Recv returns net.ErrClosed. Closing
+// twice is harmless.
 func (l *RawLink) Close() error {
 	err := l.conn.Close()
 	l.holder.Close()
-	if err != nil {
-		return net.ErrClosed
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("udp: close raw %v: %w", l.addr, err)
 	}
 	return nil
 }
