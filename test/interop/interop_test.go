@@ -1,0 +1,313 @@
+package interop
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/test/interop/agentproto"
+)
+
+const enableHint = "the interop suite (rocev2d against Linux rdma_rxe in a qemu VM) is off; " +
+	"enable it with ROCEV2_INTEROP=1 (needs root; installs qemu, rdma-core, perftest and a Debian " +
+	"kernel into $ROCEV2_INTEROP_CACHE, default /tmp/rocev2-interop; ~2 min on 2 cores, see test/interop/README.md)"
+
+// ppPort is the out-of-band TCP port of ibv_rc_pingpong.
+const ppPort = 18515
+
+// badCounters are rxe hw_counters that must not move on a clean run.
+var badCounters = []string{
+	"out_of_seq_request", "rcvd_seq_err", "retry_exceeded_err", "retry_rnr_exceeded_err",
+	"rcvd_rnr_err", "send_rnr_err", "send_err",
+}
+
+// retryCounters count retransmissions: completer_retry_err (rxe resent)
+// and duplicate_request (rxe received a resent request). rxe 6.1 arms its
+// 67 ms retransmit timer at the first packet after the previous expiry and
+// does not restart it when ACKs arrive, so the timer expires every ~67 ms
+// of traffic; an expiry that falls while a message of rxe is still in
+// flight resends it although nothing was lost (rxe's own comment: "we
+// still might get spurious timeouts"). A few per cell are therefore
+// tolerated (flagged in the table) unless ROCEV2_INTEROP_STRICT=1.
+var retryCounters = []string{"completer_retry_err", "duplicate_request"}
+
+// maxRetries is how many retransmissions a cell tolerates.
+func maxRetries() int64 {
+	if os.Getenv("ROCEV2_INTEROP_STRICT") == "1" {
+		return 0
+	}
+	return 3
+}
+
+// row is one line of the result table.
+type row struct {
+	cell, direction, result, packets, counters string
+	d                                          time.Duration
+}
+
+func iters() int {
+	if s := os.Getenv("ROCEV2_INTEROP_ITERS"); s != "" {
+		if n, err := strconv.Atoi(s); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 100
+}
+
+// TestInterop prepares the lab, boots one VM with rxe0 and runs the matrix
+// of rocev2d against the real tools in the VM, in both roles.
+func TestInterop(t *testing.T) {
+	if os.Getenv("ROCEV2_INTEROP") != "1" {
+		t.Skip(enableHint)
+	}
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("ROCEV2_INTEROP=1 needs root (network namespace, tap, apt-get)")
+		}
+		t.Skip("ROCEV2_INTEROP=1 needs root (network namespace, tap, apt-get)")
+	}
+	t0 := time.Now()
+	root, err := FindRepoRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := DefaultCacheDir()
+	img, err := Prepare(Config{CacheDir: cache, RepoRoot: root, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := time.Since(t0)
+	runDir := filepath.Join(cache, "run")
+	os.RemoveAll(runDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	lab, err := StartLab(ctx, img, runDir, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lab.Close)
+	t.Logf("lab: setup %.1fs, boot %.1fs, kernel %s, rxe0 GID index %d, run dir %s",
+		setup.Seconds(), lab.BootTime.Seconds(), img.KernelVersion, lab.GIDIndex, runDir)
+
+	var rows []row
+	defer func() {
+		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0))
+	}()
+	n := iters()
+	for _, c := range []struct {
+		size          int
+		rocev2dServer bool
+	}{
+		{64, true}, {4096, true}, {64, false}, {4096, false},
+	} {
+		role := "client"
+		if c.rocev2dServer {
+			role = "server"
+		}
+		name := fmt.Sprintf("rc_pingpong_%d_rocev2d_%s", c.size, role)
+		t.Run(name, func(t *testing.T) {
+			r := pingpongCell(t, ctx, lab, img, name, c.size, n, c.rocev2dServer)
+			rows = append(rows, r)
+		})
+	}
+}
+
+// pingpongCell runs rocev2d pingpong against ibv_rc_pingpong in the VM.
+func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name string, size, n int, rocev2dServer bool) row {
+	t0 := time.Now()
+	r := row{cell: fmt.Sprintf("ibv_rc_pingpong -s %d -n %d", size, n), result: "FAIL"}
+	ibv := fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -n %d -s %d", lab.GIDIndex, n, size)
+	ours := []string{"pingpong", "--bind", HostIP, "-s", strconv.Itoa(size), "-n", strconv.Itoa(n), "--timeout", "120s"}
+	before, err := lab.Counters(ctx)
+	if err != nil {
+		t.Fatalf("counters: %v", err)
+	}
+	pcapFile := filepath.Join(lab.Dir, name+".pcap")
+	capt, err := lab.StartCapture(ctx, pcapFile)
+	if err != nil {
+		t.Fatalf("capture: %v", err)
+	}
+	var hostCode int
+	var hostOut string
+	var vm agentproto.Response
+	var vmErr error
+	if rocev2dServer {
+		r.direction = "rocev2d server <- ibv client (VM)"
+		h, err := lab.StartHost(ctx, img.Rocev2d, ours...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.WaitListen(ppPort, 20*time.Second); err != nil {
+			h.Cmd.Process.Signal(os.Interrupt)
+			_, out := h.Wait()
+			capt.Stop()
+			t.Fatalf("rocev2d server: %v\n%s", err, out)
+		}
+		vm, vmErr = lab.Run(ctx, ibv+" "+HostIP, 150*time.Second)
+		hostCode, hostOut = waitHost(h, 20*time.Second)
+	} else {
+		r.direction = "rocev2d client -> ibv server (VM)"
+		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: ibv, TimeoutSec: 150})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lab.WaitListenVM(ctx, ppPort, 20*time.Second); err != nil {
+			out, _ := v.Cancel()
+			capt.Stop()
+			t.Fatalf("ibv_rc_pingpong server in the VM: %v\n%s", err, out.Output)
+		}
+		h, err := lab.StartHost(ctx, img.Rocev2d, append(ours, VMIP)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hostCode, hostOut = waitHost(h, 150*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		vm, vmErr = v.Wait(wctx)
+		cancel()
+		if vmErr != nil {
+			vm, _ = v.Cancel()
+		}
+	}
+	tcpdumpSummary := capt.Stop()
+	after, cerr := lab.Counters(ctx)
+	r.d = time.Since(t0)
+
+	// Checks.
+	var problems []string
+	if hostCode != 0 {
+		problems = append(problems, fmt.Sprintf("rocev2d exit status %d", hostCode))
+	}
+	if vmErr != nil || vm.Exit != 0 {
+		problems = append(problems, fmt.Sprintf("ibv_rc_pingpong exit status %d %v %s", vm.Exit, vmErr, vm.Err))
+	}
+	problems = append(problems, checkPingpongOutput("rocev2d", hostOut, size, n)...)
+	problems = append(problems, checkPingpongOutput("ibv_rc_pingpong", vm.Output, size, n)...)
+
+	// The capture: our analysis, and rocev2d pcap check.
+	st, aerr := AnalyzeCapture(pcapFile)
+	if aerr != nil {
+		problems = append(problems, "capture: "+aerr.Error())
+		st = &CaptureStats{}
+	}
+	perMsg := (size + 1023) / 1024
+	minPkts := 2 * n * perMsg // data packets; plus one ACK per message
+	r.packets = fmt.Sprintf("%d (%d>vm %d<vm, want %d)", st.RoCE, st.FromHost, st.FromVM, 2*n*(perMsg+1))
+	if st.RoCE < minPkts {
+		problems = append(problems, fmt.Sprintf("capture has %d RoCEv2 packets, want at least %d", st.RoCE, minPkts))
+	}
+	if st.BadICRC > 0 || st.Bad > 0 {
+		problems = append(problems, fmt.Sprintf("capture: %d bad ICRC, %d malformed", st.BadICRC, st.Bad))
+	}
+	chk, chkErr := exec.CommandContext(ctx, img.Rocev2d, "pcap", "check", "-q", pcapFile).CombinedOutput()
+	if chkErr != nil {
+		problems = append(problems, fmt.Sprintf("rocev2d pcap check: %v", chkErr))
+	}
+
+	// rxe counters.
+	var cnt []string
+	flagged := false
+	if cerr != nil {
+		problems = append(problems, "counters: "+cerr.Error())
+	} else {
+		delta := func(k string) int64 { return int64(after[k]) - int64(before[k]) }
+		cnt = append(cnt, fmt.Sprintf("rcvd=%d sent=%d", delta("rcvd_pkts"), delta("sent_pkts")))
+		for _, k := range badCounters {
+			if d := delta(k); d != 0 {
+				cnt = append(cnt, fmt.Sprintf("%s=%d", k, d))
+				problems = append(problems, fmt.Sprintf("rxe counter %s moved by %d", k, d))
+			}
+		}
+		var retries int64
+		for _, k := range retryCounters {
+			if d := delta(k); d != 0 {
+				cnt = append(cnt, fmt.Sprintf("%s=%d", k, d))
+				retries += d
+			}
+		}
+		if retries > maxRetries() {
+			problems = append(problems, fmt.Sprintf("%d retransmissions (rxe counters %v), more than the %d tolerated", retries, retryCounters, maxRetries()))
+		} else if retries > 0 {
+			flagged = true
+		}
+	}
+	r.counters = strings.Join(cnt, " ")
+	if len(problems) == 0 {
+		r.result = "PASS"
+		if flagged {
+			r.result = "PASS*"
+		}
+		t.Logf("%s: %s in %.1fs; rocev2d: %s; ibv: %s", name, r.direction, r.d.Seconds(),
+			resultLine(hostOut), resultLine(vm.Output))
+		return r
+	}
+	t.Errorf("%s (%s) failed:\n- %s\n--- rocev2d output:\n%s\n--- ibv_rc_pingpong output (VM):\n%s\n--- capture %s: %s\n%s--- rocev2d pcap check -q:\n%s\n--- rxe counters after: %v\n--- VM console (last 20 lines):\n%s",
+		name, r.direction, strings.Join(problems, "\n- "), hostOut, vm.Output, pcapFile, tcpdumpSummary,
+		st, tail(string(chk), 30), after, lab.Console(20))
+	return r
+}
+
+// waitHost waits up to d for a host program, then interrupts it.
+func waitHost(h *HostProc, d time.Duration) (int, string) {
+	select {
+	case <-h.Done():
+	case <-time.After(d):
+		h.Cmd.Process.Signal(os.Interrupt)
+	}
+	return h.Wait()
+}
+
+var (
+	reBytesLine = regexp.MustCompile(`(?m)^(\d+) bytes in ([0-9.]+) seconds = ([0-9.]+) Mbit/sec`)
+	reItersLine = regexp.MustCompile(`(?m)^(\d+) iters in ([0-9.]+) seconds = ([0-9.]+) usec/iter`)
+)
+
+// checkPingpongOutput checks the two result lines of a pingpong.
+func checkPingpongOutput(who, out string, size, n int) []string {
+	var p []string
+	mb := reBytesLine.FindStringSubmatch(out)
+	mi := reItersLine.FindStringSubmatch(out)
+	if mb == nil || mi == nil {
+		return []string{who + ": no result lines"}
+	}
+	if want := strconv.Itoa(2 * size * n); mb[1] != want {
+		p = append(p, fmt.Sprintf("%s: %s bytes, want %s", who, mb[1], want))
+	}
+	if want := strconv.Itoa(n); mi[1] != want {
+		p = append(p, fmt.Sprintf("%s: %s iters, want %s", who, mi[1], want))
+	}
+	return p
+}
+
+// resultLine returns the usec/iter part of a pingpong output.
+func resultLine(out string) string {
+	if m := reItersLine.FindStringSubmatch(out); m != nil {
+		return m[3] + " usec/iter"
+	}
+	return "?"
+}
+
+// printTable prints the result table and the timings (also to
+// run/results.txt in the cache).
+func printTable(t *testing.T, rows []row, img *Image, setup, boot, total time.Duration) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-32s %-36s %-6s %7s  %-34s %s\n", "cell", "direction", "result", "time", "packets", "rxe counters (delta)")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "%-32s %-36s %-6s %6.1fs  %-34s %s\n", r.cell, r.direction, r.result, r.d.Seconds(), r.packets, r.counters)
+	}
+	var steps []string
+	for _, s := range img.Timings {
+		steps = append(steps, fmt.Sprintf("%s %.1fs", s.Step, s.D.Seconds()))
+	}
+	fmt.Fprintf(&b, "PASS* = passed with a few retransmissions (rxe's free-running 67 ms retransmit timer; ROCEV2_INTEROP_STRICT=1 fails them)\n")
+	fmt.Fprintf(&b, "timings: setup %.1fs (%s), boot %.1fs, total %.1fs\n", setup.Seconds(), strings.Join(steps, ", "), boot.Seconds(), total.Seconds())
+	fmt.Print(b.String())
+	t.Log(b.String())
+	os.WriteFile(filepath.Join(DefaultCacheDir(), "run", "results.txt"), []byte(b.String()), 0o644)
+}

@@ -1,0 +1,530 @@
+package interop
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gorocev2/rocev2/test/interop/agentproto"
+)
+
+// Addresses of the lab (TEST-NET-1, inside the lab's own network namespace).
+const (
+	HostIP   = "192.0.2.1" // the bridge in the namespace; rocev2d binds here
+	VMIP     = "192.0.2.2" // the VM's eth0 and rxe0
+	Prefix   = 24
+	VMMAC    = "52:54:00:c0:02:02"
+	Bridge   = "rv2br0"
+	Tap      = "rv2tap0"
+	nsPrefix = "rocev2-interop-"
+)
+
+// Lab is one running VM with rxe0, in a network namespace of its own.
+type Lab struct {
+	// NS is the network namespace name; HostCommand runs programs in it.
+	NS string
+	// Dir holds the console log, captures and outputs of this run.
+	Dir string
+	// GIDIndex is rxe0's RoCEv2 IPv4 GID index (1 on Linux 6.1).
+	GIDIndex int
+	// BootTime is the time from qemu start to an answering command channel.
+	BootTime time.Duration
+
+	img     *Image
+	logf    func(string, ...any)
+	qemu    *exec.Cmd
+	qemuErr chan error
+	console string
+
+	mu    sync.Mutex
+	procs map[int]*exec.Cmd // host processes started in the namespace, by PID
+}
+
+// StartLab creates the network namespace (bridge HostIP/24 + tap), boots the
+// VM and waits until rxe0 is up and the agent answers. On failure the error
+// carries the tail of the VM console. The caller must Close the lab.
+func StartLab(ctx context.Context, img *Image, dir string, logf func(string, ...any)) (*Lab, error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	cleanStaleNamespaces(logf)
+	l := &Lab{NS: nsPrefix + strconv.Itoa(os.Getpid()), Dir: dir, img: img, logf: logf,
+		console: filepath.Join(dir, "console.log"), procs: map[int]*exec.Cmd{}}
+	t0 := time.Now()
+	if err := l.netns(); err != nil {
+		l.Close()
+		return nil, err
+	}
+	if err := l.boot(ctx); err != nil {
+		l.Close()
+		return nil, err
+	}
+	l.BootTime = time.Since(t0)
+	return l, nil
+}
+
+// cleanStaleNamespaces deletes namespaces of earlier runs whose process is
+// gone (a run killed before its cleanup).
+func cleanStaleNamespaces(logf func(string, ...any)) {
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(strings.TrimPrefix(e.Name(), nsPrefix))
+		if !strings.HasPrefix(e.Name(), nsPrefix) || err != nil {
+			continue
+		}
+		if unix.Kill(pid, 0) == nil {
+			continue
+		}
+		if _, err := runCmd(nil, "ip", "netns", "del", e.Name()); err == nil {
+			logf("lab: deleted stale namespace %s", e.Name())
+		}
+	}
+}
+
+// netns creates the namespace, the bridge with HostIP and the VM's tap.
+func (l *Lab) netns() error {
+	cmds := [][]string{
+		{"ip", "netns", "add", l.NS},
+		{"ip", "-n", l.NS, "link", "set", "lo", "up"},
+		{"ip", "netns", "exec", l.NS, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"},
+		{"ip", "-n", l.NS, "link", "add", Bridge, "type", "bridge", "stp_state", "0", "forward_delay", "0"},
+		{"ip", "-n", l.NS, "addr", "add", HostIP + "/" + strconv.Itoa(Prefix), "dev", Bridge},
+		{"ip", "-n", l.NS, "link", "set", Bridge, "mtu", "1500", "up"},
+		{"ip", "-n", l.NS, "tuntap", "add", "dev", Tap, "mode", "tap"},
+		{"ip", "-n", l.NS, "link", "set", Tap, "mtu", "1500", "master", Bridge, "up"},
+	}
+	for _, c := range cmds {
+		if _, err := runCmd(nil, c[0], c[1:]...); err != nil {
+			return fmt.Errorf("lab network: %w", err)
+		}
+	}
+	return nil
+}
+
+// HostCommand returns a command that runs name in the lab's namespace.
+func (l *Lab) HostCommand(ctx context.Context, name string, args ...string) *exec.Cmd {
+	c := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", l.NS, name}, args...)...)
+	// ip netns exec execs name, so the PID is the program's; SIGTERM first.
+	c.Cancel = func() error { return c.Process.Signal(syscall.SIGTERM) }
+	c.WaitDelay = 5 * time.Second
+	return c
+}
+
+// track records a started host process so Close can end it by PID.
+func (l *Lab) track(c *exec.Cmd) {
+	l.mu.Lock()
+	l.procs[c.Process.Pid] = c
+	l.mu.Unlock()
+}
+
+func (l *Lab) untrack(c *exec.Cmd) {
+	l.mu.Lock()
+	delete(l.procs, c.Process.Pid)
+	l.mu.Unlock()
+}
+
+// boot starts qemu in the namespace and waits for the agent.
+func (l *Lab) boot(ctx context.Context) error {
+	args := []string{
+		"-name", "rocev2-interop", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "1024",
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-kernel", l.img.Kernel, "-initrd", l.img.Initrd,
+		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=4 rocev2lab.ip=%s/%d rocev2lab.mtu=1500", VMIP, Prefix),
+		"-chardev", "file,id=con0,path=" + l.console, "-serial", "chardev:con0",
+		"-netdev", "tap,id=net0,ifname=" + Tap + ",script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=net0,mac=" + VMMAC,
+	}
+	qlog, err := os.Create(filepath.Join(l.Dir, "qemu.log"))
+	if err != nil {
+		return err
+	}
+	defer qlog.Close()
+	c := exec.Command("ip", append([]string{"netns", "exec", l.NS, "qemu-system-x86_64"}, args...)...)
+	c.Stdout, c.Stderr = qlog, qlog
+	if err := c.Start(); err != nil {
+		return fmt.Errorf("start qemu: %w", err)
+	}
+	l.qemu = c
+	l.qemuErr = make(chan error, 1)
+	go func() { l.qemuErr <- c.Wait() }()
+	l.logf("lab: qemu pid %d, console %s", c.Process.Pid, l.console)
+
+	deadline := time.Now().Add(bootTimeout())
+	for {
+		b, _ := os.ReadFile(l.console)
+		if i := bytes.Index(b, []byte(agentproto.ReadyPrefix)); i >= 0 {
+			line, _, _ := strings.Cut(string(b[i:]), "\n")
+			l.logf("lab: %s", strings.TrimSpace(line))
+			for _, f := range strings.Fields(line) {
+				if v, ok := strings.CutPrefix(f, "gid_index="); ok {
+					l.GIDIndex, _ = strconv.Atoi(v)
+				}
+			}
+			break
+		}
+		if bytes.Contains(b, []byte("ROCEV2-LAB-FAILED")) || bytes.Contains(b, []byte("Kernel panic")) {
+			return l.bootErr("VM setup failed")
+		}
+		select {
+		case err := <-l.qemuErr:
+			l.qemuErr <- err
+			return l.bootErr(fmt.Sprintf("qemu exited (%v)", err))
+		case <-ctx.Done():
+			return l.bootErr(ctx.Err().Error())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return l.bootErr(fmt.Sprintf("no %s after %v", agentproto.ReadyPrefix, bootTimeout()))
+		}
+	}
+	// The agent listens before it prints the ready line; check it answers.
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	r, err := l.Run(rctx, "uname -r; ibv_devices", 20*time.Second)
+	if err != nil || r.Exit != 0 {
+		return l.bootErr(fmt.Sprintf("command channel: %v %s", err, r.Output))
+	}
+	l.logf("lab: VM answers: %s", strings.Join(strings.Fields(r.Output), " "))
+	return nil
+}
+
+func bootTimeout() time.Duration {
+	if s := os.Getenv("ROCEV2_INTEROP_BOOT_TIMEOUT"); s != "" {
+		if d, err := time.ParseDuration(s); err == nil {
+			return d
+		}
+	}
+	return 180 * time.Second
+}
+
+// Console returns the last n lines of the VM console.
+func (l *Lab) Console(n int) string {
+	b, _ := os.ReadFile(l.console)
+	return tail(string(b), n)
+}
+
+func (l *Lab) bootErr(why string) error {
+	q, _ := os.ReadFile(filepath.Join(l.Dir, "qemu.log"))
+	return fmt.Errorf("VM boot failed: %s\n--- qemu output:\n%s\n--- VM console (last 60 lines of %s):\n%s",
+		why, tail(string(q), 20), l.console, l.Console(60))
+}
+
+// Close stops every process the lab started (by PID: host programs, then
+// qemu) and deletes the namespace.
+func (l *Lab) Close() {
+	l.mu.Lock()
+	procs := make([]*exec.Cmd, 0, len(l.procs))
+	for _, c := range l.procs {
+		procs = append(procs, c)
+	}
+	l.mu.Unlock()
+	for _, c := range procs {
+		c.Process.Signal(syscall.SIGTERM)
+	}
+	if l.qemu != nil {
+		l.qemu.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-l.qemuErr:
+		case <-time.After(5 * time.Second):
+			l.qemu.Process.Kill()
+			<-l.qemuErr
+		}
+		l.logf("lab: qemu pid %d stopped", l.qemu.Process.Pid)
+		l.qemu = nil
+	}
+	if _, err := os.Stat("/run/netns/" + l.NS); err == nil {
+		if _, err := runCmd(nil, "ip", "netns", "del", l.NS); err != nil {
+			l.logf("lab: %v", err)
+		}
+	}
+}
+
+// dialNS opens a TCP connection from inside the lab's namespace: the socket
+// is created on a thread that joined the namespace, and keeps it.
+func (l *Lab) dialNS(ctx context.Context, addr string) (net.Conn, error) {
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		// The thread is not unlocked unless it returned to its own
+		// namespace; an unlocked-at-exit thread is discarded by the runtime.
+		self, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer self.Close()
+		ns, err := os.Open("/run/netns/" + l.NS)
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer ns.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("setns %s: %w", l.NS, err)}
+			return
+		}
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		ch <- result{c, err}
+	}()
+	r := <-ch
+	return r.c, r.err
+}
+
+// VMCmd is a command running in the VM.
+type VMCmd struct {
+	conn net.Conn
+	res  chan vmResult
+}
+
+type vmResult struct {
+	r   agentproto.Response
+	err error
+}
+
+// StartVM starts cmd (sh -c) in the VM. Wait returns its result; Cancel
+// kills it.
+func (l *Lab) StartVM(ctx context.Context, req agentproto.Request) (*VMCmd, error) {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := l.dialNS(dctx, net.JoinHostPort(VMIP, strconv.Itoa(agentproto.Port)))
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("command channel %s:%d: %w", VMIP, agentproto.Port, err)
+	}
+	b, _ := json.Marshal(&req)
+	if _, err := conn.Write(append(b, '\n')); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	v := &VMCmd{conn: conn, res: make(chan vmResult, 1)}
+	go func() {
+		var r agentproto.Response
+		line, err := bufio.NewReaderSize(conn, 1<<20).ReadBytes('\n')
+		if err == nil {
+			err = json.Unmarshal(line, &r)
+		} else if errors.Is(err, io.EOF) {
+			err = errors.New("agent closed the connection without a result (VM crashed?)")
+		}
+		v.res <- vmResult{r, err}
+	}()
+	return v, nil
+}
+
+// Wait waits for the command's result.
+func (v *VMCmd) Wait(ctx context.Context) (agentproto.Response, error) {
+	select {
+	case r := <-v.res:
+		v.conn.Close()
+		return r.r, r.err
+	case <-ctx.Done():
+		v.conn.Close()
+		return agentproto.Response{Exit: -1}, ctx.Err()
+	}
+}
+
+// Cancel kills the command in the VM (closing the channel kills its process
+// group) and returns what it printed.
+func (v *VMCmd) Cancel() (agentproto.Response, error) {
+	if tc, ok := v.conn.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return v.Wait(ctx)
+}
+
+// Run runs cmd in the VM and returns its result.
+func (l *Lab) Run(ctx context.Context, cmd string, timeout time.Duration) (agentproto.Response, error) {
+	v, err := l.StartVM(ctx, agentproto.Request{Cmd: cmd, TimeoutSec: timeout.Seconds()})
+	if err != nil {
+		return agentproto.Response{Exit: -1}, err
+	}
+	return v.Wait(ctx)
+}
+
+// WaitListenVM waits until a TCP port listens in the VM.
+func (l *Lab) WaitListenVM(ctx context.Context, port int, timeout time.Duration) error {
+	v, err := l.StartVM(ctx, agentproto.Request{WaitListen: port, TimeoutSec: timeout.Seconds()})
+	if err != nil {
+		return err
+	}
+	r, err := v.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	if r.Err != "" {
+		return errors.New(r.Err)
+	}
+	return nil
+}
+
+// Counters reads rxe0's port counters (hw_counters) in the VM.
+func (l *Lab) Counters(ctx context.Context) (map[string]uint64, error) {
+	r, err := l.Run(ctx, "cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep . *", 20*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if r.Exit != 0 {
+		return nil, fmt.Errorf("reading hw_counters: exit %d: %s", r.Exit, r.Output)
+	}
+	m := map[string]uint64{}
+	for _, l := range strings.Split(r.Output, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+			m[k] = n
+		}
+	}
+	return m, nil
+}
+
+// HostProc is a program running in the lab namespace on the host.
+type HostProc struct {
+	Cmd    *exec.Cmd
+	out    bytes.Buffer
+	mu     sync.Mutex
+	done   chan struct{}
+	err    error
+	lab    *Lab
+	Output func() string
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// StartHost starts name in the namespace, collecting stdout and stderr.
+func (l *Lab) StartHost(ctx context.Context, name string, args ...string) (*HostProc, error) {
+	h := &HostProc{Cmd: l.HostCommand(ctx, name, args...), done: make(chan struct{}), lab: l}
+	w := lockedWriter{&h.mu, &h.out}
+	h.Cmd.Stdout, h.Cmd.Stderr = w, w
+	if err := h.Cmd.Start(); err != nil {
+		return nil, err
+	}
+	l.track(h.Cmd)
+	h.Output = func() string {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.out.String()
+	}
+	go func() {
+		h.err = h.Cmd.Wait()
+		l.untrack(h.Cmd)
+		close(h.done)
+	}()
+	return h, nil
+}
+
+// Wait waits for the program and returns its exit status (-1 if it did
+// not exit normally) and output.
+func (h *HostProc) Wait() (int, string) {
+	<-h.done
+	return h.Cmd.ProcessState.ExitCode(), h.Output()
+}
+
+// Done is closed when the program has exited.
+func (h *HostProc) Done() <-chan struct{} { return h.done }
+
+// WaitListen waits until the program listens on TCP port (it reads the
+// program's own view of /proc/PID/net/tcp, so nothing connects to it).
+func (h *HostProc) WaitListen(port int, timeout time.Duration) error {
+	want := fmt.Sprintf(":%04X ", port)
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, f := range []string{"tcp", "tcp6"} {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", h.Cmd.Process.Pid, f))
+			for _, line := range strings.Split(string(b), "\n") {
+				fs := strings.Fields(line)
+				if len(fs) > 3 && fs[3] == "0A" && strings.HasSuffix(fs[1]+" ", want) {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-h.done:
+			return fmt.Errorf("exited before listening on TCP %d:\n%s", port, h.Output())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not listening on TCP %d after %v", port, timeout)
+		}
+	}
+}
+
+// Capture is a running tcpdump on the tap (the host side of the VM's wire).
+type Capture struct {
+	File string
+	h    *HostProc
+}
+
+// StartCapture starts tcpdump on the tap writing file (everything except
+// the command channel) and waits until it captures.
+func (l *Lab) StartCapture(ctx context.Context, file string) (*Capture, error) {
+	h, err := l.StartHost(ctx, "tcpdump", "-i", Tap, "-s", "0", "-U", "--immediate-mode", "-n", "-Z", "root", "-w", file,
+		"not", "tcp", "port", strconv.Itoa(agentproto.Port))
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(h.Output(), "listening on") {
+		select {
+		case <-h.done:
+			return nil, fmt.Errorf("tcpdump exited: %s", h.Output())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			h.Cmd.Process.Signal(syscall.SIGTERM)
+			return nil, fmt.Errorf("tcpdump not capturing after 10 s: %s", h.Output())
+		}
+	}
+	return &Capture{File: file, h: h}, nil
+}
+
+// Stop ends the capture (SIGTERM flushes the file) and returns tcpdump's
+// own summary ("N packets captured ...").
+func (c *Capture) Stop() string {
+	time.Sleep(100 * time.Millisecond) // let the last frames reach the file
+	c.h.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.h.done:
+	case <-time.After(5 * time.Second):
+		c.h.Cmd.Process.Kill()
+		<-c.h.done
+	}
+	return strings.TrimSpace(c.h.Output())
+}

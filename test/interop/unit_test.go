@@ -1,0 +1,231 @@
+package interop
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// readNewc parses a newc archive back into name -> (mode, data, rdev).
+func readNewc(t *testing.T, b []byte) (map[string]cpioEntry, []string) {
+	t.Helper()
+	out := map[string]cpioEntry{}
+	var order []string
+	off := 0
+	field := func(i int) uint32 {
+		v, err := strconv.ParseUint(string(b[off+6+8*i:off+6+8*i+8]), 16, 32)
+		if err != nil {
+			t.Fatalf("header field %d at %d: %v", i, off, err)
+		}
+		return uint32(v)
+	}
+	for {
+		if off%4 != 0 {
+			t.Fatalf("header at unaligned offset %d", off)
+		}
+		if string(b[off:off+6]) != "070701" {
+			t.Fatalf("bad magic at %d: %q", off, b[off:off+6])
+		}
+		mode, size, rmaj, rmin, nsize := field(1), field(6), field(9), field(10), field(11)
+		name := string(b[off+110 : off+110+int(nsize)-1])
+		if b[off+110+int(nsize)-1] != 0 {
+			t.Fatalf("%s: name not NUL-terminated", name)
+		}
+		doff := (off + 110 + int(nsize) + 3) &^ 3
+		if name == "TRAILER!!!" {
+			if (doff+int(size)+3)&^3 != len(b) {
+				t.Fatalf("trailer ends at %d, archive is %d bytes", doff, len(b))
+			}
+			return out, order
+		}
+		out[name] = cpioEntry{mode: mode, data: b[doff : doff+int(size)], rmaj: rmaj, rmin: rmin}
+		order = append(order, name)
+		off = (doff + int(size) + 3) &^ 3
+	}
+}
+
+func TestArchive(t *testing.T) {
+	a := NewArchive()
+	a.File("/init", 0o755, []byte("#!/bin/sh\n"))
+	a.File("lib/modules/6.1/kernel/drivers/x.ko", 0o644, []byte("abcde"))
+	a.Symlink("bin/sh", "/bin/busybox")
+	a.Symlink("bin/sh", "/other") // existing paths are kept
+	a.CharDev("dev/console", 0o600, 5, 1)
+	a.Dir("tmp", 0o1777)
+	var buf bytes.Buffer
+	n, err := a.WriteTo(&buf)
+	if err != nil || n != int64(buf.Len()) {
+		t.Fatalf("WriteTo = %d, %v; wrote %d", n, err, buf.Len())
+	}
+	got, order := readNewc(t, buf.Bytes())
+	want := map[string]struct {
+		mode uint32
+		data string
+	}{
+		"init":                                {modeReg | 0o755, "#!/bin/sh\n"},
+		"lib":                                 {modeDir | 0o755, ""},
+		"lib/modules":                         {modeDir | 0o755, ""},
+		"lib/modules/6.1":                     {modeDir | 0o755, ""},
+		"lib/modules/6.1/kernel":              {modeDir | 0o755, ""},
+		"lib/modules/6.1/kernel/drivers":      {modeDir | 0o755, ""},
+		"lib/modules/6.1/kernel/drivers/x.ko": {modeReg | 0o644, "abcde"},
+		"bin":                                 {modeDir | 0o755, ""},
+		"bin/sh":                              {modeLink | 0o777, "/bin/busybox"},
+		"dev":                                 {modeDir | 0o755, ""},
+		"dev/console":                         {modeChr | 0o600, ""},
+		"tmp":                                 {modeDir | 0o1777, ""},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d entries %v, want %d", len(got), order, len(want))
+	}
+	for name, w := range want {
+		g, ok := got[name]
+		if !ok || g.mode != w.mode || string(g.data) != w.data {
+			t.Errorf("%s: got mode %o data %q, want mode %o data %q", name, g.mode, g.data, w.mode, w.data)
+		}
+	}
+	if c := got["dev/console"]; c.rmaj != 5 || c.rmin != 1 {
+		t.Errorf("dev/console rdev %d:%d, want 5:1", c.rmaj, c.rmin)
+	}
+	seen := map[string]bool{}
+	for _, n := range order {
+		if d := filepath.Dir(n); d != "." && !seen[d] {
+			t.Errorf("%s comes before its directory %s", n, d)
+		}
+		seen[n] = true
+	}
+}
+
+func TestOrderModules(t *testing.T) {
+	graph := map[string][]string{
+		"rdma_rxe":   {"ib_core", "ib_uverbs", "ip6_udp_tunnel", "udp_tunnel"},
+		"ib_uverbs":  {"ib_core"},
+		"ib_core":    nil,
+		"udp_tunnel": nil, "ip6_udp_tunnel": nil,
+		"virtio_net": {"net_failover"}, "net_failover": {"failover"}, "failover": nil,
+		"crc32_pclmul": nil,
+	}
+	builtin := map[string]bool{"virtio_pci": true}
+	lookup := func(n string) (string, []string, error) {
+		if builtin[n] {
+			return "", nil, nil
+		}
+		d, ok := graph[n]
+		if !ok {
+			return "", nil, errors.New("unknown module " + n)
+		}
+		return n + ".ko", d, nil
+	}
+	got, err := orderModules([]string{"virtio_pci", "virtio-net", "crc32-pclmul", "rdma_rxe"}, lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"failover.ko", "net_failover.ko", "virtio_net.ko", "crc32_pclmul.ko",
+		"ib_core.ko", "ib_uverbs.ko", "ip6_udp_tunnel.ko", "udp_tunnel.ko", "rdma_rxe.ko"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("order\n got %v\nwant %v", got, want)
+	}
+	if _, err := orderModules([]string{"nope"}, lookup); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Fatalf("missing module: err = %v", err)
+	}
+	graph["ib_core"] = []string{"rdma_rxe"}
+	if _, err := orderModules([]string{"rdma_rxe"}, lookup); err == nil || !strings.Contains(err.Error(), "cycle") {
+		t.Fatalf("cycle: err = %v", err)
+	}
+}
+
+func TestModName(t *testing.T) {
+	for in, want := range map[string]string{
+		"kernel/crypto/crc32-pclmul.ko": "crc32_pclmul", "rdma_rxe.ko.xz": "rdma_rxe",
+		"virtio_net": "virtio_net", "ib_core.ko.zst": "ib_core",
+	} {
+		if got := modName(in); got != want {
+			t.Errorf("modName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestELFDeps(t *testing.T) {
+	sh := "/bin/sh"
+	if _, err := os.Stat(sh); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	libs, interp, err := elfDeps(sh)
+	if err != nil {
+		t.Skipf("elfDeps(%s): %v (not a glibc x86-64 system?)", sh, err)
+	}
+	if _, ok := libs["libc.so.6"]; !ok {
+		t.Errorf("libs %v lack libc.so.6", libs)
+	}
+	if !strings.Contains(interp, "ld-linux") {
+		t.Errorf("interpreter %q", interp)
+	}
+}
+
+// goldenDir finds ../shared/golden next to the repository (or $ROCEV2_GOLDEN).
+func goldenDir(t *testing.T) string {
+	if d := os.Getenv("ROCEV2_GOLDEN"); d != "" {
+		return d
+	}
+	root, err := FindRepoRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := filepath.Join(root, "..", "shared", "golden")
+	if _, err := os.Stat(d); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("golden captures missing at %s", d)
+		}
+		t.Skipf("GOLDEN CAPTURES MISSING at %s (set ROCEV2_GOLDEN): skipping", d)
+	}
+	return d
+}
+
+func TestAnalyzeCaptureGolden(t *testing.T) {
+	dir := goldenDir(t)
+	st, err := AnalyzeCapture(filepath.Join(dir, "rc_send_64.pcap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// rc_send_64.txt: 31 frames, 20 RoCEv2 packets between two VMs.
+	if st.Frames != 31 || st.RoCE != 20 || st.BadICRC != 0 || st.Bad != 0 || st.FromHost != 0 || st.FromVM != 20 {
+		t.Fatalf("stats %+v", st)
+	}
+	if st.Opcodes["vm   RC_SEND_ONLY"] != 10 || st.Opcodes["vm   RC_ACKNOWLEDGE"] != 10 {
+		t.Fatalf("opcodes %v", st.Opcodes)
+	}
+	// A flipped payload bit must show up as a bad ICRC.
+	b, err := os.ReadFile(filepath.Join(dir, "rc_send_64.pcap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// First record: 24-byte file header + 16-byte record header; find the
+	// first frame to UDP 4791 and flip its last payload byte before the ICRC.
+	off := 24
+	for off+16 < len(b) {
+		incl := int(binary.LittleEndian.Uint32(b[off+8:]))
+		fr := b[off+16 : off+16+incl]
+		if len(fr) > 42 && binary.BigEndian.Uint16(fr[36:38]) == 4791 {
+			fr[len(fr)-5] ^= 1
+			break
+		}
+		off += 16 + incl
+	}
+	bad := filepath.Join(t.TempDir(), "bad.pcap")
+	if err := os.WriteFile(bad, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, err = AnalyzeCapture(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.BadICRC != 1 || !strings.Contains(st.String(), "BAD: ICRC") {
+		t.Fatalf("flipped bit: %d bad ICRC\n%s", st.BadICRC, st)
+	}
+}
