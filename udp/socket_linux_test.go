@@ -745,3 +745,35 @@ func TestParseCmsgs(t *testing.T) {
 		t.Errorf("truncated: tos %d gro %d", tos, gro)
 	}
 }
+
+func TestSocketIPv6GSO(t *testing.T) {
+	lo6 := netip.IPv6Loopback()
+	l, err := ListenSocket(lo6, &SocketOptions{GSO: true, SourcePorts: true})
+	if err != nil {
+		if errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.EAFNOSUPPORT) {
+			t.Skipf("no IPv6 loopback here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const total = 30
+	pkts := make([]Packet, total)
+	for i := range pkts {
+		pkts[i] = Packet{Buf: testPayload(make([]byte, 2048), uint32(i), 2048), Addr: lo6, SrcPort: 0xc321, TOS: ECNECT1}
+	}
+	if err := l.Send(pkts); err != nil {
+		t.Fatal(err)
+	}
+	got := recvN(t, l, total, 5*time.Second)
+	for i, p := range got {
+		if seqOf(p.Buf) != uint32(i) || len(p.Buf) != 2048 || p.SrcPort != 0xc321 || p.TOS != ECNECT1 || p.Addr != lo6 {
+			t.Fatalf("packet %d: seq %d len %d from [%v]:%d tos %d", i, seqOf(p.Buf), len(p.Buf), p.Addr, p.SrcPort, p.TOS)
+		}
+	}
+	if l.groCoalesced.Load() == 0 {
+		t.Errorf("IPv6 GSO datagram was not received coalesced")
+	}
+	if s := l.Stats(); s.DropBadICRC != 0 || s.RcvdPkts != total {
+		t.Errorf("stats %+v", s)
+	}
+}
