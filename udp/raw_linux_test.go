@@ -129,7 +129,7 @@ func TestRawVerifiesIPv4ID(t *testing.T) {
 
 func TestRawErrorsAndClose(t *testing.T) {
 	a := listenRaw(t, sockA)
-	if _, err := ListenRaw(sockA, nil); !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), "127.47.91.1:4791") {
+	if _, err := ListenRaw(sockA, nil); !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), sockA.String()+":4791") {
 		t.Errorf("second ListenRaw: %v, want EADDRINUSE naming the address", err)
 	}
 	if _, err := ListenRaw(netip.MustParseAddr("203.0.113.77"), nil); !errors.Is(err, syscall.EADDRNOTAVAIL) {
@@ -197,7 +197,7 @@ func FuzzRawAccept(f *testing.F) {
 	good := make([]byte, 28+64)
 	good[0], good[2], good[3], good[6], good[8], good[9] = 0x45, 0, byte(len(good)), 0x40, 64, 17
 	copy(good[12:16], []byte{127, 47, 91, 1})
-	copy(good[16:20], []byte{127, 47, 91, 2})
+	copy(good[16:20], []byte{127, 47, 91, 2}) // any addresses: acceptRaw checks the ICRC only
 	good[20], good[21], good[22], good[23], good[25] = 0x12, 0xb7, 0x12, 0xb7, 72
 	testPayload(good[28:], 1, 64)
 	if err := icrc.Put(good); err != nil {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -22,12 +23,16 @@ import (
 )
 
 // Loopback addresses for socket tests. Linux routes all of 127.0.0.0/8 to
-// lo, so two links can both bind port 4791. Addresses other than 127.0.0.1
-// keep these tests clear of other packages' tests that bind 127.0.0.1:4791.
-var (
-	sockA = netip.MustParseAddr("127.47.91.1")
-	sockB = netip.MustParseAddr("127.47.91.2")
-)
+// lo, so two links can both bind port 4791. The pair is derived from the
+// process ID, which keeps these tests clear of 127.0.0.1:4791 users and of
+// a concurrent run of this package.
+var sockA, sockB = testLoopbackPair()
+
+func testLoopbackPair() (netip.Addr, netip.Addr) {
+	p := os.Getpid()
+	b1, b2 := byte(40+p%200), byte(1+(p/200)%250)
+	return netip.AddrFrom4([4]byte{127, b1, b2, 1}), netip.AddrFrom4([4]byte{127, b1, b2, 2})
+}
 
 func listenPair(t testing.TB) (*SocketLink, *SocketLink) {
 	t.Helper()
@@ -224,6 +229,9 @@ func TestSocketIPv6(t *testing.T) {
 		if errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.EAFNOSUPPORT) {
 			t.Skipf("no IPv6 loopback here: %v", err)
 		}
+		if errors.Is(err, syscall.EADDRINUSE) {
+			t.Skipf("SKIPPED: [::1]:4791 is in use (another run of these tests?): %v", err)
+		}
 		t.Fatal(err)
 	}
 	defer l.Close()
@@ -267,8 +275,8 @@ func TestSocketListenErrors(t *testing.T) {
 	}
 	defer a.Close()
 	_, err = ListenSocket(sockA, nil)
-	if !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), "127.47.91.1:4791") {
-		t.Errorf("second listen: %v, want EADDRINUSE naming 127.47.91.1:4791", err)
+	if want := sockA.String() + ":4791"; !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), want) {
+		t.Errorf("second listen: %v, want EADDRINUSE naming %s", err, want)
 	}
 	_, err = ListenSocket(netip.MustParseAddr("203.0.113.77"), nil)
 	if !errors.Is(err, syscall.EADDRNOTAVAIL) || !strings.Contains(err.Error(), "203.0.113.77:4791") {
@@ -752,6 +760,9 @@ func TestSocketIPv6GSO(t *testing.T) {
 	if err != nil {
 		if errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.EAFNOSUPPORT) {
 			t.Skipf("no IPv6 loopback here: %v", err)
+		}
+		if errors.Is(err, syscall.EADDRINUSE) {
+			t.Skipf("SKIPPED: [::1]:4791 is in use (another run of these tests?): %v", err)
 		}
 		t.Fatal(err)
 	}
