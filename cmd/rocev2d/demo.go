@@ -1,0 +1,684 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+func init() {
+	register("demo", "two endpoints in one process on loopback run every RC operation, checked byte for byte", demoUsage, runDemo)
+}
+
+const demoUsage = `usage: rocev2d demo [options]
+
+Runs two RoCEv2 devices in one process — by default on 127.0.0.1 and
+127.0.0.2, each a kernel UDP socket on port 4791 — connects one RC queue
+pair on each and runs every RC operation (SEND, SEND with immediate, RDMA
+WRITE, WRITE with immediate, RDMA READ, compare-and-swap, fetch-and-add) at
+several sizes, including multi-packet messages. Every result is checked
+byte for byte (atomics: the returned original values and the target memory),
+and a table shows what ran. Exit status 0 only if every check passed.
+
+options:
+  --mem          run over the in-memory network instead of UDP sockets
+  --a=IP         address of the first device (default 127.0.0.1)
+  --b=IP         address of the second device (default 127.0.0.2)
+  -m, --mtu=MTU  path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
+  --pcap=FILE    write every packet that went over the wire to FILE (pcap,
+                 Ethernet framing, ICRCs as sent; check it with
+                 ` + "`rocev2d pcap check FILE`" + `)
+  --timeout=DUR  give up after DUR (default 60s)
+  -v             print both devices' counters at the end
+`
+
+// demoConfig holds the parsed flags of `rocev2d demo`.
+type demoConfig struct {
+	mem     bool
+	a, b    netip.Addr
+	mtu     transport.MTU
+	pcap    string
+	timeout time.Duration
+	verbose bool
+}
+
+func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
+	c := &demoConfig{}
+	fs := flag.NewFlagSet("rocev2d demo", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var a, b string
+	var mtu int
+	fs.BoolVar(&c.mem, "mem", false, "")
+	fs.StringVar(&a, "a", "127.0.0.1", "")
+	fs.StringVar(&b, "b", "127.0.0.2", "")
+	fs.IntVar(&mtu, "m", 1024, "")
+	fs.IntVar(&mtu, "mtu", 1024, "")
+	fs.StringVar(&c.pcap, "pcap", "", "")
+	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
+	fs.BoolVar(&c.verbose, "v", false, "")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if c.a, err = netip.ParseAddr(a); err != nil {
+		return nil, fmt.Errorf("--a %q: not an IP address", a)
+	}
+	if c.b, err = netip.ParseAddr(b); err != nil {
+		return nil, fmt.Errorf("--b %q: not an IP address", b)
+	}
+	c.a, c.b = c.a.Unmap(), c.b.Unmap()
+	if c.a == c.b {
+		return nil, fmt.Errorf("--a and --b are both %v; the two devices need different addresses", c.a)
+	}
+	var ok bool
+	if c.mtu, ok = transport.MTUFromBytes(mtu); !ok {
+		return nil, fmt.Errorf("-m %d: MTU must be 256, 512, 1024, 2048 or 4096", mtu)
+	}
+	if c.timeout <= 0 {
+		return nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
+	}
+	return c, nil
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := parseDemoFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, demoUsage)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d demo: %v\n(see `rocev2d help demo`)\n", err)
+		return exitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return demo(ctx, c, stdout, stderr)
+}
+
+// demoEnd is one device of the demo.
+type demoEnd struct {
+	name string
+	link udp.Link
+	dev  *transport.Device
+	pd   *memreg.PD
+	scq  *transport.CQ
+	rcq  *transport.CQ
+	qp   *transport.QP
+}
+
+// demoLinks opens the two links, over sockets or a MemNetwork.
+func demoLinks(c *demoConfig) (a, b udp.Link, kind string, err error) {
+	if c.mem {
+		n := udp.NewMemNetwork(udp.Faults{})
+		la, err := n.Link(c.a)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		lb, err := n.Link(c.b)
+		if err != nil {
+			la.Close()
+			return nil, nil, "", err
+		}
+		return la, lb, "in-memory network", nil
+	}
+	la, err := udp.ListenSocket(c.a, nil)
+	if err != nil {
+		return nil, nil, "", socketHint(c.a, err)
+	}
+	lb, err := udp.ListenSocket(c.b, nil)
+	if err != nil {
+		la.Close()
+		return nil, nil, "", socketHint(c.b, err)
+	}
+	return la, lb, "UDP sockets", nil
+}
+
+// socketHint explains a failure to open a socket link.
+func socketHint(a netip.Addr, err error) error {
+	hint := "use --mem to run over the in-memory network instead"
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		hint = "another program (a kernel rxe device, another rocev2d) holds the port; stop it, pick other addresses with --a/--b, or use --mem"
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		hint = "the address is not configured on this host; pick others with --a/--b, or use --mem"
+	}
+	return fmt.Errorf("cannot open a RoCEv2 socket on %v: %w\n  (%s)", netip.AddrPortFrom(a, udp.Port), err, hint)
+}
+
+// newDemoEnd creates a device with one PD, two CQs and an RC QP.
+func newDemoEnd(name string, link udp.Link) (*demoEnd, error) {
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	if err != nil {
+		link.Close()
+		return nil, err
+	}
+	e := &demoEnd{name: name, link: link, dev: dev}
+	if e.pd, err = dev.AllocPD(); err != nil {
+		dev.Close()
+		return nil, err
+	}
+	if e.scq, err = dev.CreateCQ(1024); err != nil {
+		dev.Close()
+		return nil, err
+	}
+	if e.rcq, err = dev.CreateCQ(1024); err != nil {
+		dev.Close()
+		return nil, err
+	}
+	e.qp, err = dev.CreateQP(e.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: e.scq, RecvCQ: e.rcq,
+		MaxSendWR: 256, MaxRecvWR: 256, MaxSGE: 1})
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// connectRC takes qp to RTS towards a peer QP, with the attributes
+// rdma-core's tools use (timeout 14, retry 7, rnr_retry 7, min RNR timer 12).
+func connectRC(qp *transport.QP, peer netip.Addr, peerQPN, sqPSN, rqPSN uint32, mtu transport.MTU, rdAtomic uint8, access memreg.Access, timeout uint8) error {
+	a := transport.QPAttr{State: transport.QPSInit, PKeyIndex: 0, Port: 1, AccessFlags: access}
+	if err := qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
+		return fmt.Errorf("modify QP to INIT: %w", err)
+	}
+	return connectRTS(qp, peer, peerQPN, sqPSN, rqPSN, mtu, rdAtomic, timeout)
+}
+
+// connectRTS takes an INIT qp to RTR and RTS.
+func connectRTS(qp *transport.QP, peer netip.Addr, peerQPN, sqPSN, rqPSN uint32, mtu transport.MTU, rdAtomic uint8, timeout uint8) error {
+	a := transport.QPAttr{State: transport.QPSRTR, AV: transport.AddressVector{Addr: peer}, PathMTU: mtu,
+		DestQPN: peerQPN, RQPSN: rqPSN, MaxDestRdAtomic: rdAtomic, MinRNRTimer: 12}
+	if err := qp.Modify(&a, transport.AttrState|transport.AttrAV|transport.AttrPathMTU|transport.AttrDestQPN|
+		transport.AttrRQPSN|transport.AttrMaxDestRdAtomic|transport.AttrMinRNRTimer); err != nil {
+		return fmt.Errorf("modify QP to RTR: %w", err)
+	}
+	a = transport.QPAttr{State: transport.QPSRTS, SQPSN: sqPSN, Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MaxQPRdAtomic: rdAtomic}
+	if err := qp.Modify(&a, transport.AttrState|transport.AttrSQPSN|transport.AttrTimeout|transport.AttrRetryCnt|
+		transport.AttrRNRRetry|transport.AttrMaxQPRdAtomic); err != nil {
+		return fmt.Errorf("modify QP to RTS: %w", err)
+	}
+	return nil
+}
+
+// demoCase is one row of the demo: count messages of one operation and size.
+type demoCase struct {
+	op    transport.WROpcode
+	size  int
+	count int
+}
+
+// demoName is the table name of an operation.
+func demoName(op transport.WROpcode) string {
+	switch op {
+	case transport.WRSend:
+		return "SEND"
+	case transport.WRSendImm:
+		return "SEND+imm"
+	case transport.WRWrite:
+		return "WRITE"
+	case transport.WRWriteImm:
+		return "WRITE+imm"
+	case transport.WRRead:
+		return "READ"
+	case transport.WRCompareSwap:
+		return "CMP_AND_SWAP"
+	case transport.WRFetchAdd:
+		return "FETCH_AND_ADD"
+	}
+	return op.String()
+}
+
+// demoCases is the demo's program.
+func demoCases() []demoCase {
+	var cs []demoCase
+	count := func(size int) int {
+		switch {
+		case size >= 1<<20:
+			return 2
+		case size >= 1<<16:
+			return 4
+		}
+		return 8
+	}
+	for _, op := range []transport.WROpcode{transport.WRSend, transport.WRSendImm, transport.WRWrite, transport.WRWriteImm, transport.WRRead} {
+		for _, size := range []int{0, 64, 4096, 65536, 1 << 20} {
+			cs = append(cs, demoCase{op, size, count(size)})
+		}
+	}
+	cs = append(cs, demoCase{transport.WRCompareSwap, 8, 8}, demoCase{transport.WRFetchAdd, 8, 8})
+	return cs
+}
+
+// demoResult is the outcome of one case.
+type demoResult struct {
+	demoCase
+	bytes   int64
+	packets uint64
+	elapsed time.Duration
+	err     error
+}
+
+func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
+	la, lb, kind, err := demoLinks(c)
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
+		return exitFail
+	}
+	var pw *pcaptap.Writer
+	if c.pcap != "" {
+		f, err := os.Create(c.pcap)
+		if err != nil {
+			la.Close()
+			lb.Close()
+			fmt.Fprintf(stderr, "rocev2d demo: --pcap: %v\n", err)
+			return exitUsage
+		}
+		if pw, err = pcaptap.NewWriter(f); err != nil {
+			f.Close()
+			la.Close()
+			lb.Close()
+			fmt.Fprintf(stderr, "rocev2d demo: --pcap %s: %v\n", c.pcap, err)
+			return exitFail
+		}
+		// Each device records what it sends: every packet once, as a
+		// capture on the loopback interface shows it.
+		la = pcaptap.New(la, pw, pcaptap.Sent)
+		lb = pcaptap.New(lb, pw, pcaptap.Sent)
+	}
+	a, err := newDemoEnd("A", la)
+	if err != nil {
+		lb.Close()
+		fmt.Fprintf(stderr, "rocev2d demo: device A: %v\n", err)
+		return exitFail
+	}
+	defer a.dev.Close()
+	b, err := newDemoEnd("B", lb)
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d demo: device B: %v\n", err)
+		return exitFail
+	}
+	defer b.dev.Close()
+	access := memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
+	psnA, psnB := rand.Uint32()&0xffffff, rand.Uint32()&0xffffff
+	if err := connectRC(a.qp, c.b, b.qp.QPN(), psnA, psnB, c.mtu, 16, access, 14); err != nil {
+		fmt.Fprintf(stderr, "rocev2d demo: QP A: %v\n", err)
+		return exitFail
+	}
+	if err := connectRC(b.qp, c.a, a.qp.QPN(), psnB, psnA, c.mtu, 16, access, 14); err != nil {
+		fmt.Fprintf(stderr, "rocev2d demo: QP B: %v\n", err)
+		return exitFail
+	}
+	fmt.Fprintf(stdout, "rocev2d demo over %s, path MTU %v\n", kind, c.mtu)
+	fmt.Fprintf(stdout, "  A: %v QPN 0x%06x PSN 0x%06x\n", c.a, a.qp.QPN(), psnA)
+	fmt.Fprintf(stdout, "  B: %v QPN 0x%06x PSN 0x%06x\n\n", c.b, b.qp.QPN(), psnB)
+
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\tsize\tcount\tbytes\tpackets\ttime\tMB/s\tcheck\t")
+	failed := 0
+	var results []demoResult
+	for _, dc := range demoCases() {
+		if ctx.Err() != nil {
+			break
+		}
+		r := runDemoCase(ctx, a, b, dc)
+		results = append(results, r)
+		check := "ok"
+		if r.err != nil {
+			check = "FAIL"
+			failed++
+		}
+		mbs := "-"
+		if r.bytes > 0 && r.elapsed > 0 {
+			mbs = fmt.Sprintf("%.1f", float64(r.bytes)/r.elapsed.Seconds()/1e6)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", demoName(dc.op), dc.size, dc.count, r.bytes, r.packets,
+			fmtDuration(r.elapsed), mbs, check)
+	}
+	tw.Flush()
+	for _, r := range results {
+		if r.err != nil {
+			fmt.Fprintf(stdout, "FAIL %s %d bytes: %v\n", demoName(r.op), r.size, r.err)
+		}
+	}
+	if c.verbose {
+		fmt.Fprintln(stdout)
+		printCounters(stdout, "A "+c.a.String(), a.dev)
+		printCounters(stdout, "B "+c.b.String(), b.dev)
+	}
+	ran := len(results)
+	// Close the devices before the capture so that every packet is in it.
+	a.dev.Close()
+	b.dev.Close()
+	if pw != nil {
+		if err := pw.Close(); err != nil {
+			fmt.Fprintf(stderr, "rocev2d demo: --pcap %s: %v\n", c.pcap, err)
+			failed++
+		} else {
+			fmt.Fprintf(stdout, "\nwrote %d packets to %s\n", pw.Packets(), c.pcap)
+		}
+	}
+	switch {
+	case ctx.Err() != nil && ran < len(demoCases()):
+		fmt.Fprintf(stdout, "\nFAIL: stopped after %d of %d cases: %v\n", ran, len(demoCases()), context.Cause(ctx))
+		return exitFail
+	case failed > 0:
+		fmt.Fprintf(stdout, "\nFAIL: %d of %d cases failed\n", failed, ran)
+		return exitFail
+	}
+	fmt.Fprintf(stdout, "\nPASS: all %d cases checked byte for byte\n", ran)
+	return exitOK
+}
+
+// fmtDuration prints a duration with three significant digits.
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.1fµs", float64(d)/1e3)
+	case d < time.Second:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	}
+	return fmt.Sprintf("%.3fs", d.Seconds())
+}
+
+// sentPkts is the number of packets both links sent.
+func sentPkts(a, b *demoEnd) uint64 { return a.link.Stats().SentPkts + b.link.Stats().SentPkts }
+
+// settlePkts waits (up to 50 ms) until every packet either link sent has been
+// received by the other — a link counts a packet as sent only when its send
+// call returns, which can be after the peer already used it — and returns
+// the number of packets sent.
+func settlePkts(a, b *demoEnd) uint64 {
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for {
+		sa, sb := a.link.Stats(), b.link.Stats()
+		if (sa.SentPkts == sb.RcvdPkts+sb.DropBadICRC+sb.DropMalformed+sb.DropOther &&
+			sb.SentPkts == sa.RcvdPkts+sa.DropBadICRC+sa.DropMalformed+sa.DropOther) || time.Now().After(deadline) {
+			return sa.SentPkts + sb.SentPkts
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// runDemoCase posts count work requests of one operation from A to B (all
+// outstanding at once), waits for every completion and checks the result.
+func runDemoCase(ctx context.Context, a, b *demoEnd, dc demoCase) demoResult {
+	r := demoResult{demoCase: dc}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	atomic := dc.op == transport.WRCompareSwap || dc.op == transport.WRFetchAdd
+	span := max(dc.size, 1)
+	if atomic {
+		span = 8
+	}
+	total := span * dc.count
+	// Registered memory is mmap'd, like the pinned host memory an RNIC
+	// reads and writes behind the program's back: the ordering between
+	// our writes and the peer device's reads goes through the network (a
+	// kernel socket), which the race detector cannot see.
+	src, err := demoAlloc(total)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer unix.Munmap(src)
+	dst, err := demoAlloc(total)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer unix.Munmap(dst)
+	srcMR, err := a.pd.RegisterMR(src[:max(total, 1)], memreg.AccessLocalWrite)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer srcMR.Deregister()
+	dstMR, err := b.pd.RegisterMR(dst, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer dstMR.Deregister()
+	rng := rand.New(rand.NewPCG(uint64(dc.op)<<32|uint64(dc.size), 0x6465))
+	// READ moves B's memory to A; everything else A's to B.
+	from, to := src, dst
+	if dc.op == transport.WRRead {
+		from, to = dst, src
+	}
+	for i := range from {
+		from[i] = byte(rng.Uint32())
+	}
+	for i := range to {
+		to[i] = 0xee
+	}
+	needRecv := dc.op == transport.WRSend || dc.op == transport.WRSendImm || dc.op == transport.WRWriteImm
+	if needRecv {
+		for i := 0; i < dc.count; i++ {
+			wr := transport.RecvWR{WRID: uint64(i)}
+			if dc.op != transport.WRWriteImm && dc.size > 0 {
+				wr.SGEs = []memreg.SGE{{Addr: dstMR.IOVA() + uint64(i*span), Length: uint32(dc.size), LKey: dstMR.LKey()}}
+			}
+			if err := b.qp.PostRecv(wr); err != nil {
+				r.err = fmt.Errorf("post receive %d: %w", i, err)
+				return r
+			}
+		}
+	}
+	// Atomics: a chain on one 8-byte word whose every step is predictable.
+	var word uint64
+	var wantOrig []uint64
+	if atomic {
+		word = rng.Uint64()
+		binary.NativeEndian.PutUint64(dst[0:8], word)
+	}
+	wrs := make([]transport.SendWR, dc.count)
+	cur := word
+	for i := range wrs {
+		wr := transport.SendWR{WRID: uint64(i), Opcode: dc.op, Flags: transport.SendSignaled,
+			RemoteAddr: dstMR.IOVA() + uint64(i*span), RKey: dstMR.RKey(), Imm: 0x1000 + uint32(i)}
+		if dc.size > 0 || atomic {
+			wr.SGEs = []memreg.SGE{{Addr: srcMR.IOVA() + uint64(i*span), Length: uint32(dc.size), LKey: srcMR.LKey()}}
+		}
+		switch dc.op {
+		case transport.WRCompareSwap:
+			wr.RemoteAddr = dstMR.IOVA()
+			next := rng.Uint64()
+			wr.Swap = next
+			wantOrig = append(wantOrig, cur)
+			if i%4 == 3 {
+				// A compare that fails: memory stays, the original comes back.
+				wr.CompareAdd = cur ^ 1
+			} else {
+				wr.CompareAdd = cur
+				cur = next
+			}
+		case transport.WRFetchAdd:
+			wr.RemoteAddr = dstMR.IOVA()
+			add := rng.Uint64() >> 8
+			wr.CompareAdd = add
+			wantOrig = append(wantOrig, cur)
+			cur += add
+		}
+		wrs[i] = wr
+	}
+	pkts0 := sentPkts(a, b)
+	start := time.Now()
+	if err := a.qp.PostSend(wrs...); err != nil {
+		r.err = fmt.Errorf("post send: %w", err)
+		return r
+	}
+	sendWCs, err := demoWait(ctx, a.scq, dc.count)
+	if err == nil && needRecv {
+		var recvWCs []transport.WC
+		recvWCs, err = demoWait(ctx, b.rcq, dc.count)
+		if err == nil {
+			err = checkRecvWCs(recvWCs, dc, a.qp.QPN(), b.qp.QPN())
+		}
+	}
+	r.elapsed = time.Since(start)
+	r.packets = settlePkts(a, b) - pkts0
+	if err != nil {
+		r.err = err
+		return r
+	}
+	wantOp := map[transport.WROpcode]transport.WCOpcode{transport.WRSend: transport.WCSend, transport.WRSendImm: transport.WCSend,
+		transport.WRWrite: transport.WCRDMAWrite, transport.WRWriteImm: transport.WCRDMAWrite, transport.WRRead: transport.WCRDMARead,
+		transport.WRCompareSwap: transport.WCCompSwap, transport.WRFetchAdd: transport.WCFetchAdd}[dc.op]
+	for i, wc := range sendWCs {
+		if wc.Status != transport.WCSuccess {
+			r.err = fmt.Errorf("completion %d: status %q (%d)", i, wc.Status, uint8(wc.Status))
+			return r
+		}
+		if wc.WRID != uint64(i) || wc.Opcode != wantOp {
+			r.err = fmt.Errorf("completion %d: wr_id %d opcode %v, want wr_id %d opcode %v", i, wc.WRID, wc.Opcode, i, wantOp)
+			return r
+		}
+	}
+	if atomic {
+		for i, want := range wantOrig {
+			if got := binary.NativeEndian.Uint64(src[i*8:]); got != want {
+				r.err = fmt.Errorf("atomic %d returned 0x%016x, want 0x%016x", i, got, want)
+				return r
+			}
+		}
+		if got := binary.NativeEndian.Uint64(dst[0:8]); got != cur {
+			r.err = fmt.Errorf("target memory 0x%016x after %d atomics, want 0x%016x", got, dc.count, cur)
+			return r
+		}
+		r.bytes = int64(8 * dc.count)
+		return r
+	}
+	if dc.op == transport.WRWriteImm || dc.op == transport.WRWrite || dc.op == transport.WRRead || dc.op == transport.WRSend || dc.op == transport.WRSendImm {
+		for i := 0; i < dc.count; i++ {
+			lo, hi := i*span, i*span+dc.size
+			if !bytes.Equal(from[lo:hi], to[lo:hi]) {
+				r.err = fmt.Errorf("message %d: data differs at byte %d", i, firstDiff(from[lo:hi], to[lo:hi]))
+				return r
+			}
+			// Nothing may be written past the message.
+			for j := hi; j < (i+1)*span; j++ {
+				if to[j] != 0xee {
+					r.err = fmt.Errorf("message %d: byte %d past the end was written", i, j-lo)
+					return r
+				}
+			}
+		}
+	}
+	r.bytes = int64(dc.size * dc.count)
+	return r
+}
+
+// demoAlloc maps n bytes (at least one page) of anonymous memory.
+func demoAlloc(n int) ([]byte, error) {
+	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("allocating %d bytes: %w", n, err)
+	}
+	return b[:n], nil
+}
+
+// checkRecvWCs checks the receive completions of SENDs and WRITEs with
+// immediate.
+func checkRecvWCs(wcs []transport.WC, dc demoCase, srcQP, qpn uint32) error {
+	for i, wc := range wcs {
+		if wc.Status != transport.WCSuccess {
+			return fmt.Errorf("receive completion %d: status %q (%d)", i, wc.Status, uint8(wc.Status))
+		}
+		var problems []string
+		if wc.WRID != uint64(i) {
+			problems = append(problems, fmt.Sprintf("wr_id %d", wc.WRID))
+		}
+		if wc.ByteLen != uint32(dc.size) {
+			problems = append(problems, fmt.Sprintf("byte_len %d", wc.ByteLen))
+		}
+		if wc.SrcQP != srcQP || wc.QPN != qpn {
+			problems = append(problems, fmt.Sprintf("qp 0x%x src_qp 0x%x", wc.QPN, wc.SrcQP))
+		}
+		switch dc.op {
+		case transport.WRSend:
+			if wc.Opcode != transport.WCRecv || wc.Flags&transport.WCWithImm != 0 {
+				problems = append(problems, fmt.Sprintf("opcode %v flags %#x", wc.Opcode, wc.Flags))
+			}
+		case transport.WRSendImm, transport.WRWriteImm:
+			want := transport.WCRecv
+			if dc.op == transport.WRWriteImm {
+				want = transport.WCRecvRDMAImm
+			}
+			if wc.Opcode != want || wc.Flags&transport.WCWithImm == 0 || wc.Imm != 0x1000+uint32(i) {
+				problems = append(problems, fmt.Sprintf("opcode %v flags %#x imm %#x", wc.Opcode, wc.Flags, wc.Imm))
+			}
+		}
+		if len(problems) > 0 {
+			return fmt.Errorf("receive completion %d: %s", i, strings.Join(problems, ", "))
+		}
+	}
+	return nil
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return -1
+}
+
+// demoWait collects n completions from cq.
+func demoWait(ctx context.Context, cq *transport.CQ, n int) ([]transport.WC, error) {
+	out := make([]transport.WC, 0, n)
+	buf := make([]transport.WC, 64)
+	for len(out) < n {
+		k, err := cq.Wait(ctx, buf)
+		if err != nil {
+			return out, fmt.Errorf("waiting for completion %d of %d: %w", len(out)+1, n, err)
+		}
+		out = append(out, buf[:k]...)
+	}
+	return out, nil
+}
+
+// printCounters prints a device's rxe-style counters and its link's
+// statistics, one "name value" per line, skipping zeros except the packet
+// totals.
+func printCounters(w io.Writer, label string, dev *transport.Device) {
+	c := dev.Counters()
+	fmt.Fprintf(w, "counters %s:\n", label)
+	for _, kv := range c.List() {
+		if kv.Value == 0 && kv.Name != "sent_pkts" && kv.Name != "rcvd_pkts" {
+			continue
+		}
+		fmt.Fprintf(w, "  %-24s %d\n", kv.Name, kv.Value)
+	}
+	s := dev.Link().Stats()
+	fmt.Fprintf(w, "  %-24s %d\n  %-24s %d\n", "link_sent_pkts", s.SentPkts, "link_rcvd_pkts", s.RcvdPkts)
+	for _, kv := range []struct {
+		n string
+		v uint64
+	}{{"link_drop_bad_icrc", s.DropBadICRC}, {"link_drop_malformed", s.DropMalformed}, {"link_drop_other", s.DropOther}} {
+		if kv.v != 0 {
+			fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
+		}
+	}
+}

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
+)
+
+// perfFreePort returns a TCP port that was free a moment ago.
+func perfFreePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+type perfOut struct {
+	code        int
+	out, errOut string
+}
+
+// runPerfPair runs `rocev2d test` as server on 127.0.0.2 and as client on
+// 127.0.0.1 in this process, with the same extra flags.
+func runPerfPair(t *testing.T, test string, flags ...string) (srv, cli perfOut) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	port := strconv.Itoa(perfFreePort(t))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var o, e bytes.Buffer
+		srv.code = run(ctx, append([]string{test, "-p", port, "--bind", "127.0.0.2"}, flags...), &o, &e)
+		srv.out, srv.errOut = o.String(), e.String()
+	}()
+	var o, e bytes.Buffer
+	cli.code = run(ctx, append(append([]string{test, "-p", port, "--bind", "127.0.0.1"}, flags...), "127.0.0.2"), &o, &e)
+	cli.out, cli.errOut = o.String(), e.String()
+	wg.Wait()
+	return srv, cli
+}
+
+// resultRows returns the result lines (those after a "#bytes" header that
+// start with a number) as fields.
+func resultRows(out string) [][]string {
+	var rows [][]string
+	inTable := false
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, " #bytes") {
+			inTable = true
+			continue
+		}
+		f := strings.Fields(line)
+		if inTable && len(f) >= 5 {
+			if _, err := strconv.Atoi(f[0]); err == nil {
+				rows = append(rows, f)
+			}
+		}
+	}
+	return rows
+}
+
+// TestPerfLoopback runs every bandwidth and latency test between two
+// rocev2d instances on 127.0.0.1 <-> 127.0.0.2 with data checks, and checks
+// the exit status, the result table (sizes, iterations) and the check line.
+func TestPerfLoopback(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two devices over loopback sockets")
+	}
+	tests := []struct {
+		test  string
+		flags []string
+		sizes []int
+		iters int
+		// rows printed by server and client
+		srvRows, cliRows int
+	}{
+		{"write-bw", []string{"-n", "50", "-s", "4096"}, []int{4096}, 50, 1, 1},
+		{"write-bw", []string{"-n", "20", "-s", "65536", "-m", "4096", "-t", "8"}, []int{65536}, 20, 1, 1},
+		{"write-bw", []string{"-n", "5", "-a"}, nil, 5, 1, 23},
+		{"read-bw", []string{"-n", "50", "-s", "5000"}, []int{5000}, 50, 1, 1},
+		{"send-bw", []string{"-n", "50", "-s", "3000", "-r", "16"}, []int{3000}, 50, 1, 1},
+		{"send-bw", []string{"-n", "5", "-s", "64"}, []int{64}, 5, 1, 1},
+		{"atomic-bw", []string{"-n", "100"}, []int{8}, 100, 1, 1},
+		{"atomic-bw", []string{"-n", "20", "-A", "CMP_AND_SWAP"}, []int{8}, 20, 1, 1},
+		{"write-lat", []string{"-n", "50", "-s", "64"}, []int{64}, 50, 1, 1},
+		{"write-lat", []string{"-n", "10", "-s", "10000"}, []int{10000}, 10, 1, 1},
+		{"read-lat", []string{"-n", "50", "-s", "2048"}, []int{2048}, 50, 0, 1},
+		{"send-lat", []string{"-n", "50", "-s", "100"}, []int{100}, 50, 1, 1},
+		{"atomic-lat", []string{"-n", "20"}, []int{8}, 20, 0, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.test+strings.Join(tt.flags, ""), func(t *testing.T) {
+			srv, cli := runPerfPair(t, tt.test, append(tt.flags, "--check", "-F", "-x", "1")...)
+			if srv.code != 0 || cli.code != 0 {
+				t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
+			}
+			for _, side := range []struct {
+				name string
+				o    perfOut
+				rows int
+			}{{"server", srv, tt.srvRows}, {"client", cli, tt.cliRows}} {
+				rows := resultRows(side.o.out)
+				if len(rows) != side.rows {
+					t.Fatalf("%s printed %d result rows, want %d:\n%s", side.name, len(rows), side.rows, side.o.out)
+				}
+				for i, r := range rows {
+					size := 2 << i
+					if tt.sizes != nil {
+						size = tt.sizes[i]
+					} else if side.rows == 1 {
+						size = 1 << 23 // a perftest server prints the client's last report
+					}
+					if r[0] != strconv.Itoa(size) || r[1] != strconv.Itoa(tt.iters) {
+						t.Errorf("%s row %d: %v, want %d bytes %d iterations", side.name, i, r, size, tt.iters)
+					}
+				}
+				if !strings.Contains(side.o.out, " data check: ok") {
+					t.Errorf("%s: no data check line:\n%s", side.name, side.o.out)
+				}
+				if !strings.Contains(side.o.out, " local address: LID 0000 QPN 0x") || !strings.Contains(side.o.out, " GID: 00:00:00:00:00:00:00:00:00:00:255:255:127:00:00:0") {
+					t.Errorf("%s: address lines missing:\n%s", side.name, side.o.out)
+				}
+			}
+		})
+	}
+}
+
+// TestPerfDuration runs a bandwidth test for one second.
+func TestPerfDuration(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two devices over loopback sockets")
+	}
+	start := time.Now()
+	srv, cli := runPerfPair(t, "write-bw", "-D", "1", "-s", "1024", "-v")
+	if srv.code != 0 || cli.code != 0 {
+		t.Fatalf("exit server %d client %d\n%s%s\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
+	}
+	if el := time.Since(start); el < time.Second || el > 20*time.Second {
+		t.Errorf("run took %v", el)
+	}
+	rows := resultRows(cli.out)
+	if len(rows) != 1 || rows[0][0] != "1024" {
+		t.Fatalf("rows %v", rows)
+	}
+	if n, _ := strconv.Atoi(rows[0][1]); n < 5 {
+		t.Errorf("only %d iterations in 1 s", n)
+	}
+	if !strings.Contains(cli.out, "sent_pkts") || !strings.Contains(cli.out, "rdma_sends") && !strings.Contains(cli.out, "rcvd_pkts") {
+		t.Errorf("-v printed no counters:\n%s", cli.out)
+	}
+}
+
+func TestPerfFlags(t *testing.T) {
+	bad := []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"write-bw", "-s", "0"}, "-s 0"},
+		{[]string{"write-bw", "-n", "2"}, "-n 2"},
+		{[]string{"write-bw", "-m", "1000"}, "-m 1000"},
+		{[]string{"atomic-bw", "-A", "SWAP"}, `-A "SWAP"`},
+		{[]string{"write-lat", "-D", "2"}, "-D"},
+		{[]string{"write-bw", "-i", "2"}, "-i 2"},
+		{[]string{"read-bw", "--bind", "nope"}, `--bind "nope"`},
+		{[]string{"send-bw", "--frob"}, "flag provided but not defined"},
+		{[]string{"send-bw", "a", "b"}, `unexpected argument "b"`},
+	}
+	for _, b := range bad {
+		code, out, errOut := runIn(t, b.args...)
+		if code != exitUsage || !strings.Contains(errOut, b.msg) {
+			t.Errorf("%v: exit %d, stderr %q (stdout %q), want exit 2 naming %q", b.args, code, errOut, out, b.msg)
+		}
+	}
+	c, err := parsePerfFlags(oob.WriteBW, []string{"--size=100", "-n", "7", "-F", "10.0.0.1", "--tx-depth", "3", "-u", "17", "-x", "3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.size != 100 || c.iters != 7 || c.server != "10.0.0.1" || c.txDepth != 3 || c.qpTimeout != 17 || !c.cpuFreq || c.gidIdx != 3 {
+		t.Errorf("parsed %+v", c)
+	}
+	c, err = parsePerfFlags(oob.ReadLat, nil)
+	if err != nil || c.size != 2 || c.iters != 1000 || c.txDepth != 1 || c.role() != oob.Server {
+		t.Errorf("lat defaults %+v %v", c, err)
+	}
+	c, err = parsePerfFlags(oob.AtomicBW, []string{"-s", "4096"})
+	if err != nil || c.size != 8 || len(c.sizes()) != 1 {
+		t.Errorf("atomic size %+v %v", c, err)
+	}
+	c, _ = parsePerfFlags(oob.SendBW, []string{"-a"})
+	if s := c.sizes(); len(s) != 23 || s[0] != 2 || s[22] != 1<<23 {
+		t.Errorf("-a sizes %v", s)
+	}
+}
+
+func TestPerfErrors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses loopback sockets")
+	}
+	port := perfFreePort(t)
+	t.Run("unreachable", func(t *testing.T) {
+		start := time.Now()
+		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(port), "--connect-timeout", "300ms", "127.0.0.2")
+		if code != exitFail || !strings.Contains(errOut, "server 127.0.0.2 on TCP port "+strconv.Itoa(port)) {
+			t.Errorf("exit %d: %s", code, errOut)
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Errorf("took %v", time.Since(start))
+		}
+	})
+	t.Run("port in use", func(t *testing.T) {
+		ln, err := net.Listen("tcp", ":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		p := ln.Addr().(*net.TCPAddr).Port
+		code, _, errOut := runIn(t, "send-bw", "-p", strconv.Itoa(p))
+		if code != exitFail || !strings.Contains(errOut, fmt.Sprintf("TCP port %d is in use", p)) {
+			t.Errorf("exit %d: %s", code, errOut)
+		}
+	})
+	// fakeServer accepts one connection and answers with reply(conn).
+	fakeServer := func(t *testing.T, reply func(net.Conn)) int {
+		ln, err := net.Listen("tcp", "127.0.0.2:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			reply(conn)
+		}()
+		return ln.Addr().(*net.TCPAddr).Port
+	}
+	t.Run("incompatible version", func(t *testing.T) {
+		p := fakeServer(t, func(c net.Conn) {
+			buf := make([]byte, oob.VersionSize)
+			c.Read(buf)
+			v := make([]byte, oob.VersionSize)
+			oob.EncodeVersion(v, "6.30")
+			c.Write(v)
+			time.Sleep(time.Second)
+		})
+		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(p), "--bind", "127.0.0.1", "127.0.0.2")
+		if code != exitFail || !strings.Contains(errOut, "incompatible perftest version") {
+			t.Errorf("exit %d: %s", code, errOut)
+		}
+	})
+	t.Run("malformed", func(t *testing.T) {
+		p := fakeServer(t, func(c net.Conn) {
+			buf := make([]byte, oob.VersionSize)
+			c.Read(buf)
+			c.Write([]byte("hello, world!!!!"))
+			time.Sleep(time.Second)
+		})
+		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(p), "--bind", "127.0.0.1", "127.0.0.2")
+		if code != exitFail || !strings.Contains(errOut, "malformed out-of-band message") {
+			t.Errorf("exit %d: %s", code, errOut)
+		}
+	})
+	t.Run("remote access error", func(t *testing.T) {
+		// The server announces a wrong rkey: the client's WRITEs are
+		// NAKed and its completion carries the status string.
+		perfTweakLocal = func(d *oob.PerfDest) {
+			if d.VAddr != 0 && d.QPN != 0 {
+				d.RKey ^= 0x5a5a00
+			}
+		}
+		defer func() { perfTweakLocal = nil }()
+		srv, cli := runPerfPair(t, "write-bw", "-n", "5", "-s", "64", "--timeout", "20s")
+		if cli.code != exitFail || !strings.Contains(cli.errOut, "remote access error") {
+			t.Errorf("client exit %d:\n%s%s", cli.code, cli.out, cli.errOut)
+		}
+		if srv.code != exitFail {
+			t.Errorf("server exit %d:\n%s%s", srv.code, srv.out, srv.errOut)
+		}
+	})
+}
