@@ -67,6 +67,9 @@ func TestInterop(t *testing.T) {
 	if os.Getenv("ROCEV2_INTEROP") != "1" {
 		t.Skip(enableHint)
 	}
+	if testing.Short() {
+		t.Skip("the interop suite does not run in -short mode (it boots a VM); run it without -short")
+	}
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("ROCEV2_INTEROP=1 needs root (network namespace, tap, apt-get)")
@@ -210,6 +213,10 @@ func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name 
 		problems = append(problems, fmt.Sprintf("rocev2d pcap check: %v", chkErr))
 	}
 
+	if msg := tsharkCheck(ctx, pcapFile); msg != "" {
+		problems = append(problems, msg)
+	}
+
 	// rxe counters.
 	var cnt []string
 	flagged := false
@@ -251,6 +258,23 @@ func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name 
 		name, r.direction, strings.Join(problems, "\n- "), hostOut, vm.Output, pcapFile, tcpdumpSummary,
 		st, tail(string(chk), 30), after, lab.Console(20))
 	return r
+}
+
+// tsharkCheck decodes the capture with tshark (when installed) and reports
+// malformed frames or error-level expert infos.
+func tsharkCheck(ctx context.Context, file string) string {
+	if _, err := exec.LookPath("tshark"); err != nil {
+		return ""
+	}
+	out, err := exec.CommandContext(ctx, "tshark", "-n", "-r", file, "-Y", `_ws.malformed || _ws.expert.severity >= "Error"`,
+		"-T", "fields", "-e", "frame.number", "-e", "_ws.expert.message").Output()
+	if err != nil {
+		return fmt.Sprintf("tshark -r %s: %v", file, err)
+	}
+	if s := strings.TrimSpace(string(out)); s != "" {
+		return "tshark: malformed or error frames:\n" + tail(s, 20)
+	}
+	return ""
 }
 
 // waitHost waits up to d for a host program, then interrupts it.

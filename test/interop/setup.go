@@ -321,6 +321,7 @@ func fetchKernel(cfg *Config, img *Image) (string, []string, error) {
 	if err := os.Rename(tmp, kdir); err != nil {
 		return "", nil, err
 	}
+	os.Remove(deb[0]) // 70 MB; the kernel directory is all that is needed now
 	return kdir, order, nil
 }
 
