@@ -103,31 +103,92 @@ func TestInterop(t *testing.T) {
 	defer func() {
 		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0))
 	}()
-	n := iters()
-	for _, c := range []struct {
-		size          int
-		rocev2dServer bool
-	}{
-		{64, true}, {4096, true}, {64, false}, {4096, false},
-	} {
-		role := "client"
-		if c.rocev2dServer {
-			role = "server"
-		}
-		name := fmt.Sprintf("rc_pingpong_%d_rocev2d_%s", c.size, role)
-		t.Run(name, func(t *testing.T) {
-			r := pingpongCell(t, ctx, lab, img, name, c.size, n, c.rocev2dServer)
-			rows = append(rows, r)
+	for _, c := range cells(lab.GIDIndex) {
+		t.Run(c.name, func(t *testing.T) {
+			rows = append(rows, runCell(t, ctx, lab, img, c))
 		})
 	}
 }
 
-// pingpongCell runs rocev2d pingpong against ibv_rc_pingpong in the VM.
-func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name string, size, n int, rocev2dServer bool) row {
+// cell is one entry of the matrix: rocev2d against a real tool in the VM.
+type cell struct {
+	name, label   string
+	tool          string   // command in the VM, without the server address
+	toolName      string   // for messages
+	ours          []string // rocev2d arguments, without the server address
+	rocev2dServer bool
+	// check inspects an output (rocev2d's or the tool's) and returns problems.
+	check func(who, out string) []string
+	// passiveServer: the server side prints no result (ib_read_lat).
+	passiveServer bool
+	minPkts       int // RoCEv2 packets the capture must hold at least
+	wantPkts      int // what a loss-free run sends (0: not known), for the table
+}
+
+// cells returns the matrix: every test with rocev2d as server and as client.
+func cells(gidIndex int) []cell {
+	var cs []cell
+	n := iters()
+	for _, server := range []bool{true, false} {
+		role := map[bool]string{true: "server", false: "client"}[server]
+		for _, size := range []int{64, 4096} {
+			perMsg := (size + 1023) / 1024
+			cs = append(cs, cell{
+				name:          fmt.Sprintf("rc_pingpong_%d_rocev2d_%s", size, role),
+				label:         fmt.Sprintf("ibv_rc_pingpong -s %d -n %d", size, n),
+				tool:          fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -n %d -s %d", gidIndex, n, size),
+				toolName:      "ibv_rc_pingpong",
+				ours:          []string{"pingpong", "--bind", HostIP, "-s", strconv.Itoa(size), "-n", strconv.Itoa(n), "--timeout", "120s"},
+				check:         func(who, out string) []string { return checkPingpongOutput(who, out, size, n) },
+				rocev2dServer: server,
+				minPkts:       2 * n * perMsg,
+				wantPkts:      2 * n * (perMsg + 1),
+			})
+		}
+		for _, pt := range []struct {
+			tool, sub string
+			size, n   int
+			extra     []string
+			pkts      int // requests+responses per iteration
+		}{
+			{"ib_send_bw", "send-bw", 4096, 2 * n, nil, 5},
+			{"ib_write_bw", "write-bw", 4096, 2 * n, nil, 5},
+			{"ib_read_bw", "read-bw", 4096, 2 * n, nil, 5},
+			{"ib_atomic_bw", "atomic-bw", 8, 2 * n, []string{"-A", "CMP_AND_SWAP"}, 2},
+			{"ib_atomic_bw", "atomic-bw", 8, 2 * n, []string{"-A", "FETCH_AND_ADD"}, 2},
+			{"ib_write_lat", "write-lat", 64, n, nil, 2},
+			{"ib_read_lat", "read-lat", 64, n, nil, 2},
+		} {
+			args := []string{"-s", strconv.Itoa(pt.size), "-n", strconv.Itoa(pt.n)}
+			args = append(args, pt.extra...)
+			name := fmt.Sprintf("%s_%d%s_rocev2d_%s", pt.tool, pt.size, strings.ToLower(strings.Join(pt.extra, "")), role)
+			name = strings.ReplaceAll(strings.ReplaceAll(name, "-a", "_"), " ", "")
+			size, iters := pt.size, pt.n
+			cs = append(cs, cell{
+				name:     name,
+				label:    strings.Join(append([]string{pt.tool}, args...), " "),
+				tool:     fmt.Sprintf("%s -d rxe0 -x %d -F %s", pt.tool, gidIndex, strings.Join(args, " ")),
+				toolName: pt.tool,
+				ours:     append([]string{pt.sub, "--bind", HostIP, "--timeout", "120s"}, args...),
+				check: func(who, out string) []string {
+					return checkPerftestOutput(who, out, size, iters)
+				},
+				rocev2dServer: server,
+				passiveServer: pt.tool == "ib_read_lat",
+				minPkts:       iters,
+			})
+		}
+	}
+	return cs
+}
+
+// runCell runs rocev2d against the real tool in the VM.
+func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) row {
 	t0 := time.Now()
-	r := row{cell: fmt.Sprintf("ibv_rc_pingpong -s %d -n %d", size, n), result: "FAIL"}
-	ibv := fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -n %d -s %d", lab.GIDIndex, n, size)
-	ours := []string{"pingpong", "--bind", HostIP, "-s", strconv.Itoa(size), "-n", strconv.Itoa(n), "--timeout", "120s"}
+	name := c.name
+	r := row{cell: c.label, result: "FAIL"}
+	ibv := c.tool
+	ours := c.ours
 	before, err := lab.Counters(ctx)
 	if err != nil {
 		t.Fatalf("counters: %v", err)
@@ -141,8 +202,8 @@ func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name 
 	var hostOut string
 	var vm agentproto.Response
 	var vmErr error
-	if rocev2dServer {
-		r.direction = "rocev2d server <- ibv client (VM)"
+	if c.rocev2dServer {
+		r.direction = "rocev2d server <- tool client (VM)"
 		h, err := lab.StartHost(ctx, img.Rocev2d, ours...)
 		if err != nil {
 			t.Fatal(err)
@@ -156,7 +217,7 @@ func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name 
 		vm, vmErr = lab.Run(ctx, ibv+" "+HostIP, 150*time.Second)
 		hostCode, hostOut = waitHost(h, 20*time.Second)
 	} else {
-		r.direction = "rocev2d client -> ibv server (VM)"
+		r.direction = "rocev2d client -> tool server (VM)"
 		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: ibv, TimeoutSec: 150})
 		if err != nil {
 			t.Fatal(err)
@@ -164,7 +225,7 @@ func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name 
 		if err := lab.WaitListenVM(ctx, ppPort, 20*time.Second); err != nil {
 			out, _ := v.Cancel()
 			capt.Stop()
-			t.Fatalf("ibv_rc_pingpong server in the VM: %v\n%s", err, out.Output)
+			t.Fatalf("%s server in the VM: %v\n%s", c.toolName, err, out.Output)
 		}
 		h, err := lab.StartHost(ctx, img.Rocev2d, append(ours, VMIP)...)
 		if err != nil {
@@ -188,10 +249,14 @@ func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name 
 		problems = append(problems, fmt.Sprintf("rocev2d exit status %d", hostCode))
 	}
 	if vmErr != nil || vm.Exit != 0 {
-		problems = append(problems, fmt.Sprintf("ibv_rc_pingpong exit status %d %v %s", vm.Exit, vmErr, vm.Err))
+		problems = append(problems, fmt.Sprintf("%s exit status %d %v %s", c.toolName, vm.Exit, vmErr, vm.Err))
 	}
-	problems = append(problems, checkPingpongOutput("rocev2d", hostOut, size, n)...)
-	problems = append(problems, checkPingpongOutput("ibv_rc_pingpong", vm.Output, size, n)...)
+	if !c.passiveServer || !c.rocev2dServer {
+		problems = append(problems, c.check("rocev2d", hostOut)...)
+	}
+	if !c.passiveServer || c.rocev2dServer {
+		problems = append(problems, c.check(c.toolName, vm.Output)...)
+	}
 
 	// The capture: our analysis, and rocev2d pcap check.
 	st, aerr := AnalyzeCapture(pcapFile)
@@ -199,11 +264,12 @@ func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name 
 		problems = append(problems, "capture: "+aerr.Error())
 		st = &CaptureStats{}
 	}
-	perMsg := (size + 1023) / 1024
-	minPkts := 2 * n * perMsg // data packets; plus one ACK per message
-	r.packets = fmt.Sprintf("%d (%d>vm %d<vm, want %d)", st.RoCE, st.FromHost, st.FromVM, 2*n*(perMsg+1))
-	if st.RoCE < minPkts {
-		problems = append(problems, fmt.Sprintf("capture has %d RoCEv2 packets, want at least %d", st.RoCE, minPkts))
+	r.packets = fmt.Sprintf("%d (%d>vm %d<vm)", st.RoCE, st.FromHost, st.FromVM)
+	if c.wantPkts > 0 {
+		r.packets = fmt.Sprintf("%d (%d>vm %d<vm, want %d)", st.RoCE, st.FromHost, st.FromVM, c.wantPkts)
+	}
+	if st.RoCE < c.minPkts {
+		problems = append(problems, fmt.Sprintf("capture has %d RoCEv2 packets, want at least %d", st.RoCE, c.minPkts))
 	}
 	if st.BadICRC > 0 || st.Bad > 0 {
 		problems = append(problems, fmt.Sprintf("capture: %d bad ICRC, %d malformed", st.BadICRC, st.Bad))
@@ -231,6 +297,17 @@ func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name 
 				problems = append(problems, fmt.Sprintf("rxe counter %s moved by %d", k, d))
 			}
 		}
+		// Every packet rocev2d sent must have been accepted by rxe (it drops
+		// a bad ICRC silently), and the capture must hold all of rxe's.
+		if drops := reDropped.FindStringSubmatch(tcpdumpSummary); drops != nil && drops[1] != "0" {
+			problems = append(problems, "tcpdump dropped packets: "+drops[0])
+		}
+		if got, sent := int64(st.FromVM), delta("sent_pkts"); got != sent {
+			problems = append(problems, fmt.Sprintf("capture holds %d packets from rxe, rxe counted %d sent", got, sent))
+		}
+		if got, acc := int64(st.FromHost), delta("rcvd_pkts"); got != acc {
+			problems = append(problems, fmt.Sprintf("rxe accepted %d of the %d packets rocev2d sent (rcvd_pkts)", acc, got))
+		}
 		var retries int64
 		for _, k := range retryCounters {
 			if d := delta(k); d != 0 {
@@ -250,12 +327,12 @@ func pingpongCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, name 
 		if flagged {
 			r.result = "PASS*"
 		}
-		t.Logf("%s: %s in %.1fs; rocev2d: %s; ibv: %s", name, r.direction, r.d.Seconds(),
-			resultLine(hostOut), resultLine(vm.Output))
+		t.Logf("%s: %s in %.1fs\n--- rocev2d:\n%s--- %s:\n%s", name, r.direction, r.d.Seconds(),
+			resultLines(hostOut), c.toolName, resultLines(vm.Output))
 		return r
 	}
-	t.Errorf("%s (%s) failed:\n- %s\n--- rocev2d output:\n%s\n--- ibv_rc_pingpong output (VM):\n%s\n--- capture %s: %s\n%s--- rocev2d pcap check -q:\n%s\n--- rxe counters after: %v\n--- VM console (last 20 lines):\n%s",
-		name, r.direction, strings.Join(problems, "\n- "), hostOut, vm.Output, pcapFile, tcpdumpSummary,
+	t.Errorf("%s (%s) failed:\n- %s\n--- rocev2d output:\n%s\n--- %s output (VM):\n%s\n--- capture %s: %s\n%s--- rocev2d pcap check -q:\n%s\n--- rxe counters after: %v\n--- VM console (last 20 lines):\n%s",
+		name, r.direction, strings.Join(problems, "\n- "), hostOut, c.toolName, vm.Output, pcapFile, tcpdumpSummary,
 		st, tail(string(chk), 30), after, lab.Console(20))
 	return r
 }
@@ -309,21 +386,53 @@ func checkPingpongOutput(who, out string, size, n int) []string {
 	return p
 }
 
-// resultLine returns the usec/iter part of a pingpong output.
-func resultLine(out string) string {
-	if m := reItersLine.FindStringSubmatch(out); m != nil {
-		return m[3] + " usec/iter"
+// resultLines returns the result lines of a pingpong or perftest output.
+func resultLines(out string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(out, "\n") {
+		if reItersLine.MatchString(l) || reBytesLine.MatchString(l) || rePerfHeader.MatchString(l) || rePerfRow.MatchString(l) {
+			b.WriteString(l + "\n")
+		}
 	}
-	return "?"
+	return b.String()
+}
+
+var reDropped = regexp.MustCompile(`(\d+) packets? dropped by kernel`)
+
+var (
+	rePerfHeader = regexp.MustCompile(`^\s*#bytes\s+#iterations`)
+	rePerfRow    = regexp.MustCompile(`^\s*(\d+)\s+(\d+)\s+[0-9.]+`)
+)
+
+// checkPerftestOutput checks a perftest result table: a "#bytes
+// #iterations ..." header followed by a row for size and iters.
+func checkPerftestOutput(who, out string, size, iters int) []string {
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		if !rePerfHeader.MatchString(l) {
+			continue
+		}
+		for _, row := range lines[i+1:] {
+			m := rePerfRow.FindStringSubmatch(row)
+			if m == nil {
+				continue
+			}
+			if m[1] != strconv.Itoa(size) || m[2] != strconv.Itoa(iters) {
+				return []string{fmt.Sprintf("%s: result row %q, want %d bytes, %d iterations", who, strings.TrimSpace(row), size, iters)}
+			}
+			return nil
+		}
+	}
+	return []string{who + ": no result table (#bytes #iterations ...)"}
 }
 
 // printTable prints the result table and the timings (also to
 // run/results.txt in the cache).
 func printTable(t *testing.T, rows []row, img *Image, setup, boot, total time.Duration) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-32s %-36s %-6s %7s  %-34s %s\n", "cell", "direction", "result", "time", "packets", "rxe counters (delta)")
+	fmt.Fprintf(&b, "\n%-42s %-36s %-6s %7s  %-34s %s\n", "cell", "direction", "result", "time", "packets", "rxe counters (delta)")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "%-32s %-36s %-6s %6.1fs  %-34s %s\n", r.cell, r.direction, r.result, r.d.Seconds(), r.packets, r.counters)
+		fmt.Fprintf(&b, "%-42s %-36s %-6s %6.1fs  %-34s %s\n", r.cell, r.direction, r.result, r.d.Seconds(), r.packets, r.counters)
 	}
 	var steps []string
 	for _, s := range img.Timings {

@@ -495,7 +495,7 @@ type Capture struct {
 // StartCapture starts tcpdump on the tap writing file (everything except
 // the command channel) and waits until it captures.
 func (l *Lab) StartCapture(ctx context.Context, file string) (*Capture, error) {
-	h, err := l.StartHost(ctx, "tcpdump", "-i", Tap, "-s", "0", "-U", "--immediate-mode", "-n", "-Z", "root", "-w", file,
+	h, err := l.StartHost(ctx, "tcpdump", "-i", Tap, "-s", "0", "-U", "--immediate-mode", "-B", "32768", "-n", "-Z", "root", "-w", file,
 		"not", "tcp", "port", strconv.Itoa(agentproto.Port))
 	if err != nil {
 		return nil, err
