@@ -468,21 +468,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		perfTweakLocal(&s.local)
 	}
 
-	usr1 := make(chan os.Signal, 1)
-	signal.Notify(usr1, syscall.SIGUSR1)
-	defer signal.Stop(usr1)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		for {
-			select {
-			case <-usr1:
-				printCounters(stderr, local.String(), s.dev)
-			case <-done:
-				return
-			}
-		}
-	}()
+	defer countersOnSIGUSR1(stderr, map[string]*transport.Device{local.String(): s.dev})()
 
 	if c.check {
 		fillPattern(s.mem[:s.half])
@@ -539,8 +525,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		case c.test == oob.SendBW && role == oob.Server:
 			printBWLine(stdout, s.srvRecv)
 		case role == oob.Server && res.HasReport:
-			r := res.RemoteReport
-			fmt.Fprintf(stdout, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", r.Size, r.Iters, r.BWPeak, r.BWAvg, r.MsgRate)
+			writeBWLine(stdout, res.RemoteReport)
 		}
 		fmt.Fprint(stdout, perfLine)
 	} else if role == oob.Server && (c.test == oob.ReadLat || c.test == oob.AtomicLat) {
@@ -556,6 +541,38 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		printCounters(stdout, local.String(), s.dev)
 	}
 	return nil
+}
+
+// countersOnSIGUSR1 prints the devices' counters to w whenever the process
+// receives SIGUSR1, until the returned stop function is called.
+func countersOnSIGUSR1(w io.Writer, devs map[string]*transport.Device) (stop func()) {
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-usr1:
+				names := make([]string, 0, len(devs))
+				for n := range devs {
+					names = append(names, n)
+				}
+				slices.Sort(names)
+				for _, n := range names {
+					printCounters(w, n, devs[n])
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(usr1)
+		close(done)
+		<-finished
+	}
 }
 
 // perfTweakLocal, if set (by tests), changes the QP data a side announces,
@@ -598,8 +615,13 @@ func cHex(v uint64, width int) string {
 
 // printDest prints a perftest address line and its GID line.
 func (s *perfSide) printDest(w io.Writer, side string, d oob.PerfDest) {
+	writePerfDest(w, s.c.test, side, d)
+}
+
+// writePerfDest prints d as perftest's ctx_print_pingpong_data does for t.
+func writePerfDest(w io.Writer, t oob.PerfTest, side string, d oob.PerfDest) {
 	fmt.Fprintf(w, " %s address: LID %s QPN %s PSN %s", side, cHex(uint64(d.LID), 4), cHex(uint64(d.QPN), 6), cHex(uint64(d.PSN), 6))
-	switch s.c.test {
+	switch t {
 	case oob.ReadBW, oob.ReadLat:
 		fmt.Fprintf(w, " OUT %s", cHex(uint64(d.OutReads), 4))
 		fallthrough
@@ -617,30 +639,59 @@ func (s *perfSide) printDest(w io.Writer, side string, d oob.PerfDest) {
 // printHeader prints perftest's test description block.
 func (s *perfSide) printHeader(w io.Writer) {
 	c := s.c
+	gid := c.gidIdx
+	if gid < 0 {
+		gid = 1
+	}
+	writePerfHeader(w, perfHeader{test: c.test, atomicType: c.atomicType, dev: c.dev, role: c.role(),
+		txDepth: s.txDepth(), rxDepth: c.rxDepth, mtu: s.params.MTU.Bytes(), gidIdx: gid, outReads: int(s.local.OutReads)})
+}
+
+// perfHeader are the values of perftest's description block.
+type perfHeader struct {
+	test       oob.PerfTest
+	atomicType string
+	dev        string
+	role       oob.Role
+	txDepth    int
+	rxDepth    int
+	mtu        int
+	gidIdx     int
+	outReads   int
+}
+
+// writePerfHeader prints the block in perftest 4.5's layout. CQ moderation
+// is 1: rocev2d requests a completion for every work request.
+func writePerfHeader(w io.Writer, h perfHeader) {
 	fmt.Fprint(w, perfLine)
-	fmt.Fprintf(w, "                    %s\n", perfTitle(c.test, c.atomicType))
-	dev := c.dev
+	fmt.Fprintf(w, "                    %s\n", perfTitle(h.test, h.atomicType))
+	dev := h.dev
 	if dev == "" {
 		dev = "rocev2"
 	}
 	fmt.Fprintf(w, " Dual-port       : OFF\t\tDevice         : %s\n", dev)
 	fmt.Fprintf(w, " Number of qps   : 1\t\tTransport type : IB\n")
 	fmt.Fprintf(w, " Connection type : RC\t\tUsing SRQ      : OFF\n")
-	if c.role() == oob.Client || !c.test.IsBW() {
-		fmt.Fprintf(w, " TX depth        : %d\n", s.txDepth())
+	fmt.Fprintf(w, " PCIe relax order: OFF\n")
+	fmt.Fprintf(w, " ibv_wr* API     : OFF\n")
+	send := h.test == oob.SendBW || h.test == oob.SendLat
+	if h.role == oob.Client || !h.test.IsBW() {
+		fmt.Fprintf(w, " TX depth        : %d\n", h.txDepth)
 	}
-	if c.role() == oob.Server && (c.test == oob.SendBW || c.test == oob.SendLat) {
-		fmt.Fprintf(w, " RX depth        : %d\n", c.rxDepth)
+	if h.role == oob.Server && send {
+		fmt.Fprintf(w, " RX depth        : %d\n", h.rxDepth)
 	}
-	fmt.Fprintf(w, " Mtu             : %d[B]\n", s.params.MTU.Bytes())
+	if h.test.IsBW() {
+		fmt.Fprintf(w, " CQ Moderation   : 1\n")
+	}
+	fmt.Fprintf(w, " Mtu             : %d[B]\n", h.mtu)
 	fmt.Fprintf(w, " Link type       : Ethernet\n")
-	gid := c.gidIdx
-	if gid < 0 {
-		gid = 1
-	}
-	fmt.Fprintf(w, " GID index       : %d\n", gid)
-	if c.test == oob.ReadBW || c.test == oob.AtomicBW || c.test == oob.ReadLat || c.test == oob.AtomicLat {
-		fmt.Fprintf(w, " Outstand reads  : %d\n", s.local.OutReads)
+	fmt.Fprintf(w, " GID index       : %d\n", h.gidIdx)
+	reads := h.test == oob.ReadBW || h.test == oob.AtomicBW || h.test == oob.ReadLat || h.test == oob.AtomicLat
+	if reads {
+		fmt.Fprintf(w, " Outstand reads  : %d\n", h.outReads)
+	} else {
+		fmt.Fprintf(w, " Max inline data : 0[B]\n")
 	}
 	fmt.Fprintf(w, " rdma_cm QPs\t : OFF\n")
 	fmt.Fprintf(w, " Data ex. method : Ethernet\n")
@@ -844,7 +895,7 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 	res.iters = int(ccnt)
 	s.results = append(s.results, res)
 	rep := bwReport(res, tx)
-	fmt.Fprintf(stdout, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", rep.Size, rep.Iters, rep.BWPeak, rep.BWAvg, rep.MsgRate)
+	writeBWLine(stdout, rep)
 	return rep, nil
 }
 
@@ -888,7 +939,12 @@ func bwReport(r perfResult, window int) oob.Report {
 func printBWLine(w io.Writer, r perfResult) {
 	rep := bwReport(r, 1)
 	rep.BWPeak = 0 // perftest's server reports no peak
-	fmt.Fprintf(w, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", rep.Size, rep.Iters, rep.BWPeak, rep.BWAvg, rep.MsgRate)
+	writeBWLine(w, rep)
+}
+
+// writeBWLine prints a bandwidth result line (perftest's REPORT_FMT).
+func writeBWLine(w io.Writer, r oob.Report) {
+	fmt.Fprintf(w, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", r.Size, r.Iters, r.BWPeak, r.BWAvg, r.MsgRate)
 }
 
 // sendBWServer receives the client's SENDs, reposting receives.
@@ -1111,9 +1167,16 @@ func printLat(w io.Writer, size, iters int, ts []time.Time, rtt float64) {
 	for i := 1; i < len(ts) && i <= iters; i++ {
 		d = append(d, float64(ts[i].Sub(ts[i-1]).Nanoseconds())/1e3/rtt)
 	}
+	writeLatLine(w, size, iters, d)
+	fmt.Fprint(w, perfLine)
+}
+
+// writeLatLine prints the latency row for the per-iteration latencies d
+// (µs), which it sorts.
+func writeLatLine(w io.Writer, size, iters int, d []float64) {
 	slices.Sort(d)
 	if len(d) > 4 {
-		d = d[:len(d)-2]
+		d = d[:len(d)-2] // LAT_MEASURE_TAIL
 	}
 	if len(d) == 0 {
 		d = []float64{0}
@@ -1135,7 +1198,6 @@ func printLat(w io.Writer, size, iters int, ts []time.Time, rtt float64) {
 	pct := func(p float64) float64 { return d[min(int(math.Ceil(float64(n)*p)), n-1)] }
 	fmt.Fprintf(w, " %-7d %d          %-7.2f        %-7.2f      %-7.2f  \t       %-7.2f     \t%-7.2f\t\t%-7.2f \t\t%-7.2f\n",
 		size, iters, d[0], d[n-1], med, avg, math.Sqrt(vs/float64(n)), pct(0.99), pct(0.999))
-	fmt.Fprint(w, perfLine)
 }
 
 // verify checks the data of a --check run on this side.

@@ -1,0 +1,602 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+func init() {
+	register("bench", "raw UDP vs the RoCEv2 stack over loopback: goodput and ping-pong latency, side by side", benchUsage, runBench)
+}
+
+const benchUsage = `usage: rocev2d bench [options]
+
+One run, side by side, over loopback: a raw UDP baseline (two plain UDP
+sockets moving the same datagram sizes with sendmmsg/recvmmsg batches of 64)
+against the RoCEv2 stack (two devices, one RC QP each, UDP sockets on port
+4791) for WRITE, READ and SEND goodput with 64 B, 4 KiB and 64 KiB messages
+and for an 8-byte SEND ping-pong. The ratio column is stack / raw UDP.
+
+Goodput counts message bytes delivered; the baseline sends each message
+as the stack does, in datagrams of at most one path MTU of payload (plus 16
+bytes for BTH and ICRC). Latency is the round-trip time of one message each
+way, averaged over the run.
+
+options:
+  -t, --time=DUR  duration of each row (default 1s)
+  -m, --mtu=MTU   path MTU of the stack and datagram payload size (default 4096)
+  --a=IP          first address (default 127.0.0.1)
+  --b=IP          second address (default 127.0.0.2)
+  -v              print the stack's counters at the end
+`
+
+// benchConfig holds the parsed flags of `rocev2d bench`.
+type benchConfig struct {
+	dur     time.Duration
+	mtu     transport.MTU
+	a, b    netip.Addr
+	verbose bool
+}
+
+func parseBenchFlags(args []string) (*benchConfig, error) {
+	c := &benchConfig{}
+	fs := flag.NewFlagSet("rocev2d bench", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var a, b string
+	var mtu int
+	fs.DurationVar(&c.dur, "t", time.Second, "")
+	fs.DurationVar(&c.dur, "time", time.Second, "")
+	fs.IntVar(&mtu, "m", 4096, "")
+	fs.IntVar(&mtu, "mtu", 4096, "")
+	fs.StringVar(&a, "a", "127.0.0.1", "")
+	fs.StringVar(&b, "b", "127.0.0.2", "")
+	fs.BoolVar(&c.verbose, "v", false, "")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if c.a, err = netip.ParseAddr(a); err != nil {
+		return nil, fmt.Errorf("--a %q: not an IP address", a)
+	}
+	if c.b, err = netip.ParseAddr(b); err != nil {
+		return nil, fmt.Errorf("--b %q: not an IP address", b)
+	}
+	c.a, c.b = c.a.Unmap(), c.b.Unmap()
+	if c.a == c.b || c.a.Is4() != c.b.Is4() {
+		return nil, errors.New("--a and --b must be two different addresses of one IP version")
+	}
+	var ok bool
+	if c.mtu, ok = transport.MTUFromBytes(mtu); !ok {
+		return nil, fmt.Errorf("-m %d: MTU must be 256, 512, 1024, 2048 or 4096", mtu)
+	}
+	if c.dur < 10*time.Millisecond || c.dur > time.Hour {
+		return nil, fmt.Errorf("-t %v: duration must be between 10ms and 1h", c.dur)
+	}
+	return c, nil
+}
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := parseBenchFlags(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, benchUsage)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d bench: %v\n(see `rocev2d help bench`)\n", err)
+		return exitUsage
+	}
+	if err := bench(ctx, c, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "rocev2d bench: %v\n", err)
+		return exitFail
+	}
+	return exitOK
+}
+
+// benchRow is one line of the table.
+type benchRow struct {
+	name     string
+	size     int
+	raw, roc float64 // MB/s, or µs for latency rows
+	rawPPS   float64 // raw datagrams per second
+	rocPPS   float64 // stack packets per second (both directions)
+	latency  bool
+}
+
+func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error {
+	sizes := []int{64, 4096, 65536}
+	fmt.Fprintf(stdout, "rocev2d bench: %v <-> %v over loopback, path MTU %v, %v per row\n\n", c.a, c.b, c.mtu, c.dur)
+	// Baselines first: plain UDP sockets on ephemeral ports.
+	raw := map[int][2]float64{}
+	for _, size := range sizes {
+		mbs, pps, err := rawGoodput(ctx, c, size)
+		if err != nil {
+			return fmt.Errorf("raw UDP baseline, %d B messages: %w", size, err)
+		}
+		raw[size] = [2]float64{mbs, pps}
+	}
+	rawRTT, err := rawPingPong(ctx, c, 8+16)
+	if err != nil {
+		return fmt.Errorf("raw UDP ping-pong: %w", err)
+	}
+
+	la, err := udp.ListenSocket(c.a, nil)
+	if err != nil {
+		return socketHint(c.a, err)
+	}
+	lb, err := udp.ListenSocket(c.b, nil)
+	if err != nil {
+		la.Close()
+		return socketHint(c.b, err)
+	}
+	a, err := newDemoEnd("A", la)
+	if err != nil {
+		lb.Close()
+		return err
+	}
+	defer a.dev.Close()
+	b, err := newDemoEnd("B", lb)
+	if err != nil {
+		return err
+	}
+	defer b.dev.Close()
+	access := memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
+	psnA, psnB := rand.Uint32()&0xffffff, rand.Uint32()&0xffffff
+	if err := connectRC(a.qp, c.b, b.qp.QPN(), psnA, psnB, c.mtu, 16, access, 14); err != nil {
+		return err
+	}
+	if err := connectRC(b.qp, c.a, a.qp.QPN(), psnB, psnA, c.mtu, 16, access, 14); err != nil {
+		return err
+	}
+	// B's receive buffer for the SEND rows: one registration, big enough
+	// for every size, with receives kept posted across rows.
+	rbuf, err := demoAlloc(1 << 16)
+	if err != nil {
+		return err
+	}
+	defer unix.Munmap(rbuf)
+	rmr, err := b.pd.RegisterMR(rbuf, memreg.AccessLocalWrite)
+	if err != nil {
+		return err
+	}
+	defer rmr.Deregister()
+	recv := transport.RecvWR{SGEs: []memreg.SGE{{Addr: rmr.IOVA(), Length: uint32(len(rbuf)), LKey: rmr.LKey()}}}
+	for i := 0; i < 200; i++ {
+		if err := b.qp.PostRecv(recv); err != nil {
+			return err
+		}
+	}
+	defer countersOnSIGUSR1(stderr, map[string]*transport.Device{"A " + c.a.String(): a.dev, "B " + c.b.String(): b.dev})()
+	var rows []benchRow
+	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
+		for _, size := range sizes {
+			mbs, pps, err := stackGoodput(ctx, c, a, b, op, size, recv)
+			if err != nil {
+				return fmt.Errorf("%s %d B: %w", demoName(op), size, err)
+			}
+			rows = append(rows, benchRow{name: demoName(op) + " goodput", size: size, raw: raw[size][0], roc: mbs,
+				rawPPS: raw[size][1], rocPPS: pps})
+		}
+	}
+	rtt, err := stackPingPong(ctx, c, a, b, 8)
+	if err != nil {
+		return fmt.Errorf("SEND ping-pong: %w", err)
+	}
+	rows = append(rows, benchRow{name: "SEND ping-pong RTT", size: 8, raw: rawRTT, roc: rtt, latency: true})
+
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "test\tmessage\traw UDP\trocev2\tratio\traw pkt/s\trocev2 pkt/s\t")
+	for _, r := range rows {
+		if r.latency {
+			fmt.Fprintf(tw, "%s\t%d B\t%.1f µs\t%.1f µs\t%.2f\t\t\t\n", r.name, r.size, r.raw, r.roc, r.roc/r.raw)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1f MB/s\t%.1f MB/s\t%.3f\t%.0f\t%.0f\t\n", r.name, benchSize(r.size), r.raw, r.roc, r.roc/r.raw, r.rawPPS, r.rocPPS)
+	}
+	tw.Flush()
+	fmt.Fprintln(stdout, "\nratio = rocev2 / raw UDP (goodput: higher is better; RTT: lower is better).")
+	fmt.Fprintln(stdout, "rocev2 pkt/s counts the packets of both directions (data, ACKs, READ responses).")
+	if c.verbose {
+		fmt.Fprintln(stdout)
+		printCounters(stdout, "A "+c.a.String(), a.dev)
+		printCounters(stdout, "B "+c.b.String(), b.dev)
+	}
+	return nil
+}
+
+func benchSize(n int) string {
+	switch {
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// benchBatch is the sendmmsg/recvmmsg batch of the raw baseline.
+const benchBatch = 64
+
+// batchConn is the ReadBatch/WriteBatch side of x/net's ipv4/ipv6
+// PacketConn (recvmmsg/sendmmsg on Linux).
+type batchConn interface {
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+func newBatchConn(c *net.UDPConn, v4 bool) batchConn {
+	if v4 {
+		return ipv4.NewPacketConn(c)
+	}
+	return ipv6.NewPacketConn(c)
+}
+
+// rawPair opens two UDP sockets on ephemeral ports of the two addresses.
+func rawPair(c *benchConfig) (sa, sb *net.UDPConn, err error) {
+	sa, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(c.a, 0)))
+	if err != nil {
+		return nil, nil, err
+	}
+	sb, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(c.b, 0)))
+	if err != nil {
+		sa.Close()
+		return nil, nil, err
+	}
+	for _, s := range []*net.UDPConn{sa, sb} {
+		s.SetReadBuffer(8 << 20)
+		s.SetWriteBuffer(8 << 20)
+	}
+	return sa, sb, nil
+}
+
+// rawGoodput sends messages of size bytes, cut into datagrams of at most
+// one MTU of payload plus 16 bytes (BTH + ICRC), from a to b for c.dur with
+// sendmmsg batches, receives them with recvmmsg batches, and returns the
+// delivered message bytes per second (MB/s, 10^6) and datagrams per second.
+func rawGoodput(ctx context.Context, c *benchConfig, size int) (float64, float64, error) {
+	sa, sb, err := rawPair(c)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer sa.Close()
+	defer sb.Close()
+	mtu := c.mtu.Bytes()
+	// The datagrams of one message: full MTU chunks and the remainder.
+	var chunks []int
+	for left := size; left > 0; left -= mtu {
+		chunks = append(chunks, min(left, mtu))
+	}
+	bufs := make([][]byte, len(chunks))
+	for i, n := range chunks {
+		bufs[i] = make([]byte, n+16)
+	}
+	dst := sb.LocalAddr()
+	wb := newBatchConn(sa, c.a.Is4())
+	rb := newBatchConn(sb, c.a.Is4())
+	msgs := make([]ipv4.Message, benchBatch)
+	for i := range msgs {
+		msgs[i] = ipv4.Message{Buffers: [][]byte{bufs[i%len(bufs)]}, Addr: dst}
+	}
+	var rcvdBytes, rcvdPkts atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rm := make([]ipv4.Message, benchBatch)
+		for i := range rm {
+			rm[i] = ipv4.Message{Buffers: [][]byte{make([]byte, 65536)}}
+		}
+		for {
+			sb.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			n, err := rb.ReadBatch(rm, 0)
+			for _, m := range rm[:max(n, 0)] {
+				rcvdBytes.Add(int64(m.N - 16))
+				rcvdPkts.Add(1)
+			}
+			if err != nil {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+			}
+		}
+	}()
+	start := time.Now()
+	deadline := start.Add(c.dur)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		// Keep message boundaries: batches are whole multiples of a message.
+		n := benchBatch - benchBatch%len(bufs)
+		if n == 0 {
+			n = len(bufs)
+		}
+		if _, err := wb.WriteBatch(msgs[:n], 0); err != nil {
+			var errno unix.Errno
+			if errors.As(err, &errno) && (errno == unix.ENOBUFS || errno == unix.EAGAIN) {
+				continue
+			}
+			close(stop)
+			wg.Wait()
+			return 0, 0, err
+		}
+	}
+	el := time.Since(start)
+	time.Sleep(20 * time.Millisecond) // let the receiver drain
+	close(stop)
+	wg.Wait()
+	return float64(rcvdBytes.Load()) / el.Seconds() / 1e6, float64(rcvdPkts.Load()) / el.Seconds(), ctx.Err()
+}
+
+// rawPingPong bounces one datagram of n bytes between two sockets for
+// c.dur and returns the mean round-trip time in µs.
+func rawPingPong(ctx context.Context, c *benchConfig, n int) (float64, error) {
+	sa, sb, err := rawPair(c)
+	if err != nil {
+		return 0, err
+	}
+	defer sa.Close()
+	defer sb.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for {
+			sb.SetReadDeadline(time.Now().Add(time.Second))
+			k, from, err := sb.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if _, err := sb.WriteToUDPAddrPort(buf[:k], from); err != nil {
+				return
+			}
+		}
+	}()
+	msg := make([]byte, n)
+	buf := make([]byte, 2048)
+	dst := sb.LocalAddr().(*net.UDPAddr).AddrPort()
+	iters := 0
+	start := time.Now()
+	deadline := start.Add(c.dur)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if _, err := sa.WriteToUDPAddrPort(msg, dst); err != nil {
+			return 0, err
+		}
+		sa.SetReadDeadline(time.Now().Add(time.Second))
+		if _, _, err := sa.ReadFromUDPAddrPort(buf); err != nil {
+			return 0, fmt.Errorf("no echo after %d round trips: %w", iters, err)
+		}
+		iters++
+	}
+	el := time.Since(start)
+	sa.Close()
+	sb.Close()
+	<-done
+	if iters == 0 {
+		return 0, errors.New("no round trip completed")
+	}
+	return float64(el.Nanoseconds()) / 1e3 / float64(iters), ctx.Err()
+}
+
+// stackGoodput runs op from A to B (READ: B's memory to A) with messages of
+// size bytes and a window of outstanding work requests for c.dur, and
+// returns the delivered message bytes per second (MB/s) and the packets per
+// second both links sent.
+// For SEND, B has receives of recv posted and reposts each one consumed.
+func stackGoodput(ctx context.Context, c *benchConfig, a, b *demoEnd, op transport.WROpcode, size int, recv transport.RecvWR) (float64, float64, error) {
+	window := 64
+	if size >= 65536 {
+		window = 8
+	}
+	src, err := demoAlloc(size)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unix.Munmap(src)
+	dst, err := demoAlloc(size)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unix.Munmap(dst)
+	srcMR, err := a.pd.RegisterMR(src, memreg.AccessLocalWrite)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer srcMR.Deregister()
+	dstMR, err := b.pd.RegisterMR(dst, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer dstMR.Deregister()
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var recvErr error
+	var received atomic.Int64
+	var wg sync.WaitGroup
+	if op == transport.WRSend {
+		// B keeps its receive queue full.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wcs := make([]transport.WC, 64)
+			for {
+				n, err := b.rcq.Wait(rctx, wcs)
+				if err != nil {
+					if rctx.Err() == nil {
+						recvErr = err
+					}
+					return
+				}
+				for _, wc := range wcs[:n] {
+					if wc.Status != transport.WCSuccess {
+						recvErr = wcError(wc, "receive")
+						return
+					}
+					if err := b.qp.PostRecv(recv); err != nil {
+						recvErr = err
+						return
+					}
+					received.Add(1)
+				}
+			}
+		}()
+	}
+	wr := transport.SendWR{Opcode: op, Flags: transport.SendSignaled,
+		SGEs:       []memreg.SGE{{Addr: srcMR.IOVA(), Length: uint32(size), LKey: srcMR.LKey()}},
+		RemoteAddr: dstMR.IOVA(), RKey: dstMR.RKey()}
+	wrs := make([]transport.SendWR, window)
+	for i := range wrs {
+		wrs[i] = wr
+	}
+	wcs := make([]transport.WC, 64)
+	pkts0 := a.link.Stats().SentPkts + b.link.Stats().SentPkts
+	var posted, done int
+	start := time.Now()
+	deadline := start.Add(c.dur)
+	for {
+		if time.Now().Before(deadline) && posted-done < window {
+			k := window - (posted - done)
+			if err := a.qp.PostSend(wrs[:k]...); err != nil {
+				return 0, 0, err
+			}
+			posted += k
+		}
+		if posted == done {
+			break
+		}
+		n, err := a.scq.Wait(ctx, wcs)
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != transport.WCSuccess {
+				return 0, 0, wcError(wc, "send")
+			}
+		}
+		done += n
+	}
+	el := time.Since(start)
+	pkts := a.link.Stats().SentPkts + b.link.Stats().SentPkts - pkts0
+	if op == transport.WRSend {
+		// Wait until B has consumed (and reposted) every message.
+		for time.Since(start) < c.dur+5*time.Second && received.Load() < int64(done) {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+		wg.Wait()
+		if recvErr != nil {
+			return 0, 0, recvErr
+		}
+	}
+	return float64(done) * float64(size) / el.Seconds() / 1e6, float64(pkts) / el.Seconds(), ctx.Err()
+}
+
+// stackPingPong bounces a SEND of n bytes between A and B for c.dur and
+// returns the mean round-trip time in µs.
+func stackPingPong(ctx context.Context, c *benchConfig, a, b *demoEnd, n int) (float64, error) {
+	bufA, err := demoAlloc(4096)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Munmap(bufA)
+	bufB, err := demoAlloc(4096)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Munmap(bufB)
+	mrA, err := a.pd.RegisterMR(bufA, memreg.AccessLocalWrite)
+	if err != nil {
+		return 0, err
+	}
+	defer mrA.Deregister()
+	mrB, err := b.pd.RegisterMR(bufB, memreg.AccessLocalWrite)
+	if err != nil {
+		return 0, err
+	}
+	defer mrB.Deregister()
+	sgeA := []memreg.SGE{{Addr: mrA.IOVA(), Length: uint32(n), LKey: mrA.LKey()}}
+	sgeB := []memreg.SGE{{Addr: mrB.IOVA(), Length: uint32(n), LKey: mrB.LKey()}}
+	for i := 0; i < 4; i++ {
+		if err := a.qp.PostRecv(transport.RecvWR{SGEs: sgeA}); err != nil {
+			return 0, err
+		}
+		if err := b.qp.PostRecv(transport.RecvWR{SGEs: sgeB}); err != nil {
+			return 0, err
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	echoErr := make(chan error, 1)
+	go func() {
+		wcs := make([]transport.WC, 8)
+		for {
+			k, err := b.rcq.Wait(rctx, wcs)
+			if err != nil {
+				echoErr <- nil
+				return
+			}
+			for _, wc := range wcs[:k] {
+				if wc.Status != transport.WCSuccess {
+					echoErr <- wcError(wc, "receive")
+					return
+				}
+				if err := b.qp.PostRecv(transport.RecvWR{SGEs: sgeB}); err != nil {
+					echoErr <- err
+					return
+				}
+				if err := b.qp.PostSend(transport.SendWR{Opcode: transport.WRSend, SGEs: sgeB}); err != nil {
+					echoErr <- err
+					return
+				}
+			}
+			// Reap B's (unsignaled: none) send completions.
+			b.scq.Poll(wcs)
+		}
+	}()
+	wcs := make([]transport.WC, 8)
+	iters := 0
+	start := time.Now()
+	deadline := start.Add(c.dur)
+	for time.Now().Before(deadline) {
+		if err := a.qp.PostSend(transport.SendWR{Opcode: transport.WRSend, SGEs: sgeA}); err != nil {
+			return 0, err
+		}
+		k, err := a.rcq.Wait(ctx, wcs[:1])
+		if err != nil {
+			return 0, fmt.Errorf("waiting for echo %d: %w", iters+1, err)
+		}
+		if k == 1 && wcs[0].Status != transport.WCSuccess {
+			return 0, wcError(wcs[0], "receive")
+		}
+		if err := a.qp.PostRecv(transport.RecvWR{SGEs: sgeA}); err != nil {
+			return 0, err
+		}
+		a.scq.Poll(wcs)
+		iters++
+	}
+	el := time.Since(start)
+	cancel()
+	if err := <-echoErr; err != nil {
+		return 0, err
+	}
+	return float64(el.Nanoseconds()) / 1e3 / float64(iters), ctx.Err()
+}
