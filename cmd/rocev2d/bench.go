@@ -124,6 +124,8 @@ type benchRow struct {
 }
 
 func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error {
+	usr1 := watchSIGUSR1(stderr)
+	defer usr1.Stop()
 	sizes := []int{64, 4096, 65536}
 	fmt.Fprintf(stdout, "rocev2d bench: %v <-> %v over loopback, path MTU %v, %v per row\n\n", c.a, c.b, c.mtu, c.dur)
 	// Baselines first: plain UDP sockets on ephemeral ports.
@@ -186,7 +188,8 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 			return err
 		}
 	}
-	defer countersOnSIGUSR1(stderr, map[string]*transport.Device{"A " + c.a.String(): a.dev, "B " + c.b.String(): b.dev})()
+	usr1.Add("A "+c.a.String(), a.dev)
+	usr1.Add("B "+c.b.String(), b.dev)
 	var rows []benchRow
 	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
 		for _, size := range sizes {

@@ -280,6 +280,8 @@ type demoResult struct {
 }
 
 func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
+	usr1 := watchSIGUSR1(stderr)
+	defer usr1.Stop()
 	la, lb, kind, err := demoLinks(c)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
@@ -319,6 +321,8 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	defer b.dev.Close()
+	usr1.Add("A "+c.a.String(), a.dev)
+	usr1.Add("B "+c.b.String(), b.dev)
 	access := memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
 	psnA, psnB := rand.Uint32()&0xffffff, rand.Uint32()&0xffffff
 	if err := connectRC(a.qp, c.b, b.qp.QPN(), psnA, psnB, c.mtu, 16, access, 14); err != nil {

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -446,6 +447,8 @@ func fillPattern(b []byte) {
 
 // perfRun runs one perftest-compatible test.
 func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error {
+	usr1 := watchSIGUSR1(stderr)
+	defer usr1.Stop()
 	conn, err := perfConnect(ctx, c)
 	if err != nil {
 		return err
@@ -468,7 +471,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		perfTweakLocal(&s.local)
 	}
 
-	defer countersOnSIGUSR1(stderr, map[string]*transport.Device{local.String(): s.dev})()
+	usr1.Add(local.String(), s.dev)
 
 	if c.check {
 		fillPattern(s.mem[:s.half])
@@ -543,36 +546,58 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	return nil
 }
 
-// countersOnSIGUSR1 prints the devices' counters to w whenever the process
-// receives SIGUSR1, until the returned stop function is called.
-func countersOnSIGUSR1(w io.Writer, devs map[string]*transport.Device) (stop func()) {
-	usr1 := make(chan os.Signal, 1)
-	signal.Notify(usr1, syscall.SIGUSR1)
-	done := make(chan struct{})
-	finished := make(chan struct{})
+// usr1Watch prints the counters of its devices whenever the process
+// receives SIGUSR1 (so that a long run can be inspected), from the moment
+// it is created — before any device exists it says so, instead of letting
+// SIGUSR1 terminate the process.
+type usr1Watch struct {
+	w        io.Writer
+	mu       sync.Mutex
+	names    []string
+	devs     []*transport.Device
+	sig      chan os.Signal
+	done     chan struct{}
+	finished chan struct{}
+}
+
+// watchSIGUSR1 starts printing counters to w on SIGUSR1.
+func watchSIGUSR1(w io.Writer) *usr1Watch {
+	u := &usr1Watch{w: w, sig: make(chan os.Signal, 1), done: make(chan struct{}), finished: make(chan struct{})}
+	signal.Notify(u.sig, syscall.SIGUSR1)
 	go func() {
-		defer close(finished)
+		defer close(u.finished)
 		for {
 			select {
-			case <-usr1:
-				names := make([]string, 0, len(devs))
-				for n := range devs {
-					names = append(names, n)
+			case <-u.sig:
+				u.mu.Lock()
+				if len(u.devs) == 0 {
+					fmt.Fprintln(u.w, "counters: no device yet (waiting for the peer)")
 				}
-				slices.Sort(names)
-				for _, n := range names {
-					printCounters(w, n, devs[n])
+				for i, d := range u.devs {
+					printCounters(u.w, u.names[i], d)
 				}
-			case <-done:
+				u.mu.Unlock()
+			case <-u.done:
 				return
 			}
 		}
 	}()
-	return func() {
-		signal.Stop(usr1)
-		close(done)
-		<-finished
-	}
+	return u
+}
+
+// Add includes a device in the SIGUSR1 output.
+func (u *usr1Watch) Add(name string, d *transport.Device) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.names = append(u.names, name)
+	u.devs = append(u.devs, d)
+}
+
+// Stop stops watching (SIGUSR1 gets its default action again).
+func (u *usr1Watch) Stop() {
+	signal.Stop(u.sig)
+	close(u.done)
+	<-u.finished
 }
 
 // perfTweakLocal, if set (by tests), changes the QP data a side announces,

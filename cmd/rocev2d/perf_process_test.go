@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// buildRocev2d builds the command into a temporary directory.
+func buildRocev2d(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "rocev2d")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// procResult is the outcome of one rocev2d process.
+type procResult struct {
+	code           int
+	stdout, stderr string
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+// TestPerfProcesses runs every perftest-compatible test between two rocev2d
+// processes, server on 127.0.0.2 and client on 127.0.0.1, with data
+// checks, and checks exit statuses and the reported bytes and iterations.
+func TestPerfProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs loopback traffic")
+	}
+	bin := buildRocev2d(t)
+	tests := []struct {
+		test    string
+		size    int
+		cliRows int
+		srvRows int
+	}{
+		{"write-bw", 3000, 1, 1}, {"read-bw", 8192, 1, 1}, {"send-bw", 1024, 1, 1}, {"atomic-bw", 8, 1, 1},
+		{"write-lat", 64, 1, 1}, {"read-lat", 100, 1, 0}, {"send-lat", 5000, 1, 1}, {"atomic-lat", 8, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.test, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			port := strconv.Itoa(perfFreePort(t))
+			args := []string{"-p", port, "-n", "20", "-s", strconv.Itoa(tt.size), "--check"}
+			srv := exec.CommandContext(ctx, bin, append([]string{tt.test, "--bind", "127.0.0.2"}, args...)...)
+			var so, se bytes.Buffer
+			srv.Stdout, srv.Stderr = &so, &se
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			cli := exec.CommandContext(ctx, bin, append(append([]string{tt.test, "--bind", "127.0.0.1"}, args...), "127.0.0.2")...)
+			var co, ce bytes.Buffer
+			cli.Stdout, cli.Stderr = &co, &ce
+			cerr := cli.Run()
+			serr := srv.Wait()
+			for _, p := range []struct {
+				name string
+				code int
+				out  string
+				err  string
+				rows int
+			}{{"server", exitCode(serr), so.String(), se.String(), tt.srvRows}, {"client", exitCode(cerr), co.String(), ce.String(), tt.cliRows}} {
+				if p.code != 0 {
+					t.Fatalf("%s exit %d\n%s%s", p.name, p.code, p.out, p.err)
+				}
+				rows := resultRows(p.out)
+				if len(rows) != p.rows {
+					t.Fatalf("%s: %d rows, want %d\n%s", p.name, len(rows), p.rows, p.out)
+				}
+				for _, r := range rows {
+					if r[0] != strconv.Itoa(tt.size) || r[1] != "20" {
+						t.Errorf("%s row %v: want %d bytes, 20 iterations", p.name, r, tt.size)
+					}
+				}
+				if !strings.Contains(p.out, " data check: ok") {
+					t.Errorf("%s: no data check line\n%s", p.name, p.out)
+				}
+			}
+		})
+	}
+}
+
+// TestSIGUSR1 sends SIGUSR1 to a server waiting for its client and to a
+// client in the middle of a two-second run: both print counters and go on.
+func TestSIGUSR1(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs loopback traffic")
+	}
+	bin := buildRocev2d(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	port := strconv.Itoa(perfFreePort(t))
+	args := []string{"-p", port, "-D", "2", "-s", "1024"}
+	srv := exec.CommandContext(ctx, bin, append([]string{"write-bw", "--bind", "127.0.0.2"}, args...)...)
+	var so, se bytes.Buffer
+	srv.Stdout, srv.Stderr = &so, &se
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := srv.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	cli := exec.CommandContext(ctx, bin, append(append([]string{"write-bw", "--bind", "127.0.0.1"}, args...), "127.0.0.2")...)
+	var co, ce bytes.Buffer
+	cli.Stdout, cli.Stderr = &co, &ce
+	if err := cli.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if err := cli.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	cerr := cli.Wait()
+	serr := srv.Wait()
+	if exitCode(serr) != 0 || exitCode(cerr) != 0 {
+		t.Fatalf("exit server %v client %v\n%s%s\n%s%s", serr, cerr, so.String(), se.String(), co.String(), ce.String())
+	}
+	if !strings.Contains(se.String(), "counters: no device yet") {
+		t.Errorf("server stderr lacks the waiting note:\n%s", se.String())
+	}
+	if !strings.Contains(ce.String(), "counters 127.0.0.1:") || !strings.Contains(ce.String(), "sent_pkts") {
+		t.Errorf("client stderr lacks counters:\n%s", ce.String())
+	}
+}
