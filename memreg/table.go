@@ -53,7 +53,8 @@ type Usage struct {
 // Lookups (every remote or local access) are O(1) and take no lock: two
 // atomic loads (page, slot) and an atomic in-flight count on the
 // registration. Registration, deregistration, binding and invalidation
-// serialize on a mutex.
+// serialize on a mutex. Create tables with NewTable; the zero Table is
+// not usable.
 type Table struct {
 	lim   Limits
 	page0 page // the first 4096 indices live inline: one dependent load less per lookup
