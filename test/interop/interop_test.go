@@ -121,8 +121,14 @@ type cell struct {
 	check func(who, out string) []string
 	// passiveServer: the server side prints no result (ib_read_lat).
 	passiveServer bool
-	minPkts       int // RoCEv2 packets the capture must hold at least
-	wantPkts      int // what a loss-free run sends (0: not known), for the table
+	// port is the tool's TCP port (default 18515).
+	port int
+	// inproc, when set, runs the rocev2 side in this process (inside the
+	// lab namespace) instead of the rocev2d binary; as a server it reports
+	// on ready once it listens. It returns an exit status and its output.
+	inproc   func(ctx context.Context, lab *Lab, ready chan<- error) (int, string)
+	minPkts  int // RoCEv2 packets the capture must hold at least
+	wantPkts int // what a loss-free run sends (0: not known), for the table
 }
 
 // cells returns the matrix: every test with rocev2d as server and as client.
@@ -178,6 +184,38 @@ func cells(gidIndex int) []cell {
 				minPkts:       iters,
 			})
 		}
+		for _, op := range []string{"write", "send"} {
+			for _, size := range []int{64, 4096} {
+				op, size, iters := op, size, n/2
+				wr := map[string]string{"write": "RDMA_WRITE_WITH_IMM", "send": "SEND_WITH_IMM"}[op]
+				cs = append(cs, cell{
+					name:     fmt.Sprintf("%s_imm_%d_rocev2d_%s", op, size, role),
+					label:    fmt.Sprintf("rv2imm -o %s -s %d -n %d", op, size, iters),
+					tool:     fmt.Sprintf("rv2imm -d rxe0 -g %d -o %s -s %d -n %d", gidIndex, op, size, iters),
+					toolName: "rv2imm",
+					port:     immPort,
+					inproc: func(ctx context.Context, lab *Lab, ready chan<- error) (int, string) {
+						var out strings.Builder
+						err := runImm(ctx, lab, immConfig{write: op == "write", size: size, iters: iters, requester: !server}, &out, ready)
+						if err != nil {
+							fmt.Fprintf(&out, "error: %v\n", err)
+							return 1, out.String()
+						}
+						return 0, out.String()
+					},
+					check: func(who, out string) []string {
+						want := fmt.Sprintf("%d %s of %d bytes", iters, wr, size)
+						if !strings.Contains(out, want) {
+							return []string{fmt.Sprintf("%s: no %q line", who, want)}
+						}
+						return nil
+					},
+					rocev2dServer: server,
+					minPkts:       2 * iters,
+					wantPkts:      iters * ((size+1023)/1024 + 1),
+				})
+			}
+		}
 	}
 	return cs
 }
@@ -202,13 +240,37 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 	var hostOut string
 	var vm agentproto.Response
 	var vmErr error
-	if c.rocev2dServer {
+	port := c.port
+	if port == 0 {
+		port = ppPort
+	}
+	switch {
+	case c.rocev2dServer && c.inproc != nil:
+		r.direction = "rocev2d server <- tool client (VM)"
+		ready := make(chan error, 1)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			hostCode, hostOut = c.inproc(ctx, lab, ready)
+		}()
+		if err := <-ready; err != nil {
+			<-done
+			capt.Stop()
+			t.Fatalf("rocev2d server: %v\n%s", err, hostOut)
+		}
+		vm, vmErr = lab.Run(ctx, ibv+" "+HostIP, 150*time.Second)
+		select {
+		case <-done:
+		case <-time.After(90 * time.Second):
+			t.Fatalf("in-process rocev2d side did not finish 90 s after the VM side")
+		}
+	case c.rocev2dServer:
 		r.direction = "rocev2d server <- tool client (VM)"
 		h, err := lab.StartHost(ctx, img.Rocev2d, ours...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := h.WaitListen(ppPort, 20*time.Second); err != nil {
+		if err := h.WaitListen(port, 20*time.Second); err != nil {
 			h.Cmd.Process.Signal(os.Interrupt)
 			_, out := h.Wait()
 			capt.Stop()
@@ -216,22 +278,26 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 		}
 		vm, vmErr = lab.Run(ctx, ibv+" "+HostIP, 150*time.Second)
 		hostCode, hostOut = waitHost(h, 20*time.Second)
-	} else {
+	default:
 		r.direction = "rocev2d client -> tool server (VM)"
 		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: ibv, TimeoutSec: 150})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := lab.WaitListenVM(ctx, ppPort, 20*time.Second); err != nil {
+		if err := lab.WaitListenVM(ctx, port, 20*time.Second); err != nil {
 			out, _ := v.Cancel()
 			capt.Stop()
 			t.Fatalf("%s server in the VM: %v\n%s", c.toolName, err, out.Output)
 		}
-		h, err := lab.StartHost(ctx, img.Rocev2d, append(ours, VMIP)...)
-		if err != nil {
-			t.Fatal(err)
+		if c.inproc != nil {
+			hostCode, hostOut = c.inproc(ctx, lab, make(chan error, 1))
+		} else {
+			h, err := lab.StartHost(ctx, img.Rocev2d, append(ours, VMIP)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hostCode, hostOut = waitHost(h, 150*time.Second)
 		}
-		hostCode, hostOut = waitHost(h, 150*time.Second)
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		vm, vmErr = v.Wait(wctx)
 		cancel()

@@ -258,43 +258,49 @@ func (l *Lab) Close() {
 	}
 }
 
-// dialNS opens a TCP connection from inside the lab's namespace: the socket
-// is created on a thread that joined the namespace, and keeps it.
-func (l *Lab) dialNS(ctx context.Context, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
+// InNS runs f on an OS thread that joined the lab's network namespace.
+// Sockets f creates stay in the namespace after it returns; everything else
+// (goroutines f starts, later syscalls) runs in the host namespace as usual.
+func (l *Lab) InNS(f func() error) error {
+	ch := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		// The thread is not unlocked unless it returned to its own
-		// namespace; an unlocked-at-exit thread is discarded by the runtime.
+		// The thread is unlocked only once it is back in its own namespace;
+		// a goroutine that exits locked takes its thread with it.
 		self, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
-			ch <- result{err: err}
+			ch <- err
 			return
 		}
 		defer self.Close()
 		ns, err := os.Open("/run/netns/" + l.NS)
 		if err != nil {
-			ch <- result{err: err}
+			ch <- err
 			return
 		}
 		defer ns.Close()
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", l.NS, err)}
+			ch <- fmt.Errorf("setns %s: %w", l.NS, err)
 			return
 		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", addr)
+		err = f()
 		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()
 		}
-		ch <- result{c, err}
+		ch <- err
 	}()
-	r := <-ch
-	return r.c, r.err
+	return <-ch
+}
+
+// dialNS opens a TCP connection from inside the lab's namespace.
+func (l *Lab) dialNS(ctx context.Context, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := l.InNS(func() (err error) {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, "tcp", addr)
+		return err
+	})
+	return c, err
 }
 
 // VMCmd is a command running in the VM.

@@ -24,6 +24,7 @@ import (
 var Packages = []string{
 	"qemu-system-x86", "rdma-core", "ibverbs-utils", "ibverbs-providers", "perftest",
 	"rdmacm-utils", "busybox-static", "tcpdump", "kmod", "cpio", "iproute2",
+	"gcc", "libc6-dev", "libibverbs-dev", // to build vmtools/rv2imm.c
 }
 
 // VMModules are the kernel modules the VM loads (with their dependencies,
@@ -131,7 +132,7 @@ func Prepare(cfg Config) (*Image, error) {
 		}
 		return nil
 	}
-	var agent string
+	var agent, imm string
 	var mods []string
 	var kdir string
 	if err := step("packages", func() error { return installPackages(&cfg) }); err != nil {
@@ -153,8 +154,15 @@ func Prepare(cfg Config) (*Image, error) {
 	}); err != nil {
 		return nil, err
 	}
+	if err := step("gcc", func() error {
+		imm = filepath.Join(cfg.CacheDir, "build", "rv2imm")
+		_, err := runCmd(nil, "gcc", "-O2", "-Wall", "-o", imm, filepath.Join(cfg.RepoRoot, "test/interop/vmtools/rv2imm.c"), "-libverbs")
+		return err
+	}); err != nil {
+		return nil, err
+	}
 	if err := step("initramfs", func() error {
-		return buildInitramfs(&cfg, img, kdir, mods, agent)
+		return buildInitramfs(&cfg, img, kdir, mods, agent, imm)
 	}); err != nil {
 		return nil, err
 	}
@@ -519,7 +527,7 @@ func elfDeps(bins ...string) (libs map[string]string, interp string, err error) 
 // buildInitramfs writes the VM's initramfs: the agent as /init, busybox
 // with its applets, the tools with their libraries and the rxe provider,
 // and the modules.
-func buildInitramfs(cfg *Config, img *Image, kdir string, mods []string, agent string) error {
+func buildInitramfs(cfg *Config, img *Image, kdir string, mods []string, agent string, extra ...string) error {
 	a := NewArchive()
 	for _, d := range []string{"proc", "sys", "dev", "tmp", "run", "root", "etc", "var/run"} {
 		a.Dir(d, 0o755)
@@ -586,6 +594,12 @@ func buildInitramfs(cfg *Config, img *Image, kdir string, mods []string, agent s
 			return err
 		}
 		bins = append(bins, rp)
+	}
+	for _, e := range extra {
+		if err := add("usr/bin/"+filepath.Base(e), e, 0o755); err != nil {
+			return err
+		}
+		bins = append(bins, e)
 	}
 	provs, _ := filepath.Glob("/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so")
 	if len(provs) == 0 {
