@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
+	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
@@ -71,6 +72,7 @@ options:
   -i, --ib-port=PORT      accepted, must be 1
   -F, --CPU-freq          accepted (no CPU frequency check is made)
       --bind=IP           local IP for RoCEv2 (default: the local end of the TCP connection)
+      --pcap=FILE         write every RoCEv2 packet sent and received to FILE (pcap)
       --check             fill the source with a pattern and verify the data at the end
                           (both sides must be rocev2d with the same flags)
       --connect-timeout=D how long a client keeps trying to reach the server (default 10s)
@@ -98,6 +100,7 @@ type perfConfig struct {
 	cpuFreq     bool
 	bind        netip.Addr
 	check       bool
+	pcap        string
 	connTimeout time.Duration
 	timeout     time.Duration
 	verbose     bool
@@ -143,6 +146,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	boolFlag(&c.cpuFreq, "F", "CPU-freq")
 	fs.StringVar(&bind, "bind", "", "")
 	fs.BoolVar(&c.check, "check", false, "")
+	fs.StringVar(&c.pcap, "pcap", "", "")
 	fs.DurationVar(&c.connTimeout, "connect-timeout", 10*time.Second, "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
@@ -325,6 +329,7 @@ type perfSide struct {
 	params  oob.Params // negotiated
 	remote  oob.PerfDest
 	local   oob.PerfDest
+	capture *pcaptap.Writer
 	posted  int // receives outstanding
 	results []perfResult
 	srvRecv perfResult // send-bw server's own measurement
@@ -375,12 +380,30 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 		}
 		return nil, fmt.Errorf("RoCEv2 on %s: %w%s", netip.AddrPortFrom(local, udp.Port), err, hint)
 	}
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	var dlink udp.Link = link
+	var capture *pcaptap.Writer
+	if c.pcap != "" {
+		f, err := os.Create(c.pcap)
+		if err != nil {
+			link.Close()
+			return nil, fmt.Errorf("--pcap: %w", err)
+		}
+		if capture, err = pcaptap.NewWriter(f); err != nil {
+			f.Close()
+			link.Close()
+			return nil, fmt.Errorf("--pcap %s: %w", c.pcap, err)
+		}
+		dlink = pcaptap.New(link, capture, pcaptap.Both)
+	}
+	dev, err := transport.NewDevice(dlink, transport.DeviceConfig{})
 	if err != nil {
 		link.Close()
+		if capture != nil {
+			capture.Close()
+		}
 		return nil, err
 	}
-	s := &perfSide{c: c, dev: dev, psn: rand.Uint32() & 0xffffff}
+	s := &perfSide{c: c, dev: dev, capture: capture, psn: rand.Uint32() & 0xffffff}
 	maxSize := slices.Max(c.sizes())
 	s.half = (max(maxSize, perfCycle) + 4095) &^ 4095
 	s.mem, err = unix.Mmap(-1, 0, 2*s.half+perfCycle, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
@@ -426,14 +449,20 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 	return s, nil
 }
 
-func (s *perfSide) close() {
+func (s *perfSide) close() error {
 	if s.dev != nil {
 		s.dev.Close()
+	}
+	var err error
+	if s.capture != nil {
+		err = s.capture.Close()
+		s.capture = nil
 	}
 	if s.mem != nil {
 		unix.Munmap(s.mem)
 		s.mem = nil
 	}
+	return err
 }
 
 // pattern is the byte at offset off of a --check source region.
@@ -482,10 +511,6 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		} else {
 			// The target must be filled by the traffic, not by us.
 			clear(s.mem[s.half:])
-		}
-		if c.test == oob.WriteLat {
-			clear(s.mem[:s.half])
-			fillPattern(s.mem[:c.size])
 		}
 	}
 	role := c.role()
@@ -542,6 +567,13 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	}
 	if c.verbose {
 		printCounters(stdout, local.String(), s.dev)
+	}
+	if s.capture != nil {
+		n := s.capture.Packets()
+		if err := s.close(); err != nil {
+			return fmt.Errorf("--pcap %s: %w", c.pcap, err)
+		}
+		fmt.Fprintf(stdout, " wrote %d packets to %s\n", n, c.pcap)
 	}
 	return nil
 }
@@ -1273,11 +1305,25 @@ func (s *perfSide) verify(role oob.Role, sizes []int) error {
 				return fmt.Errorf("size %d: %w", size, err)
 			}
 		}
-	case c.test == oob.WriteLat, c.test == oob.SendLat:
-		for _, size := range sizes {
-			if err := checkPattern(target[:size-1], 0); err != nil {
-				return fmt.Errorf("size %d: %w", size, err)
+	case c.test == oob.SendLat:
+		// The last (largest) message is in the receive buffer.
+		if err := checkPattern(target[:sizes[len(sizes)-1]], 0); err != nil {
+			return err
+		}
+	case c.test == oob.WriteLat:
+		// The last (largest) write is in the target; the last byte of
+		// every size carried an iteration count instead of the pattern.
+		last := sizes[len(sizes)-1]
+		for i, v := range target[:last] {
+			if slices.Contains(sizes, i+1) {
+				continue
 			}
+			if want := pattern(i); v != want {
+				return fmt.Errorf("byte %d is 0x%02x, want 0x%02x", i, v, want)
+			}
+		}
+		if got := target[last-1]; int(got) != c.iters&0xff {
+			return fmt.Errorf("last byte is %d, want the iteration count %d", got, c.iters&0xff)
 		}
 	}
 	return nil

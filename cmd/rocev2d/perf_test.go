@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -163,6 +164,39 @@ func TestPerfDuration(t *testing.T) {
 	}
 	if !strings.Contains(cli.out, "sent_pkts") || !strings.Contains(cli.out, "rdma_sends") && !strings.Contains(cli.out, "rcvd_pkts") {
 		t.Errorf("-v printed no counters:\n%s", cli.out)
+	}
+}
+
+// TestPerfPcap captures a client's traffic (both directions) and checks the
+// capture with `rocev2d pcap check`.
+func TestPerfPcap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two devices over loopback sockets")
+	}
+	file := filepath.Join(t.TempDir(), "read.pcap")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	port := strconv.Itoa(perfFreePort(t))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var srvCode int
+	var srvOut bytes.Buffer
+	go func() {
+		defer wg.Done()
+		srvCode = run(ctx, []string{"read-bw", "-p", port, "--bind", "127.0.0.2", "-n", "10", "-s", "3000"}, &srvOut, &srvOut)
+	}()
+	code, out, errOut := runIn(t, "read-bw", "-p", port, "--bind", "127.0.0.1", "-n", "10", "-s", "3000", "--pcap", file, "127.0.0.2")
+	wg.Wait()
+	if code != 0 || srvCode != 0 {
+		t.Fatalf("exit client %d server %d\n%s%s\n%s", code, srvCode, out, errOut, srvOut.String())
+	}
+	// 10 READ requests and 10 x 3 responses (MTU 1024).
+	if !strings.Contains(out, " wrote 40 packets to "+file) {
+		t.Errorf("capture line missing:\n%s", out)
+	}
+	code, out, errOut = runIn(t, "pcap", "check", file)
+	if code != 0 || !strings.Contains(out, "40 RoCEv2 packets, 40 ok, 0 bad") || !strings.Contains(out, "RC_RDMA_READ_RESPONSE_MIDDLE") {
+		t.Errorf("pcap check: exit %d\n%s%s", code, out, errOut)
 	}
 }
 
