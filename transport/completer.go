@@ -98,6 +98,13 @@ func (qp *QP) ackUpTo(psn bth.PSN) (needRetry bool) {
 // compInput handles a response packet. Called with qp.mu held.
 func (qp *QP) compInput(p *packetT) {
 	psn := p.BTH.PSN()
+	if qp.trace != nil {
+		var syn string
+		if p.AETH != nil {
+			syn = p.AETH.Syndrome().String()
+		}
+		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, qp.comp.psn, qp.req.psn)
+	}
 	if !psn.Before(qp.req.psn) || psn.Before(qp.comp.psn) {
 		return // not for an outstanding PSN (stale duplicate or bogus)
 	}

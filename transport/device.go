@@ -52,6 +52,9 @@ type Device struct {
 	mu      sync.RWMutex
 	qps     map[uint32]*QP
 	nextQPN uint32
+
+	// debugging aids: longest Recv wait and longest batch processing time
+	dbgMaxWait, dbgMaxBusy, dbgMaxBusyN atomic.Int64
 }
 
 // firstQPN is the first QPN handed out; rxe starts at 17 as well (0 and 1 are special).
@@ -176,7 +179,12 @@ func (d *Device) recvLoop() {
 		for i := range pkts {
 			pkts[i].Buf = bufs[i]
 		}
+		t0 := time.Now()
 		n, err := d.link.Recv(pkts)
+		t1 := time.Now()
+		if g := t1.Sub(t0).Nanoseconds(); g > d.dbgMaxWait.Load() {
+			d.dbgMaxWait.Store(g)
+		}
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) || d.isClosed() {
 				return
@@ -186,6 +194,10 @@ func (d *Device) recvLoop() {
 		}
 		for i := 0; i < n; i++ {
 			d.input(&p, &pkts[i])
+		}
+		if g := time.Since(t1).Nanoseconds(); g > d.dbgMaxBusy.Load() {
+			d.dbgMaxBusy.Store(g)
+			d.dbgMaxBusyN.Store(int64(n))
 		}
 	}
 }

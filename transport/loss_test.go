@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -208,85 +210,170 @@ func lossBytes() int64 {
 // through a MemNetwork with seeded faults, and checks every byte, every
 // completion exactly once and in order, the atomics' exactly-once results,
 // a time bound, and that the counters show the recovery work.
+type lossCase struct {
+	name string
+	f    udp.Faults
+	mtu  MTU
+}
+
+var lossCases = []lossCase{
+	{"clean", udp.Faults{}, MTU4096},
+	{"loss0.1%", udp.Faults{Loss: 0.001}, MTU4096},
+	{"loss1%", udp.Faults{Loss: 0.01}, MTU4096},
+	{"loss5%", udp.Faults{Loss: 0.05}, MTU4096},
+	{"loss10%", udp.Faults{Loss: 0.10}, MTU4096},
+	{"reorder5%", udp.Faults{Reorder: 0.05}, MTU4096},
+	{"dup5%", udp.Faults{Dup: 0.05}, MTU4096},
+	{"corrupt2%", udp.Faults{Corrupt: 0.02}, MTU4096},
+	{"mixed-mtu1024", udp.Faults{Loss: 0.01, Reorder: 0.01, Dup: 0.01, Corrupt: 0.01}, MTU1024},
+}
+
 func TestLossMatrix(t *testing.T) {
-	cases := []struct {
-		name string
-		f    udp.Faults
-		mtu  MTU
-	}{
-		{"clean", udp.Faults{}, MTU4096},
-		{"loss0.1%", udp.Faults{Loss: 0.001}, MTU4096},
-		{"loss1%", udp.Faults{Loss: 0.01}, MTU4096},
-		{"loss5%", udp.Faults{Loss: 0.05}, MTU4096},
-		{"loss10%", udp.Faults{Loss: 0.10}, MTU4096},
-		{"reorder5%", udp.Faults{Reorder: 0.05}, MTU4096},
-		{"dup5%", udp.Faults{Dup: 0.05}, MTU4096},
-		{"corrupt2%", udp.Faults{Corrupt: 0.02}, MTU4096},
-		{"mixed-mtu1024", udp.Faults{Loss: 0.01, Reorder: 0.01, Dup: 0.01, Corrupt: 0.01}, MTU1024},
-	}
 	total := lossBytes()
-	for i, c := range cases {
+	for i, c := range lossCases {
 		t.Run(c.name, func(t *testing.T) {
 			c.f.Seed = int64(1000 + i)
-			// Local ACK timeout 4 ms (67 ms under the race detector,
-			// which slows processing ~10x: a shorter timeout there turns
-			// every window into spurious go-back-N).
-			to := uint8(10)
+			to := uint8(12)
 			if raceEnabled {
 				to = 14
 			}
-			a, b, n := newPair(t, pairOpts{faults: c.f, mtu: c.mtu, timeout: to, retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64})
-			ab := newDirection(t, a, b)
-			ba := newDirection(t, b, a)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			start := time.Now()
-			var wg sync.WaitGroup
-			errs := make([]error, 2)
-			for k, d := range []*direction{ab, ba} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					errs[k] = d.run(ctx, total/2)
-				}()
-			}
-			wg.Wait()
-			el := time.Since(start)
-			for _, err := range errs {
-				if err != nil {
-					t.Fatalf("after %v: %v\nA %+v\nB %+v\nnet %+v", el, err, a.dev.Counters(), b.dev.Counters(), n.Counters())
-				}
-			}
-			if ab.bytes+ba.bytes < total {
-				t.Fatalf("moved %d bytes, want %d", ab.bytes+ba.bytes, total)
-			}
-			ca, cb := a.dev.Counters(), b.dev.Counters()
-			retrans := ca.RetransmittedPkts + cb.RetransmittedPkts
-			retries := ca.CompleterRetryErr + cb.CompleterRetryErr
-			dups := ca.DuplicateRequest + cb.DuplicateRequest
-			nc := n.Counters()
-			t.Logf("%d MiB in %v (%.0f MiB/s); net %+v; retransmitted_pkts %d completer_retry_err %d duplicate_request %d out_of_seq_request %d rcvd_seq_err %d local_ack_timeout_err %d bad ICRC A/B %d/%d link queue drops A/B %d/%d",
-				(ab.bytes+ba.bytes)>>20, el.Round(time.Millisecond), float64(ab.bytes+ba.bytes)/(1<<20)/el.Seconds(), nc,
-				retrans, retries, dups, ca.OutOfSeqRequest+cb.OutOfSeqRequest, ca.RcvdSeqErr+cb.RcvdSeqErr,
-				ca.LocalAckTimeout+cb.LocalAckTimeout, a.dev.Link().Stats().DropBadICRC, b.dev.Link().Stats().DropBadICRC, a.dev.Link().Stats().DropOther, b.dev.Link().Stats().DropOther)
-			if nc.Lost+nc.Reordered+nc.Corrupted > 0 && (retrans == 0 || retries == 0) {
-				t.Errorf("faults injected but counters show no retransmission")
-			}
-			if nc.Duplicated > 0 && dups == 0 {
-				t.Errorf("duplicates injected but duplicate_request is 0")
-			}
-			if nc.Corrupted > 0 && a.dev.Link().Stats().DropBadICRC+b.dev.Link().Stats().DropBadICRC == 0 {
-				t.Errorf("corruption injected but no ICRC drops")
-			}
-			if got := nativeGet(ab.ctr); got != ab.faddN {
-				t.Errorf("fetch-add counter %d, want %d (exactly once)", got, ab.faddN)
-			}
-			if got := nativeGet(ab.ctr[8:]); got != ab.cswapVal {
-				t.Errorf("compare-swap value %d, want %d (exactly once)", got, ab.cswapVal)
-			}
-			if a.qp.State() != QPSRTS || b.qp.State() != QPSRTS {
-				t.Errorf("states %v %v", a.qp.State(), b.qp.State())
+			runLossCase(t, c, total, 60*time.Second, to)
+		})
+	}
+}
+
+// BenchmarkLossMatrix1GiB is the soak version of TestLossMatrix: 1 GiB per
+// case (ROCEV2_LOSS_MIB overrides). Run with -bench LossMatrix -benchtime 1x;
+// not part of CI.
+func BenchmarkLossMatrix1GiB(b *testing.B) {
+	total := int64(1 << 30)
+	if s := os.Getenv("ROCEV2_LOSS_MIB"); s != "" {
+		total = lossBytes()
+	}
+	for i, c := range lossCases {
+		b.Run(c.name, func(b *testing.B) {
+			c.f.Seed = int64(2000 + i)
+			b.SetBytes(total)
+			for k := 0; k < b.N; k++ {
+				runLossCase(b, c, total, 30*time.Minute, 14)
 			}
 		})
 	}
+}
+
+// runLossCase moves total bytes of mixed operations, half in each
+// direction, under the case's faults and checks everything.
+func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, timeout uint8) {
+	t.Helper()
+	// Local ACK timeout 16.8 ms (12); 67 ms (14, the tools' default)
+	// under the race detector and for the soak. Retries must survive the
+	// scheduling stalls of a loaded 2-core machine: retry_cnt 7 × the
+	// timeout is how long a QP tolerates no progress at all (measured: a
+	// 4 ms timeout lets 30-50 ms receive-loop stalls exhaust retries).
+	to := timeout
+	a, b, n := newPair(t, pairOpts{faults: c.f, mtu: c.mtu, timeout: to, retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64})
+	ab := newDirection(t, a, b)
+	ba := newDirection(t, b, a)
+	var ta, tb traceRing
+	if os.Getenv("ROCEV2_TRACE") != "" {
+		a.qp.trace, b.qp.trace = ta.add, tb.add
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for k, d := range []*direction{ab, ba} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = d.run(ctx, total/2)
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			if os.Getenv("ROCEV2_TRACE") != "" {
+				os.WriteFile("/tmp/traceA.txt", []byte(ta.dump()), 0o644)
+				os.WriteFile("/tmp/traceB.txt", []byte(tb.dump()), 0o644)
+			}
+			if os.Getenv("ROCEV2_TRACE") != "" {
+				pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
+			}
+			t.Logf("recv loop: A max wait %v max busy %v (%d pkts); B max wait %v max busy %v (%d pkts)",
+				time.Duration(a.dev.dbgMaxWait.Load()), time.Duration(a.dev.dbgMaxBusy.Load()), a.dev.dbgMaxBusyN.Load(),
+				time.Duration(b.dev.dbgMaxWait.Load()), time.Duration(b.dev.dbgMaxBusy.Load()), b.dev.dbgMaxBusyN.Load())
+			t.Fatalf("after %v: %v\nA %+v\nB %+v\nnet %+v\nlinks A %+v B %+v\nA: %s\nB: %s", el, err, a.dev.Counters(), b.dev.Counters(), n.Counters(),
+				a.dev.Link().Stats(), b.dev.Link().Stats(), a.qp.debugState(), b.qp.debugState())
+
+		}
+	}
+	if ab.bytes+ba.bytes < total {
+		t.Fatalf("moved %d bytes, want %d", ab.bytes+ba.bytes, total)
+	}
+	ca, cb := a.dev.Counters(), b.dev.Counters()
+	retrans := ca.RetransmittedPkts + cb.RetransmittedPkts
+	retries := ca.CompleterRetryErr + cb.CompleterRetryErr
+	dups := ca.DuplicateRequest + cb.DuplicateRequest
+	nc := n.Counters()
+	t.Logf("%d MiB in %v (%.0f MiB/s); net %+v; retransmitted_pkts %d completer_retry_err %d duplicate_request %d out_of_seq_request %d rcvd_seq_err %d local_ack_timeout_err %d bad ICRC A/B %d/%d link queue drops A/B %d/%d",
+		(ab.bytes+ba.bytes)>>20, el.Round(time.Millisecond), float64(ab.bytes+ba.bytes)/(1<<20)/el.Seconds(), nc,
+		retrans, retries, dups, ca.OutOfSeqRequest+cb.OutOfSeqRequest, ca.RcvdSeqErr+cb.RcvdSeqErr,
+		ca.LocalAckTimeout+cb.LocalAckTimeout, a.dev.Link().Stats().DropBadICRC, b.dev.Link().Stats().DropBadICRC, a.dev.Link().Stats().DropOther, b.dev.Link().Stats().DropOther)
+	if nc.Lost+nc.Reordered+nc.Corrupted > 0 && (retrans == 0 || retries == 0) {
+		t.Errorf("faults injected but counters show no retransmission")
+	}
+	if nc.Duplicated > 0 && dups == 0 {
+		t.Errorf("duplicates injected but duplicate_request is 0")
+	}
+	if nc.Corrupted > 0 && a.dev.Link().Stats().DropBadICRC+b.dev.Link().Stats().DropBadICRC == 0 {
+		t.Errorf("corruption injected but no ICRC drops")
+	}
+	if got := nativeGet(ab.ctr); got != ab.faddN {
+		t.Errorf("fetch-add counter %d, want %d (exactly once)", got, ab.faddN)
+	}
+	if got := nativeGet(ab.ctr[8:]); got != ab.cswapVal {
+		t.Errorf("compare-swap value %d, want %d (exactly once)", got, ab.cswapVal)
+	}
+	if a.qp.State() != QPSRTS || b.qp.State() != QPSRTS {
+		t.Errorf("states %v %v", a.qp.State(), b.qp.State())
+	}
+}
+
+// traceRing keeps the last events of a QP's trace hook.
+type traceRing struct {
+	t0 time.Time
+	ev []string
+}
+
+var dumped sync.Once
+
+var traceT0 = time.Now()
+
+func (r *traceRing) add(format string, args ...any) {
+	r.t0 = traceT0
+	if strings.Contains(format, "retryCnt now") && len(args) == 4 && args[3] == uint8(3) {
+		dumped.Do(func() {
+			f, _ := os.Create("/tmp/stall-goroutines.txt")
+			pprof.Lookup("goroutine").WriteTo(f, 2)
+			f.Close()
+		})
+	}
+	r.ev = append(r.ev, fmt.Sprintf("%9.3fms ", float64(time.Since(r.t0).Microseconds())/1000)+fmt.Sprintf(format, args...))
+	if len(r.ev) > 4000 {
+		r.ev = append(r.ev[:0], r.ev[2000:]...)
+	}
+}
+
+func (r *traceRing) dump() string {
+	ev := r.ev
+	if len(ev) > 3000 {
+		ev = ev[len(ev)-3000:]
+	}
+	out := ""
+	for _, e := range ev {
+		out += e + "\n"
+	}
+	return out
 }

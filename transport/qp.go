@@ -321,6 +321,8 @@ type QP struct {
 	retransTimer Timer
 	rnrTimer     Timer
 
+	trace func(format string, args ...any) // test hook, nil in production
+
 	out       []udp.Packet
 	outBufs   [][]byte
 	nout      int
@@ -866,6 +868,14 @@ func (qp *QP) flushOut() {
 	if qp.nout == 0 {
 		return
 	}
+	if qp.trace != nil {
+		var p packetT
+		for i := 0; i < qp.nout; i++ {
+			if p.Parse(qp.out[i].Buf) == nil && p.BTH.Opcode() != bth.RCWriteMiddle && p.BTH.Opcode() != bth.RCSendMiddle {
+				qp.trace("tx %v psn %v", p.BTH.Opcode(), p.BTH.PSN())
+			}
+		}
+	}
 	qp.dev.send(qp.out[:qp.nout])
 	qp.nout = 0
 }
@@ -877,9 +887,15 @@ func (qp *QP) input(p *packetT, src netip.Addr) {
 	st := qp.attr.State
 	if st < QPSRTR || st == QPSErr || qp.destroyed || src.Unmap() != qp.peer || p.BTH.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
 		inc(&qp.dev.ctr.UnknownQP)
+		if qp.trace != nil && st != QPSErr {
+			qp.trace("drop %v psn %v state %v src %v", p.BTH.Opcode(), p.BTH.PSN(), st, src)
+		}
 		return
 	}
 	inc(&qp.dev.ctr.RcvdPkts)
+	if qp.trace != nil && p.Info.Request && p.Info.Kind != bth.KindSend && p.Info.Kind != bth.KindWrite {
+		qp.trace("rx req %v psn %v (resp.psn %v)", p.BTH.Opcode(), p.BTH.PSN(), qp.resp.psn)
+	}
 	if p.Info.Request {
 		qp.respInput(p)
 	} else if st >= QPSRTS {
@@ -890,4 +906,23 @@ func (qp *QP) input(p *packetT, src netip.Addr) {
 
 func errorf(sentinel error, format string, args ...any) error {
 	return fmt.Errorf("transport: "+format+": %w", append(args, sentinel)...)
+}
+
+// debugState describes the QP's protocol state (for test failure messages).
+func (qp *QP) debugState() string {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	s := fmt.Sprintf("qpn %#x %v req.psn %v maxPSN %v curPkt %d rdOut %d comp.psn %v retryCnt %d retryPending %v rnrWait %v sq[%d,%d,%d) resp.psn %v msn %d nakSent %v op %d",
+		qp.qpn, qp.attr.State, qp.req.psn, qp.req.maxPSN, qp.req.curPkt, qp.req.rdOut, qp.comp.psn, qp.comp.retryCnt, qp.comp.retryPending, qp.comp.rnrWait,
+		qp.sqHead, qp.sqCur, qp.sqEnd, qp.resp.psn, qp.resp.msn, qp.resp.nakSent, qp.resp.op)
+	for i := qp.sqHead; i != qp.sqEnd && i < qp.sqHead+4; i++ {
+		w := &qp.sq[i%uint64(len(qp.sq))]
+		s += fmt.Sprintf("\n  wqe %d: %v len %d first %v npkts %d done %v status %v", w.wr.WRID, w.wr.Opcode, w.length, w.firstPSN, w.npkts, w.done, w.status)
+	}
+	for _, x := range qp.resp.res {
+		if x.valid {
+			s += fmt.Sprintf("\n  res atomic=%v [%v,%v] len %d", x.atomic, x.firstPSN, x.lastPSN, x.length)
+		}
+	}
+	return s
 }

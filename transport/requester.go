@@ -270,6 +270,9 @@ func (qp *QP) onRetransTimer() {
 		return
 	}
 	inc(&qp.dev.ctr.LocalAckTimeout)
+	if qp.trace != nil {
+		qp.trace("timeout comp.psn %v", qp.comp.psn)
+	}
 	qp.retry()
 	qp.flushOut()
 }
@@ -301,6 +304,9 @@ func (qp *QP) retry() {
 	}
 	qp.comp.retryCnt--
 	inc(&qp.dev.ctr.CompleterRetryErr)
+	if qp.trace != nil {
+		qp.trace("retry from %v (req.psn %v max %v) retryCnt now %d", qp.comp.psn, qp.req.psn, qp.req.maxPSN, qp.comp.retryCnt)
+	}
 	qp.rewind()
 	qp.reqProgress()
 }

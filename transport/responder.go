@@ -419,11 +419,17 @@ func (qp *QP) respDuplicate(p *packetT, psn bth.PSN) {
 		qp.sendAck(aeth.ACK(aeth.NoCreditLimit), qp.resp.psn.Add(-1))
 	case bth.KindReadRequest:
 		x := qp.findRes(psn, false)
+		if qp.trace != nil {
+			qp.trace("dup READ psn %v found %v", psn, x != nil)
+		}
 		if x == nil {
 			return
 		}
 		va, n, rkey := p.RETH.VA(), p.RETH.DMALength(), p.RETH.RKey()
 		if rkey != x.rkey || va < x.va || uint64(va)+uint64(n) > x.va+uint64(x.length) {
+			if qp.trace != nil {
+				qp.trace("dup READ psn %v mismatch va %#x n %d rkey %#x vs res va %#x len %d rkey %#x", psn, va, n, rkey, x.va, x.length, x.rkey)
+			}
 			return
 		}
 		qp.readReply(psn, va, rkey, n, psn == x.firstPSN)
