@@ -141,7 +141,7 @@ func cells(gidIndex int) []cell {
 			perMsg := (size + 1023) / 1024
 			cs = append(cs, cell{
 				name:          fmt.Sprintf("rc_pingpong_%d_rocev2d_%s", size, role),
-				label:         fmt.Sprintf("ibv_rc_pingpong -s %d -n %d", size, n),
+				label:         fmt.Sprintf("ibv_rc_pingpong -s %d -n %d -c", size, n),
 				tool:          fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -n %d -s %d", gidIndex, n, size),
 				toolName:      "ibv_rc_pingpong",
 				ours:          []string{"pingpong", "--bind", HostIP, "-s", strconv.Itoa(size), "-n", strconv.Itoa(n), "--timeout", "120s"},
@@ -442,6 +442,9 @@ func checkPingpongOutput(who, out string, size, n int) []string {
 	mi := reItersLine.FindStringSubmatch(out)
 	if mb == nil || mi == nil {
 		return []string{who + ": no result lines"}
+	}
+	if strings.Contains(out, "invalid data") || strings.Contains(out, "validation failed") {
+		p = append(p, who+": -c found invalid data")
 	}
 	if want := strconv.Itoa(2 * size * n); mb[1] != want {
 		p = append(p, fmt.Sprintf("%s: %s bytes, want %s", who, mb[1], want))
