@@ -15,7 +15,7 @@ func TestBench(t *testing.T) {
 		t.Skip("runs loopback traffic for about a second")
 	}
 	start := time.Now()
-	code, out, errOut := runIn(t, "bench", "-t", "60ms", "-v")
+	code, out, errOut := runInRetry(t, "bench", "-t", "60ms", "-v")
 	if code != exitOK {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}

@@ -17,7 +17,7 @@ func TestDemo(t *testing.T) {
 		t.Skip("moves a few MB over loopback")
 	}
 	for _, args := range [][]string{{"demo", "-v"}, {"demo", "--mem", "-m", "4096"}} {
-		code, out, errOut := runIn(t, args...)
+		code, out, errOut := runInRetry(t, args...)
 		if code != exitOK {
 			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
 		}
@@ -59,7 +59,7 @@ func TestDemoPcap(t *testing.T) {
 	}
 	for _, mode := range []string{"--mem", "--a=127.0.0.1"} {
 		file := filepath.Join(t.TempDir(), "demo.pcap")
-		code, out, errOut := runIn(t, "demo", mode, "--pcap", file)
+		code, out, errOut := runInRetry(t, "demo", mode, "--pcap", file)
 		if code != exitOK || !strings.Contains(out, "packets to "+file) {
 			t.Fatalf("demo %s: exit %d\n%s%s", mode, code, out, errOut)
 		}

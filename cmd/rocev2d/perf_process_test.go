@@ -59,19 +59,29 @@ func TestPerfProcesses(t *testing.T) {
 		t.Run(tt.test, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			port := strconv.Itoa(perfFreePort(t))
-			args := []string{"-p", port, "-n", "20", "-s", strconv.Itoa(tt.size), "--check"}
-			srv := exec.CommandContext(ctx, bin, append([]string{tt.test, "--bind", "127.0.0.2"}, args...)...)
-			var so, se bytes.Buffer
-			srv.Stdout, srv.Stderr = &so, &se
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
+			var so, se, co, ce bytes.Buffer
+			var serr, cerr error
+			for try := 0; try < 5; try++ {
+				so.Reset()
+				se.Reset()
+				co.Reset()
+				ce.Reset()
+				port := strconv.Itoa(perfFreePort(t))
+				args := []string{"-p", port, "-n", "20", "-s", strconv.Itoa(tt.size), "--check", "--connect-timeout", "5s", "--timeout", "30s"}
+				srv := exec.CommandContext(ctx, bin, append([]string{tt.test, "--bind", "127.0.0.2"}, args...)...)
+				srv.Stdout, srv.Stderr = &so, &se
+				if err := srv.Start(); err != nil {
+					t.Fatal(err)
+				}
+				cli := exec.CommandContext(ctx, bin, append(append([]string{tt.test, "--bind", "127.0.0.1"}, args...), "127.0.0.2")...)
+				cli.Stdout, cli.Stderr = &co, &ce
+				cerr = cli.Run()
+				serr = srv.Wait()
+				if !portBusy(se.String() + ce.String()) {
+					break
+				}
+				time.Sleep(300 * time.Millisecond)
 			}
-			cli := exec.CommandContext(ctx, bin, append(append([]string{tt.test, "--bind", "127.0.0.1"}, args...), "127.0.0.2")...)
-			var co, ce bytes.Buffer
-			cli.Stdout, cli.Stderr = &co, &ce
-			cerr := cli.Run()
-			serr := srv.Wait()
 			for _, p := range []struct {
 				name string
 				code int
