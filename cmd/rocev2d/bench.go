@@ -119,6 +119,7 @@ type benchRow struct {
 	size     int
 	raw, roc float64 // MB/s, or µs for latency rows
 	rawPPS   float64 // raw datagrams per second
+	rawLoss  float64 // fraction of raw datagrams dropped by the receiver
 	rocPPS   float64 // stack packets per second (both directions)
 	latency  bool
 }
@@ -129,13 +130,13 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	sizes := []int{64, 4096, 65536}
 	fmt.Fprintf(stdout, "rocev2d bench: %v <-> %v over loopback, path MTU %v, %v per row\n\n", c.a, c.b, c.mtu, c.dur)
 	// Baselines first: plain UDP sockets on ephemeral ports.
-	raw := map[int][2]float64{}
+	raw := map[int][3]float64{}
 	for _, size := range sizes {
-		mbs, pps, err := rawGoodput(ctx, c, size)
+		mbs, pps, loss, err := rawGoodput(ctx, c, size)
 		if err != nil {
 			return fmt.Errorf("raw UDP baseline, %d B messages: %w", size, err)
 		}
-		raw[size] = [2]float64{mbs, pps}
+		raw[size] = [3]float64{mbs, pps, loss}
 	}
 	rawRTT, err := rawPingPong(ctx, c, 8+16)
 	if err != nil {
@@ -198,7 +199,7 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 				return fmt.Errorf("%s %d B: %w", demoName(op), size, err)
 			}
 			rows = append(rows, benchRow{name: demoName(op) + " goodput", size: size, raw: raw[size][0], roc: mbs,
-				rawPPS: raw[size][1], rocPPS: pps})
+				rawPPS: raw[size][1], rawLoss: raw[size][2], rocPPS: pps})
 		}
 	}
 	rtt, err := stackPingPong(ctx, c, a, b, 8)
@@ -208,16 +209,17 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	rows = append(rows, benchRow{name: "SEND ping-pong RTT", size: 8, raw: rawRTT, roc: rtt, latency: true})
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "test\tmessage\traw UDP\trocev2\tratio\traw pkt/s\trocev2 pkt/s\t")
+	fmt.Fprintln(tw, "test\tmessage\traw UDP\trocev2\tratio\traw pkt/s\traw loss\trocev2 pkt/s\t")
 	for _, r := range rows {
 		if r.latency {
-			fmt.Fprintf(tw, "%s\t%d B\t%.1f µs\t%.1f µs\t%.2f\t\t\t\n", r.name, r.size, r.raw, r.roc, r.roc/r.raw)
+			fmt.Fprintf(tw, "%s\t%d B\t%.1f µs\t%.1f µs\t%.2f\t\t\t\t\n", r.name, r.size, r.raw, r.roc, r.roc/r.raw)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.1f MB/s\t%.1f MB/s\t%.3f\t%.0f\t%.0f\t\n", r.name, benchSize(r.size), r.raw, r.roc, r.roc/r.raw, r.rawPPS, r.rocPPS)
+		fmt.Fprintf(tw, "%s\t%s\t%.1f MB/s\t%.1f MB/s\t%.3f\t%.0f\t%.1f%%\t%.0f\t\n", r.name, benchSize(r.size), r.raw, r.roc, r.roc/r.raw, r.rawPPS, 100*r.rawLoss, r.rocPPS)
 	}
 	tw.Flush()
 	fmt.Fprintln(stdout, "\nratio = rocev2 / raw UDP (goodput: higher is better; RTT: lower is better).")
+	fmt.Fprintln(stdout, "raw UDP has no flow control: raw loss is what the receiving socket dropped (goodput counts delivered bytes).")
 	fmt.Fprintln(stdout, "rocev2 pkt/s counts the packets of both directions (data, ACKs, READ responses).")
 	if c.verbose {
 		fmt.Fprintln(stdout)
@@ -274,10 +276,13 @@ func rawPair(c *benchConfig) (sa, sb *net.UDPConn, err error) {
 // one MTU of payload plus 16 bytes (BTH + ICRC), from a to b for c.dur with
 // sendmmsg batches, receives them with recvmmsg batches, and returns the
 // delivered message bytes per second (MB/s, 10^6) and datagrams per second.
-func rawGoodput(ctx context.Context, c *benchConfig, size int) (float64, float64, error) {
+// The third result is the fraction of datagrams lost at the receiver (the
+// baseline has no flow control; the kernel drops what the receiving socket
+// cannot take).
+func rawGoodput(ctx context.Context, c *benchConfig, size int) (float64, float64, float64, error) {
 	sa, sb, err := rawPair(c)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer sa.Close()
 	defer sb.Close()
@@ -324,6 +329,7 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int) (float64, float64
 			}
 		}
 	}()
+	var sent int64
 	start := time.Now()
 	deadline := start.Add(c.dur)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -332,21 +338,27 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int) (float64, float64
 		if n == 0 {
 			n = len(bufs)
 		}
-		if _, err := wb.WriteBatch(msgs[:n], 0); err != nil {
+		k, err := wb.WriteBatch(msgs[:n], 0)
+		sent += int64(max(k, 0))
+		if err != nil {
 			var errno unix.Errno
 			if errors.As(err, &errno) && (errno == unix.ENOBUFS || errno == unix.EAGAIN) {
 				continue
 			}
 			close(stop)
 			wg.Wait()
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 	}
 	el := time.Since(start)
 	time.Sleep(20 * time.Millisecond) // let the receiver drain
 	close(stop)
 	wg.Wait()
-	return float64(rcvdBytes.Load()) / el.Seconds() / 1e6, float64(rcvdPkts.Load()) / el.Seconds(), ctx.Err()
+	loss := 0.0
+	if sent > 0 {
+		loss = max(0, 1-float64(rcvdPkts.Load())/float64(sent))
+	}
+	return float64(rcvdBytes.Load()) / el.Seconds() / 1e6, float64(rcvdPkts.Load()) / el.Seconds(), loss, ctx.Err()
 }
 
 // rawPingPong bounces one datagram of n bytes between two sockets for
