@@ -219,3 +219,41 @@ func TestDuplicateRequestsReplay(t *testing.T) {
 		t.Fatalf("duplicate_request %d", c.DuplicateRequest)
 	}
 }
+
+// TestSQDrain: in SQD no new WR starts; back in RTS the queued WR goes out.
+func TestSQDrain(t *testing.T) {
+	a, b, tap := tapPair(t, pairOpts{}, false)
+	_, smr := a.buffer(t, 64, 0)
+	_, dmr := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	if err := a.qp.Modify(&QPAttr{State: QPSSQD}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(tap.sent()); n != 0 {
+		t.Fatalf("%d packets sent in SQD", n)
+	}
+	if err := a.qp.Modify(&QPAttr{State: QPSRTS}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.WRID != 1 {
+		t.Fatalf("%+v", wc)
+	}
+}
+
+// TestCountersList: the counters list with rxe's names.
+func TestCountersList(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	l := a.dev.Counters().List()
+	want := []string{"sent_pkts", "rcvd_pkts", "duplicate_request", "out_of_seq_request", "rcvd_rnr_err", "send_rnr_err",
+		"rcvd_seq_err", "ack_deferred", "retry_exceeded_err", "retry_rnr_exceeded_err", "completer_retry_err"}
+	for i, w := range want {
+		if l[i].Name != w {
+			t.Fatalf("counter %d is %q, want %q", i, l[i].Name, w)
+		}
+	}
+	if g := a.dev.GID(); g[10] != 0xff || g[11] != 0xff || g[12] != 192 || g[15] != 1 {
+		t.Fatalf("GID % x", g)
+	}
+}
