@@ -40,6 +40,10 @@ and a table shows what ran. Exit status 0 only if every check passed.
 
 options:
   --mem          run over the in-memory network instead of UDP sockets
+  --loss=P, --dup=P, --reorder=P
+                 with --mem: drop, duplicate or reorder each packet with
+                 probability P (seeded by --seed), to watch recovery
+  --seed=N       fault seed (default 1)
   --a=IP         address of the first device (default 127.0.0.1)
   --b=IP         address of the second device (default 127.0.0.2)
   -m, --mtu=MTU  path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
@@ -53,6 +57,7 @@ options:
 // demoConfig holds the parsed flags of `rocev2d demo`.
 type demoConfig struct {
 	mem     bool
+	faults  udp.Faults
 	a, b    netip.Addr
 	mtu     transport.MTU
 	pcap    string
@@ -67,6 +72,10 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	var a, b string
 	var mtu int
 	fs.BoolVar(&c.mem, "mem", false, "")
+	fs.Float64Var(&c.faults.Loss, "loss", 0, "")
+	fs.Float64Var(&c.faults.Dup, "dup", 0, "")
+	fs.Float64Var(&c.faults.Reorder, "reorder", 0, "")
+	fs.Int64Var(&c.faults.Seed, "seed", 1, "")
 	fs.StringVar(&a, "a", "127.0.0.1", "")
 	fs.StringVar(&b, "b", "127.0.0.2", "")
 	fs.IntVar(&mtu, "m", 1024, "")
@@ -97,6 +106,17 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	}
 	if c.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
+	}
+	for _, f := range []struct {
+		name string
+		p    float64
+	}{{"--loss", c.faults.Loss}, {"--dup", c.faults.Dup}, {"--reorder", c.faults.Reorder}} {
+		if !(f.p >= 0 && f.p < 1) {
+			return nil, fmt.Errorf("%s %v: probability must be in [0, 1)", f.name, f.p)
+		}
+		if f.p > 0 && !c.mem {
+			return nil, fmt.Errorf("%s needs --mem (faults are simulated by the in-memory network)", f.name)
+		}
 	}
 	return c, nil
 }
@@ -130,7 +150,7 @@ type demoEnd struct {
 // demoLinks opens the two links, over sockets or a MemNetwork.
 func demoLinks(c *demoConfig) (a, b udp.Link, kind string, err error) {
 	if c.mem {
-		n := udp.NewMemNetwork(udp.Faults{})
+		n := udp.NewMemNetwork(c.faults)
 		la, err := n.Link(c.a)
 		if err != nil {
 			return nil, nil, "", err
@@ -140,7 +160,11 @@ func demoLinks(c *demoConfig) (a, b udp.Link, kind string, err error) {
 			la.Close()
 			return nil, nil, "", err
 		}
-		return la, lb, "in-memory network", nil
+		kind := "in-memory network"
+		if f := c.faults; f.Loss > 0 || f.Dup > 0 || f.Reorder > 0 {
+			kind += fmt.Sprintf(" (loss %g, dup %g, reorder %g, seed %d)", f.Loss, f.Dup, f.Reorder, f.Seed)
+		}
+		return la, lb, kind, nil
 	}
 	la, err := udp.ListenSocket(c.a, nil)
 	if err != nil {

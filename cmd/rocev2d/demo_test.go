@@ -71,7 +71,32 @@ func TestDemoPcap(t *testing.T) {
 	}
 }
 
+// TestDemoFaults runs the demo over a lossy, duplicating, reordering
+// in-memory network: every check must still pass, with retransmissions.
+func TestDemoFaults(t *testing.T) {
+	code, out, errOut := runIn(t, "demo", "--mem", "--loss", "0.02", "--dup", "0.01", "--reorder", "0.02", "--seed", "3", "-v")
+	if code != exitOK || !strings.Contains(out, "PASS: all 27 cases") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "retransmitted_pkts") {
+		t.Errorf("no retransmissions counted under 2%% loss:\n%s", out)
+	}
+}
+
 func TestDemoErrors(t *testing.T) {
+	for _, b := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"demo", "--loss", "0.1"}, "--loss needs --mem"},
+		{[]string{"demo", "--mem", "--dup", "1.5"}, "--dup 1.5"},
+		{[]string{"demo", "extra"}, `unexpected argument "extra"`},
+	} {
+		code, _, errOut := runIn(t, b.args...)
+		if code != exitUsage || !strings.Contains(errOut, b.msg) {
+			t.Errorf("%v: exit %d %q", b.args, code, errOut)
+		}
+	}
 	code, _, errOut := runIn(t, "demo", "--a", "x")
 	if code != exitUsage || !strings.Contains(errOut, `--a "x"`) {
 		t.Errorf("bad address: exit %d %s", code, errOut)
