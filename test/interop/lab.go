@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,6 +53,7 @@ type Lab struct {
 	qemu    *exec.Cmd
 	qemuErr chan error
 	console string
+	pidFile string
 
 	mu    sync.Mutex
 	procs map[int]*exec.Cmd // host processes started in the namespace, by PID
@@ -66,6 +69,7 @@ func StartLab(ctx context.Context, img *Image, dir string, logf func(string, ...
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
+	cleanStaleVMs(filepath.Dir(dir), logf)
 	cleanStaleNamespaces(logf)
 	l := &Lab{NS: nsPrefix + strconv.Itoa(os.Getpid()), Dir: dir, img: img, logf: logf,
 		console: filepath.Join(dir, "console.log"), procs: map[int]*exec.Cmd{}}
@@ -80,6 +84,73 @@ func StartLab(ctx context.Context, img *Image, dir string, logf func(string, ...
 	}
 	l.BootTime = time.Since(t0)
 	return l, nil
+}
+
+// cleanStaleVMs ends the processes of earlier runs whose test process is
+// gone (killed before its cleanup could run): each run keeps
+// stateDir/lab-TESTPID.pid with one "PID CMDLINE-HASH" line per process it
+// started (qemu, tcpdump, rocev2d); a process is killed only if its command
+// line is still the recorded one.
+func cleanStaleVMs(stateDir string, logf func(string, ...any)) {
+	files, _ := filepath.Glob(filepath.Join(stateDir, "lab-*.pid"))
+	for _, f := range files {
+		owner, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "lab-"), ".pid"))
+		if err != nil || unix.Kill(owner, 0) == nil {
+			continue
+		}
+		b, _ := os.ReadFile(f)
+		for _, line := range strings.Split(string(b), "\n") {
+			var pid int
+			var sum string
+			if _, err := fmt.Sscanf(line, "%d %s", &pid, &sum); err != nil || pid <= 1 {
+				continue
+			}
+			if cmdlineHash(pid) == sum {
+				unix.Kill(pid, unix.SIGKILL)
+				logf("lab: killed pid %d left by test process %d", pid, owner)
+			}
+		}
+		os.Remove(f)
+	}
+}
+
+// cmdlineHash identifies a process by its command line ("" if it is gone).
+func cmdlineHash(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	return hashBytes(b)
+}
+
+func hashBytes(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:8])
+}
+
+// execHash is the command-line hash a process started as
+// "ip netns exec NS prog args..." has once ip has exec'd prog.
+func execHash(c *exec.Cmd) string {
+	args := c.Args
+	if len(args) > 4 && args[0] == "ip" && args[1] == "netns" && args[2] == "exec" {
+		args = args[4:]
+	}
+	return hashBytes([]byte(strings.Join(args, "\x00") + "\x00"))
+}
+
+// savePIDs records the running processes for cleanStaleVMs.
+func (l *Lab) savePIDs() {
+	if l.pidFile == "" {
+		return
+	}
+	var b strings.Builder
+	if l.qemu != nil {
+		fmt.Fprintf(&b, "%d %s\n", l.qemu.Process.Pid, execHash(l.qemu))
+	}
+	for pid, c := range l.procs {
+		fmt.Fprintf(&b, "%d %s\n", pid, execHash(c))
+	}
+	os.WriteFile(l.pidFile, []byte(b.String()), 0o644)
 }
 
 // cleanStaleNamespaces deletes namespaces of earlier runs whose process is
@@ -133,12 +204,14 @@ func (l *Lab) HostCommand(ctx context.Context, name string, args ...string) *exe
 func (l *Lab) track(c *exec.Cmd) {
 	l.mu.Lock()
 	l.procs[c.Process.Pid] = c
+	l.savePIDs()
 	l.mu.Unlock()
 }
 
 func (l *Lab) untrack(c *exec.Cmd) {
 	l.mu.Lock()
 	delete(l.procs, c.Process.Pid)
+	l.savePIDs()
 	l.mu.Unlock()
 }
 
@@ -164,6 +237,10 @@ func (l *Lab) boot(ctx context.Context) error {
 		return fmt.Errorf("start qemu: %w", err)
 	}
 	l.qemu = c
+	l.pidFile = filepath.Join(filepath.Dir(l.Dir), fmt.Sprintf("lab-%d.pid", os.Getpid()))
+	l.mu.Lock()
+	l.savePIDs()
+	l.mu.Unlock()
 	l.qemuErr = make(chan error, 1)
 	go func() { l.qemuErr <- c.Wait() }()
 	l.logf("lab: qemu pid %d, console %s", c.Process.Pid, l.console)
@@ -250,6 +327,7 @@ func (l *Lab) Close() {
 		}
 		l.logf("lab: qemu pid %d stopped", l.qemu.Process.Pid)
 		l.qemu = nil
+		os.Remove(l.pidFile)
 	}
 	if _, err := os.Stat("/run/netns/" + l.NS); err == nil {
 		if _, err := runCmd(nil, "ip", "netns", "del", l.NS); err != nil {
