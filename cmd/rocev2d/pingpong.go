@@ -48,6 +48,8 @@ options:
       --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
                          of the out-of-band TCP connection's local end
       --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
+  -v                     print the device counters (rxe's names) at the end; SIGUSR1
+                         prints them while running
 
 Output: the local and remote address lines, then
   N bytes in S seconds = M Mbit/sec
@@ -75,6 +77,7 @@ type pingpongConfig struct {
 	chk     bool
 	bind    netip.Addr
 	timeout time.Duration
+	verbose bool
 	server  string // empty: run as server
 }
 
@@ -106,6 +109,7 @@ func parsePingpongFlags(args []string) (*pingpongConfig, error) {
 	fs.BoolVar(&c.chk, "chk", false, "")
 	fs.StringVar(&bind, "bind", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
+	fs.BoolVar(&c.verbose, "v", false, "")
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
@@ -170,7 +174,9 @@ func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
-	if err := pingpong(ctx, c, stdout); err != nil {
+	usr1 := watchSIGUSR1(stderr)
+	defer usr1.Stop()
+	if err := pingpong(ctx, c, stdout, usr1); err != nil {
 		fmt.Fprintf(stderr, "rocev2d pingpong: %v\n", err)
 		return exitFail
 	}
@@ -190,7 +196,7 @@ type ppContext struct {
 }
 
 // pingpong runs one ping-pong as server (c.server empty) or client.
-func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer) error {
+func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
 	conn, err := ppOOBConnect(ctx, c)
 	if err != nil {
 		return err
@@ -212,6 +218,10 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer) error {
 		return err
 	}
 	defer pc.close()
+	usr1.Add(local.String(), pc.dev)
+	if c.verbose {
+		defer printCounters(stdout, local.String(), pc.dev)
+	}
 
 	me := oob.PingpongDest{QPN: pc.qp.QPN(), PSN: pc.psn, GID: pc.dev.GID()}
 	fmt.Fprintf(stdout, "  local address:  %s\n", ppDestString(me))

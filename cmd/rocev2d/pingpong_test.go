@@ -91,9 +91,9 @@ func runPP(ctx context.Context, args ...string) (int, string, string) {
 func TestPingpongLoopback(t *testing.T) {
 	for _, tc := range []struct {
 		size, iters, mtu int
-		chk              bool
+		chk, verbose     bool
 	}{
-		{size: 64, iters: 200, mtu: 1024},
+		{size: 64, iters: 200, mtu: 1024, verbose: true},
 		{size: 4096, iters: 100, mtu: 1024, chk: true}, // 4 packets per message
 		{size: 10000, iters: 20, mtu: 256, chk: true},  // 40 packets, 3 pages
 		{size: 1, iters: 50, mtu: 4096},
@@ -105,6 +105,9 @@ func TestPingpongLoopback(t *testing.T) {
 			common := []string{"-s", strconv.Itoa(tc.size), "-n", strconv.Itoa(tc.iters), "-m", strconv.Itoa(tc.mtu), "-r", "16", "--timeout", "50s"}
 			if tc.chk {
 				common = append(common, "-c")
+			}
+			if tc.verbose {
+				common = append(common, "-v")
 			}
 			var res [2]struct {
 				code     int
@@ -158,6 +161,12 @@ func TestPingpongLoopback(t *testing.T) {
 				}
 				if want := strconv.Itoa(tc.iters); mi[1] != want {
 					t.Errorf("%s: %s iters, want %s", side, mi[1], want)
+				}
+				if tc.verbose && !strings.Contains(r.out, "counters ") || !tc.verbose && strings.Contains(r.out, "counters ") {
+					t.Errorf("%s: -v %v, output:\n%s", side, tc.verbose, r.out)
+				}
+				if tc.verbose && !regexp.MustCompile(`(?m)^  rdma_sends +`+strconv.Itoa(tc.iters)+`$`).MatchString(r.out) {
+					t.Errorf("%s: -v counters lack rdma_sends %d:\n%s", side, tc.iters, r.out)
 				}
 			}
 			// Each side's remote line is the other side's local line.

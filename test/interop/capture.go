@@ -43,9 +43,18 @@ func AnalyzeCapture(file string) (*CaptureStats, error) {
 		return nil, err
 	}
 	defer f.Close()
-	r, err := pcapfile.NewReader(f)
+	s, err := analyze(f)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
+		return s, fmt.Errorf("%s: %w", file, err)
+	}
+	return s, nil
+}
+
+// analyze decodes a pcap stream; it never panics on malformed input.
+func analyze(in io.Reader) (*CaptureStats, error) {
+	r, err := pcapfile.NewReader(in)
+	if err != nil {
+		return nil, err
 	}
 	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{}}
 	var p packet.Packet
@@ -55,7 +64,7 @@ func AnalyzeCapture(file string) (*CaptureStats, error) {
 			break
 		}
 		if err != nil {
-			return s, fmt.Errorf("%s frame %d: %w", file, s.Frames+1, err)
+			return s, fmt.Errorf("frame %d: %w", s.Frames+1, err)
 		}
 		s.Frames++
 		if len(data) < 14+20+8 || binary.BigEndian.Uint16(data[12:14]) != 0x0800 {

@@ -229,3 +229,58 @@ func TestAnalyzeCaptureGolden(t *testing.T) {
 		t.Fatalf("flipped bit: %d bad ICRC\n%s", st.BadICRC, st)
 	}
 }
+
+func TestImmPeerRoundTrip(t *testing.T) {
+	p := immPeer{qpn: 0x11, psn: 0xabcdef, rkey: 0x1234, vaddr: 0x7f0011223344,
+		gid: [16]byte{10: 0xff, 11: 0xff, 12: 192, 13: 0, 14: 2, 15: 1}}
+	b := p.encode()
+	if len(b) != immMsgLen || !strings.HasPrefix(string(b), "RV2IMM1 000011 abcdef 00001234 00007f0011223344 00000000000000000000ffffc0000201\x00") {
+		t.Fatalf("encode = %q", b)
+	}
+	q, err := parseImmPeer(b)
+	if err != nil || q != p {
+		t.Fatalf("parse = %+v, %v", q, err)
+	}
+	for _, bad := range []string{"", "RV2IMM2 1 2 3 4 00000000000000000000ffffc0000201", "RV2IMM1 1 2 3 4 abc",
+		"RV2IMM1 1000000 2 3 4 00000000000000000000ffffc0000201", "RV2IMM1 1 2 3 4 zz000000000000000000ffffc0000201"} {
+		if _, err := parseImmPeer([]byte(bad)); err == nil {
+			t.Errorf("parseImmPeer(%q) accepted", bad)
+		}
+	}
+}
+
+func FuzzParseImmPeer(f *testing.F) {
+	f.Add(immPeer{qpn: 0x11, psn: 1, rkey: 2, vaddr: 3}.encode())
+	f.Add([]byte("RV2IMM1 x"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := parseImmPeer(b)
+		if err != nil {
+			return
+		}
+		if q, err := parseImmPeer(p.encode()); err != nil || q != p {
+			t.Fatalf("re-parse of %+v: %+v, %v", p, q, err)
+		}
+	})
+}
+
+func FuzzAnalyzeCapture(f *testing.F) {
+	dir := os.Getenv("ROCEV2_GOLDEN")
+	if root, err := FindRepoRoot("."); dir == "" && err == nil {
+		dir = filepath.Join(root, "..", "shared", "golden")
+	}
+	for _, n := range []string{"rc_send_64.pcap", "rc_write_4096.pcap"} {
+		if b, err := os.ReadFile(filepath.Join(dir, n)); err == nil {
+			f.Add(b)
+		}
+	}
+	f.Add([]byte{0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := analyze(bytes.NewReader(b))
+		if err == nil && (s.RoCE > s.Frames || s.FromHost+s.FromVM != s.RoCE) {
+			t.Fatalf("inconsistent stats %+v", s)
+		}
+		if s != nil {
+			_ = s.String()
+		}
+	})
+}
