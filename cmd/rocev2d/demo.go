@@ -365,11 +365,20 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 	fmt.Fprintln(tw, "op\tsize\tcount\tbytes\tpackets\ttime\tMB/s\tcheck\t")
 	failed := 0
 	var results []demoResult
+	var release []func()
+	defer func() {
+		// Devices first (no more packets), then registrations, then memory.
+		a.dev.Close()
+		b.dev.Close()
+		for i := len(release) - 1; i >= 0; i-- {
+			release[i]()
+		}
+	}()
 	for _, dc := range demoCases() {
 		if ctx.Err() != nil {
 			break
 		}
-		r := runDemoCase(ctx, a, b, dc)
+		r := runDemoCase(ctx, a, b, dc, &release)
 		results = append(results, r)
 		check := "ok"
 		if r.err != nil {
@@ -450,7 +459,12 @@ func settlePkts(a, b *demoEnd) uint64 {
 
 // runDemoCase posts count work requests of one operation from A to B (all
 // outstanding at once), waits for every completion and checks the result.
-func runDemoCase(ctx context.Context, a, b *demoEnd, dc demoCase) demoResult {
+//
+// The memory stays registered (and mapped) until the caller runs the
+// functions appended to *release, after both devices are closed: a late
+// duplicate request (a retransmission or a network duplicate) may still
+// arrive for a finished case, as it may for any RNIC application.
+func runDemoCase(ctx context.Context, a, b *demoEnd, dc demoCase, release *[]func()) demoResult {
 	r := demoResult{demoCase: dc}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -469,25 +483,25 @@ func runDemoCase(ctx context.Context, a, b *demoEnd, dc demoCase) demoResult {
 		r.err = err
 		return r
 	}
-	defer unix.Munmap(src)
+	*release = append(*release, func() { unix.Munmap(src) })
 	dst, err := demoAlloc(total)
 	if err != nil {
 		r.err = err
 		return r
 	}
-	defer unix.Munmap(dst)
-	srcMR, err := a.pd.RegisterMR(src[:max(total, 1)], memreg.AccessLocalWrite)
+	*release = append(*release, func() { unix.Munmap(dst) })
+	srcMR, err := a.pd.RegisterMR(src, memreg.AccessLocalWrite)
 	if err != nil {
 		r.err = err
 		return r
 	}
-	defer srcMR.Deregister()
+	*release = append(*release, func() { srcMR.Deregister() })
 	dstMR, err := b.pd.RegisterMR(dst, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
 	if err != nil {
 		r.err = err
 		return r
 	}
-	defer dstMR.Deregister()
+	*release = append(*release, func() { dstMR.Deregister() })
 	rng := rand.New(rand.NewPCG(uint64(dc.op)<<32|uint64(dc.size), 0x6465))
 	// READ moves B's memory to A; everything else A's to B.
 	from, to := src, dst
