@@ -120,7 +120,7 @@ func TestRNRRecovery(t *testing.T) {
 	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 3000)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "RNR NAK", func() bool { return a.dev.Counters().RcvdRNRErr == 1 })
+	eventually(t, "RNR NAK", func() bool { return a.dev.Counters().RcvdRNRErr == 1 && rnrWaiting(a.qp) })
 	if c := b.dev.Counters(); c.SendRNRErr != 1 {
 		t.Fatalf("send_rnr_err %d", c.SendRNRErr)
 	}
@@ -147,8 +147,8 @@ func TestRNRRetryExceeded(t *testing.T) {
 		SendWR{WRID: 2, Opcode: WRSend, SGEs: sge(smr, 0, 8)}); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i <= 3; i++ {
-		eventually(t, "RNR NAK", func() bool { return a.dev.Counters().RcvdRNRErr == uint64(i) })
+	for i := 1; i <= 2; i++ {
+		eventually(t, "RNR NAK", func() bool { return a.dev.Counters().RcvdRNRErr == uint64(i) && rnrWaiting(a.qp) })
 		clk.Advance(time.Millisecond)
 	}
 	wcs := waitWC(t, a.scq, 2, 5*time.Second)
@@ -543,4 +543,80 @@ func TestStatusStrings(t *testing.T) {
 			t.Errorf("WCStatus(%d) = %q, want %q", i, got, w)
 		}
 	}
+}
+
+// TestAckTimeoutExact: the first retransmission happens exactly one local
+// ACK timeout (4.096 µs × 2^timeout) after the last send.
+func TestAckTimeoutExact(t *testing.T) {
+	if AckTimeout(14) != 67108864*time.Nanosecond || AckTimeout(0) != 0 || AckTimeout(1) != 8192*time.Nanosecond {
+		t.Fatalf("AckTimeout(14) = %v", AckTimeout(14))
+	}
+	clk := manual()
+	a, _, n := newPair(t, pairOpts{clock: clk, retry: 1, timeout: 14})
+	n.SetFaults(udp.Faults{Loss: 1})
+	_, smr := a.buffer(t, 8, 0)
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, SGEs: sge(smr, 0, 8), RemoteAddr: 0x1000, RKey: 1}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(AckTimeout(14) - time.Nanosecond)
+	if c := a.dev.Counters(); c.LocalAckTimeout != 0 {
+		t.Fatalf("timeout fired early: %+v", c)
+	}
+	clk.Advance(time.Nanosecond)
+	if c := a.dev.Counters(); c.LocalAckTimeout != 1 || c.RetransmittedPkts != 1 {
+		t.Fatalf("no retransmission at the timeout: %+v", c)
+	}
+	// Timeout 0 means infinite: nothing ever fires.
+	clk2 := manual()
+	a2, _, n2 := newPair(t, pairOpts{clock: clk2, retry: 1, timeout: 14})
+	if err := a2.qp.Modify(&QPAttr{State: QPSSQD}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	if err := a2.qp.Modify(&QPAttr{State: QPSSQD, Timeout: 0}, AttrState|AttrTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if err := a2.qp.Modify(&QPAttr{State: QPSRTS}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	n2.SetFaults(udp.Faults{Loss: 1})
+	_, smr2 := a2.buffer(t, 8, 0)
+	if err := a2.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, SGEs: sge(smr2, 0, 8), RemoteAddr: 0x1000, RKey: 1}); err != nil {
+		t.Fatal(err)
+	}
+	clk2.Advance(24 * time.Hour)
+	if c := a2.dev.Counters(); c.LocalAckTimeout != 0 {
+		t.Fatalf("infinite timeout fired: %+v", c)
+	}
+}
+
+// TestRNRInfinite: rnr_retry 7 retries forever.
+func TestRNRInfinite(t *testing.T) {
+	clk := manual()
+	a, b, _ := newPair(t, pairOpts{clock: clk, rnrRetry: 7, minRNR: 1})
+	_, smr := a.buffer(t, 8, 0)
+	_, dmr := b.buffer(t, 8, 0)
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 20; i++ {
+		eventually(t, "RNR NAK", func() bool { return a.dev.Counters().RcvdRNRErr == uint64(i) && rnrWaiting(a.qp) })
+		if i < 20 {
+			clk.Advance(20 * time.Microsecond)
+		}
+	}
+	noWC(t, a.scq)
+	if err := b.qp.PostRecv(RecvWR{WRID: 2, SGEs: sge(dmr, 0, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Millisecond)
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess {
+		t.Fatalf("%+v", wc)
+	}
+}
+
+// rnrWaiting reports whether qp is in an RNR back-off (timer armed).
+func rnrWaiting(qp *QP) bool {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.comp.rnrWait
 }
