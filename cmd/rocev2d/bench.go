@@ -171,19 +171,45 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	if err := connectRC(b.qp, c.a, a.qp.QPN(), psnB, psnA, c.mtu, 16, access, 14); err != nil {
 		return err
 	}
+	// One registration per buffer for the whole run, released after the
+	// devices are closed: late duplicate requests may arrive for a finished
+	// row, as they may for any RNIC application.
+	var release []func()
+	defer func() {
+		a.dev.Close()
+		b.dev.Close()
+		for i := len(release) - 1; i >= 0; i-- {
+			release[i]()
+		}
+	}()
+	reg := func(d *demoEnd, n int, acc memreg.Access) (*memreg.MR, error) {
+		buf, err := demoAlloc(n)
+		if err != nil {
+			return nil, err
+		}
+		release = append(release, func() { unix.Munmap(buf) })
+		mr, err := d.pd.RegisterMR(buf, acc)
+		if err != nil {
+			return nil, err
+		}
+		release = append(release, func() { mr.Deregister() })
+		return mr, nil
+	}
+	srcMR, err := reg(a, 1<<16, memreg.AccessLocalWrite)
+	if err != nil {
+		return err
+	}
+	dstMR, err := reg(b, 1<<16, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
+	if err != nil {
+		return err
+	}
 	// B's receive buffer for the SEND rows: one registration, big enough
 	// for every size, with receives kept posted across rows.
-	rbuf, err := demoAlloc(1 << 16)
+	rmr, err := reg(b, 1<<16, memreg.AccessLocalWrite)
 	if err != nil {
 		return err
 	}
-	defer unix.Munmap(rbuf)
-	rmr, err := b.pd.RegisterMR(rbuf, memreg.AccessLocalWrite)
-	if err != nil {
-		return err
-	}
-	defer rmr.Deregister()
-	recv := transport.RecvWR{SGEs: []memreg.SGE{{Addr: rmr.IOVA(), Length: uint32(len(rbuf)), LKey: rmr.LKey()}}}
+	recv := transport.RecvWR{SGEs: []memreg.SGE{{Addr: rmr.IOVA(), Length: uint32(rmr.Len()), LKey: rmr.LKey()}}}
 	for i := 0; i < 200; i++ {
 		if err := b.qp.PostRecv(recv); err != nil {
 			return err
@@ -194,7 +220,7 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	var rows []benchRow
 	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
 		for _, size := range sizes {
-			mbs, pps, err := stackGoodput(ctx, c, a, b, op, size, recv)
+			mbs, pps, err := stackGoodput(ctx, c, a, b, op, size, srcMR, dstMR, recv)
 			if err != nil {
 				return fmt.Errorf("%s %d B: %w", demoName(op), size, err)
 			}
@@ -202,7 +228,7 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 				rawPPS: raw[size][1], rawLoss: raw[size][2], rocPPS: pps})
 		}
 	}
-	rtt, err := stackPingPong(ctx, c, a, b, 8)
+	rtt, err := stackPingPong(ctx, c, a, b, 8, srcMR, rmr)
 	if err != nil {
 		return fmt.Errorf("SEND ping-pong: %w", err)
 	}
@@ -415,33 +441,13 @@ func rawPingPong(ctx context.Context, c *benchConfig, n int) (float64, error) {
 // size bytes and a window of outstanding work requests for c.dur, and
 // returns the delivered message bytes per second (MB/s) and the packets per
 // second both links sent.
-// For SEND, B has receives of recv posted and reposts each one consumed.
-func stackGoodput(ctx context.Context, c *benchConfig, a, b *demoEnd, op transport.WROpcode, size int, recv transport.RecvWR) (float64, float64, error) {
+// srcMR (on A) and dstMR (on B) hold at least size bytes. For SEND, B has
+// receives of recv posted and reposts each one consumed.
+func stackGoodput(ctx context.Context, c *benchConfig, a, b *demoEnd, op transport.WROpcode, size int, srcMR, dstMR *memreg.MR, recv transport.RecvWR) (float64, float64, error) {
 	window := 64
 	if size >= 65536 {
 		window = 8
 	}
-	src, err := demoAlloc(size)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer unix.Munmap(src)
-	dst, err := demoAlloc(size)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer unix.Munmap(dst)
-	srcMR, err := a.pd.RegisterMR(src, memreg.AccessLocalWrite)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer srcMR.Deregister()
-	dstMR, err := b.pd.RegisterMR(dst, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer dstMR.Deregister()
-
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var recvErr error
@@ -527,27 +533,8 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *demoEnd, op transpo
 
 // stackPingPong bounces a SEND of n bytes between A and B for c.dur and
 // returns the mean round-trip time in µs.
-func stackPingPong(ctx context.Context, c *benchConfig, a, b *demoEnd, n int) (float64, error) {
-	bufA, err := demoAlloc(4096)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Munmap(bufA)
-	bufB, err := demoAlloc(4096)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Munmap(bufB)
-	mrA, err := a.pd.RegisterMR(bufA, memreg.AccessLocalWrite)
-	if err != nil {
-		return 0, err
-	}
-	defer mrA.Deregister()
-	mrB, err := b.pd.RegisterMR(bufB, memreg.AccessLocalWrite)
-	if err != nil {
-		return 0, err
-	}
-	defer mrB.Deregister()
+// mrA is A's source/receive memory, mrB B's.
+func stackPingPong(ctx context.Context, c *benchConfig, a, b *demoEnd, n int, mrA, mrB *memreg.MR) (float64, error) {
 	sgeA := []memreg.SGE{{Addr: mrA.IOVA(), Length: uint32(n), LKey: mrA.LKey()}}
 	sgeB := []memreg.SGE{{Addr: mrB.IOVA(), Length: uint32(n), LKey: mrB.LKey()}}
 	for i := 0; i < 4; i++ {
