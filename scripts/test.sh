@@ -4,8 +4,9 @@
 # detector (-short: soak-sized cases shrink), and a short run of every fuzz target.
 #
 #   ./scripts/test.sh              everything
-#   FUZZTIME=30s ./scripts/test.sh longer fuzzing per target (default 10s)
+#   FUZZTIME=30s ./scripts/test.sh longer fuzzing per target (default 15s)
 #   SKIP_FUZZ=1 ./scripts/test.sh  no fuzzing
+#   SKIP_INTEROP=1 ./scripts/test.sh  no rxe interop stage (it needs root, qemu, ~2-3 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
@@ -44,12 +45,21 @@ go test -count=1 -timeout 20m ./...
 step "go test -race -short ./..."
 go test -race -short -count=1 -timeout 25m ./...
 
+if [ "$(id -u)" = 0 ] && [ "${SKIP_INTEROP:-}" != 1 ]; then
+	step "interop against Linux rdma_rxe in qemu (test/interop)"
+	ROCEV2_INTEROP=1 go test -v -count=1 -timeout 15m -run TestInterop ./test/interop/
+elif [ "${CI:-}" = true ]; then
+	echo "interop: CI needs root for the rxe lab"; exit 1
+else
+	echo "WARNING: interop stage skipped (needs root; SKIP_INTEROP=${SKIP_INTEROP:-})"
+fi
+
 if [ "${SKIP_FUZZ:-}" != 1 ]; then
-	step "fuzz (${FUZZTIME:-10s} per target)"
+	step "fuzz (${FUZZTIME:-15s} per target)"
 	for pkg in $(go list ./...); do
 		for target in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
 			echo "-- $pkg $target"
-			go test -run '^$' -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-10s}" "$pkg"
+			go test -run '^$' -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-15s}" "$pkg"
 		done
 	done
 fi
