@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -223,7 +222,7 @@ type MemLink struct {
 	heldTimer  *time.Timer
 	heldTimerF func()
 
-	sent, rcvd, badICRC, malformed, other atomic.Uint64
+	counters
 }
 
 var _ Link = (*MemLink)(nil)
@@ -235,15 +234,7 @@ func (l *MemLink) LocalAddr() netip.Addr { return l.addr }
 func (l *MemLink) BatchSize() int { return memBatchSize }
 
 // Stats returns a snapshot of the link's counters.
-func (l *MemLink) Stats() Stats {
-	return Stats{
-		SentPkts:      l.sent.Load(),
-		RcvdPkts:      l.rcvd.Load(),
-		DropBadICRC:   l.badICRC.Load(),
-		DropMalformed: l.malformed.Load(),
-		DropOther:     l.other.Load(),
-	}
-}
+func (l *MemLink) Stats() Stats { return l.stats() }
 
 func (l *MemLink) isClosed() bool {
 	select {
@@ -254,40 +245,6 @@ func (l *MemLink) isClosed() bool {
 	}
 }
 
-// computeICRC returns the ICRC of a UDP payload travelling src:srcPort ->
-// dst:4791 in an IPv4 (ID 0, DF) or IPv6 datagram. src and dst are normalised
-// and of the same family.
-func computeICRC(src, dst netip.Addr, srcPort uint16, payload []byte) uint32 {
-	if src.Is4() {
-		h := icrc.IPv4Pseudo{
-			Src: src.As4(), Dst: dst.As4(),
-			ID: 0, FlagsFrag: 0x4000,
-			SrcPort: srcPort, DstPort: Port,
-		}
-		return icrc.ComputeIPv4(&h, payload)
-	}
-	h := icrc.IPv6Pseudo{
-		Src: src.As16(), Dst: dst.As16(),
-		SrcPort: srcPort, DstPort: Port,
-	}
-	return icrc.ComputeIPv6(&h, payload)
-}
-
-func (l *MemLink) checkSend(pkts []Packet) error {
-	for i := range pkts {
-		p := &pkts[i]
-		if len(p.Buf) < minPacketSize || len(p.Buf) > MaxPacketSize {
-			return fmt.Errorf("udp: send packet %d: length %d not in [%d, %d]: %w",
-				i, len(p.Buf), minPacketSize, MaxPacketSize, ErrPacketSize)
-		}
-		dst := normAddr(p.Addr)
-		if !dst.IsValid() || dst.Is4() != l.addr.Is4() {
-			return fmt.Errorf("udp: send packet %d: destination %v from %v: %w", i, p.Addr, l.addr, ErrAddress)
-		}
-	}
-	return nil
-}
-
 // Send fills each packet's ICRC (IPv4: source = this link, ID 0, DF; UDP
 // source port Packet.SrcPort, destination port 4791; IPv6 likewise) and hands
 // the packets to the network, which copies them. Packets to an address with no
@@ -296,20 +253,14 @@ func (l *MemLink) Send(pkts []Packet) error {
 	if l.isClosed() {
 		return net.ErrClosed
 	}
-	if err := l.checkSend(pkts); err != nil {
+	if err := checkSend(pkts, l.addr); err != nil {
 		return err
 	}
 	for i := range pkts {
 		p := &pkts[i]
-		icrc.Store(p.Buf, computeICRC(l.addr, normAddr(p.Addr), p.SrcPort, p.Buf))
+		icrc.Store(p.Buf, computeICRC(l.addr, normAddr(p.Addr), p.SrcPort, 0, p.Buf))
 	}
-	n := l.net
-	n.mu.Lock()
-	for i := range pkts {
-		n.route(l, &pkts[i])
-	}
-	n.mu.Unlock()
-	l.sent.Add(uint64(len(pkts)))
+	l.transmit(pkts)
 	return nil
 }
 
@@ -330,6 +281,12 @@ func (l *MemLink) SendRaw(pkts []Packet) error {
 			return fmt.Errorf("udp: send packet %d: destination %v from %v: %w", i, p.Addr, l.addr, ErrAddress)
 		}
 	}
+	l.transmit(pkts)
+	return nil
+}
+
+// transmit hands pkts to the network and counts them as sent.
+func (l *MemLink) transmit(pkts []Packet) {
 	n := l.net
 	n.mu.Lock()
 	for i := range pkts {
@@ -337,7 +294,6 @@ func (l *MemLink) SendRaw(pkts []Packet) error {
 	}
 	n.mu.Unlock()
 	l.sent.Add(uint64(len(pkts)))
-	return nil
 }
 
 // route applies the faults to one packet and forwards it. Called with n.mu held.
@@ -519,13 +475,8 @@ func (n *MemNetwork) deliver(dst *MemLink, b *memBuf) {
 // datagrams shorter than BTH+ICRC as DropMalformed. Addr is the sender's
 // address. After Close it returns net.ErrClosed.
 func (l *MemLink) Recv(pkts []Packet) (int, error) {
-	if len(pkts) == 0 {
-		return 0, nil
-	}
-	for i := range pkts {
-		if cap(pkts[i].Buf) < MaxPacketSize {
-			return 0, fmt.Errorf("udp: recv packet %d: buffer cap %d: %w", i, cap(pkts[i].Buf), ErrShortBuffer)
-		}
+	if err := checkRecv(pkts); err != nil || len(pkts) == 0 {
+		return 0, err
 	}
 	for {
 		if l.isClosed() {
@@ -567,7 +518,7 @@ func (l *MemLink) accept(b *memBuf, p *Packet) bool {
 		return false
 	}
 	data := b.b[:b.n]
-	if computeICRC(b.src, l.addr, b.srcPort, data) != icrc.Load(data) {
+	if computeICRC(b.src, l.addr, b.srcPort, 0, data) != icrc.Load(data) {
 		l.badICRC.Add(1)
 		return false
 	}

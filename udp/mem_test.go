@@ -2,7 +2,6 @@ package udp
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"hash/crc32"
 	"math"
@@ -24,23 +23,6 @@ var (
 	addr6B = netip.MustParseAddr("2001:db8::2")
 )
 
-// testPayload builds a RoCEv2-looking UDP payload (RC SEND_ONLY BTH, PSN =
-// seq, payload, zero ICRC placeholder) of total length size.
-func testPayload(buf []byte, seq uint32, size int) []byte {
-	b := buf[:size]
-	clear(b)
-	b[0] = 0x04 // RC_SEND_ONLY
-	binary.BigEndian.PutUint16(b[2:4], 0xffff)
-	binary.BigEndian.PutUint32(b[4:8], 0x12)
-	binary.BigEndian.PutUint32(b[8:12], seq&0xffffff)
-	for i := 12; i < size-4; i++ {
-		b[i] = byte(seq) + byte(i)
-	}
-	return b
-}
-
-func seqOf(b []byte) uint32 { return binary.BigEndian.Uint32(b[8:12]) & 0xffffff }
-
 func newPair(t testing.TB, f Faults, a, b netip.Addr) (*MemNetwork, *MemLink, *MemLink) {
 	t.Helper()
 	n := NewMemNetwork(f)
@@ -54,14 +36,6 @@ func newPair(t testing.TB, f Faults, a, b netip.Addr) (*MemNetwork, *MemLink, *M
 	}
 	t.Cleanup(func() { la.Close(); lb.Close() })
 	return n, la, lb
-}
-
-func recvBufs(n int) []Packet {
-	p := make([]Packet, n)
-	for i := range p {
-		p[i].Buf = make([]byte, MaxPacketSize)
-	}
-	return p
 }
 
 func TestMemLinkDelivers(t *testing.T) {
@@ -202,23 +176,7 @@ func TestMemLinkDropsMalformedAndGarbage(t *testing.T) {
 
 func TestMemLinkCloseUnblocksRecv(t *testing.T) {
 	n, la, lb := newPair(t, Faults{}, addrA, addrB)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := lb.Recv(recvBufs(1))
-		errc <- err
-	}()
-	time.Sleep(10 * time.Millisecond)
-	if err := lb.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-errc:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("Recv after Close = %v, want net.ErrClosed", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Recv still blocked 5 s after Close")
-	}
+	closeUnblocksRecv(t, lb, recvBufs(1))
 	if _, err := lb.Recv(recvBufs(1)); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("second Recv = %v", err)
 	}
@@ -511,23 +469,9 @@ func TestMemLinkZeroAlloc(t *testing.T) {
 		t.Skip("allocation counts are not meaningful under the race detector")
 	}
 	_, la, lb := newPair(t, Faults{}, addrA, addrB)
-	pkts := make([]Packet, 32)
-	for i := range pkts {
-		pkts[i] = Packet{Buf: testPayload(make([]byte, 1024), uint32(i), 1024), Addr: addrB, SrcPort: 0xc000}
-	}
-	r := recvBufs(32)
-	step := func() {
-		if err := la.Send(pkts); err != nil {
-			t.Fatal(err)
-		}
-		for got := 0; got < len(pkts); {
-			k, err := lb.Recv(r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got += k
-		}
-	}
+	pkts := testPackets(32, 1024, addrB, 0xc000)
+	send, recv := linkExchange(la, lb, pkts)
+	step := func() { exchange(t, len(pkts), send, recv) }
 	step()
 	if a := testing.AllocsPerRun(100, step); a != 0 {
 		t.Errorf("steady-state Send+Recv of 32 packets allocates %v times", a)
@@ -536,27 +480,7 @@ func TestMemLinkZeroAlloc(t *testing.T) {
 
 func benchMem(b *testing.B, size int) {
 	_, la, lb := newPair(b, Faults{}, addrA, addrB)
-	const batch = 64
-	pkts := make([]Packet, batch)
-	for i := range pkts {
-		pkts[i] = Packet{Buf: testPayload(make([]byte, size), uint32(i), size), Addr: addrB, SrcPort: 0xc000}
-	}
-	r := recvBufs(batch)
-	b.SetBytes(int64(size * batch))
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := la.Send(pkts); err != nil {
-			b.Fatal(err)
-		}
-		for got := 0; got < batch; {
-			k, err := lb.Recv(r)
-			if err != nil {
-				b.Fatal(err)
-			}
-			got += k
-		}
-	}
-	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "pkts/s")
+	benchLinks(b, la, lb, testPackets(64, size, addrB, 0xc000))
 }
 
 // BenchmarkMemLink measures Send+Recv through a fault-free MemNetwork.
@@ -621,7 +545,7 @@ func FuzzMemRecv(f *testing.F) {
 			}
 			for i := range k {
 				b := r[i].Buf
-				if computeICRC(addrA, addrB, 0xc001, b) != icrc.Load(b) {
+				if computeICRC(addrA, addrB, 0xc001, 0, b) != icrc.Load(b) {
 					t.Fatalf("Recv returned a datagram with a bad ICRC")
 				}
 				if bytes.Equal(b, sentinel) {

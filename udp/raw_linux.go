@@ -3,15 +3,11 @@
 package udp
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -54,38 +50,15 @@ const (
 // the kernel neither answers with ICMP port unreachable nor lets another
 // program take it. IPv6 peers are served fully by SocketLink.
 type RawLink struct {
-	conn   *net.IPConn
-	rc     syscall.RawConn
-	holder *net.UDPConn // addr:4791, drops everything
-	addr   netip.Addr
-	batch  int
-	ttl    uint8
-
-	sendMu sync.Mutex
-	send   rawSendState
-	sendFn func(fd uintptr) bool
-
-	recvMu sync.Mutex
-	recv   mmsgState
-	recvFn func(fd uintptr) bool
-	rbuf   []byte // batch × rawBufSize
-
-	sent, rcvd, badICRC, malformed, other atomic.Uint64
+	sockLink // send: per message two iovecs, the header from shdr and the payload
+	conn     *net.IPConn
+	holder   *net.UDPConn // addr:4791, drops everything
+	ttl      uint8
+	shdr     []byte // batch × 28: the IPv4+UDP header of each message
+	rbuf     []byte // batch × rawBufSize
 }
 
 var _ Link = (*RawLink)(nil)
-
-// rawSendState: per message two iovecs, the 28-byte IPv4+UDP header from
-// hdr and the caller's payload.
-type rawSendState struct {
-	hdrs     []unix.Mmsghdr
-	iovs     []unix.Iovec // 2 per message
-	names    []unix.RawSockaddrInet4
-	hdr      []byte // batch × 28
-	off, cnt int
-	n        int
-	errno    unix.Errno
-}
 
 // rawFilter passes unfragmented UDP datagrams to port 4791; the raw socket
 // sees the packet from the IPv4 header on.
@@ -108,15 +81,7 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if o.RecvBufferSize <= 0 {
-		o.RecvBufferSize = defaultSocketBuf
-	}
-	if o.SendBufferSize <= 0 {
-		o.SendBufferSize = defaultSocketBuf
-	}
-	if o.BatchSize <= 0 {
-		o.BatchSize = defaultSocketBatch
-	}
+	socketDefaults(&o.RecvBufferSize, &o.SendBufferSize, &o.BatchSize)
 	if o.TTL == 0 {
 		o.TTL = 64
 	}
@@ -127,79 +92,26 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 	ap := netip.AddrPortFrom(a, Port)
 
 	// Hold addr:4791 first: it gives the clear EADDRINUSE / EADDRNOTAVAIL.
-	var holdErr error
-	hl := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		err := c.Control(func(fd uintptr) {
-			dropAll := []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
-			holdErr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
-				&unix.SockFprog{Len: 1, Filter: &dropAll[0]})
-		})
-		if err != nil {
-			return err
-		}
-		return holdErr
-	}}
-	hpc, err := hl.ListenPacket(context.Background(), "udp4", ap.String())
+	holder, _, err := listenFD("udp4", ap.String(), func(fd int) error { return attachFilter(fd, dropAll) })
 	if err != nil {
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
-	holder := hpc.(*net.UDPConn)
-
-	var sockErr error
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		err := c.Control(func(fd uintptr) {
-			sockErr = setRawOptions(int(fd), &o)
-		})
-		if err != nil {
-			return err
-		}
-		return sockErr
-	}}
-	pc, err := lc.ListenPacket(context.Background(), "ip4:udp", a.String())
+	conn, rc, err := listenFD("ip4:udp", a.String(), func(fd int) error { return setRawOptions(fd, &o) })
 	if err != nil {
-		holder.Close()
-		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
-	}
-	conn := pc.(*net.IPConn)
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		conn.Close()
 		holder.Close()
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
 	l := &RawLink{
-		conn:   conn,
-		rc:     rc,
-		holder: holder,
-		addr:   a,
-		batch:  o.BatchSize,
+		conn:   conn.(*net.IPConn),
+		holder: holder.(*net.UDPConn),
 		ttl:    o.TTL,
-		recv:   newMmsgState(o.BatchSize),
+		shdr:   make([]byte, o.BatchSize*(ipv4HdrLen+udpHdrLen)),
 		rbuf:   make([]byte, o.BatchSize*rawBufSize),
 	}
-	b := o.BatchSize
-	l.send = rawSendState{
-		hdrs:  make([]unix.Mmsghdr, b),
-		iovs:  make([]unix.Iovec, 2*b),
-		names: make([]unix.RawSockaddrInet4, b),
-		hdr:   make([]byte, b*(ipv4HdrLen+udpHdrLen)),
-	}
+	l.sockLink.init(rc, a, o.BatchSize, 2)
 	for i := range l.send.hdrs {
-		h := &l.send.hdrs[i].Hdr
-		h.Iov = &l.send.iovs[2*i]
-		h.SetIovlen(2)
-		h.Name = (*byte)(unsafe.Pointer(&l.send.names[i]))
-		h.Namelen = unix.SizeofSockaddrInet4
-		l.send.iovs[2*i].Base = &l.send.hdr[i*(ipv4HdrLen+udpHdrLen)]
-		l.send.iovs[2*i].SetLen(ipv4HdrLen + udpHdrLen)
+		l.send.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet4
 	}
-	for i := range b {
-		buf := l.rbuf[i*rawBufSize : (i+1)*rawBufSize]
-		l.recv.iovs[i].Base = &buf[0]
-		l.recv.iovs[i].SetLen(len(buf))
-	}
-	l.sendFn = l.doSend
-	l.recvFn = l.doRecv
 	return l, nil
 }
 
@@ -207,38 +119,10 @@ func setRawOptions(fd int, o *RawOptions) error {
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_HDRINCL, 1); err != nil {
 		return fmt.Errorf("setsockopt IP_HDRINCL: %w", err)
 	}
-	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
-		&unix.SockFprog{Len: uint16(len(rawFilter)), Filter: &rawFilter[0]}); err != nil {
-		return fmt.Errorf("setsockopt SO_ATTACH_FILTER: %w", err)
+	if err := attachFilter(fd, rawFilter); err != nil {
+		return err
 	}
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, o.RecvBufferSize) != nil {
-		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, o.RecvBufferSize); err != nil {
-			return fmt.Errorf("setsockopt SO_RCVBUF: %w", err)
-		}
-	}
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, o.SendBufferSize) != nil {
-		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, o.SendBufferSize); err != nil {
-			return fmt.Errorf("setsockopt SO_SNDBUF: %w", err)
-		}
-	}
-	return nil
-}
-
-// LocalAddr returns the bound IPv4 address.
-func (l *RawLink) LocalAddr() netip.Addr { return l.addr }
-
-// BatchSize returns the number of datagrams per sendmmsg/recvmmsg call.
-func (l *RawLink) BatchSize() int { return l.batch }
-
-// Stats returns a snapshot of the link's counters.
-func (l *RawLink) Stats() Stats {
-	return Stats{
-		SentPkts:      l.sent.Load(),
-		RcvdPkts:      l.rcvd.Load(),
-		DropBadICRC:   l.badICRC.Load(),
-		DropMalformed: l.malformed.Load(),
-		DropOther:     l.other.Load(),
-	}
+	return setBuffers(fd, o.RecvBufferSize, o.SendBufferSize)
 }
 
 // Close closes both sockets; a blocked Recv returns net.ErrClosed. Closing
@@ -246,10 +130,7 @@ func (l *RawLink) Stats() Stats {
 func (l *RawLink) Close() error {
 	err := l.conn.Close()
 	l.holder.Close()
-	if err != nil && !errors.Is(err, net.ErrClosed) {
-		return fmt.Errorf("udp: close raw %v: %w", l.addr, err)
-	}
-	return nil
+	return closeErr(err, "close raw", l.addr)
 }
 
 // Send builds each packet's IPv4 and UDP header (see RawLink), fills the
@@ -257,15 +138,8 @@ func (l *RawLink) Close() error {
 // returns after every packet was accepted by the kernel, or with the first
 // error (packets before it were sent).
 func (l *RawLink) Send(pkts []Packet) error {
-	for i := range pkts {
-		p := &pkts[i]
-		if len(p.Buf) < minPacketSize || len(p.Buf) > MaxPacketSize {
-			return fmt.Errorf("udp: send packet %d: length %d not in [%d, %d]: %w",
-				i, len(p.Buf), minPacketSize, MaxPacketSize, ErrPacketSize)
-		}
-		if dst := normAddr(p.Addr); !dst.Is4() {
-			return fmt.Errorf("udp: send packet %d: destination %v from %v: %w", i, p.Addr, l.addr, ErrAddress)
-		}
+	if err := checkSend(pkts, l.addr); err != nil {
+		return err
 	}
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
@@ -275,21 +149,15 @@ func (l *RawLink) Send(pkts []Packet) error {
 		for i := range k {
 			l.buildPacket(i, &pkts[base+i])
 		}
-		s.off, s.cnt = 0, k
-		for s.off < s.cnt {
-			if err := l.rc.Write(l.sendFn); err != nil {
-				l.clearSend(k)
-				return fmt.Errorf("udp: raw send: %w", err)
-			}
-			if s.errno != 0 {
-				l.clearSend(k)
-				return fmt.Errorf("udp: raw sendmmsg packet %d (%d bytes) to %v: %w",
-					base+s.off, len(pkts[base+s.off].Buf), pkts[base+s.off].Addr, s.errno)
-			}
-			s.off += s.n
-			l.sent.Add(uint64(s.n))
+		done, err := s.send(l.rc, k, &l.sent)
+		s.clearIovs(2 * k)
+		if err != nil && s.errno != 0 {
+			p := &pkts[base+done]
+			return fmt.Errorf("udp: raw sendmmsg packet %d (%d bytes) to %v: %w", base+done, len(p.Buf), p.Addr, s.errno)
 		}
-		l.clearSend(k)
+		if err != nil {
+			return fmt.Errorf("udp: raw send: %w", err)
+		}
 		base += k
 	}
 	return nil
@@ -304,7 +172,7 @@ func (l *RawLink) buildPacket(i int, p *Packet) {
 	if sport == 0 {
 		sport = Port
 	}
-	ip := s.hdr[i*(ipv4HdrLen+udpHdrLen) : (i+1)*(ipv4HdrLen+udpHdrLen)]
+	ip := l.shdr[i*(ipv4HdrLen+udpHdrLen) : (i+1)*(ipv4HdrLen+udpHdrLen)]
 	ip[0] = 0x45
 	ip[1] = p.TOS
 	binary.BigEndian.PutUint16(ip[2:], uint16(ipv4HdrLen+udpHdrLen+len(p.Buf)))
@@ -321,62 +189,14 @@ func (l *RawLink) buildPacket(i int, p *Packet) {
 	binary.BigEndian.PutUint16(u[2:], Port)
 	binary.BigEndian.PutUint16(u[4:], uint16(udpHdrLen+len(p.Buf)))
 	binary.BigEndian.PutUint16(u[6:], 0) // UDP checksum 0, like rxe
-	h := icrc.IPv4Pseudo{Src: a4, Dst: d4, ID: 0, FlagsFrag: 0x4000, SrcPort: sport, DstPort: Port}
-	icrc.Store(p.Buf, icrc.ComputeIPv4(&h, p.Buf))
+	icrc.Store(p.Buf, computeICRC(l.addr, dst, sport, 0, p.Buf))
+	s.iovs[2*i].Base = &ip[0]
+	s.iovs[2*i].SetLen(len(ip))
 	s.iovs[2*i+1].Base = &p.Buf[0]
 	s.iovs[2*i+1].SetLen(len(p.Buf))
-	s.names[i].Family = unix.AF_INET
-	s.names[i].Addr = d4
-}
-
-func (l *RawLink) clearSend(k int) {
-	for i := range k {
-		l.send.iovs[2*i+1].Base = nil
-	}
-}
-
-func (l *RawLink) doSend(fd uintptr) bool {
-	s := &l.send
-	var n uintptr
-	var e unix.Errno
-	for {
-		n, _, e = unix.Syscall6(unix.SYS_SENDMMSG, fd,
-			uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
-		if e != unix.EINTR {
-			break
-		}
-	}
-	if e == unix.EAGAIN {
-		return false
-	}
-	s.errno = e
-	s.n = int(n)
-	if e != 0 {
-		s.n = 0
-	}
-	return true
-}
-
-func (l *RawLink) doRecv(fd uintptr) bool {
-	s := &l.recv
-	var n uintptr
-	var e unix.Errno
-	for {
-		n, _, e = unix.Syscall6(unix.SYS_RECVMMSG, fd,
-			uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.cnt), unix.MSG_DONTWAIT, 0, 0)
-		if e != unix.EINTR {
-			break
-		}
-	}
-	if e == unix.EAGAIN {
-		return false
-	}
-	s.errno = e
-	s.n = int(n)
-	if e != 0 {
-		s.n = 0
-	}
-	return true
+	sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&s.names[i]))
+	sa.Family = unix.AF_INET
+	sa.Addr = d4
 }
 
 // Recv receives up to min(len(pkts), BatchSize) packets, blocking until at
@@ -385,13 +205,8 @@ func (l *RawLink) doRecv(fd uintptr) bool {
 // the real headers (else DropBadICRC); the UDP payload is copied into the
 // caller's Buf.
 func (l *RawLink) Recv(pkts []Packet) (int, error) {
-	if len(pkts) == 0 {
-		return 0, nil
-	}
-	for i := range pkts {
-		if cap(pkts[i].Buf) < MaxPacketSize {
-			return 0, fmt.Errorf("udp: recv packet %d: buffer cap %d: %w", i, cap(pkts[i].Buf), ErrShortBuffer)
-		}
+	if err := checkRecv(pkts); err != nil || len(pkts) == 0 {
+		return 0, err
 	}
 	l.recvMu.Lock()
 	defer l.recvMu.Unlock()
@@ -399,23 +214,10 @@ func (l *RawLink) Recv(pkts []Packet) (int, error) {
 	k := min(len(pkts), l.batch)
 	for {
 		for i := range k {
-			h := &s.hdrs[i].Hdr
-			h.Namelen = unix.SizeofSockaddrInet6
-			h.Control = nil
-			h.SetControllen(0)
-			h.Flags = 0
-			s.hdrs[i].Len = 0
+			s.prepRecv(i, l.rbuf[i*rawBufSize:(i+1)*rawBufSize], false)
 		}
-		s.cnt = k
-		err := l.rc.Read(l.recvFn)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return 0, net.ErrClosed
-			}
-			return 0, fmt.Errorf("udp: raw recv: %w", err)
-		}
-		if s.errno != 0 {
-			return 0, fmt.Errorf("udp: raw recvmmsg on %v: %w", l.addr, s.errno)
+		if err := s.recv(l.rc, k, "udp: raw ", l.addr); err != nil {
+			return 0, err
 		}
 		out := 0
 		for i := 0; i < s.n; i++ {

@@ -17,19 +17,6 @@ import (
 	"github.com/gorocev2/rocev2/icrc"
 )
 
-func listenRaw(t testing.TB, addr netip.Addr) *RawLink {
-	t.Helper()
-	l, err := ListenRaw(addr, nil)
-	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES) {
-		t.Skipf("raw sockets need CAP_NET_RAW: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return l
-}
-
 func TestRawSendRecv(t *testing.T) {
 	a := listenRaw(t, sockA)
 	b := listenRaw(t, sockB)
@@ -141,21 +128,7 @@ func TestRawErrorsAndClose(t *testing.T) {
 	if err := a.Send([]Packet{{Buf: make([]byte, 64), Addr: netip.IPv6Loopback()}}); !errors.Is(err, ErrAddress) {
 		t.Errorf("IPv6 destination: %v", err)
 	}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := a.Recv(recvBufs(2))
-		errc <- err
-	}()
-	time.Sleep(20 * time.Millisecond)
-	a.Close()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Errorf("Recv after Close: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Recv still blocked after Close")
-	}
+	closeUnblocksRecv(t, a, recvBufs(2))
 }
 
 // BenchmarkRaw measures RawLink over loopback, 64 datagrams per call; compare
@@ -164,28 +137,7 @@ func BenchmarkRaw(b *testing.B) {
 	const batch = 64
 	for _, size := range []int{1024, 4096} {
 		b.Run(map[int]string{1024: "1KiB", 4096: "4KiB"}[size], func(b *testing.B) {
-			s := listenRaw(b, sockA)
-			r := listenRaw(b, sockB)
-			out := make([]Packet, batch)
-			for i := range out {
-				out[i] = Packet{Buf: testPayload(make([]byte, size), uint32(i), size), Addr: sockB, SrcPort: 0xc000}
-			}
-			in := recvBufs(batch)
-			b.SetBytes(int64(size * batch))
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := s.Send(out); err != nil {
-					b.Fatal(err)
-				}
-				for got := 0; got < batch; {
-					n, err := r.Recv(in[:batch-got])
-					if err != nil {
-						b.Fatal(err)
-					}
-					got += n
-				}
-			}
-			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "pkts/s")
+			benchLinks(b, listenRaw(b, sockA), listenRaw(b, sockB), testPackets(batch, size, sockB, 0xc000))
 		})
 	}
 }

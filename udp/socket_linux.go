@@ -3,9 +3,7 @@
 package udp
 
 import (
-	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -87,13 +85,11 @@ const (
 // about 2^-16 per flag setting. TOS/ECN is read with IP_RECVTOS /
 // IPV6_RECVTCLASS.
 type SocketLink struct {
-	conn  *net.UDPConn
-	rc    syscall.RawConn
-	addr  netip.Addr // normalised (unmapped, no zone)
-	is6   bool
-	batch int
-	gso   bool
-	gro   *groState // nil with SocketOptions.NoGRO
+	sockLink
+	conn *net.UDPConn
+	is6  bool
+	gso  bool
+	gro  *groState // nil with SocketOptions.NoGRO
 
 	srcPorts      bool
 	bindAddr      netip.Addr // addr with its zone, for source-port sockets
@@ -103,52 +99,9 @@ type SocketLink struct {
 	portFallbacks atomic.Uint64          // source ports that could not be bound
 
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
-
-	sendMu sync.Mutex
-	send   mmsgState
-	sendFn func(fd uintptr) bool
-
-	recvMu sync.Mutex
-	recv   mmsgState
-	recvFn func(fd uintptr) bool
-
-	sent, rcvd, badICRC, malformed, other atomic.Uint64
 }
 
 var _ Link = (*SocketLink)(nil)
-
-// mmsgState is the preallocated argument block of one sendmmsg/recvmmsg
-// caller, plus the in/out values of the RawConn callback (kept in the
-// struct so the callback is one method value allocated at open time).
-type mmsgState struct {
-	hdrs  []unix.Mmsghdr
-	iovs  []unix.Iovec
-	names []unix.RawSockaddrInet6 // large enough for either family
-	ctrl  []byte
-
-	segs []int // send: packets in each message (GSO groups)
-
-	off, cnt int        // messages hdrs[off:cnt] still to transfer
-	n        int        // result: messages transferred by the last call
-	errno    unix.Errno // result: error of the last call
-}
-
-func newMmsgState(batch int) mmsgState {
-	s := mmsgState{
-		hdrs:  make([]unix.Mmsghdr, batch),
-		iovs:  make([]unix.Iovec, batch),
-		names: make([]unix.RawSockaddrInet6, batch),
-		ctrl:  make([]byte, batch*cmsgSpace),
-		segs:  make([]int, batch),
-	}
-	for i := range s.hdrs {
-		h := &s.hdrs[i].Hdr
-		h.Iov = &s.iovs[i]
-		h.SetIovlen(1)
-		h.Name = (*byte)(unsafe.Pointer(&s.names[i]))
-	}
-	return s
-}
 
 // ListenSocket opens a SocketLink on addr, UDP port 4791. addr must be a
 // specific address of this host (IPv4, IPv4-mapped IPv6, or IPv6; a zone is
@@ -162,15 +115,7 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if o.RecvBufferSize <= 0 {
-		o.RecvBufferSize = defaultSocketBuf
-	}
-	if o.SendBufferSize <= 0 {
-		o.SendBufferSize = defaultSocketBuf
-	}
-	if o.BatchSize <= 0 {
-		o.BatchSize = defaultSocketBatch
-	}
+	socketDefaults(&o.RecvBufferSize, &o.SendBufferSize, &o.BatchSize)
 	zone := addr.Zone()
 	a := normAddr(addr)
 	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {
@@ -185,46 +130,24 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 	}
 	ap := netip.AddrPortFrom(bindAddr, Port)
 
-	var sockErr error
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		err := c.Control(func(fd uintptr) {
-			sockErr = setSocketOptions(int(fd), is6, &o)
-		})
-		if err != nil {
-			return err
-		}
-		return sockErr
-	}}
-	pc, err := lc.ListenPacket(context.Background(), network, ap.String())
+	conn, rc, err := listenFD(network, ap.String(), func(fd int) error { return setSocketOptions(fd, is6, &o) })
 	if err != nil {
-		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
-	}
-	conn := pc.(*net.UDPConn)
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		conn.Close()
 		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
 	}
 	l := &SocketLink{
-		conn:  conn,
-		rc:    rc,
-		addr:  a,
-		is6:   is6,
-		batch: o.BatchSize,
-		gso:   o.GSO,
+		conn: conn.(*net.UDPConn),
+		is6:  is6,
+		gso:  o.GSO,
 
 		srcPorts: o.SourcePorts,
 		bindAddr: bindAddr,
 		sndBuf:   o.SendBufferSize,
 		ports:    make(map[uint16]*portSocket),
-		send:     newMmsgState(o.BatchSize),
-		recv:     newMmsgState(o.BatchSize),
 	}
+	l.sockLink.init(rc, a, o.BatchSize, 1)
 	if !o.NoGRO {
 		l.gro = &groState{mem: make([]byte, o.BatchSize*groBufSize), msgs: make([]groMsg, o.BatchSize)}
 	}
-	l.sendFn = l.doSend
-	l.recvFn = l.doRecv
 	return l, nil
 }
 
@@ -256,34 +179,7 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 			return err
 		}
 	}
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, o.RecvBufferSize) != nil {
-		if err := set(unix.SOL_SOCKET, unix.SO_RCVBUF, o.RecvBufferSize, "SO_RCVBUF"); err != nil {
-			return err
-		}
-	}
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, o.SendBufferSize) != nil {
-		if err := set(unix.SOL_SOCKET, unix.SO_SNDBUF, o.SendBufferSize, "SO_SNDBUF"); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// LocalAddr returns the bound address (IPv4-mapped addresses unmapped).
-func (l *SocketLink) LocalAddr() netip.Addr { return l.addr }
-
-// BatchSize returns the number of datagrams per sendmmsg/recvmmsg call.
-func (l *SocketLink) BatchSize() int { return l.batch }
-
-// Stats returns a snapshot of the link's counters.
-func (l *SocketLink) Stats() Stats {
-	return Stats{
-		SentPkts:      l.sent.Load(),
-		RcvdPkts:      l.rcvd.Load(),
-		DropBadICRC:   l.badICRC.Load(),
-		DropMalformed: l.malformed.Load(),
-		DropOther:     l.other.Load(),
-	}
+	return setBuffers(fd, o.RecvBufferSize, o.SendBufferSize)
 }
 
 // Close closes the socket(s); a blocked Recv returns net.ErrClosed.
@@ -298,10 +194,7 @@ func (l *SocketLink) Close() error {
 	}
 	l.ports = nil
 	l.portsMu.Unlock()
-	if err != nil && !errors.Is(err, net.ErrClosed) {
-		return fmt.Errorf("udp: close %v: %w", l.addr, err)
-	}
-	return nil
+	return closeErr(err, "close", l.addr)
 }
 
 // SocketBuffers returns the kernel's effective SO_RCVBUF and SO_SNDBUF.
@@ -358,16 +251,8 @@ func putTOSCmsg(b []byte, tos uint8, is6 bool) int {
 // It returns after every packet was accepted by the kernel, or with the
 // first error (packets before it were sent).
 func (l *SocketLink) Send(pkts []Packet) error {
-	for i := range pkts {
-		p := &pkts[i]
-		if len(p.Buf) < minPacketSize || len(p.Buf) > MaxPacketSize {
-			return fmt.Errorf("udp: send packet %d: length %d not in [%d, %d]: %w",
-				i, len(p.Buf), minPacketSize, MaxPacketSize, ErrPacketSize)
-		}
-		dst := normAddr(p.Addr)
-		if !dst.IsValid() || dst.Is6() != l.is6 {
-			return fmt.Errorf("udp: send packet %d: destination %v from %v: %w", i, p.Addr, l.addr, ErrAddress)
-		}
+	if err := checkSend(pkts, l.addr); err != nil {
+		return err
 	}
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
@@ -402,23 +287,14 @@ func (l *SocketLink) Send(pkts []Packet) error {
 // slice) from the socket rc whose source port is port.
 func (l *SocketLink) sendRun(rc syscall.RawConn, port uint16, run []Packet, base int) error {
 	s := &l.send
-	defer l.clearIovs(s, len(run))
-	nmsg := l.buildSend(run, port)
-	s.off, s.cnt = 0, nmsg
-	first := 0 // index in run of the first packet of message s.off
-	for s.off < s.cnt {
-		if err := rc.Write(l.sendFn); err != nil {
-			return fmt.Errorf("udp: send: %w", err)
-		}
-		if s.errno != 0 {
-			return fmt.Errorf("udp: sendmmsg packet %d (%d bytes, %d in GSO group) %v:%d -> %v: %w",
-				base+first, len(run[first].Buf), s.segs[s.off], l.addr, port, run[first].Addr, s.errno)
-		}
-		for m := s.off; m < s.off+s.n; m++ {
-			first += s.segs[m]
-			l.sent.Add(uint64(s.segs[m]))
-		}
-		s.off += s.n
+	defer s.clearIovs(len(run))
+	first, err := s.send(rc, l.buildSend(run, port), &l.sent) // first: the first packet not sent
+	if err != nil && s.errno != 0 {
+		return fmt.Errorf("udp: sendmmsg packet %d (%d bytes, %d in GSO group) %v:%d -> %v: %w",
+			base+first, len(run[first].Buf), s.segs[s.off], l.addr, port, run[first].Addr, s.errno)
+	}
+	if err != nil {
+		return fmt.Errorf("udp: send: %w", err)
 	}
 	return nil
 }
@@ -463,38 +339,22 @@ type portSocket struct {
 // same DF / ID 0 settings as the link's socket, and a socket filter that
 // drops everything it would receive.
 func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
-	var sockErr error
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		err := c.Control(func(fd uintptr) {
-			o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: l.sndBuf, NoGRO: true}
-			if sockErr = setSocketOptions(int(fd), l.is6, &o); sockErr != nil {
-				return
-			}
-			dropAll := []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
-			sockErr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
-				&unix.SockFprog{Len: 1, Filter: &dropAll[0]})
-		})
-		if err != nil {
-			return err
-		}
-		return sockErr
-	}}
 	network := "udp4"
 	if l.is6 {
 		network = "udp6"
 	}
 	ap := netip.AddrPortFrom(l.bindAddr, port)
-	pc, err := lc.ListenPacket(context.Background(), network, ap.String())
+	conn, rc, err := listenFD(network, ap.String(), func(fd int) error {
+		o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: l.sndBuf, NoGRO: true}
+		if err := setSocketOptions(fd, l.is6, &o); err != nil {
+			return err
+		}
+		return attachFilter(fd, dropAll)
+	})
 	if err != nil {
 		return nil, err
 	}
-	conn := pc.(*net.UDPConn)
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return &portSocket{conn: conn, rc: rc}, nil
+	return &portSocket{conn: conn.(*net.UDPConn), rc: rc}, nil
 }
 
 // gsoMaxSegs and gsoMaxBytes bound one GSO send: Linux before 6.11 accepts
@@ -543,7 +403,7 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16) int {
 			q := &chunk[i+k]
 			// Linux gives a DF datagram from an unconnected socket ID 0;
 			// GSO numbers the segments' IDs upward from there.
-			icrc.Store(q.Buf, l.sendICRC(dst, port, uint16(k), q.Buf))
+			icrc.Store(q.Buf, computeICRC(l.addr, dst, port, uint16(k), q.Buf))
 			s.iovs[i+k].Base = &q.Buf[0]
 			s.iovs[i+k].SetLen(len(q.Buf))
 		}
@@ -573,17 +433,6 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16) int {
 	return nmsg
 }
 
-// sendICRC is the ICRC of a datagram this link sends from source port port
-// to dst with the given IPv4 identification (ignored for IPv6).
-func (l *SocketLink) sendICRC(dst netip.Addr, port, id uint16, payload []byte) uint32 {
-	if l.is6 {
-		h := icrc.IPv6Pseudo{Src: l.addr.As16(), Dst: dst.As16(), SrcPort: port, DstPort: Port}
-		return icrc.ComputeIPv6(&h, payload)
-	}
-	h := icrc.IPv4Pseudo{Src: l.addr.As4(), Dst: dst.As4(), ID: id, FlagsFrag: 0x4000, SrcPort: port, DstPort: Port}
-	return icrc.ComputeIPv4(&h, payload)
-}
-
 // putGSOCmsg writes a UDP_SEGMENT control message (segment size) into b
 // and returns its length.
 func putGSOCmsg(b []byte, size uint16) int {
@@ -594,72 +443,14 @@ func putGSOCmsg(b []byte, size uint16) int {
 	return unix.CmsgSpace(2)
 }
 
-// clearIovs drops the references to the caller's buffers.
-func (l *SocketLink) clearIovs(s *mmsgState, k int) {
-	for i := range k {
-		s.iovs[i].Base = nil
-	}
-}
-
-// doSend is the RawConn write callback: one sendmmsg of hdrs[off:cnt].
-func (l *SocketLink) doSend(fd uintptr) bool {
-	s := &l.send
-	var n uintptr
-	var e unix.Errno
-	for {
-		n, _, e = unix.Syscall6(unix.SYS_SENDMMSG, fd,
-			uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
-		if e != unix.EINTR {
-			break
-		}
-	}
-	if e == unix.EAGAIN {
-		return false
-	}
-	s.errno = e
-	s.n = int(n)
-	if e != 0 {
-		s.n = 0
-	}
-	return true
-}
-
-// doRecv is the RawConn read callback: one recvmmsg into hdrs[:cnt].
-func (l *SocketLink) doRecv(fd uintptr) bool {
-	s := &l.recv
-	var n uintptr
-	var e unix.Errno
-	for {
-		n, _, e = unix.Syscall6(unix.SYS_RECVMMSG, fd,
-			uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.cnt), unix.MSG_DONTWAIT, 0, 0)
-		if e != unix.EINTR {
-			break
-		}
-	}
-	if e == unix.EAGAIN {
-		return false
-	}
-	s.errno = e
-	s.n = int(n)
-	if e != 0 {
-		s.n = 0
-	}
-	return true
-}
-
 // Recv receives up to min(len(pkts), BatchSize) datagrams with one
 // recvmmsg, blocking until at least one valid RoCEv2 packet arrived. Bad
 // datagrams are dropped and counted: shorter than BTH+ICRC or truncated
 // (DropMalformed), ICRC not verifiable (DropBadICRC). Recv may permute the
 // Buf slices among pkts (a dropped datagram's buffer moves to the end).
 func (l *SocketLink) Recv(pkts []Packet) (int, error) {
-	if len(pkts) == 0 {
-		return 0, nil
-	}
-	for i := range pkts {
-		if cap(pkts[i].Buf) < MaxPacketSize {
-			return 0, fmt.Errorf("udp: recv packet %d: buffer cap %d: %w", i, cap(pkts[i].Buf), ErrShortBuffer)
-		}
+	if err := checkRecv(pkts); err != nil || len(pkts) == 0 {
+		return 0, err
 	}
 	l.recvMu.Lock()
 	defer l.recvMu.Unlock()
@@ -670,28 +461,12 @@ func (l *SocketLink) Recv(pkts []Packet) (int, error) {
 	k := min(len(pkts), l.batch)
 	for {
 		for i := range k {
-			b := pkts[i].Buf[:cap(pkts[i].Buf)]
-			h := &s.hdrs[i].Hdr
-			s.iovs[i].Base = &b[0]
-			s.iovs[i].SetLen(len(b))
-			h.Namelen = unix.SizeofSockaddrInet6
-			c := s.ctrl[i*cmsgSpace : (i+1)*cmsgSpace]
-			h.Control = &c[0]
-			h.SetControllen(cmsgSpace)
-			h.Flags = 0
-			s.hdrs[i].Len = 0
+			s.prepRecv(i, pkts[i].Buf[:cap(pkts[i].Buf)], true)
 		}
-		s.cnt = k
-		err := l.rc.Read(l.recvFn)
-		l.clearIovs(s, k)
+		err := s.recv(l.rc, k, "udp: ", l.addr)
+		s.clearIovs(k)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return 0, net.ErrClosed
-			}
-			return 0, fmt.Errorf("udp: recv: %w", err)
-		}
-		if s.errno != 0 {
-			return 0, fmt.Errorf("udp: recvmmsg on %v: %w", l.addr, s.errno)
+			return 0, err
 		}
 		out := 0
 		for i := 0; i < s.n; i++ {
@@ -763,27 +538,10 @@ func (l *SocketLink) recvGRO(pkts []Packet) (int, error) {
 		// Everything returned: receive the next buffers.
 		k := l.batch
 		for i := range k {
-			b := g.mem[i*groBufSize : (i+1)*groBufSize]
-			h := &s.hdrs[i].Hdr
-			s.iovs[i].Base = &b[0]
-			s.iovs[i].SetLen(len(b))
-			h.Namelen = unix.SizeofSockaddrInet6
-			c := s.ctrl[i*cmsgSpace : (i+1)*cmsgSpace]
-			h.Control = &c[0]
-			h.SetControllen(cmsgSpace)
-			h.Flags = 0
-			s.hdrs[i].Len = 0
+			s.prepRecv(i, g.mem[i*groBufSize:(i+1)*groBufSize], true)
 		}
-		s.cnt = k
-		err := l.rc.Read(l.recvFn)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return 0, net.ErrClosed
-			}
-			return 0, fmt.Errorf("udp: recv: %w", err)
-		}
-		if s.errno != 0 {
-			return 0, fmt.Errorf("udp: recvmmsg on %v: %w", l.addr, s.errno)
+		if err := s.recv(l.rc, k, "udp: ", l.addr); err != nil {
+			return 0, err
 		}
 		g.cur, g.n = 0, 0
 		for i := 0; i < s.n; i++ {
@@ -848,8 +606,7 @@ func (l *SocketLink) accept(i int, p *Packet) bool {
 // failure in DropBadICRC.
 func (l *SocketLink) verify(buf []byte, src netip.Addr, srcPort uint16) bool {
 	if l.is6 {
-		h := icrc.IPv6Pseudo{Src: src.As16(), Dst: l.addr.As16(), SrcPort: srcPort, DstPort: Port}
-		if icrc.ComputeIPv6(&h, buf) != icrc.Load(buf) {
+		if computeICRC(src, l.addr, srcPort, 0, buf) != icrc.Load(buf) {
 			l.badICRC.Add(1)
 			return false
 		}

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -22,83 +21,7 @@ import (
 	"github.com/gorocev2/rocev2/icrc"
 )
 
-// Loopback addresses for socket tests. Linux routes all of 127.0.0.0/8 to
-// lo, so two links can both bind port 4791. The pair is derived from the
-// process ID, which keeps these tests clear of 127.0.0.1:4791 users and of
-// a concurrent run of this package.
-var sockA, sockB = testLoopbackPair()
-
-func testLoopbackPair() (netip.Addr, netip.Addr) {
-	p := os.Getpid()
-	b1, b2 := byte(40+p%200), byte(1+(p/200)%250)
-	return netip.AddrFrom4([4]byte{127, b1, b2, 1}), netip.AddrFrom4([4]byte{127, b1, b2, 2})
-}
-
-func listenPair(t testing.TB) (*SocketLink, *SocketLink) {
-	t.Helper()
-	return listenPairOpts(t, nil, nil)
-}
-
-func listenPairOpts(t testing.TB, oa, ob *SocketOptions) (*SocketLink, *SocketLink) {
-	t.Helper()
-	a, err := ListenSocket(sockA, oa)
-	if err != nil {
-		t.Fatalf("ListenSocket(%v): %v", sockA, err)
-	}
-	b, err := ListenSocket(sockB, ob)
-	if err != nil {
-		a.Close()
-		t.Fatalf("ListenSocket(%v): %v", sockB, err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
-}
-
-// recvN receives until want packets arrived or the deadline passes.
-func recvN(t testing.TB, l Link, want int, d time.Duration) []Packet {
-	t.Helper()
-	type res struct {
-		pkts []Packet
-		err  error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		var out []Packet
-		r := recvBufs(64)
-		for len(out) < want {
-			n, err := l.Recv(r)
-			if err != nil {
-				ch <- res{out, err}
-				return
-			}
-			for i := range n {
-				p := r[i]
-				p.Buf = bytes.Clone(p.Buf)
-				out = append(out, p)
-			}
-		}
-		ch <- res{out, nil}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			t.Fatalf("Recv after %d packets: %v", len(r.pkts), r.err)
-		}
-		return r.pkts
-	case <-time.After(d):
-		l.Close()
-		t.Fatalf("timed out waiting for %d packets (stats %+v)", want, l.Stats())
-	}
-	return nil
-}
-
-func TestSocketSendRecvBatches(t *testing.T) {
-	for _, gro := range []bool{false, true} {
-		t.Run(map[bool]string{false: "plain", true: "GRO"}[gro], func(t *testing.T) {
-			testSocketSendRecvBatches(t, &SocketOptions{NoGRO: !gro})
-		})
-	}
-}
+func TestSocketSendRecvBatches(t *testing.T) { forGRO(t, "", testSocketSendRecvBatches) }
 
 func testSocketSendRecvBatches(t *testing.T, ob *SocketOptions) {
 	a, b := listenPairOpts(t, nil, ob)
@@ -139,13 +62,7 @@ func testSocketSendRecvBatches(t *testing.T, ob *SocketOptions) {
 	}
 }
 
-func TestSocketTOSAndECN(t *testing.T) {
-	for _, gro := range []bool{false, true} {
-		t.Run(map[bool]string{false: "plain", true: "GRO"}[gro], func(t *testing.T) {
-			testSocketTOSAndECN(t, &SocketOptions{NoGRO: !gro})
-		})
-	}
-}
+func TestSocketTOSAndECN(t *testing.T) { forGRO(t, "", testSocketTOSAndECN) }
 
 func testSocketTOSAndECN(t *testing.T, ob *SocketOptions) {
 	a, b := listenPairOpts(t, nil, ob)
@@ -162,13 +79,7 @@ func testSocketTOSAndECN(t *testing.T, ob *SocketOptions) {
 	}
 }
 
-func TestSocketDropsGarbage(t *testing.T) {
-	for _, gro := range []bool{false, true} {
-		t.Run(map[bool]string{false: "plain", true: "GRO"}[gro], func(t *testing.T) {
-			testSocketDropsGarbage(t, &SocketOptions{NoGRO: !gro})
-		})
-	}
-}
+func TestSocketDropsGarbage(t *testing.T) { forGRO(t, "", testSocketDropsGarbage) }
 
 func testSocketDropsGarbage(t *testing.T, ob *SocketOptions) {
 	a, b := listenPairOpts(t, nil, ob)
@@ -224,17 +135,7 @@ func testSocketDropsGarbage(t *testing.T, ob *SocketOptions) {
 
 func TestSocketIPv6(t *testing.T) {
 	lo6 := netip.IPv6Loopback()
-	l, err := ListenSocket(lo6, nil)
-	if err != nil {
-		if errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.EAFNOSUPPORT) {
-			t.Skipf("no IPv6 loopback here: %v", err)
-		}
-		if errors.Is(err, syscall.EADDRINUSE) {
-			t.Skipf("SKIPPED: [::1]:4791 is in use (another run of these tests?): %v", err)
-		}
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenLoopback6(t, nil)
 	p := []Packet{{Buf: testPayload(make([]byte, 256), 3, 256), Addr: lo6, TOS: ECNCE}}
 	if err := l.Send(p); err != nil {
 		t.Fatal(err)
@@ -303,21 +204,7 @@ func TestSocketCloseUnblocksRecv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := a.Recv(recvBufs(4))
-		errc <- err
-	}()
-	time.Sleep(20 * time.Millisecond)
-	a.Close()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("Recv after Close: %v, want net.ErrClosed", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Recv still blocked 5 s after Close")
-	}
+	closeUnblocksRecv(t, a, recvBufs(4))
 	// The port is free again.
 	b, err := ListenSocket(sockA, nil)
 	if err != nil {
@@ -483,21 +370,8 @@ func BenchmarkSocket(b *testing.B) {
 				out[i] = testPayload(make([]byte, size), uint32(i), size)
 				in[i] = make([]byte, MaxPacketSize)
 			}
-			b.SetBytes(int64(size * batch))
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := s.send(out, sockB); err != nil {
-					b.Fatal(err)
-				}
-				for got := 0; got < batch; {
-					n, err := r.recv(in[:batch-got])
-					if err != nil {
-						b.Fatal(err)
-					}
-					got += n
-				}
-			}
-			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "pkts/s")
+			benchExchange(b, size, batch, func() error { return s.send(out, sockB) },
+				func(max int) (int, error) { return r.recv(in[:max]) })
 		})
 		for _, mode := range []string{"SocketLink", "SocketLink-GRO", "SocketLink-GSO", "SocketLink-GSO-GRO"} {
 			gso := strings.Contains(mode, "GSO")
@@ -513,26 +387,7 @@ func BenchmarkSocket(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer r.Close()
-				out := make([]Packet, batch)
-				for i := range out {
-					out[i] = Packet{Buf: testPayload(make([]byte, size), uint32(i), size), Addr: sockB}
-				}
-				in := recvBufs(batch)
-				b.SetBytes(int64(size * batch))
-				b.ReportAllocs()
-				for b.Loop() {
-					if err := s.Send(out); err != nil {
-						b.Fatal(err)
-					}
-					for got := 0; got < batch; {
-						n, err := r.Recv(in[:batch-got])
-						if err != nil {
-							b.Fatal(err)
-						}
-						got += n
-					}
-				}
-				b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "pkts/s")
+				benchLinks(b, s, r, testPackets(batch, size, sockB, 0))
 			})
 		}
 	}
@@ -571,13 +426,7 @@ func TestGSOGroup(t *testing.T) {
 // TestSocketGSO sends with UDP GSO and checks every segment arrives intact
 // and that its ICRC was computed for the identification Linux gave it
 // (0, 1, 2, ... within each GSO datagram).
-func TestSocketGSO(t *testing.T) {
-	for _, gro := range []bool{false, true} {
-		t.Run(map[bool]string{false: "plain receiver", true: "GRO receiver"}[gro], func(t *testing.T) {
-			testSocketGSO(t, &SocketOptions{NoGRO: !gro})
-		})
-	}
-}
+func TestSocketGSO(t *testing.T) { forGRO(t, " receiver", testSocketGSO) }
 
 func testSocketGSO(t *testing.T, ob *SocketOptions) {
 	a, b := listenPairOpts(t, &SocketOptions{GSO: true}, ob)
@@ -756,17 +605,7 @@ func TestParseCmsgs(t *testing.T) {
 
 func TestSocketIPv6GSO(t *testing.T) {
 	lo6 := netip.IPv6Loopback()
-	l, err := ListenSocket(lo6, &SocketOptions{GSO: true, SourcePorts: true})
-	if err != nil {
-		if errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.EAFNOSUPPORT) {
-			t.Skipf("no IPv6 loopback here: %v", err)
-		}
-		if errors.Is(err, syscall.EADDRINUSE) {
-			t.Skipf("SKIPPED: [::1]:4791 is in use (another run of these tests?): %v", err)
-		}
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenLoopback6(t, &SocketOptions{GSO: true, SourcePorts: true})
 	const total = 30
 	pkts := make([]Packet, total)
 	for i := range pkts {

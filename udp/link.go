@@ -1,0 +1,75 @@
+package udp
+
+import (
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/gorocev2/rocev2/icrc"
+)
+
+// This file holds what every Link implementation shares.
+
+// counters are a Link's Stats, updated atomically; links embed them.
+type counters struct {
+	sent, rcvd, badICRC, malformed, other atomic.Uint64
+}
+
+// stats returns a snapshot of c.
+func (c *counters) stats() Stats {
+	return Stats{
+		SentPkts:      c.sent.Load(),
+		RcvdPkts:      c.rcvd.Load(),
+		DropBadICRC:   c.badICRC.Load(),
+		DropMalformed: c.malformed.Load(),
+		DropOther:     c.other.Load(),
+	}
+}
+
+// checkSend validates the packets given to Send on a link whose normalised
+// address is local: every length in [minPacketSize, MaxPacketSize] and
+// every destination valid and of local's IP family.
+func checkSend(pkts []Packet, local netip.Addr) error {
+	for i := range pkts {
+		p := &pkts[i]
+		if len(p.Buf) < minPacketSize || len(p.Buf) > MaxPacketSize {
+			return fmt.Errorf("udp: send packet %d: length %d not in [%d, %d]: %w",
+				i, len(p.Buf), minPacketSize, MaxPacketSize, ErrPacketSize)
+		}
+		dst := normAddr(p.Addr)
+		if !dst.IsValid() || dst.Is4() != local.Is4() {
+			return fmt.Errorf("udp: send packet %d: destination %v from %v: %w", i, p.Addr, local, ErrAddress)
+		}
+	}
+	return nil
+}
+
+// checkRecv validates the packets given to Recv: every Buf has room for
+// MaxPacketSize bytes.
+func checkRecv(pkts []Packet) error {
+	for i := range pkts {
+		if cap(pkts[i].Buf) < MaxPacketSize {
+			return fmt.Errorf("udp: recv packet %d: buffer cap %d: %w", i, cap(pkts[i].Buf), ErrShortBuffer)
+		}
+	}
+	return nil
+}
+
+// computeICRC returns the ICRC of a UDP payload travelling src:srcPort ->
+// dst:4791 in an IPv4 datagram with DF and identification id, or in an IPv6
+// datagram (id unused). src and dst are normalised and of the same family.
+func computeICRC(src, dst netip.Addr, srcPort, id uint16, payload []byte) uint32 {
+	if src.Is4() {
+		h := icrc.IPv4Pseudo{
+			Src: src.As4(), Dst: dst.As4(),
+			ID: id, FlagsFrag: 0x4000,
+			SrcPort: srcPort, DstPort: Port,
+		}
+		return icrc.ComputeIPv4(&h, payload)
+	}
+	h := icrc.IPv6Pseudo{
+		Src: src.As16(), Dst: dst.As16(),
+		SrcPort: srcPort, DstPort: Port,
+	}
+	return icrc.ComputeIPv6(&h, payload)
+}

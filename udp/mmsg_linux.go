@@ -1,0 +1,261 @@
+//go:build linux
+
+package udp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// This file holds the socket plumbing SocketLink and RawLink share.
+
+// sockLink is the part of SocketLink and RawLink that is the same: the
+// socket, its batched send and receive state, and the counters.
+type sockLink struct {
+	rc    syscall.RawConn
+	addr  netip.Addr // normalised (unmapped, no zone)
+	batch int
+
+	sendMu sync.Mutex
+	send   mmsgState
+
+	recvMu sync.Mutex
+	recv   mmsgState
+
+	counters
+}
+
+// init sets l up in place for the socket rc bound to addr, batch messages
+// per call, sendIovs iovecs per sent message.
+func (l *sockLink) init(rc syscall.RawConn, addr netip.Addr, batch, sendIovs int) {
+	l.rc, l.addr, l.batch = rc, addr, batch
+	l.send.init(batch, sendIovs, unix.SYS_SENDMMSG)
+	l.recv.init(batch, 1, unix.SYS_RECVMMSG)
+}
+
+// LocalAddr returns the bound address (IPv4-mapped addresses unmapped).
+func (l *sockLink) LocalAddr() netip.Addr { return l.addr }
+
+// BatchSize returns the number of datagrams per sendmmsg/recvmmsg call.
+func (l *sockLink) BatchSize() int { return l.batch }
+
+// Stats returns a snapshot of the link's counters.
+func (l *sockLink) Stats() Stats { return l.stats() }
+
+// mmsgState is the preallocated argument block of one sendmmsg or recvmmsg
+// caller, plus the in/out values of the RawConn callback (kept in the
+// struct so the callback is one method value bound at init, not allocated
+// per call).
+type mmsgState struct {
+	hdrs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6 // large enough for either family
+	ctrl  []byte                  // cmsgSpace per message
+
+	segs []int // send: packets in each message (1, or a GSO group)
+
+	trap uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
+	fn   func(fd uintptr) bool // s.call
+
+	off, cnt int        // messages hdrs[off:cnt] still to transfer
+	n        int        // result: messages transferred by the last call
+	errno    unix.Errno // result: error of the last call
+}
+
+// init sets s up in place for batch messages of iovPerMsg iovecs each,
+// transferred with trap (unix.SYS_SENDMMSG or unix.SYS_RECVMMSG).
+func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
+	*s = mmsgState{
+		hdrs:  make([]unix.Mmsghdr, batch),
+		iovs:  make([]unix.Iovec, batch*iovPerMsg),
+		names: make([]unix.RawSockaddrInet6, batch),
+		ctrl:  make([]byte, batch*cmsgSpace),
+		segs:  make([]int, batch),
+		trap:  trap,
+	}
+	for i := range s.hdrs {
+		h := &s.hdrs[i].Hdr
+		h.Iov = &s.iovs[i*iovPerMsg]
+		h.SetIovlen(iovPerMsg)
+		h.Name = (*byte)(unsafe.Pointer(&s.names[i]))
+		s.segs[i] = 1
+	}
+	s.fn = s.call
+}
+
+// call is the RawConn callback: one sendmmsg/recvmmsg of hdrs[off:cnt].
+// It reports false (wait and retry) when the socket would block.
+func (s *mmsgState) call(fd uintptr) bool {
+	var n uintptr
+	var e unix.Errno
+	for {
+		n, _, e = unix.Syscall6(s.trap, fd,
+			uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
+		if e != unix.EINTR {
+			break
+		}
+	}
+	if e == unix.EAGAIN {
+		return false
+	}
+	s.errno = e
+	s.n = int(n)
+	if e != 0 {
+		s.n = 0
+	}
+	return true
+}
+
+// send transmits the prepared messages hdrs[:nmsg] on rc, sendmmsg after
+// sendmmsg, and adds the packets (segs) of each call to sent. It returns
+// how many packets went out. On failure err is the RawConn's error, or
+// s.errno when a sendmmsg failed (at message s.off).
+func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (done int, err error) {
+	s.off, s.cnt = 0, nmsg
+	s.errno = 0
+	for s.off < s.cnt {
+		if err := rc.Write(s.fn); err != nil {
+			return done, err
+		}
+		if s.errno != 0 {
+			return done, s.errno
+		}
+		k := 0
+		for m := s.off; m < s.off+s.n; m++ {
+			k += s.segs[m]
+		}
+		done += k
+		sent.Add(uint64(k))
+		s.off += s.n
+	}
+	return done, nil
+}
+
+// prepRecv readies message i for recvmmsg into buf, with a control buffer
+// when ctrl.
+func (s *mmsgState) prepRecv(i int, buf []byte, ctrl bool) {
+	s.iovs[i].Base = &buf[0]
+	s.iovs[i].SetLen(len(buf))
+	h := &s.hdrs[i].Hdr
+	h.Namelen = unix.SizeofSockaddrInet6
+	if ctrl {
+		c := s.ctrl[i*cmsgSpace : (i+1)*cmsgSpace]
+		h.Control = &c[0]
+		h.SetControllen(cmsgSpace)
+	} else {
+		h.Control = nil
+		h.SetControllen(0)
+	}
+	h.Flags = 0
+	s.hdrs[i].Len = 0
+}
+
+// recv waits for datagrams on rc and receives up to k of them into the
+// messages hdrs[:k] readied by prepRecv; s.n tells how many arrived. A
+// closed socket gives net.ErrClosed; other errors start with prefix
+// ("udp: " or "udp: raw ") and name the local address.
+func (s *mmsgState) recv(rc syscall.RawConn, k int, prefix string, local netip.Addr) error {
+	s.off, s.cnt = 0, k
+	if err := rc.Read(s.fn); err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			return net.ErrClosed
+		}
+		return fmt.Errorf("%srecv: %w", prefix, err)
+	}
+	if s.errno != 0 {
+		return fmt.Errorf("%srecvmmsg on %v: %w", prefix, local, s.errno)
+	}
+	return nil
+}
+
+// clearIovs drops the references iovs[:n] hold to the caller's buffers.
+func (s *mmsgState) clearIovs(n int) {
+	for i := range n {
+		s.iovs[i].Base = nil
+	}
+}
+
+// listenFD opens a packet socket on address, runs set on its file
+// descriptor before it is bound, and returns it with its RawConn.
+func listenFD(network, address string, set func(fd int) error) (net.PacketConn, syscall.RawConn, error) {
+	var setErr error
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		if err := c.Control(func(fd uintptr) { setErr = set(int(fd)) }); err != nil {
+			return err
+		}
+		return setErr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), network, address)
+	if err != nil {
+		return nil, nil, err
+	}
+	rc, err := pc.(syscall.Conn).SyscallConn()
+	if err != nil {
+		pc.Close()
+		return nil, nil, err
+	}
+	return pc, rc, nil
+}
+
+// dropAll is a classic BPF program that drops every packet.
+var dropAll = []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
+
+// attachFilter attaches the classic BPF program prog to the socket fd.
+func attachFilter(fd int, prog []unix.SockFilter) error {
+	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
+		&unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}); err != nil {
+		return fmt.Errorf("setsockopt SO_ATTACH_FILTER: %w", err)
+	}
+	return nil
+}
+
+// setBuffers sets SO_RCVBUF and SO_SNDBUF, with SO_RCVBUFFORCE /
+// SO_SNDBUFFORCE when the process may (so the sysctl limits do not cap them).
+func setBuffers(fd, rcv, snd int) error {
+	for _, b := range []struct {
+		force, opt, v int
+		name          string
+	}{
+		{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, rcv, "SO_RCVBUF"},
+		{unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, snd, "SO_SNDBUF"},
+	} {
+		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, b.force, b.v) == nil {
+			continue
+		}
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, b.opt, b.v); err != nil {
+			return fmt.Errorf("setsockopt %s=%d: %w", b.name, b.v, err)
+		}
+	}
+	return nil
+}
+
+// socketDefaults replaces zero or negative buffer sizes and batch size with
+// the defaults (8 MiB, 64 messages).
+func socketDefaults(rcvBuf, sndBuf, batch *int) {
+	for _, v := range []*int{rcvBuf, sndBuf} {
+		if *v <= 0 {
+			*v = defaultSocketBuf
+		}
+	}
+	if *batch <= 0 {
+		*batch = defaultSocketBatch
+	}
+}
+
+// closeErr is Close's result for err from closing the link's socket: nil
+// when the socket was closed already.
+func closeErr(err error, what string, local netip.Addr) error {
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("udp: %s %v: %w", what, local, err)
+	}
+	return nil
+}
