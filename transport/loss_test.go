@@ -233,7 +233,7 @@ func TestLossMatrix(t *testing.T) {
 	for i, c := range lossCases {
 		t.Run(c.name, func(t *testing.T) {
 			c.f.Seed = int64(1000 + i)
-			to := uint8(12)
+			to := uint8(13)
 			if raceEnabled {
 				to = 14
 			}
@@ -265,11 +265,12 @@ func BenchmarkLossMatrix1GiB(b *testing.B) {
 // direction, under the case's faults and checks everything.
 func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, timeout uint8) {
 	t.Helper()
-	// Local ACK timeout 16.8 ms (12); 67 ms (14, the tools' default)
+	// Local ACK timeout 33.6 ms (13); 67 ms (14, the tools' default)
 	// under the race detector and for the soak. Retries must survive the
-	// scheduling stalls of a loaded 2-core machine: retry_cnt 7 × the
-	// timeout is how long a QP tolerates no progress at all (measured: a
-	// 4 ms timeout lets 30-50 ms receive-loop stalls exhaust retries).
+	// scheduling stalls of a loaded 2-core machine: (retry_cnt+1) × the
+	// timeout is how long a QP tolerates no progress at all (measured:
+	// receive-loop stalls of 30-100 ms when the machine is overloaded,
+	// which exhausted retries with 4 ms and 16.8 ms timeouts).
 	to := timeout
 	a, b, n := newPair(t, pairOpts{faults: c.f, mtu: c.mtu, timeout: to, retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64})
 	ab := newDirection(t, a, b)

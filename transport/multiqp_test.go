@@ -15,7 +15,7 @@ import (
 // TestManyQPs runs 8 connected QP pairs between two devices at once, with
 // 1% loss, each moving WRITEs and SENDs; the device demultiplexes by QPN.
 func TestManyQPs(t *testing.T) {
-	o := pairOpts{mtu: MTU1024, timeout: 10, retry: 7, rnrRetry: 7}
+	o := pairOpts{mtu: MTU1024, timeout: 13, retry: 7, rnrRetry: 7}
 	if raceEnabled {
 		o.timeout = 14
 	}
