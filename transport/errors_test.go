@@ -620,3 +620,46 @@ func rnrWaiting(qp *QP) bool {
 	defer qp.mu.Unlock()
 	return qp.comp.rnrWait
 }
+
+// TestLateDuplicateReadAfterDeregister: a duplicate READ request arriving
+// after the READ completed and the region was deregistered is dropped; the
+// responder does not NAK or leave RTS (rxe: class D duplicate, dropped).
+func TestLateDuplicateReadAfterDeregister(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{})
+	_, lmr := a.buffer(t, 4096, 0)
+	_, rmr := b.buffer(t, 4096, memreg.AccessRemoteRead)
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(lmr, 0, 4096), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess {
+		t.Fatalf("%+v", wc)
+	}
+	if err := rmr.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	// Replay the READ request (PSN 0xfffff0, the first of A's PSNs).
+	buf := make([]byte, udp.MaxPacketSize)
+	f := packet.Fields{BTH: bth.Fields{Opcode: bth.RCReadRequest, PKey: bth.DefaultPKey, DestQP: b.qp.QPN(), PSN: 0xfffff0, AckReq: true}}
+	f.RETH.VA, f.RETH.RKey, f.RETH.DMALength = rmr.IOVA(), rmr.RKey(), 4096
+	n, err := packet.Build(buf, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.dev.HandlePacket(buf[:n], addrA); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.qp.State(); st != QPSRTS {
+		t.Fatalf("responder state %v after a late duplicate READ", st)
+	}
+	if c := b.dev.Counters(); c.DuplicateRequest != 1 {
+		t.Fatalf("duplicate_request %d", c.DuplicateRequest)
+	}
+	// The connection still works.
+	_, dmr := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	if err := a.qp.PostSend(SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(lmr, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.WRID != 2 {
+		t.Fatalf("%+v", wc)
+	}
+}

@@ -284,13 +284,15 @@ func (qp *QP) respRead(p *packetT, psn bth.PSN) {
 	qp.saveRes(rdRes{firstPSN: psn, lastPSN: psn.Add(np - 1), va: va, rkey: rkey, length: n})
 	r.msn = (r.msn + 1) & 0xffffff
 	r.psn = psn.Add(np)
-	qp.readReply(psn, va, rkey, n, true)
+	qp.readReply(psn, va, rkey, n, true, false)
 }
 
 // readReply sends READ response packets for [va, va+n) starting at psn.
 // A new request starts with FIRST/ONLY; a replay of a partly answered
-// request (first == false) starts with MIDDLE/LAST, as rxe does.
-func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first bool) {
+// request (first == false) starts with MIDDLE/LAST, as rxe does. A replay
+// (duplicate request) that can no longer read the memory is dropped, never
+// fatal.
+func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first, replay bool) {
 	r := &qp.resp
 	mtu := uint32(qp.mtu)
 	f := &r.f
@@ -325,6 +327,12 @@ func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first boo
 			hdr := bth.Size + op.Info().HeaderLen
 			slot := buf[hdr : hdr+int(plen)]
 			if err := qp.rv.ReadRemote(rkey, va, slot); err != nil {
+				if replay {
+					// A late duplicate (e.g. after the region was
+					// deregistered) is never fatal: drop it, as rxe does
+					// for a class D duplicate it cannot serve.
+					return
+				}
 				qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 				return
 			}
@@ -432,7 +440,7 @@ func (qp *QP) respDuplicate(p *packetT, psn bth.PSN) {
 			}
 			return
 		}
-		qp.readReply(psn, va, rkey, n, psn == x.firstPSN)
+		qp.readReply(psn, va, rkey, n, psn == x.firstPSN, true)
 	case bth.KindCompareSwap, bth.KindFetchAdd:
 		x := qp.findRes(psn, true)
 		if x == nil {
