@@ -34,7 +34,9 @@ import (
 func init() {
 	for _, t := range []oob.PerfTest{oob.WriteBW, oob.ReadBW, oob.SendBW, oob.AtomicBW, oob.WriteLat, oob.ReadLat, oob.SendLat, oob.AtomicLat} {
 		t := t
-		register(t.String(), "perftest-compatible "+perfTitle(t, "FETCH_AND_ADD")+" (ib_"+strings.ReplaceAll(t.String(), "-", "_")+")",
+		title := perfTitle(t, "")
+		title = strings.ReplaceAll(title, "  ", " ")
+		register(t.String(), "perftest-compatible "+title+" (ib_"+strings.ReplaceAll(t.String(), "-", "_")+")",
 			perfUsage(t), func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return runPerf(ctx, t, args, stdout, stderr)
 			})
@@ -843,11 +845,11 @@ func (s *perfSide) traffic(ctx context.Context, i int, sizes []int, role oob.Rol
 		if role == oob.Server {
 			return oob.Report{}, nil
 		}
-		return oob.Report{}, s.latReadAtomic(ctx, size, stdout)
+		return oob.Report{}, s.latReadAtomic(ctx, size, stdout, newProgress(stderr, size, c.iters))
 	case oob.WriteLat:
-		return oob.Report{}, s.latWrite(ctx, size, role, stdout)
+		return oob.Report{}, s.latWrite(ctx, size, role, stdout, newProgress(stderr, size, c.iters))
 	case oob.SendLat:
-		return oob.Report{}, s.latSend(ctx, size, role, stdout)
+		return oob.Report{}, s.latSend(ctx, size, role, stdout, newProgress(stderr, size, c.iters))
 	}
 	return oob.Report{}, fmt.Errorf("unknown test %v", c.test)
 }
@@ -1078,11 +1080,12 @@ func checkPattern(b []byte, off int) error {
 
 // latReadAtomic is the client of read-lat / atomic-lat: one operation at a
 // time.
-func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer) error {
+func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer, prog *progress) error {
 	c := s.c
 	ts := make([]time.Time, 0, c.iters+1)
 	var wc [1]transport.WC
 	for n := 0; n < c.iters; n++ {
+		prog.tick(n)
 		ts = append(ts, time.Now())
 		if err := s.qp.PostSend(s.sendWR(size, uint64(n))); err != nil {
 			return fmt.Errorf("couldn't post send %d: %w", n, err)
@@ -1098,6 +1101,32 @@ func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer
 	s.results = append(s.results, perfResult{size: size, iters: c.iters})
 	printLat(stdout, size, c.iters, ts, 1)
 	return nil
+}
+
+// progress prints a line to stderr every two seconds of a long latency
+// run.
+type progress struct {
+	w           io.Writer
+	size, iters int
+	start, last time.Time
+}
+
+func newProgress(w io.Writer, size, iters int) *progress {
+	now := time.Now()
+	return &progress{w: w, size: size, iters: iters, start: now, last: now}
+}
+
+// tick reports that n iterations are done.
+func (p *progress) tick(n int) {
+	if n&63 != 0 {
+		return
+	}
+	now := time.Now()
+	if now.Sub(p.last) < 2*time.Second {
+		return
+	}
+	p.last = now
+	fmt.Fprintf(p.w, " ... %d bytes: %d of %d iterations in %.1fs\n", p.size, n, p.iters, now.Sub(p.start).Seconds())
 }
 
 // pollByte spins until the byte at p equals v (the peer's RDMA WRITE lands
@@ -1125,7 +1154,7 @@ func pollByte(ctx context.Context, mem []byte, off int, v byte) error {
 // whose last byte is the iteration count, and spins on its own buffer's last
 // byte for the peer's write (perftest's run_iter_lat_write). The server
 // waits for the client's first write before writing.
-func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout io.Writer) error {
+func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout io.Writer, prog *progress) error {
 	c := s.c
 	ts := make([]time.Time, 0, c.iters+1)
 	post := size - 1
@@ -1141,6 +1170,7 @@ func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout
 			}
 		}
 		if scnt < c.iters {
+			prog.tick(scnt)
 			ts = append(ts, time.Now())
 			scnt++
 			s.mem[post] = byte(scnt)
@@ -1164,7 +1194,7 @@ func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout
 
 // latSend is send-lat: the client sends, the server answers each message
 // with one of its own (perftest's run_iter_lat_send).
-func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout io.Writer) error {
+func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout io.Writer, prog *progress) error {
 	c := s.c
 	ts := make([]time.Time, 0, c.iters+1)
 	var scnt, rcnt int
@@ -1196,6 +1226,7 @@ func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout 
 			}
 		}
 		if scnt < c.iters {
+			prog.tick(scnt)
 			ts = append(ts, time.Now())
 			if err := s.qp.PostSend(s.sendWR(size, 0)); err != nil {
 				return fmt.Errorf("couldn't post send %d: %w", scnt, err)
