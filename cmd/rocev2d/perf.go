@@ -467,12 +467,12 @@ func (s *perfSide) close() error {
 	return err
 }
 
-// pattern is the byte at offset off of a --check source region.
-func pattern(off int) byte { return byte(off*131 + off>>8 + 7) }
+// perfPattern is the byte at offset off of a --check source region.
+func perfPattern(off int) byte { return byte(off*131 + off>>8 + 7) }
 
 func fillPattern(b []byte) {
 	for i := range b {
-		b[i] = pattern(i)
+		b[i] = perfPattern(i)
 	}
 }
 
@@ -845,11 +845,11 @@ func (s *perfSide) traffic(ctx context.Context, i int, sizes []int, role oob.Rol
 		if role == oob.Server {
 			return oob.Report{}, nil
 		}
-		return oob.Report{}, s.latReadAtomic(ctx, size, stdout, newProgress(stderr, size, c.iters))
+		return oob.Report{}, s.latReadAtomic(ctx, size, stdout, newPerfProgress(stderr, size, c.iters))
 	case oob.WriteLat:
-		return oob.Report{}, s.latWrite(ctx, size, role, stdout, newProgress(stderr, size, c.iters))
+		return oob.Report{}, s.latWrite(ctx, size, role, stdout, newPerfProgress(stderr, size, c.iters))
 	case oob.SendLat:
-		return oob.Report{}, s.latSend(ctx, size, role, stdout, newProgress(stderr, size, c.iters))
+		return oob.Report{}, s.latSend(ctx, size, role, stdout, newPerfProgress(stderr, size, c.iters))
 	}
 	return oob.Report{}, fmt.Errorf("unknown test %v", c.test)
 }
@@ -1071,7 +1071,7 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 // checkPattern verifies that b equals the pattern starting at offset off.
 func checkPattern(b []byte, off int) error {
 	for i, v := range b {
-		if want := pattern(off + i); v != want {
+		if want := perfPattern(off + i); v != want {
 			return fmt.Errorf("byte %d is 0x%02x, want 0x%02x", off+i, v, want)
 		}
 	}
@@ -1080,7 +1080,7 @@ func checkPattern(b []byte, off int) error {
 
 // latReadAtomic is the client of read-lat / atomic-lat: one operation at a
 // time.
-func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer, prog *progress) error {
+func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer, prog *perfProgress) error {
 	c := s.c
 	ts := make([]time.Time, 0, c.iters+1)
 	var wc [1]transport.WC
@@ -1103,21 +1103,21 @@ func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer
 	return nil
 }
 
-// progress prints a line to stderr every two seconds of a long latency
+// perfProgress prints a line to stderr every two seconds of a long latency
 // run.
-type progress struct {
+type perfProgress struct {
 	w           io.Writer
 	size, iters int
 	start, last time.Time
 }
 
-func newProgress(w io.Writer, size, iters int) *progress {
+func newPerfProgress(w io.Writer, size, iters int) *perfProgress {
 	now := time.Now()
-	return &progress{w: w, size: size, iters: iters, start: now, last: now}
+	return &perfProgress{w: w, size: size, iters: iters, start: now, last: now}
 }
 
 // tick reports that n iterations are done.
-func (p *progress) tick(n int) {
+func (p *perfProgress) tick(n int) {
 	if n&63 != 0 {
 		return
 	}
@@ -1154,7 +1154,7 @@ func pollByte(ctx context.Context, mem []byte, off int, v byte) error {
 // whose last byte is the iteration count, and spins on its own buffer's last
 // byte for the peer's write (perftest's run_iter_lat_write). The server
 // waits for the client's first write before writing.
-func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout io.Writer, prog *progress) error {
+func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout io.Writer, prog *perfProgress) error {
 	c := s.c
 	ts := make([]time.Time, 0, c.iters+1)
 	post := size - 1
@@ -1194,7 +1194,7 @@ func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout
 
 // latSend is send-lat: the client sends, the server answers each message
 // with one of its own (perftest's run_iter_lat_send).
-func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout io.Writer, prog *progress) error {
+func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout io.Writer, prog *perfProgress) error {
 	c := s.c
 	ts := make([]time.Time, 0, c.iters+1)
 	var scnt, rcnt int
@@ -1349,7 +1349,7 @@ func (s *perfSide) verify(role oob.Role, sizes []int) error {
 			if slices.Contains(sizes, i+1) {
 				continue
 			}
-			if want := pattern(i); v != want {
+			if want := perfPattern(i); v != want {
 				return fmt.Errorf("byte %d is 0x%02x, want 0x%02x", i, v, want)
 			}
 		}

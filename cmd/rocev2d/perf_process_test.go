@@ -22,13 +22,7 @@ func buildRocev2d(t *testing.T) string {
 	return bin
 }
 
-// procResult is the outcome of one rocev2d process.
-type procResult struct {
-	code           int
-	stdout, stderr string
-}
-
-func exitCode(err error) int {
+func procExitCode(err error) int {
 	if err == nil {
 		return 0
 	}
@@ -88,7 +82,7 @@ func TestPerfProcesses(t *testing.T) {
 				out  string
 				err  string
 				rows int
-			}{{"server", exitCode(serr), so.String(), se.String(), tt.srvRows}, {"client", exitCode(cerr), co.String(), ce.String(), tt.cliRows}} {
+			}{{"server", procExitCode(serr), so.String(), se.String(), tt.srvRows}, {"client", procExitCode(cerr), co.String(), ce.String(), tt.cliRows}} {
 				if p.code != 0 {
 					t.Fatalf("%s exit %d\n%s%s", p.name, p.code, p.out, p.err)
 				}
@@ -142,7 +136,7 @@ func TestSIGUSR1(t *testing.T) {
 	}
 	cerr := cli.Wait()
 	serr := srv.Wait()
-	if exitCode(serr) != 0 || exitCode(cerr) != 0 {
+	if procExitCode(serr) != 0 || procExitCode(cerr) != 0 {
 		t.Fatalf("exit server %v client %v\n%s%s\n%s%s", serr, cerr, so.String(), se.String(), co.String(), ce.String())
 	}
 	if !strings.Contains(se.String(), "counters: no device yet") {
