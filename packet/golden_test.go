@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+	"github.com/google/gopacket/pcapgo"
 )
 
 // goldenDir returns the directory of the golden captures: $ROCEV2_GOLDEN, or
@@ -73,20 +74,20 @@ func readRoCE(tb testing.TB, path string) []goldenPacket {
 		tb.Fatal(err)
 	}
 	defer f.Close()
-	r, err := newPcapReader(bufio.NewReader(f))
+	r, err := pcapgo.NewReader(bufio.NewReader(f))
 	if err != nil {
 		tb.Fatalf("%s: %v", path, err)
 	}
 	var out []goldenPacket
 	for frame := 1; frame < 1_000_000; frame++ {
-		data, err := r.next()
+		data, _, err := r.ReadPacketData()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			tb.Fatalf("%s frame %d: %v", path, frame, err)
 		}
-		pkt := gopacket.NewPacket(data, r.linkType, gopacket.Default)
+		pkt := gopacket.NewPacket(data, r.LinkType(), gopacket.Default)
 		l := pkt.Layer(layers.LayerTypeUDP)
 		if l == nil {
 			continue

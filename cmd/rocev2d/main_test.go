@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -15,9 +16,9 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/rocelayer"
-	"github.com/gorocev2/rocev2/rocelayer/pcapfile"
 	"github.com/gorocev2/rocev2/test/golden"
 )
 
@@ -74,7 +75,7 @@ func readFrames(t *testing.T, path string) [][]byte {
 func writeFrames(t *testing.T, path string, lt layers.LinkType, frames [][]byte, origLen int) {
 	t.Helper()
 	var buf bytes.Buffer
-	w := pcapfile.NewWriter(&buf)
+	w := pcapgo.NewWriter(&buf)
 	if err := w.WriteFileHeader(65535, lt); err != nil {
 		t.Fatal(err)
 	}
@@ -195,12 +196,12 @@ func TestPcapCheckUnreadable(t *testing.T) {
 		files []string
 		want  string
 	}{
-		{[]string{garbage}, "not a pcap file"},
+		{[]string{garbage}, "not a pcap or pcapng file"},
 		{[]string{filepath.Join(dir, "missing.pcap")}, "no such file or directory"},
 		{[]string{ng}, "pcapng"},
-		{[]string{cut}, "frame 1: pcapfile: file ends inside a record"},
+		{[]string{cut}, "frame 1: file ends inside a record"},
 		{[]string{token}, "unsupported link type 6"},
-		{[]string{good, garbage}, garbage + ": pcapfile: not a pcap file"},
+		{[]string{good, garbage}, garbage + ": not a pcap or pcapng file"},
 	}
 	for _, tt := range tests {
 		code, out, errOut := runIn(t, append([]string{"pcap", "check"}, tt.files...)...)
@@ -321,7 +322,7 @@ func TestBinary(t *testing.T) {
 	}{
 		{append([]string{"pcap", "check"}, files...), 0, "311 ok, 0 bad"},
 		{[]string{"pcap", "check", corrupt}, 1, corrupt + " #27: ICRC mismatch"},
-		{[]string{"pcap", "check", garbage}, 2, "not a pcap file"},
+		{[]string{"pcap", "check", garbage}, 2, "not a pcap or pcapng file"},
 		{[]string{"help"}, 0, "pcap"},
 	}
 	for _, tt := range tests {
@@ -337,5 +338,48 @@ func TestBinary(t *testing.T) {
 		if code != tt.code || !strings.Contains(string(out), tt.want) {
 			t.Errorf("rocev2d %v: exit %d (want %d), output lacks %q:\n%s", tt.args[:2], code, tt.code, tt.want, out)
 		}
+	}
+}
+
+// TestPcapCheckPcapng: a pcapng capture (what current tcpdump/Wireshark
+// write) of every sample opcode checks clean, and a corrupted copy fails
+// naming the frame.
+func TestPcapCheckPcapng(t *testing.T) {
+	samples, err := rocelayer.SampleFrames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(path string, corrupt int) {
+		var buf bytes.Buffer
+		w, err := pcapgo.NewNgWriter(&buf, layers.LinkTypeEthernet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range samples {
+			f := append([]byte(nil), s.Frame...)
+			if i == corrupt {
+				f[len(f)-5] ^= 0x01 // last payload/pad byte before the ICRC
+			}
+			ci := gopacket.CaptureInfo{Timestamp: time.Unix(1700000000, int64(i)*1000), CaptureLength: len(f), Length: len(f), InterfaceIndex: 0}
+			if err := w.WritePacket(ci, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.pcapng"), filepath.Join(dir, "bad.pcapng")
+	write(good, -1)
+	write(bad, 3)
+	if code, out, errOut := runIn(t, "pcap", "check", good); code != exitOK || !strings.Contains(out, fmt.Sprintf("%d RoCEv2", len(samples))) {
+		t.Errorf("pcapng samples: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runIn(t, "pcap", "check", bad); code != 1 || !strings.Contains(out+errOut, "#4 ") {
+		t.Errorf("corrupted pcapng: exit %d (want 1), frame #4 not named\n%s%s", code, out, errOut)
 	}
 }

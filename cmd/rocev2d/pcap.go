@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -15,10 +16,10 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/rocelayer"
-	"github.com/gorocev2/rocev2/rocelayer/pcapfile"
 )
 
 func init() {
@@ -149,6 +150,32 @@ func firstDecoder(lt layers.LinkType) (gopacket.Decoder, error) {
 	return nil, fmt.Errorf("unsupported link type %d (%v)", uint32(lt), lt)
 }
 
+// captureReader is what pcap check needs of pcapgo's pcap and pcapng readers.
+type captureReader interface {
+	LinkType() layers.LinkType
+	ReadPacketData() ([]byte, gopacket.CaptureInfo, error)
+}
+
+// pcapngMagic is the block type of a pcapng Section Header Block.
+var pcapngMagic = []byte{0x0a, 0x0d, 0x0d, 0x0a}
+
+// openCapture reads a classic pcap or (tcpdump -w on newer systems, Wireshark)
+// a pcapng file; for pcapng, the first interface's link type applies.
+func openCapture(br *bufio.Reader) (captureReader, error) {
+	if magic, err := br.Peek(4); err == nil && bytes.Equal(magic, pcapngMagic) {
+		r, err := pcapgo.NewNgReader(br, pcapgo.DefaultNgReaderOptions)
+		if err != nil {
+			return nil, fmt.Errorf("pcapng: %w", err)
+		}
+		return r, nil
+	}
+	r, err := pcapgo.NewReader(br)
+	if err != nil {
+		return nil, fmt.Errorf("not a pcap or pcapng file: %w", err)
+	}
+	return r, nil
+}
+
 // checkFile checks one capture. The error is non-nil if the file cannot be
 // read (the stats then cover the frames read before the problem).
 func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pcapStats, []badPacket, error) {
@@ -159,7 +186,7 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 		return st, nil, err
 	}
 	defer f.Close()
-	r, err := pcapfile.NewReader(bufio.NewReaderSize(f, 1<<16))
+	r, err := openCapture(bufio.NewReaderSize(f, 1<<16))
 	if err != nil {
 		return st, nil, err
 	}
@@ -174,6 +201,9 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 		data, ci, err := r.ReadPacketData()
 		if errors.Is(err, io.EOF) {
 			return st, bad, nil
+		}
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return st, bad, fmt.Errorf("frame %d: file ends inside a record: %w", num, err)
 		}
 		if err != nil {
 			return st, bad, fmt.Errorf("frame %d: %w", num, err)
@@ -297,7 +327,7 @@ func writeSamples(name string, samples []rocelayer.Sample) error {
 	if err != nil {
 		return err
 	}
-	w := pcapfile.NewWriter(f)
+	w := pcapgo.NewWriter(f)
 	err = w.WriteFileHeader(65535, layers.LinkTypeEthernet)
 	for i, s := range samples {
 		if err != nil {

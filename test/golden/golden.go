@@ -20,7 +20,7 @@ import (
 	"testing"
 
 	"github.com/google/gopacket/layers"
-	"github.com/gorocev2/rocev2/rocelayer/pcapfile"
+	"github.com/google/gopacket/pcapgo"
 )
 
 // EnvDir names the environment variable that overrides the golden directory.
@@ -100,7 +100,7 @@ func ReadPCAP(path string) ([]Frame, layers.LinkType, error) {
 		return nil, 0, err
 	}
 	defer f.Close()
-	r, err := pcapfile.NewReader(f)
+	r, err := pcapgo.NewReader(f)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", path, err)
 	}

@@ -9,9 +9,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
-	"github.com/gorocev2/rocev2/rocelayer/pcapfile"
 )
 
 // CaptureStats summarises the RoCEv2 traffic of a capture on the lab wire.
@@ -52,7 +52,7 @@ func AnalyzeCapture(file string) (*CaptureStats, error) {
 
 // analyze decodes a pcap stream; it never panics on malformed input.
 func analyze(in io.Reader) (*CaptureStats, error) {
-	r, err := pcapfile.NewReader(in)
+	r, err := pcapgo.NewReader(in)
 	if err != nil {
 		return nil, err
 	}

@@ -19,10 +19,10 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/rocelayer"
-	"github.com/gorocev2/rocev2/rocelayer/pcapfile"
 	"github.com/gorocev2/rocev2/test/golden"
 )
 
@@ -329,7 +329,7 @@ func decodeICRC(t *testing.T, frame []byte, b *rocelayer.BTH) uint32 {
 // writePCAP writes frames to a new Ethernet pcap file.
 func writePCAP(name string, frames ...[]byte) error {
 	var buf bytes.Buffer
-	w := pcapfile.NewWriter(&buf)
+	w := pcapgo.NewWriter(&buf)
 	if err := w.WriteFileHeader(65535, layers.LinkTypeEthernet); err != nil {
 		return err
 	}

@@ -24,8 +24,8 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/icrc"
-	"github.com/gorocev2/rocev2/rocelayer/pcapfile"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -49,7 +49,7 @@ var ErrClosed = errors.New("pcaptap: writer closed")
 // for concurrent use by any number of Taps.
 type Writer struct {
 	mu         sync.Mutex
-	pw         *pcapfile.Writer
+	pw         *pcapgo.Writer
 	c          io.Closer
 	frame      []byte
 	packets    uint64
@@ -62,7 +62,7 @@ type Writer struct {
 // NewWriter writes the pcap file header (link type Ethernet) to w and returns
 // a Writer. If w is an io.Closer, Close closes it.
 func NewWriter(w io.Writer) (*Writer, error) {
-	pw := pcapfile.NewWriter(w)
+	pw := pcapgo.NewWriter(w)
 	if err := pw.WriteFileHeader(snapLen, layers.LinkTypeEthernet); err != nil {
 		return nil, err
 	}

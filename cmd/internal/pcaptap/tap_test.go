@@ -8,10 +8,10 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/rocelayer"
-	"github.com/gorocev2/rocev2/rocelayer/pcapfile"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -57,7 +57,7 @@ func TestTapMemNetwork(t *testing.T) {
 		if w.Packets() != 2*count || w.Unverified() != 0 {
 			t.Fatalf("%v: %d packets, %d unverified", addrs, w.Packets(), w.Unverified())
 		}
-		r, err := pcapfile.NewReader(&out)
+		r, err := pcapgo.NewReader(&out)
 		if err != nil {
 			t.Fatal(err)
 		}
