@@ -30,7 +30,7 @@ const pcapUsage = `usage:
   rocev2d pcap check [-q] FILE...
   rocev2d pcap write-sample FILE
 
-check decodes every RoCEv2 packet (UDP destination port 4791) in the pcap files
+check decodes every RoCEv2 packet (UDP destination port 4791) in the pcap or pcapng files
 (link types Ethernet, Linux SLL, raw IP, IPv4, IPv6, BSD loopback; IPv4 and
 IPv6), validates its layout against the opcode table, verifies its ICRC and
 prints one line per packet and a total per file and overall. Other frames are
