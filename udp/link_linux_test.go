@@ -14,14 +14,43 @@ import (
 
 // Loopback addresses for socket tests. Linux routes all of 127.0.0.0/8 to
 // lo, so two links can both bind port 4791. The pair is derived from the
-// process ID, which keeps these tests clear of 127.0.0.1:4791 users and of
-// a concurrent run of this package.
-var sockA, sockB = testLoopbackPair()
+// process ID, which keeps these tests clear of the 127.0.0.0/16 users
+// (cmd/rocev2d runs on 127.0.0.1 and 127.0.0.2) and of a concurrent run of
+// this package (see TestLoopbackPair).
+var sockA, sockB = testLoopbackPair(os.Getpid())
 
-func testLoopbackPair() (netip.Addr, netip.Addr) {
-	p := os.Getpid()
-	b1, b2 := byte(40+p%200), byte(1+(p/200)%250)
+// testLoopbackPair maps a process ID to 127.b1.b2.1 and 127.b1.b2.2 with b1
+// in [40, 240) and b2 in [1, 251): distinct for process IDs that differ by
+// less than 50000.
+func testLoopbackPair(pid int) (netip.Addr, netip.Addr) {
+	b1, b2 := byte(40+pid%200), byte(1+(pid/200)%250)
 	return netip.AddrFrom4([4]byte{127, b1, b2, 1}), netip.AddrFrom4([4]byte{127, b1, b2, 2})
+}
+
+// testLoopbackThird is a third address next to sockA and sockB.
+func testLoopbackThird() netip.Addr {
+	b := sockA.As4()
+	b[3] = 3
+	return netip.AddrFrom4(b)
+}
+
+// TestLoopbackPair: the pairs of any two PIDs below 50000 (pid_max is 32768
+// by default) are disjoint, and none touches 127.0.0.0/16 (127.0.0.1 and
+// 127.0.0.2 are cmd/rocev2d's) or a 127.x.0.0/24.
+func TestLoopbackPair(t *testing.T) {
+	owner := make(map[netip.Addr]int)
+	for pid := range 50000 {
+		a, b := testLoopbackPair(pid)
+		for _, x := range []netip.Addr{a, b} {
+			if x4 := x.As4(); x4[0] != 127 || x4[1] == 0 || x4[2] == 0 {
+				t.Fatalf("pid %d: %v is not in 127.0.0.0/8 outside 127.0.0.0/16 and 127.x.0.0/24", pid, x)
+			}
+			if p, ok := owner[x]; ok {
+				t.Fatalf("pids %d and %d share %v", p, pid, x)
+			}
+			owner[x] = pid
+		}
+	}
 }
 
 func listenPair(t testing.TB) (*SocketLink, *SocketLink) {

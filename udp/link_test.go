@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -75,26 +77,70 @@ func recvN(t testing.TB, l Link, want int, d time.Duration) []Packet {
 	return nil
 }
 
-// closeUnblocksRecv starts a Recv into bufs on l, closes l and checks that
-// the Recv returns net.ErrClosed within 5 s.
+// closeUnblocksRecv starts a Recv into bufs on l, waits until it is
+// blocked, closes l and checks that the Recv returns net.ErrClosed within
+// 5 s.
 func closeUnblocksRecv(t *testing.T, l Link, bufs []Packet) {
 	t.Helper()
-	errc := make(chan error, 1)
+	type res struct {
+		n   int
+		err error
+	}
+	done := make(chan res, 1)
 	go func() {
-		_, err := l.Recv(bufs)
-		errc <- err
+		n, err := l.Recv(bufs)
+		done <- res{n, err}
 	}()
-	time.Sleep(20 * time.Millisecond)
+	waitRecvBlocked(t, "closeUnblocksRecv")
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-errc:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("Recv after Close = %v, want net.ErrClosed", err)
+	case r := <-done:
+		if r.err == nil && r.n > 0 {
+			p := &bufs[0]
+			t.Fatalf("Recv after Close = %d packets (first from %v:%d, %d bytes), nil; want net.ErrClosed",
+				r.n, p.Addr, p.SrcPort, len(p.Buf))
+		}
+		if !errors.Is(r.err, net.ErrClosed) {
+			t.Fatalf("Recv after Close = %d, %v; want net.ErrClosed", r.n, r.err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Recv still blocked 5 s after Close")
+	}
+}
+
+// waitRecvBlocked waits (at most 10 s) until the goroutine that the
+// function creator started is parked in a Link's Recv — waiting in the
+// netpoller or on a channel — so that a Close after it tests unblocking
+// a Recv, not a Recv that starts after Close. (A fixed sleep is not enough
+// on a loaded machine.)
+func waitRecvBlocked(t *testing.T, creator string) {
+	t.Helper()
+	buf := make([]byte, 1<<16)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := runtime.Stack(buf, true)
+		if n == len(buf) {
+			buf = make([]byte, 2*len(buf))
+			continue
+		}
+		for g := range strings.SplitSeq(string(buf[:n]), "\n\n") {
+			state, _, _ := strings.Cut(g, "]")
+			if !strings.Contains(g, "created by github.com/gorocev2/rocev2/udp."+creator) ||
+				!strings.Contains(g, "Link).Recv(") {
+				continue
+			}
+			for _, parked := range []string{"[IO wait", "[select", "[chan receive"} {
+				if strings.Contains(state, parked) {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Recv goroutine did not block within 10 s:\n%s", buf[:n])
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

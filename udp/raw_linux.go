@@ -44,7 +44,7 @@ const (
 //   - Recv verifies the ICRC over the real IP and UDP header, identification
 //     included (icrc.Verify), so IPv4 gets the full 32-bit check that a UDP
 //     socket can only give IPv6. A classic BPF filter passes only unfragmented
-//     UDP to port 4791 up from the kernel.
+//     UDP to addr:4791 up from the kernel.
 //
 // A UDP socket bound to addr:4791 with a drop-all filter holds the port, so
 // the kernel neither answers with ICMP port unreachable nor lets another
@@ -60,16 +60,21 @@ type RawLink struct {
 
 var _ Link = (*RawLink)(nil)
 
-// rawFilter passes unfragmented UDP datagrams to port 4791; the raw socket
-// sees the packet from the IPv4 header on.
-var rawFilter = []unix.SockFilter{
-	{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 6},                      // flags + fragment offset
-	{Code: unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K, Jt: 4, Jf: 0, K: 0x3fff}, // MF or offset: drop
-	{Code: unix.BPF_LDX | unix.BPF_B | unix.BPF_MSH, K: 0},                     // X = IHL*4
-	{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_IND, K: 2},                      // UDP destination port
-	{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: Port},
-	{Code: unix.BPF_RET | unix.BPF_K, K: 0xffff},
-	{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+// rawFilter returns the classic BPF program of a RawLink on dst: it passes
+// unfragmented UDP datagrams to dst:4791. The raw socket sees the packet
+// from the IPv4 header on.
+func rawFilter(dst [4]byte) []unix.SockFilter {
+	return []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 16}, // destination address
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 6, K: binary.BigEndian.Uint32(dst[:])},
+		{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 6},                      // flags + fragment offset
+		{Code: unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K, Jt: 4, Jf: 0, K: 0x3fff}, // MF or offset: drop
+		{Code: unix.BPF_LDX | unix.BPF_B | unix.BPF_MSH, K: 0},                     // X = IHL*4
+		{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_IND, K: 2},                      // UDP destination port
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: Port},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0xffff},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+	}
 }
 
 // ListenRaw opens a RawLink on the IPv4 address addr (IPv4-mapped IPv6 is
@@ -96,7 +101,7 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
-	conn, rc, err := listenFD("ip4:udp", a.String(), func(fd int) error { return setRawOptions(fd, &o) })
+	conn, rc, err := listenFD("ip4:udp", a.String(), func(fd int) error { return setRawOptions(fd, a.As4(), &o) })
 	if err != nil {
 		holder.Close()
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
@@ -115,14 +120,45 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 	return l, nil
 }
 
-func setRawOptions(fd int, o *RawOptions) error {
+// setRawOptions configures the new raw socket fd, before it is bound to
+// addr. A raw socket receives every UDP packet of the host from the moment
+// it exists until bind(2), and bind does not flush what was queued: under
+// load other programs' RoCEv2 traffic on the host (valid ICRCs, other
+// addresses) got into that queue and was returned by Recv. So the socket
+// first gets a drop-all filter, its queue is drained, and only then the
+// filter that passes addr:4791 alone.
+func setRawOptions(fd int, addr [4]byte, o *RawOptions) error {
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_HDRINCL, 1); err != nil {
 		return fmt.Errorf("setsockopt IP_HDRINCL: %w", err)
 	}
-	if err := attachFilter(fd, rawFilter); err != nil {
+	if err := attachFilter(fd, dropAll); err != nil {
+		return err
+	}
+	if err := drainSocket(fd); err != nil {
+		return err
+	}
+	if err := attachFilter(fd, rawFilter(addr)); err != nil {
 		return err
 	}
 	return setBuffers(fd, o.RecvBufferSize, o.SendBufferSize)
+}
+
+// drainSocket discards the datagrams queued on the non-blocking socket fd.
+// With a drop-all filter attached nothing new is queued, so it ends at
+// EAGAIN; the bound is only a safety net.
+func drainSocket(fd int) error {
+	var b [1]byte
+	for range 1 << 20 {
+		_, _, err := unix.Recvfrom(fd, b[:], unix.MSG_DONTWAIT|unix.MSG_TRUNC)
+		switch err {
+		case nil, unix.EINTR:
+		case unix.EAGAIN:
+			return nil
+		default:
+			return fmt.Errorf("drain raw socket: %w", err)
+		}
+	}
+	return fmt.Errorf("drain raw socket: queue does not empty: %w", unix.EBUSY)
 }
 
 // Close closes both sockets; a blocked Recv returns net.ErrClosed. Closing
@@ -201,9 +237,10 @@ func (l *RawLink) buildPacket(i int, p *Packet) {
 
 // Recv receives up to min(len(pkts), BatchSize) packets, blocking until at
 // least one valid RoCEv2 packet arrived. Each IP packet is checked (IPv4,
-// UDP, lengths consistent: else DropMalformed) and its ICRC verified over
-// the real headers (else DropBadICRC); the UDP payload is copied into the
-// caller's Buf.
+// UDP, lengths consistent: else DropMalformed; addressed to this link: else
+// DropOther, which the socket filter makes unreachable) and its ICRC
+// verified over the real headers (else DropBadICRC); the UDP payload is
+// copied into the caller's Buf.
 func (l *RawLink) Recv(pkts []Packet) (int, error) {
 	if err := checkRecv(pkts); err != nil || len(pkts) == 0 {
 		return 0, err
@@ -248,6 +285,10 @@ func (l *RawLink) acceptRaw(ip []byte, p *Packet) bool {
 	total := int(binary.BigEndian.Uint16(ip[2:]))
 	if ihl < ipv4HdrLen || total != len(ip) || total < ihl+udpHdrLen || ip[9] != unix.IPPROTO_UDP {
 		l.malformed.Add(1)
+		return false
+	}
+	if [4]byte(ip[16:20]) != l.addr.As4() {
+		l.other.Add(1)
 		return false
 	}
 	u := ip[ihl:]

@@ -149,7 +149,7 @@ func FuzzRawAccept(f *testing.F) {
 	good := make([]byte, 28+64)
 	good[0], good[2], good[3], good[6], good[8], good[9] = 0x45, 0, byte(len(good)), 0x40, 64, 17
 	copy(good[12:16], []byte{127, 47, 91, 1})
-	copy(good[16:20], []byte{127, 47, 91, 2}) // any addresses: acceptRaw checks the ICRC only
+	copy(good[16:20], []byte{127, 47, 91, 2}) // the link's address
 	good[20], good[21], good[22], good[23], good[25] = 0x12, 0xb7, 0x12, 0xb7, 72
 	testPayload(good[28:], 1, 64)
 	if err := icrc.Put(good); err != nil {
@@ -160,8 +160,12 @@ func FuzzRawAccept(f *testing.F) {
 	f.Add(make([]byte, 60))
 	f.Fuzz(func(t *testing.T, ip []byte) {
 		l := &RawLink{}
+		l.addr = netip.AddrFrom4([4]byte{127, 47, 91, 2})
 		p := Packet{Buf: make([]byte, MaxPacketSize)}
 		if l.acceptRaw(ip, &p) {
+			if dst := netip.AddrFrom4([4]byte(ip[16:20])); dst != l.addr {
+				t.Fatalf("accepted a packet to %v on a link on %v", dst, l.addr)
+			}
 			if err := icrc.Verify(ip); err != nil {
 				t.Fatalf("accepted a packet that does not verify: %v", err)
 			}
@@ -174,4 +178,63 @@ func FuzzRawAccept(f *testing.F) {
 			t.Fatalf("one packet counted twice: %+v", s)
 		}
 	})
+}
+
+// TestRawSetupDropsForeign: a raw UDP socket receives every UDP datagram of
+// the host from socket(2) until bind(2) narrows it to one address, and bind
+// keeps what was queued. Under load other programs' RoCEv2 packets (valid
+// ICRC, other addresses) got into that queue and RawLink returned them.
+// setRawOptions must empty the queue and pass only addr:4791 afterwards.
+func TestRawSetupDropsForeign(t *testing.T) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES) {
+		t.Skipf("raw sockets need CAP_NET_RAW: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	a, b := listenPair(t)
+	sockC := testLoopbackThird()
+	c, err := ListenSocket(sockC, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	send := func(seq uint32, dst netip.Addr) {
+		t.Helper()
+		if err := b.Send([]Packet{{Buf: testPayload(make([]byte, 64), seq, 64), Addr: dst}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, rawBufSize)
+	// The premise: before bind the socket queues a datagram to sockC.
+	send(1, sockC)
+	recvN(t, c, 1, 5*time.Second) // raw sockets get a datagram before UDP does
+	if _, _, err := unix.Recvfrom(fd, buf, unix.MSG_PEEK|unix.MSG_DONTWAIT); err != nil {
+		t.Fatalf("unbound raw socket did not queue the datagram to %v: %v", sockC, err)
+	}
+	if err := setRawOptions(fd, sockA.As4(), &RawOptions{RecvBufferSize: 1 << 20, SendBufferSize: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: sockA.As4()}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT); err != unix.EAGAIN {
+		t.Fatalf("after setup the queue holds a datagram (%d bytes, err %v), want it empty", n, err)
+	}
+	send(2, sockC)
+	send(3, sockA)
+	recvN(t, c, 1, 5*time.Second)
+	recvN(t, a, 1, 5*time.Second)
+	n, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
+	if err != nil {
+		t.Fatalf("datagram to %v not received: %v", sockA, err)
+	}
+	if ip := buf[:n]; n != 28+64 || netip.AddrFrom4([4]byte(ip[16:20])) != sockA || seqOf(ip[28:]) != 3 {
+		t.Fatalf("received % x, want the datagram to %v with seq 3", ip[:min(n, 40)], sockA)
+	}
+	if n, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT); err != unix.EAGAIN {
+		t.Fatalf("a second datagram (%d bytes, err %v) passed the filter", n, err)
+	}
 }

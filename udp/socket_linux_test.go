@@ -230,11 +230,18 @@ func TestSocketBuffers(t *testing.T) {
 	}
 }
 
-// TestSocketWireHeader captures the sent datagram on lo with an AF_PACKET
+// TestSocketWireHeader captures the sent datagrams on lo with an AF_PACKET
 // socket and checks the IPv4 header Linux produced: DF set, identification
 // 0, and the ICRC valid over the whole IP packet (root only).
+//
+// lo carries the traffic of every test running on the host (other packages
+// blast 127.0.0.1 <-> 127.0.0.2), which used to fill an unfiltered capture
+// socket's queue so that these datagrams were dropped. So the capture socket
+// is opened with protocol 0 (it receives nothing yet), gets a kernel filter
+// for exactly sockA -> sockB:4791, and only then is bound to lo; it exists
+// before the first datagram is sent.
 func TestSocketWireHeader(t *testing.T) {
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Skipf("AF_PACKET capture needs CAP_NET_RAW: %v", err)
 	}
@@ -242,6 +249,9 @@ func TestSocketWireHeader(t *testing.T) {
 	lo, err := net.InterfaceByName("lo")
 	if err != nil {
 		t.Skip(err)
+	}
+	if err := attachFilter(fd, captureFilter(sockA, sockB)); err != nil {
+		t.Fatal(err)
 	}
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: lo.Index}); err != nil {
 		t.Fatal(err)
@@ -251,30 +261,43 @@ func TestSocketWireHeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b := listenPair(t)
-	pkt := testPayload(make([]byte, 200), 0x4242, 200)
-	for range 3 {
+	const count, firstSeq = 3, 0x4242
+	for i := range count {
+		pkt := testPayload(make([]byte, 200), firstSeq+uint32(i), 200)
 		if err := a.Send([]Packet{{Buf: pkt, Addr: sockB, TOS: ECNCE}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	recvN(t, b, 3, 5*time.Second)
+	recvN(t, b, count, 5*time.Second)
 	buf := make([]byte, 65536)
-	deadline := time.Now().Add(3 * time.Second)
-	for seen := 0; seen < 3; {
+	seen := make(map[uint32]bool) // by sequence number: each datagram once
+	deadline := time.Now().Add(5 * time.Second)
+	for len(seen) < count {
 		if time.Now().After(deadline) {
-			t.Fatalf("captured %d of 3 datagrams", seen)
+			st, _ := unix.GetsockoptTpacketStats(fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
+			t.Fatalf("captured %d of %d datagrams (capture socket: %+v)", len(seen), count, st)
 		}
 		n, _, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
+		if err == unix.EAGAIN || err == unix.EINTR {
 			continue
+		}
+		if err != nil {
+			t.Fatal(err)
 		}
 		ip := buf[:n]
-		if n < 28 || ip[0]>>4 != 4 || ip[9] != unix.IPPROTO_UDP ||
+		if n < 28 || ip[0] != 0x45 || ip[9] != unix.IPPROTO_UDP ||
 			netip.AddrFrom4([4]byte(ip[12:16])) != sockA || netip.AddrFrom4([4]byte(ip[16:20])) != sockB ||
-			binary.BigEndian.Uint16(ip[22:24]) != Port {
-			continue
+			binary.BigEndian.Uint16(ip[22:24]) != Port || n < 28+minPacketSize {
+			t.Fatalf("capture filter passed a datagram that is not %v -> %v:%d: % x", sockA, sockB, Port, ip[:min(n, 28)])
 		}
-		seen++
+		seq := seqOf(ip[28:])
+		if seq < firstSeq || seq >= firstSeq+count {
+			t.Fatalf("captured sequence number %#x, want %#x..%#x", seq, firstSeq, firstSeq+count-1)
+		}
+		if seen[seq] {
+			continue // a second copy of the same datagram
+		}
+		seen[seq] = true
 		if id := binary.BigEndian.Uint16(ip[4:6]); id != 0 {
 			t.Errorf("IPv4 identification %#04x, want 0", id)
 		}
@@ -287,6 +310,32 @@ func TestSocketWireHeader(t *testing.T) {
 		if err := icrc.Verify(ip); err != nil {
 			t.Errorf("ICRC over the captured IP packet: %v", err)
 		}
+	}
+}
+
+// captureFilter returns a classic BPF program for an AF_PACKET SOCK_DGRAM
+// socket (the packet starts at the IP header) that passes only IPv4 UDP
+// datagrams src -> dst:4791 that are not non-first fragments.
+func captureFilter(src, dst netip.Addr) []unix.SockFilter {
+	s4, d4 := src.As4(), dst.As4()
+	const drop = 12                                // index of the final "ret 0"
+	jeq := func(i int, k uint32) unix.SockFilter { // at index i: equal: next, else drop
+		return unix.SockFilter{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jf: uint8(drop - i - 1), K: k}
+	}
+	return []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: 9}, // 0: protocol
+		jeq(1, unix.IPPROTO_UDP),
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 12}, // 2: source
+		jeq(3, binary.BigEndian.Uint32(s4[:])),
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 16}, // 4: destination
+		jeq(5, binary.BigEndian.Uint32(d4[:])),
+		{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 6}, // 6: fragment offset
+		{Code: unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K, Jt: drop - 8, K: 0x1fff},
+		{Code: unix.BPF_LDX | unix.BPF_B | unix.BPF_MSH, K: 0}, // 8: X = IHL*4
+		{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_IND, K: 2},  // 9: UDP destination port
+		jeq(10, Port),
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0xffff}, // 11
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0},      // 12: drop
 	}
 }
 
