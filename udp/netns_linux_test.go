@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,41 +19,87 @@ import (
 	"github.com/gorocev2/rocev2/icrc"
 )
 
+// skipUnlessNetns skips the test loudly when network namespaces cannot be
+// made here (not root, no iproute2) — or fails it when CI=true, where the
+// veth tests must run.
+func skipUnlessNetns(t testing.TB) {
+	t.Helper()
+	why := ""
+	if os.Geteuid() != 0 {
+		why = "network namespaces and veth pairs need root"
+	} else if _, err := exec.LookPath("ip"); err != nil {
+		why = "iproute2 'ip' is not installed"
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true but %s", why)
+	}
+	t.Skipf("SKIPPED (veth/netns test): %s", why)
+}
+
+// netnsSeq numbers the namespace pairs of this process, so names stay
+// unique when one test makes several.
+var netnsSeq atomic.Uint32
+
+// netnsPair is a veth pair between two network namespaces made by a test.
+type netnsPair struct {
+	NsA, NsB   string     // namespace names (in /var/run/netns)
+	IfA, IfB   string     // the veth ends, IfA in NsA, IfB in NsB
+	AddrA      netip.Addr // 198.51.100.1 on IfA
+	AddrB      netip.Addr // 198.51.100.2 on IfB
+	AddrAExtra netip.Addr // 198.51.100.3, a second address on IfA
+}
+
 // testNetnsPair creates two network namespaces joined by a veth pair,
 // 198.51.100.1 (a) and 198.51.100.2 (b), and removes them at cleanup. It
-// skips without root or iproute2.
-func testNetnsPair(t *testing.T) (nsA, nsB, ifA, ifB string) {
+// skips without root or iproute2 (fails with CI=true).
+func testNetnsPair(t testing.TB) (nsA, nsB, ifA, ifB string) {
+	p := newNetnsPair(t, 0)
+	return p.NsA, p.NsB, p.IfA, p.IfB
+}
+
+// newNetnsPair is testNetnsPair with the veth MTU set (0 keeps 1500) and
+// the extra address 198.51.100.3 on a's end. The namespaces are deleted by
+// name at cleanup (which also removes the veth).
+func newNetnsPair(t testing.TB, mtu int) *netnsPair {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("iproute2 'ip' not installed")
-	}
+	skipUnlessNetns(t)
 	id := os.Getpid() % 100000
-	nsA, nsB = fmt.Sprintf("udptest-a-%d", id), fmt.Sprintf("udptest-b-%d", id)
-	ifA, ifB = fmt.Sprintf("ua%d", id), fmt.Sprintf("ub%d", id)
+	n := netnsSeq.Add(1)
+	p := &netnsPair{
+		NsA: fmt.Sprintf("udptest-a-%d-%d", id, n), NsB: fmt.Sprintf("udptest-b-%d-%d", id, n),
+		IfA: fmt.Sprintf("ua%dn%d", id, n), IfB: fmt.Sprintf("ub%dn%d", id, n),
+		AddrA: netip.MustParseAddr("198.51.100.1"), AddrB: netip.MustParseAddr("198.51.100.2"),
+		AddrAExtra: netip.MustParseAddr("198.51.100.3"),
+	}
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	run("netns", "add", nsA)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", nsA).Run() })
-	run("netns", "add", nsB)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", nsB).Run() })
-	run("link", "add", ifA, "netns", nsA, "type", "veth", "peer", "name", ifB, "netns", nsB)
-	run("-n", nsA, "addr", "add", "198.51.100.1/24", "dev", ifA)
-	run("-n", nsB, "addr", "add", "198.51.100.2/24", "dev", ifB)
-	run("-n", nsA, "link", "set", ifA, "up")
-	run("-n", nsB, "link", "set", ifB, "up")
-	return nsA, nsB, ifA, ifB
+	run("netns", "add", p.NsA)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", p.NsA).Run() })
+	run("netns", "add", p.NsB)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", p.NsB).Run() })
+	run("link", "add", p.IfA, "netns", p.NsA, "type", "veth", "peer", "name", p.IfB, "netns", p.NsB)
+	if mtu > 0 {
+		run("-n", p.NsA, "link", "set", p.IfA, "mtu", fmt.Sprint(mtu))
+		run("-n", p.NsB, "link", "set", p.IfB, "mtu", fmt.Sprint(mtu))
+	}
+	run("-n", p.NsA, "addr", "add", p.AddrA.String()+"/24", "dev", p.IfA)
+	run("-n", p.NsA, "addr", "add", p.AddrAExtra.String()+"/24", "dev", p.IfA)
+	run("-n", p.NsB, "addr", "add", p.AddrB.String()+"/24", "dev", p.IfB)
+	run("-n", p.NsA, "link", "set", p.IfA, "up")
+	run("-n", p.NsB, "link", "set", p.IfB, "up")
+	return p
 }
 
 // inNetns runs f on an OS thread switched into the named namespace, so the
 // sockets f creates belong to it.
-func inNetns[T any](t *testing.T, ns string, f func() (T, error)) T {
+func inNetns[T any](t testing.TB, ns string, f func() (T, error)) T {
 	t.Helper()
 	runtime.LockOSThread()
 	orig, err := os.Open("/proc/thread-self/ns/net")

@@ -97,6 +97,7 @@ type SocketLink struct {
 	portsMu       sync.Mutex
 	ports         map[uint16]*portSocket // nil after Close; nil value = port unavailable
 	portFallbacks atomic.Uint64          // source ports that could not be bound
+	netns         *socketNetns           // namespace of conn, for source-port sockets (may be nil)
 
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
 }
@@ -145,6 +146,9 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		ports:    make(map[uint16]*portSocket),
 	}
 	l.sockLink.init(rc, a, o.BatchSize, 1)
+	if o.SourcePorts {
+		rc.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
+	}
 	if !o.NoGRO {
 		l.gro = &groState{mem: make([]byte, o.BatchSize*groBufSize), msgs: make([]groMsg, o.BatchSize)}
 	}
@@ -193,9 +197,20 @@ func (l *SocketLink) Close() error {
 		}
 	}
 	l.ports = nil
+	l.netns.close()
+	l.netns = nil
 	l.portsMu.Unlock()
 	return closeErr(err, "close", l.addr)
 }
+
+// SourcePortFallbacks returns how many per-QP source ports
+// (SocketOptions.SourcePorts) could not be bound, so that their packets
+// leave from port 4791 instead.
+func (l *SocketLink) SourcePortFallbacks() uint64 { return l.portFallbacks.Load() }
+
+// GROCoalesced returns how many received buffers held more than one
+// datagram (coalesced by UDP GRO).
+func (l *SocketLink) GROCoalesced() uint64 { return l.groCoalesced.Load() }
 
 // SocketBuffers returns the kernel's effective SO_RCVBUF and SO_SNDBUF.
 func (l *SocketLink) SocketBuffers() (rcv, snd int, err error) {
@@ -344,12 +359,18 @@ func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
 		network = "udp6"
 	}
 	ap := netip.AddrPortFrom(l.bindAddr, port)
-	conn, rc, err := listenFD(network, ap.String(), func(fd int) error {
-		o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: l.sndBuf, NoGRO: true}
-		if err := setSocketOptions(fd, l.is6, &o); err != nil {
-			return err
-		}
-		return attachFilter(fd, dropAll)
+	var conn net.PacketConn
+	var rc syscall.RawConn
+	// In the namespace of the link's socket, wherever Send runs.
+	err := l.netns.run(func() (err error) {
+		conn, rc, err = listenFD(network, ap.String(), func(fd int) error {
+			o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: l.sndBuf, NoGRO: true}
+			if err := setSocketOptions(fd, l.is6, &o); err != nil {
+				return err
+			}
+			return attachFilter(fd, dropAll)
+		})
+		return err
 	})
 	if err != nil {
 		return nil, err

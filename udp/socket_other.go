@@ -62,3 +62,9 @@ var _ Link = (*RawLink)(nil)
 func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 	return nil, fmt.Errorf("udp: raw backend on %v: %w", addr, errors.ErrUnsupported)
 }
+
+// SourcePortFallbacks returns 0 (SocketLink is Linux-only).
+func (l *SocketLink) SourcePortFallbacks() uint64 { return 0 }
+
+// GROCoalesced returns 0 (SocketLink is Linux-only).
+func (l *SocketLink) GROCoalesced() uint64 { return 0 }
