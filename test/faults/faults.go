@@ -65,8 +65,10 @@ func (h Hook) String() string {
 // modulo 2^24 (a range may wrap).
 type PSNRange struct {
 	First, Last uint32
-	// Limit stops PSN-range drops after this many (0 = no limit), so a
-	// retransmission of the same PSNs gets through.
+	// Limit stops PSN-range drops after this many per hook (0 = no limit),
+	// so a retransmission of the same PSNs gets through. Without a limit a
+	// range that covers requests is a black hole: the sender exhausts its
+	// retries.
 	Limit uint32
 }
 
@@ -80,7 +82,10 @@ type Config struct {
 	// DropRate drops packets at random.
 	DropRate float64
 	// DropEveryN drops every Nth RoCE packet (the Nth, 2Nth, ... seen by a
-	// hook since attach). 0 disables.
+	// hook since attach or ResetCounters). 0 disables. Beware: when a
+	// go-back-N retransmission flight is exactly N packets (or a multiple)
+	// long, the same packet is lost in every retry and the sender runs out
+	// of retries; choose N above the sender's window (rxe and rocev2: 128).
 	DropEveryN uint32
 	// DropPSN drops packets whose PSN is in the range. nil disables.
 	DropPSN *PSNRange
