@@ -12,6 +12,17 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
 
 step() { printf '\n== %s ==\n' "$*"; }
+failed=()
+# run NAME CMD...: runs one stage; a failing stage is recorded and the next
+# stages still run, so one CI run shows every failure.
+run() {
+	local name=$1
+	shift
+	if ! "$@"; then
+		echo "FAILED: $name"
+		failed+=("$name")
+	fi
+}
 
 step "dependencies"
 need=()
@@ -33,21 +44,20 @@ go version
 
 step "gofmt"
 bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
-if [ -n "$bad" ]; then echo "gofmt needed:"; echo "$bad"; exit 1; fi
-echo ok
+if [ -n "$bad" ]; then echo "gofmt needed:"; echo "$bad"; failed+=(gofmt); else echo ok; fi
 
 step "go vet"
-go vet ./...
+run "go vet" go vet ./...
 
 step "go test ./..."
-go test -count=1 -timeout 20m ./...
+run "go test" go test -count=1 -timeout 20m ./...
 
 step "go test -race -short ./..."
-go test -race -short -count=1 -timeout 25m ./...
+run "go test -race" go test -race -short -count=1 -timeout 25m ./...
 
 if [ "$(id -u)" = 0 ] && [ "${SKIP_INTEROP:-}" != 1 ]; then
 	step "interop against Linux rdma_rxe in qemu (test/interop)"
-	ROCEV2_INTEROP=1 go test -v -count=1 -timeout 15m -run TestInterop ./test/interop/
+	run "interop" env ROCEV2_INTEROP=1 go test -v -count=1 -timeout 15m -run TestInterop ./test/interop/
 elif [ "${CI:-}" = true ]; then
 	echo "interop: CI needs root for the rxe lab"; exit 1
 else
@@ -59,10 +69,14 @@ if [ "${SKIP_FUZZ:-}" != 1 ]; then
 	for pkg in $(go list ./...); do
 		for target in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
 			echo "-- $pkg $target"
-			go test -run '^$' -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-15s}" "$pkg"
+			run "fuzz $target" go test -run '^$' -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-15s}" "$pkg"
 		done
 	done
 fi
 
 step "done"
+if [ ${#failed[@]} -gt 0 ]; then
+	printf 'FAILED stages: %s\n' "${failed[*]}"
+	exit 1
+fi
 echo "all checks passed"
