@@ -448,3 +448,42 @@ func TestInstructionsMarshal(t *testing.T) {
 		}
 	}
 }
+
+// FuzzProgram runs the injector (every action on) on arbitrary frames: the
+// program never fails to run, its verdict is pass or drop, and a frame
+// that is not RoCEv2 by the program's own rules is never changed.
+func FuzzProgram(f *testing.F) {
+	for _, o := range []frameOpts{{}, {v6: true}, {dport: 53}, {proto: 6}, {frag: true}, {tos: 2, payload: 9}, {v6: true, tos: 1}} {
+		f.Add(frame(o), uint8(0))
+	}
+	f.Add([]byte{0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1, 0x08, 0x06}, uint8(1))
+	needRoot(f)
+	inj, err := Load(Config{DropRate: 0.2, DropEveryN: 5, DropPSN: &PSNRange{First: 0, Last: 0xff}, DupRate: 0.2, ReorderRate: 0.2, CERate: 0.5})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { inj.Close() })
+	f.Fuzz(func(t *testing.T, data []byte, hook uint8) {
+		if len(data) <= 14 || len(data) > 3000 { // test runs take more than an Ethernet header, less than a page
+			return
+		}
+		h := Hook(hook & 1)
+		// BPF_PROG_TEST_RUN itself refuses an IPv4/IPv6 ethertype without
+		// a whole IP header.
+		if et := binary.BigEndian.Uint16(data[12:]); (et == 0x0800 && len(data) < 34) || (et == 0x86dd && len(data) < 54) {
+			return
+		}
+		before, _ := inj.HookCounters(h)
+		ret, out := run(t, inj, h, data, nil)
+		if ret != actUnspec && ret != actShot {
+			t.Fatalf("verdict %d", ret)
+		}
+		after, _ := inj.HookCounters(h)
+		if after.Other > before.Other && (ret != actUnspec || !bytes.Equal(out, data)) {
+			t.Fatalf("non-RoCE frame: verdict %d, changed %v", ret, !bytes.Equal(out, data))
+		}
+		if after.Errors != before.Errors {
+			t.Fatalf("helper error on %x", data)
+		}
+	})
+}
