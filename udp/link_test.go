@@ -112,7 +112,7 @@ func closeUnblocksRecv(t *testing.T, l Link, bufs []Packet) {
 
 // waitRecvBlocked waits (at most 10 s) until the goroutine that the
 // function creator started is parked in a Link's Recv — waiting in the
-// netpoller or on a channel — so that a Close after it tests unblocking
+// netpoller, in a blocking system call or on a channel — so that a Close after it tests unblocking
 // a Recv, not a Recv that starts after Close. (A fixed sleep is not enough
 // on a loaded machine.)
 func waitRecvBlocked(t *testing.T, creator string) {
@@ -131,7 +131,7 @@ func waitRecvBlocked(t *testing.T, creator string) {
 				!strings.Contains(g, "Link).Recv(") {
 				continue
 			}
-			for _, parked := range []string{"[IO wait", "[select", "[chan receive"} {
+			for _, parked := range []string{"[IO wait", "[select", "[chan receive", "[syscall"} {
 				if strings.Contains(state, parked) {
 					return
 				}

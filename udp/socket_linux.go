@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -86,10 +85,9 @@ const (
 // IPV6_RECVTCLASS.
 type SocketLink struct {
 	sockLink
-	conn *net.UDPConn
-	is6  bool
-	gso  bool
-	gro  *groState // nil with SocketOptions.NoGRO
+	is6 bool
+	gso bool
+	gro *groState // nil with SocketOptions.NoGRO
 
 	srcPorts      bool
 	bindAddr      netip.Addr // addr with its zone, for source-port sockets
@@ -106,13 +104,14 @@ var _ Link = (*SocketLink)(nil)
 
 // ListenSocket opens a SocketLink on addr, UDP port 4791. addr must be a
 // specific address of this host (IPv4, IPv4-mapped IPv6, or IPv6; a zone is
-// kept for link-local addresses). opts may be nil.
+// kept for link-local addresses). opts may be nil: then the options set
+// with SetDefaultSocketOptions apply (the zero value unless changed).
 //
 // Errors match syscall.EADDRINUSE when port 4791 on that address is taken
 // (for example by a kernel rxe device) and syscall.EADDRNOTAVAIL when the
 // address is not configured on this host; the message names address:port.
 func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
-	var o SocketOptions
+	o := DefaultSocketOptions()
 	if opts != nil {
 		o = *opts
 	}
@@ -123,22 +122,19 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		return nil, fmt.Errorf("udp: listen on %v: need a unicast address of this host: %w", addr, ErrAddress)
 	}
 	is6 := a.Is6()
-	network := "udp4"
 	bindAddr := a
 	if is6 {
-		network = "udp6"
 		bindAddr = a.WithZone(zone)
 	}
 	ap := netip.AddrPortFrom(bindAddr, Port)
 
-	conn, rc, err := listenFD(network, ap.String(), func(fd int) error { return setSocketOptions(fd, is6, &o) })
+	rc, err := openUDP(ap, func(fd int) error { return setSocketOptions(fd, is6, &o) })
 	if err != nil {
 		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
 	}
 	l := &SocketLink{
-		conn: conn.(*net.UDPConn),
-		is6:  is6,
-		gso:  o.GSO,
+		is6: is6,
+		gso: o.GSO,
 
 		srcPorts: o.SourcePorts,
 		bindAddr: bindAddr,
@@ -189,11 +185,11 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 // Close closes the socket(s); a blocked Recv returns net.ErrClosed.
 // Closing twice is harmless.
 func (l *SocketLink) Close() error {
-	err := l.conn.Close()
+	err := l.rc.Close()
 	l.portsMu.Lock()
 	for _, ps := range l.ports {
 		if ps != nil {
-			ps.conn.Close()
+			ps.Close()
 		}
 	}
 	l.ports = nil
@@ -300,7 +296,7 @@ func (l *SocketLink) Send(pkts []Packet) error {
 
 // sendRun sends run (at most BatchSize packets, index base in the caller's
 // slice) from the socket rc whose source port is port.
-func (l *SocketLink) sendRun(rc syscall.RawConn, port uint16, run []Packet, base int) error {
+func (l *SocketLink) sendRun(rc *sysConn, port uint16, run []Packet, base int) error {
 	s := &l.send
 	defer s.clearIovs(len(run))
 	first, err := s.send(rc, l.buildSend(run, port), &l.sent) // first: the first packet not sent
@@ -319,7 +315,7 @@ func (l *SocketLink) sendRun(rc syscall.RawConn, port uint16, run []Packet, base
 // 4791, that is the link's socket (port 4791). Otherwise a send-only socket
 // bound to addr:want is opened on first use; when that fails (the port is
 // taken) the link's socket is used from then on for that port.
-func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) {
+func (l *SocketLink) sourceSocket(want uint16) (*sysConn, uint16, error) {
 	if !l.srcPorts || want == 0 || want == Port {
 		return l.rc, Port, nil
 	}
@@ -332,7 +328,7 @@ func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) 
 		if ps == nil {
 			return l.rc, Port, nil
 		}
-		return ps.rc, want, nil
+		return ps, want, nil
 	}
 	ps, err := l.openSourceSocket(want)
 	if err != nil {
@@ -341,29 +337,21 @@ func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) 
 		return l.rc, Port, nil
 	}
 	l.ports[want] = ps
-	return ps.rc, want, nil
+	return ps, want, nil
 }
 
 // portSocket is a send-only socket for one UDP source port.
-type portSocket struct {
-	conn *net.UDPConn
-	rc   syscall.RawConn
-}
+type portSocket = sysConn
 
 // openSourceSocket opens a socket bound to addr:port that only sends: the
 // same DF / ID 0 settings as the link's socket, and a socket filter that
 // drops everything it would receive.
 func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
-	network := "udp4"
-	if l.is6 {
-		network = "udp6"
-	}
 	ap := netip.AddrPortFrom(l.bindAddr, port)
-	var conn net.PacketConn
-	var rc syscall.RawConn
+	var rc *sysConn
 	// In the namespace of the link's socket, wherever Send runs.
 	err := l.netns.run(func() (err error) {
-		conn, rc, err = listenFD(network, ap.String(), func(fd int) error {
+		rc, err = openUDP(ap, func(fd int) error {
 			o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: l.sndBuf, NoGRO: true}
 			if err := setSocketOptions(fd, l.is6, &o); err != nil {
 				return err
@@ -375,7 +363,20 @@ func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &portSocket{conn: conn.(*net.UDPConn), rc: rc}, nil
+	return rc, nil
+}
+
+// openUDP opens a blocking UDP socket bound to ap, configured by set.
+func openUDP(ap netip.AddrPort, set func(fd int) error) (*sysConn, error) {
+	sa, err := sockaddr(ap.Addr(), int(ap.Port()))
+	if err != nil {
+		return nil, err
+	}
+	family := unix.AF_INET
+	if ap.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	return openSocket(family, unix.SOCK_DGRAM, unix.IPPROTO_UDP, sa, set)
 }
 
 // gsoMaxSegs and gsoMaxBytes bound one GSO send: Linux before 6.11 accepts

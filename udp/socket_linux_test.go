@@ -348,6 +348,13 @@ type rawUDP struct {
 	hdrs  []unix.Mmsghdr
 	iovs  []unix.Iovec
 	names []unix.RawSockaddrInet4
+
+	// GSO / GRO (bench_linux_test.go), allocated on first use.
+	gsoIovs []unix.Iovec
+	ctrl    []byte
+	groMem  []byte
+	groCtrl []byte
+	groIov  []unix.Iovec
 }
 
 func newRawUDP(t testing.TB, addr netip.Addr, batch int) *rawUDP {
@@ -674,5 +681,32 @@ func TestSocketIPv6GSO(t *testing.T) {
 	}
 	if s := l.Stats(); s.DropBadICRC != 0 || s.RcvdPkts != total {
 		t.Errorf("stats %+v", s)
+	}
+}
+
+// TestDefaultSocketOptions: ListenSocket with nil options uses the process
+// defaults, and the restore function puts the previous ones back.
+func TestDefaultSocketOptions(t *testing.T) {
+	restore := SetDefaultSocketOptions(SocketOptions{GSO: true, NoGRO: true, BatchSize: 7})
+	l, err := ListenSocket(sockA, nil)
+	if err != nil {
+		restore()
+		t.Fatal(err)
+	}
+	if !l.gso || l.gro != nil || l.BatchSize() != 7 {
+		t.Errorf("with defaults {GSO, NoGRO, BatchSize 7}: gso %v, gro %v, batch %d", l.gso, l.gro != nil, l.BatchSize())
+	}
+	l.Close()
+	restore()
+	if d := DefaultSocketOptions(); d != (SocketOptions{}) {
+		t.Errorf("after restore: %+v", d)
+	}
+	l, err = ListenSocket(sockA, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.gso || l.gro == nil || l.BatchSize() != defaultSocketBatch {
+		t.Errorf("zero defaults: gso %v, gro %v, batch %d", l.gso, l.gro != nil, l.BatchSize())
 	}
 }
