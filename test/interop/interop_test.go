@@ -103,7 +103,7 @@ func TestInterop(t *testing.T) {
 	defer func() {
 		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0))
 	}()
-	for _, c := range cells(lab.GIDIndex) {
+	for _, c := range append(cells(lab.GIDIndex), lossCells(lab.GIDIndex)...) {
 		t.Run(c.name, func(t *testing.T) {
 			rows = append(rows, runCell(t, ctx, lab, img, c))
 		})
@@ -129,6 +129,10 @@ type cell struct {
 	inproc   func(ctx context.Context, lab *Lab, ready chan<- error) (int, string)
 	minPkts  int // RoCEv2 packets the capture must hold at least
 	wantPkts int // what a loss-free run sends (0: not known), for the table
+	// loss, when > 0, drops RoCEv2 packets at random in both directions
+	// on the tap (eBPF injector, loss_test.go): sequence errors and
+	// retransmissions are then expected and reported, not failures.
+	loss float64
 }
 
 // cells returns the matrix: every test with rocev2d as server and as client.
@@ -230,6 +234,13 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 	before, err := lab.Counters(ctx)
 	if err != nil {
 		t.Fatalf("counters: %v", err)
+	}
+	var inj *lossInjector
+	if c.loss > 0 {
+		if inj, err = attachLoss(lab, c.loss); err != nil {
+			t.Fatalf("fault injector: %v", err)
+		}
+		defer inj.close()
 	}
 	pcapFile := filepath.Join(lab.Dir, name+".pcap")
 	capt, err := lab.StartCapture(ctx, pcapFile)
@@ -360,7 +371,9 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 		for _, k := range badCounters {
 			if d := delta(k); d != 0 {
 				cnt = append(cnt, fmt.Sprintf("%s=%d", k, d))
-				problems = append(problems, fmt.Sprintf("rxe counter %s moved by %d", k, d))
+				if c.loss == 0 || !lossExpected[k] {
+					problems = append(problems, fmt.Sprintf("rxe counter %s moved by %d", k, d))
+				}
 			}
 		}
 		// Every packet rocev2d sent must have been accepted by rxe (it drops
@@ -381,7 +394,10 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 				retries += d
 			}
 		}
-		if retries > maxRetries() {
+		if inj != nil {
+			cnt = append(cnt, inj.summary(hostOut))
+			problems = append(problems, inj.problems(retries, hostOut)...)
+		} else if retries > maxRetries() {
 			problems = append(problems, fmt.Sprintf("%d retransmissions (rxe counters %v), more than the %d tolerated", retries, retryCounters, maxRetries()))
 		} else if retries > 0 {
 			flagged = true
