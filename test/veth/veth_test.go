@@ -122,7 +122,9 @@ func listenIn(t testing.TB, ns string, addr netip.Addr) *udp.SocketLink {
 			c <- res{err: err}
 			return
 		}
-		l, err := udp.ListenSocket(addr, nil)
+		// Explicit options: no UDP GSO (the injector needs one skb per
+		// packet), whatever the package defaults are.
+		l, err := udp.ListenSocket(addr, &udp.SocketOptions{})
 		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread() // else the thread dies with the goroutine
 		}
