@@ -83,6 +83,8 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 	}
 	if trap == unix.SYS_RECVMMSG {
 		s.flags = unix.MSG_WAITFORONE
+	} else {
+		s.flags = unix.MSG_NOSIGNAL // EPIPE after Close, not SIGPIPE
 	}
 	for i := range s.hdrs {
 		h := &s.hdrs[i].Hdr
@@ -127,12 +129,12 @@ func (s *mmsgState) call(fd uintptr) bool {
 // sendmmsg/recvmmsg (about 20% of a one-packet send on loopback). It
 // returns 1 and the datagram length in hdrs[off].Len, as recvmmsg would.
 func (s *mmsgState) callOne(fd uintptr) (uintptr, unix.Errno) {
-	trap := uintptr(unix.SYS_SENDMSG)
+	trap, flags := uintptr(unix.SYS_SENDMSG), s.flags
 	if s.trap == unix.SYS_RECVMMSG {
-		trap = unix.SYS_RECVMSG
+		trap, flags = unix.SYS_RECVMSG, 0
 	}
 	m := &s.hdrs[s.off]
-	n, _, e := unix.Syscall(trap, fd, uintptr(unsafe.Pointer(&m.Hdr)), 0)
+	n, _, e := unix.Syscall(trap, fd, uintptr(unsafe.Pointer(&m.Hdr)), flags)
 	if e != 0 {
 		return 0, e
 	}

@@ -45,6 +45,11 @@ const (
 //     socket can only give IPv6. A classic BPF filter passes only unfragmented
 //     UDP to addr:4791 up from the kernel.
 //
+// A GSO datagram (SocketLink with GSO, rxe never sends one) from this host
+// or across a veth reaches a raw socket whole, since nothing on such a path
+// segments it, and RawLink, which cannot know the segment size, drops it
+// (DropBadICRC); on a physical wire the segments arrive one by one.
+//
 // A UDP socket bound to addr:4791 with a drop-all filter holds the port, so
 // the kernel neither answers with ICMP port unreachable nor lets another
 // program take it. IPv6 peers are served fully by SocketLink.

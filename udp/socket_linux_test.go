@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -708,5 +709,27 @@ func TestDefaultSocketOptions(t *testing.T) {
 	defer l.Close()
 	if l.gso || l.gro == nil || l.BatchSize() != defaultSocketBatch {
 		t.Errorf("zero defaults: gso %v, gro %v, batch %d", l.gso, l.gro != nil, l.BatchSize())
+	}
+}
+
+// TestSocketLeakedIsClosed: a link dropped without Close releases its
+// address:port once collected, as a leaked net.UDPConn does.
+func TestSocketLeakedIsClosed(t *testing.T) {
+	func() {
+		if _, err := ListenSocket(sockA, nil); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	for i := 0; ; i++ {
+		runtime.GC()
+		l, err := ListenSocket(sockA, nil)
+		if err == nil {
+			l.Close()
+			return
+		}
+		if i == 50 {
+			t.Fatalf("address still in use after the leaked link was collected: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -29,9 +30,10 @@ import (
 // wakes blocked calls, waits for every call in progress to return and then
 // closes the descriptor, so a call never reaches a reused descriptor.
 type sysConn struct {
-	fd     int
-	ops    sync.RWMutex // held shared by every call on fd; exclusively by Close around close(2)
-	closed atomic.Bool
+	fd      int
+	ops     sync.RWMutex // held shared by every call on fd; exclusively by Close around close(2)
+	closed  atomic.Bool
+	cleanup runtime.Cleanup // closes fd if the sysConn is dropped without Close
 }
 
 var _ syscall.RawConn = (*sysConn)(nil)
@@ -59,7 +61,12 @@ func openSocket(family, typ, proto int, sa unix.Sockaddr, set func(fd int) error
 		unix.Close(fd)
 		return nil, fmt.Errorf("bind: %w", err)
 	}
-	return &sysConn{fd: fd}, nil
+	c := &sysConn{fd: fd}
+	// Like an os.File or net.UDPConn, a socket whose owner was dropped
+	// without Close is closed by the garbage collector, so a leaked link
+	// does not hold its address:port for the rest of the process.
+	c.cleanup = runtime.AddCleanup(c, func(fd int) { unix.Close(fd) }, fd)
+	return c, nil
 }
 
 // sockaddr returns addr:port as a socket address (the zone of an IPv6
@@ -114,20 +121,9 @@ func (c *sysConn) Read(f func(fd uintptr) bool) error {
 	}
 }
 
-// Write calls f until it reports done; net.ErrClosed when the socket was
-// closed before.
-func (c *sysConn) Write(f func(fd uintptr) bool) error {
-	c.ops.RLock()
-	defer c.ops.RUnlock()
-	for {
-		if c.closed.Load() {
-			return net.ErrClosed
-		}
-		if f(uintptr(c.fd)) {
-			return nil
-		}
-	}
-}
+// Write is Read for sending: a send woken by Close (EPIPE) reports
+// net.ErrClosed.
+func (c *sysConn) Write(f func(fd uintptr) bool) error { return c.Read(f) }
 
 // Close wakes the calls blocked on the socket (shutdown), waits for them
 // and closes the descriptor. Closing again returns net.ErrClosed.
@@ -140,5 +136,6 @@ func (c *sysConn) Close() error {
 	unix.Shutdown(c.fd, unix.SHUT_RDWR)
 	c.ops.Lock()
 	defer c.ops.Unlock()
+	c.cleanup.Stop()
 	return unix.Close(c.fd)
 }
