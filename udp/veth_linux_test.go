@@ -211,6 +211,9 @@ func testVethRC(t *testing.T, vc vethCase) {
 	if vc.a.name == socketGSO.name && !vc.swSegment && ra.gso == 0 {
 		t.Errorf("A sent with GSO but no GSO datagram crossed the veth")
 	}
+	if sl, ok := lb.(*udp.SocketLink); ok && vc.b.name == socketGSO.name && ra.gso > 0 && sl.GROCoalesced() == 0 {
+		t.Errorf("%d GSO datagrams reached B's GRO socket whole, but it never received a coalesced buffer", ra.gso)
+	}
 	if vc.a.name == socketGSO.name && ra.idNon0 == 0 {
 		t.Errorf("A sent with GSO but every packet had IPv4 ID 0 (no GSO group of 2 or more)")
 	}
