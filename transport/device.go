@@ -55,6 +55,11 @@ type Device struct {
 
 	// debugging aids: longest Recv wait and longest batch processing time
 	dbgMaxWait, dbgMaxBusy, dbgMaxBusyN atomic.Int64
+
+	// rxPending lists the QPs that queued packets (ACKs, READ responses,
+	// new requests) while the receive goroutine handled the current batch;
+	// they are flushed once at the end of the batch. Receive goroutine only.
+	rxPending []*QP
 }
 
 // firstQPN is the first QPN handed out; rxe starts at 17 as well (0 and 1 are special).
@@ -195,6 +200,7 @@ func (d *Device) recvLoop() {
 		for i := 0; i < n; i++ {
 			d.input(&p, &pkts[i])
 		}
+		d.flushPending()
 		if g := time.Since(t1).Nanoseconds(); g > d.dbgMaxBusy.Load() {
 			d.dbgMaxBusy.Store(g)
 			d.dbgMaxBusyN.Store(int64(n))
@@ -217,7 +223,20 @@ func (d *Device) input(p *packet.Packet, up *udp.Packet) {
 		inc(&d.ctr.UnknownQP)
 		return
 	}
-	qp.input(p, up.Addr)
+	qp.input(p, up.Addr, true)
+}
+
+// flushPending sends what the QPs touched by the last received batch
+// queued: one Link.Send per QP and batch instead of one per packet.
+func (d *Device) flushPending() {
+	for i, qp := range d.rxPending {
+		qp.mu.Lock()
+		qp.rxQueued = false
+		qp.flushOut()
+		qp.mu.Unlock()
+		d.rxPending[i] = nil
+	}
+	d.rxPending = d.rxPending[:0]
 }
 
 // HandlePacket feeds one RoCEv2 UDP payload (BTH .. ICRC) from src into the
@@ -239,7 +258,7 @@ func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
 		inc(&d.ctr.UnknownQP)
 		return fmt.Errorf("transport: HandlePacket: no QP %#x: %w", p.BTH.DestQP(), ErrInvalidWR)
 	}
-	qp.input(&p, src)
+	qp.input(&p, src, false)
 	return nil
 }
 

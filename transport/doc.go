@@ -35,7 +35,9 @@
 //
 // Packets are sent in order per QP, in batches, with the UDP source port
 // rxe uses (udp.FlowSourcePort of the local and remote QPN); the link fills
-// the ICRC. In steady state posting and completing a message allocates
+// the ICRC. What one received batch makes a QP send (ACKs, READ responses,
+// requests the window now admits) leaves in one Link.Send at the end of
+// the batch, not one per packet. In steady state posting and completing a message allocates
 // nothing.
 //
 // All timers go through the Clock interface; ManualClock lets tests drive

@@ -327,6 +327,7 @@ type QP struct {
 	outBufs   [][]byte
 	nout      int
 	destroyed bool
+	rxQueued  bool // on dev.rxPending (receive goroutine only)
 }
 
 // CreateQP creates an RC QP in the RESET state.
@@ -880,8 +881,11 @@ func (qp *QP) flushOut() {
 	qp.nout = 0
 }
 
-// input dispatches a received packet. Called from the device receive goroutine.
-func (qp *QP) input(p *packetT, src netip.Addr) {
+// input dispatches a received packet. Called from the device receive
+// goroutine with batched set: what the packet makes the QP send is queued
+// and flushed at the end of the received batch (Device.flushPending).
+// Without batched it is sent before input returns.
+func (qp *QP) input(p *packetT, src netip.Addr, batched bool) {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	st := qp.attr.State
@@ -901,7 +905,12 @@ func (qp *QP) input(p *packetT, src netip.Addr) {
 	} else if st >= QPSRTS {
 		qp.compInput(p)
 	}
-	qp.flushOut()
+	if !batched {
+		qp.flushOut()
+	} else if qp.nout > 0 && !qp.rxQueued {
+		qp.rxQueued = true
+		qp.dev.rxPending = append(qp.dev.rxPending, qp)
+	}
 }
 
 func errorf(sentinel error, format string, args ...any) error {

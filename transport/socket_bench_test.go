@@ -1,0 +1,214 @@
+//go:build linux
+
+package transport
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// Benchmarks over real kernel UDP sockets on loopback (udp.SocketLink on
+// port 4791 of two 127.0.0.0/8 addresses), shaped like `rocev2d bench`:
+// one RC QP per side, path MTU 4096, 64 WRs in flight (8 for 64 KiB).
+// They are the ones to profile for syscall and wakeup costs; the
+// MemNetwork benchmarks in bench_test.go do not see those.
+
+var (
+	sockAddrA = netip.MustParseAddr("127.0.0.71")
+	sockAddrB = netip.MustParseAddr("127.0.0.72")
+)
+
+// newSocketPair returns two connected sides over SocketLinks, or skips
+// when port 4791 on the addresses is taken.
+func newSocketPair(b *testing.B) (a, r *side) {
+	b.Helper()
+	o := pairOpts{mtu: MTU4096, sqDepth: 256, rqDepth: 256, cqDepth: 1024, retry: 7, rnrRetry: 7, minRNR: 12}
+	o.defaults()
+	mk := func(addr netip.Addr) *side {
+		l, err := udp.ListenSocket(addr, nil)
+		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
+			b.Skipf("UDP %v:4791 unavailable: %v", addr, err)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		dev, err := NewDevice(l, DeviceConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { dev.Close() })
+		pd, err := dev.AllocPD()
+		if err != nil {
+			b.Fatal(err)
+		}
+		scq, _ := dev.CreateCQ(o.cqDepth)
+		rcq, _ := dev.CreateCQ(o.cqDepth)
+		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: scq, RecvCQ: rcq,
+			MaxSendWR: o.sqDepth, MaxRecvWR: o.rqDepth, MaxSGE: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return &side{dev: dev, pd: pd, scq: scq, rcq: rcq, qp: qp}
+	}
+	a, r = mk(sockAddrA), mk(sockAddrB)
+	connect(b, a, r, sockAddrB, 0x10, 0x20, &o)
+	connect(b, r, a, sockAddrA, 0x20, 0x10, &o)
+	return a, r
+}
+
+func benchSocketGoodput(b *testing.B, op WROpcode, size int) {
+	a, r := newSocketPair(b)
+	_, smr := a.buffer(b, 1<<16, 0)
+	_, dmr := r.buffer(b, 1<<16, memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
+	window := 64
+	if size >= 1<<16 {
+		window = 8
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	recv := RecvWR{SGEs: sge(dmr, 0, 1<<16)}
+	rdone := make(chan struct{})
+	if op == WRSend {
+		for i := 0; i < 200; i++ {
+			if err := r.qp.PostRecv(recv); err != nil {
+				b.Fatal(err)
+			}
+		}
+		go func() {
+			defer close(rdone)
+			wcs := make([]WC, 64)
+			for {
+				n, err := r.rcq.Wait(ctx, wcs)
+				if err != nil {
+					return
+				}
+				for range n {
+					if err := r.qp.PostRecv(recv); err != nil {
+						return
+					}
+				}
+			}
+		}()
+	} else {
+		close(rdone)
+	}
+	wr := SendWR{Opcode: op, Flags: SendSignaled, SGEs: sge(smr, 0, size), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}
+	wrs := make([]SendWR, window)
+	for i := range wrs {
+		wrs[i] = wr
+	}
+	wcs := make([]WC, 64)
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	posted, done := 0, 0
+	for done < b.N {
+		if posted < b.N && posted-done < window {
+			k := min(window-(posted-done), b.N-posted)
+			if err := a.qp.PostSend(wrs[:k]...); err != nil {
+				b.Fatal(err)
+			}
+			posted += k
+		}
+		n, err := a.scq.Wait(ctx, wcs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, c := range wcs[:n] {
+			if c.Status != WCSuccess {
+				b.Fatalf("%+v", c)
+			}
+		}
+		done += n
+	}
+	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N)/1000, "cpu-µs/op")
+	b.StopTimer()
+	cancel()
+	<-rdone
+}
+
+func BenchmarkSocketWrite64B(b *testing.B)  { benchSocketGoodput(b, WRWrite, 64) }
+func BenchmarkSocketWrite4KiB(b *testing.B) { benchSocketGoodput(b, WRWrite, 4096) }
+func BenchmarkSocketWrite64KiB(b *testing.B) {
+	benchSocketGoodput(b, WRWrite, 1<<16)
+}
+func BenchmarkSocketRead64B(b *testing.B)   { benchSocketGoodput(b, WRRead, 64) }
+func BenchmarkSocketRead4KiB(b *testing.B)  { benchSocketGoodput(b, WRRead, 4096) }
+func BenchmarkSocketRead64KiB(b *testing.B) { benchSocketGoodput(b, WRRead, 1<<16) }
+func BenchmarkSocketSend64B(b *testing.B)   { benchSocketGoodput(b, WRSend, 64) }
+func BenchmarkSocketSend4KiB(b *testing.B)  { benchSocketGoodput(b, WRSend, 4096) }
+func BenchmarkSocketSend64KiB(b *testing.B) { benchSocketGoodput(b, WRSend, 1<<16) }
+
+// BenchmarkSocketPingPong8B bounces an 8-byte SEND between the sides, the
+// echo running in its own goroutine as in `rocev2d bench`.
+func BenchmarkSocketPingPong8B(b *testing.B) {
+	a, r := newSocketPair(b)
+	_, amr := a.buffer(b, 64, 0)
+	_, rmr := r.buffer(b, 64, 0)
+	asge, rsge := sge(amr, 0, 8), sge(rmr, 0, 8)
+	for i := 0; i < 4; i++ {
+		if err := a.qp.PostRecv(RecvWR{SGEs: asge}); err != nil {
+			b.Fatal(err)
+		}
+		if err := r.qp.PostRecv(RecvWR{SGEs: rsge}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	echoDone := make(chan struct{})
+	go func() {
+		defer close(echoDone)
+		wcs := make([]WC, 8)
+		for {
+			k, err := r.rcq.Wait(ctx, wcs)
+			if err != nil {
+				return
+			}
+			for range k {
+				if r.qp.PostRecv(RecvWR{SGEs: rsge}) != nil || r.qp.PostSend(SendWR{Opcode: WRSend, SGEs: rsge}) != nil {
+					return
+				}
+			}
+			r.scq.Poll(wcs)
+		}
+	}()
+	wcs := make([]WC, 8)
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		if err := a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: asge}); err != nil {
+			b.Fatal(err)
+		}
+		k, err := a.rcq.Wait(ctx, wcs[:1])
+		if err != nil || k != 1 || wcs[0].Status != WCSuccess {
+			b.Fatal(err, wcs[0])
+		}
+		if err := a.qp.PostRecv(RecvWR{SGEs: asge}); err != nil {
+			b.Fatal(err)
+		}
+		a.scq.Poll(wcs)
+	}
+	b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N)/1000, "µs/rtt")
+	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N)/1000, "cpu-µs/op")
+	b.StopTimer()
+	cancel()
+	<-echoDone
+}
+
+// cpuTime returns the user plus system CPU time the process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
