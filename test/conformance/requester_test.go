@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/gorocev2/rocev2/bth"
@@ -15,7 +16,8 @@ import (
 )
 
 // TestRequesterMatchesRxe rebuilds the work requests behind the client's
-// request packets of one-directional captures, posts them on a requester
+// request packets of each requesting host in a capture (both hosts of an
+// ibv_rc_pingpong capture, one at a time), posts them on a requester
 // QP with the capture's QPN and PSN, and compares the packets it sends with
 // rxe's byte for byte (ICRC aside); then it feeds rxe's responses back and
 // checks that every work request completes successfully (READ data and
@@ -23,31 +25,55 @@ import (
 func TestRequesterMatchesRxe(t *testing.T) {
 	dir := golden.Dir(t)
 	for _, name := range []string{"rc_write_64", "rc_write_4096", "rc_write_imm_64", "rc_write_imm_3000",
-		"rc_read_64", "rc_read_4096", "rc_atomic_fadd", "rc_atomic_cswap", "rc_send_bw_64", "rc_send_imm_62"} {
+		"rc_read_64", "rc_read_4096", "rc_atomic_fadd", "rc_atomic_cswap", "rc_send_bw_64", "rc_send_imm_62",
+		"rc_send_64", "rc_send_4096"} {
 		t.Run(name, func(t *testing.T) {
-			checkRequester(t, load(t, filepath.Join(dir, name+".pcap")))
+			frames := load(t, filepath.Join(dir, name+".pcap"))
+			hosts := requesters(frames)
+			if len(hosts) == 1 {
+				checkRequester(t, frames, hosts[0])
+				return
+			}
+			// ibv_rc_pingpong: both hosts send. Each direction is its own
+			// requester (the client's SENDs and the server's ACKs of
+			// them, then the server's SENDs and the client's ACKs).
+			for _, h := range hosts {
+				t.Run(h.String(), func(t *testing.T) { checkRequester(t, frames, h) })
+			}
 		})
 	}
 }
 
-func checkRequester(t *testing.T, frames []*frame) {
+// requesters returns the source addresses of the capture's RC requests in
+// order of first appearance.
+func requesters(frames []*frame) []netip.Addr {
+	var hs []netip.Addr
+	for _, f := range frames {
+		if f.pk.Info.Transport == bth.TransportRC && f.pk.Info.Request && !slices.Contains(hs, f.src) {
+			hs = append(hs, f.src)
+		}
+	}
+	return hs
+}
+
+// checkRequester replays the requester side of host h: its requests are
+// what a transport QP must send, the responses addressed to h are fed back.
+func checkRequester(t *testing.T, frames []*frame, h netip.Addr) {
 	var reqs, resps []*frame
 	for _, f := range frames {
 		if f.pk.Info.Transport != bth.TransportRC {
 			continue
 		}
-		if f.pk.Info.Request {
+		if f.pk.Info.Request && f.src == h {
 			reqs = append(reqs, f)
-		} else {
+		} else if !f.pk.Info.Request && f.dst == h {
 			resps = append(resps, f)
 		}
 	}
-	h, peer := reqs[0].src, reqs[0].dst
-	for _, f := range reqs {
-		if f.src != h {
-			t.Skip("requests in both directions")
-		}
+	if len(reqs) == 0 || len(resps) == 0 {
+		t.Fatalf("capture has %d requests from %v and %d responses to it", len(reqs), h, len(resps))
 	}
+	peer := reqs[0].dst
 	link := newRecLink(h)
 	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
 	if err != nil {
