@@ -13,14 +13,24 @@ import (
 	"time"
 )
 
+// needTool skips loudly when the iproute2 command name is not installed,
+// and fails instead when CI=true (CI must run the veth tests).
+func needTool(t testing.TB, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("iproute2 %q not installed (CI=true: not skipping): %v", name, err)
+		}
+		t.Skipf("SKIPPED LOUDLY: iproute2 %q not installed: %v", name, err)
+	}
+}
+
 // netnsPair creates two namespaces joined by a veth pair, 203.0.113.1 (a)
 // and 203.0.113.2 (b), removed at cleanup.
 func netnsPair(t *testing.T, tag string) (nsA, nsB, ifA, ifB string) {
 	t.Helper()
 	needRoot(t)
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("SKIPPED LOUDLY: iproute2 'ip' not installed")
-	}
+	needTool(t, "ip")
 	id := os.Getpid() % 100000
 	nsA, nsB = fmt.Sprintf("flt%s-a-%d", tag, id), fmt.Sprintf("flt%s-b-%d", tag, id)
 	ifA, ifB = fmt.Sprintf("f%sa%d", tag, id), fmt.Sprintf("f%sb%d", tag, id)
@@ -105,9 +115,7 @@ func TestVethAttach(t *testing.T) {
 	for _, mode := range []Mode{ModeTCX, ModeTC} {
 		t.Run(mode.String(), func(t *testing.T) {
 			if mode == ModeTC {
-				if _, err := exec.LookPath("tc"); err != nil {
-					t.Skip("SKIPPED LOUDLY: iproute2 tc not installed")
-				}
+				needTool(t, "tc")
 			}
 			tag := "x"
 			if mode == ModeTC {

@@ -242,15 +242,19 @@ func TestDropPSNRange(t *testing.T) {
 }
 
 func TestDestQPFilter(t *testing.T) {
-	inj := load(t, Config{DropRate: 1, FilterDestQP: true, DestQP: 0x11})
-	if ret, _ := run(t, inj, Egress, frame(frameOpts{destQP: 0x12}), nil); ret != actUnspec {
-		t.Errorf("other QP: verdict %d", ret)
-	}
-	if ret, _ := run(t, inj, Egress, frame(frameOpts{destQP: 0x11}), nil); ret != actShot {
-		t.Errorf("filtered QP: verdict %d", ret)
-	}
-	if c := counters(t, inj, Egress); c.Filtered != 1 || c.DropRandom != 1 {
-		t.Errorf("counters %+v", c)
+	for _, v6 := range []bool{false, true} {
+		t.Run(family(v6), func(t *testing.T) {
+			inj := load(t, Config{DropRate: 1, FilterDestQP: true, DestQP: 0x11})
+			if ret, _ := run(t, inj, Egress, frame(frameOpts{v6: v6, destQP: 0x12}), nil); ret != actUnspec {
+				t.Errorf("other QP: verdict %d", ret)
+			}
+			if ret, _ := run(t, inj, Egress, frame(frameOpts{v6: v6, destQP: 0x11}), nil); ret != actShot {
+				t.Errorf("filtered QP: verdict %d", ret)
+			}
+			if c := counters(t, inj, Egress); c.Filtered != 1 || c.DropRandom != 1 {
+				t.Errorf("counters %+v", c)
+			}
+		})
 	}
 }
 
@@ -321,70 +325,95 @@ func TestCEMarkIPv6(t *testing.T) {
 }
 
 func TestDuplicate(t *testing.T) {
-	for _, h := range []Hook{Egress, Ingress} {
-		inj := load(t, Config{DupRate: 1})
-		in := frame(frameOpts{payload: 40, opcode: 0x04})
-		ret, out := run(t, inj, h, in, nil)
-		if ret != actUnspec || !bytes.Equal(out, in) {
-			t.Errorf("%s: verdict %d, frame changed %v", h, ret, !bytes.Equal(out, in))
-		}
-		c := counters(t, inj, h)
-		if c.Duplicated != 1 || c.Errors != 0 {
-			t.Errorf("%s: counters %+v, want 1 duplicate", h, c)
-		}
-		// Our clone passing the hook again is not touched.
-		var ctx skbCtx
-		ctx.setMark(cloneMark)
-		ret, out = run(t, inj, h, in, &ctx)
-		if ret != actUnspec || !bytes.Equal(out, in) {
-			t.Errorf("%s: own clone: verdict %d", h, ret)
-		}
-		if c := counters(t, inj, h); c.OwnClones != 1 || c.Duplicated != 1 || c.Seen != 1 {
-			t.Errorf("%s: counters %+v after own clone", h, c)
+	for _, v6 := range []bool{false, true} {
+		for _, h := range []Hook{Egress, Ingress} {
+			t.Run(family(v6)+"/"+h.String(), func(t *testing.T) {
+				inj := load(t, Config{DupRate: 1})
+				in := frame(frameOpts{v6: v6, payload: 40, opcode: 0x04})
+				ret, out := run(t, inj, h, in, nil)
+				if ret != actUnspec || !bytes.Equal(out, in) {
+					t.Errorf("verdict %d, frame changed %v", ret, !bytes.Equal(out, in))
+				}
+				c := counters(t, inj, h)
+				if c.Duplicated != 1 || c.Errors != 0 || c.Seen != 1 || c.Other != 0 {
+					t.Errorf("counters %+v, want 1 duplicate of 1 RoCE packet", c)
+				}
+				// Our clone passing the hook again is not touched.
+				var ctx skbCtx
+				ctx.setMark(cloneMark)
+				ret, out = run(t, inj, h, in, &ctx)
+				if ret != actUnspec || !bytes.Equal(out, in) {
+					t.Errorf("own clone: verdict %d, frame changed %v", ret, !bytes.Equal(out, in))
+				}
+				if c := counters(t, inj, h); c.OwnClones != 1 || c.Duplicated != 1 || c.Seen != 1 {
+					t.Errorf("counters %+v after own clone", c)
+				}
+			})
 		}
 	}
 }
 
+// family names the IP version of a crafted frame in subtest names.
+func family(v6 bool) string {
+	if v6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
 func TestReorderHoldAndRelease(t *testing.T) {
-	for _, h := range []Hook{Egress, Ingress} {
-		inj := load(t, Config{ReorderRate: 1})
-		p := frame(frameOpts{psn: 10, payload: 1024, opcode: 0x07})
-		q := frame(frameOpts{psn: 11, payload: 8, opcode: 0x08, v6: true})
-		if ret, _ := run(t, inj, h, p, nil); ret != actShot {
-			t.Fatalf("%s: held packet: verdict %d, want shot", h, ret)
-		}
-		if err := inj.Set(Config{}); err != nil {
-			t.Fatal(err)
-		}
-		ret, out := run(t, inj, h, q, nil)
-		if ret != actUnspec {
-			t.Fatalf("%s: releasing packet: verdict %d", h, ret)
-		}
-		if !bytes.Equal(out, p) {
-			t.Fatalf("%s: released frame is not the held one (len %d, want %d)", h, len(out), len(p))
-		}
-		// Nothing held now: the next packet passes as itself.
-		if _, out := run(t, inj, h, q, nil); !bytes.Equal(out, q) {
-			t.Fatalf("%s: slot not emptied", h)
-		}
-		c := counters(t, inj, h)
-		if c.Held != 1 || c.Released != 1 || c.Errors != 0 || c.Dropped() != 0 {
-			t.Errorf("%s: counters %+v", h, c)
+	// Every pairing of the held frame's and the releasing frame's family:
+	// the slot holds whole frames, so a frame is released byte for byte
+	// behind a packet of either family (its skb is rewritten to it).
+	for _, heldV6 := range []bool{false, true} {
+		for _, relV6 := range []bool{false, true} {
+			for _, h := range []Hook{Egress, Ingress} {
+				t.Run(family(heldV6)+"-behind-"+family(relV6)+"/"+h.String(), func(t *testing.T) {
+					inj := load(t, Config{ReorderRate: 1})
+					p := frame(frameOpts{v6: heldV6, psn: 10, payload: 1024, opcode: 0x07})
+					q := frame(frameOpts{v6: relV6, psn: 11, payload: 8, opcode: 0x08})
+					if ret, _ := run(t, inj, h, p, nil); ret != actShot {
+						t.Fatalf("held packet: verdict %d, want shot", ret)
+					}
+					if err := inj.Set(Config{}); err != nil {
+						t.Fatal(err)
+					}
+					ret, out := run(t, inj, h, q, nil)
+					if ret != actUnspec {
+						t.Fatalf("releasing packet: verdict %d", ret)
+					}
+					if !bytes.Equal(out, p) {
+						t.Fatalf("released frame is not the held one (len %d, want %d)", len(out), len(p))
+					}
+					// Nothing held now: the next packet passes as itself.
+					if _, out := run(t, inj, h, q, nil); !bytes.Equal(out, q) {
+						t.Fatalf("slot not emptied")
+					}
+					c := counters(t, inj, h)
+					if c.Held != 1 || c.Released != 1 || c.Errors != 0 || c.Dropped() != 0 || c.Seen != 3 {
+						t.Errorf("counters %+v, want 3 seen, 1 held, 1 released", c)
+					}
+				})
+			}
 		}
 	}
 }
 
 func TestGSOPassesWhole(t *testing.T) {
-	inj := load(t, Config{DropRate: 1})
-	var ctx skbCtx
-	ctx.setGSOSegs(4)
-	in := frame(frameOpts{payload: 64})
-	ret, out := run(t, inj, Egress, in, &ctx)
-	if ret != actUnspec || !bytes.Equal(out, in) {
-		t.Errorf("verdict %d", ret)
-	}
-	if c := counters(t, inj, Egress); c.GSO != 1 || c.Seen != 0 {
-		t.Errorf("counters %+v", c)
+	for _, v6 := range []bool{false, true} {
+		t.Run(family(v6), func(t *testing.T) {
+			inj := load(t, Config{DropRate: 1})
+			var ctx skbCtx
+			ctx.setGSOSegs(4)
+			in := frame(frameOpts{v6: v6, payload: 64})
+			ret, out := run(t, inj, Egress, in, &ctx)
+			if ret != actUnspec || !bytes.Equal(out, in) {
+				t.Errorf("verdict %d", ret)
+			}
+			if c := counters(t, inj, Egress); c.GSO != 1 || c.Seen != 0 {
+				t.Errorf("counters %+v", c)
+			}
+		})
 	}
 }
 
