@@ -366,12 +366,8 @@ func TestZeroAlloc(t *testing.T) {
 // FuzzParse checks that Parse never panics and that whatever it accepts
 // Build reproduces byte for byte (except the ICRC).
 func FuzzParse(f *testing.F) {
-	if dir := goldenDir(); dir != "" {
-		for _, path := range goldenFilesNoSkip(dir) {
-			for _, g := range readRoCE(f, path) {
-				f.Add(g.payload)
-			}
-		}
+	for _, g := range goldenFuzzSeeds(f) {
+		f.Add(g.payload)
 	}
 	for _, op := range validOpcodes() {
 		buf := make([]byte, Len(op, 5))

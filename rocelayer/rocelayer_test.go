@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -428,18 +429,27 @@ func TestIPPacketErrors(t *testing.T) {
 // BTH must agree with packet.Parse, and serializing the decoded layers must
 // not panic either.
 func FuzzDecode(f *testing.F) {
-	if dir, err := golden.Locate(); err == nil {
+	seeds := 0
+	dir, err := golden.Locate()
+	if err == nil {
 		for _, path := range mustGlob(dir) {
 			frames, _, err := golden.ReadPCAP(path)
 			if err != nil {
-				continue
+				f.Fatalf("golden capture %s: %v", path, err)
 			}
 			for _, fr := range frames {
 				if u, ok := isRoCE(decode(fr.Data)); ok {
 					f.Add(append([]byte(nil), u.Payload...))
+					seeds++
 				}
 			}
 		}
+		if seeds == 0 {
+			err = fmt.Errorf("no RoCEv2 frame in any *.pcap of %s", dir)
+		}
+	}
+	if err != nil {
+		missingGoldenSeeds(f, err)
 	}
 	if samples, err := rocelayer.SampleFrames(); err == nil {
 		for _, s := range samples {
@@ -473,6 +483,18 @@ func FuzzDecode(f *testing.F) {
 		}
 		_ = gopacket.SerializeLayers(buf, gopacket.SerializeOptions{}, ls...)
 	})
+}
+
+// missingGoldenSeeds reports that a fuzz target runs without its golden
+// seeds: fatal when CI=true, a loud log line otherwise (the synthetic seeds
+// still run, so the target is not skipped).
+func missingGoldenSeeds(tb testing.TB, why error) {
+	tb.Helper()
+	msg := fmt.Sprintf("GOLDEN CAPTURES NOT FOUND (%v; set $%s): fuzz target runs WITHOUT its golden seeds", why, golden.EnvDir)
+	if os.Getenv("CI") == "true" {
+		tb.Fatal(msg)
+	}
+	tb.Log(msg)
 }
 
 func mustGlob(dir string) []string {
