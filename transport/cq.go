@@ -20,6 +20,8 @@ type CQ struct {
 	n      int // stored entries
 	err    error
 	notify chan struct{}
+
+	wakeQueued bool // on dev.rxWake (dev's receive goroutine only)
 }
 
 // CreateCQ creates a completion queue that holds up to depth completions.
@@ -36,18 +38,29 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 // Depth returns the capacity of the CQ.
 func (cq *CQ) Depth() int { return len(cq.ring) }
 
-// push stores one completion; it reports false on overflow.
+// push stores one completion and wakes a waiter; it reports false on
+// overflow.
 func (cq *CQ) push(wc *WC) bool {
+	ok, wake := cq.store(wc)
+	if wake {
+		cq.wake()
+	}
+	return ok
+}
+
+// store stores one completion without waking a waiter. ok is false on
+// overflow; wake reports whether a waiter must be woken (a completion was
+// stored, or the CQ just overflowed).
+func (cq *CQ) store(wc *WC) (ok, wake bool) {
 	cq.mu.Lock()
 	if cq.err != nil {
 		cq.mu.Unlock()
-		return false
+		return false, false
 	}
 	if cq.n == len(cq.ring) {
 		cq.err = ErrCQOverflow
 		cq.mu.Unlock()
-		cq.wake()
-		return false
+		return false, true
 	}
 	i := cq.head + cq.n
 	if i >= len(cq.ring) {
@@ -56,8 +69,7 @@ func (cq *CQ) push(wc *WC) bool {
 	cq.ring[i] = *wc
 	cq.n++
 	cq.mu.Unlock()
-	cq.wake()
-	return true
+	return true, true
 }
 
 func (cq *CQ) wake() {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +61,11 @@ type Device struct {
 	// new requests) while the receive goroutine handled the current batch;
 	// they are flushed once at the end of the batch. Receive goroutine only.
 	rxPending []*QP
+	// rxWake lists the CQs that received completions during the current
+	// batch; their waiters are woken once, at the end of the batch, so
+	// that a waiter finds every completion of the batch at once.
+	// Receive goroutine only.
+	rxWake []*CQ
 }
 
 // firstQPN is the first QPN handed out; rxe starts at 17 as well (0 and 1 are special).
@@ -200,6 +206,17 @@ func (d *Device) recvLoop() {
 		for i := 0; i < n; i++ {
 			d.input(&p, &pkts[i])
 		}
+		// Wake the completion waiters first and let one run here and
+		// now: a goroutine readied by this one waits on this P, and when
+		// the link's Recv blocks its thread in the kernel (udp sockets
+		// outside the netpoller) it waits until sysmon retakes the P,
+		// often 100+ µs. An application that answers a completion with
+		// PostSend (a ping-pong, a window refill) also sends its
+		// requests together with the ACKs this batch queued, in one
+		// Link.Send.
+		if d.wakePending() {
+			runtime.Gosched()
+		}
 		d.flushPending()
 		if g := time.Since(t1).Nanoseconds(); g > d.dbgMaxBusy.Load() {
 			d.dbgMaxBusy.Store(g)
@@ -224,6 +241,28 @@ func (d *Device) input(p *packet.Packet, up *udp.Packet) {
 		return
 	}
 	qp.input(p, up.Addr, true)
+}
+
+// deferWake records that cq got a completion during the current batch.
+// Receive goroutine only.
+func (d *Device) deferWake(cq *CQ) {
+	if !cq.wakeQueued {
+		cq.wakeQueued = true
+		d.rxWake = append(d.rxWake, cq)
+	}
+}
+
+// wakePending wakes the waiters of the CQs that got completions during the
+// last batch.
+func (d *Device) wakePending() bool {
+	woke := len(d.rxWake) > 0
+	for i, cq := range d.rxWake {
+		cq.wakeQueued = false
+		cq.wake()
+		d.rxWake[i] = nil
+	}
+	d.rxWake = d.rxWake[:0]
+	return woke
 }
 
 // flushPending sends what the QPs touched by the last received batch

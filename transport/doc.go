@@ -37,7 +37,8 @@
 // rxe uses (udp.FlowSourcePort of the local and remote QPN); the link fills
 // the ICRC. What one received batch makes a QP send (ACKs, READ responses,
 // requests the window now admits) leaves in one Link.Send at the end of
-// the batch, not one per packet. In steady state posting and completing a message allocates
+// the batch, not one per packet; the batch's completions wake each CQ's
+// waiter once, before that flush. In steady state posting and completing a message allocates
 // nothing.
 //
 // All timers go through the Clock interface; ManualClock lets tests drive

@@ -328,6 +328,19 @@ type QP struct {
 	nout      int
 	destroyed bool
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
+	rxBatch   bool // input from the receive goroutine is running: defer CQ wakeups
+}
+
+// pushWC stores a completion in cq. Inside a received batch the waiter is
+// woken at the end of the batch (Device.wakePending), else right away.
+func (qp *QP) pushWC(cq *CQ, wc *WC) {
+	if qp.rxBatch && cq.dev == qp.dev {
+		if _, wake := cq.store(wc); wake {
+			qp.dev.deferWake(cq)
+		}
+		return
+	}
+	cq.push(wc)
 }
 
 // CreateQP creates an RC QP in the RESET state.
@@ -698,7 +711,7 @@ func (qp *QP) toError() {
 	qp.sqCur = qp.sqHead
 	for qp.rqHead != qp.rqEnd {
 		r := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
-		qp.recvCQ.push(&WC{WRID: r.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qp.qpn})
+		qp.pushWC(qp.recvCQ, &WC{WRID: r.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qp.qpn})
 		qp.rqHead++
 	}
 	qp.resp.wqeActive = false
@@ -731,7 +744,7 @@ func (qp *QP) completeSend(w *sendWQE, st WCStatus) {
 			wc.ByteLen = 8
 		}
 	}
-	qp.sendCQ.push(&wc)
+	qp.pushWC(qp.sendCQ, &wc)
 }
 
 // PostSend queues send work requests. Each WR is validated (opcode, SGE
@@ -897,6 +910,7 @@ func (qp *QP) input(p *packetT, src netip.Addr, batched bool) {
 		return
 	}
 	inc(&qp.dev.ctr.RcvdPkts)
+	qp.rxBatch = batched
 	if qp.trace != nil && p.Info.Request && p.Info.Kind != bth.KindSend && p.Info.Kind != bth.KindWrite {
 		qp.trace("rx req %v psn %v (resp.psn %v)", p.BTH.Opcode(), p.BTH.PSN(), qp.resp.psn)
 	}
@@ -905,6 +919,7 @@ func (qp *QP) input(p *packetT, src netip.Addr, batched bool) {
 	} else if st >= QPSRTS {
 		qp.compInput(p)
 	}
+	qp.rxBatch = false
 	if !batched {
 		qp.flushOut()
 	} else if qp.nout > 0 && !qp.rxQueued {

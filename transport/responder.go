@@ -123,7 +123,7 @@ func (qp *QP) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, im
 	qp.rqHead++
 	qp.resp.wqeActive = false
 	inc(&qp.dev.ctr.RDMARecvs)
-	qp.recvCQ.push(&wc)
+	qp.pushWC(qp.recvCQ, &wc)
 }
 
 func (qp *QP) rnrNAK(psn bth.PSN) {
