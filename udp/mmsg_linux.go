@@ -3,12 +3,14 @@
 package udp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -19,7 +21,7 @@ import (
 // sockLink is the part of SocketLink and RawLink that is the same: the
 // socket, its batched send and receive state, and the counters.
 type sockLink struct {
-	rc    *sysConn
+	rc    syscall.RawConn
 	addr  netip.Addr // normalised (unmapped, no zone)
 	batch int
 
@@ -34,7 +36,7 @@ type sockLink struct {
 
 // init sets l up in place for the socket rc bound to addr, batch messages
 // per call, sendIovs iovecs per sent message.
-func (l *sockLink) init(rc *sysConn, addr netip.Addr, batch, sendIovs int) {
+func (l *sockLink) init(rc syscall.RawConn, addr netip.Addr, batch, sendIovs int) {
 	l.rc, l.addr, l.batch = rc, addr, batch
 	l.send.init(batch, sendIovs, unix.SYS_SENDMMSG)
 	l.recv.init(batch, 1, unix.SYS_RECVMMSG)
@@ -61,9 +63,8 @@ type mmsgState struct {
 
 	segs []int // send: packets in each message (1, or a GSO group)
 
-	trap  uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
-	flags uintptr               // recvmmsg: MSG_WAITFORONE (block for the first only)
-	fn    func(fd uintptr) bool // s.call
+	trap uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
+	fn   func(fd uintptr) bool // s.call
 
 	off, cnt int        // messages hdrs[off:cnt] still to transfer
 	n        int        // result: messages transferred by the last call
@@ -81,11 +82,6 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 		segs:  make([]int, batch),
 		trap:  trap,
 	}
-	if trap == unix.SYS_RECVMMSG {
-		s.flags = unix.MSG_WAITFORONE
-	} else {
-		s.flags = unix.MSG_NOSIGNAL // EPIPE after Close, not SIGPIPE
-	}
 	for i := range s.hdrs {
 		h := &s.hdrs[i].Hdr
 		h.Iov = &s.iovs[i*iovPerMsg]
@@ -96,19 +92,14 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 	s.fn = s.call
 }
 
-// call is the RawConn callback: one sendmmsg/recvmmsg of hdrs[off:cnt] on
-// the blocking socket fd. It reports false (retry) on EAGAIN, which a
-// blocking socket without timeouts does not return.
+// call is the RawConn callback: one sendmmsg/recvmmsg of hdrs[off:cnt].
+// It reports false (wait and retry) when the socket would block.
 func (s *mmsgState) call(fd uintptr) bool {
 	var n uintptr
 	var e unix.Errno
 	for {
-		if s.cnt-s.off == 1 {
-			n, e = s.callOne(fd)
-		} else {
-			n, _, e = unix.Syscall6(s.trap, fd,
-				uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), s.flags, 0, 0)
-		}
+		n, _, e = unix.Syscall6(s.trap, fd,
+			uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
 		if e != unix.EINTR {
 			break
 		}
@@ -124,29 +115,11 @@ func (s *mmsgState) call(fd uintptr) bool {
 	return true
 }
 
-// callOne transfers the single message hdrs[off] with sendmsg/recvmsg,
-// which the kernel handles with less work than a one-message
-// sendmmsg/recvmmsg (about 20% of a one-packet send on loopback). It
-// returns 1 and the datagram length in hdrs[off].Len, as recvmmsg would.
-func (s *mmsgState) callOne(fd uintptr) (uintptr, unix.Errno) {
-	trap, flags := uintptr(unix.SYS_SENDMSG), s.flags
-	if s.trap == unix.SYS_RECVMMSG {
-		trap, flags = unix.SYS_RECVMSG, 0
-	}
-	m := &s.hdrs[s.off]
-	n, _, e := unix.Syscall(trap, fd, uintptr(unsafe.Pointer(&m.Hdr)), flags)
-	if e != 0 {
-		return 0, e
-	}
-	m.Len = uint32(n)
-	return 1, 0
-}
-
 // send transmits the prepared messages hdrs[:nmsg] on rc, sendmmsg after
 // sendmmsg, and adds the packets (segs) of each call to sent. It returns
 // how many packets went out. On failure err is the RawConn's error, or
 // s.errno when a sendmmsg failed (at message s.off).
-func (s *mmsgState) send(rc *sysConn, nmsg int, sent *atomic.Uint64) (done int, err error) {
+func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (done int, err error) {
 	s.off, s.cnt = 0, nmsg
 	s.errno = 0
 	for s.off < s.cnt {
@@ -190,7 +163,7 @@ func (s *mmsgState) prepRecv(i int, buf []byte, ctrl bool) {
 // messages hdrs[:k] readied by prepRecv; s.n tells how many arrived. A
 // closed socket gives net.ErrClosed; other errors start with prefix
 // ("udp: " or "udp: raw ") and name the local address.
-func (s *mmsgState) recv(rc *sysConn, k int, prefix string, local netip.Addr) error {
+func (s *mmsgState) recv(rc syscall.RawConn, k int, prefix string, local netip.Addr) error {
 	s.off, s.cnt = 0, k
 	if err := rc.Read(s.fn); err != nil {
 		if errors.Is(err, net.ErrClosed) {
@@ -209,6 +182,28 @@ func (s *mmsgState) clearIovs(n int) {
 	for i := range n {
 		s.iovs[i].Base = nil
 	}
+}
+
+// listenFD opens a packet socket on address, runs set on its file
+// descriptor before it is bound, and returns it with its RawConn.
+func listenFD(network, address string, set func(fd int) error) (net.PacketConn, syscall.RawConn, error) {
+	var setErr error
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		if err := c.Control(func(fd uintptr) { setErr = set(int(fd)) }); err != nil {
+			return err
+		}
+		return setErr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), network, address)
+	if err != nil {
+		return nil, nil, err
+	}
+	rc, err := pc.(syscall.Conn).SyscallConn()
+	if err != nil {
+		pc.Close()
+		return nil, nil, err
+	}
+	return pc, rc, nil
 }
 
 // dropAll is a classic BPF program that drops every packet.

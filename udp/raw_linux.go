@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"unsafe"
 
@@ -54,8 +55,9 @@ const (
 // the kernel neither answers with ICMP port unreachable nor lets another
 // program take it. IPv6 peers are served fully by SocketLink.
 type RawLink struct {
-	sockLink          // send: per message two iovecs, the header from shdr and the payload
-	holder   *sysConn // addr:4791, drops everything
+	sockLink // send: per message two iovecs, the header from shdr and the payload
+	conn     *net.IPConn
+	holder   *net.UDPConn // addr:4791, drops everything
 	ttl      uint8
 	shdr     []byte // batch × 28: the IPv4+UDP header of each message
 	rbuf     []byte // batch × rawBufSize
@@ -100,18 +102,18 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 	ap := netip.AddrPortFrom(a, Port)
 
 	// Hold addr:4791 first: it gives the clear EADDRINUSE / EADDRNOTAVAIL.
-	holder, err := openUDP(ap, func(fd int) error { return attachFilter(fd, dropAll) })
+	holder, _, err := listenFD("udp4", ap.String(), func(fd int) error { return attachFilter(fd, dropAll) })
 	if err != nil {
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
-	rc, err := openSocket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_UDP, &unix.SockaddrInet4{Addr: a.As4()},
-		func(fd int) error { return setRawOptions(fd, a.As4(), &o) })
+	conn, rc, err := listenFD("ip4:udp", a.String(), func(fd int) error { return setRawOptions(fd, a.As4(), &o) })
 	if err != nil {
 		holder.Close()
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
 	l := &RawLink{
-		holder: holder,
+		conn:   conn.(*net.IPConn),
+		holder: holder.(*net.UDPConn),
 		ttl:    o.TTL,
 		shdr:   make([]byte, o.BatchSize*(ipv4HdrLen+udpHdrLen)),
 		rbuf:   make([]byte, o.BatchSize*rawBufSize),
@@ -167,7 +169,7 @@ func drainSocket(fd int) error {
 // Close closes both sockets; a blocked Recv returns net.ErrClosed. Closing
 // twice is harmless.
 func (l *RawLink) Close() error {
-	err := l.rc.Close()
+	err := l.conn.Close()
 	l.holder.Close()
 	return closeErr(err, "close raw", l.addr)
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -85,9 +86,10 @@ const (
 // IPV6_RECVTCLASS.
 type SocketLink struct {
 	sockLink
-	is6 bool
-	gso bool
-	gro *groState // nil with SocketOptions.NoGRO
+	conn *net.UDPConn
+	is6  bool
+	gso  bool
+	gro  *groState // nil with SocketOptions.NoGRO
 
 	srcPorts      bool
 	bindAddr      netip.Addr // addr with its zone, for source-port sockets
@@ -122,19 +124,22 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		return nil, fmt.Errorf("udp: listen on %v: need a unicast address of this host: %w", addr, ErrAddress)
 	}
 	is6 := a.Is6()
+	network := "udp4"
 	bindAddr := a
 	if is6 {
+		network = "udp6"
 		bindAddr = a.WithZone(zone)
 	}
 	ap := netip.AddrPortFrom(bindAddr, Port)
 
-	rc, err := openUDP(ap, func(fd int) error { return setSocketOptions(fd, is6, &o) })
+	conn, rc, err := listenFD(network, ap.String(), func(fd int) error { return setSocketOptions(fd, is6, &o) })
 	if err != nil {
 		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
 	}
 	l := &SocketLink{
-		is6: is6,
-		gso: o.GSO,
+		conn: conn.(*net.UDPConn),
+		is6:  is6,
+		gso:  o.GSO,
 
 		srcPorts: o.SourcePorts,
 		bindAddr: bindAddr,
@@ -185,11 +190,11 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 // Close closes the socket(s); a blocked Recv returns net.ErrClosed.
 // Closing twice is harmless.
 func (l *SocketLink) Close() error {
-	err := l.rc.Close()
+	err := l.conn.Close()
 	l.portsMu.Lock()
 	for _, ps := range l.ports {
 		if ps != nil {
-			ps.Close()
+			ps.conn.Close()
 		}
 	}
 	l.ports = nil
@@ -296,7 +301,7 @@ func (l *SocketLink) Send(pkts []Packet) error {
 
 // sendRun sends run (at most BatchSize packets, index base in the caller's
 // slice) from the socket rc whose source port is port.
-func (l *SocketLink) sendRun(rc *sysConn, port uint16, run []Packet, base int) error {
+func (l *SocketLink) sendRun(rc syscall.RawConn, port uint16, run []Packet, base int) error {
 	s := &l.send
 	defer s.clearIovs(len(run))
 	first, err := s.send(rc, l.buildSend(run, port), &l.sent) // first: the first packet not sent
@@ -315,7 +320,7 @@ func (l *SocketLink) sendRun(rc *sysConn, port uint16, run []Packet, base int) e
 // 4791, that is the link's socket (port 4791). Otherwise a send-only socket
 // bound to addr:want is opened on first use; when that fails (the port is
 // taken) the link's socket is used from then on for that port.
-func (l *SocketLink) sourceSocket(want uint16) (*sysConn, uint16, error) {
+func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) {
 	if !l.srcPorts || want == 0 || want == Port {
 		return l.rc, Port, nil
 	}
@@ -328,7 +333,7 @@ func (l *SocketLink) sourceSocket(want uint16) (*sysConn, uint16, error) {
 		if ps == nil {
 			return l.rc, Port, nil
 		}
-		return ps, want, nil
+		return ps.rc, want, nil
 	}
 	ps, err := l.openSourceSocket(want)
 	if err != nil {
@@ -337,21 +342,29 @@ func (l *SocketLink) sourceSocket(want uint16) (*sysConn, uint16, error) {
 		return l.rc, Port, nil
 	}
 	l.ports[want] = ps
-	return ps, want, nil
+	return ps.rc, want, nil
 }
 
 // portSocket is a send-only socket for one UDP source port.
-type portSocket = sysConn
+type portSocket struct {
+	conn *net.UDPConn
+	rc   syscall.RawConn
+}
 
 // openSourceSocket opens a socket bound to addr:port that only sends: the
 // same DF / ID 0 settings as the link's socket, and a socket filter that
 // drops everything it would receive.
 func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
+	network := "udp4"
+	if l.is6 {
+		network = "udp6"
+	}
 	ap := netip.AddrPortFrom(l.bindAddr, port)
-	var rc *sysConn
+	var conn net.PacketConn
+	var rc syscall.RawConn
 	// In the namespace of the link's socket, wherever Send runs.
 	err := l.netns.run(func() (err error) {
-		rc, err = openUDP(ap, func(fd int) error {
+		conn, rc, err = listenFD(network, ap.String(), func(fd int) error {
 			o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: l.sndBuf, NoGRO: true}
 			if err := setSocketOptions(fd, l.is6, &o); err != nil {
 				return err
@@ -363,20 +376,7 @@ func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
 	if err != nil {
 		return nil, err
 	}
-	return rc, nil
-}
-
-// openUDP opens a blocking UDP socket bound to ap, configured by set.
-func openUDP(ap netip.AddrPort, set func(fd int) error) (*sysConn, error) {
-	sa, err := sockaddr(ap.Addr(), int(ap.Port()))
-	if err != nil {
-		return nil, err
-	}
-	family := unix.AF_INET
-	if ap.Addr().Is6() {
-		family = unix.AF_INET6
-	}
-	return openSocket(family, unix.SOCK_DGRAM, unix.IPPROTO_UDP, sa, set)
+	return &portSocket{conn: conn.(*net.UDPConn), rc: rc}, nil
 }
 
 // gsoMaxSegs and gsoMaxBytes bound one GSO send: Linux before 6.11 accepts
