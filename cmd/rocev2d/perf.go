@@ -944,7 +944,7 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 		if c.duration > 0 && !stopPosting && now.After(deadline) {
 			stopPosting = true
 		}
-		if now.Sub(lastProgress) >= 2*time.Second {
+		if now.Sub(lastProgress) >= perfProgressEvery {
 			lastProgress = now
 			el := now.Sub(res.start).Seconds()
 			fmt.Fprintf(stderr, " ... %d bytes x %d iterations in %.1fs, %.2f MB/sec\n", size, ccnt, el, float64(ccnt)*float64(size)/el/(1<<20))
@@ -1103,6 +1103,10 @@ func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer
 	return nil
 }
 
+// perfProgressEvery is the interval between progress lines on stderr of a
+// long run (a variable so tests can shorten it).
+var perfProgressEvery = 2 * time.Second
+
 // perfProgress prints a line to stderr every two seconds of a long latency
 // run.
 type perfProgress struct {
@@ -1122,7 +1126,7 @@ func (p *perfProgress) tick(n int) {
 		return
 	}
 	now := time.Now()
-	if now.Sub(p.last) < 2*time.Second {
+	if now.Sub(p.last) < perfProgressEvery {
 		return
 	}
 	p.last = now
