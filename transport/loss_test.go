@@ -340,6 +340,60 @@ func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, tim
 	if a.qp.State() != QPSRTS || b.qp.State() != QPSRTS {
 		t.Errorf("states %v %v", a.qp.State(), b.qp.State())
 	}
+	checkLossCounters(t, c, nc, ca, cb, a.dev.Link().Stats().DropOther+b.dev.Link().Stats().DropOther)
+	// Every completion was consumed by run, exactly once and in order; the
+	// CQs must be empty and stay empty (a late duplicate completion, or a
+	// completion for a retransmission, would show up here).
+	time.Sleep(min(2*AckTimeout(to), 200*time.Millisecond))
+	for _, q := range []struct {
+		name string
+		cq   *CQ
+	}{{"A send", a.scq}, {"A recv", a.rcq}, {"B send", b.scq}, {"B recv", b.rcq}} {
+		var left [8]WC
+		if k := q.cq.Poll(left[:]); k != 0 {
+			t.Errorf("%s CQ holds %d extra completions after the run: %+v", q.name, k, left[:k])
+		}
+	}
+}
+
+// checkLossCounters checks that the counters show what the injected faults
+// must have caused, and nothing the faults cannot explain.
+func checkLossCounters(t testing.TB, c lossCase, nc udp.MemCounters, ca, cb Counters, queueDrops uint64) {
+	t.Helper()
+	oos := ca.OutOfSeqRequest + cb.OutOfSeqRequest
+	seq := ca.RcvdSeqErr + cb.RcvdSeqErr
+	gaps := nc.Lost + nc.Corrupted + nc.Reordered + queueDrops
+	if gaps == 0 && (oos != 0 || seq != 0) {
+		// Without loss, corruption or reordering no request can arrive
+		// ahead of its turn (a timeout retransmission is behind, a
+		// duplicate is behind).
+		t.Errorf("no packet lost or reordered, yet out_of_seq_request %d rcvd_seq_err %d", oos, seq)
+	}
+	if c.f.Loss >= 0.01 || c.f.Corrupt >= 0.01 {
+		// Hundreds of lost packets, most of them followed by more of
+		// the same flight: the responders saw gaps and NAKed them, and
+		// (NAKs are lost at the same rate, not all) the requesters got
+		// some.
+		if nc.Lost+nc.Corrupted < 10 {
+			t.Errorf("loss %.3f corrupt %.3f injected only %d faults", c.f.Loss, c.f.Corrupt, nc.Lost+nc.Corrupted)
+		}
+		if oos == 0 || seq == 0 {
+			t.Errorf("under loss: out_of_seq_request %d rcvd_seq_err %d, want both > 0", oos, seq)
+		}
+		if ca.RetransmittedPkts+cb.RetransmittedPkts == 0 {
+			t.Errorf("under loss: retransmitted_pkts 0")
+		}
+	}
+	if nc.Duplicated == 0 {
+		// Each PSN sequence NAK is sent once per gap; without duplication a
+		// requester cannot receive more than its responder peer sent.
+		if ca.RcvdSeqErr > cb.OutOfSeqRequest || cb.RcvdSeqErr > ca.OutOfSeqRequest {
+			t.Errorf("rcvd_seq_err A %d B %d exceeds the peer's out_of_seq_request B %d A %d", ca.RcvdSeqErr, cb.RcvdSeqErr, cb.OutOfSeqRequest, ca.OutOfSeqRequest)
+		}
+	}
+	if ca.RetryExceededErr+cb.RetryExceededErr+ca.RetryRNRExceededErr+cb.RetryRNRExceededErr != 0 {
+		t.Errorf("retry counters exhausted: %+v %+v", ca, cb)
+	}
 }
 
 // traceRing keeps the last events of a QP's trace hook.
