@@ -507,3 +507,123 @@ func TestSQEState(t *testing.T) {
 		t.Fatalf("ERR -> RTS: %v", err)
 	}
 }
+
+// TestNAKOutsideWindowIgnored: a fatal NAK naming a PSN that was already
+// acknowledged (stale) or never sent (bogus) changes nothing.
+func TestNAKOutsideWindowIgnored(t *testing.T) {
+	a, la, first, dmr, smr := silentRequester(t)
+	for i := range 3 {
+		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first, aeth.ACK(aeth.NoCreditLimit), 1), addrB); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, time.Second)[0]; wc.WRID != 0 || wc.Status != WCSuccess {
+		t.Fatalf("%+v", wc)
+	}
+	for _, psn := range []bth.PSN{first, first.Add(-1), first.Add(3), first.Add(100)} {
+		for _, code := range []aeth.NAKCode{aeth.NAKInvalidRequest, aeth.NAKRemoteAccessError, aeth.NAKRemoteOperationalError, aeth.NAKPSNSeqError} {
+			if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), psn, aeth.NAK(code), 1), addrB); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	noWC(t, a.scq)
+	if st := a.qp.State(); st != QPSRTS {
+		t.Fatalf("state %v after stale/bogus NAKs", st)
+	}
+	if n := len(la.sent()); n != 3 {
+		t.Fatalf("%d packets sent, want 3 (no retransmission)", n)
+	}
+	if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first.Add(2), aeth.ACK(aeth.NoCreditLimit), 3), addrB); err != nil {
+		t.Fatal(err)
+	}
+	if wcs := waitWC(t, a.scq, 2, time.Second); wcs[0].WRID != 1 || wcs[1].WRID != 2 || wcs[1].Status != WCSuccess {
+		t.Fatalf("%+v", wcs)
+	}
+}
+
+// TestFatalNAKDuringGoBackN: a remote access NAK for a retransmitted packet
+// ends the go-back-N: that WR fails, the rest flush.
+func TestFatalNAKDuringGoBackN(t *testing.T) {
+	a, la, first, dmr, smr := silentRequester(t)
+	for i := range 4 {
+		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first.Add(1), aeth.NAK(aeth.NAKPSNSeqError), 1), addrB); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(la.sent()); n != 7 {
+		t.Fatalf("%d packets, want 4 + 3 retransmitted", n)
+	}
+	if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first.Add(2), aeth.NAK(aeth.NAKRemoteAccessError), 2), addrB); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 4, time.Second)
+	want := []WCStatus{WCSuccess, WCSuccess, WCRemAccessErr, WCWRFlushErr}
+	for i, wc := range wcs {
+		if wc.WRID != uint64(i) || wc.Status != want[i] {
+			t.Fatalf("completion %d: %+v (%v), want %v", i, wc, wc.Status, want[i])
+		}
+	}
+	if st := a.qp.State(); st != QPSErr {
+		t.Fatal(st)
+	}
+}
+
+// TestRemoteOperationalErrorMidMessage: the third SGE of a receive WQE is
+// gone; the first two packets of a 3-packet SEND are placed, the third
+// fails: REMOTE_OPERATIONAL_ERROR NAK for the third PSN, the requester's
+// SEND fails with "remote operation error" (its first packets count as
+// acknowledged, nothing is retransmitted).
+func TestRemoteOperationalErrorMidMessage(t *testing.T) {
+	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: manual()}, 0x900, 0xa00)
+	var rsges []memreg.SGE
+	var rviews [][]byte
+	var mrs []*memreg.MR
+	for range 3 {
+		buf, mr := b.buffer(t, 256, 0)
+		rsges = append(rsges, sge(mr, 0, 256)...)
+		rviews = append(rviews, buf)
+		mrs = append(mrs, mr)
+	}
+	if err := b.qp.PostRecv(RecvWR{WRID: 5, SGEs: rsges}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mrs[2].Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	src, smr := a.buffer(t, 700, 0)
+	fill(src, 9)
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 700)}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCRemOpErr {
+		t.Fatalf("requester %+v (%v)", wc, wc.Status)
+	}
+	if wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]; wc.WRID != 5 || wc.Status != WCLocProtErr {
+		t.Fatalf("responder %+v (%v)", wc, wc.Status)
+	}
+	if !bytes.Equal(concat(rviews[:2]), src[:512]) {
+		t.Fatal("the first two packets were not placed")
+	}
+	var naks []wirePkt
+	for _, w := range lb.sent() {
+		if w.isNAK() {
+			naks = append(naks, w)
+		}
+	}
+	if len(naks) != 1 || naks[0].syn != aeth.NAK(aeth.NAKRemoteOperationalError) || naks[0].psn != 0x902 {
+		t.Fatalf("NAKs %+v", naks)
+	}
+	if n := len(la.sent()); n != 3 {
+		t.Fatalf("requester sent %d packets, want 3", n)
+	}
+	if a.qp.State() != QPSErr || b.qp.State() != QPSErr {
+		t.Fatalf("states %v %v", a.qp.State(), b.qp.State())
+	}
+}
