@@ -212,3 +212,69 @@ func cpuTime() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkSocketWrite64B8QP runs 8 QP pairs between the two devices, each
+// with 8 64-byte WRITEs in flight, all completing on one send CQ: the ACKs
+// of one received batch belong to many QPs.
+func BenchmarkSocketWrite64B8QP(b *testing.B) {
+	const pairs, window, size = 8, 8, 64
+	a, r := newSocketPair(b)
+	o := pairOpts{mtu: MTU4096, retry: 7, rnrRetry: 7, minRNR: 12}
+	o.defaults()
+	_, smr := a.buffer(b, size, 0)
+	_, dmr := r.buffer(b, size, memreg.AccessRemoteWrite)
+	qps := make([]*QP, pairs)
+	for i := range qps {
+		qa, err := a.dev.CreateQP(a.pd, QPInitAttr{Type: QPTypeRC, SendCQ: a.scq, RecvCQ: a.rcq, MaxSendWR: 64, MaxRecvWR: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		qb, err := r.dev.CreateQP(r.pd, QPInitAttr{Type: QPTypeRC, SendCQ: r.scq, RecvCQ: r.rcq, MaxSendWR: 1, MaxRecvWR: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sa, sb := &side{dev: a.dev, qp: qa}, &side{dev: r.dev, qp: qb}
+		connect(b, sa, sb, sockAddrB, uint32(i*1000), uint32(i*7777), &o)
+		connect(b, sb, sa, sockAddrA, uint32(i*7777), uint32(i*1000), &o)
+		qps[i] = qa
+	}
+	wr := SendWR{Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, size), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}
+	wrs := make([]SendWR, window)
+	for i := range wrs {
+		wrs[i] = wr
+	}
+	inflight := make([]int, pairs)
+	wcs := make([]WC, 64)
+	ctx := context.Background()
+	qpIndex := map[uint32]int{}
+	for i, q := range qps {
+		qpIndex[q.QPN()] = i
+	}
+	b.SetBytes(size)
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	posted, done := 0, 0
+	for done < b.N {
+		for i, q := range qps {
+			if k := min(window-inflight[i], b.N-posted); k > 0 {
+				if err := q.PostSend(wrs[:k]...); err != nil {
+					b.Fatal(err)
+				}
+				inflight[i] += k
+				posted += k
+			}
+		}
+		n, err := a.scq.Wait(ctx, wcs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, c := range wcs[:n] {
+			if c.Status != WCSuccess {
+				b.Fatalf("%+v", c)
+			}
+			inflight[qpIndex[c.QPN]]--
+		}
+		done += n
+	}
+	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N)/1000, "cpu-µs/op")
+}
