@@ -15,9 +15,9 @@ import (
 	"github.com/gorocev2/rocev2/transport"
 )
 
-// TestRequesterMatchesRxe rebuilds the work requests behind the client's
-// request packets of each requesting host in a capture (both hosts of an
-// ibv_rc_pingpong capture, one at a time), posts them on a requester
+// TestRequesterMatchesRxe rebuilds the work requests behind the request
+// packets of each requesting host in a capture (the client, or both hosts
+// of an ibv_rc_pingpong capture, one at a time), posts them on a requester
 // QP with the capture's QPN and PSN, and compares the packets it sends with
 // rxe's byte for byte (ICRC aside); then it feeds rxe's responses back and
 // checks that every work request completes successfully (READ data and
