@@ -187,3 +187,88 @@ func TestRNRThenSeqNAK(t *testing.T) {
 		t.Fatalf("completer_retry_err %d retransmitted_pkts %d, want 0 and 3", c.CompleterRetryErr, c.RetransmittedPkts)
 	}
 }
+
+// TestReuseAfterReset: QPs that went to ERR are reset, reconnected with new
+// PSNs and carry every operation again; nothing of the old connection
+// (completions, saved READ/atomic results, PSNs, timers) leaks into the new.
+func TestReuseAfterReset(t *testing.T) {
+	clk := manual()
+	o := pairOpts{clock: clk, mtu: MTU256, retry: 2, timeout: 10}
+	a, b, la, _ := linkPair(t, o, 0x10, 0x20)
+	o.defaults()
+	src, smr := a.buffer(t, 1000, 0)
+	dst, dmr := b.buffer(t, 1000, memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
+	rbuf, rmr := b.buffer(t, 1000, 0)
+	fill(src, 1)
+	// Old connection: a READ and a fetch-add complete (their results are
+	// saved at b), then a bad rkey takes both QPs to ERR.
+	if err := b.qp.PostRecv(RecvWR{WRID: 100, SGEs: sge(rmr, 0, 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	nativePut(dst[8:], 5)
+	if err := a.qp.PostSend(
+		SendWR{WRID: 1, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(smr, 0, 600), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+		SendWR{WRID: 2, Opcode: WRFetchAdd, Flags: SendSignaled, SGEs: sge(smr, 800, 8), RemoteAddr: dmr.IOVA() + 8, RKey: dmr.RKey(), CompareAdd: 1},
+		SendWR{WRID: 3, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: 0x777700},
+		SendWR{WRID: 4, Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 8)},
+	); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 4, 5*time.Second)
+	if wcs[0].Status != WCSuccess || wcs[1].Status != WCSuccess || wcs[2].Status != WCRemAccessErr || wcs[3].Status != WCWRFlushErr {
+		t.Fatalf("old connection %+v", wcs)
+	}
+	eventually(t, "responder ERR", func() bool { return b.qp.State() == QPSErr })
+	if wc := waitWC(t, b.rcq, 1, time.Second)[0]; wc.WRID != 100 || wc.Status != WCWRFlushErr {
+		t.Fatalf("old receive %+v", wc)
+	}
+	oldSent := len(la.sent())
+	for _, s := range []*side{a, b} {
+		if err := s.qp.Modify(&QPAttr{State: QPSReset}, AttrState); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(time.Hour) // any timer of the old connection fires now
+	if n := len(la.sent()); n != oldSent {
+		t.Fatalf("a QP in RESET sent %d packets", n-oldSent)
+	}
+	noWC(t, a.scq)
+	noWC(t, b.rcq)
+	// New connection; the new PSNs overlap the old ones so that stale
+	// saved READ/atomic results would be found if they survived.
+	connect(t, a, b, addrB, 0x10, 0x20, &o)
+	connect(t, b, a, addrA, 0x20, 0x10, &o)
+	fill(src, 2)
+	nativePut(dst[8:], 40)
+	if err := b.qp.PostRecv(RecvWR{WRID: 200, SGEs: sge(rmr, 0, 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(
+		SendWR{WRID: 11, Opcode: WRFetchAdd, Flags: SendSignaled, SGEs: sge(smr, 800, 8), RemoteAddr: dmr.IOVA() + 8, RKey: dmr.RKey(), CompareAdd: 2},
+		SendWR{WRID: 12, Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 700)},
+		SendWR{WRID: 13, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 600), RemoteAddr: dmr.IOVA() + 100, RKey: dmr.RKey()},
+		SendWR{WRID: 14, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(smr, 900, 100), RemoteAddr: dmr.IOVA() + 100, RKey: dmr.RKey()},
+	); err != nil {
+		t.Fatal(err)
+	}
+	wcs = waitWC(t, a.scq, 4, 5*time.Second)
+	for i, wc := range wcs {
+		if wc.WRID != uint64(11+i) || wc.Status != WCSuccess {
+			t.Fatalf("new connection completion %d: %+v", i, wc)
+		}
+	}
+	if got := nativeGet(src[800:]); got != 40 {
+		t.Fatalf("fetch-add returned %d, want 40 (a stale saved result?)", got)
+	}
+	if got := nativeGet(dst[8:]); got != 42 {
+		t.Fatalf("fetch-add target %d, want 42", got)
+	}
+	if wc := waitWC(t, b.rcq, 1, time.Second)[0]; wc.WRID != 200 || wc.Status != WCSuccess || wc.ByteLen != 700 {
+		t.Fatalf("new receive %+v", wc)
+	}
+	if string(rbuf[:700]) != string(src[:700]) || string(dst[100:700]) != string(src[:600]) || string(src[900:1000]) != string(dst[100:200]) {
+		t.Fatal("data differs on the new connection")
+	}
+	noWC(t, a.scq)
+	noWC(t, b.rcq)
+}
