@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
@@ -31,14 +32,37 @@ func TestRequesterMatchesRxe(t *testing.T) {
 			frames := load(t, filepath.Join(dir, name+".pcap"))
 			hosts := requesters(frames)
 			if len(hosts) == 1 {
-				checkRequester(t, frames, hosts[0])
+				checkRequester(t, frames, hosts[0], -1)
 				return
 			}
 			// ibv_rc_pingpong: both hosts send. Each direction is its own
 			// requester (the client's SENDs and the server's ACKs of
 			// them, then the server's SENDs and the client's ACKs).
 			for _, h := range hosts {
-				t.Run(h.String(), func(t *testing.T) { checkRequester(t, frames, h) })
+				t.Run(h.String(), func(t *testing.T) { checkRequester(t, frames, h, -1) })
+			}
+		})
+	}
+}
+
+// TestRequesterGoBackNMatchesRxe: after a PSN sequence error NAK naming one
+// of the request packets (the second, and one in the middle), the requester
+// resends from that packet on exactly the packets rxe sent, and rxe's
+// responses then complete every work request.
+func TestRequesterGoBackNMatchesRxe(t *testing.T) {
+	dir := golden.Dir(t)
+	for _, name := range []string{"rc_write_4096", "rc_write_imm_3000", "rc_read_4096", "rc_atomic_fadd", "rc_atomic_cswap", "rc_send_bw_64", "rc_send_imm_62"} {
+		t.Run(name, func(t *testing.T) {
+			frames := load(t, filepath.Join(dir, name+".pcap"))
+			h := requesters(frames)[0]
+			n := 0
+			for _, f := range frames {
+				if f.pk.Info.Transport == bth.TransportRC && f.pk.Info.Request && f.src == h {
+					n++
+				}
+			}
+			for _, k := range []int{1, n / 2} {
+				t.Run(fmt.Sprint("nak-at-", k), func(t *testing.T) { checkRequester(t, frames, h, k) })
 			}
 		})
 	}
@@ -58,7 +82,10 @@ func requesters(frames []*frame) []netip.Addr {
 
 // checkRequester replays the requester side of host h: its requests are
 // what a transport QP must send, the responses addressed to h are fed back.
-func checkRequester(t *testing.T, frames []*frame, h netip.Addr) {
+// With nakAt >= 0 a PSN sequence error NAK for request packet nakAt is fed
+// first: the requester must go back and send rxe's packets from nakAt on
+// again, byte for byte.
+func checkRequester(t *testing.T, frames []*frame, h netip.Addr, nakAt int) {
 	var reqs, resps []*frame
 	for _, f := range frames {
 		if f.pk.Info.Transport != bth.TransportRC {
@@ -184,6 +211,57 @@ func checkRequester(t *testing.T, frames []*frame, h netip.Addr) {
 		}
 		if g.SrcPort != r.sport || g.Addr != r.dst {
 			t.Errorf("%s: sent from port %d to %v, rxe from %d to %v", where, g.SrcPort, g.Addr, r.sport, r.dst)
+		}
+	}
+	if nakAt >= 0 {
+		// The responder answered the requests before nakAt as rxe did
+		// (READ data and atomic results must arrive before a NAK beyond
+		// them, or the requester rightly re-requests them), then saw a
+		// gap at request nakAt.
+		for _, r := range resps {
+			if r.pk.BTH.PSN().Before(reqs[nakAt].pk.BTH.PSN()) {
+				if err := dev.HandlePacket(bytes.Clone(r.payload), peer); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if extra := link.take(); len(extra) != 0 {
+			t.Fatalf("%d packets sent on rxe's responses before the gap", len(extra))
+		}
+		msn := uint32(0)
+		for _, r := range reqs[:nakAt] {
+			if pos := r.pk.Info.Pos; pos == bth.PosLast || pos == bth.PosOnly {
+				msn++
+			}
+		}
+		var f packet.Fields
+		f.BTH.Opcode = bth.RCAck
+		f.BTH.PKey = bth.DefaultPKey
+		f.BTH.DestQP = localQPN
+		f.BTH.PSN = reqs[nakAt].pk.BTH.PSN()
+		f.AETH.Syndrome = aeth.NAK(aeth.NAKPSNSeqError)
+		f.AETH.MSN = msn
+		nak := make([]byte, 64)
+		k, err := packet.Build(nak, &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dev.HandlePacket(nak[:k], peer); err != nil {
+			t.Fatal(err)
+		}
+		again := link.take()
+		if len(again) != len(reqs)-nakAt {
+			t.Fatalf("after a PSN sequence NAK for request %d: %d packets, want %d", nakAt, len(again), len(reqs)-nakAt)
+		}
+		for i, g := range again {
+			r := reqs[nakAt+i]
+			if !bytes.Equal(g.Buf[:len(g.Buf)-4], r.payload[:len(r.payload)-4]) {
+				t.Errorf("retransmitted request %d (rxe frame %d, %v psn %v): bytes differ\nours % x\nrxe  % x", nakAt+i, r.num, r.pk.BTH.Opcode(), r.pk.BTH.PSN(),
+					g.Buf[:min(len(g.Buf)-4, 48)], r.payload[:min(len(r.payload)-4, 48)])
+			}
+		}
+		if c := dev.Counters(); c.RcvdSeqErr != 1 || c.RetransmittedPkts != uint64(len(again)) {
+			t.Errorf("rcvd_seq_err %d retransmitted_pkts %d, want 1 and %d", c.RcvdSeqErr, c.RetransmittedPkts, len(again))
 		}
 	}
 	// rxe's responses complete everything.
