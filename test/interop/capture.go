@@ -8,8 +8,10 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/google/gopacket/pcapgo"
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
 )
@@ -31,19 +33,85 @@ type CaptureStats struct {
 	HostDF       int
 	// Lines is a one-line decode of the first packets and of every bad one.
 	Lines []string
+	// RetransFromHost and RetransFromVM count request packets whose PSN
+	// lies behind the next PSN their sender had already reached on that QP
+	// (resends: go-back-N, timer expiries); RetransLines describes the
+	// first few (sender, opcode, PSN, time since the first RoCEv2 packet).
+	RetransFromHost, RetransFromVM int
+	RetransLines                   []string
+	// DataChecked and DataBad count the packets given to the DataCheck of
+	// AnalyzeCaptureWith and those it found wrong; DataLines are its
+	// first few findings.
+	DataChecked, DataBad int
+	DataLines            []string
+	// DataUnplaced counts SEND/WRITE packets whose message's first packet
+	// was not in the capture before them (their data could not be placed
+	// and was not checked).
+	DataUnplaced int
 }
+
+// Payload describes the data of one packet for a DataCheck.
+type Payload struct {
+	FromHost bool
+	Opcode   bth.Opcode
+	PSN      uint32
+	// Resent is set when the packet's PSN was already seen from its sender
+	// (a retransmitted request, or a response to one).
+	Resent bool
+	// MsgOff is the offset of Data in its message (SEND, WRITE, READ
+	// response), or -1 when the message's first packet is not in the
+	// capture.
+	MsgOff int
+	// VA is the remote address of Data's first byte (WRITE: from the
+	// RETH; READ response: from the matching READ request), valid when
+	// HasVA.
+	VA    uint64
+	HasVA bool
+	// Data is the payload (SEND, WRITE, READ response).
+	Data []byte
+	// Atomic is set on an ATOMIC_ACKNOWLEDGE matched to its request:
+	// the request's opcode, VA, compare and swap/add values and the
+	// original value the responder returned.
+	Atomic *AtomicResult
+}
+
+// AtomicResult is one atomic operation as seen on the wire.
+type AtomicResult struct {
+	Op                   bth.Opcode // RC_COMPARE_SWAP or RC_FETCH_ADD
+	VA, Compare, SwapAdd uint64
+	Orig                 uint64
+}
+
+// DataCheck inspects one packet's data and returns a problem, or "".
+type DataCheck func(p Payload) string
+
+// labMTU is the path MTU of the lab (rxe's active MTU on a 1500-byte
+// netdev; ibv_rc_pingpong's and rocev2d's default): a READ request spans
+// ceil(length/labMTU) response PSNs, and every packet of a message but the
+// last carries labMTU bytes, so a packet's offset in its message is
+// labMTU times its PSN distance from the message's first packet.
+const labMTU = 1024
+
+// maxMsgPkts bounds the search for a message's first packet.
+const maxMsgPkts = 64
 
 // maxLines bounds CaptureStats.Lines.
 const maxLines = 60
 
 // AnalyzeCapture reads an Ethernet pcap written on the lab's tap.
 func AnalyzeCapture(file string) (*CaptureStats, error) {
+	return AnalyzeCaptureWith(file, nil)
+}
+
+// AnalyzeCaptureWith is AnalyzeCapture that also hands the data of every
+// SEND, WRITE, READ response and atomic ACK to check (when not nil).
+func AnalyzeCaptureWith(file string, check DataCheck) (*CaptureStats, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	s, err := analyze(f)
+	s, err := analyzeWith(f, check)
 	if err != nil {
 		return s, fmt.Errorf("%s: %w", file, err)
 	}
@@ -51,15 +119,63 @@ func AnalyzeCapture(file string) (*CaptureStats, error) {
 }
 
 // analyze decodes a pcap stream; it never panics on malformed input.
-func analyze(in io.Reader) (*CaptureStats, error) {
+func analyze(in io.Reader) (*CaptureStats, error) { return analyzeWith(in, nil) }
+
+// flow is the per-sender state of the PSN and data tracking.
+type flow struct {
+	started bool
+	next    uint32 // next request PSN the sender has not sent yet
+	// starts maps the PSN of every FIRST/ONLY packet of a SEND or WRITE
+	// to the message's VA (WRITE) — packets of a message resent from
+	// its middle find their offset from it.
+	starts map[uint32]msgStart
+	// ends holds the PSNs of LAST/ONLY packets: the search for a
+	// message's first packet stops there.
+	ends map[uint32]bool
+	// lastTx is when each request PSN was last sent; lastSeen when the
+	// sender last sent any packet.
+	lastTx   map[uint32]time.Duration
+	lastSeen time.Duration
+}
+
+type msgStart struct {
+	va    uint64
+	hasVA bool
+}
+
+// readAt is where the response packet of one READ PSN lands.
+type readAt struct {
+	va  uint64
+	off int
+}
+
+// psnBefore reports whether a precedes b in 24-bit PSN order.
+func psnBefore(a, b uint32) bool {
+	d := (a - b) & 0xffffff
+	return d != 0 && d&0x800000 != 0
+}
+
+func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 	r, err := pcapgo.NewReader(in)
 	if err != nil {
 		return nil, err
 	}
 	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{}}
 	var p packet.Packet
+	// Request flows by sender (true = host); response flows by responder.
+	newFlow := func() *flow {
+		return &flow{starts: map[uint32]msgStart{}, ends: map[uint32]bool{}, lastTx: map[uint32]time.Duration{}}
+	}
+	req := map[bool]*flow{true: newFlow(), false: newFlow()}
+	// readVA maps a READ request's PSNs to the VA each response PSN
+	// carries; atomics maps an atomic request's PSN to the request. Both
+	// are keyed by the requester (true = host).
+	readVA := map[bool]map[uint32]readAt{true: {}, false: {}}
+	atomics := map[bool]map[uint32]AtomicResult{true: {}, false: {}}
+	respSeen := map[bool]map[uint32]bool{true: {}, false: {}}
+	var t0 time.Time
 	for {
-		data, _, err := r.ReadPacketData()
+		data, ci, err := r.ReadPacketData()
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			break
 		}
@@ -82,6 +198,9 @@ func analyze(in io.Reader) (*CaptureStats, error) {
 			continue
 		}
 		s.RoCE++
+		if s.RoCE == 1 {
+			t0 = ci.Timestamp
+		}
 		src := fmt.Sprintf("%d.%d.%d.%d", ip[12], ip[13], ip[14], ip[15])
 		dir := "vm  "
 		if src == HostIP {
@@ -111,6 +230,9 @@ func analyze(in io.Reader) (*CaptureStats, error) {
 		op := "?"
 		if p.BTH != nil {
 			op = p.BTH.Opcode().String()
+			if bad == "" {
+				s.track(&p, dir == "host", ci.Timestamp.Sub(t0), req, readVA, atomics, respSeen, check)
+			}
 		}
 		s.Opcodes[dir+" "+op]++
 		if len(s.Lines) < maxLines && (bad != "" || s.RoCE <= 24) {
@@ -146,6 +268,18 @@ func (s *CaptureStats) String() string {
 	}
 	fmt.Fprintf(&b, "  host IPv4: %d distinct IDs %s, DF on %d/%d, UDP source ports %v\n",
 		len(s.HostIPIDs), topKeys(s.HostIPIDs), s.HostDF, s.FromHost, topKeys(s.HostSrcPorts))
+	if s.RetransFromHost+s.RetransFromVM > 0 {
+		fmt.Fprintf(&b, "  resent requests: rocev2d %d, rxe %d\n", s.RetransFromHost, s.RetransFromVM)
+		for _, l := range s.RetransLines {
+			b.WriteString("    " + l + "\n")
+		}
+	}
+	if s.DataChecked > 0 {
+		fmt.Fprintf(&b, "  data: %d packets checked, %d wrong, %d not placed\n", s.DataChecked, s.DataBad, s.DataUnplaced)
+		for _, l := range s.DataLines {
+			b.WriteString("    " + l + "\n")
+		}
+	}
 	for _, l := range s.Lines {
 		b.WriteString("  " + l + "\n")
 	}
@@ -163,4 +297,123 @@ func topKeys(m map[uint16]int) string {
 		return fmt.Sprintf("%v...", keys[:4])
 	}
 	return fmt.Sprint(keys)
+}
+
+// track follows the PSNs of one parsed packet: it counts resent requests
+// and hands data to check.
+func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, req map[bool]*flow,
+	readVA map[bool]map[uint32]readAt, atomics map[bool]map[uint32]AtomicResult, respSeen map[bool]map[uint32]bool, check DataCheck) {
+	info := p.Info
+	if info.Transport != bth.TransportRC {
+		return
+	}
+	defer func() { req[fromHost].lastSeen = at }()
+	psn := uint32(p.BTH.PSN())
+	pl := Payload{FromHost: fromHost, Opcode: p.BTH.Opcode(), PSN: psn, Data: p.Payload}
+	if info.Request {
+		f := req[fromHost]
+		span := uint32(1)
+		if info.Kind == bth.KindReadRequest && p.RETH != nil {
+			span = max(1, (p.RETH.DMALength()+labMTU-1)/labMTU)
+		}
+		if f.started && psnBefore(psn, f.next) {
+			pl.Resent = true
+			who := "rxe"
+			if fromHost {
+				who = "rocev2d"
+				s.RetransFromHost++
+			} else {
+				s.RetransFromVM++
+			}
+			if len(s.RetransLines) < 6 {
+				ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+				prev := "its original is not in the capture"
+				if t, ok := f.lastTx[psn]; ok {
+					prev = fmt.Sprintf("%.1fms after its previous copy", ms(at-t))
+				}
+				s.RetransLines = append(s.RetransLines, fmt.Sprintf("%s resent %s psn=%#06x at +%.1fms, %s; the peer had been silent for %.1fms",
+					who, p.BTH.Opcode(), psn, ms(at), prev, ms(at-req[!fromHost].lastSeen)))
+			}
+		} else {
+			f.started, f.next = true, (psn+span)&0xffffff
+		}
+		f.lastTx[psn] = at
+		switch {
+		case info.Kind == bth.KindReadRequest && p.RETH != nil:
+			for k := uint32(0); k < span; k++ {
+				readVA[fromHost][(psn+k)&0xffffff] = readAt{p.RETH.VA() + uint64(k)*labMTU, int(k) * labMTU}
+			}
+			return
+		case p.AtomicETH != nil:
+			atomics[fromHost][psn] = AtomicResult{Op: p.BTH.Opcode(), VA: p.AtomicETH.VA(),
+				Compare: p.AtomicETH.Compare(), SwapAdd: p.AtomicETH.SwapAdd()}
+			return
+		case !info.Payload:
+			return
+		}
+		if info.Pos == bth.PosFirst || info.Pos == bth.PosOnly {
+			st := msgStart{}
+			if p.RETH != nil {
+				st = msgStart{p.RETH.VA(), true}
+			}
+			f.starts[psn] = st
+		}
+		if info.Pos == bth.PosLast || info.Pos == bth.PosOnly {
+			f.ends[psn] = true
+		}
+		found := false
+		for k := uint32(0); k < maxMsgPkts && !found; k++ {
+			if k > 0 && f.ends[(psn-k)&0xffffff] {
+				break
+			}
+			if st, ok := f.starts[(psn-k)&0xffffff]; ok {
+				found = true
+				pl.MsgOff = int(k) * labMTU
+				pl.VA, pl.HasVA = st.va+uint64(pl.MsgOff), st.hasVA
+			}
+		}
+		if !found {
+			// The message's first packet is not in the capture (yet):
+			// under loss, dropped on the host's egress before tcpdump
+			// saw it; its resend comes later.
+			pl.MsgOff = -1
+			s.DataUnplaced++
+			return
+		}
+	} else {
+		// A response: the requester is the other side.
+		// (ACKs and NAKs share PSNs with these; only data responses
+		// count as seen.)
+		requester := !fromHost
+		switch {
+		case p.AtomicAck != nil:
+			a, ok := atomics[requester][psn]
+			if !ok {
+				return
+			}
+			a.Orig = p.AtomicAck.OrigData()
+			pl.Atomic = &a
+		case info.Kind == bth.KindReadResponse:
+			r, ok := readVA[requester][psn]
+			pl.VA, pl.MsgOff, pl.HasVA = r.va, r.off, ok
+		default:
+			return
+		}
+		pl.Resent = respSeen[requester][psn]
+		respSeen[requester][psn] = true
+	}
+	if check == nil {
+		return
+	}
+	s.DataChecked++
+	if msg := check(pl); msg != "" {
+		s.DataBad++
+		if len(s.DataLines) < 6 {
+			who := "rxe"
+			if fromHost {
+				who = "rocev2d"
+			}
+			s.DataLines = append(s.DataLines, fmt.Sprintf("%s %s psn=%#06x: %s", who, pl.Opcode, psn, msg))
+		}
+	}
 }

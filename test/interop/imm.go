@@ -110,6 +110,14 @@ func runImm(ctx context.Context, lab *Lab, c immConfig, out io.Writer, ready cha
 		return fail(err)
 	}
 	defer dev.Close()
+	// The counters in rocev2d -v's format, so that the harness reads this
+	// side's retransmissions the same way.
+	defer func() {
+		fmt.Fprintf(out, "counters %s:\n", HostIP)
+		for _, kv := range dev.Counters().List() {
+			fmt.Fprintf(out, "  %-24s %d\n", kv.Name, kv.Value)
+		}
+	}()
 	if ln != nil {
 		defer ln.Close()
 	}

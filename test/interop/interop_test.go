@@ -23,23 +23,31 @@ const enableHint = "the interop suite (rocev2d against Linux rdma_rxe in a qemu 
 const ppPort = 18515
 
 // badCounters are rxe hw_counters that must not move on a clean run.
+// out_of_seq_request (rxe's responder saw a PSN gap) and rcvd_seq_err (rxe's
+// requester got a sequence-error NAK) are sequence errors. duplicate_request
+// counts requests rxe received behind its expected PSN (rxe_resp.c
+// check_psn): on the loss-free lab wire only a resend by rocev2d causes it —
+// a resend by rxe moves completer_retry_err, never this — so it is a
+// failure too, reported next to rocev2d's own retransmission counters.
 var badCounters = []string{
-	"out_of_seq_request", "rcvd_seq_err", "retry_exceeded_err", "retry_rnr_exceeded_err",
+	"duplicate_request", "out_of_seq_request", "rcvd_seq_err", "retry_exceeded_err", "retry_rnr_exceeded_err",
 	"rcvd_rnr_err", "send_rnr_err", "send_err",
 }
 
-// retryCounters count retransmissions: completer_retry_err (rxe resent)
-// and duplicate_request (rxe received a resent request). rxe 6.1 arms its
-// 67 ms retransmit timer at the first packet after the previous expiry and
-// does not restart it when ACKs arrive, so the timer expires every ~67 ms
-// of traffic; an expiry that falls while a message of rxe is still in
-// flight resends it although nothing was lost (rxe's own comment: "we
-// still might get spurious timeouts"). A few per cell are therefore
-// tolerated (flagged in the table) unless ROCEV2_INTEROP_STRICT=1.
-var retryCounters = []string{"completer_retry_err", "duplicate_request"}
+// rxeRetryCounter counts retransmissions started by rxe's requester. rxe
+// 6.1 arms its 67 ms retransmit timer at the first packet after the
+// previous expiry and does not restart it when ACKs arrive, so the timer
+// expires every ~67 ms of traffic; an expiry that falls while a message of
+// rxe is still in flight resends it although nothing was lost (rxe's own
+// comment: "we still might get spurious timeouts"). A clean cell passes as
+// PASS* when every retransmission is rxe's, proven by the capture (a
+// request PSN repeated from the VM's address), up to maxRxeResends, unless
+// ROCEV2_INTEROP_STRICT=1.
+const rxeRetryCounter = "completer_retry_err"
 
-// maxRetries is how many retransmissions a cell tolerates.
-func maxRetries() int64 {
+// maxRxeResends is how many request packets resent by rxe a clean cell
+// tolerates (as PASS*).
+func maxRxeResends() int {
 	if os.Getenv("ROCEV2_INTEROP_STRICT") == "1" {
 		return 0
 	}
@@ -99,15 +107,40 @@ func TestInterop(t *testing.T) {
 	t.Logf("lab: setup %.1fs, boot %.1fs, kernel %s, rxe0 GID index %d, run dir %s",
 		setup.Seconds(), lab.BootTime.Seconds(), img.KernelVersion, lab.GIDIndex, runDir)
 
+	noTshark := ""
+	if _, err := exec.LookPath("tshark"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("tshark is not installed: under CI=true every capture must decode in tshark (apt-get install tshark)")
+		}
+		noTshark = "tshark NOT INSTALLED: the tshark decode check was SKIPPED for every cell (apt-get install tshark; under CI=true this fails)"
+		t.Log("WARNING: " + noTshark)
+	}
+
 	var rows []row
 	defer func() {
-		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0))
+		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0), noTshark)
 	}()
 	for _, c := range append(cells(lab.GIDIndex), lossCells(lab.GIDIndex)...) {
 		t.Run(c.name, func(t *testing.T) {
-			rows = append(rows, runCell(t, ctx, lab, img, c))
+			// The row is recorded even when the cell stops on t.Fatal.
+			r := row{cell: c.label, direction: c.direction(), result: "FAIL"}
+			defer func() {
+				if r.result == "FAIL" && r.packets == "" {
+					r.counters = "stopped before the checks: " + r.counters
+				}
+				rows = append(rows, r)
+			}()
+			runCell(t, ctx, lab, img, c, &r)
 		})
 	}
+}
+
+// direction names the roles of a cell for the table.
+func (c cell) direction() string {
+	if c.rocev2dServer {
+		return "rocev2d server <- tool client (VM)"
+	}
+	return "rocev2d client -> tool server (VM)"
 }
 
 // cell is one entry of the matrix: rocev2d against a real tool in the VM.
@@ -119,6 +152,11 @@ type cell struct {
 	rocev2dServer bool
 	// check inspects an output (rocev2d's or the tool's) and returns problems.
 	check func(who, out string) []string
+	// data, when set, returns the check of the data on the wire (the
+	// capture's SEND, WRITE, READ response and atomic ACK payloads), given
+	// rocev2d's output; dataWhat says what it checks, for the log.
+	data     func(hostOut string) (DataCheck, error)
+	dataWhat string
 	// passiveServer: the server side prints no result (ib_read_lat).
 	passiveServer bool
 	// port is the tool's TCP port (default 18515).
@@ -146,10 +184,12 @@ func cells(gidIndex int) []cell {
 			cs = append(cs, cell{
 				name:          fmt.Sprintf("rc_pingpong_%d_rocev2d_%s", size, role),
 				label:         fmt.Sprintf("ibv_rc_pingpong -s %d -n %d -c", size, n),
-				tool:          fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -n %d -s %d", gidIndex, n, size),
+				tool:          fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -n %d -s %d -c", gidIndex, n, size),
 				toolName:      "ibv_rc_pingpong",
-				ours:          []string{"pingpong", "--bind", HostIP, "-s", strconv.Itoa(size), "-n", strconv.Itoa(n), "--timeout", "120s"},
+				ours:          []string{"pingpong", "--bind", HostIP, "-s", strconv.Itoa(size), "-n", strconv.Itoa(n), "-c", "-v", "--timeout", "120s"},
 				check:         func(who, out string) []string { return checkPingpongOutput(who, out, size, n) },
+				data:          func(string) (DataCheck, error) { return pingpongData, nil },
+				dataWhat:      "every SEND carries the -c buffer (0 at each 4096-byte page start, 0x7b elsewhere)",
 				rocev2dServer: server,
 				minPkts:       2 * n * perMsg,
 				wantPkts:      2 * n * (perMsg + 1),
@@ -174,15 +214,28 @@ func cells(gidIndex int) []cell {
 			name := fmt.Sprintf("%s_%d%s_rocev2d_%s", pt.tool, pt.size, strings.ToLower(strings.Join(pt.extra, "")), role)
 			name = strings.ReplaceAll(strings.ReplaceAll(name, "-a", "_"), " ", "")
 			size, iters := pt.size, pt.n
+			label := strings.Join(append([]string{pt.tool}, args...), " ")
+			ours := append([]string{pt.sub, "--bind", HostIP, "-v", "--timeout", "120s"}, args...)
+			dc, what, check := perfDataCheck(pt.sub, server)
+			if check {
+				ours = append(ours, "--check")
+				label += " (rocev2d --check)"
+			}
 			cs = append(cs, cell{
 				name:     name,
-				label:    strings.Join(append([]string{pt.tool}, args...), " "),
+				label:    label,
 				tool:     fmt.Sprintf("%s -d rxe0 -x %d -F %s", pt.tool, gidIndex, strings.Join(args, " ")),
 				toolName: pt.tool,
-				ours:     append([]string{pt.sub, "--bind", HostIP, "--timeout", "120s"}, args...),
+				ours:     ours,
 				check: func(who, out string) []string {
-					return checkPerftestOutput(who, out, size, iters)
+					p := checkPerftestOutput(who, out, size, iters)
+					if check && who == "rocev2d" && !strings.Contains(out, " data check: ok") {
+						p = append(p, "rocev2d --check: no \"data check: ok\" line")
+					}
+					return p
 				},
+				data:          dc,
+				dataWhat:      what,
 				rocev2dServer: server,
 				passiveServer: pt.tool == "ib_read_lat",
 				minPkts:       iters,
@@ -225,27 +278,34 @@ func cells(gidIndex int) []cell {
 }
 
 // runCell runs rocev2d against the real tool in the VM.
-func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) row {
+// It fills r as it goes, so that a cell stopped by t.Fatal still has its
+// row in the table.
+func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r *row) {
 	t0 := time.Now()
 	name := c.name
-	r := row{cell: c.label, result: "FAIL"}
+	fatalf := func(format string, args ...any) {
+		t.Helper()
+		r.d = time.Since(t0)
+		r.counters = strings.SplitN(fmt.Sprintf(format, args...), "\n", 2)[0]
+		t.Fatalf(format, args...)
+	}
 	ibv := c.tool
 	ours := c.ours
 	before, err := lab.Counters(ctx)
 	if err != nil {
-		t.Fatalf("counters: %v", err)
+		fatalf("counters: %v", err)
 	}
 	var inj *lossInjector
 	if c.loss > 0 {
 		if inj, err = attachLoss(lab, c.loss); err != nil {
-			t.Fatalf("fault injector: %v", err)
+			fatalf("fault injector: %v", err)
 		}
 		defer inj.close()
 	}
 	pcapFile := filepath.Join(lab.Dir, name+".pcap")
 	capt, err := lab.StartCapture(ctx, pcapFile)
 	if err != nil {
-		t.Fatalf("capture: %v", err)
+		fatalf("capture: %v", err)
 	}
 	var hostCode int
 	var hostOut string
@@ -257,7 +317,6 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 	}
 	switch {
 	case c.rocev2dServer && c.inproc != nil:
-		r.direction = "rocev2d server <- tool client (VM)"
 		ready := make(chan error, 1)
 		done := make(chan struct{})
 		go func() {
@@ -267,45 +326,43 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 		if err := <-ready; err != nil {
 			<-done
 			capt.Stop()
-			t.Fatalf("rocev2d server: %v\n%s", err, hostOut)
+			fatalf("rocev2d server: %v\n%s", err, hostOut)
 		}
 		vm, vmErr = lab.Run(ctx, ibv+" "+HostIP, 150*time.Second)
 		select {
 		case <-done:
 		case <-time.After(90 * time.Second):
-			t.Fatalf("in-process rocev2d side did not finish 90 s after the VM side")
+			fatalf("in-process rocev2d side did not finish 90 s after the VM side")
 		}
 	case c.rocev2dServer:
-		r.direction = "rocev2d server <- tool client (VM)"
 		h, err := lab.StartHost(ctx, img.Rocev2d, ours...)
 		if err != nil {
-			t.Fatal(err)
+			fatalf("start: %v", err)
 		}
 		if err := h.WaitListen(port, 20*time.Second); err != nil {
 			h.Cmd.Process.Signal(os.Interrupt)
 			_, out := h.Wait()
 			capt.Stop()
-			t.Fatalf("rocev2d server: %v\n%s", err, out)
+			fatalf("rocev2d server: %v\n%s", err, out)
 		}
 		vm, vmErr = lab.Run(ctx, ibv+" "+HostIP, 150*time.Second)
 		hostCode, hostOut = waitHost(h, 20*time.Second)
 	default:
-		r.direction = "rocev2d client -> tool server (VM)"
 		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: ibv, TimeoutSec: 150})
 		if err != nil {
-			t.Fatal(err)
+			fatalf("start: %v", err)
 		}
 		if err := lab.WaitListenVM(ctx, port, 20*time.Second); err != nil {
 			out, _ := v.Cancel()
 			capt.Stop()
-			t.Fatalf("%s server in the VM: %v\n%s", c.toolName, err, out.Output)
+			fatalf("%s server in the VM: %v\n%s", c.toolName, err, out.Output)
 		}
 		if c.inproc != nil {
 			hostCode, hostOut = c.inproc(ctx, lab, make(chan error, 1))
 		} else {
 			h, err := lab.StartHost(ctx, img.Rocev2d, append(ours, VMIP)...)
 			if err != nil {
-				t.Fatal(err)
+				fatalf("start rocev2d: %v", err)
 			}
 			hostCode, hostOut = waitHost(h, 150*time.Second)
 		}
@@ -335,11 +392,30 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 		problems = append(problems, c.check(c.toolName, vm.Output)...)
 	}
 
-	// The capture: our analysis, and rocev2d pcap check.
-	st, aerr := AnalyzeCapture(pcapFile)
+	// The capture: our analysis (with the data check), and rocev2d pcap check.
+	var dc DataCheck
+	if c.data != nil {
+		var err error
+		if dc, err = c.data(hostOut); err != nil {
+			problems = append(problems, "data check: "+err.Error())
+		}
+	}
+	st, aerr := AnalyzeCaptureWith(pcapFile, dc)
 	if aerr != nil {
 		problems = append(problems, "capture: "+aerr.Error())
 		st = &CaptureStats{}
+	}
+	if dc != nil {
+		if st.DataChecked == 0 {
+			problems = append(problems, "data check: no packet with data in the capture")
+		}
+		if st.DataUnplaced > 0 && c.loss == 0 {
+			problems = append(problems, fmt.Sprintf("data check: %d SEND/WRITE packets without their message's first packet in the capture", st.DataUnplaced))
+		}
+		if st.DataBad > 0 {
+			problems = append(problems, fmt.Sprintf("data check (%s): %d of %d packets wrong:\n  %s",
+				c.dataWhat, st.DataBad, st.DataChecked, strings.Join(st.DataLines, "\n  ")))
+		}
 	}
 	r.packets = fmt.Sprintf("%d (%d>vm %d<vm)", st.RoCE, st.FromHost, st.FromVM)
 	if c.wantPkts > 0 {
@@ -387,20 +463,54 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 		if got, acc := int64(st.FromHost), delta("rcvd_pkts"); got != acc {
 			problems = append(problems, fmt.Sprintf("rxe accepted %d of the %d packets rocev2d sent (rcvd_pkts)", acc, got))
 		}
-		var retries int64
-		for _, k := range retryCounters {
-			if d := delta(k); d != 0 {
-				cnt = append(cnt, fmt.Sprintf("%s=%d", k, d))
-				retries += d
-			}
+		rxeRetry := delta(rxeRetryCounter)
+		if rxeRetry != 0 {
+			cnt = append(cnt, fmt.Sprintf("%s=%d", rxeRetryCounter, rxeRetry))
 		}
 		if inj != nil {
 			cnt = append(cnt, inj.summary(hostOut))
-			problems = append(problems, inj.problems(retries, hostOut)...)
-		} else if retries > maxRetries() {
-			problems = append(problems, fmt.Sprintf("%d retransmissions (rxe counters %v), more than the %d tolerated", retries, retryCounters, maxRetries()))
-		} else if retries > 0 {
-			flagged = true
+			problems = append(problems, inj.problems(rxeRetry+delta("duplicate_request"), hostOut)...)
+		} else {
+			// Clean cell: who retransmitted? rocev2d's own counters
+			// must be 0 (and the capture must agree); a resend by rxe
+			// must be visible in the capture as a repeated request PSN
+			// from the VM's address.
+			ours, err := ourCounters(hostOut)
+			if err != nil {
+				problems = append(problems, err.Error())
+			}
+			var ourMoved []string
+			for _, k := range ourRetryCounters {
+				if ours[k] != 0 {
+					ourMoved = append(ourMoved, fmt.Sprintf("%s=%d", k, ours[k]))
+				}
+			}
+			for _, k := range ourSeqCounters {
+				if ours[k] != 0 {
+					problems = append(problems, fmt.Sprintf("rocev2d counter %s moved by %d (sequence error)", k, ours[k]))
+				}
+			}
+			if d := ours["duplicate_request"]; d != 0 {
+				cnt = append(cnt, fmt.Sprintf("rocev2d_duplicate_request=%d", d))
+			}
+			if len(ourMoved) > 0 || st.RetransFromHost > 0 {
+				cnt = append(cnt, fmt.Sprintf("RETRANSMITTED BY rocev2d: %s, %d resent in capture", strings.Join(ourMoved, " "), st.RetransFromHost))
+				problems = append(problems, fmt.Sprintf("rocev2d retransmitted on a clean run: counters %v, %d request packets resent in the capture\n  %s",
+					ourMoved, st.RetransFromHost, strings.Join(st.RetransLines, "\n  ")))
+			}
+			switch {
+			case rxeRetry == 0 && st.RetransFromVM == 0:
+			case st.RetransFromVM == 0:
+				problems = append(problems, fmt.Sprintf("rxe counted %d retries (%s) but the capture shows none of its requests resent: not explained", rxeRetry, rxeRetryCounter))
+			case st.RetransFromVM > maxRxeResends():
+				cnt = append(cnt, fmt.Sprintf("retransmitted by rxe: %d", st.RetransFromVM))
+				problems = append(problems, fmt.Sprintf("rxe resent %d request packets, more than the %d tolerated:\n  %s",
+					st.RetransFromVM, maxRxeResends(), strings.Join(st.RetransLines, "\n  ")))
+			default:
+				cnt = append(cnt, fmt.Sprintf("retransmitted by rxe: %d", st.RetransFromVM))
+				flagged = true
+				t.Logf("%s: rxe retransmitted (capture): %s", name, strings.Join(st.RetransLines, "; "))
+			}
 		}
 	}
 	r.counters = strings.Join(cnt, " ")
@@ -409,20 +519,27 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell) ro
 		if flagged {
 			r.result = "PASS*"
 		}
-		t.Logf("%s: %s in %.1fs\n--- rocev2d:\n%s--- %s:\n%s", name, r.direction, r.d.Seconds(),
+		data := ""
+		if dc != nil {
+			data = fmt.Sprintf("; data on the wire: %d packets checked (%s)", st.DataChecked, c.dataWhat)
+		}
+		t.Logf("%s: %s in %.1fs%s\n--- rocev2d:\n%s--- %s:\n%s", name, r.direction, r.d.Seconds(), data,
 			resultLines(hostOut), c.toolName, resultLines(vm.Output))
-		return r
+		return
 	}
 	t.Errorf("%s (%s) failed:\n- %s\n--- rocev2d output:\n%s\n--- %s output (VM):\n%s\n--- capture %s: %s\n%s--- rocev2d pcap check -q:\n%s\n--- rxe counters after: %v\n--- VM console (last 20 lines):\n%s",
 		name, r.direction, strings.Join(problems, "\n- "), hostOut, c.toolName, vm.Output, pcapFile, tcpdumpSummary,
 		st, tail(string(chk), 30), after, lab.Console(20))
-	return r
 }
 
-// tsharkCheck decodes the capture with tshark (when installed) and reports
-// malformed frames or error-level expert infos.
+// tsharkCheck decodes the capture with tshark and reports malformed frames
+// or error-level expert infos. TestInterop has already failed (CI=true) or
+// warned (and notes it under the table) when tshark is missing.
 func tsharkCheck(ctx context.Context, file string) string {
 	if _, err := exec.LookPath("tshark"); err != nil {
+		if os.Getenv("CI") == "true" {
+			return "tshark is not installed (CI=true requires the tshark decode check)"
+		}
 		return ""
 	}
 	out, err := exec.CommandContext(ctx, "tshark", "-n", "-r", file, "-Y", `_ws.malformed || _ws.expert.severity >= "Error"`,
@@ -452,15 +569,21 @@ var (
 )
 
 // checkPingpongOutput checks the two result lines of a pingpong.
+// With -c, ibv_rc_pingpong (rdma-core 44) prints "invalid data in page N"
+// after its result lines when it is the server and a page's first byte is
+// wrong, and still exits 0; the client checks nothing. rocev2d pingpong -c
+// checks on both sides and fails with "data validation failed at byte N".
 func checkPingpongOutput(who, out string, size, n int) []string {
 	var p []string
+	for _, l := range strings.Split(out, "\n") {
+		if reBadPingpongData.MatchString(l) {
+			p = append(p, fmt.Sprintf("%s: -c found invalid data: %s", who, strings.TrimSpace(l)))
+		}
+	}
 	mb := reBytesLine.FindStringSubmatch(out)
 	mi := reItersLine.FindStringSubmatch(out)
 	if mb == nil || mi == nil {
-		return []string{who + ": no result lines"}
-	}
-	if strings.Contains(out, "invalid data") || strings.Contains(out, "validation failed") {
-		p = append(p, who+": -c found invalid data")
+		return append(p, who+": no result lines")
 	}
 	if want := strconv.Itoa(2 * size * n); mb[1] != want {
 		p = append(p, fmt.Sprintf("%s: %s bytes, want %s", who, mb[1], want))
@@ -481,6 +604,10 @@ func resultLines(out string) string {
 	}
 	return b.String()
 }
+
+// reBadPingpongData matches the -c failure lines of ibv_rc_pingpong and of
+// rocev2d pingpong.
+var reBadPingpongData = regexp.MustCompile(`invalid data in page \d+|data validation failed`)
 
 var reDropped = regexp.MustCompile(`(\d+) packets? dropped by kernel`)
 
@@ -513,19 +640,56 @@ func checkPerftestOutput(who, out string, size, iters int) []string {
 
 // printTable prints the result table and the timings (also to
 // run/results.txt in the cache).
-func printTable(t *testing.T, rows []row, img *Image, setup, boot, total time.Duration) {
+func printTable(t *testing.T, rows []row, img *Image, setup, boot, total time.Duration, note string) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-42s %-36s %-6s %7s  %-34s %s\n", "cell", "direction", "result", "time", "packets", "rxe counters (delta)")
+	fmt.Fprintf(&b, "\n%-60s %-36s %-6s %7s  %-34s %s\n", "cell", "direction", "result", "time", "packets", "rxe counters (delta)")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "%-42s %-36s %-6s %6.1fs  %-34s %s\n", r.cell, r.direction, r.result, r.d.Seconds(), r.packets, r.counters)
+		fmt.Fprintf(&b, "%-60s %-36s %-6s %6.1fs  %-34s %s\n", r.cell, r.direction, r.result, r.d.Seconds(), r.packets, r.counters)
 	}
 	var steps []string
 	for _, s := range img.Timings {
 		steps = append(steps, fmt.Sprintf("%s %.1fs", s.Step, s.D.Seconds()))
 	}
-	fmt.Fprintf(&b, "PASS* = passed with a few retransmissions (rxe's free-running 67 ms retransmit timer; ROCEV2_INTEROP_STRICT=1 fails them)\n")
+	fmt.Fprintf(&b, "PASS* = passed; rxe (not rocev2d) resent up to %d request packets, proven by repeated PSNs from the VM in the capture (rxe's free-running 67 ms retransmit timer; ROCEV2_INTEROP_STRICT=1 fails them)\n", 3)
+	if note != "" {
+		fmt.Fprintln(&b, note)
+	}
 	fmt.Fprintf(&b, "timings: setup %.1fs (%s), boot %.1fs, total %.1fs\n", setup.Seconds(), strings.Join(steps, ", "), boot.Seconds(), total.Seconds())
 	fmt.Print(b.String())
 	t.Log(b.String())
 	os.WriteFile(filepath.Join(DefaultCacheDir(), "run", "results.txt"), []byte(b.String()), 0o644)
+}
+
+// ourRetryCounters are rocev2d's counters (printed with -v) that count its
+// own retransmissions; ourSeqCounters are its sequence errors (a PSN gap
+// from rxe, or rxe's sequence-error NAK). All must stay 0 on a clean cell.
+// (rocev2d's duplicate_request counts requests rxe resent; it is reported,
+// and the capture decides.)
+var (
+	ourRetryCounters = []string{"retransmitted_pkts", "completer_retry_err", "local_ack_timeout_err", "retry_exceeded_err"}
+	ourSeqCounters   = []string{"out_of_seq_request", "rcvd_seq_err"}
+)
+
+var (
+	reCountersHeader = regexp.MustCompile(`(?m)^counters \S+:$`)
+	reCounterLine    = regexp.MustCompile(`^\s+([a-z_]+)\s+(\d+)$`)
+)
+
+// ourCounters parses the counters block rocev2d -v (or the in-process
+// side) prints at the end: "counters ADDR:" then "  name value" lines
+// (rocev2d omits zero counters).
+func ourCounters(out string) (map[string]int64, error) {
+	loc := reCountersHeader.FindAllStringIndex(out, -1)
+	if loc == nil {
+		return nil, fmt.Errorf("rocev2d printed no counters (-v): its retransmissions are unknown")
+	}
+	m := map[string]int64{}
+	for _, l := range strings.Split(out[loc[len(loc)-1][1]:], "\n")[1:] {
+		sm := reCounterLine.FindStringSubmatch(l)
+		if sm == nil {
+			break
+		}
+		m[sm[1]], _ = strconv.ParseInt(sm[2], 10, 64)
+	}
+	return m, nil
 }

@@ -1,0 +1,169 @@
+package interop
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+
+	"github.com/gorocev2/rocev2/bth"
+)
+
+// ppCheckPage is the page size of ibv_rc_pingpong -c's marks (the VM's and
+// rocev2d's: 4096).
+const ppCheckPage = 4096
+
+// pingpongData checks a SEND of ibv_rc_pingpong -c / rocev2d pingpong -c:
+// the client sets the first byte of every page of its buffer (0x7b
+// everywhere) to 0 and the message bounces back and forth unchanged, so
+// every SEND in both directions carries that buffer. Without -c on the
+// client the first byte would be 0x7b.
+func pingpongData(p Payload) string {
+	if p.MsgOff < 0 {
+		return "the message's first packet is not in the capture"
+	}
+	for k, v := range p.Data {
+		off := p.MsgOff + k
+		want := byte(0x7b)
+		if off%ppCheckPage == 0 {
+			want = 0
+		}
+		if v != want {
+			return fmt.Sprintf("message byte %d is %#02x, want %#02x", off, v, want)
+		}
+	}
+	return ""
+}
+
+// perfPattern is the byte at offset off of rocev2d's --check source
+// region (cmd/rocev2d/perf.go).
+func perfPattern(off int) byte { return byte(off*131 + off>>8 + 7) }
+
+// patternAt checks that b, starting at offset off of a --check region,
+// holds the pattern.
+func patternAt(b []byte, off int) string {
+	for k, v := range b {
+		if want := perfPattern(off + k); v != want {
+			return fmt.Sprintf("byte at region offset %d is %#02x, want the --check pattern %#02x", off+k, v, want)
+		}
+	}
+	return ""
+}
+
+var reVAddr = regexp.MustCompile(`(?m)^ (local|remote) address:.* VAddr (0x[0-9a-fA-F]+)`)
+
+// perfVAddr returns the VAddr of rocev2d's "local" or "remote" address
+// line.
+func perfVAddr(out, side string) (uint64, error) {
+	for _, m := range reVAddr.FindAllStringSubmatch(out, -1) {
+		if m[1] == side {
+			return strconv.ParseUint(m[2], 0, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s address line with a VAddr in rocev2d's output", side)
+}
+
+// atomicData checks atomic ACKs against a model of the target memory: each
+// original value must be what the previous operation on that address left
+// (FETCH_ADD: orig+add; COMPARE_SWAP: swap when orig == compare). With
+// zeroStart the memory starts at 0 (rocev2d --check zeroes its target);
+// otherwise an address's first result sets the model. Resent ACKs (replies
+// to a duplicate request, replayed from the responder's saved result) are
+// skipped.
+func atomicData(zeroStart bool) DataCheck {
+	mem := map[uint64]uint64{}
+	return func(p Payload) string {
+		a := p.Atomic
+		if a == nil || p.Resent {
+			return ""
+		}
+		cur, known := mem[a.VA]
+		if !known && zeroStart {
+			cur, known = 0, true
+		}
+		if known && a.Orig != cur {
+			return fmt.Sprintf("%s at VA %#x returned %d, want %d (the value the previous operation left)", a.Op, a.VA, a.Orig, cur)
+		}
+		next := a.Orig + a.SwapAdd
+		if a.Op == bth.RCCompareSwap {
+			next = a.Orig
+			if a.Orig == a.Compare {
+				next = a.SwapAdd
+			}
+		}
+		mem[a.VA] = next
+		return ""
+	}
+}
+
+// perfDataCheck returns the wire data check of a perftest cell (rocev2d
+// subcommand sub in the given role), what it checks, and whether rocev2d
+// runs with --check. --check fills rocev2d's source with a pattern and
+// verifies its own target at the end; against a real perftest peer it is
+// meaningful only where rocev2d's side is the source or its target is
+// written predictably:
+//   - atomic-bw, rocev2d server: rocev2d zeroes its target and verifies
+//     the per-slot totals; the capture is checked against a zero-based
+//     memory model. As client, the capture's results must still follow
+//     the (unknown-start) memory model, but rxe's target is perftest's.
+//   - read-bw / read-lat, rocev2d server: rocev2d serves the pattern; every
+//     READ response must carry it at its VA. As client it would check what
+//     perftest's server holds (not the pattern): no --check.
+//   - write-bw / send-bw, rocev2d client: rocev2d sends the pattern; every
+//     WRITE (at its VA) and SEND (at its message offset) must carry it. As
+//     server it would check what perftest wrote: no --check.
+//   - write-lat: rocev2d stores an iteration count in the last byte of
+//     every message, so the wire data is not the pattern: no --check.
+func perfDataCheck(sub string, server bool) (func(hostOut string) (DataCheck, error), string, bool) {
+	fromHost := func(f func(p Payload) string) DataCheck {
+		return func(p Payload) string {
+			if !p.FromHost {
+				return ""
+			}
+			return f(p)
+		}
+	}
+	switch {
+	case sub == "atomic-bw" && server:
+		return func(string) (DataCheck, error) { return atomicData(true), nil },
+			"every atomic result follows rocev2d's target from 0", true
+	case sub == "atomic-bw":
+		return func(string) (DataCheck, error) { return atomicData(false), nil },
+			"every atomic result follows rxe's target from its first value", false
+	case (sub == "read-bw" || sub == "read-lat") && server:
+		return func(out string) (DataCheck, error) {
+			base, err := perfVAddr(out, "local")
+			if err != nil {
+				return nil, err
+			}
+			return fromHost(func(p Payload) string {
+				if !p.HasVA {
+					return "READ response without a matching READ request"
+				}
+				return patternAt(p.Data, int(p.VA-base))
+			}), nil
+		}, "every READ response from rocev2d carries the --check pattern at its VA", true
+	case sub == "write-bw" && !server:
+		return func(out string) (DataCheck, error) {
+			base, err := perfVAddr(out, "remote")
+			if err != nil {
+				return nil, err
+			}
+			return fromHost(func(p Payload) string {
+				if !p.HasVA {
+					return "WRITE without a VA"
+				}
+				return patternAt(p.Data, int(p.VA-base))
+			}), nil
+		}, "every WRITE from rocev2d carries the --check pattern at its VA", true
+	case sub == "send-bw" && !server:
+		return func(string) (DataCheck, error) {
+			return fromHost(func(p Payload) string {
+				if p.MsgOff < 0 {
+					return "the message's first packet is not in the capture"
+				}
+				return patternAt(p.Data, p.MsgOff)
+			}), nil
+		}, "every SEND from rocev2d carries the --check pattern", true
+	}
+	return nil, "", false
+}
