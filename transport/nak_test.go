@@ -627,3 +627,66 @@ func TestRemoteOperationalErrorMidMessage(t *testing.T) {
 		t.Fatalf("states %v %v", a.qp.State(), b.qp.State())
 	}
 }
+
+// TestNAKBeyondUnansweredRead: responses come in order, so a PSN sequence
+// NAK (or an ACK) beyond a READ whose response never arrived means that
+// response was lost: the requester goes back to the READ (rxe:
+// COMPST_ERROR_RETRY), completes nothing out of order, and the READ's
+// response then completes everything.
+func TestNAKBeyondUnansweredRead(t *testing.T) {
+	for _, syn := range []aeth.Syndrome{aeth.NAK(aeth.NAKPSNSeqError), aeth.ACK(aeth.NoCreditLimit)} {
+		t.Run(syn.String(), func(t *testing.T) {
+			a, la, first, dmr, smr := silentRequester(t)
+			if err := a.qp.PostSend(
+				SendWR{WRID: 0, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+				SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 64, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+				SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 64, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+			); err != nil {
+				t.Fatal(err)
+			}
+			psn := first.Add(2)
+			if syn.Type() == aeth.TypeACK {
+				psn = first.Add(1)
+			}
+			if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), psn, syn, 2), addrB); err != nil {
+				t.Fatal(err)
+			}
+			noWC(t, a.scq)
+			want := []bth.PSN{first, first.Add(1), first.Add(2), first, first.Add(1), first.Add(2)}
+			var got []bth.PSN
+			for _, w := range la.sent() {
+				got = append(got, w.psn)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("sent %v, want %v (go back to the READ)", got, want)
+			}
+			if c := a.dev.Counters(); c.CompleterRetryErr != 1 {
+				t.Fatalf("completer_retry_err %d", c.CompleterRetryErr)
+			}
+			var f packet.Fields
+			f.BTH.Opcode = bth.RCReadResponseOnly
+			f.BTH.PKey = bth.DefaultPKey
+			f.BTH.DestQP = a.qp.QPN()
+			f.BTH.PSN = first
+			f.AETH.MSN = 1
+			f.Payload = []byte("abcdefgh")
+			buf := make([]byte, 128)
+			n, err := packet.Build(buf, &f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.dev.HandlePacket(buf[:n], addrB); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first.Add(2), aeth.ACK(aeth.NoCreditLimit), 3), addrB); err != nil {
+				t.Fatal(err)
+			}
+			wcs := waitWC(t, a.scq, 3, time.Second)
+			for i, wc := range wcs {
+				if wc.WRID != uint64(i) || wc.Status != WCSuccess {
+					t.Fatalf("completion %d: %+v", i, wc)
+				}
+			}
+		})
+	}
+}
