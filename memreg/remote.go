@@ -137,11 +137,16 @@ func (e *entry) fast(pd *PD, qpn, key uint32, va, n uint64, acc Access) bool {
 // either completes before a concurrent Deregister returns or does not start.
 func (v QPView) WriteRemote(rkey uint32, va uint64, data []byte) error {
 	n := uint64(len(data))
-	if e := v.pd.t.lookup(rkey); e.fast(v.pd, v.qpn, rkey, va, n, AccessRemoteWrite) && e.pin() {
+	if e := v.pd.t.lookup(rkey); e.fast(v.pd, v.qpn, rkey, va, n, AccessRemoteWrite) {
+		// Address the copy before pinning: loads after the locked add
+		// wait for it, loads before it overlap the previous copy's drain.
 		off := va - e.start
-		copy(e.mem[off:off+n], data)
-		e.unpin()
-		return nil
+		dst := e.mem[off : off+n]
+		if e.pin() {
+			copy(dst, data)
+			e.unpin()
+			return nil
+		}
 	}
 	return v.writeSlow(rkey, va, data)
 }
@@ -167,11 +172,14 @@ func (v QPView) writeSlow(rkey uint32, va uint64, data []byte) error {
 // response data); it needs AccessRemoteRead.
 func (v QPView) ReadRemote(rkey uint32, va uint64, dst []byte) error {
 	n := uint64(len(dst))
-	if e := v.pd.t.lookup(rkey); e.fast(v.pd, v.qpn, rkey, va, n, AccessRemoteRead) && e.pin() {
+	if e := v.pd.t.lookup(rkey); e.fast(v.pd, v.qpn, rkey, va, n, AccessRemoteRead) {
 		off := va - e.start
-		copy(dst, e.mem[off:off+n])
-		e.unpin()
-		return nil
+		src := e.mem[off : off+n]
+		if e.pin() {
+			copy(dst, src)
+			e.unpin()
+			return nil
+		}
 	}
 	return v.readSlow(rkey, va, dst)
 }
@@ -284,11 +292,13 @@ func (v QPView) FetchAdd(rkey uint32, va uint64, add uint64) (orig uint64, err e
 // It holds no pin: each Write/Read pins the registration again and fails
 // with ErrStaleKey once the registration (or window binding) is gone.
 // The zero Target (from a zero-length Lookup) has length 0.
+//
+// Target is five machine words so that a Write or Read call (target,
+// offset and slice) passes all its arguments in registers (amd64: nine).
 type Target struct {
 	e   *entry
-	off uint64 // offset of va in e.mem
-	va  uint64
-	n   uint64
+	off uint64 // offset of the target's first byte in e.mem; its VA when e is nil
+	n   uint32 // length checked; at most 2^31
 	acc Access
 	key uint32
 }
@@ -300,25 +310,48 @@ func (v QPView) Lookup(rkey uint32, va uint64, length uint32, acc Access) (Targe
 		return Target{}, err
 	}
 	if n == 0 {
-		return Target{va: va, key: rkey, acc: acc}, nil
+		return Target{off: va, key: rkey, acc: acc}, nil
 	}
 	e, off, err := v.resolveRemote(rkey, va, n, acc)
 	if err != nil {
 		return Target{}, accessErr(OpCheck, rkey, va, n, err, e, acc)
 	}
-	return Target{e: e, off: off, va: va, n: n, acc: acc, key: rkey}, nil
+	return Target{e: e, off: off, n: length, acc: acc, key: rkey}, nil
 }
 
 // Len returns the length the target was checked for.
-func (t Target) Len() uint64 { return t.n }
+func (t Target) Len() uint64 { return uint64(t.n) }
 
 // VA returns the address the target starts at.
-func (t Target) VA() uint64 { return t.va }
+func (t Target) VA() uint64 {
+	if t.e == nil {
+		return t.off
+	}
+	return t.e.start + t.off
+}
 
 // Write places p at byte offset off of the target (off is relative to the
 // VA it was looked up with). The target must have been looked up with
 // AccessRemoteWrite, and [off, off+len(p)) must lie inside it.
 func (t Target) Write(off uint64, p []byte) error {
+	// The hot path: all checks in one condition (1 <= n <= t.n implies a
+	// non-zero target, so e is set), the copy addressed before the pin,
+	// one call (the copy) and only e needed after it. Zero lengths and
+	// every failure go to writeSlow, which finds the rule that failed.
+	n := uint64(len(p))
+	if e := t.e; t.acc&AccessRemoteWrite != 0 && n-1 < uint64(t.n) && off <= uint64(t.n)-n {
+		s := t.off + off
+		dst := e.mem[s : s+n]
+		if e.pin() {
+			copy(dst, p)
+			e.unpin()
+			return nil
+		}
+	}
+	return t.writeSlow(off, p)
+}
+
+func (t Target) writeSlow(off uint64, p []byte) error {
 	n := uint64(len(p))
 	if n == 0 {
 		return nil
@@ -327,7 +360,7 @@ func (t Target) Write(off uint64, p []byte) error {
 		return err
 	}
 	if !t.e.pin() {
-		return accessErr(OpWrite, t.key, t.va+off, n, ErrStaleKey, t.e, 0)
+		return accessErr(OpWrite, t.key, t.VA()+off, n, ErrStaleKey, t.e, 0)
 	}
 	s := t.off + off
 	copy(t.e.mem[s:s+n], p)
@@ -352,7 +385,7 @@ func (t Target) WriteV(off uint64, payloads [][]byte) error {
 		return err
 	}
 	if !t.e.pin() {
-		return accessErr(OpWrite, t.key, t.va+off, n, ErrStaleKey, t.e, 0)
+		return accessErr(OpWrite, t.key, t.VA()+off, n, ErrStaleKey, t.e, 0)
 	}
 	s := t.off + off
 	for _, p := range payloads {
@@ -365,6 +398,21 @@ func (t Target) WriteV(off uint64, payloads [][]byte) error {
 // Read copies len(dst) bytes at byte offset off of the target into dst.
 // The target must have been looked up with AccessRemoteRead.
 func (t Target) Read(off uint64, dst []byte) error {
+	// Laid out like Write.
+	n := uint64(len(dst))
+	if e := t.e; t.acc&AccessRemoteRead != 0 && n-1 < uint64(t.n) && off <= uint64(t.n)-n {
+		s := t.off + off
+		src := e.mem[s : s+n]
+		if e.pin() {
+			copy(dst, src)
+			e.unpin()
+			return nil
+		}
+	}
+	return t.readSlow(off, dst)
+}
+
+func (t Target) readSlow(off uint64, dst []byte) error {
 	n := uint64(len(dst))
 	if n == 0 {
 		return nil
@@ -373,7 +421,7 @@ func (t Target) Read(off uint64, dst []byte) error {
 		return err
 	}
 	if !t.e.pin() {
-		return accessErr(OpRead, t.key, t.va+off, n, ErrStaleKey, t.e, 0)
+		return accessErr(OpRead, t.key, t.VA()+off, n, ErrStaleKey, t.e, 0)
 	}
 	s := t.off + off
 	copy(dst, t.e.mem[s:s+n])
@@ -383,11 +431,11 @@ func (t Target) Read(off uint64, dst []byte) error {
 
 func (t Target) span(op Op, off, n uint64, need Access) error {
 	if t.acc&need != need {
-		return accessErr(op, t.key, t.va+off, n, ErrAccessDenied, t.e, need)
+		return accessErr(op, t.key, t.VA()+off, n, ErrAccessDenied, t.e, need)
 	}
-	if off > t.n || n > t.n-off {
-		return &AccessError{Op: op, Key: t.key, VA: t.va + off, Len: n, Err: ErrOutOfBounds,
-			Detail: fmt.Sprintf("target is %d bytes at %#x", t.n, t.va)}
+	if tn := uint64(t.n); off > tn || n > tn-off {
+		return &AccessError{Op: op, Key: t.key, VA: t.VA() + off, Len: n, Err: ErrOutOfBounds,
+			Detail: fmt.Sprintf("target is %d bytes at %#x", tn, t.VA())}
 	}
 	return nil
 }

@@ -50,9 +50,12 @@ func TestTarget(t *testing.T) {
 	if _, err := pd.Lookup(mr.RKey(), 0x1000, 8, AccessLocalWrite); !errors.Is(err, ErrInvalidAccessFlags) {
 		t.Fatalf("lookup with a local right: %v", err)
 	}
-	z, err := pd.Lookup(0xdeadbeef, 0, 0, AccessRemoteWrite)
+	z, err := pd.Lookup(0xdeadbeef, 0x1234, 0, AccessRemoteWrite)
 	if err != nil || z.Write(0, nil) != nil || !errors.Is(z.Write(0, []byte{1}), ErrOutOfBounds) {
 		t.Fatalf("zero-length target: %v", err)
+	}
+	if z.VA() != 0x1234 || z.Len() != 0 {
+		t.Fatalf("zero-length target: %d bytes at %#x", z.Len(), z.VA())
 	}
 	if err := mr.Deregister(); err != nil {
 		t.Fatal(err)
