@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/gopacket/pcapgo"
+	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
@@ -39,6 +40,10 @@ type CaptureStats struct {
 	// first few (sender, opcode, PSN, time since the first RoCEv2 packet).
 	RetransFromHost, RetransFromVM int
 	RetransLines                   []string
+	// Flights groups the resent request packets into retransmission
+	// flights (a go-back-N resends several PSNs at once), in capture
+	// order, with the timing JudgeResends needs.
+	Flights []ResendFlight
 	// DataChecked and DataBad count the packets given to the DataCheck of
 	// AnalyzeCaptureWith and those it found wrong; DataLines are its
 	// first few findings.
@@ -48,6 +53,104 @@ type CaptureStats struct {
 	// was not in the capture before them (their data could not be placed
 	// and was not checked).
 	DataUnplaced int
+}
+
+// ResendFlight is one retransmission seen in the capture: the resent
+// request packets a sender emitted back to back (each within flightGap of
+// the previous one, PSNs ascending), judged by the first.
+type ResendFlight struct {
+	FromHost bool
+	FirstPSN uint32
+	Opcode   bth.Opcode // of the first packet
+	At       time.Duration
+	Packets  int
+	// HasPrev is set when an earlier copy of FirstPSN is in the capture;
+	// SincePrev is the time since the last one, SinceOrig since the first.
+	HasPrev              bool
+	SincePrev, SinceOrig time.Duration
+	// PeerSilent is the time since the peer's last packet (any) before
+	// the flight, or since the capture's start when it sent none.
+	PeerSilent time.Duration
+	// Covered is set when a response of the peer acknowledging FirstPSN
+	// (an ACK, READ response or atomic ACK with a PSN at or after it, or
+	// a NAK after it) had arrived before the flight; CoveredAt is when.
+	Covered   bool
+	CoveredAt time.Duration
+}
+
+// flightGap is how close in time resent packets must follow each other
+// to belong to one flight.
+const flightGap = 5 * time.Millisecond
+
+// ackTimeoutTolerance is the share of the local ACK timeout a resend may
+// come early and still count as a timeout (timer granularity).
+const ackTimeoutTolerance = 0.05
+
+// AckTimeout is the IB local ACK timeout for the QP attribute timeout:
+// 4.096 µs × 2^timeout (14: 67.1 ms).
+func AckTimeout(exp int) time.Duration {
+	return time.Duration(4096) << exp * time.Nanosecond
+}
+
+// Justified reports whether a resend flight is a correct local ACK
+// timeout for timeout: its first PSN's previous copy was sent at least
+// the timeout (less ackTimeoutTolerance) before, and no response
+// covering that PSN had arrived.
+func (f ResendFlight) Justified(timeout time.Duration) bool {
+	min := time.Duration(float64(timeout) * (1 - ackTimeoutTolerance))
+	return f.HasPrev && f.SincePrev >= min && !f.Covered
+}
+
+// Describe is one line about the flight: who, which PSN, when, the
+// peer's silence, and the verdict for timeout.
+func (f ResendFlight) Describe(timeout time.Duration) string {
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+	who, peer := "rxe", "rocev2d"
+	if f.FromHost {
+		who, peer = "rocev2d", "rxe"
+	}
+	b := fmt.Sprintf("%s resent %s psn=%#06x (%d packets) at +%.1fms", who, f.Opcode, f.FirstPSN, f.Packets, ms(f.At))
+	if f.HasPrev {
+		b += fmt.Sprintf(", %.1fms after its previous copy (%.1fms after the original)", ms(f.SincePrev), ms(f.SinceOrig))
+	} else {
+		b += ", its original is not in the capture"
+	}
+	b += fmt.Sprintf("; %s silent for %.1fms", peer, ms(f.PeerSilent))
+	if f.Covered {
+		b += fmt.Sprintf("; %s had acknowledged it at +%.1fms", peer, ms(f.CoveredAt))
+	}
+	verdict := "SPURIOUS"
+	if f.Justified(timeout) {
+		verdict = "justified"
+	}
+	return b + fmt.Sprintf("; ACK timeout %.1fms: %s", ms(timeout), verdict)
+}
+
+// JudgeResends splits the flights of one sender (fromHost) into those
+// justified by its local ACK timeout and the spurious ones, as lines.
+func (s *CaptureStats) JudgeResends(fromHost bool, timeout time.Duration) (justified, spurious []string) {
+	for _, f := range s.Flights {
+		if f.FromHost != fromHost {
+			continue
+		}
+		if f.Justified(timeout) {
+			justified = append(justified, f.Describe(timeout))
+		} else {
+			spurious = append(spurious, f.Describe(timeout))
+		}
+	}
+	return justified, spurious
+}
+
+// FlightCount is the number of resend flights by one sender.
+func (s *CaptureStats) FlightCount(fromHost bool) int {
+	n := 0
+	for _, f := range s.Flights {
+		if f.FromHost == fromHost {
+			n++
+		}
+	}
+	return n
 }
 
 // Payload describes the data of one packet for a DataCheck.
@@ -135,7 +238,20 @@ type flow struct {
 	// lastTx is when each request PSN was last sent; lastSeen when the
 	// sender last sent any packet.
 	lastTx   map[uint32]time.Duration
+	firstTx  map[uint32]time.Duration
 	lastSeen time.Duration
+	seen     bool
+	// acked is the highest request PSN the peer's responses have
+	// acknowledged (valid when hasAck), since ackedAt.
+	acked   uint32
+	hasAck  bool
+	ackedAt time.Duration
+	// flight is the index in CaptureStats.Flights of the sender's
+	// current resend flight (-1: none), flightAt and flightPSN its last
+	// packet.
+	flight    int
+	flightAt  time.Duration
+	flightPSN uint32
 }
 
 type msgStart struct {
@@ -164,7 +280,8 @@ func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 	var p packet.Packet
 	// Request flows by sender (true = host); response flows by responder.
 	newFlow := func() *flow {
-		return &flow{starts: map[uint32]msgStart{}, ends: map[uint32]bool{}, lastTx: map[uint32]time.Duration{}}
+		return &flow{starts: map[uint32]msgStart{}, ends: map[uint32]bool{}, lastTx: map[uint32]time.Duration{},
+			firstTx: map[uint32]time.Duration{}, flight: -1}
 	}
 	req := map[bool]*flow{true: newFlow(), false: newFlow()}
 	// readVA maps a READ request's PSNs to the VA each response PSN
@@ -307,7 +424,7 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 	if info.Transport != bth.TransportRC {
 		return
 	}
-	defer func() { req[fromHost].lastSeen = at }()
+	defer func() { req[fromHost].lastSeen, req[fromHost].seen = at, true }()
 	psn := uint32(p.BTH.PSN())
 	pl := Payload{FromHost: fromHost, Opcode: p.BTH.Opcode(), PSN: psn, Data: p.Payload}
 	if info.Request {
@@ -318,14 +435,34 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		}
 		if f.started && psnBefore(psn, f.next) {
 			pl.Resent = true
-			who := "rxe"
 			if fromHost {
-				who = "rocev2d"
 				s.RetransFromHost++
 			} else {
 				s.RetransFromVM++
 			}
+			if f.flight >= 0 && at-f.flightAt <= flightGap && psnBefore(f.flightPSN, psn) {
+				s.Flights[f.flight].Packets++
+			} else {
+				peer := req[!fromHost]
+				fl := ResendFlight{FromHost: fromHost, FirstPSN: psn, Opcode: p.BTH.Opcode(), At: at, Packets: 1, PeerSilent: at}
+				if peer.seen {
+					fl.PeerSilent = at - peer.lastSeen
+				}
+				if t, ok := f.lastTx[psn]; ok {
+					fl.HasPrev, fl.SincePrev, fl.SinceOrig = true, at-t, at-f.firstTx[psn]
+				}
+				if f.hasAck && !psnBefore(f.acked, psn) {
+					fl.Covered, fl.CoveredAt = true, f.ackedAt
+				}
+				s.Flights = append(s.Flights, fl)
+				f.flight = len(s.Flights) - 1
+			}
+			f.flightAt, f.flightPSN = at, psn
 			if len(s.RetransLines) < 6 {
+				who := "rxe"
+				if fromHost {
+					who = "rocev2d"
+				}
 				ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
 				prev := "its original is not in the capture"
 				if t, ok := f.lastTx[psn]; ok {
@@ -336,6 +473,10 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 			}
 		} else {
 			f.started, f.next = true, (psn+span)&0xffffff
+			f.flight = -1
+		}
+		if _, ok := f.firstTx[psn]; !ok {
+			f.firstTx[psn] = at
 		}
 		f.lastTx[psn] = at
 		switch {
@@ -385,6 +526,19 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		// (ACKs and NAKs share PSNs with these; only data responses
 		// count as seen.)
 		requester := !fromHost
+		if f := req[requester]; f.started {
+			// The highest request PSN this response acknowledges:
+			// an ACK, READ response or atomic ACK covers its PSN, a
+			// NAK (sequence error, RNR, other) the ones before it.
+			c := psn
+			if p.AETH != nil && p.AETH.Syndrome().Type() != aeth.TypeACK {
+				c = (psn - 1) & 0xffffff
+			}
+			// Only PSNs the requester has sent can be acknowledged.
+			if psnBefore(c, f.next) && (!f.hasAck || psnBefore(f.acked, c)) {
+				f.acked, f.hasAck, f.ackedAt = c, true, at
+			}
+		}
 		switch {
 		case p.AtomicAck != nil:
 			a, ok := atomics[requester][psn]
