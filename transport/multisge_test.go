@@ -35,7 +35,7 @@ func TestMultiSGE(t *testing.T) {
 	recvLens := []int{200, 51, 399}  // 650
 	const total = 650
 	t.Run("SEND", func(t *testing.T) {
-		a, b, _ := newPair(t, pairOpts{mtu: MTU256})
+		a, b, _ := newPair(t, pairOpts{mtu: MTU256, retry: 7})
 		ssges, sviews := a.sgeList(t, 0, sendLens...)
 		for i, v := range sviews {
 			fill(v, uint64(20+i))
@@ -60,7 +60,7 @@ func TestMultiSGE(t *testing.T) {
 	})
 	t.Run("SEND-into-larger", func(t *testing.T) {
 		// A receive list longer than the message: the tail is untouched.
-		a, b, _ := newPair(t, pairOpts{mtu: MTU256})
+		a, b, _ := newPair(t, pairOpts{mtu: MTU256, retry: 7})
 		ssges, sviews := a.sgeList(t, 0, sendLens...)
 		for i, v := range sviews {
 			fill(v, uint64(30+i))
@@ -92,7 +92,7 @@ func TestMultiSGE(t *testing.T) {
 		}
 	})
 	t.Run("WRITE", func(t *testing.T) {
-		a, b, _ := newPair(t, pairOpts{mtu: MTU256})
+		a, b, _ := newPair(t, pairOpts{mtu: MTU256, retry: 7})
 		ssges, sviews := a.sgeList(t, 0, sendLens...)
 		for i, v := range sviews {
 			fill(v, uint64(40+i))
@@ -112,7 +112,7 @@ func TestMultiSGE(t *testing.T) {
 		}
 	})
 	t.Run("READ", func(t *testing.T) {
-		a, b, _ := newPair(t, pairOpts{mtu: MTU256})
+		a, b, _ := newPair(t, pairOpts{mtu: MTU256, retry: 7})
 		src, smr := b.buffer(t, total, memreg.AccessRemoteRead)
 		fill(src, 50)
 		lsges, lviews := a.sgeList(t, 0, recvLens...)

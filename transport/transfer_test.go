@@ -15,7 +15,7 @@ import (
 func TestTransferByteExact(t *testing.T) {
 	ops := []WROpcode{WRSend, WRSendImm, WRSendInv, WRWrite, WRWriteImm, WRRead}
 	for _, mtu := range []MTU{MTU256, MTU1024, MTU4096} {
-		a, b, _ := newPair(t, pairOpts{mtu: mtu})
+		a, b, _ := newPair(t, pairOpts{mtu: mtu, retry: 7}) // retry 7: a scheduling stall > 67 ms under -race on 2 cores must not fail a clean transfer
 		m := mtu.Bytes()
 		for _, op := range ops {
 			for _, size := range []int{0, 1, m - 1, m, m + 1, 1 << 20} {
@@ -118,7 +118,7 @@ func transferOnce(t *testing.T, a, b *side, op WROpcode, size int, seed uint64) 
 // TestAtomics runs compare-and-swap and fetch-and-add and checks the
 // returned original values and the target memory.
 func TestAtomics(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{})
+	a, b, _ := newPair(t, pairOpts{retry: 7})
 	target, tmr := b.buffer(t, 16, memreg.AccessRemoteAtomic)
 	res, rmr := a.buffer(t, 8, 0)
 	put := func(v uint64) { nativePut(target[8:], v) }
