@@ -76,19 +76,14 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	var err error
-	if c.a, err = netip.ParseAddr(a); err != nil {
-		return nil, fmt.Errorf("--a %q: not an IP address", a)
+	if c.a, c.b, err = parseAddrPair(a, b); err != nil {
+		return nil, err
 	}
-	if c.b, err = netip.ParseAddr(b); err != nil {
-		return nil, fmt.Errorf("--b %q: not an IP address", b)
-	}
-	c.a, c.b = c.a.Unmap(), c.b.Unmap()
 	if c.a == c.b || c.a.Is4() != c.b.Is4() {
 		return nil, errors.New("--a and --b must be two different addresses of one IP version")
 	}
-	var ok bool
-	if c.mtu, ok = transport.MTUFromBytes(mtu); !ok {
-		return nil, fmt.Errorf("-m %d: MTU must be 256, 512, 1024, 2048 or 4096", mtu)
+	if c.mtu, err = parseMTUFlag(mtu); err != nil {
+		return nil, err
 	}
 	if c.dur < 10*time.Millisecond || c.dur > time.Hour {
 		return nil, fmt.Errorf("-t %v: duration must be between 10ms and 1h", c.dur)
@@ -98,13 +93,8 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseBenchFlags(args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, benchUsage)
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rocev2d bench: %v\n(see `rocev2d help bench`)\n", err)
-		return exitUsage
+	if code, done := flagsResult("bench", benchUsage, err, stdout, stderr); done {
+		return code
 	}
 	if err := bench(ctx, c, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "rocev2d bench: %v\n", err)

@@ -90,19 +90,14 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	var err error
-	if c.a, err = netip.ParseAddr(a); err != nil {
-		return nil, fmt.Errorf("--a %q: not an IP address", a)
+	if c.a, c.b, err = parseAddrPair(a, b); err != nil {
+		return nil, err
 	}
-	if c.b, err = netip.ParseAddr(b); err != nil {
-		return nil, fmt.Errorf("--b %q: not an IP address", b)
-	}
-	c.a, c.b = c.a.Unmap(), c.b.Unmap()
 	if c.a == c.b {
 		return nil, fmt.Errorf("--a and --b are both %v; the two devices need different addresses", c.a)
 	}
-	var ok bool
-	if c.mtu, ok = transport.MTUFromBytes(mtu); !ok {
-		return nil, fmt.Errorf("-m %d: MTU must be 256, 512, 1024, 2048 or 4096", mtu)
+	if c.mtu, err = parseMTUFlag(mtu); err != nil {
+		return nil, err
 	}
 	if c.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
@@ -123,13 +118,8 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseDemoFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, demoUsage)
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rocev2d demo: %v\n(see `rocev2d help demo`)\n", err)
-		return exitUsage
+	if code, done := flagsResult("demo", demoUsage, err, stdout, stderr); done {
+		return code
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()

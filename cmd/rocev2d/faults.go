@@ -189,13 +189,8 @@ func parseFaultsFlags(args []string) (*faultsConfig, error) {
 
 func runFaults(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseFaultsFlags(args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, faultsUsage)
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rocev2d faults: %v\n(see `rocev2d help faults`)\n", err)
-		return exitUsage
+	if code, done := flagsResult("faults", faultsUsage, err, stdout, stderr); done {
+		return code
 	}
 	inj, err := faults.AttachWith(c.iface, c.cfg, &c.opts)
 	if err != nil {

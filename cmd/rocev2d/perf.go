@@ -170,7 +170,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	}
 	var ok bool
 	if c.mtu, ok = oob.MTUFromBytes(mtu); !ok {
-		return nil, fmt.Errorf("-m %d: MTU must be 256, 512, 1024, 2048 or 4096", mtu)
+		return nil, errMTUFlag(mtu)
 	}
 	isAtomic := t == oob.AtomicBW || t == oob.AtomicLat
 	if isAtomic {
@@ -243,13 +243,8 @@ func (c *perfConfig) role() oob.Role {
 
 func runPerf(ctx context.Context, t oob.PerfTest, args []string, stdout, stderr io.Writer) int {
 	c, err := parsePerfFlags(t, args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, perfUsage(t))
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rocev2d %s: %v\n(see `rocev2d help %s`)\n", t, err, t)
-		return exitUsage
+	if code, done := flagsResult(t.String(), perfUsage(t), err, stdout, stderr); done {
+		return code
 	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
@@ -295,25 +290,9 @@ func perfConnect(ctx context.Context, c *perfConfig) (net.Conn, error) {
 		return nil, fmt.Errorf("couldn't connect to server %s on TCP port %d within %v (is `%s` running there as a server?): %v",
 			c.server, c.port, c.connTimeout, c.test, lastErr)
 	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort("", port))
-	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("TCP port %d is in use (another server running?); pick another with -p: %w", c.port, err)
-		}
-		return nil, fmt.Errorf("couldn't listen on TCP port %d: %w", c.port, err)
-	}
-	defer ln.Close()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	conn, err := ln.Accept()
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("waiting for a client on TCP port %d: %v", c.port, context.Cause(ctx))
-		}
-		return nil, fmt.Errorf("accept on TCP port %d: %w", c.port, err)
-	}
-	return conn, nil
+	return acceptOne(ctx, c.port, func(err error) error {
+		return fmt.Errorf("TCP port %d is in use (another server running?); pick another with -p: %w", c.port, err)
+	})
 }
 
 // perfSide is one side of a perftest run: device, memory, CQs and QP.
@@ -485,13 +464,9 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		return err
 	}
 	defer conn.Close()
-	local := c.bind
-	if !local.IsValid() {
-		ap, err := netip.ParseAddrPort(conn.LocalAddr().String())
-		if err != nil {
-			return fmt.Errorf("local address of the out-of-band connection %s: %v", conn.LocalAddr(), err)
-		}
-		local = ap.Addr().Unmap()
+	local, err := localAddr(c.bind, conn)
+	if err != nil {
+		return err
 	}
 	s, err := newPerfSide(c, local)
 	if err != nil {
@@ -767,9 +742,9 @@ func (s *perfSide) txDepth() int {
 // connect brings the QP to RTR and RTS towards the peer (ctx_connect).
 func (s *perfSide) connect(remote oob.PerfDest, neg oob.Params, stdout io.Writer) error {
 	s.remote, s.params = remote, neg
-	peer := netip.AddrFrom16(remote.GID).Unmap()
-	if !peer.IsValid() || peer.IsUnspecified() {
-		return fmt.Errorf("remote GID %s is not a RoCEv2 address (is the peer using -x with its IPv4 GID index?)", netip.AddrFrom16(remote.GID))
+	peer, err := peerFromGID(remote.GID, "-x")
+	if err != nil {
+		return err
 	}
 	mtu, ok := transport.MTUFromBytes(neg.MTU.Bytes())
 	if !ok {
@@ -1087,20 +1062,35 @@ func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer
 	for n := 0; n < c.iters; n++ {
 		prog.tick(n)
 		ts = append(ts, time.Now())
-		if err := s.qp.PostSend(s.sendWR(size, uint64(n))); err != nil {
-			return fmt.Errorf("couldn't post send %d: %w", n, err)
-		}
-		if _, err := s.scq.Wait(ctx, wc[:]); err != nil {
-			return fmt.Errorf("waiting for completion %d: %w", n, err)
-		}
-		if wc[0].Status != transport.WCSuccess {
-			return wcError(wc[0], "send")
+		if err := s.postSendWait(ctx, s.sendWR(size, uint64(n)), wc[:], n, "completion", n); err != nil {
+			return err
 		}
 	}
-	ts = append(ts, time.Now())
-	s.results = append(s.results, perfResult{size: size, iters: c.iters})
-	printLat(stdout, size, c.iters, ts, 1)
+	s.latDone(stdout, size, ts, 1)
 	return nil
+}
+
+// postSendWait posts wr and waits for its completion on the send CQ, using
+// wc[0]. postN, waitWhat and waitN word the errors.
+func (s *perfSide) postSendWait(ctx context.Context, wr transport.SendWR, wc []transport.WC, postN int, waitWhat string, waitN int) error {
+	if err := s.qp.PostSend(wr); err != nil {
+		return fmt.Errorf("couldn't post send %d: %w", postN, err)
+	}
+	if _, err := s.scq.Wait(ctx, wc[:1]); err != nil {
+		return fmt.Errorf("waiting for %s %d: %w", waitWhat, waitN, err)
+	}
+	if wc[0].Status != transport.WCSuccess {
+		return wcError(wc[0], "send")
+	}
+	return nil
+}
+
+// latDone ends a latency run: it stamps the end of the last iteration,
+// records the result and prints the latency line.
+func (s *perfSide) latDone(stdout io.Writer, size int, ts []time.Time, rtt float64) {
+	ts = append(ts, time.Now())
+	s.results = append(s.results, perfResult{size: size, iters: s.c.iters})
+	printLat(stdout, size, s.c.iters, ts, rtt)
 }
 
 // perfProgressEvery is the interval between progress lines on stderr of a
@@ -1178,21 +1168,12 @@ func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout
 			ts = append(ts, time.Now())
 			scnt++
 			s.mem[post] = byte(scnt)
-			wr := s.sendWR(size, 0)
-			if err := s.qp.PostSend(wr); err != nil {
-				return fmt.Errorf("couldn't post send %d: %w", scnt, err)
-			}
-			if _, err := s.scq.Wait(ctx, wc[:]); err != nil {
-				return fmt.Errorf("waiting for completion %d: %w", scnt, err)
-			}
-			if wc[0].Status != transport.WCSuccess {
-				return wcError(wc[0], "send")
+			if err := s.postSendWait(ctx, s.sendWR(size, 0), wc[:], scnt, "completion", scnt); err != nil {
+				return err
 			}
 		}
 	}
-	ts = append(ts, time.Now())
-	s.results = append(s.results, perfResult{size: size, iters: c.iters})
-	printLat(stdout, size, c.iters, ts, 2)
+	s.latDone(stdout, size, ts, 2)
 	return nil
 }
 
@@ -1232,21 +1213,13 @@ func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout 
 		if scnt < c.iters {
 			prog.tick(scnt)
 			ts = append(ts, time.Now())
-			if err := s.qp.PostSend(s.sendWR(size, 0)); err != nil {
-				return fmt.Errorf("couldn't post send %d: %w", scnt, err)
+			if err := s.postSendWait(ctx, s.sendWR(size, 0), wcs, scnt, "send completion", scnt+1); err != nil {
+				return err
 			}
 			scnt++
-			if _, err := s.scq.Wait(ctx, wcs[:1]); err != nil {
-				return fmt.Errorf("waiting for send completion %d: %w", scnt, err)
-			}
-			if wcs[0].Status != transport.WCSuccess {
-				return wcError(wcs[0], "send")
-			}
 		}
 	}
-	ts = append(ts, time.Now())
-	s.results = append(s.results, perfResult{size: size, iters: c.iters})
-	printLat(stdout, size, c.iters, ts, 2)
+	s.latDone(stdout, size, ts, 2)
 	return nil
 }
 

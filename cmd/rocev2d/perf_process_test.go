@@ -60,7 +60,7 @@ func TestPerfProcesses(t *testing.T) {
 				se.Reset()
 				co.Reset()
 				ce.Reset()
-				port := strconv.Itoa(perfFreePort(t))
+				port := strconv.Itoa(freeTCPPort(t))
 				args := []string{"-p", port, "-n", "20", "-s", strconv.Itoa(tt.size), "--check", "--connect-timeout", "5s", "--timeout", "30s"}
 				srv := exec.CommandContext(ctx, bin, append([]string{tt.test, "--bind", "127.0.0.2"}, args...)...)
 				srv.Stdout, srv.Stderr = &so, &se
@@ -112,7 +112,7 @@ func TestSIGUSR1(t *testing.T) {
 	bin := buildRocev2d(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	port := strconv.Itoa(perfFreePort(t))
+	port := strconv.Itoa(freeTCPPort(t))
 	args := []string{"-p", port, "-D", "2", "-s", "1024"}
 	srv := exec.CommandContext(ctx, bin, append([]string{"write-bw", "--bind", "127.0.0.2"}, args...)...)
 	var so, se bytes.Buffer

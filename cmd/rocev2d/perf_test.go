@@ -16,17 +16,6 @@ import (
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 )
 
-// perfFreePort returns a TCP port that was free a moment ago.
-func perfFreePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 type perfOut struct {
 	code        int
 	out, errOut string
@@ -74,7 +63,7 @@ func runPerfPairOnce(t *testing.T, test string, flags, cliExtra []string) (srv, 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	port := strconv.Itoa(perfFreePort(t))
+	port := strconv.Itoa(freeTCPPort(t))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -271,7 +260,7 @@ func TestPerfErrors(t *testing.T) {
 	if testing.Short() {
 		t.Skip("uses loopback sockets")
 	}
-	port := perfFreePort(t)
+	port := freeTCPPort(t)
 	t.Run("unreachable", func(t *testing.T) {
 		start := time.Now()
 		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(port), "--connect-timeout", "300ms", "127.0.0.2")

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
@@ -126,9 +125,9 @@ func parsePingpongFlags(args []string) (*pingpongConfig, error) {
 		}
 		c.server, args = rest[0], rest[1:]
 	}
-	var ok bool
-	if c.mtu, ok = transport.MTUFromBytes(mtu); !ok {
-		return nil, fmt.Errorf("%w: -m %d: MTU must be 256, 512, 1024, 2048 or 4096", errUsage, mtu)
+	var err error
+	if c.mtu, err = parseMTUFlag(mtu); err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	switch {
 	case c.port <= 0 || c.port > 65535:
@@ -161,13 +160,8 @@ var errUsage = errors.New("bad usage")
 
 func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parsePingpongFlags(args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, pingpongUsage)
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rocev2d pingpong: %v\n(see `rocev2d help pingpong`)\n", err)
-		return exitUsage
+	if code, done := flagsResult("pingpong", pingpongUsage, err, stdout, stderr); done {
+		return code
 	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
@@ -205,13 +199,9 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
-	local := c.bind
-	if !local.IsValid() {
-		ap, err := netip.ParseAddrPort(conn.LocalAddr().String())
-		if err != nil {
-			return fmt.Errorf("local address of the out-of-band connection %s: %v", conn.LocalAddr(), err)
-		}
-		local = ap.Addr().Unmap()
+	local, err := localAddr(c.bind, conn)
+	if err != nil {
+		return err
 	}
 	pc, err := ppInit(local, c)
 	if err != nil {
@@ -296,25 +286,9 @@ func ppOOBConnect(ctx context.Context, c *pingpongConfig) (net.Conn, error) {
 		}
 		return conn, nil
 	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort("", port))
-	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("couldn't listen on TCP port %d: port in use: %w", c.port, err)
-		}
-		return nil, fmt.Errorf("couldn't listen on TCP port %d: %w", c.port, err)
-	}
-	defer ln.Close()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	conn, err := ln.Accept()
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("waiting for a client on TCP port %d: %w", c.port, context.Cause(ctx))
-		}
-		return nil, fmt.Errorf("accept on TCP port %d: %w", c.port, err)
-	}
-	return conn, nil
+	return acceptOne(ctx, c.port, func(err error) error {
+		return fmt.Errorf("couldn't listen on TCP port %d: port in use: %w", c.port, err)
+	})
 }
 
 // ppInit creates the device on local, registers the buffer, creates the CQ
@@ -383,20 +357,14 @@ func (pc *ppContext) postSend() error {
 // connect moves the QP to RTR and RTS towards rem with ibv_rc_pingpong's
 // attributes (pp_connect_ctx).
 func (pc *ppContext) connect(c *pingpongConfig, myPSN uint32, rem oob.PingpongDest) error {
-	peer := netip.AddrFrom16(rem.GID).Unmap()
-	if !peer.IsValid() || peer.IsUnspecified() {
-		return fmt.Errorf("remote GID %s is not a RoCEv2 address (is the peer using -g with its IPv4 GID index?)", netip.AddrFrom16(rem.GID))
+	peer, err := peerFromGID(rem.GID, "-g")
+	if err != nil {
+		return err
 	}
-	a := transport.QPAttr{State: transport.QPSRTR, PathMTU: c.mtu, DestQPN: rem.QPN, RQPSN: rem.PSN,
-		MaxDestRdAtomic: 1, MinRNRTimer: 12, AV: transport.AddressVector{Addr: peer}}
-	if err := pc.qp.Modify(&a, transport.AttrState|transport.AttrAV|transport.AttrPathMTU|transport.AttrDestQPN|
-		transport.AttrRQPSN|transport.AttrMaxDestRdAtomic|transport.AttrMinRNRTimer); err != nil {
-		return fmt.Errorf("failed to modify QP to RTR: %w", err)
-	}
-	a = transport.QPAttr{State: transport.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, SQPSN: myPSN, MaxQPRdAtomic: 1}
-	if err := pc.qp.Modify(&a, transport.AttrState|transport.AttrTimeout|transport.AttrRetryCnt|
-		transport.AttrRNRRetry|transport.AttrSQPSN|transport.AttrMaxQPRdAtomic); err != nil {
-		return fmt.Errorf("failed to modify QP to RTS: %w", err)
+	// connectRTS's errors read "modify QP to RTR: ..."; the tool says
+	// "failed to modify QP to RTR: ...".
+	if err := connectRTS(pc.qp, peer, rem.QPN, myPSN, rem.PSN, c.mtu, 1, 14); err != nil {
+		return fmt.Errorf("failed to %w", err)
 	}
 	return nil
 }
