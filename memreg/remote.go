@@ -151,21 +151,12 @@ func (v QPView) WriteRemote(rkey uint32, va uint64, data []byte) error {
 	return v.writeSlow(rkey, va, data)
 }
 
+// writeSlow and readSlow stay separate, not inlined, so that the hot
+// functions compile to the same code as when each had its own slow path.
+//
+//go:noinline
 func (v QPView) writeSlow(rkey uint32, va uint64, data []byte) error {
-	n := uint64(len(data))
-	if n == 0 {
-		return nil
-	}
-	e, off, err := v.resolveRemote(rkey, va, n, AccessRemoteWrite)
-	if err != nil {
-		return accessErr(OpWrite, rkey, va, n, err, e, AccessRemoteWrite)
-	}
-	if !e.pin() {
-		return accessErr(OpWrite, rkey, va, n, ErrStaleKey, e, 0)
-	}
-	copy(e.mem[off:off+n], data)
-	e.unpin()
-	return nil
+	return v.moveSlow(OpWrite, rkey, va, data, AccessRemoteWrite)
 }
 
 // ReadRemote copies len(dst) bytes at va through rkey into dst (RDMA READ
@@ -184,21 +175,46 @@ func (v QPView) ReadRemote(rkey uint32, va uint64, dst []byte) error {
 	return v.readSlow(rkey, va, dst)
 }
 
+//go:noinline
 func (v QPView) readSlow(rkey uint32, va uint64, dst []byte) error {
-	n := uint64(len(dst))
-	if n == 0 {
+	return v.moveSlow(OpRead, rkey, va, dst, AccessRemoteRead)
+}
+
+// moveSlow is the checked path of WriteRemote (op OpWrite: buf into
+// memory) and ReadRemote (op OpRead: memory into buf).
+func (v QPView) moveSlow(op Op, rkey uint32, va uint64, buf []byte, acc Access) error {
+	if len(buf) == 0 {
 		return nil
 	}
-	e, off, err := v.resolveRemote(rkey, va, n, AccessRemoteRead)
+	e, mem, err := v.pinRemote(op, rkey, va, uint64(len(buf)), acc, 0)
 	if err != nil {
-		return accessErr(OpRead, rkey, va, n, err, e, AccessRemoteRead)
+		return err
 	}
-	if !e.pin() {
-		return accessErr(OpRead, rkey, va, n, ErrStaleKey, e, 0)
+	if op == OpWrite {
+		copy(mem, buf)
+	} else {
+		copy(buf, mem)
 	}
-	copy(dst, e.mem[off:off+n])
 	e.unpin()
 	return nil
+}
+
+// pinRemote runs every check of a remote access (key, va, n>0, acc), then
+// requires va&alignMask == 0 (ErrMisaligned), and pins the registration.
+// It returns the pinned entry and the n bytes of memory at va; the error
+// is an *AccessError for op. The caller unpins.
+func (v QPView) pinRemote(op Op, rkey uint32, va, n uint64, acc Access, alignMask uint64) (*entry, []byte, error) {
+	e, off, err := v.resolveRemote(rkey, va, n, acc)
+	if err == nil && va&alignMask != 0 {
+		err = ErrMisaligned
+	}
+	if err != nil {
+		return nil, nil, accessErr(op, rkey, va, n, err, e, acc)
+	}
+	if !e.pin() {
+		return nil, nil, accessErr(op, rkey, va, n, ErrStaleKey, e, 0)
+	}
+	return e, e.mem[off : off+n : off+n], nil
 }
 
 // atomicTarget resolves and pins the 8 bytes an atomic works on.
@@ -207,17 +223,7 @@ func (v QPView) atomicTarget(op Op, rkey uint32, va uint64) (*entry, []byte, err
 		off := va - e.start
 		return e, e.mem[off : off+8 : off+8], nil
 	}
-	e, off, err := v.resolveRemote(rkey, va, 8, AccessRemoteAtomic)
-	if err == nil && va&7 != 0 {
-		err = ErrMisaligned
-	}
-	if err != nil {
-		return nil, nil, accessErr(op, rkey, va, 8, err, e, AccessRemoteAtomic)
-	}
-	if !e.pin() {
-		return nil, nil, accessErr(op, rkey, va, 8, ErrStaleKey, e, 0)
-	}
-	return e, e.mem[off : off+8 : off+8], nil
+	return v.pinRemote(op, rkey, va, 8, AccessRemoteAtomic, 7)
 }
 
 // atomicStripes serialize atomics on host addresses that are not 8-byte
@@ -351,21 +357,11 @@ func (t Target) Write(off uint64, p []byte) error {
 	return t.writeSlow(off, p)
 }
 
+// writeSlow and readSlow: see QPView.writeSlow.
+//
+//go:noinline
 func (t Target) writeSlow(off uint64, p []byte) error {
-	n := uint64(len(p))
-	if n == 0 {
-		return nil
-	}
-	if err := t.span(OpWrite, off, n, AccessRemoteWrite); err != nil {
-		return err
-	}
-	if !t.e.pin() {
-		return accessErr(OpWrite, t.key, t.VA()+off, n, ErrStaleKey, t.e, 0)
-	}
-	s := t.off + off
-	copy(t.e.mem[s:s+n], p)
-	t.e.unpin()
-	return nil
+	return t.moveSlow(OpWrite, off, p, AccessRemoteWrite)
 }
 
 // WriteV places the payloads back to back starting at byte offset off of
@@ -381,11 +377,8 @@ func (t Target) WriteV(off uint64, payloads [][]byte) error {
 	if n == 0 {
 		return nil
 	}
-	if err := t.span(OpWrite, off, n, AccessRemoteWrite); err != nil {
+	if err := t.pin(OpWrite, off, n, AccessRemoteWrite); err != nil {
 		return err
-	}
-	if !t.e.pin() {
-		return accessErr(OpWrite, t.key, t.VA()+off, n, ErrStaleKey, t.e, 0)
 	}
 	s := t.off + off
 	for _, p := range payloads {
@@ -412,30 +405,44 @@ func (t Target) Read(off uint64, dst []byte) error {
 	return t.readSlow(off, dst)
 }
 
+//go:noinline
 func (t Target) readSlow(off uint64, dst []byte) error {
-	n := uint64(len(dst))
+	return t.moveSlow(OpRead, off, dst, AccessRemoteRead)
+}
+
+// moveSlow is the checked path of Write (op OpWrite: buf into memory) and
+// Read (op OpRead: memory into buf).
+func (t Target) moveSlow(op Op, off uint64, buf []byte, need Access) error {
+	n := uint64(len(buf))
 	if n == 0 {
 		return nil
 	}
-	if err := t.span(OpRead, off, n, AccessRemoteRead); err != nil {
+	if err := t.pin(op, off, n, need); err != nil {
 		return err
 	}
-	if !t.e.pin() {
-		return accessErr(OpRead, t.key, t.VA()+off, n, ErrStaleKey, t.e, 0)
-	}
 	s := t.off + off
-	copy(dst, t.e.mem[s:s+n])
+	if op == OpWrite {
+		copy(t.e.mem[s:s+n], buf)
+	} else {
+		copy(buf, t.e.mem[s:s+n])
+	}
 	t.e.unpin()
 	return nil
 }
 
-func (t Target) span(op Op, off, n uint64, need Access) error {
+// pin checks that the target grants need and that [off, off+n), n > 0,
+// lies inside it, then pins its registration (ErrStaleKey once that is
+// gone). On nil the caller unpins t.e.
+func (t Target) pin(op Op, off, n uint64, need Access) error {
 	if t.acc&need != need {
 		return accessErr(op, t.key, t.VA()+off, n, ErrAccessDenied, t.e, need)
 	}
 	if tn := uint64(t.n); off > tn || n > tn-off {
 		return &AccessError{Op: op, Key: t.key, VA: t.VA() + off, Len: n, Err: ErrOutOfBounds,
 			Detail: fmt.Sprintf("target is %d bytes at %#x", tn, t.VA())}
+	}
+	if !t.e.pin() {
+		return accessErr(op, t.key, t.VA()+off, n, ErrStaleKey, t.e, 0)
 	}
 	return nil
 }
