@@ -579,7 +579,11 @@ type Capture struct {
 // StartCapture starts tcpdump on the tap writing file (everything except
 // the command channel) and waits until it captures.
 func (l *Lab) StartCapture(ctx context.Context, file string) (*Capture, error) {
-	h, err := l.StartHost(ctx, "tcpdump", "-i", Tap, "-s", "0", "-U", "--immediate-mode", "-B", "32768", "-n", "-Z", "root", "-w", file,
+	// Snap length 9216, not 0: in immediate mode libpcap uses fixed ring
+	// slots of the snap length, so -s 0 (256 KiB slots) left a 32 MiB ring
+	// only ~128 frames deep and tcpdump dropped packets in the bursts of a
+	// go-back-N under loss. The tap's MTU is 1500: no RoCEv2 frame is cut.
+	h, err := l.StartHost(ctx, "tcpdump", "-i", Tap, "-s", "9216", "-U", "--immediate-mode", "-B", "65536", "-n", "-Z", "root", "-w", file,
 		"not", "tcp", "port", strconv.Itoa(agentproto.Port))
 	if err != nil {
 		return nil, err
