@@ -182,40 +182,13 @@ func compareLine(t *testing.T, where string, p *rocePacket, l *golden.Line) {
 	}
 }
 
-// fieldsOf returns the packet.Fields that describe a parsed packet.
-func fieldsOf(pk *packet.Packet) packet.Fields {
-	f := packet.Fields{BTH: pk.BTH.Fields(), Payload: pk.Payload}
-	if pk.RETH != nil {
-		f.RETH = pk.RETH.Fields()
-	}
-	if pk.AETH != nil {
-		f.AETH = pk.AETH.Fields()
-	}
-	if pk.AtomicETH != nil {
-		f.AtomicETH = pk.AtomicETH.Fields()
-	}
-	if pk.AtomicAck != nil {
-		f.AtomicAckOrig = pk.AtomicAck.OrigData()
-	}
-	if pk.ImmDt != nil {
-		f.Imm = pk.ImmDt.Imm()
-	}
-	if pk.IETH != nil {
-		f.IETHRKey = pk.IETH.RKey()
-	}
-	if pk.DETH != nil {
-		f.DETH = pk.DETH.Fields()
-	}
-	return f
-}
-
 // reencode rebuilds the packet from its decoded fields: packet.Build plus
 // the ICRC (icrc.Put over the rebuilt IP packet) must give the captured UDP
 // payload, and rocelayer (decoded Ethernet/IP/UDP layers + FromFields +
 // SerializeLayers) the whole captured frame.
 func reencode(t *testing.T, where string, p *rocePacket) {
 	t.Helper()
-	f := fieldsOf(&p.pk)
+	f := p.pk.Fields()
 	udpHdr := len(p.ip) - len(p.udp.Payload)
 	ip := make([]byte, len(p.ip))
 	copy(ip, p.ip[:udpHdr]) // captured IP and UDP headers
