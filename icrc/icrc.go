@@ -39,7 +39,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 )
 
 // Size is the length of the ICRC trailer in bytes.
@@ -258,7 +257,7 @@ func computeMaskedPrefix(ip []byte, l layout) uint32 {
 	pre[l.hl+udpSumOff], pre[l.hl+udpSumOff+1] = 0xff, 0xff
 	pre[l.hl+udpSize+bthMaskOff] = 0xff
 	c := softUpdate(seed, pre[:k])
-	return crc32.Update(c, crc32.IEEETable, ip[k:l.end-Size])
+	return update(c, ip[k:l.end-Size])
 }
 
 // Compute returns the ICRC of ip, a whole IPv4 or IPv6 packet from the IP
@@ -283,14 +282,7 @@ func Compute(ip []byte) (uint32, error) {
 // a malformed-input error.
 func Verify(ip []byte) error {
 	if end, ok := quickIPv4(ip); ok {
-		s, p := seed^ipv4Delta(ip), ip[:end]
-		var c uint32
-		if end&15 == 0 && end >= hwMin {
-			c = crc32.Update(s, crc32.IEEETable, p) // inlined fast case of update
-		} else {
-			c = updateSplit(s, p)
-		}
-		if c != residue {
+		if update(seed^ipv4Delta(ip), ip[:end]) != residue {
 			return ErrMismatch
 		}
 		return nil

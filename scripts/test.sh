@@ -52,6 +52,9 @@ run "go vet" go vet ./...
 step "go test ./..."
 run "go test" go test -count=1 -timeout 20m ./...
 
+step "go test -tags purego (the portable CRC path, without icrc's AVX-512 kernel)"
+run "go test purego" go test -tags purego -count=1 ./icrc/ ./packet/ ./test/golden/
+
 step "go test -race -short ./..."
 run "go test -race" go test -race -short -count=1 -timeout 25m ./...
 

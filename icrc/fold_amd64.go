@@ -1,0 +1,16 @@
+//go:build amd64 && !purego
+
+package icrc
+
+import "golang.org/x/sys/cpu"
+
+// hasFold reports whether foldAVX512 can run: it needs VPCLMULQDQ on ZMM
+// registers and AVX-512 F/VL (x/sys/cpu also checks that the OS saves the
+// AVX-512 state).
+var hasFold = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VPCLMULQDQ && cpu.X86.HasPCLMULQDQ
+
+// foldAVX512 folds p into 16 bytes with four 512-bit carry-less multiply
+// accumulators (see fold_amd64.s). len(p) >= 256, len(p)%16 == 0.
+//
+//go:noescape
+func foldAVX512(r uint32, p []byte, out *[16]byte)

@@ -1,0 +1,9 @@
+//go:build !amd64 || purego
+
+package icrc
+
+// hasFold is false: there is no folding kernel for this architecture (or the
+// purego build tag is set), and update uses hash/crc32.
+const hasFold = false
+
+func foldAVX512(r uint32, p []byte, out *[16]byte) { panic("icrc: no folding kernel") }
