@@ -3,7 +3,6 @@
 package udp
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -63,8 +62,9 @@ type mmsgState struct {
 
 	segs []int // send: packets in each message (1, or a GSO group)
 
-	trap uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
-	fn   func(fd uintptr) bool // s.call
+	trap  uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
+	flags uintptr               // 0 to send (blocking), MSG_WAITFORONE to receive
+	fn    func(fd uintptr) bool // s.call
 
 	off, cnt int        // messages hdrs[off:cnt] still to transfer
 	n        int        // result: messages transferred by the last call
@@ -82,6 +82,10 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 		segs:  make([]int, batch),
 		trap:  trap,
 	}
+	if trap == unix.SYS_RECVMMSG {
+		// Block for the first datagram only, then take what is queued.
+		s.flags = unix.MSG_WAITFORONE
+	}
 	for i := range s.hdrs {
 		h := &s.hdrs[i].Hdr
 		h.Iov = &s.iovs[i*iovPerMsg]
@@ -92,14 +96,26 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 	s.fn = s.call
 }
 
-// call is the RawConn callback: one sendmmsg/recvmmsg of hdrs[off:cnt].
-// It reports false (wait and retry) when the socket would block.
+// call is the RawConn callback: one blocking sendmmsg/recvmmsg of
+// hdrs[off:cnt] (see fdConn). It reports false (retry) on EAGAIN, which
+// the socket's timeout (pollInterval) gives.
 func (s *mmsgState) call(fd uintptr) bool {
 	var n uintptr
 	var e unix.Errno
+	one := s.cnt-s.off == 1
 	for {
-		n, _, e = unix.Syscall6(s.trap, fd,
-			uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), unix.MSG_DONTWAIT, 0, 0)
+		if one {
+			// One message: sendmsg/recvmsg, which skip the batch loop
+			// (and, for recvmmsg, its timeout handling) of the mmsg calls.
+			trap, flags := uintptr(unix.SYS_SENDMSG), uintptr(0)
+			if s.trap == unix.SYS_RECVMMSG {
+				trap = unix.SYS_RECVMSG
+			}
+			n, _, e = unix.Syscall(trap, fd, uintptr(unsafe.Pointer(&s.hdrs[s.off].Hdr)), flags)
+		} else {
+			n, _, e = unix.Syscall6(s.trap, fd,
+				uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), s.flags, 0, 0)
+		}
 		if e != unix.EINTR {
 			break
 		}
@@ -111,6 +127,9 @@ func (s *mmsgState) call(fd uintptr) bool {
 	s.n = int(n)
 	if e != 0 {
 		s.n = 0
+	} else if one {
+		s.hdrs[s.off].Len = uint32(n) // bytes, as the mmsg calls report them
+		s.n = 1
 	}
 	return true
 }
@@ -182,28 +201,6 @@ func (s *mmsgState) clearIovs(n int) {
 	for i := range n {
 		s.iovs[i].Base = nil
 	}
-}
-
-// listenFD opens a packet socket on address, runs set on its file
-// descriptor before it is bound, and returns it with its RawConn.
-func listenFD(network, address string, set func(fd int) error) (net.PacketConn, syscall.RawConn, error) {
-	var setErr error
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		if err := c.Control(func(fd uintptr) { setErr = set(int(fd)) }); err != nil {
-			return err
-		}
-		return setErr
-	}}
-	pc, err := lc.ListenPacket(context.Background(), network, address)
-	if err != nil {
-		return nil, nil, err
-	}
-	rc, err := pc.(syscall.Conn).SyscallConn()
-	if err != nil {
-		pc.Close()
-		return nil, nil, err
-	}
-	return pc, rc, nil
 }
 
 // dropAll is a classic BPF program that drops every packet.

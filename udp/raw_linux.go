@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"unsafe"
 
@@ -55,9 +54,9 @@ const (
 // the kernel neither answers with ICMP port unreachable nor lets another
 // program take it. IPv6 peers are served fully by SocketLink.
 type RawLink struct {
-	sockLink // send: per message two iovecs, the header from shdr and the payload
-	conn     *net.IPConn
-	holder   *net.UDPConn // addr:4791, drops everything
+	sockLink         // send: per message two iovecs, the header from shdr and the payload
+	conn     *fdConn // raw IPv4 socket, protocol UDP
+	holder   *fdConn // addr:4791, drops everything
 	ttl      uint8
 	shdr     []byte // batch × 28: the IPv4+UDP header of each message
 	rbuf     []byte // batch × rawBufSize
@@ -102,23 +101,23 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 	ap := netip.AddrPortFrom(a, Port)
 
 	// Hold addr:4791 first: it gives the clear EADDRINUSE / EADDRNOTAVAIL.
-	holder, _, err := listenFD("udp4", ap.String(), func(fd int) error { return attachFilter(fd, dropAll) })
+	holder, err := openSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error { return attachFilter(fd, dropAll) })
 	if err != nil {
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
-	conn, rc, err := listenFD("ip4:udp", a.String(), func(fd int) error { return setRawOptions(fd, a.As4(), &o) })
+	conn, err := openSocket(netip.AddrPortFrom(a, 0), unix.SOCK_RAW, unix.IPPROTO_UDP, func(fd int) error { return setRawOptions(fd, a.As4(), &o) })
 	if err != nil {
 		holder.Close()
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
 	l := &RawLink{
-		conn:   conn.(*net.IPConn),
-		holder: holder.(*net.UDPConn),
+		conn:   conn,
+		holder: holder,
 		ttl:    o.TTL,
 		shdr:   make([]byte, o.BatchSize*(ipv4HdrLen+udpHdrLen)),
 		rbuf:   make([]byte, o.BatchSize*rawBufSize),
 	}
-	l.sockLink.init(rc, a, o.BatchSize, 2)
+	l.sockLink.init(conn, a, o.BatchSize, 2)
 	for i := range l.send.hdrs {
 		l.send.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet4
 	}

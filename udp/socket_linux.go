@@ -86,7 +86,7 @@ const (
 // IPV6_RECVTCLASS.
 type SocketLink struct {
 	sockLink
-	conn *net.UDPConn
+	conn *fdConn
 	is6  bool
 	gso  bool
 	gro  *groState // nil with SocketOptions.NoGRO
@@ -124,20 +124,18 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		return nil, fmt.Errorf("udp: listen on %v: need a unicast address of this host: %w", addr, ErrAddress)
 	}
 	is6 := a.Is6()
-	network := "udp4"
 	bindAddr := a
 	if is6 {
-		network = "udp6"
 		bindAddr = a.WithZone(zone)
 	}
 	ap := netip.AddrPortFrom(bindAddr, Port)
 
-	conn, rc, err := listenFD(network, ap.String(), func(fd int) error { return setSocketOptions(fd, is6, &o) })
+	conn, err := openSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error { return setSocketOptions(fd, is6, &o) })
 	if err != nil {
 		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
 	}
 	l := &SocketLink{
-		conn: conn.(*net.UDPConn),
+		conn: conn,
 		is6:  is6,
 		gso:  o.GSO,
 
@@ -146,9 +144,9 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		sndBuf:   o.SendBufferSize,
 		ports:    make(map[uint16]*portSocket),
 	}
-	l.sockLink.init(rc, a, o.BatchSize, 1)
+	l.sockLink.init(conn, a, o.BatchSize, 1)
 	if o.SourcePorts {
-		rc.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
+		conn.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
 	}
 	if !o.NoGRO {
 		l.gro = &groState{mem: make([]byte, o.BatchSize*groBufSize), msgs: make([]groMsg, o.BatchSize)}
@@ -333,7 +331,7 @@ func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) 
 		if ps == nil {
 			return l.rc, Port, nil
 		}
-		return ps.rc, want, nil
+		return ps.conn, want, nil
 	}
 	ps, err := l.openSourceSocket(want)
 	if err != nil {
@@ -342,29 +340,23 @@ func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) 
 		return l.rc, Port, nil
 	}
 	l.ports[want] = ps
-	return ps.rc, want, nil
+	return ps.conn, want, nil
 }
 
 // portSocket is a send-only socket for one UDP source port.
 type portSocket struct {
-	conn *net.UDPConn
-	rc   syscall.RawConn
+	conn *fdConn
 }
 
 // openSourceSocket opens a socket bound to addr:port that only sends: the
 // same DF / ID 0 settings as the link's socket, and a socket filter that
 // drops everything it would receive.
 func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
-	network := "udp4"
-	if l.is6 {
-		network = "udp6"
-	}
 	ap := netip.AddrPortFrom(l.bindAddr, port)
-	var conn net.PacketConn
-	var rc syscall.RawConn
+	var conn *fdConn
 	// In the namespace of the link's socket, wherever Send runs.
 	err := l.netns.run(func() (err error) {
-		conn, rc, err = listenFD(network, ap.String(), func(fd int) error {
+		conn, err = openSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error {
 			o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: l.sndBuf, NoGRO: true}
 			if err := setSocketOptions(fd, l.is6, &o); err != nil {
 				return err
@@ -376,7 +368,7 @@ func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &portSocket{conn: conn.(*net.UDPConn), rc: rc}, nil
+	return &portSocket{conn: conn}, nil
 }
 
 // gsoMaxSegs and gsoMaxBytes bound one GSO send: Linux before 6.11 accepts
