@@ -12,7 +12,8 @@ import (
 )
 
 // TestNoPlacementAfterDeregister: many goroutines place, read and run
-// atomics through published keys while a controller keeps replacing the
+// atomics through published keys (also through BatchTargets holding a pin
+// across several placements) while a controller keeps replacing the
 // regions (register new, publish, deregister old). After each Deregister
 // returns the old memory is snapshotted; at the end no retired buffer may
 // differ from its snapshot. Run with -race: the race detector also checks
@@ -49,6 +50,7 @@ func TestNoPlacementAfterDeregister(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(g), 1))
 			data := bytes.Repeat([]byte{byte(g + 1)}, stripe)
 			rd := make([]byte, stripe)
+			var pins Pins
 			for i := 0; !stop.Load(); i++ {
 				s := r.IntN(slots)
 				key := keys[s].Load()
@@ -56,7 +58,7 @@ func TestNoPlacementAfterDeregister(t *testing.T) {
 				off := uint64(r.IntN(stripe))
 				n := r.IntN(stripe-int(off)) + 1
 				var err error
-				switch i % 5 {
+				switch i % 6 {
 				case 0:
 					err = pd.WriteRemote(key, base+uint64(g*stripe)+off, data[:n])
 				case 1:
@@ -71,6 +73,17 @@ func TestNoPlacementAfterDeregister(t *testing.T) {
 					if err == nil {
 						runtime.Gosched() // let a deregistration slip in between check and placement
 						err = tg.Write(off, data[:n])
+					}
+				case 5: // a receive batch: several packets under one held pin
+					var tg Target
+					tg, err = pd.Lookup(key, base+uint64(g*stripe), stripe, AccessRemoteWrite)
+					if err == nil {
+						bt := tg.Batched()
+						for k := uint64(0); k < 4 && err == nil; k++ {
+							err = bt.Write(&pins, (off+k*17)%uint64(stripe-n+1), data[:n])
+							runtime.Gosched() // let a deregistration start while the pin is held
+						}
+						pins.Release()
 					}
 				}
 				switch {
@@ -125,7 +138,8 @@ func TestNoPlacementAfterDeregister(t *testing.T) {
 }
 
 // TestNoPlacementAfterInvalidate: the same guarantee for memory windows:
-// after Invalidate returns, nothing more lands through the window.
+// after Invalidate returns, nothing more lands through the window (half
+// the writers place through BatchTargets holding a pin per batch).
 func TestNoPlacementAfterInvalidate(t *testing.T) {
 	const (
 		writers = 4
@@ -152,9 +166,23 @@ func TestNoPlacementAfterInvalidate(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			data := bytes.Repeat([]byte{byte(g + 1)}, stripe)
+			var pins Pins
 			for i := 0; !stop.Load(); i++ {
 				data[0]++
-				err := v.WriteRemote(key.Load(), 0x10000+uint64(g*stripe), data)
+				var err error
+				if g%2 == 0 {
+					err = v.WriteRemote(key.Load(), 0x10000+uint64(g*stripe), data)
+				} else { // a receive batch of 4 placements under one held pin
+					var tg Target
+					tg, err = v.Lookup(key.Load(), 0x10000+uint64(g*stripe), stripe, AccessRemoteWrite)
+					if err == nil {
+						bt := tg.Batched()
+						for k := 0; k < 4 && err == nil; k++ {
+							err = bt.Write(&pins, uint64(k), data[:stripe-4])
+						}
+						pins.Release()
+					}
+				}
 				switch {
 				case err == nil:
 					ok.Add(1)

@@ -434,15 +434,24 @@ func (t Target) moveSlow(op Op, off uint64, buf []byte, need Access) error {
 // lies inside it, then pins its registration (ErrStaleKey once that is
 // gone). On nil the caller unpins t.e.
 func (t Target) pin(op Op, off, n uint64, need Access) error {
+	if err := t.check(op, off, n, need); err != nil {
+		return err
+	}
+	if !t.e.pin() {
+		return accessErr(op, t.key, t.VA()+off, n, ErrStaleKey, t.e, 0)
+	}
+	return nil
+}
+
+// check checks that the target grants need and that [off, off+n), n > 0,
+// lies inside it (then t.e is set).
+func (t Target) check(op Op, off, n uint64, need Access) error {
 	if t.acc&need != need {
 		return accessErr(op, t.key, t.VA()+off, n, ErrAccessDenied, t.e, need)
 	}
 	if tn := uint64(t.n); off > tn || n > tn-off {
 		return &AccessError{Op: op, Key: t.key, VA: t.VA() + off, Len: n, Err: ErrOutOfBounds,
 			Detail: fmt.Sprintf("target is %d bytes at %#x", tn, t.VA())}
-	}
-	if !t.e.pin() {
-		return accessErr(op, t.key, t.VA()+off, n, ErrStaleKey, t.e, 0)
 	}
 	return nil
 }

@@ -1,0 +1,114 @@
+package memreg
+
+// Pins holds registrations pinned by one goroutine across a batch of
+// placements, such as the packets of one received batch. A BatchTarget
+// pins its registration into Pins on its first Write of a batch; its
+// later Writes of the same batch check bounds and copy, with no atomic
+// operation. Release unpins everything: one pair of atomic operations per
+// registration and batch instead of one per placement.
+//
+// While a registration is held in Pins, Deregister (and a window's
+// unbind, invalidate or dealloc) waits for it: the holder must Release at
+// the end of every batch, before it blocks for any length of time, and
+// before it deregisters or invalidates anything itself (that would wait
+// for its own pin for ever). The guarantee of Deregister is unchanged:
+// when it returns, every placement through a held pin has finished and
+// none can start.
+//
+// Pins is not safe for concurrent use. The zero Pins is ready to use.
+type Pins struct {
+	gen uint64   // Release calls that unpinned something; a BatchTarget is held while its gen is this
+	es  []*entry // the pinned registrations, in pin order (one pin each)
+}
+
+// Release unpins every registration held. BatchTargets pinned before it
+// pin again on their next Write.
+func (ps *Pins) Release() {
+	if len(ps.es) == 0 {
+		return
+	}
+	for i, e := range ps.es {
+		e.unpin()
+		ps.es[i] = nil
+	}
+	ps.es = ps.es[:0]
+	ps.gen++
+}
+
+// Len returns how many pins are held.
+func (ps *Pins) Len() int { return len(ps.es) }
+
+// hold pins e into ps, or finds it already held (the registration pinned
+// last is checked: consecutive messages through one region share a pin).
+// It fails once the registration is gone.
+func (ps *Pins) hold(e *entry) bool {
+	if k := len(ps.es); k > 0 && ps.es[k-1] == e {
+		return true
+	}
+	if !e.pin() {
+		return false
+	}
+	ps.es = append(ps.es, e)
+	return true
+}
+
+// BatchTarget is a Target that places through a Pins: the per-packet
+// placement path of a responder that receives packets in batches. It is
+// a plain value (the responder keeps one per WRITE message in progress);
+// it holds nothing itself, the Pins does.
+type BatchTarget struct {
+	mem []byte // the target's bytes (nil for a zero-length target)
+	ps  *Pins  // the Pins the registration is held in, at generation gen
+	gen uint64
+	t   Target
+}
+
+// Batched returns the target as a BatchTarget.
+func (t Target) Batched() BatchTarget {
+	bt := BatchTarget{t: t}
+	if t.e != nil {
+		bt.mem = t.e.mem[t.off : t.off+uint64(t.n) : t.off+uint64(t.n)]
+	}
+	return bt
+}
+
+// Target returns the target.
+func (bt *BatchTarget) Target() Target { return bt.t }
+
+// Write places p at byte offset off of the target, like Target.Write (same
+// rules and errors). With ps non-nil the registration is pinned into ps on
+// the first Write after ps's last Release and stays pinned until the next
+// one; with ps nil every Write pins and unpins, as Target.Write does.
+func (bt *BatchTarget) Write(ps *Pins, off uint64, p []byte) error {
+	// The hot path: held in ps since its last Release, write right, in
+	// bounds (n >= 1); one call, the copy.
+	n := uint64(len(p))
+	if ps != nil && bt.ps == ps && bt.gen == ps.gen && bt.t.acc&AccessRemoteWrite != 0 &&
+		n-1 < uint64(len(bt.mem)) && off <= uint64(len(bt.mem))-n {
+		copy(bt.mem[off:off+n], p)
+		return nil
+	}
+	return bt.writeSlow(ps, off, p)
+}
+
+//go:noinline
+func (bt *BatchTarget) writeSlow(ps *Pins, off uint64, p []byte) error {
+	if ps == nil {
+		return bt.t.Write(off, p)
+	}
+	n := uint64(len(p))
+	if n == 0 {
+		return nil
+	}
+	if err := bt.t.check(OpWrite, off, n, AccessRemoteWrite); err != nil {
+		return err
+	}
+	if bt.ps != ps || bt.gen != ps.gen {
+		if !ps.hold(bt.t.e) {
+			return accessErr(OpWrite, bt.t.key, bt.t.VA()+off, n, ErrStaleKey, bt.t.e, 0)
+		}
+		bt.ps, bt.gen = ps, ps.gen
+	}
+	copy(bt.mem[off:off+n], p)
+	return nil
+}
