@@ -205,7 +205,8 @@ func BenchmarkPlace4KVsCopy(b *testing.B) {
 		}
 		bt := tg.Batched()
 		var pins Pins
-		for _, name := range []string{"control", "WriteRemote", "Target.Write", "Target.WriteV", "BatchTarget.Write"} {
+		sges := []SGE{{iova, uint32(half), mr.LKey()}}
+		for _, name := range []string{"control", "WriteRemote", "Target.Write", "Target.WriteV", "BatchTarget.Write", "Scatter"} {
 			b.Run(size.name+"/"+name, func(b *testing.B) {
 				var tCopy, tPlace time.Duration
 				bestCopy, bestPlace := time.Hour, time.Hour
@@ -234,6 +235,12 @@ func BenchmarkPlace4KVsCopy(b *testing.B) {
 					case "Target.Write":
 						for i := range uint64(batch) {
 							err = tg.Write(cur+i*4096, src)
+						}
+					case "Scatter": // a SEND's packets into a one-SGE receive buffer
+						for i := range uint64(batch) {
+							if e := pd.Scatter(sges, cur+i*4096, src); e != nil {
+								err = e
+							}
 						}
 					case "Target.WriteV": // one pin per batch of 64 packets
 						err = tg.WriteV(cur, vec)

@@ -66,6 +66,16 @@ type Device struct {
 	// that a waiter finds every completion of the batch at once.
 	// Receive goroutine only.
 	rxWake []*CQ
+	// rxPins holds the memory registrations the responders placed RDMA
+	// WRITE data into during the current batch: one pin per region and
+	// batch instead of a pin and unpin per packet. Released at the end of
+	// every batch, before the waiters are woken, the queued packets are
+	// sent and the next Recv blocks, and before a remote invalidation
+	// (which waits for the window's pins). Inside a batch the goroutine
+	// waits at most for a QP lock or a Link.Send, never for a
+	// deregistration, so a Deregister waits at most for the batch in
+	// progress. Receive goroutine only.
+	rxPins memreg.Pins
 }
 
 // firstQPN is the first QPN handed out; rxe starts at 17 as well (0 and 1 are special).
@@ -203,9 +213,7 @@ func (d *Device) recvLoop() {
 			time.Sleep(time.Millisecond)
 			continue
 		}
-		for i := 0; i < n; i++ {
-			d.input(&p, &pkts[i])
-		}
+		d.inputBatch(&p, pkts[:n])
 		// Wake the completion waiters first and let one run here and
 		// now: a goroutine readied by this one waits on this P, and when
 		// the link's Recv blocks its thread in the kernel (udp sockets
@@ -223,6 +231,15 @@ func (d *Device) recvLoop() {
 			d.dbgMaxBusyN.Store(int64(n))
 		}
 	}
+}
+
+// inputBatch handles the datagrams of one Link.Recv, then releases the
+// memory pins the batch took (rxPins). Receive goroutine only.
+func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
+	for i := range pkts {
+		d.input(p, &pkts[i])
+	}
+	d.rxPins.Release()
 }
 
 // input handles one received datagram.

@@ -18,8 +18,7 @@ type responder struct {
 	op        uint8 // message in progress: opNone, opSend, opWrite
 	wqeActive bool  // rq head is being filled by a multi-packet SEND
 	offset    uint64
-	wva       uint64
-	wrkey     uint32
+	wt        memreg.BatchTarget // the RDMA WRITE in progress: checked once, at its first packet
 	wlen      uint32
 
 	res     []rdRes
@@ -39,6 +38,24 @@ func (r *responder) reset(psn bth.PSN) {
 		res[i] = rdRes{}
 	}
 	*r = responder{psn: psn, res: res}
+}
+
+// rxPins returns the pins of the current received batch when input comes
+// from the device's receive goroutine, else nil (place under a pin per
+// packet).
+func (qp *QP) rxPins() *memreg.Pins {
+	if qp.rxBatch {
+		return &qp.dev.rxPins
+	}
+	return nil
+}
+
+// releasePins releases the pins of the current received batch (receive
+// goroutine only; a no-op elsewhere).
+func (qp *QP) releasePins() {
+	if qp.rxBatch {
+		qp.dev.rxPins.Release()
+	}
 }
 
 // respInput handles a request packet. Called with qp.mu held.
@@ -98,6 +115,7 @@ func (qp *QP) respInput(p *packetT) {
 // respFatal sends a NAK for psn and moves the QP to ERR; a receive WQE in
 // progress completes with st.
 func (qp *QP) respFatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
+	qp.resp.wt = memreg.BatchTarget{}
 	qp.sendAck(aeth.NAK(code), psn)
 	if qp.resp.wqeActive {
 		qp.completeRecv(st, WCRecv, 0, 0, 0, 0)
@@ -183,6 +201,9 @@ func (qp *QP) respSend(p *packetT, psn bth.PSN) {
 		}
 		if p.Info.Inv {
 			inv = p.IETH.RKey()
+			// Invalidation waits until the window's pins are released:
+			// release this batch's first (one of them may be it).
+			qp.releasePins()
 			if err := qp.rv.InvalidateRemote(inv); err != nil {
 				qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 				return
@@ -209,11 +230,12 @@ func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
 	}
 	if pos == bth.PosFirst || pos == bth.PosOnly {
 		va, rkey, n := p.RETH.VA(), p.RETH.RKey(), p.RETH.DMALength()
-		if err := qp.rv.CheckRemote(rkey, va, n, memreg.AccessRemoteWrite); err != nil {
+		tg, err := qp.rv.Lookup(rkey, va, n, memreg.AccessRemoteWrite)
+		if err != nil {
 			qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 			return
 		}
-		r.wva, r.wrkey, r.wlen, r.offset = va, rkey, n, 0
+		r.wt, r.wlen, r.offset = tg.Batched(), n, 0
 		r.op = opWrite
 	}
 	if !qp.checkLen(p) {
@@ -226,13 +248,19 @@ func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
 		return
 	}
 	if n > 0 {
-		if err := qp.rv.WriteRemote(r.wrkey, r.wva+r.offset, p.Payload); err != nil {
+		// The bounds were checked above; the target was checked at the
+		// first packet. Inside a received batch the region stays pinned
+		// until the batch ends (Device.rxPins), so this is a bounds
+		// check and a copy; it fails (ErrStaleKey) once the region or
+		// window is gone.
+		if err := r.wt.Write(qp.rxPins(), r.offset, p.Payload); err != nil {
 			qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 			return
 		}
 	}
 	r.offset += n
 	if pos == bth.PosLast || pos == bth.PosOnly {
+		r.wt = memreg.BatchTarget{} // do not keep the region reachable
 		if r.offset != uint64(r.wlen) {
 			qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 			return
