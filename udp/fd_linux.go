@@ -15,24 +15,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fdConn is a socket driven with blocking system calls, outside Go's network
-// poller; it implements syscall.RawConn for the mmsg plumbing.
+// fdConn is a send socket driven with blocking system calls, outside Go's
+// network poller; it implements syscall.RawConn for the mmsg plumbing.
 //
-// Why not net.ListenPacket and its RawConn: the poller registers every socket
-// with epoll for input and output, edge-triggered. Each datagram a socket
-// sends on lo (or veth) is orphaned right away, which returns its send-buffer
-// space (sock_wfree -> sk_write_space) and so runs the epoll callback and
-// wakes the thread parked in epoll_wait — an inter-processor wakeup per
-// packet that nobody waits for. perf on BenchmarkLinkVsRaw/plain put ~14 % of
-// the Link's send time there and none of the raw socket's; with blocking
-// system calls the only wakeups left are those of a receiver really waiting.
+// Why the links send on their own socket: the poller registers a socket with
+// epoll for input and output, edge-triggered. Each datagram a socket sends on
+// lo (or a veth) is orphaned right away, which returns its send-buffer space
+// (sock_wfree -> sk_write_space) and so runs the epoll callback, which wakes
+// a thread parked in epoll_wait — an inter-processor wakeup per packet that
+// nobody waits for. perf on BenchmarkLinkVsRaw/plain put ~14 % of the Link's
+// send time there and none of the raw socket's. Receiving stays in the poller:
+// a receive socket never sends, so its only wakeups are for arriving data,
+// and the poller's spinning threads take those with less latency than a
+// thread blocked in recvmmsg (an all-blocking variant doubled the 8-byte
+// ping-pong RTT of rocev2d bench, 27 -> 60 µs).
 //
-// Receives block in recvmmsg (MSG_WAITFORONE); sends block only when the
-// send buffer is full. Close sets the closed flag and shuts the socket down,
-// which wakes a blocked call (it then returns net.ErrClosed), waits for the
-// calls in flight to leave, and only then closes the descriptor, so a number
-// reused by a new socket is never used by an old call. SO_RCVTIMEO and
-// SO_SNDTIMEO (pollInterval) bound every blocking call as a safety net.
+// Sends block only when the send buffer is full. Close sets the closed flag
+// and shuts the socket down, which wakes a blocked call (it then returns
+// net.ErrClosed), waits for the calls in flight to leave, and only then
+// closes the descriptor, so a number reused by a new socket is never used by
+// an old call. SO_SNDTIMEO and SO_RCVTIMEO (pollInterval) bound every
+// blocking call as a safety net.
 type fdConn struct {
 	fd     int
 	mu     sync.RWMutex // shared by every call on fd, exclusive for close(2)

@@ -3,6 +3,7 @@
 package udp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -20,8 +21,9 @@ import (
 // sockLink is the part of SocketLink and RawLink that is the same: the
 // socket, its batched send and receive state, and the counters.
 type sockLink struct {
-	rc    syscall.RawConn
-	addr  netip.Addr // normalised (unmapped, no zone)
+	rc    syscall.RawConn // receives: non-blocking, in Go's poller
+	tx    *fdConn         // sends: blocking, outside the poller (see fdConn)
+	addr  netip.Addr      // normalised (unmapped, no zone)
 	batch int
 
 	sendMu sync.Mutex
@@ -33,10 +35,10 @@ type sockLink struct {
 	counters
 }
 
-// init sets l up in place for the socket rc bound to addr, batch messages
-// per call, sendIovs iovecs per sent message.
-func (l *sockLink) init(rc syscall.RawConn, addr netip.Addr, batch, sendIovs int) {
-	l.rc, l.addr, l.batch = rc, addr, batch
+// init sets l up in place for receiving on rc and sending on tx, for
+// address addr, batch messages per call, sendIovs iovecs per sent message.
+func (l *sockLink) init(rc syscall.RawConn, tx *fdConn, addr netip.Addr, batch, sendIovs int) {
+	l.rc, l.tx, l.addr, l.batch = rc, tx, addr, batch
 	l.send.init(batch, sendIovs, unix.SYS_SENDMMSG)
 	l.recv.init(batch, 1, unix.SYS_RECVMMSG)
 }
@@ -83,8 +85,7 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 		trap:  trap,
 	}
 	if trap == unix.SYS_RECVMMSG {
-		// Block for the first datagram only, then take what is queued.
-		s.flags = unix.MSG_WAITFORONE
+		s.flags = unix.MSG_DONTWAIT // the poller waits
 	}
 	for i := range s.hdrs {
 		h := &s.hdrs[i].Hdr
@@ -96,9 +97,10 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 	s.fn = s.call
 }
 
-// call is the RawConn callback: one blocking sendmmsg/recvmmsg of
-// hdrs[off:cnt] (see fdConn). It reports false (retry) on EAGAIN, which
-// the socket's timeout (pollInterval) gives.
+// call is the RawConn callback: one sendmmsg/recvmmsg of hdrs[off:cnt] —
+// blocking on a send socket (fdConn), non-blocking on a receive socket
+// (Go's poller). It reports false (wait and retry) on EAGAIN: the receive
+// socket is empty, or a send socket's timeout (pollInterval) expired.
 func (s *mmsgState) call(fd uintptr) bool {
 	var n uintptr
 	var e unix.Errno
@@ -107,11 +109,11 @@ func (s *mmsgState) call(fd uintptr) bool {
 		if one {
 			// One message: sendmsg/recvmsg, which skip the batch loop
 			// (and, for recvmmsg, its timeout handling) of the mmsg calls.
-			trap, flags := uintptr(unix.SYS_SENDMSG), uintptr(0)
+			trap := uintptr(unix.SYS_SENDMSG)
 			if s.trap == unix.SYS_RECVMMSG {
 				trap = unix.SYS_RECVMSG
 			}
-			n, _, e = unix.Syscall(trap, fd, uintptr(unsafe.Pointer(&s.hdrs[s.off].Hdr)), flags)
+			n, _, e = unix.Syscall(trap, fd, uintptr(unsafe.Pointer(&s.hdrs[s.off].Hdr)), s.flags)
 		} else {
 			n, _, e = unix.Syscall6(s.trap, fd,
 				uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), s.flags, 0, 0)
@@ -201,6 +203,28 @@ func (s *mmsgState) clearIovs(n int) {
 	for i := range n {
 		s.iovs[i].Base = nil
 	}
+}
+
+// listenFD opens a packet socket on address in Go's poller, runs set on its
+// file descriptor before it is bound, and returns it with its RawConn.
+func listenFD(network, address string, set func(fd int) error) (net.PacketConn, syscall.RawConn, error) {
+	var setErr error
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		if err := c.Control(func(fd uintptr) { setErr = set(int(fd)) }); err != nil {
+			return err
+		}
+		return setErr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), network, address)
+	if err != nil {
+		return nil, nil, err
+	}
+	rc, err := pc.(syscall.Conn).SyscallConn()
+	if err != nil {
+		pc.Close()
+		return nil, nil, err
+	}
+	return pc, rc, nil
 }
 
 // dropAll is a classic BPF program that drops every packet.

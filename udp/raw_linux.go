@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"unsafe"
 
@@ -54,9 +55,9 @@ const (
 // the kernel neither answers with ICMP port unreachable nor lets another
 // program take it. IPv6 peers are served fully by SocketLink.
 type RawLink struct {
-	sockLink         // send: per message two iovecs, the header from shdr and the payload
-	conn     *fdConn // raw IPv4 socket, protocol UDP
-	holder   *fdConn // addr:4791, drops everything
+	sockLink             // send: per message two iovecs, the header from shdr and the payload
+	conn     *net.IPConn // receives: raw IPv4 socket, protocol UDP, in Go's poller
+	holder   *fdConn     // addr:4791, drops everything
 	ttl      uint8
 	shdr     []byte // batch × 28: the IPv4+UDP header of each message
 	rbuf     []byte // batch × rawBufSize
@@ -105,19 +106,30 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
-	conn, err := openSocket(netip.AddrPortFrom(a, 0), unix.SOCK_RAW, unix.IPPROTO_UDP, func(fd int) error { return setRawOptions(fd, a.As4(), &o) })
+	conn, rc, err := listenFD("ip4:udp", a.String(), func(fd int) error { return setRawOptions(fd, a.As4(), &o) })
 	if err != nil {
 		holder.Close()
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
+	// Sends go out on a socket of their own, outside the poller (see
+	// fdConn). IPPROTO_RAW implies IP_HDRINCL and never receives, so the
+	// kernel does not clone every UDP packet of the host to it.
+	tx, err := openSocket(netip.AddrPortFrom(a, 0), unix.SOCK_RAW, unix.IPPROTO_RAW, func(fd int) error {
+		return setBuffers(fd, 4096, o.SendBufferSize)
+	})
+	if err != nil {
+		conn.Close()
+		holder.Close()
+		return nil, fmt.Errorf("udp: raw listen %s: send socket: %w", ap, err)
+	}
 	l := &RawLink{
-		conn:   conn,
+		conn:   conn.(*net.IPConn),
 		holder: holder,
 		ttl:    o.TTL,
 		shdr:   make([]byte, o.BatchSize*(ipv4HdrLen+udpHdrLen)),
 		rbuf:   make([]byte, o.BatchSize*rawBufSize),
 	}
-	l.sockLink.init(conn, a, o.BatchSize, 2)
+	l.sockLink.init(rc, tx, a, o.BatchSize, 2)
 	for i := range l.send.hdrs {
 		l.send.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet4
 	}
@@ -165,10 +177,11 @@ func drainSocket(fd int) error {
 	return fmt.Errorf("drain raw socket: queue does not empty: %w", unix.EBUSY)
 }
 
-// Close closes both sockets; a blocked Recv returns net.ErrClosed. Closing
+// Close closes the sockets; a blocked Recv returns net.ErrClosed. Closing
 // twice is harmless.
 func (l *RawLink) Close() error {
 	err := l.conn.Close()
+	l.tx.Close()
 	l.holder.Close()
 	return closeErr(err, "close raw", l.addr)
 }
@@ -189,7 +202,7 @@ func (l *RawLink) Send(pkts []Packet) error {
 		for i := range k {
 			l.buildPacket(i, &pkts[base+i])
 		}
-		done, err := s.send(l.rc, k, &l.sent)
+		done, err := s.send(l.tx, k, &l.sent)
 		s.clearIovs(2 * k)
 		if err != nil && s.errno != 0 {
 			p := &pkts[base+done]

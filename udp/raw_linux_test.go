@@ -60,7 +60,7 @@ func TestRawInteropSocket(t *testing.T) {
 	if err := s.Send([]Packet{{Buf: testPayload(make([]byte, 100), 1, 100), Addr: sockA}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := recvN(t, r, 1, 5*time.Second); seqOf(got[0].Buf) != 1 || got[0].SrcPort != Port {
+	if got := recvN(t, r, 1, 5*time.Second); seqOf(got[0].Buf) != 1 || got[0].SrcPort != s.SendPort() {
 		t.Errorf("raw got seq %d port %d", seqOf(got[0].Buf), got[0].SrcPort)
 	}
 	if err := r.Send([]Packet{{Buf: testPayload(make([]byte, 100), 2, 100), Addr: sockB, SrcPort: 0xc555}}); err != nil {

@@ -39,9 +39,10 @@ type SocketOptions struct {
 	// SourcePorts sends each packet from its Packet.SrcPort (rxe uses one
 	// source port per QP, so a QP is one flow for ECMP and RSS): a send-only
 	// socket bound to addr:SrcPort is opened on first use of each port.
-	// When a port cannot be bound (taken by another socket) its packets
-	// leave from 4791 instead. Without SourcePorts every packet leaves from
-	// 4791. Either way the ICRC is computed for the port actually used.
+	// When a port cannot be bound (taken by another socket), and for
+	// SrcPort 0 or 4791, packets leave from the link's SendPort instead.
+	// Without SourcePorts every packet leaves from SendPort. Either way the
+	// ICRC is computed for the port actually used.
 	SourcePorts bool
 	// NoGRO turns UDP GRO off. By default the socket has UDP_GRO: the
 	// kernel may hand over a run of same-flow, same-size, same-TOS datagrams
@@ -65,15 +66,18 @@ const (
 	groBufSize = 65536 // one coalesced UDP datagram at most
 )
 
-// SocketLink is a Link over a kernel UDP socket bound to addr:4791 (Linux).
+// SocketLink is a Link over kernel UDP sockets (Linux): one bound to
+// addr:4791 receives, others send (see fdConn for why they are separate).
 //
-// Sending: the socket is never connected and has IP_MTU_DISCOVER =
+// Sending: the send sockets are never connected and have IP_MTU_DISCOVER =
 // IP_PMTUDISC_DO, so Linux sends every IPv4 datagram with DF and
 // identification 0; the ICRC is computed for exactly that header. By default
-// all datagrams leave from source port 4791 (the bound socket) and
-// Packet.SrcPort is ignored — RoCEv2 peers (Linux rxe, RNICs) accept any
-// source port, the cost is that all QPs form one flow for ECMP and RSS.
-// With SocketOptions.SourcePorts each packet leaves from its SrcPort.
+// all datagrams leave from one source port, chosen by the kernel when the
+// link opens (SendPort) and stable for its life, and Packet.SrcPort is
+// ignored — RoCEv2 peers (Linux rxe, RNICs) accept any source port and always
+// answer to 4791; the cost is that all QPs form one flow for ECMP and RSS.
+// With SocketOptions.SourcePorts each packet leaves from its SrcPort. Send
+// sets each Packet.SrcPort to the port the packet really left from.
 // Packet.TOS is sent as ancillary data (IP_TOS / IPV6_TCLASS). Optional UDP
 // GSO (SocketOptions.GSO) batches same-size runs into one datagram.
 //
@@ -86,10 +90,11 @@ const (
 // IPV6_RECVTCLASS.
 type SocketLink struct {
 	sockLink
-	conn *fdConn
-	is6  bool
-	gso  bool
-	gro  *groState // nil with SocketOptions.NoGRO
+	conn   *net.UDPConn // addr:4791, receives (Go's poller)
+	txPort uint16       // source port of sockLink.tx (ephemeral)
+	is6    bool
+	gso    bool
+	gro    *groState // nil with SocketOptions.NoGRO
 
 	srcPorts      bool
 	bindAddr      netip.Addr // addr with its zone, for source-port sockets
@@ -130,28 +135,84 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 	}
 	ap := netip.AddrPortFrom(bindAddr, Port)
 
-	conn, err := openSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error { return setSocketOptions(fd, is6, &o) })
+	conn, rc, err := listenFD(udpNetwork(is6), ap.String(), func(fd int) error { return setSocketOptions(fd, is6, &o) })
 	if err != nil {
 		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
 	}
+	tx, err := openSendSocket(netip.AddrPortFrom(bindAddr, 0), is6, o.SendBufferSize)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("udp: listen %s: send socket: %w", ap, err)
+	}
+	txPort, err := boundPort(tx)
+	if err != nil {
+		conn.Close()
+		tx.Close()
+		return nil, fmt.Errorf("udp: listen %s: send socket: %w", ap, err)
+	}
 	l := &SocketLink{
-		conn: conn,
-		is6:  is6,
-		gso:  o.GSO,
+		conn:   conn.(*net.UDPConn),
+		txPort: txPort,
+		is6:    is6,
+		gso:    o.GSO,
 
 		srcPorts: o.SourcePorts,
 		bindAddr: bindAddr,
 		sndBuf:   o.SendBufferSize,
 		ports:    make(map[uint16]*portSocket),
 	}
-	l.sockLink.init(conn, a, o.BatchSize, 1)
+	l.sockLink.init(rc, tx, a, o.BatchSize, 1)
 	if o.SourcePorts {
-		conn.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
+		rc.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
 	}
 	if !o.NoGRO {
 		l.gro = &groState{mem: make([]byte, o.BatchSize*groBufSize), msgs: make([]groMsg, o.BatchSize)}
 	}
 	return l, nil
+}
+
+// openSendSocket opens a blocking socket bound to ap that only sends (see
+// fdConn): the DF / identification 0 setting of the receive socket, send
+// buffer sndBuf, and a socket filter that drops everything it would receive.
+func openSendSocket(ap netip.AddrPort, is6 bool, sndBuf int) (*fdConn, error) {
+	return openSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error {
+		o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: sndBuf, NoGRO: true}
+		if err := setSocketOptions(fd, is6, &o); err != nil {
+			return err
+		}
+		return attachFilter(fd, dropAll)
+	})
+}
+
+// boundPort returns the local port c is bound to.
+func boundPort(c *fdConn) (port uint16, err error) {
+	cerr := c.Control(func(fd uintptr) {
+		var sa unix.Sockaddr
+		if sa, err = unix.Getsockname(int(fd)); err != nil {
+			err = fmt.Errorf("getsockname: %w", err)
+			return
+		}
+		switch sa := sa.(type) {
+		case *unix.SockaddrInet4:
+			port = uint16(sa.Port)
+		case *unix.SockaddrInet6:
+			port = uint16(sa.Port)
+		default:
+			err = fmt.Errorf("getsockname: unexpected %T", sa)
+		}
+	})
+	if cerr != nil {
+		return 0, cerr
+	}
+	return port, err
+}
+
+// udpNetwork is the net package's network name for a UDP socket.
+func udpNetwork(is6 bool) string {
+	if is6 {
+		return "udp6"
+	}
+	return "udp4"
 }
 
 func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
@@ -189,6 +250,7 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 // Closing twice is harmless.
 func (l *SocketLink) Close() error {
 	err := l.conn.Close()
+	l.tx.Close()
 	l.portsMu.Lock()
 	for _, ps := range l.ports {
 		if ps != nil {
@@ -201,6 +263,10 @@ func (l *SocketLink) Close() error {
 	l.portsMu.Unlock()
 	return closeErr(err, "close", l.addr)
 }
+
+// SendPort returns the UDP source port of the link's own send socket: the
+// port every packet leaves from without SocketOptions.SourcePorts.
+func (l *SocketLink) SendPort() uint16 { return l.txPort }
 
 // SourcePortFallbacks returns how many per-QP source ports
 // (SocketOptions.SourcePorts) could not be bound, so that their packets
@@ -261,7 +327,8 @@ func putTOSCmsg(b []byte, tos uint8, is6 bool) int {
 // address, the source port actually used, destination port 4791, DF, IPv4
 // identification 0 — or, with GSO, the segment's index in its group) and
 // sends the packets with sendmmsg, BatchSize per call. The source port is
-// 4791, or Packet.SrcPort with SocketOptions.SourcePorts (see SocketLink).
+// SendPort, or Packet.SrcPort with SocketOptions.SourcePorts (see
+// SocketLink); each Packet.SrcPort is set to the port used.
 // It returns after every packet was accepted by the kernel, or with the
 // first error (packets before it were sent).
 func (l *SocketLink) Send(pkts []Packet) error {
@@ -320,7 +387,7 @@ func (l *SocketLink) sendRun(rc syscall.RawConn, port uint16, run []Packet, base
 // taken) the link's socket is used from then on for that port.
 func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) {
 	if !l.srcPorts || want == 0 || want == Port {
-		return l.rc, Port, nil
+		return l.tx, l.txPort, nil
 	}
 	l.portsMu.Lock()
 	defer l.portsMu.Unlock()
@@ -329,7 +396,7 @@ func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) 
 	}
 	if ps, ok := l.ports[want]; ok {
 		if ps == nil {
-			return l.rc, Port, nil
+			return l.tx, l.txPort, nil
 		}
 		return ps.conn, want, nil
 	}
@@ -337,7 +404,7 @@ func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) 
 	if err != nil {
 		l.ports[want] = nil
 		l.portFallbacks.Add(1)
-		return l.rc, Port, nil
+		return l.tx, l.txPort, nil
 	}
 	l.ports[want] = ps
 	return ps.conn, want, nil
@@ -348,21 +415,13 @@ type portSocket struct {
 	conn *fdConn
 }
 
-// openSourceSocket opens a socket bound to addr:port that only sends: the
-// same DF / ID 0 settings as the link's socket, and a socket filter that
-// drops everything it would receive.
+// openSourceSocket opens a send socket bound to addr:port (openSendSocket).
 func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
 	ap := netip.AddrPortFrom(l.bindAddr, port)
 	var conn *fdConn
 	// In the namespace of the link's socket, wherever Send runs.
 	err := l.netns.run(func() (err error) {
-		conn, err = openSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error {
-			o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: l.sndBuf, NoGRO: true}
-			if err := setSocketOptions(fd, l.is6, &o); err != nil {
-				return err
-			}
-			return attachFilter(fd, dropAll)
-		})
+		conn, err = openSendSocket(ap, l.is6, l.sndBuf)
 		return err
 	})
 	if err != nil {
@@ -418,6 +477,7 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16) int {
 			// Linux gives a DF datagram from an unconnected socket ID 0;
 			// GSO numbers the segments' IDs upward from there.
 			icrc.Store(q.Buf, computeICRC(l.addr, dst, port, uint16(k), q.Buf))
+			q.SrcPort = port // the port it really leaves from
 			s.iovs[i+k].Base = &q.Buf[0]
 			s.iovs[i+k].SetLen(len(q.Buf))
 		}

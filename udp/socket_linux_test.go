@@ -39,8 +39,12 @@ func testSocketSendRecvBatches(t *testing.T, ob *SocketOptions) {
 	}
 	for i := range pkts {
 		// The ICRC Send filled in is the one for the header Linux sends:
-		// ID 0, DF, source port 4791 (the bound socket).
-		h := icrc.IPv4Pseudo{Src: sockA.As4(), Dst: sockB.As4(), ID: 0, FlagsFrag: 0x4000, SrcPort: Port, DstPort: Port}
+		// ID 0, DF, the link's send port (SrcPort asked for is ignored
+		// without SourcePorts, and Send says which port it used).
+		if pkts[i].SrcPort != a.SendPort() || a.SendPort() == 0 || a.SendPort() == Port {
+			t.Fatalf("packet %d: SrcPort after Send %d, SendPort %d", i, pkts[i].SrcPort, a.SendPort())
+		}
+		h := icrc.IPv4Pseudo{Src: sockA.As4(), Dst: sockB.As4(), ID: 0, FlagsFrag: 0x4000, SrcPort: a.SendPort(), DstPort: Port}
 		if got, w := icrc.Load(pkts[i].Buf), icrc.ComputeIPv4(&h, pkts[i].Buf); got != w {
 			t.Fatalf("packet %d: ICRC %#08x, want %#08x", i, got, w)
 		}
@@ -51,8 +55,8 @@ func testSocketSendRecvBatches(t *testing.T, ob *SocketOptions) {
 		if !bytes.Equal(p.Buf, want[i]) {
 			t.Fatalf("packet %d differs (len %d, want %d)", i, len(p.Buf), len(want[i]))
 		}
-		if p.Addr != sockA || p.SrcPort != Port {
-			t.Fatalf("packet %d from %v:%d, want %v:%d", i, p.Addr, p.SrcPort, sockA, Port)
+		if p.Addr != sockA || p.SrcPort != a.SendPort() {
+			t.Fatalf("packet %d from %v:%d, want %v:%d", i, p.Addr, p.SrcPort, sockA, a.SendPort())
 		}
 	}
 	if s := a.Stats(); s.SentPkts != total {
@@ -141,7 +145,7 @@ func TestSocketIPv6(t *testing.T) {
 	if err := l.Send(p); err != nil {
 		t.Fatal(err)
 	}
-	h := icrc.IPv6Pseudo{Src: lo6.As16(), Dst: lo6.As16(), SrcPort: Port, DstPort: Port}
+	h := icrc.IPv6Pseudo{Src: lo6.As16(), Dst: lo6.As16(), SrcPort: l.SendPort(), DstPort: Port}
 	if icrc.Load(p[0].Buf) != icrc.ComputeIPv6(&h, p[0].Buf) {
 		t.Fatal("IPv6 ICRC not filled for the real header")
 	}
@@ -161,7 +165,7 @@ func TestSocketIPv6(t *testing.T) {
 	}
 	got := recvN(t, l, 2, 5*time.Second)
 	for _, g := range got {
-		if g.Addr != lo6 || g.SrcPort != Port || g.TOS != ECNCE || seqOf(g.Buf) != 3 {
+		if g.Addr != lo6 || g.SrcPort != l.SendPort() || g.TOS != ECNCE || seqOf(g.Buf) != 3 {
 			t.Errorf("got %v:%d tos %d seq %d", g.Addr, g.SrcPort, g.TOS, seqOf(g.Buf))
 		}
 	}
@@ -578,7 +582,8 @@ func TestSocketSourcePorts(t *testing.T) {
 	var ids []uint16
 	testHookIPv4ID = func(id uint16) { ids = append(ids, id) }
 	defer func() { testHookIPv4ID = nil }()
-	// A port another socket holds: its packets fall back to 4791.
+	// A port another socket holds: its packets fall back to the link's
+	// send port, as do ports 0 and 4791.
 	busy, err := net.ListenUDP("udp4", &net.UDPAddr{IP: sockA.AsSlice()})
 	if err != nil {
 		t.Fatal(err)
@@ -586,7 +591,8 @@ func TestSocketSourcePorts(t *testing.T) {
 	defer busy.Close()
 	busyPort := uint16(busy.LocalAddr().(*net.UDPAddr).Port)
 	ports := []uint16{FlowSourcePort(0x12, 0x12), FlowSourcePort(0x11, 0x11), 0, busyPort, Port}
-	wantPort := []uint16{ports[0], ports[1], Port, Port, Port}
+	sp := a.SendPort()
+	wantPort := []uint16{ports[0], ports[1], sp, sp, sp}
 	var pkts []Packet
 	var want []uint16
 	for r := range 30 { // runs of 1..4 packets per port

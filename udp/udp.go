@@ -46,7 +46,9 @@ type Packet struct {
 	// Addr is the destination IP on Send and the source IP on Recv.
 	Addr netip.Addr
 	// SrcPort is the UDP source port to use on Send (one per QP flow) and
-	// the sender's source port on Recv.
+	// the sender's source port on Recv. A Link that cannot use the port
+	// asked for (SocketLink without SourcePorts) sets it on Send to the
+	// port the packet left from.
 	SrcPort uint16
 	// TOS is the IP TOS / traffic class byte to set on Send (the low two
 	// bits are ECN) and as received on Recv, when the backend can read it.

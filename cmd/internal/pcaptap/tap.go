@@ -5,8 +5,9 @@
 // The ICRC in a recorded packet is the one the link really computed (on
 // send) or verified (on receive); it is not recomputed. The tap only has to
 // find the IP/UDP header the packet travelled with: the backends send IPv4
-// with DF and identification 0, from the per-QP source port (MemLink) or from
-// port 4791 (SocketLink), and a received packet may carry any identification,
+// with DF and identification 0 from the source port Send leaves in
+// Packet.SrcPort (the per-QP port, or SocketLink's own send port), and a
+// received packet may carry any identification,
 // which is solved for (icrc.SolveIPv4ID). So `rocev2d pcap check` on a tapped
 // capture verifies the ICRCs the stack produced. A packet for which no
 // header candidate makes the ICRC valid is written anyway (with identification
@@ -128,8 +129,8 @@ func (w *Writer) WritePacket(src, dst netip.Addr, sport uint16, tos uint8, paylo
 	f := w.frame
 	var n int
 	ok := false
-	// Candidate source ports: the one asked for, then 4791 (SocketLink
-	// sends every packet from its bound port).
+	// Candidate source ports: the one given (after Send, the port really
+	// used), then 4791 (links that send from their bound port).
 	ports := [2]uint16{sport, udp.Port}
 	for i, p := range ports {
 		if i > 0 && p == ports[0] {
