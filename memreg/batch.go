@@ -112,3 +112,62 @@ func (bt *BatchTarget) writeSlow(ps *Pins, off uint64, p []byte) error {
 	copy(bt.mem[off:off+n], p)
 	return nil
 }
+
+// ScatterList places the pieces of one message (the packets of a SEND)
+// into a receive scatter/gather list, like Scatter, holding the regions
+// in a Pins across a batch. It remembers the list element it wrote last:
+// a piece that lies inside that element, while its region is held, is
+// placed with a bounds check and a copy (no lookup, no atomic operation).
+// Any other piece takes Scatter's full path (same checks, same errors)
+// and holds what it writes.
+type ScatterList struct {
+	pd    *PD
+	sges  []SGE
+	mem   []byte // the element written last, whole; valid while held in ps at gen
+	start uint64 // list offset of mem[0]
+	ps    *Pins
+	gen   uint64
+}
+
+// ScatterList returns a ScatterList over sges (not copied: the caller
+// keeps them unchanged while it uses the ScatterList).
+func (pd *PD) ScatterList(sges []SGE) ScatterList { return ScatterList{pd: pd, sges: sges} }
+
+// Scatter places src at byte offset of the concatenated list, like
+// PD.Scatter (same rules and errors). With ps non-nil the regions written
+// are held in ps until its next Release; with ps nil it is PD.Scatter.
+func (sl *ScatterList) Scatter(ps *Pins, offset uint64, src []byte) error {
+	n := uint64(len(src))
+	if ps != nil && sl.ps == ps && sl.gen == ps.gen && offset >= sl.start &&
+		n-1 < uint64(len(sl.mem)) && offset-sl.start <= uint64(len(sl.mem))-n {
+		o := offset - sl.start
+		copy(sl.mem[o:o+n], src)
+		return nil
+	}
+	return sl.scatterSlow(ps, offset, src)
+}
+
+//go:noinline
+func (sl *ScatterList) scatterSlow(ps *Pins, offset uint64, src []byte) error {
+	if ps == nil {
+		return sl.pd.Scatter(sl.sges, offset, src)
+	}
+	return sl.pd.move(OpScatter, sl.sges, offset, src, AccessLocalWrite, ps, sl)
+}
+
+// remember records element s, starting at list offset start, as the one
+// written last; its region e is held in ps. The element passed every
+// check when it was posted and e is the same registration (its key
+// matched), so it lies inside e; it is checked again all the same.
+func (sl *ScatterList) remember(ps *Pins, e *entry, s *SGE, start uint64) {
+	l := uint64(s.Length)
+	last := s.Addr + l - 1
+	if l == 0 || last < s.Addr || s.Addr < e.start || last > e.last {
+		sl.mem, sl.ps = nil, nil
+		return
+	}
+	o := s.Addr - e.start
+	sl.mem = e.mem[o : o+l : o+l]
+	sl.start = start
+	sl.ps, sl.gen = ps, ps.gen
+}

@@ -3,6 +3,8 @@ package memreg
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -165,5 +167,149 @@ func TestBatchTargetPins(t *testing.T) {
 	}
 	if pins.Len() != 0 || !bytes.Equal(buf, snap) {
 		t.Fatalf("memory changed after Deregister returned (pins %d)", pins.Len())
+	}
+}
+
+// TestScatterListMatchesScatter: random scatter/gather lists (several
+// regions, one without local write, zero-length and out-of-bounds
+// elements) and random sequences of pieces, mostly consecutive as the
+// packets of a SEND: ScatterList.Scatter through Pins (released at random
+// points) places the same bytes and returns the same errors as
+// PD.Scatter.
+func TestScatterListMatchesScatter(t *testing.T) {
+	tb := NewTable(Limits{})
+	pd := mustPD(t, tb)
+	const size = 4096
+	bufs := [][]byte{alignedBuf(size), alignedBuf(size), alignedBuf(size)}
+	mrs := []*MR{
+		mustMR(t, pd, bufs[0], 0x10000, AccessLocalWrite),
+		mustMR(t, pd, bufs[1], 0x20000, AccessLocalWrite|AccessRemoteWrite),
+		mustMR(t, pd, bufs[2], 0x30000, AccessRemoteRead), // no local write
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	type piece struct {
+		off uint64
+		n   int
+	}
+	for iter := range 2000 {
+		var sges []SGE
+		var total uint64
+		for range 1 + r.IntN(4) {
+			m := r.IntN(len(mrs))
+			if r.IntN(10) == 0 {
+				m = 2
+			} else {
+				m %= 2
+			}
+			addr := mrs[m].IOVA() + uint64(r.IntN(size))
+			n := uint32(r.IntN(size/2 + 1))
+			if r.IntN(20) == 0 {
+				n = size // often past the end of the region
+			}
+			if r.IntN(20) == 0 {
+				n = 0
+			}
+			sges = append(sges, SGE{Addr: addr, Length: n, LKey: mrs[m].LKey()})
+			total += uint64(n)
+		}
+		var pieces []piece
+		var off uint64
+		for range 1 + r.IntN(12) {
+			n := 1 + r.IntN(300)
+			if r.IntN(8) == 0 {
+				off = uint64(r.IntN(int(total) + 16)) // jump (also past the end)
+			}
+			pieces = append(pieces, piece{off, n})
+			off += uint64(n)
+		}
+		src := make([]byte, 300)
+		run := func(batched bool) ([]string, [][]byte) {
+			for _, b := range bufs {
+				clear(b)
+			}
+			var pins Pins
+			sl := pd.ScatterList(sges)
+			var errs []string
+			for k, p := range pieces {
+				for i := range src {
+					src[i] = byte(k*31 + i + 1)
+				}
+				var err error
+				if batched {
+					err = sl.Scatter(&pins, p.off, src[:p.n])
+					if r.IntN(4) == 0 {
+						pins.Release()
+					}
+				} else {
+					err = pd.Scatter(sges, p.off, src[:p.n])
+				}
+				errs = append(errs, fmt.Sprint(err))
+			}
+			pins.Release()
+			out := make([][]byte, len(bufs))
+			for i, b := range bufs {
+				out[i] = bytes.Clone(b)
+			}
+			return errs, out
+		}
+		gotErrs, got := run(true)
+		wantErrs, want := run(false)
+		for k := range pieces {
+			if gotErrs[k] != wantErrs[k] {
+				t.Fatalf("iter %d: sges %+v piece %d %+v: ScatterList: %s, Scatter: %s", iter, sges, k, pieces[k], gotErrs[k], wantErrs[k])
+			}
+		}
+		for i := range bufs {
+			if !bytes.Equal(got[i], want[i]) {
+				t.Fatalf("iter %d: sges %+v pieces %+v: region %d differs", iter, sges, pieces, i)
+			}
+		}
+	}
+	for _, mr := range mrs {
+		if mr.e.refs.Load() != 0 {
+			t.Fatalf("pins left behind: refs %d", mr.e.refs.Load())
+		}
+	}
+}
+
+// TestScatterListDeregister: a ScatterList holds its region until the
+// Pins' Release; after Deregister returns it places nothing and fails
+// like Scatter (stale key).
+func TestScatterListDeregister(t *testing.T) {
+	tb := NewTable(Limits{})
+	pd := mustPD(t, tb)
+	buf := alignedBuf(4096)
+	mr := mustMR(t, pd, buf, 0x10000, AccessLocalWrite)
+	sges := []SGE{{0x10000, 4096, mr.LKey()}}
+	var pins Pins
+	sl := pd.ScatterList(sges)
+	if err := sl.Scatter(&pins, 0, []byte{1, 2}); err != nil || pins.Len() != 1 {
+		t.Fatalf("%v, %d pins", err, pins.Len())
+	}
+	if err := sl.Scatter(&pins, 2, []byte{3}); err != nil || pins.Len() != 1 || mr.e.refs.Load() != 1 {
+		t.Fatalf("second piece: %v, %d pins, refs %d", err, pins.Len(), mr.e.refs.Load())
+	}
+	done := make(chan error, 1)
+	go func() { done <- mr.Deregister() }()
+	for mr.e.refs.Load()&deadBit == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Deregister returned (%v) while held", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	pins.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	snap := bytes.Clone(buf)
+	err := sl.Scatter(&pins, 3, []byte{4})
+	want := pd.Scatter(sges, 3, []byte{4})
+	if !errors.Is(err, ErrStaleKey) || err.Error() != want.Error() {
+		t.Fatalf("after Deregister: %v, Scatter says %v", err, want)
+	}
+	if !bytes.Equal(buf, snap) || !bytes.Equal(buf[:3], []byte{1, 2, 3}) || pins.Len() != 0 {
+		t.Fatal("memory changed after Deregister returned")
 	}
 }

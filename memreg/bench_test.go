@@ -178,7 +178,9 @@ func BenchmarkFetchAdd(b *testing.B) {
 // batch of 64 packets under one pin; BatchTarget.Write is exactly what the
 // transport's responder does per received RDMA WRITE packet: one
 // BatchTarget.Write per packet into the receive batch's Pins, and the
-// Pins' Release at the end of the batch (timed with the batch).
+// Pins' Release at the end of the batch (timed with the batch). Scatter is
+// what the responder did per SEND packet (one-element receive list),
+// ScatterList what it does now (the same with the batch's Pins).
 func BenchmarkPlace4KVsCopy(b *testing.B) {
 	const batch = 64
 	for _, size := range []struct {
@@ -206,7 +208,7 @@ func BenchmarkPlace4KVsCopy(b *testing.B) {
 		bt := tg.Batched()
 		var pins Pins
 		sges := []SGE{{iova, uint32(half), mr.LKey()}}
-		for _, name := range []string{"control", "WriteRemote", "Target.Write", "Target.WriteV", "BatchTarget.Write", "Scatter"} {
+		for _, name := range []string{"control", "WriteRemote", "Target.Write", "Target.WriteV", "BatchTarget.Write", "Scatter", "ScatterList"} {
 			b.Run(size.name+"/"+name, func(b *testing.B) {
 				var tCopy, tPlace time.Duration
 				bestCopy, bestPlace := time.Hour, time.Hour
@@ -242,6 +244,14 @@ func BenchmarkPlace4KVsCopy(b *testing.B) {
 								err = e
 							}
 						}
+					case "ScatterList": // the same through the responder's ScatterList and receive batch Pins
+						sl := pd.ScatterList(sges)
+						for i := range uint64(batch) {
+							if e := sl.Scatter(&pins, cur+i*4096, src); e != nil {
+								err = e
+							}
+						}
+						pins.Release()
 					case "Target.WriteV": // one pin per batch of 64 packets
 						err = tg.WriteV(cur, vec)
 					default: // BatchTarget.Write: one pin per receive batch, released with it

@@ -70,7 +70,7 @@ func (pd *PD) CheckSGEs(sges []SGE, acc Access) (total uint64, err error) {
 // offset of the concatenated list (local read needs no flag). It fails
 // with ErrLength when the list is shorter than offset+len(dst).
 func (pd *PD) Gather(sges []SGE, offset uint64, dst []byte) error {
-	return pd.move(OpGather, sges, offset, dst, 0)
+	return pd.move(OpGather, sges, offset, dst, 0, nil, nil)
 }
 
 // Scatter places src into local memory at byte offset of the concatenated
@@ -80,10 +80,14 @@ func (pd *PD) Gather(sges []SGE, offset uint64, dst []byte) error {
 // element fails its check, the bytes before it have been placed (as a NIC
 // would have) and the error names the element.
 func (pd *PD) Scatter(sges []SGE, offset uint64, src []byte) error {
-	return pd.move(OpScatter, sges, offset, src, AccessLocalWrite)
+	return pd.move(OpScatter, sges, offset, src, AccessLocalWrite, nil, nil)
 }
 
-func (pd *PD) move(op Op, sges []SGE, offset uint64, buf []byte, acc Access) error {
+// move copies between buf and the list at offset: Scatter (op OpScatter,
+// buf into memory) and Gather (OpGather, memory into buf). With sl set
+// (OpScatter only, ps non-nil) each region is held in ps instead of being
+// pinned per element, and the last element written is remembered in sl.
+func (pd *PD) move(op Op, sges []SGE, offset uint64, buf []byte, acc Access, ps *Pins, sl *ScatterList) error {
 	n := uint64(len(buf))
 	if n == 0 {
 		return nil
@@ -111,15 +115,23 @@ func (pd *PD) move(op Op, sges []SGE, offset uint64, buf []byte, acc Access) err
 		if err != nil {
 			return accessErr(op, s.LKey, addr, chunk, err, e, acc)
 		}
-		if !e.pin() {
-			return accessErr(op, s.LKey, addr, chunk, ErrStaleKey, e, 0)
-		}
-		if op == OpScatter {
+		if sl != nil {
+			if !ps.hold(e) {
+				return accessErr(op, s.LKey, addr, chunk, ErrStaleKey, e, 0)
+			}
 			copy(e.mem[off:off+chunk], buf[:chunk])
+			sl.remember(ps, e, s, offset+n-uint64(len(buf))-(addr-s.Addr))
 		} else {
-			copy(buf[:chunk], e.mem[off:off+chunk])
+			if !e.pin() {
+				return accessErr(op, s.LKey, addr, chunk, ErrStaleKey, e, 0)
+			}
+			if op == OpScatter {
+				copy(e.mem[off:off+chunk], buf[:chunk])
+			} else {
+				copy(buf[:chunk], e.mem[off:off+chunk])
+			}
+			e.unpin()
 		}
-		e.unpin()
 		buf = buf[chunk:]
 		if len(buf) == 0 {
 			return nil

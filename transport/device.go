@@ -67,7 +67,7 @@ type Device struct {
 	// Receive goroutine only.
 	rxWake []*CQ
 	// rxPins holds the memory registrations the responders placed RDMA
-	// WRITE data into during the current batch: one pin per region and
+	// WRITE and SEND data into during the current batch: one pin per region and
 	// batch instead of a pin and unpin per packet. Released at the end of
 	// every batch, before the waiters are woken, the queued packets are
 	// sent and the next Recv blocks, and before a remote invalidation

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -28,8 +29,8 @@ import (
 //     QP lookup and lock, PSN/opcode/length checks, placement, counters,
 //     pin release) plus the batch's wake and flush (one ACK), as the
 //     receive goroutine runs it. Not included: Link.Recv and the ICRC.
-//   - rx/per-packet-pin: the same packets through the unbatched input path
-//     (as HandlePacket; a pin and unpin per packet), for comparison.
+//   - rx-per-packet-pin: the same packets through HandlePacket, the
+//     unbatched input path (a pin and unpin per packet), for comparison.
 //
 // The bench goroutine stands in for the receive goroutine, which is idle
 // (its link has nothing to deliver).
@@ -58,33 +59,46 @@ func BenchmarkResponderWrite4KVsCopy(b *testing.B) {
 		for i := range payload {
 			payload[i] = byte(i)
 		}
-		pkts := make([]udp.Packet, batch)
-		pls := make([][]byte, batch) // each packet's payload, inside its buffer
-		for k := range pkts {
-			f := reqOnly(bth.RCWriteMiddle, payload)
-			f.BTH.AckReq = false
-			switch k {
-			case 0:
-				f.BTH.Opcode = bth.RCWriteFirst
-				f.RETH = reth.Fields{VA: mr.IOVA(), RKey: mr.RKey(), DMALength: msg}
-			case batch - 1:
-				f.BTH.Opcode = bth.RCWriteLast
-				f.BTH.AckReq = true
+		// One message per batch: FIRST, MIDDLE..., LAST (AckReq).
+		mkBatch := func(first, middle, last bth.Opcode) (pkts []udp.Packet, pls [][]byte) {
+			pkts = make([]udp.Packet, batch)
+			pls = make([][]byte, batch) // each packet's payload, inside its buffer
+			for k := range pkts {
+				f := reqOnly(middle, payload)
+				f.BTH.AckReq = false
+				switch k {
+				case 0:
+					f.BTH.Opcode = first
+					f.RETH = reth.Fields{VA: mr.IOVA(), RKey: mr.RKey(), DMALength: msg}
+				case batch - 1:
+					f.BTH.Opcode = last
+					f.BTH.AckReq = true
+				}
+				pkts[k] = udp.Packet{Buf: build(b, s.qp, 0, f), Addr: addrA}
+				var p packet.Packet
+				if err := p.Parse(pkts[k].Buf); err != nil {
+					b.Fatal(err)
+				}
+				pls[k] = p.Payload
 			}
-			pkts[k] = udp.Packet{Buf: build(b, s.qp, 0, f), Addr: addrA}
-			var p packet.Packet
-			if err := p.Parse(pkts[k].Buf); err != nil {
-				b.Fatal(err)
-			}
-			pls[k] = p.Payload
+			return pkts, pls
 		}
+		writes, wpls := mkBatch(bth.RCWriteFirst, bth.RCWriteMiddle, bth.RCWriteLast)
+		sends, spls := mkBatch(bth.RCSendFirst, bth.RCSendMiddle, bth.RCSendLast)
 		tg, err := s.qp.rv.Lookup(mr.RKey(), mr.IOVA(), uint32(half), memreg.AccessRemoteWrite)
 		if err != nil {
 			b.Fatal(err)
 		}
 		var pins memreg.Pins
 		psn := bth.PSN(0) // the responder's expected PSN, across all runs
-		for _, name := range []string{"place", "rx/batched", "rx/per-packet-pin"} {
+		var wc [4]WC
+		for _, name := range []string{"write/place", "write/rx", "write/rx-per-packet-pin",
+			"send/place", "send/rx", "send/rx-per-packet-pin"} {
+			send := strings.HasPrefix(name, "send/")
+			pkts, pls := writes, wpls
+			if send {
+				pkts, pls = sends, spls
+			}
 			b.Run(size.name+"/"+name, func(b *testing.B) {
 				var p packet.Packet
 				var tCopy, tRx time.Duration
@@ -102,10 +116,19 @@ func BenchmarkResponderWrite4KVsCopy(b *testing.B) {
 					for k := range pkts { // the next message's headers (not timed)
 						bth.BTH(pkts[k].Buf).SetPSN(psn.Add(k))
 					}
-					reth.RETH(pkts[0].Buf[bth.Size:]).SetVA(mr.IOVA() + cur)
+					sg := []memreg.SGE{{Addr: mr.IOVA() + cur, Length: msg, LKey: mr.LKey()}}
+					if send {
+						if strings.HasSuffix(name, "/rx") || strings.HasSuffix(name, "-pin") {
+							if err := s.qp.PostRecv(RecvWR{WRID: uint64(cur), SGEs: sg}); err != nil {
+								b.Fatal(err)
+							}
+						}
+					} else {
+						reth.RETH(pkts[0].Buf[bth.Size:]).SetVA(mr.IOVA() + cur)
+					}
 					t0 := time.Now()
 					switch name {
-					case "place":
+					case "write/place":
 						bt := tg.Batched()
 						for k := range uint64(batch) {
 							if err := bt.Write(&pins, cur+k*mtu, pls[k]); err != nil {
@@ -113,21 +136,31 @@ func BenchmarkResponderWrite4KVsCopy(b *testing.B) {
 							}
 						}
 						pins.Release()
-					case "rx/batched":
+					case "send/place":
+						sl := s.pd.ScatterList(sg)
+						for k := range uint64(batch) {
+							if err := sl.Scatter(&pins, k*mtu, pls[k]); err != nil {
+								b.Fatal(err)
+							}
+						}
+						pins.Release()
+					case "write/rx", "send/rx":
 						s.dev.inputBatch(&p, pkts)
 						s.dev.wakePending()
 						s.dev.flushPending()
-					default:
+					default: // the unbatched path: HandlePacket
 						for k := range pkts {
-							if err := p.Parse(pkts[k].Buf); err != nil {
+							if err := s.dev.HandlePacket(pkts[k].Buf, addrA); err != nil {
 								b.Fatal(err)
 							}
-							s.qp.input(&p, addrA, false)
 						}
 					}
 					d := time.Since(t0)
-					if name != "place" {
+					if !strings.HasSuffix(name, "/place") {
 						psn = psn.Add(batch)
+					}
+					if send && s.rcq.Poll(wc[:]) != 0 && wc[0].Status != WCSuccess {
+						b.Fatalf("receive completion %+v", wc[0])
 					}
 					return d
 				}

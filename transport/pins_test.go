@@ -191,26 +191,31 @@ func TestBatchWriteThenSendInvalidate(t *testing.T) {
 }
 
 // TestNoWriteAfterDeregisterWhileStreaming: a peer streams RDMA WRITEs
-// (128 KiB each, MTU 1024, 8 outstanding, so that every message spans several received batches; consecutive WRITEs to one place
-// carry different bytes) into a region that the responder's application
-// deregisters mid-stream. The responder holds the region's pin across
-// each received batch; Deregister waits for that batch, and once it has
-// returned no byte of the region changes: the stream ends with a remote
-// access error NAK for the next WRITE, both QPs go to ERR, and the memory
+// (128 KiB each, MTU 1024, 8 outstanding, so that every message spans
+// several received batches; consecutive WRITEs to one place carry
+// different bytes) into a region that the responder's application
+// deregisters mid-stream; the same with SENDs into receive WQEs in that
+// region. The responder holds the region's pin across each received
+// batch; Deregister waits for that batch, and once it has returned no
+// byte of the region changes: the stream ends with the NAK for the next
+// packet (remote access error for a WRITE, remote operational error for a
+// SEND: its receive buffer is gone), both QPs go to ERR, and the memory
 // equals the snapshot taken right after Deregister returned. Under -race
 // a placement after Deregister would also be reported as a data race with
 // that snapshot.
 func TestNoWriteAfterDeregisterWhileStreaming(t *testing.T) {
-	rounds := 4
+	rounds := 3
 	if testing.Short() || raceEnabled {
 		rounds = 2
 	}
-	for round := range rounds {
-		t.Run(fmt.Sprint(round), func(t *testing.T) { deregisterWhileStreaming(t, round) })
+	for _, op := range []WROpcode{WRWrite, WRSend} {
+		for round := range rounds {
+			t.Run(fmt.Sprintf("%v/%d", op, round), func(t *testing.T) { deregisterWhileStreaming(t, op, round) })
+		}
 	}
 }
 
-func deregisterWhileStreaming(t *testing.T, round int) {
+func deregisterWhileStreaming(t *testing.T, op WROpcode, round int) {
 	const (
 		chunk  = 128 << 10
 		chunks = 4
@@ -226,6 +231,40 @@ func deregisterWhileStreaming(t *testing.T, round int) {
 	for i := range src {
 		src[i] = byte(i/chunk*37 + i%251 + 1)
 	}
+	wantEnd := WCRemAccessErr
+	var recvDone chan struct{}
+	if op == WRSend {
+		// The receiver keeps chunks receive WQEs posted, WQE i on chunk
+		// i % chunks, reposting each one as it completes.
+		wantEnd = WCRemOpErr
+		post := func(i uint64) error {
+			return b.qp.PostRecv(RecvWR{WRID: i, SGEs: sge(mr, int(i%chunks)*chunk, chunk)})
+		}
+		for i := range uint64(chunks) {
+			if err := post(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recvDone = make(chan struct{})
+		go func() {
+			defer close(recvDone)
+			var wc [8]WC
+			for next := uint64(chunks); ; {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				n, err := b.rcq.Wait(ctx, wc[:])
+				cancel()
+				if err != nil {
+					return
+				}
+				for _, c := range wc[:n] {
+					if c.Status != WCSuccess || post(next) != nil {
+						return
+					}
+					next++
+				}
+			}
+		}()
+	}
 
 	var completed atomic.Int64
 	result := make(chan string, 1)
@@ -234,7 +273,7 @@ func deregisterWhileStreaming(t *testing.T, round int) {
 		outstanding := 0
 		for i := uint64(0); ; {
 			for ; outstanding < 8; outstanding++ {
-				wr := SendWR{WRID: i, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, int(i%slots)*chunk, chunk),
+				wr := SendWR{WRID: i, Opcode: op, Flags: SendSignaled, SGEs: sge(smr, int(i%slots)*chunk, chunk),
 					RemoteAddr: mr.IOVA() + i%chunks*chunk, RKey: mr.RKey()}
 				if err := a.qp.PostSend(wr); err != nil {
 					result <- fmt.Sprintf("PostSend: %v", err)
@@ -260,25 +299,28 @@ func deregisterWhileStreaming(t *testing.T, round int) {
 		}
 	}()
 
-	eventually(t, "WRITEs landing", func() bool { return completed.Load() >= int64(4+round*5) })
+	eventually(t, "messages landing", func() bool { return completed.Load() >= int64(4+round*5) })
 	if err := mr.Deregister(); err != nil {
 		t.Fatal(err)
 	}
 	snap := bytes.Clone(dst)
 	select {
 	case r := <-result:
-		if r != WCRemAccessErr.String() {
-			t.Fatalf("stream ended with %q, want the remote access error of a WRITE after Deregister", r)
+		if r != wantEnd.String() {
+			t.Fatalf("stream ended with %q, want %q (the NAK of a packet after Deregister)", r, wantEnd)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("stream did not end after Deregister")
 	}
 	eventually(t, "responder in ERR", func() bool { return b.qp.State() == QPSErr })
+	if recvDone != nil {
+		<-recvDone
+	}
 	if !bytes.Equal(dst, snap) {
 		t.Fatal("registered memory changed after Deregister returned")
 	}
 	if !bytes.ContainsFunc(snap, func(r rune) bool { return r != 0 }) {
-		t.Fatal("no WRITE landed before Deregister: the test did not exercise the stream")
+		t.Fatal("nothing landed before Deregister: the test did not exercise the stream")
 	}
-	t.Logf("%d WRITEs completed before Deregister; responder counters %+v", completed.Load(), b.dev.Counters())
+	t.Logf("%d messages completed before Deregister; responder counters %+v", completed.Load(), b.dev.Counters())
 }

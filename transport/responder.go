@@ -18,6 +18,7 @@ type responder struct {
 	op        uint8 // message in progress: opNone, opSend, opWrite
 	wqeActive bool  // rq head is being filled by a multi-packet SEND
 	offset    uint64
+	rsl       memreg.ScatterList // the receive WQE a SEND in progress fills
 	wt        memreg.BatchTarget // the RDMA WRITE in progress: checked once, at its first packet
 	wlen      uint32
 
@@ -115,7 +116,7 @@ func (qp *QP) respInput(p *packetT) {
 // respFatal sends a NAK for psn and moves the QP to ERR; a receive WQE in
 // progress completes with st.
 func (qp *QP) respFatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
-	qp.resp.wt = memreg.BatchTarget{}
+	qp.resp.wt, qp.resp.rsl = memreg.BatchTarget{}, memreg.ScatterList{}
 	qp.sendAck(aeth.NAK(code), psn)
 	if qp.resp.wqeActive {
 		qp.completeRecv(st, WCRecv, 0, 0, 0, 0)
@@ -140,6 +141,7 @@ func (qp *QP) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, im
 		InvalidatedRKey: inv, QPN: qp.qpn, SrcQP: qp.attr.DestQPN}
 	qp.rqHead++
 	qp.resp.wqeActive = false
+	qp.resp.rsl = memreg.ScatterList{}
 	inc(&qp.dev.ctr.RDMARecvs)
 	qp.pushWC(qp.recvCQ, &wc)
 }
@@ -180,13 +182,19 @@ func (qp *QP) respSend(p *packetT, psn bth.PSN) {
 		return
 	}
 	rw := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+	if pos == bth.PosFirst || pos == bth.PosOnly {
+		r.rsl = qp.pd.ScatterList(rw.sges)
+	}
 	n := uint64(len(p.Payload))
 	if r.offset+n > rw.length {
 		qp.respFatal(aeth.NAKInvalidRequest, psn, WCLocLenErr)
 		return
 	}
 	if n > 0 {
-		if err := qp.pd.Scatter(rw.sges, r.offset, p.Payload); err != nil {
+		// Inside a received batch the regions written stay pinned until
+		// the batch ends (Device.rxPins): a packet inside the SGE the
+		// previous one wrote is a bounds check and a copy.
+		if err := r.rsl.Scatter(qp.rxPins(), r.offset, p.Payload); err != nil {
 			qp.respFatal(aeth.NAKRemoteOperationalError, psn, WCLocProtErr)
 			return
 		}
