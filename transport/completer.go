@@ -219,7 +219,9 @@ func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
 		return
 	}
 	if len(p.Payload) > 0 {
-		if err := qp.pd.Scatter(w.sges, off, p.Payload); err != nil {
+		// As the responder's SEND data: inside a received batch the
+		// destination stays pinned until the batch ends.
+		if err := w.rsl.Scatter(qp.rxPins(), off, p.Payload); err != nil {
 			w.done, w.status = true, WCLocProtErr
 			qp.toError()
 			return

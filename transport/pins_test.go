@@ -221,7 +221,9 @@ func deregisterWhileStreaming(t *testing.T, op WROpcode, round int) {
 		chunks = 4
 		slots  = 5 // source patterns; slots and chunks coprime
 	)
-	a, b, _ := newPair(t, pairOpts{mtu: MTU1024, retry: 7})
+	// rnr_retry 7 (infinite) with a 0.01 ms RNR timer: a receiver that is
+	// slow to repost must not end the stream.
+	a, b, _ := newPair(t, pairOpts{mtu: MTU1024, retry: 7, rnrRetry: 7, minRNR: 1})
 	dst := make([]byte, chunks*chunk)
 	mr, err := b.pd.RegisterMR(dst, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
 	if err != nil {
@@ -234,13 +236,13 @@ func deregisterWhileStreaming(t *testing.T, op WROpcode, round int) {
 	wantEnd := WCRemAccessErr
 	var recvDone chan struct{}
 	if op == WRSend {
-		// The receiver keeps chunks receive WQEs posted, WQE i on chunk
-		// i % chunks, reposting each one as it completes.
+		// The receiver keeps 64 receive WQEs posted, WQE i on chunk
+		// i % chunks, reposting one as each completes.
 		wantEnd = WCRemOpErr
 		post := func(i uint64) error {
 			return b.qp.PostRecv(RecvWR{WRID: i, SGEs: sge(mr, int(i%chunks)*chunk, chunk)})
 		}
-		for i := range uint64(chunks) {
+		for i := range uint64(64) {
 			if err := post(i); err != nil {
 				t.Fatal(err)
 			}
@@ -249,7 +251,7 @@ func deregisterWhileStreaming(t *testing.T, op WROpcode, round int) {
 		go func() {
 			defer close(recvDone)
 			var wc [8]WC
-			for next := uint64(chunks); ; {
+			for next := uint64(64); ; {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				n, err := b.rcq.Wait(ctx, wc[:])
 				cancel()

@@ -265,6 +265,7 @@ type sendWQE struct {
 	rdCounted bool
 	done      bool
 	status    WCStatus
+	rsl       memreg.ScatterList // RDMA READ: places the response data into sges
 }
 
 type recvWQE struct {
@@ -815,6 +816,9 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	*w = sendWQE{wr: SendWR{WRID: wr.WRID, Opcode: wr.Opcode, SGEs: sges, Flags: wr.Flags, Imm: wr.Imm,
 		InvRKey: wr.InvRKey, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey, CompareAdd: wr.CompareAdd, Swap: wr.Swap},
 		sges: sges, length: uint32(total)}
+	if wr.Opcode == WRRead {
+		w.rsl = qp.pd.ScatterList(sges)
+	}
 	w.signaled = qp.init.SigAll || wr.Flags&SendSignaled != 0
 	qp.sqEnd++
 	return nil
