@@ -127,6 +127,7 @@ type ScatterList struct {
 	start uint64 // list offset of mem[0]
 	ps    *Pins
 	gen   uint64
+	e     *entry // the region of mem
 }
 
 // ScatterList returns a ScatterList over sges (not copied: the caller
@@ -152,6 +153,18 @@ func (sl *ScatterList) scatterSlow(ps *Pins, offset uint64, src []byte) error {
 	if ps == nil {
 		return sl.pd.Scatter(sl.sges, offset, src)
 	}
+	// Inside the element written last, in a later batch: hold its region
+	// again. If that succeeds the registration is still the one every
+	// check passed for (entries never change; a deregistration marks it
+	// dead first), so the checks need not run again.
+	n := uint64(len(src))
+	if sl.e != nil && offset >= sl.start && n-1 < uint64(len(sl.mem)) && offset-sl.start <= uint64(len(sl.mem))-n &&
+		ps.hold(sl.e) {
+		sl.ps, sl.gen = ps, ps.gen
+		o := offset - sl.start
+		copy(sl.mem[o:o+n], src)
+		return nil
+	}
 	return sl.pd.move(OpScatter, sl.sges, offset, src, AccessLocalWrite, ps, sl)
 }
 
@@ -163,11 +176,11 @@ func (sl *ScatterList) remember(ps *Pins, e *entry, s *SGE, start uint64) {
 	l := uint64(s.Length)
 	last := s.Addr + l - 1
 	if l == 0 || last < s.Addr || s.Addr < e.start || last > e.last {
-		sl.mem, sl.ps = nil, nil
+		sl.mem, sl.ps, sl.e = nil, nil, nil
 		return
 	}
 	o := s.Addr - e.start
-	sl.mem = e.mem[o : o+l : o+l]
+	sl.mem, sl.e = e.mem[o:o+l:o+l], e
 	sl.start = start
 	sl.ps, sl.gen = ps, ps.gen
 }
