@@ -85,7 +85,7 @@ func (bt *BatchTarget) Write(ps *Pins, off uint64, p []byte) error {
 	n := uint64(len(p))
 	if ps != nil && bt.ps == ps && bt.gen == ps.gen && bt.t.acc&AccessRemoteWrite != 0 &&
 		n-1 < uint64(len(bt.mem)) && off <= uint64(len(bt.mem))-n {
-		copy(bt.mem[off:off+n], p)
+		copy(bt.mem[off:], p) // n bytes: off+n <= len(bt.mem)
 		return nil
 	}
 	return bt.writeSlow(ps, off, p)
@@ -109,7 +109,7 @@ func (bt *BatchTarget) writeSlow(ps *Pins, off uint64, p []byte) error {
 		}
 		bt.ps, bt.gen = ps, ps.gen
 	}
-	copy(bt.mem[off:off+n], p)
+	copy(bt.mem[off:], p) // n bytes: off+n <= len(bt.mem)
 	return nil
 }
 
@@ -142,7 +142,7 @@ func (sl *ScatterList) Scatter(ps *Pins, offset uint64, src []byte) error {
 	if ps != nil && sl.ps == ps && sl.gen == ps.gen && offset >= sl.start &&
 		n-1 < uint64(len(sl.mem)) && offset-sl.start <= uint64(len(sl.mem))-n {
 		o := offset - sl.start
-		copy(sl.mem[o:o+n], src)
+		copy(sl.mem[o:], src) // n bytes: o+n <= len(sl.mem)
 		return nil
 	}
 	return sl.scatterSlow(ps, offset, src)
@@ -162,7 +162,7 @@ func (sl *ScatterList) scatterSlow(ps *Pins, offset uint64, src []byte) error {
 		ps.hold(sl.e) {
 		sl.ps, sl.gen = ps, ps.gen
 		o := offset - sl.start
-		copy(sl.mem[o:o+n], src)
+		copy(sl.mem[o:], src) // n bytes: o+n <= len(sl.mem)
 		return nil
 	}
 	return sl.pd.move(OpScatter, sl.sges, offset, src, AccessLocalWrite, ps, sl)
