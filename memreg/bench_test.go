@@ -33,18 +33,27 @@ func TestZeroAlloc(t *testing.T) {
 			pins.Release()
 		},
 		"BatchTarget.Write(nil)": func() { bt.Write(nil, 0, p) },
-		"CheckRemote":            func() { pd.CheckRemote(key, va, 4096, AccessRemoteWrite) },
-		"ForQP.Check":            func() { v.CheckRemote(key, va, 4096, AccessRemoteWrite) },
-		"WriteRemote":            func() { pd.WriteRemote(key, va, p) },
-		"ReadRemote":             func() { pd.ReadRemote(key, va, p) },
-		"Lookup":                 func() { pd.Lookup(key, va, 4096, AccessRemoteWrite) },
-		"Target.Write":           func() { tg.Write(0, p) },
-		"Target.WriteV":          func() { tg.WriteV(0, [][]byte{p[:100], p[100:]}) },
-		"FetchAdd":               func() { pd.FetchAdd(key, va, 1) },
-		"CompareSwap":            func() { pd.CompareSwap(key, va, 1, 2) },
-		"CheckSGEs":              func() { pd.CheckSGEs(sges, AccessLocalWrite) },
-		"Scatter":                func() { pd.Scatter(sges, 0, p) },
-		"Gather":                 func() { pd.Gather(sges, 0, p) },
+		"ScatterList.Scatter": func() {
+			sl := pd.ScatterList(sges)
+			sl.Scatter(&pins, 0, p[:1000])
+			sl.Scatter(&pins, 1000, p[:1000])
+			sl.Scatter(&pins, 2000, p[:2000]) // crosses into the second element
+			pins.Release()
+			sl.Scatter(&pins, 100, p[:100])
+			pins.Release()
+		},
+		"CheckRemote":   func() { pd.CheckRemote(key, va, 4096, AccessRemoteWrite) },
+		"ForQP.Check":   func() { v.CheckRemote(key, va, 4096, AccessRemoteWrite) },
+		"WriteRemote":   func() { pd.WriteRemote(key, va, p) },
+		"ReadRemote":    func() { pd.ReadRemote(key, va, p) },
+		"Lookup":        func() { pd.Lookup(key, va, 4096, AccessRemoteWrite) },
+		"Target.Write":  func() { tg.Write(0, p) },
+		"Target.WriteV": func() { tg.WriteV(0, [][]byte{p[:100], p[100:]}) },
+		"FetchAdd":      func() { pd.FetchAdd(key, va, 1) },
+		"CompareSwap":   func() { pd.CompareSwap(key, va, 1, 2) },
+		"CheckSGEs":     func() { pd.CheckSGEs(sges, AccessLocalWrite) },
+		"Scatter":       func() { pd.Scatter(sges, 0, p) },
+		"Gather":        func() { pd.Gather(sges, 0, p) },
 	} {
 		if n := testing.AllocsPerRun(100, fn); n != 0 {
 			t.Errorf("%s allocates %.1f times per call", name, n)

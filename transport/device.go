@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"runtime"
@@ -50,9 +51,13 @@ type Device struct {
 	ctr     Counters
 	closed  atomic.Bool
 	done    chan struct{}
-	mu      sync.RWMutex
-	qps     map[uint32]*QP
+	mu      sync.Mutex
+	qps     map[uint32]*QP // under mu
 	nextQPN uint32
+	// qpTab is a read-only copy of qps for the receive path: one atomic
+	// load per packet instead of a read lock and unlock (two locked
+	// instructions). Replaced, under mu, whenever qps changes.
+	qpTab atomic.Pointer[map[uint32]*QP]
 
 	// debugging aids: longest Recv wait and longest batch processing time
 	dbgMaxWait, dbgMaxBusy, dbgMaxBusyN atomic.Int64
@@ -175,10 +180,16 @@ func (d *Device) Close() error {
 }
 
 func (d *Device) lookup(qpn uint32) *QP {
-	d.mu.RLock()
-	qp := d.qps[qpn]
-	d.mu.RUnlock()
-	return qp
+	if m := d.qpTab.Load(); m != nil {
+		return (*m)[qpn]
+	}
+	return nil
+}
+
+// publishQPs replaces the receive path's copy of qps. Called with d.mu held.
+func (d *Device) publishQPs() {
+	m := maps.Clone(d.qps)
+	d.qpTab.Store(&m)
 }
 
 func (d *Device) recvLoop() {

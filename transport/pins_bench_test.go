@@ -92,6 +92,7 @@ func BenchmarkResponderWrite4KVsCopy(b *testing.B) {
 		var pins memreg.Pins
 		psn := bth.PSN(0) // the responder's expected PSN, across all runs
 		var wc [4]WC
+		sg := make([]memreg.SGE, 1) // the receive WQE / list of the next SEND
 		for _, name := range []string{"write/place", "write/rx", "write/rx-per-packet-pin",
 			"send/place", "send/rx", "send/rx-per-packet-pin"} {
 			send := strings.HasPrefix(name, "send/")
@@ -116,7 +117,7 @@ func BenchmarkResponderWrite4KVsCopy(b *testing.B) {
 					for k := range pkts { // the next message's headers (not timed)
 						bth.BTH(pkts[k].Buf).SetPSN(psn.Add(k))
 					}
-					sg := []memreg.SGE{{Addr: mr.IOVA() + cur, Length: msg, LKey: mr.LKey()}}
+					sg[0] = memreg.SGE{Addr: mr.IOVA() + cur, Length: msg, LKey: mr.LKey()}
 					if send {
 						if strings.HasSuffix(name, "/rx") || strings.HasSuffix(name, "-pin") {
 							if err := s.qp.PostRecv(RecvWR{WRID: uint64(cur), SGEs: sg}); err != nil {

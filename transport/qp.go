@@ -408,6 +408,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	}
 	qp.rv = pd.ForQP(qp.qpn)
 	d.qps[qp.qpn] = qp
+	d.publishQPs()
 	return qp, nil
 }
 
@@ -430,6 +431,7 @@ func (qp *QP) Destroy() error {
 	qp.dev.mu.Lock()
 	if qp.dev.qps[qp.qpn] == qp {
 		delete(qp.dev.qps, qp.qpn)
+		qp.dev.publishQPs()
 	}
 	qp.dev.mu.Unlock()
 	return nil
