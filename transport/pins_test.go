@@ -362,3 +362,68 @@ func deregisterWhileStreaming(t *testing.T, op WROpcode, round int) {
 	}
 	t.Logf("%d messages completed before Deregister; placing device's counters %+v", completed.Load(), dside.dev.Counters())
 }
+
+// TestBatchedNAKAfterDeregister: through the batched receive path, a
+// multi-packet WRITE (and a multi-packet SEND) whose region is
+// deregistered between two received batches: the first batch lands, the
+// next packet is NAKed exactly as the unbatched path NAKs it (remote
+// access error for the WRITE, remote operational error for the SEND, both
+// with that packet's PSN and the MSN so far), the QP goes to ERR and the
+// memory is not touched after Deregister returned.
+func TestBatchedNAKAfterDeregister(t *testing.T) {
+	for _, send := range []bool{false, true} {
+		t.Run(fmt.Sprintf("send=%v", send), func(t *testing.T) {
+			s, l := scriptedResponder(t, MTU256, 0x200)
+			buf := make([]byte, 1024)
+			mr, err := s.pd.RegisterMR(buf, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, middle := bth.RCWriteFirst, bth.RCWriteMiddle
+			wantCode := aeth.NAKRemoteAccessError
+			if send {
+				first, middle = bth.RCSendFirst, bth.RCSendMiddle
+				wantCode = aeth.NAKRemoteOperationalError
+				if err := s.qp.PostRecv(RecvWR{WRID: 1, SGEs: sge(mr, 0, 1024)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pkt := func(op bth.Opcode, psn bth.PSN, fillByte byte, ackReq bool) []byte {
+				f := reqOnly(op, bytes.Repeat([]byte{fillByte}, 256))
+				f.BTH.AckReq = ackReq
+				if op == bth.RCWriteFirst {
+					f.RETH = reth.Fields{VA: mr.IOVA(), RKey: mr.RKey(), DMALength: 1024}
+				}
+				return build(t, s.qp, psn, f)
+			}
+			l.in <- [][]byte{pkt(first, 0x200, 1, false), pkt(middle, 0x201, 2, true)}
+			eventually(t, "the ACK of the first batch", func() bool { return len(l.sentPackets(t)) == 1 })
+			if err := mr.Deregister(); err != nil {
+				t.Fatal(err)
+			}
+			snap := bytes.Clone(buf)
+			if !bytes.Equal(buf[:512], append(bytes.Repeat([]byte{1}, 256), bytes.Repeat([]byte{2}, 256)...)) {
+				t.Fatal("first batch not placed")
+			}
+			l.in <- [][]byte{pkt(middle, 0x202, 3, false), pkt(middle, 0x203, 4, false)}
+			eventually(t, "the NAK", func() bool { return len(l.sentPackets(t)) == 2 })
+			eventually(t, "ERR", func() bool { return s.qp.State() == QPSErr })
+			sent := l.sentPackets(t)
+			if p := &sent[0]; p.BTH.PSN() != 0x201 || p.AETH.Syndrome() != aeth.ACK(aeth.NoCreditLimit) {
+				t.Errorf("first response: psn %v %v, want ACK psn 0x201", p.BTH.PSN(), p.AETH.Syndrome())
+			}
+			if p := &sent[1]; p.BTH.Opcode() != bth.RCAck || p.BTH.PSN() != 0x202 || p.AETH.Syndrome() != aeth.NAK(wantCode) || p.AETH.MSN() != 0 {
+				t.Errorf("second response: %v psn %v %v msn %d, want NAK %v psn 0x202 msn 0", p.BTH.Opcode(), p.BTH.PSN(), p.AETH.Syndrome(), p.AETH.MSN(), wantCode)
+			}
+			if !bytes.Equal(buf, snap) {
+				t.Fatal("memory changed after Deregister returned")
+			}
+			if send {
+				wc := waitWC(t, s.rcq, 1, 5*time.Second)[0]
+				if wc.WRID != 1 || wc.Status != WCLocProtErr {
+					t.Fatalf("receive completion %+v, want local protection error", wc)
+				}
+			}
+		})
+	}
+}
