@@ -22,10 +22,12 @@
 // bit and then wait until the count drains, so when they return no access
 // is still touching the memory and no new one can start: the memory is the
 // caller's again. A receive path that places many packets in a row can
-// hold the pin instead: BatchTarget.Write pins a registration into a Pins
-// once per batch and Pins.Release unpins it, so Deregister then waits for
-// the end of that batch. Memory from mmap can be registered like any byte slice;
-// it must stay mapped until Deregister returns.
+// hold the pin instead: BatchTarget.Write (RDMA WRITE data) and
+// ScatterList.Scatter (SEND and READ response data) pin a registration
+// into a Pins once per batch and Pins.Release unpins it, so a Deregister
+// then waits for the end of that batch; inside it each packet is a bounds
+// check and a copy. Memory from mmap can be registered like any byte
+// slice; it must stay mapped until Deregister returns.
 //
 // # Access checks and NAK codes
 //

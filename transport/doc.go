@@ -20,7 +20,9 @@
 //   - responder.go: expected-PSN checks (a PSN behind it is a duplicate,
 //     ahead of it out of sequence: one PSN sequence error NAK, then silent
 //     drops until the gap closes), opcode sequence checks, receive WQE
-//     consumption and scatter, WRITE placement, multi-packet READ responses
+//     consumption and scatter, WRITE placement (the target checked once
+//     per message; inside a received batch the regions written stay
+//     pinned until the batch ends: memreg.Pins), multi-packet READ responses
 //     (first/last/only carry the AETH, PSNs start at the request's PSN),
 //     atomics, saved responder resources (max_dest_rd_atomic) so that a
 //     duplicate READ or atomic is replayed and never executed twice,
