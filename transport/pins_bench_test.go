@@ -20,7 +20,9 @@ import (
 // one buffer split into two halves (the responder's region and the copy
 // destination), L2-resident (2 x 256 KiB) and DRAM (2 x 64 MiB).
 //
-// Two measures, each against its own copy batches:
+// The measures, each against its own copy batches:
+//   - control: a plain copy into the responder's half (the layout's bias;
+//     in DRAM the first half is measurably slower to write).
 //   - place: what the responder does per packet to place its payload, on
 //     the path it really takes inside a batch (BatchTarget.Write into the
 //     batch's Pins, the Pins' Release at the end of the batch), isolated:
@@ -93,7 +95,7 @@ func BenchmarkResponderWrite4KVsCopy(b *testing.B) {
 		psn := bth.PSN(0) // the responder's expected PSN, across all runs
 		var wc [4]WC
 		sg := make([]memreg.SGE, 1) // the receive WQE / list of the next SEND
-		for _, name := range []string{"write/place", "write/rx", "write/rx-per-packet-pin",
+		for _, name := range []string{"control", "write/place", "write/rx", "write/rx-per-packet-pin",
 			"send/place", "send/rx", "send/rx-per-packet-pin"} {
 			send := strings.HasPrefix(name, "send/")
 			pkts, pls := writes, wpls
@@ -129,6 +131,11 @@ func BenchmarkResponderWrite4KVsCopy(b *testing.B) {
 					}
 					t0 := time.Now()
 					switch name {
+					case "control": // a plain copy into the responder's half: the layout's own bias
+						for k := range uint64(batch) {
+							off := cur + k*mtu
+							copy(buf[off:off+mtu], pls[k])
+						}
 					case "write/place":
 						bt := tg.Batched()
 						for k := range uint64(batch) {
@@ -157,7 +164,7 @@ func BenchmarkResponderWrite4KVsCopy(b *testing.B) {
 						}
 					}
 					d := time.Since(t0)
-					if !strings.HasSuffix(name, "/place") {
+					if strings.HasSuffix(name, "/rx") || strings.HasSuffix(name, "-pin") {
 						psn = psn.Add(batch)
 					}
 					if send && s.rcq.Poll(wc[:]) != 0 && wc[0].Status != WCSuccess {
