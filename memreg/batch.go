@@ -113,13 +113,14 @@ func (bt *BatchTarget) writeSlow(ps *Pins, off uint64, p []byte) error {
 	return nil
 }
 
-// ScatterList places the pieces of one message (the packets of a SEND)
-// into a receive scatter/gather list, like Scatter, holding the regions
-// in a Pins across a batch. It remembers the list element it wrote last:
-// a piece that lies inside that element, while its region is held, is
-// placed with a bounds check and a copy (no lookup, no atomic operation).
-// Any other piece takes Scatter's full path (same checks, same errors)
-// and holds what it writes.
+// ScatterList places the pieces of one message (the packets of a SEND,
+// the responses of an RDMA READ) into a scatter/gather list, like
+// Scatter, holding the regions in a Pins across a batch. It remembers the
+// list element it wrote last: a piece that lies inside that element is
+// placed with a bounds check and a copy while the region is held (no
+// lookup, no atomic operation), and after a Release the region is held
+// again with one pin. Any other piece takes Scatter's full path (same
+// checks, same errors) and holds what it writes.
 type ScatterList struct {
 	pd    *PD
 	sges  []SGE
