@@ -118,21 +118,15 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	usr1 := watchSIGUSR1(stderr)
 	defer usr1.Stop()
 	sizes := []int{64, 4096, 65536}
-	fmt.Fprintf(stdout, "rocev2d bench: %v <-> %v over loopback, path MTU %v, %v per row\n\n", c.a, c.b, c.mtu, c.dur)
-	// Baselines first: plain UDP sockets on ephemeral ports.
-	raw := map[int][3]float64{}
-	for _, size := range sizes {
-		mbs, pps, loss, err := rawGoodput(ctx, c, size)
-		if err != nil {
-			return fmt.Errorf("raw UDP baseline, %d B messages: %w", size, err)
-		}
-		raw[size] = [3]float64{mbs, pps, loss}
-	}
-	rawRTT, err := rawPingPong(ctx, c, 8+16)
-	if err != nil {
-		return fmt.Errorf("raw UDP ping-pong: %w", err)
-	}
-
+	fmt.Fprintf(stdout, "rocev2d bench: %v <-> %v over loopback, path MTU %v, per row %v of raw UDP and %v of rocev2 in %d alternating runs\n\n",
+		c.a, c.b, c.mtu, c.dur, c.dur, benchRounds)
+	// Every row alternates benchRounds short runs of the raw UDP baseline
+	// (plain UDP sockets on ephemeral ports) and of the stack, each
+	// c.dur/benchRounds long, so that both see the same moments of a noisy
+	// machine: measured once up front, the baseline moved 2x between runs
+	// while the stack did not.
+	rc := *c
+	rc.dur = max(c.dur/benchRounds, 10*time.Millisecond)
 	la, err := udp.ListenSocket(c.a, nil)
 	if err != nil {
 		return socketHint(c.a, err)
@@ -210,19 +204,54 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	var rows []benchRow
 	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
 		for _, size := range sizes {
-			mbs, pps, err := stackGoodput(ctx, c, a, b, op, size, srcMR, dstMR, recv)
-			if err != nil {
-				return fmt.Errorf("%s %d B: %w", demoName(op), size, err)
+			row := benchRow{name: demoName(op) + " goodput", size: size}
+			for r := range benchRounds {
+				raw := func() error {
+					mbs, pps, loss, err := rawGoodput(ctx, &rc, size)
+					if err != nil {
+						return fmt.Errorf("raw UDP baseline, %d B messages: %w", size, err)
+					}
+					row.raw, row.rawPPS, row.rawLoss = row.raw+mbs/benchRounds, row.rawPPS+pps/benchRounds, row.rawLoss+loss/benchRounds
+					return nil
+				}
+				stack := func() error {
+					mbs, pps, err := stackGoodput(ctx, &rc, a, b, op, size, srcMR, dstMR, recv)
+					if err != nil {
+						return fmt.Errorf("%s %d B: %w", demoName(op), size, err)
+					}
+					row.roc, row.rocPPS = row.roc+mbs/benchRounds, row.rocPPS+pps/benchRounds
+					return nil
+				}
+				if err := benchPair(r, raw, stack); err != nil {
+					return err
+				}
 			}
-			rows = append(rows, benchRow{name: demoName(op) + " goodput", size: size, raw: raw[size][0], roc: mbs,
-				rawPPS: raw[size][1], rawLoss: raw[size][2], rocPPS: pps})
+			rows = append(rows, row)
 		}
 	}
-	rtt, err := stackPingPong(ctx, c, a, b, 8, srcMR, rmr)
-	if err != nil {
-		return fmt.Errorf("SEND ping-pong: %w", err)
+	row := benchRow{name: "SEND ping-pong RTT", size: 8, latency: true}
+	for r := range benchRounds {
+		raw := func() error {
+			rtt, err := rawPingPong(ctx, &rc, 8+16)
+			if err != nil {
+				return fmt.Errorf("raw UDP ping-pong: %w", err)
+			}
+			row.raw += rtt / benchRounds
+			return nil
+		}
+		stack := func() error {
+			rtt, err := stackPingPong(ctx, &rc, a, b, 8, srcMR, rmr)
+			if err != nil {
+				return fmt.Errorf("SEND ping-pong: %w", err)
+			}
+			row.roc += rtt / benchRounds
+			return nil
+		}
+		if err := benchPair(r, raw, stack); err != nil {
+			return err
+		}
 	}
-	rows = append(rows, benchRow{name: "SEND ping-pong RTT", size: 8, raw: rawRTT, roc: rtt, latency: true})
+	rows = append(rows, row)
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "test\tmessage\traw UDP\trocev2\tratio\traw pkt/s\traw loss\trocev2 pkt/s\t")
@@ -243,6 +272,22 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 		printCounters(stdout, "B "+c.b.String(), b.dev)
 	}
 	return nil
+}
+
+// benchRounds is how many alternating raw / stack runs make one row.
+const benchRounds = 3
+
+// benchPair runs raw and stack, raw first in even rounds and stack first in
+// odd ones.
+func benchPair(round int, raw, stack func() error) error {
+	first, second := raw, stack
+	if round%2 == 1 {
+		first, second = stack, raw
+	}
+	if err := first(); err != nil {
+		return err
+	}
+	return second()
 }
 
 func benchSize(n int) string {
