@@ -2,6 +2,21 @@
 
 #include "textflag.h"
 
+// FOLD folds accumulator A forward over the distance whose constants are in
+// K and XORs in D: A = clmul(A.lo, K.lo) ^ clmul(A.hi, K.hi) ^ D, per 128-bit
+// lane (ZMM or XMM registers alike). T is clobbered.
+#define FOLD(K, A, T, D) \
+	VPCLMULQDQ $0x11, K, A, T; \
+	VPCLMULQDQ $0x00, K, A, A; \
+	VPTERNLOGD $0x96, D, T, A
+
+// FOLDINTO folds A forward over the distance of K and XORs it into B:
+// B ^= clmul(A.lo, K.lo) ^ clmul(A.hi, K.hi). A and T are clobbered.
+#define FOLDINTO(K, A, T, B) \
+	VPCLMULQDQ $0x11, K, A, T; \
+	VPCLMULQDQ $0x00, K, A, A; \
+	VPTERNLOGD $0x96, T, A, B
+
 // Fold constants for CRC-32/IEEE in the bit-reflected domain. Folding a
 // 128-bit lane X forward by D bits is
 //
@@ -66,47 +81,32 @@ TEXT ·foldAVX512(SB), NOSPLIT, $0-40
 	JB        combine
 
 loop256:
-	VMOVDQU64  (SI), Z11
-	VMOVDQU64  64(SI), Z12
-	VMOVDQU64  128(SI), Z13
-	VMOVDQU64  192(SI), Z14
-	VPCLMULQDQ $0x11, Z0, Z1, Z5
-	VPCLMULQDQ $0x00, Z0, Z1, Z1
-	VPCLMULQDQ $0x11, Z0, Z2, Z6
-	VPCLMULQDQ $0x00, Z0, Z2, Z2
-	VPCLMULQDQ $0x11, Z0, Z3, Z7
-	VPCLMULQDQ $0x00, Z0, Z3, Z3
-	VPCLMULQDQ $0x11, Z0, Z4, Z8
-	VPCLMULQDQ $0x00, Z0, Z4, Z4
-	VPTERNLOGD $0x96, Z11, Z5, Z1
-	VPTERNLOGD $0x96, Z12, Z6, Z2
-	VPTERNLOGD $0x96, Z13, Z7, Z3
-	VPTERNLOGD $0x96, Z14, Z8, Z4
-	ADDQ       $256, SI
-	SUBQ       $256, CX
-	CMPQ       CX, $256
-	JAE        loop256
+	// The four folds are independent; the core overlaps them.
+	VMOVDQU64 (SI), Z11
+	VMOVDQU64 64(SI), Z12
+	VMOVDQU64 128(SI), Z13
+	VMOVDQU64 192(SI), Z14
+	FOLD(Z0, Z1, Z5, Z11)
+	FOLD(Z0, Z2, Z6, Z12)
+	FOLD(Z0, Z3, Z7, Z13)
+	FOLD(Z0, Z4, Z8, Z14)
+	ADDQ      $256, SI
+	SUBQ      $256, CX
+	CMPQ      CX, $256
+	JAE       loop256
 
 combine:
 	// Fold Z1 into Z2, Z2 into Z3, Z3 into Z4 (64 bytes apart).
-	VMOVDQU64  k512<>(SB), Z0
-	VPCLMULQDQ $0x11, Z0, Z1, Z5
-	VPCLMULQDQ $0x00, Z0, Z1, Z1
-	VPTERNLOGD $0x96, Z5, Z1, Z2
-	VPCLMULQDQ $0x11, Z0, Z2, Z5
-	VPCLMULQDQ $0x00, Z0, Z2, Z2
-	VPTERNLOGD $0x96, Z5, Z2, Z3
-	VPCLMULQDQ $0x11, Z0, Z3, Z5
-	VPCLMULQDQ $0x00, Z0, Z3, Z3
-	VPTERNLOGD $0x96, Z5, Z3, Z4
+	VMOVDQU64 k512<>(SB), Z0
+	FOLDINTO(Z0, Z1, Z5, Z2)
+	FOLDINTO(Z0, Z2, Z5, Z3)
+	FOLDINTO(Z0, Z3, Z5, Z4)
 	CMPQ       CX, $64
 	JB         lanes
 
 loop64:
 	VMOVDQU64  (SI), Z11
-	VPCLMULQDQ $0x11, Z0, Z4, Z5
-	VPCLMULQDQ $0x00, Z0, Z4, Z4
-	VPTERNLOGD $0x96, Z11, Z5, Z4
+	FOLD(Z0, Z4, Z5, Z11)
 	ADDQ       $64, SI
 	SUBQ       $64, CX
 	CMPQ       CX, $64
@@ -119,23 +119,15 @@ lanes:
 	VEXTRACTI32X4 $2, Z4, X3
 	VEXTRACTI32X4 $3, Z4, X8
 	VMOVDQA       X4, X1
-	VPCLMULQDQ    $0x11, X0, X1, X5
-	VPCLMULQDQ    $0x00, X0, X1, X1
-	VPTERNLOGD    $0x96, X2, X5, X1
-	VPCLMULQDQ    $0x11, X0, X1, X5
-	VPCLMULQDQ    $0x00, X0, X1, X1
-	VPTERNLOGD    $0x96, X3, X5, X1
-	VPCLMULQDQ    $0x11, X0, X1, X5
-	VPCLMULQDQ    $0x00, X0, X1, X1
-	VPTERNLOGD    $0x96, X8, X5, X1
+	FOLD(X0, X1, X5, X2)
+	FOLD(X0, X1, X5, X3)
+	FOLD(X0, X1, X5, X8)
 	CMPQ          CX, $16
 	JB            done
 
 loop16:
 	VMOVDQU    (SI), X11
-	VPCLMULQDQ $0x11, X0, X1, X5
-	VPCLMULQDQ $0x00, X0, X1, X1
-	VPTERNLOGD $0x96, X11, X5, X1
+	FOLD(X0, X1, X5, X11)
 	ADDQ       $16, SI
 	SUBQ       $16, CX
 	CMPQ       CX, $16
