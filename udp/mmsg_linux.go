@@ -65,7 +65,7 @@ type mmsgState struct {
 	segs []int // send: packets in each message (1, or a GSO group)
 
 	trap  uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
-	flags uintptr               // 0 to send (blocking), MSG_WAITFORONE to receive
+	flags uintptr               // 0 to send (blocking), MSG_DONTWAIT to receive
 	fn    func(fd uintptr) bool // s.call
 
 	off, cnt int        // messages hdrs[off:cnt] still to transfer
@@ -138,13 +138,17 @@ func (s *mmsgState) call(fd uintptr) bool {
 
 // send transmits the prepared messages hdrs[:nmsg] on rc, sendmmsg after
 // sendmmsg, and adds the packets (segs) of each call to sent. It returns
-// how many packets went out. On failure err is the RawConn's error, or
-// s.errno when a sendmmsg failed (at message s.off).
+// how many packets went out. On failure err is the RawConn's error (then
+// s.errno is 0), or s.errno when a sendmmsg failed (at message s.off).
 func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (done int, err error) {
 	s.off, s.cnt = 0, nmsg
 	s.errno = 0
 	for s.off < s.cnt {
 		if err := rc.Write(s.fn); err != nil {
+			// The RawConn's error (net.ErrClosed) wins: an fdConn's call
+			// woken by Close's shutdown fails with EPIPE, which is no error
+			// of the packet.
+			s.errno = 0
 			return done, err
 		}
 		if s.errno != 0 {

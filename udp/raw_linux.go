@@ -224,6 +224,7 @@ func (l *RawLink) buildPacket(i int, p *Packet) {
 	sport := p.SrcPort
 	if sport == 0 {
 		sport = Port
+		p.SrcPort = sport // Send reports the port used (see Packet)
 	}
 	ip := l.shdr[i*(ipv4HdrLen+udpHdrLen) : (i+1)*(ipv4HdrLen+udpHdrLen)]
 	ip[0] = 0x45

@@ -238,3 +238,22 @@ func TestRawSetupDropsForeign(t *testing.T) {
 		t.Fatalf("a second datagram (%d bytes, err %v) passed the filter", n, err)
 	}
 }
+
+// TestRawSendReportsSrcPort: Send sets Packet.SrcPort to the port the
+// packet left from — 4791 for SrcPort 0 — as the Link contract says (the
+// pcap tap records that port).
+func TestRawSendReportsSrcPort(t *testing.T) {
+	a := listenRaw(t, sockA)
+	b := listenRaw(t, sockB)
+	pkts := testPackets(2, 100, sockB, 0)
+	pkts[1].SrcPort = 0xc155
+	if err := a.Send(pkts); err != nil {
+		t.Fatal(err)
+	}
+	got := recvN(t, b, 2, 5*time.Second)
+	for i, want := range []uint16{Port, 0xc155} {
+		if pkts[i].SrcPort != want || got[i].SrcPort != want {
+			t.Errorf("packet %d: SrcPort after Send %d, received from port %d; want %d", i, pkts[i].SrcPort, got[i].SrcPort, want)
+		}
+	}
+}

@@ -270,7 +270,7 @@ func (l *SocketLink) SendPort() uint16 { return l.txPort }
 
 // SourcePortFallbacks returns how many per-QP source ports
 // (SocketOptions.SourcePorts) could not be bound, so that their packets
-// leave from port 4791 instead.
+// leave from SendPort instead.
 func (l *SocketLink) SourcePortFallbacks() uint64 { return l.portFallbacks.Load() }
 
 // GROCoalesced returns how many received buffers held more than one
@@ -381,12 +381,13 @@ func (l *SocketLink) sendRun(rc syscall.RawConn, port uint16, run []Packet, base
 }
 
 // sourceSocket returns the socket to send a packet with source port want
-// from, and the port it really has. Without SourcePorts, or for port 0 or
-// 4791, that is the link's socket (port 4791). Otherwise a send-only socket
-// bound to addr:want is opened on first use; when that fails (the port is
-// taken) the link's socket is used from then on for that port.
+// from, and the port it really has. Without SourcePorts, or for port 0,
+// 4791 or SendPort, that is the link's send socket (port SendPort).
+// Otherwise a send-only socket bound to addr:want is opened on first use;
+// when that fails (the port is taken) the link's send socket is used from
+// then on for that port.
 func (l *SocketLink) sourceSocket(want uint16) (syscall.RawConn, uint16, error) {
-	if !l.srcPorts || want == 0 || want == Port {
+	if !l.srcPorts || want == 0 || want == Port || want == l.txPort {
 		return l.tx, l.txPort, nil
 	}
 	l.portsMu.Lock()

@@ -739,3 +739,37 @@ func TestSocketLeakedIsClosed(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestSocketSourcePortsOwnPort: with SourcePorts, a packet asking for the
+// link's own SendPort — which is what Send leaves in Packet.SrcPort for
+// ports it could not use, so a resent Packet asks for it — goes out from the
+// link's socket without a failed bind counted as a fallback.
+func TestSocketSourcePortsOwnPort(t *testing.T) {
+	a, err := ListenSocket(sockA, &SocketOptions{SourcePorts: true, NoGRO: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := ListenSocket(sockB, &SocketOptions{NoGRO: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	pkts := testPackets(2, 100, sockB, a.SendPort())
+	pkts[1].SrcPort = 0
+	for round := range 2 { // the second round resends with the ports Send set
+		if err := a.Send(pkts); err != nil {
+			t.Fatal(err)
+		}
+		got := recvN(t, b, 2, 5*time.Second)
+		for i := range pkts {
+			if pkts[i].SrcPort != a.SendPort() || got[i].SrcPort != a.SendPort() {
+				t.Errorf("round %d packet %d: SrcPort after Send %d, received from %d; want SendPort %d",
+					round, i, pkts[i].SrcPort, got[i].SrcPort, a.SendPort())
+			}
+		}
+	}
+	if n := a.SourcePortFallbacks(); n != 0 {
+		t.Errorf("SourcePortFallbacks = %d, want 0: the link's own port is no fallback", n)
+	}
+}

@@ -205,7 +205,7 @@ func testVethRC(t *testing.T, vc vethCase) {
 	}
 	for _, l := range []udp.Link{la, lb} {
 		if s, ok := l.(*udp.SocketLink); ok && s.SourcePortFallbacks() != 0 {
-			t.Errorf("%v: %d per-QP source ports fell back to 4791", s, s.SourcePortFallbacks())
+			t.Errorf("%v: %d per-QP source ports fell back to SendPort", s, s.SourcePortFallbacks())
 		}
 	}
 	if vc.a.name == socketGSO.name && !vc.swSegment && ra.gso == 0 {

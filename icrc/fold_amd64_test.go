@@ -1,0 +1,117 @@
+//go:build amd64 && !purego
+
+package icrc
+
+import (
+	"hash/crc32"
+	"math/rand/v2"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestFoldKernelDirect calls foldAVX512 itself (not through update) for
+// every length 256..4096 in steps of 16, at every start offset within 64
+// bytes, with random CRC registers: the 16 bytes it returns must have, from
+// a zero register, the CRC crc32 computes over p from that register.
+func TestFoldKernelDirect(t *testing.T) {
+	if !hasFold {
+		t.Skip("no AVX-512 VPCLMULQDQ on this CPU: foldAVX512 cannot run")
+	}
+	r := rand.New(rand.NewPCG(3, 5))
+	buf := make([]byte, 4096+64)
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	for n := 256; n <= 4096; n += 16 {
+		for off := 0; off < 64; off += 7 {
+			p := buf[off : off+n]
+			start := r.Uint32()
+			var x [16]byte
+			foldAVX512(^start, p, &x)
+			if got, want := softUpdate(^uint32(0), x[:]), crc32.Update(start, crc32.IEEETable, p); got != want {
+				t.Fatalf("len %d off %d start %#08x: kernel gives CRC %#08x, crc32 %#08x", n, off, start, got, want)
+			}
+		}
+	}
+}
+
+// TestFoldKernelBounds runs foldAVX512 over data that starts right after
+// and ends right before an inaccessible page: a read outside p faults.
+func TestFoldKernelBounds(t *testing.T) {
+	if !hasFold {
+		t.Skip("no AVX-512 VPCLMULQDQ on this CPU: foldAVX512 cannot run")
+	}
+	ps := unix.Getpagesize()
+	mem, err := unix.Mmap(-1, 0, 4*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Skipf("mmap: %v", err)
+	}
+	defer unix.Munmap(mem)
+	// Pages: guard | data | data | guard.
+	if err := unix.Mprotect(mem[:ps], unix.PROT_NONE); err != nil {
+		t.Skipf("mprotect: %v", err)
+	}
+	if err := unix.Mprotect(mem[3*ps:], unix.PROT_NONE); err != nil {
+		t.Skipf("mprotect: %v", err)
+	}
+	data := mem[ps : 3*ps]
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for _, n := range []int{256, 272, 320, 336, 512, 528, 1024, 2 * ps} {
+		for _, p := range [][]byte{data[:n], data[len(data)-n:]} {
+			var x [16]byte
+			foldAVX512(^uint32(0), p, &x)
+			if got, want := softUpdate(^uint32(0), x[:]), crc32.ChecksumIEEE(p); got != want {
+				t.Fatalf("len %d: kernel gives CRC %#08x, crc32 %#08x", n, got, want)
+			}
+		}
+	}
+}
+
+// TestUpdateFallback forces the path CPUs without AVX-512 VPCLMULQDQ take
+// (hash/crc32 and the software CRC) on this machine and checks it against
+// crc32 around every threshold (hwMin, foldMin) and beyond.
+func TestUpdateFallback(t *testing.T) {
+	saved := hasFold
+	hasFold = false
+	defer func() { hasFold = saved }()
+	r := rand.New(rand.NewPCG(11, 13))
+	buf := make([]byte, 9000)
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	for n := 0; n <= 600; n++ {
+		off := r.IntN(64)
+		p := buf[off : off+n]
+		start := r.Uint32()
+		if got, want := update(start, p), crc32.Update(start, crc32.IEEETable, p); got != want {
+			t.Fatalf("fallback len %d off %d start %#08x: %#08x, crc32 %#08x", n, off, start, got, want)
+		}
+	}
+	for _, n := range []int{4096, 4140, 4156, 8900} {
+		p := buf[:n]
+		if got, want := update(0, p), crc32.Update(0, crc32.IEEETable, p); got != want {
+			t.Fatalf("fallback len %d: %#08x, crc32 %#08x", n, got, want)
+		}
+	}
+	// Verify and Compute on the fallback path agree with the fast path.
+	ip := make([]byte, 20+8+12+4096+4)
+	ip[0], ip[9] = 0x45, 17
+	ip[2], ip[3] = byte(len(ip)>>8), byte(len(ip))
+	ip[22], ip[23] = 0x12, 0xb7
+	ip[24], ip[25] = byte((len(ip)-20)>>8), byte(len(ip)-20)
+	copy(ip[28:], buf)
+	ip[28] = 0x04 // RC SEND_ONLY
+	ip[28+1] = 0
+	c, err := Compute(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hasFold = saved
+	c2, err := Compute(ip)
+	if err != nil || c2 != c {
+		t.Fatalf("Compute: fallback %#08x, fast path %#08x (%v)", c, c2, err)
+	}
+}
