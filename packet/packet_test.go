@@ -3,6 +3,7 @@ package packet
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/gorocev2/rocev2/aeth"
@@ -258,12 +259,16 @@ func TestParseErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var p Packet
-			p.Payload = []byte{1} // Parse must reset p on error
+			// Parse must reset every field of p on error, also those a
+			// previous successful Parse set (Info, header views, ICRC).
+			if err := p.Parse(build(t, bth.RCWriteOnlyImm, []byte{1, 2, 3})); err != nil {
+				t.Fatal(err)
+			}
 			err := p.Parse(tt.b)
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("Parse = %v, want %v", err, tt.want)
 			}
-			if p.BTH != nil || p.Payload != nil {
+			if !reflect.ValueOf(p).IsZero() {
 				t.Errorf("Packet not reset on error: %+v", p)
 			}
 			t.Logf("%v", err)
@@ -451,5 +456,16 @@ func BenchmarkCopy4K(b *testing.B) {
 	b.SetBytes(int64(len(buf)))
 	for b.Loop() {
 		copy(buf[28:], payload)
+	}
+}
+
+// TestOpcodeTableCopy: the package's copy of the opcode table (infos, read
+// by Parse, Build and Len) equals bth's for all 256 opcodes.
+func TestOpcodeTableCopy(t *testing.T) {
+	for i := range 256 {
+		op := bth.Opcode(i)
+		if infos[op] != op.Info() {
+			t.Errorf("opcode %#02x: infos %+v, bth %+v", i, infos[op], op.Info())
+		}
 	}
 }
