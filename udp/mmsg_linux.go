@@ -49,8 +49,27 @@ func (l *sockLink) LocalAddr() netip.Addr { return l.addr }
 // BatchSize returns the number of datagrams per sendmmsg/recvmmsg call.
 func (l *sockLink) BatchSize() int { return l.batch }
 
-// Stats returns a snapshot of the link's counters.
-func (l *sockLink) Stats() Stats { return l.stats() }
+// Stats returns a snapshot of the link's counters; DropKernel comes from
+// the receive socket (SO_MEMINFO), one getsockopt.
+func (l *sockLink) Stats() Stats {
+	st := l.stats()
+	l.rc.Control(func(fd uintptr) { st.DropKernel = socketDrops(fd) })
+	return st
+}
+
+// socketDrops returns the socket's count of datagrams dropped on receive
+// (SK_MEMINFO_DROPS of SO_MEMINFO), or 0 if the kernel does not say.
+func socketDrops(fd uintptr) uint64 {
+	const skMeminfoDrops = 8 // index in the u32 array (include/uapi/linux/sock_diag.h)
+	var mi [16]uint32
+	n := uint32(unsafe.Sizeof(mi))
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
+		uintptr(unsafe.Pointer(&mi[0])), uintptr(unsafe.Pointer(&n)), 0)
+	if e != 0 || n < (skMeminfoDrops+1)*4 {
+		return 0
+	}
+	return uint64(mi[skMeminfoDrops])
+}
 
 // mmsgState is the preallocated argument block of one sendmmsg or recvmmsg
 // caller, plus the in/out values of the RawConn callback (kept in the

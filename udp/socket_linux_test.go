@@ -773,3 +773,27 @@ func TestSocketSourcePortsOwnPort(t *testing.T) {
 		t.Errorf("SourcePortFallbacks = %d, want 0: the link's own port is no fallback", n)
 	}
 }
+
+// TestSocketKernelDrops: datagrams the kernel drops because the receive
+// buffer is full are counted in Stats.DropKernel, so that every datagram
+// sent is either received or counted.
+func TestSocketKernelDrops(t *testing.T) {
+	a, b := listenPairOpts(t, nil, &SocketOptions{RecvBufferSize: 4096, NoGRO: true})
+	const total = 300
+	pkts := make([]Packet, total)
+	for i := range pkts {
+		pkts[i] = Packet{Buf: testPayload(make([]byte, 1024), uint32(i), 1024), Addr: sockB}
+	}
+	if err := a.Send(pkts); err != nil { // nobody receives yet: the buffer overflows
+		t.Fatal(err)
+	}
+	st := b.Stats()
+	if st.DropKernel == 0 || st.DropKernel >= total {
+		t.Fatalf("DropKernel %d after %d datagrams into a ~4 KiB receive buffer", st.DropKernel, total)
+	}
+	got := recvN(t, b, int(total-st.DropKernel), 5*time.Second)
+	st = b.Stats()
+	if uint64(len(got))+st.DropKernel != total || st.RcvdPkts != uint64(len(got)) {
+		t.Errorf("received %d + kernel drops %d != %d sent (stats %+v)", len(got), st.DropKernel, total, st)
+	}
+}

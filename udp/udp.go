@@ -91,6 +91,10 @@ type Stats struct {
 	DropBadICRC   uint64 // received packets dropped because the ICRC did not verify
 	DropMalformed uint64 // received datagrams too short (or otherwise not RoCEv2)
 	DropOther     uint64 // received packets dropped for any other reason (queue overflow, ...)
+	// DropKernel counts datagrams the kernel dropped on the receiving
+	// socket before Recv saw them (receive buffer full): SO_MEMINFO's drop
+	// count on the socket backends, 0 on the in-memory link.
+	DropKernel uint64
 }
 
 // Errors returned by Links. They are matched with errors.Is.

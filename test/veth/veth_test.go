@@ -594,7 +594,13 @@ func checkCounters(t *testing.T, c vethCase, ca, cb transport.Counters, eg, in f
 	held := func(h faults.Counters) uint64 { return h.Held - h.Released }
 	wantA := lb.SentPkts - in.Dropped() + in.Duplicated - held(in)
 	wantB := la.SentPkts - eg.Dropped() + eg.Duplicated - held(eg)
-	if la.RcvdPkts+la.DropBadICRC+la.DropMalformed+la.DropOther != wantA || lb.RcvdPkts+lb.DropBadICRC+lb.DropMalformed+lb.DropOther != wantB {
+	// A datagram the kernel dropped at a full receive buffer (DropKernel;
+	// seen in CI when other test packages starved a receive goroutine) is
+	// network loss the transport recovers from, like an injected drop.
+	arrived := func(s udp.Stats) uint64 {
+		return s.RcvdPkts + s.DropBadICRC + s.DropMalformed + s.DropOther + s.DropKernel
+	}
+	if arrived(la) != wantA || arrived(lb) != wantB {
 		t.Errorf("links received A %+v B %+v; from the injector's counters want A %d B %d", la, lb, wantA, wantB)
 	}
 	drops := eg.Dropped() + in.Dropped()
