@@ -327,6 +327,7 @@ type QP struct {
 	out       []udp.Packet
 	outBufs   [][]byte
 	nout      int
+	ackSlot   int // nout when the last queued packet is a positive ACK that a newer one may replace, else 0
 	destroyed bool
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
 	rxBatch   bool // input from the receive goroutine is running: defer CQ wakeups
@@ -682,6 +683,7 @@ func (qp *QP) reset() {
 	}
 	qp.resp = responder{res: res}
 	qp.nout = 0
+	qp.ackSlot = 0
 	qp.attr = QPAttr{}
 	qp.mtu = 0
 	qp.peer = netip.Addr{}
@@ -880,6 +882,7 @@ func (qp *QP) commit(n int) {
 	p.SrcPort = qp.srcPort
 	p.TOS = qp.attr.AV.TrafficClass
 	qp.nout++
+	qp.ackSlot = 0
 }
 
 // flushOut sends the queued packets. Called with qp.mu held so that a QP's
@@ -898,6 +901,7 @@ func (qp *QP) flushOut() {
 	}
 	qp.dev.send(qp.out[:qp.nout])
 	qp.nout = 0
+	qp.ackSlot = 0
 }
 
 // input dispatches a received packet. Called from the device receive

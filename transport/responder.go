@@ -5,6 +5,7 @@ import (
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
 )
 
 // responder is the receive side of a QP: it checks and executes incoming
@@ -429,6 +430,14 @@ func (qp *QP) sendAtomicAck(psn bth.PSN, orig uint64) {
 }
 
 // sendAck sends an ACKNOWLEDGE with syndrome syn for psn and the current MSN.
+//
+// Positive ACKs are coalesced (IBTA 9.7.5.1.3): while the packets a received
+// batch makes this QP send are queued, an ACK that would follow a queued
+// positive ACK with nothing in between replaces it. The newer ACK covers
+// every PSN and MSN the older one did, and a requester completes everything
+// up to the PSN it acknowledges. Small messages, which each ask for an ACK,
+// then cost one ACK per batch instead of one per message. NAKs are never
+// merged and always end a run.
 func (qp *QP) sendAck(syn aeth.Syndrome, psn bth.PSN) {
 	f := &qp.resp.f
 	*f = packet.Fields{}
@@ -438,9 +447,21 @@ func (qp *QP) sendAck(syn aeth.Syndrome, psn bth.PSN) {
 	f.BTH.PSN = psn
 	f.AETH.Syndrome = syn
 	f.AETH.MSN = qp.resp.msn
+	positive := syn.Type() == aeth.TypeACK
+	if positive && qp.ackSlot != 0 && qp.ackSlot == qp.nout {
+		i := qp.nout - 1
+		if n, err := packet.Build(qp.outBufs[i][:udp.MaxPacketSize], f); err == nil {
+			qp.out[i].Buf = qp.outBufs[i][:n]
+			inc(&qp.dev.ctr.AckDeferred)
+		}
+		return
+	}
 	buf := qp.outBuf()
 	if n, err := packet.Build(buf, f); err == nil {
 		qp.commit(n)
+		if positive {
+			qp.ackSlot = qp.nout
+		}
 	}
 }
 
