@@ -10,13 +10,19 @@
 //   - MemNetwork / MemLink: an in-memory network with seeded, reproducible
 //     faults (loss, duplication, reordering, corruption, delay) for tests and
 //     simulator soaks.
-//   - SocketLink (Linux): a kernel UDP socket bound to addr:4791, batched with
+//   - SocketLink (Linux): a kernel UDP socket bound to addr:4791 receives
+//     (in Go's poller) and a blocking send-only socket outside the poller
+//     sends from an ephemeral port (see fdConn for why), batched with
 //     sendmmsg/recvmmsg, UDP GRO on receive, optional UDP GSO on send and
 //     optional per-QP source ports. IPv6 is verified fully; IPv4 with the
 //     identification solved (icrc.SolveIPv4ID), since a UDP socket never
 //     sees the IP header.
-//   - RawLink (Linux, CAP_NET_RAW): an IPv4 raw socket that writes rxe's
-//     exact IP/UDP header and verifies the ICRC over the real header.
+//   - RawLink (Linux, CAP_NET_RAW): an IPv4 raw socket that receives and
+//     verifies the ICRC over the real header, and an IPPROTO_RAW socket that
+//     sends with rxe's exact IP/UDP header.
+//
+// Every backend counts what it drops (Stats): bad ICRC, malformed, other,
+// and the datagrams the kernel dropped at a full receive buffer.
 //
 // Addresses: IPv4-mapped IPv6 addresses (the RoCEv2 GID form) are accepted
 // everywhere and treated as IPv4; Recv reports IPv4 sources as plain IPv4.
