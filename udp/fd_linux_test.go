@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -49,28 +48,8 @@ func newStalledLoNetns(t *testing.T) string {
 // packets sent (so the send buffer has filled and the call blocks).
 func waitSendBlocked(t *testing.T, creator string, l Link, minSent uint64) {
 	t.Helper()
-	buf := make([]byte, 1<<16)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		n := runtime.Stack(buf, true)
-		if n == len(buf) {
-			buf = make([]byte, 2*len(buf))
-			continue
-		}
-		if l.Stats().SentPkts >= minSent {
-			for g := range strings.SplitSeq(string(buf[:n]), "\n\n") {
-				state, _, _ := strings.Cut(g, "]")
-				if strings.Contains(g, "created by github.com/gorocev2/rocev2/udp."+creator) &&
-					strings.Contains(g, "Link).Send(") && strings.Contains(state, "[syscall") {
-					return
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Send goroutine did not block within 10 s (sent %d):\n%s", l.Stats().SentPkts, buf[:n])
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitGoroutine(t, fmt.Sprintf("the Send goroutine did not block (want %d sent)", minSent), creator, "Link).Send(",
+		[]string{"[syscall"}, func() bool { return l.Stats().SentPkts >= minSent })
 }
 
 // TestCloseUnblocksSend: a Send blocked in the kernel on a full send buffer

@@ -112,10 +112,20 @@ func closeUnblocksRecv(t *testing.T, l Link, bufs []Packet) {
 
 // waitRecvBlocked waits (at most 10 s) until the goroutine that the
 // function creator started is parked in a Link's Recv — waiting in the
-// netpoller, in a blocking system call or on a channel — so that a Close after it tests unblocking
-// a Recv, not a Recv that starts after Close. (A fixed sleep is not enough
-// on a loaded machine.)
+// netpoller, in a blocking system call or on a channel — so that a Close
+// after it tests unblocking a Recv, not a Recv that starts after Close. (A
+// fixed sleep is not enough on a loaded machine.)
 func waitRecvBlocked(t *testing.T, creator string) {
+	t.Helper()
+	waitGoroutine(t, "the Recv goroutine did not block", creator, "Link).Recv(",
+		[]string{"[IO wait", "[select", "[chan receive", "[syscall"}, func() bool { return true })
+}
+
+// waitGoroutine waits (at most 10 s) until ready reports true and a
+// goroutine started by the udp function creator has frame in its stack and
+// one of states in its header line; it fails the test with msg and the
+// stacks otherwise.
+func waitGoroutine(t *testing.T, msg, creator, frame string, states []string, ready func() bool) {
 	t.Helper()
 	buf := make([]byte, 1<<16)
 	deadline := time.Now().Add(10 * time.Second)
@@ -125,20 +135,21 @@ func waitRecvBlocked(t *testing.T, creator string) {
 			buf = make([]byte, 2*len(buf))
 			continue
 		}
-		for g := range strings.SplitSeq(string(buf[:n]), "\n\n") {
-			state, _, _ := strings.Cut(g, "]")
-			if !strings.Contains(g, "created by github.com/gorocev2/rocev2/udp."+creator) ||
-				!strings.Contains(g, "Link).Recv(") {
-				continue
-			}
-			for _, parked := range []string{"[IO wait", "[select", "[chan receive", "[syscall"} {
-				if strings.Contains(state, parked) {
-					return
+		if ready() {
+			for g := range strings.SplitSeq(string(buf[:n]), "\n\n") {
+				state, _, _ := strings.Cut(g, "]")
+				if !strings.Contains(g, "created by github.com/gorocev2/rocev2/udp."+creator) || !strings.Contains(g, frame) {
+					continue
+				}
+				for _, st := range states {
+					if strings.Contains(state, st) {
+						return
+					}
 				}
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the Recv goroutine did not block within 10 s:\n%s", buf[:n])
+			t.Fatalf("%s within 10 s:\n%s", msg, buf[:n])
 		}
 		time.Sleep(time.Millisecond)
 	}
