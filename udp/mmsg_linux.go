@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -88,6 +90,9 @@ type mmsgState struct {
 	trap  uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
 	flags uintptr               // 0 to send (blocking), MSG_DONTWAIT to receive
 	fn    func(fd uintptr) bool // s.call
+
+	spin     time.Duration // receive: busy-poll this long before waiting (SocketOptions.BusyPoll)
+	spinHits uint64        // receive: calls served by busy polling (tests)
 
 	off, cnt int        // messages hdrs[off:cnt] still to transfer
 	n        int        // result: messages transferred by the last call
@@ -211,6 +216,12 @@ func (s *mmsgState) prepRecv(i int, buf []byte, ctrl bool) {
 // ("udp: " or "udp: raw ") and name the local address.
 func (s *mmsgState) recv(rc syscall.RawConn, k int, prefix string, local netip.Addr) error {
 	s.off, s.cnt = 0, k
+	if s.spin > 0 && s.poll(rc) {
+		if s.errno != 0 {
+			return fmt.Errorf("%srecvmmsg on %v: %w", prefix, local, s.errno)
+		}
+		return nil
+	}
 	if err := rc.Read(s.fn); err != nil {
 		if errors.Is(err, net.ErrClosed) {
 			return net.ErrClosed
@@ -221,6 +232,31 @@ func (s *mmsgState) recv(rc syscall.RawConn, k int, prefix string, local netip.A
 		return fmt.Errorf("%srecvmmsg on %v: %w", prefix, local, s.errno)
 	}
 	return nil
+}
+
+// poll tries the receive without blocking until it succeeds or s.spin has
+// passed, yielding the processor between tries, and reports whether it
+// received (or failed: s.errno). On a closed socket it gives up at once and
+// leaves the error to the waiting path.
+func (s *mmsgState) poll(rc syscall.RawConn) bool {
+	var deadline time.Time
+	for {
+		done := false
+		if rc.Control(func(fd uintptr) { done = s.fn(fd) }) != nil {
+			return false
+		}
+		if done {
+			s.spinHits++
+			return true
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(s.spin)
+		} else if now.After(deadline) {
+			return false
+		}
+		runtime.Gosched()
+	}
 }
 
 // clearIovs drops the references iovs[:n] hold to the caller's buffers.

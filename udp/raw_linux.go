@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -23,6 +24,8 @@ type RawOptions struct {
 	BatchSize int
 	// TTL of sent packets; 0 means 64 (what rxe sends).
 	TTL uint8
+	// BusyPoll as in SocketOptions.
+	BusyPoll time.Duration
 }
 
 const (
@@ -130,6 +133,7 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 		rbuf:   make([]byte, o.BatchSize*rawBufSize),
 	}
 	l.sockLink.init(rc, tx, a, o.BatchSize, 2)
+	l.recv.spin = o.BusyPoll
 	for i := range l.send.hdrs {
 		l.send.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet4
 	}

@@ -814,3 +814,49 @@ func TestSocketKernelDrops(t *testing.T) {
 		t.Errorf("received %d + kernel drops %d != %d sent (stats %+v)", st.RcvdPkts, st.DropKernel, total, st)
 	}
 }
+
+// TestSocketBusyPoll: with BusyPoll a Recv that is polling takes a packet
+// that arrives meanwhile without waiting in the poller, and Close ends a
+// polling Recv with net.ErrClosed.
+func TestSocketBusyPoll(t *testing.T) {
+	a, b := listenPairOpts(t, nil, &SocketOptions{BusyPoll: 10 * time.Second, NoGRO: true})
+	type res struct {
+		n   int
+		err error
+	}
+	recv := func() chan res {
+		ch := make(chan res, 1)
+		go func() {
+			n, err := b.Recv(recvBufs(4))
+			ch <- res{n, err}
+		}()
+		return ch
+	}
+	ch := recv()
+	time.Sleep(20 * time.Millisecond) // let it poll (it would take the packet either way)
+	if err := a.Send([]Packet{{Buf: testPayload(make([]byte, 64), 1, 64), Addr: sockB}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil || r.n != 1 {
+			t.Fatalf("Recv = %d, %v", r.n, r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("polling Recv did not take the packet within 5 s")
+	}
+	if b.recv.spinHits == 0 {
+		t.Error("the packet was not received by busy polling")
+	}
+	ch = recv()
+	time.Sleep(20 * time.Millisecond)
+	b.Close()
+	select {
+	case r := <-ch:
+		if !errors.Is(r.err, net.ErrClosed) {
+			t.Fatalf("Recv after Close = %d, %v; want net.ErrClosed", r.n, r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("polling Recv still running 5 s after Close")
+	}
+}

@@ -41,7 +41,8 @@ options:
   -r, --rx-depth=DEP     receives to post (default 500)
   -n, --iters=ITERS      iterations (default 1000)
   -l, --sl=SL            service level (accepted, not used by RoCEv2)
-  -e, --events           sleep on completion events (rocev2d always blocks; accepted)
+  -e, --events           sleep on completion events (accepted: rocev2d sleeps
+                         unless --busy-poll is given)
   -g, --gid-idx=IDX      local GID index (accepted; the GID is the --bind address)
   -c, --chk              validate the received buffer like ibv_rc_pingpong -c
       --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address

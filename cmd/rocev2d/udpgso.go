@@ -6,6 +6,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gorocev2/rocev2/udp"
 )
@@ -24,6 +25,10 @@ const gsoUsage = `  --gso          send each run of equal-size packets to one pe
                  upward and each ICRC is computed for its segment. Off by
                  default: a NIC that segments in hardware must number the
                  identifications the same way (check with a capture).
+  --busy-poll=DUR   poll the UDP socket without blocking for up to DUR
+                 (e.g. 100us) before sleeping in each receive: CPU for
+                 latency, like the ibv_poll_cq loops of ibv_rc_pingpong
+                 and perftest's latency tests. Off by default.
 `
 
 // gsoCommands are the subcommands that open udp.ListenSocket links.
@@ -46,9 +51,9 @@ func init() {
 	}
 }
 
-// withGSOFlag returns run with the --gso option: taken out of the
-// arguments, it switches UDP GSO on in the default socket options while
-// run runs.
+// withGSOFlag returns run with the --gso and --busy-poll options: taken out
+// of the arguments, they set UDP GSO and SocketOptions.BusyPoll in the
+// default socket options while run runs.
 func withGSOFlag(name string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) int) func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		rest, gso, err := takeGSOFlag(args)
@@ -56,9 +61,15 @@ func withGSOFlag(name string, run func(ctx context.Context, args []string, stdou
 			fmt.Fprintf(stderr, "rocev2d %s: %v\n", name, err)
 			return exitUsage
 		}
-		if gso {
+		rest, poll, err := takeBusyPollFlag(rest)
+		if err != nil {
+			fmt.Fprintf(stderr, "rocev2d %s: %v\n", name, err)
+			return exitUsage
+		}
+		if gso || poll > 0 {
 			o := udp.DefaultSocketOptions()
-			o.GSO = true
+			o.GSO = o.GSO || gso
+			o.BusyPoll = poll
 			defer udp.SetDefaultSocketOptions(o)()
 		}
 		return run(ctx, rest, stdout, stderr)
@@ -87,4 +98,34 @@ func takeGSOFlag(args []string) (rest []string, gso bool, err error) {
 		}
 	}
 	return rest, gso, nil
+}
+
+// takeBusyPollFlag removes --busy-poll=DUR / -busy-poll=DUR / --busy-poll DUR
+// (before a "--" that ends the options) and returns the duration (0 when
+// absent).
+func takeBusyPollFlag(args []string) (rest []string, d time.Duration, err error) {
+	rest = make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			rest = append(rest, args[i:]...)
+			break
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "busy-poll" {
+			rest = append(rest, a)
+			continue
+		}
+		if !hasVal {
+			if i+1 == len(args) {
+				return nil, 0, fmt.Errorf("--busy-poll needs a duration (e.g. 100us)")
+			}
+			i++
+			val = args[i]
+		}
+		if d, err = time.ParseDuration(val); err != nil || d < 0 || d > time.Second {
+			return nil, 0, fmt.Errorf("--busy-poll=%q: want a duration between 0 and 1s (e.g. 100us)", val)
+		}
+	}
+	return rest, d, nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorocev2/rocev2/udp"
 )
@@ -83,5 +84,45 @@ func TestDemoGSO(t *testing.T) {
 	code, out, errOut = runIn(t, "pcap", "check", "-q", file)
 	if code != exitOK || !strings.Contains(out, " 0 bad") || strings.Contains(out, " 0 RoCEv2 packets") {
 		t.Fatalf("pcap check after demo --gso: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+func TestTakeBusyPollFlag(t *testing.T) {
+	tests := []struct {
+		args, rest []string
+		d          time.Duration
+		err        bool
+	}{
+		{args: []string{}, rest: []string{}},
+		{args: []string{"-v", "--gso"}, rest: []string{"-v", "--gso"}},
+		{args: []string{"--busy-poll=100us", "-v"}, rest: []string{"-v"}, d: 100 * time.Microsecond},
+		{args: []string{"-v", "-busy-poll", "2ms"}, rest: []string{"-v"}, d: 2 * time.Millisecond},
+		{args: []string{"--busy-poll=0"}, rest: []string{}},
+		{args: []string{"--busy-poll"}, err: true},
+		{args: []string{"--busy-poll=fast"}, err: true},
+		{args: []string{"--busy-poll=-1us"}, err: true},
+		{args: []string{"--busy-poll=2s"}, err: true},
+		{args: []string{"x", "--", "--busy-poll=1us"}, rest: []string{"x", "--", "--busy-poll=1us"}},
+	}
+	for _, tc := range tests {
+		rest, d, err := takeBusyPollFlag(tc.args)
+		if (err != nil) != tc.err || (!tc.err && (d != tc.d || !slices.Equal(rest, tc.rest))) {
+			t.Errorf("takeBusyPollFlag(%q) = %q, %v, %v; want %q, %v, error %v", tc.args, rest, d, err, tc.rest, tc.d, tc.err)
+		}
+	}
+	var saw []time.Duration
+	run := withGSOFlag("x", func(_ context.Context, args []string, _, _ io.Writer) int {
+		saw = append(saw, udp.DefaultSocketOptions().BusyPoll)
+		return exitOK
+	})
+	run(context.Background(), []string{"--busy-poll=50us"}, io.Discard, io.Discard)
+	run(context.Background(), nil, io.Discard, io.Discard)
+	if !slices.Equal(saw, []time.Duration{50 * time.Microsecond, 0}) {
+		t.Errorf("BusyPoll seen by the commands: %v, want [50µs 0]", saw)
+	}
+	for _, n := range gsoCommands() {
+		if !strings.Contains(commands[n].usage, "--busy-poll") {
+			t.Errorf("help of %s does not mention --busy-poll", n)
+		}
 	}
 }
