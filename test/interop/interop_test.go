@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -123,7 +124,7 @@ func TestInterop(t *testing.T) {
 	defer func() {
 		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0), noTshark)
 	}()
-	for _, c := range append(cells(lab.GIDIndex), lossCells(lab.GIDIndex)...) {
+	for _, c := range slices.Concat(cells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex)) {
 		t.Run(c.name, func(t *testing.T) {
 			// The row is recorded even when the cell stops on t.Fatal.
 			r := row{cell: c.label, direction: c.direction(), result: "FAIL"}

@@ -3,6 +3,7 @@ package interop
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -97,4 +98,22 @@ func (l *lossInjector) problems(rxeRetries int64, hostOut string) []string {
 		p = append(p, fmt.Sprintf("%d request packets dropped but neither side retransmitted", eg.DropRequests+in.DropRequests))
 	}
 	return p
+}
+
+// busyPollCells returns the latency cells (ibv_rc_pingpong 64 B,
+// ib_write_lat, ib_read_lat; rocev2d as server and as client) again with
+// rocev2d's receive busy polling on (--busy-poll=100us): the polling path
+// meets rxe with every check of a clean cell.
+func busyPollCells(gidIndex int) []cell {
+	var out []cell
+	for _, c := range cells(gidIndex) {
+		if c.inproc != nil || !(strings.HasPrefix(c.name, "rc_pingpong_64_") || strings.Contains(c.name, "_lat_")) {
+			continue
+		}
+		c.name = strings.Replace(c.name, "_rocev2d_", "_busypoll_rocev2d_", 1)
+		c.label += " (rocev2d --busy-poll=100us)"
+		c.ours = append(slices.Clone(c.ours), "--busy-poll=100us")
+		out = append(out, c)
+	}
+	return out
 }
