@@ -73,6 +73,9 @@ options:
   -d, --ib-dev=DEV        accepted for compatibility
   -i, --ib-port=PORT      accepted, must be 1
   -F, --CPU-freq          accepted (no CPU frequency check is made)
+  -e, --events            sleep until packets arrive; without it the latency tests poll
+                          their socket for up to 100 µs per wait (--busy-poll sets how
+                          long), as perftest polls its CQ
       --bind=IP           local IP for RoCEv2 (default: the local end of the TCP connection)
       --pcap=FILE         write every RoCEv2 packet sent and received to FILE (pcap)
       --check             fill the source with a pattern and verify the data at the end
@@ -106,6 +109,7 @@ type perfConfig struct {
 	connTimeout time.Duration
 	timeout     time.Duration
 	verbose     bool
+	events      bool
 	server      string
 }
 
@@ -137,6 +141,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	intFlag(&mtu, "m", "mtu", 1024)
 	intFlag(&c.txDepth, "t", "tx-depth", defTx)
 	intFlag(&c.rxDepth, "r", "rx-depth", 512)
+	boolFlag(&c.events, "e", "events")
 	intFlag(&c.qpTimeout, "u", "qp-timeout", 14)
 	fs.StringVar(&c.atomicType, "A", "FETCH_AND_ADD", "")
 	fs.StringVar(&c.atomicType, "atomic_type", "FETCH_AND_ADD", "")
@@ -350,7 +355,8 @@ func (s *perfSide) slotOff(size int, i uint64) uint64 {
 }
 
 func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
-	link, err := udp.ListenSocket(local, nil)
+	opts := linkOptions(!c.test.IsBW() && !c.events)
+	link, err := udp.ListenSocket(local, &opts)
 	if err != nil {
 		hint := ""
 		switch {

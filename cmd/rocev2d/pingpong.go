@@ -41,8 +41,9 @@ options:
   -r, --rx-depth=DEP     receives to post (default 500)
   -n, --iters=ITERS      iterations (default 1000)
   -l, --sl=SL            service level (accepted, not used by RoCEv2)
-  -e, --events           sleep on completion events (accepted: rocev2d sleeps
-                         unless --busy-poll is given)
+  -e, --events           sleep until packets arrive; without it rocev2d polls its
+                         socket for up to 100 µs per wait (--busy-poll sets how
+                         long), as ibv_rc_pingpong polls its CQ
   -g, --gid-idx=IDX      local GID index (accepted; the GID is the --bind address)
   -c, --chk              validate the received buffer like ibv_rc_pingpong -c
       --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
@@ -296,7 +297,8 @@ func ppOOBConnect(ctx context.Context, c *pingpongConfig) (net.Conn, error) {
 // and QP, moves it to INIT and posts rx-depth receives (pp_init_ctx +
 // pp_post_recv).
 func ppInit(local netip.Addr, c *pingpongConfig) (*ppContext, error) {
-	link, err := udp.ListenSocket(local, nil)
+	opts := linkOptions(!c.events)
+	link, err := udp.ListenSocket(local, &opts)
 	if err != nil {
 		return nil, fmt.Errorf("RoCEv2 on %s: %w", netip.AddrPortFrom(local, udp.Port), err)
 	}

@@ -28,7 +28,8 @@ const gsoUsage = `  --gso          send each run of equal-size packets to one pe
   --busy-poll=DUR   poll the UDP socket without blocking for up to DUR
                  (e.g. 100us) before sleeping in each receive: CPU for
                  latency, like the ibv_poll_cq loops of ibv_rc_pingpong
-                 and perftest's latency tests. Off by default.
+                 and perftest's latency tests. Off by default, except
+                 in pingpong and the *-lat tests: 100us unless -e.
 `
 
 // gsoCommands are the subcommands that open udp.ListenSocket links.

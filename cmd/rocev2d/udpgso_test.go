@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -123,6 +124,32 @@ func TestTakeBusyPollFlag(t *testing.T) {
 	for _, n := range gsoCommands() {
 		if !strings.Contains(commands[n].usage, "--busy-poll") {
 			t.Errorf("help of %s does not mention --busy-poll", n)
+		}
+	}
+}
+
+// TestLinkOptionsBusyPoll: latency commands poll for defaultBusyPoll unless
+// -e (poll false) or --busy-poll chose a duration; others never poll.
+func TestLinkOptionsBusyPoll(t *testing.T) {
+	if got := linkOptions(true).BusyPoll; got != defaultBusyPoll {
+		t.Errorf("latency command: BusyPoll %v, want %v", got, defaultBusyPoll)
+	}
+	if got := linkOptions(false).BusyPoll; got != 0 {
+		t.Errorf("-e or bandwidth command: BusyPoll %v, want 0", got)
+	}
+	o := udp.DefaultSocketOptions()
+	o.BusyPoll, o.GSO = 7*time.Microsecond, true
+	defer udp.SetDefaultSocketOptions(o)()
+	if got := linkOptions(true); got.BusyPoll != 7*time.Microsecond || !got.GSO {
+		t.Errorf("with --busy-poll=7us --gso: %+v", got)
+	}
+	if got := linkOptions(false); got.BusyPoll != 0 || !got.GSO {
+		t.Errorf("with --busy-poll=7us --gso and -e: %+v", got)
+	}
+	for pt := oob.WriteBW; pt <= oob.AtomicLat; pt++ {
+		c, err := parsePerfFlags(pt, []string{"-e"})
+		if err != nil || !c.events {
+			t.Errorf("%v -e: %v", pt, err)
 		}
 	}
 }
