@@ -216,17 +216,13 @@ func (s *mmsgState) prepRecv(i int, buf []byte, ctrl bool) {
 // ("udp: " or "udp: raw ") and name the local address.
 func (s *mmsgState) recv(rc syscall.RawConn, k int, prefix string, local netip.Addr) error {
 	s.off, s.cnt = 0, k
-	if s.spin > 0 && s.poll(rc) {
-		if s.errno != 0 {
-			return fmt.Errorf("%srecvmmsg on %v: %w", prefix, local, s.errno)
+	if s.spin == 0 || !s.poll(rc) {
+		if err := rc.Read(s.fn); err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return net.ErrClosed
+			}
+			return fmt.Errorf("%srecv: %w", prefix, err)
 		}
-		return nil
-	}
-	if err := rc.Read(s.fn); err != nil {
-		if errors.Is(err, net.ErrClosed) {
-			return net.ErrClosed
-		}
-		return fmt.Errorf("%srecv: %w", prefix, err)
 	}
 	if s.errno != 0 {
 		return fmt.Errorf("%srecvmmsg on %v: %w", prefix, local, s.errno)

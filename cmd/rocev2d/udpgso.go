@@ -77,26 +77,51 @@ func withGSOFlag(name string, run func(ctx context.Context, args []string, stdou
 	}
 }
 
-// takeGSOFlag removes -gso / --gso / --gso=BOOL from args (before a "--"
-// that ends the options) and reports its value.
-func takeGSOFlag(args []string) (rest []string, gso bool, err error) {
-	rest = make([]string, 0, len(args))
-	for i, a := range args {
+// takeFlag removes every -name / --name / --name=VAL from args (before a
+// "--" that ends the options) and calls set with each value. A flag that
+// needs a value (takesArg) also takes it from the next argument.
+func takeFlag(args []string, name string, takesArg bool, set func(val string, hasVal bool) error) ([]string, error) {
+	rest := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
 		if a == "--" {
 			rest = append(rest, args[i:]...)
 			break
 		}
-		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || name != "gso" {
+		n, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || n != name {
 			rest = append(rest, a)
 			continue
 		}
+		if takesArg && !hasVal {
+			if i+1 == len(args) {
+				return nil, fmt.Errorf("--%s needs a value", name)
+			}
+			i++
+			val, hasVal = args[i], true
+		}
+		if err := set(val, hasVal); err != nil {
+			return nil, err
+		}
+	}
+	return rest, nil
+}
+
+// takeGSOFlag removes -gso / --gso / --gso=BOOL from args (before a "--"
+// that ends the options) and reports its value.
+func takeGSOFlag(args []string) (rest []string, gso bool, err error) {
+	rest, err = takeFlag(args, "gso", false, func(val string, hasVal bool) error {
 		gso = true
 		if hasVal {
+			var err error
 			if gso, err = strconv.ParseBool(val); err != nil {
-				return nil, false, fmt.Errorf("--gso=%q: want true or false", val)
+				return fmt.Errorf("--gso=%q: want true or false", val)
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
 	}
 	return rest, gso, nil
 }
@@ -105,28 +130,15 @@ func takeGSOFlag(args []string) (rest []string, gso bool, err error) {
 // (before a "--" that ends the options) and returns the duration (0 when
 // absent).
 func takeBusyPollFlag(args []string) (rest []string, d time.Duration, err error) {
-	rest = make([]string, 0, len(args))
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			rest = append(rest, args[i:]...)
-			break
-		}
-		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || name != "busy-poll" {
-			rest = append(rest, a)
-			continue
-		}
-		if !hasVal {
-			if i+1 == len(args) {
-				return nil, 0, fmt.Errorf("--busy-poll needs a duration (e.g. 100us)")
-			}
-			i++
-			val = args[i]
-		}
+	rest, err = takeFlag(args, "busy-poll", true, func(val string, _ bool) error {
+		var err error
 		if d, err = time.ParseDuration(val); err != nil || d < 0 || d > time.Second {
-			return nil, 0, fmt.Errorf("--busy-poll=%q: want a duration between 0 and 1s (e.g. 100us)", val)
+			return fmt.Errorf("--busy-poll=%q: want a duration between 0 and 1s (e.g. 100us)", val)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
 	}
 	return rest, d, nil
 }
