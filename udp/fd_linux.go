@@ -128,20 +128,26 @@ func (c *fdConn) Read(f func(fd uintptr) (done bool)) error { return c.loop(f) }
 func (c *fdConn) Write(f func(fd uintptr) (done bool)) error { return c.loop(f) }
 
 func (c *fdConn) loop(f func(fd uintptr) bool) error {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
 	for {
-		if c.closed.Load() {
-			return net.ErrClosed
-		}
-		done := f(uintptr(c.fd))
-		if c.closed.Load() {
-			return net.ErrClosed
-		}
-		if done {
-			return nil
+		if done, err := c.once(f); err != nil || done {
+			return err
 		}
 	}
+}
+
+// once calls f once on the descriptor and returns what it reported, or
+// net.ErrClosed after Close (also when f was woken by the shutdown).
+func (c *fdConn) once(f func(fd uintptr) bool) (done bool, err error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed.Load() {
+		return false, net.ErrClosed
+	}
+	done = f(uintptr(c.fd))
+	if c.closed.Load() {
+		return false, net.ErrClosed
+	}
+	return done, nil
 }
 
 // Close shuts the socket down (waking blocked calls), waits for the calls in

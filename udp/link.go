@@ -44,10 +44,12 @@ func checkSend(pkts []Packet, local netip.Addr) error {
 	return nil
 }
 
-// checkRecv validates the packets given to Recv: every Buf has room for
-// MaxPacketSize bytes.
-func checkRecv(pkts []Packet) error {
-	for i := range pkts {
+// checkRecv validates the packets given to Recv that it may fill, the
+// first limit: every Buf has room for MaxPacketSize bytes. (The others are
+// left alone, so a caller may pass many buffers to a link that fills few
+// per call without paying for a check of all of them on every call.)
+func checkRecv(pkts []Packet, limit int) error {
+	for i := range pkts[:min(len(pkts), limit)] {
 		if cap(pkts[i].Buf) < MaxPacketSize {
 			return fmt.Errorf("udp: recv packet %d: buffer cap %d: %w", i, cap(pkts[i].Buf), ErrShortBuffer)
 		}

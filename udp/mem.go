@@ -475,7 +475,7 @@ func (n *MemNetwork) deliver(dst *MemLink, b *memBuf) {
 // datagrams shorter than BTH+ICRC as DropMalformed. Addr is the sender's
 // address. After Close it returns net.ErrClosed.
 func (l *MemLink) Recv(pkts []Packet) (int, error) {
-	if err := checkRecv(pkts); err != nil || len(pkts) == 0 {
+	if err := checkRecv(pkts, len(pkts)); err != nil || len(pkts) == 0 {
 		return 0, err
 	}
 	for {

@@ -3,7 +3,6 @@
 package udp
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -134,12 +133,19 @@ func (s *mmsgState) call(fd uintptr) bool {
 	for {
 		if one {
 			// One message: sendmsg/recvmsg, which skip the batch loop
-			// (and, for recvmmsg, its timeout handling) of the mmsg calls.
-			trap := uintptr(unix.SYS_SENDMSG)
-			if s.trap == unix.SYS_RECVMMSG {
-				trap = unix.SYS_RECVMSG
+			// (and, for recvmmsg, its timeout handling) of the mmsg
+			// calls; or sendto for one buffer without control data,
+			// which also skips copying in the msghdr and iovec.
+			h := &s.hdrs[s.off].Hdr
+			switch {
+			case s.trap == unix.SYS_RECVMMSG:
+				n, _, e = unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(h)), s.flags)
+			case h.Iovlen == 1 && h.Controllen == 0:
+				n, _, e = unix.Syscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(h.Iov.Base)), uintptr(h.Iov.Len),
+					s.flags, uintptr(unsafe.Pointer(h.Name)), uintptr(h.Namelen))
+			default:
+				n, _, e = unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(h)), s.flags)
 			}
-			n, _, e = unix.Syscall(trap, fd, uintptr(unsafe.Pointer(&s.hdrs[s.off].Hdr)), s.flags)
 		} else {
 			n, _, e = unix.Syscall6(s.trap, fd,
 				uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), s.flags, 0, 0)
@@ -260,28 +266,6 @@ func (s *mmsgState) clearIovs(n int) {
 	for i := range n {
 		s.iovs[i].Base = nil
 	}
-}
-
-// listenFD opens a packet socket on address in Go's poller, runs set on its
-// file descriptor before it is bound, and returns it with its RawConn.
-func listenFD(network, address string, set func(fd int) error) (net.PacketConn, syscall.RawConn, error) {
-	var setErr error
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		if err := c.Control(func(fd uintptr) { setErr = set(int(fd)) }); err != nil {
-			return err
-		}
-		return setErr
-	}}
-	pc, err := lc.ListenPacket(context.Background(), network, address)
-	if err != nil {
-		return nil, nil, err
-	}
-	rc, err := pc.(syscall.Conn).SyscallConn()
-	if err != nil {
-		pc.Close()
-		return nil, nil, err
-	}
-	return pc, rc, nil
 }
 
 // dropAll is a classic BPF program that drops every packet.

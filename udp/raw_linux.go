@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
 	"unsafe"
@@ -58,9 +57,9 @@ const (
 // the kernel neither answers with ICMP port unreachable nor lets another
 // program take it. IPv6 peers are served fully by SocketLink.
 type RawLink struct {
-	sockLink             // send: per message two iovecs, the header from shdr and the payload
-	conn     *net.IPConn // receives: raw IPv4 socket, protocol UDP, in Go's poller
-	holder   *fdConn     // addr:4791, drops everything
+	sockLink         // send: per message two iovecs, the header from shdr and the payload
+	rx       *rxConn // receives: raw IPv4 socket, protocol UDP (see rxConn)
+	holder   *fdConn // addr:4791, drops everything
 	ttl      uint8
 	shdr     []byte // batch × 28: the IPv4+UDP header of each message
 	rbuf     []byte // batch × rawBufSize
@@ -109,7 +108,7 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
 	}
-	conn, rc, err := listenFD("ip4:udp", a.String(), func(fd int) error { return setRawOptions(fd, a.As4(), &o) })
+	rx, err := openRecvSocket(netip.AddrPortFrom(a, 0), unix.SOCK_RAW, unix.IPPROTO_UDP, func(fd int) error { return setRawOptions(fd, a.As4(), &o) })
 	if err != nil {
 		holder.Close()
 		return nil, fmt.Errorf("udp: raw listen %s: %w", ap, err)
@@ -121,18 +120,18 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 		return setBuffers(fd, 4096, o.SendBufferSize)
 	})
 	if err != nil {
-		conn.Close()
+		rx.Close()
 		holder.Close()
 		return nil, fmt.Errorf("udp: raw listen %s: send socket: %w", ap, err)
 	}
 	l := &RawLink{
-		conn:   conn.(*net.IPConn),
+		rx:     rx,
 		holder: holder,
 		ttl:    o.TTL,
 		shdr:   make([]byte, o.BatchSize*(ipv4HdrLen+udpHdrLen)),
 		rbuf:   make([]byte, o.BatchSize*rawBufSize),
 	}
-	l.sockLink.init(rc, tx, a, o.BatchSize, 2)
+	l.sockLink.init(rx, tx, a, o.BatchSize, 2)
 	l.recv.spin = o.BusyPoll
 	for i := range l.send.hdrs {
 		l.send.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet4
@@ -184,7 +183,7 @@ func drainSocket(fd int) error {
 // Close closes the sockets; a blocked Recv returns net.ErrClosed. Closing
 // twice is harmless.
 func (l *RawLink) Close() error {
-	err := l.conn.Close()
+	err := l.rx.Close()
 	l.tx.Close()
 	l.holder.Close()
 	return closeErr(err, "close raw", l.addr)
@@ -264,7 +263,7 @@ func (l *RawLink) buildPacket(i int, p *Packet) {
 // verified over the real headers (else DropBadICRC); the UDP payload is
 // copied into the caller's Buf.
 func (l *RawLink) Recv(pkts []Packet) (int, error) {
-	if err := checkRecv(pkts); err != nil || len(pkts) == 0 {
+	if err := checkRecv(pkts, l.batch); err != nil || len(pkts) == 0 {
 		return 0, err
 	}
 	l.recvMu.Lock()

@@ -99,8 +99,8 @@ const (
 // IPV6_RECVTCLASS.
 type SocketLink struct {
 	sockLink
-	conn   *net.UDPConn // addr:4791, receives (Go's poller)
-	txPort uint16       // source port of sockLink.tx (ephemeral)
+	rx     *rxConn // addr:4791, receives (see rxConn)
+	txPort uint16  // source port of sockLink.tx (ephemeral)
 	is6    bool
 	gso    bool
 	gro    *groState // nil with SocketOptions.NoGRO
@@ -111,7 +111,7 @@ type SocketLink struct {
 	portsMu       sync.Mutex
 	ports         map[uint16]*portSocket // nil after Close; nil value = port unavailable
 	portFallbacks atomic.Uint64          // source ports that could not be bound
-	netns         *socketNetns           // namespace of conn, for source-port sockets (may be nil)
+	netns         *socketNetns           // namespace of rx, for source-port sockets (may be nil)
 
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
 }
@@ -144,23 +144,23 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 	}
 	ap := netip.AddrPortFrom(bindAddr, Port)
 
-	conn, rc, err := listenFD(udpNetwork(is6), ap.String(), func(fd int) error { return setSocketOptions(fd, is6, &o) })
+	rx, err := openRecvSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error { return setSocketOptions(fd, is6, &o) })
 	if err != nil {
 		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
 	}
 	tx, err := openSendSocket(netip.AddrPortFrom(bindAddr, 0), is6, o.SendBufferSize)
 	if err != nil {
-		conn.Close()
+		rx.Close()
 		return nil, fmt.Errorf("udp: listen %s: send socket: %w", ap, err)
 	}
 	txPort, err := boundPort(tx)
 	if err != nil {
-		conn.Close()
+		rx.Close()
 		tx.Close()
 		return nil, fmt.Errorf("udp: listen %s: send socket: %w", ap, err)
 	}
 	l := &SocketLink{
-		conn:   conn.(*net.UDPConn),
+		rx:     rx,
 		txPort: txPort,
 		is6:    is6,
 		gso:    o.GSO,
@@ -170,10 +170,10 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		sndBuf:   o.SendBufferSize,
 		ports:    make(map[uint16]*portSocket),
 	}
-	l.sockLink.init(rc, tx, a, o.BatchSize, 1)
+	l.sockLink.init(rx, tx, a, o.BatchSize, 1)
 	l.recv.spin = o.BusyPoll
 	if o.SourcePorts {
-		rc.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
+		rx.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
 	}
 	if !o.NoGRO {
 		l.gro = &groState{mem: make([]byte, o.BatchSize*groBufSize), msgs: make([]groMsg, o.BatchSize)}
@@ -217,14 +217,6 @@ func boundPort(c *fdConn) (port uint16, err error) {
 	return port, err
 }
 
-// udpNetwork is the net package's network name for a UDP socket.
-func udpNetwork(is6 bool) string {
-	if is6 {
-		return "udp6"
-	}
-	return "udp4"
-}
-
 func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 	set := func(level, opt, v int, name string) error {
 		if err := unix.SetsockoptInt(fd, level, opt, v); err != nil {
@@ -259,7 +251,7 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 // Close closes the socket(s); a blocked Recv returns net.ErrClosed.
 // Closing twice is harmless.
 func (l *SocketLink) Close() error {
-	err := l.conn.Close()
+	err := l.rx.Close()
 	l.tx.Close()
 	l.portsMu.Lock()
 	for _, ps := range l.ports {
@@ -534,7 +526,11 @@ func putGSOCmsg(b []byte, size uint16) int {
 // (DropMalformed), ICRC not verifiable (DropBadICRC). Recv may permute the
 // Buf slices among pkts (a dropped datagram's buffer moves to the end).
 func (l *SocketLink) Recv(pkts []Packet) (int, error) {
-	if err := checkRecv(pkts); err != nil || len(pkts) == 0 {
+	limit := l.batch
+	if l.gro != nil {
+		limit = len(pkts) // a coalesced buffer fills any number
+	}
+	if err := checkRecv(pkts, limit); err != nil || len(pkts) == 0 {
 		return 0, err
 	}
 	l.recvMu.Lock()

@@ -107,7 +107,9 @@ type Stats struct {
 var (
 	// ErrPacketSize: a packet given to Send is shorter than BTH+ICRC or longer than MaxPacketSize.
 	ErrPacketSize = errors.New("udp: packet size out of range")
-	// ErrShortBuffer: a Packet.Buf given to Recv has cap < MaxPacketSize.
+	// ErrShortBuffer: a Packet.Buf given to Recv that the call may fill
+	// (the first BatchSize, or all with GRO or on a MemLink) has cap <
+	// MaxPacketSize.
 	ErrShortBuffer = errors.New("udp: receive buffer cap smaller than MaxPacketSize")
 	// ErrAddress: an address is invalid for this link (zero, or the wrong IP family).
 	ErrAddress = errors.New("udp: invalid address")
