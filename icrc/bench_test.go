@@ -110,3 +110,25 @@ func benchSolve(b *testing.B, size int) {
 
 func BenchmarkSolveIPv4ID64(b *testing.B) { benchSolve(b, 64) }
 func BenchmarkSolveIPv4ID4K(b *testing.B) { benchSolve(b, 4096) }
+
+func BenchmarkComputeIPv4_1K(b *testing.B) { benchComputeIPv4(b, 1024) }
+func BenchmarkSolveIPv4ID1K(b *testing.B)  { benchSolve(b, 1024) }
+
+// BenchmarkMultModP is the multiplication modulo P that SolveIPv4ID does
+// after its CRC.
+func BenchmarkMultModP(b *testing.B) {
+	x, y := uint32(0x9e3779b9), idInverse(4100)
+	for b.Loop() {
+		x = multModP(x, y) | 1
+	}
+	sink = x
+}
+
+// BenchmarkMulModP is BenchmarkMultModP for the windowed mulModP.
+func BenchmarkMulModP(b *testing.B) {
+	x, y := uint32(0x9e3779b9), idInverse(4100)
+	for b.Loop() {
+		x = mulModP(x, y) | 1
+	}
+	sink = x
+}

@@ -14,3 +14,9 @@ var hasFold = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VPCL
 //
 //go:noescape
 func foldAVX512(r uint32, p []byte, out *[16]byte)
+
+// foldCopyAVX512 is foldAVX512 that also copies p to dst (len(p) bytes
+// must fit there); see fold_amd64.s.
+//
+//go:noescape
+func foldCopyAVX512(r uint32, p []byte, dst *byte, out *[16]byte)

@@ -137,3 +137,98 @@ done:
 	VMOVDQU X1, (DI)
 	VZEROUPPER
 	RET
+
+// func foldCopyAVX512(r uint32, p []byte, dst *byte, out *[16]byte)
+//
+// foldAVX512 that also copies p to dst (len(p) bytes), storing each block
+// as it is loaded: the copy rides on the loads the fold makes anyway, and
+// the carry-less multiplies, not the memory traffic, bound the loop.
+TEXT ·foldCopyAVX512(SB), NOSPLIT, $0-48
+	MOVL r+0(FP), AX
+	MOVQ p_base+8(FP), SI
+	MOVQ p_len+16(FP), CX
+	MOVQ dst+32(FP), DX
+	MOVQ out+40(FP), DI
+
+	VMOVDQU64 (SI), Z1
+	VMOVDQU64 64(SI), Z2
+	VMOVDQU64 128(SI), Z3
+	VMOVDQU64 192(SI), Z4
+	VMOVDQU64 Z1, (DX)
+	VMOVDQU64 Z2, 64(DX)
+	VMOVDQU64 Z3, 128(DX)
+	VMOVDQU64 Z4, 192(DX)
+	VPXORQ    Z10, Z10, Z10
+	VMOVD     AX, X10
+	VPXORQ    Z10, Z1, Z1
+	ADDQ      $256, SI
+	ADDQ      $256, DX
+	SUBQ      $256, CX
+
+	VMOVDQU64 k2048<>(SB), Z0
+	CMPQ      CX, $256
+	JB        ccombine
+
+cloop256:
+	VMOVDQU64 (SI), Z11
+	VMOVDQU64 64(SI), Z12
+	VMOVDQU64 128(SI), Z13
+	VMOVDQU64 192(SI), Z14
+	VMOVDQU64 Z11, (DX)
+	VMOVDQU64 Z12, 64(DX)
+	VMOVDQU64 Z13, 128(DX)
+	VMOVDQU64 Z14, 192(DX)
+	FOLD(Z0, Z1, Z5, Z11)
+	FOLD(Z0, Z2, Z6, Z12)
+	FOLD(Z0, Z3, Z7, Z13)
+	FOLD(Z0, Z4, Z8, Z14)
+	ADDQ      $256, SI
+	ADDQ      $256, DX
+	SUBQ      $256, CX
+	CMPQ      CX, $256
+	JAE       cloop256
+
+ccombine:
+	VMOVDQU64 k512<>(SB), Z0
+	FOLDINTO(Z0, Z1, Z5, Z2)
+	FOLDINTO(Z0, Z2, Z5, Z3)
+	FOLDINTO(Z0, Z3, Z5, Z4)
+	CMPQ       CX, $64
+	JB         clanes
+
+cloop64:
+	VMOVDQU64  (SI), Z11
+	VMOVDQU64  Z11, (DX)
+	FOLD(Z0, Z4, Z5, Z11)
+	ADDQ       $64, SI
+	ADDQ       $64, DX
+	SUBQ       $64, CX
+	CMPQ       CX, $64
+	JAE        cloop64
+
+clanes:
+	VMOVDQU       k128<>(SB), X0
+	VEXTRACTI32X4 $1, Z4, X2
+	VEXTRACTI32X4 $2, Z4, X3
+	VEXTRACTI32X4 $3, Z4, X8
+	VMOVDQA       X4, X1
+	FOLD(X0, X1, X5, X2)
+	FOLD(X0, X1, X5, X3)
+	FOLD(X0, X1, X5, X8)
+	CMPQ          CX, $16
+	JB            cdone
+
+cloop16:
+	VMOVDQU    (SI), X11
+	VMOVDQU    X11, (DX)
+	FOLD(X0, X1, X5, X11)
+	ADDQ       $16, SI
+	ADDQ       $16, DX
+	SUBQ       $16, CX
+	CMPQ       CX, $16
+	JAE        cloop16
+
+cdone:
+	VMOVDQU X1, (DI)
+	VZEROUPPER
+	RET

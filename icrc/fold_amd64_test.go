@@ -115,3 +115,12 @@ func TestUpdateFallback(t *testing.T) {
 		t.Fatalf("Compute: fallback %#08x, fast path %#08x (%v)", c, c2, err)
 	}
 }
+
+// TestCopyVariantsFallback is TestCopyVariants on the path CPUs without the
+// folding kernel take.
+func TestCopyVariantsFallback(t *testing.T) {
+	saved := hasFold
+	hasFold = false
+	defer func() { hasFold = saved }()
+	testCopyVariants(t)
+}

@@ -7,3 +7,5 @@ package icrc
 const hasFold = false
 
 func foldAVX512(r uint32, p []byte, out *[16]byte) { panic("icrc: no folding kernel") }
+
+func foldCopyAVX512(r uint32, p []byte, dst *byte, out *[16]byte) { panic("icrc: no folding kernel") }

@@ -1,6 +1,7 @@
 package icrc
 
 import (
+	"bytes"
 	"fmt"
 	"hash/crc32"
 	"math/bits"
@@ -91,8 +92,17 @@ func FuzzUpdate(f *testing.F) {
 	f.Add(uint32(0), make([]byte, 300))
 	f.Add(uint32(0xffffffff), make([]byte, 4156))
 	f.Fuzz(func(t *testing.T, start uint32, p []byte) {
-		if got, want := update(start, p), crc32.Update(start, crc32.IEEETable, p); got != want {
+		want := crc32.Update(start, crc32.IEEETable, p)
+		if got := update(start, p); got != want {
 			t.Fatalf("len %d start %#x: update %#08x, crc32 %#08x", len(p), start, got, want)
+		}
+		dst := make([]byte, len(p)+1)
+		dst[len(p)] = 0x5a
+		if got := updateCopy(start, dst, p); got != want {
+			t.Fatalf("len %d start %#x: updateCopy %#08x, crc32 %#08x", len(p), start, got, want)
+		}
+		if !bytes.Equal(dst[:len(p)], p) || dst[len(p)] != 0x5a {
+			t.Fatalf("len %d: updateCopy copied wrong bytes or wrote past the end", len(p))
 		}
 	})
 }

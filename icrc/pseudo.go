@@ -44,19 +44,43 @@ func putUDP(b []byte, sport, dport uint16, length int) {
 // which is covered in place with update; the masked BTH byte 4 is folded into
 // the start value (see crc.go). A payload shorter than BTH + ICRC is covered as
 // far as it goes (it is not a valid RoCEv2 packet, but this never panics).
-func computeSynth(hdr []byte, udpPayload []byte) uint32 {
+// A non-nil dst receives a copy of udpPayload (all of it), made in the same
+// pass over the bytes where the folding kernel runs.
+func computeSynth(hdr, udpPayload, dst []byte) uint32 {
+	if dst != nil {
+		dst = dst[:len(udpPayload)] // panics before anything is written if short
+	}
 	c := softUpdate(seed, hdr)
 	cov := len(udpPayload) - Size
 	if cov <= bthMaskOff {
+		copy(dst, udpPayload)
 		return softUpdate(c, udpPayload[:max(cov, 0)])
 	}
-	return update(c^masks[mPayloadBTH4][udpPayload[bthMaskOff]], udpPayload[:cov])
+	c ^= masks[mPayloadBTH4][udpPayload[bthMaskOff]]
+	if dst == nil {
+		return update(c, udpPayload[:cov])
+	}
+	c = updateCopy(c, dst, udpPayload[:cov])
+	copy(dst[cov:], udpPayload[cov:])
+	return c
 }
 
 // ComputeIPv4 returns the ICRC of a RoCEv2 packet sent over IPv4 with a
 // 20-byte header, given its UDP payload (BTH .. ICRC; the last 4 bytes are not
 // covered) and the header fields in h. It does not allocate.
 func ComputeIPv4(h *IPv4Pseudo, udpPayload []byte) uint32 {
+	return computeIPv4(h, udpPayload, nil)
+}
+
+// ComputeIPv4Copy is ComputeIPv4 that also copies udpPayload (ICRC
+// included) to dst, in the same pass over the bytes on CPUs where the
+// package's folding kernel runs, which is cheaper than a copy and a
+// ComputeIPv4. It panics if dst is shorter than udpPayload.
+func ComputeIPv4Copy(h *IPv4Pseudo, dst, udpPayload []byte) uint32 {
+	return computeIPv4(h, udpPayload, dst[:len(udpPayload)])
+}
+
+func computeIPv4(h *IPv4Pseudo, udpPayload, dst []byte) uint32 {
 	var pre [ipv4MinSize + udpSize]byte
 	pre[0] = 0x45
 	pre[ipv4TOSOff] = 0xff
@@ -69,13 +93,23 @@ func ComputeIPv4(h *IPv4Pseudo, udpPayload []byte) uint32 {
 	copy(pre[ipv4SrcOff:], h.Src[:])
 	copy(pre[ipv4DstOff:], h.Dst[:])
 	putUDP(pre[ipv4MinSize:], h.SrcPort, h.DstPort, udpSize+len(udpPayload))
-	return computeSynth(pre[:], udpPayload)
+	return computeSynth(pre[:], udpPayload, dst)
 }
 
 // ComputeIPv6 returns the ICRC of a RoCEv2 packet sent over IPv6 without
 // extension headers, given its UDP payload (BTH .. ICRC; the last 4 bytes are
 // not covered) and the header fields in h. It does not allocate.
 func ComputeIPv6(h *IPv6Pseudo, udpPayload []byte) uint32 {
+	return computeIPv6(h, udpPayload, nil)
+}
+
+// ComputeIPv6Copy is ComputeIPv6 that also copies udpPayload to dst (see
+// ComputeIPv4Copy). It panics if dst is shorter than udpPayload.
+func ComputeIPv6Copy(h *IPv6Pseudo, dst, udpPayload []byte) uint32 {
+	return computeIPv6(h, udpPayload, dst[:len(udpPayload)])
+}
+
+func computeIPv6(h *IPv6Pseudo, udpPayload, dst []byte) uint32 {
 	var pre [ipv6Size + udpSize]byte
 	pre[0], pre[1], pre[2], pre[3] = 0x6f, 0xff, 0xff, 0xff
 	binary.BigEndian.PutUint16(pre[ipv6PayloadLenOff:], uint16(udpSize+len(udpPayload)))
@@ -84,7 +118,7 @@ func ComputeIPv6(h *IPv6Pseudo, udpPayload []byte) uint32 {
 	copy(pre[ipv6SrcOff:], h.Src[:])
 	copy(pre[ipv6DstOff:], h.Dst[:])
 	putUDP(pre[ipv6Size:], h.SrcPort, h.DstPort, udpSize+len(udpPayload))
-	return computeSynth(pre[:], udpPayload)
+	return computeSynth(pre[:], udpPayload, dst)
 }
 
 // SolveIPv4ID returns the IPv4 identification that makes the ICRC stored in
@@ -104,14 +138,27 @@ func ComputeIPv6(h *IPv6Pseudo, udpPayload []byte) uint32 {
 // inverse is cached per length, so this costs one CRC over the packet plus one
 // 32x32-bit multiplication modulo P.
 func SolveIPv4ID(h *IPv4Pseudo, udpPayload []byte) (id uint16, ok bool) {
+	return solveIPv4ID(h, udpPayload, nil)
+}
+
+// SolveIPv4IDCopy is SolveIPv4ID that also copies udpPayload to dst, in
+// the same pass over the bytes where the folding kernel runs (see
+// ComputeIPv4Copy); the copy is made whatever the result. It panics if dst
+// is shorter than udpPayload.
+func SolveIPv4IDCopy(h *IPv4Pseudo, dst, udpPayload []byte) (id uint16, ok bool) {
+	return solveIPv4ID(h, udpPayload, dst[:len(udpPayload)])
+}
+
+func solveIPv4ID(h *IPv4Pseudo, udpPayload, dst []byte) (id uint16, ok bool) {
 	if len(udpPayload) < bthSize+Size {
+		copy(dst, udpPayload)
 		return 0, false
 	}
 	h0 := *h
 	h0.ID = 0
-	delta := ComputeIPv4(&h0, udpPayload) ^ Load(udpPayload)
+	delta := computeIPv4(&h0, udpPayload, dst) ^ Load(udpPayload)
 	n := ipv4MinSize + udpSize + len(udpPayload) - Size
-	c := multModP(delta, idInverse(n))
+	c := mulModP(delta, idInverse(n))
 	// The coefficient of x^k sits in bit 31-k. ID bit 7 (the last one the CRC
 	// sees) is x^0, ID bit 0 is x^7, ID bit 15 is x^8 and ID bit 8 is x^15, so
 	// bits 31..24 hold the low byte, bits 23..16 the high byte, and the bits

@@ -218,3 +218,23 @@ func TestCRCHelpers(t *testing.T) {
 		}
 	}
 }
+
+// TestMulModP checks the windowed multiplication against the bit-serial
+// one on edge values and random operands.
+func TestMulModP(t *testing.T) {
+	edge := []uint32{0, 1, xPow0, 0xffffffff, 0x80000001, poly, 0x7fffffff}
+	for _, a := range edge {
+		for _, b := range edge {
+			if got, want := mulModP(a, b), multModP(a, b); got != want {
+				t.Fatalf("mulModP(%#x, %#x) = %#x, want %#x", a, b, got, want)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200000 {
+		a, b := r.Uint32(), r.Uint32()
+		if got, want := mulModP(a, b), multModP(a, b); got != want {
+			t.Fatalf("mulModP(%#x, %#x) = %#x, want %#x", a, b, got, want)
+		}
+	}
+}

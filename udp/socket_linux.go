@@ -603,12 +603,11 @@ func (l *SocketLink) recvGRO(pkts []Packet) (int, error) {
 				l.malformed.Add(1)
 				continue
 			}
-			if !l.verify(seg, m.src, m.port) {
-				continue
-			}
 			p := &pkts[n]
 			p.Buf = p.Buf[:len(seg)]
-			copy(p.Buf, seg)
+			if !l.verifyCopy(p.Buf, seg, m.src, m.port) {
+				continue
+			}
 			p.Addr, p.SrcPort, p.TOS = m.src, m.port, m.tos
 			n++
 		}
@@ -686,15 +685,36 @@ func (l *SocketLink) accept(i int, p *Packet) bool {
 // verify checks a received datagram's ICRC (see SocketLink) and counts a
 // failure in DropBadICRC.
 func (l *SocketLink) verify(buf []byte, src netip.Addr, srcPort uint16) bool {
+	return l.verifyCopy(nil, buf, src, srcPort)
+}
+
+// verifyCopy is verify that also copies buf to dst (len(dst) == len(buf))
+// unless dst is nil: the GRO path moves each segment out of the coalesced
+// buffer in the same pass over its bytes as the ICRC check
+// (icrc.SolveIPv4IDCopy, icrc.ComputeIPv6Copy).
+func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort uint16) bool {
 	if l.is6 {
-		if computeICRC(src, l.addr, srcPort, 0, buf) != icrc.Load(buf) {
+		h := icrc.IPv6Pseudo{Src: src.As16(), Dst: l.addr.As16(), SrcPort: srcPort, DstPort: Port}
+		var c uint32
+		if dst != nil {
+			c = icrc.ComputeIPv6Copy(&h, dst, buf)
+		} else {
+			c = icrc.ComputeIPv6(&h, buf)
+		}
+		if c != icrc.Load(buf) {
 			l.badICRC.Add(1)
 			return false
 		}
 		return true
 	}
 	h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), FlagsFrag: 0x4000, SrcPort: srcPort, DstPort: Port}
-	id, ok := icrc.SolveIPv4ID(&h, buf)
+	var id uint16
+	var ok bool
+	if dst != nil {
+		id, ok = icrc.SolveIPv4IDCopy(&h, dst, buf)
+	} else {
+		id, ok = icrc.SolveIPv4ID(&h, buf)
+	}
 	if !ok {
 		h.FlagsFrag = 0
 		if id, ok = icrc.SolveIPv4ID(&h, buf); !ok {
