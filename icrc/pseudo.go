@@ -2,7 +2,6 @@ package icrc
 
 import (
 	"encoding/binary"
-	"math/bits"
 )
 
 // IPv4Pseudo holds the IPv4 and UDP header fields that the ICRC covers, for a
@@ -47,10 +46,15 @@ func putUDP(b []byte, sport, dport uint16, length int) {
 // A non-nil dst receives a copy of udpPayload (all of it), made in the same
 // pass over the bytes where the folding kernel runs.
 func computeSynth(hdr, udpPayload, dst []byte) uint32 {
+	return finishPayload(softUpdate(seed, hdr), udpPayload, dst)
+}
+
+// finishPayload is computeSynth after the header: c is the CRC of the seed
+// and the masked IP + UDP header.
+func finishPayload(c uint32, udpPayload, dst []byte) uint32 {
 	if dst != nil {
 		dst = dst[:len(udpPayload)] // panics before anything is written if short
 	}
-	c := softUpdate(seed, hdr)
 	cov := len(udpPayload) - Size
 	if cov <= bthMaskOff {
 		copy(dst, udpPayload)
@@ -157,14 +161,5 @@ func solveIPv4ID(h *IPv4Pseudo, udpPayload, dst []byte) (id uint16, ok bool) {
 	h0 := *h
 	h0.ID = 0
 	delta := computeIPv4(&h0, udpPayload, dst) ^ Load(udpPayload)
-	n := ipv4MinSize + udpSize + len(udpPayload) - Size
-	c := mulModP(delta, idInverse(n))
-	// The coefficient of x^k sits in bit 31-k. ID bit 7 (the last one the CRC
-	// sees) is x^0, ID bit 0 is x^7, ID bit 15 is x^8 and ID bit 8 is x^15, so
-	// bits 31..24 hold the low byte, bits 23..16 the high byte, and the bits
-	// for x^16 and above must be clear.
-	if c&0xffff != 0 {
-		return 0, false
-	}
-	return bits.ReverseBytes16(uint16(c >> 16)), true
+	return solveDelta(delta, ipv4MinSize+udpSize+len(udpPayload)-Size)
 }

@@ -75,3 +75,30 @@ func computeICRC(src, dst netip.Addr, srcPort, id uint16, payload []byte) uint32
 	}
 	return icrc.ComputeIPv6(&h, payload)
 }
+
+// flowPrefix caches the icrc.Prefix of the flow a link direction served
+// last: the packets of a batch nearly always belong to one flow, and the
+// prefix turns the per-packet pseudo-header work into six table lookups.
+// The zero value is empty. It is not safe for concurrent use (each link
+// direction has its own, under that direction's mutex).
+type flowPrefix struct {
+	src, dst netip.Addr
+	srcPort  uint16
+	p        icrc.Prefix
+}
+
+// get returns the prefix of RoCEv2 packets src:srcPort -> dst:4791 (IPv4
+// with DF, or IPv6); src and dst are normalised and of the same family.
+func (f *flowPrefix) get(src, dst netip.Addr, srcPort uint16) *icrc.Prefix {
+	if f.srcPort != srcPort || f.src != src || f.dst != dst || !src.IsValid() {
+		f.src, f.dst, f.srcPort = src, dst, srcPort
+		if src.Is4() {
+			f.p = icrc.NewIPv4Prefix(&icrc.IPv4Pseudo{
+				Src: src.As4(), Dst: dst.As4(), FlagsFrag: 0x4000, SrcPort: srcPort, DstPort: Port,
+			})
+		} else {
+			f.p = icrc.NewIPv6Prefix(&icrc.IPv6Pseudo{Src: src.As16(), Dst: dst.As16(), SrcPort: srcPort, DstPort: Port})
+		}
+	}
+	return &f.p
+}

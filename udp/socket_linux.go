@@ -114,6 +114,9 @@ type SocketLink struct {
 	netns         *socketNetns           // namespace of rx, for source-port sockets (may be nil)
 
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
+
+	txFlow flowPrefix // ICRC prefix of the flow sent last (under sendMu)
+	rxFlow flowPrefix // ICRC prefix of the flow received last (under recvMu)
 }
 
 var _ Link = (*SocketLink)(nil)
@@ -475,11 +478,12 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16) int {
 		}
 		p := &chunk[i]
 		dst := normAddr(p.Addr)
+		pf := l.txFlow.get(l.addr, dst, port)
 		for k := range g {
 			q := &chunk[i+k]
 			// Linux gives a DF datagram from an unconnected socket ID 0;
 			// GSO numbers the segments' IDs upward from there.
-			icrc.Store(q.Buf, computeICRC(l.addr, dst, port, uint16(k), q.Buf))
+			icrc.Store(q.Buf, pf.Compute(uint16(k), q.Buf))
 			q.SrcPort = port // the port it really leaves from
 			s.iovs[i+k].Base = &q.Buf[0]
 			s.iovs[i+k].SetLen(len(q.Buf))
@@ -693,13 +697,13 @@ func (l *SocketLink) verify(buf []byte, src netip.Addr, srcPort uint16) bool {
 // buffer in the same pass over its bytes as the ICRC check
 // (icrc.SolveIPv4IDCopy, icrc.ComputeIPv6Copy).
 func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort uint16) bool {
+	pf := l.rxFlow.get(src, l.addr, srcPort)
 	if l.is6 {
-		h := icrc.IPv6Pseudo{Src: src.As16(), Dst: l.addr.As16(), SrcPort: srcPort, DstPort: Port}
 		var c uint32
 		if dst != nil {
-			c = icrc.ComputeIPv6Copy(&h, dst, buf)
+			c = pf.ComputeCopy(0, dst, buf)
 		} else {
-			c = icrc.ComputeIPv6(&h, buf)
+			c = pf.Compute(0, buf)
 		}
 		if c != icrc.Load(buf) {
 			l.badICRC.Add(1)
@@ -707,16 +711,15 @@ func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort uint16)
 		}
 		return true
 	}
-	h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), FlagsFrag: 0x4000, SrcPort: srcPort, DstPort: Port}
 	var id uint16
 	var ok bool
 	if dst != nil {
-		id, ok = icrc.SolveIPv4IDCopy(&h, dst, buf)
+		id, ok = pf.SolveIPv4IDCopy(dst, buf)
 	} else {
-		id, ok = icrc.SolveIPv4ID(&h, buf)
+		id, ok = pf.SolveIPv4ID(buf)
 	}
 	if !ok {
-		h.FlagsFrag = 0
+		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), SrcPort: srcPort, DstPort: Port} // without DF
 		if id, ok = icrc.SolveIPv4ID(&h, buf); !ok {
 			l.badICRC.Add(1)
 			return false

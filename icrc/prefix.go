@@ -1,0 +1,156 @@
+package icrc
+
+import (
+	"encoding/binary"
+	"math/bits"
+)
+
+// Prefix is the ICRC state after the pseudo-header of one flow: the IP and
+// UDP header fields that stay the same from packet to packet (addresses,
+// ports, IPv4 flags) folded in once. The fields that change (the IP and
+// UDP lengths, the IPv4 identification) are folded in per packet with six
+// table lookups, where ComputeIPv4 and SolveIPv4ID run the CRC over the
+// whole synthesized header each time. A link keeps the Prefix of the flow
+// it last served. The zero value is not usable; use NewIPv4Prefix or
+// NewIPv6Prefix.
+type Prefix struct {
+	base uint32 // CRC of the seed and the header with its variable bytes zero
+	v6   bool
+	ok   bool
+}
+
+// Positions of the variable header bytes, and their tables: varTable[k][v]
+// is what byte value v at position k changes the CRC after the header by
+// (CRC linearity: A^(n-1-i)(T(v)) for byte i of an n-byte header).
+const (
+	v4TotalLen = iota // 2 bytes
+	v4ID              // 2 bytes
+	v4UDPLen          // 2 bytes
+	v6PayloadLen      // 2 bytes
+	v6UDPLen          // 2 bytes
+	numVarFields
+)
+
+var varTable [numVarFields][2][256]uint32
+
+func init() {
+	pos := [numVarFields]struct{ off, n int }{
+		v4TotalLen:   {ipv4TotalLenOff, ipv4MinSize + udpSize},
+		v4ID:         {ipv4IDOff, ipv4MinSize + udpSize},
+		v4UDPLen:     {ipv4MinSize + udpLenOff, ipv4MinSize + udpSize},
+		v6PayloadLen: {ipv6PayloadLenOff, ipv6Size + udpSize},
+		v6UDPLen:     {ipv6Size + udpLenOff, ipv6Size + udpSize},
+	}
+	for f, p := range pos {
+		for b := range 2 { // the high byte at off, the low byte at off+1
+			var hdr [ipv6Size + udpSize]byte
+			h := hdr[:p.n]
+			zero := softUpdate(0, h)
+			for v := range 256 {
+				h[p.off+b] = byte(v)
+				varTable[f][b][v] = softUpdate(0, h) ^ zero
+			}
+		}
+	}
+}
+
+// vary returns the change of the header CRC for field f holding v.
+func vary(f int, v uint16) uint32 {
+	t := &varTable[f]
+	return t[0][v>>8] ^ t[1][v&0xff]
+}
+
+// NewIPv4Prefix returns the Prefix of IPv4 packets with a 20-byte header and
+// the addresses, flags and ports of h (h.ID is ignored: each packet gives
+// its own).
+func NewIPv4Prefix(h *IPv4Pseudo) Prefix {
+	var pre [ipv4MinSize + udpSize]byte
+	pre[0] = 0x45
+	pre[ipv4TOSOff] = 0xff
+	binary.BigEndian.PutUint16(pre[ipv4FlagsOff:], h.FlagsFrag)
+	pre[ipv4TTLOff] = 0xff
+	pre[ipv4ProtoOff] = protoUDP
+	pre[ipv4SumOff], pre[ipv4SumOff+1] = 0xff, 0xff
+	copy(pre[ipv4SrcOff:], h.Src[:])
+	copy(pre[ipv4DstOff:], h.Dst[:])
+	putUDP(pre[ipv4MinSize:], h.SrcPort, h.DstPort, 0)
+	return Prefix{base: softUpdate(seed, pre[:]), ok: true}
+}
+
+// NewIPv6Prefix returns the Prefix of IPv6 packets without extension headers
+// and with the addresses and ports of h.
+func NewIPv6Prefix(h *IPv6Pseudo) Prefix {
+	var pre [ipv6Size + udpSize]byte
+	pre[0], pre[1], pre[2], pre[3] = 0x6f, 0xff, 0xff, 0xff
+	pre[ipv6NextHdrOff] = protoUDP
+	pre[ipv6HopLimitOff] = 0xff
+	copy(pre[ipv6SrcOff:], h.Src[:])
+	copy(pre[ipv6DstOff:], h.Dst[:])
+	putUDP(pre[ipv6Size:], h.SrcPort, h.DstPort, 0)
+	return Prefix{base: softUpdate(seed, pre[:]), v6: true, ok: true}
+}
+
+// IsIPv6 reports whether p is for IPv6 packets.
+func (p *Prefix) IsIPv6() bool { return p.v6 }
+
+// header returns the CRC after the seed and the header of a packet with
+// this prefix, identification id (IPv4) and a UDP payload of n bytes.
+func (p *Prefix) header(id uint16, n int) uint32 {
+	if !p.ok {
+		panic("icrc: zero Prefix (use NewIPv4Prefix or NewIPv6Prefix)")
+	}
+	ul := uint16(udpSize + n)
+	if p.v6 {
+		return p.base ^ vary(v6PayloadLen, ul) ^ vary(v6UDPLen, ul)
+	}
+	return p.base ^ vary(v4TotalLen, ul+ipv4MinSize) ^ vary(v4ID, id) ^ vary(v4UDPLen, ul)
+}
+
+// Compute returns the ICRC of a packet of this flow with IPv4
+// identification id (ignored for IPv6) and UDP payload udpPayload (BTH ..
+// ICRC): ComputeIPv4 or ComputeIPv6 with the prefix's header fields.
+func (p *Prefix) Compute(id uint16, udpPayload []byte) uint32 {
+	return finishPayload(p.header(id, len(udpPayload)), udpPayload, nil)
+}
+
+// ComputeCopy is Compute that also copies udpPayload to dst (see
+// ComputeIPv4Copy). It panics if dst is shorter than udpPayload.
+func (p *Prefix) ComputeCopy(id uint16, dst, udpPayload []byte) uint32 {
+	return finishPayload(p.header(id, len(udpPayload)), udpPayload, dst[:len(udpPayload)])
+}
+
+// SolveIPv4ID is the package's SolveIPv4ID for a packet of this IPv4 flow.
+// For an IPv6 prefix it reports ok=false.
+func (p *Prefix) SolveIPv4ID(udpPayload []byte) (id uint16, ok bool) {
+	return p.solve(udpPayload, nil)
+}
+
+// SolveIPv4IDCopy is SolveIPv4ID that also copies udpPayload to dst (see
+// the package's SolveIPv4IDCopy). It panics if dst is shorter than
+// udpPayload.
+func (p *Prefix) SolveIPv4IDCopy(dst, udpPayload []byte) (id uint16, ok bool) {
+	return p.solve(udpPayload, dst[:len(udpPayload)])
+}
+
+func (p *Prefix) solve(udpPayload, dst []byte) (id uint16, ok bool) {
+	if p.v6 || len(udpPayload) < bthSize+Size {
+		copy(dst, udpPayload)
+		return 0, false
+	}
+	delta := finishPayload(p.header(0, len(udpPayload)), udpPayload, dst) ^ Load(udpPayload)
+	return solveDelta(delta, ipv4MinSize+udpSize+len(udpPayload)-Size)
+}
+
+// solveDelta finishes SolveIPv4ID: delta is the stored ICRC XOR the ICRC for
+// identification 0, n the covered length from the IP header on.
+func solveDelta(delta uint32, n int) (id uint16, ok bool) {
+	c := mulModP(delta, idInverse(n))
+	// The coefficient of x^k sits in bit 31-k. ID bit 7 (the last one the CRC
+	// sees) is x^0, ID bit 0 is x^7, ID bit 15 is x^8 and ID bit 8 is x^15, so
+	// bits 31..24 hold the low byte, bits 23..16 the high byte, and the bits
+	// for x^16 and above must be clear.
+	if c&0xffff != 0 {
+		return 0, false
+	}
+	return bits.ReverseBytes16(uint16(c >> 16)), true
+}

@@ -1,0 +1,90 @@
+package icrc
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestPrefix checks Prefix against the functions that synthesize the whole
+// header each time (ComputeIPv4, ComputeIPv6, SolveIPv4ID and their Copy
+// variants), which are an independent implementation: random flows, IDs,
+// and lengths from 0 through the 16-bit length fields' range.
+func TestPrefix(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	src := make([]byte, 9100)
+	fill(r, src)
+	dst := make([]byte, len(src))
+	lengths := []int{0, 1, 15, 16, 17, 20, 64, 255, 256, 1024, 1028, 4096, 4140, 9000}
+	for range 300 {
+		lengths = append(lengths, r.IntN(9000))
+	}
+	for _, n := range lengths {
+		p := src[:n]
+		h4 := &IPv4Pseudo{ID: uint16(r.Uint32()), FlagsFrag: uint16(r.Uint32()), SrcPort: uint16(r.Uint32()), DstPort: uint16(r.Uint32())}
+		fill(r, h4.Src[:])
+		fill(r, h4.Dst[:])
+		h6 := &IPv6Pseudo{SrcPort: uint16(r.Uint32()), DstPort: uint16(r.Uint32())}
+		fill(r, h6.Src[:])
+		fill(r, h6.Dst[:])
+		if n >= Size {
+			Store(p, ComputeIPv4(h4, p)) // so that the solve has an answer
+		}
+		p4, p6 := NewIPv4Prefix(h4), NewIPv6Prefix(h6)
+		if got, want := p4.Compute(h4.ID, p), ComputeIPv4(h4, p); got != want {
+			t.Fatalf("IPv4 len %d: Prefix.Compute %#x, ComputeIPv4 %#x", n, got, want)
+		}
+		if got, want := p6.Compute(0, p), ComputeIPv6(h6, p); got != want {
+			t.Fatalf("IPv6 len %d: Prefix.Compute %#x, ComputeIPv6 %#x", n, got, want)
+		}
+		if got := p4.ComputeCopy(h4.ID, dst, p); got != ComputeIPv4(h4, p) || !bytes.Equal(dst[:n], p) {
+			t.Fatalf("IPv4 len %d: ComputeCopy wrong", n)
+		}
+		if got := p6.ComputeCopy(0, dst, p); got != ComputeIPv6(h6, p) || !bytes.Equal(dst[:n], p) {
+			t.Fatalf("IPv6 len %d: ComputeCopy wrong", n)
+		}
+		id, ok := p4.SolveIPv4ID(p)
+		wid, wok := SolveIPv4ID(h4, p)
+		if id != wid || ok != wok {
+			t.Fatalf("len %d: Prefix.SolveIPv4ID %d/%v, SolveIPv4ID %d/%v", n, id, ok, wid, wok)
+		}
+		if n >= bthSize+Size && (!ok || id != h4.ID) {
+			t.Fatalf("len %d: solved %d/%v, want %d", n, id, ok, h4.ID)
+		}
+		clear(dst[:n])
+		if id, ok := p4.SolveIPv4IDCopy(dst, p); id != wid || ok != wok || !bytes.Equal(dst[:n], p) {
+			t.Fatalf("len %d: SolveIPv4IDCopy %d/%v or its copy wrong", n, id, ok)
+		}
+		if _, ok := p6.SolveIPv4ID(p); ok {
+			t.Fatalf("len %d: an IPv6 prefix solved an IPv4 identification", n)
+		}
+	}
+}
+
+// TestPrefixZeroPanics: the zero Prefix is not a prefix of any flow.
+func TestPrefixZeroPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("zero Prefix computed an ICRC")
+		}
+	}()
+	var p Prefix
+	p.Compute(0, make([]byte, 64))
+}
+
+// BenchmarkPrefixCompute1K compares Prefix.Compute with ComputeIPv4 (same
+// run) on a 1 KiB payload: the pseudo-header work a link saves per packet.
+func BenchmarkPrefixCompute1K(b *testing.B) {
+	h, p := pseudo4(benchPacket(1024, false))
+	pre := NewIPv4Prefix(h)
+	b.Run("prefix", func(b *testing.B) {
+		for b.Loop() {
+			sink = pre.Compute(h.ID, p)
+		}
+	})
+	b.Run("ComputeIPv4", func(b *testing.B) {
+		for b.Loop() {
+			sink = ComputeIPv4(h, p)
+		}
+	})
+}
