@@ -23,11 +23,11 @@ type Prefix struct {
 // is what byte value v at position k changes the CRC after the header by
 // (CRC linearity: A^(n-1-i)(T(v)) for byte i of an n-byte header).
 const (
-	v4TotalLen = iota // 2 bytes
-	v4ID              // 2 bytes
-	v4UDPLen          // 2 bytes
-	v6PayloadLen      // 2 bytes
-	v6UDPLen          // 2 bytes
+	v4TotalLen   = iota // 2 bytes
+	v4ID                // 2 bytes
+	v4UDPLen            // 2 bytes
+	v6PayloadLen        // 2 bytes
+	v6UDPLen            // 2 bytes
 	numVarFields
 )
 
