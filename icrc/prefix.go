@@ -144,6 +144,9 @@ func (p *Prefix) solve(udpPayload, dst []byte) (id uint16, ok bool) {
 // solveDelta finishes SolveIPv4ID: delta is the stored ICRC XOR the ICRC for
 // identification 0, n the covered length from the IP header on.
 func solveDelta(delta uint32, n int) (id uint16, ok bool) {
+	if delta == 0 { // identification 0: every packet but GSO's later segments
+		return 0, true
+	}
 	c := mulModP(delta, idInverse(n))
 	// The coefficient of x^k sits in bit 31-k. ID bit 7 (the last one the CRC
 	// sees) is x^0, ID bit 0 is x^7, ID bit 15 is x^8 and ID bit 8 is x^15, so

@@ -360,6 +360,7 @@ type rawUDP struct {
 	groMem  []byte
 	groCtrl []byte
 	groIov  []unix.Iovec
+	tos     uint8 // of the last recvTOS
 }
 
 func newRawUDP(t testing.TB, addr netip.Addr, batch int) *rawUDP {
