@@ -74,6 +74,14 @@ func socketDrops(fd uintptr) uint64 {
 	return uint64(mi[skMeminfoDrops])
 }
 
+// errRestartSys is ERESTARTSYS (512), a kernel-internal errno that Linux
+// (6.1 at least) can hand to user space through recvmmsg: a blocking
+// recvmmsg interrupted by a signal (Go preempts goroutines with SIGURG)
+// after it received some datagrams returns those and leaves -ERESTARTSYS in
+// the socket's sk_err, which the next call on the socket returns. The links
+// never block in recvmmsg, but treat it like EINTR all the same.
+const errRestartSys = unix.Errno(512)
+
 // mmsgState is the preallocated argument block of one sendmmsg or recvmmsg
 // caller, plus the in/out values of the RawConn callback (kept in the
 // struct so the callback is one method value bound at init, not allocated
@@ -150,7 +158,7 @@ func (s *mmsgState) call(fd uintptr) bool {
 			n, _, e = unix.Syscall6(s.trap, fd,
 				uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), s.flags, 0, 0)
 		}
-		if e != unix.EINTR {
+		if e != unix.EINTR && e != errRestartSys {
 			break
 		}
 	}

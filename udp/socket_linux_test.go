@@ -348,6 +348,10 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // rawUDP is the benchmark baseline: a plain blocking UDP socket driven with
 // sendmmsg/recvmmsg directly, no ICRC, no netpoller.
+// interrupted reports whether a blocking receive of rawUDP was cut short by
+// a signal and must be retried: EINTR, or ERESTARTSYS (see errRestartSys).
+func interrupted(e unix.Errno) bool { return e == unix.EINTR || e == errRestartSys }
+
 type rawUDP struct {
 	fd    int
 	hdrs  []unix.Mmsghdr
@@ -410,7 +414,14 @@ func (r *rawUDP) recv(bufs [][]byte) (int, error) {
 		r.iovs[i].SetLen(len(b))
 		r.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet4
 	}
-	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(r.fd), uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(len(bufs)), 0, 0, 0)
+	var n uintptr
+	var e unix.Errno
+	for {
+		n, _, e = unix.Syscall6(unix.SYS_RECVMMSG, uintptr(r.fd), uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(len(bufs)), 0, 0, 0)
+		if !interrupted(e) {
+			break
+		}
+	}
 	if e != 0 {
 		return 0, e
 	}
