@@ -61,8 +61,9 @@ type RawLink struct {
 	rx       *rxConn // receives: raw IPv4 socket, protocol UDP (see rxConn)
 	holder   *fdConn // addr:4791, drops everything
 	ttl      uint8
-	shdr     []byte // batch × 28: the IPv4+UDP header of each message
-	rbuf     []byte // batch × rawBufSize
+	shdr     []byte     // batch × 28: the IPv4+UDP header of each message
+	rbuf     []byte     // batch × rawBufSize
+	txFlow   flowPrefix // ICRC prefix of the flow sent last (under sendMu)
 }
 
 var _ Link = (*RawLink)(nil)
@@ -246,7 +247,7 @@ func (l *RawLink) buildPacket(i int, p *Packet) {
 	binary.BigEndian.PutUint16(u[2:], Port)
 	binary.BigEndian.PutUint16(u[4:], uint16(udpHdrLen+len(p.Buf)))
 	binary.BigEndian.PutUint16(u[6:], 0) // UDP checksum 0, like rxe
-	icrc.Store(p.Buf, computeICRC(l.addr, dst, sport, 0, p.Buf))
+	icrc.Store(p.Buf, l.txFlow.get(l.addr, dst, sport).Compute(0, p.Buf))
 	s.iovs[2*i].Base = &ip[0]
 	s.iovs[2*i].SetLen(len(ip))
 	s.iovs[2*i+1].Base = &p.Buf[0]
