@@ -38,19 +38,13 @@ func putUDP(b []byte, sport, dport uint16, length int) {
 	b[udpSumOff], b[udpSumOff+1] = 0xff, 0xff
 }
 
-// computeSynth finishes the ICRC of a synthesized, already masked IP + UDP
-// header hdr (a stack buffer, covered with softUpdate) followed by udpPayload,
-// which is covered in place with update; the masked BTH byte 4 is folded into
-// the start value (see crc.go). A payload shorter than BTH + ICRC is covered as
-// far as it goes (it is not a valid RoCEv2 packet, but this never panics).
-// A non-nil dst receives a copy of udpPayload (all of it), made in the same
-// pass over the bytes where the folding kernel runs.
-func computeSynth(hdr, udpPayload, dst []byte) uint32 {
-	return finishPayload(softUpdate(seed, hdr), udpPayload, dst)
-}
-
-// finishPayload is computeSynth after the header: c is the CRC of the seed
-// and the masked IP + UDP header.
+// finishPayload finishes the ICRC of a packet whose pseudo-header is done: c
+// is the CRC of the seed and the masked IP + UDP header (see Prefix), and
+// udpPayload is covered in place with update; the masked BTH byte 4 is folded
+// into the start value (see crc.go). A payload shorter than BTH + ICRC is
+// covered as far as it goes (it is not a valid RoCEv2 packet, but this never
+// panics). A non-nil dst receives a copy of udpPayload (all of it), made in the
+// same pass over the bytes where the folding kernel runs.
 func finishPayload(c uint32, udpPayload, dst []byte) uint32 {
 	if dst != nil {
 		dst = dst[:len(udpPayload)] // panics before anything is written if short
@@ -85,19 +79,8 @@ func ComputeIPv4Copy(h *IPv4Pseudo, dst, udpPayload []byte) uint32 {
 }
 
 func computeIPv4(h *IPv4Pseudo, udpPayload, dst []byte) uint32 {
-	var pre [ipv4MinSize + udpSize]byte
-	pre[0] = 0x45
-	pre[ipv4TOSOff] = 0xff
-	binary.BigEndian.PutUint16(pre[ipv4TotalLenOff:], uint16(ipv4MinSize+udpSize+len(udpPayload)))
-	binary.BigEndian.PutUint16(pre[ipv4IDOff:], h.ID)
-	binary.BigEndian.PutUint16(pre[ipv4FlagsOff:], h.FlagsFrag)
-	pre[ipv4TTLOff] = 0xff
-	pre[ipv4ProtoOff] = protoUDP
-	pre[ipv4SumOff], pre[ipv4SumOff+1] = 0xff, 0xff
-	copy(pre[ipv4SrcOff:], h.Src[:])
-	copy(pre[ipv4DstOff:], h.Dst[:])
-	putUDP(pre[ipv4MinSize:], h.SrcPort, h.DstPort, udpSize+len(udpPayload))
-	return computeSynth(pre[:], udpPayload, dst)
+	p := NewIPv4Prefix(h)
+	return finishPayload(p.header(h.ID, len(udpPayload)), udpPayload, dst)
 }
 
 // ComputeIPv6 returns the ICRC of a RoCEv2 packet sent over IPv6 without
@@ -114,15 +97,8 @@ func ComputeIPv6Copy(h *IPv6Pseudo, dst, udpPayload []byte) uint32 {
 }
 
 func computeIPv6(h *IPv6Pseudo, udpPayload, dst []byte) uint32 {
-	var pre [ipv6Size + udpSize]byte
-	pre[0], pre[1], pre[2], pre[3] = 0x6f, 0xff, 0xff, 0xff
-	binary.BigEndian.PutUint16(pre[ipv6PayloadLenOff:], uint16(udpSize+len(udpPayload)))
-	pre[ipv6NextHdrOff] = protoUDP
-	pre[ipv6HopLimitOff] = 0xff
-	copy(pre[ipv6SrcOff:], h.Src[:])
-	copy(pre[ipv6DstOff:], h.Dst[:])
-	putUDP(pre[ipv6Size:], h.SrcPort, h.DstPort, udpSize+len(udpPayload))
-	return computeSynth(pre[:], udpPayload, dst)
+	p := NewIPv6Prefix(h)
+	return finishPayload(p.header(0, len(udpPayload)), udpPayload, dst)
 }
 
 // SolveIPv4ID returns the IPv4 identification that makes the ICRC stored in
