@@ -11,12 +11,10 @@ var hasFold = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VPCL
 
 // foldAVX512 folds p into 16 bytes with four 512-bit carry-less multiply
 // accumulators (see fold_amd64.s). len(p) >= 256, len(p)%16 == 0.
-//
-//go:noescape
-func foldAVX512(r uint32, p []byte, out *[16]byte)
+func foldAVX512(r uint32, p []byte, out *[16]byte) { foldCopyAVX512(r, p, nil, out) }
 
 // foldCopyAVX512 is foldAVX512 that also copies p to dst (len(p) bytes
-// must fit there); see fold_amd64.s.
+// must fit there) unless dst is nil; see fold_amd64.s.
 //
 //go:noescape
 func foldCopyAVX512(r uint32, p []byte, dst *byte, out *[16]byte)

@@ -53,16 +53,28 @@ DATA k128<>+0(SB)/8, $0x1751997d0
 DATA k128<>+8(SB)/8, $0x0ccaa009e
 GLOBL k128<>(SB), RODATA, $16
 
-// func foldAVX512(r uint32, p []byte, out *[16]byte)
+// func foldCopyAVX512(r uint32, p []byte, dst *byte, out *[16]byte)
 //
 // r is the CRC register (^crc in hash/crc32's convention). len(p) must be at
 // least 256 and a multiple of 16. It writes to out 16 bytes whose CRC from a
-// zero register equals the CRC of p from register r.
-TEXT ·foldAVX512(SB), NOSPLIT, $0-40
+// zero register equals the CRC of p from register r. When dst is not nil it
+// also copies p to dst (len(p) bytes), storing each block as it is loaded:
+// the copy rides on the loads the fold makes anyway, and the carry-less
+// multiplies, not the memory traffic, bound the loop. With dst nil (the
+// plain CRC, foldAVX512) the stores are skipped by a branch per block that
+// always goes the same way.
+//
+// Register use: SI walks p, R8 = dst - p (so block (SI) goes to (SI)(R8*1)),
+// R9 = dst (zero: no copy), CX = bytes left, DI = out, Z0 the fold constants,
+// Z1..Z4 the accumulators.
+TEXT ·foldCopyAVX512(SB), NOSPLIT, $0-48
 	MOVL r+0(FP), AX
 	MOVQ p_base+8(FP), SI
 	MOVQ p_len+16(FP), CX
-	MOVQ out+32(FP), DI
+	MOVQ dst+32(FP), R9
+	MOVQ out+40(FP), DI
+	MOVQ R9, R8
+	SUBQ SI, R8
 
 	// Four accumulators over the first 256 bytes; r goes into the first
 	// four bytes of the message.
@@ -70,6 +82,14 @@ TEXT ·foldAVX512(SB), NOSPLIT, $0-40
 	VMOVDQU64 64(SI), Z2
 	VMOVDQU64 128(SI), Z3
 	VMOVDQU64 192(SI), Z4
+	TESTQ     R9, R9
+	JZ        first
+	VMOVDQU64 Z1, (SI)(R8*1)
+	VMOVDQU64 Z2, 64(SI)(R8*1)
+	VMOVDQU64 Z3, 128(SI)(R8*1)
+	VMOVDQU64 Z4, 192(SI)(R8*1)
+
+first:
 	VPXORQ    Z10, Z10, Z10
 	VMOVD     AX, X10
 	VPXORQ    Z10, Z1, Z1
@@ -86,6 +106,14 @@ loop256:
 	VMOVDQU64 64(SI), Z12
 	VMOVDQU64 128(SI), Z13
 	VMOVDQU64 192(SI), Z14
+	TESTQ     R9, R9
+	JZ        fold256
+	VMOVDQU64 Z11, (SI)(R8*1)
+	VMOVDQU64 Z12, 64(SI)(R8*1)
+	VMOVDQU64 Z13, 128(SI)(R8*1)
+	VMOVDQU64 Z14, 192(SI)(R8*1)
+
+fold256:
 	FOLD(Z0, Z1, Z5, Z11)
 	FOLD(Z0, Z2, Z6, Z12)
 	FOLD(Z0, Z3, Z7, Z13)
@@ -106,6 +134,11 @@ combine:
 
 loop64:
 	VMOVDQU64  (SI), Z11
+	TESTQ      R9, R9
+	JZ         fold64
+	VMOVDQU64  Z11, (SI)(R8*1)
+
+fold64:
 	FOLD(Z0, Z4, Z5, Z11)
 	ADDQ       $64, SI
 	SUBQ       $64, CX
@@ -127,6 +160,11 @@ lanes:
 
 loop16:
 	VMOVDQU    (SI), X11
+	TESTQ      R9, R9
+	JZ         fold16
+	VMOVDQU    X11, (SI)(R8*1)
+
+fold16:
 	FOLD(X0, X1, X5, X11)
 	ADDQ       $16, SI
 	SUBQ       $16, CX
@@ -134,101 +172,6 @@ loop16:
 	JAE        loop16
 
 done:
-	VMOVDQU X1, (DI)
-	VZEROUPPER
-	RET
-
-// func foldCopyAVX512(r uint32, p []byte, dst *byte, out *[16]byte)
-//
-// foldAVX512 that also copies p to dst (len(p) bytes), storing each block
-// as it is loaded: the copy rides on the loads the fold makes anyway, and
-// the carry-less multiplies, not the memory traffic, bound the loop.
-TEXT ·foldCopyAVX512(SB), NOSPLIT, $0-48
-	MOVL r+0(FP), AX
-	MOVQ p_base+8(FP), SI
-	MOVQ p_len+16(FP), CX
-	MOVQ dst+32(FP), DX
-	MOVQ out+40(FP), DI
-
-	VMOVDQU64 (SI), Z1
-	VMOVDQU64 64(SI), Z2
-	VMOVDQU64 128(SI), Z3
-	VMOVDQU64 192(SI), Z4
-	VMOVDQU64 Z1, (DX)
-	VMOVDQU64 Z2, 64(DX)
-	VMOVDQU64 Z3, 128(DX)
-	VMOVDQU64 Z4, 192(DX)
-	VPXORQ    Z10, Z10, Z10
-	VMOVD     AX, X10
-	VPXORQ    Z10, Z1, Z1
-	ADDQ      $256, SI
-	ADDQ      $256, DX
-	SUBQ      $256, CX
-
-	VMOVDQU64 k2048<>(SB), Z0
-	CMPQ      CX, $256
-	JB        ccombine
-
-cloop256:
-	VMOVDQU64 (SI), Z11
-	VMOVDQU64 64(SI), Z12
-	VMOVDQU64 128(SI), Z13
-	VMOVDQU64 192(SI), Z14
-	VMOVDQU64 Z11, (DX)
-	VMOVDQU64 Z12, 64(DX)
-	VMOVDQU64 Z13, 128(DX)
-	VMOVDQU64 Z14, 192(DX)
-	FOLD(Z0, Z1, Z5, Z11)
-	FOLD(Z0, Z2, Z6, Z12)
-	FOLD(Z0, Z3, Z7, Z13)
-	FOLD(Z0, Z4, Z8, Z14)
-	ADDQ      $256, SI
-	ADDQ      $256, DX
-	SUBQ      $256, CX
-	CMPQ      CX, $256
-	JAE       cloop256
-
-ccombine:
-	VMOVDQU64 k512<>(SB), Z0
-	FOLDINTO(Z0, Z1, Z5, Z2)
-	FOLDINTO(Z0, Z2, Z5, Z3)
-	FOLDINTO(Z0, Z3, Z5, Z4)
-	CMPQ       CX, $64
-	JB         clanes
-
-cloop64:
-	VMOVDQU64  (SI), Z11
-	VMOVDQU64  Z11, (DX)
-	FOLD(Z0, Z4, Z5, Z11)
-	ADDQ       $64, SI
-	ADDQ       $64, DX
-	SUBQ       $64, CX
-	CMPQ       CX, $64
-	JAE        cloop64
-
-clanes:
-	VMOVDQU       k128<>(SB), X0
-	VEXTRACTI32X4 $1, Z4, X2
-	VEXTRACTI32X4 $2, Z4, X3
-	VEXTRACTI32X4 $3, Z4, X8
-	VMOVDQA       X4, X1
-	FOLD(X0, X1, X5, X2)
-	FOLD(X0, X1, X5, X3)
-	FOLD(X0, X1, X5, X8)
-	CMPQ          CX, $16
-	JB            cdone
-
-cloop16:
-	VMOVDQU    (SI), X11
-	VMOVDQU    X11, (DX)
-	FOLD(X0, X1, X5, X11)
-	ADDQ       $16, SI
-	ADDQ       $16, DX
-	SUBQ       $16, CX
-	CMPQ       CX, $16
-	JAE        cloop16
-
-cdone:
 	VMOVDQU X1, (DI)
 	VZEROUPPER
 	RET
