@@ -198,6 +198,15 @@ const labMTU = 1024
 // maxMsgPkts bounds the search for a message's first packet.
 const maxMsgPkts = 64
 
+// maxSnaplen is the largest pcap snap length analyze accepts (tcpdump's
+// default); maxReadSpan the most response packets of one READ whose data
+// it checks (64 MiB at labMTU; the lab moves far less). Both keep a
+// hostile capture from costing gigabytes.
+const (
+	maxSnaplen  = 262144
+	maxReadSpan = 1 << 16
+)
+
 // maxLines bounds CaptureStats.Lines.
 const maxLines = 60
 
@@ -275,6 +284,12 @@ func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 	r, err := pcapgo.NewReader(in)
 	if err != nil {
 		return nil, err
+	}
+	// pcapgo allocates each frame's capture length up front, and a header's
+	// snap length (which bounds it) may say anything up to 4 GiB; real
+	// captures stay at or below tcpdump's 262144.
+	if r.Snaplen() > maxSnaplen {
+		return nil, fmt.Errorf("pcap snap length %d exceeds %d", r.Snaplen(), maxSnaplen)
 	}
 	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{}}
 	var p packet.Packet
@@ -481,7 +496,7 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		f.lastTx[psn] = at
 		switch {
 		case info.Kind == bth.KindReadRequest && p.RETH != nil:
-			for k := uint32(0); k < span; k++ {
+			for k := uint32(0); k < min(span, maxReadSpan); k++ {
 				readVA[fromHost][(psn+k)&0xffffff] = readAt{p.RETH.VA() + uint64(k)*labMTU, int(k) * labMTU}
 			}
 			return

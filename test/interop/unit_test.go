@@ -7,9 +7,20 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+	"github.com/google/gopacket/pcapgo"
+
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/icrc"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/reth"
 )
 
 // readNewc parses a newc archive back into name -> (mode, data, rdev).
@@ -283,4 +294,62 @@ func FuzzAnalyzeCapture(f *testing.F) {
 			_ = s.String()
 		}
 	})
+}
+
+// TestAnalyzeHostileCapture: inputs the fuzzer found to cost gigabytes
+// (a 2 GiB snap length that pcapgo would allocate per frame; a READ whose
+// DMA length spans millions of packets) are refused or bounded and finish
+// at once.
+func TestAnalyzeHostileCapture(t *testing.T) {
+	// pcap global header: magic, version 2.4, zone, sigfigs, snaplen 2 GiB, Ethernet.
+	hdr := []byte{0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 1, 0, 0, 0}
+	if _, err := analyze(bytes.NewReader(hdr)); err == nil || !strings.Contains(err.Error(), "snap length") {
+		t.Fatalf("2 GiB snap length: err %v, want a snap length error", err)
+	}
+
+	// A READ request for 2 GiB (2 M response PSNs at labMTU).
+	var buf bytes.Buffer
+	w := pcapgo.NewWriter(&buf)
+	if err := w.WriteFileHeader(65535, layers.LinkTypeEthernet); err != nil {
+		t.Fatal(err)
+	}
+	pkt := make([]byte, 64)
+	n, err := packet.Build(pkt, &packet.Fields{
+		BTH:  bth.Fields{Opcode: bth.RCReadRequest, DestQP: 0x11, PSN: 100},
+		RETH: reth.Fields{VA: 0x1000, RKey: 1, DMALength: 1 << 31},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := gopacket.NewSerializeBuffer()
+	eth := &layers.Ethernet{SrcMAC: []byte{2, 0, 0, 0, 0, 1}, DstMAC: []byte{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Flags: layers.IPv4DontFragment, Protocol: layers.IPProtocolUDP,
+		SrcIP: []byte{192, 0, 2, 2}, DstIP: []byte{192, 0, 2, 3}}
+	udp := &layers.UDP{SrcPort: 49152, DstPort: 4791}
+	udp.SetNetworkLayerForChecksum(ip)
+	if err := gopacket.SerializeLayers(frame, gopacket.SerializeOptions{FixLengths: true}, eth, ip, udp, gopacket.Payload(pkt[:n])); err != nil {
+		t.Fatal(err)
+	}
+	b := frame.Bytes()
+	if err := icrc.Put(b[14:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WritePacket(gopacket.CaptureInfo{Timestamp: time.Unix(1, 0), CaptureLength: len(b), Length: len(b)}, b); err != nil {
+		t.Fatal(err)
+	}
+	// Unbounded, this filled a map with 2 M entries (hundreds of MiB);
+	// bounded, to maxReadSpan, a few MiB.
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	s, err := analyze(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&m1)
+	if mib := (m1.TotalAlloc - m0.TotalAlloc) >> 20; mib > 64 {
+		t.Fatalf("one 2 GiB READ request cost %d MiB of allocations to analyze", mib)
+	}
+	if s.Frames != 1 || s.RoCE != 1 || s.Bad != 0 || s.BadICRC != 0 {
+		t.Fatalf("frames %d, RoCE %d, bad %d, bad ICRC %d: want the one READ request decoded and tracked", s.Frames, s.RoCE, s.Bad, s.BadICRC)
+	}
 }
