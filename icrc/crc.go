@@ -234,7 +234,7 @@ func updateFold(crc uint32, p []byte) uint32 {
 // least as long; with the folding kernel both happen in one pass over p.
 func updateCopy(crc uint32, dst, p []byte) uint32 {
 	if hasFold && len(p) >= foldMin {
-		dst = dst[:len(p)] // panics, before the kernel runs, if dst is short
+		dst = dst[:len(p)] // panics, before the kernel runs, if dst is short (callers pass len(dst) == len(p))
 		var x [16]byte
 		k := len(p) &^ 15
 		foldCopyAVX512(^crc, p[:k], &dst[0], &x)

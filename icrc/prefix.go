@@ -114,9 +114,10 @@ func (p *Prefix) Compute(id uint16, udpPayload []byte) uint32 {
 }
 
 // ComputeCopy is Compute that also copies udpPayload to dst (see
-// ComputeIPv4Copy). It panics if dst is shorter than udpPayload.
+// ComputeIPv4Copy). It panics if dst is shorter than udpPayload; dst
+// must not overlap udpPayload.
 func (p *Prefix) ComputeCopy(id uint16, dst, udpPayload []byte) uint32 {
-	return finishPayload(p.header(id, len(udpPayload)), udpPayload, dst[:len(udpPayload)])
+	return finishPayload(p.header(id, len(udpPayload)), udpPayload, copyDst(dst, len(udpPayload)))
 }
 
 // SolveIPv4ID is the package's SolveIPv4ID for a packet of this IPv4 flow.
@@ -127,9 +128,9 @@ func (p *Prefix) SolveIPv4ID(udpPayload []byte) (id uint16, ok bool) {
 
 // SolveIPv4IDCopy is SolveIPv4ID that also copies udpPayload to dst (see
 // the package's SolveIPv4IDCopy). It panics if dst is shorter than
-// udpPayload.
+// udpPayload; dst must not overlap udpPayload.
 func (p *Prefix) SolveIPv4IDCopy(dst, udpPayload []byte) (id uint16, ok bool) {
-	return p.solve(udpPayload, dst[:len(udpPayload)])
+	return p.solve(udpPayload, copyDst(dst, len(udpPayload)))
 }
 
 func (p *Prefix) solve(udpPayload, dst []byte) (id uint16, ok bool) {

@@ -6,10 +6,12 @@ import (
 	"testing"
 )
 
-// TestPrefix checks Prefix against the functions that synthesize the whole
-// header each time (ComputeIPv4, ComputeIPv6, SolveIPv4ID and their Copy
-// variants), which are an independent implementation: random flows, IDs,
-// and lengths from 0 through the 16-bit length fields' range.
+// TestPrefix checks a Prefix made once per flow against the per-call
+// functions (ComputeIPv4, ComputeIPv6, SolveIPv4ID and their Copy
+// variants, which make a new Prefix every call) for random flows, IDs and
+// lengths from 0 through the 16-bit length fields' range. The independent
+// checks of the Prefix arithmetic are TestPathsAgree (a reference over
+// whole packets) and the golden tests.
 func TestPrefix(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	src := make([]byte, 9100)

@@ -2,6 +2,7 @@ package icrc
 
 import (
 	"encoding/binary"
+	"fmt"
 )
 
 // IPv4Pseudo holds the IPv4 and UDP header fields that the ICRC covers, for a
@@ -38,17 +39,25 @@ func putUDP(b []byte, sport, dport uint16, length int) {
 	b[udpSumOff], b[udpSumOff+1] = 0xff, 0xff
 }
 
+// copyDst returns dst[:n] for a Copy variant, and panics (before anything
+// is written) if dst is shorter than n: reslicing alone would reach into
+// dst's spare capacity.
+func copyDst(dst []byte, n int) []byte {
+	if len(dst) < n {
+		panic(fmt.Sprintf("icrc: copy destination of %d bytes for a %d-byte payload", len(dst), n))
+	}
+	return dst[:n]
+}
+
 // finishPayload finishes the ICRC of a packet whose pseudo-header is done: c
 // is the CRC of the seed and the masked IP + UDP header (see Prefix), and
 // udpPayload is covered in place with update; the masked BTH byte 4 is folded
 // into the start value (see crc.go). A payload shorter than BTH + ICRC is
 // covered as far as it goes (it is not a valid RoCEv2 packet, but this never
 // panics). A non-nil dst receives a copy of udpPayload (all of it), made in the
-// same pass over the bytes where the folding kernel runs.
+// same pass over the bytes where the folding kernel runs; it is as long as
+// udpPayload (see copyDst).
 func finishPayload(c uint32, udpPayload, dst []byte) uint32 {
-	if dst != nil {
-		dst = dst[:len(udpPayload)] // panics before anything is written if short
-	}
 	cov := len(udpPayload) - Size
 	if cov <= bthMaskOff {
 		copy(dst, udpPayload)
@@ -73,9 +82,10 @@ func ComputeIPv4(h *IPv4Pseudo, udpPayload []byte) uint32 {
 // ComputeIPv4Copy is ComputeIPv4 that also copies udpPayload (ICRC
 // included) to dst, in the same pass over the bytes on CPUs where the
 // package's folding kernel runs, which is cheaper than a copy and a
-// ComputeIPv4. It panics if dst is shorter than udpPayload.
+// ComputeIPv4. It panics if dst is shorter than udpPayload; dst
+// must not overlap udpPayload.
 func ComputeIPv4Copy(h *IPv4Pseudo, dst, udpPayload []byte) uint32 {
-	return computeIPv4(h, udpPayload, dst[:len(udpPayload)])
+	return computeIPv4(h, udpPayload, copyDst(dst, len(udpPayload)))
 }
 
 func computeIPv4(h *IPv4Pseudo, udpPayload, dst []byte) uint32 {
@@ -91,9 +101,10 @@ func ComputeIPv6(h *IPv6Pseudo, udpPayload []byte) uint32 {
 }
 
 // ComputeIPv6Copy is ComputeIPv6 that also copies udpPayload to dst (see
-// ComputeIPv4Copy). It panics if dst is shorter than udpPayload.
+// ComputeIPv4Copy). It panics if dst is shorter than udpPayload; dst
+// must not overlap udpPayload.
 func ComputeIPv6Copy(h *IPv6Pseudo, dst, udpPayload []byte) uint32 {
-	return computeIPv6(h, udpPayload, dst[:len(udpPayload)])
+	return computeIPv6(h, udpPayload, copyDst(dst, len(udpPayload)))
 }
 
 func computeIPv6(h *IPv6Pseudo, udpPayload, dst []byte) uint32 {
@@ -124,9 +135,9 @@ func SolveIPv4ID(h *IPv4Pseudo, udpPayload []byte) (id uint16, ok bool) {
 // SolveIPv4IDCopy is SolveIPv4ID that also copies udpPayload to dst, in
 // the same pass over the bytes where the folding kernel runs (see
 // ComputeIPv4Copy); the copy is made whatever the result. It panics if dst
-// is shorter than udpPayload.
+// is shorter than udpPayload; dst must not overlap udpPayload.
 func SolveIPv4IDCopy(h *IPv4Pseudo, dst, udpPayload []byte) (id uint16, ok bool) {
-	return solveIPv4ID(h, udpPayload, dst[:len(udpPayload)])
+	return solveIPv4ID(h, udpPayload, copyDst(dst, len(udpPayload)))
 }
 
 func solveIPv4ID(h *IPv4Pseudo, udpPayload, dst []byte) (id uint16, ok bool) {

@@ -24,11 +24,12 @@ import (
 // (sock_wfree -> sk_write_space) and so runs the epoll callback, which wakes
 // a thread parked in epoll_wait — an inter-processor wakeup per packet that
 // nobody waits for. perf on BenchmarkLinkVsRaw/plain put ~14 % of the Link's
-// send time there and none of the raw socket's. Receiving stays in the poller:
-// a receive socket never sends, so its only wakeups are for arriving data,
-// and the poller's spinning threads take those with less latency than a
-// thread blocked in recvmmsg (an all-blocking variant doubled the 8-byte
-// ping-pong RTT of rocev2d bench, 27 -> 60 µs).
+// send time there and none of the raw socket's. Receiving does not block
+// either: a receive socket (rxConn) is read without waiting and waited for
+// through Go's poller, whose spinning threads take an arriving datagram with
+// less latency than a thread blocked in recvmmsg (an all-blocking variant
+// doubled the 8-byte ping-pong RTT of rocev2d bench, 27 -> 60 µs); rxConn
+// says how it keeps the poller from being woken per datagram.
 //
 // Sends block only when the send buffer is full. Close sets the closed flag
 // and shuts the socket down, which wakes a blocked call (it then returns

@@ -22,7 +22,7 @@ import (
 // sockLink is the part of SocketLink and RawLink that is the same: the
 // socket, its batched send and receive state, and the counters.
 type sockLink struct {
-	rc    syscall.RawConn // receives: non-blocking, in Go's poller
+	rc    syscall.RawConn // receives: an rxConn (non-blocking calls, waits through Go's poller)
 	tx    *fdConn         // sends: blocking, outside the poller (see fdConn)
 	addr  netip.Addr      // normalised (unmapped, no zone)
 	batch int
@@ -118,7 +118,7 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 		trap:  trap,
 	}
 	if trap == unix.SYS_RECVMMSG {
-		s.flags = unix.MSG_DONTWAIT // the poller waits
+		s.flags = unix.MSG_DONTWAIT // rxConn waits
 	}
 	for i := range s.hdrs {
 		h := &s.hdrs[i].Hdr
@@ -132,7 +132,7 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 
 // call is the RawConn callback: one sendmmsg/recvmmsg of hdrs[off:cnt] —
 // blocking on a send socket (fdConn), non-blocking on a receive socket
-// (Go's poller). It reports false (wait and retry) on EAGAIN: the receive
+// (rxConn). It reports false (wait and retry) on EAGAIN: the receive
 // socket is empty, or a send socket's timeout (pollInterval) expired.
 func (s *mmsgState) call(fd uintptr) bool {
 	var n uintptr
@@ -257,6 +257,9 @@ func (s *mmsgState) poll(rc syscall.RawConn) bool {
 		}
 		if done {
 			s.spinHits++
+			if n, ok := rc.(pollNoter); ok {
+				n.polled()
+			}
 			return true
 		}
 		now := time.Now()
@@ -268,6 +271,11 @@ func (s *mmsgState) poll(rc syscall.RawConn) bool {
 		runtime.Gosched()
 	}
 }
+
+// pollNoter is implemented by a receive RawConn that wants to know of
+// receives made by polling (through Control) rather than through Read
+// (rxConn: they count as receives that did not wait).
+type pollNoter interface{ polled() }
 
 // clearIovs drops the references iovs[:n] hold to the caller's buffers.
 func (s *mmsgState) clearIovs(n int) {

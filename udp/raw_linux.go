@@ -163,7 +163,8 @@ func setRawOptions(fd int, addr [4]byte, o *RawOptions) error {
 	return setBuffers(fd, o.RecvBufferSize, o.SendBufferSize)
 }
 
-// drainSocket discards the datagrams queued on the non-blocking socket fd.
+// drainSocket discards the datagrams queued on the socket fd, without
+// blocking (MSG_DONTWAIT).
 // With a drop-all filter attached nothing new is queued, so it ends at
 // EAGAIN; the bound is only a safety net.
 func drainSocket(fd int) error {

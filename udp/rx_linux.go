@@ -130,17 +130,35 @@ func (c *rxConn) Read(f func(fd uintptr) bool) error {
 	if c.calls > 1 {
 		c.waits.Add(1)
 		c.streak = 0
-	} else if c.streak++; c.streak >= leaveAfter {
-		c.streak = 0
-		if err := c.erc.Control(c.leaveFn); err != nil {
-			return c.closedOr(err)
-		}
-		if c.waitErr != nil {
-			return c.closedOr(c.waitErr)
-		}
+		return nil
+	}
+	return c.noWait()
+}
+
+// noWait counts a receive that did not wait; after leaveAfter in a row the
+// socket leaves the epoll set.
+func (c *rxConn) noWait() error {
+	if !c.member {
+		return nil
+	}
+	if c.streak++; c.streak < leaveAfter {
+		return nil
+	}
+	c.streak = 0
+	c.waitErr = nil
+	if err := c.erc.Control(c.leaveFn); err != nil {
+		return c.closedOr(err)
+	}
+	if c.waitErr != nil {
+		return c.closedOr(c.waitErr)
 	}
 	return nil
 }
+
+// polled is noWait for a receive made by busy polling through Control
+// (mmsgState.poll), which bypasses Read. An error (a closed link) is left
+// to the next Read to report.
+func (c *rxConn) polled() { c.noWait() }
 
 // waitCall runs in ep's Read, after the poller reset ep's readiness: it
 // makes the socket a member of ep if it is not, then tries the receive.

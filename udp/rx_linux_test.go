@@ -5,11 +5,18 @@ package udp
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // epollTargets returns how many descriptors the rxConn's private epoll
@@ -154,5 +161,159 @@ func TestRxConnNoLostWakeup(t *testing.T) {
 	b.Close()
 	if err := <-errc; !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("echo after Close: %v, want net.ErrClosed", err)
+	}
+}
+
+// TestRxConnStress runs pairs of a plain sending socket and an rxConn
+// reader: bursts of 1..12 datagrams, sometimes streamed on without waiting
+// for the reader, and random pauses on both sides, so that arrivals race
+// every step of joining, waiting and leaving the epoll set. Every burst must
+// be received within 5 s; a lost wakeup shows as datagrams left queued
+// (reported with the socket's queue length and epoll membership). A
+// variant of this test (by the udp review) caught a planted wakeup race
+// that TestRxConnNoLostWakeup misses.
+func TestRxConnStress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3 s stress test; runs without -short")
+	}
+	const pairs = 4
+	dur := 3 * time.Second
+	var wg sync.WaitGroup
+	var total, waits atomic.Uint64
+	for pi := range pairs {
+		rx, err := openRecvSocket(netip.AddrPortFrom(sockB, 0), unix.SOCK_DGRAM, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var port int
+		rx.Control(func(fd uintptr) {
+			if sa, err := unix.Getsockname(int(fd)); err == nil {
+				port = sa.(*unix.SockaddrInet4).Port
+			}
+		})
+		sfd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		to := &unix.SockaddrInet4{Port: port, Addr: sockB.As4()}
+		got := make(chan struct{}, 4096)
+		wg.Add(2)
+		go func() { // reader
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(pi), 99))
+			buf := make([]byte, 2048)
+			f := func(fd uintptr) bool {
+				_, _, e := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+				return e != unix.EAGAIN
+			}
+			for {
+				if err := rx.Read(f); err != nil {
+					if !errors.Is(err, net.ErrClosed) {
+						t.Errorf("pair %d: Read: %v", pi, err)
+					}
+					return
+				}
+				got <- struct{}{}
+				stressPause(r)
+			}
+		}()
+		go func() { // sender
+			defer wg.Done()
+			defer unix.Close(sfd)
+			defer rx.Close()
+			r := rand.New(rand.NewPCG(uint64(pi), 7))
+			msg := make([]byte, 64)
+			outstanding := 0
+			for end := time.Now().Add(dur); time.Now().Before(end); {
+				k := 1 + r.IntN(12)
+				for range k {
+					if err := unix.Sendto(sfd, msg, 0, to); err != nil {
+						t.Errorf("pair %d: send: %v", pi, err)
+						return
+					}
+					if r.IntN(3) == 0 {
+						stressPause(r)
+					}
+				}
+				outstanding += k
+				if outstanding < 64 && r.IntN(4) == 0 {
+					continue // stream on without waiting for the reader
+				}
+				timeout := time.After(5 * time.Second)
+				for ; outstanding > 0; outstanding-- {
+					select {
+					case <-got:
+						total.Add(1)
+					case <-timeout:
+						var inq int
+						rx.Control(func(fd uintptr) { inq, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+						t.Errorf("pair %d: %d datagrams not received in 5 s; %d bytes queued, epoll targets %d: a lost wakeup",
+							pi, outstanding, inq, epollTargets(t, rx))
+						return
+					}
+				}
+				stressPause(r)
+			}
+			waits.Add(rx.waits.Load())
+		}()
+	}
+	wg.Wait()
+	if waits.Load() == 0 {
+		t.Fatalf("%d datagrams and no Read waited: the test did not exercise waiting", total.Load())
+	}
+	t.Logf("%d datagrams, %d waits", total.Load(), waits.Load())
+}
+
+// stressPause does nothing, yields, spins or sleeps for a few µs, at random.
+func stressPause(r *rand.Rand) {
+	switch r.IntN(8) {
+	case 3:
+		runtime.Gosched()
+	case 4:
+		for end := time.Now().Add(time.Duration(r.IntN(20)) * time.Microsecond); time.Now().Before(end); {
+		}
+	case 5:
+		time.Sleep(time.Duration(r.IntN(50)) * time.Microsecond)
+	case 6:
+		time.Sleep(time.Duration(r.IntN(500)) * time.Microsecond)
+	}
+}
+
+// TestRxConnBusyPollLeaves: receives served by busy polling (which go
+// through Control, not Read) also count as not waiting, so a busy-polling
+// receiver leaves the epoll set too.
+func TestRxConnBusyPollLeaves(t *testing.T) {
+	a, b := listenPairOpts(t, &SocketOptions{NoGRO: true}, &SocketOptions{NoGRO: true, BusyPoll: time.Millisecond})
+	out := testPackets(1, 128, sockB, 0)
+	in := recvBufs(1)
+	done := make(chan error, 1)
+	go func() { _, err := b.Recv(in); done <- err }()
+	deadline := time.Now().Add(10 * time.Second)
+	for epollTargets(t, b.rx) != 1 { // the poll gave up and Read waits
+		if time.Now().After(deadline) {
+			t.Fatal("Recv on an empty socket did not join the epoll set in 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := a.Send(out); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	hits := b.recv.spinHits
+	for range leaveAfter {
+		if err := a.Send(out); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Recv(in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b.recv.spinHits-hits != leaveAfter {
+		t.Fatalf("%d of %d receives were served by polling", b.recv.spinHits-hits, leaveAfter)
+	}
+	if n := epollTargets(t, b.rx); n != 0 {
+		t.Fatalf("after %d polled receives the socket is still in the epoll set (%d targets)", leaveAfter, n)
 	}
 }

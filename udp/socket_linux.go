@@ -56,7 +56,7 @@ type SocketOptions struct {
 	NoGRO bool
 	// BusyPoll makes Recv poll the socket without blocking (yielding to
 	// other goroutines between tries) for up to this long before it waits
-	// in Go's poller: CPU for latency, like the ibv_poll_cq loops of
+	// through Go's poller: CPU for latency, like the ibv_poll_cq loops of
 	// ibv_rc_pingpong and perftest's latency tests. Waking an idle thread
 	// is what a blocked Recv costs; on the 2-vCPU development VM 100 µs
 	// took an 8-byte ping-pong between two processes from ~90 to ~23 µs.

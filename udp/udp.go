@@ -11,8 +11,9 @@
 //     faults (loss, duplication, reordering, corruption, delay) for tests and
 //     simulator soaks.
 //   - SocketLink (Linux): a kernel UDP socket bound to addr:4791 receives
-//     (in Go's poller) and a blocking send-only socket outside the poller
-//     sends from an ephemeral port (see fdConn for why), batched with
+//     (read without blocking, waited for through Go's poller only while the
+//     receiver waits: see rxConn) and a blocking send-only socket outside
+//     the poller sends from an ephemeral port (see fdConn), batched with
 //     sendmmsg/recvmmsg, UDP GRO on receive, optional UDP GSO on send and
 //     optional per-QP source ports. IPv6 is verified fully; IPv4 with the
 //     identification solved (icrc.SolveIPv4ID), since a UDP socket never

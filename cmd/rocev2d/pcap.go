@@ -156,6 +156,9 @@ type captureReader interface {
 	ReadPacketData() ([]byte, gopacket.CaptureInfo, error)
 }
 
+// maxFrame is the largest frame pcap check reads from a classic pcap.
+const maxFrame = 262144
+
 // pcapngMagic is the block type of a pcapng Section Header Block.
 var pcapngMagic = []byte{0x0a, 0x0d, 0x0d, 0x0a}
 
@@ -172,6 +175,12 @@ func openCapture(br *bufio.Reader) (captureReader, error) {
 	r, err := pcapgo.NewReader(br)
 	if err != nil {
 		return nil, fmt.Errorf("not a pcap or pcapng file: %w", err)
+	}
+	// pcapgo allocates each frame's capture length, bounded only by the
+	// header's snap length (up to 4 GiB); a frame beyond tcpdump's default
+	// snap length is refused ("capture length exceeds snap length").
+	if r.Snaplen() > maxFrame {
+		r.SetSnaplen(maxFrame)
 	}
 	return r, nil
 }

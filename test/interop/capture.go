@@ -198,8 +198,8 @@ const labMTU = 1024
 // maxMsgPkts bounds the search for a message's first packet.
 const maxMsgPkts = 64
 
-// maxSnaplen is the largest pcap snap length analyze accepts (tcpdump's
-// default); maxReadSpan the most response packets of one READ whose data
+// maxSnaplen is the largest frame analyze reads (tcpdump's default snap
+// length); maxReadSpan the most response packets of one READ whose data
 // it checks (64 MiB at labMTU; the lab moves far less). Both keep a
 // hostile capture from costing gigabytes.
 const (
@@ -285,11 +285,11 @@ func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 	if err != nil {
 		return nil, err
 	}
-	// pcapgo allocates each frame's capture length up front, and a header's
-	// snap length (which bounds it) may say anything up to 4 GiB; real
-	// captures stay at or below tcpdump's 262144.
+	// pcapgo allocates each frame's capture length up front, bounded only by
+	// the header's snap length, which may say anything up to 4 GiB; real
+	// frames stay far below tcpdump's default 262144, so that is the bound.
 	if r.Snaplen() > maxSnaplen {
-		return nil, fmt.Errorf("pcap snap length %d exceeds %d", r.Snaplen(), maxSnaplen)
+		r.SetSnaplen(maxSnaplen)
 	}
 	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{}}
 	var p packet.Packet

@@ -301,10 +301,12 @@ func FuzzAnalyzeCapture(f *testing.F) {
 // DMA length spans millions of packets) are refused or bounded and finish
 // at once.
 func TestAnalyzeHostileCapture(t *testing.T) {
-	// pcap global header: magic, version 2.4, zone, sigfigs, snaplen 2 GiB, Ethernet.
-	hdr := []byte{0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 1, 0, 0, 0}
+	// pcap global header (magic, version 2.4, zone, sigfigs, snap length
+	// 2 GiB, Ethernet), then a record header claiming a 2 GiB frame.
+	hdr := []byte{0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 1, 0, 0, 0,
+		1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 0, 0, 0, 0x7f}
 	if _, err := analyze(bytes.NewReader(hdr)); err == nil || !strings.Contains(err.Error(), "snap length") {
-		t.Fatalf("2 GiB snap length: err %v, want a snap length error", err)
+		t.Fatalf("a 2 GiB frame: err %v, want a snap length error", err)
 	}
 
 	// A READ request for 2 GiB (2 M response PSNs at labMTU).
