@@ -192,6 +192,13 @@ func TestPcapCheckUnreadable(t *testing.T) {
 	}
 	token := filepath.Join(dir, "tokenring.pcap")
 	writeFrames(t, token, layers.LinkTypeTokenRing, [][]byte{samples[0].Frame}, 0)
+	// A header with a 2 GiB snap length and a record claiming a 2 GiB
+	// frame: pcapgo would allocate it before noticing the file is short.
+	huge := filepath.Join(dir, "huge.pcap")
+	if err := os.WriteFile(huge, []byte{0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 1, 0, 0, 0,
+		1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 0, 0, 0, 0x7f}, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		files []string
 		want  string
@@ -201,6 +208,7 @@ func TestPcapCheckUnreadable(t *testing.T) {
 		{[]string{ng}, "pcapng"},
 		{[]string{cut}, "frame 1: file ends inside a record"},
 		{[]string{token}, "unsupported link type 6"},
+		{[]string{huge}, "exceeds snap length"},
 		{[]string{good, garbage}, garbage + ": not a pcap or pcapng file"},
 	}
 	for _, tt := range tests {
