@@ -2,6 +2,7 @@ package transport
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -147,9 +148,19 @@ func TestRNRRetryExceeded(t *testing.T) {
 		SendWR{WRID: 2, Opcode: WRSend, SGEs: sge(smr, 0, 8)}); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i <= 2; i++ {
-		eventually(t, "RNR NAK", func() bool { return a.dev.Counters().RcvdRNRErr == uint64(i) && rnrWaiting(a.qp) })
-		clk.Advance(time.Millisecond)
+	// Step the clock until the retries run out; a step may bring more than
+	// one NAK (see TestRNRInfinite), so progress, not a count per step, is
+	// what each step waits for.
+	var seen uint64
+	for a.dev.Counters().RetryRNRExceededErr == 0 {
+		eventually(t, fmt.Sprintf("RNR NAK %d", seen+1), func() bool {
+			c := a.dev.Counters()
+			return c.RetryRNRExceededErr != 0 || c.RcvdRNRErr > seen && rnrWaiting(a.qp)
+		})
+		seen = a.dev.Counters().RcvdRNRErr
+		if a.dev.Counters().RetryRNRExceededErr == 0 {
+			clk.Advance(time.Millisecond)
+		}
 	}
 	wcs := waitWC(t, a.scq, 2, 5*time.Second)
 	if wcs[0].WRID != 1 || wcs[0].Status != WCRNRRetryExcErr || wcs[0].Status.String() != "RNR retry counter exceeded" {
@@ -598,11 +609,22 @@ func TestRNRInfinite(t *testing.T) {
 	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 8)}); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i <= 20; i++ {
-		eventually(t, "RNR NAK", func() bool { return a.dev.Counters().RcvdRNRErr == uint64(i) && rnrWaiting(a.qp) })
-		if i < 20 {
+	// Each clock step lets the RNR timer fire and the SEND go again; the
+	// NAK for it may arrive while the step is still firing timers, and then
+	// the next back-off can fall inside the same step, so a step may bring
+	// more than one NAK (ManualClock fires every timer due by its end).
+	var seen uint64
+	for seen < 20 {
+		eventually(t, fmt.Sprintf("RNR NAK %d", seen+1), func() bool {
+			return a.dev.Counters().RcvdRNRErr > seen && rnrWaiting(a.qp)
+		})
+		seen = a.dev.Counters().RcvdRNRErr
+		if seen < 20 {
 			clk.Advance(20 * time.Microsecond)
 		}
+	}
+	if c := a.dev.Counters(); c.RetryRNRExceededErr != 0 {
+		t.Fatalf("RNR retry 7 (infinite) gave up after %d NAKs: %+v", c.RcvdRNRErr, c)
 	}
 	noWC(t, a.scq)
 	if err := b.qp.PostRecv(RecvWR{WRID: 2, SGEs: sge(dmr, 0, 8)}); err != nil {
