@@ -76,7 +76,8 @@ func finishPayload(c uint32, udpPayload, dst []byte) uint32 {
 // 20-byte header, given its UDP payload (BTH .. ICRC; the last 4 bytes are not
 // covered) and the header fields in h. It does not allocate.
 func ComputeIPv4(h *IPv4Pseudo, udpPayload []byte) uint32 {
-	return computeIPv4(h, udpPayload, nil)
+	p := NewIPv4Prefix(h)
+	return p.Compute(h.ID, udpPayload)
 }
 
 // ComputeIPv4Copy is ComputeIPv4 that also copies udpPayload (ICRC
@@ -85,31 +86,24 @@ func ComputeIPv4(h *IPv4Pseudo, udpPayload []byte) uint32 {
 // ComputeIPv4. It panics if dst is shorter than udpPayload; dst
 // must not overlap udpPayload.
 func ComputeIPv4Copy(h *IPv4Pseudo, dst, udpPayload []byte) uint32 {
-	return computeIPv4(h, udpPayload, copyDst(dst, len(udpPayload)))
-}
-
-func computeIPv4(h *IPv4Pseudo, udpPayload, dst []byte) uint32 {
 	p := NewIPv4Prefix(h)
-	return finishPayload(p.header(h.ID, len(udpPayload)), udpPayload, dst)
+	return p.ComputeCopy(h.ID, dst, udpPayload)
 }
 
 // ComputeIPv6 returns the ICRC of a RoCEv2 packet sent over IPv6 without
 // extension headers, given its UDP payload (BTH .. ICRC; the last 4 bytes are
 // not covered) and the header fields in h. It does not allocate.
 func ComputeIPv6(h *IPv6Pseudo, udpPayload []byte) uint32 {
-	return computeIPv6(h, udpPayload, nil)
+	p := NewIPv6Prefix(h)
+	return p.Compute(0, udpPayload)
 }
 
 // ComputeIPv6Copy is ComputeIPv6 that also copies udpPayload to dst (see
 // ComputeIPv4Copy). It panics if dst is shorter than udpPayload; dst
 // must not overlap udpPayload.
 func ComputeIPv6Copy(h *IPv6Pseudo, dst, udpPayload []byte) uint32 {
-	return computeIPv6(h, udpPayload, copyDst(dst, len(udpPayload)))
-}
-
-func computeIPv6(h *IPv6Pseudo, udpPayload, dst []byte) uint32 {
 	p := NewIPv6Prefix(h)
-	return finishPayload(p.header(0, len(udpPayload)), udpPayload, dst)
+	return p.ComputeCopy(0, dst, udpPayload)
 }
 
 // SolveIPv4ID returns the IPv4 identification that makes the ICRC stored in
@@ -129,7 +123,8 @@ func computeIPv6(h *IPv6Pseudo, udpPayload, dst []byte) uint32 {
 // inverse is cached per length, so this costs one CRC over the packet plus one
 // 32x32-bit multiplication modulo P.
 func SolveIPv4ID(h *IPv4Pseudo, udpPayload []byte) (id uint16, ok bool) {
-	return solveIPv4ID(h, udpPayload, nil)
+	p := NewIPv4Prefix(h)
+	return p.SolveIPv4ID(udpPayload)
 }
 
 // SolveIPv4IDCopy is SolveIPv4ID that also copies udpPayload to dst, in
@@ -137,16 +132,6 @@ func SolveIPv4ID(h *IPv4Pseudo, udpPayload []byte) (id uint16, ok bool) {
 // ComputeIPv4Copy); the copy is made whatever the result. It panics if dst
 // is shorter than udpPayload; dst must not overlap udpPayload.
 func SolveIPv4IDCopy(h *IPv4Pseudo, dst, udpPayload []byte) (id uint16, ok bool) {
-	return solveIPv4ID(h, udpPayload, copyDst(dst, len(udpPayload)))
-}
-
-func solveIPv4ID(h *IPv4Pseudo, udpPayload, dst []byte) (id uint16, ok bool) {
-	if len(udpPayload) < bthSize+Size {
-		copy(dst, udpPayload)
-		return 0, false
-	}
-	h0 := *h
-	h0.ID = 0
-	delta := computeIPv4(&h0, udpPayload, dst) ^ Load(udpPayload)
-	return solveDelta(delta, ipv4MinSize+udpSize+len(udpPayload)-Size)
+	p := NewIPv4Prefix(h)
+	return p.SolveIPv4IDCopy(dst, udpPayload)
 }

@@ -61,19 +61,8 @@ func checkRecv(pkts []Packet, limit int) error {
 // dst:4791 in an IPv4 datagram with DF and identification id, or in an IPv6
 // datagram (id unused). src and dst are normalised and of the same family.
 func computeICRC(src, dst netip.Addr, srcPort, id uint16, payload []byte) uint32 {
-	if src.Is4() {
-		h := icrc.IPv4Pseudo{
-			Src: src.As4(), Dst: dst.As4(),
-			ID: id, FlagsFrag: 0x4000,
-			SrcPort: srcPort, DstPort: Port,
-		}
-		return icrc.ComputeIPv4(&h, payload)
-	}
-	h := icrc.IPv6Pseudo{
-		Src: src.As16(), Dst: dst.As16(),
-		SrcPort: srcPort, DstPort: Port,
-	}
-	return icrc.ComputeIPv6(&h, payload)
+	var f flowPrefix
+	return f.get(src, dst, srcPort).Compute(id, payload)
 }
 
 // flowPrefix caches the icrc.Prefix of the flow a link direction served
