@@ -81,46 +81,133 @@ var infos = func() (t [256]bth.Info) {
 	return t
 }()
 
+// Fault says why Decode rejected a packet. The zero value, FaultNone,
+// means the packet parsed. A Fault is a small integer, so a receive path
+// that drops malformed packets can count them by reason without building
+// an error; Parse turns a Fault into a detailed error.
+type Fault uint8
+
+// Decode faults. Each matches one of the Err* sentinels (Fault.Err).
+const (
+	FaultNone              Fault = iota // parsed
+	FaultTruncated                      // ErrTruncated
+	FaultBadTVer                        // ErrBadTVer
+	FaultUnknownOpcode                  // ErrUnknownOpcode
+	FaultUnexpectedPayload              // ErrUnexpectedPayload
+	FaultBadPadCount                    // ErrBadPadCount
+	numFaults
+)
+
+// NumFaults is the number of Fault values, FaultNone included: an array of
+// NumFaults counters can be indexed by Fault.
+const NumFaults = int(numFaults)
+
+var faultErrs = [numFaults]error{nil, ErrTruncated, ErrBadTVer, ErrUnknownOpcode, ErrUnexpectedPayload, ErrBadPadCount}
+
+// Err returns the sentinel error of f (nil for FaultNone).
+func (f Fault) Err() error {
+	if f < numFaults {
+		return faultErrs[f]
+	}
+	return nil
+}
+
+// String returns a short name: "none", "truncated", "bad_tver",
+// "unknown_opcode", "unexpected_payload" or "bad_pad_count".
+func (f Fault) String() string {
+	switch f {
+	case FaultNone:
+		return "none"
+	case FaultTruncated:
+		return "truncated"
+	case FaultBadTVer:
+		return "bad_tver"
+	case FaultUnknownOpcode:
+		return "unknown_opcode"
+	case FaultUnexpectedPayload:
+		return "unexpected_payload"
+	case FaultBadPadCount:
+		return "bad_pad_count"
+	}
+	return "fault(" + fmt.Sprint(uint8(f)) + ")"
+}
+
 // Parse parses b, a whole UDP payload (BTH .. ICRC), into p; the views alias
 // b. It checks the length, that TVer is 0, that the opcode is defined, that
 // opcodes without payload carry none, and the pad rule: the pad count fits
 // and payload plus pad is a whole number of 4-byte words. It does
-// not check the ICRC value. On error p is zeroed.
+// not check the ICRC value. On error p is zeroed and the error wraps one of
+// the Err* sentinels with the details. Decode does the same without
+// building an error.
 func (p *Packet) Parse(b []byte) error {
-	*p = Packet{}
+	if f := p.Decode(b); f != FaultNone {
+		return describe(f, b)
+	}
+	return nil
+}
+
+// describe builds Parse's error for a packet Decode rejected with f.
+func describe(f Fault, b []byte) error {
 	if len(b) < MinLen {
 		return fmt.Errorf("%w: %d bytes, need at least %d for BTH and ICRC", ErrTruncated, len(b), MinLen)
 	}
 	h := bth.BTH(b[:bth.Size])
 	op := h.Opcode()
-	if v := h.TVer(); v != 0 {
-		return fmt.Errorf("%w: TVer %d in %v packet, want 0", ErrBadTVer, v, op)
+	info := &infos[op]
+	rest := len(b) - ICRCSize - bth.Size - info.HeaderLen
+	switch f {
+	case FaultBadTVer:
+		return fmt.Errorf("%w: TVer %d in %v packet, want 0", ErrBadTVer, h.TVer(), op)
+	case FaultUnknownOpcode:
+		return fmt.Errorf("%w: opcode 0x%02x", ErrUnknownOpcode, uint8(op))
+	case FaultTruncated:
+		return fmt.Errorf("%w: %v packet of %d bytes, need at least %d for BTH, %v and ICRC",
+			ErrTruncated, op, len(b), bth.Size+info.HeaderLen+ICRCSize, info.Headers)
+	case FaultUnexpectedPayload:
+		return fmt.Errorf("%w: %v carries no payload, got %d bytes after the headers",
+			ErrUnexpectedPayload, op, rest)
+	case FaultBadPadCount:
+		if pad := h.PadCount(); pad > rest {
+			return fmt.Errorf("%w: %v pad count %d but only %d bytes after the headers",
+				ErrBadPadCount, op, pad, rest)
+		}
+		// Payload plus pad must fill whole 4-byte words, so the pad count
+		// agrees with the payload length (pad == bth.PadFor(payload)).
+		return fmt.Errorf("%w: %v payload+pad is %d bytes, not a multiple of 4 (pad count %d)",
+			ErrBadPadCount, op, rest, h.PadCount())
+	}
+	return f.Err()
+}
+
+// Decode is Parse without the error: it parses b into p and returns
+// FaultNone, or zeroes p and returns why b is malformed. It never
+// allocates.
+func (p *Packet) Decode(b []byte) Fault {
+	*p = Packet{}
+	if len(b) < MinLen {
+		return FaultTruncated
+	}
+	h := bth.BTH(b[:bth.Size])
+	op := h.Opcode()
+	if h.TVer() != 0 {
+		return FaultBadTVer
 	}
 	info := &infos[op]
 	if !info.Valid {
-		return fmt.Errorf("%w: opcode 0x%02x", ErrUnknownOpcode, uint8(op))
+		return FaultUnknownOpcode
 	}
 	end := len(b) - ICRCSize
 	off := bth.Size
 	if need := bth.Size + info.HeaderLen + ICRCSize; len(b) < need {
-		return fmt.Errorf("%w: %v packet of %d bytes, need at least %d for BTH, %v and ICRC",
-			ErrTruncated, op, len(b), need, info.Headers)
+		return FaultTruncated
 	}
 	rest := end - off - info.HeaderLen // payload + pad
 	pad := h.PadCount()
 	if !info.Payload && rest != 0 {
-		return fmt.Errorf("%w: %v carries no payload, got %d bytes after the headers",
-			ErrUnexpectedPayload, op, rest)
+		return FaultUnexpectedPayload
 	}
-	if pad > rest {
-		return fmt.Errorf("%w: %v pad count %d but only %d bytes after the headers",
-			ErrBadPadCount, op, pad, rest)
-	}
-	if rest%4 != 0 {
-		// Payload plus pad must fill whole 4-byte words, so the pad count
-		// agrees with the payload length (pad == bth.PadFor(payload)).
-		return fmt.Errorf("%w: %v payload+pad is %d bytes, not a multiple of 4 (pad count %d)",
-			ErrBadPadCount, op, rest, pad)
+	if pad > rest || rest%4 != 0 {
+		return FaultBadPadCount
 	}
 
 	p.BTH = h
@@ -164,7 +251,7 @@ func (p *Packet) Parse(b []byte) error {
 	pe := end - pad
 	p.Payload = b[off:pe:pe]
 	p.ICRC = binary.LittleEndian.Uint32(b[end:])
-	return nil
+	return FaultNone
 }
 
 // Fields holds everything Build needs to write a packet. Only the headers the

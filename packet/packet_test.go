@@ -272,6 +272,21 @@ func TestParseErrors(t *testing.T) {
 				t.Errorf("Packet not reset on error: %+v", p)
 			}
 			t.Logf("%v", err)
+			// Decode reports the same reason as a Fault, without
+			// allocating, and also resets p.
+			var q Packet
+			if err := q.Parse(build(t, bth.RCWriteOnlyImm, []byte{1, 2, 3})); err != nil {
+				t.Fatal(err)
+			}
+			if f := q.Decode(tt.b); f.Err() != tt.want {
+				t.Errorf("Decode = %v (%v), want %v", f, f.Err(), tt.want)
+			}
+			if !reflect.ValueOf(q).IsZero() {
+				t.Errorf("Packet not reset by Decode: %+v", q)
+			}
+			if n := testing.AllocsPerRun(10, func() { q.Decode(tt.b) }); n != 0 {
+				t.Errorf("Decode of a malformed packet allocates %v times", n)
+			}
 		})
 	}
 }
