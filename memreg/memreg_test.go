@@ -425,3 +425,48 @@ func TestErrorText(t *testing.T) {
 		t.Fatalf("%#v", ae)
 	}
 }
+
+// TestPDAcquire: a PD held by another object (a QP) cannot be deallocated
+// until it is released; a dead PD cannot be acquired.
+func TestPDAcquire(t *testing.T) {
+	tb := NewTable(Limits{})
+	pd, err := tb.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pd.Acquire(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pd.Dealloc(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Dealloc of an acquired PD = %v, want ErrBusy", err)
+	}
+	pd.Release()
+	if err := pd.Dealloc(); err != nil {
+		t.Fatalf("Dealloc after Release = %v", err)
+	}
+	if err := pd.Acquire(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Acquire of a dead PD = %v, want ErrClosed", err)
+	}
+}
+
+// TestMRSGE: MR.SGE addresses the region through its IOVA and lkey, and
+// the SGE it gives is accepted (in range) or rejected (out of range).
+func TestMRSGE(t *testing.T) {
+	tb := NewTable(Limits{})
+	pd, _ := tb.AllocPD()
+	buf := make([]byte, 64)
+	mr, err := pd.RegisterMRIOVA(buf, 0x1000, AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := mr.SGE(16, 32)
+	if s != (SGE{Addr: 0x1010, Length: 32, LKey: mr.LKey()}) {
+		t.Fatalf("SGE = %+v", s)
+	}
+	if n, err := pd.CheckSGEs([]SGE{s}, AccessLocalWrite); err != nil || n != 32 {
+		t.Fatalf("CheckSGEs(in range) = %d, %v", n, err)
+	}
+	if _, err := pd.CheckSGEs([]SGE{mr.SGE(48, 32)}, 0); !errors.Is(err, ErrOutOfBounds) {
+		t.Fatalf("CheckSGEs(out of range) = %v, want ErrOutOfBounds", err)
+	}
+}

@@ -91,6 +91,13 @@ func (mr *MR) LKey() uint32 { return mr.key }
 // ErrAccessDenied.
 func (mr *MR) RKey() uint32 { return mr.key }
 
+// SGE returns the scatter/gather element for n bytes at offset off into the
+// region: Addr IOVA()+off, Length n, LKey LKey(). It does not check the
+// range; PostSend and PostRecv do, and name the SGE that falls outside.
+func (mr *MR) SGE(off uint64, n uint32) SGE {
+	return SGE{Addr: mr.iova + off, Length: n, LKey: mr.key}
+}
+
 // IOVA returns the address of the region's first byte in its key's address space.
 func (mr *MR) IOVA() uint64 { return mr.iova }
 

@@ -8,6 +8,7 @@ type PD struct {
 	t *Table
 	// Under t.mu:
 	nMR, nMW int
+	users    int // objects (QPs, SRQs) that hold the PD: Acquire
 	dead     bool
 }
 
@@ -25,8 +26,33 @@ func (t *Table) AllocPD() (*PD, error) {
 // Table returns the table the PD belongs to.
 func (pd *PD) Table() *Table { return pd.t }
 
+// Acquire records that another object (a queue pair) uses the PD; Dealloc
+// fails with ErrBusy until every Acquire is matched by a Release. It fails
+// with ErrClosed once the PD is deallocated.
+func (pd *PD) Acquire() error {
+	t := pd.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if pd.dead {
+		return fmt.Errorf("memreg: acquire PD: %w", ErrClosed)
+	}
+	pd.users++
+	return nil
+}
+
+// Release undoes one Acquire.
+func (pd *PD) Release() {
+	t := pd.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if pd.users > 0 {
+		pd.users--
+	}
+}
+
 // Dealloc releases the PD. It fails with ErrBusy while regions or windows
-// of the PD are live, and with ErrClosed if already released.
+// of the PD are live or another object holds it (Acquire), and with
+// ErrClosed if already released.
 func (pd *PD) Dealloc() error {
 	t := pd.t
 	t.mu.Lock()
@@ -36,6 +62,8 @@ func (pd *PD) Dealloc() error {
 		return fmt.Errorf("memreg: dealloc PD: %w", ErrClosed)
 	case pd.nMR > 0 || pd.nMW > 0:
 		return fmt.Errorf("memreg: dealloc PD: %w: %d regions and %d windows still live", ErrBusy, pd.nMR, pd.nMW)
+	case pd.users > 0:
+		return fmt.Errorf("memreg: dealloc PD: %w: %d queue pairs still use it", ErrBusy, pd.users)
 	}
 	pd.dead = true
 	t.usage.PDs--
