@@ -267,3 +267,33 @@ func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
 	qp.completeHead(w)
 	qp.progress()
 }
+
+// completeSend generates the completion of a send WQE (always for errors,
+// for success only when signaled).
+func (qp *QP) completeSend(w *sendWQE, st WCStatus) {
+	if st == WCSuccess && !w.signaled {
+		return
+	}
+	wc := WC{WRID: w.wr.WRID, Status: st, QPN: qp.qpn}
+	switch w.wr.Opcode {
+	case WRSend, WRSendImm, WRSendInv:
+		wc.Opcode = WCSend
+	case WRWrite, WRWriteImm:
+		wc.Opcode = WCRDMAWrite
+	case WRRead:
+		wc.Opcode = WCRDMARead
+	case WRCompareSwap:
+		wc.Opcode = WCCompSwap
+	case WRFetchAdd:
+		wc.Opcode = WCFetchAdd
+	}
+	if st == WCSuccess {
+		switch w.wr.Opcode {
+		case WRRead:
+			wc.ByteLen = w.length
+		case WRCompareSwap, WRFetchAdd:
+			wc.ByteLen = 8
+		}
+	}
+	qp.pushWC(qp.sendCQ, &wc)
+}

@@ -1,0 +1,47 @@
+package transport
+
+import (
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+const outBatch = 32
+
+// outBuf returns a packet buffer of full capacity for the next outgoing
+// packet; commit must follow.
+func (qp *QP) outBuf() []byte {
+	if qp.nout == len(qp.out) {
+		qp.flushOut()
+	}
+	return qp.outBufs[qp.nout][:udp.MaxPacketSize]
+}
+
+// commit queues the packet built in the last outBuf with length n.
+func (qp *QP) commit(n int) {
+	p := &qp.out[qp.nout]
+	p.Buf = qp.outBufs[qp.nout][:n]
+	p.Addr = qp.peer
+	p.SrcPort = qp.srcPort
+	p.TOS = qp.attr.AV.TrafficClass
+	qp.nout++
+	qp.ackSlot = 0
+}
+
+// flushOut sends the queued packets. Called with qp.mu held so that a QP's
+// packets leave in order.
+func (qp *QP) flushOut() {
+	if qp.nout == 0 {
+		return
+	}
+	if qp.trace != nil {
+		var p packetT
+		for i := 0; i < qp.nout; i++ {
+			if p.Parse(qp.out[i].Buf) == nil && p.BTH.Opcode() != bth.RCWriteMiddle && p.BTH.Opcode() != bth.RCSendMiddle {
+				qp.trace("tx %v psn %v", p.BTH.Opcode(), p.BTH.PSN())
+			}
+		}
+	}
+	qp.dev.send(qp.out[:qp.nout])
+	qp.nout = 0
+	qp.ackSlot = 0
+}

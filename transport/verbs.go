@@ -1,0 +1,252 @@
+package transport
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/gorocev2/rocev2/memreg"
+)
+
+// QPType is the transport service of a QP (libibverbs enum ibv_qp_type values).
+type QPType uint8
+
+// QPTypeRC is a Reliable Connected QP, the only type this package implements.
+const QPTypeRC QPType = 2
+
+// QPState is the state of a QP (libibverbs enum ibv_qp_state values).
+type QPState uint8
+
+// QP states.
+const (
+	QPSReset QPState = iota
+	QPSInit
+	QPSRTR
+	QPSRTS
+	QPSSQD
+	QPSSQE
+	QPSErr
+)
+
+// String returns "RESET", "INIT", "RTR", "RTS", "SQD", "SQE" or "ERR".
+func (s QPState) String() string {
+	switch s {
+	case QPSReset:
+		return "RESET"
+	case QPSInit:
+		return "INIT"
+	case QPSRTR:
+		return "RTR"
+	case QPSRTS:
+		return "RTS"
+	case QPSSQD:
+		return "SQD"
+	case QPSSQE:
+		return "SQE"
+	case QPSErr:
+		return "ERR"
+	}
+	return fmt.Sprintf("QPState(%d)", uint8(s))
+}
+
+// MTU is an IB path MTU enum (libibverbs enum ibv_mtu values).
+type MTU uint8
+
+// Path MTU values.
+const (
+	MTU256  MTU = 1
+	MTU512  MTU = 2
+	MTU1024 MTU = 3
+	MTU2048 MTU = 4
+	MTU4096 MTU = 5
+)
+
+// Bytes returns the MTU in bytes (0 for an invalid value).
+func (m MTU) Bytes() int {
+	if m < MTU256 || m > MTU4096 {
+		return 0
+	}
+	return 128 << m
+}
+
+// MTUFromBytes returns the MTU enum for 256, 512, 1024, 2048 or 4096.
+func MTUFromBytes(n int) (MTU, bool) {
+	for m := MTU256; m <= MTU4096; m++ {
+		if m.Bytes() == n {
+			return m, true
+		}
+	}
+	return 0, false
+}
+
+// String returns the size in bytes, e.g. "1024".
+func (m MTU) String() string {
+	if b := m.Bytes(); b != 0 {
+		return fmt.Sprint(b)
+	}
+	return fmt.Sprintf("MTU(%d)", uint8(m))
+}
+
+// AttrMask selects QPAttr fields in Modify (libibverbs enum ibv_qp_attr_mask values).
+type AttrMask uint32
+
+// Attribute mask bits.
+const (
+	AttrState           AttrMask = 1 << 0
+	AttrCurState        AttrMask = 1 << 1
+	AttrAccessFlags     AttrMask = 1 << 3
+	AttrPKeyIndex       AttrMask = 1 << 4
+	AttrPort            AttrMask = 1 << 5
+	AttrAV              AttrMask = 1 << 7
+	AttrPathMTU         AttrMask = 1 << 8
+	AttrTimeout         AttrMask = 1 << 9
+	AttrRetryCnt        AttrMask = 1 << 10
+	AttrRNRRetry        AttrMask = 1 << 11
+	AttrRQPSN           AttrMask = 1 << 12
+	AttrMaxQPRdAtomic   AttrMask = 1 << 13
+	AttrMinRNRTimer     AttrMask = 1 << 15
+	AttrSQPSN           AttrMask = 1 << 16
+	AttrMaxDestRdAtomic AttrMask = 1 << 17
+	AttrDestQPN         AttrMask = 1 << 20
+)
+
+var attrNames = []struct {
+	m    AttrMask
+	name string
+}{
+	{AttrState, "state"}, {AttrCurState, "cur_state"}, {AttrAccessFlags, "access_flags"},
+	{AttrPKeyIndex, "pkey_index"}, {AttrPort, "port"}, {AttrAV, "av"}, {AttrPathMTU, "path_mtu"},
+	{AttrTimeout, "timeout"}, {AttrRetryCnt, "retry_cnt"}, {AttrRNRRetry, "rnr_retry"},
+	{AttrRQPSN, "rq_psn"}, {AttrMaxQPRdAtomic, "max_rd_atomic"}, {AttrMinRNRTimer, "min_rnr_timer"},
+	{AttrSQPSN, "sq_psn"}, {AttrMaxDestRdAtomic, "max_dest_rd_atomic"}, {AttrDestQPN, "dest_qp_num"},
+}
+
+// String lists the attribute names in the mask, e.g. "state|path_mtu".
+func (m AttrMask) String() string {
+	s := ""
+	for _, a := range attrNames {
+		if m&a.m != 0 {
+			if s != "" {
+				s += "|"
+			}
+			s += a.name
+			m &^= a.m
+		}
+	}
+	if m != 0 {
+		if s != "" {
+			s += "|"
+		}
+		s += fmt.Sprintf("%#x", uint32(m))
+	}
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// AddressVector is the path to the peer.
+type AddressVector struct {
+	// Addr is the peer's IP address (IPv4, IPv6 or the IPv4-mapped GID).
+	Addr netip.Addr
+	// TrafficClass is the IP TOS / traffic class to send with.
+	TrafficClass uint8
+}
+
+// QPAttr holds the attributes of a QP, as in struct ibv_qp_attr.
+type QPAttr struct {
+	State           QPState
+	CurState        QPState       // with AttrCurState: the state the caller believes the QP is in
+	AccessFlags     memreg.Access // remote rights the responder grants: REMOTE_WRITE/READ/ATOMIC
+	PKeyIndex       uint16
+	Port            uint8
+	PathMTU         MTU
+	DestQPN         uint32
+	RQPSN           uint32 // receive (responder) starting PSN
+	SQPSN           uint32 // send (requester) starting PSN
+	AV              AddressVector
+	Timeout         uint8 // local ACK timeout 4.096 µs × 2^Timeout; 0 = infinite
+	RetryCnt        uint8 // 0..7
+	RNRRetry        uint8 // 0..7, 7 = infinite
+	MinRNRTimer     uint8 // RNR NAK timer code 0..31 the responder advertises
+	MaxQPRdAtomic   uint8 // outstanding READ/atomic requests as requester
+	MaxDestRdAtomic uint8 // saved READ/atomic responder resources
+}
+
+// QPInitAttr are the creation parameters of a QP.
+type QPInitAttr struct {
+	Type      QPType
+	SendCQ    *CQ
+	RecvCQ    *CQ
+	MaxSendWR int
+	MaxRecvWR int
+	MaxSGE    int  // per work request, send and receive (default 1)
+	SigAll    bool // every send WR generates a completion
+}
+
+// WROpcode is the operation of a send work request (libibverbs enum ibv_wr_opcode values).
+type WROpcode uint8
+
+// Send work request opcodes.
+const (
+	WRWrite       WROpcode = 0
+	WRWriteImm    WROpcode = 1
+	WRSend        WROpcode = 2
+	WRSendImm     WROpcode = 3
+	WRRead        WROpcode = 4
+	WRCompareSwap WROpcode = 5
+	WRFetchAdd    WROpcode = 6
+	WRSendInv     WROpcode = 9
+)
+
+// String returns the verbs-style name.
+func (o WROpcode) String() string {
+	switch o {
+	case WRWrite:
+		return "RDMA_WRITE"
+	case WRWriteImm:
+		return "RDMA_WRITE_WITH_IMM"
+	case WRSend:
+		return "SEND"
+	case WRSendImm:
+		return "SEND_WITH_IMM"
+	case WRRead:
+		return "RDMA_READ"
+	case WRCompareSwap:
+		return "ATOMIC_CMP_AND_SWP"
+	case WRFetchAdd:
+		return "ATOMIC_FETCH_AND_ADD"
+	case WRSendInv:
+		return "SEND_WITH_INV"
+	}
+	return fmt.Sprintf("WROpcode(%d)", uint8(o))
+}
+
+// SendFlags are the send_flags of a work request (ibv_send_flags values).
+type SendFlags uint8
+
+// Send flags.
+const (
+	SendFence     SendFlags = 1
+	SendSignaled  SendFlags = 2
+	SendSolicited SendFlags = 4
+)
+
+// SendWR is a send work request.
+type SendWR struct {
+	WRID       uint64
+	Opcode     WROpcode
+	SGEs       []memreg.SGE // local memory; copied by PostSend
+	Flags      SendFlags
+	Imm        uint32 // WRSendImm, WRWriteImm (host order; sent big-endian)
+	InvRKey    uint32 // WRSendInv
+	RemoteAddr uint64 // WRWrite*, WRRead, atomics
+	RKey       uint32
+	CompareAdd uint64 // WRCompareSwap: compare; WRFetchAdd: add
+	Swap       uint64 // WRCompareSwap
+}
+
+// RecvWR is a receive work request.
+type RecvWR struct {
+	WRID uint64
+	SGEs []memreg.SGE
+}
