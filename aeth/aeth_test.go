@@ -101,7 +101,7 @@ func TestSyndrome(t *testing.T) {
 }
 
 func TestRNRTimeoutTable(t *testing.T) {
-	// DESIGN.md §3, in ms.
+	// The IBTA RNR NAK timer table, in ms, by code (0 is the longest).
 	ms := []float64{655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48, 0.64,
 		0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72, 40.96, 61.44, 81.92,
 		122.88, 163.84, 245.76, 327.68, 491.52}

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gorocev2/rocev2/test/faults"
+	"github.com/gorocev2/rocev2/udp/faults"
 )
 
 func init() {

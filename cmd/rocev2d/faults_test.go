@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gorocev2/rocev2/test/faults"
+	"github.com/gorocev2/rocev2/udp/faults"
 )
 
 func TestFaultsFlags(t *testing.T) {

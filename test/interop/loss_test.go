@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gorocev2/rocev2/test/faults"
+	"github.com/gorocev2/rocev2/udp/faults"
 )
 
 // lossRate is the random drop probability of the loss cells, applied in

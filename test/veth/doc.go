@@ -1,5 +1,5 @@
 // Package veth holds tests only: RC transfers over kernel UDP sockets
 // between two network namespaces joined by a veth pair, with the eBPF fault
-// injector (test/faults) on the path. They need root; without it they skip
+// injector (udp/faults) on the path. They need root; without it they skip
 // loudly (and fail when CI=true).
 package veth

@@ -105,7 +105,7 @@ func be16(v uint16) int32 {
 
 // fetchAdd emits an atomic 64-bit fetch-and-add: src = xadd(*(dst+off), src).
 // ins.Constant is set explicitly (BPF_ADD | BPF_FETCH): cilium/ebpf v0.22.0
-// can lose the fetch bit when marshalling atomics (DESIGN.md §7).
+// can lose the fetch bit when marshalling atomics (TestInstructionsMarshal).
 func fetchAdd(dst, src asm.Register, off int16) asm.Instruction {
 	ins := asm.FetchAdd.Mem(dst, src, asm.DWord, off)
 	ins.Constant = int64(asm.FetchAdd >> 8)

@@ -456,7 +456,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestInstructionsMarshal(t *testing.T) {
 	// The fetch bit of the atomics must survive marshalling (cilium/ebpf
-	// v0.22.0 bug, DESIGN.md §7).
+	// v0.22.0 can drop it unless ins.Constant is set: see fetchAdd).
 	for _, h := range []Hook{Egress, Ingress} {
 		var buf bytes.Buffer
 		if err := Instructions(h).Marshal(&buf, binary.LittleEndian); err != nil {

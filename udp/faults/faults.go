@@ -28,6 +28,14 @@
 // Duplication clones the packet to the same interface and direction: the
 // copy leaves just before the original. Clones carry skb->mark 0x72636576
 // while they pass the hook again so the program lets them through.
+//
+// # Place in the module
+//
+// It serves `rocev2d faults` (cmd/rocev2d) and the tests that run the
+// transport over a lossy kernel path (test/veth, test/interop). It works on
+// the kernel's packets, not on a udp.Link, and imports nothing of this
+// module: cilium/ebpf, golang.org/x/sys and the standard library. Linux
+// only.
 package faults
 
 import (
