@@ -690,27 +690,3 @@ func demoWait(ctx context.Context, cq *transport.CQ, n int) ([]transport.WC, err
 	}
 	return out, nil
 }
-
-// printCounters prints a device's rxe-style counters and its link's
-// statistics, one "name value" per line, skipping zeros except the packet
-// totals.
-func printCounters(w io.Writer, label string, dev *transport.Device) {
-	c := dev.Counters()
-	fmt.Fprintf(w, "counters %s:\n", label)
-	for _, kv := range c.List() {
-		if kv.Value == 0 && kv.Name != "sent_pkts" && kv.Name != "rcvd_pkts" {
-			continue
-		}
-		fmt.Fprintf(w, "  %-24s %d\n", kv.Name, kv.Value)
-	}
-	s := dev.Link().Stats()
-	fmt.Fprintf(w, "  %-24s %d\n  %-24s %d\n", "link_sent_pkts", s.SentPkts, "link_rcvd_pkts", s.RcvdPkts)
-	for _, kv := range []struct {
-		n string
-		v uint64
-	}{{"link_drop_bad_icrc", s.DropBadICRC}, {"link_drop_malformed", s.DropMalformed}, {"link_drop_other", s.DropOther}} {
-		if kv.v != 0 {
-			fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
-		}
-	}
-}

@@ -127,3 +127,9 @@ func linkOptions(poll bool) udp.SocketOptions {
 	}
 	return o
 }
+
+// wcError describes a failed completion.
+func wcError(wc transport.WC, what string) error {
+	return fmt.Errorf("%s completion with error: %s (status %d, wr_id %d, opcode %v) — the peer or the path failed the operation",
+		what, wc.Status, uint8(wc.Status), wc.WRID, wc.Opcode)
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"github.com/gorocev2/rocev2/transport"
+)
+
+// usr1Watch prints the counters of its devices whenever the process
+// receives SIGUSR1 (so that a long run can be inspected), from the moment
+// it is created — before any device exists it says so, instead of letting
+// SIGUSR1 terminate the process.
+type usr1Watch struct {
+	w        io.Writer
+	mu       sync.Mutex
+	names    []string
+	devs     []*transport.Device
+	sig      chan os.Signal
+	done     chan struct{}
+	finished chan struct{}
+}
+
+// watchSIGUSR1 starts printing counters to w on SIGUSR1.
+func watchSIGUSR1(w io.Writer) *usr1Watch {
+	u := &usr1Watch{w: w, sig: make(chan os.Signal, 1), done: make(chan struct{}), finished: make(chan struct{})}
+	signal.Notify(u.sig, syscall.SIGUSR1)
+	go func() {
+		defer close(u.finished)
+		for {
+			select {
+			case <-u.sig:
+				u.mu.Lock()
+				if len(u.devs) == 0 {
+					fmt.Fprintln(u.w, "counters: no device yet (waiting for the peer)")
+				}
+				for i, d := range u.devs {
+					printCounters(u.w, u.names[i], d)
+				}
+				u.mu.Unlock()
+			case <-u.done:
+				return
+			}
+		}
+	}()
+	return u
+}
+
+// Add includes a device in the SIGUSR1 output.
+func (u *usr1Watch) Add(name string, d *transport.Device) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.names = append(u.names, name)
+	u.devs = append(u.devs, d)
+}
+
+// Stop stops watching (SIGUSR1 gets its default action again).
+func (u *usr1Watch) Stop() {
+	signal.Stop(u.sig)
+	close(u.done)
+	<-u.finished
+}
+
+// printCounters prints a device's rxe-style counters and its link's
+// statistics, one "name value" per line, skipping zeros except the packet
+// totals.
+func printCounters(w io.Writer, label string, dev *transport.Device) {
+	c := dev.Counters()
+	fmt.Fprintf(w, "counters %s:\n", label)
+	for _, kv := range c.List() {
+		if kv.Value == 0 && kv.Name != "sent_pkts" && kv.Name != "rcvd_pkts" {
+			continue
+		}
+		fmt.Fprintf(w, "  %-24s %d\n", kv.Name, kv.Value)
+	}
+	s := dev.Link().Stats()
+	fmt.Fprintf(w, "  %-24s %d\n  %-24s %d\n", "link_sent_pkts", s.SentPkts, "link_rcvd_pkts", s.RcvdPkts)
+	for _, kv := range []struct {
+		n string
+		v uint64
+	}{{"link_drop_bad_icrc", s.DropBadICRC}, {"link_drop_malformed", s.DropMalformed}, {"link_drop_other", s.DropOther}} {
+		if kv.v != 0 {
+			fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
+		}
+	}
+}

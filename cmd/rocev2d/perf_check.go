@@ -1,0 +1,117 @@
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
+)
+
+// perfPattern is the byte at offset off of a --check source region.
+func perfPattern(off int) byte { return byte(off*131 + off>>8 + 7) }
+
+func fillPattern(b []byte) {
+	for i := range b {
+		b[i] = perfPattern(i)
+	}
+}
+
+// checkPattern verifies that b equals the pattern starting at offset off.
+func checkPattern(b []byte, off int) error {
+	for i, v := range b {
+		if want := perfPattern(off + i); v != want {
+			return fmt.Errorf("byte %d is 0x%02x, want 0x%02x", off+i, v, want)
+		}
+	}
+	return nil
+}
+
+// verify checks the data of a --check run on this side.
+func (s *perfSide) verify(role oob.Role, sizes []int) error {
+	c := s.c
+	target := s.mem[s.half : 2*s.half]
+	switch {
+	case c.test == oob.WriteBW && role == oob.Server:
+		if c.duration > 0 {
+			return nil
+		}
+		for _, size := range sizes {
+			if err := s.checkSlots(target, size, c.iters); err != nil {
+				return fmt.Errorf("size %d: %w", size, err)
+			}
+		}
+	case c.test == oob.ReadBW && role == oob.Client:
+		for _, r := range s.results {
+			if err := s.checkSlots(s.mem[:s.half], r.size, r.iters); err != nil {
+				return fmt.Errorf("size %d: %w", r.size, err)
+			}
+		}
+	case (c.test == oob.AtomicBW || c.test == oob.AtomicLat) && role == oob.Server:
+		if c.duration > 0 {
+			return nil
+		}
+		cycle := int(s.params.CycleBuffer)
+		inc := perfInc(8, int(s.params.CacheLine))
+		slots := cycle / inc
+		if c.test == oob.AtomicLat {
+			slots = 1
+		}
+		for k := 0; k < slots; k++ {
+			want := uint64(0)
+			if c.atomicType == "FETCH_AND_ADD" {
+				want = uint64(c.iters / slots)
+				if k < c.iters%slots {
+					want++
+				}
+			}
+			if got := binary.NativeEndian.Uint64(target[k*inc:]); got != want {
+				return fmt.Errorf("atomic target %d holds %d, want %d", k, got, want)
+			}
+		}
+	case c.test == oob.ReadLat && role == oob.Client:
+		for _, size := range sizes {
+			if err := checkPattern(s.mem[:size], 0); err != nil {
+				return fmt.Errorf("size %d: %w", size, err)
+			}
+		}
+	case c.test == oob.SendLat:
+		// The last (largest) message is in the receive buffer.
+		if err := checkPattern(target[:sizes[len(sizes)-1]], 0); err != nil {
+			return err
+		}
+	case c.test == oob.WriteLat:
+		// The last (largest) write is in the target; the last byte of
+		// every size carried an iteration count instead of the pattern.
+		last := sizes[len(sizes)-1]
+		for i, v := range target[:last] {
+			if slices.Contains(sizes, i+1) {
+				continue
+			}
+			if want := perfPattern(i); v != want {
+				return fmt.Errorf("byte %d is 0x%02x, want 0x%02x", i, v, want)
+			}
+		}
+		if got := target[last-1]; int(got) != c.iters&0xff {
+			return fmt.Errorf("last byte is %d, want the iteration count %d", got, c.iters&0xff)
+		}
+	}
+	return nil
+}
+
+// checkSlots checks that the slots iterations 0..iters-1 of size bytes hit
+// hold the pattern.
+func (s *perfSide) checkSlots(region []byte, size, iters int) error {
+	seen := map[uint64]bool{}
+	for n := 0; n < iters; n++ {
+		off := s.slotOff(size, uint64(n))
+		if seen[off] {
+			break
+		}
+		seen[off] = true
+		if err := checkPattern(region[off:off+uint64(size)], int(off)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
+)
+
+func init() {
+	for _, t := range []oob.PerfTest{oob.WriteBW, oob.ReadBW, oob.SendBW, oob.AtomicBW, oob.WriteLat, oob.ReadLat, oob.SendLat, oob.AtomicLat} {
+		t := t
+		title := perfTitle(t, "")
+		title = strings.ReplaceAll(title, "  ", " ")
+		register(t.String(), "perftest-compatible "+title+" (ib_"+strings.ReplaceAll(t.String(), "-", "_")+")",
+			perfUsage(t), func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+				return runPerf(ctx, t, args, stdout, stderr)
+			})
+	}
+}
+
+// perfUsage is the help text of one perftest subcommand.
+func perfUsage(t oob.PerfTest) string {
+	tool := "ib_" + strings.ReplaceAll(t.String(), "-", "_")
+	defSize, defIters, defTx := 65536, 5000, 128
+	if !t.IsBW() {
+		defSize, defIters, defTx = 2, 1000, 1
+	}
+	return fmt.Sprintf(`usage: rocev2d %[1]s [options] [server]
+
+Compatible with perftest 4.5's %[2]s: the same flags, the same out-of-band
+exchange on TCP (default port 18515) and the same result table, so either
+side may be rocev2d or the real tool. Without a server argument it waits for
+a client (the server); with one it connects to it (the client). RoCEv2 runs
+over a UDP socket on port 4791 of the local address.
+
+options:
+  -s, --size=BYTES        message size (default %[3]d; atomics always 8)
+  -n, --iters=N           iterations (default %[4]d, at least 5)
+  -a, --all               run sizes 2, 4, ... 8388608 (not for atomics)
+  -D, --duration=SEC      run for SEC seconds instead of -n (bandwidth tests)
+  -m, --mtu=MTU           path MTU 256..4096 (default 1024; the smaller of both sides wins)
+  -t, --tx-depth=N        outstanding send work requests (default %[5]d)
+  -r, --rx-depth=N        receives posted (SEND tests, default 512)
+  -u, --qp-timeout=T      local ACK timeout exponent (default 14)
+  -A, --atomic_type=TYPE  CMP_AND_SWAP or FETCH_AND_ADD (default FETCH_AND_ADD)
+  -p, --port=PORT         out-of-band TCP port (default 18515)
+  -x, --gid-index=IDX     accepted for compatibility (the GID is the local address)
+  -d, --ib-dev=DEV        accepted for compatibility
+  -i, --ib-port=PORT      accepted, must be 1
+  -F, --CPU-freq          accepted (no CPU frequency check is made)
+  -e, --events            sleep until packets arrive; without it the latency tests poll
+                          their socket for up to 100 µs per wait (--busy-poll sets how
+                          long), as perftest polls its CQ
+      --bind=IP           local IP for RoCEv2 (default: the local end of the TCP connection)
+      --pcap=FILE         write every RoCEv2 packet sent and received to FILE (pcap)
+      --check             fill the source with a pattern and verify the data at the end
+                          (both sides must be rocev2d with the same flags)
+      --connect-timeout=D how long a client keeps trying to reach the server (default 10s)
+      --timeout=D         give up when the whole run takes longer (default 0 = no limit)
+  -v                      print the device counters at the end (also on SIGUSR1)
+`, t, tool, defSize, defIters, defTx)
+}
+
+// perfConfig holds the parsed flags of a perftest subcommand.
+type perfConfig struct {
+	test        oob.PerfTest
+	size        int
+	iters       int
+	all         bool
+	duration    int
+	mtu         oob.MTU
+	txDepth     int
+	rxDepth     int
+	qpTimeout   int
+	atomicType  string
+	port        int
+	gidIdx      int
+	dev         string
+	ibPort      int
+	cpuFreq     bool
+	bind        netip.Addr
+	check       bool
+	pcap        string
+	connTimeout time.Duration
+	timeout     time.Duration
+	verbose     bool
+	events      bool
+	server      string
+}
+
+// perfMaxSize is perftest's MAX_SIZE, the largest size of -a.
+const perfMaxSize = 1 << 23
+
+func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
+	c := &perfConfig{test: t}
+	fs := flag.NewFlagSet(t.String(), flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	intFlag := func(p *int, short, long string, def int) {
+		fs.IntVar(p, short, def, "")
+		fs.IntVar(p, long, def, "")
+	}
+	boolFlag := func(p *bool, short, long string) {
+		fs.BoolVar(p, short, false, "")
+		fs.BoolVar(p, long, false, "")
+	}
+	defSize, defIters, defTx := 65536, 5000, 128
+	if !t.IsBW() {
+		defSize, defIters, defTx = 2, 1000, 1
+	}
+	var mtu int
+	var bind string
+	intFlag(&c.size, "s", "size", defSize)
+	intFlag(&c.iters, "n", "iters", defIters)
+	boolFlag(&c.all, "a", "all")
+	intFlag(&c.duration, "D", "duration", 0)
+	intFlag(&mtu, "m", "mtu", 1024)
+	intFlag(&c.txDepth, "t", "tx-depth", defTx)
+	intFlag(&c.rxDepth, "r", "rx-depth", 512)
+	boolFlag(&c.events, "e", "events")
+	intFlag(&c.qpTimeout, "u", "qp-timeout", 14)
+	fs.StringVar(&c.atomicType, "A", "FETCH_AND_ADD", "")
+	fs.StringVar(&c.atomicType, "atomic_type", "FETCH_AND_ADD", "")
+	intFlag(&c.port, "p", "port", oob.DefaultPort)
+	intFlag(&c.gidIdx, "x", "gid-index", -1)
+	fs.StringVar(&c.dev, "d", "", "")
+	fs.StringVar(&c.dev, "ib-dev", "", "")
+	intFlag(&c.ibPort, "i", "ib-port", 1)
+	boolFlag(&c.cpuFreq, "F", "CPU-freq")
+	fs.StringVar(&bind, "bind", "", "")
+	fs.BoolVar(&c.check, "check", false, "")
+	fs.StringVar(&c.pcap, "pcap", "", "")
+	fs.DurationVar(&c.connTimeout, "connect-timeout", 10*time.Second, "")
+	fs.DurationVar(&c.timeout, "timeout", 0, "")
+	fs.BoolVar(&c.verbose, "v", false, "")
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if c.server != "" {
+			return nil, fmt.Errorf("unexpected argument %q after server %q", rest[0], c.server)
+		}
+		c.server, args = rest[0], rest[1:]
+	}
+	var ok bool
+	if c.mtu, ok = oob.MTUFromBytes(mtu); !ok {
+		return nil, errMTUFlag(mtu)
+	}
+	isAtomic := t == oob.AtomicBW || t == oob.AtomicLat
+	if isAtomic {
+		c.size = 8
+		if c.all {
+			return nil, errors.New("-a: atomic tests have one size (8 bytes)")
+		}
+	}
+	switch c.atomicType {
+	case "CMP_AND_SWAP", "FETCH_AND_ADD":
+	default:
+		return nil, fmt.Errorf("-A %q: atomic type must be CMP_AND_SWAP or FETCH_AND_ADD", c.atomicType)
+	}
+	switch {
+	case c.size < 1 || c.size > perfMaxSize:
+		return nil, fmt.Errorf("-s %d: size out of range 1..%d", c.size, perfMaxSize)
+	case c.iters < 5 || c.iters > 100000000:
+		return nil, fmt.Errorf("-n %d: iterations must be between 5 and 100000000", c.iters)
+	case c.duration < 0:
+		return nil, fmt.Errorf("-D %d: duration must be positive", c.duration)
+	case c.duration > 0 && !t.IsBW():
+		return nil, fmt.Errorf("-D: duration mode is implemented for the bandwidth tests only")
+	case c.duration > 0 && c.all:
+		return nil, errors.New("-D and -a cannot be combined")
+	case c.txDepth < 1 || c.txDepth > 15000:
+		return nil, fmt.Errorf("-t %d: tx depth must be between 1 and 15000", c.txDepth)
+	case c.rxDepth < 1 || c.rxDepth > 16384:
+		return nil, fmt.Errorf("-r %d: rx depth must be between 1 and 16384", c.rxDepth)
+	case c.qpTimeout < 0 || c.qpTimeout > 31:
+		return nil, fmt.Errorf("-u %d: QP timeout must be between 0 and 31", c.qpTimeout)
+	case c.port < 1 || c.port > 65535:
+		return nil, fmt.Errorf("-p %d: port out of range 1..65535", c.port)
+	case c.ibPort != 1:
+		return nil, fmt.Errorf("-i %d: rocev2d devices have one port, 1", c.ibPort)
+	case c.gidIdx < -1 || c.gidIdx > 64:
+		return nil, fmt.Errorf("-x %d: GID index must be between 0 and 64", c.gidIdx)
+	case c.connTimeout <= 0:
+		return nil, fmt.Errorf("--connect-timeout %v: must be positive", c.connTimeout)
+	case c.timeout < 0:
+		return nil, fmt.Errorf("--timeout %v: negative", c.timeout)
+	}
+	if bind != "" {
+		a, err := netip.ParseAddr(bind)
+		if err != nil {
+			return nil, fmt.Errorf("--bind %q: not an IP address", bind)
+		}
+		c.bind = a.Unmap()
+	}
+	return c, nil
+}
+
+// sizes returns the message sizes of the run.
+func (c *perfConfig) sizes() []int {
+	if !c.all {
+		return []int{c.size}
+	}
+	var s []int
+	for n := 2; n <= perfMaxSize; n <<= 1 {
+		s = append(s, n)
+	}
+	return s
+}
+
+func (c *perfConfig) role() oob.Role {
+	if c.server == "" {
+		return oob.Server
+	}
+	return oob.Client
+}

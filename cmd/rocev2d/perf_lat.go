@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
+	"github.com/gorocev2/rocev2/transport"
+)
+
+// latReadAtomic is the client of read-lat / atomic-lat: one operation at a
+// time.
+func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer, prog *perfProgress) error {
+	c := s.c
+	ts := make([]time.Time, 0, c.iters+1)
+	var wc [1]transport.WC
+	for n := 0; n < c.iters; n++ {
+		prog.tick(n)
+		ts = append(ts, time.Now())
+		if err := s.postSendWait(ctx, s.sendWR(size, uint64(n)), wc[:], n, "completion", n); err != nil {
+			return err
+		}
+	}
+	s.latDone(stdout, size, ts, 1)
+	return nil
+}
+
+// postSendWait posts wr and waits for its completion on the send CQ, using
+// wc[0]. postN, waitWhat and waitN word the errors.
+func (s *perfSide) postSendWait(ctx context.Context, wr transport.SendWR, wc []transport.WC, postN int, waitWhat string, waitN int) error {
+	if err := s.qp.PostSend(wr); err != nil {
+		return fmt.Errorf("couldn't post send %d: %w", postN, err)
+	}
+	if _, err := s.scq.Wait(ctx, wc[:1]); err != nil {
+		return fmt.Errorf("waiting for %s %d: %w", waitWhat, waitN, err)
+	}
+	if wc[0].Status != transport.WCSuccess {
+		return wcError(wc[0], "send")
+	}
+	return nil
+}
+
+// latDone ends a latency run: it stamps the end of the last iteration,
+// records the result and prints the latency line.
+func (s *perfSide) latDone(stdout io.Writer, size int, ts []time.Time, rtt float64) {
+	ts = append(ts, time.Now())
+	s.results = append(s.results, perfResult{size: size, iters: s.c.iters})
+	printLat(stdout, size, s.c.iters, ts, rtt)
+}
+
+// perfProgressEvery is the interval between progress lines on stderr of a
+// long run (a variable so tests can shorten it).
+var perfProgressEvery = 2 * time.Second
+
+// perfProgress prints a line to stderr every two seconds of a long latency
+// run.
+type perfProgress struct {
+	w           io.Writer
+	size, iters int
+	start, last time.Time
+}
+
+func newPerfProgress(w io.Writer, size, iters int) *perfProgress {
+	now := time.Now()
+	return &perfProgress{w: w, size: size, iters: iters, start: now, last: now}
+}
+
+// tick reports that n iterations are done.
+func (p *perfProgress) tick(n int) {
+	if n&63 != 0 {
+		return
+	}
+	now := time.Now()
+	if now.Sub(p.last) < perfProgressEvery {
+		return
+	}
+	p.last = now
+	fmt.Fprintf(p.w, " ... %d bytes: %d of %d iterations in %.1fs\n", p.size, n, p.iters, now.Sub(p.start).Seconds())
+}
+
+// pollByte spins until the byte at p equals v (the peer's RDMA WRITE lands
+// in mmap'd memory, as a NIC's DMA would).
+func pollByte(ctx context.Context, mem []byte, off int, v byte) error {
+	word := (*uint32)(unsafe.Pointer(&mem[off&^3]))
+	shift := uint(off&3) * 8
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		shift = uint(3-off&3) * 8
+	}
+	for spins := 0; ; spins++ {
+		if byte(atomic.LoadUint32(word)>>shift) == v {
+			return nil
+		}
+		if spins&1023 == 1023 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			time.Sleep(time.Microsecond)
+		}
+	}
+}
+
+// latWrite is write-lat: each side writes size bytes into the peer's buffer,
+// whose last byte is the iteration count, and spins on its own buffer's last
+// byte for the peer's write (perftest's run_iter_lat_write). The server
+// waits for the client's first write before writing.
+func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout io.Writer, prog *perfProgress) error {
+	c := s.c
+	ts := make([]time.Time, 0, c.iters+1)
+	post := size - 1
+	poll := s.half + size - 1
+	var wc [1]transport.WC
+	var scnt, rcnt int
+	for scnt < c.iters || rcnt < c.iters {
+		// The server writes first (perftest: the client polls first).
+		if rcnt < c.iters && !(scnt < 1 && role == oob.Server) {
+			rcnt++
+			if err := pollByte(ctx, s.mem, poll, byte(rcnt)); err != nil {
+				return fmt.Errorf("waiting for the peer's write %d: %w", rcnt, err)
+			}
+		}
+		if scnt < c.iters {
+			prog.tick(scnt)
+			ts = append(ts, time.Now())
+			scnt++
+			s.mem[post] = byte(scnt)
+			if err := s.postSendWait(ctx, s.sendWR(size, 0), wc[:], scnt, "completion", scnt); err != nil {
+				return err
+			}
+		}
+	}
+	s.latDone(stdout, size, ts, 2)
+	return nil
+}
+
+// latSend is send-lat: the client sends, the server answers each message
+// with one of its own (perftest's run_iter_lat_send).
+func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout io.Writer, prog *perfProgress) error {
+	c := s.c
+	ts := make([]time.Time, 0, c.iters+1)
+	var scnt, rcnt int
+	wcs := make([]transport.WC, 4)
+	waitRecv := func() error {
+		n, err := s.rcq.Wait(ctx, wcs[:1])
+		if err != nil {
+			return fmt.Errorf("waiting for receive %d: %w", rcnt+1, err)
+		}
+		wc := wcs[0]
+		_ = n
+		if wc.Status != transport.WCSuccess {
+			return wcError(wc, "receive")
+		}
+		if wc.ByteLen != uint32(size) {
+			return fmt.Errorf("receive %d: %d bytes, want %d", rcnt, wc.ByteLen, size)
+		}
+		rcnt++
+		s.posted--
+		if s.posted < c.rxDepth && rcnt+s.posted < c.iters {
+			return s.postRecv()
+		}
+		return nil
+	}
+	for scnt < c.iters || rcnt < c.iters {
+		if rcnt < c.iters && !(scnt < 1 && role == oob.Client) {
+			if err := waitRecv(); err != nil {
+				return err
+			}
+		}
+		if scnt < c.iters {
+			prog.tick(scnt)
+			ts = append(ts, time.Now())
+			if err := s.postSendWait(ctx, s.sendWR(size, 0), wcs, scnt, "send completion", scnt+1); err != nil {
+				return err
+			}
+			scnt++
+		}
+	}
+	s.latDone(stdout, size, ts, 2)
+	return nil
+}

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
+)
+
+// perfResult is the measurement of one size.
+type perfResult struct {
+	size      int
+	iters     int
+	tposted   []time.Time
+	tcomplete []time.Time
+	start     time.Time
+	end       time.Time
+	recvd     uint64
+}
+
+// perfLine is perftest's RESULT_LINE.
+const perfLine = "---------------------------------------------------------------------------------------\n"
+
+// perfTitle is the test's title line text.
+func perfTitle(t oob.PerfTest, atomicType string) string {
+	switch t {
+	case oob.WriteBW:
+		return "RDMA_Write BW Test"
+	case oob.ReadBW:
+		return "RDMA_Read BW Test"
+	case oob.SendBW:
+		return "Send BW Test"
+	case oob.AtomicBW:
+		return "Atomic " + atomicType + " BW Test"
+	case oob.WriteLat:
+		return "RDMA_Write Latency Test"
+	case oob.ReadLat:
+		return "RDMA_Read Latency Test"
+	case oob.SendLat:
+		return "Send Latency Test"
+	case oob.AtomicLat:
+		return "Atomic " + atomicType + " Latency Test"
+	}
+	return t.String()
+}
+
+// cHex formats like C's "%#0*x": zero is printed without the 0x prefix.
+func cHex(v uint64, width int) string {
+	if v == 0 {
+		return fmt.Sprintf("%0*x", width, 0)
+	}
+	return "0x" + fmt.Sprintf("%0*x", max(width-2, 0), v)
+}
+
+// printDest prints a perftest address line and its GID line.
+func (s *perfSide) printDest(w io.Writer, side string, d oob.PerfDest) {
+	writePerfDest(w, s.c.test, side, d)
+}
+
+// writePerfDest prints d as perftest's ctx_print_pingpong_data does for t.
+func writePerfDest(w io.Writer, t oob.PerfTest, side string, d oob.PerfDest) {
+	fmt.Fprintf(w, " %s address: LID %s QPN %s PSN %s", side, cHex(uint64(d.LID), 4), cHex(uint64(d.QPN), 6), cHex(uint64(d.PSN), 6))
+	switch t {
+	case oob.ReadBW, oob.ReadLat:
+		fmt.Fprintf(w, " OUT %s", cHex(uint64(d.OutReads), 4))
+		fallthrough
+	case oob.WriteBW, oob.WriteLat:
+		fmt.Fprintf(w, " RKey %s VAddr %s", cHex(uint64(d.RKey), 8), cHex(d.VAddr, 16))
+	}
+	fmt.Fprintln(w)
+	parts := make([]string, 16)
+	for i, b := range d.GID {
+		parts[i] = fmt.Sprintf("%02d", b)
+	}
+	fmt.Fprintf(w, " GID: %s\n", strings.Join(parts, ":"))
+}
+
+// printHeader prints perftest's test description block.
+func (s *perfSide) printHeader(w io.Writer) {
+	c := s.c
+	gid := c.gidIdx
+	if gid < 0 {
+		gid = 1
+	}
+	writePerfHeader(w, perfHeader{test: c.test, atomicType: c.atomicType, dev: c.dev, role: c.role(),
+		txDepth: s.txDepth(), rxDepth: c.rxDepth, mtu: s.params.MTU.Bytes(), gidIdx: gid, outReads: int(s.local.OutReads)})
+}
+
+// perfHeader are the values of perftest's description block.
+type perfHeader struct {
+	test       oob.PerfTest
+	atomicType string
+	dev        string
+	role       oob.Role
+	txDepth    int
+	rxDepth    int
+	mtu        int
+	gidIdx     int
+	outReads   int
+}
+
+// writePerfHeader prints the block in perftest 4.5's layout. CQ moderation
+// is 1: rocev2d requests a completion for every work request.
+func writePerfHeader(w io.Writer, h perfHeader) {
+	fmt.Fprint(w, perfLine)
+	fmt.Fprintf(w, "                    %s\n", perfTitle(h.test, h.atomicType))
+	dev := h.dev
+	if dev == "" {
+		dev = "rocev2"
+	}
+	fmt.Fprintf(w, " Dual-port       : OFF\t\tDevice         : %s\n", dev)
+	fmt.Fprintf(w, " Number of qps   : 1\t\tTransport type : IB\n")
+	fmt.Fprintf(w, " Connection type : RC\t\tUsing SRQ      : OFF\n")
+	fmt.Fprintf(w, " PCIe relax order: OFF\n")
+	fmt.Fprintf(w, " ibv_wr* API     : OFF\n")
+	send := h.test == oob.SendBW || h.test == oob.SendLat
+	if h.role == oob.Client || !h.test.IsBW() {
+		fmt.Fprintf(w, " TX depth        : %d\n", h.txDepth)
+	}
+	if h.role == oob.Server && send {
+		fmt.Fprintf(w, " RX depth        : %d\n", h.rxDepth)
+	}
+	if h.test.IsBW() {
+		fmt.Fprintf(w, " CQ Moderation   : 1\n")
+	}
+	fmt.Fprintf(w, " Mtu             : %d[B]\n", h.mtu)
+	fmt.Fprintf(w, " Link type       : Ethernet\n")
+	fmt.Fprintf(w, " GID index       : %d\n", h.gidIdx)
+	reads := h.test == oob.ReadBW || h.test == oob.AtomicBW || h.test == oob.ReadLat || h.test == oob.AtomicLat
+	if reads {
+		fmt.Fprintf(w, " Outstand reads  : %d\n", h.outReads)
+	} else {
+		fmt.Fprintf(w, " Max inline data : 0[B]\n")
+	}
+	fmt.Fprintf(w, " rdma_cm QPs\t : OFF\n")
+	fmt.Fprintf(w, " Data ex. method : Ethernet\n")
+	fmt.Fprint(w, perfLine)
+}
+
+// bwReport computes perftest's bandwidth report: the average over the run
+// (first post to last completion) and the peak, the best time per message
+// (tcompleted[j]-tposted[i])/(j-i+1) over runs of consecutive messages (up to
+// max(window, 1024) long, and the whole run).
+func bwReport(r perfResult, window int) oob.Report {
+	rep := oob.Report{Size: uint64(r.size), Iters: uint64(r.iters)}
+	dur := r.end.Sub(r.start)
+	if len(r.tcomplete) > 0 && len(r.tposted) > 0 {
+		dur = r.tcomplete[len(r.tcomplete)-1].Sub(r.tposted[0])
+	}
+	if dur <= 0 {
+		dur = time.Nanosecond
+	}
+	usec := float64(dur.Nanoseconds()) / 1e3
+	rep.BWAvg = float64(r.size) * float64(r.iters) / (usec / 1e6) / (1 << 20)
+	rep.MsgRate = float64(r.iters) / usec
+	if n := min(len(r.tposted), len(r.tcomplete)); n > 0 {
+		// The whole run is one candidate, so the peak is never below the
+		// average.
+		best := float64(r.tcomplete[n-1].Sub(r.tposted[0]).Nanoseconds()) / float64(n)
+		span := max(window, 1024)
+		for i := 0; i < n; i++ {
+			for j := i; j < n && j < i+span; j++ {
+				d := float64(r.tcomplete[j].Sub(r.tposted[i]).Nanoseconds()) / float64(j-i+1)
+				if d > 0 && d < best {
+					best = d
+				}
+			}
+		}
+		if !math.IsInf(best, 1) {
+			rep.BWPeak = float64(r.size) / (best / 1e9) / (1 << 20)
+		}
+	}
+	return rep
+}
+
+// printBWLine prints the send-bw server's own measurement.
+func printBWLine(w io.Writer, r perfResult) {
+	rep := bwReport(r, 1)
+	rep.BWPeak = 0 // perftest's server reports no peak
+	writeBWLine(w, rep)
+}
+
+// writeBWLine prints a bandwidth result line (perftest's REPORT_FMT).
+func writeBWLine(w io.Writer, r oob.Report) {
+	fmt.Fprintf(w, " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", r.Size, r.Iters, r.BWPeak, r.BWAvg, r.MsgRate)
+}
+
+// printLat prints perftest's latency line from the post timestamps: the
+// intervals between consecutive posts divided by rtt (2 for ping-pong
+// tests), sorted, the two largest dropped (LAT_MEASURE_TAIL), then min, max,
+// median, average, standard deviation and the 99% / 99.9% percentiles.
+func printLat(w io.Writer, size, iters int, ts []time.Time, rtt float64) {
+	var d []float64
+	for i := 1; i < len(ts) && i <= iters; i++ {
+		d = append(d, float64(ts[i].Sub(ts[i-1]).Nanoseconds())/1e3/rtt)
+	}
+	writeLatLine(w, size, iters, d)
+	fmt.Fprint(w, perfLine)
+}
+
+// writeLatLine prints the latency row for the per-iteration latencies d
+// (µs), which it sorts.
+func writeLatLine(w io.Writer, size, iters int, d []float64) {
+	slices.Sort(d)
+	if len(d) > 4 {
+		d = d[:len(d)-2] // LAT_MEASURE_TAIL
+	}
+	if len(d) == 0 {
+		d = []float64{0}
+	}
+	n := len(d)
+	var sum float64
+	for _, v := range d {
+		sum += v
+	}
+	avg := sum / float64(n)
+	var vs float64
+	for _, v := range d {
+		vs += (v - avg) * (v - avg)
+	}
+	med := d[n/2]
+	if n%2 == 0 {
+		med = (d[n/2-1] + d[n/2]) / 2
+	}
+	pct := func(p float64) float64 { return d[min(int(math.Ceil(float64(n)*p)), n-1)] }
+	fmt.Fprintf(w, " %-7d %d          %-7.2f        %-7.2f      %-7.2f  \t       %-7.2f     \t%-7.2f\t\t%-7.2f \t\t%-7.2f\n",
+		size, iters, d[0], d[n-1], med, avg, math.Sqrt(vs/float64(n)), pct(0.99), pct(0.999))
+}
