@@ -3,6 +3,8 @@ package icrc
 import (
 	"encoding/binary"
 	"testing"
+
+	"github.com/gorocev2/rocev2/test/goldendir"
 )
 
 // FuzzVerify feeds arbitrary bytes to every entry point. Nothing may panic;
@@ -12,7 +14,7 @@ import (
 // with ComputeIPv4/ComputeIPv6 and let SolveIPv4ID recover the ID. Seeds
 // include the golden packets when they are available.
 func FuzzVerify(f *testing.F) {
-	if _, ok := findGoldenDir(); ok {
+	if _, err := goldendir.Dir(); err == nil {
 		for _, ps := range readGolden(f) {
 			for i, p := range ps {
 				if i < 3 {

@@ -10,12 +10,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
+
+	"github.com/gorocev2/rocev2/test/goldendir"
 )
 
 // refICRC is a deliberately naive reference: it literally builds the masked
@@ -145,46 +146,6 @@ func pseudo6(ip []byte) (*IPv6Pseudo, []byte) {
 	return h, ip[48 : 40+int(binary.BigEndian.Uint16(ip[4:]))]
 }
 
-// findGoldenDir locates ../shared/golden relative to the module root, or
-// $ROCEV2_GOLDEN, and reports whether it holds captures.
-func findGoldenDir() (string, bool) {
-	dir := os.Getenv("ROCEV2_GOLDEN")
-	if dir == "" {
-		wd, err := os.Getwd()
-		if err != nil {
-			return "", false
-		}
-		for d := wd; ; d = filepath.Dir(d) {
-			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-				dir = filepath.Join(d, "..", "shared", "golden")
-				break
-			}
-			if filepath.Dir(d) == d {
-				return "", false
-			}
-		}
-	}
-	m, _ := filepath.Glob(filepath.Join(dir, "*.pcap"))
-	return dir, len(m) > 0
-}
-
-// goldenDir returns the golden capture directory. It skips the test loudly if
-// the captures are absent, or fails it when CI=true.
-func goldenDir(tb testing.TB) string {
-	tb.Helper()
-	dir, ok := findGoldenDir()
-	if ok {
-		return dir
-	}
-	msg := "GOLDEN CAPTURES NOT FOUND (looked for ../shared/golden next to the module root, or $ROCEV2_GOLDEN=" +
-		os.Getenv("ROCEV2_GOLDEN") + "): golden ICRC tests did not run"
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(msg)
-	}
-	tb.Skip(msg)
-	return ""
-}
-
 // goldenPacket is one RoCEv2 packet from a capture: the IP packet as found in
 // the frame (it may be followed by Ethernet padding).
 type goldenPacket struct {
@@ -198,12 +159,7 @@ type goldenPacket struct {
 // Frames are decoded with gopacket's layers, independently of this package.
 func readGolden(tb testing.TB) map[string][]goldenPacket {
 	tb.Helper()
-	dir := goldenDir(tb)
-	files, err := filepath.Glob(filepath.Join(dir, "*.pcap"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	sort.Strings(files)
+	files := goldendir.PCAPs(tb)
 	out := make(map[string][]goldenPacket)
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".pcap")

@@ -3,6 +3,7 @@ package packet
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,51 +15,9 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
+
+	"github.com/gorocev2/rocev2/test/goldendir"
 )
-
-// goldenDir returns the directory of the golden captures: $ROCEV2_GOLDEN, or
-// ../shared/golden relative to the directory holding go.mod. It returns ""
-// if it cannot be found.
-func goldenDir() string {
-	if d := os.Getenv("ROCEV2_GOLDEN"); d != "" {
-		return d
-	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for i := 0; i < 32; i++ {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "..", "shared", "golden")
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			break
-		}
-		dir = parent
-	}
-	return ""
-}
-
-// goldenFiles lists the golden pcaps, skipping (or failing under CI=true)
-// when there are none.
-func goldenFiles(tb testing.TB) []string {
-	tb.Helper()
-	dir := goldenDir()
-	var files []string
-	if dir != "" {
-		files, _ = filepath.Glob(filepath.Join(dir, "*.pcap"))
-	}
-	if len(files) == 0 {
-		msg := "GOLDEN CAPTURES NOT FOUND (looked in " + strconv.Quote(dir) +
-			"; set ROCEV2_GOLDEN): golden packet tests did not run"
-		if os.Getenv("CI") == "true" {
-			tb.Fatal(msg)
-		}
-		tb.Skip(msg)
-	}
-	return files
-}
 
 // goldenPacket is one RoCEv2 UDP payload from a capture.
 type goldenPacket struct {
@@ -154,7 +113,7 @@ func readExpectations(tb testing.TB, pcap string) map[int]expectation {
 
 func TestGoldenCaptures(t *testing.T) {
 	total := 0
-	for _, path := range goldenFiles(t) {
+	for _, path := range goldendir.PCAPs(t) {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			pkts := readRoCE(t, path)
 			if len(pkts) == 0 {
@@ -212,22 +171,16 @@ func TestGoldenCaptures(t *testing.T) {
 // under CI=true and logs loudly otherwise.
 func goldenFuzzSeeds(tb testing.TB) []goldenPacket {
 	tb.Helper()
-	dir := goldenDir()
-	var files []string
-	if dir != "" {
-		files, _ = filepath.Glob(filepath.Join(dir, "*.pcap"))
+	dir, ok := goldendir.Seeds(tb)
+	if !ok {
+		return nil
 	}
 	var seeds []goldenPacket
-	for _, path := range files {
+	for _, path := range goldendir.Files(dir) {
 		seeds = append(seeds, readRoCE(tb, path)...)
 	}
 	if len(seeds) == 0 {
-		msg := "GOLDEN CAPTURES NOT FOUND (no RoCEv2 packet in " + strconv.Quote(filepath.Join(dir, "*.pcap")) +
-			"; set ROCEV2_GOLDEN): fuzz target runs WITHOUT its golden seeds"
-		if os.Getenv("CI") == "true" {
-			tb.Fatal(msg)
-		}
-		tb.Log(msg)
+		goldendir.Missing(tb, fmt.Errorf("no RoCEv2 packet in %s", filepath.Join(dir, "*.pcap")))
 	}
 	return seeds
 }

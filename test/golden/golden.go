@@ -1,8 +1,13 @@
 // Package golden gives tests access to the golden RoCEv2 captures of real
-// Linux rdma_rxe traffic kept beside the checkout (../shared/golden, or
-// $ROCEV2_GOLDEN): it finds them, reads their frames and parses the values
-// each capture's .txt states (the "## packets" lines and the QPN/PSN/RKey/
-// VAddr lines the tools printed).
+// Linux rdma_rxe traffic kept beside the checkout (found by test/goldendir:
+// ../shared/golden, or $ROCEV2_GOLDEN): it reads their frames and parses
+// the values each capture's .txt states (the "## packets" lines and the
+// QPN/PSN/RKey/VAddr lines the tools printed).
+//
+// Tests only: it serves the tests under test/ and cmd/ (product packages'
+// tests use test/goldendir and read the captures themselves), and imports
+// gopacket, test/goldendir and the standard library — nothing else of this
+// module.
 package golden
 
 import (
@@ -14,73 +19,29 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
+
+	"github.com/gorocev2/rocev2/test/goldendir"
 )
 
-// EnvDir names the environment variable that overrides the golden directory.
-const EnvDir = "ROCEV2_GOLDEN"
-
-// Dir returns the directory holding the golden captures: $ROCEV2_GOLDEN if
-// set, else ../shared/golden next to the directory holding go.mod (found by
-// walking up from the working directory). If there is none, the test is
-// skipped with a loud reason, or fails when CI=true.
+// Dir returns the directory holding the golden captures (see
+// goldendir.Dir). Without it the test is skipped with a loud reason, or
+// fails when CI=true.
 func Dir(tb testing.TB) string {
 	tb.Helper()
-	dir, err := Locate()
-	if err != nil {
-		msg := fmt.Sprintf("GOLDEN CAPTURES NOT FOUND (%v): golden-capture checks did NOT run", err)
-		if os.Getenv("CI") == "true" {
-			tb.Fatal(msg)
-		}
-		tb.Skip(msg)
-	}
-	return dir
+	return goldendir.Require(tb)
 }
 
-// Locate finds the golden directory without a testing.TB.
-func Locate() (string, error) {
-	if d := os.Getenv(EnvDir); d != "" {
-		if st, err := os.Stat(d); err != nil || !st.IsDir() {
-			return "", fmt.Errorf("$%s=%q is not a directory", EnvDir, d)
-		}
-		return d, nil
-	}
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for d := wd; ; {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			g := filepath.Join(d, "..", "shared", "golden")
-			if st, err := os.Stat(g); err != nil || !st.IsDir() {
-				return "", fmt.Errorf("%s does not exist (set $%s)", g, EnvDir)
-			}
-			return filepath.Clean(g), nil
-		}
-		p := filepath.Dir(d)
-		if p == d {
-			return "", fmt.Errorf("no go.mod above %s", wd)
-		}
-		d = p
-	}
-}
-
-// PCAPs returns the paths of every *.pcap in the golden directory, sorted.
-// It fails the test if there are none.
+// PCAPs returns the paths of every *.pcap in the golden directory, sorted
+// (skipped loudly, or failing when CI=true, without them).
 func PCAPs(tb testing.TB) []string {
 	tb.Helper()
-	m, err := filepath.Glob(filepath.Join(Dir(tb), "*.pcap"))
-	if err != nil || len(m) == 0 {
-		tb.Fatalf("no golden *.pcap in %s (%v)", Dir(tb), err)
-	}
-	sort.Strings(m)
-	return m
+	return goldendir.PCAPs(tb)
 }
 
 // Frame is one frame of a capture.

@@ -21,6 +21,7 @@ import (
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/reth"
+	"github.com/gorocev2/rocev2/test/goldendir"
 )
 
 // readNewc parses a newc archive back into name -> (mode, data, rdev).
@@ -179,27 +180,8 @@ func TestELFDeps(t *testing.T) {
 	}
 }
 
-// goldenDir finds ../shared/golden next to the repository (or $ROCEV2_GOLDEN).
-func goldenDir(t *testing.T) string {
-	if d := os.Getenv("ROCEV2_GOLDEN"); d != "" {
-		return d
-	}
-	root, err := FindRepoRoot(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := filepath.Join(root, "..", "shared", "golden")
-	if _, err := os.Stat(d); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("golden captures missing at %s", d)
-		}
-		t.Skipf("GOLDEN CAPTURES MISSING at %s (set ROCEV2_GOLDEN): skipping", d)
-	}
-	return d
-}
-
 func TestAnalyzeCaptureGolden(t *testing.T) {
-	dir := goldenDir(t)
+	dir := goldendir.Require(t)
 	st, err := AnalyzeCapture(filepath.Join(dir, "rc_send_64.pcap"))
 	if err != nil {
 		t.Fatal(err)
@@ -275,13 +257,11 @@ func FuzzParseImmPeer(f *testing.F) {
 }
 
 func FuzzAnalyzeCapture(f *testing.F) {
-	dir := os.Getenv("ROCEV2_GOLDEN")
-	if root, err := FindRepoRoot("."); dir == "" && err == nil {
-		dir = filepath.Join(root, "..", "shared", "golden")
-	}
-	for _, n := range []string{"rc_send_64.pcap", "rc_write_4096.pcap"} {
-		if b, err := os.ReadFile(filepath.Join(dir, n)); err == nil {
-			f.Add(b)
+	if dir, err := goldendir.Dir(); err == nil { // else the synthetic seed only
+		for _, n := range []string{"rc_send_64.pcap", "rc_write_4096.pcap"} {
+			if b, err := os.ReadFile(filepath.Join(dir, n)); err == nil {
+				f.Add(b)
+			}
 		}
 	}
 	f.Add([]byte{0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0})

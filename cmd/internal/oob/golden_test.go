@@ -11,45 +11,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/gorocev2/rocev2/test/goldendir"
 )
-
-// goldenDir finds ../shared/golden relative to the module root (or
-// $ROCEV2_GOLDEN). Missing captures skip the test, or fail it under CI=true.
-func goldenDir(t testing.TB) string {
-	t.Helper()
-	if d := os.Getenv("ROCEV2_GOLDEN"); d != "" {
-		return d
-	}
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 20; i++ {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			g := filepath.Join(dir, "..", "shared", "golden")
-			if _, err := os.Stat(g); err != nil {
-				missingGolden(t, g)
-			}
-			return g
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			break
-		}
-		dir = parent
-	}
-	missingGolden(t, "(no go.mod above "+dir+")")
-	return ""
-}
-
-func missingGolden(t testing.TB, where string) {
-	t.Helper()
-	msg := "GOLDEN CAPTURES NOT FOUND at " + where + ": set ROCEV2_GOLDEN; out-of-band golden tests NOT RUN"
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-}
 
 // segment is one TCP payload of a golden out-of-band exchange.
 type segment struct {
@@ -73,7 +37,7 @@ var (
 // section: "[..] len=N" headers followed by "hex:" lines.
 func loadGolden(t testing.TB, name string) golden {
 	t.Helper()
-	dir := goldenDir(t)
+	dir := goldendir.Require(t)
 	raw, err := os.ReadFile(filepath.Join(dir, name+".txt"))
 	if err != nil {
 		t.Fatalf("golden %s: %v", name, err)
