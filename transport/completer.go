@@ -47,6 +47,14 @@ func (qp *QP) started(i uint64) bool {
 	return i < qp.sqCur || (i == qp.sqCur && qp.req.curPkt > 0)
 }
 
+// failWQE fails the head WQE w with status st: the QP moves to ERR, w
+// completes with st and every later WQE with WCWRFlushErr, and the device
+// raises EventQPFatal.
+func (qp *QP) failWQE(w *sendWQE, st WCStatus) {
+	w.done, w.status = true, st
+	qp.fail(EventQPFatal, &WCError{Status: st, Opcode: w.wcOpcode(), WRID: w.wr.WRID, QPN: qp.qpn})
+}
+
 // completeHead completes the head WQE successfully and advances.
 func (qp *QP) completeHead(w *sendWQE) {
 	w.done = true
@@ -116,6 +124,7 @@ func (qp *QP) compInput(p *packetT) {
 	case bth.KindAtomicAck:
 		qp.onAtomicAck(p, psn)
 	}
+	qp.failAtHead()
 	if qp.attr.State == QPSRTS || qp.attr.State == QPSSQD {
 		qp.reqProgress()
 	}
@@ -137,8 +146,7 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 		inc(&qp.dev.ctr.RcvdRNRErr)
 		if qp.comp.rnrRetry == 0 {
 			inc(&qp.dev.ctr.RetryRNRExceededErr)
-			w.done, w.status = true, WCRNRRetryExcErr
-			qp.toError()
+			qp.failWQE(w, WCRNRRetryExcErr)
 			return
 		}
 		if qp.comp.rnrRetry != 7 {
@@ -175,8 +183,7 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 		default:
 			w.status = WCBadRespErr
 		}
-		w.done = true
-		qp.toError()
+		qp.failWQE(w, w.status)
 	}
 }
 
@@ -214,16 +221,14 @@ func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
 		want = uint64(qp.mtu)
 	}
 	if uint64(len(p.Payload)) != want {
-		w.done, w.status = true, WCBadRespErr
-		qp.toError()
+		qp.failWQE(w, WCBadRespErr)
 		return
 	}
 	if len(p.Payload) > 0 {
 		// As the responder's SEND data: inside a received batch the
 		// destination stays pinned until the batch ends.
 		if err := w.rsl.Scatter(qp.rxPins(), off, p.Payload); err != nil {
-			w.done, w.status = true, WCLocProtErr
-			qp.toError()
+			qp.failWQE(w, WCLocProtErr)
 			return
 		}
 	}
@@ -260,8 +265,7 @@ func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
 	}
 	binary.NativeEndian.PutUint64(qp.comp.scratch[:], p.AtomicAck.OrigData())
 	if err := qp.pd.Scatter(w.sges, 0, qp.comp.scratch[:]); err != nil {
-		w.done, w.status = true, WCLocProtErr
-		qp.toError()
+		qp.failWQE(w, WCLocProtErr)
 		return
 	}
 	qp.completeHead(w)
@@ -274,19 +278,7 @@ func (qp *QP) completeSend(w *sendWQE, st WCStatus) {
 	if st == WCSuccess && !w.signaled {
 		return
 	}
-	wc := WC{WRID: w.wr.WRID, Status: st, QPN: qp.qpn}
-	switch w.wr.Opcode {
-	case WRSend, WRSendImm, WRSendInv:
-		wc.Opcode = WCSend
-	case WRWrite, WRWriteImm:
-		wc.Opcode = WCRDMAWrite
-	case WRRead:
-		wc.Opcode = WCRDMARead
-	case WRCompareSwap:
-		wc.Opcode = WCCompSwap
-	case WRFetchAdd:
-		wc.Opcode = WCFetchAdd
-	}
+	wc := WC{WRID: w.wr.WRID, Status: st, QPN: qp.qpn, Opcode: w.wcOpcode()}
 	if st == WCSuccess {
 		switch w.wr.Opcode {
 		case WRRead:
@@ -295,5 +287,20 @@ func (qp *QP) completeSend(w *sendWQE, st WCStatus) {
 			wc.ByteLen = 8
 		}
 	}
-	qp.pushWC(qp.sendCQ, &wc)
+	qp.pushWC(qp.sendCQ, &wc, false)
+}
+
+// wcOpcode returns the completion opcode of the WQE's operation.
+func (w *sendWQE) wcOpcode() WCOpcode {
+	switch w.wr.Opcode {
+	case WRWrite, WRWriteImm:
+		return WCRDMAWrite
+	case WRRead:
+		return WCRDMARead
+	case WRCompareSwap:
+		return WCCompSwap
+	case WRFetchAdd:
+		return WCFetchAdd
+	}
+	return WCSend
 }

@@ -3,8 +3,9 @@ package transport
 import "sync/atomic"
 
 // Counters are the device's protocol statistics. Names follow the Linux rxe
-// hw_counters (sent_pkts, rcvd_pkts, duplicate_request, ...). All fields are
-// updated atomically; read them through Device.Counters.
+// hw_counters (sent_pkts, rcvd_pkts, duplicate_request, ...) where rxe has
+// one. All fields are updated atomically; read them through
+// Device.Counters, which returns a consistent-per-field snapshot.
 type Counters struct {
 	SentPkts            uint64 // sent_pkts: packets handed to the link
 	RcvdPkts            uint64 // rcvd_pkts: packets received for an existing QP
@@ -22,8 +23,14 @@ type Counters struct {
 	RDMARecvs           uint64 // rdma_recvs: receive WQEs consumed by the responder
 	LocalAckTimeout     uint64 // local_ack_timeout_err: local ACK timer expirations that retried
 	MalformedPkts       uint64 // malformed_pkts: packets that did not parse
-	UnknownQP           uint64 // unknown_qp: packets for a QPN with no QP (or wrong state/peer)
+	UnknownQP           uint64 // unknown_qp: packets for a QPN the device does not have
+	TransportMismatch   uint64 // transport_mismatch: packets whose transport (UC, UD, CNP) the QP does not run
+	WrongState          uint64 // wrong_state: packets for a QP in RESET, INIT or ERR
+	WrongPeer           uint64 // wrong_peer: packets from an address other than the QP's peer, or with a foreign P_Key
 	RetransmittedPkts   uint64 // retransmitted_pkts: request packets sent more than once
+	RecvErr             uint64 // recv_err: link Recv failures (Device.LastRecvError has the last)
+	CQOverflow          uint64 // cq_overflow: completions lost to a full CQ
+	AsyncEventsDropped  uint64 // async_events_dropped: events lost because Events() was full
 }
 
 // Counter is one named counter value.
@@ -32,53 +39,55 @@ type Counter struct {
 	Value uint64
 }
 
+// counterFields names every counter, in List order; List and snapshot
+// both read it, so a new counter is added here and in the struct only.
+var counterFields = []struct {
+	name string
+	f    func(*Counters) *uint64
+}{
+	{"sent_pkts", func(c *Counters) *uint64 { return &c.SentPkts }},
+	{"rcvd_pkts", func(c *Counters) *uint64 { return &c.RcvdPkts }},
+	{"duplicate_request", func(c *Counters) *uint64 { return &c.DuplicateRequest }},
+	{"out_of_seq_request", func(c *Counters) *uint64 { return &c.OutOfSeqRequest }},
+	{"rcvd_rnr_err", func(c *Counters) *uint64 { return &c.RcvdRNRErr }},
+	{"send_rnr_err", func(c *Counters) *uint64 { return &c.SendRNRErr }},
+	{"rcvd_seq_err", func(c *Counters) *uint64 { return &c.RcvdSeqErr }},
+	{"ack_deferred", func(c *Counters) *uint64 { return &c.AckDeferred }},
+	{"retry_exceeded_err", func(c *Counters) *uint64 { return &c.RetryExceededErr }},
+	{"retry_rnr_exceeded_err", func(c *Counters) *uint64 { return &c.RetryRNRExceededErr }},
+	{"completer_retry_err", func(c *Counters) *uint64 { return &c.CompleterRetryErr }},
+	{"send_err", func(c *Counters) *uint64 { return &c.SendErr }},
+	{"rdma_sends", func(c *Counters) *uint64 { return &c.RDMASends }},
+	{"rdma_recvs", func(c *Counters) *uint64 { return &c.RDMARecvs }},
+	{"local_ack_timeout_err", func(c *Counters) *uint64 { return &c.LocalAckTimeout }},
+	{"malformed_pkts", func(c *Counters) *uint64 { return &c.MalformedPkts }},
+	{"unknown_qp", func(c *Counters) *uint64 { return &c.UnknownQP }},
+	{"transport_mismatch", func(c *Counters) *uint64 { return &c.TransportMismatch }},
+	{"wrong_state", func(c *Counters) *uint64 { return &c.WrongState }},
+	{"wrong_peer", func(c *Counters) *uint64 { return &c.WrongPeer }},
+	{"retransmitted_pkts", func(c *Counters) *uint64 { return &c.RetransmittedPkts }},
+	{"recv_err", func(c *Counters) *uint64 { return &c.RecvErr }},
+	{"cq_overflow", func(c *Counters) *uint64 { return &c.CQOverflow }},
+	{"async_events_dropped", func(c *Counters) *uint64 { return &c.AsyncEventsDropped }},
+}
+
 // List returns the counters as name/value pairs in a fixed order, named as
 // rxe names them.
 func (c Counters) List() []Counter {
-	return []Counter{
-		{"sent_pkts", c.SentPkts},
-		{"rcvd_pkts", c.RcvdPkts},
-		{"duplicate_request", c.DuplicateRequest},
-		{"out_of_seq_request", c.OutOfSeqRequest},
-		{"rcvd_rnr_err", c.RcvdRNRErr},
-		{"send_rnr_err", c.SendRNRErr},
-		{"rcvd_seq_err", c.RcvdSeqErr},
-		{"ack_deferred", c.AckDeferred},
-		{"retry_exceeded_err", c.RetryExceededErr},
-		{"retry_rnr_exceeded_err", c.RetryRNRExceededErr},
-		{"completer_retry_err", c.CompleterRetryErr},
-		{"send_err", c.SendErr},
-		{"rdma_sends", c.RDMASends},
-		{"rdma_recvs", c.RDMARecvs},
-		{"local_ack_timeout_err", c.LocalAckTimeout},
-		{"malformed_pkts", c.MalformedPkts},
-		{"unknown_qp", c.UnknownQP},
-		{"retransmitted_pkts", c.RetransmittedPkts},
+	l := make([]Counter, len(counterFields))
+	for i, f := range counterFields {
+		l[i] = Counter{f.name, *f.f(&c)}
 	}
+	return l
 }
 
 // snapshot returns an atomic copy of the live counters.
 func (c *Counters) snapshot() Counters {
-	return Counters{
-		SentPkts:            atomic.LoadUint64(&c.SentPkts),
-		RcvdPkts:            atomic.LoadUint64(&c.RcvdPkts),
-		DuplicateRequest:    atomic.LoadUint64(&c.DuplicateRequest),
-		OutOfSeqRequest:     atomic.LoadUint64(&c.OutOfSeqRequest),
-		RcvdRNRErr:          atomic.LoadUint64(&c.RcvdRNRErr),
-		SendRNRErr:          atomic.LoadUint64(&c.SendRNRErr),
-		RcvdSeqErr:          atomic.LoadUint64(&c.RcvdSeqErr),
-		AckDeferred:         atomic.LoadUint64(&c.AckDeferred),
-		RetryExceededErr:    atomic.LoadUint64(&c.RetryExceededErr),
-		RetryRNRExceededErr: atomic.LoadUint64(&c.RetryRNRExceededErr),
-		CompleterRetryErr:   atomic.LoadUint64(&c.CompleterRetryErr),
-		SendErr:             atomic.LoadUint64(&c.SendErr),
-		RDMASends:           atomic.LoadUint64(&c.RDMASends),
-		RDMARecvs:           atomic.LoadUint64(&c.RDMARecvs),
-		LocalAckTimeout:     atomic.LoadUint64(&c.LocalAckTimeout),
-		MalformedPkts:       atomic.LoadUint64(&c.MalformedPkts),
-		UnknownQP:           atomic.LoadUint64(&c.UnknownQP),
-		RetransmittedPkts:   atomic.LoadUint64(&c.RetransmittedPkts),
+	var s Counters
+	for _, f := range counterFields {
+		*f.f(&s) = atomic.LoadUint64(f.f(c))
 	}
+	return s
 }
 
 func inc(p *uint64) { atomic.AddUint64(p, 1) }

@@ -2,56 +2,142 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"sync"
 )
 
 // CQ is a completion queue of fixed depth. Completions of the send and
-// receive queues of any number of QPs may be directed to one CQ.
+// receive queues of any number of QPs of its device may be directed to one
+// CQ.
 //
 // A CQ that would have to hold more than depth completions overflows: the
-// completion is not stored, the CQ enters an error state, and Wait and Err
-// report ErrCQOverflow. Completions stored before the overflow can still be
+// completion is lost, the CQ enters an error state (Err reports
+// ErrCQOverflow), the device raises EventCQErr, and every QP that then
+// fails to store a completion in it moves to the error state (EventQPFatal),
+// as verbs does. Completions stored before the overflow can still be
 // polled.
+//
+// All methods are safe for concurrent use: any number of goroutines may
+// Poll and Wait on one CQ; each completion is returned to exactly one of
+// them.
 type CQ struct {
-	dev    *Device
+	dev *Device
+	ch  *CompChannel // nil without a completion channel
+
 	mu     sync.Mutex
 	ring   []WC
 	head   int // next to poll
 	n      int // stored entries
 	err    error
+	armed  notifyMode // ReqNotify: the next (solicited) completion fires a channel event
+	fire   bool       // a channel event is due at the next wake
 	notify chan struct{}
+
+	users     int  // QPs using the CQ (under dev.mu)
+	destroyed bool // under dev.mu
 
 	wakeQueued bool // on dev.rxWake (dev's receive goroutine only)
 }
 
+type notifyMode uint8
+
+const (
+	notifyOff notifyMode = iota
+	notifyNext
+	notifySolicited
+)
+
+// CQAttr are the creation parameters of a CQ (CreateCQWith).
+type CQAttr struct {
+	// Depth is how many completions the CQ holds (1..4194304).
+	Depth int
+	// Channel, if not nil, receives the CQ when a completion arrives
+	// after ReqNotify armed it (ibv_comp_channel).
+	Channel *CompChannel
+}
+
 // CreateCQ creates a completion queue that holds up to depth completions.
 func (d *Device) CreateCQ(depth int) (*CQ, error) {
-	if depth <= 0 || depth > 1<<22 {
-		return nil, errorf(ErrInvalidConfig, "CreateCQ: depth %d out of range 1..%d", depth, 1<<22)
+	return d.CreateCQWith(CQAttr{Depth: depth})
+}
+
+// CreateCQWith creates a completion queue with the attributes a.
+func (d *Device) CreateCQWith(a CQAttr) (*CQ, error) {
+	if a.Depth <= 0 || a.Depth > 1<<22 {
+		return nil, errorf(ErrInvalidConfig, "CreateCQ: depth %d out of range 1..%d", a.Depth, 1<<22)
 	}
+	if a.Channel != nil && a.Channel.dev != d {
+		return nil, errorf(ErrWrongDevice, "CreateCQ: channel")
+	}
+	cq := &CQ{dev: d, ch: a.Channel, ring: make([]WC, a.Depth), notify: make(chan struct{}, 1)}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.isClosed() {
 		return nil, ErrClosed
 	}
-	return &CQ{dev: d, ring: make([]WC, depth), notify: make(chan struct{}, 1)}, nil
+	if a.Channel != nil {
+		if err := a.Channel.attach(); err != nil {
+			return nil, err
+		}
+	}
+	d.cqs[cq] = struct{}{}
+	return cq, nil
 }
 
 // Depth returns the capacity of the CQ.
 func (cq *CQ) Depth() int { return len(cq.ring) }
 
+// Destroy removes the CQ. It fails with ErrBusy while QPs use it (verbs'
+// EBUSY): destroy them first. Waiters return ErrDestroyed.
+func (cq *CQ) Destroy() error {
+	d := cq.dev
+	d.mu.Lock()
+	switch {
+	case cq.destroyed:
+		d.mu.Unlock()
+		return errorf(ErrDestroyed, "CQ.Destroy")
+	case cq.users > 0:
+		n := cq.users
+		d.mu.Unlock()
+		return errorf(ErrBusy, "CQ.Destroy: %d QPs use the CQ", n)
+	}
+	cq.destroyed = true
+	delete(d.cqs, cq)
+	d.mu.Unlock()
+	if cq.ch != nil {
+		cq.ch.detach()
+	}
+	cq.fail(ErrDestroyed)
+	return nil
+}
+
+// fail puts the CQ in an error state (if it is not in one) and wakes every
+// waiter.
+func (cq *CQ) fail(err error) {
+	cq.mu.Lock()
+	if cq.err == nil {
+		cq.err = err
+	}
+	cq.mu.Unlock()
+	cq.wake()
+}
+
 // push stores one completion and wakes a waiter; it reports false on
 // overflow.
-func (cq *CQ) push(wc *WC) bool {
-	ok, wake := cq.store(wc)
+func (cq *CQ) push(wc *WC, solicited bool) bool {
+	ok, wake := cq.store(wc, solicited)
 	if wake {
 		cq.wake()
 	}
 	return ok
 }
 
-// store stores one completion without waking a waiter. ok is false on
-// overflow; wake reports whether a waiter must be woken (a completion was
-// stored, or the CQ just overflowed).
-func (cq *CQ) store(wc *WC) (ok, wake bool) {
+// store stores one completion without waking a waiter. ok is false when
+// the completion was lost (overflow, or a CQ in error); wake reports
+// whether a waiter must be woken (a completion was stored, or the CQ just
+// overflowed). solicited marks a receive completion of a message with the
+// solicited event bit.
+func (cq *CQ) store(wc *WC, solicited bool) (ok, wake bool) {
 	cq.mu.Lock()
 	if cq.err != nil {
 		cq.mu.Unlock()
@@ -60,6 +146,8 @@ func (cq *CQ) store(wc *WC) (ok, wake bool) {
 	if cq.n == len(cq.ring) {
 		cq.err = ErrCQOverflow
 		cq.mu.Unlock()
+		inc(&cq.dev.ctr.CQOverflow)
+		cq.dev.raise(AsyncEvent{Type: EventCQErr, CQ: cq, Err: ErrCQOverflow})
 		return false, true
 	}
 	i := cq.head + cq.n
@@ -68,11 +156,30 @@ func (cq *CQ) store(wc *WC) (ok, wake bool) {
 	}
 	cq.ring[i] = *wc
 	cq.n++
+	if cq.armed == notifyNext || (cq.armed == notifySolicited && (solicited || wc.Status != WCSuccess)) {
+		cq.armed = notifyOff
+		cq.fire = true
+	}
 	cq.mu.Unlock()
 	return true, true
 }
 
+// wake delivers a due channel event and lets one waiter run; a waiter that
+// leaves completions (or an error) behind passes the wake on.
 func (cq *CQ) wake() {
+	if cq.ch != nil {
+		cq.mu.Lock()
+		f := cq.fire
+		cq.fire = false
+		cq.mu.Unlock()
+		if f {
+			cq.ch.deliver(cq)
+		}
+	}
+	cq.signal()
+}
+
+func (cq *CQ) signal() {
 	select {
 	case cq.notify <- struct{}{}:
 	default:
@@ -82,8 +189,14 @@ func (cq *CQ) wake() {
 // Poll copies up to len(wc) completions into wc, oldest first, and returns
 // how many it copied. It never blocks.
 func (cq *CQ) Poll(wc []WC) int {
+	k, _ := cq.poll(wc)
+	return k
+}
+
+// poll is Poll that also reports whether completions or an error remain,
+// so that another waiter must be woken.
+func (cq *CQ) poll(wc []WC) (k int, more bool) {
 	cq.mu.Lock()
-	k := 0
 	for k < len(wc) && cq.n > 0 {
 		wc[k] = cq.ring[cq.head]
 		cq.head++
@@ -93,11 +206,13 @@ func (cq *CQ) Poll(wc []WC) int {
 		cq.n--
 		k++
 	}
+	more = cq.n > 0 || cq.err != nil
 	cq.mu.Unlock()
-	return k
+	return k, more
 }
 
-// Err returns ErrCQOverflow once the CQ has overflowed, else nil.
+// Err returns ErrCQOverflow once the CQ has overflowed, ErrClosed once its
+// device is closed, ErrDestroyed once it is destroyed, else nil.
 func (cq *CQ) Err() error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
@@ -105,14 +220,22 @@ func (cq *CQ) Err() error {
 }
 
 // Wait blocks until at least one completion is available and polls it
-// like Poll. It returns ctx.Err() when ctx ends first, and ErrCQOverflow
-// when the CQ has overflowed and holds no more stored completions.
+// like Poll. It returns ctx.Err() when ctx ends first, and the CQ's error
+// (ErrCQOverflow, ErrClosed, ErrDestroyed) when the CQ has one and holds no
+// more stored completions. Any number of goroutines may wait on one CQ.
 func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 	if len(wc) == 0 {
 		return 0, nil
 	}
 	for {
-		if n := cq.Poll(wc); n > 0 {
+		n, more := cq.poll(wc)
+		if more {
+			// Completions (or an error) are left for another waiter:
+			// pass the wake on, or it would sleep on a signal this
+			// waiter consumed.
+			cq.signal()
+		}
+		if n > 0 {
 			return n, nil
 		}
 		if err := cq.Err(); err != nil {
@@ -121,10 +244,133 @@ func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 		select {
 		case <-cq.notify:
 		case <-ctx.Done():
-			if n := cq.Poll(wc); n > 0 {
+			if n, more := cq.poll(wc); n > 0 {
+				if more {
+					cq.signal()
+				}
 				return n, nil
 			}
 			return 0, ctx.Err()
 		}
+	}
+}
+
+// ReqNotify arms the CQ's completion channel (ibv_req_notify_cq): the next
+// completion stored in the CQ — with solicitedOnly, the next receive
+// completion of a message sent with SendSolicited, or any completion with
+// an error — sends the CQ once on the channel. Completions already in the
+// CQ do not fire; poll after arming so none is missed. It fails without a
+// channel.
+func (cq *CQ) ReqNotify(solicitedOnly bool) error {
+	if cq.ch == nil {
+		return errorf(ErrInvalidConfig, "ReqNotify: the CQ has no completion channel")
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.err != nil {
+		return fmt.Errorf("transport: ReqNotify: %w", cq.err)
+	}
+	if solicitedOnly {
+		if cq.armed != notifyNext {
+			cq.armed = notifySolicited
+		}
+	} else {
+		cq.armed = notifyNext
+	}
+	return nil
+}
+
+// CompChannel is a completion channel (ibv_comp_channel): CQs created
+// with it send themselves on C() when a completion arrives after
+// CQ.ReqNotify, so one goroutine can select over many CQs, and over other
+// channels, at once. Each arming yields at most one event. C() is closed
+// when the channel is destroyed or its device is closed.
+//
+// All methods are safe for concurrent use.
+type CompChannel struct {
+	dev *Device
+	c   chan *CQ
+
+	mu     sync.Mutex
+	ncq    int
+	max    int
+	closed bool
+}
+
+// CreateCompChannel creates a completion channel for up to maxCQs CQs
+// (1..65536): each of them can have one event waiting in C() at a time.
+func (d *Device) CreateCompChannel(maxCQs int) (*CompChannel, error) {
+	if maxCQs <= 0 || maxCQs > 1<<16 {
+		return nil, errorf(ErrInvalidConfig, "CreateCompChannel: maxCQs %d out of range 1..%d", maxCQs, 1<<16)
+	}
+	ch := &CompChannel{dev: d, c: make(chan *CQ, maxCQs), max: maxCQs}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.isClosed() {
+		return nil, ErrClosed
+	}
+	d.chans[ch] = struct{}{}
+	return ch, nil
+}
+
+// C returns the channel on which armed CQs are delivered.
+func (ch *CompChannel) C() <-chan *CQ { return ch.c }
+
+// Destroy closes the channel. It fails with ErrBusy while CQs use it.
+func (ch *CompChannel) Destroy() error {
+	ch.mu.Lock()
+	if ch.ncq > 0 {
+		n := ch.ncq
+		ch.mu.Unlock()
+		return errorf(ErrBusy, "CompChannel.Destroy: %d CQs use the channel", n)
+	}
+	ch.mu.Unlock()
+	ch.dev.mu.Lock()
+	delete(ch.dev.chans, ch)
+	ch.dev.mu.Unlock()
+	ch.close()
+	return nil
+}
+
+func (ch *CompChannel) close() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if !ch.closed {
+		ch.closed = true
+		close(ch.c)
+	}
+}
+
+func (ch *CompChannel) attach() error {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	switch {
+	case ch.closed:
+		return errorf(ErrDestroyed, "CreateCQ: completion channel")
+	case ch.ncq >= ch.max:
+		return errorf(ErrLimit, "CreateCQ: completion channel has its %d CQs", ch.max)
+	}
+	ch.ncq++
+	return nil
+}
+
+func (ch *CompChannel) detach() {
+	ch.mu.Lock()
+	ch.ncq--
+	ch.mu.Unlock()
+}
+
+// deliver sends cq on the channel. It never blocks: the channel holds one
+// event per CQ, and a CQ whose earlier event is still unread (re-armed
+// before it was received) needs no second one.
+func (ch *CompChannel) deliver(cq *CQ) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return
+	}
+	select {
+	case ch.c <- cq:
+	default:
 	}
 }

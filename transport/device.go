@@ -37,11 +37,18 @@ type DeviceConfig struct {
 	// MaxRdAtomic is the device limit for max_rd_atomic and
 	// max_dest_rd_atomic (default 16, like rxe's max_qp_rd_atom).
 	MaxRdAtomic int
+	// EventQueue is how many asynchronous events Events() holds before
+	// newer ones are dropped (default 256).
+	EventQueue int
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
-// registration table, its QPs and one receive goroutine that demultiplexes
-// incoming packets by destination QPN.
+// registration table, its CQs, QPs and completion channels, and one receive
+// goroutine that demultiplexes incoming packets by destination QPN.
+//
+// All methods are safe for concurrent use. Close flushes every QP, wakes
+// every waiter and closes the link; the objects of a closed device return
+// ErrClosed.
 type Device struct {
 	link    udp.Link
 	cfg     DeviceConfig
@@ -52,8 +59,14 @@ type Device struct {
 	closed  atomic.Bool
 	done    chan struct{}
 	mu      sync.Mutex
-	qps     map[uint32]*QP // under mu
+	qps     map[uint32]*QP            // under mu
+	cqs     map[*CQ]struct{}          // under mu
+	chans   map[*CompChannel]struct{} // under mu
 	nextQPN uint32
+
+	events   chan AsyncEvent
+	evMu     sync.Mutex
+	evClosed bool // under evMu
 	// qpTab is a read-only copy of qps for the receive path: one atomic
 	// load per packet instead of a read lock and unlock (two locked
 	// instructions). Replaced, under mu, whenever qps changes.
@@ -61,6 +74,8 @@ type Device struct {
 
 	// debugging aids: longest Recv wait and longest batch processing time
 	dbgMaxWait, dbgMaxBusy, dbgMaxBusyN atomic.Int64
+
+	lastRecvErr atomic.Pointer[error] // the link's last Recv error
 
 	// rxPending lists the QPs that queued packets (ACKs, READ responses,
 	// new requests) while the receive goroutine handled the current batch;
@@ -112,6 +127,12 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	if cfg.MaxRdAtomic <= 0 {
 		cfg.MaxRdAtomic = 16
 	}
+	if cfg.MaxRdAtomic > 255 {
+		return nil, fmt.Errorf("transport: NewDevice: MaxRdAtomic %d > 255: %w", cfg.MaxRdAtomic, ErrInvalidConfig)
+	}
+	if cfg.EventQueue <= 0 {
+		cfg.EventQueue = 256
+	}
 	d := &Device{
 		link:    link,
 		cfg:     cfg,
@@ -120,6 +141,9 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		addr:    cfg.Addr.Unmap(),
 		done:    make(chan struct{}),
 		qps:     make(map[uint32]*QP),
+		cqs:     make(map[*CQ]struct{}),
+		chans:   make(map[*CompChannel]struct{}),
+		events:  make(chan AsyncEvent, cfg.EventQueue),
 		nextQPN: firstQPN,
 	}
 	go d.recvLoop()
@@ -139,7 +163,9 @@ func (d *Device) Link() udp.Link { return d.link }
 // Clock returns the device clock.
 func (d *Device) Clock() Clock { return d.clock }
 
-// AllocPD allocates a protection domain in the device's registration table.
+// AllocPD allocates a protection domain in the device's registration
+// table. Deallocate it with PD.Dealloc, which fails with memreg.ErrBusy
+// while QPs, regions or windows still use it.
 func (d *Device) AllocPD() (*memreg.PD, error) {
 	if d.isClosed() {
 		return nil, ErrClosed
@@ -152,16 +178,30 @@ func (d *Device) Counters() Counters { return d.ctr.snapshot() }
 
 func (d *Device) isClosed() bool { return d.closed.Load() }
 
-// Close moves every QP to the error state (flushing their work requests),
-// closes the link and waits for the receive goroutine to exit.
+// Close moves every QP to the error state (flushing their work requests
+// with WCWRFlushErr), closes the link and waits for the receive goroutine
+// to exit. Then every CQ reports ErrClosed once its stored completions are
+// polled (waiters return), the completion channels and Events() are
+// closed, and every call on the device's objects returns ErrClosed.
 func (d *Device) Close() error {
+	d.mu.Lock()
 	if d.closed.Swap(true) {
+		d.mu.Unlock()
 		return nil
 	}
-	d.mu.Lock()
+	// From here on no QP, CQ or channel is created (they check closed
+	// under mu), so these snapshots are complete.
 	qps := make([]*QP, 0, len(d.qps))
 	for _, qp := range d.qps {
 		qps = append(qps, qp)
+	}
+	cqs := make([]*CQ, 0, len(d.cqs))
+	for cq := range d.cqs {
+		cqs = append(cqs, cq)
+	}
+	chans := make([]*CompChannel, 0, len(d.chans))
+	for ch := range d.chans {
+		chans = append(chans, ch)
 	}
 	d.mu.Unlock()
 	for _, qp := range qps {
@@ -171,10 +211,21 @@ func (d *Device) Close() error {
 		qp.mu.Unlock()
 	}
 	err := d.link.Close()
+	var werr error
 	select {
 	case <-d.done:
 	case <-time.After(5 * time.Second):
-		return errors.New("transport: Close: receive goroutine did not exit")
+		werr = errors.New("transport: Close: receive goroutine did not exit")
+	}
+	for _, cq := range cqs {
+		cq.fail(ErrClosed)
+	}
+	for _, ch := range chans {
+		ch.close()
+	}
+	d.closeEvents()
+	if werr != nil {
+		return werr
 	}
 	return err
 }
@@ -207,6 +258,7 @@ func (d *Device) recvLoop() {
 		bufs[i] = make([]byte, udp.MaxPacketSize)
 	}
 	var p packet.Packet
+	backoff := time.Millisecond
 	for {
 		for i := range pkts {
 			pkts[i].Buf = bufs[i]
@@ -221,9 +273,17 @@ func (d *Device) recvLoop() {
 			if errors.Is(err, net.ErrClosed) || d.isClosed() {
 				return
 			}
-			time.Sleep(time.Millisecond)
+			// A failing link is counted and retried with a growing
+			// pause (1 ms .. 100 ms) so a persistent error neither
+			// spins nor goes unseen; LastRecvError tells what it is.
+			inc(&d.ctr.RecvErr)
+			e := err // a copy: taking err's address would move it to the heap on every Recv
+			d.lastRecvErr.Store(&e)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, 100*time.Millisecond)
 			continue
 		}
+		backoff = time.Millisecond
 		d.inputBatch(&p, pkts[:n])
 		// Wake the completion waiters first and let one run here and
 		// now: a goroutine readied by this one waits on this P, and when
@@ -255,20 +315,40 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 
 // input handles one received datagram.
 func (d *Device) input(p *packet.Packet, up *udp.Packet) {
-	if err := p.Parse(up.Buf); err != nil {
+	if p.Decode(up.Buf) != packet.FaultNone {
 		inc(&d.ctr.MalformedPkts)
 		return
 	}
-	if p.Info.Transport != bth.TransportRC {
-		inc(&d.ctr.UnknownQP)
-		return
-	}
-	qp := d.lookup(p.BTH.DestQP())
-	if qp == nil {
-		inc(&d.ctr.UnknownQP)
+	qp, err := d.route(p)
+	if err != nil {
 		return
 	}
 	qp.input(p, up.Addr, true)
+}
+
+// route finds the QP a parsed packet is for, counting the packets it
+// drops: unknown_qp for a QPN the device does not have,
+// transport_mismatch for a transport (UC, UD, CNP) the QP does not run.
+func (d *Device) route(p *packet.Packet) (*QP, error) {
+	qp := d.lookup(p.BTH.DestQP())
+	if qp == nil {
+		inc(&d.ctr.UnknownQP)
+		return nil, ErrUnknownQP
+	}
+	if p.Info.Transport != bth.TransportRC {
+		inc(&d.ctr.TransportMismatch)
+		return nil, ErrTransportMismatch
+	}
+	return qp, nil
+}
+
+// LastRecvError returns the last error the link's Recv returned (counted
+// in Counters.RecvErr), or nil.
+func (d *Device) LastRecvError() error {
+	if e := d.lastRecvErr.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // deferWake records that cq got a completion during the current batch.
@@ -308,22 +388,18 @@ func (d *Device) flushPending() {
 
 // HandlePacket feeds one RoCEv2 UDP payload (BTH .. ICRC) from src into the
 // device as if the link had received it. Tests and tools use it to replay
-// captured packets. It reports a parse error; protocol-level drops are
-// counted, not returned.
+// captured packets. It returns ErrMalformed (wrapping packet's error),
+// ErrUnknownQP or ErrTransportMismatch for a packet no QP takes;
+// protocol-level drops by the QP are counted, not returned.
 func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
 	var p packet.Packet
 	if err := p.Parse(buf); err != nil {
 		inc(&d.ctr.MalformedPkts)
-		return err
+		return fmt.Errorf("transport: HandlePacket: %w: %w", ErrMalformed, err)
 	}
-	if p.Info.Transport != bth.TransportRC {
-		inc(&d.ctr.UnknownQP)
-		return fmt.Errorf("transport: HandlePacket: transport %#x not supported: %w", uint8(p.Info.Transport), ErrInvalidWR)
-	}
-	qp := d.lookup(p.BTH.DestQP())
-	if qp == nil {
-		inc(&d.ctr.UnknownQP)
-		return fmt.Errorf("transport: HandlePacket: no QP %#x: %w", p.BTH.DestQP(), ErrInvalidWR)
+	qp, err := d.route(&p)
+	if err != nil {
+		return fmt.Errorf("transport: HandlePacket: %v qp %#x: %w", p.BTH.Opcode(), p.BTH.DestQP(), err)
 	}
 	qp.input(&p, src, false)
 	return nil

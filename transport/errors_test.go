@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -432,8 +433,18 @@ func TestPostErrors(t *testing.T) {
 	if err == nil || !errors.Is(err, memreg.ErrUnknownKey) {
 		t.Fatalf("bad lkey: %v", err)
 	}
-	if want := "transport: PostSend wr 1: sge[1].lkey 0x1234: "; len(err.Error()) < len(want) || err.Error()[:len(want)] != want {
-		t.Fatalf("error %q does not start with %q", err, want)
+	// A bad lkey is an invalid WR too (it was not, before WRError), and
+	// the error says which WR and SGE: the first WR stays posted.
+	if !errors.Is(err, ErrInvalidWR) {
+		t.Fatalf("bad lkey is not ErrInvalidWR: %v", err)
+	}
+	var we *WRError
+	if !errors.As(err, &we) || we.Index != 1 || we.Field != "sg_list[1]" || we.Op != "PostSend" {
+		t.Fatalf("bad lkey: WRError %+v from %v", we, err)
+	}
+	if want := "transport: PostSend qp "; !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "wr 1 ") ||
+		!strings.Contains(err.Error(), "lkey 0x1234") {
+		t.Fatalf("error %q does not name the QP, the WR and the lkey", err)
 	}
 	err = a.qp.PostSend(SendWR{Opcode: WRFetchAdd, SGEs: sge(mr, 0, 8), RemoteAddr: 3})
 	if !errors.Is(err, ErrInvalidWR) {
@@ -447,7 +458,8 @@ func TestPostErrors(t *testing.T) {
 	if err := a.qp.PostSend(SendWR{Opcode: 42}); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("still full: %v", err)
 	}
-	if err := a.qp.PostRecv(RecvWR{SGEs: []memreg.SGE{{Addr: mr.IOVA(), Length: 8, LKey: 0x777}}}); !errors.Is(err, memreg.ErrUnknownKey) || !contains(err.Error(), "PostRecv wr 0: sge[0].lkey 0x777") {
+	if err := a.qp.PostRecv(RecvWR{SGEs: []memreg.SGE{{Addr: mr.IOVA(), Length: 8, LKey: 0x777}}}); !errors.Is(err, memreg.ErrUnknownKey) || !errors.Is(err, ErrInvalidWR) || !contains(err.Error(), "PostRecv qp") ||
+		!contains(err.Error(), "sg_list[0]: lkey 0x777") {
 		t.Fatalf("recv bad lkey: %v", err)
 	}
 }

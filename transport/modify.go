@@ -40,7 +40,10 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.destroyed {
-		return fmt.Errorf("transport: Modify qp %#x: destroyed: %w", qp.qpn, ErrInvalidState)
+		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, ErrDestroyed)
+	}
+	if qp.dev.isClosed() {
+		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, ErrClosed)
 	}
 	cur := qp.attr.State
 	next := cur
@@ -140,6 +143,12 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		a.State = QPSRTS
 		qp.reqProgress()
 		qp.flushOut()
+	case next == QPSSQD:
+		a.State = QPSSQD
+		if cur != QPSSQD {
+			qp.sqdDrained = false
+		}
+		qp.settle()
 	default:
 		a.State = next
 	}
@@ -249,25 +258,28 @@ func (qp *QP) stopTimersLocked() {
 }
 
 // toError moves the QP to ERR and completes every outstanding work request:
-// the send WQE that failed (if any) with its status, everything else with
-// WCWRFlushErr. Called with qp.mu held.
+// the oldest send WQE with its own status if it failed (failWQE), every
+// other one with WCWRFlushErr, as verbs reports only the first error.
+// Called with qp.mu held.
 func (qp *QP) toError() {
 	qp.flushOut()
 	qp.attr.State = QPSErr
 	qp.stopTimersLocked()
+	first := true
 	for qp.sqHead != qp.sqEnd {
 		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
 		st := WCWRFlushErr
-		if w.done && w.status != WCSuccess {
+		if first && w.done && w.status != WCSuccess {
 			st = w.status
 		}
+		first = false
 		qp.completeSend(w, st)
 		qp.sqHead++
 	}
 	qp.sqCur = qp.sqHead
 	for qp.rqHead != qp.rqEnd {
 		r := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
-		qp.pushWC(qp.recvCQ, &WC{WRID: r.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qp.qpn})
+		qp.pushWC(qp.recvCQ, &WC{WRID: r.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qp.qpn}, false)
 		qp.rqHead++
 	}
 	qp.resp.wqeActive = false

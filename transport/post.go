@@ -8,12 +8,17 @@ import (
 
 // PostSend queues send work requests. Each WR is validated (opcode, SGE
 // count, local keys and rights, atomic alignment); the first invalid WR
-// stops posting and the error names it and its field. WRs before it stay
-// posted. A full send queue returns ErrQueueFull. The QP must be in RTS or
-// SQD, or in ERR (then the WRs complete with WCWRFlushErr).
+// stops posting and PostSend returns a *WRError naming its index and field
+// (verbs' bad_wr): the WRs before it stay posted, it and the ones after it
+// are not. A full send queue is a *WRError matching ErrQueueFull. The QP
+// must be in RTS or SQD, or in ERR (then the WRs complete with
+// WCWRFlushErr); on a closed device PostSend returns ErrClosed.
 func (qp *QP) PostSend(wrs ...SendWR) error {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
+	if err := qp.postable("PostSend"); err != nil {
+		return err
+	}
 	st := qp.attr.State
 	if st != QPSRTS && st != QPSSQD && st != QPSErr {
 		return fmt.Errorf("transport: PostSend qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
@@ -29,16 +34,29 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 	} else {
 		qp.reqProgress()
 	}
+	qp.settle()
 	qp.flushOut()
 	return err
 }
 
-func (qp *QP) postOne(i int, wr *SendWR) error {
-	if qp.sqEnd-qp.sqHead >= uint64(len(qp.sq)) {
-		return fmt.Errorf("transport: PostSend wr %d: %d WRs outstanding: %w", i, len(qp.sq), ErrQueueFull)
+// postable refuses posting on a destroyed QP or a closed device.
+func (qp *QP) postable(op string) error {
+	switch {
+	case qp.destroyed:
+		return fmt.Errorf("transport: %s qp %#x: %w", op, qp.qpn, ErrDestroyed)
+	case qp.dev.isClosed():
+		return fmt.Errorf("transport: %s qp %#x: %w", op, qp.qpn, ErrClosed)
 	}
-	if len(wr.SGEs) > qp.init.MaxSGE {
-		return fmt.Errorf("transport: PostSend wr %d: %d SGEs > max_sge %d: %w", i, len(wr.SGEs), qp.init.MaxSGE, ErrInvalidWR)
+	return nil
+}
+
+func (qp *QP) postOne(i int, wr *SendWR) error {
+	bad := func(field string, kind, err error, format string, args ...any) error {
+		return &WRError{Op: "PostSend", QPN: qp.qpn, Index: i, WRID: wr.WRID, Field: field,
+			Msg: fmt.Sprintf(format, args...), Kind: kind, Err: err}
+	}
+	if qp.sqEnd-qp.sqHead >= uint64(len(qp.sq)) {
+		return bad("", ErrQueueFull, nil, "%d WRs outstanding (max_send_wr)", len(qp.sq))
 	}
 	var acc memreg.Access
 	switch wr.Opcode {
@@ -46,25 +64,21 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	case WRRead, WRCompareSwap, WRFetchAdd:
 		acc = memreg.AccessLocalWrite
 	default:
-		return fmt.Errorf("transport: PostSend wr %d: opcode %v: %w", i, wr.Opcode, ErrInvalidWR)
+		return bad("opcode", ErrInvalidWR, nil, "%v not supported", wr.Opcode)
 	}
-	var total uint64
-	for j := range wr.SGEs {
-		n, err := qp.pd.CheckSGEs(wr.SGEs[j:j+1], acc)
-		if err != nil {
-			return fmt.Errorf("transport: PostSend wr %d: sge[%d].lkey %#x: %w", i, j, wr.SGEs[j].LKey, err)
-		}
-		total += n
+	total, err := qp.checkSGEs("PostSend", i, wr.WRID, wr.SGEs, acc)
+	if err != nil {
+		return err
 	}
 	if total > 1<<31 {
-		return fmt.Errorf("transport: PostSend wr %d: length %d > 2^31: %w", i, total, ErrInvalidWR)
+		return bad("sg_list", ErrInvalidWR, nil, "length %d > 2^31", total)
 	}
 	if wr.Opcode == WRCompareSwap || wr.Opcode == WRFetchAdd {
 		if total != 8 {
-			return fmt.Errorf("transport: PostSend wr %d: atomic sge length %d, want 8: %w", i, total, ErrInvalidWR)
+			return bad("sg_list", ErrInvalidWR, nil, "atomic length %d, want 8", total)
 		}
 		if wr.RemoteAddr&7 != 0 {
-			return fmt.Errorf("transport: PostSend wr %d: remote_addr %#x not 8-byte aligned: %w", i, wr.RemoteAddr, ErrInvalidWR)
+			return bad("remote_addr", ErrInvalidWR, nil, "%#x not 8-byte aligned", wr.RemoteAddr)
 		}
 	}
 	w := &qp.sq[qp.sqEnd%uint64(len(qp.sq))]
@@ -82,39 +96,60 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	return nil
 }
 
+// checkSGEs checks the SGE list of WR i (count, keys, rights, bounds) and
+// returns its total length, or a *WRError naming the SGE at fault.
+func (qp *QP) checkSGEs(op string, i int, wrid uint64, sges []memreg.SGE, acc memreg.Access) (uint64, error) {
+	if len(sges) > qp.init.MaxSGE {
+		return 0, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: "num_sge",
+			Msg: fmt.Sprintf("%d SGEs > max_sge %d", len(sges), qp.init.MaxSGE), Kind: ErrInvalidWR}
+	}
+	var total uint64
+	for j := range sges {
+		n, err := qp.pd.CheckSGEs(sges[j:j+1], acc)
+		if err != nil {
+			return 0, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: fmt.Sprintf("sg_list[%d]", j),
+				Msg: fmt.Sprintf("lkey %#x addr %#x length %d", sges[j].LKey, sges[j].Addr, sges[j].Length),
+				Kind: ErrInvalidWR, Err: err}
+		}
+		total += n
+	}
+	return total, nil
+}
+
 // PostRecv queues receive work requests. The QP must not be in RESET.
 // SGEs are checked for local write access; the first invalid WR stops
-// posting and the error names it.
+// posting and PostRecv returns a *WRError for it, as PostSend does. In ERR
+// the WRs complete with WCWRFlushErr.
 func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
+	if err := qp.postable("PostRecv"); err != nil {
+		return err
+	}
 	if qp.attr.State == QPSReset {
 		return fmt.Errorf("transport: PostRecv qp %#x: state %v: %w", qp.qpn, qp.attr.State, ErrInvalidState)
 	}
+	var err error
 	for i := range wrs {
 		wr := &wrs[i]
 		if qp.rqEnd-qp.rqHead >= uint64(len(qp.rq)) {
-			return fmt.Errorf("transport: PostRecv wr %d: %d WRs outstanding: %w", i, len(qp.rq), ErrQueueFull)
-		}
-		if len(wr.SGEs) > qp.init.MaxSGE {
-			return fmt.Errorf("transport: PostRecv wr %d: %d SGEs > max_sge %d: %w", i, len(wr.SGEs), qp.init.MaxSGE, ErrInvalidWR)
+			err = &WRError{Op: "PostRecv", QPN: qp.qpn, Index: i, WRID: wr.WRID,
+				Msg: fmt.Sprintf("%d WRs outstanding (max_recv_wr)", len(qp.rq)), Kind: ErrQueueFull}
+			break
 		}
 		var total uint64
-		for j := range wr.SGEs {
-			n, err := qp.pd.CheckSGEs(wr.SGEs[j:j+1], memreg.AccessLocalWrite)
-			if err != nil {
-				return fmt.Errorf("transport: PostRecv wr %d: sge[%d].lkey %#x: %w", i, j, wr.SGEs[j].LKey, err)
-			}
-			total += n
+		if total, err = qp.checkSGEs("PostRecv", i, wr.WRID, wr.SGEs, memreg.AccessLocalWrite); err != nil {
+			break
 		}
 		r := &qp.rq[qp.rqEnd%uint64(len(qp.rq))]
 		r.wrid = wr.WRID
 		r.sges = append(r.sges[:0], wr.SGEs...)
 		r.length = total
 		qp.rqEnd++
-		if qp.attr.State == QPSErr {
-			qp.toError()
-		}
 	}
-	return nil
+	if qp.attr.State == QPSErr {
+		qp.toError()
+	}
+	qp.settle()
+	return err
 }

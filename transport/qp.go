@@ -42,8 +42,13 @@ type rdRes struct {
 	orig     uint64
 }
 
-// QP is a Reliable Connected queue pair. All methods are safe for
-// concurrent use.
+// QP is a Reliable Connected queue pair.
+//
+// All methods are safe for concurrent use; the requester, responder and
+// completer run under the QP's mutex, so PostSend, PostRecv, Modify and
+// the device's receive goroutine serialize per QP. The SGE slices of a work
+// request are copied by PostSend and PostRecv; the memory they name must
+// stay registered until the WR completes.
 type QP struct {
 	dev    *Device
 	pd     *memreg.PD
@@ -85,21 +90,60 @@ type QP struct {
 	destroyed bool
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
 	rxBatch   bool // input from the receive goroutine is running: defer CQ wakeups
+
+	cqLost     bool // a completion was lost to a CQ in error: the QP must move to ERR (settle)
+	commEst    bool // EventCommEst was raised
+	sqdDrained bool // EventSQDrained was raised for the current SQD
 }
 
 // pushWC stores a completion in cq. Inside a received batch the waiter is
-// woken at the end of the batch (Device.wakePending), else right away.
-func (qp *QP) pushWC(cq *CQ, wc *WC) {
-	if qp.rxBatch && cq.dev == qp.dev {
-		if _, wake := cq.store(wc); wake {
+// woken at the end of the batch (Device.wakePending), else right away. A
+// completion the CQ cannot take (overflow, or a CQ in error) marks the QP
+// for the error state, which settle applies once the operation in progress
+// is over. solicited marks a receive completion of a solicited message.
+func (qp *QP) pushWC(cq *CQ, wc *WC, solicited bool) {
+	var ok bool
+	if qp.rxBatch {
+		var wake bool
+		if ok, wake = cq.store(wc, solicited); wake {
 			qp.dev.deferWake(cq)
 		}
-		return
+	} else {
+		ok = cq.push(wc, solicited)
 	}
-	cq.push(wc)
+	if !ok {
+		qp.cqLost = true
+	}
 }
 
-// CreateQP creates an RC QP in the RESET state.
+// settle finishes an operation on the QP (a received packet, a post, a
+// timer): a QP that lost a completion to its CQ moves to ERR, as verbs
+// moves a QP whose CQ overflowed, and raises EventQPFatal.
+// In SQD it also raises EventSQDrained once nothing is outstanding.
+func (qp *QP) settle() {
+	if qp.cqLost {
+		qp.cqLost = false
+		if qp.attr.State != QPSErr && !qp.destroyed {
+			qp.fail(EventQPFatal, ErrCQOverflow)
+		}
+	}
+	if qp.attr.State == QPSSQD && !qp.sqdDrained && !qp.outstanding() && qp.req.curPkt == 0 {
+		qp.sqdDrained = true
+		qp.dev.raise(AsyncEvent{Type: EventSQDrained, QP: qp})
+	}
+}
+
+// fail moves the QP to ERR by itself (an error, not a Modify) and raises
+// the asynchronous event ev with cause.
+func (qp *QP) fail(ev EventType, cause error) {
+	qp.toError()
+	qp.dev.raise(AsyncEvent{Type: ev, QP: qp, Err: cause})
+}
+
+// CreateQP creates an RC QP in the RESET state. The PD and both CQs must
+// belong to this device (ErrWrongDevice). While the QP exists, its PD
+// cannot be deallocated and its CQs cannot be destroyed (they answer
+// ErrBusy); Destroy releases them.
 func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if d.isClosed() {
 		return nil, ErrClosed
@@ -112,6 +156,15 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	}
 	if a.SendCQ == nil || a.RecvCQ == nil {
 		return nil, fmt.Errorf("transport: CreateQP: send_cq and recv_cq are required: %w", ErrInvalidConfig)
+	}
+	if pd.Table() != d.table {
+		return nil, fmt.Errorf("transport: CreateQP: pd: %w", ErrWrongDevice)
+	}
+	if a.SendCQ.dev != d {
+		return nil, fmt.Errorf("transport: CreateQP: send_cq: %w", ErrWrongDevice)
+	}
+	if a.RecvCQ.dev != d {
+		return nil, fmt.Errorf("transport: CreateQP: recv_cq: %w", ErrWrongDevice)
 	}
 	if a.MaxSendWR <= 0 || a.MaxSendWR > 1<<16 {
 		return nil, fmt.Errorf("transport: CreateQP: max_send_wr %d out of range 1..%d: %w", a.MaxSendWR, 1<<16, ErrInvalidConfig)
@@ -147,8 +200,19 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// Checked under mu: Close snapshots the QPs under mu after setting
+	// closed, so a QP is either in its snapshot (and flushed) or refused.
+	if d.isClosed() {
+		return nil, ErrClosed
+	}
+	if a.SendCQ.destroyed || a.RecvCQ.destroyed {
+		return nil, fmt.Errorf("transport: CreateQP: cq: %w", ErrDestroyed)
+	}
 	if len(d.qps) >= d.cfg.MaxQP {
 		return nil, fmt.Errorf("transport: CreateQP: %d QPs: %w", len(d.qps), ErrLimit)
+	}
+	if err := pd.Acquire(); err != nil {
+		return nil, fmt.Errorf("transport: CreateQP: pd: %w", err)
 	}
 	for {
 		n := d.nextQPN
@@ -161,6 +225,8 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 			break
 		}
 	}
+	a.SendCQ.users++
+	a.RecvCQ.users++
 	qp.rv = pd.ForQP(qp.qpn)
 	d.qps[qp.qpn] = qp
 	d.publishQPs()
@@ -173,22 +239,29 @@ func (qp *QP) QPN() uint32 { return qp.qpn }
 // PD returns the QP's protection domain.
 func (qp *QP) PD() *memreg.PD { return qp.pd }
 
-// Destroy moves the QP to ERR (flushing its work requests) and removes it
-// from the device.
+// Destroy moves the QP to ERR (flushing its work requests), removes it
+// from the device and releases its PD and CQs. Destroying it again returns
+// ErrDestroyed.
 func (qp *QP) Destroy() error {
 	qp.mu.Lock()
-	if !qp.destroyed {
-		qp.toError()
-		qp.stopTimersLocked()
-		qp.destroyed = true
+	if qp.destroyed {
+		qp.mu.Unlock()
+		return fmt.Errorf("transport: Destroy qp %#x: %w", qp.qpn, ErrDestroyed)
 	}
+	qp.toError()
+	qp.stopTimersLocked()
+	qp.destroyed = true
 	qp.mu.Unlock()
-	qp.dev.mu.Lock()
-	if qp.dev.qps[qp.qpn] == qp {
-		delete(qp.dev.qps, qp.qpn)
-		qp.dev.publishQPs()
+	d := qp.dev
+	d.mu.Lock()
+	if d.qps[qp.qpn] == qp {
+		delete(d.qps, qp.qpn)
+		d.publishQPs()
 	}
-	qp.dev.mu.Unlock()
+	qp.sendCQ.users--
+	qp.recvCQ.users--
+	d.mu.Unlock()
+	qp.pd.Release()
 	return nil
 }
 
@@ -221,14 +294,25 @@ func (qp *QP) input(p *packetT, src netip.Addr, batched bool) {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	st := qp.attr.State
-	if st < QPSRTR || st == QPSErr || qp.destroyed || src.Unmap() != qp.peer || p.BTH.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
-		inc(&qp.dev.ctr.UnknownQP)
+	if st < QPSRTR || st == QPSErr || qp.destroyed {
+		inc(&qp.dev.ctr.WrongState)
 		if qp.trace != nil && st != QPSErr {
-			qp.trace("drop %v psn %v state %v src %v", p.BTH.Opcode(), p.BTH.PSN(), st, src)
+			qp.trace("drop %v psn %v state %v", p.BTH.Opcode(), p.BTH.PSN(), st)
+		}
+		return
+	}
+	if src.Unmap() != qp.peer || p.BTH.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
+		inc(&qp.dev.ctr.WrongPeer)
+		if qp.trace != nil {
+			qp.trace("drop %v psn %v from %v pkey %#x", p.BTH.Opcode(), p.BTH.PSN(), src, p.BTH.PKey())
 		}
 		return
 	}
 	inc(&qp.dev.ctr.RcvdPkts)
+	if st == QPSRTR && !qp.commEst {
+		qp.commEst = true
+		qp.dev.raise(AsyncEvent{Type: EventCommEst, QP: qp})
+	}
 	qp.rxBatch = batched
 	if qp.trace != nil && p.Info.Request && p.Info.Kind != bth.KindSend && p.Info.Kind != bth.KindWrite {
 		qp.trace("rx req %v psn %v (resp.psn %v)", p.BTH.Opcode(), p.BTH.PSN(), qp.resp.psn)
@@ -238,6 +322,7 @@ func (qp *QP) input(p *packetT, src netip.Addr, batched bool) {
 	} else if st >= QPSRTS {
 		qp.compInput(p)
 	}
+	qp.settle()
 	qp.rxBatch = false
 	if !batched {
 		qp.flushOut()

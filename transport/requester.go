@@ -50,6 +50,9 @@ func (qp *QP) reqProgress() {
 			break
 		}
 		w := &qp.sq[qp.sqCur%uint64(len(qp.sq))]
+		if w.stalled() {
+			break
+		}
 		if qp.req.curPkt == 0 {
 			if st == QPSSQD {
 				break
@@ -72,11 +75,11 @@ func (qp *QP) reqProgress() {
 			}
 		}
 		if !qp.sendRequest(w) {
-			return
+			break
 		}
 		sent = true
 	}
-	if sent {
+	if sent && qp.attr.State != QPSErr {
 		qp.armRetrans()
 	}
 }
@@ -157,16 +160,14 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 		slot := buf[hdr : hdr+payloadLen]
 		if err := qp.pd.Gather(w.sges, off, slot); err != nil {
 			// The local memory went away after PostSend: local protection error.
-			w.done, w.status = true, WCLocProtErr
-			qp.failHead(w)
+			qp.failLocal(w, WCLocProtErr)
 			return false
 		}
 		f.Payload = slot
 	}
 	n, err := packet.Build(buf, f)
 	if err != nil {
-		w.done, w.status = true, WCLocQPOpErr
-		qp.failHead(w)
+		qp.failLocal(w, WCLocQPOpErr)
 		return false
 	}
 	qp.commit(n)
@@ -185,13 +186,34 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 	return true
 }
 
-// failHead completes w with its error status (it must be the WQE at or
-// after the head) and moves the QP to ERR.
-func (qp *QP) failHead(w *sendWQE) {
-	// Everything before w that is still outstanding is flushed by toError
-	// in order; w itself reports its own status.
-	qp.toError()
+// failLocal records that the requester could not build the next packet of
+// w (its local memory went away after PostSend, or the packet did not
+// build). As rxe does, the requester stops at w: no packet of w or of a
+// later WQE is sent (again), while the WQEs before w that are already on
+// the wire complete as their responses arrive, retransmitted as usual. Once
+// they have, w completes with st, the QP moves to ERR and the WQEs after w
+// are flushed (failAtHead). If w is the oldest outstanding WQE, that
+// happens now.
+func (qp *QP) failLocal(w *sendWQE, st WCStatus) {
+	w.done, w.status = true, st
+	qp.failAtHead()
 }
+
+// failAtHead fails the QP when the oldest outstanding WQE is one the
+// requester gave up on (failLocal). The completer calls it after every
+// completion.
+func (qp *QP) failAtHead() {
+	if qp.sqHead == qp.sqEnd || qp.attr.State == QPSErr {
+		return
+	}
+	if w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]; w.done && w.status != WCSuccess {
+		qp.failWQE(w, w.status)
+	}
+}
+
+// stalled reports whether w is a WQE the requester gave up on (failLocal):
+// it sends nothing of it or after it.
+func (w *sendWQE) stalled() bool { return w.done && w.status != WCSuccess }
 
 func dataOpcode(op WROpcode, first, last bool) bth.Opcode {
 	switch op {
@@ -249,9 +271,7 @@ func (qp *QP) retry() {
 	}
 	if qp.comp.retryCnt == 0 {
 		inc(&qp.dev.ctr.RetryExceededErr)
-		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
-		w.done, w.status = true, WCRetryExcErr
-		qp.toError()
+		qp.failWQE(&qp.sq[qp.sqHead%uint64(len(qp.sq))], WCRetryExcErr)
 		return
 	}
 	qp.comp.retryCnt--

@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"fmt"
+
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
@@ -115,14 +117,23 @@ func (qp *QP) respInput(p *packetT) {
 }
 
 // respFatal sends a NAK for psn and moves the QP to ERR; a receive WQE in
-// progress completes with st.
+// progress completes with st. The device raises EventQPReqErr for an
+// invalid request, EventQPAccessErr for a remote access error and
+// EventQPFatal otherwise.
 func (qp *QP) respFatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
 	qp.resp.wt, qp.resp.rsl = memreg.BatchTarget{}, memreg.ScatterList{}
 	qp.sendAck(aeth.NAK(code), psn)
 	if qp.resp.wqeActive {
-		qp.completeRecv(st, WCRecv, 0, 0, 0, 0)
+		qp.completeRecv(st, WCRecv, 0, 0, 0, 0, false)
 	}
-	qp.toError()
+	ev := EventQPFatal
+	switch code {
+	case aeth.NAKInvalidRequest:
+		ev = EventQPReqErr
+	case aeth.NAKRemoteAccessError:
+		ev = EventQPAccessErr
+	}
+	qp.fail(ev, fmt.Errorf("responder sent NAK %v for psn %v", code, psn))
 }
 
 // checkLen enforces the packet length rules: first and middle packets carry
@@ -136,7 +147,9 @@ func (qp *QP) checkLen(p *packetT) bool {
 	return n <= qp.mtu
 }
 
-func (qp *QP) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, imm, inv uint32) {
+// completeRecv completes the receive WQE at the head of the receive queue.
+// solicited is the SE bit of the message's last packet.
+func (qp *QP) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, imm, inv uint32, solicited bool) {
 	rw := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
 	wc := WC{WRID: rw.wrid, Status: st, Opcode: op, ByteLen: n, Flags: flags, Imm: imm,
 		InvalidatedRKey: inv, QPN: qp.qpn, SrcQP: qp.attr.DestQPN}
@@ -144,7 +157,7 @@ func (qp *QP) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, im
 	qp.resp.wqeActive = false
 	qp.resp.rsl = memreg.ScatterList{}
 	inc(&qp.dev.ctr.RDMARecvs)
-	qp.pushWC(qp.recvCQ, &wc)
+	qp.pushWC(qp.recvCQ, &wc, solicited)
 }
 
 func (qp *QP) rnrNAK(psn bth.PSN) {
@@ -219,7 +232,7 @@ func (qp *QP) respSend(p *packetT, psn bth.PSN) {
 			}
 			flags |= WCWithInv
 		}
-		qp.completeRecv(WCSuccess, WCRecv, uint32(r.offset), flags, imm, inv)
+		qp.completeRecv(WCSuccess, WCRecv, uint32(r.offset), flags, imm, inv, p.BTH.SolicitedEvent())
 	}
 	qp.endRequest(p, psn)
 }
@@ -275,7 +288,7 @@ func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
 			return
 		}
 		if p.Info.Imm {
-			qp.completeRecv(WCSuccess, WCRecvRDMAImm, r.wlen, WCWithImm, p.ImmDt.Imm(), 0)
+			qp.completeRecv(WCSuccess, WCRecvRDMAImm, r.wlen, WCWithImm, p.ImmDt.Imm(), 0, p.BTH.SolicitedEvent())
 		}
 	}
 	qp.endRequest(p, psn)

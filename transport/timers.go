@@ -33,6 +33,7 @@ func (qp *QP) onRetransTimer() {
 		qp.trace("timeout comp.psn %v", qp.comp.psn)
 	}
 	qp.retry()
+	qp.settle()
 	qp.flushOut()
 }
 
@@ -45,5 +46,6 @@ func (qp *QP) onRNRTimer() {
 	}
 	qp.comp.rnrWait = false
 	qp.reqProgress()
+	qp.settle()
 	qp.flushOut()
 }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 )
 
@@ -112,7 +113,12 @@ const (
 	WCWithInv WCFlags = 1 << 3
 )
 
-// WC is a work completion.
+// WC is a work completion, as ibv_wc.
+//
+// The result of a compare-and-swap or fetch-and-add (the original value of
+// the remote 8 bytes) is written to the WR's local SGE in host byte order,
+// as verbs does: read it with binary.NativeEndian.Uint64. On the wire it
+// travels big-endian in the AtomicAckETH.
 type WC struct {
 	WRID            uint64
 	Status          WCStatus
@@ -126,6 +132,28 @@ type WC struct {
 	Flags           WCFlags
 }
 
+// Err returns nil for a successful completion, else a *WCError that
+// describes it (status, opcode, wr_id, QP).
+func (wc *WC) Err() error {
+	if wc.Status == WCSuccess {
+		return nil
+	}
+	return &WCError{Status: wc.Status, Opcode: wc.Opcode, WRID: wc.WRID, QPN: wc.QPN}
+}
+
+// WCError is the error of a failed work completion (WC.Err). Match a
+// status with errors.As and the Status field.
+type WCError struct {
+	Status WCStatus
+	Opcode WCOpcode
+	WRID   uint64
+	QPN    uint32
+}
+
+func (e *WCError) Error() string {
+	return fmt.Sprintf("transport: qp %#x wr_id %#x %v: %v", e.QPN, e.WRID, e.Opcode, e.Status)
+}
+
 // Errors returned by the transport API. They can be matched with errors.Is.
 var (
 	ErrQueueFull     = errors.New("transport: work queue full")
@@ -137,4 +165,56 @@ var (
 	ErrInvalidWR     = errors.New("transport: invalid work request")
 	ErrLimit         = errors.New("transport: resource limit reached")
 	ErrInvalidConfig = errors.New("transport: invalid configuration")
+	// ErrBusy: the resource is still in use (a PD or CQ that a QP uses,
+	// a completion channel with CQs attached), as verbs' EBUSY.
+	ErrBusy = errors.New("transport: resource busy")
+	// ErrWrongDevice: an object of another Device was passed.
+	ErrWrongDevice = errors.New("transport: object belongs to another device")
+	// ErrDestroyed: the object was destroyed.
+	ErrDestroyed = errors.New("transport: destroyed")
+	// ErrUnknownQP: a packet names a QPN the device does not have.
+	ErrUnknownQP = errors.New("transport: no such QP")
+	// ErrMalformed: a packet did not parse (it also wraps packet's error).
+	ErrMalformed = errors.New("transport: malformed packet")
+	// ErrTransportMismatch: a packet's transport (UC, UD, ...) is not its
+	// QP's.
+	ErrTransportMismatch = errors.New("transport: packet transport does not match the QP")
 )
+
+// WRError is the error PostSend and PostRecv return for the work request
+// they refused: verbs' bad_wr. The WRs before Index were posted; Index and
+// the WRs after it were not. It matches ErrInvalidWR or ErrQueueFull with
+// errors.Is, and also the underlying memreg error when a local key failed.
+type WRError struct {
+	Op    string // "PostSend" or "PostRecv"
+	QPN   uint32
+	Index int    // index of the refused WR among the call's arguments
+	WRID  uint64 // its wr_id
+	Field string // the field at fault, e.g. "opcode", "sg_list[1].lkey", "remote_addr"; "" for a full queue
+	Msg   string // what is wrong with it
+	Kind  error  // ErrInvalidWR or ErrQueueFull
+	Err   error  // the underlying error (a memreg error for keys), or nil
+}
+
+func (e *WRError) Error() string {
+	s := fmt.Sprintf("transport: %s qp %#x wr %d (wr_id %#x)", e.Op, e.QPN, e.Index, e.WRID)
+	if e.Field != "" {
+		s += ": " + e.Field
+	}
+	if e.Msg != "" {
+		s += ": " + e.Msg
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s + ": " + e.Kind.Error()
+}
+
+// Unwrap returns the kind (ErrInvalidWR or ErrQueueFull) and the
+// underlying error.
+func (e *WRError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{e.Kind, e.Err}
+	}
+	return []error{e.Kind}
+}
