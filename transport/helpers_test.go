@@ -99,17 +99,10 @@ func newSide(t testing.TB, n *udp.MemNetwork, addr netip.Addr, o *pairOpts) *sid
 // connect takes qp through RESET -> INIT -> RTR -> RTS towards the peer.
 func connect(t testing.TB, s *side, peer *side, peerAddr netip.Addr, sq, rq uint32, o *pairOpts) {
 	t.Helper()
-	a := QPAttr{State: QPSInit, PKeyIndex: 0, Port: 1, AccessFlags: o.access}
-	if err := s.qp.Modify(&a, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags); err != nil {
-		t.Fatal(err)
-	}
-	a = QPAttr{State: QPSRTR, AV: AddressVector{Addr: peerAddr}, PathMTU: o.mtu, DestQPN: peer.qp.QPN(),
-		RQPSN: rq, MaxDestRdAtomic: o.maxRd, MinRNRTimer: o.minRNR}
-	if err := s.qp.Modify(&a, AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer); err != nil {
-		t.Fatal(err)
-	}
-	a = QPAttr{State: QPSRTS, SQPSN: sq, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry, MaxQPRdAtomic: o.maxRd}
-	if err := s.qp.Modify(&a, AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic); err != nil {
+	err := s.qp.Connect(ConnParams{Peer: peerAddr, DestQPN: peer.qp.QPN(), RQPSN: rq, SQPSN: sq, PathMTU: o.mtu,
+		Access: o.access, MaxRdAtomic: o.maxRd, MaxDestRdAtomic: o.maxRd,
+		Retry: &Retry{Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry, MinRNRTimer: o.minRNR}})
+	if err != nil {
 		t.Fatal(err)
 	}
 }

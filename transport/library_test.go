@@ -1,0 +1,591 @@
+package transport
+
+// Regression tests for the library's contract with its users: wake-ups,
+// ownership across devices, busy resources, Close, CQ overflow, local
+// requester errors, link errors, asynchronous events and completion
+// channels (issue 13).
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// TestCQWaitTwoWaiters: two goroutines wait for one completion each on
+// one CQ; one PostSend of two signalled WRITEs completes both, possibly in
+// one batch (one wake). Both waiters must return. Before the fix the
+// second waited until its deadline.
+func TestCQWaitTwoWaiters(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		a, r, _ := newPair(t, pairOpts{})
+		_, smr := a.buffer(t, 64, 0)
+		_, dmr := r.buffer(t, 64, memreg.AccessRemoteWrite)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var wg sync.WaitGroup
+		errs := make(chan error, 2)
+		for i := 0; i < 2; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var wc [1]WC
+				_, err := a.scq.Wait(ctx, wc[:])
+				errs <- err
+			}()
+		}
+		time.Sleep(time.Millisecond) // let both park
+		wr := SendWR{Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}
+		w2 := wr
+		w2.WRID = 2
+		if err := a.qp.PostSend(wr, w2); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		cancel()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: a waiter returned %v although a completion was waiting for it", round, err)
+			}
+		}
+	}
+}
+
+// TestCrossDeviceObjects: a QP may only use its own device's PD and CQs,
+// as libibverbs requires; a CQ only its device's completion channel.
+func TestCrossDeviceObjects(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	o := pairOpts{}
+	o.defaults()
+	a := newSide(t, n, addrA, &o)
+	b := newSide(t, n, addrB, &o)
+	init := func(pd *memreg.PD, scq, rcq *CQ) error {
+		_, err := b.dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 4, MaxRecvWR: 4})
+		return err
+	}
+	if err := init(a.pd, b.scq, b.rcq); !errors.Is(err, ErrWrongDevice) {
+		t.Errorf("QP on B with A's PD: %v, want ErrWrongDevice", err)
+	}
+	if err := init(b.pd, a.scq, b.rcq); !errors.Is(err, ErrWrongDevice) {
+		t.Errorf("QP on B with A's send CQ: %v, want ErrWrongDevice", err)
+	}
+	if err := init(b.pd, b.scq, a.rcq); !errors.Is(err, ErrWrongDevice) {
+		t.Errorf("QP on B with A's recv CQ: %v, want ErrWrongDevice", err)
+	}
+	if err := init(b.pd, b.scq, b.rcq); err != nil {
+		t.Errorf("QP on B with B's objects: %v", err)
+	}
+	ch, err := a.dev.CreateCompChannel(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.dev.CreateCQWith(CQAttr{Depth: 4, Channel: ch}); !errors.Is(err, ErrWrongDevice) {
+		t.Errorf("CQ on B with A's channel: %v, want ErrWrongDevice", err)
+	}
+}
+
+// TestBusyResources: a PD or CQ that a QP uses cannot go away (verbs'
+// EBUSY); after the QP is destroyed both can.
+func TestBusyResources(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	o := pairOpts{}
+	o.defaults()
+	s := newSide(t, n, addrA, &o)
+	if err := s.pd.Dealloc(); !errors.Is(err, memreg.ErrBusy) {
+		t.Errorf("Dealloc of a PD a QP uses: %v, want ErrBusy", err)
+	}
+	if err := s.scq.Destroy(); !errors.Is(err, ErrBusy) {
+		t.Errorf("Destroy of the send CQ a QP uses: %v, want ErrBusy", err)
+	}
+	if err := s.rcq.Destroy(); !errors.Is(err, ErrBusy) {
+		t.Errorf("Destroy of the recv CQ a QP uses: %v, want ErrBusy", err)
+	}
+	ch, err := s.dev.CreateCompChannel(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := s.dev.CreateCQWith(CQAttr{Depth: 4, Channel: ch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Destroy(); !errors.Is(err, ErrBusy) {
+		t.Errorf("Destroy of a channel a CQ uses: %v, want ErrBusy", err)
+	}
+	if err := s.qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.qp.Destroy(); !errors.Is(err, ErrDestroyed) {
+		t.Errorf("second Destroy: %v, want ErrDestroyed", err)
+	}
+	for _, c := range []*CQ{s.scq, s.rcq, cq} {
+		if err := c.Destroy(); err != nil {
+			t.Errorf("CQ.Destroy after the QP went: %v", err)
+		}
+	}
+	if err := ch.Destroy(); err != nil {
+		t.Errorf("channel Destroy after its CQ went: %v", err)
+	}
+	if _, ok := <-ch.C(); ok {
+		t.Error("channel not closed by Destroy")
+	}
+	if err := s.pd.Dealloc(); err != nil {
+		t.Errorf("PD.Dealloc after the QP went: %v", err)
+	}
+	if _, err := s.dev.CreateQP(s.pd, QPInitAttr{Type: QPTypeRC, SendCQ: s.scq, RecvCQ: s.rcq, MaxSendWR: 1, MaxRecvWR: 1}); err == nil {
+		t.Error("CreateQP with a dead PD and destroyed CQs succeeded")
+	}
+}
+
+// TestCloseUnblocks: Close wakes a waiter blocked with no deadline; after
+// Close, posting returns ErrClosed (not a flush completion), like every
+// other call on the device.
+func TestCloseUnblocks(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	cq, err := a.dev.CreateCQ(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		var wc [1]WC
+		_, err := cq.Wait(context.Background(), wc[:])
+		done <- err
+	}()
+	time.Sleep(time.Millisecond)
+	if err := a.dev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("Wait after Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not wake the CQ waiter")
+	}
+	_, mr := a.buffer(t, 8, 0)
+	if err := a.qp.PostSend(SendWR{WRID: 9, Opcode: WRSend, Flags: SendSignaled, SGEs: sge(mr, 0, 8)}); !errors.Is(err, ErrClosed) {
+		t.Errorf("PostSend after Close: %v, want ErrClosed", err)
+	}
+	if err := a.qp.PostRecv(RecvWR{SGEs: sge(mr, 0, 8)}); !errors.Is(err, ErrClosed) {
+		t.Errorf("PostRecv after Close: %v, want ErrClosed", err)
+	}
+	var wc [4]WC
+	if k := a.scq.Poll(wc[:]); k != 0 {
+		t.Errorf("PostSend after Close produced completions %+v", wc[:k])
+	}
+	if _, err := a.dev.CreateCQ(1); !errors.Is(err, ErrClosed) {
+		t.Errorf("CreateCQ after Close: %v", err)
+	}
+	if _, err := a.dev.AllocPD(); !errors.Is(err, ErrClosed) {
+		t.Errorf("AllocPD after Close: %v", err)
+	}
+	if err := a.qp.Modify(&QPAttr{State: QPSErr}, AttrState); !errors.Is(err, ErrClosed) {
+		t.Errorf("Modify after Close: %v", err)
+	}
+	if _, ok := <-a.dev.Events(); ok {
+		// Drain: events raised before Close are delivered first.
+		for range a.dev.Events() {
+		}
+	}
+}
+
+// TestCloseRacesCreateQP: QPs created while Close runs are either refused
+// (ErrClosed) or flushed to ERR by Close; none is left behind in RESET.
+func TestCloseRacesCreateQP(t *testing.T) {
+	for round := 0; round < 50; round++ {
+		n := udp.NewMemNetwork(udp.Faults{})
+		l, err := n.Link(addrA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev, err := NewDevice(l, DeviceConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pd, _ := dev.AllocPD()
+		cq, _ := dev.CreateCQ(16)
+		var qps []*QP
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1, MaxRecvWR: 1})
+				if errors.Is(err, ErrClosed) {
+					return
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				qps = append(qps, qp)
+				select {
+				case <-stop:
+				default:
+				}
+			}
+		}()
+		time.Sleep(time.Duration(round%5) * 20 * time.Microsecond)
+		dev.Close()
+		close(stop)
+		wg.Wait()
+		for _, qp := range qps {
+			if st := qp.State(); st != QPSErr {
+				t.Fatalf("round %d: QP %#x created before Close returned is in %v, not flushed to ERR", round, qp.QPN(), st)
+			}
+		}
+	}
+}
+
+// TestCQOverflowFailsQP: a QP whose completion is lost to a full CQ moves
+// to ERR; the device raises EventCQErr and EventQPFatal.
+func TestCQOverflowFailsQP(t *testing.T) {
+	a, r, _ := newPair(t, pairOpts{cqDepth: 2})
+	_, smr := a.buffer(t, 8, 0)
+	_, dmr := r.buffer(t, 8, memreg.AccessRemoteWrite)
+	wr := SendWR{Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}
+	for i := 0; i < 3; i++ {
+		wr.WRID = uint64(i)
+		if err := a.qp.PostSend(wr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[EventType]bool{}
+	deadline := time.After(5 * time.Second)
+	for !got[EventCQErr] || !got[EventQPFatal] {
+		select {
+		case ev := <-a.dev.Events():
+			got[ev.Type] = true
+			if ev.Type == EventCQErr && ev.CQ != a.scq {
+				t.Errorf("CQ error event names %p, want the send CQ", ev.CQ)
+			}
+			if ev.Type == EventQPFatal && (ev.QP != a.qp || !errors.Is(ev.Err, ErrCQOverflow)) {
+				t.Errorf("QP fatal event %v", ev)
+			}
+		case <-deadline:
+			t.Fatalf("events seen %v, want CQ error and QP fatal", got)
+		}
+	}
+	if st := a.qp.State(); st != QPSErr {
+		t.Errorf("QP state %v after its CQ overflowed, want ERR", st)
+	}
+	if err := a.scq.Err(); !errors.Is(err, ErrCQOverflow) {
+		t.Errorf("CQ.Err = %v", err)
+	}
+	if c := a.dev.Counters(); c.CQOverflow == 0 {
+		t.Error("cq_overflow not counted")
+	}
+	// The two stored completions are still there; then Wait reports the overflow.
+	wc := make([]WC, 4)
+	if k := a.scq.Poll(wc); k != 2 {
+		t.Errorf("polled %d completions, want the 2 stored", k)
+	}
+	if _, err := a.scq.Wait(context.Background(), wc); !errors.Is(err, ErrCQOverflow) {
+		t.Errorf("Wait on an overflowed, empty CQ: %v", err)
+	}
+}
+
+// TestLocalErrorAfterSentWQEs: a WQE whose local memory goes away after
+// PostSend fails when the requester reaches it; the WQE before it, already
+// on the wire, completes successfully as its ACK arrives (rxe does the
+// same), the failed one reports its own status and the one after it is
+// flushed. Before the fix, the earlier WQE was flushed too.
+func TestLocalErrorAfterSentWQEs(t *testing.T) {
+	clk := manual()
+	// 16 packets for the first WRITE and a window of 4 PSNs: the
+	// requester reaches the second WQE while the first one's last
+	// packets are still unacknowledged.
+	a, r, n := newPair(t, pairOpts{clock: clk, window: 4, mtu: MTU1024, retry: 7, timeout: 10})
+	_, big := a.buffer(t, 16<<10, 0)
+	_, small := a.buffer(t, 64, 0)
+	_, dmr := r.buffer(t, 16<<10, memreg.AccessRemoteWrite)
+	n.SetFaults(udp.Faults{Loss: 1}) // hold everything back until the region is gone
+	err := a.qp.PostSend(
+		SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(big, 0, 16<<10), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+		SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(small, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+		SendWR{WRID: 3, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(big, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := small.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	n.SetFaults(udp.Faults{})
+	// The timeout resends the first window; from there ACKs drive the
+	// rest. Advance until all three have completed.
+	var got []WC
+	buf := make([]WC, 4)
+	for i := 0; i < 200 && len(got) < 3; i++ {
+		clk.Advance(AckTimeout(10))
+		time.Sleep(time.Millisecond)
+		k := a.scq.Poll(buf)
+		got = append(got, buf[:k]...)
+	}
+	if len(got) != 3 {
+		t.Fatalf("completions %+v, want 3", got)
+	}
+	want := []struct {
+		id uint64
+		st WCStatus
+	}{{1, WCSuccess}, {2, WCLocProtErr}, {3, WCWRFlushErr}}
+	for i, w := range want {
+		if got[i].WRID != w.id || got[i].Status != w.st {
+			t.Errorf("completion %d: wr_id %d %v, want wr_id %d %v", i, got[i].WRID, got[i].Status, w.id, w.st)
+		}
+	}
+	if st := a.qp.State(); st != QPSErr {
+		t.Errorf("QP state %v, want ERR", st)
+	}
+}
+
+// failingLink is a udp.Link whose Recv fails a number of times, then
+// blocks until Close.
+type failingLink struct {
+	addr   netip.Addr
+	mu     sync.Mutex
+	fails  int
+	closed chan struct{}
+}
+
+var errLinkDown = errors.New("test: link down")
+
+func (l *failingLink) Send([]udp.Packet) error { return nil }
+func (l *failingLink) LocalAddr() netip.Addr   { return l.addr }
+func (l *failingLink) BatchSize() int          { return 1 }
+func (l *failingLink) Stats() udp.Stats        { return udp.Stats{} }
+func (l *failingLink) Close() error            { close(l.closed); return nil }
+func (l *failingLink) Recv([]udp.Packet) (int, error) {
+	l.mu.Lock()
+	if l.fails > 0 {
+		l.fails--
+		l.mu.Unlock()
+		return 0, errLinkDown
+	}
+	l.mu.Unlock()
+	<-l.closed
+	return 0, net.ErrClosed
+}
+
+// buildPkt builds a minimal packet of opcode op for destQP (ICRC not set).
+func buildPkt(t *testing.T, op bth.Opcode, destQP uint32) []byte {
+	t.Helper()
+	var f packet.Fields
+	f.BTH.Opcode = op
+	f.BTH.PKey = bth.DefaultPKey
+	f.BTH.DestQP = destQP
+	buf := make([]byte, udp.MaxPacketSize)
+	n, err := packet.Build(buf, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buf[:n]
+}
+
+// TestRecvErrorsCounted: link errors are counted (recv_err) and the last
+// one is kept; they used to be retried silently.
+func TestRecvErrorsCounted(t *testing.T) {
+	l := &failingLink{addr: addrA, fails: 3, closed: make(chan struct{})}
+	dev, err := NewDevice(l, DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for dev.Counters().RecvErr < 3 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if c := dev.Counters().RecvErr; c != 3 {
+		t.Fatalf("recv_err = %d, want 3", c)
+	}
+	if !errors.Is(dev.LastRecvError(), errLinkDown) {
+		t.Fatalf("LastRecvError = %v", dev.LastRecvError())
+	}
+}
+
+// TestHandlePacketErrors: a packet for a QPN that does not exist is
+// ErrUnknownQP (it was ErrInvalidWR), a malformed one ErrMalformed, one of
+// another transport ErrTransportMismatch; each is counted under its name.
+func TestHandlePacketErrors(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	ack := buildPkt(t, bth.RCAck, 0x999)
+	if err := a.dev.HandlePacket(ack, addrB); !errors.Is(err, ErrUnknownQP) || errors.Is(err, ErrInvalidWR) {
+		t.Errorf("unknown QP: %v", err)
+	}
+	if err := a.dev.HandlePacket(ack[:10], addrB); !errors.Is(err, ErrMalformed) {
+		t.Errorf("malformed: %v", err)
+	}
+	ud := buildPkt(t, bth.UDSendOnly, a.qp.QPN())
+	if err := a.dev.HandlePacket(ud, addrB); !errors.Is(err, ErrTransportMismatch) {
+		t.Errorf("UD packet to an RC QP: %v", err)
+	}
+	c := a.dev.Counters()
+	if c.UnknownQP != 1 || c.MalformedPkts != 1 || c.TransportMismatch != 1 {
+		t.Errorf("counters unknown_qp %d malformed_pkts %d transport_mismatch %d, want 1 each", c.UnknownQP, c.MalformedPkts, c.TransportMismatch)
+	}
+}
+
+// TestEvents: communication established on the first packet in RTR, a
+// responder access error (the responder's device raises EventQPAccessErr,
+// the requester's EventQPFatal with the failed completion's status), and
+// SQ drained.
+func TestEvents(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	o := pairOpts{}
+	o.defaults()
+	a := newSide(t, n, addrA, &o)
+	b := newSide(t, n, addrB, &o)
+	connect(t, a, b, addrB, 100, 200, &o)
+	// b only to RTR: its first received packet raises COMM_EST.
+	if err := b.qp.Init(o.access); err != nil {
+		t.Fatal(err)
+	}
+	rtr := QPAttr{State: QPSRTR, AV: AddressVector{Addr: addrA}, PathMTU: o.mtu, DestQPN: a.qp.QPN(), RQPSN: 100,
+		MaxDestRdAtomic: 4, MinRNRTimer: 12}
+	if err := b.qp.Modify(&rtr, AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer); err != nil {
+		t.Fatal(err)
+	}
+	_, smr := a.buffer(t, 8, 0)
+	_, dmr := b.buffer(t, 8, memreg.AccessRemoteWrite)
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, b.dev, EventCommEst, b.qp)
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess {
+		t.Fatalf("WRITE: %v", wc.Status)
+	}
+	// A WRITE with a bad rkey: remote access error on both sides.
+	if err := a.qp.PostSend(SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey() ^ 0xff00}); err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, b.dev, EventQPAccessErr, b.qp)
+	ev := expectEvent(t, a.dev, EventQPFatal, a.qp)
+	var we *WCError
+	if !errors.As(ev.Err, &we) || we.Status != WCRemAccessErr || we.WRID != 2 {
+		t.Errorf("QP fatal cause %v, want the WRITE's remote access error", ev.Err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Err() == nil || !errors.As(wc.Err(), &we) || we.Status != WCRemAccessErr {
+		t.Errorf("WC.Err() = %v", wc.Err())
+	}
+
+	// SQ drained: a fresh pair, RTS -> SQD with nothing outstanding.
+	c, _, _ := newPair(t, pairOpts{})
+	if err := c.qp.Modify(&QPAttr{State: QPSSQD}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, c.dev, EventSQDrained, c.qp)
+}
+
+func expectEvent(t *testing.T, d *Device, typ EventType, qp *QP) AsyncEvent {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case ev := <-d.Events():
+			if ev.Type == typ && ev.QP == qp {
+				return ev
+			}
+			t.Logf("skipping event %v", ev)
+		case <-deadline:
+			t.Fatalf("no %v event for qp %#x", typ, qp.QPN())
+			return AsyncEvent{}
+		}
+	}
+}
+
+// TestCompChannel: an armed CQ is delivered once on its channel; with
+// solicited-only arming an unsolicited SEND does not fire and a solicited
+// one does; one goroutine selects over two CQs.
+func TestCompChannel(t *testing.T) {
+	a, r, _ := newPair(t, pairOpts{})
+	ch, err := r.dev.CreateCompChannel(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// r's QP delivers into its own CQs; make two channel CQs on r and a
+	// second QP pair that uses them is more than needed: arm the
+	// existing receive CQ through a fresh side instead.
+	cq1, err := r.dev.CreateCQWith(CQAttr{Depth: 16, Channel: ch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.scq.ReqNotify(false); err == nil {
+		t.Error("ReqNotify on a CQ without a channel succeeded")
+	}
+	qp, err := r.dev.CreateQP(r.pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq1, RecvCQ: cq1, MaxSendWR: 8, MaxRecvWR: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second A-side QP talks to qp.
+	aq, err := a.dev.CreateQP(a.pd, QPInitAttr{Type: QPTypeRC, SendCQ: a.scq, RecvCQ: a.rcq, MaxSendWR: 8, MaxRecvWR: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := aq.Connect(ConnParams{Peer: addrB, DestQPN: qp.QPN(), RQPSN: 7, SQPSN: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.Connect(ConnParams{Peer: addrA, DestQPN: aq.QPN(), RQPSN: 9, SQPSN: 7}); err != nil {
+		t.Fatal(err)
+	}
+	_, smr := a.buffer(t, 8, 0)
+	_, rmr := r.buffer(t, 64, 0)
+	for i := 0; i < 3; i++ {
+		if err := qp.PostRecv(RecvWR{WRID: uint64(i), SGEs: sge(rmr, 8*i, 8)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send := func(flags SendFlags) {
+		t.Helper()
+		if err := aq.PostSend(SendWR{Opcode: WRSend, Flags: flags, SGEs: sge(smr, 0, 8)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Armed for any completion.
+	if err := cq1.ReqNotify(false); err != nil {
+		t.Fatal(err)
+	}
+	send(0)
+	select {
+	case got := <-ch.C():
+		if got != cq1 {
+			t.Fatalf("channel delivered %p, want cq1", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no channel event for an armed CQ")
+	}
+	waitWC(t, cq1, 1, 5*time.Second)
+	// Solicited only: an unsolicited SEND does not fire.
+	if err := cq1.ReqNotify(true); err != nil {
+		t.Fatal(err)
+	}
+	send(0)
+	waitWC(t, cq1, 1, 5*time.Second)
+	select {
+	case <-ch.C():
+		t.Fatal("solicited-only CQ fired for an unsolicited SEND")
+	default:
+	}
+	send(SendSolicited)
+	select {
+	case <-ch.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no channel event for a solicited SEND")
+	}
+	// One event per arming: nothing more without ReqNotify.
+	waitWC(t, cq1, 1, 5*time.Second)
+	select {
+	case <-ch.C():
+		t.Fatal("a second event without re-arming")
+	default:
+	}
+}
