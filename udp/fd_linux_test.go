@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/internal/netns"
 )
 
 // newStalledLoNetns creates a network namespace whose lo is up behind a tbf
@@ -21,25 +22,12 @@ import (
 // cleanup. Skips without root or iproute2 (fails with CI=true).
 func newStalledLoNetns(t *testing.T) string {
 	t.Helper()
-	skipUnlessNetns(t)
-	if _, err := exec.LookPath("tc"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI=true but iproute2 'tc' is not installed")
-		}
-		t.Skip("SKIPPED (netns test): iproute2 'tc' is not installed")
+	netns.Require(t, "tc")
+	ns := netns.TestNew(t, "udptest-stall")
+	if out, err := exec.Command("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root",
+		"tbf", "rate", "1kbit", "burst", "1600", "limit", "10000000").CombinedOutput(); err != nil {
+		t.Fatalf("tc qdisc add: %v: %s", err, out)
 	}
-	ns := fmt.Sprintf("udptest-stall-%d-%d", os.Getpid()%100000, netnsSeq.Add(1))
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", args, err, out)
-		}
-	}
-	run("ip", "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	run("ip", "-n", ns, "link", "set", "lo", "up")
-	run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root",
-		"tbf", "rate", "1kbit", "burst", "1600", "limit", "10000000")
 	return ns
 }
 
@@ -73,7 +61,7 @@ func TestCloseUnblocksSend(t *testing.T) {
 		{"raw", func() (Link, error) { return ListenRaw(lo, &RawOptions{BatchSize: 1, SendBufferSize: 4096}) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			l := inNetns(t, ns, c.open)
+			l := netns.MustGet(t, ns, c.open)
 			closed := false
 			defer func() {
 				if !closed {
@@ -127,20 +115,20 @@ func TestSocketIPv6LinkLocalZone(t *testing.T) {
 			t.Fatalf("ip addr add: %v: %s", err, out)
 		}
 	}
-	idxA := inNetns(t, np.NsA, func() (int, error) {
+	idxA := netns.MustGet(t, np.NsA, func() (int, error) {
 		ifi, err := net.InterfaceByName(np.IfA)
 		if err != nil {
 			return 0, err
 		}
 		return ifi.Index, nil
 	})
-	b := inNetns(t, np.NsB, func() (*SocketLink, error) {
+	b := netns.MustGet(t, np.NsB, func() (*SocketLink, error) {
 		return ListenSocket(llB.WithZone(np.IfB), &SocketOptions{NoGRO: true})
 	})
 	defer b.Close()
 	for _, zone := range []string{np.IfA, fmt.Sprint(idxA)} {
 		for _, srcPorts := range []bool{false, true} {
-			a := inNetns(t, np.NsA, func() (*SocketLink, error) {
+			a := netns.MustGet(t, np.NsA, func() (*SocketLink, error) {
 				return ListenSocket(llA.WithZone(zone), &SocketOptions{NoGRO: true, SourcePorts: srcPorts})
 			})
 			pkts := testPackets(3, 200, llB, 0xc477)

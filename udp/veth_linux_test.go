@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/icrc"
+	"github.com/gorocev2/rocev2/internal/netns"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/transport"
@@ -105,7 +106,7 @@ const (
 //     wrong-port datagrams never reached it, and no per-QP source port fell
 //     back to 4791.
 func TestVethRC(t *testing.T) {
-	udp.SkipUnlessNetns(t)
+	netns.Require(t)
 	for _, vc := range vethCases() {
 		t.Run(vc.name, func(t *testing.T) { testVethRC(t, vc) })
 	}
@@ -123,8 +124,8 @@ func testVethRC(t *testing.T, vc vethCase) {
 	capA := startCapture(t, np.NsA, np.IfA)
 	capB := startCapture(t, np.NsB, np.IfB)
 
-	la := udp.InNetns(t, np.NsA, func() (udp.Link, error) { return vc.a.open(np.AddrA) })
-	lb := udp.InNetns(t, np.NsB, func() (udp.Link, error) { return vc.b.open(np.AddrB) })
+	la := netns.MustGet(t, np.NsA, func() (udp.Link, error) { return vc.a.open(np.AddrA) })
+	lb := netns.MustGet(t, np.NsB, func() (udp.Link, error) { return vc.b.open(np.AddrB) })
 	a := newRCEnd(t, la)
 	b := newRCEnd(t, lb)
 	var release []func()
@@ -498,9 +499,9 @@ type garbage struct {
 	err       error
 }
 
-func newGarbage(t *testing.T, np *udp.NetnsPair, vc vethCase) *garbage {
+func newGarbage(t *testing.T, np *netns.Pair, vc vethCase) *garbage {
 	t.Helper()
-	conn := udp.InNetns(t, np.NsA, func() (*net.UDPConn, error) {
+	conn := netns.MustGet(t, np.NsA, func() (*net.UDPConn, error) {
 		return net.ListenUDP("udp4", &net.UDPAddr{IP: np.AddrA.AsSlice(), Port: garbagePort})
 	})
 	t.Cleanup(func() { conn.Close() })
@@ -586,7 +587,7 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 // records its outgoing IPv4 packets until stop.
 func startCapture(t *testing.T, ns, ifname string) *capture {
 	t.Helper()
-	fd := udp.InNetns(t, ns, func() (int, error) {
+	fd := netns.MustGet(t, ns, func() (int, error) {
 		ifi, err := net.InterfaceByName(ifname)
 		if err != nil {
 			return -1, err
@@ -762,9 +763,9 @@ func TestVethECN(t *testing.T) {
 	for _, sb := range bes {
 		for _, rb := range bes {
 			t.Run(sb.name+"-"+rb.name, func(t *testing.T) {
-				la := udp.InNetns(t, np.NsA, func() (udp.Link, error) { return sb.open(np.AddrA) })
+				la := netns.MustGet(t, np.NsA, func() (udp.Link, error) { return sb.open(np.AddrA) })
 				defer la.Close()
-				lb := udp.InNetns(t, np.NsB, func() (udp.Link, error) { return rb.open(np.AddrB) })
+				lb := netns.MustGet(t, np.NsB, func() (udp.Link, error) { return rb.open(np.AddrB) })
 				defer lb.Close()
 				// Runs of equal packets (one GSO datagram each from the GSO
 				// sender); gso_max_segs keeps the veth from passing them

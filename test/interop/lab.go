@@ -1,3 +1,5 @@
+//go:build linux
+
 package interop
 
 import (
@@ -14,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorocev2/rocev2/internal/netns"
 	"github.com/gorocev2/rocev2/test/interop/agentproto"
 )
 
@@ -156,18 +158,8 @@ func (l *Lab) savePIDs() {
 // cleanStaleNamespaces deletes namespaces of earlier runs whose process is
 // gone (a run killed before its cleanup).
 func cleanStaleNamespaces(logf func(string, ...any)) {
-	ents, _ := os.ReadDir("/run/netns")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(strings.TrimPrefix(e.Name(), nsPrefix))
-		if !strings.HasPrefix(e.Name(), nsPrefix) || err != nil {
-			continue
-		}
-		if unix.Kill(pid, 0) == nil {
-			continue
-		}
-		if _, err := runCmd(nil, "ip", "netns", "del", e.Name()); err == nil {
-			logf("lab: deleted stale namespace %s", e.Name())
-		}
+	for _, ns := range netns.RemoveStale(strings.TrimSuffix(nsPrefix, "-")) {
+		logf("lab: deleted stale namespace %s", ns)
 	}
 }
 
@@ -340,34 +332,7 @@ func (l *Lab) Close() {
 // Sockets f creates stay in the namespace after it returns; everything else
 // (goroutines f starts, later syscalls) runs in the host namespace as usual.
 func (l *Lab) InNS(f func() error) error {
-	ch := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// The thread is unlocked only once it is back in its own namespace;
-		// a goroutine that exits locked takes its thread with it.
-		self, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			ch <- err
-			return
-		}
-		defer self.Close()
-		ns, err := os.Open("/run/netns/" + l.NS)
-		if err != nil {
-			ch <- err
-			return
-		}
-		defer ns.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- fmt.Errorf("setns %s: %w", l.NS, err)
-			return
-		}
-		err = f()
-		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		ch <- err
-	}()
-	return <-ch
+	return netns.Do(l.NS, f)
 }
 
 // dialNS opens a TCP connection from inside the lab's namespace.

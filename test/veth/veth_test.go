@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorocev2/rocev2/internal/netns"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
@@ -30,46 +30,13 @@ var (
 	addrB = netip.MustParseAddr("192.0.2.2")
 )
 
-// needRoot skips loudly without root, or fails when CI=true.
-func needRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("veth loss tests need root (network namespaces, BPF); CI=true: not skipping")
-		}
-		t.Skip("SKIPPED LOUDLY: veth loss tests need root (network namespaces, BPF)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("iproute2 'ip' not installed")
-		}
-		t.Skip("SKIPPED LOUDLY: iproute2 'ip' not installed")
-	}
-}
-
 // vethPair creates namespaces A and B joined by a veth pair (MTU 9000),
-// 192.0.2.1 in A and 192.0.2.2 in B, removed at cleanup.
+// 192.0.2.1 in A and 192.0.2.2 in B, removed at cleanup. Without root or
+// iproute2 the test skips loudly (fails when CI=true).
 func vethPair(t testing.TB) (nsA, nsB, ifA, ifB string) {
 	t.Helper()
-	id := os.Getpid() % 100000
-	nsA, nsB = fmt.Sprintf("rvveth-a-%d", id), fmt.Sprintf("rvveth-b-%d", id)
-	ifA, ifB = fmt.Sprintf("rvva%d", id), fmt.Sprintf("rvvb%d", id)
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	ip("netns", "add", nsA)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", nsA).Run() })
-	ip("netns", "add", nsB)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", nsB).Run() })
-	ip("link", "add", ifA, "netns", nsA, "mtu", "9000", "type", "veth", "peer", "name", ifB, "netns", nsB, "mtu", "9000")
-	ip("-n", nsA, "addr", "add", addrA.String()+"/24", "dev", ifA)
-	ip("-n", nsB, "addr", "add", addrB.String()+"/24", "dev", ifB)
-	ip("-n", nsA, "link", "set", ifA, "up")
-	ip("-n", nsB, "link", "set", ifB, "up")
-	return nsA, nsB, ifA, ifB
+	p := netns.TestPair(t, netns.PairConfig{Prefix: "rvveth", IfPrefix: "rvv", AddrA: addrA, AddrB: addrB, MTU: 9000})
+	return p.NsA, p.NsB, p.IfA, p.IfB
 }
 
 // capture starts tcpdump on B's veth (what B sends, and what reaches B
@@ -99,42 +66,9 @@ func capture(t *testing.T, nsB, ifB, name string) {
 // stays in that namespace whichever thread uses it later.
 func listenIn(t testing.TB, ns string, addr netip.Addr) *udp.SocketLink {
 	t.Helper()
-	type res struct {
-		l   *udp.SocketLink
-		err error
-	}
-	c := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			c <- res{err: err}
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open(filepath.Join("/var/run/netns", ns))
-		if err != nil {
-			c <- res{err: err}
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			c <- res{err: err}
-			return
-		}
-		// Explicit options: no UDP GSO (the injector needs one skb per
-		// packet), whatever the package defaults are.
-		l, err := udp.ListenSocket(addr, &udp.SocketOptions{})
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread() // else the thread dies with the goroutine
-		}
-		c <- res{l, err}
-	}()
-	r := <-c
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	return r.l
+	// Explicit options: no UDP GSO (the injector needs one skb per
+	// packet), whatever the package defaults are.
+	return netns.MustGet(t, ns, func() (*udp.SocketLink, error) { return udp.ListenSocket(addr, &udp.SocketOptions{}) })
 }
 
 // side is one end of an RC connection.
@@ -470,7 +404,6 @@ var cases = []vethCase{
 // atomics' exactly-once results, and the transport counters against the
 // injector's.
 func TestVethLoss(t *testing.T) {
-	needRoot(t)
 	nsA, nsB, ifA, ifB := vethPair(t)
 	inj, err := faults.AttachWith(ifA, faults.Config{}, &faults.Options{Netns: nsA, Egress: true, Ingress: true})
 	if err != nil {

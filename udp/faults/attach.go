@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -17,6 +16,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/gorocev2/rocev2/internal/netns"
 )
 
 // Mode selects how the programs are attached.
@@ -87,7 +88,7 @@ func AttachWith(ifname string, cfg Config, opts *Options) (*Injector, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = inNetns(o.Netns, func() error {
+	err = netns.Do(o.Netns, func() error {
 		idx, name, err := resolve(ifname)
 		if err != nil {
 			return err
@@ -136,46 +137,6 @@ func resolve(ifname string) (int, string, error) {
 		return 0, "", fmt.Errorf("faults: interface %q: %w", ifname, err)
 	}
 	return ifi.Index, ifi.Name, nil
-}
-
-// inNetns runs f on an OS thread in the network namespace ns ("" = as is).
-// The thread returns to its namespace afterwards; if it cannot, it is not
-// unlocked and so dies with the goroutine.
-func inNetns(ns string, f func() error) error {
-	if ns == "" {
-		return f()
-	}
-	path := ns
-	if !strings.ContainsRune(ns, '/') {
-		path = filepath.Join("/var/run/netns", ns)
-	}
-	target, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("faults: network namespace: %w", err)
-	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("faults: enter network namespace %s: %w", ns, err)
-			return
-		}
-		ferr := f()
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- ferr
-	}()
-	return <-errc
 }
 
 // tcxAttachment is a set of TCX links.
@@ -269,7 +230,7 @@ func attachTC(inj *Injector, ifname, netns string, hooks []Hook) (attachment, er
 }
 
 func (a *tcAttachment) detach() error {
-	return inNetns(a.nsPath, a.detachHere)
+	return netns.Do(a.nsPath, a.detachHere)
 }
 
 func (a *tcAttachment) detachHere() error {

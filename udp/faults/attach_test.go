@@ -4,63 +4,31 @@ package faults
 
 import (
 	"encoding/binary"
-	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/internal/netns"
 )
 
-// needTool skips loudly when the iproute2 command name is not installed,
-// and fails instead when CI=true (CI must run the veth tests).
-func needTool(t testing.TB, name string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("iproute2 %q not installed (CI=true: not skipping): %v", name, err)
-		}
-		t.Skipf("SKIPPED LOUDLY: iproute2 %q not installed: %v", name, err)
-	}
-}
-
 // netnsPair creates two namespaces joined by a veth pair, 203.0.113.1 (a)
-// and 203.0.113.2 (b), removed at cleanup.
+// and 203.0.113.2 (b) with fixed MACs and permanent neighbour entries (no
+// ARP to wait for), removed at cleanup.
 func netnsPair(t *testing.T, tag string) (nsA, nsB, ifA, ifB string) {
 	t.Helper()
 	needRoot(t)
-	needTool(t, "ip")
-	id := os.Getpid() % 100000
-	nsA, nsB = fmt.Sprintf("flt%s-a-%d", tag, id), fmt.Sprintf("flt%s-b-%d", tag, id)
-	ifA, ifB = fmt.Sprintf("f%sa%d", tag, id), fmt.Sprintf("f%sb%d", tag, id)
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	ip("netns", "add", nsA)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", nsA).Run() })
-	ip("netns", "add", nsB)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", nsB).Run() })
-	// Fixed MACs and static neighbours: no ARP exchange to wait for.
-	macA, macB := "02:00:5e:00:71:01", "02:00:5e:00:71:02"
-	ip("link", "add", ifA, "address", macA, "netns", nsA, "type", "veth", "peer", "name", ifB, "address", macB, "netns", nsB)
-	ip("-n", nsA, "neigh", "replace", "203.0.113.2", "lladdr", macB, "dev", ifA, "nud", "permanent")
-	ip("-n", nsB, "neigh", "replace", "203.0.113.1", "lladdr", macA, "dev", ifB, "nud", "permanent")
-	ip("-n", nsA, "addr", "add", "203.0.113.1/24", "dev", ifA)
-	ip("-n", nsB, "addr", "add", "203.0.113.2/24", "dev", ifB)
-	ip("-n", nsA, "link", "set", ifA, "up")
-	ip("-n", nsB, "link", "set", ifB, "up")
-	return
+	p := netns.TestPair(t, netns.PairConfig{Prefix: "flt" + tag, IfPrefix: "f" + tag,
+		AddrA: netip.MustParseAddr("203.0.113.1"), AddrB: netip.MustParseAddr("203.0.113.2"),
+		MACA: "02:00:5e:00:71:01", MACB: "02:00:5e:00:71:02"})
+	return p.NsA, p.NsB, p.IfA, p.IfB
 }
 
 // udpIn opens a UDP socket bound to addr inside namespace ns.
 func udpIn(t *testing.T, ns, addr string) *net.UDPConn {
 	t.Helper()
 	var c *net.UDPConn
-	err := inNetns(ns, func() error {
+	err := netns.Do(ns, func() error {
 		var err error
 		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(mustAddrPort(addr)))
 		return err
@@ -115,7 +83,7 @@ func TestVethAttach(t *testing.T) {
 	for _, mode := range []Mode{ModeTCX, ModeTC} {
 		t.Run(mode.String(), func(t *testing.T) {
 			if mode == ModeTC {
-				needTool(t, "tc")
+				netns.Require(t, "tc")
 			}
 			tag := "x"
 			if mode == ModeTC {

@@ -34,8 +34,8 @@
 // It serves `rocev2d faults` (cmd/rocev2d) and the tests that run the
 // transport over a lossy kernel path (test/veth, test/interop). It works on
 // the kernel's packets, not on a udp.Link, and imports nothing of this
-// module: cilium/ebpf, golang.org/x/sys and the standard library. Linux
-// only.
+// module but internal/netns (to attach inside a named network namespace):
+// cilium/ebpf, golang.org/x/sys and the standard library. Linux only.
 package faults
 
 import (
