@@ -55,7 +55,8 @@ func (ps *Pins) hold(e *entry) bool {
 // BatchTarget is a Target that places through a Pins: the per-packet
 // placement path of a responder that receives packets in batches. It is
 // a plain value (the responder keeps one per WRITE message in progress);
-// it holds nothing itself, the Pins does.
+// it holds nothing itself, the Pins does. Like the Pins it writes through,
+// it is used by one goroutine at a time.
 type BatchTarget struct {
 	mem []byte // the target's bytes (nil for a zero-length target)
 	ps  *Pins  // the Pins the registration is held in, at generation gen
@@ -120,7 +121,8 @@ func (bt *BatchTarget) writeSlow(ps *Pins, off uint64, p []byte) error {
 // placed with a bounds check and a copy while the region is held (no
 // lookup, no atomic operation), and after a Release the region is held
 // again with one pin. Any other piece takes Scatter's full path (same
-// checks, same errors) and holds what it writes.
+// checks, same errors) and holds what it writes. A ScatterList is used by
+// one goroutine at a time (it remembers its last element).
 type ScatterList struct {
 	pd    *PD
 	sges  []SGE

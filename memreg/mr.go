@@ -8,6 +8,8 @@ import (
 // MR is a memory region: caller memory (a Go byte slice, or memory from
 // mmap) that the table translates and guards. The memory stays the
 // caller's; after Deregister returns this package never touches it again.
+// All methods are safe for concurrent use, also with accesses through the
+// region's keys: Deregister waits for the accesses in flight.
 type MR struct {
 	pd     *PD
 	e      *entry

@@ -33,6 +33,7 @@ func (t MWType) String() string {
 
 // MW is a memory window: a remote key onto a sub-range of a memory region
 // with its own remote rights. Window rkeys share the key space of regions.
+// All methods are safe for concurrent use.
 type MW struct {
 	pd  *PD
 	typ MWType

@@ -3,7 +3,8 @@ package memreg
 import "fmt"
 
 // PD is a protection domain: keys of one PD are never honoured for
-// accesses arriving through another.
+// accesses arriving through another. All methods are safe for concurrent
+// use.
 type PD struct {
 	t *Table
 	// Under t.mu:

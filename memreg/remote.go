@@ -12,6 +12,7 @@ import (
 // adds the one check the PD-level methods cannot make: a type 2 memory
 // window is usable only through the QP it is bound to. The PD-level
 // methods (pd.CheckRemote, ...) are the same calls without that check.
+// A QPView is a small value; its methods are safe for concurrent use.
 type QPView struct {
 	pd  *PD
 	qpn uint32
@@ -297,7 +298,8 @@ func (v QPView) FetchAdd(rkey uint32, va uint64, add uint64) (orig uint64, err e
 // where a multi-packet RDMA WRITE lands or an RDMA READ is served from.
 // It holds no pin: each Write/Read pins the registration again and fails
 // with ErrStaleKey once the registration (or window binding) is gone.
-// The zero Target (from a zero-length Lookup) has length 0.
+// The zero Target (from a zero-length Lookup) has length 0. A Target is
+// a value; its methods are safe for concurrent use.
 //
 // Target is five machine words so that a Write or Read call (target,
 // offset and slice) passes all its arguments in registers (amd64: nine).

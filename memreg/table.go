@@ -54,7 +54,7 @@ type Usage struct {
 // atomic loads (page, slot) and an atomic in-flight count on the
 // registration. Registration, deregistration, binding and invalidation
 // serialize on a mutex. Create tables with NewTable; the zero Table is
-// not usable.
+// not usable. All methods are safe for concurrent use.
 type Table struct {
 	lim   Limits
 	page0 page // the first 4096 indices live inline: one dependent load less per lookup
