@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
 )
 
 func init() {
@@ -46,7 +44,7 @@ options:
   --a=IP          first address (default 127.0.0.1)
   --b=IP          second address (default 127.0.0.2)
   -v              print the stack's counters at the end
-`
+` + socketUsage
 
 // benchConfig holds the parsed flags of `rocev2d bench`.
 type benchConfig struct {
@@ -54,6 +52,7 @@ type benchConfig struct {
 	mtu     transport.MTU
 	a, b    netip.Addr
 	verbose bool
+	sock    socketFlags
 }
 
 func parseBenchFlags(args []string) (*benchConfig, error) {
@@ -69,6 +68,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	fs.StringVar(&a, "a", "127.0.0.1", "")
 	fs.StringVar(&b, "b", "127.0.0.2", "")
 	fs.BoolVar(&c.verbose, "v", false, "")
+	addSocketFlags(fs, &c.sock)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -127,69 +127,29 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	// while the stack did not.
 	rc := *c
 	rc.dur = max(c.dur/benchRounds, 10*time.Millisecond)
-	la, err := udp.ListenSocket(c.a, nil)
-	if err != nil {
-		return socketHint(c.a, err)
-	}
-	lb, err := udp.ListenSocket(c.b, nil)
-	if err != nil {
-		la.Close()
-		return socketHint(c.b, err)
-	}
-	a, err := newDemoEnd("A", la)
-	if err != nil {
-		lb.Close()
-		return err
-	}
-	defer a.dev.Close()
-	b, err := newDemoEnd("B", lb)
+	la, lb, err := listenSocketPair(c.a, c.b, c.sock.options(true, 0), "pick other addresses with --a/--b")
 	if err != nil {
 		return err
 	}
-	defer b.dev.Close()
-	access := memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
-	psnA, psnB := rand.Uint32()&0xffffff, rand.Uint32()&0xffffff
-	if err := connectRC(a.qp, c.b, b.qp.QPN(), psnA, psnB, c.mtu, 16, access, 14); err != nil {
-		return err
-	}
-	if err := connectRC(b.qp, c.a, a.qp.QPN(), psnB, psnA, c.mtu, 16, access, 14); err != nil {
+	a, b, err := newEndpointPair(la, lb, c.a, c.b, c.mtu)
+	if err != nil {
 		return err
 	}
 	// One registration per buffer for the whole run, released after the
-	// devices are closed: late duplicate requests may arrive for a finished
-	// row, as they may for any RNIC application.
-	var release []func()
-	defer func() {
-		a.dev.Close()
-		b.dev.Close()
-		for i := len(release) - 1; i >= 0; i-- {
-			release[i]()
-		}
-	}()
-	reg := func(d *demoEnd, n int, acc memreg.Access) (*memreg.MR, error) {
-		buf, err := demoAlloc(n)
-		if err != nil {
-			return nil, err
-		}
-		release = append(release, func() { unix.Munmap(buf) })
-		mr, err := d.pd.RegisterMR(buf, acc)
-		if err != nil {
-			return nil, err
-		}
-		release = append(release, func() { mr.Deregister() })
-		return mr, nil
-	}
-	srcMR, err := reg(a, 1<<16, memreg.AccessLocalWrite)
+	// devices are closed.
+	defer a.close()
+	defer b.close()
+	_, srcMR, err := a.alloc(1<<16, memreg.AccessLocalWrite)
 	if err != nil {
 		return err
 	}
-	dstMR, err := reg(b, 1<<16, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
+	_, dstMR, err := b.alloc(1<<16, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
 	if err != nil {
 		return err
 	}
 	// B's receive buffer for the SEND rows: one registration, big enough
 	// for every size, with receives kept posted across rows.
-	rmr, err := reg(b, 1<<16, memreg.AccessLocalWrite)
+	_, rmr, err := b.alloc(1<<16, memreg.AccessLocalWrite)
 	if err != nil {
 		return err
 	}
@@ -478,7 +438,7 @@ func rawPingPong(ctx context.Context, c *benchConfig, n int) (float64, error) {
 // second both links sent.
 // srcMR (on A) and dstMR (on B) hold at least size bytes. For SEND, B has
 // receives of recv posted and reposts each one consumed.
-func stackGoodput(ctx context.Context, c *benchConfig, a, b *demoEnd, op transport.WROpcode, size int, srcMR, dstMR *memreg.MR, recv transport.RecvWR) (float64, float64, error) {
+func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transport.WROpcode, size int, srcMR, dstMR *memreg.MR, recv transport.RecvWR) (float64, float64, error) {
 	window := 64
 	if size >= 65536 {
 		window = 8
@@ -569,7 +529,7 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *demoEnd, op transpo
 // stackPingPong bounces a SEND of n bytes between A and B for c.dur and
 // returns the mean round-trip time in µs.
 // mrA is A's source/receive memory, mrB B's.
-func stackPingPong(ctx context.Context, c *benchConfig, a, b *demoEnd, n int, mrA, mrB *memreg.MR) (float64, error) {
+func stackPingPong(ctx context.Context, c *benchConfig, a, b *endpoint, n int, mrA, mrB *memreg.MR) (float64, error) {
 	sgeA := []memreg.SGE{{Addr: mrA.IOVA(), Length: uint32(n), LKey: mrA.LKey()}}
 	sgeB := []memreg.SGE{{Addr: mrB.IOVA(), Length: uint32(n), LKey: mrB.LKey()}}
 	for i := 0; i < 4; i++ {

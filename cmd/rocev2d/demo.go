@@ -12,11 +12,8 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
 	"github.com/gorocev2/rocev2/memreg"
@@ -52,7 +49,7 @@ options:
                  ` + "`rocev2d pcap check FILE`" + `)
   --timeout=DUR  give up after DUR (default 60s)
   -v             print both devices' counters at the end
-`
+` + socketUsage
 
 // demoConfig holds the parsed flags of `rocev2d demo`.
 type demoConfig struct {
@@ -63,6 +60,7 @@ type demoConfig struct {
 	pcap    string
 	timeout time.Duration
 	verbose bool
+	sock    socketFlags
 }
 
 func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
@@ -83,6 +81,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	fs.StringVar(&c.pcap, "pcap", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
+	addSocketFlags(fs, &c.sock)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -126,17 +125,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return demo(ctx, c, stdout, stderr)
 }
 
-// demoEnd is one device of the demo.
-type demoEnd struct {
-	name string
-	link udp.Link
-	dev  *transport.Device
-	pd   *memreg.PD
-	scq  *transport.CQ
-	rcq  *transport.CQ
-	qp   *transport.QP
-}
-
 // demoLinks opens the two links, over sockets or a MemNetwork.
 func demoLinks(c *demoConfig) (a, b udp.Link, kind string, err error) {
 	if c.mem {
@@ -156,83 +144,11 @@ func demoLinks(c *demoConfig) (a, b udp.Link, kind string, err error) {
 		}
 		return la, lb, kind, nil
 	}
-	la, err := udp.ListenSocket(c.a, nil)
+	la, lb, err := listenSocketPair(c.a, c.b, c.sock.options(true, 0), "pick other addresses with --a/--b, or use --mem")
 	if err != nil {
-		return nil, nil, "", socketHint(c.a, err)
-	}
-	lb, err := udp.ListenSocket(c.b, nil)
-	if err != nil {
-		la.Close()
-		return nil, nil, "", socketHint(c.b, err)
+		return nil, nil, "", err
 	}
 	return la, lb, "UDP sockets", nil
-}
-
-// socketHint explains a failure to open a socket link.
-func socketHint(a netip.Addr, err error) error {
-	hint := "use --mem to run over the in-memory network instead"
-	switch {
-	case errors.Is(err, syscall.EADDRINUSE):
-		hint = "another program (a kernel rxe device, another rocev2d) holds the port; stop it, pick other addresses with --a/--b, or use --mem"
-	case errors.Is(err, syscall.EADDRNOTAVAIL):
-		hint = "the address is not configured on this host; pick others with --a/--b, or use --mem"
-	}
-	return fmt.Errorf("cannot open a RoCEv2 socket on %v: %w\n  (%s)", netip.AddrPortFrom(a, udp.Port), err, hint)
-}
-
-// newDemoEnd creates a device with one PD, two CQs and an RC QP.
-func newDemoEnd(name string, link udp.Link) (*demoEnd, error) {
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
-	if err != nil {
-		link.Close()
-		return nil, err
-	}
-	e := &demoEnd{name: name, link: link, dev: dev}
-	if e.pd, err = dev.AllocPD(); err != nil {
-		dev.Close()
-		return nil, err
-	}
-	if e.scq, err = dev.CreateCQ(1024); err != nil {
-		dev.Close()
-		return nil, err
-	}
-	if e.rcq, err = dev.CreateCQ(1024); err != nil {
-		dev.Close()
-		return nil, err
-	}
-	e.qp, err = dev.CreateQP(e.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: e.scq, RecvCQ: e.rcq,
-		MaxSendWR: 256, MaxRecvWR: 256, MaxSGE: 1})
-	if err != nil {
-		dev.Close()
-		return nil, err
-	}
-	return e, nil
-}
-
-// connectRC takes qp to RTS towards a peer QP, with the attributes
-// rdma-core's tools use (timeout 14, retry 7, rnr_retry 7, min RNR timer 12).
-func connectRC(qp *transport.QP, peer netip.Addr, peerQPN, sqPSN, rqPSN uint32, mtu transport.MTU, rdAtomic uint8, access memreg.Access, timeout uint8) error {
-	a := transport.QPAttr{State: transport.QPSInit, PKeyIndex: 0, Port: 1, AccessFlags: access}
-	if err := qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
-		return fmt.Errorf("modify QP to INIT: %w", err)
-	}
-	return connectRTS(qp, peer, peerQPN, sqPSN, rqPSN, mtu, rdAtomic, timeout)
-}
-
-// connectRTS takes an INIT qp to RTR and RTS.
-func connectRTS(qp *transport.QP, peer netip.Addr, peerQPN, sqPSN, rqPSN uint32, mtu transport.MTU, rdAtomic uint8, timeout uint8) error {
-	a := transport.QPAttr{State: transport.QPSRTR, AV: transport.AddressVector{Addr: peer}, PathMTU: mtu,
-		DestQPN: peerQPN, RQPSN: rqPSN, MaxDestRdAtomic: rdAtomic, MinRNRTimer: 12}
-	if err := qp.Modify(&a, transport.AttrState|transport.AttrAV|transport.AttrPathMTU|transport.AttrDestQPN|
-		transport.AttrRQPSN|transport.AttrMaxDestRdAtomic|transport.AttrMinRNRTimer); err != nil {
-		return fmt.Errorf("modify QP to RTR: %w", err)
-	}
-	a = transport.QPAttr{State: transport.QPSRTS, SQPSN: sqPSN, Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MaxQPRdAtomic: rdAtomic}
-	if err := qp.Modify(&a, transport.AttrState|transport.AttrSQPSN|transport.AttrTimeout|transport.AttrRetryCnt|
-		transport.AttrRNRRetry|transport.AttrMaxQPRdAtomic); err != nil {
-		return fmt.Errorf("modify QP to RTS: %w", err)
-	}
-	return nil
 }
 
 // demoCase is one row of the demo: count messages of one operation and size.
@@ -303,18 +219,13 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 	}
 	var pw *pcaptap.Writer
 	if c.pcap != "" {
-		f, err := os.Create(c.pcap)
-		if err != nil {
+		if pw, err = createCapture(c.pcap); err != nil {
 			la.Close()
 			lb.Close()
-			fmt.Fprintf(stderr, "rocev2d demo: --pcap: %v\n", err)
-			return exitUsage
-		}
-		if pw, err = pcaptap.NewWriter(f); err != nil {
-			f.Close()
-			la.Close()
-			lb.Close()
-			fmt.Fprintf(stderr, "rocev2d demo: --pcap %s: %v\n", c.pcap, err)
+			fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
+			if pe := (*os.PathError)(nil); errors.As(err, &pe) && pe.Op == "open" {
+				return exitUsage
+			}
 			return exitFail
 		}
 		// Each device records what it sends: every packet once, as a
@@ -322,53 +233,29 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 		la = pcaptap.New(la, pw, pcaptap.Sent)
 		lb = pcaptap.New(lb, pw, pcaptap.Sent)
 	}
-	a, err := newDemoEnd("A", la)
+	a, b, err := newEndpointPair(la, lb, c.a, c.b, c.mtu)
 	if err != nil {
-		lb.Close()
-		fmt.Fprintf(stderr, "rocev2d demo: device A: %v\n", err)
+		fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
 		return exitFail
 	}
-	defer a.dev.Close()
-	b, err := newDemoEnd("B", lb)
-	if err != nil {
-		fmt.Fprintf(stderr, "rocev2d demo: device B: %v\n", err)
-		return exitFail
-	}
-	defer b.dev.Close()
+	// Devices first (no more packets), then registrations, then memory.
+	defer a.close()
+	defer b.close()
 	usr1.Add("A "+c.a.String(), a.dev)
 	usr1.Add("B "+c.b.String(), b.dev)
-	access := memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
-	psnA, psnB := rand.Uint32()&0xffffff, rand.Uint32()&0xffffff
-	if err := connectRC(a.qp, c.b, b.qp.QPN(), psnA, psnB, c.mtu, 16, access, 14); err != nil {
-		fmt.Fprintf(stderr, "rocev2d demo: QP A: %v\n", err)
-		return exitFail
-	}
-	if err := connectRC(b.qp, c.a, a.qp.QPN(), psnB, psnA, c.mtu, 16, access, 14); err != nil {
-		fmt.Fprintf(stderr, "rocev2d demo: QP B: %v\n", err)
-		return exitFail
-	}
 	fmt.Fprintf(stdout, "rocev2d demo over %s, path MTU %v\n", kind, c.mtu)
-	fmt.Fprintf(stdout, "  A: %v QPN 0x%06x PSN 0x%06x\n", c.a, a.qp.QPN(), psnA)
-	fmt.Fprintf(stdout, "  B: %v QPN 0x%06x PSN 0x%06x\n\n", c.b, b.qp.QPN(), psnB)
+	fmt.Fprintf(stdout, "  A: %v QPN 0x%06x PSN 0x%06x\n", c.a, a.qp.QPN(), a.psn)
+	fmt.Fprintf(stdout, "  B: %v QPN 0x%06x PSN 0x%06x\n\n", c.b, b.qp.QPN(), b.psn)
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "op\tsize\tcount\tbytes\tpackets\ttime\tMB/s\tcheck\t")
 	failed := 0
 	var results []demoResult
-	var release []func()
-	defer func() {
-		// Devices first (no more packets), then registrations, then memory.
-		a.dev.Close()
-		b.dev.Close()
-		for i := len(release) - 1; i >= 0; i-- {
-			release[i]()
-		}
-	}()
 	for _, dc := range demoCases() {
 		if ctx.Err() != nil {
 			break
 		}
-		r := runDemoCase(ctx, a, b, dc, &release)
+		r := runDemoCase(ctx, a, b, dc)
 		results = append(results, r)
 		check := "ok"
 		if r.err != nil {
@@ -395,8 +282,8 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 	}
 	ran := len(results)
 	// Close the devices before the capture so that every packet is in it.
-	a.dev.Close()
-	b.dev.Close()
+	a.close()
+	b.close()
 	if pw != nil {
 		if err := pw.Close(); err != nil {
 			fmt.Fprintf(stderr, "rocev2d demo: --pcap %s: %v\n", c.pcap, err)
@@ -429,13 +316,13 @@ func fmtDuration(d time.Duration) string {
 }
 
 // sentPkts is the number of packets both links sent.
-func sentPkts(a, b *demoEnd) uint64 { return a.link.Stats().SentPkts + b.link.Stats().SentPkts }
+func sentPkts(a, b *endpoint) uint64 { return a.link.Stats().SentPkts + b.link.Stats().SentPkts }
 
 // settlePkts waits (up to 50 ms) until every packet either link sent has been
 // received by the other — a link counts a packet as sent only when its send
 // call returns, which can be after the peer already used it — and returns
 // the number of packets sent.
-func settlePkts(a, b *demoEnd) uint64 {
+func settlePkts(a, b *endpoint) uint64 {
 	deadline := time.Now().Add(50 * time.Millisecond)
 	for {
 		sa, sb := a.link.Stats(), b.link.Stats()
@@ -449,12 +336,8 @@ func settlePkts(a, b *demoEnd) uint64 {
 
 // runDemoCase posts count work requests of one operation from A to B (all
 // outstanding at once), waits for every completion and checks the result.
-//
-// The memory stays registered (and mapped) until the caller runs the
-// functions appended to *release, after both devices are closed: a late
-// duplicate request (a retransmission or a network duplicate) may still
-// arrive for a finished case, as it may for any RNIC application.
-func runDemoCase(ctx context.Context, a, b *demoEnd, dc demoCase, release *[]func()) demoResult {
+// Its memory stays registered until the endpoints are closed.
+func runDemoCase(ctx context.Context, a, b *endpoint, dc demoCase) demoResult {
 	r := demoResult{demoCase: dc}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -464,34 +347,16 @@ func runDemoCase(ctx context.Context, a, b *demoEnd, dc demoCase, release *[]fun
 		span = 8
 	}
 	total := span * dc.count
-	// Registered memory is mmap'd, like the pinned host memory an RNIC
-	// reads and writes behind the program's back: the ordering between
-	// our writes and the peer device's reads goes through the network (a
-	// kernel socket), which the race detector cannot see.
-	src, err := demoAlloc(total)
+	src, srcMR, err := a.alloc(total, memreg.AccessLocalWrite)
 	if err != nil {
 		r.err = err
 		return r
 	}
-	*release = append(*release, func() { unix.Munmap(src) })
-	dst, err := demoAlloc(total)
+	dst, dstMR, err := b.alloc(total, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
 	if err != nil {
 		r.err = err
 		return r
 	}
-	*release = append(*release, func() { unix.Munmap(dst) })
-	srcMR, err := a.pd.RegisterMR(src, memreg.AccessLocalWrite)
-	if err != nil {
-		r.err = err
-		return r
-	}
-	*release = append(*release, func() { srcMR.Deregister() })
-	dstMR, err := b.pd.RegisterMR(dst, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
-	if err != nil {
-		r.err = err
-		return r
-	}
-	*release = append(*release, func() { dstMR.Deregister() })
 	rng := rand.New(rand.NewPCG(uint64(dc.op)<<32|uint64(dc.size), 0x6465))
 	// READ moves B's memory to A; everything else A's to B.
 	from, to := src, dst
@@ -619,15 +484,6 @@ func runDemoCase(ctx context.Context, a, b *demoEnd, dc demoCase, release *[]fun
 	}
 	r.bytes = int64(dc.size * dc.count)
 	return r
-}
-
-// demoAlloc maps n bytes (at least one page) of anonymous memory.
-func demoAlloc(n int) ([]byte, error) {
-	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return nil, fmt.Errorf("allocating %d bytes: %w", n, err)
-	}
-	return b[:n], nil
 }
 
 // checkRecvWCs checks the receive completions of SENDs and WRITEs with

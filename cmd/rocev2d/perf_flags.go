@@ -65,7 +65,7 @@ options:
       --connect-timeout=D how long a client keeps trying to reach the server (default 10s)
       --timeout=D         give up when the whole run takes longer (default 0 = no limit)
   -v                      print the device counters at the end (also on SIGUSR1)
-`, t, tool, defSize, defIters, defTx)
+`, t, tool, defSize, defIters, defTx) + socketUsage
 }
 
 // perfConfig holds the parsed flags of a perftest subcommand.
@@ -92,6 +92,7 @@ type perfConfig struct {
 	timeout     time.Duration
 	verbose     bool
 	events      bool
+	sock        socketFlags
 	server      string
 }
 
@@ -139,6 +140,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	fs.DurationVar(&c.connTimeout, "connect-timeout", 10*time.Second, "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
+	addSocketFlags(fs, &c.sock)
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {

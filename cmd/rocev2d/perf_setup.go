@@ -2,19 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
@@ -60,18 +54,14 @@ func perfConnect(ctx context.Context, c *perfConfig) (net.Conn, error) {
 	})
 }
 
-// perfSide is one side of a perftest run: device, memory, CQs and QP.
+// perfSide is one side of a perftest run: the endpoint, its memory and
+// what the out-of-band exchange negotiated.
 type perfSide struct {
+	*endpoint
 	c       *perfConfig
-	dev     *transport.Device
-	pd      *memreg.PD
 	mem     []byte // mmap'd: [0, half) source, [half, 2*half+cycle) target
 	half    int
 	mr      *memreg.MR
-	scq     *transport.CQ
-	rcq     *transport.CQ
-	qp      *transport.QP
-	psn     uint32
 	params  oob.Params // negotiated
 	remote  oob.PerfDest
 	local   oob.PerfDest
@@ -104,99 +94,52 @@ func (s *perfSide) slotOff(size int, i uint64) uint64 {
 }
 
 func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
-	opts := linkOptions(!c.test.IsBW() && !c.events)
-	link, err := udp.ListenSocket(local, &opts)
+	sock, err := listenSocket(local, c.sock.options(!c.test.IsBW() && !c.events, defaultBusyPoll), "use --bind with another local address")
 	if err != nil {
-		hint := ""
-		switch {
-		case errors.Is(err, syscall.EADDRINUSE):
-			hint = " (port 4791 on that address is taken — by a kernel rxe device or another rocev2d; use --bind with another address)"
-		case errors.Is(err, syscall.EADDRNOTAVAIL):
-			hint = " (address not configured here; pass --bind with a local address)"
-		}
-		return nil, fmt.Errorf("RoCEv2 on %s: %w%s", netip.AddrPortFrom(local, udp.Port), err, hint)
+		return nil, err
 	}
-	var dlink udp.Link = link
+	var link udp.Link = sock
 	var capture *pcaptap.Writer
 	if c.pcap != "" {
-		f, err := os.Create(c.pcap)
-		if err != nil {
-			link.Close()
-			return nil, fmt.Errorf("--pcap: %w", err)
+		if capture, err = createCapture(c.pcap); err != nil {
+			sock.Close()
+			return nil, err
 		}
-		if capture, err = pcaptap.NewWriter(f); err != nil {
-			f.Close()
-			link.Close()
-			return nil, fmt.Errorf("--pcap %s: %w", c.pcap, err)
-		}
-		dlink = pcaptap.New(link, capture, pcaptap.Both)
+		link = pcaptap.New(sock, capture, pcaptap.Both)
 	}
-	dev, err := transport.NewDevice(dlink, transport.DeviceConfig{})
+	e, err := newEndpoint(link, endpointConfig{sendCQ: c.txDepth + 16, recvCQ: c.txDepth + c.rxDepth + 16,
+		maxSendWR: c.txDepth + 1, maxRecvWR: c.rxDepth + 1,
+		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic})
 	if err != nil {
-		link.Close()
 		if capture != nil {
 			capture.Close()
 		}
 		return nil, err
 	}
-	s := &perfSide{c: c, dev: dev, capture: capture, psn: rand.Uint32() & 0xffffff}
-	maxSize := slices.Max(c.sizes())
-	s.half = (max(maxSize, perfCycle) + 4095) &^ 4095
-	s.mem, err = unix.Mmap(-1, 0, 2*s.half+perfCycle, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	s := &perfSide{endpoint: e, c: c, capture: capture}
+	s.half = (max(slices.Max(c.sizes()), perfCycle) + 4095) &^ 4095
+	s.mem, s.mr, err = e.alloc(2*s.half+perfCycle, memreg.AccessLocalWrite|e.access)
 	if err != nil {
 		s.close()
-		return nil, fmt.Errorf("allocating %d bytes: %w", 2*s.half+perfCycle, err)
-	}
-	if s.pd, err = dev.AllocPD(); err != nil {
-		s.close()
 		return nil, err
-	}
-	access := memreg.AccessLocalWrite | memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
-	if s.mr, err = s.pd.RegisterMR(s.mem, access); err != nil {
-		s.close()
-		return nil, fmt.Errorf("couldn't register MR: %w", err)
-	}
-	depth := c.txDepth + c.rxDepth + 16
-	if s.scq, err = dev.CreateCQ(c.txDepth + 16); err != nil {
-		s.close()
-		return nil, err
-	}
-	if s.rcq, err = dev.CreateCQ(depth); err != nil {
-		s.close()
-		return nil, err
-	}
-	s.qp, err = dev.CreateQP(s.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: s.scq, RecvCQ: s.rcq,
-		MaxSendWR: c.txDepth + 1, MaxRecvWR: c.rxDepth + 1, MaxSGE: 1})
-	if err != nil {
-		s.close()
-		return nil, fmt.Errorf("couldn't create QP: %w", err)
-	}
-	a := transport.QPAttr{State: transport.QPSInit, Port: 1, AccessFlags: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic}
-	if err := s.qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
-		s.close()
-		return nil, fmt.Errorf("failed to modify QP to INIT: %w", err)
 	}
 	outReads := uint16(1)
 	if c.test == oob.ReadBW || c.test == oob.ReadLat || c.test == oob.AtomicBW || c.test == oob.AtomicLat {
 		outReads = 16
 	}
 	s.local = oob.PerfDest{OutReads: outReads, QPN: s.qp.QPN(), PSN: s.psn, RKey: s.mr.RKey(),
-		VAddr: s.recvBase(), GID: dev.GID()}
+		VAddr: s.recvBase(), GID: e.dev.GID()}
 	return s, nil
 }
 
+// close closes the endpoint, then the capture (with every packet the
+// device sent or received), and reports the capture's error.
 func (s *perfSide) close() error {
-	if s.dev != nil {
-		s.dev.Close()
-	}
+	s.endpoint.close()
 	var err error
 	if s.capture != nil {
 		err = s.capture.Close()
 		s.capture = nil
-	}
-	if s.mem != nil {
-		unix.Munmap(s.mem)
-		s.mem = nil
 	}
 	return err
 }
@@ -220,7 +163,7 @@ func (s *perfSide) connect(remote oob.PerfDest, neg oob.Params, stdout io.Writer
 		return fmt.Errorf("negotiated MTU %d is invalid", neg.MTU)
 	}
 	rd := uint8(min(max(remote.OutReads, 1), 16))
-	if err := connectRTS(s.qp, peer, remote.QPN, s.psn, remote.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
+	if err := s.endpoint.connect(peer, remote.QPN, remote.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
 		return err
 	}
 	s.printHeader(stdout)

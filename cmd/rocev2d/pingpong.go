@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strconv"
@@ -15,7 +14,6 @@ import (
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
 )
 
 func init() {
@@ -51,7 +49,7 @@ options:
       --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
   -v                     print the device counters (rxe's names) at the end; SIGUSR1
                          prints them while running
-
+` + socketUsage + `
 Output: the local and remote address lines, then
   N bytes in S seconds = M Mbit/sec
   N iters in S seconds = U usec/iter
@@ -79,6 +77,7 @@ type pingpongConfig struct {
 	bind    netip.Addr
 	timeout time.Duration
 	verbose bool
+	sock    socketFlags
 	server  string // empty: run as server
 }
 
@@ -111,6 +110,7 @@ func parsePingpongFlags(args []string) (*pingpongConfig, error) {
 	fs.StringVar(&bind, "bind", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
+	addSocketFlags(fs, &c.sock)
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
@@ -179,16 +179,13 @@ func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	return exitOK
 }
 
-// ppContext is one side of a ping-pong: device, memory, CQ and QP.
+// ppContext is one side of a ping-pong: an endpoint with one CQ and the
+// message buffer.
 type ppContext struct {
-	dev   *transport.Device
-	pd    *memreg.PD
+	*endpoint
 	buf   []byte
 	mr    *memreg.MR
-	cq    *transport.CQ
-	qp    *transport.QP
-	psn   uint32
-	routs int
+	routs int // receives posted
 }
 
 // pingpong runs one ping-pong as server (c.server empty) or client.
@@ -221,11 +218,11 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 	if c.server != "" {
 		rem, err = oob.PingpongClient(ctx, conn, me)
 		if err == nil {
-			err = pc.connect(c, me.PSN, rem)
+			err = pc.connectTo(c, rem)
 		}
 	} else {
 		rem, err = oob.PingpongServer(ctx, conn, func(r oob.PingpongDest) (oob.PingpongDest, error) {
-			return me, pc.connect(c, me.PSN, r)
+			return me, pc.connectTo(c, r)
 		})
 	}
 	if err != nil {
@@ -293,48 +290,28 @@ func ppOOBConnect(ctx context.Context, c *pingpongConfig) (net.Conn, error) {
 	})
 }
 
-// ppInit creates the device on local, registers the buffer, creates the CQ
-// and QP, moves it to INIT and posts rx-depth receives (pp_init_ctx +
-// pp_post_recv).
+// ppInit creates the endpoint on local with one CQ, registers the buffer
+// and posts rx-depth receives (pp_init_ctx + pp_post_recv).
 func ppInit(local netip.Addr, c *pingpongConfig) (*ppContext, error) {
-	opts := linkOptions(!c.events)
-	link, err := udp.ListenSocket(local, &opts)
+	link, err := listenSocket(local, c.sock.options(!c.events, defaultBusyPoll), "pick another address with --bind")
 	if err != nil {
-		return nil, fmt.Errorf("RoCEv2 on %s: %w", netip.AddrPortFrom(local, udp.Port), err)
-	}
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
-	if err != nil {
-		link.Close()
 		return nil, err
 	}
-	pc := &ppContext{dev: dev, buf: make([]byte, c.size), psn: rand.Uint32() & 0xffffff}
+	e, err := newEndpoint(link, endpointConfig{sendCQ: c.rxDepth + 1, maxSendWR: 1, maxRecvWR: c.rxDepth, sigAll: true})
+	if err != nil {
+		return nil, err
+	}
+	pc := &ppContext{endpoint: e}
+	if pc.buf, pc.mr, err = e.alloc(c.size, memreg.AccessLocalWrite); err != nil {
+		e.close()
+		return nil, err
+	}
 	for i := range pc.buf {
 		pc.buf[i] = 0x7b // as ibv_rc_pingpong
 	}
-	fail := func(err error) (*ppContext, error) {
-		pc.close()
-		return nil, err
-	}
-	if pc.pd, err = dev.AllocPD(); err != nil {
-		return fail(err)
-	}
-	if pc.mr, err = pc.pd.RegisterMR(pc.buf, memreg.AccessLocalWrite); err != nil {
-		return fail(fmt.Errorf("couldn't register MR: %w", err))
-	}
-	if pc.cq, err = dev.CreateCQ(c.rxDepth + 1); err != nil {
-		return fail(fmt.Errorf("couldn't create CQ: %w", err))
-	}
-	pc.qp, err = dev.CreateQP(pc.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: pc.cq, RecvCQ: pc.cq,
-		MaxSendWR: 1, MaxRecvWR: c.rxDepth, MaxSGE: 1, SigAll: true})
-	if err != nil {
-		return fail(fmt.Errorf("couldn't create QP: %w", err))
-	}
-	a := transport.QPAttr{State: transport.QPSInit, PKeyIndex: 0, Port: 1}
-	if err := pc.qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
-		return fail(fmt.Errorf("failed to modify QP to INIT: %w", err))
-	}
 	if pc.routs = pc.postRecv(c.rxDepth); pc.routs < c.rxDepth {
-		return fail(fmt.Errorf("couldn't post receive (%d)", pc.routs))
+		e.close()
+		return nil, fmt.Errorf("couldn't post receive (%d)", pc.routs)
 	}
 	return pc, nil
 }
@@ -357,19 +334,14 @@ func (pc *ppContext) postSend() error {
 		SGEs: []memreg.SGE{{Addr: pc.mr.IOVA(), Length: uint32(len(pc.buf)), LKey: pc.mr.LKey()}}})
 }
 
-// connect moves the QP to RTR and RTS towards rem with ibv_rc_pingpong's
-// attributes (pp_connect_ctx).
-func (pc *ppContext) connect(c *pingpongConfig, myPSN uint32, rem oob.PingpongDest) error {
+// connectTo takes the QP to RTS towards rem with ibv_rc_pingpong's
+// attributes (pp_connect_ctx: one READ/atomic outstanding, timeout 14).
+func (pc *ppContext) connectTo(c *pingpongConfig, rem oob.PingpongDest) error {
 	peer, err := peerFromGID(rem.GID, "-g")
 	if err != nil {
 		return err
 	}
-	// connectRTS's errors read "modify QP to RTR: ..."; the tool says
-	// "failed to modify QP to RTR: ...".
-	if err := connectRTS(pc.qp, peer, rem.QPN, myPSN, rem.PSN, c.mtu, 1, 14); err != nil {
-		return fmt.Errorf("failed to %w", err)
-	}
-	return nil
+	return pc.connect(peer, rem.QPN, rem.PSN, c.mtu, 1, 14)
 }
 
 // loop is ibv_rc_pingpong's main loop: the client sends first; a side posts
@@ -391,7 +363,7 @@ func (pc *ppContext) loop(ctx context.Context, c *pingpongConfig) error {
 	var wcs [2]transport.WC
 	rcnt, scnt := 0, 0
 	for rcnt < c.iters || scnt < c.iters {
-		n, err := pc.cq.Wait(ctx, wcs[:])
+		n, err := pc.scq.Wait(ctx, wcs[:])
 		if err != nil {
 			return fmt.Errorf("waiting for completions after %d sends and %d receives of %d: %w", scnt, rcnt, c.iters, err)
 		}
@@ -424,11 +396,4 @@ func (pc *ppContext) loop(ctx context.Context, c *pingpongConfig) error {
 		}
 	}
 	return nil
-}
-
-// close releases the device (its QPs, CQs and link).
-func (pc *ppContext) close() {
-	if pc.dev != nil {
-		pc.dev.Close()
-	}
 }

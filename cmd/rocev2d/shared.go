@@ -10,10 +10,8 @@ import (
 	"net/netip"
 	"strconv"
 	"syscall"
-	"time"
 
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
 )
 
 // flagsResult handles what every command does after parsing its flags:
@@ -106,26 +104,6 @@ func localAddr(bind netip.Addr, conn net.Conn) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("local address of the out-of-band connection %s: %v", conn.LocalAddr(), err)
 	}
 	return ap.Addr().Unmap(), nil
-}
-
-// defaultBusyPoll is how long the latency commands (pingpong and the
-// perftest *-lat tests without -e) poll their socket before sleeping in a
-// receive, unless --busy-poll says otherwise: the real tools poll their CQ
-// without pause, and waking an idle thread costs tens of µs on a VM.
-const defaultBusyPoll = 100 * time.Microsecond
-
-// linkOptions returns the socket options for a command's link: the
-// process defaults (--gso, --busy-poll), plus defaultBusyPoll when poll is
-// set and --busy-poll was not given; with poll unset, no busy polling.
-func linkOptions(poll bool) udp.SocketOptions {
-	o := udp.DefaultSocketOptions()
-	switch {
-	case !poll:
-		o.BusyPoll = 0
-	case o.BusyPoll == 0:
-		o.BusyPoll = defaultBusyPoll
-	}
-	return o
 }
 
 // wcError describes a failed completion.

@@ -1,24 +1,17 @@
 package main
 
 import (
-	"context"
+	"flag"
 	"fmt"
-	"io"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gorocev2/rocev2/udp"
 )
 
-// The --gso option of every subcommand that opens UDP socket links. It is
-// added here, around the registered commands (this file's init runs after
-// theirs: files initialise in name order), so the commands' own flag
-// parsing never sees it: the wrapper takes it out of the arguments and sets
-// the udp package's default socket options for the run.
-
-// gsoUsage is appended to the help of the wrapped commands.
-const gsoUsage = `  --gso          send each run of equal-size packets to one peer (the
+// socketUsage documents the options addSocketFlags registers; the commands
+// that open UDP socket links (demo, bench, pingpong, the perftest commands)
+// list it with their options.
+const socketUsage = `  --gso          send each run of equal-size packets to one peer (the
                  packets of a multi-packet message) as one UDP GSO datagram
                  (UDP_SEGMENT): about twice the packet rate of plain
                  sendmmsg. Linux numbers the segments' IPv4 identifications
@@ -32,113 +25,45 @@ const gsoUsage = `  --gso          send each run of equal-size packets to one pe
                  in pingpong and the *-lat tests: 100us unless -e.
 `
 
-// gsoCommands are the subcommands that open udp.ListenSocket links.
-func gsoCommands() []string {
-	names := []string{"demo", "bench", "pingpong"}
-	for name, c := range commands {
-		if strings.HasPrefix(c.summary, "perftest-compatible") {
-			names = append(names, name)
-		}
-	}
-	return names
+// defaultBusyPoll is how long the latency commands (pingpong and the
+// perftest *-lat tests without -e) poll their socket before sleeping in a
+// receive, unless --busy-poll says otherwise: the real tools poll their CQ
+// without pause, and waking an idle thread costs tens of µs on a VM.
+const defaultBusyPoll = 100 * time.Microsecond
+
+// socketFlags holds the --gso and --busy-poll options of one command.
+type socketFlags struct {
+	gso         bool
+	busyPoll    time.Duration
+	busyPollSet bool // --busy-poll was given (0 switches polling off)
 }
 
-func init() {
-	for _, name := range gsoCommands() {
-		if c, ok := commands[name]; ok {
-			c.usage += gsoUsage
-			c.run = withGSOFlag(name, c.run)
+// addSocketFlags registers --gso and --busy-poll=DUR in fs, storing their
+// values in f. Like every flag of the commands that take a positional
+// argument (pingpong, the perftest commands), they may also follow it.
+func addSocketFlags(fs *flag.FlagSet, f *socketFlags) {
+	fs.BoolVar(&f.gso, "gso", false, "")
+	fs.Func("busy-poll", "", func(val string) error {
+		d, err := time.ParseDuration(val)
+		if err != nil || d < 0 || d > time.Second {
+			return fmt.Errorf("want a duration between 0 and 1s (e.g. 100us)")
 		}
-	}
-}
-
-// withGSOFlag returns run with the --gso and --busy-poll options: taken out
-// of the arguments, they set UDP GSO and SocketOptions.BusyPoll in the
-// default socket options while run runs.
-func withGSOFlag(name string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) int) func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-		rest, gso, err := takeGSOFlag(args)
-		if err != nil {
-			fmt.Fprintf(stderr, "rocev2d %s: %v\n", name, err)
-			return exitUsage
-		}
-		rest, poll, err := takeBusyPollFlag(rest)
-		if err != nil {
-			fmt.Fprintf(stderr, "rocev2d %s: %v\n", name, err)
-			return exitUsage
-		}
-		if gso || poll > 0 {
-			o := udp.DefaultSocketOptions()
-			o.GSO = o.GSO || gso
-			o.BusyPoll = poll
-			defer udp.SetDefaultSocketOptions(o)()
-		}
-		return run(ctx, rest, stdout, stderr)
-	}
-}
-
-// takeFlag removes every -name / --name / --name=VAL from args (before a
-// "--" that ends the options) and calls set with each value. A flag that
-// needs a value (takesArg) also takes it from the next argument.
-func takeFlag(args []string, name string, takesArg bool, set func(val string, hasVal bool) error) ([]string, error) {
-	rest := make([]string, 0, len(args))
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			rest = append(rest, args[i:]...)
-			break
-		}
-		n, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || n != name {
-			rest = append(rest, a)
-			continue
-		}
-		if takesArg && !hasVal {
-			if i+1 == len(args) {
-				return nil, fmt.Errorf("--%s needs a value", name)
-			}
-			i++
-			val, hasVal = args[i], true
-		}
-		if err := set(val, hasVal); err != nil {
-			return nil, err
-		}
-	}
-	return rest, nil
-}
-
-// takeGSOFlag removes -gso / --gso / --gso=BOOL from args (before a "--"
-// that ends the options) and reports its value.
-func takeGSOFlag(args []string) (rest []string, gso bool, err error) {
-	rest, err = takeFlag(args, "gso", false, func(val string, hasVal bool) error {
-		gso = true
-		if hasVal {
-			var err error
-			if gso, err = strconv.ParseBool(val); err != nil {
-				return fmt.Errorf("--gso=%q: want true or false", val)
-			}
-		}
+		f.busyPoll, f.busyPollSet = d, true
 		return nil
 	})
-	if err != nil {
-		return nil, false, err
-	}
-	return rest, gso, nil
 }
 
-// takeBusyPollFlag removes --busy-poll=DUR / -busy-poll=DUR / --busy-poll DUR
-// (before a "--" that ends the options) and returns the duration (0 when
-// absent).
-func takeBusyPollFlag(args []string) (rest []string, d time.Duration, err error) {
-	rest, err = takeFlag(args, "busy-poll", true, func(val string, _ bool) error {
-		var err error
-		if d, err = time.ParseDuration(val); err != nil || d < 0 || d > time.Second {
-			return fmt.Errorf("--busy-poll=%q: want a duration between 0 and 1s (e.g. 100us)", val)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, 0, err
+// options returns the socket options of a command's link: UDP GSO as --gso
+// says; no busy polling unless poll (latency commands without -e, demo,
+// bench), and then --busy-poll's duration, or def when it was not given.
+func (f socketFlags) options(poll bool, def time.Duration) udp.SocketOptions {
+	o := udp.SocketOptions{GSO: f.gso}
+	switch {
+	case !poll:
+	case f.busyPollSet:
+		o.BusyPoll = f.busyPoll
+	default:
+		o.BusyPoll = def
 	}
-	return rest, d, nil
+	return o
 }

@@ -1,73 +1,164 @@
 package main
 
 import (
-	"context"
+	"flag"
 	"io"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
-	"github.com/gorocev2/rocev2/udp"
 )
 
-func TestTakeGSOFlag(t *testing.T) {
+func TestSocketFlags(t *testing.T) {
 	tests := []struct {
-		args, rest []string
-		gso, err   bool
+		args []string
+		want socketFlags
+		rest []string
+		err  bool
 	}{
 		{args: []string{}, rest: []string{}},
-		{args: []string{"-v", "--a=1.2.3.4"}, rest: []string{"-v", "--a=1.2.3.4"}},
-		{args: []string{"--gso"}, rest: []string{}, gso: true},
-		{args: []string{"-v", "-gso", "-m", "4096"}, rest: []string{"-v", "-m", "4096"}, gso: true},
-		{args: []string{"--gso=false", "-v"}, rest: []string{"-v"}},
-		{args: []string{"--gso=true"}, rest: []string{}, gso: true},
+		{args: []string{"-v"}, want: socketFlags{}, rest: []string{}},
+		{args: []string{"--gso"}, want: socketFlags{gso: true}, rest: []string{}},
+		{args: []string{"-v", "-gso", "x"}, want: socketFlags{gso: true}, rest: []string{"x"}},
+		{args: []string{"--gso=false", "-v"}, want: socketFlags{}, rest: []string{}},
+		{args: []string{"--gso=true"}, want: socketFlags{gso: true}, rest: []string{}},
 		{args: []string{"--gso=maybe"}, err: true},
-		{args: []string{"gso", "--", "--gso"}, rest: []string{"gso", "--", "--gso"}},
-		{args: []string{"--gsox"}, rest: []string{"--gsox"}},
+		{args: []string{"--", "--gso"}, rest: []string{"--gso"}},
+		{args: []string{"--gsox"}, err: true},
+		{args: []string{"--busy-poll=100us", "-v"}, want: socketFlags{busyPoll: 100 * time.Microsecond, busyPollSet: true}, rest: []string{}},
+		{args: []string{"-v", "-busy-poll", "2ms"}, want: socketFlags{busyPoll: 2 * time.Millisecond, busyPollSet: true}, rest: []string{}},
+		{args: []string{"--busy-poll=0"}, want: socketFlags{busyPollSet: true}, rest: []string{}},
+		{args: []string{"--busy-poll"}, err: true},
+		{args: []string{"--busy-poll=fast"}, err: true},
+		{args: []string{"--busy-poll=-1us"}, err: true},
+		{args: []string{"--busy-poll=2s"}, err: true},
 	}
 	for _, tc := range tests {
-		rest, gso, err := takeGSOFlag(tc.args)
-		if (err != nil) != tc.err || (!tc.err && (gso != tc.gso || !slices.Equal(rest, tc.rest))) {
-			t.Errorf("takeGSOFlag(%q) = %q, %v, %v; want %q, %v, error %v", tc.args, rest, gso, err, tc.rest, tc.gso, tc.err)
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		fs.Bool("v", false, "")
+		var got socketFlags
+		addSocketFlags(fs, &got)
+		err := fs.Parse(tc.args)
+		if (err != nil) != tc.err || (!tc.err && (got != tc.want || strings.Join(fs.Args(), " ") != strings.Join(tc.rest, " "))) {
+			t.Errorf("%q: %+v, rest %q, error %v; want %+v, rest %q, error %v", tc.args, got, fs.Args(), err, tc.want, tc.rest, tc.err)
 		}
 	}
 }
 
-// TestGSOFlagWrapsCommands: every command that opens socket links takes
-// --gso and documents it; the flag switches GSO on in the default socket
-// options for the run only.
-func TestGSOFlagWrapsCommands(t *testing.T) {
-	names := gsoCommands()
-	for _, want := range []string{"demo", "bench", "pingpong", "write-bw", "read-lat"} {
-		if !slices.Contains(names, want) {
-			t.Errorf("%s does not take --gso (commands: %v)", want, names)
+// socketCommands are the commands that open UDP socket links.
+func socketCommands() []string {
+	names := []string{"demo", "bench", "pingpong"}
+	for pt := oob.WriteBW; pt <= oob.AtomicLat; pt++ {
+		names = append(names, pt.String())
+	}
+	return names
+}
+
+// TestSocketFlagsCommands: every command that opens socket links takes
+// --gso and --busy-poll, documents them, and builds its socket options
+// from them: latency commands poll for defaultBusyPoll unless -e or
+// --busy-poll says otherwise; bandwidth commands never poll; demo and bench
+// poll only when --busy-poll says so.
+func TestSocketFlagsCommands(t *testing.T) {
+	for _, n := range socketCommands() {
+		c, ok := commands[n]
+		if !ok {
+			t.Errorf("no command %s", n)
+			continue
+		}
+		if !strings.Contains(c.usage, "--gso") || !strings.Contains(c.usage, "--busy-poll=DUR") {
+			t.Errorf("help of %s does not describe --gso and --busy-poll", n)
 		}
 	}
-	for _, n := range names {
-		if c := commands[n]; !strings.Contains(c.usage, "--gso") {
-			t.Errorf("help of %s does not mention --gso", n)
+	const us7 = 7 * time.Microsecond
+	pp := func(args ...string) socketFlags {
+		c, err := parsePingpongFlags(args)
+		if err != nil {
+			t.Fatalf("pingpong %q: %v", args, err)
+		}
+		if c.server != "" && c.server != "127.0.0.1" {
+			t.Errorf("pingpong %q: server %q", args, c.server)
+		}
+		return c.sock
+	}
+	perf := func(pt oob.PerfTest, args ...string) (socketFlags, bool) {
+		c, err := parsePerfFlags(pt, args)
+		if err != nil {
+			t.Fatalf("%v %q: %v", pt, args, err)
+		}
+		if c.server != "" && c.server != "127.0.0.1" {
+			t.Errorf("%v %q: server %q", pt, args, c.server)
+		}
+		return c.sock, !c.test.IsBW() && !c.events
+	}
+	ppPoll := func(args ...string) time.Duration {
+		c, err := parsePingpongFlags(args)
+		if err != nil {
+			t.Fatalf("pingpong %q: %v", args, err)
+		}
+		return c.sock.options(!c.events, defaultBusyPoll).BusyPoll
+	}
+	perfPoll := func(pt oob.PerfTest, args ...string) time.Duration {
+		f, poll := perf(pt, args...)
+		return f.options(poll, defaultBusyPoll).BusyPoll
+	}
+	for _, tc := range []struct {
+		name      string
+		got, want time.Duration
+	}{
+		{"pingpong", ppPoll(), defaultBusyPoll},
+		{"pingpong -e", ppPoll("-e"), 0},
+		{"pingpong --busy-poll=7us", ppPoll("--busy-poll=7us"), us7},
+		{"pingpong --busy-poll=0", ppPoll("--busy-poll=0"), 0},
+		{"pingpong -e --busy-poll=7us", ppPoll("-e", "--busy-poll=7us"), 0},
+		{"write-lat", perfPoll(oob.WriteLat), defaultBusyPoll},
+		{"read-lat SERVER --busy-poll 7us", perfPoll(oob.ReadLat, "127.0.0.1", "--busy-poll", "7us"), us7},
+		{"send-lat -e", perfPoll(oob.SendLat, "-e"), 0},
+		{"write-bw --busy-poll=7us", perfPoll(oob.WriteBW, "--busy-poll=7us"), 0},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: BusyPoll %v, want %v", tc.name, tc.got, tc.want)
 		}
 	}
-	var sawGSO []bool
-	var sawArgs [][]string
-	run := withGSOFlag("x", func(_ context.Context, args []string, _, _ io.Writer) int {
-		sawGSO = append(sawGSO, udp.DefaultSocketOptions().GSO)
-		sawArgs = append(sawArgs, args)
-		return exitOK
-	})
-	run(context.Background(), []string{"-v", "--gso"}, io.Discard, io.Discard)
-	run(context.Background(), []string{"-v"}, io.Discard, io.Discard)
-	if !slices.Equal(sawGSO, []bool{true, false}) || !slices.Equal(sawArgs[0], []string{"-v"}) {
-		t.Errorf("GSO during the runs %v, args %q; want [true false], [-v]", sawGSO, sawArgs)
+	// The flags may follow the server address.
+	if f := pp("--bind", "127.0.0.2", "127.0.0.1", "--gso", "--busy-poll=7us"); !f.gso || f.busyPoll != us7 {
+		t.Errorf("pingpong SERVER --gso --busy-poll=7us: %+v", f)
 	}
-	if code := run(context.Background(), []string{"--gso=x"}, io.Discard, io.Discard); code != exitUsage {
-		t.Errorf("--gso=x: exit %d, want %d", code, exitUsage)
+	if f, _ := perf(oob.WriteBW, "-s", "64", "127.0.0.1", "--gso"); !f.gso {
+		t.Errorf("write-bw SERVER --gso: %+v", f)
 	}
-	if udp.DefaultSocketOptions().GSO {
-		t.Error("GSO still on after the runs")
+	if f := pp("-s", "64"); f.gso {
+		t.Errorf("pingpong without --gso: %+v", f)
+	}
+	d, err := parseDemoFlags([]string{"--gso", "--busy-poll", "7us"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := d.sock.options(true, 0); !o.GSO || o.BusyPoll != us7 {
+		t.Errorf("demo --gso --busy-poll 7us: %+v", o)
+	}
+	b, err := parseBenchFlags([]string{"--gso"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := b.sock.options(true, 0); !o.GSO || o.BusyPoll != 0 {
+		t.Errorf("bench --gso: %+v", o)
+	}
+	// Bad values are usage errors of the command.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"demo", "--gso=x"}, "-gso"},
+		{[]string{"pingpong", "--busy-poll=fast"}, "want a duration between 0 and 1s"},
+		{[]string{"write-lat", "127.0.0.1", "--busy-poll"}, "-busy-poll"},
+	} {
+		if code, _, errOut := runIn(t, tc.args...); code != exitUsage || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q", tc.args, code, errOut)
+		}
 	}
 }
 
@@ -85,71 +176,5 @@ func TestDemoGSO(t *testing.T) {
 	code, out, errOut = runIn(t, "pcap", "check", "-q", file)
 	if code != exitOK || !strings.Contains(out, " 0 bad") || strings.Contains(out, " 0 RoCEv2 packets") {
 		t.Fatalf("pcap check after demo --gso: exit %d\n%s%s", code, out, errOut)
-	}
-}
-
-func TestTakeBusyPollFlag(t *testing.T) {
-	tests := []struct {
-		args, rest []string
-		d          time.Duration
-		err        bool
-	}{
-		{args: []string{}, rest: []string{}},
-		{args: []string{"-v", "--gso"}, rest: []string{"-v", "--gso"}},
-		{args: []string{"--busy-poll=100us", "-v"}, rest: []string{"-v"}, d: 100 * time.Microsecond},
-		{args: []string{"-v", "-busy-poll", "2ms"}, rest: []string{"-v"}, d: 2 * time.Millisecond},
-		{args: []string{"--busy-poll=0"}, rest: []string{}},
-		{args: []string{"--busy-poll"}, err: true},
-		{args: []string{"--busy-poll=fast"}, err: true},
-		{args: []string{"--busy-poll=-1us"}, err: true},
-		{args: []string{"--busy-poll=2s"}, err: true},
-		{args: []string{"x", "--", "--busy-poll=1us"}, rest: []string{"x", "--", "--busy-poll=1us"}},
-	}
-	for _, tc := range tests {
-		rest, d, err := takeBusyPollFlag(tc.args)
-		if (err != nil) != tc.err || (!tc.err && (d != tc.d || !slices.Equal(rest, tc.rest))) {
-			t.Errorf("takeBusyPollFlag(%q) = %q, %v, %v; want %q, %v, error %v", tc.args, rest, d, err, tc.rest, tc.d, tc.err)
-		}
-	}
-	var saw []time.Duration
-	run := withGSOFlag("x", func(_ context.Context, args []string, _, _ io.Writer) int {
-		saw = append(saw, udp.DefaultSocketOptions().BusyPoll)
-		return exitOK
-	})
-	run(context.Background(), []string{"--busy-poll=50us"}, io.Discard, io.Discard)
-	run(context.Background(), nil, io.Discard, io.Discard)
-	if !slices.Equal(saw, []time.Duration{50 * time.Microsecond, 0}) {
-		t.Errorf("BusyPoll seen by the commands: %v, want [50µs 0]", saw)
-	}
-	for _, n := range gsoCommands() {
-		if !strings.Contains(commands[n].usage, "--busy-poll") {
-			t.Errorf("help of %s does not mention --busy-poll", n)
-		}
-	}
-}
-
-// TestLinkOptionsBusyPoll: latency commands poll for defaultBusyPoll unless
-// -e (poll false) or --busy-poll chose a duration; others never poll.
-func TestLinkOptionsBusyPoll(t *testing.T) {
-	if got := linkOptions(true).BusyPoll; got != defaultBusyPoll {
-		t.Errorf("latency command: BusyPoll %v, want %v", got, defaultBusyPoll)
-	}
-	if got := linkOptions(false).BusyPoll; got != 0 {
-		t.Errorf("-e or bandwidth command: BusyPoll %v, want 0", got)
-	}
-	o := udp.DefaultSocketOptions()
-	o.BusyPoll, o.GSO = 7*time.Microsecond, true
-	defer udp.SetDefaultSocketOptions(o)()
-	if got := linkOptions(true); got.BusyPoll != 7*time.Microsecond || !got.GSO {
-		t.Errorf("with --busy-poll=7us --gso: %+v", got)
-	}
-	if got := linkOptions(false); got.BusyPoll != 0 || !got.GSO {
-		t.Errorf("with --busy-poll=7us --gso and -e: %+v", got)
-	}
-	for pt := oob.WriteBW; pt <= oob.AtomicLat; pt++ {
-		c, err := parsePerfFlags(pt, []string{"-e"})
-		if err != nil || !c.events {
-			t.Errorf("%v -e: %v", pt, err)
-		}
 	}
 }

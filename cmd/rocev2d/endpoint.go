@@ -1,0 +1,201 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// endpoint is one RoCEv2 end of a command (demo and bench run two in one
+// process, pingpong and the perftest commands one each): a device on a
+// link, a protection domain, its CQs, one RC QP in INIT, and the memory
+// registered with alloc.
+type endpoint struct {
+	link   udp.Link // the device's link
+	dev    *transport.Device
+	pd     *memreg.PD
+	scq    *transport.CQ // send CQ
+	rcq    *transport.CQ // receive CQ (scq when one CQ serves both queues)
+	qp     *transport.QP
+	psn    uint32        // first send PSN (random, 24 bits)
+	access memreg.Access // remote access the QP grants the peer
+	// release undoes the registrations and mappings of alloc, in reverse
+	// order, after the device is closed.
+	release []func()
+}
+
+// endpointConfig sizes an endpoint's queues.
+type endpointConfig struct {
+	sendCQ, recvCQ       int // CQ depths; recvCQ 0: one CQ of sendCQ entries for both queues
+	maxSendWR, maxRecvWR int
+	sigAll               bool          // every send work request completes signalled
+	access               memreg.Access // remote access rights of the QP
+}
+
+// newEndpoint creates a device on link with one PD, the CQs and an RC QP,
+// and takes the QP to INIT, so that receives can be posted before the
+// peer is known. The endpoint owns link: on an error it is closed.
+func newEndpoint(link udp.Link, cfg endpointConfig) (*endpoint, error) {
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	if err != nil {
+		link.Close()
+		return nil, err
+	}
+	e := &endpoint{link: link, dev: dev, psn: rand.Uint32() & 0xffffff, access: cfg.access}
+	fail := func(err error) (*endpoint, error) {
+		e.close()
+		return nil, err
+	}
+	if e.pd, err = dev.AllocPD(); err != nil {
+		return fail(fmt.Errorf("couldn't allocate PD: %w", err))
+	}
+	if e.scq, err = dev.CreateCQ(cfg.sendCQ); err != nil {
+		return fail(fmt.Errorf("couldn't create CQ: %w", err))
+	}
+	e.rcq = e.scq
+	if cfg.recvCQ > 0 {
+		if e.rcq, err = dev.CreateCQ(cfg.recvCQ); err != nil {
+			return fail(fmt.Errorf("couldn't create CQ: %w", err))
+		}
+	}
+	e.qp, err = dev.CreateQP(e.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: e.scq, RecvCQ: e.rcq,
+		MaxSendWR: cfg.maxSendWR, MaxRecvWR: cfg.maxRecvWR, MaxSGE: 1, SigAll: cfg.sigAll})
+	if err != nil {
+		return fail(fmt.Errorf("couldn't create QP: %w", err))
+	}
+	if err := e.qp.Init(cfg.access); err != nil {
+		return fail(err)
+	}
+	return e, nil
+}
+
+// connect takes the QP to RTS towards the QP peerQPN at peer, whose first
+// send PSN is peerPSN, with path MTU mtu, rdAtomic READ/atomic requests
+// outstanding in each direction and the local ACK timeout exponent timeout.
+// Retries are those of rdma-core's ibv_rc_pingpong and perftest, which
+// rocev2d interoperates with: retry_cnt 7, rnr_retry 7 (infinite) and an
+// RNR NAK timer of 12 (0.64 ms).
+func (e *endpoint) connect(peer netip.Addr, peerQPN, peerPSN uint32, mtu transport.MTU, rdAtomic, timeout uint8) error {
+	return e.qp.Connect(transport.ConnParams{Peer: peer, DestQPN: peerQPN, RQPSN: peerPSN, SQPSN: e.psn,
+		PathMTU: mtu, Access: e.access, MaxRdAtomic: rdAtomic, MaxDestRdAtomic: rdAtomic,
+		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}})
+}
+
+// alloc maps n bytes (at least one page) of anonymous memory and registers
+// them with access; close undoes both after closing the device. Registered
+// memory is mmap'd, like the pinned host memory an RNIC reads and writes
+// behind the program's back: the ordering between the program's accesses
+// and the device's goes through completions and the network, which the
+// race detector cannot see. The memory stays registered until close: a
+// late duplicate request (a retransmission or a network duplicate) may
+// still arrive for a finished transfer, as it may for any RNIC application.
+func (e *endpoint) alloc(n int, access memreg.Access) ([]byte, *memreg.MR, error) {
+	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, nil, fmt.Errorf("allocating %d bytes: %w", n, err)
+	}
+	e.release = append(e.release, func() { unix.Munmap(b) })
+	mr, err := e.pd.RegisterMR(b[:n], access)
+	if err != nil {
+		return nil, nil, fmt.Errorf("couldn't register MR: %w", err)
+	}
+	e.release = append(e.release, func() { mr.Deregister() })
+	return b[:n], mr, nil
+}
+
+// close closes the device (its QP, CQs and link), then deregisters and
+// unmaps the memory of alloc. It may be called more than once.
+func (e *endpoint) close() {
+	if e.dev != nil {
+		e.dev.Close()
+		e.dev = nil
+	}
+	for i := len(e.release) - 1; i >= 0; i-- {
+		e.release[i]()
+	}
+	e.release = nil
+}
+
+// listenSocket opens a UDP socket link on addr, port 4791. When that
+// fails, the error names address and port and says what to do; advice
+// names the command's way out (another address, another link).
+func listenSocket(addr netip.Addr, opts udp.SocketOptions, advice string) (*udp.SocketLink, error) {
+	l, err := udp.ListenSocket(addr, &opts)
+	if err == nil {
+		return l, nil
+	}
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		advice = "another program (a kernel rxe device, another rocev2d) holds the port; " + advice
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		advice = "the address is not configured on this host; " + advice
+	}
+	return nil, fmt.Errorf("cannot open a RoCEv2 socket on %v: %w\n  (%s)", netip.AddrPortFrom(addr, udp.Port), err, advice)
+}
+
+// listenSocketPair opens the socket links of two endpoints in one process
+// (demo, bench), on addresses a and b.
+func listenSocketPair(a, b netip.Addr, opts udp.SocketOptions, advice string) (la, lb udp.Link, err error) {
+	sa, err := listenSocket(a, opts, advice)
+	if err != nil {
+		return nil, nil, err
+	}
+	sb, err := listenSocket(b, opts, advice)
+	if err != nil {
+		sa.Close()
+		return nil, nil, err
+	}
+	return sa, sb, nil
+}
+
+// pairConfig sizes the queues of demo's and bench's endpoints.
+var pairConfig = endpointConfig{sendCQ: 1024, recvCQ: 1024, maxSendWR: 256, maxRecvWR: 256,
+	access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic}
+
+// newEndpointPair creates endpoints A on la (address addrA) and B on lb
+// (addrB) and connects their QPs to each other with path MTU mtu, 16
+// READ/atomic requests outstanding each way and ACK timeout 14, as
+// ibv_rc_pingpong's. It owns both links.
+func newEndpointPair(la, lb udp.Link, addrA, addrB netip.Addr, mtu transport.MTU) (a, b *endpoint, err error) {
+	if a, err = newEndpoint(la, pairConfig); err != nil {
+		lb.Close()
+		return nil, nil, fmt.Errorf("device A: %w", err)
+	}
+	if b, err = newEndpoint(lb, pairConfig); err != nil {
+		a.close()
+		return nil, nil, fmt.Errorf("device B: %w", err)
+	}
+	if err = a.connect(addrB, b.qp.QPN(), b.psn, mtu, 16, 14); err == nil {
+		err = b.connect(addrA, a.qp.QPN(), a.psn, mtu, 16, 14)
+	}
+	if err != nil {
+		a.close()
+		b.close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
+// createCapture creates the pcap file of a --pcap flag.
+func createCapture(path string) (*pcaptap.Writer, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--pcap: %w", err)
+	}
+	w, err := pcaptap.NewWriter(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--pcap %s: %w", path, err)
+	}
+	return w, nil
+}
