@@ -123,14 +123,13 @@ var _ Link = (*SocketLink)(nil)
 
 // ListenSocket opens a SocketLink on addr, UDP port 4791. addr must be a
 // specific address of this host (IPv4, IPv4-mapped IPv6, or IPv6; a zone is
-// kept for link-local addresses). opts may be nil: then the options set
-// with SetDefaultSocketOptions apply (the zero value unless changed).
+// kept for link-local addresses). opts may be nil, the zero SocketOptions.
 //
 // Errors match syscall.EADDRINUSE when port 4791 on that address is taken
 // (for example by a kernel rxe device) and syscall.EADDRNOTAVAIL when the
 // address is not configured on this host; the message names address:port.
 func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
-	o := DefaultSocketOptions()
+	var o SocketOptions
 	if opts != nil {
 		o = *opts
 	}

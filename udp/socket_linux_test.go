@@ -703,30 +703,25 @@ func TestSocketIPv6GSO(t *testing.T) {
 	}
 }
 
-// TestDefaultSocketOptions: ListenSocket with nil options uses the process
-// defaults, and the restore function puts the previous ones back.
-func TestDefaultSocketOptions(t *testing.T) {
-	restore := SetDefaultSocketOptions(SocketOptions{GSO: true, NoGRO: true, BatchSize: 7})
+// TestNilSocketOptions: ListenSocket with nil options is ListenSocket with
+// the zero SocketOptions (no GSO, GRO on, the default batch), and given
+// options apply.
+func TestNilSocketOptions(t *testing.T) {
 	l, err := ListenSocket(sockA, nil)
 	if err != nil {
-		restore()
 		t.Fatal(err)
 	}
-	if !l.gso || l.gro != nil || l.BatchSize() != 7 {
-		t.Errorf("with defaults {GSO, NoGRO, BatchSize 7}: gso %v, gro %v, batch %d", l.gso, l.gro != nil, l.BatchSize())
+	if l.gso || l.gro == nil || l.BatchSize() != defaultSocketBatch {
+		t.Errorf("nil options: gso %v, gro %v, batch %d", l.gso, l.gro != nil, l.BatchSize())
 	}
 	l.Close()
-	restore()
-	if d := DefaultSocketOptions(); d != (SocketOptions{}) {
-		t.Errorf("after restore: %+v", d)
-	}
-	l, err = ListenSocket(sockA, nil)
+	l, err = ListenSocket(sockA, &SocketOptions{GSO: true, NoGRO: true, BatchSize: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if l.gso || l.gro == nil || l.BatchSize() != defaultSocketBatch {
-		t.Errorf("zero defaults: gso %v, gro %v, batch %d", l.gso, l.gro != nil, l.BatchSize())
+	if !l.gso || l.gro != nil || l.BatchSize() != 7 {
+		t.Errorf("options {GSO, NoGRO, BatchSize 7}: gso %v, gro %v, batch %d", l.gso, l.gro != nil, l.BatchSize())
 	}
 }
 
