@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole rocev2 test suite. Installs what the tests need first (Debian packages when run as
-# root, Go modules), then: gofmt, go vet, the full test suite, the suite again under the race
-# detector (-short: soak-sized cases shrink), and a short run of every fuzz target.
+# root, Go modules), then: gofmt, go vet (also for darwin/arm64 and windows/amd64), the full
+# test suite, the suite again under the race detector (-short: soak-sized cases shrink), and a
+# short run of every fuzz target.
 #
 #   ./scripts/test.sh              everything
 #   FUZZTIME=30s ./scripts/test.sh longer fuzzing per target (default 15s)
@@ -48,6 +49,22 @@ if [ -n "$bad" ]; then echo "gofmt needed:"; echo "$bad"; failed+=(gofmt); else 
 
 step "go vet"
 run "go vet" go vet ./...
+
+# Only what talks to the kernel is Linux-only (the socket and raw backends,
+# udp/faults, internal/netns, test/veth, test/interop); everything else —
+# the wire packages, memreg, transport, udp with its in-memory link, the
+# command — must build and vet elsewhere. `go vet ./...` skips the packages
+# that build tags exclude; portable_pkgs must never be among them.
+portable_pkgs="./bth ./reth ./aeth ./atomiceth ./deth ./immdt ./icrc ./packet ./rocelayer ./memreg ./transport ./udp"
+cross_vet() {
+	local goos=$1 goarch=$2
+	GOOS=$goos GOARCH=$goarch go list $portable_pkgs >/dev/null &&
+		GOOS=$goos GOARCH=$goarch go vet ./...
+}
+for target in darwin/arm64 windows/amd64; do
+	step "go vet for $target"
+	run "go vet $target" cross_vet "${target%/*}" "${target#*/}"
+done
 
 step "go test ./..."
 run "go test" go test -count=1 -timeout 20m ./...

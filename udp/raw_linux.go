@@ -7,25 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/icrc"
 )
-
-// RawOptions configures ListenRaw. The zero value is sensible.
-type RawOptions struct {
-	// RecvBufferSize and SendBufferSize as in SocketOptions; 0 means 8 MiB.
-	RecvBufferSize, SendBufferSize int
-	// BatchSize is the number of datagrams per sendmmsg/recvmmsg call; 0 means 64.
-	BatchSize int
-	// TTL of sent packets; 0 means 64 (what rxe sends).
-	TTL uint8
-	// BusyPoll as in SocketOptions.
-	BusyPoll time.Duration
-}
 
 const (
 	ipv4HdrLen = 20

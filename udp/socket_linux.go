@@ -11,58 +11,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/icrc"
 )
-
-// SocketOptions configures ListenSocket. The zero value is sensible.
-type SocketOptions struct {
-	// RecvBufferSize and SendBufferSize set SO_RCVBUF / SO_SNDBUF in bytes
-	// (with SO_RCVBUFFORCE / SO_SNDBUFFORCE when the process may, so the
-	// sysctl limits do not cap them). 0 means 8 MiB.
-	RecvBufferSize, SendBufferSize int
-	// BatchSize is the number of datagrams per sendmmsg/recvmmsg call.
-	// 0 means 64.
-	BatchSize int
-	// GSO sends runs of consecutive packets with the same destination, TOS
-	// and size as one UDP GSO datagram (UDP_SEGMENT), which the kernel
-	// splits; about twice the packet rate of plain sendmmsg. Linux numbers
-	// the segments' IPv4 identifications 0, 1, 2, ... and Send computes each
-	// ICRC for that (verified on the wire through a veth that segments in
-	// software, TestGSOOnVethWire). Off by default: a NIC doing the
-	// segmentation itself (USO) must number IDs the same way — check such a
-	// path with a capture first.
-	GSO bool
-	// SourcePorts sends each packet from its Packet.SrcPort (rxe uses one
-	// source port per QP, so a QP is one flow for ECMP and RSS): a send-only
-	// socket bound to addr:SrcPort is opened on first use of each port.
-	// When a port cannot be bound (taken by another socket), and for
-	// SrcPort 0 or 4791, packets leave from the link's SendPort instead.
-	// Without SourcePorts every packet leaves from SendPort. Either way the
-	// ICRC is computed for the port actually used.
-	SourcePorts bool
-	// NoGRO turns UDP GRO off. By default the socket has UDP_GRO: the
-	// kernel may hand over a run of same-flow, same-size, same-TOS datagrams
-	// as one buffer (always from a GSO sender on lo; from a NIC when its
-	// NAPI batches them), which Recv splits into packets again. Receives
-	// then go through the link's own 64 KiB buffers, BatchSize of them (4 MiB
-	// of address space by default; pages become resident only as coalesced
-	// datagrams fill them), and are copied out. With NoGRO, recvmmsg writes
-	// into the caller's buffers.
-	NoGRO bool
-	// BusyPoll makes Recv poll the socket without blocking (yielding to
-	// other goroutines between tries) for up to this long before it waits
-	// through Go's poller: CPU for latency, like the ibv_poll_cq loops of
-	// ibv_rc_pingpong and perftest's latency tests. Waking an idle thread
-	// is what a blocked Recv costs; on the 2-vCPU development VM 100 µs
-	// took an 8-byte ping-pong between two processes from ~90 to ~23 µs.
-	// 0 (the default) never polls.
-	BusyPoll time.Duration
-}
 
 const (
 	defaultSocketBuf   = 8 << 20

@@ -9,15 +9,6 @@ import (
 	"net/netip"
 )
 
-// SocketOptions configures ListenSocket (see the Linux implementation).
-type SocketOptions struct {
-	RecvBufferSize, SendBufferSize int
-	BatchSize                      int
-	GSO                            bool
-	NoGRO                          bool
-	SourcePorts                    bool
-}
-
 // SocketLink is the kernel UDP socket backend; it is implemented on Linux only.
 type SocketLink struct{}
 
@@ -45,13 +36,6 @@ func (l *SocketLink) Stats() Stats { return Stats{} }
 
 // Close does nothing.
 func (l *SocketLink) Close() error { return nil }
-
-// RawOptions configures ListenRaw (see the Linux implementation).
-type RawOptions struct {
-	RecvBufferSize, SendBufferSize int
-	BatchSize                      int
-	TTL                            uint8
-}
 
 // RawLink is the raw IPv4 socket backend; it is implemented on Linux only.
 type RawLink struct{ SocketLink }

@@ -1,0 +1,73 @@
+package udp
+
+import "time"
+
+// SocketOptions configures ListenSocket. The zero value is sensible; nil
+// options mean the zero value. The type is defined on every platform so
+// that programs configuring it build everywhere; the socket backend itself
+// is Linux-only (elsewhere ListenSocket returns errors.ErrUnsupported).
+type SocketOptions struct {
+	// RecvBufferSize sets SO_RCVBUF in bytes (with SO_RCVBUFFORCE when the
+	// process may, so net.core.rmem_max does not cap it). 0 means 8 MiB.
+	RecvBufferSize int
+	// SendBufferSize sets SO_SNDBUF in bytes (with SO_SNDBUFFORCE when the
+	// process may, so net.core.wmem_max does not cap it). 0 means 8 MiB.
+	SendBufferSize int
+	// BatchSize is the number of datagrams per sendmmsg/recvmmsg call.
+	// 0 means 64.
+	BatchSize int
+	// GSO sends runs of consecutive packets with the same destination, TOS
+	// and size as one UDP GSO datagram (UDP_SEGMENT), which the kernel
+	// splits; about twice the packet rate of plain sendmmsg. Linux numbers
+	// the segments' IPv4 identifications 0, 1, 2, ... and Send computes each
+	// ICRC for that (verified on the wire through a veth that segments in
+	// software, TestGSOOnVethWire). Off by default: a NIC doing the
+	// segmentation itself (USO) must number IDs the same way — check such a
+	// path with a capture first.
+	GSO bool
+	// SourcePorts sends each packet from its Packet.SrcPort (rxe uses one
+	// source port per QP, so a QP is one flow for ECMP and RSS): a send-only
+	// socket bound to addr:SrcPort is opened on first use of each port.
+	// When a port cannot be bound (taken by another socket), and for
+	// SrcPort 0 or 4791, packets leave from the link's SendPort instead.
+	// Without SourcePorts every packet leaves from SendPort. Either way the
+	// ICRC is computed for the port actually used.
+	SourcePorts bool
+	// NoGRO turns UDP GRO off. By default the socket has UDP_GRO: the
+	// kernel may hand over a run of same-flow, same-size, same-TOS datagrams
+	// as one buffer (always from a GSO sender on lo; from a NIC when its
+	// NAPI batches them), which Recv splits into packets again. Receives
+	// then go through the link's own 64 KiB buffers, BatchSize of them (4 MiB
+	// of address space by default; pages become resident only as coalesced
+	// datagrams fill them), and are copied out. With NoGRO, recvmmsg writes
+	// into the caller's buffers.
+	NoGRO bool
+	// BusyPoll makes Recv poll the socket without blocking (yielding to
+	// other goroutines between tries) for up to this long before it waits
+	// through Go's poller: CPU for latency, like the ibv_poll_cq loops of
+	// ibv_rc_pingpong and perftest's latency tests. Waking an idle thread
+	// is what a blocked Recv costs; on the 2-vCPU development VM 100 µs
+	// took an 8-byte ping-pong between two processes from ~90 to ~23 µs.
+	// 0 (the default) never polls.
+	BusyPoll time.Duration
+}
+
+// RawOptions configures ListenRaw. The zero value is sensible; nil options
+// mean the zero value. Like SocketOptions it is defined on every platform;
+// the raw backend is Linux-only.
+type RawOptions struct {
+	// RecvBufferSize sets SO_RCVBUF of the receiving raw socket in bytes
+	// (forced past the sysctl limit when the process may). 0 means 8 MiB.
+	RecvBufferSize int
+	// SendBufferSize sets SO_SNDBUF of the sending socket in bytes (forced
+	// past the sysctl limit when the process may). 0 means 8 MiB.
+	SendBufferSize int
+	// BatchSize is the number of datagrams per sendmmsg/recvmmsg call.
+	// 0 means 64.
+	BatchSize int
+	// TTL of sent packets; 0 means 64 (what rxe sends).
+	TTL uint8
+	// BusyPoll makes Recv poll for up to this long before it waits, as
+	// SocketOptions.BusyPoll. 0 never polls.
+	BusyPoll time.Duration
+}
