@@ -39,6 +39,7 @@ type pairOpts struct {
 	maxRd    uint8
 	access   memreg.Access
 	window   int
+	perAck   int // DeviceConfig.MaxPktsPerAck
 }
 
 func (o *pairOpts) defaults() {
@@ -71,7 +72,7 @@ func newSide(t testing.TB, n *udp.MemNetwork, addr netip.Addr, o *pairOpts) *sid
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window})
+	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxPktsPerAck: o.perAck})
 	if err != nil {
 		t.Fatal(err)
 	}

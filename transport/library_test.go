@@ -29,7 +29,7 @@ func TestCQWaitTwoWaiters(t *testing.T) {
 		a, r, _ := newPair(t, pairOpts{})
 		_, smr := a.buffer(t, 64, 0)
 		_, dmr := r.buffer(t, 64, memreg.AccessRemoteWrite)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		errs := make(chan error, 2)
 		for i := 0; i < 2; i++ {
@@ -48,12 +48,19 @@ func TestCQWaitTwoWaiters(t *testing.T) {
 		if err := a.qp.PostSend(wr, w2); err != nil {
 			t.Fatal(err)
 		}
-		wg.Wait()
+		all := make(chan struct{})
+		go func() { wg.Wait(); close(all) }()
+		select {
+		case <-all:
+		case <-time.After(3 * time.Second):
+			cancel()
+			t.Fatalf("round %d: a waiter still waits although a completion is waiting for it", round)
+		}
 		cancel()
 		close(errs)
 		for err := range errs {
 			if err != nil {
-				t.Fatalf("round %d: a waiter returned %v although a completion was waiting for it", round, err)
+				t.Fatalf("round %d: a waiter returned %v", round, err)
 			}
 		}
 	}
@@ -295,23 +302,21 @@ func TestCQOverflowFailsQP(t *testing.T) {
 	}
 }
 
-// TestLocalErrorAfterSentWQEs: a WQE whose local memory goes away after
-// PostSend fails when the requester reaches it; the WQE before it, already
-// on the wire, completes successfully as its ACK arrives (rxe does the
-// same), the failed one reports its own status and the one after it is
-// flushed. Before the fix, the earlier WQE was flushed too.
+// TestLocalErrorAfterSentWQEs: a WQE whose local memory goes away after it
+// was first sent fails when the requester needs it again (a go-back-N
+// retransmission); the WQE before it, whose retransmitted packets are
+// already on the wire, completes successfully as its ACK arrives (rxe
+// does the same), the failed one reports its own status and the one after
+// it is flushed. Before the fix, the earlier WQE was flushed too.
 func TestLocalErrorAfterSentWQEs(t *testing.T) {
 	clk := manual()
-	// 16 packets for the first WRITE and a window of 4 PSNs: the
-	// requester reaches the second WQE while the first one's last
-	// packets are still unacknowledged.
-	a, r, n := newPair(t, pairOpts{clock: clk, window: 4, mtu: MTU1024, retry: 7, timeout: 10})
-	_, big := a.buffer(t, 16<<10, 0)
+	a, r, n := newPair(t, pairOpts{clock: clk, mtu: MTU1024, retry: 7, timeout: 10})
+	_, big := a.buffer(t, 4<<10, 0)
 	_, small := a.buffer(t, 64, 0)
-	_, dmr := r.buffer(t, 16<<10, memreg.AccessRemoteWrite)
-	n.SetFaults(udp.Faults{Loss: 1}) // hold everything back until the region is gone
+	_, dmr := r.buffer(t, 4<<10, memreg.AccessRemoteWrite)
+	n.SetFaults(udp.Faults{Loss: 1}) // the first flight is lost
 	err := a.qp.PostSend(
-		SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(big, 0, 16<<10), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+		SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(big, 0, 4<<10), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
 		SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(small, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
 		SendWR{WRID: 3, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(big, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
 	)
@@ -322,19 +327,10 @@ func TestLocalErrorAfterSentWQEs(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.SetFaults(udp.Faults{})
-	// The timeout resends the first window; from there ACKs drive the
-	// rest. Advance until all three have completed.
-	var got []WC
-	buf := make([]WC, 4)
-	for i := 0; i < 200 && len(got) < 3; i++ {
-		clk.Advance(AckTimeout(10))
-		time.Sleep(time.Millisecond)
-		k := a.scq.Poll(buf)
-		got = append(got, buf[:k]...)
-	}
-	if len(got) != 3 {
-		t.Fatalf("completions %+v, want 3", got)
-	}
+	// The timeout resends the first WRITE's packets, then fails to gather
+	// the second WRITE.
+	clk.Advance(AckTimeout(10))
+	got := waitWC(t, a.scq, 3, 5*time.Second)
 	want := []struct {
 		id uint64
 		st WCStatus
