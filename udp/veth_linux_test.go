@@ -270,23 +270,13 @@ func newRCEnd(t *testing.T, link udp.Link) *rcEnd {
 }
 
 // connectRC takes qp to RTS towards the peer, with the attributes of
-// rdma-core's tools (timeout 14, retry 7, rnr_retry 7), sending with tos.
+// rdma-core's tools (transport.DefaultRetry: timeout 14, retry 7,
+// rnr_retry 7), sending with tos.
 func connectRC(t *testing.T, qp *transport.QP, peer netip.Addr, peerQPN, sqPSN, rqPSN uint32, mtu transport.MTU, tos uint8, access memreg.Access) {
 	t.Helper()
-	a := transport.QPAttr{State: transport.QPSInit, Port: 1, AccessFlags: access}
-	if err := qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
-		t.Fatalf("modify QP to INIT: %v", err)
-	}
-	a = transport.QPAttr{State: transport.QPSRTR, AV: transport.AddressVector{Addr: peer, TrafficClass: tos}, PathMTU: mtu,
-		DestQPN: peerQPN, RQPSN: rqPSN, MaxDestRdAtomic: 16, MinRNRTimer: 12}
-	if err := qp.Modify(&a, transport.AttrState|transport.AttrAV|transport.AttrPathMTU|transport.AttrDestQPN|
-		transport.AttrRQPSN|transport.AttrMaxDestRdAtomic|transport.AttrMinRNRTimer); err != nil {
-		t.Fatalf("modify QP to RTR: %v", err)
-	}
-	a = transport.QPAttr{State: transport.QPSRTS, SQPSN: sqPSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxQPRdAtomic: 16}
-	if err := qp.Modify(&a, transport.AttrState|transport.AttrSQPSN|transport.AttrTimeout|transport.AttrRetryCnt|
-		transport.AttrRNRRetry|transport.AttrMaxQPRdAtomic); err != nil {
-		t.Fatalf("modify QP to RTS: %v", err)
+	if err := qp.Connect(transport.ConnParams{Peer: peer, TrafficClass: tos, DestQPN: peerQPN, RQPSN: rqPSN, SQPSN: sqPSN,
+		PathMTU: mtu, Access: access, MaxRdAtomic: 16, MaxDestRdAtomic: 16}); err != nil {
+		t.Fatal(err)
 	}
 }
 

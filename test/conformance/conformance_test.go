@@ -218,19 +218,11 @@ func checkResponder(t *testing.T, frames []*frame, capt *golden.Capture, h netip
 	if qp.QPN() != localQPN {
 		t.Fatalf("could not get QPN %#x", localQPN)
 	}
-	must := func(a transport.QPAttr, m transport.AttrMask) {
-		t.Helper()
-		if err := qp.Modify(&a, m); err != nil {
-			t.Fatal(err)
-		}
+	if err := qp.Connect(transport.ConnParams{Peer: peer, DestQPN: peerQPN, RQPSN: rqPSN, SQPSN: 0,
+		PathMTU: transport.MTU1024, Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic,
+		MaxRdAtomic: 16, MaxDestRdAtomic: 16}); err != nil {
+		t.Fatal(err)
 	}
-	must(transport.QPAttr{State: transport.QPSInit, Port: 1, AccessFlags: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic},
-		transport.AttrState|transport.AttrPort|transport.AttrPKeyIndex|transport.AttrAccessFlags)
-	must(transport.QPAttr{State: transport.QPSRTR, AV: transport.AddressVector{Addr: peer}, PathMTU: transport.MTU1024,
-		DestQPN: peerQPN, RQPSN: rqPSN, MaxDestRdAtomic: 16, MinRNRTimer: 12},
-		transport.AttrState|transport.AttrAV|transport.AttrPathMTU|transport.AttrDestQPN|transport.AttrRQPSN|transport.AttrMaxDestRdAtomic|transport.AttrMinRNRTimer)
-	must(transport.QPAttr{State: transport.QPSRTS, SQPSN: 0, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxQPRdAtomic: 16},
-		transport.AttrState|transport.AttrSQPSN|transport.AttrTimeout|transport.AttrRetryCnt|transport.AttrRNRRetry|transport.AttrMaxQPRdAtomic)
 	for i := 0; i < 64; i++ {
 		if err := qp.PostRecv(transport.RecvWR{WRID: uint64(i), SGEs: []memreg.SGE{{Addr: rmr.IOVA(), Length: uint32(len(rbuf)), LKey: rmr.LKey()}}}); err != nil {
 			t.Fatal(err)

@@ -99,21 +99,10 @@ func newGapResponder(t *testing.T, frames []*frame) *gapResponder {
 	if qp.QPN() != g.localQPN {
 		t.Fatalf("could not get QPN %#x", g.localQPN)
 	}
-	steps := []struct {
-		a transport.QPAttr
-		m transport.AttrMask
-	}{
-		{transport.QPAttr{State: transport.QPSInit, Port: 1, AccessFlags: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic},
-			transport.AttrState | transport.AttrPort | transport.AttrPKeyIndex | transport.AttrAccessFlags},
-		{transport.QPAttr{State: transport.QPSRTR, AV: transport.AddressVector{Addr: g.peer}, PathMTU: transport.MTU1024, DestQPN: g.peerQPN, RQPSN: uint32(g.rqPSN), MaxDestRdAtomic: 16, MinRNRTimer: 12},
-			transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN | transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer},
-		{transport.QPAttr{State: transport.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxQPRdAtomic: 16},
-			transport.AttrState | transport.AttrSQPSN | transport.AttrTimeout | transport.AttrRetryCnt | transport.AttrRNRRetry | transport.AttrMaxQPRdAtomic},
-	}
-	for _, s := range steps {
-		if err := qp.Modify(&s.a, s.m); err != nil {
-			t.Fatal(err)
-		}
+	if err := qp.Connect(transport.ConnParams{Peer: g.peer, DestQPN: g.peerQPN, RQPSN: uint32(g.rqPSN), SQPSN: 0,
+		PathMTU: transport.MTU1024, Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic,
+		MaxRdAtomic: 16, MaxDestRdAtomic: 16}); err != nil {
+		t.Fatal(err)
 	}
 	for i := 0; i < 128; i++ {
 		if err := qp.PostRecv(transport.RecvWR{WRID: uint64(i), SGEs: []memreg.SGE{{Addr: rmr.IOVA(), Length: uint32(len(rbuf)), LKey: rmr.LKey()}}}); err != nil {

@@ -294,19 +294,9 @@ func checkRequester(t *testing.T, frames []*frame, h netip.Addr, nakAt int) {
 
 func connectRTS(t *testing.T, qp *transport.QP, peer netip.Addr, peerQPN, sqPSN uint32) {
 	t.Helper()
-	steps := []struct {
-		a transport.QPAttr
-		m transport.AttrMask
-	}{
-		{transport.QPAttr{State: transport.QPSInit, Port: 1}, transport.AttrState | transport.AttrPort | transport.AttrPKeyIndex | transport.AttrAccessFlags},
-		{transport.QPAttr{State: transport.QPSRTR, AV: transport.AddressVector{Addr: peer}, PathMTU: transport.MTU1024, DestQPN: peerQPN, RQPSN: 0, MaxDestRdAtomic: 16, MinRNRTimer: 12},
-			transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN | transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer},
-		{transport.QPAttr{State: transport.QPSRTS, SQPSN: sqPSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxQPRdAtomic: 16},
-			transport.AttrState | transport.AttrSQPSN | transport.AttrTimeout | transport.AttrRetryCnt | transport.AttrRNRRetry | transport.AttrMaxQPRdAtomic},
-	}
-	for _, s := range steps {
-		if err := qp.Modify(&s.a, s.m); err != nil {
-			t.Fatal(err)
-		}
+	// No remote access: these QPs only request.
+	if err := qp.Connect(transport.ConnParams{Peer: peer, DestQPN: peerQPN, RQPSN: 0, SQPSN: sqPSN,
+		PathMTU: transport.MTU1024, Access: 0, MaxRdAtomic: 16, MaxDestRdAtomic: 16}); err != nil {
+		t.Fatal(err)
 	}
 }

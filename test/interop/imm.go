@@ -141,8 +141,7 @@ func runImm(ctx context.Context, lab *Lab, c immConfig, out io.Writer, ready cha
 	if err != nil {
 		return fail(err)
 	}
-	a := transport.QPAttr{State: transport.QPSInit, Port: 1, AccessFlags: memreg.AccessRemoteWrite}
-	if err := qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
+	if err := qp.Init(memreg.AccessRemoteWrite); err != nil {
 		return fail(err)
 	}
 	sge := func(i int) []memreg.SGE {
@@ -157,15 +156,10 @@ func runImm(ctx context.Context, lab *Lab, c immConfig, out io.Writer, ready cha
 	}
 	me := immPeer{qpn: qp.QPN(), psn: rand.Uint32() & 0xffffff, rkey: mr.RKey(), vaddr: mr.IOVA(), gid: dev.GID()}
 	connect := func(rem immPeer) error {
-		a := transport.QPAttr{State: transport.QPSRTR, PathMTU: transport.MTU1024, DestQPN: rem.qpn, RQPSN: rem.psn,
-			MaxDestRdAtomic: 1, MinRNRTimer: 12, AV: transport.AddressVector{Addr: netip.AddrFrom16(rem.gid).Unmap()}}
-		if err := qp.Modify(&a, transport.AttrState|transport.AttrAV|transport.AttrPathMTU|transport.AttrDestQPN|
-			transport.AttrRQPSN|transport.AttrMaxDestRdAtomic|transport.AttrMinRNRTimer); err != nil {
-			return err
-		}
-		a = transport.QPAttr{State: transport.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, SQPSN: me.psn, MaxQPRdAtomic: 1}
-		return qp.Modify(&a, transport.AttrState|transport.AttrTimeout|transport.AttrRetryCnt|transport.AttrRNRRetry|
-			transport.AttrSQPSN|transport.AttrMaxQPRdAtomic)
+		// rv2imm's attributes: MTU 1024, one READ/atomic each way,
+		// rdma-core's retry values (transport.DefaultRetry).
+		return qp.Connect(transport.ConnParams{Peer: netip.AddrFrom16(rem.gid).Unmap(), DestQPN: rem.qpn, RQPSN: rem.psn,
+			SQPSN: me.psn, PathMTU: transport.MTU1024, Access: memreg.AccessRemoteWrite, MaxRdAtomic: 1, MaxDestRdAtomic: 1})
 	}
 	var conn net.Conn
 	var rem immPeer

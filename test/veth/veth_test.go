@@ -111,28 +111,13 @@ func newSide(t testing.TB, ns string, addr netip.Addr) *side {
 // connect takes s's QP to RTS towards peer.
 func connect(t testing.TB, s, peer *side, sq, rq uint32, mtu transport.MTU) {
 	t.Helper()
-	steps := []struct {
-		a transport.QPAttr
-		m transport.AttrMask
-	}{
-		{transport.QPAttr{State: transport.QPSInit, Port: 1,
-			AccessFlags: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic},
-			transport.AttrState | transport.AttrPKeyIndex | transport.AttrPort | transport.AttrAccessFlags},
-		{transport.QPAttr{State: transport.QPSRTR, AV: transport.AddressVector{Addr: peer.dev.Addr()}, PathMTU: mtu,
-			DestQPN: peer.qp.QPN(), RQPSN: rq, MaxDestRdAtomic: 16, MinRNRTimer: 12},
-			transport.AttrState | transport.AttrAV | transport.AttrPathMTU | transport.AttrDestQPN | transport.AttrRQPSN |
-				transport.AttrMaxDestRdAtomic | transport.AttrMinRNRTimer},
-		// Local ACK timeout 33.6 ms (13; 67 ms under the race
-		// detector), retry 7: the tail loss of a burst is recovered by
-		// the timer.
-		{transport.QPAttr{State: transport.QPSRTS, SQPSN: sq, Timeout: ackTimeout, RetryCnt: 7, RNRRetry: 7, MaxQPRdAtomic: 16},
-			transport.AttrState | transport.AttrSQPSN | transport.AttrTimeout | transport.AttrRetryCnt |
-				transport.AttrRNRRetry | transport.AttrMaxQPRdAtomic},
-	}
-	for _, st := range steps {
-		if err := s.qp.Modify(&st.a, st.m); err != nil {
-			t.Fatal(err)
-		}
+	// Local ACK timeout 33.6 ms (13; 67 ms under the race detector),
+	// retry 7: the tail loss of a burst is recovered by the timer.
+	if err := s.qp.Connect(transport.ConnParams{Peer: peer.dev.Addr(), DestQPN: peer.qp.QPN(), RQPSN: rq, SQPSN: sq,
+		PathMTU: mtu, Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic,
+		MaxRdAtomic: 16, MaxDestRdAtomic: 16,
+		Retry: &transport.Retry{Timeout: ackTimeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}}); err != nil {
+		t.Fatal(err)
 	}
 }
 
