@@ -2,7 +2,6 @@ package transport
 
 import (
 	"encoding/binary"
-	"time"
 
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
@@ -14,9 +13,6 @@ type completer struct {
 	psn          bth.PSN // oldest unacknowledged PSN
 	retryCnt     uint8
 	rnrRetry     uint8
-	deadline     time.Time
-	timerArmed   bool
-	rnrWait      bool
 	retryPending bool    // a go-back-N is under way and nothing was acked since
 	retryPSN     bth.PSN // the PSN it started from
 	scratch      [8]byte
@@ -24,6 +20,33 @@ type completer struct {
 
 func (c *completer) reset(psn bth.PSN, a *QPAttr) {
 	*c = completer{psn: psn, retryCnt: a.RetryCnt, rnrRetry: a.RNRRetry}
+}
+
+// oldestUnacked returns the oldest PSN not yet acknowledged.
+func (qp *QP) oldestUnacked() bth.PSN { return qp.comp.psn }
+
+// outstanding reports whether any sent request awaits a response.
+func (qp *QP) outstanding() bool { return qp.comp.psn != qp.nextPSN() }
+
+// retry starts a go-back-N retransmission from the oldest unacknowledged
+// PSN, or fails the QP when retry_cnt is exhausted.
+func (qp *QP) retry() {
+	if qp.sqHead == qp.sqEnd {
+		return
+	}
+	if qp.comp.retryCnt == 0 {
+		inc(&qp.dev.ctr.RetryExceededErr)
+		qp.failWQE(&qp.sq[qp.sqHead%uint64(len(qp.sq))], WCRetryExcErr)
+		return
+	}
+	qp.comp.retryCnt--
+	inc(&qp.dev.ctr.CompleterRetryErr)
+	if qp.trace != nil {
+		qp.trace("retry from %v (req.psn %v) retryCnt now %d", qp.comp.psn, qp.nextPSN(), qp.comp.retryCnt)
+	}
+	qp.comp.retryPending, qp.comp.retryPSN = true, qp.comp.psn
+	qp.rewind(qp.comp.psn)
+	qp.reqProgress()
 }
 
 // progress records forward progress: retry counters are restored and the
@@ -42,11 +65,6 @@ func (qp *QP) head() *sendWQE {
 	return &qp.sq[qp.sqHead%uint64(len(qp.sq))]
 }
 
-// started reports whether the WQE at index i has been (at least partly) sent.
-func (qp *QP) started(i uint64) bool {
-	return i < qp.sqCur || (i == qp.sqCur && qp.req.curPkt > 0)
-}
-
 // failWQE fails the head WQE w with status st: the QP moves to ERR, w
 // completes with st and every later WQE with WCWRFlushErr, and the device
 // raises EventQPFatal.
@@ -58,10 +76,7 @@ func (qp *QP) failWQE(w *sendWQE, st WCStatus) {
 // completeHead completes the head WQE successfully and advances.
 func (qp *QP) completeHead(w *sendWQE) {
 	w.done = true
-	if w.rdCounted {
-		w.rdCounted = false
-		qp.req.rdOut--
-	}
+	qp.rdComplete(w)
 	switch w.wr.Opcode {
 	case WRSend, WRSendImm, WRSendInv:
 		inc(&qp.dev.ctr.RDMASends)
@@ -111,9 +126,9 @@ func (qp *QP) compInput(p *packetT) {
 		if p.AETH != nil {
 			syn = p.AETH.Syndrome().String()
 		}
-		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, qp.comp.psn, qp.req.psn)
+		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, qp.comp.psn, qp.nextPSN())
 	}
-	if !psn.Before(qp.req.psn) || psn.Before(qp.comp.psn) {
+	if !psn.Before(qp.nextPSN()) || psn.Before(qp.comp.psn) {
 		return // not for an outstanding PSN (stale duplicate or bogus)
 	}
 	switch p.Info.Kind {
@@ -152,9 +167,9 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 		if qp.comp.rnrRetry != 7 {
 			qp.comp.rnrRetry--
 		}
-		qp.rewind()
-		qp.comp.rnrWait = true
-		qp.rnrTimer.Reset(aeth.RNRTimeout(syn.RNRTimer()))
+		qp.rewind(qp.comp.psn)
+		qp.comp.retryPending, qp.comp.retryPSN = true, qp.comp.psn
+		qp.startRNRWait(aeth.RNRTimeout(syn.RNRTimer()))
 	case aeth.TypeNAK:
 		code := syn.NAKCode()
 		if code == aeth.NAKPSNSeqError {

@@ -652,7 +652,7 @@ func TestRNRInfinite(t *testing.T) {
 func rnrWaiting(qp *QP) bool {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	return qp.comp.rnrWait
+	return qp.tmr.rnrWait
 }
 
 // TestLateDuplicateReadAfterDeregister: a duplicate READ request arriving

@@ -253,8 +253,7 @@ func (qp *QP) reset() {
 func (qp *QP) stopTimersLocked() {
 	qp.retransTimer.Stop()
 	qp.rnrTimer.Stop()
-	qp.comp.timerArmed = false
-	qp.comp.rnrWait = false
+	qp.tmr = timers{}
 }
 
 // toError moves the QP to ERR and completes every outstanding work request:

@@ -108,7 +108,7 @@ func (qp *QP) checkSGEs(op string, i int, wrid uint64, sges []memreg.SGE, acc me
 		n, err := qp.pd.CheckSGEs(sges[j:j+1], acc)
 		if err != nil {
 			return 0, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: fmt.Sprintf("sg_list[%d]", j),
-				Msg: fmt.Sprintf("lkey %#x addr %#x length %d", sges[j].LKey, sges[j].Addr, sges[j].Length),
+				Msg:  fmt.Sprintf("lkey %#x addr %#x length %d", sges[j].LKey, sges[j].Addr, sges[j].Length),
 				Kind: ErrInvalidWR, Err: err}
 		}
 		total += n

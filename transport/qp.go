@@ -80,6 +80,7 @@ type QP struct {
 
 	retransTimer Timer
 	rnrTimer     Timer
+	tmr          timers
 
 	trace func(format string, args ...any) // test hook, nil in production
 
@@ -127,7 +128,7 @@ func (qp *QP) settle() {
 			qp.fail(EventQPFatal, ErrCQOverflow)
 		}
 	}
-	if qp.attr.State == QPSSQD && !qp.sqdDrained && !qp.outstanding() && qp.req.curPkt == 0 {
+	if qp.attr.State == QPSSQD && !qp.sqdDrained && !qp.outstanding() && !qp.started(qp.sqCur) {
 		qp.sqdDrained = true
 		qp.dev.raise(AsyncEvent{Type: EventSQDrained, QP: qp})
 	}
@@ -341,7 +342,7 @@ func (qp *QP) debugState() string {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	s := fmt.Sprintf("qpn %#x %v req.psn %v maxPSN %v curPkt %d rdOut %d comp.psn %v retryCnt %d retryPending %v rnrWait %v sq[%d,%d,%d) resp.psn %v msn %d nakSent %v op %d",
-		qp.qpn, qp.attr.State, qp.req.psn, qp.req.maxPSN, qp.req.curPkt, qp.req.rdOut, qp.comp.psn, qp.comp.retryCnt, qp.comp.retryPending, qp.comp.rnrWait,
+		qp.qpn, qp.attr.State, qp.req.psn, qp.req.maxPSN, qp.req.curPkt, qp.req.rdOut, qp.comp.psn, qp.comp.retryCnt, qp.comp.retryPending, qp.tmr.rnrWait,
 		qp.sqHead, qp.sqCur, qp.sqEnd, qp.resp.psn, qp.resp.msn, qp.resp.nakSent, qp.resp.op)
 	for i := qp.sqHead; i != qp.sqEnd && i < qp.sqHead+4; i++ {
 		w := &qp.sq[i%uint64(len(qp.sq))]

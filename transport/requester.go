@@ -36,7 +36,7 @@ func npkts(n uint32, mtu int) int {
 // READ/atomic limit and fences allow. Called with qp.mu held.
 func (qp *QP) reqProgress() {
 	st := qp.attr.State
-	if (st != QPSRTS && st != QPSSQD) || qp.comp.rnrWait || qp.mtu == 0 {
+	if (st != QPSRTS && st != QPSSQD) || qp.tmr.rnrWait || qp.mtu == 0 {
 		return
 	}
 	maxRd := int(qp.attr.MaxQPRdAtomic)
@@ -46,7 +46,7 @@ func (qp *QP) reqProgress() {
 	window := int32(qp.dev.cfg.MaxUnackedPSNs)
 	sent := false
 	for qp.sqCur != qp.sqEnd {
-		if qp.req.psn.Diff(qp.comp.psn) >= window {
+		if qp.req.psn.Diff(qp.oldestUnacked()) >= window {
 			break
 		}
 		w := &qp.sq[qp.sqCur%uint64(len(qp.sq))]
@@ -258,48 +258,22 @@ func dataOpcode(op WROpcode, first, last bool) bth.Opcode {
 	}
 }
 
-// outstanding reports whether any sent request awaits a response.
-func (qp *QP) outstanding() bool {
-	return qp.comp.psn != qp.req.psn
-}
-
-// retry starts a go-back-N retransmission from the oldest unacknowledged
-// PSN, or fails the QP when retry_cnt is exhausted.
-func (qp *QP) retry() {
-	if qp.sqHead == qp.sqEnd {
-		return
-	}
-	if qp.comp.retryCnt == 0 {
-		inc(&qp.dev.ctr.RetryExceededErr)
-		qp.failWQE(&qp.sq[qp.sqHead%uint64(len(qp.sq))], WCRetryExcErr)
-		return
-	}
-	qp.comp.retryCnt--
-	inc(&qp.dev.ctr.CompleterRetryErr)
-	if qp.trace != nil {
-		qp.trace("retry from %v (req.psn %v max %v) retryCnt now %d", qp.comp.psn, qp.req.psn, qp.req.maxPSN, qp.comp.retryCnt)
-	}
-	qp.rewind()
-	qp.reqProgress()
-}
-
-// rewind resets the requester to the oldest unacknowledged PSN.
-func (qp *QP) rewind() {
+// rewind resets the requester to from, the oldest unacknowledged PSN: the
+// next request packet is the one with that PSN (go-back-N).
+func (qp *QP) rewind(from bth.PSN) {
 	for i := qp.sqHead; i != qp.sqEnd && i <= qp.sqCur; i++ {
 		qp.sq[i%uint64(len(qp.sq))].rdCounted = false
 	}
 	qp.req.rdOut = 0
 	qp.sqCur = qp.sqHead
-	qp.req.psn = qp.comp.psn
+	qp.req.psn = from
 	qp.req.noack = 0
 	qp.req.curPkt = 0
-	qp.comp.retryPending = true
-	qp.comp.retryPSN = qp.comp.psn
 	if qp.sqHead == qp.sqEnd {
 		return
 	}
 	w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
-	if k := int(qp.comp.psn.Diff(w.firstPSN)); k > 0 && k < w.npkts {
+	if k := int(from.Diff(w.firstPSN)); k > 0 && k < w.npkts {
 		qp.req.curPkt = k
 		if isRdAtomic(w.wr.Opcode) {
 			w.rdCounted = true
@@ -307,3 +281,21 @@ func (qp *QP) rewind() {
 		}
 	}
 }
+
+// rdComplete releases w's place among the outstanding READ/atomic
+// requests (max_rd_atomic) once it has completed.
+func (qp *QP) rdComplete(w *sendWQE) {
+	if w.rdCounted {
+		w.rdCounted = false
+		qp.req.rdOut--
+	}
+}
+
+// started reports whether the WQE at index i has been (at least partly) sent.
+func (qp *QP) started(i uint64) bool {
+	return i < qp.sqCur || (i == qp.sqCur && qp.req.curPkt > 0)
+}
+
+// nextPSN returns the PSN of the next request packet to send; every PSN
+// before it was sent.
+func (qp *QP) nextPSN() bth.PSN { return qp.req.psn }
