@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -48,42 +47,20 @@ options:
 
 // benchConfig holds the parsed flags of `rocev2d bench`.
 type benchConfig struct {
-	dur     time.Duration
-	mtu     transport.MTU
-	a, b    netip.Addr
-	verbose bool
-	sock    socketFlags
+	pairOptions
+	dur time.Duration
 }
 
 func parseBenchFlags(args []string) (*benchConfig, error) {
 	c := &benchConfig{}
-	fs := flag.NewFlagSet("rocev2d bench", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var a, b string
-	var mtu int
+	fs := newFlagSet("rocev2d bench")
 	fs.DurationVar(&c.dur, "t", time.Second, "")
 	fs.DurationVar(&c.dur, "time", time.Second, "")
-	fs.IntVar(&mtu, "m", 4096, "")
-	fs.IntVar(&mtu, "mtu", 4096, "")
-	fs.StringVar(&a, "a", "127.0.0.1", "")
-	fs.StringVar(&b, "b", "127.0.0.2", "")
-	fs.BoolVar(&c.verbose, "v", false, "")
-	addSocketFlags(fs, &c.sock)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	var err error
-	if c.a, c.b, err = parseAddrPair(a, b); err != nil {
+	if err := parsePairFlags(fs, args, &c.pairOptions, 4096); err != nil {
 		return nil, err
 	}
 	if c.a == c.b || c.a.Is4() != c.b.Is4() {
 		return nil, errors.New("--a and --b must be two different addresses of one IP version")
-	}
-	if c.mtu, err = parseMTUFlag(mtu); err != nil {
-		return nil, err
 	}
 	if c.dur < 10*time.Millisecond || c.dur > time.Hour {
 		return nil, fmt.Errorf("-t %v: duration must be between 10ms and 1h", c.dur)
@@ -123,8 +100,7 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	// Every row alternates benchRounds short runs of the raw UDP baseline
 	// (plain UDP sockets on ephemeral ports) and of the stack, each
 	// c.dur/benchRounds long, so that both see the same moments of a noisy
-	// machine: measured once up front, the baseline moved 2x between runs
-	// while the stack did not.
+	// machine.
 	rc := *c
 	rc.dur = max(c.dur/benchRounds, 10*time.Millisecond)
 	la, lb, err := listenSocketPair(c.a, c.b, c.sock.options(true, 0), "pick other addresses with --a/--b")

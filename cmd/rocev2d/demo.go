@@ -5,11 +5,9 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/netip"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -53,50 +51,28 @@ options:
 
 // demoConfig holds the parsed flags of `rocev2d demo`.
 type demoConfig struct {
+	pairOptions
 	mem     bool
 	faults  udp.Faults
-	a, b    netip.Addr
-	mtu     transport.MTU
 	pcap    string
 	timeout time.Duration
-	verbose bool
-	sock    socketFlags
 }
 
-func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
+func parseDemoFlags(args []string) (*demoConfig, error) {
 	c := &demoConfig{}
-	fs := flag.NewFlagSet("rocev2d demo", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var a, b string
-	var mtu int
+	fs := newFlagSet("rocev2d demo")
 	fs.BoolVar(&c.mem, "mem", false, "")
 	fs.Float64Var(&c.faults.Loss, "loss", 0, "")
 	fs.Float64Var(&c.faults.Dup, "dup", 0, "")
 	fs.Float64Var(&c.faults.Reorder, "reorder", 0, "")
 	fs.Int64Var(&c.faults.Seed, "seed", 1, "")
-	fs.StringVar(&a, "a", "127.0.0.1", "")
-	fs.StringVar(&b, "b", "127.0.0.2", "")
-	fs.IntVar(&mtu, "m", 1024, "")
-	fs.IntVar(&mtu, "mtu", 1024, "")
 	fs.StringVar(&c.pcap, "pcap", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
-	fs.BoolVar(&c.verbose, "v", false, "")
-	addSocketFlags(fs, &c.sock)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	var err error
-	if c.a, c.b, err = parseAddrPair(a, b); err != nil {
+	if err := parsePairFlags(fs, args, &c.pairOptions, 1024); err != nil {
 		return nil, err
 	}
 	if c.a == c.b {
 		return nil, fmt.Errorf("--a and --b are both %v; the two devices need different addresses", c.a)
-	}
-	if c.mtu, err = parseMTUFlag(mtu); err != nil {
-		return nil, err
 	}
 	if c.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
@@ -116,7 +92,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 }
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c, err := parseDemoFlags(args, stderr)
+	c, err := parseDemoFlags(args)
 	if code, done := flagsResult("demo", demoUsage, err, stdout, stderr); done {
 		return code
 	}
@@ -238,7 +214,6 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
 		return exitFail
 	}
-	// Devices first (no more packets), then registrations, then memory.
 	defer a.close()
 	defer b.close()
 	usr1.Add("A "+c.a.String(), a.dev)

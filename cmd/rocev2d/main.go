@@ -1,15 +1,23 @@
-// Command rocev2d is the rocev2 command: it checks and writes RoCEv2
-// captures and (as its other subcommands land) runs demos, pingpong and
-// perftest-compatible peers and benchmarks.
+// Command rocev2d is the rocev2 command: it runs two endpoints in one
+// process through every RC operation (demo), peers compatible with
+// ibv_rc_pingpong (pingpong) and perftest (write-bw, read-lat, ...), a
+// benchmark against raw UDP (bench), checks and writes RoCEv2 captures
+// (pcap) and injects faults on an interface (faults, Linux, root).
 //
 // Usage:
 //
 //	rocev2d <command> [arguments]
 //	rocev2d help [command]
 //
-// Each subcommand lives in its own file and registers itself with one line:
+// Each subcommand lives in its own file (the perftest commands in perf*.go)
+// and registers itself from that file's init:
 //
-//	func init() { register("pcap", "check RoCEv2 captures, write a sample capture", pcapUsage, runPcap) }
+//	func init() { register("pcap", "check RoCEv2 captures (layout and ICRC); write a sample capture", pcapUsage, runPcap) }
+//
+// What the commands share: endpoint.go builds an endpoint (socket link,
+// device, PD, CQs, QP, registered memory) and connects it; socketflags.go
+// has their --gso and --busy-poll options; shared.go flag parsing and the
+// out-of-band TCP helpers; counters.go the -v and SIGUSR1 counters.
 package main
 
 import (

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -28,10 +27,7 @@ func init() {
 // perfUsage is the help text of one perftest subcommand.
 func perfUsage(t oob.PerfTest) string {
 	tool := "ib_" + strings.ReplaceAll(t.String(), "-", "_")
-	defSize, defIters, defTx := 65536, 5000, 128
-	if !t.IsBW() {
-		defSize, defIters, defTx = 2, 1000, 1
-	}
+	defSize, defIters, defTx := perfDefaults(t)
 	return fmt.Sprintf(`usage: rocev2d %[1]s [options] [server]
 
 Compatible with perftest 4.5's %[2]s: the same flags, the same out-of-band
@@ -99,41 +95,35 @@ type perfConfig struct {
 // perfMaxSize is perftest's MAX_SIZE, the largest size of -a.
 const perfMaxSize = 1 << 23
 
+// perfDefaults are the defaults of -s, -n and -t, perftest's for t.
+func perfDefaults(t oob.PerfTest) (size, iters, txDepth int) {
+	if t.IsBW() {
+		return 65536, 5000, 128
+	}
+	return 2, 1000, 1
+}
+
 func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	c := &perfConfig{test: t}
-	fs := flag.NewFlagSet(t.String(), flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	intFlag := func(p *int, short, long string, def int) {
-		fs.IntVar(p, short, def, "")
-		fs.IntVar(p, long, def, "")
-	}
-	boolFlag := func(p *bool, short, long string) {
-		fs.BoolVar(p, short, false, "")
-		fs.BoolVar(p, long, false, "")
-	}
-	defSize, defIters, defTx := 65536, 5000, 128
-	if !t.IsBW() {
-		defSize, defIters, defTx = 2, 1000, 1
-	}
+	fs := newFlagSet(t.String())
+	defSize, defIters, defTx := perfDefaults(t)
 	var mtu int
 	var bind string
-	intFlag(&c.size, "s", "size", defSize)
-	intFlag(&c.iters, "n", "iters", defIters)
-	boolFlag(&c.all, "a", "all")
-	intFlag(&c.duration, "D", "duration", 0)
-	intFlag(&mtu, "m", "mtu", 1024)
-	intFlag(&c.txDepth, "t", "tx-depth", defTx)
-	intFlag(&c.rxDepth, "r", "rx-depth", 512)
-	boolFlag(&c.events, "e", "events")
-	intFlag(&c.qpTimeout, "u", "qp-timeout", 14)
-	fs.StringVar(&c.atomicType, "A", "FETCH_AND_ADD", "")
-	fs.StringVar(&c.atomicType, "atomic_type", "FETCH_AND_ADD", "")
-	intFlag(&c.port, "p", "port", oob.DefaultPort)
-	intFlag(&c.gidIdx, "x", "gid-index", -1)
-	fs.StringVar(&c.dev, "d", "", "")
-	fs.StringVar(&c.dev, "ib-dev", "", "")
-	intFlag(&c.ibPort, "i", "ib-port", 1)
-	boolFlag(&c.cpuFreq, "F", "CPU-freq")
+	intFlags(fs, &c.size, "s", "size", defSize)
+	intFlags(fs, &c.iters, "n", "iters", defIters)
+	boolFlags(fs, &c.all, "a", "all")
+	intFlags(fs, &c.duration, "D", "duration", 0)
+	intFlags(fs, &mtu, "m", "mtu", 1024)
+	intFlags(fs, &c.txDepth, "t", "tx-depth", defTx)
+	intFlags(fs, &c.rxDepth, "r", "rx-depth", 512)
+	boolFlags(fs, &c.events, "e", "events")
+	intFlags(fs, &c.qpTimeout, "u", "qp-timeout", 14)
+	stringFlags(fs, &c.atomicType, "A", "atomic_type", "FETCH_AND_ADD")
+	intFlags(fs, &c.port, "p", "port", oob.DefaultPort)
+	intFlags(fs, &c.gidIdx, "x", "gid-index", -1)
+	stringFlags(fs, &c.dev, "d", "ib-dev", "")
+	intFlags(fs, &c.ibPort, "i", "ib-port", 1)
+	boolFlags(fs, &c.cpuFreq, "F", "CPU-freq")
 	fs.StringVar(&bind, "bind", "", "")
 	fs.BoolVar(&c.check, "check", false, "")
 	fs.StringVar(&c.pcap, "pcap", "", "")
@@ -141,21 +131,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
 	addSocketFlags(fs, &c.sock)
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		if c.server != "" {
-			return nil, fmt.Errorf("unexpected argument %q after server %q", rest[0], c.server)
-		}
-		c.server, args = rest[0], rest[1:]
+	var err error
+	if c.server, err = parseWithServer(fs, args); err != nil {
+		return nil, err
 	}
 	var ok bool
 	if c.mtu, ok = oob.MTUFromBytes(mtu); !ok {
@@ -201,12 +179,8 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	case c.timeout < 0:
 		return nil, fmt.Errorf("--timeout %v: negative", c.timeout)
 	}
-	if bind != "" {
-		a, err := netip.ParseAddr(bind)
-		if err != nil {
-			return nil, fmt.Errorf("--bind %q: not an IP address", bind)
-		}
-		c.bind = a.Unmap()
+	if c.bind, err = parseBind(bind); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -57,8 +57,8 @@ func (s *perfSide) latDone(stdout io.Writer, size int, ts []time.Time, rtt float
 // long run (a variable so tests can shorten it).
 var perfProgressEvery = 2 * time.Second
 
-// perfProgress prints a line to stderr every two seconds of a long latency
-// run.
+// perfProgress prints a line to stderr every perfProgressEvery of a long
+// latency run.
 type perfProgress struct {
 	w           io.Writer
 	size, iters int
@@ -83,7 +83,7 @@ func (p *perfProgress) tick(n int) {
 	fmt.Fprintf(p.w, " ... %d bytes: %d of %d iterations in %.1fs\n", p.size, n, p.iters, now.Sub(p.start).Seconds())
 }
 
-// pollByte spins until the byte at p equals v (the peer's RDMA WRITE lands
+// pollByte spins until mem[off] equals v (the peer's RDMA WRITE lands
 // in mmap'd memory, as a NIC's DMA would).
 func pollByte(ctx context.Context, mem []byte, off int, v byte) error {
 	word := (*uint32)(unsafe.Pointer(&mem[off&^3]))

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Progress lines on stderr (perf.go: bwClient and perfProgress.tick).
+// Progress lines on stderr (perf_bw.go: bwClient; perf_lat.go: perfProgress.tick).
 var (
 	perfBWProgress  = regexp.MustCompile(`^ \.\.\. (\d+) bytes x (\d+) iterations in (\d+\.\d)s, (\d+\.\d\d) MB/sec$`)
 	perfLatProgress = regexp.MustCompile(`^ \.\.\. (\d+) bytes: (\d+) of (\d+) iterations in (\d+\.\d)s$`)

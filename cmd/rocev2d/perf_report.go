@@ -27,25 +27,23 @@ const perfLine = "--------------------------------------------------------------
 
 // perfTitle is the test's title line text.
 func perfTitle(t oob.PerfTest, atomicType string) string {
+	var op string
 	switch t {
-	case oob.WriteBW:
-		return "RDMA_Write BW Test"
-	case oob.ReadBW:
-		return "RDMA_Read BW Test"
-	case oob.SendBW:
-		return "Send BW Test"
-	case oob.AtomicBW:
-		return "Atomic " + atomicType + " BW Test"
-	case oob.WriteLat:
-		return "RDMA_Write Latency Test"
-	case oob.ReadLat:
-		return "RDMA_Read Latency Test"
-	case oob.SendLat:
-		return "Send Latency Test"
-	case oob.AtomicLat:
-		return "Atomic " + atomicType + " Latency Test"
+	case oob.WriteBW, oob.WriteLat:
+		op = "RDMA_Write"
+	case oob.ReadBW, oob.ReadLat:
+		op = "RDMA_Read"
+	case oob.SendBW, oob.SendLat:
+		op = "Send"
+	case oob.AtomicBW, oob.AtomicLat:
+		op = "Atomic " + atomicType
+	default:
+		return t.String()
 	}
-	return t.String()
+	if t.IsBW() {
+		return op + " BW Test"
+	}
+	return op + " Latency Test"
 }
 
 // cHex formats like C's "%#0*x": zero is printed without the 0x prefix.

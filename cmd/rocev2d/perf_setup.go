@@ -75,7 +75,7 @@ const perfCycle = 4096 // cycle buffer: the page size, as perftest
 
 func (s *perfSide) recvBase() uint64 { return s.mr.IOVA() + uint64(s.half) }
 
-// inc is perftest's INC(size, cache line): the step between slots.
+// perfInc is perftest's INC(size, cache line): the step between slots.
 func perfInc(size, line int) int { return (size + line - 1) / line * line }
 
 // slotOff is the offset of iteration i's message in the source and target
@@ -151,7 +151,9 @@ func (s *perfSide) txDepth() int {
 	return 1
 }
 
-// connect brings the QP to RTR and RTS towards the peer (ctx_connect).
+// connect takes the QP to RTS towards the peer with the negotiated
+// parameters (ctx_connect) and prints perftest's header, both address
+// lines and the head of the result table.
 func (s *perfSide) connect(remote oob.PerfDest, neg oob.Params, stdout io.Writer) error {
 	s.remote, s.params = remote, neg
 	peer, err := peerFromGID(remote.GID, "-x")

@@ -87,47 +87,29 @@ func parsePingpongFlags(args []string) (*pingpongConfig, error) {
 	c := &pingpongConfig{}
 	var mtu int
 	var bind string
-	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	intFlag := func(p *int, short, long string, def int) {
-		fs.IntVar(p, short, def, "")
-		fs.IntVar(p, long, def, "")
-	}
-	intFlag(&c.port, "p", "port", 18515)
-	fs.StringVar(&c.dev, "d", "", "")
-	fs.StringVar(&c.dev, "ib-dev", "", "")
-	intFlag(&c.ibPort, "i", "ib-port", 1)
-	intFlag(&c.size, "s", "size", 4096)
-	intFlag(&mtu, "m", "mtu", 1024)
-	intFlag(&c.rxDepth, "r", "rx-depth", 500)
-	intFlag(&c.iters, "n", "iters", 1000)
-	intFlag(&c.sl, "l", "sl", 0)
-	fs.BoolVar(&c.events, "e", false, "")
-	fs.BoolVar(&c.events, "events", false, "")
-	intFlag(&c.gidIdx, "g", "gid-idx", -1)
-	fs.BoolVar(&c.chk, "c", false, "")
-	fs.BoolVar(&c.chk, "chk", false, "")
+	fs := newFlagSet("pingpong")
+	intFlags(fs, &c.port, "p", "port", 18515)
+	stringFlags(fs, &c.dev, "d", "ib-dev", "")
+	intFlags(fs, &c.ibPort, "i", "ib-port", 1)
+	intFlags(fs, &c.size, "s", "size", 4096)
+	intFlags(fs, &mtu, "m", "mtu", 1024)
+	intFlags(fs, &c.rxDepth, "r", "rx-depth", 500)
+	intFlags(fs, &c.iters, "n", "iters", 1000)
+	intFlags(fs, &c.sl, "l", "sl", 0)
+	boolFlags(fs, &c.events, "e", "events")
+	intFlags(fs, &c.gidIdx, "g", "gid-idx", -1)
+	boolFlags(fs, &c.chk, "c", "chk")
 	fs.StringVar(&bind, "bind", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
 	addSocketFlags(fs, &c.sock)
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		if c.server != "" {
-			return nil, fmt.Errorf("%w: unexpected argument %q after server %q", errUsage, rest[0], c.server)
-		}
-		c.server, args = rest[0], rest[1:]
-	}
 	var err error
+	if c.server, err = parseWithServer(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
 	if c.mtu, err = parseMTUFlag(mtu); err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -147,12 +129,8 @@ func parsePingpongFlags(args []string) (*pingpongConfig, error) {
 	case c.timeout < 0:
 		return nil, fmt.Errorf("%w: --timeout %v: negative", errUsage, c.timeout)
 	}
-	if bind != "" {
-		a, err := netip.ParseAddr(bind)
-		if err != nil {
-			return nil, fmt.Errorf("%w: --bind %q: not an IP address", errUsage, bind)
-		}
-		c.bind = a.Unmap()
+	if c.bind, err = parseBind(bind); err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	return c, nil
 }

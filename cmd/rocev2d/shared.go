@@ -30,6 +30,96 @@ func flagsResult(name, usage string, err error, stdout, stderr io.Writer) (code 
 	return exitOK, false
 }
 
+// newFlagSet returns a flag set that leaves printing usage and errors to
+// flagsResult.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// intFlags registers an int option under a short and a long name (-s and
+// --size), as the C tools' getopt_long options are; boolFlags and
+// stringFlags likewise.
+func intFlags(fs *flag.FlagSet, p *int, short, long string, def int) {
+	fs.IntVar(p, short, def, "")
+	fs.IntVar(p, long, def, "")
+}
+
+func boolFlags(fs *flag.FlagSet, p *bool, short, long string) {
+	fs.BoolVar(p, short, false, "")
+	fs.BoolVar(p, long, false, "")
+}
+
+func stringFlags(fs *flag.FlagSet, p *string, short, long, def string) {
+	fs.StringVar(p, short, def, "")
+	fs.StringVar(p, long, def, "")
+}
+
+// parseWithServer parses args with fs as getopt_long does for the C tools
+// (ibv_rc_pingpong, perftest): options and at most one positional
+// argument, the server, in any order. It returns the server, "" if none.
+func parseWithServer(fs *flag.FlagSet, args []string) (server string, err error) {
+	for {
+		if err := fs.Parse(args); err != nil {
+			return "", err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return server, nil
+		}
+		if server != "" {
+			return "", fmt.Errorf("unexpected argument %q after server %q", rest[0], server)
+		}
+		server, args = rest[0], rest[1:]
+	}
+}
+
+// parseBind parses a --bind address; "" is the zero Addr (not set).
+func parseBind(s string) (netip.Addr, error) {
+	if s == "" {
+		return netip.Addr{}, nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--bind %q: not an IP address", s)
+	}
+	return a.Unmap(), nil
+}
+
+// pairOptions are the options of the commands that run two endpoints in
+// one process (demo, bench).
+type pairOptions struct {
+	a, b    netip.Addr    // --a, --b
+	mtu     transport.MTU // -m, --mtu
+	verbose bool          // -v
+	sock    socketFlags   // --gso, --busy-poll
+}
+
+// parsePairFlags adds the pairOptions flags to fs (defMTU is the default
+// of -m) and parses args, which may hold no positional argument, into p.
+func parsePairFlags(fs *flag.FlagSet, args []string, p *pairOptions, defMTU int) error {
+	var a, b string
+	var mtu int
+	fs.StringVar(&a, "a", "127.0.0.1", "")
+	fs.StringVar(&b, "b", "127.0.0.2", "")
+	intFlags(fs, &mtu, "m", "mtu", defMTU)
+	fs.BoolVar(&p.verbose, "v", false, "")
+	addSocketFlags(fs, &p.sock)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if p.a, p.b, err = parseAddrPair(a, b); err != nil {
+		return err
+	}
+	p.mtu, err = parseMTUFlag(mtu)
+	return err
+}
+
 // parseAddrPair parses the --a and --b addresses of a two-device command
 // and returns them unmapped.
 func parseAddrPair(a, b string) (netip.Addr, netip.Addr, error) {

@@ -133,7 +133,7 @@ func TestSocketFlagsCommands(t *testing.T) {
 	if f := pp("-s", "64"); f.gso {
 		t.Errorf("pingpong without --gso: %+v", f)
 	}
-	d, err := parseDemoFlags([]string{"--gso", "--busy-poll", "7us"}, io.Discard)
+	d, err := parseDemoFlags([]string{"--gso", "--busy-poll", "7us"})
 	if err != nil {
 		t.Fatal(err)
 	}

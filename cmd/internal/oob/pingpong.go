@@ -138,7 +138,7 @@ func PingpongClient(ctx context.Context, conn net.Conn, local PingpongDest) (Pin
 	if err := local.Validate(); err != nil {
 		return remote, &StepError{Protocol: c.proto, Step: PingpongStepClientDest, Op: "check", Err: err}
 	}
-	var out, in [PingpongDestSize]byte
+	var out [PingpongDestSize]byte
 	local.Encode(out[:])
 	err := c.run(ctx, PingpongStepClientDest, func() (string, error) {
 		return "write", c.write(out[:])
@@ -146,21 +146,29 @@ func PingpongClient(ctx context.Context, conn net.Conn, local PingpongDest) (Pin
 	if err != nil {
 		return remote, err
 	}
-	err = c.run(ctx, PingpongStepServerDest, func() (string, error) {
-		if err := c.read(in[:]); err != nil {
-			return "read", err
-		}
-		var err error
-		if remote, err = ParsePingpongDest(in[:]); err != nil {
-			return "parse", err
-		}
-		return "", nil
-	})
-	if err != nil {
+	if remote, err = c.readPingpongDest(ctx, PingpongStepServerDest); err != nil {
 		return remote, err
 	}
 	err = c.run(ctx, PingpongStepDone, func() (string, error) {
 		return "write", c.write(doneMsg[:])
+	})
+	return remote, err
+}
+
+// readPingpongDest reads and parses the peer's 52-byte address message as
+// the wire step named step.
+func (c *stepConn) readPingpongDest(ctx context.Context, step string) (PingpongDest, error) {
+	var remote PingpongDest
+	var buf [PingpongDestSize]byte
+	err := c.run(ctx, step, func() (string, error) {
+		if err := c.read(buf[:]); err != nil {
+			return "read", err
+		}
+		var err error
+		if remote, err = ParsePingpongDest(buf[:]); err != nil {
+			return "parse", err
+		}
+		return "", nil
 	})
 	return remote, err
 }
@@ -174,18 +182,7 @@ func PingpongClient(ctx context.Context, conn net.Conn, local PingpongDest) (Pin
 // conn. PingpongServer returns the client's address.
 func PingpongServer(ctx context.Context, conn net.Conn, localFunc func(remote PingpongDest) (PingpongDest, error)) (PingpongDest, error) {
 	c := stepConn{conn: conn, proto: "pingpong"}
-	var remote PingpongDest
-	var buf [PingpongDestSize]byte
-	err := c.run(ctx, PingpongStepClientDest, func() (string, error) {
-		if err := c.read(buf[:]); err != nil {
-			return "read", err
-		}
-		var err error
-		if remote, err = ParsePingpongDest(buf[:]); err != nil {
-			return "parse", err
-		}
-		return "", nil
-	})
+	remote, err := c.readPingpongDest(ctx, PingpongStepClientDest)
 	if err != nil {
 		return remote, err
 	}
@@ -196,6 +193,7 @@ func PingpongServer(ctx context.Context, conn net.Conn, localFunc func(remote Pi
 	if err := local.Validate(); err != nil {
 		return remote, &StepError{Protocol: c.proto, Step: PingpongStepServerDest, Op: "check", Err: err}
 	}
+	var buf [PingpongDestSize]byte
 	local.Encode(buf[:])
 	err = c.run(ctx, PingpongStepServerDest, func() (string, error) {
 		return "write", c.write(buf[:])
