@@ -2,6 +2,10 @@
 // syndrome (ACK, RNR NAK, NAK), the RNR timer table, and the Atomic ACK
 // Extended Transport Header (AtomicAckETH) that follows the AETH in an
 // RC_ATOMIC_ACKNOWLEDGE.
+//
+// A wire package: it imports nothing of this module. packet and rocelayer
+// build on the header views; memreg maps its errors to NAKCodes and
+// transport uses the syndromes and the RNR timer table.
 package aeth
 
 import (

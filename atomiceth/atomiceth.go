@@ -1,5 +1,8 @@
 // Package atomiceth implements the Atomic Extended Transport Header
 // (AtomicETH) carried by COMPARE_SWAP and FETCH_ADD requests.
+//
+// A wire package: it imports nothing of this module; packet and rocelayer
+// build on it.
 package atomiceth
 
 import "encoding/binary"

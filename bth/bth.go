@@ -4,6 +4,12 @@
 //
 // The BTH view follows the style of gVisor's pkg/tcpip/header: a BTH is a
 // []byte of at least Size bytes with getters and setters that never allocate.
+//
+// # Layering
+//
+// A wire package: it imports nothing of this module. packet and rocelayer
+// build headers with it; transport uses the opcode table and PSN
+// arithmetic directly.
 package bth
 
 import "encoding/binary"

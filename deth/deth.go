@@ -1,5 +1,8 @@
 // Package deth implements the Datagram Extended Transport Header (DETH)
 // carried by UD packets.
+//
+// A wire package: it imports nothing of this module; packet and rocelayer
+// build on it.
 package deth
 
 import "encoding/binary"

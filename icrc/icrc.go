@@ -33,6 +33,13 @@
 // multiple of 16): the masked fields are accounted for by folding precomputed
 // corrections into the CRC's start value, so the caller's buffer is never
 // modified or copied.
+//
+// # Layering
+//
+// A wire package: it imports nothing of this module (the standard library
+// and golang.org/x/sys/cpu only). udp computes and checks the ICRC of
+// every packet it moves with it; rocelayer, the pcap tools and the tests
+// use the whole-packet functions.
 package icrc
 
 import (

@@ -1,6 +1,9 @@
 // Package immdt implements the two 4-byte extension headers that follow the
 // other headers of a packet: ImmDt (immediate data, on *_WITH_IMMEDIATE
 // opcodes) and IETH (the R_Key to invalidate, on *_WITH_INVALIDATE opcodes).
+//
+// A wire package: it imports nothing of this module; packet and rocelayer
+// build on it.
 package immdt
 
 import "encoding/binary"

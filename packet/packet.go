@@ -4,6 +4,10 @@
 // package icrc) and leaves MTU policing to the transport.
 //
 // Both Parse and Build are allocation-free on success.
+//
+// A wire package: it imports only the header packages (bth, reth, aeth,
+// atomiceth, deth, immdt). transport parses and builds every packet with
+// it; rocelayer validates with it.
 package packet
 
 import (

@@ -1,5 +1,8 @@
 // Package reth implements the RDMA Extended Transport Header (RETH) carried by
 // RDMA WRITE first/only packets and RDMA READ requests.
+//
+// A wire package: it imports nothing of this module; packet and rocelayer
+// build on it.
 package reth
 
 import "encoding/binary"

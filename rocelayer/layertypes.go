@@ -21,6 +21,10 @@
 // layers therefore only know which layer follows them when they were created
 // by that decoder; used alone (for example in a gopacket.DecodingLayerParser)
 // they report gopacket.LayerTypePayload as their next layer.
+//
+// A wire package: of this module it imports only the other wire packages
+// (the header packages, icrc, packet), besides gopacket. It serves the
+// command's pcap tools and the tests; nothing in the stack itself uses it.
 package rocelayer
 
 import (

@@ -27,6 +27,14 @@
 //
 // Addresses: IPv4-mapped IPv6 addresses (the RoCEv2 GID form) are accepted
 // everywhere and treated as IPv4; Recv reports IPv4 sources as plain IPv4.
+//
+// # Layering
+//
+// udp is the stack's only way to the network: transport imports it and no
+// socket code of its own. Of this module udp imports only the wire
+// packages (icrc, for the ICRC of every packet); it knows nothing of queue
+// pairs or memory. Its socket and raw backends are Linux-only; the Link
+// interface, the options and the in-memory network build everywhere.
 package udp
 
 import (

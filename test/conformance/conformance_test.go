@@ -4,6 +4,9 @@
 // compares its responses with the responses rxe sent in the same capture,
 // byte for byte (BTH .. payload; the ICRC depends on the IP header and is
 // checked by the udp and icrc packages).
+//
+// Tests only, on top: it drives transport through a recording udp.Link
+// with the packets test/golden reads. Nothing imports it.
 package conformance
 
 import (

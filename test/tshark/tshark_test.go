@@ -2,6 +2,10 @@
 // dissector: `rocev2d pcap write-sample` writes one packet of every RC, UC
 // and UD opcode and a CNP; tshark must decode every one without malformed
 // or expert-info packets and report the field values that were written.
+//
+// Tests only, on top: it builds and runs the rocev2d command and compares
+// with rocelayer's sample frames, reading captures with test/golden.
+// Nothing imports it.
 package tshark
 
 import (

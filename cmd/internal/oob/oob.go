@@ -22,6 +22,9 @@
 // it runs and clears them afterwards). Errors name the step that failed and
 // match [ErrMalformed], [ErrPeerClosed], [ErrIncompatibleVersion],
 // [context.DeadlineExceeded] or [context.Canceled] with errors.Is.
+//
+// It imports nothing of this module (the standard library only) and serves
+// cmd/rocev2d, the only package that may import it.
 package oob
 
 import (

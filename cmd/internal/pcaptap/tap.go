@@ -12,6 +12,9 @@
 // capture verifies the ICRCs the stack produced. A packet for which no
 // header candidate makes the ICRC valid is written anyway (with identification
 // 0 and DF) and counted in Writer.Unverified; pcap check then reports it.
+//
+// Of this module it imports udp (the Link it wraps) and icrc; it serves
+// cmd/rocev2d, the only package that may import it.
 package pcaptap
 
 import (

@@ -3,6 +3,8 @@
 // the lab's network namespace), writes one Request as a JSON line and reads
 // one Response as a JSON line. Closing the connection early kills the
 // command (its whole process group).
+//
+// It imports nothing of this module; test/interop and its vmagent share it.
 package agentproto
 
 // Port is the agent's TCP port in the VM.

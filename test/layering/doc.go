@@ -1,0 +1,26 @@
+// Package layering holds one test, TestLayering, that enforces the import
+// layering of the module with `go list` (for linux, darwin and windows, so
+// that platform files are checked too). Each package's doc comment says its
+// job and what it may import; this test is where the rules are written
+// down and checked:
+//
+//   - The wire header packages (bth, reth, aeth, atomiceth, deth, immdt,
+//     icrc) import nothing of this module; packet imports only them;
+//     rocelayer only wire packages.
+//   - memreg imports only wire packages.
+//   - udp imports only wire packages (and internal/netns); udp/faults only
+//     internal/netns; internal/netns nothing of ours.
+//   - transport imports only wire packages, memreg and udp, and reaches the
+//     network only through udp: no syscall, golang.org/x/sys, golang.org/x/net,
+//     os/exec or eBPF imports, and of package net only net.ErrClosed (what a
+//     closed udp.Link returns).
+//   - cmd/ and test/ sit on top: no package outside them imports them —
+//     not even in its tests, except test/goldendir, the leaf that finds the
+//     golden captures (standard library only) — and cmd/ never imports
+//     test/.
+//   - Every package of the module falls under a rule, so a new one makes
+//     its author decide where it sits.
+//
+// A violation is reported with the file and the import (or, for net, the
+// line and the identifier) that breaks the rule.
+package layering

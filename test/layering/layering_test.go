@@ -1,0 +1,381 @@
+package layering
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// module is this module's path.
+const module = "github.com/gorocev2/rocev2"
+
+// pkg is what the test needs of one `go list -json` package.
+type pkg struct {
+	ImportPath   string
+	Dir          string
+	GoFiles      []string
+	CgoFiles     []string
+	TestGoFiles  []string
+	XTestGoFiles []string
+	Imports      []string
+	TestImports  []string
+	XTestImports []string
+	Error        *struct{ Err string }
+}
+
+// rel is p relative to the module ("transport", "test/golden"); "" for a
+// path outside the module.
+func rel(p string) string {
+	if r, ok := strings.CutPrefix(p, module+"/"); ok {
+		return r
+	}
+	return ""
+}
+
+// under reports whether module-relative path r is dir or below it.
+func under(r, dir string) bool { return r == dir || strings.HasPrefix(r, dir+"/") }
+
+// standard reports whether import path p is in the standard library (its
+// first element has no dot).
+func standard(p string) bool {
+	first, _, _ := strings.Cut(p, "/")
+	return !strings.Contains(first, ".")
+}
+
+var (
+	headers = []string{"bth", "reth", "aeth", "atomiceth", "deth", "immdt", "icrc"}
+	wire    = append(slices.Clone(headers), "packet", "rocelayer")
+)
+
+// rule is what a product package's non-test code may import of the module
+// (ours), which other imports it must not have (banned, by prefix), and
+// why.
+type rule struct {
+	ours   []string
+	banned []string
+	why    string
+}
+
+// socketImports are what "reaches the network only through udp" rules out.
+var socketImports = []string{"syscall", "golang.org/x/sys", "golang.org/x/net", "os/exec", "github.com/cilium",
+	module + "/internal/netns", module + "/udp/faults"}
+
+// ruleFor returns the rule for module-relative package r, or false if
+// there is none. Packages under cmd/ and test/ have no rule for their
+// non-test imports beyond "cmd/ never imports test/", checked separately.
+func ruleFor(r string) (rule, bool) {
+	switch {
+	case slices.Contains(headers, r):
+		return rule{why: "wire header packages import nothing of this module"}, true
+	case r == "packet":
+		return rule{ours: headers, why: "packet imports only the wire header packages"}, true
+	case r == "rocelayer":
+		return rule{ours: wire, why: "rocelayer imports only wire packages"}, true
+	case r == "memreg":
+		return rule{ours: wire, why: "memreg imports only wire packages"}, true
+	case r == "udp":
+		return rule{ours: append(slices.Clone(wire), "internal/netns"), why: "udp imports only wire packages and internal/netns"}, true
+	case r == "udp/faults":
+		return rule{ours: []string{"internal/netns"}, why: "udp/faults imports only internal/netns of this module"}, true
+	case r == "transport":
+		return rule{ours: append(slices.Clone(wire), "memreg", "udp"), banned: socketImports,
+			why: "transport imports only wire packages, memreg and udp, and reaches the network only through udp"}, true
+	case r == "internal/netns":
+		return rule{why: "internal/netns imports nothing of this module"}, true
+	}
+	return rule{}, false
+}
+
+// allowedNet are the identifiers of package net that transport may use.
+var allowedNet = []string{"ErrClosed"}
+
+// violations checks pkgs and returns one line per broken rule. files
+// opens a package file to find the import in it (nil: no file names).
+func violations(pkgs []pkg, files func(p *pkg, names []string) []parsedFile) []string {
+	var out []string
+	report := func(p *pkg, names []string, imp, why string) {
+		where := rel(p.ImportPath)
+		if files != nil {
+			for _, f := range files(p, names) {
+				if slices.Contains(f.imports, imp) {
+					where = filepath.ToSlash(filepath.Join(rel(p.ImportPath), f.name))
+					break
+				}
+			}
+		}
+		out = append(out, fmt.Sprintf("%s imports %s: %s", where, imp, why))
+	}
+	for i := range pkgs {
+		p := &pkgs[i]
+		r := rel(p.ImportPath)
+		if r == "" {
+			continue
+		}
+		src := append(slices.Clone(p.GoFiles), p.CgoFiles...)
+		tests := append(slices.Clone(p.TestGoFiles), p.XTestGoFiles...)
+		top := under(r, "cmd") || under(r, "test")
+		switch {
+		case r == "test/goldendir":
+			for _, imp := range p.Imports {
+				if !standard(imp) {
+					report(p, src, imp, "test/goldendir is a leaf: standard library only, so any package's tests may import it")
+				}
+			}
+		case under(r, "test"):
+		case under(r, "cmd"):
+			for _, imp := range p.Imports {
+				if ri := rel(imp); under(ri, "test") {
+					report(p, src, imp, "cmd/ is shipped code and never imports test/")
+				}
+			}
+		default:
+			ru, ok := ruleFor(r)
+			if !ok {
+				out = append(out, fmt.Sprintf("%s: no layering rule for this package (add one to test/layering)", r))
+				break
+			}
+			for _, imp := range p.Imports {
+				if ri := rel(imp); ri != "" && !slices.Contains(ru.ours, ri) && ri != r {
+					report(p, src, imp, ru.why)
+				}
+				for _, b := range ru.banned {
+					if imp == b || strings.HasPrefix(imp, b+"/") {
+						report(p, src, imp, ru.why)
+					}
+				}
+			}
+		}
+		if top {
+			continue
+		}
+		for _, imp := range append(slices.Clone(p.TestImports), p.XTestImports...) {
+			ri := rel(imp)
+			if (under(ri, "cmd") || under(ri, "test")) && ri != "test/goldendir" {
+				report(p, tests, imp, "products' tests import nothing under cmd/ or test/ except test/goldendir")
+			}
+		}
+	}
+	return out
+}
+
+// parsedFile is one Go file with its imports.
+type parsedFile struct {
+	name    string
+	imports []string
+	ast     *ast.File
+	fset    *token.FileSet
+}
+
+// parseFiles parses the named files of p (imports only unless full).
+func parseFiles(p *pkg, names []string, full bool) []parsedFile {
+	var out []parsedFile
+	for _, n := range names {
+		fset := token.NewFileSet()
+		mode := parser.ImportsOnly
+		if full {
+			mode = parser.SkipObjectResolution
+		}
+		f, err := parser.ParseFile(fset, filepath.Join(p.Dir, n), nil, mode)
+		if err != nil {
+			continue
+		}
+		pf := parsedFile{name: n, ast: f, fset: fset}
+		for _, is := range f.Imports {
+			if v, err := strconv.Unquote(is.Path.Value); err == nil {
+				pf.imports = append(pf.imports, v)
+			}
+		}
+		out = append(out, pf)
+	}
+	return out
+}
+
+// netUses returns the uses of package net other than allowedNet in the
+// files, as "file:line: net.Name".
+func netUses(dir string, files []parsedFile) []string {
+	var out []string
+	for _, f := range files {
+		name := ""
+		for _, is := range f.ast.Imports {
+			if is.Path.Value != `"net"` {
+				continue
+			}
+			name = "net"
+			if is.Name != nil {
+				name = is.Name.Name
+			}
+		}
+		if name == "" {
+			continue
+		}
+		ast.Inspect(f.ast, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			if id, ok := sel.X.(*ast.Ident); ok && id.Name == name && !slices.Contains(allowedNet, sel.Sel.Name) {
+				pos := f.fset.Position(sel.Pos())
+				out = append(out, fmt.Sprintf("%s:%d: net.%s", filepath.ToSlash(filepath.Join(dir, f.name)), pos.Line, sel.Sel.Name))
+			}
+			return true
+		})
+	}
+	return out
+}
+
+// goList runs `go list -e -json ./...` at the module root for goos.
+func goList(t *testing.T, root, goos string) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-e", "-json", "./...")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH=amd64")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("GOOS=%s go list: %v\n%s", goos, err, stderr.Bytes())
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+// moduleRoot returns the directory holding go.mod above the working
+// directory.
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			t.Fatalf("no go.mod above %s", wd)
+		}
+	}
+}
+
+// TestLayering checks every package of the module against the rules in
+// the package doc, for linux, darwin and windows, and prints each
+// violating import.
+func TestLayering(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Fatalf("the go command is needed: %v", err)
+	}
+	root := moduleRoot(t)
+	seen := map[string]bool{}
+	checked := 0
+	for _, goos := range []string{"linux", "darwin", "windows"} {
+		pkgs := goList(t, root, goos)
+		var ok []pkg
+		for _, p := range pkgs {
+			if p.Error != nil {
+				if strings.Contains(p.Error.Err, "build constraints exclude all Go files") {
+					continue
+				}
+				t.Errorf("GOOS=%s %s: %s", goos, p.ImportPath, p.Error.Err)
+			}
+			ok = append(ok, p)
+		}
+		files := func(p *pkg, names []string) []parsedFile { return parseFiles(p, names, false) }
+		lines := violations(ok, files)
+		for _, p := range ok {
+			if rel(p.ImportPath) == "transport" {
+				for _, u := range netUses("transport", parseFiles(&p, p.GoFiles, true)) {
+					lines = append(lines, u+": transport reaches the network only through udp (of package net only "+
+						strings.Join(allowedNet, ", ")+")")
+				}
+			}
+		}
+		for _, l := range lines {
+			if !seen[l] {
+				seen[l] = true
+				t.Errorf("GOOS=%s: %s", goos, l)
+			}
+		}
+		checked += len(ok)
+	}
+	if checked == 0 {
+		t.Fatal("go list found no packages")
+	}
+}
+
+// TestViolationsFound: the checker reports each kind of violation, with
+// the import that breaks the rule.
+func TestViolationsFound(t *testing.T) {
+	m := func(r string) string { return module + "/" + r }
+	pkgs := []pkg{
+		{ImportPath: m("bth"), Imports: []string{"encoding/binary", m("packet")}},
+		{ImportPath: m("packet"), Imports: []string{m("bth"), m("rocelayer")}},
+		{ImportPath: m("memreg"), Imports: []string{m("aeth"), m("udp")}},
+		{ImportPath: m("transport"), Imports: []string{m("udp"), m("memreg"), "golang.org/x/sys/unix", "net"}},
+		{ImportPath: m("udp"), Imports: []string{m("icrc")}, TestImports: []string{m("test/golden")},
+			XTestImports: []string{m("test/goldendir"), m("transport")}},
+		{ImportPath: m("rocelayer"), Imports: []string{m("packet")}, XTestImports: []string{m("cmd/internal/oob")}},
+		{ImportPath: m("cmd/rocev2d"), Imports: []string{m("test/faults")}},
+		{ImportPath: m("test/goldendir"), Imports: []string{"os", "github.com/google/gopacket"}},
+		{ImportPath: m("test/veth"), TestImports: []string{m("cmd/internal/oob"), m("transport")}},
+		{ImportPath: m("newthing"), Imports: []string{"fmt"}},
+		{ImportPath: m("udp/faults"), Imports: []string{m("internal/netns"), "github.com/cilium/ebpf"}},
+	}
+	got := violations(pkgs, nil)
+	want := []string{
+		"bth imports " + m("packet") + ": wire header packages",
+		"packet imports " + m("rocelayer") + ": packet imports only",
+		"memreg imports " + m("udp") + ": memreg imports only wire packages",
+		"transport imports golang.org/x/sys/unix: transport imports only",
+		"udp imports " + m("test/golden") + ": products' tests",
+		"rocelayer imports " + m("cmd/internal/oob") + ": products' tests",
+		"cmd/rocev2d imports " + m("test/faults") + ": cmd/ is shipped code",
+		"test/goldendir imports github.com/google/gopacket: test/goldendir is a leaf",
+		"newthing: no layering rule",
+	}
+	for _, w := range want {
+		found := false
+		for _, g := range got {
+			found = found || strings.HasPrefix(g, w)
+		}
+		if !found {
+			t.Errorf("missing violation %q", w)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d violations, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+
+	// net: only ErrClosed.
+	dir := t.TempDir()
+	src := "package transport\n\nimport (\n\t\"errors\"\n\tstdnet \"net\"\n)\n\nvar _ = errors.Is(nil, stdnet.ErrClosed)\n\nvar _, _ = stdnet.Dial(\"udp\", \"x\")\n"
+	if err := os.WriteFile(filepath.Join(dir, "x.go"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := pkg{ImportPath: m("transport"), Dir: dir, GoFiles: []string{"x.go"}}
+	uses := netUses("transport", parseFiles(&p, p.GoFiles, true))
+	if len(uses) != 1 || uses[0] != "transport/x.go:10: net.Dial" {
+		t.Errorf("net uses %q, want [transport/x.go:10: net.Dial]", uses)
+	}
+}
