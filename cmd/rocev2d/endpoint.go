@@ -158,8 +158,8 @@ func listenSocketPair(a, b netip.Addr, opts udp.SocketOptions, advice string) (l
 	return sa, sb, nil
 }
 
-// pairConfig sizes the queues of demo's and bench's endpoints.
-var pairConfig = endpointConfig{sendCQ: 1024, recvCQ: 1024, maxSendWR: 256, maxRecvWR: 256,
+// pairQueues sizes the queues of demo's and bench's endpoints.
+var pairQueues = endpointConfig{sendCQ: 1024, recvCQ: 1024, maxSendWR: 256, maxRecvWR: 256,
 	access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic}
 
 // newEndpointPair creates endpoints A on la (address addrA) and B on lb
@@ -167,11 +167,11 @@ var pairConfig = endpointConfig{sendCQ: 1024, recvCQ: 1024, maxSendWR: 256, maxR
 // READ/atomic requests outstanding each way and ACK timeout 14, as
 // ibv_rc_pingpong's. It owns both links.
 func newEndpointPair(la, lb udp.Link, addrA, addrB netip.Addr, mtu transport.MTU) (a, b *endpoint, err error) {
-	if a, err = newEndpoint(la, pairConfig); err != nil {
+	if a, err = newEndpoint(la, pairQueues); err != nil {
 		lb.Close()
 		return nil, nil, fmt.Errorf("device A: %w", err)
 	}
-	if b, err = newEndpoint(lb, pairConfig); err != nil {
+	if b, err = newEndpoint(lb, pairQueues); err != nil {
 		a.close()
 		return nil, nil, fmt.Errorf("device B: %w", err)
 	}
