@@ -75,6 +75,9 @@ func (qp *QP) Init(access memreg.Access) error {
 // transition and the attribute that failed, and leaves the QP in the last
 // state reached.
 func (qp *QP) Connect(p ConnParams) error {
+	if qp.init.Type != QPTypeRC {
+		return fmt.Errorf("transport: Connect qp %#x: a %v QP (ReadyUD readies UD QPs): %w", qp.qpn, qp.init.Type, ErrInvalidState)
+	}
 	rt := DefaultRetry
 	if p.Retry != nil {
 		rt = *p.Retry
@@ -109,6 +112,29 @@ func (qp *QP) Connect(p ConnParams) error {
 		MaxQPRdAtomic: maxRd}
 	if err := qp.Modify(&a, AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic); err != nil {
 		return fmt.Errorf("transport: Connect qp %#x: to RTS: %w", qp.qpn, unwrapModify(err))
+	}
+	return nil
+}
+
+// ReadyUD takes a UD QP from RESET to RTS (INIT, RTR, RTS in one call)
+// with Q_Key qkey, the Q_Key the datagrams it receives must carry, and
+// first send PSN sqPSN.
+func (qp *QP) ReadyUD(qkey, sqPSN uint32) error {
+	if qp.init.Type != QPTypeUD {
+		return fmt.Errorf("transport: ReadyUD qp %#x: a %v QP: %w", qp.qpn, qp.init.Type, ErrInvalidState)
+	}
+	steps := []struct {
+		a    QPAttr
+		mask AttrMask
+	}{
+		{QPAttr{State: QPSInit, Port: 1, QKey: qkey}, AttrState | AttrPKeyIndex | AttrPort | AttrQKey},
+		{QPAttr{State: QPSRTR}, AttrState},
+		{QPAttr{State: QPSRTS, SQPSN: sqPSN & 0xffffff}, AttrState | AttrSQPSN},
+	}
+	for _, s := range steps {
+		if err := qp.Modify(&s.a, s.mask); err != nil {
+			return fmt.Errorf("transport: ReadyUD qp %#x: %w", qp.qpn, unwrapModify(err))
+		}
 	}
 	return nil
 }

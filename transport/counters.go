@@ -31,6 +31,8 @@ type Counters struct {
 	RecvErr             uint64 // recv_err: link Recv failures (Device.LastRecvError has the last)
 	CQOverflow          uint64 // cq_overflow: completions lost to a full CQ
 	AsyncEventsDropped  uint64 // async_events_dropped: events lost because Events() was full
+	QKeyViolation       uint64 // qkey_violation: UD datagrams whose Q_Key is not the QP's
+	UDNoRecvWQE         uint64 // ud_no_recv_wqe: UD datagrams dropped for want of a receive WQE
 }
 
 // Counter is one named counter value.
@@ -69,6 +71,8 @@ var counterFields = []struct {
 	{"recv_err", func(c *Counters) *uint64 { return &c.RecvErr }},
 	{"cq_overflow", func(c *Counters) *uint64 { return &c.CQOverflow }},
 	{"async_events_dropped", func(c *Counters) *uint64 { return &c.AsyncEventsDropped }},
+	{"qkey_violation", func(c *Counters) *uint64 { return &c.QKeyViolation }},
+	{"ud_no_recv_wqe", func(c *Counters) *uint64 { return &c.UDNoRecvWQE }},
 }
 
 // List returns the counters as name/value pairs in a fixed order, named as

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
@@ -40,6 +39,9 @@ type DeviceConfig struct {
 	// EventQueue is how many asynchronous events Events() holds before
 	// newer ones are dropped (default 256).
 	EventQueue int
+	// PortMTU is the port's active MTU: the largest UD message (default
+	// MTU1024, what rxe reports on a 1500-byte Ethernet link).
+	PortMTU MTU
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -132,6 +134,12 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	if cfg.EventQueue <= 0 {
 		cfg.EventQueue = 256
+	}
+	if cfg.PortMTU == 0 {
+		cfg.PortMTU = MTU1024
+	}
+	if cfg.PortMTU.Bytes() == 0 {
+		return nil, fmt.Errorf("transport: NewDevice: PortMTU %d: %w", cfg.PortMTU, ErrInvalidConfig)
 	}
 	d := &Device{
 		link:    link,
@@ -323,7 +331,7 @@ func (d *Device) input(p *packet.Packet, up *udp.Packet) {
 	if err != nil {
 		return
 	}
-	qp.input(p, up.Addr, true)
+	qp.input(p, up, true)
 }
 
 // route finds the QP a parsed packet is for, counting the packets it
@@ -335,7 +343,7 @@ func (d *Device) route(p *packet.Packet) (*QP, error) {
 		inc(&d.ctr.UnknownQP)
 		return nil, ErrUnknownQP
 	}
-	if p.Info.Transport != bth.TransportRC {
+	if p.Info.Transport != qp.transport {
 		inc(&d.ctr.TransportMismatch)
 		return nil, ErrTransportMismatch
 	}
@@ -401,7 +409,7 @@ func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("transport: HandlePacket: %v qp %#x: %w", p.BTH.Opcode(), p.BTH.DestQP(), err)
 	}
-	qp.input(&p, src, false)
+	qp.input(&p, &udp.Packet{Buf: buf, Addr: src}, false)
 	return nil
 }
 

@@ -27,6 +27,20 @@ var transitions = map[[2]QPState]transition{
 	{QPSSQE, QPSRTS}: {opt: AttrAccessFlags | AttrMinRNRTimer},
 }
 
+// udTransitions is the transition table of UD QPs: no path, no peer, a
+// Q_Key.
+var udTransitions = map[[2]QPState]transition{
+	{QPSReset, QPSInit}: {req: AttrPKeyIndex | AttrPort | AttrQKey},
+	{QPSInit, QPSInit}:  {opt: AttrPKeyIndex | AttrPort | AttrQKey},
+	{QPSInit, QPSRTR}:   {opt: AttrPKeyIndex | AttrQKey},
+	{QPSRTR, QPSRTS}:    {req: AttrSQPSN, opt: AttrQKey},
+	{QPSRTS, QPSRTS}:    {opt: AttrQKey},
+	{QPSRTS, QPSSQD}:    {},
+	{QPSSQD, QPSRTS}:    {opt: AttrQKey},
+	{QPSSQD, QPSSQD}:    {opt: AttrPKeyIndex | AttrQKey},
+	{QPSSQE, QPSRTS}:    {opt: AttrQKey},
+}
+
 // Modify changes the QP's state and attributes. Only the fields selected by
 // mask are used. Each transition has required and optional attributes (the
 // IBTA / libibverbs table for RC); a missing required attribute, an
@@ -64,7 +78,11 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		}
 	default:
 		var ok bool
-		tr, ok = transitions[[2]QPState{cur, next}]
+		table := transitions
+		if qp.init.Type == QPTypeUD {
+			table = udTransitions
+		}
+		tr, ok = table[[2]QPState{cur, next}]
 		if !ok {
 			return fmt.Errorf("transport: Modify qp %#x: illegal transition %v -> %v: %w", qp.qpn, cur, next, ErrInvalidState)
 		}
@@ -127,6 +145,9 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if given&AttrMaxDestRdAtomic != 0 {
 		a.MaxDestRdAtomic = attr.MaxDestRdAtomic
 	}
+	if given&AttrQKey != 0 {
+		a.QKey = attr.QKey
+	}
 	switch {
 	case next == QPSReset:
 		qp.reset()
@@ -163,6 +184,9 @@ func (qp *QP) checkValues(attr *QPAttr, given AttrMask) error {
 	}
 	if given&AttrAccessFlags != 0 && attr.AccessFlags&^(memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic|memreg.AccessMWBind) != 0 {
 		return bad(AttrAccessFlags, "unknown flags %#x", uint32(attr.AccessFlags))
+	}
+	if given&AttrQKey != 0 && attr.QKey&ControlledQKey != 0 && qp.qpn != 1 {
+		return bad(AttrQKey, "%#x has the high bit set: controlled Q_Keys are reserved for QP1", attr.QKey)
 	}
 	if given&AttrPKeyIndex != 0 && attr.PKeyIndex != 0 {
 		return bad(AttrPKeyIndex, "index %d (only 0, P_Key 0xffff, exists)", attr.PKeyIndex)

@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"net/netip"
+
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/udp"
 )
@@ -16,13 +18,20 @@ func (qp *QP) outBuf() []byte {
 	return qp.outBufs[qp.nout][:udp.MaxPacketSize]
 }
 
-// commit queues the packet built in the last outBuf with length n.
+// commit queues the packet built in the last outBuf with length n, for
+// the connected peer.
 func (qp *QP) commit(n int) {
+	qp.commitTo(n, qp.peer, qp.srcPort, qp.attr.AV.TrafficClass)
+}
+
+// commitTo queues the packet built in the last outBuf with length n for
+// dst, from UDP source port sport, with traffic class tos.
+func (qp *QP) commitTo(n int, dst netip.Addr, sport uint16, tos uint8) {
 	p := &qp.out[qp.nout]
 	p.Buf = qp.outBufs[qp.nout][:n]
-	p.Addr = qp.peer
-	p.SrcPort = qp.srcPort
-	p.TOS = qp.attr.AV.TrafficClass
+	p.Addr = dst
+	p.SrcPort = sport
+	p.TOS = tos
 	qp.nout++
 	qp.ackSlot = 0
 }

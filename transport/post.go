@@ -73,6 +73,11 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	if total > 1<<31 {
 		return bad("sg_list", ErrInvalidWR, nil, "length %d > 2^31", total)
 	}
+	if qp.init.Type == QPTypeUD {
+		if err := qp.checkUDWR(i, wr, total); err != nil {
+			return err
+		}
+	}
 	if wr.Opcode == WRCompareSwap || wr.Opcode == WRFetchAdd {
 		if total != 8 {
 			return bad("sg_list", ErrInvalidWR, nil, "atomic length %d, want 8", total)
@@ -86,7 +91,8 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	// Field by field, so that the caller's SGE slice is not retained
 	// (and does not escape).
 	*w = sendWQE{wr: SendWR{WRID: wr.WRID, Opcode: wr.Opcode, SGEs: sges, Flags: wr.Flags, Imm: wr.Imm,
-		InvRKey: wr.InvRKey, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey, CompareAdd: wr.CompareAdd, Swap: wr.Swap},
+		InvRKey: wr.InvRKey, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey, CompareAdd: wr.CompareAdd, Swap: wr.Swap,
+		AH: wr.AH, RemoteQPN: wr.RemoteQPN, RemoteQKey: wr.RemoteQKey},
 		sges: sges, length: uint32(total)}
 	if wr.Opcode == WRRead {
 		w.rsl = qp.pd.ScatterList(sges)

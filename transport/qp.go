@@ -54,9 +54,10 @@ type QP struct {
 	pd     *memreg.PD
 	rv     memreg.QPView // remote-facing view of pd for this QP (type 2 windows)
 	qpn    uint32
-	sendCQ *CQ
-	recvCQ *CQ
-	init   QPInitAttr
+	sendCQ    *CQ
+	recvCQ    *CQ
+	init      QPInitAttr
+	transport bth.Transport // the BTH transport of its packets (RC or UD)
 
 	mu      sync.Mutex
 	attr    QPAttr
@@ -149,8 +150,14 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if d.isClosed() {
 		return nil, ErrClosed
 	}
-	if a.Type != QPTypeRC {
-		return nil, fmt.Errorf("transport: CreateQP: qp_type %d not supported (only RC): %w", a.Type, ErrInvalidConfig)
+	var tr bth.Transport
+	switch a.Type {
+	case QPTypeRC:
+		tr = bth.TransportRC
+	case QPTypeUD:
+		tr = bth.TransportUD
+	default:
+		return nil, fmt.Errorf("transport: CreateQP: qp_type %v not supported (RC and UD are): %w", a.Type, ErrInvalidConfig)
 	}
 	if pd == nil {
 		return nil, fmt.Errorf("transport: CreateQP: nil pd: %w", ErrInvalidConfig)
@@ -179,7 +186,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if a.MaxSGE < 0 || a.MaxSGE > 32 {
 		return nil, fmt.Errorf("transport: CreateQP: max_sge %d out of range 1..32: %w", a.MaxSGE, ErrInvalidConfig)
 	}
-	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, init: a}
+	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, init: a, transport: tr}
 	qp.sq = make([]sendWQE, a.MaxSendWR)
 	for i := range qp.sq {
 		qp.sq[i].sges = make([]memreg.SGE, 0, a.MaxSGE)
@@ -229,6 +236,9 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	a.SendCQ.users++
 	a.RecvCQ.users++
 	qp.rv = pd.ForQP(qp.qpn)
+	if a.Type == QPTypeUD {
+		qp.srcPort = udSourcePort(qp.qpn)
+	}
 	d.qps[qp.qpn] = qp
 	d.publishQPs()
 	return qp, nil
@@ -291,7 +301,7 @@ func (qp *QP) Query() (QPAttr, error) {
 // goroutine with batched set: what the packet makes the QP send is queued
 // and flushed at the end of the received batch (Device.flushPending).
 // Without batched it is sent before input returns.
-func (qp *QP) input(p *packetT, src netip.Addr, batched bool) {
+func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	st := qp.attr.State
@@ -302,7 +312,20 @@ func (qp *QP) input(p *packetT, src netip.Addr, batched bool) {
 		}
 		return
 	}
-	if src.Unmap() != qp.peer || p.BTH.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
+	if p.BTH.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
+		inc(&qp.dev.ctr.WrongPeer)
+		return
+	}
+	if qp.init.Type == QPTypeUD {
+		inc(&qp.dev.ctr.RcvdPkts)
+		qp.rxBatch = batched
+		qp.udInput(p, up)
+		qp.settle()
+		qp.rxBatch = false
+		return
+	}
+	src := up.Addr
+	if src.Unmap() != qp.peer {
 		inc(&qp.dev.ctr.WrongPeer)
 		if qp.trace != nil {
 			qp.trace("drop %v psn %v from %v pkey %#x", p.BTH.Opcode(), p.BTH.PSN(), src, p.BTH.PKey())

@@ -35,6 +35,10 @@ func npkts(n uint32, mtu int) int {
 // reqProgress sends as many request packets as the window, the
 // READ/atomic limit and fences allow. Called with qp.mu held.
 func (qp *QP) reqProgress() {
+	if qp.init.Type == QPTypeUD {
+		qp.udProgress()
+		return
+	}
 	st := qp.attr.State
 	if (st != QPSRTS && st != QPSSQD) || qp.tmr.rnrWait || qp.mtu == 0 {
 		return

@@ -10,8 +10,26 @@ import (
 // QPType is the transport service of a QP (libibverbs enum ibv_qp_type values).
 type QPType uint8
 
-// QPTypeRC is a Reliable Connected QP, the only type this package implements.
-const QPTypeRC QPType = 2
+// QP types.
+const (
+	// QPTypeRC is a Reliable Connected QP.
+	QPTypeRC QPType = 2
+	// QPTypeUD is an Unreliable Datagram QP: SEND and SEND with
+	// immediate to any QP an address handle names, one packet per
+	// message (at most the port MTU), with a Q_Key.
+	QPTypeUD QPType = 4
+)
+
+// String returns "RC" or "UD".
+func (t QPType) String() string {
+	switch t {
+	case QPTypeRC:
+		return "RC"
+	case QPTypeUD:
+		return "UD"
+	}
+	return fmt.Sprintf("QPType(%d)", uint8(t))
+}
 
 // QPState is the state of a QP (libibverbs enum ibv_qp_state values).
 type QPState uint8
@@ -96,6 +114,7 @@ const (
 	AttrAccessFlags     AttrMask = 1 << 3
 	AttrPKeyIndex       AttrMask = 1 << 4
 	AttrPort            AttrMask = 1 << 5
+	AttrQKey            AttrMask = 1 << 6
 	AttrAV              AttrMask = 1 << 7
 	AttrPathMTU         AttrMask = 1 << 8
 	AttrTimeout         AttrMask = 1 << 9
@@ -114,7 +133,7 @@ var attrNames = []struct {
 	name string
 }{
 	{AttrState, "state"}, {AttrCurState, "cur_state"}, {AttrAccessFlags, "access_flags"},
-	{AttrPKeyIndex, "pkey_index"}, {AttrPort, "port"}, {AttrAV, "av"}, {AttrPathMTU, "path_mtu"},
+	{AttrPKeyIndex, "pkey_index"}, {AttrPort, "port"}, {AttrQKey, "qkey"}, {AttrAV, "av"}, {AttrPathMTU, "path_mtu"},
 	{AttrTimeout, "timeout"}, {AttrRetryCnt, "retry_cnt"}, {AttrRNRRetry, "rnr_retry"},
 	{AttrRQPSN, "rq_psn"}, {AttrMaxQPRdAtomic, "max_rd_atomic"}, {AttrMinRNRTimer, "min_rnr_timer"},
 	{AttrSQPSN, "sq_psn"}, {AttrMaxDestRdAtomic, "max_dest_rd_atomic"}, {AttrDestQPN, "dest_qp_num"},
@@ -164,12 +183,13 @@ type QPAttr struct {
 	RQPSN           uint32 // receive (responder) starting PSN
 	SQPSN           uint32 // send (requester) starting PSN
 	AV              AddressVector
-	Timeout         uint8 // local ACK timeout 4.096 µs × 2^Timeout; 0 = infinite
-	RetryCnt        uint8 // 0..7
-	RNRRetry        uint8 // 0..7, 7 = infinite
-	MinRNRTimer     uint8 // RNR NAK timer code 0..31 the responder advertises
-	MaxQPRdAtomic   uint8 // outstanding READ/atomic requests as requester
-	MaxDestRdAtomic uint8 // saved READ/atomic responder resources
+	Timeout         uint8  // local ACK timeout 4.096 µs × 2^Timeout; 0 = infinite
+	RetryCnt        uint8  // 0..7
+	RNRRetry        uint8  // 0..7, 7 = infinite
+	MinRNRTimer     uint8  // RNR NAK timer code 0..31 the responder advertises
+	MaxQPRdAtomic   uint8  // outstanding READ/atomic requests as requester
+	MaxDestRdAtomic uint8  // saved READ/atomic responder resources
+	QKey            uint32 // UD: the Q_Key received datagrams must carry (high bit reserved for privileged QPs)
 }
 
 // QPInitAttr are the creation parameters of a QP.
@@ -243,6 +263,12 @@ type SendWR struct {
 	RKey       uint32
 	CompareAdd uint64 // WRCompareSwap: compare; WRFetchAdd: add
 	Swap       uint64 // WRCompareSwap
+	// UD only: the destination. AH is the address handle (CreateAH),
+	// RemoteQPN the destination QP and RemoteQKey its Q_Key; a Q_Key
+	// with the high bit set means "use this QP's own Q_Key" (IBTA 10.2.5).
+	AH         *AH
+	RemoteQPN  uint32
+	RemoteQKey uint32
 }
 
 // RecvWR is a receive work request.

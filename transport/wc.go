@@ -111,6 +111,18 @@ type WCFlags uint8
 const (
 	WCWithImm WCFlags = 1 << 1
 	WCWithInv WCFlags = 1 << 3
+	// WCGRH: the first 40 bytes of the receive buffer hold the GRH (UD).
+	// On RoCEv2 over IPv4 the IPv4 header is in the last 20 of them.
+	WCGRH WCFlags = 1 << 0
+	// WCWithNetworkHdrType: NetworkHdrType is valid.
+	WCWithNetworkHdrType WCFlags = 1 << 6
+)
+
+// Network header types of WC.NetworkHdrType (the kernel's enum
+// rdma_network_type).
+const (
+	NetworkIPv4 = 2
+	NetworkIPv6 = 3
 )
 
 // WC is a work completion, as ibv_wc.
@@ -130,6 +142,9 @@ type WC struct {
 	QPN             uint32
 	SrcQP           uint32
 	Flags           WCFlags
+	// NetworkHdrType is the header a UD datagram arrived with
+	// (NetworkIPv4 or NetworkIPv6), as the kernel's rdma_network_type.
+	NetworkHdrType uint8
 }
 
 // Err returns nil for a successful completion, else a *WCError that

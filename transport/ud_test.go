@@ -1,0 +1,171 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// udSide is a device with one UD QP in RTS.
+type udSide struct {
+	*side
+	buf []byte
+	mr  *memreg.MR
+}
+
+func newUDSide(t *testing.T, n *udp.MemNetwork, addr [4]byte, qkey uint32, cfg DeviceConfig) *udSide {
+	t.Helper()
+	l, err := n.Link(netipFrom4(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := NewDevice(l, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(64)
+	qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeUD, SendCQ: cq, RecvCQ: cq, MaxSendWR: 16, MaxRecvWR: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.ReadyUD(qkey, 0x100); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16<<10)
+	mr, _ := pd.RegisterMR(buf, memreg.AccessLocalWrite)
+	return &udSide{side: &side{dev: dev, pd: pd, scq: cq, rcq: cq, qp: qp}, buf: buf, mr: mr}
+}
+
+func (s *udSide) send(t *testing.T, to *udSide, off, n int, qkey uint32, op WROpcode) error {
+	t.Helper()
+	ah, err := s.dev.CreateAH(AHAttr{Addr: to.dev.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.qp.PostSend(SendWR{WRID: 99, Opcode: op, Imm: 0xabcd, Flags: SendSignaled, SGEs: []memreg.SGE{s.mr.SGE(uint64(off), uint32(n))},
+		AH: ah, RemoteQPN: to.qp.QPN(), RemoteQKey: qkey})
+}
+
+// TestUDSendRecv: a UD SEND and SEND with immediate arrive with the GRH in
+// the first 40 bytes (IPv4 header in the last 20), the source QP, the GRH
+// and network-type flags; the sender can answer through AHFromGRH.
+func TestUDSendRecv(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	a := newUDSide(t, n, [4]byte{192, 0, 2, 1}, 0x11111111, DeviceConfig{})
+	b := newUDSide(t, n, [4]byte{192, 0, 2, 2}, 0x11111111, DeviceConfig{})
+	fill(a.buf[:1024], 3)
+	for _, op := range []WROpcode{WRSend, WRSendImm} {
+		if err := b.qp.PostRecv(RecvWR{WRID: 5, SGEs: []memreg.SGE{b.mr.SGE(0, 2048)}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.send(t, b, 0, 1024, 0x11111111, op); err != nil {
+			t.Fatal(err)
+		}
+		if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.Opcode != WCSend {
+			t.Fatalf("send WC %+v", wc)
+		}
+		wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]
+		if wc.Status != WCSuccess || wc.WRID != 5 || wc.ByteLen != GRHSize+1024 || wc.SrcQP != a.qp.QPN() ||
+			wc.Flags&WCGRH == 0 || wc.Flags&WCWithNetworkHdrType == 0 || wc.NetworkHdrType != NetworkIPv4 {
+			t.Fatalf("recv WC %+v", wc)
+		}
+		if (op == WRSendImm) != (wc.Flags&WCWithImm != 0) || (op == WRSendImm && wc.Imm != 0xabcd) {
+			t.Fatalf("%v: imm flags %v imm %#x", op, wc.Flags, wc.Imm)
+		}
+		if !bytes.Equal(b.buf[GRHSize:GRHSize+1024], a.buf[:1024]) {
+			t.Fatal("payload differs")
+		}
+		g := b.buf[:GRHSize]
+		if !bytes.Equal(g[:20], make([]byte, 20)) || g[20] != 0x45 || g[29] != 17 {
+			t.Fatalf("GRH % x: want 20 zero bytes and an IPv4/UDP header", g)
+		}
+		ah, err := AHFromGRH(g)
+		if err != nil || ah.Addr != a.dev.Addr() {
+			t.Fatalf("AHFromGRH = %v, %v", ah, err)
+		}
+	}
+}
+
+// TestUDQKeys: a datagram with another Q_Key is dropped and counted; a
+// RemoteQKey with the high bit set sends the QP's own Q_Key; a user QP may
+// not take a controlled Q_Key.
+func TestUDQKeys(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	a := newUDSide(t, n, [4]byte{192, 0, 2, 1}, 0x22222222, DeviceConfig{})
+	b := newUDSide(t, n, [4]byte{192, 0, 2, 2}, 0x22222222, DeviceConfig{})
+	if err := b.qp.PostRecv(RecvWR{WRID: 1, SGEs: []memreg.SGE{b.mr.SGE(0, 2048)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.send(t, b, 0, 16, 0x33333333, WRSend); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, a.scq, 1, 5*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for b.dev.Counters().QKeyViolation == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if c := b.dev.Counters().QKeyViolation; c != 1 {
+		t.Fatalf("qkey_violation = %d", c)
+	}
+	noWC(t, b.rcq)
+	// High bit: the sender's own Q_Key (0x22222222) goes out.
+	if err := a.send(t, b, 0, 16, ControlledQKey, WRSend); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]; wc.Status != WCSuccess {
+		t.Fatalf("recv WC %+v", wc)
+	}
+	err := b.qp.Modify(&QPAttr{State: QPSRTS, QKey: 0x80000001}, AttrState|AttrQKey)
+	if !errors.Is(err, ErrInvalidAttr) {
+		t.Fatalf("controlled Q_Key on a user QP: %v", err)
+	}
+}
+
+// TestUDLimits: a message above the port MTU is refused at PostSend; a
+// datagram larger than the receive buffer (with the GRH) completes with a
+// local length error; with no receive posted it is dropped and counted.
+func TestUDLimits(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	a := newUDSide(t, n, [4]byte{192, 0, 2, 1}, 7, DeviceConfig{PortMTU: MTU2048})
+	b := newUDSide(t, n, [4]byte{192, 0, 2, 2}, 7, DeviceConfig{})
+	var we *WRError
+	if err := a.send(t, b, 0, 2049, 7, WRSend); !errors.As(err, &we) || we.Field != "sg_list" {
+		t.Fatalf("2049 bytes at MTU 2048: %v", err)
+	}
+	if err := a.send(t, b, 0, 100, 7, WRSend); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, a.scq, 1, 5*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for b.dev.Counters().UDNoRecvWQE == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if c := b.dev.Counters().UDNoRecvWQE; c != 1 {
+		t.Fatalf("ud_no_recv_wqe = %d", c)
+	}
+	if err := b.qp.PostRecv(RecvWR{WRID: 2, SGEs: []memreg.SGE{b.mr.SGE(0, GRHSize+50)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.send(t, b, 0, 100, 7, WRSend); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]; wc.Status != WCLocLenErr {
+		t.Fatalf("too long: %+v", wc)
+	}
+	// RC verbs on a UD QP are refused.
+	if err := a.qp.PostSend(SendWR{Opcode: WRWrite, SGEs: []memreg.SGE{a.mr.SGE(0, 8)}}); !errors.As(err, &we) || we.Field != "opcode" {
+		t.Fatalf("WRITE on UD: %v", err)
+	}
+	if err := a.qp.Connect(ConnParams{}); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("Connect on UD: %v", err)
+	}
+}
+
+func netipFrom4(a [4]byte) netip.Addr { return netip.AddrFrom4(a) }
