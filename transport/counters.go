@@ -33,6 +33,13 @@ type Counters struct {
 	AsyncEventsDropped  uint64 // async_events_dropped: events lost because Events() was full
 	QKeyViolation       uint64 // qkey_violation: UD datagrams whose Q_Key is not the QP's
 	UDNoRecvWQE         uint64 // ud_no_recv_wqe: UD datagrams dropped for want of a receive WQE
+	MADSent             uint64 // mad_sent: MADs the GSI (QP1) sent
+	MADRcvd             uint64 // mad_rcvd: MADs the GSI passed to an agent
+	MADDropQKey         uint64 // mad_drop_qkey: datagrams to QP1 without the GSI Q_Key
+	MADDropSize         uint64 // mad_drop_size: datagrams to QP1 that are not 256 bytes
+	MADDropVersion      uint64 // mad_drop_version: MADs with a base version other than 1
+	MADDropNoAgent      uint64 // mad_drop_no_agent: MADs of a class (or response TID) no agent takes
+	MADDropQueueFull    uint64 // mad_drop_queue_full: MADs dropped because their agent's queue was full
 }
 
 // Counter is one named counter value.
@@ -73,6 +80,13 @@ var counterFields = []struct {
 	{"async_events_dropped", func(c *Counters) *uint64 { return &c.AsyncEventsDropped }},
 	{"qkey_violation", func(c *Counters) *uint64 { return &c.QKeyViolation }},
 	{"ud_no_recv_wqe", func(c *Counters) *uint64 { return &c.UDNoRecvWQE }},
+	{"mad_sent", func(c *Counters) *uint64 { return &c.MADSent }},
+	{"mad_rcvd", func(c *Counters) *uint64 { return &c.MADRcvd }},
+	{"mad_drop_qkey", func(c *Counters) *uint64 { return &c.MADDropQKey }},
+	{"mad_drop_size", func(c *Counters) *uint64 { return &c.MADDropSize }},
+	{"mad_drop_version", func(c *Counters) *uint64 { return &c.MADDropVersion }},
+	{"mad_drop_no_agent", func(c *Counters) *uint64 { return &c.MADDropNoAgent }},
+	{"mad_drop_queue_full", func(c *Counters) *uint64 { return &c.MADDropQueueFull }},
 }
 
 // List returns the counters as name/value pairs in a fixed order, named as

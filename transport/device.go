@@ -66,6 +66,8 @@ type Device struct {
 	chans   map[*CompChannel]struct{} // under mu
 	nextQPN uint32
 
+	gsi *GSI // QP1, opened by GSI(); under mu
+
 	events   chan AsyncEvent
 	evMu     sync.Mutex
 	evClosed bool // under evMu

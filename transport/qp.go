@@ -316,6 +316,11 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 		inc(&qp.dev.ctr.WrongPeer)
 		return
 	}
+	if qp.qpn == 1 {
+		inc(&qp.dev.ctr.RcvdPkts)
+		qp.dev.gsi.input(p, up)
+		return
+	}
 	if qp.init.Type == QPTypeUD {
 		inc(&qp.dev.ctr.RcvdPkts)
 		qp.rxBatch = batched
