@@ -5,8 +5,9 @@
 // down and checked:
 //
 //   - The wire header packages (bth, reth, aeth, atomiceth, deth, immdt,
-//     icrc) import nothing of this module; packet imports only them;
-//     rocelayer only wire packages.
+//     icrc) and cm (the CM MAD format) import nothing of this module;
+//     packet imports only the header packages; rocelayer only wire
+//     packages.
 //   - memreg imports only wire packages.
 //   - udp imports only wire packages (and internal/netns); udp/faults only
 //     internal/netns; internal/netns nothing of ours.

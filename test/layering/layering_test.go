@@ -56,7 +56,7 @@ func standard(p string) bool {
 
 var (
 	headers = []string{"bth", "reth", "aeth", "atomiceth", "deth", "immdt", "icrc"}
-	wire    = append(slices.Clone(headers), "packet", "rocelayer")
+	wire    = append(slices.Clone(headers), "packet", "rocelayer", "cm")
 )
 
 // rule is what a product package's non-test code may import of the module
@@ -79,6 +79,8 @@ func ruleFor(r string) (rule, bool) {
 	switch {
 	case slices.Contains(headers, r):
 		return rule{why: "wire header packages import nothing of this module"}, true
+	case r == "cm":
+		return rule{why: "cm (the CM MAD wire format) imports nothing of this module"}, true
 	case r == "packet":
 		return rule{ours: headers, why: "packet imports only the wire header packages"}, true
 	case r == "rocelayer":
