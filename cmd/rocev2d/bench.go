@@ -9,12 +9,12 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
-	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
@@ -338,8 +338,7 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int) (float64, float64
 		k, err := wb.WriteBatch(msgs[:n], 0)
 		sent += int64(max(k, 0))
 		if err != nil {
-			var errno unix.Errno
-			if errors.As(err, &errno) && (errno == unix.ENOBUFS || errno == unix.EAGAIN) {
+			if errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.EAGAIN) {
 				continue
 			}
 			close(stop)
