@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/signal"
 	"sync"
-	"syscall"
 
 	"github.com/gorocev2/rocev2/transport"
 )
@@ -28,7 +27,9 @@ type usr1Watch struct {
 // watchSIGUSR1 starts printing counters to w on SIGUSR1.
 func watchSIGUSR1(w io.Writer) *usr1Watch {
 	u := &usr1Watch{w: w, sig: make(chan os.Signal, 1), done: make(chan struct{}), finished: make(chan struct{})}
-	signal.Notify(u.sig, syscall.SIGUSR1)
+	if len(usr1Signals) > 0 { // Notify with no signals would relay every signal
+		signal.Notify(u.sig, usr1Signals...)
+	}
 	go func() {
 		defer close(u.finished)
 		for {

@@ -1,0 +1,11 @@
+//go:build unix
+
+package main
+
+import (
+	"os"
+	"syscall"
+)
+
+// usr1Signals are the signals that print the counters.
+var usr1Signals = []os.Signal{syscall.SIGUSR1}
