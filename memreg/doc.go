@@ -66,4 +66,8 @@
 // (MW.Invalidate, InvalidateLocal) or a SEND with Invalidate
 // (InvalidateRemote). Zero-based windows are not supported. A region with
 // a window bound cannot be deregistered (ErrBusy).
+//
+// memreg plays the NIC's memory table for the transport above it (and for
+// tools that check keys); of this module it imports only the wire packages
+// (aeth, for the NAK codes of its errors), never transport, udp or cmd.
 package memreg

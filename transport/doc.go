@@ -76,6 +76,11 @@
 // waiters once, before that flush. In steady state posting and completing
 // a message allocates nothing.
 //
-// Only RC is implemented: no UC, UD, SRQ, memory-window bind work requests
-// or alternate paths.
+// RC and UD QPs are implemented, and QP1 (Device.GSI) for management
+// datagrams; not yet UC, SRQ, memory-window bind work requests or
+// alternate paths.
+//
+// Of this module transport imports the wire packages, memreg, and udp for
+// its Link interface only (no socket code of its own); the connection
+// manager and the commands build on it, never the other way round.
 package transport
