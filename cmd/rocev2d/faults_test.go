@@ -5,17 +5,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"runtime"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/gorocev2/rocev2/internal/netns"
 	"github.com/gorocev2/rocev2/udp/faults"
 )
 
@@ -74,50 +70,16 @@ func TestFaultsFlags(t *testing.T) {
 // TestFaultsCommand attaches with the subcommand to a veth in a namespace,
 // sends RoCE-port datagrams through it and checks the printed counters.
 func TestFaultsCommand(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root (CI=true: not skipping)")
-		}
-		t.Skip("SKIPPED LOUDLY: rocev2d faults needs root")
-	}
-	id := os.Getpid() % 100000
-	nsA, nsB := fmt.Sprintf("rvfc-a-%d", id), fmt.Sprintf("rvfc-b-%d", id)
-	ifA, ifB := fmt.Sprintf("rvfca%d", id), fmt.Sprintf("rvfcb%d", id)
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	ip("netns", "add", nsA)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", nsA).Run() })
-	ip("netns", "add", nsB)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", nsB).Run() })
-	ip("link", "add", ifA, "address", "02:00:5e:00:72:01", "netns", nsA, "type", "veth", "peer", "name", ifB, "address", "02:00:5e:00:72:02", "netns", nsB)
-	ip("-n", nsA, "addr", "add", "203.0.113.1/24", "dev", ifA)
-	ip("-n", nsB, "addr", "add", "203.0.113.2/24", "dev", ifB)
-	ip("-n", nsA, "link", "set", ifA, "up")
-	ip("-n", nsB, "link", "set", ifB, "up")
-	ip("-n", nsA, "neigh", "replace", "203.0.113.2", "lladdr", "02:00:5e:00:72:02", "dev", ifA, "nud", "permanent")
+	netns.Require(t, "ip")
+	pair := netns.TestPair(t, netns.PairConfig{Prefix: "rvfc", IfPrefix: "rvfc",
+		AddrA: netip.MustParseAddr("203.0.113.1"), AddrB: netip.MustParseAddr("203.0.113.2"),
+		MACA: "02:00:5e:00:72:01", MACB: "02:00:5e:00:72:02"})
+	nsA, ifA := pair.NsA, pair.IfA
 
 	// A sending socket inside A.
-	var conn *net.UDPConn
-	done := make(chan error)
-	go func() {
-		runtime.LockOSThread() // the thread stays in the namespace and dies with the goroutine
-		f, err := os.Open("/var/run/netns/" + nsA)
-		if err == nil {
-			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-			f.Close()
-		}
-		if err == nil {
-			conn, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(203, 0, 113, 1)})
-		}
-		done <- err
-	}()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	conn := netns.MustGet(t, nsA, func() (*net.UDPConn, error) {
+		return net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(203, 0, 113, 1)})
+	})
 	defer conn.Close()
 
 	var out, errOut bytes.Buffer
