@@ -367,9 +367,9 @@ func TestCMAHeader(t *testing.T) {
 			cm.CMAHeaderFields{SrcPort: 0xb9aa, Src: v4s, Dst: v4d},
 		},
 		{
-			"IPv4-mapped", cm.CMAHeaderFields{SrcPort: 1, Src: netip.AddrFrom16(v4s.As16()), Dst: v4d},
-			append(append([]byte{0, 0x40, 0, 1}, append(make([]byte, 12), 192, 0, 2, 3)...), append(make([]byte, 12), 192, 0, 2, 2)...),
-			cm.CMAHeaderFields{SrcPort: 1, Src: v4s, Dst: v4d},
+			"IPv4-mapped is IPv6", cm.CMAHeaderFields{SrcPort: 1, Src: netip.AddrFrom16(v4s.As16()), Dst: netip.AddrFrom16(v4d.As16())},
+			append(append([]byte{0, 0x60, 0, 1}, netip.AddrFrom16(v4s.As16()).AsSlice()...), netip.AddrFrom16(v4d.As16()).AsSlice()...),
+			cm.CMAHeaderFields{SrcPort: 1, Src: netip.AddrFrom16(v4s.As16()), Dst: netip.AddrFrom16(v4d.As16())},
 		},
 		{
 			"IPv6", cm.CMAHeaderFields{SrcPort: 7174, Src: v6s, Dst: v6d},
@@ -389,7 +389,7 @@ func TestCMAHeader(t *testing.T) {
 			t.Errorf("%s: ParseCMAHeader = %+v, %v, want %+v", c.name, got, err, c.back)
 		}
 	}
-	for _, f := range []cm.CMAHeaderFields{{Src: v4s, Dst: v6d}, {Src: v6s, Dst: v4d}, {Src: v4s}, {Dst: v6d}} {
+	for _, f := range []cm.CMAHeaderFields{{Src: v4s, Dst: v6d}, {Src: v6s, Dst: v4d}, {Src: v4s}, {Dst: v6d}, {Src: netip.AddrFrom16(v4s.As16()), Dst: v4d}} {
 		b := bytes.Repeat([]byte{0xee}, cm.CMAHeaderSize)
 		if err := cm.CMAHeader(b).Encode(&f); err == nil || bytes.Count(b, []byte{0xee}) != cm.CMAHeaderSize {
 			t.Errorf("Encode(%+v) = %v, wrote % x", f, err, b)

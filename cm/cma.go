@@ -80,14 +80,14 @@ func (h CMAHeader) addr(off int) netip.Addr {
 	return netip.Addr{}
 }
 
-// setAddr writes a into the union at off: IPv4 (or IPv4-mapped IPv6) as
-// 12 zero bytes and the address, IPv6 as is, the zero Addr as 16 zeros.
+// setAddr writes a into the union at off: IPv4 as 12 zero bytes and the
+// address, IPv6 (IPv4-mapped included) as is, the zero Addr as 16 zeros.
 func (h CMAHeader) setAddr(off int, a netip.Addr) {
 	u := h[off : off+16]
 	clear(u)
 	switch {
-	case a.Is4() || a.Is4In6():
-		b := a.Unmap().As4()
+	case a.Is4():
+		b := a.As4()
 		copy(u[12:], b[:])
 	case a.Is6():
 		b := a.As16()
@@ -129,12 +129,13 @@ func (h CMAHeader) Fields() CMAHeaderFields {
 }
 
 // Encode writes all CMAHeaderSize bytes from f, the IP version from the
-// addresses' family (IPv4-mapped IPv6 counts as IPv4). The addresses must
-// be valid and of one family; otherwise nothing is written and the error
-// says which is wrong.
+// addresses' family. As in rdma_cm, which goes by the socket address
+// family, an IPv4-mapped IPv6 address is IPv6 (Unmap it for an IPv4
+// header). The addresses must be valid and of one family; otherwise
+// nothing is written and the error says which is wrong.
 func (h CMAHeader) Encode(f *CMAHeaderFields) error {
 	_ = h[CMAHeaderSize-1]
-	v4 := func(a netip.Addr) bool { return a.Is4() || a.Is4In6() }
+	v4 := netip.Addr.Is4
 	if !f.Src.IsValid() || !f.Dst.IsValid() || v4(f.Src) != v4(f.Dst) {
 		return fmt.Errorf("cm: cma_hdr: source %v and destination %v are not two addresses of one family", f.Src, f.Dst)
 	}
