@@ -8,8 +8,6 @@ import (
 	"os"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
@@ -18,8 +16,8 @@ import (
 
 // endpoint is one RoCEv2 end of a command (demo and bench run two in one
 // process, pingpong and the perftest commands one each): a device on a
-// link, a protection domain, its CQs, one RC QP in INIT, and the memory
-// registered with alloc.
+// link, a protection domain, its CQs, one QP in INIT (RC, or UD for
+// ud-pingpong), and the memory registered with alloc.
 type endpoint struct {
 	link   udp.Link // the device's link
 	dev    *transport.Device
@@ -39,14 +37,19 @@ type endpointConfig struct {
 	sendCQ, recvCQ       int // CQ depths; recvCQ 0: one CQ of sendCQ entries for both queues
 	maxSendWR, maxRecvWR int
 	sigAll               bool          // every send work request completes signalled
-	access               memreg.Access // remote access rights of the QP
+	access               memreg.Access // remote access rights of the QP (RC)
+	// ud makes the QP a UD QP with Q_Key qkey (in INIT; QP.ReadyUD takes
+	// it to RTS) instead of an RC QP.
+	ud      bool
+	qkey    uint32
+	portMTU transport.MTU // the device's port MTU, the largest UD message (0: 1024)
 }
 
-// newEndpoint creates a device on link with one PD, the CQs and an RC QP,
-// and takes the QP to INIT, so that receives can be posted before the
-// peer is known. The endpoint owns link: on an error it is closed.
+// newEndpoint creates a device on link with one PD, the CQs and an RC (or
+// UD) QP, and takes the QP to INIT, so that receives can be posted before
+// the peer is known. The endpoint owns link: on an error it is closed.
 func newEndpoint(link udp.Link, cfg endpointConfig) (*endpoint, error) {
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{PortMTU: cfg.portMTU})
 	if err != nil {
 		link.Close()
 		return nil, err
@@ -68,10 +71,22 @@ func newEndpoint(link udp.Link, cfg endpointConfig) (*endpoint, error) {
 			return fail(fmt.Errorf("couldn't create CQ: %w", err))
 		}
 	}
-	e.qp, err = dev.CreateQP(e.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: e.scq, RecvCQ: e.rcq,
+	typ := transport.QPTypeRC
+	if cfg.ud {
+		typ = transport.QPTypeUD
+	}
+	e.qp, err = dev.CreateQP(e.pd, transport.QPInitAttr{Type: typ, SendCQ: e.scq, RecvCQ: e.rcq,
 		MaxSendWR: cfg.maxSendWR, MaxRecvWR: cfg.maxRecvWR, MaxSGE: 1, SigAll: cfg.sigAll})
 	if err != nil {
 		return fail(fmt.Errorf("couldn't create QP: %w", err))
+	}
+	if cfg.ud {
+		// RESET to INIT with the Q_Key, as ibv_ud_pingpong's pp_init_ctx.
+		a := transport.QPAttr{State: transport.QPSInit, Port: 1, QKey: cfg.qkey}
+		if err := e.qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrQKey); err != nil {
+			return fail(fmt.Errorf("failed to modify QP to INIT: %w", err))
+		}
+		return e, nil
 	}
 	if err := e.qp.Init(cfg.access); err != nil {
 		return fail(err)
@@ -100,11 +115,11 @@ func (e *endpoint) connect(peer netip.Addr, peerQPN, peerPSN uint32, mtu transpo
 // late duplicate request (a retransmission or a network duplicate) may
 // still arrive for a finished transfer, as it may for any RNIC application.
 func (e *endpoint) alloc(n int, access memreg.Access) ([]byte, *memreg.MR, error) {
-	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	b, free, err := mapMemory(max(n, 1))
 	if err != nil {
 		return nil, nil, fmt.Errorf("allocating %d bytes: %w", n, err)
 	}
-	e.release = append(e.release, func() { unix.Munmap(b) })
+	e.release = append(e.release, free)
 	mr, err := e.pd.RegisterMR(b[:n], access)
 	if err != nil {
 		return nil, nil, fmt.Errorf("couldn't register MR: %w", err)

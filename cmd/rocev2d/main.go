@@ -1,6 +1,7 @@
 // Command rocev2d is the rocev2 command: it runs two endpoints in one
 // process through every RC operation (demo), peers compatible with
-// ibv_rc_pingpong (pingpong) and perftest (write-bw, read-lat, ...), a
+// ibv_rc_pingpong (pingpong), ibv_ud_pingpong (ud-pingpong) and
+// perftest (write-bw, read-lat, ...), a
 // benchmark against raw UDP (bench), checks and writes RoCEv2 captures
 // (pcap) and injects faults on an interface (faults, Linux, root).
 //
@@ -108,7 +109,7 @@ func printHelp(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-11s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintf(w, "  %-10s %s\n", "help", "show this list, or `help COMMAND` for a command's usage")
+	fmt.Fprintf(w, "  %-11s %s\n", "help", "show this list, or `help COMMAND` for a command's usage")
 }

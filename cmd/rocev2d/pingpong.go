@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
@@ -79,19 +80,35 @@ type pingpongConfig struct {
 	verbose bool
 	sock    socketFlags
 	server  string // empty: run as server
+	// ud: ud-pingpong (ibv_ud_pingpong): a UD QP, mtu is the port MTU
+	// and bounds size, receive buffers start with the GRH.
+	ud bool
 }
 
 // parsePingpongFlags parses args like getopt_long does for the C tool: flags
 // and the optional server argument may come in any order.
 func parsePingpongFlags(args []string) (*pingpongConfig, error) {
-	c := &pingpongConfig{}
+	return parsePPFlags(args, false)
+}
+
+// parsePPFlags parses the flags of pingpong or, with ud, of ud-pingpong
+// (ibv_ud_pingpong's: message size 1024 by default, -o accepted).
+func parsePPFlags(args []string, ud bool) (*pingpongConfig, error) {
+	c := &pingpongConfig{ud: ud}
 	var mtu int
 	var bind string
-	fs := newFlagSet("pingpong")
+	fs := newFlagSet(ppName(ud))
+	defSize := 4096
+	if ud {
+		// ibv_ud_pingpong's size is 1024 (its usage text says 2048).
+		defSize = 1024
+		var odp bool
+		boolFlags(fs, &odp, "o", "odp") // accepted and ignored
+	}
 	intFlags(fs, &c.port, "p", "port", 18515)
 	stringFlags(fs, &c.dev, "d", "ib-dev", "")
 	intFlags(fs, &c.ibPort, "i", "ib-port", 1)
-	intFlags(fs, &c.size, "s", "size", 4096)
+	intFlags(fs, &c.size, "s", "size", defSize)
 	intFlags(fs, &mtu, "m", "mtu", 1024)
 	intFlags(fs, &c.rxDepth, "r", "rx-depth", 500)
 	intFlags(fs, &c.iters, "n", "iters", 1000)
@@ -138,9 +155,26 @@ func parsePingpongFlags(args []string) (*pingpongConfig, error) {
 // errUsage marks errors caused by bad flags (exit status 2).
 var errUsage = errors.New("bad usage")
 
+// ppName is the command name of pingpong (ud false) or ud-pingpong.
+func ppName(ud bool) string {
+	if ud {
+		return "ud-pingpong"
+	}
+	return "pingpong"
+}
+
 func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c, err := parsePingpongFlags(args)
-	if code, done := flagsResult("pingpong", pingpongUsage, err, stdout, stderr); done {
+	return runPPCmd(ctx, args, false, stdout, stderr)
+}
+
+// runPPCmd runs pingpong or, with ud, ud-pingpong.
+func runPPCmd(ctx context.Context, args []string, ud bool, stdout, stderr io.Writer) int {
+	name, usage := ppName(ud), pingpongUsage
+	if ud {
+		usage = udPingpongUsage
+	}
+	c, err := parsePPFlags(args, ud)
+	if code, done := flagsResult(name, usage, err, stdout, stderr); done {
 		return code
 	}
 	if c.timeout > 0 {
@@ -151,7 +185,7 @@ func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	usr1 := watchSIGUSR1(stderr)
 	defer usr1.Stop()
 	if err := pingpong(ctx, c, stdout, usr1); err != nil {
-		fmt.Fprintf(stderr, "rocev2d pingpong: %v\n", err)
+		fmt.Fprintf(stderr, "rocev2d %s: %v\n", name, err)
 		return exitFail
 	}
 	return exitOK
@@ -161,13 +195,23 @@ func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) i
 // message buffer.
 type ppContext struct {
 	*endpoint
+	// buf is what receives land in: for UD the GRH space (grh bytes,
+	// transport.GRHSize) and then the message; sends take buf[grh:].
 	buf   []byte
+	grh   int
 	mr    *memreg.MR
 	routs int // receives posted
+	// UD: the peer's address handle and QP number.
+	ah        *transport.AH
+	remoteQPN uint32
 }
 
 // pingpong runs one ping-pong as server (c.server empty) or client.
 func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
+	if c.ud && c.size > c.mtu.Bytes() {
+		// ibv_ud_pingpong's check, before it listens or connects.
+		return fmt.Errorf("requested size %d larger than port MTU (%d); -m sets the port MTU", c.size, c.mtu.Bytes())
+	}
 	conn, err := ppOOBConnect(ctx, c)
 	if err != nil {
 		return err
@@ -191,7 +235,12 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 	}
 
 	me := oob.PingpongDest{QPN: pc.qp.QPN(), PSN: pc.psn, GID: pc.dev.GID()}
-	fmt.Fprintf(stdout, "  local address:  %s\n", ppDestString(me))
+	line := ppDestString(me)
+	if c.ud {
+		// ibv_ud_pingpong's local line has "PSN 0x...: GID".
+		line = strings.Replace(line, ", GID ", ": GID ", 1)
+	}
+	fmt.Fprintf(stdout, "  local address:  %s\n", line)
 	var rem oob.PingpongDest
 	if c.server != "" {
 		rem, err = oob.PingpongClient(ctx, conn, me)
@@ -225,9 +274,18 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 		// ibv_rc_pingpong -c: the client marks every page's first byte with
 		// i/page_size % sizeof(char), i.e. 0, and the message bounces back
 		// and forth, so both buffers must hold 0 there at the end.
+		msg := pc.buf[pc.grh:]
 		for i := 0; i < c.size; i += ppPageSize {
-			if pc.buf[i] != 0 {
-				return fmt.Errorf("data validation failed at byte %d: got %#x, want 0", i, pc.buf[i])
+			if msg[i] != 0 {
+				return fmt.Errorf("data validation failed at byte %d: got %#x, want 0", i, msg[i])
+			}
+		}
+		if c.ud {
+			// The GRH of the last datagram names the peer.
+			a, err := transport.AHFromGRH(pc.buf[:pc.grh])
+			if err != nil || a.Addr != pc.ah.Addr() {
+				return fmt.Errorf("data validation failed: the GRH of the last datagram (% x) does not name the peer %v (%v)",
+					pc.buf[:pc.grh], pc.ah.Addr(), err)
 			}
 		}
 	}
@@ -275,12 +333,18 @@ func ppInit(local netip.Addr, c *pingpongConfig) (*ppContext, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := newEndpoint(link, endpointConfig{sendCQ: c.rxDepth + 1, maxSendWR: 1, maxRecvWR: c.rxDepth, sigAll: true})
+	cfg := endpointConfig{sendCQ: c.rxDepth + 1, maxSendWR: 1, maxRecvWR: c.rxDepth, sigAll: true}
+	pc := &ppContext{}
+	if c.ud {
+		cfg.ud, cfg.qkey, cfg.portMTU = true, udQKey, c.mtu
+		pc.grh = transport.GRHSize
+	}
+	e, err := newEndpoint(link, cfg)
 	if err != nil {
 		return nil, err
 	}
-	pc := &ppContext{endpoint: e}
-	if pc.buf, pc.mr, err = e.alloc(c.size, memreg.AccessLocalWrite); err != nil {
+	pc.endpoint = e
+	if pc.buf, pc.mr, err = e.alloc(pc.grh+c.size, memreg.AccessLocalWrite); err != nil {
 		e.close()
 		return nil, err
 	}
@@ -306,20 +370,34 @@ func (pc *ppContext) postRecv(n int) int {
 	return n
 }
 
-// postSend posts one signalled SEND of the whole buffer.
+// postSend posts one signalled SEND of the message (the buffer after the
+// GRH space); on UD to the peer's AH, QP and the Q_Key udQKey.
 func (pc *ppContext) postSend() error {
 	return pc.qp.PostSend(transport.SendWR{WRID: ppSendWRID, Opcode: transport.WRSend, Flags: transport.SendSignaled,
-		SGEs: []memreg.SGE{{Addr: pc.mr.IOVA(), Length: uint32(len(pc.buf)), LKey: pc.mr.LKey()}}})
+		SGEs: []memreg.SGE{{Addr: pc.mr.IOVA() + uint64(pc.grh), Length: uint32(len(pc.buf) - pc.grh), LKey: pc.mr.LKey()}},
+		AH:   pc.ah, RemoteQPN: pc.remoteQPN, RemoteQKey: udQKey})
 }
 
 // connectTo takes the QP to RTS towards rem with ibv_rc_pingpong's
-// attributes (pp_connect_ctx: one READ/atomic outstanding, timeout 14).
+// attributes (pp_connect_ctx: one READ/atomic outstanding, timeout 14);
+// a UD QP goes to RTS and gets an address handle for rem, as
+// ibv_ud_pingpong's pp_connect_ctx.
 func (pc *ppContext) connectTo(c *pingpongConfig, rem oob.PingpongDest) error {
 	peer, err := peerFromGID(rem.GID, "-g")
 	if err != nil {
 		return err
 	}
-	return pc.connect(peer, rem.QPN, rem.PSN, c.mtu, 1, 14)
+	if !c.ud {
+		return pc.connect(peer, rem.QPN, rem.PSN, c.mtu, 1, 14)
+	}
+	if err := pc.qp.ReadyUD(udQKey, pc.psn); err != nil {
+		return err
+	}
+	if pc.ah, err = pc.dev.CreateAH(transport.AHAttr{Addr: peer}); err != nil {
+		return fmt.Errorf("failed to create AH: %w", err)
+	}
+	pc.remoteQPN = rem.QPN
+	return nil
 }
 
 // loop is ibv_rc_pingpong's main loop: the client sends first; a side posts
@@ -330,7 +408,7 @@ func (pc *ppContext) loop(ctx context.Context, c *pingpongConfig) error {
 	if c.server != "" {
 		if c.chk {
 			for i := 0; i < c.size; i += ppPageSize {
-				pc.buf[i] = 0
+				pc.buf[pc.grh+i] = 0
 			}
 		}
 		if err := pc.postSend(); err != nil {

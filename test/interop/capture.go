@@ -34,6 +34,10 @@ type CaptureStats struct {
 	HostIPIDs    map[uint16]int
 	HostSrcPorts map[uint16]int
 	HostDF       int
+	// VMSrcPorts and VMTTLs describe the UDP source ports and IPv4 TTLs
+	// of rxe's packets.
+	VMSrcPorts map[uint16]int
+	VMTTLs     map[uint16]int
 	// Lines is a one-line decode of the first packets and of every bad one.
 	Lines []string
 	// RetransFromHost and RetransFromVM count request packets whose PSN
@@ -178,6 +182,14 @@ type Payload struct {
 	// the request's opcode, VA, compare and swap/add values and the
 	// original value the responder returned.
 	Atomic *AtomicResult
+	// UD is set on a UD datagram (MsgOff is 0: one packet per message).
+	UD *UDInfo
+}
+
+// UDInfo is the addressing of a UD datagram: its BTH destination QP and
+// its DETH.
+type UDInfo struct {
+	DestQP, SrcQP, QKey uint32
 }
 
 // AtomicResult is one atomic operation as seen on the wire.
@@ -293,7 +305,8 @@ func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 	if r.Snaplen() > maxSnaplen {
 		r.SetSnaplen(maxSnaplen)
 	}
-	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{}}
+	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{},
+		VMSrcPorts: map[uint16]int{}, VMTTLs: map[uint16]int{}}
 	var p packet.Packet
 	// Request flows by sender (true = host); response flows by responder.
 	newFlow := func() *flow {
@@ -347,6 +360,8 @@ func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 			}
 		} else {
 			s.FromVM++
+			s.VMSrcPorts[binary.BigEndian.Uint16(udp[0:2])]++
+			s.VMTTLs[uint16(ip[8])]++
 		}
 		bad := ""
 		p = packet.Packet{}
@@ -402,6 +417,7 @@ func (s *CaptureStats) String() string {
 	}
 	fmt.Fprintf(&b, "  host IPv4: %d distinct IDs %s, DF on %d/%d, UDP source ports %v\n",
 		len(s.HostIPIDs), topKeys(s.HostIPIDs), s.HostDF, s.FromHost, topKeys(s.HostSrcPorts))
+	fmt.Fprintf(&b, "  vm IPv4: TTLs %v, UDP source ports %v\n", topKeys(s.VMTTLs), topKeys(s.VMSrcPorts))
 	if s.RetransFromHost+s.RetransFromVM > 0 {
 		fmt.Fprintf(&b, "  resent requests: rocev2d %d, rxe %d\n", s.RetransFromHost, s.RetransFromVM)
 		for _, l := range s.RetransLines {
@@ -438,6 +454,12 @@ func topKeys(m map[uint16]int) string {
 func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, req map[bool]*flow,
 	readVA map[bool]map[uint32]readAt, atomics map[bool]map[uint32]AtomicResult, respSeen map[bool]map[uint32]bool, check DataCheck) {
 	info := p.Info
+	if info.Transport == bth.TransportUD && p.DETH != nil && check != nil {
+		// A UD datagram: one packet per message, no ACKs, no resends.
+		s.checkData(Payload{FromHost: fromHost, Opcode: p.BTH.Opcode(), PSN: uint32(p.BTH.PSN()), Data: p.Payload,
+			UD: &UDInfo{DestQP: p.BTH.DestQP(), SrcQP: p.DETH.SrcQP(), QKey: p.DETH.QKey()}}, check)
+		return
+	}
 	if info.Transport != bth.TransportRC {
 		return
 	}
@@ -576,15 +598,20 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 	if check == nil {
 		return
 	}
+	s.checkData(pl, check)
+}
+
+// checkData hands one packet's data to check and counts the result.
+func (s *CaptureStats) checkData(pl Payload, check DataCheck) {
 	s.DataChecked++
 	if msg := check(pl); msg != "" {
 		s.DataBad++
 		if len(s.DataLines) < 6 {
 			who := "rxe"
-			if fromHost {
+			if pl.FromHost {
 				who = "rocev2d"
 			}
-			s.DataLines = append(s.DataLines, fmt.Sprintf("%s %s psn=%#06x: %s", who, pl.Opcode, psn, msg))
+			s.DataLines = append(s.DataLines, fmt.Sprintf("%s %s psn=%#06x: %s", who, pl.Opcode, pl.PSN, msg))
 		}
 	}
 }

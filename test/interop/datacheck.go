@@ -169,3 +169,62 @@ func perfDataCheck(sub string, server bool) (func(hostOut string) (DataCheck, er
 	}
 	return nil, "", false
 }
+
+// udQKey is ibv_ud_pingpong's Q_Key (and rocev2d ud-pingpong's).
+const udQKey = 0x11111111
+
+// reUDAddr matches the address lines of ibv_ud_pingpong and rocev2d
+// ud-pingpong ("PSN 0x...: GID" on the local line, ", GID" on the remote).
+var reUDAddr = regexp.MustCompile(`(?m)^  (local|remote) address: +LID 0x[0-9a-f]{4}, QPN (0x[0-9a-f]{6}), PSN (0x[0-9a-f]{6})[:,] GID `)
+
+// udPingpongData returns the wire check of a ud-pingpong cell from
+// rocev2d's output (its own and the tool's QPN and first PSN): every
+// packet is a UD datagram with ibv_ud_pingpong's Q_Key 0x11111111, from
+// the QP its sender announced to the one its receiver announced, PSNs
+// consecutive from the announced first PSN in each direction (nothing
+// lost, repeated or reordered on the tap), size bytes of the -c buffer
+// (pingpongData: 0 at each page start, 0x7b elsewhere).
+func udPingpongData(size int) func(hostOut string) (DataCheck, error) {
+	return func(hostOut string) (DataCheck, error) {
+		type side struct{ qpn, psn uint32 }
+		var loc, rem side
+		var found int
+		for _, m := range reUDAddr.FindAllStringSubmatch(hostOut, -1) {
+			q, _ := strconv.ParseUint(m[2], 0, 32)
+			p, _ := strconv.ParseUint(m[3], 0, 32)
+			if m[1] == "local" {
+				loc, found = side{uint32(q), uint32(p)}, found|1
+			} else {
+				rem, found = side{uint32(q), uint32(p)}, found|2
+			}
+		}
+		if found != 3 {
+			return nil, fmt.Errorf("rocev2d printed no local and remote address lines")
+		}
+		next := map[bool]uint32{true: loc.psn, false: rem.psn}
+		return func(p Payload) string {
+			if p.UD == nil {
+				return fmt.Sprintf("%s is not a UD datagram", p.Opcode)
+			}
+			from, to := rem, loc
+			if p.FromHost {
+				from, to = loc, rem
+			}
+			wantPSN := next[p.FromHost]
+			next[p.FromHost] = (p.PSN + 1) & 0xffffff
+			switch {
+			case p.Opcode != bth.UDSendOnly:
+				return fmt.Sprintf("opcode %s, want %s", p.Opcode, bth.UDSendOnly)
+			case p.UD.QKey != udQKey:
+				return fmt.Sprintf("Q_Key %#x, want %#x", p.UD.QKey, udQKey)
+			case p.UD.SrcQP != from.qpn || p.UD.DestQP != to.qpn:
+				return fmt.Sprintf("QP %#x -> %#x, want %#x -> %#x (the address lines)", p.UD.SrcQP, p.UD.DestQP, from.qpn, to.qpn)
+			case p.PSN != wantPSN:
+				return fmt.Sprintf("PSN %#06x, want %#06x (first: the announced PSN, then consecutive)", p.PSN, wantPSN)
+			case len(p.Data) != size:
+				return fmt.Sprintf("%d bytes, want %d", len(p.Data), size)
+			}
+			return pingpongData(p)
+		}, nil
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/atomiceth"
 	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/deth"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/reth"
@@ -277,5 +278,68 @@ func TestPerfVAddr(t *testing.T) {
 	}
 	if _, err := perfVAddr(" local address: LID 0000 QPN 0x0011 PSN 0x1\n", "local"); err == nil {
 		t.Fatal("no VAddr not reported")
+	}
+}
+
+// TestAnalyzeUDPingpong: ud-pingpong datagrams are handed to the check
+// with their DETH; udPingpongData follows the QPNs and PSNs of rocev2d's
+// address lines and flags a wrong Q_Key, QP, PSN, size and -c buffer.
+func TestAnalyzeUDPingpong(t *testing.T) {
+	const size = 512
+	out := "  local address:  LID 0x0000, QPN 0x000011, PSN 0x000100: GID ::ffff:192.0.2.1\n" +
+		"  remote address: LID 0x0000, QPN 0x000022, PSN 0xfffffe, GID ::ffff:192.0.2.2\n"
+	dg := func(fromHost bool, psn, qkey uint32, payload []byte) []byte {
+		src, dst := uint32(0x22), uint32(0x11)
+		if fromHost {
+			src, dst = dst, src
+		}
+		return frame(t, fromHost, packet.Fields{BTH: bth.Fields{Opcode: bth.UDSendOnly, PKey: 0xffff, DestQP: dst, PSN: bth.PSN(psn)},
+			DETH: deth.Fields{QKey: qkey, SrcQP: src}, Payload: payload})
+	}
+	buf := ppBuf(size)
+	good := [][]byte{
+		dg(true, 0x100, udQKey, buf),
+		dg(false, 0xfffffe, udQKey, buf),
+		dg(true, 0x101, udQKey, buf),
+		dg(false, 0xffffff, udQKey, buf),
+		dg(true, 0x102, udQKey, buf),
+		dg(false, 0, udQKey, buf), // PSN wraps
+	}
+	mk := udPingpongData(size)
+	check, err := mk(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := analyzeWith(bytes.NewReader(pcapOf(t, good...)), check)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DataChecked != 6 || st.DataBad != 0 || st.Opcodes["host UD_SEND_ONLY"] != 3 {
+		t.Fatalf("checked %d bad %d %q %v", st.DataChecked, st.DataBad, st.DataLines, st.Opcodes)
+	}
+
+	plain := bytes.Repeat([]byte{0x7b}, size)
+	for _, tc := range []struct {
+		frame []byte
+		want  string
+	}{
+		{dg(true, 0x100, 0x11111112, buf), "Q_Key 0x11111112"},
+		{dg(true, 0x101, udQKey, buf), "PSN 0x000101, want 0x000100"},
+		{dg(false, 0xfffffe, udQKey, buf[:256]), "256 bytes, want 512"},
+		{dg(false, 0xfffffe, udQKey, plain), "message byte 0 is 0x7b"},
+		{frame(t, true, packet.Fields{BTH: bth.Fields{Opcode: bth.UDSendOnly, PKey: 0xffff, DestQP: 0x23, PSN: 0x100},
+			DETH: deth.Fields{QKey: udQKey, SrcQP: 0x11}, Payload: buf}), "QP 0x11 -> 0x23, want 0x11 -> 0x22"},
+	} {
+		check, _ := mk(out)
+		st, err := analyzeWith(bytes.NewReader(pcapOf(t, tc.frame)), check)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.DataBad != 1 || !strings.Contains(st.DataLines[0], tc.want) {
+			t.Errorf("want %q, got bad %d %q", tc.want, st.DataBad, st.DataLines)
+		}
+	}
+	if _, err := mk("no address lines"); err == nil {
+		t.Error("udPingpongData accepted an output without address lines")
 	}
 }

@@ -5,6 +5,7 @@ package interop
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,6 +178,9 @@ type cell struct {
 	// on the tap (eBPF injector, loss_test.go): sequence errors and
 	// retransmissions are then expected and reported, not failures.
 	loss float64
+	// rxeCounters are more rxe counters whose delta the row shows, each
+	// with the delta it must have (-1: shown only).
+	rxeCounters map[string]int64
 }
 
 // cells returns the matrix: every test with rocev2d as server and as client.
@@ -199,6 +203,28 @@ func cells(gidIndex int) []cell {
 				rocev2dServer: server,
 				minPkts:       2 * n * perMsg,
 				wantPkts:      2 * n * (perMsg + 1),
+			})
+		}
+		// ibv_ud_pingpong: sizes up to the port MTU (1024 on the VM's
+		// 1500-byte eth0), one datagram per message each way, no ACKs.
+		for _, size := range []int{512, 1024} {
+			cs = append(cs, cell{
+				name:     fmt.Sprintf("ud_pingpong_%d_rocev2d_%s", size, role),
+				label:    fmt.Sprintf("ibv_ud_pingpong -s %d -n %d -c", size, n),
+				tool:     fmt.Sprintf("ibv_ud_pingpong -d rxe0 -g %d -n %d -s %d -c", gidIndex, n, size),
+				toolName: "ibv_ud_pingpong",
+				ours:     []string{"ud-pingpong", "--bind", HostIP, "-s", strconv.Itoa(size), "-n", strconv.Itoa(n), "-c", "-v", "--timeout", "120s"},
+				check:    func(who, out string) []string { return checkUDPingpongOutput(who, out, size, n) },
+				data:     udPingpongData(size),
+				dataWhat: "every datagram: UD SEND_ONLY, Q_Key 0x11111111, the announced QPNs, PSNs consecutive from the announced one, size bytes of the -c buffer",
+				// rxe completed a receive for each of rocev2d's datagrams
+				// (it drops a UD datagram without a receive WQE silently,
+				// after counting it in rcvd_pkts) and a send for each of
+				// its own.
+				rxeCounters:   map[string]int64{"rdma_recvs": int64(n), "rdma_sends": int64(n)},
+				rocev2dServer: server,
+				minPkts:       2 * n,
+				wantPkts:      2 * n,
 			})
 		}
 		for _, pt := range []struct {
@@ -452,6 +478,12 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 	} else {
 		delta := func(k string) int64 { return int64(after[k]) - int64(before[k]) }
 		cnt = append(cnt, fmt.Sprintf("rcvd=%d sent=%d", delta("rcvd_pkts"), delta("sent_pkts")))
+		for _, k := range slices.Sorted(maps.Keys(c.rxeCounters)) {
+			cnt = append(cnt, fmt.Sprintf("%s=%d", k, delta(k)))
+			if want := c.rxeCounters[k]; want >= 0 && delta(k) != want {
+				problems = append(problems, fmt.Sprintf("rxe counter %s moved by %d, want %d", k, delta(k), want))
+			}
+		}
 		for _, k := range badCounters {
 			if d := delta(k); d != 0 {
 				cnt = append(cnt, fmt.Sprintf("%s=%d", k, d))
@@ -498,6 +530,11 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 			for _, k := range ourSeqCounters {
 				if ours[k] != 0 {
 					problems = append(problems, fmt.Sprintf("rocev2d counter %s moved by %d (sequence error)", k, ours[k]))
+				}
+			}
+			for _, k := range ourDropCounters {
+				if ours[k] != 0 {
+					problems = append(problems, fmt.Sprintf("rocev2d counter %s moved by %d (rocev2d dropped rxe's packets)", k, ours[k]))
 				}
 			}
 			if d := ours["duplicate_request"]; d != 0 {
@@ -637,6 +674,32 @@ func checkPingpongOutput(who, out string, size, n int) []string {
 	return p
 }
 
+// checkUDPingpongOutput checks a ud-pingpong output like a pingpong's
+// (checkPingpongOutput) and its address lines: ibv_ud_pingpong prints
+// "PSN 0x...: GID" on the local line and "PSN 0x..., GID" on the remote
+// one, and rocev2d ud-pingpong must print them the same way.
+func checkUDPingpongOutput(who, out string, size, n int) []string {
+	p := checkPingpongOutput(who, out, size, n)
+	var loc, rem int
+	for _, l := range strings.Split(out, "\n") {
+		switch {
+		case reUDLocalLine.MatchString(l):
+			loc++
+		case reUDRemoteLine.MatchString(l):
+			rem++
+		}
+	}
+	if loc != 1 || rem != 1 {
+		p = append(p, fmt.Sprintf("%s: %d local and %d remote address lines in ibv_ud_pingpong's format, want 1 each", who, loc, rem))
+	}
+	return p
+}
+
+var (
+	reUDLocalLine  = regexp.MustCompile(`^  local address:  LID 0x[0-9a-f]{4}, QPN 0x[0-9a-f]{6}, PSN 0x[0-9a-f]{6}: GID \S+$`)
+	reUDRemoteLine = regexp.MustCompile(`^  remote address: LID 0x[0-9a-f]{4}, QPN 0x[0-9a-f]{6}, PSN 0x[0-9a-f]{6}, GID \S+$`)
+)
+
 // resultLines returns the result lines of a pingpong or perftest output.
 func resultLines(out string) string {
 	var b strings.Builder
@@ -732,6 +795,11 @@ var (
 	ourRetryCounters = []string{"retransmitted_pkts", "completer_retry_err", "local_ack_timeout_err", "retry_exceeded_err"}
 	ourSeqCounters   = []string{"out_of_seq_request", "rcvd_seq_err"}
 )
+
+// ourDropCounters are rocev2d's counters of rxe packets it dropped: a
+// transport its QP does not run, a UD datagram with another Q_Key or
+// without a receive WQE. All must stay 0 on a clean cell.
+var ourDropCounters = []string{"transport_mismatch", "qkey_violation", "ud_no_recv_wqe"}
 
 var (
 	reCountersHeader = regexp.MustCompile(`(?m)^counters \S+:$`)
