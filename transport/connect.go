@@ -71,25 +71,30 @@ func (qp *QP) Init(access memreg.Access) error {
 
 // Connect takes the QP from RESET or INIT through RTR to RTS with the
 // parameters p: the three Modify calls of the verbs connection sequence in
-// one. A QP in INIT keeps its state and gets p.Access. An error names the
-// transition and the attribute that failed, and leaves the QP in the last
-// state reached.
+// one (Init if needed, ReadyToReceive, ReadyToSend). A QP in INIT keeps its
+// state and gets p.Access. An error names the transition and the
+// attribute that failed, and leaves the QP in the last state reached.
 func (qp *QP) Connect(p ConnParams) error {
+	if err := qp.ReadyToReceive(p); err != nil {
+		return err
+	}
+	return qp.ReadyToSend(p)
+}
+
+// ReadyToReceive takes an RC QP from RESET or INIT to RTR with p (the
+// path, the peer's QPN and first PSN, the responder's resources): it
+// receives from then on but sends only responses. The passive side of a
+// CM connection stops here until the RTU; ReadyToSend completes it.
+func (qp *QP) ReadyToReceive(p ConnParams) error {
 	if qp.init.Type != QPTypeRC {
 		return fmt.Errorf("transport: Connect qp %#x: a %v QP (ReadyUD readies UD QPs): %w", qp.qpn, qp.init.Type, ErrInvalidState)
 	}
-	rt := DefaultRetry
-	if p.Retry != nil {
-		rt = *p.Retry
-	}
+	rt := p.retry()
 	mtu := p.PathMTU
 	if mtu == 0 {
 		mtu = MTU1024
 	}
-	maxRd, maxDest := p.MaxRdAtomic, p.MaxDestRdAtomic
-	if maxRd == 0 {
-		maxRd = uint8(min(qp.dev.cfg.MaxRdAtomic, 255))
-	}
+	maxDest := p.MaxDestRdAtomic
 	if maxDest == 0 {
 		maxDest = uint8(min(qp.dev.cfg.MaxRdAtomic, 255))
 	}
@@ -108,12 +113,30 @@ func (qp *QP) Connect(p ConnParams) error {
 		AttrMaxDestRdAtomic|AttrMinRNRTimer); err != nil {
 		return fmt.Errorf("transport: Connect qp %#x: to RTR: %w", qp.qpn, unwrapModify(err))
 	}
-	a = QPAttr{State: QPSRTS, SQPSN: p.SQPSN, Timeout: rt.Timeout, RetryCnt: rt.RetryCnt, RNRRetry: rt.RNRRetry,
+	return nil
+}
+
+// ReadyToSend takes an RC QP from RTR to RTS with p's send side: first
+// PSN, timeout and retries, outstanding READ/atomic limit.
+func (qp *QP) ReadyToSend(p ConnParams) error {
+	rt := p.retry()
+	maxRd := p.MaxRdAtomic
+	if maxRd == 0 {
+		maxRd = uint8(min(qp.dev.cfg.MaxRdAtomic, 255))
+	}
+	a := QPAttr{State: QPSRTS, SQPSN: p.SQPSN, Timeout: rt.Timeout, RetryCnt: rt.RetryCnt, RNRRetry: rt.RNRRetry,
 		MaxQPRdAtomic: maxRd}
 	if err := qp.Modify(&a, AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic); err != nil {
 		return fmt.Errorf("transport: Connect qp %#x: to RTS: %w", qp.qpn, unwrapModify(err))
 	}
 	return nil
+}
+
+func (p *ConnParams) retry() Retry {
+	if p.Retry != nil {
+		return *p.Retry
+	}
+	return DefaultRetry
 }
 
 // ReadyUD takes a UD QP from RESET to RTS (INIT, RTR, RTS in one call)

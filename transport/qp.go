@@ -94,7 +94,8 @@ type QP struct {
 	rxBatch   bool // input from the receive goroutine is running: defer CQ wakeups
 
 	cqLost     bool // a completion was lost to a CQ in error: the QP must move to ERR (settle)
-	commEst    bool // EventCommEst was raised
+	commEst    bool          // EventCommEst was raised
+	commEstCh  chan struct{} // closed with commEst
 	sqdDrained bool // EventSQDrained was raised for the current SQD
 }
 
@@ -186,7 +187,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if a.MaxSGE < 0 || a.MaxSGE > 32 {
 		return nil, fmt.Errorf("transport: CreateQP: max_sge %d out of range 1..32: %w", a.MaxSGE, ErrInvalidConfig)
 	}
-	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, init: a, transport: tr}
+	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, init: a, transport: tr, commEstCh: make(chan struct{})}
 	qp.sq = make([]sendWQE, a.MaxSendWR)
 	for i := range qp.sq {
 		qp.sq[i].sges = make([]memreg.SGE, 0, a.MaxSGE)
@@ -243,6 +244,11 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	d.publishQPs()
 	return qp, nil
 }
+
+// CommEstablished returns a channel that is closed when the first packet
+// arrives while the QP is in RTR (the event EventCommEst also reports): a
+// connection manager waiting for an RTU takes it as one.
+func (qp *QP) CommEstablished() <-chan struct{} { return qp.commEstCh }
 
 // QPN returns the QP number.
 func (qp *QP) QPN() uint32 { return qp.qpn }
@@ -340,6 +346,7 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 	inc(&qp.dev.ctr.RcvdPkts)
 	if st == QPSRTR && !qp.commEst {
 		qp.commEst = true
+		close(qp.commEstCh)
 		qp.dev.raise(AsyncEvent{Type: EventCommEst, QP: qp})
 	}
 	qp.rxBatch = batched
