@@ -485,6 +485,8 @@ func TestNames(t *testing.T) {
 		{cm.KindOther.String(), "other"},
 		{cm.MsgKind(3).String(), "MsgKind(3)"},
 		{cm.SIDRNoQP.String(), "no QP"},
+		{cm.APRIsCurrent.String(), "path is the current one"},
+		{cm.APRStatus(14).String(), "APRStatus(14)"},
 	} {
 		if c.got != c.want {
 			t.Errorf("%q, want %q", c.got, c.want)

@@ -137,7 +137,7 @@ func (h CMAHeader) Encode(f *CMAHeaderFields) error {
 	_ = h[CMAHeaderSize-1]
 	v4 := netip.Addr.Is4
 	if !f.Src.IsValid() || !f.Dst.IsValid() || v4(f.Src) != v4(f.Dst) {
-		return fmt.Errorf("cm: cma_hdr: source %v and destination %v are not two addresses of one family", f.Src, f.Dst)
+		return fmt.Errorf("cm: cma_hdr: source %v and destination %v are not two addresses of one family: %w", f.Src, f.Dst, ErrMismatch)
 	}
 	h.SetVersion(f.Version)
 	h[cmaIPVerOff] = 0

@@ -42,6 +42,7 @@
 //
 // A wire package: it imports only the standard library (never another
 // package of this module, so the CM state machine and the transport may
-// both build on it); it allocates nothing except in Decode, which returns
-// the decoded message behind the Message interface.
+// both build on it). Views, Fields, Check, Encode and the Fields' Decode
+// allocate nothing; Decode allocates the message it returns behind the
+// Message interface, and errors are allocated when they happen.
 package cm

@@ -20,7 +20,7 @@ var (
 	// ErrReserved: an enumerated field holds a value IBTA reserves.
 	ErrReserved = errors.New("reserved value")
 	// ErrMismatch: Encode was given a header whose attribute ID is not the
-	// message's.
+	// message's, or CMAHeader.Encode addresses of two families.
 	ErrMismatch = errors.New("mismatch")
 )
 

@@ -276,6 +276,31 @@ const (
 	APRInvalidSL        APRStatus = 13
 )
 
+var aprNames = [...]string{
+	APRSuccess:          "success",
+	APRInvalidCommID:    "invalid communication ID",
+	APRUnsupported:      "unsupported request",
+	APRReject:           "rejected",
+	APRRedirect:         "redirect",
+	APRIsCurrent:        "path is the current one",
+	APRInvalidQPNEECN:   "invalid QPN/EECN",
+	APRInvalidLID:       "invalid LID",
+	APRInvalidGID:       "invalid GID",
+	APRInvalidFlowLabel: "invalid flow label",
+	APRInvalidTClass:    "invalid traffic class",
+	APRInvalidHopLimit:  "invalid hop limit",
+	APRInvalidRate:      "invalid packet rate",
+	APRInvalidSL:        "invalid SL",
+}
+
+// String returns the status's description.
+func (s APRStatus) String() string {
+	if int(s) < len(aprNames) {
+		return aprNames[s]
+	}
+	return fmt.Sprintf("APRStatus(%d)", uint8(s))
+}
+
 // Timeout returns the duration of a 5-bit CM or local ACK timeout
 // exponent: 4.096 µs × 2^exp (20, rdma_cm's CM response timeout, is about
 // 4.3 s; 19 about 2.1 s). Bits above the low 5 are ignored.
