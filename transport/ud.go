@@ -185,6 +185,7 @@ func (qp *QP) udProgress() {
 		qp.req.psn = qp.req.psn.Add(1)
 		qp.sqCur++
 		w.done = true
+		inc(&qp.dev.ctr.RDMASends)
 		qp.completeSend(w, WCSuccess)
 		qp.sqHead++
 	}

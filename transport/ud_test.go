@@ -71,6 +71,9 @@ func TestUDSendRecv(t *testing.T) {
 		if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.Opcode != WCSend {
 			t.Fatalf("send WC %+v", wc)
 		}
+		if c := a.dev.Counters().RDMASends; c == 0 {
+			t.Fatal("rdma_sends not counted for a UD send (rxe counts it)")
+		}
 		wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]
 		if wc.Status != WCSuccess || wc.WRID != 5 || wc.ByteLen != GRHSize+1024 || wc.SrcQP != a.qp.QPN() ||
 			wc.Flags&WCGRH == 0 || wc.Flags&WCWithNetworkHdrType == 0 || wc.NetworkHdrType != NetworkIPv4 {
