@@ -237,6 +237,18 @@ func TestGoldenMADs(t *testing.T) {
 	for _, p := range append(fromClient, fromServer...) {
 		eq(fmt.Sprintf("#%d RC UDP source port (from the REQ flow label %#x)", p.frame, fl), p.srcPort, sport)
 	}
+	// The MADs themselves: rxe sends QP1's datagrams from the UDP port of
+	// its per-QP hash (0xc000 | hash_32(1) >> 18: 55410) with AckReq set,
+	// P_Key 0xffff, and PSNs counting from 0 per sender.
+	nextPSN := map[netip.Addr]uint32{}
+	for _, g := range mads {
+		qp1Port := uint16(0xc000 | (uint32(1)*0x61c88647)>>18&0x3fff)
+		eq(fmt.Sprintf("#%d MAD UDP source port", g.frame), g.srcPort, qp1Port)
+		eq(fmt.Sprintf("#%d MAD PSN", g.frame), uint32(g.pk.BTH.PSN()), nextPSN[g.src])
+		eq(fmt.Sprintf("#%d MAD AckReq", g.frame), g.pk.BTH.AckReq(), true)
+		eq(fmt.Sprintf("#%d MAD P_Key", g.frame), g.pk.BTH.PKey(), uint16(0xffff))
+		nextPSN[g.src]++
+	}
 	// CA GUIDs are the EUI-64 of the senders' MACs.
 	eq("REQ local CA GUID", req.LocalCAGUID, eui64(mads[0].srcMAC))
 	eq("REP local CA GUID", rep.LocalCAGUID, eui64(mads[1].srcMAC))
