@@ -96,6 +96,9 @@ func ruleFor(r string) (rule, bool) {
 			why: "transport imports only wire packages, memreg and udp, and reaches the network only through udp"}, true
 	case r == "internal/netns":
 		return rule{why: "internal/netns imports nothing of this module"}, true
+	case r == "rdmacm":
+		return rule{ours: append(slices.Clone(wire), "memreg", "transport"), banned: socketImports,
+			why: "rdmacm (the connection manager) builds on cm, memreg and transport; it reaches the network only through transport's GSI"}, true
 	}
 	return rule{}, false
 }

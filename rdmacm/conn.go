@@ -1,0 +1,757 @@
+package rdmacm
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/gorocev2/rocev2/cm"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/transport"
+)
+
+// Options configure one side of a connection. The zero value of every
+// field selects a default.
+type Options struct {
+	// QP, if set, is the caller's RC QP (in RESET or INIT) to connect; the
+	// caller keeps it (Close moves it to ERR, never destroys it). Else the
+	// connection creates one, with PD, SendCQ and RecvCQ if given (else
+	// its own), and destroys what it created when it closes.
+	QP             *transport.QP
+	PD             *memreg.PD
+	SendCQ, RecvCQ *transport.CQ
+	// CQDepth, MaxSendWR, MaxRecvWR and MaxSGE size what the connection
+	// creates (defaults 256, 64, 64, 1).
+	CQDepth, MaxSendWR, MaxRecvWR, MaxSGE int
+	// Prepare, if set, is called with the QP in INIT before the connection
+	// request or reply goes out: the moment to post receives, as rping
+	// and perftest do before rdma_connect and rdma_accept.
+	Prepare func(qp *transport.QP) error
+	// Access are the remote rights the QP grants the peer (default
+	// remote write and read).
+	Access memreg.Access
+	// PathMTU bounds the path MTU (default 1024; a passive side takes the
+	// smaller of this and the REQ's).
+	PathMTU transport.MTU
+	// ResponderResources and InitiatorDepth are the READ/atomic limits
+	// (max_dest_rd_atomic and max_rd_atomic; default 16 each); each side
+	// ends up with the smaller of its own and what the peer serves.
+	ResponderResources, InitiatorDepth uint8
+	// Retry is the QP's retry configuration (default transport.DefaultRetry).
+	Retry *transport.Retry
+	// PrivateData is sent to the peer with the request (at most 56 bytes
+	// behind rdma_cm's header) or the reply (at most 196 bytes).
+	PrivateData []byte
+	// ResponseTimeout is how long to wait for each CM answer before
+	// sending again (default 1 s, advertised as the nearest CM timeout
+	// exponent); MaxRetries how often (default 15, as Linux).
+	ResponseTimeout time.Duration
+	MaxRetries      int
+	// TrafficClass is the IP traffic class of the MADs and the QP.
+	TrafficClass uint8
+	// LocalPort is the active side's rdma_cm port in the request's header
+	// (default: a random ephemeral port, as the kernel picks one).
+	LocalPort uint16
+}
+
+func (o *Options) withDefaults() Options {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.CQDepth <= 0 {
+		r.CQDepth = 256
+	}
+	if r.MaxSendWR <= 0 {
+		r.MaxSendWR = 64
+	}
+	if r.MaxRecvWR <= 0 {
+		r.MaxRecvWR = 64
+	}
+	if r.MaxSGE <= 0 {
+		r.MaxSGE = 1
+	}
+	if r.Access == 0 {
+		r.Access = memreg.AccessRemoteWrite | memreg.AccessRemoteRead
+	}
+	if r.PathMTU == 0 {
+		r.PathMTU = transport.MTU1024
+	}
+	if r.ResponderResources == 0 {
+		r.ResponderResources = 16
+	}
+	if r.InitiatorDepth == 0 {
+		r.InitiatorDepth = 16
+	}
+	if r.Retry == nil {
+		rt := transport.DefaultRetry
+		r.Retry = &rt
+	}
+	if r.ResponseTimeout <= 0 {
+		r.ResponseTimeout = time.Second
+	}
+	if r.MaxRetries <= 0 {
+		r.MaxRetries = 15
+	}
+	return r
+}
+
+// timeoutExp returns the CM timeout exponent (4.096 µs × 2^e) nearest above d.
+func timeoutExp(d time.Duration) uint8 {
+	for e := uint8(0); e < 31; e++ {
+		if cm.Timeout(e) >= d {
+			return e
+		}
+	}
+	return 31
+}
+
+type connState uint8
+
+const (
+	stREQSent connState = iota + 1
+	stREQRcvd
+	stREPSent
+	stEstablished
+	stDREQSent
+	stTimeWait
+	stClosed
+)
+
+func (s connState) String() string {
+	return [...]string{"", "REQ_SENT", "REQ_RCVD", "REP_SENT", "ESTABLISHED", "DREQ_SENT", "TIMEWAIT", "CLOSED"}[s]
+}
+
+// Conn is an RC connection made through the CM: a connected QP and what
+// the peer sent with its request or reply.
+type Conn struct {
+	m      *manager
+	active bool
+	opts   Options
+	qp     *transport.QP
+	owned  []func() // destroys what the connection created, in order
+	params transport.ConnParams
+
+	localID, remoteID uint32
+	tid               uint64
+	peer              netip.Addr
+	localPort         uint16
+	remotePort        uint16
+	peerData          []byte
+	listener          *Listener
+	req               cm.REQFields // passive: the request
+
+	// Under m.mu:
+	state   connState
+	out     [transport.MADSize]byte // the last MAD sent, sent again on timeout
+	retries int
+	max     int
+	timer   transport.Timer
+	// acceptTimer gives up on a request the application never answers.
+	acceptTimer transport.Timer
+	err         error
+	estab       chan struct{} // closed when established, or failed before it
+	done        chan struct{} // closed when the connection has ended
+	ended       bool
+}
+
+// QP returns the connection's QP.
+func (c *Conn) QP() *transport.QP { return c.qp }
+
+// SendCQ and RecvCQ return the QP's completion queues.
+func (c *Conn) SendCQ() *transport.CQ { return c.opts.SendCQ }
+
+// RecvCQ returns the QP's receive completion queue.
+func (c *Conn) RecvCQ() *transport.CQ { return c.opts.RecvCQ }
+
+// PD returns the QP's protection domain.
+func (c *Conn) PD() *memreg.PD { return c.opts.PD }
+
+// PeerPrivateData returns the user part of the private data the peer sent
+// with its request (on the passive side) or reply (on the active side):
+// the whole field, zero-padded, as rdma_cm delivers it.
+func (c *Conn) PeerPrivateData() []byte { return c.peerData }
+
+// LocalAddr and RemoteAddr return the connection's IP endpoints (the
+// ports are rdma_cm's).
+func (c *Conn) LocalAddr() netip.AddrPort { return netip.AddrPortFrom(c.m.dev.Addr(), c.localPort) }
+
+// RemoteAddr returns the peer's address and rdma_cm port.
+func (c *Conn) RemoteAddr() netip.AddrPort { return netip.AddrPortFrom(c.peer, c.remotePort) }
+
+// Done returns a channel closed when the connection has ended: the peer
+// disconnected, Close ran, or the device closed.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err returns why the connection ended (nil while it is up; ErrClosed
+// after a local Close or a peer's disconnect).
+func (c *Conn) Err() error {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	return c.err
+}
+
+func newConn(m *manager, active bool, o Options) *Conn {
+	return &Conn{m: m, active: active, opts: o, max: o.MaxRetries, estab: make(chan struct{}), done: make(chan struct{})}
+}
+
+// setupQP creates the QP (and what it needs) unless the caller gave one,
+// and takes it to INIT.
+func (c *Conn) setupQP() error {
+	o := &c.opts
+	dev := c.m.dev
+	if o.QP != nil {
+		c.setQP(o.QP)
+		if o.QP.State() == transport.QPSReset {
+			if err := o.QP.Init(o.Access); err != nil {
+				return err
+			}
+		}
+		o.PD = o.QP.PD()
+		return nil
+	}
+	if o.PD == nil {
+		pd, err := dev.AllocPD()
+		if err != nil {
+			return err
+		}
+		o.PD = pd
+		c.owned = append(c.owned, func() { pd.Dealloc() })
+	}
+	for _, cq := range []**transport.CQ{&o.SendCQ, &o.RecvCQ} {
+		if *cq == nil {
+			q, err := dev.CreateCQ(o.CQDepth)
+			if err != nil {
+				return err
+			}
+			*cq = q
+			c.owned = append(c.owned, func() { q.Destroy() })
+		}
+	}
+	qp, err := dev.CreateQP(o.PD, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: o.SendCQ, RecvCQ: o.RecvCQ,
+		MaxSendWR: o.MaxSendWR, MaxRecvWR: o.MaxRecvWR, MaxSGE: o.MaxSGE})
+	if err != nil {
+		return err
+	}
+	c.setQP(qp)
+	c.owned = append(c.owned, func() { qp.Destroy() })
+	return qp.Init(o.Access)
+}
+
+// setQP records the connection's QP (the manager reads it under its lock).
+func (c *Conn) setQP(qp *transport.QP) {
+	c.m.mu.Lock()
+	c.qp = qp
+	c.m.mu.Unlock()
+}
+
+// release destroys what the connection created (QP first), or moves the
+// caller's QP to ERR.
+func (c *Conn) release() {
+	if c.qp != nil && c.opts.QP != nil {
+		c.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
+	}
+	for i := len(c.owned) - 1; i >= 0; i-- {
+		c.owned[i]()
+	}
+	c.owned = nil
+}
+
+// Dial connects to the rdma_cm listener at addr (IP address and port in
+// the TCP port space, what rdma_connect reaches) and returns the
+// established connection. The error is a *RejectError if the peer
+// rejected it (errors.Is(err, ErrRefused) when nothing listens there),
+// ErrTimeout if the peer never answered, or ctx's error — then the REJ
+// (before the reply) or DREQ (after it) the specification asks for has
+// been sent.
+func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts *Options) (*Conn, error) {
+	m, err := managerFor(dev)
+	if err != nil {
+		return nil, err
+	}
+	o := opts.withDefaults()
+	if len(o.PrivateData) > cm.CMAREQPrivateDataSize {
+		return nil, fmt.Errorf("rdmacm: Dial: %d bytes of private data, at most %d", len(o.PrivateData), cm.CMAREQPrivateDataSize)
+	}
+	peer := addr.Addr().Unmap()
+	if !peer.IsValid() || peer.Is4() != dev.Addr().Is4() {
+		return nil, fmt.Errorf("rdmacm: Dial: address %v is not in the device's address family (%v)", addr, dev.Addr())
+	}
+	c := newConn(m, true, o)
+	c.peer, c.remotePort = peer, addr.Port()
+	c.localPort = o.LocalPort
+	if c.localPort == 0 {
+		c.localPort = uint16(32768 + random32()%28232) // the kernel's ephemeral range
+	}
+	if err := c.setupQP(); err != nil {
+		c.release()
+		return nil, fmt.Errorf("rdmacm: Dial: %w", err)
+	}
+	if o.Prepare != nil {
+		if err := o.Prepare(c.qp); err != nil {
+			c.release()
+			return nil, fmt.Errorf("rdmacm: Dial: prepare: %w", err)
+		}
+	}
+	// What this side's receive queue expects: the peer sends from it.
+	c.params = transport.ConnParams{Peer: peer, TrafficClass: o.TrafficClass, RQPSN: random32() & 0xffffff,
+		PathMTU: o.PathMTU, Access: o.Access, MaxRdAtomic: o.InitiatorDepth, MaxDestRdAtomic: o.ResponderResources,
+		Retry: o.Retry}
+	req := cm.REQFields{
+		ServiceID:               cm.ServiceID(cm.PSTCP, addr.Port()),
+		LocalCAGUID:             m.guid,
+		LocalQPN:                c.qp.QPN(),
+		ResponderResources:      o.ResponderResources,
+		InitiatorDepth:          o.InitiatorDepth,
+		RemoteCMResponseTimeout: timeoutExp(o.ResponseTimeout),
+		TransportServiceType:    cm.TransportRC,
+		StartingPSN:             c.params.RQPSN,
+		LocalCMResponseTimeout:  timeoutExp(o.ResponseTimeout),
+		RetryCount:              o.Retry.RetryCnt,
+		PKey:                    0xffff,
+		PathMTU:                 cm.MTU(o.PathMTU),
+		RNRRetryCount:           o.Retry.RNRRetry,
+		MaxCMRetries:            uint8(min(o.MaxRetries, 15)),
+		Primary: cm.Path{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: cm.GIDFromAddr(dev.Addr()),
+			RemoteGID: cm.GIDFromAddr(peer), TrafficClass: o.TrafficClass, HopLimit: 64,
+			LocalACKTimeout: o.Retry.Timeout},
+	}
+	hdr := cm.CMAHeaderFields{Version: cm.CMAVersion, SrcPort: c.localPort, Src: dev.Addr(), Dst: peer}
+	if err := cm.CMAHeader(req.PrivateData[:cm.CMAHeaderSize]).Encode(&hdr); err != nil {
+		c.release()
+		return nil, fmt.Errorf("rdmacm: Dial: %w", err)
+	}
+	copy(req.PrivateData[cm.CMAHeaderSize:], o.PrivateData)
+
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		c.release()
+		return nil, ErrClosed
+	}
+	c.localID = m.newLocalID()
+	req.LocalCommID = c.localID
+	c.tid = m.agent.NewTID()
+	m.conns[c.localID] = c
+	c.state = stREQSent
+	err = c.sendLocked(&req)
+	m.mu.Unlock()
+	if err != nil {
+		m.mu.Lock()
+		c.finishLocked(err)
+		m.mu.Unlock()
+		c.release()
+		return nil, fmt.Errorf("rdmacm: Dial: %w", err)
+	}
+	return c, c.waitEstablished(ctx)
+}
+
+// waitEstablished waits for the connection to be established or to fail;
+// on ctx's end it aborts it.
+func (c *Conn) waitEstablished(ctx context.Context) error {
+	select {
+	case <-c.estab:
+	case <-ctx.Done():
+		c.abort(ctx.Err())
+		<-c.estab
+		c.m.mu.Lock()
+		if c.state != stEstablished && c.err == nil {
+			c.err = ctx.Err()
+		}
+		c.m.mu.Unlock()
+	}
+	c.m.mu.Lock()
+	err := c.err
+	est := c.state == stEstablished
+	c.m.mu.Unlock()
+	if est {
+		return nil
+	}
+	c.release()
+	if err == nil {
+		err = ErrClosed
+	}
+	return err
+}
+
+// abort ends a connection that is not established: a REJ before the
+// reply (with reason "timeout", as Linux sends when an active side gives
+// up), and for a connection established meanwhile a DREQ.
+func (c *Conn) abort(why error) {
+	m := c.m
+	m.mu.Lock()
+	switch c.state {
+	case stREQSent, stREQRcvd, stREPSent:
+		kind := cm.KindREQ
+		if c.state == stREPSent {
+			kind = cm.KindREP
+		}
+		reason := cm.RejTimeout
+		if !c.active {
+			reason = cm.RejConsumer
+		}
+		rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: reason}
+		if reason == cm.RejTimeout {
+			rej.RejectedInfoLength = 8
+			putGUID(rej.ARI[:], m.guid)
+		}
+		c.sendLocked(rej)
+		c.finishLocked(why)
+		m.mu.Unlock()
+	case stEstablished:
+		m.mu.Unlock()
+		c.Close()
+	default:
+		m.mu.Unlock()
+	}
+}
+
+func putGUID(b []byte, g uint64) {
+	for i := 0; i < 8; i++ {
+		b[i] = byte(g >> (56 - 8*i))
+	}
+}
+
+// sendLocked sends msg as this connection's current MAD, to be sent again
+// on each response timeout while the state waits for an answer.
+func (c *Conn) sendLocked(msg cm.Message) error {
+	c.retries = 0
+	err := c.m.send(c.peer, c.opts.TrafficClass, c.tid, msg, &c.out)
+	c.armLocked(c.opts.ResponseTimeout)
+	return err
+}
+
+// resendLocked sends the current MAD again.
+func (c *Conn) resendLocked() {
+	c.m.st.madsOut.Add(1)
+	c.m.agent.Send(c.peer, 1, c.opts.TrafficClass, c.out[:])
+}
+
+// armLocked (re)starts the response timer for states that wait.
+func (c *Conn) armLocked(d time.Duration) {
+	switch c.state {
+	case stREQSent, stREPSent, stDREQSent:
+	default:
+		return
+	}
+	if c.timer == nil {
+		c.timer = c.m.clock.AfterFunc(d, c.onTimer)
+	} else {
+		c.timer.Reset(d)
+	}
+}
+
+// onTimer is the response timeout: send again, or give up.
+func (c *Conn) onTimer() {
+	m := c.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch c.state {
+	case stREQSent, stREPSent, stDREQSent:
+	default:
+		return
+	}
+	if c.retries < c.max {
+		c.retries++
+		m.st.retransmits.Add(1)
+		c.resendLocked()
+		c.timer.Reset(c.opts.ResponseTimeout)
+		return
+	}
+	switch c.state {
+	case stREQSent, stREPSent:
+		kind := cm.KindREQ
+		if c.state == stREPSent {
+			kind = cm.KindREP
+		}
+		rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind,
+			Reason: cm.RejTimeout, RejectedInfoLength: 8}
+		putGUID(rej.ARI[:], m.guid)
+		var out [transport.MADSize]byte
+		m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
+		c.finishLocked(ErrTimeout)
+	case stDREQSent:
+		c.timeWaitLocked(ErrClosed)
+	}
+}
+
+// finishLocked ends the connection for good: no more timers, the waiters
+// released, the QP in ERR, the maps cleaned.
+func (c *Conn) finishLocked(err error) {
+	if c.ended {
+		return
+	}
+	c.ended = true
+	m := c.m
+	if c.state == stEstablished || c.state == stDREQSent || c.state == stTimeWait {
+		m.st.disconnected.Add(1)
+	}
+	if c.listener != nil && (c.state == stREQRcvd || c.state == stREPSent) {
+		c.listener.halfOpen--
+	}
+	c.state = stClosed
+	if c.err == nil {
+		c.err = err
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if c.acceptTimer != nil {
+		c.acceptTimer.Stop()
+	}
+	if m.conns[c.localID] == c {
+		delete(m.conns, c.localID)
+	}
+	if k := (remoteKey{c.peer, c.remoteID}); m.remote[k] == c {
+		delete(m.remote, k)
+	}
+	if c.qp != nil {
+		c.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
+	}
+	select {
+	case <-c.estab:
+	default:
+		close(c.estab)
+	}
+	select {
+	case <-c.done: // closed by timeWaitLocked
+	default:
+		close(c.done)
+	}
+}
+
+// timeWaitLocked ends an established connection: the QP goes to ERR now
+// (flushing its work requests), Done closes, and the connection stays
+// known for one response timeout to answer a duplicate DREQ.
+func (c *Conn) timeWaitLocked(err error) {
+	if c.state == stTimeWait || c.ended {
+		return
+	}
+	if c.listener != nil && (c.state == stREQRcvd || c.state == stREPSent) {
+		c.listener.halfOpen--
+	}
+	c.state = stTimeWait
+	if c.err == nil {
+		c.err = err
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	select {
+	case <-c.estab:
+	default:
+		close(c.estab)
+	}
+	if c.qp != nil {
+		c.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
+	}
+	select {
+	case <-c.done:
+	default:
+		close(c.done)
+	}
+	c.m.clock.AfterFunc(c.opts.ResponseTimeout, func() {
+		c.m.mu.Lock()
+		defer c.m.mu.Unlock()
+		if c.ended {
+			return
+		}
+		c.ended = true
+		c.m.st.disconnected.Add(1)
+		c.state = stClosed
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+		if c.m.conns[c.localID] == c {
+			delete(c.m.conns, c.localID)
+		}
+		if k := (remoteKey{c.peer, c.remoteID}); c.m.remote[k] == c {
+			delete(c.m.remote, k)
+		}
+	})
+}
+
+// Close disconnects: a DREQ to the peer, then a bounded wait for its DREP
+// (at most three response timeouts), the QP to ERR (its outstanding work
+// requests complete with WCWRFlushErr) and what the connection created
+// destroyed. Closing a connection the peer has ended only releases it.
+func (c *Conn) Close() error {
+	m := c.m
+	m.mu.Lock()
+	switch c.state {
+	case stEstablished:
+		dreq := &cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN}
+		c.state = stDREQSent
+		c.max = min(c.opts.MaxRetries, 2)
+		c.sendLocked(dreq)
+	case stREQSent, stREQRcvd, stREPSent:
+		m.mu.Unlock()
+		c.abort(ErrClosed)
+		m.mu.Lock()
+	}
+	m.mu.Unlock()
+	<-c.done
+	m.mu.Lock()
+	if c.err == nil {
+		c.err = ErrClosed
+	}
+	m.mu.Unlock()
+	c.release()
+	return nil
+}
+
+// onREP: the passive side accepted (active side).
+func (m *manager) onREP(mad *transport.MAD, f *cm.REPFields) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.conns[f.RemoteCommID]
+	if c == nil || !c.active || c.peer != mad.Src {
+		m.st.unknown.Add(1)
+		return
+	}
+	switch c.state {
+	case stREQSent:
+	case stEstablished:
+		if f.LocalCommID == c.remoteID {
+			m.st.duplicates.Add(1)
+			c.resendLocked() // the RTU was lost
+		}
+		return
+	default:
+		m.st.unknown.Add(1)
+		return
+	}
+	c.remoteID = f.LocalCommID
+	c.params.DestQPN = f.LocalQPN
+	c.params.SQPSN = f.StartingPSN
+	c.params.MaxRdAtomic = max(1, min(c.params.MaxRdAtomic, f.ResponderResources))
+	rt := *c.opts.Retry
+	rt.RNRRetry = f.RNRRetryCount
+	c.params.Retry = &rt
+	c.peerData = append([]byte(nil), f.PrivateData[:]...)
+	if err := c.qp.Connect(c.params); err != nil {
+		rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: cm.KindREP, Reason: cm.RejConsumer}
+		var out [transport.MADSize]byte
+		m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
+		c.finishLocked(fmt.Errorf("rdmacm: connecting the QP: %w", err))
+		return
+	}
+	rtu := &cm.RTUFields{LocalCommID: c.localID, RemoteCommID: c.remoteID}
+	c.state = stEstablished
+	c.sendLocked(rtu)
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	m.st.established.Add(1)
+	close(c.estab)
+}
+
+// onMRA: the peer needs more time; wait its service timeout more.
+func (m *manager) onMRA(f *cm.MRAFields) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.conns[f.RemoteCommID]
+	if c == nil || (c.state != stREQSent && c.state != stREPSent) {
+		m.st.unknown.Add(1)
+		return
+	}
+	c.retries = 0
+	c.armLocked(cm.Timeout(f.ServiceTimeout) + c.opts.ResponseTimeout)
+}
+
+// onREJ: the peer rejected a request or reply.
+func (m *manager) onREJ(mad *transport.MAD, f *cm.REJFields) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.conns[f.RemoteCommID]
+	if c == nil || c.peer != mad.Src {
+		// A requester that gives up before it knows our ID rejects with
+		// its own only.
+		c = m.remote[remoteKey{mad.Src, f.LocalCommID}]
+	}
+	if c == nil {
+		m.st.unknown.Add(1)
+		return
+	}
+	switch c.state {
+	case stREQSent, stREQRcvd, stREPSent:
+		c.finishLocked(&RejectError{Reason: f.Reason, PrivateData: append([]byte(nil), f.PrivateData[:]...)})
+	case stEstablished, stDREQSent:
+		c.timeWaitLocked(&RejectError{Reason: f.Reason})
+	default:
+		m.st.unknown.Add(1)
+	}
+}
+
+// onRTU: the active side is ready (passive side).
+func (m *manager) onRTU(f *cm.RTUFields) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.conns[f.RemoteCommID]
+	if c == nil || c.active || c.remoteID != f.LocalCommID {
+		m.st.unknown.Add(1)
+		return
+	}
+	if c.state != stREPSent {
+		m.st.duplicates.Add(1)
+		return
+	}
+	c.establishPassiveLocked()
+}
+
+// establishPassiveLocked takes the passive QP to RTS on the RTU (or the
+// first packet in RTR, which stands for it).
+func (c *Conn) establishPassiveLocked() {
+	if err := c.qp.ReadyToSend(c.params); err != nil {
+		c.finishLocked(fmt.Errorf("rdmacm: connecting the QP: %w", err))
+		return
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.state = stEstablished
+	c.listener.halfOpen--
+	c.m.st.established.Add(1)
+	close(c.estab)
+}
+
+// onDREQ: the peer disconnects. A DREQ for no known connection is
+// answered with a DREP too, as Linux does, so the peer stops resending.
+func (m *manager) onDREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.DREQFields) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.conns[f.RemoteCommID]
+	if c == nil || c.remoteID != f.LocalCommID || c.peer != mad.Src {
+		m.st.unknown.Add(1)
+		var out [transport.MADSize]byte
+		m.send(mad.Src, mad.TOS, h.TransactionID, &cm.DREPFields{LocalCommID: f.RemoteCommID, RemoteCommID: f.LocalCommID}, &out)
+		return
+	}
+	switch c.state {
+	case stEstablished, stDREQSent, stREPSent, stTimeWait:
+	default:
+		m.st.unknown.Add(1)
+		return
+	}
+	if c.state == stTimeWait {
+		m.st.duplicates.Add(1)
+	}
+	drep := &cm.DREPFields{LocalCommID: c.localID, RemoteCommID: c.remoteID}
+	hd := cm.NewHeader(0, c.tid)
+	cm.Encode(c.out[:], &hd, drep)
+	c.resendLocked()
+	c.timeWaitLocked(ErrClosed)
+}
+
+// onDREP: the peer confirmed our DREQ.
+func (m *manager) onDREP(f *cm.DREPFields) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.conns[f.RemoteCommID]
+	if c == nil || c.state != stDREQSent {
+		m.st.unknown.Add(1)
+		return
+	}
+	c.timeWaitLocked(ErrClosed)
+}

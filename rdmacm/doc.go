@@ -1,0 +1,47 @@
+// Package rdmacm connects queue pairs the way real RDMA applications do:
+// through the InfiniBand Communication Manager protocol (IBTA vol. 1
+// ch. 12) that librdmacm and the kernel's rdma_cm speak, carried as MADs
+// to QP1, with rdma_cm's IP addressing header in the private data. A
+// librdmacm peer (rping, ib_write_bw -R, rdma_server, udaddy, NVMe over
+// Fabrics, ...) sees ordinary RDMA_CM_EVENT_* events when it talks to a Go
+// program that uses this package, and the Go program sees the net package's
+// shapes:
+//
+//   - Listen(dev, port, opts) returns a Listener whose Accept(ctx) returns
+//     a connected *Conn (or Next(ctx) a *Request to accept or reject with
+//     private data);
+//   - Dial(ctx, dev, addr, opts) returns a *Conn that owns a connected RC
+//     QP (with its own PD and CQs, or the caller's), or a *RejectError
+//     (errors.Is(err, ErrRefused) when nothing listens);
+//   - Conn.Close sends a DREQ and waits, bounded, for the DREP; a DREQ
+//     from the peer closes Conn.Done();
+//   - ResolveUD and ListenUD do the same for UD QPs through SIDR.
+//
+// Cancelling a Dial's context aborts it with the REJ (before the REP) or
+// DREQ (after it) that the specification asks for.
+//
+// # Protocol
+//
+// One manager per transport.Device registers the CM management class
+// (0x07) with the device's GSI and runs the state machine of every
+// connection of the device: REQ, MRA, REJ, REP, RTU, DREQ, DREP and
+// SIDR_REQ/SIDR_REP, each retransmitted on its response timeout up to its
+// retry count; duplicates are answered (a duplicate REQ with the REP or an
+// MRA, a duplicate REP with the RTU, a duplicate DREQ with the DREP); the
+// first packet on a passive QP in RTR counts as the RTU (communication
+// established); a REQ for a service nobody listens on is answered with a
+// REJ (invalid service ID), which librdmacm reports as ECONNREFUSED; a REQ
+// for a QP pair that is already connected is rejected as stale. The
+// number of half-open connections a listener holds is bounded (its
+// backlog): a REQ flood costs a bounded amount of memory and is answered
+// with REJs. Everything the manager drops is counted (Stats).
+//
+// Service IDs are rdma_cm's: the TCP port space (0x0106) for RC, the UDP
+// port space (0x0111) for UD, port in the low 16 bits. The user part of
+// the private data passes through in both directions.
+//
+// Of this module rdmacm imports cm (the wire format), transport and
+// memreg; the commands build on it.
+//
+// All types are safe for concurrent use.
+package rdmacm

@@ -1,0 +1,263 @@
+package rdmacm
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorocev2/rocev2/cm"
+	"github.com/gorocev2/rocev2/transport"
+)
+
+// Errors. A rejected connection returns a *RejectError, which matches
+// ErrRejected, and ErrRefused when the peer has no listener for the port.
+var (
+	ErrRejected = errors.New("rdmacm: connection rejected")
+	ErrRefused  = errors.New("rdmacm: connection refused")
+	ErrTimeout  = errors.New("rdmacm: no response from the peer")
+	ErrClosed   = errors.New("rdmacm: closed")
+	ErrInUse    = errors.New("rdmacm: port in use")
+)
+
+// RejectError is a REJ from the peer (or, for SIDR, a SIDR_REP with an
+// error status).
+type RejectError struct {
+	Reason      cm.RejectReason
+	SIDRStatus  cm.SIDRStatus // for ResolveUD
+	PrivateData []byte        // the peer's REJ private data
+}
+
+func (e *RejectError) Error() string {
+	if e.SIDRStatus != 0 {
+		return fmt.Sprintf("rdmacm: service resolution rejected: %v", e.SIDRStatus)
+	}
+	return fmt.Sprintf("rdmacm: connection rejected: %v (%d)", e.Reason, uint16(e.Reason))
+}
+
+// Is makes a RejectError match ErrRejected, and ErrRefused for "invalid
+// service ID" (nothing listens: librdmacm's ECONNREFUSED).
+func (e *RejectError) Is(target error) bool {
+	switch target {
+	case ErrRejected:
+		return true
+	case ErrRefused:
+		return e.Reason == cm.RejInvalidServiceID || e.SIDRStatus == cm.SIDRUnsupported
+	}
+	return false
+}
+
+// Stats counts what a device's connection manager did and dropped.
+type Stats struct {
+	MADsIn        uint64 // CM MADs received
+	MADsOut       uint64 // CM MADs sent (retransmissions included)
+	Retransmits   uint64 // MADs sent again after a response timeout
+	Duplicates    uint64 // duplicate REQ/REP/DREQ answered again
+	Malformed     uint64 // MADs that did not decode
+	Unknown       uint64 // messages for no known connection, or unexpected in its state
+	RejNoListener uint64 // REQs and SIDR_REQs for a service nobody listens on
+	RejBacklog    uint64 // REQs refused because the listener's backlog was full
+	RejStale      uint64 // REQs for a QP pair already connected
+	Established   uint64 // connections established
+	Disconnected  uint64 // connections that ended (either side)
+}
+
+type stats struct {
+	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
+	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
+}
+
+// manager is the connection manager of one device.
+type manager struct {
+	dev   *transport.Device
+	agent *transport.MADAgent
+	clock transport.Clock
+	guid  uint64
+	st    stats
+
+	mu        sync.Mutex
+	conns     map[uint32]*Conn     // by local communication ID
+	remote    map[remoteKey]*Conn  // passive side: by peer address and its comm ID
+	listeners map[uint64]*Listener // by service ID
+	udl       map[uint64]*UDListener
+	sidr      map[uint32]*sidrWait // by request ID
+	closed    bool
+}
+
+type remoteKey struct {
+	addr netip.Addr
+	id   uint32
+}
+
+var (
+	managersMu sync.Mutex
+	managers   = map[*transport.Device]*manager{}
+)
+
+// managerFor returns the device's connection manager, starting it (and
+// registering the CM class with the device's GSI) on first use.
+func managerFor(dev *transport.Device) (*manager, error) {
+	managersMu.Lock()
+	defer managersMu.Unlock()
+	if m := managers[dev]; m != nil {
+		return m, nil
+	}
+	gsi, err := dev.GSI()
+	if err != nil {
+		return nil, err
+	}
+	agent, err := gsi.Register(cm.ClassCM, 1024)
+	if err != nil {
+		return nil, fmt.Errorf("rdmacm: %w", err)
+	}
+	m := &manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
+		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, listeners: map[uint64]*Listener{},
+		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}}
+	managers[dev] = m
+	go m.loop()
+	return m, nil
+}
+
+// StatsOf returns the counters of dev's connection manager (zero if it
+// never started, or after its device closed).
+func StatsOf(dev *transport.Device) Stats {
+	managersMu.Lock()
+	m := managers[dev]
+	managersMu.Unlock()
+	if m == nil {
+		return Stats{}
+	}
+	s := &m.st
+	return Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
+		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
+		RejNoListener: s.rejNoListener.Load(), RejBacklog: s.rejBacklog.Load(), RejStale: s.rejStale.Load(),
+		Established: s.established.Load(), Disconnected: s.disconnected.Load()}
+}
+
+// guidOf makes a node GUID from the device address, the way rxe makes one
+// from its MAC (an EUI-64 with the U/L bit flipped): stable per address.
+func guidOf(a netip.Addr) uint64 {
+	b := a.As16()
+	return 0x0200_00ff_fe00_0000 | uint64(b[13])<<16 | uint64(b[14])<<8 | uint64(b[15]) | uint64(b[12])<<40
+}
+
+func random32() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint32(b[:])
+}
+
+// loop receives CM MADs until the device closes.
+func (m *manager) loop() {
+	for {
+		mad, err := m.agent.Recv(neverDone{})
+		if err != nil {
+			m.shutdown()
+			return
+		}
+		m.st.madsIn.Add(1)
+		h, msg, err := cm.Decode(mad.Data[:])
+		if err != nil {
+			m.st.malformed.Add(1)
+			continue
+		}
+		m.handle(&mad, &h, msg)
+	}
+}
+
+// neverDone is a context that never ends: the loop ends with the device.
+type neverDone struct{}
+
+func (neverDone) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (neverDone) Done() <-chan struct{}       { return nil }
+func (neverDone) Err() error                  { return nil }
+func (neverDone) Value(any) any               { return nil }
+
+// shutdown fails every connection when the device goes away.
+func (m *manager) shutdown() {
+	m.mu.Lock()
+	m.closed = true
+	conns := make([]*Conn, 0, len(m.conns))
+	for _, c := range m.conns {
+		conns = append(conns, c)
+	}
+	waits := make([]*sidrWait, 0, len(m.sidr))
+	for _, w := range m.sidr {
+		waits = append(waits, w)
+	}
+	for _, l := range m.listeners {
+		l.closeLocked()
+	}
+	m.mu.Unlock()
+	for _, c := range conns {
+		m.mu.Lock()
+		c.finishLocked(ErrClosed)
+		m.mu.Unlock()
+	}
+	for _, w := range waits {
+		w.done(sidrResult{err: ErrClosed})
+	}
+	managersMu.Lock()
+	if managers[m.dev] == m {
+		delete(managers, m.dev)
+	}
+	managersMu.Unlock()
+	m.agent.Close()
+}
+
+func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message) {
+	switch f := msg.(type) {
+	case *cm.REQFields:
+		m.onREQ(mad, h, f)
+	case *cm.MRAFields:
+		m.onMRA(f)
+	case *cm.REJFields:
+		m.onREJ(mad, f)
+	case *cm.REPFields:
+		m.onREP(mad, f)
+	case *cm.RTUFields:
+		m.onRTU(f)
+	case *cm.DREQFields:
+		m.onDREQ(mad, h, f)
+	case *cm.DREPFields:
+		m.onDREP(f)
+	case *cm.SIDRREQFields:
+		m.onSIDRREQ(mad, h, f)
+	case *cm.SIDRREPFields:
+		m.onSIDRREP(f)
+	default:
+		m.st.unknown.Add(1)
+	}
+}
+
+// send encodes and sends one CM MAD to the peer's QP1.
+func (m *manager) send(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte) error {
+	h := cm.NewHeader(0, tid)
+	if err := cm.Encode(out[:], &h, msg); err != nil {
+		return err
+	}
+	m.st.madsOut.Add(1)
+	return m.agent.Send(dst, 1, tos, out[:])
+}
+
+// newLocalID returns a communication ID no live connection uses. Called
+// with m.mu held.
+func (m *manager) newLocalID() uint32 {
+	for {
+		id := random32()
+		if _, busy := m.conns[id]; id != 0 && !busy {
+			return id
+		}
+	}
+}
+
+// rejectUnknown answers a REQ that creates no state with a REJ.
+func (m *manager) rejectUnknown(mad *transport.MAD, h *cm.HeaderFields, remoteID uint32, kind cm.MsgKind, reason cm.RejectReason) {
+	rej := &cm.REJFields{RemoteCommID: remoteID, MessageRejected: kind, Reason: reason}
+	var out [transport.MADSize]byte
+	m.send(mad.Src, mad.TOS, h.TransactionID, rej, &out)
+}
