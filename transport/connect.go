@@ -86,9 +86,10 @@ func (qp *QP) Connect(p ConnParams) error {
 // receives from then on but sends only responses. The passive side of a
 // CM connection stops here until the RTU; ReadyToSend completes it.
 func (qp *QP) ReadyToReceive(p ConnParams) error {
-	if qp.init.Type != QPTypeRC {
+	if qp.init.Type == QPTypeUD {
 		return fmt.Errorf("transport: Connect qp %#x: a %v QP (ReadyUD readies UD QPs): %w", qp.qpn, qp.init.Type, ErrInvalidState)
 	}
+	uc := qp.init.Type == QPTypeUC
 	rt := p.retry()
 	mtu := p.PathMTU
 	if mtu == 0 {
@@ -109,8 +110,11 @@ func (qp *QP) ReadyToReceive(p ConnParams) error {
 	}
 	a := QPAttr{State: QPSRTR, AccessFlags: p.Access, AV: AddressVector{Addr: p.Peer, TrafficClass: p.TrafficClass},
 		PathMTU: mtu, DestQPN: p.DestQPN, RQPSN: p.RQPSN, MaxDestRdAtomic: maxDest, MinRNRTimer: rt.MinRNRTimer}
-	if err := qp.Modify(&a, AttrState|AttrAccessFlags|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|
-		AttrMaxDestRdAtomic|AttrMinRNRTimer); err != nil {
+	mask := AttrState | AttrAccessFlags | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer
+	if uc { // no acknowledgements, no READ/atomic resources
+		mask &^= AttrMaxDestRdAtomic | AttrMinRNRTimer
+	}
+	if err := qp.Modify(&a, mask); err != nil {
 		return fmt.Errorf("transport: Connect qp %#x: to RTR: %w", qp.qpn, unwrapModify(err))
 	}
 	return nil
@@ -126,7 +130,11 @@ func (qp *QP) ReadyToSend(p ConnParams) error {
 	}
 	a := QPAttr{State: QPSRTS, SQPSN: p.SQPSN, Timeout: rt.Timeout, RetryCnt: rt.RetryCnt, RNRRetry: rt.RNRRetry,
 		MaxQPRdAtomic: maxRd}
-	if err := qp.Modify(&a, AttrState|AttrSQPSN|AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrMaxQPRdAtomic); err != nil {
+	mask := AttrState | AttrSQPSN | AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRdAtomic
+	if qp.init.Type == QPTypeUC {
+		mask = AttrState | AttrSQPSN
+	}
+	if err := qp.Modify(&a, mask); err != nil {
 		return fmt.Errorf("transport: Connect qp %#x: to RTS: %w", qp.qpn, unwrapModify(err))
 	}
 	return nil

@@ -27,6 +27,20 @@ var transitions = map[[2]QPState]transition{
 	{QPSSQE, QPSRTS}: {opt: AttrAccessFlags | AttrMinRNRTimer},
 }
 
+// ucTransitions is the transition table of UC QPs: a path and a peer, no
+// acknowledgements, no READ/atomic resources.
+var ucTransitions = map[[2]QPState]transition{
+	{QPSReset, QPSInit}: {req: AttrPKeyIndex | AttrPort | AttrAccessFlags},
+	{QPSInit, QPSInit}:  {opt: AttrPKeyIndex | AttrPort | AttrAccessFlags},
+	{QPSInit, QPSRTR}:   {req: AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN, opt: AttrAccessFlags | AttrPKeyIndex},
+	{QPSRTR, QPSRTS}:    {req: AttrSQPSN, opt: AttrAccessFlags},
+	{QPSRTS, QPSRTS}:    {opt: AttrAccessFlags},
+	{QPSRTS, QPSSQD}:    {},
+	{QPSSQD, QPSRTS}:    {opt: AttrAccessFlags},
+	{QPSSQD, QPSSQD}:    {opt: AttrAV | AttrPKeyIndex | AttrPort | AttrAccessFlags},
+	{QPSSQE, QPSRTS}:    {opt: AttrAccessFlags},
+}
+
 // udTransitions is the transition table of UD QPs: no path, no peer, a
 // Q_Key.
 var udTransitions = map[[2]QPState]transition{
@@ -79,8 +93,11 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	default:
 		var ok bool
 		table := transitions
-		if qp.init.Type == QPTypeUD {
+		switch qp.init.Type {
+		case QPTypeUD:
 			table = udTransitions
+		case QPTypeUC:
+			table = ucTransitions
 		}
 		tr, ok = table[[2]QPState{cur, next}]
 		if !ok {

@@ -66,6 +66,9 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	default:
 		return bad("opcode", ErrInvalidWR, nil, "%v not supported", wr.Opcode)
 	}
+	if qp.init.Type == QPTypeUC && acc != 0 || qp.init.Type == QPTypeUC && wr.Opcode == WRSendInv {
+		return bad("opcode", ErrInvalidWR, nil, "%v on a UC QP (only SEND and RDMA WRITE, with or without immediate)", wr.Opcode)
+	}
 	total, err := qp.checkSGEs("PostSend", i, wr.WRID, wr.SGEs, acc)
 	if err != nil {
 		return err

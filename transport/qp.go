@@ -50,10 +50,10 @@ type rdRes struct {
 // request are copied by PostSend and PostRecv; the memory they name must
 // stay registered until the WR completes.
 type QP struct {
-	dev    *Device
-	pd     *memreg.PD
-	rv     memreg.QPView // remote-facing view of pd for this QP (type 2 windows)
-	qpn    uint32
+	dev       *Device
+	pd        *memreg.PD
+	rv        memreg.QPView // remote-facing view of pd for this QP (type 2 windows)
+	qpn       uint32
 	sendCQ    *CQ
 	recvCQ    *CQ
 	init      QPInitAttr
@@ -93,10 +93,10 @@ type QP struct {
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
 	rxBatch   bool // input from the receive goroutine is running: defer CQ wakeups
 
-	cqLost     bool // a completion was lost to a CQ in error: the QP must move to ERR (settle)
+	cqLost     bool          // a completion was lost to a CQ in error: the QP must move to ERR (settle)
 	commEst    bool          // EventCommEst was raised
 	commEstCh  chan struct{} // closed with commEst
-	sqdDrained bool // EventSQDrained was raised for the current SQD
+	sqdDrained bool          // EventSQDrained was raised for the current SQD
 }
 
 // pushWC stores a completion in cq. Inside a received batch the waiter is
@@ -157,8 +157,10 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 		tr = bth.TransportRC
 	case QPTypeUD:
 		tr = bth.TransportUD
+	case QPTypeUC:
+		tr = bth.TransportUC
 	default:
-		return nil, fmt.Errorf("transport: CreateQP: qp_type %v not supported (RC and UD are): %w", a.Type, ErrInvalidConfig)
+		return nil, fmt.Errorf("transport: CreateQP: qp_type %v not supported (RC, UC and UD are): %w", a.Type, ErrInvalidConfig)
 	}
 	if pd == nil {
 		return nil, fmt.Errorf("transport: CreateQP: nil pd: %w", ErrInvalidConfig)

@@ -50,7 +50,7 @@ func (qp *QP) reqProgress() {
 	window := int32(qp.dev.cfg.MaxUnackedPSNs)
 	sent := false
 	for qp.sqCur != qp.sqEnd {
-		if qp.req.psn.Diff(qp.oldestUnacked()) >= window {
+		if qp.init.Type == QPTypeRC && qp.req.psn.Diff(qp.oldestUnacked()) >= window {
 			break
 		}
 		w := &qp.sq[qp.sqCur%uint64(len(qp.sq))]
@@ -158,6 +158,12 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 	if f.BTH.AckReq {
 		r.noack = 0
 	}
+	if qp.init.Type == QPTypeUC {
+		// The same operation in the UC transport (0x20 | op), never
+		// asking for an acknowledgement.
+		f.BTH.Opcode |= bth.Opcode(bth.TransportUC)
+		f.BTH.AckReq = false
+	}
 	buf := qp.outBuf()
 	if payloadLen > 0 {
 		hdr := bth.Size + f.BTH.Opcode.Info().HeaderLen
@@ -186,6 +192,10 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 	if r.curPkt >= w.npkts {
 		r.curPkt = 0
 		qp.sqCur++
+		if qp.init.Type == QPTypeUC {
+			// No acknowledgement will come: done once sent.
+			qp.completeHead(w)
+		}
 	}
 	return true
 }

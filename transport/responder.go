@@ -18,6 +18,8 @@ type responder struct {
 	msn     uint32  // completed messages (24 bits)
 	nakSent bool    // a PSN sequence error NAK was sent for the current gap
 
+	ucDropping bool // UC: the rest of the current message is being dropped
+
 	op        uint8 // message in progress: opNone, opSend, opWrite
 	wqeActive bool  // rq head is being filled by a multi-packet SEND
 	offset    uint64
@@ -66,6 +68,13 @@ func (qp *QP) releasePins() {
 func (qp *QP) respInput(p *packetT) {
 	r := &qp.resp
 	psn := p.BTH.PSN()
+	if qp.init.Type == QPTypeUC {
+		if !qp.ucAccept(p, psn) {
+			return
+		}
+		qp.respExecute(p, psn)
+		return
+	}
 	d := psn.Diff(r.psn)
 	if d > 0 {
 		if !r.nakSent {
@@ -81,6 +90,13 @@ func (qp *QP) respInput(p *packetT) {
 		return
 	}
 	r.nakSent = false
+	qp.respExecute(p, psn)
+}
+
+// respExecute checks the opcode sequence of an in-sequence request and
+// executes it.
+func (qp *QP) respExecute(p *packetT, psn bth.PSN) {
+	r := &qp.resp
 	// Opcode sequence: a message in progress continues with middle/last of
 	// the same kind; otherwise only first/only packets may start one.
 	kind, pos := p.Info.Kind, p.Info.Pos
@@ -121,6 +137,11 @@ func (qp *QP) respInput(p *packetT) {
 // invalid request, EventQPAccessErr for a remote access error and
 // EventQPFatal otherwise.
 func (qp *QP) respFatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
+	if qp.init.Type == QPTypeUC {
+		// UC cannot NAK: the message is dropped, the QP carries on.
+		qp.ucDrop()
+		return
+	}
 	qp.resp.wt, qp.resp.rsl = memreg.BatchTarget{}, memreg.ScatterList{}
 	qp.sendAck(aeth.NAK(code), psn)
 	if qp.resp.wqeActive {
@@ -161,6 +182,10 @@ func (qp *QP) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, im
 }
 
 func (qp *QP) rnrNAK(psn bth.PSN) {
+	if qp.init.Type == QPTypeUC { // no receive WQE: the message is dropped
+		qp.ucDrop()
+		return
+	}
 	inc(&qp.dev.ctr.SendRNRErr)
 	qp.sendAck(aeth.RNRNAK(qp.attr.MinRNRTimer), psn)
 }
@@ -172,11 +197,51 @@ func (qp *QP) endRequest(p *packetT, psn bth.PSN) {
 		r.op = opNone
 		r.msn = (r.msn + 1) & 0xffffff
 	}
+	if qp.init.Type == QPTypeUC {
+		return
+	}
 	if p.BTH.AckReq() {
 		qp.sendAck(aeth.ACK(aeth.NoCreditLimit), psn)
 	} else {
 		inc(&qp.dev.ctr.AckDeferred)
 	}
+}
+
+// ucAccept applies UC's sequence rule to a request packet: in sequence it
+// is executed; after a gap (a lost packet) or while a message is being
+// dropped, the rest of that message is dropped and the responder resumes
+// at the next FIRST or ONLY packet, whatever its PSN. Each message lost
+// this way is counted (uc_msgs_dropped).
+func (qp *QP) ucAccept(p *packetT, psn bth.PSN) bool {
+	r := &qp.resp
+	if !r.ucDropping && psn == r.psn {
+		return true
+	}
+	start := p.Info.Pos == bth.PosFirst || p.Info.Pos == bth.PosOnly
+	if !start {
+		if !r.ucDropping {
+			qp.ucDrop()
+		}
+		return false
+	}
+	if !r.ucDropping && r.op != opNone {
+		qp.ucDrop() // the message in progress lost its tail
+	}
+	r.ucDropping = false
+	r.psn = psn
+	return true
+}
+
+// ucDrop abandons the UC message in progress: its receive WQE (if it had
+// taken one) stays posted for the next message.
+func (qp *QP) ucDrop() {
+	r := &qp.resp
+	r.ucDropping = true
+	r.op = opNone
+	r.wqeActive = false
+	r.offset = 0
+	r.wt, r.rsl = memreg.BatchTarget{}, memreg.ScatterList{}
+	inc(&qp.dev.ctr.UCMsgsDropped)
 }
 
 func (qp *QP) respSend(p *packetT, psn bth.PSN) {

@@ -14,19 +14,26 @@ type QPType uint8
 const (
 	// QPTypeRC is a Reliable Connected QP.
 	QPTypeRC QPType = 2
+	// QPTypeUC is an Unreliable Connected QP: SEND and RDMA WRITE (with
+	// immediate) to one peer QP, no acknowledgements: a message with a
+	// lost packet is dropped by the responder, the requester completes on
+	// send.
+	QPTypeUC QPType = 3
 	// QPTypeUD is an Unreliable Datagram QP: SEND and SEND with
 	// immediate to any QP an address handle names, one packet per
 	// message (at most the port MTU), with a Q_Key.
 	QPTypeUD QPType = 4
 )
 
-// String returns "RC" or "UD".
+// String returns "RC", "UC" or "UD".
 func (t QPType) String() string {
 	switch t {
 	case QPTypeRC:
 		return "RC"
 	case QPTypeUD:
 		return "UD"
+	case QPTypeUC:
+		return "UC"
 	}
 	return fmt.Sprintf("QPType(%d)", uint8(t))
 }
