@@ -63,6 +63,7 @@ type AsyncEvent struct {
 	Type EventType
 	QP   *QP   // the QP for QP events, else nil
 	CQ   *CQ   // the CQ for CQ events, else nil
+	SRQ  *SRQ  // the SRQ for SRQ events, else nil
 	Err  error // the cause, when there is one
 }
 

@@ -282,7 +282,7 @@ func (qp *QP) reset() {
 	for i := range res {
 		res[i] = rdRes{}
 	}
-	qp.resp = responder{res: res}
+	qp.resp = responder{res: res, srqWQE: recvWQE{sges: qp.resp.srqWQE.sges[:0]}}
 	qp.nout = 0
 	qp.ackSlot = 0
 	qp.attr = QPAttr{}
@@ -317,6 +317,12 @@ func (qp *QP) toError() {
 		qp.sqHead++
 	}
 	qp.sqCur = qp.sqHead
+	if qp.resp.srqHeld {
+		// Taken from the SRQ for a message that will not complete; the
+		// SRQ's other WRs stay for the other QPs.
+		qp.resp.srqHeld = false
+		qp.pushWC(qp.recvCQ, &WC{WRID: qp.resp.srqWQE.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qp.qpn}, false)
+	}
 	for qp.rqHead != qp.rqEnd {
 		r := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
 		qp.pushWC(qp.recvCQ, &WC{WRID: r.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qp.qpn}, false)

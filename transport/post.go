@@ -138,6 +138,9 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	if qp.attr.State == QPSReset {
 		return fmt.Errorf("transport: PostRecv qp %#x: state %v: %w", qp.qpn, qp.attr.State, ErrInvalidState)
 	}
+	if qp.srq != nil {
+		return fmt.Errorf("transport: PostRecv qp %#x: the QP takes its receives from an SRQ (SRQ.PostRecv): %w", qp.qpn, ErrInvalidWR)
+	}
 	var err error
 	for i := range wrs {
 		wr := &wrs[i]

@@ -56,6 +56,7 @@ type QP struct {
 	qpn       uint32
 	sendCQ    *CQ
 	recvCQ    *CQ
+	srq       *SRQ
 	init      QPInitAttr
 	transport bth.Transport // the BTH transport of its packets (RC or UD)
 
@@ -180,6 +181,15 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if a.MaxSendWR <= 0 || a.MaxSendWR > 1<<16 {
 		return nil, fmt.Errorf("transport: CreateQP: max_send_wr %d out of range 1..%d: %w", a.MaxSendWR, 1<<16, ErrInvalidConfig)
 	}
+	if a.SRQ != nil {
+		if a.SRQ.dev != d {
+			return nil, fmt.Errorf("transport: CreateQP: srq: %w", ErrWrongDevice)
+		}
+		if a.SRQ.pd != pd {
+			return nil, fmt.Errorf("transport: CreateQP: srq: the SRQ is in another PD: %w", ErrInvalidConfig)
+		}
+		a.MaxRecvWR = 1 // unused: receives come from the SRQ
+	}
 	if a.MaxRecvWR <= 0 || a.MaxRecvWR > 1<<16 {
 		return nil, fmt.Errorf("transport: CreateQP: max_recv_wr %d out of range 1..%d: %w", a.MaxRecvWR, 1<<16, ErrInvalidConfig)
 	}
@@ -189,7 +199,10 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if a.MaxSGE < 0 || a.MaxSGE > 32 {
 		return nil, fmt.Errorf("transport: CreateQP: max_sge %d out of range 1..32: %w", a.MaxSGE, ErrInvalidConfig)
 	}
-	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, init: a, transport: tr, commEstCh: make(chan struct{})}
+	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ, init: a, transport: tr, commEstCh: make(chan struct{})}
+	if a.SRQ != nil {
+		qp.resp.srqWQE.sges = make([]memreg.SGE, 0, a.SRQ.maxSGE)
+	}
 	qp.sq = make([]sendWQE, a.MaxSendWR)
 	for i := range qp.sq {
 		qp.sq[i].sges = make([]memreg.SGE, 0, a.MaxSGE)
@@ -219,6 +232,9 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if a.SendCQ.destroyed || a.RecvCQ.destroyed {
 		return nil, fmt.Errorf("transport: CreateQP: cq: %w", ErrDestroyed)
 	}
+	if a.SRQ != nil && a.SRQ.destroyed {
+		return nil, fmt.Errorf("transport: CreateQP: srq: %w", ErrDestroyed)
+	}
 	if len(d.qps) >= d.cfg.MaxQP {
 		return nil, fmt.Errorf("transport: CreateQP: %d QPs: %w", len(d.qps), ErrLimit)
 	}
@@ -238,6 +254,9 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	}
 	a.SendCQ.users++
 	a.RecvCQ.users++
+	if a.SRQ != nil {
+		a.SRQ.users++
+	}
 	qp.rv = pd.ForQP(qp.qpn)
 	if a.Type == QPTypeUD {
 		qp.srcPort = udSourcePort(qp.qpn)
@@ -279,6 +298,9 @@ func (qp *QP) Destroy() error {
 	}
 	qp.sendCQ.users--
 	qp.recvCQ.users--
+	if qp.srq != nil {
+		qp.srq.users--
+	}
 	d.mu.Unlock()
 	qp.pd.Release()
 	return nil

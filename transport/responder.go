@@ -29,6 +29,9 @@ type responder struct {
 
 	res     []rdRes
 	resNext int
+
+	srqWQE  recvWQE // the WQE taken from the SRQ for the message in progress
+	srqHeld bool    // srqWQE is valid
 	f       packet.Fields
 }
 
@@ -171,10 +174,10 @@ func (qp *QP) checkLen(p *packetT) bool {
 // completeRecv completes the receive WQE at the head of the receive queue.
 // solicited is the SE bit of the message's last packet.
 func (qp *QP) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, imm, inv uint32, solicited bool) {
-	rw := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+	rw := qp.nextRecv()
 	wc := WC{WRID: rw.wrid, Status: st, Opcode: op, ByteLen: n, Flags: flags, Imm: imm,
 		InvalidatedRKey: inv, QPN: qp.qpn, SrcQP: qp.attr.DestQPN}
-	qp.rqHead++
+	qp.consumeRecv()
 	qp.resp.wqeActive = false
 	qp.resp.rsl = memreg.ScatterList{}
 	inc(&qp.dev.ctr.RDMARecvs)
@@ -248,7 +251,7 @@ func (qp *QP) respSend(p *packetT, psn bth.PSN) {
 	r := &qp.resp
 	pos := p.Info.Pos
 	if pos == bth.PosFirst || pos == bth.PosOnly {
-		if qp.rqHead == qp.rqEnd {
+		if qp.nextRecv() == nil {
 			qp.rnrNAK(psn)
 			return
 		}
@@ -260,7 +263,7 @@ func (qp *QP) respSend(p *packetT, psn bth.PSN) {
 		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
-	rw := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+	rw := qp.nextRecv()
 	if pos == bth.PosFirst || pos == bth.PosOnly {
 		r.rsl = qp.pd.ScatterList(rw.sges)
 	}
@@ -311,7 +314,7 @@ func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
 	pos := p.Info.Pos
 	// A WRITE with immediate consumes a receive WQE: check for one before
 	// any side effect so that an RNR NAK leaves nothing half done.
-	if p.Info.Imm && qp.rqHead == qp.rqEnd {
+	if p.Info.Imm && qp.nextRecv() == nil {
 		qp.rnrNAK(psn)
 		return
 	}

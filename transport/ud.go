@@ -203,12 +203,12 @@ func (qp *QP) udInput(p *packetT, up *udp.Packet) {
 		inc(&qp.dev.ctr.QKeyViolation)
 		return
 	}
-	if qp.rqHead == qp.rqEnd {
+	rw := qp.nextRecv()
+	if rw == nil {
 		// No receive WQE: the datagram is lost (rxe counts it the same way).
 		inc(&qp.dev.ctr.UDNoRecvWQE)
 		return
 	}
-	rw := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
 	n := uint64(len(p.Payload))
 	wc := WC{WRID: rw.wrid, Opcode: WCRecv, QPN: qp.qpn, SrcQP: p.DETH.SrcQP(),
 		Flags: WCGRH | WCWithNetworkHdrType, NetworkHdrType: NetworkIPv4}
@@ -234,7 +234,7 @@ func (qp *QP) udInput(p *packetT, up *udp.Packet) {
 		wc.Flags |= WCWithImm
 		wc.Imm = p.ImmDt.Imm()
 	}
-	qp.rqHead++
+	qp.consumeRecv()
 	inc(&qp.dev.ctr.RDMARecvs)
 	qp.pushWC(qp.recvCQ, &wc, p.BTH.SolicitedEvent())
 	if wc.Status != WCSuccess {

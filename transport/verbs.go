@@ -207,6 +207,10 @@ type QPInitAttr struct {
 	MaxSendWR int
 	MaxRecvWR int
 	MaxSGE    int  // per work request, send and receive (default 1)
+	// SRQ, if set, is the shared receive queue the QP takes its receive
+	// WRs from (RC, UC or UD; same PD); MaxRecvWR is then ignored and
+	// PostRecv on the QP is refused.
+	SRQ *SRQ
 	SigAll    bool // every send WR generates a completion
 }
 
