@@ -99,6 +99,11 @@ func (qp *QP) ackUpTo(psn bth.PSN) (needRetry bool) {
 		if w == nil || psn.Before(w.firstPSN) {
 			break
 		}
+		if w.npkts == 0 { // a local operation (bind, invalidate), done when reached
+			qp.completeHead(w)
+			moved = true
+			continue
+		}
 		if isRdAtomic(w.wr.Opcode) {
 			needRetry = true
 			break
@@ -316,6 +321,10 @@ func (w *sendWQE) wcOpcode() WCOpcode {
 		return WCCompSwap
 	case WRFetchAdd:
 		return WCFetchAdd
+	case WRBindMW:
+		return WCBindMW
+	case WRLocalInv:
+		return WCLocalInv
 	}
 	return WCSend
 }

@@ -60,13 +60,17 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	}
 	var acc memreg.Access
 	switch wr.Opcode {
+	case WRBindMW, WRLocalInv:
+		if err := qp.checkLocalWR(i, wr); err != nil {
+			return err
+		}
 	case WRSend, WRSendImm, WRSendInv, WRWrite, WRWriteImm:
 	case WRRead, WRCompareSwap, WRFetchAdd:
 		acc = memreg.AccessLocalWrite
 	default:
 		return bad("opcode", ErrInvalidWR, nil, "%v not supported", wr.Opcode)
 	}
-	if qp.init.Type == QPTypeUC && acc != 0 || qp.init.Type == QPTypeUC && wr.Opcode == WRSendInv {
+	if qp.init.Type == QPTypeUC && (acc != 0 || wr.Opcode == WRSendInv) {
 		return bad("opcode", ErrInvalidWR, nil, "%v on a UC QP (only SEND and RDMA WRITE, with or without immediate)", wr.Opcode)
 	}
 	total, err := qp.checkSGEs("PostSend", i, wr.WRID, wr.SGEs, acc)
@@ -95,7 +99,7 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	// (and does not escape).
 	*w = sendWQE{wr: SendWR{WRID: wr.WRID, Opcode: wr.Opcode, SGEs: sges, Flags: wr.Flags, Imm: wr.Imm,
 		InvRKey: wr.InvRKey, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey, CompareAdd: wr.CompareAdd, Swap: wr.Swap,
-		AH: wr.AH, RemoteQPN: wr.RemoteQPN, RemoteQKey: wr.RemoteQKey},
+		AH: wr.AH, RemoteQPN: wr.RemoteQPN, RemoteQKey: wr.RemoteQKey, MW: wr.MW, Bind: wr.Bind},
 		sges: sges, length: uint32(total)}
 	if wr.Opcode == WRRead {
 		w.rsl = qp.pd.ScatterList(sges)
@@ -164,4 +168,74 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	}
 	qp.settle()
 	return err
+}
+
+// checkLocalWR checks a bind or local invalidate WR: RC or UC only, a type
+// 2 window of the QP's PD for a bind (type 1 windows are bound with
+// BindMW), and no scatter/gather list.
+func (qp *QP) checkLocalWR(i int, wr *SendWR) error {
+	bad := func(field, format string, args ...any) error {
+		return &WRError{Op: "PostSend", QPN: qp.qpn, Index: i, WRID: wr.WRID, Field: field,
+			Msg: fmt.Sprintf(format, args...), Kind: ErrInvalidWR}
+	}
+	switch {
+	case qp.init.Type == QPTypeUD:
+		return bad("opcode", "%v on a UD QP", wr.Opcode)
+	case len(wr.SGEs) != 0:
+		return bad("num_sge", "%v carries no data", wr.Opcode)
+	case wr.Opcode == WRLocalInv:
+		return nil
+	case wr.MW == nil:
+		return bad("bind_mw.mw", "nil window")
+	case wr.MW.Type() != memreg.MWType2:
+		return bad("bind_mw.mw", "a type 1 window: bind it with QP.BindMW")
+	case wr.MW.PD() != qp.pd:
+		return bad("bind_mw.mw", "window of another PD")
+	case wr.Bind.MR == nil || wr.Bind.MR.PD() != qp.pd:
+		return bad("bind_mw.bind_info.mr", "nil region or region of another PD")
+	}
+	return nil
+}
+
+// BindMW binds the type 1 window mw (ibv_bind_mw) and returns its new
+// rkey: the binding takes effect at once, and a completion (WCBindMW, with
+// wrid) follows in the send queue's order when flags has SendSignaled. A
+// zero info.Length unbinds the window. Type 2 windows are bound with a
+// WRBindMW work request instead.
+func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlags) (uint32, error) {
+	if mw == nil || mw.Type() != memreg.MWType1 {
+		return 0, fmt.Errorf("transport: BindMW qp %#x: not a type 1 window: %w", qp.qpn, ErrInvalidWR)
+	}
+	if mw.PD() != qp.pd {
+		return 0, fmt.Errorf("transport: BindMW qp %#x: window of another PD: %w", qp.qpn, ErrInvalidWR)
+	}
+	rkey, err := mw.Bind(info.MR, info.Addr, info.Length, info.Access)
+	if err != nil {
+		return 0, fmt.Errorf("transport: BindMW qp %#x: %w: %w", qp.qpn, ErrInvalidWR, err)
+	}
+	// The completion travels through the send queue as a local invalidate
+	// of nothing would: a local WR that is done when reached.
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.postable("BindMW"); err != nil {
+		return rkey, err
+	}
+	if st := qp.attr.State; st != QPSRTS && st != QPSSQD && st != QPSErr {
+		return rkey, fmt.Errorf("transport: BindMW qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
+	}
+	if qp.sqEnd-qp.sqHead >= uint64(len(qp.sq)) {
+		return rkey, &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Msg: "send queue full", Kind: ErrQueueFull}
+	}
+	w := &qp.sq[qp.sqEnd%uint64(len(qp.sq))]
+	*w = sendWQE{wr: SendWR{WRID: wrid, Opcode: WRBindMW, Flags: flags}, sges: w.sges[:0], localDone: true}
+	w.signaled = qp.init.SigAll || flags&SendSignaled != 0
+	qp.sqEnd++
+	if qp.attr.State == QPSErr {
+		qp.toError()
+	} else {
+		qp.reqProgress()
+	}
+	qp.settle()
+	qp.flushOut()
+	return rkey, nil
 }

@@ -20,6 +20,7 @@ type sendWQE struct {
 	signaled  bool
 	rdCounted bool
 	done      bool
+	localDone bool // a local operation (bind, invalidate) was executed
 	status    WCStatus
 	rsl       memreg.ScatterList // RDMA READ: places the response data into sges
 }

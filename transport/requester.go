@@ -57,6 +57,15 @@ func (qp *QP) reqProgress() {
 		if w.stalled() {
 			break
 		}
+		if w.wr.Opcode == WRBindMW || w.wr.Opcode == WRLocalInv {
+			if st == QPSSQD || (w.wr.Flags&SendFence != 0 && qp.req.rdOut > 0) {
+				break
+			}
+			if !qp.execLocal(w) {
+				break
+			}
+			continue
+		}
 		if qp.req.curPkt == 0 {
 			if st == QPSSQD {
 				break
@@ -313,3 +322,35 @@ func (qp *QP) started(i uint64) bool {
 // nextPSN returns the PSN of the next request packet to send; every PSN
 // before it was sent.
 func (qp *QP) nextPSN() bth.PSN { return qp.req.psn }
+
+// execLocal executes a local operation (a type 2 window bind, a local
+// invalidate) when the requester reaches it: in order after the WRs before
+// it were sent, once only (a go-back-N passes over it). It completes when
+// it is the oldest outstanding WR: now, or when the ACKs of the WRs before
+// it arrive. It reports false when it failed (failLocal).
+func (qp *QP) execLocal(w *sendWQE) bool {
+	if !w.localDone {
+		var err error
+		if w.wr.Opcode == WRBindMW {
+			b := &w.wr.Bind
+			_, err = w.wr.MW.BindQP(qp.qpn, b.MR, b.Addr, b.Length, b.Access, uint8(w.wr.RKey))
+		} else {
+			err = qp.rv.InvalidateLocal(w.wr.InvRKey)
+		}
+		if err != nil {
+			if qp.trace != nil {
+				qp.trace("%v wr_id %#x: %v", w.wr.Opcode, w.wr.WRID, err)
+			}
+			qp.failLocal(w, WCMWBindErr)
+			return false
+		}
+		w.localDone = true
+	}
+	w.firstPSN = qp.req.psn
+	w.npkts = 0
+	qp.sqCur++
+	if qp.sqHead == qp.sqCur-1 || qp.init.Type == QPTypeUC {
+		qp.completeHead(w)
+	}
+	return true
+}

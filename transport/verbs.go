@@ -226,6 +226,8 @@ const (
 	WRRead        WROpcode = 4
 	WRCompareSwap WROpcode = 5
 	WRFetchAdd    WROpcode = 6
+	WRLocalInv    WROpcode = 7 // invalidate a type 2 window's rkey (InvRKey)
+	WRBindMW      WROpcode = 8 // bind a type 2 window (MW, Bind, RKey's key byte)
 	WRSendInv     WROpcode = 9
 )
 
@@ -248,6 +250,10 @@ func (o WROpcode) String() string {
 		return "ATOMIC_FETCH_AND_ADD"
 	case WRSendInv:
 		return "SEND_WITH_INV"
+	case WRLocalInv:
+		return "LOCAL_INV"
+	case WRBindMW:
+		return "BIND_MW"
 	}
 	return fmt.Sprintf("WROpcode(%d)", uint8(o))
 }
@@ -280,10 +286,24 @@ type SendWR struct {
 	AH         *AH
 	RemoteQPN  uint32
 	RemoteQKey uint32
+	// WRBindMW only: the type 2 window and what to bind it to; RKey's low
+	// byte is the window's new key byte (ibv_send_wr.bind_mw).
+	MW   *memreg.MW
+	Bind MWBindInfo
 }
 
 // RecvWR is a receive work request.
 type RecvWR struct {
 	WRID uint64
 	SGEs []memreg.SGE
+}
+
+// MWBindInfo is what a memory window is bound to (ibv_mw_bind_info): a
+// range of a region, in its IOVA space, with remote rights. A zero Length
+// unbinds a type 1 window.
+type MWBindInfo struct {
+	MR     *memreg.MR
+	Addr   uint64
+	Length uint64
+	Access memreg.Access // remote rights: AccessRemoteWrite, AccessRemoteRead, AccessRemoteAtomic
 }

@@ -79,6 +79,8 @@ const (
 	WCRDMARead    WCOpcode = 2
 	WCCompSwap    WCOpcode = 3
 	WCFetchAdd    WCOpcode = 4
+	WCBindMW      WCOpcode = 5
+	WCLocalInv    WCOpcode = 6
 	WCRecv        WCOpcode = 128
 	WCRecvRDMAImm WCOpcode = 129
 )
@@ -96,6 +98,10 @@ func (o WCOpcode) String() string {
 		return "COMP_SWAP"
 	case WCFetchAdd:
 		return "FETCH_ADD"
+	case WCBindMW:
+		return "BIND_MW"
+	case WCLocalInv:
+		return "LOCAL_INV"
 	case WCRecv:
 		return "RECV"
 	case WCRecvRDMAImm:

@@ -1,0 +1,122 @@
+package transport
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/memreg"
+)
+
+// TestMWWorkRequests: a type 2 window bound by a BIND_MW work request on
+// the responder's QP serves remote WRITEs through its rkey; a LOCAL_INV
+// work request ends that, and the next WRITE fails with the remote access
+// NAK; a SEND with Invalidate invalidates a fresh binding remotely; a type
+// 1 window bound with BindMW serves a READ; a bind the region does not
+// allow completes with the memory management error.
+func TestMWWorkRequests(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{})
+	src, smr := a.buffer(t, 64, 0)
+	copy(src, "through a window")
+	dst, dmr := b.buffer(t, 4096, memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessMWBind)
+	mw, err := b.pd.AllocMW(memreg.MWType2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bind := func(keyByte uint8) uint32 {
+		t.Helper()
+		if err := b.qp.PostSend(SendWR{WRID: 1, Opcode: WRBindMW, Flags: SendSignaled, MW: mw, RKey: uint32(keyByte),
+			Bind: MWBindInfo{MR: dmr, Addr: dmr.IOVA() + 1024, Length: 1024, Access: memreg.AccessRemoteWrite}}); err != nil {
+			t.Fatal(err)
+		}
+		wc := waitWC(t, b.scq, 1, 5*time.Second)[0]
+		if wc.Status != WCSuccess || wc.Opcode != WCBindMW {
+			t.Fatalf("bind: %+v", wc)
+		}
+		return mw.RKey()
+	}
+	rkey := bind(0x42)
+	if rkey&0xff != 0x42 {
+		t.Fatalf("window rkey %#x, want key byte 0x42", rkey)
+	}
+	write := func(id uint64) WC {
+		t.Helper()
+		if err := a.qp.PostSend(SendWR{WRID: id, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 16),
+			RemoteAddr: dmr.IOVA() + 1024, RKey: rkey}); err != nil {
+			t.Fatal(err)
+		}
+		return waitWC(t, a.scq, 1, 5*time.Second)[0]
+	}
+	if wc := write(2); wc.Status != WCSuccess || string(dst[1024:1040]) != "through a window" {
+		t.Fatalf("WRITE through the window: %+v", wc)
+	}
+	// Local invalidate on the responder's QP.
+	if err := b.qp.PostSend(SendWR{WRID: 3, Opcode: WRLocalInv, Flags: SendSignaled, InvRKey: rkey}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, b.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.Opcode != WCLocalInv {
+		t.Fatalf("local invalidate: %+v", wc)
+	}
+	if wc := write(4); wc.Status != WCRemAccessErr {
+		t.Fatalf("WRITE after the invalidate: %v, want remote access error", wc.Status)
+	}
+}
+
+// TestMWRemoteInvalidateAndType1: SEND with Invalidate ends a type 2
+// binding from the requester's side; a type 1 window bound with BindMW
+// serves a READ; a bind the region does not allow fails with WCMWBindErr.
+func TestMWRemoteInvalidateAndType1(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{})
+	_, smr := a.buffer(t, 64, 0)
+	dst, dmr := b.buffer(t, 4096, memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessMWBind)
+	mw2, _ := b.pd.AllocMW(memreg.MWType2)
+	if err := b.qp.PostSend(SendWR{Opcode: WRBindMW, MW: mw2, RKey: 7,
+		Bind: MWBindInfo{MR: dmr, Addr: dmr.IOVA(), Length: 512, Access: memreg.AccessRemoteWrite}}); err != nil {
+		t.Fatal(err)
+	}
+	rkey := mw2.RKey()
+	if err := b.qp.PostRecv(RecvWR{WRID: 9, SGEs: sge(dmr, 2048, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(SendWR{Opcode: WRSendInv, InvRKey: rkey, Flags: SendSignaled, SGEs: sge(smr, 0, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, a.scq, 1, 5*time.Second)
+	if wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]; wc.Flags&WCWithInv == 0 || wc.InvalidatedRKey != rkey {
+		t.Fatalf("SEND with Invalidate: %+v", wc)
+	}
+	if mw2.Bound() {
+		t.Fatal("window still bound after the remote invalidate")
+	}
+	// Type 1 through the verb.
+	mw1, _ := b.pd.AllocMW(memreg.MWType1)
+	copy(dst[100:], "type one")
+	rkey1, err := b.qp.BindMW(11, mw1, MWBindInfo{MR: dmr, Addr: dmr.IOVA() + 100, Length: 8, Access: memreg.AccessRemoteRead}, SendSignaled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, b.scq, 1, 5*time.Second)[0]; wc.WRID != 11 || wc.Opcode != WCBindMW || wc.Status != WCSuccess {
+		t.Fatalf("type 1 bind completion %+v", wc)
+	}
+	buf, rmr := a.buffer(t, 8, 0)
+	if err := a.qp.PostSend(SendWR{Opcode: WRRead, Flags: SendSignaled, SGEs: sge(rmr, 0, 8), RemoteAddr: dmr.IOVA() + 100, RKey: rkey1}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || string(buf) != "type one" {
+		t.Fatalf("READ through a type 1 window: %+v %q", wc, buf)
+	}
+	var we *WRError
+	if err := b.qp.PostSend(SendWR{Opcode: WRBindMW, MW: mw1}); !errors.As(err, &we) || we.Field != "bind_mw.mw" {
+		t.Fatalf("BIND_MW WR with a type 1 window: %v", err)
+	}
+	// A region registered without MW_BIND: the bind fails in the send queue.
+	_, plain := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	mw3, _ := b.pd.AllocMW(memreg.MWType2)
+	if err := b.qp.PostSend(SendWR{WRID: 12, Opcode: WRBindMW, Flags: SendSignaled, MW: mw3,
+		Bind: MWBindInfo{MR: plain, Addr: plain.IOVA(), Length: 64, Access: memreg.AccessRemoteWrite}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, b.scq, 1, 5*time.Second)[0]; wc.WRID != 12 || wc.Status != WCMWBindErr {
+		t.Fatalf("bind on a region without MW_BIND: %+v", wc)
+	}
+}
