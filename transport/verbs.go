@@ -206,12 +206,12 @@ type QPInitAttr struct {
 	RecvCQ    *CQ
 	MaxSendWR int
 	MaxRecvWR int
-	MaxSGE    int  // per work request, send and receive (default 1)
+	MaxSGE    int // per work request, send and receive (default 1)
 	// SRQ, if set, is the shared receive queue the QP takes its receive
 	// WRs from (RC, UC or UD; same PD); MaxRecvWR is then ignored and
 	// PostRecv on the QP is refused.
-	SRQ *SRQ
-	SigAll    bool // every send WR generates a completion
+	SRQ    *SRQ
+	SigAll bool // every send WR generates a completion
 }
 
 // WROpcode is the operation of a send work request (libibverbs enum ibv_wr_opcode values).
