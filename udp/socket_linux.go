@@ -45,7 +45,8 @@ const (
 // GSO (SocketOptions.GSO) batches same-size runs into one datagram.
 //
 // Receiving: a UDP socket does not see the IP header. IPv6 packets are
-// verified fully (the pseudo header is all known). For IPv4 the
+// verified fully (the pseudo header is all known); IPv6 datagrams with UDP
+// checksum 0, which rxe sends, are accepted (UDP_NO_CHECK6_RX). For IPv4 the
 // identification and flags are unknown, so a packet is accepted when an
 // identification exists that makes the ICRC valid (icrc.SolveIPv4ID, with DF
 // and then without); a random corruption passes that test with probability
@@ -185,6 +186,13 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 			return err
 		}
 		if err := set(unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1, "IPV6_RECVTCLASS"); err != nil {
+			return err
+		}
+		// Accept IPv6 datagrams with UDP checksum 0: rxe sends RoCEv2
+		// over IPv6 that way (the ICRC protects the packet; RFC 6936),
+		// and Linux drops them unless the receiving socket allows it.
+		// Our own datagrams keep their checksum (rxe accepts them).
+		if err := set(unix.SOL_UDP, unix.UDP_NO_CHECK6_RX, 1, "UDP_NO_CHECK6_RX"); err != nil {
 			return err
 		}
 	} else {

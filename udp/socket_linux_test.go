@@ -867,3 +867,57 @@ func TestSocketBusyPoll(t *testing.T) {
 		t.Fatal("polling Recv still running 5 s after Close")
 	}
 }
+
+// TestSocketIPv6ZeroChecksum sends an IPv6 RoCEv2 datagram with UDP
+// checksum 0, as rxe does, over ::1: Linux drops such a datagram at a
+// socket without UDP_NO_CHECK6_RX (checked first on a plain socket, which
+// proves the checksum really is 0), and the link must receive it.
+func TestSocketIPv6ZeroChecksum(t *testing.T) {
+	lo6 := netip.IPv6Loopback()
+	l := listenLoopback6(t, nil)
+	tx, err := net.ListenUDP("udp6", &net.UDPAddr{IP: lo6.AsSlice()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	rc, err := tx.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_NO_CHECK6_TX, 1)
+	}); err != nil || serr != nil {
+		t.Fatalf("UDP_NO_CHECK6_TX: %v %v", err, serr)
+	}
+	txPort := uint16(tx.LocalAddr().(*net.UDPAddr).Port)
+
+	// The control: a plain IPv6 socket does not get the datagram.
+	plain, err := net.ListenUDP("udp6", &net.UDPAddr{IP: lo6.AsSlice()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if _, err := tx.WriteToUDP([]byte("zero checksum"), plain.LocalAddr().(*net.UDPAddr)); err != nil {
+		t.Fatal(err)
+	}
+	plain.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if n, _, err := plain.ReadFromUDP(make([]byte, 64)); err == nil {
+		t.Fatalf("a socket without UDP_NO_CHECK6_RX received %d bytes with UDP checksum 0: the control does not hold", n)
+	}
+
+	// The link receives it, ICRC verified over the real pseudo header.
+	pkt := testPayload(make([]byte, 300), 7, 300)
+	h := icrc.IPv6Pseudo{Src: lo6.As16(), Dst: lo6.As16(), SrcPort: txPort, DstPort: Port}
+	icrc.Store(pkt, icrc.ComputeIPv6(&h, pkt))
+	if _, err := tx.WriteToUDP(pkt, &net.UDPAddr{IP: lo6.AsSlice(), Port: Port}); err != nil {
+		t.Fatal(err)
+	}
+	got := recvN(t, l, 1, 5*time.Second)
+	if g := got[0]; g.Addr != lo6 || g.SrcPort != txPort || seqOf(g.Buf) != 7 || !bytes.Equal(g.Buf, pkt) {
+		t.Errorf("got %v:%d seq %d (%d bytes), want %v:%d seq 7 (%d bytes)", g.Addr, g.SrcPort, seqOf(g.Buf), len(g.Buf), lo6, txPort, len(pkt))
+	}
+	if s := l.Stats(); s.RcvdPkts != 1 || s.DropBadICRC != 0 {
+		t.Errorf("stats %+v, want 1 received, no bad ICRC", s)
+	}
+}
