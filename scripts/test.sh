@@ -77,7 +77,7 @@ run "go test -race" go test -race -short -count=1 -timeout 25m ./...
 
 if [ "$(id -u)" = 0 ] && [ "${SKIP_INTEROP:-}" != 1 ]; then
 	step "interop against Linux rdma_rxe in qemu (test/interop)"
-	run "interop" env ROCEV2_INTEROP=1 go test -v -count=1 -timeout 15m -run TestInterop ./test/interop/
+	run "interop" env ROCEV2_INTEROP=1 go test -v -count=1 -timeout 25m -run TestInterop ./test/interop/
 elif [ "${CI:-}" = true ]; then
 	echo "FAILED: interop stage not run under CI=true (needs root and no SKIP_INTEROP; uid $(id -u), SKIP_INTEROP=${SKIP_INTEROP:-})"
 	failed+=("interop (not run)")
