@@ -173,7 +173,7 @@ func TestRefused(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("refusal took %v", d)
 	}
-	if StatsOf(db).RejNoListener != 1 {
+	if StatsOf(db).RejNoListener == 0 { // one per REQ (a slow REJ may meet a retransmitted REQ)
 		t.Errorf("rej_no_listener %d", StatsOf(db).RejNoListener)
 	}
 }
