@@ -25,8 +25,9 @@ type endpoint struct {
 	scq    *transport.CQ // send CQ
 	rcq    *transport.CQ // receive CQ (scq when one CQ serves both queues)
 	qp     *transport.QP
-	psn    uint32        // first send PSN (random, 24 bits)
-	access memreg.Access // remote access the QP grants the peer
+	psn    uint32         // first send PSN (random, 24 bits)
+	srq    *transport.SRQ // the shared receive queue of the QPs (srq-pingpong), or nil
+	access memreg.Access  // remote access the QP grants the peer
 	// release undoes the registrations and mappings of alloc, in reverse
 	// order, after the device is closed.
 	release []func()
@@ -43,6 +44,10 @@ type endpointConfig struct {
 	ud      bool
 	qkey    uint32
 	portMTU transport.MTU // the device's port MTU, the largest UD message (0: 1024)
+	// srqWR, when > 0, gives the endpoint a shared receive queue of
+	// srqWR one-SGE WRs (e.srq) from which its QPs take their receives;
+	// maxRecvWR is then unused (srq-pingpong).
+	srqWR int
 }
 
 // newEndpoint creates a device on link with one PD, the CQs and an RC (or
@@ -71,27 +76,42 @@ func newEndpoint(link udp.Link, cfg endpointConfig) (*endpoint, error) {
 			return fail(fmt.Errorf("couldn't create CQ: %w", err))
 		}
 	}
+	if cfg.srqWR > 0 {
+		if e.srq, err = dev.CreateSRQ(e.pd, transport.SRQAttr{MaxWR: cfg.srqWR, MaxSGE: 1}); err != nil {
+			return fail(fmt.Errorf("couldn't create SRQ: %w", err))
+		}
+	}
+	if e.qp, err = e.newQP(cfg); err != nil {
+		return fail(err)
+	}
+	return e, nil
+}
+
+// newQP creates a QP as cfg says (RC or UD; on the SRQ when the
+// endpoint has one) on the endpoint's PD and CQs and takes it to INIT.
+// newEndpoint creates the first (e.qp); srq-pingpong adds more.
+func (e *endpoint) newQP(cfg endpointConfig) (*transport.QP, error) {
 	typ := transport.QPTypeRC
 	if cfg.ud {
 		typ = transport.QPTypeUD
 	}
-	e.qp, err = dev.CreateQP(e.pd, transport.QPInitAttr{Type: typ, SendCQ: e.scq, RecvCQ: e.rcq,
-		MaxSendWR: cfg.maxSendWR, MaxRecvWR: cfg.maxRecvWR, MaxSGE: 1, SigAll: cfg.sigAll})
+	qp, err := e.dev.CreateQP(e.pd, transport.QPInitAttr{Type: typ, SendCQ: e.scq, RecvCQ: e.rcq,
+		MaxSendWR: cfg.maxSendWR, MaxRecvWR: cfg.maxRecvWR, MaxSGE: 1, SRQ: e.srq, SigAll: cfg.sigAll})
 	if err != nil {
-		return fail(fmt.Errorf("couldn't create QP: %w", err))
+		return nil, fmt.Errorf("couldn't create QP: %w", err)
 	}
 	if cfg.ud {
 		// RESET to INIT with the Q_Key, as ibv_ud_pingpong's pp_init_ctx.
 		a := transport.QPAttr{State: transport.QPSInit, Port: 1, QKey: cfg.qkey}
-		if err := e.qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrQKey); err != nil {
-			return fail(fmt.Errorf("failed to modify QP to INIT: %w", err))
+		if err := qp.Modify(&a, transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrQKey); err != nil {
+			return nil, fmt.Errorf("failed to modify QP to INIT: %w", err)
 		}
-		return e, nil
+		return qp, nil
 	}
-	if err := e.qp.Init(cfg.access); err != nil {
-		return fail(err)
+	if err := qp.Init(cfg.access); err != nil {
+		return nil, err
 	}
-	return e, nil
+	return qp, nil
 }
 
 // connect takes the QP to RTS towards the QP peerQPN at peer, whose first
@@ -101,7 +121,13 @@ func newEndpoint(link udp.Link, cfg endpointConfig) (*endpoint, error) {
 // rocev2d interoperates with: retry_cnt 7, rnr_retry 7 (infinite) and an
 // RNR NAK timer of 12 (0.64 ms).
 func (e *endpoint) connect(peer netip.Addr, peerQPN, peerPSN uint32, mtu transport.MTU, rdAtomic, timeout uint8) error {
-	return e.qp.Connect(transport.ConnParams{Peer: peer, DestQPN: peerQPN, RQPSN: peerPSN, SQPSN: e.psn,
+	return e.connectQP(e.qp, e.psn, peer, peerQPN, peerPSN, mtu, rdAtomic, timeout)
+}
+
+// connectQP is connect for another QP of the endpoint (newQP), whose
+// first send PSN is psn.
+func (e *endpoint) connectQP(qp *transport.QP, psn uint32, peer netip.Addr, peerQPN, peerPSN uint32, mtu transport.MTU, rdAtomic, timeout uint8) error {
+	return qp.Connect(transport.ConnParams{Peer: peer, DestQPN: peerQPN, RQPSN: peerPSN, SQPSN: psn,
 		PathMTU: mtu, Access: e.access, MaxRdAtomic: rdAtomic, MaxDestRdAtomic: rdAtomic,
 		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}})
 }

@@ -1,5 +1,5 @@
 // Package oob implements the out-of-band TCP exchanges that rdma-core's
-// ibv_{rc,uc,ud}_pingpong and perftest 4.5 (ib_write_bw, ib_read_lat, …) use to
+// ibv_{rc,uc,ud,srq}_pingpong and perftest 4.5 (ib_write_bw, ib_read_lat, …) use to
 // swap queue-pair parameters before any RDMA traffic flows, so that rocev2d can
 // talk to the real tools and to itself.
 //
@@ -7,7 +7,9 @@
 //
 //   - Pingpong (ibv_*_pingpong, TCP 18515): the client writes its 52-byte
 //     [PingpongDest], reads the server's, and writes "done\0". See
-//     [PingpongClient] and [PingpongServer].
+//     [PingpongClient] and [PingpongServer]. ibv_srq_pingpong sends
+//     [SRQPingpongMaxQP] of them each way, one per QP and zero entries
+//     after: [SRQPingpongClient] and [SRQPingpongServer].
 //   - Perftest 4.5 (TCP 18515): a fixed sequence of lock-step exchanges —
 //     version, cycle buffer, cache line, MTU, 108-byte [PerfDest] messages used
 //     both for the QP data and as barriers, bandwidth reports, "done\0". See

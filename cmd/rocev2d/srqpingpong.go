@@ -1,0 +1,415 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/netip"
+	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/transport"
+)
+
+// srq-pingpong is pingpong (pingpong.go) on several RC QPs that share one
+// SRQ: the endpoint (endpoint.go, srqWR) carries the SRQ and every QP,
+// the exchange is oob.SRQPingpongClient/Server, and the loop is
+// ibv_srq_pingpong's.
+
+func init() {
+	register("srq-pingpong", "RC ping-pong on several QPs sharing one SRQ, flag- and wire-compatible with ibv_srq_pingpong",
+		srqPingpongUsage, runSRQPingpong)
+}
+
+const srqPingpongUsage = `usage: rocev2d srq-pingpong [options] [server]
+
+A ping-pong on num-qp RC QPs that take their receives from one shared
+receive queue, compatible with rdma-core's ibv_srq_pingpong: the same flags,
+the same out-of-band exchange on TCP (default port 18515: 256
+"LID:QPN:PSN:GID" messages each way, one per QP and zero entries after) and
+the same output, so either side may be rocev2d or the real tool. Without a
+server argument it waits for a client; with one it connects to it.
+
+rx-depth receives are posted to the SRQ (and reposted when at most num-qp
+are left); every QP's messages land in the one buffer. The client sends
+first on every QP, then each QP alternates: send size bytes, receive size
+bytes. The run ends when iters sends and iters receives have completed in
+all (iters counts across the QPs, as in the tool, whose usage text says
+"per QP").
+
+options:
+  -p, --port=PORT        out-of-band TCP port (default 18515)
+  -d, --ib-dev=DEV       device name (accepted for compatibility; rocev2d has one device per address)
+  -i, --ib-port=PORT     port of the device (accepted, must be 1)
+  -s, --size=SIZE        message size in bytes (default 4096)
+  -m, --mtu=MTU          path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
+  -q, --num-qp=NUM       QPs (default 16; 1..255, at most rx-depth; both sides
+                         must use the same number)
+  -r, --rx-depth=DEP     receives in the SRQ (default 500)
+  -n, --iters=ITERS      iterations, summed over the QPs (default 1000)
+  -l, --sl=SL            service level (accepted, not used by RoCEv2)
+  -e, --events           sleep until packets arrive; without it rocev2d polls its
+                         socket for up to 100 µs per wait (--busy-poll sets how
+                         long), as ibv_srq_pingpong polls its CQ
+  -g, --gid-idx=IDX      local GID index (accepted; the GID is the --bind
+                         address). The real tool needs it on RoCE: without -g
+                         it sends a zero GID, which rocev2d refuses
+  -c, --chk              validate the received buffer: ibv_srq_pingpong's buffer
+                         is all zeros and so is every message; rocev2d checks
+                         every byte (the tool, as server, the first of each page)
+  -o, --odp              accepted and ignored
+      --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
+                         of the out-of-band TCP connection's local end
+      --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
+  -v                     print the device counters (rxe's names) at the end; SIGUSR1
+                         prints them while running
+` + socketUsage + `
+Output: one local address line per QP, after the exchange one remote address
+line per QP, then
+  N bytes in S seconds = M Mbit/sec     (N = 2 × size × iters)
+  N iters in S seconds = U usec/iter
+Exit status: 0 done; 1 failed, also for the tool's own refusals ("rx_depth R
+is too small for Q QPs", "num_qp Q must be less than 256"); 2 bad usage.
+`
+
+// srqPingpongConfig holds the parsed flags of `rocev2d srq-pingpong`:
+// pingpong's, and the number of QPs.
+type srqPingpongConfig struct {
+	pingpongConfig
+	numQP int
+}
+
+// parseSRQPingpongFlags parses srq-pingpong's flags like getopt_long
+// does for the C tool. -q and -r are checked against each other by
+// checkSRQPingpong, as the tool does after parsing.
+func parseSRQPingpongFlags(args []string) (*srqPingpongConfig, error) {
+	c := &srqPingpongConfig{}
+	var mtu int
+	var bind string
+	var odp bool
+	fs := newFlagSet("srq-pingpong")
+	intFlags(fs, &c.port, "p", "port", 18515)
+	stringFlags(fs, &c.dev, "d", "ib-dev", "")
+	intFlags(fs, &c.ibPort, "i", "ib-port", 1)
+	intFlags(fs, &c.size, "s", "size", 4096)
+	intFlags(fs, &mtu, "m", "mtu", 1024)
+	intFlags(fs, &c.numQP, "q", "num-qp", 16)
+	intFlags(fs, &c.rxDepth, "r", "rx-depth", 500)
+	intFlags(fs, &c.iters, "n", "iters", 1000)
+	intFlags(fs, &c.sl, "l", "sl", 0)
+	boolFlags(fs, &c.events, "e", "events")
+	intFlags(fs, &c.gidIdx, "g", "gid-idx", -1)
+	boolFlags(fs, &odp, "o", "odp")
+	boolFlags(fs, &c.chk, "c", "chk")
+	fs.StringVar(&bind, "bind", "", "")
+	fs.DurationVar(&c.timeout, "timeout", 0, "")
+	fs.BoolVar(&c.verbose, "v", false, "")
+	addSocketFlags(fs, &c.sock)
+	var err error
+	if c.server, err = parseWithServer(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if c.mtu, err = parseMTUFlag(mtu); err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	switch {
+	case c.port <= 0 || c.port > 65535:
+		return nil, fmt.Errorf("%w: -p %d: port out of range 1..65535", errUsage, c.port)
+	case c.ibPort != 1:
+		return nil, fmt.Errorf("%w: -i %d: rocev2d devices have one port, 1", errUsage, c.ibPort)
+	case c.size <= 0 || c.size > 1<<30:
+		return nil, fmt.Errorf("%w: -s %d: size out of range 1..%d", errUsage, c.size, 1<<30)
+	case c.numQP <= 0:
+		// The tool would wait for completions of no QP forever.
+		return nil, fmt.Errorf("%w: -q %d: at least one QP", errUsage, c.numQP)
+	case c.rxDepth <= 0 || c.rxDepth > 1<<16:
+		return nil, fmt.Errorf("%w: -r %d: rx-depth out of range 1..%d", errUsage, c.rxDepth, 1<<16)
+	case c.iters <= 0:
+		return nil, fmt.Errorf("%w: -n %d: iters must be positive", errUsage, c.iters)
+	case c.sl < 0 || c.sl > 15:
+		return nil, fmt.Errorf("%w: -l %d: sl out of range 0..15", errUsage, c.sl)
+	case c.timeout < 0:
+		return nil, fmt.Errorf("%w: --timeout %v: negative", errUsage, c.timeout)
+	}
+	if c.bind, err = parseBind(bind); err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return c, nil
+}
+
+// checkSRQPingpong applies ibv_srq_pingpong's checks of -q, with its
+// messages (it exits 1 on them).
+func checkSRQPingpong(c *srqPingpongConfig) error {
+	if c.numQP > c.rxDepth {
+		return fmt.Errorf("rx_depth %d is too small for %d QPs -- must have at least one receive per QP.", c.rxDepth, c.numQP)
+	}
+	if c.numQP >= oob.SRQPingpongMaxQP {
+		return fmt.Errorf("num_qp %d must be less than %d", c.numQP, oob.SRQPingpongMaxQP)
+	}
+	return nil
+}
+
+func runSRQPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := parseSRQPingpongFlags(args)
+	if code, done := flagsResult("srq-pingpong", srqPingpongUsage, err, stdout, stderr); done {
+		return code
+	}
+	if err := checkSRQPingpong(c); err != nil {
+		fmt.Fprintf(stderr, "rocev2d srq-pingpong: %v\n", err)
+		return exitFail
+	}
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	usr1 := watchSIGUSR1(stderr)
+	defer usr1.Stop()
+	if err := srqPingpong(ctx, c, stdout, usr1); err != nil {
+		fmt.Fprintf(stderr, "rocev2d srq-pingpong: %v\n", err)
+		return exitFail
+	}
+	return exitOK
+}
+
+// srqContext is one side of an SRQ ping-pong: an endpoint with the SRQ,
+// num-qp QPs on one CQ, and the message buffer every QP sends from and
+// every receive lands in.
+type srqContext struct {
+	*endpoint
+	qps   []*transport.QP
+	psns  []uint32
+	index map[uint32]int // QPN → index in qps (the tool's find_qp)
+	buf   []byte
+	mr    *memreg.MR
+	routs int // receives in the SRQ
+}
+
+// srqPingpong runs one SRQ ping-pong as server (c.server empty) or client.
+func srqPingpong(ctx context.Context, c *srqPingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
+	conn, err := ppOOBConnect(ctx, &c.pingpongConfig)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	local, err := localAddr(c.bind, conn)
+	if err != nil {
+		return err
+	}
+	sc, err := srqInit(local, c)
+	if err != nil {
+		return err
+	}
+	defer sc.close()
+	usr1.Add(local.String(), sc.dev)
+	if c.verbose {
+		defer printCounters(stdout, local.String(), sc.dev)
+	}
+
+	mine := make([]oob.PingpongDest, c.numQP)
+	for i, qp := range sc.qps {
+		mine[i] = oob.PingpongDest{QPN: qp.QPN(), PSN: sc.psns[i], GID: sc.dev.GID()}
+		fmt.Fprintf(stdout, "  local address:  %s\n", ppDestString(mine[i]))
+	}
+	var rem []oob.PingpongDest
+	if c.server != "" {
+		rem, err = oob.SRQPingpongClient(ctx, conn, mine)
+		if err == nil {
+			err = sc.checkPeer(c, rem)
+		}
+	} else {
+		rem, err = oob.SRQPingpongServer(ctx, conn, func(r []oob.PingpongDest) ([]oob.PingpongDest, error) {
+			if err := sc.checkPeer(c, r); err != nil {
+				return nil, err
+			}
+			return mine, sc.connectAll(c, r)
+		})
+	}
+	if err != nil {
+		return ppCtxErr(ctx, fmt.Errorf("out-of-band exchange with %s: %w", conn.RemoteAddr(), err))
+	}
+	conn.Close()
+	for _, d := range rem[:c.numQP] {
+		fmt.Fprintf(stdout, "  remote address: %s\n", ppDestString(d))
+	}
+	if c.server != "" {
+		if err := sc.connectAll(c, rem); err != nil {
+			return err
+		}
+	}
+
+	start := time.Now()
+	if err := sc.loop(ctx, c); err != nil {
+		return ppCtxErr(ctx, err)
+	}
+	el := time.Since(start)
+	usec := float64(el.Nanoseconds()) / 1e3
+	if usec <= 0 {
+		usec = 1e-3
+	}
+	bytes := int64(c.size) * int64(c.iters) * 2
+	fmt.Fprintf(stdout, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
+	fmt.Fprintf(stdout, "%d iters in %.2f seconds = %.2f usec/iter\n", c.iters, usec/1e6, usec/float64(c.iters))
+	if c.chk {
+		// ibv_srq_pingpong zeroes its buffer and the client's -c marks
+		// (i / page_size % sizeof(char)) are 0 too, so every message of
+		// either side is all zeros: so must the buffer be.
+		for i, b := range sc.buf {
+			if b != 0 {
+				return fmt.Errorf("data validation failed at byte %d: got %#x, want 0", i, b)
+			}
+		}
+	}
+	return nil
+}
+
+// srqInit creates the endpoint with the SRQ (rx-depth WRs), one CQ of
+// rx-depth + num-qp entries and num-qp RC QPs in INIT with one send WR
+// each, registers the zeroed buffer and posts rx-depth receives to the
+// SRQ (the tool's pp_init_ctx and pp_post_recv).
+func srqInit(local netip.Addr, c *srqPingpongConfig) (*srqContext, error) {
+	link, err := listenSocket(local, c.sock.options(!c.events, defaultBusyPoll), "pick another address with --bind")
+	if err != nil {
+		return nil, err
+	}
+	cfg := endpointConfig{sendCQ: c.rxDepth + c.numQP, maxSendWR: 1, sigAll: true, srqWR: c.rxDepth}
+	e, err := newEndpoint(link, cfg)
+	if err != nil {
+		return nil, err
+	}
+	sc := &srqContext{endpoint: e, qps: []*transport.QP{e.qp}, psns: []uint32{e.psn}, index: map[uint32]int{e.qp.QPN(): 0}}
+	for i := 1; i < c.numQP; i++ {
+		qp, err := e.newQP(cfg)
+		if err != nil {
+			e.close()
+			return nil, fmt.Errorf("QP[%d]: %w", i, err)
+		}
+		sc.index[qp.QPN()] = len(sc.qps)
+		sc.qps = append(sc.qps, qp)
+		sc.psns = append(sc.psns, rand.Uint32()&0xffffff)
+	}
+	// mapMemory's pages are zero: the tool's memset(buf, 0, size).
+	if sc.buf, sc.mr, err = e.alloc(c.size, memreg.AccessLocalWrite); err != nil {
+		e.close()
+		return nil, err
+	}
+	if sc.routs = sc.postRecv(c.rxDepth); sc.routs < c.rxDepth {
+		e.close()
+		return nil, fmt.Errorf("couldn't post receive (%d)", sc.routs)
+	}
+	return sc, nil
+}
+
+// checkPeer checks that the peer announced as many QPs as this side has:
+// the tool connects QP i to the peer's entry i whatever it holds, so a
+// different -q would leave QPs talking to QP 0.
+func (sc *srqContext) checkPeer(c *srqPingpongConfig, rem []oob.PingpongDest) error {
+	if n := oob.SRQPingpongUsed(rem); n != c.numQP {
+		return fmt.Errorf("the peer announced %d QPs, this side has %d: -q must be the same on both sides", n, c.numQP)
+	}
+	return nil
+}
+
+// connectAll takes every QP to RTS towards the peer's QP of the same
+// index, with ibv_srq_pingpong's attributes (its pp_connect_ctx: one
+// READ/atomic outstanding, timeout 14, retries 7; every QP towards the
+// GID of the peer's first entry).
+func (sc *srqContext) connectAll(c *srqPingpongConfig, rem []oob.PingpongDest) error {
+	peer, err := peerFromGID(rem[0].GID, "-g")
+	if err != nil {
+		return err
+	}
+	for i, qp := range sc.qps {
+		if err := sc.connectQP(qp, sc.psns[i], peer, rem[i].QPN, rem[i].PSN, c.mtu, 1, 14); err != nil {
+			return fmt.Errorf("failed to modify QP[%d] to RTR/RTS: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// postRecv posts up to n receives of the whole buffer to the SRQ and
+// returns how many were posted.
+func (sc *srqContext) postRecv(n int) int {
+	wr := transport.RecvWR{WRID: ppRecvWRID, SGEs: []memreg.SGE{sc.mr.SGE(0, uint32(len(sc.buf)))}}
+	for i := 0; i < n; i++ {
+		if sc.srq.PostRecv(wr) != nil {
+			return i
+		}
+	}
+	return n
+}
+
+// postSend posts one signalled SEND of the buffer on QP i.
+func (sc *srqContext) postSend(i int) error {
+	return sc.qps[i].PostSend(transport.SendWR{WRID: ppSendWRID, Opcode: transport.WRSend, Flags: transport.SendSignaled,
+		SGEs: []memreg.SGE{sc.mr.SGE(0, uint32(len(sc.buf)))}})
+}
+
+// loop is ibv_srq_pingpong's main loop: the client sends first on every
+// QP; a QP posts its next send once both its previous send and the peer's
+// message on it have completed, until iters sends have completed in all;
+// the SRQ is refilled to rx-depth when at most num-qp receives are left.
+func (sc *srqContext) loop(ctx context.Context, c *srqPingpongConfig) error {
+	pending := make([]int, len(sc.qps))
+	for i := range pending {
+		pending[i] = ppRecvWRID
+		if c.server != "" {
+			// (-c: the client would set each page's first byte to
+			// i / page_size % sizeof(char) = 0; the buffer is zero.)
+			if err := sc.postSend(i); err != nil {
+				return fmt.Errorf("couldn't post send: %w", err)
+			}
+			pending[i] |= ppSendWRID
+		}
+	}
+	wcs := make([]transport.WC, c.rxDepth+c.numQP)
+	rcnt, scnt := 0, 0
+	for rcnt < c.iters || scnt < c.iters {
+		n, err := sc.scq.Wait(ctx, wcs)
+		if err != nil {
+			return fmt.Errorf("waiting for completions after %d sends and %d receives of %d: %w", scnt, rcnt, c.iters, err)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != transport.WCSuccess {
+				return fmt.Errorf("failed status %s (%d) for wr_id %d on QP 0x%06x", wc.Status, uint8(wc.Status), wc.WRID, wc.QPN)
+			}
+			qi, ok := sc.index[wc.QPN]
+			if !ok {
+				return fmt.Errorf("couldn't find QPN %06x", wc.QPN)
+			}
+			switch wc.WRID {
+			case ppSendWRID:
+				scnt++
+			case ppRecvWRID:
+				sc.routs--
+				if sc.routs <= c.numQP {
+					sc.routs += sc.postRecv(c.rxDepth - sc.routs)
+					if sc.routs < c.rxDepth {
+						return fmt.Errorf("couldn't post receive (%d)", sc.routs)
+					}
+				}
+				rcnt++
+			default:
+				return fmt.Errorf("completion for unknown wr_id %d", wc.WRID)
+			}
+			pending[qi] &^= int(wc.WRID)
+			if scnt < c.iters && pending[qi] == 0 {
+				if err := sc.postSend(qi); err != nil {
+					return fmt.Errorf("couldn't post send on QP[%d]: %w", qi, err)
+				}
+				pending[qi] = ppRecvWRID | ppSendWRID
+			}
+		}
+	}
+	return nil
+}
