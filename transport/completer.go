@@ -36,7 +36,7 @@ func (qp *QP) retry() {
 	}
 	if qp.comp.retryCnt == 0 {
 		inc(&qp.dev.ctr.RetryExceededErr)
-		qp.failWQE(&qp.sq[qp.sqHead%uint64(len(qp.sq))], WCRetryExcErr)
+		qp.failWQE(qp.sqAt(qp.sqHead), WCRetryExcErr)
 		return
 	}
 	qp.comp.retryCnt--
@@ -62,7 +62,7 @@ func (qp *QP) head() *sendWQE {
 	if qp.sqHead == qp.sqEnd || !qp.started(qp.sqHead) {
 		return nil
 	}
-	return &qp.sq[qp.sqHead%uint64(len(qp.sq))]
+	return qp.sqAt(qp.sqHead)
 }
 
 // failWQE fails the head WQE w with status st: the QP moves to ERR, w

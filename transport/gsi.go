@@ -86,11 +86,11 @@ func (d *Device) GSI() (*GSI, error) {
 	qp.rnrTimer = d.clock.AfterFunc(time.Hour, func() {})
 	qp.rnrTimer.Stop()
 	qp.out = make([]udp.Packet, 1)
-	qp.outBufs = [][]byte{make([]byte, udp.MaxPacketSize)}
+	qp.outBufs = make([]*[udp.MaxPacketSize]byte, 1)
 	g := &GSI{dev: d, qp: qp, byClass: map[uint8]*MADAgent{}, byID: map[uint32]*MADAgent{}, nextID: 1}
 	d.gsi = g
 	d.qps[1] = qp
-	d.publishQPs()
+	d.qpTab.set(1, qp)
 	return g, nil
 }
 

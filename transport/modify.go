@@ -307,7 +307,7 @@ func (qp *QP) toError() {
 	qp.stopTimersLocked()
 	first := true
 	for qp.sqHead != qp.sqEnd {
-		w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
+		w := qp.sqAt(qp.sqHead)
 		st := WCWRFlushErr
 		if first && w.done && w.status != WCSuccess {
 			st = w.status
@@ -324,7 +324,7 @@ func (qp *QP) toError() {
 		qp.pushWC(qp.recvCQ, &WC{WRID: qp.resp.srqWQE.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qp.qpn}, false)
 	}
 	for qp.rqHead != qp.rqEnd {
-		r := &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+		r := qp.rqAt(qp.rqHead)
 		qp.pushWC(qp.recvCQ, &WC{WRID: r.wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPN: qp.qpn}, false)
 		qp.rqHead++
 	}

@@ -4,7 +4,6 @@ import (
 	"net/netip"
 
 	"github.com/gorocev2/rocev2/bth"
-	"github.com/gorocev2/rocev2/udp"
 )
 
 const outBatch = 32
@@ -15,7 +14,10 @@ func (qp *QP) outBuf() []byte {
 	if qp.nout == len(qp.out) {
 		qp.flushOut()
 	}
-	return qp.outBufs[qp.nout][:udp.MaxPacketSize]
+	if qp.outBufs[qp.nout] == nil {
+		qp.outBufs[qp.nout] = qp.dev.getBuf()
+	}
+	return qp.outBufs[qp.nout][:]
 }
 
 // commit queues the packet built in the last outBuf with length n, for
@@ -51,6 +53,13 @@ func (qp *QP) flushOut() {
 		}
 	}
 	qp.dev.send(qp.out[:qp.nout])
+	// The link is done with the buffers: back to the pool, so that a QP
+	// holds packet memory only while it has packets queued.
+	for i := 0; i < qp.nout; i++ {
+		qp.dev.bufs.Put(qp.outBufs[i])
+		qp.outBufs[i] = nil
+		qp.out[i].Buf = nil
+	}
 	qp.nout = 0
 	qp.ackSlot = 0
 }

@@ -55,9 +55,10 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 		return &WRError{Op: "PostSend", QPN: qp.qpn, Index: i, WRID: wr.WRID, Field: field,
 			Msg: fmt.Sprintf(format, args...), Kind: kind, Err: err}
 	}
-	if qp.sqEnd-qp.sqHead >= uint64(len(qp.sq)) {
-		return bad("", ErrQueueFull, nil, "%d WRs outstanding (max_send_wr)", len(qp.sq))
+	if qp.sqEnd-qp.sqHead >= uint64(qp.init.MaxSendWR) {
+		return bad("", ErrQueueFull, nil, "%d WRs outstanding (max_send_wr)", qp.init.MaxSendWR)
 	}
+	qp.sqRoom()
 	var acc memreg.Access
 	switch wr.Opcode {
 	case WRBindMW, WRLocalInv:
@@ -93,7 +94,7 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 			return bad("remote_addr", ErrInvalidWR, nil, "%#x not 8-byte aligned", wr.RemoteAddr)
 		}
 	}
-	w := &qp.sq[qp.sqEnd%uint64(len(qp.sq))]
+	w := qp.sqAt(qp.sqEnd)
 	sges := append(w.sges[:0], wr.SGEs...)
 	// Field by field, so that the caller's SGE slice is not retained
 	// (and does not escape).
@@ -148,16 +149,17 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	var err error
 	for i := range wrs {
 		wr := &wrs[i]
-		if qp.rqEnd-qp.rqHead >= uint64(len(qp.rq)) {
+		if qp.rqEnd-qp.rqHead >= uint64(qp.init.MaxRecvWR) {
 			err = &WRError{Op: "PostRecv", QPN: qp.qpn, Index: i, WRID: wr.WRID,
-				Msg: fmt.Sprintf("%d WRs outstanding (max_recv_wr)", len(qp.rq)), Kind: ErrQueueFull}
+				Msg: fmt.Sprintf("%d WRs outstanding (max_recv_wr)", qp.init.MaxRecvWR), Kind: ErrQueueFull}
 			break
 		}
+		qp.rqRoom()
 		var total uint64
 		if total, err = qp.checkSGEs("PostRecv", i, wr.WRID, wr.SGEs, memreg.AccessLocalWrite); err != nil {
 			break
 		}
-		r := &qp.rq[qp.rqEnd%uint64(len(qp.rq))]
+		r := qp.rqAt(qp.rqEnd)
 		r.wrid = wr.WRID
 		r.sges = append(r.sges[:0], wr.SGEs...)
 		r.length = total
@@ -223,10 +225,11 @@ func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlag
 	if st := qp.attr.State; st != QPSRTS && st != QPSSQD && st != QPSErr {
 		return rkey, fmt.Errorf("transport: BindMW qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
 	}
-	if qp.sqEnd-qp.sqHead >= uint64(len(qp.sq)) {
+	if qp.sqEnd-qp.sqHead >= uint64(qp.init.MaxSendWR) {
 		return rkey, &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Msg: "send queue full", Kind: ErrQueueFull}
 	}
-	w := &qp.sq[qp.sqEnd%uint64(len(qp.sq))]
+	qp.sqRoom()
+	w := qp.sqAt(qp.sqEnd)
 	*w = sendWQE{wr: SendWR{WRID: wrid, Opcode: WRBindMW, Flags: flags}, sges: w.sges[:0], localDone: true}
 	w.signaled = qp.init.SigAll || flags&SendSignaled != 0
 	qp.sqEnd++

@@ -88,7 +88,7 @@ type QP struct {
 	trace func(format string, args ...any) // test hook, nil in production
 
 	out       []udp.Packet
-	outBufs   [][]byte
+	outBufs   []*[udp.MaxPacketSize]byte // taken from the device's pool while packets are queued
 	nout      int
 	ackSlot   int // nout when the last queued packet is a positive ACK that a newer one may replace, else 0
 	destroyed bool
@@ -204,20 +204,13 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if a.SRQ != nil {
 		qp.resp.srqWQE.sges = make([]memreg.SGE, 0, a.SRQ.maxSGE)
 	}
-	qp.sq = make([]sendWQE, a.MaxSendWR)
-	for i := range qp.sq {
-		qp.sq[i].sges = make([]memreg.SGE, 0, a.MaxSGE)
-	}
-	qp.rq = make([]recvWQE, a.MaxRecvWR)
-	for i := range qp.rq {
-		qp.rq[i].sges = make([]memreg.SGE, 0, a.MaxSGE)
-	}
+	// The rings start small and grow (doubling) to max_send_wr and
+	// max_recv_wr as WRs are posted: an idle QP costs little memory.
+	qp.sq = growRing[sendWQE](nil, 0, 0, min(a.MaxSendWR, ringStart), a.MaxSGE)
+	qp.rq = growRing[recvWQE](nil, 0, 0, min(a.MaxRecvWR, ringStart), a.MaxSGE)
 	qp.resp.res = make([]rdRes, d.cfg.MaxRdAtomic)
 	qp.out = make([]udp.Packet, outBatch)
-	qp.outBufs = make([][]byte, outBatch)
-	for i := range qp.outBufs {
-		qp.outBufs[i] = make([]byte, udp.MaxPacketSize)
-	}
+	qp.outBufs = make([]*[udp.MaxPacketSize]byte, outBatch)
 	qp.retransTimer = d.clock.AfterFunc(time.Hour, qp.onRetransTimer)
 	qp.retransTimer.Stop()
 	qp.rnrTimer = d.clock.AfterFunc(time.Hour, qp.onRNRTimer)
@@ -263,7 +256,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 		qp.srcPort = udSourcePort(qp.qpn)
 	}
 	d.qps[qp.qpn] = qp
-	d.publishQPs()
+	d.qpTab.set(qp.qpn, qp)
 	return qp, nil
 }
 
@@ -295,7 +288,7 @@ func (qp *QP) Destroy() error {
 	d.mu.Lock()
 	if d.qps[qp.qpn] == qp {
 		delete(d.qps, qp.qpn)
-		d.publishQPs()
+		d.qpTab.set(qp.qpn, nil)
 	}
 	qp.sendCQ.users--
 	qp.recvCQ.users--
@@ -405,7 +398,7 @@ func (qp *QP) debugState() string {
 		qp.qpn, qp.attr.State, qp.req.psn, qp.req.maxPSN, qp.req.curPkt, qp.req.rdOut, qp.comp.psn, qp.comp.retryCnt, qp.comp.retryPending, qp.tmr.rnrWait,
 		qp.sqHead, qp.sqCur, qp.sqEnd, qp.resp.psn, qp.resp.msn, qp.resp.nakSent, qp.resp.op)
 	for i := qp.sqHead; i != qp.sqEnd && i < qp.sqHead+4; i++ {
-		w := &qp.sq[i%uint64(len(qp.sq))]
+		w := qp.sqAt(i)
 		s += fmt.Sprintf("\n  wqe %d: %v len %d first %v npkts %d done %v status %v", w.wr.WRID, w.wr.Opcode, w.length, w.firstPSN, w.npkts, w.done, w.status)
 	}
 	for _, x := range qp.resp.res {
@@ -414,4 +407,68 @@ func (qp *QP) debugState() string {
 		}
 	}
 	return s
+}
+
+// ringStart is the initial size of a QP's send and receive rings.
+const ringStart = 4
+
+// sqAt returns the send WQE with index i.
+func (qp *QP) sqAt(i uint64) *sendWQE { return &qp.sq[i%uint64(len(qp.sq))] }
+
+// rqAt returns the receive WQE with index i.
+func (qp *QP) rqAt(i uint64) *recvWQE { return &qp.rq[i%uint64(len(qp.rq))] }
+
+// sqRoom makes room for one more send WQE (the caller checked
+// max_send_wr), doubling the ring when it is full.
+func (qp *QP) sqRoom() {
+	if n := qp.sqEnd - qp.sqHead; n == uint64(len(qp.sq)) {
+		qp.sq = growRing(qp.sq, qp.sqHead, qp.sqEnd, min(2*len(qp.sq), qp.init.MaxSendWR), qp.init.MaxSGE)
+	}
+}
+
+// rqRoom does for the receive ring what sqRoom does for the send ring.
+func (qp *QP) rqRoom() {
+	if n := qp.rqEnd - qp.rqHead; n == uint64(len(qp.rq)) {
+		qp.rq = growRing(qp.rq, qp.rqHead, qp.rqEnd, min(2*len(qp.rq), qp.init.MaxRecvWR), qp.init.MaxSGE)
+	}
+}
+
+// wqe is what a ring holds: a send or a receive WQE with its SGE list.
+type wqe interface{ sendWQE | recvWQE }
+
+// growRing returns a ring of n entries holding old's entries with indexes
+// [head, end) at their new slots (index mod n); every other slot gets an
+// SGE list with room for maxSGE.
+func growRing[T wqe](old []T, head, end uint64, n, maxSGE int) []T {
+	r := make([]T, n)
+	for i := head; i != end; i++ {
+		r[i%uint64(n)] = old[i%uint64(len(old))]
+	}
+	for i := range r {
+		idx := uint64(i)
+		// Slots not filled from old get a fresh SGE list.
+		if len(old) != 0 && inRing(idx, head, end, uint64(n)) {
+			continue
+		}
+		switch e := any(&r[i]).(type) {
+		case *sendWQE:
+			e.sges = make([]memreg.SGE, 0, maxSGE)
+		case *recvWQE:
+			e.sges = make([]memreg.SGE, 0, maxSGE)
+		}
+	}
+	return r
+}
+
+// inRing reports whether slot s of an n-slot ring holds one of the indexes
+// [head, end).
+func inRing(s, head, end, n uint64) bool {
+	if end-head >= n {
+		return true
+	}
+	a, b := head%n, end%n
+	if a <= b {
+		return s >= a && s < b
+	}
+	return s >= a || s < b
 }

@@ -53,7 +53,7 @@ func (qp *QP) reqProgress() {
 		if qp.init.Type == QPTypeRC && qp.req.psn.Diff(qp.oldestUnacked()) >= window {
 			break
 		}
-		w := &qp.sq[qp.sqCur%uint64(len(qp.sq))]
+		w := qp.sqAt(qp.sqCur)
 		if w.stalled() {
 			break
 		}
@@ -229,7 +229,7 @@ func (qp *QP) failAtHead() {
 	if qp.sqHead == qp.sqEnd || qp.attr.State == QPSErr {
 		return
 	}
-	if w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]; w.done && w.status != WCSuccess {
+	if w := qp.sqAt(qp.sqHead); w.done && w.status != WCSuccess {
 		qp.failWQE(w, w.status)
 	}
 }
@@ -285,7 +285,7 @@ func dataOpcode(op WROpcode, first, last bool) bth.Opcode {
 // next request packet is the one with that PSN (go-back-N).
 func (qp *QP) rewind(from bth.PSN) {
 	for i := qp.sqHead; i != qp.sqEnd && i <= qp.sqCur; i++ {
-		qp.sq[i%uint64(len(qp.sq))].rdCounted = false
+		qp.sqAt(i).rdCounted = false
 	}
 	qp.req.rdOut = 0
 	qp.sqCur = qp.sqHead
@@ -295,7 +295,7 @@ func (qp *QP) rewind(from bth.PSN) {
 	if qp.sqHead == qp.sqEnd {
 		return
 	}
-	w := &qp.sq[qp.sqHead%uint64(len(qp.sq))]
+	w := qp.sqAt(qp.sqHead)
 	if k := int(from.Diff(w.firstPSN)); k > 0 && k < w.npkts {
 		qp.req.curPkt = k
 		if isRdAtomic(w.wr.Opcode) {

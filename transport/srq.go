@@ -185,7 +185,7 @@ func (qp *QP) nextRecv() *recvWQE {
 		if qp.rqHead == qp.rqEnd {
 			return nil
 		}
-		return &qp.rq[qp.rqHead%uint64(len(qp.rq))]
+		return qp.rqAt(qp.rqHead)
 	}
 	if !qp.resp.srqHeld {
 		if !qp.srq.take(&qp.resp.srqWQE) {

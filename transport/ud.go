@@ -145,7 +145,7 @@ func (qp *QP) udProgress() {
 		return
 	}
 	for qp.sqCur != qp.sqEnd {
-		w := &qp.sq[qp.sqCur%uint64(len(qp.sq))]
+		w := qp.sqAt(qp.sqCur)
 		f := &qp.req.f
 		*f = packet.Fields{}
 		f.BTH.Opcode = bth.UDSendOnly

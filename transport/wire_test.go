@@ -50,7 +50,7 @@ func (l *tapLink) sent() []packet.Packet {
 func tapPair(t *testing.T, o pairOpts, silent bool) (a, b *side, tap *tapLink) {
 	t.Helper()
 	o.defaults()
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := udp.NewMemNetwork(o.faults)
 	la, err := n.Link(addrA)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +148,9 @@ func TestWireReadAtomicLimit(t *testing.T) {
 		t.Fatal("READ request without AckReq or wrong length")
 	}
 
-	a, b, tap := tapPair(t, pairOpts{mtu: MTU1024}, false)
+	// The READ's response takes 50 ms, so the check below sees the
+	// fenced WRITE still waiting however loaded the machine is.
+	a, b, tap := tapPair(t, pairOpts{mtu: MTU1024, faults: udp.Faults{Delay: 50 * time.Millisecond}}, false)
 	_, lmr := a.buffer(t, 64, 0)
 	_, rmr := b.buffer(t, 64, memreg.AccessRemoteRead|memreg.AccessRemoteWrite)
 	if err := a.qp.PostSend(
