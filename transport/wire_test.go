@@ -150,7 +150,7 @@ func TestWireReadAtomicLimit(t *testing.T) {
 
 	// The READ's response takes 50 ms, so the check below sees the
 	// fenced WRITE still waiting however loaded the machine is.
-	a, b, tap := tapPair(t, pairOpts{mtu: MTU1024, faults: udp.Faults{Delay: 50 * time.Millisecond}}, false)
+	a, b, tap := tapPair(t, pairOpts{mtu: MTU1024, timeout: 18, retry: 3, faults: udp.Faults{Delay: 50 * time.Millisecond}}, false)
 	_, lmr := a.buffer(t, 64, 0)
 	_, rmr := b.buffer(t, 64, memreg.AccessRemoteRead|memreg.AccessRemoteWrite)
 	if err := a.qp.PostSend(
