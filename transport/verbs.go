@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/gorocev2/rocev2/cm"
+
 	"github.com/gorocev2/rocev2/memreg"
 )
 
@@ -73,43 +75,23 @@ func (s QPState) String() string {
 	return fmt.Sprintf("QPState(%d)", uint8(s))
 }
 
-// MTU is an IB path MTU enum (libibverbs enum ibv_mtu values).
-type MTU uint8
+// MTU is an IB path MTU code (libibverbs enum ibv_mtu values, the codes
+// CM messages carry): one type with package cm's, so a path MTU passes
+// between a QP and a connection request unconverted. Bytes, String and
+// Valid are its methods.
+type MTU = cm.MTU
 
 // Path MTU values.
 const (
-	MTU256  MTU = 1
-	MTU512  MTU = 2
-	MTU1024 MTU = 3
-	MTU2048 MTU = 4
-	MTU4096 MTU = 5
+	MTU256  = cm.MTU256
+	MTU512  = cm.MTU512
+	MTU1024 = cm.MTU1024
+	MTU2048 = cm.MTU2048
+	MTU4096 = cm.MTU4096
 )
 
-// Bytes returns the MTU in bytes (0 for an invalid value).
-func (m MTU) Bytes() int {
-	if m < MTU256 || m > MTU4096 {
-		return 0
-	}
-	return 128 << m
-}
-
-// MTUFromBytes returns the MTU enum for 256, 512, 1024, 2048 or 4096.
-func MTUFromBytes(n int) (MTU, bool) {
-	for m := MTU256; m <= MTU4096; m++ {
-		if m.Bytes() == n {
-			return m, true
-		}
-	}
-	return 0, false
-}
-
-// String returns the size in bytes, e.g. "1024".
-func (m MTU) String() string {
-	if b := m.Bytes(); b != 0 {
-		return fmt.Sprint(b)
-	}
-	return fmt.Sprintf("MTU(%d)", uint8(m))
-}
+// MTUFromBytes returns the MTU code for 256, 512, 1024, 2048 or 4096.
+func MTUFromBytes(n int) (MTU, bool) { return cm.MTUFromBytes(n) }
 
 // AttrMask selects QPAttr fields in Modify (libibverbs enum ibv_qp_attr_mask values).
 type AttrMask uint32
