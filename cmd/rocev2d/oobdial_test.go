@@ -1,0 +1,55 @@
+package main
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func TestOOBLocalTCPAddr(t *testing.T) {
+	for _, tt := range []struct {
+		bind, server, want string // want "" = not bound
+	}{
+		{"", "192.0.2.2", ""},
+		{"192.0.2.1", "192.0.2.2", "192.0.2.1:0"},
+		{"192.0.2.1", "vm", "192.0.2.1:0"},
+		{"fe80::1%eth0", "fe80::2%eth0", "[fe80::1%eth0]:0"},
+		{"fe80::1%eth0", "fe80::2", "[fe80::1%eth0]:0"},
+		{"fe80::1%eth0", "192.0.2.2", ""}, // other family: not bound
+		{"192.0.2.1", "2001:db8::2", ""},
+		{"2001:db8::1", "host.example", "[2001:db8::1]:0"},
+	} {
+		var bind netip.Addr
+		if tt.bind != "" {
+			bind = netip.MustParseAddr(tt.bind)
+		}
+		got := oobLocalTCPAddr(bind, tt.server)
+		if (got == nil) != (tt.want == "") || (got != nil && got.String() != tt.want) {
+			t.Errorf("bind %q server %q: %v, want %q", tt.bind, tt.server, got, tt.want)
+		}
+	}
+}
+
+func TestOOBDialPermanent(t *testing.T) {
+	bind := netip.MustParseAddr("fe80::1%eth0")
+	local := &net.TCPAddr{IP: bind.AsSlice(), Zone: "eth0"}
+	op := func(call string, errno syscall.Errno) error {
+		return &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError(call, errno)}
+	}
+	if err := oobDialPermanent(op("bind", syscall.EINVAL), bind, local); err == nil ||
+		!strings.Contains(err.Error(), "cannot bind the out-of-band TCP connection to --bind fe80::1%eth0") || !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("bind EINVAL: %v", err)
+	}
+	if err := oobDialPermanent(op("connect", syscall.EINVAL), netip.Addr{}, nil); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("connect EINVAL (link-local without zone): %v", err)
+	}
+	for _, e := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ENETUNREACH, syscall.EHOSTUNREACH} {
+		if err := oobDialPermanent(op("connect", e), bind, local); err != nil {
+			t.Errorf("%v is worth a retry, got %v", e, err)
+		}
+	}
+}
