@@ -16,8 +16,8 @@ import (
 
 // endpoint is one RoCEv2 end of a command (demo and bench run two in one
 // process, pingpong and the perftest commands one each): a device on a
-// link, a protection domain, its CQs, one QP in INIT (RC, or UD for
-// ud-pingpong), and the memory registered with alloc.
+// link, a protection domain, its CQs, one QP in INIT (RC, or UC for
+// uc-pingpong, or UD for ud-pingpong), and the memory registered with alloc.
 type endpoint struct {
 	link   udp.Link // the device's link
 	dev    *transport.Device
@@ -44,6 +44,9 @@ type endpointConfig struct {
 	ud      bool
 	qkey    uint32
 	portMTU transport.MTU // the device's port MTU, the largest UD message (0: 1024)
+	// uc makes the QP a UC QP (in INIT like an RC QP; connect takes it
+	// to RTS, and sets only what UC has).
+	uc bool
 	// srqWR, when > 0, gives the endpoint a shared receive queue of
 	// srqWR one-SGE WRs (e.srq) from which its QPs take their receives;
 	// maxRecvWR is then unused (srq-pingpong).
@@ -51,7 +54,7 @@ type endpointConfig struct {
 }
 
 // newEndpoint creates a device on link with one PD, the CQs and an RC (or
-// UD) QP, and takes the QP to INIT, so that receives can be posted before
+// UC or UD) QP, and takes the QP to INIT, so that receives can be posted before
 // the peer is known. The endpoint owns link: on an error it is closed.
 func newEndpoint(link udp.Link, cfg endpointConfig) (*endpoint, error) {
 	dev, err := transport.NewDevice(link, transport.DeviceConfig{PortMTU: cfg.portMTU})
@@ -87,13 +90,16 @@ func newEndpoint(link udp.Link, cfg endpointConfig) (*endpoint, error) {
 	return e, nil
 }
 
-// newQP creates a QP as cfg says (RC or UD; on the SRQ when the
+// newQP creates a QP as cfg says (RC, UC or UD; on the SRQ when the
 // endpoint has one) on the endpoint's PD and CQs and takes it to INIT.
 // newEndpoint creates the first (e.qp); srq-pingpong adds more.
 func (e *endpoint) newQP(cfg endpointConfig) (*transport.QP, error) {
 	typ := transport.QPTypeRC
-	if cfg.ud {
+	switch {
+	case cfg.ud:
 		typ = transport.QPTypeUD
+	case cfg.uc:
+		typ = transport.QPTypeUC
 	}
 	qp, err := e.dev.CreateQP(e.pd, transport.QPInitAttr{Type: typ, SendCQ: e.scq, RecvCQ: e.rcq,
 		MaxSendWR: cfg.maxSendWR, MaxRecvWR: cfg.maxRecvWR, MaxSGE: 1, SRQ: e.srq, SigAll: cfg.sigAll})

@@ -1,6 +1,7 @@
 // Command rocev2d is the rocev2 command: it runs two endpoints in one
 // process through every RC operation (demo), peers compatible with
-// ibv_rc_pingpong (pingpong), ibv_ud_pingpong (ud-pingpong) and
+// ibv_rc_pingpong (pingpong), ibv_uc_pingpong (uc-pingpong),
+// ibv_ud_pingpong (ud-pingpong) and
 // perftest (write-bw, read-lat, ...), a
 // benchmark against raw UDP (bench), checks and writes RoCEv2 captures
 // (pcap) and injects faults on an interface (faults, Linux, root).

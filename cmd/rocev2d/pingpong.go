@@ -80,26 +80,61 @@ type pingpongConfig struct {
 	verbose bool
 	sock    socketFlags
 	server  string // empty: run as server
-	// ud: ud-pingpong (ibv_ud_pingpong): a UD QP, mtu is the port MTU
-	// and bounds size, receive buffers start with the GRH.
-	ud bool
+	// kind is the QP type: ppRC (pingpong), ppUC (uc-pingpong) or ppUD
+	// (ud-pingpong: mtu is the port MTU and bounds size, receive buffers
+	// start with the GRH).
+	kind ppKind
+}
+
+// ppKind is the transport a ping-pong runs on, and so which command and
+// which rdma-core tool it is.
+type ppKind uint8
+
+const (
+	ppRC ppKind = iota // pingpong, ibv_rc_pingpong
+	ppUC               // uc-pingpong, ibv_uc_pingpong
+	ppUD               // ud-pingpong, ibv_ud_pingpong
+)
+
+// String returns the command name: "pingpong", "uc-pingpong" or
+// "ud-pingpong".
+func (k ppKind) String() string {
+	switch k {
+	case ppUC:
+		return "uc-pingpong"
+	case ppUD:
+		return "ud-pingpong"
+	}
+	return "pingpong"
+}
+
+// usage is the command's help text.
+func (k ppKind) usage() string {
+	switch k {
+	case ppUC:
+		return ucPingpongUsage
+	case ppUD:
+		return udPingpongUsage
+	}
+	return pingpongUsage
 }
 
 // parsePingpongFlags parses args like getopt_long does for the C tool: flags
 // and the optional server argument may come in any order.
 func parsePingpongFlags(args []string) (*pingpongConfig, error) {
-	return parsePPFlags(args, false)
+	return parsePPFlags(args, ppRC)
 }
 
-// parsePPFlags parses the flags of pingpong or, with ud, of ud-pingpong
-// (ibv_ud_pingpong's: message size 1024 by default, -o accepted).
-func parsePPFlags(args []string, ud bool) (*pingpongConfig, error) {
-	c := &pingpongConfig{ud: ud}
+// parsePPFlags parses the flags of pingpong, uc-pingpong (the same as
+// ibv_uc_pingpong's) or ud-pingpong (ibv_ud_pingpong's: message size 1024
+// by default, -o accepted).
+func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
+	c := &pingpongConfig{kind: kind}
 	var mtu int
 	var bind string
-	fs := newFlagSet(ppName(ud))
+	fs := newFlagSet(kind.String())
 	defSize := 4096
-	if ud {
+	if kind == ppUD {
 		// ibv_ud_pingpong's size is 1024 (its usage text says 2048).
 		defSize = 1024
 		var odp bool
@@ -155,26 +190,15 @@ func parsePPFlags(args []string, ud bool) (*pingpongConfig, error) {
 // errUsage marks errors caused by bad flags (exit status 2).
 var errUsage = errors.New("bad usage")
 
-// ppName is the command name of pingpong (ud false) or ud-pingpong.
-func ppName(ud bool) string {
-	if ud {
-		return "ud-pingpong"
-	}
-	return "pingpong"
-}
-
 func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runPPCmd(ctx, args, false, stdout, stderr)
+	return runPPCmd(ctx, args, ppRC, stdout, stderr)
 }
 
-// runPPCmd runs pingpong or, with ud, ud-pingpong.
-func runPPCmd(ctx context.Context, args []string, ud bool, stdout, stderr io.Writer) int {
-	name, usage := ppName(ud), pingpongUsage
-	if ud {
-		usage = udPingpongUsage
-	}
-	c, err := parsePPFlags(args, ud)
-	if code, done := flagsResult(name, usage, err, stdout, stderr); done {
+// runPPCmd runs pingpong, uc-pingpong or ud-pingpong.
+func runPPCmd(ctx context.Context, args []string, kind ppKind, stdout, stderr io.Writer) int {
+	name := kind.String()
+	c, err := parsePPFlags(args, kind)
+	if code, done := flagsResult(name, kind.usage(), err, stdout, stderr); done {
 		return code
 	}
 	if c.timeout > 0 {
@@ -208,7 +232,7 @@ type ppContext struct {
 
 // pingpong runs one ping-pong as server (c.server empty) or client.
 func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
-	if c.ud && c.size > c.mtu.Bytes() {
+	if c.kind == ppUD && c.size > c.mtu.Bytes() {
 		// ibv_ud_pingpong's check, before it listens or connects.
 		return fmt.Errorf("requested size %d larger than port MTU (%d); -m sets the port MTU", c.size, c.mtu.Bytes())
 	}
@@ -236,7 +260,7 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 
 	me := oob.PingpongDest{QPN: pc.qp.QPN(), PSN: pc.psn, GID: pc.dev.GID()}
 	line := ppDestString(me)
-	if c.ud {
+	if c.kind == ppUD {
 		// ibv_ud_pingpong's local line has "PSN 0x...: GID".
 		line = strings.Replace(line, ", GID ", ": GID ", 1)
 	}
@@ -280,7 +304,7 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 				return fmt.Errorf("data validation failed at byte %d: got %#x, want 0", i, msg[i])
 			}
 		}
-		if c.ud {
+		if c.kind == ppUD {
 			// The GRH of the last datagram names the peer.
 			a, err := transport.AHFromGRH(pc.buf[:pc.grh])
 			if err != nil || a.Addr != pc.ah.Addr() {
@@ -335,9 +359,12 @@ func ppInit(local netip.Addr, c *pingpongConfig) (*ppContext, error) {
 	}
 	cfg := endpointConfig{sendCQ: c.rxDepth + 1, maxSendWR: 1, maxRecvWR: c.rxDepth, sigAll: true}
 	pc := &ppContext{}
-	if c.ud {
+	switch c.kind {
+	case ppUD:
 		cfg.ud, cfg.qkey, cfg.portMTU = true, udQKey, c.mtu
 		pc.grh = transport.GRHSize
+	case ppUC:
+		cfg.uc = true
 	}
 	e, err := newEndpoint(link, cfg)
 	if err != nil {
@@ -380,14 +407,16 @@ func (pc *ppContext) postSend() error {
 
 // connectTo takes the QP to RTS towards rem with ibv_rc_pingpong's
 // attributes (pp_connect_ctx: one READ/atomic outstanding, timeout 14);
-// a UD QP goes to RTS and gets an address handle for rem, as
+// a UC QP takes the same path, and Connect sets only what
+// ibv_uc_pingpong's pp_connect_ctx does (path, MTU, peer QPN, PSNs); a
+// UD QP goes to RTS and gets an address handle for rem, as
 // ibv_ud_pingpong's pp_connect_ctx.
 func (pc *ppContext) connectTo(c *pingpongConfig, rem oob.PingpongDest) error {
 	peer, err := peerFromGID(rem.GID, "-g")
 	if err != nil {
 		return err
 	}
-	if !c.ud {
+	if c.kind != ppUD {
 		return pc.connect(peer, rem.QPN, rem.PSN, c.mtu, 1, 14)
 	}
 	if err := pc.qp.ReadyUD(udQKey, pc.psn); err != nil {

@@ -63,5 +63,5 @@ Exit status: 0 done, 1 failed (also: size larger than the port MTU), 2 bad usage
 `
 
 func runUDPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runPPCmd(ctx, args, true, stdout, stderr)
+	return runPPCmd(ctx, args, ppUD, stdout, stderr)
 }

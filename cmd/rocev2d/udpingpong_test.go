@@ -24,11 +24,11 @@ func TestUDPingpongFlags(t *testing.T) {
 		wantErr string
 	}{
 		{name: "defaults", args: nil,
-			want: pingpongConfig{port: 18515, ibPort: 1, size: 1024, mtu: transport.MTU1024, rxDepth: 500, iters: 1000, gidIdx: -1, ud: true}},
+			want: pingpongConfig{port: 18515, ibPort: 1, size: 1024, mtu: transport.MTU1024, rxDepth: 500, iters: 1000, gidIdx: -1, kind: ppUD}},
 		{name: "ibv style", args: []string{"-d", "rxe0", "-g", "1", "-n", "5", "-s", "512", "-c", "-e", "-o", "-l", "3", "192.0.2.2"},
-			want: pingpongConfig{port: 18515, dev: "rxe0", ibPort: 1, size: 512, mtu: transport.MTU1024, rxDepth: 500, iters: 5, sl: 3, gidIdx: 1, chk: true, events: true, server: "192.0.2.2", ud: true}},
+			want: pingpongConfig{port: 18515, dev: "rxe0", ibPort: 1, size: 512, mtu: transport.MTU1024, rxDepth: 500, iters: 5, sl: 3, gidIdx: 1, chk: true, events: true, server: "192.0.2.2", kind: ppUD}},
 		{name: "port MTU", args: []string{"--mtu=4096", "--size=4096", "--odp", "--rx-depth", "8"},
-			want: pingpongConfig{port: 18515, ibPort: 1, size: 4096, mtu: transport.MTU4096, rxDepth: 8, iters: 1000, gidIdx: -1, ud: true}},
+			want: pingpongConfig{port: 18515, ibPort: 1, size: 4096, mtu: transport.MTU4096, rxDepth: 8, iters: 1000, gidIdx: -1, kind: ppUD}},
 		{name: "bad mtu", args: []string{"-m", "1500"}, wantErr: "-m 1500"},
 		{name: "bad size", args: []string{"-s", "0"}, wantErr: "-s 0"},
 		{name: "two servers", args: []string{"a", "b"}, wantErr: `unexpected argument "b"`},
@@ -36,7 +36,7 @@ func TestUDPingpongFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := parsePPFlags(tc.args, true)
+			c, err := parsePPFlags(tc.args, ppUD)
 			if tc.wantErr != "" {
 				if err == nil || !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want a usage error containing %q", err, tc.wantErr)
@@ -75,11 +75,17 @@ type ppResult struct {
 // repository use them), and returns both results.
 func runUDPair(t *testing.T, args, srvArgs, cliArgs []string) (srv, cli ppResult) {
 	t.Helper()
+	return runPPPair(t, ppUD, args, srvArgs, cliArgs)
+}
+
+// runPPPair is runUDPair for the ping-pong of any kind.
+func runPPPair(t *testing.T, kind ppKind, args, srvArgs, cliArgs []string) (srv, cli ppResult) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	run1 := func(ctx context.Context, a ...string) ppResult {
 		var out, errb bytes.Buffer
-		code := run(ctx, append([]string{"ud-pingpong"}, a...), &out, &errb)
+		code := run(ctx, append([]string{kind.String()}, a...), &out, &errb)
 		return ppResult{code, out.String(), errb.String()}
 	}
 	for attempt := 0; ; attempt++ {
