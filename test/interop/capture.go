@@ -184,6 +184,10 @@ type Payload struct {
 	Atomic *AtomicResult
 	// UD is set on a UD datagram (MsgOff is 0: one packet per message).
 	UD *UDInfo
+	// DestQP and AckReq are the packet's BTH destination QP and AckReq
+	// bit (RC and UC packets).
+	DestQP uint32
+	AckReq bool
 }
 
 // UDInfo is the addressing of a UD datagram: its BTH destination QP and
@@ -460,12 +464,13 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 			UD: &UDInfo{DestQP: p.BTH.DestQP(), SrcQP: p.DETH.SrcQP(), QKey: p.DETH.QKey()}}, check)
 		return
 	}
-	if info.Transport != bth.TransportRC {
+	// RC, and UC: requests only (SEND, WRITE), tracked like RC's.
+	if info.Transport != bth.TransportRC && info.Transport != bth.TransportUC {
 		return
 	}
 	defer func() { req[fromHost].lastSeen, req[fromHost].seen = at, true }()
 	psn := uint32(p.BTH.PSN())
-	pl := Payload{FromHost: fromHost, Opcode: p.BTH.Opcode(), PSN: psn, Data: p.Payload}
+	pl := Payload{FromHost: fromHost, Opcode: p.BTH.Opcode(), PSN: psn, Data: p.Payload, DestQP: p.BTH.DestQP(), AckReq: p.BTH.AckReq()}
 	if info.Request {
 		f := req[fromHost]
 		span := uint32(1)

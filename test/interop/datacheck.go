@@ -177,6 +177,28 @@ const udQKey = 0x11111111
 // ud-pingpong ("PSN 0x...: GID" on the local line, ", GID" on the remote).
 var reUDAddr = regexp.MustCompile(`(?m)^  (local|remote) address: +LID 0x[0-9a-f]{4}, QPN (0x[0-9a-f]{6}), PSN (0x[0-9a-f]{6})[:,] GID `)
 
+// ppSide is the QPN and first PSN of one side's address line.
+type ppSide struct{ qpn, psn uint32 }
+
+// ppAddrs returns the QPNs and first PSNs of rocev2d's local and remote
+// address lines (any of the ping-pongs: reUDAddr takes both formats).
+func ppAddrs(hostOut string) (loc, rem ppSide, err error) {
+	var found int
+	for _, m := range reUDAddr.FindAllStringSubmatch(hostOut, -1) {
+		q, _ := strconv.ParseUint(m[2], 0, 32)
+		p, _ := strconv.ParseUint(m[3], 0, 32)
+		if m[1] == "local" {
+			loc, found = ppSide{uint32(q), uint32(p)}, found|1
+		} else {
+			rem, found = ppSide{uint32(q), uint32(p)}, found|2
+		}
+	}
+	if found != 3 {
+		return loc, rem, fmt.Errorf("rocev2d printed no local and remote address lines")
+	}
+	return loc, rem, nil
+}
+
 // udPingpongData returns the wire check of a ud-pingpong cell from
 // rocev2d's output (its own and the tool's QPN and first PSN): every
 // packet is a UD datagram with ibv_ud_pingpong's Q_Key 0x11111111, from
@@ -186,20 +208,9 @@ var reUDAddr = regexp.MustCompile(`(?m)^  (local|remote) address: +LID 0x[0-9a-f
 // (pingpongData: 0 at each page start, 0x7b elsewhere).
 func udPingpongData(size int) func(hostOut string) (DataCheck, error) {
 	return func(hostOut string) (DataCheck, error) {
-		type side struct{ qpn, psn uint32 }
-		var loc, rem side
-		var found int
-		for _, m := range reUDAddr.FindAllStringSubmatch(hostOut, -1) {
-			q, _ := strconv.ParseUint(m[2], 0, 32)
-			p, _ := strconv.ParseUint(m[3], 0, 32)
-			if m[1] == "local" {
-				loc, found = side{uint32(q), uint32(p)}, found|1
-			} else {
-				rem, found = side{uint32(q), uint32(p)}, found|2
-			}
-		}
-		if found != 3 {
-			return nil, fmt.Errorf("rocev2d printed no local and remote address lines")
+		loc, rem, err := ppAddrs(hostOut)
+		if err != nil {
+			return nil, err
 		}
 		next := map[bool]uint32{true: loc.psn, false: rem.psn}
 		return func(p Payload) string {
@@ -223,6 +234,64 @@ func udPingpongData(size int) func(hostOut string) (DataCheck, error) {
 				return fmt.Sprintf("PSN %#06x, want %#06x (first: the announced PSN, then consecutive)", p.PSN, wantPSN)
 			case len(p.Data) != size:
 				return fmt.Sprintf("%d bytes, want %d", len(p.Data), size)
+			}
+			return pingpongData(p)
+		}, nil
+	}
+}
+
+// ucPingpongData returns the wire check of a uc-pingpong cell from
+// rocev2d's output (its own and the tool's QPN and first PSN): every
+// packet is a UC SEND, to the QP its receiver announced, without AckReq
+// (UC has no acknowledgements), PSNs consecutive from the announced first
+// PSN in each direction (nothing lost, repeated or reordered on the tap:
+// UC never resends), each message ceil(size/labMTU) packets — SEND_ONLY,
+// or SEND_FIRST, MIDDLE..., LAST — of labMTU bytes but the last, and the
+// data the -c buffer (pingpongData).
+func ucPingpongData(size int) func(hostOut string) (DataCheck, error) {
+	return func(hostOut string) (DataCheck, error) {
+		loc, rem, err := ppAddrs(hostOut)
+		if err != nil {
+			return nil, err
+		}
+		per := max(1, (size+labMTU-1)/labMTU)
+		// Per direction (true: from the host): the next PSN and the
+		// packet's index in its message.
+		next := map[bool]uint32{true: loc.psn, false: rem.psn}
+		idx := map[bool]int{}
+		return func(p Payload) string {
+			to := loc
+			if p.FromHost {
+				to = rem
+			}
+			k := idx[p.FromHost]
+			idx[p.FromHost] = (k + 1) % per
+			wantPSN := next[p.FromHost]
+			next[p.FromHost] = (p.PSN + 1) & 0xffffff
+			wantOp := bth.UCSendMiddle
+			switch {
+			case per == 1:
+				wantOp = bth.UCSendOnly
+			case k == 0:
+				wantOp = bth.UCSendFirst
+			case k == per-1:
+				wantOp = bth.UCSendLast
+			}
+			wantLen := labMTU
+			if k == per-1 {
+				wantLen = size - (per-1)*labMTU
+			}
+			switch {
+			case p.Opcode != wantOp:
+				return fmt.Sprintf("opcode %s, want %s (packet %d of %d of the message)", p.Opcode, wantOp, k+1, per)
+			case p.DestQP != to.qpn:
+				return fmt.Sprintf("destination QP %#x, want %#x (the address lines)", p.DestQP, to.qpn)
+			case p.AckReq:
+				return "AckReq set on a UC packet"
+			case p.PSN != wantPSN:
+				return fmt.Sprintf("PSN %#06x, want %#06x (first: the announced PSN, then consecutive)", p.PSN, wantPSN)
+			case len(p.Data) != wantLen:
+				return fmt.Sprintf("%d bytes, want %d", len(p.Data), wantLen)
 			}
 			return pingpongData(p)
 		}, nil

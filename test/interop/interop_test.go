@@ -127,7 +127,7 @@ func TestInterop(t *testing.T) {
 	defer func() {
 		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0), noTshark)
 	}()
-	for _, c := range slices.Concat(cells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex)) {
+	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex)) {
 		t.Run(c.name, func(t *testing.T) {
 			// The row is recorded even when the cell stops on t.Fatal.
 			r := row{cell: c.label, direction: c.direction(), result: "FAIL"}
@@ -798,8 +798,9 @@ var (
 
 // ourDropCounters are rocev2d's counters of rxe packets it dropped: a
 // transport its QP does not run, a UD datagram with another Q_Key or
-// without a receive WQE. All must stay 0 on a clean cell.
-var ourDropCounters = []string{"transport_mismatch", "qkey_violation", "ud_no_recv_wqe"}
+// without a receive WQE, a UC message (a packet missing, no receive WQE).
+// All must stay 0 on a clean cell.
+var ourDropCounters = []string{"transport_mismatch", "qkey_violation", "ud_no_recv_wqe", "uc_msgs_dropped"}
 
 var (
 	reCountersHeader = regexp.MustCompile(`(?m)^counters \S+:$`)
