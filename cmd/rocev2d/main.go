@@ -2,8 +2,9 @@
 // process through every RC operation (demo), peers compatible with
 // ibv_rc_pingpong (pingpong), ibv_uc_pingpong (uc-pingpong),
 // ibv_ud_pingpong (ud-pingpong) and
-// perftest (write-bw, read-lat, ...), a
-// benchmark against raw UDP (bench), checks and writes RoCEv2 captures
+// perftest (write-bw, read-lat, ...), librdmacm's examples connecting
+// through the IB connection manager (rping, rdma-server, rdma-client,
+// udaddy), a benchmark against raw UDP (bench), checks and writes RoCEv2 captures
 // (pcap) and injects faults on an interface (faults, Linux, root).
 //
 // Usage:
