@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
@@ -45,25 +47,47 @@ func runPerf(ctx context.Context, t oob.PerfTest, args []string, stdout, stderr 
 func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error {
 	usr1 := watchSIGUSR1(stderr)
 	defer usr1.Stop()
-	conn, err := perfConnect(ctx, c)
-	if err != nil {
-		return err
+	var (
+		conn  net.Conn
+		s     *perfSide
+		local netip.Addr
+		err   error
+	)
+	if c.rdmaCM {
+		// -R: the device first; the exchange runs over an rdma_cm
+		// connection on it.
+		if local, err = cmLocalAddr(c); err != nil {
+			return err
+		}
+		if s, err = newPerfSide(c, local); err != nil {
+			return err
+		}
+		defer s.close()
+		s.cm = &perfCM{c: c, s: s}
+		defer s.cm.close() // before s.close: the DREQs need the device
+		usr1.Add(local.String(), s.dev)
+		if conn, err = s.cm.connectComm(ctx, stdout); err != nil {
+			return err
+		}
+	} else {
+		if conn, err = perfConnect(ctx, c); err != nil {
+			return err
+		}
+		if local, err = localAddr(c.bind, conn); err != nil {
+			conn.Close()
+			return err
+		}
+		if s, err = newPerfSide(c, local); err != nil {
+			conn.Close()
+			return err
+		}
+		defer s.close()
+		usr1.Add(local.String(), s.dev)
 	}
 	defer conn.Close()
-	local, err := localAddr(c.bind, conn)
-	if err != nil {
-		return err
-	}
-	s, err := newPerfSide(c, local)
-	if err != nil {
-		return err
-	}
-	defer s.close()
 	if perfTweakLocal != nil {
 		perfTweakLocal(&s.local)
 	}
-
-	usr1.Add(local.String(), s.dev)
 
 	if c.check {
 		fillPattern(s.mem[:s.half])
@@ -78,18 +102,25 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	}
 	role := c.role()
 	sizes := c.sizes()
-	plan, err := oob.Plan(c.test, role, len(sizes))
+	planFor, newSession := oob.Plan, oob.NewPerfSession
+	if c.rdmaCM {
+		planFor, newSession = oob.PlanRDMACM, oob.NewPerfSessionRDMACM
+	}
+	plan, err := planFor(c.test, role, len(sizes))
 	if err != nil {
 		return err
 	}
-	sess := oob.NewPerfSession(conn, role)
+	sess := newSession(conn, role)
 	sess.StepTimeout = 30 * time.Second
-	if role == oob.Server {
+	if role == oob.Server && !c.rdmaCM { // -R: printed once the listener is up
 		fmt.Fprintln(stdout, "\n************************************\n* Waiting for client to connect... *\n************************************")
 	}
 	hooks := oob.Hooks{
 		Connect: func(ctx context.Context, remote oob.PerfDest, neg oob.Params) error {
 			return s.connect(remote, neg, stdout)
+		},
+		CMConnect: func(ctx context.Context, neg oob.Params) (oob.PerfDest, error) {
+			return s.cm.connect(ctx, neg)
 		},
 		Prepare: func(ctx context.Context, i int) error { return s.prepare(sizes[i]) },
 		Traffic: func(ctx context.Context, i int) (oob.Report, error) {
@@ -103,13 +134,32 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		if errors.Is(err, oob.ErrIncompatibleVersion) {
 			return fmt.Errorf("peer %s speaks an incompatible perftest version: %w", conn.RemoteAddr(), err)
 		}
+		if errors.Is(err, oob.ErrModeMismatch) {
+			return fmt.Errorf("peer %s runs another perftest mode: %w", conn.RemoteAddr(), err)
+		}
 		if errors.Is(err, oob.ErrMalformed) {
 			return fmt.Errorf("malformed out-of-band message from %s: %w", conn.RemoteAddr(), err)
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("out-of-band exchange with %s: %w (%v)", conn.RemoteAddr(), err, context.Cause(ctx))
 		}
+		var se *oob.StepError
+		if !c.rdmaCM && errors.As(err, &se) && se.Step == oob.PerfStepVersion && errors.Is(err, oob.ErrPeerClosed) {
+			// A rocev2d server with -R hangs up on TCP clients at once; a
+			// rocev2d client with -R connects only to see whether the
+			// server runs without it.
+			hint := "does the server run with -R? then add -R here too"
+			if role == oob.Server {
+				hint = "does the client run with -R? then add -R here too"
+			}
+			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, hint)
+		}
 		return fmt.Errorf("out-of-band exchange with %s: %w", conn.RemoteAddr(), err)
+	}
+	if s.cm != nil {
+		// perftest disconnects (DREQ) once the exchange is over; so do we,
+		// before the counters and the capture are final.
+		s.cm.close()
 	}
 	if c.test.IsBW() {
 		switch {

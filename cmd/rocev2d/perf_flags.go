@@ -34,7 +34,8 @@ Compatible with perftest 4.5's %[2]s: the same flags, the same out-of-band
 exchange on TCP (default port 18515) and the same result table, so either
 side may be rocev2d or the real tool. Without a server argument it waits for
 a client (the server); with one it connects to it (the client). RoCEv2 runs
-over a UDP socket on port 4791 of the local address.
+over a UDP socket on port 4791 of the local address. With -R both sides
+connect through rdma_cm (IB CM MADs to QP1) instead, as %[2]s -R does.
 
 options:
   -s, --size=BYTES        message size (default %[3]d; atomics always 8)
@@ -46,7 +47,10 @@ options:
   -r, --rx-depth=N        receives posted (SEND tests, default 512)
   -u, --qp-timeout=T      local ACK timeout exponent (default 14)
   -A, --atomic_type=TYPE  CMP_AND_SWAP or FETCH_AND_ADD (default FETCH_AND_ADD)
-  -p, --port=PORT         out-of-band TCP port (default 18515)
+  -p, --port=PORT         out-of-band TCP port (default 18515); with -R the rdma_cm port
+  -R, --rdma_cm           connect through rdma_cm, as perftest -R: the exchange runs over an
+                          RC connection made through the IB CM on port -p, then the test QP
+                          gets its own (a server needs --bind; both sides need -R)
   -x, --gid-index=IDX     accepted for compatibility (the GID is the local address)
   -d, --ib-dev=DEV        accepted for compatibility
   -i, --ib-port=PORT      accepted, must be 1
@@ -88,6 +92,7 @@ type perfConfig struct {
 	timeout     time.Duration
 	verbose     bool
 	events      bool
+	rdmaCM      bool // -R: connect the QPs through rdma_cm, exchange over it
 	sock        socketFlags
 	server      string
 }
@@ -124,6 +129,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	stringFlags(fs, &c.dev, "d", "ib-dev", "")
 	intFlags(fs, &c.ibPort, "i", "ib-port", 1)
 	boolFlags(fs, &c.cpuFreq, "F", "CPU-freq")
+	boolFlags(fs, &c.rdmaCM, "R", "rdma_cm")
+	var commCM bool
+	boolFlags(fs, &commCM, "z", "comm_rdma_cm")
 	fs.StringVar(&bind, "bind", "", "")
 	fs.BoolVar(&c.check, "check", false, "")
 	fs.StringVar(&c.pcap, "pcap", "", "")
@@ -138,6 +146,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	var ok bool
 	if c.mtu, ok = oob.MTUFromBytes(mtu); !ok {
 		return nil, errMTUFlag(mtu)
+	}
+	if commCM {
+		return nil, errors.New("-z (exchange over rdma_cm, QPs connected without it) is not supported; -R connects the QPs through rdma_cm too")
 	}
 	isAtomic := t == oob.AtomicBW || t == oob.AtomicLat
 	if isAtomic {

@@ -85,7 +85,8 @@ func (s *perfSide) printHeader(w io.Writer) {
 		gid = 1
 	}
 	writePerfHeader(w, perfHeader{test: c.test, atomicType: c.atomicType, dev: c.dev, role: c.role(),
-		txDepth: s.txDepth(), rxDepth: c.rxDepth, mtu: s.params.MTU.Bytes(), gidIdx: gid, outReads: int(s.local.OutReads)})
+		txDepth: s.txDepth(), rxDepth: c.rxDepth, mtu: s.params.MTU.Bytes(), gidIdx: gid, outReads: int(s.local.OutReads),
+		rdmaCM: c.rdmaCM})
 }
 
 // perfHeader are the values of perftest's description block.
@@ -99,6 +100,7 @@ type perfHeader struct {
 	mtu        int
 	gidIdx     int
 	outReads   int
+	rdmaCM     bool // -R
 }
 
 // writePerfHeader prints the block in perftest 4.5's layout. CQ moderation
@@ -134,8 +136,20 @@ func writePerfHeader(w io.Writer, h perfHeader) {
 	} else {
 		fmt.Fprintf(w, " Max inline data : 0[B]\n")
 	}
-	fmt.Fprintf(w, " rdma_cm QPs\t : OFF\n")
-	fmt.Fprintf(w, " Data ex. method : Ethernet\n")
+	if !h.rdmaCM {
+		fmt.Fprintf(w, " rdma_cm QPs\t : OFF\n")
+		fmt.Fprintf(w, " Data ex. method : Ethernet\n")
+		fmt.Fprint(w, perfLine)
+		return
+	}
+	fmt.Fprintf(w, " rdma_cm QPs\t : ON\n")
+	fmt.Fprintf(w, " Data ex. method : rdma_cm\n")
+	if h.role == oob.Server {
+		// perftest says so once the client is connected, as here.
+		fmt.Fprint(w, perfLine)
+		fmt.Fprintf(w, " Waiting for client rdma_cm QP to connect\n")
+		fmt.Fprintf(w, " Please run the same command with the IB/RoCE interface IP\n")
+	}
 	fmt.Fprint(w, perfLine)
 }
 

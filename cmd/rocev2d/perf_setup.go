@@ -24,15 +24,19 @@ func perfConnect(ctx context.Context, c *perfConfig) (net.Conn, error) {
 	if c.server != "" {
 		addr := net.JoinHostPort(c.server, port)
 		deadline := time.Now().Add(c.connTimeout)
+		local := oobLocalTCPAddr(c.bind, c.server)
 		var lastErr error
 		for delay := 20 * time.Millisecond; ; delay = min(delay*2, 500*time.Millisecond) {
 			d := net.Dialer{Deadline: deadline}
-			if c.bind.IsValid() {
-				d.LocalAddr = &net.TCPAddr{IP: c.bind.AsSlice()}
+			if local != nil {
+				d.LocalAddr = local
 			}
 			conn, err := d.DialContext(ctx, "tcp", addr)
 			if err == nil {
 				return conn, nil
+			}
+			if perr := oobDialPermanent(err, c.bind, local); perr != nil {
+				return nil, fmt.Errorf("couldn't connect to server %s on TCP port %d: %w", c.server, c.port, perr)
 			}
 			lastErr = err
 			if ctx.Err() != nil || time.Now().Add(delay).After(deadline) {
@@ -66,7 +70,8 @@ type perfSide struct {
 	remote  oob.PerfDest
 	local   oob.PerfDest
 	capture *pcaptap.Writer
-	posted  int // receives outstanding
+	cm      *perfCM // -R: the rdma_cm connections
+	posted  int     // receives outstanding
 	results []perfResult
 	srvRecv perfResult // send-bw server's own measurement
 }
@@ -152,21 +157,28 @@ func (s *perfSide) txDepth() int {
 }
 
 // connect takes the QP to RTS towards the peer with the negotiated
-// parameters (ctx_connect) and prints perftest's header, both address
-// lines and the head of the result table.
+// parameters (ctx_connect; with -R the CM has connected it: the peer's QP
+// data must name the QP it connected) and prints perftest's header, both
+// address lines and the head of the result table.
 func (s *perfSide) connect(remote oob.PerfDest, neg oob.Params, stdout io.Writer) error {
 	s.remote, s.params = remote, neg
-	peer, err := peerFromGID(remote.GID, "-x")
-	if err != nil {
-		return err
-	}
-	mtu, ok := transport.MTUFromBytes(neg.MTU.Bytes())
-	if !ok {
-		return fmt.Errorf("negotiated MTU %d is invalid", neg.MTU)
-	}
-	rd := uint8(min(max(remote.OutReads, 1), 16))
-	if err := s.endpoint.connect(peer, remote.QPN, remote.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
-		return err
+	if s.cm != nil {
+		if err := s.cm.checkRemote(remote); err != nil {
+			return err
+		}
+	} else {
+		peer, err := peerFromGID(remote.GID, "-x")
+		if err != nil {
+			return err
+		}
+		mtu, ok := transport.MTUFromBytes(neg.MTU.Bytes())
+		if !ok {
+			return fmt.Errorf("negotiated MTU %d is invalid", neg.MTU)
+		}
+		rd := uint8(min(max(remote.OutReads, 1), 16))
+		if err := s.endpoint.connect(peer, remote.QPN, remote.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
+			return err
+		}
 	}
 	s.printHeader(stdout)
 	s.printDest(stdout, "local", s.local)

@@ -3,6 +3,7 @@ package oob
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -194,6 +195,7 @@ const (
 	PerfStepDest        = "qp data"
 	PerfStepSync        = "sync"
 	PerfStepDone        = "done"
+	PerfStepCMSync      = "rdma_cm sync"
 )
 
 // PerfSession runs the perftest 4.5 exchange on one TCP connection. Use the
@@ -203,8 +205,9 @@ type PerfSession struct {
 	// StepTimeout, if positive, bounds each wire step of Run (see Run).
 	StepTimeout time.Duration
 
-	c    stepConn
-	role Role
+	c      stepConn
+	role   Role
+	rdmacm bool // perftest -R: QP data in the binary form, no done
 
 	peerVersion string
 	local       PerfDest
@@ -216,6 +219,18 @@ type PerfSession struct {
 func NewPerfSession(conn net.Conn, role Role) *PerfSession {
 	return &PerfSession{c: stepConn{conn: conn, proto: "perftest"}, role: role}
 }
+
+// NewPerfSessionRDMACM returns a session for perftest -R's exchange: conn
+// carries each message as one RC SEND on the QP perftest connects through
+// rdma_cm first (see PerfDestCMSize); QP data messages are the 56-byte
+// binary struct, and the plan comes from PlanRDMACM. conn's Read must
+// return one whole message per call.
+func NewPerfSessionRDMACM(conn net.Conn, role Role) *PerfSession {
+	return &PerfSession{c: stepConn{conn: conn, proto: "perftest rdma_cm"}, role: role, rdmacm: true}
+}
+
+// RDMACM reports whether the session runs perftest -R's exchange.
+func (s *PerfSession) RDMACM() bool { return s.rdmacm }
 
 // Role returns the session's role.
 func (s *PerfSession) Role() Role { return s.role }
@@ -239,6 +254,10 @@ func (s *PerfSession) Handshake(ctx context.Context) (peerVersion string, err er
 		return "", err
 	}
 	v, f, err := ParseVersion(in[:])
+	if v == RDMACMVersion {
+		return v, &StepError{Protocol: s.c.proto, Step: PerfStepVersion, Op: "check",
+			Err: fmt.Errorf("%w: the server runs with -R (rdma_cm) and answers TCP clients only to say so: add -R here too", ErrModeMismatch)}
+	}
 	if err != nil {
 		return v, &StepError{Protocol: s.c.proto, Step: PerfStepVersion, Op: "parse", Err: err}
 	}
@@ -342,6 +361,9 @@ func (s *PerfSession) Sync(ctx context.Context) error {
 }
 
 func (s *PerfSession) exchangeDest(ctx context.Context, step string) (PerfDest, error) {
+	if s.rdmacm {
+		return s.exchangeDestCM(ctx, step)
+	}
 	var out, in [PerfDestSize]byte
 	s.local.Encode(out[:])
 	if err := s.c.exchange(ctx, s.role, step, out[:], in[:]); err != nil {
@@ -350,6 +372,27 @@ func (s *PerfSession) exchangeDest(ctx context.Context, step string) (PerfDest, 
 	d, err := ParsePerfDest(in[:])
 	if err != nil {
 		return PerfDest{}, &StepError{Protocol: s.c.proto, Step: step, Op: "parse", Err: err}
+	}
+	s.remote = d
+	return d, nil
+}
+
+// exchangeDestCM is exchangeDest in perftest -R's binary form. An empty
+// message (what perftest -R sends around its rdma_cm connection) where QP
+// data belongs means the peer's exchange runs a different sequence.
+func (s *PerfSession) exchangeDestCM(ctx context.Context, step string) (PerfDest, error) {
+	var out, in [PerfDestCMSize]byte
+	s.local.EncodeCM(out[:])
+	if err := s.c.exchange(ctx, s.role, step, out[:], in[:]); err != nil {
+		return PerfDest{}, err
+	}
+	d, err := ParsePerfDestCM(in[:])
+	if err != nil {
+		return PerfDest{}, &StepError{Protocol: s.c.proto, Step: step, Op: "parse", Err: err}
+	}
+	if emptyCM(in[:]) {
+		return PerfDest{}, &StepError{Protocol: s.c.proto, Step: step, Op: "check",
+			Err: fmt.Errorf("%w: the peer sent an empty QP data message (all zero), which perftest -R sends only around its rdma_cm connection: the two sides run different exchanges", ErrModeMismatch)}
 	}
 	s.remote = d
 	return d, nil
@@ -377,6 +420,10 @@ func (s *PerfSession) ExchangeReport(ctx context.Context, local Report) (Report,
 // net.Pipe. Once the peer's "done\0" has arrived, a failure to write ours
 // (the tool may already have closed) is not an error.
 func (s *PerfSession) Done(ctx context.Context) error {
+	if s.rdmacm {
+		return &StepError{Protocol: s.c.proto, Step: PerfStepDone, Op: "check",
+			Err: errors.New("perftest -R says no done over rdma_cm (ctx_close_connection skips it)")}
+	}
 	return s.c.run(ctx, PerfStepDone, func() (string, error) {
 		werr := make(chan error, 1)
 		go func() { werr <- s.c.write(doneMsg[:]) }()

@@ -56,12 +56,15 @@ const (
 	StepTraffic                     // local: run the data phase of one size (Hooks.Traffic)
 	StepReport                      // 5 × 8-byte bandwidth report exchange
 	StepDone                        // "done\0" written by both sides
+	StepCMSync                      // perftest -R: 56-byte empty QP data exchange around the rdma_cm connection
+	StepCMConnect                   // perftest -R, local: connect the QP through rdma_cm (Hooks.CMConnect)
 )
 
 var stepNames = [...]string{
 	StepVersion: PerfStepVersion, StepCycleBuffer: PerfStepCycleBuffer, StepCacheLine: PerfStepCacheLine,
 	StepMTU: PerfStepMTU, StepDest: PerfStepDest, StepConnect: "connect", StepSync: PerfStepSync,
 	StepPrepare: "prepare", StepTraffic: "traffic", StepReport: "report", StepDone: PerfStepDone,
+	StepCMSync: PerfStepCMSync, StepCMConnect: "rdma_cm connect",
 }
 
 // String returns the step's name.
@@ -72,10 +75,12 @@ func (s Step) String() string {
 	return fmt.Sprintf("Step(%d)", uint8(s))
 }
 
-// WireBytes returns how many bytes each side writes in step s (0 for local
-// steps).
+// WireBytes returns how many bytes each side writes in step s over TCP (0
+// for local steps); WireBytesRDMACM the same for perftest -R's exchange.
 func (s Step) WireBytes() int {
 	switch s {
+	case StepCMSync:
+		return PerfDestCMSize
 	case StepVersion:
 		return VersionSize
 	case StepCycleBuffer, StepCacheLine:
@@ -90,6 +95,18 @@ func (s Step) WireBytes() int {
 		return len(doneMsg)
 	}
 	return 0
+}
+
+// WireBytesRDMACM returns how many bytes each side sends in step s of
+// perftest -R's exchange (one SEND per message; 0 for local steps).
+func (s Step) WireBytesRDMACM() int {
+	switch s {
+	case StepDest, StepSync, StepCMSync:
+		return PerfDestCMSize
+	case StepDone:
+		return 0
+	}
+	return s.WireBytes()
 }
 
 // Plan returns the exact sequence perftest 4.5 runs for test in role, in the
@@ -185,11 +202,48 @@ func Plan(test PerfTest, role Role, sizes int) ([]Step, error) {
 	return p, nil
 }
 
+// PlanRDMACM returns the sequence perftest 4.5 runs for test in role with
+// -R (rdma_cm QPs): the exchange of Plan, carried over a QP connected
+// through rdma_cm instead of TCP (see NewPerfSessionRDMACM), with
+// create_rdma_cm_connection between the MTU and the QP data — an empty
+// 56-byte sync, the rdma_cm connection of the test QP, another empty sync —
+// and without done (ctx_close_connection says it only over TCP). The QP
+// data that follows still carries the rkey and address the RDMA tests
+// need; Hooks.Connect then has no QP to connect (perftest skips
+// ctx_connect).
+//
+//	version cycle cache mtu cm-sync cm-connect cm-sync dest ... (as Plan, no done)
+func PlanRDMACM(test PerfTest, role Role, sizes int) ([]Step, error) {
+	p, err := Plan(test, role, sizes)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Step, 0, len(p)+3)
+	for _, st := range p {
+		switch st {
+		case StepDone:
+			continue
+		case StepDest:
+			out = append(out, StepCMSync, StepCMConnect, StepCMSync)
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
 // Hooks are the caller's local actions during Run. Nil hooks are skipped.
 type Hooks struct {
 	// Connect brings the QP to RTR (and RTS) using the peer's QP data and
-	// the negotiated parameters (ctx_connect).
+	// the negotiated parameters (ctx_connect). With PlanRDMACM the QP is
+	// connected already (CMConnect); Connect then only learns the peer's
+	// QP data.
 	Connect func(ctx context.Context, remote PerfDest, negotiated Params) error
+	// CMConnect connects the test QP through rdma_cm (perftest -R's
+	// create_rdma_cm_connection): the client dials the server's port, the
+	// server accepts. It returns this side's QP data for the rest of the
+	// run, which replaces Run's local (perftest fills my_dest only after
+	// connecting: the PSNs come from the CM). PlanRDMACM only.
+	CMConnect func(ctx context.Context, negotiated Params) (local PerfDest, err error)
 	// Prepare posts the WQEs for message size number i (0-based); for SEND
 	// tests the server's receives must be posted here, before the barrier.
 	Prepare func(ctx context.Context, i int) error
@@ -205,8 +259,13 @@ type Hooks struct {
 	Report func() Report
 }
 
-// wire reports whether st is exchanged on the connection.
-func (st Step) wire() bool { return st.WireBytes() > 0 }
+// wire reports whether st is exchanged on the connection of a session.
+func (s *PerfSession) wire(st Step) bool {
+	if s.rdmacm {
+		return st.WireBytesRDMACM() > 0
+	}
+	return st.WireBytes() > 0
+}
 
 // Result is what Run learned from the peer.
 type Result struct {
@@ -219,7 +278,8 @@ type Result struct {
 	HasReport    bool
 }
 
-// Run executes plan (from Plan) on the session: wire steps through the step
+// Run executes plan (from Plan, or PlanRDMACM for a session from
+// NewPerfSessionRDMACM) on the session: wire steps through the step
 // methods, local steps through hooks. params are this side's Params, local
 // its QP data. Errors name the step; local hooks' errors are returned as
 // StepErrors with Op "local". ctx bounds the whole run; with StepTimeout set,
@@ -238,7 +298,7 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 	afterTraffic := false
 	for _, st := range plan {
 		ctx, cancel := ctx, context.CancelFunc(func() {})
-		if st.wire() {
+		if s.wire(st) {
 			if s.StepTimeout > 0 && !afterTraffic {
 				ctx, cancel = context.WithTimeoutCause(ctx, s.StepTimeout,
 					fmt.Errorf("%w: no reply within %v", context.DeadlineExceeded, s.StepTimeout))
@@ -289,6 +349,20 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 			res.HasReport = err == nil
 		case StepDone:
 			err = s.Done(ctx)
+		case StepCMSync:
+			err = s.CMSync(ctx)
+		case StepCMConnect:
+			if !s.rdmacm {
+				err = &StepError{Protocol: s.c.proto, Step: st.String(), Op: "check", Err: fmt.Errorf("rdma_cm connect in a session over TCP")}
+			} else if hooks.CMConnect != nil {
+				var l PerfDest
+				if l, err = hooks.CMConnect(ctx, res.Negotiated); err == nil {
+					if err = l.Validate(); err == nil {
+						local = l
+					}
+				}
+				err = s.localErr(st, err)
+			}
 		default:
 			err = &StepError{Protocol: s.c.proto, Step: st.String(), Op: "check", Err: fmt.Errorf("unknown plan step")}
 		}
