@@ -15,6 +15,7 @@ import (
 	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/cm"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
 )
@@ -59,6 +60,15 @@ type CaptureStats struct {
 	// was not in the capture before them (their data could not be placed
 	// and was not checked).
 	DataUnplaced int
+	// CM counts the connection manager's MADs (UD to QP1, decoded by
+	// package cm) per sender and message, "host REQ", "vm REP", and the
+	// REJs also per reason, "vm REJ invalid service ID"; CMLines
+	// describes each (the first few), CMPairs the QPNs the REQs and REPs
+	// connected, each pair once: {host's QPN, VM's QPN}. A MAD to QP1
+	// that does not decode counts in Bad.
+	CM      map[string]int
+	CMLines []string
+	CMPairs [][2]uint32
 }
 
 // ResendFlight is one retransmission seen in the capture: the resent
@@ -298,6 +308,131 @@ func psnBefore(a, b uint32) bool {
 	return d != 0 && d&0x800000 != 0
 }
 
+// flowKey names one RC connection's request flow: its sender (true =
+// host) and the requester's QPN. Without CM MADs in the capture (QPs
+// connected out of band) the QPN is 0: one flow per direction, as a
+// capture of one QP pair needs. With them, every connection the REQs and
+// REPs set up is followed on its own: a perftest -R run has two (the
+// exchange's and the test's), with independent PSN spaces.
+type flowKey struct {
+	fromHost bool
+	qpn      uint32
+}
+
+// tracker holds the PSN and data tracking state of a capture.
+type tracker struct {
+	flows    map[flowKey]*flow
+	readVA   map[flowKey]map[uint32]readAt       // READ request PSNs -> where each response PSN lands
+	atomics  map[flowKey]map[uint32]AtomicResult // atomic request PSN -> the request
+	respSeen map[flowKey]map[uint32]bool
+	// lastSeen is when each side (true = host) last sent an RC or UC
+	// packet.
+	lastSeen map[bool]time.Duration
+	seen     map[bool]bool
+	// peerQPN maps each QPN a REQ or REP in the capture connected (by
+	// its side: QPNs are per device) to its peer's; cmReqQPN a REQ's QPN
+	// by its sender and communication ID.
+	peerQPN  map[sideQPN]uint32
+	cmReqQPN map[cmReqKey]uint32
+}
+
+// sideQPN is a QP of one side (true = host).
+type sideQPN struct {
+	host bool
+	qpn  uint32
+}
+
+type cmReqKey struct {
+	fromHost bool
+	commID   uint32
+}
+
+func newTracker() *tracker {
+	return &tracker{flows: map[flowKey]*flow{}, readVA: map[flowKey]map[uint32]readAt{},
+		atomics: map[flowKey]map[uint32]AtomicResult{}, respSeen: map[flowKey]map[uint32]bool{},
+		lastSeen: map[bool]time.Duration{}, seen: map[bool]bool{},
+		peerQPN: map[sideQPN]uint32{}, cmReqQPN: map[cmReqKey]uint32{}}
+}
+
+// flow returns the request flow of key, creating it (and its maps).
+func (t *tracker) flow(k flowKey) *flow {
+	f := t.flows[k]
+	if f == nil {
+		f = &flow{starts: map[uint32]msgStart{}, ends: map[uint32]bool{}, lastTx: map[uint32]time.Duration{},
+			firstTx: map[uint32]time.Duration{}, flight: -1}
+		t.flows[k] = f
+		t.readVA[k] = map[uint32]readAt{}
+		t.atomics[k] = map[uint32]AtomicResult{}
+		t.respSeen[k] = map[uint32]bool{}
+	}
+	return f
+}
+
+// requestKey is the flow of a request packet from fromHost to destQP (a
+// QP of the other side): the requester's QPN is the peer the CM gave
+// destQP (0 if none).
+func (t *tracker) requestKey(fromHost bool, destQP uint32) flowKey {
+	return flowKey{fromHost, t.peerQPN[sideQPN{!fromHost, destQP}]}
+}
+
+// responseKey is the request flow a response to destQP answers: destQP is
+// the requester, on the other side.
+func (t *tracker) responseKey(fromHost bool, destQP uint32) flowKey {
+	if _, ok := t.peerQPN[sideQPN{!fromHost, destQP}]; ok {
+		return flowKey{!fromHost, destQP}
+	}
+	return flowKey{!fromHost, 0}
+}
+
+// cmMAD decodes one MAD to QP1 with package cm, counts it and learns the
+// QPNs a REQ and its REP connect. It returns a problem, or "".
+func (s *CaptureStats) cmMAD(t *tracker, fromHost bool, frame int, at time.Duration, mad []byte) string {
+	dir := "vm"
+	if fromHost {
+		dir = "host"
+	}
+	h, msg, err := cm.Decode(mad)
+	if err != nil {
+		return "CM MAD: " + err.Error()
+	}
+	name := h.AttributeID.String()
+	s.CM[dir+" "+name]++
+	line := fmt.Sprintf("#%d +%.1fms %s %s", frame, float64(at.Microseconds())/1e3, dir, name)
+	switch f := msg.(type) {
+	case *cm.REQFields:
+		t.cmReqQPN[cmReqKey{fromHost, f.LocalCommID}] = f.LocalQPN
+		line += fmt.Sprintf(" comm %#x qpn %#x psn %#x service %#x mtu %d resp %d init %d", f.LocalCommID, f.LocalQPN, f.StartingPSN,
+			f.ServiceID, f.PathMTU.Bytes(), f.ResponderResources, f.InitiatorDepth)
+	case *cm.REPFields:
+		line += fmt.Sprintf(" comm %#x->%#x qpn %#x psn %#x resp %d init %d", f.LocalCommID, f.RemoteCommID, f.LocalQPN, f.StartingPSN,
+			f.ResponderResources, f.InitiatorDepth)
+		if q, ok := t.cmReqQPN[cmReqKey{!fromHost, f.RemoteCommID}]; ok {
+			req, rep := sideQPN{!fromHost, q}, sideQPN{fromHost, f.LocalQPN}
+			if p, ok := t.peerQPN[req]; !ok || p != rep.qpn { // not a duplicate REP
+				pair := [2]uint32{q, f.LocalQPN}
+				if fromHost {
+					pair = [2]uint32{f.LocalQPN, q}
+				}
+				s.CMPairs = append(s.CMPairs, pair)
+			}
+			t.peerQPN[req], t.peerQPN[rep] = rep.qpn, req.qpn
+		}
+	case *cm.REJFields:
+		line += fmt.Sprintf(" comm %#x->%#x %v of %v", f.LocalCommID, f.RemoteCommID, f.Reason, f.MessageRejected)
+		s.CM[fmt.Sprintf("%s REJ %v", dir, f.Reason)]++
+	case *cm.RTUFields:
+		line += fmt.Sprintf(" comm %#x->%#x", f.LocalCommID, f.RemoteCommID)
+	case *cm.DREQFields:
+		line += fmt.Sprintf(" comm %#x->%#x qpn %#x", f.LocalCommID, f.RemoteCommID, f.RemoteQPN)
+	case *cm.DREPFields:
+		line += fmt.Sprintf(" comm %#x->%#x", f.LocalCommID, f.RemoteCommID)
+	}
+	if len(s.CMLines) < 40 {
+		s.CMLines = append(s.CMLines, line)
+	}
+	return ""
+}
+
 func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 	r, err := pcapgo.NewReader(in)
 	if err != nil {
@@ -310,20 +445,9 @@ func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 		r.SetSnaplen(maxSnaplen)
 	}
 	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{},
-		VMSrcPorts: map[uint16]int{}, VMTTLs: map[uint16]int{}}
+		VMSrcPorts: map[uint16]int{}, VMTTLs: map[uint16]int{}, CM: map[string]int{}}
 	var p packet.Packet
-	// Request flows by sender (true = host); response flows by responder.
-	newFlow := func() *flow {
-		return &flow{starts: map[uint32]msgStart{}, ends: map[uint32]bool{}, lastTx: map[uint32]time.Duration{},
-			firstTx: map[uint32]time.Duration{}, flight: -1}
-	}
-	req := map[bool]*flow{true: newFlow(), false: newFlow()}
-	// readVA maps a READ request's PSNs to the VA each response PSN
-	// carries; atomics maps an atomic request's PSN to the request. Both
-	// are keyed by the requester (true = host).
-	readVA := map[bool]map[uint32]readAt{true: {}, false: {}}
-	atomics := map[bool]map[uint32]AtomicResult{true: {}, false: {}}
-	respSeen := map[bool]map[uint32]bool{true: {}, false: {}}
+	t := newTracker()
 	var t0 time.Time
 	for {
 		data, ci, err := r.ReadPacketData()
@@ -383,8 +507,15 @@ func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 		op := "?"
 		if p.BTH != nil {
 			op = p.BTH.Opcode().String()
+			if bad == "" && p.BTH.DestQP() == 1 && p.DETH != nil && p.Info.Transport == bth.TransportUD {
+				// A MAD to the GSI: the CM's, in these captures.
+				if msg := s.cmMAD(t, dir == "host", s.Frames, ci.Timestamp.Sub(t0), p.Payload); msg != "" {
+					s.Bad++
+					bad = msg
+				}
+			}
 			if bad == "" {
-				s.track(&p, dir == "host", ci.Timestamp.Sub(t0), req, readVA, atomics, respSeen, check)
+				s.track(&p, dir == "host", ci.Timestamp.Sub(t0), t, check)
 			}
 		}
 		s.Opcodes[dir+" "+op]++
@@ -428,6 +559,12 @@ func (s *CaptureStats) String() string {
 			b.WriteString("    " + l + "\n")
 		}
 	}
+	if len(s.CMLines) > 0 {
+		fmt.Fprintf(&b, "  CM MADs:\n")
+		for _, l := range s.CMLines {
+			b.WriteString("    " + l + "\n")
+		}
+	}
 	if s.DataChecked > 0 {
 		fmt.Fprintf(&b, "  data: %d packets checked, %d wrong, %d not placed\n", s.DataChecked, s.DataBad, s.DataUnplaced)
 		for _, l := range s.DataLines {
@@ -455,8 +592,7 @@ func topKeys(m map[uint16]int) string {
 
 // track follows the PSNs of one parsed packet: it counts resent requests
 // and hands data to check.
-func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, req map[bool]*flow,
-	readVA map[bool]map[uint32]readAt, atomics map[bool]map[uint32]AtomicResult, respSeen map[bool]map[uint32]bool, check DataCheck) {
+func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, t *tracker, check DataCheck) {
 	info := p.Info
 	if info.Transport == bth.TransportUD && p.DETH != nil && check != nil {
 		// A UD datagram: one packet per message, no ACKs, no resends.
@@ -468,11 +604,12 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 	if info.Transport != bth.TransportRC && info.Transport != bth.TransportUC {
 		return
 	}
-	defer func() { req[fromHost].lastSeen, req[fromHost].seen = at, true }()
+	defer func() { t.lastSeen[fromHost], t.seen[fromHost] = at, true }()
 	psn := uint32(p.BTH.PSN())
 	pl := Payload{FromHost: fromHost, Opcode: p.BTH.Opcode(), PSN: psn, Data: p.Payload, DestQP: p.BTH.DestQP(), AckReq: p.BTH.AckReq()}
 	if info.Request {
-		f := req[fromHost]
+		key := t.requestKey(fromHost, p.BTH.DestQP())
+		f := t.flow(key)
 		span := uint32(1)
 		if info.Kind == bth.KindReadRequest && p.RETH != nil {
 			span = max(1, (p.RETH.DMALength()+labMTU-1)/labMTU)
@@ -487,10 +624,9 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 			if f.flight >= 0 && at-f.flightAt <= flightGap && psnBefore(f.flightPSN, psn) {
 				s.Flights[f.flight].Packets++
 			} else {
-				peer := req[!fromHost]
 				fl := ResendFlight{FromHost: fromHost, FirstPSN: psn, Opcode: p.BTH.Opcode(), At: at, Packets: 1, PeerSilent: at}
-				if peer.seen {
-					fl.PeerSilent = at - peer.lastSeen
+				if t.seen[!fromHost] {
+					fl.PeerSilent = at - t.lastSeen[!fromHost]
 				}
 				if t, ok := f.lastTx[psn]; ok {
 					fl.HasPrev, fl.SincePrev, fl.SinceOrig = true, at-t, at-f.firstTx[psn]
@@ -513,7 +649,7 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 					prev = fmt.Sprintf("%.1fms after its previous copy", ms(at-t))
 				}
 				s.RetransLines = append(s.RetransLines, fmt.Sprintf("%s resent %s psn=%#06x at +%.1fms, %s; the peer had been silent for %.1fms",
-					who, p.BTH.Opcode(), psn, ms(at), prev, ms(at-req[!fromHost].lastSeen)))
+					who, p.BTH.Opcode(), psn, ms(at), prev, ms(at-t.lastSeen[!fromHost])))
 			}
 		} else {
 			f.started, f.next = true, (psn+span)&0xffffff
@@ -526,11 +662,11 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		switch {
 		case info.Kind == bth.KindReadRequest && p.RETH != nil:
 			for k := uint32(0); k < min(span, maxReadSpan); k++ {
-				readVA[fromHost][(psn+k)&0xffffff] = readAt{p.RETH.VA() + uint64(k)*labMTU, int(k) * labMTU}
+				t.readVA[key][(psn+k)&0xffffff] = readAt{p.RETH.VA() + uint64(k)*labMTU, int(k) * labMTU}
 			}
 			return
 		case p.AtomicETH != nil:
-			atomics[fromHost][psn] = AtomicResult{Op: p.BTH.Opcode(), VA: p.AtomicETH.VA(),
+			t.atomics[key][psn] = AtomicResult{Op: p.BTH.Opcode(), VA: p.AtomicETH.VA(),
 				Compare: p.AtomicETH.Compare(), SwapAdd: p.AtomicETH.SwapAdd()}
 			return
 		case !info.Payload:
@@ -569,8 +705,8 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		// A response: the requester is the other side.
 		// (ACKs and NAKs share PSNs with these; only data responses
 		// count as seen.)
-		requester := !fromHost
-		if f := req[requester]; f.started {
+		key := t.responseKey(fromHost, p.BTH.DestQP())
+		if f := t.flow(key); f.started {
 			// The highest request PSN this response acknowledges:
 			// an ACK, READ response or atomic ACK covers its PSN, a
 			// NAK (sequence error, RNR, other) the ones before it.
@@ -585,20 +721,20 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		}
 		switch {
 		case p.AtomicAck != nil:
-			a, ok := atomics[requester][psn]
+			a, ok := t.atomics[key][psn]
 			if !ok {
 				return
 			}
 			a.Orig = p.AtomicAck.OrigData()
 			pl.Atomic = &a
 		case info.Kind == bth.KindReadResponse:
-			r, ok := readVA[requester][psn]
+			r, ok := t.readVA[key][psn]
 			pl.VA, pl.MsgOff, pl.HasVA = r.va, r.off, ok
 		default:
 			return
 		}
-		pl.Resent = respSeen[requester][psn]
-		respSeen[requester][psn] = true
+		pl.Resent = t.respSeen[key][psn]
+		t.respSeen[key][psn] = true
 	}
 	if check == nil {
 		return
