@@ -34,9 +34,27 @@ const (
 	VMIP     = "192.0.2.2" // the VM's eth0 and rxe0
 	Prefix   = 24
 	VMMAC    = "52:54:00:c0:02:02"
+	HostMAC  = "52:54:00:c0:02:01" // the bridge's
 	Bridge   = "rv2br0"
 	Tap      = "rv2tap0"
+	VMDev    = "eth0" // the VM's NIC (virtio-net), rxe0's netdev
 	nsPrefix = "rocev2-interop-"
+)
+
+// IPv6 of the lab: link-local only (the modified EUI-64 of each side's
+// MAC, fe80::/64, no DAD), so every address needs its zone: HostLL%rv2br0
+// on the host, VMLL%eth0 in the VM. rxe0 lists VMLL as a RoCEv2 GID
+// (Lab.GID6Index).
+const (
+	HostLL = "fe80::5054:ff:fec0:201"
+	VMLL   = "fe80::5054:ff:fec0:202"
+)
+
+// Wire MTUs: the netdev MTU of the tap, the bridge and the VM's eth0.
+// rxe's active MTU follows the netdev (1500 -> 1024, 9000 -> 4096).
+const (
+	DefaultWireMTU = 1500
+	JumboWireMTU   = 9000
 )
 
 // Lab is one running VM with rxe0, in a network namespace of its own.
@@ -45,8 +63,11 @@ type Lab struct {
 	NS string
 	// Dir holds the console log, captures and outputs of this run.
 	Dir string
-	// GIDIndex is rxe0's RoCEv2 IPv4 GID index (1 on Linux 6.1).
-	GIDIndex int
+	// GIDIndex is rxe0's RoCEv2 IPv4 GID index; GID6Index its RoCEv2
+	// GID of the link-local VMLL.
+	GIDIndex, GID6Index int
+	// WireMTU is the wire's current netdev MTU (SetWireMTU).
+	WireMTU int
 	// BootTime is the time from qemu start to an answering command channel.
 	BootTime time.Duration
 
@@ -74,7 +95,7 @@ func StartLab(ctx context.Context, img *Image, dir string, logf func(string, ...
 	cleanStaleVMs(filepath.Dir(dir), logf)
 	cleanStaleNamespaces(logf)
 	l := &Lab{NS: nsPrefix + strconv.Itoa(os.Getpid()), Dir: dir, img: img, logf: logf,
-		console: filepath.Join(dir, "console.log"), procs: map[int]*exec.Cmd{}}
+		console: filepath.Join(dir, "console.log"), procs: map[int]*exec.Cmd{}, WireMTU: DefaultWireMTU, GID6Index: -1}
 	t0 := time.Now()
 	if err := l.netns(); err != nil {
 		l.Close()
@@ -163,17 +184,26 @@ func cleanStaleNamespaces(logf func(string, ...any)) {
 	}
 }
 
-// netns creates the namespace, the bridge with HostIP and the VM's tap.
+// netns creates the namespace, the bridge with HostIP and HostLL (MAC
+// HostMAC) and the VM's tap. IPv6 is on but quiet: no DAD, no router
+// solicitations, no address on the tap (a bridge port), no multicast
+// snooping (neighbour discovery is flooded).
 func (l *Lab) netns() error {
 	cmds := [][]string{
 		{"ip", "netns", "add", l.NS},
 		{"ip", "-n", l.NS, "link", "set", "lo", "up"},
-		{"ip", "netns", "exec", l.NS, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"},
-		{"ip", "-n", l.NS, "link", "add", Bridge, "type", "bridge", "stp_state", "0", "forward_delay", "0"},
+		{"ip", "netns", "exec", l.NS, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0",
+			"net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0",
+			"net.ipv6.conf.all.router_solicitations=0", "net.ipv6.conf.default.router_solicitations=0"},
+		{"ip", "-n", l.NS, "link", "add", Bridge, "address", HostMAC, "type", "bridge",
+			"stp_state", "0", "forward_delay", "0", "mcast_snooping", "0"},
+		{"ip", "-n", l.NS, "link", "set", Bridge, "addrgenmode", "none"},
 		{"ip", "-n", l.NS, "addr", "add", HostIP + "/" + strconv.Itoa(Prefix), "dev", Bridge},
-		{"ip", "-n", l.NS, "link", "set", Bridge, "mtu", "1500", "up"},
+		{"ip", "-n", l.NS, "addr", "add", HostLL + "/64", "dev", Bridge, "nodad"},
+		{"ip", "-n", l.NS, "link", "set", Bridge, "mtu", strconv.Itoa(DefaultWireMTU), "up"},
 		{"ip", "-n", l.NS, "tuntap", "add", "dev", Tap, "mode", "tap"},
-		{"ip", "-n", l.NS, "link", "set", Tap, "mtu", "1500", "master", Bridge, "up"},
+		{"ip", "netns", "exec", l.NS, "sysctl", "-q", "-w", "net.ipv6.conf." + Tap + ".disable_ipv6=1"},
+		{"ip", "-n", l.NS, "link", "set", Tap, "mtu", strconv.Itoa(DefaultWireMTU), "master", Bridge, "up"},
 	}
 	for _, c := range cmds {
 		if _, err := runCmd(nil, c[0], c[1:]...); err != nil {
@@ -213,13 +243,20 @@ func (l *Lab) boot(ctx context.Context) error {
 		"-name", "rocev2-interop", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "1024",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", l.img.Kernel, "-initrd", l.img.Initrd,
-		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=4 rocev2lab.ip=%s/%d rocev2lab.mtu=1500", VMIP, Prefix),
+		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=4 rocev2lab.ip=%s/%d rocev2lab.mtu=%d rocev2lab.ipv6=1", VMIP, Prefix, DefaultWireMTU),
 		"-chardev", "file,id=con0,path=" + l.console, "-serial", "chardev:con0",
 		"-netdev", "tap,id=net0,ifname=" + Tap + ",script=no,downscript=no",
 		"-device", "virtio-net-pci,netdev=net0,mac=" + VMMAC,
 	}
 	qlog, err := os.Create(filepath.Join(l.Dir, "qemu.log"))
 	if err != nil {
+		return err
+	}
+	// qemu truncates the console file only once it runs: an old ready
+	// line from an earlier boot in the same directory must not be read
+	// before that.
+	if err := os.WriteFile(l.console, nil, 0o644); err != nil {
+		qlog.Close()
 		return err
 	}
 	defer qlog.Close()
@@ -246,6 +283,9 @@ func (l *Lab) boot(ctx context.Context) error {
 			for _, f := range strings.Fields(line) {
 				if v, ok := strings.CutPrefix(f, "gid_index="); ok {
 					l.GIDIndex, _ = strconv.Atoi(v)
+				}
+				if v, ok := strings.CutPrefix(f, "gid6_index="); ok {
+					l.GID6Index, _ = strconv.Atoi(v)
 				}
 			}
 			break
@@ -453,6 +493,67 @@ func (l *Lab) Counters(ctx context.Context) (map[string]uint64, error) {
 		}
 	}
 	return m, nil
+}
+
+// SetWireMTU sets the netdev MTU of the whole wire — the tap and the
+// bridge in the namespace, eth0 in the VM — unless it is already mtu, and
+// waits until rxe0's active MTU follows (rxe takes the largest IB MTU
+// that fits: 1500 -> 1024, 9000 -> 4096). It is done within the running
+// VM (rxe reacts to NETDEV_CHANGEMTU), so the cells at either MTU share
+// one boot. A larger MTU is raised on the host first, a smaller one
+// lowered in the VM first, so no side sends what the other would drop.
+func (l *Lab) SetWireMTU(ctx context.Context, mtu int) error {
+	if mtu == 0 {
+		mtu = DefaultWireMTU
+	}
+	if mtu == l.WireMTU {
+		return nil
+	}
+	t0 := time.Now()
+	host := func() error {
+		for _, dev := range []string{Tap, Bridge} {
+			if _, err := runCmd(nil, "ip", "-n", l.NS, "link", "set", dev, "mtu", strconv.Itoa(mtu)); err != nil {
+				return fmt.Errorf("wire MTU %d: %w", mtu, err)
+			}
+		}
+		return nil
+	}
+	want := rxeActiveMTU(mtu)
+	vm := func() error {
+		// ibv_devinfo prints "active_mtu: 4096 (5)".
+		cmd := fmt.Sprintf("ip link set %s mtu %d && for i in $(seq 100); do ibv_devinfo -d rxe0 | grep -q 'active_mtu:[[:space:]]*%d ' && exit 0; sleep 0.05; done; ibv_devinfo -d rxe0; exit 1",
+			VMDev, mtu, want)
+		r, err := l.Run(ctx, cmd, 20*time.Second)
+		if err != nil || r.Exit != 0 {
+			return fmt.Errorf("wire MTU %d in the VM (rxe0 active_mtu %d expected): %v %s", mtu, want, err, r.Output)
+		}
+		return nil
+	}
+	order := []func() error{host, vm}
+	if mtu < l.WireMTU {
+		order = []func() error{vm, host}
+	}
+	for _, f := range order {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	l.logf("lab: wire MTU %d -> %d, rxe0 active_mtu %d (%.1fs)", l.WireMTU, mtu, want, time.Since(t0).Seconds())
+	l.WireMTU = mtu
+	return nil
+}
+
+// rxeActiveMTU is the IB MTU rxe derives from a netdev MTU: the largest of
+// 256..4096 that fits in it less RXE_MAX_HDR_LENGTH (80) bytes of headers
+// (rxe_param.h eth_mtu_int_to_enum).
+func rxeActiveMTU(netdev int) int {
+	room := netdev - 80
+	for _, m := range []int{4096, 2048, 1024, 512, 256} {
+		if room >= m {
+			return m
+		}
+	}
+	return 256
 }
 
 // HostProc is a program running in the lab namespace on the host.

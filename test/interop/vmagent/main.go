@@ -3,8 +3,9 @@
 // Command vmagent is /init of the interop lab's VM. It mounts the pseudo
 // file systems, loads the kernel modules listed in /etc/rocev2lab/modules,
 // configures eth0 from the kernel command line (rocev2lab.ip=ADDR/PREFIX,
-// rocev2lab.mtu=N), creates the soft-RoCE device rxe0 on eth0, waits for
-// its RoCEv2 IPv4 GID, prints agentproto.ReadyPrefix on the console and then
+// rocev2lab.mtu=N, rocev2lab.ipv6=1 for its link-local IPv6 address),
+// creates the soft-RoCE device rxe0 on eth0, waits for its RoCEv2 IPv4 GID
+// (and with IPv6 its link-local one), prints agentproto.ReadyPrefix on the console and then
 // serves the command channel (agentproto) on TCP port agentproto.Port.
 //
 // It is built by the interop test (CGO_ENABLED=0) and never runs on the host.
@@ -71,8 +72,14 @@ func main() {
 	if mtu == "" {
 		mtu = "1500"
 	}
-	configureNet(ip, mtu)
+	ipv6 := params["rocev2lab.ipv6"] == "1"
+	configureNet(ip, mtu, ipv6)
 	idx, gid := createRXE()
+	gid6 := ""
+	if ipv6 {
+		i6, g6 := waitGID("fe80:0000:0000:0000:", "IPv6 link-local")
+		gid6 = fmt.Sprintf(" gid6_index=%d gid6=%s", i6, g6)
+	}
 	ln, err := net.Listen("tcp", ":"+strconv.Itoa(agentproto.Port))
 	if err != nil {
 		fatal("listen on TCP %d: %v", agentproto.Port, err)
@@ -81,8 +88,8 @@ func main() {
 	if b, err := os.ReadFile("/proc/uptime"); err == nil {
 		up, _ = strconv.ParseFloat(strings.Fields(string(b))[0], 64)
 	}
-	fmt.Fprintf(os.Stdout, "%s ip=%s gid_index=%d gid=%s uptime=%.2f agent=%.2f\n",
-		agentproto.ReadyPrefix, strings.Split(ip, "/")[0], idx, gid, up, time.Since(start).Seconds())
+	fmt.Fprintf(os.Stdout, "%s ip=%s gid_index=%d gid=%s%s uptime=%.2f agent=%.2f\n",
+		agentproto.ReadyPrefix, strings.Split(ip, "/")[0], idx, gid, gid6, up, time.Since(start).Seconds())
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -162,10 +169,17 @@ func writeFile(p, v string) {
 	}
 }
 
-func configureNet(ip, mtu string) {
-	// No IPv6 on the lab wire: keeps captures free of ND/MLD noise.
-	writeFile("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1")
-	writeFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1")
+// configureNet sets up eth0: ip, mtu and, with ipv6, its link-local IPv6
+// address (EUI-64 of its MAC, no DAD, no router solicitations: the address
+// is usable at once and the wire stays quiet); without ipv6, IPv6 is off.
+func configureNet(ip, mtu string, ipv6 bool) {
+	v6 := map[bool]string{true: "0", false: "1"}[ipv6]
+	writeFile("/proc/sys/net/ipv6/conf/all/disable_ipv6", v6)
+	writeFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", v6)
+	for _, c := range []string{"all", "default"} {
+		writeFile("/proc/sys/net/ipv6/conf/"+c+"/accept_dad", "0")
+		writeFile("/proc/sys/net/ipv6/conf/"+c+"/router_solicitations", "0")
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat("/sys/class/net/" + netDev); err == nil {
@@ -176,7 +190,9 @@ func configureNet(ip, mtu string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	writeFile("/proc/sys/net/ipv6/conf/"+netDev+"/disable_ipv6", "1")
+	writeFile("/proc/sys/net/ipv6/conf/"+netDev+"/disable_ipv6", v6)
+	writeFile("/proc/sys/net/ipv6/conf/"+netDev+"/accept_dad", "0")
+	writeFile("/proc/sys/net/ipv6/conf/"+netDev+"/router_solicitations", "0")
 	run("ip", "link", "set", "lo", "up")
 	run("ip", "link", "set", netDev, "mtu", mtu, "up")
 	run("ip", "addr", "add", ip, "dev", netDev)
@@ -185,6 +201,12 @@ func configureNet(ip, mtu string) {
 // createRXE adds rxe0 on eth0 and waits for its RoCEv2 IPv4-mapped GID.
 func createRXE() (int, string) {
 	run("rdma", "link", "add", rxeDev, "type", "rxe", "netdev", netDev)
+	return waitGID("0000:0000:0000:0000:0000:ffff:", "IPv4")
+}
+
+// waitGID waits for a RoCEv2 GID of rxe0 starting with prefix (sysfs
+// form) and returns its index and value.
+func waitGID(prefix, what string) (int, string) {
 	dir := "/sys/class/infiniband/" + rxeDev + "/ports/1"
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
@@ -196,14 +218,14 @@ func createRXE() (int, string) {
 			}
 			t, _ := os.ReadFile(dir + "/gid_attrs/types/" + e.Name())
 			gs := strings.TrimSpace(string(g))
-			if strings.HasPrefix(gs, "0000:0000:0000:0000:0000:ffff:") && strings.TrimSpace(string(t)) == "RoCE v2" {
+			if strings.HasPrefix(gs, prefix) && strings.TrimSpace(string(t)) == "RoCE v2" {
 				n, _ := strconv.Atoi(e.Name())
 				return n, gs
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	fatal("%s has no RoCEv2 IPv4 GID after 20 s", rxeDev)
+	fatal("%s has no RoCEv2 %s GID after 20 s", rxeDev, what)
 	return 0, ""
 }
 
