@@ -81,6 +81,8 @@ func ReadPCAP(path string) ([]Frame, layers.LinkType, error) {
 // Line is one line of a .txt's "## packets" section, e.g.
 //
 //	20 0.000000 192.0.2.3:49593 > 192.0.2.2 RC_RDMA_WRITE_ONLY dqpn=0x000015 psn=0xc8a712 A pkey=0xffff pay=64 RETH[va=0x55d90dddb000 rkey=0x00000654 len=64] icrc=0x6305d220
+//
+// or, over IPv6, "... [2001:db8::3]:49593 > 2001:db8::2 ...".
 type Line struct {
 	Frame   int
 	Src     netip.Addr
@@ -163,9 +165,18 @@ type Capture struct {
 	SentImm []uint32
 }
 
+// Addresses in a .txt are IPv4 (192.0.2.2) or IPv6 (2001:db8::2,
+// fe80::2%eth0); a packet line's source with its port is ADDR:PORT for
+// IPv4 and [ADDR]:PORT for IPv6, its destination may be bracketed too.
+const (
+	reIPv4 = `\d+\.\d+\.\d+\.\d+`
+	reIPv6 = `[0-9A-Fa-f]*:[0-9A-Fa-f:.]*(?:%[\w.-]+)?`
+	reIP   = `(?:` + reIPv4 + `|` + reIPv6 + `)`
+)
+
 var (
-	reRole = regexp.MustCompile(`^(server|client) \((?:\S+ )?(\d+\.\d+\.\d+\.\d+)`)
-	reHead = regexp.MustCompile(`^\s*(\d+) \d+\.\d+ (\d+\.\d+\.\d+\.\d+):(\d+) > (\d+\.\d+\.\d+\.\d+) ([A-Z_]+)\s+dqpn=(0x[0-9a-f]+) psn=(0x[0-9a-f]+) (A )?pkey=(0x[0-9a-f]+) pay=(\d+)\s*(.*?)\s*icrc=(0x[0-9a-f]{8})$`)
+	reRole = regexp.MustCompile(`^(server|client) \((?:\S+ )?(` + reIP + `)`)
+	reHead = regexp.MustCompile(`^\s*(\d+) \d+\.\d+ (` + reIPv4 + `|\[` + reIPv6 + `\]):(\d+) > (` + reIP + `|\[` + reIPv6 + `\]) ([A-Z_]+)\s+dqpn=(0x[0-9a-f]+) psn=(0x[0-9a-f]+) (A )?pkey=(0x[0-9a-f]+) pay=(\d+)\s*(.*?)\s*icrc=(0x[0-9a-f]{8})$`)
 	reExt  = regexp.MustCompile(`^(RETH|AETH|AtomicETH|AtomicAckETH|DETH|IETH)\[([^\]]*)\]|^ImmDt=(0x[0-9a-f]+)`)
 	reAddr = regexp.MustCompile(`^\s*(local|remote)(?: address)?:\s+(?:LID \S+\s+)?QPN (0x[0-9a-f]+),? PSN (0x[0-9a-f]+)[,:]?(?: OUT \S+)?(?: RKey (0x[0-9a-f]+) VAddr (0x[0-9a-f]+))?`)
 	reSent = regexp.MustCompile(`^\s*sent #\d+ .*imm=(0x[0-9a-f]+)`)
@@ -269,7 +280,7 @@ func parseLine(s string) (Line, error) {
 	if l.Frame, err = strconv.Atoi(m[1]); err != nil {
 		return l, err
 	}
-	if l.Src, err = netip.ParseAddr(m[2]); err != nil {
+	if l.Src, err = netip.ParseAddr(strings.Trim(m[2], "[]")); err != nil {
 		return l, err
 	}
 	sp, err := strconv.ParseUint(m[3], 10, 16)
@@ -277,7 +288,7 @@ func parseLine(s string) (Line, error) {
 		return l, err
 	}
 	l.SrcPort = uint16(sp)
-	if l.Dst, err = netip.ParseAddr(m[4]); err != nil {
+	if l.Dst, err = netip.ParseAddr(strings.Trim(m[4], "[]")); err != nil {
 		return l, err
 	}
 	l.Opcode = m[5]

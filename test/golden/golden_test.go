@@ -45,31 +45,85 @@ func loadRoCE(t *testing.T, path string) []*rocePacket {
 	}
 	var out []*rocePacket
 	for _, f := range frames {
-		gp := gopacket.NewPacket(f.Data, layers.LayerTypeEthernet, gopacket.DecodeOptions{NoCopy: true, SkipDecodeRecovery: true})
-		udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
-		if udp == nil || udp.DstPort != rocelayer.Port {
-			continue
-		}
 		where := fmt.Sprintf("%s #%d", filepath.Base(path), f.Num)
 		if f.Len != len(f.Data) {
 			t.Fatalf("%s: frame truncated by the capture (%d of %d bytes)", where, len(f.Data), f.Len)
 		}
-		if el := gp.ErrorLayer(); el != nil {
-			t.Fatalf("%s: decode: %v", where, el.Error())
+		if r := decodeRoCE(t, where, f.Num, f.Data); r != nil {
+			out = append(out, r)
 		}
-		r := &rocePacket{num: f.Num, frame: f.Data, gp: gp, udp: udp}
-		if r.ip, err = rocelayer.IPPacket(gp); err != nil {
-			t.Fatalf("%s: %v", where, err)
-		}
-		if err := r.pk.Parse(udp.Payload); err != nil {
-			t.Fatalf("%s: packet.Parse: %v", where, err)
-		}
-		src, dst := gp.NetworkLayer().NetworkFlow().Endpoints()
-		r.src, _ = netip.AddrFromSlice(src.Raw())
-		r.dst, _ = netip.AddrFromSlice(dst.Raw())
-		out = append(out, r)
 	}
 	return out
+}
+
+// decodeRoCE decodes an Ethernet frame; nil if it is not RoCEv2 (UDP to
+// 4791). A RoCEv2 frame that fails to decode fails the test.
+func decodeRoCE(t *testing.T, where string, num int, frame []byte) *rocePacket {
+	t.Helper()
+	gp := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.DecodeOptions{NoCopy: true, SkipDecodeRecovery: true})
+	udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+	if udp == nil || udp.DstPort != rocelayer.Port {
+		return nil
+	}
+	if el := gp.ErrorLayer(); el != nil {
+		t.Fatalf("%s: decode: %v", where, el.Error())
+	}
+	r := &rocePacket{num: num, frame: frame, gp: gp, udp: udp}
+	var err error
+	if r.ip, err = rocelayer.IPPacket(gp); err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	if err := r.pk.Parse(udp.Payload); err != nil {
+		t.Fatalf("%s: packet.Parse: %v", where, err)
+	}
+	src, dst := gp.NetworkLayer().NetworkFlow().Endpoints()
+	r.src, _ = netip.AddrFromSlice(src.Raw())
+	r.dst, _ = netip.AddrFromSlice(dst.Raw())
+	return r
+}
+
+// v6Addr is the IPv6 address the synthesized IPv6 frames use for an IPv4
+// host of the captures: 192.0.2.x -> 2001:db8::c000:2xx (documentation
+// prefix, the IPv4 address in the low 32 bits).
+func v6Addr(a netip.Addr) netip.Addr {
+	b := netip.MustParseAddr("2001:db8::").As16()
+	a4 := a.Unmap().As4()
+	copy(b[12:], a4[:])
+	return netip.AddrFrom16(b)
+}
+
+// toIPv6 synthesizes the IPv6 twin of a golden IPv4 RoCEv2 frame — there is
+// no golden IPv6 capture: the same Ethernet addresses, an IPv6 header with
+// the IPv4 TOS as traffic class, a flow label, the TTL as hop limit and
+// the v6Addr addresses, the same UDP ports with checksum 0 (as rxe sends
+// over IPv6), the same RoCEv2 payload, and the ICRC recomputed for the
+// IPv6 header (icrc.Put).
+func toIPv6(t *testing.T, where string, p *rocePacket) *rocePacket {
+	t.Helper()
+	ip4, ok := p.gp.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	if !ok {
+		t.Fatalf("%s: not IPv4", where)
+	}
+	eth := *p.gp.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	eth.EthernetType = layers.EthernetTypeIPv6
+	ip6 := &layers.IPv6{Version: 6, TrafficClass: ip4.TOS, FlowLabel: uint32(p.udp.SrcPort)<<4 | 0x5,
+		NextHeader: layers.IPProtocolUDP, HopLimit: ip4.TTL,
+		SrcIP: v6Addr(p.src).AsSlice(), DstIP: v6Addr(p.dst).AsSlice()}
+	udp := &layers.UDP{SrcPort: p.udp.SrcPort, DstPort: p.udp.DstPort}
+	buf := gopacket.NewSerializeBuffer()
+	pay := append([]byte(nil), p.udp.Payload...)
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true}, &eth, ip6, udp, gopacket.Payload(pay)); err != nil {
+		t.Fatalf("%s: IPv6 twin: %v", where, err)
+	}
+	frame := append([]byte(nil), buf.Bytes()...)
+	if err := icrc.Put(frame[14:]); err != nil {
+		t.Fatalf("%s: IPv6 twin: icrc.Put: %v", where, err)
+	}
+	r := decodeRoCE(t, where+" (IPv6 twin)", p.num, frame)
+	if r == nil {
+		t.Fatalf("%s: IPv6 twin is not RoCEv2", where)
+	}
+	return r
 }
 
 // TestGoldenCaptures is the first "Must show": every RoCEv2 packet
@@ -209,10 +263,23 @@ func reencode(t *testing.T, where string, p *rocePacket) {
 	}
 
 	eth := *p.gp.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
-	ip4 := *p.gp.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	var ipl gopacket.SerializableLayer
+	switch l := p.gp.NetworkLayer().(type) {
+	case *layers.IPv4:
+		ip4 := *l
+		ip4.Checksum, ip4.Length, ip4.IHL = 0, 0, 0
+		ipl = &ip4
+	case *layers.IPv6:
+		ip6 := *l
+		ip6.Length = 0
+		ipl = &ip6
+	default:
+		t.Errorf("%s: network layer %T", where, l)
+		return
+	}
 	udp := *p.udp
-	ip4.Checksum, ip4.Length, ip4.IHL, udp.Length = 0, 0, 0, 0
-	ls := append([]gopacket.SerializableLayer{&eth, &ip4, &udp}, rocelayer.FromFields(&f)...)
+	udp.Length = 0
+	ls := append([]gopacket.SerializableLayer{&eth, ipl, &udp}, rocelayer.FromFields(&f)...)
 	buf := gopacket.NewSerializeBuffer()
 	if err := rocelayer.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
 		t.Errorf("%s: rocelayer.SerializeLayers: %v", where, err)
@@ -328,64 +395,163 @@ func hasRKeys(addrs []golden.Addr) bool {
 }
 
 // TestGoldenBitFlips: flipping any single bit of a covered byte of a golden
-// packet makes ICRC verification fail; changing a masked field (TOS/ECN,
-// TTL, IPv4 checksum, UDP checksum, BTH byte 4) does not. The gopacket
+// packet makes ICRC verification fail; changing a masked field (IPv4:
+// TOS/ECN, TTL, header checksum; IPv6: traffic class, flow label, hop
+// limit; UDP checksum, BTH byte 4) does not. Each packet is checked as
+// captured (IPv4) and as its synthesized IPv6 twin (toIPv6). The gopacket
 // checker path (rocelayer.VerifyICRC) is exercised on one flip per byte of
 // the first packet of each capture.
 func TestGoldenBitFlips(t *testing.T) {
-	const ipHdr, udpHdr = 20, 8
-	masked := map[int]bool{1: true, 8: true, 10: true, 11: true, ipHdr + 6: true, ipHdr + 7: true, ipHdr + udpHdr + 4: true}
 	flips := 0
 	for _, path := range golden.PCAPs(t) {
 		name := filepath.Base(path)
 		for i, p := range loadRoCE(t, path) {
+			where := fmt.Sprintf("%s #%d", name, p.num)
 			if p.ip[0]>>4 != 4 || p.ip[0]&0xf != 5 {
-				t.Fatalf("%s #%d: not a 20-byte IPv4 header", name, p.num)
+				t.Fatalf("%s: not a 20-byte IPv4 header", where)
 			}
-			ip := append([]byte(nil), p.ip...)
-			for off := range ip {
-				if masked[off] {
-					continue
-				}
-				for bit := 0; bit < 8; bit++ {
-					ip[off] ^= 1 << bit
-					err := icrc.Verify(ip)
-					// Flips of addresses, ports and everything from the BTH on
-					// are plain mismatches; flips of length/version/protocol
-					// fields may be reported as malformed instead.
-					plain := off >= 12 && off < ipHdr || off >= ipHdr && off < ipHdr+4 || off >= ipHdr+udpHdr
-					if err == nil || plain && !errors.Is(err, icrc.ErrMismatch) {
-						t.Fatalf("%s #%d: flipping bit %d of IP byte %d: icrc.Verify = %v", name, p.num, bit, off, err)
-					}
-					ip[off] ^= 1 << bit
-					flips++
-				}
-				if i == 0 {
-					fr := append([]byte(nil), p.frame...)
-					fr[14+off] ^= 0x10
-					gp := gopacket.NewPacket(fr, layers.LayerTypeEthernet, gopacket.DecodeOptions{SkipDecodeRecovery: true})
-					if err := rocelayer.VerifyICRC(gp); err == nil && gp.ErrorLayer() == nil {
-						t.Errorf("%s #%d: checker accepted a flip of IP byte %d", name, p.num, off)
-					}
-				}
-			}
-			// Masked fields may take any value.
-			for _, m := range []struct {
-				off int
-				v   byte
-			}{{1, 0xff}, {1, 0x03}, {8, 1}, {8, 0xff}, {10, 0x12}, {11, 0x34}, {ipHdr + 6, 0xab}, {ipHdr + 7, 0xcd}, {ipHdr + udpHdr + 4, 0xc0}, {ipHdr + udpHdr + 4, 0x3f}} {
-				ip := append([]byte(nil), p.ip...)
-				ip[m.off] = m.v
-				if err := icrc.Verify(ip); err != nil {
-					t.Fatalf("%s #%d: setting masked byte %d to %#x: %v", name, p.num, m.off, m.v, err)
-				}
-			}
-			if err := icrc.Verify(p.ip); err != nil {
-				t.Fatalf("%s #%d: %v", name, p.num, err)
-			}
+			flips += bitFlips(t, where, p, i == 0)
+			flips += bitFlips(t, where+" (IPv6 twin)", toIPv6(t, where, p), i == 0)
 		}
 	}
 	t.Logf("%d single-bit flips rejected", flips)
+}
+
+// bitFlips flips every covered bit of p's IP packet (IPv4 with a 20-byte
+// header, or IPv6) and sets its masked fields to other values; checker
+// also flips one bit per byte through rocelayer.VerifyICRC. It returns the
+// number of flips.
+func bitFlips(t *testing.T, where string, p *rocePacket, checker bool) int {
+	t.Helper()
+	const udpHdr = 8
+	ipHdr := 20
+	// maskedBits returns the bits of IP byte off the ICRC does not cover.
+	maskedBits := func(off int) byte {
+		switch off {
+		case 1, 8, 10, 11: // TOS, TTL, header checksum
+			return 0xff
+		}
+		return 0
+	}
+	// plain: flips of these bytes are plain mismatches (addresses, ports,
+	// everything from the BTH on); length, version and protocol fields
+	// may be reported as malformed instead.
+	plain := func(off int) bool {
+		return off >= 12 && off < ipHdr || off >= ipHdr && off < ipHdr+4 || off >= ipHdr+udpHdr
+	}
+	sets := []struct {
+		off int
+		v   byte
+	}{{1, 0xff}, {1, 0x03}, {8, 1}, {8, 0xff}, {10, 0x12}, {11, 0x34}}
+	if p.ip[0]>>4 == 6 {
+		ipHdr = 40
+		maskedBits = func(off int) byte {
+			switch off {
+			case 0: // traffic class, high nibble
+				return 0x0f
+			case 1, 2, 3, 7: // traffic class low nibble, flow label, hop limit
+				return 0xff
+			}
+			return 0
+		}
+		plain = func(off int) bool { return off >= 8 && off < ipHdr+4 || off >= ipHdr+udpHdr }
+		sets = []struct {
+			off int
+			v   byte
+		}{{0, 0x6f}, {1, 0xff}, {1, 0x30}, {2, 0xab}, {3, 0xcd}, {7, 1}, {7, 0xff}}
+	}
+	masked := func(off int) byte {
+		if off == ipHdr+6 || off == ipHdr+7 || off == ipHdr+udpHdr+4 { // UDP checksum, BTH byte 4
+			return 0xff
+		}
+		return maskedBits(off)
+	}
+	flips := 0
+	ip := append([]byte(nil), p.ip...)
+	for off := range ip {
+		m := masked(off)
+		for bit := 0; bit < 8; bit++ {
+			if m&(1<<bit) != 0 {
+				continue
+			}
+			ip[off] ^= 1 << bit
+			err := icrc.Verify(ip)
+			if err == nil || plain(off) && !errors.Is(err, icrc.ErrMismatch) {
+				t.Fatalf("%s: flipping bit %d of IP byte %d: icrc.Verify = %v", where, bit, off, err)
+			}
+			ip[off] ^= 1 << bit
+			flips++
+		}
+		if checker && m != 0xff {
+			fr := append([]byte(nil), p.frame...)
+			for bit := 0; bit < 8; bit++ {
+				if m&(1<<bit) == 0 {
+					fr[14+off] ^= 1 << bit
+					break
+				}
+			}
+			gp := gopacket.NewPacket(fr, layers.LayerTypeEthernet, gopacket.DecodeOptions{SkipDecodeRecovery: true})
+			if err := rocelayer.VerifyICRC(gp); err == nil && gp.ErrorLayer() == nil {
+				t.Errorf("%s: checker accepted a flip of IP byte %d", where, off)
+			}
+		}
+	}
+	// Masked fields may take any value.
+	sets = append(sets, []struct {
+		off int
+		v   byte
+	}{{ipHdr + 6, 0xab}, {ipHdr + 7, 0xcd}, {ipHdr + udpHdr + 4, 0xc0}, {ipHdr + udpHdr + 4, 0x3f}}...)
+	for _, m := range sets {
+		ip := append([]byte(nil), p.ip...)
+		ip[m.off] = m.v
+		if err := icrc.Verify(ip); err != nil {
+			t.Fatalf("%s: setting masked byte %d to %#x: %v", where, m.off, m.v, err)
+		}
+	}
+	if err := icrc.Verify(p.ip); err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	return flips
+}
+
+// TestGoldenIPv6Twins checks every golden packet's synthesized IPv6 twin
+// (toIPv6): its ICRC verifies, its fields equal the .txt line's (with the
+// twin's addresses), and re-encoding it from its decoded fields gives the
+// twin's bytes (packet.Build + icrc.Put, and rocelayer over an IPv6 layer).
+// The ICRC must differ from the IPv4 one (the addresses are covered).
+func TestGoldenIPv6Twins(t *testing.T) {
+	total := 0
+	for _, path := range golden.PCAPs(t) {
+		name := filepath.Base(path)
+		c, err := golden.ParseTxt(strings.TrimSuffix(path, ".pcap") + ".txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		byNum := map[int]*rocePacket{}
+		for _, p := range loadRoCE(t, path) {
+			byNum[p.num] = p
+		}
+		for _, l := range c.Packets {
+			p := byNum[l.Frame]
+			if p == nil {
+				t.Fatalf("%s: frame %d of the .txt is not RoCEv2", name, l.Frame)
+			}
+			where := fmt.Sprintf("%s #%d (IPv6 twin)", name, l.Frame)
+			p6 := toIPv6(t, where, p)
+			if err := icrc.Verify(p6.ip); err != nil {
+				t.Errorf("%s: icrc.Verify: %v", where, err)
+			}
+			if p6.pk.ICRC == p.pk.ICRC {
+				t.Errorf("%s: IPv6 ICRC %#x equals the IPv4 one", where, p6.pk.ICRC)
+			}
+			l6 := l
+			l6.Src, l6.Dst, l6.ICRC = v6Addr(l.Src), v6Addr(l.Dst), p6.pk.ICRC
+			compareLine(t, where, p6, &l6)
+			reencode(t, where, p6)
+			total++
+		}
+	}
+	t.Logf("%d IPv6 twins checked", total)
 }
 
 // TestGoldenOpcodeNames checks that every opcode name in the .txt files
