@@ -189,15 +189,58 @@ func serializable(t *testing.T, p gopacket.Packet) []gopacket.SerializableLayer 
 	return ls
 }
 
-// TestGoldenSerializeRoundTrip re-serializes every golden RoCEv2 frame from
-// its decoded layers and compares the whole frame with the capture: once as
-// decoded (gopacket.SerializeLayers, no options) and once with lengths, pad
-// count, IPv4 checksum and ICRC cleared and recomputed (SerializeLayers with
+// ipv6Twin synthesizes the IPv6 version of a golden IPv4 RoCEv2 frame
+// (there is no golden IPv6 capture): the same Ethernet addresses, an IPv6
+// header (the TOS as traffic class, a flow label, the TTL as hop limit,
+// 2001:db8:: addresses with the IPv4 address in the low 32 bits), the
+// same UDP ports with checksum 0 (as rxe sends over IPv6), the same
+// RoCEv2 payload and the ICRC recomputed for the IPv6 header.
+func ipv6Twin(t testing.TB, frame []byte) []byte {
+	t.Helper()
+	p := decode(frame)
+	ip4, ok := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	udp, isR := isRoCE(p)
+	if !ok || !isR {
+		t.Fatalf("not an IPv4 RoCEv2 frame: %v", layerTypes(p))
+	}
+	v6 := func(a net.IP) net.IP {
+		b := net.ParseIP("2001:db8::")
+		copy(b[12:], a.To4())
+		return b
+	}
+	eth := *p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	eth.EthernetType = layers.EthernetTypeIPv6
+	ip6 := &layers.IPv6{Version: 6, TrafficClass: ip4.TOS, FlowLabel: uint32(udp.SrcPort)<<4 | 0x9, NextHeader: layers.IPProtocolUDP,
+		HopLimit: ip4.TTL, SrcIP: v6(ip4.SrcIP), DstIP: v6(ip4.DstIP)}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true}, &eth, ip6,
+		&layers.UDP{SrcPort: udp.SrcPort, DstPort: udp.DstPort}, gopacket.Payload(append([]byte(nil), udp.Payload...))); err != nil {
+		t.Fatal(err)
+	}
+	out := append([]byte(nil), buf.Bytes()...)
+	if err := rocelayer.PutICRC(out, layers.LayerTypeEthernet); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestGoldenSerializeRoundTrip re-serializes every golden RoCEv2 frame, and
+// its synthesized IPv6 twin (ipv6Twin), from its decoded layers and
+// compares the whole frame with the original: once as decoded
+// (gopacket.SerializeLayers, no options) and once with lengths, pad count,
+// IPv4 checksum and ICRC cleared and recomputed (SerializeLayers with
 // FixLengths and ComputeChecksums).
 func TestGoldenSerializeRoundTrip(t *testing.T) {
+	var frames []goldenFrame
 	for _, f := range goldenRoCE(t) {
+		frames = append(frames, f, goldenFrame{f.name + " (IPv6 twin)", f.num, ipv6Twin(t, f.data)})
+	}
+	for _, f := range frames {
 		where := fmt.Sprintf("%s #%d", f.name, f.num)
 		p := decode(f.data)
+		if err := rocelayer.VerifyICRC(p); err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
 		buf := gopacket.NewSerializeBuffer()
 		if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{}, serializable(t, p)...); err != nil {
 			t.Fatalf("%s: %v", where, err)
@@ -207,11 +250,14 @@ func TestGoldenSerializeRoundTrip(t *testing.T) {
 		}
 
 		p = decode(f.data)
-		ip4, ok := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
-		if !ok {
-			t.Fatalf("%s: not IPv4", where)
+		switch ip := p.NetworkLayer().(type) {
+		case *layers.IPv4:
+			ip.Checksum, ip.Length, ip.IHL = 0, 0, 0
+		case *layers.IPv6:
+			ip.Length = 0
+		default:
+			t.Fatalf("%s: network layer %T", where, ip)
 		}
-		ip4.Checksum, ip4.Length, ip4.IHL = 0, 0, 0
 		udp, _ := isRoCE(p)
 		udp.Length = 0
 		b := p.Layer(rocelayer.LayerTypeBTH).(*rocelayer.BTH)
