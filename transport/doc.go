@@ -76,9 +76,10 @@
 // waiters once, before that flush. In steady state posting and completing
 // a message allocates nothing.
 //
-// RC and UD QPs are implemented, and QP1 (Device.GSI) for management
-// datagrams; not yet UC, SRQ, memory-window bind work requests or
-// alternate paths.
+// RC, UC and UD QPs are implemented, shared receive queues (CreateSRQ),
+// memory windows (type 1 bound with QP.BindMW, type 2 with WRBindMW work
+// requests, WRLocalInv, SEND with Invalidate), and QP1 (Device.GSI) for
+// management datagrams; not yet alternate paths.
 //
 // Of this module transport imports the wire packages, memreg, and udp for
 // its Link interface only (no socket code of its own); the connection

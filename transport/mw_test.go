@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/udp"
 )
 
 // TestMWWorkRequests: a type 2 window bound by a BIND_MW work request on
@@ -118,5 +119,46 @@ func TestMWRemoteInvalidateAndType1(t *testing.T) {
 	}
 	if wc := waitWC(t, b.scq, 1, 5*time.Second)[0]; wc.WRID != 12 || wc.Status != WCMWBindErr {
 		t.Fatalf("bind on a region without MW_BIND: %+v", wc)
+	}
+}
+
+// TestBindMWRefusedLeavesWindowAlone: QP.BindMW that refuses the bind
+// because of the QP (not in RTS, send queue full) leaves the window as it
+// was — unbound, its rkey unchanged — as ibv_bind_mw does, which posts the
+// bind as a work request and fails before anything is bound.
+func TestBindMWRefusedLeavesWindowAlone(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	o := pairOpts{sqDepth: 1}
+	o.defaults()
+	s := newSide(t, n, addrA, &o) // the QP stays in RESET
+	_, mr := s.buffer(t, 4096, memreg.AccessRemoteRead|memreg.AccessMWBind)
+	mw, err := s.pd.AllocMW(memreg.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := mw.RKey()
+	info := MWBindInfo{MR: mr, Addr: mr.IOVA(), Length: 64, Access: memreg.AccessRemoteRead}
+	if _, err := s.qp.BindMW(1, mw, info, SendSignaled); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("BindMW on a QP in RESET: %v, want ErrInvalidState", err)
+	}
+	if mw.Bound() || mw.RKey() != key {
+		t.Fatalf("after the refused bind: bound %v, rkey %#x (was %#x)", mw.Bound(), mw.RKey(), key)
+	}
+	// A full send queue: one WR posted on a QP with max_send_wr 1.
+	a, b, _ := newPair(t, pairOpts{sqDepth: 1})
+	_, amr := a.buffer(t, 4096, memreg.AccessRemoteRead|memreg.AccessMWBind)
+	_, bmr := b.buffer(t, 4096, memreg.AccessRemoteRead)
+	mw, _ = a.pd.AllocMW(memreg.MWType1)
+	key = mw.RKey()
+	b.qp.Destroy() // the READ below stays unanswered: the queue stays full
+	if err := a.qp.PostSend(SendWR{WRID: 2, Opcode: WRRead, SGEs: sge(amr, 0, 8), RemoteAddr: bmr.IOVA(), RKey: bmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	info.MR, info.Addr = amr, amr.IOVA()
+	if _, err := a.qp.BindMW(3, mw, info, SendSignaled); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("BindMW on a full send queue: %v, want ErrQueueFull", err)
+	}
+	if mw.Bound() || mw.RKey() != key {
+		t.Fatalf("after the refused bind: bound %v, rkey %#x (was %#x)", mw.Bound(), mw.RKey(), key)
 	}
 }

@@ -203,13 +203,26 @@ func (qp *QP) checkLocalWR(i int, wr *SendWR) error {
 // rkey: the binding takes effect at once, and a completion (WCBindMW, with
 // wrid) follows in the send queue's order when flags has SendSignaled. A
 // zero info.Length unbinds the window. Type 2 windows are bound with a
-// WRBindMW work request instead.
+// WRBindMW work request instead. A bind the QP refuses (not in RTS, SQD or
+// ERR; send queue full) leaves the window as it was, as ibv_bind_mw, which
+// posts the bind as a work request, does — unless another goroutine posts
+// to the QP or moves it out of RTS while the window is being bound; then
+// the window is bound and BindMW returns its rkey with the error.
 func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlags) (uint32, error) {
 	if mw == nil || mw.Type() != memreg.MWType1 {
 		return 0, fmt.Errorf("transport: BindMW qp %#x: not a type 1 window: %w", qp.qpn, ErrInvalidWR)
 	}
 	if mw.PD() != qp.pd {
 		return 0, fmt.Errorf("transport: BindMW qp %#x: window of another PD: %w", qp.qpn, ErrInvalidWR)
+	}
+	// The QP's refusals first. The bind itself runs without qp.mu: it
+	// waits for accesses through the window's old binding to finish, and
+	// a received batch may hold one while it waits for qp.mu.
+	qp.mu.Lock()
+	err := qp.bindPostable(wrid)
+	qp.mu.Unlock()
+	if err != nil {
+		return 0, err
 	}
 	rkey, err := mw.Bind(info.MR, info.Addr, info.Length, info.Access)
 	if err != nil {
@@ -219,14 +232,8 @@ func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlag
 	// of nothing would: a local WR that is done when reached.
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	if err := qp.postable("BindMW"); err != nil {
+	if err := qp.bindPostable(wrid); err != nil {
 		return rkey, err
-	}
-	if st := qp.attr.State; st != QPSRTS && st != QPSSQD && st != QPSErr {
-		return rkey, fmt.Errorf("transport: BindMW qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
-	}
-	if qp.sqEnd-qp.sqHead >= uint64(qp.init.MaxSendWR) {
-		return rkey, &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Msg: "send queue full", Kind: ErrQueueFull}
 	}
 	qp.sqRoom()
 	w := qp.sqAt(qp.sqEnd)
@@ -241,4 +248,20 @@ func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlag
 	qp.settle()
 	qp.flushOut()
 	return rkey, nil
+}
+
+// bindPostable reports whether BindMW may queue its completion WR: the QP
+// exists, is in RTS, SQD or ERR, and has room in its send queue. Called
+// with qp.mu held.
+func (qp *QP) bindPostable(wrid uint64) error {
+	if err := qp.postable("BindMW"); err != nil {
+		return err
+	}
+	if st := qp.attr.State; st != QPSRTS && st != QPSSQD && st != QPSErr {
+		return fmt.Errorf("transport: BindMW qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
+	}
+	if qp.sqEnd-qp.sqHead >= uint64(qp.init.MaxSendWR) {
+		return &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Msg: "send queue full", Kind: ErrQueueFull}
+	}
+	return nil
 }
