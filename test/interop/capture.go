@@ -60,6 +60,14 @@ type CaptureStats struct {
 	// was not in the capture before them (their data could not be placed
 	// and was not checked).
 	DataUnplaced int
+	// Messages counts the RC and UC request messages each side sent, by
+	// sender and kind ("host SEND", "vm RDMA_WRITE", "host
+	// RDMA_READ_REQUEST"): a SEND or WRITE at its LAST or ONLY packet, a
+	// READ or atomic at its request. Resends are not counted.
+	Messages map[string]int
+	// NAKs counts the NAKs and RNR NAKs each side sent, by sender and
+	// syndrome ("vm NAK REMOTE_ACCESS_ERROR", "host RNR_NAK timer=12").
+	NAKs map[string]int
 	// CM counts the connection manager's MADs (UD to QP1, decoded by
 	// package cm) per sender and message, "host REQ", "vm REP", and the
 	// REJs also per reason, "vm REJ invalid service ID"; CMLines
@@ -188,6 +196,9 @@ type Payload struct {
 	HasVA bool
 	// Data is the payload (SEND, WRITE, READ response).
 	Data []byte
+	// RKey is the R_Key of a WRITE's RETH (its FIRST or ONLY packet) or
+	// of a SEND with Invalidate's IETH, else 0.
+	RKey uint32
 	// Atomic is set on an ATOMIC_ACKNOWLEDGE matched to its request:
 	// the request's opcode, VA, compare and swap/add values and the
 	// original value the responder returned.
@@ -246,12 +257,20 @@ func AnalyzeCapture(file string) (*CaptureStats, error) {
 // AnalyzeCaptureWith is AnalyzeCapture that also hands the data of every
 // SEND, WRITE, READ response and atomic ACK to check (when not nil).
 func AnalyzeCaptureWith(file string, check DataCheck) (*CaptureStats, error) {
+	return AnalyzeCapturePairs(file, check, nil)
+}
+
+// AnalyzeCapturePairs is AnalyzeCaptureWith for a capture of several RC
+// QP pairs connected out of band (srq-pingpong), as pairs of {host's QPN,
+// VM's QPN}: each pair's PSNs are followed on their own, as those of the
+// pairs a capture's CM MADs connect.
+func AnalyzeCapturePairs(file string, check DataCheck, pairs [][2]uint32) (*CaptureStats, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	s, err := analyzeWith(f, check)
+	s, err := analyzePairs(f, check, pairs)
 	if err != nil {
 		return s, fmt.Errorf("%s: %w", file, err)
 	}
@@ -434,6 +453,11 @@ func (s *CaptureStats) cmMAD(t *tracker, fromHost bool, frame int, at time.Durat
 }
 
 func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
+	return analyzePairs(in, check, nil)
+}
+
+// analyzePairs is analyzeWith with the QP pairs of AnalyzeCapturePairs.
+func analyzePairs(in io.Reader, check DataCheck, pairs [][2]uint32) (*CaptureStats, error) {
 	r, err := pcapgo.NewReader(in)
 	if err != nil {
 		return nil, err
@@ -446,8 +470,12 @@ func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 	}
 	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{},
 		VMSrcPorts: map[uint16]int{}, VMTTLs: map[uint16]int{}, CM: map[string]int{}}
+	s.Messages, s.NAKs = map[string]int{}, map[string]int{}
 	var p packet.Packet
 	t := newTracker()
+	for _, pr := range pairs {
+		t.peerQPN[sideQPN{true, pr[0]}], t.peerQPN[sideQPN{false, pr[1]}] = pr[1], pr[0]
+	}
 	var t0 time.Time
 	for {
 		data, ci, err := r.ReadPacketData()
@@ -607,7 +635,17 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 	defer func() { t.lastSeen[fromHost], t.seen[fromHost] = at, true }()
 	psn := uint32(p.BTH.PSN())
 	pl := Payload{FromHost: fromHost, Opcode: p.BTH.Opcode(), PSN: psn, Data: p.Payload, DestQP: p.BTH.DestQP(), AckReq: p.BTH.AckReq()}
+	dir := "vm"
+	if fromHost {
+		dir = "host"
+	}
 	if info.Request {
+		switch {
+		case p.RETH != nil && info.Kind == bth.KindWrite:
+			pl.RKey = p.RETH.RKey()
+		case p.IETH != nil:
+			pl.RKey = p.IETH.RKey()
+		}
 		key := t.requestKey(fromHost, p.BTH.DestQP())
 		f := t.flow(key)
 		span := uint32(1)
@@ -654,6 +692,9 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		} else {
 			f.started, f.next = true, (psn+span)&0xffffff
 			f.flight = -1
+			if info.Pos == bth.PosLast || info.Pos == bth.PosOnly {
+				s.Messages[dir+" "+info.Kind.String()]++
+			}
 		}
 		if _, ok := f.firstTx[psn]; !ok {
 			f.firstTx[psn] = at
@@ -705,6 +746,9 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		// A response: the requester is the other side.
 		// (ACKs and NAKs share PSNs with these; only data responses
 		// count as seen.)
+		if p.AETH != nil && p.AETH.Syndrome().Type() != aeth.TypeACK {
+			s.NAKs[dir+" "+p.AETH.Syndrome().String()]++
+		}
 		key := t.responseKey(fromHost, p.BTH.DestQP())
 		if f := t.flow(key); f.started {
 			// The highest request PSN this response acknowledges:

@@ -35,6 +35,10 @@ type immConfig struct {
 	size      int
 	iters     int
 	requester bool // the client, which sends; else the server, which receives and verifies
+	// mw runs rv2imm -o mw instead (mw.go): size is the window length,
+	// iters is not used; the server owns the windows, the client is the
+	// requester.
+	mw bool
 }
 
 // immPeer is rv2imm's address message.
@@ -127,8 +131,16 @@ func runImm(ctx context.Context, lab *Lab, c immConfig, out io.Writer, ready cha
 	if err != nil {
 		return fail(err)
 	}
+	// The QP's remote rights, and the region's: -o mw reads too, and
+	// binds windows to the region.
+	qpAccess, mrAccess := memreg.AccessRemoteWrite, memreg.AccessLocalWrite|memreg.AccessRemoteWrite
+	if c.mw {
+		c.iters = mwSlots
+		qpAccess |= memreg.AccessRemoteRead
+		mrAccess |= memreg.AccessRemoteRead | memreg.AccessMWBind
+	}
 	buf := make([]byte, c.size*c.iters)
-	mr, err := pd.RegisterMR(buf, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	mr, err := pd.RegisterMR(buf, mrAccess)
 	if err != nil {
 		return fail(err)
 	}
@@ -141,13 +153,13 @@ func runImm(ctx context.Context, lab *Lab, c immConfig, out io.Writer, ready cha
 	if err != nil {
 		return fail(err)
 	}
-	if err := qp.Init(memreg.AccessRemoteWrite); err != nil {
+	if err := qp.Init(qpAccess); err != nil {
 		return fail(err)
 	}
 	sge := func(i int) []memreg.SGE {
 		return []memreg.SGE{{Addr: mr.IOVA() + uint64(i*c.size), Length: uint32(c.size), LKey: mr.LKey()}}
 	}
-	if !c.requester {
+	if !c.requester && !c.mw {
 		for i := 0; i < c.iters; i++ {
 			if err := qp.PostRecv(transport.RecvWR{WRID: uint64(i), SGEs: sge(i)}); err != nil {
 				return fail(err)
@@ -159,7 +171,7 @@ func runImm(ctx context.Context, lab *Lab, c immConfig, out io.Writer, ready cha
 		// rv2imm's attributes: MTU 1024, one READ/atomic each way,
 		// rdma-core's retry values (transport.DefaultRetry).
 		return qp.Connect(transport.ConnParams{Peer: netip.AddrFrom16(rem.gid).Unmap(), DestQPN: rem.qpn, RQPSN: rem.psn,
-			SQPSN: me.psn, PathMTU: transport.MTU1024, Access: memreg.AccessRemoteWrite, MaxRdAtomic: 1, MaxDestRdAtomic: 1})
+			SQPSN: me.psn, PathMTU: transport.MTU1024, Access: qpAccess, MaxRdAtomic: 1, MaxDestRdAtomic: 1})
 	}
 	var conn net.Conn
 	var rem immPeer
@@ -213,6 +225,22 @@ func runImm(ctx context.Context, lab *Lab, c immConfig, out io.Writer, ready cha
 
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
+	if c.mw {
+		m := &mwSide{ctx: wctx, qp: qp, cq: cq, pd: pd, mr: mr, buf: buf, n: c.size, conn: conn, out: out}
+		t0 := time.Now()
+		if c.requester {
+			err = m.user()
+		} else {
+			err = m.owner()
+		}
+		if err == nil && len(m.problems) > 0 {
+			err = errors.New(strings.Join(m.problems, "; "))
+		}
+		if err == nil {
+			fmt.Fprintf(out, "%.3f seconds\n", time.Since(t0).Seconds())
+		}
+		return err
+	}
 	wcs := make([]transport.WC, 16)
 	opName := map[bool]string{true: "RDMA_WRITE_WITH_IMM", false: "SEND_WITH_IMM"}[c.write]
 	t0 := time.Now()

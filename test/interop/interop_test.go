@@ -127,7 +127,7 @@ func TestInterop(t *testing.T) {
 	defer func() {
 		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0), noTshark)
 	}()
-	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex), perfCMCells(lab.GIDIndex)) {
+	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), srqCells(lab.GIDIndex), mwCells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex), perfCMCells(lab.GIDIndex)) {
 		t.Run(c.name, func(t *testing.T) {
 			// The row is recorded even when the cell stops on t.Fatal.
 			r := row{cell: c.label, direction: c.direction(), result: "FAIL"}
@@ -181,6 +181,13 @@ type cell struct {
 	// rxeCounters are more rxe counters whose delta the row shows, each
 	// with the delta it must have (-1: shown only).
 	rxeCounters map[string]int64
+	// qpPairs, when set, returns the QP pairs of a cell with several QPs
+	// connected out of band, {host's QPN, VM's QPN}, from rocev2d's
+	// output: the capture is followed per pair (AnalyzeCapturePairs).
+	qpPairs func(hostOut string) ([][2]uint32, error)
+	// counterCheck, when set, returns more problems given the deltas of
+	// rxe's counters, the analysed capture and rocev2d's output.
+	counterCheck func(rxeDelta func(string) int64, st *CaptureStats, hostOut string) []string
 	// waitVM, when set, waits until the tool's server in the VM is ready
 	// (instead of waiting for it to listen on TCP port).
 	waitVM func(ctx context.Context, lab *Lab) error
@@ -444,7 +451,14 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 			problems = append(problems, "data check: "+err.Error())
 		}
 	}
-	st, aerr := AnalyzeCaptureWith(pcapFile, dc)
+	var pairs [][2]uint32
+	if c.qpPairs != nil {
+		var err error
+		if pairs, err = c.qpPairs(hostOut); err != nil {
+			problems = append(problems, "QP pairs: "+err.Error())
+		}
+	}
+	st, aerr := AnalyzeCapturePairs(pcapFile, dc, pairs)
 	if aerr != nil {
 		problems = append(problems, "capture: "+aerr.Error())
 		st = &CaptureStats{}
@@ -496,6 +510,9 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 			if want := c.rxeCounters[k]; want >= 0 && delta(k) != want {
 				problems = append(problems, fmt.Sprintf("rxe counter %s moved by %d, want %d", k, delta(k), want))
 			}
+		}
+		if c.counterCheck != nil {
+			problems = append(problems, c.counterCheck(delta, st, hostOut)...)
 		}
 		for _, k := range badCounters {
 			if d := delta(k); d != 0 {
@@ -591,14 +608,17 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 					t.Logf("%s: PASS* rocev2d retransmitted after its local ACK timeout (rxe stalled; capture):\n  %s", name, strings.Join(justified, "\n  "))
 				}
 			}
+			// Every QP has its own retransmit timer: the tolerance is per
+			// QP pair.
+			tolerated := maxRxeFlights() * max(1, len(pairs))
 			switch {
 			case rxeRetry == 0 && st.RetransFromVM == 0:
 			case st.RetransFromVM == 0:
 				problems = append(problems, fmt.Sprintf("rxe counted %d retries (%s) but the capture shows none of its requests resent: not explained", rxeRetry, rxeRetryCounter))
-			case st.FlightCount(false) > maxRxeFlights():
+			case st.FlightCount(false) > tolerated:
 				cnt = append(cnt, fmt.Sprintf("retransmitted by rxe: %d", st.RetransFromVM))
 				problems = append(problems, fmt.Sprintf("rxe resent %d request packets in %d flights, more than the %d flights tolerated:\n  %s",
-					st.RetransFromVM, st.FlightCount(false), maxRxeFlights(), strings.Join(st.RetransLines, "\n  ")))
+					st.RetransFromVM, st.FlightCount(false), tolerated, strings.Join(st.RetransLines, "\n  ")))
 			default:
 				cnt = append(cnt, fmt.Sprintf("retransmitted by rxe: %d", st.RetransFromVM))
 				flagged = true
