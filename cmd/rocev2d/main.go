@@ -1,7 +1,7 @@
 // Command rocev2d is the rocev2 command: it runs two endpoints in one
 // process through every RC operation (demo), peers compatible with
 // ibv_rc_pingpong (pingpong), ibv_uc_pingpong (uc-pingpong),
-// ibv_ud_pingpong (ud-pingpong) and
+// ibv_ud_pingpong (ud-pingpong), ibv_srq_pingpong (srq-pingpong) and
 // perftest (write-bw, read-lat, ...), librdmacm's examples connecting
 // through the IB connection manager (rping, rdma-server, rdma-client,
 // udaddy), a benchmark against raw UDP (bench), checks and writes RoCEv2 captures
