@@ -82,8 +82,10 @@ type pingpongConfig struct {
 	server  string // empty: run as server
 	// kind is the QP type: ppRC (pingpong), ppUC (uc-pingpong) or ppUD
 	// (ud-pingpong: mtu is the port MTU and bounds size, receive buffers
-	// start with the GRH).
-	kind ppKind
+	// start with the GRH); or ppSRQ (srq-pingpong: numQP RC QPs on one
+	// SRQ, srqpingpong.go).
+	kind  ppKind
+	numQP int // srq-pingpong's -q
 }
 
 // ppKind is the transport a ping-pong runs on, and so which command and
@@ -91,19 +93,22 @@ type pingpongConfig struct {
 type ppKind uint8
 
 const (
-	ppRC ppKind = iota // pingpong, ibv_rc_pingpong
-	ppUC               // uc-pingpong, ibv_uc_pingpong
-	ppUD               // ud-pingpong, ibv_ud_pingpong
+	ppRC  ppKind = iota // pingpong, ibv_rc_pingpong
+	ppUC                // uc-pingpong, ibv_uc_pingpong
+	ppUD                // ud-pingpong, ibv_ud_pingpong
+	ppSRQ               // srq-pingpong, ibv_srq_pingpong
 )
 
-// String returns the command name: "pingpong", "uc-pingpong" or
-// "ud-pingpong".
+// String returns the command name: "pingpong", "uc-pingpong",
+// "ud-pingpong" or "srq-pingpong".
 func (k ppKind) String() string {
 	switch k {
 	case ppUC:
 		return "uc-pingpong"
 	case ppUD:
 		return "ud-pingpong"
+	case ppSRQ:
+		return "srq-pingpong"
 	}
 	return "pingpong"
 }
@@ -115,6 +120,8 @@ func (k ppKind) usage() string {
 		return ucPingpongUsage
 	case ppUD:
 		return udPingpongUsage
+	case ppSRQ:
+		return srqPingpongUsage
 	}
 	return pingpongUsage
 }
@@ -126,8 +133,10 @@ func parsePingpongFlags(args []string) (*pingpongConfig, error) {
 }
 
 // parsePPFlags parses the flags of pingpong, uc-pingpong (the same as
-// ibv_uc_pingpong's) or ud-pingpong (ibv_ud_pingpong's: message size 1024
-// by default, -o accepted).
+// ibv_uc_pingpong's), ud-pingpong (ibv_ud_pingpong's: message size 1024
+// by default, -o accepted) or srq-pingpong (ibv_srq_pingpong's: -q, -o
+// accepted; srqPingpong checks -q against -r before it starts, as the
+// tool does after parsing).
 func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	c := &pingpongConfig{kind: kind}
 	var mtu int
@@ -137,8 +146,13 @@ func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	if kind == ppUD {
 		// ibv_ud_pingpong's size is 1024 (its usage text says 2048).
 		defSize = 1024
+	}
+	if kind == ppUD || kind == ppSRQ {
 		var odp bool
 		boolFlags(fs, &odp, "o", "odp") // accepted and ignored
+	}
+	if kind == ppSRQ {
+		intFlags(fs, &c.numQP, "q", "num-qp", 16)
 	}
 	intFlags(fs, &c.port, "p", "port", 18515)
 	stringFlags(fs, &c.dev, "d", "ib-dev", "")
@@ -172,6 +186,9 @@ func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 		return nil, fmt.Errorf("%w: -i %d: rocev2d devices have one port, 1", errUsage, c.ibPort)
 	case c.size <= 0 || c.size > 1<<30:
 		return nil, fmt.Errorf("%w: -s %d: size out of range 1..%d", errUsage, c.size, 1<<30)
+	case kind == ppSRQ && c.numQP <= 0:
+		// The tool would wait for completions of no QP forever.
+		return nil, fmt.Errorf("%w: -q %d: at least one QP", errUsage, c.numQP)
 	case c.rxDepth <= 0 || c.rxDepth > 1<<16:
 		return nil, fmt.Errorf("%w: -r %d: rx-depth out of range 1..%d", errUsage, c.rxDepth, 1<<16)
 	case c.iters <= 0:
@@ -194,7 +211,7 @@ func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	return runPPCmd(ctx, args, ppRC, stdout, stderr)
 }
 
-// runPPCmd runs pingpong, uc-pingpong or ud-pingpong.
+// runPPCmd runs pingpong, uc-pingpong, ud-pingpong or srq-pingpong.
 func runPPCmd(ctx context.Context, args []string, kind ppKind, stdout, stderr io.Writer) int {
 	name := kind.String()
 	c, err := parsePPFlags(args, kind)
@@ -208,7 +225,11 @@ func runPPCmd(ctx context.Context, args []string, kind ppKind, stdout, stderr io
 	}
 	usr1 := watchSIGUSR1(stderr)
 	defer usr1.Stop()
-	if err := pingpong(ctx, c, stdout, usr1); err != nil {
+	run := pingpong
+	if kind == ppSRQ {
+		run = srqPingpong
+	}
+	if err := run(ctx, c, stdout, usr1); err != nil {
 		fmt.Fprintf(stderr, "rocev2d %s: %v\n", name, err)
 		return exitFail
 	}
@@ -286,14 +307,7 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 	if err := pc.loop(ctx, c); err != nil {
 		return ppCtxErr(ctx, err)
 	}
-	el := time.Since(start)
-	usec := float64(el.Nanoseconds()) / 1e3
-	if usec <= 0 {
-		usec = 1e-3
-	}
-	bytes := int64(c.size) * int64(c.iters) * 2
-	fmt.Fprintf(stdout, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
-	fmt.Fprintf(stdout, "%d iters in %.2f seconds = %.2f usec/iter\n", c.iters, usec/1e6, usec/float64(c.iters))
+	printPingpongResult(stdout, c, time.Since(start))
 	if c.chk {
 		// ibv_rc_pingpong -c: the client marks every page's first byte with
 		// i/page_size % sizeof(char), i.e. 0, and the message bounces back
@@ -314,6 +328,18 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 		}
 	}
 	return nil
+}
+
+// printPingpongResult prints the tools' two result lines for a run of
+// c.iters exchanges of c.size bytes each way that took el.
+func printPingpongResult(w io.Writer, c *pingpongConfig, el time.Duration) {
+	usec := float64(el.Nanoseconds()) / 1e3
+	if usec <= 0 {
+		usec = 1e-3
+	}
+	bytes := int64(c.size) * int64(c.iters) * 2
+	fmt.Fprintf(w, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
+	fmt.Fprintf(w, "%d iters in %.2f seconds = %.2f usec/iter\n", c.iters, usec/1e6, usec/float64(c.iters))
 }
 
 // ppPageSize is the page size ibv_rc_pingpong uses for its -c marks.

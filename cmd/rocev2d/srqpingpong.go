@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -15,10 +13,10 @@ import (
 	"github.com/gorocev2/rocev2/transport"
 )
 
-// srq-pingpong is pingpong (pingpong.go) on several RC QPs that share one
-// SRQ: the endpoint (endpoint.go, srqWR) carries the SRQ and every QP,
-// the exchange is oob.SRQPingpongClient/Server, and the loop is
-// ibv_srq_pingpong's.
+// srq-pingpong is pingpong (pingpong.go: its flags with -q, runPPCmd,
+// the result lines) on several RC QPs that share one SRQ: the endpoint
+// (endpoint.go, srqWR) carries the SRQ and every QP, the exchange is
+// oob.SRQPingpongClient/Server, and the loop is ibv_srq_pingpong's.
 
 func init() {
 	register("srq-pingpong", "RC ping-pong on several QPs sharing one SRQ, flag- and wire-compatible with ibv_srq_pingpong",
@@ -76,77 +74,9 @@ Exit status: 0 done; 1 failed, also for the tool's own refusals ("rx_depth R
 is too small for Q QPs", "num_qp Q must be less than 256"); 2 bad usage.
 `
 
-// srqPingpongConfig holds the parsed flags of `rocev2d srq-pingpong`:
-// pingpong's, and the number of QPs.
-type srqPingpongConfig struct {
-	pingpongConfig
-	numQP int
-}
-
-// parseSRQPingpongFlags parses srq-pingpong's flags like getopt_long
-// does for the C tool. -q and -r are checked against each other by
-// checkSRQPingpong, as the tool does after parsing.
-func parseSRQPingpongFlags(args []string) (*srqPingpongConfig, error) {
-	c := &srqPingpongConfig{}
-	var mtu int
-	var bind string
-	var odp bool
-	fs := newFlagSet("srq-pingpong")
-	intFlags(fs, &c.port, "p", "port", 18515)
-	stringFlags(fs, &c.dev, "d", "ib-dev", "")
-	intFlags(fs, &c.ibPort, "i", "ib-port", 1)
-	intFlags(fs, &c.size, "s", "size", 4096)
-	intFlags(fs, &mtu, "m", "mtu", 1024)
-	intFlags(fs, &c.numQP, "q", "num-qp", 16)
-	intFlags(fs, &c.rxDepth, "r", "rx-depth", 500)
-	intFlags(fs, &c.iters, "n", "iters", 1000)
-	intFlags(fs, &c.sl, "l", "sl", 0)
-	boolFlags(fs, &c.events, "e", "events")
-	intFlags(fs, &c.gidIdx, "g", "gid-idx", -1)
-	boolFlags(fs, &odp, "o", "odp")
-	boolFlags(fs, &c.chk, "c", "chk")
-	fs.StringVar(&bind, "bind", "", "")
-	fs.DurationVar(&c.timeout, "timeout", 0, "")
-	fs.BoolVar(&c.verbose, "v", false, "")
-	addSocketFlags(fs, &c.sock)
-	var err error
-	if c.server, err = parseWithServer(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if c.mtu, err = parseMTUFlag(mtu); err != nil {
-		return nil, fmt.Errorf("%w: %w", errUsage, err)
-	}
-	switch {
-	case c.port <= 0 || c.port > 65535:
-		return nil, fmt.Errorf("%w: -p %d: port out of range 1..65535", errUsage, c.port)
-	case c.ibPort != 1:
-		return nil, fmt.Errorf("%w: -i %d: rocev2d devices have one port, 1", errUsage, c.ibPort)
-	case c.size <= 0 || c.size > 1<<30:
-		return nil, fmt.Errorf("%w: -s %d: size out of range 1..%d", errUsage, c.size, 1<<30)
-	case c.numQP <= 0:
-		// The tool would wait for completions of no QP forever.
-		return nil, fmt.Errorf("%w: -q %d: at least one QP", errUsage, c.numQP)
-	case c.rxDepth <= 0 || c.rxDepth > 1<<16:
-		return nil, fmt.Errorf("%w: -r %d: rx-depth out of range 1..%d", errUsage, c.rxDepth, 1<<16)
-	case c.iters <= 0:
-		return nil, fmt.Errorf("%w: -n %d: iters must be positive", errUsage, c.iters)
-	case c.sl < 0 || c.sl > 15:
-		return nil, fmt.Errorf("%w: -l %d: sl out of range 0..15", errUsage, c.sl)
-	case c.timeout < 0:
-		return nil, fmt.Errorf("%w: --timeout %v: negative", errUsage, c.timeout)
-	}
-	if c.bind, err = parseBind(bind); err != nil {
-		return nil, fmt.Errorf("%w: %w", errUsage, err)
-	}
-	return c, nil
-}
-
 // checkSRQPingpong applies ibv_srq_pingpong's checks of -q, with its
 // messages (it exits 1 on them).
-func checkSRQPingpong(c *srqPingpongConfig) error {
+func checkSRQPingpong(c *pingpongConfig) error {
 	if c.numQP > c.rxDepth {
 		return fmt.Errorf("rx_depth %d is too small for %d QPs -- must have at least one receive per QP.", c.rxDepth, c.numQP)
 	}
@@ -157,26 +87,7 @@ func checkSRQPingpong(c *srqPingpongConfig) error {
 }
 
 func runSRQPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c, err := parseSRQPingpongFlags(args)
-	if code, done := flagsResult("srq-pingpong", srqPingpongUsage, err, stdout, stderr); done {
-		return code
-	}
-	if err := checkSRQPingpong(c); err != nil {
-		fmt.Fprintf(stderr, "rocev2d srq-pingpong: %v\n", err)
-		return exitFail
-	}
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-	}
-	usr1 := watchSIGUSR1(stderr)
-	defer usr1.Stop()
-	if err := srqPingpong(ctx, c, stdout, usr1); err != nil {
-		fmt.Fprintf(stderr, "rocev2d srq-pingpong: %v\n", err)
-		return exitFail
-	}
-	return exitOK
+	return runPPCmd(ctx, args, ppSRQ, stdout, stderr)
 }
 
 // srqContext is one side of an SRQ ping-pong: an endpoint with the SRQ,
@@ -193,8 +104,11 @@ type srqContext struct {
 }
 
 // srqPingpong runs one SRQ ping-pong as server (c.server empty) or client.
-func srqPingpong(ctx context.Context, c *srqPingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
-	conn, err := ppOOBConnect(ctx, &c.pingpongConfig)
+func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
+	if err := checkSRQPingpong(c); err != nil {
+		return err
+	}
+	conn, err := ppOOBConnect(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -225,11 +139,11 @@ func srqPingpong(ctx context.Context, c *srqPingpongConfig, stdout io.Writer, us
 	if c.server != "" {
 		rem, err = oob.SRQPingpongClient(ctx, conn, mine)
 		if err == nil {
-			err = sc.checkPeer(c, rem)
+			err = srqCheckPeer(c, rem)
 		}
 	} else {
 		rem, err = oob.SRQPingpongServer(ctx, conn, func(r []oob.PingpongDest) ([]oob.PingpongDest, error) {
-			if err := sc.checkPeer(c, r); err != nil {
+			if err := srqCheckPeer(c, r); err != nil {
 				return nil, err
 			}
 			return mine, sc.connectAll(c, r)
@@ -252,14 +166,7 @@ func srqPingpong(ctx context.Context, c *srqPingpongConfig, stdout io.Writer, us
 	if err := sc.loop(ctx, c); err != nil {
 		return ppCtxErr(ctx, err)
 	}
-	el := time.Since(start)
-	usec := float64(el.Nanoseconds()) / 1e3
-	if usec <= 0 {
-		usec = 1e-3
-	}
-	bytes := int64(c.size) * int64(c.iters) * 2
-	fmt.Fprintf(stdout, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
-	fmt.Fprintf(stdout, "%d iters in %.2f seconds = %.2f usec/iter\n", c.iters, usec/1e6, usec/float64(c.iters))
+	printPingpongResult(stdout, c, time.Since(start))
 	if c.chk {
 		// ibv_srq_pingpong zeroes its buffer and the client's -c marks
 		// (i / page_size % sizeof(char)) are 0 too, so every message of
@@ -277,7 +184,7 @@ func srqPingpong(ctx context.Context, c *srqPingpongConfig, stdout io.Writer, us
 // rx-depth + num-qp entries and num-qp RC QPs in INIT with one send WR
 // each, registers the zeroed buffer and posts rx-depth receives to the
 // SRQ (the tool's pp_init_ctx and pp_post_recv).
-func srqInit(local netip.Addr, c *srqPingpongConfig) (*srqContext, error) {
+func srqInit(local netip.Addr, c *pingpongConfig) (*srqContext, error) {
 	link, err := listenSocket(local, c.sock.options(!c.events, defaultBusyPoll), "pick another address with --bind")
 	if err != nil {
 		return nil, err
@@ -310,10 +217,10 @@ func srqInit(local netip.Addr, c *srqPingpongConfig) (*srqContext, error) {
 	return sc, nil
 }
 
-// checkPeer checks that the peer announced as many QPs as this side has:
+// srqCheckPeer checks that the peer announced as many QPs as this side has:
 // the tool connects QP i to the peer's entry i whatever it holds, so a
 // different -q would leave QPs talking to QP 0.
-func (sc *srqContext) checkPeer(c *srqPingpongConfig, rem []oob.PingpongDest) error {
+func srqCheckPeer(c *pingpongConfig, rem []oob.PingpongDest) error {
 	if n := oob.SRQPingpongUsed(rem); n != c.numQP {
 		return fmt.Errorf("the peer announced %d QPs, this side has %d: -q must be the same on both sides", n, c.numQP)
 	}
@@ -324,7 +231,7 @@ func (sc *srqContext) checkPeer(c *srqPingpongConfig, rem []oob.PingpongDest) er
 // index, with ibv_srq_pingpong's attributes (its pp_connect_ctx: one
 // READ/atomic outstanding, timeout 14, retries 7; every QP towards the
 // GID of the peer's first entry).
-func (sc *srqContext) connectAll(c *srqPingpongConfig, rem []oob.PingpongDest) error {
+func (sc *srqContext) connectAll(c *pingpongConfig, rem []oob.PingpongDest) error {
 	peer, err := peerFromGID(rem[0].GID, "-g")
 	if err != nil {
 		return err
@@ -359,7 +266,7 @@ func (sc *srqContext) postSend(i int) error {
 // QP; a QP posts its next send once both its previous send and the peer's
 // message on it have completed, until iters sends have completed in all;
 // the SRQ is refilled to rx-depth when at most num-qp receives are left.
-func (sc *srqContext) loop(ctx context.Context, c *srqPingpongConfig) error {
+func (sc *srqContext) loop(ctx context.Context, c *pingpongConfig) error {
 	pending := make([]int, len(sc.qps))
 	for i := range pending {
 		pending[i] = ppRecvWRID

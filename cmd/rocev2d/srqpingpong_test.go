@@ -9,33 +9,31 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/gorocev2/rocev2/transport"
 )
 
 func TestSRQPingpongFlags(t *testing.T) {
-	base := pingpongConfig{port: 18515, ibPort: 1, size: 4096, mtu: transport.MTU1024, rxDepth: 500, iters: 1000, gidIdx: -1}
-	with := func(f func(c *srqPingpongConfig)) srqPingpongConfig {
-		c := srqPingpongConfig{pingpongConfig: base, numQP: 16}
+	base := pingpongConfig{port: 18515, ibPort: 1, size: 4096, mtu: transport.MTU1024, rxDepth: 500, iters: 1000, gidIdx: -1, kind: ppSRQ, numQP: 16}
+	with := func(f func(c *pingpongConfig)) pingpongConfig {
+		c := base
 		f(&c)
 		return c
 	}
 	tests := []struct {
 		name    string
 		args    []string
-		want    srqPingpongConfig
+		want    pingpongConfig
 		wantErr string
 	}{
-		{name: "defaults", want: with(func(*srqPingpongConfig) {})},
+		{name: "defaults", want: base},
 		{name: "ibv style", args: []string{"-d", "rxe0", "-g", "1", "-q", "4", "-n", "5", "-s", "512", "-c", "-e", "-o", "-l", "3", "-r", "8", "192.0.2.2"},
-			want: with(func(c *srqPingpongConfig) {
+			want: with(func(c *pingpongConfig) {
 				c.dev, c.gidIdx, c.numQP, c.iters, c.size, c.chk, c.events, c.sl, c.rxDepth, c.server = "rxe0", 1, 4, 5, 512, true, true, 3, 8, "192.0.2.2"
 			})},
 		{name: "long names", args: []string{"192.0.2.2", "--num-qp=255", "--rx-depth", "300", "--mtu=4096", "--odp", "--port", "1234"},
-			want: with(func(c *srqPingpongConfig) {
+			want: with(func(c *pingpongConfig) {
 				c.numQP, c.rxDepth, c.mtu, c.port, c.server = 255, 300, transport.MTU4096, 1234, "192.0.2.2"
 			})},
 		{name: "no QPs", args: []string{"-q", "0"}, wantErr: "-q 0"},
@@ -46,7 +44,7 @@ func TestSRQPingpongFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := parseSRQPingpongFlags(tc.args)
+			c, err := parsePPFlags(tc.args, ppSRQ)
 			if tc.wantErr != "" {
 				if err == nil || !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want a usage error containing %q", err, tc.wantErr)
@@ -61,48 +59,11 @@ func TestSRQPingpongFlags(t *testing.T) {
 			}
 		})
 	}
-}
-
-// runSRQPair runs `rocev2d srq-pingpong` in process as a server on
-// 127.0.0.2 (args + srvArgs) and a client on 127.0.0.1 (args + cliArgs),
-// retrying while UDP 4791 on those addresses is busy (other tests of the
-// repository use them), and returns both results.
-func runSRQPair(t *testing.T, args, srvArgs, cliArgs []string) (srv, cli ppResult) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	run1 := func(ctx context.Context, a ...string) ppResult {
-		var out, errb bytes.Buffer
-		code := run(ctx, append([]string{"srq-pingpong"}, a...), &out, &errb)
-		return ppResult{code, out.String(), errb.String()}
-	}
-	for attempt := 0; ; attempt++ {
-		port := strconv.Itoa(freeTCPPort(t))
-		sctx, scancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			srv = run1(sctx, append(append([]string{"-p", port, "--bind", "127.0.0.2"}, args...), srvArgs...)...)
-		}()
-		// The client retries the connection until the server listens.
-		for deadline := time.Now().Add(10 * time.Second); ; {
-			cli = run1(ctx, append(append(append([]string{"-p", port, "--bind", "127.0.0.1"}, args...), cliArgs...), "127.0.0.2")...)
-			if cli.code == 0 || !strings.Contains(cli.err, "couldn't connect") || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
+	// The other ping-pongs have no -q.
+	for _, k := range []ppKind{ppRC, ppUC, ppUD} {
+		if _, err := parsePPFlags([]string{"-q", "2"}, k); err == nil {
+			t.Errorf("%v accepted -q", k)
 		}
-		if cli.code != 0 && strings.Contains(cli.err, "couldn't connect") {
-			scancel() // let the server give up
-		}
-		wg.Wait()
-		scancel()
-		if !strings.Contains(srv.err+cli.err, "address already in use") || attempt == 5 {
-			return srv, cli
-		}
-		t.Logf("UDP 4791 busy, retrying: %s%s", srv.err, cli.err)
-		time.Sleep(time.Duration(200*(attempt+1)) * time.Millisecond)
 	}
 }
 
@@ -173,7 +134,7 @@ func TestSRQPingpongLoopback(t *testing.T) {
 			if tc.events {
 				args = append(args, "-e")
 			}
-			srv, cli := runSRQPair(t, args, nil, []string{"-g", "1", "-d", "rocev2"})
+			srv, cli := runPPPair(t, ppSRQ, args, nil, []string{"-g", "1", "-d", "rocev2"})
 			for _, r := range []struct {
 				side string
 				ppResult
@@ -273,7 +234,7 @@ func TestSRQPingpongErrors(t *testing.T) {
 	t.Run("different -q", func(t *testing.T) {
 		// The server refuses before replying; the client sees the
 		// connection close in the middle of the exchange.
-		srv, cli := runSRQPair(t, []string{"-n", "10", "--timeout", "20s"}, []string{"-q", "4"}, []string{"-q", "3"})
+		srv, cli := runPPPair(t, ppSRQ, []string{"-n", "10", "--timeout", "20s"}, []string{"-q", "4"}, []string{"-q", "3"})
 		if srv.code != exitFail || !strings.Contains(srv.err, "the peer announced 3 QPs, this side has 4: -q must be the same on both sides") {
 			t.Errorf("server: exit %d, stderr %q", srv.code, srv.err)
 		}
