@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -36,9 +37,23 @@ type CaptureStats struct {
 	HostSrcPorts map[uint16]int
 	HostDF       int
 	// VMSrcPorts and VMTTLs describe the UDP source ports and IPv4 TTLs
-	// of rxe's packets.
+	// (IPv6: hop limits) of rxe's packets.
 	VMSrcPorts map[uint16]int
 	VMTTLs     map[uint16]int
+	// IPv6 counts the RoCEv2 packets over IPv6 (the rest are IPv4). For
+	// them, HostTTLs are the host's hop limits, HostFlowLabels and
+	// VMFlowLabels each side's flow labels, HostUDPCsumZero and
+	// VMUDPCsumZero the packets each side sent with UDP checksum 0.
+	IPv6                           int
+	HostTTLs                       map[uint16]int
+	HostFlowLabels, VMFlowLabels   map[uint32]int
+	HostUDPCsumZero, VMUDPCsumZero int
+	// HostMaxPayload and VMMaxPayload are the largest RoCEv2 payloads
+	// each side sent; HostMiddlePayloads and VMMiddlePayloads count the
+	// payload sizes of their FIRST and MIDDLE packets (which carry
+	// exactly the path MTU).
+	HostMaxPayload, VMMaxPayload         int
+	HostMiddlePayloads, VMMiddlePayloads map[int]int
 	// Lines is a one-line decode of the first packets and of every bad one.
 	Lines []string
 	// RetransFromHost and RetransFromVM count request packets whose PSN
@@ -265,12 +280,19 @@ func AnalyzeCaptureWith(file string, check DataCheck) (*CaptureStats, error) {
 // VM's QPN}: each pair's PSNs are followed on their own, as those of the
 // pairs a capture's CM MADs connect.
 func AnalyzeCapturePairs(file string, check DataCheck, pairs [][2]uint32) (*CaptureStats, error) {
+	return AnalyzeCaptureMTU(file, check, pairs, labMTU)
+}
+
+// AnalyzeCaptureMTU is AnalyzeCapturePairs for a run at path MTU mtu (0:
+// labMTU), which places the data of multi-packet messages and READ
+// responses.
+func AnalyzeCaptureMTU(file string, check DataCheck, pairs [][2]uint32, mtu int) (*CaptureStats, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	s, err := analyzePairs(f, check, pairs)
+	s, err := analyzeMTU(f, check, pairs, mtu)
 	if err != nil {
 		return s, fmt.Errorf("%s: %w", file, err)
 	}
@@ -353,6 +375,8 @@ type tracker struct {
 	// by its sender and communication ID.
 	peerQPN  map[sideQPN]uint32
 	cmReqQPN map[cmReqKey]uint32
+	// mtu is the path MTU of the run (AnalyzeCaptureMTU).
+	mtu uint32
 }
 
 // sideQPN is a QP of one side (true = host).
@@ -458,6 +482,13 @@ func analyzeWith(in io.Reader, check DataCheck) (*CaptureStats, error) {
 
 // analyzePairs is analyzeWith with the QP pairs of AnalyzeCapturePairs.
 func analyzePairs(in io.Reader, check DataCheck, pairs [][2]uint32) (*CaptureStats, error) {
+	return analyzeMTU(in, check, pairs, labMTU)
+}
+
+// analyzeMTU is analyzePairs for a run at path MTU mtu (0: labMTU). It
+// reads Ethernet frames of IPv4 or IPv6 (no extension headers) RoCEv2;
+// the host's packets come from HostIP or HostLL.
+func analyzeMTU(in io.Reader, check DataCheck, pairs [][2]uint32, mtu int) (*CaptureStats, error) {
 	r, err := pcapgo.NewReader(in)
 	if err != nil {
 		return nil, err
@@ -471,8 +502,15 @@ func analyzePairs(in io.Reader, check DataCheck, pairs [][2]uint32) (*CaptureSta
 	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{},
 		VMSrcPorts: map[uint16]int{}, VMTTLs: map[uint16]int{}, CM: map[string]int{}}
 	s.Messages, s.NAKs = map[string]int{}, map[string]int{}
+	s.HostTTLs, s.HostFlowLabels, s.VMFlowLabels = map[uint16]int{}, map[uint32]int{}, map[uint32]int{}
+	s.HostMiddlePayloads, s.VMMiddlePayloads = map[int]int{}, map[int]int{}
 	var p packet.Packet
 	t := newTracker()
+	t.mtu = uint32(labMTU)
+	if mtu > 0 {
+		t.mtu = uint32(mtu)
+	}
+	hostLL := netip.MustParseAddr(HostLL).As16()
 	for _, pr := range pairs {
 		t.peerQPN[sideQPN{true, pr[0]}], t.peerQPN[sideQPN{false, pr[1]}] = pr[1], pr[0]
 	}
@@ -486,17 +524,43 @@ func analyzePairs(in io.Reader, check DataCheck, pairs [][2]uint32) (*CaptureSta
 			return s, fmt.Errorf("frame %d: %w", s.Frames+1, err)
 		}
 		s.Frames++
-		if len(data) < 14+20+8 || binary.BigEndian.Uint16(data[12:14]) != 0x0800 {
+		if len(data) < 14+20+8 {
 			continue
 		}
-		ip := data[14:]
-		ihl := int(ip[0]&0xf) * 4
-		tot := int(binary.BigEndian.Uint16(ip[2:4]))
-		if ip[0]>>4 != 4 || ip[9] != 17 || ihl < 20 || tot > len(ip) || tot < ihl+8 {
+		var ip, udp []byte
+		var src string
+		var fromHost bool
+		var ttl uint16
+		switch binary.BigEndian.Uint16(data[12:14]) {
+		case 0x0800:
+			ip = data[14:]
+			ihl := int(ip[0]&0xf) * 4
+			tot := int(binary.BigEndian.Uint16(ip[2:4]))
+			if ip[0]>>4 != 4 || ip[9] != 17 || ihl < 20 || tot > len(ip) || tot < ihl+8 {
+				continue
+			}
+			ip = ip[:tot]
+			udp = ip[ihl:]
+			src = fmt.Sprintf("%d.%d.%d.%d", ip[12], ip[13], ip[14], ip[15])
+			fromHost, ttl = src == HostIP, uint16(ip[8])
+		case 0x86dd:
+			// IPv6 without extension headers (what rxe and rocev2d send).
+			ip = data[14:]
+			if len(ip) < 40+8 || ip[0]>>4 != 6 || ip[6] != 17 {
+				continue
+			}
+			tot := 40 + int(binary.BigEndian.Uint16(ip[4:6]))
+			if tot > len(ip) || tot < 40+8 {
+				continue
+			}
+			ip = ip[:tot]
+			udp = ip[40:]
+			a := netip.AddrFrom16([16]byte(ip[8:24]))
+			src = a.String()
+			fromHost, ttl = a.As16() == hostLL, uint16(ip[7])
+		default:
 			continue
 		}
-		ip = ip[:tot]
-		udp := ip[ihl:]
 		if binary.BigEndian.Uint16(udp[2:4]) != 4791 {
 			continue
 		}
@@ -504,20 +568,40 @@ func analyzePairs(in io.Reader, check DataCheck, pairs [][2]uint32) (*CaptureSta
 		if s.RoCE == 1 {
 			t0 = ci.Timestamp
 		}
-		src := fmt.Sprintf("%d.%d.%d.%d", ip[12], ip[13], ip[14], ip[15])
+		is6 := ip[0]>>4 == 6
+		udpCsum0 := binary.BigEndian.Uint16(udp[6:8]) == 0
+		var flow uint32
+		if is6 {
+			s.IPv6++
+			flow = binary.BigEndian.Uint32(ip[0:4]) & 0xfffff
+		}
 		dir := "vm  "
-		if src == HostIP {
+		if fromHost {
 			dir = "host"
 			s.FromHost++
-			s.HostIPIDs[binary.BigEndian.Uint16(ip[4:6])]++
 			s.HostSrcPorts[binary.BigEndian.Uint16(udp[0:2])]++
-			if ip[6]&0x40 != 0 {
-				s.HostDF++
+			if is6 {
+				s.HostTTLs[ttl]++
+				s.HostFlowLabels[flow]++
+				if udpCsum0 {
+					s.HostUDPCsumZero++
+				}
+			} else {
+				s.HostIPIDs[binary.BigEndian.Uint16(ip[4:6])]++
+				if ip[6]&0x40 != 0 {
+					s.HostDF++
+				}
 			}
 		} else {
 			s.FromVM++
 			s.VMSrcPorts[binary.BigEndian.Uint16(udp[0:2])]++
-			s.VMTTLs[uint16(ip[8])]++
+			s.VMTTLs[ttl]++
+			if is6 {
+				s.VMFlowLabels[flow]++
+				if udpCsum0 {
+					s.VMUDPCsumZero++
+				}
+			}
 		}
 		bad := ""
 		p = packet.Packet{}
@@ -544,12 +628,17 @@ func analyzePairs(in io.Reader, check DataCheck, pairs [][2]uint32) (*CaptureSta
 			}
 			if bad == "" {
 				s.track(&p, dir == "host", ci.Timestamp.Sub(t0), t, check)
+				s.payloadSize(&p, dir == "host")
 			}
 		}
 		s.Opcodes[dir+" "+op]++
 		if len(s.Lines) < maxLines && (bad != "" || s.RoCE <= 24) {
 			line := fmt.Sprintf("#%d %s %s:%d > :4791 id=%#04x df=%v ttl=%d", s.Frames, dir, src,
-				binary.BigEndian.Uint16(udp[0:2]), binary.BigEndian.Uint16(ip[4:6]), ip[6]&0x40 != 0, ip[8])
+				binary.BigEndian.Uint16(udp[0:2]), binary.BigEndian.Uint16(ip[4:6]), ip[6]&0x40 != 0, ttl)
+			if is6 {
+				line = fmt.Sprintf("#%d %s [%s]:%d > :4791 flow=%#05x hlim=%d udpcsum0=%v", s.Frames, dir, src,
+					binary.BigEndian.Uint16(udp[0:2]), flow, ttl, udpCsum0)
+			}
 			if p.BTH != nil {
 				line += fmt.Sprintf(" %s qp=%#06x psn=%#06x ack=%v pay=%d", p.BTH.Opcode(), p.BTH.DestQP(), uint32(p.BTH.PSN()), p.BTH.AckReq(), len(p.Payload))
 				if p.AETH != nil {
@@ -581,6 +670,9 @@ func (s *CaptureStats) String() string {
 	fmt.Fprintf(&b, "  host IPv4: %d distinct IDs %s, DF on %d/%d, UDP source ports %v\n",
 		len(s.HostIPIDs), topKeys(s.HostIPIDs), s.HostDF, s.FromHost, topKeys(s.HostSrcPorts))
 	fmt.Fprintf(&b, "  vm IPv4: TTLs %v, UDP source ports %v\n", topKeys(s.VMTTLs), topKeys(s.VMSrcPorts))
+	if s.IPv6 > 0 {
+		fmt.Fprintf(&b, "  %s\n", s.IPv6Summary())
+	}
 	if s.RetransFromHost+s.RetransFromVM > 0 {
 		fmt.Fprintf(&b, "  resent requests: rocev2d %d, rxe %d\n", s.RetransFromHost, s.RetransFromVM)
 		for _, l := range s.RetransLines {
@@ -603,6 +695,47 @@ func (s *CaptureStats) String() string {
 		b.WriteString("  " + l + "\n")
 	}
 	return b.String()
+}
+
+// IPv6Summary describes the IPv6 headers of the capture: how many RoCEv2
+// packets were IPv6, and per side the UDP checksums that were 0, the
+// flow labels and the hop limits.
+func (s *CaptureStats) IPv6Summary() string {
+	labels := func(m map[uint32]int) string {
+		keys := make([]int, 0, len(m))
+		for k := range m {
+			keys = append(keys, int(k))
+		}
+		sort.Ints(keys)
+		var out []string
+		for i, k := range keys {
+			if i == 4 {
+				out = append(out, fmt.Sprintf("...(%d)", len(keys)))
+				break
+			}
+			out = append(out, fmt.Sprintf("%#x", k))
+		}
+		return "[" + strings.Join(out, " ") + "]"
+	}
+	return fmt.Sprintf("IPv6 %d/%d: rxe UDP csum 0 on %d/%d, flow labels %s, hop limits %v; rocev2d UDP csum 0 on %d/%d, flow labels %s, hop limits %v",
+		s.IPv6, s.RoCE, s.VMUDPCsumZero, s.FromVM, labels(s.VMFlowLabels), topKeys(s.VMTTLs),
+		s.HostUDPCsumZero, s.FromHost, labels(s.HostFlowLabels), topKeys(s.HostTTLs))
+}
+
+// payloadSize records the payload size of a well-formed packet by its
+// sender: the largest, and those of FIRST and MIDDLE packets.
+func (s *CaptureStats) payloadSize(p *packet.Packet, fromHost bool) {
+	n := len(p.Payload)
+	max, mid := &s.VMMaxPayload, s.VMMiddlePayloads
+	if fromHost {
+		max, mid = &s.HostMaxPayload, s.HostMiddlePayloads
+	}
+	if n > *max {
+		*max = n
+	}
+	if p.Info.Pos == bth.PosFirst || p.Info.Pos == bth.PosMiddle {
+		mid[n]++
+	}
 }
 
 // topKeys lists up to 4 keys of m.
@@ -650,7 +783,7 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		f := t.flow(key)
 		span := uint32(1)
 		if info.Kind == bth.KindReadRequest && p.RETH != nil {
-			span = max(1, (p.RETH.DMALength()+labMTU-1)/labMTU)
+			span = max(1, (p.RETH.DMALength()+t.mtu-1)/t.mtu)
 		}
 		if f.started && psnBefore(psn, f.next) {
 			pl.Resent = true
@@ -703,7 +836,7 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		switch {
 		case info.Kind == bth.KindReadRequest && p.RETH != nil:
 			for k := uint32(0); k < min(span, maxReadSpan); k++ {
-				t.readVA[key][(psn+k)&0xffffff] = readAt{p.RETH.VA() + uint64(k)*labMTU, int(k) * labMTU}
+				t.readVA[key][(psn+k)&0xffffff] = readAt{p.RETH.VA() + uint64(k)*uint64(t.mtu), int(k) * int(t.mtu)}
 			}
 			return
 		case p.AtomicETH != nil:
@@ -730,7 +863,7 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 			}
 			if st, ok := f.starts[(psn-k)&0xffffff]; ok {
 				found = true
-				pl.MsgOff = int(k) * labMTU
+				pl.MsgOff = int(k) * int(t.mtu)
 				pl.VA, pl.HasVA = st.va+uint64(pl.MsgOff), st.hasVA
 			}
 		}
