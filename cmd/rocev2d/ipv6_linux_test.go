@@ -90,8 +90,9 @@ func waitTCPListen(pid int, bin string, port int, d time.Duration) {
 	}
 }
 
-// TestIPv6LinkLocal runs pingpong and write-bw between two rocev2d
-// processes over a veth pair on link-local IPv6 addresses with zones:
+// TestIPv6LinkLocal runs pingpong, write-bw and every other out-of-band
+// command between two rocev2d processes over a veth pair on link-local
+// IPv6 addresses with zones:
 // --bind fe80::...%veth and the server address with its zone; write-bw's
 // client also with an IPv4 server address (the out-of-band connection then
 // must not be bound to the IPv6 --bind). The GIDs printed are the
@@ -132,6 +133,34 @@ func TestIPv6LinkLocal(t *testing.T) {
 			// perftest prints GIDs as decimal bytes: fe80::c0:1.
 			if sc != 0 || cc != 0 || !strings.Contains(co, " data check: ok") || !strings.Contains(co, "GID: 254:128:00:00:00:00:00:00:00:00:00:00:00:192:00:01") {
 				t.Fatalf("exit %d/%d\n--- server:\n%s--- client:\n%s", sc, cc, so, co)
+			}
+		})
+	}
+	// Every other command the same way: --bind with zones on both sides,
+	// the server address with its zone (the CM commands have no TCP: the
+	// address is rdma_cm's, -a/-s; their servers are given a moment).
+	srvLL, cliLL, dst := p.llB.String(), p.llA.String(), ll6B.WithZone(p.IfA).String()
+	for _, c := range []struct {
+		name     string
+		srv, cli []string
+		want     string // in both outputs
+		cm       bool
+	}{
+		{"uc-pingpong", []string{"uc-pingpong", "--bind", srvLL, "-s", "4096", "-n", "10"}, []string{"uc-pingpong", "--bind", cliLL, "-s", "4096", "-n", "10", dst}, "10 iters in", false},
+		{"ud-pingpong", []string{"ud-pingpong", "--bind", srvLL, "-s", "512", "-n", "10", "-c"}, []string{"ud-pingpong", "--bind", cliLL, "-s", "512", "-n", "10", "-c", dst}, "10 iters in", false},
+		{"srq-pingpong", []string{"srq-pingpong", "--bind", srvLL, "-s", "64", "-n", "10"}, []string{"srq-pingpong", "--bind", cliLL, "-s", "64", "-n", "10", dst}, "iters in", false},
+		{"read-bw", []string{"read-bw", "--bind", srvLL, "-n", "20", "--check"}, []string{"read-bw", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
+		{"send-bw", []string{"send-bw", "--bind", srvLL, "-n", "20", "--check"}, []string{"send-bw", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
+		{"atomic-bw", []string{"atomic-bw", "--bind", srvLL, "-n", "20", "--check"}, []string{"atomic-bw", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
+		{"write-lat", []string{"write-lat", "--bind", srvLL, "-n", "20"}, []string{"write-lat", "--bind", cliLL, "-n", "20", dst}, "t_avg[usec]", false},
+		{"read-lat", []string{"read-lat", "--bind", srvLL, "-n", "20", "--check"}, []string{"read-lat", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
+		{"send-lat", []string{"send-lat", "--bind", srvLL, "-n", "20", "--check"}, []string{"send-lat", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
+		{"atomic-lat", []string{"atomic-lat", "--bind", srvLL, "-n", "20", "--check"}, []string{"atomic-lat", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sc, cc, so, co := runNSPair(t, bin, p, append(c.srv, common...), append(c.cli, common...))
+			if sc != 0 || cc != 0 || !strings.Contains(so+co, c.want) {
+				t.Fatalf("exit %d/%d, want %q\n--- server:\n%s--- client:\n%s", sc, cc, c.want, so, co)
 			}
 		})
 	}
