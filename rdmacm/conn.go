@@ -274,7 +274,10 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 	if len(o.PrivateData) > cm.CMAREQPrivateDataSize {
 		return nil, fmt.Errorf("rdmacm: Dial: %d bytes of private data, at most %d", len(o.PrivateData), cm.CMAREQPrivateDataSize)
 	}
-	peer := addr.Addr().Unmap()
+	// A link-local address's zone names the interface to reach it
+	// through, which the device's socket is bound to already; the peer's
+	// packets arrive without one.
+	peer := addr.Addr().Unmap().WithZone("")
 	if !peer.IsValid() || peer.Is4() != dev.Addr().Is4() {
 		return nil, fmt.Errorf("rdmacm: Dial: address %v is not in the device's address family (%v)", addr, dev.Addr())
 	}

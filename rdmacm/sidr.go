@@ -76,7 +76,7 @@ func ResolveUD(ctx context.Context, dev *transport.Device, addr netip.AddrPort, 
 	if len(o.PrivateData) > cm.CMASIDRREQPrivateDataSize {
 		return UDPeer{}, fmt.Errorf("rdmacm: ResolveUD: %d bytes of private data, at most %d", len(o.PrivateData), cm.CMASIDRREQPrivateDataSize)
 	}
-	peer := addr.Addr().Unmap()
+	peer := addr.Addr().Unmap().WithZone("") // as Dial
 	if !peer.IsValid() || peer.Is4() != dev.Addr().Is4() {
 		return UDPeer{}, fmt.Errorf("rdmacm: ResolveUD: address %v is not in the device's address family", addr)
 	}
