@@ -61,7 +61,13 @@ func runNSPair(t *testing.T, bin string, p *ipv6Pair, srvArgs, cliArgs []string)
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitTCPListen(srv.Process.Pid, bin, 18515, 10*time.Second)
+	if srvArgs[0] == "rping" || srvArgs[0] == "rdma-server" || srvArgs[0] == "udaddy" {
+		// No TCP: wait for its RoCEv2 socket (then its CM listens at
+		// once; the client's CM retries its REQ anyway).
+		waitUDP6(srv.Process.Pid, bin, 4791, 10*time.Second)
+	} else {
+		waitTCPListen(srv.Process.Pid, bin, 18515, 10*time.Second)
+	}
 	cli := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", p.NsA, bin}, cliArgs...)...)
 	cli.Stdout, cli.Stderr = &cout, &cout
 	cerr := cli.Run()
@@ -85,6 +91,24 @@ func waitTCPListen(pid int, bin string, port int, d time.Duration) {
 				if len(fs) > 3 && fs[3] == "0A" && strings.HasSuffix(fs[1]+" ", want) {
 					return
 				}
+			}
+		}
+	}
+}
+
+// waitUDP6 waits up to d until process pid, once it runs bin, has an IPv6
+// UDP socket on port.
+func waitUDP6(pid int, bin string, port int, d time.Duration) {
+	want := fmt.Sprintf(":%04X ", port)
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe != bin {
+			continue
+		}
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/udp6", pid))
+		for _, line := range strings.Split(string(b), "\n") {
+			if fs := strings.Fields(line); len(fs) > 1 && strings.HasSuffix(fs[1]+" ", want) {
+				time.Sleep(200 * time.Millisecond)
+				return
 			}
 		}
 	}
@@ -143,19 +167,23 @@ func TestIPv6LinkLocal(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		srv, cli []string
-		want     string // in both outputs
-		cm       bool
+		want     string // in the outputs
 	}{
-		{"uc-pingpong", []string{"uc-pingpong", "--bind", srvLL, "-s", "4096", "-n", "10"}, []string{"uc-pingpong", "--bind", cliLL, "-s", "4096", "-n", "10", dst}, "10 iters in", false},
-		{"ud-pingpong", []string{"ud-pingpong", "--bind", srvLL, "-s", "512", "-n", "10", "-c"}, []string{"ud-pingpong", "--bind", cliLL, "-s", "512", "-n", "10", "-c", dst}, "10 iters in", false},
-		{"srq-pingpong", []string{"srq-pingpong", "--bind", srvLL, "-s", "64", "-n", "10"}, []string{"srq-pingpong", "--bind", cliLL, "-s", "64", "-n", "10", dst}, "iters in", false},
-		{"read-bw", []string{"read-bw", "--bind", srvLL, "-n", "20", "--check"}, []string{"read-bw", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
-		{"send-bw", []string{"send-bw", "--bind", srvLL, "-n", "20", "--check"}, []string{"send-bw", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
-		{"atomic-bw", []string{"atomic-bw", "--bind", srvLL, "-n", "20", "--check"}, []string{"atomic-bw", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
-		{"write-lat", []string{"write-lat", "--bind", srvLL, "-n", "20"}, []string{"write-lat", "--bind", cliLL, "-n", "20", dst}, "t_avg[usec]", false},
-		{"read-lat", []string{"read-lat", "--bind", srvLL, "-n", "20", "--check"}, []string{"read-lat", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
-		{"send-lat", []string{"send-lat", "--bind", srvLL, "-n", "20", "--check"}, []string{"send-lat", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
-		{"atomic-lat", []string{"atomic-lat", "--bind", srvLL, "-n", "20", "--check"}, []string{"atomic-lat", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok", false},
+		{"uc-pingpong", []string{"uc-pingpong", "--bind", srvLL, "-s", "4096", "-n", "10"}, []string{"uc-pingpong", "--bind", cliLL, "-s", "4096", "-n", "10", dst}, "10 iters in"},
+		{"ud-pingpong", []string{"ud-pingpong", "--bind", srvLL, "-s", "512", "-n", "10", "-c"}, []string{"ud-pingpong", "--bind", cliLL, "-s", "512", "-n", "10", "-c", dst}, "10 iters in"},
+		{"srq-pingpong", []string{"srq-pingpong", "--bind", srvLL, "-s", "64", "-n", "10"}, []string{"srq-pingpong", "--bind", cliLL, "-s", "64", "-n", "10", dst}, "iters in"},
+		{"read-bw", []string{"read-bw", "--bind", srvLL, "-n", "20", "--check"}, []string{"read-bw", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok"},
+		{"send-bw", []string{"send-bw", "--bind", srvLL, "-n", "20", "--check"}, []string{"send-bw", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok"},
+		{"atomic-bw", []string{"atomic-bw", "--bind", srvLL, "-n", "20", "--check"}, []string{"atomic-bw", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok"},
+		{"write-lat", []string{"write-lat", "--bind", srvLL, "-n", "20"}, []string{"write-lat", "--bind", cliLL, "-n", "20", dst}, "t_avg[usec]"},
+		{"read-lat", []string{"read-lat", "--bind", srvLL, "-n", "20", "--check"}, []string{"read-lat", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok"},
+		{"send-lat", []string{"send-lat", "--bind", srvLL, "-n", "20", "--check"}, []string{"send-lat", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok"},
+		{"atomic-lat", []string{"atomic-lat", "--bind", srvLL, "-n", "20", "--check"}, []string{"atomic-lat", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok"},
+		// Through the CM: rdma_cm's addresses are the link-local ones.
+		{"write-bw -R", []string{"write-bw", "-R", "--bind", srvLL, "-n", "20", "--check"}, []string{"write-bw", "-R", "--bind", cliLL, "-n", "20", "--check", dst}, " data check: ok"},
+		{"rping", []string{"rping", "-s", "-v", "-a", srvLL}, []string{"rping", "-c", "-v", "-C", "3", "-a", dst, "-I", cliLL}, "ping data: rdma-ping-2"},
+		{"rdma-server", []string{"rdma-server", "-s", srvLL}, []string{"rdma-client", "-s", dst, "--bind", cliLL}, "rdma_client: end 0"},
+		{"udaddy", []string{"udaddy", "-b", srvLL}, []string{"udaddy", "-s", dst, "-b", cliLL}, "test complete"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sc, cc, so, co := runNSPair(t, bin, p, append(c.srv, common...), append(c.cli, common...))
