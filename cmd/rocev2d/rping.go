@@ -61,7 +61,10 @@ Output, stdout and stderr, as rping's. Exit status, as rping's: 0 done (also
 when the peer disconnected first), 22 bad usage (EINVAL), 255 failed: the
 connection was refused or rejected ("cma event RDMA_CM_EVENT_REJECTED, error
 REASON"), the peer never answered (RDMA_CM_EVENT_UNREACHABLE, error -110), a
-completion failed, the data did not match (-V), or the run was interrupted.
+completion failed, the data did not match (-V), or the run was interrupted
+(SIGINT, SIGTERM, --timeout: the current ping may finish, for up to 3 s, so
+that the DREQ does not race a message the peer has yet to take in — which
+makes the real rping fail — then rocev2d disconnects).
 -P (persistent server) is not supported.
 `
 
@@ -491,18 +494,41 @@ const (
 // errReported is a failure rping has already described on stderr.
 var errReported = errors.New("rping failed")
 
-// watchConn returns a context that ends with ctx or when the connection
-// ends (the peer's DREQ), for the waits of the test loop.
-func (r *rping) watchConn(ctx context.Context) (context.Context, context.CancelFunc) {
-	cctx, cancel := context.WithCancel(ctx)
+// rpingGrace is how long an interrupted test loop may run on to reach the
+// point where it disconnects without racing the peer (see loopContexts).
+const rpingGrace = 3 * time.Second
+
+// loopContexts returns the contexts of a test loop's waits. gctx ends
+// rpingGrace after ctx (an interrupt or --timeout): the loop checks ctx
+// itself at the one point of a ping where the peer has no message of ours
+// still to take in — the client before it advertises the next ping, the
+// server once that advertisement has arrived — and disconnects there. A
+// DREQ right behind a SEND makes the real rping fail: its CM thread and
+// its CQ thread race, and the receive completion processed after the
+// DISCONNECTED event turns its state back ("wait for RDMA_WRITE_ADV state
+// 9", exit 255). cctx also ends when the connection does (the peer's
+// DREQ).
+func (r *rping) loopContexts(ctx context.Context) (gctx, cctx context.Context, cancel func()) {
+	gctx, gcancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	var grace *time.Timer
+	stop := context.AfterFunc(ctx, func() {
+		grace = time.AfterFunc(rpingGrace, func() { gcancel(context.Cause(ctx)) })
+	})
+	cctx, ccancel := context.WithCancel(gctx)
 	go func() {
 		select {
 		case <-r.conn.Done():
-			cancel()
+			ccancel()
 		case <-cctx.Done():
 		}
 	}()
-	return cctx, cancel
+	return gctx, cctx, func() {
+		if !stop() && grace != nil {
+			grace.Stop()
+		}
+		ccancel()
+		gcancel(nil)
+	}
 }
 
 // next waits for the next event that moves rping's state: a receive (the
@@ -684,10 +710,13 @@ func (r *rping) runClient(ctx context.Context, peer netip.AddrPort, opts *rdmacm
 // testClient is rping_test_client.
 func (r *rping) testClient(ctx context.Context) error {
 	c := r.c
-	cctx, cancel := r.watchConn(ctx)
+	gctx, cctx, cancel := r.loopContexts(ctx)
 	defer cancel()
 	start := byte(65)
 	for ping := 0; c.count == 0 || ping < c.count; ping++ {
+		if ctx.Err() != nil {
+			return ctx.Err() // between pings: the server waits for our next advertisement
+		}
 		rpingFill(r.startBuf, ping, start)
 		start++
 		if start > 122 {
@@ -698,7 +727,7 @@ func (r *rping) testClient(ctx context.Context) error {
 			return err
 		}
 		// Wait for the server to ACK.
-		if stop, err := r.expect(ctx, cctx, evRecv, "RDMA_WRITE_ADV"); stop {
+		if stop, err := r.expect(gctx, cctx, evRecv, "RDMA_WRITE_ADV"); stop {
 			return err
 		}
 		r.formatSend(r.rdmaMR)
@@ -706,7 +735,7 @@ func (r *rping) testClient(ctx context.Context) error {
 			return err
 		}
 		// Wait for the server to say the RDMA Write is complete.
-		if stop, err := r.expect(ctx, cctx, evRecv, "RDMA_WRITE_COMPLETE"); stop {
+		if stop, err := r.expect(gctx, cctx, evRecv, "RDMA_WRITE_COMPLETE"); stop {
 			return err
 		}
 		if c.validate && string(r.startBuf) != string(r.rdmaBuf) {
@@ -787,7 +816,7 @@ func (r *rping) runServer(ctx context.Context, opts *rdmacm.Options) error {
 
 // testServer is rping_test_server.
 func (r *rping) testServer(ctx context.Context) error {
-	cctx, cancel := r.watchConn(ctx)
+	gctx, cctx, cancel := r.loopContexts(ctx)
 	defer cancel()
 	var remoteAddr uint64
 	var remoteRKey, remoteLen uint32
@@ -799,8 +828,11 @@ func (r *rping) testServer(ctx context.Context) error {
 	}
 	for {
 		// Wait for the client's start STAG/TO/Len.
-		if stop, err := r.expect(ctx, cctx, evRecv, "RDMA_READ_ADV"); stop {
+		if stop, err := r.expect(gctx, cctx, evRecv, "RDMA_READ_ADV"); stop {
 			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err() // the client took in our last go-ahead: it sent this
 		}
 		readInfo()
 		r.debugf("server received sink adv\n")
@@ -810,7 +842,7 @@ func (r *rping) testServer(ctx context.Context) error {
 			return err
 		}
 		r.debugf("server posted rdma read req \n")
-		if stop, err := r.expect(ctx, cctx, evReadDone, "RDMA_READ_COMPLETE"); stop {
+		if stop, err := r.expect(gctx, cctx, evReadDone, "RDMA_READ_COMPLETE"); stop {
 			return err
 		}
 		r.debugf("server received read complete\n")
@@ -823,7 +855,7 @@ func (r *rping) testServer(ctx context.Context) error {
 		}
 		r.debugf("server posted go ahead\n")
 		// Wait for the client's rdma buffer STAG/TO/Len.
-		if stop, err := r.expect(ctx, cctx, evRecv, "RDMA_WRITE_ADV"); stop {
+		if stop, err := r.expect(gctx, cctx, evRecv, "RDMA_WRITE_ADV"); stop {
 			return err
 		}
 		readInfo()
@@ -835,7 +867,7 @@ func (r *rping) testServer(ctx context.Context) error {
 			SGEs: []memreg.SGE{r.rdmaMR.SGE(0, n)}, RemoteAddr: remoteAddr, RKey: remoteRKey}); err != nil {
 			return err
 		}
-		if stop, err := r.expect(ctx, cctx, evWriteDone, "RDMA_WRITE_COMPLETE"); stop {
+		if stop, err := r.expect(gctx, cctx, evWriteDone, "RDMA_WRITE_COMPLETE"); stop {
 			return err
 		}
 		r.debugf("server rdma write complete \n")

@@ -347,7 +347,45 @@ func TestRpingServerDisconnects(t *testing.T) {
 	if s.code != rpingExitFail || !strings.Contains(s.errOut, "interrupted; disconnected") {
 		t.Errorf("server: exit %d\n%s%s", s.code, s.out, s.errOut)
 	}
-	if cli.code != 0 || !strings.HasPrefix(cli.errOut, "client DISCONNECT EVENT...\nwait for RDMA_WRITE_") {
+	// The server stops where the client waits for its first go-ahead.
+	if cli.code != 0 || cli.errOut != "client DISCONNECT EVENT...\nwait for RDMA_WRITE_ADV state 10\n" {
 		t.Errorf("client: exit %d\n%s%s", cli.code, cli.out, cli.errOut)
 	}
+}
+
+// TestRpingClientInterrupted: a client pinging without end (-C 0) is
+// interrupted: it finishes its ping and disconnects, and the server ends
+// as after a counted run (exit 0).
+func TestRpingClientInterrupted(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	port := cmPort()
+	srv := startCMServer(t, &rpingListening, "rping", "-s", "-a", "127.0.0.1", "-p", port, "-v", "-S", "200")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := make(chan cmResult, 1)
+	out := &lockedBuffer{}
+	go func() {
+		var errb lockedBuffer
+		code := run(ctx, []string{"rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-v", "-V", "-S", "200"}, out, &errb)
+		res <- cmResult{code, out.String(), errb.String()}
+	}()
+	for deadline := time.Now().Add(20 * time.Second); strings.Count(out.String(), "ping data") < 30; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the client did not ping 30 times:\n%s", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	cli := <-res
+	s := srv.wait(t, 10*time.Second)
+	if cli.code != rpingExitFail || cli.errOut != "rocev2d rping: interrupted; disconnected\n" {
+		t.Errorf("client: exit %d\n%s%s", cli.code, cli.out, cli.errOut)
+	}
+	if s.code != 0 || s.errOut != "server DISCONNECT EVENT...\nwait for RDMA_READ_ADV state 10\n" {
+		t.Errorf("server: exit %d\n%s%s", s.code, s.out, s.errOut)
+	}
+	n := strings.Count(cli.out, "ping data")
+	checkPingLines(t, "client", cli.out, rePingData, n, 200)
+	checkPingLines(t, "server", s.out, reServerPingData, n, 200)
 }

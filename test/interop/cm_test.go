@@ -205,7 +205,7 @@ func cmCells() []cmCell {
 		name: "rping_refused_rocev2d_server", label: fmt.Sprintf("rping -c -p %d (nobody listens) -> rocev2d", cmNobodyPort), toolName: "rping",
 		rocev2dServer: true, host: host("rping", "-s", "-a", HostIP, "-p", strconv.Itoa(rpingPort)),
 		vm:       fmt.Sprintf("rping -c -a %s -p %d -C 1", HostIP, cmNobodyPort),
-		wantHost: 255, wantVM: 255, fast: 3 * time.Second,
+		wantHost: 255, wantVM: 255, fast: 5 * time.Second,
 		check: func(hostOut, vmOut string) []string {
 			var p []string
 			if !strings.Contains(vmOut, "cma event RDMA_CM_EVENT_REJECTED, error 8") {
@@ -220,7 +220,7 @@ func cmCells() []cmCell {
 	}, cmCell{
 		name: "rping_refused_rocev2d_client", label: fmt.Sprintf("rocev2d rping -c -p %d (nobody listens) -> rxe", cmNobodyPort), toolName: "(kernel CM)",
 		host:     host("rping", "-c", "-a", VMIP, "--bind", HostIP, "-p", strconv.Itoa(cmNobodyPort), "-C", "1", "--timeout", "60s"),
-		wantHost: 255, fast: 3 * time.Second,
+		wantHost: 255, fast: 5 * time.Second,
 		check: func(hostOut, vmOut string) []string {
 			if !strings.Contains(hostOut, "cma event RDMA_CM_EVENT_REJECTED, error 8") || !strings.Contains(hostOut, "refused: nothing listens on rdma_cm port") {
 				return []string{"rocev2d: no refusal (\"cma event RDMA_CM_EVENT_REJECTED, error 8\", \"refused\")"}
@@ -252,6 +252,12 @@ func cmCells() []cmCell {
 				}
 				if server && !strings.Contains(srv, "interrupted; disconnected") {
 					p = append(p, "rocev2d's server did not disconnect on SIGTERM")
+				}
+				// rocev2d's server disconnects once the client's next
+				// advertisement has arrived: the client waits for its
+				// first go-ahead, with nothing of ours to take in.
+				if server && !strings.Contains(client, "wait for RDMA_WRITE_ADV state 10") {
+					p = append(p, `rping's client did not see the disconnect while waiting for its first go-ahead ("wait for RDMA_WRITE_ADV state 10")`)
 				}
 				return p
 			},
@@ -332,7 +338,7 @@ func cmCells() []cmCell {
 		name: "udaddy_refused_rocev2d_server", label: fmt.Sprintf("udaddy -> rocev2d (serving port %d only)", cmNobodyPort), toolName: "udaddy",
 		rocev2dServer: true, host: host("udaddy", "-b", HostIP, "--port", strconv.Itoa(cmNobodyPort)),
 		vm:       "udaddy -s " + HostIP,
-		wantHost: 255, wantVM: 1, fast: 3 * time.Second,
+		wantHost: 255, wantVM: 1, fast: 5 * time.Second,
 		check: func(hostOut, vmOut string) []string {
 			if !strings.Contains(vmOut, "udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1") {
 				return []string{"udaddy: no \"udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1\""}
@@ -343,7 +349,7 @@ func cmCells() []cmCell {
 	}, cmCell{
 		name: "udaddy_refused_rocev2d_client", label: fmt.Sprintf("rocev2d udaddy --port %d (nobody serves) -> rxe", cmNobodyPort), toolName: "(kernel CM)",
 		host:     host("udaddy", "-s", VMIP, "-b", HostIP, "--port", strconv.Itoa(cmNobodyPort), "--timeout", "60s"),
-		wantHost: 1, fast: 3 * time.Second,
+		wantHost: 1, fast: 5 * time.Second,
 		check: func(hostOut, vmOut string) []string {
 			if !strings.Contains(hostOut, "udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1") || !strings.Contains(hostOut, "return status 1") {
 				return []string{"rocev2d udaddy: no refusal (\"udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1\", \"return status 1\")"}
@@ -442,10 +448,16 @@ func checkRpingOutputs(hostOut, vmOut string, clientHost bool, count int) []stri
 	}
 	p := checkPingLines(cw, rePingLine, client, count, rpingSize)
 	p = append(p, checkPingLines(sw, reServerPingLine, server, count, rpingSize)...)
-	for _, x := range []struct{ who, out, want string }{
-		{cw, client, "client DISCONNECT EVENT..."}, {sw, server, "server DISCONNECT EVENT..."},
-		{sw, server, "wait for RDMA_READ_ADV state 10"},
-	} {
+	// The real rping client prints "client DISCONNECT EVENT..." from its
+	// CM thread when its own disconnect completes, which races its exit
+	// (seen missing): only rocev2d's is required.
+	want := []struct{ who, out, want string }{
+		{sw, server, "server DISCONNECT EVENT..."}, {sw, server, "wait for RDMA_READ_ADV state 10"},
+	}
+	if clientHost {
+		want = append(want, struct{ who, out, want string }{cw, client, "client DISCONNECT EVENT..."})
+	}
+	for _, x := range want {
 		if !strings.Contains(x.out, x.want) {
 			p = append(p, fmt.Sprintf("%s: no %q", x.who, x.want))
 		}
