@@ -575,25 +575,28 @@ func (c *Conn) timeWaitLocked(err error) {
 	})
 }
 
-// Close disconnects: the QP to ERR (its outstanding work requests complete
-// with WCWRFlushErr), a DREQ to the peer, then a bounded wait for its DREP
-// (at most three response timeouts), and what the connection created
+// Close disconnects: a DREQ to the peer, then a bounded wait for its DREP
+// (at most three response timeouts), the QP to ERR (its outstanding work
+// requests complete with WCWRFlushErr) and what the connection created
 // destroyed. Closing a connection the peer has ended only releases it.
 func (c *Conn) Close() error {
 	m := c.m
 	m.mu.Lock()
 	switch c.state {
 	case stEstablished:
-		// The QP to ERR before the DREQ, as rdma_disconnect does: what
-		// the QP still holds for the wire leaves first. The device hands
-		// a received batch's completions to the application before it
-		// sends the ACKs the batch queued; a DREQ sent in answer to such
-		// a completion would otherwise overtake the ACK of the message
-		// just received, and the peer, which moves its QP to ERR on the
-		// DREQ, would flush that message's send as failed (seen with
-		// perftest -R between two rocev2d: the last SEND of the exchange
-		// completed with WCWRFlushErr).
-		c.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
+		// What the QP has queued for the wire leaves before the DREQ.
+		// The device hands a received batch's completions to the
+		// application before it sends the ACKs the batch queued; a DREQ
+		// sent in answer to such a completion would otherwise overtake
+		// the ACK of the message just received, and the peer, which
+		// moves its QP to ERR on the DREQ, would flush that message's
+		// send as failed (seen with perftest -R between two rocev2d: the
+		// last SEND of the exchange completed with WCWRFlushErr). The QP
+		// itself stays up until the DREP: a request the peer sent before
+		// it saw the DREQ is still answered (moving it to ERR first, as
+		// rdma_disconnect does, left rping's client in the VM with an
+		// unanswered SEND and, now and then, a failed run).
+		c.qp.SendQueued()
 		dreq := &cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN}
 		c.state = stDREQSent
 		c.max = min(c.opts.MaxRetries, 2)
