@@ -13,7 +13,12 @@
 //   - Perftest 4.5 (TCP 18515): a fixed sequence of lock-step exchanges —
 //     version, cycle buffer, cache line, MTU, 108-byte [PerfDest] messages used
 //     both for the QP data and as barriers, bandwidth reports, "done\0". See
-//     [PerfSession] and [Plan].
+//     [PerfSession] and [Plan]. With -R the same messages run as SENDs over a
+//     connection made through rdma_cm, the QP data as perftest's 56-byte
+//     binary struct, with the test QP's own rdma_cm connection between two
+//     empty ones and no "done": [NewPerfSessionRDMACM], [PlanRDMACM],
+//     [PerfDestCMSize]. The caller supplies that connection as a net.Conn
+//     whose Reads return whole messages.
 //
 // Every exchange is client-writes-then-reads, server-reads-then-writes, as the
 // tools do. Every message is written with a single Write call, because the
