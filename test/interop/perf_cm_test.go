@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-// perftest -R: ib_write_bw, ib_read_bw and ib_send_bw connect through
-// rdma_cm (IB CM MADs to QP1) instead of the TCP exchange, rocev2d with -R
-// in both roles. perftest 4.5 makes two RC connections on the port (18515):
+// perftest -R: ib_write_bw, ib_read_bw, ib_send_bw, ib_atomic_bw and the
+// latency tests connect through rdma_cm (IB CM MADs to QP1) instead of the
+// TCP exchange, rocev2d with -R in both roles. perftest 4.5 makes two RC connections on the port (18515):
 // the first carries its exchange (each message one SEND), the second is
 // the test QP's; at the end each side disconnects (DREQ/DREP). Besides
 // every check of a clean cell (ICRC of every packet — the MADs too —,
@@ -30,17 +30,23 @@ import (
 // perfCMPort is perftest's port: rdma_cm's with -R.
 const perfCMPort = 18515
 
-// perfCMCells returns the -R cells: ib_write_bw, ib_read_bw and ib_send_bw
-// against rocev2d as server and as client.
+// perfCMCells returns the -R cells: ib_write_bw, ib_read_bw, ib_send_bw
+// (4096 B), ib_atomic_bw and the four latency tests against rocev2d as
+// server and as client.
 func perfCMCells(gidIndex int) []cell {
 	var cs []cell
-	n := 2 * iters()
 	for _, server := range []bool{true, false} {
 		role := map[bool]string{true: "server", false: "client"}[server]
-		for _, pt := range []struct{ tool, sub string }{
-			{"ib_write_bw", "write-bw"}, {"ib_read_bw", "read-bw"}, {"ib_send_bw", "send-bw"},
+		for _, pt := range []struct {
+			tool, sub string
+			size, n   int
+		}{
+			{"ib_write_bw", "write-bw", 4096, 2 * iters()}, {"ib_read_bw", "read-bw", 4096, 2 * iters()},
+			{"ib_send_bw", "send-bw", 4096, 2 * iters()}, {"ib_atomic_bw", "atomic-bw", 8, 2 * iters()},
+			{"ib_write_lat", "write-lat", 64, iters()}, {"ib_read_lat", "read-lat", 64, iters()},
+			{"ib_send_lat", "send-lat", 64, iters()}, {"ib_atomic_lat", "atomic-lat", 8, iters()},
 		} {
-			const size = 4096
+			size, n := pt.size, pt.n
 			args := []string{"-s", strconv.Itoa(size), "-n", strconv.Itoa(n)}
 			label := strings.Join(append([]string{pt.tool, "-R"}, args...), " ")
 			ours := append([]string{pt.sub, "-R", "--bind", HostIP, "-v", "--timeout", "120s"}, args...)
@@ -75,6 +81,9 @@ func perfCMCells(gidIndex int) []cell {
 					return checkPerfCMCapture(st, hostOut, sub, server)
 				},
 				minPkts: n,
+				// The server of a READ or atomic latency test is passive
+				// and prints no result.
+				passiveServer: pt.tool == "ib_read_lat" || pt.tool == "ib_atomic_lat",
 			})
 		}
 	}
@@ -204,8 +213,10 @@ func checkPerfCMCapture(st *CaptureStats, hostOut, sub string, rocev2dServer boo
 	if !slices.Contains(st.CMPairs, [2]uint32{local, remote}) {
 		p = append(p, fmt.Sprintf("CM: no REQ/REP connected rocev2d's QP %#x with the tool's %#x (pairs {host, vm}: %#x)", local, remote, st.CMPairs))
 	}
-	ops := map[string][]string{"write-bw": {"RC_RDMA_WRITE_FIRST", "RC_RDMA_WRITE_ONLY"}, "read-bw": {"RC_RDMA_READ_REQUEST"},
-		"send-bw": {"RC_SEND_FIRST", "RC_SEND_ONLY"}}[sub]
+	write, read, send, atomic := []string{"RC_RDMA_WRITE_FIRST", "RC_RDMA_WRITE_ONLY"}, []string{"RC_RDMA_READ_REQUEST"},
+		[]string{"RC_SEND_FIRST", "RC_SEND_ONLY"}, []string{"RC_COMPARE_SWAP", "RC_FETCH_ADD"}
+	ops := map[string][]string{"write-bw": write, "read-bw": read, "send-bw": send, "atomic-bw": atomic,
+		"write-lat": write, "read-lat": read, "send-lat": send, "atomic-lat": atomic}[sub]
 	who := "host"
 	if rocev2dServer {
 		who = "vm  "
