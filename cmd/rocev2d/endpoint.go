@@ -133,9 +133,31 @@ func (e *endpoint) connect(peer netip.Addr, peerQPN, peerPSN uint32, mtu transpo
 // connectQP is connect for another QP of the endpoint (newQP), whose
 // first send PSN is psn.
 func (e *endpoint) connectQP(qp *transport.QP, psn uint32, peer netip.Addr, peerQPN, peerPSN uint32, mtu transport.MTU, rdAtomic, timeout uint8) error {
+	if err := peerFamily(e.dev.Addr(), peer); err != nil {
+		return err
+	}
 	return qp.Connect(transport.ConnParams{Peer: peer, DestQPN: peerQPN, RQPSN: peerPSN, SQPSN: psn,
 		PathMTU: mtu, Access: e.access, MaxRdAtomic: rdAtomic, MaxDestRdAtomic: rdAtomic,
 		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}})
+}
+
+// peerFamily explains a peer GID of the other address family than the
+// local RoCEv2 address: both come from what the user gave (--bind, or the
+// out-of-band connection's local end without it; the peer's GID index).
+func peerFamily(local, peer netip.Addr) error {
+	local, peer = local.Unmap(), peer.Unmap()
+	if local.Is4() == peer.Is4() {
+		return nil
+	}
+	fam := func(a netip.Addr) string {
+		if a.Is4() {
+			return "IPv4"
+		}
+		return "IPv6"
+	}
+	return fmt.Errorf("the peer's GID %v is %s but the local RoCEv2 address %v is %s: give --bind an %s address of this host "+
+		"(a link-local one with its zone, e.g. fe80::1%%eth0), or have the peer use its %s GID index",
+		peer, fam(peer), local, fam(local), fam(peer), fam(local))
 }
 
 // alloc maps n bytes (at least one page) of anonymous memory and registers

@@ -192,6 +192,15 @@ func TestIPv6LinkLocal(t *testing.T) {
 			}
 		})
 	}
+	t.Run("family mismatch", func(t *testing.T) {
+		// The server's RoCEv2 address is its end of an IPv4 exchange,
+		// the client's GID IPv6: the server names the way out.
+		sc, cc, so, co := runNSPair(t, bin, p, append([]string{"pingpong", "-n", "5"}, common...),
+			append([]string{"pingpong", "--bind", cliLL, "-n", "5", "203.0.113.2"}, common...))
+		if sc == 0 || cc == 0 || !strings.Contains(so, "the peer's GID fe80::c0:1 is IPv6 but the local RoCEv2 address 203.0.113.2 is IPv4: give --bind an IPv6 address") {
+			t.Errorf("exit %d/%d\n--- server:\n%s--- client:\n%s", sc, cc, so, co)
+		}
+	})
 	t.Run("errors", func(t *testing.T) {
 		t0 := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

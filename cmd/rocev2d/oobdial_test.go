@@ -53,3 +53,17 @@ func TestOOBDialPermanent(t *testing.T) {
 		}
 	}
 }
+
+func TestPeerFamily(t *testing.T) {
+	v4, v6, mapped := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("fe80::1%eth0"), netip.MustParseAddr("::ffff:192.0.2.2")
+	if peerFamily(v4, mapped) != nil || peerFamily(v6, netip.MustParseAddr("fe80::2")) != nil {
+		t.Error("same family refused")
+	}
+	err := peerFamily(v4, netip.MustParseAddr("fe80::2"))
+	if err == nil || !strings.Contains(err.Error(), "the peer's GID fe80::2 is IPv6 but the local RoCEv2 address 192.0.2.1 is IPv4: give --bind an IPv6 address") {
+		t.Errorf("IPv4 local, IPv6 peer: %v", err)
+	}
+	if err := peerFamily(v6, mapped); err == nil || !strings.Contains(err.Error(), "have the peer use its IPv6 GID index") {
+		t.Errorf("IPv6 local, IPv4 peer: %v", err)
+	}
+}
