@@ -208,7 +208,8 @@ func (n *MemNetwork) Link(addr netip.Addr) (*MemLink, error) {
 	return l, nil
 }
 
-// MemLink is one attachment to a MemNetwork. It implements Link.
+// MemLink is one attachment to a MemNetwork. It implements Link, with
+// Link's goroutine-safety contract.
 type MemLink struct {
 	net  *MemNetwork
 	addr netip.Addr

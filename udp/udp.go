@@ -80,6 +80,12 @@ const (
 )
 
 // Link is a RoCEv2 network attachment: one local IP address, UDP port 4791.
+//
+// Goroutine safety: Send may be called from any number of goroutines at
+// once and concurrently with Recv; Recv is called by one goroutine at a
+// time (a device's receive goroutine); Close may be called at any time and
+// unblocks Recv. Every implementation here (MemLink, SocketLink, RawLink)
+// follows this contract.
 type Link interface {
 	// Send sends every packet or returns an error; it fills each packet's ICRC for the IP/UDP
 	// header the backend will actually put on the wire. Buffers may be reused when Send returns.
