@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
@@ -107,6 +108,11 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		planFor, newSession = oob.PlanRDMACM, oob.NewPerfSessionRDMACM
 	}
 	plan, err := planFor(c.test, role, len(sizes))
+	if c.bidi {
+		if plan, err = oob.PlanBidi(c.test, len(sizes)); c.rdmaCM && err == nil {
+			plan = oob.RDMACM(plan)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -126,6 +132,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		Traffic: func(ctx context.Context, i int) (oob.Report, error) {
 			return s.traffic(ctx, i, sizes, role, stdout, stderr)
 		},
+		Reported: func(local, remote oob.Report) error { return s.reported(local, remote, role, stdout) },
 	}
 	params := oob.DefaultParams
 	params.MTU = c.mtu
@@ -138,6 +145,11 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			return fmt.Errorf("peer %s runs another perftest mode: %w", conn.RemoteAddr(), err)
 		}
 		if errors.Is(err, oob.ErrMalformed) {
+			if c.test == oob.SendBW {
+				// send-bw -b exchanges reports where send-bw without it
+				// has none.
+				return fmt.Errorf("malformed out-of-band message from %s: %w (%s)", conn.RemoteAddr(), err, bidiHint(c.bidi))
+			}
 			return fmt.Errorf("malformed out-of-band message from %s: %w", conn.RemoteAddr(), err)
 		}
 		if ctx.Err() != nil {
@@ -154,6 +166,11 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			}
 			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, hint)
 		}
+		if c.test.IsBW() && errors.As(err, &se) && (se.Step == oob.PerfStepSync || se.Step == "report") && errors.Is(err, oob.ErrPeerClosed) {
+			// The peer gave up after the data phase: it says why. A side
+			// with -b against one without ends this way too.
+			return fmt.Errorf("out-of-band exchange with %s: %w (the peer gave up and says why; one reason is a -b mismatch: both sides need -b, or neither)", conn.RemoteAddr(), err)
+		}
 		return fmt.Errorf("out-of-band exchange with %s: %w", conn.RemoteAddr(), err)
 	}
 	if s.cm != nil {
@@ -163,6 +180,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	}
 	if c.test.IsBW() {
 		switch {
+		case c.bidi: // each size's sum is printed after its report exchange
 		case c.test == oob.SendBW && role == oob.Server:
 			printBWLine(stdout, s.srvRecv)
 		case role == oob.Server && res.HasReport:
@@ -201,11 +219,14 @@ func (s *perfSide) traffic(ctx context.Context, i int, sizes []int, role oob.Rol
 	size := sizes[i]
 	switch c.test {
 	case oob.WriteBW, oob.ReadBW, oob.AtomicBW:
-		if role == oob.Server {
+		if role == oob.Server && !c.bidi {
 			return oob.Report{}, nil // passive
 		}
 		return s.bwClient(ctx, size, stdout, stderr)
 	case oob.SendBW:
+		if c.bidi {
+			return s.sendBidi(ctx, size, stdout, stderr)
+		}
 		if role == oob.Server {
 			return oob.Report{}, s.sendBWServer(ctx, size)
 		}
@@ -249,4 +270,83 @@ func (s *perfSide) sendWR(size int, n uint64) transport.SendWR {
 		}
 	}
 	return wr
+}
+
+// bidiHint names the -b mismatch a broken exchange may reveal.
+func bidiHint(bidi bool) string {
+	if bidi {
+		return "does the peer run without -b? both sides need -b"
+	}
+	return "does the peer run with -b? both sides need -b, or neither"
+}
+
+// reported checks the peer's bandwidth report against this side's mode and,
+// with -b, prints the sum of both directions, as perftest's duplex
+// print_full_bw_report(my, rem) does. The report reveals a -b mismatch: a
+// side without -b that is a server measures nothing and reports zeros
+// (perftest: whatever its memory held), a side with -b always reports its
+// own run of the same size.
+func (s *perfSide) reported(local, remote oob.Report, role oob.Role, stdout io.Writer) error {
+	c := s.c
+	peerRan := remote.Size == local.Size && remote.Iters > 0
+	switch {
+	case c.bidi && !peerRan:
+		return fmt.Errorf("the peer's report (size %d, %d iterations) is not a run of %d bytes: it runs without -b (both sides need -b)", remote.Size, remote.Iters, local.Size)
+	case !c.bidi && role == oob.Client && peerRan:
+		return fmt.Errorf("the server reports a run of its own (%d bytes × %d): it runs with -b (both sides need -b, or neither)", remote.Size, remote.Iters)
+	case !c.bidi:
+		return nil
+	}
+	sum := local
+	sum.BWPeak += remote.BWPeak
+	sum.BWAvg += remote.BWAvg
+	sum.MsgRate += remote.MsgRate
+	writeBWLine(stdout, sum)
+	return nil
+}
+
+// perfBidiStall is how long send-bw -b waits without any completion before
+// it gives up: a peer without -b neither sends nor (as a client) posts
+// receives, and the run would never end.
+var perfBidiStall = 10 * time.Second
+
+// sendBidi is send-bw -b's data phase (perftest's run_iter_bi): send
+// iters messages while receiving the peer's iters.
+func (s *perfSide) sendBidi(ctx context.Context, size int, stdout, stderr io.Writer) (oob.Report, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	s.lastWC.Store(time.Now().UnixNano())
+	var stalled atomic.Value // error
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		t := time.NewTicker(perfBidiStall / 10)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if time.Since(time.Unix(0, s.lastWC.Load())) > perfBidiStall {
+					err := fmt.Errorf("no completion for %v: %s", perfBidiStall, bidiHint(true))
+					stalled.Store(err)
+					cancel(err)
+					return
+				}
+			}
+		}
+	}()
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- s.sendBWServer(ctx, size) }()
+	rep, err := s.bwClient(ctx, size, stdout, stderr)
+	if err != nil {
+		cancel(err) // stop receiving
+	}
+	if rerr := <-recvErr; err == nil {
+		err = rerr
+	}
+	if e, ok := stalled.Load().(error); ok && err != nil {
+		return rep, e
+	}
+	return rep, err
 }

@@ -62,6 +62,9 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 			return oob.Report{}, fmt.Errorf("waiting for completions (%d of %d done): %w", ccnt, scnt, err)
 		}
 		now := time.Now()
+		if c.bidi {
+			s.lastWC.Store(now.UnixNano())
+		}
 		for _, wc := range wcs[:n] {
 			if wc.Status != transport.WCSuccess {
 				return oob.Report{}, wcError(wc, "send")
@@ -84,7 +87,9 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 	res.iters = int(ccnt)
 	s.results = append(s.results, res)
 	rep := bwReport(res, tx)
-	writeBWLine(stdout, rep)
+	if !c.bidi { // -b prints the sum of both directions after the report exchange
+		writeBWLine(stdout, rep)
+	}
 	return rep, nil
 }
 
@@ -118,6 +123,9 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 			return fmt.Errorf("waiting for receive %d of %d: %w", rcnt+1, c.iters, err)
 		}
 		now := time.Now()
+		if c.bidi {
+			s.lastWC.Store(now.UnixNano())
+		}
 		for _, wc := range wcs[:n] {
 			if wc.Status != transport.WCSuccess {
 				return wcError(wc, "receive")

@@ -32,7 +32,7 @@ func (s *perfSide) verify(role oob.Role, sizes []int) error {
 	c := s.c
 	target := s.mem[s.half : 2*s.half]
 	switch {
-	case c.test == oob.WriteBW && role == oob.Server:
+	case c.test == oob.WriteBW && (role == oob.Server || c.bidi):
 		if c.duration > 0 {
 			return nil
 		}
@@ -41,13 +41,13 @@ func (s *perfSide) verify(role oob.Role, sizes []int) error {
 				return fmt.Errorf("size %d: %w", size, err)
 			}
 		}
-	case c.test == oob.ReadBW && role == oob.Client:
+	case c.test == oob.ReadBW && (role == oob.Client || c.bidi):
 		for _, r := range s.results {
 			if err := s.checkSlots(s.mem[:s.half], r.size, r.iters); err != nil {
 				return fmt.Errorf("size %d: %w", r.size, err)
 			}
 		}
-	case (c.test == oob.AtomicBW || c.test == oob.AtomicLat) && role == oob.Server:
+	case (c.test == oob.AtomicBW || c.test == oob.AtomicLat) && (role == oob.Server || c.bidi):
 		if c.duration > 0 {
 			return nil
 		}

@@ -42,6 +42,8 @@ options:
   -n, --iters=N           iterations (default %[4]d, at least 5)
   -a, --all               run sizes 2, 4, ... 8388608 (not for atomics)
   -D, --duration=SEC      run for SEC seconds instead of -n (bandwidth tests)
+  -b, --bidirectional     both sides send at once and print the sum of both directions
+                          (bandwidth tests; both sides need -b)
   -m, --mtu=MTU           path MTU 256..4096 (default 1024; the smaller of both sides wins)
   -t, --tx-depth=N        outstanding send work requests (default %[5]d)
   -r, --rx-depth=N        receives posted (SEND tests, default 512)
@@ -93,6 +95,7 @@ type perfConfig struct {
 	verbose     bool
 	events      bool
 	rdmaCM      bool // -R: connect the QPs through rdma_cm, exchange over it
+	bidi        bool // -b: both sides run the data phase (perftest's duplex)
 	sock        socketFlags
 	server      string
 }
@@ -130,6 +133,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	intFlags(fs, &c.ibPort, "i", "ib-port", 1)
 	boolFlags(fs, &c.cpuFreq, "F", "CPU-freq")
 	boolFlags(fs, &c.rdmaCM, "R", "rdma_cm")
+	boolFlags(fs, &c.bidi, "b", "bidirectional")
 	var commCM bool
 	boolFlags(fs, &commCM, "z", "comm_rdma_cm")
 	fs.StringVar(&bind, "bind", "", "")
@@ -171,6 +175,10 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, fmt.Errorf("-D %d: duration must be positive", c.duration)
 	case c.duration > 0 && !t.IsBW():
 		return nil, fmt.Errorf("-D: duration mode is implemented for the bandwidth tests only")
+	case c.bidi && !t.IsBW():
+		return nil, errors.New("-b: bidirectional mode is for the bandwidth tests")
+	case c.bidi && c.duration > 0:
+		return nil, errors.New("-b with -D is not supported; use -n")
 	case c.duration > 0 && c.all:
 		return nil, errors.New("-D and -a cannot be combined")
 	case c.txDepth < 1 || c.txDepth > 15000:

@@ -86,7 +86,7 @@ func (s *perfSide) printHeader(w io.Writer) {
 	}
 	writePerfHeader(w, perfHeader{test: c.test, atomicType: c.atomicType, dev: c.dev, role: c.role(),
 		txDepth: s.txDepth(), rxDepth: c.rxDepth, mtu: s.params.MTU.Bytes(), gidIdx: gid, outReads: int(s.local.OutReads),
-		rdmaCM: c.rdmaCM})
+		rdmaCM: c.rdmaCM, bidi: c.bidi})
 }
 
 // perfHeader are the values of perftest's description block.
@@ -101,13 +101,18 @@ type perfHeader struct {
 	gidIdx     int
 	outReads   int
 	rdmaCM     bool // -R
+	bidi       bool // -b
 }
 
 // writePerfHeader prints the block in perftest 4.5's layout. CQ moderation
 // is 1: rocev2d requests a completion for every work request.
 func writePerfHeader(w io.Writer, h perfHeader) {
 	fmt.Fprint(w, perfLine)
-	fmt.Fprintf(w, "                    %s\n", perfTitle(h.test, h.atomicType))
+	title := perfTitle(h.test, h.atomicType)
+	if h.bidi {
+		title = strings.Replace(title, " BW Test", " Bidirectional BW Test", 1)
+	}
+	fmt.Fprintf(w, "                    %s\n", title)
 	dev := h.dev
 	if dev == "" {
 		dev = "rocev2"
@@ -118,10 +123,10 @@ func writePerfHeader(w io.Writer, h perfHeader) {
 	fmt.Fprintf(w, " PCIe relax order: OFF\n")
 	fmt.Fprintf(w, " ibv_wr* API     : OFF\n")
 	send := h.test == oob.SendBW || h.test == oob.SendLat
-	if h.role == oob.Client || !h.test.IsBW() {
+	if h.role == oob.Client || !h.test.IsBW() || h.bidi {
 		fmt.Fprintf(w, " TX depth        : %d\n", h.txDepth)
 	}
-	if h.role == oob.Server && send {
+	if (h.role == oob.Server || h.bidi) && send {
 		fmt.Fprintf(w, " RX depth        : %d\n", h.rxDepth)
 	}
 	if h.test.IsBW() {

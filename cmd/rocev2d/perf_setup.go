@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
@@ -73,7 +74,8 @@ type perfSide struct {
 	cm      *perfCM // -R: the rdma_cm connections
 	posted  int     // receives outstanding
 	results []perfResult
-	srvRecv perfResult // send-bw server's own measurement
+	srvRecv perfResult   // send-bw server's own measurement
+	lastWC  atomic.Int64 // -b send-bw: UnixNano of the last completion
 }
 
 const perfCycle = 4096 // cycle buffer: the page size, as perftest
@@ -195,7 +197,7 @@ func (s *perfSide) connect(remote oob.PerfDest, neg oob.Params, stdout io.Writer
 // prepare posts the receives a SEND test needs before the barrier.
 func (s *perfSide) prepare(size int) error {
 	c := s.c
-	recvSide := c.test == oob.SendLat || (c.test == oob.SendBW && c.role() == oob.Server)
+	recvSide := c.test == oob.SendLat || (c.test == oob.SendBW && (c.role() == oob.Server || c.bidi))
 	if !recvSide {
 		return nil
 	}

@@ -230,6 +230,8 @@ func TestPerfFlags(t *testing.T) {
 		{[]string{"read-bw", "--bind", "nope"}, `--bind "nope"`},
 		{[]string{"send-bw", "--frob"}, "flag provided but not defined"},
 		{[]string{"send-bw", "a", "b"}, `unexpected argument "b"`},
+		{[]string{"write-lat", "-b"}, "-b: bidirectional mode is for the bandwidth tests"},
+		{[]string{"send-bw", "--bidirectional", "-D", "2"}, "-b with -D"},
 	}
 	for _, b := range bad {
 		code, out, errOut := runIn(t, b.args...)

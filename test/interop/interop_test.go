@@ -127,7 +127,7 @@ func TestInterop(t *testing.T) {
 	defer func() {
 		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0), noTshark)
 	}()
-	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), srqCells(lab.GIDIndex), mwCells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex), perfCMCells(lab.GIDIndex)) {
+	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), srqCells(lab.GIDIndex), mwCells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex), perfCMCells(lab.GIDIndex), bidiCells(lab.GIDIndex)) {
 		t.Run(c.name, func(t *testing.T) {
 			// The row is recorded even when the cell stops on t.Fatal.
 			r := row{cell: c.label, direction: c.direction(), result: "FAIL"}

@@ -111,7 +111,7 @@ func (s Step) WireBytesRDMACM() int {
 
 // Plan returns the exact sequence perftest 4.5 runs for test in role, in the
 // default mode: one QP, ethernet exchange (no -R/rdma_cm), not bidirectional
-// (-b), not --run_infinitely. sizes is the number of message sizes: 1, or
+// (-b: PlanBidi), not --run_infinitely. sizes is the number of message sizes: 1, or
 // the count of sizes with -a. Duration mode (-D) does not change the
 // sequence. Derived from perftest 4.5-0.17 (src/*_bw.c, *_lat.c) and the
 // captures in ../shared/golden. Both roles' plans have the same wire steps in
@@ -218,6 +218,47 @@ func PlanRDMACM(test PerfTest, role Role, sizes int) ([]Step, error) {
 	if err != nil {
 		return nil, err
 	}
+	return RDMACM(p), nil
+}
+
+// PlanBidi returns the sequence perftest 4.5 runs for the bandwidth test
+// test with -b (duplex), the same in both roles: both sides run a data phase
+// and exchange reports, each size after a barrier (src/*_bw.c with
+// user_param.duplex, version >= 4.6):
+//
+//	version cycle cache mtu dest connect sync sync
+//	write/read/atomic-bw: sizes=1: prepare sync traffic report
+//	    -a: [prepare sync traffic sync report]×sizes
+//	send-bw: sizes=1: prepare sync traffic report
+//	    -a: [prepare sync traffic report sync]×sizes
+//	then sync done (ctx_close_connection)
+//
+// RDMACM(PlanBidi(...)) is the sequence with -R.
+func PlanBidi(test PerfTest, sizes int) ([]Step, error) {
+	if !test.IsBW() {
+		return nil, fmt.Errorf("oob: -b (bidirectional) is for the bandwidth tests, not %v", test)
+	}
+	if sizes < 1 {
+		return nil, fmt.Errorf("oob: sizes %d < 1", sizes)
+	}
+	p := []Step{StepVersion, StepCycleBuffer, StepCacheLine, StepMTU, StepDest, StepConnect, StepSync, StepSync}
+	for range sizes {
+		p = append(p, StepPrepare, StepSync, StepTraffic)
+		switch {
+		case sizes == 1:
+			p = append(p, StepReport)
+		case test == SendBW:
+			p = append(p, StepReport, StepSync)
+		default:
+			p = append(p, StepSync, StepReport)
+		}
+	}
+	return append(p, StepSync, StepDone), nil
+}
+
+// RDMACM turns a plan of Plan or PlanBidi into perftest -R's (see
+// PlanRDMACM).
+func RDMACM(p []Step) []Step {
 	out := make([]Step, 0, len(p)+3)
 	for _, st := range p {
 		switch st {
@@ -228,7 +269,7 @@ func PlanRDMACM(test PerfTest, role Role, sizes int) ([]Step, error) {
 		}
 		out = append(out, st)
 	}
-	return out, nil
+	return out
 }
 
 // Hooks are the caller's local actions during Run. Nil hooks are skipped.
@@ -257,6 +298,9 @@ type Hooks struct {
 	// of write/read/atomic-bw) has no Traffic; it sends zeros by default
 	// (perftest's server sends uninitialised memory).
 	Report func() Report
+	// Reported, if set, is called after each report exchange with both
+	// sides' reports; an error ends the run.
+	Reported func(local, remote Report) error
 }
 
 // wire reports whether st is exchanged on the connection of a session.
@@ -347,6 +391,9 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 			}
 			res.RemoteReport, err = s.ExchangeReport(ctx, res.LocalReport)
 			res.HasReport = err == nil
+			if err == nil && hooks.Reported != nil {
+				err = s.localErr(st, hooks.Reported(res.LocalReport, res.RemoteReport))
+			}
 		case StepDone:
 			err = s.Done(ctx)
 		case StepCMSync:
