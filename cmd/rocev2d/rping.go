@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
@@ -510,9 +511,12 @@ const rpingGrace = 3 * time.Second
 // DREQ).
 func (r *rping) loopContexts(ctx context.Context) (gctx, cctx context.Context, cancel func()) {
 	gctx, gcancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	var mu sync.Mutex // grace is set by the AfterFunc goroutine, read by cancel
 	var grace *time.Timer
 	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
 		grace = time.AfterFunc(rpingGrace, func() { gcancel(context.Cause(ctx)) })
+		mu.Unlock()
 	})
 	cctx, ccancel := context.WithCancel(gctx)
 	go func() {
@@ -523,8 +527,12 @@ func (r *rping) loopContexts(ctx context.Context) (gctx, cctx context.Context, c
 		}
 	}()
 	return gctx, cctx, func() {
-		if !stop() && grace != nil {
-			grace.Stop()
+		if !stop() {
+			mu.Lock()
+			if grace != nil {
+				grace.Stop()
+			}
+			mu.Unlock()
 		}
 		ccancel()
 		gcancel(nil)
