@@ -58,12 +58,22 @@ func TestPairTraffic(t *testing.T) {
 		tx := MustGet(t, p.NsA, func() (*net.UDPConn, error) {
 			return net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)))
 		})
-		if _, err := tx.WriteToUDPAddrPort([]byte("hello"), netip.AddrPortFrom(b, 4791)); err != nil {
-			t.Fatal(err)
-		}
+		// A veth that has just come up may drop the first datagrams (its
+		// carrier settles asynchronously): send until one arrives, for at
+		// most 5 s.
 		buf := make([]byte, 64)
-		rx.SetReadDeadline(time.Now().Add(3 * time.Second))
-		n, from, err := rx.ReadFromUDPAddrPort(buf)
+		var n int
+		var from netip.AddrPort
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			if _, err := tx.WriteToUDPAddrPort([]byte("hello"), netip.AddrPortFrom(b, 4791)); err != nil {
+				t.Fatal(err)
+			}
+			rx.SetReadDeadline(time.Now().Add(250 * time.Millisecond))
+			if n, from, err = rx.ReadFromUDPAddrPort(buf); err == nil {
+				break
+			}
+		}
 		tx.Close()
 		if err != nil || string(buf[:n]) != "hello" || from.Addr() != src {
 			t.Fatalf("from %v: got %q from %v, %v", src, buf[:n], from, err)
