@@ -257,18 +257,11 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 		// ibv_ud_pingpong's check, before it listens or connects.
 		return fmt.Errorf("requested size %d larger than port MTU (%d); -m sets the port MTU", c.size, c.mtu.Bytes())
 	}
-	conn, err := ppOOBConnect(ctx, c)
+	conn, local, end, err := ppSession(ctx, c)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-
-	local, err := localAddr(c.bind, conn)
-	if err != nil {
-		return err
-	}
+	defer end()
 	pc, err := ppInit(local, c)
 	if err != nil {
 		return err
@@ -356,6 +349,23 @@ func ppCtxErr(ctx context.Context, err error) error {
 // ppDestString formats a destination like the tools' address lines.
 func ppDestString(d oob.PingpongDest) string {
 	return fmt.Sprintf("LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s", d.LID, d.QPN, d.PSN, netip.AddrFrom16(d.GID))
+}
+
+// ppSession opens a ping-pong's out-of-band connection (ppOOBConnect),
+// cut short when ctx ends, and finds the local RoCEv2 address it implies;
+// end closes it.
+func ppSession(ctx context.Context, c *pingpongConfig) (conn net.Conn, local netip.Addr, end func(), err error) {
+	conn, err = ppOOBConnect(ctx, c)
+	if err != nil {
+		return nil, netip.Addr{}, nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	end = func() { stop(); conn.Close() }
+	if local, err = localAddr(c.bind, conn); err != nil {
+		end()
+		return nil, netip.Addr{}, nil, err
+	}
+	return conn, local, end, nil
 }
 
 // ppOOBConnect opens the out-of-band TCP connection: the client dials the

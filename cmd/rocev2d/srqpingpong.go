@@ -108,18 +108,11 @@ func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 
 	if err := checkSRQPingpong(c); err != nil {
 		return err
 	}
-	conn, err := ppOOBConnect(ctx, c)
+	conn, local, end, err := ppSession(ctx, c)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-
-	local, err := localAddr(c.bind, conn)
-	if err != nil {
-		return err
-	}
+	defer end()
 	sc, err := srqInit(local, c)
 	if err != nil {
 		return err
