@@ -266,11 +266,13 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 	if err != nil {
 		return err
 	}
-	defer pc.close()
-	usr1.Add(local.String(), pc.dev)
 	if c.verbose {
+		// Printed after close: the counters then include everything the
+		// device did, not a moment while it still answers the peer.
 		defer printCounters(stdout, local.String(), pc.dev)
 	}
+	defer pc.close()
+	usr1.Add(local.String(), pc.dev)
 
 	me := oob.PingpongDest{QPN: pc.qp.QPN(), PSN: pc.psn, GID: pc.dev.GID()}
 	line := ppDestString(me)

@@ -117,11 +117,13 @@ func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 
 	if err != nil {
 		return err
 	}
-	defer sc.close()
-	usr1.Add(local.String(), sc.dev)
 	if c.verbose {
+		// Printed after close: the counters then include everything the
+		// device did, not a moment while it still answers the peer.
 		defer printCounters(stdout, local.String(), sc.dev)
 	}
+	defer sc.close()
+	usr1.Add(local.String(), sc.dev)
 
 	mine := make([]oob.PingpongDest, c.numQP)
 	for i, qp := range sc.qps {
