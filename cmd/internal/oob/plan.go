@@ -279,6 +279,9 @@ type Hooks struct {
 	// connected already (CMConnect); Connect then only learns the peer's
 	// QP data.
 	Connect func(ctx context.Context, remote PerfDest, negotiated Params) error
+	// ConnectQPs, if set, replaces Connect for a run with several QPs
+	// (RunQPs): it gets the peer's QP data for each QP, in order.
+	ConnectQPs func(ctx context.Context, remotes []PerfDest, negotiated Params) error
 	// CMConnect connects the test QP through rdma_cm (perftest -R's
 	// create_rdma_cm_connection): the client dials the server's port, the
 	// server accepts. It returns this side's QP data for the rest of the
@@ -316,7 +319,8 @@ type Result struct {
 	PeerVersion  string
 	RemoteParams Params
 	Negotiated   Params
-	Remote       PerfDest // the peer's QP data (from its first message)
+	Remote       PerfDest   // the peer's QP data (from its first message)
+	Remotes      []PerfDest // the peer's QP data for each QP (RunQPs); Remotes[0] is Remote
 	LocalReport  Report   // the last report Traffic returned
 	RemoteReport Report   // the peer's report, if HasReport
 	HasReport    bool
@@ -330,16 +334,39 @@ type Result struct {
 // each wire step must also complete within StepTimeout, except the first
 // wire step after a StepTraffic, which waits for the peer's data phase.
 func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local PerfDest, hooks Hooks) (Result, error) {
+	return s.RunQPs(ctx, plan, params, []PerfDest{local}, hooks)
+}
+
+// RunQPs is Run for a side with len(locals) QPs (perftest's -q, over TCP
+// only): StepDest exchanges one QP data record per QP, in order, and so does
+// the first StepSync after StepConnect (perftest 4.5's second round, in
+// which each side prints the peer's records), as perftest's ctx_hand_shake
+// loops over num_of_qps; every other sync re-sends the first record. The
+// peer's record count is checked on the way: perftest does not exchange
+// num_of_qps, but a peer with fewer QPs sends its first record again where
+// the next QP's belongs, and one with more sends a new record where the
+// repeat of its first belongs. Either ends the run with a *QPCountError
+// (ErrQPCountMismatch) before any traffic, naming both counts.
+func (s *PerfSession) RunQPs(ctx context.Context, plan []Step, params Params, locals []PerfDest, hooks Hooks) (Result, error) {
 	var res Result
 	if err := checkLocalMTU(params); err != nil {
 		return res, err // before any I/O
 	}
-	if err := local.Validate(); err != nil {
-		return res, &StepError{Protocol: s.c.proto, Step: PerfStepDest, Op: "check", Err: err}
+	if len(locals) < 1 || len(locals) > MaxPerfQPs || (s.rdmacm && len(locals) != 1) {
+		return res, &StepError{Protocol: s.c.proto, Step: PerfStepDest, Op: "check",
+			Err: fmt.Errorf("%d QPs: want 1..%d (1 with rdma_cm)", len(locals), MaxPerfQPs)}
 	}
+	for _, l := range locals {
+		if err := l.Validate(); err != nil {
+			return res, &StepError{Protocol: s.c.proto, Step: PerfStepDest, Op: "check", Err: err}
+		}
+	}
+	local := locals[0]
 	size := 0 // index of the current message size
 	prepared := false
 	afterTraffic := false
+	connected := false   // StepConnect has run
+	secondRound := false // the QP data's second round (the first sync after connect) is done
 	for _, st := range plan {
 		ctx, cancel := ctx, context.CancelFunc(func() {})
 		if s.wire(st) {
@@ -360,13 +387,30 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 		case StepMTU:
 			res.RemoteParams.MTU, err = s.exchangeMTU(ctx, params)
 		case StepDest:
-			res.Remote, err = s.ExchangeDest(ctx, local)
+			if s.rdmacm {
+				res.Remote, err = s.ExchangeDest(ctx, local)
+				res.Remotes = []PerfDest{res.Remote}
+			} else {
+				res.Remotes, err = s.exchangeDests(ctx, locals)
+				if len(res.Remotes) > 0 {
+					res.Remote = res.Remotes[0]
+				}
+			}
 		case StepConnect:
-			if hooks.Connect != nil {
+			connected = true
+			switch {
+			case hooks.ConnectQPs != nil:
+				err = s.localErr(st, hooks.ConnectQPs(ctx, res.Remotes, res.Negotiated))
+			case hooks.Connect != nil:
 				err = s.localErr(st, hooks.Connect(ctx, res.Remote, res.Negotiated))
 			}
 		case StepSync:
-			err = s.Sync(ctx)
+			if connected && !secondRound && !s.rdmacm && len(res.Remotes) == len(locals) {
+				secondRound = true
+				err = s.exchangeDestsAgain(ctx, locals, res.Remotes)
+			} else {
+				err = s.Sync(ctx)
+			}
 		case StepPrepare:
 			if prepared {
 				size++
