@@ -321,8 +321,8 @@ type Result struct {
 	Negotiated   Params
 	Remote       PerfDest   // the peer's QP data (from its first message)
 	Remotes      []PerfDest // the peer's QP data for each QP (RunQPs); Remotes[0] is Remote
-	LocalReport  Report   // the last report Traffic returned
-	RemoteReport Report   // the peer's report, if HasReport
+	LocalReport  Report     // the last report Traffic returned
+	RemoteReport Report     // the peer's report, if HasReport
 	HasReport    bool
 }
 
