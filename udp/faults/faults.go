@@ -4,7 +4,9 @@
 // program, built in Go with cilium/ebpf's asm package (no clang), that
 // drops, duplicates, reorders and ECN-marks RoCEv2 packets (UDP destination
 // port 4791, IPv4 or IPv6) on an interface, with rates changeable at run
-// time and per-action counters.
+// time and per-action counters. It also models a switch queue (Congestion):
+// a phantom queue drained at a set rate that marks CE on its depth and
+// drops at its limit, the bottleneck congestion control is tested on.
 //
 // The host kernel has no netem; the program replaces it for RoCE traffic.
 // It attaches with TCX (kernel >= 6.6) or, when TCX is not available, as a
@@ -42,9 +44,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
 )
 
 // Hook is a tc attach point of an interface.
@@ -84,8 +88,9 @@ type PSNRange struct {
 // probabilities in [0, 1] applied independently per packet (drawn with
 // bpf_get_prandom_u32 against a 32-bit threshold; 1 means all but a 2^-32
 // fraction). A packet is tested in this order: DestQP filter, PSN range,
-// every Nth, random drop, release of a held packet, reorder, CE mark,
-// duplicate; a dropped packet is not also held, marked or duplicated.
+// every Nth, random drop, congestion point, release of a held packet,
+// reorder, CE mark, duplicate; a dropped packet is not also held, marked or
+// duplicated.
 type Config struct {
 	// DropRate drops packets at random.
 	DropRate float64
@@ -110,6 +115,93 @@ type Config struct {
 	// whose BTH DestQP equals it (others are counted in Filtered).
 	DestQP       uint32
 	FilterDestQP bool
+	// Congestion, when not nil, puts a congestion point on each hook:
+	// a switch queue model that marks CE on its depth and drops at its
+	// limit. See Congestion.
+	Congestion *Congestion
+}
+
+// Congestion is a congestion point: a phantom (virtual) queue in front of
+// a link of the given rate. Every RoCE packet that reaches it (after the
+// DestQP filter and the drop rules) is added to the queue by its IP length
+// (IP header, UDP header, BTH through ICRC; the unit DCQCN's rates count),
+// and the queue drains at Rate whether or not packets are really held: the
+// packet itself passes at once, so the model adds no delay, only the
+// marking and dropping of a queue that deep.
+//
+// On arrival at depth d (bytes, before the packet is added):
+//   - d + length > Limit: the packet is dropped (tail drop; CongDropped);
+//   - d >= Kmax: it is marked CE;
+//   - Kmin < d < Kmax: it is marked CE with probability Pmax·(d−Kmin)/(Kmax−Kmin),
+//     as RED does on its average queue (here the instantaneous one, as
+//     RoCE switches mark);
+//   - otherwise it passes unmarked.
+//
+// Marking follows CERate's rules: only ECN-capable packets are marked
+// (Not-ECT ones pass and count in CENotECT) unless CEAll is set; a packet
+// already CE stays so. Marked packets count in both CEMarked and
+// CongMarked. With Kmax = 0 the point only drops (no marking).
+//
+// Each hook has its own queue. Packets from several CPUs update it
+// lock-free (atomic add and compare-and-exchange on the queue's tail time);
+// the limit can be overshot by about one packet per CPU enqueuing at the
+// same instant. The queue's clock counts from Load in 2^-14 ns units and
+// runs 13 days; an injector kept longer must be loaded again. A UDP GSO super-packet is not counted (it passes whole). A
+// packet that releases a held frame (ReorderRate) is counted in the queue
+// but leaves unmarked.
+type Congestion struct {
+	// Rate is the drain rate in bits/s of IP datagrams (1 kb/s to 400 Gb/s).
+	Rate uint64
+	// Limit is the queue's size in bytes (1 to 1 GiB, and at most 1000 s
+	// of draining at Rate).
+	Limit uint32
+	// Kmin and Kmax are the marking thresholds in bytes (Kmin <= Kmax <=
+	// Limit); Kmax = 0 turns marking off.
+	Kmin, Kmax uint32
+	// Pmax is the marking probability at Kmax, in [0, 1].
+	Pmax float64
+}
+
+// Congestion limits.
+const (
+	congMinRate  = 1000
+	congMaxRate  = 400_000_000_000
+	congMaxLimit = 1 << 30
+	congMaxDrain = 1000 // seconds to drain a full queue (keeps the queue clock's arithmetic in 64 bits)
+)
+
+func (q *Congestion) validate() error {
+	switch {
+	case q.Rate < congMinRate || q.Rate > congMaxRate:
+		return fmt.Errorf("faults: Congestion.Rate %d b/s outside [%d, %d]: %w", q.Rate, congMinRate, uint64(congMaxRate), ErrConfig)
+	case q.Limit == 0 || q.Limit > congMaxLimit:
+		return fmt.Errorf("faults: Congestion.Limit %d bytes outside [1, %d]: %w", q.Limit, congMaxLimit, ErrConfig)
+	case math.IsNaN(q.Pmax) || q.Pmax < 0 || q.Pmax > 1:
+		return fmt.Errorf("faults: Congestion.Pmax %v: %w", q.Pmax, ErrConfig)
+	case float64(q.Limit)*8/float64(q.Rate) > congMaxDrain:
+		return fmt.Errorf("faults: Congestion.Limit %d bytes takes over %v s to drain at %d b/s: %w", q.Limit, congMaxDrain, q.Rate, ErrConfig)
+	case q.Kmax != 0 && (q.Kmin > q.Kmax || q.Kmax > q.Limit):
+		return fmt.Errorf("faults: Congestion Kmin %d, Kmax %d, Limit %d: want Kmin <= Kmax <= Limit: %w", q.Kmin, q.Kmax, q.Limit, ErrConfig)
+	}
+	return nil
+}
+
+// nsPerByte returns the queue clock's time per byte (ns << qTimeShift).
+func (q *Congestion) nsPerByte() uint64 {
+	return uint64(math.Round(8e9 / float64(q.Rate) * (1 << qTimeShift)))
+}
+
+// bytesPerNs returns the drain per ns (bytes << 32).
+func (q *Congestion) bytesPerNs() uint64 {
+	return uint64(math.Round(float64(q.Rate) / 8e9 * (1 << 32)))
+}
+
+// slope returns Pmax·2^48/(Kmax−Kmin).
+func (q *Congestion) slope() uint64 {
+	if q.Kmax <= q.Kmin {
+		return 0
+	}
+	return uint64(q.Pmax * (1 << 48) / float64(q.Kmax-q.Kmin))
 }
 
 // Validate reports a field out of range.
@@ -128,6 +220,9 @@ func (c *Config) Validate() error {
 	if c.FilterDestQP && c.DestQP > 0xffffff {
 		return fmt.Errorf("faults: DestQP %#x: QPNs are 24 bits: %w", c.DestQP, ErrConfig)
 	}
+	if c.Congestion != nil {
+		return c.Congestion.validate()
+	}
 	return nil
 }
 
@@ -145,8 +240,8 @@ func threshold(rate float64) uint32 {
 	return uint32(rate * (1 << 32))
 }
 
-// encode returns the config map value.
-func (c *Config) encode() []byte {
+// encode returns the config map value; base is the queue clock's origin.
+func (c *Config) encode(base uint64) []byte {
 	b := make([]byte, cfgSize)
 	put := func(off int, v uint32) { ne.PutUint32(b[off:], v) }
 	put(cfgDropThr, threshold(c.DropRate))
@@ -167,6 +262,19 @@ func (c *Config) encode() []byte {
 	if c.FilterDestQP {
 		flags |= flagDestQP
 		put(cfgDestQP, c.DestQP)
+	}
+	if q := c.Congestion; q != nil {
+		flags |= flagCong
+		ne.PutUint64(b[cfgQNsPerByte:], q.nsPerByte())
+		ne.PutUint64(b[cfgQBytesPerNs:], q.bytesPerNs())
+		ne.PutUint64(b[cfgQBase:], base)
+		put(cfgQLimit, q.Limit)
+		if q.Kmax > 0 {
+			flags |= flagCongMark
+			put(cfgQKmin, q.Kmin)
+			put(cfgQKmax, q.Kmax)
+			ne.PutUint64(b[cfgQSlope:], q.slope())
+		}
 	}
 	put(cfgFlags, flags)
 	return b
@@ -189,27 +297,36 @@ type Counters struct {
 	CENotECT     uint64 // chosen for CE but not ECN-capable (left unmarked)
 	Errors       uint64 // helper failures (clone, rewrite, checksum)
 	OwnClones    uint64 // our own clones seen passing the hook again
+	CongPassed   uint64 // congestion point: packets enqueued (not tail-dropped)
+	CongMarked   uint64 // congestion point: packets marked CE on the queue's depth (also in CEMarked)
+	CongDropped  uint64 // congestion point: tail drops at the limit
+	QueueMax     uint64 // congestion point: largest depth after an enqueue, bytes (the maximum over hooks in a sum)
 }
 
 // Dropped is the number of packets dropped by any rule.
-func (c Counters) Dropped() uint64 { return c.DropRandom + c.DropNth + c.DropPSN }
+func (c Counters) Dropped() uint64 { return c.DropRandom + c.DropNth + c.DropPSN + c.CongDropped }
 
 // add returns c + d field by field.
 func (c Counters) add(d Counters) Counters {
 	return Counters{c.Seen + d.Seen, c.Other + d.Other, c.GSO + d.GSO, c.Filtered + d.Filtered,
 		c.DropRandom + d.DropRandom, c.DropNth + d.DropNth, c.DropPSN + d.DropPSN, c.DropRequests + d.DropRequests,
 		c.Duplicated + d.Duplicated, c.Held + d.Held, c.Released + d.Released, c.CEMarked + d.CEMarked,
-		c.CENotECT + d.CENotECT, c.Errors + d.Errors, c.OwnClones + d.OwnClones}
+		c.CENotECT + d.CENotECT, c.Errors + d.Errors, c.OwnClones + d.OwnClones,
+		c.CongPassed + d.CongPassed, c.CongMarked + d.CongMarked, c.CongDropped + d.CongDropped, max(c.QueueMax, d.QueueMax)}
 }
 
 // String formats the non-zero counters.
 func (c Counters) String() string {
 	s := fmt.Sprintf("seen=%d dropped=%d (random=%d nth=%d psn=%d requests=%d) dup=%d held=%d released=%d ce=%d",
 		c.Seen, c.Dropped(), c.DropRandom, c.DropNth, c.DropPSN, c.DropRequests, c.Duplicated, c.Held, c.Released, c.CEMarked)
+	if c.CongDropped != 0 {
+		s = strings.Replace(s, " requests=", fmt.Sprintf(" congestion=%d requests=", c.CongDropped), 1)
+	}
 	for _, x := range []struct {
 		n string
 		v uint64
-	}{{"other", c.Other}, {"gso", c.GSO}, {"filtered", c.Filtered}, {"ce_not_ect", c.CENotECT}, {"errors", c.Errors}} {
+	}{{"other", c.Other}, {"gso", c.GSO}, {"filtered", c.Filtered}, {"ce_not_ect", c.CENotECT}, {"errors", c.Errors},
+		{"cong_passed", c.CongPassed}, {"cong_marked", c.CongMarked}, {"cong_dropped", c.CongDropped}, {"queue_max", c.QueueMax}} {
 		if x.v != 0 {
 			s += fmt.Sprintf(" %s=%d", x.n, x.v)
 		}
@@ -222,7 +339,8 @@ func decodeCounters(b []byte) Counters {
 	g := func(i int) uint64 { return ne.Uint64(b[stCounters+8*i:]) }
 	return Counters{g(ctrSeen), g(ctrOther), g(ctrGSO), g(ctrFiltered), g(ctrDropRandom), g(ctrDropNth),
 		g(ctrDropPSN), g(ctrDropRequests), g(ctrDuplicated), g(ctrHeld), g(ctrReleased), g(ctrCEMarked),
-		g(ctrCENotECT), g(ctrErrors), g(ctrOwnClones)}
+		g(ctrCENotECT), g(ctrErrors), g(ctrOwnClones), g(ctrCongPassed), g(ctrCongMarked), g(ctrCongDropped),
+		ne.Uint64(b[stQMax:])}
 }
 
 // Injector is a loaded fault program with its maps, attached to an
@@ -231,6 +349,8 @@ type Injector struct {
 	config, state *ebpf.Map
 	progs         [numHooks]*ebpf.Program
 	att           attachment // nil when only loaded
+	base          uint64     // CLOCK_MONOTONIC ns at Load: the congestion point's clock origin
+	cfg           Config     // the configuration last Set
 }
 
 // Load loads the programs and maps without attaching them.
@@ -238,7 +358,7 @@ func Load(cfg Config) (*Injector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	inj := &Injector{}
+	inj := &Injector{base: monotonicNs()}
 	var err error
 	inj.config, err = ebpf.NewMap(&ebpf.MapSpec{Name: "rv2f_config", Type: ebpf.Array, KeySize: 4, ValueSize: cfgSize, MaxEntries: 1})
 	if err != nil {
@@ -284,10 +404,48 @@ func (inj *Injector) Set(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if err := inj.config.Put(uint32(0), cfg.encode()); err != nil {
+	if err := inj.config.Put(uint32(0), cfg.encode(inj.base)); err != nil {
 		return fmt.Errorf("faults: update config: %w", err)
 	}
+	if cfg.Congestion != nil {
+		q := *cfg.Congestion
+		cfg.Congestion = &q
+	}
+	inj.cfg = cfg
 	return nil
+}
+
+// QueueDepth returns the current depth in bytes of hook h's phantom queue
+// (0 without a congestion point): what the program would see for a packet
+// arriving now.
+func (inj *Injector) QueueDepth(h Hook) (uint64, error) {
+	if h < 0 || h >= numHooks {
+		return 0, fmt.Errorf("faults: hook %d: %w", int(h), ErrConfig)
+	}
+	q := inj.cfg.Congestion
+	if q == nil {
+		return 0, nil
+	}
+	b := make([]byte, stateSize)
+	if err := inj.state.Lookup(uint32(h), b); err != nil {
+		return 0, fmt.Errorf("faults: read queue: %w", err)
+	}
+	tail := ne.Uint64(b[stQTail:])
+	now := (monotonicNs() - inj.base) << qTimeShift
+	if tail <= now {
+		return 0, nil
+	}
+	return ((tail - now) >> qTimeShift) * q.bytesPerNs() >> 32, nil
+}
+
+// monotonicNs returns CLOCK_MONOTONIC in ns, the clock of
+// bpf_ktime_get_ns.
+func monotonicNs() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
 }
 
 // Counters returns the counters summed over the attached hooks.

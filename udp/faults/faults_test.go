@@ -472,8 +472,8 @@ func TestInstructionsMarshal(t *testing.T) {
 				}
 			}
 		}
-		if fetches != 4 { // 2 fetch-adds + 2 cmpxchgs
-			t.Errorf("%s: %d atomics with the fetch bit, want 4", h, fetches)
+		if fetches != 5 { // 2 fetch-adds + 3 cmpxchgs
+			t.Errorf("%s: %d atomics with the fetch bit, want 5", h, fetches)
 		}
 	}
 }
@@ -487,7 +487,8 @@ func FuzzProgram(f *testing.F) {
 	}
 	f.Add([]byte{0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1, 0x08, 0x06}, uint8(1))
 	needRoot(f)
-	inj, err := Load(Config{DropRate: 0.2, DropEveryN: 5, DropPSN: &PSNRange{First: 0, Last: 0xff}, DupRate: 0.2, ReorderRate: 0.2, CERate: 0.5})
+	inj, err := Load(Config{DropRate: 0.2, DropEveryN: 5, DropPSN: &PSNRange{First: 0, Last: 0xff}, DupRate: 0.2, ReorderRate: 0.2, CERate: 0.5,
+		Congestion: &Congestion{Rate: 1e6, Limit: 1 << 16, Kmin: 1000, Kmax: 30000, Pmax: 0.5}})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -46,13 +46,28 @@ const (
 	cfgDupThr     = 20 // duplicate threshold
 	cfgReorderThr = 24 // hold-and-release threshold
 	cfgCEThr      = 28 // CE marking threshold
-	cfgFlags      = 32 // flagPSN, flagCEAll
+	cfgFlags      = 32 // flagPSN, flagCEAll, flagDestQP, flagCong, flagCongMark
 	cfgDestQP     = 36 // only packets to this BTH DestQP (flagDestQP)
-	cfgSize       = 40
+	// Congestion point (flagCong); see Congestion. Time in the phantom
+	// queue is kept in units of 2^-qTimeShift ns since cfgQBase.
+	cfgQNsPerByte  = 40 // u64: ns per IP byte << qTimeShift
+	cfgQBytesPerNs = 48 // u64: IP bytes per ns << 32
+	cfgQBase       = 56 // u64: bpf_ktime_get_ns() origin of the queue clock
+	cfgQLimit      = 64 // u32: tail drop above this many bytes
+	cfgQKmin       = 68 // u32: marking starts above this depth (bytes)
+	cfgQKmax       = 72 // u32: marking is certain from this depth (bytes)
+	cfgQSlope      = 80 // u64: Pmax·2^48/(Kmax−Kmin): mark threshold per byte above Kmin, << 16
+	cfgSize        = 88
 
-	flagPSN    = 1 << 0
-	flagCEAll  = 1 << 1
-	flagDestQP = 1 << 2
+	flagPSN      = 1 << 0
+	flagCEAll    = 1 << 1
+	flagDestQP   = 1 << 2
+	flagCong     = 1 << 3
+	flagCongMark = 1 << 4
+
+	// qTimeShift scales the phantom queue's clock: 1/16384 ns resolution,
+	// 2^50 ns (13 days) of range after Load.
+	qTimeShift = 14
 )
 
 // Layout of a state map value (one entry per attach direction).
@@ -60,7 +75,9 @@ const (
 	stCounters  = 0                        // nCounters u64 counters
 	stSeq       = stCounters + 8*nCounters // every-Nth sequence
 	stPSNDrops  = stSeq + 8                // PSN-range drops so far (for the limit)
-	stHoldState = stPSNDrops + 8           // 0 empty, 1 filling, 2 full, 3 releasing
+	stQTail     = stPSNDrops + 8           // phantom queue: queue clock time at which it is empty
+	stQMax      = stQTail + 8              // phantom queue: largest depth after an enqueue (bytes)
+	stHoldState = stQMax + 8               // 0 empty, 1 filling, 2 full, 3 releasing
 	stHoldLen   = stHoldState + 8          // bytes held
 	stHoldBuf   = stHoldLen + 8            // the held frame
 	stateSize   = stHoldBuf + holdMax
@@ -83,7 +100,10 @@ const (
 	ctrCENotECT
 	ctrErrors
 	ctrOwnClones
-	nCounters = 16
+	ctrCongPassed
+	ctrCongMarked
+	ctrCongDropped
+	nCounters = 20
 )
 
 // Stack layout (offsets from the frame pointer R10).
@@ -93,6 +113,9 @@ const (
 	fpKey       = -20  // u32 map key
 	fpIP        = -64  // 40 bytes: the IPv4 or IPv6 header
 	fpUDP       = -104 // 20 bytes: UDP header + BTH
+	fpCong      = -112 // u64: 1 when the congestion point chose this packet for CE
+	fpQLen      = -120 // u64: the packet's IP length (congestion point)
+	fpQDepth    = -128 // u64: the phantom queue's depth at arrival (bytes)
 )
 
 // be16 returns the register value a 2-byte load from memory yields for the
@@ -186,9 +209,10 @@ func cloneOut(ingress bool) asm.Instructions {
 //
 // Order of decisions for a RoCEv2 packet (UDP destination port 4791, IPv4
 // or IPv6 without extension headers, not a fragment, not a GSO super-packet):
-// DestQP filter, PSN-range drop, every-Nth drop, random drop, release of a
-// held packet, hold (reorder), CE mark, duplicate. A dropped packet is
-// neither held, marked nor duplicated.
+// DestQP filter, PSN-range drop, every-Nth drop, random drop, congestion
+// point (tail drop, or the choice to mark CE), release of a held packet,
+// hold (reorder), CE mark, duplicate. A dropped packet is neither held,
+// marked nor duplicated.
 func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instructions {
 	p := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
@@ -259,6 +283,7 @@ func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instruct
 	p = append(p, count(ctrGSO)...)
 	p = append(p, asm.Ja.Label("exit"))
 	p = append(p, sym("roce", count(ctrSeen))...)
+	p = append(p, store64(asm.RFP, fpCong, 0)...)
 
 	// DestQP filter.
 	p = append(p,
@@ -319,8 +344,11 @@ func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instruct
 	p = append(p, asm.Ja.Label("drop"))
 
 	// Random drop.
-	p = append(p, sym("rnd", random(cfgDropThr, "release"))...)
+	p = append(p, sym("rnd", random(cfgDropThr, "cong"))...)
 	p = append(p, count(ctrDropRandom)...)
+	p = append(p, asm.Ja.Label("drop"))
+
+	p = append(p, congestion()...)
 
 	// Drop; count request packets (not READ response/ACK/atomic ACK
 	// 0x0d-0x12, not CNP) separately.
@@ -406,9 +434,13 @@ func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instruct
 	p = append(p, asm.Ja.Label("exit"))
 
 	// CE marking of ECN-capable packets (all packets with flagCEAll).
-	p = append(p, sym("ce", random(cfgCEThr, "dup"))...)
 	p = append(p,
-		asm.LoadMem(asm.R2, asm.RFP, fpFamily, asm.DWord),
+		asm.LoadMem(asm.R2, asm.RFP, fpCong, asm.DWord).WithSymbol("ce"),
+		asm.JNE.Imm(asm.R2, 0, "cemark"),
+	)
+	p = append(p, random(cfgCEThr, "dup")...)
+	p = append(p,
+		asm.LoadMem(asm.R2, asm.RFP, fpFamily, asm.DWord).WithSymbol("cemark"),
 		asm.JEq.Imm(asm.R2, 6, "ce6"),
 		// IPv4: TOS is byte 1; the checksum covers the 16-bit word 0.
 		asm.LoadMem(asm.R3, asm.RFP, fpIP+1, asm.Byte),
@@ -461,6 +493,11 @@ func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instruct
 		asm.JNE.Imm(asm.R0, 0, "ceerr"),
 	)
 	p = append(p, sym("cedone", count(ctrCEMarked))...)
+	p = append(p,
+		asm.LoadMem(asm.R2, asm.RFP, fpCong, asm.DWord),
+		asm.JEq.Imm(asm.R2, 0, "dup"),
+	)
+	p = append(p, count(ctrCongMarked)...)
 	p = append(p, asm.Ja.Label("dup"))
 	p = append(p, sym("notect", count(ctrCENotECT))...)
 	p = append(p, asm.Ja.Label("dup"))
@@ -482,6 +519,100 @@ func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instruct
 		asm.Return(),
 	)
 	return p
+}
+
+// congestion emits the congestion point (label "cong", continuing at
+// "release", or at "drop" for a tail drop): a phantom queue drained at the
+// configured rate, kept as the queue-clock time at which it would be empty
+// (stQTail). Its depth at a packet's arrival is (tail − now) converted to
+// bytes. A packet that would take the depth above the limit is dropped;
+// otherwise its IP length is added to the tail with one atomic add, and it
+// is chosen for CE (fpCong = 1, applied at "ce") with probability 0 up to
+// Kmin, rising linearly to Pmax at Kmax, and 1 from Kmax on.
+//
+// Concurrency: a packet on another CPU between our read of the tail and our
+// add sees the queue without us, so the limit can be overshot by one packet
+// per concurrent CPU; moving an idle queue's tail up to now is a single
+// compare-and-exchange (the loser's packet is still added on top of the
+// winner's now); the maximum depth is a plain store (a concurrent larger
+// value can be overwritten). These errors are a packet or so; the drain
+// itself is exact.
+func congestion() asm.Instructions {
+	p := asm.Instructions{
+		asm.LoadMem(asm.R2, asm.R8, cfgFlags, asm.Word).WithSymbol("cong"),
+		asm.And.Imm(asm.R2, flagCong),
+		asm.JEq.Imm(asm.R2, 0, "release"),
+		// R7 = now on the queue clock.
+		asm.FnKtimeGetNs.Call(),
+		asm.LoadMem(asm.R2, asm.R8, cfgQBase, asm.DWord),
+		asm.JGE.Reg(asm.R0, asm.R2, "qnow"),
+		asm.Mov.Reg(asm.R0, asm.R2),
+		asm.Sub.Reg(asm.R0, asm.R2).WithSymbol("qnow"),
+		asm.LSh.Imm(asm.R0, qTimeShift),
+		asm.Mov.Reg(asm.R7, asm.R0),
+		// The packet's IP length.
+		asm.LoadMem(asm.R2, asm.R6, skbLen, asm.Word),
+		asm.Sub.Imm(asm.R2, 14),
+		asm.StoreMem(asm.RFP, fpQLen, asm.R2, asm.DWord),
+		// An idle queue's tail is moved up to now.
+		asm.LoadMem(asm.R3, asm.R9, stQTail, asm.DWord),
+		asm.JGE.Reg(asm.R3, asm.R7, "qbusy"),
+		asm.Mov.Reg(asm.R0, asm.R3),
+		asm.Mov.Reg(asm.R1, asm.R7),
+		cmpXchg(asm.R9, asm.R1, stQTail),
+		asm.Mov.Reg(asm.R3, asm.R7),
+		// Depth in bytes = (tail − now) >> shift ns × bytes per ns.
+		asm.Sub.Reg(asm.R3, asm.R7).WithSymbol("qbusy"),
+		asm.RSh.Imm(asm.R3, qTimeShift),
+		asm.LoadMem(asm.R2, asm.R8, cfgQBytesPerNs, asm.DWord),
+		asm.Mul.Reg(asm.R3, asm.R2),
+		asm.RSh.Imm(asm.R3, 32),
+		asm.StoreMem(asm.RFP, fpQDepth, asm.R3, asm.DWord),
+		// Tail drop.
+		asm.LoadMem(asm.R2, asm.RFP, fpQLen, asm.DWord),
+		asm.Add.Reg(asm.R2, asm.R3),
+		asm.LoadMem(asm.R4, asm.R8, cfgQLimit, asm.Word),
+		asm.JGT.Reg(asm.R2, asm.R4, "qdrop"),
+		// Enqueue: tail += length × ns per byte.
+		asm.LoadMem(asm.R4, asm.R9, stQMax, asm.DWord),
+		asm.JLE.Reg(asm.R2, asm.R4, "qenq"),
+		asm.StoreMem(asm.R9, stQMax, asm.R2, asm.DWord),
+		asm.LoadMem(asm.R2, asm.RFP, fpQLen, asm.DWord).WithSymbol("qenq"),
+		asm.LoadMem(asm.R4, asm.R8, cfgQNsPerByte, asm.DWord),
+		asm.Mul.Reg(asm.R2, asm.R4),
+		atomicAdd(asm.R9, asm.R2, stQTail),
+	}
+	p = append(p, count(ctrCongPassed)...)
+	p = append(p,
+		// Marking on the depth at arrival.
+		asm.LoadMem(asm.R2, asm.R8, cfgFlags, asm.Word),
+		asm.And.Imm(asm.R2, flagCongMark),
+		asm.JEq.Imm(asm.R2, 0, "release"),
+		asm.LoadMem(asm.R3, asm.RFP, fpQDepth, asm.DWord),
+		asm.LoadMem(asm.R2, asm.R8, cfgQKmax, asm.Word),
+		asm.JGE.Reg(asm.R3, asm.R2, "qmark"),
+		asm.LoadMem(asm.R2, asm.R8, cfgQKmin, asm.Word),
+		asm.JLE.Reg(asm.R3, asm.R2, "release"),
+		asm.Sub.Reg(asm.R3, asm.R2),
+		asm.LoadMem(asm.R2, asm.R8, cfgQSlope, asm.DWord),
+		asm.Mul.Reg(asm.R3, asm.R2),
+		asm.RSh.Imm(asm.R3, 16),
+		asm.Mov.Reg(asm.R7, asm.R3),
+		asm.FnGetPrandomU32.Call(),
+		asm.JGE.Reg(asm.R0, asm.R7, "release"),
+	)
+	p = append(p, sym("qmark", store64(asm.RFP, fpCong, 1))...)
+	p = append(p, asm.Ja.Label("release"))
+	p = append(p, sym("qdrop", count(ctrCongDropped))...)
+	p = append(p, asm.Ja.Label("drop"))
+	return p
+}
+
+// atomicAdd emits an atomic 64-bit add without fetch: *(dst+off) += src.
+func atomicAdd(dst, src asm.Register, off int16) asm.Instruction {
+	ins := asm.AddAtomic.Mem(dst, src, asm.DWord, off)
+	ins.Constant = int64(asm.AddAtomic >> 8)
+	return ins
 }
 
 // sym labels the first instruction of ins.
