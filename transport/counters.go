@@ -24,7 +24,7 @@ type Counters struct {
 	LocalAckTimeout     uint64 // local_ack_timeout_err: local ACK timer expirations that retried
 	MalformedPkts       uint64 // malformed_pkts: packets that did not parse
 	UnknownQP           uint64 // unknown_qp: packets for a QPN the device does not have
-	TransportMismatch   uint64 // transport_mismatch: packets whose transport (UC, UD, CNP) the QP does not run
+	TransportMismatch   uint64 // transport_mismatch: packets whose transport (UC, UD) the QP does not run
 	WrongState          uint64 // wrong_state: packets for a QP in RESET, INIT or ERR
 	WrongPeer           uint64 // wrong_peer: packets from an address other than the QP's peer, or with a foreign P_Key
 	RetransmittedPkts   uint64 // retransmitted_pkts: request packets sent more than once
@@ -41,6 +41,11 @@ type Counters struct {
 	MADDropVersion      uint64 // mad_drop_version: MADs with a base version other than 1
 	MADDropNoAgent      uint64 // mad_drop_no_agent: MADs of a class (or response TID) no agent takes
 	MADDropQueueFull    uint64 // mad_drop_queue_full: MADs dropped because their agent's queue was full
+
+	NPECNMarkedRocePackets uint64 // np_ecn_marked_roce_packets: packets for an RC/UC QP that arrived marked CE
+	NPCNPSent              uint64 // np_cnp_sent: CNPs the notification point sent
+	RPCNPHandled           uint64 // rp_cnp_handled: CNPs a QP's reaction point acted on
+	RPCNPIgnored           uint64 // rp_cnp_ignored: CNPs ignored (DCQCN off, a UD QP, not from the QP's peer)
 }
 
 // Counter is one named counter value.
@@ -89,6 +94,10 @@ var counterFields = []struct {
 	{"mad_drop_version", func(c *Counters) *uint64 { return &c.MADDropVersion }},
 	{"mad_drop_no_agent", func(c *Counters) *uint64 { return &c.MADDropNoAgent }},
 	{"mad_drop_queue_full", func(c *Counters) *uint64 { return &c.MADDropQueueFull }},
+	{"np_ecn_marked_roce_packets", func(c *Counters) *uint64 { return &c.NPECNMarkedRocePackets }},
+	{"np_cnp_sent", func(c *Counters) *uint64 { return &c.NPCNPSent }},
+	{"rp_cnp_handled", func(c *Counters) *uint64 { return &c.RPCNPHandled }},
+	{"rp_cnp_ignored", func(c *Counters) *uint64 { return &c.RPCNPIgnored }},
 }
 
 // List returns the counters as name/value pairs in a fixed order, named as

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
@@ -41,6 +42,9 @@ type DeviceConfig struct {
 	// PortMTU is the port's active MTU: the largest UD message (default
 	// MTU1024, what rxe reports on a 1500-byte Ethernet link).
 	PortMTU MTU
+	// Congestion configures ECN, CNPs and DCQCN (cc.go). The zero value
+	// sends ECT(0), answers CE marks with CNPs and runs DCQCN.
+	Congestion CongestionConfig
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -57,6 +61,7 @@ type Device struct {
 	table   *memreg.Table
 	addr    netip.Addr
 	ctr     Counters
+	ecnBits uint8 // the ECN codepoint of sent packets (Congestion.ECN)
 	closed  atomic.Bool
 	done    chan struct{}
 	mu      sync.Mutex
@@ -146,10 +151,16 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	if cfg.PortMTU.Bytes() == 0 {
 		return nil, fmt.Errorf("transport: NewDevice: PortMTU %d: %w", cfg.PortMTU, ErrInvalidConfig)
 	}
+	cc, err := cfg.Congestion.normalize()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Congestion = cc
 	d := &Device{
 		link:    link,
 		cfg:     cfg,
 		clock:   cfg.Clock,
+		ecnBits: cfg.Congestion.ECN.bits(),
 		table:   memreg.NewTable(cfg.Limits),
 		addr:    cfg.Addr.Unmap(),
 		done:    make(chan struct{}),
@@ -364,14 +375,15 @@ func (d *Device) input(p *packet.Packet, up *udp.Packet) {
 
 // route finds the QP a parsed packet is for, counting the packets it
 // drops: unknown_qp for a QPN the device does not have,
-// transport_mismatch for a transport (UC, UD, CNP) the QP does not run.
+// transport_mismatch for a transport (UC, UD) the QP does not run. A CNP
+// goes to any QP, whose reaction point takes or ignores it.
 func (d *Device) route(p *packet.Packet) (*QP, error) {
 	qp := d.lookup(p.BTH.DestQP())
 	if qp == nil {
 		inc(&d.ctr.UnknownQP)
 		return nil, ErrUnknownQP
 	}
-	if p.Info.Transport != qp.transport {
+	if p.Info.Transport != qp.transport && p.Info.Transport != bth.TransportCNP {
 		inc(&d.ctr.TransportMismatch)
 		return nil, ErrTransportMismatch
 	}

@@ -40,6 +40,7 @@ type pairOpts struct {
 	access   memreg.Access
 	window   int
 	perAck   int // DeviceConfig.MaxPktsPerAck
+	cc       CongestionConfig
 }
 
 func (o *pairOpts) defaults() {
@@ -72,7 +73,7 @@ func newSide(t testing.TB, n *udp.MemNetwork, addr netip.Addr, o *pairOpts) *sid
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxPktsPerAck: o.perAck})
+	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxPktsPerAck: o.perAck, Congestion: o.cc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -289,6 +289,8 @@ func (qp *QP) reset() {
 	qp.mtu = 0
 	qp.peer = netip.Addr{}
 	qp.timeout = 0
+	qp.stopPacing()
+	qp.ccInit()
 }
 
 func (qp *QP) stopTimersLocked() {

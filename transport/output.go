@@ -33,7 +33,7 @@ func (qp *QP) commitTo(n int, dst netip.Addr, sport uint16, tos uint8) {
 	p.Buf = qp.outBufs[qp.nout][:n]
 	p.Addr = dst
 	p.SrcPort = sport
-	p.TOS = tos
+	p.TOS = qp.dev.dataTOS(tos)
 	qp.nout++
 	qp.ackSlot = 0
 }

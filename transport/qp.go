@@ -92,6 +92,7 @@ type QP struct {
 	nout      int
 	ackSlot   int // nout when the last queued packet is a positive ACK that a newer one may replace, else 0
 	destroyed bool
+	cc        qpCC // congestion control (cc.go)
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
 	rxBatch   bool // input from the receive goroutine is running: defer CQ wakeups
 
@@ -211,6 +212,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	qp.resp.res = make([]rdRes, d.cfg.MaxRdAtomic)
 	qp.out = make([]udp.Packet, outBatch)
 	qp.outBufs = make([]*[udp.MaxPacketSize]byte, outBatch)
+	qp.ccInit()
 	qp.retransTimer = d.clock.AfterFunc(time.Hour, qp.onRetransTimer)
 	qp.retransTimer.Stop()
 	qp.rnrTimer = d.clock.AfterFunc(time.Hour, qp.onRNRTimer)
@@ -340,6 +342,11 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 		inc(&qp.dev.ctr.WrongPeer)
 		return
 	}
+	if p.Info.Transport == bth.TransportCNP {
+		inc(&qp.dev.ctr.RcvdPkts)
+		qp.cnpInput(up)
+		return
+	}
 	if qp.qpn == 1 {
 		inc(&qp.dev.ctr.RcvdPkts)
 		qp.dev.gsi.input(p, up)
@@ -362,6 +369,9 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 		return
 	}
 	inc(&qp.dev.ctr.RcvdPkts)
+	if up.TOS&udp.ECNMask == udp.ECNCE {
+		qp.ceMarked()
+	}
 	if st == QPSRTR && !qp.commEst {
 		qp.commEst = true
 		close(qp.commEstCh)

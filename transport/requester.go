@@ -87,9 +87,13 @@ func (qp *QP) reqProgress() {
 				w.npkts = npkts(w.length, qp.mtu)
 			}
 		}
+		if qp.paceHold() {
+			break
+		}
 		if !qp.sendRequest(w) {
 			break
 		}
+		qp.paceSent(len(qp.out[qp.nout-1].Buf))
 		sent = true
 	}
 	if sent && qp.attr.State != QPSErr {
