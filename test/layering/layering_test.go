@@ -91,9 +91,11 @@ func ruleFor(r string) (rule, bool) {
 		return rule{ours: append(slices.Clone(wire), "internal/netns"), why: "udp imports only wire packages and internal/netns"}, true
 	case r == "udp/faults":
 		return rule{ours: []string{"internal/netns"}, why: "udp/faults imports only internal/netns of this module"}, true
+	case r == "dcqcn":
+		return rule{why: "dcqcn (congestion control arithmetic) imports nothing of this module"}, true
 	case r == "transport":
-		return rule{ours: append(slices.Clone(wire), "memreg", "udp"), banned: socketImports,
-			why: "transport imports only wire packages, memreg and udp, and reaches the network only through udp"}, true
+		return rule{ours: append(slices.Clone(wire), "memreg", "udp", "dcqcn"), banned: socketImports,
+			why: "transport imports only wire packages, memreg, udp and dcqcn, and reaches the network only through udp"}, true
 	case r == "internal/netns":
 		return rule{why: "internal/netns imports nothing of this module"}, true
 	case r == "rdmacm":
