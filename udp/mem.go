@@ -73,8 +73,10 @@ type memBuf struct {
 	src     netip.Addr
 	srcPort uint16
 	tos     uint8
-	at      time.Time // delivery time on the delay line
-	dst     *MemLink  // destination while on the delay line
+	at      time.Time  // delivery time on the delay line, departure time in a SwitchPort, send time while staged
+	dst     *MemLink   // destination while on the delay line or in a switch port
+	dstAddr netip.Addr // destination address while in a transmit line or staged
+	link    *MemLink   // sending link while in a transmit line or staged
 	b       [MaxPacketSize]byte
 }
 
@@ -84,7 +86,9 @@ func getMemBuf() *memBuf { return memBufPool.Get().(*memBuf) }
 
 func putMemBuf(b *memBuf) {
 	b.dst = nil
+	b.link = nil
 	b.src = netip.Addr{}
+	b.dstAddr = netip.Addr{}
 	memBufPool.Put(b)
 }
 
@@ -108,6 +112,20 @@ type MemNetwork struct {
 	delayTimer   *time.Timer
 
 	tap TapFunc
+
+	// switch ports (memswitch.go)
+	ports    map[netip.Addr]*SwitchPort // egress ports by destination
+	portList []*SwitchPort              // every port, in creation order
+
+	// virtual-time mode (memvirtual.go); vnow is nil in real time.
+	vnow     func() time.Time
+	linkList []*MemLink // links in creation order
+	vin      []*memBuf  // staged packets not yet entered, sorted by send time
+	vlast    time.Time  // time of the last event processed
+	vdelay   []*memBuf  // propagation delay line (FIFO), vdelay[vdh:] pending
+	vdh      int
+	vbusy    int           // links with packets delivered and their receiver not back in Recv
+	vquiet   chan struct{} // poked when vbusy drops to 0
 }
 
 // TapFunc sees a packet entering a MemNetwork: the IP addresses, UDP source
@@ -127,7 +145,7 @@ func (n *MemNetwork) SetTap(fn TapFunc) {
 // NewMemNetwork returns an empty network with the given faults.
 func NewMemNetwork(f Faults) *MemNetwork {
 	n := &MemNetwork{links: make(map[netip.Addr]*MemLink)}
-	n.faults = sanitizeFaults(f)
+	n.faults = n.sanitizeFaults(f)
 	n.src = rand.NewPCG(uint64(f.Seed), 0x9e3779b97f4a7c15)
 	n.rng = rand.New(n.src)
 	return n
@@ -143,7 +161,7 @@ func clampProb(p float64) float64 {
 	return p
 }
 
-func sanitizeFaults(f Faults) Faults {
+func (n *MemNetwork) sanitizeFaults(f Faults) Faults {
 	f.Loss = clampProb(f.Loss)
 	f.Dup = clampProb(f.Dup)
 	f.Reorder = clampProb(f.Reorder)
@@ -154,6 +172,9 @@ func sanitizeFaults(f Faults) Faults {
 	}
 	if f.ReorderHold <= 0 {
 		f.ReorderHold = defaultReorderHld
+	}
+	if n.vnow != nil {
+		f.Reorder = 0 // wall-clock driven: not available in virtual time
 	}
 	return f
 }
@@ -168,7 +189,7 @@ func (n *MemNetwork) SetFaults(f Faults) {
 	if f.Seed != n.faults.Seed {
 		n.src.Seed(uint64(f.Seed), 0x9e3779b97f4a7c15)
 	}
-	n.faults = sanitizeFaults(f)
+	n.faults = n.sanitizeFaults(f)
 }
 
 // Faults returns the current faults.
@@ -204,7 +225,11 @@ func (n *MemNetwork) Link(addr netip.Addr) (*MemLink, error) {
 		q:    make(chan *memBuf, memQueueLen),
 		done: make(chan struct{}),
 	}
+	if n.vnow != nil {
+		l.vwake = make(chan struct{}, 1)
+	}
 	n.links[a] = l
+	n.linkList = append(n.linkList, l)
 	return l, nil
 }
 
@@ -222,6 +247,15 @@ type MemLink struct {
 	heldUntil  time.Time
 	heldTimer  *time.Timer
 	heldTimerF func()
+	txPort     *SwitchPort // transmit line (Shape), or nil
+
+	// virtual-time mode (memvirtual.go), guarded by net.mu
+	staged []*memBuf // sent, not yet entered the network
+	vq     []*memBuf // delivered, vq[vqh:] not yet received
+	vqh    int
+	vbusy  bool          // counted in net.vbusy
+	vwake  chan struct{} // poked when vq grows
+	vtake  []*memBuf     // Recv's scratch (one Recv caller)
 
 	counters
 }
@@ -290,15 +324,75 @@ func (l *MemLink) SendRaw(pkts []Packet) error {
 func (l *MemLink) transmit(pkts []Packet) {
 	n := l.net
 	n.mu.Lock()
-	for i := range pkts {
-		n.route(l, &pkts[i])
+	switch {
+	case n.vnow != nil:
+		n.stage(l, pkts)
+	case l.txPort != nil:
+		now := time.Now()
+		l.txPort.departDue(now)
+		for i := range pkts {
+			l.txPort.enqueue(now, l.copyOut(&pkts[i]))
+		}
+	default:
+		now := time.Now()
+		for i := range pkts {
+			n.route(l, &pkts[i], now)
+		}
 	}
 	n.mu.Unlock()
 	l.sent.Add(uint64(len(pkts)))
 }
 
-// route applies the faults to one packet and forwards it. Called with n.mu held.
-func (n *MemNetwork) route(src *MemLink, p *Packet) {
+// copyOut copies a packet l sends into a pooled buffer that remembers its
+// destination and sender, for a transmit line or the virtual-time stage.
+func (l *MemLink) copyOut(p *Packet) *memBuf {
+	b := getMemBuf()
+	b.n = copy(b.b[:], p.Buf)
+	b.src = l.addr
+	b.srcPort = p.SrcPort
+	b.tos = p.TOS
+	b.dstAddr = normAddr(p.Addr)
+	b.link = l
+	return b
+}
+
+// enter routes a packet that src sent earlier (from its transmit line or
+// the virtual-time stage) into the network at time t, and releases b.
+// Called with n.mu held.
+func (n *MemNetwork) enter(src *MemLink, b *memBuf, t time.Time) {
+	p := Packet{Buf: b.b[:b.n], Addr: b.dstAddr, SrcPort: b.srcPort, TOS: b.tos}
+	n.route(src, &p, t)
+	putMemBuf(b)
+}
+
+// toDst passes b, which has been through the faults, on toward dst at
+// time now: through dst's switch port if it has one, else straight on.
+// Called with n.mu held.
+func (n *MemNetwork) toDst(dst *MemLink, b *memBuf, now time.Time) {
+	if p := n.ports[dst.addr]; p != nil {
+		b.dst = dst
+		if n.vnow == nil {
+			p.departDue(now)
+		}
+		p.enqueue(now, b)
+		return
+	}
+	n.propagate(dst, b, now)
+}
+
+// propagate hands b to dst after the network's delay: the wall-clock delay
+// line in real time, the virtual one in virtual time. Called with n.mu held.
+func (n *MemNetwork) propagate(dst *MemLink, b *memBuf, t time.Time) {
+	if n.vnow != nil {
+		n.vforward(dst, b, t)
+		return
+	}
+	n.forward(dst, b)
+}
+
+// route applies the faults to one packet sent at time now and forwards it.
+// Called with n.mu held.
+func (n *MemNetwork) route(src *MemLink, p *Packet, now time.Time) {
 	f := &n.faults
 	n.ctr.Packets++
 	if n.tap != nil {
@@ -350,16 +444,16 @@ func (n *MemNetwork) route(src *MemLink, p *Packet) {
 		b = nil
 	}
 	if b != nil {
-		n.forward(dst, b)
+		n.toDst(dst, b, now)
 	}
 	if dup != nil {
-		n.forward(dst, dup)
+		n.toDst(dst, dup, now)
 	}
 	if b != nil && dst.held != nil {
 		h := dst.held
 		dst.held = nil
 		dst.heldTimer.Stop()
-		n.forward(dst, h)
+		n.toDst(dst, h, now)
 	}
 }
 
@@ -386,7 +480,7 @@ func (n *MemNetwork) releaseHeld(dst *MemLink) {
 		return
 	}
 	dst.held = nil
-	n.forward(dst, h)
+	n.toDst(dst, h, time.Now())
 }
 
 // forward sends b to dst through the delay line when Delay is set, else
@@ -479,6 +573,9 @@ func (l *MemLink) Recv(pkts []Packet) (int, error) {
 	if err := checkRecv(pkts, len(pkts)); err != nil || len(pkts) == 0 {
 		return 0, err
 	}
+	if l.vwake != nil {
+		return l.recvVirtual(pkts)
+	}
 	for {
 		if l.isClosed() {
 			return 0, net.ErrClosed
@@ -552,6 +649,7 @@ func (l *MemLink) Close() error {
 	if l.heldTimer != nil {
 		l.heldTimer.Stop()
 	}
+	l.closeVirtual()
 	close(l.done)
 	n.mu.Unlock()
 	for {
