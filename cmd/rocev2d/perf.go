@@ -91,14 +91,18 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	}
 
 	if c.check {
-		fillPattern(s.mem[:s.half])
-		fillPattern(s.mem[s.half : 2*s.half])
+		// Each QP's regions hold the pattern from their start, so that
+		// every QP moves the same data as one QP alone.
+		for i := range s.qps {
+			fillPattern(s.src(i))
+			fillPattern(s.dst(i))
+		}
 		if c.test == oob.ReadBW || c.test == oob.ReadLat {
-			// READs land in the source region: it must be filled by them.
-			clear(s.mem[:s.half])
+			// READs land in the source regions: they must be filled by them.
+			clear(s.mem[:s.srcOff(len(s.qps))])
 		} else {
-			// The target must be filled by the traffic, not by us.
-			clear(s.mem[s.half:])
+			// The targets must be filled by the traffic, not by us.
+			clear(s.mem[s.dstOff(0):])
 		}
 	}
 	role := c.role()
@@ -122,8 +126,8 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		fmt.Fprintln(stdout, "\n************************************\n* Waiting for client to connect... *\n************************************")
 	}
 	hooks := oob.Hooks{
-		Connect: func(ctx context.Context, remote oob.PerfDest, neg oob.Params) error {
-			return s.connect(remote, neg, stdout)
+		ConnectQPs: func(ctx context.Context, remotes []oob.PerfDest, neg oob.Params) error {
+			return s.connect(remotes, neg, stdout)
 		},
 		CMConnect: func(ctx context.Context, neg oob.Params) (oob.PerfDest, error) {
 			return s.cm.connect(ctx, neg)
@@ -136,8 +140,11 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	}
 	params := oob.DefaultParams
 	params.MTU = c.mtu
-	res, err := sess.Run(ctx, plan, params, s.local, hooks)
+	res, err := sess.RunQPs(ctx, plan, params, s.locals(), hooks)
 	if err != nil {
+		if errors.Is(err, oob.ErrQPCountMismatch) {
+			return fmt.Errorf("peer %s: %w", conn.RemoteAddr(), err)
+		}
 		if errors.Is(err, oob.ErrIncompatibleVersion) {
 			return fmt.Errorf("peer %s speaks an incompatible perftest version: %w", conn.RemoteAddr(), err)
 		}
@@ -244,12 +251,21 @@ func (s *perfSide) traffic(ctx context.Context, i int, sizes []int, role oob.Rol
 	return oob.Report{}, fmt.Errorf("unknown test %v", c.test)
 }
 
-// sendWR builds the work request for iteration n.
-func (s *perfSide) sendWR(size int, n uint64) transport.SendWR {
+// sendWR builds the work request for iteration n of QP 0.
+func (s *perfSide) sendWR(size int, n uint64) transport.SendWR { return s.sendWRQP(0, size, n) }
+
+// perfWRIDShift places the QP index in a send's wr_id above the iteration.
+const perfWRIDShift = 40
+
+// sendWRQP builds the work request for iteration n of QP i: from its
+// source region to the target the peer's QP i announced.
+func (s *perfSide) sendWRQP(i, size int, n uint64) transport.SendWR {
 	off := s.slotOff(size, n)
-	wr := transport.SendWR{WRID: n, Flags: transport.SendSignaled,
-		SGEs:       []memreg.SGE{{Addr: s.mr.IOVA() + off, Length: uint32(size), LKey: s.mr.LKey()}},
-		RemoteAddr: s.remote.VAddr + off, RKey: s.remote.RKey}
+	q := s.qps[i]
+	src := s.mr.IOVA() + uint64(s.srcOff(i))
+	wr := transport.SendWR{WRID: uint64(i)<<perfWRIDShift | n, Flags: transport.SendSignaled,
+		SGEs:       []memreg.SGE{{Addr: src + off, Length: uint32(size), LKey: s.mr.LKey()}},
+		RemoteAddr: q.remote.VAddr + off, RKey: q.remote.RKey}
 	switch s.c.test {
 	case oob.WriteBW, oob.WriteLat:
 		wr.Opcode = transport.WRWrite
@@ -260,7 +276,7 @@ func (s *perfSide) sendWR(size int, n uint64) transport.SendWR {
 		wr.RemoteAddr, wr.RKey = 0, 0
 		// Every message from the start of the source region, so that the
 		// receiver (which receives at the start of its region) can check it.
-		wr.SGEs[0].Addr = s.mr.IOVA()
+		wr.SGEs[0].Addr = src
 	case oob.AtomicBW, oob.AtomicLat:
 		wr.Opcode = transport.WRFetchAdd
 		wr.CompareAdd = 1

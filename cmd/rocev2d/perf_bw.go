@@ -13,10 +13,14 @@ import (
 )
 
 // bwClient is the active side of a bandwidth test: keep tx-depth work
-// requests outstanding until iters (or the duration) are done.
+// requests outstanding on each QP until iters (or the duration) are done on
+// every QP, as perftest's run_iter_bw: each round posts on the QPs in turn,
+// each up to its window, then polls the one send CQ. The post and
+// completion times run over all QPs, so the report counts iters × QPs.
 func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Writer) (oob.Report, error) {
 	c := s.c
-	iters := c.iters
+	nq := len(s.qps)
+	iters := c.iters // per QP
 	var deadline time.Time
 	if c.duration > 0 {
 		iters = math.MaxInt
@@ -24,42 +28,55 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 	}
 	res := perfResult{size: size}
 	if c.duration == 0 {
-		res.tposted = make([]time.Time, 0, iters)
-		res.tcomplete = make([]time.Time, 0, iters)
+		res.tposted = make([]time.Time, 0, iters*nq)
+		res.tcomplete = make([]time.Time, 0, iters*nq)
 	}
 	tx := s.txDepth()
-	var scnt, ccnt uint64
+	scnt := make([]uint64, nq) // per QP
+	ccnt := make([]uint64, nq)
+	var totS, totC uint64
 	wcs := make([]transport.WC, 64)
 	wrs := make([]transport.SendWR, 0, tx)
 	res.start = time.Now()
 	lastProgress := res.start
 	stopPosting := false
 	for {
-		// Post as many as the window allows.
-		if !stopPosting {
+		// Post as many as each QP's window allows.
+		allPosted := true
+		for i, q := range s.qps {
+			if stopPosting {
+				break
+			}
 			wrs = wrs[:0]
-			for int(scnt-ccnt)+len(wrs) < tx && int(scnt)+len(wrs) < iters {
-				wrs = append(wrs, s.sendWR(size, scnt+uint64(len(wrs))))
+			for int(scnt[i]-ccnt[i])+len(wrs) < tx && int(scnt[i])+len(wrs) < iters {
+				wrs = append(wrs, s.sendWRQP(i, size, scnt[i]+uint64(len(wrs))))
 			}
 			if len(wrs) > 0 {
 				now := time.Now()
-				if err := s.qp.PostSend(wrs...); err != nil {
-					return oob.Report{}, fmt.Errorf("couldn't post send after %d: %w", scnt, err)
+				if err := q.qp.PostSend(wrs...); err != nil {
+					if nq > 1 {
+						return oob.Report{}, fmt.Errorf("couldn't post send on QP %d after %d: %w", i, scnt[i], err)
+					}
+					return oob.Report{}, fmt.Errorf("couldn't post send after %d: %w", scnt[i], err)
 				}
 				if res.tposted != nil {
 					for range wrs {
 						res.tposted = append(res.tposted, now)
 					}
 				}
-				scnt += uint64(len(wrs))
+				scnt[i] += uint64(len(wrs))
+				totS += uint64(len(wrs))
+			}
+			if int(scnt[i]) < iters {
+				allPosted = false
 			}
 		}
-		if ccnt == scnt && (stopPosting || int(scnt) >= iters) {
+		if totC == totS && (stopPosting || allPosted) {
 			break
 		}
 		n, err := s.scq.Wait(ctx, wcs)
 		if err != nil {
-			return oob.Report{}, fmt.Errorf("waiting for completions (%d of %d done): %w", ccnt, scnt, err)
+			return oob.Report{}, fmt.Errorf("waiting for completions (%d of %d done): %w", totC, totS, err)
 		}
 		now := time.Now()
 		if c.bidi {
@@ -69,7 +86,12 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 			if wc.Status != transport.WCSuccess {
 				return oob.Report{}, wcError(wc, "send")
 			}
-			ccnt++
+			i := int(wc.WRID >> perfWRIDShift)
+			if i >= nq {
+				return oob.Report{}, fmt.Errorf("send completion with wr_id %#x names no QP of %d", wc.WRID, nq)
+			}
+			ccnt[i]++
+			totC++
 			if res.tcomplete != nil {
 				res.tcomplete = append(res.tcomplete, now)
 			}
@@ -80,22 +102,25 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 		if now.Sub(lastProgress) >= perfProgressEvery {
 			lastProgress = now
 			el := now.Sub(res.start).Seconds()
-			fmt.Fprintf(stderr, " ... %d bytes x %d iterations in %.1fs, %.2f MB/sec\n", size, ccnt, el, float64(ccnt)*float64(size)/el/(1<<20))
+			fmt.Fprintf(stderr, " ... %d bytes x %d iterations in %.1fs, %.2f MB/sec\n", size, totC, el, float64(totC)*float64(size)/el/(1<<20))
 		}
 	}
 	res.end = time.Now()
-	res.iters = int(ccnt)
+	res.iters = int(totC)
 	s.results = append(s.results, res)
-	rep := bwReport(res, tx)
+	rep := bwReport(res, tx*nq)
 	if !c.bidi { // -b prints the sum of both directions after the report exchange
 		writeBWLine(stdout, rep)
 	}
 	return rep, nil
 }
 
-// sendBWServer receives the client's SENDs, reposting receives.
+// sendBWServer receives the client's SENDs on every QP (one receive CQ),
+// reposting receives on the QP each came from, until iters arrived on each
+// (perftest's run_iter_bw_server: iters × QPs in all).
 func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 	c := s.c
+	nq := len(s.qps)
 	wcs := make([]transport.WC, 64)
 	res := perfResult{size: size}
 	var deadline time.Time
@@ -104,8 +129,10 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 		// a little longer.
 		deadline = time.Now().Add(time.Duration(c.duration)*time.Second + 2*time.Second)
 	}
+	total := c.iters * nq
+	rcntQ := make([]int, nq)
 	var rcnt int
-	for c.duration > 0 || rcnt < c.iters {
+	for c.duration > 0 || rcnt < total {
 		wctx := ctx
 		var cancel context.CancelFunc = func() {}
 		if c.duration > 0 {
@@ -120,7 +147,7 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 			if c.duration > 0 && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 				break
 			}
-			return fmt.Errorf("waiting for receive %d of %d: %w", rcnt+1, c.iters, err)
+			return fmt.Errorf("waiting for receive %d of %d: %w", rcnt+1, total, err)
 		}
 		now := time.Now()
 		if c.bidi {
@@ -133,25 +160,38 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 			if wc.ByteLen != uint32(size) {
 				return fmt.Errorf("receive %d: %d bytes, want %d", rcnt, wc.ByteLen, size)
 			}
+			i := int(wc.WRID)
+			if i >= nq {
+				return fmt.Errorf("receive completion with wr_id %d names no QP of %d", wc.WRID, nq)
+			}
 			if rcnt == 0 {
 				res.start = now
 			}
 			rcnt++
-			s.posted--
+			rcntQ[i]++
+			s.qps[i].posted--
 			res.end = now
-		}
-		for s.posted < c.rxDepth && (c.duration > 0 || rcnt+s.posted < c.iters) {
-			if err := s.postRecv(); err != nil {
-				return err
+			for s.qps[i].posted < c.rxDepth && (c.duration > 0 || rcntQ[i]+s.qps[i].posted < c.iters) {
+				if err := s.postRecv(i); err != nil {
+					return err
+				}
 			}
 		}
 	}
 	res.iters = rcnt
 	if s.c.check {
-		// Every receive landed at the start of the receive region; the
-		// last one is still there.
-		if err := checkPattern(s.mem[s.half:s.half+size], 0); err != nil && rcnt > 0 {
-			return fmt.Errorf("--check: received data: %w", err)
+		// Every receive landed at the start of its QP's receive region;
+		// the last one is still there.
+		for i := range s.qps {
+			if rcntQ[i] == 0 {
+				continue
+			}
+			if err := checkPattern(s.dst(i)[:size], 0); err != nil {
+				if nq > 1 {
+					return fmt.Errorf("--check: received data on QP %d: %w", i, err)
+				}
+				return fmt.Errorf("--check: received data: %w", err)
+			}
 		}
 	}
 	s.srvRecv = res

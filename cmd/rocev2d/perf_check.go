@@ -27,10 +27,24 @@ func checkPattern(b []byte, off int) error {
 	return nil
 }
 
-// verify checks the data of a --check run on this side.
+// verify checks the data of a --check run on this side: each QP's
+// regions, which each hold what one QP alone would have moved.
 func (s *perfSide) verify(role oob.Role, sizes []int) error {
+	for i := range s.qps {
+		if err := s.verifyQP(i, role, sizes); err != nil {
+			if len(s.qps) > 1 {
+				return fmt.Errorf("QP %d: %w", i, err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// verifyQP checks the data of QP i.
+func (s *perfSide) verifyQP(i int, role oob.Role, sizes []int) error {
 	c := s.c
-	target := s.mem[s.half : 2*s.half]
+	target := s.dst(i)
 	switch {
 	case c.test == oob.WriteBW && (role == oob.Server || c.bidi):
 		if c.duration > 0 {
@@ -43,7 +57,8 @@ func (s *perfSide) verify(role oob.Role, sizes []int) error {
 		}
 	case c.test == oob.ReadBW && (role == oob.Client || c.bidi):
 		for _, r := range s.results {
-			if err := s.checkSlots(s.mem[:s.half], r.size, r.iters); err != nil {
+			// r.iters counts every QP's; the QPs take turns.
+			if err := s.checkSlots(s.src(i), r.size, r.iters/len(s.qps)); err != nil {
 				return fmt.Errorf("size %d: %w", r.size, err)
 			}
 		}

@@ -45,7 +45,10 @@ options:
   -b, --bidirectional     both sides send at once and print the sum of both directions
                           (bandwidth tests; both sides need -b)
   -m, --mtu=MTU           path MTU 256..4096 (default 1024; the smaller of both sides wins)
-  -t, --tx-depth=N        outstanding send work requests (default %[5]d)
+  -t, --tx-depth=N        outstanding send work requests (default %[5]d; per QP)
+  -q, --qp=N              QPs (bandwidth tests; default 1): -n iterations and -t depth on
+                          each, posted round-robin, the result counts all (both sides need
+                          the same -q; a mismatch fails in the exchange, naming both)
   -r, --rx-depth=N        receives posted (SEND tests, default 512)
   -u, --qp-timeout=T      local ACK timeout exponent (default 14)
   -A, --atomic_type=TYPE  CMP_AND_SWAP or FETCH_AND_ADD (default FETCH_AND_ADD)
@@ -96,6 +99,7 @@ type perfConfig struct {
 	events      bool
 	rdmaCM      bool // -R: connect the QPs through rdma_cm, exchange over it
 	bidi        bool // -b: both sides run the data phase (perftest's duplex)
+	qps         int  // -q: QPs (bandwidth tests)
 	sock        socketFlags
 	server      string
 }
@@ -124,6 +128,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	intFlags(fs, &mtu, "m", "mtu", 1024)
 	intFlags(fs, &c.txDepth, "t", "tx-depth", defTx)
 	intFlags(fs, &c.rxDepth, "r", "rx-depth", 512)
+	intFlags(fs, &c.qps, "q", "qp", 1)
 	boolFlags(fs, &c.events, "e", "events")
 	intFlags(fs, &c.qpTimeout, "u", "qp-timeout", 14)
 	stringFlags(fs, &c.atomicType, "A", "atomic_type", "FETCH_AND_ADD")
@@ -181,6 +186,12 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, errors.New("-b with -D is not supported; use -n")
 	case c.duration > 0 && c.all:
 		return nil, errors.New("-D and -a cannot be combined")
+	case c.qps != 1 && !t.IsBW():
+		return nil, fmt.Errorf("-q %d: multiple QPs only available on bw tests (as perftest)", c.qps)
+	case c.qps < 1 || c.qps > oob.MaxPerfQPs:
+		return nil, fmt.Errorf("-q %d: number of QPs must be between 1 and %d", c.qps, oob.MaxPerfQPs)
+	case c.qps > 1 && c.rdmaCM:
+		return nil, fmt.Errorf("-q %d with -R is not supported (perftest -R connects one rdma_cm connection per QP); use -q without -R", c.qps)
 	case c.txDepth < 1 || c.txDepth > 15000:
 		return nil, fmt.Errorf("-t %d: tx depth must be between 1 and 15000", c.txDepth)
 	case c.rxDepth < 1 || c.rxDepth > 16384:

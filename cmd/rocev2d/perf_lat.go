@@ -158,9 +158,9 @@ func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout 
 			return fmt.Errorf("receive %d: %d bytes, want %d", rcnt, wc.ByteLen, size)
 		}
 		rcnt++
-		s.posted--
-		if s.posted < c.rxDepth && rcnt+s.posted < c.iters {
-			return s.postRecv()
+		s.qps[0].posted--
+		if s.qps[0].posted < c.rxDepth && rcnt+s.qps[0].posted < c.iters {
+			return s.postRecv(0)
 		}
 		return nil
 	}

@@ -86,7 +86,7 @@ func (s *perfSide) printHeader(w io.Writer) {
 	}
 	writePerfHeader(w, perfHeader{test: c.test, atomicType: c.atomicType, dev: c.dev, role: c.role(),
 		txDepth: s.txDepth(), rxDepth: c.rxDepth, mtu: s.params.MTU.Bytes(), gidIdx: gid, outReads: int(s.local.OutReads),
-		rdmaCM: c.rdmaCM, bidi: c.bidi})
+		rdmaCM: c.rdmaCM, bidi: c.bidi, qps: len(s.qps)})
 }
 
 // perfHeader are the values of perftest's description block.
@@ -102,6 +102,7 @@ type perfHeader struct {
 	outReads   int
 	rdmaCM     bool // -R
 	bidi       bool // -b
+	qps        int  // -q (0: 1)
 }
 
 // writePerfHeader prints the block in perftest 4.5's layout. CQ moderation
@@ -118,7 +119,7 @@ func writePerfHeader(w io.Writer, h perfHeader) {
 		dev = "rocev2"
 	}
 	fmt.Fprintf(w, " Dual-port       : OFF\t\tDevice         : %s\n", dev)
-	fmt.Fprintf(w, " Number of qps   : 1\t\tTransport type : IB\n")
+	fmt.Fprintf(w, " Number of qps   : %d\t\tTransport type : IB\n", max(h.qps, 1))
 	fmt.Fprintf(w, " Connection type : RC\t\tUsing SRQ      : OFF\n")
 	fmt.Fprintf(w, " PCIe relax order: OFF\n")
 	fmt.Fprintf(w, " ibv_wr* API     : OFF\n")

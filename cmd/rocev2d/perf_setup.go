@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -63,24 +64,59 @@ func perfConnect(ctx context.Context, c *perfConfig) (net.Conn, error) {
 // what the out-of-band exchange negotiated.
 type perfSide struct {
 	*endpoint
-	c       *perfConfig
-	mem     []byte // mmap'd: [0, half) source, [half, 2*half+cycle) target
+	c *perfConfig
+	// mem is mmap'd: QP i's source at [i*half, (i+1)*half), its target
+	// at [(q+i)*half, (q+i+1)*half) for q QPs, then the cycle buffer, as
+	// perftest lays out one MR for all QPs (BUFF_SIZE per QP and side).
+	mem     []byte
 	half    int
 	mr      *memreg.MR
-	params  oob.Params // negotiated
-	remote  oob.PerfDest
-	local   oob.PerfDest
+	params  oob.Params   // negotiated
+	remote  oob.PerfDest // QP 0's peer (qps[0].remote)
+	local   oob.PerfDest // QP 0's QP data (with -R: after the CM connected it)
+	qps     []*perfQP    // -q: the QPs, qps[0] on the endpoint's QP
 	capture *pcaptap.Writer
 	cm      *perfCM // -R: the rdma_cm connections
-	posted  int     // receives outstanding
 	results []perfResult
 	srvRecv perfResult   // send-bw server's own measurement
 	lastWC  atomic.Int64 // -b send-bw: UnixNano of the last completion
 }
 
+// perfQP is one QP of a perftest side (-q): its first PSN, its QP data and
+// the peer's, and the receives outstanding on it.
+type perfQP struct {
+	qp     *transport.QP
+	psn    uint32
+	local  oob.PerfDest // for QP 0 see perfSide.local
+	remote oob.PerfDest
+	posted int // receives outstanding
+}
+
 const perfCycle = 4096 // cycle buffer: the page size, as perftest
 
-func (s *perfSide) recvBase() uint64 { return s.mr.IOVA() + uint64(s.half) }
+// srcOff and dstOff are the offsets in mem of QP i's source and target
+// regions.
+func (s *perfSide) srcOff(i int) int { return i * s.half }
+func (s *perfSide) dstOff(i int) int { return (len(s.qps) + i) * s.half }
+
+// src and dst are QP i's source and target regions.
+func (s *perfSide) src(i int) []byte { return s.mem[s.srcOff(i) : s.srcOff(i)+s.half] }
+func (s *perfSide) dst(i int) []byte { return s.mem[s.dstOff(i) : s.dstOff(i)+s.half] }
+
+func (s *perfSide) recvBase() uint64 { return s.recvBaseQP(0) }
+
+// recvBaseQP is the address of QP i's target region, which it announces.
+func (s *perfSide) recvBaseQP(i int) uint64 { return s.mr.IOVA() + uint64(s.dstOff(i)) }
+
+// locals returns the QP data of every QP, for the exchange.
+func (s *perfSide) locals() []oob.PerfDest {
+	l := make([]oob.PerfDest, len(s.qps))
+	for i, q := range s.qps {
+		l[i] = q.local
+	}
+	l[0] = s.local
+	return l
+}
 
 // perfInc is perftest's INC(size, cache line): the step between slots.
 func perfInc(size, line int) int { return (size + line - 1) / line * line }
@@ -114,9 +150,12 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 		}
 		link = pcaptap.New(sock, capture, pcaptap.Both)
 	}
-	e, err := newEndpoint(link, endpointConfig{sendCQ: c.txDepth + 16, recvCQ: c.txDepth + c.rxDepth + 16,
+	nqp := max(c.qps, 1)
+	// One send and one receive CQ for all QPs, as perftest sizes them.
+	cfg := endpointConfig{sendCQ: c.txDepth*nqp + 16, recvCQ: (c.txDepth+c.rxDepth)*nqp + 16,
 		maxSendWR: c.txDepth + 1, maxRecvWR: c.rxDepth + 1,
-		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic})
+		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic}
+	e, err := newEndpoint(link, cfg)
 	if err != nil {
 		if capture != nil {
 			capture.Close()
@@ -124,8 +163,17 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 		return nil, err
 	}
 	s := &perfSide{endpoint: e, c: c, capture: capture}
+	s.qps = []*perfQP{{qp: e.qp, psn: e.psn}}
+	for i := 1; i < nqp; i++ {
+		qp, err := e.newQP(cfg)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("QP %d of %d: %w", i+1, nqp, err)
+		}
+		s.qps = append(s.qps, &perfQP{qp: qp, psn: rand.Uint32() & 0xffffff})
+	}
 	s.half = (max(slices.Max(c.sizes()), perfCycle) + 4095) &^ 4095
-	s.mem, s.mr, err = e.alloc(2*s.half+perfCycle, memreg.AccessLocalWrite|e.access)
+	s.mem, s.mr, err = e.alloc(2*nqp*s.half+perfCycle, memreg.AccessLocalWrite|e.access)
 	if err != nil {
 		s.close()
 		return nil, err
@@ -134,8 +182,11 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 	if c.test == oob.ReadBW || c.test == oob.ReadLat || c.test == oob.AtomicBW || c.test == oob.AtomicLat {
 		outReads = 16
 	}
-	s.local = oob.PerfDest{OutReads: outReads, QPN: s.qp.QPN(), PSN: s.psn, RKey: s.mr.RKey(),
-		VAddr: s.recvBase(), GID: e.dev.GID()}
+	for i, q := range s.qps {
+		q.local = oob.PerfDest{OutReads: outReads, QPN: q.qp.QPN(), PSN: q.psn, RKey: s.mr.RKey(),
+			VAddr: s.recvBaseQP(i), GID: e.dev.GID()}
+	}
+	s.local = s.qps[0].local
 	return s, nil
 }
 
@@ -162,29 +213,48 @@ func (s *perfSide) txDepth() int {
 // parameters (ctx_connect; with -R the CM has connected it: the peer's QP
 // data must name the QP it connected) and prints perftest's header, both
 // address lines and the head of the result table.
-func (s *perfSide) connect(remote oob.PerfDest, neg oob.Params, stdout io.Writer) error {
+func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Writer) error {
+	if len(remotes) != len(s.qps) {
+		// RunQPs has checked the count; this is a safety net.
+		return fmt.Errorf("%d QP data records from the peer for %d QPs", len(remotes), len(s.qps))
+	}
+	remote := remotes[0]
 	s.remote, s.params = remote, neg
+	for i, q := range s.qps {
+		q.remote = remotes[i]
+	}
 	if s.cm != nil {
 		if err := s.cm.checkRemote(remote); err != nil {
 			return err
 		}
 	} else {
-		peer, err := peerFromGID(remote.GID, "-x")
-		if err != nil {
-			return err
-		}
 		mtu, ok := transport.MTUFromBytes(neg.MTU.Bytes())
 		if !ok {
 			return fmt.Errorf("negotiated MTU %d is invalid", neg.MTU)
 		}
-		rd := uint8(min(max(remote.OutReads, 1), 16))
-		if err := s.endpoint.connect(peer, remote.QPN, remote.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
-			return err
+		for i, q := range s.qps {
+			r := remotes[i]
+			peer, err := peerFromGID(r.GID, "-x")
+			if err != nil {
+				return err
+			}
+			rd := uint8(min(max(r.OutReads, 1), 16))
+			if err := s.endpoint.connectQP(q.qp, q.psn, peer, r.QPN, r.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
+				if len(s.qps) > 1 {
+					return fmt.Errorf("QP %d of %d: %w", i+1, len(s.qps), err)
+				}
+				return err
+			}
 		}
 	}
 	s.printHeader(stdout)
-	s.printDest(stdout, "local", s.local)
-	s.printDest(stdout, "remote", remote)
+	// perftest prints every local QP's line, then every remote one's.
+	for i := range s.qps {
+		s.printDest(stdout, "local", s.locals()[i])
+	}
+	for _, r := range remotes {
+		s.printDest(stdout, "remote", r)
+	}
 	fmt.Fprint(stdout, perfLine)
 	if s.c.test.IsBW() {
 		fmt.Fprintln(stdout, " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]")
@@ -205,20 +275,26 @@ func (s *perfSide) prepare(size int) error {
 	if c.duration > 0 {
 		want = c.rxDepth
 	}
-	for s.posted < want {
-		if err := s.postRecv(); err != nil {
-			return err
+	// rx depth receives on each QP, as perftest's ctx_set_recv_wqes.
+	for i, q := range s.qps {
+		for q.posted < want {
+			if err := s.postRecv(i); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
-func (s *perfSide) postRecv() error {
+// postRecv posts a receive on QP i, into its target region; its wr_id is
+// i, as perftest's.
+func (s *perfSide) postRecv(i int) error {
 	// Each receive may take the largest message of the run, at its slot.
-	wr := transport.RecvWR{WRID: 0, SGEs: []memreg.SGE{{Addr: s.recvBase(), Length: uint32(s.half), LKey: s.mr.LKey()}}}
-	if err := s.qp.PostRecv(wr); err != nil {
+	q := s.qps[i]
+	wr := transport.RecvWR{WRID: uint64(i), SGEs: []memreg.SGE{{Addr: s.recvBaseQP(i), Length: uint32(s.half), LKey: s.mr.LKey()}}}
+	if err := q.qp.PostRecv(wr); err != nil {
 		return fmt.Errorf("couldn't post receive: %w", err)
 	}
-	s.posted++
+	q.posted++
 	return nil
 }

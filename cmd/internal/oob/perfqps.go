@@ -31,7 +31,7 @@ type QPCountError struct {
 
 // Error implements error.
 func (e *QPCountError) Error() string {
-	peer := "the peer runs " + qpCount(e.Remote)
+	peer := fmt.Sprintf("the peer runs %s (-q %d)", qpCount(e.Remote), e.Remote)
 	if e.AtLeast {
 		why := "then hung up"
 		if !errors.Is(e.Cause, ErrPeerClosed) {
