@@ -25,6 +25,16 @@ type SocketOptions struct {
 	// segmentation itself (USO) must number IDs the same way — check such a
 	// path with a capture first.
 	GSO bool
+	// GSOAuto lets ListenSocket decide GSO (GSO is then ignored): on where
+	// the kernel segments, off where a NIC does. It asks the device that
+	// holds the local address (DeviceOffloadFor): lo, veth and other
+	// virtual devices hand a GSO datagram through whole (the receiver
+	// splits it, or takes it as one GRO buffer), and a NIC without
+	// "tx-udp-segmentation" gets segments the kernel cut, numbered as
+	// Send expects; a NIC with it segments in hardware, which GSO then
+	// leaves off. When the query fails GSO stays off.
+	// SocketLink.GSO tells the outcome.
+	GSOAuto bool
 	// SourcePorts sends each packet from its Packet.SrcPort (rxe uses one
 	// source port per QP, so a QP is one flow for ECMP and RSS): a send-only
 	// socket bound to addr:SrcPort is opened on first use of each port.

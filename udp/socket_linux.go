@@ -89,6 +89,10 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		o = *opts
 	}
 	socketDefaults(&o.RecvBufferSize, &o.SendBufferSize, &o.BatchSize)
+	if o.GSOAuto {
+		off, err := DeviceOffloadFor(addr)
+		o.GSO = err == nil && off.GSODefault()
+	}
 	zone := addr.Zone()
 	a := normAddr(addr)
 	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {

@@ -50,5 +50,8 @@ func ListenRaw(addr netip.Addr, opts *RawOptions) (*RawLink, error) {
 // SourcePortFallbacks returns 0 (SocketLink is Linux-only).
 func (l *SocketLink) SourcePortFallbacks() uint64 { return 0 }
 
+// GSO returns false (SocketLink is Linux-only).
+func (l *SocketLink) GSO() bool { return false }
+
 // GROCoalesced returns 0 (SocketLink is Linux-only).
 func (l *SocketLink) GROCoalesced() uint64 { return 0 }

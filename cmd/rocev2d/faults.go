@@ -59,7 +59,8 @@ Output:
   -d, --duration=DUR detach after this long (default 0 = until SIGINT)
 
 Sends through the injector must not use UDP GSO: a GSO super-packet is
-passed whole and counted as gso=N.
+passed whole and counted as gso=N. The rocev2d commands use GSO by default
+on a veth: give them --gso=false.
 
 Example (the veth test setup: namespaces A and B, veth va in A):
   rocev2d faults --netns A --egress --ingress --drop 0.01 --reorder 0.01 va

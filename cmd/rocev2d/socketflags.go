@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/gorocev2/rocev2/udp"
@@ -11,13 +13,20 @@ import (
 // socketUsage documents the options addSocketFlags registers; the commands
 // that open UDP socket links (demo, bench, pingpong, the perftest commands)
 // list it with their options.
-const socketUsage = `  --gso          send each run of equal-size packets to one peer (the
-                 packets of a multi-packet message) as one UDP GSO datagram
+const socketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one peer (the
+                 packets of a multi-packet message, a batch of READ
+                 responses or ACKs) as one UDP GSO datagram
                  (UDP_SEGMENT): about twice the packet rate of plain
-                 sendmmsg. Linux numbers the segments' IPv4 identifications
-                 upward and each ICRC is computed for its segment. Off by
-                 default: a NIC that segments in hardware must number the
-                 identifications the same way (check with a capture).
+                 sendmmsg. Linux numbers the segments' IPv4
+                 identifications upward and each ICRC is computed for its
+                 segment. Default: on where the kernel segments (the
+                 device holding the local address is lo, a veth or
+                 another virtual device, or a NIC without
+                 tx-udp-segmentation, as ethtool's netlink features say),
+                 off where a NIC segments in hardware (it must number the
+                 identifications the same way: check with a capture
+                 before --gso=true there). --gso=false through a
+                 'rocev2d faults' injector, which sees GSO datagrams whole.
   --busy-poll=DUR   poll the UDP socket without blocking for up to DUR
                  (e.g. 100us) before sleeping in each receive: CPU for
                  latency, like the ibv_poll_cq loops of ibv_rc_pingpong
@@ -34,6 +43,7 @@ const defaultBusyPoll = 100 * time.Microsecond
 // socketFlags holds the --gso and --busy-poll options of one command.
 type socketFlags struct {
 	gso         bool
+	gsoSet      bool // --gso was given (else the device decides: udp.SocketOptions.GSOAuto)
 	busyPoll    time.Duration
 	busyPollSet bool // --busy-poll was given (0 switches polling off)
 }
@@ -42,7 +52,7 @@ type socketFlags struct {
 // values in f. Like every flag of the commands that take a positional
 // argument (pingpong, the perftest commands), they may also follow it.
 func addSocketFlags(fs *flag.FlagSet, f *socketFlags) {
-	fs.BoolVar(&f.gso, "gso", false, "")
+	fs.Var(gsoFlag{f}, "gso", "")
 	fs.Func("busy-poll", "", func(val string) error {
 		d, err := time.ParseDuration(val)
 		if err != nil || d < 0 || d > time.Second {
@@ -53,11 +63,34 @@ func addSocketFlags(fs *flag.FlagSet, f *socketFlags) {
 	})
 }
 
+// gsoFlag is --gso[=BOOL]: a boolean flag that records that it was given.
+type gsoFlag struct{ f *socketFlags }
+
+func (g gsoFlag) String() string {
+	if g.f == nil || !g.f.gsoSet {
+		return "auto"
+	}
+	return strconv.FormatBool(g.f.gso)
+}
+
+func (g gsoFlag) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("want true or false (without it: on where the kernel segments)")
+	}
+	g.f.gso, g.f.gsoSet = v, true
+	return nil
+}
+
+func (g gsoFlag) IsBoolFlag() bool { return true }
+
 // options returns the socket options of a command's link: UDP GSO as --gso
-// says; no busy polling unless poll (latency commands without -e, demo,
+// says, or without it as the device holding the local address says
+// (udp.SocketOptions.GSOAuto: on unless a NIC segments in hardware); no
+// busy polling unless poll (latency commands without -e, demo,
 // bench), and then --busy-poll's duration, or def when it was not given.
 func (f socketFlags) options(poll bool, def time.Duration) udp.SocketOptions {
-	o := udp.SocketOptions{GSO: f.gso}
+	o := udp.SocketOptions{GSO: f.gso, GSOAuto: !f.gsoSet}
 	switch {
 	case !poll:
 	case f.busyPollSet:

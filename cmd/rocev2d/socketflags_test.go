@@ -22,10 +22,10 @@ func TestSocketFlags(t *testing.T) {
 	}{
 		{args: []string{}, rest: []string{}},
 		{args: []string{"-v"}, want: socketFlags{}, rest: []string{}},
-		{args: []string{"--gso"}, want: socketFlags{gso: true}, rest: []string{}},
-		{args: []string{"-v", "-gso", "x"}, want: socketFlags{gso: true}, rest: []string{"x"}},
-		{args: []string{"--gso=false", "-v"}, want: socketFlags{}, rest: []string{}},
-		{args: []string{"--gso=true"}, want: socketFlags{gso: true}, rest: []string{}},
+		{args: []string{"--gso"}, want: socketFlags{gso: true, gsoSet: true}, rest: []string{}},
+		{args: []string{"-v", "-gso", "x"}, want: socketFlags{gso: true, gsoSet: true}, rest: []string{"x"}},
+		{args: []string{"--gso=false", "-v"}, want: socketFlags{gsoSet: true}, rest: []string{}},
+		{args: []string{"--gso=true"}, want: socketFlags{gso: true, gsoSet: true}, rest: []string{}},
 		{args: []string{"--gso=maybe"}, err: true},
 		{args: []string{"--", "--gso"}, rest: []string{"--gso"}},
 		{args: []string{"--gsox"}, err: true},
@@ -132,8 +132,16 @@ func TestSocketFlagsCommands(t *testing.T) {
 	if f, _ := perf(oob.WriteBW, "-s", "64", "127.0.0.1", "--gso"); !f.gso {
 		t.Errorf("write-bw SERVER --gso: %+v", f)
 	}
-	if f := pp("-s", "64"); f.gso {
+	if f := pp("-s", "64"); f.gso || f.gsoSet {
 		t.Errorf("pingpong without --gso: %+v", f)
+	}
+	// Without --gso the device decides (GSOAuto); --gso=false switches
+	// GSO off whatever the device is.
+	if o := pp("-s", "64").options(false, 0); !o.GSOAuto || o.GSO {
+		t.Errorf("pingpong without --gso: options %+v, want GSOAuto", o)
+	}
+	if o := pp("--gso=false").options(false, 0); o.GSOAuto || o.GSO {
+		t.Errorf("pingpong --gso=false: options %+v, want neither GSO nor GSOAuto", o)
 	}
 	d, err := parseDemoFlags([]string{"--gso", "--busy-poll", "7us"})
 	if err != nil {
@@ -146,7 +154,7 @@ func TestSocketFlagsCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := b.sock.options(true, 0); !o.GSO || o.BusyPoll != 0 {
+	if o := b.sock.options(true, 0); !o.GSO || o.GSOAuto || o.BusyPoll != 0 {
 		t.Errorf("bench --gso: %+v", o)
 	}
 	// Bad values are usage errors of the command.
