@@ -101,15 +101,15 @@ type scenario struct {
 // result is what a run measured.
 type result struct {
 	sc       scenario
-	flow     [][]int64         // bytes completed per flow per sample interval
-	depth    []int             // queue depth at the end of each interval
-	port     []udp.PortStats   // switch port snapshots at each interval end (index i = end of interval i)
-	start    udp.PortStats     // ... and at the start
-	cc       [][]float64       // RP rate per flow at each interval end
+	flow     [][]int64       // bytes completed per flow per sample interval
+	depth    []int           // queue depth at the end of each interval
+	port     []udp.PortStats // switch port snapshots at each interval end (index i = end of interval i)
+	start    udp.PortStats   // ... and at the start
+	cc       [][]float64     // RP rate per flow at each interval end
 	counters []transport.Counters
 	senders  []transport.Counters
 	steps    int
-	hash     uint64 // of the full per-flow byte timeline with completion times
+	hash     uint64  // of the full per-flow byte timeline with completion times
 	dead     []error // per flow: the first failed completion (the QP is in ERR and sends no more)
 }
 
