@@ -334,7 +334,10 @@ func (l *MemLink) transmit(pkts []Packet) {
 			l.txPort.enqueue(now, l.copyOut(&pkts[i]))
 		}
 	default:
-		now := time.Now()
+		var now time.Time // only switch ports need the time
+		if len(n.portList) > 0 {
+			now = time.Now()
+		}
 		for i := range pkts {
 			n.route(l, &pkts[i], now)
 		}
@@ -369,7 +372,10 @@ func (n *MemNetwork) enter(src *MemLink, b *memBuf, t time.Time) {
 // time now: through dst's switch port if it has one, else straight on.
 // Called with n.mu held.
 func (n *MemNetwork) toDst(dst *MemLink, b *memBuf, now time.Time) {
-	if p := n.ports[dst.addr]; p != nil {
+	if p := n.ports[dst.addr]; p != nil { // a nil map when there are none
+		if now.IsZero() {
+			now = time.Now()
+		}
 		b.dst = dst
 		if n.vnow == nil {
 			p.departDue(now)

@@ -9,7 +9,12 @@
 // Implementations:
 //   - MemNetwork / MemLink: an in-memory network with seeded, reproducible
 //     faults (loss, duplication, reordering, corruption, delay) for tests and
-//     simulator soaks.
+//     simulator soaks. Its switch model (memswitch.go) adds rate-limited
+//     queues: a switch egress port toward an address with RED/ECN marking
+//     and tail drop (MemNetwork.Bottleneck) and a NIC's line rate
+//     (MemLink.Shape). In virtual time (NewVirtualMemNetwork, Step;
+//     memvirtual.go) the network moves packets only when stepped, on the
+//     caller's clock, so that a run over it is reproducible from its seed.
 //   - SocketLink (Linux): a kernel UDP socket bound to addr:4791 receives
 //     (read without blocking, waited for through Go's poller only while the
 //     receiver waits: see rxConn) and a blocking send-only socket outside
