@@ -51,13 +51,19 @@ type endpointConfig struct {
 	// srqWR one-SGE WRs (e.srq) from which its QPs take their receives;
 	// maxRecvWR is then unused (srq-pingpong).
 	srqWR int
+	// cc is the device's congestion control (ECN, CNPs, DCQCN): the
+	// command's --ecn, --cnp-interval, --dcqcn and --dcqcn-param.
+	cc transport.CongestionConfig
+	// clock drives the device's timers (nil: the wall clock); congestion's
+	// virtual-time runs share one transport.ManualClock.
+	clock transport.Clock
 }
 
 // newEndpoint creates a device on link with one PD, the CQs and an RC (or
 // UC or UD) QP, and takes the QP to INIT, so that receives can be posted before
 // the peer is known. The endpoint owns link: on an error it is closed.
 func newEndpoint(link udp.Link, cfg endpointConfig) (*endpoint, error) {
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{PortMTU: cfg.portMTU})
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{PortMTU: cfg.portMTU, Congestion: cfg.cc, Clock: cfg.clock})
 	if err != nil {
 		link.Close()
 		return nil, err

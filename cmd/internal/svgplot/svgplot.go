@@ -83,7 +83,7 @@ const (
 	defaultHeight = 160
 	marginLeft    = 76  // y tick labels and the y axis label
 	marginRight   = 180 // the legends
-	marginTop     = 40  // the plot title
+	marginTop     = 54  // the plot title
 	panelGap      = 34  // between panels: the next panel's title
 	marginBottom  = 52  // x tick labels and the x axis label
 	legendRow     = 15

@@ -1,0 +1,493 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+func init() {
+	register("congestion", "N RC flows into one bottleneck of the in-memory switch: rates, queue and CNPs as CSV and SVG", congestionUsage, runCongestion)
+}
+
+const congestionUsage = `usage: rocev2d congestion [options]
+
+Runs N RC flows, each an RC QP on its own sender device, into one
+bottleneck: the switch egress port toward the receiver in the in-memory
+network (udp.MemNetwork.Bottleneck), which drains at --rate, marks
+ECN-capable packets CE on its queue depth as RED does (probability 0 up to
+--kmin, rising linearly to --pmax at --kmax, 1 beyond) and tail-drops what
+does not fit in --buffer. Each sender's link is shaped at --line-rate. Every
+flow keeps --depth RDMA WRITEs of --size bytes outstanding; its goodput is
+counted from its completions. The receiver's notification point answers CE
+marks with CNPs; each sender's DCQCN reaction point cuts and recovers its
+rate.
+
+The run is in virtual time: the devices share one manual clock and the
+network moves packets only when the run steps it, so a run is a function of
+its flags and --seed (the same flags give the same CSV and SVG, byte for
+byte) and its rates are not limited by this machine's CPU.
+
+Every --interval it records each flow's goodput and DCQCN rate, the queue
+depth, and the CNPs sent (receiver's np_cnp_sent) and handled (senders'
+rp_cnp_handled), CE marks and drops of the interval: as CSV (--csv) and as
+an SVG plot (--svg) of stacked panels over time. At the end it prints a
+summary: the aggregate goodput against the bottleneck after the last flow
+started, Jain's fairness index of the flows' goodputs over the last half,
+the drops, and the mean queue over the last half.
+
+Options:
+  -n, --flows N    flows (default 4, at most 64)
+  --rate RATE      bottleneck rate, bits/s of IP datagrams (default 10G)
+  --line-rate RATE each sender's line rate (default: --rate); also DCQCN's
+                   rpg_max_rate unless --dcqcn-param sets it
+  --buffer SIZE    bottleneck buffer (default 1MB; SIZE: bytes, or with
+                   k/KB, M/MB (×1000) or KiB, MiB (×1024))
+  --kmin SIZE      marking starts above this depth (default 40KB)
+  --kmax SIZE      marking probability reaches --pmax here (default 200KB)
+  --pmax P         marking probability at --kmax (default 0.1)
+  --duration DUR   virtual time the flows run (default 100ms)
+  --interval DUR   sample interval (default 500us)
+  --stagger DUR    flow i (from 0) starts at i×DUR (default 10ms):
+                   staggered starts show the convergence
+  --size BYTES     RDMA WRITE size (default 16384)
+  --depth N        WRITEs outstanding per flow (default 4)
+  --mtu N          path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
+  --delay DUR      one-way propagation delay (default 2us)
+  --timeout N      local ACK timeout exponent, 4.096us×2^N (default 12)
+  --seed N         seed of the network's random decisions (default 1)
+  --csv PATH       write the samples as CSV
+  --svg PATH       write the plot as SVG (any browser shows it)
+  -v               print every device's counters at the end
+` + ccUsage
+
+// ccConfig is the parsed command line of rocev2d congestion.
+type ccConfig struct {
+	flows           int
+	rate, lineRate  float64
+	buffer          int
+	kmin, kmax      int
+	pmax            float64
+	duration        time.Duration
+	interval        time.Duration
+	stagger         time.Duration
+	size, depth     int
+	mtu             transport.MTU
+	delay           time.Duration
+	timeout         int
+	seed            int64
+	csvPath, svgPth string
+	verbose         bool
+	cc              ccFlags
+}
+
+func parseCongestionFlags(args []string) (*ccConfig, error) {
+	c := &ccConfig{}
+	fs := newFlagSet("congestion")
+	intFlags(fs, &c.flows, "n", "flows", 4)
+	rateFlag(fs, &c.rate, "rate", 10e9)
+	rateFlag(fs, &c.lineRate, "line-rate", 0)
+	sizeFlag(fs, &c.buffer, "buffer", 1000000)
+	sizeFlag(fs, &c.kmin, "kmin", 40000)
+	sizeFlag(fs, &c.kmax, "kmax", 200000)
+	fs.Float64Var(&c.pmax, "pmax", 0.1, "")
+	fs.DurationVar(&c.duration, "duration", 100*time.Millisecond, "")
+	fs.DurationVar(&c.interval, "interval", 500*time.Microsecond, "")
+	fs.DurationVar(&c.stagger, "stagger", 10*time.Millisecond, "")
+	fs.IntVar(&c.size, "size", 16384, "")
+	fs.IntVar(&c.depth, "depth", 4, "")
+	mtu := fs.Int("mtu", 1024, "")
+	fs.DurationVar(&c.delay, "delay", 2*time.Microsecond, "")
+	fs.IntVar(&c.timeout, "timeout", 12, "")
+	fs.Int64Var(&c.seed, "seed", 1, "")
+	fs.StringVar(&c.csvPath, "csv", "", "")
+	fs.StringVar(&c.svgPth, "svg", "", "")
+	fs.BoolVar(&c.verbose, "v", false, "")
+	addCCFlags(fs, &c.cc)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if c.lineRate == 0 {
+		c.lineRate = c.rate
+	}
+	var ok bool
+	if c.mtu, ok = transport.MTUFromBytes(*mtu); !ok {
+		return nil, fmt.Errorf("--mtu %d: want 256, 512, 1024, 2048 or 4096", *mtu)
+	}
+	switch {
+	case c.flows < 1 || c.flows > 64:
+		return nil, fmt.Errorf("-n %d: want 1 to 64 flows", c.flows)
+	case c.kmin > c.kmax:
+		return nil, fmt.Errorf("--kmin %d is above --kmax %d", c.kmin, c.kmax)
+	case c.buffer <= 0:
+		return nil, fmt.Errorf("--buffer must be > 0")
+	case !(c.pmax >= 0 && c.pmax <= 1):
+		return nil, fmt.Errorf("--pmax %v: want a probability in [0, 1]", c.pmax)
+	case c.duration <= 0 || c.duration > time.Minute:
+		return nil, fmt.Errorf("--duration %v: want (0, 1m]", c.duration)
+	case c.interval <= 0 || c.interval > c.duration:
+		return nil, fmt.Errorf("--interval %v: want (0, --duration]", c.interval)
+	case c.duration/c.interval > 100000:
+		return nil, fmt.Errorf("--interval %v: at most 100000 samples per run", c.interval)
+	case c.stagger < 0 || c.stagger*time.Duration(c.flows-1) >= c.duration:
+		return nil, fmt.Errorf("--stagger %v: the last flow must start before --duration %v", c.stagger, c.duration)
+	case c.size < 1 || c.size > 1<<30:
+		return nil, fmt.Errorf("--size %d: want 1 to 1 GiB", c.size)
+	case c.depth < 1 || c.depth > 1024:
+		return nil, fmt.Errorf("--depth %d: want 1 to 1024", c.depth)
+	case c.delay < 0 || c.delay > time.Second:
+		return nil, fmt.Errorf("--delay %v: want [0, 1s]", c.delay)
+	case c.timeout < 1 || c.timeout > 31:
+		return nil, fmt.Errorf("--timeout %d: want 1 to 31", c.timeout)
+	}
+	if c.cc.params.LineRate == 0 {
+		c.cc.params.LineRate = c.lineRate
+	}
+	if _, err := c.cc.params.Normalize(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// rateFlag registers a bits/s option (10G, 500M, 2.5e9).
+func rateFlag(fs *flag.FlagSet, p *float64, name string, def float64) {
+	*p = def
+	fs.Func(name, "", func(v string) error {
+		r, err := parseBitRate(v, 1)
+		if err == nil {
+			*p = r
+		}
+		return err
+	})
+}
+
+// sizeFlag registers a byte size option (200KB, 1MiB, 40000).
+func sizeFlag(fs *flag.FlagSet, p *int, name string, def int) {
+	*p = def
+	fs.Func(name, "", func(v string) error {
+		n, err := parseByteSize(v)
+		if err == nil {
+			*p = n
+		}
+		return err
+	})
+}
+
+// parseByteSize parses a byte count: a number with an optional k/KB or
+// M/MB (×1000) or KiB/MiB (×1024) suffix.
+func parseByteSize(v string) (int, error) {
+	s := strings.TrimSpace(v)
+	mult := 1.0
+	for _, u := range []struct {
+		sfx string
+		m   float64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"KB", 1e3}, {"kB", 1e3}, {"MB", 1e6}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"B", 1}} {
+		if t, ok := strings.CutSuffix(s, u.sfx); ok {
+			s, mult = t, u.m
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f < 0 || f*mult > 1<<34 {
+		return 0, fmt.Errorf("want a byte size (e.g. 200KB, 1MiB, 40000)")
+	}
+	return int(math.Round(f * mult)), nil
+}
+
+func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := parseCongestionFlags(args)
+	if code, done := flagsResult("congestion", congestionUsage, err, stdout, stderr); done {
+		return code
+	}
+	// Create the output files first: a bad path fails before the run.
+	var csvF, svgF *os.File
+	for _, o := range []struct {
+		path string
+		f    **os.File
+	}{{c.csvPath, &csvF}, {c.svgPth, &svgF}} {
+		if o.path == "" {
+			continue
+		}
+		if *o.f, err = os.Create(o.path); err != nil {
+			fmt.Fprintf(stderr, "rocev2d congestion: %v\n", err)
+			return exitUsage
+		}
+		defer (*o.f).Close()
+	}
+	run, sim, err := runCongestionSim(ctx, c, stdout)
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d congestion: %v\n", err)
+		if run == nil || len(run.Samples) == 0 {
+			return exitFail
+		}
+	}
+	code := exitOK
+	if err != nil {
+		code = exitFail
+	}
+	if csvF != nil {
+		if err := run.WriteCSV(csvF); err == nil {
+			err = csvF.Close()
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "rocev2d congestion: --csv: %v\n", err)
+			code = exitFail
+		}
+	}
+	if svgF != nil {
+		if err := run.Plot().Encode(svgF); err == nil {
+			err = svgF.Close()
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "rocev2d congestion: --svg: %v\n", err)
+			code = exitFail
+		}
+	}
+	if c.verbose && sim != nil {
+		printCounters(stdout, "receiver "+sim.recv.dev.Addr().String(), sim.recv.dev)
+		for i, s := range sim.send {
+			printCounters(stdout, fmt.Sprintf("flow %d sender %v", i+1, s.dev.Addr()), s.dev)
+		}
+	}
+	if sim != nil {
+		sim.close()
+	}
+	fmt.Fprintf(stdout, "summary: %s\n", run.Summary().format(run))
+	if c.csvPath != "" {
+		fmt.Fprintf(stdout, "csv: %s\n", c.csvPath)
+	}
+	if c.svgPth != "" {
+		fmt.Fprintf(stdout, "svg: %s\n", c.svgPth)
+	}
+	return code
+}
+
+// ccSim is a congestion run's network and devices.
+type ccSim struct {
+	c     *ccConfig
+	clk   *transport.ManualClock
+	net   *udp.MemNetwork
+	port  *udp.SwitchPort
+	recv  *endpoint
+	rqps  []*transport.QP // the receiver's QP of each flow
+	send  []*endpoint
+	write []transport.SendWR // each flow's WRITE
+	wcs   []transport.WC
+}
+
+// congestion run addresses (RFC 5737 documentation range).
+var (
+	ccRecvAddr = netip.MustParseAddr("192.0.2.1")
+	ccSendBase = netip.MustParseAddr("192.0.2.10")
+)
+
+func (s *ccSim) close() {
+	for _, e := range s.send {
+		e.close()
+	}
+	if s.recv != nil {
+		s.recv.close()
+	}
+}
+
+// newCCSim builds the network: the bottleneck toward the receiver, the
+// receiver with one QP per flow, and each flow's sender on its shaped
+// link, connected.
+func newCCSim(c *ccConfig) (*ccSim, error) {
+	s := &ccSim{c: c, clk: transport.NewManualClock(time.Unix(0, 0).UTC())}
+	s.net = udp.NewVirtualMemNetwork(udp.Faults{Seed: c.seed, Delay: c.delay}, s.clk.Now)
+	var err error
+	s.port, err = s.net.Bottleneck(ccRecvAddr, udp.Bottleneck{Rate: c.rate, Buffer: c.buffer, Kmin: c.kmin, Kmax: c.kmax, Pmax: c.pmax})
+	if err != nil {
+		return nil, err
+	}
+	cc := c.cc.config()
+	access := memreg.AccessRemoteWrite
+	link, err := s.net.Link(ccRecvAddr)
+	if err != nil {
+		return nil, err
+	}
+	cfg := endpointConfig{sendCQ: 16 * c.flows, recvCQ: 16, maxSendWR: 4, maxRecvWR: 1, access: access, cc: cc, clock: s.clk}
+	if s.recv, err = newEndpoint(link, cfg); err != nil {
+		return nil, fmt.Errorf("receiver: %w", err)
+	}
+	_, dst, err := s.recv.alloc(c.size, access|memreg.AccessLocalWrite)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.rqps = append(s.rqps, s.recv.qp)
+	for range c.flows - 1 {
+		qp, err := s.recv.newQP(cfg)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("receiver: %w", err)
+		}
+		s.rqps = append(s.rqps, qp)
+	}
+	scfg := endpointConfig{sendCQ: c.depth + 16, recvCQ: 16, maxSendWR: c.depth, maxRecvWR: 1, access: access, cc: cc, clock: s.clk}
+	a4 := ccSendBase.As4()
+	for i := range c.flows {
+		a4[3] = byte(10 + i)
+		addr := netip.AddrFrom4(a4)
+		l, err := s.net.Link(addr)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		if _, err := l.Shape(udp.Bottleneck{Rate: c.lineRate}); err != nil {
+			l.Close()
+			s.close()
+			return nil, err
+		}
+		e, err := newEndpoint(l, scfg)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("flow %d: %w", i+1, err)
+		}
+		s.send = append(s.send, e)
+		src, smr, err := e.alloc(c.size, memreg.AccessLocalWrite)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		for k := range src {
+			src[k] = byte(i)
+		}
+		rpsn := uint32(0x1000 * (i + 1))
+		if err := e.connect(ccRecvAddr, s.rqps[i].QPN(), rpsn, c.mtu, 1, uint8(c.timeout)); err != nil {
+			s.close()
+			return nil, fmt.Errorf("flow %d: %w", i+1, err)
+		}
+		if err := s.recv.connectQP(s.rqps[i], rpsn, addr, e.qp.QPN(), e.psn, c.mtu, 1, uint8(c.timeout)); err != nil {
+			s.close()
+			return nil, fmt.Errorf("flow %d: receiver: %w", i+1, err)
+		}
+		s.write = append(s.write, transport.SendWR{Opcode: transport.WRWrite, Flags: transport.SendSignaled,
+			SGEs:       []memreg.SGE{{Addr: smr.IOVA(), Length: uint32(c.size), LKey: smr.LKey()}},
+			RemoteAddr: dst.IOVA(), RKey: dst.RKey()})
+	}
+	s.wcs = make([]transport.WC, 64)
+	return s, nil
+}
+
+// ccQuantum is the longest the run advances the clock in one step when
+// the network has nothing due sooner: a packet delivered within a step is
+// answered at its end, so this bounds the error of a response's time.
+const ccQuantum = time.Microsecond
+
+// runCongestionSim runs the flows and returns the samples (and the
+// devices, for -v; the caller closes them).
+func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRun, *ccSim, error) {
+	run := &ccRun{Flows: c.flows, Bottleneck: c.rate, Buffer: c.buffer, Kmin: c.kmin, Kmax: c.kmax, Pmax: c.pmax,
+		DCQCN: !c.cc.dcqcnOff, Interval: c.interval}
+	for i := range c.flows {
+		run.Starts = append(run.Starts, time.Duration(i)*c.stagger)
+	}
+	s, err := newCCSim(c)
+	if err != nil {
+		return run, nil, err
+	}
+	t0 := s.clk.Now()
+	outstanding := make([]int, c.flows)
+	bytes := make([]uint64, c.flows) // completed since the last sample
+	prevPort := s.port.Stats()
+	prevCNPSent := s.recv.dev.Counters().NPCNPSent
+	prevHandled := make([]uint64, c.flows)
+	nextSample := t0.Add(c.interval)
+	end := t0.Add(c.duration)
+	for iter := 0; ; iter++ {
+		if iter&1023 == 0 && ctx.Err() != nil {
+			return run, s, fmt.Errorf("interrupted at %v of virtual time", s.clk.Now().Sub(t0))
+		}
+		now := s.clk.Now()
+		// Keep every started flow's window full.
+		for i := range c.flows {
+			if now.Sub(t0) < run.Starts[i] || now.After(end) {
+				continue
+			}
+			for ; outstanding[i] < c.depth; outstanding[i]++ {
+				if err := s.send[i].qp.PostSend(s.write[i]); err != nil {
+					return run, s, fmt.Errorf("flow %d: %w", i+1, err)
+				}
+			}
+		}
+		// Advance to the network's next event, the next sample or flow
+		// start, or by one quantum.
+		next := now.Add(ccQuantum)
+		if t, ok := s.net.NextEvent(); ok && t.Before(next) {
+			next = t
+		}
+		if nextSample.Before(next) {
+			next = nextSample
+		}
+		for _, st := range run.Starts {
+			if at := t0.Add(st); at.After(now) && at.Before(next) {
+				next = at
+			}
+		}
+		if d := next.Sub(now); d > 0 {
+			s.clk.Advance(d)
+		}
+		if err := s.net.Step(); err != nil {
+			return run, s, err
+		}
+		for i := range c.flows {
+			for {
+				n := s.send[i].scq.Poll(s.wcs)
+				if n == 0 {
+					break
+				}
+				for _, wc := range s.wcs[:n] {
+					if wc.Status != transport.WCSuccess {
+						return run, s, fmt.Errorf("flow %d: %w", i+1, wcError(wc, "RDMA WRITE"))
+					}
+					outstanding[i]--
+					bytes[i] += uint64(c.size)
+				}
+			}
+		}
+		now = s.clk.Now()
+		if now.Before(nextSample) {
+			continue
+		}
+		// Sample.
+		st := s.port.Stats()
+		cnpSent := s.recv.dev.Counters().NPCNPSent
+		sm := ccSample{T: now.Sub(t0), Queue: float64(st.Depth), MeanQueue: udp.MeanDepth(prevPort, st),
+			CNPSent: cnpSent - prevCNPSent, Marked: st.Marked - prevPort.Marked, Dropped: st.Dropped - prevPort.Dropped}
+		for i := range c.flows {
+			sm.Goodput = append(sm.Goodput, float64(bytes[i])*8/c.interval.Seconds())
+			bytes[i] = 0
+			rate := math.NaN()
+			if sm.T > run.Starts[i] {
+				rate = s.send[i].qp.Congestion().Rate
+			}
+			sm.Rate = append(sm.Rate, rate)
+			h := s.send[i].dev.Counters().RPCNPHandled
+			sm.CNPHandled += h - prevHandled[i]
+			prevHandled[i] = h
+		}
+		run.Samples = append(run.Samples, sm)
+		prevPort, prevCNPSent = st, cnpSent
+		nextSample = nextSample.Add(c.interval)
+		if now.Before(end) {
+			continue
+		}
+		return run, s, nil
+	}
+}
