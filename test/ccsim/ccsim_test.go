@@ -1,7 +1,10 @@
 package ccsim
 
 import (
+	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -42,6 +45,10 @@ func base(n int, dcqcnOn bool, seed int64) scenario {
 		},
 	}
 }
+
+// csvDir, when set, receives each TestConvergence run's timeline as CSV
+// (see result.csv).
+var csvDir = flag.String("ccsim.csv", "", "directory to write each TestConvergence run's timeline to, as CSV")
 
 // flowCounts are the N of the issue; -short runs the two smaller ones
 // for a shorter time (the race detector makes a run ~10× slower).
@@ -99,6 +106,18 @@ func TestConvergence(t *testing.T) {
 			for _, e := range roff.dead {
 				if e != nil {
 					t.Logf("without DCQCN: %v", e)
+				}
+			}
+			if *csvDir != "" {
+				for _, r := range []*result{ron, roff} {
+					mode := "dcqcn"
+					if !r.sc.DCQCN {
+						mode = "nocc"
+					}
+					name := filepath.Join(*csvDir, fmt.Sprintf("ccsim-N%d-%s-seed%d.csv", n, mode, r.sc.Seed))
+					if err := os.WriteFile(name, []byte(r.csv()), 0o644); err != nil {
+						t.Error(err)
+					}
 				}
 			}
 			if t.Failed() {

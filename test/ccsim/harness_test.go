@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -379,6 +380,29 @@ func (r *result) failed() int {
 		}
 	}
 	return k
+}
+
+// csv returns the run's timeline as CSV: per sample interval its end
+// (ms), the queue depth at its end (bytes), the marks and drops in it, and
+// per flow the goodput (Gb/s) and the reaction point's rate at its end
+// (Gb/s).
+func (r *result) csv() string {
+	var sb strings.Builder
+	sb.WriteString("ms,queue_bytes,marks,drops")
+	for i := range r.flow {
+		fmt.Fprintf(&sb, ",flow%d_goodput_gbps,flow%d_rate_gbps", i, i)
+	}
+	sb.WriteString("\n")
+	prev := r.start
+	for k, st := range r.port {
+		fmt.Fprintf(&sb, "%d,%d,%d,%d", (k+1)*int(r.sc.Sample/time.Millisecond), st.Depth, st.Marked-prev.Marked, st.Dropped-prev.Dropped)
+		for i := range r.flow {
+			fmt.Fprintf(&sb, ",%.4f,%.4f", float64(r.flow[i][k])*8/r.sc.Sample.Seconds()/1e9, r.cc[i][k]/1e9)
+		}
+		sb.WriteString("\n")
+		prev = st
+	}
+	return sb.String()
 }
 
 // timeline formats the per-flow goodput (Gb/s) and queue per interval.
