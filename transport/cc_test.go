@@ -73,7 +73,7 @@ func TestECNCodepoint(t *testing.T) {
 		want uint8
 	}{{ECNDefault, udp.ECNECT0}, {ECNECT0, udp.ECNECT0}, {ECNECT1, udp.ECNECT1}, {ECNNotECT, udp.ECNNotECT}} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
-			a, b, n := newPair(t, pairOpts{cc: CongestionConfig{ECN: tc.mode}})
+			a, b, n := newPair(t, pairOpts{retry: 7, cc: CongestionConfig{ECN: tc.mode}})
 			var log tapLog
 			n.SetTap(log.tap)
 			writeN(t, a, b, 3, 3000)
@@ -94,7 +94,7 @@ func TestECNCodepoint(t *testing.T) {
 // bytes are what Annex A17 and ConnectX NICs send, and the requester's
 // reaction point takes it.
 func TestCNPWire(t *testing.T) {
-	a, b, n := newPair(t, pairOpts{faults: udp.Faults{CEMark: 1, Seed: 1}})
+	a, b, n := newPair(t, pairOpts{retry: 7, faults: udp.Faults{CEMark: 1, Seed: 1}})
 	var log tapLog
 	n.SetTap(log.tap)
 	writeN(t, a, b, 1, 100)
@@ -179,7 +179,7 @@ func TestNPRateLimit(t *testing.T) {
 }
 
 func TestNPDisabled(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{faults: udp.Faults{CEMark: 1, Seed: 3}, cc: CongestionConfig{DisableNP: true}})
+	a, b, _ := newPair(t, pairOpts{retry: 7, faults: udp.Faults{CEMark: 1, Seed: 3}, cc: CongestionConfig{DisableNP: true}})
 	writeN(t, a, b, 5, 200)
 	if c := b.dev.Counters(); c.NPECNMarkedRocePackets != 5 || c.NPCNPSent != 0 {
 		t.Fatalf("marked %d cnp_sent %d, want 5 and 0", c.NPECNMarkedRocePackets, c.NPCNPSent)
