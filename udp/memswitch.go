@@ -71,7 +71,7 @@ func (b Bottleneck) MarkProbability(depth int) float64 {
 type PortStats struct {
 	Enqueued      uint64 // packets accepted into the queue
 	EnqueuedBytes uint64
-	Marked        uint64 // packets marked CE on arrival
+	Marked        uint64 // packets queued that were marked CE on arrival
 	Dropped       uint64 // packets tail-dropped (queue full)
 	DroppedBytes  uint64
 	Departed      uint64 // packets that finished draining and went on
@@ -183,18 +183,19 @@ func (p *SwitchPort) enqueue(now time.Time, b *memBuf) bool {
 	n := p.n
 	p.integrate(now)
 	size := ipLen(b)
+	r := 1.0
 	if p.cfg.Kmax > 0 {
-		r := n.rng.Float64()
-		if r < p.cfg.MarkProbability(p.st.Depth) && b.tos&ECNMask != ECNNotECT && b.tos&ECNMask != ECNCE {
-			b.tos |= ECNCE
-			p.st.Marked++
-		}
+		r = n.rng.Float64() // drawn for every packet, kept or not: a fixed pattern
 	}
 	if p.cfg.Buffer > 0 && p.st.Depth+size > p.cfg.Buffer {
 		p.st.Dropped++
 		p.st.DroppedBytes += uint64(size)
 		putMemBuf(b)
 		return false
+	}
+	if r < p.cfg.MarkProbability(p.st.Depth) && b.tos&ECNMask != ECNNotECT && b.tos&ECNMask != ECNCE {
+		b.tos |= ECNCE
+		p.st.Marked++
 	}
 	start := p.busyTill
 	if start.Before(now) {
