@@ -5,6 +5,7 @@ package interop
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -80,7 +81,23 @@ type Lab struct {
 
 	mu    sync.Mutex
 	procs map[int]*exec.Cmd // host processes started in the namespace, by PID
+
+	// vm, when its name is set, is one VM of several sharing a namespace
+	// (vmpair.go); the zero value is the single VM of StartLab.
+	vm vmSpec
 }
+
+// vmSpec describes one VM of a lab: its qemu name, eth0 address and MAC,
+// the tap it is wired to, and whether the namespace belongs to someone
+// else (then Close leaves it). The zero value is StartLab's single VM.
+type vmSpec struct {
+	name, ip, mac, tap string
+	sharedNS           bool
+}
+
+func (l *Lab) vmIP() string  { return cmp.Or(l.vm.ip, VMIP) }
+func (l *Lab) vmMAC() string { return cmp.Or(l.vm.mac, VMMAC) }
+func (l *Lab) vmTap() string { return cmp.Or(l.vm.tap, Tap) }
 
 // StartLab creates the network namespace (bridge HostIP/24 + tap), boots the
 // VM and waits until rxe0 is up and the agent answers. On failure the error
@@ -117,7 +134,9 @@ func StartLab(ctx context.Context, img *Image, dir string, logf func(string, ...
 func cleanStaleVMs(stateDir string, logf func(string, ...any)) {
 	files, _ := filepath.Glob(filepath.Join(stateDir, "lab-*.pid"))
 	for _, f := range files {
-		owner, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "lab-"), ".pid"))
+		// lab-PID.pid, or lab-PID.VMNAME.pid for a VM of a pair.
+		ownerStr, _, _ := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "lab-"), ".pid"), ".")
+		owner, err := strconv.Atoi(ownerStr)
 		if err != nil || unix.Kill(owner, 0) == nil {
 			continue
 		}
@@ -240,13 +259,13 @@ func (l *Lab) untrack(c *exec.Cmd) {
 // boot starts qemu in the namespace and waits for the agent.
 func (l *Lab) boot(ctx context.Context) error {
 	args := []string{
-		"-name", "rocev2-interop", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "1024",
+		"-name", cmp.Or(l.vm.name, "rocev2-interop"), "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "1024",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", l.img.Kernel, "-initrd", l.img.Initrd,
-		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=4 rocev2lab.ip=%s/%d rocev2lab.mtu=%d rocev2lab.ipv6=1", VMIP, Prefix, DefaultWireMTU),
+		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=4 rocev2lab.ip=%s/%d rocev2lab.mtu=%d rocev2lab.ipv6=1", l.vmIP(), Prefix, DefaultWireMTU),
 		"-chardev", "file,id=con0,path=" + l.console, "-serial", "chardev:con0",
-		"-netdev", "tap,id=net0,ifname=" + Tap + ",script=no,downscript=no",
-		"-device", "virtio-net-pci,netdev=net0,mac=" + VMMAC,
+		"-netdev", "tap,id=net0,ifname=" + l.vmTap() + ",script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=net0,mac=" + l.vmMAC(),
 	}
 	qlog, err := os.Create(filepath.Join(l.Dir, "qemu.log"))
 	if err != nil {
@@ -267,6 +286,9 @@ func (l *Lab) boot(ctx context.Context) error {
 	}
 	l.qemu = c
 	l.pidFile = filepath.Join(filepath.Dir(l.Dir), fmt.Sprintf("lab-%d.pid", os.Getpid()))
+	if l.vm.name != "" {
+		l.pidFile = filepath.Join(filepath.Dir(l.Dir), fmt.Sprintf("lab-%d.%s.pid", os.Getpid(), l.vm.name))
+	}
 	l.mu.Lock()
 	l.savePIDs()
 	l.mu.Unlock()
@@ -361,7 +383,7 @@ func (l *Lab) Close() {
 		l.qemu = nil
 		os.Remove(l.pidFile)
 	}
-	if _, err := os.Stat("/run/netns/" + l.NS); err == nil {
+	if _, err := os.Stat("/run/netns/" + l.NS); err == nil && !l.vm.sharedNS {
 		if _, err := runCmd(nil, "ip", "netns", "del", l.NS); err != nil {
 			l.logf("lab: %v", err)
 		}
@@ -401,10 +423,10 @@ type vmResult struct {
 // kills it.
 func (l *Lab) StartVM(ctx context.Context, req agentproto.Request) (*VMCmd, error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conn, err := l.dialNS(dctx, net.JoinHostPort(VMIP, strconv.Itoa(agentproto.Port)))
+	conn, err := l.dialNS(dctx, net.JoinHostPort(l.vmIP(), strconv.Itoa(agentproto.Port)))
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("command channel %s:%d: %w", VMIP, agentproto.Port, err)
+		return nil, fmt.Errorf("command channel %s:%d: %w", l.vmIP(), agentproto.Port, err)
 	}
 	b, _ := json.Marshal(&req)
 	if _, err := conn.Write(append(b, '\n')); err != nil {

@@ -1,0 +1,79 @@
+//go:build linux
+
+package interop
+
+import "testing"
+
+// TestParseVMStats: the busy jiffies are every /proc/stat column but idle
+// and iowait, the packets eth0's rx + tx, from the first and last VMSTAT
+// lines of an output.
+func TestParseVMStats(t *testing.T) {
+	out := "VMSTAT cpu  100 1 50 1000 7 2 3 0 0 0 PKTS 10 20\n" +
+		"some output\nVMSTAT cpu  101 1 50 1000 7 2 3 0 0 0 PKTS 11 20\n" +
+		"VMSTAT cpu  200 1 80 1500 9 2 13 0 0 0 PKTS 110 220\n"
+	a, z, ok := parseVMStats(out)
+	if !ok {
+		t.Fatal("no VMSTAT lines found")
+	}
+	if got, want := z.busy-a.busy, uint64(100+30+10); got != want {
+		t.Errorf("busy delta %d, want %d", got, want)
+	}
+	if got, want := z.total-a.total, uint64(100+30+500+2+10); got != want {
+		t.Errorf("total delta %d, want %d", got, want)
+	}
+	if got, want := z.pkts-a.pkts, uint64(300); got != want {
+		t.Errorf("packets delta %d, want %d", got, want)
+	}
+	if _, _, ok := parseVMStats("VMSTAT cpu  1 2 3 4 PKTS 1 1\n"); ok {
+		t.Error("one VMSTAT line parsed as two")
+	}
+}
+
+// TestHistParse: the syscall and sched_switch histograms of the kernel's
+// hist triggers are summed over the benchmark's processes only.
+func TestHistParse(t *testing.T) {
+	out := `HIST-SYSCALLS
+# event histogram
+{ common_pid: init            [        92], id: sys_read                      [  0] } hitcount:         32
+{ common_pid: rocev2d         [       261], id: sys_write                     [  1] } hitcount:         41
+{ common_pid: rocev2d         [       264], id: sys_recvmmsg                  [299] } hitcount:        600
+{ common_pid: rocev2d         [       261], id: sys_recvmmsg                  [299] } hitcount:        601
+{ common_pid: ib_write_bw     [       300], id: sys_futex                     [202] } hitcount:          7
+
+Totals:
+    Hits: 1281
+HIST-SCHED
+{ prev_comm: ksoftirqd/0                                        } hitcount:        505
+{ prev_comm: rocev2d                                            } hitcount:       7371
+`
+	n, top := histSyscalls(out)
+	if n != 41+600+601+7 {
+		t.Errorf("syscalls %d, want %d", n, 41+600+601+7)
+	}
+	if want := "sys_recvmmsg 1201, sys_write 41, sys_futex 7"; top != want {
+		t.Errorf("top %q, want %q", top, want)
+	}
+	if sw := histSched(out); sw != 7371 {
+		t.Errorf("context switches %d, want 7371", sw)
+	}
+}
+
+// TestBenchRowRegexp: the rows of `rocev2d bench` yield raw and stack
+// figures.
+func TestBenchRowRegexp(t *testing.T) {
+	for _, c := range []struct {
+		line, name, raw, ours string
+	}{
+		{"       WRITE goodput   64 KiB   1.6 MB/s   1.6 MB/s  0.998       1558     44.5%          1580", "WRITE goodput", "1.6", "1.6"},
+		{"  SEND ping-pong RTT      8 B  1928.5 µs  3316.7 µs   1.72", "SEND ping-pong RTT", "1928.5", "3316.7"},
+	} {
+		m := reBenchRow.FindStringSubmatch(c.line)
+		if m == nil {
+			t.Errorf("%q: no match", c.line)
+			continue
+		}
+		if m[1] != c.name || m[3] != c.raw || m[5] != c.ours {
+			t.Errorf("%q: got %q %q %q", c.line, m[1], m[3], m[5])
+		}
+	}
+}
