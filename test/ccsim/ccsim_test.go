@@ -165,7 +165,9 @@ func TestReproducible(t *testing.T) {
 // BenchmarkConvergence runs the scenario of TestConvergence per N, with
 // DCQCN and without, and reports the last half's goodput as a fraction
 // of the bottleneck rate, Jain's index, the drops (whole run and last
-// half), the mean queue and Kmax (bytes), and how many flows' QPs failed.
+// half, and the end of the last 1 ms interval with a drop), the mean
+// queue and Kmax (bytes), the CE marks and CNPs, and how many flows' QPs
+// failed.
 // Every iteration is the same run (same seed); run with -benchtime=1x.
 func BenchmarkConvergence(b *testing.B) {
 	for _, n := range []int{2, 4, 8} {
@@ -188,6 +190,8 @@ func BenchmarkConvergence(b *testing.B) {
 				b.ReportMetric(float64(r.sc.Switch.Kmax), "kmax-B")
 				b.ReportMetric(float64(r.failed()), "failed-flows")
 				b.ReportMetric(float64(r.counters[0].NPCNPSent), "cnps")
+				b.ReportMetric(float64(r.marks()), "marks")
+				b.ReportMetric(float64(r.lastDrop().Milliseconds()), "last-drop-ms")
 			})
 		}
 	}

@@ -352,6 +352,20 @@ func (r *result) drops() (all, late uint64) {
 	return last.Dropped - r.start.Dropped, last.Dropped - r.port[r.lastHalf()-1].Dropped
 }
 
+// lastDrop returns the end of the last sample interval with a tail drop
+// (0 if none): after it the run kept every packet.
+func (r *result) lastDrop() time.Duration {
+	prev := r.start
+	var last time.Duration
+	for k, st := range r.port {
+		if st.Dropped != prev.Dropped {
+			last = time.Duration(k+1) * r.sc.Sample
+		}
+		prev = st
+	}
+	return last
+}
+
 // meanQueue returns the time-averaged queue depth over the last half, bytes.
 func (r *result) meanQueue() float64 {
 	return udp.MeanDepth(r.port[r.lastHalf()-1], r.port[len(r.port)-1])
@@ -366,8 +380,8 @@ func (r *result) String() string {
 	if !r.sc.DCQCN {
 		mode = "no CC"
 	}
-	return fmt.Sprintf("N=%d %s seed %d: goodput %.3f of bottleneck (×%.3f on the wire), Jain %.4f, drops %d (last half %d), marks %d, mean queue %.0f B (Kmax %d), max %d, cnp_sent %d, flows failed %d, steps %d",
-		r.sc.N, mode, r.sc.Seed, r.goodput(), r.wireFactor(), r.jain(), all, late, r.marks(), r.meanQueue(), r.sc.Switch.Kmax,
+	return fmt.Sprintf("N=%d %s seed %d: goodput %.3f of bottleneck (×%.3f on the wire), Jain %.4f, drops %d (last half %d, last at %v), marks %d, mean queue %.0f B (Kmax %d), max %d, cnp_sent %d, flows failed %d, steps %d",
+		r.sc.N, mode, r.sc.Seed, r.goodput(), r.wireFactor(), r.jain(), all, late, r.lastDrop(), r.marks(), r.meanQueue(), r.sc.Switch.Kmax,
 		r.port[len(r.port)-1].MaxDepth, r.counters[0].NPCNPSent, r.failed(), r.steps)
 }
 
