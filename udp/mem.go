@@ -27,7 +27,7 @@ type Faults struct {
 	Dup float64
 	// Reorder is the probability that a packet is held back and delivered
 	// after the next packet to the same destination (or after ReorderHold
-	// when no further packet comes).
+	// when no further packet comes). Not available in virtual time.
 	Reorder float64
 	// Corrupt is the probability that one random bit of the packet is
 	// flipped. Only bits the ICRC covers are chosen (not the masked BTH
@@ -36,6 +36,8 @@ type Faults struct {
 	Corrupt float64
 	// Delay is added to every packet's delivery; delivery is timer driven and
 	// never blocks the sender. Packets leave the delay line in FIFO order.
+	// In virtual time (NewVirtualMemNetwork) it is the propagation delay
+	// of every delivery, after any switch port.
 	Delay time.Duration
 	// CEMark is the probability that an ECN-capable packet (TOS ECN bits
 	// ECT(0) or ECT(1)) arrives marked Congestion Experienced, as a switch
