@@ -66,26 +66,32 @@ func (u *usr1Watch) Stop() {
 	<-u.finished
 }
 
+// alwaysPrinted are the counters printCounters shows even when zero: the
+// packet totals and the congestion control counters (ECN marks seen, CNPs
+// sent, handled and ignored), whose zeros say something too.
+var alwaysPrinted = map[string]bool{"sent_pkts": true, "rcvd_pkts": true,
+	"np_ecn_marked_roce_packets": true, "np_cnp_sent": true, "rp_cnp_handled": true, "rp_cnp_ignored": true}
+
 // printCounters prints a device's rxe-style counters and its link's
-// statistics, one "name value" per line, skipping zeros except the packet
-// totals.
+// statistics, one "name value" per line, skipping zeros except those of
+// alwaysPrinted.
 func printCounters(w io.Writer, label string, dev *transport.Device) {
 	c := dev.Counters()
 	fmt.Fprintf(w, "counters %s:\n", label)
 	for _, kv := range c.List() {
-		if kv.Value == 0 && kv.Name != "sent_pkts" && kv.Name != "rcvd_pkts" {
+		if kv.Value == 0 && !alwaysPrinted[kv.Name] {
 			continue
 		}
-		fmt.Fprintf(w, "  %-24s %d\n", kv.Name, kv.Value)
+		fmt.Fprintf(w, "  %-26s %d\n", kv.Name, kv.Value)
 	}
 	s := dev.Link().Stats()
-	fmt.Fprintf(w, "  %-24s %d\n  %-24s %d\n", "link_sent_pkts", s.SentPkts, "link_rcvd_pkts", s.RcvdPkts)
+	fmt.Fprintf(w, "  %-26s %d\n  %-26s %d\n", "link_sent_pkts", s.SentPkts, "link_rcvd_pkts", s.RcvdPkts)
 	for _, kv := range []struct {
 		n string
 		v uint64
 	}{{"link_drop_bad_icrc", s.DropBadICRC}, {"link_drop_malformed", s.DropMalformed}, {"link_drop_other", s.DropOther}} {
 		if kv.v != 0 {
-			fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
+			fmt.Fprintf(w, "  %-26s %d\n", kv.n, kv.v)
 		}
 	}
 }

@@ -38,6 +38,10 @@ options:
   --loss=P, --dup=P, --reorder=P
                  with --mem: drop, duplicate or reorder each packet with
                  probability P (seeded by --seed), to watch recovery
+  --ce=P         with --mem: mark each ECN-capable packet CE with
+                 probability P, to watch the CNPs and DCQCN (-v counts
+                 them: np_ecn_marked_roce_packets, np_cnp_sent,
+                 rp_cnp_handled; rp_cnp_ignored with --dcqcn=off)
   --seed=N       fault seed (default 1)
   --a=IP         address of the first device (default 127.0.0.1)
   --b=IP         address of the second device (default 127.0.0.2)
@@ -65,6 +69,7 @@ func parseDemoFlags(args []string) (*demoConfig, error) {
 	fs.Float64Var(&c.faults.Loss, "loss", 0, "")
 	fs.Float64Var(&c.faults.Dup, "dup", 0, "")
 	fs.Float64Var(&c.faults.Reorder, "reorder", 0, "")
+	fs.Float64Var(&c.faults.CEMark, "ce", 0, "")
 	fs.Int64Var(&c.faults.Seed, "seed", 1, "")
 	fs.StringVar(&c.pcap, "pcap", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
@@ -80,7 +85,7 @@ func parseDemoFlags(args []string) (*demoConfig, error) {
 	for _, f := range []struct {
 		name string
 		p    float64
-	}{{"--loss", c.faults.Loss}, {"--dup", c.faults.Dup}, {"--reorder", c.faults.Reorder}} {
+	}{{"--loss", c.faults.Loss}, {"--dup", c.faults.Dup}, {"--reorder", c.faults.Reorder}, {"--ce", c.faults.CEMark}} {
 		if !(f.p >= 0 && f.p < 1) {
 			return nil, fmt.Errorf("%s %v: probability must be in [0, 1)", f.name, f.p)
 		}
@@ -209,7 +214,7 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 		la = pcaptap.New(la, pw, pcaptap.Sent)
 		lb = pcaptap.New(lb, pw, pcaptap.Sent)
 	}
-	a, b, err := newEndpointPair(la, lb, c.a, c.b, c.mtu)
+	a, b, err := newEndpointPairCC(la, lb, c.a, c.b, c.mtu, c.sock.cc.config())
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
 		return exitFail

@@ -242,11 +242,19 @@ var pairQueues = endpointConfig{sendCQ: 1024, recvCQ: 1024, maxSendWR: 256, maxR
 // READ/atomic requests outstanding each way and ACK timeout 14, as
 // ibv_rc_pingpong's. It owns both links.
 func newEndpointPair(la, lb udp.Link, addrA, addrB netip.Addr, mtu transport.MTU) (a, b *endpoint, err error) {
-	if a, err = newEndpoint(la, pairQueues); err != nil {
+	return newEndpointPairCC(la, lb, addrA, addrB, mtu, transport.CongestionConfig{})
+}
+
+// newEndpointPairCC is newEndpointPair with both devices' congestion
+// control configured by cc (the command's --ecn, --dcqcn, ... options).
+func newEndpointPairCC(la, lb udp.Link, addrA, addrB netip.Addr, mtu transport.MTU, cc transport.CongestionConfig) (a, b *endpoint, err error) {
+	q := pairQueues
+	q.cc = cc
+	if a, err = newEndpoint(la, q); err != nil {
 		lb.Close()
 		return nil, nil, fmt.Errorf("device A: %w", err)
 	}
-	if b, err = newEndpoint(lb, pairQueues); err != nil {
+	if b, err = newEndpoint(lb, q); err != nil {
 		a.close()
 		return nil, nil, fmt.Errorf("device B: %w", err)
 	}

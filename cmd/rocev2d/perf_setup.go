@@ -154,7 +154,7 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 	// One send and one receive CQ for all QPs, as perftest sizes them.
 	cfg := endpointConfig{sendCQ: c.txDepth*nqp + 16, recvCQ: (c.txDepth+c.rxDepth)*nqp + 16,
 		maxSendWR: c.txDepth + 1, maxRecvWR: c.rxDepth + 1,
-		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic}
+		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic, cc: c.sock.cc.config()}
 	e, err := newEndpoint(link, cfg)
 	if err != nil {
 		if capture != nil {

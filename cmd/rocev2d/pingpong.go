@@ -395,7 +395,7 @@ func ppInit(local netip.Addr, c *pingpongConfig) (*ppContext, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := endpointConfig{sendCQ: c.rxDepth + 1, maxSendWR: 1, maxRecvWR: c.rxDepth, sigAll: true}
+	cfg := endpointConfig{sendCQ: c.rxDepth + 1, maxSendWR: 1, maxRecvWR: c.rxDepth, sigAll: true, cc: c.sock.cc.config()}
 	pc := &ppContext{}
 	switch c.kind {
 	case ppUD:

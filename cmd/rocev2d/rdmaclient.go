@@ -178,7 +178,7 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 	}
 	// max_send_wr = max_recv_wr = 1, sq_sig_all.
 	e, err := newEndpoint(link, endpointConfig{sendCQ: 2, recvCQ: 2, maxSendWR: 1, maxRecvWR: 1, sigAll: true,
-		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead})
+		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead, cc: c.sock.cc.config()})
 	if err != nil {
 		return fmt.Errorf("rdma_create_ep: %v", err)
 	}

@@ -370,7 +370,7 @@ func (r *rping) run(ctx context.Context) error {
 		return err
 	}
 	r.e, err = newEndpoint(link, endpointConfig{sendCQ: rpingSQDepth * 2, maxSendWR: rpingSQDepth, maxRecvWR: 2,
-		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead})
+		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead, cc: c.sock.cc.config()})
 	if err != nil {
 		return err
 	}

@@ -32,7 +32,7 @@ const socketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one
                  latency, like the ibv_poll_cq loops of ibv_rc_pingpong
                  and perftest's latency tests. Off by default, except
                  in pingpong and the *-lat tests: 100us unless -e.
-`
+` + ccUsage
 
 // defaultBusyPoll is how long the latency commands (pingpong and the
 // perftest *-lat tests without -e) poll their socket before sleeping in a
@@ -40,8 +40,10 @@ const socketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one
 // without pause, and waking an idle thread costs tens of µs on a VM.
 const defaultBusyPoll = 100 * time.Microsecond
 
-// socketFlags holds the --gso and --busy-poll options of one command.
+// socketFlags holds the --gso and --busy-poll options of one command, and
+// its congestion control options (ccflags.go).
 type socketFlags struct {
+	cc          ccFlags // --ecn, --cnp-interval, --dcqcn, --dcqcn-param
 	gso         bool
 	gsoSet      bool // --gso was given (else the device decides: udp.SocketOptions.GSOAuto)
 	busyPoll    time.Duration
@@ -52,6 +54,7 @@ type socketFlags struct {
 // values in f. Like every flag of the commands that take a positional
 // argument (pingpong, the perftest commands), they may also follow it.
 func addSocketFlags(fs *flag.FlagSet, f *socketFlags) {
+	addCCFlags(fs, &f.cc)
 	fs.Var(gsoFlag{f}, "gso", "")
 	fs.Func("busy-poll", "", func(val string) error {
 		d, err := time.ParseDuration(val)

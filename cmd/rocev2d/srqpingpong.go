@@ -184,7 +184,7 @@ func srqInit(local netip.Addr, c *pingpongConfig) (*srqContext, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := endpointConfig{sendCQ: c.rxDepth + c.numQP, maxSendWR: 1, sigAll: true, srqWR: c.rxDepth}
+	cfg := endpointConfig{sendCQ: c.rxDepth + c.numQP, maxSendWR: 1, sigAll: true, srqWR: c.rxDepth, cc: c.sock.cc.config()}
 	e, err := newEndpoint(link, cfg)
 	if err != nil {
 		return nil, err

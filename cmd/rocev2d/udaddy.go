@@ -194,7 +194,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 		return -22 // -EINVAL
 	}
 	e, err := newEndpoint(link, endpointConfig{sendCQ: 2 * c.count, maxSendWR: c.count, maxRecvWR: c.count,
-		ud: true, qkey: rdmacm.UDPQKey, portMTU: mtu})
+		ud: true, qkey: rdmacm.UDPQKey, portMTU: mtu, cc: c.sock.cc.config()})
 	if err != nil {
 		return fail("%v", err)
 	}
