@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
 )
 
 func init() {
@@ -26,16 +27,32 @@ func init() {
 
 const benchUsage = `usage: rocev2d bench [options]
 
-One run, side by side, over loopback: a raw UDP baseline (two plain UDP
-sockets moving the same datagram sizes with sendmmsg/recvmmsg batches of 64)
-against the RoCEv2 stack (two devices, one RC QP each, UDP sockets on port
-4791) for WRITE, READ and SEND goodput with 64 B, 4 KiB and 64 KiB messages
-and for an 8-byte SEND ping-pong. The ratio column is stack / raw UDP.
+One run, side by side, over loopback: raw UDP baselines against the RoCEv2
+stack (two devices, one RC QP each, UDP sockets on port 4791) for WRITE,
+READ and SEND goodput with 64 B, 4 KiB and 64 KiB messages and for an
+8-byte SEND ping-pong, in two sections:
 
-Goodput counts message bytes delivered; the baseline sends each message
+  sendmmsg   raw UDP: two plain sockets moving the stack's datagram sizes
+             with sendmmsg/recvmmsg batches of 64; rocev2 with --gso=false
+  GSO+GRO    raw UDP: the same datagrams sent as UDP GSO datagrams
+             (UDP_SEGMENT, up to 64 segments, 64 KiB) to a socket with
+             UDP_GRO; rocev2 with --gso=true
+
+Without --gso both sections run; --gso=false or --gso=true runs only its
+own. The header says which one the rocev2d commands use by default on
+this path (GSO unless a NIC segments in hardware).
+
+Goodput counts message bytes delivered; the baselines send each message
 as the stack does, in datagrams of at most one path MTU of payload (plus 16
-bytes for BTH and ICRC). Latency is the round-trip time of one message each
-way, averaged over the run.
+bytes for BTH and ICRC), the sender at most 2048 datagrams (512 of 1 KiB
+or more) ahead of the receiver, as the stack's window keeps it. Latency is the round-trip time of one message each
+way, averaged over the run. The ratio column is stack / raw UDP.
+
+CPU is the user + system time of this whole process (both ends, every
+thread, the Go runtime; getrusage RUSAGE_SELF before and after each run)
+per MB (10^6 bytes) of message data delivered, or per round trip for the
+ping-pong. Kernel work done in softirq context on another task's time
+(ksoftirqd) is not in it, for either side.
 
 options:
   -t, --time=DUR  duration of each row (default 1s)
@@ -82,28 +99,135 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 // benchRow is one line of the table.
 type benchRow struct {
-	name     string
-	size     int
-	raw, roc float64 // MB/s, or µs for latency rows
-	rawPPS   float64 // raw datagrams per second
-	rawLoss  float64 // fraction of raw datagrams dropped by the receiver
-	rocPPS   float64 // stack packets per second (both directions)
-	latency  bool
+	name    string
+	size    int
+	raw     benchSum // raw UDP
+	roc     benchSum // rocev2
+	latency bool
 }
+
+// benchSum adds up the runs of one side of a row.
+type benchSum struct {
+	bytes   float64       // message bytes delivered (goodput rows)
+	iters   float64       // round trips (latency rows)
+	el      time.Duration // time the runs took
+	cpu     time.Duration // process CPU time (user + sys) during the runs
+	pkts    float64       // datagrams (raw: delivered; rocev2: sent by both links)
+	sent    float64       // raw: datagrams sent
+	runs    int
+	cpuSeen bool // the CPU time could be measured
+}
+
+func (b *benchSum) add(r benchRun) {
+	b.bytes += r.bytes
+	b.iters += r.iters
+	b.el += r.el
+	b.cpu += r.cpu
+	b.pkts += r.pkts
+	b.sent += r.sent
+	b.runs++
+	b.cpuSeen = r.cpuSeen
+}
+
+// mbs is the goodput in MB/s (10^6 bytes).
+func (b *benchSum) mbs() float64 { return b.bytes / b.el.Seconds() / 1e6 }
+
+// rtt is the mean round-trip time in µs.
+func (b *benchSum) rtt() float64 { return float64(b.el.Nanoseconds()) / 1e3 / b.iters }
+
+// pps is datagrams per second.
+func (b *benchSum) pps() float64 { return b.pkts / b.el.Seconds() }
+
+// loss is the fraction of the raw datagrams sent that were not received.
+func (b *benchSum) loss() float64 {
+	if b.sent == 0 {
+		return 0
+	}
+	return max(0, 1-b.pkts/b.sent)
+}
+
+// cpuPerMB is CPU milliseconds per MB delivered.
+func (b *benchSum) cpuPerMB() float64 { return b.cpu.Seconds() * 1e3 / (b.bytes / 1e6) }
+
+// cpuPerRTT is CPU µs per round trip.
+func (b *benchSum) cpuPerRTT() float64 { return float64(b.cpu.Nanoseconds()) / 1e3 / b.iters }
+
+// benchRun is what one raw or stack run measured.
+type benchRun struct {
+	bytes, iters, pkts, sent float64
+	el, cpu                  time.Duration
+	cpuSeen                  bool
+}
+
+// cpuMeter measures the process CPU time of one run.
+type cpuMeter struct {
+	t0 time.Duration
+	ok bool
+}
+
+func startCPU() cpuMeter {
+	t, ok := processCPU()
+	return cpuMeter{t0: t, ok: ok}
+}
+
+// stop returns the CPU time since start and whether it is known.
+func (m cpuMeter) stop() (time.Duration, bool) {
+	t, ok := processCPU()
+	return t - m.t0, ok && m.ok
+}
+
+// benchMode is a section of the table: how both sides send.
+type benchMode struct {
+	title string
+	gso   bool // rocev2 with GSO, raw UDP with GSO+GRO
+}
+
+var (
+	modePlain = benchMode{title: "sendmmsg/recvmmsg: raw UDP in batches of 64 datagrams, rocev2 --gso=false", gso: false}
+	modeGSO   = benchMode{title: "GSO+GRO: raw UDP as UDP_SEGMENT datagrams into a UDP_GRO socket, rocev2 --gso=true", gso: true}
+)
 
 func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error {
 	usr1 := watchSIGUSR1(stderr)
 	defer usr1.Stop()
-	sizes := []int{64, 4096, 65536}
-	fmt.Fprintf(stdout, "rocev2d bench: %v <-> %v over loopback, path MTU %v, per row %v of raw UDP and %v of rocev2 in %d alternating runs\n\n",
+	fmt.Fprintf(stdout, "rocev2d bench: %v <-> %v over loopback, path MTU %v, per row %v of raw UDP and %v of rocev2 in %d alternating runs\n",
 		c.a, c.b, c.mtu, c.dur, c.dur, benchRounds)
+	if off, err := udp.DeviceOffloadFor(c.a); err != nil {
+		fmt.Fprintf(stdout, "GSO default of the rocev2d commands on %v: off (%v)\n", c.a, err)
+	} else {
+		fmt.Fprintf(stdout, "GSO default of the rocev2d commands on %v: %s, %s\n", c.a, map[bool]string{true: "on", false: "off"}[off.GSODefault()], off)
+	}
+	modes := []benchMode{modePlain, modeGSO}
+	if c.sock.gsoSet {
+		modes = []benchMode{modePlain}
+		if c.sock.gso {
+			modes = []benchMode{modeGSO}
+		}
+	}
+	for _, m := range modes {
+		if m.gso && !rawGSOSupported {
+			fmt.Fprintf(stdout, "\n%s: not on this platform\n", m.title)
+			continue
+		}
+		if err := benchSection(ctx, c, m, usr1, stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// benchSection runs every row of one mode and prints its table.
+func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Watch, stdout io.Writer) error {
+	sizes := []int{64, 4096, 65536}
 	// Every row alternates benchRounds short runs of the raw UDP baseline
 	// (plain UDP sockets on ephemeral ports) and of the stack, each
 	// c.dur/benchRounds long, so that both see the same moments of a noisy
 	// machine.
 	rc := *c
 	rc.dur = max(c.dur/benchRounds, 10*time.Millisecond)
-	la, lb, err := listenSocketPair(c.a, c.b, c.sock.options(true, 0), "pick other addresses with --a/--b")
+	opts := c.sock.options(true, 0)
+	opts.GSO, opts.GSOAuto = m.gso, false
+	la, lb, err := listenSocketPair(c.a, c.b, opts, "pick other addresses with --a/--b")
 	if err != nil {
 		return err
 	}
@@ -111,8 +235,8 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	// One registration per buffer for the whole run, released after the
-	// devices are closed.
+	// One registration per buffer for the whole section, released after
+	// the devices are closed.
 	defer a.close()
 	defer b.close()
 	_, srcMR, err := a.alloc(1<<16, memreg.AccessLocalWrite)
@@ -135,27 +259,28 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 			return err
 		}
 	}
-	usr1.Add("A "+c.a.String(), a.dev)
-	usr1.Add("B "+c.b.String(), b.dev)
+	tag := map[bool]string{false: "", true: " gso"}[m.gso]
+	usr1.Add("A "+c.a.String()+tag, a.dev)
+	usr1.Add("B "+c.b.String()+tag, b.dev)
 	var rows []benchRow
 	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
 		for _, size := range sizes {
 			row := benchRow{name: demoName(op) + " goodput", size: size}
 			for r := range benchRounds {
 				raw := func() error {
-					mbs, pps, loss, err := rawGoodput(ctx, &rc, size)
+					run, err := rawGoodput(ctx, &rc, size, m.gso)
 					if err != nil {
 						return fmt.Errorf("raw UDP baseline, %d B messages: %w", size, err)
 					}
-					row.raw, row.rawPPS, row.rawLoss = row.raw+mbs/benchRounds, row.rawPPS+pps/benchRounds, row.rawLoss+loss/benchRounds
+					row.raw.add(run)
 					return nil
 				}
 				stack := func() error {
-					mbs, pps, err := stackGoodput(ctx, &rc, a, b, op, size, srcMR, dstMR, recv)
+					run, err := stackGoodput(ctx, &rc, a, b, op, size, srcMR, dstMR, recv)
 					if err != nil {
 						return fmt.Errorf("%s %d B: %w", demoName(op), size, err)
 					}
-					row.roc, row.rocPPS = row.roc+mbs/benchRounds, row.rocPPS+pps/benchRounds
+					row.roc.add(run)
 					return nil
 				}
 				if err := benchPair(r, raw, stack); err != nil {
@@ -168,19 +293,19 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	row := benchRow{name: "SEND ping-pong RTT", size: 8, latency: true}
 	for r := range benchRounds {
 		raw := func() error {
-			rtt, err := rawPingPong(ctx, &rc, 8+16)
+			run, err := rawPingPong(ctx, &rc, 8+16)
 			if err != nil {
 				return fmt.Errorf("raw UDP ping-pong: %w", err)
 			}
-			row.raw += rtt / benchRounds
+			row.raw.add(run)
 			return nil
 		}
 		stack := func() error {
-			rtt, err := stackPingPong(ctx, &rc, a, b, 8, srcMR, rmr)
+			run, err := stackPingPong(ctx, &rc, a, b, 8, srcMR, rmr)
 			if err != nil {
 				return fmt.Errorf("SEND ping-pong: %w", err)
 			}
-			row.roc += rtt / benchRounds
+			row.roc.add(run)
 			return nil
 		}
 		if err := benchPair(r, raw, stack); err != nil {
@@ -188,26 +313,52 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 		}
 	}
 	rows = append(rows, row)
-
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "test\tmessage\traw UDP\trocev2\tratio\traw pkt/s\traw loss\trocev2 pkt/s\t")
-	for _, r := range rows {
-		if r.latency {
-			fmt.Fprintf(tw, "%s\t%d B\t%.1f µs\t%.1f µs\t%.2f\t\t\t\t\n", r.name, r.size, r.raw, r.roc, r.roc/r.raw)
-			continue
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%.1f MB/s\t%.1f MB/s\t%.3f\t%.0f\t%.1f%%\t%.0f\t\n", r.name, benchSize(r.size), r.raw, r.roc, r.roc/r.raw, r.rawPPS, 100*r.rawLoss, r.rocPPS)
-	}
-	tw.Flush()
-	fmt.Fprintln(stdout, "\nratio = rocev2 / raw UDP (goodput: higher is better; RTT: lower is better).")
-	fmt.Fprintln(stdout, "raw UDP has no flow control: raw loss is what the receiving socket dropped (goodput counts delivered bytes).")
-	fmt.Fprintln(stdout, "rocev2 pkt/s counts the packets of both directions (data, ACKs, READ responses).")
+	printBenchTable(stdout, m, rows)
 	if c.verbose {
 		fmt.Fprintln(stdout)
-		printCounters(stdout, "A "+c.a.String(), a.dev)
-		printCounters(stdout, "B "+c.b.String(), b.dev)
+		printCounters(stdout, "A "+c.a.String()+tag, a.dev)
+		printCounters(stdout, "B "+c.b.String()+tag, b.dev)
 	}
 	return nil
+}
+
+// printBenchTable prints one section.
+func printBenchTable(w io.Writer, m benchMode, rows []benchRow) {
+	fmt.Fprintf(w, "\n%s\n\n", m.title)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "test\tmessage\traw UDP\trocev2\tratio\traw CPU\trocev2 CPU\tCPU ratio\traw pkt/s\traw loss\trocev2 pkt/s\t")
+	for _, r := range rows {
+		if r.latency {
+			fmt.Fprintf(tw, "%s\t%d B\t%.1f µs\t%.1f µs\t%.2f\t%s\t%s\t%s\t\t\t\t\n", r.name, r.size, r.raw.rtt(), r.roc.rtt(), r.roc.rtt()/r.raw.rtt(),
+				cpuCell(r.raw.cpuSeen, r.raw.cpuPerRTT(), "µs/rtt"), cpuCell(r.roc.cpuSeen, r.roc.cpuPerRTT(), "µs/rtt"), cpuRatio(r.raw.cpuSeen && r.roc.cpuSeen, r.roc.cpuPerRTT(), r.raw.cpuPerRTT()))
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1f MB/s\t%.1f MB/s\t%.3f\t%s\t%s\t%s\t%.0f\t%.1f%%\t%.0f\t\n", r.name, benchSize(r.size), r.raw.mbs(), r.roc.mbs(), r.roc.mbs()/r.raw.mbs(),
+			cpuCell(r.raw.cpuSeen, r.raw.cpuPerMB(), "ms/MB"), cpuCell(r.roc.cpuSeen, r.roc.cpuPerMB(), "ms/MB"), cpuRatio(r.raw.cpuSeen && r.roc.cpuSeen, r.roc.cpuPerMB(), r.raw.cpuPerMB()),
+			r.raw.pps(), 100*r.raw.loss(), r.roc.pps())
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nratio = rocev2 / raw UDP (goodput: higher is better; RTT and CPU: lower is better).")
+	fmt.Fprintln(w, "CPU = user + system time of the whole process (both ends) per MB delivered, or per round trip.")
+	fmt.Fprintln(w, "raw UDP's sender stays at most 512-2048 datagrams ahead of its receiver; raw loss is what the receiving socket dropped all the same.")
+	fmt.Fprintln(w, "raw pkt/s counts datagrams on the wire (GSO segments); rocev2 pkt/s those of both directions (data, ACKs, READ responses).")
+}
+
+func cpuCell(ok bool, v float64, unit string) string {
+	if !ok {
+		return "-"
+	}
+	if v < 10 {
+		return fmt.Sprintf("%.3f %s", v, unit)
+	}
+	return fmt.Sprintf("%.1f %s", v, unit)
+}
+
+func cpuRatio(ok bool, roc, raw float64) string {
+	if !ok || raw <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", roc/raw)
 }
 
 // benchRounds is how many alternating raw / stack runs make one row.
@@ -270,36 +421,79 @@ func rawPair(c *benchConfig) (sa, sb *net.UDPConn, err error) {
 }
 
 // rawGoodput sends messages of size bytes, cut into datagrams of at most
-// one MTU of payload plus 16 bytes (BTH + ICRC), from a to b for c.dur with
-// sendmmsg batches, receives them with recvmmsg batches, and returns the
-// delivered message bytes per second (MB/s, 10^6) and datagrams per second.
-// The third result is the fraction of datagrams lost at the receiver (the
-// baseline has no flow control; the kernel drops what the receiving socket
-// cannot take).
-func rawGoodput(ctx context.Context, c *benchConfig, size int) (float64, float64, float64, error) {
+// one MTU of payload plus 16 bytes (BTH + ICRC), from a to b for c.dur and
+// receives them. Without gso both ends move batches of benchBatch
+// datagrams with sendmmsg/recvmmsg; with gso the sender hands runs of
+// equal-size datagrams to the kernel as UDP GSO datagrams (UDP_SEGMENT, at
+// most gsoSegs segments and gsoBytes bytes each, several per sendmmsg) and
+// the receiving socket has UDP_GRO, so that it gets coalesced buffers.
+// The sender stays at most rawWindow datagrams ahead of the receiver. The
+// run counts the message bytes delivered and the datagrams sent and
+// delivered (GSO segments one by one).
+func rawGoodput(ctx context.Context, c *benchConfig, size int, gso bool) (benchRun, error) {
 	sa, sb, err := rawPair(c)
 	if err != nil {
-		return 0, 0, 0, err
+		return benchRun{}, err
 	}
 	defer sa.Close()
 	defer sb.Close()
+	if gso {
+		if err := enableGRO(sb); err != nil {
+			return benchRun{}, fmt.Errorf("UDP_GRO: %w", err)
+		}
+	}
 	mtu := c.mtu.Bytes()
 	// The datagrams of one message: full MTU chunks and the remainder.
 	var chunks []int
 	for left := size; left > 0; left -= mtu {
-		chunks = append(chunks, min(left, mtu))
-	}
-	bufs := make([][]byte, len(chunks))
-	for i, n := range chunks {
-		bufs[i] = make([]byte, n+16)
+		chunks = append(chunks, min(left, mtu)+16)
 	}
 	dst := sb.LocalAddr()
 	wb := newBatchConn(sa, c.a.Is4())
 	rb := newBatchConn(sb, c.a.Is4())
-	msgs := make([]ipv4.Message, benchBatch)
-	for i := range msgs {
-		msgs[i] = ipv4.Message{Buffers: [][]byte{bufs[i%len(bufs)]}, Addr: dst}
+	var msgs []ipv4.Message
+	var segs []int // datagrams in each of msgs
+	if !gso {
+		// Keep message boundaries: batches are whole multiples of a message.
+		n := benchBatch - benchBatch%len(chunks)
+		if n == 0 {
+			n = len(chunks)
+		}
+		for i := range n {
+			msgs = append(msgs, ipv4.Message{Buffers: [][]byte{make([]byte, chunks[i%len(chunks)])}, Addr: dst})
+			segs = append(segs, 1)
+		}
+	} else {
+		// Whole messages, repeated until a batch of GSO datagrams is
+		// full, grouped as the stack's link groups them: runs of equal
+		// size, the last of a run possibly shorter.
+		var stream []int
+		for len(stream) < benchBatch*gsoSegs && len(stream)*mtu < benchBatch*gsoBytes/4 {
+			stream = append(stream, chunks...)
+		}
+		for i := 0; i < len(stream); {
+			seg, n, total := stream[i], 0, 0
+			for i < len(stream) && n < gsoSegs && stream[i] <= seg && total+stream[i] <= gsoBytes {
+				total += stream[i]
+				n++
+				short := stream[i] < seg
+				i++
+				if short {
+					break
+				}
+			}
+			msgs = append(msgs, ipv4.Message{Buffers: [][]byte{make([]byte, total)}, OOB: gsoCmsg(seg), Addr: dst})
+			segs = append(segs, n)
+		}
 	}
+	// A window keeps the sender at most rawWindow datagrams ahead of the
+	// receiver (what the receiving socket's buffer holds), so that the
+	// baseline measures what the path delivers rather than how a flooded
+	// socket drops: the receiver signals credit after every batch, and a
+	// sender that waited 2 ms for it goes on (datagrams lost for good
+	// never come back as credit).
+	window := int64(rawWindow(chunks[0]))
+	credit := make(chan struct{}, 1)
 	var rcvdBytes, rcvdPkts atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -308,14 +502,24 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int) (float64, float64
 		defer wg.Done()
 		rm := make([]ipv4.Message, benchBatch)
 		for i := range rm {
-			rm[i] = ipv4.Message{Buffers: [][]byte{make([]byte, 65536)}}
+			rm[i] = ipv4.Message{Buffers: [][]byte{make([]byte, 65536)}, OOB: make([]byte, 64)}
 		}
 		for {
 			sb.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 			n, err := rb.ReadBatch(rm, 0)
 			for _, m := range rm[:max(n, 0)] {
-				rcvdBytes.Add(int64(m.N - 16))
-				rcvdPkts.Add(1)
+				k := 1
+				if seg := groSegment(m.OOB[:m.NN]); seg > 0 {
+					k = (m.N + seg - 1) / seg
+				}
+				rcvdBytes.Add(int64(m.N - 16*k))
+				rcvdPkts.Add(int64(k))
+			}
+			if n > 0 {
+				select {
+				case credit <- struct{}{}:
+				default:
+				}
 			}
 			if err != nil {
 				select {
@@ -326,43 +530,72 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int) (float64, float64
 			}
 		}
 	}()
-	var sent int64
+	batchSegs := int64(0)
+	for _, n := range segs {
+		batchSegs += int64(n)
+	}
+	wait := time.NewTimer(time.Hour)
+	defer wait.Stop()
+	var sent, gone int64 // gone: datagrams given up on (lost)
+	cpu := startCPU()
 	start := time.Now()
 	deadline := start.Add(c.dur)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		// Keep message boundaries: batches are whole multiples of a message.
-		n := benchBatch - benchBatch%len(bufs)
-		if n == 0 {
-			n = len(bufs)
+		if sent-gone-rcvdPkts.Load()+batchSegs > window {
+			wait.Reset(2 * time.Millisecond)
+			select {
+			case <-credit:
+			case <-wait.C:
+				gone = sent - rcvdPkts.Load() // what is still missing is lost
+			}
+			wait.Stop()
+			continue
 		}
-		k, err := wb.WriteBatch(msgs[:n], 0)
-		sent += int64(max(k, 0))
+		k, err := wb.WriteBatch(msgs, 0)
+		for _, n := range segs[:max(k, 0)] {
+			sent += int64(n)
+		}
 		if err != nil {
 			if errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.EAGAIN) {
 				continue
 			}
 			close(stop)
 			wg.Wait()
-			return 0, 0, 0, err
+			return benchRun{}, err
 		}
 	}
 	el := time.Since(start)
 	time.Sleep(20 * time.Millisecond) // let the receiver drain
 	close(stop)
 	wg.Wait()
-	loss := 0.0
-	if sent > 0 {
-		loss = max(0, 1-float64(rcvdPkts.Load())/float64(sent))
-	}
-	return float64(rcvdBytes.Load()) / el.Seconds() / 1e6, float64(rcvdPkts.Load()) / el.Seconds(), loss, ctx.Err()
+	run := benchRun{bytes: float64(rcvdBytes.Load()), pkts: float64(rcvdPkts.Load()), sent: float64(sent), el: el}
+	run.cpu, run.cpuSeen = cpu.stop()
+	return run, ctx.Err()
 }
 
+// rawWindow is how many datagrams of dgram bytes the raw baseline's sender
+// may be ahead of its receiver: about 2 MiB of socket buffer (the receive
+// buffer is 8 MiB; a small datagram costs ~1 KiB of it).
+func rawWindow(dgram int) int {
+	if dgram < 1024 {
+		return 2048
+	}
+	return 512
+}
+
+// gsoSegs and gsoBytes bound one GSO datagram of the raw baseline as
+// udp.SocketLink bounds the stack's.
+const (
+	gsoSegs  = 64
+	gsoBytes = 65535 - 8 - 40
+)
+
 // rawPingPong bounces one datagram of n bytes between two sockets for
-// c.dur and returns the mean round-trip time in µs.
-func rawPingPong(ctx context.Context, c *benchConfig, n int) (float64, error) {
+// c.dur and returns the round trips, the time and the CPU time they took.
+func rawPingPong(ctx context.Context, c *benchConfig, n int) (benchRun, error) {
 	sa, sb, err := rawPair(c)
 	if err != nil {
-		return 0, err
+		return benchRun{}, err
 	}
 	defer sa.Close()
 	defer sb.Close()
@@ -385,35 +618,38 @@ func rawPingPong(ctx context.Context, c *benchConfig, n int) (float64, error) {
 	buf := make([]byte, 2048)
 	dst := sb.LocalAddr().(*net.UDPAddr).AddrPort()
 	iters := 0
+	cpu := startCPU()
 	start := time.Now()
 	deadline := start.Add(c.dur)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		if _, err := sa.WriteToUDPAddrPort(msg, dst); err != nil {
-			return 0, err
+			return benchRun{}, err
 		}
 		sa.SetReadDeadline(time.Now().Add(time.Second))
 		if _, _, err := sa.ReadFromUDPAddrPort(buf); err != nil {
-			return 0, fmt.Errorf("no echo after %d round trips: %w", iters, err)
+			return benchRun{}, fmt.Errorf("no echo after %d round trips: %w", iters, err)
 		}
 		iters++
 	}
 	el := time.Since(start)
+	run := benchRun{iters: float64(iters), el: el}
+	run.cpu, run.cpuSeen = cpu.stop()
 	sa.Close()
 	sb.Close()
 	<-done
 	if iters == 0 {
-		return 0, errors.New("no round trip completed")
+		return benchRun{}, errors.New("no round trip completed")
 	}
-	return float64(el.Nanoseconds()) / 1e3 / float64(iters), ctx.Err()
+	return run, ctx.Err()
 }
 
 // stackGoodput runs op from A to B (READ: B's memory to A) with messages of
 // size bytes and a window of outstanding work requests for c.dur, and
-// returns the delivered message bytes per second (MB/s) and the packets per
-// second both links sent.
+// returns the message bytes delivered, the packets both links sent, the
+// time and the process CPU time.
 // srcMR (on A) and dstMR (on B) hold at least size bytes. For SEND, B has
 // receives of recv posted and reposts each one consumed.
-func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transport.WROpcode, size int, srcMR, dstMR *memreg.MR, recv transport.RecvWR) (float64, float64, error) {
+func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transport.WROpcode, size int, srcMR, dstMR *memreg.MR, recv transport.RecvWR) (benchRun, error) {
 	window := 64
 	if size >= 65536 {
 		window = 8
@@ -461,13 +697,14 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 	wcs := make([]transport.WC, 64)
 	pkts0 := a.link.Stats().SentPkts + b.link.Stats().SentPkts
 	var posted, done int
+	cpu := startCPU()
 	start := time.Now()
 	deadline := start.Add(c.dur)
 	for {
 		if time.Now().Before(deadline) && posted-done < window {
 			k := window - (posted - done)
 			if err := a.qp.PostSend(wrs[:k]...); err != nil {
-				return 0, 0, err
+				return benchRun{}, err
 			}
 			posted += k
 		}
@@ -476,11 +713,11 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 		}
 		n, err := a.scq.Wait(ctx, wcs)
 		if err != nil {
-			return 0, 0, err
+			return benchRun{}, err
 		}
 		for _, wc := range wcs[:n] {
 			if wc.Status != transport.WCSuccess {
-				return 0, 0, wcError(wc, "send")
+				return benchRun{}, wcError(wc, "send")
 			}
 		}
 		done += n
@@ -495,24 +732,26 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 		cancel()
 		wg.Wait()
 		if recvErr != nil {
-			return 0, 0, recvErr
+			return benchRun{}, recvErr
 		}
 	}
-	return float64(done) * float64(size) / el.Seconds() / 1e6, float64(pkts) / el.Seconds(), ctx.Err()
+	run := benchRun{bytes: float64(done) * float64(size), pkts: float64(pkts), el: el}
+	run.cpu, run.cpuSeen = cpu.stop()
+	return run, ctx.Err()
 }
 
 // stackPingPong bounces a SEND of n bytes between A and B for c.dur and
-// returns the mean round-trip time in µs.
+// returns the round trips, the time and the CPU time they took.
 // mrA is A's source/receive memory, mrB B's.
-func stackPingPong(ctx context.Context, c *benchConfig, a, b *endpoint, n int, mrA, mrB *memreg.MR) (float64, error) {
+func stackPingPong(ctx context.Context, c *benchConfig, a, b *endpoint, n int, mrA, mrB *memreg.MR) (benchRun, error) {
 	sgeA := []memreg.SGE{{Addr: mrA.IOVA(), Length: uint32(n), LKey: mrA.LKey()}}
 	sgeB := []memreg.SGE{{Addr: mrB.IOVA(), Length: uint32(n), LKey: mrB.LKey()}}
 	for i := 0; i < 4; i++ {
 		if err := a.qp.PostRecv(transport.RecvWR{SGEs: sgeA}); err != nil {
-			return 0, err
+			return benchRun{}, err
 		}
 		if err := b.qp.PostRecv(transport.RecvWR{SGEs: sgeB}); err != nil {
-			return 0, err
+			return benchRun{}, err
 		}
 	}
 	rctx, cancel := context.WithCancel(ctx)
@@ -546,29 +785,32 @@ func stackPingPong(ctx context.Context, c *benchConfig, a, b *endpoint, n int, m
 	}()
 	wcs := make([]transport.WC, 8)
 	iters := 0
+	cpu := startCPU()
 	start := time.Now()
 	deadline := start.Add(c.dur)
 	for time.Now().Before(deadline) {
 		if err := a.qp.PostSend(transport.SendWR{Opcode: transport.WRSend, SGEs: sgeA}); err != nil {
-			return 0, err
+			return benchRun{}, err
 		}
 		k, err := a.rcq.Wait(ctx, wcs[:1])
 		if err != nil {
-			return 0, fmt.Errorf("waiting for echo %d: %w", iters+1, err)
+			return benchRun{}, fmt.Errorf("waiting for echo %d: %w", iters+1, err)
 		}
 		if k == 1 && wcs[0].Status != transport.WCSuccess {
-			return 0, wcError(wcs[0], "receive")
+			return benchRun{}, wcError(wcs[0], "receive")
 		}
 		if err := a.qp.PostRecv(transport.RecvWR{SGEs: sgeA}); err != nil {
-			return 0, err
+			return benchRun{}, err
 		}
 		a.scq.Poll(wcs)
 		iters++
 	}
 	el := time.Since(start)
+	run := benchRun{iters: float64(iters), el: el}
+	run.cpu, run.cpuSeen = cpu.stop()
 	cancel()
 	if err := <-echoErr; err != nil {
-		return 0, err
+		return benchRun{}, err
 	}
-	return float64(el.Nanoseconds()) / 1e3 / float64(iters), ctx.Err()
+	return run, ctx.Err()
 }

@@ -10,21 +10,59 @@ import (
 	"time"
 )
 
-// TestBench runs a short bench and checks the table: ten rows (WRITE,
-// READ, SEND goodput at three sizes and the ping-pong), every value and
-// ratio positive and consistent with its columns.
+// TestBench runs a short bench and checks the tables: two sections
+// (sendmmsg and GSO+GRO) of ten rows each (WRITE, READ, SEND goodput at
+// three sizes and the ping-pong), every value and ratio positive and
+// consistent with its columns, goodput and CPU alike. With --gso=false
+// only the sendmmsg section runs.
 func TestBench(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs loopback traffic for about a second")
+		t.Skip("runs loopback traffic for a few seconds")
 	}
-	start := time.Now()
-	code, out, errOut := runInRetry(t, "bench", "-t", "60ms", "-v")
-	if code != exitOK {
-		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	for _, c := range []struct {
+		args     []string
+		rows     int
+		sections []string
+	}{
+		{nil, 20, []string{"sendmmsg/recvmmsg:", "GSO+GRO:"}},
+		{[]string{"--gso=false"}, 10, []string{"sendmmsg/recvmmsg:"}},
+	} {
+		start := time.Now()
+		code, out, errOut := runInRetry(t, append([]string{"bench", "-t", "60ms", "-v"}, c.args...)...)
+		if code != exitOK {
+			t.Fatalf("%v: exit %d\n%s%s", c.args, code, out, errOut)
+		}
+		if el := time.Since(start); el > 60*time.Second {
+			t.Errorf("bench -t 60ms %v took %v", c.args, el)
+		}
+		if rows := checkBenchTable(t, out); rows != c.rows {
+			t.Errorf("%v: %d rows, want %d:\n%s", c.args, rows, c.rows, out)
+		}
+		sections := 0
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "sendmmsg/recvmmsg:") || strings.HasPrefix(l, "GSO+GRO:") {
+				if sections >= len(c.sections) || !strings.HasPrefix(l, c.sections[sections]) {
+					t.Errorf("%v: section %q, want %q", c.args, l, c.sections)
+				}
+				sections++
+			}
+		}
+		if sections != len(c.sections) {
+			t.Errorf("%v: %d sections, want %d:\n%s", c.args, sections, len(c.sections), out)
+		}
+		if !strings.Contains(out, "GSO default of the rocev2d commands on 127.0.0.1: on, lo (virtual") {
+			t.Errorf("%v: no GSO default line for lo:\n%s", c.args, out)
+		}
+		if !strings.Contains(out, "counters A 127.0.0.1") {
+			t.Errorf("%v: -v printed no counters", c.args)
+		}
 	}
-	if el := time.Since(start); el > 30*time.Second {
-		t.Errorf("bench -t 60ms took %v", el)
-	}
+}
+
+// checkBenchTable checks every row of the bench output and returns how
+// many there are.
+func checkBenchTable(t *testing.T, out string) int {
+	t.Helper()
 	rows := 0
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
@@ -32,33 +70,33 @@ func TestBench(t *testing.T) {
 			continue
 		}
 		rows++
-		var raw, roc, ratio printed
-		var ok bool
-		if f[1] == "goodput" {
-			// WRITE goodput 64 B 10.1 MB/s 3.3 MB/s 0.326 pkts pkts
-			raw, roc, ratio, ok = parsePrinted(f[4], f[6], f[8])
-		} else {
-			// SEND ping-pong RTT 8 B 17.7 µs 52.0 µs 2.93
-			raw, roc, ratio, ok = parsePrinted(f[5], f[7], f[9])
+		// WRITE goodput 64 B 10.1 MB/s 3.3 MB/s 0.326 53.3 ms/MB 53.4 ms/MB 1.00 pkts loss pkts
+		// SEND ping-pong RTT 8 B 17.7 µs 52.0 µs 2.93 30.6 µs/rtt 69.1 µs/rtt 2.26
+		i, unit, cpuUnit := 4, "MB/s", "ms/MB"
+		if f[1] == "ping-pong" {
+			i, unit, cpuUnit = 5, "µs", "µs/rtt"
 		}
-		if !ok || raw.v <= 0 || roc.v <= 0 || ratio.v <= 0 {
+		if len(f) < i+10 || f[i+1] != unit || f[i+3] != unit || f[i+6] != cpuUnit || f[i+8] != cpuUnit {
 			t.Errorf("bad row %q", line)
 			continue
 		}
-		// The table prints rounded values; the ratio is computed from the
-		// unrounded columns. So it must be within its own rounding of some
-		// quotient of values that round to the printed columns.
-		if lo, hi, ok := ratioConsistent(raw, roc, ratio); !ok {
-			t.Errorf("row %q: ratio %s (±%g) is not roc/raw for any columns that print as %s and %s (%.6g .. %.6g)",
-				line, ratio.s, ratio.half, roc.s, raw.s, lo, hi)
+		for _, cols := range [][3]string{{f[i], f[i+2], f[i+4]}, {f[i+5], f[i+7], f[i+9]}} {
+			raw, roc, ratio, ok := parsePrinted(cols[0], cols[1], cols[2])
+			if !ok || raw.v <= 0 || roc.v <= 0 || ratio.v <= 0 {
+				t.Errorf("bad row %q", line)
+				continue
+			}
+			// The table prints rounded values; the ratio is computed
+			// from the unrounded columns. So it must be within its own
+			// rounding of some quotient of values that round to the
+			// printed columns.
+			if lo, hi, ok := ratioConsistent(raw, roc, ratio); !ok {
+				t.Errorf("row %q: ratio %s (±%g) is not roc/raw for any columns that print as %s and %s (%.6g .. %.6g)",
+					line, ratio.s, ratio.half, roc.s, raw.s, lo, hi)
+			}
 		}
 	}
-	if rows != 10 {
-		t.Errorf("%d rows, want 10:\n%s", rows, out)
-	}
-	if !strings.Contains(out, "counters A 127.0.0.1") {
-		t.Errorf("-v printed no counters")
-	}
+	return rows
 }
 
 // printed is a number as the table printed it: its value and half a unit in
