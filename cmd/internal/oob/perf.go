@@ -196,6 +196,7 @@ const (
 	PerfStepSync        = "sync"
 	PerfStepDone        = "done"
 	PerfStepCMSync      = "rdma_cm sync"
+	PerfStepDestRound   = "qp data (second round)"
 )
 
 // PerfSession runs the perftest 4.5 exchange on one TCP connection. Use the

@@ -99,8 +99,10 @@ func TestPerfErrors(t *testing.T) {
 					readAll(s, make([]byte, PerfDestSize))
 					s.Write(bytes.Repeat([]byte{'z'}, PerfDestSize))
 				})
+				// write_bw's first exchange after connect is the second
+				// round of QP data.
 				_, err := runClientPlan(ctx, c, WriteBW)
-				wantStepErr(t, err, PerfStepSync, "parse", ErrMalformed)
+				wantStepErr(t, err, PerfStepDestRound, "parse", ErrMalformed)
 			})
 			for _, v := range []string{"6.28", "7.1", "5.5"} {
 				t.Run("incompatible version "+v, func(t *testing.T) {
@@ -287,7 +289,7 @@ func ExamplePerfSession_Run() {
 	// Output:
 	// client connects to QPN 0x15 PSN 0x94b760, MTU 1024
 	// server prints: 64 5 0.08 0.07 0.001218
-	// [version cycle buffer cache line mtu qp data connect sync sync prepare traffic sync report sync done]
+	// [version cycle buffer cache line mtu qp data connect qp data (second round) sync prepare traffic sync report sync done]
 }
 
 // TestStepTimeout: a passive server with a short StepTimeout still waits as

@@ -81,26 +81,48 @@ func (s *PerfSession) exchangeDests(ctx context.Context, locals []PerfDest) ([]P
 
 // exchangeDestsAgain is the second round (perftest prints the peer's
 // records here): each record again, which must name the same QPs. A new
-// QP where the peer's first belongs means the peer has more QPs; the
-// exchange then goes on to count them (QPCountError).
-func (s *PerfSession) exchangeDestsAgain(ctx context.Context, locals, remotes []PerfDest) error {
+// QP where the peer's first belongs, right after the first round, means
+// the peer has more QPs; the exchange then goes on to count them
+// (QPCountError).
+func (s *PerfSession) exchangeDestsAgain(ctx context.Context, locals, remotes []PerfDest, justDest bool) error {
 	defer func() { s.local = locals[0] }()
 	for i, l := range locals {
 		s.local = l
-		d, err := s.exchangeDest(ctx, PerfStepSync)
+		d, err := s.exchangeDest(ctx, PerfStepDestRound)
 		if err != nil {
 			return err
 		}
 		if d.QPN == remotes[i].QPN {
 			continue
 		}
-		if i == 0 {
-			return &StepError{Protocol: s.c.proto, Step: PerfStepSync, Op: "check", Err: s.countPeerQPs(ctx, locals, remotes[0])}
-		}
-		return &StepError{Protocol: s.c.proto, Step: PerfStepSync, Op: "check",
-			Err: fmt.Errorf("%w: the peer's QP data for QP %d names QPN %#x, first %#x", ErrModeMismatch, i, d.QPN, remotes[i].QPN)}
+		return s.recordMismatch(ctx, PerfStepDestRound, locals, remotes, i, d, justDest && i == 0)
 	}
 	return nil
+}
+
+// syncChecked is Sync for a run over TCP that knows the peer's records:
+// perftest's barriers re-send the first record, so the peer's must name its
+// first QP again.
+func (s *PerfSession) syncChecked(ctx context.Context, locals, remotes []PerfDest, justDest bool) error {
+	if !s.haveLocal {
+		return s.Sync(ctx) // the error
+	}
+	d, err := s.exchangeDest(ctx, PerfStepSync)
+	if err != nil || d.QPN == remotes[0].QPN {
+		return err
+	}
+	return s.recordMismatch(ctx, PerfStepSync, locals, remotes, 0, d, justDest)
+}
+
+// recordMismatch is the error for the peer's record d where a repeat of
+// its record i belonged. Right after the first round (count) it is the
+// peer's next QP: count them.
+func (s *PerfSession) recordMismatch(ctx context.Context, step string, locals, remotes []PerfDest, i int, d PerfDest, count bool) error {
+	if count {
+		return &StepError{Protocol: s.c.proto, Step: step, Op: "check", Err: s.countPeerQPs(ctx, locals, remotes[0])}
+	}
+	return &StepError{Protocol: s.c.proto, Step: step, Op: "check",
+		Err: fmt.Errorf("%w: the peer's QP data for QP %d names QPN %#x, first %#x", ErrModeMismatch, i, d.QPN, remotes[i].QPN)}
 }
 
 // countPeerQPs counts the peer's first-round records after its record
@@ -115,7 +137,7 @@ func (s *PerfSession) countPeerQPs(ctx context.Context, locals []PerfDest, first
 		if next < n {
 			s.local = locals[next]
 		}
-		d, err := s.exchangeDest(ctx, PerfStepSync)
+		d, err := s.exchangeDest(ctx, PerfStepDestRound)
 		if err != nil {
 			return &QPCountError{Local: n, Remote: seen, AtLeast: true, Cause: err}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"testing"
 	"time"
 )
@@ -103,8 +104,9 @@ func TestPerfRunQPs(t *testing.T) {
 
 // fakePerftestQPs plays perftest 4.5's side of the QP data exchange with
 // n QPs (which checks nothing): both rounds of records and the barrier
-// after RTR, then hangs up (as perftest does when a later exchange fails).
-func fakePerftestQPs(ctx context.Context, conn net.Conn, role Role, locals []PerfDest) error {
+// after RTR (send_bw: before the second round), then hangs up (as perftest
+// does when a later exchange fails).
+func fakePerftestQPs(ctx context.Context, conn net.Conn, test PerfTest, role Role, locals []PerfDest) error {
 	defer conn.Close()
 	s := NewPerfSession(conn, role)
 	if _, err := s.Handshake(ctx); err != nil {
@@ -113,15 +115,28 @@ func fakePerftestQPs(ctx context.Context, conn net.Conn, role Role, locals []Per
 	if _, err := s.ExchangeParams(ctx, DefaultParams); err != nil {
 		return err
 	}
-	for round := 0; round < 2; round++ {
+	round := func() error {
 		for _, l := range locals {
 			if _, err := s.ExchangeDest(ctx, l); err != nil {
 				return err
 			}
 		}
+		return nil
 	}
-	_, err := s.ExchangeDest(ctx, locals[0])
-	return err
+	sync := func() error {
+		_, err := s.ExchangeDest(ctx, locals[0])
+		return err
+	}
+	steps := []func() error{round, round, sync}
+	if test == SendBW {
+		steps = []func() error{round, sync, round}
+	}
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // TestPerfQPCountMismatch: sides with different -q fail in the QP data
@@ -130,15 +145,23 @@ func fakePerftestQPs(ctx context.Context, conn net.Conn, role Role, locals []Per
 // perftest peer, which carries on, and a lower bound from a rocev2d peer,
 // which hangs up as soon as it knows.
 func TestPerfQPCountMismatch(t *testing.T) {
-	tests := []struct {
+	type tc struct {
+		test     PerfTest
 		cli, srv int
 		fake     string // "", "client" or "server": that side plays perftest
-	}{
-		{1, 8, ""}, {8, 1, ""}, {2, 3, ""}, {3, 2, ""},
-		{1, 8, "server"}, {8, 1, "server"}, {1, 8, "client"}, {8, 1, "client"}, {4, 16, "server"},
+	}
+	var tests []tc
+	for _, test := range []PerfTest{WriteBW, SendBW} {
+		for _, c := range []tc{
+			{0, 1, 8, ""}, {0, 8, 1, ""}, {0, 2, 3, ""}, {0, 3, 2, ""},
+			{0, 1, 8, "server"}, {0, 8, 1, "server"}, {0, 1, 8, "client"}, {0, 8, 1, "client"}, {0, 4, 16, "server"}, {0, 2, 3, "client"},
+		} {
+			c.test = test
+			tests = append(tests, c)
+		}
 	}
 	for _, tt := range tests {
-		t.Run(fmt.Sprintf("client%d_server%d_fake%s", tt.cli, tt.srv, tt.fake), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%v/client%d_server%d_fake%s", tt.test, tt.cli, tt.srv, tt.fake), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			c, s := loopback(t)
@@ -151,10 +174,10 @@ func TestPerfQPCountMismatch(t *testing.T) {
 			}{{Client, c, cli}, {Server, s, srv}} {
 				go func() {
 					if tt.fake == side.role.String() {
-						errs[side.role] <- fakePerftestQPs(ctx, side.conn, side.role, side.locals)
+						errs[side.role] <- fakePerftestQPs(ctx, side.conn, tt.test, side.role, side.locals)
 						return
 					}
-					errs[side.role] <- runQPSide(ctx, side.conn, WriteBW, side.role, side.locals).err
+					errs[side.role] <- runQPSide(ctx, side.conn, tt.test, side.role, side.locals).err
 				}()
 			}
 			cerr, serr := <-errs[Client], <-errs[Server]
@@ -181,5 +204,31 @@ func TestPerfQPCountMismatch(t *testing.T) {
 				t.Logf("%v: %v", side.role, side.err)
 			}
 		})
+	}
+}
+
+// TestPlanDestRound: the bandwidth plans hold one second round of QP data,
+// right after connect (write/read/atomic-bw) or after one more barrier
+// (send-bw), as perftest 4.5-0.17's *_bw.c; the latency plans none.
+func TestPlanDestRound(t *testing.T) {
+	for test := WriteBW; test <= AtomicLat; test++ {
+		for _, role := range []Role{Client, Server} {
+			p, err := Plan(test, role, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := slices.Index(p, StepConnect)
+			r := slices.Index(p, StepDestRound)
+			want := c + 1
+			if test == SendBW {
+				want = c + 2
+			}
+			if !test.IsBW() {
+				want = -1
+			}
+			if r != want || slices.Contains(p[r+1:], StepDestRound) {
+				t.Errorf("%v %v: round at %d, want %d: %v", test, role, r, want, p)
+			}
+		}
 	}
 }

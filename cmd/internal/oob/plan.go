@@ -58,13 +58,14 @@ const (
 	StepDone                        // "done\0" written by both sides
 	StepCMSync                      // perftest -R: 56-byte empty QP data exchange around the rdma_cm connection
 	StepCMConnect                   // perftest -R, local: connect the QP through rdma_cm (Hooks.CMConnect)
+	StepDestRound                   // the QP data again, one record per QP (-q; the bandwidth tests' second round, which each side prints)
 )
 
 var stepNames = [...]string{
 	StepVersion: PerfStepVersion, StepCycleBuffer: PerfStepCycleBuffer, StepCacheLine: PerfStepCacheLine,
 	StepMTU: PerfStepMTU, StepDest: PerfStepDest, StepConnect: "connect", StepSync: PerfStepSync,
 	StepPrepare: "prepare", StepTraffic: "traffic", StepReport: "report", StepDone: PerfStepDone,
-	StepCMSync: PerfStepCMSync, StepCMConnect: "rdma_cm connect",
+	StepCMSync: PerfStepCMSync, StepCMConnect: "rdma_cm connect", StepDestRound: PerfStepDestRound,
 }
 
 // String returns the step's name.
@@ -87,7 +88,7 @@ func (s Step) WireBytes() int {
 		return 4
 	case StepMTU:
 		return 2
-	case StepDest, StepSync:
+	case StepDest, StepSync, StepDestRound:
 		return PerfDestSize
 	case StepReport:
 		return ReportSize
@@ -101,7 +102,7 @@ func (s Step) WireBytes() int {
 // perftest -R's exchange (one SEND per message; 0 for local steps).
 func (s Step) WireBytesRDMACM() int {
 	switch s {
-	case StepDest, StepSync, StepCMSync:
+	case StepDest, StepSync, StepCMSync, StepDestRound:
 		return PerfDestCMSize
 	case StepDone:
 		return 0
@@ -113,14 +114,16 @@ func (s Step) WireBytesRDMACM() int {
 // default mode: one QP, ethernet exchange (no -R/rdma_cm), not bidirectional
 // (-b: PlanBidi), not --run_infinitely. sizes is the number of message sizes: 1, or
 // the count of sizes with -a. Duration mode (-D) does not change the
-// sequence. Derived from perftest 4.5-0.17 (src/*_bw.c, *_lat.c) and the
+// sequence. "round" (StepDestRound) is the bandwidth tests' second round of
+// QP data, one record per QP like dest (RunQPs; with one QP it is a sync).
+// Derived from perftest 4.5-0.17 (src/*_bw.c, *_lat.c) and the
 // captures in ../shared/golden. Both roles' plans have the same wire steps in
 // the same order; they differ only in local steps.
 //
-//	write/read/atomic-bw: version cycle cache mtu dest connect sync sync
+//	write/read/atomic-bw: version cycle cache mtu dest connect round sync
 //	    client: [prepare traffic]×sizes; server: traffic (passive, once);
 //	    both: sync report sync done
-//	send-bw:  version cycle cache mtu dest connect sync sync
+//	send-bw:  version cycle cache mtu dest connect sync round
 //	    sizes=1: prepare sync traffic; -a: [prepare sync traffic sync]×sizes
 //	    then sync done
 //	write-lat: version cycle cache mtu dest sync connect sync sync
@@ -150,8 +153,9 @@ func Plan(test PerfTest, role Role, sizes int) ([]Step, error) {
 	active := role == Client // does this side run a data phase?
 	switch test {
 	case WriteBW, ReadBW, AtomicBW:
-		// dest; ctx_connect; hand_shake (remote print); hand_shake (after RTR).
-		p = append(p, StepConnect, StepSync, StepSync)
+		// dest; ctx_connect; hand_shake per QP (remote print); hand_shake
+		// (after RTR).
+		p = append(p, StepConnect, StepDestRound, StepSync)
 		if active {
 			for range sizes {
 				p = append(p, StepPrepare, StepTraffic)
@@ -162,7 +166,8 @@ func Plan(test PerfTest, role Role, sizes int) ([]Step, error) {
 		// half-duplex end: hand_shake; xchg_bw_reports; ctx_close_connection.
 		p = append(p, StepSync, StepReport, StepSync, StepDone)
 	case SendBW:
-		p = append(p, StepConnect, StepSync, StepSync)
+		// dest; ctx_connect; hand_shake; hand_shake per QP (remote print).
+		p = append(p, StepConnect, StepSync, StepDestRound)
 		if sizes == 1 {
 			// RUN_REGULAR: set wqes; hand_shake; run_iter_bw(_server).
 			p = append(p, StepPrepare, StepSync, StepTraffic)
@@ -226,7 +231,7 @@ func PlanRDMACM(test PerfTest, role Role, sizes int) ([]Step, error) {
 // and exchange reports, each size after a barrier (src/*_bw.c with
 // user_param.duplex, version >= 4.6):
 //
-//	version cycle cache mtu dest connect sync sync
+//	version cycle cache mtu dest connect round sync (send-bw: sync round)
 //	write/read/atomic-bw: sizes=1: prepare sync traffic report
 //	    -a: [prepare sync traffic sync report]×sizes
 //	send-bw: sizes=1: prepare sync traffic report
@@ -241,7 +246,10 @@ func PlanBidi(test PerfTest, sizes int) ([]Step, error) {
 	if sizes < 1 {
 		return nil, fmt.Errorf("oob: sizes %d < 1", sizes)
 	}
-	p := []Step{StepVersion, StepCycleBuffer, StepCacheLine, StepMTU, StepDest, StepConnect, StepSync, StepSync}
+	p := []Step{StepVersion, StepCycleBuffer, StepCacheLine, StepMTU, StepDest, StepConnect, StepDestRound, StepSync}
+	if test == SendBW {
+		p[6], p[7] = StepSync, StepDestRound
+	}
 	for range sizes {
 		p = append(p, StepPrepare, StepSync, StepTraffic)
 		switch {
@@ -339,9 +347,9 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 
 // RunQPs is Run for a side with len(locals) QPs (perftest's -q, over TCP
 // only): StepDest exchanges one QP data record per QP, in order, and so does
-// the first StepSync after StepConnect (perftest 4.5's second round, in
-// which each side prints the peer's records), as perftest's ctx_hand_shake
-// loops over num_of_qps; every other sync re-sends the first record. The
+// StepDestRound (perftest 4.5's second round, in which each side prints the
+// peer's records), as perftest's ctx_hand_shake loops over num_of_qps; every
+// sync re-sends the first record. The
 // peer's record count is checked on the way: perftest does not exchange
 // num_of_qps, but a peer with fewer QPs sends its first record again where
 // the next QP's belongs, and one with more sends a new record where the
@@ -362,11 +370,12 @@ func (s *PerfSession) RunQPs(ctx context.Context, plan []Step, params Params, lo
 		}
 	}
 	local := locals[0]
+	// justDest: the step is the first wire exchange after the first round
+	// of QP data, where a peer with more QPs still sends new records.
+	justDest := false
 	size := 0 // index of the current message size
 	prepared := false
 	afterTraffic := false
-	connected := false   // StepConnect has run
-	secondRound := false // the QP data's second round (the first sync after connect) is done
 	for _, st := range plan {
 		ctx, cancel := ctx, context.CancelFunc(func() {})
 		if s.wire(st) {
@@ -397,7 +406,6 @@ func (s *PerfSession) RunQPs(ctx context.Context, plan []Step, params Params, lo
 				}
 			}
 		case StepConnect:
-			connected = true
 			switch {
 			case hooks.ConnectQPs != nil:
 				err = s.localErr(st, hooks.ConnectQPs(ctx, res.Remotes, res.Negotiated))
@@ -405,11 +413,16 @@ func (s *PerfSession) RunQPs(ctx context.Context, plan []Step, params Params, lo
 				err = s.localErr(st, hooks.Connect(ctx, res.Remote, res.Negotiated))
 			}
 		case StepSync:
-			if connected && !secondRound && !s.rdmacm && len(res.Remotes) == len(locals) {
-				secondRound = true
-				err = s.exchangeDestsAgain(ctx, locals, res.Remotes)
-			} else {
+			if s.rdmacm || len(res.Remotes) == 0 {
 				err = s.Sync(ctx)
+			} else {
+				err = s.syncChecked(ctx, locals, res.Remotes, justDest)
+			}
+		case StepDestRound:
+			if s.rdmacm {
+				err = s.Sync(ctx)
+			} else {
+				err = s.exchangeDestsAgain(ctx, locals, res.Remotes, justDest)
 			}
 		case StepPrepare:
 			if prepared {
@@ -460,6 +473,9 @@ func (s *PerfSession) RunQPs(ctx context.Context, plan []Step, params Params, lo
 		cancel()
 		if err != nil {
 			return res, err
+		}
+		if s.wire(st) {
+			justDest = st == StepDest
 		}
 		res.Negotiated = params.Negotiate(res.RemoteParams)
 	}
