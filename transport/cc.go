@@ -126,8 +126,7 @@ type qpCC struct {
 	rp        dcqcn.RP
 	lastCNP   time.Time // when the NP last sent a CNP for this QP
 	cnpSent   bool      // lastCNP is valid
-	paceTimer Timer     // created on the first pacing stop
-	paceArmed bool
+	paceArmed bool      // qp.tq[timerPace] is armed
 }
 
 // ccInit sets up the QP's reaction point at line rate.
@@ -184,11 +183,7 @@ func (qp *QP) paceHold() bool {
 	}
 	if !qp.cc.paceArmed {
 		qp.cc.paceArmed = true
-		if qp.cc.paceTimer == nil {
-			qp.cc.paceTimer = qp.dev.clock.AfterFunc(d, qp.onPaceTimer)
-		} else {
-			qp.cc.paceTimer.Reset(d)
-		}
+		qp.dev.tq.arm(&qp.tq[timerPace], qp.dev.clock.Now(), d)
 	}
 	return true
 }
@@ -201,10 +196,8 @@ func (qp *QP) paceSent(n int) {
 	}
 }
 
-// onPaceTimer resumes a requester the pacer held.
+// onPaceTimer resumes a requester the pacer held. Called with qp.mu held.
 func (qp *QP) onPaceTimer() {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
 	qp.cc.paceArmed = false
 	if qp.destroyed {
 		return
@@ -218,7 +211,7 @@ func (qp *QP) onPaceTimer() {
 // qp.mu held.
 func (qp *QP) stopPacing() {
 	if qp.cc.paceArmed {
-		qp.cc.paceTimer.Stop()
+		qp.dev.tq.cancel(&qp.tq[timerPace])
 		qp.cc.paceArmed = false
 	}
 }

@@ -72,6 +72,8 @@ type Device struct {
 
 	gsi *GSI // QP1, opened by GSI(); under mu
 
+	tq *timerQueue // every QP's protocol timers, one Clock timer (timerq.go)
+
 	events   chan AsyncEvent
 	evMu     sync.Mutex
 	evClosed bool // under evMu
@@ -170,6 +172,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		events:  make(chan AsyncEvent, cfg.EventQueue),
 		nextQPN: firstQPN,
 	}
+	d.tq = newTimerQueue(d.clock, d.fireTimer)
 	go d.recvLoop()
 	return d, nil
 }
@@ -234,6 +237,7 @@ func (d *Device) Close() error {
 		qp.stopTimersLocked()
 		qp.mu.Unlock()
 	}
+	d.tq.close()
 	err := d.link.Close()
 	var werr error
 	select {

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/packet"
@@ -81,10 +80,7 @@ func (d *Device) GSI() (*GSI, error) {
 	qp := &QP{dev: d, qpn: 1, transport: bth.TransportUD, srcPort: udSourcePort(1),
 		init: QPInitAttr{Type: QPTypeUD, MaxSendWR: 1, MaxRecvWR: 1, MaxSGE: 1}}
 	qp.attr = QPAttr{State: QPSRTS, QKey: GSIQKey, Port: 1}
-	qp.retransTimer = d.clock.AfterFunc(time.Hour, func() {})
-	qp.retransTimer.Stop()
-	qp.rnrTimer = d.clock.AfterFunc(time.Hour, func() {})
-	qp.rnrTimer.Stop()
+	qp.initTimers()
 	qp.out = make([]udp.Packet, 1)
 	qp.outBufs = make([]*[udp.MaxPacketSize]byte, 1)
 	g := &GSI{dev: d, qp: qp, byClass: map[uint8]*MADAgent{}, byID: map[uint32]*MADAgent{}, nextID: 1}

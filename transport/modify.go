@@ -293,12 +293,6 @@ func (qp *QP) reset() {
 	qp.ccInit()
 }
 
-func (qp *QP) stopTimersLocked() {
-	qp.retransTimer.Stop()
-	qp.rnrTimer.Stop()
-	qp.tmr = timers{}
-}
-
 // toError moves the QP to ERR and completes every outstanding work request:
 // the oldest send WQE with its own status if it failed (failWQE), every
 // other one with WCWRFlushErr, as verbs reports only the first error.

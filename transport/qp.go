@@ -81,9 +81,8 @@ type QP struct {
 
 	resp responder
 
-	retransTimer Timer
-	rnrTimer     Timer
-	tmr          timers
+	tq  [numTimerKinds]timerEntry // this QP's entries in dev.tq
+	tmr timers
 
 	trace func(format string, args ...any) // test hook, nil in production
 
@@ -213,10 +212,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	qp.out = make([]udp.Packet, outBatch)
 	qp.outBufs = make([]*[udp.MaxPacketSize]byte, outBatch)
 	qp.ccInit()
-	qp.retransTimer = d.clock.AfterFunc(time.Hour, qp.onRetransTimer)
-	qp.retransTimer.Stop()
-	qp.rnrTimer = d.clock.AfterFunc(time.Hour, qp.onRNRTimer)
-	qp.rnrTimer.Stop()
+	qp.initTimers()
 
 	d.mu.Lock()
 	defer d.mu.Unlock()

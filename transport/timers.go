@@ -3,19 +3,63 @@ package transport
 import "time"
 
 // timers is the QP's timer state: the local ACK (retransmission) deadline
-// and the RNR back-off. One Timer each; the ACK timer is re-armed lazily:
-// progress only moves the deadline, and an expiry before it re-arms.
+// and the RNR back-off. Both run in the device's timerQueue (timerq.go),
+// through the QP's entries tq[timerRetrans] and tq[timerRNR], as does the
+// DCQCN pacing timer (tq[timerPace], cc.go). The ACK
+// timer is re-armed lazily: progress only moves the deadline, and an
+// expiry before it re-arms.
 type timers struct {
 	deadline   time.Time
 	timerArmed bool
 	rnrWait    bool // an RNR NAK stopped the requester until the RNR timer fires
 }
 
+// initTimers prepares the QP's timer entries.
+func (qp *QP) initTimers() {
+	for k := range qp.tq {
+		qp.tq[k].init(qp, timerKind(k))
+	}
+}
+
+// onTimer handles an expiry of the QP's timer k. Called with qp.mu held,
+// once the device's queue confirmed the expiry still stands.
+func (qp *QP) onTimer(k timerKind) {
+	switch k {
+	case timerRetrans:
+		qp.onRetransTimer()
+	case timerRNR:
+		qp.onRNRTimer()
+	case timerPace:
+		qp.onPaceTimer()
+	}
+}
+
+// fireTimer is the device timer queue's callback: it runs the expiry of e
+// under its QP's lock unless the QP re-armed or cancelled e since it was
+// found due.
+func (d *Device) fireTimer(e *timerEntry) {
+	qp := e.qp
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if d.tq.take(e) {
+		qp.onTimer(e.kind)
+	}
+}
+
+// stopTimersLocked cancels the QP's timers and clears their state.
+func (qp *QP) stopTimersLocked() {
+	for k := range qp.tq {
+		qp.dev.tq.cancel(&qp.tq[k])
+	}
+	qp.tmr = timers{}
+	qp.cc.paceArmed = false
+}
+
 // startRNRWait stops the requester for d (an RNR NAK's timer); onRNRTimer
 // resumes it.
 func (qp *QP) startRNRWait(d time.Duration) {
 	qp.tmr.rnrWait = true
-	qp.rnrTimer.Reset(d)
+	qp.dev.tq.arm(&qp.tq[timerRNR], qp.dev.clock.Now(), d)
 }
 
 // armRetrans pushes the local ACK deadline out by one timeout and arms
@@ -24,17 +68,16 @@ func (qp *QP) armRetrans() {
 	if qp.timeout == 0 || !qp.outstanding() {
 		return
 	}
-	qp.tmr.deadline = qp.dev.clock.Now().Add(qp.timeout)
+	now := qp.dev.clock.Now()
+	qp.tmr.deadline = now.Add(qp.timeout)
 	if !qp.tmr.timerArmed {
 		qp.tmr.timerArmed = true
-		qp.retransTimer.Reset(qp.timeout)
+		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.timeout)
 	}
 }
 
-// onRetransTimer is the local ACK timeout.
+// onRetransTimer is the local ACK timeout. Called with qp.mu held.
 func (qp *QP) onRetransTimer() {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
 	qp.tmr.timerArmed = false
 	st := qp.attr.State
 	if qp.destroyed || (st != QPSRTS && st != QPSSQD) || qp.timeout == 0 || !qp.outstanding() || qp.tmr.rnrWait {
@@ -43,7 +86,7 @@ func (qp *QP) onRetransTimer() {
 	now := qp.dev.clock.Now()
 	if now.Before(qp.tmr.deadline) {
 		qp.tmr.timerArmed = true
-		qp.retransTimer.Reset(qp.tmr.deadline.Sub(now))
+		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.tmr.deadline.Sub(now))
 		return
 	}
 	inc(&qp.dev.ctr.LocalAckTimeout)
@@ -55,10 +98,9 @@ func (qp *QP) onRetransTimer() {
 	qp.flushOut()
 }
 
-// onRNRTimer ends an RNR back-off: the requester resends from the NAKed PSN.
+// onRNRTimer ends an RNR back-off: the requester resends from the NAKed
+// PSN. Called with qp.mu held.
 func (qp *QP) onRNRTimer() {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
 	if !qp.tmr.rnrWait {
 		return
 	}

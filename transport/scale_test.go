@@ -1,0 +1,231 @@
+package transport
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// deadQPs creates n RC QPs on one device under a ManualClock, connected
+// towards an address nobody listens on: every request they send is lost,
+// so every WR ends in local ACK timeouts. It returns the device, the QPs,
+// their shared CQ and a registered buffer.
+func deadQPs(t *testing.T, n int, retry func(i int) Retry) (*Device, *ManualClock, []*QP, *CQ, *memreg.MR) {
+	t.Helper()
+	clk := NewManualClock(tqEpoch)
+	net := udp.NewMemNetwork(udp.Faults{})
+	l, err := net.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := NewDevice(l, DeviceConfig{Clock: clk, MaxQP: n + 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	pd, _ := dev.AllocPD()
+	cq, err := dev.CreateCQ(2*n + 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	mr, err := pd.RegisterMR(buf, memreg.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qps := make([]*QP, n)
+	for i := range qps {
+		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := retry(i)
+		if err := qp.Connect(ConnParams{Peer: addrB, DestQPN: 0x100 + uint32(i), PathMTU: MTU1024, Retry: &r}); err != nil {
+			t.Fatal(err)
+		}
+		qps[i] = qp
+	}
+	return dev, clk, qps, cq, mr
+}
+
+// TestTimersManyQPs: 10,000 RC QPs (2,000 under -race) on one device,
+// each with one WRITE into the void, mixed ACK timeouts (4 ms .. 268 ms),
+// retry_cnt 0..2 and three posting times. Under a ManualClock advanced in
+// uneven steps, every QP's WR fails with WCRetryExcErr exactly when its
+// last timeout expires — never in an earlier Advance, always in the one
+// that reaches it — every timeout is counted once, and the device holds
+// one clock timer, not one per QP.
+func TestTimersManyQPs(t *testing.T) {
+	n := 10000
+	if raceEnabled {
+		n = 2000
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	timeouts := make([]uint8, n)
+	retries := make([]uint8, n)
+	for i := range timeouts {
+		timeouts[i] = uint8(10 + rng.IntN(7))
+		retries[i] = uint8(rng.IntN(3))
+	}
+	dev, clk, qps, cq, mr := deadQPs(t, n, func(i int) Retry {
+		return Retry{Timeout: timeouts[i], RetryCnt: retries[i], RNRRetry: 7, MinRNRTimer: 12}
+	})
+	byQPN := make(map[uint32]int, n)
+	due := make([]time.Time, n) // when the WR must fail
+	timeoutsWant := 0
+	post := func(i int) {
+		if err := qps[i].PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled,
+			SGEs: sge(mr, 0, 64), RemoteAddr: 0x1000, RKey: 0x1234}); err != nil {
+			t.Fatal(err)
+		}
+		byQPN[qps[i].QPN()] = i
+		// Sent at once, timed out retry_cnt+1 times, each a full timeout
+		// after the resend the previous one triggered.
+		due[i] = clk.Now().Add(time.Duration(int(retries[i])+1) * AckTimeout(timeouts[i]))
+		timeoutsWant += int(retries[i]) + 1
+	}
+	done := make([]bool, n)
+	wcs := make([]WC, 256)
+	finished := 0
+	// advance moves the clock by d and checks the completions it brought.
+	advance := func(d time.Duration) {
+		t.Helper()
+		before := clk.Now()
+		clk.Advance(d)
+		now := clk.Now()
+		for {
+			m := cq.Poll(wcs)
+			if m == 0 {
+				break
+			}
+			for _, wc := range wcs[:m] {
+				i, ok := byQPN[wc.QPN]
+				if !ok || wc.WRID != uint64(i) || wc.Status != WCRetryExcErr {
+					t.Fatalf("completion %+v", wc)
+				}
+				if done[i] {
+					t.Fatalf("qp %d completed twice", i)
+				}
+				done[i] = true
+				finished++
+				if due[i].After(now) || !due[i].After(before) {
+					t.Fatalf("qp %d (timeout %d, retry %d) failed in the Advance (%v, %v], its last timeout is at %v",
+						i, timeouts[i], retries[i], before.Sub(tqEpoch), now.Sub(tqEpoch), due[i].Sub(tqEpoch))
+				}
+			}
+		}
+		for i := range due {
+			if !done[i] && !due[i].IsZero() && !due[i].After(now) {
+				t.Fatalf("qp %d due at %v has not failed at %v", i, due[i].Sub(tqEpoch), now.Sub(tqEpoch))
+			}
+		}
+	}
+	// Three posting times: a third now, a third 1.5 ms later, a third 40 ms later.
+	for i := 0; i < n; i += 3 {
+		post(i)
+	}
+	advance(1500 * time.Microsecond)
+	for i := 1; i < n; i += 3 {
+		post(i)
+	}
+	advance(38500 * time.Microsecond)
+	for i := 2; i < n; i += 3 {
+		post(i)
+	}
+	if got := clk.Pending(); got != 1 {
+		t.Fatalf("%d clock timers pending with %d QPs waiting, want 1", got, n)
+	}
+	steps := []time.Duration{time.Millisecond, 3 * time.Millisecond, 7*time.Millisecond + 777*time.Microsecond, 20 * time.Millisecond}
+	for k := 0; finished < n; k++ {
+		if k > 10000 {
+			t.Fatalf("%d of %d WRs finished", finished, n)
+		}
+		advance(steps[k%len(steps)])
+	}
+	c := dev.Counters()
+	if c.LocalAckTimeout != uint64(timeoutsWant) || c.RetryExceededErr != uint64(n) {
+		t.Fatalf("local_ack_timeout %d (want %d), retry_exceeded %d (want %d)", c.LocalAckTimeout, timeoutsWant, c.RetryExceededErr, n)
+	}
+	if p := dev.tq.pending(); p != 0 {
+		t.Fatalf("%d timers still queued", p)
+	}
+}
+
+// TestTimersCancelled: Destroy, a move to ERR (Modify) and a move to RESET
+// cancel a QP's timers, and Close cancels every one: no timeout is counted
+// for those QPs and the device's queue is empty.
+func TestTimersCancelled(t *testing.T) {
+	const n = 400
+	dev, clk, qps, cq, mr := deadQPs(t, n, func(int) Retry {
+		return Retry{Timeout: 12, RetryCnt: 0, RNRRetry: 7, MinRNRTimer: 12}
+	})
+	for i, qp := range qps {
+		if err := qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled,
+			SGEs: sge(mr, 0, 64), RemoteAddr: 0x1000, RKey: 0x1234}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := dev.tq.pending(); p != n {
+		t.Fatalf("%d timers queued, want %d", p, n)
+	}
+	live := 0
+	for i, qp := range qps {
+		var err error
+		switch i % 4 {
+		case 0:
+			err = qp.Destroy()
+		case 1:
+			err = qp.Modify(&QPAttr{State: QPSErr}, AttrState)
+		case 2:
+			err = qp.Modify(&QPAttr{State: QPSReset}, AttrState)
+		default:
+			live++
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := dev.tq.pending(); p != live {
+		t.Fatalf("%d timers queued after destroy/ERR/RESET, want %d", p, live)
+	}
+	// Half the flushed WRs completed (Destroy and ERR flush; RESET drops).
+	clk.Advance(time.Duration(float64(AckTimeout(12)) * 0.99))
+	if c := dev.Counters(); c.LocalAckTimeout != 0 {
+		t.Fatalf("%d timeouts before the deadline", c.LocalAckTimeout)
+	}
+	clk.Advance(AckTimeout(12))
+	if c := dev.Counters(); c.LocalAckTimeout != uint64(live) {
+		t.Fatalf("%d timeouts, want %d (the live QPs)", c.LocalAckTimeout, live)
+	}
+	wcs := make([]WC, 2*n)
+	if got, want := cq.Poll(wcs), n/2+live; got != want {
+		t.Fatalf("%d completions, want %d", got, want)
+	}
+	// Close with timers pending: they are cancelled.
+	for i, qp := range qps {
+		if i%4 == 2 {
+			if err := qp.Connect(ConnParams{Peer: addrB, DestQPN: 0x200 + uint32(i), PathMTU: MTU1024, Retry: &Retry{Timeout: 12, RNRRetry: 7}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, SGEs: sge(mr, 0, 64), RemoteAddr: 0x1000, RKey: 0x1234}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if p := dev.tq.pending(); p != n/4 {
+		t.Fatalf("%d timers queued, want %d", p, n/4)
+	}
+	if err := dev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if p, c := dev.tq.pending(), clk.Pending(); p != 0 || c != 0 {
+		t.Fatalf("after Close: %d timers queued, %d clock timers", p, c)
+	}
+	clk.Advance(time.Hour)
+	if c := dev.Counters(); c.LocalAckTimeout != uint64(live) {
+		t.Fatalf("%d timeouts after Close, want %d", c.LocalAckTimeout, live)
+	}
+}
