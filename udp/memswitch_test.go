@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -425,5 +426,34 @@ func TestRealTimeBottleneck(t *testing.T) {
 	}
 	if _, err := la.Shape(Bottleneck{Rate: 1e9}); err == nil {
 		t.Error("second Shape accepted")
+	}
+}
+
+// TestVirtualNoReceiver: a packet delivered to a link nobody receives
+// from keeps the network busy; Step gives up after QuiesceTimeout naming
+// the link, and closing the link frees it.
+func TestVirtualNoReceiver(t *testing.T) {
+	old := QuiesceTimeout
+	QuiesceTimeout = 50 * time.Millisecond
+	defer func() { QuiesceTimeout = old }()
+	clk := &vclock{t: vstart}
+	n := NewVirtualMemNetwork(Faults{}, clk.Now)
+	la, _ := n.Link(addrA)
+	lb, _ := n.Link(addrB)
+	defer la.Close()
+	buf := make([]byte, MaxPacketSize)
+	if err := la.Send([]Packet{{Buf: testPayload(buf, 1, 100), Addr: addrB, SrcPort: 0xc000}}); err != nil {
+		t.Fatal(err)
+	}
+	err := n.Step()
+	if err == nil || !strings.Contains(err.Error(), addrB.String()) {
+		t.Fatalf("Step with no receiver on %v: %v", addrB, err)
+	}
+	lb.Close()
+	if err := n.Step(); err != nil {
+		t.Fatalf("Step after closing the busy link: %v", err)
+	}
+	if _, ok := n.NextEvent(); ok {
+		t.Error("events left after everything was delivered")
 	}
 }
