@@ -40,6 +40,9 @@ type ccFlags struct {
 	cnpInterval time.Duration
 	dcqcnOff    bool
 	params      dcqcn.Config // knobs set by --dcqcn-param (zero: default)
+	// paramArgs are the --dcqcn-param values in order, joined by commas
+	// (a string keeps the options comparable).
+	paramArgs string
 }
 
 // addCCFlags registers --ecn, --cnp-interval, --dcqcn and --dcqcn-param
@@ -62,7 +65,14 @@ func addCCFlags(fs *flag.FlagSet, f *ccFlags) {
 	})
 	fs.Var(onOff{&f.dcqcnOff}, "dcqcn", "")
 	fs.Func("dcqcn-param", "", func(v string) error {
-		return setDCQCNParams(&f.params, v)
+		if err := setDCQCNParams(&f.params, v); err != nil {
+			return err
+		}
+		if f.paramArgs != "" {
+			f.paramArgs += ","
+		}
+		f.paramArgs += v
+		return nil
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorocev2/rocev2/dcqcn"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
@@ -48,22 +49,40 @@ started, Jain's fairness index of the flows' goodputs over the last half,
 the drops, and the mean queue over the last half.
 
 Options:
+The defaults are test/ccsim's scenario: a 10 Gb/s port with a 512 KiB
+buffer marking from 5 KiB to 200 KiB (1 % at Kmax, as in the DCQCN paper),
+senders with 25 Gb/s NICs, 2 µs per hop, 64 KiB WRITEs, 8 outstanding per
+flow, MTU 4096, and the reaction point of the DCQCN paper (--rp=paper).
+
+Options:
   -n, --flows N    flows (default 4, at most 64)
-  --rate RATE      bottleneck rate, bits/s of IP datagrams (default 10G)
-  --line-rate RATE each sender's line rate (default: --rate); also DCQCN's
-                   rpg_max_rate unless --dcqcn-param sets it
-  --buffer SIZE    bottleneck buffer (default 1MB; SIZE: bytes, or with
-                   k/KB, M/MB (×1000) or KiB, MiB (×1024))
-  --kmin SIZE      marking starts above this depth (default 40KB)
-  --kmax SIZE      marking probability reaches --pmax here (default 200KB)
-  --pmax P         marking probability at --kmax (default 0.1)
+  --rate RATE      bottleneck rate, bits/s of IP datagrams (default 10G;
+                   RATE: 10G, 500M, 2.5e9)
+  --line-rate RATE each sender's line rate (default 25G, or --rate if
+                   above); also DCQCN's rpg_max_rate unless --dcqcn-param
+                   sets it
+  --buffer SIZE    bottleneck buffer (default 512KiB; SIZE: bytes, or
+                   with k/KB, M/MB (×1000) or KiB, MiB (×1024))
+  --kmin SIZE      marking starts above this depth (default 5KiB)
+  --kmax SIZE      marking probability reaches --pmax here (default 200KiB)
+  --pmax P         marking probability at --kmax (default 0.01)
+  --rp=paper|nvidia   the reaction point's knobs before --dcqcn-param:
+                   paper (default): Zhu et al. 2015's table 1 with its
+                   rates scaled from 40 Gb/s to --rate — α gain 1/256
+                   (dce_tcp_g 1020) every 55 µs, rate increase timer 55 µs,
+                   byte counter 10 MB, 5 steps of fast recovery, AI 40 Mb/s,
+                   HAI 400 Mb/s, minimum 10 Mb/s (×rate/40G); nvidia: the
+                   dcqcn package's defaults (NVIDIA's for 100 Gb/s NICs
+                   with hardware timers: α every 1 µs, byte counter 32 KiB,
+                   threshold 1), which at these rates keep the flows above
+                   the bottleneck
   --duration DUR   virtual time the flows run (default 100ms)
-  --interval DUR   sample interval (default 500us)
+  --interval DUR   sample interval (default 1ms)
   --stagger DUR    flow i (from 0) starts at i×DUR (default 10ms):
                    staggered starts show the convergence
-  --size BYTES     RDMA WRITE size (default 16384)
-  --depth N        WRITEs outstanding per flow (default 4)
-  --mtu N          path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
+  --size BYTES     RDMA WRITE size (default 65536)
+  --depth N        WRITEs outstanding per flow (default 8)
+  --mtu N          path MTU: 256, 512, 1024, 2048 or 4096 (default 4096)
   --delay DUR      one-way propagation delay (default 2us)
   --timeout N      local ACK timeout exponent, 4.096us×2^N (default 12)
   --seed N         seed of the network's random decisions (default 1)
@@ -98,16 +117,17 @@ func parseCongestionFlags(args []string) (*ccConfig, error) {
 	intFlags(fs, &c.flows, "n", "flows", 4)
 	rateFlag(fs, &c.rate, "rate", 10e9)
 	rateFlag(fs, &c.lineRate, "line-rate", 0)
-	sizeFlag(fs, &c.buffer, "buffer", 1000000)
-	sizeFlag(fs, &c.kmin, "kmin", 40000)
-	sizeFlag(fs, &c.kmax, "kmax", 200000)
-	fs.Float64Var(&c.pmax, "pmax", 0.1, "")
+	sizeFlag(fs, &c.buffer, "buffer", 512<<10)
+	sizeFlag(fs, &c.kmin, "kmin", 5<<10)
+	sizeFlag(fs, &c.kmax, "kmax", 200<<10)
+	fs.Float64Var(&c.pmax, "pmax", 0.01, "")
+	rp := fs.String("rp", "paper", "")
 	fs.DurationVar(&c.duration, "duration", 100*time.Millisecond, "")
-	fs.DurationVar(&c.interval, "interval", 500*time.Microsecond, "")
+	fs.DurationVar(&c.interval, "interval", time.Millisecond, "")
 	fs.DurationVar(&c.stagger, "stagger", 10*time.Millisecond, "")
-	fs.IntVar(&c.size, "size", 16384, "")
-	fs.IntVar(&c.depth, "depth", 4, "")
-	mtu := fs.Int("mtu", 1024, "")
+	fs.IntVar(&c.size, "size", 64<<10, "")
+	fs.IntVar(&c.depth, "depth", 8, "")
+	mtu := fs.Int("mtu", 4096, "")
 	fs.DurationVar(&c.delay, "delay", 2*time.Microsecond, "")
 	fs.IntVar(&c.timeout, "timeout", 12, "")
 	fs.Int64Var(&c.seed, "seed", 1, "")
@@ -122,7 +142,7 @@ func parseCongestionFlags(args []string) (*ccConfig, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if c.lineRate == 0 {
-		c.lineRate = c.rate
+		c.lineRate = max(25e9, c.rate)
 	}
 	var ok bool
 	if c.mtu, ok = transport.MTUFromBytes(*mtu); !ok {
@@ -154,6 +174,18 @@ func parseCongestionFlags(args []string) (*ccConfig, error) {
 	case c.timeout < 1 || c.timeout > 31:
 		return nil, fmt.Errorf("--timeout %d: want 1 to 31", c.timeout)
 	}
+	// The reaction point: the profile, then the --dcqcn-param knobs.
+	switch *rp {
+	case "paper":
+		c.cc.params = paperRP(c.rate)
+	case "nvidia":
+		c.cc.params = dcqcn.Config{}
+	default:
+		return nil, fmt.Errorf("--rp %q: want paper or nvidia", *rp)
+	}
+	if err := setDCQCNParams(&c.cc.params, c.cc.paramArgs); err != nil {
+		return nil, fmt.Errorf("--dcqcn-param %s: %w", c.cc.paramArgs, err)
+	}
 	if c.cc.params.LineRate == 0 {
 		c.cc.params.LineRate = c.lineRate
 	}
@@ -161,6 +193,18 @@ func parseCongestionFlags(args []string) (*ccConfig, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// paperRP returns the reaction point of the DCQCN paper (Zhu et al.,
+// SIGCOMM 2015, table 1, for 40 Gb/s), its rates and byte counter scaled
+// to a bottleneck of rate bits/s — at 10 Gb/s, test/ccsim's knobs.
+func paperRP(rate float64) dcqcn.Config {
+	f := rate / 40e9
+	return dcqcn.Config{
+		G: 1020, AlphaPeriod: 55 * time.Microsecond, TimeReset: 55 * time.Microsecond,
+		ByteReset: max(1, int64(10e6*f)), Threshold: 5,
+		AIRate: 40e6 * f, HAIRate: 400e6 * f, MinRate: 40e6 * f,
+	}
 }
 
 // rateFlag registers a bits/s option (10G, 500M, 2.5e9).

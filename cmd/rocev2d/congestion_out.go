@@ -164,10 +164,10 @@ func (r *ccRun) Plot() *svgplot.Plot {
 
 // ccSummary is the end-of-run digest.
 type ccSummary struct {
-	Goodput     float64 // aggregate goodput over the whole run after the last flow started, bits/s
-	Utilization float64 // Goodput / Bottleneck
-	Jain        float64 // Jain's fairness index of the per-flow goodputs over the last half
+	Goodput     float64 // aggregate goodput over the run after the last flow started, bits/s
 	LastHalf    float64 // aggregate goodput over the last half, bits/s
+	Utilization float64 // LastHalf / Bottleneck
+	Jain        float64 // Jain's fairness index of the per-flow goodputs over the last half
 	Drops       uint64  // all drops
 	LateDrops   uint64  // drops in the last half
 	MeanQueue   float64 // time-averaged queue over the last half, bytes
@@ -221,7 +221,7 @@ func (r *ccRun) Summary() ccSummary {
 		s.MeanQueue /= halfN
 	}
 	if r.Bottleneck > 0 {
-		s.Utilization = s.Goodput / r.Bottleneck
+		s.Utilization = s.LastHalf / r.Bottleneck
 	}
 	s.Jain = jain(per)
 	return s
@@ -243,10 +243,9 @@ func jain(x []float64) float64 {
 
 // format is the summary line rocev2d congestion prints for run r.
 func (s ccSummary) format(r *ccRun) string {
-	return fmt.Sprintf("aggregate goodput %.3f Gb/s = %.1f %% of the %.3f Gb/s bottleneck (last half %.3f Gb/s), "+
-		"Jain fairness %.3f (last half), drops %d (%d in the last half), mean queue %.1f KB (last half; Kmax %.1f KB), "+
-		"CE marks %d, CNPs sent %d, handled %d",
-		s.Goodput/1e9, 100*s.Utilization, r.Bottleneck/1e9, s.LastHalf/1e9,
-		s.Jain, s.Drops, s.LateDrops, s.MeanQueue/1e3, float64(r.Kmax)/1e3,
-		s.Marked, s.CNPSent, s.CNPHandled)
+	return fmt.Sprintf("last half: aggregate goodput %.3f Gb/s = %.1f %% of the %.3f Gb/s bottleneck, "+
+		"Jain fairness %.3f, drops %d, mean queue %.1f KB (Kmax %.1f KB); "+
+		"whole run: goodput %.3f Gb/s after the last start, drops %d, CE marks %d, CNPs sent %d, handled %d",
+		s.LastHalf/1e9, 100*s.Utilization, r.Bottleneck/1e9, s.Jain, s.LateDrops, s.MeanQueue/1e3, float64(r.Kmax)/1e3,
+		s.Goodput/1e9, s.Drops, s.Marked, s.CNPSent, s.CNPHandled)
 }

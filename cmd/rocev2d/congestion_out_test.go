@@ -139,15 +139,17 @@ func TestCongestionSVG(t *testing.T) {
 func TestCongestionSummary(t *testing.T) {
 	r := syntheticRun()
 	s := r.Summary()
-	// After the last start (2 ms): 8 samples of 9 Gb/s.
-	if math.Abs(s.Goodput-9e9) > 1 || math.Abs(s.Utilization-0.9) > 1e-9 {
-		t.Errorf("goodput %v (%v of the bottleneck), want 9e9 (0.9)", s.Goodput, s.Utilization)
+	// After the last start (2 ms): 8 samples of 9 Gb/s; the last half
+	// (after 5 ms) too.
+	if math.Abs(s.Goodput-9e9) > 1 || math.Abs(s.LastHalf-9e9) > 1 || math.Abs(s.Utilization-0.9) > 1e-9 {
+		t.Errorf("goodput %v, last half %v (%v of the bottleneck), want 9e9, 9e9 (0.9)", s.Goodput, s.LastHalf, s.Utilization)
 	}
 	if s.Jain != 1 || s.Drops != 6 || s.LateDrops != 0 || s.MeanQueue != 30000 || s.CNPSent != 55 || s.Marked != 110 {
 		t.Errorf("summary %+v", s)
 	}
 	line := s.format(r)
-	for _, w := range []string{"9.000 Gb/s = 90.0 %", "Jain fairness 1.000", "drops 6 (0 in the last half)", "mean queue 30.0 KB"} {
+	for _, w := range []string{"last half: aggregate goodput 9.000 Gb/s = 90.0 %", "Jain fairness 1.000, drops 0,", "mean queue 30.0 KB",
+		"whole run: goodput 9.000 Gb/s after the last start, drops 6,"} {
 		if !strings.Contains(line, w) {
 			t.Errorf("summary %q lacks %q", line, w)
 		}
