@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -153,8 +155,19 @@ type ccResult struct {
 // runCC runs n flows A->B for warm+measure and returns the figures of the
 // measured window. free lifts the bottleneck to 100 Gb/s (the machine's
 // own capacity: the same-run baseline).
-func runCC(b *testing.B, n int, on, free bool) ccResult {
+func runCC(b *testing.B, n int, on, free, tbf bool) ccResult {
 	nsA, nsB, ifA, _ := vethPair(b)
+	if tbf {
+		// A real queue behind the phantom one: tbf at the bottleneck rate
+		// (Ethernet frames; 1.4 % above the phantom's IP rate for the
+		// 14-byte header on 4 KiB packets, so the phantom queue is never
+		// shorter than the real one) with room beyond the phantom's limit.
+		rate := strconv.Itoa(int(ccBottleneck*1.014/1000)) + "kbit"
+		if out, err := exec.Command("ip", "netns", "exec", nsA, "tc", "qdisc", "add", "dev", ifA, "root", "tbf",
+			"rate", rate, "burst", "32kb", "limit", strconv.Itoa(int(ccQueue.Limit)*2)).CombinedOutput(); err != nil {
+			b.Fatalf("tc qdisc add tbf: %v: %s", err, out)
+		}
+	}
 	cc := transport.CongestionConfig{DCQCN: ccDCQCN(on), CNPInterval: ccCNPInterval}
 	a := newCCSide(b, nsA, addrA, n, cc)
 	r := newCCSide(b, nsB, addrB, n, cc)
@@ -296,20 +309,27 @@ func ccFlow(ctx context.Context, a, r *ccSide, i int, done *atomic.Uint64) error
 // BenchmarkVethCongestion: 2 and 4 flows into the 200 Mb/s congestion
 // point, DCQCN on and off, and as the same-run baseline of what the machine
 // can do, the same flows with DCQCN off through a 100 Gb/s queue
-// (no_bottleneck). Each sub-benchmark is one run of warm-up + measured
+// (no_bottleneck). The phantom queue marks and drops but delays nothing:
+// the senders are held to the bottleneck only by drops and DCQCN. The tbf
+// variants add a real queue behind it (tc's token bucket at the same rate,
+// the one rate-limiting qdisc the host has), so that the link really runs
+// at 200 Mb/s and a full queue delays the ACKs. Each sub-benchmark is one run of warm-up + measured
 // window (b.N is 1: a run outlasts -benchtime). Root only.
 //
 //	go test -run '^$' -bench VethCongestion -benchtime 1x ./test/veth/
 func BenchmarkVethCongestion(b *testing.B) {
 	for _, n := range []int{2, 4} {
-		for _, mode := range []string{"on", "off", "unlimited"} {
-			on, free := mode == "on", mode == "unlimited"
-			name := fmt.Sprintf("flows=%d/dcqcn=%s", n, mode)
-			if free {
+		for _, mode := range []string{"on", "off", "unlimited", "on+tbf", "off+tbf"} {
+			on, free, tbf := strings.HasPrefix(mode, "on"), mode == "unlimited", strings.HasSuffix(mode, "+tbf")
+			name := fmt.Sprintf("flows=%d/dcqcn=%s", n, strings.TrimSuffix(mode, "+tbf"))
+			switch {
+			case free:
 				name = fmt.Sprintf("flows=%d/no_bottleneck", n)
+			case tbf:
+				name = fmt.Sprintf("flows=%d/tbf/dcqcn=%s", n, strings.TrimSuffix(mode, "+tbf"))
 			}
 			b.Run(name, func(b *testing.B) {
-				res := runCC(b, n, on, free)
+				res := runCC(b, n, on, free, tbf)
 				if len(res.failed) > 0 {
 					// Go-back-N collapse under tail drop: reported, not a
 					// benchmark failure (it is what DCQCN prevents).
