@@ -2,9 +2,11 @@ package transport
 
 import (
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
 )
@@ -227,5 +229,191 @@ func TestTimersCancelled(t *testing.T) {
 	clk.Advance(time.Hour)
 	if c := dev.Counters(); c.LocalAckTimeout != uint64(live) {
 		t.Fatalf("%d timeouts after Close, want %d", c.LocalAckTimeout, live)
+	}
+}
+
+// qpDropLink is a Link that loses the packets drop picks on Send (while
+// drop is set; under mu).
+type qpDropLink struct {
+	udp.Link
+	mu   sync.Mutex
+	drop func(buf []byte) bool
+	kept []udp.Packet
+}
+
+func (l *qpDropLink) Send(pkts []udp.Packet) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.drop == nil {
+		return l.Link.Send(pkts)
+	}
+	l.kept = l.kept[:0]
+	for _, p := range pkts {
+		if !l.drop(p.Buf) {
+			l.kept = append(l.kept, p)
+		}
+	}
+	if len(l.kept) == 0 {
+		return nil
+	}
+	return l.Link.Send(l.kept)
+}
+
+func (l *qpDropLink) setDrop(f func([]byte) bool) {
+	l.mu.Lock()
+	l.drop = f
+	l.mu.Unlock()
+}
+
+// bthDestQP is the destination QPN of a packet (BTH bytes 5..7).
+func bthDestQP(b []byte) uint32 {
+	if len(b) < 12 {
+		return 0
+	}
+	return uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7])
+}
+
+// TestIsolation: one QP of many is stalled — its peer has no receive WRs
+// (RNR NAKs, a 491 ms back-off each) or every packet it sends is lost —
+// and the others complete all their work while the ManualClock stands
+// still, so nothing of theirs waited for the stalled QP's back-off or
+// timeout. Then the stall is lifted and the clock advanced past one
+// back-off/timeout: the stalled QP completes too, with exactly the RNR
+// NAKs or timeouts it alone caused counted.
+func TestIsolation(t *testing.T) {
+	const n, m = 200, 8 // QP pairs, SENDs per QP
+	for _, mode := range []string{"rnr", "loss"} {
+		t.Run(mode, func(t *testing.T) {
+			clk := NewManualClock(tqEpoch)
+			net := udp.NewMemNetwork(udp.Faults{})
+			ml, err := net.Link(addrA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			la := &qpDropLink{Link: ml}
+			lb, err := net.Link(addrB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := DeviceConfig{Clock: clk, MaxQP: n + 16}
+			da, err := NewDevice(la, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer da.Close()
+			db, err := NewDevice(lb, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			pa, _ := da.AllocPD()
+			pb, _ := db.AllocPD()
+			scq, _ := da.CreateCQ(n*m + 16)
+			acq, _ := da.CreateCQ(16)
+			rcq, _ := db.CreateCQ(n*m + 16)
+			bcq, _ := db.CreateCQ(16)
+			smr, err := pa.RegisterMR(make([]byte, 4096), memreg.AccessLocalWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rmr, err := pb.RegisterMR(make([]byte, 4096), memreg.AccessLocalWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// RNR timer code 31: 491.52 ms; ACK timeout 17: 537 ms.
+			retry := Retry{Timeout: 17, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 31}
+			qa, qb := make([]*QP, n), make([]*QP, n)
+			for i := range n {
+				if qa[i], err = da.CreateQP(pa, QPInitAttr{Type: QPTypeRC, SendCQ: scq, RecvCQ: acq, MaxSendWR: m, MaxRecvWR: 1}); err != nil {
+					t.Fatal(err)
+				}
+				if qb[i], err = db.CreateQP(pb, QPInitAttr{Type: QPTypeRC, SendCQ: bcq, RecvCQ: rcq, MaxSendWR: 1, MaxRecvWR: m}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range n {
+				if err := qa[i].Connect(ConnParams{Peer: addrB, DestQPN: qb[i].QPN(), PathMTU: MTU1024, Retry: &retry}); err != nil {
+					t.Fatal(err)
+				}
+				if err := qb[i].Connect(ConnParams{Peer: addrA, DestQPN: qa[i].QPN(), PathMTU: MTU1024, Retry: &retry}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			const stalled = n / 2
+			recv := func(i int) {
+				for range m {
+					if err := qb[i].PostRecv(RecvWR{WRID: uint64(i), SGEs: sge(rmr, 0, 4096)}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for i := range n {
+				if i != stalled || mode != "rnr" {
+					recv(i)
+				}
+			}
+			if mode == "loss" {
+				dst := qb[stalled].QPN()
+				la.setDrop(func(b []byte) bool { return bthDestQP(b) == dst })
+			}
+			// Every QP sends m 2 KiB SENDs (two packets each).
+			for k := range m {
+				for i := range n {
+					if err := qa[i].PostSend(SendWR{WRID: uint64(i), Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 2048)}); err != nil {
+						t.Fatalf("qp %d send %d: %v", i, k, err)
+					}
+				}
+			}
+			// The others finish without the clock moving.
+			want := (n - 1) * m
+			for _, wc := range waitWC(t, scq, want, 60*time.Second) {
+				if wc.Status != WCSuccess || wc.WRID == stalled {
+					t.Fatalf("completion %+v (qp %d is stalled)", wc, stalled)
+				}
+			}
+			if !clk.Now().Equal(tqEpoch) {
+				t.Fatal("the clock moved")
+			}
+			for _, wc := range waitWC(t, rcq, want, 60*time.Second) {
+				if wc.Status != WCSuccess || wc.WRID == stalled || wc.ByteLen != 2048 {
+					t.Fatalf("receive completion %+v", wc)
+				}
+			}
+			if k := scq.Poll(make([]WC, 4)); k != 0 {
+				t.Fatalf("%d completions of the stalled QP", k)
+			}
+			ca := da.Counters()
+			switch mode {
+			case "rnr":
+				if ca.RcvdRNRErr == 0 {
+					t.Fatal("no RNR NAK received: the stalled QP did not stall")
+				}
+				recv(stalled)
+				clk.Advance(aeth.RNRTimeout(31))
+			case "loss":
+				if ca.LocalAckTimeout != 0 {
+					t.Fatalf("%d ACK timeouts before the clock moved", ca.LocalAckTimeout)
+				}
+				la.setDrop(nil)
+				clk.Advance(AckTimeout(17))
+			}
+			for _, wc := range waitWC(t, scq, m, 60*time.Second) {
+				if wc.Status != WCSuccess || wc.WRID != stalled {
+					t.Fatalf("completion %+v, want the stalled qp %d's", wc, stalled)
+				}
+			}
+			ca = da.Counters()
+			switch mode {
+			case "rnr":
+				// One RNR NAK: the back-off ran once, then everything went.
+				if ca.RcvdRNRErr != 1 || ca.LocalAckTimeout != 0 {
+					t.Fatalf("rnr_nak %d (want 1), local_ack_timeout %d (want 0)", ca.RcvdRNRErr, ca.LocalAckTimeout)
+				}
+			case "loss":
+				if ca.LocalAckTimeout != 1 || ca.RcvdRNRErr != 0 {
+					t.Fatalf("local_ack_timeout %d (want 1), rnr_nak %d (want 0)", ca.LocalAckTimeout, ca.RcvdRNRErr)
+				}
+			}
+		})
 	}
 }
