@@ -83,6 +83,11 @@ type Config struct {
 	// time's worth of its rate at once. Default 16 µs (at least one packet
 	// always goes).
 	Burst time.Duration
+	// CatchUp bounds what a flow the pacer held back may send at once when
+	// its wake-up comes late: up to this much time's worth of its rate.
+	// Software timers are late (Go's by up to 1 ms on an idle machine), so
+	// without it the rate would fall short of the target. Default 2 ms.
+	CatchUp time.Duration
 }
 
 // Defaults of Config, NVIDIA's unless noted.
@@ -101,6 +106,7 @@ const (
 	DefaultMinDecFac           = 50
 	DefaultReduceMonitorPeriod = 4 * time.Microsecond
 	DefaultBurst               = 16 * time.Microsecond // ours: software pacing needs some slack
+	DefaultCatchUp             = 2 * time.Millisecond  // ours: covers Go's timer granularity
 )
 
 // Normalize returns c with its zero fields set to their defaults, or an
@@ -137,6 +143,7 @@ func (c Config) Normalize() (Config, error) {
 	defi(&c.MinDecFac, DefaultMinDecFac)
 	defd(&c.ReduceMonitorPeriod, DefaultReduceMonitorPeriod)
 	defd(&c.Burst, DefaultBurst)
+	defd(&c.CatchUp, DefaultCatchUp)
 	switch {
 	case !(c.LineRate > 0):
 		return c, fmt.Errorf("dcqcn: LineRate %v must be > 0", c.LineRate)
@@ -166,6 +173,8 @@ func (c Config) Normalize() (Config, error) {
 		return c, fmt.Errorf("dcqcn: ReduceMonitorPeriod %v must be >= 0", c.ReduceMonitorPeriod)
 	case c.Burst < 0:
 		return c, fmt.Errorf("dcqcn: Burst %v must be >= 0", c.Burst)
+	case c.CatchUp < 0:
+		return c, fmt.Errorf("dcqcn: CatchUp %v must be >= 0", c.CatchUp)
 	}
 	return c, nil
 }

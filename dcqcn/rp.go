@@ -30,6 +30,7 @@ type RP struct {
 	timeInc     bool      // the timer raised the rate since the last cut
 
 	next time.Time // pacer: when the next packet may leave
+	held bool      // Wait held the flow back: it is backlogged, not idle
 
 	stats Stats
 }
@@ -259,14 +260,27 @@ func (r *RP) Sent(now time.Time, n int) {
 	}
 	// The pacer: the next packet may leave once this one's time at the
 	// current rate has passed. An idle flow keeps at most Burst of credit.
-	if floor := now.Add(-r.cfg.Burst); r.next.Before(floor) {
+	// A flow the pacer held back keeps what its wake-up came late by, up
+	// to CatchUp: software timers fire late (Go's by up to a millisecond
+	// on an idle machine), and the rate is kept on average by sending what
+	// the delay owed at once.
+	floor := now.Add(-r.cfg.Burst)
+	if r.held {
+		floor = now.Add(-max(r.cfg.Burst, r.cfg.CatchUp))
+	}
+	if r.next.Before(floor) {
 		r.next = floor
 	}
 	r.next = r.next.Add(time.Duration(float64(n) * 8 / r.rc * 1e9))
 }
 
+// Idle tells the pacer the flow has nothing more to send: the next packet
+// after a pause gets Burst of credit, not CatchUp.
+func (r *RP) Idle() { r.held = false }
+
 // Wait returns how long the flow must wait at now before its next packet
-// may leave: 0 when it may leave now.
+// may leave: 0 when it may leave now. Once Wait has held the flow back, the
+// flow counts as backlogged until Idle.
 func (r *RP) Wait(now time.Time) time.Duration {
 	if !r.limited {
 		return 0
@@ -276,6 +290,7 @@ func (r *RP) Wait(now time.Time) time.Duration {
 		return 0
 	}
 	if d := r.next.Sub(now); d > 0 {
+		r.held = true
 		return d
 	}
 	return 0

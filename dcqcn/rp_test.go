@@ -28,7 +28,7 @@ func TestNormalizeDefaults(t *testing.T) {
 	}
 	want := Config{LineRate: 100e9, MinRate: 1e6, AIRate: 5e6, HAIRate: 50e6, TimeReset: 300 * time.Microsecond,
 		ByteReset: 32767, Threshold: 1, G: 1019, AlphaPeriod: time.Microsecond, InitialAlpha: 1023, GD: 11,
-		MinDecFac: 50, ReduceMonitorPeriod: 4 * time.Microsecond, Burst: 16 * time.Microsecond}
+		MinDecFac: 50, ReduceMonitorPeriod: 4 * time.Microsecond, Burst: 16 * time.Microsecond, CatchUp: 2 * time.Millisecond}
 	if c != want {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
 	}

@@ -96,6 +96,9 @@ func (qp *QP) reqProgress() {
 		qp.paceSent(len(qp.out[qp.nout-1].Buf))
 		sent = true
 	}
+	if qp.sqCur == qp.sqEnd {
+		qp.cc.rp.Idle()
+	}
 	if sent && qp.attr.State != QPSErr {
 		qp.armRetrans()
 	}
