@@ -142,8 +142,8 @@ func (r *ccRun) Plot() *svgplot.Plot {
 	}
 	onOff := map[bool]string{true: "on", false: "off"}[r.DCQCN]
 	return &svgplot.Plot{
-		Title: fmt.Sprintf("%d flows into a %s Gb/s bottleneck, DCQCN %s (Kmin %d KB, Kmax %d KB, Pmax %g, buffer %d KB)",
-			r.Flows, strconv.FormatFloat(bn, 'g', 4, 64), onOff, r.Kmin/1000, r.Kmax/1000, r.Pmax, r.Buffer/1000),
+		Title: fmt.Sprintf("%d flows into a %s Gb/s bottleneck, DCQCN %s (Kmin %s, Kmax %s, Pmax %g, buffer %s)",
+			r.Flows, strconv.FormatFloat(bn, 'g', 4, 64), onOff, byteSize(r.Kmin), byteSize(r.Kmax), r.Pmax, byteSize(r.Buffer)),
 		XLabel: "time (ms)",
 		X:      x,
 		Panels: []svgplot.Panel{
@@ -160,6 +160,22 @@ func (r *ccRun) Plot() *svgplot.Plot {
 				{Name: "CE marks", Y: marks, Color: "#ff7f0e"}, {Name: "drops", Y: drops, Color: "#d62728"}}},
 		},
 	}
+}
+
+// byteSize formats a byte count: in KiB or MiB when it is a whole number
+// of them (as the defaults are), else in KB or MB with one decimal.
+func byteSize(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	case n >= 1e6:
+		return strconv.FormatFloat(float64(n)/1e6, 'f', 1, 64) + " MB"
+	case n >= 1e3:
+		return strconv.FormatFloat(float64(n)/1e3, 'f', 1, 64) + " KB"
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 // ccSummary is the end-of-run digest.
@@ -244,8 +260,8 @@ func jain(x []float64) float64 {
 // format is the summary line rocev2d congestion prints for run r.
 func (s ccSummary) format(r *ccRun) string {
 	return fmt.Sprintf("last half: aggregate goodput %.3f Gb/s = %.1f %% of the %.3f Gb/s bottleneck, "+
-		"Jain fairness %.3f, drops %d, mean queue %.1f KB (Kmax %.1f KB); "+
+		"Jain fairness %.3f, drops %d, mean queue %.1f KB (Kmax %s); "+
 		"whole run: goodput %.3f Gb/s after the last start, drops %d, CE marks %d, CNPs sent %d, handled %d",
-		s.LastHalf/1e9, 100*s.Utilization, r.Bottleneck/1e9, s.Jain, s.LateDrops, s.MeanQueue/1e3, float64(r.Kmax)/1e3,
+		s.LastHalf/1e9, 100*s.Utilization, r.Bottleneck/1e9, s.Jain, s.LateDrops, s.MeanQueue/1e3, byteSize(r.Kmax),
 		s.Goodput/1e9, s.Drops, s.Marked, s.CNPSent, s.CNPHandled)
 }

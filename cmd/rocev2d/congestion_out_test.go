@@ -156,6 +156,15 @@ func TestCongestionSummary(t *testing.T) {
 	}
 }
 
+func TestByteSize(t *testing.T) {
+	for n, want := range map[int]string{5 << 10: "5 KiB", 200 << 10: "200 KiB", 512 << 10: "512 KiB", 1 << 20: "1 MiB",
+		40000: "40.0 KB", 1500000: "1.5 MB", 0: "0 B", 999: "999 B", 1536 << 10: "1536 KiB"} {
+		if got := byteSize(n); got != want {
+			t.Errorf("byteSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
 func TestJain(t *testing.T) {
 	for _, tc := range []struct {
 		x    []float64

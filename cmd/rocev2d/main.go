@@ -4,8 +4,10 @@
 // ibv_ud_pingpong (ud-pingpong), ibv_srq_pingpong (srq-pingpong) and
 // perftest (write-bw, read-lat, ...), librdmacm's examples connecting
 // through the IB connection manager (rping, rdma-server, rdma-client,
-// udaddy), a benchmark against raw UDP (bench), checks and writes RoCEv2 captures
-// (pcap) and injects faults on an interface (faults, Linux, root).
+// udaddy), a benchmark against raw UDP (bench), N flows into one bottleneck of
+// the in-memory switch with ECN, CNPs and DCQCN, drawn as CSV and SVG
+// (congestion), checks and writes RoCEv2 captures (pcap) and injects faults
+// on an interface (faults, Linux, root).
 //
 // Usage:
 //
@@ -19,7 +21,8 @@
 //
 // What the commands share: endpoint.go builds an endpoint (socket link,
 // device, PD, CQs, QP, registered memory) and connects it; socketflags.go
-// has their --gso and --busy-poll options; shared.go flag parsing and the
+// has their --gso and --busy-poll options (and ccflags.go's congestion
+// control options, registered with them); shared.go flag parsing and the
 // out-of-band TCP helpers; counters.go the -v and SIGUSR1 counters.
 package main
 
