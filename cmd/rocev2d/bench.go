@@ -231,7 +231,7 @@ func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Wa
 	if err != nil {
 		return err
 	}
-	a, b, err := newEndpointPair(la, lb, c.a, c.b, c.mtu)
+	a, b, err := newEndpointPair(la, lb, c.a, c.b, c.mtu, c.sock.cc.config())
 	if err != nil {
 		return err
 	}

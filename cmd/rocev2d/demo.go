@@ -214,7 +214,7 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 		la = pcaptap.New(la, pw, pcaptap.Sent)
 		lb = pcaptap.New(lb, pw, pcaptap.Sent)
 	}
-	a, b, err := newEndpointPairCC(la, lb, c.a, c.b, c.mtu, c.sock.cc.config())
+	a, b, err := newEndpointPair(la, lb, c.a, c.b, c.mtu, c.sock.cc.config())
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
 		return exitFail

@@ -238,16 +238,11 @@ var pairQueues = endpointConfig{sendCQ: 1024, recvCQ: 1024, maxSendWR: 256, maxR
 	access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic}
 
 // newEndpointPair creates endpoints A on la (address addrA) and B on lb
-// (addrB) and connects their QPs to each other with path MTU mtu, 16
-// READ/atomic requests outstanding each way and ACK timeout 14, as
-// ibv_rc_pingpong's. It owns both links.
-func newEndpointPair(la, lb udp.Link, addrA, addrB netip.Addr, mtu transport.MTU) (a, b *endpoint, err error) {
-	return newEndpointPairCC(la, lb, addrA, addrB, mtu, transport.CongestionConfig{})
-}
-
-// newEndpointPairCC is newEndpointPair with both devices' congestion
-// control configured by cc (the command's --ecn, --dcqcn, ... options).
-func newEndpointPairCC(la, lb udp.Link, addrA, addrB netip.Addr, mtu transport.MTU, cc transport.CongestionConfig) (a, b *endpoint, err error) {
+// (addrB), their devices' congestion control configured by cc (the
+// command's --ecn, --dcqcn, ... options), and connects their QPs to each
+// other with path MTU mtu, 16 READ/atomic requests outstanding each way
+// and ACK timeout 14, as ibv_rc_pingpong's. It owns both links.
+func newEndpointPair(la, lb udp.Link, addrA, addrB netip.Addr, mtu transport.MTU, cc transport.CongestionConfig) (a, b *endpoint, err error) {
 	q := pairQueues
 	q.cc = cc
 	if a, err = newEndpoint(la, q); err != nil {
