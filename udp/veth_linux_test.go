@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/internal/netns"
 	"github.com/gorocev2/rocev2/memreg"
@@ -193,6 +194,11 @@ func testVethRC(t *testing.T, vc vethCase) {
 		ra.packets, ra.gso, ra.gsoSegs, ra.idNon0, rb.packets, rb.gso, rb.gsoSegs, rb.idNon0, ra.maxLen, rb.maxLen)
 	if ra.packets != sa.SentPkts || rb.packets != sb.SentPkts {
 		t.Errorf("captured %d packets from A and %d from B; the links sent %d and %d", ra.packets, rb.packets, sa.SentPkts, sb.SentPkts)
+	}
+	// A sends everything marked CE: B's notification point answers with
+	// CNPs, and A never sends one (B's packets are ECT(0), unmarked).
+	if rb.cnps == 0 || ra.cnps != 0 {
+		t.Errorf("CNPs: %d from B (answering A's CE marks), %d from A; want some and none", rb.cnps, ra.cnps)
 	}
 	if sb.DropMalformed != uint64(g.malformed) || sb.DropBadICRC != uint64(g.badICRC) || sb.DropOther != 0 {
 		t.Errorf("B dropped %d malformed, %d bad ICRC, %d other; garbage to port 4791: %d short, %d bad ICRC (and %d to a wrong port)",
@@ -670,6 +676,7 @@ type capResult struct {
 	maxLen   int    // largest UDP payload of a packet
 	idNon0   int    // packets with an IPv4 identification other than 0 (GSO segments after the first)
 	port4791 int    // packets from UDP source port 4791 (not a per-QP port)
+	cnps     int    // CNPs (sent with DSCP 48, Not-ECT, instead of the QP's TOS)
 }
 
 // checkFrames checks every captured packet a link at src sent to dst (see
@@ -733,8 +740,13 @@ func checkFrames(t *testing.T, who string, frames []capFrame, src, dst netip.Add
 			if err := p.Parse(seg[28:]); err != nil {
 				fail("frame %d segment %d: not RoCEv2: %v", fi, k, err)
 			}
-			if ff := binary.BigEndian.Uint16(seg[6:]); ff != 0x4000 || seg[1] != tos || seg[8] != 64 {
-				fail("frame %d segment %d: flags %#04x TOS %#02x TTL %d, want DF, %#02x, 64", fi, k, ff, seg[1], seg[8], tos)
+			want := tos
+			if p.BTH.Opcode() == bth.CNP {
+				want = 48 << 2 // the notification point's CNP: DSCP 48, Not-ECT
+				r.cnps++
+			}
+			if ff := binary.BigEndian.Uint16(seg[6:]); ff != 0x4000 || seg[1] != want || seg[8] != 64 {
+				fail("frame %d segment %d: flags %#04x TOS %#02x TTL %d, want DF, %#02x, 64", fi, k, ff, seg[1], seg[8], want)
 			}
 		}
 	}
