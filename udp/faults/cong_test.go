@@ -344,3 +344,52 @@ func TestCongestionVeth(t *testing.T) {
 		t.Errorf("burst: lost %d, CE %d, queue max %d", lost, ce, c.QueueMax)
 	}
 }
+
+// TestCongestionConcurrent enqueues from several goroutines (CPUs) at once
+// into a queue that drains 1 byte/ms: no enqueue is lost (the depth is
+// what passed, less the little drained), every packet is either passed or
+// dropped, and the limit is overshot by at most a packet per goroutine.
+func TestCongestionConcurrent(t *testing.T) {
+	q := &Congestion{Rate: 8000, Limit: 400 << 10}
+	inj := load(t, Config{Congestion: q})
+	const workers, per = 4, 150
+	n := ipLen(1000)
+	start := time.Now()
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			in := frame(frameOpts{tos: 2, payload: 1000})
+			for range per {
+				out := make([]byte, len(in)+256)
+				if _, err := inj.Program(Egress).Run(ebpfRun(in, out, nil)); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	elapsed := time.Since(start)
+	c := counters(t, inj, Egress)
+	d, err := inj.QueueDepth(Egress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := c.CongPassed * uint64(n)
+	drained := uint64(time.Since(start)/time.Millisecond) + 1
+	if c.CongPassed+c.CongDropped != workers*per || c.Seen != workers*per {
+		t.Fatalf("counters %v: passed + dropped != %d", c, workers*per)
+	}
+	if d > queued || d+drained+uint64(n) < queued {
+		t.Fatalf("depth %d after %d packets of %d bytes passed (%d bytes) in %v: enqueues lost", d, c.CongPassed, n, queued, elapsed)
+	}
+	if c.QueueMax > uint64(q.Limit)+workers*uint64(n) {
+		t.Fatalf("QueueMax %d: the limit %d overshot by more than a packet per goroutine", c.QueueMax, q.Limit)
+	}
+	t.Logf("%d passed, %d dropped, depth %d, max %d, %v", c.CongPassed, c.CongDropped, d, c.QueueMax, elapsed)
+}
