@@ -3,7 +3,9 @@ package transport
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
+	"time"
 )
 
 // CQ is a completion queue of fixed depth. Completions of the send and
@@ -187,9 +189,15 @@ func (cq *CQ) signal() {
 }
 
 // Poll copies up to len(wc) completions into wc, oldest first, and returns
-// how many it copied. It never blocks.
+// how many it copied. It never blocks. On a device whose link busy-polls
+// (udp.SocketOptions.BusyPoll), Poll on an empty CQ first receives and
+// handles what the link has, in the caller's goroutine (Device.Progress),
+// so a polling loop drives the link itself.
 func (cq *CQ) Poll(wc []WC) int {
 	k, _ := cq.poll(wc)
+	if k == 0 && len(wc) > 0 && cq.dev.polling() && cq.dev.Progress() > 0 {
+		k, _ = cq.poll(wc)
+	}
 	return k
 }
 
@@ -223,9 +231,20 @@ func (cq *CQ) Err() error {
 // like Poll. It returns ctx.Err() when ctx ends first, and the CQ's error
 // (ErrCQOverflow, ErrClosed, ErrDestroyed) when the CQ has one and holds no
 // more stored completions. Any number of goroutines may wait on one CQ.
+//
+// On a device whose link busy-polls (udp.SocketOptions.BusyPoll), Wait
+// first polls for up to that long, driving the link in the caller's
+// goroutine (Device.Progress) and yielding the processor between tries,
+// and only then sleeps and leaves the link to the device's receive
+// goroutine.
 func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 	if len(wc) == 0 {
 		return 0, nil
+	}
+	if cq.dev.polling() {
+		if n, err, done := cq.spin(ctx, wc); done {
+			return n, err
+		}
 	}
 	for {
 		n, more := cq.poll(wc)
@@ -252,6 +271,41 @@ func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 			}
 			return 0, ctx.Err()
 		}
+	}
+}
+
+// spin is Wait's busy-polling phase: it polls the CQ and drives the link
+// for up to the link's busy-poll budget. done reports that it has Wait's
+// result; otherwise the caller's lease on the link is released and Wait
+// must sleep.
+func (cq *CQ) spin(ctx context.Context, wc []WC) (n int, err error, done bool) {
+	d := cq.dev
+	var deadline time.Time
+	for i := 0; ; i++ {
+		n, more := cq.poll(wc)
+		if more {
+			cq.signal()
+		}
+		if n > 0 {
+			return n, nil, true
+		}
+		if d.Progress() > 0 {
+			continue
+		}
+		if err := cq.Err(); err != nil {
+			return 0, err, true
+		}
+		if i&63 == 63 && ctx.Err() != nil {
+			return 0, ctx.Err(), true
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(d.rx.spin)
+		} else if now.After(deadline) {
+			d.rx.release()
+			return 0, nil, false
+		}
+		runtime.Gosched()
 	}
 }
 

@@ -3,9 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +89,12 @@ type Device struct {
 
 	lastRecvErr atomic.Pointer[error] // the link's last Recv error
 
+	// rx is the receive state: the receive goroutine's batch buffers and
+	// who drives the link (rxpoll.go). The batch state below (rxPending,
+	// rxWake, rxPins) belongs to whoever holds rx.mu: the receive
+	// goroutine, or a caller polling the link (Progress).
+	rx rxDriver
+
 	// rxPending lists the QPs that queued packets (ACKs, READ responses,
 	// new requests) while the receive goroutine handled the current batch;
 	// they are flushed once at the end of the batch. Receive goroutine only.
@@ -173,6 +177,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		nextQPN: firstQPN,
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
+	d.initRx()
 	go d.recvLoop()
 	return d, nil
 }
@@ -292,67 +297,6 @@ func (d *Device) getBuf() *[udp.MaxPacketSize]byte {
 		return b
 	}
 	return new([udp.MaxPacketSize]byte)
-}
-
-func (d *Device) recvLoop() {
-	defer close(d.done)
-	bs := d.link.BatchSize()
-	if bs <= 0 {
-		bs = 1
-	}
-	if bs > 256 {
-		bs = 256
-	}
-	pkts := make([]udp.Packet, bs)
-	bufs := make([][]byte, bs)
-	for i := range pkts {
-		bufs[i] = make([]byte, udp.MaxPacketSize)
-	}
-	var p packet.Packet
-	backoff := time.Millisecond
-	for {
-		for i := range pkts {
-			pkts[i].Buf = bufs[i]
-		}
-		t0 := time.Now()
-		n, err := d.link.Recv(pkts)
-		t1 := time.Now()
-		if g := t1.Sub(t0).Nanoseconds(); g > d.dbgMaxWait.Load() {
-			d.dbgMaxWait.Store(g)
-		}
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) || d.isClosed() {
-				return
-			}
-			// A failing link is counted and retried with a growing
-			// pause (1 ms .. 100 ms) so a persistent error neither
-			// spins nor goes unseen; LastRecvError tells what it is.
-			inc(&d.ctr.RecvErr)
-			e := err // a copy: taking err's address would move it to the heap on every Recv
-			d.lastRecvErr.Store(&e)
-			time.Sleep(backoff)
-			backoff = min(2*backoff, 100*time.Millisecond)
-			continue
-		}
-		backoff = time.Millisecond
-		d.inputBatch(&p, pkts[:n])
-		// Wake the completion waiters first and let one run here and
-		// now: a goroutine readied by this one waits on this P, and when
-		// the link's Recv blocks its thread in the kernel (udp sockets
-		// outside the netpoller) it waits until sysmon retakes the P,
-		// often 100+ µs. An application that answers a completion with
-		// PostSend (a ping-pong, a window refill) also sends its
-		// requests together with the ACKs this batch queued, in one
-		// Link.Send.
-		if d.wakePending() {
-			runtime.Gosched()
-		}
-		d.flushPending()
-		if g := time.Since(t1).Nanoseconds(); g > d.dbgMaxBusy.Load() {
-			d.dbgMaxBusy.Store(g)
-			d.dbgMaxBusyN.Store(int64(n))
-		}
-	}
 }
 
 // inputBatch handles the datagrams of one Link.Recv, then releases the

@@ -97,6 +97,9 @@ type mmsgState struct {
 	trap  uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
 	flags uintptr               // 0 to send (blocking), MSG_DONTWAIT to receive
 	fn    func(fd uintptr) bool // s.call
+	ctl   func(fd uintptr)      // s.fn for RawConn.Control, result in ctlDone (bound once: no allocation per try)
+
+	ctlDone bool
 
 	spin     time.Duration // receive: busy-poll this long before waiting (SocketOptions.BusyPoll)
 	spinHits uint64        // receive: calls served by busy polling (tests)
@@ -128,6 +131,7 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 		s.segs[i] = 1
 	}
 	s.fn = s.call
+	s.ctl = func(fd uintptr) { s.ctlDone = s.fn(fd) }
 }
 
 // call is the RawConn callback: one sendmmsg/recvmmsg of hdrs[off:cnt] —
@@ -235,6 +239,10 @@ func (s *mmsgState) recv(rc syscall.RawConn, k int, prefix string, local netip.A
 			if errors.Is(err, net.ErrClosed) {
 				return net.ErrClosed
 			}
+			if err == errWoken {
+				s.n = 0
+				return errWoken
+			}
 			return fmt.Errorf("%srecv: %w", prefix, err)
 		}
 	}
@@ -251,16 +259,19 @@ func (s *mmsgState) recv(rc syscall.RawConn, k int, prefix string, local netip.A
 func (s *mmsgState) poll(rc syscall.RawConn) bool {
 	var deadline time.Time
 	for {
-		done := false
-		if rc.Control(func(fd uintptr) { done = s.fn(fd) }) != nil {
+		s.ctlDone = false
+		if rc.Control(s.ctl) != nil {
 			return false
 		}
-		if done {
+		if s.ctlDone {
 			s.spinHits++
 			if n, ok := rc.(pollNoter); ok {
 				n.polled()
 			}
 			return true
+		}
+		if w, ok := rc.(wakeNoter); ok && w.wakePending() {
+			return false // the Read that follows reports the wake-up
 		}
 		now := time.Now()
 		if deadline.IsZero() {
@@ -271,6 +282,35 @@ func (s *mmsgState) poll(rc syscall.RawConn) bool {
 		runtime.Gosched()
 	}
 }
+
+// try makes one non-blocking receive attempt into the messages hdrs[:k]
+// readied by prepRecv and reports whether it received (s.n tells how many
+// arrived). Errors are as recv's.
+func (s *mmsgState) try(rc syscall.RawConn, k int, prefix string, local netip.Addr) (bool, error) {
+	s.off, s.cnt = 0, k
+	s.ctlDone = false
+	if err := rc.Control(s.ctl); err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			return false, net.ErrClosed
+		}
+		return false, fmt.Errorf("%srecv: %w", prefix, err)
+	}
+	if !s.ctlDone {
+		s.n = 0
+		return false, nil
+	}
+	if s.errno != 0 {
+		return false, fmt.Errorf("%srecvmmsg on %v: %w", prefix, local, s.errno)
+	}
+	if n, ok := rc.(pollNoter); ok {
+		n.polled()
+	}
+	return true, nil
+}
+
+// wakeNoter is implemented by a receive RawConn that can be woken
+// (rxConn.Wake): busy polling stops when a wake-up is pending.
+type wakeNoter interface{ wakePending() bool }
 
 // pollNoter is implemented by a receive RawConn that wants to know of
 // receives made by polling (through Control) rather than through Read

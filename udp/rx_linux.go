@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,7 +55,12 @@ type rxConn struct {
 
 	closed atomic.Bool
 	waits  atomic.Uint64 // Reads that had to wait (tests)
+	wake   atomic.Bool   // Wake was called: the running or next wait returns errWoken
 }
+
+// errWoken is what Read returns when Wake interrupted its wait (or its
+// busy polling): no datagram was received.
+var errWoken = errors.New("udp: receive woken")
 
 // leaveAfter is how many Reads in a row must find data without waiting
 // before the socket leaves the epoll set.
@@ -125,6 +131,9 @@ func (c *rxConn) Read(f func(fd uintptr) bool) error {
 		err = c.waitErr
 	}
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) && c.woken() {
+			return errWoken
+		}
 		return c.closedOr(err)
 	}
 	if c.calls > 1 {
@@ -154,6 +163,34 @@ func (c *rxConn) noWait() error {
 	}
 	return nil
 }
+
+// Wake makes a Read that waits (or the next one to wait) return errWoken
+// without a datagram: it sets the flag and moves the epoll instance's read
+// deadline into the past, which ends the poller's wait at once. The Read
+// that reports the wake-up clears the flag and the deadline. A Wake that
+// meets no waiting Read costs the next Read that would wait one early
+// return. Safe to call from any goroutine.
+func (c *rxConn) Wake() {
+	if c.wake.Swap(true) {
+		return // already pending
+	}
+	c.ep.SetReadDeadline(time.Unix(1, 0))
+}
+
+// woken reports whether a Wake is pending and, if so, consumes it and
+// clears the read deadline it set.
+func (c *rxConn) woken() bool {
+	if !c.wake.Load() {
+		return false
+	}
+	c.ep.SetReadDeadline(time.Time{})
+	c.wake.Store(false)
+	return true
+}
+
+// wakePending reports whether a Wake is pending (the busy-poll loop of
+// mmsgState.poll gives up on it, so that the Read that follows returns).
+func (c *rxConn) wakePending() bool { return c.wake.Load() }
 
 // polled is noWait for a receive made by busy polling through Control
 // (mmsgState.poll), which bypasses Read. An error (a closed link) is left

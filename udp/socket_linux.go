@@ -4,6 +4,7 @@ package udp
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -494,7 +496,32 @@ func putGSOCmsg(b []byte, size uint16) int {
 // datagrams are dropped and counted: shorter than BTH+ICRC or truncated
 // (DropMalformed), ICRC not verifiable (DropBadICRC). Recv may permute the
 // Buf slices among pkts (a dropped datagram's buffer moves to the end).
+//
+// WakeRecv makes a Recv that waits return 0 packets and no error.
 func (l *SocketLink) Recv(pkts []Packet) (int, error) {
+	return l.recvMsgs(pkts, true)
+}
+
+// TryRecv is Recv without waiting: it returns the datagrams that are
+// already there (at most one recvmmsg), or 0 and no error when there are
+// none — or when another goroutine is in Recv or TryRecv at the moment.
+// A busy-polling caller drives the link with it in its own goroutine.
+func (l *SocketLink) TryRecv(pkts []Packet) (int, error) {
+	return l.recvMsgs(pkts, false)
+}
+
+// WakeRecv makes a Recv that is waiting for datagrams (or busy polling
+// for them) return 0 packets and no error at once; if none is waiting, the
+// next Recv that would wait returns so. Safe to call from any goroutine:
+// a goroutine that wants to drive the link with TryRecv takes it from the
+// one blocked in Recv this way.
+func (l *SocketLink) WakeRecv() { l.rx.Wake() }
+
+// BusyPoll returns the link's SocketOptions.BusyPoll.
+func (l *SocketLink) BusyPoll() time.Duration { return l.recv.spin }
+
+// recvMsgs is Recv (wait) and TryRecv (!wait).
+func (l *SocketLink) recvMsgs(pkts []Packet, wait bool) (int, error) {
 	limit := l.batch
 	if l.gro != nil {
 		limit = len(pkts) // a coalesced buffer fills any number
@@ -502,10 +529,14 @@ func (l *SocketLink) Recv(pkts []Packet) (int, error) {
 	if err := checkRecv(pkts, limit); err != nil || len(pkts) == 0 {
 		return 0, err
 	}
-	l.recvMu.Lock()
+	if wait {
+		l.recvMu.Lock()
+	} else if !l.recvMu.TryLock() {
+		return 0, nil
+	}
 	defer l.recvMu.Unlock()
 	if l.gro != nil {
-		return l.recvGRO(pkts)
+		return l.recvGRO(pkts, wait)
 	}
 	s := &l.recv
 	k := min(len(pkts), l.batch)
@@ -513,8 +544,11 @@ func (l *SocketLink) Recv(pkts []Packet) (int, error) {
 		for i := range k {
 			s.prepRecv(i, pkts[i].Buf[:cap(pkts[i].Buf)], true)
 		}
-		err := s.recv(l.rc, k, "udp: ", l.addr)
+		err := l.recvOnce(k, wait)
 		s.clearIovs(k)
+		if err == errWoken || err == errNothing {
+			return 0, nil
+		}
 		if err != nil {
 			return 0, err
 		}
@@ -533,6 +567,24 @@ func (l *SocketLink) Recv(pkts []Packet) (int, error) {
 			return out, nil
 		}
 	}
+}
+
+// errNothing is recvOnce's report that a non-blocking attempt found no
+// datagram.
+var errNothing = errors.New("udp: nothing received")
+
+// recvOnce receives into the k messages readied by prepRecv: waiting for
+// them (errWoken when WakeRecv ended the wait), or with one non-blocking
+// attempt (errNothing when there was none).
+func (l *SocketLink) recvOnce(k int, wait bool) error {
+	if wait {
+		return l.recv.recv(l.rc, k, "udp: ", l.addr)
+	}
+	got, err := l.recv.try(l.rc, k, "udp: ", l.addr)
+	if err == nil && !got {
+		return errNothing
+	}
+	return err
 }
 
 // groState holds the datagrams of the last GRO recvmmsg not yet returned.
@@ -554,7 +606,7 @@ type groMsg struct {
 }
 
 // recvGRO is Recv for a socket with UDP_GRO. Called with recvMu held.
-func (l *SocketLink) recvGRO(pkts []Packet) (int, error) {
+func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 	g := l.gro
 	s := &l.recv
 	for {
@@ -589,7 +641,10 @@ func (l *SocketLink) recvGRO(pkts []Packet) (int, error) {
 		for i := range k {
 			s.prepRecv(i, g.mem[i*groBufSize:(i+1)*groBufSize], true)
 		}
-		if err := s.recv(l.rc, k, "udp: ", l.addr); err != nil {
+		if err := l.recvOnce(k, wait); err != nil {
+			if err == errWoken || err == errNothing {
+				return 0, nil
+			}
 			return 0, err
 		}
 		g.cur, g.n = 0, 0

@@ -1,0 +1,252 @@
+package transport
+
+import (
+	"errors"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// Receiving: who drives the link.
+//
+// The device's receive goroutine (recvLoop) reads the link and handles
+// each batch: the QPs take their packets, completions are stored and the
+// CQ waiters woken, and what the QPs queued (ACKs, responses) is sent.
+// A waiter that blocks therefore pays two goroutine hand-offs per message
+// on top of what a plain UDP socket costs: the poller wakes the receive
+// goroutine, which then wakes the waiter.
+//
+// A link that busy-polls (udp.SocketOptions.BusyPoll) also lets a polling
+// application drive it in its own goroutine, run to completion, the way a
+// kernel-bypass NIC driver's poll_cq does: CQ.Poll on an empty CQ, CQ.Wait
+// while it spins and Device.Progress receive what the link has (a
+// non-blocking TryRecv) and handle the batch right there, so the
+// completion is in the CQ when the call returns and no other goroutine
+// runs on the way. While such a caller keeps polling it holds a lease
+// (rxLease, renewed by every poll) and the receive goroutine stays parked;
+// the lease lapses a little after the last poll (or at once when CQ.Wait
+// stops spinning and goes to sleep), and the receive goroutine takes the
+// link back. One mutex (rxDriver.mu) makes sure a single goroutine
+// receives and handles a batch at a time, so the batch state (rxPending,
+// rxWake, rxPins) keeps a single owner.
+
+// pollLink is what a link offers for being polled from any goroutine
+// (udp.SocketLink).
+type pollLink interface {
+	TryRecv(pkts []udp.Packet) (int, error)
+	WakeRecv()
+	BusyPoll() time.Duration
+}
+
+// rxDriver is the device's receive state: the batch buffers and the mutex
+// of whoever drives the link.
+type rxDriver struct {
+	mu   sync.Mutex // held while receiving and handling a batch
+	pkts []udp.Packet
+	bufs [][]byte
+	p    packet.Packet
+
+	pl    pollLink      // nil: only the receive goroutine receives
+	spin  time.Duration // pl's busy-poll budget
+	base  time.Time     // lease times are nanoseconds since base
+	lease atomic.Int64  // a poller drives the link until then (0: none)
+	kick  chan struct{} // wakes the receive goroutine when the lease ends early
+
+	polls atomic.Uint64 // batches handled by pollers (tests)
+}
+
+// rxLeaseMin is the shortest lease a poll takes: the receive goroutine,
+// parked while a poller drives the link, wakes at most this often to look
+// whether the poller is still there.
+const rxLeaseMin = 200 * time.Microsecond
+
+// initRx sets up the batch buffers and the polling mode of the link.
+// Called by NewDevice before the receive goroutine starts.
+func (d *Device) initRx() {
+	rx := &d.rx
+	bs := d.link.BatchSize()
+	if bs <= 0 {
+		bs = 1
+	}
+	if bs > 256 {
+		bs = 256
+	}
+	rx.pkts = make([]udp.Packet, bs)
+	rx.bufs = make([][]byte, bs)
+	for i := range rx.pkts {
+		rx.bufs[i] = make([]byte, udp.MaxPacketSize)
+	}
+	rx.kick = make(chan struct{}, 1)
+	rx.base = time.Now()
+	if pl, ok := d.link.(pollLink); ok && pl.BusyPoll() > 0 {
+		rx.pl, rx.spin = pl, pl.BusyPoll()
+	}
+}
+
+// now returns the lease clock.
+func (rx *rxDriver) now() int64 { return int64(time.Since(rx.base)) + 1 }
+
+// leaseLeft returns how long the current poller's lease still runs.
+func (rx *rxDriver) leaseLeft() time.Duration {
+	if rx.pl == nil {
+		return 0
+	}
+	l := rx.lease.Load()
+	if l == 0 {
+		return 0
+	}
+	return time.Duration(l - rx.now())
+}
+
+// renew takes or extends the lease for the calling poller. Taking a lapsed
+// lease wakes the receive goroutine out of a waiting Recv, so that it lets
+// go of the link.
+func (rx *rxDriver) renew() {
+	now := rx.now()
+	old := rx.lease.Swap(now + int64(max(2*rx.spin, rxLeaseMin)))
+	if old < now {
+		rx.pl.WakeRecv()
+	}
+}
+
+// release ends the lease: the caller stops polling and will sleep, so the
+// receive goroutine must take the link back now.
+func (rx *rxDriver) release() {
+	rx.lease.Store(0)
+	select {
+	case rx.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Progress receives and handles, in the calling goroutine, what the link
+// has received — completions land in their CQs, ACKs and responses are
+// sent — and returns how many packets it handled. It never blocks on the
+// network. It works on links that busy-poll (udp.SocketOptions.BusyPoll);
+// on others it returns 0 and the device's receive goroutine does the work.
+//
+// CQ.Poll and CQ.Wait call it themselves; an application that waits for
+// an RDMA WRITE by polling memory (as ib_write_lat does) calls it in its
+// polling loop, so that the arriving packet is handled right there and not
+// in a goroutine it would have to share the processor with.
+func (d *Device) Progress() int {
+	rx := &d.rx
+	if rx.pl == nil || d.isClosed() {
+		return 0
+	}
+	rx.renew()
+	if !rx.mu.TryLock() {
+		return 0 // another goroutine is handling a batch (or leaving Recv)
+	}
+	defer rx.mu.Unlock()
+	// What the previous polled batch queued (ACKs) and the caller did not
+	// send with requests of its own since.
+	d.flushPending()
+	pkts := rx.pkts
+	for i := range pkts {
+		pkts[i].Buf = rx.bufs[i]
+	}
+	n, err := rx.pl.TryRecv(pkts)
+	if err != nil || n == 0 {
+		if err != nil && !errors.Is(err, net.ErrClosed) {
+			d.recvFailed(err)
+		}
+		return 0
+	}
+	rx.polls.Add(1)
+	d.inputBatch(&rx.p, pkts[:n])
+	// The completions are in their CQs now (and sleeping waiters woken).
+	// What the batch queued is not sent yet: a caller that answers a
+	// completion with PostSend sends it together with its request, in
+	// one Link.Send; whatever is left goes at the next Progress, or when
+	// the receive goroutine takes the link back.
+	d.wakePending()
+	return n
+}
+
+// polling reports whether callers drive the link (Progress works).
+func (d *Device) polling() bool { return d.rx.pl != nil }
+
+// recvFailed counts a failed Recv and keeps its error for LastRecvError.
+func (d *Device) recvFailed(err error) {
+	inc(&d.ctr.RecvErr)
+	e := err // a copy: taking err's address would move it to the heap on every Recv
+	d.lastRecvErr.Store(&e)
+}
+
+// recvLoop is the device's receive goroutine.
+func (d *Device) recvLoop() {
+	defer close(d.done)
+	rx := &d.rx
+	var park *time.Timer
+	backoff := time.Millisecond
+	for {
+		if left := rx.leaseLeft(); left > 0 {
+			// A poller drives the link: stay out of its way until its
+			// lease lapses or it lets go.
+			if park == nil {
+				park = time.NewTimer(left)
+			} else {
+				park.Reset(left)
+			}
+			select {
+			case <-park.C:
+			case <-rx.kick:
+			}
+			continue
+		}
+		rx.mu.Lock()
+		d.flushPending() // left by the last poller's batch
+		if rx.leaseLeft() > 0 {
+			rx.mu.Unlock()
+			continue
+		}
+		pkts := rx.pkts
+		for i := range pkts {
+			pkts[i].Buf = rx.bufs[i]
+		}
+		t0 := time.Now()
+		n, err := d.link.Recv(pkts)
+		t1 := time.Now()
+		if g := t1.Sub(t0).Nanoseconds(); g > d.dbgMaxWait.Load() {
+			d.dbgMaxWait.Store(g)
+		}
+		if err != nil {
+			rx.mu.Unlock()
+			if errors.Is(err, net.ErrClosed) || d.isClosed() {
+				return
+			}
+			// A failing link is counted and retried with a growing
+			// pause (1 ms .. 100 ms) so a persistent error neither
+			// spins nor goes unseen; LastRecvError tells what it is.
+			d.recvFailed(err)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, 100*time.Millisecond)
+			continue
+		}
+		backoff = time.Millisecond
+		d.inputBatch(&rx.p, pkts[:n])
+		// Wake the completion waiters first and let one run here and
+		// now: a goroutine readied by this one waits on this P, and when
+		// the link's Recv blocks its thread in the kernel (udp sockets
+		// outside the netpoller) it waits until sysmon retakes the P,
+		// often 100+ µs. An application that answers a completion with
+		// PostSend (a ping-pong, a window refill) also sends its
+		// requests together with the ACKs this batch queued, in one
+		// Link.Send.
+		if d.wakePending() {
+			runtime.Gosched()
+		}
+		d.flushPending()
+		rx.mu.Unlock()
+		if g := time.Since(t1).Nanoseconds(); g > d.dbgMaxBusy.Load() {
+			d.dbgMaxBusy.Store(g)
+			d.dbgMaxBusyN.Store(int64(n))
+		}
+	}
+}
