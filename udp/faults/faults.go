@@ -45,6 +45,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -350,7 +351,7 @@ type Injector struct {
 	progs         [numHooks]*ebpf.Program
 	att           attachment // nil when only loaded
 	base          uint64     // CLOCK_MONOTONIC ns at Load: the congestion point's clock origin
-	cfg           Config     // the configuration last Set
+	cong          atomic.Pointer[Congestion] // the congestion point last Set (a copy), nil without one
 }
 
 // Load loads the programs and maps without attaching them.
@@ -407,11 +408,12 @@ func (inj *Injector) Set(cfg Config) error {
 	if err := inj.config.Put(uint32(0), cfg.encode(inj.base)); err != nil {
 		return fmt.Errorf("faults: update config: %w", err)
 	}
+	var q *Congestion
 	if cfg.Congestion != nil {
-		q := *cfg.Congestion
-		cfg.Congestion = &q
+		c := *cfg.Congestion
+		q = &c
 	}
-	inj.cfg = cfg
+	inj.cong.Store(q)
 	return nil
 }
 
@@ -422,7 +424,7 @@ func (inj *Injector) QueueDepth(h Hook) (uint64, error) {
 	if h < 0 || h >= numHooks {
 		return 0, fmt.Errorf("faults: hook %d: %w", int(h), ErrConfig)
 	}
-	q := inj.cfg.Congestion
+	q := inj.cong.Load()
 	if q == nil {
 		return 0, nil
 	}
