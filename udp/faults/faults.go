@@ -349,8 +349,8 @@ func decodeCounters(b []byte) Counters {
 type Injector struct {
 	config, state *ebpf.Map
 	progs         [numHooks]*ebpf.Program
-	att           attachment // nil when only loaded
-	base          uint64     // CLOCK_MONOTONIC ns at Load: the congestion point's clock origin
+	att           attachment                 // nil when only loaded
+	base          uint64                     // CLOCK_MONOTONIC ns at Load: the congestion point's clock origin
 	cong          atomic.Pointer[Congestion] // the congestion point last Set (a copy), nil without one
 }
 
