@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,6 +40,8 @@ type CQ struct {
 	destroyed bool // under dev.mu
 
 	wakeQueued bool // on dev.rxWake (dev's receive goroutine only)
+
+	driving atomic.Bool // a waiter of this CQ is in the link's blocking Recv (Device.waitRecv)
 }
 
 type notifyMode uint8
@@ -186,6 +189,18 @@ func (cq *CQ) signal() {
 	case cq.notify <- struct{}{}:
 	default:
 	}
+	if cq.driving.Load() {
+		// The waiter is in the link's Recv (Device.waitRecv), not on
+		// notify: make it look.
+		cq.dev.rx.wl.WakeRecv()
+	}
+}
+
+// ready reports whether a waiter would return: completions or an error.
+func (cq *CQ) ready() bool {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.n > 0 || cq.err != nil
 }
 
 // Poll copies up to len(wc) completions into wc, oldest first, and returns
@@ -260,9 +275,16 @@ func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 		if err := cq.Err(); err != nil {
 			return 0, err
 		}
+		cq.dev.rx.sleepers.Add(1)
+		if cq.dev.waitRecv(ctx, cq) {
+			cq.dev.rx.sleepers.Add(-1)
+			continue
+		}
 		select {
 		case <-cq.notify:
+			cq.dev.rx.sleepers.Add(-1)
 		case <-ctx.Done():
+			cq.dev.rx.sleepers.Add(-1)
 			if n, more := cq.poll(wc); n > 0 {
 				if more {
 					cq.signal()

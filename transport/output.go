@@ -44,6 +44,7 @@ func (qp *QP) flushOut() {
 	if qp.nout == 0 {
 		return
 	}
+	qp.ackLast()
 	if qp.trace != nil {
 		var p packetT
 		for i := 0; i < qp.nout; i++ {

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"net"
 	"runtime"
@@ -52,13 +53,29 @@ type rxDriver struct {
 	p    packet.Packet
 
 	pl    pollLink      // nil: only the receive goroutine receives
-	spin  time.Duration // pl's busy-poll budget
+	spin  time.Duration // pl's busy-poll budget (0: pl is driven by blocked waiters, see CQ.Wait)
+	wl    pollLink      // the link, when waiters may drive it in a blocking Recv (spin == 0)
 	base  time.Time     // lease times are nanoseconds since base
 	lease atomic.Int64  // a poller drives the link until then (0: none)
 	kick  chan struct{} // wakes the receive goroutine when the lease ends early
 
 	polls atomic.Uint64 // batches handled by pollers (tests)
+
+	owner    atomic.Int32  // who holds mu: rxOwnerLoop, rxOwnerPoller, rxOwnerWaiter (0 when free)
+	sleepers atomic.Int32  // goroutines asleep in CQ.Wait (they need someone to receive)
+	waited   atomic.Uint64 // batches handled by waiters in a blocking Recv (tests)
 }
+
+// Who holds rxDriver.mu.
+const (
+	rxOwnerLoop   = 1 + iota // the receive goroutine
+	rxOwnerPoller            // a busy-polling caller (Progress)
+	rxOwnerWaiter            // a CQ waiter in a blocking Recv (CQ.Wait)
+)
+
+// rxLeaseHeld is the lease of a waiter in a blocking Recv: until it
+// leaves.
+const rxLeaseHeld = 1<<63 - 1
 
 // rxLeaseMin is the shortest lease a poll takes: the receive goroutine,
 // parked while a poller drives the link, wakes at most this often to look
@@ -83,8 +100,12 @@ func (d *Device) initRx() {
 	}
 	rx.kick = make(chan struct{}, 1)
 	rx.base = time.Now()
-	if pl, ok := d.link.(pollLink); ok && pl.BusyPoll() > 0 {
-		rx.pl, rx.spin = pl, pl.BusyPoll()
+	if pl, ok := d.link.(pollLink); ok {
+		if pl.BusyPoll() > 0 {
+			rx.pl, rx.spin = pl, pl.BusyPoll()
+		} else {
+			rx.wl = pl
+		}
 	}
 }
 
@@ -93,7 +114,7 @@ func (rx *rxDriver) now() int64 { return int64(time.Since(rx.base)) + 1 }
 
 // leaseLeft returns how long the current poller's lease still runs.
 func (rx *rxDriver) leaseLeft() time.Duration {
-	if rx.pl == nil {
+	if rx.pl == nil && rx.wl == nil {
 		return 0
 	}
 	l := rx.lease.Load()
@@ -143,7 +164,8 @@ func (d *Device) Progress() int {
 	if !rx.mu.TryLock() {
 		return 0 // another goroutine is handling a batch (or leaving Recv)
 	}
-	defer rx.mu.Unlock()
+	rx.owner.Store(rxOwnerPoller)
+	defer rx.unlock()
 	// What the previous polled batch queued (ACKs) and the caller did not
 	// send with requests of its own since.
 	d.flushPending()
@@ -169,6 +191,86 @@ func (d *Device) Progress() int {
 	return n
 }
 
+// unlock releases mu.
+func (rx *rxDriver) unlock() {
+	rx.owner.Store(0)
+	rx.mu.Unlock()
+}
+
+// waitRecv is CQ.Wait's sleep on a device whose link does not busy-poll:
+// instead of sleeping until the receive goroutine wakes it, the waiter
+// receives itself, in a blocking Recv (the goroutine parks in Go's poller
+// just as one reading a plain UDP socket does), and handles each batch
+// until cq has a completion or an error, or ctx ends. The batch's ACKs
+// are left for the caller's next PostSend (or the next Wait, or the
+// receive goroutine). It reports false, having done nothing, when another
+// waiter is receiving already (then the caller sleeps as before: that one
+// wakes it). The caller counts itself in sleepers around the call.
+func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
+	rx := &d.rx
+	if rx.wl == nil || d.isClosed() {
+		return false
+	}
+	if !rx.mu.TryLock() {
+		if rx.owner.Load() == rxOwnerWaiter {
+			return false
+		}
+		// The receive goroutine has the link: take it (it leaves its
+		// Recv and parks while the lease is held).
+		rx.lease.Store(rxLeaseHeld)
+		rx.wl.WakeRecv()
+		rx.mu.Lock()
+	}
+	rx.owner.Store(rxOwnerWaiter)
+	rx.lease.Store(rxLeaseHeld)
+	rx.sleepers.Add(-1) // counted by the caller; this one receives
+	defer rx.sleepers.Add(1)
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, rx.wl.WakeRecv)
+		defer stop()
+	}
+	pkts := rx.pkts
+	for {
+		cq.driving.Store(true)
+		if cq.ready() || ctx.Err() != nil || d.isClosed() {
+			cq.driving.Store(false)
+			break
+		}
+		// Nothing for this waiter yet: what the last batch queued
+		// cannot wait for its PostSend.
+		d.flushPending()
+		for i := range pkts {
+			pkts[i].Buf = rx.bufs[i]
+		}
+		n, err := d.link.Recv(pkts)
+		cq.driving.Store(false)
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) && !d.isClosed() {
+				d.recvFailed(err)
+			}
+			break
+		}
+		if n > 0 {
+			rx.waited.Add(1)
+			d.inputBatch(&rx.p, pkts[:n])
+			d.wakePending()
+		}
+	}
+	// Keep the link for a moment: a ping-pong is back in Wait soon. If
+	// others sleep in Wait, the receive goroutine must take over now.
+	if rx.sleepers.Load() > 0 {
+		rx.lease.Store(0)
+		select {
+		case rx.kick <- struct{}{}:
+		default:
+		}
+	} else {
+		rx.lease.Store(rx.now() + int64(rxLeaseMin))
+	}
+	rx.unlock()
+	return true
+}
+
 // polling reports whether callers drive the link (Progress works).
 func (d *Device) polling() bool { return d.rx.pl != nil }
 
@@ -185,25 +287,40 @@ func (d *Device) recvLoop() {
 	rx := &d.rx
 	var park *time.Timer
 	backoff := time.Millisecond
+	sleep := func(dt time.Duration) {
+		if park == nil {
+			park = time.NewTimer(dt)
+		} else {
+			park.Reset(dt)
+		}
+		select {
+		case <-park.C:
+		case <-rx.kick:
+		}
+	}
+	busy := 0
 	for {
 		if left := rx.leaseLeft(); left > 0 {
-			// A poller drives the link: stay out of its way until its
-			// lease lapses or it lets go.
-			if park == nil {
-				park = time.NewTimer(left)
+			// A poller or a waiter drives the link: stay out of its
+			// way until its lease lapses or it lets go.
+			sleep(min(left, rxLeaseMin))
+			continue
+		}
+		// Never block on mu: a goroutine blocked there would be woken
+		// by every Unlock of the caller driving the link.
+		if !rx.mu.TryLock() {
+			if busy++; busy < 16 {
+				runtime.Gosched()
 			} else {
-				park.Reset(left)
-			}
-			select {
-			case <-park.C:
-			case <-rx.kick:
+				sleep(rxLeaseMin / 4)
 			}
 			continue
 		}
-		rx.mu.Lock()
-		d.flushPending() // left by the last poller's batch
+		busy = 0
+		rx.owner.Store(rxOwnerLoop)
+		d.flushPending() // left by the last poller's or waiter's batch
 		if rx.leaseLeft() > 0 {
-			rx.mu.Unlock()
+			rx.unlock()
 			continue
 		}
 		pkts := rx.pkts
@@ -217,7 +334,7 @@ func (d *Device) recvLoop() {
 			d.dbgMaxWait.Store(g)
 		}
 		if err != nil {
-			rx.mu.Unlock()
+			rx.unlock()
 			if errors.Is(err, net.ErrClosed) || d.isClosed() {
 				return
 			}
@@ -243,7 +360,7 @@ func (d *Device) recvLoop() {
 			runtime.Gosched()
 		}
 		d.flushPending()
-		rx.mu.Unlock()
+		rx.unlock()
 		if g := time.Since(t1).Nanoseconds(); g > d.dbgMaxBusy.Load() {
 			d.dbgMaxBusy.Store(g)
 			d.dbgMaxBusyN.Store(int64(n))

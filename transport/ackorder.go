@@ -1,0 +1,44 @@
+package transport
+
+import "github.com/gorocev2/rocev2/bth"
+
+// ackLast moves the ACKs queued at the head of the QP's output behind the
+// requests queued after them, when everything after the ACKs is a
+// request: a responder's ACK (queued when a request arrived) and the
+// requests the application posted in answer (a ping-pong's SEND or WRITE)
+// belong to the two independent PSN sequences of the connection, so their
+// order on the wire does not matter to the peer. The request then reaches
+// the peer first, and ACK and request form one UDP GSO datagram (the
+// last segment of a GSO group may be shorter, an ACK is the shortest
+// packet), which the peer's GRO socket takes in one buffer: one datagram
+// per message and direction instead of two. The order among the ACKs and
+// among the requests is kept. Called with qp.mu held.
+func (qp *QP) ackLast() {
+	n := qp.nout
+	if n < 2 {
+		return
+	}
+	a := 0
+	for a < n && qp.out[a].Buf[0] == byte(bth.RCAck) {
+		a++
+	}
+	if a == 0 || a == n {
+		return
+	}
+	for i := a; i < n; i++ {
+		if !bth.Opcode(qp.out[i].Buf[0]).Info().Request {
+			return
+		}
+	}
+	// Rotate out[:n] and outBufs[:n] left by a (three reversals, no
+	// allocation).
+	rev := func(i, j int) {
+		for ; i < j; i, j = i+1, j-1 {
+			qp.out[i], qp.out[j] = qp.out[j], qp.out[i]
+			qp.outBufs[i], qp.outBufs[j] = qp.outBufs[j], qp.outBufs[i]
+		}
+	}
+	rev(0, a-1)
+	rev(a, n-1)
+	rev(0, n-1)
+}
