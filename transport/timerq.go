@@ -59,6 +59,8 @@ type timerQueue struct {
 	mu       sync.Mutex
 	h        []*timerEntry
 	seq      uint64
+	fires    uint64 // clock timer expiries (runs)
+	expiries uint64 // entries found due
 	timer    Timer     // the one AfterFunc; nil until first armed
 	timerSet bool      // timer is pending
 	timerAt  time.Time // its deadline while timerSet
@@ -115,10 +117,10 @@ func (q *timerQueue) cancel(e *timerEntry) bool {
 	if e.idx >= 0 {
 		q.remove(int(e.idx))
 	}
-	if len(q.h) == 0 && q.timerSet {
-		q.timer.Stop()
-		q.timerSet = false
-	}
+	// The clock timer stays set even when the queue is empty: it fires
+	// once for nothing, while stopping it and setting it again for the
+	// next arm (a QP going idle and busy in turns) would cost two clock
+	// operations per message.
 	return was
 }
 
@@ -132,6 +134,14 @@ func (q *timerQueue) take(e *timerEntry) bool {
 	ok := e.fired
 	e.fired = false
 	return ok
+}
+
+// stats returns how often the clock timer fired and how many entries
+// were found due.
+func (q *timerQueue) stats() (fires, expiries uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.fires, q.expiries
 }
 
 // pending returns the number of queued entries.
@@ -185,12 +195,14 @@ func (q *timerQueue) run() {
 	defer q.runMu.Unlock()
 	q.mu.Lock()
 	q.timerSet = false
+	q.fires++
 	now := q.clock.Now()
 	due := q.due[:0]
 	for len(q.h) > 0 && !q.h[0].when.After(now) {
 		e := q.h[0]
 		q.remove(0)
 		e.fired = true
+		q.expiries++
 		due = append(due, e)
 	}
 	if len(q.h) > 0 && !q.closed {

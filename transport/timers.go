@@ -63,9 +63,16 @@ func (qp *QP) startRNRWait(d time.Duration) {
 }
 
 // armRetrans pushes the local ACK deadline out by one timeout and arms
-// the timer if needed.
+// the timer if needed. Once nothing is outstanding it cancels the timer:
+// a QP that went idle leaves the device's queue instead of expiring there
+// a timeout later for nothing (with thousands of QPs taking turns, that
+// would be one expiry per message).
 func (qp *QP) armRetrans() {
 	if qp.timeout == 0 || !qp.outstanding() {
+		if qp.tmr.timerArmed {
+			qp.tmr.timerArmed = false
+			qp.dev.tq.cancel(&qp.tq[timerRetrans])
+		}
 		return
 	}
 	now := qp.dev.clock.Now()
