@@ -74,7 +74,8 @@ var socketImports = []string{"syscall", "golang.org/x/sys", "golang.org/x/net", 
 
 // ruleFor returns the rule for module-relative package r, or false if
 // there is none. Packages under cmd/ and test/ have no rule for their
-// non-test imports beyond "cmd/ never imports test/", checked separately.
+// non-test imports beyond "cmd/ never imports test/" (and "cmd/internal/svgplot
+// imports only the standard library"), checked separately.
 func ruleFor(r string) (rule, bool) {
 	switch {
 	case slices.Contains(headers, r):
@@ -145,6 +146,8 @@ func violations(pkgs []pkg, files func(p *pkg, names []string) []parsedFile) []s
 			for _, imp := range p.Imports {
 				if ri := rel(imp); under(ri, "test") {
 					report(p, src, imp, "cmd/ is shipped code and never imports test/")
+				} else if r == "cmd/internal/svgplot" && !standard(imp) {
+					report(p, src, imp, "cmd/internal/svgplot (the SVG plots of rocev2d congestion) imports only the standard library")
 				}
 			}
 		default:
@@ -344,6 +347,7 @@ func TestViolationsFound(t *testing.T) {
 			XTestImports: []string{m("test/goldendir"), m("transport")}},
 		{ImportPath: m("rocelayer"), Imports: []string{m("packet")}, XTestImports: []string{m("cmd/internal/oob")}},
 		{ImportPath: m("cmd/rocev2d"), Imports: []string{m("test/faults")}},
+		{ImportPath: m("cmd/internal/svgplot"), Imports: []string{"fmt", m("transport")}},
 		{ImportPath: m("test/goldendir"), Imports: []string{"os", "github.com/google/gopacket"}},
 		{ImportPath: m("test/veth"), TestImports: []string{m("cmd/internal/oob"), m("transport")}},
 		{ImportPath: m("newthing"), Imports: []string{"fmt"}},
@@ -358,6 +362,7 @@ func TestViolationsFound(t *testing.T) {
 		"udp imports " + m("test/golden") + ": products' tests",
 		"rocelayer imports " + m("cmd/internal/oob") + ": products' tests",
 		"cmd/rocev2d imports " + m("test/faults") + ": cmd/ is shipped code",
+		"cmd/internal/svgplot imports " + m("transport") + ": cmd/internal/svgplot (the SVG plots",
 		"test/goldendir imports github.com/google/gopacket: test/goldendir is a leaf",
 		"newthing: no layering rule",
 	}

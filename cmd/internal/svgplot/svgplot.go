@@ -9,7 +9,8 @@
 // the input only — the same Plot gives the same bytes — so a drawing can
 // be kept as a golden file and compared.
 //
-// It imports only the standard library; cmd/rocev2d is its only user.
+// It imports only the standard library (test/layering checks it);
+// cmd/rocev2d is its only user.
 package svgplot
 
 import (
