@@ -1,0 +1,96 @@
+//go:build unix
+
+package main
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestScale runs the scale table over the in-memory network and over
+// loopback sockets with small counts and checks every row: the QP counts
+// asked for, in order, and measured values that make sense (a heap per QP
+// within the 16 KiB budget, goroutines, positive rates, a ratio).
+func TestScale(t *testing.T) {
+	runs := [][]string{
+		{"scale", "--mem", "--qps", "1,3,50", "--rounds", "2", "--chunk", "32", "--size", "4096"},
+		{"scale", "--qps", "2,20", "--rounds", "2", "--chunk", "16", "-v"},
+	}
+	if testing.Short() {
+		runs = runs[:1]
+	}
+	for _, args := range runs {
+		code, out, errOut := runInRetry(t, args...)
+		if code != exitOK {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		want := strings.Split(args[indexOf(args, "--qps")+1], ",")
+		var got []string
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) != 7 || f[0] == "QPs" {
+				continue
+			}
+			n, err := strconv.Atoi(f[0])
+			if err != nil {
+				continue
+			}
+			got = append(got, f[0])
+			v := make([]float64, 7)
+			for i := 1; i < 7; i++ {
+				if v[i], err = strconv.ParseFloat(f[i], 64); err != nil {
+					t.Fatalf("%v: field %d of %q: %v", args, i, line, err)
+				}
+			}
+			// The 1 QP row carries the QP table's first page (32 KiB).
+			if n >= 20 && (v[1] <= 0 || v[1] > 16<<10) {
+				t.Errorf("%v: %d QPs: %v bytes per idle QP, want (0, 16 KiB]", args, n, v[1])
+			}
+			if v[2] < 3 || v[3] <= 0 || v[4] <= 0 || v[5] <= 0 || v[6] <= 0 {
+				t.Errorf("%v: implausible row %q", args, line)
+			}
+		}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("%v: rows for %v, want %v:\n%s", args, got, want, out)
+		}
+		if indexOf(args, "-v") >= 0 && !strings.Contains(out, "counters 127.0.0.1 (20 QPs)") {
+			t.Errorf("-v: no counters:\n%s", out)
+		}
+	}
+}
+
+func indexOf(s []string, x string) int {
+	for i, v := range s {
+		if v == x {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestScaleFlags: bad options are refused with the usage exit status.
+func TestScaleFlags(t *testing.T) {
+	tests := []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--qps", "1,x"}, "--qps"},
+		{[]string{"--qps", "0"}, "--qps"},
+		{[]string{"--rounds", "0"}, "--rounds"},
+		{[]string{"--chunk", "-1"}, "--chunk"},
+		{[]string{"--size", "0"}, "--size"},
+		{[]string{"--window", "0"}, "--window"},
+		{[]string{"--a", "127.0.0.5", "--b", "127.0.0.5"}, "different addresses"},
+		{[]string{"extra"}, "unexpected argument"},
+	}
+	for _, tc := range tests {
+		code, out, errOut := runIn(t, append([]string{"scale"}, tc.args...)...)
+		if code != exitUsage || !strings.Contains(errOut, tc.msg) {
+			t.Errorf("%v: exit %d, %q%q; want exit %d naming %q", tc.args, code, out, errOut, exitUsage, tc.msg)
+		}
+	}
+	if code, out, _ := runIn(t, "help", "scale"); code != exitOK || !strings.Contains(out, "B/idle QP") {
+		t.Errorf("help scale: exit %d\n%s", code, out)
+	}
+}
