@@ -208,8 +208,8 @@ func (rx *rxDriver) unlock() {
 // wakes it). The caller counts itself in sleepers around the call.
 func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 	rx := &d.rx
-	if rx.wl == nil || d.isClosed() {
-		return false
+	if rx.wl == nil || d.isClosed() || ctx.Err() != nil {
+		return false // the caller's select sees the end
 	}
 	if !rx.mu.TryLock() {
 		if rx.owner.Load() == rxOwnerWaiter {

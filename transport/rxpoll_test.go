@@ -4,8 +4,12 @@ package transport
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/udp"
 )
 
 // TestBusyPollDrivesLink: on links that busy-poll, the goroutines polling
@@ -84,5 +88,119 @@ func TestProgressMemLink(t *testing.T) {
 	waitWC(t, a.scq, 1, 10*time.Second)
 	if r.dev.rx.polls.Load() != 0 {
 		t.Fatal("a poller handled a batch of a MemLink")
+	}
+}
+
+// TestWaitersShareLink: on links that do not busy-poll, waiters receive
+// in their own goroutines (Device.waitRecv). Two goroutines waiting on two
+// CQs of one device both get every message sent to them (one drives the
+// link and wakes the other, or hands the link back to the receive
+// goroutine); a waiter that receives is woken by a completion stored by
+// another goroutine (a flushed WR of a QP moved to ERR); a waiter whose
+// context ends returns.
+func TestWaitersShareLink(t *testing.T) {
+	a, r := newLatSocketPair(t, &udp.SocketOptions{})
+	// A second QP pair, with its own receive CQ on A.
+	rcq2, err := a.dev.CreateCQ(1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qa2, err := a.dev.CreateQP(a.pd, QPInitAttr{Type: QPTypeRC, SendCQ: a.scq, RecvCQ: rcq2, MaxSendWR: 256, MaxRecvWR: 256, MaxSGE: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qr2, err := r.dev.CreateQP(r.pd, QPInitAttr{Type: QPTypeRC, SendCQ: r.scq, RecvCQ: r.rcq, MaxSendWR: 256, MaxRecvWR: 256, MaxSGE: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	po := pairOpts{mtu: MTU4096, retry: 7, rnrRetry: 7, minRNR: 12}
+	po.defaults()
+	a2, r2 := &side{dev: a.dev, qp: qa2}, &side{dev: r.dev, qp: qr2}
+	connect(t, a2, r2, latAddrB, 0x300, 0x400, &po)
+	connect(t, r2, a2, latAddrA, 0x400, 0x300, &po)
+	_, amr := a.buffer(t, 64, 0)
+	_, rmr := r.buffer(t, 64, 0)
+	const n = 200
+	for range n {
+		if err := a.qp.PostRecv(RecvWR{SGEs: sge(amr, 0, 64)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := qa2.PostRecv(RecvWR{SGEs: sge(amr, 0, 64)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	for _, cq := range []*CQ{a.rcq, rcq2} {
+		go func() {
+			wc := make([]WC, 4)
+			for got := 0; got < n; {
+				k, err := cq.Wait(ctx, wc)
+				if err != nil {
+					errs <- fmt.Errorf("after %d of %d: %w", got, n, err)
+					return
+				}
+				for _, c := range wc[:k] {
+					if c.Status != WCSuccess || c.ByteLen != 8 {
+						errs <- fmt.Errorf("completion %+v", c)
+						return
+					}
+				}
+				got += k
+			}
+			errs <- nil
+		}()
+	}
+	for i := range n {
+		// In small bursts, so that both waiters sleep and wake often.
+		for _, qp := range []*QP{r.qp, qr2} {
+			if err := qp.PostSend(SendWR{Opcode: WRSend, SGEs: sge(rmr, 0, 8)}); err != nil {
+				t.Fatal(i, err)
+			}
+		}
+		if i%10 == 9 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.dev.rx.waited.Load() == 0 {
+		t.Fatal("no batch was handled by a waiter")
+	}
+
+	// A waiter in the link's Recv is woken by a completion another
+	// goroutine stores: a SEND posted on a QP in ERR completes flushed.
+	if err := qa2.Modify(&QPAttr{State: QPSErr}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	a.scq.Poll(make([]WC, 64)) // flushed receives went to rcq2; the send CQ is empty
+	done := make(chan error, 1)
+	go func() {
+		wc := make([]WC, 1)
+		_, err := a.scq.Wait(ctx, wc)
+		if err == nil && wc[0].Status != WCWRFlushErr {
+			err = fmt.Errorf("completion %+v, want a flushed one", wc[0])
+		}
+		done <- err
+	}()
+	// Let the waiter get into the link's Recv (or not: either way it must
+	// return).
+	time.Sleep(10 * time.Millisecond)
+	if err := qa2.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: sge(amr, 0, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// A waiter whose context ends returns its error.
+	short, stop := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer stop()
+	if _, err := a.scq.Wait(short, make([]WC, 1)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait with an ended context: %v", err)
 	}
 }
