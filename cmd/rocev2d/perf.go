@@ -129,7 +129,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		ConnectQPs: func(ctx context.Context, remotes []oob.PerfDest, neg oob.Params) error {
 			return s.connect(remotes, neg, stdout)
 		},
-		CMConnect: func(ctx context.Context, neg oob.Params) (oob.PerfDest, error) {
+		CMConnectQPs: func(ctx context.Context, neg oob.Params) ([]oob.PerfDest, error) {
 			return s.cm.connect(ctx, neg)
 		},
 		Prepare: func(ctx context.Context, i int) error { return s.prepare(sizes[i]) },

@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,14 +58,14 @@ const perfCMTimeout = 500 * time.Millisecond
 // perfCM is the rdma_cm side of a -R run: the connection that carries the
 // exchange and the test QP's.
 type perfCM struct {
-	c    *perfConfig
-	s    *perfSide
-	ln   *rdmacm.Listener // server: the port, for both connections
-	peer netip.AddrPort   // client: the server's rdma_cm address
-	comm *rdmacm.Conn     // the exchange's connection
-	test *rdmacm.Conn     // the test QP's connection
-	msgs *cmMsgConn
-	once sync.Once
+	c     *perfConfig
+	s     *perfSide
+	ln    *rdmacm.Listener // server: the port, for both connections
+	peer  netip.AddrPort   // client: the server's rdma_cm address
+	comm  *rdmacm.Conn     // the exchange's connection
+	tests []*rdmacm.Conn   // the test QPs' connections (-q: one per QP, in QP order)
+	msgs  *cmMsgConn
+	once  sync.Once
 }
 
 // cmLocalAddr is the address to run RoCEv2 on with -R: --bind, else (client)
@@ -150,7 +152,8 @@ func (p *perfCM) connectComm(ctx context.Context, stdout io.Writer) (net.Conn, e
 	}
 	c := p.c
 	if c.server == "" {
-		p.ln, err = rdmacm.Listen(p.s.dev, uint16(c.port), &rdmacm.ListenOptions{Backlog: 4})
+		// perftest -R -q connects every QP at once: room for all requests.
+		p.ln, err = rdmacm.Listen(p.s.dev, uint16(c.port), &rdmacm.ListenOptions{Backlog: max(4, c.qps+1)})
 		if err != nil {
 			return nil, fmt.Errorf("rdma_cm port %d: %w", c.port, err)
 		}
@@ -324,61 +327,109 @@ func refuseTCPClients(port int, fail context.CancelCauseFunc) (stop func()) {
 	}
 }
 
-// connect connects the test QP through rdma_cm (the plan's CMConnect step)
-// and returns this side's QP data with the QPN and send PSN the CM gave it.
-func (p *perfCM) connect(ctx context.Context, neg oob.Params) (oob.PerfDest, error) {
+// connect connects the test QPs through rdma_cm (the plan's CMConnect
+// step), one connection per QP as perftest -R -q does, and returns this
+// side's QP data for each with the QPN and send PSN the CM gave it. The
+// server accepts the client's requests in the order they come, for its QPs
+// in order; the client dials for its QPs in order.
+func (p *perfCM) connect(ctx context.Context, neg oob.Params) ([]oob.PerfDest, error) {
 	s := p.s
 	mtu, ok := transport.MTUFromBytes(neg.MTU.Bytes())
 	if !ok {
-		return oob.PerfDest{}, fmt.Errorf("negotiated MTU %d is invalid", neg.MTU)
+		return nil, fmt.Errorf("negotiated MTU %d is invalid", neg.MTU)
 	}
 	rd := uint8(min(max(s.local.OutReads, 1), 16))
-	opts := &rdmacm.Options{QP: s.qp, Access: s.access, PathMTU: mtu, ResponderResources: rd, InitiatorDepth: rd,
-		Retry:           &transport.Retry{Timeout: uint8(p.c.qpTimeout), RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12},
-		ResponseTimeout: perfCMTimeout}
-	var err error
+	nq := len(s.qps)
+	optsFor := func(i int) *rdmacm.Options {
+		return &rdmacm.Options{QP: s.qps[i].qp, Access: s.access, PathMTU: mtu, ResponderResources: rd, InitiatorDepth: rd,
+			Retry:           &transport.Retry{Timeout: uint8(p.c.qpTimeout), RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12},
+			ResponseTimeout: perfCMTimeout}
+	}
+	what := func(i int) string {
+		if nq == 1 {
+			return "the test QP's"
+		}
+		return fmt.Sprintf("QP %d's (of %d)", i+1, nq)
+	}
 	if p.ln != nil {
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		for p.test == nil {
-			var r *rdmacm.Request
-			if r, err = p.ln.Next(actx); err != nil {
-				return oob.PerfDest{}, fmt.Errorf("waiting for the client's rdma_cm connection of the test QP: %w", err)
+		for len(p.tests) < nq {
+			i := len(p.tests)
+			r, err := p.ln.Next(actx)
+			if err != nil {
+				err = fmt.Errorf("waiting for the client's rdma_cm connection of %s: %w", strings.TrimSuffix(what(i), "'s"), err)
+				if i > 0 {
+					err = fmt.Errorf("%w (it connected %d: does it run fewer QPs? this side runs -q %d, both sides need the same -q)", err, i, nq)
+				}
+				return nil, err
 			}
 			if from := r.RemoteAddr().Addr(); from != p.comm.RemoteAddr().Addr() {
 				r.Reject(nil) // not our client
 				continue
 			}
-			if p.test, err = r.Accept(actx, opts); err != nil {
-				return oob.PerfDest{}, fmt.Errorf("accepting the test QP's rdma_cm connection: %w", err)
+			conn, err := r.Accept(actx, optsFor(i))
+			if err != nil {
+				return nil, fmt.Errorf("accepting %s rdma_cm connection: %w", what(i), err)
 			}
+			p.tests = append(p.tests, conn)
 		}
 		// perftest's server stops listening once its QPs are connected.
 		p.ln.Close()
-	} else if p.test, err = p.dial(ctx, opts, max(p.c.connTimeout, 2*time.Second), false); err != nil {
-		return oob.PerfDest{}, fmt.Errorf("test QP: %w", err)
+	} else {
+		for i := range nq {
+			conn, err := p.dial(ctx, optsFor(i), max(p.c.connTimeout, 2*time.Second), false)
+			if err != nil {
+				if i > 0 {
+					return nil, fmt.Errorf("QP %d of %d: %w (the server accepted %d: does it run fewer QPs? this side runs -q %d, both sides need the same -q)", i+1, nq, err, i, nq)
+				}
+				return nil, fmt.Errorf("test QP: %w", err)
+			}
+			p.tests = append(p.tests, conn)
+		}
 	}
-	a, err := s.qp.Query()
-	if err != nil {
-		return oob.PerfDest{}, err
+	locals := make([]oob.PerfDest, nq)
+	for i, q := range s.qps {
+		a, err := q.qp.Query()
+		if err != nil {
+			return nil, err
+		}
+		q.local.QPN, q.local.PSN = q.qp.QPN(), a.SQPSN
+		locals[i] = q.local
 	}
-	s.local.QPN, s.local.PSN = s.qp.QPN(), a.SQPSN
+	s.local.QPN, s.local.PSN = locals[0].QPN, locals[0].PSN
 	if perfTweakLocal != nil {
 		perfTweakLocal(&s.local)
 	}
-	return s.local, nil
+	locals[0] = s.local
+	return locals, nil
 }
 
-// checkRemote compares the peer's QP data with its rdma_cm connection: the
-// QPN it announces must be the one the CM connected this QP to.
-func (p *perfCM) checkRemote(remote oob.PerfDest) error {
-	a, err := p.s.qp.Query()
-	if err != nil {
-		return err
+// checkRemote compares the peer's QP data with the rdma_cm connections:
+// the QPNs it announces must be those the CM connected these QPs to (in
+// any order: a perftest client connects its QPs at once, and the server
+// takes them as they come; each QP still sends to the address the peer
+// announced for its index, as perftest).
+func (p *perfCM) checkRemote(remotes []oob.PerfDest) error {
+	connected := map[uint32]bool{}
+	for _, q := range p.s.qps {
+		a, err := q.qp.Query()
+		if err != nil {
+			return err
+		}
+		connected[a.DestQPN] = true
 	}
-	if remote.QPN != a.DestQPN {
-		return fmt.Errorf("%w: the peer's QP data names QPN %#x, but its rdma_cm connection connected QPN %#x: the peer's QP is not the one it connected through rdma_cm",
-			oob.ErrModeMismatch, remote.QPN, a.DestQPN)
+	for _, r := range remotes {
+		if !connected[r.QPN] {
+			if len(remotes) == 1 {
+				a, _ := p.s.qp.Query()
+				return fmt.Errorf("%w: the peer's QP data names QPN %#x, but its rdma_cm connection connected QPN %#x: the peer's QP is not the one it connected through rdma_cm",
+					oob.ErrModeMismatch, r.QPN, a.DestQPN)
+			}
+			return fmt.Errorf("%w: the peer's QP data names QPN %#x, which none of the %d rdma_cm connections connected: the peer's QPs are not those it connected through rdma_cm",
+				oob.ErrModeMismatch, r.QPN, len(remotes))
+		}
+		delete(connected, r.QPN)
 	}
 	return nil
 }
@@ -392,7 +443,7 @@ func (p *perfCM) closeOnce() {
 		p.msgs.Close()
 	}
 	var wg sync.WaitGroup
-	for _, c := range []*rdmacm.Conn{p.test, p.comm} {
+	for _, c := range append(slices.Clone(p.tests), p.comm) {
 		if c != nil {
 			wg.Add(1)
 			go func() {

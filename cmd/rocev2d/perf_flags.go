@@ -48,7 +48,8 @@ options:
   -t, --tx-depth=N        outstanding send work requests (default %[5]d; per QP)
   -q, --qp=N              QPs (bandwidth tests; default 1): -n iterations and -t depth on
                           each, posted round-robin, the result counts all (both sides need
-                          the same -q; a mismatch fails in the exchange, naming both)
+                          the same -q; a mismatch fails in the exchange, naming both;
+                          with -R each QP has its own rdma_cm connection)
   -r, --rx-depth=N        receives posted (SEND tests, default 512)
   -u, --qp-timeout=T      local ACK timeout exponent (default 14)
   -A, --atomic_type=TYPE  CMP_AND_SWAP or FETCH_AND_ADD (default FETCH_AND_ADD)
@@ -190,8 +191,6 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, fmt.Errorf("-q %d: multiple QPs only available on bw tests (as perftest)", c.qps)
 	case c.qps < 1 || c.qps > oob.MaxPerfQPs:
 		return nil, fmt.Errorf("-q %d: number of QPs must be between 1 and %d", c.qps, oob.MaxPerfQPs)
-	case c.qps > 1 && c.rdmaCM:
-		return nil, fmt.Errorf("-q %d with -R is not supported (perftest -R connects one rdma_cm connection per QP); use -q without -R", c.qps)
 	case c.txDepth < 1 || c.txDepth > 15000:
 		return nil, fmt.Errorf("-t %d: tx depth must be between 1 and 15000", c.txDepth)
 	case c.rxDepth < 1 || c.rxDepth > 16384:

@@ -61,7 +61,7 @@ func TestPerfQPs(t *testing.T) {
 }
 
 // TestPerfQPsModes: -q with -a (every size on every QP), with -b (both
-// sides run every QP) and with -D.
+// sides run every QP), with -D and with -R (a connection per QP).
 func TestPerfQPsModes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs two devices over loopback sockets")
@@ -79,6 +79,11 @@ func TestPerfQPsModes(t *testing.T) {
 		{"read-bw", []string{"-b", "-s", "2048", "-n", "30", "--check"}, 1, 2048, 30},
 		{"send-bw", []string{"-b", "-s", "2048", "-n", "30", "-r", "16", "--check"}, 1, 2048, 30},
 		{"write-bw", []string{"-D", "1", "-s", "2048"}, 1, 2048, -1},
+		// -R: one rdma_cm connection per QP.
+		{"write-bw", []string{"-R", "-s", "2048", "-n", "30", "--check"}, 1, 2048, 30},
+		{"read-bw", []string{"-R", "-s", "2048", "-n", "30", "--check"}, 1, 2048, 30},
+		{"send-bw", []string{"-R", "-s", "2048", "-n", "30", "-r", "16", "--check"}, 1, 2048, 30},
+		{"atomic-bw", []string{"-R", "-n", "30", "--check"}, 1, 8, 30},
 	}
 	for _, tt := range tests {
 		t.Run(tt.test+strings.Join(tt.flags, ""), func(t *testing.T) {
@@ -196,7 +201,7 @@ func qpWord(n int) string {
 	return fmt.Sprintf("%d QPs", n)
 }
 
-// TestPerfQPFlags: -q is for the bandwidth tests without -R, 1..16384.
+// TestPerfQPFlags: -q is for the bandwidth tests, 1..16384.
 func TestPerfQPFlags(t *testing.T) {
 	for _, tt := range []struct {
 		args []string
@@ -205,12 +210,43 @@ func TestPerfQPFlags(t *testing.T) {
 		{[]string{"write-lat", "-q", "2"}, "only available on bw tests"},
 		{[]string{"write-bw", "-q", "0"}, "between 1 and 16384"},
 		{[]string{"send-bw", "-q", "16385"}, "between 1 and 16384"},
-		{[]string{"read-bw", "-q", "2", "-R"}, "-R is not supported"},
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			code, _, errOut := runIn(t, append(tt.args, "127.0.0.1")...)
 			if code != exitUsage || !strings.Contains(errOut, tt.want) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", code, errOut, exitUsage, tt.want)
+			}
+		})
+	}
+}
+
+// TestPerfQPMismatchRDMACM: with -R each QP has its own rdma_cm connection,
+// so a -q mismatch shows there, before the QP data: the side with more QPs
+// waits for or is refused the next connection and says the peer may run
+// fewer QPs, naming its own -q.
+func TestPerfQPMismatchRDMACM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses loopback sockets")
+	}
+	for _, tt := range []struct{ cli, srv int }{{1, 2}, {2, 1}} {
+		t.Run(fmt.Sprintf("client%d_server%d", tt.cli, tt.srv), func(t *testing.T) {
+			srv, cli := runPerfPairSides(t, "write-bw", []string{"-R", "-q", strconv.Itoa(tt.srv), "-n", "20", "--timeout", "60s", "--connect-timeout", "3s"},
+				[]string{"-R", "-q", strconv.Itoa(tt.cli), "-n", "20", "--timeout", "60s", "--connect-timeout", "3s"})
+			if srv.code == 0 || cli.code == 0 {
+				t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
+			}
+			more := cli
+			if tt.srv > tt.cli {
+				more = srv
+			}
+			want := fmt.Sprintf("does it run fewer QPs? this side runs -q %d, both sides need the same -q", max(tt.cli, tt.srv))
+			if !strings.Contains(more.errOut, want) {
+				t.Errorf("the side with more QPs says:\n%s\nwant %q", more.errOut, want)
+			}
+			for _, o := range []perfOut{srv, cli} {
+				if len(resultRows(o.out)) > 0 {
+					t.Errorf("a side got to the data phase:\n%s", o.out)
+				}
 			}
 		})
 	}

@@ -224,7 +224,7 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 		q.remote = remotes[i]
 	}
 	if s.cm != nil {
-		if err := s.cm.checkRemote(remote); err != nil {
+		if err := s.cm.checkRemote(remotes); err != nil {
 			return err
 		}
 	} else {

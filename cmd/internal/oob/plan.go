@@ -296,6 +296,10 @@ type Hooks struct {
 	// run, which replaces Run's local (perftest fills my_dest only after
 	// connecting: the PSNs come from the CM). PlanRDMACM only.
 	CMConnect func(ctx context.Context, negotiated Params) (local PerfDest, err error)
+	// CMConnectQPs, if set, replaces CMConnect for a run with several QPs
+	// (RunQPs with -R: perftest connects each QP through rdma_cm): it
+	// returns this side's QP data for every QP, in order.
+	CMConnectQPs func(ctx context.Context, negotiated Params) (locals []PerfDest, err error)
 	// Prepare posts the WQEs for message size number i (0-based); for SEND
 	// tests the server's receives must be posted here, before the barrier.
 	Prepare func(ctx context.Context, i int) error
@@ -345,8 +349,8 @@ func (s *PerfSession) Run(ctx context.Context, plan []Step, params Params, local
 	return s.RunQPs(ctx, plan, params, []PerfDest{local}, hooks)
 }
 
-// RunQPs is Run for a side with len(locals) QPs (perftest's -q, over TCP
-// only): StepDest exchanges one QP data record per QP, in order, and so does
+// RunQPs is Run for a side with len(locals) QPs (perftest's -q; with -R
+// Hooks.CMConnectQPs connects them and supplies their QP data): StepDest exchanges one QP data record per QP, in order, and so does
 // StepDestRound (perftest 4.5's second round, in which each side prints the
 // peer's records), as perftest's ctx_hand_shake loops over num_of_qps; every
 // sync re-sends the first record. The
@@ -360,16 +364,15 @@ func (s *PerfSession) RunQPs(ctx context.Context, plan []Step, params Params, lo
 	if err := checkLocalMTU(params); err != nil {
 		return res, err // before any I/O
 	}
-	if len(locals) < 1 || len(locals) > MaxPerfQPs || (s.rdmacm && len(locals) != 1) {
+	if len(locals) < 1 || len(locals) > MaxPerfQPs {
 		return res, &StepError{Protocol: s.c.proto, Step: PerfStepDest, Op: "check",
-			Err: fmt.Errorf("%d QPs: want 1..%d (1 with rdma_cm)", len(locals), MaxPerfQPs)}
+			Err: fmt.Errorf("%d QPs: want 1..%d", len(locals), MaxPerfQPs)}
 	}
 	for _, l := range locals {
 		if err := l.Validate(); err != nil {
 			return res, &StepError{Protocol: s.c.proto, Step: PerfStepDest, Op: "check", Err: err}
 		}
 	}
-	local := locals[0]
 	// justDest: the step is the first wire exchange after the first round
 	// of QP data, where a peer with more QPs still sends new records.
 	justDest := false
@@ -396,14 +399,9 @@ func (s *PerfSession) RunQPs(ctx context.Context, plan []Step, params Params, lo
 		case StepMTU:
 			res.RemoteParams.MTU, err = s.exchangeMTU(ctx, params)
 		case StepDest:
-			if s.rdmacm {
-				res.Remote, err = s.ExchangeDest(ctx, local)
-				res.Remotes = []PerfDest{res.Remote}
-			} else {
-				res.Remotes, err = s.exchangeDests(ctx, locals)
-				if len(res.Remotes) > 0 {
-					res.Remote = res.Remotes[0]
-				}
+			res.Remotes, err = s.exchangeDests(ctx, locals)
+			if len(res.Remotes) > 0 {
+				res.Remote = res.Remotes[0]
 			}
 		case StepConnect:
 			switch {
@@ -419,11 +417,7 @@ func (s *PerfSession) RunQPs(ctx context.Context, plan []Step, params Params, lo
 				err = s.syncChecked(ctx, locals, res.Remotes, justDest)
 			}
 		case StepDestRound:
-			if s.rdmacm {
-				err = s.Sync(ctx)
-			} else {
-				err = s.exchangeDestsAgain(ctx, locals, res.Remotes, justDest)
-			}
+			err = s.exchangeDestsAgain(ctx, locals, res.Remotes, justDest)
 		case StepPrepare:
 			if prepared {
 				size++
@@ -458,11 +452,25 @@ func (s *PerfSession) RunQPs(ctx context.Context, plan []Step, params Params, lo
 		case StepCMConnect:
 			if !s.rdmacm {
 				err = &StepError{Protocol: s.c.proto, Step: st.String(), Op: "check", Err: fmt.Errorf("rdma_cm connect in a session over TCP")}
+			} else if hooks.CMConnectQPs != nil {
+				var ls []PerfDest
+				if ls, err = hooks.CMConnectQPs(ctx, res.Negotiated); err == nil && len(ls) != len(locals) {
+					err = fmt.Errorf("%d QP data records for %d QPs", len(ls), len(locals))
+				}
+				for _, l := range ls {
+					if err == nil {
+						err = l.Validate()
+					}
+				}
+				if err == nil {
+					locals = ls
+				}
+				err = s.localErr(st, err)
 			} else if hooks.CMConnect != nil {
 				var l PerfDest
 				if l, err = hooks.CMConnect(ctx, res.Negotiated); err == nil {
 					if err = l.Validate(); err == nil {
-						local = l
+						locals = []PerfDest{l}
 					}
 				}
 				err = s.localErr(st, err)
