@@ -77,3 +77,20 @@ func TestBenchRowRegexp(t *testing.T) {
 		}
 	}
 }
+
+// TestRetries: rxe's completer_retry_err across a run (RXERETRY lines),
+// else rocev2d's -v counter, else none.
+func TestRetries(t *testing.T) {
+	for _, c := range []struct {
+		out  string
+		want int
+	}{
+		{"RXERETRY 3\n 65536 300 2.1 2.0 0.1\nRXERETRY 7\n", 4},
+		{"RXERETRY none\ncounters 192.0.2.11:\n  completer_retry_err      24\n  local_ack_timeout_err    24\nRXERETRY none\n", 24},
+		{"RXERETRY none\n200 iters in 1 seconds = 5000 usec/iter\nRXERETRY none\n", 0},
+	} {
+		if got := retries(c.out); got != c.want {
+			t.Errorf("retries(%q) = %d, want %d", c.out, got, c.want)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -44,7 +45,8 @@ type VMPair struct {
 
 // PairImage returns img with an initramfs that also holds
 // /usr/bin/rocev2d and /usr/bin/udpping (vmtools/udpping, the raw UDP
-// ping-pong), built static (CGO_ENABLED=0) from the repository: a
+// ping-pong) and /usr/bin/icrc.test (package icrc's tests and
+// benchmarks), built static (CGO_ENABLED=0) from the repository: a
 // second gzip'ed cpio archive appended to img.Initrd, which the kernel
 // unpacks over the first. The file is cached by content in
 // cfg.CacheDir/build.
@@ -56,9 +58,14 @@ func PairImage(cfg Config, img *Image) (*Image, error) {
 	for _, b := range []struct{ name, pkg string }{
 		{"rocev2d", "./cmd/rocev2d"},
 		{"udpping", "./test/interop/vmtools/udpping"},
+		{"icrc.test", "./icrc"}, // its benchmarks: the ICRC's cost on the VM's CPU
 	} {
 		bin := filepath.Join(cfg.CacheDir, "build", b.name+"-static")
-		if err := goBuild(cfg.RepoRoot, bin, b.pkg, true); err != nil {
+		build := goBuild
+		if strings.HasSuffix(b.name, ".test") {
+			build = goTestBuild
+		}
+		if err := build(cfg.RepoRoot, bin, b.pkg, true); err != nil {
 			return nil, err
 		}
 		rb, err := os.ReadFile(bin)
@@ -97,6 +104,21 @@ func PairImage(cfg Config, img *Image) (*Image, error) {
 	}
 	cfg.logf("setup: pair initramfs %.1f MB (rocev2d and udpping %.1f MB appended)", float64(len(all))/1e6, float64(extra.Len())/1e6)
 	return &out, os.WriteFile(out.Initrd, all, 0o644)
+}
+
+// goTestBuild builds pkg's test binary into out, as goBuild builds a
+// command.
+func goTestBuild(repo, out, pkg string, static bool) error {
+	c := exec.Command("go", "test", "-c", "-trimpath", "-o", out, pkg)
+	c.Dir = repo
+	c.Env = os.Environ()
+	if static {
+		c.Env = append(c.Env, "CGO_ENABLED=0")
+	}
+	if b, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("go test -c %s: %w\n%s", pkg, err, b)
+	}
+	return nil
 }
 
 // StartVMPair creates the namespace (bridge with HostIP, taps rv2tap0 and
