@@ -45,7 +45,9 @@ this path (GSO unless a NIC segments in hardware).
 Goodput counts message bytes delivered; the baselines send each message
 as the stack does, in datagrams of at most one path MTU of payload (plus 16
 bytes for BTH and ICRC), the sender at most 2048 datagrams (512 of 1 KiB
-or more) ahead of the receiver, as the stack's window keeps it. Latency is the round-trip time of one message each
+or more) ahead of the receiver, as the stack's window keeps it. The stack
+keeps 64 work requests in flight (8 of 64 KiB), READs included: its QPs
+have max_rd_atomic 64, as perftest's ib_read_bw takes the device maximum. Latency is the round-trip time of one message each
 way, averaged over the run. The ratio column is stack / raw UDP.
 
 CPU is the user + system time of this whole process (both ends, every
@@ -216,84 +218,115 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	return nil
 }
 
-// benchSection runs every row of one mode and prints its table.
-func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Watch, stdout io.Writer) error {
-	sizes := []int{64, 4096, 65536}
-	// Every row alternates benchRounds short runs of the raw UDP baseline
-	// (plain UDP sockets on ephemeral ports) and of the stack, each
-	// c.dur/benchRounds long, so that both see the same moments of a noisy
-	// machine.
-	rc := *c
-	rc.dur = max(c.dur/benchRounds, 10*time.Millisecond)
+// benchStack is the stack side of one section: two connected endpoints
+// and the memory the rows use.
+type benchStack struct {
+	a, b              *endpoint
+	srcMR, dstMR, rmr *memreg.MR
+	recv              transport.RecvWR // B's receive WR for the SEND rows
+}
+
+// benchRdAtomic is the READ/atomic depth of the bench's QPs (max_rd_atomic
+// and max_dest_rd_atomic, and the devices' limit): the window of 64 the
+// other rows keep in flight, as perftest's ib_read_bw uses the device's
+// maximum (rxe: 128). At 16 a READ row ran in rounds of 16 requests and
+// responses, each round woke both receive goroutines: twice the syscalls
+// per READ.
+const benchRdAtomic = 64
+
+// openBenchStack opens the stack side of mode m on c's addresses.
+func openBenchStack(c *benchConfig, m benchMode) (*benchStack, error) {
 	opts := c.sock.options(true, 0)
 	opts.GSO, opts.GSOAuto = m.gso, false
 	la, lb, err := listenSocketPair(c.a, c.b, opts, "pick other addresses with --a/--b")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	a, b, err := newEndpointPair(la, lb, c.a, c.b, c.mtu, c.sock.cc.config())
+	q := pairQueues
+	q.cc = c.sock.cc.config()
+	q.rdAtomic = benchRdAtomic
+	a, err := newEndpoint(la, q)
 	if err != nil {
-		return err
+		lb.Close()
+		return nil, fmt.Errorf("device A: %w", err)
+	}
+	b, err := newEndpoint(lb, q)
+	if err != nil {
+		a.close()
+		return nil, fmt.Errorf("device B: %w", err)
+	}
+	s := &benchStack{a: a, b: b}
+	fail := func(err error) (*benchStack, error) {
+		s.close()
+		return nil, err
+	}
+	if err = a.connect(c.b, b.qp.QPN(), b.psn, c.mtu, benchRdAtomic, 14); err == nil {
+		err = b.connect(c.a, a.qp.QPN(), a.psn, c.mtu, benchRdAtomic, 14)
+	}
+	if err != nil {
+		return fail(err)
 	}
 	// One registration per buffer for the whole section, released after
 	// the devices are closed.
-	defer a.close()
-	defer b.close()
-	_, srcMR, err := a.alloc(1<<16, memreg.AccessLocalWrite)
-	if err != nil {
-		return err
+	if _, s.srcMR, err = a.alloc(1<<16, memreg.AccessLocalWrite); err != nil {
+		return fail(err)
 	}
-	_, dstMR, err := b.alloc(1<<16, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
-	if err != nil {
-		return err
+	if _, s.dstMR, err = b.alloc(1<<16, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead); err != nil {
+		return fail(err)
 	}
 	// B's receive buffer for the SEND rows: one registration, big enough
 	// for every size, with receives kept posted across rows.
-	_, rmr, err := b.alloc(1<<16, memreg.AccessLocalWrite)
-	if err != nil {
-		return err
+	if _, s.rmr, err = b.alloc(1<<16, memreg.AccessLocalWrite); err != nil {
+		return fail(err)
 	}
-	recv := transport.RecvWR{SGEs: []memreg.SGE{{Addr: rmr.IOVA(), Length: uint32(rmr.Len()), LKey: rmr.LKey()}}}
+	s.recv = transport.RecvWR{SGEs: []memreg.SGE{{Addr: s.rmr.IOVA(), Length: uint32(s.rmr.Len()), LKey: s.rmr.LKey()}}}
 	for i := 0; i < 200; i++ {
-		if err := b.qp.PostRecv(recv); err != nil {
-			return err
+		if err := b.qp.PostRecv(s.recv); err != nil {
+			return fail(err)
 		}
 	}
-	tag := map[bool]string{false: "", true: " gso"}[m.gso]
-	usr1.Add("A "+c.a.String()+tag, a.dev)
-	usr1.Add("B "+c.b.String()+tag, b.dev)
-	var rows []benchRow
-	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
-		for _, size := range sizes {
-			row := benchRow{name: demoName(op) + " goodput", size: size}
-			for r := range benchRounds {
-				raw := func() error {
-					run, err := rawGoodput(ctx, &rc, size, m.gso)
-					if err != nil {
-						return fmt.Errorf("raw UDP baseline, %d B messages: %w", size, err)
-					}
-					row.raw.add(run)
-					return nil
-				}
-				stack := func() error {
-					run, err := stackGoodput(ctx, &rc, a, b, op, size, srcMR, dstMR, recv)
-					if err != nil {
-						return fmt.Errorf("%s %d B: %w", demoName(op), size, err)
-					}
-					row.roc.add(run)
-					return nil
-				}
-				if err := benchPair(r, raw, stack); err != nil {
-					return err
-				}
-			}
-			rows = append(rows, row)
-		}
-	}
-	row := benchRow{name: "SEND ping-pong RTT", size: 8, latency: true}
-	for r := range benchRounds {
+	return s, nil
+}
+
+func (s *benchStack) close() {
+	s.a.close()
+	s.b.close()
+}
+
+// goodputRow runs rounds alternating runs of the raw baseline of mode m
+// and of op on the stack, each rc.dur long, with messages of size bytes.
+func (s *benchStack) goodputRow(ctx context.Context, rc *benchConfig, m benchMode, op transport.WROpcode, size, rounds int) (benchRow, error) {
+	row := benchRow{name: demoName(op) + " goodput", size: size}
+	for r := range rounds {
 		raw := func() error {
-			run, err := rawPingPong(ctx, &rc, 8+16)
+			run, err := rawGoodput(ctx, rc, size, m.gso)
+			if err != nil {
+				return fmt.Errorf("raw UDP baseline, %d B messages: %w", size, err)
+			}
+			row.raw.add(run)
+			return nil
+		}
+		stack := func() error {
+			run, err := stackGoodput(ctx, rc, s.a, s.b, op, size, s.srcMR, s.dstMR, s.recv)
+			if err != nil {
+				return fmt.Errorf("%s %d B: %w", demoName(op), size, err)
+			}
+			row.roc.add(run)
+			return nil
+		}
+		if err := benchPair(r, raw, stack); err != nil {
+			return row, err
+		}
+	}
+	return row, nil
+}
+
+// pingPongRow is goodputRow for the 8-byte SEND ping-pong.
+func (s *benchStack) pingPongRow(ctx context.Context, rc *benchConfig, rounds int) (benchRow, error) {
+	row := benchRow{name: "SEND ping-pong RTT", size: 8, latency: true}
+	for r := range rounds {
+		raw := func() error {
+			run, err := rawPingPong(ctx, rc, 8+16)
 			if err != nil {
 				return fmt.Errorf("raw UDP ping-pong: %w", err)
 			}
@@ -301,7 +334,7 @@ func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Wa
 			return nil
 		}
 		stack := func() error {
-			run, err := stackPingPong(ctx, &rc, a, b, 8, srcMR, rmr)
+			run, err := stackPingPong(ctx, rc, s.a, s.b, 8, s.srcMR, s.rmr)
 			if err != nil {
 				return fmt.Errorf("SEND ping-pong: %w", err)
 			}
@@ -309,15 +342,48 @@ func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Wa
 			return nil
 		}
 		if err := benchPair(r, raw, stack); err != nil {
-			return err
+			return row, err
 		}
+	}
+	return row, nil
+}
+
+// benchSection runs every row of one mode and prints its table.
+func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Watch, stdout io.Writer) error {
+	// Every row alternates benchRounds short runs of the raw UDP baseline
+	// (plain UDP sockets on ephemeral ports) and of the stack, each
+	// c.dur/benchRounds long, so that both see the same moments of a noisy
+	// machine.
+	rc := *c
+	rc.dur = max(c.dur/benchRounds, 10*time.Millisecond)
+	s, err := openBenchStack(c, m)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	tag := map[bool]string{false: "", true: " gso"}[m.gso]
+	usr1.Add("A "+c.a.String()+tag, s.a.dev)
+	usr1.Add("B "+c.b.String()+tag, s.b.dev)
+	var rows []benchRow
+	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
+		for _, size := range []int{64, 4096, 65536} {
+			row, err := s.goodputRow(ctx, &rc, m, op, size, benchRounds)
+			if err != nil {
+				return err
+			}
+			rows = append(rows, row)
+		}
+	}
+	row, err := s.pingPongRow(ctx, &rc, benchRounds)
+	if err != nil {
+		return err
 	}
 	rows = append(rows, row)
 	printBenchTable(stdout, m, rows)
 	if c.verbose {
 		fmt.Fprintln(stdout)
-		printCounters(stdout, "A "+c.a.String()+tag, a.dev)
-		printCounters(stdout, "B "+c.b.String()+tag, b.dev)
+		printCounters(stdout, "A "+c.a.String()+tag, s.a.dev)
+		printCounters(stdout, "B "+c.b.String()+tag, s.b.dev)
 	}
 	return nil
 }

@@ -57,13 +57,16 @@ type endpointConfig struct {
 	// clock drives the device's timers (nil: the wall clock); congestion's
 	// virtual-time runs share one transport.ManualClock.
 	clock transport.Clock
+	// rdAtomic is the device's READ/atomic depth limit
+	// (DeviceConfig.MaxRdAtomic; 0: the transport's default, 16).
+	rdAtomic int
 }
 
 // newEndpoint creates a device on link with one PD, the CQs and an RC (or
 // UC or UD) QP, and takes the QP to INIT, so that receives can be posted before
 // the peer is known. The endpoint owns link: on an error it is closed.
 func newEndpoint(link udp.Link, cfg endpointConfig) (*endpoint, error) {
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{PortMTU: cfg.portMTU, Congestion: cfg.cc, Clock: cfg.clock})
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{PortMTU: cfg.portMTU, Congestion: cfg.cc, Clock: cfg.clock, MaxRdAtomic: cfg.rdAtomic})
 	if err != nil {
 		link.Close()
 		return nil, err
