@@ -37,7 +37,10 @@ import (
 //
 //	sudo ROCEV2_INTEROP=1 go test -run '^$' -bench BenchmarkVM -benchtime 1x -timeout 30m -v ./test/interop/
 //
-// ROCEV2_VMBENCH_ITERS scales the runs (default 1: write-bw -n 400, pingpong -n 300).
+// ROCEV2_VMBENCH_ITERS scales the runs (default 1: write-bw -n 300, pingpong
+// -n 200), ROCEV2_VMBENCH_ROUNDS sets the rounds (default 2) and
+// ROCEV2_VMBENCH_ROWS (a regular expression) picks the rocev2d rows;
+// ROCEV2_VMBENCH_EXTRAS=0 runs the rounds only.
 func BenchmarkVM(b *testing.B) {
 	if os.Getenv("ROCEV2_INTEROP") != "1" {
 		b.Skip(enableHint)
@@ -108,6 +111,26 @@ func BenchmarkVM(b *testing.B) {
 			rounds = n
 		}
 	}
+	// ROCEV2_VMBENCH_ROWS, a regular expression, keeps the rocev2d rows
+	// whose name it matches (the rxe rows always run).
+	var keep *regexp.Regexp
+	if s := os.Getenv("ROCEV2_VMBENCH_ROWS"); s != "" {
+		if keep, err = regexp.Compile(s); err != nil {
+			b.Fatalf("ROCEV2_VMBENCH_ROWS: %v", err)
+		}
+	}
+	// ROCEV2_VMBENCH_EXTRAS=0 leaves out the profiles, icrc.test and
+	// rocev2d bench (only the rounds of rows run).
+	extras := os.Getenv("ROCEV2_VMBENCH_EXTRAS") != "0"
+	pick := func(rows []vmRow) []vmRow {
+		var out []vmRow
+		for _, r := range rows {
+			if keep == nil || keep.MatchString(r.name) {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
 	vb := &vmBench{p: p, base: map[string]float64{}, all: map[string][]float64{}}
 	runRows := func(prefix string, rows []vmRow) {
 		for _, r := range rows {
@@ -123,7 +146,7 @@ func BenchmarkVM(b *testing.B) {
 	for round := 1; round <= rounds+1; round++ {
 		vb.base = map[string]float64{}
 		runRows(fmt.Sprintf("r%d/rxe", round), rxeRows)
-		if round == 1 {
+		if round == 1 && extras {
 			profile("rxe", rxeRows[0])
 			profile("rxe", rxeRows[1])
 		}
@@ -133,14 +156,14 @@ func BenchmarkVM(b *testing.B) {
 		if err := p.rxe(ctx, false); err != nil {
 			b.Fatal(err)
 		}
-		runRows(fmt.Sprintf("r%d/rocev2d", round), append(oursRows, rawRow))
-		if round == 1 {
+		runRows(fmt.Sprintf("r%d/rocev2d", round), pick(append(oursRows, rawRow)))
+		if round == 1 && extras {
 			profile("rocev2d", oursRows[0])
 			profile("rocev2d", oursRows[1])
 			profile("rocev2d", oursRows[4])
 			profile("udpping", rawRow)
 		}
-		if round == rounds {
+		if round == rounds && extras {
 			b.Run("icrc_in_vm0", func(b *testing.B) { vb.icrcInVM(ctx, b) })
 			for _, gso := range []string{"", " --gso"} {
 				b.Run("bench_in_vm0"+strings.ReplaceAll(gso, " --", "/"), func(b *testing.B) { vb.benchInVM(ctx, b, gso) })
