@@ -99,6 +99,9 @@ type Device struct {
 	// new requests) while the receive goroutine handled the current batch;
 	// they are flushed once at the end of the batch. Receive goroutine only.
 	rxPending []*QP
+	// rxResp gathers the responses of the rxPending QPs for one
+	// Link.Send (coalesce.go). Batch owner only.
+	rxResp respBatch
 	// rxWake lists the CQs that received completions during the current
 	// batch; their waiters are woken once, at the end of the batch, so
 	// that a waiter finds every completion of the batch at once.
@@ -370,16 +373,20 @@ func (d *Device) wakePending() bool {
 }
 
 // flushPending sends what the QPs touched by the last received batch
-// queued: one Link.Send per QP and batch instead of one per packet.
+// queued: one Link.Send per QP and batch instead of one per packet, and
+// the responses of all the QPs together in one (coalesce.go).
 func (d *Device) flushPending() {
 	for i, qp := range d.rxPending {
 		qp.mu.Lock()
 		qp.rxQueued = false
-		qp.flushOut()
+		if !qp.takeResponses(&d.rxResp) {
+			qp.flushOut()
+		}
 		qp.mu.Unlock()
 		d.rxPending[i] = nil
 	}
 	d.rxPending = d.rxPending[:0]
+	d.rxResp.send(d)
 }
 
 // HandlePacket feeds one RoCEv2 UDP payload (BTH .. ICRC) from src into the
