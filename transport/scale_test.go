@@ -417,3 +417,100 @@ func TestIsolation(t *testing.T) {
 		})
 	}
 }
+
+// gateLink holds Recv until open is closed, and records the destination
+// QPNs of the packets of every Send call.
+type gateLink struct {
+	udp.Link
+	open  chan struct{}
+	mu    sync.Mutex
+	sends [][]uint32
+}
+
+func (l *gateLink) Recv(pkts []udp.Packet) (int, error) {
+	<-l.open
+	return l.Link.Recv(pkts)
+}
+
+func (l *gateLink) Send(pkts []udp.Packet) error {
+	qpns := make([]uint32, len(pkts))
+	for i, p := range pkts {
+		qpns[i] = bthDestQP(p.Buf)
+	}
+	l.mu.Lock()
+	l.sends = append(l.sends, qpns)
+	l.mu.Unlock()
+	return l.Link.Send(pkts)
+}
+
+// TestResponsesCoalesced: one received batch holding a WRITE for each of
+// 32 QPs makes the responder send the 32 ACKs in one Link.Send, not one
+// per QP.
+func TestResponsesCoalesced(t *testing.T) {
+	const n = 32
+	net := udp.NewMemNetwork(udp.Faults{})
+	la, err := net.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ml, err := net.Link(addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ml.BatchSize() < n {
+		t.Fatalf("the in-memory link receives %d packets per call, the test needs %d", ml.BatchSize(), n)
+	}
+	lb := &gateLink{Link: ml, open: make(chan struct{})}
+	da, err := NewDevice(la, DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer da.Close()
+	db, err := NewDevice(lb, DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	pa, _ := da.AllocPD()
+	pb, _ := db.AllocPD()
+	acq, _ := da.CreateCQ(4 * n)
+	bcq, _ := db.CreateCQ(4)
+	smr, _ := pa.RegisterMR(make([]byte, 64), memreg.AccessLocalWrite)
+	dmr, _ := pb.RegisterMR(make([]byte, 64), memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	qa := make([]*QP, n)
+	for i := range qa {
+		if qa[i], err = da.CreateQP(pa, QPInitAttr{Type: QPTypeRC, SendCQ: acq, RecvCQ: acq, MaxSendWR: 1, MaxRecvWR: 1}); err != nil {
+			t.Fatal(err)
+		}
+		qb, err := db.CreateQP(pb, QPInitAttr{Type: QPTypeRC, SendCQ: bcq, RecvCQ: bcq, MaxSendWR: 1, MaxRecvWR: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := qa[i].Connect(ConnParams{Peer: addrB, DestQPN: qb.QPN()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := qb.Connect(ConnParams{Peer: addrA, DestQPN: qa[i].QPN(), Access: memreg.AccessRemoteWrite}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, qp := range qa {
+		if err := qp.PostSend(SendWR{Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The WRITEs wait in B's receive queue; B takes them in one Recv.
+	close(lb.open)
+	waitWC(t, acq, n, 30*time.Second)
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if len(lb.sends) != 1 || len(lb.sends[0]) != n {
+		t.Fatalf("B sent its ACKs in %d Link.Send calls (%v), want 1 of %d", len(lb.sends), lb.sends, n)
+	}
+	seen := map[uint32]bool{}
+	for _, q := range lb.sends[0] {
+		seen[q] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("the ACKs went to %d QPs, want %d", len(seen), n)
+	}
+}
