@@ -592,6 +592,14 @@ type groState struct {
 	mem    []byte // BatchSize buffers of groBufSize
 	msgs   []groMsg
 	cur, n int // msgs[cur:n] still hold segments
+	// k is how many buffers the next receive asks for: twice as many as
+	// the last one filled all it asked for (up to BatchSize), else as
+	// many as it got. A ping-pong, which gets one datagram per call, thus
+	// receives with a plain recvmsg every other call (mmsgState.call's
+	// one-message path: no batch loop, no second try that finds the
+	// socket empty), while a stream grows to full recvmmsg batches
+	// within a few calls.
+	k int
 }
 
 // groMsg is one received buffer: one datagram, or several of seg bytes
@@ -636,8 +644,9 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			l.rcvd.Add(uint64(n))
 			return n, nil
 		}
-		// Everything returned: receive the next buffers.
-		k := l.batch
+		// Everything returned: receive the next buffers, as many as the
+		// last call suggests (see groState.k).
+		k := min(max(g.k, 1), l.batch)
 		for i := range k {
 			s.prepRecv(i, g.mem[i*groBufSize:(i+1)*groBufSize], true)
 		}
@@ -648,6 +657,11 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			return 0, err
 		}
 		g.cur, g.n = 0, 0
+		if s.n == k {
+			g.k = min(2*k, l.batch)
+		} else {
+			g.k = max(s.n, 1)
+		}
 		for i := 0; i < s.n; i++ {
 			m := &s.hdrs[i]
 			if m.Hdr.Flags&unix.MSG_TRUNC != 0 {
