@@ -250,10 +250,11 @@ func parseBitRate(v string, bare float64) (float64, error) {
 // number of microseconds, as mlx5's sysfs gives them.
 func parseMicros(v string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(v, 64); err == nil {
-		if !(f > 0) || f > 1e9 {
-			return 0, fmt.Errorf("want a positive number of microseconds")
+		d := time.Duration(f * float64(time.Microsecond))
+		if !(f > 0) || f > 1e9 || d <= 0 {
+			return 0, fmt.Errorf("want a positive number of microseconds (at least 0.001)")
 		}
-		return time.Duration(f * float64(time.Microsecond)), nil
+		return d, nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {

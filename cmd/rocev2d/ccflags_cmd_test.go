@@ -9,7 +9,7 @@ import (
 // deviceCommands are the commands that create a device: each takes the
 // congestion control options.
 var deviceCommands = []string{"demo", "bench", "pingpong", "uc-pingpong", "ud-pingpong", "srq-pingpong",
-	"write-bw", "read-lat", "rping", "rdma-server", "rdma-client", "udaddy"}
+	"write-bw", "read-lat", "rping", "rdma-server", "rdma-client", "udaddy", "congestion"}
 
 func TestCCFlagsInUsage(t *testing.T) {
 	for _, name := range deviceCommands {

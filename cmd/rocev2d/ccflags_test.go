@@ -34,7 +34,7 @@ func TestDCQCNParams(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"rpg_max_rate", "nosuch=1", "rpg_max_rate=fast", "rpg_max_rate=-5", "rpg_time_reset=soon",
-		"rpg_threshold=1.5", "clamp_tgt_rate=2", "rpg_gd=5", "dce_tcp_g=2000", "rpg_min_rate=20G,rpg_max_rate=10G"} {
+		"rpg_threshold=1.5", "clamp_tgt_rate=2", "rpg_gd=5", "dce_tcp_g=2000", "rpg_min_rate=20G,rpg_max_rate=10G", "rpg_time_reset=0.0001"} {
 		c := dcqcn.Config{G: 1000}
 		if err := setDCQCNParams(&c, bad); err == nil {
 			t.Errorf("%q accepted", bad)
@@ -78,4 +78,45 @@ func TestCCFlags(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
+}
+
+// FuzzDCQCNParams: any --dcqcn-param value either fails and leaves the
+// config alone, or yields a config that normalizes.
+func FuzzDCQCNParams(f *testing.F) {
+	for _, s := range []string{"rpg_max_rate=10G", "rpg_min_rate=100,rpg_ai_rate=5Mb/s", "rpg_time_reset=300us",
+		"clamp_tgt_rate=1", "rpg_gd=5", "x", "=", ",,,", "rpg_max_rate=1e400", "rpg_byte_reset=-1", "dce_tcp_rtt=NaN"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		c := dcqcn.Config{G: 1000}
+		before := c
+		if err := setDCQCNParams(&c, s); err != nil {
+			if c != before {
+				t.Fatalf("%q failed (%v) but changed the config", s, err)
+			}
+			return
+		}
+		if _, err := c.Normalize(); err != nil {
+			t.Fatalf("%q accepted but the config does not normalize: %v", s, err)
+		}
+	})
+}
+
+// FuzzSizes: the rate and size parsers never panic and return what they
+// accept in range.
+func FuzzSizes(f *testing.F) {
+	for _, s := range []string{"10G", "2.5Gb/s", "500M", "1e9", "40KB", "1MiB", "-1", "NaN", "Inf", "1e400", "k", "", "0.0001", "0.1ns"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if r, err := parseBitRate(s, 1e6); err == nil && !(r > 0 && r <= 1e15) {
+			t.Fatalf("parseBitRate(%q) = %v", s, r)
+		}
+		if n, err := parseByteSize(s); err == nil && (n < 0 || n > 1<<34) {
+			t.Fatalf("parseByteSize(%q) = %v", s, n)
+		}
+		if d, err := parseMicros(s); err == nil && d <= 0 {
+			t.Fatalf("parseMicros(%q) = %v", s, d)
+		}
+	})
 }

@@ -44,11 +44,12 @@ Every --interval it records each flow's goodput and DCQCN rate, the queue
 depth, and the CNPs sent (receiver's np_cnp_sent) and handled (senders'
 rp_cnp_handled), CE marks and drops of the interval: as CSV (--csv) and as
 an SVG plot (--svg) of stacked panels over time. At the end it prints a
-summary: the aggregate goodput against the bottleneck after the last flow
-started, Jain's fairness index of the flows' goodputs over the last half,
-the drops, and the mean queue over the last half.
+summary: over the last half, the aggregate goodput against the bottleneck,
+Jain's fairness index of the flows' goodputs, the drops and the mean
+queue; over the whole run, the goodput after the last flow started, the
+drops, CE marks and CNPs. A flow whose QP fails (retries exhausted) stops,
+the run goes on, and the command names it and exits 1.
 
-Options:
 The defaults are test/ccsim's scenario: a 10 Gb/s port with a 512 KiB
 buffer marking from 5 KiB to 200 KiB (1 % at Kmax, as in the DCQCN paper),
 senders with 25 Gb/s NICs, 2 µs per hop, 64 KiB WRITEs, 8 outstanding per
@@ -246,7 +247,7 @@ func parseByteSize(v string) (int, error) {
 		}
 	}
 	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f < 0 || f*mult > 1<<34 {
+	if err != nil || !(f >= 0) || f*mult > 1<<34 {
 		return 0, fmt.Errorf("want a byte size (e.g. 200KB, 1MiB, 40000)")
 	}
 	return int(math.Round(f * mult)), nil
@@ -281,6 +282,10 @@ func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	code := exitOK
 	if err != nil {
+		code = exitFail
+	}
+	for _, f := range run.Failed {
+		fmt.Fprintf(stdout, "failed: %s\n", f)
 		code = exitFail
 	}
 	if csvF != nil {
@@ -448,6 +453,7 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 	}
 	t0 := s.clk.Now()
 	outstanding := make([]int, c.flows)
+	failed := make([]bool, c.flows)
 	bytes := make([]uint64, c.flows) // completed since the last sample
 	prevPort := s.port.Stats()
 	prevCNPSent := s.recv.dev.Counters().NPCNPSent
@@ -461,12 +467,14 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 		now := s.clk.Now()
 		// Keep every started flow's window full.
 		for i := range c.flows {
-			if now.Sub(t0) < run.Starts[i] || now.After(end) {
+			if now.Sub(t0) < run.Starts[i] || now.After(end) || failed[i] {
 				continue
 			}
 			for ; outstanding[i] < c.depth; outstanding[i]++ {
 				if err := s.send[i].qp.PostSend(s.write[i]); err != nil {
-					return run, s, fmt.Errorf("flow %d: %w", i+1, err)
+					failed[i] = true
+					run.Failed = append(run.Failed, fmt.Sprintf("flow %d at %v: %v", i+1, now.Sub(t0), err))
+					break
 				}
 			}
 		}
@@ -497,10 +505,16 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 					break
 				}
 				for _, wc := range s.wcs[:n] {
-					if wc.Status != transport.WCSuccess {
-						return run, s, fmt.Errorf("flow %d: %w", i+1, wcError(wc, "RDMA WRITE"))
-					}
 					outstanding[i]--
+					if wc.Status != transport.WCSuccess {
+						// The QP is in the error state: the flow is over
+						// (its other WRs complete flushed).
+						if !failed[i] {
+							failed[i] = true
+							run.Failed = append(run.Failed, fmt.Sprintf("flow %d at %v: %v", i+1, s.clk.Now().Sub(t0), wcError(wc, "RDMA WRITE")))
+						}
+						continue
+					}
 					bytes[i] += uint64(c.size)
 				}
 			}

@@ -39,6 +39,7 @@ type ccRun struct {
 	Interval   time.Duration // sample interval
 	Starts     []time.Duration
 	Samples    []ccSample
+	Failed     []string // flows whose QP failed: which, when, why
 }
 
 // aggregate returns the sum of a sample's per-flow goodputs.
@@ -78,7 +79,7 @@ func (r *ccRun) WriteCSV(w io.Writer) error {
 	row := make([]string, 0, 2*r.Flows+8)
 	for i := range r.Samples {
 		s := &r.Samples[i]
-		row = append(row[:0], strconv.FormatFloat(s.T.Seconds(), 'f', 6, 64))
+		row = append(row[:0], strconv.FormatFloat(s.T.Seconds(), 'f', -1, 64))
 		for f := range r.Flows {
 			row = append(row, gbps(at(s.Goodput, f)), gbps(at(s.Rate, f)))
 		}
@@ -263,5 +264,13 @@ func (s ccSummary) format(r *ccRun) string {
 		"Jain fairness %.3f, drops %d, mean queue %.1f KB (Kmax %s); "+
 		"whole run: goodput %.3f Gb/s after the last start, drops %d, CE marks %d, CNPs sent %d, handled %d",
 		s.LastHalf/1e9, 100*s.Utilization, r.Bottleneck/1e9, s.Jain, s.LateDrops, s.MeanQueue/1e3, byteSize(r.Kmax),
-		s.Goodput/1e9, s.Drops, s.Marked, s.CNPSent, s.CNPHandled)
+		s.Goodput/1e9, s.Drops, s.Marked, s.CNPSent, s.CNPHandled) + failedNote(len(r.Failed))
+}
+
+// failedNote is the summary's mention of failed flows, if any.
+func failedNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d flows FAILED", n)
 }

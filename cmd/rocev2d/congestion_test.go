@@ -24,7 +24,7 @@ func congestionRun(t *testing.T, args ...string) (code int, out, errOut string, 
 	cp, sp := filepath.Join(dir, "run.csv"), filepath.Join(dir, "run.svg")
 	var o, e bytes.Buffer
 	code = run(context.Background(), append([]string{"congestion", "--csv", cp, "--svg", sp}, args...), &o, &e)
-	if code != exitOK {
+	if code == exitUsage {
 		return code, o.String(), e.String(), nil, nil
 	}
 	f, err := os.Open(cp)
@@ -158,6 +158,21 @@ func TestCongestionDCQCNOff(t *testing.T) {
 	}
 }
 
+// TestCongestionFlowFails: flows whose retries run out (an 8 µs ACK
+// timeout behind a deep queue without DCQCN) stop, the run goes on, the
+// files are written, and the command names the flows and exits 1.
+func TestCongestionFlowFails(t *testing.T) {
+	code, out, errOut, rows, svg := congestionRun(t, "-n", "2", "--dcqcn=off", "--buffer", "64KB", "--kmin", "8KB", "--kmax", "32KB",
+		"--timeout", "1", "--duration", "5ms", "--stagger", "1ms")
+	if code != exitFail || !strings.Contains(out, "failed: flow 1 at ") || !strings.Contains(out, "retry counter exceeded") ||
+		!strings.Contains(out, "2 flows FAILED") {
+		t.Fatalf("exit %d, want %d naming the failed flows\n%s%s", code, exitFail, out, errOut)
+	}
+	if len(rows) != 6 || len(svg) == 0 {
+		t.Errorf("%d CSV rows, %d SVG bytes: want the 5 samples and a plot", len(rows), len(svg))
+	}
+}
+
 // TestCongestionReproducible: the same flags give the same bytes.
 func TestCongestionReproducible(t *testing.T) {
 	args := []string{"-n", "2", "--duration", "4ms", "--stagger", "1ms", "--interval", "200us", "--seed", "7"}
@@ -208,7 +223,7 @@ func TestParseByteSize(t *testing.T) {
 			t.Errorf("parseByteSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "x", "-1", "1GB", "1e20"} {
+	for _, bad := range []string{"", "x", "-1", "1GB", "1e20", "NaN", "-NaN", "Inf"} {
 		if _, err := parseByteSize(bad); err == nil {
 			t.Errorf("parseByteSize(%q) accepted", bad)
 		}
