@@ -103,9 +103,10 @@ func (f socketFlags) options(poll bool, def time.Duration) udp.SocketOptions {
 	case oneCPU:
 		// Busy polling on the only CPU takes it from the kernel's
 		// receive path and the device's own goroutines: in the interop
-		// lab's 1-vCPU VMs the default 100 µs made rocev2d pingpong fail
-		// with "transport retry counter exceeded" in 3 runs of 3, where
-		// --busy-poll=0 completed every time (test/interop BenchmarkVM).
+		// lab's 1-vCPU VMs busy polling (100 µs, once 1 ms) made rocev2d
+		// pingpong fail with "transport retry counter exceeded" in 3 of
+		// 5 runs and was the slowest variant in the others, where
+		// --busy-poll=0 completed 8 of 8 (test/interop BenchmarkVM).
 	default:
 		o.BusyPoll = def
 	}

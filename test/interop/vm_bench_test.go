@@ -102,6 +102,9 @@ func BenchmarkVM(b *testing.B) {
 		{name: "pingpong_8B/busy-poll=100us", kind: "lat", cmd: pp + " --busy-poll=100us", base: "pingpong_8B"},
 		{name: "pingpong_8B/GOGC=off", kind: "lat", cmd: pp, env: "GOGC=off", base: "pingpong_8B"},
 		{name: "pingpong_8B/GOMAXPROCS=2", kind: "lat", cmd: pp, env: "GOMAXPROCS=2", base: "pingpong_8B"},
+		// The default again, telling whether GC cycles run (the log shows
+		// the runtime's gc lines of both sides).
+		{name: "pingpong_8B/gctrace", kind: "lat", cmd: pp, env: "GODEBUG=gctrace=1", base: "pingpong_8B"},
 	}
 	rawRow := vmRow{name: "pingpong_8B/raw_udp", kind: "lat", srvCmd: "udpping -timeout 120s -l 0.0.0.0:7000",
 		cmd: fmt.Sprintf("udpping -n %d -s 8", ppN), addrSuffix: ":7000", udp: true, base: "pingpong_8B"}
@@ -266,6 +269,7 @@ type vmOutcome struct {
 }
 
 var (
+	reGCLine   = regexp.MustCompile(`(?m)^gc \d+ @.*$`)
 	reFailLine = regexp.MustCompile(`(?m)^rocev2d [a-z-]+: .*$`)
 	rePerfBW   = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$`)
 	reHistHit  = regexp.MustCompile(`(?m)^\{ (.*) \} hitcount:\s+(\d+)`)
@@ -430,7 +434,12 @@ func (vb *vmBench) bench(ctx context.Context, b *testing.B, prefix string, r vmR
 	vb.all[key] = append(vb.all[key], v)
 	line += fmt.Sprintf("  busy vm0 %.0f%% vm1 %.0f%%", 100*sum.busyMS[0]/float64(b.N)/float64(last.wall.Milliseconds()),
 		100*sum.busyMS[1]/float64(b.N)/float64(last.wall.Milliseconds()))
-	b.Logf("%s\n--- client (vm1):\n%s\n--- server (vm0):\n%s", line, tail(last.cli, 14), tail(last.srv, 14))
+	gcs := reGCLine.FindAllString(last.cli+last.srv, -1)
+	if strings.Contains(r.env, "gctrace") {
+		b.ReportMetric(float64(len(gcs)), "gc_cycles")
+		line += fmt.Sprintf("  gc cycles %d", len(gcs))
+	}
+	b.Logf("%s\n--- client (vm1):\n%s\n--- server (vm0):\n%s\n--- gc lines:\n%s", line, tail(last.cli, 14), tail(last.srv, 14), strings.Join(gcs, "\n"))
 	vb.rows = append(vb.rows, line)
 }
 
@@ -510,7 +519,7 @@ func histSched(out string) int {
 }
 
 func benchProc(key string) bool {
-	for _, p := range []string{"rocev2d", "ib_write_bw", "ibv_rc_pingpong", "ib_write_lat", "ib_send_lat"} {
+	for _, p := range []string{"rocev2d", "udpping", "ib_write_bw", "ibv_rc_pingpong", "ib_write_lat", "ib_send_lat"} {
 		if strings.Contains(key, p) {
 			return true
 		}
