@@ -23,7 +23,8 @@ import (
 // Both sides exchange one QP data record per QP and post round-robin, -n
 // per QP; the result row counts -n × 8. Besides every check of a clean
 // cell (runCell: ICRC-verified capture, rxe's counters, no resends), the
-// capture is followed per QP pair (rocev2d's address lines name them), and
+// capture is followed per QP pair (rocev2d's address lines name them; with
+// -R, multiQPCMCells, rdma_cm's MADs do), and
 // the data-carrying packets are counted per destination QP: each of the
 // 8 receiving QPs (the responders' for WRITE and SEND, the requesters'
 // for READ responses and atomic ACKs) must get exactly -n messages' worth,
@@ -32,13 +33,24 @@ import (
 //
 // The mismatch cells run rocev2d and the tool with -q 1 against -q 8 (both
 // ways, both roles; ib_write_bw, and ib_send_bw, whose barrier comes
-// before its second round of QP data): rocev2d must stop in the QP data exchange with an
-// error naming both counts, the tool must fail too (its exchange loses
-// its peer), and not one RoCEv2 packet may cross the wire.
+// before its second round of QP data): rocev2d must stop in the QP data
+// exchange with an error naming both counts, the tool must fail too in
+// its exchange ("Failed to exchange data between server and clients"),
+// and not one RoCEv2 packet may cross the wire.
 func init() { labSuites = append(labSuites, multiQPSuite) }
 
 // multiQPs is the QP count of the cells.
 const multiQPs = 8
+
+// multiQPTx is the cells' tx depth per QP (-t). With the default (128,
+// cut to -n) 8 QPs put 8 × 25 WRITEs of 4 packets in flight at once, a
+// burst the 1-vCPU TCG VM's network stack dropped part of in one run
+// (rxe's rcvd_pkts fell 347 short of what reached the tap). It must divide
+// -n: perftest's CQ moderation is min(100, -t) and it signals every that
+// many WRs; with -t 10 and -n 25 ib_send_bw's client stopped 5 short on
+// one QP and spun (the VM's agent starved). 5 per QP: bursts of 160
+// packets, below the single-QP cells' 512.
+const multiQPTx = 5
 
 func multiQPSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row)) {
 	for _, c := range multiQPCells(lab.GIDIndex) {
@@ -126,7 +138,7 @@ func multiQPCells(gidIndex int) []cell {
 			{"ib_send_bw", "send-bw", 4096, 4, false},
 			{"ib_atomic_bw", "atomic-bw", 8, 1, true},
 		} {
-			args := []string{"-q", strconv.Itoa(multiQPs), "-s", strconv.Itoa(pt.size), "-n", strconv.Itoa(n)}
+			args := []string{"-q", strconv.Itoa(multiQPs), "-t", strconv.Itoa(multiQPTx), "-s", strconv.Itoa(pt.size), "-n", strconv.Itoa(n)}
 			label := strings.Join(append([]string{pt.tool}, args...), " ")
 			ours := append([]string{pt.sub, "--bind", HostIP, "-v", "--timeout", "120s"}, args...)
 			// rocev2d --check where it sends known data (or, atomics,
@@ -172,7 +184,114 @@ func multiQPCells(gidIndex int) []cell {
 			})
 		}
 	}
+	cs = append(cs, multiQPCMCells(gidIndex, n)...)
 	return cs
+}
+
+// multiQPCMCells are the -R -q 8 cells: ib_write_bw and ib_send_bw, each QP
+// connected through rdma_cm on its own (perftest's client connects them
+// all at once, its server takes them as they come), the exchange over a
+// ninth connection. Beyond the -q checks (the per-QP tally and data,
+// without QP pairs from the address lines: rdma_cm pairs the QPs, in any
+// order) the capture must show 9 connections made and torn down, each of
+// rocev2d's QPs connected to one of the tool's, and no REJ but rxe's
+// "invalid service ID" to a rocev2d client that asks before perftest
+// listens.
+func multiQPCMCells(gidIndex, n int) []cell {
+	var cs []cell
+	for _, server := range []bool{true, false} {
+		role := map[bool]string{true: "server", false: "client"}[server]
+		for _, pt := range []struct{ tool, sub string }{{"ib_write_bw", "write-bw"}, {"ib_send_bw", "send-bw"}} {
+			size, perMsg := 4096, 4
+			args := []string{"-q", strconv.Itoa(multiQPs), "-t", strconv.Itoa(multiQPTx), "-s", strconv.Itoa(size), "-n", strconv.Itoa(n)}
+			label := strings.Join(append([]string{pt.tool, "-R"}, args...), " ")
+			ours := append([]string{pt.sub, "-R", "--bind", HostIP, "-v", "--timeout", "120s"}, args...)
+			check := !server // rocev2d sends: the pattern
+			if check {
+				ours = append(ours, "--check")
+				label += " (rocev2d --check)"
+			}
+			tally := &qpTally{}
+			sub := pt.sub
+			cs = append(cs, cell{
+				name:     fmt.Sprintf("%s_R_q%d_%d_rocev2d_%s", pt.tool, multiQPs, size, role),
+				label:    label,
+				tool:     fmt.Sprintf("%s -R -d rxe0 -x %d -F %s", pt.tool, gidIndex, strings.Join(args, " ")),
+				toolName: pt.tool,
+				ours:     ours,
+				check: func(who, out string) []string {
+					p := checkPerftestOutput(who, out, size, n*multiQPs)
+					if want := fmt.Sprintf(" Number of qps   : %d", multiQPs); !strings.Contains(out, want) {
+						p = append(p, fmt.Sprintf("%s: no %q line", who, want))
+					}
+					if !strings.Contains(out, " rdma_cm QPs\t : ON") {
+						p = append(p, who+`: its header does not say "rdma_cm QPs : ON"`)
+					}
+					if check && who == "rocev2d" && !strings.Contains(out, " data check: ok") {
+						p = append(p, "rocev2d --check: no \"data check: ok\" line")
+					}
+					return p
+				},
+				data: func(hostOut string) (DataCheck, error) {
+					return multiQPData(sub, server, check, hostOut, tally)
+				},
+				dataWhat:      multiQPDataWhat(sub, check),
+				rocev2dServer: server,
+				port:          perfCMPort,
+				waitVM:        func(ctx context.Context, lab *Lab) error { return waitCMListenVM(ctx, lab, perfCMPort, 20*time.Second) },
+				captureCheck: func(st *CaptureStats, hostOut, _ string) []string {
+					p := tally.problems(hostOut, server, false, n*perMsg)
+					return append(p, checkMultiQPCM(st, hostOut, server)...)
+				},
+				minPkts: multiQPs * n * perMsg,
+			})
+		}
+	}
+	return cs
+}
+
+// checkMultiQPCM checks the CM MADs of a -R -q cell: 1 + multiQPs
+// connections, each rocev2d QP of the address lines connected to one of
+// the tool's QPs there, all torn down.
+func checkMultiQPCM(st *CaptureStats, hostOut string, rocev2dServer bool) []string {
+	var p []string
+	want := 1 + multiQPs
+	if len(st.CMPairs) != want {
+		p = append(p, fmt.Sprintf("CM: %d connections (REQ answered by a REP), want %d (the exchange's and one per QP): %v", len(st.CMPairs), want, st.CM))
+	}
+	active := "vm"
+	if !rocev2dServer {
+		active = "host"
+	}
+	if st.CM[active+" RTU"] < want {
+		p = append(p, fmt.Sprintf("CM: %d RTU from the client, want %d", st.CM[active+" RTU"], want))
+	}
+	if d, r := st.CM["host DREQ"]+st.CM["vm DREQ"], st.CM["host DREP"]+st.CM["vm DREP"]; d < want || r < want {
+		p = append(p, fmt.Sprintf("CM: %d DREQ and %d DREP, want one of each per connection at least (%d)", d, r, want))
+	}
+	for k, v := range st.CM {
+		if !strings.Contains(k, " REJ") || strings.HasSuffix(k, " REJ") || (k == "vm REJ invalid service ID" && !rocev2dServer) {
+			continue
+		}
+		p = append(p, fmt.Sprintf("CM: %d %s", v, k))
+	}
+	loc, rem := perfAddrs(hostOut)
+	remSet := map[uint32]bool{}
+	for _, r := range rem {
+		remSet[r.qpn] = true
+	}
+	for _, l := range loc {
+		found := false
+		for _, pr := range st.CMPairs {
+			if pr[0] == l.qpn && remSet[pr[1]] {
+				found = true
+			}
+		}
+		if !found {
+			p = append(p, fmt.Sprintf("CM: rocev2d's QP %#x is not connected to any of the tool's QPs %v (pairs {host, vm}: %#x)", l.qpn, rem, st.CMPairs))
+		}
+	}
+	return p
 }
 
 // multiQPDataWhat says what a cell's data check checks.
@@ -203,21 +322,33 @@ func multiQPData(sub string, server, check bool, hostOut string, tally *qpTally)
 	if len(loc) != multiQPs || len(rem) != multiQPs {
 		return nil, fmt.Errorf("%d local and %d remote address lines in rocev2d's output, want %d each", len(loc), len(rem), multiQPs)
 	}
-	// The base of the region a packet to the peer's QP q belongs to:
-	// the peer's target (WRITE) or rocev2d's own (READ responses).
-	base := map[uint32]uint64{}
+	// The regions a packet's VA lies in: the peer's targets (WRITE) or
+	// rocev2d's own (READ responses), one per QP in QP order, ascending
+	// (perftest's layout and rocev2d's). QP i sends into region i (as
+	// perftest: to the address the peer announced for index i) whichever
+	// QP rdma_cm connected it to.
+	var bases []uint64
 	for i := range rem {
 		if sub == "read-bw" {
-			base[rem[i].qpn] = loc[i].vaddr
+			bases = append(bases, loc[i].vaddr)
 		} else {
-			base[rem[i].qpn] = rem[i].vaddr
+			bases = append(bases, rem[i].vaddr)
 		}
+	}
+	// The test QPs each side sends to (with -R the exchange's QPs carry
+	// SENDs too).
+	toVM, toHost := map[uint32]bool{}, map[uint32]bool{}
+	for i := range rem {
+		toVM[rem[i].qpn], toHost[loc[i].qpn] = true, true
 	}
 	var atomic DataCheck
 	if sub == "atomic-bw" {
 		atomic = atomicData(check)
 	}
 	return func(p Payload) string {
+		if p.UD != nil || (p.FromHost && !toVM[p.DestQP]) || (!p.FromHost && !toHost[p.DestQP]) {
+			return "" // a MAD, or the exchange's connection (-R)
+		}
 		if !p.Resent {
 			if p.FromHost {
 				tally.host[p.DestQP]++
@@ -236,12 +367,17 @@ func multiQPData(sub string, server, check bool, hostOut string, tally *qpTally)
 			}
 			return patternAt(p.Data, p.MsgOff)
 		}
-		b, ok := base[p.DestQP]
-		if !ok {
-			return fmt.Sprintf("a packet to QP %#x, which is none of the peer's", p.DestQP)
-		}
 		if !p.HasVA {
 			return "no VA for the packet (WRITE without its FIRST, or a READ response without its request)"
+		}
+		b, ok := uint64(0), false
+		for _, v := range bases {
+			if v <= p.VA && v >= b {
+				b, ok = v, true
+			}
+		}
+		if !ok {
+			return fmt.Sprintf("VA %#x below every QP's region %#x", p.VA, bases)
 		}
 		return patternAt(p.Data, int(p.VA-b))
 	}, nil
@@ -411,6 +547,8 @@ func runMismatchCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, m 
 		problems = append(problems, fmt.Sprintf("%s: %v (timed out %v)", m.toolName, vmErr, vm.TimedOut))
 	} else if vm.Exit == 0 {
 		problems = append(problems, m.toolName+" exited 0")
+	} else if !strings.Contains(vm.Output, toolExchangeFailed) {
+		problems = append(problems, fmt.Sprintf("%s did not fail in its exchange (no %q)", m.toolName, toolExchangeFailed))
 	}
 	for _, out := range []string{hostOut, vm.Output} {
 		if strings.Contains(strings.ToLower(out), "retry") || reBWRow.MatchString(out) {
@@ -443,7 +581,7 @@ func runMismatchCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, m 
 			msg = msg[:j]
 		}
 	}
-	r.counters = "rocev2d: " + strings.TrimSpace(msg) + "; " + m.toolName + ": " + lastLine(vm.Output)
+	r.counters = "rocev2d: " + strings.TrimSpace(msg) + "; " + m.toolName + ": " + toolExchangeFailed
 	t.Logf("rocev2d (exit %d):\n%s\n%s (exit %d):\n%s", hostCode, hostOut, m.toolName, vm.Exit, vm.Output)
 	if len(problems) > 0 {
 		t.Errorf("%s:\n  %s", m.name, strings.Join(problems, "\n  "))
@@ -462,8 +600,6 @@ func qpWord(n int) string {
 	return fmt.Sprintf("%d QPs", n)
 }
 
-// lastLine is the last non-empty line of out.
-func lastLine(out string) string {
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
-}
+// toolExchangeFailed is what perftest says when its out-of-band exchange
+// loses its peer.
+const toolExchangeFailed = "Failed to exchange data between server and clients"
