@@ -46,6 +46,11 @@ type setupStats struct {
 	pairsPerSec float64
 	bytesPerQP  float64 // heap per idle QP (both sides' QPs counted)
 	goroutines  int     // in the whole process after setup
+	// Allocation per pair during setup: deterministic, unlike the rate
+	// (which a collection falling into a short run, or the machine's
+	// load, moves a lot); a cost linear in the QPs makes it grow with n.
+	allocsPerPair float64
+	bytesPerPair  float64
 }
 
 // scaleLinks returns two links of the kind ("socket": kernel UDP on
@@ -108,6 +113,8 @@ func newScaleRig(tb testing.TB, la, lb udp.Link, n int) (*scaleRig, setupStats) 
 	peerA, peerB := r.a.Addr(), r.b.Addr()
 	var st setupStats
 	h0 := settledHeap()
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
 	start := time.Now()
 	for i := range n {
 		qa, err := r.a.CreateQP(apd, QPInitAttr{Type: QPTypeRC, SendCQ: r.acq, RecvCQ: r.acq, MaxSendWR: 2 * scaleWindow, MaxRecvWR: 1})
@@ -127,6 +134,9 @@ func newScaleRig(tb testing.TB, la, lb udp.Link, n int) (*scaleRig, setupStats) 
 		r.qa[i], r.qb[i] = qa, qb
 	}
 	st.pairsPerSec = float64(n) / time.Since(start).Seconds()
+	runtime.ReadMemStats(&ms1)
+	st.allocsPerPair = float64(ms1.Mallocs-ms0.Mallocs) / float64(n)
+	st.bytesPerPair = float64(ms1.TotalAlloc-ms0.TotalAlloc) / float64(n)
 	st.bytesPerQP = float64(settledHeap()-h0) / float64(2*n)
 	st.goroutines = runtime.NumGoroutine()
 	return r, st
@@ -266,24 +276,30 @@ func BenchmarkScale(b *testing.B) {
 func BenchmarkScaleSetup(b *testing.B) {
 	for _, kind := range []string{"socket", "mem"} {
 		b.Run("link="+kind, func(b *testing.B) {
-			var r1, r10 float64
+			var st1, st10 setupStats
 			for range b.N {
 				for _, n := range []int{1000, 10000} {
 					la, lb := scaleLinks(b, kind)
 					r, st := newScaleRig(b, la, lb, n)
-					if n == 1000 {
-						r1 += st.pairsPerSec
-					} else {
-						r10 += st.pairsPerSec
+					sum := &st1
+					if n == 10000 {
+						sum = &st10
 					}
+					sum.pairsPerSec += st.pairsPerSec / float64(b.N)
+					sum.allocsPerPair += st.allocsPerPair / float64(b.N)
+					sum.bytesPerPair += st.bytesPerPair / float64(b.N)
 					r.a.Close()
 					r.b.Close()
 				}
 			}
 			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(r1/float64(b.N), "pairs/s@1k")
-			b.ReportMetric(r10/float64(b.N), "pairs/s@10k")
-			b.ReportMetric(r10/r1, "setup-ratio")
+			b.ReportMetric(st1.pairsPerSec, "pairs/s@1k")
+			b.ReportMetric(st10.pairsPerSec, "pairs/s@10k")
+			b.ReportMetric(st10.pairsPerSec/st1.pairsPerSec, "setup-ratio")
+			b.ReportMetric(st1.allocsPerPair, "allocs/pair@1k")
+			b.ReportMetric(st10.allocsPerPair, "allocs/pair@10k")
+			b.ReportMetric(st1.bytesPerPair, "B/pair@1k")
+			b.ReportMetric(st10.bytesPerPair, "B/pair@10k")
 		})
 	}
 }
