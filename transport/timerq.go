@@ -59,8 +59,8 @@ type timerQueue struct {
 	mu       sync.Mutex
 	h        []*timerEntry
 	seq      uint64
-	fires    uint64 // clock timer expiries (runs)
-	expiries uint64 // entries found due
+	fires    uint64    // clock timer expiries (runs)
+	expiries uint64    // entries found due
 	timer    Timer     // the one AfterFunc; nil until first armed
 	timerSet bool      // timer is pending
 	timerAt  time.Time // its deadline while timerSet
