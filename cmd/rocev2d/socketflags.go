@@ -105,8 +105,9 @@ func (f socketFlags) options(poll bool, def time.Duration) udp.SocketOptions {
 		// receive path and the device's own goroutines: in the interop
 		// lab's 1-vCPU VMs busy polling (100 µs, once 1 ms) made rocev2d
 		// pingpong fail with "transport retry counter exceeded" in 3 of
-		// 5 runs and was the slowest variant in the others, where
-		// --busy-poll=0 completed 8 of 8 (test/interop BenchmarkVM).
+		// 10 runs and was the slowest variant in every round (1.2-4.4x
+		// the RTT of --busy-poll=0, which never failed in about 30 runs;
+		// test/interop BenchmarkVM).
 	default:
 		o.BusyPoll = def
 	}
