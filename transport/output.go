@@ -4,13 +4,19 @@ import (
 	"net/netip"
 
 	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/udp"
 )
 
 const outBatch = 32
 
 // outBuf returns a packet buffer of full capacity for the next outgoing
-// packet; commit must follow.
+// packet; commit must follow. The output queue itself (2 KiB) is made on
+// the QP's first packet, so that a QP that never sends holds none.
 func (qp *QP) outBuf() []byte {
+	if qp.out == nil {
+		qp.out = make([]udp.Packet, outBatch)
+		qp.outBufs = make([]*[udp.MaxPacketSize]byte, outBatch)
+	}
 	if qp.nout == len(qp.out) {
 		qp.flushOut()
 	}

@@ -209,8 +209,6 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	qp.sq = growRing[sendWQE](nil, 0, 0, min(a.MaxSendWR, ringStart), a.MaxSGE)
 	qp.rq = growRing[recvWQE](nil, 0, 0, min(a.MaxRecvWR, ringStart), a.MaxSGE)
 	qp.resp.res = make([]rdRes, d.cfg.MaxRdAtomic)
-	qp.out = make([]udp.Packet, outBatch)
-	qp.outBufs = make([]*[udp.MaxPacketSize]byte, outBatch)
 	qp.ccInit()
 	qp.initTimers()
 
