@@ -102,7 +102,7 @@ func PairImage(cfg Config, img *Image) (*Image, error) {
 	for _, o := range old {
 		os.Remove(o)
 	}
-	cfg.logf("setup: pair initramfs %.1f MB (rocev2d and udpping %.1f MB appended)", float64(len(all))/1e6, float64(extra.Len())/1e6)
+	cfg.logf("setup: pair initramfs %.1f MB (rocev2d, udpping and icrc.test: %.1f MB appended)", float64(len(all))/1e6, float64(extra.Len())/1e6)
 	return &out, os.WriteFile(out.Initrd, all, 0o644)
 }
 
