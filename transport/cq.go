@@ -247,11 +247,12 @@ func (cq *CQ) Err() error {
 // (ErrCQOverflow, ErrClosed, ErrDestroyed) when the CQ has one and holds no
 // more stored completions. Any number of goroutines may wait on one CQ.
 //
-// On a device whose link busy-polls (udp.SocketOptions.BusyPoll), Wait
-// first polls for up to that long, driving the link in the caller's
-// goroutine (Device.Progress) and yielding the processor between tries,
-// and only then sleeps and leaves the link to the device's receive
-// goroutine.
+// On a udp.SocketLink, Wait receives in the caller's goroutine: it waits
+// in the link's Recv, as a goroutine reading a plain UDP socket does, and
+// handles what arrives right there (see Device.Progress). When the link
+// busy-polls (udp.SocketOptions.BusyPoll), Wait first polls for up to
+// that long, driving the link with non-blocking receives and yielding the
+// processor between tries.
 func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 	if len(wc) == 0 {
 		return 0, nil
@@ -298,8 +299,7 @@ func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 
 // spin is Wait's busy-polling phase: it polls the CQ and drives the link
 // for up to the link's busy-poll budget. done reports that it has Wait's
-// result; otherwise the caller's lease on the link is released and Wait
-// must sleep.
+// result; otherwise Wait goes on waiting in the link's Recv, or asleep.
 func (cq *CQ) spin(ctx context.Context, wc []WC) (n int, err error, done bool) {
 	d := cq.dev
 	var deadline time.Time
@@ -324,7 +324,8 @@ func (cq *CQ) spin(ctx context.Context, wc []WC) (n int, err error, done bool) {
 		if deadline.IsZero() {
 			deadline = now.Add(d.rx.spin)
 		} else if now.After(deadline) {
-			d.rx.release()
+			// Wait goes on in the link's Recv (Device.waitRecv),
+			// keeping the link.
 			return 0, nil, false
 		}
 		runtime.Gosched()

@@ -53,8 +53,8 @@ type rxDriver struct {
 	p    packet.Packet
 
 	pl    pollLink      // nil: only the receive goroutine receives
-	spin  time.Duration // pl's busy-poll budget (0: pl is driven by blocked waiters, see CQ.Wait)
-	wl    pollLink      // the link, when waiters may drive it in a blocking Recv (spin == 0)
+	spin  time.Duration // pl's busy-poll budget
+	wl    pollLink      // the link, when waiters may drive it in a blocking Recv (CQ.Wait)
 	base  time.Time     // lease times are nanoseconds since base
 	lease atomic.Int64  // a poller drives the link until then (0: none)
 	kick  chan struct{} // wakes the receive goroutine when the lease ends early
@@ -101,10 +101,9 @@ func (d *Device) initRx() {
 	rx.kick = make(chan struct{}, 1)
 	rx.base = time.Now()
 	if pl, ok := d.link.(pollLink); ok {
+		rx.wl = pl
 		if pl.BusyPoll() > 0 {
 			rx.pl, rx.spin = pl, pl.BusyPoll()
-		} else {
-			rx.wl = pl
 		}
 	}
 }
@@ -132,16 +131,6 @@ func (rx *rxDriver) renew() {
 	old := rx.lease.Swap(now + int64(max(2*rx.spin, rxLeaseMin)))
 	if old < now {
 		rx.pl.WakeRecv()
-	}
-}
-
-// release ends the lease: the caller stops polling and will sleep, so the
-// receive goroutine must take the link back now.
-func (rx *rxDriver) release() {
-	rx.lease.Store(0)
-	select {
-	case rx.kick <- struct{}{}:
-	default:
 	}
 }
 
