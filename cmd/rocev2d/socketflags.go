@@ -106,7 +106,7 @@ func (f socketFlags) options(poll bool, def time.Duration) udp.SocketOptions {
 		// lab's 1-vCPU VMs busy polling (100 µs, once 1 ms) made rocev2d
 		// pingpong fail with "transport retry counter exceeded" in 3 of
 		// 10 runs and was the slowest variant in every round (1.2-4.4x
-		// the RTT of --busy-poll=0, which never failed in about 30 runs;
+		// the RTT of --busy-poll=0, which failed once in about 40 runs;
 		// test/interop BenchmarkVM).
 	default:
 		o.BusyPoll = def
