@@ -25,7 +25,12 @@
 //
 // # Inside
 //
-// The device runs one receive goroutine (device.go): it reads batches from
+// The device runs one receive goroutine (rxpoll.go, device.go) — or, on a
+// udp.SocketLink, the application's own goroutine does its work: a
+// CQ.Wait waits in the link's Recv and a busy-polling CQ.Poll or
+// Device.Progress receives without blocking, each handling the batch
+// right there while the receive goroutine parks (rxpoll.go says how they
+// hand the link over). Whoever receives reads batches from
 // the link, parses each datagram (packet.Decode), routes it by the BTH
 // DestQP and counts what it drops (malformed_pkts, unknown_qp,
 // transport_mismatch, wrong_state, wrong_peer). A QP follows rxe's split
@@ -73,8 +78,11 @@
 // the ICRC. What one received batch makes a QP send (ACKs, READ responses,
 // requests the window now admits) leaves in one Link.Send at the end of
 // the batch, not one per packet; the batch's completions wake each CQ's
-// waiters once, before that flush. In steady state posting and completing
-// a message allocates nothing.
+// waiters once, before that flush. When the application's goroutine
+// received the batch, its queued ACKs leave with the application's next
+// PostSend instead (behind the requests, so that ACK and request form one
+// GSO datagram), or at its next receive. In steady state posting and
+// completing a message allocates nothing.
 //
 // RC, UC and UD QPs are implemented, shared receive queues (CreateSRQ),
 // memory windows (type 1 bound with QP.BindMW, type 2 with WRBindMW work
