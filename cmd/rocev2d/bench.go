@@ -29,8 +29,8 @@ const benchUsage = `usage: rocev2d bench [options]
 
 One run, side by side, over loopback: raw UDP baselines against the RoCEv2
 stack (two devices, one RC QP each, UDP sockets on port 4791) for WRITE,
-READ and SEND goodput with 64 B, 4 KiB and 64 KiB messages and for an
-8-byte SEND ping-pong, in two sections:
+READ and SEND goodput with 64 B, 4 KiB and 64 KiB messages and for
+8-byte SEND and WRITE (with immediate) ping-pongs, in two sections:
 
   sendmmsg   raw UDP: two plain sockets moving the stack's datagram sizes
              with sendmmsg/recvmmsg batches of 64; rocev2 with --gso=false
@@ -48,7 +48,11 @@ bytes for BTH and ICRC), the sender at most 2048 datagrams (512 of 1 KiB
 or more) ahead of the receiver, as the stack's window keeps it. The stack
 keeps 64 work requests in flight (8 of 64 KiB), READs included: its QPs
 have max_rd_atomic 64, as perftest's ib_read_bw takes the device maximum. Latency is the round-trip time of one message each
-way, averaged over the run. The ratio column is stack / raw UDP.
+way, averaged over the run, against raw UDP bouncing one datagram the size
+of the stack's request with the same wait technique: both block (the raw
+sockets in Go's poller, the stack's waiters in CQ.Wait) or, with
+--busy-poll=DUR, both poll without blocking for up to DUR first. The ratio
+column is stack / raw UDP.
 
 CPU is the user + system time of this whole process (both ends, every
 thread, the Go runtime; getrusage RUSAGE_SELF before and after each run)
@@ -374,11 +378,11 @@ func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Wa
 			rows = append(rows, row)
 		}
 	}
-	row, err := s.pingPongRow(ctx, &rc, benchRounds)
+	lat, err := s.latencyRows(ctx, &rc, benchRounds)
 	if err != nil {
 		return err
 	}
-	rows = append(rows, row)
+	rows = append(rows, lat...)
 	printBenchTable(stdout, m, rows)
 	if c.verbose {
 		fmt.Fprintln(stdout)

@@ -11,8 +11,8 @@ import (
 )
 
 // TestBench runs a short bench and checks the tables: two sections
-// (sendmmsg and GSO+GRO) of ten rows each (WRITE, READ, SEND goodput at
-// three sizes and the ping-pong), every value and ratio positive and
+// (sendmmsg and GSO+GRO) of eleven rows each (WRITE, READ, SEND goodput
+// at three sizes and the SEND and WRITE ping-pongs), every value and ratio positive and
 // consistent with its columns, goodput and CPU alike. With --gso=false
 // only the sendmmsg section runs.
 func TestBench(t *testing.T) {
@@ -24,8 +24,9 @@ func TestBench(t *testing.T) {
 		rows     int
 		sections []string
 	}{
-		{nil, 20, []string{"sendmmsg/recvmmsg:", "GSO+GRO:"}},
-		{[]string{"--gso=false"}, 10, []string{"sendmmsg/recvmmsg:"}},
+		{nil, 22, []string{"sendmmsg/recvmmsg:", "GSO+GRO:"}},
+		{[]string{"--gso=false"}, 11, []string{"sendmmsg/recvmmsg:"}},
+		{[]string{"--gso=false", "--busy-poll=50us"}, 11, []string{"sendmmsg/recvmmsg:"}},
 	} {
 		start := time.Now()
 		code, out, errOut := runInRetry(t, append([]string{"bench", "-t", "60ms", "-v"}, c.args...)...)
