@@ -205,10 +205,31 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 			return false
 		}
 		// The receive goroutine has the link: take it (it leaves its
-		// Recv and parks while the lease is held).
-		rx.lease.Store(rxLeaseHeld)
-		rx.wl.WakeRecv()
-		rx.mu.Lock()
+		// Recv and parks while the lease is held). Never block on mu:
+		// the lease can be cut short (a waiter leaving sets its own) and
+		// the receive goroutine go back into a Recv that nothing ends, so
+		// the claim and the wake are repeated until mu is free — or the
+		// wait has what it waited for, and the claim is given back.
+		for tries := 0; !rx.mu.TryLock(); tries++ {
+			if rx.owner.Load() == rxOwnerWaiter {
+				return false // another waiter took it: it holds the lease and wakes us
+			}
+			if cq.ready() || ctx.Err() != nil || d.isClosed() {
+				rx.lease.Store(0)
+				select {
+				case rx.kick <- struct{}{}:
+				default:
+				}
+				return false
+			}
+			rx.lease.Store(rxLeaseHeld)
+			rx.wl.WakeRecv()
+			if tries < 64 {
+				runtime.Gosched()
+			} else {
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
 	}
 	rx.owner.Store(rxOwnerWaiter)
 	rx.lease.Store(rxLeaseHeld)

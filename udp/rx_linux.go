@@ -180,11 +180,18 @@ func (c *rxConn) Wake() {
 // woken reports whether a Wake is pending and, if so, consumes it and
 // clears the read deadline it set.
 func (c *rxConn) woken() bool {
-	if !c.wake.Load() {
+	if !c.wake.Swap(false) {
 		return false
 	}
 	c.ep.SetReadDeadline(time.Time{})
-	c.wake.Store(false)
+	// A Wake after the Swap found the flag clear and moved the deadline
+	// into the past — possibly before the line above cleared it. Put it
+	// back: a pending Wake always has its deadline in the past. (Clearing
+	// the flag after the deadline, as this once did, lost a Wake made in
+	// between: it saw the flag still set and left the deadline alone.)
+	if c.wake.Load() {
+		c.ep.SetReadDeadline(time.Unix(1, 0))
+	}
 	return true
 }
 
