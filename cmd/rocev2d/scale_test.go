@@ -14,7 +14,7 @@ import (
 // within the 16 KiB budget, goroutines, positive rates, a ratio).
 func TestScale(t *testing.T) {
 	runs := [][]string{
-		{"scale", "--mem", "--qps", "1,3,50", "--rounds", "2", "--chunk", "32", "--size", "4096"},
+		{"scale", "--mem", "--qps", "1,3,500", "--rounds", "2", "--chunk", "32", "--size", "4096"},
 		{"scale", "--qps", "2,20", "--rounds", "2", "--chunk", "16", "-v"},
 	}
 	if testing.Short() {
@@ -43,8 +43,11 @@ func TestScale(t *testing.T) {
 					t.Fatalf("%v: field %d of %q: %v", args, i, line, err)
 				}
 			}
-			// The 1 QP row carries the QP table's first page (32 KiB).
-			if n >= 20 && (v[1] <= 0 || v[1] > 16<<10) {
+			// The 1 QP row carries the QP table's first page (32 KiB);
+			// below a few hundred QPs the heap's own noise (a collection's
+			// leftovers, the previous row's garbage: some 100 KB) can
+			// outweigh the QPs (CI once measured -5 KB per QP at 50).
+			if n >= 500 && (v[1] <= 0 || v[1] > 16<<10) {
 				t.Errorf("%v: %d QPs: %v bytes per idle QP, want (0, 16 KiB]", args, n, v[1])
 			}
 			if v[2] < 3 || v[3] <= 0 || v[4] <= 0 || v[5] <= 0 || v[6] <= 0 {
