@@ -416,41 +416,11 @@ func (s *stackPingPong) round(n int) error {
 
 func (s *stackPingPong) stop() { close(s.serve) }
 
-// newLatSocketPair is newSocketPair with socket options o.
-func newLatSocketPair(b testing.TB, o *udp.SocketOptions) (a, r *side) {
-	b.Helper()
-	po := pairOpts{mtu: MTU4096, sqDepth: 256, rqDepth: 256, cqDepth: 1024, retry: 7, rnrRetry: 7, minRNR: 12}
-	po.defaults()
-	mk := func(addr netip.Addr) *side {
-		l, err := udp.ListenSocket(addr, o)
-		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
-			b.Skipf("UDP %v:4791 unavailable: %v", addr, err)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		dev, err := NewDevice(l, DeviceConfig{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { dev.Close() })
-		pd, err := dev.AllocPD()
-		if err != nil {
-			b.Fatal(err)
-		}
-		scq, _ := dev.CreateCQ(po.cqDepth)
-		rcq, _ := dev.CreateCQ(po.cqDepth)
-		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: scq, RecvCQ: rcq,
-			MaxSendWR: po.sqDepth, MaxRecvWR: po.rqDepth, MaxSGE: 1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return &side{dev: dev, pd: pd, scq: scq, rcq: rcq, qp: qp}
-	}
-	a, r = mk(latAddrA), mk(latAddrB)
-	connect(b, a, r, latAddrB, 0x10, 0x20, &po)
-	connect(b, r, a, latAddrA, 0x20, 0x10, &po)
-	return a, r
+// newLatSocketPair is newSocketPair with socket options o, on the
+// latency benchmarks' addresses.
+func newLatSocketPair(tb testing.TB, o *udp.SocketOptions) (a, r *side) {
+	tb.Helper()
+	return newSocketPairAt(tb, o, latAddrA, latAddrB)
 }
 
 // latAddrA and latAddrB are the loopback addresses of the latency

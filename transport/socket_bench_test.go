@@ -29,37 +29,44 @@ var (
 // when port 4791 on the addresses is taken.
 func newSocketPair(b *testing.B) (a, r *side) {
 	b.Helper()
-	o := pairOpts{mtu: MTU4096, sqDepth: 256, rqDepth: 256, cqDepth: 1024, retry: 7, rnrRetry: 7, minRNR: 12}
-	o.defaults()
+	return newSocketPairAt(b, nil, sockAddrA, sockAddrB)
+}
+
+// newSocketPairAt returns two connected sides over SocketLinks with socket
+// options o on addrA and addrB, or skips when port 4791 on them is taken.
+func newSocketPairAt(tb testing.TB, o *udp.SocketOptions, addrA, addrB netip.Addr) (a, r *side) {
+	tb.Helper()
+	po := pairOpts{mtu: MTU4096, sqDepth: 256, rqDepth: 256, cqDepth: 1024, retry: 7, rnrRetry: 7, minRNR: 12}
+	po.defaults()
 	mk := func(addr netip.Addr) *side {
-		l, err := udp.ListenSocket(addr, nil)
+		l, err := udp.ListenSocket(addr, o)
 		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
-			b.Skipf("UDP %v:4791 unavailable: %v", addr, err)
+			tb.Skipf("UDP %v:4791 unavailable: %v", addr, err)
 		}
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 		dev, err := NewDevice(l, DeviceConfig{})
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
-		b.Cleanup(func() { dev.Close() })
+		tb.Cleanup(func() { dev.Close() })
 		pd, err := dev.AllocPD()
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
-		scq, _ := dev.CreateCQ(o.cqDepth)
-		rcq, _ := dev.CreateCQ(o.cqDepth)
+		scq, _ := dev.CreateCQ(po.cqDepth)
+		rcq, _ := dev.CreateCQ(po.cqDepth)
 		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: scq, RecvCQ: rcq,
-			MaxSendWR: o.sqDepth, MaxRecvWR: o.rqDepth, MaxSGE: 1})
+			MaxSendWR: po.sqDepth, MaxRecvWR: po.rqDepth, MaxSGE: 1})
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 		return &side{dev: dev, pd: pd, scq: scq, rcq: rcq, qp: qp}
 	}
-	a, r = mk(sockAddrA), mk(sockAddrB)
-	connect(b, a, r, sockAddrB, 0x10, 0x20, &o)
-	connect(b, r, a, sockAddrA, 0x20, 0x10, &o)
+	a, r = mk(addrA), mk(addrB)
+	connect(tb, a, r, addrB, 0x10, 0x20, &po)
+	connect(tb, r, a, addrA, 0x20, 0x10, &po)
 	return a, r
 }
 

@@ -147,7 +147,14 @@ func stackPingPongOp(ctx context.Context, c *benchConfig, a, b *endpoint, op tra
 		return w
 	}
 	wrA, wrB := wr(wa, wb), wr(wb, wa)
-	recvA, recvB := transport.RecvWR{SGEs: dst(wa)}, transport.RecvWR{SGEs: dst(wb)}
+	return pingPongWRs(ctx, c, a, b, wrA, wrB, transport.RecvWR{SGEs: dst(wa)}, transport.RecvWR{SGEs: dst(wb)})
+}
+
+// pingPongWRs bounces wrA from A and wrB from B (answering each receive
+// completion) for c.dur, with recvA/recvB reposted after every receive,
+// and returns the round trips, the time and the CPU time they took. Both
+// sides wait in CQ.Wait for the receive completion of the peer's message.
+func pingPongWRs(ctx context.Context, c *benchConfig, a, b *endpoint, wrA, wrB transport.SendWR, recvA, recvB transport.RecvWR) (benchRun, error) {
 	for range 4 {
 		if err := a.qp.PostRecv(recvA); err != nil {
 			return benchRun{}, err
