@@ -47,7 +47,11 @@ as the stack does, in datagrams of at most one path MTU of payload (plus 16
 bytes for BTH and ICRC), the sender at most 2048 datagrams (512 of 1 KiB
 or more) ahead of the receiver, as the stack's window keeps it. The stack
 keeps 64 work requests in flight (8 of 64 KiB), READs included: its QPs
-have max_rd_atomic 64, as perftest's ib_read_bw takes the device maximum. Latency is the round-trip time of one message each
+have max_rd_atomic 64, as perftest's ib_read_bw takes the device maximum.
+READ's baseline is what a READ asks of UDP: one 32-byte request datagram
+per message, answered with the message's response datagrams, as many
+messages outstanding as the stack keeps READs in flight; the stack's ratio
+to the one-way stream of the responses alone is printed below the table. Latency is the round-trip time of one message each
 way, averaged over the run, against raw UDP bouncing one datagram the size
 of the stack's request with the same wait technique: both block (the raw
 sockets in Go's poller, the stack's waiters in CQ.Wait) or, with
@@ -110,6 +114,10 @@ type benchRow struct {
 	raw     benchSum // raw UDP
 	roc     benchSum // rocev2
 	latency bool
+	// reqResp: raw is the READ baseline (request and response datagrams,
+	// rawReadGoodput); oneWay is the one-way stream of the responses alone.
+	reqResp bool
+	oneWay  benchSum
 }
 
 // benchSum adds up the runs of one side of a row.
@@ -303,11 +311,23 @@ func (s *benchStack) goodputRow(ctx context.Context, rc *benchConfig, m benchMod
 	row := benchRow{name: demoName(op) + " goodput", size: size}
 	for r := range rounds {
 		raw := func() error {
+			if op == transport.WRRead {
+				run, err := rawReadGoodput(ctx, rc, size, stackWindow(size), m.gso)
+				if err != nil {
+					return fmt.Errorf("raw UDP READ baseline, %d B messages: %w", size, err)
+				}
+				row.raw.add(run)
+				row.reqResp = true
+			}
 			run, err := rawGoodput(ctx, rc, size, m.gso)
 			if err != nil {
 				return fmt.Errorf("raw UDP baseline, %d B messages: %w", size, err)
 			}
-			row.raw.add(run)
+			if row.reqResp {
+				row.oneWay.add(run)
+			} else {
+				row.raw.add(run)
+			}
 			return nil
 		}
 		stack := func() error {
@@ -412,6 +432,21 @@ func printBenchTable(w io.Writer, m benchMode, rows []benchRow) {
 	fmt.Fprintln(w, "CPU = user + system time of the whole process (both ends) per MB delivered, or per round trip.")
 	fmt.Fprintln(w, "raw UDP's sender stays at most 512-2048 datagrams ahead of its receiver; raw loss is what the receiving socket dropped all the same.")
 	fmt.Fprintln(w, "raw pkt/s counts datagrams on the wire (GSO segments); rocev2 pkt/s those of both directions (data, ACKs, READ responses).")
+	var oneWay []benchRow
+	for _, r := range rows {
+		if r.reqResp {
+			oneWay = append(oneWay, r)
+		}
+	}
+	if len(oneWay) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "READ's raw UDP is request/response: one 32-byte request datagram per message, answered with the message's")
+	fmt.Fprintln(w, "response datagrams, as many messages outstanding as the stack keeps READs in flight; its pkt/s counts both directions.")
+	fmt.Fprintln(w, "Against the one-way stream of the response datagrams alone (the WRITE rows' baseline), measured in the same rounds:")
+	for _, r := range oneWay {
+		fmt.Fprintf(w, "  READ %s: one-way raw UDP %.1f MB/s, rocev2 / one-way %.3f\n", benchSize(r.size), r.oneWay.mbs(), r.roc.mbs()/r.oneWay.mbs())
+	}
 }
 
 func cpuCell(ok bool, v float64, unit string) string {
@@ -541,20 +576,11 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int, gso bool) (benchR
 		for len(stream) < benchBatch*gsoSegs && len(stream)*mtu < benchBatch*gsoBytes/4 {
 			stream = append(stream, chunks...)
 		}
-		for i := 0; i < len(stream); {
-			seg, n, total := stream[i], 0, 0
-			for i < len(stream) && n < gsoSegs && stream[i] <= seg && total+stream[i] <= gsoBytes {
-				total += stream[i]
-				n++
-				short := stream[i] < seg
-				i++
-				if short {
-					break
-				}
-			}
-			msgs = append(msgs, ipv4.Message{Buffers: [][]byte{make([]byte, total)}, OOB: gsoCmsg(seg), Addr: dst})
-			segs = append(segs, n)
+		total, seg, n := gsoGroups(stream)
+		for i := range total {
+			msgs = append(msgs, ipv4.Message{Buffers: [][]byte{make([]byte, total[i])}, OOB: gsoCmsg(seg[i]), Addr: dst})
 		}
+		segs = n
 	}
 	// A window keeps the sender at most rawWindow datagrams ahead of the
 	// receiver (what the receiving socket's buffer holds), so that the
@@ -643,6 +669,15 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int, gso bool) (benchR
 	return run, ctx.Err()
 }
 
+// stackWindow is how many work requests of size bytes the stack keeps in
+// flight in the goodput rows (and the READ baseline keeps outstanding).
+func stackWindow(size int) int {
+	if size >= 65536 {
+		return 8
+	}
+	return 64
+}
+
 // rawWindow is how many datagrams of dgram bytes the raw baseline's sender
 // may be ahead of its receiver: about 2 MiB of socket buffer (the receive
 // buffer is 8 MiB; a small datagram costs ~1 KiB of it).
@@ -720,10 +755,7 @@ func rawPingPong(ctx context.Context, c *benchConfig, n int) (benchRun, error) {
 // srcMR (on A) and dstMR (on B) hold at least size bytes. For SEND, B has
 // receives of recv posted and reposts each one consumed.
 func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transport.WROpcode, size int, srcMR, dstMR *memreg.MR, recv transport.RecvWR) (benchRun, error) {
-	window := 64
-	if size >= 65536 {
-		window = 8
-	}
+	window := stackWindow(size)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var recvErr error

@@ -54,6 +54,12 @@ func TestBench(t *testing.T) {
 		if !strings.Contains(out, "GSO default of the rocev2d commands on 127.0.0.1: on, lo (virtual") {
 			t.Errorf("%v: no GSO default line for lo:\n%s", c.args, out)
 		}
+		// Each section's READ rows name their one-way ratio below the table.
+		for _, size := range []string{"64 B", "4 KiB", "64 KiB"} {
+			if n := strings.Count(out, "  READ "+size+": one-way raw UDP "); n != len(c.sections) {
+				t.Errorf("%v: %d one-way lines for READ %s, want %d:\n%s", c.args, n, size, len(c.sections), out)
+			}
+		}
 		if !strings.Contains(out, "counters A 127.0.0.1") {
 			t.Errorf("%v: -v printed no counters", c.args)
 		}

@@ -105,7 +105,7 @@ func counterValue(out, name string) int64 {
 // one receive per QP, and checks both sides' address lines (one per QP,
 // each side's remote lines the other's local ones, in order), result
 // lines and -v counters (every SEND one side completed is a receive on
-// the other; no RNR, retransmission or sequence error).
+// the other; no RNR NAK; resends, which depend on timing, are logged).
 func TestSRQPingpongLoopback(t *testing.T) {
 	for _, tc := range []struct {
 		qps, size, iters, rx int
@@ -159,9 +159,20 @@ func TestSRQPingpongLoopback(t *testing.T) {
 				if n := counterValue(r.out, "rdma_sends"); n < int64(tc.iters) || n >= int64(tc.iters+tc.qps) {
 					t.Errorf("%s: rdma_sends %d, want %d..%d (the tool's loop may post up to one more per QP)", r.side, n, tc.iters, tc.iters+tc.qps-1)
 				}
-				for _, c := range []string{"retransmitted_pkts", "rcvd_rnr_err", "send_rnr_err", "out_of_seq_request", "rcvd_seq_err", "duplicate_request"} {
+				// The SRQ must keep up: no RNR NAK either way.
+				for _, c := range []string{"rcvd_rnr_err", "send_rnr_err"} {
 					if n := counterValue(r.out, c); n != 0 {
 						t.Errorf("%s: %s = %d", r.side, c, n)
+					}
+				}
+				// Nothing is lost on loopback, but a requester whose ACK comes
+				// back later than its ACK timeout (67 ms; a loaded machine
+				// under -race, 255 QPs) resends, and the responder then sees
+				// duplicates: these depend on timing, so they are reported,
+				// not asserted (CI saw 127 resends once).
+				for _, c := range []string{"retransmitted_pkts", "out_of_seq_request", "rcvd_seq_err", "duplicate_request"} {
+					if n := counterValue(r.out, c); n != 0 {
+						t.Logf("%s: %s = %d (timing, not loss)", r.side, c, n)
 					}
 				}
 			}
