@@ -48,11 +48,18 @@ func reportRow(b *testing.B, row benchRow) {
 		b.ReportMetric(row.roc.cpuPerMB(), "rocev2-cpu-ms/MB")
 		b.ReportMetric(row.roc.cpuPerMB()/row.raw.cpuPerMB(), "cpu-ratio")
 	}
+	if row.reqResp {
+		// READ: raw is the request/response baseline; also against the
+		// one-way stream of the responses (the WRITE rows' baseline).
+		b.ReportMetric(row.oneWay.mbs(), "raw-oneway-MB/s")
+		b.ReportMetric(row.roc.mbs()/row.oneWay.mbs(), "ratio-oneway")
+	}
 	b.ReportMetric(0, "ns/op") // an iteration is a fixed-length round
 }
 
 // BenchmarkBenchRead is the READ rows: 64 B, 4 KiB and 64 KiB READs
-// (benchRdAtomic in flight) against the raw baseline of each section —
+// (benchRdAtomic in flight) against the raw request/response baseline
+// (rawReadGoodput) and the one-way stream of each section —
 // sendmmsg/recvmmsg against rocev2 without GSO, GSO+GRO against rocev2
 // with GSO.
 func BenchmarkBenchRead(b *testing.B) {
