@@ -525,6 +525,28 @@ func rawPair(c *benchConfig) (sa, sb *net.UDPConn, err error) {
 	return sa, sb, nil
 }
 
+// rawPairGRO is rawPair with UDP_GRO on a's socket (groA) and b's (groB).
+func rawPairGRO(c *benchConfig, groA, groB bool) (sa, sb *net.UDPConn, err error) {
+	sa, sb, err = rawPair(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, s := range []struct {
+		conn *net.UDPConn
+		on   bool
+	}{{sa, groA}, {sb, groB}} {
+		if !s.on {
+			continue
+		}
+		if err = enableGRO(s.conn); err != nil {
+			sa.Close()
+			sb.Close()
+			return nil, nil, fmt.Errorf("UDP_GRO: %w", err)
+		}
+	}
+	return sa, sb, nil
+}
+
 // rawGoodput sends messages of size bytes, cut into datagrams of at most
 // one MTU of payload plus 16 bytes (BTH + ICRC), from a to b for c.dur and
 // receives them. Without gso both ends move batches of benchBatch
@@ -536,17 +558,12 @@ func rawPair(c *benchConfig) (sa, sb *net.UDPConn, err error) {
 // run counts the message bytes delivered and the datagrams sent and
 // delivered (GSO segments one by one).
 func rawGoodput(ctx context.Context, c *benchConfig, size int, gso bool) (benchRun, error) {
-	sa, sb, err := rawPair(c)
+	sa, sb, err := rawPairGRO(c, false, gso)
 	if err != nil {
 		return benchRun{}, err
 	}
 	defer sa.Close()
 	defer sb.Close()
-	if gso {
-		if err := enableGRO(sb); err != nil {
-			return benchRun{}, fmt.Errorf("UDP_GRO: %w", err)
-		}
-	}
 	mtu := c.mtu.Bytes()
 	// The datagrams of one message: full MTU chunks and the remainder.
 	var chunks []int

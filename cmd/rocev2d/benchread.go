@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -152,19 +151,12 @@ func newRecvBatch() []ipv4.Message {
 // its last response datagram has arrived; a round whose responses stop
 // coming for 50 ms is given up (its datagrams count as lost).
 func rawReadGoodput(ctx context.Context, c *benchConfig, size, window int, gso bool) (benchRun, error) {
-	sa, sb, err := rawPair(c)
+	sa, sb, err := rawPairGRO(c, gso, gso)
 	if err != nil {
 		return benchRun{}, err
 	}
 	defer sa.Close()
 	defer sb.Close()
-	if gso {
-		for _, s := range []*net.UDPConn{sa, sb} {
-			if err := enableGRO(s); err != nil {
-				return benchRun{}, fmt.Errorf("UDP_GRO: %w", err)
-			}
-		}
-	}
 	chunks := readResponseChunks(size, c.mtu.Bytes())
 	perMsg := len(chunks)
 	// B: the responder.
