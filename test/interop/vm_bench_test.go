@@ -101,6 +101,10 @@ func BenchmarkVM(b *testing.B) {
 		{name: "write_bw_64KiB/GOMAXPROCS=2", kind: "bw", cmd: wb, env: "GOMAXPROCS=2", base: "write_bw_64KiB"},
 		{name: "pingpong_8B/default", kind: "lat", cmd: pp, base: "pingpong_8B"},
 		{name: "pingpong_8B/busy-poll=100us", kind: "lat", cmd: pp + " --busy-poll=100us", base: "pingpong_8B"},
+		// Polling without ever sleeping, as ibv_rc_pingpong polls its CQ
+		// (a round trip here takes about a millisecond, so 100 µs of
+		// spinning always ran out and then slept).
+		{name: "pingpong_8B/busy-poll=20ms", kind: "lat", cmd: pp + " --busy-poll=20ms", base: "pingpong_8B"},
 		{name: "pingpong_8B/GOGC=off", kind: "lat", cmd: pp, env: "GOGC=off", base: "pingpong_8B"},
 		{name: "pingpong_8B/GOMAXPROCS=2", kind: "lat", cmd: pp, env: "GOMAXPROCS=2", base: "pingpong_8B"},
 		// The default again, telling whether GC cycles run (the log shows
@@ -109,6 +113,8 @@ func BenchmarkVM(b *testing.B) {
 	}
 	rawRow := vmRow{name: "pingpong_8B/raw_udp", kind: "lat", srvCmd: "udpping -timeout 120s -l 0.0.0.0:7000",
 		cmd: fmt.Sprintf("udpping -n %d -s 8", ppN), addrSuffix: ":7000", udp: true, base: "pingpong_8B"}
+	rawBusyRow := vmRow{name: "pingpong_8B/raw_udp_busy", kind: "lat", srvCmd: "udpping -busy -timeout 120s -l 0.0.0.0:7000",
+		cmd: fmt.Sprintf("udpping -busy -n %d -s 8", ppN), addrSuffix: ":7000", udp: true, base: "pingpong_8B"}
 	rounds := 2
 	if s := os.Getenv("ROCEV2_VMBENCH_ROUNDS"); s != "" {
 		if n, err := strconv.Atoi(s); err == nil && n > 0 {
@@ -160,7 +166,7 @@ func BenchmarkVM(b *testing.B) {
 		if err := p.rxe(ctx, false); err != nil {
 			b.Fatal(err)
 		}
-		runRows(fmt.Sprintf("r%d/rocev2d", round), pick(append(oursRows, rawRow)))
+		runRows(fmt.Sprintf("r%d/rocev2d", round), pick(append(oursRows, rawRow, rawBusyRow)))
 		if round == 1 && extras {
 			profile("rocev2d", oursRows[0])
 			profile("rocev2d", oursRows[1])
