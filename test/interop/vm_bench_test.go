@@ -62,7 +62,11 @@ func BenchmarkVM(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pimg, err := PairImage(cfg, img)
+	// ROCEV2_VMBENCH_ALT=DIR (another checkout, e.g. a git worktree) adds
+	// its rocev2d as rocev2d-alt and an "alt" row next to each default
+	// row: two versions in the same boot, against the same rxe rounds.
+	alt := os.Getenv("ROCEV2_VMBENCH_ALT")
+	pimg, err := PairImage(cfg, img, alt)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -110,6 +114,11 @@ func BenchmarkVM(b *testing.B) {
 		// The default again, telling whether GC cycles run (the log shows
 		// the runtime's gc lines of both sides).
 		{name: "pingpong_8B/gctrace", kind: "lat", cmd: pp, env: "GODEBUG=gctrace=1", base: "pingpong_8B"},
+	}
+	if alt != "" {
+		oursRows = append(oursRows,
+			vmRow{name: "write_bw_64KiB/alt", kind: "bw", cmd: strings.Replace(wb, "rocev2d", "rocev2d-alt", 1), base: "write_bw_64KiB"},
+			vmRow{name: "pingpong_8B/alt", kind: "lat", cmd: strings.Replace(pp, "rocev2d", "rocev2d-alt", 1), base: "pingpong_8B"})
 	}
 	rawRow := vmRow{name: "pingpong_8B/raw_udp", kind: "lat", srvCmd: "udpping -timeout 120s -l 0.0.0.0:7000",
 		cmd: fmt.Sprintf("udpping -n %d -s 8", ppN), addrSuffix: ":7000", udp: true, base: "pingpong_8B"}

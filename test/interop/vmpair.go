@@ -49,23 +49,30 @@ type VMPair struct {
 // benchmarks), built static (CGO_ENABLED=0) from the repository: a
 // second gzip'ed cpio archive appended to img.Initrd, which the kernel
 // unpacks over the first. The file is cached by content in
-// cfg.CacheDir/build.
-func PairImage(cfg Config, img *Image) (*Image, error) {
+// cfg.CacheDir/build. With alt, the root of another checkout of the
+// module, its rocev2d is added as /usr/bin/rocev2d-alt, so that two
+// versions can be compared in one boot.
+func PairImage(cfg Config, img *Image, alt string) (*Image, error) {
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = DefaultCacheDir()
 	}
 	a := NewArchive()
-	for _, b := range []struct{ name, pkg string }{
-		{"rocev2d", "./cmd/rocev2d"},
-		{"udpping", "./test/interop/vmtools/udpping"},
-		{"icrc.test", "./icrc"}, // its benchmarks: the ICRC's cost on the VM's CPU
-	} {
+	type tool struct{ name, root, pkg string }
+	tools := []tool{
+		{"rocev2d", cfg.RepoRoot, "./cmd/rocev2d"},
+		{"udpping", cfg.RepoRoot, "./test/interop/vmtools/udpping"},
+		{"icrc.test", cfg.RepoRoot, "./icrc"}, // its benchmarks: the ICRC's cost on the VM's CPU
+	}
+	if alt != "" {
+		tools = append(tools, tool{"rocev2d-alt", alt, "./cmd/rocev2d"})
+	}
+	for _, b := range tools {
 		bin := filepath.Join(cfg.CacheDir, "build", b.name+"-static")
 		build := goBuild
 		if strings.HasSuffix(b.name, ".test") {
 			build = goTestBuild
 		}
-		if err := build(cfg.RepoRoot, bin, b.pkg, true); err != nil {
+		if err := build(b.root, bin, b.pkg, true); err != nil {
 			return nil, err
 		}
 		rb, err := os.ReadFile(bin)
