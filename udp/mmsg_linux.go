@@ -142,6 +142,16 @@ func (s *mmsgState) call(fd uintptr) bool {
 	var n uintptr
 	var e unix.Errno
 	one := s.cnt-s.off == 1
+	// Every call is first made without blocking (MSG_DONTWAIT) as a raw
+	// system call, which keeps the goroutine's P: the runtime neither
+	// marks the thread as in a syscall nor lets sysmon hand the P to
+	// another thread when a long sendmmsg (on loopback it runs the whole
+	// receive path) outlasts its tick. With one P (GOMAXPROCS=1, a
+	// one-vCPU VM) every such hand-off cost two thread switches through
+	// futex. Only a send that would block (a full socket buffer) is made
+	// again as a blocking call through the scheduler.
+	nonblock := s.flags&unix.MSG_DONTWAIT != 0
+	raw, flags := true, s.flags|unix.MSG_DONTWAIT
 	for {
 		if one {
 			// One message: sendmsg/recvmsg, which skip the batch loop
@@ -151,16 +161,20 @@ func (s *mmsgState) call(fd uintptr) bool {
 			h := &s.hdrs[s.off].Hdr
 			switch {
 			case s.trap == unix.SYS_RECVMMSG:
-				n, _, e = unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(h)), s.flags)
+				n, e = syscall6(raw, unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(h)), flags, 0, 0, 0)
 			case h.Iovlen == 1 && h.Controllen == 0:
-				n, _, e = unix.Syscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(h.Iov.Base)), uintptr(h.Iov.Len),
-					s.flags, uintptr(unsafe.Pointer(h.Name)), uintptr(h.Namelen))
+				n, e = syscall6(raw, unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(h.Iov.Base)), uintptr(h.Iov.Len),
+					flags, uintptr(unsafe.Pointer(h.Name)), uintptr(h.Namelen))
 			default:
-				n, _, e = unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(h)), s.flags)
+				n, e = syscall6(raw, unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(h)), flags, 0, 0, 0)
 			}
 		} else {
-			n, _, e = unix.Syscall6(s.trap, fd,
-				uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), s.flags, 0, 0)
+			n, e = syscall6(raw, s.trap, fd,
+				uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), flags, 0, 0)
+		}
+		if e == unix.EAGAIN && raw && !nonblock {
+			raw, flags = false, s.flags // a full send buffer: block (bounded by SO_SNDTIMEO)
+			continue
 		}
 		if e != unix.EINTR && e != errRestartSys {
 			break
@@ -376,4 +390,15 @@ func closeErr(err error, what string, local netip.Addr) error {
 		return fmt.Errorf("udp: %s %v: %w", what, local, err)
 	}
 	return nil
+}
+
+// syscall6 makes a system call: raw, without telling the scheduler (for
+// calls that cannot block), or through it.
+func syscall6(raw bool, trap, a1, a2, a3, a4, a5, a6 uintptr) (uintptr, unix.Errno) {
+	if raw {
+		r, _, e := unix.RawSyscall6(trap, a1, a2, a3, a4, a5, a6)
+		return r, e
+	}
+	r, _, e := unix.Syscall6(trap, a1, a2, a3, a4, a5, a6)
+	return r, e
 }
