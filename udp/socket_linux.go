@@ -641,6 +641,7 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			}
 			end := min(m.off+m.seg, len(m.buf))
 			seg := m.buf[m.off:end]
+			k := uint16(m.off / m.seg) // segment k of a GSO datagram has IPv4 ID k
 			m.off = end
 			if len(seg) < minPacketSize || len(seg) > MaxPacketSize {
 				l.malformed.Add(1)
@@ -650,13 +651,13 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			if inPlace {
 				// Capacity cut at the segment: an append cannot
 				// run into the next one.
-				if !l.verify(seg, m.src, m.port) {
+				if !l.verifyCopy(nil, seg, m.src, m.port, k) {
 					continue
 				}
 				p.Buf = seg[:len(seg):len(seg)]
 			} else {
 				p.Buf = p.Buf[:len(seg)]
-				if !l.verifyCopy(p.Buf, seg, m.src, m.port) {
+				if !l.verifyCopy(p.Buf, seg, m.src, m.port, 0) {
 					continue
 				}
 			}
@@ -746,14 +747,16 @@ func (l *SocketLink) accept(i int, p *Packet) bool {
 // verify checks a received datagram's ICRC (see SocketLink) and counts a
 // failure in DropBadICRC.
 func (l *SocketLink) verify(buf []byte, src netip.Addr, srcPort uint16) bool {
-	return l.verifyCopy(nil, buf, src, srcPort)
+	return l.verifyCopy(nil, buf, src, srcPort, 0)
 }
 
 // verifyCopy is verify that also copies buf to dst (len(dst) == len(buf))
 // unless dst is nil: the GRO path moves each segment out of the coalesced
 // buffer in the same pass over its bytes as the ICRC check
-// (icrc.SolveIPv4IDCopy, icrc.ComputeIPv6Copy).
-func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort uint16) bool {
+// (icrc.SolveIPv4IDCopy, icrc.ComputeIPv6Copy). Without dst, an IPv4
+// packet's identification is looked for from guess on
+// (icrc.Prefix.SolveIPv4IDFrom: the GRO path passes the segment's index).
+func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort, guess uint16) bool {
 	pf := l.rxFlow.get(src, l.addr, srcPort)
 	if l.is6 {
 		var c uint32
@@ -773,7 +776,7 @@ func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort uint16)
 	if dst != nil {
 		id, ok = pf.SolveIPv4IDCopy(dst, buf)
 	} else {
-		id, ok = pf.SolveIPv4ID(buf)
+		id, ok = pf.SolveIPv4IDFrom(guess, buf)
 	}
 	if !ok {
 		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), SrcPort: srcPort, DstPort: Port} // without DF

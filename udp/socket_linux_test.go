@@ -955,6 +955,9 @@ func TestSocketGRORecvInPlace(t *testing.T) {
 		}
 		return want
 	}
+	var gotIDs []uint16
+	testHookIPv4ID = func(id uint16) { gotIDs = append(gotIDs, id) }
+	defer func() { testHookIPv4ID = nil }()
 	want := send(0)
 	r := recvBufs(7)
 	own := make([][]byte, len(r))
@@ -990,6 +993,16 @@ func TestSocketGRORecvInPlace(t *testing.T) {
 	}
 	if b.groCoalesced.Load() == 0 {
 		t.Errorf("no coalesced buffer")
+	}
+	// One GSO datagram of 50 segments: identifications 0..49, found from
+	// the segment index (icrc.Prefix.SolveIPv4IDFrom).
+	if len(gotIDs) != total {
+		t.Fatalf("%d IPv4 IDs seen, want %d", len(gotIDs), total)
+	}
+	for i, id := range gotIDs {
+		if id != uint16(i) {
+			t.Fatalf("IPv4 IDs of the segments = %v, want 0..%d", gotIDs, total-1)
+		}
 	}
 	b.SetRecvInPlace(false)
 	want = send(total)
