@@ -124,6 +124,10 @@ type Device struct {
 	// clock_gettime per packet (a few percent of a 4 KiB READ stream
 	// in a VM). Batch owner only.
 	rxNow batchClock
+	// outMax is how far a QP's output queue grows (output.go): outBatchMax
+	// on a link that sends UDP GSO datagrams, where a bigger Link.Send
+	// fills more of each and saves system calls, else outBatch.
+	outMax int
 }
 
 // batchClock caches one clock reading for the batch in progress.
@@ -193,6 +197,10 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		nextQPN: firstQPN,
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
+	d.outMax = outBatch
+	if g, ok := link.(interface{ GSO() bool }); ok && g.GSO() {
+		d.outMax = outBatchMax
+	}
 	d.initRx()
 	go d.recvLoop()
 	return d, nil

@@ -77,6 +77,14 @@ func TestSocketGSOTransfer(t *testing.T) {
 	if !bytes.Equal(recvd, src) {
 		t.Fatal("SEND: received memory differs from the source")
 	}
+	// 96 packets per PostSend: the output queue grew past its first 32
+	// (one Link.Send per PostSend), as it does on a GSO link only.
+	a.qp.mu.Lock()
+	grown := len(a.qp.out)
+	a.qp.mu.Unlock()
+	if grown <= outBatch || grown > outBatchMax {
+		t.Errorf("output queue of %d packets after PostSends of 96, want %d < n <= %d", grown, outBatch, outBatchMax)
+	}
 	for _, s := range []*side{a, r} {
 		l := s.dev.link.(*udp.SocketLink)
 		if l.GROCoalesced() == 0 {
@@ -85,5 +93,29 @@ func TestSocketGSOTransfer(t *testing.T) {
 		if st := l.Stats(); st.DropBadICRC != 0 || st.DropMalformed != 0 {
 			t.Errorf("%v: drops %+v", l, st)
 		}
+	}
+}
+
+// TestOutQueueNoGSO: without GSO (a MemLink) the output queue keeps its 32
+// packets however much one PostSend queues.
+func TestOutQueueNoGSO(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{mtu: MTU4096})
+	const size = 1 << 16
+	_, smr := a.buffer(t, 4*size, 0)
+	_, dmr := b.buffer(t, 4*size, memreg.AccessRemoteWrite)
+	wrs := make([]SendWR, 4)
+	for i := range wrs {
+		wrs[i] = SendWR{Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, i*size, size),
+			RemoteAddr: dmr.IOVA() + uint64(i*size), RKey: dmr.RKey()}
+	}
+	if err := a.qp.PostSend(wrs...); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, a.scq, len(wrs), 10*time.Second)
+	a.qp.mu.Lock()
+	n := len(a.qp.out)
+	a.qp.mu.Unlock()
+	if n != outBatch {
+		t.Errorf("output queue of %d packets on a link without GSO, want %d", n, outBatch)
 	}
 }

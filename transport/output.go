@@ -8,11 +8,13 @@ import (
 )
 
 // outBatch is the first size of a QP's output queue, outBatchMax the size
-// it grows to when the QP queues more packets between two flushes (a
-// PostSend of several large messages): the queue grows instead of being
-// sent, up to outBatchMax packets, so that a PostSend of a window's worth
-// of 64 KiB WRITEs (128 packets at MTU 4096) leaves in one Link.Send — one
-// sendmmsg of 16 GSO datagrams instead of four calls of four.
+// it grows to on a GSO link (Device.outMax) when the QP queues more
+// packets between two flushes (a PostSend of several large messages): the
+// queue grows instead of being sent, up to outBatchMax packets, so that a
+// PostSend of a window's worth of 64 KiB WRITEs (128 packets at MTU 4096)
+// leaves in one Link.Send — one sendmmsg of 16 GSO datagrams instead of
+// four calls of four. Without GSO a Send of 32 is half a sendmmsg batch
+// already, and the smaller queue gets the first packets out sooner.
 const (
 	outBatch    = 32
 	outBatchMax = 128
@@ -28,7 +30,7 @@ func (qp *QP) outBuf() []byte {
 		qp.outBufs = make([]*[udp.MaxPacketSize]byte, outBatch)
 	}
 	if qp.nout == len(qp.out) {
-		if n := len(qp.out); n >= outBatch && n < outBatchMax {
+		if n := len(qp.out); n >= outBatch && n < qp.dev.outMax {
 			qp.out = append(qp.out, make([]udp.Packet, n)...)
 			qp.outBufs = append(qp.outBufs, make([]*[udp.MaxPacketSize]byte, n)...)
 		} else {
