@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -236,5 +237,32 @@ func TestMulModP(t *testing.T) {
 		if got, want := mulModP(a, b), multModP(a, b); got != want {
 			t.Fatalf("mulModP(%#x, %#x) = %#x, want %#x", a, b, got, want)
 		}
+	}
+}
+
+// TestSolveIPv4IDFrom: whatever the guess — the packet's identification,
+// 0 or any other — SolveIPv4IDFrom finds the identification SolveIPv4ID
+// finds, and a corrupted packet is refused as SolveIPv4ID refuses it.
+func TestSolveIPv4IDFrom(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for trial := range 2000 {
+		h, p := randPseudo4(r, 16+r.IntN(5000))
+		want := h.ID
+		pf := NewIPv4Prefix(h)
+		for _, guess := range []uint16{want, 0, uint16(r.Uint32()), want ^ 1} {
+			if id, ok := pf.SolveIPv4IDFrom(guess, p); !ok || id != want {
+				t.Fatalf("trial %d (%d bytes), guess %#04x: SolveIPv4IDFrom = %#04x, %v; want %#04x", trial, len(p), guess, id, ok, want)
+			}
+		}
+		q := slices.Clone(p)
+		q[12+r.IntN(len(q)-16)] ^= 1 << r.IntN(8) // a payload bit
+		id0, ok0 := pf.SolveIPv4ID(q)
+		if id, ok := pf.SolveIPv4IDFrom(want, q); ok != ok0 || (ok && id != id0) {
+			t.Fatalf("trial %d: corrupted packet: SolveIPv4IDFrom = %#04x, %v; SolveIPv4ID = %#04x, %v", trial, id, ok, id0, ok0)
+		}
+	}
+	pf6 := NewIPv6Prefix(&IPv6Pseudo{})
+	if _, ok := pf6.SolveIPv4IDFrom(0, make([]byte, 64)); ok {
+		t.Error("IPv6 prefix: SolveIPv4IDFrom reported ok")
 	}
 }

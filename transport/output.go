@@ -7,18 +7,35 @@ import (
 	"github.com/gorocev2/rocev2/udp"
 )
 
-const outBatch = 32
+// outBatch is the first size of a QP's output queue, outBatchMax the size
+// it grows to on a GSO link (Device.outMax) when the QP queues more
+// packets between two flushes (a PostSend of several large messages): the
+// queue grows instead of being sent, up to outBatchMax packets, so that a
+// PostSend of a window's worth of 64 KiB WRITEs (128 packets at MTU 4096)
+// leaves in one Link.Send — one sendmmsg of 16 GSO datagrams instead of
+// four calls of four. Without GSO a Send of 32 is half a sendmmsg batch
+// already, and the smaller queue gets the first packets out sooner.
+const (
+	outBatch    = 32
+	outBatchMax = 128
+)
 
 // outBuf returns a packet buffer of full capacity for the next outgoing
 // packet; commit must follow. The output queue itself (2 KiB) is made on
-// the QP's first packet, so that a QP that never sends holds none.
+// the QP's first packet, so that a QP that never sends holds none; it
+// grows (outBatchMax) only in a QP that queues more.
 func (qp *QP) outBuf() []byte {
 	if qp.out == nil {
 		qp.out = make([]udp.Packet, outBatch)
 		qp.outBufs = make([]*[udp.MaxPacketSize]byte, outBatch)
 	}
 	if qp.nout == len(qp.out) {
-		qp.flushOut()
+		if n := len(qp.out); n >= outBatch && n < qp.dev.outMax {
+			qp.out = append(qp.out, make([]udp.Packet, n)...)
+			qp.outBufs = append(qp.outBufs, make([]*[udp.MaxPacketSize]byte, n)...)
+		} else {
+			qp.flushOut()
+		}
 	}
 	if qp.outBufs[qp.nout] == nil {
 		qp.outBufs[qp.nout] = qp.dev.getBuf()

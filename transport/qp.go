@@ -83,6 +83,9 @@ type QP struct {
 
 	tq  [numTimerKinds]timerEntry // this QP's entries in dev.tq
 	tmr timers
+	// rxNow is the device's batch clock while the batch owner hands this
+	// QP a packet of the batch (input), nil otherwise (see now).
+	rxNow *batchClock
 
 	trace func(format string, args ...any) // test hook, nil in production
 
@@ -324,6 +327,10 @@ func (qp *QP) Query() (QPAttr, error) {
 func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
+	if batched {
+		qp.rxNow = &qp.dev.rxNow
+		defer func() { qp.rxNow = nil }()
+	}
 	st := qp.attr.State
 	if st < QPSRTR || st == QPSErr || qp.destroyed {
 		inc(&qp.dev.ctr.WrongState)

@@ -100,6 +100,13 @@ func (d *Device) initRx() {
 	}
 	rx.kick = make(chan struct{}, 1)
 	rx.base = time.Now()
+	// Every batch is handled before the next receive and nothing keeps a
+	// received buffer past its batch (what is kept — a MAD, a UD message
+	// — is copied), so a link that can hand packets out of its own
+	// receive memory may (udp.SocketLink with GRO: no copy per packet).
+	if ip, ok := d.link.(interface{ SetRecvInPlace(bool) }); ok {
+		ip.SetRecvInPlace(true)
+	}
 	if pl, ok := d.link.(pollLink); ok {
 		rx.wl = pl
 		if pl.BusyPoll() > 0 {

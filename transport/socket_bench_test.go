@@ -71,7 +71,13 @@ func newSocketPairAt(tb testing.TB, o *udp.SocketOptions, addrA, addrB netip.Add
 }
 
 func benchSocketGoodput(b *testing.B, op WROpcode, size int) {
-	a, r := newSocketPair(b)
+	benchSocketGoodputOpts(b, nil, op, size)
+}
+
+// benchSocketGoodputOpts is benchSocketGoodput on links with socket
+// options o (nil: the defaults, no GSO).
+func benchSocketGoodputOpts(b *testing.B, o *udp.SocketOptions, op WROpcode, size int) {
+	a, r := newSocketPairAt(b, o, sockAddrA, sockAddrB)
 	_, smr := a.buffer(b, 1<<16, 0)
 	_, dmr := r.buffer(b, 1<<16, memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
 	window := 64
@@ -152,6 +158,17 @@ func BenchmarkSocketRead64KiB(b *testing.B) { benchSocketGoodput(b, WRRead, 1<<1
 func BenchmarkSocketSend64B(b *testing.B)   { benchSocketGoodput(b, WRSend, 64) }
 func BenchmarkSocketSend4KiB(b *testing.B)  { benchSocketGoodput(b, WRSend, 4096) }
 func BenchmarkSocketSend64KiB(b *testing.B) { benchSocketGoodput(b, WRSend, 1<<16) }
+
+// The same over links with UDP GSO (and GRO, on by default): `rocev2d
+// bench --gso=true`'s stack side.
+var gsoOpts = &udp.SocketOptions{GSO: true}
+
+func BenchmarkSocketGSOWrite4KiB(b *testing.B)  { benchSocketGoodputOpts(b, gsoOpts, WRWrite, 4096) }
+func BenchmarkSocketGSOWrite64KiB(b *testing.B) { benchSocketGoodputOpts(b, gsoOpts, WRWrite, 1<<16) }
+func BenchmarkSocketGSORead4KiB(b *testing.B)   { benchSocketGoodputOpts(b, gsoOpts, WRRead, 4096) }
+func BenchmarkSocketGSORead64KiB(b *testing.B)  { benchSocketGoodputOpts(b, gsoOpts, WRRead, 1<<16) }
+func BenchmarkSocketGSOSend4KiB(b *testing.B)   { benchSocketGoodputOpts(b, gsoOpts, WRSend, 4096) }
+func BenchmarkSocketGSOSend64KiB(b *testing.B)  { benchSocketGoodputOpts(b, gsoOpts, WRSend, 1<<16) }
 
 // BenchmarkSocketPingPong8B bounces an 8-byte SEND between the sides, the
 // echo running in its own goroutine as in `rocev2d bench`.

@@ -75,7 +75,7 @@ func (qp *QP) armRetrans() {
 		}
 		return
 	}
-	now := qp.dev.clock.Now()
+	now := qp.now()
 	qp.tmr.deadline = now.Add(qp.timeout)
 	if !qp.tmr.timerArmed {
 		qp.tmr.timerArmed = true
@@ -115,4 +115,22 @@ func (qp *QP) onRNRTimer() {
 	qp.reqProgress()
 	qp.settle()
 	qp.flushOut()
+}
+
+// now returns the time for the QP's timers: the clock, or inside a
+// received batch the batch's one reading of it (Device.rxNow), so that
+// the ACK deadline pushed out by every READ response or ACK costs one
+// clock reading per batch. A deadline is then early by at most the time
+// the batch took before the packet (microseconds, against ACK timeouts of
+// milliseconds; nothing changes for a ManualClock not advanced during a
+// batch). Called with qp.mu held.
+func (qp *QP) now() time.Time {
+	c := qp.rxNow
+	if c == nil {
+		return qp.dev.clock.Now()
+	}
+	if !c.ok {
+		c.t, c.ok = qp.dev.clock.Now(), true
+	}
+	return c.t
 }

@@ -71,6 +71,7 @@ type SocketLink struct {
 	netns         *socketNetns           // namespace of rx, for source-port sockets (may be nil)
 
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
+	inPlace      atomic.Bool   // SetRecvInPlace: GRO segments handed out in place
 
 	txFlow flowPrefix // ICRC prefix of the flow sent last (under sendMu)
 	rxFlow flowPrefix // ICRC prefix of the flow received last (under recvMu)
@@ -248,6 +249,18 @@ func (l *SocketLink) SourcePortFallbacks() uint64 { return l.portFallbacks.Load(
 // GROCoalesced returns how many received buffers held more than one
 // datagram (coalesced by UDP GRO).
 func (l *SocketLink) GROCoalesced() uint64 { return l.groCoalesced.Load() }
+
+// SetRecvInPlace(true) lets Recv and TryRecv hand out each packet of a
+// GRO buffer in place — Packet.Buf a slice of the link's own receive
+// memory, its ICRC checked there — instead of copying it into the
+// caller's Buf: one pass less over every received byte. The caller's Buf
+// slices are then replaced (without GRO, with SocketOptions.NoGRO, they
+// are filled as before), and a packet handed out in place stays valid
+// only until the next Recv or TryRecv returns: a caller that turns it on
+// must be done with a batch (or have copied what it keeps) before it
+// receives the next one, as transport.Device is. Safe to call at any
+// time; it applies from the next Recv on.
+func (l *SocketLink) SetRecvInPlace(on bool) { l.inPlace.Store(on) }
 
 // SocketBuffers returns the kernel's effective SO_RCVBUF and SO_SNDBUF.
 func (l *SocketLink) SocketBuffers() (rcv, snd int, err error) {
@@ -617,6 +630,7 @@ type groMsg struct {
 func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 	g := l.gro
 	s := &l.recv
+	inPlace := l.inPlace.Load()
 	for {
 		n := 0
 		for g.cur < g.n && n < len(pkts) {
@@ -627,15 +641,25 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			}
 			end := min(m.off+m.seg, len(m.buf))
 			seg := m.buf[m.off:end]
+			k := uint16(m.off / m.seg) // segment k of a GSO datagram has IPv4 ID k
 			m.off = end
 			if len(seg) < minPacketSize || len(seg) > MaxPacketSize {
 				l.malformed.Add(1)
 				continue
 			}
 			p := &pkts[n]
-			p.Buf = p.Buf[:len(seg)]
-			if !l.verifyCopy(p.Buf, seg, m.src, m.port) {
-				continue
+			if inPlace {
+				// Capacity cut at the segment: an append cannot
+				// run into the next one.
+				if !l.verifyCopy(nil, seg, m.src, m.port, k) {
+					continue
+				}
+				p.Buf = seg[:len(seg):len(seg)]
+			} else {
+				p.Buf = p.Buf[:len(seg)]
+				if !l.verifyCopy(p.Buf, seg, m.src, m.port, 0) {
+					continue
+				}
 			}
 			p.Addr, p.SrcPort, p.TOS = m.src, m.port, m.tos
 			n++
@@ -723,14 +747,16 @@ func (l *SocketLink) accept(i int, p *Packet) bool {
 // verify checks a received datagram's ICRC (see SocketLink) and counts a
 // failure in DropBadICRC.
 func (l *SocketLink) verify(buf []byte, src netip.Addr, srcPort uint16) bool {
-	return l.verifyCopy(nil, buf, src, srcPort)
+	return l.verifyCopy(nil, buf, src, srcPort, 0)
 }
 
 // verifyCopy is verify that also copies buf to dst (len(dst) == len(buf))
 // unless dst is nil: the GRO path moves each segment out of the coalesced
 // buffer in the same pass over its bytes as the ICRC check
-// (icrc.SolveIPv4IDCopy, icrc.ComputeIPv6Copy).
-func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort uint16) bool {
+// (icrc.SolveIPv4IDCopy, icrc.ComputeIPv6Copy). Without dst, an IPv4
+// packet's identification is looked for from guess on
+// (icrc.Prefix.SolveIPv4IDFrom: the GRO path passes the segment's index).
+func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort, guess uint16) bool {
 	pf := l.rxFlow.get(src, l.addr, srcPort)
 	if l.is6 {
 		var c uint32
@@ -750,7 +776,7 @@ func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort uint16)
 	if dst != nil {
 		id, ok = pf.SolveIPv4IDCopy(dst, buf)
 	} else {
-		id, ok = pf.SolveIPv4ID(buf)
+		id, ok = pf.SolveIPv4IDFrom(guess, buf)
 	}
 	if !ok {
 		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), SrcPort: srcPort, DstPort: Port} // without DF

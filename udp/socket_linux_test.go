@@ -921,3 +921,104 @@ func TestSocketIPv6ZeroChecksum(t *testing.T) {
 		t.Errorf("stats %+v, want 1 received, no bad ICRC", s)
 	}
 }
+
+// TestSocketGRORecvInPlace: with SetRecvInPlace the packets of coalesced
+// buffers come back as slices of the link's memory (capacity cut at the
+// segment, the caller's buffers never written), intact and in order; a
+// datagram with a wrong ICRC is still dropped and counted; turned off
+// again, Recv fills the caller's buffers.
+func TestSocketGRORecvInPlace(t *testing.T) {
+	a, b := listenPairOpts(t, &SocketOptions{GSO: true}, &SocketOptions{})
+	b.SetRecvInPlace(true)
+	raw, err := net.ListenUDP("udp4", &net.UDPAddr{IP: sockA.AsSlice()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	bad := testPayload(make([]byte, 64), 999, 64)
+	icrc.Store(bad, 0x12345678)
+	if _, err := raw.WriteToUDP(bad, &net.UDPAddr{IP: sockB.AsSlice(), Port: Port}); err != nil {
+		t.Fatal(err)
+	}
+	const total = 50
+	send := func(base uint32) [][]byte {
+		pkts := make([]Packet, total)
+		for i := range pkts {
+			pkts[i] = Packet{Buf: testPayload(make([]byte, 1000), base+uint32(i), 1000), Addr: sockB}
+		}
+		if err := a.Send(pkts); err != nil {
+			t.Fatal(err)
+		}
+		want := make([][]byte, total)
+		for i := range pkts {
+			want[i] = pkts[i].Buf
+		}
+		return want
+	}
+	var gotIDs []uint16
+	testHookIPv4ID = func(id uint16) { gotIDs = append(gotIDs, id) }
+	defer func() { testHookIPv4ID = nil }()
+	want := send(0)
+	r := recvBufs(7)
+	own := make([][]byte, len(r))
+	for i := range r {
+		own[i] = r[i].Buf
+	}
+	for got := 0; got < total; {
+		for i := range r {
+			r[i].Buf = own[i]
+		}
+		n, err := b.Recv(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			p := r[i].Buf
+			if !bytes.Equal(p, want[got+i]) {
+				t.Fatalf("packet %d: seq %d len %d, want seq %d len 1000", got+i, seqOf(p), len(p), got+i)
+			}
+			if cap(p) != len(p) {
+				t.Fatalf("packet %d handed out in place with cap %d > len %d", got+i, cap(p), len(p))
+			}
+		}
+		got += n
+	}
+	for i, o := range own {
+		if slices.ContainsFunc(o, func(c byte) bool { return c != 0 }) {
+			t.Fatalf("caller's buffer %d was written in place mode", i)
+		}
+	}
+	if s := b.Stats(); s.DropBadICRC != 1 || s.RcvdPkts != total {
+		t.Errorf("stats %+v, want DropBadICRC 1 and RcvdPkts %d", s, total)
+	}
+	if b.groCoalesced.Load() == 0 {
+		t.Errorf("no coalesced buffer")
+	}
+	// One GSO datagram of 50 segments: identifications 0..49, found from
+	// the segment index (icrc.Prefix.SolveIPv4IDFrom).
+	if len(gotIDs) != total {
+		t.Fatalf("%d IPv4 IDs seen, want %d", len(gotIDs), total)
+	}
+	for i, id := range gotIDs {
+		if id != uint16(i) {
+			t.Fatalf("IPv4 IDs of the segments = %v, want 0..%d", gotIDs, total-1)
+		}
+	}
+	b.SetRecvInPlace(false)
+	want = send(total)
+	for got := 0; got < total; {
+		for i := range r {
+			r[i].Buf = own[i]
+		}
+		n, err := b.Recv(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			if !bytes.Equal(r[i].Buf, want[got+i]) || cap(r[i].Buf) != MaxPacketSize {
+				t.Fatalf("copied packet %d: seq %d len %d cap %d", got+i, seqOf(r[i].Buf), len(r[i].Buf), cap(r[i].Buf))
+			}
+		}
+		got += n
+	}
+}

@@ -55,3 +55,6 @@ func (l *SocketLink) GSO() bool { return false }
 
 // GROCoalesced returns 0 (SocketLink is Linux-only).
 func (l *SocketLink) GROCoalesced() uint64 { return 0 }
+
+// SetRecvInPlace does nothing on this platform.
+func (l *SocketLink) SetRecvInPlace(on bool) {}
