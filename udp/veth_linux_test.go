@@ -177,6 +177,13 @@ func testVethRC(t *testing.T, vc vethCase) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// A's last WRITE completed on the first ACK that covered it; an ACK B
+	// sent after that one may still be on the veth. Wait (bounded) until
+	// A has received everything B sent before closing the devices, so that
+	// the counts compared below are final.
+	for deadline := time.Now().Add(5 * time.Second); la.Stats().RcvdPkts < lb.Stats().SentPkts && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	closeAll()
 	time.Sleep(20 * time.Millisecond)
 	framesA, dropsA := capA.stop(t)
