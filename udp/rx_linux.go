@@ -58,6 +58,7 @@ type rxConn struct {
 
 	member bool                  // wf is open: the socket is in the poller
 	streak int                   // Reads in a row that did not wait, while member
+	waited bool                  // the last Read waited for its datagram (receiver only)
 	f      func(fd uintptr) bool // the running Read's callback (for waitFn)
 	calls  int                   // waitFn calls in the running Read
 	waitFn func(fd uintptr) bool // c.waitCall, bound once
@@ -120,6 +121,7 @@ func (c *rxConn) Write(func(fd uintptr) bool) error {
 // Close it returns net.ErrClosed. Calls must not overlap (the links hold
 // their receive mutex).
 func (c *rxConn) Read(f func(fd uintptr) bool) error {
+	c.waited = false
 	if !c.member {
 		if done, err := c.sock.once(f); err != nil || done {
 			return err
@@ -129,19 +131,31 @@ func (c *rxConn) Read(f func(fd uintptr) bool) error {
 		}
 	}
 	c.f, c.calls = f, 0
-	err := c.wrc.Read(c.waitFn)
+	var err error
+	for {
+		err = c.wrc.Read(c.waitFn)
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) || c.closed.Load() {
+			break
+		}
+		if c.woken() {
+			c.f = nil
+			return errWoken
+		}
+		// The deadline is in the past but no Wake is pending: a Wake
+		// that was consumed already moved it late (its SetReadDeadline
+		// raced with join's or woken's). Clear it and wait on.
+		c.clearDeadline()
+	}
 	c.f = nil
 	if err == nil && c.closed.Load() {
 		err = net.ErrClosed // f may have seen the shutdown
 	}
 	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) && c.woken() {
-			return errWoken
-		}
 		return c.closedOr(err)
 	}
 	if c.calls > 1 {
 		c.waits.Add(1)
+		c.waited = true
 		c.streak = 0
 		return nil
 	}
@@ -232,20 +246,27 @@ func (c *rxConn) woken() bool {
 	if !c.wake.Swap(false) {
 		return false
 	}
+	c.clearDeadline()
+	return true
+}
+
+// clearDeadline clears the registered file's read deadline, unless a
+// Wake is pending. Called by the receiver.
+func (c *rxConn) clearDeadline() {
 	f := c.wf.Load()
 	if f == nil {
-		return true
+		return
 	}
 	f.SetReadDeadline(time.Time{})
-	// A Wake after the Swap found the flag clear and moved the deadline
-	// into the past — possibly before the line above cleared it. Put it
-	// back: a pending Wake always has its deadline in the past. (Clearing
-	// the flag after the deadline, as this once did, lost a Wake made in
-	// between: it saw the flag still set and left the deadline alone.)
+	// A Wake after the flag was consumed found it clear and moved the
+	// deadline into the past — possibly before the line above cleared
+	// it. Put it back: a pending Wake always has its deadline in the
+	// past. (Clearing the flag after the deadline, as this once did, lost
+	// a Wake made in between: it saw the flag still set and left the
+	// deadline alone.)
 	if c.wake.Load() {
 		f.SetReadDeadline(time.Unix(1, 0))
 	}
-	return true
 }
 
 // wakePending reports whether a Wake is pending (the busy-poll loop of
@@ -255,7 +276,10 @@ func (c *rxConn) wakePending() bool { return c.wake.Load() }
 // polled is noWait for a receive made by busy polling through Control
 // (mmsgState.poll), which bypasses Read. An error (a closed link) is left
 // to the next Read to report.
-func (c *rxConn) polled() { c.noWait() }
+func (c *rxConn) polled() {
+	c.waited = false
+	c.noWait()
+}
 
 // waitCall runs in the registered file's Read, after the poller reset
 // its readiness: one receive attempt, on the duplicate descriptor (which
