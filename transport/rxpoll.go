@@ -59,11 +59,11 @@ type rxDriver struct {
 	lease atomic.Int64  // a poller drives the link until then (0: none)
 	kick  chan struct{} // wakes the receive goroutine when the lease ends early
 	// park is the receive goroutine's sleep timer. While waiters hold
-	// the link (rxLeaseHeld, rxLeaseLeft) the receive goroutine sets no
-	// timer of its own: each waiter sets park to rxLeaseMin when it
-	// comes in (see rxLeaseLeft), instead of the receive goroutine waking
-	// every rxLeaseMin to look (each such wake-up cost a timer expiry, an
-	// early return of the poller's epoll_wait and two goroutine switches).
+	// the link (rxLeaseHeld, rxLeaseLeft) each waiter pushes it out to
+	// rxLeaseMin when it comes in (see rxLeaseLeft), so that a ping-pong
+	// does not wake the receive goroutine every rxLeaseMin to look (each
+	// such wake-up cost a timer expiry, an early return of the poller's
+	// epoll_wait and two goroutine switches).
 	park *time.Timer
 
 	// afterDone and afterStop are the context.AfterFunc that wakes a
@@ -333,12 +333,10 @@ func (d *Device) recvLoop() {
 	defer close(d.done)
 	rx := &d.rx
 	backoff := time.Millisecond
-	// sleep parks until rx.park fires (it reports true) or a kick; dt > 0
-	// sets rx.park, dt == 0 leaves it to the waiters that hold the link.
+	// sleep sets rx.park to dt and parks until it fires (it reports
+	// true) or a kick.
 	sleep := func(dt time.Duration) bool {
-		if dt > 0 {
-			rx.park.Reset(dt)
-		}
+		rx.park.Reset(dt)
 		select {
 		case <-rx.park.C:
 			return true
@@ -349,16 +347,13 @@ func (d *Device) recvLoop() {
 	busy := 0
 	for {
 		if l := rx.lease.Load(); l == rxLeaseHeld || l == rxLeaseLeft {
-			// Waiters drive the link: each one sets rx.park when it
-			// comes in. Take the link when that fires and the last
-			// one has left; look again later if it still waits.
-			if !sleep(0) {
-				continue
-			}
-			if !rx.lease.CompareAndSwap(rxLeaseLeft, 0) {
-				if rx.lease.Load() == rxLeaseHeld {
-					rx.park.Reset(rxLeaseMin)
-				}
+			// Waiters drive the link: each one pushes rx.park out to
+			// rxLeaseMin when it comes in. Take the link when it fires
+			// and the last one has left; look again later if one still
+			// waits. The timer is set here too, so that it runs
+			// whenever this goroutine sleeps (a fire it consumed while
+			// a waiter came in is not lost).
+			if !sleep(rxLeaseMin) || !rx.lease.CompareAndSwap(rxLeaseLeft, 0) {
 				continue
 			}
 		} else if left := rx.leaseLeft(); left > 0 {
