@@ -276,11 +276,10 @@ func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 		if err := cq.Err(); err != nil {
 			return 0, err
 		}
-		cq.dev.rx.sleepers.Add(1)
 		if cq.dev.waitRecv(ctx, cq) {
-			cq.dev.rx.sleepers.Add(-1)
 			continue
 		}
+		cq.dev.rx.sleepers.Add(1)
 		select {
 		case <-cq.notify:
 			cq.dev.rx.sleepers.Add(-1)

@@ -32,10 +32,18 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 	if qp.attr.State == QPSErr {
 		qp.toError()
 	} else {
+		qp.tmr.inPost = true
 		qp.reqProgress()
+		qp.tmr.inPost = false
 	}
 	qp.settle()
 	qp.flushOut()
+	if qp.tmr.armDue {
+		qp.tmr.armDue = false
+		if qp.attr.State != QPSErr {
+			qp.armRetrans()
+		}
+	}
 	return err
 }
 

@@ -100,7 +100,11 @@ func (qp *QP) reqProgress() {
 		qp.cc.rp.Idle()
 	}
 	if sent && qp.attr.State != QPSErr {
-		qp.armRetrans()
+		if qp.tmr.inPost {
+			qp.tmr.armDue = true
+		} else {
+			qp.armRetrans()
+		}
 	}
 }
 

@@ -58,6 +58,20 @@ type rxDriver struct {
 	base  time.Time     // lease times are nanoseconds since base
 	lease atomic.Int64  // a poller drives the link until then (0: none)
 	kick  chan struct{} // wakes the receive goroutine when the lease ends early
+	// park is the receive goroutine's sleep timer. While waiters hold
+	// the link (rxLeaseHeld, rxLeaseLeft) each waiter pushes it out to
+	// rxLeaseMin when it comes in (see rxLeaseLeft), so that a ping-pong
+	// does not wake the receive goroutine every rxLeaseMin to look (each
+	// such wake-up cost a timer expiry, an early return of the poller's
+	// epoll_wait and two goroutine switches).
+	park *time.Timer
+
+	// afterDone and afterStop are the context.AfterFunc that wakes a
+	// waiter's Recv when its context ends, kept across waits for the
+	// same Done channel (registering one per wait cost an allocation
+	// and a lock per message); under mu.
+	afterDone <-chan struct{}
+	afterStop func() bool
 
 	polls atomic.Uint64 // batches handled by pollers (tests)
 
@@ -74,8 +88,18 @@ const (
 )
 
 // rxLeaseHeld is the lease of a waiter in a blocking Recv: until it
-// leaves.
-const rxLeaseHeld = 1<<63 - 1
+// leaves. rxLeaseLeft is the lease a waiter leaves behind: the link stays
+// with waiters until the receive goroutine's park timer, which every
+// waiter sets to rxLeaseMin when it comes in, fires — so a ping-pong,
+// back in Wait well within rxLeaseMin, keeps pushing it out and the
+// receive goroutine sleeps through, while a waiter that does not come
+// back hands the link over at most rxLeaseMin after it last came in.
+// Neither reads the clock on the way out of Wait, which lies between a
+// message's arrival and the answer the application sends.
+const (
+	rxLeaseHeld = 1<<63 - 1
+	rxLeaseLeft = 1<<63 - 2
+)
 
 // rxLeaseMin is the shortest lease a poll takes: the receive goroutine,
 // parked while a poller drives the link, wakes at most this often to look
@@ -97,8 +121,11 @@ func (d *Device) initRx() {
 	rx.bufs = make([][]byte, bs)
 	for i := range rx.pkts {
 		rx.bufs[i] = make([]byte, udp.MaxPacketSize)
+		rx.pkts[i].Buf = rx.bufs[i]
 	}
 	rx.kick = make(chan struct{}, 1)
+	rx.park = time.NewTimer(time.Hour)
+	rx.park.Stop()
 	rx.base = time.Now()
 	// Every batch is handled before the next receive and nothing keeps a
 	// received buffer past its batch (what is kept — a MAD, a UD message
@@ -124,8 +151,11 @@ func (rx *rxDriver) leaseLeft() time.Duration {
 		return 0
 	}
 	l := rx.lease.Load()
-	if l == 0 {
+	switch l {
+	case 0:
 		return 0
+	case rxLeaseHeld, rxLeaseLeft:
+		return rxLeaseMin // until rx.park fires
 	}
 	return time.Duration(l - rx.now())
 }
@@ -201,7 +231,7 @@ func (rx *rxDriver) unlock() {
 // are left for the caller's next PostSend (or the next Wait, or the
 // receive goroutine). It reports false, having done nothing, when another
 // waiter is receiving already (then the caller sleeps as before: that one
-// wakes it). The caller counts itself in sleepers around the call.
+// wakes it); the caller then counts itself in sleepers while it sleeps.
 func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 	rx := &d.rx
 	if rx.wl == nil || d.isClosed() || ctx.Err() != nil {
@@ -239,12 +269,15 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		}
 	}
 	rx.owner.Store(rxOwnerWaiter)
+	rx.park.Reset(rxLeaseMin)
 	rx.lease.Store(rxLeaseHeld)
-	rx.sleepers.Add(-1) // counted by the caller; this one receives
-	defer rx.sleepers.Add(1)
-	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, rx.wl.WakeRecv)
-		defer stop()
+	if done := ctx.Done(); done != nil && done != rx.afterDone {
+		// A spurious WakeRecv, when a context waited with once ends
+		// later, costs whoever is in Recv then one early return.
+		if rx.afterStop != nil {
+			rx.afterStop()
+		}
+		rx.afterDone, rx.afterStop = done, context.AfterFunc(ctx, rx.wl.WakeRecv)
 	}
 	pkts := rx.pkts
 	for {
@@ -256,9 +289,7 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		// Nothing for this waiter yet: what the last batch queued
 		// cannot wait for its PostSend.
 		d.flushPending()
-		for i := range pkts {
-			pkts[i].Buf = rx.bufs[i]
-		}
+		// pkts hold rx.bufs (Recv only reslices and permutes them).
 		n, err := d.link.Recv(pkts)
 		cq.driving.Store(false)
 		if err != nil {
@@ -270,7 +301,13 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		if n > 0 {
 			rx.waited.Add(1)
 			d.inputBatch(&rx.p, pkts[:n])
+			got := cq.wakeQueued // the batch stored a completion in cq
 			d.wakePending()
+			if got {
+				// cq is ready (unless another goroutine polled it
+				// meanwhile: then Wait comes back), no need to look.
+				break
+			}
 		}
 	}
 	// Keep the link for a moment: a ping-pong is back in Wait soon. If
@@ -282,7 +319,7 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		default:
 		}
 	} else {
-		rx.lease.Store(rx.now() + int64(rxLeaseMin))
+		rx.lease.Store(rxLeaseLeft)
 	}
 	rx.unlock()
 	return true
@@ -302,24 +339,33 @@ func (d *Device) recvFailed(err error) {
 func (d *Device) recvLoop() {
 	defer close(d.done)
 	rx := &d.rx
-	var park *time.Timer
 	backoff := time.Millisecond
-	sleep := func(dt time.Duration) {
-		if park == nil {
-			park = time.NewTimer(dt)
-		} else {
-			park.Reset(dt)
-		}
+	// sleep sets rx.park to dt and parks until it fires (it reports
+	// true) or a kick.
+	sleep := func(dt time.Duration) bool {
+		rx.park.Reset(dt)
 		select {
-		case <-park.C:
+		case <-rx.park.C:
+			return true
 		case <-rx.kick:
+			return false
 		}
 	}
 	busy := 0
 	for {
-		if left := rx.leaseLeft(); left > 0 {
-			// A poller or a waiter drives the link: stay out of its
-			// way until its lease lapses or it lets go.
+		if l := rx.lease.Load(); l == rxLeaseHeld || l == rxLeaseLeft {
+			// Waiters drive the link: each one pushes rx.park out to
+			// rxLeaseMin when it comes in. Take the link when it fires
+			// and the last one has left; look again later if one still
+			// waits. The timer is set here too, so that it runs
+			// whenever this goroutine sleeps (a fire it consumed while
+			// a waiter came in is not lost).
+			if !sleep(rxLeaseMin) || !rx.lease.CompareAndSwap(rxLeaseLeft, 0) {
+				continue
+			}
+		} else if left := rx.leaseLeft(); left > 0 {
+			// A poller drives the link: stay out of its way until its
+			// lease lapses or it lets go.
 			sleep(min(left, rxLeaseMin))
 			continue
 		}

@@ -12,6 +12,11 @@ type timers struct {
 	deadline   time.Time
 	timerArmed bool
 	rnrWait    bool // an RNR NAK stopped the requester until the RNR timer fires
+	// inPost is set while PostSend runs: the requester's armRetrans
+	// waits (armDue) until PostSend has handed its packets to the link,
+	// so that reading the clock and queueing the timer do not delay the
+	// request (a ping-pong's answer) on its way out.
+	inPost, armDue bool
 }
 
 // initTimers prepares the QP's timer entries.

@@ -138,47 +138,20 @@ func (s *mmsgState) init(batch, iovPerMsg int, trap uintptr) {
 // blocking on a send socket (fdConn), non-blocking on a receive socket
 // (rxConn). It reports false (wait and retry) on EAGAIN: the receive
 // socket is empty, or a send socket's timeout (pollInterval) expired.
+//
+// The non-blocking calls — every receive, and a first attempt of every
+// send — are raw system calls (RawSyscall), without the runtime's
+// entersyscall/exitsyscall around them: a call that cannot block needs no
+// hand-off of its P, and in a VM, where a system call already costs
+// 1–2 µs, that bookkeeping added about half as much again to each call
+// (an 8-byte ping-pong makes about eight per round trip). A send that
+// would block (a full send buffer: EAGAIN) is made again as a blocking
+// call, with the runtime told, so the P is handed off while it waits.
 func (s *mmsgState) call(fd uintptr) bool {
-	var n uintptr
-	var e unix.Errno
 	one := s.cnt-s.off == 1
-	// Every call is first made without blocking (MSG_DONTWAIT) as a raw
-	// system call, which keeps the goroutine's P: the runtime neither
-	// marks the thread as in a syscall nor lets sysmon hand the P to
-	// another thread when a long sendmmsg (on loopback it runs the whole
-	// receive path) outlasts its tick. With one P (GOMAXPROCS=1, a
-	// one-vCPU VM) every such hand-off cost two thread switches through
-	// futex. Only a send that would block (a full socket buffer) is made
-	// again as a blocking call through the scheduler.
-	nonblock := s.flags&unix.MSG_DONTWAIT != 0
-	raw, flags := true, s.flags|unix.MSG_DONTWAIT
-	for {
-		if one {
-			// One message: sendmsg/recvmsg, which skip the batch loop
-			// (and, for recvmmsg, its timeout handling) of the mmsg
-			// calls; or sendto for one buffer without control data,
-			// which also skips copying in the msghdr and iovec.
-			h := &s.hdrs[s.off].Hdr
-			switch {
-			case s.trap == unix.SYS_RECVMMSG:
-				n, e = syscall6(raw, unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(h)), flags, 0, 0, 0)
-			case h.Iovlen == 1 && h.Controllen == 0:
-				n, e = syscall6(raw, unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(h.Iov.Base)), uintptr(h.Iov.Len),
-					flags, uintptr(unsafe.Pointer(h.Name)), uintptr(h.Namelen))
-			default:
-				n, e = syscall6(raw, unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(h)), flags, 0, 0, 0)
-			}
-		} else {
-			n, e = syscall6(raw, s.trap, fd,
-				uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), flags, 0, 0)
-		}
-		if e == unix.EAGAIN && raw && !nonblock {
-			raw, flags = false, s.flags // a full send buffer: block (bounded by SO_SNDTIMEO)
-			continue
-		}
-		if e != unix.EINTR && e != errRestartSys {
-			break
-		}
+	n, e := s.sys(fd, one, s.flags|unix.MSG_DONTWAIT, true)
+	if e == unix.EAGAIN && s.flags&unix.MSG_DONTWAIT == 0 {
+		n, e = s.sys(fd, one, s.flags, false)
 	}
 	if e == unix.EAGAIN {
 		return false
@@ -192,6 +165,40 @@ func (s *mmsgState) call(fd uintptr) bool {
 		s.n = 1
 	}
 	return true
+}
+
+// sys makes the system call of call with flags: raw (RawSyscall, for a
+// call that cannot block) or blocking (Syscall), retried on EINTR.
+func (s *mmsgState) sys(fd uintptr, one bool, flags uintptr, raw bool) (uintptr, unix.Errno) {
+	trap, a1, a2, a3, a4, a5 := s.trap, uintptr(unsafe.Pointer(&s.hdrs[s.off])), uintptr(s.cnt-s.off), flags, uintptr(0), uintptr(0)
+	if one {
+		// One message: sendmsg/recvmsg, which skip the batch loop (and,
+		// for recvmmsg, its timeout handling) of the mmsg calls; or
+		// sendto for one buffer without control data, which also skips
+		// copying in the msghdr and iovec.
+		h := &s.hdrs[s.off].Hdr
+		switch {
+		case s.trap == unix.SYS_RECVMMSG:
+			trap, a1, a2, a3 = unix.SYS_RECVMSG, uintptr(unsafe.Pointer(h)), flags, 0
+		case h.Iovlen == 1 && h.Controllen == 0:
+			trap, a1, a2, a3, a4, a5 = unix.SYS_SENDTO, uintptr(unsafe.Pointer(h.Iov.Base)), uintptr(h.Iov.Len),
+				flags, uintptr(unsafe.Pointer(h.Name)), uintptr(h.Namelen)
+		default:
+			trap, a1, a2, a3 = unix.SYS_SENDMSG, uintptr(unsafe.Pointer(h)), flags, 0
+		}
+	}
+	for {
+		var n uintptr
+		var e unix.Errno
+		if raw {
+			n, _, e = unix.RawSyscall6(trap, fd, a1, a2, a3, a4, a5)
+		} else {
+			n, _, e = unix.Syscall6(trap, fd, a1, a2, a3, a4, a5)
+		}
+		if e != unix.EINTR && e != errRestartSys {
+			return n, e
+		}
+	}
 }
 
 // send transmits the prepared messages hdrs[:nmsg] on rc, sendmmsg after
@@ -390,15 +397,4 @@ func closeErr(err error, what string, local netip.Addr) error {
 		return fmt.Errorf("udp: %s %v: %w", what, local, err)
 	}
 	return nil
-}
-
-// syscall6 makes a system call: raw, without telling the scheduler (for
-// calls that cannot block), or through it.
-func syscall6(raw bool, trap, a1, a2, a3, a4, a5, a6 uintptr) (uintptr, unix.Errno) {
-	if raw {
-		r, _, e := unix.RawSyscall6(trap, a1, a2, a3, a4, a5, a6)
-		return r, e
-	}
-	r, _, e := unix.Syscall6(trap, a1, a2, a3, a4, a5, a6)
-	return r, e
 }

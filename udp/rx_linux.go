@@ -15,43 +15,53 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// rxConn is a receive socket outside Go's network poller, waited for
-// through a private epoll instance that is in the poller, and in that
-// instance only while the receiver keeps waiting. It implements
+// rxConn is a receive socket outside Go's network poller that joins the
+// poller only while the receiver keeps waiting. It implements
 // syscall.RawConn (Control and Read) for the mmsg plumbing.
 //
-// Why not the poller directly: the poller registers a socket for good, so
-// every datagram that arrives runs the epoll callback, and whenever a thread
-// is parked in epoll_wait (on two cores there nearly always is one) the
-// callback wakes it: an inter-processor wakeup per datagram, paid by whoever
-// delivers the datagram (on loopback, the sending thread), even while the
-// receiver is busy and never waits. In a VM each such wakeup is an expensive
-// exit. perf on BenchmarkLinkVsRaw/plain counted 16 context switches per 64
-// packets for the Link against one for the raw socket, and the Link's
-// exchange took 1.5 times as long.
+// Why not the poller for good: the poller registers a socket for the
+// socket's life, so every datagram that arrives runs the epoll callback,
+// and whenever a thread is parked in epoll_wait (on two cores there nearly
+// always is one) the callback wakes it: an inter-processor wakeup per
+// datagram, paid by whoever delivers the datagram (on loopback, the sending
+// thread), even while the receiver is busy and never waits. In a VM each
+// such wakeup is an expensive exit. perf on BenchmarkLinkVsRaw/plain counted
+// 16 context switches per 64 packets for the Link against one for the raw
+// socket, and the Link's exchange took 1.5 times as long.
 //
-// So the socket joins the private instance ep (level-triggered EPOLLIN)
-// only when a Read finds it empty, and leaves again after leaveAfter Reads
-// in a row found data without waiting: a busy receiver is in no epoll set,
-// so arriving datagrams wake nobody, while a receiver that waits for every
-// packet (a ping-pong) stays in the set and pays nothing extra per wait.
-// Every receive attempt made while the socket is in ep runs inside ep's
-// Read callback, after the poller has reset ep's readiness, so a datagram
-// that arrives before the attempt is received and one that arrives after
-// it wakes the waiter: no wakeup is lost.
+// So the socket (non-blocking; every receive call is one attempt) joins
+// Go's poller only when a Read finds it empty: a duplicate of its
+// descriptor is opened as an os.File, which registers it with the poller
+// (edge-triggered, as every Go socket), and the Read waits on that file.
+// After leaveAfter Reads in a row found data without waiting, the
+// duplicate is closed, which takes the socket out of the poller again: a
+// busy receiver is in no epoll set, so arriving datagrams wake nobody,
+// while a receiver that waits for every packet (a ping-pong) stays
+// registered and pays per wait exactly what a plain net.UDPConn pays.
+// (This used to be a private epoll instance, itself in the poller, that
+// held the socket while a receiver waited; the nested instance cost every
+// wakeup a second epoll callback and every poll a nested scan, ~10 % of an
+// 8-byte ping-pong's round trip.) Every receive attempt made while the
+// socket is registered runs inside the file's Read callback, after the
+// poller reset its readiness, so a datagram that arrives before the
+// attempt is received and one that arrives after it wakes the waiter
+// (registering a socket that is already readable reports it at once): no
+// wakeup is lost.
 type rxConn struct {
-	sock *fdConn         // the receive socket; only non-blocking calls run on it
-	ep   *os.File        // epoll instance, in Go's poller; holds sock while member
-	erc  syscall.RawConn // ep's RawConn
+	sock *fdConn // the receive socket (O_NONBLOCK): attempts outside a wait run on it
 
-	ev      unix.EpollEvent        // EPOLLIN for sock
-	member  bool                   // sock is in ep
-	streak  int                    // Reads in a row that did not wait, while member
-	f       func(fd uintptr) bool  // the running Read's callback (for waitFn)
-	calls   int                    // waitFn calls in the running Read
-	waitFn  func(efd uintptr) bool // c.waitCall, bound once
-	leaveFn func(efd uintptr)      // c.leaveCall, bound once
-	waitErr error                  // error of waitFn or leaveFn
+	// wf is, while the socket is registered (member), the duplicate of
+	// its descriptor in Go's poller; nil otherwise. Only the receiver
+	// sets it, Close and Wake read it.
+	wf  atomic.Pointer[os.File]
+	wrc syscall.RawConn // wf's RawConn (the receiver's)
+
+	member bool                  // wf is open: the socket is in the poller
+	streak int                   // Reads in a row that did not wait, while member
+	waited bool                  // the last Read waited for its datagram (receiver only)
+	f      func(fd uintptr) bool // the running Read's callback (for waitFn)
+	calls  int                   // waitFn calls in the running Read
+	waitFn func(fd uintptr) bool // c.waitCall, bound once
 
 	closed atomic.Bool
 	waits  atomic.Uint64 // Reads that had to wait (tests)
@@ -63,7 +73,7 @@ type rxConn struct {
 var errWoken = errors.New("udp: receive woken")
 
 // leaveAfter is how many Reads in a row must find data without waiting
-// before the socket leaves the epoll set.
+// before the socket leaves the poller.
 const leaveAfter = 4
 
 var _ syscall.RawConn = (*rxConn)(nil)
@@ -83,26 +93,18 @@ func openRecvSocket(ap netip.AddrPort, typ, proto int, set func(fd int) error) (
 	return c, nil
 }
 
-// newRxConn wraps sock, a socket that only receives. On error sock is left
-// open.
+// newRxConn wraps sock, a socket that only receives, and makes it
+// non-blocking. On error sock is left open.
 func newRxConn(sock *fdConn) (*rxConn, error) {
-	efd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	var err error
+	if cerr := sock.Control(func(fd uintptr) { err = unix.SetNonblock(int(fd), true) }); cerr != nil {
+		return nil, cerr
+	}
 	if err != nil {
-		return nil, fmt.Errorf("epoll_create1: %w", err)
+		return nil, fmt.Errorf("receive socket non-blocking: %w", err)
 	}
-	if err := unix.SetNonblock(efd, true); err != nil {
-		unix.Close(efd)
-		return nil, fmt.Errorf("epoll fd non-blocking: %w", err)
-	}
-	c := &rxConn{sock: sock, ev: unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(sock.fd)}}
-	// A non-blocking descriptor given to os.NewFile goes into the poller.
-	c.ep = os.NewFile(uintptr(efd), "rocev2-rx-epoll")
-	if c.erc, err = c.ep.SyscallConn(); err != nil {
-		c.ep.Close()
-		return nil, fmt.Errorf("epoll fd: %w", err)
-	}
+	c := &rxConn{sock: sock}
 	c.waitFn = c.waitCall
-	c.leaveFn = c.leaveCall
 	return c, nil
 }
 
@@ -119,33 +121,95 @@ func (c *rxConn) Write(func(fd uintptr) bool) error {
 // Close it returns net.ErrClosed. Calls must not overlap (the links hold
 // their receive mutex).
 func (c *rxConn) Read(f func(fd uintptr) bool) error {
+	c.waited = false
 	if !c.member {
 		if done, err := c.sock.once(f); err != nil || done {
 			return err
 		}
+		if err := c.join(); err != nil {
+			return c.closedOr(err)
+		}
 	}
-	c.f, c.calls, c.waitErr = f, 0, nil
-	err := c.erc.Read(c.waitFn)
-	c.f = nil
-	if err == nil {
-		err = c.waitErr
-	}
-	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) && c.woken() {
+	c.f, c.calls = f, 0
+	var err error
+	for {
+		err = c.wrc.Read(c.waitFn)
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) || c.closed.Load() {
+			break
+		}
+		if c.woken() {
+			c.f = nil
 			return errWoken
 		}
+		// The deadline is in the past but no Wake is pending: a Wake
+		// that was consumed already moved it late (its SetReadDeadline
+		// raced with join's or woken's). Clear it and wait on.
+		c.clearDeadline()
+	}
+	c.f = nil
+	if err == nil && c.closed.Load() {
+		err = net.ErrClosed // f may have seen the shutdown
+	}
+	if err != nil {
 		return c.closedOr(err)
 	}
 	if c.calls > 1 {
 		c.waits.Add(1)
+		c.waited = true
 		c.streak = 0
 		return nil
 	}
 	return c.noWait()
 }
 
+// join registers the socket with Go's poller: a duplicate of its
+// descriptor, opened as an os.File (which, being non-blocking, joins the
+// poller). A Wake pending from before is carried over to the new file.
+func (c *rxConn) join() error {
+	nfd := -1
+	var err error
+	if cerr := c.sock.Control(func(fd uintptr) { nfd, err = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); cerr != nil {
+		return cerr
+	}
+	if err != nil {
+		return fmt.Errorf("dup receive socket: %w", err)
+	}
+	f := os.NewFile(uintptr(nfd), "rocev2-rx")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("receive socket: %w", err)
+	}
+	c.wrc = rc
+	c.member = true
+	c.streak = 0
+	c.wf.Store(f)
+	// Close may have run before the Store and missed f; Wake may have
+	// found no file to move the deadline of.
+	if c.closed.Load() {
+		c.leave()
+		return net.ErrClosed
+	}
+	if c.wake.Load() {
+		f.SetReadDeadline(time.Unix(1, 0))
+	}
+	return nil
+}
+
+// leave takes the socket out of Go's poller: it closes the duplicate.
+func (c *rxConn) leave() error {
+	c.member = false
+	c.wrc = nil
+	if f := c.wf.Swap(nil); f != nil {
+		if err := f.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+			return fmt.Errorf("close receive socket duplicate: %w", err)
+		}
+	}
+	return nil
+}
+
 // noWait counts a receive that did not wait; after leaveAfter in a row the
-// socket leaves the epoll set.
+// socket leaves the poller.
 func (c *rxConn) noWait() error {
 	if !c.member {
 		return nil
@@ -154,45 +218,55 @@ func (c *rxConn) noWait() error {
 		return nil
 	}
 	c.streak = 0
-	c.waitErr = nil
-	if err := c.erc.Control(c.leaveFn); err != nil {
+	if err := c.leave(); err != nil {
 		return c.closedOr(err)
-	}
-	if c.waitErr != nil {
-		return c.closedOr(c.waitErr)
 	}
 	return nil
 }
 
 // Wake makes a Read that waits (or the next one to wait) return errWoken
-// without a datagram: it sets the flag and moves the epoll instance's read
-// deadline into the past, which ends the poller's wait at once. The Read
-// that reports the wake-up clears the flag and the deadline. A Wake that
-// meets no waiting Read costs the next Read that would wait one early
-// return. Safe to call from any goroutine.
+// without a datagram: it sets the flag and moves the registered file's
+// read deadline into the past, which ends the poller's wait at once (a
+// socket registered later gets the deadline when it joins). The Read that
+// reports the wake-up clears the flag and the deadline. A Wake that meets
+// no waiting Read costs the next Read that would wait one early return.
+// Safe to call from any goroutine.
 func (c *rxConn) Wake() {
 	if c.wake.Swap(true) {
 		return // already pending
 	}
-	c.ep.SetReadDeadline(time.Unix(1, 0))
+	if f := c.wf.Load(); f != nil {
+		f.SetReadDeadline(time.Unix(1, 0)) // fails harmlessly if the receiver just closed it
+	}
 }
 
 // woken reports whether a Wake is pending and, if so, consumes it and
-// clears the read deadline it set.
+// clears the read deadline it set. Called by the receiver.
 func (c *rxConn) woken() bool {
 	if !c.wake.Swap(false) {
 		return false
 	}
-	c.ep.SetReadDeadline(time.Time{})
-	// A Wake after the Swap found the flag clear and moved the deadline
-	// into the past — possibly before the line above cleared it. Put it
-	// back: a pending Wake always has its deadline in the past. (Clearing
-	// the flag after the deadline, as this once did, lost a Wake made in
-	// between: it saw the flag still set and left the deadline alone.)
-	if c.wake.Load() {
-		c.ep.SetReadDeadline(time.Unix(1, 0))
-	}
+	c.clearDeadline()
 	return true
+}
+
+// clearDeadline clears the registered file's read deadline, unless a
+// Wake is pending. Called by the receiver.
+func (c *rxConn) clearDeadline() {
+	f := c.wf.Load()
+	if f == nil {
+		return
+	}
+	f.SetReadDeadline(time.Time{})
+	// A Wake after the flag was consumed found it clear and moved the
+	// deadline into the past — possibly before the line above cleared
+	// it. Put it back: a pending Wake always has its deadline in the
+	// past. (Clearing the flag after the deadline, as this once did, lost
+	// a Wake made in between: it saw the flag still set and left the
+	// deadline alone.)
+	if c.wake.Load() {
+		f.SetReadDeadline(time.Unix(1, 0))
+	}
 }
 
 // wakePending reports whether a Wake is pending (the busy-poll loop of
@@ -202,43 +276,17 @@ func (c *rxConn) wakePending() bool { return c.wake.Load() }
 // polled is noWait for a receive made by busy polling through Control
 // (mmsgState.poll), which bypasses Read. An error (a closed link) is left
 // to the next Read to report.
-func (c *rxConn) polled() { c.noWait() }
+func (c *rxConn) polled() {
+	c.waited = false
+	c.noWait()
+}
 
-// waitCall runs in ep's Read, after the poller reset ep's readiness: it
-// makes the socket a member of ep if it is not, then tries the receive.
-func (c *rxConn) waitCall(efd uintptr) bool {
+// waitCall runs in the registered file's Read, after the poller reset
+// its readiness: one receive attempt, on the duplicate descriptor (which
+// the file keeps open while the Read runs).
+func (c *rxConn) waitCall(fd uintptr) bool {
 	c.calls++
-	if !c.member {
-		if err := c.epollCtl(efd, unix.EPOLL_CTL_ADD, "add"); err != nil {
-			c.waitErr = err
-			return true
-		}
-		c.member = true
-	}
-	done, err := c.sock.once(c.f)
-	if err != nil {
-		c.waitErr = err
-		return true
-	}
-	return done
-}
-
-// leaveCall takes the socket out of ep (runs in ep's Control).
-func (c *rxConn) leaveCall(efd uintptr) {
-	c.waitErr = c.epollCtl(efd, unix.EPOLL_CTL_DEL, "del")
-	c.member = false
-}
-
-// epollCtl adds the socket to, or removes it from, the epoll instance efd.
-func (c *rxConn) epollCtl(efd uintptr, op int, name string) (err error) {
-	if cerr := c.sock.Control(func(fd uintptr) {
-		if e := unix.EpollCtl(int(efd), op, int(fd), &c.ev); e != nil {
-			err = fmt.Errorf("epoll_ctl %s: %w", name, e)
-		}
-	}); cerr != nil {
-		return cerr
-	}
-	return err
+	return c.f(fd)
 }
 
 // closedOr returns net.ErrClosed once c is closed, else err.
@@ -249,14 +297,18 @@ func (c *rxConn) closedOr(err error) error {
 	return err
 }
 
-// Close wakes a waiting Read (it returns net.ErrClosed), closes the epoll
-// instance and then the socket. A second Close returns net.ErrClosed.
+// Close wakes a waiting Read (it returns net.ErrClosed), closes the
+// registered duplicate and then the socket. A second Close returns
+// net.ErrClosed.
 func (c *rxConn) Close() error {
 	if c.closed.Swap(true) {
 		return net.ErrClosed
 	}
-	// ep.Close wakes a Read waiting for ep and waits for the calls on ep
-	// in flight; the socket's Close then waits for those on the socket.
-	c.ep.Close()
+	// Closing the duplicate wakes a Read waiting on it; the descriptor
+	// itself is closed when that Read has left. The socket's Close then
+	// waits for the calls in flight on the socket.
+	if f := c.wf.Swap(nil); f != nil {
+		f.Close()
+	}
 	return c.sock.Close()
 }

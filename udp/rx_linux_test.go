@@ -19,19 +19,41 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// epollTargets returns how many descriptors the rxConn's private epoll
-// instance watches, from /proc/self/fdinfo ("tfd:" lines).
+// epollTargets returns how many epoll registrations of the process watch
+// the rxConn's socket (Go's poller holds one while the socket is a member),
+// from /proc/self/fdinfo of every epoll descriptor ("tfd:" lines with the
+// socket's inode).
 func epollTargets(t *testing.T, c *rxConn) int {
 	t.Helper()
-	var efd uintptr
-	if err := c.erc.Control(func(fd uintptr) { efd = fd }); err != nil {
+	var st unix.Stat_t
+	var serr error
+	if err := c.Control(func(fd uintptr) { serr = unix.Fstat(int(fd), &st) }); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", efd))
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	ino := fmt.Sprintf(" ino:%x ", st.Ino)
+	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Count(string(b), "tfd:")
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || l != "anon_inode:[eventpoll]" {
+			continue
+		}
+		b, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
+		if err != nil {
+			continue // closed in between
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "tfd:") && strings.Contains(line+" ", ino) {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // TestRxConnWatchedOnlyWhileWaiting checks the point of rxConn: while

@@ -606,12 +606,14 @@ type groState struct {
 	msgs   []groMsg
 	cur, n int // msgs[cur:n] still hold segments
 	// k is how many buffers the next receive asks for: twice as many as
-	// the last one filled all it asked for (up to BatchSize), else as
-	// many as it got. A ping-pong, which gets one datagram per call, thus
-	// receives with a plain recvmsg every other call (mmsgState.call's
-	// one-message path: no batch loop, no second try that finds the
-	// socket empty), while a stream grows to full recvmmsg batches
-	// within a few calls.
+	// the last one filled all it asked for (up to BatchSize) when that
+	// one found them queued, else as many as it got. A receive that had
+	// to wait gets what one wake-up brought, typically one datagram: a
+	// ping-pong, which waits for every datagram, thus always receives
+	// with a plain recvmsg (mmsgState.call's one-message path: no batch
+	// loop, no second try that finds the socket empty), while a stream,
+	// whose datagrams are queued, grows to full recvmmsg batches within
+	// a few calls.
 	k int
 }
 
@@ -681,7 +683,7 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			return 0, err
 		}
 		g.cur, g.n = 0, 0
-		if s.n == k {
+		if s.n == k && !l.rx.waited {
 			g.k = min(2*k, l.batch)
 		} else {
 			g.k = max(s.n, 1)
