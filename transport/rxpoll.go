@@ -289,7 +289,11 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		// Nothing for this waiter yet: what the last batch queued
 		// cannot wait for its PostSend.
 		d.flushPending()
-		// pkts hold rx.bufs (Recv only reslices and permutes them).
+		// A link that hands packets out in place (SetRecvInPlace) left
+		// slices of its own memory in pkts: give it rx.bufs again.
+		for i := range pkts {
+			pkts[i].Buf = rx.bufs[i]
+		}
 		n, err := d.link.Recv(pkts)
 		cq.driving.Store(false)
 		if err != nil {
