@@ -77,6 +77,12 @@ func (qp *QP) flushOut() {
 		}
 	}
 	qp.dev.send(qp.out[:qp.nout])
+	// A Link.Send inside a batch (a long READ response, a window refilled
+	// after an ACK) may take long, or block on a full socket: the batch's
+	// clock reading is too old for the deadlines set after it.
+	if qp.rxNow != nil {
+		qp.rxNow.ok = false
+	}
 	// The link is done with the buffers: back to the pool, so that a QP
 	// holds packet memory only while it has packets queued.
 	for i := 0; i < qp.nout; i++ {

@@ -81,7 +81,11 @@ func (qp *QP) armRetrans() {
 		return
 	}
 	now := qp.now()
-	qp.tmr.deadline = now.Add(qp.timeout)
+	// Never earlier than a deadline already set: a batch's clock reading
+	// may be older than a PostSend's on another goroutine.
+	if d := now.Add(qp.timeout); !qp.tmr.timerArmed || d.After(qp.tmr.deadline) {
+		qp.tmr.deadline = d
+	}
 	if !qp.tmr.timerArmed {
 		qp.tmr.timerArmed = true
 		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.timeout)
