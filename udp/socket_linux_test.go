@@ -964,25 +964,31 @@ func TestSocketGRORecvInPlace(t *testing.T) {
 	for i := range r {
 		own[i] = r[i].Buf
 	}
-	for got := 0; got < total; {
-		for i := range r {
-			r[i].Buf = own[i]
-		}
-		n, err := b.Recv(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range n {
-			p := r[i].Buf
-			if !bytes.Equal(p, want[got+i]) {
-				t.Fatalf("packet %d: seq %d len %d, want seq %d len 1000", got+i, seqOf(p), len(p), got+i)
+	// recvAll receives total packets into r, giving it the caller's own
+	// buffers before every Recv, and checks each with check.
+	recvAll := func(check func(k int, p []byte)) {
+		for got := 0; got < total; {
+			for i := range r {
+				r[i].Buf = own[i]
 			}
-			if cap(p) != len(p) {
-				t.Fatalf("packet %d handed out in place with cap %d > len %d", got+i, cap(p), len(p))
+			n, err := b.Recv(r)
+			if err != nil {
+				t.Fatal(err)
 			}
+			for i := range n {
+				check(got+i, r[i].Buf)
+			}
+			got += n
 		}
-		got += n
 	}
+	recvAll(func(k int, p []byte) {
+		if !bytes.Equal(p, want[k]) {
+			t.Fatalf("packet %d: seq %d len %d, want seq %d len 1000", k, seqOf(p), len(p), k)
+		}
+		if cap(p) != len(p) {
+			t.Fatalf("packet %d handed out in place with cap %d > len %d", k, cap(p), len(p))
+		}
+	})
 	for i, o := range own {
 		if slices.ContainsFunc(o, func(c byte) bool { return c != 0 }) {
 			t.Fatalf("caller's buffer %d was written in place mode", i)
@@ -1006,19 +1012,9 @@ func TestSocketGRORecvInPlace(t *testing.T) {
 	}
 	b.SetRecvInPlace(false)
 	want = send(total)
-	for got := 0; got < total; {
-		for i := range r {
-			r[i].Buf = own[i]
+	recvAll(func(k int, p []byte) {
+		if !bytes.Equal(p, want[k]) || cap(p) != MaxPacketSize {
+			t.Fatalf("copied packet %d: seq %d len %d cap %d", k, seqOf(p), len(p), cap(p))
 		}
-		n, err := b.Recv(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range n {
-			if !bytes.Equal(r[i].Buf, want[got+i]) || cap(r[i].Buf) != MaxPacketSize {
-				t.Fatalf("copied packet %d: seq %d len %d cap %d", got+i, seqOf(r[i].Buf), len(r[i].Buf), cap(r[i].Buf))
-			}
-		}
-		got += n
-	}
+	})
 }
