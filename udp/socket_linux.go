@@ -256,10 +256,12 @@ func (l *SocketLink) GROCoalesced() uint64 { return l.groCoalesced.Load() }
 // caller's Buf: one pass less over every received byte. The caller's Buf
 // slices are then replaced (without GRO, with SocketOptions.NoGRO, they
 // are filled as before), and a packet handed out in place stays valid
-// only until the next Recv or TryRecv returns: a caller that turns it on
-// must be done with a batch (or have copied what it keeps) before it
-// receives the next one, as transport.Device is. Safe to call at any
-// time; it applies from the next Recv on.
+// only until the next Recv or TryRecv is called (its recvmmsg overwrites
+// the buffer): a caller that turns it on must be done with a batch (or
+// have copied what it keeps) before it receives the next one, as
+// transport.Device is, and must give Recv buffers of full capacity again
+// before every call. Safe to call at any time; it applies from the next
+// Recv on.
 func (l *SocketLink) SetRecvInPlace(on bool) { l.inPlace.Store(on) }
 
 // SocketBuffers returns the kernel's effective SO_RCVBUF and SO_SNDBUF.
