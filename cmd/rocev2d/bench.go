@@ -345,33 +345,6 @@ func (s *benchStack) goodputRow(ctx context.Context, rc *benchConfig, m benchMod
 	return row, nil
 }
 
-// pingPongRow is goodputRow for the 8-byte SEND ping-pong.
-func (s *benchStack) pingPongRow(ctx context.Context, rc *benchConfig, rounds int) (benchRow, error) {
-	row := benchRow{name: "SEND ping-pong RTT", size: 8, latency: true}
-	for r := range rounds {
-		raw := func() error {
-			run, err := rawPingPong(ctx, rc, 8+16)
-			if err != nil {
-				return fmt.Errorf("raw UDP ping-pong: %w", err)
-			}
-			row.raw.add(run)
-			return nil
-		}
-		stack := func() error {
-			run, err := stackPingPong(ctx, rc, s.a, s.b, 8, s.srcMR, s.rmr)
-			if err != nil {
-				return fmt.Errorf("SEND ping-pong: %w", err)
-			}
-			row.roc.add(run)
-			return nil
-		}
-		if err := benchPair(r, raw, stack); err != nil {
-			return row, err
-		}
-	}
-	return row, nil
-}
-
 // benchSection runs every row of one mode and prints its table.
 func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Watch, stdout io.Writer) error {
 	// Every row alternates benchRounds short runs of the raw UDP baseline
@@ -712,59 +685,6 @@ const (
 	gsoBytes = 65535 - 8 - 40
 )
 
-// rawPingPong bounces one datagram of n bytes between two sockets for
-// c.dur and returns the round trips, the time and the CPU time they took.
-func rawPingPong(ctx context.Context, c *benchConfig, n int) (benchRun, error) {
-	sa, sb, err := rawPair(c)
-	if err != nil {
-		return benchRun{}, err
-	}
-	defer sa.Close()
-	defer sb.Close()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 2048)
-		for {
-			sb.SetReadDeadline(time.Now().Add(time.Second))
-			k, from, err := sb.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			if _, err := sb.WriteToUDPAddrPort(buf[:k], from); err != nil {
-				return
-			}
-		}
-	}()
-	msg := make([]byte, n)
-	buf := make([]byte, 2048)
-	dst := sb.LocalAddr().(*net.UDPAddr).AddrPort()
-	iters := 0
-	cpu := startCPU()
-	start := time.Now()
-	deadline := start.Add(c.dur)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if _, err := sa.WriteToUDPAddrPort(msg, dst); err != nil {
-			return benchRun{}, err
-		}
-		sa.SetReadDeadline(time.Now().Add(time.Second))
-		if _, _, err := sa.ReadFromUDPAddrPort(buf); err != nil {
-			return benchRun{}, fmt.Errorf("no echo after %d round trips: %w", iters, err)
-		}
-		iters++
-	}
-	el := time.Since(start)
-	run := benchRun{iters: float64(iters), el: el}
-	run.cpu, run.cpuSeen = cpu.stop()
-	sa.Close()
-	sb.Close()
-	<-done
-	if iters == 0 {
-		return benchRun{}, errors.New("no round trip completed")
-	}
-	return run, ctx.Err()
-}
-
 // stackGoodput runs op from A to B (READ: B's memory to A) with messages of
 // size bytes and a window of outstanding work requests for c.dur, and
 // returns the message bytes delivered, the packets both links sent, the
@@ -857,14 +777,4 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 	run := benchRun{bytes: float64(done) * float64(size), pkts: float64(pkts), el: el}
 	run.cpu, run.cpuSeen = cpu.stop()
 	return run, ctx.Err()
-}
-
-// stackPingPong bounces a SEND of n bytes between A and B for c.dur and
-// returns the round trips, the time and the CPU time they took.
-// mrA is A's source/receive memory, mrB B's.
-func stackPingPong(ctx context.Context, c *benchConfig, a, b *endpoint, n int, mrA, mrB *memreg.MR) (benchRun, error) {
-	sgeA := []memreg.SGE{{Addr: mrA.IOVA(), Length: uint32(n), LKey: mrA.LKey()}}
-	sgeB := []memreg.SGE{{Addr: mrB.IOVA(), Length: uint32(n), LKey: mrB.LKey()}}
-	return pingPongWRs(ctx, c, a, b, transport.SendWR{Opcode: transport.WRSend, SGEs: sgeA}, transport.SendWR{Opcode: transport.WRSend, SGEs: sgeB},
-		transport.RecvWR{SGEs: sgeA}, transport.RecvWR{SGEs: sgeB})
 }
