@@ -41,6 +41,15 @@ type fdConn struct {
 	fd     int
 	mu     sync.RWMutex // shared by every call on fd, exclusive for close(2)
 	closed atomic.Bool
+
+	// tos is the TOS / traffic class byte the socket sends with when a
+	// datagram carries no control message for it (IP_TOS/IPV6_TCLASS
+	// socket option), and tosCand, tosRun the TOS other than tos the
+	// last run of datagrams asked for and how long that run is; used by
+	// SocketLink's sender under its send mutex (see sendTOS).
+	tos, tosCand uint8
+	tosRun       int
+	tosSet       bool // tos was set (until then the kernel's default, 0)
 }
 
 // pollInterval bounds each blocking call: after it the call returns EAGAIN

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -1017,4 +1018,76 @@ func TestSocketGRORecvInPlace(t *testing.T) {
 			t.Fatalf("copied packet %d: seq %d len %d cap %d", k, seqOf(p), len(p), cap(p))
 		}
 	})
+}
+
+// TestSocketTOSSocketOption checks the send socket's TOS option
+// (SocketLink.sendTOS): the first TOS other than 0 becomes the socket's,
+// datagrams with another TOS carry their own control message (0 too), a
+// run of tosSwitchAfter datagrams with one other TOS moves the option to
+// it, and every datagram arrives with the TOS it was sent with — sent
+// packet by packet and in one batch, IPv4 and IPv6, with and without GSO.
+func TestSocketTOSSocketOption(t *testing.T) {
+	const cnp = 0xc0 // DSCP 48, Not-ECT: what a CNP carries
+	var seq []uint8
+	add := func(tos uint8, n int) {
+		for range n {
+			seq = append(seq, tos)
+		}
+	}
+	add(0, 1)
+	add(ECNECT0, 3) // becomes the option
+	add(cnp, 1)
+	add(0, 1) // a control message with 0 overrides the option
+	add(ECNECT0, 2)
+	add(0, tosSwitchAfter+6) // moves the option to 0
+	add(ECNECT0, 1)
+	add(ECNCE, tosSwitchAfter-1) // one short of a switch
+	add(ECNECT1, 2)
+	for _, v6 := range []bool{false, true} {
+		for _, gso := range []bool{false, true} {
+			for _, batch := range []bool{false, true} {
+				name := fmt.Sprintf("v6=%v/gso=%v/batch=%v", v6, gso, batch)
+				t.Run(name, func(t *testing.T) {
+					var a, b *SocketLink
+					dst := sockB
+					if v6 {
+						a = listenLoopback6(t, &SocketOptions{GSO: gso})
+						b, dst = a, netip.IPv6Loopback()
+					} else {
+						a, b = listenPairOpts(t, &SocketOptions{GSO: gso}, nil)
+					}
+					pkts := make([]Packet, len(seq))
+					for i, tos := range seq {
+						pkts[i] = Packet{Buf: testPayload(make([]byte, 64), uint32(i), 64), Addr: dst, TOS: tos}
+					}
+					got := make([]Packet, 0, len(seq))
+					if batch {
+						if err := a.Send(pkts); err != nil {
+							t.Fatal(err)
+						}
+						got = recvN(t, b, len(seq), 5*time.Second)
+					} else {
+						for i := range pkts {
+							if err := a.Send(pkts[i : i+1]); err != nil {
+								t.Fatal(err)
+							}
+							got = append(got, recvN(t, b, 1, 5*time.Second)...)
+							if i == 1 && (!a.tx.tosSet || a.tx.tos != ECNECT0) {
+								t.Errorf("after the first ECT(0): socket TOS %#x set %v, want %#x", a.tx.tos, a.tx.tosSet, ECNECT0)
+							}
+						}
+					}
+					for i, p := range got {
+						if s := seqOf(p.Buf); s != uint32(i) || p.TOS != seq[i] {
+							t.Fatalf("datagram %d: seq %d TOS %#x, want seq %d TOS %#x", i, s, p.TOS, i, seq[i])
+						}
+					}
+					// The last switch was to 0 (the ECN-CE run is one short).
+					if !a.tx.tosSet || a.tx.tos != 0 {
+						t.Errorf("socket TOS at the end %#x (set %v), want 0", a.tx.tos, a.tx.tosSet)
+					}
+				})
+			}
+		}
+	}
 }
