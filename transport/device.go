@@ -268,6 +268,11 @@ func (d *Device) Close() error {
 	}
 	d.tq.close()
 	err := d.link.Close()
+	// The receive goroutine may sleep without a timer (rxDriver.deep).
+	select {
+	case d.rx.kick <- struct{}{}:
+	default:
+	}
 	var werr error
 	select {
 	case <-d.done:
@@ -399,6 +404,7 @@ func (d *Device) wakePending() bool {
 // queued: one Link.Send per QP and batch instead of one per packet, and
 // the responses of all the QPs together in one (coalesce.go).
 func (d *Device) flushPending() {
+	d.rx.ackOnlyAt = 0
 	for i, qp := range d.rxPending {
 		qp.mu.Lock()
 		qp.rxQueued = false
@@ -429,6 +435,25 @@ func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
 	}
 	qp.input(&p, &udp.Packet{Buf: buf, Addr: src}, false)
 	return nil
+}
+
+// pendingACKsOnly reports whether the QPs of the last received batch
+// queued bare ACKs (or NAKs) and nothing else. Called by the batch's owner.
+func (d *Device) pendingACKsOnly() bool {
+	if len(d.rxPending) == 0 {
+		return false
+	}
+	for _, qp := range d.rxPending {
+		qp.mu.Lock()
+		for i := 0; i < qp.nout; i++ {
+			if bth.Opcode(qp.out[i].Buf[0]) != bth.RCAck {
+				qp.mu.Unlock()
+				return false
+			}
+		}
+		qp.mu.Unlock()
+	}
+	return true
 }
 
 // send hands a batch to the link and counts it.

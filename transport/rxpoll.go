@@ -65,6 +65,15 @@ type rxDriver struct {
 	// such wake-up cost a timer expiry, an early return of the poller's
 	// epoll_wait and two goroutine switches).
 	park *time.Timer
+	// deep is set while the receive goroutine sleeps without its timer:
+	// its timer fired while a waiter held the link (a waiter that waits
+	// longer than rxLeaseMin: a slow peer, a slow machine, an idle link),
+	// and looking again every rxLeaseMin would cost a timer expiry and two
+	// goroutine switches each time for nothing. Then a waiter coming in
+	// stops the timer instead of pushing it out, and a waiter leaving arms
+	// it (rxLeaseMin), so that the link is taken back if none comes back;
+	// a kick (a waiter that leaves while others sleep, Close) ends it too.
+	deep atomic.Bool
 
 	// afterDone and afterStop are the context.AfterFunc that wakes a
 	// waiter's Recv when its context ends, kept across waits for the
@@ -74,6 +83,13 @@ type rxDriver struct {
 	afterStop func() bool
 
 	polls atomic.Uint64 // batches handled by pollers (tests)
+
+	// progSeq counts Progress calls; ackOnlyAt is the call whose batch
+	// left only ACKs queued (0: none, or something else is queued). Such
+	// ACKs wait for one more Progress call (see Progress). Under mu.
+	progSeq, ackOnlyAt uint64
+	deferred           atomic.Uint64 // Progress calls that kept ACKs back (tests)
+	heldLooks          atomic.Uint64 // park timer fires that found a waiter holding the link (tests)
 
 	owner    atomic.Int32  // who holds mu: rxOwnerLoop, rxOwnerPoller, rxOwnerWaiter (0 when free)
 	sleepers atomic.Int32  // goroutines asleep in CQ.Wait (they need someone to receive)
@@ -192,9 +208,19 @@ func (d *Device) Progress() int {
 	}
 	rx.owner.Store(rxOwnerPoller)
 	defer rx.unlock()
-	// What the previous polled batch queued (ACKs) and the caller did not
-	// send with requests of its own since.
-	d.flushPending()
+	// What the previous polled batch queued and the caller did not send
+	// with requests of its own since — except bare ACKs queued by the
+	// call just before this one: they wait for one more call. A polling
+	// application often polls another CQ (its send CQ) between the
+	// completion and the PostSend that answers it, and sending the ACK
+	// alone there would cost the peer a datagram and the answer a system
+	// call's delay; one Progress call later they go anyway.
+	rx.progSeq++
+	if rx.ackOnlyAt != 0 && rx.ackOnlyAt+1 == rx.progSeq && len(d.rxPending) > 0 {
+		rx.deferred.Add(1)
+	} else {
+		d.flushPending()
+	}
 	pkts := rx.pkts
 	for i := range pkts {
 		pkts[i].Buf = rx.bufs[i]
@@ -208,6 +234,11 @@ func (d *Device) Progress() int {
 	}
 	rx.polls.Add(1)
 	d.inputBatch(&rx.p, pkts[:n])
+	if rx.ackOnlyAt == 0 && d.pendingACKsOnly() {
+		rx.ackOnlyAt = rx.progSeq
+	} else if rx.ackOnlyAt != 0 && !d.pendingACKsOnly() {
+		rx.ackOnlyAt = 0 // the next call sends everything
+	}
 	// The completions are in their CQs now (and sleeping waiters woken).
 	// What the batch queued is not sent yet: a caller that answers a
 	// completion with PostSend sends it together with its request, in
@@ -269,7 +300,11 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		}
 	}
 	rx.owner.Store(rxOwnerWaiter)
-	rx.park.Reset(rxLeaseMin)
+	if rx.deep.Load() {
+		rx.park.Stop() // armed by the last waiter that left (see rxDriver.deep)
+	} else {
+		rx.park.Reset(rxLeaseMin)
+	}
 	rx.lease.Store(rxLeaseHeld)
 	if done := ctx.Done(); done != nil && done != rx.afterDone {
 		// A spurious WakeRecv, when a context waited with once ends
@@ -324,6 +359,13 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		}
 	} else {
 		rx.lease.Store(rxLeaseLeft)
+		if rx.deep.Load() {
+			// The receive goroutine sleeps without its timer: arm it,
+			// or nobody takes the link back if no waiter comes. (It
+			// sets deep before it looks at the lease once more, so
+			// either it sees this Left or this sees its deep.)
+			rx.park.Reset(rxLeaseMin)
+		}
 	}
 	rx.unlock()
 	return true
@@ -355,8 +397,21 @@ func (d *Device) recvLoop() {
 			return false
 		}
 	}
+	// deepSleep parks until rx.park fires, armed by a waiter that leaves
+	// (see rxDriver.deep), or a kick; it reports whether it was the timer.
+	deepSleep := func() bool {
+		select {
+		case <-rx.park.C:
+			return true
+		case <-rx.kick:
+			return false
+		}
+	}
 	busy := 0
 	for {
+		if d.isClosed() {
+			return
+		}
 		if l := rx.lease.Load(); l == rxLeaseHeld || l == rxLeaseLeft {
 			// Waiters drive the link: each one pushes rx.park out to
 			// rxLeaseMin when it comes in. Take the link when it fires
@@ -364,9 +419,27 @@ func (d *Device) recvLoop() {
 			// waits. The timer is set here too, so that it runs
 			// whenever this goroutine sleeps (a fire it consumed while
 			// a waiter came in is not lost).
-			if !sleep(rxLeaseMin) || !rx.lease.CompareAndSwap(rxLeaseLeft, 0) {
+			var fired bool
+			if rx.deep.Load() {
+				fired = deepSleep()
+			} else {
+				fired = sleep(rxLeaseMin)
+			}
+			if !fired {
+				rx.deep.Store(false)
 				continue
 			}
+			if !rx.lease.CompareAndSwap(rxLeaseLeft, 0) {
+				// A waiter holds the link, and has for rxLeaseMin at
+				// least: sleep until one leaves (rxDriver.deep).
+				rx.heldLooks.Add(1)
+				rx.deep.Store(true)
+				if rx.lease.Load() != rxLeaseHeld {
+					rx.deep.Store(false) // it left meanwhile, maybe without arming the timer
+				}
+				continue
+			}
+			rx.deep.Store(false)
 		} else if left := rx.leaseLeft(); left > 0 {
 			// A poller drives the link: stay out of its way until its
 			// lease lapses or it lets go.

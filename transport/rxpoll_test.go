@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -202,5 +204,114 @@ func TestWaitersShareLink(t *testing.T) {
 	defer stop()
 	if _, err := a.scq.Wait(short, make([]WC, 1)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait with an ended context: %v", err)
+	}
+}
+
+// TestProgressKeepsACKForAnswer: with busy polling, the bare ACK a polled
+// batch queued is not sent alone by the next Progress call (an application
+// polling its send CQ between the completion and its answer): it leaves
+// with the answer, in the same Link.Send; without an answer the call after
+// that sends it.
+func TestProgressKeepsACKForAnswer(t *testing.T) {
+	s := newStackPingPong(t, "SEND", true)
+	defer s.stop()
+	a, r := s.a, s.r
+	wc := make([]WC, 4)
+	pollUntil := func(x *side, cq *CQ, what string) WC {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for cq.Poll(wc[:1]) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no completion; A %+v\nB %+v", what, a.dev.Counters(), r.dev.Counters())
+			}
+			runtime.Gosched()
+		}
+		if wc[0].Status != WCSuccess {
+			t.Fatalf("%s: %+v", what, wc[0])
+		}
+		if cq == x.rcq {
+			if err := x.qp.PostRecv(RecvWR{SGEs: map[*side][]memreg.SGE{a: s.arecv, r: s.rrecv}[x]}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return wc[0]
+	}
+	kept := 0
+	const rounds = 20
+	for i := range 2 * rounds {
+		answer := i < rounds
+		if err := a.qp.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: s.asge}); err != nil {
+			t.Fatal(err)
+		}
+		pollUntil(r, r.rcq, "B's receive")
+		before, deferred := r.dev.Counters().SentPkts, r.dev.rx.deferred.Load()
+		r.scq.Poll(wc) // empty (B's SENDs are unsignaled): one more Progress call
+		// The receive goroutine may have taken the link meanwhile (a
+		// lease lapsed on a slow machine) and sent the ACK itself.
+		ok := r.dev.rx.deferred.Load() == deferred+1 && r.dev.Counters().SentPkts == before
+		if answer {
+			if err := r.qp.PostSend(SendWR{Opcode: WRSend, SGEs: s.rsge}); err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				if got := r.dev.Counters().SentPkts - before; got != 2 {
+					t.Fatalf("round %d: B sent %d packets with its answer, want 2 (the answer and the kept ACK)", i, got)
+				}
+				kept++
+			}
+			pollUntil(a, a.rcq, "A's receive of the answer")
+		} else {
+			r.scq.Poll(wc) // the second call after the batch sends the ACK
+			if ok {
+				if got := r.dev.Counters().SentPkts - before; got != 1 {
+					t.Fatalf("round %d: B sent %d packets after two idle Progress calls, want 1 (the ACK)", i, got)
+				}
+				kept++
+			}
+		}
+		pollUntil(a, a.scq, "A's send completion (the ACK)")
+	}
+	if kept == 0 {
+		t.Fatalf("no round kept the ACK back (deferred %d)", r.dev.rx.deferred.Load())
+	}
+	t.Logf("%d of %d rounds kept the ACK for one Progress call", kept, 2*rounds)
+}
+
+// TestWaiterHoldsLinkQuietly: while a waiter blocks in CQ.Wait holding the
+// link, the receive goroutine does not wake every rxLeaseMin to look (an
+// idle application waiting on its CQ cost 5,000 wake-ups a second); when
+// the waiter leaves, the receive goroutine still takes the link back.
+func TestWaiterHoldsLinkQuietly(t *testing.T) {
+	a, r := newLatSocketPair(t, &udp.SocketOptions{})
+	_, amr := a.buffer(t, 64, 0)
+	_, rmr := r.buffer(t, 64, 0)
+	if err := r.qp.PostRecv(RecvWR{SGEs: sge(rmr, 0, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	const idle = 100 * time.Millisecond // 500 × rxLeaseMin
+	looks := r.dev.rx.heldLooks.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), idle)
+	defer cancel()
+	wc := make([]WC, 1)
+	if n, err := r.rcq.Wait(ctx, wc); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait on an idle CQ: %d %v", n, err)
+	}
+	if got := r.dev.rx.heldLooks.Load() - looks; got > 3 {
+		t.Errorf("the receive goroutine looked %d times while a waiter held the link for %v; want at most 3", got, idle)
+	}
+	// Nobody waits now: the receive goroutine must take the link back
+	// and handle the SEND on its own.
+	if err := a.qp.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: sge(amr, 0, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.rcq.Poll(wc) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the SEND after the waiter left was not handled: %+v", r.dev.Counters())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if wc[0].Status != WCSuccess || wc[0].ByteLen != 8 {
+		t.Fatalf("completion %+v", wc[0])
 	}
 }
