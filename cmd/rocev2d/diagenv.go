@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"runtime/trace"
 	"strconv"
 	"time"
@@ -13,17 +14,21 @@ import (
 // rocev2d command records the Go execution tracer into FILE for
 // ROCEV2D_TRACE_SECONDS (default 3) seconds from its start — enough to
 // see goroutine hand-offs, syscalls and scheduler latency with
-// `go tool trace -pprof=sched FILE`. Unset, nothing happens.
+// `go tool trace -pprof=sched FILE`. ROCEV2D_CPUPROFILE=FILE likewise
+// writes a CPU profile (pprof) of the same seconds. Unset, nothing happens.
 func init() {
-	name := os.Getenv("ROCEV2D_TRACE")
-	if name == "" {
-		return
-	}
 	secs := 3.0
 	if s := os.Getenv("ROCEV2D_TRACE_SECONDS"); s != "" {
 		if v, err := strconv.ParseFloat(s, 64); err == nil && v > 0 {
 			secs = v
 		}
+	}
+	if name := os.Getenv("ROCEV2D_CPUPROFILE"); name != "" {
+		cpuProfile(name, secs)
+	}
+	name := os.Getenv("ROCEV2D_TRACE")
+	if name == "" {
+		return
 	}
 	f, err := os.Create(name)
 	if err != nil {
@@ -37,6 +42,24 @@ func init() {
 	}
 	time.AfterFunc(time.Duration(secs*float64(time.Second)), func() {
 		trace.Stop()
+		f.Close()
+	})
+}
+
+// cpuProfile records a CPU profile into name for secs seconds.
+func cpuProfile(name string, secs float64) {
+	f, err := os.Create(name)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "rocev2d: ROCEV2D_CPUPROFILE: %v\n", err)
+		return
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "rocev2d: ROCEV2D_CPUPROFILE: %v\n", err)
+		f.Close()
+		return
+	}
+	time.AfterFunc(time.Duration(secs*float64(time.Second)), func() {
+		pprof.StopCPUProfile()
 		f.Close()
 	})
 }

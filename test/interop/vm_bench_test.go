@@ -104,6 +104,7 @@ func BenchmarkVM(b *testing.B) {
 		{name: "write_bw_64KiB/GOGC=off", kind: "bw", cmd: wb, env: "GOGC=off", base: "write_bw_64KiB"},
 		{name: "write_bw_64KiB/GOMAXPROCS=2", kind: "bw", cmd: wb, env: "GOMAXPROCS=2", base: "write_bw_64KiB"},
 		{name: "pingpong_8B/default", kind: "lat", cmd: pp, base: "pingpong_8B"},
+		{name: "pingpong_8B/gso=false", kind: "lat", cmd: pp + " --gso=false", base: "pingpong_8B"},
 		{name: "pingpong_8B/busy-poll=100us", kind: "lat", cmd: pp + " --busy-poll=100us", base: "pingpong_8B"},
 		// Polling without ever sleeping, as ibv_rc_pingpong polls its CQ
 		// (a round trip here takes about a millisecond, so 100 µs of
