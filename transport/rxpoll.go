@@ -74,6 +74,9 @@ type rxDriver struct {
 	// it (rxLeaseMin), so that the link is taken back if none comes back;
 	// a kick (a waiter that leaves while others sleep, Close) ends it too.
 	deep atomic.Bool
+	// deepEntry is when a waiter last came in while deep was set (the
+	// lease clock, rx.now); under mu.
+	deepEntry int64
 
 	// afterDone and afterStop are the context.AfterFunc that wakes a
 	// waiter's Recv when its context ends, kept across waits for the
@@ -301,7 +304,20 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 	}
 	rx.owner.Store(rxOwnerWaiter)
 	if rx.deep.Load() {
-		rx.park.Stop() // armed by the last waiter that left (see rxDriver.deep)
+		// Waits are long (see rxDriver.deep): keep the receive goroutine
+		// asleep — stop the timer the last waiter to leave armed —
+		// unless waiters come back quickly again. Then arming it on
+		// every leave would add an earlier timer for a sleeping
+		// scheduler thread each time (a wake-up of that thread per
+		// message): back to pushing it out on the way in.
+		now := rx.now()
+		if now-rx.deepEntry > int64(2*rxLeaseMin) {
+			rx.park.Stop()
+		} else {
+			rx.deep.Store(false)
+			rx.park.Reset(rxLeaseMin)
+		}
+		rx.deepEntry = now
 	} else {
 		rx.park.Reset(rxLeaseMin)
 	}
