@@ -209,9 +209,9 @@ func TestWaitersShareLink(t *testing.T) {
 
 // TestProgressKeepsACKForAnswer: with busy polling, the bare ACK a polled
 // batch queued is not sent alone by the next Progress call (an application
-// polling its send CQ between the completion and its answer): it leaves
-// with the answer, in the same Link.Send; without an answer the call after
-// that sends it.
+// polling its send CQ between the completion and its answer), and that call
+// does not receive either: the ACK leaves with the answer, in the same
+// Link.Send; without an answer the call after that sends it.
 func TestProgressKeepsACKForAnswer(t *testing.T) {
 	s := newStackPingPong(t, "SEND", true)
 	defer s.stop()
@@ -244,11 +244,14 @@ func TestProgressKeepsACKForAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 		pollUntil(r, r.rcq, "B's receive")
-		before, deferred := r.dev.Counters().SentPkts, r.dev.rx.deferred.Load()
+		before, deferred, skips := r.dev.Counters().SentPkts, r.dev.rx.deferred.Load(), r.dev.rx.skips.Load()
 		r.scq.Poll(wc) // empty (B's SENDs are unsignaled): one more Progress call
 		// The receive goroutine may have taken the link meanwhile (a
 		// lease lapsed on a slow machine) and sent the ACK itself.
 		ok := r.dev.rx.deferred.Load() == deferred+1 && r.dev.Counters().SentPkts == before
+		if ok && r.dev.rx.skips.Load() != skips+1 {
+			t.Fatalf("round %d: the Progress call right after the batch received (skips %d -> %d)", i, skips, r.dev.rx.skips.Load())
+		}
 		if answer {
 			if err := r.qp.PostSend(SendWR{Opcode: WRSend, SGEs: s.rsge}); err != nil {
 				t.Fatal(err)
