@@ -159,7 +159,8 @@ func (c *rxConn) Read(f func(fd uintptr) bool) error {
 		c.streak = 0
 		return nil
 	}
-	return c.noWait()
+	c.noWait()
+	return nil
 }
 
 // join registers the socket with Go's poller: a duplicate of its
@@ -210,18 +211,20 @@ func (c *rxConn) leave() error {
 
 // noWait counts a receive that did not wait; after leaveAfter in a row the
 // socket leaves the poller.
-func (c *rxConn) noWait() error {
+func (c *rxConn) noWait() {
 	if !c.member {
-		return nil
+		return
 	}
 	if c.streak++; c.streak < leaveAfter {
-		return nil
+		return
 	}
 	c.streak = 0
-	if err := c.leave(); err != nil {
-		return c.closedOr(err)
-	}
-	return nil
+	// The Read that called this received datagrams: a failing close of
+	// the duplicate must not turn them into an error (they would be
+	// lost). On Linux close(2) releases the descriptor even when it
+	// reports an error, so there is nothing left to undo; a closed link
+	// is reported by the next Read.
+	c.leave()
 }
 
 // Wake makes a Read that waits (or the next one to wait) return errWoken
