@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"runtime/pprof"
 	"runtime/trace"
@@ -23,43 +24,30 @@ func init() {
 			secs = v
 		}
 	}
+	d := time.Duration(secs * float64(time.Second))
 	if name := os.Getenv("ROCEV2D_CPUPROFILE"); name != "" {
-		cpuProfile(name, secs)
+		record("ROCEV2D_CPUPROFILE", name, d, pprof.StartCPUProfile, pprof.StopCPUProfile)
 	}
-	name := os.Getenv("ROCEV2D_TRACE")
-	if name == "" {
-		return
+	if name := os.Getenv("ROCEV2D_TRACE"); name != "" {
+		record("ROCEV2D_TRACE", name, d, trace.Start, trace.Stop)
 	}
-	f, err := os.Create(name)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "rocev2d: ROCEV2D_TRACE: %v\n", err)
-		return
-	}
-	if err := trace.Start(f); err != nil {
-		fmt.Fprintf(os.Stderr, "rocev2d: ROCEV2D_TRACE: %v\n", err)
-		f.Close()
-		return
-	}
-	time.AfterFunc(time.Duration(secs*float64(time.Second)), func() {
-		trace.Stop()
-		f.Close()
-	})
 }
 
-// cpuProfile records a CPU profile into name for secs seconds.
-func cpuProfile(name string, secs float64) {
+// record creates the file name, starts a recording into it and stops it
+// after d; a failure is reported on stderr under the variable's name env.
+func record(env, name string, d time.Duration, start func(io.Writer) error, stop func()) {
 	f, err := os.Create(name)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "rocev2d: ROCEV2D_CPUPROFILE: %v\n", err)
+		fmt.Fprintf(os.Stderr, "rocev2d: %s: %v\n", env, err)
 		return
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		fmt.Fprintf(os.Stderr, "rocev2d: ROCEV2D_CPUPROFILE: %v\n", err)
+	if err := start(f); err != nil {
+		fmt.Fprintf(os.Stderr, "rocev2d: %s: %v\n", env, err)
 		f.Close()
 		return
 	}
-	time.AfterFunc(time.Duration(secs*float64(time.Second)), func() {
-		pprof.StopCPUProfile()
+	time.AfterFunc(d, func() {
+		stop()
 		f.Close()
 	})
 }
