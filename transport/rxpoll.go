@@ -249,10 +249,11 @@ func (d *Device) Progress() int {
 	rx.polls.Add(1)
 	rx.batchAt = rx.progSeq
 	d.inputBatch(&rx.p, pkts[:n])
-	if rx.ackOnlyAt == 0 && d.pendingACKsOnly() {
+	// ackOnlyAt is 0 here: this call either flushed (which clears it) or
+	// deferred, and a call that deferred follows a batch and so skipped
+	// the receive above.
+	if d.pendingACKsOnly() {
 		rx.ackOnlyAt = rx.progSeq
-	} else if rx.ackOnlyAt != 0 && !d.pendingACKsOnly() {
-		rx.ackOnlyAt = 0 // the next call sends everything
 	}
 	// The completions are in their CQs now (and sleeping waiters woken).
 	// What the batch queued is not sent yet: a caller that answers a
@@ -315,6 +316,7 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		}
 	}
 	rx.owner.Store(rxOwnerWaiter)
+	rx.batchAt = 0 // Progress's skip is for the call right after its own batch
 	if rx.deep.Load() {
 		// Waits are long (see rxDriver.deep): keep the receive goroutine
 		// asleep — stop the timer the last waiter to leave armed —
@@ -486,6 +488,11 @@ func (d *Device) recvLoop() {
 		}
 		busy = 0
 		rx.owner.Store(rxOwnerLoop)
+		rx.batchAt = 0
+		// Driving the link itself, this goroutine is not in quiet mode
+		// (a waiter that left with others asleep kicked it out of it):
+		// the next waiter must push its timer out, not stop it.
+		rx.deep.Store(false)
 		d.flushPending() // left by the last poller's or waiter's batch
 		if rx.leaseLeft() > 0 {
 			rx.unlock()

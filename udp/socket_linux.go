@@ -482,7 +482,9 @@ func (l *SocketLink) sendTOS(c *fdConn, run []Packet) {
 			level, opt = unix.IPPROTO_IPV6, unix.IPV6_TCLASS
 		}
 		var err error
-		c.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), level, opt, int(t)) })
+		if cerr := c.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), level, opt, int(t)) }); cerr != nil {
+			err = cerr // closed: the send fails anyway
+		}
 		if err == nil {
 			c.tos, c.tosRun, c.tosSet = t, 0, true
 		} else {

@@ -1091,3 +1091,30 @@ func TestSocketTOSSocketOption(t *testing.T) {
 		}
 	}
 }
+
+// TestSocketTOSNoControlMessage: once the socket's TOS option is ECT(0), a
+// datagram with ECT(0) is sent without a control message and one with
+// another TOS with its IP_TOS message (what sendTOS is for).
+func TestSocketTOSNoControlMessage(t *testing.T) {
+	a, _ := listenPairOpts(t, nil, nil)
+	pk := func(tos uint8) Packet {
+		return Packet{Buf: testPayload(make([]byte, 64), 1, 64), Addr: sockB, TOS: tos}
+	}
+	run := []Packet{pk(ECNECT0), pk(ECNECT0), pk(0xc0), pk(0)}
+	a.sendMu.Lock()
+	defer a.sendMu.Unlock()
+	a.sendTOS(a.tx, run)
+	if !a.tx.tosSet || a.tx.tos != ECNECT0 {
+		t.Fatalf("socket TOS %#x (set %v), want %#x", a.tx.tos, a.tx.tosSet, ECNECT0)
+	}
+	n := a.buildSend(run, a.txPort, a.tx.tos)
+	defer a.send.clearIovs(len(run))
+	if n != len(run) {
+		t.Fatalf("%d messages for %d packets without GSO", n, len(run))
+	}
+	for i, want := range []bool{false, false, true, true} {
+		if got := a.send.hdrs[i].Hdr.Controllen > 0; got != want {
+			t.Errorf("datagram %d (TOS %#x): control message %v, want %v", i, run[i].TOS, got, want)
+		}
+	}
+}
