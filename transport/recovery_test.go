@@ -142,11 +142,17 @@ func TestRNRThenSeqNAK(t *testing.T) {
 	a, b, la, lb := linkPair(t, pairOpts{clock: clk, minRNR: 6, rnrRetry: 3, retry: 3, timeout: 20}, 0x50, 0x60)
 	src, smr := a.buffer(t, 64, 0)
 	fill(src, 3)
+	// B takes no packet until all three are sent: otherwise the RNR NAK
+	// for the first can reach A before the third SEND leaves, and A then
+	// holds it back for the RNR timer (1 run in 12 under -race).
+	b.qp.mu.Lock()
 	for i := range 3 {
 		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 64)}); err != nil {
+			b.qp.mu.Unlock()
 			t.Fatal(err)
 		}
 	}
+	b.qp.mu.Unlock()
 	defer func() {
 		if t.Failed() {
 			t.Logf("A %+v\nB %+v\nresp %+v\nreq %+v\n%s", a.dev.Counters(), b.dev.Counters(), lb.sent(), la.sent(), a.qp.debugState())
