@@ -683,6 +683,18 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 	g := l.gro
 	s := &l.recv
 	inPlace := l.inPlace.Load()
+	if !inPlace {
+		// A slice an in-place receive handed out is the GRO buffer's
+		// memory, and one of exactly MaxPacketSize passes checkRecv's
+		// capacity test: copying into it would overwrite datagrams not
+		// yet read (the caller switched SetRecvInPlace off without
+		// giving its own buffers back).
+		for i := range pkts {
+			if inside(pkts[i].Buf, g.mem) {
+				return 0, fmt.Errorf("udp: recv packet %d: buffer is a packet an in-place receive handed out, not the caller's: %w", i, ErrShortBuffer)
+			}
+		}
+	}
 	for {
 		n := 0
 		for g.cur < g.n && n < len(pkts) {
@@ -764,6 +776,16 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			g.n++
 		}
 	}
+}
+
+// inside reports whether b starts within mem's memory.
+func inside(b, mem []byte) bool {
+	if cap(b) == 0 || len(mem) == 0 {
+		return false
+	}
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	return p >= lo && p < lo+uintptr(len(mem))
 }
 
 // testHookIPv4ID, when set by a test, sees the IPv4 identification each

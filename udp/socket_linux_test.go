@@ -1118,3 +1118,30 @@ func TestSocketTOSNoControlMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestSocketGROInPlaceThenCopy: a packet of exactly MaxPacketSize handed
+// out in place passes checkRecv's capacity test; a copying Recv given it
+// back (in-place receive switched off, buffers not reset) must refuse it
+// rather than copy into the GRO buffer.
+func TestSocketGROInPlaceThenCopy(t *testing.T) {
+	a, b := listenPairOpts(t, nil, &SocketOptions{})
+	b.SetRecvInPlace(true)
+	for i := range 2 {
+		if err := a.Send([]Packet{{Buf: testPayload(make([]byte, MaxPacketSize), uint32(i), MaxPacketSize), Addr: sockB}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := recvBufs(1)
+	if n, err := b.Recv(r); err != nil || n != 1 || len(r[0].Buf) != MaxPacketSize || cap(r[0].Buf) != MaxPacketSize {
+		t.Fatalf("in-place Recv: %d %v, len %d cap %d", n, err, len(r[0].Buf), cap(r[0].Buf))
+	}
+	b.SetRecvInPlace(false)
+	if n, err := b.Recv(r); !errors.Is(err, ErrShortBuffer) {
+		t.Fatalf("copying Recv into a handed-out packet: %d %v, want ErrShortBuffer", n, err)
+	}
+	// With its own buffer again it gets the second packet.
+	r = recvBufs(1)
+	if n, err := b.Recv(r); err != nil || n != 1 || seqOf(r[0].Buf) != 1 {
+		t.Fatalf("copying Recv: %d %v", n, err)
+	}
+}
