@@ -208,17 +208,8 @@ func (s *mmsgState) sys(fd uintptr, one bool, flags uintptr, raw bool) (uintptr,
 func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (done int, err error) {
 	s.off, s.cnt = 0, nmsg
 	s.errno = 0
-	for s.off < s.cnt {
-		if err := rc.Write(s.fn); err != nil {
-			// The RawConn's error (net.ErrClosed) wins: an fdConn's call
-			// woken by Close's shutdown fails with EPIPE, which is no error
-			// of the packet.
-			s.errno = 0
-			return done, err
-		}
-		if s.errno != 0 {
-			return done, s.errno
-		}
+	// count adds the messages the last call sent to done and sent.
+	count := func() {
 		k := 0
 		for m := s.off; m < s.off+s.n; m++ {
 			k += s.segs[m]
@@ -226,6 +217,24 @@ func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (don
 		done += k
 		sent.Add(uint64(k))
 		s.off += s.n
+	}
+	for s.off < s.cnt {
+		s.n = 0
+		if err := rc.Write(s.fn); err != nil {
+			// The RawConn's error (net.ErrClosed) wins: an fdConn's call
+			// woken by Close's shutdown fails with EPIPE, which is no error
+			// of the packet. A call that sent before the socket was
+			// closed under it still counts what left.
+			if s.errno == 0 && s.n > 0 {
+				count()
+			}
+			s.errno = 0
+			return done, err
+		}
+		if s.errno != 0 {
+			return done, s.errno
+		}
+		count()
 	}
 	return done, nil
 }

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1144,4 +1145,35 @@ func TestSocketGROInPlaceThenCopy(t *testing.T) {
 	if n, err := b.Recv(r); err != nil || n != 1 || seqOf(r[0].Buf) != 1 {
 		t.Fatalf("copying Recv: %d %v", n, err)
 	}
+}
+
+// closingConn is a send socket whose Write reports net.ErrClosed after
+// the call went through: a link closed while its sendmmsg was in flight.
+type closingConn struct{ *fdConn }
+
+func (c closingConn) Write(f func(fd uintptr) bool) error {
+	c.fdConn.Write(f)
+	return net.ErrClosed
+}
+
+// TestSendCountsWhatLeftBeforeClose: datagrams a call sent before the
+// socket was closed under it are counted as sent (TestVethRC compares the
+// count with a capture of the wire, and a link closed during its last
+// flush under-counted).
+func TestSendCountsWhatLeftBeforeClose(t *testing.T) {
+	a, b := listenPairOpts(t, nil, nil)
+	run := make([]Packet, 3)
+	for i := range run {
+		run[i] = Packet{Buf: testPayload(make([]byte, 64), uint32(i), 64), Addr: sockB}
+	}
+	a.sendMu.Lock()
+	n := a.buildSend(run, a.txPort, a.tx.tos)
+	var sent atomic.Uint64
+	done, err := a.send.send(closingConn{a.tx}, n, &sent)
+	a.send.clearIovs(len(run))
+	a.sendMu.Unlock()
+	if !errors.Is(err, net.ErrClosed) || done != len(run) || sent.Load() != uint64(len(run)) {
+		t.Fatalf("send: done %d, counted %d, err %v; want %d, %d, net.ErrClosed", done, sent.Load(), err, len(run), len(run))
+	}
+	recvN(t, b, len(run), 5*time.Second)
 }
