@@ -404,7 +404,7 @@ func (d *Device) wakePending() bool {
 // queued: one Link.Send per QP and batch instead of one per packet, and
 // the responses of all the QPs together in one (coalesce.go).
 func (d *Device) flushPending() {
-	d.rx.ackOnlyAt = 0
+	d.rx.ackOnly = false
 	for i, qp := range d.rxPending {
 		qp.mu.Lock()
 		qp.rxQueued = false

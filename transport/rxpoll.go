@@ -87,14 +87,14 @@ type rxDriver struct {
 
 	polls atomic.Uint64 // batches handled by pollers (tests)
 
-	// progSeq counts Progress calls; ackOnlyAt is the call whose batch
-	// left only ACKs queued (0: none, or something else is queued). Such
-	// ACKs wait for one more Progress call (see Progress). Under mu.
-	progSeq, ackOnlyAt uint64
-	batchAt            uint64        // the Progress call that last handled a batch (under mu)
-	skips              atomic.Uint64 // Progress calls that did not receive, right after a batch (tests)
-	deferred           atomic.Uint64 // Progress calls that kept ACKs back (tests)
-	heldLooks          atomic.Uint64 // park timer fires that found a waiter holding the link (tests)
+	// progSeq counts Progress calls, batchAt is the call that last
+	// handled a batch, ackOnly says that batch left only ACKs queued:
+	// those wait for one more Progress call (see Progress). Under mu.
+	progSeq, batchAt uint64
+	ackOnly          bool
+	skips            atomic.Uint64 // Progress calls that did not receive, right after a batch (tests)
+	deferred         atomic.Uint64 // Progress calls that kept ACKs back (tests)
+	heldLooks        atomic.Uint64 // park timer fires that found a waiter holding the link (tests)
 
 	owner    atomic.Int32  // who holds mu: rxOwnerLoop, rxOwnerPoller, rxOwnerWaiter (0 when free)
 	sleepers atomic.Int32  // goroutines asleep in CQ.Wait (they need someone to receive)
@@ -221,7 +221,7 @@ func (d *Device) Progress() int {
 	// alone there would cost the peer a datagram and the answer a system
 	// call's delay; one Progress call later they go anyway.
 	rx.progSeq++
-	if rx.ackOnlyAt != 0 && rx.ackOnlyAt+1 == rx.progSeq && len(d.rxPending) > 0 {
+	if rx.ackOnly && rx.batchAt+1 == rx.progSeq && len(d.rxPending) > 0 {
 		rx.deferred.Add(1)
 	} else {
 		d.flushPending()
@@ -249,12 +249,10 @@ func (d *Device) Progress() int {
 	rx.polls.Add(1)
 	rx.batchAt = rx.progSeq
 	d.inputBatch(&rx.p, pkts[:n])
-	// ackOnlyAt is 0 here: this call either flushed (which clears it) or
-	// deferred, and a call that deferred follows a batch and so skipped
-	// the receive above.
-	if d.pendingACKsOnly() {
-		rx.ackOnlyAt = rx.progSeq
-	}
+	// ackOnly is false here: this call either flushed (which clears it)
+	// or deferred, and a call that deferred follows a batch and so
+	// skipped the receive above.
+	rx.ackOnly = d.pendingACKsOnly()
 	// The completions are in their CQs now (and sleeping waiters woken).
 	// What the batch queued is not sent yet: a caller that answers a
 	// completion with PostSend sends it together with its request, in
@@ -416,19 +414,9 @@ func (d *Device) recvLoop() {
 	defer close(d.done)
 	rx := &d.rx
 	backoff := time.Millisecond
-	// sleep sets rx.park to dt and parks until it fires (it reports
-	// true) or a kick.
-	sleep := func(dt time.Duration) bool {
-		rx.park.Reset(dt)
-		select {
-		case <-rx.park.C:
-			return true
-		case <-rx.kick:
-			return false
-		}
-	}
-	// deepSleep parks until rx.park fires, armed by a waiter that leaves
-	// (see rxDriver.deep), or a kick; it reports whether it was the timer.
+	// deepSleep parks until rx.park fires (it reports true) or a kick;
+	// in quiet mode the timer is armed by a waiter that leaves (see
+	// rxDriver.deep). sleep sets rx.park to dt first.
 	deepSleep := func() bool {
 		select {
 		case <-rx.park.C:
@@ -436,6 +424,10 @@ func (d *Device) recvLoop() {
 		case <-rx.kick:
 			return false
 		}
+	}
+	sleep := func(dt time.Duration) bool {
+		rx.park.Reset(dt)
+		return deepSleep()
 	}
 	busy := 0
 	for {
