@@ -585,3 +585,64 @@ func TestCompChannel(t *testing.T) {
 	default:
 	}
 }
+
+// TestCQRingGrows: a CQ's ring starts small and doubles as completions
+// pile up, up to the depth asked for; completions come out in order
+// across growth with a wrapped ring, the CQ holds exactly its depth and
+// overflows at one more.
+func TestCQRingGrows(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	const depth = 40
+	cq, err := a.dev.CreateCQ(depth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(cq.ring); got != cqRingStart {
+		t.Fatalf("new CQ of depth %d: ring of %d, want %d", depth, got, cqRingStart)
+	}
+	if cq.Depth() != depth {
+		t.Fatalf("Depth() = %d, want %d", cq.Depth(), depth)
+	}
+	next, want := uint64(0), uint64(0)
+	put := func(k int) {
+		t.Helper()
+		for range k {
+			if ok, _ := cq.store(&WC{WRID: next}, false); !ok {
+				t.Fatalf("store of wr %d refused with %d stored (depth %d): %v", next, cq.n, depth, cq.Err())
+			}
+			next++
+		}
+	}
+	get := func(k int) {
+		t.Helper()
+		wc := make([]WC, k)
+		if n := cq.Poll(wc); n != k {
+			t.Fatalf("polled %d, want %d", n, k)
+		}
+		for _, w := range wc {
+			if w.WRID != want {
+				t.Fatalf("polled wr %d, want %d", w.WRID, want)
+			}
+			want++
+		}
+	}
+	put(10)
+	get(7)  // head moves on: the next stores wrap around
+	put(13) // 16 stored, ring full but not grown yet
+	if len(cq.ring) != cqRingStart {
+		t.Fatalf("ring of %d with %d stored, want %d", len(cq.ring), cq.n, cqRingStart)
+	}
+	put(1) // grows to 32, unwrapping
+	if len(cq.ring) != 32 {
+		t.Fatalf("ring of %d after growing, want 32", len(cq.ring))
+	}
+	get(5)
+	put(depth - cq.n) // full to its depth: the ring is capped at 40
+	if len(cq.ring) != depth || cq.n != depth || cq.Err() != nil {
+		t.Fatalf("ring %d, stored %d, err %v; want %d, %d, nil", len(cq.ring), cq.n, cq.Err(), depth, depth)
+	}
+	if ok, _ := cq.store(&WC{WRID: next}, false); ok || !errors.Is(cq.Err(), ErrCQOverflow) {
+		t.Fatalf("store beyond depth: ok %v, err %v; want an overflow", ok, cq.Err())
+	}
+	get(depth)
+}

@@ -229,7 +229,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 		return nil, fmt.Errorf("transport: CreateQP: srq: %w", ErrDestroyed)
 	}
 	if len(d.qps) >= d.cfg.MaxQP {
-		return nil, fmt.Errorf("transport: CreateQP: %d QPs: %w", len(d.qps), ErrLimit)
+		return nil, fmt.Errorf("transport: CreateQP: the device holds %d QPs, its DeviceConfig.MaxQP: %w", len(d.qps), ErrLimit)
 	}
 	if err := pd.Acquire(); err != nil {
 		return nil, fmt.Errorf("transport: CreateQP: pd: %w", err)
