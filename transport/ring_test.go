@@ -106,3 +106,40 @@ func TestIdleQPMemory(t *testing.T) {
 	}
 	runtime.KeepAlive(qps)
 }
+
+// TestIdleQPWithOwnCQMemory: a server that gives every connection its own
+// CQ (here of depth 1024, send and receive completions both) pays at most
+// 16 KiB of heap per idle connection, QP and CQ together: a CQ's ring grows
+// as completions pile up (a whole ring of 1024 completions is 40 KB).
+func TestIdleQPWithOwnCQMemory(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory skews heap sizes")
+	}
+	n := udp.NewMemNetwork(udp.Faults{})
+	l, _ := n.Link(addrA)
+	dev, _ := NewDevice(l, DeviceConfig{MaxQP: 4096})
+	defer dev.Close()
+	pd, _ := dev.AllocPD()
+	const N = 2000
+	qps := make([]*QP, N)
+	runtime.GC()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	for i := range qps {
+		cq, err := dev.CreateCQ(1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if qps[i], err = dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 128, MaxRecvWR: 128, MaxSGE: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&m1)
+	per := int64(m1.HeapAlloc-m0.HeapAlloc) / N
+	t.Logf("heap per idle QP with its own CQ: %d bytes", per)
+	if per > 16<<10 {
+		t.Errorf("an idle QP with its own CQ of depth 1024 costs %d bytes of heap, want <= 16 KiB", per)
+	}
+	runtime.KeepAlive(qps)
+}
