@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -77,34 +78,17 @@ func TestRingsGrowUnderTraffic(t *testing.T) {
 // costs at most 16 KiB of heap: rings grow as WRs are posted, packet
 // buffers come from the device's pool only while packets are queued.
 func TestIdleQPMemory(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector's shadow memory skews heap sizes")
-	}
-	n := udp.NewMemNetwork(udp.Faults{})
-	l, _ := n.Link(addrA)
-	dev, _ := NewDevice(l, DeviceConfig{MaxQP: 4096})
-	defer dev.Close()
-	pd, _ := dev.AllocPD()
-	cq, _ := dev.CreateCQ(1024)
-	const N = 2000
-	qps := make([]*QP, N)
-	runtime.GC()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	for i := range qps {
-		var err error
-		if qps[i], err = dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 128, MaxRecvWR: 128}); err != nil {
-			t.Fatal(err)
+	var cq *CQ
+	per := idleQPHeap(t, func(dev *Device, pd *memreg.PD) (*QP, error) {
+		if cq == nil {
+			cq, _ = dev.CreateCQ(1024)
 		}
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&m1)
-	per := int64(m1.HeapAlloc-m0.HeapAlloc) / N
+		return dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 128, MaxRecvWR: 128})
+	})
 	t.Logf("heap per idle QP: %d bytes", per)
 	if per > 16<<10 {
 		t.Errorf("an idle QP costs %d bytes of heap, want <= 16 KiB", per)
 	}
-	runtime.KeepAlive(qps)
 }
 
 // TestIdleQPWithOwnCQMemory: a server that gives every connection its own
@@ -112,6 +96,24 @@ func TestIdleQPMemory(t *testing.T) {
 // 16 KiB of heap per idle connection, QP and CQ together: a CQ's ring grows
 // as completions pile up (a whole ring of 1024 completions is 40 KB).
 func TestIdleQPWithOwnCQMemory(t *testing.T) {
+	per := idleQPHeap(t, func(dev *Device, pd *memreg.PD) (*QP, error) {
+		cq, err := dev.CreateCQ(1024)
+		if err != nil {
+			return nil, err
+		}
+		return dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 128, MaxRecvWR: 128, MaxSGE: 4})
+	})
+	t.Logf("heap per idle QP with its own CQ: %d bytes", per)
+	if per > 16<<10 {
+		t.Errorf("an idle QP with its own CQ of depth 1024 costs %d bytes of heap, want <= 16 KiB", per)
+	}
+}
+
+// idleQPHeap creates 2000 QPs with create on one device and returns the
+// heap growth per QP (what create allocated and kept). It skips under the
+// race detector, whose shadow memory skews heap sizes.
+func idleQPHeap(t *testing.T, create func(*Device, *memreg.PD) (*QP, error)) int64 {
+	t.Helper()
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory skews heap sizes")
 	}
@@ -126,20 +128,13 @@ func TestIdleQPWithOwnCQMemory(t *testing.T) {
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	for i := range qps {
-		cq, err := dev.CreateCQ(1024)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if qps[i], err = dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 128, MaxRecvWR: 128, MaxSGE: 4}); err != nil {
+		var err error
+		if qps[i], err = create(dev, pd); err != nil {
 			t.Fatal(err)
 		}
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&m1)
-	per := int64(m1.HeapAlloc-m0.HeapAlloc) / N
-	t.Logf("heap per idle QP with its own CQ: %d bytes", per)
-	if per > 16<<10 {
-		t.Errorf("an idle QP with its own CQ of depth 1024 costs %d bytes of heap, want <= 16 KiB", per)
-	}
 	runtime.KeepAlive(qps)
+	return int64(m1.HeapAlloc-m0.HeapAlloc) / N
 }
