@@ -569,8 +569,11 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int, gso bool) (benchR
 		// Whole messages, repeated until a batch of GSO datagrams is
 		// full, grouped as the stack's link groups them: runs of equal
 		// size, the last of a run possibly shorter.
+		// The batch stays within the sender's window (at MTU 1024 a
+		// batch of 1,023 datagrams against a window of 512 never left).
 		var stream []int
-		for len(stream) < benchBatch*gsoSegs && len(stream)*mtu < benchBatch*gsoBytes/4 {
+		for len(stream) == 0 || len(stream) < benchBatch*gsoSegs && len(stream)*mtu < benchBatch*gsoBytes/4 &&
+			len(stream)+len(chunks) <= rawWindow(chunks[0]) {
 			stream = append(stream, chunks...)
 		}
 		total, seg, n := gsoGroups(stream)
@@ -634,7 +637,7 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int, gso bool) (benchR
 	start := time.Now()
 	deadline := start.Add(c.dur)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if sent-gone-rcvdPkts.Load()+batchSegs > window {
+		if out := sent - gone - rcvdPkts.Load(); out > 0 && out+batchSegs > window {
 			wait.Reset(2 * time.Millisecond)
 			select {
 			case <-credit:
