@@ -7,7 +7,6 @@ import (
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
-	"github.com/gorocev2/rocev2/udp"
 )
 
 // responder is the receive side of a QP: it checks and executes incoming
@@ -520,6 +519,18 @@ func (qp *QP) sendAtomicAck(psn bth.PSN, orig uint64) {
 // then cost one ACK per batch instead of one per message. NAKs are never
 // merged and always end a run.
 func (qp *QP) sendAck(syn aeth.Syndrome, psn bth.PSN) {
+	positive := syn.Type() == aeth.TypeACK
+	if positive && qp.ackSlot != 0 && qp.ackSlot == qp.nout {
+		// The queued ACK was built by this function for this QP: only its
+		// PSN, syndrome and MSN change.
+		b := qp.out[qp.nout-1].Buf
+		bth.BTH(b[:bth.Size]).SetPSN(psn)
+		a := aeth.AETH(b[bth.Size : bth.Size+aeth.Size])
+		a.SetSyndrome(syn)
+		a.SetMSN(qp.resp.msn)
+		inc(&qp.dev.ctr.AckDeferred)
+		return
+	}
 	f := &qp.resp.f
 	*f = packet.Fields{}
 	f.BTH.Opcode = bth.RCAck
@@ -528,15 +539,6 @@ func (qp *QP) sendAck(syn aeth.Syndrome, psn bth.PSN) {
 	f.BTH.PSN = psn
 	f.AETH.Syndrome = syn
 	f.AETH.MSN = qp.resp.msn
-	positive := syn.Type() == aeth.TypeACK
-	if positive && qp.ackSlot != 0 && qp.ackSlot == qp.nout {
-		i := qp.nout - 1
-		if n, err := packet.Build(qp.outBufs[i][:udp.MaxPacketSize], f); err == nil {
-			qp.out[i].Buf = qp.outBufs[i][:n]
-			inc(&qp.dev.ctr.AckDeferred)
-		}
-		return
-	}
 	buf := qp.outBuf()
 	if n, err := packet.Build(buf, f); err == nil {
 		qp.commit(n)
