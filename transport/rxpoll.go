@@ -96,23 +96,6 @@ type rxDriver struct {
 	deferred         atomic.Uint64 // Progress calls that kept ACKs back (tests)
 	heldLooks        atomic.Uint64 // park timer fires that found a waiter holding the link (tests)
 
-	// eager is set when waiters leaving the link must hand it back to
-	// the receive goroutine at once instead of leaving their lease
-	// (rxLeaseLeft) behind: packets arrived while the lease was left and
-	// lay unread until the receive goroutine's park timer — nominally
-	// rxLeaseMin, in practice up to a millisecond, Go's timers fire that
-	// late when the process is otherwise idle. That is an application
-	// that does not come back to Wait for what it expects next: it polls
-	// memory for an RDMA WRITE, or does other work while the peer's
-	// requests wait for their ACKs. A waiter that comes back and has to
-	// take the link from the receive goroutine before it received
-	// anything counts in wasted; eagerWasted in a row end eager mode (a
-	// ping-pong, which the lease serves best, is back in Wait first).
-	eager    atomic.Bool
-	loopGot  atomic.Bool   // the receive goroutine handled a batch since the last waiter handed it the link
-	wasted   int           // waiters that took the link back from a receive goroutine that had received nothing; under mu
-	eagerOn  atomic.Uint64 // times eager mode began (tests)
-	eagerOff atomic.Uint64 // times it ended (tests)
 	owner    atomic.Int32  // who holds mu: rxOwnerLoop, rxOwnerPoller, rxOwnerWaiter (0 when free)
 	sleepers atomic.Int32  // goroutines asleep in CQ.Wait (they need someone to receive)
 	waited   atomic.Uint64 // batches handled by waiters in a blocking Recv (tests)
@@ -143,14 +126,6 @@ const (
 // parked while a poller drives the link, wakes at most this often to look
 // whether the poller is still there.
 const rxLeaseMin = 200 * time.Microsecond
-
-// eagerQuick: a receive goroutine that took the link back from a left
-// lease and had a batch within this long found packets that had waited
-// for it (see rxDriver.eager). eagerWasted ends eager mode.
-const (
-	eagerQuick  = 50 * time.Microsecond
-	eagerWasted = 4
-)
 
 // initRx sets up the batch buffers and the polling mode of the link.
 // Called by NewDevice before the receive goroutine starts.
@@ -307,12 +282,10 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 	if rx.wl == nil || d.isClosed() || ctx.Err() != nil {
 		return false // the caller's select sees the end
 	}
-	reclaimed := false
 	if !rx.mu.TryLock() {
 		if rx.owner.Load() == rxOwnerWaiter {
 			return false
 		}
-		reclaimed = rx.owner.Load() == rxOwnerLoop
 		// The receive goroutine has the link: take it (it leaves its
 		// Recv and parks while the lease is held). Never block on mu:
 		// the lease can be cut short (a waiter leaving sets its own) and
@@ -342,17 +315,6 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 	}
 	rx.owner.Store(rxOwnerWaiter)
 	rx.batchAt = 0 // Progress's skip is for the call right after its own batch
-	if reclaimed && rx.eager.Load() {
-		// The link was handed back when the last waiter left: was that of
-		// use, or is this a ping-pong back in Wait before anything came?
-		if rx.loopGot.Load() {
-			rx.wasted = 0
-		} else if rx.wasted++; rx.wasted >= eagerWasted {
-			rx.wasted = 0
-			rx.eager.Store(false)
-			rx.eagerOff.Add(1)
-		}
-	}
 	if rx.deep.Load() {
 		// Waits are long (see rxDriver.deep): keep the receive goroutine
 		// asleep — stop the timer the last waiter to leave armed —
@@ -416,11 +378,8 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		}
 	}
 	// Keep the link for a moment: a ping-pong is back in Wait soon. If
-	// others sleep in Wait, or packets have been left lying while the
-	// lease was left (rxDriver.eager), the receive goroutine must take
-	// over now.
-	if rx.sleepers.Load() > 0 || rx.eager.Load() {
-		rx.loopGot.Store(false)
+	// others sleep in Wait, the receive goroutine must take over now.
+	if rx.sleepers.Load() > 0 {
 		rx.lease.Store(0)
 		select {
 		case rx.kick <- struct{}{}:
@@ -471,7 +430,6 @@ func (d *Device) recvLoop() {
 		return deepSleep()
 	}
 	busy := 0
-	fromLeft := false // this goroutine took the link from a left lease and has not received since
 	for {
 		if d.isClosed() {
 			return
@@ -504,7 +462,6 @@ func (d *Device) recvLoop() {
 				continue
 			}
 			rx.deep.Store(false)
-			fromLeft = true
 		} else if left := rx.leaseLeft(); left > 0 {
 			// A poller drives the link: stay out of its way until its
 			// lease lapses or it lets go.
@@ -557,14 +514,6 @@ func (d *Device) recvLoop() {
 			continue
 		}
 		backoff = time.Millisecond
-		if n > 0 {
-			rx.loopGot.Store(true)
-			if fromLeft && t1.Sub(t0) < eagerQuick && !rx.eager.Load() {
-				rx.eager.Store(true)
-				rx.eagerOn.Add(1)
-			}
-		}
-		fromLeft = false
 		d.inputBatch(&rx.p, pkts[:n])
 		// Wake the completion waiters first and let one run here and
 		// now: a goroutine readied by this one waits on this P, and when

@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
@@ -323,87 +321,5 @@ func TestWaiterHoldsLinkQuietly(t *testing.T) {
 	}
 	if wc[0].Status != WCSuccess || wc[0].ByteLen != 8 {
 		t.Fatalf("completion %+v", wc[0])
-	}
-}
-
-// TestEagerHandBack: an application that waits in CQ.Wait for one thing
-// and then polls memory for the peer's RDMA WRITE (ib_write_lat without
-// busy polling) leaves the link behind with its lease after each wait,
-// and the WRITE lay unread until the receive goroutine's park timer
-// (about a millisecond late). Once the receive goroutine finds packets
-// waiting when it takes the link back from a left lease, waiters hand the
-// link back at once (rxDriver.eager); a ping-pong, back in Wait before
-// anything arrives, turns that off again after eagerWasted waits.
-func TestEagerHandBack(t *testing.T) {
-	a, r := newLatSocketPair(t, &udp.SocketOptions{})
-	abuf, amr := a.buffer(t, 64, 0)
-	_, rrecv := r.buffer(t, 64, 0)
-	rbuf, rmr := mmapBuffer(t, r)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	wc := make([]WC, 1)
-	until := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); runtime.Gosched() {
-			if time.Now().After(deadline) {
-				t.Fatalf("no %s: %+v", what, r.dev.Counters())
-			}
-		}
-	}
-	exchange := func() {
-		t.Helper()
-		if err := r.qp.PostRecv(RecvWR{SGEs: sge(rrecv, 0, 8)}); err != nil {
-			t.Fatal(err)
-		}
-		if err := a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: sge(amr, 0, 8)}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.rcq.Wait(ctx, wc); err != nil || wc[0].Status != WCSuccess {
-			t.Fatalf("waiting for the SEND: %v %+v", err, wc[0])
-		}
-	}
-	for i := 1; i <= 4*eagerWasted; i++ {
-		exchange()
-		// r's waiter has left the link; the WRITE comes now, and r polls
-		// memory for it.
-		abuf[0] = byte(i)
-		if err := a.qp.PostSend(SendWR{Opcode: WRWrite, SGEs: sge(amr, 0, 1), RemoteAddr: rmr.IOVA() + 8, RKey: rmr.RKey()}); err != nil {
-			t.Fatal(err)
-		}
-		until("WRITE placed", func() bool { return atomic.LoadUint32((*uint32)(unsafe.Pointer(&rbuf[8])))&0xff == uint32(i) })
-	}
-	// It began once and stayed on: each waiter that took the link back
-	// found that the receive goroutine had received the WRITE.
-	if !r.dev.rx.eager.Load() || r.dev.rx.eagerOn.Load() != 1 || r.dev.rx.eagerOff.Load() != 0 {
-		t.Fatalf("WRITEs lay unread after the waiter left: eager hand-back %v, began %d times, ended %d times; want on, 1, 0",
-			r.dev.rx.eager.Load(), r.dev.rx.eagerOn.Load(), r.dev.rx.eagerOff.Load())
-	}
-	// A ping-pong: every waiter finds the receive goroutine in the link,
-	// which it took when the last waiter left, with nothing received.
-	off := r.dev.rx.eagerOff.Load()
-	for i := 0; i < 2*eagerWasted && r.dev.rx.eager.Load(); i++ {
-		until("hand-back to the receive goroutine", func() bool { return r.dev.rx.owner.Load() == rxOwnerLoop })
-		if err := r.qp.PostRecv(RecvWR{SGEs: sge(rrecv, 0, 8)}); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() {
-			w := make([]WC, 1)
-			_, err := r.rcq.Wait(ctx, w)
-			if err == nil && w[0].Status != WCSuccess {
-				err = fmt.Errorf("completion %+v", w[0])
-			}
-			done <- err
-		}()
-		until("waiter in the link", func() bool { return r.dev.rx.owner.Load() == rxOwnerWaiter })
-		if err := a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: sge(amr, 0, 8)}); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-done; err != nil {
-			t.Fatalf("waiting for the SEND: %v", err)
-		}
-	}
-	if r.dev.rx.eager.Load() || r.dev.rx.eagerOff.Load() != off+1 {
-		t.Fatalf("eager hand-back still on after a ping-pong of %d waits (ended %d times)", 2*eagerWasted, r.dev.rx.eagerOff.Load()-off)
 	}
 }
