@@ -323,3 +323,102 @@ func TestWaiterHoldsLinkQuietly(t *testing.T) {
 		t.Fatalf("completion %+v", wc[0])
 	}
 }
+
+// TestWaiterPingPongKeepsLink: in a ping-pong whose two sides wait in
+// CQ.Wait (no busy polling), the waiters receive every message
+// themselves — the receive goroutine, which looks now and then whether
+// they left, does not take the link in the middle of the exchange, and
+// its looks grow rarer while waiters keep coming (they touch no timer on
+// the way in or out) — and once the exchange ends it takes the link back
+// and handles what arrives on its own.
+func TestWaiterPingPongKeepsLink(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector slows round trips past the receive goroutine's look interval")
+	}
+	a, r := newLatSocketPair(t, &udp.SocketOptions{GSOAuto: true})
+	_, amr := a.buffer(t, 64, 0)
+	_, rmr := r.buffer(t, 64, 0)
+	for _, x := range []*side{a, r} {
+		mr := amr
+		if x == r {
+			mr = rmr
+		}
+		for range 16 {
+			if err := x.qp.PostRecv(RecvWR{SGEs: sge(mr, 8, 8)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const rounds = 3000
+	ctx := context.Background()
+	echo := make(chan error, 1)
+	go func() {
+		wc := make([]WC, 1)
+		for range rounds {
+			if _, err := r.rcq.Wait(ctx, wc); err != nil || wc[0].Status != WCSuccess {
+				echo <- fmt.Errorf("echo: %v %+v", err, wc[0])
+				return
+			}
+			if err := r.qp.PostRecv(RecvWR{SGEs: sge(rmr, 8, 8)}); err != nil {
+				echo <- err
+				return
+			}
+			if err := r.qp.PostSend(SendWR{Opcode: WRSend, SGEs: sge(rmr, 0, 8)}); err != nil {
+				echo <- err
+				return
+			}
+		}
+		echo <- nil
+	}()
+	before := [2]uint64{a.dev.rx.looped.Load(), r.dev.rx.looped.Load()}
+	looks := [2]uint64{a.dev.rx.looks.Load(), r.dev.rx.looks.Load()}
+	wc := make([]WC, 1)
+	t0 := time.Now()
+	for i := range rounds {
+		if err := a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: sge(amr, 0, 8)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.rcq.Wait(ctx, wc); err != nil || wc[0].Status != WCSuccess {
+			t.Fatalf("round %d: %v %+v", i, err, wc[0])
+		}
+		if err := a.qp.PostRecv(RecvWR{SGEs: sge(amr, 8, 8)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-echo; err != nil {
+		t.Fatal(err)
+	}
+	el := time.Since(t0)
+	for i, x := range []*side{a, r} {
+		looped := x.dev.rx.looped.Load() - before[i]
+		nlooks := x.dev.rx.looks.Load() - looks[i]
+		t.Logf("side %d: %d rounds in %v: the receive goroutine handled %d batches, looked %d times", i, rounds, el, looped, nlooks)
+		// A round trip that outlasts a whole look (a descheduled
+		// thread) lets it take the link now and then; a receive
+		// goroutine that took part in the exchange would handle about
+		// every message.
+		if looped > rounds/20 {
+			t.Errorf("side %d: the receive goroutine handled %d batches of a %d-round ping-pong between waiters", i, looped, rounds)
+		}
+		// While waiters keep coming the interval grows to rxLookMax
+		// (looking every rxLeaseMin would be 8 times as many).
+		if most := 2*uint64(el/rxLookMax) + 8; nlooks > most {
+			t.Errorf("side %d: %d looks in %v, want at most %d", i, nlooks, el, most)
+		}
+	}
+	// Nobody waits now: the receive goroutine takes the link back and
+	// handles the SEND on its own, the look interval having grown.
+	if err := a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: sge(amr, 0, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.rcq.Poll(wc) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the SEND after the ping-pong was not handled: %+v", r.dev.Counters())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if wc[0].Status != WCSuccess {
+		t.Fatalf("completion %+v", wc[0])
+	}
+}
