@@ -59,18 +59,17 @@ type rxDriver struct {
 	lease atomic.Int64  // a poller drives the link until then (0: none)
 	kick  chan struct{} // wakes the receive goroutine when the lease ends early
 	// park is the receive goroutine's sleep timer. While waiters hold
-	// the link (rxLeaseHeld, rxLeaseLeft) it runs for rxLeaseMin at a
-	// time and is armed by the receive goroutine itself, not by the
-	// waiters: a waiter coming in only counts itself in entries, and a
-	// fire that finds entries moved since the receive goroutine went to
-	// sleep sends it back to sleep for another rxLeaseMin (see
-	// rxLeaseLeft).
+	// the link (rxLeaseHeld, rxLeaseLeft) the receive goroutine arms it
+	// itself for each look (see rxLeaseLeft); waiters coming in only
+	// count themselves in entries.
 	park *time.Timer
 	// entries counts waiters coming in to drive the link (waitRecv).
-	// Pushing park out on every entry instead cost a ping-pong a timer
-	// update per message and, worse, kept a timer due within rxLeaseMin
-	// at all times: BenchmarkLatency8B SEND blocking 1.41-1.48x raw UDP
-	// with it, 1.25-1.33x without (3 alternating runs).
+	// Pushing park out on every entry instead (as this once did) cost a
+	// ping-pong a timer update per message, which often woke the thread
+	// in the network poller or another one (the runtime's wakeNetPoller),
+	// and kept a timer due within rxLeaseMin at all times:
+	// BenchmarkLatency8B SEND blocking 1.33-1.42x raw UDP with it,
+	// 1.25-1.38x without (4 alternating runs).
 	entries atomic.Uint64
 	// deep is set while the receive goroutine sleeps without its timer:
 	// its timer fired while a waiter held the link (a waiter that waits
@@ -119,14 +118,14 @@ const (
 
 // rxLeaseHeld is the lease of a waiter in a blocking Recv: until it
 // leaves. rxLeaseLeft is the lease a waiter leaves behind: the link stays
-// with waiters until a fire of the receive goroutine's park timer (every
-// rxLeaseMin while it sleeps) finds that no waiter came in since the
-// previous one — so a ping-pong, back in Wait well within rxLeaseMin,
-// keeps the receive goroutine asleep, while a waiter that does not come
-// back hands the link over at most 2 × rxLeaseMin after it last came in.
-// Neither reads the clock or touches a timer on the way in or out of
-// Wait, which lie between a message's arrival and the answer the
-// application sends.
+// with waiters until the receive goroutine's next look (its park timer)
+// finds the last one gone. Looks come every rxLeaseMin, and less often
+// (up to rxLookMax) while every look finds a waiter in Wait that came in
+// since the last one — a ping-pong between waiters, whose next waiter
+// takes the link back at once from a look that found it gone. Waiters
+// neither read the clock nor touch a timer on the way in or out of Wait,
+// which lie between a message's arrival and the answer the application
+// sends.
 const (
 	rxLeaseHeld = 1<<63 - 1
 	rxLeaseLeft = 1<<63 - 2
@@ -425,6 +424,38 @@ func (d *Device) recvFailed(err error) {
 	d.lastRecvErr.Store(&e)
 }
 
+// lookLeft is the receive goroutine's look at a link its last waiter
+// left since the previous look, with waiters having come in since: it
+// receives and handles what is waiting, without blocking, and leaves the
+// link to the waiters (a ping-pong's next waiter is back any moment; an
+// application that stopped waiting is found out at the next look, which
+// finds no waiter came in). It reports whether it handled a batch.
+func (d *Device) lookLeft() bool {
+	rx := &d.rx
+	if !rx.mu.TryLock() {
+		return false // a waiter is back
+	}
+	rx.owner.Store(rxOwnerLoop)
+	defer rx.unlock()
+	pkts := rx.pkts
+	for i := range pkts {
+		pkts[i].Buf = rx.bufs[i]
+	}
+	n, err := rx.wl.TryRecv(pkts)
+	if err != nil || n == 0 {
+		if err != nil && !errors.Is(err, net.ErrClosed) && !d.isClosed() {
+			d.recvFailed(err)
+		}
+		return false
+	}
+	rx.looped.Add(1)
+	rx.batchAt = 0
+	d.inputBatch(&rx.p, pkts[:n])
+	d.wakePending()
+	d.flushPending()
+	return true
+}
+
 // recvLoop is the device's receive goroutine.
 func (d *Device) recvLoop() {
 	defer close(d.done)
@@ -452,9 +483,9 @@ func (d *Device) recvLoop() {
 			return
 		}
 		if l := rx.lease.Load(); l == rxLeaseHeld || l == rxLeaseLeft {
-			// Waiters drive the link. Look every rxLeaseMin: take the
-			// link when no waiter came in since the last look and the
-			// last one has left; sleep on while they keep coming.
+			// Waiters drive the link. Look now and then (every
+			// rxLeaseMin, less often while waiters keep coming): take
+			// the link when the last one has left.
 			seen := rx.entries.Load()
 			var fired bool
 			if rx.deep.Load() {
@@ -468,18 +499,35 @@ func (d *Device) recvLoop() {
 				continue
 			}
 			rx.looks.Add(1)
-			if rx.entries.Load() != seen {
-				// In use: look again later, and less often while
-				// waiters keep coming (each look is a timer expiry and
-				// a wake-up on some thread, in the middle of their
-				// exchange).
-				look = min(2*look, rxLookMax)
+			if rx.lease.Load() == rxLeaseLeft && rx.entries.Load() != seen {
+				// Waiters came and went since the last look: the last
+				// one may be back any moment (a ping-pong), or gone to
+				// poll memory. Leave them the link, but handle what
+				// waits to be received; look again soon if something
+				// did (an application that polls memory between its
+				// waits), later if not.
+				rx.deep.Store(false)
+				if d.lookLeft() {
+					look = rxLeaseMin
+				} else {
+					look = min(2*look, rxLookMax)
+				}
 				continue
 			}
-			look = rxLeaseMin
 			if !rx.lease.CompareAndSwap(rxLeaseLeft, 0) {
-				// A waiter holds the link, and has for rxLeaseMin at
-				// least: sleep until one leaves (rxDriver.deep).
+				if rx.entries.Load() != seen {
+					// Waiters keep coming: look again later, and
+					// less often while they do (each look is a
+					// timer expiry and a wake-up on some thread, in
+					// the middle of their exchange). Out of quiet
+					// mode: the next look needs the timer.
+					rx.deep.Store(false)
+					look = min(2*look, rxLookMax)
+					continue
+				}
+				// A waiter holds the link, and has for a whole look:
+				// sleep until one leaves (rxDriver.deep).
+				look = rxLeaseMin
 				rx.heldLooks.Add(1)
 				rx.deep.Store(true)
 				if rx.lease.Load() != rxLeaseHeld {
@@ -487,6 +535,9 @@ func (d *Device) recvLoop() {
 				}
 				continue
 			}
+			// The last waiter left before the last look and none came
+			// since: take the link.
+			look = rxLeaseMin
 			rx.deep.Store(false)
 		} else if left := rx.leaseLeft(); left > 0 {
 			// A poller drives the link: stay out of its way until its

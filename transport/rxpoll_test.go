@@ -422,3 +422,39 @@ func TestWaiterPingPongKeepsLink(t *testing.T) {
 		t.Fatalf("completion %+v", wc[0])
 	}
 }
+
+// TestWaiterBackAfterQuietWait: a waiter that comes in right after a long
+// one left (the receive goroutine asleep without its timer, as in
+// TestWaiterHoldsLinkQuietly) and leaves again must not leave the link
+// with nobody: what arrives then is handled by the receive goroutine.
+// (rocev2d write-lat without busy polling waits for its send completion,
+// then polls memory for the peer's WRITE: it hung here once.)
+func TestWaiterBackAfterQuietWait(t *testing.T) {
+	a, r := newLatSocketPair(t, &udp.SocketOptions{})
+	_, amr := a.buffer(t, 64, 0)
+	_, rmr := r.buffer(t, 64, 0)
+	if err := r.qp.PostRecv(RecvWR{SGEs: sge(rmr, 0, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	wc := make([]WC, 1)
+	for i, d := range []time.Duration{20 * time.Millisecond, time.Millisecond} {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		if n, err := r.rcq.Wait(ctx, wc); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("wait %d on an idle CQ: %d %v", i, n, err)
+		}
+		cancel()
+	}
+	if err := a.qp.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: sge(amr, 0, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.rcq.Poll(wc) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the SEND after the waiters left was not handled: %+v", r.dev.Counters())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if wc[0].Status != WCSuccess || wc[0].ByteLen != 8 {
+		t.Fatalf("completion %+v", wc[0])
+	}
+}
