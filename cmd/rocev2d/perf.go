@@ -13,6 +13,7 @@ import (
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
 )
 
 // The perftest-compatible commands (write-bw, read-bw, send-bw, atomic-bw,
@@ -71,19 +72,34 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			return err
 		}
 	} else {
-		if conn, err = perfConnect(ctx, c); err != nil {
+		if c.bind.IsValid() && c.role() == oob.Server {
+			// A server with --bind opens its RoCEv2 socket before it
+			// waits for a client, as perftest sets up its device first:
+			// UDP 4791 taken on the address, or an address this host does
+			// not have, fails at once, and a client on the same address
+			// finds the port taken rather than taking it from the server.
+			local = c.bind
+			if s, err = newPerfSide(c, local); err != nil {
+				return err
+			}
+			defer s.close()
+			usr1.Add(local.String(), s.dev)
+		}
+		if conn, err = perfConnect(ctx, c, stdout); err != nil {
 			return err
 		}
-		if local, err = localAddr(c.bind, conn); err != nil {
-			conn.Close()
-			return err
+		if s == nil {
+			if local, err = localAddr(c.bind, conn); err != nil {
+				conn.Close()
+				return err
+			}
+			if s, err = newPerfSide(c, local); err != nil {
+				conn.Close()
+				return err
+			}
+			defer s.close()
+			usr1.Add(local.String(), s.dev)
 		}
-		if s, err = newPerfSide(c, local); err != nil {
-			conn.Close()
-			return err
-		}
-		defer s.close()
-		usr1.Add(local.String(), s.dev)
 	}
 	defer conn.Close()
 	if perfTweakLocal != nil {
@@ -122,9 +138,6 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	}
 	sess := newSession(conn, role)
 	sess.StepTimeout = 30 * time.Second
-	if role == oob.Server && !c.rdmaCM { // -R: printed once the listener is up
-		fmt.Fprintln(stdout, "\n************************************\n* Waiting for client to connect... *\n************************************")
-	}
 	hooks := oob.Hooks{
 		ConnectQPs: func(ctx context.Context, remotes []oob.PerfDest, neg oob.Params) error {
 			return s.connect(remotes, neg, stdout)
@@ -164,14 +177,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		}
 		var se *oob.StepError
 		if !c.rdmaCM && errors.As(err, &se) && se.Step == oob.PerfStepVersion && errors.Is(err, oob.ErrPeerClosed) {
-			// A rocev2d server with -R hangs up on TCP clients at once; a
-			// rocev2d client with -R connects only to see whether the
-			// server runs without it.
-			hint := "does the server run with -R? then add -R here too"
-			if role == oob.Server {
-				hint = "does the client run with -R? then add -R here too"
-			}
-			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, hint)
+			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, versionClosedHint(role, local, conn))
 		}
 		if c.test.IsBW() && errors.As(err, &se) && (se.Step == oob.PerfStepSync || se.Step == "report") && errors.Is(err, oob.ErrPeerClosed) {
 			// The peer gave up after the data phase: it says why. A side
@@ -214,6 +220,36 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, " wrote %d packets to %s\n", n, c.pcap)
 	}
 	return nil
+}
+
+// versionClosedHint says why a peer may hang up before it sends its
+// version, for a side of role whose RoCEv2 address is local. A peer that
+// cannot set up its own side (its RoCEv2 socket, say) hangs up there:
+// perftest and rocev2d without --bind open their RoCEv2 socket once the
+// out-of-band connection stands. So does a rocev2d client with -R that
+// looks for a server without it; a rocev2d server with -R answers TCP
+// clients with oob.RDMACMVersion instead, so a client is not told about
+// -R here.
+func versionClosedHint(role oob.Role, local netip.Addr, conn net.Conn) string {
+	var peer netip.Addr
+	if ap, err := netip.ParseAddrPort(conn.RemoteAddr().String()); err == nil {
+		peer = ap.Addr().Unmap()
+	}
+	if role == oob.Client {
+		hint := "the server hung up before the exchange: it could not set up its side, and its own output says why"
+		if peer == local {
+			hint += fmt.Sprintf("; this side runs RoCEv2 on %v, the server's address, and holds UDP port %d there, which a server "+
+				"running RoCEv2 on that address needs too: give each side its own address with --bind (on one host, e.g. 127.0.0.N)",
+				local, udp.Port)
+		}
+		return hint
+	}
+	hint := "the client hung up before the exchange: either it could not set up its side, which its own output explains"
+	if peer == local {
+		hint += fmt.Sprintf(" — it connected from %v, where this side holds UDP port %d, so it cannot run RoCEv2 there: "+
+			"give it another address with --bind (on one host, e.g. 127.0.0.N) —", local, udp.Port)
+	}
+	return hint + " or it runs with -R and looked for a server without it: then add -R here too"
 }
 
 // perfTweakLocal, if set (by tests), changes the QP data a side announces,

@@ -161,7 +161,7 @@ func (p *perfCM) connectComm(ctx context.Context, stdout io.Writer) (net.Conn, e
 		defer cancel(nil)
 		stop := refuseTCPClients(c.port, cancel)
 		defer stop()
-		fmt.Fprintln(stdout, "\n************************************\n* Waiting for client to connect... *\n************************************")
+		printWaiting(stdout)
 		r, err := p.ln.Next(ctx)
 		if err == nil {
 			p.comm, err = r.Accept(ctx, opts)

@@ -133,7 +133,7 @@ func TestPerfRDMACMMismatch(t *testing.T) {
 		if cli.code != exitFail || !strings.Contains(cli.errOut, "perftest mode mismatch") || !strings.Contains(cli.errOut, "the server runs without -R") {
 			t.Errorf("client exit %d:\n%s%s", cli.code, cli.out, cli.errOut)
 		}
-		if srv.code != exitFail || !strings.Contains(srv.errOut, "does the client run with -R?") {
+		if srv.code != exitFail || !strings.Contains(srv.errOut, "or it runs with -R and looked for a server without it: then add -R here too") {
 			t.Errorf("server exit %d:\n%s%s", srv.code, srv.out, srv.errOut)
 		}
 		if d := time.Since(start); d > 5*time.Second {

@@ -20,8 +20,9 @@ import (
 )
 
 // perfConnect opens the out-of-band TCP connection. The client retries
-// until connTimeout; the server accepts one client.
-func perfConnect(ctx context.Context, c *perfConfig) (net.Conn, error) {
+// until connTimeout; the server accepts one client, and prints perftest's
+// banner to stdout once it listens.
+func perfConnect(ctx context.Context, c *perfConfig, stdout io.Writer) (net.Conn, error) {
 	port := strconv.Itoa(c.port)
 	if c.server != "" {
 		addr := net.JoinHostPort(c.server, port)
@@ -57,7 +58,13 @@ func perfConnect(ctx context.Context, c *perfConfig) (net.Conn, error) {
 	}
 	return acceptOne(ctx, c.port, func(err error) error {
 		return fmt.Errorf("TCP port %d is in use (another server running?); pick another with -p: %w", c.port, err)
-	})
+	}, func() { printWaiting(stdout) })
+}
+
+// printWaiting prints the banner of a perftest server waiting for its
+// client.
+func printWaiting(w io.Writer) {
+	fmt.Fprintln(w, "\n************************************\n* Waiting for client to connect... *\n************************************")
 }
 
 // perfSide is one side of a perftest run: the endpoint, its memory and

@@ -257,14 +257,25 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 		// ibv_ud_pingpong's check, before it listens or connects.
 		return fmt.Errorf("requested size %d larger than port MTU (%d); -m sets the port MTU", c.size, c.mtu.Bytes())
 	}
+	var pc *ppContext
+	var err error
+	if ppEarlyInit(c) {
+		if pc, err = ppInit(c.bind, c); err != nil {
+			return err
+		}
+	}
 	conn, local, end, err := ppSession(ctx, c)
 	if err != nil {
+		if pc != nil {
+			pc.close()
+		}
 		return err
 	}
 	defer end()
-	pc, err := ppInit(local, c)
-	if err != nil {
-		return err
+	if pc == nil {
+		if pc, err = ppInit(local, c); err != nil {
+			return err
+		}
 	}
 	if c.verbose {
 		// Printed after close: the counters then include everything the
@@ -353,6 +364,14 @@ func ppDestString(d oob.PingpongDest) string {
 	return fmt.Sprintf("LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s", d.LID, d.QPN, d.PSN, netip.AddrFrom16(d.GID))
 }
 
+// ppEarlyInit reports whether a ping-pong sets up its endpoint before the
+// out-of-band connection: a server with --bind does, as the tools create
+// their context before they wait for a client, so that UDP 4791 taken on
+// the address, or an address this host does not have, fails at once and a
+// client on the same address finds the port taken rather than taking it.
+// Without --bind the address is the connection's local end.
+func ppEarlyInit(c *pingpongConfig) bool { return c.server == "" && c.bind.IsValid() }
+
 // ppSession opens a ping-pong's out-of-band connection (ppOOBConnect),
 // cut short when ctx ends, and finds the local RoCEv2 address it implies;
 // end closes it.
@@ -385,7 +404,7 @@ func ppOOBConnect(ctx context.Context, c *pingpongConfig) (net.Conn, error) {
 	}
 	return acceptOne(ctx, c.port, func(err error) error {
 		return fmt.Errorf("couldn't listen on TCP port %d: port in use: %w", c.port, err)
-	})
+	}, nil)
 }
 
 // ppInit creates the endpoint on local with one CQ, registers the buffer

@@ -108,14 +108,25 @@ func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 
 	if err := checkSRQPingpong(c); err != nil {
 		return err
 	}
+	var sc *srqContext
+	var err error
+	if ppEarlyInit(c) {
+		if sc, err = srqInit(c.bind, c); err != nil {
+			return err
+		}
+	}
 	conn, local, end, err := ppSession(ctx, c)
 	if err != nil {
+		if sc != nil {
+			sc.close()
+		}
 		return err
 	}
 	defer end()
-	sc, err := srqInit(local, c)
-	if err != nil {
-		return err
+	if sc == nil {
+		if sc, err = srqInit(local, c); err != nil {
+			return err
+		}
 	}
 	if c.verbose {
 		// Printed after close: the counters then include everything the
