@@ -164,9 +164,14 @@ func peerFamily(local, peer netip.Addr) error {
 		}
 		return "IPv6"
 	}
+	// The address --bind needs is of the peer's family.
+	example := "e.g. 192.0.2.1"
+	if !peer.Is4() {
+		example = "a link-local one with its zone, e.g. fe80::1%eth0"
+	}
 	return fmt.Errorf("the peer's GID %v is %s but the local RoCEv2 address %v is %s: give --bind an %s address of this host "+
-		"(a link-local one with its zone, e.g. fe80::1%%eth0), or have the peer use its %s GID index",
-		peer, fam(peer), local, fam(local), fam(peer), fam(local))
+		"(%s), or have the peer use its %s GID index",
+		peer, fam(peer), local, fam(local), fam(peer), example, fam(local))
 }
 
 // alloc maps n bytes (at least one page) of anonymous memory and registers

@@ -182,7 +182,7 @@ func acceptOne(ctx context.Context, port int, inUse func(err error) error, liste
 func peerFromGID(gid [16]byte, gidFlag string) (netip.Addr, error) {
 	peer := netip.AddrFrom16(gid).Unmap()
 	if !peer.IsValid() || peer.IsUnspecified() {
-		return netip.Addr{}, fmt.Errorf("remote GID %s is not a RoCEv2 address (is the peer using %s with its IPv4 GID index?)", netip.AddrFrom16(gid), gidFlag)
+		return netip.Addr{}, fmt.Errorf("remote GID %s is not a RoCEv2 address: have the peer pass %s the index of a GID that holds one of its IP addresses (IPv4 or IPv6)", netip.AddrFrom16(gid), gidFlag)
 	}
 	return peer, nil
 }
