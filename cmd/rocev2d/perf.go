@@ -136,6 +136,12 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	var watched *oobWatchConn
+	if !c.rdmaCM {
+		// Over TCP the connection is watched during the data phase.
+		watched = &oobWatchConn{Conn: conn}
+		conn = watched
+	}
 	sess := newSession(conn, role)
 	sess.StepTimeout = 30 * time.Second
 	hooks := oob.Hooks{
@@ -147,7 +153,16 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		},
 		Prepare: func(ctx context.Context, i int) error { return s.prepare(sizes[i]) },
 		Traffic: func(ctx context.Context, i int) (oob.Report, error) {
-			return s.traffic(ctx, i, sizes, role, stdout, stderr)
+			if watched == nil {
+				return s.traffic(ctx, i, sizes, role, stdout, stderr)
+			}
+			wctx, stop := watched.watch(ctx)
+			rep, err := s.traffic(wctx, i, sizes, role, stdout, stderr)
+			if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+				err = fmt.Errorf("%w (%v)", err, context.Cause(wctx))
+			}
+			stop()
+			return rep, err
 		},
 		Reported: func(local, remote oob.Report) error { return s.reported(local, remote, role, stdout) },
 	}
@@ -204,6 +219,9 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		fmt.Fprint(stdout, perfLine)
 	}
 	if c.check {
+		if err := s.checkClientRun(role, res, sizes); err != nil {
+			return fmt.Errorf("--check: %w", err)
+		}
 		if err := s.verify(role, sizes); err != nil {
 			return fmt.Errorf("--check: %w", err)
 		}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+// perfPeerGrace is how long a side's data phase may go on after the peer
+// has ended its own — it sent its next out-of-band message, or closed the
+// connection — before the side gives up (a variable so tests can shorten
+// it). The data phases of both sides end within moments of each other;
+// one that does not end (receives that never come, a write awaited at
+// the wrong place) waits for a peer that runs another -n, -s or -D, or
+// that failed.
+var perfPeerGrace = 5 * time.Second
+
+// oobWatchConn is the TCP connection of a perftest exchange, which can be
+// watched while the data phase runs and nothing is due on it: a byte from
+// the peer then says the peer has ended its data phase, an end of file
+// that the peer is gone. What the watch reads is handed to the exchange
+// before anything else.
+type oobWatchConn struct {
+	net.Conn
+	pending []byte // read by watch, not yet by Read
+}
+
+// Read reads what watch read first, then from the connection.
+func (c *oobWatchConn) Read(p []byte) (int, error) {
+	if len(c.pending) > 0 {
+		n := copy(p, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// watch returns a context derived from ctx for a data phase, which is
+// cancelled perfPeerGrace after the peer has ended its own, with the
+// reason as its cause; stop ends the watch and must be called before the
+// exchange reads again. No Read may run meanwhile.
+func (c *oobWatchConn) watch(ctx context.Context) (wctx context.Context, stop func()) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	read := make(chan struct{})
+	var mu sync.Mutex
+	var timer *time.Timer
+	stopped := false
+	go func() {
+		defer close(read)
+		var b [1]byte
+		n, err := c.Conn.Read(b[:])
+		if n > 0 {
+			c.pending = append(c.pending, b[:n]...)
+		}
+		var reason string
+		switch {
+		case n > 0:
+			reason = "the peer ended its data phase %v ago and waits for this side, which has not ended its own: " +
+				"do both sides run the same -n, -s and -D?"
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return // stopped
+		default:
+			reason = "the peer closed the out-of-band connection %v ago, before this side ended its data phase: " +
+				"it failed (its own output says why), or it ended a run with another -n or -s"
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			timer = time.AfterFunc(perfPeerGrace, func() { cancel(fmt.Errorf(reason, perfPeerGrace)) })
+		}
+	}()
+	return wctx, func() {
+		mu.Lock()
+		stopped = true
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		c.Conn.SetReadDeadline(aLongTimeAgo)
+		<-read
+		c.Conn.SetReadDeadline(time.Time{})
+		cancel(nil)
+	}
+}
+
+// aLongTimeAgo is a deadline in the past, which interrupts blocked I/O.
+var aLongTimeAgo = time.Unix(1, 0)
