@@ -211,6 +211,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	if c.bind, err = parseBind(bind); err != nil {
 		return nil, err
 	}
+	if c.rdmaCM && c.server == "" && !c.bind.IsValid() {
+		return nil, errCMServerBind
+	}
 	return c, nil
 }
 
