@@ -7,7 +7,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
@@ -153,15 +156,26 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		},
 		Prepare: func(ctx context.Context, i int) error { return s.prepare(sizes[i]) },
 		Traffic: func(ctx context.Context, i int) (oob.Report, error) {
-			if watched == nil {
-				return s.traffic(ctx, i, sizes, role, stdout, stderr)
+			// The data phase gives up on a peer that has ended its own
+			// (over TCP) or that posts no receives for SENDs.
+			wctx, stops := ctx, []func(){}
+			if watched != nil {
+				var stop func()
+				wctx, stop = watched.watch(wctx)
+				stops = append(stops, stop)
 			}
-			wctx, stop := watched.watch(ctx)
+			if c.test == oob.SendBW || c.test == oob.SendLat {
+				var stop func()
+				wctx, stop = watchRNR(wctx, s.dev, c.test)
+				stops = append(stops, stop)
+			}
 			rep, err := s.traffic(wctx, i, sizes, role, stdout, stderr)
 			if err != nil && ctx.Err() == nil && wctx.Err() != nil {
 				err = fmt.Errorf("%w (%v)", err, context.Cause(wctx))
 			}
-			stop()
+			for _, stop := range slices.Backward(stops) {
+				stop()
+			}
 			return rep, err
 		},
 		Reported: func(local, remote oob.Report) error { return s.reported(local, remote, role, stdout) },
@@ -191,13 +205,19 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			return fmt.Errorf("out-of-band exchange with %s: %w (%v)", conn.RemoteAddr(), err, context.Cause(ctx))
 		}
 		var se *oob.StepError
+		if s.peerTestNote != "" && (errors.Is(err, oob.ErrPeerClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+			// The peer hung up after the QP data that made it suspect.
+			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, s.peerTestNote)
+		}
 		if !c.rdmaCM && errors.As(err, &se) && se.Step == oob.PerfStepVersion && errors.Is(err, oob.ErrPeerClosed) {
 			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, versionClosedHint(role, local, conn))
 		}
-		if c.test.IsBW() && errors.As(err, &se) && (se.Step == oob.PerfStepSync || se.Step == "report") && errors.Is(err, oob.ErrPeerClosed) {
+		if c.test.IsBW() && errors.As(err, &se) && (se.Step == oob.PerfStepSync || strings.HasPrefix(se.Step, "report")) && errors.Is(err, oob.ErrPeerClosed) {
 			// The peer gave up after the data phase: it says why. A side
-			// with -b against one without ends this way too.
-			return fmt.Errorf("out-of-band exchange with %s: %w (the peer gave up and says why; one reason is a -b mismatch: both sides need -b, or neither)", conn.RemoteAddr(), err)
+			// with -b against one without ends this way too, and so may
+			// a peer running another test.
+			return fmt.Errorf("out-of-band exchange with %s: %w (the peer gave up and says why; a -b mismatch — both sides need -b, or neither — "+
+				"or another test on the peer ends this way too)", conn.RemoteAddr(), err)
 		}
 		return fmt.Errorf("out-of-band exchange with %s: %w", conn.RemoteAddr(), err)
 	}

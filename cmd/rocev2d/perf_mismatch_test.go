@@ -68,3 +68,40 @@ func TestPerfSizeMismatch(t *testing.T) {
 		})
 	}
 }
+
+// TestPerfTestMismatch: sides running different tests fail, both, with a
+// message that says so, as far as the exchange (which has no field for
+// the test) and the traffic tell: a WRITE or SEND side refuses a peer that
+// announces more than one outstanding READ, whose hang-up the READ side
+// explains; a SEND side whose peer posts no receives gives up on the RNR
+// NAKs; a receiving side whose peer has moved on gives up on that.
+func TestPerfTestMismatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two devices over loopback sockets")
+	}
+	defer func(g time.Duration) { perfPeerGrace = g }(perfPeerGrace)
+	perfPeerGrace = 500 * time.Millisecond
+	refuse := "test mismatch: the peer announces 16 outstanding READs/atomics (OUT 0x10)"
+	suspect := "the peer announced 1 outstanding READ, as perftest's WRITE and SEND tests do"
+	for _, tc := range []struct {
+		srvTest, cliTest string
+		srvWant, cliWant string
+	}{
+		{"write-bw", "read-bw", refuse + ", which perftest's READ and atomic tests do and its WRITE and SEND tests never", suspect + " (and its READ and atomic tests only with -o 1): does it run a WRITE or SEND test against this read-bw?"},
+		{"read-bw", "write-bw", suspect, refuse},
+		{"atomic-lat", "write-lat", suspect, refuse},
+		{"send-bw", "atomic-bw", refuse, suspect},
+		{"write-bw", "send-bw", "or another test on the peer ends this way too", "the peer has answered SENDs with RNR NAKs"},
+		{"send-bw", "write-bw", "do both sides run the same test with the same -n, -s and -D?", "or another test on the peer ends this way too"},
+	} {
+		t.Run(tc.srvTest+" "+tc.cliTest, func(t *testing.T) {
+			srv, cli := runPerfTests(t, mismatchSrv, mismatchCli, tc.srvTest, tc.cliTest, []string{"-n", "20", "--timeout", "20s"}, nil)
+			if srv.code != exitFail || !strings.Contains(srv.errOut, tc.srvWant) {
+				t.Errorf("server %s: exit %d, want %d and %q\n%s%s", tc.srvTest, srv.code, exitFail, tc.srvWant, srv.out, srv.errOut)
+			}
+			if cli.code != exitFail || !strings.Contains(cli.errOut, tc.cliWant) {
+				t.Errorf("client %s: exit %d, want %d and %q\n%s%s", tc.cliTest, cli.code, exitFail, tc.cliWant, cli.out, cli.errOut)
+			}
+		})
+	}
+}

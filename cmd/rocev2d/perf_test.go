@@ -40,8 +40,15 @@ func runPerfPairExtra(t *testing.T, test string, flags, cliExtra []string) (srv,
 // client on cliAddr.
 func runPerfPairAt(t *testing.T, srvAddr, cliAddr, test string, flags, cliExtra []string) (srv, cli perfOut) {
 	t.Helper()
+	return runPerfTests(t, srvAddr, cliAddr, test, test, flags, cliExtra)
+}
+
+// runPerfTests is runPerfPairAt with the server running srvTest and the
+// client cliTest.
+func runPerfTests(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, flags, cliExtra []string) (srv, cli perfOut) {
+	t.Helper()
 	for try := 0; ; try++ {
-		srv, cli = runPerfPairOnce(t, srvAddr, cliAddr, test, flags, cliExtra)
+		srv, cli = runPerfPairOnce(t, srvAddr, cliAddr, srvTest, cliTest, flags, cliExtra)
 		if try == 4 || !portBusy(srv.errOut+cli.errOut) {
 			return srv, cli
 		}
@@ -68,7 +75,7 @@ func runInRetry(t *testing.T, args ...string) (int, string, string) {
 	}
 }
 
-func runPerfPairOnce(t *testing.T, srvAddr, cliAddr, test string, flags, cliExtra []string) (srv, cli perfOut) {
+func runPerfPairOnce(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, flags, cliExtra []string) (srv, cli perfOut) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -78,11 +85,11 @@ func runPerfPairOnce(t *testing.T, srvAddr, cliAddr, test string, flags, cliExtr
 	go func() {
 		defer wg.Done()
 		var o, e bytes.Buffer
-		srv.code = run(ctx, append([]string{test, "-p", port, "--bind", srvAddr}, flags...), &o, &e)
+		srv.code = run(ctx, append([]string{srvTest, "-p", port, "--bind", srvAddr}, flags...), &o, &e)
 		srv.out, srv.errOut = o.String(), e.String()
 	}()
 	var o, e bytes.Buffer
-	cli.code = run(ctx, append(append(append([]string{test, "-p", port, "--bind", cliAddr}, flags...), cliExtra...), srvAddr), &o, &e)
+	cli.code = run(ctx, append(append(append([]string{cliTest, "-p", port, "--bind", cliAddr}, flags...), cliExtra...), srvAddr), &o, &e)
 	cli.out, cli.errOut = o.String(), e.String()
 	wg.Wait()
 	return srv, cli

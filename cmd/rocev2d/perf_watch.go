@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/gorocev2/rocev2/transport"
 )
 
 // perfPeerGrace is how long a side's data phase may go on after the peer
@@ -60,7 +62,7 @@ func (c *oobWatchConn) watch(ctx context.Context) (wctx context.Context, stop fu
 		switch {
 		case n > 0:
 			reason = "the peer ended its data phase %v ago and waits for this side, which has not ended its own: " +
-				"do both sides run the same -n, -s and -D?"
+				"do both sides run the same test with the same -n, -s and -D?"
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return // stopped
 		default:
@@ -83,6 +85,49 @@ func (c *oobWatchConn) watch(ctx context.Context) (wctx context.Context, stop fu
 		c.Conn.SetReadDeadline(aLongTimeAgo)
 		<-read
 		c.Conn.SetReadDeadline(time.Time{})
+		cancel(nil)
+	}
+}
+
+// watchRNR returns a context derived from ctx for the data phase of a
+// SEND test on dev, which is cancelled when the peer has answered SENDs
+// with RNR NAKs (no receive posted) and none has completed for
+// perfPeerGrace: a peer that runs a WRITE, READ or atomic test posts no
+// receives, and with rnr_retry 7 (infinite, as perftest's) the SENDs
+// would be retried for ever. stop ends the watch.
+func watchRNR(ctx context.Context, dev *transport.Device, test fmt.Stringer) (wctx context.Context, stop func()) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(perfPeerGrace / 5)
+		defer t.Stop()
+		c0, since := dev.Counters(), time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-wctx.Done():
+				return
+			case now := <-t.C:
+				c := dev.Counters()
+				if c.RDMASends != c0.RDMASends || c.RcvdRNRErr == c0.RcvdRNRErr {
+					c0, since = c, now // progress, or no RNR NAK: a new window
+					continue
+				}
+				if now.Sub(since) >= perfPeerGrace {
+					cancel(fmt.Errorf("for %v the peer has answered SENDs with RNR NAKs (%d), none completed: it posts no receives — "+
+						"does it run a WRITE, READ or atomic test against this %v? both sides need the same test",
+						perfPeerGrace, c.RcvdRNRErr-c0.RcvdRNRErr, test))
+					return
+				}
+			}
+		}
+	}()
+	return wctx, func() {
+		close(done)
+		<-exited
 		cancel(nil)
 	}
 }
