@@ -46,7 +46,8 @@ options:
   -g, --gid-idx=IDX      local GID index (accepted; the GID is the --bind address)
   -c, --chk              validate the received buffer like ibv_rc_pingpong -c
       --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
-                         of the out-of-band TCP connection's local end
+                         of the out-of-band TCP connection's local end; a server
+                         with --bind opens it before it waits for a client
       --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
   -v                     print the device counters (rxe's names) at the end; SIGUSR1
                          prints them while running
