@@ -161,7 +161,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			wctx, stops := ctx, []func(){}
 			if watched != nil {
 				var stop func()
-				wctx, stop = watched.watch(wctx)
+				wctx, stop = watched.watch(wctx, s.packets)
 				stops = append(stops, stop)
 			}
 			if c.test == oob.SendBW || c.test == oob.SendLat {

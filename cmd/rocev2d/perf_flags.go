@@ -73,9 +73,9 @@ options:
       --timeout=D         give up when the whole run takes longer (default 0 = no limit)
   -v                      print the device counters at the end (also on SIGUSR1)
 
-A side whose peer has ended its data phase (or closed the connection) while
-its own goes on gives up 5 s later; so does a SEND side whose SENDs meet only
-RNR NAKs for 5 s (the peer posts no receives). perftest's exchange names no
+A side whose peer has ended its data phase (or closed the connection) gives up
+once its own has moved no packet for 5 s; so does a SEND side whose SENDs meet
+only RNR NAKs for 5 s (the peer posts no receives). perftest's exchange names no
 test, but a WRITE or SEND side refuses a peer that announces more than one
 outstanding READ (perftest's READ and atomic tests do).
 `, t, tool, defSize, defIters, defTx) + socketUsage

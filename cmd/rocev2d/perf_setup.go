@@ -278,6 +278,13 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 	return nil
 }
 
+// packets counts the packets the side's device has sent and received, to
+// tell a data phase that still moves.
+func (s *perfSide) packets() uint64 {
+	c := s.dev.Counters()
+	return c.SentPkts + c.RcvdPkts
+}
+
 // checkPeerTest tells from the peer's QP data whether it runs another
 // kind of test, as far as perftest's exchange, which has no field for the
 // test, tells: perftest announces 1 outstanding READ (out_reads) in its

@@ -6,19 +6,18 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/gorocev2/rocev2/transport"
 )
 
-// perfPeerGrace is how long a side's data phase may go on after the peer
-// has ended its own — it sent its next out-of-band message, or closed the
-// connection — before the side gives up (a variable so tests can shorten
-// it). The data phases of both sides end within moments of each other;
-// one that does not end (receives that never come, a write awaited at
-// the wrong place) waits for a peer that runs another -n, -s or -D, or
-// that failed.
+// perfPeerGrace is how long a side's data phase may go on without a
+// packet sent or received once the peer has ended its own — it sent its
+// next out-of-band message, or closed the connection — before the side
+// gives up (a variable so tests can shorten it). A data phase that
+// neither moves nor ends (receives that never come, a write awaited at
+// the wrong place) waits for a peer that runs another test, -n, -s or -D,
+// or that failed.
 var perfPeerGrace = 5 * time.Second
 
 // oobWatchConn is the TCP connection of a perftest exchange, which can be
@@ -42,17 +41,16 @@ func (c *oobWatchConn) Read(p []byte) (int, error) {
 }
 
 // watch returns a context derived from ctx for a data phase, which is
-// cancelled perfPeerGrace after the peer has ended its own, with the
-// reason as its cause; stop ends the watch and must be called before the
-// exchange reads again. No Read may run meanwhile.
-func (c *oobWatchConn) watch(ctx context.Context) (wctx context.Context, stop func()) {
+// cancelled, with the reason as its cause, once the peer has ended its own
+// and moved (a count of this side's packets) has stood still for
+// perfPeerGrace. stop ends the watch and must be called before the
+// exchange reads again; no Read may run meanwhile.
+func (c *oobWatchConn) watch(ctx context.Context, moved func() uint64) (wctx context.Context, stop func()) {
 	wctx, cancel := context.WithCancelCause(ctx)
-	read := make(chan struct{})
-	var mu sync.Mutex
-	var timer *time.Timer
-	stopped := false
+	quit := make(chan struct{})
+	exited := make(chan struct{})
 	go func() {
-		defer close(read)
+		defer close(exited)
 		var b [1]byte
 		n, err := c.Conn.Read(b[:])
 		if n > 0 {
@@ -61,29 +59,37 @@ func (c *oobWatchConn) watch(ctx context.Context) (wctx context.Context, stop fu
 		var reason string
 		switch {
 		case n > 0:
-			reason = "the peer ended its data phase %v ago and waits for this side, which has not ended its own: " +
+			reason = "the peer ended its data phase and waits for this side, where nothing has moved for %v: " +
 				"do both sides run the same test with the same -n, -s and -D?"
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return // stopped
 		default:
-			reason = "the peer closed the out-of-band connection %v ago, before this side ended its data phase: " +
+			reason = "the peer closed the out-of-band connection, and nothing has moved on this side for %v since: " +
 				"it failed (its own output says why), or it ended a run with another -n or -s"
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped {
-			timer = time.AfterFunc(perfPeerGrace, func() { cancel(fmt.Errorf(reason, perfPeerGrace)) })
+		last := moved()
+		t := time.NewTicker(perfPeerGrace)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-wctx.Done():
+				return
+			case <-t.C:
+				if m := moved(); m != last {
+					last = m // still running: a slower direction of -b, say
+					continue
+				}
+				cancel(fmt.Errorf(reason, perfPeerGrace))
+				return
+			}
 		}
 	}()
 	return wctx, func() {
-		mu.Lock()
-		stopped = true
-		if timer != nil {
-			timer.Stop()
-		}
-		mu.Unlock()
+		close(quit)
 		c.Conn.SetReadDeadline(aLongTimeAgo)
-		<-read
+		<-exited
 		c.Conn.SetReadDeadline(time.Time{})
 		cancel(nil)
 	}
