@@ -184,7 +184,7 @@ type ccSummary struct {
 	Goodput     float64 // aggregate goodput over the run after the last flow started, bits/s
 	LastHalf    float64 // aggregate goodput over the last half, bits/s
 	Utilization float64 // LastHalf / Bottleneck
-	Jain        float64 // Jain's fairness index of the per-flow goodputs over the last half
+	Jain        float64 // Jain's fairness index of the per-flow goodputs over the last half; NaN when all are zero
 	Drops       uint64  // all drops
 	LateDrops   uint64  // drops in the last half
 	MeanQueue   float64 // time-averaged queue over the last half, bytes
@@ -245,7 +245,8 @@ func (r *ccRun) Summary() ccSummary {
 }
 
 // jain returns Jain's fairness index (Σx)²/(n·Σx²) of x: 1 when all are
-// equal, 1/n when one takes everything; 0 for no data.
+// equal, 1/n when one takes everything; NaN when it is undefined, for no
+// data or all zeros (no flow got anything: neither fair nor unfair).
 func jain(x []float64) float64 {
 	var sum, sq float64
 	for _, v := range x {
@@ -253,17 +254,26 @@ func jain(x []float64) float64 {
 		sq += v * v
 	}
 	if sq == 0 {
-		return 0
+		return math.NaN()
 	}
 	return sum * sum / (float64(len(x)) * sq)
+}
+
+// formatJain formats Jain's index with three decimals, "n/a" when it is
+// undefined.
+func formatJain(j float64) string {
+	if math.IsNaN(j) {
+		return "n/a"
+	}
+	return strconv.FormatFloat(j, 'f', 3, 64)
 }
 
 // format is the summary line rocev2d congestion prints for run r.
 func (s ccSummary) format(r *ccRun) string {
 	return fmt.Sprintf("last half: aggregate goodput %.3f Gb/s = %.1f %% of the %.3f Gb/s bottleneck, "+
-		"Jain fairness %.3f, drops %d, mean queue %.1f KB (Kmax %s); "+
+		"Jain fairness %s, drops %d, mean queue %.1f KB (Kmax %s); "+
 		"whole run: goodput %.3f Gb/s after the last start, drops %d, CE marks %d, CNPs sent %d, handled %d",
-		s.LastHalf/1e9, 100*s.Utilization, r.Bottleneck/1e9, s.Jain, s.LateDrops, s.MeanQueue/1e3, byteSize(r.Kmax),
+		s.LastHalf/1e9, 100*s.Utilization, r.Bottleneck/1e9, formatJain(s.Jain), s.LateDrops, s.MeanQueue/1e3, byteSize(r.Kmax),
 		s.Goodput/1e9, s.Drops, s.Marked, s.CNPSent, s.CNPHandled) + failedNote(len(r.Failed))
 }
 

@@ -156,6 +156,28 @@ func TestCongestionSummary(t *testing.T) {
 	}
 }
 
+// TestCongestionSummaryNoGoodput: Jain's index of flows that all got
+// nothing is undefined: "n/a", not 0.000 (which reads as unfair).
+func TestCongestionSummaryNoGoodput(t *testing.T) {
+	r := syntheticRun()
+	for i := range r.Samples {
+		r.Samples[i].Goodput = []float64{0, 0}
+	}
+	s := r.Summary()
+	if !math.IsNaN(s.Jain) {
+		t.Errorf("Jain %v, want NaN", s.Jain)
+	}
+	if line := s.format(r); !strings.Contains(line, "Jain fairness n/a, drops 0,") {
+		t.Errorf("summary %q lacks %q", line, "Jain fairness n/a")
+	}
+	// The whole command, whose flows get nothing through in 2 ms of a
+	// 2 ms one-way delay; its CSV holds the zeros.
+	code, out, errOut, rows, _ := congestionRun(t, "-n", "2", "--duration", "2ms", "--stagger", "0", "--interval", "1ms", "--delay", "2ms")
+	if code != exitOK || !strings.Contains(out, "Jain fairness n/a,") || len(rows) < 2 {
+		t.Errorf("exit %d, %d CSV rows; want %d, Jain n/a and samples\n%s%s", code, len(rows), exitOK, out, errOut)
+	}
+}
+
 func TestByteSize(t *testing.T) {
 	for n, want := range map[int]string{5 << 10: "5 KiB", 200 << 10: "200 KiB", 512 << 10: "512 KiB", 1 << 20: "1 MiB",
 		40000: "40.0 KB", 1500000: "1.5 MB", 0: "0 B", 999: "999 B", 1536 << 10: "1536 KiB"} {
@@ -173,10 +195,10 @@ func TestJain(t *testing.T) {
 		{[]float64{1, 1, 1, 1}, 1},
 		{[]float64{1, 0, 0, 0}, 0.25},
 		{[]float64{3, 1}, 16.0 / 20},
-		{[]float64{0, 0}, 0},
-		{nil, 0},
+		{[]float64{0, 0}, math.NaN()}, // undefined: nobody got anything
+		{nil, math.NaN()},
 	} {
-		if got := jain(tc.x); math.Abs(got-tc.want) > 1e-12 {
+		if got := jain(tc.x); math.IsNaN(got) != math.IsNaN(tc.want) || math.Abs(got-tc.want) > 1e-12 {
 			t.Errorf("jain(%v) = %v, want %v", tc.x, got, tc.want)
 		}
 	}

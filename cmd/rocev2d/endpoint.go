@@ -164,9 +164,14 @@ func peerFamily(local, peer netip.Addr) error {
 		}
 		return "IPv6"
 	}
+	// The address --bind needs is of the peer's family.
+	example := "e.g. 192.0.2.1"
+	if !peer.Is4() {
+		example = "a link-local one with its zone, e.g. fe80::1%eth0"
+	}
 	return fmt.Errorf("the peer's GID %v is %s but the local RoCEv2 address %v is %s: give --bind an %s address of this host "+
-		"(a link-local one with its zone, e.g. fe80::1%%eth0), or have the peer use its %s GID index",
-		peer, fam(peer), local, fam(local), fam(peer), fam(local))
+		"(%s), or have the peer use its %s GID index",
+		peer, fam(peer), local, fam(local), fam(peer), example, fam(local))
 }
 
 // alloc maps n bytes (at least one page) of anonymous memory and registers
@@ -215,6 +220,10 @@ func listenSocket(addr netip.Addr, opts udp.SocketOptions, advice string) (*udp.
 	switch {
 	case errors.Is(err, syscall.EADDRINUSE):
 		advice = "another program (a kernel rxe device, another rocev2d) holds the port; " + advice
+		if addr.Is4() && addr.IsLoopback() {
+			// Two sides on one host each need an address of their own.
+			advice += "; every 127.0.0.x address is this host's, so 127.0.0.N with another N will do"
+		}
 	case errors.Is(err, syscall.EADDRNOTAVAIL):
 		advice = "the address is not configured on this host; " + advice
 	}

@@ -59,11 +59,36 @@ func TestPeerFamily(t *testing.T) {
 	if peerFamily(v4, mapped) != nil || peerFamily(v6, netip.MustParseAddr("fe80::2")) != nil {
 		t.Error("same family refused")
 	}
-	err := peerFamily(v4, netip.MustParseAddr("fe80::2"))
-	if err == nil || !strings.Contains(err.Error(), "the peer's GID fe80::2 is IPv6 but the local RoCEv2 address 192.0.2.1 is IPv4: give --bind an IPv6 address") {
-		t.Errorf("IPv4 local, IPv6 peer: %v", err)
+	// --bind needs an address of the peer's family, and the example is one.
+	for _, tc := range []struct {
+		name        string
+		local, peer netip.Addr
+		want        []string
+		notWant     string
+	}{
+		{"IPv4 local, IPv6 peer", v4, netip.MustParseAddr("fe80::2"), []string{
+			"the peer's GID fe80::2 is IPv6 but the local RoCEv2 address 192.0.2.1 is IPv4: give --bind an IPv6 address of this host (a link-local one with its zone, e.g. fe80::1%eth0)",
+			"have the peer use its IPv4 GID index"}, "192.0.2.1)"},
+		{"IPv6 local, IPv4 peer", v6, mapped, []string{
+			"the peer's GID 192.0.2.2 is IPv4 but the local RoCEv2 address fe80::1%eth0 is IPv6: give --bind an IPv4 address of this host (e.g. 192.0.2.1)",
+			"have the peer use its IPv6 GID index"}, "fe80::1%eth0)"},
+	} {
+		err := peerFamily(tc.local, tc.peer)
+		if err == nil {
+			t.Errorf("%s: no error", tc.name)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %q lacks %q", tc.name, err, w)
+			}
+		}
+		if strings.Contains(err.Error(), tc.notWant) {
+			t.Errorf("%s: %q gives an example of the wrong family (%q)", tc.name, err, tc.notWant)
+		}
 	}
-	if err := peerFamily(v6, mapped); err == nil || !strings.Contains(err.Error(), "have the peer use its IPv6 GID index") {
-		t.Errorf("IPv6 local, IPv4 peer: %v", err)
+	// A GID without an address names the GID index flag.
+	if _, err := peerFromGID([16]byte{}, "-x"); err == nil || !strings.Contains(err.Error(), "have the peer pass -x the index of a GID that holds one of its IP addresses") {
+		t.Errorf("zero GID: %v", err)
 	}
 }

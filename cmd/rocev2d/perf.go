@@ -7,12 +7,16 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
 )
 
 // The perftest-compatible commands (write-bw, read-bw, send-bw, atomic-bw,
@@ -71,19 +75,34 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			return err
 		}
 	} else {
-		if conn, err = perfConnect(ctx, c); err != nil {
+		if c.bind.IsValid() && c.role() == oob.Server {
+			// A server with --bind opens its RoCEv2 socket before it
+			// waits for a client, as perftest sets up its device first:
+			// UDP 4791 taken on the address, or an address this host does
+			// not have, fails at once, and a client on the same address
+			// finds the port taken rather than taking it from the server.
+			local = c.bind
+			if s, err = newPerfSide(c, local); err != nil {
+				return err
+			}
+			defer s.close()
+			usr1.Add(local.String(), s.dev)
+		}
+		if conn, err = perfConnect(ctx, c, stdout); err != nil {
 			return err
 		}
-		if local, err = localAddr(c.bind, conn); err != nil {
-			conn.Close()
-			return err
+		if s == nil {
+			if local, err = localAddr(c.bind, conn); err != nil {
+				conn.Close()
+				return err
+			}
+			if s, err = newPerfSide(c, local); err != nil {
+				conn.Close()
+				return err
+			}
+			defer s.close()
+			usr1.Add(local.String(), s.dev)
 		}
-		if s, err = newPerfSide(c, local); err != nil {
-			conn.Close()
-			return err
-		}
-		defer s.close()
-		usr1.Add(local.String(), s.dev)
 	}
 	defer conn.Close()
 	if perfTweakLocal != nil {
@@ -120,11 +139,14 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	var watched *oobWatchConn
+	if !c.rdmaCM {
+		// Over TCP the connection is watched during the data phase.
+		watched = &oobWatchConn{Conn: conn}
+		conn = watched
+	}
 	sess := newSession(conn, role)
 	sess.StepTimeout = 30 * time.Second
-	if role == oob.Server && !c.rdmaCM { // -R: printed once the listener is up
-		fmt.Fprintln(stdout, "\n************************************\n* Waiting for client to connect... *\n************************************")
-	}
 	hooks := oob.Hooks{
 		ConnectQPs: func(ctx context.Context, remotes []oob.PerfDest, neg oob.Params) error {
 			return s.connect(remotes, neg, stdout)
@@ -134,7 +156,27 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		},
 		Prepare: func(ctx context.Context, i int) error { return s.prepare(sizes[i]) },
 		Traffic: func(ctx context.Context, i int) (oob.Report, error) {
-			return s.traffic(ctx, i, sizes, role, stdout, stderr)
+			// The data phase gives up on a peer that has ended its own
+			// (over TCP) or that posts no receives for SENDs.
+			wctx, stops := ctx, []func(){}
+			if watched != nil {
+				var stop func()
+				wctx, stop = watched.watch(wctx, s.packets)
+				stops = append(stops, stop)
+			}
+			if c.test == oob.SendBW || c.test == oob.SendLat {
+				var stop func()
+				wctx, stop = watchRNR(wctx, s.dev, c.test)
+				stops = append(stops, stop)
+			}
+			rep, err := s.traffic(wctx, i, sizes, role, stdout, stderr)
+			if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+				err = fmt.Errorf("%w (%v)", err, context.Cause(wctx))
+			}
+			for _, stop := range slices.Backward(stops) {
+				stop()
+			}
+			return rep, err
 		},
 		Reported: func(local, remote oob.Report) error { return s.reported(local, remote, role, stdout) },
 	}
@@ -163,20 +205,19 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			return fmt.Errorf("out-of-band exchange with %s: %w (%v)", conn.RemoteAddr(), err, context.Cause(ctx))
 		}
 		var se *oob.StepError
-		if !c.rdmaCM && errors.As(err, &se) && se.Step == oob.PerfStepVersion && errors.Is(err, oob.ErrPeerClosed) {
-			// A rocev2d server with -R hangs up on TCP clients at once; a
-			// rocev2d client with -R connects only to see whether the
-			// server runs without it.
-			hint := "does the server run with -R? then add -R here too"
-			if role == oob.Server {
-				hint = "does the client run with -R? then add -R here too"
-			}
-			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, hint)
+		if s.peerTestNote != "" && (errors.Is(err, oob.ErrPeerClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+			// The peer hung up after the QP data that made it suspect.
+			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, s.peerTestNote)
 		}
-		if c.test.IsBW() && errors.As(err, &se) && (se.Step == oob.PerfStepSync || se.Step == "report") && errors.Is(err, oob.ErrPeerClosed) {
+		if !c.rdmaCM && errors.As(err, &se) && se.Step == oob.PerfStepVersion && errors.Is(err, oob.ErrPeerClosed) {
+			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, versionClosedHint(role, local, conn))
+		}
+		if c.test.IsBW() && errors.As(err, &se) && (se.Step == oob.PerfStepSync || strings.HasPrefix(se.Step, "report")) && errors.Is(err, oob.ErrPeerClosed) {
 			// The peer gave up after the data phase: it says why. A side
-			// with -b against one without ends this way too.
-			return fmt.Errorf("out-of-band exchange with %s: %w (the peer gave up and says why; one reason is a -b mismatch: both sides need -b, or neither)", conn.RemoteAddr(), err)
+			// with -b against one without ends this way too, and so may
+			// a peer running another test.
+			return fmt.Errorf("out-of-band exchange with %s: %w (the peer gave up and says why; a -b mismatch — both sides need -b, or neither — "+
+				"or another test on the peer ends this way too)", conn.RemoteAddr(), err)
 		}
 		return fmt.Errorf("out-of-band exchange with %s: %w", conn.RemoteAddr(), err)
 	}
@@ -198,6 +239,9 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		fmt.Fprint(stdout, perfLine)
 	}
 	if c.check {
+		if err := s.checkClientRun(role, res, sizes); err != nil {
+			return fmt.Errorf("--check: %w", err)
+		}
 		if err := s.verify(role, sizes); err != nil {
 			return fmt.Errorf("--check: %w", err)
 		}
@@ -214,6 +258,36 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, " wrote %d packets to %s\n", n, c.pcap)
 	}
 	return nil
+}
+
+// versionClosedHint says why a peer may hang up before it sends its
+// version, for a side of role whose RoCEv2 address is local. A peer that
+// cannot set up its own side (its RoCEv2 socket, say) hangs up there:
+// perftest and rocev2d without --bind open their RoCEv2 socket once the
+// out-of-band connection stands. So does a rocev2d client with -R that
+// looks for a server without it; a rocev2d server with -R answers TCP
+// clients with oob.RDMACMVersion instead, so a client is not told about
+// -R here.
+func versionClosedHint(role oob.Role, local netip.Addr, conn net.Conn) string {
+	var peer netip.Addr
+	if ap, err := netip.ParseAddrPort(conn.RemoteAddr().String()); err == nil {
+		peer = ap.Addr().Unmap()
+	}
+	if role == oob.Client {
+		hint := "the server hung up before the exchange: it could not set up its side, and its own output says why"
+		if peer == local {
+			hint += fmt.Sprintf("; this side runs RoCEv2 on %v, the server's address, and holds UDP port %d there, which a server "+
+				"running RoCEv2 on that address needs too: give each side its own address with --bind (on one host, e.g. 127.0.0.N)",
+				local, udp.Port)
+		}
+		return hint
+	}
+	hint := "the client hung up before the exchange: either it could not set up its side, which its own output explains"
+	if peer == local {
+		hint += fmt.Sprintf(" — it connected from %v, where this side holds UDP port %d, so it cannot run RoCEv2 there: "+
+			"give it another address with --bind (on one host, e.g. 127.0.0.N) —", local, udp.Port)
+	}
+	return hint + " or it runs with -R and looked for a server without it: then add -R here too"
 }
 
 // perfTweakLocal, if set (by tests), changes the QP data a side announces,

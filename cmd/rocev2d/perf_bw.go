@@ -158,7 +158,7 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 				return wcError(wc, "receive")
 			}
 			if wc.ByteLen != uint32(size) {
-				return fmt.Errorf("receive %d: %d bytes, want %d", rcnt, wc.ByteLen, size)
+				return recvSizeError(rcnt+1, wc.ByteLen, size)
 			}
 			i := int(wc.WRID)
 			if i >= nq {

@@ -27,6 +27,25 @@ func checkPattern(b []byte, off int) error {
 	return nil
 }
 
+// checkClientRun compares, on the server of a test whose data it checks
+// but does not see arrive (write-bw, atomic-bw), the client's report with
+// this side's flags: messages of another size or another count put the
+// data elsewhere, and the check would name a byte instead of the cause.
+func (s *perfSide) checkClientRun(role oob.Role, res oob.Result, sizes []int) error {
+	c := s.c
+	if role != oob.Server || c.bidi || c.duration > 0 || !res.HasReport || (c.test != oob.WriteBW && c.test != oob.AtomicBW) {
+		return nil
+	}
+	r := res.RemoteReport
+	if size := sizes[len(sizes)-1]; r.Size != uint64(size) {
+		return fmt.Errorf("the client sent %d-byte messages, this side expects %d (-s differs? both sides need the same -s)", r.Size, size)
+	}
+	if iters := c.iters * len(s.qps); r.Iters != uint64(iters) {
+		return fmt.Errorf("the client ran %d iterations, this side expects %d (-n differs? both sides need the same -n)", r.Iters, iters)
+	}
+	return nil
+}
+
 // verify checks the data of a --check run on this side: each QP's
 // regions, which each hold what one QP alone would have moved.
 func (s *perfSide) verify(role oob.Role, sizes []int) error {

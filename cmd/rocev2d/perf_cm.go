@@ -68,6 +68,9 @@ type perfCM struct {
 	once  sync.Once
 }
 
+// errCMServerBind is the usage error of -R without --bind as a server.
+var errCMServerBind = errors.New("-R as a server needs --bind IP: the local address to accept rdma_cm connections and run RoCEv2 on")
+
 // cmLocalAddr is the address to run RoCEv2 on with -R: --bind, else (client)
 // the source address the kernel would use towards the server. A server
 // needs --bind: the rdma_cm listener and the RoCEv2 socket live on one
@@ -77,7 +80,7 @@ func cmLocalAddr(c *perfConfig) (netip.Addr, error) {
 		return c.bind, nil
 	}
 	if c.server == "" {
-		return netip.Addr{}, errors.New("-R as a server needs --bind IP: the local address to accept rdma_cm connections and run RoCEv2 on")
+		return netip.Addr{}, errCMServerBind // parsePerfFlags refuses it
 	}
 	peer, err := resolveServer(c.server)
 	if err != nil {
@@ -161,7 +164,7 @@ func (p *perfCM) connectComm(ctx context.Context, stdout io.Writer) (net.Conn, e
 		defer cancel(nil)
 		stop := refuseTCPClients(c.port, cancel)
 		defer stop()
-		fmt.Fprintln(stdout, "\n************************************\n* Waiting for client to connect... *\n************************************")
+		printWaiting(stdout)
 		r, err := p.ln.Next(ctx)
 		if err == nil {
 			p.comm, err = r.Accept(ctx, opts)

@@ -133,7 +133,7 @@ func TestPerfRDMACMMismatch(t *testing.T) {
 		if cli.code != exitFail || !strings.Contains(cli.errOut, "perftest mode mismatch") || !strings.Contains(cli.errOut, "the server runs without -R") {
 			t.Errorf("client exit %d:\n%s%s", cli.code, cli.out, cli.errOut)
 		}
-		if srv.code != exitFail || !strings.Contains(srv.errOut, "does the client run with -R?") {
+		if srv.code != exitFail || !strings.Contains(srv.errOut, "or it runs with -R and looked for a server without it: then add -R here too") {
 			t.Errorf("server exit %d:\n%s%s", srv.code, srv.out, srv.errOut)
 		}
 		if d := time.Since(start); d > 5*time.Second {
@@ -186,7 +186,7 @@ func TestPerfRDMACMMismatch(t *testing.T) {
 	})
 	t.Run("flags", func(t *testing.T) {
 		code, _, errOut := runIn(t, "write-bw", "-R")
-		if code != exitFail || !strings.Contains(errOut, "-R as a server needs --bind") {
+		if code != exitUsage || !strings.Contains(errOut, "-R as a server needs --bind") {
 			t.Errorf("-R server without --bind: exit %d: %s", code, errOut)
 		}
 		code, _, errOut = runIn(t, "send-bw", "-z", "127.0.0.2")

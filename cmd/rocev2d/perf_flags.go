@@ -64,13 +64,20 @@ options:
   -e, --events            sleep until packets arrive; without it the latency tests poll
                           their socket for up to 100 µs per wait (--busy-poll sets how
                           long), as perftest polls its CQ
-      --bind=IP           local IP for RoCEv2 (default: the local end of the TCP connection)
+      --bind=IP           local IP for RoCEv2 (default: the local end of the TCP connection);
+                          a server with --bind opens UDP 4791 there before it waits
       --pcap=FILE         write every RoCEv2 packet sent and received to FILE (pcap)
       --check             fill the source with a pattern and verify the data at the end
                           (both sides must be rocev2d with the same flags)
       --connect-timeout=D how long a client keeps trying to reach the server (default 10s)
       --timeout=D         give up when the whole run takes longer (default 0 = no limit)
   -v                      print the device counters at the end (also on SIGUSR1)
+
+A side whose peer has ended its data phase (or closed the connection) gives up
+once its own has moved no packet for 5 s; so does a SEND side whose SENDs meet
+only RNR NAKs for 5 s (the peer posts no receives). perftest's exchange names no
+test, but a WRITE or SEND side refuses a peer that announces more than one
+outstanding READ (perftest's READ and atomic tests do).
 `, t, tool, defSize, defIters, defTx) + socketUsage
 }
 
@@ -210,6 +217,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	}
 	if c.bind, err = parseBind(bind); err != nil {
 		return nil, err
+	}
+	if c.rdmaCM && c.server == "" && !c.bind.IsValid() {
+		return nil, errCMServerBind
 	}
 	return c, nil
 }

@@ -93,7 +93,10 @@ func (p *perfProgress) tick(n int) {
 // It never sleeps on a timer: Go's timers fire about a millisecond late
 // when the process is otherwise idle (a 1 µs time.Sleep here took ~400 µs,
 // and each one that met the peer's WRITE added that to the round trip).
-func pollByte(ctx context.Context, dev *transport.Device, mem []byte, off int, v byte) error {
+//
+// Every 65536 spins it also calls stalled, if not nil, and gives up with
+// its error.
+func pollByte(ctx context.Context, dev *transport.Device, mem []byte, off int, v byte, stalled func() error) error {
 	word := (*uint32)(unsafe.Pointer(&mem[off&^3]))
 	shift := uint(off&3) * 8
 	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
@@ -107,6 +110,11 @@ func pollByte(ctx context.Context, dev *transport.Device, mem []byte, off int, v
 			if spins&65535 == 65535 {
 				if err := ctx.Err(); err != nil {
 					return err
+				}
+				if stalled != nil {
+					if err := stalled(); err != nil {
+						return err
+					}
 				}
 			}
 			if dev.Progress() == 0 {
@@ -127,11 +135,24 @@ func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout
 	poll := s.half + size - 1
 	var wc [1]transport.WC
 	var scnt, rcnt int
+	// stalled looks for a write of another size once the peer's write
+	// rcnt is perfLatStall late (the time is taken from the first look).
+	stallN, stallSince := 0, time.Time{}
+	stalled := func() error {
+		if stallN != rcnt {
+			stallN, stallSince = rcnt, time.Now()
+			return nil
+		}
+		if time.Since(stallSince) < perfLatStall {
+			return nil
+		}
+		return s.writeLatOtherSize(size, rcnt, len(s.results) == 0)
+	}
 	for scnt < c.iters || rcnt < c.iters {
 		// The server writes first (perftest: the client polls first).
 		if rcnt < c.iters && !(scnt < 1 && role == oob.Server) {
 			rcnt++
-			if err := pollByte(ctx, s.dev, s.mem, poll, byte(rcnt)); err != nil {
+			if err := pollByte(ctx, s.dev, s.mem, poll, byte(rcnt), stalled); err != nil {
 				return fmt.Errorf("waiting for the peer's write %d: %w", rcnt, err)
 			}
 		}
@@ -147,6 +168,37 @@ func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout
 	}
 	s.latDone(stdout, size, ts, 2)
 	return nil
+}
+
+// perfLatStall is how long write-lat waits for the peer's write before it
+// looks for a write of another size in its buffer (a variable so tests can
+// shorten it).
+var perfLatStall = 2 * time.Second
+
+// writeLatOtherSize looks at the target of write-lat, which has waited
+// for the peer's write n of size bytes at its last byte, for the peer's
+// write ending elsewhere: the last non-zero byte of the target holding
+// the count n (the target starts zeroed, and the peer's writes all start
+// at its first byte). A write that ends before the last byte is only
+// taken for one at the first size (first): later sizes leave the ends of
+// the smaller ones behind. It returns nil when nothing says so.
+func (s *perfSide) writeLatOtherSize(size, n int, first bool) error {
+	target := s.dst(0)
+	end := len(target) - 1
+	for end >= 0 && target[end] == 0 {
+		end--
+	}
+	if end < 0 || end == size-1 || target[end] != byte(n) || end < size-1 && !first {
+		return nil
+	}
+	return fmt.Errorf("the peer's write %d ended at byte %d of this side's buffer instead of at byte %d: "+
+		"the peer writes %d-byte messages, this side %d (-s differs? both sides need the same -s)", n, end, size-1, end+1, size)
+}
+
+// recvSizeError is the error for receive n (from 1) of got bytes where
+// the run's messages have want.
+func recvSizeError(n int, got uint32, want int) error {
+	return fmt.Errorf("receive %d: the peer sent %d bytes, this side expects %d (-s differs? both sides need the same -s)", n, got, want)
 }
 
 // latSend is send-lat: the client sends, the server answers each message
@@ -167,7 +219,7 @@ func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout 
 			return wcError(wc, "receive")
 		}
 		if wc.ByteLen != uint32(size) {
-			return fmt.Errorf("receive %d: %d bytes, want %d", rcnt, wc.ByteLen, size)
+			return recvSizeError(rcnt+1, wc.ByteLen, size)
 		}
 		rcnt++
 		s.qps[0].posted--

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -20,8 +21,9 @@ import (
 )
 
 // perfConnect opens the out-of-band TCP connection. The client retries
-// until connTimeout; the server accepts one client.
-func perfConnect(ctx context.Context, c *perfConfig) (net.Conn, error) {
+// until connTimeout; the server accepts one client, and prints perftest's
+// banner to stdout once it listens.
+func perfConnect(ctx context.Context, c *perfConfig, stdout io.Writer) (net.Conn, error) {
 	port := strconv.Itoa(c.port)
 	if c.server != "" {
 		addr := net.JoinHostPort(c.server, port)
@@ -57,7 +59,13 @@ func perfConnect(ctx context.Context, c *perfConfig) (net.Conn, error) {
 	}
 	return acceptOne(ctx, c.port, func(err error) error {
 		return fmt.Errorf("TCP port %d is in use (another server running?); pick another with -p: %w", c.port, err)
-	})
+	}, func() { printWaiting(stdout) })
+}
+
+// printWaiting prints the banner of a perftest server waiting for its
+// client.
+func printWaiting(w io.Writer) {
+	fmt.Fprintln(w, "\n************************************\n* Waiting for client to connect... *\n************************************")
 }
 
 // perfSide is one side of a perftest run: the endpoint, its memory and
@@ -78,8 +86,11 @@ type perfSide struct {
 	capture *pcaptap.Writer
 	cm      *perfCM // -R: the rdma_cm connections
 	results []perfResult
-	srvRecv perfResult   // send-bw server's own measurement
-	lastWC  atomic.Int64 // -b send-bw: UnixNano of the last completion
+	srvRecv perfResult // send-bw server's own measurement
+	// peerTestNote, if not empty, suspects the peer of running another
+	// kind of test (checkPeerTest).
+	peerTestNote string
+	lastWC       atomic.Int64 // -b send-bw: UnixNano of the last completion
 }
 
 // perfQP is one QP of a perftest side (-q): its first PSN, its QP data and
@@ -223,6 +234,9 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 	for i, q := range s.qps {
 		q.remote = remotes[i]
 	}
+	if err := s.checkPeerTest(remotes); err != nil {
+		return err
+	}
 	if s.cm != nil {
 		if err := s.cm.checkRemote(remotes); err != nil {
 			return err
@@ -263,6 +277,43 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 	}
 	return nil
 }
+
+// packets counts the packets the side's device has sent and received, to
+// tell a data phase that still moves.
+func (s *perfSide) packets() uint64 {
+	c := s.dev.Counters()
+	return c.SentPkts + c.RcvdPkts
+}
+
+// checkPeerTest tells from the peer's QP data whether it runs another
+// kind of test, as far as perftest's exchange, which has no field for the
+// test, tells: perftest announces 1 outstanding READ (out_reads) in its
+// WRITE and SEND tests and the device's limit, or -o, in its READ and
+// atomic tests (rocev2d 16). A WRITE or SEND side refuses a peer that
+// announces more than 1. A READ or atomic side cannot refuse 1 (ib_read_bw
+// -o 1 announces it too); it notes the suspicion in peerTestNote, which
+// words the error if the peer then hangs up.
+func (s *perfSide) checkPeerTest(remotes []oob.PerfDest) error {
+	t := s.c.test
+	readSide := t == oob.ReadBW || t == oob.ReadLat || t == oob.AtomicBW || t == oob.AtomicLat
+	most := uint16(0)
+	for _, r := range remotes {
+		most = max(most, r.OutReads)
+	}
+	switch {
+	case !readSide && most > 1:
+		return fmt.Errorf("%w: the peer announces %d outstanding READs/atomics (OUT %#x), which perftest's READ and atomic tests do "+
+			"and its WRITE and SEND tests never (they announce 1): it runs a READ or atomic test against this %s; both sides need the same test",
+			errPeerTest, most, most, t)
+	case readSide && most == 1:
+		s.peerTestNote = fmt.Sprintf("the peer announced 1 outstanding READ, as perftest's WRITE and SEND tests do "+
+			"(and its READ and atomic tests only with -o 1): does it run a WRITE or SEND test against this %s? both sides need the same test", t)
+	}
+	return nil
+}
+
+// errPeerTest marks the peer running another kind of perftest test.
+var errPeerTest = errors.New("test mismatch")
 
 // prepare posts the receives a SEND test needs before the barrier.
 func (s *perfSide) prepare(size int) error {

@@ -33,8 +33,22 @@ func runPerfPair(t *testing.T, test string, flags ...string) (srv, cli perfOut) 
 // runPerfPairExtra is runPerfPair with extra flags for the client only.
 func runPerfPairExtra(t *testing.T, test string, flags, cliExtra []string) (srv, cli perfOut) {
 	t.Helper()
+	return runPerfPairAt(t, "127.0.0.2", "127.0.0.1", test, flags, cliExtra)
+}
+
+// runPerfPairAt is runPerfPairExtra with the server on srvAddr and the
+// client on cliAddr.
+func runPerfPairAt(t *testing.T, srvAddr, cliAddr, test string, flags, cliExtra []string) (srv, cli perfOut) {
+	t.Helper()
+	return runPerfTests(t, srvAddr, cliAddr, test, test, flags, cliExtra)
+}
+
+// runPerfTests is runPerfPairAt with the server running srvTest and the
+// client cliTest.
+func runPerfTests(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, flags, cliExtra []string) (srv, cli perfOut) {
+	t.Helper()
 	for try := 0; ; try++ {
-		srv, cli = runPerfPairOnce(t, test, flags, cliExtra)
+		srv, cli = runPerfPairOnce(t, srvAddr, cliAddr, srvTest, cliTest, flags, cliExtra)
 		if try == 4 || !portBusy(srv.errOut+cli.errOut) {
 			return srv, cli
 		}
@@ -61,7 +75,7 @@ func runInRetry(t *testing.T, args ...string) (int, string, string) {
 	}
 }
 
-func runPerfPairOnce(t *testing.T, test string, flags, cliExtra []string) (srv, cli perfOut) {
+func runPerfPairOnce(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, flags, cliExtra []string) (srv, cli perfOut) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -71,11 +85,11 @@ func runPerfPairOnce(t *testing.T, test string, flags, cliExtra []string) (srv, 
 	go func() {
 		defer wg.Done()
 		var o, e bytes.Buffer
-		srv.code = run(ctx, append([]string{test, "-p", port, "--bind", "127.0.0.2"}, flags...), &o, &e)
+		srv.code = run(ctx, append([]string{srvTest, "-p", port, "--bind", srvAddr}, flags...), &o, &e)
 		srv.out, srv.errOut = o.String(), e.String()
 	}()
 	var o, e bytes.Buffer
-	cli.code = run(ctx, append(append(append([]string{test, "-p", port, "--bind", "127.0.0.1"}, flags...), cliExtra...), "127.0.0.2"), &o, &e)
+	cli.code = run(ctx, append(append(append([]string{cliTest, "-p", port, "--bind", cliAddr}, flags...), cliExtra...), srvAddr), &o, &e)
 	cli.out, cli.errOut = o.String(), e.String()
 	wg.Wait()
 	return srv, cli

@@ -46,7 +46,8 @@ options:
   -g, --gid-idx=IDX      local GID index (accepted; the GID is the --bind address)
   -c, --chk              validate the received buffer like ibv_rc_pingpong -c
       --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
-                         of the out-of-band TCP connection's local end
+                         of the out-of-band TCP connection's local end; a server
+                         with --bind opens it before it waits for a client
       --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
   -v                     print the device counters (rxe's names) at the end; SIGUSR1
                          prints them while running
@@ -135,8 +136,9 @@ func parsePingpongFlags(args []string) (*pingpongConfig, error) {
 // parsePPFlags parses the flags of pingpong, uc-pingpong (the same as
 // ibv_uc_pingpong's), ud-pingpong (ibv_ud_pingpong's: message size 1024
 // by default, -o accepted) or srq-pingpong (ibv_srq_pingpong's: -q, -o
-// accepted; srqPingpong checks -q against -r before it starts, as the
-// tool does after parsing).
+// accepted). The tools' own checks after parsing (ud-pingpong's size
+// against the port MTU, srq-pingpong's -q against -r and 256) are made
+// here too: they are usage errors, exit status 2, though the tools exit 1.
 func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	c := &pingpongConfig{kind: kind}
 	var mtu int
@@ -201,6 +203,15 @@ func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	if c.bind, err = parseBind(bind); err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
+	if kind == ppUD && c.size > c.mtu.Bytes() {
+		// ibv_ud_pingpong's check, before it listens or connects.
+		return nil, fmt.Errorf("%w: -s %d: requested size larger than port MTU (%d); -m sets the port MTU", errUsage, c.size, c.mtu.Bytes())
+	}
+	if kind == ppSRQ {
+		if err := checkSRQPingpong(c); err != nil {
+			return nil, fmt.Errorf("%w: %w", errUsage, err)
+		}
+	}
 	return c, nil
 }
 
@@ -253,18 +264,25 @@ type ppContext struct {
 
 // pingpong runs one ping-pong as server (c.server empty) or client.
 func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
-	if c.kind == ppUD && c.size > c.mtu.Bytes() {
-		// ibv_ud_pingpong's check, before it listens or connects.
-		return fmt.Errorf("requested size %d larger than port MTU (%d); -m sets the port MTU", c.size, c.mtu.Bytes())
+	var pc *ppContext
+	var err error
+	if ppEarlyInit(c) {
+		if pc, err = ppInit(c.bind, c); err != nil {
+			return err
+		}
 	}
 	conn, local, end, err := ppSession(ctx, c)
 	if err != nil {
+		if pc != nil {
+			pc.close()
+		}
 		return err
 	}
 	defer end()
-	pc, err := ppInit(local, c)
-	if err != nil {
-		return err
+	if pc == nil {
+		if pc, err = ppInit(local, c); err != nil {
+			return err
+		}
 	}
 	if c.verbose {
 		// Printed after close: the counters then include everything the
@@ -353,6 +371,14 @@ func ppDestString(d oob.PingpongDest) string {
 	return fmt.Sprintf("LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s", d.LID, d.QPN, d.PSN, netip.AddrFrom16(d.GID))
 }
 
+// ppEarlyInit reports whether a ping-pong sets up its endpoint before the
+// out-of-band connection: a server with --bind does, as the tools create
+// their context before they wait for a client, so that UDP 4791 taken on
+// the address, or an address this host does not have, fails at once and a
+// client on the same address finds the port taken rather than taking it.
+// Without --bind the address is the connection's local end.
+func ppEarlyInit(c *pingpongConfig) bool { return c.server == "" && c.bind.IsValid() }
+
 // ppSession opens a ping-pong's out-of-band connection (ppOOBConnect),
 // cut short when ctx ends, and finds the local RoCEv2 address it implies;
 // end closes it.
@@ -385,7 +411,7 @@ func ppOOBConnect(ctx context.Context, c *pingpongConfig) (net.Conn, error) {
 	}
 	return acceptOne(ctx, c.port, func(err error) error {
 		return fmt.Errorf("couldn't listen on TCP port %d: port in use: %w", c.port, err)
-	})
+	}, nil)
 }
 
 // ppInit creates the endpoint on local with one CQ, registers the buffer

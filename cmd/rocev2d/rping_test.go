@@ -64,7 +64,8 @@ func TestRpingFlags(t *testing.T) {
 	}
 }
 
-// TestRpingUsage: rping's exit status 22 (EINVAL) and its messages.
+// TestRpingUsage: rping's messages for bad usage, and the usage exit
+// status of every rocev2d command (rping's is 22, EINVAL).
 func TestRpingUsage(t *testing.T) {
 	for _, tc := range []struct {
 		args            []string
@@ -77,8 +78,8 @@ func TestRpingUsage(t *testing.T) {
 	} {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), append([]string{"rping"}, tc.args...), &out, &errb)
-		if code != rpingExitUsage || !strings.Contains(errb.String(), tc.stderr) || !strings.Contains(out.String(), tc.stdout) || (tc.noStdout && out.Len() > 0) {
-			t.Errorf("rping %q: exit %d, stdout %q, stderr %q; want exit 22, %q on stderr, %q on stdout", tc.args, code, out.String(), errb.String(), tc.stderr, tc.stdout)
+		if code != exitUsage || !strings.Contains(errb.String(), tc.stderr) || !strings.Contains(out.String(), tc.stdout) || (tc.noStdout && out.Len() > 0) {
+			t.Errorf("rping %q: exit %d, stdout %q, stderr %q; want exit %d, %q on stderr, %q on stdout", tc.args, code, out.String(), errb.String(), exitUsage, tc.stderr, tc.stdout)
 		}
 	}
 	var out, errb bytes.Buffer

@@ -37,7 +37,9 @@ and one table row says:
   ratio       N QPs against 1 QP: the median over --rounds pairs of
               alternating chunks (one QP, then N QPs, --chunk WRITEs
               each), so that load from elsewhere spoils a pair, not the
-              figure
+              figure; one pair before them warms up unmeasured. A median
+              of a few rounds (--rounds 1 or 2) is as noisy as a pair:
+              even 1 QP against itself may read 0.8 or 1.3
 
 Before the measurement every QP sends one 64-byte WRITE (its first
 traffic). The round-robin carries on from chunk to chunk, so every QP is
@@ -45,7 +47,8 @@ used when the chunks hold as many WRITEs as there are QPs.
 
 options:
   --qps=LIST      QP counts (default 1,10,100,1000,10000)
-  --rounds=N      alternating chunk pairs per QP count (default 16)
+  --rounds=N      alternating chunk pairs per QP count (default 16; fewer
+                  than 5 make a noisy ratio)
   --chunk=N       WRITEs per chunk (default 512)
   --size=BYTES    WRITE size (default 65536)
   --window=N      WRITEs in flight over all QPs (default 8)
@@ -131,7 +134,7 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return exitFail
 		}
 		fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), fmt.Sprintf("%.0f", row.bytesPerQP), strconv.Itoa(row.goroutines),
-			fmt.Sprintf("%.0f", row.setupRate), fmt.Sprintf("%.0f", row.mbs), fmt.Sprintf("%.0f", row.mbs1), fmt.Sprintf("%.2f", row.ratio))
+			fmt.Sprintf("%.0f", row.setupRate), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio))
 	}
 	return exitOK
 }
@@ -254,6 +257,15 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 	if _, err := w.run(ctx, n, n, min(64, c.size)); err != nil {
 		return res, fmt.Errorf("first WRITE on every QP: %w", err)
 	}
+	// One pair of chunks warms both sides up unmeasured: the first chunk
+	// of full-size WRITEs met cold buffers and pools and took up to twice
+	// as long, which a median of few rounds took for the ratio.
+	if _, err := w.run(ctx, 1, c.chunk, c.size); err != nil {
+		return res, fmt.Errorf("one QP, warming up: %w", err)
+	}
+	if _, err := w.run(ctx, n, c.chunk, c.size); err != nil {
+		return res, fmt.Errorf("%d QPs, warming up: %w", n, err)
+	}
 	var t1, tn time.Duration
 	ratios := make([]float64, 0, c.rounds)
 	for range c.rounds {
@@ -272,8 +284,7 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 	bytes := float64(c.rounds) * float64(c.chunk) * float64(c.size)
 	res.mbs = bytes / tn.Seconds() / 1e6
 	res.mbs1 = bytes / t1.Seconds() / 1e6
-	slices.Sort(ratios)
-	res.ratio = ratios[len(ratios)/2]
+	res.ratio = median(ratios)
 	if c.verbose {
 		a.dev.Close()
 		b.dev.Close()
@@ -281,6 +292,32 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 		printCounters(stdout, fmt.Sprintf("%v (%d QPs)", b.dev.Addr(), n), b.dev)
 	}
 	return res, nil
+}
+
+// median returns the median of x (not empty), the mean of the middle two
+// when there is an even number; it sorts x.
+func median(x []float64) float64 {
+	slices.Sort(x)
+	m := len(x) / 2
+	if len(x)%2 == 0 {
+		return (x[m-1] + x[m]) / 2
+	}
+	return x[m]
+}
+
+// formatMBs formats a goodput in MB/s with three significant digits at
+// most, and no fewer than two below 100 (a 1-byte WRITE moves well under
+// 1 MB/s, which %.0f printed as 0).
+func formatMBs(v float64) string {
+	switch {
+	case v >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	case v >= 1:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return strconv.FormatFloat(v, 'g', 2, 64)
 }
 
 // settledHeap returns the live heap after two collections: the second

@@ -97,3 +97,41 @@ func TestScaleFlags(t *testing.T) {
 		t.Errorf("help scale: exit %d\n%s", code, out)
 	}
 }
+
+// TestScaleSmall: tiny WRITEs still show their goodput (it printed as 0
+// with no decimals), and the ratio is a true median.
+func TestScaleSmall(t *testing.T) {
+	code, out, errOut := runIn(t, "scale", "--mem", "--qps", "1,2", "--rounds", "2", "--chunk", "64", "--size", "1")
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	rows := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 7 || f[0] == "QPs" {
+			continue
+		}
+		rows++
+		for _, i := range []int{4, 5} {
+			if v, err := strconv.ParseFloat(f[i], 64); err != nil || v <= 0 {
+				t.Errorf("column %d of %q: %q, want a positive goodput", i+1, line, f[i])
+			}
+		}
+	}
+	if rows != 2 {
+		t.Errorf("%d rows, want 2:\n%s", rows, out)
+	}
+	for _, tc := range []struct {
+		x    []float64
+		want float64
+	}{{[]float64{3}, 3}, {[]float64{1, 9}, 5}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := median(tc.x); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.x, got, tc.want)
+		}
+	}
+	for v, want := range map[float64]string{2748.4: "2748", 42.25: "42.2", 4.257: "4.26", 0.4249: "0.42", 0.00123: "0.0012", 0: "0"} {
+		if got := formatMBs(v); got != want {
+			t.Errorf("formatMBs(%v) = %q, want %q", v, got, want)
+		}
+	}
+}

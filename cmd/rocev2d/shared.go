@@ -150,8 +150,9 @@ func parseMTUFlag(mtu int) (transport.MTU, error) {
 
 // acceptOne listens on TCP port on every address and accepts one client
 // for an out-of-band exchange, giving up when ctx ends. inUse words the
-// error when the port is taken.
-func acceptOne(ctx context.Context, port int, inUse func(err error) error) (net.Conn, error) {
+// error when the port is taken; listening, if not nil, is called once the
+// port listens.
+func acceptOne(ctx context.Context, port int, inUse func(err error) error, listening func()) (net.Conn, error) {
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort("", strconv.Itoa(port)))
 	if err != nil {
@@ -161,6 +162,9 @@ func acceptOne(ctx context.Context, port int, inUse func(err error) error) (net.
 		return nil, fmt.Errorf("couldn't listen on TCP port %d: %w", port, err)
 	}
 	defer ln.Close()
+	if listening != nil {
+		listening()
+	}
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	conn, err := ln.Accept()
@@ -178,7 +182,7 @@ func acceptOne(ctx context.Context, port int, inUse func(err error) error) (net.
 func peerFromGID(gid [16]byte, gidFlag string) (netip.Addr, error) {
 	peer := netip.AddrFrom16(gid).Unmap()
 	if !peer.IsValid() || peer.IsUnspecified() {
-		return netip.Addr{}, fmt.Errorf("remote GID %s is not a RoCEv2 address (is the peer using %s with its IPv4 GID index?)", netip.AddrFrom16(gid), gidFlag)
+		return netip.Addr{}, fmt.Errorf("remote GID %s is not a RoCEv2 address: have the peer pass %s the index of a GID that holds one of its IP addresses (IPv4 or IPv6)", netip.AddrFrom16(gid), gidFlag)
 	}
 	return peer, nil
 }

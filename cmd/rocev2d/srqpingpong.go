@@ -61,7 +61,8 @@ options:
                          every byte (the tool, as server, the first of each page)
   -o, --odp              accepted and ignored
       --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
-                         of the out-of-band TCP connection's local end
+                         of the out-of-band TCP connection's local end; a server
+                         with --bind opens it before it waits for a client
       --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
   -v                     print the device counters (rxe's names) at the end; SIGUSR1
                          prints them while running
@@ -70,18 +71,20 @@ Output: one local address line per QP, after the exchange one remote address
 line per QP, then
   N bytes in S seconds = M Mbit/sec     (N = 2 × size × iters)
   N iters in S seconds = U usec/iter
-Exit status: 0 done; 1 failed, also for the tool's own refusals ("rx_depth R
-is too small for Q QPs", "num_qp Q must be less than 256"); 2 bad usage.
+Exit status: 0 done; 1 failed; 2 bad usage, also for the tool's own refusals
+("rx_depth R is too small for Q QPs", "num_qp Q must be less than 256"), on
+which ibv_srq_pingpong exits 1.
 `
 
 // checkSRQPingpong applies ibv_srq_pingpong's checks of -q, with its
-// messages (it exits 1 on them).
+// messages after the flags they are about (it exits 1 on them; rocev2d
+// takes them for bad usage).
 func checkSRQPingpong(c *pingpongConfig) error {
 	if c.numQP > c.rxDepth {
-		return fmt.Errorf("rx_depth %d is too small for %d QPs -- must have at least one receive per QP.", c.rxDepth, c.numQP)
+		return fmt.Errorf("-r %d, -q %d: rx_depth %d is too small for %d QPs -- must have at least one receive per QP.", c.rxDepth, c.numQP, c.rxDepth, c.numQP)
 	}
 	if c.numQP >= oob.SRQPingpongMaxQP {
-		return fmt.Errorf("num_qp %d must be less than %d", c.numQP, oob.SRQPingpongMaxQP)
+		return fmt.Errorf("-q %d: num_qp %d must be less than %d", c.numQP, c.numQP, oob.SRQPingpongMaxQP)
 	}
 	return nil
 }
@@ -105,17 +108,25 @@ type srqContext struct {
 
 // srqPingpong runs one SRQ ping-pong as server (c.server empty) or client.
 func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
-	if err := checkSRQPingpong(c); err != nil {
-		return err
+	var sc *srqContext
+	var err error
+	if ppEarlyInit(c) {
+		if sc, err = srqInit(c.bind, c); err != nil {
+			return err
+		}
 	}
 	conn, local, end, err := ppSession(ctx, c)
 	if err != nil {
+		if sc != nil {
+			sc.close()
+		}
 		return err
 	}
 	defer end()
-	sc, err := srqInit(local, c)
-	if err != nil {
-		return err
+	if sc == nil {
+		if sc, err = srqInit(local, c); err != nil {
+			return err
+		}
 	}
 	if c.verbose {
 		// Printed after close: the counters then include everything the

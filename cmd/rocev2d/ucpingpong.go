@@ -45,7 +45,8 @@ options:
                          it sends a zero GID, which rocev2d refuses
   -c, --chk              validate the received buffer like ibv_uc_pingpong -c
       --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
-                         of the out-of-band TCP connection's local end
+                         of the out-of-band TCP connection's local end; a server
+                         with --bind opens it before it waits for a client
       --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
   -v                     print the device counters (rxe's names) at the end; SIGUSR1
                          prints them while running

@@ -51,7 +51,8 @@ options:
                          (rocev2d also checks that the last GRH names the peer)
   -o, --odp              accepted and ignored
       --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
-                         of the out-of-band connection's local end
+                         of the out-of-band connection's local end; a server
+                         with --bind opens it before it waits for a client
       --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
   -v                     print the device counters (rxe's names) at the end; SIGUSR1
                          prints them while running
@@ -59,7 +60,8 @@ options:
 Output: the local and remote address lines, then
   N bytes in S seconds = M Mbit/sec
   N iters in S seconds = U usec/iter
-Exit status: 0 done, 1 failed (also: size larger than the port MTU), 2 bad usage.
+Exit status: 0 done, 1 failed, 2 bad usage (also: size larger than the port MTU,
+on which ibv_ud_pingpong exits 1).
 `
 
 func runUDPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -1,0 +1,134 @@
+//go:build unix
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
+)
+
+// bindStartAddr is an address from TEST-NET-1 that the servers below are
+// bound to: only bound, never sent to.
+const bindStartAddr = "192.0.2.77"
+
+// TestServerBindAtStart: a server given --bind opens its RoCEv2 socket
+// before it waits for a client, so an address this host does not have
+// fails at once, naming address and port, instead of after a client came.
+func TestServerBindAtStart(t *testing.T) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().String() == bindStartAddr {
+			t.Skipf("%s is configured on this host", bindStartAddr)
+		}
+	}
+	for _, cmd := range []string{"write-bw", "read-lat", "pingpong", "srq-pingpong", "ud-pingpong"} {
+		t.Run(cmd, func(t *testing.T) {
+			start := time.Now()
+			code, out, errOut := runIn(t, cmd, "--bind", bindStartAddr, "-p", strconv.Itoa(freeTCPPort(t)), "--timeout", "3s")
+			if el := time.Since(start); el > 2*time.Second {
+				t.Errorf("took %v: the server waited for a client", el)
+			}
+			if code != exitFail || !strings.Contains(errOut, bindStartAddr+":4791") || !strings.Contains(errOut, "not configured on this host") {
+				t.Errorf("exit %d, want %d naming %s:4791 as not configured\n%s%s", code, exitFail, bindStartAddr, out, errOut)
+			}
+		})
+	}
+}
+
+// TestServerBindClash: UDP 4791 taken on a server's --bind address fails
+// at once, pointing at another 127.0.0.x address; a client on the server's
+// address finds the port taken (the server holds it before it accepts) and
+// the server's message says so instead of blaming -R alone.
+func TestServerBindClash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses loopback sockets")
+	}
+	const addr = "127.0.0.83"
+	t.Run("taken before", func(t *testing.T) {
+		pc, err := net.ListenPacket("udp", addr+":4791")
+		if err != nil {
+			t.Skipf("cannot hold %s:4791 for the test: %v", addr, err)
+		}
+		defer pc.Close()
+		start := time.Now()
+		code, out, errOut := runIn(t, "write-bw", "--bind", addr, "-p", strconv.Itoa(freeTCPPort(t)), "--timeout", "3s")
+		if time.Since(start) > 2*time.Second || code != exitFail || !strings.Contains(errOut, addr+":4791") ||
+			!strings.Contains(errOut, "address already in use") || !strings.Contains(errOut, "127.0.0.N with another N") {
+			t.Errorf("exit %d after %v\n%s%s", code, time.Since(start), out, errOut)
+		}
+	})
+	t.Run("client on the server's address", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		port := strconv.Itoa(freeTCPPort(t))
+		var srv perfOut
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var o, e bytes.Buffer
+			srv.code = run(ctx, []string{"write-bw", "-p", port, "--bind", addr, "-n", "5"}, &o, &e)
+			srv.out, srv.errOut = o.String(), e.String()
+		}()
+		var o, e bytes.Buffer
+		code := run(ctx, []string{"write-bw", "-p", port, "--bind", addr, "-n", "5", addr}, &o, &e)
+		wg.Wait()
+		if code != exitFail || !strings.Contains(e.String(), "cannot open a RoCEv2 socket on "+addr+":4791") {
+			t.Errorf("client: exit %d\n%s%s", code, o.String(), e.String())
+		}
+		if srv.code != exitFail || !strings.Contains(srv.errOut, "it connected from "+addr+", where this side holds UDP port 4791") {
+			t.Errorf("server: exit %d\n%s%s", srv.code, srv.out, srv.errOut)
+		}
+	})
+}
+
+// fakeConn is a net.Conn with a given remote address.
+type fakeConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c fakeConn) RemoteAddr() net.Addr { return c.remote }
+
+// TestVersionClosedHint: what a side says when the peer hangs up before
+// the versions; a client is not told about -R (a rocev2d server with -R
+// answers TCP clients to say so), and the shared address is named.
+func TestVersionClosedHint(t *testing.T) {
+	local := netip.MustParseAddr("127.0.0.9")
+	conn := func(ip string) net.Conn {
+		return fakeConn{remote: &net.TCPAddr{IP: net.ParseIP(ip), Port: 18515}}
+	}
+	for _, tc := range []struct {
+		role     oob.Role
+		peer     string
+		want     []string
+		wantNone string
+	}{
+		{oob.Client, "127.0.0.10", []string{"the server hung up before the exchange"}, "-R"},
+		{oob.Client, "127.0.0.9", []string{"this side runs RoCEv2 on 127.0.0.9, the server's address", "--bind"}, "-R"},
+		{oob.Server, "127.0.0.10", []string{"could not set up its side", "add -R here too"}, "connected from"},
+		{oob.Server, "127.0.0.9", []string{"it connected from 127.0.0.9, where this side holds UDP port 4791", "add -R here too"}, ""},
+	} {
+		got := versionClosedHint(tc.role, local, conn(tc.peer))
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%v, peer %s: %q lacks %q", tc.role, tc.peer, got, w)
+			}
+		}
+		if tc.wantNone != "" && strings.Contains(got, tc.wantNone) {
+			t.Errorf("%v, peer %s: %q has %q", tc.role, tc.peer, got, tc.wantNone)
+		}
+	}
+}
