@@ -159,25 +159,7 @@ func newProtoPingPong(tb testing.TB) *protoPingPong {
 	la, lr := newMemLoop(aa, ra)
 	po := pairOpts{mtu: MTU4096, sqDepth: 256, rqDepth: 256, cqDepth: 1024, retry: 7, rnrRetry: 7, minRNR: 12}
 	po.defaults()
-	mk := func(l *memLoop) *side {
-		dev, err := NewDevice(l, DeviceConfig{})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { dev.Close() })
-		pd, err := dev.AllocPD()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		scq, _ := dev.CreateCQ(po.cqDepth)
-		rcq, _ := dev.CreateCQ(po.cqDepth)
-		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 256, MaxRecvWR: 256, MaxSGE: 1})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return &side{dev: dev, pd: pd, scq: scq, rcq: rcq, qp: qp}
-	}
-	a, r := mk(la), mk(lr)
+	a, r := newSideOn(tb, la, &po), newSideOn(tb, lr, &po)
 	connect(tb, a, r, ra, 0x10, 0x20, &po)
 	connect(tb, r, a, aa, 0x20, 0x10, &po)
 	_, amr := a.buffer(tb, 64, 0)

@@ -73,6 +73,13 @@ func newSide(t testing.TB, n *udp.MemNetwork, addr netip.Addr, o *pairOpts) *sid
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newSideOn(t, l, o)
+}
+
+// newSideOn is a device on link l with one RC QP (not connected) and its
+// two CQs, as o says; the device is closed when the test ends.
+func newSideOn(t testing.TB, l udp.Link, o *pairOpts) *side {
+	t.Helper()
 	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxPktsPerAck: o.perAck, Congestion: o.cc})
 	if err != nil {
 		t.Fatal(err)

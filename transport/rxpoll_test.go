@@ -309,19 +309,7 @@ func TestWaiterHoldsLinkQuietly(t *testing.T) {
 	}
 	// Nobody waits now: the receive goroutine must take the link back
 	// and handle the SEND on its own.
-	if err := a.qp.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: sge(amr, 0, 8)}); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for r.rcq.Poll(wc) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the SEND after the waiter left was not handled: %+v", r.dev.Counters())
-		}
-		time.Sleep(time.Millisecond)
-	}
-	if wc[0].Status != WCSuccess || wc[0].ByteLen != 8 {
-		t.Fatalf("completion %+v", wc[0])
-	}
+	sendHandledAlone(t, a, r, amr, "the waiter left")
 }
 
 // TestWaiterPingPongKeepsLink: in a ping-pong whose two sides wait in
@@ -408,19 +396,7 @@ func TestWaiterPingPongKeepsLink(t *testing.T) {
 	}
 	// Nobody waits now: the receive goroutine takes the link back and
 	// handles the SEND on its own, the look interval having grown.
-	if err := a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: sge(amr, 0, 8)}); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for r.rcq.Poll(wc) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the SEND after the ping-pong was not handled: %+v", r.dev.Counters())
-		}
-		time.Sleep(time.Millisecond)
-	}
-	if wc[0].Status != WCSuccess {
-		t.Fatalf("completion %+v", wc[0])
-	}
+	sendHandledAlone(t, a, r, amr, "the ping-pong")
 }
 
 // TestWaiterBackAfterQuietWait: a waiter that comes in right after a long
@@ -444,17 +420,26 @@ func TestWaiterBackAfterQuietWait(t *testing.T) {
 		}
 		cancel()
 	}
+	sendHandledAlone(t, a, r, amr, "the waiters left")
+}
+
+// sendHandledAlone sends an 8-byte SEND from a (out of amr) to r, with no
+// waiter and no poller on r: r's receive goroutine must take the link and
+// complete it into r's receive CQ. when says after what, for the failure.
+func sendHandledAlone(t *testing.T, a, r *side, amr *memreg.MR, when string) {
+	t.Helper()
 	if err := a.qp.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: sge(amr, 0, 8)}); err != nil {
 		t.Fatal(err)
 	}
+	wc := make([]WC, 1)
 	deadline := time.Now().Add(10 * time.Second)
 	for r.rcq.Poll(wc) == 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the SEND after the waiters left was not handled: %+v", r.dev.Counters())
+			t.Fatalf("the SEND after %s was not handled: %+v", when, r.dev.Counters())
 		}
 		time.Sleep(time.Millisecond)
 	}
 	if wc[0].Status != WCSuccess || wc[0].ByteLen != 8 {
-		t.Fatalf("completion %+v", wc[0])
+		t.Fatalf("completion after %s: %+v", when, wc[0])
 	}
 }

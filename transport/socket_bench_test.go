@@ -46,23 +46,7 @@ func newSocketPairAt(tb testing.TB, o *udp.SocketOptions, addrA, addrB netip.Add
 		if err != nil {
 			tb.Fatal(err)
 		}
-		dev, err := NewDevice(l, DeviceConfig{})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { dev.Close() })
-		pd, err := dev.AllocPD()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		scq, _ := dev.CreateCQ(po.cqDepth)
-		rcq, _ := dev.CreateCQ(po.cqDepth)
-		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: scq, RecvCQ: rcq,
-			MaxSendWR: po.sqDepth, MaxRecvWR: po.rqDepth, MaxSGE: 1})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return &side{dev: dev, pd: pd, scq: scq, rcq: rcq, qp: qp}
+		return newSideOn(tb, l, &po)
 	}
 	a, r = mk(addrA), mk(addrB)
 	connect(tb, a, r, addrB, 0x10, 0x20, &po)
