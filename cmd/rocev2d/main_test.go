@@ -58,44 +58,6 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// TestUsageExitStatus: bad usage exits 2 in every command, also where the
-// C tool a command mimics exits otherwise (udaddy, rdma_server and
-// ibv_srq_pingpong 1, rping 22), with a message that names the flag.
-// Every case is refused before any socket is opened.
-func TestUsageExitStatus(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"udaddy", "-S", "0"}, "-S 0: at least one byte"},
-		{[]string{"udaddy", "-S", "2000"}, "-S 2000: message_size is larger than active mtu 1024"},
-		{[]string{"udaddy", "-C", "0"}, "-C 0"},
-		{[]string{"udaddy"}, "the server needs -b addr or --bind=IP"},
-		{[]string{"rdma-server", "-p", "x"}, `-p "x"`},
-		{[]string{"rdma-client", "--bind", "nope"}, `--bind "nope"`},
-		{[]string{"rping", "-c", "-a", "x", "-S", "22"}, "-S: Invalid size 22"},
-		{[]string{"rping", "-c", "-a", "x", "-C", "-1"}, "-C: Invalid count -1"},
-		{[]string{"rping"}, "-s (server) or -c (client) is required"},
-		{[]string{"srq-pingpong", "-q", "256", "-r", "1000"}, "-q 256: num_qp 256 must be less than 256"},
-		{[]string{"srq-pingpong", "-q", "17", "-r", "16"}, "-r 16, -q 17: rx_depth 16 is too small"},
-		{[]string{"ud-pingpong", "-s", "2000"}, "-s 2000: requested size larger than port MTU (1024)"},
-		{[]string{"pingpong", "-s", "0"}, "-s 0"},
-		{[]string{"uc-pingpong", "-m", "3"}, "-m 3"},
-		{[]string{"write-bw", "-R"}, "-R as a server needs --bind IP"},
-		{[]string{"read-lat", "-q", "2"}, "-q 2"},
-		{[]string{"bench", "-t", "1ms"}, "-t 1ms"},
-		{[]string{"demo", "--timeout", "0"}, "--timeout 0s"},
-		{[]string{"scale", "--rounds", "0"}, "--rounds 0"},
-		{[]string{"congestion", "-n", "0"}, "-n 0"},
-		{[]string{"faults", "--mode", "x", "lo"}, `--mode "x"`},
-	} {
-		code, out, errOut := runIn(t, tc.args...)
-		if code != exitUsage || !strings.Contains(errOut, tc.want) {
-			t.Errorf("rocev2d %q: exit %d, want %d naming %q\n%s%s", tc.args, code, exitUsage, tc.want, out, errOut)
-		}
-	}
-}
-
 // readFrames reads a pcap's frames.
 func readFrames(t *testing.T, path string) [][]byte {
 	t.Helper()

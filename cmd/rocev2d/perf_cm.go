@@ -68,9 +68,6 @@ type perfCM struct {
 	once  sync.Once
 }
 
-// errCMServerBind is the usage error of -R without --bind as a server.
-var errCMServerBind = errors.New("-R as a server needs --bind IP: the local address to accept rdma_cm connections and run RoCEv2 on")
-
 // cmLocalAddr is the address to run RoCEv2 on with -R: --bind, else (client)
 // the source address the kernel would use towards the server. A server
 // needs --bind: the rdma_cm listener and the RoCEv2 socket live on one
@@ -80,7 +77,7 @@ func cmLocalAddr(c *perfConfig) (netip.Addr, error) {
 		return c.bind, nil
 	}
 	if c.server == "" {
-		return netip.Addr{}, errCMServerBind // parsePerfFlags refuses it
+		return netip.Addr{}, errors.New("-R as a server needs --bind IP: the local address to accept rdma_cm connections and run RoCEv2 on")
 	}
 	peer, err := resolveServer(c.server)
 	if err != nil {

@@ -136,9 +136,8 @@ func parsePingpongFlags(args []string) (*pingpongConfig, error) {
 // parsePPFlags parses the flags of pingpong, uc-pingpong (the same as
 // ibv_uc_pingpong's), ud-pingpong (ibv_ud_pingpong's: message size 1024
 // by default, -o accepted) or srq-pingpong (ibv_srq_pingpong's: -q, -o
-// accepted). The tools' own checks after parsing (ud-pingpong's size
-// against the port MTU, srq-pingpong's -q against -r and 256) are made
-// here too: they are usage errors, exit status 2, though the tools exit 1.
+// accepted; srqPingpong checks -q against -r before it starts, as the
+// tool does after parsing).
 func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	c := &pingpongConfig{kind: kind}
 	var mtu int
@@ -203,15 +202,6 @@ func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	if c.bind, err = parseBind(bind); err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	if kind == ppUD && c.size > c.mtu.Bytes() {
-		// ibv_ud_pingpong's check, before it listens or connects.
-		return nil, fmt.Errorf("%w: -s %d: requested size larger than port MTU (%d); -m sets the port MTU", errUsage, c.size, c.mtu.Bytes())
-	}
-	if kind == ppSRQ {
-		if err := checkSRQPingpong(c); err != nil {
-			return nil, fmt.Errorf("%w: %w", errUsage, err)
-		}
-	}
 	return c, nil
 }
 
@@ -264,6 +254,10 @@ type ppContext struct {
 
 // pingpong runs one ping-pong as server (c.server empty) or client.
 func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
+	if c.kind == ppUD && c.size > c.mtu.Bytes() {
+		// ibv_ud_pingpong's check, before it listens or connects.
+		return fmt.Errorf("requested size %d larger than port MTU (%d); -m sets the port MTU", c.size, c.mtu.Bytes())
+	}
 	var pc *ppContext
 	var err error
 	if ppEarlyInit(c) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -40,8 +41,7 @@ options:
 ` + socketUsage + `
 Output as rdma_server's: "rdma_server: start", "rdma_server: end RET" (RET 0,
 or -1 after a failure, whose perror-style line precedes it). Exit status: RET
-(0, 255 for -1); 2 for bad usage (rdma_server exits 1), as every rocev2d
-command.
+(0, 255 for -1), 1 for bad usage, as rdma_server.
 `
 
 const rdmaClientUsage = `usage: rocev2d rdma-client [-s server_address] [-p port_number]
@@ -61,8 +61,8 @@ options:
 ` + socketUsage + `
 Output as rdma_client's: "rdma_client: start", "rdma_client: end RET"; a
 refused connection prints "rdma_connect: Connection refused" (rdma_cm's
-ECONNREFUSED for a REJ) and ends with -1. Exit status: RET (0, 255 for -1); 2
-for bad usage (rdma_client exits 1), as every rocev2d command.
+ECONNREFUSED for a REJ) and ends with -1. Exit status: RET (0, 255 for -1), 1
+for bad usage, as rdma_client.
 `
 
 // rdmaExConfig holds the flags of rdma-server and rdma-client.
@@ -123,8 +123,14 @@ var rdmaExListening func(addr netip.AddrPort)
 
 func runRdmaEx(ctx context.Context, name, usage string, server bool, args []string, stdout, stderr io.Writer) int {
 	c, err := parseRdmaExFlags(name, server, args)
-	if code, done := flagsResult(name, usage, err, stdout, stderr); done {
-		return code
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	if err != nil {
+		// The real tools print their usage and exit 1.
+		fmt.Fprintf(stderr, "rocev2d %s: %v\n(see `rocev2d help %s`)\n", name, err, name)
+		return 1
 	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc

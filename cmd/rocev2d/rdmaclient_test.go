@@ -51,7 +51,7 @@ func TestRdmaServerClient(t *testing.T) {
 		t.Errorf("interrupted server: exit %d\n%s%s", s.code, s.out, s.errOut)
 	}
 	var out, errb lockedBuffer
-	if code := run(ctx, []string{"rdma-server", "-p", "x"}, &out, &errb); code != exitUsage {
+	if code := run(ctx, []string{"rdma-server", "-p", "x"}, &out, &errb); code != 1 {
 		t.Errorf("bad usage: exit %d %s", code, errb.String())
 	}
 }

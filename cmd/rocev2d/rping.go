@@ -59,21 +59,22 @@ options (getopt style: -vV, -C50 and -C 50 all work):
                  the end; SIGUSR1 prints the device's while running
 ` + socketUsage + `
 Output, stdout and stderr, as rping's. Exit status, as rping's: 0 done (also
-when the peer disconnected first), 255 failed: the
+when the peer disconnected first), 22 bad usage (EINVAL), 255 failed: the
 connection was refused or rejected ("cma event RDMA_CM_EVENT_REJECTED, error
 REASON"), the peer never answered (RDMA_CM_EVENT_UNREACHABLE, error -110), a
 completion failed, the data did not match (-V), or the run was interrupted
 (SIGINT, SIGTERM, --timeout: the current ping may finish, for up to 3 s, so
 that the DREQ does not race a message the peer has yet to take in — which
 makes the real rping fail — then rocev2d disconnects).
--P (persistent server) is not supported. Bad usage exits 2, as every rocev2d
-command (rping returns EINVAL, 22).
+-P (persistent server) is not supported.
 `
 
-// rpingExitFail is rping's exit status for every failure of the test:
-// main returns -1. (For bad usage it returns EINVAL, 22; rocev2d rping
-// exits exitUsage, as every rocev2d command.)
-const rpingExitFail = 255
+// rping's exit statuses: main returns its ret, EINVAL for bad usage and -1
+// for every failure of the test.
+const (
+	rpingExitUsage = 22  // EINVAL
+	rpingExitFail  = 255 // -1
+)
 
 // rpingInfo is struct rping_rdma_info: buf, rkey, size, big-endian.
 const rpingInfoSize = 16
@@ -219,9 +220,9 @@ func parseRpingFlags(args []string) (*rpingConfig, error) {
 		return nil, fmt.Errorf("%w: -P (persistent server) is not supported by rocev2d rping", errUsage)
 	case c.size < rpingMinSize || c.size > rpingBufSize-1:
 		// rping's own message.
-		return nil, fmt.Errorf("%w: -S: Invalid size %d (valid range is %d to %d)", errUsage, c.size, rpingMinSize, rpingBufSize)
+		return nil, fmt.Errorf("%w: Invalid size %d (valid range is %d to %d)", errUsage, c.size, rpingMinSize, rpingBufSize)
 	case c.count < 0:
-		return nil, fmt.Errorf("%w: -C: Invalid count %d", errUsage, c.count)
+		return nil, fmt.Errorf("%w: Invalid count %d", errUsage, c.count)
 	case c.port <= 0 || c.port > 65535:
 		return nil, fmt.Errorf("%w: -p %d: port out of range 1..65535", errUsage, c.port)
 	case c.timeout < 0:
@@ -287,7 +288,7 @@ func runRping(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if errors.Is(err, errRpingUsage) {
 			fmt.Fprint(stdout, rpingUsageText)
 		}
-		return exitUsage
+		return rpingExitUsage
 	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc

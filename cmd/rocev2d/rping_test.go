@@ -64,8 +64,7 @@ func TestRpingFlags(t *testing.T) {
 	}
 }
 
-// TestRpingUsage: rping's messages for bad usage, and the usage exit
-// status of every rocev2d command (rping's is 22, EINVAL).
+// TestRpingUsage: rping's exit status 22 (EINVAL) and its messages.
 func TestRpingUsage(t *testing.T) {
 	for _, tc := range []struct {
 		args            []string
@@ -78,8 +77,8 @@ func TestRpingUsage(t *testing.T) {
 	} {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), append([]string{"rping"}, tc.args...), &out, &errb)
-		if code != exitUsage || !strings.Contains(errb.String(), tc.stderr) || !strings.Contains(out.String(), tc.stdout) || (tc.noStdout && out.Len() > 0) {
-			t.Errorf("rping %q: exit %d, stdout %q, stderr %q; want exit %d, %q on stderr, %q on stdout", tc.args, code, out.String(), errb.String(), exitUsage, tc.stderr, tc.stdout)
+		if code != rpingExitUsage || !strings.Contains(errb.String(), tc.stderr) || !strings.Contains(out.String(), tc.stdout) || (tc.noStdout && out.Len() > 0) {
+			t.Errorf("rping %q: exit %d, stdout %q, stderr %q; want exit 22, %q on stderr, %q on stdout", tc.args, code, out.String(), errb.String(), tc.stderr, tc.stdout)
 		}
 	}
 	var out, errb bytes.Buffer

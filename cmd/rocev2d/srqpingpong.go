@@ -71,20 +71,18 @@ Output: one local address line per QP, after the exchange one remote address
 line per QP, then
   N bytes in S seconds = M Mbit/sec     (N = 2 × size × iters)
   N iters in S seconds = U usec/iter
-Exit status: 0 done; 1 failed; 2 bad usage, also for the tool's own refusals
-("rx_depth R is too small for Q QPs", "num_qp Q must be less than 256"), on
-which ibv_srq_pingpong exits 1.
+Exit status: 0 done; 1 failed, also for the tool's own refusals ("rx_depth R
+is too small for Q QPs", "num_qp Q must be less than 256"); 2 bad usage.
 `
 
 // checkSRQPingpong applies ibv_srq_pingpong's checks of -q, with its
-// messages after the flags they are about (it exits 1 on them; rocev2d
-// takes them for bad usage).
+// messages (it exits 1 on them).
 func checkSRQPingpong(c *pingpongConfig) error {
 	if c.numQP > c.rxDepth {
-		return fmt.Errorf("-r %d, -q %d: rx_depth %d is too small for %d QPs -- must have at least one receive per QP.", c.rxDepth, c.numQP, c.rxDepth, c.numQP)
+		return fmt.Errorf("rx_depth %d is too small for %d QPs -- must have at least one receive per QP.", c.rxDepth, c.numQP)
 	}
 	if c.numQP >= oob.SRQPingpongMaxQP {
-		return fmt.Errorf("-q %d: num_qp %d must be less than %d", c.numQP, c.numQP, oob.SRQPingpongMaxQP)
+		return fmt.Errorf("num_qp %d must be less than %d", c.numQP, oob.SRQPingpongMaxQP)
 	}
 	return nil
 }
@@ -108,6 +106,9 @@ type srqContext struct {
 
 // srqPingpong runs one SRQ ping-pong as server (c.server empty) or client.
 func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
+	if err := checkSRQPingpong(c); err != nil {
+		return err
+	}
 	var sc *srqContext
 	var err error
 	if ppEarlyInit(c) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -48,8 +49,7 @@ Output as udaddy's (its progress lines, "test complete", "return status N").
 Exit status: N as udaddy's main returns it: 0, the SIDR_REP status for a
 refused resolution ("udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1" when
 nothing serves the port), -110 (exit 146) when the server never answers, -1
-(255) for other failures; 2 for bad usage (udaddy exits 1), as every rocev2d
-command.
+(255) for other failures; 1 for bad usage.
 `
 
 // udaddyConfig holds the parsed flags of `rocev2d udaddy`.
@@ -98,10 +98,6 @@ func parseUdaddyFlags(args []string) (*udaddyConfig, error) {
 		return nil, fmt.Errorf("-C %d: at least one datagram (a rocev2d server cannot tell a resolution without data)", c.count)
 	case c.size < 1:
 		return nil, fmt.Errorf("-S %d: at least one byte", c.size)
-	case c.size > udaddyMTU.Bytes():
-		// udaddy finds this once its device is up: "message_size N is
-		// larger than active mtu M", and returns -EINVAL.
-		return nil, fmt.Errorf("-S %d: message_size is larger than active mtu %d", c.size, udaddyMTU.Bytes())
 	case c.port <= 0 || c.port > 65535:
 		return nil, fmt.Errorf("--port %d: out of range 1..65535", c.port)
 	case psName != "" && !strings.HasPrefix(strings.ToLower(psName), "udp"):
@@ -139,13 +135,15 @@ func parseUdaddyFlags(args []string) (*udaddyConfig, error) {
 // resolutions.
 var udaddyListening func(addr netip.AddrPort)
 
-// udaddyMTU is the port MTU of udaddy's device, the largest datagram.
-const udaddyMTU = transport.MTU1024
-
 func runUdaddy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseUdaddyFlags(args)
-	if code, done := flagsResult("udaddy", udaddyUsage, err, stdout, stderr); done {
-		return code
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, udaddyUsage)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d udaddy: %v\n(see `rocev2d help udaddy`)\n", err)
+		return 1
 	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
@@ -189,7 +187,12 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 	if err != nil {
 		return fail("%v", err)
 	}
-	mtu := udaddyMTU
+	mtu := transport.MTU1024
+	if c.size > mtu.Bytes() {
+		link.Close()
+		fmt.Fprintf(stdout, "udaddy: message_size %d is larger than active mtu %d\n", c.size, mtu.Bytes())
+		return -22 // -EINVAL
+	}
 	e, err := newEndpoint(link, endpointConfig{sendCQ: 2 * c.count, maxSendWR: c.count, maxRecvWR: c.count,
 		ud: true, qkey: rdmacm.UDPQKey, portMTU: mtu, cc: c.sock.cc.config()})
 	if err != nil {

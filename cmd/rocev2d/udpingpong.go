@@ -60,8 +60,7 @@ options:
 Output: the local and remote address lines, then
   N bytes in S seconds = M Mbit/sec
   N iters in S seconds = U usec/iter
-Exit status: 0 done, 1 failed, 2 bad usage (also: size larger than the port MTU,
-on which ibv_ud_pingpong exits 1).
+Exit status: 0 done, 1 failed (also: size larger than the port MTU), 2 bad usage.
 `
 
 func runUDPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
