@@ -313,12 +313,13 @@ func TestWaiterHoldsLinkQuietly(t *testing.T) {
 }
 
 // TestWaiterPingPongKeepsLink: in a ping-pong whose two sides wait in
-// CQ.Wait (no busy polling), the waiters receive every message
+// CQ.Wait (no busy polling), the waiters receive nearly every message
 // themselves — the receive goroutine, which looks now and then whether
-// they left, does not take the link in the middle of the exchange, and
-// its looks grow rarer while waiters keep coming (they touch no timer on
-// the way in or out) — and once the exchange ends it takes the link back
-// and handles what arrives on its own.
+// they left, does not take part in the exchange (a look that finds a
+// message waiting between two waits handles it), and its looks grow
+// rarer while waiters keep coming (they touch no timer on the way in or
+// out) — and once the exchange ends it takes the link back and handles
+// what arrives on its own.
 func TestWaiterPingPongKeepsLink(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector slows round trips past the receive goroutine's look interval")
