@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -103,7 +104,9 @@ func (m *mwSide) recv(tag string) (string, error) {
 		return "", fmt.Errorf("waiting for rv2imm's %q: %w", tag, err)
 	}
 	msg := strings.TrimRight(string(b), "\x00")
-	if !strings.HasPrefix(msg, tag) || strings.Contains(msg, "bad") {
+	// "bad" is a word of its own: a hex address may hold the letters
+	// (0x00002719bad5a000 once failed a run).
+	if !strings.HasPrefix(msg, tag) || slices.Contains(strings.Fields(msg), "bad") {
 		return "", fmt.Errorf("rv2imm says %q, want %q", msg, tag)
 	}
 	return msg, nil
