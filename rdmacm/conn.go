@@ -28,9 +28,14 @@ type Options struct {
 	// request or reply goes out: the moment to post receives, as rping
 	// and perftest do before rdma_connect and rdma_accept.
 	Prepare func(qp *transport.QP) error
-	// Access are the remote rights the QP grants the peer (default
-	// remote write and read).
+	// Access are the remote rights the QP grants the peer. The default
+	// (zero) is Linux's CM's: remote write, plus remote read and atomics
+	// when the connection has responder resources (it always has here:
+	// ResponderResources is at least 1).
 	Access memreg.Access
+	// NoRemoteAccess grants the peer no remote rights at all (zero Access
+	// means the default, so it cannot say so). Access must then be zero.
+	NoRemoteAccess bool
 	// PathMTU bounds the path MTU (default 1024; a passive side takes the
 	// smaller of this and the REQ's).
 	PathMTU transport.MTU
@@ -55,6 +60,14 @@ type Options struct {
 	LocalPort uint16
 }
 
+// check reports options that contradict each other.
+func (o *Options) check(op string) error {
+	if o != nil && o.NoRemoteAccess && o.Access != 0 {
+		return fmt.Errorf("rdmacm: %s: Options.NoRemoteAccess with Access %v", op, o.Access)
+	}
+	return nil
+}
+
 func (o *Options) withDefaults() Options {
 	var r Options
 	if o != nil {
@@ -72,14 +85,18 @@ func (o *Options) withDefaults() Options {
 	if r.MaxSGE <= 0 {
 		r.MaxSGE = 1
 	}
-	if r.Access == 0 {
-		r.Access = memreg.AccessRemoteWrite | memreg.AccessRemoteRead
-	}
 	if r.PathMTU == 0 {
 		r.PathMTU = transport.MTU1024
 	}
 	if r.ResponderResources == 0 {
 		r.ResponderResources = 16
+	}
+	if r.Access == 0 && !r.NoRemoteAccess {
+		// As cm_init_qp_init_attr (drivers/infiniband/core/cm.c).
+		r.Access = memreg.AccessRemoteWrite
+		if r.ResponderResources > 0 {
+			r.Access |= memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
+		}
 	}
 	if r.InitiatorDepth == 0 {
 		r.InitiatorDepth = 16
@@ -268,6 +285,9 @@ func (c *Conn) release() {
 func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts *Options) (*Conn, error) {
 	m, err := managerFor(dev)
 	if err != nil {
+		return nil, err
+	}
+	if err := opts.check("Dial"); err != nil {
 		return nil, err
 	}
 	o := opts.withDefaults()
