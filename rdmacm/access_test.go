@@ -95,3 +95,54 @@ func TestDefaultAccess(t *testing.T) {
 		t.Errorf("Listen with NoRemoteAccess and Access: %v", err)
 	}
 }
+
+// TestCloseReportsBusyPD: Close cannot deallocate the PD the connection
+// created while a region registered in Prepare lives in it: it says so
+// (memreg.ErrBusy) instead of returning nil and leaving the PD behind,
+// and a Close after the region is deregistered frees the PD.
+func TestCloseReportsBusyPD(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
+	l, err := Listen(db, 7174, &ListenOptions{Options: fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	acc := make(chan *Conn, 1)
+	go func() {
+		c, _ := l.Accept(ctxT(t, 5*time.Second))
+		acc <- c
+	}()
+	var mr *memreg.MR
+	o := fast
+	o.Prepare = func(qp *transport.QP) error {
+		var err error
+		mr, err = qp.PD().RegisterMR(make([]byte, 64), memreg.AccessLocalWrite)
+		if err != nil {
+			return err
+		}
+		return qp.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{mr.SGE(0, 64)}})
+	}
+	ca, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 7174), &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := <-acc
+	if cb == nil {
+		t.Fatal("Accept failed")
+	}
+	defer cb.Close()
+	pd := ca.PD()
+	if err := ca.Close(); !errors.Is(err, memreg.ErrBusy) {
+		t.Fatalf("Close with a region in the connection's PD: %v", err)
+	}
+	if err := mr.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Close(); err != nil {
+		t.Fatalf("Close after deregistering: %v", err)
+	}
+	if err := pd.Dealloc(); !errors.Is(err, memreg.ErrClosed) {
+		t.Errorf("the connection's PD was not deallocated: %v", err)
+	}
+}

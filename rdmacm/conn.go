@@ -2,6 +2,7 @@ package rdmacm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -147,7 +148,7 @@ type Conn struct {
 	active bool
 	opts   Options
 	qp     *transport.QP
-	owned  []func() // destroys what the connection created, in order
+	owned  []func() error // destroys what the connection created, in order
 	params transport.ConnParams
 
 	localID, remoteID uint32
@@ -234,7 +235,12 @@ func (c *Conn) setupQP() error {
 			return err
 		}
 		o.PD = pd
-		c.owned = append(c.owned, func() { pd.Dealloc() })
+		c.owned = append(c.owned, func() error {
+			if err := pd.Dealloc(); err != nil {
+				return fmt.Errorf("rdmacm: the connection's PD (deregister its memory regions first): %w", err)
+			}
+			return nil
+		})
 	}
 	for _, cq := range []**transport.CQ{&o.SendCQ, &o.RecvCQ} {
 		if *cq == nil {
@@ -243,7 +249,7 @@ func (c *Conn) setupQP() error {
 				return err
 			}
 			*cq = q
-			c.owned = append(c.owned, func() { q.Destroy() })
+			c.owned = append(c.owned, q.Destroy)
 		}
 	}
 	qp, err := dev.CreateQP(o.PD, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: o.SendCQ, RecvCQ: o.RecvCQ,
@@ -252,7 +258,7 @@ func (c *Conn) setupQP() error {
 		return err
 	}
 	c.setQP(qp)
-	c.owned = append(c.owned, func() { qp.Destroy() })
+	c.owned = append(c.owned, qp.Destroy)
 	return qp.Init(o.Access)
 }
 
@@ -264,15 +270,24 @@ func (c *Conn) setQP(qp *transport.QP) {
 }
 
 // release destroys what the connection created (QP first), or moves the
-// caller's QP to ERR.
-func (c *Conn) release() {
+// caller's QP to ERR. What fails to go (the PD while memory regions are
+// registered in it) stays owned, for the next release to try again; the
+// errors are joined.
+func (c *Conn) release() error {
 	if c.qp != nil && c.opts.QP != nil {
 		c.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
 	}
+	var errs []error
+	var left []func() error
 	for i := len(c.owned) - 1; i >= 0; i-- {
-		c.owned[i]()
+		// ErrDestroyed: the caller destroyed it already, nothing is left.
+		if err := c.owned[i](); err != nil && !errors.Is(err, transport.ErrDestroyed) {
+			errs = append(errs, err)
+			left = append([]func() error{c.owned[i]}, left...)
+		}
 	}
-	c.owned = nil
+	c.owned = left
+	return errors.Join(errs...)
 }
 
 // Dial connects to the rdma_cm listener at addr (IP address and port in
@@ -599,6 +614,11 @@ func (c *Conn) timeWaitLocked(err error) {
 // (at most three response timeouts), the QP to ERR (its outstanding work
 // requests complete with WCWRFlushErr) and what the connection created
 // destroyed. Closing a connection the peer has ended only releases it.
+//
+// A PD the connection created (Options.PD nil) is deallocated too, which
+// fails while memory regions are registered in it (those of Prepare,
+// say): Close then returns that error (matching memreg.ErrBusy) and leaves
+// the PD allocated. Deregister them and call Close again to free it.
 func (c *Conn) Close() error {
 	m := c.m
 	m.mu.Lock()
@@ -633,8 +653,7 @@ func (c *Conn) Close() error {
 		c.err = ErrClosed
 	}
 	m.mu.Unlock()
-	c.release()
-	return nil
+	return c.release()
 }
 
 // onREP: the passive side accepted (active side).
