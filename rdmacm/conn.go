@@ -2,6 +2,7 @@ package rdmacm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -28,9 +29,14 @@ type Options struct {
 	// request or reply goes out: the moment to post receives, as rping
 	// and perftest do before rdma_connect and rdma_accept.
 	Prepare func(qp *transport.QP) error
-	// Access are the remote rights the QP grants the peer (default
-	// remote write and read).
+	// Access are the remote rights the QP grants the peer. The default
+	// (zero) is Linux's CM's: remote write, plus remote read and atomics
+	// when the connection has responder resources (it always has here:
+	// ResponderResources is at least 1).
 	Access memreg.Access
+	// NoRemoteAccess grants the peer no remote rights at all (zero Access
+	// means the default, so it cannot say so). Access must then be zero.
+	NoRemoteAccess bool
 	// PathMTU bounds the path MTU (default 1024; a passive side takes the
 	// smaller of this and the REQ's).
 	PathMTU transport.MTU
@@ -55,6 +61,14 @@ type Options struct {
 	LocalPort uint16
 }
 
+// check reports options that contradict each other.
+func (o *Options) check(op string) error {
+	if o != nil && o.NoRemoteAccess && o.Access != 0 {
+		return fmt.Errorf("rdmacm: %s: Options.NoRemoteAccess with Access %v", op, o.Access)
+	}
+	return nil
+}
+
 func (o *Options) withDefaults() Options {
 	var r Options
 	if o != nil {
@@ -72,14 +86,18 @@ func (o *Options) withDefaults() Options {
 	if r.MaxSGE <= 0 {
 		r.MaxSGE = 1
 	}
-	if r.Access == 0 {
-		r.Access = memreg.AccessRemoteWrite | memreg.AccessRemoteRead
-	}
 	if r.PathMTU == 0 {
 		r.PathMTU = transport.MTU1024
 	}
 	if r.ResponderResources == 0 {
 		r.ResponderResources = 16
+	}
+	if r.Access == 0 && !r.NoRemoteAccess {
+		// As cm_init_qp_init_attr (drivers/infiniband/core/cm.c).
+		r.Access = memreg.AccessRemoteWrite
+		if r.ResponderResources > 0 {
+			r.Access |= memreg.AccessRemoteRead | memreg.AccessRemoteAtomic
+		}
 	}
 	if r.InitiatorDepth == 0 {
 		r.InitiatorDepth = 16
@@ -130,7 +148,7 @@ type Conn struct {
 	active bool
 	opts   Options
 	qp     *transport.QP
-	owned  []func() // destroys what the connection created, in order
+	owned  []func() error // destroys what the connection created, in order
 	params transport.ConnParams
 
 	localID, remoteID uint32
@@ -217,7 +235,12 @@ func (c *Conn) setupQP() error {
 			return err
 		}
 		o.PD = pd
-		c.owned = append(c.owned, func() { pd.Dealloc() })
+		c.owned = append(c.owned, func() error {
+			if err := pd.Dealloc(); err != nil {
+				return fmt.Errorf("rdmacm: the connection's PD (deregister its memory regions first): %w", err)
+			}
+			return nil
+		})
 	}
 	for _, cq := range []**transport.CQ{&o.SendCQ, &o.RecvCQ} {
 		if *cq == nil {
@@ -226,7 +249,7 @@ func (c *Conn) setupQP() error {
 				return err
 			}
 			*cq = q
-			c.owned = append(c.owned, func() { q.Destroy() })
+			c.owned = append(c.owned, q.Destroy)
 		}
 	}
 	qp, err := dev.CreateQP(o.PD, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: o.SendCQ, RecvCQ: o.RecvCQ,
@@ -235,7 +258,7 @@ func (c *Conn) setupQP() error {
 		return err
 	}
 	c.setQP(qp)
-	c.owned = append(c.owned, func() { qp.Destroy() })
+	c.owned = append(c.owned, qp.Destroy)
 	return qp.Init(o.Access)
 }
 
@@ -247,15 +270,24 @@ func (c *Conn) setQP(qp *transport.QP) {
 }
 
 // release destroys what the connection created (QP first), or moves the
-// caller's QP to ERR.
-func (c *Conn) release() {
+// caller's QP to ERR. What fails to go (the PD while memory regions are
+// registered in it) stays owned, for the next release to try again; the
+// errors are joined.
+func (c *Conn) release() error {
 	if c.qp != nil && c.opts.QP != nil {
 		c.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
 	}
+	var errs []error
+	var left []func() error
 	for i := len(c.owned) - 1; i >= 0; i-- {
-		c.owned[i]()
+		// ErrDestroyed: the caller destroyed it already, nothing is left.
+		if err := c.owned[i](); err != nil && !errors.Is(err, transport.ErrDestroyed) {
+			errs = append(errs, err)
+			left = append([]func() error{c.owned[i]}, left...)
+		}
 	}
-	c.owned = nil
+	c.owned = left
+	return errors.Join(errs...)
 }
 
 // Dial connects to the rdma_cm listener at addr (IP address and port in
@@ -268,6 +300,9 @@ func (c *Conn) release() {
 func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts *Options) (*Conn, error) {
 	m, err := managerFor(dev)
 	if err != nil {
+		return nil, err
+	}
+	if err := opts.check("Dial"); err != nil {
 		return nil, err
 	}
 	o := opts.withDefaults()
@@ -579,6 +614,11 @@ func (c *Conn) timeWaitLocked(err error) {
 // (at most three response timeouts), the QP to ERR (its outstanding work
 // requests complete with WCWRFlushErr) and what the connection created
 // destroyed. Closing a connection the peer has ended only releases it.
+//
+// A PD the connection created (Options.PD nil) is deallocated too, which
+// fails while memory regions are registered in it (those of Prepare,
+// say): Close then returns that error (matching memreg.ErrBusy) and leaves
+// the PD allocated. Deregister them and call Close again to free it.
 func (c *Conn) Close() error {
 	m := c.m
 	m.mu.Lock()
@@ -613,8 +653,7 @@ func (c *Conn) Close() error {
 		c.err = ErrClosed
 	}
 	m.mu.Unlock()
-	c.release()
-	return nil
+	return c.release()
 }
 
 // onREP: the passive side accepted (active side).

@@ -43,6 +43,7 @@ func Example() {
 	}
 	defer l.Close()
 	buf := make([]byte, 64)
+	var smr *memreg.MR // the server's receive buffer, in its connection's PD
 	accepted := make(chan *rdmacm.Conn)
 	go func() {
 		r, err := l.Next(ctx)
@@ -50,13 +51,12 @@ func Example() {
 			log.Fatal(err)
 		}
 		fmt.Printf("request from %v: %s\n", r.RemoteAddr().Addr(), r.PrivateData()[:5])
-		var mr *memreg.MR
 		c, err := r.Accept(ctx, &rdmacm.Options{
 			PrivateData: []byte("welcome"),
 			// Post a receive before the reply goes out, as rping does.
 			Prepare: func(qp *transport.QP) error {
-				mr, _ = qp.PD().RegisterMR(buf, memreg.AccessLocalWrite)
-				return qp.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{mr.SGE(0, 64)}})
+				smr, _ = qp.PD().RegisterMR(buf, memreg.AccessLocalWrite)
+				return qp.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{smr.SGE(0, 64)}})
 			},
 		})
 		if err != nil {
@@ -83,11 +83,16 @@ func Example() {
 	}
 	fmt.Printf("server received %q\n", buf[:wc[0].ByteLen])
 
-	mr.Deregister()
-	c.Close() // DREQ; the server's side ends too
+	mr.Deregister()                   // Close deallocates the PD it created: regions first
+	if err := c.Close(); err != nil { // DREQ; the server's side ends too
+		log.Fatal(err)
+	}
 	<-sc.Done()
 	fmt.Println("server side closed:", sc.Err())
-	sc.Close()
+	smr.Deregister()
+	if err := sc.Close(); err != nil {
+		log.Fatal(err)
+	}
 	// Output:
 	// request from 192.0.2.2: hello
 	// connected to 192.0.2.1:7174, server said welcome

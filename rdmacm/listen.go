@@ -51,6 +51,11 @@ func (r *Request) RemoteAddr() netip.AddrPort { return r.c.RemoteAddr() }
 
 // Listen starts accepting connection requests for port on dev.
 func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener, error) {
+	if opts != nil {
+		if err := opts.Options.check("Listen"); err != nil {
+			return nil, err
+		}
+	}
 	m, err := managerFor(dev)
 	if err != nil {
 		return nil, err
@@ -145,6 +150,9 @@ func (l *Listener) closeLocked() {
 func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 	c := r.c
 	m := c.m
+	if err := opts.check("Accept"); err != nil {
+		return nil, err
+	}
 	o := opts.withDefaults()
 	if len(o.PrivateData) > cm.REPPrivateDataSize {
 		return nil, fmt.Errorf("rdmacm: Accept: %d bytes of private data, at most %d", len(o.PrivateData), cm.REPPrivateDataSize)
