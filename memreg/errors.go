@@ -15,8 +15,9 @@ var (
 	ErrUnknownKey = errors.New("unknown key")
 	// ErrStaleKey: the index exists but the key byte is not the one of the
 	// registration (or window binding) that is live now, or the
-	// registration is gone.
-	ErrStaleKey = errors.New("stale key")
+	// registration is gone. A key of another Table (another device) whose
+	// index happens to be in use here is reported this way as well.
+	ErrStaleKey = errors.New("unknown key (stale, or from another device)")
 	// ErrWrongPD: the key belongs to another protection domain.
 	ErrWrongPD = errors.New("key belongs to another protection domain")
 	// ErrWrongQP: a type 2 memory window is used from a QP other than the
@@ -50,10 +51,14 @@ var (
 	// ErrLimit: a table limit (regions, bytes, PDs, windows, keys) is reached.
 	ErrLimit = errors.New("limit reached")
 	// ErrBusy: the object is still in use (an MR with bound windows, a PD
-	// with live regions or windows).
+	// with live regions or windows, or one that queue pairs or SRQs hold:
+	// PD.Acquire). transport.ErrBusy is this same error.
 	ErrBusy = errors.New("busy")
 	// ErrClosed: the object was already deregistered / deallocated.
 	ErrClosed = errors.New("already released")
+	// ErrTableClosed: the table's owner closed it (Table.Close); the error
+	// also wraps the owner's cause, such as transport.ErrClosed.
+	ErrTableClosed = errors.New("table closed")
 )
 
 var (

@@ -54,6 +54,9 @@ func (pd *PD) RegisterMRIOVA(buf []byte, iova uint64, access Access) (*MR, error
 	if pd.dead {
 		return nil, fmt.Errorf("memreg: register: PD %w", ErrClosed)
 	}
+	if err := t.closedErr("register"); err != nil {
+		return nil, err
+	}
 	if t.lim.MaxMR > 0 && t.usage.MRs >= t.lim.MaxMR {
 		return nil, fmt.Errorf("memreg: register: %w: MaxMR=%d regions", ErrLimit, t.lim.MaxMR)
 	}
@@ -113,7 +116,8 @@ func (mr *MR) Access() Access { return mr.access }
 func (mr *MR) PD() *PD { return mr.pd }
 
 // Deregister removes the region. It fails with ErrBusy while a memory
-// window is bound to it and with ErrClosed if already deregistered.
+// window is bound to it and with ErrClosed if already deregistered. It
+// works on a closed table (Table.Close): the memory can always be released.
 // When it returns, every access that was using the region has finished
 // and no later access reaches the memory: the caller owns it again.
 // The key's index may be reused, always with a different key byte.

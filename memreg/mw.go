@@ -55,6 +55,9 @@ func (pd *PD) AllocMW(typ MWType) (*MW, error) {
 	if pd.dead {
 		return nil, fmt.Errorf("memreg: alloc MW: PD %w", ErrClosed)
 	}
+	if err := t.closedErr("alloc MW"); err != nil {
+		return nil, err
+	}
 	if t.lim.MaxMW > 0 && t.usage.MWs >= t.lim.MaxMW {
 		return nil, fmt.Errorf("memreg: alloc MW: %w: MaxMW=%d windows", ErrLimit, t.lim.MaxMW)
 	}
@@ -178,6 +181,10 @@ func (mw *MW) bind(qpn uint32, mr *MR, addr, length uint64, access Access, keyBy
 	case length != 0 && mr.dead:
 		t.mu.Unlock()
 		return 0, &AccessError{Op: OpBind, Key: mr.key, VA: addr, Len: length, Err: fmt.Errorf("region %w", ErrClosed)}
+	case length != 0 && t.closed: // unbinding gives back, and is allowed
+		err := t.closedCause()
+		t.mu.Unlock()
+		return 0, mw.bindErr(addr, length, err)
 	case setKey && !mw.cur.unbound:
 		t.mu.Unlock()
 		return 0, mw.bindErr(addr, length, fmt.Errorf("%w: type 2 window is already bound", ErrInvalidState))

@@ -17,6 +17,9 @@ type PD struct {
 func (t *Table) AllocPD() (*PD, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.closedErr("alloc PD"); err != nil {
+		return nil, err
+	}
 	if t.lim.MaxPD > 0 && t.usage.PDs >= t.lim.MaxPD {
 		return nil, fmt.Errorf("memreg: alloc PD: %w: MaxPD=%d", ErrLimit, t.lim.MaxPD)
 	}
@@ -29,13 +32,17 @@ func (pd *PD) Table() *Table { return pd.t }
 
 // Acquire records that another object (a queue pair) uses the PD; Dealloc
 // fails with ErrBusy until every Acquire is matched by a Release. It fails
-// with ErrClosed once the PD is deallocated.
+// with ErrClosed once the PD is deallocated, and with ErrTableClosed once
+// its table is closed (Table.Close).
 func (pd *PD) Acquire() error {
 	t := pd.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if pd.dead {
 		return fmt.Errorf("memreg: acquire PD: %w", ErrClosed)
+	}
+	if err := t.closedErr("acquire PD"); err != nil {
+		return err
 	}
 	pd.users++
 	return nil
@@ -53,7 +60,7 @@ func (pd *PD) Release() {
 
 // Dealloc releases the PD. It fails with ErrBusy while regions or windows
 // of the PD are live or another object holds it (Acquire), and with
-// ErrClosed if already released.
+// ErrClosed if already released. It works on a closed table (Table.Close).
 func (pd *PD) Dealloc() error {
 	t := pd.t
 	t.mu.Lock()
@@ -64,7 +71,7 @@ func (pd *PD) Dealloc() error {
 	case pd.nMR > 0 || pd.nMW > 0:
 		return fmt.Errorf("memreg: dealloc PD: %w: %d regions and %d windows still live", ErrBusy, pd.nMR, pd.nMW)
 	case pd.users > 0:
-		return fmt.Errorf("memreg: dealloc PD: %w: %d queue pairs still use it", ErrBusy, pd.users)
+		return fmt.Errorf("memreg: dealloc PD: %w: %d queue pairs or SRQs still hold it", ErrBusy, pd.users)
 	}
 	pd.dead = true
 	t.usage.PDs--

@@ -61,10 +61,12 @@ type Table struct {
 	pages [numPages]atomic.Pointer[page]
 	next  atomic.Uint32 // indices in [1, next) have been handed out at least once
 
-	mu    sync.Mutex
-	free  []uint32 // released indices, reused oldest first (FIFO)
-	rng   *rand.Rand
-	usage Usage
+	mu     sync.Mutex
+	free   []uint32 // released indices, reused oldest first (FIFO)
+	rng    *rand.Rand
+	usage  Usage
+	closed bool  // Close was called; under mu
+	cause  error // Close's cause; under mu
 }
 
 // page is one 4096-slot piece of the key table, allocated on first use.
@@ -83,6 +85,40 @@ func NewTable(l Limits) *Table {
 
 // Limits returns the limits the table was created with.
 func (t *Table) Limits() Limits { return t.lim }
+
+// Close marks the table closed, for the owner of a table (a device) that
+// is shutting down. Afterwards the calls that hand out or grant something
+// (AllocPD, RegisterMR, RegisterMRIOVA, AllocMW, MW.Bind and MW.BindQP
+// with a non-zero length, PD.Acquire) fail with an error that wraps ErrTableClosed and, if it is
+// not nil, cause (the owner's own sentinel, so its callers can match it).
+// The calls that give something back (MR.Deregister, unbinding Bind,
+// MW.Invalidate, MW.Dealloc, PD.Release, PD.Dealloc) keep working, so that the memory
+// and the accounting can still be released, and lookups of live
+// registrations are not affected. Closing again keeps the first cause.
+func (t *Table) Close(cause error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.closed {
+		t.closed, t.cause = true, cause
+	}
+}
+
+// closedErr returns the error of a refused call on a closed table, or nil
+// if the table is open. Under t.mu.
+func (t *Table) closedErr(op string) error {
+	if !t.closed {
+		return nil
+	}
+	return fmt.Errorf("memreg: %s: %w", op, t.closedCause())
+}
+
+// closedCause is ErrTableClosed, wrapped with Close's cause. Under t.mu.
+func (t *Table) closedCause() error {
+	if t.cause == nil {
+		return ErrTableClosed
+	}
+	return fmt.Errorf("%w: %w", ErrTableClosed, t.cause)
+}
 
 // Usage returns how many PDs, MRs, MWs and registered bytes are live.
 func (t *Table) Usage() Usage {

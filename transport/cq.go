@@ -37,7 +37,7 @@ type CQ struct {
 	fire   bool       // a channel event is due at the next wake
 	notify chan struct{}
 
-	users     int  // QPs using the CQ (under dev.mu)
+	users     int  // send and receive queues of QPs using the CQ (under dev.mu)
 	destroyed bool // under dev.mu
 
 	wakeQueued bool // on dev.rxWake (dev's receive goroutine only)
@@ -108,18 +108,29 @@ func (cq *CQ) grow() {
 }
 
 // Destroy removes the CQ. It fails with ErrBusy while QPs use it (verbs'
-// EBUSY): destroy them first. Waiters return ErrDestroyed.
+// EBUSY): destroy them first. Waiters return ErrDestroyed. On a closed
+// device it returns ErrClosed.
 func (cq *CQ) Destroy() error {
 	d := cq.dev
 	d.mu.Lock()
 	switch {
+	case d.isClosed():
+		d.mu.Unlock()
+		return errorf(ErrClosed, "CQ.Destroy")
 	case cq.destroyed:
 		d.mu.Unlock()
 		return errorf(ErrDestroyed, "CQ.Destroy")
 	case cq.users > 0:
-		n := cq.users
+		// users counts queues (a QP with this CQ for both its send
+		// and receive queue counts twice): name the QPs.
+		n := 0
+		for _, qp := range d.qps {
+			if qp.sendCQ == cq || qp.recvCQ == cq {
+				n++
+			}
+		}
 		d.mu.Unlock()
-		return errorf(ErrBusy, "CQ.Destroy: %d QPs use the CQ", n)
+		return errorf(ErrBusy, "CQ.Destroy: %d QPs use the CQ (as send or receive CQ)", n)
 	}
 	cq.destroyed = true
 	delete(d.cqs, cq)
@@ -261,7 +272,7 @@ func (cq *CQ) Err() error {
 }
 
 // Wait blocks until at least one completion is available and polls it
-// like Poll. It returns ctx.Err() when ctx ends first, and the CQ's error
+// like Poll; wc must hold at least one WC (else ErrInvalidArgument). It returns ctx.Err() when ctx ends first, and the CQ's error
 // (ErrCQOverflow, ErrClosed, ErrDestroyed) when the CQ has one and holds no
 // more stored completions. Any number of goroutines may wait on one CQ.
 //
@@ -273,7 +284,9 @@ func (cq *CQ) Err() error {
 // processor between tries.
 func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 	if len(wc) == 0 {
-		return 0, nil
+		// Nothing could be returned, so Wait could only spin or block
+		// for nothing: refuse it.
+		return 0, errorf(ErrInvalidArgument, "CQ.Wait: wc is empty (pass at least one WC)")
 	}
 	if cq.dev.polling() {
 		if n, err, done := cq.spin(ctx, wc); done {
@@ -410,8 +423,12 @@ func (d *Device) CreateCompChannel(maxCQs int) (*CompChannel, error) {
 // C returns the channel on which armed CQs are delivered.
 func (ch *CompChannel) C() <-chan *CQ { return ch.c }
 
-// Destroy closes the channel. It fails with ErrBusy while CQs use it.
+// Destroy closes the channel. It fails with ErrBusy while CQs use it,
+// and with ErrClosed on a closed device (whose Close closed the channel).
 func (ch *CompChannel) Destroy() error {
+	if ch.dev.isClosed() {
+		return errorf(ErrClosed, "CompChannel.Destroy")
+	}
 	ch.mu.Lock()
 	if ch.ncq > 0 {
 		n := ch.ncq

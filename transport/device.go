@@ -51,7 +51,8 @@ type DeviceConfig struct {
 //
 // All methods are safe for concurrent use. Close flushes every QP, wakes
 // every waiter and closes the link; the objects of a closed device return
-// ErrClosed.
+// ErrClosed, with the exceptions Close's doc lists (calls that release
+// memory keep working).
 type Device struct {
 	link    udp.Link
 	cfg     DeviceConfig
@@ -66,6 +67,7 @@ type Device struct {
 	qps     map[uint32]*QP            // under mu
 	cqs     map[*CQ]struct{}          // under mu
 	chans   map[*CompChannel]struct{} // under mu
+	srqs    map[*SRQ]struct{}         // under mu
 	nextQPN uint32
 
 	gsi *GSI // QP1, opened by GSI(); under mu
@@ -193,6 +195,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		qps:     make(map[uint32]*QP),
 		cqs:     make(map[*CQ]struct{}),
 		chans:   make(map[*CompChannel]struct{}),
+		srqs:    make(map[*SRQ]struct{}),
 		events:  make(chan AsyncEvent, cfg.EventQueue),
 		nextQPN: firstQPN,
 	}
@@ -220,8 +223,9 @@ func (d *Device) Link() udp.Link { return d.link }
 func (d *Device) Clock() Clock { return d.clock }
 
 // AllocPD allocates a protection domain in the device's registration
-// table. Deallocate it with PD.Dealloc, which fails with memreg.ErrBusy
-// while QPs, regions or windows still use it.
+// table. Deallocate it with PD.Dealloc, which fails with ErrBusy (the
+// same error as memreg.ErrBusy) while QPs, SRQs, regions or windows still
+// use it.
 func (d *Device) AllocPD() (*memreg.PD, error) {
 	if d.isClosed() {
 		return nil, ErrClosed
@@ -235,16 +239,28 @@ func (d *Device) Counters() Counters { return d.ctr.snapshot() }
 func (d *Device) isClosed() bool { return d.closed.Load() }
 
 // Close moves every QP to the error state (flushing their work requests
-// with WCWRFlushErr), closes the link and waits for the receive goroutine
-// to exit. Then every CQ reports ErrClosed once its stored completions are
-// polled (waiters return), the completion channels and Events() are
-// closed, and every call on the device's objects returns ErrClosed.
+// with WCWRFlushErr), releases the QPs' and SRQs' hold on their PDs and
+// CQs, closes the link and waits for the receive goroutine to exit. Then
+// every CQ reports ErrClosed once its stored completions are polled
+// (waiters return), the completion channels and Events() are closed.
+//
+// Afterwards the device's calls and its objects' calls return an error
+// matching ErrClosed: creating anything, QP Destroy, Query, Modify,
+// PostSend and PostRecv, CQ, SRQ and CompChannel Destroy, SRQ.PostRecv,
+// and on its PDs RegisterMR, AllocMW and binding a window (these also
+// match memreg.ErrTableClosed). Unlike verbs, which wants everything
+// destroyed before the device is closed, the calls that give memory back
+// keep working, so that it can be released in any order: MR.Deregister,
+// MW.Dealloc, and PD.Dealloc, which succeeds once the PD's regions and
+// windows are gone (Close released the QPs' hold). QP.State reports
+// QPSErr, and accessors (QPN, PD, Depth, ...) keep answering.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	if d.closed.Swap(true) {
 		d.mu.Unlock()
 		return nil
 	}
+	d.table.Close(ErrClosed)
 	// From here on no QP, CQ or channel is created (they check closed
 	// under mu), so these snapshots are complete.
 	qps := make([]*QP, 0, len(d.qps))
@@ -259,12 +275,34 @@ func (d *Device) Close() error {
 	for ch := range d.chans {
 		chans = append(chans, ch)
 	}
+	srqs := make([]*SRQ, 0, len(d.srqs))
+	for s := range d.srqs {
+		srqs = append(srqs, s)
+	}
 	d.mu.Unlock()
 	for _, qp := range qps {
 		qp.mu.Lock()
 		qp.toError()
 		qp.stopTimersLocked()
+		// The QP is destroyed by Close: its PD, CQs and SRQ are released
+		// (unless a concurrent Destroy just did it). QP1 (GSI, no PD
+		// and no CQs) stays: the GSI answers ErrClosed by itself.
+		release := !qp.destroyed && qp.pd != nil
+		qp.destroyed = qp.destroyed || release
 		qp.mu.Unlock()
+		if release {
+			qp.detach()
+		}
+	}
+	for _, s := range srqs {
+		d.mu.Lock()
+		release := !s.destroyed
+		s.destroyed = true
+		delete(d.srqs, s)
+		d.mu.Unlock()
+		if release {
+			s.pd.Release()
+		}
 	}
 	d.tq.close()
 	err := d.link.Close()
@@ -423,10 +461,13 @@ func (d *Device) flushPending() {
 
 // HandlePacket feeds one RoCEv2 UDP payload (BTH .. ICRC) from src into the
 // device as if the link had received it. Tests and tools use it to replay
-// captured packets. It returns ErrMalformed (wrapping packet's error),
+// captured packets. It returns ErrClosed on a closed device, ErrMalformed (wrapping packet's error),
 // ErrUnknownQP or ErrTransportMismatch for a packet no QP takes;
 // protocol-level drops by the QP are counted, not returned.
 func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
+	if d.isClosed() {
+		return fmt.Errorf("transport: HandlePacket: %w", ErrClosed)
+	}
 	var p packet.Packet
 	if err := p.Parse(buf); err != nil {
 		inc(&d.ctr.MalformedPkts)

@@ -439,7 +439,7 @@ func TestPostErrors(t *testing.T) {
 		t.Fatalf("bad lkey is not ErrInvalidWR: %v", err)
 	}
 	var we *WRError
-	if !errors.As(err, &we) || we.Index != 1 || we.Field != "sg_list[1]" || we.Op != "PostSend" {
+	if !errors.As(err, &we) || we.Index != 1 || we.Field != "sg_list[1].lkey" || we.Op != "PostSend" {
 		t.Fatalf("bad lkey: WRError %+v from %v", we, err)
 	}
 	if want := "transport: PostSend qp "; !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "wr 1 ") ||
@@ -459,7 +459,7 @@ func TestPostErrors(t *testing.T) {
 		t.Fatalf("still full: %v", err)
 	}
 	if err := a.qp.PostRecv(RecvWR{SGEs: []memreg.SGE{{Addr: mr.IOVA(), Length: 8, LKey: 0x777}}}); !errors.Is(err, memreg.ErrUnknownKey) || !errors.Is(err, ErrInvalidWR) || !contains(err.Error(), "PostRecv qp") ||
-		!contains(err.Error(), "sg_list[0]: lkey 0x777") {
+		!contains(err.Error(), "sg_list[0].lkey: lkey 0x777") {
 		t.Fatalf("recv bad lkey: %v", err)
 	}
 }

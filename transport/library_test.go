@@ -166,6 +166,8 @@ func TestCloseUnblocks(t *testing.T) {
 		_, err := cq.Wait(context.Background(), wc[:])
 		done <- err
 	}()
+	// Registered before Close: RegisterMR fails on a closed device.
+	_, mr := a.buffer(t, 8, 0)
 	time.Sleep(time.Millisecond)
 	if err := a.dev.Close(); err != nil {
 		t.Fatal(err)
@@ -178,7 +180,6 @@ func TestCloseUnblocks(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not wake the CQ waiter")
 	}
-	_, mr := a.buffer(t, 8, 0)
 	if err := a.qp.PostSend(SendWR{WRID: 9, Opcode: WRSend, Flags: SendSignaled, SGEs: sge(mr, 0, 8)}); !errors.Is(err, ErrClosed) {
 		t.Errorf("PostSend after Close: %v, want ErrClosed", err)
 	}

@@ -67,11 +67,11 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	if qp.destroyed {
-		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, ErrDestroyed)
-	}
 	if qp.dev.isClosed() {
 		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, ErrClosed)
+	}
+	if qp.destroyed {
+		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, ErrDestroyed)
 	}
 	cur := qp.attr.State
 	next := cur

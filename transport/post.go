@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/gorocev2/rocev2/memreg"
@@ -47,13 +48,14 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 	return err
 }
 
-// postable refuses posting on a destroyed QP or a closed device.
+// postable refuses posting on a closed device or a destroyed QP (Close
+// destroys the QPs, but its callers are told ErrClosed).
 func (qp *QP) postable(op string) error {
 	switch {
-	case qp.destroyed:
-		return fmt.Errorf("transport: %s qp %#x: %w", op, qp.qpn, ErrDestroyed)
 	case qp.dev.isClosed():
 		return fmt.Errorf("transport: %s qp %#x: %w", op, qp.qpn, ErrClosed)
+	case qp.destroyed:
+		return fmt.Errorf("transport: %s qp %#x: %w", op, qp.qpn, ErrDestroyed)
 	}
 	return nil
 }
@@ -129,7 +131,7 @@ func (qp *QP) checkSGEs(op string, i int, wrid uint64, sges []memreg.SGE, acc me
 	for j := range sges {
 		n, err := qp.pd.CheckSGEs(sges[j:j+1], acc)
 		if err != nil {
-			return 0, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: fmt.Sprintf("sg_list[%d]", j),
+			return 0, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: sgeField(qp.pd, j, sges[j], acc, err),
 				Msg:  fmt.Sprintf("lkey %#x addr %#x length %d", sges[j].LKey, sges[j].Addr, sges[j].Length),
 				Kind: ErrInvalidWR, Err: err}
 		}
@@ -272,4 +274,24 @@ func (qp *QP) bindPostable(wrid uint64) error {
 		return &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Msg: "send queue full", Kind: ErrQueueFull}
 	}
 	return nil
+}
+
+// sgeField names the field of SGE j that made pd.CheckSGEs fail with err:
+// "sg_list[j].addr" when the SGE starts outside its region,
+// "sg_list[j].length" when it starts inside but does not fit (or its end
+// wraps the address space), else "sg_list[j].lkey" (the key is unknown,
+// stale, of another PD, not a region, or lacks the right). Error path only.
+func sgeField(pd *memreg.PD, j int, s memreg.SGE, acc memreg.Access, err error) string {
+	f := "lkey"
+	switch {
+	case errors.Is(err, memreg.ErrAddressWrap), errors.Is(err, memreg.ErrLength):
+		f = "length"
+	case errors.Is(err, memreg.ErrOutOfBounds):
+		f = "length"
+		// Does the first byte fit? If not, the address is at fault.
+		if _, e := pd.CheckSGEs([]memreg.SGE{{Addr: s.Addr, Length: 1, LKey: s.LKey}}, acc); e != nil {
+			f = "addr"
+		}
+	}
+	return fmt.Sprintf("sg_list[%d].%s", j, f)
 }

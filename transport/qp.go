@@ -148,8 +148,9 @@ func (qp *QP) fail(ev EventType, cause error) {
 	qp.dev.raise(AsyncEvent{Type: ev, QP: qp, Err: cause})
 }
 
-// CreateQP creates an RC QP in the RESET state. The PD and both CQs must
-// belong to this device (ErrWrongDevice). While the QP exists, its PD
+// CreateQP creates a QP of type a.Type (QPTypeRC, QPTypeUC or QPTypeUD) in
+// the RESET state. The PD and both CQs must belong to this device
+// (ErrWrongDevice). While the QP exists, its PD
 // cannot be deallocated and its CQs cannot be destroyed (they answer
 // ErrBusy); Destroy releases them.
 func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
@@ -272,10 +273,15 @@ func (qp *QP) PD() *memreg.PD { return qp.pd }
 
 // Destroy moves the QP to ERR (flushing its work requests), removes it
 // from the device and releases its PD and CQs. Destroying it again returns
-// ErrDestroyed.
+// ErrDestroyed; on a closed device (whose Close released the QP) it
+// returns ErrClosed.
 func (qp *QP) Destroy() error {
 	qp.mu.Lock()
-	if qp.destroyed {
+	switch {
+	case qp.dev.isClosed():
+		qp.mu.Unlock()
+		return fmt.Errorf("transport: Destroy qp %#x: %w", qp.qpn, ErrClosed)
+	case qp.destroyed:
 		qp.mu.Unlock()
 		return fmt.Errorf("transport: Destroy qp %#x: %w", qp.qpn, ErrDestroyed)
 	}
@@ -283,6 +289,14 @@ func (qp *QP) Destroy() error {
 	qp.stopTimersLocked()
 	qp.destroyed = true
 	qp.mu.Unlock()
+	qp.detach()
+	return nil
+}
+
+// detach removes a QP that was just marked destroyed from its device and
+// releases its hold on its PD, CQs and SRQ. Called once per QP, by
+// whoever set destroyed (Destroy or Device.Close).
+func (qp *QP) detach() {
 	d := qp.dev
 	d.mu.Lock()
 	if d.qps[qp.qpn] == qp {
@@ -296,7 +310,6 @@ func (qp *QP) Destroy() error {
 	}
 	d.mu.Unlock()
 	qp.pd.Release()
-	return nil
 }
 
 // State returns the current QP state.
@@ -306,10 +319,14 @@ func (qp *QP) State() QPState {
 	return qp.attr.State
 }
 
-// Query returns the QP's current attributes.
+// Query returns the QP's current attributes. On a closed device it
+// returns ErrClosed.
 func (qp *QP) Query() (QPAttr, error) {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
+	if qp.dev.isClosed() {
+		return QPAttr{}, fmt.Errorf("transport: Query qp %#x: %w", qp.qpn, ErrClosed)
+	}
 	a := qp.attr
 	if a.State >= QPSRTS {
 		a.SQPSN = uint32(qp.req.psn)

@@ -66,6 +66,7 @@ func (d *Device) CreateSRQ(pd *memreg.PD, a SRQAttr) (*SRQ, error) {
 	if err := pd.Acquire(); err != nil {
 		return nil, fmt.Errorf("transport: CreateSRQ: pd: %w", err)
 	}
+	d.srqs[s] = struct{}{}
 	return s, nil
 }
 
@@ -92,7 +93,7 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) error {
 		for j := range wr.SGEs {
 			n, err := s.pd.CheckSGEs(wr.SGEs[j:j+1], memreg.AccessLocalWrite)
 			if err != nil {
-				return bad(fmt.Sprintf("sg_list[%d]", j), fmt.Sprintf("lkey %#x", wr.SGEs[j].LKey), ErrInvalidWR, err)
+				return bad(sgeField(s.pd, j, wr.SGEs[j], memreg.AccessLocalWrite, err), fmt.Sprintf("lkey %#x", wr.SGEs[j].LKey), ErrInvalidWR, err)
 			}
 			total += n
 		}
@@ -157,11 +158,15 @@ func (s *SRQ) Len() int {
 }
 
 // Destroy removes the SRQ. It fails with ErrBusy while QPs are attached.
-// Its posted WRs are dropped without completions, as verbs does.
+// Its posted WRs are dropped without completions, as verbs does. On a
+// closed device (whose Close released the SRQ) it returns ErrClosed.
 func (s *SRQ) Destroy() error {
 	d := s.dev
 	d.mu.Lock()
 	switch {
+	case d.isClosed():
+		d.mu.Unlock()
+		return errorf(ErrClosed, "SRQ.Destroy")
 	case s.destroyed:
 		d.mu.Unlock()
 		return errorf(ErrDestroyed, "SRQ.Destroy")
@@ -171,6 +176,7 @@ func (s *SRQ) Destroy() error {
 		return errorf(ErrBusy, "SRQ.Destroy: %d QPs are attached", n)
 	}
 	s.destroyed = true
+	delete(d.srqs, s)
 	d.mu.Unlock()
 	s.pd.Release()
 	return nil

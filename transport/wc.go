@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/gorocev2/rocev2/memreg"
 )
 
 // WCStatus is the status of a work completion. Values and strings equal
@@ -187,8 +189,13 @@ var (
 	ErrLimit         = errors.New("transport: resource limit reached")
 	ErrInvalidConfig = errors.New("transport: invalid configuration")
 	// ErrBusy: the resource is still in use (a PD or CQ that a QP uses,
-	// a completion channel with CQs attached), as verbs' EBUSY.
-	ErrBusy = errors.New("transport: resource busy")
+	// a completion channel with CQs attached), as verbs' EBUSY. It is
+	// memreg.ErrBusy, so PD.Dealloc's error matches it too.
+	ErrBusy = memreg.ErrBusy
+	// ErrInvalidArgument: a malformed argument of a call that is not a
+	// configuration, attribute or work request (an empty wc slice for
+	// CQ.Wait).
+	ErrInvalidArgument = errors.New("transport: invalid argument")
 	// ErrWrongDevice: an object of another Device was passed.
 	ErrWrongDevice = errors.New("transport: object belongs to another device")
 	// ErrDestroyed: the object was destroyed.
@@ -211,7 +218,11 @@ type WRError struct {
 	QPN   uint32
 	Index int    // index of the refused WR among the call's arguments
 	WRID  uint64 // its wr_id
-	Field string // the field at fault, e.g. "opcode", "sg_list[1].lkey", "remote_addr"; "" for a full queue
+	// Field is the field at fault, e.g. "opcode", "remote_addr",
+	// "num_sge", "sg_list" (the whole list, e.g. its total length), or one
+	// SGE's "sg_list[1].lkey" (bad key or missing right), ".addr" (starts
+	// outside its region) or ".length" (does not fit); "" for a full queue.
+	Field string
 	Msg   string // what is wrong with it
 	Kind  error  // ErrInvalidWR or ErrQueueFull
 	Err   error  // the underlying error (a memreg error for keys), or nil
