@@ -115,14 +115,7 @@ func TestCloseReportsBusyPD(t *testing.T) {
 	}()
 	var mr *memreg.MR
 	o := fast
-	o.Prepare = func(qp *transport.QP) error {
-		var err error
-		mr, err = qp.PD().RegisterMR(make([]byte, 64), memreg.AccessLocalWrite)
-		if err != nil {
-			return err
-		}
-		return qp.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{mr.SGE(0, 64)}})
-	}
+	o.Prepare = prepareRecv(&mr, make([]byte, 64))
 	ca, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 7174), &o)
 	if err != nil {
 		t.Fatal(err)
@@ -144,5 +137,17 @@ func TestCloseReportsBusyPD(t *testing.T) {
 	}
 	if err := pd.Dealloc(); !errors.Is(err, memreg.ErrClosed) {
 		t.Errorf("the connection's PD was not deallocated: %v", err)
+	}
+}
+
+// prepareRecv is an Options.Prepare that registers buf in the QP's PD
+// (the region lands in *mr) and posts one receive into it, wr_id 1.
+func prepareRecv(mr **memreg.MR, buf []byte) func(*transport.QP) error {
+	return func(qp *transport.QP) error {
+		var err error
+		if *mr, err = qp.PD().RegisterMR(buf, memreg.AccessLocalWrite); err != nil {
+			return err
+		}
+		return qp.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{(*mr).SGE(0, uint32(len(buf)))}})
 	}
 }

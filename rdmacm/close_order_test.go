@@ -36,12 +36,7 @@ func TestCloseAfterReceive(t *testing.T) {
 			acc <- c
 		}()
 		o := fast
-		o.Prepare = func(qp *transport.QP) error {
-			if rmr, err = qp.PD().RegisterMR(rbuf, memreg.AccessLocalWrite); err != nil {
-				return err
-			}
-			return qp.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{rmr.SGE(0, 64)}})
-		}
+		o.Prepare = prepareRecv(&rmr, rbuf)
 		ca, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 7000), &o)
 		if err != nil {
 			t.Fatal(err)
