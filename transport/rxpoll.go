@@ -178,6 +178,16 @@ func (d *Device) initRx() {
 	}
 }
 
+// freshPkts returns the batch slots with the driver's own buffers: a link
+// that hands packets out in place (SetRecvInPlace) leaves slices of its
+// memory in them. Called with mu held.
+func (rx *rxDriver) freshPkts() []udp.Packet {
+	for i := range rx.pkts {
+		rx.pkts[i].Buf = rx.bufs[i]
+	}
+	return rx.pkts
+}
+
 // now returns the lease clock.
 func (rx *rxDriver) now() int64 { return int64(time.Since(rx.base)) + 1 }
 
@@ -250,10 +260,7 @@ func (d *Device) Progress() int {
 		rx.skips.Add(1)
 		return 0
 	}
-	pkts := rx.pkts
-	for i := range pkts {
-		pkts[i].Buf = rx.bufs[i]
-	}
+	pkts := rx.freshPkts()
 	n, err := rx.pl.TryRecv(pkts)
 	if err != nil || n == 0 {
 		if err != nil && !errors.Is(err, net.ErrClosed) {
@@ -357,7 +364,6 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		}
 		rx.afterDone, rx.afterStop = done, context.AfterFunc(ctx, rx.wl.WakeRecv)
 	}
-	pkts := rx.pkts
 	for {
 		cq.driving.Store(true)
 		if cq.ready() || ctx.Err() != nil || d.isClosed() {
@@ -367,11 +373,7 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		// Nothing for this waiter yet: what the last batch queued
 		// cannot wait for its PostSend.
 		d.flushPending()
-		// A link that hands packets out in place (SetRecvInPlace) left
-		// slices of its own memory in pkts: give it rx.bufs again.
-		for i := range pkts {
-			pkts[i].Buf = rx.bufs[i]
-		}
+		pkts := rx.freshPkts()
 		n, err := d.link.Recv(pkts)
 		cq.driving.Store(false)
 		if err != nil {
@@ -437,10 +439,7 @@ func (d *Device) lookLeft() bool {
 	}
 	rx.owner.Store(rxOwnerLoop)
 	defer rx.unlock()
-	pkts := rx.pkts
-	for i := range pkts {
-		pkts[i].Buf = rx.bufs[i]
-	}
+	pkts := rx.freshPkts()
 	n, err := rx.wl.TryRecv(pkts)
 	if err != nil || n == 0 {
 		if err != nil && !errors.Is(err, net.ErrClosed) && !d.isClosed() {
@@ -567,10 +566,7 @@ func (d *Device) recvLoop() {
 			rx.unlock()
 			continue
 		}
-		pkts := rx.pkts
-		for i := range pkts {
-			pkts[i].Buf = rx.bufs[i]
-		}
+		pkts := rx.freshPkts()
 		t0 := time.Now()
 		n, err := d.link.Recv(pkts)
 		t1 := time.Now()
