@@ -1,6 +1,7 @@
 // Package bth implements the InfiniBand Base Transport Header (BTH) as carried
-// in RoCEv2 UDP payloads, the opcode table of the IB transport and 24-bit
-// packet sequence number (PSN) arithmetic.
+// in RoCEv2 UDP payloads, the opcode table of the IB transport, 24-bit
+// packet sequence number (PSN) arithmetic and the path MTU codes (MTU;
+// package cm and transport use this type).
 //
 // The BTH view follows the style of gVisor's pkg/tcpip/header: a BTH is a
 // []byte of at least Size bytes with getters and setters that never allocate.

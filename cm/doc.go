@@ -40,9 +40,9 @@
 // goroutine reads or writes the same bytes is a data race. The Fields
 // structs are plain values. Nothing in the package keeps state.
 //
-// A wire package: it imports only the standard library (never another
-// package of this module, so the CM state machine and the transport may
-// both build on it). Views, Fields, Check, Encode and the Fields' Decode
+// A wire package: of this module it imports only bth (for MTU, the path
+// MTU code a REQ carries, one type with transport's), so the CM state
+// machine and the transport may both build on it. Views, Fields, Check, Encode and the Fields' Decode
 // allocate nothing; Decode allocates the message it returns behind the
 // Message interface, and errors are allocated when they happen.
 package cm

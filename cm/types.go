@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/gorocev2/rocev2/bth"
 )
 
 // PermissiveLID is the LID Linux's CM writes for both ends of a path that
@@ -32,47 +34,24 @@ func (g GID) Addr() netip.Addr { return netip.AddrFrom16(g).Unmap() }
 // String formats the GID as its IP address.
 func (g GID) String() string { return g.Addr().String() }
 
-// MTU is an IB path MTU code as CM messages carry it (4 bits).
-type MTU uint8
+// MTU is an IB path MTU code as CM messages carry it (4 bits): package
+// bth's MTU, one type with transport's, so that a path MTU passes between a
+// QP and a connection request unconverted. Bytes, String and Valid are its
+// methods.
+type MTU = bth.MTU
 
 // Path MTU codes; 0 and 6..15 are reserved.
 const (
-	MTU256  MTU = 1
-	MTU512  MTU = 2
-	MTU1024 MTU = 3
-	MTU2048 MTU = 4
-	MTU4096 MTU = 5
+	MTU256  = bth.MTU256
+	MTU512  = bth.MTU512
+	MTU1024 = bth.MTU1024
+	MTU2048 = bth.MTU2048
+	MTU4096 = bth.MTU4096
 )
-
-// Bytes returns the MTU in bytes, or 0 for a reserved code.
-func (m MTU) Bytes() int {
-	if m < MTU256 || m > MTU4096 {
-		return 0
-	}
-	return 128 << m
-}
-
-// Valid reports whether m is one of the five defined codes.
-func (m MTU) Valid() bool { return m >= MTU256 && m <= MTU4096 }
 
 // MTUFromBytes returns the code of an MTU of n bytes (256, 512, 1024, 2048
 // or 4096) and whether n is one of them.
-func MTUFromBytes(n int) (MTU, bool) {
-	for m := MTU256; m <= MTU4096; m++ {
-		if m.Bytes() == n {
-			return m, true
-		}
-	}
-	return 0, false
-}
-
-// String returns "1024" for MTU1024, or "MTU(7)" for a reserved code.
-func (m MTU) String() string {
-	if !m.Valid() {
-		return fmt.Sprintf("MTU(%d)", uint8(m))
-	}
-	return fmt.Sprint(m.Bytes())
-}
+func MTUFromBytes(n int) (MTU, bool) { return bth.MTUFromBytes(n) }
 
 // TransportType is the transport service type of a REQ (2 bits).
 type TransportType uint8

@@ -4,8 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/gorocev2/rocev2/cm"
-
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 )
 
@@ -76,22 +75,22 @@ func (s QPState) String() string {
 }
 
 // MTU is an IB path MTU code (libibverbs enum ibv_mtu values, the codes
-// CM messages carry): one type with package cm's, so a path MTU passes
-// between a QP and a connection request unconverted. Bytes, String and
-// Valid are its methods.
-type MTU = cm.MTU
+// CM messages carry), defined in package bth: one type with package cm's,
+// so a path MTU passes between a QP and a connection request unconverted.
+// Bytes, String and Valid are its methods.
+type MTU = bth.MTU
 
 // Path MTU values.
 const (
-	MTU256  = cm.MTU256
-	MTU512  = cm.MTU512
-	MTU1024 = cm.MTU1024
-	MTU2048 = cm.MTU2048
-	MTU4096 = cm.MTU4096
+	MTU256  = bth.MTU256
+	MTU512  = bth.MTU512
+	MTU1024 = bth.MTU1024
+	MTU2048 = bth.MTU2048
+	MTU4096 = bth.MTU4096
 )
 
 // MTUFromBytes returns the MTU code for 256, 512, 1024, 2048 or 4096.
-func MTUFromBytes(n int) (MTU, bool) { return cm.MTUFromBytes(n) }
+func MTUFromBytes(n int) (MTU, bool) { return bth.MTUFromBytes(n) }
 
 // AttrMask selects QPAttr fields in Modify (libibverbs enum ibv_qp_attr_mask values).
 type AttrMask uint32

@@ -5,9 +5,9 @@
 // down and checked:
 //
 //   - The wire header packages (bth, reth, aeth, atomiceth, deth, immdt,
-//     icrc) and cm (the CM MAD format) import nothing of this module;
-//     packet imports only the header packages; rocelayer only wire
-//     packages.
+//     icrc) import nothing of this module; cm (the CM MAD format) only bth
+//     (its path MTU type); packet imports only the header packages;
+//     rocelayer only wire packages.
 //   - memreg imports only wire packages.
 //   - udp imports only wire packages (and internal/netns); udp/faults only
 //     internal/netns; internal/netns nothing of ours. udp/memnet (the

@@ -81,7 +81,7 @@ func ruleFor(r string) (rule, bool) {
 	case slices.Contains(headers, r):
 		return rule{why: "wire header packages import nothing of this module"}, true
 	case r == "cm":
-		return rule{why: "cm (the CM MAD wire format) imports nothing of this module"}, true
+		return rule{ours: []string{"bth"}, why: "cm (the CM MAD wire format) imports only bth of this module (its path MTU type)"}, true
 	case r == "packet":
 		return rule{ours: headers, why: "packet imports only the wire header packages"}, true
 	case r == "rocelayer":
