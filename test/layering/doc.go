@@ -18,6 +18,8 @@
 //     network only through udp: no syscall, golang.org/x/sys, golang.org/x/net,
 //     os/exec or eBPF imports, and of package net only net.ErrClosed (what a
 //     closed udp.Link returns).
+//   - examples/ (runnable programs for the README) use only the library's
+//     public packages: nothing under cmd/, test/ or internal/.
 //   - cmd/ and test/ sit on top: no package outside them imports them —
 //     not even in its tests, except test/goldendir, the leaf that finds the
 //     golden captures (standard library only) — and cmd/ never imports

@@ -135,7 +135,7 @@ func violations(pkgs []pkg, files func(p *pkg, names []string) []parsedFile) []s
 		}
 		src := append(slices.Clone(p.GoFiles), p.CgoFiles...)
 		tests := append(slices.Clone(p.TestGoFiles), p.XTestGoFiles...)
-		top := under(r, "cmd") || under(r, "test")
+		top := under(r, "cmd") || under(r, "test") || under(r, "examples")
 		switch {
 		case r == "test/goldendir":
 			for _, imp := range p.Imports {
@@ -144,6 +144,12 @@ func violations(pkgs []pkg, files func(p *pkg, names []string) []parsedFile) []s
 				}
 			}
 		case under(r, "test"):
+		case under(r, "examples"):
+			for _, imp := range p.Imports {
+				if ri := rel(imp); under(ri, "cmd") || under(ri, "test") || under(ri, "internal") || strings.Contains(ri, "/internal") {
+					report(p, src, imp, "examples/ use only the library's public packages (nothing under cmd/, test/ or internal/)")
+				}
+			}
 		case under(r, "cmd"):
 			for _, imp := range p.Imports {
 				if ri := rel(imp); under(ri, "test") {
@@ -355,6 +361,7 @@ func TestViolationsFound(t *testing.T) {
 		{ImportPath: m("newthing"), Imports: []string{"fmt"}},
 		{ImportPath: m("udp/faults"), Imports: []string{m("internal/netns"), "github.com/cilium/ebpf"}},
 		{ImportPath: m("udp/memnet"), Imports: []string{m("udp"), m("icrc"), m("transport")}},
+		{ImportPath: m("examples/x"), Imports: []string{m("rdmacm"), m("cmd/internal/oob")}},
 	}
 	got := violations(pkgs, nil)
 	want := []string{
@@ -369,6 +376,7 @@ func TestViolationsFound(t *testing.T) {
 		"test/goldendir imports github.com/google/gopacket: test/goldendir is a leaf",
 		"newthing: no layering rule",
 		"udp/memnet imports " + m("transport") + ": udp/memnet (the in-memory network) imports only",
+		"examples/x imports " + m("cmd/internal/oob") + ": examples/ use only the library's public packages",
 	}
 	for _, w := range want {
 		found := false
