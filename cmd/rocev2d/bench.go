@@ -87,7 +87,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	if err := parsePairFlags(fs, args, &c.pairOptions, 4096); err != nil {
 		return nil, err
 	}
-	if c.a == c.b || c.a.Is4() != c.b.Is4() {
+	if c.A == c.B || c.A.Is4() != c.B.Is4() {
 		return nil, errors.New("--a and --b must be two different addresses of one IP version")
 	}
 	if c.dur < 10*time.Millisecond || c.dur > time.Hour {
@@ -206,16 +206,16 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 	usr1 := watchSIGUSR1(stderr)
 	defer usr1.Stop()
 	fmt.Fprintf(stdout, "rocev2d bench: %v <-> %v over loopback, path MTU %v, per row %v of raw UDP and %v of rocev2 in %d alternating runs\n",
-		c.a, c.b, c.mtu, c.dur, c.dur, benchRounds)
-	if off, err := udp.DeviceOffloadFor(c.a); err != nil {
-		fmt.Fprintf(stdout, "GSO default of the rocev2d commands on %v: off (%v)\n", c.a, err)
+		c.A, c.B, c.MTU, c.dur, c.dur, benchRounds)
+	if off, err := udp.DeviceOffloadFor(c.A); err != nil {
+		fmt.Fprintf(stdout, "GSO default of the rocev2d commands on %v: off (%v)\n", c.A, err)
 	} else {
-		fmt.Fprintf(stdout, "GSO default of the rocev2d commands on %v: %s, %s\n", c.a, map[bool]string{true: "on", false: "off"}[off.GSODefault()], off)
+		fmt.Fprintf(stdout, "GSO default of the rocev2d commands on %v: %s, %s\n", c.A, map[bool]string{true: "on", false: "off"}[off.GSODefault()], off)
 	}
 	modes := []benchMode{modePlain, modeGSO}
-	if c.sock.gsoSet {
+	if c.Sock.GSOSet {
 		modes = []benchMode{modePlain}
-		if c.sock.gso {
+		if c.Sock.GSO {
 			modes = []benchMode{modeGSO}
 		}
 	}
@@ -254,16 +254,16 @@ const benchRecvs = 512
 
 // openBenchStack opens the stack side of mode m on c's addresses.
 func openBenchStack(c *benchConfig, m benchMode) (*benchStack, error) {
-	opts := c.sock.options(true, 0)
+	opts := c.Sock.Options(true, 0)
 	opts.GSO, opts.GSOAuto = m.gso, false
-	la, lb, err := listenSocketPair(c.a, c.b, opts, "pick other addresses with --a/--b")
+	la, lb, err := listenSocketPair(c.A, c.B, opts, "pick other addresses with --a/--b")
 	if err != nil {
 		return nil, err
 	}
 	q := pairQueues
-	q.maxRecvWR = benchRecvs + 64 // and the ping-pong rows' own
-	q.cc = c.sock.cc.config()
-	q.rdAtomic = benchRdAtomic
+	q.MaxRecvWR = benchRecvs + 64 // and the ping-pong rows' own
+	q.CC = c.Sock.CC.Config()
+	q.RdAtomic = benchRdAtomic
 	a, err := newEndpoint(la, q)
 	if err != nil {
 		lb.Close()
@@ -271,7 +271,7 @@ func openBenchStack(c *benchConfig, m benchMode) (*benchStack, error) {
 	}
 	b, err := newEndpoint(lb, q)
 	if err != nil {
-		a.close()
+		a.Close()
 		return nil, fmt.Errorf("device B: %w", err)
 	}
 	s := &benchStack{a: a, b: b}
@@ -279,28 +279,28 @@ func openBenchStack(c *benchConfig, m benchMode) (*benchStack, error) {
 		s.close()
 		return nil, err
 	}
-	if err = a.connect(c.b, b.qp.QPN(), b.psn, c.mtu, benchRdAtomic, 14); err == nil {
-		err = b.connect(c.a, a.qp.QPN(), a.psn, c.mtu, benchRdAtomic, 14)
+	if err = a.Connect(c.B, b.QP.QPN(), b.PSN, c.MTU, benchRdAtomic, 14); err == nil {
+		err = b.Connect(c.A, a.QP.QPN(), a.PSN, c.MTU, benchRdAtomic, 14)
 	}
 	if err != nil {
 		return fail(err)
 	}
 	// One registration per buffer for the whole section, released after
 	// the devices are closed.
-	if _, s.srcMR, err = a.alloc(1<<16, memreg.AccessLocalWrite); err != nil {
+	if _, s.srcMR, err = a.Alloc(1<<16, memreg.AccessLocalWrite); err != nil {
 		return fail(err)
 	}
-	if _, s.dstMR, err = b.alloc(1<<16, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead); err != nil {
+	if _, s.dstMR, err = b.Alloc(1<<16, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead); err != nil {
 		return fail(err)
 	}
 	// B's receive buffer for the SEND rows: one registration, big enough
 	// for every size, with receives kept posted across rows.
-	if _, s.rmr, err = b.alloc(1<<16, memreg.AccessLocalWrite); err != nil {
+	if _, s.rmr, err = b.Alloc(1<<16, memreg.AccessLocalWrite); err != nil {
 		return fail(err)
 	}
 	s.recv = transport.RecvWR{SGEs: []memreg.SGE{{Addr: s.rmr.IOVA(), Length: uint32(s.rmr.Len()), LKey: s.rmr.LKey()}}}
 	for i := 0; i < benchRecvs; i++ {
-		if err := b.qp.PostRecv(s.recv); err != nil {
+		if err := b.QP.PostRecv(s.recv); err != nil {
 			return fail(err)
 		}
 	}
@@ -308,8 +308,8 @@ func openBenchStack(c *benchConfig, m benchMode) (*benchStack, error) {
 }
 
 func (s *benchStack) close() {
-	s.a.close()
-	s.b.close()
+	s.a.Close()
+	s.b.Close()
 }
 
 // goodputRow runs rounds alternating runs of the raw baseline of mode m
@@ -366,8 +366,8 @@ func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Wa
 	}
 	defer s.close()
 	tag := map[bool]string{false: "", true: " gso"}[m.gso]
-	usr1.Add("A "+c.a.String()+tag, s.a.dev)
-	usr1.Add("B "+c.b.String()+tag, s.b.dev)
+	usr1.Add("A "+c.A.String()+tag, s.a.Dev)
+	usr1.Add("B "+c.B.String()+tag, s.b.Dev)
 	var rows []benchRow
 	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
 		for _, size := range []int{64, 4096, 65536} {
@@ -384,10 +384,10 @@ func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Wa
 	}
 	rows = append(rows, lat...)
 	printBenchTable(stdout, m, rows)
-	if c.verbose {
+	if c.Verbose {
 		fmt.Fprintln(stdout)
-		printCounters(stdout, "A "+c.a.String()+tag, s.a.dev)
-		printCounters(stdout, "B "+c.b.String()+tag, s.b.dev)
+		printCounters(stdout, "A "+c.A.String()+tag, s.a.Dev)
+		printCounters(stdout, "B "+c.B.String()+tag, s.b.Dev)
 	}
 	return nil
 }
@@ -489,11 +489,11 @@ func newBatchConn(c *net.UDPConn, v4 bool) batchConn {
 
 // rawPair opens two UDP sockets on ephemeral ports of the two addresses.
 func rawPair(c *benchConfig) (sa, sb *net.UDPConn, err error) {
-	sa, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(c.a, 0)))
+	sa, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(c.A, 0)))
 	if err != nil {
 		return nil, nil, err
 	}
-	sb, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(c.b, 0)))
+	sb, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(c.B, 0)))
 	if err != nil {
 		sa.Close()
 		return nil, nil, err
@@ -544,15 +544,15 @@ func rawGoodput(ctx context.Context, c *benchConfig, size int, gso bool) (benchR
 	}
 	defer sa.Close()
 	defer sb.Close()
-	mtu := c.mtu.Bytes()
+	mtu := c.MTU.Bytes()
 	// The datagrams of one message: full MTU chunks and the remainder.
 	var chunks []int
 	for left := size; left > 0; left -= mtu {
 		chunks = append(chunks, min(left, mtu)+16)
 	}
 	dst := sb.LocalAddr()
-	wb := newBatchConn(sa, c.a.Is4())
-	rb := newBatchConn(sb, c.a.Is4())
+	wb := newBatchConn(sa, c.A.Is4())
+	rb := newBatchConn(sb, c.A.Is4())
 	var msgs []ipv4.Message
 	var segs []int // datagrams in each of msgs
 	if !gso {
@@ -724,7 +724,7 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 			defer wg.Done()
 			wcs := make([]transport.WC, 64)
 			for {
-				n, err := b.rcq.Wait(rctx, wcs)
+				n, err := b.RCQ.Wait(rctx, wcs)
 				if err != nil {
 					if rctx.Err() == nil {
 						recvErr = err
@@ -736,7 +736,7 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 						recvErr = wcError(wc, "receive")
 						return
 					}
-					if err := b.qp.PostRecv(recv); err != nil {
+					if err := b.QP.PostRecv(recv); err != nil {
 						recvErr = err
 						return
 					}
@@ -753,7 +753,7 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 		wrs[i] = wr
 	}
 	wcs := make([]transport.WC, 64)
-	pkts0 := a.link.Stats().SentPkts + b.link.Stats().SentPkts
+	pkts0 := a.Link.Stats().SentPkts + b.Link.Stats().SentPkts
 	var posted, done int
 	cpu := startCPU()
 	start := time.Now()
@@ -761,7 +761,7 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 	for {
 		if time.Now().Before(deadline) && posted-done < window {
 			k := window - (posted - done)
-			if err := a.qp.PostSend(wrs[:k]...); err != nil {
+			if err := a.QP.PostSend(wrs[:k]...); err != nil {
 				return benchRun{}, err
 			}
 			posted += k
@@ -769,7 +769,7 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 		if posted == done {
 			break
 		}
-		n, err := a.scq.Wait(ctx, wcs)
+		n, err := a.SCQ.Wait(ctx, wcs)
 		if err != nil {
 			return benchRun{}, err
 		}
@@ -781,7 +781,7 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 		done += n
 	}
 	el := time.Since(start)
-	pkts := a.link.Stats().SentPkts + b.link.Stats().SentPkts - pkts0
+	pkts := a.Link.Stats().SentPkts + b.Link.Stats().SentPkts - pkts0
 	if op == transport.WRSend {
 		// Wait until B has consumed (and reposted) every message.
 		for time.Since(start) < c.dur+5*time.Second && received.Load() < int64(done) {

@@ -24,8 +24,8 @@ const benchBRun = 50 * time.Millisecond
 
 func benchBConfig() *benchConfig {
 	c := &benchConfig{dur: benchBRun}
-	c.a, c.b = netip.MustParseAddr("127.0.0.73"), netip.MustParseAddr("127.0.0.74")
-	c.mtu = transport.MTU4096
+	c.A, c.B = netip.MustParseAddr("127.0.0.73"), netip.MustParseAddr("127.0.0.74")
+	c.MTU = transport.MTU4096
 	return c
 }
 
@@ -33,7 +33,7 @@ func benchBStack(b *testing.B, c *benchConfig, m benchMode) *benchStack {
 	b.Helper()
 	s, err := openBenchStack(c, m)
 	if err != nil {
-		b.Skipf("cannot open the stack on %v/%v: %v", c.a, c.b, err)
+		b.Skipf("cannot open the stack on %v/%v: %v", c.A, c.B, err)
 	}
 	b.Cleanup(s.close)
 	return s

@@ -23,16 +23,16 @@ import (
 // each side alternating.
 func (s *benchStack) latencyRows(ctx context.Context, rc *benchConfig, rounds int) ([]benchRow, error) {
 	spin := time.Duration(0)
-	if rc.sock.busyPollSet {
-		spin = rc.sock.busyPoll
+	if rc.Sock.BusyPollSet {
+		spin = rc.Sock.BusyPoll
 	}
 	// Each side's WRITE target (the peer's WRITEs carry an immediate, so
 	// the receiver waits in its CQ as for a SEND).
-	_, wa, err := s.a.alloc(64, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	_, wa, err := s.a.Alloc(64, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
 	if err != nil {
 		return nil, err
 	}
-	_, wb, err := s.b.alloc(64, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	_, wb, err := s.b.Alloc(64, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
 	if err != nil {
 		return nil, err
 	}
@@ -156,10 +156,10 @@ func stackPingPongOp(ctx context.Context, c *benchConfig, a, b *endpoint, op tra
 // sides wait in CQ.Wait for the receive completion of the peer's message.
 func pingPongWRs(ctx context.Context, c *benchConfig, a, b *endpoint, wrA, wrB transport.SendWR, recvA, recvB transport.RecvWR) (benchRun, error) {
 	for range 4 {
-		if err := a.qp.PostRecv(recvA); err != nil {
+		if err := a.QP.PostRecv(recvA); err != nil {
 			return benchRun{}, err
 		}
-		if err := b.qp.PostRecv(recvB); err != nil {
+		if err := b.QP.PostRecv(recvB); err != nil {
 			return benchRun{}, err
 		}
 	}
@@ -169,7 +169,7 @@ func pingPongWRs(ctx context.Context, c *benchConfig, a, b *endpoint, wrA, wrB t
 	go func() {
 		wcs := make([]transport.WC, 8)
 		for {
-			k, err := b.rcq.Wait(rctx, wcs)
+			k, err := b.RCQ.Wait(rctx, wcs)
 			if err != nil {
 				echoErr <- nil
 				return
@@ -179,16 +179,16 @@ func pingPongWRs(ctx context.Context, c *benchConfig, a, b *endpoint, wrA, wrB t
 					echoErr <- wcError(wc, "receive")
 					return
 				}
-				if err := b.qp.PostRecv(recvB); err != nil {
+				if err := b.QP.PostRecv(recvB); err != nil {
 					echoErr <- err
 					return
 				}
-				if err := b.qp.PostSend(wrB); err != nil {
+				if err := b.QP.PostSend(wrB); err != nil {
 					echoErr <- err
 					return
 				}
 			}
-			b.scq.Poll(wcs) // unsignaled: none
+			b.SCQ.Poll(wcs) // unsignaled: none
 		}
 	}()
 	wcs := make([]transport.WC, 8)
@@ -197,20 +197,20 @@ func pingPongWRs(ctx context.Context, c *benchConfig, a, b *endpoint, wrA, wrB t
 	start := time.Now()
 	deadline := start.Add(c.dur)
 	for time.Now().Before(deadline) {
-		if err := a.qp.PostSend(wrA); err != nil {
+		if err := a.QP.PostSend(wrA); err != nil {
 			return benchRun{}, err
 		}
-		k, err := a.rcq.Wait(ctx, wcs[:1])
+		k, err := a.RCQ.Wait(ctx, wcs[:1])
 		if err != nil {
 			return benchRun{}, fmt.Errorf("waiting for echo %d: %w", iters+1, err)
 		}
 		if k == 1 && wcs[0].Status != transport.WCSuccess {
 			return benchRun{}, wcError(wcs[0], "receive")
 		}
-		if err := a.qp.PostRecv(recvA); err != nil {
+		if err := a.QP.PostRecv(recvA); err != nil {
 			return benchRun{}, err
 		}
-		a.scq.Poll(wcs)
+		a.SCQ.Poll(wcs)
 		iters++
 	}
 	el := time.Since(start)

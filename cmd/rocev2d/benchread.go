@@ -157,7 +157,7 @@ func rawReadGoodput(ctx context.Context, c *benchConfig, size, window int, gso b
 	}
 	defer sa.Close()
 	defer sb.Close()
-	chunks := readResponseChunks(size, c.mtu.Bytes())
+	chunks := readResponseChunks(size, c.MTU.Bytes())
 	perMsg := len(chunks)
 	// B: the responder.
 	var respSent atomic.Int64 // response datagrams B sent
@@ -168,7 +168,7 @@ func rawReadGoodput(ctx context.Context, c *benchConfig, size, window int, gso b
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		rb := newBatchConn(sb, c.a.Is4())
+		rb := newBatchConn(sb, c.A.Is4())
 		out := newRawBatcher(rb, sa.LocalAddr(), gso)
 		rm := newRecvBatch()
 		var stream []int
@@ -202,7 +202,7 @@ func rawReadGoodput(ctx context.Context, c *benchConfig, size, window int, gso b
 		}
 	}()
 	// A: the reader.
-	ra := newBatchConn(sa, c.a.Is4())
+	ra := newBatchConn(sa, c.A.Is4())
 	req := newRawBatcher(ra, sb.LocalAddr(), gso)
 	rm := newRecvBatch()
 	reqStream := make([]int, 0, window)

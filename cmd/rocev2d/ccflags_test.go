@@ -66,7 +66,7 @@ func TestCCFlags(t *testing.T) {
 			t.Errorf("%q: %v", tc.args, err)
 			continue
 		}
-		if got := f.config(); got != tc.want {
+		if got := f.Config(); got != tc.want {
 			t.Errorf("%q: %+v, want %+v", tc.args, got, tc.want)
 		}
 	}

@@ -178,19 +178,19 @@ func parseCongestionFlags(args []string) (*ccConfig, error) {
 	// The reaction point: the profile, then the --dcqcn-param knobs.
 	switch *rp {
 	case "paper":
-		c.cc.params = paperRP(c.rate)
+		c.cc.Params = paperRP(c.rate)
 	case "nvidia":
-		c.cc.params = dcqcn.Config{}
+		c.cc.Params = dcqcn.Config{}
 	default:
 		return nil, fmt.Errorf("--rp %q: want paper or nvidia", *rp)
 	}
-	if err := setDCQCNParams(&c.cc.params, c.cc.paramArgs); err != nil {
-		return nil, fmt.Errorf("--dcqcn-param %s: %w", c.cc.paramArgs, err)
+	if err := setDCQCNParams(&c.cc.Params, c.cc.ParamArgs); err != nil {
+		return nil, fmt.Errorf("--dcqcn-param %s: %w", c.cc.ParamArgs, err)
 	}
-	if c.cc.params.LineRate == 0 {
-		c.cc.params.LineRate = c.lineRate
+	if c.cc.Params.LineRate == 0 {
+		c.cc.Params.LineRate = c.lineRate
 	}
-	if _, err := c.cc.params.Normalize(); err != nil {
+	if _, err := c.cc.Params.Normalize(); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -307,9 +307,9 @@ func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	}
 	if c.verbose && sim != nil {
-		printCounters(stdout, "receiver "+sim.recv.dev.Addr().String(), sim.recv.dev)
+		printCounters(stdout, "receiver "+sim.recv.Dev.Addr().String(), sim.recv.Dev)
 		for i, s := range sim.send {
-			printCounters(stdout, fmt.Sprintf("flow %d sender %v", i+1, s.dev.Addr()), s.dev)
+			printCounters(stdout, fmt.Sprintf("flow %d sender %v", i+1, s.Dev.Addr()), s.Dev)
 		}
 	}
 	if sim != nil {
@@ -346,10 +346,10 @@ var (
 
 func (s *ccSim) close() {
 	for _, e := range s.send {
-		e.close()
+		e.Close()
 	}
 	if s.recv != nil {
-		s.recv.close()
+		s.recv.Close()
 	}
 }
 
@@ -364,31 +364,31 @@ func newCCSim(c *ccConfig) (*ccSim, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc := c.cc.config()
+	cc := c.cc.Config()
 	access := memreg.AccessRemoteWrite
 	link, err := s.net.Link(ccRecvAddr)
 	if err != nil {
 		return nil, err
 	}
-	cfg := endpointConfig{sendCQ: 16 * c.flows, recvCQ: 16, maxSendWR: 4, maxRecvWR: 1, access: access, cc: cc, clock: s.clk}
+	cfg := endpointConfig{SendCQ: 16 * c.flows, RecvCQ: 16, MaxSendWR: 4, MaxRecvWR: 1, Access: access, CC: cc, Clock: s.clk}
 	if s.recv, err = newEndpoint(link, cfg); err != nil {
 		return nil, fmt.Errorf("receiver: %w", err)
 	}
-	_, dst, err := s.recv.alloc(c.size, access|memreg.AccessLocalWrite)
+	_, dst, err := s.recv.Alloc(c.size, access|memreg.AccessLocalWrite)
 	if err != nil {
 		s.close()
 		return nil, err
 	}
-	s.rqps = append(s.rqps, s.recv.qp)
+	s.rqps = append(s.rqps, s.recv.QP)
 	for range c.flows - 1 {
-		qp, err := s.recv.newQP(cfg)
+		qp, err := s.recv.NewQP(cfg)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("receiver: %w", err)
 		}
 		s.rqps = append(s.rqps, qp)
 	}
-	scfg := endpointConfig{sendCQ: c.depth + 16, recvCQ: 16, maxSendWR: c.depth, maxRecvWR: 1, access: access, cc: cc, clock: s.clk}
+	scfg := endpointConfig{SendCQ: c.depth + 16, RecvCQ: 16, MaxSendWR: c.depth, MaxRecvWR: 1, Access: access, CC: cc, Clock: s.clk}
 	a4 := ccSendBase.As4()
 	for i := range c.flows {
 		a4[3] = byte(10 + i)
@@ -409,7 +409,7 @@ func newCCSim(c *ccConfig) (*ccSim, error) {
 			return nil, fmt.Errorf("flow %d: %w", i+1, err)
 		}
 		s.send = append(s.send, e)
-		src, smr, err := e.alloc(c.size, memreg.AccessLocalWrite)
+		src, smr, err := e.Alloc(c.size, memreg.AccessLocalWrite)
 		if err != nil {
 			s.close()
 			return nil, err
@@ -418,11 +418,11 @@ func newCCSim(c *ccConfig) (*ccSim, error) {
 			src[k] = byte(i)
 		}
 		rpsn := uint32(0x1000 * (i + 1))
-		if err := e.connect(ccRecvAddr, s.rqps[i].QPN(), rpsn, c.mtu, 1, uint8(c.timeout)); err != nil {
+		if err := e.Connect(ccRecvAddr, s.rqps[i].QPN(), rpsn, c.mtu, 1, uint8(c.timeout)); err != nil {
 			s.close()
 			return nil, fmt.Errorf("flow %d: %w", i+1, err)
 		}
-		if err := s.recv.connectQP(s.rqps[i], rpsn, addr, e.qp.QPN(), e.psn, c.mtu, 1, uint8(c.timeout)); err != nil {
+		if err := s.recv.ConnectQP(s.rqps[i], rpsn, addr, e.QP.QPN(), e.PSN, c.mtu, 1, uint8(c.timeout)); err != nil {
 			s.close()
 			return nil, fmt.Errorf("flow %d: receiver: %w", i+1, err)
 		}
@@ -443,7 +443,7 @@ const ccQuantum = time.Microsecond
 // devices, for -v; the caller closes them).
 func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRun, *ccSim, error) {
 	run := &ccRun{Flows: c.flows, Bottleneck: c.rate, Buffer: c.buffer, Kmin: c.kmin, Kmax: c.kmax, Pmax: c.pmax,
-		DCQCN: !c.cc.dcqcnOff, Interval: c.interval}
+		DCQCN: !c.cc.DCQCNOff, Interval: c.interval}
 	for i := range c.flows {
 		run.Starts = append(run.Starts, time.Duration(i)*c.stagger)
 	}
@@ -456,7 +456,7 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 	failed := make([]bool, c.flows)
 	bytes := make([]uint64, c.flows) // completed since the last sample
 	prevPort := s.port.Stats()
-	prevCNPSent := s.recv.dev.Counters().NPCNPSent
+	prevCNPSent := s.recv.Dev.Counters().NPCNPSent
 	prevHandled := make([]uint64, c.flows)
 	nextSample := t0.Add(c.interval)
 	end := t0.Add(c.duration)
@@ -471,7 +471,7 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 				continue
 			}
 			for ; outstanding[i] < c.depth; outstanding[i]++ {
-				if err := s.send[i].qp.PostSend(s.write[i]); err != nil {
+				if err := s.send[i].QP.PostSend(s.write[i]); err != nil {
 					failed[i] = true
 					run.Failed = append(run.Failed, fmt.Sprintf("flow %d at %v: %v", i+1, now.Sub(t0), err))
 					break
@@ -500,7 +500,7 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 		}
 		for i := range c.flows {
 			for {
-				n := s.send[i].scq.Poll(s.wcs)
+				n := s.send[i].SCQ.Poll(s.wcs)
 				if n == 0 {
 					break
 				}
@@ -525,7 +525,7 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 		}
 		// Sample.
 		st := s.port.Stats()
-		cnpSent := s.recv.dev.Counters().NPCNPSent
+		cnpSent := s.recv.Dev.Counters().NPCNPSent
 		sm := ccSample{T: now.Sub(t0), Queue: float64(st.Depth), MeanQueue: memnet.MeanDepth(prevPort, st),
 			CNPSent: cnpSent - prevCNPSent, Marked: st.Marked - prevPort.Marked, Dropped: st.Dropped - prevPort.Dropped}
 		for i := range c.flows {
@@ -533,10 +533,10 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 			bytes[i] = 0
 			rate := math.NaN()
 			if sm.T > run.Starts[i] {
-				rate = s.send[i].qp.Congestion().Rate
+				rate = s.send[i].QP.Congestion().Rate
 			}
 			sm.Rate = append(sm.Rate, rate)
-			h := s.send[i].dev.Counters().RPCNPHandled
+			h := s.send[i].Dev.Counters().RPCNPHandled
 			sm.CNPHandled += h - prevHandled[i]
 			prevHandled[i] = h
 		}

@@ -195,7 +195,7 @@ func TestCongestionFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc := c.cc.config()
+	cc := c.cc.Config()
 	if c.flows != 8 || c.rate != 25e9 || c.lineRate != 25e9 || c.buffer != 2<<20 || c.kmin != 5000 || c.kmax != 200000 || c.pmax != 0.01 ||
 		cc.ECN != transport.ECNECT1 || cc.CNPInterval != 4*time.Microsecond || cc.DCQCN.LineRate != 25e9 ||
 		cc.DCQCN.AIRate != 20e6 || cc.DCQCN.TimeReset != 100*time.Microsecond || cc.DCQCN.Disable {

@@ -77,8 +77,8 @@ func parseDemoFlags(args []string) (*demoConfig, error) {
 	if err := parsePairFlags(fs, args, &c.pairOptions, 1024); err != nil {
 		return nil, err
 	}
-	if c.a == c.b {
-		return nil, fmt.Errorf("--a and --b are both %v; the two devices need different addresses", c.a)
+	if c.A == c.B {
+		return nil, fmt.Errorf("--a and --b are both %v; the two devices need different addresses", c.A)
 	}
 	if c.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
@@ -111,11 +111,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func demoLinks(c *demoConfig) (a, b udp.Link, kind string, err error) {
 	if c.mem {
 		n := memnet.NewMemNetwork(c.faults)
-		la, err := n.Link(c.a)
+		la, err := n.Link(c.A)
 		if err != nil {
 			return nil, nil, "", err
 		}
-		lb, err := n.Link(c.b)
+		lb, err := n.Link(c.B)
 		if err != nil {
 			la.Close()
 			return nil, nil, "", err
@@ -126,7 +126,7 @@ func demoLinks(c *demoConfig) (a, b udp.Link, kind string, err error) {
 		}
 		return la, lb, kind, nil
 	}
-	la, lb, err := listenSocketPair(c.a, c.b, c.sock.options(true, 0), "pick other addresses with --a/--b, or use --mem")
+	la, lb, err := listenSocketPair(c.A, c.B, c.Sock.Options(true, 0), "pick other addresses with --a/--b, or use --mem")
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -215,18 +215,18 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 		la = pcaptap.New(la, pw, pcaptap.Sent)
 		lb = pcaptap.New(lb, pw, pcaptap.Sent)
 	}
-	a, b, err := newEndpointPair(la, lb, c.a, c.b, c.mtu, c.sock.cc.config())
+	a, b, err := newEndpointPair(la, lb, c.A, c.B, c.MTU, c.Sock.CC.Config())
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
 		return exitFail
 	}
-	defer a.close()
-	defer b.close()
-	usr1.Add("A "+c.a.String(), a.dev)
-	usr1.Add("B "+c.b.String(), b.dev)
-	fmt.Fprintf(stdout, "rocev2d demo over %s, path MTU %v\n", kind, c.mtu)
-	fmt.Fprintf(stdout, "  A: %v QPN 0x%06x PSN 0x%06x\n", c.a, a.qp.QPN(), a.psn)
-	fmt.Fprintf(stdout, "  B: %v QPN 0x%06x PSN 0x%06x\n\n", c.b, b.qp.QPN(), b.psn)
+	defer a.Close()
+	defer b.Close()
+	usr1.Add("A "+c.A.String(), a.Dev)
+	usr1.Add("B "+c.B.String(), b.Dev)
+	fmt.Fprintf(stdout, "rocev2d demo over %s, path MTU %v\n", kind, c.MTU)
+	fmt.Fprintf(stdout, "  A: %v QPN 0x%06x PSN 0x%06x\n", c.A, a.QP.QPN(), a.PSN)
+	fmt.Fprintf(stdout, "  B: %v QPN 0x%06x PSN 0x%06x\n\n", c.B, b.QP.QPN(), b.PSN)
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "op\tsize\tcount\tbytes\tpackets\ttime\tMB/s\tcheck\t")
@@ -256,15 +256,15 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "FAIL %s %d bytes: %v\n", demoName(r.op), r.size, r.err)
 		}
 	}
-	if c.verbose {
+	if c.Verbose {
 		fmt.Fprintln(stdout)
-		printCounters(stdout, "A "+c.a.String(), a.dev)
-		printCounters(stdout, "B "+c.b.String(), b.dev)
+		printCounters(stdout, "A "+c.A.String(), a.Dev)
+		printCounters(stdout, "B "+c.B.String(), b.Dev)
 	}
 	ran := len(results)
 	// Close the devices before the capture so that every packet is in it.
-	a.close()
-	b.close()
+	a.Close()
+	b.Close()
 	if pw != nil {
 		if err := pw.Close(); err != nil {
 			fmt.Fprintf(stderr, "rocev2d demo: --pcap %s: %v\n", c.pcap, err)
@@ -297,7 +297,7 @@ func fmtDuration(d time.Duration) string {
 }
 
 // sentPkts is the number of packets both links sent.
-func sentPkts(a, b *endpoint) uint64 { return a.link.Stats().SentPkts + b.link.Stats().SentPkts }
+func sentPkts(a, b *endpoint) uint64 { return a.Link.Stats().SentPkts + b.Link.Stats().SentPkts }
 
 // settlePkts waits (up to 50 ms) until every packet either link sent has been
 // received by the other — a link counts a packet as sent only when its send
@@ -306,7 +306,7 @@ func sentPkts(a, b *endpoint) uint64 { return a.link.Stats().SentPkts + b.link.S
 func settlePkts(a, b *endpoint) uint64 {
 	deadline := time.Now().Add(50 * time.Millisecond)
 	for {
-		sa, sb := a.link.Stats(), b.link.Stats()
+		sa, sb := a.Link.Stats(), b.Link.Stats()
 		if (sa.SentPkts == sb.RcvdPkts+sb.DropBadICRC+sb.DropMalformed+sb.DropOther &&
 			sb.SentPkts == sa.RcvdPkts+sa.DropBadICRC+sa.DropMalformed+sa.DropOther) || time.Now().After(deadline) {
 			return sa.SentPkts + sb.SentPkts
@@ -328,12 +328,12 @@ func runDemoCase(ctx context.Context, a, b *endpoint, dc demoCase) demoResult {
 		span = 8
 	}
 	total := span * dc.count
-	src, srcMR, err := a.alloc(total, memreg.AccessLocalWrite)
+	src, srcMR, err := a.Alloc(total, memreg.AccessLocalWrite)
 	if err != nil {
 		r.err = err
 		return r
 	}
-	dst, dstMR, err := b.alloc(total, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
+	dst, dstMR, err := b.Alloc(total, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
 	if err != nil {
 		r.err = err
 		return r
@@ -357,7 +357,7 @@ func runDemoCase(ctx context.Context, a, b *endpoint, dc demoCase) demoResult {
 			if dc.op != transport.WRWriteImm && dc.size > 0 {
 				wr.SGEs = []memreg.SGE{{Addr: dstMR.IOVA() + uint64(i*span), Length: uint32(dc.size), LKey: dstMR.LKey()}}
 			}
-			if err := b.qp.PostRecv(wr); err != nil {
+			if err := b.QP.PostRecv(wr); err != nil {
 				r.err = fmt.Errorf("post receive %d: %w", i, err)
 				return r
 			}
@@ -402,16 +402,16 @@ func runDemoCase(ctx context.Context, a, b *endpoint, dc demoCase) demoResult {
 	}
 	pkts0 := sentPkts(a, b)
 	start := time.Now()
-	if err := a.qp.PostSend(wrs...); err != nil {
+	if err := a.QP.PostSend(wrs...); err != nil {
 		r.err = fmt.Errorf("post send: %w", err)
 		return r
 	}
-	sendWCs, err := demoWait(ctx, a.scq, dc.count)
+	sendWCs, err := demoWait(ctx, a.SCQ, dc.count)
 	if err == nil && needRecv {
 		var recvWCs []transport.WC
-		recvWCs, err = demoWait(ctx, b.rcq, dc.count)
+		recvWCs, err = demoWait(ctx, b.RCQ, dc.count)
 		if err == nil {
-			err = checkRecvWCs(recvWCs, dc, a.qp.QPN(), b.qp.QPN())
+			err = checkRecvWCs(recvWCs, dc, a.QP.QPN(), b.QP.QPN())
 		}
 	}
 	r.elapsed = time.Since(start)

@@ -36,13 +36,6 @@ import (
 	"syscall"
 )
 
-// Exit statuses shared by every subcommand.
-const (
-	exitOK    = 0 // success
-	exitFail  = 1 // the command ran and found a problem (bad packet, failed test)
-	exitUsage = 2 // bad usage or unreadable input
-)
-
 // command is one subcommand.
 type command struct {
 	name    string

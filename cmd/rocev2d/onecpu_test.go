@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"io"
 	"testing"
 	"time"
@@ -11,8 +12,8 @@ import (
 // not busy-poll by default, and --busy-poll still sets it; with more CPUs
 // the default stays defaultBusyPoll; commands that do not poll never do.
 func TestBusyPollOneCPU(t *testing.T) {
-	saved := oneCPU
-	t.Cleanup(func() { oneCPU = saved })
+	saved := cli.OneCPU
+	t.Cleanup(func() { cli.OneCPU = saved })
 	for _, c := range []struct {
 		name   string
 		one    bool
@@ -27,7 +28,7 @@ func TestBusyPollOneCPU(t *testing.T) {
 		{"two CPUs, --busy-poll=0", false, []string{"--busy-poll=0"}, true, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			oneCPU = c.one
+			cli.OneCPU = c.one
 			var f socketFlags
 			fs := flag.NewFlagSet("x", flag.ContinueOnError)
 			fs.SetOutput(io.Discard)
@@ -35,7 +36,7 @@ func TestBusyPollOneCPU(t *testing.T) {
 			if err := fs.Parse(c.args); err != nil {
 				t.Fatal(err)
 			}
-			if got := f.options(c.poll, defaultBusyPoll).BusyPoll; got != c.expect {
+			if got := f.Options(c.poll, defaultBusyPoll).BusyPoll; got != c.expect {
 				t.Errorf("BusyPoll %v, want %v", got, c.expect)
 			}
 		})

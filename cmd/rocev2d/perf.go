@@ -70,7 +70,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		defer s.close()
 		s.cm = &perfCM{c: c, s: s}
 		defer s.cm.close() // before s.close: the DREQs need the device
-		usr1.Add(local.String(), s.dev)
+		usr1.Add(local.String(), s.Dev)
 		if conn, err = s.cm.connectComm(ctx, stdout); err != nil {
 			return err
 		}
@@ -86,7 +86,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 				return err
 			}
 			defer s.close()
-			usr1.Add(local.String(), s.dev)
+			usr1.Add(local.String(), s.Dev)
 		}
 		if conn, err = perfConnect(ctx, c, stdout); err != nil {
 			return err
@@ -101,7 +101,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 				return err
 			}
 			defer s.close()
-			usr1.Add(local.String(), s.dev)
+			usr1.Add(local.String(), s.Dev)
 		}
 	}
 	defer conn.Close()
@@ -166,7 +166,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			}
 			if c.test == oob.SendBW || c.test == oob.SendLat {
 				var stop func()
-				wctx, stop = watchRNR(wctx, s.dev, c.test)
+				wctx, stop = watchRNR(wctx, s.Dev, c.test)
 				stops = append(stops, stop)
 			}
 			rep, err := s.traffic(wctx, i, sizes, role, stdout, stderr)
@@ -248,7 +248,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		fmt.Fprintln(stdout, " data check: ok")
 	}
 	if c.verbose {
-		printCounters(stdout, local.String(), s.dev)
+		printCounters(stdout, local.String(), s.Dev)
 	}
 	if s.capture != nil {
 		n := s.capture.Packets()

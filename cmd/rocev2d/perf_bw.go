@@ -74,7 +74,7 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 		if totC == totS && (stopPosting || allPosted) {
 			break
 		}
-		n, err := s.scq.Wait(ctx, wcs)
+		n, err := s.SCQ.Wait(ctx, wcs)
 		if err != nil {
 			return oob.Report{}, fmt.Errorf("waiting for completions (%d of %d done): %w", totC, totS, err)
 		}
@@ -141,7 +141,7 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 			}
 			wctx, cancel = context.WithDeadline(ctx, deadline)
 		}
-		n, err := s.rcq.Wait(wctx, wcs)
+		n, err := s.RCQ.Wait(wctx, wcs)
 		cancel()
 		if err != nil {
 			if c.duration > 0 && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {

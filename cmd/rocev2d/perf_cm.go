@@ -119,20 +119,20 @@ func resolveServer(server string) (netip.Addr, error) {
 // posted before the request or reply, as perftest's post_one_recv_wqe.
 func (p *perfCM) commOptions() (*rdmacm.Options, error) {
 	e := p.s.endpoint
-	scq, err := e.dev.CreateCQ(4)
+	scq, err := e.Dev.CreateCQ(4)
 	if err != nil {
 		return nil, fmt.Errorf("couldn't create CQ: %w", err)
 	}
-	rcq, err := e.dev.CreateCQ(4)
+	rcq, err := e.Dev.CreateCQ(4)
 	if err != nil {
 		return nil, fmt.Errorf("couldn't create CQ: %w", err)
 	}
-	buf, mr, err := e.alloc(2*cmMsgMax, memreg.AccessLocalWrite)
+	buf, mr, err := e.Alloc(2*cmMsgMax, memreg.AccessLocalWrite)
 	if err != nil {
 		return nil, err
 	}
 	p.msgs = &cmMsgConn{scq: scq, rcq: rcq, mr: mr, buf: buf, wake: make(chan struct{})}
-	return &rdmacm.Options{PD: e.pd, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 2, MaxRecvWR: 2,
+	return &rdmacm.Options{PD: e.PD, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 2, MaxRecvWR: 2,
 		Retry:           &transport.Retry{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12},
 		ResponseTimeout: perfCMTimeout,
 		Prepare: func(qp *transport.QP) error {
@@ -153,7 +153,7 @@ func (p *perfCM) connectComm(ctx context.Context, stdout io.Writer) (net.Conn, e
 	c := p.c
 	if c.server == "" {
 		// perftest -R -q connects every QP at once: room for all requests.
-		p.ln, err = rdmacm.Listen(p.s.dev, uint16(c.port), &rdmacm.ListenOptions{Backlog: max(4, c.qps+1)})
+		p.ln, err = rdmacm.Listen(p.s.Dev, uint16(c.port), &rdmacm.ListenOptions{Backlog: max(4, c.qps+1)})
 		if err != nil {
 			return nil, fmt.Errorf("rdma_cm port %d: %w", c.port, err)
 		}
@@ -220,7 +220,7 @@ func (p *perfCM) dial(ctx context.Context, opts *rdmacm.Options, patience time.D
 			}
 		}
 		o := *opts
-		conn, err := rdmacm.Dial(dctx, p.s.dev, p.peer, &o)
+		conn, err := rdmacm.Dial(dctx, p.s.Dev, p.peer, &o)
 		if err == nil {
 			return conn, nil
 		}
@@ -341,7 +341,7 @@ func (p *perfCM) connect(ctx context.Context, neg oob.Params) ([]oob.PerfDest, e
 	rd := uint8(min(max(s.local.OutReads, 1), 16))
 	nq := len(s.qps)
 	optsFor := func(i int) *rdmacm.Options {
-		return &rdmacm.Options{QP: s.qps[i].qp, Access: s.access, PathMTU: mtu, ResponderResources: rd, InitiatorDepth: rd,
+		return &rdmacm.Options{QP: s.qps[i].qp, Access: s.Access, PathMTU: mtu, ResponderResources: rd, InitiatorDepth: rd,
 			Retry:           &transport.Retry{Timeout: uint8(p.c.qpTimeout), RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12},
 			ResponseTimeout: perfCMTimeout}
 	}
@@ -422,7 +422,7 @@ func (p *perfCM) checkRemote(remotes []oob.PerfDest) error {
 	for _, r := range remotes {
 		if !connected[r.QPN] {
 			if len(remotes) == 1 {
-				a, _ := p.s.qp.Query()
+				a, _ := p.s.QP.Query()
 				return fmt.Errorf("%w: the peer's QP data names QPN %#x, but its rdma_cm connection connected QPN %#x: the peer's QP is not the one it connected through rdma_cm",
 					oob.ErrModeMismatch, r.QPN, a.DestQPN)
 			}

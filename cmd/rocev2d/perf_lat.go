@@ -34,10 +34,10 @@ func (s *perfSide) latReadAtomic(ctx context.Context, size int, stdout io.Writer
 // postSendWait posts wr and waits for its completion on the send CQ, using
 // wc[0]. postN, waitWhat and waitN word the errors.
 func (s *perfSide) postSendWait(ctx context.Context, wr transport.SendWR, wc []transport.WC, postN int, waitWhat string, waitN int) error {
-	if err := s.qp.PostSend(wr); err != nil {
+	if err := s.QP.PostSend(wr); err != nil {
 		return fmt.Errorf("couldn't post send %d: %w", postN, err)
 	}
-	if _, err := s.scq.Wait(ctx, wc[:1]); err != nil {
+	if _, err := s.SCQ.Wait(ctx, wc[:1]); err != nil {
 		return fmt.Errorf("waiting for %s %d: %w", waitWhat, waitN, err)
 	}
 	if wc[0].Status != transport.WCSuccess {
@@ -152,7 +152,7 @@ func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout
 		// The server writes first (perftest: the client polls first).
 		if rcnt < c.iters && !(scnt < 1 && role == oob.Server) {
 			rcnt++
-			if err := pollByte(ctx, s.dev, s.mem, poll, byte(rcnt), stalled); err != nil {
+			if err := pollByte(ctx, s.Dev, s.mem, poll, byte(rcnt), stalled); err != nil {
 				return fmt.Errorf("waiting for the peer's write %d: %w", rcnt, err)
 			}
 		}
@@ -209,7 +209,7 @@ func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout 
 	var scnt, rcnt int
 	wcs := make([]transport.WC, 4)
 	waitRecv := func() error {
-		n, err := s.rcq.Wait(ctx, wcs[:1])
+		n, err := s.RCQ.Wait(ctx, wcs[:1])
 		if err != nil {
 			return fmt.Errorf("waiting for receive %d: %w", rcnt+1, err)
 		}

@@ -148,7 +148,7 @@ func (s *perfSide) slotOff(size int, i uint64) uint64 {
 }
 
 func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
-	sock, err := listenSocket(local, c.sock.options(!c.test.IsBW() && !c.events, defaultBusyPoll), "use --bind with another local address")
+	sock, err := listenSocket(local, c.sock.Options(!c.test.IsBW() && !c.events, defaultBusyPoll), "use --bind with another local address")
 	if err != nil {
 		return nil, err
 	}
@@ -163,9 +163,9 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 	}
 	nqp := max(c.qps, 1)
 	// One send and one receive CQ for all QPs, as perftest sizes them.
-	cfg := endpointConfig{sendCQ: c.txDepth*nqp + 16, recvCQ: (c.txDepth+c.rxDepth)*nqp + 16,
-		maxSendWR: c.txDepth + 1, maxRecvWR: c.rxDepth + 1,
-		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic, cc: c.sock.cc.config()}
+	cfg := endpointConfig{SendCQ: c.txDepth*nqp + 16, RecvCQ: (c.txDepth+c.rxDepth)*nqp + 16,
+		MaxSendWR: c.txDepth + 1, MaxRecvWR: c.rxDepth + 1,
+		Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic, CC: c.sock.CC.Config()}
 	e, err := newEndpoint(link, cfg)
 	if err != nil {
 		if capture != nil {
@@ -174,9 +174,9 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 		return nil, err
 	}
 	s := &perfSide{endpoint: e, c: c, capture: capture}
-	s.qps = []*perfQP{{qp: e.qp, psn: e.psn}}
+	s.qps = []*perfQP{{qp: e.QP, psn: e.PSN}}
 	for i := 1; i < nqp; i++ {
-		qp, err := e.newQP(cfg)
+		qp, err := e.NewQP(cfg)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("QP %d of %d: %w", i+1, nqp, err)
@@ -184,7 +184,7 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 		s.qps = append(s.qps, &perfQP{qp: qp, psn: rand.Uint32() & 0xffffff})
 	}
 	s.half = (max(slices.Max(c.sizes()), perfCycle) + 4095) &^ 4095
-	s.mem, s.mr, err = e.alloc(2*nqp*s.half+perfCycle, memreg.AccessLocalWrite|e.access)
+	s.mem, s.mr, err = e.Alloc(2*nqp*s.half+perfCycle, memreg.AccessLocalWrite|e.Access)
 	if err != nil {
 		s.close()
 		return nil, err
@@ -195,7 +195,7 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 	}
 	for i, q := range s.qps {
 		q.local = oob.PerfDest{OutReads: outReads, QPN: q.qp.QPN(), PSN: q.psn, RKey: s.mr.RKey(),
-			VAddr: s.recvBaseQP(i), GID: e.dev.GID()}
+			VAddr: s.recvBaseQP(i), GID: e.Dev.GID()}
 	}
 	s.local = s.qps[0].local
 	return s, nil
@@ -204,7 +204,7 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 // close closes the endpoint, then the capture (with every packet the
 // device sent or received), and reports the capture's error.
 func (s *perfSide) close() error {
-	s.endpoint.close()
+	s.endpoint.Close()
 	var err error
 	if s.capture != nil {
 		err = s.capture.Close()
@@ -253,7 +253,7 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 				return err
 			}
 			rd := uint8(min(max(r.OutReads, 1), 16))
-			if err := s.endpoint.connectQP(q.qp, q.psn, peer, r.QPN, r.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
+			if err := s.endpoint.ConnectQP(q.qp, q.psn, peer, r.QPN, r.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
 				if len(s.qps) > 1 {
 					return fmt.Errorf("QP %d of %d: %w", i+1, len(s.qps), err)
 				}
@@ -281,7 +281,7 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 // packets counts the packets the side's device has sent and received, to
 // tell a data phase that still moves.
 func (s *perfSide) packets() uint64 {
-	c := s.dev.Counters()
+	c := s.Dev.Counters()
 	return c.SentPkts + c.RcvdPkts
 }
 

@@ -205,9 +205,6 @@ func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	return c, nil
 }
 
-// errUsage marks errors caused by bad flags (exit status 2).
-var errUsage = errors.New("bad usage")
-
 func runPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return runPPCmd(ctx, args, ppRC, stdout, stderr)
 }
@@ -268,7 +265,7 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 	conn, local, end, err := ppSession(ctx, c)
 	if err != nil {
 		if pc != nil {
-			pc.close()
+			pc.Close()
 		}
 		return err
 	}
@@ -281,12 +278,12 @@ func pingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *us
 	if c.verbose {
 		// Printed after close: the counters then include everything the
 		// device did, not a moment while it still answers the peer.
-		defer printCounters(stdout, local.String(), pc.dev)
+		defer printCounters(stdout, local.String(), pc.Dev)
 	}
-	defer pc.close()
-	usr1.Add(local.String(), pc.dev)
+	defer pc.Close()
+	usr1.Add(local.String(), pc.Dev)
 
-	me := oob.PingpongDest{QPN: pc.qp.QPN(), PSN: pc.psn, GID: pc.dev.GID()}
+	me := oob.PingpongDest{QPN: pc.QP.QPN(), PSN: pc.PSN, GID: pc.Dev.GID()}
 	line := ppDestString(me)
 	if c.kind == ppUD {
 		// ibv_ud_pingpong's local line has "PSN 0x...: GID".
@@ -411,33 +408,33 @@ func ppOOBConnect(ctx context.Context, c *pingpongConfig) (net.Conn, error) {
 // ppInit creates the endpoint on local with one CQ, registers the buffer
 // and posts rx-depth receives (pp_init_ctx + pp_post_recv).
 func ppInit(local netip.Addr, c *pingpongConfig) (*ppContext, error) {
-	link, err := listenSocket(local, c.sock.options(!c.events, defaultBusyPoll), "pick another address with --bind")
+	link, err := listenSocket(local, c.sock.Options(!c.events, defaultBusyPoll), "pick another address with --bind")
 	if err != nil {
 		return nil, err
 	}
-	cfg := endpointConfig{sendCQ: c.rxDepth + 1, maxSendWR: 1, maxRecvWR: c.rxDepth, sigAll: true, cc: c.sock.cc.config()}
+	cfg := endpointConfig{SendCQ: c.rxDepth + 1, MaxSendWR: 1, MaxRecvWR: c.rxDepth, SigAll: true, CC: c.sock.CC.Config()}
 	pc := &ppContext{}
 	switch c.kind {
 	case ppUD:
-		cfg.ud, cfg.qkey, cfg.portMTU = true, udQKey, c.mtu
+		cfg.UD, cfg.QKey, cfg.PortMTU = true, udQKey, c.mtu
 		pc.grh = transport.GRHSize
 	case ppUC:
-		cfg.uc = true
+		cfg.UC = true
 	}
 	e, err := newEndpoint(link, cfg)
 	if err != nil {
 		return nil, err
 	}
 	pc.endpoint = e
-	if pc.buf, pc.mr, err = e.alloc(pc.grh+c.size, memreg.AccessLocalWrite); err != nil {
-		e.close()
+	if pc.buf, pc.mr, err = e.Alloc(pc.grh+c.size, memreg.AccessLocalWrite); err != nil {
+		e.Close()
 		return nil, err
 	}
 	for i := range pc.buf {
 		pc.buf[i] = 0x7b // as ibv_rc_pingpong
 	}
 	if pc.routs = pc.postRecv(c.rxDepth); pc.routs < c.rxDepth {
-		e.close()
+		e.Close()
 		return nil, fmt.Errorf("couldn't post receive (%d)", pc.routs)
 	}
 	return pc, nil
@@ -448,7 +445,7 @@ func ppInit(local netip.Addr, c *pingpongConfig) (*ppContext, error) {
 func (pc *ppContext) postRecv(n int) int {
 	wr := transport.RecvWR{WRID: ppRecvWRID, SGEs: []memreg.SGE{{Addr: pc.mr.IOVA(), Length: uint32(len(pc.buf)), LKey: pc.mr.LKey()}}}
 	for i := 0; i < n; i++ {
-		if pc.qp.PostRecv(wr) != nil {
+		if pc.QP.PostRecv(wr) != nil {
 			return i
 		}
 	}
@@ -458,7 +455,7 @@ func (pc *ppContext) postRecv(n int) int {
 // postSend posts one signalled SEND of the message (the buffer after the
 // GRH space); on UD to the peer's AH, QP and the Q_Key udQKey.
 func (pc *ppContext) postSend() error {
-	return pc.qp.PostSend(transport.SendWR{WRID: ppSendWRID, Opcode: transport.WRSend, Flags: transport.SendSignaled,
+	return pc.QP.PostSend(transport.SendWR{WRID: ppSendWRID, Opcode: transport.WRSend, Flags: transport.SendSignaled,
 		SGEs: []memreg.SGE{{Addr: pc.mr.IOVA() + uint64(pc.grh), Length: uint32(len(pc.buf) - pc.grh), LKey: pc.mr.LKey()}},
 		AH:   pc.ah, RemoteQPN: pc.remoteQPN, RemoteQKey: udQKey})
 }
@@ -475,12 +472,12 @@ func (pc *ppContext) connectTo(c *pingpongConfig, rem oob.PingpongDest) error {
 		return err
 	}
 	if c.kind != ppUD {
-		return pc.connect(peer, rem.QPN, rem.PSN, c.mtu, 1, 14)
+		return pc.Connect(peer, rem.QPN, rem.PSN, c.mtu, 1, 14)
 	}
-	if err := pc.qp.ReadyUD(udQKey, pc.psn); err != nil {
+	if err := pc.QP.ReadyUD(udQKey, pc.PSN); err != nil {
 		return err
 	}
-	if pc.ah, err = pc.dev.CreateAH(transport.AHAttr{Addr: peer}); err != nil {
+	if pc.ah, err = pc.Dev.CreateAH(transport.AHAttr{Addr: peer}); err != nil {
 		return fmt.Errorf("failed to create AH: %w", err)
 	}
 	pc.remoteQPN = rem.QPN
@@ -506,7 +503,7 @@ func (pc *ppContext) loop(ctx context.Context, c *pingpongConfig) error {
 	var wcs [2]transport.WC
 	rcnt, scnt := 0, 0
 	for rcnt < c.iters || scnt < c.iters {
-		n, err := pc.scq.Wait(ctx, wcs[:])
+		n, err := pc.SCQ.Wait(ctx, wcs[:])
 		if err != nil {
 			return fmt.Errorf("waiting for completions after %d sends and %d receives of %d: %w", scnt, rcnt, c.iters, err)
 		}

@@ -172,32 +172,32 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 			}
 		}
 	}
-	link, err := listenSocket(local, c.sock.options(true, 0), "pick another address with --bind")
+	link, err := listenSocket(local, c.sock.Options(true, 0), "pick another address with --bind")
 	if err != nil {
 		return fmt.Errorf("rdma_create_ep: %v", err)
 	}
 	// max_send_wr = max_recv_wr = 1, sq_sig_all.
-	e, err := newEndpoint(link, endpointConfig{sendCQ: 2, recvCQ: 2, maxSendWR: 1, maxRecvWR: 1, sigAll: true,
-		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead, cc: c.sock.cc.config()})
+	e, err := newEndpoint(link, endpointConfig{SendCQ: 2, RecvCQ: 2, MaxSendWR: 1, MaxRecvWR: 1, SigAll: true,
+		Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead, CC: c.sock.CC.Config()})
 	if err != nil {
 		return fmt.Errorf("rdma_create_ep: %v", err)
 	}
-	defer e.close()
+	defer e.Close()
 	if c.counters {
 		defer func() {
-			printCounters(stdout, local.String(), e.dev)
-			printCMStats(stdout, local.String(), rdmacm.StatsOf(e.dev))
+			printCounters(stdout, local.String(), e.Dev)
+			printCMStats(stdout, local.String(), rdmacm.StatsOf(e.Dev))
 		}()
 	}
-	_, recvMR, err := e.alloc(16, memreg.AccessLocalWrite)
+	_, recvMR, err := e.Alloc(16, memreg.AccessLocalWrite)
 	if err != nil {
 		return fmt.Errorf("rdma_reg_msgs for recv_msg: %v", err)
 	}
-	_, sendMR, err := e.alloc(16, 0)
+	_, sendMR, err := e.Alloc(16, 0)
 	if err != nil {
 		return fmt.Errorf("rdma_reg_msgs for send_msg: %v", err)
 	}
-	opts := rdmacm.Options{QP: e.qp, PD: e.pd, SendCQ: e.scq, RecvCQ: e.rcq,
+	opts := rdmacm.Options{QP: e.QP, PD: e.PD, SendCQ: e.SCQ, RecvCQ: e.RCQ,
 		Prepare: func(qp *transport.QP) error {
 			if err := qp.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{recvMR.SGE(0, 16)}}); err != nil {
 				return fmt.Errorf("rdma_post_recv: %v", err)
@@ -206,7 +206,7 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 		}}
 	var conn *rdmacm.Conn
 	if c.server {
-		l, err := rdmacm.Listen(e.dev, uint16(c.port), &rdmacm.ListenOptions{Options: opts})
+		l, err := rdmacm.Listen(e.Dev, uint16(c.port), &rdmacm.ListenOptions{Options: opts})
 		if err != nil {
 			return fmt.Errorf("rdma_listen: %v", err)
 		}
@@ -224,7 +224,7 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 			return fmt.Errorf("rdma_accept: %v", err)
 		}
 	} else {
-		conn, err = rdmacm.Dial(ctx, e.dev, netip.AddrPortFrom(peer, uint16(c.port)), &opts)
+		conn, err = rdmacm.Dial(ctx, e.Dev, netip.AddrPortFrom(peer, uint16(c.port)), &opts)
 		if err != nil {
 			if errors.Is(err, rdmacm.ErrRejected) {
 				// rdma_cm turns a REJ into ECONNREFUSED.
@@ -238,7 +238,7 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 	}
 	defer conn.Close() // rdma_disconnect
 	send := func() error {
-		if err := e.qp.PostSend(transport.SendWR{WRID: 2, Opcode: transport.WRSend, Flags: transport.SendSignaled,
+		if err := e.QP.PostSend(transport.SendWR{WRID: 2, Opcode: transport.WRSend, Flags: transport.SendSignaled,
 			SGEs: []memreg.SGE{sendMR.SGE(0, 16)}}); err != nil {
 			return fmt.Errorf("rdma_post_send: %v", err)
 		}
@@ -255,19 +255,19 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 		return nil
 	}
 	if c.server {
-		if err := comp(e.rcq, "rdma_get_recv_comp"); err != nil {
+		if err := comp(e.RCQ, "rdma_get_recv_comp"); err != nil {
 			return err
 		}
 		if err := send(); err != nil {
 			return err
 		}
-		return comp(e.scq, "rdma_get_send_comp")
+		return comp(e.SCQ, "rdma_get_send_comp")
 	}
 	if err := send(); err != nil {
 		return err
 	}
-	if err := comp(e.scq, "rdma_get_send_comp"); err != nil {
+	if err := comp(e.SCQ, "rdma_get_send_comp"); err != nil {
 		return err
 	}
-	return comp(e.rcq, "rdma_get_recv_comp")
+	return comp(e.RCQ, "rdma_get_recv_comp")
 }

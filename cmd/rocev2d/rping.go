@@ -365,28 +365,28 @@ func (r *rping) run(ctx context.Context) error {
 			return fmt.Errorf("local address %v and server address %v are of different families", local, peer)
 		}
 	}
-	link, err := listenSocket(local, c.sock.options(true, 0), "pick another address with --bind")
+	link, err := listenSocket(local, c.sock.Options(true, 0), "pick another address with --bind")
 	if err != nil {
 		return err
 	}
-	r.e, err = newEndpoint(link, endpointConfig{sendCQ: rpingSQDepth * 2, maxSendWR: rpingSQDepth, maxRecvWR: 2,
-		access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead, cc: c.sock.cc.config()})
+	r.e, err = newEndpoint(link, endpointConfig{SendCQ: rpingSQDepth * 2, MaxSendWR: rpingSQDepth, MaxRecvWR: 2,
+		Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead, CC: c.sock.CC.Config()})
 	if err != nil {
 		return err
 	}
-	defer r.e.close()
-	r.debugf("created pd, cq and qp %#x on %v\n", r.e.qp.QPN(), local)
-	r.usr1.Add(local.String(), r.e.dev)
+	defer r.e.Close()
+	r.debugf("created pd, cq and qp %#x on %v\n", r.e.QP.QPN(), local)
+	r.usr1.Add(local.String(), r.e.Dev)
 	if err := r.setupBuffers(); err != nil {
 		return err
 	}
 	if c.counters {
 		defer func() {
-			printCounters(r.stdout, local.String(), r.e.dev)
-			printCMStats(r.stdout, local.String(), rdmacm.StatsOf(r.e.dev))
+			printCounters(r.stdout, local.String(), r.e.Dev)
+			printCMStats(r.stdout, local.String(), rdmacm.StatsOf(r.e.Dev))
 		}()
 	}
-	opts := rdmacm.Options{QP: r.e.qp, PD: r.e.pd, SendCQ: r.e.scq, RecvCQ: r.e.rcq,
+	opts := rdmacm.Options{QP: r.e.QP, PD: r.e.PD, SendCQ: r.e.SCQ, RecvCQ: r.e.RCQ,
 		ResponderResources: 1, InitiatorDepth: 1, // rping_init_conn_param
 		Retry:   &transport.Retry{Timeout: transport.DefaultRetry.Timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: transport.DefaultRetry.MinRNRTimer},
 		Prepare: func(qp *transport.QP) error { return r.postRecv() }}
@@ -429,18 +429,18 @@ func routeSource(peer netip.Addr) (netip.Addr, error) {
 // and, on the client, the start buffer (the same rights).
 func (r *rping) setupBuffers() error {
 	var err error
-	if r.recvBuf, r.recvMR, err = r.e.alloc(rpingInfoSize, memreg.AccessLocalWrite); err != nil {
+	if r.recvBuf, r.recvMR, err = r.e.Alloc(rpingInfoSize, memreg.AccessLocalWrite); err != nil {
 		return fmt.Errorf("recv_buf reg_mr failed: %w", err)
 	}
-	if r.sendBuf, r.sendMR, err = r.e.alloc(rpingInfoSize, 0); err != nil {
+	if r.sendBuf, r.sendMR, err = r.e.Alloc(rpingInfoSize, 0); err != nil {
 		return fmt.Errorf("send_buf reg_mr failed: %w", err)
 	}
 	rights := memreg.AccessLocalWrite | memreg.AccessRemoteRead | memreg.AccessRemoteWrite
-	if r.rdmaBuf, r.rdmaMR, err = r.e.alloc(r.c.size, rights); err != nil {
+	if r.rdmaBuf, r.rdmaMR, err = r.e.Alloc(r.c.size, rights); err != nil {
 		return fmt.Errorf("rdma_buf reg_mr failed: %w", err)
 	}
 	if !r.c.server {
-		if r.startBuf, r.startMR, err = r.e.alloc(r.c.size, rights); err != nil {
+		if r.startBuf, r.startMR, err = r.e.Alloc(r.c.size, rights); err != nil {
 			return fmt.Errorf("start_buf reg_mr failed: %w", err)
 		}
 	}
@@ -449,7 +449,7 @@ func (r *rping) setupBuffers() error {
 }
 
 func (r *rping) postRecv() error {
-	err := r.e.qp.PostRecv(transport.RecvWR{WRID: rpingWRIDRecv, SGEs: []memreg.SGE{r.recvMR.SGE(0, rpingInfoSize)}})
+	err := r.e.QP.PostRecv(transport.RecvWR{WRID: rpingWRIDRecv, SGEs: []memreg.SGE{r.recvMR.SGE(0, rpingInfoSize)}})
 	if err != nil {
 		return fmt.Errorf("ibv_post_recv failed: %w", err)
 	}
@@ -465,7 +465,7 @@ func (r *rping) postInfo() error {
 // post posts one send work request; a refusal is rping's "post send
 // error" (errReported).
 func (r *rping) post(wr transport.SendWR) error {
-	if err := r.e.qp.PostSend(wr); err != nil {
+	if err := r.e.QP.PostSend(wr); err != nil {
 		fmt.Fprintf(r.stderr, "post send error %v\n", err)
 		return errReported
 	}
@@ -548,8 +548,8 @@ func (r *rping) next(ctx, cctx context.Context) (rpingEvent, error) {
 	done := r.conn.Done()
 	var wc [1]transport.WC
 	for {
-		if r.e.scq.Poll(wc[:]) == 0 {
-			if _, err := r.e.scq.Wait(cctx, wc[:]); err != nil {
+		if r.e.SCQ.Poll(wc[:]) == 0 {
+			if _, err := r.e.SCQ.Wait(cctx, wc[:]); err != nil {
 				if ctx.Err() != nil {
 					return 0, ctx.Err()
 				}
@@ -703,7 +703,7 @@ func (r *rping) finish(ctx context.Context, err error) error {
 // runClient is rping_run_client: connect, ping, disconnect.
 func (r *rping) runClient(ctx context.Context, peer netip.AddrPort, opts *rdmacm.Options) error {
 	r.debugf("rdma_resolve_addr - rdma_resolve_route successful\n")
-	conn, err := rdmacm.Dial(ctx, r.e.dev, peer, opts)
+	conn, err := rdmacm.Dial(ctx, r.e.Dev, peer, opts)
 	if err != nil {
 		if ctx.Err() != nil {
 			return r.interrupted(ctx)
@@ -791,7 +791,7 @@ func cString(b []byte) []byte {
 // runServer is rping_run_server: listen, accept one client, serve it
 // until it disconnects.
 func (r *rping) runServer(ctx context.Context, opts *rdmacm.Options) error {
-	l, err := rdmacm.Listen(r.e.dev, uint16(r.c.port), &rdmacm.ListenOptions{Options: *opts, Backlog: 3})
+	l, err := rdmacm.Listen(r.e.Dev, uint16(r.c.port), &rdmacm.ListenOptions{Options: *opts, Backlog: 3})
 	if err != nil {
 		return fmt.Errorf("rdma_listen: %w", err)
 	}

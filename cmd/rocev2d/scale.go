@@ -87,8 +87,8 @@ func parseScaleFlags(args []string) (*scaleConfig, error) {
 	if err := parsePairFlags(fs, args, &c.pairOptions, 4096); err != nil {
 		return nil, err
 	}
-	if c.a == c.b {
-		return nil, fmt.Errorf("--a and --b are both %v; the two devices need different addresses", c.a)
+	if c.A == c.B {
+		return nil, fmt.Errorf("--a and --b are both %v; the two devices need different addresses", c.A)
 	}
 	for _, f := range strings.Split(qps, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -124,7 +124,7 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		link = "in-memory network"
 	}
 	fmt.Fprintf(stdout, "rocev2d scale: %v <-> %v over %s, MTU %d, %d-byte WRITEs, %d in flight, %d x %d WRITEs per side of the ratio\n",
-		c.a, c.b, link, c.mtu.Bytes(), c.size, c.window, c.rounds, c.chunk)
+		c.A, c.B, link, c.MTU.Bytes(), c.size, c.window, c.rounds, c.chunk)
 	// Fixed widths: a row is printed as soon as it is measured.
 	const rowFmt = "%7s %10s %10s %9s %8s %10s %6s\n"
 	fmt.Fprintf(stdout, rowFmt, "QPs", "B/idle QP", "goroutines", "setup/s", "MB/s", "1 QP MB/s", "ratio")
@@ -153,23 +153,23 @@ type scaleResult struct {
 func scaleLinks(c *scaleConfig) (udp.Link, udp.Link, error) {
 	if c.mem {
 		n := memnet.NewMemNetwork(memnet.Faults{})
-		la, err := n.Link(c.a)
+		la, err := n.Link(c.A)
 		if err != nil {
 			return nil, nil, err
 		}
-		lb, err := n.Link(c.b)
+		lb, err := n.Link(c.B)
 		if err != nil {
 			la.Close()
 			return nil, nil, err
 		}
 		return la, lb, nil
 	}
-	o := c.sock.options(false, 0)
-	la, err := udp.ListenSocket(c.a, &o)
+	o := c.Sock.Options(false, 0)
+	la, err := udp.ListenSocket(c.A, &o)
 	if err != nil {
 		return nil, nil, err
 	}
-	lb, err := udp.ListenSocket(c.b, &o)
+	lb, err := udp.ListenSocket(c.B, &o)
 	if err != nil {
 		la.Close()
 		return nil, nil, err
@@ -187,7 +187,7 @@ type scaleSide struct {
 }
 
 func newScaleSide(l udp.Link, c *scaleConfig, n int, access memreg.Access) (*scaleSide, error) {
-	dev, err := transport.NewDevice(l, transport.DeviceConfig{MaxQP: n + 16, Congestion: c.sock.cc.config()})
+	dev, err := transport.NewDevice(l, transport.DeviceConfig{MaxQP: n + 16, Congestion: c.Sock.CC.Config()})
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -241,10 +241,10 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 		if err != nil {
 			return res, err
 		}
-		if err := qa.Connect(transport.ConnParams{Peer: b.dev.Addr(), DestQPN: qb.QPN(), PathMTU: c.mtu}); err != nil {
+		if err := qa.Connect(transport.ConnParams{Peer: b.dev.Addr(), DestQPN: qb.QPN(), PathMTU: c.MTU}); err != nil {
 			return res, err
 		}
-		if err := qb.Connect(transport.ConnParams{Peer: a.dev.Addr(), DestQPN: qa.QPN(), PathMTU: c.mtu, Access: memreg.AccessRemoteWrite}); err != nil {
+		if err := qb.Connect(transport.ConnParams{Peer: a.dev.Addr(), DestQPN: qa.QPN(), PathMTU: c.MTU, Access: memreg.AccessRemoteWrite}); err != nil {
 			return res, err
 		}
 		a.qps = append(a.qps, qa)
@@ -286,7 +286,7 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 	res.mbs = bytes / tn.Seconds() / 1e6
 	res.mbs1 = bytes / t1.Seconds() / 1e6
 	res.ratio = median(ratios)
-	if c.verbose {
+	if c.Verbose {
 		a.dev.Close()
 		b.dev.Close()
 		printCounters(stdout, fmt.Sprintf("%v (%d QPs)", a.dev.Addr(), n), a.dev)

@@ -22,16 +22,16 @@ func TestSocketFlags(t *testing.T) {
 	}{
 		{args: []string{}, rest: []string{}},
 		{args: []string{"-v"}, want: socketFlags{}, rest: []string{}},
-		{args: []string{"--gso"}, want: socketFlags{gso: true, gsoSet: true}, rest: []string{}},
-		{args: []string{"-v", "-gso", "x"}, want: socketFlags{gso: true, gsoSet: true}, rest: []string{"x"}},
-		{args: []string{"--gso=false", "-v"}, want: socketFlags{gsoSet: true}, rest: []string{}},
-		{args: []string{"--gso=true"}, want: socketFlags{gso: true, gsoSet: true}, rest: []string{}},
+		{args: []string{"--gso"}, want: socketFlags{GSO: true, GSOSet: true}, rest: []string{}},
+		{args: []string{"-v", "-gso", "x"}, want: socketFlags{GSO: true, GSOSet: true}, rest: []string{"x"}},
+		{args: []string{"--gso=false", "-v"}, want: socketFlags{GSOSet: true}, rest: []string{}},
+		{args: []string{"--gso=true"}, want: socketFlags{GSO: true, GSOSet: true}, rest: []string{}},
 		{args: []string{"--gso=maybe"}, err: true},
 		{args: []string{"--", "--gso"}, rest: []string{"--gso"}},
 		{args: []string{"--gsox"}, err: true},
-		{args: []string{"--busy-poll=100us", "-v"}, want: socketFlags{busyPoll: 100 * time.Microsecond, busyPollSet: true}, rest: []string{}},
-		{args: []string{"-v", "-busy-poll", "2ms"}, want: socketFlags{busyPoll: 2 * time.Millisecond, busyPollSet: true}, rest: []string{}},
-		{args: []string{"--busy-poll=0"}, want: socketFlags{busyPollSet: true}, rest: []string{}},
+		{args: []string{"--busy-poll=100us", "-v"}, want: socketFlags{BusyPoll: 100 * time.Microsecond, BusyPollSet: true}, rest: []string{}},
+		{args: []string{"-v", "-busy-poll", "2ms"}, want: socketFlags{BusyPoll: 2 * time.Millisecond, BusyPollSet: true}, rest: []string{}},
+		{args: []string{"--busy-poll=0"}, want: socketFlags{BusyPollSet: true}, rest: []string{}},
 		{args: []string{"--busy-poll"}, err: true},
 		{args: []string{"--busy-poll=fast"}, err: true},
 		{args: []string{"--busy-poll=-1us"}, err: true},
@@ -101,11 +101,11 @@ func TestSocketFlagsCommands(t *testing.T) {
 		if err != nil {
 			t.Fatalf("pingpong %q: %v", args, err)
 		}
-		return c.sock.options(!c.events, defaultBusyPoll).BusyPoll
+		return c.sock.Options(!c.events, defaultBusyPoll).BusyPoll
 	}
 	perfPoll := func(pt oob.PerfTest, args ...string) time.Duration {
 		f, poll := perf(pt, args...)
-		return f.options(poll, defaultBusyPoll).BusyPoll
+		return f.Options(poll, defaultBusyPoll).BusyPoll
 	}
 	for _, tc := range []struct {
 		name      string
@@ -126,35 +126,35 @@ func TestSocketFlagsCommands(t *testing.T) {
 		}
 	}
 	// The flags may follow the server address.
-	if f := pp("--bind", "127.0.0.2", "127.0.0.1", "--gso", "--busy-poll=7us"); !f.gso || f.busyPoll != us7 {
+	if f := pp("--bind", "127.0.0.2", "127.0.0.1", "--gso", "--busy-poll=7us"); !f.GSO || f.BusyPoll != us7 {
 		t.Errorf("pingpong SERVER --gso --busy-poll=7us: %+v", f)
 	}
-	if f, _ := perf(oob.WriteBW, "-s", "64", "127.0.0.1", "--gso"); !f.gso {
+	if f, _ := perf(oob.WriteBW, "-s", "64", "127.0.0.1", "--gso"); !f.GSO {
 		t.Errorf("write-bw SERVER --gso: %+v", f)
 	}
-	if f := pp("-s", "64"); f.gso || f.gsoSet {
+	if f := pp("-s", "64"); f.GSO || f.GSOSet {
 		t.Errorf("pingpong without --gso: %+v", f)
 	}
 	// Without --gso the device decides (GSOAuto); --gso=false switches
 	// GSO off whatever the device is.
-	if o := pp("-s", "64").options(false, 0); !o.GSOAuto || o.GSO {
+	if o := pp("-s", "64").Options(false, 0); !o.GSOAuto || o.GSO {
 		t.Errorf("pingpong without --gso: options %+v, want GSOAuto", o)
 	}
-	if o := pp("--gso=false").options(false, 0); o.GSOAuto || o.GSO {
+	if o := pp("--gso=false").Options(false, 0); o.GSOAuto || o.GSO {
 		t.Errorf("pingpong --gso=false: options %+v, want neither GSO nor GSOAuto", o)
 	}
 	d, err := parseDemoFlags([]string{"--gso", "--busy-poll", "7us"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := d.sock.options(true, 0); !o.GSO || o.BusyPoll != us7 {
+	if o := d.Sock.Options(true, 0); !o.GSO || o.BusyPoll != us7 {
 		t.Errorf("demo --gso --busy-poll 7us: %+v", o)
 	}
 	b, err := parseBenchFlags([]string{"--gso"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := b.sock.options(true, 0); !o.GSO || o.GSOAuto || o.BusyPoll != 0 {
+	if o := b.Sock.Options(true, 0); !o.GSO || o.GSOAuto || o.BusyPoll != 0 {
 		t.Errorf("bench --gso: %+v", o)
 	}
 	// Bad values are usage errors of the command.

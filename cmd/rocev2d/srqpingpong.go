@@ -119,7 +119,7 @@ func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 
 	conn, local, end, err := ppSession(ctx, c)
 	if err != nil {
 		if sc != nil {
-			sc.close()
+			sc.Close()
 		}
 		return err
 	}
@@ -132,14 +132,14 @@ func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 
 	if c.verbose {
 		// Printed after close: the counters then include everything the
 		// device did, not a moment while it still answers the peer.
-		defer printCounters(stdout, local.String(), sc.dev)
+		defer printCounters(stdout, local.String(), sc.Dev)
 	}
-	defer sc.close()
-	usr1.Add(local.String(), sc.dev)
+	defer sc.Close()
+	usr1.Add(local.String(), sc.Dev)
 
 	mine := make([]oob.PingpongDest, c.numQP)
 	for i, qp := range sc.qps {
-		mine[i] = oob.PingpongDest{QPN: qp.QPN(), PSN: sc.psns[i], GID: sc.dev.GID()}
+		mine[i] = oob.PingpongDest{QPN: qp.QPN(), PSN: sc.psns[i], GID: sc.Dev.GID()}
 		fmt.Fprintf(stdout, "  local address:  %s\n", ppDestString(mine[i]))
 	}
 	var rem []oob.PingpongDest
@@ -192,20 +192,20 @@ func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 
 // each, registers the zeroed buffer and posts rx-depth receives to the
 // SRQ (the tool's pp_init_ctx and pp_post_recv).
 func srqInit(local netip.Addr, c *pingpongConfig) (*srqContext, error) {
-	link, err := listenSocket(local, c.sock.options(!c.events, defaultBusyPoll), "pick another address with --bind")
+	link, err := listenSocket(local, c.sock.Options(!c.events, defaultBusyPoll), "pick another address with --bind")
 	if err != nil {
 		return nil, err
 	}
-	cfg := endpointConfig{sendCQ: c.rxDepth + c.numQP, maxSendWR: 1, sigAll: true, srqWR: c.rxDepth, cc: c.sock.cc.config()}
+	cfg := endpointConfig{SendCQ: c.rxDepth + c.numQP, MaxSendWR: 1, SigAll: true, SRQWR: c.rxDepth, CC: c.sock.CC.Config()}
 	e, err := newEndpoint(link, cfg)
 	if err != nil {
 		return nil, err
 	}
-	sc := &srqContext{endpoint: e, qps: []*transport.QP{e.qp}, psns: []uint32{e.psn}, index: map[uint32]int{e.qp.QPN(): 0}}
+	sc := &srqContext{endpoint: e, qps: []*transport.QP{e.QP}, psns: []uint32{e.PSN}, index: map[uint32]int{e.QP.QPN(): 0}}
 	for i := 1; i < c.numQP; i++ {
-		qp, err := e.newQP(cfg)
+		qp, err := e.NewQP(cfg)
 		if err != nil {
-			e.close()
+			e.Close()
 			return nil, fmt.Errorf("QP[%d]: %w", i, err)
 		}
 		sc.index[qp.QPN()] = len(sc.qps)
@@ -213,12 +213,12 @@ func srqInit(local netip.Addr, c *pingpongConfig) (*srqContext, error) {
 		sc.psns = append(sc.psns, rand.Uint32()&0xffffff)
 	}
 	// mapMemory's pages are zero: the tool's memset(buf, 0, size).
-	if sc.buf, sc.mr, err = e.alloc(c.size, memreg.AccessLocalWrite); err != nil {
-		e.close()
+	if sc.buf, sc.mr, err = e.Alloc(c.size, memreg.AccessLocalWrite); err != nil {
+		e.Close()
 		return nil, err
 	}
 	if sc.routs = sc.postRecv(c.rxDepth); sc.routs < c.rxDepth {
-		e.close()
+		e.Close()
 		return nil, fmt.Errorf("couldn't post receive (%d)", sc.routs)
 	}
 	return sc, nil
@@ -244,7 +244,7 @@ func (sc *srqContext) connectAll(c *pingpongConfig, rem []oob.PingpongDest) erro
 		return err
 	}
 	for i, qp := range sc.qps {
-		if err := sc.connectQP(qp, sc.psns[i], peer, rem[i].QPN, rem[i].PSN, c.mtu, 1, 14); err != nil {
+		if err := sc.ConnectQP(qp, sc.psns[i], peer, rem[i].QPN, rem[i].PSN, c.mtu, 1, 14); err != nil {
 			return fmt.Errorf("failed to modify QP[%d] to RTR/RTS: %w", i, err)
 		}
 	}
@@ -256,7 +256,7 @@ func (sc *srqContext) connectAll(c *pingpongConfig, rem []oob.PingpongDest) erro
 func (sc *srqContext) postRecv(n int) int {
 	wr := transport.RecvWR{WRID: ppRecvWRID, SGEs: []memreg.SGE{sc.mr.SGE(0, uint32(len(sc.buf)))}}
 	for i := 0; i < n; i++ {
-		if sc.srq.PostRecv(wr) != nil {
+		if sc.SRQ.PostRecv(wr) != nil {
 			return i
 		}
 	}
@@ -289,7 +289,7 @@ func (sc *srqContext) loop(ctx context.Context, c *pingpongConfig) error {
 	wcs := make([]transport.WC, c.rxDepth+c.numQP)
 	rcnt, scnt := 0, 0
 	for rcnt < c.iters || scnt < c.iters {
-		n, err := sc.scq.Wait(ctx, wcs)
+		n, err := sc.SCQ.Wait(ctx, wcs)
 		if err != nil {
 			return fmt.Errorf("waiting for completions after %d sends and %d receives of %d: %w", scnt, rcnt, c.iters, err)
 		}

@@ -183,7 +183,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 		}
 		fmt.Fprintf(stdout, "udaddy: connecting\n")
 	}
-	link, err := listenSocket(local, c.sock.options(true, 0), "pick another address with -b")
+	link, err := listenSocket(local, c.sock.Options(true, 0), "pick another address with -b")
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -193,27 +193,27 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "udaddy: message_size %d is larger than active mtu %d\n", c.size, mtu.Bytes())
 		return -22 // -EINVAL
 	}
-	e, err := newEndpoint(link, endpointConfig{sendCQ: 2 * c.count, maxSendWR: c.count, maxRecvWR: c.count,
-		ud: true, qkey: rdmacm.UDPQKey, portMTU: mtu, cc: c.sock.cc.config()})
+	e, err := newEndpoint(link, endpointConfig{SendCQ: 2 * c.count, MaxSendWR: c.count, MaxRecvWR: c.count,
+		UD: true, QKey: rdmacm.UDPQKey, PortMTU: mtu, CC: c.sock.CC.Config()})
 	if err != nil {
 		return fail("%v", err)
 	}
-	defer e.close()
+	defer e.Close()
 	if c.counters {
 		defer func() {
-			printCounters(stdout, local.String(), e.dev)
-			printCMStats(stdout, local.String(), rdmacm.StatsOf(e.dev))
+			printCounters(stdout, local.String(), e.Dev)
+			printCMStats(stdout, local.String(), rdmacm.StatsOf(e.Dev))
 		}()
 	}
-	if err := e.qp.ReadyUD(rdmacm.UDPQKey, e.psn); err != nil {
+	if err := e.QP.ReadyUD(rdmacm.UDPQKey, e.PSN); err != nil {
 		return fail("udaddy: unable to create QP: %v", err)
 	}
-	buf, mr, err := e.alloc(c.size+transport.GRHSize, memreg.AccessLocalWrite)
+	buf, mr, err := e.Alloc(c.size+transport.GRHSize, memreg.AccessLocalWrite)
 	if err != nil {
 		return fail("failed to reg MR: %v", err)
 	}
 	for i := 0; i < c.count; i++ {
-		if err := e.qp.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{mr.SGE(0, uint32(len(buf)))}}); err != nil {
+		if err := e.QP.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{mr.SGE(0, uint32(len(buf)))}}); err != nil {
 			fmt.Fprintf(stdout, "failed to post receives: %v\n", err)
 			return -1
 		}
@@ -226,7 +226,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 			flags = transport.SendSignaled
 		}
 		for i := 0; i < c.count; i++ {
-			if err := e.qp.PostSend(transport.SendWR{WRID: 2, Opcode: transport.WRSendImm, Flags: flags, Imm: e.qp.QPN(),
+			if err := e.QP.PostSend(transport.SendWR{WRID: 2, Opcode: transport.WRSendImm, Flags: flags, Imm: e.QP.QPN(),
 				SGEs: []memreg.SGE{mr.SGE(0, uint32(c.size))}, AH: ah, RemoteQPN: remoteQPN, RemoteQKey: remoteQKey}); err != nil {
 				return fmt.Errorf("failed to post sends: %v", err)
 			}
@@ -239,7 +239,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 	poll := func(what string) error {
 		var wc [8]transport.WC
 		for done := 0; done < c.count; {
-			n, err := e.scq.Wait(ctx, wc[:min(8, c.count-done)])
+			n, err := e.SCQ.Wait(ctx, wc[:min(8, c.count-done)])
 			if err != nil {
 				return fmt.Errorf("%s: after %d of %d completions: %v", what, done, c.count, context.Cause(ctx))
 			}
@@ -254,7 +254,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 					return fmt.Errorf("udaddy: failed to create reply AH: %v", err)
 				}
 				a.TrafficClass = c.tos
-				if ah, err = e.dev.CreateAH(a); err != nil {
+				if ah, err = e.Dev.CreateAH(a); err != nil {
 					return fmt.Errorf("udaddy: failed to create reply AH: %v", err)
 				}
 				if wc[0].Flags&transport.WCWithImm == 0 {
@@ -267,7 +267,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 		return nil
 	}
 	if client {
-		p, err := rdmacm.ResolveUD(ctx, e.dev, netip.AddrPortFrom(peer, uint16(c.port)), &rdmacm.UDOptions{TrafficClass: c.tos})
+		p, err := rdmacm.ResolveUD(ctx, e.Dev, netip.AddrPortFrom(peer, uint16(c.port)), &rdmacm.UDOptions{TrafficClass: c.tos})
 		if err != nil {
 			var rej *rdmacm.RejectError
 			switch {
@@ -284,7 +284,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 			}
 			return fail("%v", context.Cause(ctx))
 		}
-		if ah, err = e.dev.CreateAH(transport.AHAttr{Addr: peer, TrafficClass: c.tos}); err != nil {
+		if ah, err = e.Dev.CreateAH(transport.AHAttr{Addr: peer, TrafficClass: c.tos}); err != nil {
 			fmt.Fprintf(stdout, "udaddy: failure creating address handle\n")
 			return -1
 		}
@@ -300,7 +300,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "data transfers complete\n")
 		return 0
 	}
-	ul, err := rdmacm.ListenUD(e.dev, uint16(c.port), e.qp, rdmacm.UDPQKey, nil)
+	ul, err := rdmacm.ListenUD(e.Dev, uint16(c.port), e.QP, rdmacm.UDPQKey, nil)
 	if err != nil {
 		return fail("udaddy: failure trying to listen: %v", err)
 	}

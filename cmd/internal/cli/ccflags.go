@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"flag"
@@ -12,9 +12,9 @@ import (
 	"github.com/gorocev2/rocev2/transport"
 )
 
-// ccUsage documents the congestion control options addCCFlags registers;
-// socketUsage includes it, so every command that creates a device lists it.
-const ccUsage = `  --ecn=MODE     ECN codepoint of the RoCEv2 packets sent (CNPs are always
+// CCUsage documents the congestion control options AddCCFlags registers;
+// SocketUsage includes it, so every command that creates a device lists it.
+const CCUsage = `  --ecn=MODE     ECN codepoint of the RoCEv2 packets sent (CNPs are always
                  Not-ECT): ect0 (default), ect1 or off (Not-ECT: a switch
                  drops instead of marking)
   --cnp-interval=DUR   notification point: at most one CNP per QP per DUR
@@ -34,24 +34,24 @@ const ccUsage = `  --ecn=MODE     ECN codepoint of the RoCEv2 packets sent (CNPs
                  np_cnp_sent, rp_cnp_handled and rp_cnp_ignored are in -v.
 `
 
-// ccFlags holds the congestion control options of one command.
-type ccFlags struct {
-	ecn         transport.ECNMode
-	cnpInterval time.Duration
-	dcqcnOff    bool
-	params      dcqcn.Config // knobs set by --dcqcn-param (zero: default)
-	// paramArgs are the --dcqcn-param values in order, joined by commas
+// CCFlags holds the congestion control options of one command.
+type CCFlags struct {
+	ECN         transport.ECNMode
+	CNPInterval time.Duration
+	DCQCNOff    bool
+	Params      dcqcn.Config // knobs set by --dcqcn-param (zero: default)
+	// ParamArgs are the --dcqcn-param values in order, joined by commas
 	// (a string keeps the options comparable).
-	paramArgs string
+	ParamArgs string
 }
 
-// addCCFlags registers --ecn, --cnp-interval, --dcqcn and --dcqcn-param
+// AddCCFlags registers --ecn, --cnp-interval, --dcqcn and --dcqcn-param
 // in fs, storing their values in f.
-func addCCFlags(fs *flag.FlagSet, f *ccFlags) {
+func AddCCFlags(fs *flag.FlagSet, f *CCFlags) {
 	fs.Func("ecn", "", func(v string) error {
-		m, err := parseECN(v)
+		m, err := ParseECN(v)
 		if err == nil {
-			f.ecn = m
+			f.ECN = m
 		}
 		return err
 	})
@@ -60,31 +60,31 @@ func addCCFlags(fs *flag.FlagSet, f *ccFlags) {
 		if err != nil || d <= 0 || d > time.Second {
 			return fmt.Errorf("want a duration between 1ns and 1s (e.g. 50us)")
 		}
-		f.cnpInterval = d
+		f.CNPInterval = d
 		return nil
 	})
-	fs.Var(onOff{&f.dcqcnOff}, "dcqcn", "")
+	fs.Var(onOff{&f.DCQCNOff}, "dcqcn", "")
 	fs.Func("dcqcn-param", "", func(v string) error {
-		if err := setDCQCNParams(&f.params, v); err != nil {
+		if err := SetDCQCNParams(&f.Params, v); err != nil {
 			return err
 		}
-		if f.paramArgs != "" {
-			f.paramArgs += ","
+		if f.ParamArgs != "" {
+			f.ParamArgs += ","
 		}
-		f.paramArgs += v
+		f.ParamArgs += v
 		return nil
 	})
 }
 
 // config returns the device's CongestionConfig.
-func (f ccFlags) config() transport.CongestionConfig {
-	c := transport.CongestionConfig{ECN: f.ecn, CNPInterval: f.cnpInterval, DCQCN: f.params}
-	c.DCQCN.Disable = f.dcqcnOff
+func (f CCFlags) Config() transport.CongestionConfig {
+	c := transport.CongestionConfig{ECN: f.ECN, CNPInterval: f.CNPInterval, DCQCN: f.Params}
+	c.DCQCN.Disable = f.DCQCNOff
 	return c
 }
 
-// parseECN parses an --ecn value.
-func parseECN(v string) (transport.ECNMode, error) {
+// ParseECN parses an --ecn value.
+func ParseECN(v string) (transport.ECNMode, error) {
 	switch strings.ToLower(v) {
 	case "ect0", "ect(0)", "on":
 		return transport.ECNECT0, nil
@@ -148,9 +148,9 @@ var dcqcnKnobs = []dcqcnKnob{
 	{"burst", func(c *dcqcn.Config) any { return &c.Burst }},
 }
 
-// setDCQCNParams applies a comma-separated KEY=VALUE list to c and checks
+// SetDCQCNParams applies a comma-separated KEY=VALUE list to c and checks
 // the result with dcqcn.Config.Normalize.
-func setDCQCNParams(c *dcqcn.Config, list string) error {
+func SetDCQCNParams(c *dcqcn.Config, list string) error {
 	next := *c
 	for _, kv := range strings.Split(list, ",") {
 		kv = strings.TrimSpace(kv)
@@ -174,13 +174,13 @@ func setDCQCNParams(c *dcqcn.Config, list string) error {
 		kn := dcqcnKnobs[i]
 		switch p := kn.f(&next).(type) {
 		case *float64:
-			r, err := parseBitRate(v, 1e6)
+			r, err := ParseBitRate(v, 1e6)
 			if err != nil {
 				return fmt.Errorf("%s=%s: %v", k, v, err)
 			}
 			*p = r
 		case *time.Duration:
-			d, err := parseMicros(v)
+			d, err := ParseMicros(v)
 			if err != nil {
 				return fmt.Errorf("%s=%s: %v", k, v, err)
 			}
@@ -215,10 +215,10 @@ func setDCQCNParams(c *dcqcn.Config, list string) error {
 	return nil
 }
 
-// parseBitRate parses a rate in bits/s: a number with a k, M, G or T prefix
+// ParseBitRate parses a rate in bits/s: a number with a k, M, G or T prefix
 // (optionally followed by "b/s", "bps" or "bit/s"), or a bare number in
 // units of bare (1e6 for the Mb/s of mlx5's sysfs).
-func parseBitRate(v string, bare float64) (float64, error) {
+func ParseBitRate(v string, bare float64) (float64, error) {
 	s := strings.TrimSpace(v)
 	for _, sfx := range []string{"bit/s", "b/s", "bps"} {
 		if t, ok := strings.CutSuffix(s, sfx); ok {
@@ -246,9 +246,9 @@ func parseBitRate(v string, bare float64) (float64, error) {
 	return f * mult, nil
 }
 
-// parseMicros parses a duration: Go syntax (300us, 1.5ms) or a bare
+// ParseMicros parses a duration: Go syntax (300us, 1.5ms) or a bare
 // number of microseconds, as mlx5's sysfs gives them.
-func parseMicros(v string) (time.Duration, error) {
+func ParseMicros(v string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(v, 64); err == nil {
 		d := time.Duration(f * float64(time.Microsecond))
 		if !(f > 0) || f > 1e9 || d <= 0 {

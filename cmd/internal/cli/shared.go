@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -14,52 +14,57 @@ import (
 	"github.com/gorocev2/rocev2/transport"
 )
 
-// flagsResult handles what every command does after parsing its flags:
+// ErrUsage marks errors caused by bad flags (exit status 2).
+var ErrUsage = errors.New("bad usage")
+
+// FlagsResult handles what every command does after parsing its flags:
 // -h prints usage on stdout (exit 0); any other error is printed on stderr
 // with a pointer to `rocev2d help name` (exit 2). done is false when err is
 // nil and the command should go on.
-func flagsResult(name, usage string, err error, stdout, stderr io.Writer) (code int, done bool) {
+func FlagsResult(name, usage string, err error, stdout, stderr io.Writer) (code int, done bool) {
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, usage)
-		return exitOK, true
+		return ExitOK, true
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d %s: %v\n(see `rocev2d help %s`)\n", name, err, name)
-		return exitUsage, true
+		return ExitUsage, true
 	}
-	return exitOK, false
+	return ExitOK, false
 }
 
-// newFlagSet returns a flag set that leaves printing usage and errors to
-// flagsResult.
-func newFlagSet(name string) *flag.FlagSet {
+// NewFlagSet returns a flag set that leaves printing usage and errors to
+// FlagsResult.
+func NewFlagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	return fs
 }
 
-// intFlags registers an int option under a short and a long name (-s and
-// --size), as the C tools' getopt_long options are; boolFlags and
-// stringFlags likewise.
-func intFlags(fs *flag.FlagSet, p *int, short, long string, def int) {
+// IntFlags registers an int option under a short and a long name (-s and
+// --size), as the C tools' getopt_long options are; BoolFlags and
+// StringFlags likewise.
+func IntFlags(fs *flag.FlagSet, p *int, short, long string, def int) {
 	fs.IntVar(p, short, def, "")
 	fs.IntVar(p, long, def, "")
 }
 
-func boolFlags(fs *flag.FlagSet, p *bool, short, long string) {
+// BoolFlags registers a bool option under a short and a long name.
+func BoolFlags(fs *flag.FlagSet, p *bool, short, long string) {
 	fs.BoolVar(p, short, false, "")
 	fs.BoolVar(p, long, false, "")
 }
 
-func stringFlags(fs *flag.FlagSet, p *string, short, long, def string) {
+// StringFlags registers a string option under a short and a long name.
+func StringFlags(fs *flag.FlagSet, p *string, short, long, def string) {
 	fs.StringVar(p, short, def, "")
 	fs.StringVar(p, long, def, "")
 }
 
-// parseWithServer parses args with fs as getopt_long does for the C tools
+// ParseWithServer parses args with fs as getopt_long does for the C tools
 // (ibv_rc_pingpong, perftest): options and at most one positional
 // argument, the server, in any order. It returns the server, "" if none.
-func parseWithServer(fs *flag.FlagSet, args []string) (server string, err error) {
+func ParseWithServer(fs *flag.FlagSet, args []string) (server string, err error) {
 	for {
 		if err := fs.Parse(args); err != nil {
 			return "", err
@@ -75,8 +80,8 @@ func parseWithServer(fs *flag.FlagSet, args []string) (server string, err error)
 	}
 }
 
-// parseBind parses a --bind address; "" is the zero Addr (not set).
-func parseBind(s string) (netip.Addr, error) {
+// ParseBind parses a --bind address; "" is the zero Addr (not set).
+func ParseBind(s string) (netip.Addr, error) {
 	if s == "" {
 		return netip.Addr{}, nil
 	}
@@ -87,25 +92,25 @@ func parseBind(s string) (netip.Addr, error) {
 	return a.Unmap(), nil
 }
 
-// pairOptions are the options of the commands that run two endpoints in
+// PairOptions are the options of the commands that run two endpoints in
 // one process (demo, bench).
-type pairOptions struct {
-	a, b    netip.Addr    // --a, --b
-	mtu     transport.MTU // -m, --mtu
-	verbose bool          // -v
-	sock    socketFlags   // --gso, --busy-poll
+type PairOptions struct {
+	A, B    netip.Addr    // --a, --b
+	MTU     transport.MTU // -m, --mtu
+	Verbose bool          // -v
+	Sock    SocketFlags   // --gso, --busy-poll
 }
 
-// parsePairFlags adds the pairOptions flags to fs (defMTU is the default
+// ParsePairFlags adds the PairOptions flags to fs (defMTU is the default
 // of -m) and parses args, which may hold no positional argument, into p.
-func parsePairFlags(fs *flag.FlagSet, args []string, p *pairOptions, defMTU int) error {
+func ParsePairFlags(fs *flag.FlagSet, args []string, p *PairOptions, defMTU int) error {
 	var a, b string
 	var mtu int
 	fs.StringVar(&a, "a", "127.0.0.1", "")
 	fs.StringVar(&b, "b", "127.0.0.2", "")
-	intFlags(fs, &mtu, "m", "mtu", defMTU)
-	fs.BoolVar(&p.verbose, "v", false, "")
-	addSocketFlags(fs, &p.sock)
+	IntFlags(fs, &mtu, "m", "mtu", defMTU)
+	fs.BoolVar(&p.Verbose, "v", false, "")
+	AddSocketFlags(fs, &p.Sock)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -113,16 +118,16 @@ func parsePairFlags(fs *flag.FlagSet, args []string, p *pairOptions, defMTU int)
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	var err error
-	if p.a, p.b, err = parseAddrPair(a, b); err != nil {
+	if p.A, p.B, err = ParseAddrPair(a, b); err != nil {
 		return err
 	}
-	p.mtu, err = parseMTUFlag(mtu)
+	p.MTU, err = ParseMTUFlag(mtu)
 	return err
 }
 
-// parseAddrPair parses the --a and --b addresses of a two-device command
+// ParseAddrPair parses the --a and --b addresses of a two-device command
 // and returns them unmapped.
-func parseAddrPair(a, b string) (netip.Addr, netip.Addr, error) {
+func ParseAddrPair(a, b string) (netip.Addr, netip.Addr, error) {
 	pa, err := netip.ParseAddr(a)
 	if err != nil {
 		return netip.Addr{}, netip.Addr{}, fmt.Errorf("--a %q: not an IP address", a)
@@ -134,25 +139,25 @@ func parseAddrPair(a, b string) (netip.Addr, netip.Addr, error) {
 	return pa.Unmap(), pb.Unmap(), nil
 }
 
-// errMTUFlag is the error for an -m value that is not an IB MTU.
-func errMTUFlag(mtu int) error {
+// ErrMTUFlag is the error for an -m value that is not an IB MTU.
+func ErrMTUFlag(mtu int) error {
 	return fmt.Errorf("-m %d: MTU must be 256, 512, 1024, 2048 or 4096", mtu)
 }
 
-// parseMTUFlag converts the -m flag (bytes) to a path MTU.
-func parseMTUFlag(mtu int) (transport.MTU, error) {
+// ParseMTUFlag converts the -m flag (bytes) to a path MTU.
+func ParseMTUFlag(mtu int) (transport.MTU, error) {
 	m, ok := transport.MTUFromBytes(mtu)
 	if !ok {
-		return 0, errMTUFlag(mtu)
+		return 0, ErrMTUFlag(mtu)
 	}
 	return m, nil
 }
 
-// acceptOne listens on TCP port on every address and accepts one client
+// AcceptOne listens on TCP port on every address and accepts one client
 // for an out-of-band exchange, giving up when ctx ends. inUse words the
 // error when the port is taken; listening, if not nil, is called once the
 // port listens.
-func acceptOne(ctx context.Context, port int, inUse func(err error) error, listening func()) (net.Conn, error) {
+func AcceptOne(ctx context.Context, port int, inUse func(err error) error, listening func()) (net.Conn, error) {
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort("", strconv.Itoa(port)))
 	if err != nil {
@@ -177,9 +182,9 @@ func acceptOne(ctx context.Context, port int, inUse func(err error) error, liste
 	return conn, nil
 }
 
-// peerFromGID is the IP address in a peer's GID, or an error naming the
+// PeerFromGID is the IP address in a peer's GID, or an error naming the
 // peer tool's GID-index flag when the GID holds no RoCEv2 address.
-func peerFromGID(gid [16]byte, gidFlag string) (netip.Addr, error) {
+func PeerFromGID(gid [16]byte, gidFlag string) (netip.Addr, error) {
 	peer := netip.AddrFrom16(gid).Unmap()
 	if !peer.IsValid() || peer.IsUnspecified() {
 		return netip.Addr{}, fmt.Errorf("remote GID %s is not a RoCEv2 address: have the peer pass %s the index of a GID that holds one of its IP addresses (IPv4 or IPv6)", netip.AddrFrom16(gid), gidFlag)
@@ -187,9 +192,9 @@ func peerFromGID(gid [16]byte, gidFlag string) (netip.Addr, error) {
 	return peer, nil
 }
 
-// localAddr is the address to run RoCEv2 on: bind (--bind) when set, else
+// LocalAddr is the address to run RoCEv2 on: bind (--bind) when set, else
 // the local address of the out-of-band connection conn.
-func localAddr(bind netip.Addr, conn net.Conn) (netip.Addr, error) {
+func LocalAddr(bind netip.Addr, conn net.Conn) (netip.Addr, error) {
 	if bind.IsValid() {
 		return bind, nil
 	}
@@ -200,8 +205,8 @@ func localAddr(bind netip.Addr, conn net.Conn) (netip.Addr, error) {
 	return ap.Addr().Unmap(), nil
 }
 
-// wcError describes a failed completion.
-func wcError(wc transport.WC, what string) error {
+// WCError describes a failed completion.
+func WCError(wc transport.WC, what string) error {
 	return fmt.Errorf("%s completion with error: %s (status %d, wr_id %d, opcode %v) — the peer or the path failed the operation",
 		what, wc.Status, uint8(wc.Status), wc.WRID, wc.Opcode)
 }

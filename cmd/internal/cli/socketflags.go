@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"errors"
@@ -11,10 +11,10 @@ import (
 	"github.com/gorocev2/rocev2/udp"
 )
 
-// socketUsage documents the options addSocketFlags registers; the commands
+// SocketUsage documents the options AddSocketFlags registers; the commands
 // that open UDP socket links (demo, bench, pingpong, the perftest commands)
 // list it with their options.
-const socketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one peer (the
+const SocketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one peer (the
                  packets of a multi-packet message, a batch of READ
                  responses or ACKs) as one UDP GSO datagram
                  (UDP_SEGMENT): about twice the packet rate of plain
@@ -34,48 +34,48 @@ const socketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one
                  and perftest's latency tests. Off by default, except
                  in pingpong and the *-lat tests: 100us unless -e or
                  the machine has one CPU.
-` + ccUsage
+` + CCUsage
 
-// defaultBusyPoll is how long the latency commands (pingpong and the
+// DefaultBusyPoll is how long the latency commands (pingpong and the
 // perftest *-lat tests without -e) poll their socket before sleeping in a
 // receive, unless --busy-poll says otherwise: the real tools poll their CQ
 // without pause, and waking an idle thread costs tens of µs on a VM.
-const defaultBusyPoll = 100 * time.Microsecond
+const DefaultBusyPoll = 100 * time.Microsecond
 
-// socketFlags holds the --gso and --busy-poll options of one command, and
+// SocketFlags holds the --gso and --busy-poll options of one command, and
 // its congestion control options (ccflags.go).
-type socketFlags struct {
-	cc          ccFlags // --ecn, --cnp-interval, --dcqcn, --dcqcn-param
-	gso         bool
-	gsoSet      bool // --gso was given (else the device decides: udp.SocketOptions.GSOAuto)
-	busyPoll    time.Duration
-	busyPollSet bool // --busy-poll was given (0 switches polling off)
+type SocketFlags struct {
+	CC          CCFlags // --ecn, --cnp-interval, --dcqcn, --dcqcn-param
+	GSO         bool
+	GSOSet      bool // --gso was given (else the device decides: udp.SocketOptions.GSOAuto)
+	BusyPoll    time.Duration
+	BusyPollSet bool // --busy-poll was given (0 switches polling off)
 }
 
-// addSocketFlags registers --gso and --busy-poll=DUR in fs, storing their
+// AddSocketFlags registers --gso and --busy-poll=DUR in fs, storing their
 // values in f. Like every flag of the commands that take a positional
 // argument (pingpong, the perftest commands), they may also follow it.
-func addSocketFlags(fs *flag.FlagSet, f *socketFlags) {
-	addCCFlags(fs, &f.cc)
+func AddSocketFlags(fs *flag.FlagSet, f *SocketFlags) {
+	AddCCFlags(fs, &f.CC)
 	fs.Var(gsoFlag{f}, "gso", "")
 	fs.Func("busy-poll", "", func(val string) error {
 		d, err := time.ParseDuration(val)
 		if err != nil || d < 0 || d > time.Second {
 			return fmt.Errorf("want a duration between 0 and 1s (e.g. 100us)")
 		}
-		f.busyPoll, f.busyPollSet = d, true
+		f.BusyPoll, f.BusyPollSet = d, true
 		return nil
 	})
 }
 
 // gsoFlag is --gso[=BOOL]: a boolean flag that records that it was given.
-type gsoFlag struct{ f *socketFlags }
+type gsoFlag struct{ f *SocketFlags }
 
 func (g gsoFlag) String() string {
-	if g.f == nil || !g.f.gsoSet {
+	if g.f == nil || !g.f.GSOSet {
 		return "auto"
 	}
-	return strconv.FormatBool(g.f.gso)
+	return strconv.FormatBool(g.f.GSO)
 }
 
 func (g gsoFlag) Set(s string) error {
@@ -83,7 +83,7 @@ func (g gsoFlag) Set(s string) error {
 	if err != nil {
 		return errors.New("want true or false (without it: on where the kernel segments)")
 	}
-	g.f.gso, g.f.gsoSet = v, true
+	g.f.GSO, g.f.GSOSet = v, true
 	return nil
 }
 
@@ -94,13 +94,13 @@ func (g gsoFlag) IsBoolFlag() bool { return true }
 // (udp.SocketOptions.GSOAuto: on unless a NIC segments in hardware); no
 // busy polling unless poll (latency commands without -e, demo,
 // bench), and then --busy-poll's duration, or def when it was not given.
-func (f socketFlags) options(poll bool, def time.Duration) udp.SocketOptions {
-	o := udp.SocketOptions{GSO: f.gso, GSOAuto: !f.gsoSet}
+func (f SocketFlags) Options(poll bool, def time.Duration) udp.SocketOptions {
+	o := udp.SocketOptions{GSO: f.GSO, GSOAuto: !f.GSOSet}
 	switch {
 	case !poll:
-	case f.busyPollSet:
-		o.BusyPoll = f.busyPoll
-	case oneCPU:
+	case f.BusyPollSet:
+		o.BusyPoll = f.BusyPoll
+	case OneCPU:
 		// Busy polling on the only CPU takes it from the kernel's
 		// receive path and the device's own goroutines: in the interop
 		// lab's 1-vCPU VMs busy polling (100 µs, once 1 ms) made rocev2d
@@ -114,6 +114,6 @@ func (f socketFlags) options(poll bool, def time.Duration) udp.SocketOptions {
 	return o
 }
 
-// oneCPU reports a machine with a single CPU, where the latency commands
+// OneCPU reports a machine with a single CPU, where the latency commands
 // do not busy-poll unless --busy-poll says so (a variable for tests).
-var oneCPU = runtime.NumCPU() < 2
+var OneCPU = runtime.NumCPU() < 2

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"errors"
@@ -27,7 +27,7 @@ func TestOOBLocalTCPAddr(t *testing.T) {
 		if tt.bind != "" {
 			bind = netip.MustParseAddr(tt.bind)
 		}
-		got := oobLocalTCPAddr(bind, tt.server)
+		got := OOBLocalTCPAddr(bind, tt.server)
 		if (got == nil) != (tt.want == "") || (got != nil && got.String() != tt.want) {
 			t.Errorf("bind %q server %q: %v, want %q", tt.bind, tt.server, got, tt.want)
 		}
@@ -40,15 +40,15 @@ func TestOOBDialPermanent(t *testing.T) {
 	op := func(call string, errno syscall.Errno) error {
 		return &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError(call, errno)}
 	}
-	if err := oobDialPermanent(op("bind", syscall.EINVAL), bind, local); err == nil ||
+	if err := OOBDialPermanent(op("bind", syscall.EINVAL), bind, local); err == nil ||
 		!strings.Contains(err.Error(), "cannot bind the out-of-band TCP connection to --bind fe80::1%eth0") || !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("bind EINVAL: %v", err)
 	}
-	if err := oobDialPermanent(op("connect", syscall.EINVAL), netip.Addr{}, nil); !errors.Is(err, syscall.EINVAL) {
+	if err := OOBDialPermanent(op("connect", syscall.EINVAL), netip.Addr{}, nil); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("connect EINVAL (link-local without zone): %v", err)
 	}
 	for _, e := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ENETUNREACH, syscall.EHOSTUNREACH} {
-		if err := oobDialPermanent(op("connect", e), bind, local); err != nil {
+		if err := OOBDialPermanent(op("connect", e), bind, local); err != nil {
 			t.Errorf("%v is worth a retry, got %v", e, err)
 		}
 	}
@@ -56,7 +56,7 @@ func TestOOBDialPermanent(t *testing.T) {
 
 func TestPeerFamily(t *testing.T) {
 	v4, v6, mapped := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("fe80::1%eth0"), netip.MustParseAddr("::ffff:192.0.2.2")
-	if peerFamily(v4, mapped) != nil || peerFamily(v6, netip.MustParseAddr("fe80::2")) != nil {
+	if PeerFamily(v4, mapped) != nil || PeerFamily(v6, netip.MustParseAddr("fe80::2")) != nil {
 		t.Error("same family refused")
 	}
 	// --bind needs an address of the peer's family, and the example is one.
@@ -73,7 +73,7 @@ func TestPeerFamily(t *testing.T) {
 			"the peer's GID 192.0.2.2 is IPv4 but the local RoCEv2 address fe80::1%eth0 is IPv6: give --bind an IPv4 address of this host (e.g. 192.0.2.1)",
 			"have the peer use its IPv6 GID index"}, "fe80::1%eth0)"},
 	} {
-		err := peerFamily(tc.local, tc.peer)
+		err := PeerFamily(tc.local, tc.peer)
 		if err == nil {
 			t.Errorf("%s: no error", tc.name)
 			continue
@@ -88,7 +88,7 @@ func TestPeerFamily(t *testing.T) {
 		}
 	}
 	// A GID without an address names the GID index flag.
-	if _, err := peerFromGID([16]byte{}, "-x"); err == nil || !strings.Contains(err.Error(), "have the peer pass -x the index of a GID that holds one of its IP addresses") {
+	if _, err := PeerFromGID([16]byte{}, "-x"); err == nil || !strings.Contains(err.Error(), "have the peer pass -x the index of a GID that holds one of its IP addresses") {
 		t.Errorf("zero GID: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 	"syscall"
 )
 
-// oobLocalTCPAddr is the local end for the client's out-of-band TCP
+// OOBLocalTCPAddr is the local end for the client's out-of-band TCP
 // connection: the --bind address with its zone (a link-local address
 // without its zone cannot be bound), or nil — no binding — without
 // --bind or when the server is an IP address of the other family (the
 // RoCEv2 address and the out-of-band path are independent: an IPv6
 // --bind may talk to an IPv4 server address).
-func oobLocalTCPAddr(bind netip.Addr, server string) *net.TCPAddr {
+func OOBLocalTCPAddr(bind netip.Addr, server string) *net.TCPAddr {
 	if !bind.IsValid() {
 		return nil
 	}
@@ -26,12 +26,12 @@ func oobLocalTCPAddr(bind netip.Addr, server string) *net.TCPAddr {
 	return &net.TCPAddr{IP: bind.AsSlice(), Zone: bind.Zone()}
 }
 
-// oobDialPermanent returns the error to give up with at once when err is
+// OOBDialPermanent returns the error to give up with at once when err is
 // not a server that is not there yet: binding the local end to --bind
 // failed, or the dial cannot succeed by waiting. It returns nil for the
 // errors worth retrying until --connect-timeout (refused, unreachable,
 // timed out).
-func oobDialPermanent(err error, bind netip.Addr, local *net.TCPAddr) error {
+func OOBDialPermanent(err error, bind netip.Addr, local *net.TCPAddr) error {
 	var se *os.SyscallError
 	if local != nil && errors.As(err, &se) && se.Syscall == "bind" {
 		return fmt.Errorf("cannot bind the out-of-band TCP connection to --bind %v: %w", bind, err)

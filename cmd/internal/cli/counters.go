@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -10,11 +10,11 @@ import (
 	"github.com/gorocev2/rocev2/transport"
 )
 
-// usr1Watch prints the counters of its devices whenever the process
+// USR1Watch prints the counters of its devices whenever the process
 // receives SIGUSR1 (so that a long run can be inspected), from the moment
 // it is created — before any device exists it says so, instead of letting
 // SIGUSR1 terminate the process.
-type usr1Watch struct {
+type USR1Watch struct {
 	w        io.Writer
 	mu       sync.Mutex
 	names    []string
@@ -24,9 +24,9 @@ type usr1Watch struct {
 	finished chan struct{}
 }
 
-// watchSIGUSR1 starts printing counters to w on SIGUSR1.
-func watchSIGUSR1(w io.Writer) *usr1Watch {
-	u := &usr1Watch{w: w, sig: make(chan os.Signal, 1), done: make(chan struct{}), finished: make(chan struct{})}
+// WatchSIGUSR1 starts printing counters to w on SIGUSR1.
+func WatchSIGUSR1(w io.Writer) *USR1Watch {
+	u := &USR1Watch{w: w, sig: make(chan os.Signal, 1), done: make(chan struct{}), finished: make(chan struct{})}
 	if len(usr1Signals) > 0 { // Notify with no signals would relay every signal
 		signal.Notify(u.sig, usr1Signals...)
 	}
@@ -40,7 +40,7 @@ func watchSIGUSR1(w io.Writer) *usr1Watch {
 					fmt.Fprintln(u.w, "counters: no device yet (waiting for the peer)")
 				}
 				for i, d := range u.devs {
-					printCounters(u.w, u.names[i], d)
+					PrintCounters(u.w, u.names[i], d)
 				}
 				u.mu.Unlock()
 			case <-u.done:
@@ -52,7 +52,7 @@ func watchSIGUSR1(w io.Writer) *usr1Watch {
 }
 
 // Add includes a device in the SIGUSR1 output.
-func (u *usr1Watch) Add(name string, d *transport.Device) {
+func (u *USR1Watch) Add(name string, d *transport.Device) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.names = append(u.names, name)
@@ -60,22 +60,22 @@ func (u *usr1Watch) Add(name string, d *transport.Device) {
 }
 
 // Stop stops watching (SIGUSR1 gets its default action again).
-func (u *usr1Watch) Stop() {
+func (u *USR1Watch) Stop() {
 	signal.Stop(u.sig)
 	close(u.done)
 	<-u.finished
 }
 
-// alwaysPrinted are the counters printCounters shows even when zero: the
+// alwaysPrinted are the counters PrintCounters shows even when zero: the
 // packet totals and the congestion control counters (ECN marks seen, CNPs
 // sent, handled and ignored), whose zeros say something too.
 var alwaysPrinted = map[string]bool{"sent_pkts": true, "rcvd_pkts": true,
 	"np_ecn_marked_roce_packets": true, "np_cnp_sent": true, "rp_cnp_handled": true, "rp_cnp_ignored": true}
 
-// printCounters prints a device's rxe-style counters and its link's
+// PrintCounters prints a device's rxe-style counters and its link's
 // statistics, one "name value" per line, skipping zeros except those of
 // alwaysPrinted.
-func printCounters(w io.Writer, label string, dev *transport.Device) {
+func PrintCounters(w io.Writer, label string, dev *transport.Device) {
 	c := dev.Counters()
 	fmt.Fprintf(w, "counters %s:\n", label)
 	for _, kv := range c.List() {

@@ -1,0 +1,26 @@
+package cli
+
+import (
+	"context"
+	"io"
+)
+
+// Exit statuses shared by every subcommand.
+const (
+	ExitOK    = 0 // success
+	ExitFail  = 1 // the command ran and found a problem (bad packet, failed test)
+	ExitUsage = 2 // bad usage or unreadable input
+)
+
+// Command is one subcommand of rocev2d: the families of commands in the
+// packages under cmd/internal export theirs, and rocev2d's main dispatches
+// to them.
+type Command struct {
+	Name    string
+	Summary string // one line for `rocev2d help`
+	Usage   string // full help text for `rocev2d help NAME`
+	// Run executes the subcommand with the arguments after its name and
+	// returns the exit status. It writes only to stdout and stderr and
+	// returns when ctx is cancelled (SIGINT/SIGTERM) if it runs long.
+	Run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
