@@ -14,16 +14,19 @@
 //	rocev2d <command> [arguments]
 //	rocev2d help [command]
 //
-// Each subcommand lives in its own file (the perftest commands in perf*.go)
-// and registers itself from that file's init:
+// Families of commands live in packages of their own under cmd/internal
+// (pingpong: the four ibv_*_pingpong peers) and export their commands as
+// []cli.Command, which families (below) adds to the table. A subcommand
+// still in this package lives in its own file (the perftest commands in
+// perf*.go) and registers itself from that file's init:
 //
 //	func init() { register("pcap", "check RoCEv2 captures (layout and ICRC); write a sample capture", pcapUsage, runPcap) }
 //
-// What the commands share: endpoint.go builds an endpoint (socket link,
-// device, PD, CQs, QP, registered memory) and connects it; socketflags.go
-// has their --gso and --busy-poll options (and ccflags.go's congestion
-// control options, registered with them); shared.go flag parsing and the
-// out-of-band TCP helpers; counters.go the -v and SIGUSR1 counters.
+// What the commands share is package cli (cmd/internal/cli): flag parsing,
+// exit statuses, the --gso, --busy-poll and congestion control options,
+// endpoints (socket link, device, PD, CQs, QP, registered memory), the
+// out-of-band TCP helpers and the -v and SIGUSR1 counters; cli.go gives
+// the commands of this package its names.
 package main
 
 import (
@@ -34,6 +37,9 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/pingpong"
 )
 
 // command is one subcommand.
@@ -58,6 +64,20 @@ func register(name, summary, usage string, run func(ctx context.Context, args []
 		panic("rocev2d: duplicate command " + name)
 	}
 	commands[name] = &command{name: name, summary: summary, usage: usage, run: run}
+}
+
+// families are the command families in packages of their own: one line
+// each.
+var families = [][]cli.Command{
+	pingpong.Commands(),
+}
+
+func init() {
+	for _, f := range families {
+		for _, c := range f {
+			register(c.Name, c.Summary, c.Usage, c.Run)
+		}
+	}
 }
 
 func main() {

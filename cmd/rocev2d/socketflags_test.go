@@ -76,16 +76,6 @@ func TestSocketFlagsCommands(t *testing.T) {
 		}
 	}
 	const us7 = 7 * time.Microsecond
-	pp := func(args ...string) socketFlags {
-		c, err := parsePingpongFlags(args)
-		if err != nil {
-			t.Fatalf("pingpong %q: %v", args, err)
-		}
-		if c.server != "" && c.server != "127.0.0.1" {
-			t.Errorf("pingpong %q: server %q", args, c.server)
-		}
-		return c.sock
-	}
 	perf := func(pt oob.PerfTest, args ...string) (socketFlags, bool) {
 		c, err := parsePerfFlags(pt, args)
 		if err != nil {
@@ -96,13 +86,6 @@ func TestSocketFlagsCommands(t *testing.T) {
 		}
 		return c.sock, !c.test.IsBW() && !c.events
 	}
-	ppPoll := func(args ...string) time.Duration {
-		c, err := parsePingpongFlags(args)
-		if err != nil {
-			t.Fatalf("pingpong %q: %v", args, err)
-		}
-		return c.sock.Options(!c.events, defaultBusyPoll).BusyPoll
-	}
 	perfPoll := func(pt oob.PerfTest, args ...string) time.Duration {
 		f, poll := perf(pt, args...)
 		return f.Options(poll, defaultBusyPoll).BusyPoll
@@ -111,11 +94,6 @@ func TestSocketFlagsCommands(t *testing.T) {
 		name      string
 		got, want time.Duration
 	}{
-		{"pingpong", ppPoll(), defaultBusyPoll},
-		{"pingpong -e", ppPoll("-e"), 0},
-		{"pingpong --busy-poll=7us", ppPoll("--busy-poll=7us"), us7},
-		{"pingpong --busy-poll=0", ppPoll("--busy-poll=0"), 0},
-		{"pingpong -e --busy-poll=7us", ppPoll("-e", "--busy-poll=7us"), 0},
 		{"write-lat", perfPoll(oob.WriteLat), defaultBusyPoll},
 		{"read-lat SERVER --busy-poll 7us", perfPoll(oob.ReadLat, "127.0.0.1", "--busy-poll", "7us"), us7},
 		{"send-lat -e", perfPoll(oob.SendLat, "-e"), 0},
@@ -126,22 +104,8 @@ func TestSocketFlagsCommands(t *testing.T) {
 		}
 	}
 	// The flags may follow the server address.
-	if f := pp("--bind", "127.0.0.2", "127.0.0.1", "--gso", "--busy-poll=7us"); !f.GSO || f.BusyPoll != us7 {
-		t.Errorf("pingpong SERVER --gso --busy-poll=7us: %+v", f)
-	}
 	if f, _ := perf(oob.WriteBW, "-s", "64", "127.0.0.1", "--gso"); !f.GSO {
 		t.Errorf("write-bw SERVER --gso: %+v", f)
-	}
-	if f := pp("-s", "64"); f.GSO || f.GSOSet {
-		t.Errorf("pingpong without --gso: %+v", f)
-	}
-	// Without --gso the device decides (GSOAuto); --gso=false switches
-	// GSO off whatever the device is.
-	if o := pp("-s", "64").Options(false, 0); !o.GSOAuto || o.GSO {
-		t.Errorf("pingpong without --gso: options %+v, want GSOAuto", o)
-	}
-	if o := pp("--gso=false").Options(false, 0); o.GSOAuto || o.GSO {
-		t.Errorf("pingpong --gso=false: options %+v, want neither GSO nor GSOAuto", o)
 	}
 	d, err := parseDemoFlags([]string{"--gso", "--busy-poll", "7us"})
 	if err != nil {

@@ -1,79 +1,23 @@
-package main
+package pingpong
 
 import (
 	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/netip"
-	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 )
 
-// srq-pingpong is pingpong (pingpong.go: its flags with -q, runPPCmd,
-// the result lines) on several RC QPs that share one SRQ: the endpoint
-// (endpoint.go, srqWR) carries the SRQ and every QP, the exchange is
-// oob.SRQPingpongClient/Server, and the loop is ibv_srq_pingpong's.
-
-func init() {
-	register("srq-pingpong", "RC ping-pong on several QPs sharing one SRQ, flag- and wire-compatible with ibv_srq_pingpong",
-		srqPingpongUsage, runSRQPingpong)
-}
-
-const srqPingpongUsage = `usage: rocev2d srq-pingpong [options] [server]
-
-A ping-pong on num-qp RC QPs that take their receives from one shared
-receive queue, compatible with rdma-core's ibv_srq_pingpong: the same flags,
-the same out-of-band exchange on TCP (default port 18515: 256
-"LID:QPN:PSN:GID" messages each way, one per QP and zero entries after) and
-the same output, so either side may be rocev2d or the real tool. Without a
-server argument it waits for a client; with one it connects to it.
-
-rx-depth receives are posted to the SRQ (and reposted when at most num-qp
-are left); every QP's messages land in the one buffer. The client sends
-first on every QP, then each QP alternates: send size bytes, receive size
-bytes. The run ends when iters sends and iters receives have completed in
-all (iters counts across the QPs, as in the tool, whose usage text says
-"per QP").
-
-options:
-  -p, --port=PORT        out-of-band TCP port (default 18515)
-  -d, --ib-dev=DEV       device name (accepted for compatibility; rocev2d has one device per address)
-  -i, --ib-port=PORT     port of the device (accepted, must be 1)
-  -s, --size=SIZE        message size in bytes (default 4096)
-  -m, --mtu=MTU          path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
-  -q, --num-qp=NUM       QPs (default 16; 1..255, at most rx-depth; both sides
-                         must use the same number)
-  -r, --rx-depth=DEP     receives in the SRQ (default 500)
-  -n, --iters=ITERS      iterations, summed over the QPs (default 1000)
-  -l, --sl=SL            service level (accepted, not used by RoCEv2)
-  -e, --events           sleep until packets arrive; without it rocev2d polls its
-                         socket for up to 100 µs per wait (--busy-poll sets how
-                         long), as ibv_srq_pingpong polls its CQ
-  -g, --gid-idx=IDX      local GID index (accepted; the GID is the --bind
-                         address). The real tool needs it on RoCE: without -g
-                         it sends a zero GID, which rocev2d refuses
-  -c, --chk              validate the received buffer: ibv_srq_pingpong's buffer
-                         is all zeros and so is every message; rocev2d checks
-                         every byte (the tool, as server, the first of each page)
-  -o, --odp              accepted and ignored
-      --bind=IP          local IP address for RoCEv2 (UDP 4791). Default: the address
-                         of the out-of-band TCP connection's local end; a server
-                         with --bind opens it before it waits for a client
-      --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
-  -v                     print the device counters (rxe's names) at the end; SIGUSR1
-                         prints them while running
-` + socketUsage + `
-Output: one local address line per QP, after the exchange one remote address
-line per QP, then
-  N bytes in S seconds = M Mbit/sec     (N = 2 × size × iters)
-  N iters in S seconds = U usec/iter
-Exit status: 0 done; 1 failed, also for the tool's own refusals ("rx_depth R
-is too small for Q QPs", "num_qp Q must be less than 256"); 2 bad usage.
-`
+// The side of srq-pingpong: several RC QPs that share one SRQ (the
+// endpoint, cli.EndpointConfig.SRQWR, carries the SRQ and every QP), the
+// exchange oob.SRQPingpongClient/Server, and ibv_srq_pingpong's loop.
 
 // checkSRQPingpong applies ibv_srq_pingpong's checks of -q, with its
 // messages (it exits 1 on them).
@@ -87,15 +31,11 @@ func checkSRQPingpong(c *pingpongConfig) error {
 	return nil
 }
 
-func runSRQPingpong(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runPPCmd(ctx, args, ppSRQ, stdout, stderr)
-}
-
-// srqContext is one side of an SRQ ping-pong: an endpoint with the SRQ,
+// srqContext is one side of an SRQ ping-pong: an endpoint (endpoint) with the SRQ,
 // num-qp QPs on one CQ, and the message buffer every QP sends from and
 // every receive lands in.
 type srqContext struct {
-	*endpoint
+	*cli.Endpoint
 	qps   []*transport.QP
 	psns  []uint32
 	index map[uint32]int // QPN → index in qps (the tool's find_qp)
@@ -104,45 +44,20 @@ type srqContext struct {
 	routs int // receives in the SRQ
 }
 
-// srqPingpong runs one SRQ ping-pong as server (c.server empty) or client.
-func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *usr1Watch) error {
-	if err := checkSRQPingpong(c); err != nil {
-		return err
-	}
-	var sc *srqContext
-	var err error
-	if ppEarlyInit(c) {
-		if sc, err = srqInit(c.bind, c); err != nil {
-			return err
-		}
-	}
-	conn, local, end, err := ppSession(ctx, c)
-	if err != nil {
-		if sc != nil {
-			sc.Close()
-		}
-		return err
-	}
-	defer end()
-	if sc == nil {
-		if sc, err = srqInit(local, c); err != nil {
-			return err
-		}
-	}
-	if c.verbose {
-		// Printed after close: the counters then include everything the
-		// device did, not a moment while it still answers the peer.
-		defer printCounters(stdout, local.String(), sc.Dev)
-	}
-	defer sc.Close()
-	usr1.Add(local.String(), sc.Dev)
+func (sc *srqContext) device() *transport.Device { return sc.Dev }
 
+// exchange swaps the address lines of every QP with the peer
+// (ibv_srq_pingpong's 256 messages each way) and connects the QPs, QP i to
+// the peer's QP i: the server before it answers, the client once it has
+// printed the server's lines.
+func (sc *srqContext) exchange(ctx context.Context, c *pingpongConfig, conn net.Conn, stdout io.Writer) error {
 	mine := make([]oob.PingpongDest, c.numQP)
 	for i, qp := range sc.qps {
 		mine[i] = oob.PingpongDest{QPN: qp.QPN(), PSN: sc.psns[i], GID: sc.Dev.GID()}
 		fmt.Fprintf(stdout, "  local address:  %s\n", ppDestString(mine[i]))
 	}
 	var rem []oob.PingpongDest
+	var err error
 	if c.server != "" {
 		rem, err = oob.SRQPingpongClient(ctx, conn, mine)
 		if err == nil {
@@ -157,31 +72,25 @@ func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 
 		})
 	}
 	if err != nil {
-		return ppCtxErr(ctx, fmt.Errorf("out-of-band exchange with %s: %w", conn.RemoteAddr(), err))
+		return oobErr(ctx, conn, err)
 	}
 	conn.Close()
 	for _, d := range rem[:c.numQP] {
 		fmt.Fprintf(stdout, "  remote address: %s\n", ppDestString(d))
 	}
 	if c.server != "" {
-		if err := sc.connectAll(c, rem); err != nil {
-			return err
-		}
+		return sc.connectAll(c, rem)
 	}
+	return nil
+}
 
-	start := time.Now()
-	if err := sc.loop(ctx, c); err != nil {
-		return ppCtxErr(ctx, err)
-	}
-	printPingpongResult(stdout, c, time.Since(start))
-	if c.chk {
-		// ibv_srq_pingpong zeroes its buffer and the client's -c marks
-		// (i / page_size % sizeof(char)) are 0 too, so every message of
-		// either side is all zeros: so must the buffer be.
-		for i, b := range sc.buf {
-			if b != 0 {
-				return fmt.Errorf("data validation failed at byte %d: got %#x, want 0", i, b)
-			}
+// check is -c: ibv_srq_pingpong zeroes its buffer and the client's -c
+// marks (i / page_size % sizeof(char)) are 0 too, so every message of
+// either side is all zeros: so must the buffer be.
+func (sc *srqContext) check(c *pingpongConfig) error {
+	for i, b := range sc.buf {
+		if b != 0 {
+			return fmt.Errorf("data validation failed at byte %d: got %#x, want 0", i, b)
 		}
 	}
 	return nil
@@ -192,16 +101,16 @@ func srqPingpong(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 
 // each, registers the zeroed buffer and posts rx-depth receives to the
 // SRQ (the tool's pp_init_ctx and pp_post_recv).
 func srqInit(local netip.Addr, c *pingpongConfig) (*srqContext, error) {
-	link, err := listenSocket(local, c.sock.Options(!c.events, defaultBusyPoll), "pick another address with --bind")
+	link, err := cli.ListenSocket(local, c.sock.Options(!c.events, cli.DefaultBusyPoll), "pick another address with --bind")
 	if err != nil {
 		return nil, err
 	}
-	cfg := endpointConfig{SendCQ: c.rxDepth + c.numQP, MaxSendWR: 1, SigAll: true, SRQWR: c.rxDepth, CC: c.sock.CC.Config()}
-	e, err := newEndpoint(link, cfg)
+	cfg := cli.EndpointConfig{SendCQ: c.rxDepth + c.numQP, MaxSendWR: 1, SigAll: true, SRQWR: c.rxDepth, CC: c.sock.CC.Config()}
+	e, err := cli.NewEndpoint(link, cfg)
 	if err != nil {
 		return nil, err
 	}
-	sc := &srqContext{endpoint: e, qps: []*transport.QP{e.QP}, psns: []uint32{e.PSN}, index: map[uint32]int{e.QP.QPN(): 0}}
+	sc := &srqContext{Endpoint: e, qps: []*transport.QP{e.QP}, psns: []uint32{e.PSN}, index: map[uint32]int{e.QP.QPN(): 0}}
 	for i := 1; i < c.numQP; i++ {
 		qp, err := e.NewQP(cfg)
 		if err != nil {
@@ -212,7 +121,7 @@ func srqInit(local netip.Addr, c *pingpongConfig) (*srqContext, error) {
 		sc.qps = append(sc.qps, qp)
 		sc.psns = append(sc.psns, rand.Uint32()&0xffffff)
 	}
-	// mapMemory's pages are zero: the tool's memset(buf, 0, size).
+	// cli.MapMemory's pages are zero: the tool's memset(buf, 0, size).
 	if sc.buf, sc.mr, err = e.Alloc(c.size, memreg.AccessLocalWrite); err != nil {
 		e.Close()
 		return nil, err
@@ -239,7 +148,7 @@ func srqCheckPeer(c *pingpongConfig, rem []oob.PingpongDest) error {
 // READ/atomic outstanding, timeout 14, retries 7; every QP towards the
 // GID of the peer's first entry).
 func (sc *srqContext) connectAll(c *pingpongConfig, rem []oob.PingpongDest) error {
-	peer, err := peerFromGID(rem[0].GID, "-g")
+	peer, err := cli.PeerFromGID(rem[0].GID, "-g")
 	if err != nil {
 		return err
 	}

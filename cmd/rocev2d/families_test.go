@@ -1,0 +1,41 @@
+package main
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestFamilies: every command of a family package is in the table once,
+// listed by `rocev2d help` with its summary, and dispatched: `help NAME`
+// prints its usage and `NAME -h` runs it.
+func TestFamilies(t *testing.T) {
+	n := 0
+	for _, f := range families {
+		for _, c := range f {
+			n++
+			if got, ok := commands[c.Name]; !ok || got.summary != c.Summary || got.usage != c.Usage {
+				t.Errorf("%s: not in the command table as its family exports it", c.Name)
+				continue
+			}
+			code, out, errOut := runIn(t, "help")
+			if code != exitOK || !regexp.MustCompile(`(?m)^  `+regexp.QuoteMeta(c.Name)+` +`+regexp.QuoteMeta(c.Summary)+`$`).MatchString(out) {
+				t.Errorf("help does not list %s:\n%s%s", c.Name, out, errOut)
+			}
+			if code, out, _ := runIn(t, "help", c.Name); code != exitOK || out != c.Usage {
+				t.Errorf("help %s: exit %d, %d bytes, want its usage", c.Name, code, len(out))
+			}
+			if code, out, _ := runIn(t, c.Name, "-h"); code != exitOK || !strings.Contains(out, "usage: rocev2d "+c.Name) {
+				t.Errorf("%s -h: exit %d, stdout %q", c.Name, code, out)
+			}
+		}
+	}
+	for _, name := range []string{"pingpong", "uc-pingpong", "ud-pingpong", "srq-pingpong"} {
+		if _, ok := commands[name]; !ok {
+			t.Errorf("no command %s", name)
+		}
+	}
+	if n < 4 {
+		t.Errorf("%d commands in families, want at least the 4 ping-pongs", n)
+	}
+}
