@@ -31,6 +31,7 @@ var (
 	errUsage         = cli.ErrUsage
 	flagsResult      = cli.FlagsResult
 	newFlagSet       = cli.NewFlagSet
+	demoName         = cli.OpName
 	intFlags         = cli.IntFlags
 	boolFlags        = cli.BoolFlags
 	stringFlags      = cli.StringFlags

@@ -140,27 +140,6 @@ type demoCase struct {
 	count int
 }
 
-// demoName is the table name of an operation.
-func demoName(op transport.WROpcode) string {
-	switch op {
-	case transport.WRSend:
-		return "SEND"
-	case transport.WRSendImm:
-		return "SEND+imm"
-	case transport.WRWrite:
-		return "WRITE"
-	case transport.WRWriteImm:
-		return "WRITE+imm"
-	case transport.WRRead:
-		return "READ"
-	case transport.WRCompareSwap:
-		return "CMP_AND_SWAP"
-	case transport.WRFetchAdd:
-		return "FETCH_AND_ADD"
-	}
-	return op.String()
-}
-
 // demoCases is the demo's program.
 func demoCases() []demoCase {
 	var cs []demoCase

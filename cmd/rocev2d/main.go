@@ -15,7 +15,8 @@
 //	rocev2d help [command]
 //
 // Families of commands live in packages of their own under cmd/internal
-// (pingpong: the four ibv_*_pingpong peers) and export their commands as
+// (pingpong: the four ibv_*_pingpong peers; bench: raw UDP against the
+// stack) and export their commands as
 // []cli.Command, which families (below) adds to the table. A subcommand
 // still in this package lives in its own file (the perftest commands in
 // perf*.go) and registers itself from that file's init:
@@ -38,6 +39,7 @@ import (
 	"sort"
 	"syscall"
 
+	"github.com/gorocev2/rocev2/cmd/internal/bench"
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/pingpong"
 )
@@ -70,6 +72,7 @@ func register(name, summary, usage string, run func(ctx context.Context, args []
 // each.
 var families = [][]cli.Command{
 	pingpong.Commands(),
+	bench.Commands(),
 }
 
 func init() {

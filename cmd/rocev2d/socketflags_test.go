@@ -114,13 +114,6 @@ func TestSocketFlagsCommands(t *testing.T) {
 	if o := d.Sock.Options(true, 0); !o.GSO || o.BusyPoll != us7 {
 		t.Errorf("demo --gso --busy-poll 7us: %+v", o)
 	}
-	b, err := parseBenchFlags([]string{"--gso"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o := b.Sock.Options(true, 0); !o.GSO || o.GSOAuto || o.BusyPoll != 0 {
-		t.Errorf("bench --gso: %+v", o)
-	}
 	// Bad values are usage errors of the command.
 	for _, tc := range []struct {
 		args []string

@@ -210,3 +210,24 @@ func WCError(wc transport.WC, what string) error {
 	return fmt.Errorf("%s completion with error: %s (status %d, wr_id %d, opcode %v) — the peer or the path failed the operation",
 		what, wc.Status, uint8(wc.Status), wc.WRID, wc.Opcode)
 }
+
+// OpName is the name of an operation in the tables of demo and bench.
+func OpName(op transport.WROpcode) string {
+	switch op {
+	case transport.WRSend:
+		return "SEND"
+	case transport.WRSendImm:
+		return "SEND+imm"
+	case transport.WRWrite:
+		return "WRITE"
+	case transport.WRWriteImm:
+		return "WRITE+imm"
+	case transport.WRRead:
+		return "READ"
+	case transport.WRCompareSwap:
+		return "CMP_AND_SWAP"
+	case transport.WRFetchAdd:
+		return "FETCH_AND_ADD"
+	}
+	return op.String()
+}

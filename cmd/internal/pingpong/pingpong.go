@@ -57,7 +57,7 @@ type pingpongConfig struct {
 	// kind is the QP type: ppRC (pingpong), ppUC (uc-pingpong) or ppUD
 	// (ud-pingpong: mtu is the port MTU and bounds size, receive buffers
 	// start with the GRH); or ppSRQ (srq-pingpong: numQP RC QPs on one
-	// SRQ, srqpingpong.go).
+	// SRQ, srq.go).
 	kind  ppKind
 	numQP int // srq-pingpong's -q
 }

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
+
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
@@ -21,8 +23,10 @@ import (
 	"github.com/gorocev2/rocev2/udp"
 )
 
-func init() {
-	register("bench", "raw UDP vs the RoCEv2 stack over loopback: goodput and ping-pong latency, side by side", benchUsage, runBench)
+// Commands is the bench command, for rocev2d's dispatch.
+func Commands() []cli.Command {
+	return []cli.Command{{Name: "bench", Summary: "raw UDP vs the RoCEv2 stack over loopback: goodput and ping-pong latency, side by side",
+		Usage: benchUsage, Run: runBench}}
 }
 
 const benchUsage = `usage: rocev2d bench [options]
@@ -71,20 +75,20 @@ options:
   --a=IP          first address (default 127.0.0.1)
   --b=IP          second address (default 127.0.0.2)
   -v              print the stack's counters at the end
-` + socketUsage
+` + cli.SocketUsage
 
 // benchConfig holds the parsed flags of `rocev2d bench`.
 type benchConfig struct {
-	pairOptions
+	cli.PairOptions
 	dur time.Duration
 }
 
 func parseBenchFlags(args []string) (*benchConfig, error) {
 	c := &benchConfig{}
-	fs := newFlagSet("rocev2d bench")
+	fs := cli.NewFlagSet("rocev2d bench")
 	fs.DurationVar(&c.dur, "t", time.Second, "")
 	fs.DurationVar(&c.dur, "time", time.Second, "")
-	if err := parsePairFlags(fs, args, &c.pairOptions, 4096); err != nil {
+	if err := cli.ParsePairFlags(fs, args, &c.PairOptions, 4096); err != nil {
 		return nil, err
 	}
 	if c.A == c.B || c.A.Is4() != c.B.Is4() {
@@ -98,14 +102,14 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseBenchFlags(args)
-	if code, done := flagsResult("bench", benchUsage, err, stdout, stderr); done {
+	if code, done := cli.FlagsResult("bench", benchUsage, err, stdout, stderr); done {
 		return code
 	}
 	if err := bench(ctx, c, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "rocev2d bench: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // benchRow is one line of the table.
@@ -203,7 +207,7 @@ var (
 )
 
 func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error {
-	usr1 := watchSIGUSR1(stderr)
+	usr1 := cli.WatchSIGUSR1(stderr)
 	defer usr1.Stop()
 	fmt.Fprintf(stdout, "rocev2d bench: %v <-> %v over loopback, path MTU %v, per row %v of raw UDP and %v of rocev2 in %d alternating runs\n",
 		c.A, c.B, c.MTU, c.dur, c.dur, benchRounds)
@@ -234,7 +238,7 @@ func bench(ctx context.Context, c *benchConfig, stdout, stderr io.Writer) error 
 // benchStack is the stack side of one section: two connected endpoints
 // and the memory the rows use.
 type benchStack struct {
-	a, b              *endpoint
+	a, b              *cli.Endpoint
 	srcMR, dstMR, rmr *memreg.MR
 	recv              transport.RecvWR // B's receive WR for the SEND rows
 }
@@ -256,20 +260,20 @@ const benchRecvs = 512
 func openBenchStack(c *benchConfig, m benchMode) (*benchStack, error) {
 	opts := c.Sock.Options(true, 0)
 	opts.GSO, opts.GSOAuto = m.gso, false
-	la, lb, err := listenSocketPair(c.A, c.B, opts, "pick other addresses with --a/--b")
+	la, lb, err := cli.ListenSocketPair(c.A, c.B, opts, "pick other addresses with --a/--b")
 	if err != nil {
 		return nil, err
 	}
-	q := pairQueues
+	q := cli.PairQueues
 	q.MaxRecvWR = benchRecvs + 64 // and the ping-pong rows' own
 	q.CC = c.Sock.CC.Config()
 	q.RdAtomic = benchRdAtomic
-	a, err := newEndpoint(la, q)
+	a, err := cli.NewEndpoint(la, q)
 	if err != nil {
 		lb.Close()
 		return nil, fmt.Errorf("device A: %w", err)
 	}
-	b, err := newEndpoint(lb, q)
+	b, err := cli.NewEndpoint(lb, q)
 	if err != nil {
 		a.Close()
 		return nil, fmt.Errorf("device B: %w", err)
@@ -315,7 +319,7 @@ func (s *benchStack) close() {
 // goodputRow runs rounds alternating runs of the raw baseline of mode m
 // and of op on the stack, each rc.dur long, with messages of size bytes.
 func (s *benchStack) goodputRow(ctx context.Context, rc *benchConfig, m benchMode, op transport.WROpcode, size, rounds int) (benchRow, error) {
-	row := benchRow{name: demoName(op) + " goodput", size: size}
+	row := benchRow{name: cli.OpName(op) + " goodput", size: size}
 	for r := range rounds {
 		raw := func() error {
 			if op == transport.WRRead {
@@ -340,7 +344,7 @@ func (s *benchStack) goodputRow(ctx context.Context, rc *benchConfig, m benchMod
 		stack := func() error {
 			run, err := stackGoodput(ctx, rc, s.a, s.b, op, size, s.srcMR, s.dstMR, s.recv)
 			if err != nil {
-				return fmt.Errorf("%s %d B: %w", demoName(op), size, err)
+				return fmt.Errorf("%s %d B: %w", cli.OpName(op), size, err)
 			}
 			row.roc.add(run)
 			return nil
@@ -353,7 +357,7 @@ func (s *benchStack) goodputRow(ctx context.Context, rc *benchConfig, m benchMod
 }
 
 // benchSection runs every row of one mode and prints its table.
-func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Watch, stdout io.Writer) error {
+func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *cli.USR1Watch, stdout io.Writer) error {
 	// Every row alternates benchRounds short runs of the raw UDP baseline
 	// (plain UDP sockets on ephemeral ports) and of the stack, each
 	// c.dur/benchRounds long, so that both see the same moments of a noisy
@@ -386,8 +390,8 @@ func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *usr1Wa
 	printBenchTable(stdout, m, rows)
 	if c.Verbose {
 		fmt.Fprintln(stdout)
-		printCounters(stdout, "A "+c.A.String()+tag, s.a.Dev)
-		printCounters(stdout, "B "+c.B.String()+tag, s.b.Dev)
+		cli.PrintCounters(stdout, "A "+c.A.String()+tag, s.a.Dev)
+		cli.PrintCounters(stdout, "B "+c.B.String()+tag, s.b.Dev)
 	}
 	return nil
 }
@@ -710,7 +714,7 @@ const (
 // time and the process CPU time.
 // srcMR (on A) and dstMR (on B) hold at least size bytes. For SEND, B has
 // receives of recv posted and reposts each one consumed.
-func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transport.WROpcode, size int, srcMR, dstMR *memreg.MR, recv transport.RecvWR) (benchRun, error) {
+func stackGoodput(ctx context.Context, c *benchConfig, a, b *cli.Endpoint, op transport.WROpcode, size int, srcMR, dstMR *memreg.MR, recv transport.RecvWR) (benchRun, error) {
 	window := stackWindow(op, size)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -733,7 +737,7 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 				}
 				for _, wc := range wcs[:n] {
 					if wc.Status != transport.WCSuccess {
-						recvErr = wcError(wc, "receive")
+						recvErr = cli.WCError(wc, "receive")
 						return
 					}
 					if err := b.QP.PostRecv(recv); err != nil {
@@ -775,7 +779,7 @@ func stackGoodput(ctx context.Context, c *benchConfig, a, b *endpoint, op transp
 		}
 		for _, wc := range wcs[:n] {
 			if wc.Status != transport.WCSuccess {
-				return benchRun{}, wcError(wc, "send")
+				return benchRun{}, cli.WCError(wc, "send")
 			}
 		}
 		done += n

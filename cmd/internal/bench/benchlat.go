@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
@@ -129,7 +131,7 @@ func rawPingPongSpin(ctx context.Context, c *benchConfig, n int, spin time.Durat
 // immediate into the peer's wa/wb, between A and B for c.dur and returns
 // the round trips, the time and the CPU time they took. Both sides wait
 // in CQ.Wait for the receive completion of the peer's message.
-func stackPingPongOp(ctx context.Context, c *benchConfig, a, b *endpoint, op transport.WROpcode, wa, wb *memreg.MR) (benchRun, error) {
+func stackPingPongOp(ctx context.Context, c *benchConfig, a, b *cli.Endpoint, op transport.WROpcode, wa, wb *memreg.MR) (benchRun, error) {
 	const n = 8
 	// Each side sends from bytes 0..7 of its buffer; a SEND lands in bytes
 	// 8..15, a WRITE goes to bytes 8..15 of the peer's buffer.
@@ -154,7 +156,7 @@ func stackPingPongOp(ctx context.Context, c *benchConfig, a, b *endpoint, op tra
 // completion) for c.dur, with recvA/recvB reposted after every receive,
 // and returns the round trips, the time and the CPU time they took. Both
 // sides wait in CQ.Wait for the receive completion of the peer's message.
-func pingPongWRs(ctx context.Context, c *benchConfig, a, b *endpoint, wrA, wrB transport.SendWR, recvA, recvB transport.RecvWR) (benchRun, error) {
+func pingPongWRs(ctx context.Context, c *benchConfig, a, b *cli.Endpoint, wrA, wrB transport.SendWR, recvA, recvB transport.RecvWR) (benchRun, error) {
 	for range 4 {
 		if err := a.QP.PostRecv(recvA); err != nil {
 			return benchRun{}, err
@@ -176,7 +178,7 @@ func pingPongWRs(ctx context.Context, c *benchConfig, a, b *endpoint, wrA, wrB t
 			}
 			for _, wc := range wcs[:k] {
 				if wc.Status != transport.WCSuccess {
-					echoErr <- wcError(wc, "receive")
+					echoErr <- cli.WCError(wc, "receive")
 					return
 				}
 				if err := b.QP.PostRecv(recvB); err != nil {
@@ -205,7 +207,7 @@ func pingPongWRs(ctx context.Context, c *benchConfig, a, b *endpoint, wrA, wrB t
 			return benchRun{}, fmt.Errorf("waiting for echo %d: %w", iters+1, err)
 		}
 		if k == 1 && wcs[0].Status != transport.WCSuccess {
-			return benchRun{}, wcError(wcs[0], "receive")
+			return benchRun{}, cli.WCError(wcs[0], "receive")
 		}
 		if err := a.QP.PostRecv(recvA); err != nil {
 			return benchRun{}, err

@@ -1,6 +1,6 @@
 //go:build unix
 
-package main
+package bench
 
 import (
 	"math"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // TestBench runs a short bench and checks the tables: two sections
@@ -33,7 +35,7 @@ func TestBench(t *testing.T) {
 	} {
 		start := time.Now()
 		code, out, errOut := runInRetry(t, append([]string{"bench", "-t", "60ms", "-v"}, c.args...)...)
-		if code != exitOK {
+		if code != cli.ExitOK {
 			t.Fatalf("%v: exit %d\n%s%s", c.args, code, out, errOut)
 		}
 		if el := time.Since(start); el > 60*time.Second {
@@ -182,7 +184,7 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"bench", "x"}, `unexpected argument "x"`},
 	} {
 		code, _, errOut := runIn(t, b.args...)
-		if code != exitUsage || !strings.Contains(errOut, b.msg) {
+		if code != cli.ExitUsage || !strings.Contains(errOut, b.msg) {
 			t.Errorf("%v: exit %d %q", b.args, code, errOut)
 		}
 	}

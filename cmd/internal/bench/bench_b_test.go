@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package bench
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/transport"
 )
 
@@ -84,7 +85,7 @@ func BenchmarkBenchRead(b *testing.B) {
 // (x-sendmmsg: what GSO buys over it).
 func BenchmarkBenchGSO(b *testing.B) {
 	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
-		b.Run(demoName(op)+"/64KiB", func(b *testing.B) {
+		b.Run(cli.OpName(op)+"/64KiB", func(b *testing.B) {
 			c := benchBConfig()
 			s := benchBStack(b, c, modeGSO)
 			ctx := context.Background()
