@@ -16,7 +16,7 @@
 //
 // Families of commands live in packages of their own under cmd/internal
 // (pingpong: the four ibv_*_pingpong peers; bench: raw UDP against the
-// stack) and export their commands as
+// stack; congestion: DCQCN flows into the simulated switch) and export their commands as
 // []cli.Command, which families (below) adds to the table. A subcommand
 // still in this package lives in its own file (the perftest commands in
 // perf*.go) and registers itself from that file's init:
@@ -41,6 +41,7 @@ import (
 
 	"github.com/gorocev2/rocev2/cmd/internal/bench"
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/congestion"
 	"github.com/gorocev2/rocev2/cmd/internal/pingpong"
 )
 
@@ -73,6 +74,7 @@ func register(name, summary, usage string, run func(ctx context.Context, args []
 var families = [][]cli.Command{
 	pingpong.Commands(),
 	bench.Commands(),
+	congestion.Commands(),
 }
 
 func init() {

@@ -1,4 +1,4 @@
-package main
+package congestion
 
 import (
 	"context"
@@ -12,14 +12,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
+
 	"github.com/gorocev2/rocev2/dcqcn"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
-func init() {
-	register("congestion", "N RC flows into one bottleneck of the in-memory switch: rates, queue and CNPs as CSV and SVG", congestionUsage, runCongestion)
+// Commands is the congestion command, for rocev2d's dispatch.
+func Commands() []cli.Command {
+	return []cli.Command{{Name: "congestion", Summary: "N RC flows into one bottleneck of the in-memory switch: rates, queue and CNPs as CSV and SVG",
+		Usage: congestionUsage, Run: runCongestion}}
 }
 
 const congestionUsage = `usage: rocev2d congestion [options]
@@ -90,7 +94,7 @@ Options:
   --csv PATH       write the samples as CSV
   --svg PATH       write the plot as SVG (any browser shows it)
   -v               print every device's counters at the end
-` + ccUsage
+` + cli.CCUsage
 
 // ccConfig is the parsed command line of rocev2d congestion.
 type ccConfig struct {
@@ -109,13 +113,13 @@ type ccConfig struct {
 	seed            int64
 	csvPath, svgPth string
 	verbose         bool
-	cc              ccFlags
+	cc              cli.CCFlags
 }
 
 func parseCongestionFlags(args []string) (*ccConfig, error) {
 	c := &ccConfig{}
-	fs := newFlagSet("congestion")
-	intFlags(fs, &c.flows, "n", "flows", 4)
+	fs := cli.NewFlagSet("congestion")
+	cli.IntFlags(fs, &c.flows, "n", "flows", 4)
 	rateFlag(fs, &c.rate, "rate", 10e9)
 	rateFlag(fs, &c.lineRate, "line-rate", 0)
 	sizeFlag(fs, &c.buffer, "buffer", 512<<10)
@@ -135,7 +139,7 @@ func parseCongestionFlags(args []string) (*ccConfig, error) {
 	fs.StringVar(&c.csvPath, "csv", "", "")
 	fs.StringVar(&c.svgPth, "svg", "", "")
 	fs.BoolVar(&c.verbose, "v", false, "")
-	addCCFlags(fs, &c.cc)
+	cli.AddCCFlags(fs, &c.cc)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -184,7 +188,7 @@ func parseCongestionFlags(args []string) (*ccConfig, error) {
 	default:
 		return nil, fmt.Errorf("--rp %q: want paper or nvidia", *rp)
 	}
-	if err := setDCQCNParams(&c.cc.Params, c.cc.ParamArgs); err != nil {
+	if err := cli.SetDCQCNParams(&c.cc.Params, c.cc.ParamArgs); err != nil {
 		return nil, fmt.Errorf("--dcqcn-param %s: %w", c.cc.ParamArgs, err)
 	}
 	if c.cc.Params.LineRate == 0 {
@@ -212,7 +216,7 @@ func paperRP(rate float64) dcqcn.Config {
 func rateFlag(fs *flag.FlagSet, p *float64, name string, def float64) {
 	*p = def
 	fs.Func(name, "", func(v string) error {
-		r, err := parseBitRate(v, 1)
+		r, err := cli.ParseBitRate(v, 1)
 		if err == nil {
 			*p = r
 		}
@@ -255,7 +259,7 @@ func parseByteSize(v string) (int, error) {
 
 func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseCongestionFlags(args)
-	if code, done := flagsResult("congestion", congestionUsage, err, stdout, stderr); done {
+	if code, done := cli.FlagsResult("congestion", congestionUsage, err, stdout, stderr); done {
 		return code
 	}
 	// Create the output files first: a bad path fails before the run.
@@ -269,7 +273,7 @@ func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		if *o.f, err = os.Create(o.path); err != nil {
 			fmt.Fprintf(stderr, "rocev2d congestion: %v\n", err)
-			return exitUsage
+			return cli.ExitUsage
 		}
 		defer (*o.f).Close()
 	}
@@ -277,16 +281,16 @@ func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d congestion: %v\n", err)
 		if run == nil || len(run.Samples) == 0 {
-			return exitFail
+			return cli.ExitFail
 		}
 	}
-	code := exitOK
+	code := cli.ExitOK
 	if err != nil {
-		code = exitFail
+		code = cli.ExitFail
 	}
 	for _, f := range run.Failed {
 		fmt.Fprintf(stdout, "failed: %s\n", f)
-		code = exitFail
+		code = cli.ExitFail
 	}
 	if csvF != nil {
 		if err := run.WriteCSV(csvF); err == nil {
@@ -294,7 +298,7 @@ func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "rocev2d congestion: --csv: %v\n", err)
-			code = exitFail
+			code = cli.ExitFail
 		}
 	}
 	if svgF != nil {
@@ -303,13 +307,13 @@ func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "rocev2d congestion: --svg: %v\n", err)
-			code = exitFail
+			code = cli.ExitFail
 		}
 	}
 	if c.verbose && sim != nil {
-		printCounters(stdout, "receiver "+sim.recv.Dev.Addr().String(), sim.recv.Dev)
+		cli.PrintCounters(stdout, "receiver "+sim.recv.Dev.Addr().String(), sim.recv.Dev)
 		for i, s := range sim.send {
-			printCounters(stdout, fmt.Sprintf("flow %d sender %v", i+1, s.Dev.Addr()), s.Dev)
+			cli.PrintCounters(stdout, fmt.Sprintf("flow %d sender %v", i+1, s.Dev.Addr()), s.Dev)
 		}
 	}
 	if sim != nil {
@@ -331,9 +335,9 @@ type ccSim struct {
 	clk   *transport.ManualClock
 	net   *memnet.MemNetwork
 	port  *memnet.SwitchPort
-	recv  *endpoint
+	recv  *cli.Endpoint
 	rqps  []*transport.QP // the receiver's QP of each flow
-	send  []*endpoint
+	send  []*cli.Endpoint
 	write []transport.SendWR // each flow's WRITE
 	wcs   []transport.WC
 }
@@ -370,8 +374,8 @@ func newCCSim(c *ccConfig) (*ccSim, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := endpointConfig{SendCQ: 16 * c.flows, RecvCQ: 16, MaxSendWR: 4, MaxRecvWR: 1, Access: access, CC: cc, Clock: s.clk}
-	if s.recv, err = newEndpoint(link, cfg); err != nil {
+	cfg := cli.EndpointConfig{SendCQ: 16 * c.flows, RecvCQ: 16, MaxSendWR: 4, MaxRecvWR: 1, Access: access, CC: cc, Clock: s.clk}
+	if s.recv, err = cli.NewEndpoint(link, cfg); err != nil {
 		return nil, fmt.Errorf("receiver: %w", err)
 	}
 	_, dst, err := s.recv.Alloc(c.size, access|memreg.AccessLocalWrite)
@@ -388,7 +392,7 @@ func newCCSim(c *ccConfig) (*ccSim, error) {
 		}
 		s.rqps = append(s.rqps, qp)
 	}
-	scfg := endpointConfig{SendCQ: c.depth + 16, RecvCQ: 16, MaxSendWR: c.depth, MaxRecvWR: 1, Access: access, CC: cc, Clock: s.clk}
+	scfg := cli.EndpointConfig{SendCQ: c.depth + 16, RecvCQ: 16, MaxSendWR: c.depth, MaxRecvWR: 1, Access: access, CC: cc, Clock: s.clk}
 	a4 := ccSendBase.As4()
 	for i := range c.flows {
 		a4[3] = byte(10 + i)
@@ -403,7 +407,7 @@ func newCCSim(c *ccConfig) (*ccSim, error) {
 			s.close()
 			return nil, err
 		}
-		e, err := newEndpoint(l, scfg)
+		e, err := cli.NewEndpoint(l, scfg)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("flow %d: %w", i+1, err)
@@ -511,7 +515,7 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 						// (its other WRs complete flushed).
 						if !failed[i] {
 							failed[i] = true
-							run.Failed = append(run.Failed, fmt.Sprintf("flow %d at %v: %v", i+1, s.clk.Now().Sub(t0), wcError(wc, "RDMA WRITE")))
+							run.Failed = append(run.Failed, fmt.Sprintf("flow %d at %v: %v", i+1, s.clk.Now().Sub(t0), cli.WCError(wc, "RDMA WRITE")))
 						}
 						continue
 					}

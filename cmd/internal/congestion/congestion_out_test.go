@@ -1,4 +1,4 @@
-package main
+package congestion
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // syntheticRun is a 2-flow run of 10 samples of 1 ms into a 10 Gb/s
@@ -173,8 +175,8 @@ func TestCongestionSummaryNoGoodput(t *testing.T) {
 	// The whole command, whose flows get nothing through in 2 ms of a
 	// 2 ms one-way delay; its CSV holds the zeros.
 	code, out, errOut, rows, _ := congestionRun(t, "-n", "2", "--duration", "2ms", "--stagger", "0", "--interval", "1ms", "--delay", "2ms")
-	if code != exitOK || !strings.Contains(out, "Jain fairness n/a,") || len(rows) < 2 {
-		t.Errorf("exit %d, %d CSV rows; want %d, Jain n/a and samples\n%s%s", code, len(rows), exitOK, out, errOut)
+	if code != cli.ExitOK || !strings.Contains(out, "Jain fairness n/a,") || len(rows) < 2 {
+		t.Errorf("exit %d, %d CSV rows; want %d, Jain n/a and samples\n%s%s", code, len(rows), cli.ExitOK, out, errOut)
 	}
 }
 

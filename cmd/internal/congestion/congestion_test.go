@@ -1,4 +1,4 @@
-package main
+package congestion
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
+
 	"github.com/gorocev2/rocev2/transport"
 )
 
@@ -23,8 +25,8 @@ func congestionRun(t *testing.T, args ...string) (code int, out, errOut string, 
 	dir := t.TempDir()
 	cp, sp := filepath.Join(dir, "run.csv"), filepath.Join(dir, "run.svg")
 	var o, e bytes.Buffer
-	code = run(context.Background(), append([]string{"congestion", "--csv", cp, "--svg", sp}, args...), &o, &e)
-	if code == exitUsage {
+	code = runCongestion(context.Background(), append([]string{"--csv", cp, "--svg", sp}, args...), &o, &e)
+	if code == cli.ExitUsage {
 		return code, o.String(), e.String(), nil, nil
 	}
 	f, err := os.Open(cp)
@@ -84,7 +86,7 @@ func sum(v []float64) (s float64) {
 func TestCongestionCommand(t *testing.T) {
 	code, out, errOut, rows, svg := congestionRun(t, "-n", "2", "--duration", "10ms", "--interval", "250us",
 		"--stagger", "3ms", "--depth", "16", "-v")
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
 	}
 	if len(rows) != 41 || len(rows[0]) != 2*2+8 {
@@ -137,7 +139,7 @@ func TestCongestionCommand(t *testing.T) {
 func TestCongestionDCQCNOff(t *testing.T) {
 	code, out, errOut, rows, _ := congestionRun(t, "-n", "2", "--duration", "5ms", "--interval", "250us",
 		"--stagger", "1ms", "--depth", "16", "--buffer", "64KB", "--kmin", "8KB", "--kmax", "32KB", "--line-rate", "10G", "--dcqcn=off")
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
 	}
 	if h := sum(column(t, rows, "cnp_handled")); h != 0 {
@@ -164,9 +166,9 @@ func TestCongestionDCQCNOff(t *testing.T) {
 func TestCongestionFlowFails(t *testing.T) {
 	code, out, errOut, rows, svg := congestionRun(t, "-n", "2", "--dcqcn=off", "--buffer", "64KB", "--kmin", "8KB", "--kmax", "32KB",
 		"--timeout", "1", "--duration", "5ms", "--stagger", "1ms")
-	if code != exitFail || !strings.Contains(out, "failed: flow 1 at ") || !strings.Contains(out, "retry counter exceeded") ||
+	if code != cli.ExitFail || !strings.Contains(out, "failed: flow 1 at ") || !strings.Contains(out, "retry counter exceeded") ||
 		!strings.Contains(out, "2 flows FAILED") {
-		t.Fatalf("exit %d, want %d naming the failed flows\n%s%s", code, exitFail, out, errOut)
+		t.Fatalf("exit %d, want %d naming the failed flows\n%s%s", code, cli.ExitFail, out, errOut)
 	}
 	if len(rows) != 6 || len(svg) == 0 {
 		t.Errorf("%d CSV rows, %d SVG bytes: want the 5 samples and a plot", len(rows), len(svg))
@@ -212,8 +214,8 @@ func TestCongestionFlags(t *testing.T) {
 		}
 	}
 	var o, e bytes.Buffer
-	if code := run(context.Background(), []string{"congestion", "--csv", filepath.Join(t.TempDir(), "no", "such", "dir.csv")}, &o, &e); code != exitUsage {
-		t.Errorf("unwritable --csv: exit %d, want %d", code, exitUsage)
+	if code := runCongestion(context.Background(), []string{"--csv", filepath.Join(t.TempDir(), "no", "such", "dir.csv")}, &o, &e); code != cli.ExitUsage {
+		t.Errorf("unwritable --csv: exit %d, want %d", code, cli.ExitUsage)
 	}
 }
 
@@ -228,4 +230,23 @@ func TestParseByteSize(t *testing.T) {
 			t.Errorf("parseByteSize(%q) accepted", bad)
 		}
 	}
+}
+
+// FuzzSizes: the rate and size parsers never panic and return what they
+// accept in range.
+func FuzzSizes(f *testing.F) {
+	for _, s := range []string{"10G", "2.5Gb/s", "500M", "1e9", "40KB", "1MiB", "-1", "NaN", "Inf", "1e400", "k", "", "0.0001", "0.1ns"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if r, err := cli.ParseBitRate(s, 1e6); err == nil && !(r > 0 && r <= 1e15) {
+			t.Fatalf("parseBitRate(%q) = %v", s, r)
+		}
+		if n, err := parseByteSize(s); err == nil && (n < 0 || n > 1<<34) {
+			t.Fatalf("parseByteSize(%q) = %v", s, n)
+		}
+		if d, err := cli.ParseMicros(s); err == nil && d <= 0 {
+			t.Fatalf("parseMicros(%q) = %v", s, d)
+		}
+	})
 }

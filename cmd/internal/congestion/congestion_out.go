@@ -1,4 +1,4 @@
-package main
+package congestion
 
 import (
 	"encoding/csv"
