@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorocev2/rocev2/cmd/internal/oob"
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
 // bindStartAddr is an address from TEST-NET-1 that the servers below are
@@ -36,7 +36,7 @@ func TestServerBindAtStart(t *testing.T) {
 	for _, cmd := range []string{"write-bw", "read-lat", "pingpong", "srq-pingpong", "ud-pingpong"} {
 		t.Run(cmd, func(t *testing.T) {
 			start := time.Now()
-			code, out, errOut := runIn(t, cmd, "--bind", bindStartAddr, "-p", strconv.Itoa(freeTCPPort(t)), "--timeout", "3s")
+			code, out, errOut := runIn(t, cmd, "--bind", bindStartAddr, "-p", strconv.Itoa(clitest.FreeTCPPort(t)), "--timeout", "3s")
 			if el := time.Since(start); el > 2*time.Second {
 				t.Errorf("took %v: the server waited for a client", el)
 			}
@@ -63,7 +63,7 @@ func TestServerBindClash(t *testing.T) {
 		}
 		defer pc.Close()
 		start := time.Now()
-		code, out, errOut := runIn(t, "write-bw", "--bind", addr, "-p", strconv.Itoa(freeTCPPort(t)), "--timeout", "3s")
+		code, out, errOut := runIn(t, "write-bw", "--bind", addr, "-p", strconv.Itoa(clitest.FreeTCPPort(t)), "--timeout", "3s")
 		if time.Since(start) > 2*time.Second || code != exitFail || !strings.Contains(errOut, addr+":4791") ||
 			!strings.Contains(errOut, "address already in use") || !strings.Contains(errOut, "127.0.0.N with another N") {
 			t.Errorf("exit %d after %v\n%s%s", code, time.Since(start), out, errOut)
@@ -72,8 +72,11 @@ func TestServerBindClash(t *testing.T) {
 	t.Run("client on the server's address", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		port := strconv.Itoa(freeTCPPort(t))
-		var srv perfOut
+		port := strconv.Itoa(clitest.FreeTCPPort(t))
+		var srv struct {
+			code        int
+			out, errOut string
+		}
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() {
@@ -92,43 +95,4 @@ func TestServerBindClash(t *testing.T) {
 			t.Errorf("server: exit %d\n%s%s", srv.code, srv.out, srv.errOut)
 		}
 	})
-}
-
-// fakeConn is a net.Conn with a given remote address.
-type fakeConn struct {
-	net.Conn
-	remote net.Addr
-}
-
-func (c fakeConn) RemoteAddr() net.Addr { return c.remote }
-
-// TestVersionClosedHint: what a side says when the peer hangs up before
-// the versions; a client is not told about -R (a rocev2d server with -R
-// answers TCP clients to say so), and the shared address is named.
-func TestVersionClosedHint(t *testing.T) {
-	local := netip.MustParseAddr("127.0.0.9")
-	conn := func(ip string) net.Conn {
-		return fakeConn{remote: &net.TCPAddr{IP: net.ParseIP(ip), Port: 18515}}
-	}
-	for _, tc := range []struct {
-		role     oob.Role
-		peer     string
-		want     []string
-		wantNone string
-	}{
-		{oob.Client, "127.0.0.10", []string{"the server hung up before the exchange"}, "-R"},
-		{oob.Client, "127.0.0.9", []string{"this side runs RoCEv2 on 127.0.0.9, the server's address", "--bind"}, "-R"},
-		{oob.Server, "127.0.0.10", []string{"could not set up its side", "add -R here too"}, "connected from"},
-		{oob.Server, "127.0.0.9", []string{"it connected from 127.0.0.9, where this side holds UDP port 4791", "add -R here too"}, ""},
-	} {
-		got := versionClosedHint(tc.role, local, conn(tc.peer))
-		for _, w := range tc.want {
-			if !strings.Contains(got, w) {
-				t.Errorf("%v, peer %s: %q lacks %q", tc.role, tc.peer, got, w)
-			}
-		}
-		if tc.wantNone != "" && strings.Contains(got, tc.wantNone) {
-			t.Errorf("%v, peer %s: %q has %q", tc.role, tc.peer, got, tc.wantNone)
-		}
-	}
 }

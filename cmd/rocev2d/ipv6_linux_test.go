@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 	"github.com/gorocev2/rocev2/internal/netns"
 )
 
@@ -72,7 +73,7 @@ func runNSPair(t *testing.T, bin string, p *ipv6Pair, srvArgs, cliArgs []string)
 	cli.Stdout, cli.Stderr = &cout, &cout
 	cerr := cli.Run()
 	serr := srv.Wait()
-	return procExitCode(serr), procExitCode(cerr), sout.String(), cout.String()
+	return clitest.ProcExitCode(serr), clitest.ProcExitCode(cerr), sout.String(), cout.String()
 }
 
 // waitTCPListen waits up to d until process pid, once it runs bin (ip
@@ -128,7 +129,7 @@ func TestIPv6LinkLocal(t *testing.T) {
 	}
 	netns.Require(t, "ip")
 	p := newIPv6Pair(t)
-	bin := buildRocev2d(t)
+	bin := clitest.BuildRocev2d(t)
 	common := []string{"--timeout", "30s"}
 	gidLines := func(out string) bool {
 		return strings.Contains(out, "GID "+ll6A.String()) && strings.Contains(out, "GID "+ll6B.String())
@@ -206,18 +207,18 @@ func TestIPv6LinkLocal(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", p.NsA, bin, "write-bw", "--connect-timeout", "10s", ll6B.String()).CombinedOutput()
-		if procExitCode(err) != exitFail || !strings.Contains(string(out), "invalid argument") ||
+		if clitest.ProcExitCode(err) != exitFail || !strings.Contains(string(out), "invalid argument") ||
 			strings.Contains(string(out), "running there as a server") || time.Since(t0) > 5*time.Second {
-			t.Errorf("link-local server without zone: exit %d after %v:\n%s", procExitCode(err), time.Since(t0), out)
+			t.Errorf("link-local server without zone: exit %d after %v:\n%s", clitest.ProcExitCode(err), time.Since(t0), out)
 		}
 		// --bind to an address this host does not have: the bind error,
 		// at once.
 		t0 = time.Now()
 		out, err = exec.CommandContext(ctx, "ip", "netns", "exec", p.NsA, bin, "write-bw", "--connect-timeout", "10s",
 			"--bind", "fe80::c0:9%"+p.IfA, ll6B.WithZone(p.IfA).String()).CombinedOutput()
-		if procExitCode(err) != exitFail || time.Since(t0) > 5*time.Second ||
+		if clitest.ProcExitCode(err) != exitFail || time.Since(t0) > 5*time.Second ||
 			!strings.Contains(string(out), "cannot bind the out-of-band TCP connection to --bind fe80::c0:9%"+p.IfA) {
-			t.Errorf("--bind to a missing address: exit %d after %v:\n%s", procExitCode(err), time.Since(t0), out)
+			t.Errorf("--bind to a missing address: exit %d after %v:\n%s", clitest.ProcExitCode(err), time.Since(t0), out)
 		}
 	})
 }

@@ -16,10 +16,10 @@
 //
 // Families of commands live in packages of their own under cmd/internal
 // (pingpong: the four ibv_*_pingpong peers; bench: raw UDP against the
-// stack; congestion: DCQCN flows into the simulated switch) and export their commands as
+// stack; congestion: DCQCN flows into the simulated switch;
+// perftest: write-bw .. atomic-lat) and export their commands as
 // []cli.Command, which families (below) adds to the table. A subcommand
-// still in this package lives in its own file (the perftest commands in
-// perf*.go) and registers itself from that file's init:
+// still in this package lives in its own file and registers itself from that file's init:
 //
 //	func init() { register("pcap", "check RoCEv2 captures (layout and ICRC); write a sample capture", pcapUsage, runPcap) }
 //
@@ -42,6 +42,7 @@ import (
 	"github.com/gorocev2/rocev2/cmd/internal/bench"
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/congestion"
+	"github.com/gorocev2/rocev2/cmd/internal/perftest"
 	"github.com/gorocev2/rocev2/cmd/internal/pingpong"
 )
 
@@ -75,6 +76,7 @@ var families = [][]cli.Command{
 	pingpong.Commands(),
 	bench.Commands(),
 	congestion.Commands(),
+	perftest.Commands(),
 }
 
 func init() {

@@ -2,10 +2,11 @@ package main
 
 import (
 	"flag"
-	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"io"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // TestBusyPollOneCPU: on a machine with one CPU the latency commands do

@@ -5,7 +5,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"net"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -13,21 +12,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
 // The ping-pong commands live in cmd/internal/pingpong with their tests;
 // here the binary runs one as two processes.
-
-// freeTCPPort returns a TCP port that was free a moment ago.
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 var (
 	reBytes = regexp.MustCompile(`(?m)^(\d+) bytes in ([0-9.]+) seconds = ([0-9.]+) Mbit/sec$`)
@@ -40,11 +30,11 @@ func TestPingpongProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs loopback traffic")
 	}
-	bin := buildRocev2d(t)
+	bin := clitest.BuildRocev2d(t)
 	const size, iters = 5000, 200 // 5 packets per message at MTU 1024
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		port := strconv.Itoa(freeTCPPort(t))
+		port := strconv.Itoa(clitest.FreeTCPPort(t))
 		args := []string{"-p", port, "-s", strconv.Itoa(size), "-n", strconv.Itoa(iters), "-c", "--timeout", "50s"}
 		var sout, serr bytes.Buffer
 		srv := exec.CommandContext(ctx, bin, append([]string{"pingpong", "--bind", "127.0.0.2"}, args...)...)

@@ -5,13 +5,14 @@ package pingpong
 import (
 	"bytes"
 	"context"
-	"net"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
 // The harness every ping-pong test runs on: the commands in process, a
@@ -30,16 +31,8 @@ func runKind(ctx context.Context, kind ppKind, args ...string) ppResult {
 	return ppResult{code, out.String(), errb.String()}
 }
 
-// freeTCPPort returns a TCP port that was free a moment ago.
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+// freeTCPPort is clitest.FreeTCPPort.
+func freeTCPPort(t *testing.T) int { t.Helper(); return clitest.FreeTCPPort(t) }
 
 // runPPPair runs the command of kind as a server on 127.0.0.2 (args +
 // srvArgs) and a client on 127.0.0.1 (args + cliArgs), retrying while UDP

@@ -1,38 +1,19 @@
 //go:build unix
 
-package main
+package perftest
 
 import (
 	"bytes"
 	"context"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
-
-// buildRocev2d builds the command into a temporary directory.
-func buildRocev2d(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "rocev2d")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func procExitCode(err error) int {
-	if err == nil {
-		return 0
-	}
-	if ee, ok := err.(*exec.ExitError); ok {
-		return ee.ExitCode()
-	}
-	return -1
-}
 
 // TestPerfProcesses runs every perftest-compatible test between two rocev2d
 // processes, server on 127.0.0.2 and client on 127.0.0.1, with data
@@ -41,7 +22,7 @@ func TestPerfProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs loopback traffic")
 	}
-	bin := buildRocev2d(t)
+	bin := clitest.BuildRocev2d(t)
 	tests := []struct {
 		test    string
 		size    int
@@ -73,7 +54,7 @@ func TestPerfProcesses(t *testing.T) {
 				cli.Stdout, cli.Stderr = &co, &ce
 				cerr = cli.Run()
 				serr = srv.Wait()
-				if !portBusy(se.String() + ce.String()) {
+				if !clitest.PortBusy(se.String() + ce.String()) {
 					break
 				}
 				time.Sleep(300 * time.Millisecond)
@@ -84,7 +65,7 @@ func TestPerfProcesses(t *testing.T) {
 				out  string
 				err  string
 				rows int
-			}{{"server", procExitCode(serr), so.String(), se.String(), tt.srvRows}, {"client", procExitCode(cerr), co.String(), ce.String(), tt.cliRows}} {
+			}{{"server", clitest.ProcExitCode(serr), so.String(), se.String(), tt.srvRows}, {"client", clitest.ProcExitCode(cerr), co.String(), ce.String(), tt.cliRows}} {
 				if p.code != 0 {
 					t.Fatalf("%s exit %d\n%s%s", p.name, p.code, p.out, p.err)
 				}
@@ -111,7 +92,7 @@ func TestSIGUSR1(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs loopback traffic")
 	}
-	bin := buildRocev2d(t)
+	bin := clitest.BuildRocev2d(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	port := strconv.Itoa(freeTCPPort(t))
@@ -138,7 +119,7 @@ func TestSIGUSR1(t *testing.T) {
 	}
 	cerr := cli.Wait()
 	serr := srv.Wait()
-	if procExitCode(serr) != 0 || procExitCode(cerr) != 0 {
+	if clitest.ProcExitCode(serr) != 0 || clitest.ProcExitCode(cerr) != 0 {
 		t.Fatalf("exit server %v client %v\n%s%s\n%s%s", serr, cerr, so.String(), se.String(), co.String(), ce.String())
 	}
 	// A server with --bind has its device while it waits for the client.

@@ -1,6 +1,6 @@
 //go:build unix
 
-package main
+package perftest
 
 import (
 	"strconv"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 )
 
@@ -113,7 +114,7 @@ func runPerfPairAddrs(t *testing.T, test string, swap bool, flags []string) (srv
 		}()
 		cli.code, cli.out, cli.errOut = runIn(t, append(append([]string{test, "-p", port, "--bind", "127.0.0.2"}, flags...), "127.0.0.1")...)
 		<-done
-		if try == 4 || !portBusy(srv.errOut+cli.errOut) {
+		if try == 4 || !clitest.PortBusy(srv.errOut+cli.errOut) {
 			return srv, cli
 		}
 		time.Sleep(300 * time.Millisecond)

@@ -1,12 +1,14 @@
 //go:build unix
 
-package main
+package perftest
 
 import (
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
 // runPerfPairSides runs `rocev2d test` as server on 127.0.0.2 and as client
@@ -22,7 +24,7 @@ func runPerfPairSides(t *testing.T, test string, srvFlags, cliFlags []string) (s
 		}()
 		cli.code, cli.out, cli.errOut = runIn(t, append(append([]string{test, "-p", port, "--bind", "127.0.0.1"}, cliFlags...), "127.0.0.2")...)
 		<-done
-		if try == 4 || !portBusy(srv.errOut+cli.errOut) {
+		if try == 4 || !clitest.PortBusy(srv.errOut+cli.errOut) {
 			return srv, cli
 		}
 		time.Sleep(300 * time.Millisecond)
