@@ -17,7 +17,8 @@
 // Families of commands live in packages of their own under cmd/internal
 // (pingpong: the four ibv_*_pingpong peers; bench: raw UDP against the
 // stack; congestion: DCQCN flows into the simulated switch;
-// perftest: write-bw .. atomic-lat) and export their commands as
+// perftest: write-bw .. atomic-lat; cmtools: librdmacm's rping,
+// rdma-server, rdma-client, udaddy) and export their commands as
 // []cli.Command, which families (below) adds to the table. A subcommand
 // still in this package lives in its own file and registers itself from that file's init:
 //
@@ -41,6 +42,7 @@ import (
 
 	"github.com/gorocev2/rocev2/cmd/internal/bench"
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/cmtools"
 	"github.com/gorocev2/rocev2/cmd/internal/congestion"
 	"github.com/gorocev2/rocev2/cmd/internal/perftest"
 	"github.com/gorocev2/rocev2/cmd/internal/pingpong"
@@ -77,6 +79,7 @@ var families = [][]cli.Command{
 	bench.Commands(),
 	congestion.Commands(),
 	perftest.Commands(),
+	cmtools.Commands(),
 }
 
 func init() {
