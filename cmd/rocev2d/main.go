@@ -20,7 +20,8 @@
 // perftest: write-bw .. atomic-lat; cmtools: librdmacm's rping,
 // rdma-server, rdma-client, udaddy) and export their commands as
 // []cli.Command, which families (below) adds to the table. A subcommand
-// still in this package lives in its own file and registers itself from that file's init:
+// still in this package (demo, scale, pcap, faults) lives in its own file
+// and registers itself from that file's init:
 //
 //	func init() { register("pcap", "check RoCEv2 captures (layout and ICRC); write a sample capture", pcapUsage, runPcap) }
 //
