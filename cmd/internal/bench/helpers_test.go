@@ -3,9 +3,9 @@ package bench
 import (
 	"bytes"
 	"context"
-	"strings"
 	"testing"
-	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
 // runIn runs `rocev2d bench args[1:]` (args[0] is "bench") in process and
@@ -24,13 +24,7 @@ func runIn(t *testing.T, args ...string) (int, string, string) {
 // (other tests of the repository use the loopback addresses).
 func runInRetry(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	for try := 0; ; try++ {
-		code, out, errOut := runIn(t, args...)
-		if try == 4 || !(strings.Contains(errOut, "4791") && strings.Contains(errOut, "address already in use")) {
-			return code, out, errOut
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	return clitest.RetryBusy(func() (int, string, string) { return runIn(t, args...) })
 }
 
 // TestSocketOptions: bench's --gso forces GSO (no GSOAuto) and bench does

@@ -4,12 +4,18 @@
 package clitest
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // BuildRocev2d builds the rocev2d command into a temporary directory and
@@ -51,4 +57,31 @@ func FreeTCPPort(t *testing.T) int {
 // (by another test of the repository on the same loopback address).
 func PortBusy(stderr string) bool {
 	return strings.Contains(stderr, "4791") && strings.Contains(stderr, "address already in use")
+}
+
+// Run dispatches args[0] to the command of that name among cmds, as
+// rocev2d's main does, so that a family's tests run its commands in
+// process.
+func Run(cmds []cli.Command, ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		for _, c := range cmds {
+			if c.Name == args[0] {
+				return c.Run(ctx, args[1:], stdout, stderr)
+			}
+		}
+	}
+	fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args)
+	return cli.ExitUsage
+}
+
+// RetryBusy calls run until its stderr no longer says that UDP 4791 was
+// taken (PortBusy), at most five times, and returns the last result.
+func RetryBusy(run func() (code int, stdout, stderr string)) (int, string, string) {
+	for try := 0; ; try++ {
+		code, out, errOut := run()
+		if try == 4 || !PortBusy(errOut) {
+			return code, out, errOut
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
 }

@@ -3,26 +3,15 @@ package perftest
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"testing"
 
-	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
-// run dispatches args[0] to the perftest command of that name, as
-// rocev2d's main does.
+// run dispatches args[0] to the package's command of that name.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 {
-		for _, c := range Commands() {
-			if c.Name == args[0] {
-				return c.Run(ctx, args[1:], stdout, stderr)
-			}
-		}
-	}
-	fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args)
-	return cli.ExitUsage
+	return clitest.Run(Commands(), ctx, args, stdout, stderr)
 }
 
 // runIn runs `rocev2d args` in process and returns status and output.

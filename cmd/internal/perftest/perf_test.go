@@ -68,13 +68,7 @@ func runPerfTests(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, flags
 // runInRetry is runIn, retried while UDP 4791 is taken by someone else.
 func runInRetry(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	for try := 0; ; try++ {
-		code, out, errOut := runIn(t, args...)
-		if try == 4 || !clitest.PortBusy(errOut) {
-			return code, out, errOut
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	return clitest.RetryBusy(func() (int, string, string) { return runIn(t, args...) })
 }
 
 func runPerfPairOnce(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, flags, cliExtra []string) (srv, cli perfOut) {
