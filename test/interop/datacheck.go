@@ -37,7 +37,7 @@ func pingpongData(p Payload) string {
 }
 
 // perfPattern is the byte at offset off of rocev2d's --check source
-// region (cmd/rocev2d/perf.go).
+// region (cmd/internal/perftest/perf.go).
 func perfPattern(off int) byte { return byte(off*131 + off>>8 + 7) }
 
 // patternAt checks that b, starting at offset off of a --check region,

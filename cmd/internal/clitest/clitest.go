@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -84,4 +85,21 @@ func RetryBusy(run func() (code int, stdout, stderr string)) (int, string, strin
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
+}
+
+// Main runs a command package's tests (call it from TestMain) while
+// holding a lock file shared by every such package: their tests run
+// devices on UDP 4791 of 127.0.0.1 and 127.0.0.2 (the commands' defaults,
+// and the addresses their output is checked against), which one process
+// at a time can hold, and `go test ./...` runs packages in parallel. So
+// the command packages take turns, as their tests did when they were all
+// in cmd/rocev2d.
+func Main(m *testing.M) int {
+	release, err := lockLoopback()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "clitest: loopback lock: %v (running without it)\n", err)
+		return m.Run()
+	}
+	defer release()
+	return m.Run()
 }
