@@ -64,11 +64,16 @@ type Stats struct {
 	RejStale      uint64 // REQs for a QP pair already connected
 	Established   uint64 // connections established
 	Disconnected  uint64 // connections that ended (either side)
+	// QPFailed counts established connections ended because their QP
+	// failed (ErrQPFailed); KeepAliveFailed those whose peer answered no
+	// keep-alive probe (ErrKeepAlive); KeepAliveProbes the probes sent.
+	QPFailed, KeepAliveFailed, KeepAliveProbes uint64
 }
 
 type stats struct {
 	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
+	qpFailed, keepAliveFailed, keepAliveProbes                     atomic.Uint64
 }
 
 // manager is the connection manager of one device.
@@ -135,7 +140,8 @@ func StatsOf(dev *transport.Device) Stats {
 	return Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
 		RejNoListener: s.rejNoListener.Load(), RejBacklog: s.rejBacklog.Load(), RejStale: s.rejStale.Load(),
-		Established: s.established.Load(), Disconnected: s.disconnected.Load()}
+		Established: s.established.Load(), Disconnected: s.disconnected.Load(),
+		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load()}
 }
 
 // guidOf makes a node GUID from the device address, the way rxe makes one

@@ -295,6 +295,13 @@ func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
 // completeSend generates the completion of a send WQE (always for errors,
 // for success only when signaled).
 func (qp *QP) completeSend(w *sendWQE, st WCStatus) {
+	qp.roomFreed()
+	if w.probe {
+		// A keep-alive probe is the QP's own: its failure is the QP's
+		// (Err), never a completion the application did not post.
+		qp.probes--
+		return
+	}
 	if st == WCSuccess && !w.signaled {
 		return
 	}

@@ -282,6 +282,9 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 	for _, qp := range qps {
 		qp.mu.Lock()
+		if !qp.failed && qp.failErr == nil {
+			qp.failErr = ErrClosed
+		}
 		qp.toError()
 		qp.stopTimersLocked()
 		// The QP is destroyed by Close: its PD, CQs and SRQ are released
