@@ -278,7 +278,7 @@ func (c *Conn) setupQP() error {
 				return err
 			}
 			*cq = q
-			c.owned = append(c.owned, q.Destroy)
+			c.owned = append(c.owned, func() error { return q.DestroyCause(c.closedCause()) })
 		}
 	}
 	qp, err := dev.CreateQP(o.PD, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: o.SendCQ, RecvCQ: o.RecvCQ,
@@ -287,8 +287,16 @@ func (c *Conn) setupQP() error {
 		return err
 	}
 	c.setQP(qp)
-	c.owned = append(c.owned, qp.Destroy)
+	c.owned = append(c.owned, func() error { return qp.DestroyCause(c.closedCause()) })
 	return qp.Init(o.Access)
+}
+
+// closedCause is what the QP and CQs the connection destroys answer
+// their later callers and waiters with (see closedCause).
+func (c *Conn) closedCause() error {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	return closedCause(c.err)
 }
 
 // setQP records the connection's QP (the manager reads it under its lock).
@@ -395,7 +403,7 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 	if m.closed {
 		m.mu.Unlock()
 		c.release()
-		return nil, ErrClosed
+		return nil, errDeviceClosed
 	}
 	c.localID = m.newLocalID()
 	req.LocalCommID = c.localID

@@ -14,7 +14,7 @@ import (
 var (
 	// ErrDisconnected: the peer disconnected (a DREQ arrived). It also
 	// matches ErrClosed.
-	ErrDisconnected error = &kindOf{"rdmacm: disconnected by the peer", ErrClosed}
+	ErrDisconnected error = &kindOf{"rdmacm: disconnected by the peer", []error{ErrClosed}}
 	// ErrQPFailed: the connection's QP moved to the error state: a work
 	// request failed (retry or RNR retry exceeded — the peer stopped
 	// answering —, a remote access or operational error, a local error),
@@ -28,11 +28,30 @@ var (
 // kindOf is a sentinel error that also matches a wider one.
 type kindOf struct {
 	msg  string
-	also error
+	also []error
 }
 
-func (e *kindOf) Error() string        { return e.msg }
-func (e *kindOf) Is(target error) bool { return target == e.also }
+func (e *kindOf) Error() string { return e.msg }
+
+// Unwrap lets errors.Is and errors.As look at the wider errors.
+func (e *kindOf) Unwrap() []error { return e.also }
+
+// errDeviceClosed is what rdmacm's calls and waiters see once the device
+// closed: rdmacm's ErrClosed and the transport's.
+var errDeviceClosed error = &kindOf{"rdmacm: closed: the device is closed", []error{ErrClosed, transport.ErrClosed}}
+
+// closedCause is what the objects a closed connection destroyed (its QP
+// and CQs) answer their callers and waiters with, besides
+// transport.ErrDestroyed: ErrClosed, and why the connection ended.
+func closedCause(why error) error {
+	if why == nil || why == ErrClosed {
+		return ErrClosed
+	}
+	if errors.Is(why, ErrClosed) {
+		return why
+	}
+	return fmt.Errorf("%w: %w", ErrClosed, why)
+}
 
 // Keep-alive defaults (Options.KeepAlive, Options.KeepAliveTimeout).
 const (

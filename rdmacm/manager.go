@@ -112,6 +112,9 @@ func managerFor(dev *transport.Device) (*manager, error) {
 		return m, nil
 	}
 	gsi, err := dev.GSI()
+	if errors.Is(err, transport.ErrClosed) {
+		return nil, errDeviceClosed
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -196,16 +199,17 @@ func (m *manager) shutdown() {
 		waits = append(waits, w)
 	}
 	for _, l := range m.listeners {
+		l.closeErr = errDeviceClosed
 		l.closeLocked()
 	}
 	m.mu.Unlock()
 	for _, c := range conns {
 		m.mu.Lock()
-		c.finishLocked(ErrClosed)
+		c.finishLocked(errDeviceClosed)
 		m.mu.Unlock()
 	}
 	for _, w := range waits {
-		w.done(sidrResult{err: ErrClosed})
+		w.done(sidrResult{err: errDeviceClosed})
 	}
 	managersMu.Lock()
 	if managers[m.dev] == m {
