@@ -39,11 +39,15 @@ func TestConnCloseVocabulary(t *testing.T) {
 		t.Fatal("CQ waiter not woken by Conn.Close")
 	}
 	calls := map[string]error{
-		"PostSend":    ca.QP().PostSend(transport.SendWR{Opcode: transport.WRSend}),
-		"PostRecv":    ca.QP().PostRecv(transport.RecvWR{}),
-		"Probe":       ca.QP().Probe(),
-		"SendCQ.Wait": func() error { var wc [1]transport.WC; _, err := ca.SendCQ().Wait(context.Background(), wc[:]); return err }(),
-		"Conn.Err":    ca.Err(),
+		"PostSend": ca.QP().PostSend(transport.SendWR{Opcode: transport.WRSend}),
+		"PostRecv": ca.QP().PostRecv(transport.RecvWR{}),
+		"Probe":    ca.QP().Probe(),
+		"SendCQ.Wait": func() error {
+			var wc [1]transport.WC
+			_, err := ca.SendCQ().Wait(context.Background(), wc[:])
+			return err
+		}(),
+		"Conn.Err": ca.Err(),
 	}
 	for name, err := range calls {
 		if !errors.Is(err, ErrClosed) {
