@@ -545,7 +545,12 @@ func (c *Conn) onTimer() {
 		putGUID(rej.ARI[:], m.guid)
 		var out [transport.MADSize]byte
 		m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
-		c.finishLocked(ErrTimeout)
+		op, msg := "Dial", "REQ"
+		if !c.active {
+			op, msg = "Accept", "REP"
+		}
+		c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %d %ss sent, %v apart, none answered", op,
+			netip.AddrPortFrom(c.peer, c.remotePort), ErrTimeout, c.retries+1, msg, c.opts.ResponseTimeout))
 	case stDREQSent:
 		c.timeWaitLocked(ErrClosed)
 	}

@@ -22,6 +22,13 @@ var (
 	ErrTimeout  = errors.New("rdmacm: no response from the peer")
 	ErrClosed   = errors.New("rdmacm: closed")
 	ErrInUse    = errors.New("rdmacm: port in use")
+	// ErrUnreachable: the network answered a CM message with an ICMP
+	// error (nothing listens on UDP 4791 at the peer's address, or the
+	// host or network is unreachable), on links that report them
+	// (udp.SocketLink). The error names the address and wraps the
+	// *udp.ICMPError (errors.Is(err, syscall.ECONNREFUSED) for port
+	// unreachable).
+	ErrUnreachable = errors.New("rdmacm: peer unreachable")
 )
 
 // RejectError is a REJ from the peer (or, for SIDR, a SIDR_REP with an
@@ -68,12 +75,15 @@ type Stats struct {
 	// failed (ErrQPFailed); KeepAliveFailed those whose peer answered no
 	// keep-alive probe (ErrKeepAlive); KeepAliveProbes the probes sent.
 	QPFailed, KeepAliveFailed, KeepAliveProbes uint64
+	// Unreachable counts ICMP errors for CM messages this device sent
+	// (ErrUnreachable).
+	Unreachable uint64
 }
 
 type stats struct {
 	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
-	qpFailed, keepAliveFailed, keepAliveProbes                     atomic.Uint64
+	qpFailed, keepAliveFailed, keepAliveProbes, unreachable        atomic.Uint64
 }
 
 // manager is the connection manager of one device.
@@ -91,6 +101,7 @@ type manager struct {
 	udl       map[uint64]*UDListener
 	sidr      map[uint32]*sidrWait // by request ID
 	closed    bool
+	stop      chan struct{} // closed by shutdown
 }
 
 type remoteKey struct {
@@ -124,9 +135,10 @@ func managerFor(dev *transport.Device) (*manager, error) {
 	}
 	m := &manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
 		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, listeners: map[uint64]*Listener{},
-		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}}
+		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, stop: make(chan struct{})}
 	managers[dev] = m
 	go m.loop()
+	go m.errLoop()
 	return m, nil
 }
 
@@ -144,7 +156,8 @@ func StatsOf(dev *transport.Device) Stats {
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
 		RejNoListener: s.rejNoListener.Load(), RejBacklog: s.rejBacklog.Load(), RejStale: s.rejStale.Load(),
 		Established: s.established.Load(), Disconnected: s.disconnected.Load(),
-		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load()}
+		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load(),
+		Unreachable: s.unreachable.Load()}
 }
 
 // guidOf makes a node GUID from the device address, the way rxe makes one
@@ -190,6 +203,7 @@ func (neverDone) Value(any) any               { return nil }
 func (m *manager) shutdown() {
 	m.mu.Lock()
 	m.closed = true
+	close(m.stop)
 	conns := make([]*Conn, 0, len(m.conns))
 	for _, c := range m.conns {
 		conns = append(conns, c)
@@ -217,6 +231,42 @@ func (m *manager) shutdown() {
 	}
 	managersMu.Unlock()
 	m.agent.Close()
+}
+
+// errLoop ends the connections whose CM messages the network bounced.
+func (m *manager) errLoop() {
+	for {
+		select {
+		case e := <-m.agent.Unreachable():
+			m.onUnreachable(e.Dst, e.Payload, e)
+		case <-m.stop:
+			return
+		}
+	}
+}
+
+// onUnreachable: a REQ (or REP) of ours came back as an ICMP error: the
+// connection waiting for its answer fails now, with an error naming the
+// address, instead of resending for MaxRetries response timeouts.
+// dst and payload are the bounced datagram's destination and quoted UDP
+// payload, icmp the error (a *udp.ICMPError).
+func (m *manager) onUnreachable(dst netip.Addr, payload []byte, icmp error) {
+	if len(payload) < transport.MADOffset+16 {
+		return
+	}
+	tid := binary.BigEndian.Uint64(payload[transport.MADOffset+8:])
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.st.unreachable.Add(1)
+	for _, c := range m.conns {
+		if (c.state == stREQSent || c.state == stREPSent) && c.peer == dst && c.tid == tid {
+			op := "Dial"
+			if !c.active {
+				op = "Accept"
+			}
+			c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %w", op, netip.AddrPortFrom(c.peer, c.remotePort), ErrUnreachable, icmp))
+		}
+	}
 }
 
 func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message) {

@@ -205,6 +205,9 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		d.outMax = outBatchMax
 	}
 	d.initRx()
+	if er, ok := link.(udp.ErrorReporter); ok {
+		er.SetErrorHandler(d.linkError)
+	}
 	go d.recvLoop()
 	return d, nil
 }
