@@ -896,7 +896,9 @@ func printCMStats(w io.Writer, label string, s rdmacm.Stats) {
 	}{{"cm_mads_in", s.MADsIn}, {"cm_mads_out", s.MADsOut}, {"cm_retransmits", s.Retransmits},
 		{"cm_duplicates", s.Duplicates}, {"cm_malformed", s.Malformed}, {"cm_unknown", s.Unknown},
 		{"cm_rej_no_listener", s.RejNoListener}, {"cm_rej_backlog", s.RejBacklog}, {"cm_rej_stale", s.RejStale},
-		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected}} {
+		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected},
+		{"cm_qp_failed", s.QPFailed}, {"cm_keepalive_probes", s.KeepAliveProbes}, {"cm_keepalive_failed", s.KeepAliveFailed},
+		{"cm_unreachable", s.Unreachable}} {
 		fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
 	}
 }
