@@ -78,6 +78,9 @@ type Stats struct {
 	// Unreachable counts ICMP errors for CM messages this device sent
 	// (ErrUnreachable).
 	Unreachable uint64
+	// Conns is how many connections the manager holds now, in any state
+	// (half-open, established, closing, TimeWait): a gauge, not a count.
+	Conns uint64
 }
 
 type stats struct {
@@ -152,7 +155,10 @@ func StatsOf(dev *transport.Device) Stats {
 		return Stats{}
 	}
 	s := &m.st
-	return Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
+	m.mu.Lock()
+	conns := uint64(len(m.conns))
+	m.mu.Unlock()
+	return Stats{Conns: conns, MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
 		RejNoListener: s.rejNoListener.Load(), RejBacklog: s.rejBacklog.Load(), RejStale: s.rejStale.Load(),
 		Established: s.established.Load(), Disconnected: s.disconnected.Load(),

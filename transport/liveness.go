@@ -263,3 +263,24 @@ func (qp *QP) destroyedErr() error {
 	}
 	return ErrDestroyed
 }
+
+// Resources counts the objects a device holds now.
+type Resources struct {
+	QPs          int // QPs the application created (QP1, the GSI, is not counted)
+	CQs          int
+	SRQs         int
+	CompChannels int
+}
+
+// Resources returns how many QPs, CQs, SRQs and completion channels the
+// device holds: a long-running program watches them to see that nothing
+// leaks (rocev2d soak does).
+func (d *Device) Resources() Resources {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := len(d.qps)
+	if _, ok := d.qps[1]; ok {
+		n--
+	}
+	return Resources{QPs: n, CQs: len(d.cqs), SRQs: len(d.srqs), CompChannels: len(d.chans)}
+}
