@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/udp"
 )
 
 // A QP whose peer dies under a WRITE reports it: Failed closes and Err
@@ -220,5 +221,36 @@ func TestDestroyCause(t *testing.T) {
 	}
 	if err := a.qp.Err(); !errors.Is(err, cause) {
 		t.Fatalf("Err = %v, want the cause", err)
+	}
+}
+
+// A local ACK timer that fires late because this process was not
+// scheduled must not spend a retry. Simulated: the network delays every
+// packet 5 ms, and the requester's QP lock is held for 15 ms right after
+// the post — its ACK timer (1 ms) comes due and waits for the lock before
+// the ACK arrives and waits behind it. With retry_cnt 0, the late expiry
+// would fail the WRITE; it resends instead, counted in ack_timeout_late.
+func TestLateTimerSpendsNoRetry(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{timeout: 8, retry: 0, faults: udp.Faults{Delay: 5 * time.Millisecond}})
+	buf, mr := a.buffer(t, 64, 0)
+	_, dst := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	for i := 0; i < 5; i++ {
+		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, len(buf)),
+			RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+		a.qp.mu.Lock()
+		time.Sleep(15 * time.Millisecond)
+		a.qp.mu.Unlock()
+		wc := waitWC(t, a.scq, 1, 5*time.Second)
+		if wc[0].Status != WCSuccess {
+			t.Fatalf("round %d: %v after a stall (ack_timeout_late %d, local_ack_timeout %d)", i, wc[0].Err(),
+				a.dev.Counters().AckTimeoutLate, a.dev.Counters().LocalAckTimeout)
+		}
+		// The resend reaches b as a duplicate; let it drain.
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c := a.dev.Counters(); c.AckTimeoutLate == 0 {
+		t.Fatalf("no late expiry counted: %+v", c)
 	}
 }

@@ -105,13 +105,31 @@ func (qp *QP) onRetransTimer() {
 		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.tmr.deadline.Sub(now))
 		return
 	}
-	inc(&qp.dev.ctr.LocalAckTimeout)
+	if late := now.Sub(qp.tmr.deadline); late > qp.timeout && qp.realClock() {
+		// The timer ran more than a whole timeout late: this process
+		// was not scheduled (a loaded machine), and the peer's ACK may
+		// be waiting unread in the socket. That is no silence of the
+		// peer: resend, but do not spend a retry on it (ack_timeout_late
+		// tells it apart from local_ack_timeout_err).
+		inc(&qp.dev.ctr.AckTimeoutLate)
+		qp.comp.retryCnt++ // retry takes it back
+	} else {
+		inc(&qp.dev.ctr.LocalAckTimeout)
+	}
 	if qp.trace != nil {
 		qp.trace("timeout comp.psn %v", qp.oldestUnacked())
 	}
 	qp.retry()
 	qp.settle()
 	qp.flushOut()
+}
+
+// realClock reports whether the device runs on the wall clock, where a
+// timer can fire late because the process was not scheduled (a
+// ManualClock's timers fire when the test advances it, late by design).
+func (qp *QP) realClock() bool {
+	_, ok := qp.dev.clock.(RealClock)
+	return ok
 }
 
 // onRNRTimer ends an RNR back-off: the requester resends from the NAKed
