@@ -897,7 +897,7 @@ func printCMStats(w io.Writer, label string, s rdmacm.Stats) {
 		{"cm_duplicates", s.Duplicates}, {"cm_malformed", s.Malformed}, {"cm_unknown", s.Unknown},
 		{"cm_rej_no_listener", s.RejNoListener}, {"cm_rej_backlog", s.RejBacklog}, {"cm_rej_stale", s.RejStale},
 		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected},
-		{"cm_qp_failed", s.QPFailed}, {"cm_keepalive_probes", s.KeepAliveProbes}, {"cm_keepalive_failed", s.KeepAliveFailed},
+		{"cm_qp_errors", s.QPFailed}, {"cm_keepalive_probes", s.KeepAliveProbes}, {"cm_keepalive_dead", s.KeepAliveFailed},
 		{"cm_unreachable", s.Unreachable}} {
 		fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
 	}
