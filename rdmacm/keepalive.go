@@ -91,6 +91,10 @@ func (c *Conn) watchQP(failed <-chan struct{}) {
 	var err error
 	var we *transport.WCError
 	switch {
+	case errors.Is(cause, transport.ErrClosed):
+		// The device is closing; the manager's shutdown ends every
+		// connection in those words.
+		err = errDeviceClosed
 	case errors.As(cause, &we) && we.WRID == transport.ProbeWRID:
 		err = fmt.Errorf("%w: probe of %v: %w", ErrKeepAlive, c.peer, cause)
 		m.st.keepAliveFailed.Add(1)
