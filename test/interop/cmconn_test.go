@@ -143,7 +143,7 @@ func runKeepAlive(t *testing.T, ctx context.Context, lab *Lab, img *Image, serve
 		if min := int(idle/kaInterval) / 3; probes < min {
 			p = append(p, fmt.Sprintf("%d keep-alive probes in %v idle, want at least %d", probes, idle, min))
 		}
-		if n := cmStat(out, "cm_keepalive_dead") + cmStat(out, "cm_qp_errors"); n != 0 {
+		if n := cmStat(out, "cm_keepalive_dead") + cmStat(out, "cm_lost_qp"); n != 0 {
 			p = append(p, fmt.Sprintf("%d false alarms", n))
 		}
 		r.packets = fmt.Sprintf("%d probes, no false alarm", probes)
