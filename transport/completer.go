@@ -16,6 +16,10 @@ type completer struct {
 	retryPending bool    // a go-back-N is under way and nothing was acked since
 	retryPSN     bth.PSN // the PSN it started from
 	scratch      [8]byte
+	// lateRun counts ACK timer expiries in a row that spent no retry
+	// because this process was behind (onRetransTimer); bounded, so that
+	// a dead peer is found even on a process that is always behind.
+	lateRun uint8
 }
 
 func (c *completer) reset(psn bth.PSN, a *QPAttr) {
@@ -55,6 +59,7 @@ func (qp *QP) progress() {
 	qp.comp.retryCnt = qp.attr.RetryCnt
 	qp.comp.rnrRetry = qp.attr.RNRRetry
 	qp.comp.retryPending = false
+	qp.comp.lateRun = 0
 	qp.armRetrans()
 }
 

@@ -226,7 +226,7 @@ func TestDestroyCause(t *testing.T) {
 
 // A local ACK timer that fires late because this process was not
 // scheduled must not spend a retry. Simulated: the network delays every
-// packet 5 ms, and the requester's QP lock is held for 15 ms right after
+// packet 5 ms, and the requester's QP lock is held for 60 ms right after
 // the post — its ACK timer (1 ms) comes due and waits for the lock before
 // the ACK arrives and waits behind it. With retry_cnt 0, the late expiry
 // would fail the WRITE; it resends instead, counted in ack_timeout_late.
@@ -240,7 +240,7 @@ func TestLateTimerSpendsNoRetry(t *testing.T) {
 			t.Fatal(err)
 		}
 		a.qp.mu.Lock()
-		time.Sleep(15 * time.Millisecond)
+		time.Sleep(60 * time.Millisecond) // the ACK (round trip ~10 ms) waits behind the timer
 		a.qp.mu.Unlock()
 		wc := waitWC(t, a.scq, 1, 5*time.Second)
 		if wc[0].Status != WCSuccess {
