@@ -130,7 +130,7 @@ type Device struct {
 	// only; 0 between batches): an ACK timer that expires while a batch
 	// has been under way for longer than its timeout knows that this
 	// process is behind on its input (onRetransTimer).
-	rxBusy atomic.Int64
+	rxBusy  atomic.Int64
 	realClk bool
 	// outMax is how far a QP's output queue grows (output.go): outBatchMax
 	// on a link that sends UDP GSO datagrams, where a bigger Link.Send
