@@ -210,3 +210,39 @@ func TestDisconnectErr(t *testing.T) {
 		t.Fatalf("closing side's Err = %v, want ErrClosed only", err)
 	}
 }
+
+// A remote access error (a WRITE with a bad rkey) fails both QPs: the
+// requester's with WCRemAccessErr, the responder's after its NAK; both
+// connections end with ErrQPFailed.
+func TestRemoteAccessErrorEndsConns(t *testing.T) {
+	o := fast
+	o.KeepAlive = -1
+	ca, cb, _, _, db := pairWith(t, o)
+	src := make([]byte, 64)
+	smr, err := ca.PD().RegisterMR(src, memreg.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer smr.Deregister()
+	if err := ca.QP().PostSend(transport.SendWR{Opcode: transport.WRWrite, Flags: transport.SendSignaled,
+		SGEs: []memreg.SGE{smr.SGE(0, 64)}, RemoteAddr: 0x1000, RKey: 0xdead00}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*Conn{ca, cb} {
+		select {
+		case <-c.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("Done not closed after a remote access error")
+		}
+		if err := c.Err(); !errors.Is(err, ErrQPFailed) {
+			t.Fatalf("Err = %v, want ErrQPFailed", err)
+		}
+	}
+	var we *transport.WCError
+	if err := ca.Err(); !errors.As(err, &we) || we.Status != transport.WCRemAccessErr {
+		t.Fatalf("requester's Err = %v, want remote access error", err)
+	}
+	if s := StatsOf(db); s.QPFailed != 1 {
+		t.Errorf("server QPFailed = %d", s.QPFailed)
+	}
+}
