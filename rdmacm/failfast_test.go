@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // loopbackFor returns 127.b1.b2.host, distinct per process so that tests
@@ -60,7 +61,7 @@ func TestDialUnreachableFailsFast(t *testing.T) {
 // A peer that never answers (no CM there): the timeout names the
 // address and the number of REQs sent.
 func TestDialTimeoutSaysWhere(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, _ := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil) // B runs no CM: QP1 drops the REQs
 	to := netip.AddrPortFrom(addrB, 7501)
 	_, err := Dial(ctxT(t, 10*time.Second), da, to, &fast)

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // A QP whose peer dies under a WRITE reports it: Failed closes and Err
@@ -231,7 +231,7 @@ func TestDestroyCause(t *testing.T) {
 // the ACK arrives and waits behind it. With retry_cnt 0, the late expiry
 // would fail the WRITE; it resends instead, counted in ack_timeout_late.
 func TestLateTimerSpendsNoRetry(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{timeout: 8, retry: 0, faults: udp.Faults{Delay: 5 * time.Millisecond}})
+	a, b, _ := newPair(t, pairOpts{timeout: 8, retry: 0, faults: memnet.Faults{Delay: 5 * time.Millisecond}})
 	buf, mr := a.buffer(t, 64, 0)
 	_, dst := b.buffer(t, 64, memreg.AccessRemoteWrite)
 	for i := 0; i < 5; i++ {
