@@ -36,8 +36,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"time"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
