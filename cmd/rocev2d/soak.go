@@ -658,6 +658,7 @@ type soakRun struct {
 	bytes       uint64
 	mismatches  []string
 	failures    map[string]int
+	endings     map[string]int // why connections ended ("closed": the client's own Close)
 	statuses    []soakStatus // of the current server incarnation
 	serverStart []soakStatus // the first status of each incarnation
 }
@@ -732,6 +733,13 @@ func (r *soakRun) event(line string, server bool, first *bool) {
 			n, _ := strconv.ParseUint(f[1], 10, 64)
 			r.bytes += n
 		}
+		if len(f) > 2 {
+			why := strings.ReplaceAll(f[2], "_", " ")
+			if len(why) > 90 {
+				why = why[:90]
+			}
+			r.endings[why]++
+		}
 	case "MISMATCH":
 		r.mismatches = append(r.mismatches, line)
 	}
@@ -804,7 +812,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rocev2d soak: %v\n", err)
 		return exitFail
 	}
-	r := &soakRun{c: c, bin: bin, net: soakNet(), failures: map[string]int{}}
+	r := &soakRun{c: c, bin: bin, net: soakNet(), failures: map[string]int{}, endings: map[string]int{}}
 	if c.verbose {
 		r.verbose = stdout
 	}
@@ -958,6 +966,17 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		slices.Sort(keys)
 		for _, k := range keys {
 			fmt.Fprintf(stdout, "  %5d  %s\n", r.failures[k], k)
+		}
+	}
+	if len(r.endings) > 0 {
+		fmt.Fprintf(stdout, "connections ended by reason:\n")
+		keys := make([]string, 0, len(r.endings))
+		for k := range r.endings {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			fmt.Fprintf(stdout, "  %5d  %s\n", r.endings[k], k)
 		}
 	}
 	if len(problems) > 0 {
