@@ -659,8 +659,8 @@ type soakRun struct {
 	mismatches  []string
 	failures    map[string]int
 	endings     map[string]int // why connections ended ("closed": the client's own Close)
-	statuses    []soakStatus // of the current server incarnation
-	serverStart []soakStatus // the first status of each incarnation
+	statuses    []soakStatus   // of the current server incarnation
+	serverStart []soakStatus   // the first status of each incarnation
 }
 
 func (r *soakRun) start(args ...string) (*soakProc, error) {
