@@ -281,27 +281,35 @@ func (c *Config) encode(base uint64) []byte {
 	return b
 }
 
-// Counters are the injector's per-action packet counts.
+// Counters are the injector's per-action counts. They count RoCE packets
+// on the wire: a GSO datagram's segments count one each (Seen, the drop
+// reasons, CEMarked, Duplicated, the congestion point's counters), so
+// Seen equals the packets the senders sent. GSO, GSODropped and
+// GSOMarked count datagrams.
 type Counters struct {
-	Seen         uint64 // RoCE packets inspected
+	Seen         uint64 // RoCE packets inspected (GSO segments included)
 	Other        uint64 // non-RoCE packets passed untouched
-	GSO          uint64 // GSO super-packets passed untouched
+	GSO          uint64 // GSO datagrams (one skb, several RoCE packets) inspected or skipped
 	Filtered     uint64 // RoCE packets skipped by the DestQP filter
 	DropRandom   uint64 // dropped at random (DropRate)
 	DropNth      uint64 // dropped as every Nth
 	DropPSN      uint64 // dropped by PSN range
 	DropRequests uint64 // of all drops, request packets (not READ response, ACK, atomic ACK, CNP)
-	Duplicated   uint64 // clones sent (duplicates)
+	Duplicated   uint64 // packets duplicated (clones sent)
 	Held         uint64 // packets held for reordering
 	Released     uint64 // held packets released behind a later packet
 	CEMarked     uint64 // packets marked CE
 	CENotECT     uint64 // chosen for CE but not ECN-capable (left unmarked)
-	Errors       uint64 // helper failures (clone, rewrite, checksum)
+	Errors       uint64 // helper failures (clone, rewrite, checksum, a GSO segment unreadable)
 	OwnClones    uint64 // our own clones seen passing the hook again
 	CongPassed   uint64 // congestion point: packets enqueued (not tail-dropped)
 	CongMarked   uint64 // congestion point: packets marked CE on the queue's depth (also in CEMarked)
 	CongDropped  uint64 // congestion point: tail drops at the limit
 	QueueMax     uint64 // congestion point: largest depth after an enqueue, bytes (the maximum over hooks in a sum)
+	GSOSegs      uint64 // packets (segments) in the GSO datagrams (in Seen unless skipped)
+	GSOSkipped   uint64 // GSO datagrams passed whole uninspected: more than 128 segments, or not UDP GSO's layout
+	GSODropped   uint64 // GSO datagrams dropped (their segments are in the drop counters)
+	GSOMarked    uint64 // GSO datagrams marked CE (their segments are in CEMarked)
 }
 
 // Dropped is the number of packets dropped by any rule.
@@ -309,24 +317,51 @@ func (c Counters) Dropped() uint64 { return c.DropRandom + c.DropNth + c.DropPSN
 
 // add returns c + d field by field.
 func (c Counters) add(d Counters) Counters {
-	return Counters{c.Seen + d.Seen, c.Other + d.Other, c.GSO + d.GSO, c.Filtered + d.Filtered,
-		c.DropRandom + d.DropRandom, c.DropNth + d.DropNth, c.DropPSN + d.DropPSN, c.DropRequests + d.DropRequests,
-		c.Duplicated + d.Duplicated, c.Held + d.Held, c.Released + d.Released, c.CEMarked + d.CEMarked,
-		c.CENotECT + d.CENotECT, c.Errors + d.Errors, c.OwnClones + d.OwnClones,
-		c.CongPassed + d.CongPassed, c.CongMarked + d.CongMarked, c.CongDropped + d.CongDropped, max(c.QueueMax, d.QueueMax)}
+	return Counters{Seen: c.Seen + d.Seen, Other: c.Other + d.Other, GSO: c.GSO + d.GSO, Filtered: c.Filtered + d.Filtered,
+		DropRandom: c.DropRandom + d.DropRandom, DropNth: c.DropNth + d.DropNth, DropPSN: c.DropPSN + d.DropPSN,
+		DropRequests: c.DropRequests + d.DropRequests, Duplicated: c.Duplicated + d.Duplicated, Held: c.Held + d.Held,
+		Released: c.Released + d.Released, CEMarked: c.CEMarked + d.CEMarked, CENotECT: c.CENotECT + d.CENotECT,
+		Errors: c.Errors + d.Errors, OwnClones: c.OwnClones + d.OwnClones, CongPassed: c.CongPassed + d.CongPassed,
+		CongMarked: c.CongMarked + d.CongMarked, CongDropped: c.CongDropped + d.CongDropped, QueueMax: max(c.QueueMax, d.QueueMax),
+		GSOSegs: c.GSOSegs + d.GSOSegs, GSOSkipped: c.GSOSkipped + d.GSOSkipped, GSODropped: c.GSODropped + d.GSODropped,
+		GSOMarked: c.GSOMarked + d.GSOMarked}
 }
 
-// String formats the non-zero counters.
+// GSOString says how much of the traffic came as GSO datagrams:
+// "gso=D datagrams/S segments (P% of packets)", with the datagrams
+// dropped, marked and skipped when there are any.
+func (c Counters) GSOString() string {
+	pct := 0.0
+	if c.GSOSegs > 0 {
+		// Seen holds the segments of the datagrams inspected; a skipped
+		// datagram's are only in GSOSegs.
+		pct = 100 * float64(c.GSOSegs) / float64(max(c.Seen, c.GSOSegs))
+	}
+	s := fmt.Sprintf("gso=%d datagrams/%d segments (%.1f%% of packets)", c.GSO, c.GSOSegs, pct)
+	for _, x := range []struct {
+		n string
+		v uint64
+	}{{"dropped", c.GSODropped}, {"marked", c.GSOMarked}, {"skipped", c.GSOSkipped}} {
+		if x.v != 0 {
+			s += fmt.Sprintf(" gso_%s=%d", x.n, x.v)
+		}
+	}
+	return s
+}
+
+// String formats the counters: the main ones always, the GSO share
+// always, the rest when not zero.
 func (c Counters) String() string {
 	s := fmt.Sprintf("seen=%d dropped=%d (random=%d nth=%d psn=%d requests=%d) dup=%d held=%d released=%d ce=%d",
 		c.Seen, c.Dropped(), c.DropRandom, c.DropNth, c.DropPSN, c.DropRequests, c.Duplicated, c.Held, c.Released, c.CEMarked)
 	if c.CongDropped != 0 {
 		s = strings.Replace(s, " requests=", fmt.Sprintf(" congestion=%d requests=", c.CongDropped), 1)
 	}
+	s += " " + c.GSOString()
 	for _, x := range []struct {
 		n string
 		v uint64
-	}{{"other", c.Other}, {"gso", c.GSO}, {"filtered", c.Filtered}, {"ce_not_ect", c.CENotECT}, {"errors", c.Errors},
+	}{{"other", c.Other}, {"filtered", c.Filtered}, {"ce_not_ect", c.CENotECT}, {"errors", c.Errors},
 		{"cong_passed", c.CongPassed}, {"cong_marked", c.CongMarked}, {"cong_dropped", c.CongDropped}, {"queue_max", c.QueueMax}} {
 		if x.v != 0 {
 			s += fmt.Sprintf(" %s=%d", x.n, x.v)
@@ -338,10 +373,12 @@ func (c Counters) String() string {
 // decodeCounters reads the counters from a state value.
 func decodeCounters(b []byte) Counters {
 	g := func(i int) uint64 { return ne.Uint64(b[stCounters+8*i:]) }
-	return Counters{g(ctrSeen), g(ctrOther), g(ctrGSO), g(ctrFiltered), g(ctrDropRandom), g(ctrDropNth),
-		g(ctrDropPSN), g(ctrDropRequests), g(ctrDuplicated), g(ctrHeld), g(ctrReleased), g(ctrCEMarked),
-		g(ctrCENotECT), g(ctrErrors), g(ctrOwnClones), g(ctrCongPassed), g(ctrCongMarked), g(ctrCongDropped),
-		ne.Uint64(b[stQMax:])}
+	return Counters{Seen: g(ctrSeen), Other: g(ctrOther), GSO: g(ctrGSO), Filtered: g(ctrFiltered),
+		DropRandom: g(ctrDropRandom), DropNth: g(ctrDropNth), DropPSN: g(ctrDropPSN), DropRequests: g(ctrDropRequests),
+		Duplicated: g(ctrDuplicated), Held: g(ctrHeld), Released: g(ctrReleased), CEMarked: g(ctrCEMarked),
+		CENotECT: g(ctrCENotECT), Errors: g(ctrErrors), OwnClones: g(ctrOwnClones), CongPassed: g(ctrCongPassed),
+		CongMarked: g(ctrCongMarked), CongDropped: g(ctrCongDropped), QueueMax: ne.Uint64(b[stQMax:]),
+		GSOSegs: g(ctrGSOSegs), GSOSkipped: g(ctrGSOSkipped), GSODropped: g(ctrGSODropped), GSOMarked: g(ctrGSOMarked)}
 }
 
 // Injector is a loaded fault program with its maps, attached to an
