@@ -89,8 +89,9 @@ func gsoPath(ingress bool) asm.Instructions {
 	p = append(p, count(ctrGSO)...)
 	p = append(p, countN(ctrGSOSegs)...)
 	p = append(p,
-		// Geometry: a segment holds at least a BTH and an ICRC, and the
-		// UDP payload fills n-1 segments and part or all of the last.
+		// Geometry: a segment holds at least a BTH and an ICRC (16 bytes),
+		// and the UDP payload fills n-1 segments and 16 bytes or more of
+		// the last.
 		asm.LoadMem(asm.R3, asm.RFP, fpGSize, asm.DWord),
 		asm.JLT.Imm(asm.R3, 16, "g_skip"),
 		asm.LoadMem(asm.R4, asm.R6, skbLen, asm.Word),
@@ -101,7 +102,8 @@ func gsoPath(ingress bool) asm.Instructions {
 		asm.Mul.Reg(asm.R5, asm.R3),
 		asm.JGT.Reg(asm.R4, asm.R5, "g_skip"),
 		asm.Sub.Reg(asm.R5, asm.R3),
-		asm.JLE.Reg(asm.R4, asm.R5, "g_skip"),
+		asm.Add.Imm(asm.R5, 15),
+		asm.JLE.Reg(asm.R4, asm.R5, "g_skip"), // the last segment holds 16 bytes or more
 		// IP length of a full segment: IP header + UDP header + gso_size;
 		// of the datagram: n·(IP + UDP header) + payload.
 		asm.Mov.Reg(asm.R1, asm.R7),
