@@ -421,11 +421,46 @@ func Load(cfg Config) (*Injector, error) {
 		p, err := ebpf.NewProgram(spec)
 		if err != nil {
 			inj.close()
+			if perr := probeSkbFields(); perr != nil {
+				return nil, perr
+			}
 			return nil, fmt.Errorf("faults: load %s program: %w", h, err)
 		}
 		inj.progs[h] = p
 	}
 	return inj, nil
+}
+
+// skbFields are the __sk_buff fields the program needs beyond the oldest
+// tc programs' set, with the Linux release that made them readable.
+var skbFields = []struct {
+	off    int16
+	name   string
+	kernel string
+}{
+	{skbGSOSegs, "gso_segs", "5.1"},
+	{skbGSOSize, "gso_size", "5.7"},
+}
+
+// probeSkbFields loads a two-instruction tc program per field of
+// skbFields and names the first one the kernel refuses: on a kernel
+// without them the injector cannot tell a GSO datagram's segments, and
+// Load fails with this error rather than the verifier's log.
+func probeSkbFields() error {
+	for _, f := range skbFields {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "rv2f_probe", Type: ebpf.SchedCLS, License: "Dual MIT/GPL",
+			Instructions: asm.Instructions{
+				asm.LoadMem(asm.R0, asm.R1, f.off, asm.Word),
+				asm.Mov.Imm(asm.R0, actUnspec),
+				asm.Return(),
+			}})
+		if err != nil {
+			return fmt.Errorf("faults: this kernel's BPF cannot read __sk_buff.%s (Linux >= %s needed): "+
+				"the injector must see the segments of UDP GSO datagrams: %w", f.name, f.kernel, err)
+		}
+		p.Close()
+	}
+	return nil
 }
 
 // Program returns the loaded program for hook h (for BPF_PROG_TEST_RUN).

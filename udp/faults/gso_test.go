@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"math"
 	"net"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -499,4 +500,24 @@ func FuzzGSO(f *testing.F) {
 			t.Fatalf("helper error on %x (segs %d size %d)", data, segs, size)
 		}
 	})
+}
+
+// TestProbeSkbFields: the fields the program reads are there on this
+// kernel (the probe is what Load reports on a kernel without them), and a
+// field beyond __sk_buff is refused with the message naming it.
+func TestProbeSkbFields(t *testing.T) {
+	needRoot(t)
+	if err := probeSkbFields(); err != nil {
+		t.Fatal(err)
+	}
+	saved := skbFields
+	defer func() { skbFields = saved }()
+	skbFields = append(skbFields[:len(skbFields):len(skbFields)], struct {
+		off    int16
+		name   string
+		kernel string
+	}{4096, "future", "99"})
+	if err := probeSkbFields(); err == nil || !strings.Contains(err.Error(), "__sk_buff.future (Linux >= 99 needed)") {
+		t.Errorf("probe of a missing field: %v", err)
+	}
 }
