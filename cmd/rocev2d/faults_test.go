@@ -5,11 +5,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/internal/netns"
 	"github.com/gorocev2/rocev2/udp/faults"
@@ -103,6 +107,63 @@ func TestFaultsCommand(t *testing.T) {
 	if !strings.Contains(s, "total ") || !strings.Contains(s, "egress: seen=10 dropped=5 (random=0 nth=5") ||
 		!strings.Contains(s, "detached from "+ifA) || !strings.Contains(s, "drop every 2-th") {
 		t.Errorf("output:\n%s", s)
+	}
+	t.Logf("output:\n%s", s)
+}
+
+// TestFaultsCommandGSO sends UDP GSO datagrams (UDP_SEGMENT, 4 RoCE
+// packets each) through the subcommand's injector: --every counts their
+// segments and drops the datagram holding the Nth, and the output says how
+// much of the traffic was GSO. Before the injector read GSO datagrams it
+// printed seen=0 gso=3 and dropped nothing.
+func TestFaultsCommandGSO(t *testing.T) {
+	netns.Require(t, "ip")
+	pair := netns.TestPair(t, netns.PairConfig{Prefix: "rvfg", IfPrefix: "rvfg",
+		AddrA: netip.MustParseAddr("203.0.113.1"), AddrB: netip.MustParseAddr("203.0.113.2"),
+		MACA: "02:00:5e:00:72:03", MACB: "02:00:5e:00:72:04"})
+	conn := netns.MustGet(t, pair.NsA, func() (*net.UDPConn, error) {
+		return net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(203, 0, 113, 1)})
+	})
+	defer conn.Close()
+
+	var out, errOut bytes.Buffer
+	exit := make(chan int)
+	go func() {
+		exit <- run(context.Background(), []string{"faults", "--netns", pair.NsA, "--every", "6", "-i", "100ms", "-d", "1500ms", pair.IfA}, &out, &errOut)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	const segs, seg = 4, 12 + 32 + 4
+	oob := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	binary.NativeEndian.PutUint16(oob[unix.CmsgLen(0):], seg)
+	for i := range 3 {
+		payload := make([]byte, segs*seg)
+		for k := range segs {
+			p := payload[k*seg:]
+			p[0] = 0x07 // RC WRITE middle
+			binary.BigEndian.PutUint32(p[8:], uint32(i*segs+k))
+		}
+		if _, _, err := conn.WriteMsgUDP(payload, oob, &net.UDPAddr{IP: net.IPv4(203, 0, 113, 2), Port: 4791}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code := <-exit; code != exitOK {
+		t.Fatalf("exit %d: %s\n%s", code, errOut.String(), out.String())
+	}
+	s := out.String()
+	// Segments 1-4 pass, 5-8 hold the 6th, 9-12 the 12th.
+	for _, want := range []string{
+		"UDP GSO datagrams are faulted per segment",
+		"total ",
+		"egress: seen=12 dropped=8 (random=0 nth=8 psn=0 requests=8)",
+		"gso=3 datagrams/12 segments (100.0% of packets) gso_dropped=2",
+		"egress: 12 of 12 packets came in 3 GSO datagrams (4.0 per datagram); 2 datagrams dropped, 0 marked CE",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("output lacks %q:\n%s", want, s)
+		}
 	}
 	t.Logf("output:\n%s", s)
 }

@@ -328,9 +328,12 @@ func (c Counters) add(d Counters) Counters {
 }
 
 // GSOString says how much of the traffic came as GSO datagrams:
-// "gso=D datagrams/S segments (P% of packets)", with the datagrams
-// dropped, marked and skipped when there are any.
+// "gso=D datagrams/S segments (P% of packets)" ("gso=0 datagrams" without
+// any), with the datagrams dropped, marked and skipped when there are any.
 func (c Counters) GSOString() string {
+	if c.GSO == 0 {
+		return "gso=0 datagrams"
+	}
 	pct := 0.0
 	if c.GSOSegs > 0 {
 		// Seen holds the segments of the datagrams inspected; a skipped
