@@ -7,11 +7,15 @@ import (
 	"encoding/binary"
 	"math"
 	"net"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorocev2/rocev2/internal/netns"
 )
 
 // gsoOpts describes a GSO datagram for gsoFrame.
@@ -521,3 +525,108 @@ func TestProbeSkbFields(t *testing.T) {
 		t.Errorf("probe of a missing field: %v", err)
 	}
 }
+
+// TestGSOCaptureSegments checks on the wire that a CE mark on a GSO
+// datagram's one IP header reaches every segment. A's veth is set to
+// gso_max_segs 1, so the kernel cuts the datagrams in software after the
+// tc egress hook (which still sees them whole) and before the packet taps:
+// an AF_PACKET capture on A's veth sees each segment with its own IP
+// header. Every segment of a datagram must carry the same ECN (all CE or
+// all ECT(0)), a valid IPv4 checksum and the segment's length, and the CE
+// segments must be what the injector counted.
+func TestGSOCaptureSegments(t *testing.T) {
+	nsA, nsB, ifA, _ := netnsPair(t, "c")
+	if out, err := exec.Command("ip", "-n", nsA, "link", "set", ifA, "gso_max_segs", "1").CombinedOutput(); err != nil {
+		t.Fatalf("ip link set gso_max_segs: %v: %s", err, out)
+	}
+	a := udpIn(t, nsA, "203.0.113.1:4791")
+	udpIn(t, nsB, "203.0.113.2:4791") // a listener, so B sends no port unreachable
+	tosConn(t, a, unix.IP_TOS, 0x02)
+	// The capture: outgoing packets of A's veth (a tap sees them only
+	// with ETH_P_ALL).
+	fd := netns.MustGet(t, nsA, func() (int, error) {
+		ifi, err := net.InterfaceByName(ifA)
+		if err != nil {
+			return -1, err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return -1, err
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index}); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		return fd, nil
+	})
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval(int64(500 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	inj, err := AttachWith(ifA, Config{CERate: 0.1}, &Options{Netns: nsA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inj.Close()
+	const segs, seg, dgrams = 8, 216, 40
+	dst := &net.UDPAddr{IP: net.IPv4(203, 0, 113, 2), Port: 4791}
+	for i := range dgrams {
+		buf := make([]byte, segs*seg)
+		for k := range segs {
+			copy(buf[k*seg:], bthPayload(uint32(i*segs+k)))
+		}
+		gsoSend(t, a, buf, seg, dst)
+	}
+	tos := map[uint32]uint8{} // PSN -> ECN bits as captured
+	b := make([]byte, 2048)
+	for len(tos) < segs*dgrams {
+		n, from, err := unix.Recvfrom(fd, b, 0)
+		if err != nil {
+			break
+		}
+		if ll, ok := from.(*unix.SockaddrLinklayer); !ok || ll.Pkttype != unix.PACKET_OUTGOING || n < 14+20+8+12 {
+			continue
+		}
+		ip := b[14:n]
+		if binary.BigEndian.Uint16(b[12:]) != 0x0800 || ip[9] != 17 || binary.BigEndian.Uint16(ip[22:]) != 4791 {
+			continue
+		}
+		if l := binary.BigEndian.Uint16(ip[2:]); l != 20+8+seg {
+			t.Fatalf("captured IP length %d, want a segment's %d (the veth did not cut the datagram)", l, 20+8+seg)
+		}
+		if ipv4Checksum(ip[:20]) != 0 {
+			t.Errorf("segment with a bad IPv4 checksum: %x", ip[:20])
+		}
+		psn := binary.BigEndian.Uint32(ip[28+8:]) & 0xffffff
+		tos[psn] = ip[1] & 3
+	}
+	c, _ := inj.Counters()
+	if len(tos) != segs*dgrams {
+		t.Fatalf("captured %d segments, want %d; counters %v", len(tos), segs*dgrams, c)
+	}
+	var ce, ceDgrams uint64
+	for i := range uint32(dgrams) {
+		first := tos[i*segs]
+		for k := range uint32(segs) {
+			if tos[i*segs+k] != first {
+				t.Errorf("datagram %d: segment %d has ECN %d, segment 0 %d", i, k, tos[i*segs+k], first)
+			}
+			if first == 3 {
+				ce++
+			}
+		}
+		if first == 3 {
+			ceDgrams++
+		}
+	}
+	if c.CEMarked != ce || c.GSOMarked != ceDgrams || ce == 0 || ceDgrams == dgrams {
+		t.Errorf("captured %d CE segments in %d datagrams; counters %v", ce, ceDgrams, c)
+	}
+	t.Logf("captured %d segments, %d CE in %d of %d datagrams; %v", len(tos), ce, ceDgrams, dgrams, c)
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
