@@ -13,10 +13,44 @@
 // cls_bpf direct-action filter under a clsact qdisc installed with iproute2's
 // tc. See Config for the actions and Counters for what is counted.
 //
-// Per-packet faults need per-packet skbs: a UDP GSO super-packet (one skb
-// carrying many datagrams, as a GSO sender produces on veth) is passed
-// untouched and counted in Counters.GSO. Send without UDP GSO through an
-// injector.
+// # UDP GSO datagrams
+//
+// A UDP GSO sender (rocev2's SocketLink on lo and veth by default) hands
+// the kernel one skb for up to 64 RoCE packets; tc sees that skb whole,
+// and the packets become separate datagrams only later (software
+// segmentation, the receiving socket, or a NIC). The program treats every
+// segment as a packet of its own, as it would be on the wire:
+//
+//   - it reads each segment's BTH (segment k's UDP payload starts at
+//     k·gso_size) and counts the segments: Counters.Seen equals the packets
+//     the senders sent, GSO or not; GSO and GSOSegs say how much of it came
+//     as GSO datagrams;
+//   - the DestQP filter, the PSN range and the every-Nth sequence select
+//     segments by their own BTH (the sequence advances per segment), and the
+//     random rates (DropRate, CERate, DupRate) are drawn per segment, so a
+//     datagram of n segments is hit with probability 1−(1−rate)^n;
+//   - one skb can only be dropped, marked or cloned whole: what one segment
+//     draws applies to its whole datagram, and the counters count all its
+//     segments (a drop of an 8-segment datagram adds 8 to DropRandom and to
+//     Dropped; GSODropped and GSOMarked count datagrams). A CE mark on the
+//     datagram's IP header reaches every segment: the kernel copies the
+//     header into each (checked on the wire by TestGSOCaptureSegments);
+//   - PSNRange.Limit counts the in-range segments of the datagrams it
+//     dropped;
+//   - the congestion point takes the segments back to back: the datagram is
+//     tail-dropped whole when its last segment would pass the limit, and
+//     segment k draws its mark on the depth plus k segments;
+//   - datagrams are never held for reordering and release no held packet;
+//   - a datagram with more than 128 segments (Linux's UDP_MAX_SEGMENTS), or
+//     whose lengths are not UDP GSO's layout, passes whole, counted in
+//     GSOSkipped.
+//
+// So with GSO the share of packets hit is higher than the rate: 3 % CE on
+// 32-segment datagrams marks 1−0.97^32 = 62 % of the datagrams and of the
+// packets. For per-packet rates as configured, send without GSO.
+//
+// The program reads __sk_buff.gso_segs (Linux >= 5.1) and gso_size (Linux
+// >= 5.7); on an older kernel Load fails with an error naming the field.
 //
 // Reordering holds one frame per hook in a BPF map (it is dropped there)
 // and releases it behind the next RoCE packet through the same hook: that
@@ -81,14 +115,16 @@ type PSNRange struct {
 	// Limit stops PSN-range drops after this many per hook (0 = no limit),
 	// so a retransmission of the same PSNs gets through. Without a limit a
 	// range that covers requests is a black hole: the sender exhausts its
-	// retries.
+	// retries. A GSO datagram dropped by the range spends one per segment
+	// of it in the range.
 	Limit uint32
 }
 
 // Config selects the faults. The zero value passes everything. Rates are
 // probabilities in [0, 1] applied independently per packet (drawn with
 // bpf_get_prandom_u32 against a 32-bit threshold; 1 means all but a 2^-32
-// fraction). A packet is tested in this order: DestQP filter, PSN range,
+// fraction); a UDP GSO datagram's segments draw one each, and a draw hits
+// the whole datagram (see the package doc). A packet is tested in this order: DestQP filter, PSN range,
 // every Nth, random drop, congestion point, release of a held packet,
 // reorder, CE mark, duplicate; a dropped packet is not also held, marked or
 // duplicated.
@@ -96,7 +132,8 @@ type Config struct {
 	// DropRate drops packets at random.
 	DropRate float64
 	// DropEveryN drops every Nth RoCE packet (the Nth, 2Nth, ... seen by a
-	// hook since attach or ResetCounters). 0 disables. Beware: when a
+	// hook since attach or ResetCounters; a GSO datagram's segments count
+	// one each, and the datagram holding the Nth is dropped). 0 disables. Beware: when a
 	// go-back-N retransmission flight is exactly N packets (or a multiple)
 	// long, the same packet is lost in every retry and the sender runs out
 	// of retries; choose N above the sender's window (rxe and rocev2: 128).
@@ -147,9 +184,11 @@ type Config struct {
 // lock-free (atomic add and compare-and-exchange on the queue's tail time);
 // the limit can be overshot by about one packet per CPU enqueuing at the
 // same instant. The queue's clock counts from Load in 2^-14 ns units and
-// runs 13 days; an injector kept longer must be loaded again. A UDP GSO super-packet is not counted (it passes whole). A
-// packet that releases a held frame (ReorderRate) is counted in the queue
-// but leaves unmarked.
+// runs 13 days; an injector kept longer must be loaded again. A UDP GSO datagram
+// enters as its segments back to back: tail-dropped whole when its last
+// segment would pass the limit, else enqueued whole, segment k finding the
+// depth plus k segments (counted per segment). A packet that releases a
+// held frame (ReorderRate) is counted in the queue but leaves unmarked.
 type Congestion struct {
 	// Rate is the drain rate in bits/s of IP datagrams (1 kb/s to 400 Gb/s).
 	Rate uint64
