@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -86,12 +87,7 @@ func TestFaultsCommand(t *testing.T) {
 	})
 	defer conn.Close()
 
-	var out, errOut bytes.Buffer
-	exit := make(chan int)
-	go func() {
-		exit <- run(context.Background(), []string{"faults", "--netns", nsA, "--every", "2", "-i", "100ms", "-d", "1500ms", ifA}, &out, &errOut)
-	}()
-	time.Sleep(500 * time.Millisecond)
+	out, errOut, exit := startFaults(t, "--netns", nsA, "--every", "2", "-i", "100ms", "-d", "1500ms", ifA)
 	payload := make([]byte, 12+4)
 	payload[0] = 0x04
 	for i := range 10 {
@@ -126,12 +122,7 @@ func TestFaultsCommandGSO(t *testing.T) {
 	})
 	defer conn.Close()
 
-	var out, errOut bytes.Buffer
-	exit := make(chan int)
-	go func() {
-		exit <- run(context.Background(), []string{"faults", "--netns", pair.NsA, "--every", "6", "-i", "100ms", "-d", "1500ms", pair.IfA}, &out, &errOut)
-	}()
-	time.Sleep(500 * time.Millisecond)
+	out, errOut, exit := startFaults(t, "--netns", pair.NsA, "--every", "6", "-i", "100ms", "-d", "1500ms", pair.IfA)
 	const segs, seg = 4, 12 + 32 + 4
 	oob := make([]byte, unix.CmsgSpace(2))
 	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
@@ -166,4 +157,43 @@ func TestFaultsCommandGSO(t *testing.T) {
 		}
 	}
 	t.Logf("output:\n%s", s)
+}
+
+// faultsOutput is a command's output, read while it runs.
+type faultsOutput struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (o *faultsOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *faultsOutput) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
+
+// startFaults runs `rocev2d faults args...` and returns once the program
+// is attached (loading takes a while under the race detector: the
+// verifier walks the GSO path's unrolled segment loops). The exit code
+// arrives on the channel.
+func startFaults(t *testing.T, args ...string) (out, errOut *faultsOutput, exit chan int) {
+	t.Helper()
+	out, errOut, exit = &faultsOutput{}, &faultsOutput{}, make(chan int, 1)
+	go func() { exit <- run(context.Background(), append([]string{"faults"}, args...), out, errOut) }()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "attached to"); {
+		select {
+		case code := <-exit:
+			t.Fatalf("exit %d before attaching: %s\n%s", code, errOut.String(), out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not attached after 30 s: %s\n%s", errOut.String(), out.String())
+		}
+	}
+	return out, errOut, exit
 }
