@@ -69,7 +69,7 @@ whole datagram: it is dropped, CE-marked (its one IP header is copied into
 every segment) or duplicated whole, and counted once per segment. The
 congestion point takes its segments back to back. --psn-limit counts the
 in-range segments of the datagrams dropped. GSO datagrams are never held
-by --reorder. The counters count packets (segments); gso=D datagrams/S
+by --reorder (a held single packet leaves behind the next datagram). The counters count packets (segments); gso=D datagrams/S
 segments says how much of the traffic came as GSO, gso_dropped and
 gso_marked count datagrams, gso_skipped the ones passed whole (more than
 128 segments, or not UDP GSO's layout). Needs Linux >= 5.7 (__sk_buff
@@ -213,7 +213,7 @@ func runFaults(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	hooks := hookNames(&c.opts)
 	fmt.Fprintf(stdout, "rocev2d faults: attached to %s (%s)%s: %s\n", c.iface, strings.Join(hooks, "+"), nsSuffix(c.opts.Netns), describeFaults(&c.cfg))
-	fmt.Fprintf(stdout, "rocev2d faults: UDP GSO datagrams are faulted per segment (a segment's draw drops, marks or duplicates its whole datagram, counted per segment; never held); gso= shows their share\n")
+	fmt.Fprintf(stdout, "rocev2d faults: UDP GSO datagrams are faulted per segment (a segment's draw drops, marks or duplicates its whole datagram, counted per segment; never held for --reorder); gso= shows their share\n")
 	if c.duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.duration)

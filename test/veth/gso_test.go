@@ -23,6 +23,9 @@ var gsoCases = []vethCase{
 	// READ's PSNs are its responses', sent by B).
 	{name: "psn-range", mtu: transport.MTU1024, psnDrop: 100},
 	{name: "dup2%", cfg: faults.Config{DupRate: 0.02}, mtu: transport.MTU4096},
+	// Only single packets are held (ACKs, READ requests, short messages);
+	// GSO datagrams release them.
+	{name: "reorder5%", cfg: faults.Config{ReorderRate: 0.05}, mtu: transport.MTU4096},
 	// A queue deep enough for both flows' windows (128 packets of 4 KiB
 	// arrive as a few GSO datagrams at once): it marks from 32 KiB and
 	// drops only when the senders outrun 400 Mb/s for long. (With a 1 MiB

@@ -40,7 +40,9 @@
 //   - the congestion point takes the segments back to back: the datagram is
 //     tail-dropped whole when its last segment would pass the limit, and
 //     segment k draws its mark on the depth plus k segments;
-//   - datagrams are never held for reordering and release no held packet;
+//   - datagrams are never held for reordering (too large for the slot); a
+//     held packet leaves behind the next packet or GSO datagram (cloned
+//     out first, as a single packet is);
 //   - a datagram with more than 128 segments (Linux's UDP_MAX_SEGMENTS), or
 //     whose lengths are not UDP GSO's layout, passes whole, counted in
 //     GSOSkipped.

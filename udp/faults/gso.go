@@ -72,8 +72,9 @@ func inc(slot int16) asm.Instructions {
 //     to back: tail drop when the last one would pass the limit (nothing
 //     of it enqueued), otherwise segment k finds the depth at arrival plus
 //     k full segments and draws its CE mark on that;
-//   - GSO datagrams are never held for reordering, nor release a held
-//     packet (a held frame waits for the next single packet).
+//   - GSO datagrams are never held for reordering (the slot holds one
+//     frame of at most holdMax bytes); a held packet is released behind the
+//     next packet or GSO datagram through the hook.
 //
 // The segment loop is unrolled gsoMaxSegs times (no verifier loop
 // analysis); its tallies start from a map value (cfgZero) so the verifier
@@ -205,14 +206,30 @@ func gsoPath(ingress bool) asm.Instructions {
 	// Duplicate the whole datagram (the clone is a GSO skb too).
 	p = append(p,
 		asm.LoadMem(asm.R2, asm.RFP, fpGDup, asm.DWord).WithSymbol("g_dup"),
-		asm.JEq.Imm(asm.R2, 0, "exit"),
+		asm.JEq.Imm(asm.R2, 0, "g_release"),
 	)
 	p = append(p, cloneOut(ingress)...)
 	p = append(p, asm.JEq.Imm(asm.R0, 0, "g_dupok"))
 	p = append(p, count(ctrErrors)...)
-	p = append(p, asm.Ja.Label("exit"))
+	p = append(p, asm.Ja.Label("g_release"))
 	p = append(p, sym("g_dupok", countN(ctrDuplicated))...)
-	p = append(p, asm.Ja.Label("exit"))
+
+	// A held packet (ReorderRate) leaves behind the datagram: the datagram
+	// is cloned out first (marked or not, after its duplicate), then the
+	// skb becomes the held frame (the packet path's "morph": changing the
+	// skb's length also ends its GSO state).
+	p = append(p,
+		asm.LoadMem(asm.R2, asm.R9, stHoldState, asm.DWord).WithSymbol("g_release"),
+		asm.JNE.Imm(asm.R2, 2, "exit"),
+		asm.Mov.Imm(asm.R0, 2),
+		asm.Mov.Imm(asm.R3, 3),
+		cmpXchg(asm.R9, asm.R3, stHoldState),
+		asm.JNE.Imm(asm.R0, 2, "exit"),
+	)
+	p = append(p, cloneOut(ingress)...)
+	p = append(p, asm.JEq.Imm(asm.R0, 0, "morph"))
+	p = append(p, count(ctrErrors)...)
+	p = append(p, asm.Ja.Label("morph"))
 
 	// Drop the datagram: all its segments are lost.
 	p = append(p, sym("g_drop", countSlot(ctrDropRequests, fpGReq))...)

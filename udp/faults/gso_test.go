@@ -369,7 +369,9 @@ func gsoSend(t *testing.T, a *net.UDPConn, payload []byte, seg int, dst *net.UDP
 // bytes, PSNs 8i..8i+7) across a veth with the injector on A's egress,
 // and reads what B's socket gets, segment by segment with its TOS: with
 // CE the datagram's one IP header marks every segment the receiver sees;
-// a PSN inside a datagram drops exactly that datagram's segments.
+// a PSN inside a datagram drops exactly that datagram's segments; a
+// duplicated datagram arrives twice; a held single packet leaves behind
+// the next GSO datagram.
 func TestGSOVeth(t *testing.T) {
 	nsA, nsB, ifA, _ := netnsPair(t, "g")
 	a := udpIn(t, nsA, "203.0.113.1:4791")
@@ -447,6 +449,31 @@ func TestGSOVeth(t *testing.T) {
 		t.Errorf("duplicates: received %d segments, want %d; counters %v", len(psns), 2*segs*dgrams, c)
 	}
 	t.Logf("duplicate: %v", c)
+
+	// Reorder: a single packet is held; GSO datagrams are not, and the
+	// first one releases it behind itself.
+	inj.ResetCounters()
+	if err := inj.Set(Config{ReorderRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WriteToUDP(bthPayload(1000), dst); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	send()
+	psns, _ = recvTOS(t, b)
+	c, _ = inj.Counters()
+	want = nil
+	for p := range uint32(segs * dgrams) {
+		want = append(want, p)
+		if p == segs-1 {
+			want = append(want, 1000)
+		}
+	}
+	if !equalU32(psns, want) || c.Held != 1 || c.Released != 1 || c.Errors != 0 {
+		t.Errorf("reorder: received %v, want the held PSN 1000 behind the first datagram; counters %v", psns, c)
+	}
+	t.Logf("reorder: %v", c)
 }
 
 func equalU32(a, b []uint32) bool {
