@@ -65,8 +65,13 @@ func TestVethGSO(t *testing.T) {
 			}
 			a, b := newSideOn(t, la), newSideOn(t, lb)
 			psnA, psnB := uint32(0xffe000+i*16), uint32(0x200000*uint32(i+1))
-			connect(t, a, b, psnA, psnB, c.mtu)
-			connect(t, b, a, psnB, psnA, c.mtu)
+			// The ACK timeout 4x TestVethLoss's: on a machine loaded
+			// far beyond its 2 cores (load average 22 seen), with the race
+			// detector, 7 timeouts in a row without any injected loss
+			// exhausted a QP's retries (the 64 KiB GSO bursts each way
+			// take the slow receive loops longer to drain).
+			connectTimeout(t, a, b, psnA, psnB, c.mtu, ackTimeout+2)
+			connectTimeout(t, b, a, psnB, psnA, c.mtu, ackTimeout+2)
 			ab, ba := newDirection(t, a, b), newDirection(t, b, a)
 			if c.psnDrop != 0 {
 				first := (psnA + c.psnDrop) & 0xffffff

@@ -126,10 +126,16 @@ func connect(t testing.TB, s, peer *side, sq, rq uint32, mtu transport.MTU) {
 	t.Helper()
 	// Local ACK timeout 33.6 ms (13; 67 ms under the race detector),
 	// retry 7: the tail loss of a burst is recovered by the timer.
+	connectTimeout(t, s, peer, sq, rq, mtu, ackTimeout)
+}
+
+// connectTimeout is connect with the local ACK timeout code given.
+func connectTimeout(t testing.TB, s, peer *side, sq, rq uint32, mtu transport.MTU, timeout uint8) {
+	t.Helper()
 	if err := s.qp.Connect(transport.ConnParams{Peer: peer.dev.Addr(), DestQPN: peer.qp.QPN(), RQPSN: rq, SQPSN: sq,
 		PathMTU: mtu, Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic,
 		MaxRdAtomic: 16, MaxDestRdAtomic: 16,
-		Retry: &transport.Retry{Timeout: ackTimeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}}); err != nil {
+		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}}); err != nil {
 		t.Fatal(err)
 	}
 }
