@@ -217,11 +217,13 @@ func cloneOut(ingress bool) asm.Instructions {
 // configMapFD are loaded maps; dir is the state map key of this hook.
 //
 // Order of decisions for a RoCEv2 packet (UDP destination port 4791, IPv4
-// or IPv6 without extension headers, not a fragment, not a GSO super-packet):
+// or IPv6 without extension headers, not a fragment, one packet per skb):
 // DestQP filter, PSN-range drop, every-Nth drop, random drop, congestion
 // point (tail drop, or the choice to mark CE), release of a held packet,
 // hold (reorder), CE mark, duplicate. A dropped packet is neither held,
-// marked nor duplicated.
+// marked nor duplicated. A UDP GSO datagram (gso_segs > 1) takes gsoPath:
+// the same rules per segment, applied to the whole datagram, then the
+// release of a held packet.
 func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instructions {
 	p := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
