@@ -69,11 +69,13 @@ whole datagram: it is dropped, CE-marked (its one IP header is copied into
 every segment) or duplicated whole, and counted once per segment. The
 congestion point takes its segments back to back. --psn-limit counts the
 in-range segments of the datagrams dropped. GSO datagrams are never held
-by --reorder (a held single packet leaves behind the next datagram). The counters count packets (segments); gso=D datagrams/S
-segments says how much of the traffic came as GSO, gso_dropped and
-gso_marked count datagrams, gso_skipped the ones passed whole (more than
-128 segments, or not UDP GSO's layout). Needs Linux >= 5.7 (__sk_buff
-gso_size).
+by --reorder (a held single packet leaves behind the next datagram). So
+with GSO more packets are hit than RATE says (a datagram goes whole); for
+per-packet rates send with --gso=false. The counters count packets
+(segments); gso=D datagrams/S segments says how much of the traffic came
+as GSO, gso_dropped and gso_marked count datagrams, gso_skipped the ones
+passed whole (more than 128 segments, or not UDP GSO's layout). Needs
+Linux >= 5.7 (__sk_buff gso_size). More in docs/FAULTS.md.
 
 Example (the veth test setup: namespaces A and B, veth va in A):
   rocev2d faults --netns A --egress --ingress --drop 0.01 --reorder 0.01 va
