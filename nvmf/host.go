@@ -116,7 +116,7 @@ type Controller struct {
 	cfg    HostConfig
 
 	mu      sync.Mutex
-	cur     *association // nil while reconnecting
+	cur     *association  // nil while reconnecting
 	ready   chan struct{} // closed when cur is set again
 	err     error         // permanent failure
 	closed  bool

@@ -505,4 +505,3 @@ func (q *tqueue) runPending() {
 		}
 	}
 }
-
