@@ -164,6 +164,7 @@ func (h *Controller) associate(ctx context.Context) (a *association, err error) 
 	if err != nil {
 		return nil, err
 	}
+	adm.logf = h.cfg.Log
 	a = &association{admin: adm, dead: make(chan struct{})}
 	defer func() {
 		if err != nil {
@@ -248,6 +249,7 @@ func (h *Controller) associate(ctx context.Context) (a *association, err error) 
 		qctx, qcancel := step()
 		q, err := dialQueue(qctx, h.dev, h.addr, uint16(i), qs, inline)
 		if err == nil {
+			q.logf = h.cfg.Log
 			a.io = append(a.io, q)
 			_, err = h.connectQueue(qctx, q, a.cntlid, 0)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand"
 	"sync"
 	"sync/atomic"
@@ -64,9 +65,25 @@ func TestDiscovery(t *testing.T) {
 // TestLossyNetwork: 1 % loss each way, eight goroutines writing and
 // reading back their own regions, every byte checked.
 func TestLossyNetwork(t *testing.T) {
-	p := newPair(t, udp.Faults{Loss: 0.01, Seed: 7}, TargetConfig{})
+	var logMu sync.Mutex
+	var logs []string
+	logf := func(f string, a ...any) {
+		logMu.Lock()
+		logs = append(logs, time.Now().Format("15:04:05.000 ")+fmt.Sprintf(f, a...))
+		logMu.Unlock()
+	}
+	defer func() {
+		if t.Failed() {
+			logMu.Lock()
+			for _, l := range logs {
+				t.Log(l)
+			}
+			logMu.Unlock()
+		}
+	}()
+	p := newPair(t, udp.Faults{Loss: 0.01, Seed: 7}, TargetConfig{Log: logf})
 	ctx := ctxT(t, 120*time.Second)
-	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 16})
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 16, Log: logf})
 	if err != nil {
 		t.Fatal(err)
 	}

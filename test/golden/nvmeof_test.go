@@ -144,6 +144,7 @@ func checkNVMeCM(t *testing.T, where string, mad []byte, fromHost bool, tally *n
 	switch m := msg.(type) {
 	case *cm.REQFields:
 		tally.cmReq++
+		t.Logf("%s: REQ local ACK timeout %d, retry %d, rnr retry %d, responder resources %d, initiator depth %d", where, m.Primary.LocalACKTimeout, m.RetryCount, m.RNRRetryCount, m.ResponderResources, m.InitiatorDepth)
 		h, err := cm.ParseCMAHeader(m.PrivateData[:])
 		if err != nil || h.Src.Unmap().String() != "192.0.2.2" {
 			t.Errorf("%s: rdma_cm header %+v %v", where, h, err)
