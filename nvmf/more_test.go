@@ -15,12 +15,12 @@ import (
 	"github.com/gorocev2/rocev2/nvme"
 	"github.com/gorocev2/rocev2/rdmacm"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 func TestDiscovery(t *testing.T) {
 	b2, _ := NewMemBackend(1 << 20)
-	p := newPair(t, udp.Faults{}, TargetConfig{})
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
 	p.t.Close()
 	var err error
 	p.t, err = Listen(p.tdev, TargetConfig{Subsystems: []*Subsystem{
@@ -81,7 +81,7 @@ func TestLossyNetwork(t *testing.T) {
 			logMu.Unlock()
 		}
 	}()
-	p := newPair(t, udp.Faults{Loss: 0.01, Seed: 7}, TargetConfig{Log: logf})
+	p := newPair(t, memnet.Faults{Loss: 0.01, Seed: 7}, TargetConfig{Log: logf})
 	ctx := ctxT(t, 120*time.Second)
 	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 16, Log: logf})
 	if err != nil {
@@ -133,7 +133,7 @@ func TestLossyNetwork(t *testing.T) {
 // TestTargetKilledMidIO: the target's device disappears while writes are
 // in flight: every write fails or was stored; none acknowledged is missing.
 func TestTargetKilledMidIO(t *testing.T) {
-	p := newPair(t, udp.Faults{}, TargetConfig{})
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
 	ctx := ctxT(t, 60*time.Second)
 	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 16, KATO: time.Second,
 		CtrlLossTimeout: -1, ConnectTimeout: time.Second})
@@ -261,7 +261,7 @@ func (q *hqueue) raw(ctx context.Context, capsule []byte) (nvme.CQEFields, error
 }
 
 func TestBadConnectionRequests(t *testing.T) {
-	p := newPair(t, udp.Faults{}, TargetConfig{MaxQueueSize: 64, MaxIOQueues: 2})
+	p := newPair(t, memnet.Faults{}, TargetConfig{MaxQueueSize: 64, MaxIOQueues: 2})
 	req := func(f nvme.CMReqFields) []byte {
 		b := make([]byte, nvme.CMReqSize)
 		nvme.CMReq(b).Encode(&f)
@@ -324,7 +324,7 @@ func sqeWith(build func(s nvme.SQE)) []byte {
 }
 
 func TestBadCommands(t *testing.T) {
-	p := newPair(t, udp.Faults{}, TargetConfig{})
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
 	ctx := ctxT(t, 30*time.Second)
 	adm := rawQueue(t, p, 0, 32)
 	// Before Connect.
@@ -467,7 +467,7 @@ func TestBadCommands(t *testing.T) {
 // TestVanishingHost: a host that disappears without a word loses its
 // controller when keep-alive expires; nothing of it stays on the target.
 func TestVanishingHost(t *testing.T) {
-	p := newPair(t, udp.Faults{}, TargetConfig{})
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
 	ctx := ctxT(t, 30*time.Second)
 	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 8, KATO: 400 * time.Millisecond, CtrlLossTimeout: -1})
 	if err != nil {
@@ -494,7 +494,7 @@ func TestVanishingHost(t *testing.T) {
 // TestReconnect: the controller goes away (its admin queue is torn down by
 // the target) and the host connects again by itself.
 func TestReconnect(t *testing.T) {
-	p := newPair(t, udp.Faults{}, TargetConfig{})
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
 	ctx := ctxT(t, 60*time.Second)
 	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 8, ReconnectDelay: 100 * time.Millisecond})
 	if err != nil {
@@ -539,7 +539,7 @@ func TestReadOnlyAndFileBackend(t *testing.T) {
 	}
 	defer fb.Close()
 	ro, _ := NewMemBackend(1 << 20)
-	p := newPair(t, udp.Faults{}, TargetConfig{Subsystems: []*Subsystem{{NQN: testNQN,
+	p := newPair(t, memnet.Faults{}, TargetConfig{Subsystems: []*Subsystem{{NQN: testNQN,
 		Namespaces: []*Namespace{{Backend: fb}, {Backend: ro, ReadOnly: true}}}}})
 	ctx := ctxT(t, 30*time.Second)
 	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1})

@@ -10,7 +10,7 @@ import (
 
 	"github.com/gorocev2/rocev2/nvme"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 const testNQN = "nqn.2026-12.io.rocev2:test"
@@ -21,14 +21,14 @@ var (
 )
 
 type pair struct {
-	net        *udp.MemNetwork
+	net        *memnet.MemNetwork
 	tdev, hdev *transport.Device
 	t          *Target
 	backend    *MemBackend
 	targetAddr netip.AddrPort
 }
 
-func newDevice(t *testing.T, n *udp.MemNetwork, a netip.Addr) *transport.Device {
+func newDevice(t *testing.T, n *memnet.MemNetwork, a netip.Addr) *transport.Device {
 	t.Helper()
 	link, err := n.Link(a)
 	if err != nil {
@@ -42,9 +42,9 @@ func newDevice(t *testing.T, n *udp.MemNetwork, a netip.Addr) *transport.Device 
 }
 
 // newPair starts a target with one 8 MiB memory namespace and a host device.
-func newPair(t *testing.T, f udp.Faults, cfg TargetConfig) *pair {
+func newPair(t *testing.T, f memnet.Faults, cfg TargetConfig) *pair {
 	t.Helper()
-	p := &pair{net: udp.NewMemNetwork(f)}
+	p := &pair{net: memnet.NewMemNetwork(f)}
 	p.tdev, p.hdev = newDevice(t, p.net, targetIP), newDevice(t, p.net, hostIP)
 	var err error
 	if p.backend, err = NewMemBackend(8 << 20); err != nil {
@@ -72,7 +72,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 }
 
 func TestHostTargetReadWrite(t *testing.T) {
-	p := newPair(t, udp.Faults{}, TargetConfig{})
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
 	ctx := ctxT(t, 30*time.Second)
 	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 32})
 	if err != nil {
