@@ -44,10 +44,11 @@ type hslot struct {
 	data     []byte
 	dataMR   *memreg.MR
 	done     chan completion
-	busy     bool // a command is out (under hqueue.mu)
-	sendDone bool
-	resp     *completion
-	orphan   bool // its caller gave up: free on completion
+	busy       bool // a command is out (under hqueue.mu), until the three below
+	sendDone   bool // its SEND completed (the command buffer may be reused)
+	resp       *completion
+	callerDone bool // the caller took the result (or gave up)
+	orphan     bool // its caller gave up: nobody reads done
 }
 
 // hqueue is one queue of a host controller.
@@ -157,14 +158,17 @@ func (q *hqueue) die(err error) {
 		close(q.dead)
 		for i := range q.slots {
 			s := &q.slots[i]
-			if s.busy {
-				s.busy = false
-				if s.orphan {
-					q.free <- i
-				} else {
-					s.done <- completion{err: fmt.Errorf("%w: %v", ErrDisconnected, err)}
+			if !s.busy {
+				continue
+			}
+			s.sendDone = true // never now
+			if s.resp == nil {
+				s.resp = &completion{err: fmt.Errorf("%w: %v", ErrDisconnected, err)}
+				if !s.orphan {
+					s.done <- *s.resp
 				}
 			}
+			q.maybeFree(s)
 		}
 		q.mu.Unlock()
 	})
@@ -233,7 +237,10 @@ func (q *hqueue) onResponse(ri int, wc *transport.WC) {
 		return // stale or bogus
 	}
 	s.resp = &completion{status: c.Status, result: c.Result}
-	q.settle(s)
+	if !s.orphan {
+		s.done <- *s.resp // the caller goes on; the slot stays out until its SEND completed too
+	}
+	q.maybeFree(s)
 }
 
 func (q *hqueue) onSent(idx int) {
@@ -243,21 +250,25 @@ func (q *hqueue) onSent(idx int) {
 		return
 	}
 	q.slots[idx].sendDone = true
-	q.settle(&q.slots[idx])
+	q.maybeFree(&q.slots[idx])
 }
 
-// settle completes a slot once both its SEND completed and its response
-// arrived (only then may its buffers be reused).
-func (q *hqueue) settle(s *hslot) {
-	if !s.sendDone || s.resp == nil {
-		return
-	}
-	s.busy = false
-	if s.orphan {
+// maybeFree returns a slot to the free list once its SEND completed, its
+// response arrived and its caller is done with its data buffer (only then
+// may its buffers be reused). Under q.mu.
+func (q *hqueue) maybeFree(s *hslot) {
+	if s.busy && s.sendDone && s.resp != nil && (s.callerDone || s.orphan) {
+		s.busy = false
 		q.free <- s.idx
-		return
 	}
-	s.done <- *s.resp
+}
+
+// finish: the caller is done with the slot.
+func (q *hqueue) finish(s *hslot) {
+	q.mu.Lock()
+	s.callerDone = true
+	q.maybeFree(s)
+	q.mu.Unlock()
 }
 
 // acquire takes a free slot.
@@ -349,7 +360,7 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 		return 0, fmt.Errorf("%w: %v", ErrDisconnected, q.err)
 	default:
 	}
-	s.busy, s.sendDone, s.resp, s.orphan = true, false, nil, false
+	s.busy, s.sendDone, s.resp, s.orphan, s.callerDone = true, false, nil, false, false
 	q.mu.Unlock()
 	err = q.qp.PostSend(transport.SendWR{WRID: uint64(s.idx), Opcode: transport.WRSend, Flags: transport.SendSignaled,
 		SGEs: []memreg.SGE{q.cmdMR.SGE(uint64(s.idx*len(s.cmd)), uint32(n))}})
@@ -361,7 +372,7 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 	case c = <-s.done:
 	case <-ctx.Done():
 		q.mu.Lock()
-		if s.busy {
+		if s.resp == nil {
 			s.orphan = true // freed when its completion (or the queue's end) comes
 			q.mu.Unlock()
 			return 0, ctx.Err()
@@ -369,7 +380,7 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 		q.mu.Unlock()
 		c = <-s.done
 	}
-	defer func() { q.free <- s.idx }()
+	defer q.finish(s)
 	if c.err != nil {
 		return 0, c.err
 	}

@@ -238,7 +238,6 @@ func (q *hqueue) raw(ctx context.Context, capsule []byte) (nvme.CQEFields, error
 	if err != nil {
 		return nvme.CQEFields{}, err
 	}
-	defer func() { q.free <- s.idx }()
 	s.gen++
 	cid := uint16(s.gen)<<cidIdxBits | uint16(s.idx)
 	if len(capsule) >= 4 {
@@ -246,8 +245,9 @@ func (q *hqueue) raw(ctx context.Context, capsule []byte) (nvme.CQEFields, error
 	}
 	copy(s.cmd, capsule)
 	q.mu.Lock()
-	s.busy, s.sendDone, s.resp, s.orphan = true, false, nil, false
+	s.busy, s.sendDone, s.resp, s.orphan, s.callerDone = true, false, nil, false, false
 	q.mu.Unlock()
+	defer q.finish(s)
 	if err := q.qp.PostSend(transport.SendWR{WRID: uint64(s.idx), Opcode: transport.WRSend, Flags: transport.SendSignaled,
 		SGEs: []memreg.SGE{q.cmdMR.SGE(uint64(s.idx*len(s.cmd)), uint32(len(capsule)))}}); err != nil {
 		return nvme.CQEFields{}, err

@@ -37,7 +37,13 @@ const (
 
 // nvmfShell is the VM's shell prelude: fail prints the kernel's last words.
 const nvmfShell = `NQN=` + nvmfNQN + `; T=` + HostIP + `
-fail() { echo "FAIL: $*"; dmesg | grep -i -E 'nvme|rdma|rxe' | tail -25; exit 1; }
+fail() {
+	echo "FAIL: $*"; dmesg | grep -i -E 'nvme|rdma|rxe|ext4' | tail -25
+	# Leave nothing connected for the next cell.
+	umount /mnt/nv 2>/dev/null; wait
+	for c in /sys/class/nvme/nvme*; do [ -e $c/delete_controller ] && echo 1 > $c/delete_controller; done 2>/dev/null
+	exit 1
+}
 connect() {
 	echo "transport=rdma,traddr=$T,trsvcid=4420,nqn=$1" > /dev/nvme-fabrics || fail "connect $1"
 }
