@@ -34,6 +34,7 @@ type completion struct {
 	status nvme.Status
 	result uint64
 	err    error
+	inv    uint32 // the R_Key the response invalidated (SEND with Invalidate), else 0
 }
 
 // hslot is one command slot of a host queue.
@@ -75,6 +76,8 @@ type hqueue struct {
 	wg   sync.WaitGroup
 	subs atomic.Int64 // commands submitted
 	logf func(format string, args ...any)
+
+	lastInv uint32 // tests: the R_Key the last raw command's response invalidated
 }
 
 const cidIdxBits = 10
@@ -237,6 +240,9 @@ func (q *hqueue) onResponse(ri int, wc *transport.WC) {
 		return // stale or bogus
 	}
 	s.resp = &completion{status: c.Status, result: c.Result}
+	if wc.Flags&transport.WCWithInv != 0 {
+		s.resp.inv = wc.InvalidatedRKey
+	}
 	if !s.orphan {
 		s.done <- *s.resp // the caller goes on; the slot stays out until its SEND completed too
 	}

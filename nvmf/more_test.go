@@ -254,6 +254,7 @@ func (q *hqueue) raw(ctx context.Context, capsule []byte) (nvme.CQEFields, error
 	}
 	select {
 	case c := <-s.done:
+		q.lastInv = c.inv
 		return nvme.CQEFields{Status: c.status, Result: c.result, CID: cid}, c.err
 	case <-ctx.Done():
 		return nvme.CQEFields{}, ctx.Err()
@@ -569,5 +570,60 @@ func TestReadOnlyAndFileBackend(t *testing.T) {
 	got := make([]byte, len(w))
 	if _, err := fb.ReadAt(got, 1<<20); err != nil || !bytes.Equal(got, w) {
 		t.Errorf("file content after write: %v", err)
+	}
+}
+
+// TestSendWithInvalidate: a Read whose keyed SGL has the invalidate subtype
+// (0x4F, as Linux's host sends) is answered with RDMA WRITE + SEND with
+// Invalidate of exactly its key; the host's type 2 window is invalid after.
+func TestSendWithInvalidate(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1, QueueSize: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	want := bytes.Repeat([]byte{0x5a, 0xc3}, 2048)
+	copy(p.backend.buf[8192:], want)
+	a, _ := h.assoc(ctx)
+	q := a.io[0]
+	buf := make([]byte, 4096)
+	mr, err := q.pd.RegisterMR(buf, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mr.Deregister()
+	mw, err := q.pd.AllocMW(memreg.MWType2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Dealloc()
+	rkey := mw.RKey()&^0xff | 0x17
+	if err := q.qp.PostSend(transport.SendWR{WRID: 1 << 40, Opcode: transport.WRBindMW, MW: mw, RKey: rkey,
+		Bind: transport.MWBindInfo{MR: mr, Addr: mr.IOVA(), Length: 4096, Access: memreg.AccessRemoteWrite}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, mw.Bound, "window bound")
+	cmd := sqeWith(func(s nvme.SQE) { (&nvme.RW{NSID: 1, SLBA: 16, NLB: 7}).Put(s, nvme.IORead) })
+	g := nvme.Keyed(mr.IOVA(), 4096, rkey, true)
+	nvme.SQE(cmd).SGL().Encode(&g)
+	c, err := q.raw(ctx, cmd)
+	if err != nil || !c.Status.OK() {
+		t.Fatalf("read: %v %v", c.Status, err)
+	}
+	if q.lastInv != rkey {
+		t.Errorf("response invalidated %#x, want %#x", q.lastInv, rkey)
+	}
+	if mw.Bound() {
+		t.Error("the window is still bound after SEND with Invalidate")
+	}
+	if !bytes.Equal(buf, want) {
+		t.Error("data written through the window differs")
+	}
+	// The same key again: invalid now, the target's RDMA WRITE fails.
+	c, err = q.raw(ctx, cmd)
+	if err == nil {
+		t.Errorf("a read through an invalidated key completed: %v", c.Status)
 	}
 }
