@@ -39,12 +39,12 @@ type completion struct {
 
 // hslot is one command slot of a host queue.
 type hslot struct {
-	idx      int
-	gen      uint16
-	cmd      []byte // SQE + in-capsule data (a slice of the queue's command buffer)
-	data     []byte
-	dataMR   *memreg.MR
-	done     chan completion
+	idx        int
+	gen        uint16
+	cmd        []byte // SQE + in-capsule data (a slice of the queue's command buffer)
+	data       []byte
+	dataMR     *memreg.MR
+	done       chan completion
 	busy       bool // a command is out (under hqueue.mu), until the three below
 	sendDone   bool // its SEND completed (the command buffer may be reused)
 	resp       *completion
