@@ -92,6 +92,7 @@ type HostStats struct {
 	Errors     uint64 // commands that failed (status or transport)
 	Reconnects uint64 // associations re-established after a loss
 	KeepAlives uint64 // keep-alive commands sent
+	Requeued   uint64 // reads and writes sent again after a reconnect
 }
 
 // association is one connected admin queue with its I/O queues.
@@ -124,7 +125,7 @@ type Controller struct {
 	rr      atomic.Uint32
 	wg      sync.WaitGroup
 
-	cmds, errs, reconnects, kas atomic.Uint64
+	cmds, errs, reconnects, kas, requeued atomic.Uint64
 }
 
 // Connect connects to the subsystem subNQN of the target at addr (the
@@ -286,10 +287,15 @@ func identify(ctx context.Context, q *hqueue, id nvme.Identify, out []byte) erro
 	return err
 }
 
+// close disconnects every queue, in parallel (a peer that is gone costs
+// each its DREQ retries).
 func (a *association) close() {
+	var wg sync.WaitGroup
 	for _, q := range a.io {
-		q.close()
+		wg.Add(1)
+		go func() { defer wg.Done(); q.close() }()
 	}
+	wg.Wait()
 	if a.admin != nil {
 		a.admin.close()
 	}
@@ -475,7 +481,8 @@ func (h *Controller) ActiveNamespaces(ctx context.Context) ([]uint32, error) {
 
 // Stats returns the controller's counters.
 func (h *Controller) Stats() HostStats {
-	return HostStats{Commands: h.cmds.Load(), Errors: h.errs.Load(), Reconnects: h.reconnects.Load(), KeepAlives: h.kas.Load()}
+	return HostStats{Commands: h.cmds.Load(), Errors: h.errs.Load(), Reconnects: h.reconnects.Load(), KeepAlives: h.kas.Load(),
+		Requeued: h.requeued.Load()}
 }
 
 // Close shuts the controller down (CC.SHN) and disconnects every queue.

@@ -530,6 +530,42 @@ func TestReconnect(t *testing.T) {
 	if p.t.Stats().Controllers != 4 {
 		t.Errorf("%d controllers created, want 4", p.t.Stats().Controllers)
 	}
+	// I/O running while the controller goes away completes: the host
+	// sends what was lost again after reconnecting.
+	var wg sync.WaitGroup
+	var bad atomic.Int32
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := bytes.Repeat([]byte{byte(g + 1)}, 64<<10)
+			for i := 0; i < 40; i++ {
+				off := int64(g)<<20 + int64(i%8)*64<<10
+				if _, err := ns.WriteAtContext(ctx, w, off); err != nil {
+					t.Errorf("write during reconnect: %v", err)
+					bad.Add(1)
+					return
+				}
+				r := make([]byte, len(w))
+				if _, err := ns.ReadAtContext(ctx, r, off); err != nil || !bytes.Equal(r, w) {
+					t.Errorf("read during reconnect: %v", err)
+					bad.Add(1)
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	p.t.mu.Lock()
+	for _, c := range p.t.ctrls {
+		go c.delete()
+	}
+	p.t.mu.Unlock()
+	wg.Wait()
+	t.Logf("host %+v", h.Stats())
+	if h.Stats().Reconnects != 4 {
+		t.Errorf("%d reconnects, want 4", h.Stats().Reconnects)
+	}
 }
 
 func TestReadOnlyAndFileBackend(t *testing.T) {

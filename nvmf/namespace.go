@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/gorocev2/rocev2/nvme"
 )
@@ -155,12 +156,11 @@ func (n *HostNamespace) rw(ctx context.Context, op nvme.Opcode, p []byte, off in
 	return len(p), nil
 }
 
-// one runs one Read or Write command.
+// one runs one Read or Write command. A command lost with its connection
+// is sent again once the controller is back (block reads and writes are
+// idempotent; Linux's host requeues them the same way), unless the host
+// does not reconnect (CtrlLossTimeout < 0) or gave up.
 func (n *HostNamespace) one(ctx context.Context, op nvme.Opcode, p []byte, off int64) error {
-	q, err := n.h.ioQueue(ctx)
-	if err != nil {
-		return err
-	}
 	rw := nvme.RW{NSID: n.id, SLBA: uint64(off) >> n.shift, NLB: uint16(len(p)>>n.shift - 1)}
 	r := &request{build: func(s nvme.SQE) { rw.Put(s, op) }}
 	if op == nvme.IOWrite {
@@ -168,7 +168,21 @@ func (n *HostNamespace) one(ctx context.Context, op nvme.Opcode, p []byte, off i
 	} else {
 		r.in = p
 	}
-	_, err = q.do(ctx, r)
-	n.h.count(err)
-	return err
+	for {
+		q, err := n.h.ioQueue(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = q.do(ctx, r)
+		n.h.count(err)
+		if err == nil || !errors.Is(err, ErrDisconnected) || n.h.cfg.CtrlLossTimeout < 0 || ctx.Err() != nil {
+			return err
+		}
+		n.h.requeued.Add(1)
+		select { // the association may not be marked lost yet
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return err
+		}
+	}
 }
