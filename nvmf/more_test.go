@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -662,4 +663,54 @@ func TestSendWithInvalidate(t *testing.T) {
 	if err == nil {
 		t.Errorf("a read through an invalidated key completed: %v", c.Status)
 	}
+}
+
+// TestSeveralHosts: three hosts, each its own device and controller, write
+// and read back disjoint regions of one namespace at once.
+func TestSeveralHosts(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 60*time.Second)
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		dev := p.hdev
+		if i > 0 {
+			dev = newDevice(t, p.net, netip.AddrFrom4([4]byte{192, 0, 2, byte(10 + i)}))
+			defer dev.Close()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h, err := Connect(ctx, dev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 16,
+				HostNQN: fmt.Sprintf("nqn.2026-12.io.rocev2:host%d", i)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer h.Close()
+			ns, err := h.Namespace(ctx, 1)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			w := bytes.Repeat([]byte{byte(0x10 + i)}, 256<<10)
+			for k := 0; k < 8; k++ {
+				off := int64(i)<<21 + int64(k)*(256<<10)
+				if _, err := ns.WriteAtContext(ctx, w, off); err != nil {
+					t.Errorf("host %d: %v", i, err)
+					return
+				}
+				r := make([]byte, len(w))
+				if _, err := ns.ReadAtContext(ctx, r, off); err != nil || !bytes.Equal(r, w) {
+					t.Errorf("host %d read: %v", i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st := p.t.Stats()
+	if st.Controllers != 3 || st.Errors != 0 {
+		t.Errorf("target %+v", st)
+	}
+	waitFor(t, func() bool { return p.t.Queues() == 0 && p.t.Stats().LiveCtrls == 0 }, "every host's queues gone")
 }
