@@ -246,7 +246,7 @@ echo done
 func nvmfLinuxTarget(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row)) {
 	t.Run("linux_target", func(t *testing.T) {
 		t0 := time.Now()
-		r := row{cell: "rocev2d nvmf-host: discover, write --verify 4 KiB..1 MiB, bench", direction: "rocev2d nvmf-host -> Linux nvmet-rdma (VM)", result: "FAIL"}
+		r := row{cell: "rocev2d nvmf-host: discover, write --verify 4 KiB..4 MiB, bench, port removed mid-run", direction: "rocev2d nvmf-host -> Linux nvmet-rdma (VM)", result: "FAIL"}
 		defer func() { r.d = time.Since(t0); add(r) }()
 		setup := `NQN=` + nvmfLinuxNQ + `; A=` + VMIP + `
 set -e
@@ -300,13 +300,44 @@ echo "target up"
 		if err != nil {
 			probs = append(probs, fmt.Sprintf("bench: %v\n%s", err, bench))
 		}
+		// The port goes away for 2 s in the middle of a bench: the host
+		// reconnects (and sends the lost I/O again) or fails clearly.
+		var portNote string
+		hp, err := lab.StartHost(ctx, img.Rocev2d, "nvmf-host", "bench", "--bind", HostIP, "--addr", VMIP, "--nqn", nvmfLinuxNQ,
+			"--bs", "4k", "--qd", "4", "--time", "12s", "--rw", "rw", "--range", "64m", "-v")
+		if err != nil {
+			probs = append(probs, err.Error())
+		} else {
+			time.Sleep(3 * time.Second)
+			res, err := lab.Run(ctx, `C=/sys/kernel/config/nvmet; N=`+nvmfLinuxNQ+`
+rm $C/ports/1/subsystems/$N && echo "port removed"; sleep 2
+ln -s $C/subsystems/$N $C/ports/1/subsystems/$N && echo "port back"`, time.Minute)
+			if err != nil || res.Exit != 0 {
+				probs = append(probs, fmt.Sprintf("port remove/re-add: %v %s", err, res.Output))
+			}
+			select {
+			case <-hp.Done():
+			case <-time.After(3 * time.Minute):
+				hp.Cmd.Process.Kill()
+			}
+			code, out := hp.Wait()
+			switch {
+			case code == 0 && strings.Contains(out, "reconnected"):
+				portNote = "port removed/re-added mid-bench: reconnected"
+			case code != 0 && strings.Contains(out, "rocev2d nvmf-host bench: nvmf:"):
+				portNote = "port removed/re-added mid-bench: failed clearly (" + strings.TrimSpace(firstLine(out, "rocev2d nvmf-host bench:")) + ")"
+			default:
+				probs = append(probs, fmt.Sprintf("bench across the port's removal: exit %d\n%s", code, out))
+			}
+			t.Logf("bench across the port's removal (exit %d):\n%s", code, tail(out, 20))
+		}
 		if len(probs) > 0 {
 			r.counters = strings.Split(probs[0], "\n")[0]
 			dm, _ := lab.Run(ctx, "dmesg | grep -i -E 'nvme|rdma' | tail -30", 20*time.Second)
 			t.Fatalf("%s\n--- VM dmesg:\n%s", strings.Join(probs, "\n"), dm.Output)
 		}
 		r.result = "ok"
-		r.counters = strings.Join(strings.Fields(firstLine(bench, "4096 ")), " ")
+		r.counters = strings.Join(strings.Fields(firstLine(bench, "4096 ")), " ") + "; " + portNote
 		t.Logf("rocev2d nvmf-host bench against nvmet-rdma:\n%s", bench)
 	})
 }
