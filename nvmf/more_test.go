@@ -714,3 +714,20 @@ func TestSeveralHosts(t *testing.T) {
 	}
 	waitFor(t, func() bool { return p.t.Queues() == 0 && p.t.Stats().LiveCtrls == 0 }, "every host's queues gone")
 }
+
+// TestNoConnect: a queue that never sends its Fabrics Connect is closed by
+// the target after ConnectTimeout.
+func TestNoConnect(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{ConnectTimeout: 300 * time.Millisecond})
+	q, err := dialQueue(ctxT(t, 10*time.Second), p.hdev, p.targetAddr, 0, 32, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.close()
+	waitFor(t, func() bool { return p.t.Stats().Disconnects == 1 && p.t.Queues() == 0 }, "idle queue closed")
+	select {
+	case <-q.dead:
+	case <-time.After(5 * time.Second):
+		t.Error("the host's queue did not see the disconnect")
+	}
+}

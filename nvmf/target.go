@@ -71,6 +71,9 @@ type TargetConfig struct {
 	// Backlog bounds connection requests waiting to be accepted
 	// (default 128).
 	Backlog int
+	// ConnectTimeout is how long a queue may stay connected without a
+	// Fabrics Connect before the target closes it (default 10 s).
+	ConnectTimeout time.Duration
 	// Log, if set, receives one line per connection event.
 	Log func(format string, args ...any)
 }
@@ -164,6 +167,9 @@ func Listen(dev *transport.Device, cfg TargetConfig) (*Target, error) {
 	cfg.QueueBufferBytes = max(cfg.QueueBufferBytes, MaxTransfer)
 	if cfg.Backlog <= 0 {
 		cfg.Backlog = 128
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 10 * time.Second
 	}
 	if len(cfg.Subsystems) == 0 {
 		return nil, errors.New("nvmf: TargetConfig.Subsystems is empty")

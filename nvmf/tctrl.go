@@ -159,6 +159,7 @@ func (q *tqueue) connect(r *treq, data []byte) (nvme.Status, uint64) {
 		t.st.controllers.Add(1)
 		c.setKATO(cmd.KATO)
 		q.ctrl = c
+		q.connected.Store(true)
 		t.logf("nvmf: controller %d for %s on %s (kato %d ms)", id, df.HostNQN, df.SubNQN, cmd.KATO)
 		return 0, uint64(id)
 	}
@@ -182,6 +183,7 @@ func (q *tqueue) connect(r *treq, data []byte) (nvme.Status, uint64) {
 	}
 	c.queues[cmd.QID] = q
 	q.ctrl = c
+	q.connected.Store(true)
 	return 0, uint64(c.id)
 }
 

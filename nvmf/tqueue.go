@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/nvme"
@@ -91,7 +93,8 @@ type tqueue struct {
 	wrs [2]transport.SendWR
 	sge [2][1]memreg.SGE
 
-	ctrl *tctrl // set by Connect
+	ctrl      *tctrl      // set by Connect
+	connected atomic.Bool // ctrl is set (read by the connect timer)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -205,6 +208,12 @@ func (q *tqueue) run() {
 		case <-q.ctx.Done():
 		}
 	}()
+	idle := time.AfterFunc(q.t.cfg.ConnectTimeout, func() {
+		if !q.connected.Load() {
+			q.stop(errors.New("no Fabrics Connect in time"))
+		}
+	})
+	defer idle.Stop()
 	var wcs [32]transport.WC
 	for q.ctx.Err() == nil {
 		n, err := q.cq.Wait(q.ctx, wcs[:])
