@@ -42,6 +42,8 @@ type HostConfig struct {
 	CtrlLossTimeout time.Duration
 	// NoInline never puts write data in the command capsule.
 	NoInline bool
+	// PathMTU bounds the path MTU of the queues (default 1024).
+	PathMTU transport.MTU
 	// Log, if set, receives one line per connection event.
 	Log func(format string, args ...any)
 }
@@ -160,7 +162,7 @@ func (h *Controller) associate(ctx context.Context) (a *association, err error) 
 	disc := h.subNQN == nvme.DiscoveryNQN
 	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, h.cfg.ConnectTimeout) }
 	sctx, cancel := step()
-	adm, err := dialQueue(sctx, h.dev, h.addr, 0, nvme.AdminQueueDepth, 0)
+	adm, err := dialQueue(sctx, h.dev, h.addr, 0, nvme.AdminQueueDepth, 0, h.cfg.PathMTU)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -248,7 +250,7 @@ func (h *Controller) associate(ctx context.Context) (a *association, err error) 
 	}
 	for i := 1; i <= n; i++ {
 		qctx, qcancel := step()
-		q, err := dialQueue(qctx, h.dev, h.addr, uint16(i), qs, inline)
+		q, err := dialQueue(qctx, h.dev, h.addr, uint16(i), qs, inline, h.cfg.PathMTU)
 		if err == nil {
 			q.logf = h.cfg.Log
 			a.io = append(a.io, q)

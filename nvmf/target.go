@@ -71,6 +71,10 @@ type TargetConfig struct {
 	// Backlog bounds connection requests waiting to be accepted
 	// (default 128).
 	Backlog int
+	// PathMTU bounds the path MTU of the queues (default 1024, what rxe
+	// uses on a 1500-byte Ethernet; each queue takes the smaller of this
+	// and the host's request).
+	PathMTU transport.MTU
 	// ConnectTimeout is how long a queue may stay connected without a
 	// Fabrics Connect before the target closes it (default 10 s).
 	ConnectTimeout time.Duration
@@ -383,7 +387,7 @@ func (t *Target) accept(r *rdmacm.Request) {
 	rep := make([]byte, nvme.CMRepSize)
 	nvme.CMRep(rep).Encode(&nvme.CMRepFields{RecFmt: nvme.RecFmt10, CRQSize: uint16(q.depth)})
 	ctx, cancel := context.WithTimeout(t.ctx, 10*time.Second)
-	conn, err := r.Accept(ctx, &rdmacm.Options{PD: q.pd, SendCQ: q.cq, RecvCQ: q.cq,
+	conn, err := r.Accept(ctx, &rdmacm.Options{PD: q.pd, PathMTU: t.cfg.PathMTU, SendCQ: q.cq, RecvCQ: q.cq,
 		MaxSendWR: q.sendDepth, MaxRecvWR: q.depth, MaxSGE: 2, Prepare: q.prepare, PrivateData: rep})
 	cancel()
 	if err != nil {

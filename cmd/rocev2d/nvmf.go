@@ -47,6 +47,7 @@ options:
   --inline N         in-capsule data per I/O command (default 4096, 0: none)
   --queue-size N     largest I/O queue (default 128)
   --io-queues N      I/O queues per controller (default 8)
+  --mtu N            largest path MTU of the queues: 256..4096 (default 1024)
   --host NQN         allow only this host (repeatable; default any host)
   -v                 log connections; print the target's and the device's
                      counters at the end (SIGUSR1 prints the device's)
@@ -83,7 +84,7 @@ func parseSize(s string) (int64, error) {
 func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("nvmf-target")
 	var bind, nqn, file, size string
-	var port, bs, inline, qsize, ioq int
+	var port, bs, inline, qsize, ioq, mtuBytes int
 	var ro, verbose bool
 	var hosts multiFlag
 	var sock socketFlags
@@ -96,6 +97,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&inline, "inline", 4096, "")
 	fs.IntVar(&qsize, "queue-size", 128, "")
 	fs.IntVar(&ioq, "io-queues", 8, "")
+	fs.IntVar(&mtuBytes, "mtu", 1024, "")
 	fs.BoolVar(&ro, "ro", false, "")
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.Var(&hosts, "host", "")
@@ -126,6 +128,10 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	if err == nil && inline == 0 {
 		inline = -1
+	}
+	var mtu transport.MTU
+	if err == nil {
+		mtu, err = parseMTUFlag(mtuBytes)
 	}
 	if code, done := flagsResult("nvmf-target", nvmfTargetUsage, err, stdout, stderr); done {
 		return code
@@ -159,7 +165,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return exitFail
 	}
 	defer dev.Close()
-	cfg := nvmf.TargetConfig{Port: uint16(port), InlineDataSize: inline, MaxQueueSize: qsize, MaxIOQueues: ioq,
+	cfg := nvmf.TargetConfig{Port: uint16(port), InlineDataSize: inline, PathMTU: mtu, MaxQueueSize: qsize, MaxIOQueues: ioq,
 		Subsystems: []*nvmf.Subsystem{{NQN: nqn, AllowedHosts: hosts,
 			Namespaces: []*nvmf.Namespace{{Backend: backend, BlockSize: bs, ReadOnly: ro}}}}}
 	var logMu sync.Mutex
@@ -229,6 +235,7 @@ options:
   --io-queues N    I/O queues (default 4)
   --queue-size N   entries per I/O queue (default 128)
   --no-inline      never send write data in the command capsule
+  --mtu N          largest path MTU: 256..4096 (default 1024)
   --range BYTES    bench: the span of the namespace it touches (default all)
   -v               log connection events; print the device's counters
 ` + socketUsage + `
@@ -254,7 +261,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	fs := newFlagSet("nvmf-host")
 	var bind, addr, nqn, out, in, bsList, qdList, rw, length, offset, span string
-	var port, nsid, ioq, qsize int
+	var port, nsid, ioq, qsize, mtuBytes int
 	var verbose, verify, noInline bool
 	var dur time.Duration
 	var sock socketFlags
@@ -273,6 +280,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.IntVar(&nsid, "nsid", 0, "")
 	fs.IntVar(&ioq, "io-queues", 4, "")
 	fs.IntVar(&qsize, "queue-size", 128, "")
+	fs.IntVar(&mtuBytes, "mtu", 1024, "")
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.BoolVar(&verify, "verify", false, "")
 	fs.BoolVar(&noInline, "no-inline", false, "")
@@ -298,6 +306,10 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	if err == nil && rw != "read" && rw != "write" && rw != "rw" {
 		err = fmt.Errorf("--rw %q (read, write or rw)", rw)
+	}
+	var mtu transport.MTU
+	if err == nil {
+		mtu, err = parseMTUFlag(mtuBytes)
 	}
 	var bss, qds []int
 	if err == nil && sub == "bench" {
@@ -327,7 +339,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		defer printCounters(stdout, local.String(), dev)
 	}
 	target := netip.AddrPortFrom(peer, uint16(port))
-	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline}
+	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu}
 	if verbose {
 		cfg.Log = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	}
