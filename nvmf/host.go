@@ -158,7 +158,7 @@ func (h *Controller) logf(format string, args ...any) {
 }
 
 // associate connects and enables the controller and its I/O queues.
-func (h *Controller) associate(ctx context.Context) (a *association, err error) {
+func (h *Controller) associate(ctx context.Context) (_ *association, err error) {
 	disc := h.subNQN == nvme.DiscoveryNQN
 	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, h.cfg.ConnectTimeout) }
 	sctx, cancel := step()
@@ -168,7 +168,7 @@ func (h *Controller) associate(ctx context.Context) (a *association, err error) 
 		return nil, err
 	}
 	adm.logf = h.cfg.Log
-	a = &association{admin: adm, dead: make(chan struct{})}
+	a := &association{admin: adm, dead: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			a.close()
