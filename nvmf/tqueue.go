@@ -452,6 +452,13 @@ func (q *tqueue) respond(r *treq) {
 	if !r.status.OK() {
 		q.t.st.errs.Add(1)
 		r.out = 0
+		if q.t.cfg.Log != nil && r.sqe != nil {
+			op := fmt.Sprintf("opcode %#x", uint8(r.sqe.Opcode()))
+			if r.sqe.Opcode() == nvme.OpcodeFabrics {
+				op = fmt.Sprintf("fabrics %#x", uint8(r.sqe.FCType()))
+			}
+			q.t.logf("nvmf: qid %d cid %d %s (cdw10 %#x nsid %d): %v", q.qid, r.cid, op, r.sqe.CDW(10), r.sqe.NSID(), r.status)
+		}
 	}
 	cqe := nvme.CQE(q.respBuf[ri*nvme.CQESize : (ri+1)*nvme.CQESize])
 	cqe.Encode(&nvme.CQEFields{Result: r.result, SQID: q.qid, CID: r.cid, Status: r.status})
