@@ -237,6 +237,18 @@ echo done
 			t.Errorf("rocev2d nvmf-target: exit %d\n%s", code, tail(out, 40))
 		}
 		t.Logf("rocev2d nvmf-target:\n%s", tail(out, 30))
+		// What the Linux host asked that the target answered with an error
+		// status (optional commands), once per kind.
+		seen := map[string]int{}
+		for _, l := range strings.Split(out, "\n") {
+			if i := strings.Index(l, "nvmf: qid "); i >= 0 && strings.Contains(l, "): ") {
+				k := regexp.MustCompile(`cid \d+ `).ReplaceAllString(l[i:], "")
+				seen[k]++
+			}
+		}
+		for k, n := range seen {
+			t.Logf("target error status x%d: %s", n, k)
+		}
 
 		nvmfLinuxTarget(t, ctx, lab, img, add)
 	})
