@@ -385,6 +385,12 @@ func TestBadCommands(t *testing.T) {
 	if err := identify(ctx, adm, nvme.Identify{CNS: 0x55}, make([]byte, 4096)); !errors.Is(err, nvme.StatusInvalidField|nvme.StatusDNR) {
 		t.Errorf("Identify CNS 0x55: %v", err)
 	}
+	if err := identify(ctx, adm, nvme.Identify{CNS: nvme.CNSCSController}, make([]byte, 4096)); err != nil {
+		t.Errorf("Identify CNS 6 (NVM command set): %v", err)
+	}
+	if err := identify(ctx, adm, nvme.Identify{CNS: nvme.CNSCSController, CSI: 2}, make([]byte, 4096)); !errors.Is(err, nvme.StatusInvalidField|nvme.StatusDNR) {
+		t.Errorf("Identify CNS 6 CSI 2: %v", err)
+	}
 	if err := identify(ctx, adm, nvme.Identify{CNS: nvme.CNSNamespace, NSID: 9}, make([]byte, 4096)); !errors.Is(err, nvme.StatusInvalidNamespace|nvme.StatusDNR) {
 		t.Errorf("Identify NSID 9: %v", err)
 	}

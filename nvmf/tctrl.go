@@ -375,6 +375,10 @@ func (c *tctrl) identify(id nvme.Identify, out []byte) (nvme.Status, uint64, int
 		nvme.IdentifyController(b[:]).Encode(&f)
 	case c.discovery():
 		return inval, 0, 0
+	case id.CNS == nvme.CNSCSController && id.CSI == 0:
+		// The NVM command set's controller structure: all zero (no
+		// verify, write zeroes or DSM limits beyond MDTS). Linux's host
+		// asks for it at every connect.
 	case id.CNS == nvme.CNSNamespace:
 		ns := c.sub.namespace(id.NSID)
 		if ns == nil {
