@@ -72,8 +72,10 @@ type hqueue struct {
 	dieOnce sync.Once
 	err     error
 
-	mu   sync.Mutex
-	wg   sync.WaitGroup
+	mu      sync.Mutex
+	closing bool           // under mu: close has begun; no new commands
+	users   sync.WaitGroup // do calls in progress (close waits for them before freeing memory)
+	wg      sync.WaitGroup
 	subs atomic.Int64 // commands submitted
 	logf func(format string, args ...any)
 
@@ -323,6 +325,14 @@ type request struct {
 // do submits r on the queue and waits for its completion. A status other
 // than success comes back as the nvme.Status error.
 func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
+	q.mu.Lock()
+	if q.closing {
+		q.mu.Unlock()
+		return 0, fmt.Errorf("%w: queue %d closed", ErrDisconnected, q.qid)
+	}
+	q.users.Add(1)
+	q.mu.Unlock()
+	defer q.users.Done()
 	s, err := q.acquire(ctx)
 	if err != nil {
 		return 0, err
@@ -344,14 +354,14 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 	case len(r.out) > 0:
 		if err := q.ensureData(s, len(r.out)); err != nil {
 			q.free <- s.idx
-			return 0, err
+			return 0, q.lost(err)
 		}
 		copy(s.data, r.out)
 		g = nvme.Keyed(s.dataMR.IOVA(), uint32(len(r.out)), s.dataMR.RKey(), false)
 	case len(r.in) > 0:
 		if err := q.ensureData(s, len(r.in)); err != nil {
 			q.free <- s.idx
-			return 0, err
+			return 0, q.lost(err)
 		}
 		g = nvme.Keyed(s.dataMR.IOVA(), uint32(len(r.in)), s.dataMR.RKey(), false)
 	default:
@@ -399,12 +409,27 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 	return c.result, nil
 }
 
-// close disconnects the queue and frees its memory.
+// lost returns err as ErrDisconnected when the queue is down (a failure
+// caused by its teardown), else err.
+func (q *hqueue) lost(err error) error {
+	select {
+	case <-q.dead:
+		return fmt.Errorf("%w: %v", ErrDisconnected, err)
+	default:
+		return err
+	}
+}
+
+// close disconnects the queue and frees its memory once no command uses it.
 func (q *hqueue) close() {
+	q.mu.Lock()
+	q.closing = true
+	q.mu.Unlock()
 	if q.conn != nil {
 		q.conn.Close()
 	}
 	q.die(ErrClosed)
+	q.users.Wait()
 	q.wg.Wait()
 	q.release()
 }

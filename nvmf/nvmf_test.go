@@ -28,7 +28,7 @@ type pair struct {
 	targetAddr netip.AddrPort
 }
 
-func newDevice(t *testing.T, n *memnet.MemNetwork, a netip.Addr) *transport.Device {
+func newDevice(t testing.TB, n *memnet.MemNetwork, a netip.Addr) *transport.Device {
 	t.Helper()
 	link, err := n.Link(a)
 	if err != nil {
@@ -42,7 +42,7 @@ func newDevice(t *testing.T, n *memnet.MemNetwork, a netip.Addr) *transport.Devi
 }
 
 // newPair starts a target with one 8 MiB memory namespace and a host device.
-func newPair(t *testing.T, f memnet.Faults, cfg TargetConfig) *pair {
+func newPair(t testing.TB, f memnet.Faults, cfg TargetConfig) *pair {
 	t.Helper()
 	p := &pair{net: memnet.NewMemNetwork(f)}
 	p.tdev, p.hdev = newDevice(t, p.net, targetIP), newDevice(t, p.net, hostIP)
@@ -65,7 +65,7 @@ func newPair(t *testing.T, f memnet.Faults, cfg TargetConfig) *pair {
 	return p
 }
 
-func ctxT(t *testing.T, d time.Duration) context.Context {
+func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx

@@ -310,8 +310,10 @@ func (q *tqueue) onRecv(r *treq, n int) {
 	if n < nvme.SQESize {
 		q.t.st.malformed.Add(1)
 		if n < 4 {
-			// Not even a command ID to answer: take the buffer back.
-			q.postRecvOn(q.qp, r.idx)
+			// Not even a command ID to answer: the queue is broken (as
+			// nvmet-rdma treats a short capsule); the host sees the
+			// disconnect instead of waiting for an answer.
+			q.stop(fmt.Errorf("capsule of %d bytes", n))
 			return
 		}
 		r.cid = uint16(b[2]) | uint16(b[3])<<8
