@@ -737,3 +737,45 @@ func TestNoConnect(t *testing.T) {
 		t.Error("the host's queue did not see the disconnect")
 	}
 }
+
+// TestBoundedBuffers: with a queue's data buffers capped at one maximal
+// transfer, eight concurrent 512 KiB reads and writes wait for buffers
+// (counted) and all complete with the right data.
+func TestBoundedBuffers(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{QueueBufferBytes: 1})
+	ctx := ctxT(t, 60*time.Second)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1, QueueSize: 16, NoInline: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ns, err := h.Namespace(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := bytes.Repeat([]byte{byte(g + 1)}, 512<<10)
+			off := int64(g) * (512 << 10)
+			for i := 0; i < 4; i++ {
+				if _, err := ns.WriteAtContext(ctx, w, off); err != nil {
+					t.Error(err)
+					return
+				}
+				r := make([]byte, len(w))
+				if _, err := ns.ReadAtContext(ctx, r, off); err != nil || !bytes.Equal(r, w) {
+					t.Errorf("read: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if p.t.Stats().Waits == 0 {
+		t.Error("no command waited for a buffer")
+	}
+	t.Logf("target %+v", p.t.Stats())
+}
