@@ -76,8 +76,8 @@ type hqueue struct {
 	closing bool           // under mu: close has begun; no new commands
 	users   sync.WaitGroup // do calls in progress (close waits for them before freeing memory)
 	wg      sync.WaitGroup
-	subs atomic.Int64 // commands submitted
-	logf func(format string, args ...any)
+	subs    atomic.Int64 // commands submitted
+	logf    func(format string, args ...any)
 
 	lastInv uint32 // tests: the R_Key the last raw command's response invalidated
 }
