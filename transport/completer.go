@@ -55,6 +55,7 @@ func (qp *QP) progress() {
 	qp.comp.retryCnt = qp.attr.RetryCnt
 	qp.comp.rnrRetry = qp.attr.RNRRetry
 	qp.comp.retryPending = false
+	qp.srProgress()
 	qp.armRetrans()
 }
 
@@ -151,6 +152,9 @@ func (qp *QP) compInput(p *packetT) {
 }
 
 func (qp *QP) onAck(p *packetT, psn bth.PSN) {
+	if qp.sr != nil && qp.srOnAck(p, psn) {
+		return
+	}
 	syn := p.AETH.Syndrome()
 	switch syn.Type() {
 	case aeth.TypeACK:
@@ -208,6 +212,10 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 }
 
 func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
+	if qp.sr != nil {
+		qp.srOnReadResponse(p, psn)
+		return
+	}
 	// A READ response implicitly acknowledges every earlier SEND/WRITE.
 	if qp.ackUpTo(psn.Add(-1)) {
 		// An earlier READ/atomic is still missing its response.
@@ -265,6 +273,10 @@ func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
 // acknowledged, further such signals come from the old flight and are
 // ignored, so one loss costs one go-back-N (rxe's started_retry).
 func (qp *QP) retryOnGap() {
+	if qp.sr != nil { // selective repeat: resend what is missing
+		qp.srLost(qp.nextPSN())
+		return
+	}
 	if qp.comp.retryPending {
 		return
 	}
@@ -272,6 +284,10 @@ func (qp *QP) retryOnGap() {
 }
 
 func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
+	if qp.sr != nil {
+		qp.srOnAtomicAck(p, psn)
+		return
+	}
 	if qp.ackUpTo(psn.Add(-1)) {
 		qp.retryOnGap()
 		return

@@ -41,6 +41,8 @@ type pairOpts struct {
 	window   int
 	perAck   int // DeviceConfig.MaxPktsPerAck
 	cc       CongestionConfig
+	sr       bool     // selective repeat on both QPs
+	srCfg    SRConfig // DeviceConfig.SelectiveRepeat
 }
 
 func (o *pairOpts) defaults() {
@@ -80,7 +82,7 @@ func newSide(t testing.TB, n *udp.MemNetwork, addr netip.Addr, o *pairOpts) *sid
 // two CQs, as o says; the device is closed when the test ends.
 func newSideOn(t testing.TB, l udp.Link, o *pairOpts) *side {
 	t.Helper()
-	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxPktsPerAck: o.perAck, Congestion: o.cc})
+	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxPktsPerAck: o.perAck, Congestion: o.cc, SelectiveRepeat: o.srCfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +112,7 @@ func connect(t testing.TB, s *side, peer *side, peerAddr netip.Addr, sq, rq uint
 	t.Helper()
 	err := s.qp.Connect(ConnParams{Peer: peerAddr, DestQPN: peer.qp.QPN(), RQPSN: rq, SQPSN: sq, PathMTU: o.mtu,
 		Access: o.access, MaxRdAtomic: o.maxRd, MaxDestRdAtomic: o.maxRd,
-		Retry: &Retry{Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry, MinRNRTimer: o.minRNR}})
+		Retry: &Retry{Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry, MinRNRTimer: o.minRNR}, SelectiveRepeat: o.sr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,14 +81,18 @@ func (qp *QP) armRetrans() {
 		return
 	}
 	now := qp.now()
+	to := qp.timeout
+	if qp.sr != nil {
+		to = qp.srRTO()
+	}
 	// Never earlier than a deadline already set: a batch's clock reading
 	// may be older than a PostSend's on another goroutine.
-	if d := now.Add(qp.timeout); !qp.tmr.timerArmed || d.After(qp.tmr.deadline) {
+	if d := now.Add(to); !qp.tmr.timerArmed || d.After(qp.tmr.deadline) {
 		qp.tmr.deadline = d
 	}
 	if !qp.tmr.timerArmed {
 		qp.tmr.timerArmed = true
-		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.timeout)
+		qp.dev.tq.arm(&qp.tq[timerRetrans], now, to)
 	}
 }
 
@@ -109,7 +113,11 @@ func (qp *QP) onRetransTimer() {
 	if qp.trace != nil {
 		qp.trace("timeout comp.psn %v", qp.oldestUnacked())
 	}
-	qp.retry()
+	if qp.sr != nil {
+		qp.srTimeout()
+	} else {
+		qp.retry()
+	}
 	qp.settle()
 	qp.flushOut()
 }
