@@ -114,6 +114,9 @@ func (qp *QP) reqProgress() {
 	if qp.sqCur == qp.sqEnd {
 		qp.cc.rp.Idle()
 	}
+	if sent && qp.sr != nil {
+		qp.srTimeSent()
+	}
 	if sent && qp.attr.State != QPSErr {
 		if qp.tmr.inPost {
 			qp.tmr.armDue = true

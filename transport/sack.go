@@ -155,6 +155,14 @@ type srState struct {
 	// timeouts count against retry_cnt once per local ACK timeout
 	// without progress.
 	progressAt time.Time
+	// Round-trip time (RFC 6298's estimator): one PSN timed at a time,
+	// never a resent one (Karn); the timeouts are at least
+	// srtt + 4 rttvar, doubled per expiry without progress (backoff).
+	rttPSN       bth.PSN
+	rttAt        time.Time
+	rttOn        bool
+	srtt, rttvar time.Duration
+	backoff      uint8
 }
 
 // srEnable gives a QP moving to RTR with QPAttr.SelectiveRepeat its state,
@@ -410,12 +418,47 @@ func (qp *QP) srWindow(w int32) int32 {
 // srRTO is the retransmission timeout: RTOLow with few packets
 // outstanding, RTOHigh otherwise, never above the local ACK timeout.
 func (qp *QP) srRTO() time.Duration {
-	c := &qp.dev.cfg.SelectiveRepeat
+	c, s := &qp.dev.cfg.SelectiveRepeat, qp.sr
 	to := c.RTOHigh
 	if int(qp.nextPSN().Diff(qp.comp.psn)) <= c.LowThreshold {
 		to = c.RTOLow
 	}
+	if s.srtt > 0 {
+		to = max(to, s.srtt+4*s.rttvar)
+	}
+	to <<= min(s.backoff, 16)
 	return min(to, qp.timeout)
+}
+
+// srTimeSent starts a round-trip sample on the newest PSN sent, unless
+// one is running. Called by reqProgress after it sent new packets.
+func (qp *QP) srTimeSent() {
+	if s := qp.sr; !s.rttOn && qp.nextPSN() != qp.comp.psn {
+		s.rttPSN, s.rttAt, s.rttOn = qp.nextPSN().Add(-1), qp.now(), true
+	}
+}
+
+// srRTTSample ends the running sample once comp.psn passed its PSN.
+func (qp *QP) srRTTSample() {
+	s := qp.sr
+	if !s.rttOn || !s.rttPSN.Before(qp.comp.psn) {
+		return
+	}
+	s.rttOn = false
+	r := qp.now().Sub(s.rttAt)
+	if r <= 0 {
+		return
+	}
+	if s.srtt == 0 {
+		s.srtt, s.rttvar = r, r/2
+		return
+	}
+	d := s.srtt - r
+	if d < 0 {
+		d = -d
+	}
+	s.rttvar = (3*s.rttvar + d) / 4
+	s.srtt = (7*s.srtt + r) / 8
 }
 
 // srLost records that the PSNs before hi that are not done are lost.
@@ -511,6 +554,8 @@ func (qp *QP) srAdvance() {
 	}
 	if moved {
 		qp.srSync()
+		qp.srRTTSample()
+		s.backoff = 0
 		qp.progress()
 	}
 }
@@ -686,6 +731,10 @@ func (qp *QP) srTimeout() {
 	inc(&qp.dev.ctr.CompleterRetryErr)
 	qp.srSync()
 	s.pend = [srRingBits / 64]uint64{}
+	s.rttOn = false // Karn: no sample across a resend
+	if s.backoff < 16 {
+		s.backoff++
+	}
 	// The oldest SEND/WRITE packet goes again even if the responder held
 	// it: its acknowledgement may be what was lost.
 	if w := qp.head(); w != nil && !isRdAtomic(w.wr.Opcode) && s.in(qp.comp.psn) {
@@ -753,6 +802,7 @@ func (qp *QP) srRecover() {
 		if !started {
 			started = true
 			inc(&qp.dev.ctr.SRRecoveries)
+			s.rttOn = false // Karn: no sample across a resend
 		}
 		if !qp.srResend(w, idx, k, limit) {
 			return
