@@ -158,6 +158,12 @@ type srState struct {
 	// Round-trip time (RFC 6298's estimator): one PSN timed at a time,
 	// never a resent one (Karn); the timeouts are at least
 	// srtt + 4 rttvar, doubled per expiry without progress (backoff).
+	// mark is the next PSN when the last resend went out (markOn): an
+	// answer for a PSN at or past it, while a PSN resent before it is
+	// still missing, means the resend was lost too: it goes again at
+	// once instead of at the next timeout.
+	mark         bth.PSN
+	markOn       bool
 	rttPSN       bth.PSN
 	rttAt        time.Time
 	rttOn        bool
@@ -461,6 +467,23 @@ func (qp *QP) srRTTSample() {
 	s.srtt = (7*s.srtt + r) / 8
 }
 
+// srLostAgain takes an answer for PSN seen: if it is past the last
+// resend's mark, the PSNs resent before the mark that are still not done
+// were lost again and may be resent.
+func (qp *QP) srLostAgain(seen bth.PSN) {
+	s := qp.sr
+	if !s.markOn || seen.Before(s.mark) {
+		return
+	}
+	s.markOn = false
+	for q := qp.comp.psn; q.Before(s.mark) && s.in(q); q = q.Add(1) {
+		if i, m := srBit(q); s.done[i]&m == 0 {
+			s.pend[i] &^= m
+		}
+	}
+	qp.srLost(s.mark)
+}
+
 // srLost records that the PSNs before hi that are not done are lost.
 func (qp *QP) srLost(hi bth.PSN) {
 	s := qp.sr
@@ -515,6 +538,7 @@ func (qp *QP) srAcked(x bth.PSN) {
 	}
 	s.ackedTo = end
 	if missing {
+		qp.srLostAgain(x)
 		qp.srLost(end)
 	}
 	qp.srAdvance()
@@ -580,6 +604,9 @@ func (qp *QP) srOnAck(p *packetT, psn bth.PSN) bool {
 	if len(p.Payload) > 0 && aeth.IsSACK(p.Payload) {
 		inc(&qp.dev.ctr.SRSACKRcvd)
 		sk := aeth.SACK(p.Payload)
+		if h := sk.Highest(); h >= 0 {
+			qp.srLostAgain(psn.Add(1 + h))
+		}
 		qp.srSync()
 		// Walk the bits and the WQEs together: a held SEND/WRITE packet
 		// is done; a held READ or atomic request is pending (its
@@ -675,6 +702,7 @@ func (qp *QP) srOnReadResponse(p *packetT, psn bth.PSN) {
 	}
 	s.setDone(psn)
 	if psn != qp.comp.psn {
+		qp.srLostAgain(psn)
 		qp.srLost(psn)
 	}
 	qp.srAdvance()
@@ -702,6 +730,7 @@ func (qp *QP) srOnAtomicAck(p *packetT, psn bth.PSN) {
 	}
 	s.setDone(psn)
 	if psn != qp.comp.psn {
+		qp.srLostAgain(psn)
 		qp.srLost(psn)
 	}
 	qp.srAdvance()
@@ -731,6 +760,7 @@ func (qp *QP) srTimeout() {
 	inc(&qp.dev.ctr.CompleterRetryErr)
 	qp.srSync()
 	s.pend = [srRingBits / 64]uint64{}
+	s.markOn = false
 	s.rttOn = false // Karn: no sample across a resend
 	if s.backoff < 16 {
 		s.backoff++
@@ -811,6 +841,7 @@ func (qp *QP) srRecover() {
 		for j := 0; j < span; j++ {
 			s.setPend(q.Add(j))
 		}
+		s.mark, s.markOn = qp.nextPSN(), true
 		q = q.Add(span)
 	}
 	s.lost = false
