@@ -1,12 +1,19 @@
 package transport
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
 )
 
 // lossRates collects the MiB/s of each loss-matrix case run in this
@@ -86,5 +93,252 @@ func TestSRCompare(t *testing.T) {
 				t.Errorf("selective repeat at %s: %.2f of clean, goal %.2f", g.name, r, g.min)
 			}
 		}
+	}
+}
+
+// TestSRResendsOnlyHole is TestPSNSeqNAKGoBackN with selective repeat: one
+// request packet of a 4-packet WRITE is dropped once; the responder holds
+// the rest and names the hole in a selective NAK, the requester resends
+// that one packet only, and every WR completes once, in order.
+func TestSRResendsOnlyHole(t *testing.T) {
+	const first = bth.PSN(0xfffffd)
+	dropped := false
+	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: manual(), retry: 3, sr: true}, uint32(first), 0x40)
+	la.drop = func(p *packet.Packet) bool {
+		if !dropped && p.BTH.PSN() == first.Add(1) {
+			dropped = true
+			return true
+		}
+		return false
+	}
+	var sacks [][]byte
+	lb.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCAck && len(p.Payload) > 0 {
+			sacks = append(sacks, append([]byte(nil), p.Payload...))
+		}
+		return false
+	}
+	src, smr := a.buffer(t, 4*256+3*100, 0)
+	fill(src, 11)
+	dst, dmr := b.buffer(t, len(src), memreg.AccessRemoteWrite)
+	wrs := []SendWR{{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 4*256), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}}
+	for i := range 3 {
+		off := 4*256 + i*100
+		wrs = append(wrs, SendWR{WRID: uint64(2 + i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, off, 100), RemoteAddr: dmr.IOVA() + uint64(off), RKey: dmr.RKey()})
+	}
+	if err := a.qp.PostSend(wrs...); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 4, 5*time.Second)
+	for i, wc := range wcs {
+		if wc.WRID != uint64(i+1) || wc.Status != WCSuccess || wc.Opcode != WCRDMAWrite {
+			t.Fatalf("completion %d: %+v", i, wc)
+		}
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("data differs")
+	}
+	noWC(t, a.scq)
+	var psns []bth.PSN
+	for _, w := range la.sent() {
+		psns = append(psns, w.psn)
+	}
+	want := []bth.PSN{}
+	for i := range 7 {
+		want = append(want, first.Add(i))
+	}
+	want = append(want, first.Add(1)) // the hole, once
+	if fmt.Sprint(psns) != fmt.Sprint(want) {
+		t.Fatalf("requester sent PSNs\n%v\nwant\n%v", psns, want)
+	}
+	if len(sacks) == 0 {
+		t.Fatal("the responder sent no selective NAK")
+	}
+	// The first selective NAK names first+1 missing and first+2 held.
+	var naks []wirePkt
+	for _, w := range lb.sent() {
+		if w.isNAK() {
+			naks = append(naks, w)
+		}
+	}
+	if len(naks) == 0 || naks[0].psn != first.Add(1) || naks[0].syn != aeth.NAK(aeth.NAKPSNSeqError) {
+		t.Fatalf("selective NAKs %+v, want the first for %v", naks, first.Add(1))
+	}
+	if sk := aeth.SACK(sacks[0]); !aeth.IsSACK(sacks[0]) || !sk.Has(0) || sk.Has(5) {
+		t.Fatalf("first SACK block % x: want bit 0 (PSN first+2) set", sacks[0])
+	}
+	ca, cb := a.dev.Counters(), b.dev.Counters()
+	if ca.RetransmittedPkts != 1 || ca.LocalAckTimeout != 0 || ca.SRSACKRcvd == 0 || cb.SRHeld != 5 {
+		t.Fatalf("requester retransmitted_pkts %d local_ack_timeout_err %d sr_sack_rcvd %d; responder sr_held %d; want 1 0 >0 5",
+			ca.RetransmittedPkts, ca.LocalAckTimeout, ca.SRSACKRcvd, cb.SRHeld)
+	}
+	if a.qp.State() != QPSRTS || b.qp.State() != QPSRTS {
+		t.Fatalf("states %v %v", a.qp.State(), b.qp.State())
+	}
+}
+
+// TestSRReadHole drops one response packet of a 4-packet READ: the
+// requester places the others as they come and asks again for the
+// missing 256 bytes only (a READ request at the hole's PSN for one MTU),
+// which the responder answers from its saved resources.
+func TestSRReadHole(t *testing.T) {
+	const first = bth.PSN(0x10)
+	dropped := false
+	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: manual(), retry: 3, sr: true}, uint32(first), 0x40)
+	lb.drop = func(p *packet.Packet) bool {
+		if !dropped && p.BTH.Opcode() == bth.RCReadResponseMiddle && p.BTH.PSN() == first.Add(1) {
+			dropped = true
+			return true
+		}
+		return false
+	}
+	type rd struct {
+		psn bth.PSN
+		n   uint32
+	}
+	var reads []rd
+	la.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCReadRequest {
+			reads = append(reads, rd{p.BTH.PSN(), p.RETH.DMALength()})
+		}
+		return false
+	}
+	src, smr := b.buffer(t, 4*256, memreg.AccessRemoteRead)
+	fill(src, 12)
+	dst, dmr := a.buffer(t, len(src), 0)
+	if err := a.qp.PostSend(SendWR{WRID: 7, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, len(dst)), RemoteAddr: smr.IOVA(), RKey: smr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 1, 5*time.Second)
+	if wcs[0].WRID != 7 || wcs[0].Status != WCSuccess || wcs[0].ByteLen != 1024 {
+		t.Fatalf("completion %+v", wcs[0])
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("data differs")
+	}
+	noWC(t, a.scq)
+	if fmt.Sprint(reads) != fmt.Sprint([]rd{{first, 1024}, {first.Add(1), 256}}) {
+		t.Fatalf("READ requests %v, want the READ and one for the hole (psn %v, 256 bytes)", reads, first.Add(1))
+	}
+	if ca := a.dev.Counters(); ca.LocalAckTimeout != 0 || ca.RetransmittedPkts != 1 {
+		t.Fatalf("local_ack_timeout_err %d retransmitted_pkts %d, want 0 and 1", ca.LocalAckTimeout, ca.RetransmittedPkts)
+	}
+}
+
+// TestSROOOBufferBound: the responder holds at most Window packets (here
+// 16), drops what lies beyond (sr_out_of_window), and holds them in pool
+// buffers of udp.MaxPacketSize: SRMemoryWorstCase is the bound. Filling
+// the hole drains them in order; the WRITE lands whole.
+func TestSROOOBufferBound(t *testing.T) {
+	const w = 16
+	if got, want := SRMemoryWorstCase(SRConfig{Window: w}), w*udp.MaxPacketSize; got != want {
+		t.Fatalf("SRMemoryWorstCase %d, want %d", got, want)
+	}
+	if got := SRMemoryWorstCase(SRConfig{}); got != 128*udp.MaxPacketSize {
+		t.Fatalf("default worst case %d, want %d (128 packets)", got, 128*udp.MaxPacketSize)
+	}
+	sl := &sinkLink{addr: addrA, done: make(chan struct{})}
+	dev, err := NewDevice(sl, DeviceConfig{Clock: manual(), SelectiveRepeat: SRConfig{Window: w}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	o := pairOpts{mtu: MTU256, sr: true}
+	o.defaults()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(64)
+	qp, _ := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+	connect(t, &side{qp: qp}, &side{qp: &QP{qpn: 0x99}}, addrB, 100, 200, &o)
+	const npk = 28 // FIRST, 26 MIDDLE, LAST
+	mem := make([]byte, npk*256)
+	mr, _ := pd.RegisterMRIOVA(mem, 0x1000, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	want := make([]byte, len(mem))
+	fill(want, 3)
+	pkt := func(k int) []byte {
+		f := packet.Fields{BTH: bth.Fields{Opcode: bth.RCWriteMiddle, PKey: 0xffff, DestQP: qp.QPN(), PSN: bth.PSN(200).Add(k)},
+			Payload: want[k*256 : (k+1)*256]}
+		switch k {
+		case 0:
+			f.BTH.Opcode, f.RETH = bth.RCWriteFirst, packetRETH(0x1000, mr.RKey(), uint32(len(mem)))
+		case npk - 1:
+			f.BTH.Opcode, f.BTH.AckReq = bth.RCWriteLast, true
+		}
+		buf := make([]byte, udp.MaxPacketSize)
+		n, err := packet.Build(buf, &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return buf[:n]
+	}
+	for k := 1; k < npk; k++ { // everything but the FIRST
+		if err := dev.HandlePacket(pkt(k), addrB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	qp.mu.Lock()
+	held := qp.sr.held
+	qp.mu.Unlock()
+	c := dev.Counters()
+	if held != w-1 || c.SRHeld != w-1 || c.SROutOfWindow != npk-w || c.SRSACKSent == 0 {
+		t.Fatalf("held %d sr_held %d sr_out_of_window %d sr_sack_sent %d, want %d %d %d >0", held, c.SRHeld, c.SROutOfWindow, c.SRSACKSent, w-1, w-1, npk-w)
+	}
+	if err := dev.HandlePacket(pkt(0), addrB); err != nil { // the hole: drains 1..15
+		t.Fatal(err)
+	}
+	qp.mu.Lock()
+	held, psn := qp.sr.held, qp.resp.psn
+	qp.mu.Unlock()
+	if held != 0 || psn != bth.PSN(200).Add(w) {
+		t.Fatalf("after the hole: held %d, expected PSN %v, want 0 and %v", held, psn, bth.PSN(200).Add(w))
+	}
+	for k := w; k < npk; k++ { // the requester resends what was dropped
+		if err := dev.HandlePacket(pkt(k), addrB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(mem, want) || qp.State() != QPSRTS {
+		t.Fatalf("WRITE data differs or state %v", qp.State())
+	}
+}
+
+// TestIdleSRQPMemory: an idle RC QP connected with selective repeat (its
+// state allocated, nothing held) still costs at most 16 KiB of heap.
+func TestIdleSRQPMemory(t *testing.T) {
+	var cq *CQ
+	o := pairOpts{sr: true}
+	o.defaults()
+	peer := &side{qp: &QP{qpn: 0x99}}
+	per := idleQPHeap(t, func(dev *Device, pd *memreg.PD) (*QP, error) {
+		if cq == nil {
+			cq, _ = dev.CreateCQ(1024)
+		}
+		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 128, MaxRecvWR: 128})
+		if err != nil {
+			return nil, err
+		}
+		connect(t, &side{qp: qp}, peer, addrB, 1, 2, &o)
+		if !qp.SelectiveRepeat() {
+			t.Fatal("selective repeat off")
+		}
+		return qp, nil
+	})
+	t.Logf("heap per idle QP with selective repeat: %d bytes", per)
+	if per > 16<<10 {
+		t.Errorf("an idle QP with selective repeat costs %d bytes of heap, want <= 16 KiB", per)
+	}
+}
+
+// TestSRAttr: the attribute is an RC one, set at INIT -> RTR only.
+func TestSRAttr(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	if a.qp.SelectiveRepeat() {
+		t.Fatal("selective repeat on without being asked")
+	}
+	err := a.qp.Modify(&QPAttr{State: QPSRTS, SelectiveRepeat: true}, AttrState|AttrSelectiveRepeat)
+	if err == nil || !strings.Contains(err.Error(), "selective_repeat") {
+		t.Fatalf("RTS -> RTS with selective_repeat: %v", err)
+	}
+	if _, err := NewDevice(&sinkLink{addr: addrA, done: make(chan struct{})}, DeviceConfig{SelectiveRepeat: SRConfig{Window: 257}}); err == nil {
+		t.Fatal("Window 257 accepted")
 	}
 }
