@@ -162,8 +162,16 @@ type srState struct {
 	// answer for a PSN at or past it, while a PSN resent before it is
 	// still missing, means the resend was lost too: it goes again at
 	// once instead of at the next timeout.
-	mark         bth.PSN
-	markOn       bool
+	mark   bth.PSN
+	markOn bool
+	// probe is the PSN a timeout resent alone (probeOn); probeMark the
+	// next PSN then.
+	probe, probeMark bth.PSN
+	probeOn          bool
+	// round is, per PSN (mod srRingBits), the srRecover call that last
+	// resent it (0: not resent since the last timeout); rounds counts them.
+	round        *[srRingBits]uint16
+	rounds       uint16
 	rttPSN       bth.PSN
 	rttAt        time.Time
 	rttOn        bool
@@ -180,7 +188,7 @@ func (qp *QP) srEnable(on bool) {
 		return
 	}
 	if qp.sr == nil || len(qp.sr.slots) != qp.dev.cfg.SelectiveRepeat.Window {
-		qp.sr = &srState{slots: make([]srSlot, qp.dev.cfg.SelectiveRepeat.Window)}
+		qp.sr = &srState{slots: make([]srSlot, qp.dev.cfg.SelectiveRepeat.Window), round: new([srRingBits]uint16)}
 	}
 }
 
@@ -203,9 +211,9 @@ func (qp *QP) srFree() {
 // srResetReq resets the requester's bitmaps for a QP entering RTS at psn.
 func (qp *QP) srResetReq(psn bth.PSN) {
 	if s := qp.sr; s != nil {
-		s.done, s.pend = [srRingBits / 64]uint64{}, [srRingBits / 64]uint64{}
-		s.base, s.ackedTo, s.hi, s.lost, s.due = psn, psn, psn, false, false
-		s.progressAt = time.Time{}
+		// The responder's half (held packets) stays as RTR set it.
+		*s = srState{slots: s.slots, held: s.held, round: s.round, base: psn, ackedTo: psn, hi: psn}
+		*s.round = [srRingBits]uint16{}
 	}
 }
 
@@ -403,11 +411,13 @@ func (qp *QP) srSync() {
 	}
 	if d >= srRingBits {
 		s.done, s.pend = [srRingBits / 64]uint64{}, [srRingBits / 64]uint64{}
+		*s.round = [srRingBits]uint16{}
 	} else {
 		for q := s.base; q != to; q = q.Add(1) {
 			i, m := srBit(q)
 			s.done[i] &^= m
 			s.pend[i] &^= m
+			s.round[uint32(q)%srRingBits] = 0
 		}
 	}
 	s.base = to
@@ -470,18 +480,42 @@ func (qp *QP) srRTTSample() {
 // srLostAgain takes an answer for PSN seen: if it is past the last
 // resend's mark, the PSNs resent before the mark that are still not done
 // were lost again and may be resent.
+//
+// An answer for a resent PSN does the same for the PSNs resent before it
+// (in an earlier or the same srRecover call, in PSN order): resends leave
+// in order, so those still missing were lost again.
 func (qp *QP) srLostAgain(seen bth.PSN) {
 	s := qp.sr
-	if !s.markOn || seen.Before(s.mark) {
+	if !s.markOn {
 		return
 	}
-	s.markOn = false
-	for q := qp.comp.psn; q.Before(s.mark) && s.in(q); q = q.Add(1) {
-		if i, m := srBit(q); s.done[i]&m == 0 {
+	limit := s.mark
+	var r uint16
+	if seen.Before(s.mark) {
+		if !s.in(seen) {
+			return
+		}
+		if r = s.round[uint32(seen)%srRingBits]; r == 0 {
+			return
+		}
+		limit = seen
+	} else {
+		s.markOn = false
+	}
+	again := false
+	for q := qp.comp.psn; q.Before(limit) && s.in(q); q = q.Add(1) {
+		i, m := srBit(q)
+		if s.done[i]&m != 0 {
+			continue
+		}
+		if qr := s.round[uint32(q)%srRingBits]; r == 0 || (qr != 0 && qr <= r) {
 			s.pend[i] &^= m
+			again = true
 		}
 	}
-	qp.srLost(s.mark)
+	if again || r == 0 {
+		qp.srLost(limit)
+	}
 }
 
 // srLost records that the PSNs before hi that are not done are lost.
@@ -504,6 +538,7 @@ func (qp *QP) srLost(hi bth.PSN) {
 func (qp *QP) srAcked(x bth.PSN) {
 	s := qp.sr
 	qp.srSync()
+	qp.srProbeAnswered(x)
 	if x.Before(s.ackedTo) {
 		return
 	}
@@ -605,6 +640,14 @@ func (qp *QP) srOnAck(p *packetT, psn bth.PSN) bool {
 		inc(&qp.dev.ctr.SRSACKRcvd)
 		sk := aeth.SACK(p.Payload)
 		if h := sk.Highest(); h >= 0 {
+			// The newest resend the responder holds, then the newest
+			// packet it holds.
+			for j := h; j >= 0; j-- {
+				if q := psn.Add(1 + j); sk.Has(j) && s.in(q) && s.round[uint32(q)%srRingBits] != 0 {
+					qp.srLostAgain(q)
+					break
+				}
+			}
 			qp.srLostAgain(psn.Add(1 + h))
 		}
 		qp.srSync()
@@ -664,6 +707,7 @@ func (qp *QP) srOnReadResponse(p *packetT, psn bth.PSN) {
 	// The responder executes in PSN order: a response acknowledges
 	// every earlier request.
 	qp.srAcked(psn.Add(-1))
+	qp.srProbeAnswered(psn)
 	i, ok := qp.srWQE(psn)
 	if !ok {
 		return
@@ -712,6 +756,7 @@ func (qp *QP) srOnReadResponse(p *packetT, psn bth.PSN) {
 func (qp *QP) srOnAtomicAck(p *packetT, psn bth.PSN) {
 	s := qp.sr
 	qp.srAcked(psn.Add(-1))
+	qp.srProbeAnswered(psn)
 	i, ok := qp.srWQE(psn)
 	if !ok {
 		return
@@ -760,6 +805,7 @@ func (qp *QP) srTimeout() {
 	inc(&qp.dev.ctr.CompleterRetryErr)
 	qp.srSync()
 	s.pend = [srRingBits / 64]uint64{}
+	*s.round = [srRingBits]uint16{}
 	s.markOn = false
 	s.rttOn = false // Karn: no sample across a resend
 	if s.backoff < 16 {
@@ -771,8 +817,31 @@ func (qp *QP) srTimeout() {
 		i, m := srBit(qp.comp.psn)
 		s.done[i] &^= m
 	}
-	qp.srLost(qp.nextPSN())
+	if s.backoff > 2 {
+		// Expiries without progress: resend everything not done.
+		s.probeOn = false
+		qp.srLost(qp.nextPSN())
+	} else {
+		// Probe with the oldest PSN (and what is known lost): a spurious
+		// expiry (a stalled peer or scheduler) costs one packet. Its
+		// answer comes after every packet sent before it, so the PSNs
+		// before the mark still not done then are lost (srProbeAnswered).
+		s.probe, s.probeMark, s.probeOn = qp.comp.psn, qp.nextPSN(), true
+		qp.srLost(qp.comp.psn.Add(1))
+	}
 	qp.reqProgress()
+}
+
+// srProbeAnswered takes an answer that covers PSN seen: once it covers a
+// timeout's probe, the PSNs sent before the probe that are not done (nor
+// held by the responder) are lost.
+func (qp *QP) srProbeAnswered(seen bth.PSN) {
+	s := qp.sr
+	if !s.probeOn || seen.Before(s.probe) {
+		return
+	}
+	s.probeOn = false
+	qp.srLost(s.probeMark)
 }
 
 // srRecover resends the lost PSNs: those before hi that are neither done
@@ -831,6 +900,10 @@ func (qp *QP) srRecover() {
 		}
 		if !started {
 			started = true
+			if s.rounds++; s.rounds == 0 {
+				s.rounds = 1
+				*s.round = [srRingBits]uint16{}
+			}
 			inc(&qp.dev.ctr.SRRecoveries)
 			s.rttOn = false // Karn: no sample across a resend
 		}
@@ -840,6 +913,9 @@ func (qp *QP) srRecover() {
 		qp.paceSent(len(qp.out[qp.nout-1].Buf))
 		for j := 0; j < span; j++ {
 			s.setPend(q.Add(j))
+			if s.in(q.Add(j)) {
+				s.round[uint32(q.Add(j))%srRingBits] = s.rounds
+			}
 		}
 		s.mark, s.markOn = qp.nextPSN(), true
 		q = q.Add(span)
