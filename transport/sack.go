@@ -639,6 +639,9 @@ func (qp *QP) srOnAck(p *packetT, psn bth.PSN) bool {
 	if len(p.Payload) > 0 && aeth.IsSACK(p.Payload) {
 		inc(&qp.dev.ctr.SRSACKRcvd)
 		sk := aeth.SACK(p.Payload)
+		if qp.trace != nil {
+			qp.trace("sr sack base %v highest %d (comp.psn %v next %v)", psn, sk.Highest(), qp.comp.psn, qp.nextPSN())
+		}
 		if h := sk.Highest(); h >= 0 {
 			// The newest resend the responder holds, then the newest
 			// packet it holds.
@@ -906,6 +909,9 @@ func (qp *QP) srRecover() {
 			}
 			inc(&qp.dev.ctr.SRRecoveries)
 			s.rttOn = false // Karn: no sample across a resend
+		}
+		if qp.trace != nil {
+			qp.trace("sr resend %v span %d (comp.psn %v hi %v next %v)", q, span, qp.comp.psn, end, qp.nextPSN())
 		}
 		if !qp.srResend(w, idx, k, limit) {
 			return
