@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -340,5 +341,37 @@ func TestSRAttr(t *testing.T) {
 	}
 	if _, err := NewDevice(&sinkLink{addr: addrA, done: make(chan struct{})}, DeviceConfig{SelectiveRepeat: SRConfig{Window: 257}}); err == nil {
 		t.Fatal("Window 257 accepted")
+	}
+}
+
+// TestSRWithDCQCN: selective repeat under loss and ECN marking: the
+// notification points send CNPs, the reaction points cut the rate and pace
+// every request, resends included, and the transfer still checks out byte
+// for byte.
+func TestSRWithDCQCN(t *testing.T) {
+	a, b, n := newPair(t, pairOpts{faults: udp.Faults{Loss: 0.01, CEMark: 0.05, Seed: 77}, mtu: MTU4096, timeout: 14,
+		retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64, sr: true})
+	ab, ba := newDirection(t, a, b), newDirection(t, b, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- ab.run(ctx, 4<<20) }()
+	go func() { errs <- ba.run(ctx, 4<<20) }()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("%v\nA %+v\nB %+v", err, a.dev.Counters(), b.dev.Counters())
+		}
+	}
+	ca, cb := a.dev.Counters(), b.dev.Counters()
+	nc := n.Counters()
+	t.Logf("net %+v; CNPs sent %d handled %d; sr_recoveries %d", nc, ca.NPCNPSent+cb.NPCNPSent, ca.RPCNPHandled+cb.RPCNPHandled, ca.SRRecoveries+cb.SRRecoveries)
+	if nc.CEMarked == 0 || ca.NPCNPSent+cb.NPCNPSent == 0 || ca.RPCNPHandled+cb.RPCNPHandled == 0 {
+		t.Errorf("ECN marks %d, CNPs sent %d, handled %d: DCQCN did not act", nc.CEMarked, ca.NPCNPSent+cb.NPCNPSent, ca.RPCNPHandled+cb.RPCNPHandled)
+	}
+	if nc.Lost > 0 && ca.SRRecoveries+cb.SRRecoveries == 0 {
+		t.Errorf("%d lost, no selective resend", nc.Lost)
+	}
+	if got := nativeGet(ab.ctr); got != ab.faddN {
+		t.Errorf("fetch-add counter %d, want %d (exactly once)", got, ab.faddN)
 	}
 }
