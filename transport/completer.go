@@ -134,7 +134,7 @@ func (qp *QP) compInput(p *packetT) {
 		}
 		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, qp.comp.psn, qp.nextPSN())
 	}
-	if !psn.Before(qp.nextPSN()) || psn.Before(qp.comp.psn) {
+	if (!psn.Before(qp.nextPSN()) || psn.Before(qp.comp.psn)) && !(qp.sr != nil && qp.srAtNext(p, psn)) {
 		return // not for an outstanding PSN (stale duplicate or bogus)
 	}
 	switch p.Info.Kind {

@@ -238,14 +238,22 @@ func (qp *QP) srHold(p *packetT, psn bth.PSN, d int32) {
 	}
 	if d >= w {
 		inc(&qp.dev.ctr.SROutOfWindow)
-		qp.srSendSACK()
+		qp.srSendSACK(true)
 		return
 	}
 	sl := &s.slots[uint32(psn)%uint32(w)]
 	if sl.buf != nil {
 		if sl.psn == psn {
 			inc(&qp.dev.ctr.DuplicateRequest)
-			qp.srSendSACK()
+			qp.srSendSACK(false)
+			return
+		}
+		if sl.psn.Diff(r.psn) > 0 {
+			// Another request ahead holds the slot: psn lies in the
+			// response range of a held READ longer than the window (a
+			// resent part of it). That READ answers it when it runs.
+			inc(&qp.dev.ctr.SROutOfWindow)
+			qp.srSendSACK(false)
 			return
 		}
 		// A packet behind the expected PSN (a READ's range was skipped).
@@ -264,7 +272,7 @@ func (qp *QP) srHold(p *packetT, psn bth.PSN, d int32) {
 	*sl = srSlot{buf: buf, n: int32(copy(buf[:], raw)), span: span, psn: psn}
 	s.held++
 	inc(&qp.dev.ctr.SRHeld)
-	qp.srSendSACK()
+	qp.srSendSACK(false)
 }
 
 // srDrain executes the held packets that are now in sequence, after the
@@ -308,7 +316,7 @@ func (qp *QP) srDrain(prev bth.PSN) {
 	}
 	if s.held > 0 {
 		if st := qp.attr.State; st == QPSRTR || st == QPSRTS || st == QPSSQD {
-			qp.srSendSACK()
+			qp.srSendSACK(false)
 		}
 	}
 }
@@ -320,27 +328,47 @@ func (qp *QP) srDuplicate(p *packetT) bool {
 	if qp.sr.held == 0 || (p.Info.Kind != bth.KindSend && p.Info.Kind != bth.KindWrite) {
 		return false
 	}
-	qp.srSendSACK()
-	return true
+	return qp.srSendSACK(false)
+}
+
+// srAtNext reports whether p, for the requester's next PSN (not an
+// outstanding one), is a sequence NAK: the responder received everything
+// sent, so it acknowledges every PSN before it.
+func (qp *QP) srAtNext(p *packetT, psn bth.PSN) bool {
+	return psn == qp.nextPSN() && p.Info.Kind == bth.KindAck && p.AETH.Syndrome() == aeth.NAK(aeth.NAKPSNSeqError)
 }
 
 // srSendSACK queues a selective NAK for the expected PSN with the bitmap of
 // the held packets. A selective NAK queued last (in this batch) is
-// rewritten instead: the newer one says all the older one did.
-func (qp *QP) srSendSACK() {
+// rewritten instead: the newer one says all the older one did. Held
+// packets the expected PSN passed are freed; when none is left ahead of it
+// nothing is sent (unless force: a packet beyond the window was dropped)
+// and srSendSACK reports false.
+func (qp *QP) srSendSACK(force bool) bool {
 	s, r := qp.sr, &qp.resp
 	nw := (len(s.slots) + 31) / 32
 	words := s.words[:nw]
 	clear(words)
+	ahead := 0
 	for i := range s.slots {
 		sl := &s.slots[i]
 		if sl.buf == nil {
 			continue
 		}
 		d := int(sl.psn.Diff(r.psn))
+		if d < 1 {
+			qp.dev.bufs.Put(sl.buf)
+			*sl = srSlot{}
+			s.held--
+			continue
+		}
+		ahead++
 		for j := d - 1; j >= 0 && j < d-1+int(sl.span) && j < 32*nw; j++ {
 			words[j/32] |= 1 << (31 - uint(j%32))
 		}
+	}
+	if ahead == 0 && !force {
+		return false
 	}
 	sackLen := aeth.SACKSize(nw)
 	if qp.nout > 0 {
@@ -350,7 +378,7 @@ func (qp *QP) srSendSACK() {
 			bth.BTH(b).SetPSN(r.psn)
 			aeth.AETH(b[bth.Size:]).SetMSN(r.msn)
 			aeth.EncodeSACK(b[bth.Size+aeth.Size:], words)
-			return
+			return true
 		}
 	}
 	f := &r.f
@@ -367,6 +395,7 @@ func (qp *QP) srSendSACK() {
 		qp.commit(n)
 		inc(&qp.dev.ctr.SRSACKSent)
 	}
+	return true
 }
 
 // ---- requester ----
@@ -398,6 +427,16 @@ func (s *srState) setPend(q bth.PSN) {
 		i, m := srBit(q)
 		s.pend[i] |= m
 	}
+}
+
+// anyDone reports whether a PSN of [from, to) is done.
+func (s *srState) anyDone(from, to bth.PSN) bool {
+	for q := from; q.Before(to); q = q.Add(1) {
+		if s.isDone(q) {
+			return true
+		}
+	}
+	return false
 }
 
 // srSync trims the bitmaps to the oldest unacknowledged PSN: the bits of
@@ -897,7 +936,11 @@ func (qp *QP) srRecover() {
 				e = e.Add(1)
 			}
 			span = int(e.Diff(q))
-			if e != wend {
+			// A READ's first PSN may reach the responder as the
+			// original request (it was lost): it must ask for the
+			// whole READ, or the responder would save, and later serve,
+			// only a part. Once a response came, the READ ran.
+			if e != wend && (k > 0 || s.anyDone(w.firstPSN, wend)) {
 				limit = uint32(span) * uint32(qp.mtu)
 			}
 		}

@@ -375,3 +375,138 @@ func TestSRWithDCQCN(t *testing.T) {
 		t.Errorf("fetch-add counter %d, want %d (exactly once)", got, ab.faddN)
 	}
 }
+
+// TestSRNAKAtNextPSN: a selective NAK whose PSN is the requester's next
+// PSN (the responder got everything sent) acknowledges every PSN before
+// it: the WQEs complete instead of waiting for a timeout that could only
+// draw the same answer.
+func TestSRNAKAtNextPSN(t *testing.T) {
+	sl := &sinkLink{addr: addrA, done: make(chan struct{})}
+	dev, err := NewDevice(sl, DeviceConfig{Clock: manual()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	o := pairOpts{mtu: MTU256, sr: true}
+	o.defaults()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(64)
+	qp, _ := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+	connect(t, &side{qp: qp}, &side{qp: &QP{qpn: 0x99}}, addrB, 100, 200, &o)
+	mem := make([]byte, 600)
+	mr, _ := pd.RegisterMR(mem, memreg.AccessLocalWrite)
+	if err := qp.PostSend(SendWR{WRID: 5, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, 600), RemoteAddr: 1, RKey: 2}); err != nil {
+		t.Fatal(err)
+	}
+	var sk [aeth.SACKMaxSize]byte
+	f := packet.Fields{BTH: bth.Fields{Opcode: bth.RCAck, PKey: 0xffff, DestQP: qp.QPN(), PSN: 103},
+		AETH: aeth.Fields{Syndrome: aeth.NAK(aeth.NAKPSNSeqError), MSN: 1}, Payload: sk[:aeth.EncodeSACK(sk[:], []uint32{0, 0, 0, 0})]}
+	buf := make([]byte, 128)
+	n, err := packet.Build(buf, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.HandlePacket(buf[:n], addrB); err != nil {
+		t.Fatal(err)
+	}
+	var wc [2]WC
+	if k := cq.Poll(wc[:]); k != 1 || wc[0].WRID != 5 || wc[0].Status != WCSuccess {
+		t.Fatalf("completions %d %+v, want WR 5 done", k, wc[:k])
+	}
+}
+
+// TestSRLostReadRequestProbe: the READ request itself is lost, so no
+// response comes and the timer fires. Its resend asks for the whole READ
+// (the responder runs it as the original and saves it for replays), not
+// the probe's one packet; the READ completes with every byte.
+func TestSRLostReadRequestProbe(t *testing.T) {
+	const first = bth.PSN(0x20)
+	clk := manual()
+	dropped := false
+	a, b, la, _ := linkPair(t, pairOpts{mtu: MTU256, clock: clk, retry: 3, sr: true}, uint32(first), 0x40)
+	var mu sync.Mutex
+	var reads []uint32
+	la.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() != bth.RCReadRequest {
+			return false
+		}
+		mu.Lock()
+		reads = append(reads, p.RETH.DMALength())
+		mu.Unlock()
+		if !dropped {
+			dropped = true
+			return true
+		}
+		return false
+	}
+	src, smr := b.buffer(t, 4*256, memreg.AccessRemoteRead)
+	fill(src, 13)
+	dst, dmr := a.buffer(t, len(src), 0)
+	if err := a.qp.PostSend(SendWR{WRID: 9, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, len(dst)), RemoteAddr: smr.IOVA(), RKey: smr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	var wc [1]WC
+	for i := 0; i < 200 && a.scq.Poll(wc[:]) == 0; i++ {
+		clk.Advance(time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	if wc[0].WRID != 9 || wc[0].Status != WCSuccess {
+		t.Fatalf("completion %+v (READ requests %v)", wc[0], reads)
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("data differs")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reads) < 2 || reads[1] != 1024 {
+		t.Fatalf("READ requests %v: the resend after the timeout must ask for the whole 1024 bytes", reads)
+	}
+}
+
+// TestSRHeldReadKeepsSlot: a resent part of a held READ longer than the
+// window maps to the READ's own slot; it must not evict the READ (which
+// would then never run), and the READ runs whole once the hole fills.
+func TestSRHeldReadKeepsSlot(t *testing.T) {
+	const w = 16
+	sl := &sinkLink{addr: addrA, done: make(chan struct{})}
+	dev, err := NewDevice(sl, DeviceConfig{Clock: manual(), SelectiveRepeat: SRConfig{Window: w}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	o := pairOpts{mtu: MTU256, sr: true}
+	o.defaults()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(64)
+	qp, _ := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+	connect(t, &side{qp: qp}, &side{qp: &QP{qpn: 0x99}}, addrB, 100, 200, &o)
+	mem := make([]byte, 40*256)
+	mr, _ := pd.RegisterMRIOVA(mem, 0x1000, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
+	send := func(f packet.Fields) {
+		t.Helper()
+		f.BTH.PKey, f.BTH.DestQP = 0xffff, qp.QPN()
+		buf := make([]byte, udp.MaxPacketSize)
+		n, err := packet.Build(buf, &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dev.HandlePacket(buf[:n], addrB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(packet.Fields{BTH: bth.Fields{Opcode: bth.RCReadRequest, PSN: 201}, RETH: packetRETH(0x1000, mr.RKey(), 40*256)})
+	send(packet.Fields{BTH: bth.Fields{Opcode: bth.RCReadRequest, PSN: 201 + w}, RETH: packetRETH(0x1000+w*256, mr.RKey(), 256)})
+	qp.mu.Lock()
+	held, slotPSN := qp.sr.held, qp.sr.slots[201%w].psn
+	qp.mu.Unlock()
+	if held != 1 || slotPSN != 201 {
+		t.Fatalf("held %d, slot holds PSN %v: the READ at 201 must stay held", held, slotPSN)
+	}
+	send(packet.Fields{BTH: bth.Fields{Opcode: bth.RCWriteOnly, PSN: 200}, RETH: packetRETH(0x1000, mr.RKey(), 4), Payload: []byte{1, 2, 3, 4}})
+	qp.mu.Lock()
+	psn := qp.resp.psn
+	qp.mu.Unlock()
+	if want := bth.PSN(201 + 40); psn != want || qp.State() != QPSRTS {
+		t.Fatalf("expected PSN %v state %v, want %v RTS (the whole READ ran)", psn, qp.State(), want)
+	}
+}
