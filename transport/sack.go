@@ -837,6 +837,9 @@ func (qp *QP) srTimeout() {
 	}
 	if now.Sub(s.progressAt) >= qp.timeout {
 		if qp.comp.retryCnt == 0 {
+			if qp.trace != nil {
+				qp.trace("sr retries exhausted: %s", qp.srDebugState())
+			}
 			inc(&qp.dev.ctr.RetryExceededErr)
 			qp.failWQE(qp.sqAt(qp.sqHead), WCRetryExcErr)
 			return
@@ -993,4 +996,19 @@ func (qp *QP) srProgress() {
 	if qp.sr != nil {
 		qp.sr.progressAt = qp.now()
 	}
+}
+
+// srDebugState describes the selective repeat state (trace, tests).
+func (qp *QP) srDebugState() string {
+	s := qp.sr
+	out := fmt.Sprintf("comp.psn %v next %v ackedTo %v hi %v lost %v due %v mark %v/%v probe %v/%v/%v backoff %d srtt %v held %d resp.psn %v retryCnt %d\n",
+		qp.comp.psn, qp.nextPSN(), s.ackedTo, s.hi, s.lost, s.due, s.mark, s.markOn, s.probe, s.probeMark, s.probeOn, s.backoff, s.srtt, s.held, qp.resp.psn, qp.comp.retryCnt)
+	for q := qp.comp.psn; q.Before(qp.nextPSN()) && s.in(q); q = q.Add(1) {
+		out += fmt.Sprintf("%v:d%v/p%v/r%d ", q, s.isDone(q), s.isPend(q), s.round[uint32(q)%srRingBits])
+	}
+	for i := qp.sqHead; i != qp.sqEnd && i < qp.sqHead+6; i++ {
+		w := qp.sqAt(i)
+		out += fmt.Sprintf("\n  wqe %d: %v len %d first %v npkts %d done %v status %v started %v", w.wr.WRID, w.wr.Opcode, w.length, w.firstPSN, w.npkts, w.done, w.status, qp.started(i))
+	}
+	return out
 }
