@@ -9,6 +9,7 @@ import (
 
 	"github.com/gorocev2/rocev2/cm"
 	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp/memnet"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -67,7 +68,7 @@ func TestECESelectiveRepeat(t *testing.T) {
 		{true, true, true, "REQ vendor 0x5a5352 mod 0x1", "REP vendor 0x5a5352 mod 0x1"},
 	} {
 		t.Run(fmt.Sprintf("client=%v,server=%v", c.client, c.server), func(t *testing.T) {
-			n := udp.NewMemNetwork(udp.Faults{})
+			n := memnet.NewMemNetwork(memnet.Faults{})
 			var la, lb *madLog
 			da := newDev(t, n, addrA, func(l udp.Link) udp.Link { la = &madLog{Link: l}; return la })
 			db := newDev(t, n, addrB, func(l udp.Link) udp.Link { lb = &madLog{Link: l}; return lb })

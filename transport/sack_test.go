@@ -15,6 +15,7 @@ import (
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // lossRates collects the MiB/s of each loss-matrix case run in this
@@ -349,7 +350,7 @@ func TestSRAttr(t *testing.T) {
 // every request, resends included, and the transfer still checks out byte
 // for byte.
 func TestSRWithDCQCN(t *testing.T) {
-	a, b, n := newPair(t, pairOpts{faults: udp.Faults{Loss: 0.01, CEMark: 0.05, Seed: 77}, mtu: MTU4096, timeout: 14,
+	a, b, n := newPair(t, pairOpts{faults: memnet.Faults{Loss: 0.01, CEMark: 0.05, Seed: 77}, mtu: MTU4096, timeout: 14,
 		retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64, sr: true})
 	ab, ba := newDirection(t, a, b), newDirection(t, b, a)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
