@@ -9,8 +9,8 @@ import (
 
 	"github.com/gorocev2/rocev2/cm"
 	"github.com/gorocev2/rocev2/packet"
-	"github.com/gorocev2/rocev2/udp/memnet"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // madLog records the ECE fields of the REQs and REPs a link sends.
