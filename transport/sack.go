@@ -862,8 +862,9 @@ func (qp *QP) srTimeout() {
 		i, m := srBit(qp.comp.psn)
 		s.done[i] &^= m
 	}
-	if s.backoff > 2 {
-		// Expiries without progress: resend everything not done.
+	if s.backoff > 5 {
+		// Five expiries without progress (the probes or their answers
+		// were lost, over at least 30 RTOs): resend everything not done.
 		s.probeOn = false
 		qp.srLost(qp.nextPSN())
 	} else {
