@@ -193,7 +193,7 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 		}
 	}
 	r.noack++
-	if r.noack >= qp.dev.cfg.MaxPktsPerAck || r.forceAck {
+	if r.noack >= qp.dev.cfg.MaxPktsPerAck || r.forceAck || (qp.sr != nil && r.noack >= qp.srAckEvery()) {
 		f.BTH.AckReq = true
 	}
 	if f.BTH.AckReq {

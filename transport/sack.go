@@ -470,6 +470,13 @@ func (qp *QP) srWindow(w int32) int32 {
 	return min(w, int32(qp.dev.cfg.SelectiveRepeat.MaxInflight))
 }
 
+// srAckEvery is how many packets a selective repeat requester sends at
+// most without AckReq: half its window, so that a window smaller than a
+// message still gets acknowledged as it fills.
+func (qp *QP) srAckEvery() int {
+	return max(1, min(qp.dev.cfg.MaxUnackedPSNs, qp.dev.cfg.SelectiveRepeat.MaxInflight)/2)
+}
+
 // srRTO is the retransmission timeout: RTOLow with few packets
 // outstanding, RTOHigh otherwise, never above the local ACK timeout.
 func (qp *QP) srRTO() time.Duration {
