@@ -842,7 +842,8 @@ func (qp *QP) srTimeout() {
 	if s.progressAt.IsZero() {
 		s.progressAt = now
 	}
-	if now.Sub(s.progressAt) >= qp.timeout {
+	full := now.Sub(s.progressAt) >= qp.timeout
+	if full {
 		if qp.comp.retryCnt == 0 {
 			if qp.trace != nil {
 				qp.trace("sr retries exhausted: %s", qp.srDebugState())
@@ -856,8 +857,6 @@ func (qp *QP) srTimeout() {
 	}
 	inc(&qp.dev.ctr.CompleterRetryErr)
 	qp.srSync()
-	s.pend = [srRingBits / 64]uint64{}
-	*s.round = [srRingBits]uint16{}
 	s.markOn = false
 	s.rttOn = false // Karn: no sample across a resend
 	if s.backoff < 16 {
@@ -869,9 +868,11 @@ func (qp *QP) srTimeout() {
 		i, m := srBit(qp.comp.psn)
 		s.done[i] &^= m
 	}
-	if s.backoff > 5 {
-		// Five expiries without progress (the probes or their answers
-		// were lost, over at least 30 RTOs): resend everything not done.
+	if full {
+		// A whole local ACK timeout without progress: resend everything
+		// not done, as go-back-N would by now.
+		s.pend = [srRingBits / 64]uint64{}
+		*s.round = [srRingBits]uint16{}
 		s.probeOn = false
 		qp.srLost(qp.nextPSN())
 	} else {
@@ -879,6 +880,10 @@ func (qp *QP) srTimeout() {
 		// expiry (a stalled peer or scheduler) costs one packet. Its
 		// answer comes after every packet sent before it, so the PSNs
 		// before the mark still not done then are lost (srProbeAnswered).
+		if s.in(qp.comp.psn) {
+			i, m := srBit(qp.comp.psn)
+			s.pend[i] &^= m
+		}
 		s.probe, s.probeMark, s.probeOn = qp.comp.psn, qp.nextPSN(), true
 		qp.srLost(qp.comp.psn.Add(1))
 	}
@@ -894,6 +899,13 @@ func (qp *QP) srProbeAnswered(seen bth.PSN) {
 		return
 	}
 	s.probeOn = false
+	// Resent or not, what is still missing was lost (a held READ request
+	// is marked pending again by the selective NAK that says so).
+	for q := qp.comp.psn; q.Before(s.probeMark) && s.in(q); q = q.Add(1) {
+		if i, m := srBit(q); s.done[i]&m == 0 {
+			s.pend[i] &^= m
+		}
+	}
 	qp.srLost(s.probeMark)
 }
 
