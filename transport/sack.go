@@ -168,6 +168,9 @@ type srState struct {
 	// next PSN then.
 	probe, probeMark bth.PSN
 	probeOn          bool
+	// late: the expiry srTimeout handles came while this process was
+	// behind on its input (onRetransTimer): it spends no retry.
+	late bool
 	// round is, per PSN (mod srRingBits), the srRecover call that last
 	// resent it (0: not resent since the last timeout); rounds counts them.
 	round        *[srRingBits]uint16
@@ -843,7 +846,11 @@ func (qp *QP) srTimeout() {
 		s.progressAt = now
 	}
 	full := now.Sub(s.progressAt) >= qp.timeout
-	if full {
+	late := s.late
+	s.late = false
+	if full && late {
+		s.progressAt = now // this process was behind: no retry spent
+	} else if full {
 		if qp.comp.retryCnt == 0 {
 			if qp.trace != nil {
 				qp.trace("sr retries exhausted: %s", qp.srDebugState())
