@@ -59,6 +59,10 @@ type Options struct {
 	// LocalPort is the active side's rdma_cm port in the request's header
 	// (default: a random ephemeral port, as the kernel picks one).
 	LocalPort uint16
+	// SelectiveRepeat offers (Dial) or accepts (Accept) selective repeat
+	// through ECE (ece.go): the QP runs it only if both sides set it. A
+	// peer that does not answer (rxe, hardware) gets go-back-N.
+	SelectiveRepeat bool
 	// KeepAlive is how long an established connection may stay silent
 	// (no packet from the peer) before it sends the peer a keep-alive
 	// probe: a zero-length RDMA WRITE, which any verbs peer's QP answers
@@ -177,6 +181,8 @@ type Conn struct {
 	peerData          []byte
 	listener          *Listener
 	req               cm.REQFields // passive: the request
+	localECE          ECE          // what our REQ or REP carries
+	remoteECE         ECE          // what the peer's REQ or REP carried
 
 	// Under m.mu:
 	state   connState
@@ -398,6 +404,10 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 		return nil, fmt.Errorf("rdmacm: Dial: %w", err)
 	}
 	copy(req.PrivateData[cm.CMAHeaderSize:], o.PrivateData)
+	if o.SelectiveRepeat {
+		c.localECE = ECE{VendorID: VendorID, Options: ECESelectiveRepeat}
+		req.VendorID = VendorID
+	}
 
 	m.mu.Lock()
 	if m.closed {
@@ -492,7 +502,7 @@ func putGUID(b []byte, g uint64) {
 // on each response timeout while the state waits for an answer.
 func (c *Conn) sendLocked(msg cm.Message) error {
 	c.retries = 0
-	err := c.m.send(c.peer, c.opts.TrafficClass, c.tid, msg, &c.out)
+	err := c.m.sendMod(c.peer, c.opts.TrafficClass, c.tid, msg, &c.out, c.eceMod(msg))
 	c.armLocked(c.opts.ResponseTimeout)
 	return err
 }
@@ -705,7 +715,7 @@ func (c *Conn) Close() error {
 }
 
 // onREP: the passive side accepted (active side).
-func (m *manager) onREP(mad *transport.MAD, f *cm.REPFields) {
+func (m *manager) onREP(mad *transport.MAD, h *cm.HeaderFields, f *cm.REPFields) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.conns[f.RemoteCommID]
@@ -733,6 +743,8 @@ func (m *manager) onREP(mad *transport.MAD, f *cm.REPFields) {
 	rt.RNRRetry = f.RNRRetryCount
 	c.params.Retry = &rt
 	c.peerData = append([]byte(nil), f.PrivateData[:]...)
+	c.remoteECE = ECE{VendorID: f.VendorID, Options: h.AttributeModifier}
+	c.params.SelectiveRepeat = c.opts.SelectiveRepeat && c.remoteECE.offersSR()
 	if err := c.qp.Connect(c.params); err != nil {
 		rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: cm.KindREP, Reason: cm.RejConsumer}
 		var out [transport.MADSize]byte

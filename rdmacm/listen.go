@@ -198,7 +198,8 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 	params := transport.ConnParams{Peer: c.peer, TrafficClass: o.TrafficClass, DestQPN: q.LocalQPN,
 		RQPSN: random32() & 0xffffff, SQPSN: q.StartingPSN, PathMTU: mtu, Access: o.Access,
 		MaxRdAtomic:     max(1, min(o.InitiatorDepth, q.ResponderResources)),
-		MaxDestRdAtomic: max(1, min(o.ResponderResources, q.InitiatorDepth)), Retry: &rt}
+		MaxDestRdAtomic: max(1, min(o.ResponderResources, q.InitiatorDepth)), Retry: &rt,
+		SelectiveRepeat: o.SelectiveRepeat && c.remoteECE.offersSR()}
 	m.mu.Lock()
 	c.params = params
 	m.mu.Unlock()
@@ -209,6 +210,12 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 		StartingPSN: params.RQPSN, ResponderResources: params.MaxDestRdAtomic, InitiatorDepth: params.MaxRdAtomic,
 		TargetACKDelay: 15, RNRRetryCount: o.Retry.RNRRetry, LocalCAGUID: m.guid}
 	copy(rep.PrivateData[:], o.PrivateData)
+	if params.SelectiveRepeat { // the ECE answer: only to a REQ that offered it
+		rep.VendorID = VendorID
+		m.mu.Lock()
+		c.localECE = ECE{VendorID: VendorID, Options: ECESelectiveRepeat}
+		m.mu.Unlock()
+	}
 	m.mu.Lock()
 	if c.state != stREQRcvd { // rejected or timed out meanwhile
 		err := c.err
@@ -321,6 +328,7 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 	c.localPort = port
 	c.remotePort = hdr.SrcPort
 	c.req = *f
+	c.remoteECE = ECE{VendorID: f.VendorID, Options: h.AttributeModifier}
 	c.params.DestQPN = f.LocalQPN
 	c.peerData = append([]byte(nil), f.PrivateData[cm.CMAHeaderSize:]...)
 	c.state = stREQRcvd

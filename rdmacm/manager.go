@@ -284,7 +284,7 @@ func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message)
 	case *cm.REJFields:
 		m.onREJ(mad, f)
 	case *cm.REPFields:
-		m.onREP(mad, f)
+		m.onREP(mad, h, f)
 	case *cm.RTUFields:
 		m.onRTU(f)
 	case *cm.DREQFields:
@@ -302,7 +302,13 @@ func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message)
 
 // send encodes and sends one CM MAD to the peer's QP1.
 func (m *manager) send(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte) error {
+	return m.sendMod(dst, tos, tid, msg, out, 0)
+}
+
+// sendMod is send with the MAD header's AttributeModifier (ECE options).
+func (m *manager) sendMod(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte, attrMod uint32) error {
 	h := cm.NewHeader(0, tid)
+	h.AttributeModifier = attrMod
 	if err := cm.Encode(out[:], &h, msg); err != nil {
 		return err
 	}

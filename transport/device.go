@@ -43,6 +43,9 @@ type DeviceConfig struct {
 	// Congestion configures ECN, CNPs and DCQCN (cc.go). The zero value
 	// sends ECT(0), answers CE marks with CNPs and runs DCQCN.
 	Congestion CongestionConfig
+	// SelectiveRepeat configures selective repeat for the RC QPs that
+	// negotiate it (QPAttr.SelectiveRepeat, sack.go).
+	SelectiveRepeat SRConfig
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -187,6 +190,9 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	cc, err := cfg.Congestion.normalize()
 	if err != nil {
+		return nil, err
+	}
+	if cfg.SelectiveRepeat, err = cfg.SelectiveRepeat.normalize(); err != nil {
 		return nil, err
 	}
 	cfg.Congestion = cc
