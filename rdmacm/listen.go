@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/gorocev2/rocev2/cm"
@@ -16,9 +17,17 @@ type ListenOptions struct {
 	Options
 	// Backlog bounds the connection requests the listener holds that are
 	// not established yet, waiting for Accept or for the peer's RTU
-	// (default 128). A request beyond it is rejected (no resources), so a
-	// REQ flood costs bounded memory.
+	// (default 128). When it is full, a new request sheds the oldest
+	// half-open one of the source address that holds the most (the
+	// oldest of all when every source holds one), which is rejected (no
+	// resources): a REQ flood costs bounded memory, and a flood from one
+	// address cannot push out another's requests.
 	Backlog int
+	// HalfOpenTimeout bounds how long a request may stay half-open —
+	// waiting for the application's answer or for the requester's RTU —
+	// whatever the REQ's response timeout and retry count ask for
+	// (default 10 s); then it is rejected (timeout).
+	HalfOpenTimeout time.Duration
 }
 
 // Listener accepts rdma_cm connections on one port of the TCP port space
@@ -28,11 +37,21 @@ type Listener struct {
 	port     uint16
 	svc      uint64
 	opts     ListenOptions
-	reqs     chan *Request
+	wake     chan struct{} // a request was queued (capacity 1)
 	closedCh chan struct{}
 
-	halfOpen int  // under m.mu
-	closed   bool // under m.mu
+	// Accept's side: it accepts every request concurrently, each on its
+	// own goroutine, and hands out the established connections.
+	serveOnce sync.Once
+	ready     chan *Conn
+	ctx       context.Context // ends with the listener
+	cancel    context.CancelFunc
+
+	// Under m.mu:
+	queue  []*Conn            // requests not yet handed out by Next, in arrival order
+	half   []*Conn            // half-open requests, in arrival order (at most Backlog)
+	perSrc map[netip.Addr]int // half-open requests by source address
+	closed bool
 }
 
 // Request is a connection request waiting for the application: accept
@@ -67,14 +86,21 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 	if o.Backlog <= 0 {
 		o.Backlog = 128
 	}
+	if o.HalfOpenTimeout <= 0 {
+		o.HalfOpenTimeout = 10 * time.Second
+	}
 	l := &Listener{m: m, port: port, svc: cm.ServiceID(cm.PSTCP, port), opts: o,
-		reqs: make(chan *Request, o.Backlog), closedCh: make(chan struct{})}
+		wake: make(chan struct{}, 1), closedCh: make(chan struct{}), ready: make(chan *Conn, o.Backlog),
+		perSrc: map[netip.Addr]int{}}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
+		l.cancel()
 		return nil, ErrClosed
 	}
 	if _, busy := m.listeners[l.svc]; busy {
+		l.cancel()
 		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w", port, ErrInUse)
 	}
 	m.listeners[l.svc] = l
@@ -84,11 +110,52 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 // Addr returns the address and port the listener accepts on.
 func (l *Listener) Addr() netip.AddrPort { return netip.AddrPortFrom(l.m.dev.Addr(), l.port) }
 
-// Next returns the next connection request.
+// Next returns the next connection request. Use either Next (and answer
+// each request) or Accept on a listener, not both.
 func (l *Listener) Next(ctx context.Context) (*Request, error) {
+	m := l.m
+	for {
+		m.mu.Lock()
+		if len(l.queue) > 0 {
+			c := l.queue[0]
+			l.queue[0] = nil
+			l.queue = l.queue[1:]
+			c.life.queued = false
+			m.mu.Unlock()
+			return &Request{c: c, l: l}, nil
+		}
+		closed := l.closed
+		m.mu.Unlock()
+		if closed {
+			return nil, ErrClosed
+		}
+		select {
+		case <-l.wake:
+		case <-l.closedCh:
+			return nil, ErrClosed
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Accept returns the next established connection, accepted with the
+// listener's options. The listener accepts requests concurrently from the
+// first Accept on, each on its own goroutine and within the listener's
+// backlog and half-open timeout, so requests that never complete (a lost
+// or forged peer) do not hold up the others; connections established
+// while nobody waits in Accept wait for the next call (as accept(2)'s
+// queue). Use either Next or Accept on a listener, not both.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	l.serveOnce.Do(func() { go l.serve() })
 	select {
-	case r := <-l.reqs:
-		return r, nil
+	case c := <-l.ready:
+		return c, nil
+	default:
+	}
+	select {
+	case c := <-l.ready:
+		return c, nil
 	case <-l.closedCh:
 		return nil, ErrClosed
 	case <-ctx.Done():
@@ -96,37 +163,49 @@ func (l *Listener) Next(ctx context.Context) (*Request, error) {
 	}
 }
 
-// Accept waits for the next connection request, accepts it with the
-// listener's options and returns the connection once established.
-func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+// serve accepts every request on its own goroutine until the listener
+// closes.
+func (l *Listener) serve() {
 	for {
-		r, err := l.Next(ctx)
+		r, err := l.Next(l.ctx)
 		if err != nil {
-			return nil, err
+			return
 		}
-		o := l.opts.Options
-		c, err := r.Accept(ctx, &o)
-		if err == nil {
-			return c, nil
-		}
-		if ctx.Err() != nil {
-			return nil, err
-		}
-		// That peer went away (or its QP could not be set up): wait for
-		// the next one, as accept(2) does.
+		go func() {
+			o := l.opts.Options
+			c, err := r.Accept(l.ctx, &o)
+			if err != nil {
+				return // that peer went away, was shed or timed out
+			}
+			select {
+			case l.ready <- c:
+			case <-l.closedCh:
+				c.Close()
+			}
+		}()
 	}
 }
 
-// Close stops listening; requests not yet accepted are rejected.
+// Close stops listening; requests not yet accepted are rejected, and
+// connections established but not yet returned by Accept are closed.
 func (l *Listener) Close() error {
 	m := l.m
 	m.mu.Lock()
 	l.closeLocked()
+	queued := l.queue
+	l.queue = nil
+	for _, c := range queued {
+		c.life.queued = false
+	}
 	m.mu.Unlock()
+	l.cancel()
+	for _, c := range queued {
+		(&Request{c: c, l: l}).Reject(nil)
+	}
 	for {
 		select {
-		case r := <-l.reqs:
-			r.Reject(nil)
+		case c := <-l.ready:
+			c.Close()
 		default:
 			return nil
 		}
@@ -142,6 +221,45 @@ func (l *Listener) closeLocked() {
 		delete(l.m.listeners, l.svc)
 	}
 	close(l.closedCh)
+}
+
+// shedLocked makes room in a full backlog for a request from src: the
+// oldest half-open request of the source holding the most (src counted
+// with the new one) is rejected (no resources) and ends.
+func (l *Listener) shedLocked(src netip.Addr) {
+	if len(l.half) == 0 {
+		return
+	}
+	count := func(a netip.Addr) int {
+		n := l.perSrc[a]
+		if a == src {
+			n++
+		}
+		return n
+	}
+	most := count(src)
+	for a := range l.perSrc {
+		most = max(most, count(a))
+	}
+	victim := l.half[0]
+	for _, c := range l.half {
+		if count(c.peer) == most {
+			victim = c
+			break
+		}
+	}
+	m := l.m
+	m.st.shed.Add(1)
+	m.st.rejBacklog.Add(1)
+	kind := cm.KindREQ
+	if victim.state == stREPSent {
+		kind = cm.KindREP
+	}
+	rej := &cm.REJFields{LocalCommID: victim.localID, RemoteCommID: victim.remoteID, MessageRejected: kind, Reason: cm.RejNoResources}
+	var out [transport.MADSize]byte
+	m.send(victim.peer, victim.opts.TrafficClass, victim.tid, rej, &out)
+	victim.endedBy(CauseShed)
+	victim.finishLocked(errShed)
 }
 
 // Accept accepts the request with opts: the QP goes to RTR, the REP goes
@@ -172,7 +290,7 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 
 	fail := func(err error) (*Conn, error) {
 		r.Reject(nil)
-		c.release()
+		c.releaseFailed()
 		return nil, fmt.Errorf("rdmacm: Accept: %w", err)
 	}
 	if err := c.setupQP(); err != nil {
@@ -209,7 +327,7 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 	if c.state != stREQRcvd { // rejected or timed out meanwhile
 		err := c.err
 		m.mu.Unlock()
-		c.release()
+		c.releaseFailed()
 		return nil, fmt.Errorf("rdmacm: Accept: %w", err)
 	}
 	c.state = stREPSent
@@ -250,6 +368,7 @@ func (r *Request) Reject(privateData []byte) error {
 	rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: cm.RejConsumer}
 	copy(rej.PrivateData[:], privateData)
 	c.sendLocked(rej)
+	c.endedBy(CauseLocalClose)
 	c.finishLocked(&RejectError{Reason: cm.RejConsumer})
 	return nil
 }
@@ -273,6 +392,16 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 		}
 		return
 	}
+	// A REQ from the QP of a connection still known (up, half-open, or
+	// in TimeWait): the peer lost that connection (it restarted, or lost
+	// its CM state). Reject the REQ as stale and tear the old connection
+	// down, as cm.c does; the requester's next attempt connects.
+	if old := m.byQPN[qpnKey{mad.Src, f.LocalQPN}]; old != nil {
+		m.st.rejStale.Add(1)
+		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejStaleConn)
+		old.replaceLocked()
+		return
+	}
 	ps, port, ok := cm.SplitServiceID(f.ServiceID)
 	l := m.listeners[f.ServiceID]
 	if !ok || ps != cm.PSTCP || l == nil || l.closed {
@@ -294,19 +423,8 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejInvalidMTU)
 		return
 	}
-	for _, c := range m.conns {
-		// A REQ from the QP of a connection that is still up: the peer
-		// lost it (rebooted, or the CM state); reject it as stale.
-		if !c.active && c.peer == mad.Src && c.params.DestQPN == f.LocalQPN && c.state == stEstablished {
-			m.st.rejStale.Add(1)
-			m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejStaleConn)
-			return
-		}
-	}
-	if l.halfOpen >= l.opts.Backlog {
-		m.st.rejBacklog.Add(1)
-		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejNoResources)
-		return
+	for len(l.half) >= l.opts.Backlog {
+		l.shedLocked(mad.Src)
 	}
 	c := newConn(m, false, l.opts.Options.withDefaults())
 	c.listener = l
@@ -322,26 +440,48 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 	c.state = stREQRcvd
 	m.conns[c.localID] = c
 	m.remote[key] = c
+	c.indexQPNLocked()
+	c.life.half, c.life.queued, c.life.arrived = true, true, m.clock.Now()
+	l.half = append(l.half, c)
+	l.perSrc[c.peer]++
+	l.queue = append(l.queue, c)
 	select {
-	case l.reqs <- &Request{c: c, l: l}:
-	default: // requests that ended unanswered still fill the queue
-		delete(m.conns, c.localID)
-		delete(m.remote, key)
-		m.st.rejBacklog.Add(1)
-		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejNoResources)
+	case l.wake <- struct{}{}:
+	default:
+	}
+	// The listener's bound on the half-open request, whatever the REQ
+	// asks; an application that never answers is also given up when the
+	// requester would have (its retries of its response timeout).
+	wait := min(l.opts.HalfOpenTimeout, cm.Timeout(f.RemoteCMResponseTimeout)*time.Duration(1+f.MaxCMRetries))
+	c.acceptTimer = m.clock.AfterFunc(wait, func() { c.halfOpenExpired(l.opts.HalfOpenTimeout) })
+}
+
+// halfOpenExpired ends a request still half-open at its deadline: one the
+// application has not answered, or whose RTU has not come within the
+// listener's bound.
+func (c *Conn) halfOpenExpired(bound time.Duration) {
+	m := c.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch c.state {
+	case stREQRcvd:
+	case stREPSent:
+		if left := bound - m.clock.Now().Sub(c.life.arrived); left > 0 {
+			c.acceptTimer.Reset(left) // the requester's bound was shorter: it is waiting for us no more
+			return
+		}
+	default:
 		return
 	}
-	l.halfOpen++
-	// An application that never answers: give up when the requester
-	// would have (its retries of its response timeout).
-	c.acceptTimer = m.clock.AfterFunc(cm.Timeout(f.RemoteCMResponseTimeout)*time.Duration(1+f.MaxCMRetries), func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if c.state == stREQRcvd {
-			rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: cm.KindREQ, Reason: cm.RejTimeout}
-			var out [transport.MADSize]byte
-			m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
-			c.finishLocked(ErrTimeout)
-		}
-	})
+	kind := cm.KindREQ
+	if c.state == stREPSent {
+		kind = cm.KindREP
+	}
+	rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: cm.RejTimeout,
+		RejectedInfoLength: 8}
+	putGUID(rej.ARI[:], m.guid)
+	var out [transport.MADSize]byte
+	m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
+	c.endedBy(CauseHalfOpenTimeout)
+	c.finishLocked(ErrTimeout)
 }

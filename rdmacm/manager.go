@@ -64,12 +64,41 @@ type Stats struct {
 	RejStale      uint64 // REQs for a QP pair already connected
 	Established   uint64 // connections established
 	Disconnected  uint64 // connections that ended (either side)
+	// Shed counts half-open connections a listener dropped, oldest (of
+	// the source holding the most) first, to admit a newer request when
+	// its backlog was full; each was answered with a REJ (no resources).
+	Shed uint64
+	// SpoofDropped counts REJs that named a connection by one
+	// communication ID (or the wrong source address) and were ignored:
+	// an established connection ends on a REJ or DREQ only when both IDs
+	// and the address match.
+	SpoofDropped uint64
+	// StrayDREQ counts DREQs for no known connection (each answered
+	// with a DREP, so a peer that lost its state stops sending them).
+	StrayDREQ uint64
+	// RejSent and RejRecv count REJs sent and received by reason.
+	RejSent, RejRecv map[cm.RejectReason]uint64
+	// Ended counts connections that ended, by cause (a connection counts
+	// once, by what ended it first).
+	Ended map[Cause]uint64
+	// Conns is how many connections the manager knows now, in every
+	// state; TimeWait how many of them wait out their TimeWait.
+	Conns, TimeWait int
 }
 
 type stats struct {
 	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
+	shed, spoofDropped, strayDREQ                                  atomic.Uint64
+	rejSent, rejRecv                                               [maxReason + 1]atomic.Uint64
+	ended                                                          [numCauses]atomic.Uint64
 }
+
+// maxReason is the highest REJ reason counted by its own number; higher
+// (vendor, reserved) reasons count under it.
+const maxReason = 63
+
+func reasonSlot(r cm.RejectReason) int { return int(min(uint16(r), maxReason)) }
 
 // manager is the connection manager of one device.
 type manager struct {
@@ -82,6 +111,10 @@ type manager struct {
 	mu        sync.Mutex
 	conns     map[uint32]*Conn     // by local communication ID
 	remote    map[remoteKey]*Conn  // passive side: by peer address and its comm ID
+	byQPN     map[qpnKey]*Conn     // by peer address and QPN, while it can match (stale check)
+	nextID    uint32               // local comm IDs: a counter ...
+	idXor     uint32               // ... XORed with a random value (as Linux's cm.c)
+	timeWait  int                  // connections in TimeWait
 	listeners map[uint64]*Listener // by service ID
 	udl       map[uint64]*UDListener
 	sidr      map[uint32]*sidrWait // by request ID
@@ -115,7 +148,8 @@ func managerFor(dev *transport.Device) (*manager, error) {
 		return nil, fmt.Errorf("rdmacm: %w", err)
 	}
 	m := &manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
-		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, listeners: map[uint64]*Listener{},
+		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, byQPN: map[qpnKey]*Conn{},
+		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
 		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}}
 	managers[dev] = m
 	go m.loop()
@@ -132,10 +166,29 @@ func StatsOf(dev *transport.Device) Stats {
 		return Stats{}
 	}
 	s := &m.st
-	return Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
+	st := Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
 		RejNoListener: s.rejNoListener.Load(), RejBacklog: s.rejBacklog.Load(), RejStale: s.rejStale.Load(),
-		Established: s.established.Load(), Disconnected: s.disconnected.Load()}
+		Established: s.established.Load(), Disconnected: s.disconnected.Load(),
+		Shed: s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(),
+		RejSent: map[cm.RejectReason]uint64{}, RejRecv: map[cm.RejectReason]uint64{}, Ended: map[Cause]uint64{}}
+	for i := range s.rejSent {
+		if v := s.rejSent[i].Load(); v != 0 {
+			st.RejSent[cm.RejectReason(i)] = v
+		}
+		if v := s.rejRecv[i].Load(); v != 0 {
+			st.RejRecv[cm.RejectReason(i)] = v
+		}
+	}
+	for i := range s.ended {
+		if v := s.ended[i].Load(); v != 0 {
+			st.Ended[Cause(i)] = v
+		}
+	}
+	m.mu.Lock()
+	st.Conns, st.TimeWait = len(m.conns), m.timeWait
+	m.mu.Unlock()
+	return st
 }
 
 // guidOf makes a node GUID from the device address, the way rxe makes one
@@ -151,21 +204,45 @@ func random32() uint32 {
 	return binary.BigEndian.Uint32(b[:])
 }
 
-// loop receives CM MADs until the device closes.
+// loopBatch is how many queued MADs the manager takes at once.
+const loopBatch = 64
+
+// loop receives CM MADs until the device closes. It takes what is queued
+// in batches and handles the answers of each batch (REP, RTU, REJ, DREQ,
+// ...) before its REQs: a flood of requests delays the handshakes under
+// way by one batch at most, not by the whole queue.
 func (m *manager) loop() {
+	batch := make([]transport.MAD, 0, loopBatch)
 	for {
 		mad, err := m.agent.Recv(neverDone{})
 		if err != nil {
 			m.shutdown()
 			return
 		}
-		m.st.madsIn.Add(1)
-		h, msg, err := cm.Decode(mad.Data[:])
-		if err != nil {
-			m.st.malformed.Add(1)
-			continue
+		batch = append(batch[:0], mad)
+	drain:
+		for len(batch) < cap(batch) {
+			select {
+			case mad := <-m.agent.C():
+				batch = append(batch, mad)
+			default:
+				break drain
+			}
 		}
-		m.handle(&mad, &h, msg)
+		for pass := 0; pass < 2; pass++ {
+			for i := range batch {
+				if isREQ := cm.MAD(batch[i].Data[:]).AttributeID() == cm.AttrREQ; isREQ != (pass == 1) {
+					continue
+				}
+				m.st.madsIn.Add(1)
+				h, msg, err := cm.Decode(batch[i].Data[:])
+				if err != nil {
+					m.st.malformed.Add(1)
+					continue
+				}
+				m.handle(&batch[i], &h, msg)
+			}
+		}
 	}
 }
 
@@ -195,6 +272,7 @@ func (m *manager) shutdown() {
 	m.mu.Unlock()
 	for _, c := range conns {
 		m.mu.Lock()
+		c.endedBy(CauseDeviceClosed)
 		c.finishLocked(ErrClosed)
 		m.mu.Unlock()
 	}
@@ -241,14 +319,21 @@ func (m *manager) send(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, ou
 		return err
 	}
 	m.st.madsOut.Add(1)
+	if r, ok := msg.(*cm.REJFields); ok {
+		m.st.rejSent[reasonSlot(r.Reason)].Add(1)
+	}
 	return m.agent.Send(dst, 1, tos, out[:])
 }
 
-// newLocalID returns a communication ID no live connection uses. Called
-// with m.mu held.
+// newLocalID returns a communication ID no known connection uses (in
+// TimeWait included): a counter XORed with a random value drawn when the
+// manager started, as Linux's cm.c numbers its IDs, so that IDs do not
+// repeat for 2^32 connections and a restarted process does not start
+// where its previous life did. Called with m.mu held.
 func (m *manager) newLocalID() uint32 {
 	for {
-		id := random32()
+		id := m.nextID ^ m.idXor
+		m.nextID++
 		if _, busy := m.conns[id]; id != 0 && !busy {
 			return id
 		}
