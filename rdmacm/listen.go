@@ -112,15 +112,31 @@ func (l *Listener) Addr() netip.AddrPort { return netip.AddrPortFrom(l.m.dev.Add
 
 // Next returns the next connection request. Use either Next (and answer
 // each request) or Accept on a listener, not both.
-func (l *Listener) Next(ctx context.Context) (*Request, error) {
+func (l *Listener) Next(ctx context.Context) (*Request, error) { return l.next(ctx, false) }
+
+// next takes the oldest queued request, or with newest the newest.
+func (l *Listener) next(ctx context.Context, newest bool) (*Request, error) {
 	m := l.m
 	for {
 		m.mu.Lock()
-		if len(l.queue) > 0 {
-			c := l.queue[0]
-			l.queue[0] = nil
-			l.queue = l.queue[1:]
+		if n := len(l.queue); n > 0 {
+			var c *Conn
+			if newest {
+				c = l.queue[n-1]
+				l.queue[n-1] = nil
+				l.queue = l.queue[:n-1]
+			} else {
+				c = l.queue[0]
+				l.queue[0] = nil
+				l.queue = l.queue[1:]
+			}
 			c.life.queued = false
+			if n > 1 {
+				select { // another waiter may take the rest
+				case l.wake <- struct{}{}:
+				default:
+				}
+			}
 			m.mu.Unlock()
 			return &Request{c: c, l: l}, nil
 		}
@@ -163,24 +179,38 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	}
 }
 
-// serve accepts every request on its own goroutine until the listener
-// closes.
+// acceptWorkers is how many requests a listener's Accept sets up (QP,
+// REP) at once; the wait for each requester's RTU costs no worker.
+const acceptWorkers = 4
+
+// serve accepts requests until the listener closes: acceptWorkers
+// goroutines take the newest request first (under a flood the newest is
+// the one whose requester is still there: the oldest are the ones
+// shedding drops), reply, and leave the wait for the RTU to a goroutine
+// of the connection's own.
 func (l *Listener) serve() {
-	for {
-		r, err := l.Next(l.ctx)
-		if err != nil {
-			return
-		}
+	for i := 0; i < acceptWorkers; i++ {
 		go func() {
-			o := l.opts.Options
-			c, err := r.Accept(l.ctx, &o)
-			if err != nil {
-				return // that peer went away, was shed or timed out
-			}
-			select {
-			case l.ready <- c:
-			case <-l.closedCh:
-				c.Close()
+			for {
+				r, err := l.next(l.ctx, true)
+				if err != nil {
+					return
+				}
+				o := l.opts.Options
+				c, err := r.reply(&o)
+				if err != nil {
+					continue // that peer went away, was shed or timed out
+				}
+				go func() {
+					if c.waitEstablished(l.ctx) != nil {
+						return
+					}
+					select {
+					case l.ready <- c:
+					case <-l.closedCh:
+						c.Close()
+					}
+				}()
 			}
 		}()
 	}
@@ -223,9 +253,14 @@ func (l *Listener) closeLocked() {
 	close(l.closedCh)
 }
 
-// shedLocked makes room in a full backlog for a request from src: the
-// oldest half-open request of the source holding the most (src counted
-// with the new one) is rejected (no resources) and ends.
+// shedLocked makes room in a full backlog for a request from src. The
+// victim is a request nobody has answered yet if there is one (it is
+// dropped without a word, as a full SYN queue drops a SYN: a live
+// requester sends its REQ again after its response timeout), else one
+// waiting for its RTU (rejected: no resources, since its requester may
+// think itself connected); among those, the oldest of the source address
+// holding the most (src counted with the new request), so that a flood
+// from one address cannot push out another's requests.
 func (l *Listener) shedLocked(src netip.Addr) {
 	if len(l.half) == 0 {
 		return
@@ -237,27 +272,34 @@ func (l *Listener) shedLocked(src netip.Addr) {
 		}
 		return n
 	}
-	most := count(src)
-	for a := range l.perSrc {
-		most = max(most, count(a))
-	}
-	victim := l.half[0]
-	for _, c := range l.half {
-		if count(c.peer) == most {
-			victim = c
-			break
+	pick := func(from []*Conn) *Conn {
+		most := 0
+		for _, c := range from {
+			most = max(most, count(c.peer))
 		}
+		for _, c := range from {
+			if count(c.peer) == most {
+				return c
+			}
+		}
+		return nil
+	}
+	victim := pick(l.queue)
+	if victim == nil {
+		victim = pick(l.half)
 	}
 	m := l.m
 	m.st.shed.Add(1)
 	m.st.rejBacklog.Add(1)
-	kind := cm.KindREQ
-	if victim.state == stREPSent {
-		kind = cm.KindREP
+	if !victim.life.queued {
+		kind := cm.KindREQ
+		if victim.state == stREPSent {
+			kind = cm.KindREP
+		}
+		rej := &cm.REJFields{LocalCommID: victim.localID, RemoteCommID: victim.remoteID, MessageRejected: kind, Reason: cm.RejNoResources}
+		var out [transport.MADSize]byte
+		m.send(victim.peer, victim.opts.TrafficClass, victim.tid, rej, &out)
 	}
-	rej := &cm.REJFields{LocalCommID: victim.localID, RemoteCommID: victim.remoteID, MessageRejected: kind, Reason: cm.RejNoResources}
-	var out [transport.MADSize]byte
-	m.send(victim.peer, victim.opts.TrafficClass, victim.tid, rej, &out)
 	victim.endedBy(CauseShed)
 	victim.finishLocked(errShed)
 }
@@ -266,6 +308,18 @@ func (l *Listener) shedLocked(src netip.Addr) {
 // out, and Accept returns once the requester's RTU (or its first packet)
 // arrives. On ctx's end the request is rejected.
 func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
+	c, err := r.reply(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.waitEstablished(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// reply is Accept up to the REP: the QP set up and in RTR, the REP sent.
+func (r *Request) reply(opts *Options) (*Conn, error) {
 	c := r.c
 	m := c.m
 	if err := opts.check("Accept"); err != nil {
@@ -348,9 +402,6 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 		case <-c.estab:
 		}
 	}()
-	if err := c.waitEstablished(ctx); err != nil {
-		return nil, err
-	}
 	return c, nil
 }
 

@@ -208,8 +208,8 @@ func random32() uint32 {
 const loopBatch = 64
 
 // loop receives CM MADs until the device closes. It takes what is queued
-// in batches and handles the answers of each batch (REP, RTU, REJ, DREQ,
-// ...) before its REQs: a flood of requests delays the handshakes under
+// in batches and handles the answers of each batch (REP, RTU, DREQ, ...)
+// before its REQs and REJs: a flood of requests delays the handshakes under
 // way by one batch at most, not by the whole queue.
 func (m *manager) loop() {
 	batch := make([]transport.MAD, 0, loopBatch)
@@ -231,7 +231,12 @@ func (m *manager) loop() {
 		}
 		for pass := 0; pass < 2; pass++ {
 			for i := range batch {
-				if isREQ := cm.MAD(batch[i].Data[:]).AttributeID() == cm.AttrREQ; isREQ != (pass == 1) {
+				// A REJ may be about a REQ of the same batch (a
+				// requester that gave up): REJs keep their place
+				// among the REQs. Every other message answers one
+				// of ours, sent after its connection's REQ came.
+				a := cm.MAD(batch[i].Data[:]).AttributeID()
+				if late := a == cm.AttrREQ || a == cm.AttrREJ; late != (pass == 1) {
 					continue
 				}
 				m.st.madsIn.Add(1)
