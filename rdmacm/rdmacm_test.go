@@ -178,6 +178,49 @@ func TestRefused(t *testing.T) {
 	}
 }
 
+// TestRefusedWithoutCM: the peer device has never used rdmacm (no
+// manager, no CM agent on its GSI): its GSI still answers a REQ with a REJ
+// and a SIDR_REQ with a SIDR_REP, both "invalid service ID", so Dial and
+// ResolveUD are refused at once, as by the kernel's CM, not timed out.
+func TestRefusedWithoutCM(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
+	slow := Options{ResponseTimeout: 2 * time.Second, MaxRetries: 3}
+	start := time.Now()
+	_, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 9999), &slow)
+	var rej *RejectError
+	if !errors.Is(err, ErrRefused) || !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID {
+		t.Fatalf("Dial to a device without a CM: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+	_, err = ResolveUD(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 9999), &UDOptions{ResponseTimeout: 2 * time.Second})
+	if !errors.Is(err, ErrRefused) || !errors.As(err, &rej) || rej.SIDRStatus != cm.SIDRUnsupported {
+		t.Fatalf("ResolveUD to a device without a CM: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("both refusals took %v", d)
+	}
+	// A stray DREQ (a connection the device forgot) gets a DREP.
+	in := &madInjector{dev: db}
+	in.send(t, addrA, 5, &cm.DREQFields{LocalCommID: 0x1234, RemoteCommID: 0x5678, RemoteQPN: 0x11})
+	deadline := time.Now().Add(5 * time.Second)
+	for StatsOf(da).Unknown == 0 && time.Now().Before(deadline) { // the DREP, for nothing the client knows
+		time.Sleep(time.Millisecond)
+	}
+	c := db.Counters()
+	if c.UnknownQP != 0 || c.MADDropNoAgent < 3 || c.MADSent < 3 {
+		t.Errorf("server counters unknown_qp %d mad_drop_no_agent %d mad_sent %d", c.UnknownQP, c.MADDropNoAgent, c.MADSent)
+	}
+	if StatsOf(da).Unknown == 0 {
+		t.Error("no DREP came back for a stray DREQ")
+	}
+	if s := StatsOf(db); s.MADsIn != 0 || s.Conns != 0 {
+		t.Errorf("the server started a connection manager: %+v", s)
+	}
+}
+
 // TestReject: the server refuses with private data; the client sees it.
 func TestReject(t *testing.T) {
 	n := udp.NewMemNetwork(udp.Faults{})

@@ -413,6 +413,9 @@ func (d *Device) input(p *packet.Packet, up *udp.Packet) {
 // goes to any QP, whose reaction point takes or ignores it.
 func (d *Device) route(p *packet.Packet) (*QP, error) {
 	qp := d.lookup(p.BTH.DestQP())
+	if qp == nil && p.BTH.DestQP() == 1 {
+		qp = d.openGSIForInput()
+	}
 	if qp == nil {
 		inc(&d.ctr.UnknownQP)
 		return nil, ErrUnknownQP

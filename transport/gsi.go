@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/cm"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
 )
@@ -41,6 +42,16 @@ type MAD struct {
 // to the agent whose transaction ID it carries); it sends what agents give
 // it. Every MAD sent, received and dropped is counted, with the reason of
 // each drop (Counters.MAD*).
+//
+// QP1 exists from the first datagram addressed to it, as the kernel's GSI
+// always does: while no agent holds the CM class (no rdmacm object uses
+// the device), the GSI itself answers a CM REQ with a REJ and a SIDR_REQ
+// with a SIDR_REP, both "invalid service ID" (IBTA 12.6.7, 12.11), and a
+// DREQ with a DREP, so a peer that dials a port nobody listens on is
+// refused at once instead of retrying until its timeout, and one that
+// disconnects a connection this device forgot (a restarted process) is
+// answered. Such a MAD counts as mad_drop_no_agent, its
+// answer as mad_sent.
 //
 // All methods are safe for concurrent use.
 type GSI struct {
@@ -172,9 +183,15 @@ func (g *GSI) send(dst netip.Addr, dstQP uint32, tos uint8, mad []byte) error {
 	if d.isClosed() {
 		return ErrClosed
 	}
-	qp := g.qp
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
+	g.qp.mu.Lock()
+	defer g.qp.mu.Unlock()
+	return g.sendLocked(pa, dstQP, tos, mad)
+}
+
+// sendLocked builds and sends one checked MAD to QP dstQP at pa. Called
+// with g.qp.mu held.
+func (g *GSI) sendLocked(pa netip.Addr, dstQP uint32, tos uint8, mad []byte) error {
+	d, qp := g.dev, g.qp
 	f := &qp.req.f
 	*f = packet.Fields{}
 	f.BTH.Opcode = bth.UDSendOnly
@@ -230,6 +247,9 @@ func (g *GSI) input(p *packetT, up *udp.Packet) {
 	g.mu.Unlock()
 	if a == nil {
 		inc(&d.ctr.MADDropNoAgent)
+		if class == cm.ClassCM {
+			g.answerUnclaimedCM(p.Payload, up)
+		}
 		return
 	}
 	m := MAD{Src: up.Addr.Unmap(), SrcQP: p.DETH.SrcQP(), TOS: up.TOS}

@@ -512,6 +512,12 @@ func (m *cmMsgConn) wait(cq *transport.CQ) (transport.WC, error) {
 		n, err := cq.Wait(ctx, wc[:])
 		cancel()
 		if err == nil && n == 1 {
+			if wc[0].QPN != m.qp.QPN() {
+				// An earlier attempt's QP (a Dial refused before the
+				// server listened) flushed its receive into the shared
+				// CQ when it went: not this connection's.
+				continue
+			}
 			return wc[0], nil
 		}
 		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
