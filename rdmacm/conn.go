@@ -762,6 +762,14 @@ func (m *manager) onREJ(mad *transport.MAD, f *cm.REJFields) {
 		if k := m.conns[f.RemoteCommID]; k != nil {
 			m.st.spoofDropped.Add(1) // one ID right, the other or the address wrong
 		}
+		if f.Reason == cm.RejTimeout && f.MessageRejected == cm.KindREQ {
+			// Its REQ may be waiting still (requests are handled after
+			// answers): it is not to be served.
+			if len(m.gaveUp) >= 256 {
+				clear(m.gaveUp)
+			}
+			m.gaveUp[remoteKey{mad.Src, f.LocalCommID}] = true
+		}
 		m.st.unknown.Add(1)
 		return
 	}

@@ -73,6 +73,7 @@ type life struct {
 	half    bool // in listener.half
 	queued  bool // in listener.queue (waiting for Next)
 	arrived time.Time
+	retried bool         // passive side: the requester sent its REQ again (it is there)
 	rej     *RejectError // active side: the stale REJ the request met last
 	stale   int          // active side: stale REJs met
 }

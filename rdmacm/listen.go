@@ -114,17 +114,33 @@ func (l *Listener) Addr() netip.AddrPort { return netip.AddrPortFrom(l.m.dev.Add
 // each request) or Accept on a listener, not both.
 func (l *Listener) Next(ctx context.Context) (*Request, error) { return l.next(ctx, false) }
 
-// next takes the oldest queued request, or with newest the newest.
-func (l *Listener) next(ctx context.Context, newest bool) (*Request, error) {
+// next takes the oldest queued request, or with fair the oldest of the
+// source holding the fewest half-open requests.
+func (l *Listener) next(ctx context.Context, fair bool) (*Request, error) {
 	m := l.m
 	for {
 		m.mu.Lock()
 		if n := len(l.queue); n > 0 {
 			var c *Conn
-			if newest {
-				c = l.queue[n-1]
-				l.queue[n-1] = nil
-				l.queue = l.queue[:n-1]
+			if fair {
+				// The source holding the fewest half-open requests
+				// first, the oldest of those: a flood from one
+				// address waits behind everybody else.
+				best := 0
+				for i, x := range l.queue {
+					b := l.queue[best]
+					if x.life.retried != b.life.retried {
+						if x.life.retried {
+							best = i
+						}
+						continue
+					}
+					if l.perSrc[x.peer] < l.perSrc[b.peer] {
+						best = i
+					}
+				}
+				c = l.queue[best]
+				l.queue = append(l.queue[:best], l.queue[best+1:]...)
 			} else {
 				c = l.queue[0]
 				l.queue[0] = nil
@@ -184,10 +200,10 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 const acceptWorkers = 4
 
 // serve accepts requests until the listener closes: acceptWorkers
-// goroutines take the newest request first (under a flood the newest is
-// the one whose requester is still there: the oldest are the ones
-// shedding drops), reply, and leave the wait for the RTU to a goroutine
-// of the connection's own.
+// goroutines take the request of the source holding the fewest half-open
+// requests first (a flood from one address waits behind everybody else),
+// reply, and leave the wait for the RTU to a goroutine of the
+// connection's own.
 func (l *Listener) serve() {
 	for i := 0; i < acceptWorkers; i++ {
 		go func() {
@@ -272,26 +288,40 @@ func (l *Listener) shedLocked(src netip.Addr) {
 		}
 		return n
 	}
-	pick := func(from []*Conn) *Conn {
-		most := 0
-		for _, c := range from {
-			most = max(most, count(c.peer))
+	heavy, most := src, count(src)
+	for a := range l.perSrc {
+		if n := count(a); n > most {
+			heavy, most = a, n
 		}
+	}
+	first := func(from []*Conn, match bool) *Conn {
 		for _, c := range from {
-			if count(c.peer) == most {
+			if (!match || c.peer == heavy) && !c.life.retried {
 				return c
 			}
 		}
 		return nil
 	}
-	victim := pick(l.queue)
+	victim := first(l.queue, true)
 	if victim == nil {
-		victim = pick(l.half)
+		victim = first(l.half, true)
+	}
+	if victim == nil { // every source holds one: the oldest, unanswered first
+		if victim = first(l.queue, false); victim == nil {
+			if victim = first(l.half, false); victim == nil {
+				victim = l.half[0]
+			}
+		}
 	}
 	m := l.m
 	m.st.shed.Add(1)
 	m.st.rejBacklog.Add(1)
-	if !victim.life.queued {
+	if victim.life.queued {
+		if len(m.shedIDs) >= 1024 {
+			clear(m.shedIDs)
+		}
+		m.shedIDs[remoteKey{victim.peer, victim.remoteID}] = true
+	} else {
 		kind := cm.KindREQ
 		if victim.state == stREPSent {
 			kind = cm.KindREP
@@ -429,8 +459,14 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	key := remoteKey{mad.Src, f.LocalCommID}
+	if m.gaveUp[key] {
+		delete(m.gaveUp, key)
+		m.st.unknown.Add(1)
+		return
+	}
 	if c := m.remote[key]; c != nil {
 		m.st.duplicates.Add(1)
+		c.life.retried = true
 		switch c.state {
 		case stREQRcvd:
 			// The application has not answered yet: ask for patience.
@@ -493,6 +529,12 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 	m.remote[key] = c
 	c.indexQPNLocked()
 	c.life.half, c.life.queued, c.life.arrived = true, true, m.clock.Now()
+	if m.shedIDs[key] {
+		// Sent again after we shed it unanswered: a requester that
+		// is there. It goes first, and is not shed again.
+		delete(m.shedIDs, key)
+		c.life.retried = true
+	}
 	l.half = append(l.half, c)
 	l.perSrc[c.peer]++
 	l.queue = append(l.queue, c)

@@ -112,6 +112,8 @@ type manager struct {
 	conns     map[uint32]*Conn     // by local communication ID
 	remote    map[remoteKey]*Conn  // passive side: by peer address and its comm ID
 	byQPN     map[qpnKey]*Conn     // by peer address and QPN, while it can match (stale check)
+	gaveUp    map[remoteKey]bool   // requesters whose REJ "timeout" came before their REQ was handled
+	shedIDs   map[remoteKey]bool   // requests shed unanswered (a REQ sent again proves its requester is there)
 	nextID    uint32               // local comm IDs: a counter ...
 	idXor     uint32               // ... XORed with a random value (as Linux's cm.c)
 	timeWait  int                  // connections in TimeWait
@@ -147,9 +149,13 @@ func managerFor(dev *transport.Device) (*manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rdmacm: %w", err)
 	}
+	// Requests, which anyone may send at any rate, queue apart: a flood
+	// of them does not push out the answers that complete handshakes.
+	agent.SeparateRequests(1024, uint16(cm.AttrREQ), uint16(cm.AttrSIDRREQ))
 	m := &manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
 		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, byQPN: map[qpnKey]*Conn{},
 		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
+		gaveUp: map[remoteKey]bool{}, shedIDs: map[remoteKey]bool{},
 		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}}
 	managers[dev] = m
 	go m.loop()
@@ -204,51 +210,58 @@ func random32() uint32 {
 	return binary.BigEndian.Uint32(b[:])
 }
 
-// loopBatch is how many queued MADs the manager takes at once.
+// loopBatch is how many requests the manager takes at once.
 const loopBatch = 64
 
-// loop receives CM MADs until the device closes. It takes what is queued
-// in batches and handles the answers of each batch (REP, RTU, DREQ, ...)
-// before its REQs and REJs: a flood of requests delays the handshakes under
-// way by one batch at most, not by the whole queue.
+// loop handles CM MADs until the device closes: every waiting answer
+// first, then the newest requests, one per source in turn (requests queue
+// apart, transport.MADAgent.SeparateRequests): a flood of requests neither
+// starves the answers that complete handshakes and teardowns nor, from
+// one address, another address's requests.
 func (m *manager) loop() {
-	batch := make([]transport.MAD, 0, loopBatch)
+	a := m.agent
+	var answers, reqs []transport.MAD
 	for {
-		mad, err := m.agent.Recv(neverDone{})
-		if err != nil {
-			m.shutdown()
-			return
-		}
-		batch = append(batch[:0], mad)
+		answers, reqs = answers[:0], reqs[:0]
 	drain:
-		for len(batch) < cap(batch) {
+		for len(answers) < 4*loopBatch {
 			select {
-			case mad := <-m.agent.C():
-				batch = append(batch, mad)
+			case mad := <-a.C():
+				answers = append(answers, mad)
 			default:
 				break drain
 			}
 		}
-		for pass := 0; pass < 2; pass++ {
-			for i := range batch {
-				// A REJ may be about a REQ of the same batch (a
-				// requester that gave up): REJs keep their place
-				// among the REQs. Every other message answers one
-				// of ours, sent after its connection's REQ came.
-				a := cm.MAD(batch[i].Data[:]).AttributeID()
-				if late := a == cm.AttrREQ || a == cm.AttrREJ; late != (pass == 1) {
-					continue
-				}
-				m.st.madsIn.Add(1)
-				h, msg, err := cm.Decode(batch[i].Data[:])
-				if err != nil {
-					m.st.malformed.Add(1)
-					continue
-				}
-				m.handle(&batch[i], &h, msg)
+		reqs = a.TakeRequests(reqs, loopBatch)
+		if len(answers) == 0 && len(reqs) == 0 {
+			select {
+			case mad := <-a.C():
+				answers = append(answers, mad)
+			case <-a.RequestsReady():
+				continue
+			case <-a.Done():
+				m.shutdown()
+				return
 			}
 		}
+		for i := range answers {
+			m.dispatch(&answers[i])
+		}
+		for i := range reqs {
+			m.dispatch(&reqs[i])
+		}
 	}
+}
+
+// dispatch decodes and handles one MAD.
+func (m *manager) dispatch(mad *transport.MAD) {
+	m.st.madsIn.Add(1)
+	h, msg, err := cm.Decode(mad.Data[:])
+	if err != nil {
+		m.st.malformed.Add(1)
+		return
+	}
+	m.handle(mad, &h, msg)
 }
 
 // neverDone is a context that never ends: the loop ends with the device.

@@ -24,6 +24,7 @@ const (
 	madMgmtClass   = 1
 	madMethod      = 3
 	madTID         = 8
+	madAttrID      = 16
 	madMethodResp  = 0x80 // R bit: a response, routed by transaction ID
 )
 
@@ -73,9 +74,13 @@ type MADAgent struct {
 	class uint8
 	id    uint32
 	c     chan MAD
-	tid   atomic.Uint32
-	once  sync.Once
-	done  chan struct{}
+	// req and reqAttrs: SeparateRequests (under gsi.mu).
+	req      *fairQueue
+	reqAttrs []uint16
+	tid      atomic.Uint32
+	once     sync.Once
+	done     chan struct{}
+	gone     chan struct{} // closed once done or the device's done is
 }
 
 // GSI returns the device's GSI, opening QP1 on first use.
@@ -112,7 +117,14 @@ func (g *GSI) Register(class uint8, depth int) (*MADAgent, error) {
 	if _, busy := g.byClass[class]; busy {
 		return nil, errorf(ErrBusy, "GSI.Register: class %#x has an agent", class)
 	}
-	a := &MADAgent{gsi: g, class: class, id: g.nextID, c: make(chan MAD, depth), done: make(chan struct{})}
+	a := &MADAgent{gsi: g, class: class, id: g.nextID, c: make(chan MAD, depth), done: make(chan struct{}), gone: make(chan struct{})}
+	go func() {
+		select {
+		case <-a.done:
+		case <-g.dev.done:
+		}
+		close(a.gone)
+	}()
 	g.nextID++
 	g.byClass[class] = a
 	g.byID[a.id] = a
@@ -122,6 +134,51 @@ func (g *GSI) Register(class uint8, depth int) (*MADAgent, error) {
 // C returns the agent's receive queue. It is never closed; Close ends the
 // agent's registration, and Recv returns ErrClosed.
 func (a *MADAgent) C() <-chan MAD { return a.c }
+
+// SeparateRequests gives the agent a second receive queue, of depth MADs
+// (default 256 when depth <= 0), for the MADs whose attribute ID is one of
+// attrs: a class's requests, which any peer may send at any rate. They go
+// there instead of C, so that a flood of them never fills the queue the
+// answers arrive on, and that queue is fair to the senders: when it is
+// full, the oldest request of the source address holding the most is
+// dropped (counted as mad_drop_queue_full), and TakeRequests hands out the
+// newest request of each source in turn. Call it once, before the MADs
+// arrive.
+func (a *MADAgent) SeparateRequests(depth int, attrs ...uint16) {
+	if depth <= 0 {
+		depth = 256
+	}
+	g := a.gsi
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if a.req == nil {
+		a.req = newFairQueue(depth)
+	}
+	a.reqAttrs = append([]uint16(nil), attrs...)
+}
+
+// TakeRequests appends up to max of the requests SeparateRequests queues
+// to dst — the newest of each source in turn — and returns it; it does not
+// wait.
+func (a *MADAgent) TakeRequests(dst []MAD, max int) []MAD {
+	if a.req == nil {
+		return dst
+	}
+	return a.req.take(dst, max)
+}
+
+// RequestsReady returns a channel that receives when requests may be
+// waiting for TakeRequests (nil before SeparateRequests).
+func (a *MADAgent) RequestsReady() <-chan struct{} {
+	if a.req == nil {
+		return nil
+	}
+	return a.req.ready
+}
+
+// Done returns a channel closed when the agent is closed or its device
+// goes.
+func (a *MADAgent) Done() <-chan struct{} { return a.gone }
 
 // Recv waits for the next MAD.
 func (a *MADAgent) Recv(ctx context.Context) (MAD, error) {
@@ -244,6 +301,16 @@ func (g *GSI) input(p *packetT, up *udp.Packet) {
 	if a == nil {
 		a = g.byClass[class]
 	}
+	var fq *fairQueue
+	if a != nil && a.req != nil {
+		attr := binary.BigEndian.Uint16(p.Payload[madAttrID:])
+		for _, x := range a.reqAttrs {
+			if x == attr {
+				fq = a.req
+				break
+			}
+		}
+	}
 	g.mu.Unlock()
 	if a == nil {
 		inc(&d.ctr.MADDropNoAgent)
@@ -254,6 +321,13 @@ func (g *GSI) input(p *packetT, up *udp.Packet) {
 	}
 	m := MAD{Src: up.Addr.Unmap(), SrcQP: p.DETH.SrcQP(), TOS: up.TOS}
 	copy(m.Data[:], p.Payload)
+	if fq != nil {
+		inc(&d.ctr.MADRcvd)
+		if fq.put(&m) {
+			inc(&d.ctr.MADDropQueueFull)
+		}
+		return
+	}
 	select {
 	case a.c <- m:
 		inc(&d.ctr.MADRcvd)
