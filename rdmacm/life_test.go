@@ -571,3 +571,39 @@ func TestFailedDialFreesPD(t *testing.T) {
 		t.Fatalf("the failed Dial's PD after the region went: Dealloc says %v, want it released already", err)
 	}
 }
+
+// TestDREQFlood: DREQs for connections nobody knows are each answered
+// with a DREP and create no state; nor does a TimeWait entry outlive its
+// bound while they arrive.
+func TestDREQFlood(t *testing.T) {
+	n := udp.NewMemNetwork(udp.Faults{})
+	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
+	l, _ := Listen(db, 28, &ListenOptions{Options: fast})
+	defer l.Close()
+	acc := acceptAll(t, l)
+	c, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 28), &fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := <-acc
+	c.Close() // the server's side waits out its TimeWait meanwhile
+	in := &madInjector{dev: db}
+	const flood = 2000
+	for i := uint32(1); i <= flood; i++ {
+		in.send(t, addrA, uint64(i), &cm.DREQFields{LocalCommID: i, RemoteCommID: srv.localID + i, RemoteQPN: i})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if s := StatsOf(db); s.Conns == 0 && s.TimeWait == 0 && s.MADsIn >= flood {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s := StatsOf(db)
+	dropped := db.Counters().MADDropQueueFull // injected faster than handled: counted at the GSI
+	if s.Conns != 0 || s.TimeWait != 0 || s.StrayDREQ+dropped < flood || s.StrayDREQ == 0 {
+		t.Fatalf("after %d stray DREQs: %d connections, %d in TimeWait, %d answered as stray, %d dropped for a full queue",
+			flood, s.Conns, s.TimeWait, s.StrayDREQ, dropped)
+	}
+	srv.Close()
+}

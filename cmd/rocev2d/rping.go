@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorocev2/rocev2/cm"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/rdmacm"
 	"github.com/gorocev2/rocev2/transport"
@@ -906,8 +907,25 @@ func printCMStats(w io.Writer, label string, s rdmacm.Stats) {
 	}{{"cm_mads_in", s.MADsIn}, {"cm_mads_out", s.MADsOut}, {"cm_retransmits", s.Retransmits},
 		{"cm_duplicates", s.Duplicates}, {"cm_malformed", s.Malformed}, {"cm_unknown", s.Unknown},
 		{"cm_rej_no_listener", s.RejNoListener}, {"cm_rej_backlog", s.RejBacklog}, {"cm_rej_stale", s.RejStale},
-		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected}} {
+		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected}, {"cm_shed", s.Shed},
+		{"cm_spoof_dropped", s.SpoofDropped}, {"cm_stray_dreq", s.StrayDREQ}} {
 		fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
+	}
+	// REJs by reason and ends by cause, those that happened, in order.
+	for _, set := range []struct {
+		prefix string
+		m      map[cm.RejectReason]uint64
+	}{{"cm_rej_sent_", s.RejSent}, {"cm_rej_rcvd_", s.RejRecv}} {
+		for r := cm.RejectReason(0); r < 64; r++ {
+			if v := set.m[r]; v != 0 {
+				fmt.Fprintf(w, "  %-24s %d\n", fmt.Sprintf("%s%d", set.prefix, r), v)
+			}
+		}
+	}
+	for c := rdmacm.Cause(1); c < 16; c++ {
+		if v := s.Ended[c]; v != 0 {
+			fmt.Fprintf(w, "  %-24s %d\n", "cm_ended_"+c.String(), v)
+		}
 	}
 }
 
