@@ -173,7 +173,8 @@ func (l *Listener) next(ctx context.Context, fair bool) (*Request, error) {
 
 // Accept returns the next established connection, accepted with the
 // listener's options. The listener accepts requests concurrently from the
-// first Accept on, each on its own goroutine and within the listener's
+// first Accept on (one at a time when the options name a QP of the
+// caller's), each on its own goroutine and within the listener's
 // backlog and half-open timeout, so requests that never complete (a lost
 // or forged peer) do not hold up the others; connections established
 // while nobody waits in Accept wait for the next call (as accept(2)'s
@@ -205,6 +206,29 @@ const acceptWorkers = 4
 // reply, and leave the wait for the RTU to a goroutine of the
 // connection's own.
 func (l *Listener) serve() {
+	if l.opts.QP != nil {
+		// The caller's one QP serves one connection at a time: each
+		// request is accepted to the end before the next is taken.
+		go func() {
+			for {
+				r, err := l.next(l.ctx, true)
+				if err != nil {
+					return
+				}
+				o := l.opts.Options
+				c, err := r.Accept(l.ctx, &o)
+				if err != nil {
+					continue
+				}
+				select {
+				case l.ready <- c:
+				case <-l.closedCh:
+					c.Close()
+				}
+			}
+		}()
+		return
+	}
 	for i := 0; i < acceptWorkers; i++ {
 		go func() {
 			for {
