@@ -584,7 +584,10 @@ func (c *Conn) halfOpenExpired(bound time.Duration) {
 	case stREQRcvd:
 	case stREPSent:
 		if left := bound - m.clock.Now().Sub(c.life.arrived); left > 0 {
-			c.acceptTimer.Reset(left) // the requester's bound was shorter: it is waiting for us no more
+			// The timer ran on the requester's bound, which applies
+			// to the application's answer only: the REP is out, so
+			// the listener's bound alone ends the wait for the RTU.
+			c.acceptTimer.Reset(left)
 			return
 		}
 	default:
