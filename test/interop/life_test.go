@@ -23,6 +23,7 @@ func init() { labSuites = append(labSuites, lifeSuite) }
 const (
 	lifeRestarts   = 5
 	lifeLoopRounds = 100
+	lifeConcurrent = 4
 )
 
 func lifeSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row)) {
@@ -36,6 +37,8 @@ func lifeSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func
 			"rocev2d client -> tool server (VM)", lifeHostClientKill},
 		{"life_rping_loop", fmt.Sprintf("%d x rping -c -C 1 -> rocev2d rping -s -P", lifeLoopRounds),
 			"rocev2d server <- tool client (VM)", lifeVMLoop},
+		{"life_rping_persistent_concurrent", fmt.Sprintf("%d rping -c -C 20 at once -> rocev2d rping -s -P", lifeConcurrent),
+			"rocev2d server <- tool client (VM)", lifeVMConcurrent},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t0 := time.Now()
@@ -190,4 +193,36 @@ echo "fails=$fails seconds=$(( $(date +%%s) - start ))"
 		last = last[i+1:]
 	}
 	return fmt.Sprintf("%s, cm_established=%d cm_rej_stale=0", last, cmStat(out, "cm_established")), nil
+}
+
+// lifeVMConcurrent: lifeConcurrent rping clients in the VM at once against
+// one persistent rocev2d server: all pass (-V), the server takes every
+// ping of each.
+func lifeVMConcurrent(t *testing.T, ctx context.Context, lab *Lab, img *Image) (string, error) {
+	const port, count = 7193, 20
+	h, err := startPersistentServer(ctx, lab, img, port)
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		if h != nil {
+			stopServer(h)
+		}
+	}()
+	script := fmt.Sprintf(`pids=""
+for i in $(seq %d); do rping -c -a %s -p %d -C %d -v -V >/tmp/conc$i.out 2>&1 & pids="$pids $!"; done
+fails=0; for p in $pids; do wait $p || fails=$((fails+1)); done
+[ $fails -eq 0 ] || cat /tmp/conc*.out
+echo "fails=$fails"; [ $fails -eq 0 ]`, lifeConcurrent, HostIP, port, count)
+	vm, err := lab.Run(ctx, script, 300*time.Second)
+	if err != nil || vm.Exit != 0 {
+		return "", fmt.Errorf("%d rping clients at once: exit %d %v\n%s", lifeConcurrent, vm.Exit, err, tail(vm.Output, 40))
+	}
+	out := stopServer(h)
+	h = nil
+	if n := len(reServerPingLine.FindAllStringIndex(out, -1)); n != lifeConcurrent*count || cmStat(out, "cm_established") != lifeConcurrent || reRejected.MatchString(out) {
+		return "", fmt.Errorf("server: %d pings (want %d), cm_established=%d (want %d)\n%s", n, lifeConcurrent*count,
+			cmStat(out, "cm_established"), lifeConcurrent, cmTail(out))
+	}
+	return fmt.Sprintf("%d clients x %d pings, cm_established=%d", lifeConcurrent, count, cmStat(out, "cm_established")), nil
 }
