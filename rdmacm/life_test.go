@@ -16,11 +16,12 @@ import (
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // devWith makes a device on n at a with cfg, without closing it at the
 // end (the test does, or its cleanup).
-func devWith(t *testing.T, n *udp.MemNetwork, a netip.Addr, cfg transport.DeviceConfig) *transport.Device {
+func devWith(t *testing.T, n *memnet.MemNetwork, a netip.Addr, cfg transport.DeviceConfig) *transport.Device {
 	t.Helper()
 	l, err := n.Link(a)
 	if err != nil {
@@ -88,7 +89,7 @@ func writeOver(t *testing.T, a, b *Conn, msg string) {
 // Dial sends its REQ again and connects. Before: every Dial was rejected
 // as stale for as long as the server lived.
 func TestRestartSameQPN(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	db := newDev(t, n, addrB, nil)
 	l, err := Listen(db, 20, &ListenOptions{Options: fast})
 	if err != nil {
@@ -147,7 +148,7 @@ func TestRestartSameQPN(t *testing.T) {
 // TestRestartFreshQPN: with the default random first QPN a restarted
 // client's request is new to the server at once: no stale rejection.
 func TestRestartFreshQPN(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	db := newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 21, &ListenOptions{Options: fast})
 	defer l.Close()
@@ -178,7 +179,7 @@ func TestRestartFreshQPN(t *testing.T) {
 // table drains; a client that reuses its own QP (the same QPN every time)
 // meets the server's TimeWait and Dial still connects.
 func TestFastReconnect(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 22, &ListenOptions{Options: fast})
 	defer l.Close()
@@ -288,7 +289,7 @@ func forgedREQ(port uint16, src, dst netip.Addr, id, qpn uint32) *cm.REQFields {
 // each on the requester's timer (three forged REQs denied service), and a
 // REJ naming the server's ID alone ended the live connection.
 func TestHostileListener(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	addrC := netip.MustParseAddr("192.0.2.3")
 	dc := newDev(t, n, addrC, nil)
@@ -424,7 +425,7 @@ func TestHostileListener(t *testing.T) {
 // TestHalfOpenTimeout: a request that asks to be waited for as long as
 // the CM allows ends at the listener's bound.
 func TestHalfOpenTimeout(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	db := newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 24, &ListenOptions{Options: fast, HalfOpenTimeout: 200 * time.Millisecond})
 	defer l.Close()
@@ -459,7 +460,7 @@ func TestHalfOpenTimeout(t *testing.T) {
 // TestShedByHeaviestSource: a full backlog sheds the requests of the
 // address holding the most, not another address's.
 func TestShedByHeaviestSource(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	db := newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 25, &ListenOptions{Options: fast, Backlog: 8})
 	defer l.Close()
@@ -494,7 +495,7 @@ func TestShedByHeaviestSource(t *testing.T) {
 // or by both from another address, leaves it alone; one with both IDs
 // from the peer ends it.
 func TestSpoofedREJ(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 26, &ListenOptions{Options: fast})
 	defer l.Close()
@@ -545,7 +546,7 @@ func TestSpoofedREJ(t *testing.T) {
 // deregisters its region (before, the PD stayed allocated with no handle
 // left to free it).
 func TestFailedDialFreesPD(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	if _, err := Listen(db, 1, nil); err != nil { // the server's CM answers
 		t.Fatal(err)
@@ -576,7 +577,7 @@ func TestFailedDialFreesPD(t *testing.T) {
 // with a DREP and create no state; nor does a TimeWait entry outlive its
 // bound while they arrive.
 func TestDREQFlood(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 28, &ListenOptions{Options: fast})
 	defer l.Close()

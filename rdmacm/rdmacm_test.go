@@ -184,7 +184,7 @@ func TestRefused(t *testing.T) {
 // and a SIDR_REQ with a SIDR_REP, both "invalid service ID", so Dial and
 // ResolveUD are refused at once, as by the kernel's CM, not timed out.
 func TestRefusedWithoutCM(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	slow := Options{ResponseTimeout: 2 * time.Second, MaxRetries: 3}
 	start := time.Now()
