@@ -294,13 +294,15 @@ func (l *Listener) closeLocked() {
 }
 
 // shedLocked makes room in a full backlog for a request from src. The
-// victim is a request nobody has answered yet if there is one (it is
-// dropped without a word, as a full SYN queue drops a SYN: a live
-// requester sends its REQ again after its response timeout), else one
-// waiting for its RTU (rejected: no resources, since its requester may
-// think itself connected); among those, the oldest of the source address
-// holding the most (src counted with the new request), so that a flood
-// from one address cannot push out another's requests.
+// victim is the oldest request of the source address holding the most
+// (src counted with the new request), so that a flood from one address
+// cannot push out another's requests: an unanswered one first (dropped
+// without a word, as a full SYN queue drops a SYN: a live requester sends
+// its REQ again after its response timeout), else one waiting for its
+// RTU (rejected: no resources, since its requester may think itself
+// connected). When every source holds one, the oldest request waiting for
+// its RTU goes first. A request sent again after it was shed is never
+// the victim while another can be.
 func (l *Listener) shedLocked(src netip.Addr) {
 	if len(l.half) == 0 {
 		return
@@ -330,9 +332,18 @@ func (l *Listener) shedLocked(src netip.Addr) {
 	if victim == nil {
 		victim = first(l.half, true)
 	}
-	if victim == nil { // every source holds one: the oldest, unanswered first
-		if victim = first(l.queue, false); victim == nil {
-			if victim = first(l.half, false); victim == nil {
+	if victim == nil {
+		// Every source holds one: the oldest request still waiting for
+		// its RTU goes (a requester that is there answers a REP within
+		// a round trip), then the oldest unanswered one.
+		for _, c := range l.half {
+			if !c.life.queued && !c.life.retried {
+				victim = c
+				break
+			}
+		}
+		if victim == nil {
+			if victim = first(l.queue, false); victim == nil {
 				victim = l.half[0]
 			}
 		}
