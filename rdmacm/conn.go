@@ -59,6 +59,18 @@ type Options struct {
 	// LocalPort is the active side's rdma_cm port in the request's header
 	// (default: a random ephemeral port, as the kernel picks one).
 	LocalPort uint16
+	// KeepAlive is how long an established connection may stay silent
+	// (no packet from the peer) before it sends the peer a keep-alive
+	// probe: a zero-length RDMA WRITE, which any verbs peer's QP answers
+	// by itself (transport.QP.Probe). Zero selects DefaultKeepAlive (15
+	// s); a negative value turns keep-alive off. KeepAliveTimeout is how
+	// long a probe may go unanswered before the connection is declared
+	// dead (default DefaultKeepAliveTimeout, 10 s); the QP's own retry
+	// count usually declares a dead peer sooner (Retry: about 0.5 s at
+	// the default timeout 14 and retry count 7). A dead idle peer ends
+	// the connection (Done, Err matching ErrKeepAlive) at most
+	// 2×KeepAlive + KeepAliveTimeout after it died.
+	KeepAlive, KeepAliveTimeout time.Duration
 }
 
 // check reports options that contradict each other.
@@ -111,6 +123,12 @@ func (o *Options) withDefaults() Options {
 	}
 	if r.MaxRetries <= 0 {
 		r.MaxRetries = 15
+	}
+	if r.KeepAlive == 0 {
+		r.KeepAlive = DefaultKeepAlive
+	}
+	if r.KeepAliveTimeout <= 0 {
+		r.KeepAliveTimeout = DefaultKeepAliveTimeout
 	}
 	return r
 }
@@ -173,6 +191,11 @@ type Conn struct {
 	done        chan struct{} // closed when the connection has ended
 	ended       bool
 	life        life // teardown cause, stale handling, indexes (life.go)
+	// Keep-alive (keepalive.go).
+	kaTimer   transport.Timer
+	kaHeard   uint64 // the QP's Activity at the last tick
+	kaProbing bool   // a probe went out and nothing was heard since
+	kaSince   time.Time
 }
 
 // QP returns the connection's QP.
@@ -200,11 +223,17 @@ func (c *Conn) LocalAddr() netip.AddrPort { return netip.AddrPortFrom(c.m.dev.Ad
 func (c *Conn) RemoteAddr() netip.AddrPort { return netip.AddrPortFrom(c.peer, c.remotePort) }
 
 // Done returns a channel closed when the connection has ended: the peer
-// disconnected, Close ran, or the device closed.
+// disconnected, Close ran, the device closed, the QP failed (a work
+// request's retries ran out, a remote access or operational error, ...)
+// or the peer answered no keep-alive probe. Err then says why.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
-// Err returns why the connection ended (nil while it is up; ErrClosed
-// after a local Close or a peer's disconnect).
+// Err returns why the connection ended: nil while it is up; ErrClosed
+// after a local Close or a closed device (then also
+// transport.ErrClosed); ErrDisconnected (which matches ErrClosed) after
+// the peer's DREQ; ErrQPFailed wrapping the QP's error (a
+// *transport.WCError: errors.As, then Status) when the QP failed;
+// ErrKeepAlive when the peer stopped answering keep-alive probes.
 func (c *Conn) Err() error {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
@@ -251,7 +280,7 @@ func (c *Conn) setupQP() error {
 				return err
 			}
 			*cq = q
-			c.owned = append(c.owned, q.Destroy)
+			c.owned = append(c.owned, func() error { return q.DestroyCause(c.closedCause()) })
 		}
 	}
 	qp, err := dev.CreateQP(o.PD, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: o.SendCQ, RecvCQ: o.RecvCQ,
@@ -260,8 +289,16 @@ func (c *Conn) setupQP() error {
 		return err
 	}
 	c.setQP(qp)
-	c.owned = append(c.owned, qp.Destroy)
+	c.owned = append(c.owned, func() error { return qp.DestroyCause(c.closedCause()) })
 	return qp.Init(o.Access)
+}
+
+// closedCause is what the QP and CQs the connection destroys answer
+// their later callers and waiters with (see closedCause).
+func (c *Conn) closedCause() error {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	return closedCause(c.err)
 }
 
 // setQP records the connection's QP (the manager reads it under its lock).
@@ -368,7 +405,7 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 	if m.closed {
 		m.mu.Unlock()
 		c.releaseFailed()
-		return nil, ErrClosed
+		return nil, errDeviceClosed
 	}
 	c.localID = m.newLocalID()
 	req.LocalCommID = c.localID
@@ -515,7 +552,12 @@ func (c *Conn) onTimer() {
 			c.finishLocked(c.life.rej)
 			return
 		}
-		c.finishLocked(ErrTimeout)
+		op, msg := "Dial", "REQ"
+		if !c.active {
+			op, msg = "Accept", "REP"
+		}
+		c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %d %ss sent, %v apart, none answered", op,
+			netip.AddrPortFrom(c.peer, c.remotePort), ErrTimeout, c.retries+1, msg, c.opts.ResponseTimeout))
 	case stDREQSent:
 		c.endedBy(CauseTimeout)
 		c.timeWaitLocked(ErrClosed)
@@ -548,6 +590,9 @@ func (c *Conn) finishLocked(err error) {
 	}
 	if c.acceptTimer != nil {
 		c.acceptTimer.Stop()
+	}
+	if c.kaTimer != nil {
+		c.kaTimer.Stop()
 	}
 	if m.conns[c.localID] == c {
 		delete(m.conns, c.localID)
@@ -586,6 +631,9 @@ func (c *Conn) timeWaitLocked(err error) {
 	}
 	if c.timer != nil {
 		c.timer.Stop()
+	}
+	if c.kaTimer != nil {
+		c.kaTimer.Stop()
 	}
 	select {
 	case <-c.estab:
@@ -714,6 +762,7 @@ func (m *manager) onREP(mad *transport.MAD, f *cm.REPFields) {
 		c.timer.Stop()
 	}
 	m.st.established.Add(1)
+	c.startLivenessLocked()
 	close(c.estab)
 }
 
@@ -821,6 +870,7 @@ func (c *Conn) establishPassiveLocked() {
 	c.leaveHalfOpenLocked()
 	c.state = stEstablished
 	c.m.st.established.Add(1)
+	c.startLivenessLocked()
 	close(c.estab)
 }
 
@@ -846,12 +896,21 @@ func (m *manager) onDREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.DREQField
 	if c.state == stTimeWait {
 		m.st.duplicates.Add(1)
 	}
+	if c.state == stEstablished && c.qp != nil && c.err == nil {
+		// The QP failed already (its watcher has not run yet): that is
+		// what ended the connection; the DREQ is the peer's view of it.
+		if cause := c.qp.Err(); cause != nil && !errors.Is(cause, transport.ErrClosed) {
+			c.err = fmt.Errorf("%w (peer %v): %w", ErrQPFailed, c.peer, cause)
+			m.st.qpFailed.Add(1)
+			c.endedBy(CauseError)
+		}
+	}
 	c.endedBy(CausePeerDisconnect)
 	drep := &cm.DREPFields{LocalCommID: c.localID, RemoteCommID: c.remoteID}
 	hd := cm.NewHeader(0, c.tid)
 	cm.Encode(c.out[:], &hd, drep)
 	c.resendLocked()
-	c.timeWaitLocked(ErrClosed)
+	c.timeWaitLocked(ErrDisconnected)
 }
 
 // onDREP: the peer confirmed our DREQ.

@@ -52,6 +52,9 @@ type Listener struct {
 	half   []*Conn            // half-open requests, in arrival order (at most Backlog)
 	perSrc map[netip.Addr]int // half-open requests by source address
 	closed bool
+	// closeErr is what Next and Accept return once closed (set before
+	// closedCh closes; nil: ErrClosed).
+	closeErr error
 }
 
 // Request is a connection request waiting for the application: accept
@@ -97,7 +100,7 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 	defer m.mu.Unlock()
 	if m.closed {
 		l.cancel()
-		return nil, ErrClosed
+		return nil, errDeviceClosed
 	}
 	if _, busy := m.listeners[l.svc]; busy {
 		l.cancel()
@@ -156,15 +159,17 @@ func (l *Listener) next(ctx context.Context, fair bool) (*Request, error) {
 			m.mu.Unlock()
 			return &Request{c: c, l: l}, nil
 		}
-		closed := l.closed
+		closed, cerr := l.closed, l.closeErr
 		m.mu.Unlock()
 		if closed {
+			if cerr != nil {
+				return nil, cerr
+			}
 			return nil, ErrClosed
 		}
 		select {
 		case <-l.wake:
-		case <-l.closedCh:
-			return nil, ErrClosed
+		case <-l.closedCh: // looked at again above
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -190,6 +195,9 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	case c := <-l.ready:
 		return c, nil
 	case <-l.closedCh:
+		if l.closeErr != nil {
+			return nil, l.closeErr
+		}
 		return nil, ErrClosed
 	case <-ctx.Done():
 		return nil, ctx.Err()

@@ -22,6 +22,13 @@ var (
 	ErrTimeout  = errors.New("rdmacm: no response from the peer")
 	ErrClosed   = errors.New("rdmacm: closed")
 	ErrInUse    = errors.New("rdmacm: port in use")
+	// ErrUnreachable: the network answered a CM message with an ICMP
+	// error (nothing listens on UDP 4791 at the peer's address, or the
+	// host or network is unreachable), on links that report them
+	// (udp.SocketLink). The error names the address and wraps the
+	// *udp.ICMPError (errors.Is(err, syscall.ECONNREFUSED) for port
+	// unreachable).
+	ErrUnreachable = errors.New("rdmacm: peer unreachable")
 )
 
 // RejectError is a REJ from the peer (or, for SIDR, a SIDR_REP with an
@@ -81,9 +88,18 @@ type Stats struct {
 	// Ended counts connections that ended, by cause (a connection counts
 	// once, by what ended it first).
 	Ended map[Cause]uint64
-	// Conns is how many connections the manager knows now, in every
-	// state; TimeWait how many of them wait out their TimeWait.
-	Conns, TimeWait int
+	// QPFailed counts established connections ended because their QP
+	// failed (ErrQPFailed); KeepAliveFailed those whose peer answered no
+	// keep-alive probe (ErrKeepAlive); KeepAliveProbes the probes sent.
+	QPFailed, KeepAliveFailed, KeepAliveProbes uint64
+	// Unreachable counts ICMP errors for CM messages this device sent
+	// (ErrUnreachable).
+	Unreachable uint64
+	// Conns is how many connections the manager holds now, in any state
+	// (half-open, established, closing, TimeWait): a gauge, not a count.
+	Conns uint64
+	// TimeWait is how many of them wait out their TimeWait (a gauge).
+	TimeWait uint64
 }
 
 type stats struct {
@@ -92,6 +108,7 @@ type stats struct {
 	shed, spoofDropped, strayDREQ                                  atomic.Uint64
 	rejSent, rejRecv                                               [maxReason + 1]atomic.Uint64
 	ended                                                          [numCauses]atomic.Uint64
+	qpFailed, keepAliveFailed, keepAliveProbes, unreachable        atomic.Uint64
 }
 
 // maxReason is the highest REJ reason counted by its own number; higher
@@ -121,6 +138,7 @@ type manager struct {
 	udl       map[uint64]*UDListener
 	sidr      map[uint32]*sidrWait // by request ID
 	closed    bool
+	stop      chan struct{} // closed by shutdown
 }
 
 type remoteKey struct {
@@ -142,6 +160,9 @@ func managerFor(dev *transport.Device) (*manager, error) {
 		return m, nil
 	}
 	gsi, err := dev.GSI()
+	if errors.Is(err, transport.ErrClosed) {
+		return nil, errDeviceClosed
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -156,9 +177,10 @@ func managerFor(dev *transport.Device) (*manager, error) {
 		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, byQPN: map[qpnKey]*Conn{},
 		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
 		gaveUp: map[remoteKey]bool{}, shedIDs: map[remoteKey]bool{},
-		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}}
+		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, stop: make(chan struct{})}
 	managers[dev] = m
 	go m.loop()
+	go m.errLoop()
 	return m, nil
 }
 
@@ -176,7 +198,9 @@ func StatsOf(dev *transport.Device) Stats {
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
 		RejNoListener: s.rejNoListener.Load(), RejBacklog: s.rejBacklog.Load(), RejStale: s.rejStale.Load(),
 		Established: s.established.Load(), Disconnected: s.disconnected.Load(),
-		Shed: s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(),
+		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load(),
+		Unreachable: s.unreachable.Load(),
+		Shed:        s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(),
 		RejSent: map[cm.RejectReason]uint64{}, RejRecv: map[cm.RejectReason]uint64{}, Ended: map[Cause]uint64{}}
 	for i := range s.rejSent {
 		if v := s.rejSent[i].Load(); v != 0 {
@@ -192,7 +216,7 @@ func StatsOf(dev *transport.Device) Stats {
 		}
 	}
 	m.mu.Lock()
-	st.Conns, st.TimeWait = len(m.conns), m.timeWait
+	st.Conns, st.TimeWait = uint64(len(m.conns)), uint64(m.timeWait)
 	m.mu.Unlock()
 	return st
 }
@@ -276,6 +300,7 @@ func (neverDone) Value(any) any               { return nil }
 func (m *manager) shutdown() {
 	m.mu.Lock()
 	m.closed = true
+	close(m.stop)
 	conns := make([]*Conn, 0, len(m.conns))
 	for _, c := range m.conns {
 		conns = append(conns, c)
@@ -285,17 +310,18 @@ func (m *manager) shutdown() {
 		waits = append(waits, w)
 	}
 	for _, l := range m.listeners {
+		l.closeErr = errDeviceClosed
 		l.closeLocked()
 	}
 	m.mu.Unlock()
 	for _, c := range conns {
 		m.mu.Lock()
 		c.endedBy(CauseDeviceClosed)
-		c.finishLocked(ErrClosed)
+		c.finishLocked(errDeviceClosed)
 		m.mu.Unlock()
 	}
 	for _, w := range waits {
-		w.done(sidrResult{err: ErrClosed})
+		w.done(sidrResult{err: errDeviceClosed})
 	}
 	managersMu.Lock()
 	if managers[m.dev] == m {
@@ -303,6 +329,42 @@ func (m *manager) shutdown() {
 	}
 	managersMu.Unlock()
 	m.agent.Close()
+}
+
+// errLoop ends the connections whose CM messages the network bounced.
+func (m *manager) errLoop() {
+	for {
+		select {
+		case e := <-m.agent.Unreachable():
+			m.onUnreachable(e.Dst, e.Payload, e)
+		case <-m.stop:
+			return
+		}
+	}
+}
+
+// onUnreachable: a REQ (or REP) of ours came back as an ICMP error: the
+// connection waiting for its answer fails now, with an error naming the
+// address, instead of resending for MaxRetries response timeouts.
+// dst and payload are the bounced datagram's destination and quoted UDP
+// payload, icmp the error (a *udp.ICMPError).
+func (m *manager) onUnreachable(dst netip.Addr, payload []byte, icmp error) {
+	if len(payload) < transport.MADOffset+16 {
+		return
+	}
+	tid := binary.BigEndian.Uint64(payload[transport.MADOffset+8:])
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.st.unreachable.Add(1)
+	for _, c := range m.conns {
+		if (c.state == stREQSent || c.state == stREPSent) && c.peer == dst && c.tid == tid {
+			op := "Dial"
+			if !c.active {
+				op = "Accept"
+			}
+			c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %w", op, netip.AddrPortFrom(c.peer, c.remotePort), ErrUnreachable, icmp))
+		}
+	}
 }
 
 func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message) {
