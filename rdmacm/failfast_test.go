@@ -65,7 +65,9 @@ func TestDialTimeoutSaysWhere(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	// B answers nothing (every packet it would send is dropped; a device
 	// without a CM would refuse the REQ: REJ invalid service ID).
-	silent := func(l udp.Link) udp.Link { return &filterLink{Link: l, drop: func(*packet.Packet) bool { return true }} }
+	silent := func(l udp.Link) udp.Link {
+		return &filterLink{Link: l, drop: func(*packet.Packet) bool { return true }}
+	}
 	da, _ := newDev(t, n, addrA, nil), newDev(t, n, addrB, silent)
 	to := netip.AddrPortFrom(addrB, 7501)
 	_, err := Dial(ctxT(t, 10*time.Second), da, to, &fast)
