@@ -902,7 +902,7 @@ func (m *manager) onDREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.DREQField
 		if cause := c.qp.Err(); cause != nil && !errors.Is(cause, transport.ErrClosed) {
 			c.err = fmt.Errorf("%w (peer %v): %w", ErrQPFailed, c.peer, cause)
 			m.st.qpFailed.Add(1)
-			c.endedBy(CauseError)
+			c.endedBy(CauseQPFailed)
 		}
 	}
 	c.endedBy(CausePeerDisconnect)

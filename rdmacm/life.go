@@ -49,11 +49,17 @@ const (
 	CauseDeviceClosed
 	// CauseError: the QP could not be set up or connected.
 	CauseError
+	// CauseQPFailed: the established connection's QP failed
+	// (ErrQPFailed).
+	CauseQPFailed
+	// CauseKeepAlive: the peer answered no keep-alive probe
+	// (ErrKeepAlive).
+	CauseKeepAlive
 	numCauses
 )
 
 var causeNames = [numCauses]string{"", "local_close", "peer_disconnect", "peer_reject", "stale",
-	"timeout", "half_open_timeout", "shed", "device_closed", "error"}
+	"timeout", "half_open_timeout", "shed", "device_closed", "error", "qp_failed", "keepalive"}
 
 // String returns the cause's counter name, as "peer_reject".
 func (c Cause) String() string {
@@ -106,6 +112,12 @@ func causeOf(err error) Cause {
 		return CauseStale
 	case errors.Is(err, errShed):
 		return CauseShed
+	case errors.Is(err, ErrQPFailed):
+		return CauseQPFailed
+	case errors.Is(err, ErrKeepAlive):
+		return CauseKeepAlive
+	case errors.Is(err, errDeviceClosed):
+		return CauseDeviceClosed
 	case errors.Is(err, ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return CauseLocalClose
 	}
