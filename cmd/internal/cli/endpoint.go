@@ -28,6 +28,9 @@ type Endpoint struct {
 	PSN    uint32         // first send PSN (random, 24 bits)
 	SRQ    *transport.SRQ // the shared receive queue of the QPs (srq-pingpong), or nil
 	Access memreg.Access  // remote access the QP grants the peer
+	// SR connects the QPs with selective repeat (--selective-repeat: the
+	// peer must be a rocev2d that set it too).
+	SR bool
 	// release undoes the registrations and mappings of Alloc, in reverse
 	// order, after the device is closed.
 	release []func()
@@ -147,7 +150,7 @@ func (e *Endpoint) ConnectQP(qp *transport.QP, psn uint32, peer netip.Addr, peer
 	}
 	return qp.Connect(transport.ConnParams{Peer: peer, DestQPN: peerQPN, RQPSN: peerPSN, SQPSN: psn,
 		PathMTU: mtu, Access: e.Access, MaxRdAtomic: rdAtomic, MaxDestRdAtomic: rdAtomic,
-		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}})
+		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}, SelectiveRepeat: e.SR})
 }
 
 // PeerFamily explains a peer GID of the other address family than the
@@ -203,6 +206,13 @@ func (e *Endpoint) Close() {
 		e.Dev.Close()
 		e.Dev = nil
 	}
+	e.ReleaseMemory()
+}
+
+// ReleaseMemory deregisters and unmaps the memory of Alloc (in reverse
+// order) without closing the device: for an endpoint that shares another's
+// device and PD (a persistent rping server's connections).
+func (e *Endpoint) ReleaseMemory() {
 	for i := len(e.release) - 1; i >= 0; i-- {
 		e.release[i]()
 	}
