@@ -9,8 +9,9 @@
 //     packet imports only the header packages; rocelayer only wire
 //     packages.
 //   - memreg imports only wire packages.
-//   - udp imports only wire packages (and internal/netns); udp/faults only
-//     internal/netns; internal/netns nothing of ours.
+//   - udp imports only wire packages (and internal/netns and udp/share);
+//     udp/faults only internal/netns; udp/share and internal/netns nothing
+//     of ours.
 //   - transport imports only wire packages, memreg and udp, and reaches the
 //     network only through udp: no syscall, golang.org/x/sys, golang.org/x/net,
 //     os/exec or eBPF imports, and of package net only net.ErrClosed (what a

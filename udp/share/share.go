@@ -170,15 +170,27 @@ func isNil(c interface{ Close() error }) bool {
 }
 
 // dirName is the pin directory of address ap under root.
-// (bpffs refuses names with dots: "127_0_0_1_4791", "__1_4791").
+// (bpffs refuses names with dots): "n4026531840_127_0_0_1_4791", named
+// after the calling thread's network namespace too, since bpffs is shared
+// by namespaces in which the same address is a different socket group.
 func dirName(root string, ap netip.AddrPort) string {
-	return filepath.Join(root, "rocev2", "share-v1", pinSafe.Replace(ap.String()))
+	return filepath.Join(root, "rocev2", "share-v1", groupKey(ap))
+}
+
+// groupKey names the group of ap in the calling thread's network namespace.
+func groupKey(ap netip.AddrPort) string {
+	var ino uint64
+	var st unix.Stat_t
+	if unix.Stat("/proc/thread-self/ns/net", &st) == nil {
+		ino = st.Ino
+	}
+	return "n" + strconv.FormatUint(ino, 10) + "_" + pinSafe.Replace(ap.String())
 }
 
 var pinSafe = strings.NewReplacer(".", "_", ":", "_", "[", "", "]", "", "%", "_")
 
 func lockName(dir string, ap netip.AddrPort) string {
-	return filepath.Join(dir, strings.ReplaceAll(ap.String(), ":", "_")+".lock")
+	return filepath.Join(dir, groupKey(ap)+".lock")
 }
 
 // ensureBPFFS mounts bpffs at root when root is not one.
@@ -361,6 +373,17 @@ func (g *group) depart(s int, r memberRec, now time.Time, tw time.Duration) {
 	}
 }
 
+// removeIfEmpty unpins the group when no slot is held (a join that failed
+// to bind leaves nothing behind). Under the lock.
+func (g *group) removeIfEmpty() {
+	for s := 0; s < MaxMembers; s++ {
+		if g.member(s).State != stateFree {
+			return
+		}
+	}
+	os.RemoveAll(g.dir)
+}
+
 // free returns slot s and its QPN ranges.
 func (g *group) free(s int) {
 	for r := uint32(1); r < numRanges; r++ {
@@ -469,6 +492,7 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 	}
 	fd, err := open(g.prog.FD())
 	if err != nil {
+		g.removeIfEmpty()
 		g.close()
 		return nil, err
 	}
