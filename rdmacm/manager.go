@@ -78,6 +78,7 @@ type manager struct {
 	clock transport.Clock
 	guid  uint64
 	st    stats
+	tag   cm.CommIDTag // owner bits of our communication and request IDs (shared address)
 
 	mu        sync.Mutex
 	conns     map[uint32]*Conn     // by local communication ID
@@ -117,6 +118,13 @@ func managerFor(dev *transport.Device) (*manager, error) {
 	m := &manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
 		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, listeners: map[uint64]*Listener{},
 		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}}
+	m.tag.Tag, m.tag.Mask = dev.CommIDTag()
+	// On a shared address one process answers the REQs nobody listens
+	// for (exactly one REJ each): every connection manager volunteers.
+	if err := dev.VolunteerRejector(); err != nil {
+		agent.Close()
+		return nil, fmt.Errorf("rdmacm: %w", err)
+	}
 	managers[dev] = m
 	go m.loop()
 	return m, nil
@@ -248,7 +256,7 @@ func (m *manager) send(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, ou
 // with m.mu held.
 func (m *manager) newLocalID() uint32 {
 	for {
-		id := random32()
+		id := m.tag.Apply(random32())
 		if _, busy := m.conns[id]; id != 0 && !busy {
 			return id
 		}
