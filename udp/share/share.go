@@ -680,3 +680,44 @@ func (m *Member) Close() error {
 	m.g.close()
 	return err
 }
+
+// Remove unpins the group of ap (in the calling thread's network
+// namespace) when none of its members is alive, members in TimeWait
+// included; it reports whether it did. pinRoot "" is DefaultPinRoot.
+func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
+	var o Options
+	o.PinRoot = pinRoot
+	o.defaults()
+	lf, err := flock(lockName(o.LockDir, ap))
+	if err != nil {
+		return false, err
+	}
+	defer lf.Close()
+	dir := dirName(o.PinRoot, ap)
+	g, err := openExisting(dir)
+	if err != nil {
+		return false, nil
+	}
+	defer g.close()
+	for s := 0; s < MaxMembers; s++ {
+		if r := g.member(s); r.State == stateLive && alive(r) {
+			return false, nil
+		}
+	}
+	return true, os.RemoveAll(dir)
+}
+
+// openExisting loads the pinned maps of dir (not the program).
+func openExisting(dir string) (*group, error) {
+	g := &group{dir: dir}
+	maps := []**ebpf.Map{&g.socks, &g.ranges, &g.services, &g.cfg, &g.stats, &g.members}
+	for i, n := range mapNames {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, n), nil)
+		if err != nil {
+			g.close()
+			return nil, err
+		}
+		*maps[i] = m
+	}
+	return g, nil
+}
