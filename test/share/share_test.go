@@ -35,6 +35,8 @@ func TestMain(m *testing.M) {
 	case "":
 	case "nocaps":
 		os.Exit(childNoCaps())
+	case "cm":
+		os.Exit(childCM())
 	default:
 		os.Exit(child())
 	}
@@ -269,8 +271,13 @@ type proc struct {
 
 func startChild(t *testing.T, idx int, addr, peer netip.Addr, msgs int, noShare bool) *proc {
 	t.Helper()
+	return startChildMode(t, "data", idx, addr, peer, msgs, noShare)
+}
+
+func startChildMode(t *testing.T, mode string, idx int, addr, peer netip.Addr, msgs int, noShare bool) *proc {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", "CHILD_INDEX="+strconv.Itoa(idx), "CHILD_MSGS="+strconv.Itoa(msgs),
+	cmd.Env = append(os.Environ(), childEnv+"="+mode, "CHILD_INDEX="+strconv.Itoa(idx), "CHILD_MSGS="+strconv.Itoa(msgs),
 		"CHILD_ADDR="+addr.String(), "CHILD_PEER="+peer.String())
 	if noShare {
 		cmd.Env = append(cmd.Env, "CHILD_NOSHARE=1")
