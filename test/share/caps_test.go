@@ -61,7 +61,7 @@ func childNoCaps() int {
 	return 0
 }
 
-func runNoCaps(t *testing.T, addr netip.Addr) (on, auto string) {
+func runNoCaps(t testing.TB, addr netip.Addr) (on, auto string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=nocaps", "CHILD_ADDR="+addr.String())

@@ -85,7 +85,7 @@ func childCM() int {
 	return 0
 }
 
-func startCMChild(t *testing.T, idx int, addr netip.Addr, port int) *proc {
+func startCMChild(t testing.TB, idx int, addr netip.Addr, port int) *proc {
 	t.Helper()
 	os.Setenv("CHILD_PORT", strconv.Itoa(port))
 	defer os.Unsetenv("CHILD_PORT")
@@ -323,7 +323,7 @@ func TestREQFlood(t *testing.T) {
 }
 
 // steeredTo returns the steered count of the member p's listener owns.
-func steeredTo(t *testing.T, addr netip.Addr, p *proc) uint64 {
+func steeredTo(t testing.TB, addr netip.Addr, p *proc) uint64 {
 	t.Helper()
 	st, err := share.ReadStatus(netip.AddrPortFrom(addr, udp.Port), "")
 	if err != nil {

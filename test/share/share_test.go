@@ -269,12 +269,12 @@ type proc struct {
 	qpn []uint32
 }
 
-func startChild(t *testing.T, idx int, addr, peer netip.Addr, msgs int, noShare bool) *proc {
+func startChild(t testing.TB, idx int, addr, peer netip.Addr, msgs int, noShare bool) *proc {
 	t.Helper()
 	return startChildMode(t, "data", idx, addr, peer, msgs, noShare)
 }
 
-func startChildMode(t *testing.T, mode string, idx int, addr, peer netip.Addr, msgs int, noShare bool) *proc {
+func startChildMode(t testing.TB, mode string, idx int, addr, peer netip.Addr, msgs int, noShare bool) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode, "CHILD_INDEX="+strconv.Itoa(idx), "CHILD_MSGS="+strconv.Itoa(msgs),
@@ -310,7 +310,7 @@ func startChildMode(t *testing.T, mode string, idx int, addr, peer netip.Addr, m
 }
 
 // expect reads the child's next line, which must start with prefix.
-func (p *proc) expect(t *testing.T, prefix string) []string {
+func (p *proc) expect(t testing.TB, prefix string) []string {
 	t.Helper()
 	if !p.out.Scan() {
 		t.Fatalf("child %d: no %s line (exited?)", p.cmd.Process.Pid, prefix)
@@ -322,7 +322,7 @@ func (p *proc) expect(t *testing.T, prefix string) []string {
 	return f[1:]
 }
 
-func (p *proc) say(t *testing.T, s string) {
+func (p *proc) say(t testing.TB, s string) {
 	t.Helper()
 	if _, err := io.WriteString(p.in, s+"\n"); err != nil {
 		t.Fatal(err)
@@ -332,7 +332,7 @@ func (p *proc) say(t *testing.T, s string) {
 // exchange runs the traffic of children procs with the parent side par:
 // msgs messages to every child QP and the echo back, all data checked.
 // It returns the time from the first send to the last echo.
-func exchange(t *testing.T, par *side, procs []*proc, addrs []netip.Addr, msgs int) time.Duration {
+func exchange(t testing.TB, par *side, procs []*proc, addrs []netip.Addr, msgs int) time.Duration {
 	t.Helper()
 	for c, p := range procs {
 		f := p.expect(t, "QPN")
@@ -397,7 +397,7 @@ func exchange(t *testing.T, par *side, procs []*proc, addrs []netip.Addr, msgs i
 }
 
 // report collects the children's counters.
-func report(t *testing.T, procs []*proc) []map[string]uint64 {
+func report(t testing.TB, procs []*proc) []map[string]uint64 {
 	t.Helper()
 	var out []map[string]uint64
 	for c, p := range procs {
@@ -479,7 +479,7 @@ func TestEightProcessesOneAddress(t *testing.T) {
 }
 
 // sendStray sends n datagrams over l to QPNs in a range nobody leases.
-func sendStray(t *testing.T, l *udp.SocketLink, dst netip.Addr, n int) {
+func sendStray(t testing.TB, l *udp.SocketLink, dst netip.Addr, n int) {
 	t.Helper()
 	pkts := make([]udp.Packet, n)
 	for i := range pkts {
