@@ -138,8 +138,12 @@ func (s *side) close() {
 func (s *side) recvSlot(q, j, msgs int) int { return (q*msgs + j) * msgSize }
 func (s *side) sendSlot(q, j, msgs int) int { return (len(s.qps)*msgs + q*msgs + j) * msgSize }
 
+// testRetry tolerates a loaded machine (-race, 9 processes on 2 cores):
+// local ACK timeout 17 (~0.5 s), 7 retries.
+var testRetry = transport.Retry{Timeout: 17, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}
+
 func (s *side) connect(q int, peer netip.Addr, dest uint32) error {
-	return s.qps[q].Connect(transport.ConnParams{Peer: peer, DestQPN: dest, SQPSN: 100, RQPSN: 100, PathMTU: transport.MTU1024})
+	return s.qps[q].Connect(transport.ConnParams{Peer: peer, DestQPN: dest, SQPSN: 100, RQPSN: 100, PathMTU: transport.MTU1024, Retry: &testRetry})
 }
 
 func (s *side) postRecvs(q, msgs int) error {
@@ -187,8 +191,14 @@ func (s *side) wait(ctx context.Context, n int) (recvs int, err error) {
 // receives msgs messages per QP, checks them, echoes them and reports
 // its counters.
 func child() int {
+	var s *side
 	fail := func(f string, a ...any) int {
-		fmt.Printf("FAIL "+f+"\n", a...)
+		msg := fmt.Sprintf(f, a...)
+		if s != nil {
+			ss := s.link.ShareStats()
+			msg += fmt.Sprintf(" (steered %d rcvd %d misrouted %d unknownqp %d)", ss.Steered, s.link.Stats().RcvdPkts, ss.Misrouted, s.dev.Counters().UnknownQP)
+		}
+		fmt.Println("FAIL " + msg)
 		return 1
 	}
 	idx, _ := strconv.Atoi(os.Getenv("CHILD_INDEX"))
@@ -199,10 +209,11 @@ func child() int {
 	if os.Getenv("CHILD_NOSHARE") != "" {
 		mode = udp.ShareOff
 	}
-	s, err := newSide(addr, qpsPer, msgs, udp.SocketOptions{Share: mode, ShareTimeWait: 200 * time.Millisecond})
+	s0, err := newSide(addr, qpsPer, msgs, udp.SocketOptions{Share: mode, ShareTimeWait: 200 * time.Millisecond})
 	if err != nil {
 		return fail("%v", err)
 	}
+	s = s0
 	defer s.close()
 	var line strings.Builder
 	fmt.Fprint(&line, "QPN")
