@@ -238,7 +238,7 @@ func openGroup(dir string) (*group, error) {
 	specs := []*ebpf.MapSpec{
 		{Name: "rocev2_socks", Type: ebpf.ReusePortSockArray, KeySize: 4, ValueSize: 8, MaxEntries: MaxMembers},
 		{Name: "rocev2_ranges", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: numRanges},
-		{Name: "rocev2_svcs", Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 4096},
+		{Name: "rocev2_svcs", Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 4096, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: "rocev2_cfg", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: numCfg},
 		{Name: "rocev2_stats", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: MaxMembers + numGroupCounters},
 		{Name: "rocev2_members", Type: ebpf.Array, KeySize: 4, ValueSize: memberRecSize, MaxEntries: MaxMembers},

@@ -118,6 +118,11 @@ func TestSteering(t *testing.T) {
 	needRoot(t)
 	ap := netip.MustParseAddrPort("127.0.0.61:24791")
 	o := &Options{TimeWait: 300 * time.Millisecond, LockDir: t.TempDir()}
+	// A group left by an earlier run (its members dead) starts afresh.
+	if _, err := Remove(ap, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Remove(ap, "") })
 	a := join(t, ap, o)
 	b := join(t, ap, o)
 	fa, _, err := a.m.LeaseQPNs()
