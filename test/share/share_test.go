@@ -37,6 +37,8 @@ func TestMain(m *testing.M) {
 		os.Exit(childNoCaps())
 	case "cm":
 		os.Exit(childCM())
+	case "active":
+		os.Exit(childActive())
 	default:
 		os.Exit(child())
 	}
