@@ -99,7 +99,8 @@ func shareClients(gid, rpingCount, bwN, ppN int) string {
 		cls = append(cls, cl{"ibv_rc_pingpong", fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -p %d -s 4096 -n %d -c %s", gid, sharePPPort, ppN, HostIP)})
 	}
 	for i, c := range cls {
-		fmt.Fprintf(&b, "(%s >/tmp/share%d.out 2>/tmp/share%d.err; echo $? >/tmp/share%d.rc) & ", c.cmd, i, i, i)
+		// timeout: a hung client still reports (exit 124) with its output.
+		fmt.Fprintf(&b, "(timeout 150 %s >/tmp/share%d.out 2>/tmp/share%d.err; echo $? >/tmp/share%d.rc) & ", c.cmd, i, i, i)
 	}
 	b.WriteString("wait; ")
 	for i, c := range cls {
@@ -168,9 +169,15 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		if err != nil {
 			t.Fatalf("servers: %v", err)
 		}
-		vm, err := lab.Run(ctx, shareClients(lab.GIDIndex, rpN, bwN, ppN), 240*time.Second)
+		vm, err := lab.Run(ctx, shareClients(lab.GIDIndex, rpN, bwN, ppN), 200*time.Second)
+		t.Logf("VM clients: exit %d err %v, output (last lines):\n%s", vm.Exit, err, lastLines(vm.Output, 40))
 		if err != nil {
-			t.Fatalf("VM clients: %v\n%s", err, vm.Output)
+			for _, h := range []*HostProc{rp, bw, pp} {
+				h.Cmd.Process.Signal(syscall.SIGTERM)
+				_, out := h.Wait()
+				t.Logf("host %s:\n%s", h.Cmd.Args[1], lastLines(out, 20))
+			}
+			t.Fatalf("VM clients: %v", err)
 		}
 		secs := shareSections(vm.Output)
 		var probs []string
@@ -186,9 +193,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 				continue
 			}
 			probs = append(probs, checkShareClient(c.name, s.exit, s.out, code, out, c.n)...)
-			if len(probs) > 0 {
-				t.Logf("%s host output:\n%s\nVM output:\n%s", c.name, lastLines(out, 15), lastLines(s.out, 15))
-			}
+			t.Logf("%s: host exit %d, output:\n%s\nVM exit %d, output:\n%s", c.name, code, lastLines(out, 12), s.exit, lastLines(s.out, 12))
 		}
 		if len(probs) > 0 {
 			r.counters = strings.Join(probs, "; ")
@@ -222,6 +227,13 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 			}
 		}
 		if !running(rp) || !running(bw) || !running(pp) {
+			for _, h := range []*HostProc{rp, bw, pp} {
+				h.Cmd.Process.Signal(syscall.SIGTERM)
+				_, out := h.Wait()
+				t.Logf("host %s:\n%s", h.Cmd.Args[1], lastLines(out, 20))
+			}
+			vm, _ := v.Cancel()
+			t.Logf("VM:\n%s", lastLines(vm.Output, 40))
 			t.Fatalf("a server ended before the kill (rping %v, write-bw %v, pingpong %v): the traffic is too short",
 				running(rp), running(bw), running(pp))
 		}
@@ -260,10 +272,9 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 				continue
 			}
 			probs = append(probs, checkShareClient(c.name, s.exit, s.out, code, out, c.n)...)
-			if len(probs) > 0 {
-				t.Logf("%s host output:\n%s\nVM output:\n%s", c.name, lastLines(out, 15), lastLines(s.out, 15))
-			}
+			t.Logf("%s: host exit %d, output:\n%s\nVM exit %d, output:\n%s", c.name, code, lastLines(out, 12), s.exit, lastLines(s.out, 12))
 		}
+		t.Logf("restarted pingpong: host exit %d, output:\n%s\nVM exit %d, output:\n%s", code, lastLines(out, 8), s2.exit, lastLines(s2.out, 8))
 		if s, ok := secs["ibv_rc_pingpong"]; ok && s.exit == 0 {
 			probs = append(probs, "the first ibv_rc_pingpong passed although its server was killed")
 		}

@@ -19,8 +19,11 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
@@ -31,6 +34,18 @@ import (
 const childEnv = "ROCEV2_SHARE_CHILD"
 
 func TestMain(m *testing.M) {
+	if os.Getenv("CHILD_PRIVATE_BPFFS") != "" {
+		// As `ip netns exec` does: a mount namespace of its own (made by
+		// the parent) in which /sys/fs/bpf is not the host's bpffs.
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			fmt.Println("FAIL make / private:", err)
+			os.Exit(1)
+		}
+		if err := unix.Mount("tmpfs", "/sys/fs/bpf", "tmpfs", 0, ""); err != nil {
+			fmt.Println("FAIL hide /sys/fs/bpf:", err)
+			os.Exit(1)
+		}
+	}
 	switch os.Getenv(childEnv) {
 	case "":
 	case "nocaps":
@@ -287,6 +302,10 @@ func startChild(t testing.TB, idx int, addr, peer netip.Addr, msgs int, noShare 
 	return startChildMode(t, "data", idx, addr, peer, msgs, noShare)
 }
 
+// privateMounts starts the next children in mount namespaces of their own
+// that do not see the host's bpffs (set by a test, not in parallel).
+var privateMounts bool
+
 func startChildMode(t testing.TB, mode string, idx int, addr, peer netip.Addr, msgs int, noShare bool) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -294,6 +313,10 @@ func startChildMode(t testing.TB, mode string, idx int, addr, peer netip.Addr, m
 		"CHILD_ADDR="+addr.String(), "CHILD_PEER="+peer.String())
 	if noShare {
 		cmd.Env = append(cmd.Env, "CHILD_NOSHARE=1")
+	}
+	if privateMounts {
+		cmd.Env = append(cmd.Env, "CHILD_PRIVATE_BPFFS=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
@@ -505,5 +528,32 @@ func sendStray(t testing.TB, l *udp.SocketLink, dst netip.Addr, n int) {
 	}
 	if err := l.Send(pkts); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPrivateMountNamespaces: processes that do not see each other's pins
+// (each in a mount namespace of its own, as `ip netns exec` makes them)
+// still form one group: a newcomer finds the live group by its ident map.
+func TestPrivateMountNamespaces(t *testing.T) {
+	needRoot(t)
+	a := testAddrs(18)
+	shared, peer := a[16], a[17]
+	par, err := newSide(peer, 3*qpsPer, 4, udp.SocketOptions{Share: udp.ShareOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer par.close()
+	t.Cleanup(func() { share.Remove(netip.AddrPortFrom(shared, udp.Port), "") })
+	privateMounts = true
+	var procs []*proc
+	for c := range 3 {
+		procs = append(procs, startChild(t, c, shared, peer, 4, false))
+	}
+	privateMounts = false
+	exchange(t, par, procs, []netip.Addr{shared, shared, shared}, 4)
+	for c, r := range report(t, procs) {
+		if r["misrouted"] != 0 || r["steered"] != r["rcvd"] || r["rcvd"] == 0 {
+			t.Errorf("child %d: %v", c, r)
+		}
 	}
 }

@@ -112,9 +112,12 @@ func dropWith(statsFD int, c int, sym string) asm.Instructions {
 // Everything else is dropped and counted, never handed to another member
 // (a failed bpf_sk_select_reuseport returns SK_DROP: SK_PASS would let the
 // kernel pick a socket by hash).
-func program(socksFD, rangesFD, servicesFD, cfgFD, statsFD int) asm.Instructions {
+func program(socksFD, rangesFD, servicesFD, cfgFD, statsFD, identFD int) asm.Instructions {
 	p := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
+		// The ident map is not read; referring to it keeps it alive as
+		// long as the program (so it finds the group: findLive).
+		asm.LoadMapPtr(asm.R2, identFD),
 		// UDP header + BTH.
 		asm.Mov.Reg(asm.R1, asm.R6),
 		asm.Mov.Imm(asm.R2, 0),

@@ -144,32 +144,29 @@ func CheckCapabilities() error {
 		ErrCapability, strings.Join(missing, " and "), strings.Join(missing, " and "))
 }
 
-// group is the pinned objects of one address.
+// group is the program and maps of one address.
 type group struct {
-	dir                                          string
-	prog                                         *ebpf.Program
-	socks, ranges, services, cfg, stats, members *ebpf.Map
+	dir                                                 string
+	prog                                                *ebpf.Program
+	socks, ranges, services, cfg, stats, members, ident *ebpf.Map
+}
+
+func (g *group) maps() []**ebpf.Map {
+	return []**ebpf.Map{&g.socks, &g.ranges, &g.services, &g.cfg, &g.stats, &g.members, &g.ident}
 }
 
 func (g *group) close() {
-	for _, c := range []interface{ Close() error }{g.prog, g.socks, g.ranges, g.services, g.cfg, g.stats, g.members} {
-		if c != nil && !isNil(c) {
-			c.Close()
+	if g.prog != nil {
+		g.prog.Close()
+	}
+	for _, m := range g.maps() {
+		if *m != nil {
+			(*m).Close()
 		}
 	}
 }
 
-func isNil(c interface{ Close() error }) bool {
-	switch v := c.(type) {
-	case *ebpf.Program:
-		return v == nil
-	case *ebpf.Map:
-		return v == nil
-	}
-	return false
-}
-
-// dirName is the pin directory of address ap under root.
+// dirName is the pin directory of address ap under root
 // (bpffs refuses names with dots): "n4026531840_127_0_0_1_4791", named
 // after the calling thread's network namespace too, since bpffs is shared
 // by namespaces in which the same address is a different socket group.
@@ -208,29 +205,102 @@ func ensureBPFFS(root string) error {
 	return nil
 }
 
-var mapNames = []string{"socks", "ranges", "services", "cfg", "stats", "members"}
+var mapNames = []string{"socks", "ranges", "services", "cfg", "stats", "members", "ident"}
 
-// openGroup loads the pinned objects in dir, or creates and pins them.
-func openGroup(dir string) (*group, error) {
+// The ident map (one entry) names the group and holds the IDs of its
+// objects, so that a process that does not see the pins (another mount
+// namespace: `ip netns exec` mounts a sysfs of its own over /sys, and with
+// it an empty /sys/fs/bpf) finds the live group by enumerating BPF maps.
+const (
+	identName    = "rocev2_ident"
+	identKeyLen  = 64
+	identProgOff = identKeyLen // u32 program ID, then a u32 ID per map of mapNames but ident
+	identSize    = identProgOff + 4 + 4*6
+)
+
+// loadPinned loads the group pinned in dir.
+func loadPinned(dir string, readOnly bool) (*group, error) {
 	g := &group{dir: dir}
-	maps := []**ebpf.Map{&g.socks, &g.ranges, &g.services, &g.cfg, &g.stats, &g.members}
-	var err error
-	complete := true
-	for i, n := range mapNames {
-		if *maps[i], err = ebpf.LoadPinnedMap(filepath.Join(dir, n), nil); err != nil {
-			complete = false
-			break
+	var o *ebpf.LoadPinOptions
+	if readOnly {
+		o = &ebpf.LoadPinOptions{ReadOnly: true}
+	}
+	for i, m := range g.maps() {
+		var err error
+		if *m, err = ebpf.LoadPinnedMap(filepath.Join(dir, mapNames[i]), o); err != nil {
+			g.close()
+			return nil, err
 		}
 	}
-	if complete {
-		if g.prog, err = ebpf.LoadPinnedProgram(filepath.Join(dir, "prog"), nil); err == nil {
-			return g, nil
+	if !readOnly {
+		var err error
+		if g.prog, err = ebpf.LoadPinnedProgram(filepath.Join(dir, "prog"), nil); err != nil {
+			g.close()
+			return nil, err
 		}
+	}
+	return g, nil
+}
+
+// findLive looks for the live group named key among the kernel's BPF maps
+// (needs CAP_SYS_ADMIN; nil when not found).
+func findLive(dir, key string) *group {
+	for id := ebpf.MapID(0); ; {
+		next, err := ebpf.MapGetNextID(id)
+		if err != nil {
+			return nil
+		}
+		id = next
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		info, err := m.Info()
+		if err != nil || info.Name != identName || info.ValueSize != identSize {
+			m.Close()
+			continue
+		}
+		v := make([]byte, identSize)
+		if m.Lookup(uint32(0), &v) != nil || strings.TrimRight(string(v[:identKeyLen]), "\x00") != key {
+			m.Close()
+			continue
+		}
+		g := &group{dir: dir, ident: m}
+		if g.prog, err = ebpf.NewProgramFromID(ebpf.ProgramID(binary.NativeEndian.Uint32(v[identProgOff:]))); err != nil {
+			g.close()
+			continue
+		}
+		ok := true
+		for i, mp := range g.maps()[:6] {
+			mid := ebpf.MapID(binary.NativeEndian.Uint32(v[identProgOff+4+4*i:]))
+			if *mp, err = ebpf.NewMapFromID(mid); err != nil {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return g
+		}
+		g.close()
+	}
+}
+
+// openGroup loads the group of key: pinned in dir, else live (found by
+// its ident map), else created afresh and pinned.
+func openGroup(dir, key string) (*group, error) {
+	if g, err := loadPinned(dir, false); err == nil {
+		return g, nil
+	}
+	if g := findLive(dir, key); g != nil {
+		// Pin it where this process looks (its own bpffs, if private).
+		os.RemoveAll(dir)
+		if os.MkdirAll(dir, 0o700) == nil {
+			g.pin()
+		}
+		return g, nil
 	}
 	// Create afresh (a half-made directory from a crash is replaced).
-	g.close()
-	g = &group{dir: dir}
-	maps = []**ebpf.Map{&g.socks, &g.ranges, &g.services, &g.cfg, &g.stats, &g.members}
+	g := &group{dir: dir}
 	os.RemoveAll(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("share: pin directory: %w", err)
@@ -242,36 +312,68 @@ func openGroup(dir string) (*group, error) {
 		{Name: "rocev2_cfg", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: numCfg},
 		{Name: "rocev2_stats", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: MaxMembers + numGroupCounters},
 		{Name: "rocev2_members", Type: ebpf.Array, KeySize: 4, ValueSize: memberRecSize, MaxEntries: MaxMembers},
+		{Name: identName, Type: ebpf.Array, KeySize: 4, ValueSize: identSize, MaxEntries: 1},
 	}
-	for i, s := range specs {
-		m, err := ebpf.NewMap(s)
+	maps := g.maps()
+	for i, sp := range specs {
+		m, err := ebpf.NewMap(sp)
 		if err != nil {
 			g.close()
 			return nil, fmt.Errorf("share: create map %s: %w", mapNames[i], err)
 		}
 		*maps[i] = m
 	}
+	var err error
 	g.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:         "rocev2_steer",
 		Type:         ebpf.SkReuseport,
 		License:      "GPL",
-		Instructions: program(g.socks.FD(), g.ranges.FD(), g.services.FD(), g.cfg.FD(), g.stats.FD()),
+		Instructions: program(g.socks.FD(), g.ranges.FD(), g.services.FD(), g.cfg.FD(), g.stats.FD(), g.ident.FD()),
 	})
 	if err != nil {
 		g.close()
 		return nil, fmt.Errorf("share: load steering program: %w", err)
 	}
-	for i, n := range mapNames {
-		if err := (*maps[i]).Pin(filepath.Join(dir, n)); err != nil {
-			g.close()
-			return nil, fmt.Errorf("share: pin %s: %w", n, err)
-		}
-	}
-	if err := g.prog.Pin(filepath.Join(dir, "prog")); err != nil {
+	v := make([]byte, identSize)
+	copy(v[:identKeyLen], key)
+	pi, err := g.prog.Info()
+	if err != nil {
 		g.close()
-		return nil, fmt.Errorf("share: pin program: %w", err)
+		return nil, fmt.Errorf("share: program info: %w", err)
+	}
+	pid, _ := pi.ID()
+	binary.NativeEndian.PutUint32(v[identProgOff:], uint32(pid))
+	for i, mp := range maps[:6] {
+		mi, err := (*mp).Info()
+		if err != nil {
+			g.close()
+			return nil, fmt.Errorf("share: map info: %w", err)
+		}
+		mid, _ := mi.ID()
+		binary.NativeEndian.PutUint32(v[identProgOff+4+4*i:], uint32(mid))
+	}
+	if err := g.ident.Update(uint32(0), v, ebpf.UpdateAny); err != nil {
+		g.close()
+		return nil, fmt.Errorf("share: ident: %w", err)
+	}
+	if err := g.pin(); err != nil {
+		g.close()
+		return nil, err
 	}
 	return g, nil
+}
+
+// pin pins the group's objects in its directory.
+func (g *group) pin() error {
+	for i, m := range g.maps() {
+		if err := (*m).Pin(filepath.Join(g.dir, mapNames[i])); err != nil {
+			return fmt.Errorf("share: pin %s: %w", mapNames[i], err)
+		}
+	}
+	if err := g.prog.Pin(filepath.Join(g.dir, "prog")); err != nil {
+		return fmt.Errorf("share: pin program: %w", err)
+	}
+	return nil
 }
 
 // flock takes the address's lock file (exclusive).
@@ -473,7 +575,7 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 		return nil, err
 	}
 	defer lf.Close()
-	g, err := openGroup(dirName(o.PinRoot, ap))
+	g, err := openGroup(dirName(o.PinRoot, ap), groupKey(ap))
 	if err != nil {
 		return nil, err
 	}
@@ -694,7 +796,7 @@ func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
 	}
 	defer lf.Close()
 	dir := dirName(o.PinRoot, ap)
-	g, err := openExisting(dir)
+	g, err := loadPinned(dir, true)
 	if err != nil {
 		return false, nil
 	}
@@ -705,19 +807,4 @@ func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
 		}
 	}
 	return true, os.RemoveAll(dir)
-}
-
-// openExisting loads the pinned maps of dir (not the program).
-func openExisting(dir string) (*group, error) {
-	g := &group{dir: dir}
-	maps := []**ebpf.Map{&g.socks, &g.ranges, &g.services, &g.cfg, &g.stats, &g.members}
-	for i, n := range mapNames {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, n), nil)
-		if err != nil {
-			g.close()
-			return nil, err
-		}
-		*maps[i] = m
-	}
-	return g, nil
 }

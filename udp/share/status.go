@@ -6,11 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"sort"
 	"time"
-
-	"github.com/cilium/ebpf"
 )
 
 // MemberStatus describes one slot of a group.
@@ -51,15 +48,11 @@ func ReadStatus(ap netip.AddrPort, pinRoot string) (*Status, error) {
 		pinRoot = DefaultPinRoot
 	}
 	dir := dirName(pinRoot, ap)
-	g := &group{dir: dir}
-	maps := []**ebpf.Map{&g.socks, &g.ranges, &g.services, &g.cfg, &g.stats, &g.members}
-	for i, n := range mapNames {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, n), &ebpf.LoadPinOptions{ReadOnly: true})
-		if err != nil {
-			g.close()
+	g, err := loadPinned(dir, true)
+	if err != nil {
+		if g = findLive(dir, groupKey(ap)); g == nil {
 			return nil, fmt.Errorf("share: no group on %s (%s): %w", ap, dir, err)
 		}
-		*maps[i] = m
 	}
 	defer g.close()
 	st := &Status{Addr: ap}
