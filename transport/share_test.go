@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // rangeSource is a QPNSource that gives fixed ranges, then fails.
@@ -51,7 +52,7 @@ func TestQPNSource(t *testing.T) {
 		shared bool
 	}{{"DeviceConfig.QPNs", false}, {"shared link", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := udp.NewMemNetwork(udp.Faults{})
+			n := memnet.NewMemNetwork(memnet.Faults{})
 			l, err := n.Link(netip.MustParseAddr("192.0.2.1"))
 			if err != nil {
 				t.Fatal(err)
