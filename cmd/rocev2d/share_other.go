@@ -6,6 +6,10 @@ import (
 	"errors"
 	"io"
 	"net/netip"
+
+	"github.com/gorocev2/rocev2/udp"
 )
+
+func printShareCounters(w io.Writer, l udp.Link) {}
 
 func shareStatus(addr netip.Addr, stdout io.Writer) error { return errors.ErrUnsupported }

@@ -4,6 +4,7 @@ package share_test
 
 import (
 	"net/netip"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -40,6 +41,11 @@ func TestCrashedOwner(t *testing.T) {
 	}
 	defer pl.Close()
 
+	// TimeWait starts when a member finds the process dead; 1.5 s covers
+	// the newcomer's start on a loaded machine.
+	const tw = 1500 * time.Millisecond
+	os.Setenv("CHILD_TIMEWAIT", tw.String())
+	defer os.Unsetenv("CHILD_TIMEWAIT")
 	x := startChild(t, 0, shared, peer, 1, false)
 	xq := qpnsOf(t, x)
 	x.cmd.Process.Kill()
@@ -83,8 +89,8 @@ func TestCrashedOwner(t *testing.T) {
 			t.Errorf("killed member state %q, want timewait", m.State)
 		}
 	}
-	// After TimeWait (the children's: 200 ms) the range returns.
-	time.Sleep(300 * time.Millisecond)
+	// After TimeWait the range returns.
+	time.Sleep(tw + 200*time.Millisecond)
 	z := startChild(t, 2, shared, peer, 1, false)
 	zq := qpnsOf(t, z)
 	if !sameRange(zq[0], xq[0]) {

@@ -226,7 +226,11 @@ func child() int {
 	if os.Getenv("CHILD_NOSHARE") != "" {
 		mode = udp.ShareOff
 	}
-	s0, err := newSide(addr, qpsPer, msgs, udp.SocketOptions{Share: mode, ShareTimeWait: 200 * time.Millisecond})
+	tw := 200 * time.Millisecond
+	if v, err := time.ParseDuration(os.Getenv("CHILD_TIMEWAIT")); err == nil {
+		tw = v
+	}
+	s0, err := newSide(addr, qpsPer, msgs, udp.SocketOptions{Share: mode, ShareTimeWait: tw})
 	if err != nil {
 		return fail("%v", err)
 	}
