@@ -31,7 +31,7 @@ func init() { labSuites = append(labSuites, shareSuite) }
 const sharePPPort = 18516
 
 // shareServers starts the three rocev2d servers on HostIP.
-func shareServers(ctx context.Context, lab *Lab, img *Image, rpingCount, bwN, ppN int) (rp, bw, pp *HostProc, err error) {
+func shareServers(ctx context.Context, lab *Lab, img *Image, rpingSize, bwN, ppN int) (rp, bw, pp *HostProc, err error) {
 	stop := func(hs ...*HostProc) {
 		for _, h := range hs {
 			if h != nil {
@@ -85,7 +85,7 @@ func startSharePP(ctx context.Context, lab *Lab, img *Image, n int) (*HostProc, 
 // shareClients is the VM's shell command running the clients given
 // (rping, ib_write_bw, ibv_rc_pingpong; a zero count leaves one out)
 // concurrently, printing each one's exit status and output.
-func shareClients(gid, rpingCount, bwN, ppN int) string {
+func shareClients(gid, rpingSize, rpingCount, bwN, ppN int) string {
 	var b strings.Builder
 	type cl struct{ name, cmd string }
 	var cls []cl
@@ -138,7 +138,7 @@ func shareSections(out string) map[string]struct {
 
 // checkShareClient checks one client's exit status and output and its
 // server's, by the tools' own data checks.
-func checkShareClient(name string, vmExit int, vmOut string, hostExit int, hostOut string, count int) []string {
+func checkShareClient(name string, vmExit int, vmOut string, hostExit int, hostOut string, count, size int) []string {
 	var p []string
 	if vmExit != 0 {
 		p = append(p, fmt.Sprintf("%s (VM) exit %d", name, vmExit))
@@ -148,7 +148,17 @@ func checkShareClient(name string, vmExit int, vmOut string, hostExit int, hostO
 	}
 	switch name {
 	case "rping":
-		p = append(p, checkRpingOutputs(hostOut, vmOut, false, count)...)
+		// As checkRpingOutputs, for any -S.
+		p = append(p, checkPingLines("rping (client)", rePingLine, vmOut, count, size)...)
+		p = append(p, checkPingLines("rocev2d rping (server)", reServerPingLine, hostOut, count, size)...)
+		if !strings.Contains(hostOut, "server DISCONNECT EVENT...") {
+			p = append(p, "rocev2d rping: no \"server DISCONNECT EVENT...\"")
+		}
+		for _, bad := range []string{"data mismatch", "failed", "error"} {
+			if strings.Contains(vmOut, bad) || strings.Contains(hostOut, bad) {
+				p = append(p, fmt.Sprintf("an rping output says %q", bad))
+			}
+		}
 	case "ib_write_bw":
 		p = append(p, checkPerftestOutput("ib_write_bw", vmOut, 4096, count)...)
 		p = append(p, checkPerftestOutput("rocev2d write-bw", hostOut, 4096, count)...)
@@ -164,12 +174,12 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		t0 := time.Now()
 		r := row{cell: "rping + ib_write_bw -R + ibv_rc_pingpong servers sharing 192.0.2.1:4791", direction: "3 rocev2d servers <- 3 tool clients (VM)", result: "FAIL"}
 		defer func() { r.d = time.Since(t0); add(r) }()
-		const rpN, bwN, ppN = 50, 2000, 200
-		rp, bw, pp, err := shareServers(ctx, lab, img, rpN, bwN, ppN)
+		const rpN, rpS, bwN, ppN = 50, rpingSize, 2000, 200
+		rp, bw, pp, err := shareServers(ctx, lab, img, rpS, bwN, ppN)
 		if err != nil {
 			t.Fatalf("servers: %v", err)
 		}
-		vm, err := lab.Run(ctx, shareClients(lab.GIDIndex, rpN, bwN, ppN), 200*time.Second)
+		vm, err := lab.Run(ctx, shareClients(lab.GIDIndex, rpS, rpN, bwN, ppN), 200*time.Second)
 		t.Logf("VM clients: exit %d err %v, output (last lines):\n%s", vm.Exit, err, lastLines(vm.Output, 40))
 		if err != nil {
 			for _, h := range []*HostProc{rp, bw, pp} {
@@ -192,7 +202,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 				probs = append(probs, c.name+": no output from the VM")
 				continue
 			}
-			probs = append(probs, checkShareClient(c.name, s.exit, s.out, code, out, c.n)...)
+			probs = append(probs, checkShareClient(c.name, s.exit, s.out, code, out, c.n, rpS)...)
 			t.Logf("%s: host exit %d, output:\n%s\nVM exit %d, output:\n%s", c.name, code, lastLines(out, 12), s.exit, lastLines(s.out, 12))
 		}
 		if len(probs) > 0 {
@@ -206,12 +216,14 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		t0 := time.Now()
 		r := row{cell: "sharing 192.0.2.1:4791: pingpong server killed -9, restarted", direction: "3 rocev2d servers <- 3 tool clients (VM)", result: "FAIL"}
 		defer func() { r.d = time.Since(t0); add(r) }()
-		const rpN, bwN, ppN, pp2N = 400, 20000, 100000, 200
-		rp, bw, pp, err := shareServers(ctx, lab, img, rpN, bwN, ppN)
+		// rping -S 512: 300 pings of 4 KiB would overflow the 1 MiB of
+		// output the VM agent returns.
+		const rpN, rpS, bwN, ppN, pp2N = 300, 512, 20000, 100000, 200
+		rp, bw, pp, err := shareServers(ctx, lab, img, rpS, bwN, ppN)
 		if err != nil {
 			t.Fatalf("servers: %v", err)
 		}
-		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: shareClients(lab.GIDIndex, rpN, bwN, ppN), TimeoutSec: 280})
+		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: shareClients(lab.GIDIndex, rpS, rpN, bwN, ppN), TimeoutSec: 280})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,7 +256,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		if err != nil {
 			t.Fatalf("restart the pingpong server: %v", err)
 		}
-		again, err := lab.Run(ctx, shareClients(lab.GIDIndex, 0, 0, pp2N), 120*time.Second)
+		again, err := lab.Run(ctx, shareClients(lab.GIDIndex, 0, 0, 0, pp2N), 120*time.Second)
 		if err != nil {
 			t.Fatalf("second pingpong client: %v", err)
 		}
@@ -259,7 +271,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		var probs []string
 		code, out := waitHost(pp2, 30*time.Second)
 		s2 := secs2["ibv_rc_pingpong"]
-		probs = append(probs, checkShareClient("ibv_rc_pingpong", s2.exit, s2.out, code, out, pp2N)...)
+		probs = append(probs, checkShareClient("ibv_rc_pingpong", s2.exit, s2.out, code, out, pp2N, 0)...)
 		for _, c := range []struct {
 			name string
 			h    *HostProc
@@ -271,7 +283,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 				probs = append(probs, c.name+": no output from the VM")
 				continue
 			}
-			probs = append(probs, checkShareClient(c.name, s.exit, s.out, code, out, c.n)...)
+			probs = append(probs, checkShareClient(c.name, s.exit, s.out, code, out, c.n, rpS)...)
 			t.Logf("%s: host exit %d, output:\n%s\nVM exit %d, output:\n%s", c.name, code, lastLines(out, 12), s.exit, lastLines(s.out, 12))
 		}
 		t.Logf("restarted pingpong: host exit %d, output:\n%s\nVM exit %d, output:\n%s", code, lastLines(out, 8), s2.exit, lastLines(s2.out, 8))

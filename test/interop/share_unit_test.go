@@ -8,7 +8,7 @@ import (
 )
 
 func TestShareSections(t *testing.T) {
-	cmd := shareClients(1, 50, 0, 200)
+	cmd := shareClients(1, 4096, 50, 0, 200)
 	if !strings.Contains(cmd, "rping -c -a 192.0.2.1") || !strings.Contains(cmd, "ibv_rc_pingpong -d rxe0 -g 1 -p 18516") || strings.Contains(cmd, "ib_write_bw") {
 		t.Errorf("command %q", cmd)
 	}
