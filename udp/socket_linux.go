@@ -89,9 +89,15 @@ var (
 // specific address of this host (IPv4, IPv4-mapped IPv6, or IPv6; a zone is
 // kept for link-local addresses). opts may be nil, the zero SocketOptions.
 //
+// By default (SocketOptions.Share) the link shares addr:4791 with the
+// links of other processes where this process may load the steering
+// program (see Shared and package udp/share).
+//
 // Errors match syscall.EADDRINUSE when port 4791 on that address is taken
-// (for example by a kernel rxe device) and syscall.EADDRNOTAVAIL when the
-// address is not configured on this host; the message names address:port.
+// (for example by a kernel rxe device, or by a link that does not share)
+// and syscall.EADDRNOTAVAIL when the address is not configured on this
+// host; the message names address:port. With ShareOn, an error matching
+// share.ErrCapability says which capability is missing.
 func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 	var o SocketOptions
 	if opts != nil {
