@@ -71,8 +71,8 @@ func printShareCounters(w io.Writer, l udp.Link) {
 		n string
 		v uint64
 	}{{"share_slot", uint64(s.Slot)}, {"share_steered_pkts", s.Steered}, {"share_misrouted_pkts", s.Misrouted},
-		{"share_group_drop_unowned_qpn", s.Group.UnownedQPN}, {"share_group_drop_owner_gone", s.Group.DeadOwner},
-		{"share_group_drop_no_listener", s.Group.NoListener}, {"share_group_drop_unowned_comm", s.Group.UnownedComm}} {
+		{"share_drop_unowned_qpn", s.Group.UnownedQPN}, {"share_drop_owner_gone", s.Group.DeadOwner},
+		{"share_drop_no_listener", s.Group.NoListener}, {"share_drop_unowned_comm", s.Group.UnownedComm}} {
 		fmt.Fprintf(w, "  %-26s %d\n", kv.n, kv.v)
 	}
 }
