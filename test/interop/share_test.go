@@ -85,7 +85,9 @@ func startSharePP(ctx context.Context, lab *Lab, img *Image, n int) (*HostProc, 
 // shareClients is the VM's shell command running the clients given
 // (rping, ib_write_bw, ibv_rc_pingpong; a zero count leaves one out)
 // concurrently, printing each one's exit status and output.
-func shareClients(gid, rpingSize, rpingCount, bwN, ppN int) string {
+// Each client's files are named after it and tag, so that a second
+// command running while the first does never overwrites them.
+func shareClients(tag string, gid, rpingSize, rpingCount, bwN, ppN int) string {
 	var b strings.Builder
 	type cl struct{ name, cmd string }
 	var cls []cl
@@ -100,11 +102,13 @@ func shareClients(gid, rpingSize, rpingCount, bwN, ppN int) string {
 	}
 	for i, c := range cls {
 		// timeout: a hung client still reports (exit 124) with its output.
-		fmt.Fprintf(&b, "(timeout 150 %s >/tmp/share%d.out 2>/tmp/share%d.err; echo $? >/tmp/share%d.rc) & ", c.cmd, i, i, i)
+		f := fmt.Sprintf("/tmp/share-%s-%d", tag, i)
+		fmt.Fprintf(&b, "(timeout 240 %s >%s.out 2>%s.err; echo $? >%s.rc) & ", c.cmd, f, f, f)
 	}
 	b.WriteString("wait; ")
 	for i, c := range cls {
-		fmt.Fprintf(&b, "echo \"=== %s exit $(cat /tmp/share%d.rc)\"; cat /tmp/share%d.out /tmp/share%d.err; ", c.name, i, i, i)
+		f := fmt.Sprintf("/tmp/share-%s-%d", tag, i)
+		fmt.Fprintf(&b, "echo \"=== %s exit $(cat %s.rc)\"; cat %s.out %s.err; ", c.name, f, f, f)
 	}
 	return b.String()
 }
@@ -179,7 +183,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		if err != nil {
 			t.Fatalf("servers: %v", err)
 		}
-		vm, err := lab.Run(ctx, shareClients(lab.GIDIndex, rpS, rpN, bwN, ppN), 200*time.Second)
+		vm, err := lab.Run(ctx, shareClients("a", lab.GIDIndex, rpS, rpN, bwN, ppN), 260*time.Second)
 		t.Logf("VM clients: exit %d err %v, output (last lines):\n%s", vm.Exit, err, lastLines(vm.Output, 40))
 		if err != nil {
 			for _, h := range []*HostProc{rp, bw, pp} {
@@ -216,14 +220,14 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		t0 := time.Now()
 		r := row{cell: "sharing 192.0.2.1:4791: pingpong server killed -9, restarted", direction: "3 rocev2d servers <- 3 tool clients (VM)", result: "FAIL"}
 		defer func() { r.d = time.Since(t0); add(r) }()
-		// rping -S 512: 300 pings of 4 KiB would overflow the 1 MiB of
-		// output the VM agent returns.
-		const rpN, rpS, bwN, ppN, pp2N = 300, 512, 20000, 100000, 200
+		// Long enough to outlast the kill and the restarted server's
+		// run (about 5 s under TCG): rping ~10 pings/s, ib_write_bw ~5 MB/s.
+		const rpN, rpS, bwN, ppN, pp2N = 1000, 256, 60000, 100000, 200
 		rp, bw, pp, err := shareServers(ctx, lab, img, rpS, bwN, ppN)
 		if err != nil {
 			t.Fatalf("servers: %v", err)
 		}
-		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: shareClients(lab.GIDIndex, rpS, rpN, bwN, ppN), TimeoutSec: 280})
+		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: shareClients("b", lab.GIDIndex, rpS, rpN, bwN, ppN), TimeoutSec: 300})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -256,7 +260,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		if err != nil {
 			t.Fatalf("restart the pingpong server: %v", err)
 		}
-		again, err := lab.Run(ctx, shareClients(lab.GIDIndex, 0, 0, 0, pp2N), 120*time.Second)
+		again, err := lab.Run(ctx, shareClients("c", lab.GIDIndex, 0, 0, 0, pp2N), 120*time.Second)
 		if err != nil {
 			t.Fatalf("second pingpong client: %v", err)
 		}
