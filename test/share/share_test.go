@@ -54,6 +54,8 @@ func TestMain(m *testing.M) {
 		os.Exit(childCM())
 	case "active":
 		os.Exit(childActive())
+	case "flood":
+		os.Exit(childFlood())
 	default:
 		os.Exit(child())
 	}
