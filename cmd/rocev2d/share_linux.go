@@ -76,3 +76,17 @@ func printShareCounters(w io.Writer, l udp.Link) {
 		fmt.Fprintf(w, "  %-26s %d\n", kv.n, kv.v)
 	}
 }
+
+// shareRemove unpins the group on addr:4791 when no member is alive.
+func shareRemove(addr netip.Addr, stdout io.Writer) error {
+	ap := netip.AddrPortFrom(addr, udp.Port)
+	done, err := share.Remove(ap, "")
+	if err != nil {
+		return err
+	}
+	if !done {
+		return fmt.Errorf("the group on %v has live members (or none is pinned here)", ap)
+	}
+	fmt.Fprintf(stdout, "removed the group on %v\n", ap)
+	return nil
+}

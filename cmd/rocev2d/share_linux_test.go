@@ -55,9 +55,22 @@ func TestShareStatus(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
+	if code, _, _ := runIn(t, "share", "remove", addr.String()); code != exitFail {
+		t.Errorf("remove with live members: exit %d, want %d", code, exitFail)
+	}
 	for _, want := range []string{"2 member(s)", fmt.Sprintf("pid %d", id), "live", "listens rdma_cm TCP port 7174", fmt.Sprintf("QPNs %#06x", first), "unowned QPN 0"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status does not say %q:\n%s", want, out)
 		}
+	}
+	for _, l := range links {
+		l.Close()
+	}
+	// Members that closed are in TimeWait, not live: remove unpins.
+	if code, out, errOut := runIn(t, "share", "remove", addr.String()); code != exitOK {
+		t.Errorf("remove after the members closed: exit %d %s %s", code, out, errOut)
+	}
+	if code, _, _ := runIn(t, "share", "status", addr.String()); code != exitFail {
+		t.Errorf("status after remove: exit %d, want %d", code, exitFail)
 	}
 }

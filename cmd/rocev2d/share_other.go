@@ -13,3 +13,5 @@ import (
 func printShareCounters(w io.Writer, l udp.Link) {}
 
 func shareStatus(addr netip.Addr, stdout io.Writer) error { return errors.ErrUnsupported }
+
+func shareRemove(addr netip.Addr, stdout io.Writer) error { return errors.ErrUnsupported }
