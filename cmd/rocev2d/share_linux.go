@@ -85,7 +85,7 @@ func shareRemove(addr netip.Addr, stdout io.Writer) error {
 		return err
 	}
 	if !done {
-		return fmt.Errorf("the group on %v has live members (or none is pinned here)", ap)
+		return fmt.Errorf("the group on %v has live members", ap)
 	}
 	fmt.Fprintf(stdout, "removed the group on %v\n", ap)
 	return nil

@@ -785,7 +785,8 @@ func (m *Member) Close() error {
 
 // Remove unpins the group of ap (in the calling thread's network
 // namespace) when none of its members is alive, members in TimeWait
-// included; it reports whether it did. pinRoot "" is DefaultPinRoot.
+// included; it reports whether it did (false: a member is alive), and an
+// error when no group is pinned. pinRoot "" is DefaultPinRoot.
 func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
 	var o Options
 	o.PinRoot = pinRoot
@@ -798,7 +799,12 @@ func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
 	dir := dirName(o.PinRoot, ap)
 	g, err := loadPinned(dir, true)
 	if err != nil {
-		return false, nil
+		if _, serr := os.Stat(dir); serr == nil {
+			// Pinned by an incompatible version, or half made: nothing
+			// this version can read is live in it.
+			return true, os.RemoveAll(dir)
+		}
+		return false, fmt.Errorf("share: no group pinned in %s: %w", dir, err)
 	}
 	defer g.close()
 	for s := 0; s < MaxMembers; s++ {
