@@ -59,6 +59,18 @@ type Options struct {
 	// LocalPort is the active side's rdma_cm port in the request's header
 	// (default: a random ephemeral port, as the kernel picks one).
 	LocalPort uint16
+	// KeepAlive is how long an established connection may stay silent
+	// (no packet from the peer) before it sends the peer a keep-alive
+	// probe: a zero-length RDMA WRITE, which any verbs peer's QP answers
+	// by itself (transport.QP.Probe). Zero selects DefaultKeepAlive (15
+	// s); a negative value turns keep-alive off. KeepAliveTimeout is how
+	// long a probe may go unanswered before the connection is declared
+	// dead (default DefaultKeepAliveTimeout, 10 s); the QP's own retry
+	// count usually declares a dead peer sooner (Retry: about 0.5 s at
+	// the default timeout 14 and retry count 7). A dead idle peer ends
+	// the connection (Done, Err matching ErrKeepAlive) at most
+	// 2×KeepAlive + KeepAliveTimeout after it died.
+	KeepAlive, KeepAliveTimeout time.Duration
 }
 
 // check reports options that contradict each other.
@@ -111,6 +123,12 @@ func (o *Options) withDefaults() Options {
 	}
 	if r.MaxRetries <= 0 {
 		r.MaxRetries = 15
+	}
+	if r.KeepAlive == 0 {
+		r.KeepAlive = DefaultKeepAlive
+	}
+	if r.KeepAliveTimeout <= 0 {
+		r.KeepAliveTimeout = DefaultKeepAliveTimeout
 	}
 	return r
 }
@@ -172,6 +190,11 @@ type Conn struct {
 	estab       chan struct{} // closed when established, or failed before it
 	done        chan struct{} // closed when the connection has ended
 	ended       bool
+	// Keep-alive (keepalive.go).
+	kaTimer   transport.Timer
+	kaHeard   uint64 // the QP's Activity at the last tick
+	kaProbing bool   // a probe went out and nothing was heard since
+	kaSince   time.Time
 }
 
 // QP returns the connection's QP.
@@ -199,11 +222,17 @@ func (c *Conn) LocalAddr() netip.AddrPort { return netip.AddrPortFrom(c.m.dev.Ad
 func (c *Conn) RemoteAddr() netip.AddrPort { return netip.AddrPortFrom(c.peer, c.remotePort) }
 
 // Done returns a channel closed when the connection has ended: the peer
-// disconnected, Close ran, or the device closed.
+// disconnected, Close ran, the device closed, the QP failed (a work
+// request's retries ran out, a remote access or operational error, ...)
+// or the peer answered no keep-alive probe. Err then says why.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
-// Err returns why the connection ended (nil while it is up; ErrClosed
-// after a local Close or a peer's disconnect).
+// Err returns why the connection ended: nil while it is up; ErrClosed
+// after a local Close or a closed device (then also
+// transport.ErrClosed); ErrDisconnected (which matches ErrClosed) after
+// the peer's DREQ; ErrQPFailed wrapping the QP's error (a
+// *transport.WCError: errors.As, then Status) when the QP failed;
+// ErrKeepAlive when the peer stopped answering keep-alive probes.
 func (c *Conn) Err() error {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
@@ -249,7 +278,7 @@ func (c *Conn) setupQP() error {
 				return err
 			}
 			*cq = q
-			c.owned = append(c.owned, q.Destroy)
+			c.owned = append(c.owned, func() error { return q.DestroyCause(c.closedCause()) })
 		}
 	}
 	qp, err := dev.CreateQP(o.PD, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: o.SendCQ, RecvCQ: o.RecvCQ,
@@ -258,8 +287,16 @@ func (c *Conn) setupQP() error {
 		return err
 	}
 	c.setQP(qp)
-	c.owned = append(c.owned, qp.Destroy)
+	c.owned = append(c.owned, func() error { return qp.DestroyCause(c.closedCause()) })
 	return qp.Init(o.Access)
+}
+
+// closedCause is what the QP and CQs the connection destroys answer
+// their later callers and waiters with (see closedCause).
+func (c *Conn) closedCause() error {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	return closedCause(c.err)
 }
 
 // setQP records the connection's QP (the manager reads it under its lock).
@@ -366,7 +403,7 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 	if m.closed {
 		m.mu.Unlock()
 		c.release()
-		return nil, ErrClosed
+		return nil, errDeviceClosed
 	}
 	c.localID = m.newLocalID()
 	req.LocalCommID = c.localID
@@ -508,7 +545,12 @@ func (c *Conn) onTimer() {
 		putGUID(rej.ARI[:], m.guid)
 		var out [transport.MADSize]byte
 		m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
-		c.finishLocked(ErrTimeout)
+		op, msg := "Dial", "REQ"
+		if !c.active {
+			op, msg = "Accept", "REP"
+		}
+		c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %d %ss sent, %v apart, none answered", op,
+			netip.AddrPortFrom(c.peer, c.remotePort), ErrTimeout, c.retries+1, msg, c.opts.ResponseTimeout))
 	case stDREQSent:
 		c.timeWaitLocked(ErrClosed)
 	}
@@ -537,6 +579,9 @@ func (c *Conn) finishLocked(err error) {
 	}
 	if c.acceptTimer != nil {
 		c.acceptTimer.Stop()
+	}
+	if c.kaTimer != nil {
+		c.kaTimer.Stop()
 	}
 	if m.conns[c.localID] == c {
 		delete(m.conns, c.localID)
@@ -575,6 +620,9 @@ func (c *Conn) timeWaitLocked(err error) {
 	}
 	if c.timer != nil {
 		c.timer.Stop()
+	}
+	if c.kaTimer != nil {
+		c.kaTimer.Stop()
 	}
 	select {
 	case <-c.estab:
@@ -699,6 +747,7 @@ func (m *manager) onREP(mad *transport.MAD, f *cm.REPFields) {
 		c.timer.Stop()
 	}
 	m.st.established.Add(1)
+	c.startLivenessLocked()
 	close(c.estab)
 }
 
@@ -768,6 +817,7 @@ func (c *Conn) establishPassiveLocked() {
 	c.state = stEstablished
 	c.listener.halfOpen--
 	c.m.st.established.Add(1)
+	c.startLivenessLocked()
 	close(c.estab)
 }
 
@@ -796,7 +846,7 @@ func (m *manager) onDREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.DREQField
 	hd := cm.NewHeader(0, c.tid)
 	cm.Encode(c.out[:], &hd, drep)
 	c.resendLocked()
-	c.timeWaitLocked(ErrClosed)
+	c.timeWaitLocked(ErrDisconnected)
 }
 
 // onDREP: the peer confirmed our DREQ.

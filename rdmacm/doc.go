@@ -17,6 +17,16 @@
 //     from the peer closes Conn.Done();
 //   - ResolveUD and ListenUD do the same for UD QPs through SIDR.
 //
+// A connection ends, and Conn.Done closes with Conn.Err saying why, on
+// Close, on the peer's DREQ (ErrDisconnected), when its QP fails
+// (ErrQPFailed wrapping the QP's *transport.WCError: retry exceeded,
+// remote access error, ...), when the peer answers no keep-alive probe
+// (ErrKeepAlive; Options.KeepAlive, on by default: a zero-length RDMA
+// WRITE that any verbs peer's QP acknowledges by itself) and when the
+// device closes (ErrClosed and transport.ErrClosed). A Dial whose REQ the
+// network bounces (ICMP port unreachable, on a socket link) fails at once
+// with ErrUnreachable naming the address.
+//
 // Cancelling a Dial's context aborts it with the REJ (before the REP) or
 // DREQ (after it) that the specification asks for.
 //

@@ -31,8 +31,9 @@ type Listener struct {
 	reqs     chan *Request
 	closedCh chan struct{}
 
-	halfOpen int  // under m.mu
-	closed   bool // under m.mu
+	halfOpen int   // under m.mu
+	closed   bool  // under m.mu
+	closeErr error // what Next returns once closed (set before closedCh closes)
 }
 
 // Request is a connection request waiting for the application: accept
@@ -72,7 +73,7 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, ErrClosed
+		return nil, errDeviceClosed
 	}
 	if _, busy := m.listeners[l.svc]; busy {
 		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w", port, ErrInUse)
@@ -93,6 +94,9 @@ func (l *Listener) Next(ctx context.Context) (*Request, error) {
 	case r := <-l.reqs:
 		return r, nil
 	case <-l.closedCh:
+		if l.closeErr != nil {
+			return nil, l.closeErr
+		}
 		return nil, ErrClosed
 	case <-ctx.Done():
 		return nil, ctx.Err()

@@ -22,6 +22,13 @@ var (
 	ErrTimeout  = errors.New("rdmacm: no response from the peer")
 	ErrClosed   = errors.New("rdmacm: closed")
 	ErrInUse    = errors.New("rdmacm: port in use")
+	// ErrUnreachable: the network answered a CM message with an ICMP
+	// error (nothing listens on UDP 4791 at the peer's address, or the
+	// host or network is unreachable), on links that report them
+	// (udp.SocketLink). The error names the address and wraps the
+	// *udp.ICMPError (errors.Is(err, syscall.ECONNREFUSED) for port
+	// unreachable).
+	ErrUnreachable = errors.New("rdmacm: peer unreachable")
 )
 
 // RejectError is a REJ from the peer (or, for SIDR, a SIDR_REP with an
@@ -64,11 +71,22 @@ type Stats struct {
 	RejStale      uint64 // REQs for a QP pair already connected
 	Established   uint64 // connections established
 	Disconnected  uint64 // connections that ended (either side)
+	// QPFailed counts established connections ended because their QP
+	// failed (ErrQPFailed); KeepAliveFailed those whose peer answered no
+	// keep-alive probe (ErrKeepAlive); KeepAliveProbes the probes sent.
+	QPFailed, KeepAliveFailed, KeepAliveProbes uint64
+	// Unreachable counts ICMP errors for CM messages this device sent
+	// (ErrUnreachable).
+	Unreachable uint64
+	// Conns is how many connections the manager holds now, in any state
+	// (half-open, established, closing, TimeWait): a gauge, not a count.
+	Conns uint64
 }
 
 type stats struct {
 	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
+	qpFailed, keepAliveFailed, keepAliveProbes, unreachable        atomic.Uint64
 }
 
 // manager is the connection manager of one device.
@@ -87,6 +105,7 @@ type manager struct {
 	udl       map[uint64]*UDListener
 	sidr      map[uint32]*sidrWait // by request ID
 	closed    bool
+	stop      chan struct{} // closed by shutdown
 }
 
 type remoteKey struct {
@@ -108,6 +127,9 @@ func managerFor(dev *transport.Device) (*manager, error) {
 		return m, nil
 	}
 	gsi, err := dev.GSI()
+	if errors.Is(err, transport.ErrClosed) {
+		return nil, errDeviceClosed
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +139,7 @@ func managerFor(dev *transport.Device) (*manager, error) {
 	}
 	m := &manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
 		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, listeners: map[uint64]*Listener{},
-		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}}
+		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, stop: make(chan struct{})}
 	m.tag.Tag, m.tag.Mask = dev.CommIDTag()
 	// On a shared address one process answers the REQs nobody listens
 	// for (exactly one REJ each): every connection manager volunteers.
@@ -127,6 +149,7 @@ func managerFor(dev *transport.Device) (*manager, error) {
 	}
 	managers[dev] = m
 	go m.loop()
+	go m.errLoop()
 	return m, nil
 }
 
@@ -140,10 +163,15 @@ func StatsOf(dev *transport.Device) Stats {
 		return Stats{}
 	}
 	s := &m.st
-	return Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
+	m.mu.Lock()
+	conns := uint64(len(m.conns))
+	m.mu.Unlock()
+	return Stats{Conns: conns, MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
 		RejNoListener: s.rejNoListener.Load(), RejBacklog: s.rejBacklog.Load(), RejStale: s.rejStale.Load(),
-		Established: s.established.Load(), Disconnected: s.disconnected.Load()}
+		Established: s.established.Load(), Disconnected: s.disconnected.Load(),
+		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load(),
+		Unreachable: s.unreachable.Load()}
 }
 
 // guidOf makes a node GUID from the device address, the way rxe makes one
@@ -189,6 +217,7 @@ func (neverDone) Value(any) any               { return nil }
 func (m *manager) shutdown() {
 	m.mu.Lock()
 	m.closed = true
+	close(m.stop)
 	conns := make([]*Conn, 0, len(m.conns))
 	for _, c := range m.conns {
 		conns = append(conns, c)
@@ -198,16 +227,17 @@ func (m *manager) shutdown() {
 		waits = append(waits, w)
 	}
 	for _, l := range m.listeners {
+		l.closeErr = errDeviceClosed
 		l.closeLocked()
 	}
 	m.mu.Unlock()
 	for _, c := range conns {
 		m.mu.Lock()
-		c.finishLocked(ErrClosed)
+		c.finishLocked(errDeviceClosed)
 		m.mu.Unlock()
 	}
 	for _, w := range waits {
-		w.done(sidrResult{err: ErrClosed})
+		w.done(sidrResult{err: errDeviceClosed})
 	}
 	managersMu.Lock()
 	if managers[m.dev] == m {
@@ -215,6 +245,42 @@ func (m *manager) shutdown() {
 	}
 	managersMu.Unlock()
 	m.agent.Close()
+}
+
+// errLoop ends the connections whose CM messages the network bounced.
+func (m *manager) errLoop() {
+	for {
+		select {
+		case e := <-m.agent.Unreachable():
+			m.onUnreachable(e.Dst, e.Payload, e)
+		case <-m.stop:
+			return
+		}
+	}
+}
+
+// onUnreachable: a REQ (or REP) of ours came back as an ICMP error: the
+// connection waiting for its answer fails now, with an error naming the
+// address, instead of resending for MaxRetries response timeouts.
+// dst and payload are the bounced datagram's destination and quoted UDP
+// payload, icmp the error (a *udp.ICMPError).
+func (m *manager) onUnreachable(dst netip.Addr, payload []byte, icmp error) {
+	if len(payload) < transport.MADOffset+16 {
+		return
+	}
+	tid := binary.BigEndian.Uint64(payload[transport.MADOffset+8:])
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.st.unreachable.Add(1)
+	for _, c := range m.conns {
+		if (c.state == stREQSent || c.state == stREPSent) && c.peer == dst && c.tid == tid {
+			op := "Dial"
+			if !c.active {
+				op = "Accept"
+			}
+			c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %w", op, netip.AddrPortFrom(c.peer, c.remotePort), ErrUnreachable, icmp))
+		}
+	}
 }
 
 func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message) {

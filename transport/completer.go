@@ -16,6 +16,10 @@ type completer struct {
 	retryPending bool    // a go-back-N is under way and nothing was acked since
 	retryPSN     bth.PSN // the PSN it started from
 	scratch      [8]byte
+	// lateRun counts ACK timer expiries in a row that spent no retry
+	// because this process was behind (onRetransTimer); bounded, so that
+	// a dead peer is found even on a process that is always behind.
+	lateRun uint8
 }
 
 func (c *completer) reset(psn bth.PSN, a *QPAttr) {
@@ -55,6 +59,7 @@ func (qp *QP) progress() {
 	qp.comp.retryCnt = qp.attr.RetryCnt
 	qp.comp.rnrRetry = qp.attr.RNRRetry
 	qp.comp.retryPending = false
+	qp.comp.lateRun = 0
 	qp.armRetrans()
 }
 
@@ -295,6 +300,13 @@ func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
 // completeSend generates the completion of a send WQE (always for errors,
 // for success only when signaled).
 func (qp *QP) completeSend(w *sendWQE, st WCStatus) {
+	qp.roomFreed()
+	if w.probe {
+		// A keep-alive probe is the QP's own: its failure is the QP's
+		// (Err), never a completion the application did not post.
+		qp.probes--
+		return
+	}
 	if st == WCSuccess && !w.signaled {
 		return
 	}

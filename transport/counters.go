@@ -41,6 +41,9 @@ type Counters struct {
 	MADDropVersion      uint64 // mad_drop_version: MADs with a base version other than 1
 	MADDropNoAgent      uint64 // mad_drop_no_agent: MADs of a class (or response TID) no agent takes
 	MADDropQueueFull    uint64 // mad_drop_queue_full: MADs dropped because their agent's queue was full
+	KeepAliveProbes     uint64 // keep_alive_probes: zero-length RDMA WRITE probes QP.Probe posted
+	DestUnreachable     uint64 // dest_unreachable: ICMP port/host unreachable errors the link reported for packets sent
+	AckTimeoutLate      uint64 // ack_timeout_late: ACK timer expiries that ran more than a timeout late (the process was not scheduled); they resend without spending retry_cnt
 
 	NPECNMarkedRocePackets uint64 // np_ecn_marked_roce_packets: packets for an RC/UC QP that arrived marked CE
 	NPCNPSent              uint64 // np_cnp_sent: CNPs the notification point sent
@@ -94,6 +97,9 @@ var counterFields = []struct {
 	{"mad_drop_version", func(c *Counters) *uint64 { return &c.MADDropVersion }},
 	{"mad_drop_no_agent", func(c *Counters) *uint64 { return &c.MADDropNoAgent }},
 	{"mad_drop_queue_full", func(c *Counters) *uint64 { return &c.MADDropQueueFull }},
+	{"keep_alive_probes", func(c *Counters) *uint64 { return &c.KeepAliveProbes }},
+	{"dest_unreachable", func(c *Counters) *uint64 { return &c.DestUnreachable }},
+	{"ack_timeout_late", func(c *Counters) *uint64 { return &c.AckTimeoutLate }},
 	{"np_ecn_marked_roce_packets", func(c *Counters) *uint64 { return &c.NPECNMarkedRocePackets }},
 	{"np_cnp_sent", func(c *Counters) *uint64 { return &c.NPCNPSent }},
 	{"rp_cnp_handled", func(c *Counters) *uint64 { return &c.RPCNPHandled }},

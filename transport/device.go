@@ -131,6 +131,12 @@ type Device struct {
 	// clock_gettime per packet (a few percent of a 4 KiB READ stream
 	// in a VM). Batch owner only.
 	rxNow batchClock
+	// rxBusy is when the batch being handled began (UnixNano, wall clock
+	// only; 0 between batches): an ACK timer that expires while a batch
+	// has been under way for longer than its timeout knows that this
+	// process is behind on its input (onRetransTimer).
+	rxBusy  atomic.Int64
+	realClk bool
 	// outMax is how far a QP's output queue grows (output.go): outBatchMax
 	// on a link that sends UDP GSO datagrams, where a bigger Link.Send
 	// fills more of each and saves system calls, else outBatch.
@@ -220,6 +226,10 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		d.outMax = outBatchMax
 	}
 	d.initRx()
+	_, d.realClk = cfg.Clock.(RealClock)
+	if er, ok := link.(udp.ErrorReporter); ok {
+		er.SetErrorHandler(d.linkError)
+	}
 	go d.recvLoop()
 	return d, nil
 }
@@ -297,6 +307,9 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 	for _, qp := range qps {
 		qp.mu.Lock()
+		if !qp.failed && qp.failErr == nil {
+			qp.failErr = ErrClosed
+		}
 		qp.toError()
 		qp.stopTimersLocked()
 		// The QP is destroyed by Close: its PD, CQs and SRQ are released
@@ -384,6 +397,10 @@ func (d *Device) getBuf() *[udp.MaxPacketSize]byte {
 // inputBatch handles the datagrams of one Link.Recv, then releases the
 // memory pins the batch took (rxPins). Receive goroutine only.
 func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
+	if d.realClk {
+		d.rxBusy.Store(time.Now().UnixNano())
+		defer d.rxBusy.Store(0)
+	}
 	d.rxNow.ok = false
 	for i := range pkts {
 		d.input(p, &pkts[i])

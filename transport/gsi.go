@@ -65,6 +65,7 @@ type MADAgent struct {
 	tid   atomic.Uint32
 	once  sync.Once
 	done  chan struct{}
+	errs  chan *udp.ICMPError
 }
 
 // GSI returns the device's GSI, opening QP1 on first use.
@@ -101,7 +102,8 @@ func (g *GSI) Register(class uint8, depth int) (*MADAgent, error) {
 	if _, busy := g.byClass[class]; busy {
 		return nil, errorf(ErrBusy, "GSI.Register: class %#x has an agent", class)
 	}
-	a := &MADAgent{gsi: g, class: class, id: g.nextID, c: make(chan MAD, depth), done: make(chan struct{})}
+	a := &MADAgent{gsi: g, class: class, id: g.nextID, c: make(chan MAD, depth), done: make(chan struct{}),
+		errs: make(chan *udp.ICMPError, 16)}
 	g.nextID++
 	g.byClass[class] = a
 	g.byID[a.id] = a
@@ -128,6 +130,59 @@ func (a *MADAgent) Recv(ctx context.Context) (MAD, error) {
 		return MAD{}, ErrClosed
 	case <-ctx.Done():
 		return MAD{}, ctx.Err()
+	}
+}
+
+// Unreachable returns the ICMP errors (port, host or network unreachable)
+// the network returned for MADs of the agent's class the device sent, on
+// links that report them (udp.ErrorReporter: the SocketLink). The error's
+// Payload holds the bounced datagram from its BTH on: the MAD starts at
+// byte MADOffset, so a requester can match the transaction ID it sent
+// and give up at once instead of resending into the void. The channel
+// holds 16; more are dropped. It is never closed.
+func (a *MADAgent) Unreachable() <-chan *udp.ICMPError { return a.errs }
+
+// MADOffset is where a MAD starts in a QP1 datagram's UDP payload: behind
+// the BTH (12 bytes) and the DETH (8).
+const MADOffset = 12 + 8
+
+// unreachable routes an ICMP error for a datagram QP1 sent to the agent
+// of the bounced MAD's class.
+func (g *GSI) unreachable(e *udp.ICMPError) {
+	if len(e.Payload) < MADOffset+madTID+8 {
+		return
+	}
+	mad := e.Payload[MADOffset:]
+	class := mad[madMgmtClass]
+	g.mu.Lock()
+	a := g.byClass[class]
+	if mad[madMethod]&madMethodResp != 0 {
+		if b := g.byID[uint32(binary.BigEndian.Uint64(mad[madTID:])>>32)]; b != nil && b.class == class {
+			a = b
+		}
+	}
+	g.mu.Unlock()
+	if a == nil {
+		return
+	}
+	select {
+	case a.errs <- e:
+	default:
+	}
+}
+
+// linkError is the link's ICMP error handler (udp.ErrorReporter): counted,
+// and a MAD's passed to its agent.
+func (d *Device) linkError(e *udp.ICMPError) {
+	inc(&d.ctr.DestUnreachable)
+	if qpn, ok := e.DestQP(); !ok || qpn != 1 {
+		return
+	}
+	d.mu.Lock()
+	g := d.gsi
+	d.mu.Unlock()
+	if g != nil {
+		g.unreachable(e)
 	}
 }
 

@@ -71,7 +71,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, ErrClosed)
 	}
 	if qp.destroyed {
-		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, ErrDestroyed)
+		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, qp.destroyedErr())
 	}
 	cur := qp.attr.State
 	next := cur
@@ -291,6 +291,11 @@ func (qp *QP) reset() {
 	qp.timeout = 0
 	qp.stopPacing()
 	qp.ccInit()
+	qp.probes = 0
+	if qp.failed {
+		// A QP taken back to RESET from ERR can fail again.
+		qp.failed, qp.failErr, qp.failCh = false, nil, make(chan struct{})
+	}
 }
 
 // toError moves the QP to ERR and completes every outstanding work request:
@@ -325,4 +330,5 @@ func (qp *QP) toError() {
 		qp.rqHead++
 	}
 	qp.resp.wqeActive = false
+	qp.markFailed()
 }

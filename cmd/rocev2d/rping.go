@@ -667,6 +667,10 @@ func (r *rping) cmError(err error, peer netip.AddrPort) error {
 			return fmt.Errorf("connection to %v refused: nothing listens on rdma_cm port %d there (REJ: %v)", peer, peer.Port(), rej.Reason)
 		}
 		return fmt.Errorf("connection to %v rejected: %v", peer, rej.Reason)
+	case errors.Is(err, rdmacm.ErrUnreachable):
+		// The network said so at once (ICMP port or host unreachable).
+		fmt.Fprintf(r.stderr, "cma event RDMA_CM_EVENT_UNREACHABLE, error -111\n")
+		return fmt.Errorf("%v unreachable: nothing listens on UDP 4791 there (no RoCEv2 device): %w", peer, err)
 	case errors.Is(err, rdmacm.ErrTimeout):
 		fmt.Fprintf(r.stderr, "cma event RDMA_CM_EVENT_UNREACHABLE, error -110\n")
 		return fmt.Errorf("no answer from %v: nothing runs a connection manager there (no RoCEv2 device, or UDP 4791 filtered)", peer)
@@ -896,7 +900,9 @@ func printCMStats(w io.Writer, label string, s rdmacm.Stats) {
 	}{{"cm_mads_in", s.MADsIn}, {"cm_mads_out", s.MADsOut}, {"cm_retransmits", s.Retransmits},
 		{"cm_duplicates", s.Duplicates}, {"cm_malformed", s.Malformed}, {"cm_unknown", s.Unknown},
 		{"cm_rej_no_listener", s.RejNoListener}, {"cm_rej_backlog", s.RejBacklog}, {"cm_rej_stale", s.RejStale},
-		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected}} {
+		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected},
+		{"cm_lost_qp", s.QPFailed}, {"cm_keepalive_probes", s.KeepAliveProbes}, {"cm_keepalive_dead", s.KeepAliveFailed},
+		{"cm_unreachable", s.Unreachable}} {
 		fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
 	}
 }
