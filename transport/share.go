@@ -35,9 +35,22 @@ func (s linkLeases) NextRange() (first, n uint32, err error) { return s.l.LeaseQ
 
 // sharedLink returns the device's link as a udp.SharedLink when it is a
 // member of a shared group, else nil.
+// A link that wraps another (a fault injector, a capture tap) is looked
+// through when it has an Unwrap() udp.Link method.
 func (d *Device) sharedLink() udp.SharedLink {
-	if s, ok := d.link.(udp.SharedLink); ok && s.Shared() {
-		return s
+	l := d.link
+	for range 8 {
+		if s, ok := l.(udp.SharedLink); ok {
+			if s.Shared() {
+				return s
+			}
+			return nil
+		}
+		u, ok := l.(interface{ Unwrap() udp.Link })
+		if !ok {
+			return nil
+		}
+		l = u.Unwrap()
 	}
 	return nil
 }

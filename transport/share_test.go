@@ -114,3 +114,33 @@ func TestQPNSource(t *testing.T) {
 		})
 	}
 }
+
+// wrapper hides a link's methods but udp.Link's, as a tap does.
+type wrapper struct{ udp.Link }
+
+func (w wrapper) Unwrap() udp.Link { return w.Link }
+
+// TestQPNSourceThroughWrapper: a device on a wrapper of a shared link
+// takes its QPNs from the link's leases (Unwrap).
+func TestQPNSourceThroughWrapper(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	l, err := n.Link(netip.MustParseAddr("192.0.2.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl := &sharedMem{Link: l, src: rangeSource{ranges: [][2]uint32{{0x7000, 8}}}, svcs: map[uint64]bool{}}
+	dev, err := NewDevice(wrapper{sl}, DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(4)
+	qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1, MaxRecvWR: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dev.Shared() || qp.QPN() != 0x7000 {
+		t.Errorf("Shared %v, QPN %#x; want true, 0x7000", dev.Shared(), qp.QPN())
+	}
+}

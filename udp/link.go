@@ -15,6 +15,10 @@ import (
 // only from LeaseQPNs, tag its CM communication IDs with CommIDTag, and
 // claim the service IDs it listens on: the kernel steers each datagram to
 // the process that owns its destination QP, listener or communication ID.
+// A Link that wraps another (a fault injector, a tap) must implement
+// SharedLink by forwarding, or have an Unwrap() Link method (which
+// transport looks through); else a device on it takes QPNs nobody steers
+// to it.
 type SharedLink interface {
 	// Shared reports whether the link is a member of a shared group.
 	Shared() bool
