@@ -81,6 +81,7 @@ type QP struct {
 	rqHead, rqEnd uint64
 
 	resp responder
+	sr   *srState // selective repeat (sack.go), nil: go-back-N
 
 	tq  [numTimerKinds]timerEntry // this QP's entries in dev.tq
 	tmr timers
