@@ -12,6 +12,7 @@ import (
 // ../shared/golden/INDEX.md.
 var wantGolden = map[string]int{
 	"host_ud_interop":   10,
+	"nvmeof_rdma_linux": 492,
 	"rc_atomic_cswap":   10,
 	"rc_atomic_fadd":    10,
 	"rc_read_4096":      25,

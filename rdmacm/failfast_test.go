@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
 	"github.com/gorocev2/rocev2/udp/memnet"
@@ -62,7 +63,12 @@ func TestDialUnreachableFailsFast(t *testing.T) {
 // address and the number of REQs sent.
 func TestDialTimeoutSaysWhere(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
-	da, _ := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil) // B runs no CM: QP1 drops the REQs
+	// B answers nothing (every packet it would send is dropped; a device
+	// without a CM would refuse the REQ: REJ invalid service ID).
+	silent := func(l udp.Link) udp.Link {
+		return &filterLink{Link: l, drop: func(*packet.Packet) bool { return true }}
+	}
+	da, _ := newDev(t, n, addrA, nil), newDev(t, n, addrB, silent)
 	to := netip.AddrPortFrom(addrB, 7501)
 	_, err := Dial(ctxT(t, 10*time.Second), da, to, &fast)
 	if !errors.Is(err, ErrTimeout) {

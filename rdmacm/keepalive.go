@@ -153,6 +153,7 @@ func (c *Conn) lostLocked(err error) {
 	if c.err == nil {
 		c.err = err
 	}
+	c.endedBy(causeOf(err))
 	if c.kaTimer != nil {
 		c.kaTimer.Stop()
 	}

@@ -239,7 +239,7 @@ func TestRemoteAccessErrorEndsConns(t *testing.T) {
 	}
 	var we *transport.WCError
 	if err := ca.Err(); !errors.Is(err, ErrQPFailed) || !errors.As(err, &we) || we.Status != transport.WCRemAccessErr {
-		t.Fatalf("requester's Err = %v, want ErrQPFailed with a remote access error", err)
+		t.Fatalf("requester's Err = %v, want ErrQPFailed with a remote access error (QP err %v; responder %v)", err, ca.QP().Err(), cb.Err())
 	}
 	if err := cb.Err(); !errors.Is(err, ErrQPFailed) && !errors.Is(err, ErrDisconnected) {
 		t.Fatalf("responder's Err = %v, want ErrQPFailed or ErrDisconnected", err)

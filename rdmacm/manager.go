@@ -71,6 +71,23 @@ type Stats struct {
 	RejStale      uint64 // REQs for a QP pair already connected
 	Established   uint64 // connections established
 	Disconnected  uint64 // connections that ended (either side)
+	// Shed counts half-open connections a listener dropped, oldest (of
+	// the source holding the most) first, to admit a newer request when
+	// its backlog was full; each was answered with a REJ (no resources).
+	Shed uint64
+	// SpoofDropped counts REJs that named a connection by one
+	// communication ID (or the wrong source address) and were ignored:
+	// an established connection ends on a REJ or DREQ only when both IDs
+	// and the address match.
+	SpoofDropped uint64
+	// StrayDREQ counts DREQs for no known connection (each answered
+	// with a DREP, so a peer that lost its state stops sending them).
+	StrayDREQ uint64
+	// RejSent and RejRecv count REJs sent and received by reason.
+	RejSent, RejRecv map[cm.RejectReason]uint64
+	// Ended counts connections that ended, by cause (a connection counts
+	// once, by what ended it first).
+	Ended map[Cause]uint64
 	// QPFailed counts established connections ended because their QP
 	// failed (ErrQPFailed); KeepAliveFailed those whose peer answered no
 	// keep-alive probe (ErrKeepAlive); KeepAliveProbes the probes sent.
@@ -81,13 +98,24 @@ type Stats struct {
 	// Conns is how many connections the manager holds now, in any state
 	// (half-open, established, closing, TimeWait): a gauge, not a count.
 	Conns uint64
+	// TimeWait is how many of them wait out their TimeWait (a gauge).
+	TimeWait uint64
 }
 
 type stats struct {
 	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
+	shed, spoofDropped, strayDREQ                                  atomic.Uint64
+	rejSent, rejRecv                                               [maxReason + 1]atomic.Uint64
+	ended                                                          [numCauses]atomic.Uint64
 	qpFailed, keepAliveFailed, keepAliveProbes, unreachable        atomic.Uint64
 }
+
+// maxReason is the highest REJ reason counted by its own number; higher
+// (vendor, reserved) reasons count under it.
+const maxReason = 63
+
+func reasonSlot(r cm.RejectReason) int { return int(min(uint16(r), maxReason)) }
 
 // manager is the connection manager of one device.
 type manager struct {
@@ -96,10 +124,17 @@ type manager struct {
 	clock transport.Clock
 	guid  uint64
 	st    stats
+	tag   cm.CommIDTag // owner bits of our communication and request IDs (shared address)
 
 	mu        sync.Mutex
 	conns     map[uint32]*Conn     // by local communication ID
 	remote    map[remoteKey]*Conn  // passive side: by peer address and its comm ID
+	byQPN     map[qpnKey]*Conn     // by peer address and QPN, while it can match (stale check)
+	gaveUp    map[remoteKey]bool   // requesters whose REJ "timeout" came before their REQ was handled
+	shedIDs   map[remoteKey]bool   // requests shed unanswered (a REQ sent again proves its requester is there)
+	nextID    uint32               // local comm IDs: a counter ...
+	idXor     uint32               // ... XORed with a random value (as Linux's cm.c)
+	timeWait  int                  // connections in TimeWait
 	listeners map[uint64]*Listener // by service ID
 	udl       map[uint64]*UDListener
 	sidr      map[uint32]*sidrWait // by request ID
@@ -136,9 +171,21 @@ func managerFor(dev *transport.Device) (*manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rdmacm: %w", err)
 	}
+	// Requests, which anyone may send at any rate, queue apart: a flood
+	// of them does not push out the answers that complete handshakes.
+	agent.SeparateRequests(1024, uint16(cm.AttrREQ), uint16(cm.AttrSIDRREQ))
 	m := &manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
-		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, listeners: map[uint64]*Listener{},
+		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, byQPN: map[qpnKey]*Conn{},
+		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
+		gaveUp: map[remoteKey]bool{}, shedIDs: map[remoteKey]bool{},
 		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, stop: make(chan struct{})}
+	m.tag.Tag, m.tag.Mask = dev.CommIDTag()
+	// On a shared address one process answers the REQs nobody listens
+	// for (exactly one REJ each): every connection manager volunteers.
+	if err := dev.VolunteerRejector(); err != nil {
+		agent.Close()
+		return nil, fmt.Errorf("rdmacm: %w", err)
+	}
 	managers[dev] = m
 	go m.loop()
 	go m.errLoop()
@@ -155,15 +202,31 @@ func StatsOf(dev *transport.Device) Stats {
 		return Stats{}
 	}
 	s := &m.st
-	m.mu.Lock()
-	conns := uint64(len(m.conns))
-	m.mu.Unlock()
-	return Stats{Conns: conns, MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
+	st := Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
 		RejNoListener: s.rejNoListener.Load(), RejBacklog: s.rejBacklog.Load(), RejStale: s.rejStale.Load(),
 		Established: s.established.Load(), Disconnected: s.disconnected.Load(),
 		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load(),
-		Unreachable: s.unreachable.Load()}
+		Unreachable: s.unreachable.Load(),
+		Shed:        s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(),
+		RejSent: map[cm.RejectReason]uint64{}, RejRecv: map[cm.RejectReason]uint64{}, Ended: map[Cause]uint64{}}
+	for i := range s.rejSent {
+		if v := s.rejSent[i].Load(); v != 0 {
+			st.RejSent[cm.RejectReason(i)] = v
+		}
+		if v := s.rejRecv[i].Load(); v != 0 {
+			st.RejRecv[cm.RejectReason(i)] = v
+		}
+	}
+	for i := range s.ended {
+		if v := s.ended[i].Load(); v != 0 {
+			st.Ended[Cause(i)] = v
+		}
+	}
+	m.mu.Lock()
+	st.Conns, st.TimeWait = uint64(len(m.conns)), uint64(m.timeWait)
+	m.mu.Unlock()
+	return st
 }
 
 // guidOf makes a node GUID from the device address, the way rxe makes one
@@ -179,22 +242,58 @@ func random32() uint32 {
 	return binary.BigEndian.Uint32(b[:])
 }
 
-// loop receives CM MADs until the device closes.
+// loopBatch is how many requests the manager takes at once.
+const loopBatch = 64
+
+// loop handles CM MADs until the device closes: every waiting answer
+// first, then the newest requests, one per source in turn (requests queue
+// apart, transport.MADAgent.SeparateRequests): a flood of requests neither
+// starves the answers that complete handshakes and teardowns nor, from
+// one address, another address's requests.
 func (m *manager) loop() {
+	a := m.agent
+	var answers, reqs []transport.MAD
 	for {
-		mad, err := m.agent.Recv(neverDone{})
-		if err != nil {
-			m.shutdown()
-			return
+		answers, reqs = answers[:0], reqs[:0]
+	drain:
+		for len(answers) < 4*loopBatch {
+			select {
+			case mad := <-a.C():
+				answers = append(answers, mad)
+			default:
+				break drain
+			}
 		}
-		m.st.madsIn.Add(1)
-		h, msg, err := cm.Decode(mad.Data[:])
-		if err != nil {
-			m.st.malformed.Add(1)
-			continue
+		reqs = a.TakeRequests(reqs, loopBatch)
+		if len(answers) == 0 && len(reqs) == 0 {
+			select {
+			case mad := <-a.C():
+				answers = append(answers, mad)
+			case <-a.RequestsReady():
+				continue
+			case <-a.Done():
+				m.shutdown()
+				return
+			}
 		}
-		m.handle(&mad, &h, msg)
+		for i := range answers {
+			m.dispatch(&answers[i])
+		}
+		for i := range reqs {
+			m.dispatch(&reqs[i])
+		}
 	}
+}
+
+// dispatch decodes and handles one MAD.
+func (m *manager) dispatch(mad *transport.MAD) {
+	m.st.madsIn.Add(1)
+	h, msg, err := cm.Decode(mad.Data[:])
+	if err != nil {
+		m.st.malformed.Add(1)
+		return
+	}
+	m.handle(mad, &h, msg)
 }
 
 // neverDone is a context that never ends: the loop ends with the device.
@@ -225,6 +324,7 @@ func (m *manager) shutdown() {
 	m.mu.Unlock()
 	for _, c := range conns {
 		m.mu.Lock()
+		c.endedBy(CauseDeviceClosed)
 		c.finishLocked(errDeviceClosed)
 		m.mu.Unlock()
 	}
@@ -284,7 +384,7 @@ func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message)
 	case *cm.REJFields:
 		m.onREJ(mad, f)
 	case *cm.REPFields:
-		m.onREP(mad, f)
+		m.onREP(mad, h, f)
 	case *cm.RTUFields:
 		m.onRTU(f)
 	case *cm.DREQFields:
@@ -302,19 +402,34 @@ func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message)
 
 // send encodes and sends one CM MAD to the peer's QP1.
 func (m *manager) send(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte) error {
+	return m.sendMod(dst, tos, tid, msg, out, 0)
+}
+
+// sendMod is send with the MAD header's AttributeModifier (ECE options).
+func (m *manager) sendMod(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte, attrMod uint32) error {
 	h := cm.NewHeader(0, tid)
+	h.AttributeModifier = attrMod
 	if err := cm.Encode(out[:], &h, msg); err != nil {
 		return err
 	}
 	m.st.madsOut.Add(1)
+	if r, ok := msg.(*cm.REJFields); ok {
+		m.st.rejSent[reasonSlot(r.Reason)].Add(1)
+	}
 	return m.agent.Send(dst, 1, tos, out[:])
 }
 
-// newLocalID returns a communication ID no live connection uses. Called
-// with m.mu held.
+// newLocalID returns a communication ID no known connection uses (in
+// TimeWait included): a counter XORed with a random value drawn when the
+// manager started, as Linux's cm.c numbers its IDs, so that IDs do not
+// repeat for 2^32 connections and a restarted process does not start
+// where its previous life did. Called with m.mu held.
 func (m *manager) newLocalID() uint32 {
 	for {
-		id := random32()
+		// On a shared address the top byte names this process
+		// (cm.CommIDTag): the replies are steered to it.
+		id := m.tag.Apply(m.nextID ^ m.idXor)
+		m.nextID++
 		if _, busy := m.conns[id]; id != 0 && !busy {
 			return id
 		}

@@ -59,6 +59,7 @@ func (qp *QP) progress() {
 	qp.comp.retryCnt = qp.attr.RetryCnt
 	qp.comp.rnrRetry = qp.attr.RNRRetry
 	qp.comp.retryPending = false
+	qp.srProgress()
 	qp.comp.lateRun = 0
 	qp.armRetrans()
 }
@@ -138,7 +139,7 @@ func (qp *QP) compInput(p *packetT) {
 		}
 		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, qp.comp.psn, qp.nextPSN())
 	}
-	if !psn.Before(qp.nextPSN()) || psn.Before(qp.comp.psn) {
+	if (!psn.Before(qp.nextPSN()) || psn.Before(qp.comp.psn)) && !(qp.sr != nil && qp.srAtNext(p, psn)) {
 		return // not for an outstanding PSN (stale duplicate or bogus)
 	}
 	switch p.Info.Kind {
@@ -156,6 +157,9 @@ func (qp *QP) compInput(p *packetT) {
 }
 
 func (qp *QP) onAck(p *packetT, psn bth.PSN) {
+	if qp.sr != nil && qp.srOnAck(p, psn) {
+		return
+	}
 	syn := p.AETH.Syndrome()
 	switch syn.Type() {
 	case aeth.TypeACK:
@@ -213,6 +217,10 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 }
 
 func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
+	if qp.sr != nil {
+		qp.srOnReadResponse(p, psn)
+		return
+	}
 	// A READ response implicitly acknowledges every earlier SEND/WRITE.
 	if qp.ackUpTo(psn.Add(-1)) {
 		// An earlier READ/atomic is still missing its response.
@@ -270,6 +278,10 @@ func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
 // acknowledged, further such signals come from the old flight and are
 // ignored, so one loss costs one go-back-N (rxe's started_retry).
 func (qp *QP) retryOnGap() {
+	if qp.sr != nil { // selective repeat: resend what is missing
+		qp.srLost(qp.nextPSN())
+		return
+	}
 	if qp.comp.retryPending {
 		return
 	}
@@ -277,6 +289,10 @@ func (qp *QP) retryOnGap() {
 }
 
 func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
+	if qp.sr != nil {
+		qp.srOnAtomicAck(p, psn)
+		return
+	}
 	if qp.ackUpTo(psn.Add(-1)) {
 		qp.retryOnGap()
 		return

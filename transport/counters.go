@@ -49,6 +49,12 @@ type Counters struct {
 	NPCNPSent              uint64 // np_cnp_sent: CNPs the notification point sent
 	RPCNPHandled           uint64 // rp_cnp_handled: CNPs a QP's reaction point acted on
 	RPCNPIgnored           uint64 // rp_cnp_ignored: CNPs ignored (DCQCN off, a UD QP, not from the QP's peer)
+
+	SRHeld        uint64 // sr_held: out-of-order requests a selective repeat responder held
+	SROutOfWindow uint64 // sr_out_of_window: out-of-order requests beyond the window, dropped
+	SRSACKSent    uint64 // sr_sack_sent: selective NAKs (with a SACK block) sent
+	SRSACKRcvd    uint64 // sr_sack_rcvd: selective NAKs received
+	SRRecoveries  uint64 // sr_recoveries: selective resend rounds (each resends only missing PSNs)
 }
 
 // Counter is one named counter value.
@@ -104,6 +110,11 @@ var counterFields = []struct {
 	{"np_cnp_sent", func(c *Counters) *uint64 { return &c.NPCNPSent }},
 	{"rp_cnp_handled", func(c *Counters) *uint64 { return &c.RPCNPHandled }},
 	{"rp_cnp_ignored", func(c *Counters) *uint64 { return &c.RPCNPIgnored }},
+	{"sr_held", func(c *Counters) *uint64 { return &c.SRHeld }},
+	{"sr_out_of_window", func(c *Counters) *uint64 { return &c.SROutOfWindow }},
+	{"sr_sack_sent", func(c *Counters) *uint64 { return &c.SRSACKSent }},
+	{"sr_sack_rcvd", func(c *Counters) *uint64 { return &c.SRSACKRcvd }},
+	{"sr_recoveries", func(c *Counters) *uint64 { return &c.SRRecoveries }},
 }
 
 // List returns the counters as name/value pairs in a fixed order, named as

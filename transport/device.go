@@ -1,6 +1,8 @@
 package transport
 
 import (
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -23,6 +25,15 @@ type DeviceConfig struct {
 	Clock Clock
 	// MaxQP bounds the number of QPs (default 1024).
 	MaxQP int
+	// FirstQPN is the first QP number handed out; the next ones count up
+	// from it (wrapping to 0x11 after 0xffffff). Zero picks one at random
+	// in [0x11, 0x800000), so that a process restarted on the same address
+	// does not number its QPs as its previous life did and a peer that
+	// still knows an old connection does not take the new one for it
+	// (rxe's numbers survive its processes, the kernel's counter going on;
+	// a device here lives as long as its process). Set it (0x11, as rxe
+	// after boot) where a test needs fixed numbers.
+	FirstQPN uint32
 	// Limits bounds the device's memory registration table.
 	Limits memreg.Limits
 	// MaxUnackedPSNs is the requester window: at most this many PSNs are
@@ -43,6 +54,13 @@ type DeviceConfig struct {
 	// Congestion configures ECN, CNPs and DCQCN (cc.go). The zero value
 	// sends ECT(0), answers CE marks with CNPs and runs DCQCN.
 	Congestion CongestionConfig
+	// QPNs supplies the QPNs the device hands out. Nil means the link's
+	// leases when the link shares its address (udp.SharedLink), else
+	// every QPN from 0x11 up.
+	QPNs QPNSource
+	// SelectiveRepeat configures selective repeat for the RC QPs that
+	// negotiate it (QPAttr.SelectiveRepeat, sack.go).
+	SelectiveRepeat SRConfig
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -68,7 +86,8 @@ type Device struct {
 	cqs     map[*CQ]struct{}          // under mu
 	chans   map[*CompChannel]struct{} // under mu
 	srqs    map[*SRQ]struct{}         // under mu
-	nextQPN uint32
+	nextQPN uint32                    // the first QPN tried (of the default source)
+	qpns    qpnAlloc                  // under mu
 
 	gsi *GSI // QP1, opened by GSI(); under mu
 
@@ -189,7 +208,16 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.SelectiveRepeat, err = cfg.SelectiveRepeat.normalize(); err != nil {
+		return nil, err
+	}
 	cfg.Congestion = cc
+	if cfg.FirstQPN > bth.PSNMask || (cfg.FirstQPN != 0 && cfg.FirstQPN < firstQPN) {
+		return nil, fmt.Errorf("transport: NewDevice: FirstQPN %#x outside [%#x, %#x]: %w", cfg.FirstQPN, firstQPN, bth.PSNMask, ErrInvalidConfig)
+	}
+	if cfg.FirstQPN == 0 {
+		cfg.FirstQPN = randomFirstQPN()
+	}
 	d := &Device{
 		link:    link,
 		cfg:     cfg,
@@ -203,7 +231,17 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		chans:   make(map[*CompChannel]struct{}),
 		srqs:    make(map[*SRQ]struct{}),
 		events:  make(chan AsyncEvent, cfg.EventQueue),
-		nextQPN: firstQPN,
+		nextQPN: cfg.FirstQPN,
+	}
+	d.qpns.src = cfg.QPNs
+	if d.qpns.src == nil {
+		if s := d.sharedLink(); s != nil {
+			d.qpns.src = linkLeases{s}
+		} else {
+			d.qpns.src = &wholeSpace{given: true}
+			d.qpns.ranges = [][2]uint32{{firstQPN, bth.PSNMask + 1 - firstQPN}}
+			d.qpns.next = d.nextQPN
+		}
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
 	d.outMax = outBatch
@@ -413,6 +451,9 @@ func (d *Device) input(p *packet.Packet, up *udp.Packet) {
 // goes to any QP, whose reaction point takes or ignores it.
 func (d *Device) route(p *packet.Packet) (*QP, error) {
 	qp := d.lookup(p.BTH.DestQP())
+	if qp == nil && p.BTH.DestQP() == 1 {
+		qp = d.openGSIForInput()
+	}
 	if qp == nil {
 		inc(&d.ctr.UnknownQP)
 		return nil, ErrUnknownQP
@@ -524,4 +565,12 @@ func (d *Device) send(pkts []udp.Packet) {
 		return
 	}
 	atomic.AddUint64(&d.ctr.SentPkts, uint64(len(pkts)))
+}
+
+// randomFirstQPN returns a QPN in [firstQPN, 0x800000): room for 8M QPs
+// before the numbers wrap.
+func randomFirstQPN() uint32 {
+	var b [4]byte
+	crand.Read(b[:])
+	return firstQPN + binary.BigEndian.Uint32(b[:])%(0x800000-firstQPN)
 }

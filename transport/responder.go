@@ -78,6 +78,10 @@ func (qp *QP) respInput(p *packetT) {
 		return
 	}
 	d := psn.Diff(r.psn)
+	if d > 0 && qp.sr != nil {
+		qp.srHold(p, psn, d)
+		return
+	}
 	if d > 0 {
 		if !r.nakSent {
 			r.nakSent = true
@@ -88,11 +92,17 @@ func (qp *QP) respInput(p *packetT) {
 	}
 	if d < 0 {
 		inc(&qp.dev.ctr.DuplicateRequest)
+		if qp.sr != nil && qp.srDuplicate(p) {
+			return
+		}
 		qp.respDuplicate(p, psn)
 		return
 	}
 	r.nakSent = false
 	qp.respExecute(p, psn)
+	if qp.sr != nil {
+		qp.srDrain(psn)
+	}
 }
 
 // respExecute checks the opcode sequence of an in-sequence request and

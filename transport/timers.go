@@ -81,14 +81,18 @@ func (qp *QP) armRetrans() {
 		return
 	}
 	now := qp.now()
+	to := qp.timeout
+	if qp.sr != nil {
+		to = qp.srRTO()
+	}
 	// Never earlier than a deadline already set: a batch's clock reading
 	// may be older than a PostSend's on another goroutine.
-	if d := now.Add(qp.timeout); !qp.tmr.timerArmed || d.After(qp.tmr.deadline) {
+	if d := now.Add(to); !qp.tmr.timerArmed || d.After(qp.tmr.deadline) {
 		qp.tmr.deadline = d
 	}
 	if !qp.tmr.timerArmed {
 		qp.tmr.timerArmed = true
-		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.timeout)
+		qp.dev.tq.arm(&qp.tq[timerRetrans], now, to)
 	}
 }
 
@@ -112,14 +116,22 @@ func (qp *QP) onRetransTimer() {
 		// (ack_timeout_late tells it apart from local_ack_timeout_err).
 		inc(&qp.dev.ctr.AckTimeoutLate)
 		qp.comp.lateRun++
-		qp.comp.retryCnt++ // retry takes it back
+		if qp.sr == nil {
+			qp.comp.retryCnt++ // retry takes it back
+		} else {
+			qp.sr.late = true // srTimeout spends no retry on it
+		}
 	} else {
 		inc(&qp.dev.ctr.LocalAckTimeout)
 	}
 	if qp.trace != nil {
 		qp.trace("timeout comp.psn %v", qp.oldestUnacked())
 	}
-	qp.retry()
+	if qp.sr != nil {
+		qp.srTimeout()
+	} else {
+		qp.retry()
+	}
 	qp.settle()
 	qp.flushOut()
 }

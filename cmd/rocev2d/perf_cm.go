@@ -346,7 +346,7 @@ func (p *perfCM) connect(ctx context.Context, neg oob.Params) ([]oob.PerfDest, e
 	optsFor := func(i int) *rdmacm.Options {
 		return &rdmacm.Options{QP: s.qps[i].qp, Access: s.access, PathMTU: mtu, ResponderResources: rd, InitiatorDepth: rd,
 			Retry:           &transport.Retry{Timeout: uint8(p.c.qpTimeout), RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12},
-			ResponseTimeout: perfCMTimeout}
+			ResponseTimeout: perfCMTimeout, SelectiveRepeat: p.c.sr}
 	}
 	what := func(i int) string {
 		if nq == 1 {
