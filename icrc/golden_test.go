@@ -9,9 +9,10 @@ import (
 )
 
 // wantGolden is the number of RoCEv2 packets per capture, from
-// ../shared/golden/INDEX.md.
+// testdata/golden/INDEX.md (at the repository root).
 var wantGolden = map[string]int{
 	"host_ud_interop":   10,
+	"nvmeof_rdma_linux": 492,
 	"rc_atomic_cswap":   10,
 	"rc_atomic_fadd":    10,
 	"rc_read_4096":      25,
