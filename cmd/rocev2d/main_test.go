@@ -330,7 +330,7 @@ func TestBinary(t *testing.T) {
 		code int
 		want string
 	}{
-		{append([]string{"pcap", "check"}, files...), 0, "311 ok, 0 bad"},
+		{append([]string{"pcap", "check"}, files...), 0, "803 ok, 0 bad"},
 		{[]string{"pcap", "check", corrupt}, 1, corrupt + " #27: ICRC mismatch"},
 		{[]string{"pcap", "check", garbage}, 2, "not a pcap or pcapng file"},
 		{[]string{"help"}, 0, "pcap"},
