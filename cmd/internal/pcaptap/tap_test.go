@@ -16,7 +16,7 @@ import (
 )
 
 // build returns a RoCEv2 SEND_ONLY payload with n payload bytes.
-func build(t *testing.T, n int, psn uint32) []byte {
+func build(t testing.TB, n int, psn uint32) []byte {
 	t.Helper()
 	buf := make([]byte, udp.MaxPacketSize)
 	f := packet.Fields{BTH: bth.Fields{Opcode: bth.RCSendOnly, PKey: bth.DefaultPKey, DestQP: 0x11, PSN: bth.PSN(psn), AckReq: true},
@@ -56,6 +56,9 @@ func TestTapMemNetwork(t *testing.T) {
 		}
 		if w.Packets() != 2*count || w.Unverified() != 0 {
 			t.Fatalf("%v: %d packets, %d unverified", addrs, w.Packets(), w.Unverified())
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
 		}
 		r, err := pcapgo.NewReader(&out)
 		if err != nil {
