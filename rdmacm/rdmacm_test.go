@@ -24,9 +24,9 @@ var (
 
 // filterLink drops the packets drop says so, and counts them.
 type filterLink struct {
-	udp.Link
-	drop    func(p *packet.Packet) bool
-	dropped atomic.Int64
+	udp.Wrap // forwards the wrapped link's capabilities
+	drop     func(p *packet.Packet) bool
+	dropped  atomic.Int64
 }
 
 func (l *filterLink) Send(pkts []udp.Packet) error {
@@ -255,7 +255,7 @@ func TestCommEstWithoutRTU(t *testing.T) {
 	n := udp.NewMemNetwork(udp.Faults{})
 	var fl *filterLink
 	da := newDev(t, n, addrA, func(l udp.Link) udp.Link {
-		fl = &filterLink{Link: l, drop: func(p *packet.Packet) bool {
+		fl = &filterLink{Wrap: udp.Wrap{Link: l}, drop: func(p *packet.Packet) bool {
 			return p.BTH.DestQP() == 1 && len(p.Payload) == 256 && cm.MAD(p.Payload).AttributeID() == cm.AttrRTU
 		}}
 		return fl

@@ -38,7 +38,7 @@ func windowRequester(t *testing.T, window int, rd uint8) (a *side, la *psnLink, 
 	n := udp.NewMemNetwork(udp.Faults{})
 	ra, _ := n.Link(addrA)
 	rb, _ := n.Link(addrB)
-	la = &psnLink{Link: ra, drop: func(*packet.Packet) bool { return true }}
+	la = &psnLink{Wrap: udp.Wrap{Link: ra}, drop: func(*packet.Packet) bool { return true }}
 	a, b := sideOn(t, la, &o), sideOn(t, rb, &o)
 	first = 0xfffffc
 	connect(t, a, b, addrB, uint32(first), 0x10, &o)
