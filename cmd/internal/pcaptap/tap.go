@@ -13,6 +13,11 @@
 // header candidate makes the ICRC valid is written anyway (with identification
 // 0 and DF) and counted in Writer.Unverified; pcap check then reports it.
 //
+// Recording is meant to cost the stack only the recording (docs/CAPTURE.md):
+// a Tap keeps the wrapped link's capabilities (udp.Wrap), each packet is
+// copied once into a buffer that a goroutine of its own writes to the file,
+// and a snap length (NewWriterSnap, tcpdump's -s) keeps only the headers.
+//
 // Of this module it imports udp (the Link it wraps) and icrc; it serves
 // cmd/rocev2d, the only package that may import it.
 package pcaptap
