@@ -9,14 +9,14 @@ import (
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // connectPair returns a client and a server connection; the server
 // accepts with so.
 func connectPair(t *testing.T, port uint16, so Options) (ca, cb *Conn) {
 	t.Helper()
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, err := Listen(db, port, &ListenOptions{Options: so})
 	if err != nil {
@@ -101,7 +101,7 @@ func TestDefaultAccess(t *testing.T) {
 // (memreg.ErrBusy) instead of returning nil and leaving the PD behind,
 // and a Close after the region is deregistered frees the PD.
 func TestCloseReportsBusyPD(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, err := Listen(db, 7174, &ListenOptions{Options: fast})
 	if err != nil {

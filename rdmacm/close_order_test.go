@@ -7,7 +7,7 @@ import (
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestCloseAfterReceive: the receiver of a SEND closes the connection as
@@ -18,7 +18,7 @@ import (
 // the sender moves its QP to ERR on the DREQ and would flush the SEND.
 func TestCloseAfterReceive(t *testing.T) {
 	for i := 0; i < 30; i++ {
-		n := udp.NewMemNetwork(udp.Faults{})
+		n := memnet.NewMemNetwork(memnet.Faults{})
 		da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 		rbuf := make([]byte, 64)
 		var rmr *memreg.MR

@@ -10,10 +10,10 @@ import (
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/rdmacm"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
-func device(n *udp.MemNetwork, addr string) *transport.Device {
+func device(n *memnet.MemNetwork, addr string) *transport.Device {
 	link, err := n.Link(netip.MustParseAddr(addr))
 	if err != nil {
 		log.Fatal(err)
@@ -30,7 +30,7 @@ func device(n *udp.MemNetwork, addr string) *transport.Device {
 // Over kernel UDP sockets (udp.ListenSocket) the same code talks to rping,
 // ib_write_bw -R and any other librdmacm program.
 func Example() {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	server, client := device(n, "192.0.2.1"), device(n, "192.0.2.2")
 	defer server.Close()
 	defer client.Close()
@@ -103,7 +103,7 @@ func Example() {
 // Dialing a port nobody listens on fails at once with ErrRefused, as
 // librdmacm reports ECONNREFUSED.
 func ExampleDial_refused() {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	server, client := device(n, "192.0.2.1"), device(n, "192.0.2.2")
 	defer server.Close()
 	defer client.Close()

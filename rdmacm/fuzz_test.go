@@ -10,6 +10,7 @@ import (
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // FuzzManager feeds arbitrary MADs (seeded with a valid REQ, REP, DREQ and
@@ -35,7 +36,7 @@ func FuzzManager(f *testing.F) {
 	cm.CMAHeader(sidr.PrivateData[:cm.CMAHeaderSize]).Encode(&hdr)
 	seed(sidr)
 
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	l, _ := n.Link(addrB)
 	dev, err := transport.NewDevice(l, transport.DeviceConfig{})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 var (
@@ -45,7 +46,7 @@ func (l *filterLink) Send(pkts []udp.Packet) error {
 	return l.Link.Send(keep)
 }
 
-func newDev(t *testing.T, n *udp.MemNetwork, a netip.Addr, wrap func(udp.Link) udp.Link) *transport.Device {
+func newDev(t *testing.T, n *memnet.MemNetwork, a netip.Addr, wrap func(udp.Link) udp.Link) *transport.Device {
 	t.Helper()
 	l, err := n.Link(a)
 	if err != nil {
@@ -75,7 +76,7 @@ var fast = Options{ResponseTimeout: 20 * time.Millisecond, MaxRetries: 15}
 // ways and then an RDMA WRITE; closing it from the active side ends the
 // passive side too.
 func TestDialAccept(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	lo := ListenOptions{Options: fast}
 	lo.PrivateData = []byte("from the server")
@@ -159,7 +160,7 @@ func TestDialAccept(t *testing.T) {
 // TestRefused: nothing listens: the REQ is rejected (invalid service ID)
 // at once — librdmacm's ECONNREFUSED, not a timeout.
 func TestRefused(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	if _, err := managerFor(db); err != nil { // the peer runs a CM, with no listener
 		t.Fatal(err)
@@ -180,7 +181,7 @@ func TestRefused(t *testing.T) {
 
 // TestReject: the server refuses with private data; the client sees it.
 func TestReject(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 1, &ListenOptions{Options: fast})
 	go func() {
@@ -201,7 +202,7 @@ func TestReject(t *testing.T) {
 // (MADs retransmitted, duplicates answered) and carry a WRITE each, and
 // both sides disconnect.
 func TestLossyCM(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{Loss: 0.2, Seed: 7})
+	n := memnet.NewMemNetwork(memnet.Faults{Loss: 0.2, Seed: 7})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 7174, &ListenOptions{Options: fast})
 	defer l.Close()
@@ -252,7 +253,7 @@ func TestLossyCM(t *testing.T) {
 // TestCommEstWithoutRTU: every RTU is lost; the first packet the client
 // sends establishes the server's side (communication established).
 func TestCommEstWithoutRTU(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	var fl *filterLink
 	da := newDev(t, n, addrA, func(l udp.Link) udp.Link {
 		fl = &filterLink{Wrap: udp.Wrap{Link: l}, drop: func(p *packet.Packet) bool {
@@ -304,7 +305,7 @@ func TestCommEstWithoutRTU(t *testing.T) {
 // TestCancelDial: a Dial whose context ends before the server answers
 // sends a REJ; the server's request ends with it.
 func TestCancelDial(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 6, &ListenOptions{Options: fast})
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -333,7 +334,7 @@ func TestCancelDial(t *testing.T) {
 // TestREQFlood: a listener that never accepts holds at most its backlog of
 // requests; the rest are rejected, and the manager's state stays bounded.
 func TestREQFlood(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 8, &ListenOptions{Options: fast, Backlog: 4})
 	defer l.Close()
@@ -375,7 +376,7 @@ func TestREQFlood(t *testing.T) {
 // TestPassiveClose: the server disconnects; the client's Done closes and
 // its QP flushes.
 func TestPassiveClose(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	l, _ := Listen(db, 9, &ListenOptions{Options: fast})
 	acc := make(chan *Conn, 1)
@@ -404,7 +405,7 @@ func TestPassiveClose(t *testing.T) {
 
 // TestSIDR: UD service resolution; an unknown port is refused.
 func TestSIDR(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
 	pd, _ := db.AllocPD()
 	cq, _ := db.CreateCQ(4)

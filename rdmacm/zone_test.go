@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestDialLinkLocalZone: a link-local server address given with its zone
@@ -14,7 +14,7 @@ import (
 // without a zone and must still match the connection; the SIDR
 // resolution likewise.
 func TestDialLinkLocalZone(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	llA, llB := netip.MustParseAddr("fe80::c0:1"), netip.MustParseAddr("fe80::c0:2")
 	da, db := newDev(t, n, llA, nil), newDev(t, n, llB, nil)
 	l, err := Listen(db, 7174, &ListenOptions{Options: fast})

@@ -52,10 +52,10 @@ run "go vet" go vet ./...
 
 # Only what talks to the kernel is Linux-only (the socket and raw backends,
 # udp/faults, internal/netns, test/veth, test/interop); everything else —
-# the wire packages, memreg, transport, udp with its in-memory link, the
+# the wire packages, memreg, transport, udp, its in-memory network udp/memnet, the
 # command — must build and vet elsewhere. `go vet ./...` skips the packages
 # that build tags exclude; portable_pkgs must never be among them.
-portable_pkgs="./bth ./reth ./aeth ./atomiceth ./deth ./immdt ./icrc ./packet ./rocelayer ./memreg ./transport ./udp"
+portable_pkgs="./bth ./reth ./aeth ./atomiceth ./deth ./immdt ./icrc ./packet ./rocelayer ./memreg ./transport ./udp ./udp/memnet"
 cross_vet() {
 	local goos=$1 goarch=$2
 	GOOS=$goos GOARCH=$goarch go list $portable_pkgs >/dev/null &&

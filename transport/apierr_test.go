@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestAfterClose: after Device.Close the QPs, CQs, SRQs and channels
@@ -19,7 +19,7 @@ import (
 // that give memory back work: the PD can be deallocated, because Close
 // released the QPs' and the SRQ's hold on it. The cases run in order.
 func TestAfterClose(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{}
 	o.defaults()
 	s := newSide(t, n, addrA, &o)
@@ -107,7 +107,7 @@ func TestAfterClose(t *testing.T) {
 // TestBusyMessages: PD.Dealloc's ErrBusy is transport.ErrBusy as well,
 // and CQ.Destroy counts QPs, not queues.
 func TestBusyMessages(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{}
 	o.defaults()
 	s := newSide(t, n, addrA, &o) // one QP, scq for send and rcq for receive
@@ -137,7 +137,7 @@ func TestBusyMessages(t *testing.T) {
 // TestWaitEmptyWC: Wait with no room for a completion is refused at once
 // instead of returning (0, nil), which made a caller's loop spin.
 func TestWaitEmptyWC(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{}
 	o.defaults()
 	s := newSide(t, n, addrA, &o)

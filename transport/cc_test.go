@@ -12,6 +12,7 @@ import (
 	"github.com/gorocev2/rocev2/dcqcn"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // tapped is what a MemNetwork tap saw.
@@ -94,7 +95,7 @@ func TestECNCodepoint(t *testing.T) {
 // bytes are what Annex A17 and ConnectX NICs send, and the requester's
 // reaction point takes it.
 func TestCNPWire(t *testing.T) {
-	a, b, n := newPair(t, pairOpts{retry: 7, faults: udp.Faults{CEMark: 1, Seed: 1}})
+	a, b, n := newPair(t, pairOpts{retry: 7, faults: memnet.Faults{CEMark: 1, Seed: 1}})
 	var log tapLog
 	n.SetTap(log.tap)
 	writeN(t, a, b, 1, 100)
@@ -158,7 +159,7 @@ func joinNames(n []string) string {
 // the next one goes once CNPInterval has passed (ManualClock).
 func TestNPRateLimit(t *testing.T) {
 	clk := NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	a, b, _ := newPair(t, pairOpts{clock: clk, faults: udp.Faults{CEMark: 1, Seed: 2},
+	a, b, _ := newPair(t, pairOpts{clock: clk, faults: memnet.Faults{CEMark: 1, Seed: 2},
 		cc: CongestionConfig{CNPInterval: 50 * time.Microsecond}})
 	step := func(advance time.Duration, wantCNPs uint64) {
 		t.Helper()
@@ -179,7 +180,7 @@ func TestNPRateLimit(t *testing.T) {
 }
 
 func TestNPDisabled(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{retry: 7, faults: udp.Faults{CEMark: 1, Seed: 3}, cc: CongestionConfig{DisableNP: true}})
+	a, b, _ := newPair(t, pairOpts{retry: 7, faults: memnet.Faults{CEMark: 1, Seed: 3}, cc: CongestionConfig{DisableNP: true}})
 	writeN(t, a, b, 5, 200)
 	if c := b.dev.Counters(); c.NPECNMarkedRocePackets != 5 || c.NPCNPSent != 0 {
 		t.Fatalf("marked %d cnp_sent %d, want 5 and 0", c.NPECNMarkedRocePackets, c.NPCNPSent)

@@ -14,6 +14,7 @@ import (
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // eventually polls cond (real time, bounded) — used only to wait for the
@@ -183,7 +184,7 @@ func TestRNRRetryExceeded(t *testing.T) {
 func TestRetryExceededSilentPeer(t *testing.T) {
 	clk := manual()
 	a, _, n := newPair(t, pairOpts{clock: clk, retry: 3, timeout: 10})
-	n.SetFaults(udp.Faults{Loss: 1})
+	n.SetFaults(memnet.Faults{Loss: 1})
 	_, smr := a.buffer(t, 8, 0)
 	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, SGEs: sge(smr, 0, 8), RemoteAddr: 0x1000, RKey: 1}); err != nil {
 		t.Fatal(err)
@@ -213,7 +214,7 @@ func TestRetryExceededSilentPeer(t *testing.T) {
 func TestFlushToErr(t *testing.T) {
 	clk := manual()
 	a, _, n := newPair(t, pairOpts{clock: clk})
-	n.SetFaults(udp.Faults{Loss: 1})
+	n.SetFaults(memnet.Faults{Loss: 1})
 	_, mr := a.buffer(t, 64, 0)
 	for i := 0; i < 5; i++ {
 		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRSend, SGEs: sge(mr, 0, 8)}); err != nil {
@@ -291,7 +292,7 @@ func TestLostAtomicAck(t *testing.T) {
 			clk := manual()
 			o := pairOpts{clock: clk, retry: 3, timeout: 10}
 			o.defaults()
-			n := udp.NewMemNetwork(udp.Faults{})
+			n := memnet.NewMemNetwork(memnet.Faults{})
 			a := newSide(t, n, addrA, &o)
 			lb, err := n.Link(addrB)
 			if err != nil {
@@ -350,7 +351,7 @@ func TestLostReadResponse(t *testing.T) {
 	clk := manual()
 	o := pairOpts{clock: clk, retry: 3, timeout: 10}
 	o.defaults()
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	a := newSide(t, n, addrA, &o)
 	lb, err := n.Link(addrB)
 	if err != nil {
@@ -425,7 +426,7 @@ func TestCQOverflow(t *testing.T) {
 
 func TestPostErrors(t *testing.T) {
 	a, _, n := newPair(t, pairOpts{sqDepth: 2, clock: manual()})
-	n.SetFaults(udp.Faults{Loss: 1})
+	n.SetFaults(memnet.Faults{Loss: 1})
 	_, mr := a.buffer(t, 64, 0)
 	bad := sge(mr, 0, 8)
 	bad = append(bad, memreg.SGE{Addr: 1, Length: 1, LKey: 0x1234})
@@ -465,7 +466,7 @@ func TestPostErrors(t *testing.T) {
 }
 
 func TestModifyStateMachine(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{}
 	o.defaults()
 	s := newSide(t, n, addrA, &o)
@@ -576,7 +577,7 @@ func TestAckTimeoutExact(t *testing.T) {
 	}
 	clk := manual()
 	a, _, n := newPair(t, pairOpts{clock: clk, retry: 1, timeout: 14})
-	n.SetFaults(udp.Faults{Loss: 1})
+	n.SetFaults(memnet.Faults{Loss: 1})
 	_, smr := a.buffer(t, 8, 0)
 	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, SGEs: sge(smr, 0, 8), RemoteAddr: 0x1000, RKey: 1}); err != nil {
 		t.Fatal(err)
@@ -601,7 +602,7 @@ func TestAckTimeoutExact(t *testing.T) {
 	if err := a2.qp.Modify(&QPAttr{State: QPSRTS}, AttrState); err != nil {
 		t.Fatal(err)
 	}
-	n2.SetFaults(udp.Faults{Loss: 1})
+	n2.SetFaults(memnet.Faults{Loss: 1})
 	_, smr2 := a2.buffer(t, 8, 0)
 	if err := a2.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, SGEs: sge(smr2, 0, 8), RemoteAddr: 0x1000, RKey: 1}); err != nil {
 		t.Fatal(err)

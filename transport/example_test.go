@@ -11,7 +11,7 @@ import (
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // endpoint is one side of the examples: a device on the in-memory
@@ -23,7 +23,7 @@ type endpoint struct {
 	qp  *transport.QP
 }
 
-func newEndpoint(n *udp.MemNetwork, addr string) *endpoint {
+func newEndpoint(n *memnet.MemNetwork, addr string) *endpoint {
 	link, err := n.Link(netip.MustParseAddr(addr))
 	if err != nil {
 		log.Fatal(err)
@@ -82,7 +82,7 @@ func wait(cq *transport.CQ) transport.WC {
 // with immediate data lands in a posted receive, and a fetch-and-add
 // returns the old value (in host byte order, as verbs does).
 func Example() {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	a := newEndpoint(n, "192.0.2.1")
 	b := newEndpoint(n, "192.0.2.2")
 	defer a.dev.Close()
@@ -147,7 +147,7 @@ func Example() {
 // the index of the WR it refused (the ones before it were posted) and the
 // field at fault.
 func ExampleWRError() {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	a := newEndpoint(n, "192.0.2.1")
 	b := newEndpoint(n, "192.0.2.2")
 	defer a.dev.Close()
@@ -170,7 +170,7 @@ func ExampleWRError() {
 // A completion channel lets one goroutine wait on several CQs, and on
 // anything else, in one select.
 func ExampleCompChannel() {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	a := newEndpoint(n, "192.0.2.1")
 	link, _ := n.Link(netip.MustParseAddr("192.0.2.2"))
 	dev, _ := transport.NewDevice(link, transport.DeviceConfig{})

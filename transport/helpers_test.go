@@ -9,6 +9,7 @@ import (
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 var (
@@ -26,7 +27,7 @@ type side struct {
 }
 
 type pairOpts struct {
-	faults   udp.Faults
+	faults   memnet.Faults
 	mtu      MTU
 	timeout  uint8
 	retry    uint8
@@ -67,7 +68,7 @@ func (o *pairOpts) defaults() {
 	}
 }
 
-func newSide(t testing.TB, n *udp.MemNetwork, addr netip.Addr, o *pairOpts) *side {
+func newSide(t testing.TB, n *memnet.MemNetwork, addr netip.Addr, o *pairOpts) *side {
 	t.Helper()
 	l, err := n.Link(addr)
 	if err != nil {
@@ -118,10 +119,10 @@ func connect(t testing.TB, s *side, peer *side, peerAddr netip.Addr, sq, rq uint
 
 // newPair returns two connected sides on a fresh MemNetwork. PSNs start
 // near the 24-bit wrap to exercise modular arithmetic.
-func newPair(t testing.TB, o pairOpts) (a, b *side, n *udp.MemNetwork) {
+func newPair(t testing.TB, o pairOpts) (a, b *side, n *memnet.MemNetwork) {
 	t.Helper()
 	o.defaults()
-	n = udp.NewMemNetwork(o.faults)
+	n = memnet.NewMemNetwork(o.faults)
 	a = newSide(t, n, addrA, &o)
 	b = newSide(t, n, addrB, &o)
 	psnA, psnB := uint32(0xfffff0), uint32(0x123456)

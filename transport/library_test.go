@@ -18,6 +18,7 @@ import (
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestCQWaitTwoWaiters: two goroutines wait for one completion each on
@@ -69,7 +70,7 @@ func TestCQWaitTwoWaiters(t *testing.T) {
 // TestCrossDeviceObjects: a QP may only use its own device's PD and CQs,
 // as libibverbs requires; a CQ only its device's completion channel.
 func TestCrossDeviceObjects(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{}
 	o.defaults()
 	a := newSide(t, n, addrA, &o)
@@ -102,7 +103,7 @@ func TestCrossDeviceObjects(t *testing.T) {
 // TestBusyResources: a PD or CQ that a QP uses cannot go away (verbs'
 // EBUSY); after the QP is destroyed both can.
 func TestBusyResources(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{}
 	o.defaults()
 	s := newSide(t, n, addrA, &o)
@@ -210,7 +211,7 @@ func TestCloseUnblocks(t *testing.T) {
 // (ErrClosed) or flushed to ERR by Close; none is left behind in RESET.
 func TestCloseRacesCreateQP(t *testing.T) {
 	for round := 0; round < 50; round++ {
-		n := udp.NewMemNetwork(udp.Faults{})
+		n := memnet.NewMemNetwork(memnet.Faults{})
 		l, err := n.Link(addrA)
 		if err != nil {
 			t.Fatal(err)
@@ -315,7 +316,7 @@ func TestLocalErrorAfterSentWQEs(t *testing.T) {
 	_, big := a.buffer(t, 4<<10, 0)
 	_, small := a.buffer(t, 64, 0)
 	_, dmr := r.buffer(t, 4<<10, memreg.AccessRemoteWrite)
-	n.SetFaults(udp.Faults{Loss: 1}) // the first flight is lost
+	n.SetFaults(memnet.Faults{Loss: 1}) // the first flight is lost
 	err := a.qp.PostSend(
 		SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(big, 0, 4<<10), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
 		SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(small, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
@@ -327,7 +328,7 @@ func TestLocalErrorAfterSentWQEs(t *testing.T) {
 	if err := small.Deregister(); err != nil {
 		t.Fatal(err)
 	}
-	n.SetFaults(udp.Faults{})
+	n.SetFaults(memnet.Faults{})
 	// The timeout resends the first WRITE's packets, then fails to gather
 	// the second WRITE.
 	clk.Advance(AckTimeout(10))
@@ -437,7 +438,7 @@ func TestHandlePacketErrors(t *testing.T) {
 // the requester's EventQPFatal with the failed completion's status), and
 // SQ drained.
 func TestEvents(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{}
 	o.defaults()
 	a := newSide(t, n, addrA, &o)

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // mixOp is one message kind of the loss-matrix workload.
@@ -212,20 +212,20 @@ func lossBytes() int64 {
 // a time bound, and that the counters show the recovery work.
 type lossCase struct {
 	name string
-	f    udp.Faults
+	f    memnet.Faults
 	mtu  MTU
 }
 
 var lossCases = []lossCase{
-	{"clean", udp.Faults{}, MTU4096},
-	{"loss0.1%", udp.Faults{Loss: 0.001}, MTU4096},
-	{"loss1%", udp.Faults{Loss: 0.01}, MTU4096},
-	{"loss5%", udp.Faults{Loss: 0.05}, MTU4096},
-	{"loss10%", udp.Faults{Loss: 0.10}, MTU4096},
-	{"reorder5%", udp.Faults{Reorder: 0.05}, MTU4096},
-	{"dup5%", udp.Faults{Dup: 0.05}, MTU4096},
-	{"corrupt2%", udp.Faults{Corrupt: 0.02}, MTU4096},
-	{"mixed-mtu1024", udp.Faults{Loss: 0.01, Reorder: 0.01, Dup: 0.01, Corrupt: 0.01}, MTU1024},
+	{"clean", memnet.Faults{}, MTU4096},
+	{"loss0.1%", memnet.Faults{Loss: 0.001}, MTU4096},
+	{"loss1%", memnet.Faults{Loss: 0.01}, MTU4096},
+	{"loss5%", memnet.Faults{Loss: 0.05}, MTU4096},
+	{"loss10%", memnet.Faults{Loss: 0.10}, MTU4096},
+	{"reorder5%", memnet.Faults{Reorder: 0.05}, MTU4096},
+	{"dup5%", memnet.Faults{Dup: 0.05}, MTU4096},
+	{"corrupt2%", memnet.Faults{Corrupt: 0.02}, MTU4096},
+	{"mixed-mtu1024", memnet.Faults{Loss: 0.01, Reorder: 0.01, Dup: 0.01, Corrupt: 0.01}, MTU1024},
 }
 
 func TestLossMatrix(t *testing.T) {
@@ -358,7 +358,7 @@ func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, tim
 
 // checkLossCounters checks that the counters show what the injected faults
 // must have caused, and nothing the faults cannot explain.
-func checkLossCounters(t testing.TB, c lossCase, nc udp.MemCounters, ca, cb Counters, queueDrops uint64) {
+func checkLossCounters(t testing.TB, c lossCase, nc memnet.MemCounters, ca, cb Counters, queueDrops uint64) {
 	t.Helper()
 	oos := ca.OutOfSeqRequest + cb.OutOfSeqRequest
 	seq := ca.RcvdSeqErr + cb.RcvdSeqErr

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestManyQPs runs 8 connected QP pairs between two devices at once, with
@@ -20,7 +20,7 @@ func TestManyQPs(t *testing.T) {
 		o.timeout = 16 // 268 ms: the race detector on a loaded 2-core machine starves the loss recovery
 	}
 	o.defaults()
-	n := udp.NewMemNetwork(udp.Faults{Loss: 0.01, Seed: 9})
+	n := memnet.NewMemNetwork(memnet.Faults{Loss: 0.01, Seed: 9})
 	a := newSide(t, n, addrA, &o)
 	b := newSide(t, n, addrB, &o)
 	const pairs = 8

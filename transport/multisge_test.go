@@ -7,7 +7,7 @@ import (
 
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // sgeList registers one buffer per length (each its own MR, with a 7-byte
@@ -191,7 +191,7 @@ func TestRecvTooSmall(t *testing.T) {
 // gather and scatter lists cross packet boundaries at odd offsets; every
 // byte must still land where it belongs.
 func TestMultiSGEUnderLoss(t *testing.T) {
-	a, b, n := newPair(t, pairOpts{mtu: MTU256, faults: udp.Faults{Loss: 0.05, Seed: 77}, timeout: 12, retry: 7})
+	a, b, n := newPair(t, pairOpts{mtu: MTU256, faults: memnet.Faults{Loss: 0.05, Seed: 77}, timeout: 12, retry: 7})
 	lens := []int{777, 1, 1500}    // 2278 bytes: 9 packets at MTU 256
 	rlens := []int{300, 1979, 100} // 2379 bytes
 	const total = 2278

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestMWWorkRequests: a type 2 window bound by a BIND_MW work request on
@@ -127,7 +127,7 @@ func TestMWRemoteInvalidateAndType1(t *testing.T) {
 // was — unbound, its rkey unchanged — as ibv_bind_mw does, which posts the
 // bind as a work request and fails before anything is bound.
 func TestBindMWRefusedLeavesWindowAlone(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{sqDepth: 1}
 	o.defaults()
 	s := newSide(t, n, addrA, &o) // the QP stays in RESET

@@ -14,6 +14,7 @@ import (
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // wirePkt is a summary of one packet a device handed to its link.
@@ -76,7 +77,7 @@ func (l *psnLink) sent() []wirePkt {
 func linkPair(t *testing.T, o pairOpts, psnA, psnB uint32) (a, b *side, la, lb *psnLink) {
 	t.Helper()
 	o.defaults()
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	ra, err := n.Link(addrA)
 	if err != nil {
 		t.Fatal(err)
@@ -462,7 +463,7 @@ func TestRemoteOperationalError(t *testing.T) {
 // unreachable for these QPs.
 func TestSQEState(t *testing.T) {
 	a, _, _ := newPair(t, pairOpts{clock: manual()})
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{}
 	o.defaults()
 	s := newSide(t, n, netip.MustParseAddr("192.0.2.9"), &o)

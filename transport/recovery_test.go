@@ -9,7 +9,7 @@ import (
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 func psnsOf(ws []wirePkt) []bth.PSN {
@@ -35,7 +35,7 @@ func windowRequester(t *testing.T, window int, rd uint8) (a *side, la *psnLink, 
 	clk = manual()
 	o := pairOpts{clock: clk, retry: 7, window: window, maxRd: rd, timeout: 10}
 	o.defaults()
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	ra, _ := n.Link(addrA)
 	rb, _ := n.Link(addrB)
 	la = &psnLink{Wrap: udp.Wrap{Link: ra}, drop: func(*packet.Packet) bool { return true }}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestGrowRing: entries keep their indexes across a growth, also when
@@ -117,7 +117,7 @@ func idleQPHeap(t *testing.T, create func(*Device, *memreg.PD) (*QP, error)) int
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory skews heap sizes")
 	}
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	l, _ := n.Link(addrA)
 	dev, _ := NewDevice(l, DeviceConfig{MaxQP: 4096})
 	defer dev.Close()

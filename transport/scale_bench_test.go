@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // Many-QP benchmarks (issue 16, "Many QPs"): two devices, N connected RC
@@ -58,7 +59,7 @@ type setupStats struct {
 func scaleLinks(tb testing.TB, kind string) (udp.Link, udp.Link) {
 	tb.Helper()
 	if kind == "mem" {
-		n := udp.NewMemNetwork(udp.Faults{})
+		n := memnet.NewMemNetwork(memnet.Faults{})
 		la, err := n.Link(addrA)
 		if err != nil {
 			tb.Fatal(err)

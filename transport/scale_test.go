@@ -9,6 +9,7 @@ import (
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // deadQPs creates n RC QPs on one device under a ManualClock, connected
@@ -18,7 +19,7 @@ import (
 func deadQPs(t *testing.T, n int, retry func(i int) Retry) (*Device, *ManualClock, []*QP, *CQ, *memreg.MR) {
 	t.Helper()
 	clk := NewManualClock(tqEpoch)
-	net := udp.NewMemNetwork(udp.Faults{})
+	net := memnet.NewMemNetwork(memnet.Faults{})
 	l, err := net.Link(addrA)
 	if err != nil {
 		t.Fatal(err)
@@ -285,7 +286,7 @@ func TestIsolation(t *testing.T) {
 	for _, mode := range []string{"rnr", "loss"} {
 		t.Run(mode, func(t *testing.T) {
 			clk := NewManualClock(tqEpoch)
-			net := udp.NewMemNetwork(udp.Faults{})
+			net := memnet.NewMemNetwork(memnet.Faults{})
 			ml, err := net.Link(addrA)
 			if err != nil {
 				t.Fatal(err)
@@ -459,7 +460,7 @@ func (l *gateLink) Send(pkts []udp.Packet) error {
 // per QP.
 func TestResponsesCoalesced(t *testing.T) {
 	const n = 32
-	net := udp.NewMemNetwork(udp.Faults{})
+	net := memnet.NewMemNetwork(memnet.Faults{})
 	la, err := net.Link(addrA)
 	if err != nil {
 		t.Fatal(err)

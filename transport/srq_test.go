@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestSRQ: three RC QPs on one device share one SRQ; SENDs to each take
@@ -14,7 +14,7 @@ import (
 // below its limit; an empty SRQ makes the responder RNR-NAK until a WR is
 // posted; the SRQ cannot be destroyed while QPs use it.
 func TestSRQ(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	o := pairOpts{minRNR: 1, rnrRetry: 7}
 	o.defaults()
 	srv := newSide(t, n, addrB, &o)

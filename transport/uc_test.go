@@ -7,13 +7,13 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // newUCPair connects two UC QPs over a MemNetwork with faults f.
-func newUCPair(t *testing.T, f udp.Faults) (a, b *side, n *udp.MemNetwork) {
+func newUCPair(t *testing.T, f memnet.Faults) (a, b *side, n *memnet.MemNetwork) {
 	t.Helper()
-	n = udp.NewMemNetwork(f)
+	n = memnet.NewMemNetwork(f)
 	o := pairOpts{}
 	o.defaults()
 	mk := func(addr [4]byte) *side {
@@ -45,7 +45,7 @@ func newUCPair(t *testing.T, f udp.Faults) (a, b *side, n *udp.MemNetwork) {
 // with immediate arrive whole; the requester completes on send; READ and
 // atomics are refused.
 func TestUCSendWrite(t *testing.T) {
-	a, b, _ := newUCPair(t, udp.Faults{})
+	a, b, _ := newUCPair(t, memnet.Faults{})
 	src, smr := a.buffer(t, 8192, 0)
 	dst, dmr := b.buffer(t, 16384, memreg.AccessRemoteWrite)
 	fill(src, 5)
@@ -79,7 +79,7 @@ func TestUCSendWrite(t *testing.T) {
 // whole and correct; the lost ones are counted and their receive WQEs
 // serve later messages; the requester completes everything.
 func TestUCLoss(t *testing.T) {
-	a, b, n := newUCPair(t, udp.Faults{Loss: 0.05, Seed: 3})
+	a, b, n := newUCPair(t, memnet.Faults{Loss: 0.05, Seed: 3})
 	const msgs, size = 200, 4096 // 4 packets each
 	src, smr := a.buffer(t, msgs*size, 0)
 	dst, dmr := b.buffer(t, msgs*size, 0)

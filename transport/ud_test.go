@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // udSide is a device with one UD QP in RTS.
@@ -18,7 +18,7 @@ type udSide struct {
 	mr  *memreg.MR
 }
 
-func newUDSide(t *testing.T, n *udp.MemNetwork, addr [4]byte, qkey uint32, cfg DeviceConfig) *udSide {
+func newUDSide(t *testing.T, n *memnet.MemNetwork, addr [4]byte, qkey uint32, cfg DeviceConfig) *udSide {
 	t.Helper()
 	l, err := n.Link(netipFrom4(addr))
 	if err != nil {
@@ -57,7 +57,7 @@ func (s *udSide) send(t *testing.T, to *udSide, off, n int, qkey uint32, op WROp
 // the first 40 bytes (IPv4 header in the last 20), the source QP, the GRH
 // and network-type flags; the sender can answer through AHFromGRH.
 func TestUDSendRecv(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	a := newUDSide(t, n, [4]byte{192, 0, 2, 1}, 0x11111111, DeviceConfig{})
 	b := newUDSide(t, n, [4]byte{192, 0, 2, 2}, 0x11111111, DeviceConfig{})
 	fill(a.buf[:1024], 3)
@@ -100,7 +100,7 @@ func TestUDSendRecv(t *testing.T) {
 // RemoteQKey with the high bit set sends the QP's own Q_Key; a user QP may
 // not take a controlled Q_Key.
 func TestUDQKeys(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	a := newUDSide(t, n, [4]byte{192, 0, 2, 1}, 0x22222222, DeviceConfig{})
 	b := newUDSide(t, n, [4]byte{192, 0, 2, 2}, 0x22222222, DeviceConfig{})
 	if err := b.qp.PostRecv(RecvWR{WRID: 1, SGEs: []memreg.SGE{b.mr.SGE(0, 2048)}}); err != nil {
@@ -135,7 +135,7 @@ func TestUDQKeys(t *testing.T) {
 // datagram larger than the receive buffer (with the GRH) completes with a
 // local length error; with no receive posted it is dropped and counted.
 func TestUDLimits(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	a := newUDSide(t, n, [4]byte{192, 0, 2, 1}, 7, DeviceConfig{PortMTU: MTU2048})
 	b := newUDSide(t, n, [4]byte{192, 0, 2, 2}, 7, DeviceConfig{})
 	var we *WRError

@@ -10,6 +10,7 @@ import (
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // tapLink records every packet sent through it; with silent set it drops
@@ -50,7 +51,7 @@ func (l *tapLink) sent() []packet.Packet {
 func tapPair(t *testing.T, o pairOpts, silent bool) (a, b *side, tap *tapLink) {
 	t.Helper()
 	o.defaults()
-	n := udp.NewMemNetwork(o.faults)
+	n := memnet.NewMemNetwork(o.faults)
 	la, err := n.Link(addrA)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +151,7 @@ func TestWireReadAtomicLimit(t *testing.T) {
 
 	// The READ's response takes 50 ms, so the check below sees the
 	// fenced WRITE still waiting however loaded the machine is.
-	a, b, tap := tapPair(t, pairOpts{mtu: MTU1024, timeout: 18, retry: 3, faults: udp.Faults{Delay: 50 * time.Millisecond}}, false)
+	a, b, tap := tapPair(t, pairOpts{mtu: MTU1024, timeout: 18, retry: 3, faults: memnet.Faults{Delay: 50 * time.Millisecond}}, false)
 	_, lmr := a.buffer(t, 64, 0)
 	_, rmr := b.buffer(t, 64, memreg.AccessRemoteRead|memreg.AccessRemoteWrite)
 	if err := a.qp.PostSend(
@@ -200,7 +201,7 @@ func TestUnsignaled(t *testing.T) {
 // TestDuplicateWriteReACK: a duplicated WRITE is re-acknowledged with the
 // PSN before the expected one and not written twice (counted).
 func TestDuplicateRequestsReplay(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{faults: udp.Faults{Dup: 1, Seed: 1}})
+	a, b, _ := newPair(t, pairOpts{faults: memnet.Faults{Dup: 1, Seed: 1}})
 	_, smr := a.buffer(t, 64, 0)
 	target, tmr := b.buffer(t, 64, memreg.AccessRemoteWrite|memreg.AccessRemoteAtomic|memreg.AccessRemoteRead)
 	for i := 0; i < 10; i++ {

@@ -7,14 +7,6 @@
 // Recv verifies it and never hands a packet with a bad ICRC to the transport.
 //
 // Implementations:
-//   - MemNetwork / MemLink: an in-memory network with seeded, reproducible
-//     faults (loss, duplication, reordering, corruption, delay) for tests and
-//     simulator soaks. Its switch model (memswitch.go) adds rate-limited
-//     queues: a switch egress port toward an address with RED/ECN marking
-//     and tail drop (MemNetwork.Bottleneck) and a NIC's line rate
-//     (MemLink.Shape). In virtual time (NewVirtualMemNetwork, Step;
-//     memvirtual.go) the network moves packets only when stepped, on the
-//     caller's clock, so that a run over it is reproducible from its seed.
 //   - SocketLink (Linux): a kernel UDP socket bound to addr:4791 receives
 //     (read without blocking, waited for through Go's poller only while the
 //     receiver waits: see rxConn) and a blocking send-only socket outside
@@ -26,6 +18,13 @@
 //   - RawLink (Linux, CAP_NET_RAW): an IPv4 raw socket that receives and
 //     verifies the ICRC over the real header, and an IPPROTO_RAW socket that
 //     sends with rxe's exact IP/UDP header.
+//
+// The in-memory network with seeded faults, switch ports and virtual time
+// that the tests and simulators run over is package memnet (udp/memnet), a
+// Link implementation outside this package: importing udp (or transport)
+// does not pull it in. What a Link implementation outside udp needs to
+// behave like these is exported here: CheckSend, CheckRecv, ComputeICRC,
+// NormAddr and MinPacketSize.
 //
 // Every backend counts what it drops (Stats): bad ICRC, malformed, other,
 // and the datagrams the kernel dropped at a full receive buffer.
@@ -39,7 +38,7 @@
 // socket code of its own. Of this module udp imports only the wire
 // packages (icrc, for the ICRC of every packet); it knows nothing of queue
 // pairs or memory. Its socket and raw backends are Linux-only; the Link
-// interface, the options and the in-memory network build everywhere.
+// interface and the options build everywhere.
 package udp
 
 import (
@@ -89,7 +88,7 @@ const (
 // Goroutine safety: Send may be called from any number of goroutines at
 // once and concurrently with Recv; Recv is called by one goroutine at a
 // time (a device's receive goroutine); Close may be called at any time and
-// unblocks Recv. Every implementation here (MemLink, SocketLink, RawLink)
+// unblocks Recv. Every implementation (SocketLink, RawLink, memnet.MemLink)
 // follows this contract.
 type Link interface {
 	// Send sends every packet or returns an error; it fills each packet's ICRC for the IP/UDP
@@ -128,7 +127,7 @@ var (
 	// ErrPacketSize: a packet given to Send is shorter than BTH+ICRC or longer than MaxPacketSize.
 	ErrPacketSize = errors.New("udp: packet size out of range")
 	// ErrShortBuffer: a Packet.Buf given to Recv that the call may fill
-	// (the first BatchSize, or all with GRO or on a MemLink) has cap <
+	// (the first BatchSize, or all with GRO or on a memnet.MemLink) has cap <
 	// MaxPacketSize.
 	ErrShortBuffer = errors.New("udp: receive buffer cap smaller than MaxPacketSize")
 	// ErrAddress: an address is invalid for this link (zero, or the wrong IP family).

@@ -15,7 +15,7 @@ import (
 	"github.com/gorocev2/rocev2/dcqcn"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 func init() {
@@ -26,7 +26,7 @@ const congestionUsage = `usage: rocev2d congestion [options]
 
 Runs N RC flows, each an RC QP on its own sender device, into one
 bottleneck: the switch egress port toward the receiver in the in-memory
-network (udp.MemNetwork.Bottleneck), which drains at --rate, marks
+network (memnet.MemNetwork.Bottleneck), which drains at --rate, marks
 ECN-capable packets CE on its queue depth as RED does (probability 0 up to
 --kmin, rising linearly to --pmax at --kmax, 1 beyond) and tail-drops what
 does not fit in --buffer. Each sender's link is shaped at --line-rate. Every
@@ -329,8 +329,8 @@ func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer)
 type ccSim struct {
 	c     *ccConfig
 	clk   *transport.ManualClock
-	net   *udp.MemNetwork
-	port  *udp.SwitchPort
+	net   *memnet.MemNetwork
+	port  *memnet.SwitchPort
 	recv  *endpoint
 	rqps  []*transport.QP // the receiver's QP of each flow
 	send  []*endpoint
@@ -358,9 +358,9 @@ func (s *ccSim) close() {
 // link, connected.
 func newCCSim(c *ccConfig) (*ccSim, error) {
 	s := &ccSim{c: c, clk: transport.NewManualClock(time.Unix(0, 0).UTC())}
-	s.net = udp.NewVirtualMemNetwork(udp.Faults{Seed: c.seed, Delay: c.delay}, s.clk.Now)
+	s.net = memnet.NewVirtualMemNetwork(memnet.Faults{Seed: c.seed, Delay: c.delay}, s.clk.Now)
 	var err error
-	s.port, err = s.net.Bottleneck(ccRecvAddr, udp.Bottleneck{Rate: c.rate, Buffer: c.buffer, Kmin: c.kmin, Kmax: c.kmax, Pmax: c.pmax})
+	s.port, err = s.net.Bottleneck(ccRecvAddr, memnet.Bottleneck{Rate: c.rate, Buffer: c.buffer, Kmin: c.kmin, Kmax: c.kmax, Pmax: c.pmax})
 	if err != nil {
 		return nil, err
 	}
@@ -398,7 +398,7 @@ func newCCSim(c *ccConfig) (*ccSim, error) {
 			s.close()
 			return nil, err
 		}
-		if _, err := l.Shape(udp.Bottleneck{Rate: c.lineRate}); err != nil {
+		if _, err := l.Shape(memnet.Bottleneck{Rate: c.lineRate}); err != nil {
 			l.Close()
 			s.close()
 			return nil, err
@@ -526,7 +526,7 @@ func runCongestionSim(ctx context.Context, c *ccConfig, stdout io.Writer) (*ccRu
 		// Sample.
 		st := s.port.Stats()
 		cnpSent := s.recv.dev.Counters().NPCNPSent
-		sm := ccSample{T: now.Sub(t0), Queue: float64(st.Depth), MeanQueue: udp.MeanDepth(prevPort, st),
+		sm := ccSample{T: now.Sub(t0), Queue: float64(st.Depth), MeanQueue: memnet.MeanDepth(prevPort, st),
 			CNPSent: cnpSent - prevCNPSent, Marked: st.Marked - prevPort.Marked, Dropped: st.Dropped - prevPort.Dropped}
 		for i := range c.flows {
 			sm.Goodput = append(sm.Goodput, float64(bytes[i])*8/c.interval.Seconds())

@@ -17,6 +17,7 @@ import (
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 func init() {
@@ -59,7 +60,7 @@ options:
 type demoConfig struct {
 	pairOptions
 	mem     bool
-	faults  udp.Faults
+	faults  memnet.Faults
 	pcap    string
 	snaplen int
 	timeout time.Duration
@@ -116,7 +117,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // demoLinks opens the two links, over sockets or a MemNetwork.
 func demoLinks(c *demoConfig) (a, b udp.Link, kind string, err error) {
 	if c.mem {
-		n := udp.NewMemNetwork(c.faults)
+		n := memnet.NewMemNetwork(c.faults)
 		la, err := n.Link(c.a)
 		if err != nil {
 			return nil, nil, "", err

@@ -58,9 +58,24 @@ Output:
   -i, --interval=DUR print counters this often (default 1s; 0 = only at the end)
   -d, --duration=DUR detach after this long (default 0 = until SIGINT)
 
-Sends through the injector must not use UDP GSO: a GSO super-packet is
-passed whole and counted as gso=N. The rocev2d commands use GSO by default
-on a veth: give them --gso=false.
+UDP GSO (rocev2d sends with it by default on lo and veth; tc sees one
+GSO datagram, one skb, for up to 64 RoCE packets, which the receiver or
+the device cuts into segments later): every segment is a packet of its own
+for the rules. Each segment's BTH is read; the DestQP filter, --psn,
+--every (counting segments) and the random draws (--drop, --ce, --dup,
+per segment: a datagram of n segments is hit with probability
+1-(1-RATE)^n) select segments, and what one segment draws applies to the
+whole datagram: it is dropped, CE-marked (its one IP header is copied into
+every segment) or duplicated whole, and counted once per segment. The
+congestion point takes its segments back to back. --psn-limit counts the
+in-range segments of the datagrams dropped. GSO datagrams are never held
+by --reorder (a held single packet leaves behind the next datagram). So
+with GSO more packets are hit than RATE says (a datagram goes whole); for
+per-packet rates send with --gso=false. The counters count packets
+(segments); gso=D datagrams/S segments says how much of the traffic came
+as GSO, gso_dropped and gso_marked count datagrams, gso_skipped the ones
+passed whole (more than 128 segments, or not UDP GSO's layout). Needs
+Linux >= 5.7 (__sk_buff gso_size). More in docs/FAULTS.md.
 
 Example (the veth test setup: namespaces A and B, veth va in A):
   rocev2d faults --netns A --egress --ingress --drop 0.01 --reorder 0.01 va
@@ -200,6 +215,7 @@ func runFaults(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	hooks := hookNames(&c.opts)
 	fmt.Fprintf(stdout, "rocev2d faults: attached to %s (%s)%s: %s\n", c.iface, strings.Join(hooks, "+"), nsSuffix(c.opts.Netns), describeFaults(&c.cfg))
+	fmt.Fprintf(stdout, "rocev2d faults: UDP GSO datagrams are faulted per segment (a segment's draw drops, marks or duplicates its whole datagram, counted per segment; never held for --reorder); gso= shows their share\n")
 	if c.duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.duration)
@@ -239,6 +255,13 @@ loop:
 		}
 	}
 	print("total ")
+	if status == exitOK {
+		for _, h := range []faults.Hook{faults.Egress, faults.Ingress} {
+			if ctr, err := inj.HookCounters(h); err == nil && hookOn(&c.opts, h) {
+				fmt.Fprintf(stdout, "rocev2d faults: %s: %s\n", h, gsoSummary(ctr))
+			}
+		}
+	}
 	if err := inj.Close(); err != nil {
 		fmt.Fprintf(stderr, "rocev2d faults: detach: %v\n", err)
 		return exitFail
@@ -303,4 +326,21 @@ func describeFaults(c *faults.Config) string {
 		return "no faults (counting only)"
 	}
 	return strings.Join(p, ", ")
+}
+
+// gsoSummary says how much of a hook's traffic came as GSO datagrams and
+// what the faults did to them.
+func gsoSummary(c faults.Counters) string {
+	if c.GSO == 0 {
+		return fmt.Sprintf("no GSO datagrams; %d packets, each its own skb", c.Seen)
+	}
+	s := fmt.Sprintf("%d of %d packets came in %d GSO datagrams (%.1f per datagram)",
+		c.GSOSegs, max(c.Seen, c.GSOSegs), c.GSO, float64(c.GSOSegs)/float64(c.GSO))
+	if c.GSODropped+c.GSOMarked > 0 {
+		s += fmt.Sprintf("; %d datagrams dropped, %d marked CE", c.GSODropped, c.GSOMarked)
+	}
+	if c.GSOSkipped > 0 {
+		s += fmt.Sprintf("; %d passed whole uninspected (gso_skipped)", c.GSOSkipped)
+	}
+	return s
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 func init() {
@@ -151,7 +152,7 @@ type scaleResult struct {
 // scaleLinks opens the two links of a row.
 func scaleLinks(c *scaleConfig) (udp.Link, udp.Link, error) {
 	if c.mem {
-		n := udp.NewMemNetwork(udp.Faults{})
+		n := memnet.NewMemNetwork(memnet.Faults{})
 		la, err := n.Link(c.a)
 		if err != nil {
 			return nil, nil, err

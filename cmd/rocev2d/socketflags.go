@@ -26,8 +26,8 @@ const socketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one
                  tx-udp-segmentation, as ethtool's netlink features say),
                  off where a NIC segments in hardware (it must number the
                  identifications the same way: check with a capture
-                 before --gso=true there). --gso=false through a
-                 'rocev2d faults' injector, which sees GSO datagrams whole.
+                 before --gso=true there). A 'rocev2d faults' injector
+                 faults GSO datagrams per segment (see its help).
   --busy-poll=DUR   poll the UDP socket without blocking for up to DUR
                  (e.g. 100us) before sleeping in each receive: CPU for
                  latency, like the ibv_poll_cq loops of ibv_rc_pingpong

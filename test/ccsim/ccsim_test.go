@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/dcqcn"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // base is the scenario the tests and benchmarks share: a 10 Gb/s switch
@@ -33,7 +33,7 @@ func base(n int, dcqcnOn bool, seed int64) scenario {
 		N: n, DCQCN: dcqcnOn, Seed: seed,
 		Duration: 200 * time.Millisecond,
 		Sample:   time.Millisecond,
-		Switch:   udp.Bottleneck{Rate: 10e9, Buffer: 512 << 10, Kmin: 5 << 10, Kmax: 200 << 10, Pmax: 0.01},
+		Switch:   memnet.Bottleneck{Rate: 10e9, Buffer: 512 << 10, Kmin: 5 << 10, Kmax: 200 << 10, Pmax: 0.01},
 		LineRate: 25e9,
 		Delay:    2 * time.Microsecond,
 		MsgSize:  64 << 10,

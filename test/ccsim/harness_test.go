@@ -12,7 +12,7 @@ import (
 	"github.com/gorocev2/rocev2/dcqcn"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // trackClock is a transport.Clock over a ManualClock that also knows its
@@ -89,11 +89,11 @@ type scenario struct {
 	Duration time.Duration // virtual time
 	Sample   time.Duration // goodput and queue sampling interval
 
-	Switch   udp.Bottleneck // the port toward the receiver
-	LineRate float64        // each sender NIC's line rate (its link is shaped to it; DCQCN's LineRate)
-	Delay    time.Duration  // one-way propagation delay of every hop
-	RP       dcqcn.Config   // the reaction point's knobs (LineRate is set from LineRate)
-	CNP      time.Duration  // NP's CNP interval; 0 = the default 50 µs
+	Switch   memnet.Bottleneck // the port toward the receiver
+	LineRate float64           // each sender NIC's line rate (its link is shaped to it; DCQCN's LineRate)
+	Delay    time.Duration     // one-way propagation delay of every hop
+	RP       dcqcn.Config      // the reaction point's knobs (LineRate is set from LineRate)
+	CNP      time.Duration     // NP's CNP interval; 0 = the default 50 µs
 
 	MsgSize int // bytes per WRITE
 	Depth   int // WRITEs outstanding per QP
@@ -102,11 +102,11 @@ type scenario struct {
 // result is what a run measured.
 type result struct {
 	sc       scenario
-	flow     [][]int64       // bytes completed per flow per sample interval
-	depth    []int           // queue depth at the end of each interval
-	port     []udp.PortStats // switch port snapshots at each interval end (index i = end of interval i)
-	start    udp.PortStats   // ... and at the start
-	cc       [][]float64     // RP rate per flow at each interval end
+	flow     [][]int64          // bytes completed per flow per sample interval
+	depth    []int              // queue depth at the end of each interval
+	port     []memnet.PortStats // switch port snapshots at each interval end (index i = end of interval i)
+	start    memnet.PortStats   // ... and at the start
+	cc       [][]float64        // RP rate per flow at each interval end
 	counters []transport.Counters
 	senders  []transport.Counters
 	steps    int
@@ -117,7 +117,7 @@ type result struct {
 // flowPair is one flow: a sender device and its QP, the receiver's QP.
 type flowPair struct {
 	dev  *transport.Device
-	link *udp.MemLink
+	link *memnet.MemLink
 	qp   *transport.QP
 	cq   *transport.CQ
 	mr   *memreg.MR
@@ -132,7 +132,7 @@ var simStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func run(tb testing.TB, sc scenario) *result {
 	tb.Helper()
 	clk := newTrackClock(simStart)
-	net := udp.NewVirtualMemNetwork(udp.Faults{Seed: sc.Seed, Delay: sc.Delay}, clk.Now)
+	net := memnet.NewVirtualMemNetwork(memnet.Faults{Seed: sc.Seed, Delay: sc.Delay}, clk.Now)
 	rcvAddr := netip.MustParseAddr("192.0.2.1")
 	port, err := net.Bottleneck(rcvAddr, sc.Switch)
 	if err != nil {
@@ -169,7 +169,7 @@ func run(tb testing.TB, sc scenario) *result {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		if _, err := l.Shape(udp.Bottleneck{Rate: sc.LineRate}); err != nil {
+		if _, err := l.Shape(memnet.Bottleneck{Rate: sc.LineRate}); err != nil {
 			tb.Fatal(err)
 		}
 		dev, err := transport.NewDevice(l, devCfg)
@@ -368,7 +368,7 @@ func (r *result) lastDrop() time.Duration {
 
 // meanQueue returns the time-averaged queue depth over the last half, bytes.
 func (r *result) meanQueue() float64 {
-	return udp.MeanDepth(r.port[r.lastHalf()-1], r.port[len(r.port)-1])
+	return memnet.MeanDepth(r.port[r.lastHalf()-1], r.port[len(r.port)-1])
 }
 
 // marks returns the CE marks over the whole run.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // mwPair returns two sides of an -o mw run connected to each other over
@@ -20,7 +20,7 @@ import (
 // requester), as runImm would set them up, with window length n.
 func mwPair(t *testing.T, ctx context.Context, n int) (owner, user *mwSide, ownerOut, userOut *strings.Builder) {
 	t.Helper()
-	net0 := udp.NewMemNetwork(udp.Faults{})
+	net0 := memnet.NewMemNetwork(memnet.Faults{})
 	addrs := []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")}
 	ca, cb := net.Pipe()
 	t.Cleanup(func() { ca.Close(); cb.Close() })

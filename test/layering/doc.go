@@ -10,7 +10,10 @@
 //     packages.
 //   - memreg imports only wire packages.
 //   - udp imports only wire packages (and internal/netns); udp/faults only
-//     internal/netns; internal/netns nothing of ours.
+//     internal/netns; internal/netns nothing of ours. udp/memnet (the
+//     in-memory network) imports only wire packages and udp, and neither
+//     udp, transport nor rdmacm depends on it, even transitively (`go list
+//     -deps ./transport` has no memnet: TestNoSimulatorInProducts).
 //   - transport imports only wire packages, memreg and udp, and reaches the
 //     network only through udp: no syscall, golang.org/x/sys, golang.org/x/net,
 //     os/exec or eBPF imports, and of package net only net.ErrClosed (what a

@@ -90,6 +90,8 @@ func ruleFor(r string) (rule, bool) {
 		return rule{ours: wire, why: "memreg imports only wire packages"}, true
 	case r == "udp":
 		return rule{ours: append(slices.Clone(wire), "internal/netns"), why: "udp imports only wire packages and internal/netns"}, true
+	case r == "udp/memnet":
+		return rule{ours: append(slices.Clone(wire), "udp"), why: "udp/memnet (the in-memory network) imports only wire packages and udp"}, true
 	case r == "udp/faults":
 		return rule{ours: []string{"internal/netns"}, why: "udp/faults imports only internal/netns of this module"}, true
 	case r == "dcqcn":
@@ -352,6 +354,7 @@ func TestViolationsFound(t *testing.T) {
 		{ImportPath: m("test/veth"), TestImports: []string{m("cmd/internal/oob"), m("transport")}},
 		{ImportPath: m("newthing"), Imports: []string{"fmt"}},
 		{ImportPath: m("udp/faults"), Imports: []string{m("internal/netns"), "github.com/cilium/ebpf"}},
+		{ImportPath: m("udp/memnet"), Imports: []string{m("udp"), m("icrc"), m("transport")}},
 	}
 	got := violations(pkgs, nil)
 	want := []string{
@@ -365,6 +368,7 @@ func TestViolationsFound(t *testing.T) {
 		"cmd/internal/svgplot imports " + m("transport") + ": cmd/internal/svgplot (the SVG plots",
 		"test/goldendir imports github.com/google/gopacket: test/goldendir is a leaf",
 		"newthing: no layering rule",
+		"udp/memnet imports " + m("transport") + ": udp/memnet (the in-memory network) imports only",
 	}
 	for _, w := range want {
 		found := false
@@ -389,5 +393,54 @@ func TestViolationsFound(t *testing.T) {
 	uses := netUses("transport", parseFiles(&p, p.GoFiles, true))
 	if len(uses) != 1 || uses[0] != "transport/x.go:10: net.Dial" {
 		t.Errorf("net uses %q, want [transport/x.go:10: net.Dial]", uses)
+	}
+}
+
+// simulator is the in-memory network, which only tests, simulators and
+// cmd/ may pull in.
+const simulator = module + "/udp/memnet"
+
+// simulatorFree are the product packages whose non-test dependencies
+// (transitively) must not include the simulator: importing the transport
+// gives an application the stack, not the test network.
+var simulatorFree = []string{"udp", "transport", "rdmacm"}
+
+// withSimulator returns the packages of deps (go list -deps output, one
+// import path a line) that are the simulator or below it.
+func withSimulator(deps string) []string {
+	var out []string
+	for d := range strings.FieldsSeq(deps) {
+		if d == simulator || strings.HasPrefix(d, simulator+"/") {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// TestNoSimulatorInProducts: `go list -deps ./transport` (and udp,
+// rdmacm) has no udp/memnet, for every GOOS the layering is checked for.
+func TestNoSimulatorInProducts(t *testing.T) {
+	if got := withSimulator("fmt\n" + simulator + "\n" + module + "/udp\n"); len(got) != 1 {
+		t.Fatalf("withSimulator found %q in a list holding the simulator once", got)
+	}
+	root := moduleRoot(t)
+	for _, goos := range []string{"linux", "darwin", "windows"} {
+		for _, r := range simulatorFree {
+			cmd := exec.Command("go", "list", "-deps", "./"+r)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH=amd64")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("GOOS=%s go list -deps ./%s: %v\n%s", goos, r, err, stderr.Bytes())
+			}
+			if !strings.Contains(string(out), module+"/"+r+"\n") {
+				t.Fatalf("GOOS=%s go list -deps ./%s does not list the package itself:\n%s", goos, r, out)
+			}
+			if got := withSimulator(string(out)); len(got) > 0 {
+				t.Errorf("GOOS=%s: %s depends on %v: only tests, simulators and cmd/ may pull in the in-memory network", goos, r, got)
+			}
+		}
 	}
 }

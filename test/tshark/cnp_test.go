@@ -19,7 +19,7 @@ import (
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
-	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestTsharkDecodesTransportCNP runs an RC WRITE through an in-memory
@@ -41,7 +41,7 @@ func TestTsharkDecodesTransportCNP(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var werr error
-	mem := udp.NewMemNetwork(udp.Faults{CEMark: 1, Seed: 9})
+	mem := memnet.NewMemNetwork(memnet.Faults{CEMark: 1, Seed: 9})
 	mem.SetTap(func(src, dst netip.Addr, sport uint16, tos uint8, payload []byte) {
 		eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4}
 		ip := &layers.IPv4{Version: 4, TOS: tos, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice(), Flags: layers.IPv4DontFragment}

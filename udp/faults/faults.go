@@ -13,10 +13,46 @@
 // cls_bpf direct-action filter under a clsact qdisc installed with iproute2's
 // tc. See Config for the actions and Counters for what is counted.
 //
-// Per-packet faults need per-packet skbs: a UDP GSO super-packet (one skb
-// carrying many datagrams, as a GSO sender produces on veth) is passed
-// untouched and counted in Counters.GSO. Send without UDP GSO through an
-// injector.
+// # UDP GSO datagrams
+//
+// A UDP GSO sender (rocev2's SocketLink on lo and veth by default) hands
+// the kernel one skb for up to 64 RoCE packets; tc sees that skb whole,
+// and the packets become separate datagrams only later (software
+// segmentation, the receiving socket, or a NIC). The program treats every
+// segment as a packet of its own, as it would be on the wire:
+//
+//   - it reads each segment's BTH (segment k's UDP payload starts at
+//     k·gso_size) and counts the segments: Counters.Seen equals the packets
+//     the senders sent, GSO or not; GSO and GSOSegs say how much of it came
+//     as GSO datagrams;
+//   - the DestQP filter, the PSN range and the every-Nth sequence select
+//     segments by their own BTH (the sequence advances per segment), and the
+//     random rates (DropRate, CERate, DupRate) are drawn per segment, so a
+//     datagram of n segments is hit with probability 1−(1−rate)^n;
+//   - one skb can only be dropped, marked or cloned whole: what one segment
+//     draws applies to its whole datagram, and the counters count all its
+//     segments (a drop of an 8-segment datagram adds 8 to DropRandom and to
+//     Dropped; GSODropped and GSOMarked count datagrams). A CE mark on the
+//     datagram's IP header reaches every segment: the kernel copies the
+//     header into each (checked on the wire by TestGSOCaptureSegments);
+//   - PSNRange.Limit counts the in-range segments of the datagrams it
+//     dropped;
+//   - the congestion point takes the segments back to back: the datagram is
+//     tail-dropped whole when its last segment would pass the limit, and
+//     segment k draws its mark on the depth plus k segments;
+//   - datagrams are never held for reordering (too large for the slot); a
+//     held packet leaves behind the next packet or GSO datagram (cloned
+//     out first, as a single packet is);
+//   - a datagram with more than 128 segments (Linux's UDP_MAX_SEGMENTS), or
+//     whose lengths are not UDP GSO's layout, passes whole, counted in
+//     GSOSkipped.
+//
+// So with GSO the share of packets hit is higher than the rate: 3 % CE on
+// 32-segment datagrams marks 1−0.97^32 = 62 % of the datagrams and of the
+// packets. For per-packet rates as configured, send without GSO.
+//
+// The program reads __sk_buff.gso_segs (Linux >= 5.1) and gso_size (Linux
+// >= 5.7); on an older kernel Load fails with an error naming the field.
 //
 // Reordering holds one frame per hook in a BPF map (it is dropped there)
 // and releases it behind the next RoCE packet through the same hook: that
@@ -81,14 +117,16 @@ type PSNRange struct {
 	// Limit stops PSN-range drops after this many per hook (0 = no limit),
 	// so a retransmission of the same PSNs gets through. Without a limit a
 	// range that covers requests is a black hole: the sender exhausts its
-	// retries.
+	// retries. A GSO datagram dropped by the range spends one per segment
+	// of it in the range.
 	Limit uint32
 }
 
 // Config selects the faults. The zero value passes everything. Rates are
 // probabilities in [0, 1] applied independently per packet (drawn with
 // bpf_get_prandom_u32 against a 32-bit threshold; 1 means all but a 2^-32
-// fraction). A packet is tested in this order: DestQP filter, PSN range,
+// fraction); a UDP GSO datagram's segments draw one each, and a draw hits
+// the whole datagram (see the package doc). A packet is tested in this order: DestQP filter, PSN range,
 // every Nth, random drop, congestion point, release of a held packet,
 // reorder, CE mark, duplicate; a dropped packet is not also held, marked or
 // duplicated.
@@ -96,7 +134,8 @@ type Config struct {
 	// DropRate drops packets at random.
 	DropRate float64
 	// DropEveryN drops every Nth RoCE packet (the Nth, 2Nth, ... seen by a
-	// hook since attach or ResetCounters). 0 disables. Beware: when a
+	// hook since attach or ResetCounters; a GSO datagram's segments count
+	// one each, and the datagram holding the Nth is dropped). 0 disables. Beware: when a
 	// go-back-N retransmission flight is exactly N packets (or a multiple)
 	// long, the same packet is lost in every retry and the sender runs out
 	// of retries; choose N above the sender's window (rxe and rocev2: 128).
@@ -147,9 +186,11 @@ type Config struct {
 // lock-free (atomic add and compare-and-exchange on the queue's tail time);
 // the limit can be overshot by about one packet per CPU enqueuing at the
 // same instant. The queue's clock counts from Load in 2^-14 ns units and
-// runs 13 days; an injector kept longer must be loaded again. A UDP GSO super-packet is not counted (it passes whole). A
-// packet that releases a held frame (ReorderRate) is counted in the queue
-// but leaves unmarked.
+// runs 13 days; an injector kept longer must be loaded again. A UDP GSO datagram
+// enters as its segments back to back: tail-dropped whole when its last
+// segment would pass the limit, else enqueued whole, segment k finding the
+// depth plus k segments (counted per segment). A packet that releases a
+// held frame (ReorderRate) is counted in the queue but leaves unmarked.
 type Congestion struct {
 	// Rate is the drain rate in bits/s of IP datagrams (1 kb/s to 400 Gb/s).
 	Rate uint64
@@ -281,27 +322,35 @@ func (c *Config) encode(base uint64) []byte {
 	return b
 }
 
-// Counters are the injector's per-action packet counts.
+// Counters are the injector's per-action counts. They count RoCE packets
+// on the wire: a GSO datagram's segments count one each (Seen, the drop
+// reasons, CEMarked, Duplicated, the congestion point's counters), so
+// Seen equals the packets the senders sent. GSO, GSODropped and
+// GSOMarked count datagrams.
 type Counters struct {
-	Seen         uint64 // RoCE packets inspected
+	Seen         uint64 // RoCE packets inspected (GSO segments included)
 	Other        uint64 // non-RoCE packets passed untouched
-	GSO          uint64 // GSO super-packets passed untouched
+	GSO          uint64 // GSO datagrams (one skb, several RoCE packets) inspected or skipped
 	Filtered     uint64 // RoCE packets skipped by the DestQP filter
 	DropRandom   uint64 // dropped at random (DropRate)
 	DropNth      uint64 // dropped as every Nth
 	DropPSN      uint64 // dropped by PSN range
 	DropRequests uint64 // of all drops, request packets (not READ response, ACK, atomic ACK, CNP)
-	Duplicated   uint64 // clones sent (duplicates)
+	Duplicated   uint64 // packets duplicated (clones sent)
 	Held         uint64 // packets held for reordering
 	Released     uint64 // held packets released behind a later packet
 	CEMarked     uint64 // packets marked CE
 	CENotECT     uint64 // chosen for CE but not ECN-capable (left unmarked)
-	Errors       uint64 // helper failures (clone, rewrite, checksum)
+	Errors       uint64 // helper failures (clone, rewrite, checksum, a GSO segment unreadable)
 	OwnClones    uint64 // our own clones seen passing the hook again
 	CongPassed   uint64 // congestion point: packets enqueued (not tail-dropped)
 	CongMarked   uint64 // congestion point: packets marked CE on the queue's depth (also in CEMarked)
 	CongDropped  uint64 // congestion point: tail drops at the limit
 	QueueMax     uint64 // congestion point: largest depth after an enqueue, bytes (the maximum over hooks in a sum)
+	GSOSegs      uint64 // packets (segments) in the GSO datagrams (in Seen unless skipped)
+	GSOSkipped   uint64 // GSO datagrams passed whole uninspected: more than 128 segments, or not UDP GSO's layout
+	GSODropped   uint64 // GSO datagrams dropped (their segments are in the drop counters)
+	GSOMarked    uint64 // GSO datagrams marked CE (their segments are in CEMarked)
 }
 
 // Dropped is the number of packets dropped by any rule.
@@ -309,24 +358,54 @@ func (c Counters) Dropped() uint64 { return c.DropRandom + c.DropNth + c.DropPSN
 
 // add returns c + d field by field.
 func (c Counters) add(d Counters) Counters {
-	return Counters{c.Seen + d.Seen, c.Other + d.Other, c.GSO + d.GSO, c.Filtered + d.Filtered,
-		c.DropRandom + d.DropRandom, c.DropNth + d.DropNth, c.DropPSN + d.DropPSN, c.DropRequests + d.DropRequests,
-		c.Duplicated + d.Duplicated, c.Held + d.Held, c.Released + d.Released, c.CEMarked + d.CEMarked,
-		c.CENotECT + d.CENotECT, c.Errors + d.Errors, c.OwnClones + d.OwnClones,
-		c.CongPassed + d.CongPassed, c.CongMarked + d.CongMarked, c.CongDropped + d.CongDropped, max(c.QueueMax, d.QueueMax)}
+	return Counters{Seen: c.Seen + d.Seen, Other: c.Other + d.Other, GSO: c.GSO + d.GSO, Filtered: c.Filtered + d.Filtered,
+		DropRandom: c.DropRandom + d.DropRandom, DropNth: c.DropNth + d.DropNth, DropPSN: c.DropPSN + d.DropPSN,
+		DropRequests: c.DropRequests + d.DropRequests, Duplicated: c.Duplicated + d.Duplicated, Held: c.Held + d.Held,
+		Released: c.Released + d.Released, CEMarked: c.CEMarked + d.CEMarked, CENotECT: c.CENotECT + d.CENotECT,
+		Errors: c.Errors + d.Errors, OwnClones: c.OwnClones + d.OwnClones, CongPassed: c.CongPassed + d.CongPassed,
+		CongMarked: c.CongMarked + d.CongMarked, CongDropped: c.CongDropped + d.CongDropped, QueueMax: max(c.QueueMax, d.QueueMax),
+		GSOSegs: c.GSOSegs + d.GSOSegs, GSOSkipped: c.GSOSkipped + d.GSOSkipped, GSODropped: c.GSODropped + d.GSODropped,
+		GSOMarked: c.GSOMarked + d.GSOMarked}
 }
 
-// String formats the non-zero counters.
+// GSOString says how much of the traffic came as GSO datagrams:
+// "gso=D datagrams/S segments (P% of packets)" ("gso=0 datagrams" without
+// any), with the datagrams dropped, marked and skipped when there are any.
+func (c Counters) GSOString() string {
+	if c.GSO == 0 {
+		return "gso=0 datagrams"
+	}
+	pct := 0.0
+	if c.GSOSegs > 0 {
+		// Seen holds the segments of the datagrams inspected; a skipped
+		// datagram's are only in GSOSegs.
+		pct = 100 * float64(c.GSOSegs) / float64(max(c.Seen, c.GSOSegs))
+	}
+	s := fmt.Sprintf("gso=%d datagrams/%d segments (%.1f%% of packets)", c.GSO, c.GSOSegs, pct)
+	for _, x := range []struct {
+		n string
+		v uint64
+	}{{"dropped", c.GSODropped}, {"marked", c.GSOMarked}, {"skipped", c.GSOSkipped}} {
+		if x.v != 0 {
+			s += fmt.Sprintf(" gso_%s=%d", x.n, x.v)
+		}
+	}
+	return s
+}
+
+// String formats the counters: the main ones always, the GSO share
+// always, the rest when not zero.
 func (c Counters) String() string {
 	s := fmt.Sprintf("seen=%d dropped=%d (random=%d nth=%d psn=%d requests=%d) dup=%d held=%d released=%d ce=%d",
 		c.Seen, c.Dropped(), c.DropRandom, c.DropNth, c.DropPSN, c.DropRequests, c.Duplicated, c.Held, c.Released, c.CEMarked)
 	if c.CongDropped != 0 {
 		s = strings.Replace(s, " requests=", fmt.Sprintf(" congestion=%d requests=", c.CongDropped), 1)
 	}
+	s += " " + c.GSOString()
 	for _, x := range []struct {
 		n string
 		v uint64
-	}{{"other", c.Other}, {"gso", c.GSO}, {"filtered", c.Filtered}, {"ce_not_ect", c.CENotECT}, {"errors", c.Errors},
+	}{{"other", c.Other}, {"filtered", c.Filtered}, {"ce_not_ect", c.CENotECT}, {"errors", c.Errors},
 		{"cong_passed", c.CongPassed}, {"cong_marked", c.CongMarked}, {"cong_dropped", c.CongDropped}, {"queue_max", c.QueueMax}} {
 		if x.v != 0 {
 			s += fmt.Sprintf(" %s=%d", x.n, x.v)
@@ -338,10 +417,12 @@ func (c Counters) String() string {
 // decodeCounters reads the counters from a state value.
 func decodeCounters(b []byte) Counters {
 	g := func(i int) uint64 { return ne.Uint64(b[stCounters+8*i:]) }
-	return Counters{g(ctrSeen), g(ctrOther), g(ctrGSO), g(ctrFiltered), g(ctrDropRandom), g(ctrDropNth),
-		g(ctrDropPSN), g(ctrDropRequests), g(ctrDuplicated), g(ctrHeld), g(ctrReleased), g(ctrCEMarked),
-		g(ctrCENotECT), g(ctrErrors), g(ctrOwnClones), g(ctrCongPassed), g(ctrCongMarked), g(ctrCongDropped),
-		ne.Uint64(b[stQMax:])}
+	return Counters{Seen: g(ctrSeen), Other: g(ctrOther), GSO: g(ctrGSO), Filtered: g(ctrFiltered),
+		DropRandom: g(ctrDropRandom), DropNth: g(ctrDropNth), DropPSN: g(ctrDropPSN), DropRequests: g(ctrDropRequests),
+		Duplicated: g(ctrDuplicated), Held: g(ctrHeld), Released: g(ctrReleased), CEMarked: g(ctrCEMarked),
+		CENotECT: g(ctrCENotECT), Errors: g(ctrErrors), OwnClones: g(ctrOwnClones), CongPassed: g(ctrCongPassed),
+		CongMarked: g(ctrCongMarked), CongDropped: g(ctrCongDropped), QueueMax: ne.Uint64(b[stQMax:]),
+		GSOSegs: g(ctrGSOSegs), GSOSkipped: g(ctrGSOSkipped), GSODropped: g(ctrGSODropped), GSOMarked: g(ctrGSOMarked)}
 }
 
 // Injector is a loaded fault program with its maps, attached to an
@@ -384,11 +465,46 @@ func Load(cfg Config) (*Injector, error) {
 		p, err := ebpf.NewProgram(spec)
 		if err != nil {
 			inj.close()
+			if perr := probeSkbFields(); perr != nil {
+				return nil, perr
+			}
 			return nil, fmt.Errorf("faults: load %s program: %w", h, err)
 		}
 		inj.progs[h] = p
 	}
 	return inj, nil
+}
+
+// skbFields are the __sk_buff fields the program needs beyond the oldest
+// tc programs' set, with the Linux release that made them readable.
+var skbFields = []struct {
+	off    int16
+	name   string
+	kernel string
+}{
+	{skbGSOSegs, "gso_segs", "5.1"},
+	{skbGSOSize, "gso_size", "5.7"},
+}
+
+// probeSkbFields loads a two-instruction tc program per field of
+// skbFields and names the first one the kernel refuses: on a kernel
+// without them the injector cannot tell a GSO datagram's segments, and
+// Load fails with this error rather than the verifier's log.
+func probeSkbFields() error {
+	for _, f := range skbFields {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "rv2f_probe", Type: ebpf.SchedCLS, License: "Dual MIT/GPL",
+			Instructions: asm.Instructions{
+				asm.LoadMem(asm.R0, asm.R1, f.off, asm.Word),
+				asm.Mov.Imm(asm.R0, actUnspec),
+				asm.Return(),
+			}})
+		if err != nil {
+			return fmt.Errorf("faults: this kernel's BPF cannot read __sk_buff.%s (Linux >= %s needed): "+
+				"the injector must see the segments of UDP GSO datagrams: %w", f.name, f.kernel, err)
+		}
+		p.Close()
+	}
+	return nil
 }
 
 // Program returns the loaded program for hook h (for BPF_PROG_TEST_RUN).

@@ -20,7 +20,8 @@ const (
 	skbLen      = 0
 	skbMark     = 8
 	skbIfindex  = 40
-	skbGSOSegs  = 164
+	skbGSOSegs  = 164 // Linux >= 5.1
+	skbGSOSize  = 176 // Linux >= 5.7
 	skbFlagsOff = 0
 )
 
@@ -57,7 +58,11 @@ const (
 	cfgQKmin       = 68 // u32: marking starts above this depth (bytes)
 	cfgQKmax       = 72 // u32: marking is certain from this depth (bytes)
 	cfgQSlope      = 80 // u64: Pmax·2^48/(Kmax−Kmin): mark threshold per byte above Kmin, << 16
-	cfgSize        = 88
+	// cfgZero is always 0: the GSO path starts its per-segment tallies
+	// from it, so the verifier sees them as unknown numbers (not constants
+	// it would have to track exactly in every unrolled segment).
+	cfgZero = 88 // u64
+	cfgSize = 96
 
 	flagPSN      = 1 << 0
 	flagCEAll    = 1 << 1
@@ -103,7 +108,11 @@ const (
 	ctrCongPassed
 	ctrCongMarked
 	ctrCongDropped
-	nCounters = 20
+	ctrGSOSegs
+	ctrGSOSkipped
+	ctrGSODropped
+	ctrGSOMarked
+	nCounters = 24
 )
 
 // Stack layout (offsets from the frame pointer R10).
@@ -208,11 +217,13 @@ func cloneOut(ingress bool) asm.Instructions {
 // configMapFD are loaded maps; dir is the state map key of this hook.
 //
 // Order of decisions for a RoCEv2 packet (UDP destination port 4791, IPv4
-// or IPv6 without extension headers, not a fragment, not a GSO super-packet):
+// or IPv6 without extension headers, not a fragment, one packet per skb):
 // DestQP filter, PSN-range drop, every-Nth drop, random drop, congestion
 // point (tail drop, or the choice to mark CE), release of a held packet,
 // hold (reorder), CE mark, duplicate. A dropped packet is neither held,
-// marked nor duplicated.
+// marked nor duplicated. A UDP GSO datagram (gso_segs > 1) takes gsoPath:
+// the same rules per segment, applied to the whole datagram, then the
+// release of a held packet.
 func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instructions {
 	p := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
@@ -276,12 +287,10 @@ func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instruct
 	p = append(p,
 		asm.LoadMem(asm.R2, asm.RFP, fpUDP+2, asm.Half),
 		asm.JNE.Imm(asm.R2, be16(4791), "other"),
-		// A GSO super-packet carries many RoCE packets: pass it whole.
+		// A GSO datagram carries many RoCE packets: gsoPath.
 		asm.LoadMem(asm.R2, asm.R6, skbGSOSegs, asm.Word),
-		asm.JLE.Imm(asm.R2, 1, "roce"),
+		asm.JGT.Imm(asm.R2, 1, "gso"),
 	)
-	p = append(p, count(ctrGSO)...)
-	p = append(p, asm.Ja.Label("exit"))
 	p = append(p, sym("roce", count(ctrSeen))...)
 	p = append(p, store64(asm.RFP, fpCong, 0)...)
 
@@ -439,69 +448,7 @@ func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instruct
 		asm.JNE.Imm(asm.R2, 0, "cemark"),
 	)
 	p = append(p, random(cfgCEThr, "dup")...)
-	p = append(p,
-		asm.LoadMem(asm.R2, asm.RFP, fpFamily, asm.DWord).WithSymbol("cemark"),
-		asm.JEq.Imm(asm.R2, 6, "ce6"),
-		// IPv4: TOS is byte 1; the checksum covers the 16-bit word 0.
-		asm.LoadMem(asm.R3, asm.RFP, fpIP+1, asm.Byte),
-		asm.Mov.Reg(asm.R4, asm.R3),
-		asm.And.Imm(asm.R4, 3),
-		asm.JEq.Imm(asm.R4, 3, "dup"),
-		asm.JNE.Imm(asm.R4, 0, "ce4mark"),
-		asm.LoadMem(asm.R2, asm.R8, cfgFlags, asm.Word),
-		asm.And.Imm(asm.R2, flagCEAll),
-		asm.JEq.Imm(asm.R2, 0, "notect"),
-		asm.LoadMem(asm.R2, asm.RFP, fpIP, asm.Half).WithSymbol("ce4mark"),
-		asm.StoreMem(asm.RFP, fpSavedMark, asm.R2, asm.DWord),
-		asm.Or.Imm(asm.R3, 3),
-		asm.StoreMem(asm.RFP, fpIP+1, asm.R3, asm.Byte),
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Imm(asm.R2, 15),
-		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, fpIP+1),
-		asm.Mov.Imm(asm.R4, 1),
-		asm.Mov.Imm(asm.R5, 0),
-		asm.FnSkbStoreBytes.Call(),
-		asm.JNE.Imm(asm.R0, 0, "ceerr"),
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Imm(asm.R2, 14+10),
-		asm.LoadMem(asm.R3, asm.RFP, fpSavedMark, asm.DWord),
-		asm.LoadMem(asm.R4, asm.RFP, fpIP, asm.Half),
-		asm.Mov.Imm(asm.R5, 2),
-		asm.FnL3CsumReplace.Call(),
-		asm.JNE.Imm(asm.R0, 0, "ceerr"),
-		asm.Ja.Label("cedone"),
-		// IPv6: traffic class bits 3:0 sit in the high nibble of byte 1;
-		// ECN is bits 1:0 of the traffic class = 0x30 of byte 1.
-		asm.LoadMem(asm.R3, asm.RFP, fpIP+1, asm.Byte).WithSymbol("ce6"),
-		asm.Mov.Reg(asm.R4, asm.R3),
-		asm.And.Imm(asm.R4, 0x30),
-		asm.JEq.Imm(asm.R4, 0x30, "dup"),
-		asm.JNE.Imm(asm.R4, 0, "ce6mark"),
-		asm.LoadMem(asm.R2, asm.R8, cfgFlags, asm.Word),
-		asm.And.Imm(asm.R2, flagCEAll),
-		asm.JEq.Imm(asm.R2, 0, "notect"),
-		asm.Or.Imm(asm.R3, 0x30).WithSymbol("ce6mark"),
-		asm.StoreMem(asm.RFP, fpIP+1, asm.R3, asm.Byte),
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Imm(asm.R2, 15),
-		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, fpIP+1),
-		asm.Mov.Imm(asm.R4, 1),
-		asm.Mov.Imm(asm.R5, 0),
-		asm.FnSkbStoreBytes.Call(),
-		asm.JNE.Imm(asm.R0, 0, "ceerr"),
-	)
-	p = append(p, sym("cedone", count(ctrCEMarked))...)
-	p = append(p,
-		asm.LoadMem(asm.R2, asm.RFP, fpCong, asm.DWord),
-		asm.JEq.Imm(asm.R2, 0, "dup"),
-	)
-	p = append(p, count(ctrCongMarked)...)
-	p = append(p, asm.Ja.Label("dup"))
-	p = append(p, sym("notect", count(ctrCENotECT))...)
-	p = append(p, asm.Ja.Label("dup"))
-	p = append(p, sym("ceerr", count(ctrErrors))...)
+	p = append(p, ceMark("", "dup", count, nil)...)
 
 	// Duplicate: a clone leaves through the same hook now, the original
 	// follows.
@@ -512,6 +459,8 @@ func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instruct
 	p = append(p, asm.Ja.Label("exit"))
 	p = append(p, sym("dupok", count(ctrDuplicated))...)
 	p = append(p, asm.Ja.Label("exit"))
+
+	p = append(p, gsoPath(ingress)...)
 
 	p = append(p, sym("other", count(ctrOther))...)
 	p = append(p,
@@ -605,6 +554,82 @@ func congestion() asm.Instructions {
 	p = append(p, asm.Ja.Label("release"))
 	p = append(p, sym("qdrop", count(ctrCongDropped))...)
 	p = append(p, asm.Ja.Label("drop"))
+	return p
+}
+
+// ceMark emits the CE marking of the packet in fpIP (entry label
+// pfx+"cemark"; fpFamily and fpCong set), continuing at next on every
+// outcome: marked (IPv4 TOS with the header checksum fixed, or IPv6
+// traffic class), already CE, not ECN-capable without flagCEAll, or a
+// helper error. cnt emits a counter increment — by one for a packet, by
+// the segment count for a GSO datagram; marked is appended where a mark
+// was made.
+func ceMark(pfx, next string, cnt func(int) asm.Instructions, marked asm.Instructions) asm.Instructions {
+	p := asm.Instructions{
+		asm.LoadMem(asm.R2, asm.RFP, fpFamily, asm.DWord).WithSymbol(pfx + "cemark"),
+		asm.JEq.Imm(asm.R2, 6, pfx+"ce6"),
+		// IPv4: TOS is byte 1; the checksum covers the 16-bit word 0.
+		asm.LoadMem(asm.R3, asm.RFP, fpIP+1, asm.Byte),
+		asm.Mov.Reg(asm.R4, asm.R3),
+		asm.And.Imm(asm.R4, 3),
+		asm.JEq.Imm(asm.R4, 3, next),
+		asm.JNE.Imm(asm.R4, 0, pfx+"ce4mark"),
+		asm.LoadMem(asm.R2, asm.R8, cfgFlags, asm.Word),
+		asm.And.Imm(asm.R2, flagCEAll),
+		asm.JEq.Imm(asm.R2, 0, pfx+"notect"),
+		asm.LoadMem(asm.R2, asm.RFP, fpIP, asm.Half).WithSymbol(pfx + "ce4mark"),
+		asm.StoreMem(asm.RFP, fpSavedMark, asm.R2, asm.DWord),
+		asm.Or.Imm(asm.R3, 3),
+		asm.StoreMem(asm.RFP, fpIP+1, asm.R3, asm.Byte),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, 15),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, fpIP+1),
+		asm.Mov.Imm(asm.R4, 1),
+		asm.Mov.Imm(asm.R5, 0),
+		asm.FnSkbStoreBytes.Call(),
+		asm.JNE.Imm(asm.R0, 0, pfx+"ceerr"),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, 14+10),
+		asm.LoadMem(asm.R3, asm.RFP, fpSavedMark, asm.DWord),
+		asm.LoadMem(asm.R4, asm.RFP, fpIP, asm.Half),
+		asm.Mov.Imm(asm.R5, 2),
+		asm.FnL3CsumReplace.Call(),
+		asm.JNE.Imm(asm.R0, 0, pfx+"ceerr"),
+		asm.Ja.Label(pfx + "cedone"),
+		// IPv6: traffic class bits 3:0 sit in the high nibble of byte 1;
+		// ECN is bits 1:0 of the traffic class = 0x30 of byte 1.
+		asm.LoadMem(asm.R3, asm.RFP, fpIP+1, asm.Byte).WithSymbol(pfx + "ce6"),
+		asm.Mov.Reg(asm.R4, asm.R3),
+		asm.And.Imm(asm.R4, 0x30),
+		asm.JEq.Imm(asm.R4, 0x30, next),
+		asm.JNE.Imm(asm.R4, 0, pfx+"ce6mark"),
+		asm.LoadMem(asm.R2, asm.R8, cfgFlags, asm.Word),
+		asm.And.Imm(asm.R2, flagCEAll),
+		asm.JEq.Imm(asm.R2, 0, pfx+"notect"),
+		asm.Or.Imm(asm.R3, 0x30).WithSymbol(pfx + "ce6mark"),
+		asm.StoreMem(asm.RFP, fpIP+1, asm.R3, asm.Byte),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, 15),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, fpIP+1),
+		asm.Mov.Imm(asm.R4, 1),
+		asm.Mov.Imm(asm.R5, 0),
+		asm.FnSkbStoreBytes.Call(),
+		asm.JNE.Imm(asm.R0, 0, pfx+"ceerr"),
+	}
+	p = append(p, sym(pfx+"cedone", cnt(ctrCEMarked))...)
+	p = append(p, marked...)
+	p = append(p,
+		asm.LoadMem(asm.R2, asm.RFP, fpCong, asm.DWord),
+		asm.JEq.Imm(asm.R2, 0, next),
+	)
+	p = append(p, cnt(ctrCongMarked)...)
+	p = append(p, asm.Ja.Label(next))
+	p = append(p, sym(pfx+"notect", cnt(ctrCENotECT))...)
+	p = append(p, asm.Ja.Label(next))
+	p = append(p, sym(pfx+"ceerr", count(ctrErrors))...)
+	p = append(p, asm.Ja.Label(next))
 	return p
 }
 

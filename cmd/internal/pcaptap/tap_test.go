@@ -15,6 +15,7 @@ import (
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/rocelayer"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // build returns a RoCEv2 SEND_ONLY payload with n payload bytes.
@@ -40,7 +41,7 @@ func TestTapMemNetwork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := udp.NewMemNetwork(udp.Faults{})
+		n := memnet.NewMemNetwork(memnet.Faults{})
 		a, b := netip.MustParseAddr(addrs[0]), netip.MustParseAddr(addrs[1])
 		la, _ := n.Link(a)
 		lb, _ := n.Link(b)

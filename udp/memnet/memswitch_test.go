@@ -1,8 +1,9 @@
-package udp
+package memnet
 
 import (
 	"errors"
 	"fmt"
+	"github.com/gorocev2/rocev2/udp"
 	"math"
 	"net"
 	"net/netip"
@@ -49,7 +50,7 @@ func TestBottleneckConfigErrors(t *testing.T) {
 			t.Errorf("Bottleneck(%+v) accepted", b)
 		}
 	}
-	if _, err := n.Bottleneck(netip.Addr{}, Bottleneck{Rate: 1e9}); !errors.Is(err, ErrAddress) {
+	if _, err := n.Bottleneck(netip.Addr{}, Bottleneck{Rate: 1e9}); !errors.Is(err, udp.ErrAddress) {
 		t.Errorf("zero address: %v", err)
 	}
 	if _, err := n.Bottleneck(addrB, Bottleneck{Rate: 1e9}); err != nil {
@@ -89,9 +90,9 @@ func sink(l *MemLink, clk func() time.Time, mu *sync.Mutex, got *[]arrival) chan
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pkts := make([]Packet, 16)
+		pkts := make([]udp.Packet, 16)
 		for i := range pkts {
-			pkts[i].Buf = make([]byte, MaxPacketSize)
+			pkts[i].Buf = make([]byte, udp.MaxPacketSize)
 		}
 		for {
 			for i := range pkts {
@@ -127,12 +128,12 @@ func TestSwitchDrainRateAndTailDrop(t *testing.T) {
 	var mu sync.Mutex
 	var got []arrival
 	done := sink(lb, clk.Now, &mu, &got)
-	buf := make([]byte, MaxPacketSize)
-	var pkts []Packet
+	buf := make([]byte, udp.MaxPacketSize)
+	var pkts []udp.Packet
 	for i := range 8 {
 		b := testPayload(slices.Clone(buf), 7, 100)
 		b[12] = byte(i)
-		pkts = append(pkts, Packet{Buf: b, Addr: addrB, SrcPort: 0xc000})
+		pkts = append(pkts, udp.Packet{Buf: b, Addr: addrB, SrcPort: 0xc000})
 	}
 	if err := la.Send(pkts); err != nil {
 		t.Fatal(err)
@@ -190,15 +191,15 @@ func markRun(t *testing.T, seed int64, count int) ([]bool, PortStats) {
 	var mu sync.Mutex
 	var got []arrival
 	done := sink(lb, clk.Now, &mu, &got)
-	buf := make([]byte, MaxPacketSize)
+	buf := make([]byte, udp.MaxPacketSize)
 	for i := range count {
 		b := testPayload(buf, 7, 100)
 		b[12] = byte(i)
-		tos := uint8(ECNECT0)
+		tos := uint8(udp.ECNECT0)
 		if i%4 == 3 {
-			tos = ECNNotECT
+			tos = udp.ECNNotECT
 		}
-		if err := la.Send([]Packet{{Buf: b, Addr: addrB, SrcPort: 0xc000, TOS: tos}}); err != nil {
+		if err := la.Send([]udp.Packet{{Buf: b, Addr: addrB, SrcPort: 0xc000, TOS: tos}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -223,8 +224,8 @@ func markRun(t *testing.T, seed int64, count int) ([]bool, PortStats) {
 		if int(a.seq) != i%256 {
 			t.Fatalf("arrival %d has seq %d: reordered", i, a.seq)
 		}
-		marks[i] = a.tos&ECNMask == ECNCE
-		if i%4 == 3 && a.tos != ECNNotECT {
+		marks[i] = a.tos&udp.ECNMask == udp.ECNCE
+		if i%4 == 3 && a.tos != udp.ECNNotECT {
 			t.Errorf("Not-ECT packet %d arrived with TOS %#x", i, a.tos)
 		}
 	}
@@ -295,9 +296,9 @@ func TestVirtualDeterminism(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pkts := make([]Packet, 8)
+			pkts := make([]udp.Packet, 8)
 			for i := range pkts {
-				pkts[i].Buf = make([]byte, MaxPacketSize)
+				pkts[i].Buf = make([]byte, udp.MaxPacketSize)
 			}
 			for {
 				for i := range pkts {
@@ -308,7 +309,7 @@ func TestVirtualDeterminism(t *testing.T) {
 					return
 				}
 				for i := range pkts[:k] {
-					pkts[i].TOS = ECNECT0
+					pkts[i].TOS = udp.ECNECT0
 				}
 				if err := srv.Send(pkts[:k]); err != nil && !errors.Is(err, net.ErrClosed) {
 					t.Error(err)
@@ -327,11 +328,11 @@ func TestVirtualDeterminism(t *testing.T) {
 			sw.Add(1)
 			go func() {
 				defer sw.Done()
-				buf := make([]byte, MaxPacketSize)
+				buf := make([]byte, udp.MaxPacketSize)
 				for i := range 30 {
 					b := testPayload(buf, 7, 100)
 					b[12] = byte(i)
-					if err := c.Send([]Packet{{Buf: b, Addr: addrB, SrcPort: uint16(0xc000 + ci), TOS: ECNECT0}}); err != nil {
+					if err := c.Send([]udp.Packet{{Buf: b, Addr: addrB, SrcPort: uint16(0xc000 + ci), TOS: udp.ECNECT0}}); err != nil {
 						t.Error(err)
 					}
 				}
@@ -381,20 +382,20 @@ func TestRealTimeBottleneck(t *testing.T) {
 		t.Fatal(err)
 	}
 	const count = 20
-	var out []Packet
+	var out []udp.Packet
 	for i := range count {
-		b := testPayload(make([]byte, MaxPacketSize), 7, 100)
+		b := testPayload(make([]byte, udp.MaxPacketSize), 7, 100)
 		b[12] = byte(i)
-		out = append(out, Packet{Buf: b, Addr: addrB, SrcPort: 0xc000, TOS: ECNECT1})
+		out = append(out, udp.Packet{Buf: b, Addr: addrB, SrcPort: 0xc000, TOS: udp.ECNECT1})
 	}
 	// One batch: all enter the transmit line at once, whatever the
 	// scheduling, and leave it at 2e8 b/s into a port draining at 1e8.
 	if err := la.Send(out); err != nil {
 		t.Fatal(err)
 	}
-	pkts := make([]Packet, 4)
+	pkts := make([]udp.Packet, 4)
 	for i := range pkts {
-		pkts[i].Buf = make([]byte, MaxPacketSize)
+		pkts[i].Buf = make([]byte, udp.MaxPacketSize)
 	}
 	next := 0
 	for next < count {
@@ -441,8 +442,8 @@ func TestVirtualNoReceiver(t *testing.T) {
 	la, _ := n.Link(addrA)
 	lb, _ := n.Link(addrB)
 	defer la.Close()
-	buf := make([]byte, MaxPacketSize)
-	if err := la.Send([]Packet{{Buf: testPayload(buf, 1, 100), Addr: addrB, SrcPort: 0xc000}}); err != nil {
+	buf := make([]byte, udp.MaxPacketSize)
+	if err := la.Send([]udp.Packet{{Buf: testPayload(buf, 1, 100), Addr: addrB, SrcPort: 0xc000}}); err != nil {
 		t.Fatal(err)
 	}
 	err := n.Step()

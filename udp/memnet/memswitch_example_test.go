@@ -1,4 +1,4 @@
-package udp_test
+package memnet_test
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/udp"
+
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // A switch port in virtual time: ten ECN-capable packets sent at once
@@ -19,11 +21,11 @@ func ExampleMemNetwork_Bottleneck() {
 	var mu sync.Mutex
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	n := udp.NewVirtualMemNetwork(udp.Faults{Seed: 1}, clock)
+	n := memnet.NewVirtualMemNetwork(memnet.Faults{Seed: 1}, clock)
 	a, _ := n.Link(netip.MustParseAddr("192.0.2.1"))
 	b, _ := n.Link(netip.MustParseAddr("192.0.2.2"))
 	defer a.Close()
-	port, _ := n.Bottleneck(b.LocalAddr(), udp.Bottleneck{
+	port, _ := n.Bottleneck(b.LocalAddr(), memnet.Bottleneck{
 		Rate: 1e9, Buffer: 8 * 1128, Kmin: 2 * 1128, Kmax: 4 * 1128, Pmax: 0.5})
 
 	// In virtual time every link needs a receiver: Step waits for it.

@@ -1,7 +1,8 @@
-package udp
+package memnet
 
 import (
 	"fmt"
+	"github.com/gorocev2/rocev2/udp"
 	"math"
 	"net/netip"
 	"time"
@@ -41,13 +42,13 @@ type Bottleneck struct {
 func (b Bottleneck) check() error {
 	switch {
 	case !(b.Rate > 0) || math.IsInf(b.Rate, 0):
-		return fmt.Errorf("udp: bottleneck rate %v must be > 0 and finite", b.Rate)
+		return fmt.Errorf("memnet: bottleneck rate %v must be > 0 and finite", b.Rate)
 	case b.Buffer < 0:
-		return fmt.Errorf("udp: bottleneck buffer %d must be >= 0", b.Buffer)
+		return fmt.Errorf("memnet: bottleneck buffer %d must be >= 0", b.Buffer)
 	case b.Kmin < 0 || b.Kmax < b.Kmin:
-		return fmt.Errorf("udp: bottleneck thresholds Kmin %d, Kmax %d: need 0 <= Kmin <= Kmax", b.Kmin, b.Kmax)
+		return fmt.Errorf("memnet: bottleneck thresholds Kmin %d, Kmax %d: need 0 <= Kmin <= Kmax", b.Kmin, b.Kmax)
 	case !(b.Pmax >= 0 && b.Pmax <= 1):
-		return fmt.Errorf("udp: bottleneck Pmax %v must be in [0, 1]", b.Pmax)
+		return fmt.Errorf("memnet: bottleneck Pmax %v must be in [0, 1]", b.Pmax)
 	}
 	return nil
 }
@@ -193,8 +194,8 @@ func (p *SwitchPort) enqueue(now time.Time, b *memBuf) bool {
 		putMemBuf(b)
 		return false
 	}
-	if r < p.cfg.MarkProbability(p.st.Depth) && b.tos&ECNMask != ECNNotECT && b.tos&ECNMask != ECNCE {
-		b.tos |= ECNCE
+	if r < p.cfg.MarkProbability(p.st.Depth) && b.tos&udp.ECNMask != udp.ECNNotECT && b.tos&udp.ECNMask != udp.ECNCE {
+		b.tos |= udp.ECNCE
 		p.st.Marked++
 	}
 	start := p.busyTill
@@ -305,9 +306,9 @@ func (p *SwitchPort) stop() {
 // virtual-time network). The address need not have a link yet. A second
 // call for the same address fails.
 func (n *MemNetwork) Bottleneck(to netip.Addr, b Bottleneck) (*SwitchPort, error) {
-	a := normAddr(to)
+	a := udp.NormAddr(to)
 	if !a.IsValid() || a.IsUnspecified() {
-		return nil, fmt.Errorf("udp: bottleneck address %v: %w", to, ErrAddress)
+		return nil, fmt.Errorf("memnet: bottleneck address %v: %w", to, udp.ErrAddress)
 	}
 	if err := b.check(); err != nil {
 		return nil, err
@@ -315,7 +316,7 @@ func (n *MemNetwork) Bottleneck(to netip.Addr, b Bottleneck) (*SwitchPort, error
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.ports[a] != nil {
-		return nil, fmt.Errorf("udp: bottleneck toward %s already set", a)
+		return nil, fmt.Errorf("memnet: bottleneck toward %s already set", a)
 	}
 	p := n.newPort(b)
 	if n.ports == nil {
@@ -337,7 +338,7 @@ func (l *MemLink) Shape(b Bottleneck) (*SwitchPort, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if l.txPort != nil {
-		return nil, fmt.Errorf("udp: link %s already shaped", l.addr)
+		return nil, fmt.Errorf("memnet: link %s already shaped", l.addr)
 	}
 	p := n.newPort(b)
 	p.tx = l

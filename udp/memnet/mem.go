@@ -1,4 +1,4 @@
-package udp
+package memnet
 
 import (
 	"fmt"
@@ -7,10 +7,12 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/gorocev2/rocev2/icrc"
+	"github.com/gorocev2/rocev2/udp"
 )
 
 // Faults configures the impairments of a MemNetwork. Probabilities are per
@@ -79,7 +81,7 @@ type memBuf struct {
 	dst     *MemLink   // destination while on the delay line or in a switch port
 	dstAddr netip.Addr // destination address while in a transmit line or staged
 	link    *MemLink   // sending link while in a transmit line or staged
-	b       [MaxPacketSize]byte
+	b       [udp.MaxPacketSize]byte
 }
 
 var memBufPool = sync.Pool{New: func() any { return new(memBuf) }}
@@ -212,14 +214,14 @@ func (n *MemNetwork) Counters() MemCounters {
 // addresses (the RoCEv2 GID form) are treated as IPv4. It fails with an error
 // matching syscall.EADDRINUSE when the address already has a link.
 func (n *MemNetwork) Link(addr netip.Addr) (*MemLink, error) {
-	a := normAddr(addr)
+	a := udp.NormAddr(addr)
 	if !a.IsValid() || a.IsUnspecified() {
-		return nil, fmt.Errorf("udp: mem link address %v: %w", addr, ErrAddress)
+		return nil, fmt.Errorf("memnet: link address %v: %w", addr, udp.ErrAddress)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if _, ok := n.links[a]; ok {
-		return nil, fmt.Errorf("udp: mem link %s port %d: %w", a, Port, syscall.EADDRINUSE)
+		return nil, fmt.Errorf("memnet: link %s port %d: %w", a, udp.Port, syscall.EADDRINUSE)
 	}
 	l := &MemLink{
 		net:  n,
@@ -262,7 +264,7 @@ type MemLink struct {
 	counters
 }
 
-var _ Link = (*MemLink)(nil)
+var _ udp.Link = (*MemLink)(nil)
 
 // LocalAddr returns the link's address.
 func (l *MemLink) LocalAddr() netip.Addr { return l.addr }
@@ -271,7 +273,7 @@ func (l *MemLink) LocalAddr() netip.Addr { return l.addr }
 func (l *MemLink) BatchSize() int { return memBatchSize }
 
 // Stats returns a snapshot of the link's counters.
-func (l *MemLink) Stats() Stats { return l.stats() }
+func (l *MemLink) Stats() udp.Stats { return l.stats() }
 
 func (l *MemLink) isClosed() bool {
 	select {
@@ -286,16 +288,16 @@ func (l *MemLink) isClosed() bool {
 // source port Packet.SrcPort, destination port 4791; IPv6 likewise) and hands
 // the packets to the network, which copies them. Packets to an address with no
 // link are silently dropped and counted in MemNetwork.Counters().NoRoute.
-func (l *MemLink) Send(pkts []Packet) error {
+func (l *MemLink) Send(pkts []udp.Packet) error {
 	if l.isClosed() {
 		return net.ErrClosed
 	}
-	if err := checkSend(pkts, l.addr); err != nil {
+	if err := udp.CheckSend(pkts, l.addr); err != nil {
 		return err
 	}
 	for i := range pkts {
 		p := &pkts[i]
-		icrc.Store(p.Buf, computeICRC(l.addr, normAddr(p.Addr), p.SrcPort, 0, p.Buf))
+		icrc.Store(p.Buf, udp.ComputeICRC(l.addr, udp.NormAddr(p.Addr), p.SrcPort, 0, p.Buf))
 	}
 	l.transmit(pkts)
 	return nil
@@ -304,18 +306,18 @@ func (l *MemLink) Send(pkts []Packet) error {
 // SendRaw hands datagrams to the network exactly as given: no ICRC is
 // filled and any length up to MaxPacketSize is accepted. It exists to test
 // receivers with garbage, truncated or mis-checksummed datagrams.
-func (l *MemLink) SendRaw(pkts []Packet) error {
+func (l *MemLink) SendRaw(pkts []udp.Packet) error {
 	if l.isClosed() {
 		return net.ErrClosed
 	}
 	for i := range pkts {
 		p := &pkts[i]
-		dst := normAddr(p.Addr)
-		if len(p.Buf) > MaxPacketSize {
-			return fmt.Errorf("udp: send packet %d: length %d > %d: %w", i, len(p.Buf), MaxPacketSize, ErrPacketSize)
+		dst := udp.NormAddr(p.Addr)
+		if len(p.Buf) > udp.MaxPacketSize {
+			return fmt.Errorf("memnet: send packet %d: length %d > %d: %w", i, len(p.Buf), udp.MaxPacketSize, udp.ErrPacketSize)
 		}
 		if !dst.IsValid() || dst.Is4() != l.addr.Is4() {
-			return fmt.Errorf("udp: send packet %d: destination %v from %v: %w", i, p.Addr, l.addr, ErrAddress)
+			return fmt.Errorf("memnet: send packet %d: destination %v from %v: %w", i, p.Addr, l.addr, udp.ErrAddress)
 		}
 	}
 	l.transmit(pkts)
@@ -323,7 +325,7 @@ func (l *MemLink) SendRaw(pkts []Packet) error {
 }
 
 // transmit hands pkts to the network and counts them as sent.
-func (l *MemLink) transmit(pkts []Packet) {
+func (l *MemLink) transmit(pkts []udp.Packet) {
 	n := l.net
 	n.mu.Lock()
 	switch {
@@ -350,13 +352,13 @@ func (l *MemLink) transmit(pkts []Packet) {
 
 // copyOut copies a packet l sends into a pooled buffer that remembers its
 // destination and sender, for a transmit line or the virtual-time stage.
-func (l *MemLink) copyOut(p *Packet) *memBuf {
+func (l *MemLink) copyOut(p *udp.Packet) *memBuf {
 	b := getMemBuf()
 	b.n = copy(b.b[:], p.Buf)
 	b.src = l.addr
 	b.srcPort = p.SrcPort
 	b.tos = p.TOS
-	b.dstAddr = normAddr(p.Addr)
+	b.dstAddr = udp.NormAddr(p.Addr)
 	b.link = l
 	return b
 }
@@ -365,7 +367,7 @@ func (l *MemLink) copyOut(p *Packet) *memBuf {
 // the virtual-time stage) into the network at time t, and releases b.
 // Called with n.mu held.
 func (n *MemNetwork) enter(src *MemLink, b *memBuf, t time.Time) {
-	p := Packet{Buf: b.b[:b.n], Addr: b.dstAddr, SrcPort: b.srcPort, TOS: b.tos}
+	p := udp.Packet{Buf: b.b[:b.n], Addr: b.dstAddr, SrcPort: b.srcPort, TOS: b.tos}
 	n.route(src, &p, t)
 	putMemBuf(b)
 }
@@ -400,15 +402,15 @@ func (n *MemNetwork) propagate(dst *MemLink, b *memBuf, t time.Time) {
 
 // route applies the faults to one packet sent at time now and forwards it.
 // Called with n.mu held.
-func (n *MemNetwork) route(src *MemLink, p *Packet, now time.Time) {
+func (n *MemNetwork) route(src *MemLink, p *udp.Packet, now time.Time) {
 	f := &n.faults
 	n.ctr.Packets++
 	if n.tap != nil {
-		n.tap(src.addr, normAddr(p.Addr), p.SrcPort, p.TOS, p.Buf)
+		n.tap(src.addr, udp.NormAddr(p.Addr), p.SrcPort, p.TOS, p.Buf)
 	}
 	// Fixed draw pattern per packet keeps runs reproducible.
 	rLoss, rCorrupt, rDup, rReorder := n.rng.Float64(), n.rng.Float64(), n.rng.Float64(), n.rng.Float64()
-	dst := n.links[normAddr(p.Addr)]
+	dst := n.links[udp.NormAddr(p.Addr)]
 	if dst == nil || dst.closed {
 		n.ctr.NoRoute++
 		return
@@ -424,8 +426,8 @@ func (n *MemNetwork) route(src *MemLink, p *Packet, now time.Time) {
 	b.tos = p.TOS
 	// Drawn only when CEMark is set, so configurations without it keep
 	// their random sequences.
-	if f.CEMark > 0 && n.rng.Float64() < f.CEMark && b.tos&ECNMask != ECNNotECT && b.tos&ECNMask != ECNCE {
-		b.tos |= ECNCE
+	if f.CEMark > 0 && n.rng.Float64() < f.CEMark && b.tos&udp.ECNMask != udp.ECNNotECT && b.tos&udp.ECNMask != udp.ECNCE {
+		b.tos |= udp.ECNCE
 		n.ctr.CEMarked++
 	}
 	if rCorrupt < f.Corrupt && b.n > 4 {
@@ -577,8 +579,8 @@ func (n *MemNetwork) deliver(dst *MemLink, b *memBuf) {
 // address, port 4791, IPv4 ID 0 with DF); bad ones count as DropBadICRC,
 // datagrams shorter than BTH+ICRC as DropMalformed. Addr is the sender's
 // address. After Close it returns net.ErrClosed.
-func (l *MemLink) Recv(pkts []Packet) (int, error) {
-	if err := checkRecv(pkts, len(pkts)); err != nil || len(pkts) == 0 {
+func (l *MemLink) Recv(pkts []udp.Packet) (int, error) {
+	if err := udp.CheckRecv(pkts, len(pkts)); err != nil || len(pkts) == 0 {
 		return 0, err
 	}
 	if l.vwake != nil {
@@ -618,13 +620,13 @@ func (l *MemLink) Recv(pkts []Packet) (int, error) {
 }
 
 // accept verifies b and copies it into p. It reports whether p was filled.
-func (l *MemLink) accept(b *memBuf, p *Packet) bool {
-	if b.n < minPacketSize {
+func (l *MemLink) accept(b *memBuf, p *udp.Packet) bool {
+	if b.n < udp.MinPacketSize {
 		l.malformed.Add(1)
 		return false
 	}
 	data := b.b[:b.n]
-	if computeICRC(b.src, l.addr, b.srcPort, 0, data) != icrc.Load(data) {
+	if udp.ComputeICRC(b.src, l.addr, b.srcPort, 0, data) != icrc.Load(data) {
 		l.badICRC.Add(1)
 		return false
 	}
@@ -667,5 +669,21 @@ func (l *MemLink) Close() error {
 		default:
 			return nil
 		}
+	}
+}
+
+// counters are a MemLink's Stats, updated atomically.
+type counters struct {
+	sent, rcvd, badICRC, malformed, other atomic.Uint64
+}
+
+// stats returns a snapshot of c (DropKernel is always 0: there is no kernel).
+func (c *counters) stats() udp.Stats {
+	return udp.Stats{
+		SentPkts:      c.sent.Load(),
+		RcvdPkts:      c.rcvd.Load(),
+		DropBadICRC:   c.badICRC.Load(),
+		DropMalformed: c.malformed.Load(),
+		DropOther:     c.other.Load(),
 	}
 }

@@ -1,8 +1,9 @@
-package udp
+package memnet
 
 import (
 	"bytes"
 	"errors"
+	"github.com/gorocev2/rocev2/udp"
 	"hash/crc32"
 	"math"
 	"net"
@@ -51,8 +52,8 @@ func TestMemLinkDelivers(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, la, lb := newPair(t, Faults{}, tc.a, tc.b)
-			buf := make([]byte, MaxPacketSize)
-			p := []Packet{{Buf: testPayload(buf, 7, 100), Addr: tc.sendTo, SrcPort: 0xc144, TOS: ECNCE}}
+			buf := make([]byte, udp.MaxPacketSize)
+			p := []udp.Packet{{Buf: testPayload(buf, 7, 100), Addr: tc.sendTo, SrcPort: 0xc144, TOS: udp.ECNCE}}
 			if err := la.Send(p); err != nil {
 				t.Fatal(err)
 			}
@@ -78,13 +79,13 @@ func TestMemLinkDelivers(t *testing.T) {
 			if !bytes.Equal(r[0].Buf, sent) {
 				t.Errorf("received payload differs from sent")
 			}
-			if r[0].Addr != tc.a.Unmap() || r[0].SrcPort != 0xc144 || r[0].TOS != ECNCE {
+			if r[0].Addr != tc.a.Unmap() || r[0].SrcPort != 0xc144 || r[0].TOS != udp.ECNCE {
 				t.Errorf("Recv meta = %v:%d tos %d, want %v:%d tos 3", r[0].Addr, r[0].SrcPort, r[0].TOS, tc.a.Unmap(), 0xc144)
 			}
 			if s := la.Stats(); s.SentPkts != 1 {
 				t.Errorf("sender stats %+v", s)
 			}
-			if s := lb.Stats(); s != (Stats{RcvdPkts: 1}) {
+			if s := lb.Stats(); s != (udp.Stats{RcvdPkts: 1}) {
 				t.Errorf("receiver stats %+v", s)
 			}
 		})
@@ -94,7 +95,7 @@ func TestMemLinkDelivers(t *testing.T) {
 func TestMemLinkLoopback(t *testing.T) {
 	_, la, _ := newPair(t, Faults{}, addrA, addrB)
 	buf := make([]byte, 64)
-	if err := la.Send([]Packet{{Buf: testPayload(buf, 1, 64), Addr: addrA, SrcPort: 1}}); err != nil {
+	if err := la.Send([]udp.Packet{{Buf: testPayload(buf, 1, 64), Addr: addrA, SrcPort: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	r := recvBufs(1)
@@ -105,17 +106,17 @@ func TestMemLinkLoopback(t *testing.T) {
 
 func TestMemLinkErrors(t *testing.T) {
 	n, la, _ := newPair(t, Faults{}, addrA, addrB)
-	buf := make([]byte, MaxPacketSize+1)
+	buf := make([]byte, udp.MaxPacketSize+1)
 	tests := []struct {
 		name string
-		pkts []Packet
+		pkts []udp.Packet
 		want error
 	}{
-		{"short", []Packet{{Buf: buf[:15], Addr: addrB}}, ErrPacketSize},
-		{"long", []Packet{{Buf: buf[:MaxPacketSize+1], Addr: addrB}}, ErrPacketSize},
-		{"family", []Packet{{Buf: buf[:64], Addr: addr6B}}, ErrAddress},
-		{"zero addr", []Packet{{Buf: buf[:64]}}, ErrAddress},
-		{"second bad", []Packet{{Buf: buf[:64], Addr: addrB}, {Buf: buf[:3], Addr: addrB}}, ErrPacketSize},
+		{"short", []udp.Packet{{Buf: buf[:15], Addr: addrB}}, udp.ErrPacketSize},
+		{"long", []udp.Packet{{Buf: buf[:udp.MaxPacketSize+1], Addr: addrB}}, udp.ErrPacketSize},
+		{"family", []udp.Packet{{Buf: buf[:64], Addr: addr6B}}, udp.ErrAddress},
+		{"zero addr", []udp.Packet{{Buf: buf[:64]}}, udp.ErrAddress},
+		{"second bad", []udp.Packet{{Buf: buf[:64], Addr: addrB}, {Buf: buf[:3], Addr: addrB}}, udp.ErrPacketSize},
 	}
 	for _, tc := range tests {
 		if err := la.Send(tc.pkts); !errors.Is(err, tc.want) {
@@ -128,18 +129,18 @@ func TestMemLinkErrors(t *testing.T) {
 	if _, err := n.Link(addrA); !errors.Is(err, syscall.EADDRINUSE) {
 		t.Errorf("duplicate Link err = %v, want EADDRINUSE", err)
 	}
-	if _, err := n.Link(netip.Addr{}); !errors.Is(err, ErrAddress) {
-		t.Errorf("zero Link err = %v, want ErrAddress", err)
+	if _, err := n.Link(netip.Addr{}); !errors.Is(err, udp.ErrAddress) {
+		t.Errorf("zero Link err = %v, want udp.ErrAddress", err)
 	}
-	if _, err := la.Recv([]Packet{{Buf: make([]byte, 100)}}); !errors.Is(err, ErrShortBuffer) {
-		t.Errorf("Recv small buffer err = %v, want ErrShortBuffer", err)
+	if _, err := la.Recv([]udp.Packet{{Buf: make([]byte, 100)}}); !errors.Is(err, udp.ErrShortBuffer) {
+		t.Errorf("Recv small buffer err = %v, want udp.ErrShortBuffer", err)
 	}
 }
 
 func TestMemLinkNoRoute(t *testing.T) {
 	n, la, _ := newPair(t, Faults{}, addrA, addrB)
 	buf := make([]byte, 64)
-	if err := la.Send([]Packet{{Buf: testPayload(buf, 1, 64), Addr: netip.MustParseAddr("192.0.2.99")}}); err != nil {
+	if err := la.Send([]udp.Packet{{Buf: testPayload(buf, 1, 64), Addr: netip.MustParseAddr("192.0.2.99")}}); err != nil {
 		t.Fatalf("send to unknown address must not fail: %v", err)
 	}
 	if c := n.Counters(); c.NoRoute != 1 {
@@ -154,14 +155,14 @@ func TestMemLinkDropsMalformedAndGarbage(t *testing.T) {
 		garbage[i] = byte(i*7 + 3)
 	}
 	good := testPayload(make([]byte, 64), 5, 64)
-	if err := la.SendRaw([]Packet{
+	if err := la.SendRaw([]udp.Packet{
 		{Buf: garbage[:0], Addr: addrB},
 		{Buf: garbage[:15], Addr: addrB},
 		{Buf: garbage, Addr: addrB},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := la.Send([]Packet{{Buf: good, Addr: addrB, SrcPort: 9}}); err != nil {
+	if err := la.Send([]udp.Packet{{Buf: good, Addr: addrB, SrcPort: 9}}); err != nil {
 		t.Fatal(err)
 	}
 	r := recvBufs(8)
@@ -180,14 +181,14 @@ func TestMemLinkCloseUnblocksRecv(t *testing.T) {
 	if _, err := lb.Recv(recvBufs(1)); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("second Recv = %v", err)
 	}
-	if err := lb.Send([]Packet{{Buf: make([]byte, 64), Addr: addrA}}); !errors.Is(err, net.ErrClosed) {
+	if err := lb.Send([]udp.Packet{{Buf: make([]byte, 64), Addr: addrA}}); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Send after Close = %v", err)
 	}
 	if err := lb.Close(); err != nil {
 		t.Errorf("second Close = %v", err)
 	}
 	// Sending to the closed address is a silent drop; the address is free again.
-	if err := la.Send([]Packet{{Buf: make([]byte, 64), Addr: addrB}}); err != nil {
+	if err := la.Send([]udp.Packet{{Buf: make([]byte, 64), Addr: addrB}}); err != nil {
 		t.Fatal(err)
 	}
 	l2, err := n.Link(addrB)
@@ -202,7 +203,7 @@ func TestMemLinkQueueOverflow(t *testing.T) {
 	buf := make([]byte, 64)
 	const total = memQueueLen + 100
 	for i := range total {
-		if err := la.Send([]Packet{{Buf: testPayload(buf, uint32(i), 64), Addr: addrB}}); err != nil {
+		if err := la.Send([]udp.Packet{{Buf: testPayload(buf, uint32(i), 64), Addr: addrB}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -230,7 +231,7 @@ func TestMemLinkQueueOverflow(t *testing.T) {
 type faultRun struct {
 	seqs     []uint32
 	ctr      MemCounters
-	rx       Stats
+	rx       udp.Stats
 	intactOK bool
 }
 
@@ -247,7 +248,7 @@ func runFaults(t *testing.T, f Faults, count, size int) faultRun {
 	go func() {
 		defer wg.Done()
 		r := recvBufs(64)
-		want := make([]byte, MaxPacketSize)
+		want := make([]byte, udp.MaxPacketSize)
 		for {
 			k, err := lb.Recv(r)
 			if err != nil {
@@ -265,7 +266,7 @@ func runFaults(t *testing.T, f Faults, count, size int) faultRun {
 			mu.Unlock()
 		}
 	}()
-	batch := make([]Packet, 32)
+	batch := make([]udp.Packet, 32)
 	bufs := make([][]byte, len(batch))
 	for i := range bufs {
 		bufs[i] = make([]byte, size)
@@ -273,7 +274,7 @@ func runFaults(t *testing.T, f Faults, count, size int) faultRun {
 	for sent := 0; sent < count; {
 		k := min(len(batch), count-sent)
 		for i := range k {
-			batch[i] = Packet{Buf: testPayload(bufs[i], uint32(sent+i), size), Addr: addrB, SrcPort: 0xc000}
+			batch[i] = udp.Packet{Buf: testPayload(bufs[i], uint32(sent+i), size), Addr: addrB, SrcPort: 0xc000}
 		}
 		if err := la.Send(batch[:k]); err != nil {
 			t.Fatal(err)
@@ -425,7 +426,7 @@ func TestMemFaultsReproducible(t *testing.T) {
 func TestMemSetFaults(t *testing.T) {
 	n, la, lb := newPair(t, Faults{Loss: 1}, addrA, addrB)
 	buf := testPayload(make([]byte, 64), 1, 64)
-	if err := la.Send([]Packet{{Buf: buf, Addr: addrB}}); err != nil {
+	if err := la.Send([]udp.Packet{{Buf: buf, Addr: addrB}}); err != nil {
 		t.Fatal(err)
 	}
 	if c := n.Counters(); c.Lost != 1 {
@@ -433,7 +434,7 @@ func TestMemSetFaults(t *testing.T) {
 	}
 	n.SetFaults(Faults{Delay: 30 * time.Millisecond})
 	start := time.Now()
-	if err := la.Send([]Packet{{Buf: buf, Addr: addrB}}); err != nil {
+	if err := la.Send([]udp.Packet{{Buf: buf, Addr: addrB}}); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 20*time.Millisecond {
@@ -452,7 +453,7 @@ func TestMemReorderHoldTimer(t *testing.T) {
 	_, la, lb := newPair(t, Faults{Reorder: 1, ReorderHold: 5 * time.Millisecond}, addrA, addrB)
 	buf := testPayload(make([]byte, 64), 1, 64)
 	start := time.Now()
-	if err := la.Send([]Packet{{Buf: buf, Addr: addrB}}); err != nil {
+	if err := la.Send([]udp.Packet{{Buf: buf, Addr: addrB}}); err != nil {
 		t.Fatal(err)
 	}
 	r := recvBufs(1)
@@ -495,8 +496,8 @@ func BenchmarkMemBaseline(b *testing.B) {
 	for _, size := range []int{1024, 4096} {
 		b.Run(map[int]string{1024: "1KiB", 4096: "4KiB"}[size], func(b *testing.B) {
 			src := testPayload(make([]byte, size), 1, size)
-			mid := make([]byte, MaxPacketSize)
-			dst := make([]byte, MaxPacketSize)
+			mid := make([]byte, udp.MaxPacketSize)
+			dst := make([]byte, udp.MaxPacketSize)
 			const batch = 64
 			b.SetBytes(int64(size * batch))
 			b.ReportAllocs()
@@ -522,8 +523,8 @@ func FuzzMemRecv(f *testing.F) {
 	f.Add(make([]byte, 15))
 	f.Add(testPayload(make([]byte, 64), 1, 64))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if len(data) > MaxPacketSize {
-			data = data[:MaxPacketSize]
+		if len(data) > udp.MaxPacketSize {
+			data = data[:udp.MaxPacketSize]
 		}
 		n := NewMemNetwork(Faults{})
 		la, _ := n.Link(addrA)
@@ -531,10 +532,10 @@ func FuzzMemRecv(f *testing.F) {
 		defer la.Close()
 		defer lb.Close()
 		sentinel := testPayload(make([]byte, 64), 0xabcdef, 64)
-		if err := la.SendRaw([]Packet{{Buf: data, Addr: addrB, SrcPort: 0xc001}}); err != nil {
+		if err := la.SendRaw([]udp.Packet{{Buf: data, Addr: addrB, SrcPort: 0xc001}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := la.Send([]Packet{{Buf: sentinel, Addr: addrB, SrcPort: 0xc001}}); err != nil {
+		if err := la.Send([]udp.Packet{{Buf: sentinel, Addr: addrB, SrcPort: 0xc001}}); err != nil {
 			t.Fatal(err)
 		}
 		r := recvBufs(2)
@@ -545,7 +546,7 @@ func FuzzMemRecv(f *testing.F) {
 			}
 			for i := range k {
 				b := r[i].Buf
-				if computeICRC(addrA, addrB, 0xc001, 0, b) != icrc.Load(b) {
+				if udp.ComputeICRC(addrA, addrB, 0xc001, 0, b) != icrc.Load(b) {
 					t.Fatalf("Recv returned a datagram with a bad ICRC")
 				}
 				if bytes.Equal(b, sentinel) {
@@ -572,11 +573,11 @@ func TestMemTap(t *testing.T) {
 	n.SetTap(func(src, dst netip.Addr, port uint16, tos uint8, payload []byte) {
 		got = append(got, seen{src, dst, port, tos, bytes.Clone(payload)})
 	})
-	p := []Packet{{Buf: testPayload(make([]byte, 64), 1, 64), Addr: addrB, SrcPort: 0xc001, TOS: ECNECT0}}
+	p := []udp.Packet{{Buf: testPayload(make([]byte, 64), 1, 64), Addr: addrB, SrcPort: 0xc001, TOS: udp.ECNECT0}}
 	if err := la.Send(p); err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0].src != addrA || got[0].dst != addrB || got[0].port != 0xc001 || got[0].tos != ECNECT0 || !bytes.Equal(got[0].payload, p[0].Buf) {
+	if len(got) != 1 || got[0].src != addrA || got[0].dst != addrB || got[0].port != 0xc001 || got[0].tos != udp.ECNECT0 || !bytes.Equal(got[0].payload, p[0].Buf) {
 		t.Fatalf("tap saw %+v", got)
 	}
 	n.SetTap(nil)
@@ -595,11 +596,11 @@ func TestMemCEMark(t *testing.T) {
 	var ce, notECTMarked int
 	buf := make([]byte, 64)
 	for i := range count {
-		tos := uint8(ECNECT0)
+		tos := uint8(udp.ECNECT0)
 		if i%2 == 1 {
 			tos = 0xb8 // DSCP EF, Not-ECT
 		}
-		if err := la.Send([]Packet{{Buf: testPayload(buf, uint32(i), 64), Addr: addrB, TOS: tos}}); err != nil {
+		if err := la.Send([]udp.Packet{{Buf: testPayload(buf, uint32(i), 64), Addr: addrB, TOS: tos}}); err != nil {
 			t.Fatal(err)
 		}
 		k, err := lb.Recv(r)
@@ -607,11 +608,11 @@ func TestMemCEMark(t *testing.T) {
 			t.Fatalf("Recv = %d, %v", k, err)
 		}
 		switch {
-		case tos == ECNECT0 && r[0].TOS == ECNCE:
+		case tos == udp.ECNECT0 && r[0].TOS == udp.ECNCE:
 			ce++
 		case tos == 0xb8 && r[0].TOS != 0xb8:
 			notECTMarked++
-		case tos == ECNECT0 && r[0].TOS != ECNECT0:
+		case tos == udp.ECNECT0 && r[0].TOS != udp.ECNECT0:
 			t.Fatalf("TOS %#x became %#x", tos, r[0].TOS)
 		}
 	}

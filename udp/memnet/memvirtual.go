@@ -1,8 +1,9 @@
-package udp
+package memnet
 
 import (
 	"errors"
 	"fmt"
+	"github.com/gorocev2/rocev2/udp"
 	"net"
 	"slices"
 	"strings"
@@ -77,7 +78,7 @@ func (n *MemNetwork) now() time.Time {
 }
 
 // stage records packets l sends in virtual time. Called with n.mu held.
-func (n *MemNetwork) stage(l *MemLink, pkts []Packet) {
+func (n *MemNetwork) stage(l *MemLink, pkts []udp.Packet) {
 	now := n.vnow()
 	for i := range pkts {
 		b := l.copyOut(&pkts[i])
@@ -146,7 +147,7 @@ func (l *MemLink) idle() {
 // recvVirtual is Recv in virtual time: it takes up to len(pkts) packets
 // from the receive queue, which Step fills, and marks the link idle while
 // it blocks.
-func (l *MemLink) recvVirtual(pkts []Packet) (int, error) {
+func (l *MemLink) recvVirtual(pkts []udp.Packet) (int, error) {
 	n := l.net
 	for {
 		n.mu.Lock()
@@ -286,7 +287,7 @@ func (n *MemNetwork) runEvents(end time.Time) {
 }
 
 // ErrNotVirtual is returned by Step on a network that runs in real time.
-var ErrNotVirtual = errors.New("udp: network is not in virtual time")
+var ErrNotVirtual = errors.New("memnet: network is not in virtual time")
 
 // Step runs the network up to the clock's current time (see the section
 // on virtual time): it enters every staged packet, lets every departure
@@ -313,7 +314,7 @@ func (n *MemNetwork) Step() error {
 			return nil
 		}
 	}
-	return fmt.Errorf("udp: virtual network step: still busy after %d rounds at one time", maxStepCycles)
+	return fmt.Errorf("memnet: virtual network step: still busy after %d rounds at one time", maxStepCycles)
 }
 
 // waitQuiet waits until no link is busy.
@@ -343,7 +344,7 @@ func (n *MemNetwork) waitQuiet() error {
 				}
 			}
 			n.mu.Unlock()
-			return fmt.Errorf("udp: virtual network: links %s still busy after %v (no receiver?)", strings.Join(names, ", "), QuiesceTimeout)
+			return fmt.Errorf("memnet: virtual network: links %s still busy after %v (no receiver?)", strings.Join(names, ", "), QuiesceTimeout)
 		}
 	}
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package memnet
+
+const raceEnabled = false
