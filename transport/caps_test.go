@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // capableLink is an in-memory link with every optional capability
 // (udp.GSOLink, udp.InPlaceRecvLink, udp.PollLink).
 type capableLink struct {
-	*udp.MemLink
+	*memnet.MemLink
 	inPlace bool
 	closed  atomic.Bool
 }
@@ -45,7 +46,7 @@ func (s *sendCounter) Send(pkts []udp.Packet) error { s.n++; return s.Link.Send(
 // output batches, receiving in place, polling waiters — because it asks
 // for the capabilities by name and the wrapper forwards them.
 func TestWrappedLinkCapabilities(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	for i, wrap := range []func(udp.Link) udp.Link{
 		func(l udp.Link) udp.Link { return l },
 		func(l udp.Link) udp.Link { return &sendCounter{Wrap: udp.Wrap{Link: l}} },

@@ -9,6 +9,7 @@ import (
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
 	"github.com/gorocev2/rocev2/udp/memnet"
 )
 

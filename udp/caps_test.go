@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // capLink is an in-memory link with every optional capability, recording
 // the calls that reach it.
 type capLink struct {
-	*udp.MemLink
+	*memnet.MemLink
 	inPlace bool
 	tries   int
 	wakes   int
@@ -38,7 +39,7 @@ type masked struct{ udp.Wrap }
 func (m masked) Capabilities() udp.Capabilities { return m.Wrap.Capabilities() &^ udp.CapPoll }
 
 func TestCapabilities(t *testing.T) {
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	ml, err := n.Link(netip.MustParseAddr("192.0.2.1"))
 	if err != nil {
 		t.Fatal(err)

@@ -142,7 +142,7 @@ func TestWriterCountsAndSnapLen(t *testing.T) {
 	if wc.SnapLen() != 128 {
 		t.Fatalf("SnapLen %d", wc.SnapLen())
 	}
-	n := udp.NewMemNetwork(udp.Faults{})
+	n := memnet.NewMemNetwork(memnet.Faults{})
 	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
 	la, _ := n.Link(a)
 	lb, _ := n.Link(b)
