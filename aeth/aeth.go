@@ -1,7 +1,9 @@
 // Package aeth implements the ACK Extended Transport Header (AETH), its
 // syndrome (ACK, RNR NAK, NAK), the RNR timer table, and the Atomic ACK
 // Extended Transport Header (AtomicAckETH) that follows the AETH in an
-// RC_ATOMIC_ACKNOWLEDGE.
+// RC_ATOMIC_ACKNOWLEDGE, and the selective acknowledgement (SACK) block
+// that two rocev2 peers which negotiated selective repeat put after the
+// AETH of an RC ACKNOWLEDGE (sack.go).
 //
 // A wire package: it imports nothing of this module. packet and rocelayer
 // build on the header views; memreg maps its errors to NAKCodes and

@@ -138,6 +138,7 @@ func (mr *MR) Deregister() error {
 	t.slot(mr.key >> 8).Store(nil)
 	t.freeIndex(mr.key >> 8)
 	mr.pd.nMR--
+	mr.pd.idleLocked()
 	t.usage.MRs--
 	t.usage.Bytes -= uint64(mr.n)
 	t.mu.Unlock()

@@ -301,6 +301,7 @@ func (mw *MW) Dealloc() error {
 	t.slot(mw.idx).Store(nil)
 	t.freeIndex(mw.idx)
 	mw.pd.nMW--
+	mw.pd.idleLocked()
 	t.usage.MWs--
 	t.mu.Unlock()
 	mw.retire(old)

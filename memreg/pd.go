@@ -11,6 +11,9 @@ type PD struct {
 	nMR, nMW int
 	users    int // objects (QPs, SRQs) that hold the PD: Acquire
 	dead     bool
+	// lazy: DeallocWhenIdle was called; the PD goes when nothing is left
+	// in it.
+	lazy bool
 }
 
 // AllocPD creates a protection domain.
@@ -56,6 +59,7 @@ func (pd *PD) Release() {
 	if pd.users > 0 {
 		pd.users--
 	}
+	pd.idleLocked()
 }
 
 // Dealloc releases the PD. It fails with ErrBusy while regions or windows
@@ -76,4 +80,30 @@ func (pd *PD) Dealloc() error {
 	pd.dead = true
 	t.usage.PDs--
 	return nil
+}
+
+// DeallocWhenIdle releases the PD now if nothing is left in it, else as
+// soon as its last region and window are deregistered and its last holder
+// released: for a PD whose owner goes away while its user still holds
+// regions in it (a failed connection attempt, say). It fails with
+// ErrClosed if the PD is released already.
+func (pd *PD) DeallocWhenIdle() error {
+	t := pd.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if pd.dead {
+		return fmt.Errorf("memreg: dealloc PD: %w", ErrClosed)
+	}
+	pd.lazy = true
+	pd.idleLocked()
+	return nil
+}
+
+// idleLocked releases a PD marked by DeallocWhenIdle once it is empty.
+// Called with t.mu held.
+func (pd *PD) idleLocked() {
+	if pd.lazy && !pd.dead && pd.nMR == 0 && pd.nMW == 0 && pd.users == 0 {
+		pd.dead = true
+		pd.t.usage.PDs--
+	}
 }

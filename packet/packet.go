@@ -68,7 +68,9 @@ type Packet struct {
 	// DETH is the datagram extended transport header, or nil.
 	DETH deth.DETH
 	// Payload is the payload without the pad. Its capacity ends at the
-	// payload, so appending to it never overwrites the pad or ICRC.
+	// payload, so appending to it never overwrites the pad or ICRC. For an
+	// RC ACKNOWLEDGE it is empty or a selective repeat peer's SACK block
+	// (aeth.SACK).
 	Payload []byte
 	// ICRC is the trailer as stored (little-endian in the last 4 bytes).
 	ICRC uint32
@@ -207,7 +209,9 @@ func (p *Packet) Decode(b []byte) Fault {
 	}
 	rest := end - off - info.HeaderLen // payload + pad
 	pad := h.PadCount()
-	if !info.Payload && rest != 0 {
+	if !info.Payload && rest != 0 && !(op == bth.RCAck && pad == 0 && aeth.IsSACK(b[off+aeth.Size:end])) {
+		// The one exception: a selective repeat peer's SACK block
+		// after an RC ACKNOWLEDGE's AETH (aeth.SACK), exactly one.
 		return FaultUnexpectedPayload
 	}
 	if pad > rest || rest%4 != 0 {
@@ -335,7 +339,7 @@ func Build(buf []byte, f *Fields) (int, error) {
 	if !info.Valid {
 		return 0, fmt.Errorf("%w: cannot build opcode 0x%02x", ErrUnknownOpcode, uint8(op))
 	}
-	if !info.Payload && len(f.Payload) != 0 {
+	if !info.Payload && len(f.Payload) != 0 && !(op == bth.RCAck && aeth.IsSACK(f.Payload)) {
 		return 0, fmt.Errorf("%w: %v carries no payload, got %d bytes", ErrUnexpectedPayload, op, len(f.Payload))
 	}
 	pad := bth.PadFor(len(f.Payload))

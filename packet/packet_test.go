@@ -247,6 +247,8 @@ func TestParseErrors(t *testing.T) {
 		{"CNP truncated", build(t, bth.CNP, nil)[:12+15+4], ErrTruncated},
 		{"UD truncated DETH", build(t, bth.UDSendOnly, nil)[:12+7+4], ErrTruncated},
 		{"ACK with payload", append(append([]byte(nil), ack[:16]...), 0, 0, 0, 0, 0, 0, 0, 0), ErrUnexpectedPayload},
+		{"ACK with a SACK block and a trailing word", append(append([]byte(nil), ack[:16]...), 'S', 'R', 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), ErrUnexpectedPayload},
+		{"ACK with a SACK block of a wrong version", append(append([]byte(nil), ack[:16]...), 'S', 'R', 2, 1, 0, 0, 0, 0, 0, 0, 0, 0), ErrUnexpectedPayload},
 		{"READ request with payload", append(build(t, bth.RCReadRequest, nil), 1, 2, 3, 4), ErrUnexpectedPayload},
 		{"CNP with payload", append(build(t, bth.CNP, nil), 0, 0, 0, 0), ErrUnexpectedPayload},
 		{"ACK with pad count", mod(ack, func(b []byte) { b[1] |= 0x30 }), ErrBadPadCount},
@@ -482,5 +484,38 @@ func TestOpcodeTableCopy(t *testing.T) {
 		if infos[op] != op.Info() {
 			t.Errorf("opcode %#02x: infos %+v, bth %+v", i, infos[op], op.Info())
 		}
+	}
+}
+
+// TestSACKAfterAETH: an RC ACKNOWLEDGE may carry exactly one selective
+// repeat SACK block after its AETH (aeth.SACK); Parse hands it over as the
+// payload and Build writes it back byte for byte. No other opcode may.
+func TestSACKAfterAETH(t *testing.T) {
+	var sk [aeth.SACKMaxSize]byte
+	block := sk[:aeth.EncodeSACK(sk[:], []uint32{0xc0000000, 0, 0, 5})]
+	f := Fields{BTH: bth.Fields{Opcode: bth.RCAck, PKey: 0xffff, DestQP: 0x11, PSN: 0x123},
+		AETH: aeth.Fields{Syndrome: aeth.NAK(aeth.NAKPSNSeqError), MSN: 7}, Payload: block}
+	buf := make([]byte, 128)
+	n, err := Build(buf, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != bth.Size+aeth.Size+len(block)+ICRCSize {
+		t.Fatalf("length %d", n)
+	}
+	var p Packet
+	if err := p.Parse(buf[:n]); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.Payload, block) || p.BTH.PadCount() != 0 || p.AETH.MSN() != 7 {
+		t.Fatalf("payload % x pad %d msn %d", p.Payload, p.BTH.PadCount(), p.AETH.MSN())
+	}
+	f.BTH.Opcode = bth.RCAtomicAck
+	if _, err := Build(buf, &f); !errors.Is(err, ErrUnexpectedPayload) {
+		t.Fatalf("a SACK block after an ATOMIC ACKNOWLEDGE: %v", err)
+	}
+	f.BTH.Opcode, f.Payload = bth.RCAck, block[:len(block)-4]
+	if _, err := Build(buf, &f); !errors.Is(err, ErrUnexpectedPayload) {
+		t.Fatalf("a truncated SACK block: %v", err)
 	}
 }

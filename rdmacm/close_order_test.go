@@ -59,7 +59,8 @@ func TestCloseAfterReceive(t *testing.T) {
 		closed := make(chan struct{})
 		go func() { ca.Close(); close(closed) }()
 		if _, err := cb.SendCQ().Wait(ctxT(t, 5*time.Second), wc[:]); err != nil || wc[0].Err() != nil {
-			t.Fatalf("run %d: the sender's SEND, received by the peer before it disconnected: %v %v", i, err, wc[0].Err())
+			t.Fatalf("run %d: the sender's SEND, received by the peer before it disconnected: %v %v (sender's connection: %v; sender %+v; receiver %+v)",
+				i, err, wc[0].Err(), cb.Err(), StatsOf(db), StatsOf(da))
 		}
 		<-closed
 		cb.Close()

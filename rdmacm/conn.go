@@ -59,6 +59,22 @@ type Options struct {
 	// LocalPort is the active side's rdma_cm port in the request's header
 	// (default: a random ephemeral port, as the kernel picks one).
 	LocalPort uint16
+	// SelectiveRepeat offers (Dial) or accepts (Accept) selective repeat
+	// through ECE (ece.go): the QP runs it only if both sides set it. A
+	// peer that does not answer (rxe, hardware) gets go-back-N.
+	SelectiveRepeat bool
+	// KeepAlive is how long an established connection may stay silent
+	// (no packet from the peer) before it sends the peer a keep-alive
+	// probe: a zero-length RDMA WRITE, which any verbs peer's QP answers
+	// by itself (transport.QP.Probe). Zero selects DefaultKeepAlive (15
+	// s); a negative value turns keep-alive off. KeepAliveTimeout is how
+	// long a probe may go unanswered before the connection is declared
+	// dead (default DefaultKeepAliveTimeout, 10 s); the QP's own retry
+	// count usually declares a dead peer sooner (Retry: about 0.5 s at
+	// the default timeout 14 and retry count 7). A dead idle peer ends
+	// the connection (Done, Err matching ErrKeepAlive) at most
+	// 2×KeepAlive + KeepAliveTimeout after it died.
+	KeepAlive, KeepAliveTimeout time.Duration
 }
 
 // check reports options that contradict each other.
@@ -112,6 +128,12 @@ func (o *Options) withDefaults() Options {
 	if r.MaxRetries <= 0 {
 		r.MaxRetries = 15
 	}
+	if r.KeepAlive == 0 {
+		r.KeepAlive = DefaultKeepAlive
+	}
+	if r.KeepAliveTimeout <= 0 {
+		r.KeepAliveTimeout = DefaultKeepAliveTimeout
+	}
 	return r
 }
 
@@ -159,6 +181,8 @@ type Conn struct {
 	peerData          []byte
 	listener          *Listener
 	req               cm.REQFields // passive: the request
+	localECE          ECE          // what our REQ or REP carries
+	remoteECE         ECE          // what the peer's REQ or REP carried
 
 	// Under m.mu:
 	state   connState
@@ -172,6 +196,12 @@ type Conn struct {
 	estab       chan struct{} // closed when established, or failed before it
 	done        chan struct{} // closed when the connection has ended
 	ended       bool
+	life        life // teardown cause, stale handling, indexes (life.go)
+	// Keep-alive (keepalive.go).
+	kaTimer   transport.Timer
+	kaHeard   uint64 // the QP's Activity at the last tick
+	kaProbing bool   // a probe went out and nothing was heard since
+	kaSince   time.Time
 }
 
 // QP returns the connection's QP.
@@ -199,11 +229,17 @@ func (c *Conn) LocalAddr() netip.AddrPort { return netip.AddrPortFrom(c.m.dev.Ad
 func (c *Conn) RemoteAddr() netip.AddrPort { return netip.AddrPortFrom(c.peer, c.remotePort) }
 
 // Done returns a channel closed when the connection has ended: the peer
-// disconnected, Close ran, or the device closed.
+// disconnected, Close ran, the device closed, the QP failed (a work
+// request's retries ran out, a remote access or operational error, ...)
+// or the peer answered no keep-alive probe. Err then says why.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
-// Err returns why the connection ended (nil while it is up; ErrClosed
-// after a local Close or a peer's disconnect).
+// Err returns why the connection ended: nil while it is up; ErrClosed
+// after a local Close or a closed device (then also
+// transport.ErrClosed); ErrDisconnected (which matches ErrClosed) after
+// the peer's DREQ; ErrQPFailed wrapping the QP's error (a
+// *transport.WCError: errors.As, then Status) when the QP failed;
+// ErrKeepAlive when the peer stopped answering keep-alive probes.
 func (c *Conn) Err() error {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
@@ -235,6 +271,7 @@ func (c *Conn) setupQP() error {
 			return err
 		}
 		o.PD = pd
+		c.life.ownPD = pd
 		c.owned = append(c.owned, func() error {
 			if err := pd.Dealloc(); err != nil {
 				return fmt.Errorf("rdmacm: the connection's PD (deregister its memory regions first): %w", err)
@@ -249,7 +286,7 @@ func (c *Conn) setupQP() error {
 				return err
 			}
 			*cq = q
-			c.owned = append(c.owned, q.Destroy)
+			c.owned = append(c.owned, func() error { return q.DestroyCause(c.closedCause()) })
 		}
 	}
 	qp, err := dev.CreateQP(o.PD, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: o.SendCQ, RecvCQ: o.RecvCQ,
@@ -258,8 +295,16 @@ func (c *Conn) setupQP() error {
 		return err
 	}
 	c.setQP(qp)
-	c.owned = append(c.owned, qp.Destroy)
+	c.owned = append(c.owned, func() error { return qp.DestroyCause(c.closedCause()) })
 	return qp.Init(o.Access)
+}
+
+// closedCause is what the QP and CQs the connection destroys answer
+// their later callers and waiters with (see closedCause).
+func (c *Conn) closedCause() error {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	return closedCause(c.err)
 }
 
 // setQP records the connection's QP (the manager reads it under its lock).
@@ -323,12 +368,12 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 		c.localPort = uint16(32768 + random32()%28232) // the kernel's ephemeral range
 	}
 	if err := c.setupQP(); err != nil {
-		c.release()
+		c.releaseFailed()
 		return nil, fmt.Errorf("rdmacm: Dial: %w", err)
 	}
 	if o.Prepare != nil {
 		if err := o.Prepare(c.qp); err != nil {
-			c.release()
+			c.releaseFailed()
 			return nil, fmt.Errorf("rdmacm: Dial: prepare: %w", err)
 		}
 	}
@@ -357,16 +402,20 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 	}
 	hdr := cm.CMAHeaderFields{Version: cm.CMAVersion, SrcPort: c.localPort, Src: dev.Addr(), Dst: peer}
 	if err := cm.CMAHeader(req.PrivateData[:cm.CMAHeaderSize]).Encode(&hdr); err != nil {
-		c.release()
+		c.releaseFailed()
 		return nil, fmt.Errorf("rdmacm: Dial: %w", err)
 	}
 	copy(req.PrivateData[cm.CMAHeaderSize:], o.PrivateData)
+	if o.SelectiveRepeat {
+		c.localECE = ECE{VendorID: VendorID, Options: ECESelectiveRepeat}
+		req.VendorID = VendorID
+	}
 
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		c.release()
-		return nil, ErrClosed
+		c.releaseFailed()
+		return nil, errDeviceClosed
 	}
 	c.localID = m.newLocalID()
 	req.LocalCommID = c.localID
@@ -379,7 +428,7 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 		m.mu.Lock()
 		c.finishLocked(err)
 		m.mu.Unlock()
-		c.release()
+		c.releaseFailed()
 		return nil, fmt.Errorf("rdmacm: Dial: %w", err)
 	}
 	return c, c.waitEstablished(ctx)
@@ -406,7 +455,7 @@ func (c *Conn) waitEstablished(ctx context.Context) error {
 	if est {
 		return nil
 	}
-	c.release()
+	c.releaseFailed()
 	if err == nil {
 		err = ErrClosed
 	}
@@ -455,7 +504,7 @@ func putGUID(b []byte, g uint64) {
 // on each response timeout while the state waits for an answer.
 func (c *Conn) sendLocked(msg cm.Message) error {
 	c.retries = 0
-	err := c.m.send(c.peer, c.opts.TrafficClass, c.tid, msg, &c.out)
+	err := c.m.sendMod(c.peer, c.opts.TrafficClass, c.tid, msg, &c.out, c.eceMod(msg))
 	c.armLocked(c.opts.ResponseTimeout)
 	return err
 }
@@ -508,8 +557,19 @@ func (c *Conn) onTimer() {
 		putGUID(rej.ARI[:], m.guid)
 		var out [transport.MADSize]byte
 		m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
-		c.finishLocked(ErrTimeout)
+		c.endedBy(CauseTimeout)
+		if c.life.rej != nil { // the peer kept calling it stale
+			c.finishLocked(c.life.rej)
+			return
+		}
+		op, msg := "Dial", "REQ"
+		if !c.active {
+			op, msg = "Accept", "REP"
+		}
+		c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %d %ss sent, %v apart, none answered", op,
+			netip.AddrPortFrom(c.peer, c.remotePort), ErrTimeout, c.retries+1, msg, c.opts.ResponseTimeout))
 	case stDREQSent:
+		c.endedBy(CauseTimeout)
 		c.timeWaitLocked(ErrClosed)
 	}
 }
@@ -525,9 +585,12 @@ func (c *Conn) finishLocked(err error) {
 	if c.state == stEstablished || c.state == stDREQSent || c.state == stTimeWait {
 		m.st.disconnected.Add(1)
 	}
-	if c.listener != nil && (c.state == stREQRcvd || c.state == stREPSent) {
-		c.listener.halfOpen--
+	c.endedBy(causeOf(err))
+	c.leaveHalfOpenLocked()
+	if c.state == stTimeWait {
+		m.timeWait--
 	}
+	c.unindexQPNLocked()
 	c.state = stClosed
 	if c.err == nil {
 		c.err = err
@@ -537,6 +600,9 @@ func (c *Conn) finishLocked(err error) {
 	}
 	if c.acceptTimer != nil {
 		c.acceptTimer.Stop()
+	}
+	if c.kaTimer != nil {
+		c.kaTimer.Stop()
 	}
 	if m.conns[c.localID] == c {
 		delete(m.conns, c.localID)
@@ -566,15 +632,18 @@ func (c *Conn) timeWaitLocked(err error) {
 	if c.state == stTimeWait || c.ended {
 		return
 	}
-	if c.listener != nil && (c.state == stREQRcvd || c.state == stREPSent) {
-		c.listener.halfOpen--
-	}
+	c.endedBy(causeOf(err))
+	c.leaveHalfOpenLocked()
 	c.state = stTimeWait
+	c.m.timeWait++
 	if c.err == nil {
 		c.err = err
 	}
 	if c.timer != nil {
 		c.timer.Stop()
+	}
+	if c.kaTimer != nil {
+		c.kaTimer.Stop()
 	}
 	select {
 	case <-c.estab:
@@ -589,7 +658,7 @@ func (c *Conn) timeWaitLocked(err error) {
 	default:
 		close(c.done)
 	}
-	c.m.clock.AfterFunc(c.opts.ResponseTimeout, func() {
+	c.m.clock.AfterFunc(timeWaitFor(&c.opts), func() {
 		c.m.mu.Lock()
 		defer c.m.mu.Unlock()
 		if c.ended {
@@ -597,6 +666,8 @@ func (c *Conn) timeWaitLocked(err error) {
 		}
 		c.ended = true
 		c.m.st.disconnected.Add(1)
+		c.m.timeWait--
+		c.unindexQPNLocked()
 		c.state = stClosed
 		if c.timer != nil {
 			c.timer.Stop()
@@ -637,6 +708,7 @@ func (c *Conn) Close() error {
 		// rdma_disconnect does, left rping's client in the VM with an
 		// unanswered SEND and, now and then, a failed run).
 		c.qp.SendQueued()
+		c.endedBy(CauseLocalClose)
 		dreq := &cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN}
 		c.state = stDREQSent
 		c.max = min(c.opts.MaxRetries, 2)
@@ -657,7 +729,7 @@ func (c *Conn) Close() error {
 }
 
 // onREP: the passive side accepted (active side).
-func (m *manager) onREP(mad *transport.MAD, f *cm.REPFields) {
+func (m *manager) onREP(mad *transport.MAD, h *cm.HeaderFields, f *cm.REPFields) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.conns[f.RemoteCommID]
@@ -679,12 +751,15 @@ func (m *manager) onREP(mad *transport.MAD, f *cm.REPFields) {
 	}
 	c.remoteID = f.LocalCommID
 	c.params.DestQPN = f.LocalQPN
+	c.indexQPNLocked()
 	c.params.SQPSN = f.StartingPSN
 	c.params.MaxRdAtomic = max(1, min(c.params.MaxRdAtomic, f.ResponderResources))
 	rt := *c.opts.Retry
 	rt.RNRRetry = f.RNRRetryCount
 	c.params.Retry = &rt
 	c.peerData = append([]byte(nil), f.PrivateData[:]...)
+	c.remoteECE = ECE{VendorID: f.VendorID, Options: h.AttributeModifier}
+	c.params.SelectiveRepeat = c.opts.SelectiveRepeat && c.remoteECE.offersSR()
 	if err := c.qp.Connect(c.params); err != nil {
 		rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: cm.KindREP, Reason: cm.RejConsumer}
 		var out [transport.MADSize]byte
@@ -699,6 +774,7 @@ func (m *manager) onREP(mad *transport.MAD, f *cm.REPFields) {
 		c.timer.Stop()
 	}
 	m.st.established.Add(1)
+	c.startLivenessLocked()
 	close(c.estab)
 }
 
@@ -715,24 +791,62 @@ func (m *manager) onMRA(f *cm.MRAFields) {
 	c.armLocked(cm.Timeout(f.ServiceTimeout) + c.opts.ResponseTimeout)
 }
 
-// onREJ: the peer rejected a request or reply.
+// onREJ: the peer rejected a request or reply. The connection it names
+// is found as Linux's CM finds it (cm_acquire_rejected_id): a REJ of a
+// REQ by our ID alone (the peer had none to give), a REJ "timeout" from a
+// requester that gave up by its own ID (from the address it dialed from,
+// and only while the request is half-open), and any other by both IDs;
+// the source address must be the peer's in every case. So a REJ that
+// knows one ID cannot end an established connection.
 func (m *manager) onREJ(mad *transport.MAD, f *cm.REJFields) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c := m.conns[f.RemoteCommID]
-	if c == nil || c.peer != mad.Src {
+	m.st.rejRecv[reasonSlot(f.Reason)].Add(1)
+	var c *Conn
+	switch {
+	case f.MessageRejected == cm.KindREQ && f.Reason != cm.RejTimeout:
+		if k := m.conns[f.RemoteCommID]; k != nil && k.active && k.state == stREQSent && k.peer == mad.Src {
+			c = k
+		}
+	case f.Reason == cm.RejTimeout && f.MessageRejected == cm.KindREQ:
 		// A requester that gives up before it knows our ID rejects with
 		// its own only.
-		c = m.remote[remoteKey{mad.Src, f.LocalCommID}]
+		if k := m.remote[remoteKey{mad.Src, f.LocalCommID}]; k != nil && (k.state == stREQRcvd || k.state == stREPSent) {
+			c = k
+		}
+	default:
+		if k := m.conns[f.RemoteCommID]; k != nil && k.remoteID == f.LocalCommID && k.peer == mad.Src {
+			c = k
+		}
 	}
 	if c == nil {
+		if k := m.conns[f.RemoteCommID]; k != nil {
+			m.st.spoofDropped.Add(1) // one ID right, the other or the address wrong
+		}
+		if f.Reason == cm.RejTimeout && f.MessageRejected == cm.KindREQ {
+			// Its REQ may be waiting still (requests are handled after
+			// answers): it is not to be served.
+			if len(m.gaveUp) >= 256 {
+				clear(m.gaveUp)
+			}
+			m.gaveUp[remoteKey{mad.Src, f.LocalCommID}] = true
+		}
 		m.st.unknown.Add(1)
 		return
 	}
+	rej := &RejectError{Reason: f.Reason, PrivateData: append([]byte(nil), f.PrivateData[:]...)}
 	switch c.state {
-	case stREQSent, stREQRcvd, stREPSent:
-		c.finishLocked(&RejectError{Reason: f.Reason, PrivateData: append([]byte(nil), f.PrivateData[:]...)})
+	case stREQSent:
+		if f.Reason == cm.RejStaleConn && c.staleRetryLocked(rej) {
+			return
+		}
+		c.endedBy(CausePeerReject)
+		c.finishLocked(rej)
+	case stREQRcvd, stREPSent:
+		c.endedBy(CausePeerReject)
+		c.finishLocked(rej)
 	case stEstablished, stDREQSent:
+		c.endedBy(CausePeerReject)
 		c.timeWaitLocked(&RejectError{Reason: f.Reason})
 	default:
 		m.st.unknown.Add(1)
@@ -765,9 +879,10 @@ func (c *Conn) establishPassiveLocked() {
 	if c.timer != nil {
 		c.timer.Stop()
 	}
+	c.leaveHalfOpenLocked()
 	c.state = stEstablished
-	c.listener.halfOpen--
 	c.m.st.established.Add(1)
+	c.startLivenessLocked()
 	close(c.estab)
 }
 
@@ -779,6 +894,7 @@ func (m *manager) onDREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.DREQField
 	c := m.conns[f.RemoteCommID]
 	if c == nil || c.remoteID != f.LocalCommID || c.peer != mad.Src {
 		m.st.unknown.Add(1)
+		m.st.strayDREQ.Add(1)
 		var out [transport.MADSize]byte
 		m.send(mad.Src, mad.TOS, h.TransactionID, &cm.DREPFields{LocalCommID: f.RemoteCommID, RemoteCommID: f.LocalCommID}, &out)
 		return
@@ -792,11 +908,21 @@ func (m *manager) onDREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.DREQField
 	if c.state == stTimeWait {
 		m.st.duplicates.Add(1)
 	}
+	if c.state == stEstablished && c.qp != nil && c.err == nil {
+		// The QP failed already (its watcher has not run yet): that is
+		// what ended the connection; the DREQ is the peer's view of it.
+		if cause := c.qp.Err(); cause != nil && !errors.Is(cause, transport.ErrClosed) {
+			c.err = fmt.Errorf("%w (peer %v): %w", ErrQPFailed, c.peer, cause)
+			m.st.qpFailed.Add(1)
+			c.endedBy(CauseQPFailed)
+		}
+	}
+	c.endedBy(CausePeerDisconnect)
 	drep := &cm.DREPFields{LocalCommID: c.localID, RemoteCommID: c.remoteID}
 	hd := cm.NewHeader(0, c.tid)
 	cm.Encode(c.out[:], &hd, drep)
 	c.resendLocked()
-	c.timeWaitLocked(ErrClosed)
+	c.timeWaitLocked(ErrDisconnected)
 }
 
 // onDREP: the peer confirmed our DREQ.

@@ -17,6 +17,16 @@
 //     from the peer closes Conn.Done();
 //   - ResolveUD and ListenUD do the same for UD QPs through SIDR.
 //
+// A connection ends, and Conn.Done closes with Conn.Err saying why, on
+// Close, on the peer's DREQ (ErrDisconnected), when its QP fails
+// (ErrQPFailed wrapping the QP's *transport.WCError: retry exceeded,
+// remote access error, ...), when the peer answers no keep-alive probe
+// (ErrKeepAlive; Options.KeepAlive, on by default: a zero-length RDMA
+// WRITE that any verbs peer's QP acknowledges by itself) and when the
+// device closes (ErrClosed and transport.ErrClosed). A Dial whose REQ the
+// network bounces (ICMP port unreachable, on a socket link) fails at once
+// with ErrUnreachable naming the address.
+//
 // Cancelling a Dial's context aborts it with the REJ (before the REP) or
 // DREQ (after it) that the specification asks for.
 //
@@ -31,10 +41,19 @@
 // first packet on a passive QP in RTR counts as the RTU (communication
 // established); a REQ for a service nobody listens on is answered with a
 // REJ (invalid service ID), which librdmacm reports as ECONNREFUSED; a REQ
-// for a QP pair that is already connected is rejected as stale. The
-// number of half-open connections a listener holds is bounded (its
-// backlog): a REQ flood costs a bounded amount of memory and is answered
-// with REJs. Everything the manager drops is counted (Stats).
+// from a peer QP a connection is still known to is rejected as stale and
+// that old connection torn down (DREQ, QP to ERR, Done closed with
+// ErrStale), so that a restarted peer's next attempt connects (Dial makes
+// it by itself). Ended connections pass through a bounded TimeWait; local
+// communication IDs (and the device's QP numbers) start at random, so a
+// restarted process does not repeat its previous life's. A listener sets
+// requests up concurrently, bounds each half-open one in time
+// (HalfOpenTimeout) and their number (Backlog, shedding the oldest of the
+// source holding the most); requests queue apart from answers, fairly per
+// source; a REJ or DREQ ends an established connection only when both
+// communication IDs and the address match. Everything the manager drops
+// is counted (Stats: REJs by reason, ends by cause, ...). See
+// docs/connection-life.md.
 //
 // Service IDs are rdma_cm's: the TCP port space (0x0106) for RC, the UDP
 // port space (0x0111) for UD, port in the low 16 bits. The user part of

@@ -97,7 +97,7 @@ func Example() {
 	// request from 192.0.2.2: hello
 	// connected to 192.0.2.1:7174, server said welcome
 	// server received "ping over a CM connection"
-	// server side closed: rdmacm: closed
+	// server side closed: rdmacm: disconnected by the peer
 }
 
 // Dialing a port nobody listens on fails at once with ErrRefused, as

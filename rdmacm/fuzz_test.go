@@ -75,10 +75,11 @@ func FuzzManager(f *testing.F) {
 		}
 		dev.HandlePacket(buf[:k], src)
 		m.mu.Lock()
-		held := len(m.conns)
+		held, byQPN, remote, tw, gaveUp, shed := len(m.conns), len(m.byQPN), len(m.remote), m.timeWait, len(m.gaveUp), len(m.shedIDs)
 		m.mu.Unlock()
-		if held > 64 {
-			t.Fatalf("the manager holds %d connections", held)
+		if held > 64 || byQPN > held || remote > held || tw > held || tw < 0 || gaveUp > 256 || shed > 1024 {
+			t.Fatalf("the manager holds %d connections (%d by QPN, %d by remote ID, %d in TimeWait), %d given-up and %d shed IDs",
+				held, byQPN, remote, tw, gaveUp, shed)
 		}
 	})
 }

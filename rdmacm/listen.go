@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/gorocev2/rocev2/cm"
@@ -16,9 +17,17 @@ type ListenOptions struct {
 	Options
 	// Backlog bounds the connection requests the listener holds that are
 	// not established yet, waiting for Accept or for the peer's RTU
-	// (default 128). A request beyond it is rejected (no resources), so a
-	// REQ flood costs bounded memory.
+	// (default 128). When it is full, a new request sheds the oldest
+	// half-open one of the source address that holds the most (the
+	// oldest of all when every source holds one), which is rejected (no
+	// resources): a REQ flood costs bounded memory, and a flood from one
+	// address cannot push out another's requests.
 	Backlog int
+	// HalfOpenTimeout bounds how long a request may stay half-open —
+	// waiting for the application's answer or for the requester's RTU —
+	// whatever the REQ's response timeout and retry count ask for
+	// (default 10 s); then it is rejected (timeout).
+	HalfOpenTimeout time.Duration
 }
 
 // Listener accepts rdma_cm connections on one port of the TCP port space
@@ -28,11 +37,24 @@ type Listener struct {
 	port     uint16
 	svc      uint64
 	opts     ListenOptions
-	reqs     chan *Request
+	wake     chan struct{} // a request was queued (capacity 1)
 	closedCh chan struct{}
 
-	halfOpen int  // under m.mu
-	closed   bool // under m.mu
+	// Accept's side: it accepts every request concurrently, each on its
+	// own goroutine, and hands out the established connections.
+	serveOnce sync.Once
+	ready     chan *Conn
+	ctx       context.Context // ends with the listener
+	cancel    context.CancelFunc
+
+	// Under m.mu:
+	queue  []*Conn            // requests not yet handed out by Next, in arrival order
+	half   []*Conn            // half-open requests, in arrival order (at most Backlog)
+	perSrc map[netip.Addr]int // half-open requests by source address
+	closed bool
+	// closeErr is what Next and Accept return once closed (set before
+	// closedCh closes; nil: ErrClosed).
+	closeErr error
 }
 
 // Request is a connection request waiting for the application: accept
@@ -67,14 +89,21 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 	if o.Backlog <= 0 {
 		o.Backlog = 128
 	}
+	if o.HalfOpenTimeout <= 0 {
+		o.HalfOpenTimeout = 10 * time.Second
+	}
 	l := &Listener{m: m, port: port, svc: cm.ServiceID(cm.PSTCP, port), opts: o,
-		reqs: make(chan *Request, o.Backlog), closedCh: make(chan struct{})}
+		wake: make(chan struct{}, 1), closedCh: make(chan struct{}), ready: make(chan *Conn, o.Backlog),
+		perSrc: map[netip.Addr]int{}}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, ErrClosed
+		l.cancel()
+		return nil, errDeviceClosed
 	}
 	if _, busy := m.listeners[l.svc]; busy {
+		l.cancel()
 		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w", port, ErrInUse)
 	}
 	m.listeners[l.svc] = l
@@ -84,49 +113,177 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 // Addr returns the address and port the listener accepts on.
 func (l *Listener) Addr() netip.AddrPort { return netip.AddrPortFrom(l.m.dev.Addr(), l.port) }
 
-// Next returns the next connection request.
-func (l *Listener) Next(ctx context.Context) (*Request, error) {
+// Next returns the next connection request. Use either Next (and answer
+// each request) or Accept on a listener, not both.
+func (l *Listener) Next(ctx context.Context) (*Request, error) { return l.next(ctx, false) }
+
+// next takes the oldest queued request, or with fair the oldest of the
+// source holding the fewest half-open requests.
+func (l *Listener) next(ctx context.Context, fair bool) (*Request, error) {
+	m := l.m
+	for {
+		m.mu.Lock()
+		if n := len(l.queue); n > 0 {
+			var c *Conn
+			if fair {
+				// The source holding the fewest half-open requests
+				// first, the oldest of those: a flood from one
+				// address waits behind everybody else.
+				best := 0
+				for i, x := range l.queue {
+					b := l.queue[best]
+					if x.life.retried != b.life.retried {
+						if x.life.retried {
+							best = i
+						}
+						continue
+					}
+					if l.perSrc[x.peer] < l.perSrc[b.peer] {
+						best = i
+					}
+				}
+				c = l.queue[best]
+				l.queue = append(l.queue[:best], l.queue[best+1:]...)
+			} else {
+				c = l.queue[0]
+				l.queue[0] = nil
+				l.queue = l.queue[1:]
+			}
+			c.life.queued = false
+			if n > 1 {
+				select { // another waiter may take the rest
+				case l.wake <- struct{}{}:
+				default:
+				}
+			}
+			m.mu.Unlock()
+			return &Request{c: c, l: l}, nil
+		}
+		closed, cerr := l.closed, l.closeErr
+		m.mu.Unlock()
+		if closed {
+			if cerr != nil {
+				return nil, cerr
+			}
+			return nil, ErrClosed
+		}
+		select {
+		case <-l.wake:
+		case <-l.closedCh: // looked at again above
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Accept returns the next established connection, accepted with the
+// listener's options. The listener accepts requests concurrently from the
+// first Accept on (one at a time when the options name a QP of the
+// caller's), each on its own goroutine and within the listener's
+// backlog and half-open timeout, so requests that never complete (a lost
+// or forged peer) do not hold up the others; connections established
+// while nobody waits in Accept wait for the next call (as accept(2)'s
+// queue). Use either Next or Accept on a listener, not both.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	l.serveOnce.Do(func() { go l.serve() })
 	select {
-	case r := <-l.reqs:
-		return r, nil
+	case c := <-l.ready:
+		return c, nil
+	default:
+	}
+	select {
+	case c := <-l.ready:
+		return c, nil
 	case <-l.closedCh:
+		if l.closeErr != nil {
+			return nil, l.closeErr
+		}
 		return nil, ErrClosed
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
 }
 
-// Accept waits for the next connection request, accepts it with the
-// listener's options and returns the connection once established.
-func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
-	for {
-		r, err := l.Next(ctx)
-		if err != nil {
-			return nil, err
-		}
-		o := l.opts.Options
-		c, err := r.Accept(ctx, &o)
-		if err == nil {
-			return c, nil
-		}
-		if ctx.Err() != nil {
-			return nil, err
-		}
-		// That peer went away (or its QP could not be set up): wait for
-		// the next one, as accept(2) does.
+// acceptWorkers is how many requests a listener's Accept sets up (QP,
+// REP) at once; the wait for each requester's RTU costs no worker.
+const acceptWorkers = 4
+
+// serve accepts requests until the listener closes: acceptWorkers
+// goroutines take the request of the source holding the fewest half-open
+// requests first (a flood from one address waits behind everybody else),
+// reply, and leave the wait for the RTU to a goroutine of the
+// connection's own.
+func (l *Listener) serve() {
+	if l.opts.QP != nil {
+		// The caller's one QP serves one connection at a time: each
+		// request is accepted to the end before the next is taken.
+		go func() {
+			for {
+				r, err := l.next(l.ctx, true)
+				if err != nil {
+					return
+				}
+				o := l.opts.Options
+				c, err := r.Accept(l.ctx, &o)
+				if err != nil {
+					continue
+				}
+				select {
+				case l.ready <- c:
+				case <-l.closedCh:
+					c.Close()
+				}
+			}
+		}()
+		return
+	}
+	for i := 0; i < acceptWorkers; i++ {
+		go func() {
+			for {
+				r, err := l.next(l.ctx, true)
+				if err != nil {
+					return
+				}
+				o := l.opts.Options
+				c, err := r.reply(&o)
+				if err != nil {
+					continue // that peer went away, was shed or timed out
+				}
+				go func() {
+					if c.waitEstablished(l.ctx) != nil {
+						return
+					}
+					select {
+					case l.ready <- c:
+					case <-l.closedCh:
+						c.Close()
+					}
+				}()
+			}
+		}()
 	}
 }
 
-// Close stops listening; requests not yet accepted are rejected.
+// Close stops listening; requests not yet accepted are rejected, and
+// connections established but not yet returned by Accept are closed.
 func (l *Listener) Close() error {
 	m := l.m
 	m.mu.Lock()
 	l.closeLocked()
+	queued := l.queue
+	l.queue = nil
+	for _, c := range queued {
+		c.life.queued = false
+	}
 	m.mu.Unlock()
+	l.cancel()
+	for _, c := range queued {
+		(&Request{c: c, l: l}).Reject(nil)
+	}
 	for {
 		select {
-		case r := <-l.reqs:
-			r.Reject(nil)
+		case c := <-l.ready:
+			c.Close()
 		default:
 			return nil
 		}
@@ -144,10 +301,98 @@ func (l *Listener) closeLocked() {
 	close(l.closedCh)
 }
 
+// shedLocked makes room in a full backlog for a request from src. The
+// victim is the oldest request of the source address holding the most
+// (src counted with the new request), so that a flood from one address
+// cannot push out another's requests: an unanswered one first (dropped
+// without a word, as a full SYN queue drops a SYN: a live requester sends
+// its REQ again after its response timeout), else one waiting for its
+// RTU (rejected: no resources, since its requester may think itself
+// connected). When every source holds one, the oldest request waiting for
+// its RTU goes first. A request sent again after it was shed is never
+// the victim while another can be.
+func (l *Listener) shedLocked(src netip.Addr) {
+	if len(l.half) == 0 {
+		return
+	}
+	count := func(a netip.Addr) int {
+		n := l.perSrc[a]
+		if a == src {
+			n++
+		}
+		return n
+	}
+	heavy, most := src, count(src)
+	for a := range l.perSrc {
+		if n := count(a); n > most {
+			heavy, most = a, n
+		}
+	}
+	first := func(from []*Conn, match bool) *Conn {
+		for _, c := range from {
+			if (!match || c.peer == heavy) && !c.life.retried {
+				return c
+			}
+		}
+		return nil
+	}
+	victim := first(l.queue, true)
+	if victim == nil {
+		victim = first(l.half, true)
+	}
+	if victim == nil {
+		// Every source holds one: the oldest request still waiting for
+		// its RTU goes (a requester that is there answers a REP within
+		// a round trip), then the oldest unanswered one.
+		for _, c := range l.half {
+			if !c.life.queued && !c.life.retried {
+				victim = c
+				break
+			}
+		}
+		if victim == nil {
+			if victim = first(l.queue, false); victim == nil {
+				victim = l.half[0]
+			}
+		}
+	}
+	m := l.m
+	m.st.shed.Add(1)
+	m.st.rejBacklog.Add(1)
+	if victim.life.queued {
+		if len(m.shedIDs) >= 1024 {
+			clear(m.shedIDs)
+		}
+		m.shedIDs[remoteKey{victim.peer, victim.remoteID}] = true
+	} else {
+		kind := cm.KindREQ
+		if victim.state == stREPSent {
+			kind = cm.KindREP
+		}
+		rej := &cm.REJFields{LocalCommID: victim.localID, RemoteCommID: victim.remoteID, MessageRejected: kind, Reason: cm.RejNoResources}
+		var out [transport.MADSize]byte
+		m.send(victim.peer, victim.opts.TrafficClass, victim.tid, rej, &out)
+	}
+	victim.endedBy(CauseShed)
+	victim.finishLocked(errShed)
+}
+
 // Accept accepts the request with opts: the QP goes to RTR, the REP goes
 // out, and Accept returns once the requester's RTU (or its first packet)
 // arrives. On ctx's end the request is rejected.
 func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
+	c, err := r.reply(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.waitEstablished(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// reply is Accept up to the REP: the QP set up and in RTR, the REP sent.
+func (r *Request) reply(opts *Options) (*Conn, error) {
 	c := r.c
 	m := c.m
 	if err := opts.check("Accept"); err != nil {
@@ -172,7 +417,7 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 
 	fail := func(err error) (*Conn, error) {
 		r.Reject(nil)
-		c.release()
+		c.releaseFailed()
 		return nil, fmt.Errorf("rdmacm: Accept: %w", err)
 	}
 	if err := c.setupQP(); err != nil {
@@ -194,7 +439,8 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 	params := transport.ConnParams{Peer: c.peer, TrafficClass: o.TrafficClass, DestQPN: q.LocalQPN,
 		RQPSN: random32() & 0xffffff, SQPSN: q.StartingPSN, PathMTU: mtu, Access: o.Access,
 		MaxRdAtomic:     max(1, min(o.InitiatorDepth, q.ResponderResources)),
-		MaxDestRdAtomic: max(1, min(o.ResponderResources, q.InitiatorDepth)), Retry: &rt}
+		MaxDestRdAtomic: max(1, min(o.ResponderResources, q.InitiatorDepth)), Retry: &rt,
+		SelectiveRepeat: o.SelectiveRepeat && c.remoteECE.offersSR()}
 	m.mu.Lock()
 	c.params = params
 	m.mu.Unlock()
@@ -205,11 +451,17 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 		StartingPSN: params.RQPSN, ResponderResources: params.MaxDestRdAtomic, InitiatorDepth: params.MaxRdAtomic,
 		TargetACKDelay: 15, RNRRetryCount: o.Retry.RNRRetry, LocalCAGUID: m.guid}
 	copy(rep.PrivateData[:], o.PrivateData)
+	if params.SelectiveRepeat { // the ECE answer: only to a REQ that offered it
+		rep.VendorID = VendorID
+		m.mu.Lock()
+		c.localECE = ECE{VendorID: VendorID, Options: ECESelectiveRepeat}
+		m.mu.Unlock()
+	}
 	m.mu.Lock()
 	if c.state != stREQRcvd { // rejected or timed out meanwhile
 		err := c.err
 		m.mu.Unlock()
-		c.release()
+		c.releaseFailed()
 		return nil, fmt.Errorf("rdmacm: Accept: %w", err)
 	}
 	c.state = stREPSent
@@ -230,9 +482,6 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 		case <-c.estab:
 		}
 	}()
-	if err := c.waitEstablished(ctx); err != nil {
-		return nil, err
-	}
 	return c, nil
 }
 
@@ -250,6 +499,7 @@ func (r *Request) Reject(privateData []byte) error {
 	rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: cm.RejConsumer}
 	copy(rej.PrivateData[:], privateData)
 	c.sendLocked(rej)
+	c.endedBy(CauseLocalClose)
 	c.finishLocked(&RejectError{Reason: cm.RejConsumer})
 	return nil
 }
@@ -259,8 +509,14 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	key := remoteKey{mad.Src, f.LocalCommID}
+	if m.gaveUp[key] {
+		delete(m.gaveUp, key)
+		m.st.unknown.Add(1)
+		return
+	}
 	if c := m.remote[key]; c != nil {
 		m.st.duplicates.Add(1)
+		c.life.retried = true
 		switch c.state {
 		case stREQRcvd:
 			// The application has not answered yet: ask for patience.
@@ -271,6 +527,16 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 		case stREPSent:
 			c.resendLocked() // the REP was lost
 		}
+		return
+	}
+	// A REQ from the QP of a connection still known (up, half-open, or
+	// in TimeWait): the peer lost that connection (it restarted, or lost
+	// its CM state). Reject the REQ as stale and tear the old connection
+	// down, as cm.c does; the requester's next attempt connects.
+	if old := m.byQPN[qpnKey{mad.Src, f.LocalQPN}]; old != nil {
+		m.st.rejStale.Add(1)
+		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejStaleConn)
+		old.replaceLocked()
 		return
 	}
 	ps, port, ok := cm.SplitServiceID(f.ServiceID)
@@ -294,19 +560,8 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejInvalidMTU)
 		return
 	}
-	for _, c := range m.conns {
-		// A REQ from the QP of a connection that is still up: the peer
-		// lost it (rebooted, or the CM state); reject it as stale.
-		if !c.active && c.peer == mad.Src && c.params.DestQPN == f.LocalQPN && c.state == stEstablished {
-			m.st.rejStale.Add(1)
-			m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejStaleConn)
-			return
-		}
-	}
-	if l.halfOpen >= l.opts.Backlog {
-		m.st.rejBacklog.Add(1)
-		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejNoResources)
-		return
+	for len(l.half) >= l.opts.Backlog {
+		l.shedLocked(mad.Src)
 	}
 	c := newConn(m, false, l.opts.Options.withDefaults())
 	c.listener = l
@@ -317,31 +572,63 @@ func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 	c.localPort = port
 	c.remotePort = hdr.SrcPort
 	c.req = *f
+	c.remoteECE = ECE{VendorID: f.VendorID, Options: h.AttributeModifier}
 	c.params.DestQPN = f.LocalQPN
 	c.peerData = append([]byte(nil), f.PrivateData[cm.CMAHeaderSize:]...)
 	c.state = stREQRcvd
 	m.conns[c.localID] = c
 	m.remote[key] = c
+	c.indexQPNLocked()
+	c.life.half, c.life.queued, c.life.arrived = true, true, m.clock.Now()
+	if m.shedIDs[key] {
+		// Sent again after we shed it unanswered: a requester that
+		// is there. It goes first, and is not shed again.
+		delete(m.shedIDs, key)
+		c.life.retried = true
+	}
+	l.half = append(l.half, c)
+	l.perSrc[c.peer]++
+	l.queue = append(l.queue, c)
 	select {
-	case l.reqs <- &Request{c: c, l: l}:
-	default: // requests that ended unanswered still fill the queue
-		delete(m.conns, c.localID)
-		delete(m.remote, key)
-		m.st.rejBacklog.Add(1)
-		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejNoResources)
+	case l.wake <- struct{}{}:
+	default:
+	}
+	// The listener's bound on the half-open request, whatever the REQ
+	// asks; an application that never answers is also given up when the
+	// requester would have (its retries of its response timeout).
+	wait := min(l.opts.HalfOpenTimeout, cm.Timeout(f.RemoteCMResponseTimeout)*time.Duration(1+f.MaxCMRetries))
+	c.acceptTimer = m.clock.AfterFunc(wait, func() { c.halfOpenExpired(l.opts.HalfOpenTimeout) })
+}
+
+// halfOpenExpired ends a request still half-open at its deadline: one the
+// application has not answered, or whose RTU has not come within the
+// listener's bound.
+func (c *Conn) halfOpenExpired(bound time.Duration) {
+	m := c.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch c.state {
+	case stREQRcvd:
+	case stREPSent:
+		if left := bound - m.clock.Now().Sub(c.life.arrived); left > 0 {
+			// The timer ran on the requester's bound, which applies
+			// to the application's answer only: the REP is out, so
+			// the listener's bound alone ends the wait for the RTU.
+			c.acceptTimer.Reset(left)
+			return
+		}
+	default:
 		return
 	}
-	l.halfOpen++
-	// An application that never answers: give up when the requester
-	// would have (its retries of its response timeout).
-	c.acceptTimer = m.clock.AfterFunc(cm.Timeout(f.RemoteCMResponseTimeout)*time.Duration(1+f.MaxCMRetries), func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if c.state == stREQRcvd {
-			rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: cm.KindREQ, Reason: cm.RejTimeout}
-			var out [transport.MADSize]byte
-			m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
-			c.finishLocked(ErrTimeout)
-		}
-	})
+	kind := cm.KindREQ
+	if c.state == stREPSent {
+		kind = cm.KindREP
+	}
+	rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: cm.RejTimeout,
+		RejectedInfoLength: 8}
+	putGUID(rej.ARI[:], m.guid)
+	var out [transport.MADSize]byte
+	m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
+	c.endedBy(CauseHalfOpenTimeout)
+	c.finishLocked(ErrTimeout)
 }

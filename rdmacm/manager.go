@@ -22,6 +22,13 @@ var (
 	ErrTimeout  = errors.New("rdmacm: no response from the peer")
 	ErrClosed   = errors.New("rdmacm: closed")
 	ErrInUse    = errors.New("rdmacm: port in use")
+	// ErrUnreachable: the network answered a CM message with an ICMP
+	// error (nothing listens on UDP 4791 at the peer's address, or the
+	// host or network is unreachable), on links that report them
+	// (udp.SocketLink). The error names the address and wraps the
+	// *udp.ICMPError (errors.Is(err, syscall.ECONNREFUSED) for port
+	// unreachable).
+	ErrUnreachable = errors.New("rdmacm: peer unreachable")
 )
 
 // RejectError is a REJ from the peer (or, for SIDR, a SIDR_REP with an
@@ -64,12 +71,51 @@ type Stats struct {
 	RejStale      uint64 // REQs for a QP pair already connected
 	Established   uint64 // connections established
 	Disconnected  uint64 // connections that ended (either side)
+	// Shed counts half-open connections a listener dropped, oldest (of
+	// the source holding the most) first, to admit a newer request when
+	// its backlog was full; each was answered with a REJ (no resources).
+	Shed uint64
+	// SpoofDropped counts REJs that named a connection by one
+	// communication ID (or the wrong source address) and were ignored:
+	// an established connection ends on a REJ or DREQ only when both IDs
+	// and the address match.
+	SpoofDropped uint64
+	// StrayDREQ counts DREQs for no known connection (each answered
+	// with a DREP, so a peer that lost its state stops sending them).
+	StrayDREQ uint64
+	// RejSent and RejRecv count REJs sent and received by reason.
+	RejSent, RejRecv map[cm.RejectReason]uint64
+	// Ended counts connections that ended, by cause (a connection counts
+	// once, by what ended it first).
+	Ended map[Cause]uint64
+	// QPFailed counts established connections ended because their QP
+	// failed (ErrQPFailed); KeepAliveFailed those whose peer answered no
+	// keep-alive probe (ErrKeepAlive); KeepAliveProbes the probes sent.
+	QPFailed, KeepAliveFailed, KeepAliveProbes uint64
+	// Unreachable counts ICMP errors for CM messages this device sent
+	// (ErrUnreachable).
+	Unreachable uint64
+	// Conns is how many connections the manager holds now, in any state
+	// (half-open, established, closing, TimeWait): a gauge, not a count.
+	Conns uint64
+	// TimeWait is how many of them wait out their TimeWait (a gauge).
+	TimeWait uint64
 }
 
 type stats struct {
 	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
+	shed, spoofDropped, strayDREQ                                  atomic.Uint64
+	rejSent, rejRecv                                               [maxReason + 1]atomic.Uint64
+	ended                                                          [numCauses]atomic.Uint64
+	qpFailed, keepAliveFailed, keepAliveProbes, unreachable        atomic.Uint64
 }
+
+// maxReason is the highest REJ reason counted by its own number; higher
+// (vendor, reserved) reasons count under it.
+const maxReason = 63
+
+func reasonSlot(r cm.RejectReason) int { return int(min(uint16(r), maxReason)) }
 
 // manager is the connection manager of one device.
 type manager struct {
@@ -82,10 +128,17 @@ type manager struct {
 	mu        sync.Mutex
 	conns     map[uint32]*Conn     // by local communication ID
 	remote    map[remoteKey]*Conn  // passive side: by peer address and its comm ID
+	byQPN     map[qpnKey]*Conn     // by peer address and QPN, while it can match (stale check)
+	gaveUp    map[remoteKey]bool   // requesters whose REJ "timeout" came before their REQ was handled
+	shedIDs   map[remoteKey]bool   // requests shed unanswered (a REQ sent again proves its requester is there)
+	nextID    uint32               // local comm IDs: a counter ...
+	idXor     uint32               // ... XORed with a random value (as Linux's cm.c)
+	timeWait  int                  // connections in TimeWait
 	listeners map[uint64]*Listener // by service ID
 	udl       map[uint64]*UDListener
 	sidr      map[uint32]*sidrWait // by request ID
 	closed    bool
+	stop      chan struct{} // closed by shutdown
 }
 
 type remoteKey struct {
@@ -107,6 +160,9 @@ func managerFor(dev *transport.Device) (*manager, error) {
 		return m, nil
 	}
 	gsi, err := dev.GSI()
+	if errors.Is(err, transport.ErrClosed) {
+		return nil, errDeviceClosed
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -114,11 +170,17 @@ func managerFor(dev *transport.Device) (*manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rdmacm: %w", err)
 	}
+	// Requests, which anyone may send at any rate, queue apart: a flood
+	// of them does not push out the answers that complete handshakes.
+	agent.SeparateRequests(1024, uint16(cm.AttrREQ), uint16(cm.AttrSIDRREQ))
 	m := &manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
-		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, listeners: map[uint64]*Listener{},
-		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}}
+		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, byQPN: map[qpnKey]*Conn{},
+		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
+		gaveUp: map[remoteKey]bool{}, shedIDs: map[remoteKey]bool{},
+		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, stop: make(chan struct{})}
 	managers[dev] = m
 	go m.loop()
+	go m.errLoop()
 	return m, nil
 }
 
@@ -132,10 +194,31 @@ func StatsOf(dev *transport.Device) Stats {
 		return Stats{}
 	}
 	s := &m.st
-	return Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
+	st := Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
 		RejNoListener: s.rejNoListener.Load(), RejBacklog: s.rejBacklog.Load(), RejStale: s.rejStale.Load(),
-		Established: s.established.Load(), Disconnected: s.disconnected.Load()}
+		Established: s.established.Load(), Disconnected: s.disconnected.Load(),
+		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load(),
+		Unreachable: s.unreachable.Load(),
+		Shed:        s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(),
+		RejSent: map[cm.RejectReason]uint64{}, RejRecv: map[cm.RejectReason]uint64{}, Ended: map[Cause]uint64{}}
+	for i := range s.rejSent {
+		if v := s.rejSent[i].Load(); v != 0 {
+			st.RejSent[cm.RejectReason(i)] = v
+		}
+		if v := s.rejRecv[i].Load(); v != 0 {
+			st.RejRecv[cm.RejectReason(i)] = v
+		}
+	}
+	for i := range s.ended {
+		if v := s.ended[i].Load(); v != 0 {
+			st.Ended[Cause(i)] = v
+		}
+	}
+	m.mu.Lock()
+	st.Conns, st.TimeWait = uint64(len(m.conns)), uint64(m.timeWait)
+	m.mu.Unlock()
+	return st
 }
 
 // guidOf makes a node GUID from the device address, the way rxe makes one
@@ -151,22 +234,58 @@ func random32() uint32 {
 	return binary.BigEndian.Uint32(b[:])
 }
 
-// loop receives CM MADs until the device closes.
+// loopBatch is how many requests the manager takes at once.
+const loopBatch = 64
+
+// loop handles CM MADs until the device closes: every waiting answer
+// first, then the newest requests, one per source in turn (requests queue
+// apart, transport.MADAgent.SeparateRequests): a flood of requests neither
+// starves the answers that complete handshakes and teardowns nor, from
+// one address, another address's requests.
 func (m *manager) loop() {
+	a := m.agent
+	var answers, reqs []transport.MAD
 	for {
-		mad, err := m.agent.Recv(neverDone{})
-		if err != nil {
-			m.shutdown()
-			return
+		answers, reqs = answers[:0], reqs[:0]
+	drain:
+		for len(answers) < 4*loopBatch {
+			select {
+			case mad := <-a.C():
+				answers = append(answers, mad)
+			default:
+				break drain
+			}
 		}
-		m.st.madsIn.Add(1)
-		h, msg, err := cm.Decode(mad.Data[:])
-		if err != nil {
-			m.st.malformed.Add(1)
-			continue
+		reqs = a.TakeRequests(reqs, loopBatch)
+		if len(answers) == 0 && len(reqs) == 0 {
+			select {
+			case mad := <-a.C():
+				answers = append(answers, mad)
+			case <-a.RequestsReady():
+				continue
+			case <-a.Done():
+				m.shutdown()
+				return
+			}
 		}
-		m.handle(&mad, &h, msg)
+		for i := range answers {
+			m.dispatch(&answers[i])
+		}
+		for i := range reqs {
+			m.dispatch(&reqs[i])
+		}
 	}
+}
+
+// dispatch decodes and handles one MAD.
+func (m *manager) dispatch(mad *transport.MAD) {
+	m.st.madsIn.Add(1)
+	h, msg, err := cm.Decode(mad.Data[:])
+	if err != nil {
+		m.st.malformed.Add(1)
+		return
+	}
+	m.handle(mad, &h, msg)
 }
 
 // neverDone is a context that never ends: the loop ends with the device.
@@ -181,6 +300,7 @@ func (neverDone) Value(any) any               { return nil }
 func (m *manager) shutdown() {
 	m.mu.Lock()
 	m.closed = true
+	close(m.stop)
 	conns := make([]*Conn, 0, len(m.conns))
 	for _, c := range m.conns {
 		conns = append(conns, c)
@@ -190,16 +310,18 @@ func (m *manager) shutdown() {
 		waits = append(waits, w)
 	}
 	for _, l := range m.listeners {
+		l.closeErr = errDeviceClosed
 		l.closeLocked()
 	}
 	m.mu.Unlock()
 	for _, c := range conns {
 		m.mu.Lock()
-		c.finishLocked(ErrClosed)
+		c.endedBy(CauseDeviceClosed)
+		c.finishLocked(errDeviceClosed)
 		m.mu.Unlock()
 	}
 	for _, w := range waits {
-		w.done(sidrResult{err: ErrClosed})
+		w.done(sidrResult{err: errDeviceClosed})
 	}
 	managersMu.Lock()
 	if managers[m.dev] == m {
@@ -207,6 +329,42 @@ func (m *manager) shutdown() {
 	}
 	managersMu.Unlock()
 	m.agent.Close()
+}
+
+// errLoop ends the connections whose CM messages the network bounced.
+func (m *manager) errLoop() {
+	for {
+		select {
+		case e := <-m.agent.Unreachable():
+			m.onUnreachable(e.Dst, e.Payload, e)
+		case <-m.stop:
+			return
+		}
+	}
+}
+
+// onUnreachable: a REQ (or REP) of ours came back as an ICMP error: the
+// connection waiting for its answer fails now, with an error naming the
+// address, instead of resending for MaxRetries response timeouts.
+// dst and payload are the bounced datagram's destination and quoted UDP
+// payload, icmp the error (a *udp.ICMPError).
+func (m *manager) onUnreachable(dst netip.Addr, payload []byte, icmp error) {
+	if len(payload) < transport.MADOffset+16 {
+		return
+	}
+	tid := binary.BigEndian.Uint64(payload[transport.MADOffset+8:])
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.st.unreachable.Add(1)
+	for _, c := range m.conns {
+		if (c.state == stREQSent || c.state == stREPSent) && c.peer == dst && c.tid == tid {
+			op := "Dial"
+			if !c.active {
+				op = "Accept"
+			}
+			c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %w", op, netip.AddrPortFrom(c.peer, c.remotePort), ErrUnreachable, icmp))
+		}
+	}
 }
 
 func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message) {
@@ -218,7 +376,7 @@ func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message)
 	case *cm.REJFields:
 		m.onREJ(mad, f)
 	case *cm.REPFields:
-		m.onREP(mad, f)
+		m.onREP(mad, h, f)
 	case *cm.RTUFields:
 		m.onRTU(f)
 	case *cm.DREQFields:
@@ -236,19 +394,32 @@ func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message)
 
 // send encodes and sends one CM MAD to the peer's QP1.
 func (m *manager) send(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte) error {
+	return m.sendMod(dst, tos, tid, msg, out, 0)
+}
+
+// sendMod is send with the MAD header's AttributeModifier (ECE options).
+func (m *manager) sendMod(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte, attrMod uint32) error {
 	h := cm.NewHeader(0, tid)
+	h.AttributeModifier = attrMod
 	if err := cm.Encode(out[:], &h, msg); err != nil {
 		return err
 	}
 	m.st.madsOut.Add(1)
+	if r, ok := msg.(*cm.REJFields); ok {
+		m.st.rejSent[reasonSlot(r.Reason)].Add(1)
+	}
 	return m.agent.Send(dst, 1, tos, out[:])
 }
 
-// newLocalID returns a communication ID no live connection uses. Called
-// with m.mu held.
+// newLocalID returns a communication ID no known connection uses (in
+// TimeWait included): a counter XORed with a random value drawn when the
+// manager started, as Linux's cm.c numbers its IDs, so that IDs do not
+// repeat for 2^32 connections and a restarted process does not start
+// where its previous life did. Called with m.mu held.
 func (m *manager) newLocalID() uint32 {
 	for {
-		id := random32()
+		id := m.nextID ^ m.idXor
+		m.nextID++
 		if _, busy := m.conns[id]; id != 0 && !busy {
 			return id
 		}

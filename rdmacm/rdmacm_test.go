@@ -179,6 +179,49 @@ func TestRefused(t *testing.T) {
 	}
 }
 
+// TestRefusedWithoutCM: the peer device has never used rdmacm (no
+// manager, no CM agent on its GSI): its GSI still answers a REQ with a REJ
+// and a SIDR_REQ with a SIDR_REP, both "invalid service ID", so Dial and
+// ResolveUD are refused at once, as by the kernel's CM, not timed out.
+func TestRefusedWithoutCM(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
+	slow := Options{ResponseTimeout: 2 * time.Second, MaxRetries: 3}
+	start := time.Now()
+	_, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 9999), &slow)
+	var rej *RejectError
+	if !errors.Is(err, ErrRefused) || !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID {
+		t.Fatalf("Dial to a device without a CM: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+	_, err = ResolveUD(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 9999), &UDOptions{ResponseTimeout: 2 * time.Second})
+	if !errors.Is(err, ErrRefused) || !errors.As(err, &rej) || rej.SIDRStatus != cm.SIDRUnsupported {
+		t.Fatalf("ResolveUD to a device without a CM: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("both refusals took %v", d)
+	}
+	// A stray DREQ (a connection the device forgot) gets a DREP.
+	in := &madInjector{dev: db}
+	in.send(t, addrA, 5, &cm.DREQFields{LocalCommID: 0x1234, RemoteCommID: 0x5678, RemoteQPN: 0x11})
+	deadline := time.Now().Add(5 * time.Second)
+	for StatsOf(da).Unknown == 0 && time.Now().Before(deadline) { // the DREP, for nothing the client knows
+		time.Sleep(time.Millisecond)
+	}
+	c := db.Counters()
+	if c.UnknownQP != 0 || c.MADDropNoAgent < 3 || c.MADSent < 3 {
+		t.Errorf("server counters unknown_qp %d mad_drop_no_agent %d mad_sent %d", c.UnknownQP, c.MADDropNoAgent, c.MADSent)
+	}
+	if StatsOf(da).Unknown == 0 {
+		t.Error("no DREP came back for a stray DREQ")
+	}
+	if s := StatsOf(db); s.MADsIn != 0 || s.Conns != 0 {
+		t.Errorf("the server started a connection manager: %+v", s)
+	}
+}
+
 // TestReject: the server refuses with private data; the client sees it.
 func TestReject(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
@@ -303,7 +346,8 @@ func TestCommEstWithoutRTU(t *testing.T) {
 }
 
 // TestCancelDial: a Dial whose context ends before the server answers
-// sends a REJ; the server's request ends with it.
+// sends a REJ; the server's request ends with it (and leaves the queue:
+// Next does not hand out a request that is over).
 func TestCancelDial(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
@@ -314,25 +358,22 @@ func TestCancelDial(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("cancelled Dial: %v", err)
 	}
-	r, err := l.Next(ctxT(t, 5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
 	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err = r.Accept(ctxT(t, 5*time.Second), &fast)
-		if err != nil || time.Now().After(deadline) {
-			break
-		}
+	for StatsOf(db).Ended[CausePeerReject] == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
 	}
-	var rej *RejectError
-	if !errors.As(err, &rej) || rej.Reason != cm.RejTimeout {
-		t.Fatalf("Accept of a request its requester gave up: %v", err)
+	if s := StatsOf(db); s.Ended[CausePeerReject] != 1 || s.RejRecv[cm.RejTimeout] != 1 || s.Conns != 0 {
+		t.Fatalf("server: ended by a REJ %d, REJ timeout received %d, connections %d", s.Ended[CausePeerReject], s.RejRecv[cm.RejTimeout], s.Conns)
+	}
+	if r, err := l.Next(ctxT(t, 100*time.Millisecond)); err == nil {
+		t.Fatalf("Next handed out the request its requester gave up: %v", r.RemoteAddr())
 	}
 }
 
 // TestREQFlood: a listener that never accepts holds at most its backlog of
-// requests; the rest are rejected, and the manager's state stays bounded.
+// requests; each newer one sheds an older (unanswered: dropped silently,
+// its requester would send it again), and the manager's state stays
+// bounded.
 func TestREQFlood(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
@@ -340,7 +381,6 @@ func TestREQFlood(t *testing.T) {
 	defer l.Close()
 	const dials = 40
 	var wg sync.WaitGroup
-	var refused atomic.Int64
 	ctx, cancel := context.WithCancel(context.Background())
 	for i := 0; i < dials; i++ {
 		wg.Add(1)
@@ -348,15 +388,11 @@ func TestREQFlood(t *testing.T) {
 			defer wg.Done()
 			o := fast
 			o.ResponseTimeout = 10 * time.Second // the held ones wait until cancelled
-			_, err := Dial(ctx, da, netip.AddrPortFrom(addrB, 8), &o)
-			var rej *RejectError
-			if errors.As(err, &rej) && rej.Reason == cm.RejNoResources {
-				refused.Add(1)
-			}
+			Dial(ctx, da, netip.AddrPortFrom(addrB, 8), &o)
 		}()
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for refused.Load() < dials-4 && time.Now().Before(deadline) {
+	for StatsOf(db).Shed < dials-4 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	mb, _ := managerFor(db)
@@ -365,11 +401,12 @@ func TestREQFlood(t *testing.T) {
 	mb.mu.Unlock()
 	cancel()
 	wg.Wait()
-	if refused.Load() != dials-4 || held != 4 {
-		t.Fatalf("%d of %d refused for the backlog, %d connections held (backlog 4)", refused.Load(), dials, held)
+	s := StatsOf(db)
+	if s.Shed != dials-4 || held != 4 {
+		t.Fatalf("%d of %d shed for the backlog, %d connections held (backlog 4)", s.Shed, dials, held)
 	}
-	if StatsOf(db).RejBacklog < dials-4 {
-		t.Errorf("rej_backlog %d", StatsOf(db).RejBacklog)
+	if s.RejBacklog != dials-4 || s.Ended[CauseShed] != dials-4 {
+		t.Errorf("rej_backlog %d, ended by shedding %d", s.RejBacklog, s.Ended[CauseShed])
 	}
 }
 

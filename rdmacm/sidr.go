@@ -93,7 +93,7 @@ func ResolveUD(ctx context.Context, dev *transport.Device, addr netip.AddrPort, 
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return UDPeer{}, ErrClosed
+		return UDPeer{}, errDeviceClosed
 	}
 	for {
 		req.RequestID = random32()
@@ -176,7 +176,7 @@ func ListenUD(dev *transport.Device, port uint16, qp *transport.QP, qkey uint32,
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, ErrClosed
+		return nil, errDeviceClosed
 	}
 	if _, busy := m.udl[l.svc]; busy {
 		return nil, fmt.Errorf("rdmacm: ListenUD on port %d: %w", port, ErrInUse)

@@ -16,6 +16,10 @@ type completer struct {
 	retryPending bool    // a go-back-N is under way and nothing was acked since
 	retryPSN     bth.PSN // the PSN it started from
 	scratch      [8]byte
+	// lateRun counts ACK timer expiries in a row that spent no retry
+	// because this process was behind (onRetransTimer); bounded, so that
+	// a dead peer is found even on a process that is always behind.
+	lateRun uint8
 }
 
 func (c *completer) reset(psn bth.PSN, a *QPAttr) {
@@ -55,6 +59,8 @@ func (qp *QP) progress() {
 	qp.comp.retryCnt = qp.attr.RetryCnt
 	qp.comp.rnrRetry = qp.attr.RNRRetry
 	qp.comp.retryPending = false
+	qp.srProgress()
+	qp.comp.lateRun = 0
 	qp.armRetrans()
 }
 
@@ -133,7 +139,7 @@ func (qp *QP) compInput(p *packetT) {
 		}
 		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, qp.comp.psn, qp.nextPSN())
 	}
-	if !psn.Before(qp.nextPSN()) || psn.Before(qp.comp.psn) {
+	if (!psn.Before(qp.nextPSN()) || psn.Before(qp.comp.psn)) && !(qp.sr != nil && qp.srAtNext(p, psn)) {
 		return // not for an outstanding PSN (stale duplicate or bogus)
 	}
 	switch p.Info.Kind {
@@ -151,6 +157,9 @@ func (qp *QP) compInput(p *packetT) {
 }
 
 func (qp *QP) onAck(p *packetT, psn bth.PSN) {
+	if qp.sr != nil && qp.srOnAck(p, psn) {
+		return
+	}
 	syn := p.AETH.Syndrome()
 	switch syn.Type() {
 	case aeth.TypeACK:
@@ -208,6 +217,10 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 }
 
 func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
+	if qp.sr != nil {
+		qp.srOnReadResponse(p, psn)
+		return
+	}
 	// A READ response implicitly acknowledges every earlier SEND/WRITE.
 	if qp.ackUpTo(psn.Add(-1)) {
 		// An earlier READ/atomic is still missing its response.
@@ -265,6 +278,10 @@ func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
 // acknowledged, further such signals come from the old flight and are
 // ignored, so one loss costs one go-back-N (rxe's started_retry).
 func (qp *QP) retryOnGap() {
+	if qp.sr != nil { // selective repeat: resend what is missing
+		qp.srLost(qp.nextPSN())
+		return
+	}
 	if qp.comp.retryPending {
 		return
 	}
@@ -272,6 +289,10 @@ func (qp *QP) retryOnGap() {
 }
 
 func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
+	if qp.sr != nil {
+		qp.srOnAtomicAck(p, psn)
+		return
+	}
 	if qp.ackUpTo(psn.Add(-1)) {
 		qp.retryOnGap()
 		return
@@ -295,6 +316,13 @@ func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
 // completeSend generates the completion of a send WQE (always for errors,
 // for success only when signaled).
 func (qp *QP) completeSend(w *sendWQE, st WCStatus) {
+	qp.roomFreed()
+	if w.probe {
+		// A keep-alive probe is the QP's own: its failure is the QP's
+		// (Err), never a completion the application did not post.
+		qp.probes--
+		return
+	}
 	if st == WCSuccess && !w.signaled {
 		return
 	}

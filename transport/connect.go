@@ -55,6 +55,12 @@ type ConnParams struct {
 	MaxDestRdAtomic uint8
 	// Retry holds the timeout and retry attributes; nil means DefaultRetry.
 	Retry *Retry
+	// SelectiveRepeat runs selective repeat instead of go-back-N
+	// (QPAttr.SelectiveRepeat, RC only). Set it only when the peer is a
+	// rocev2 QP that sets it too (agreed out of band, or negotiated by
+	// the CM's ECE exchange): an rxe or hardware peer would not
+	// understand the selective NAKs.
+	SelectiveRepeat bool
 }
 
 // Init takes a QP from RESET to INIT with the given remote access rights,
@@ -113,6 +119,10 @@ func (qp *QP) ReadyToReceive(p ConnParams) error {
 	mask := AttrState | AttrAccessFlags | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer
 	if uc { // no acknowledgements, no READ/atomic resources
 		mask &^= AttrMaxDestRdAtomic | AttrMinRNRTimer
+	}
+	if p.SelectiveRepeat {
+		a.SelectiveRepeat = true
+		mask |= AttrSelectiveRepeat
 	}
 	if err := qp.Modify(&a, mask); err != nil {
 		return fmt.Errorf("transport: Connect qp %#x: to RTR: %w", qp.qpn, unwrapModify(err))

@@ -41,11 +41,20 @@ type Counters struct {
 	MADDropVersion      uint64 // mad_drop_version: MADs with a base version other than 1
 	MADDropNoAgent      uint64 // mad_drop_no_agent: MADs of a class (or response TID) no agent takes
 	MADDropQueueFull    uint64 // mad_drop_queue_full: MADs dropped because their agent's queue was full
+	KeepAliveProbes     uint64 // keep_alive_probes: zero-length RDMA WRITE probes QP.Probe posted
+	DestUnreachable     uint64 // dest_unreachable: ICMP port/host unreachable errors the link reported for packets sent
+	AckTimeoutLate      uint64 // ack_timeout_late: ACK timer expiries that ran more than a timeout late (the process was not scheduled); they resend without spending retry_cnt
 
 	NPECNMarkedRocePackets uint64 // np_ecn_marked_roce_packets: packets for an RC/UC QP that arrived marked CE
 	NPCNPSent              uint64 // np_cnp_sent: CNPs the notification point sent
 	RPCNPHandled           uint64 // rp_cnp_handled: CNPs a QP's reaction point acted on
 	RPCNPIgnored           uint64 // rp_cnp_ignored: CNPs ignored (DCQCN off, a UD QP, not from the QP's peer)
+
+	SRHeld        uint64 // sr_held: out-of-order requests a selective repeat responder held
+	SROutOfWindow uint64 // sr_out_of_window: out-of-order requests beyond the window, dropped
+	SRSACKSent    uint64 // sr_sack_sent: selective NAKs (with a SACK block) sent
+	SRSACKRcvd    uint64 // sr_sack_rcvd: selective NAKs received
+	SRRecoveries  uint64 // sr_recoveries: selective resend rounds (each resends only missing PSNs)
 }
 
 // Counter is one named counter value.
@@ -94,10 +103,18 @@ var counterFields = []struct {
 	{"mad_drop_version", func(c *Counters) *uint64 { return &c.MADDropVersion }},
 	{"mad_drop_no_agent", func(c *Counters) *uint64 { return &c.MADDropNoAgent }},
 	{"mad_drop_queue_full", func(c *Counters) *uint64 { return &c.MADDropQueueFull }},
+	{"keep_alive_probes", func(c *Counters) *uint64 { return &c.KeepAliveProbes }},
+	{"dest_unreachable", func(c *Counters) *uint64 { return &c.DestUnreachable }},
+	{"ack_timeout_late", func(c *Counters) *uint64 { return &c.AckTimeoutLate }},
 	{"np_ecn_marked_roce_packets", func(c *Counters) *uint64 { return &c.NPECNMarkedRocePackets }},
 	{"np_cnp_sent", func(c *Counters) *uint64 { return &c.NPCNPSent }},
 	{"rp_cnp_handled", func(c *Counters) *uint64 { return &c.RPCNPHandled }},
 	{"rp_cnp_ignored", func(c *Counters) *uint64 { return &c.RPCNPIgnored }},
+	{"sr_held", func(c *Counters) *uint64 { return &c.SRHeld }},
+	{"sr_out_of_window", func(c *Counters) *uint64 { return &c.SROutOfWindow }},
+	{"sr_sack_sent", func(c *Counters) *uint64 { return &c.SRSACKSent }},
+	{"sr_sack_rcvd", func(c *Counters) *uint64 { return &c.SRSACKRcvd }},
+	{"sr_recoveries", func(c *Counters) *uint64 { return &c.SRRecoveries }},
 }
 
 // List returns the counters as name/value pairs in a fixed order, named as

@@ -110,7 +110,15 @@ func (cq *CQ) grow() {
 // Destroy removes the CQ. It fails with ErrBusy while QPs use it (verbs'
 // EBUSY): destroy them first. Waiters return ErrDestroyed. On a closed
 // device it returns ErrClosed.
-func (cq *CQ) Destroy() error {
+func (cq *CQ) Destroy() error { return cq.destroy(nil) }
+
+// DestroyCause destroys the CQ like Destroy; its waiters and later calls
+// see an error that matches both ErrDestroyed and cause (a connection
+// manager passes its ErrClosed: a goroutine waiting on the CQ of a
+// closed connection learns it in the manager's words).
+func (cq *CQ) DestroyCause(cause error) error { return cq.destroy(cause) }
+
+func (cq *CQ) destroy(cause error) error {
 	d := cq.dev
 	d.mu.Lock()
 	switch {
@@ -138,7 +146,11 @@ func (cq *CQ) Destroy() error {
 	if cq.ch != nil {
 		cq.ch.detach()
 	}
-	cq.fail(ErrDestroyed)
+	if cause != nil {
+		cq.fail(fmt.Errorf("%w (%w)", ErrDestroyed, cause))
+	} else {
+		cq.fail(ErrDestroyed)
+	}
 	return nil
 }
 

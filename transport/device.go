@@ -1,6 +1,8 @@
 package transport
 
 import (
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -23,6 +25,15 @@ type DeviceConfig struct {
 	Clock Clock
 	// MaxQP bounds the number of QPs (default 1024).
 	MaxQP int
+	// FirstQPN is the first QP number handed out; the next ones count up
+	// from it (wrapping to 0x11 after 0xffffff). Zero picks one at random
+	// in [0x11, 0x800000), so that a process restarted on the same address
+	// does not number its QPs as its previous life did and a peer that
+	// still knows an old connection does not take the new one for it
+	// (rxe's numbers survive its processes, the kernel's counter going on;
+	// a device here lives as long as its process). Set it (0x11, as rxe
+	// after boot) where a test needs fixed numbers.
+	FirstQPN uint32
 	// Limits bounds the device's memory registration table.
 	Limits memreg.Limits
 	// MaxUnackedPSNs is the requester window: at most this many PSNs are
@@ -43,6 +54,9 @@ type DeviceConfig struct {
 	// Congestion configures ECN, CNPs and DCQCN (cc.go). The zero value
 	// sends ECT(0), answers CE marks with CNPs and runs DCQCN.
 	Congestion CongestionConfig
+	// SelectiveRepeat configures selective repeat for the RC QPs that
+	// negotiate it (QPAttr.SelectiveRepeat, sack.go).
+	SelectiveRepeat SRConfig
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -126,6 +140,12 @@ type Device struct {
 	// clock_gettime per packet (a few percent of a 4 KiB READ stream
 	// in a VM). Batch owner only.
 	rxNow batchClock
+	// rxBusy is when the batch being handled began (UnixNano, wall clock
+	// only; 0 between batches): an ACK timer that expires while a batch
+	// has been under way for longer than its timeout knows that this
+	// process is behind on its input (onRetransTimer).
+	rxBusy  atomic.Int64
+	realClk bool
 	// outMax is how far a QP's output queue grows (output.go): outBatchMax
 	// on a link that sends UDP GSO datagrams, where a bigger Link.Send
 	// fills more of each and saves system calls, else outBatch.
@@ -183,7 +203,16 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.SelectiveRepeat, err = cfg.SelectiveRepeat.normalize(); err != nil {
+		return nil, err
+	}
 	cfg.Congestion = cc
+	if cfg.FirstQPN > bth.PSNMask || (cfg.FirstQPN != 0 && cfg.FirstQPN < firstQPN) {
+		return nil, fmt.Errorf("transport: NewDevice: FirstQPN %#x outside [%#x, %#x]: %w", cfg.FirstQPN, firstQPN, bth.PSNMask, ErrInvalidConfig)
+	}
+	if cfg.FirstQPN == 0 {
+		cfg.FirstQPN = randomFirstQPN()
+	}
 	d := &Device{
 		link:    link,
 		cfg:     cfg,
@@ -197,7 +226,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		chans:   make(map[*CompChannel]struct{}),
 		srqs:    make(map[*SRQ]struct{}),
 		events:  make(chan AsyncEvent, cfg.EventQueue),
-		nextQPN: firstQPN,
+		nextQPN: cfg.FirstQPN,
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
 	d.outMax = outBatch
@@ -205,6 +234,10 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		d.outMax = outBatchMax
 	}
 	d.initRx()
+	_, d.realClk = cfg.Clock.(RealClock)
+	if er, ok := link.(udp.ErrorReporter); ok {
+		er.SetErrorHandler(d.linkError)
+	}
 	go d.recvLoop()
 	return d, nil
 }
@@ -282,6 +315,9 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 	for _, qp := range qps {
 		qp.mu.Lock()
+		if !qp.failed && qp.failErr == nil {
+			qp.failErr = ErrClosed
+		}
 		qp.toError()
 		qp.stopTimersLocked()
 		// The QP is destroyed by Close: its PD, CQs and SRQ are released
@@ -369,6 +405,10 @@ func (d *Device) getBuf() *[udp.MaxPacketSize]byte {
 // inputBatch handles the datagrams of one Link.Recv, then releases the
 // memory pins the batch took (rxPins). Receive goroutine only.
 func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
+	if d.realClk {
+		d.rxBusy.Store(time.Now().UnixNano())
+		defer d.rxBusy.Store(0)
+	}
 	d.rxNow.ok = false
 	for i := range pkts {
 		d.input(p, &pkts[i])
@@ -396,6 +436,9 @@ func (d *Device) input(p *packet.Packet, up *udp.Packet) {
 // goes to any QP, whose reaction point takes or ignores it.
 func (d *Device) route(p *packet.Packet) (*QP, error) {
 	qp := d.lookup(p.BTH.DestQP())
+	if qp == nil && p.BTH.DestQP() == 1 {
+		qp = d.openGSIForInput()
+	}
 	if qp == nil {
 		inc(&d.ctr.UnknownQP)
 		return nil, ErrUnknownQP
@@ -507,4 +550,12 @@ func (d *Device) send(pkts []udp.Packet) {
 		return
 	}
 	atomic.AddUint64(&d.ctr.SentPkts, uint64(len(pkts)))
+}
+
+// randomFirstQPN returns a QPN in [firstQPN, 0x800000): room for 8M QPs
+// before the numbers wrap.
+func randomFirstQPN() uint32 {
+	var b [4]byte
+	crand.Read(b[:])
+	return firstQPN + binary.BigEndian.Uint32(b[:])%(0x800000-firstQPN)
 }

@@ -87,9 +87,20 @@
 // RC, UC and UD QPs are implemented, shared receive queues (CreateSRQ),
 // memory windows (type 1 bound with QP.BindMW, type 2 with WRBindMW work
 // requests, WRLocalInv, SEND with Invalidate), and QP1 (Device.GSI) for
-// management datagrams; not yet alternate paths.
+// management datagrams, which refuses CM connection and SIDR requests
+// itself while no CM agent is registered; not yet alternate paths.
 //
-// Of this module transport imports the wire packages, memreg, and udp for
+// Loss recovery is go-back-N, as the IBTA and rxe do, unless both QPs
+// negotiated selective repeat (QPAttr.SelectiveRepeat, ConnParams, or the
+// CM's ECE exchange in package rdmacm): then the responder holds
+// out-of-order requests (SRConfig.Window) and answers with selective NAKs
+// (an RC ACKNOWLEDGE with a NAK AETH and an aeth.SACK block), and the
+// requester resends only what is missing, with IRN's two timeouts and a
+// cap on packets in flight (sack.go, docs/SELECTIVE-REPEAT.md). Other peers
+// never see a selective NAK.
+//
+// Of this module transport imports the wire packages (cm for those
+// refusals), memreg, and udp for
 // its Link interface only (no socket code of its own); the connection
 // manager and the commands build on it, never the other way round.
 package transport

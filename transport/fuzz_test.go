@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
@@ -53,6 +54,12 @@ func FuzzQPInput(f *testing.F) {
 	f.Add(mk(packet.Fields{BTH: bth.Fields{Opcode: bth.RCReadResponseFirst, PKey: 0xffff}, Payload: pay[:256]}))
 	f.Add(mk(packet.Fields{BTH: bth.Fields{Opcode: bth.RCAtomicAck, PKey: 0xffff}}))
 	f.Add([]byte{})
+	// A selective NAK (SACK block after the AETH) and a plain sequence NAK.
+	var sk [aeth.SACKMaxSize]byte
+	f.Add(mk(packet.Fields{BTH: bth.Fields{Opcode: bth.RCAck, PKey: 0xffff, PSN: 101}, AETH: aeth.Fields{Syndrome: aeth.NAK(aeth.NAKPSNSeqError)},
+		Payload: sk[:aeth.EncodeSACK(sk[:], []uint32{0xa0000000, 0, 0, 1})]}))
+	f.Add(mk(packet.Fields{BTH: bth.Fields{Opcode: bth.RCAck, PKey: 0xffff, PSN: 100}, AETH: aeth.Fields{Syndrome: aeth.NAK(aeth.NAKPSNSeqError)}}))
+	f.Add(mk(packet.Fields{BTH: bth.Fields{Opcode: bth.RCWriteMiddle, PKey: 0xffff, PSN: 203}, Payload: pay[:256]}))
 
 	sl := &sinkLink{addr: addrA, done: make(chan struct{})}
 	dev, err := NewDevice(sl, DeviceConfig{Clock: manual()})
@@ -68,10 +75,15 @@ func FuzzQPInput(f *testing.F) {
 	mem := make([]byte, 8192)
 	mr, _ := pd.RegisterMRIOVA(mem, 0x1000, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
 	peer := &side{qp: &QP{qpn: 0x99}}
-	setup := func(tb testing.TB) {
+	// The same input goes to a QP with selective repeat (qpSR): its
+	// responder holds out-of-order requests, its requester takes SACKs.
+	qpSR, _ := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 64, MaxRecvWR: 64})
+	oSR := o
+	oSR.sr = true
+	setupQP := func(tb testing.TB, qp *QP, o *pairOpts) {
 		_ = qp.Modify(&QPAttr{State: QPSReset}, AttrState)
 		s := &side{qp: qp}
-		connect(tb, s, peer, addrB, 100, 200, &o)
+		connect(tb, s, peer, addrB, 100, 200, o)
 		qp.PostRecv(RecvWR{SGEs: sge(mr, 0, 4096)}, RecvWR{SGEs: sge(mr, 4096, 100)})
 		qp.PostSend(
 			SendWR{Opcode: WRWrite, SGEs: sge(mr, 0, 600), RemoteAddr: 5, RKey: 6},
@@ -79,7 +91,12 @@ func FuzzQPInput(f *testing.F) {
 			SendWR{Opcode: WRFetchAdd, SGEs: sge(mr, 0, 8), RemoteAddr: 8, RKey: 6},
 		)
 	}
+	setup := func(tb testing.TB) { setupQP(tb, qp, &o) }
 	setup(f)
+	setupQP(f, qpSR, &oSR)
+	if !qpSR.SelectiveRepeat() || qp.SelectiveRepeat() {
+		f.Fatal("selective repeat not as set up")
+	}
 	var wc [64]WC
 	f.Fuzz(func(t *testing.T, b []byte) {
 		b = append([]byte(nil), b...)
@@ -98,10 +115,17 @@ func FuzzQPInput(f *testing.F) {
 			}
 		}
 		_ = dev.HandlePacket(b, addrB)
+		if len(b) >= bth.Size {
+			bth.BTH(b).SetDestQP(qpSR.QPN())
+			_ = dev.HandlePacket(b, addrB)
+		}
 		for cq.Poll(wc[:]) > 0 {
 		}
 		if qp.State() == QPSErr {
 			setup(t)
+		}
+		if qpSR.State() == QPSErr {
+			setupQP(t, qpSR, &oSR)
 		}
 	})
 }

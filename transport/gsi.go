@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/cm"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
 )
@@ -23,6 +24,7 @@ const (
 	madMgmtClass   = 1
 	madMethod      = 3
 	madTID         = 8
+	madAttrID      = 16
 	madMethodResp  = 0x80 // R bit: a response, routed by transaction ID
 )
 
@@ -41,6 +43,16 @@ type MAD struct {
 // to the agent whose transaction ID it carries); it sends what agents give
 // it. Every MAD sent, received and dropped is counted, with the reason of
 // each drop (Counters.MAD*).
+//
+// QP1 exists from the first datagram addressed to it, as the kernel's GSI
+// always does: while no agent holds the CM class (no rdmacm object uses
+// the device), the GSI itself answers a CM REQ with a REJ and a SIDR_REQ
+// with a SIDR_REP, both "invalid service ID" (IBTA 12.6.7, 12.11), and a
+// DREQ with a DREP, so a peer that dials a port nobody listens on is
+// refused at once instead of retrying until its timeout, and one that
+// disconnects a connection this device forgot (a restarted process) is
+// answered. Such a MAD counts as mad_drop_no_agent, its
+// answer as mad_sent.
 //
 // All methods are safe for concurrent use.
 type GSI struct {
@@ -62,9 +74,14 @@ type MADAgent struct {
 	class uint8
 	id    uint32
 	c     chan MAD
-	tid   atomic.Uint32
-	once  sync.Once
-	done  chan struct{}
+	// req and reqAttrs: SeparateRequests (under gsi.mu).
+	req      *fairQueue
+	reqAttrs []uint16
+	tid      atomic.Uint32
+	once     sync.Once
+	done     chan struct{}
+	gone     chan struct{} // closed once done or the device's done is
+	errs     chan *udp.ICMPError
 }
 
 // GSI returns the device's GSI, opening QP1 on first use.
@@ -101,7 +118,15 @@ func (g *GSI) Register(class uint8, depth int) (*MADAgent, error) {
 	if _, busy := g.byClass[class]; busy {
 		return nil, errorf(ErrBusy, "GSI.Register: class %#x has an agent", class)
 	}
-	a := &MADAgent{gsi: g, class: class, id: g.nextID, c: make(chan MAD, depth), done: make(chan struct{})}
+	a := &MADAgent{gsi: g, class: class, id: g.nextID, c: make(chan MAD, depth), done: make(chan struct{}), gone: make(chan struct{}),
+		errs: make(chan *udp.ICMPError, 16)}
+	go func() {
+		select {
+		case <-a.done:
+		case <-g.dev.done:
+		}
+		close(a.gone)
+	}()
 	g.nextID++
 	g.byClass[class] = a
 	g.byID[a.id] = a
@@ -111,6 +136,51 @@ func (g *GSI) Register(class uint8, depth int) (*MADAgent, error) {
 // C returns the agent's receive queue. It is never closed; Close ends the
 // agent's registration, and Recv returns ErrClosed.
 func (a *MADAgent) C() <-chan MAD { return a.c }
+
+// SeparateRequests gives the agent a second receive queue, of depth MADs
+// (default 256 when depth <= 0), for the MADs whose attribute ID is one of
+// attrs: a class's requests, which any peer may send at any rate. They go
+// there instead of C, so that a flood of them never fills the queue the
+// answers arrive on, and that queue is fair to the senders: when it is
+// full, the oldest request of the source address holding the most is
+// dropped (counted as mad_drop_queue_full), and TakeRequests hands out the
+// newest request of each source in turn. Call it once, before the MADs
+// arrive.
+func (a *MADAgent) SeparateRequests(depth int, attrs ...uint16) {
+	if depth <= 0 {
+		depth = 256
+	}
+	g := a.gsi
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if a.req == nil {
+		a.req = newFairQueue(depth)
+	}
+	a.reqAttrs = append([]uint16(nil), attrs...)
+}
+
+// TakeRequests appends up to max of the requests SeparateRequests queues
+// to dst — the newest of each source in turn — and returns it; it does not
+// wait.
+func (a *MADAgent) TakeRequests(dst []MAD, max int) []MAD {
+	if a.req == nil {
+		return dst
+	}
+	return a.req.take(dst, max)
+}
+
+// RequestsReady returns a channel that receives when requests may be
+// waiting for TakeRequests (nil before SeparateRequests).
+func (a *MADAgent) RequestsReady() <-chan struct{} {
+	if a.req == nil {
+		return nil
+	}
+	return a.req.ready
+}
+
+// Done returns a channel closed when the agent is closed or its device
+// goes.
+func (a *MADAgent) Done() <-chan struct{} { return a.gone }
 
 // Recv waits for the next MAD.
 func (a *MADAgent) Recv(ctx context.Context) (MAD, error) {
@@ -128,6 +198,59 @@ func (a *MADAgent) Recv(ctx context.Context) (MAD, error) {
 		return MAD{}, ErrClosed
 	case <-ctx.Done():
 		return MAD{}, ctx.Err()
+	}
+}
+
+// Unreachable returns the ICMP errors (port, host or network unreachable)
+// the network returned for MADs of the agent's class the device sent, on
+// links that report them (udp.ErrorReporter: the SocketLink). The error's
+// Payload holds the bounced datagram from its BTH on: the MAD starts at
+// byte MADOffset, so a requester can match the transaction ID it sent
+// and give up at once instead of resending into the void. The channel
+// holds 16; more are dropped. It is never closed.
+func (a *MADAgent) Unreachable() <-chan *udp.ICMPError { return a.errs }
+
+// MADOffset is where a MAD starts in a QP1 datagram's UDP payload: behind
+// the BTH (12 bytes) and the DETH (8).
+const MADOffset = 12 + 8
+
+// unreachable routes an ICMP error for a datagram QP1 sent to the agent
+// of the bounced MAD's class.
+func (g *GSI) unreachable(e *udp.ICMPError) {
+	if len(e.Payload) < MADOffset+madTID+8 {
+		return
+	}
+	mad := e.Payload[MADOffset:]
+	class := mad[madMgmtClass]
+	g.mu.Lock()
+	a := g.byClass[class]
+	if mad[madMethod]&madMethodResp != 0 {
+		if b := g.byID[uint32(binary.BigEndian.Uint64(mad[madTID:])>>32)]; b != nil && b.class == class {
+			a = b
+		}
+	}
+	g.mu.Unlock()
+	if a == nil {
+		return
+	}
+	select {
+	case a.errs <- e:
+	default:
+	}
+}
+
+// linkError is the link's ICMP error handler (udp.ErrorReporter): counted,
+// and a MAD's passed to its agent.
+func (d *Device) linkError(e *udp.ICMPError) {
+	inc(&d.ctr.DestUnreachable)
+	if qpn, ok := e.DestQP(); !ok || qpn != 1 {
+		return
+	}
+	d.mu.Lock()
+	g := d.gsi
+	d.mu.Unlock()
+	if g != nil {
+		g.unreachable(e)
 	}
 }
 
@@ -172,9 +295,15 @@ func (g *GSI) send(dst netip.Addr, dstQP uint32, tos uint8, mad []byte) error {
 	if d.isClosed() {
 		return ErrClosed
 	}
-	qp := g.qp
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
+	g.qp.mu.Lock()
+	defer g.qp.mu.Unlock()
+	return g.sendLocked(pa, dstQP, tos, mad)
+}
+
+// sendLocked builds and sends one checked MAD to QP dstQP at pa. Called
+// with g.qp.mu held.
+func (g *GSI) sendLocked(pa netip.Addr, dstQP uint32, tos uint8, mad []byte) error {
+	d, qp := g.dev, g.qp
 	f := &qp.req.f
 	*f = packet.Fields{}
 	f.BTH.Opcode = bth.UDSendOnly
@@ -227,13 +356,33 @@ func (g *GSI) input(p *packetT, up *udp.Packet) {
 	if a == nil {
 		a = g.byClass[class]
 	}
+	var fq *fairQueue
+	if a != nil && a.req != nil {
+		attr := binary.BigEndian.Uint16(p.Payload[madAttrID:])
+		for _, x := range a.reqAttrs {
+			if x == attr {
+				fq = a.req
+				break
+			}
+		}
+	}
 	g.mu.Unlock()
 	if a == nil {
 		inc(&d.ctr.MADDropNoAgent)
+		if class == cm.ClassCM {
+			g.answerUnclaimedCM(p.Payload, up)
+		}
 		return
 	}
 	m := MAD{Src: up.Addr.Unmap(), SrcQP: p.DETH.SrcQP(), TOS: up.TOS}
 	copy(m.Data[:], p.Payload)
+	if fq != nil {
+		inc(&d.ctr.MADRcvd)
+		if fq.put(&m) {
+			inc(&d.ctr.MADDropQueueFull)
+		}
+		return
+	}
 	select {
 	case a.c <- m:
 		inc(&d.ctr.MADRcvd)

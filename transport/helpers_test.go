@@ -42,6 +42,8 @@ type pairOpts struct {
 	window   int
 	perAck   int // DeviceConfig.MaxPktsPerAck
 	cc       CongestionConfig
+	sr       bool     // selective repeat on both QPs
+	srCfg    SRConfig // DeviceConfig.SelectiveRepeat
 }
 
 func (o *pairOpts) defaults() {
@@ -81,7 +83,7 @@ func newSide(t testing.TB, n *memnet.MemNetwork, addr netip.Addr, o *pairOpts) *
 // two CQs, as o says; the device is closed when the test ends.
 func newSideOn(t testing.TB, l udp.Link, o *pairOpts) *side {
 	t.Helper()
-	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxPktsPerAck: o.perAck, Congestion: o.cc})
+	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxPktsPerAck: o.perAck, Congestion: o.cc, SelectiveRepeat: o.srCfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +113,7 @@ func connect(t testing.TB, s *side, peer *side, peerAddr netip.Addr, sq, rq uint
 	t.Helper()
 	err := s.qp.Connect(ConnParams{Peer: peerAddr, DestQPN: peer.qp.QPN(), RQPSN: rq, SQPSN: sq, PathMTU: o.mtu,
 		Access: o.access, MaxRdAtomic: o.maxRd, MaxDestRdAtomic: o.maxRd,
-		Retry: &Retry{Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry, MinRNRTimer: o.minRNR}})
+		Retry: &Retry{Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry, MinRNRTimer: o.minRNR}, SelectiveRepeat: o.sr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -265,6 +265,13 @@ func BenchmarkLossMatrix1GiB(b *testing.B) {
 // direction, under the case's faults and checks everything.
 func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, timeout uint8) {
 	t.Helper()
+	runLossCaseMode(t, c, false, total, limit, timeout)
+}
+
+// runLossCaseMode is runLossCase with selective repeat on both QPs when
+// sr is set (sack_test.go).
+func runLossCaseMode(t testing.TB, c lossCase, sr bool, total int64, limit time.Duration, timeout uint8) {
+	t.Helper()
 	// Local ACK timeout: the caller's (14 = 67 ms in CI and the soak).
 	// Retries must survive the
 	// scheduling stalls of a loaded 2-core machine: (retry_cnt+1) × the
@@ -272,7 +279,10 @@ func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, tim
 	// receive-loop stalls of 30-100 ms when the machine is overloaded,
 	// which exhausted retries with 4 ms and 16.8 ms timeouts).
 	to := timeout
-	a, b, n := newPair(t, pairOpts{faults: c.f, mtu: c.mtu, timeout: to, retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64})
+	a, b, n := newPair(t, pairOpts{faults: c.f, mtu: c.mtu, timeout: to, retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64, sr: sr})
+	if a.qp.SelectiveRepeat() != sr || b.qp.SelectiveRepeat() != sr {
+		t.Fatalf("selective repeat %v/%v, want %v", a.qp.SelectiveRepeat(), b.qp.SelectiveRepeat(), sr)
+	}
 	ab := newDirection(t, a, b)
 	ba := newDirection(t, b, a)
 	var ta, tb traceRing
@@ -318,10 +328,14 @@ func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, tim
 	retries := ca.CompleterRetryErr + cb.CompleterRetryErr
 	dups := ca.DuplicateRequest + cb.DuplicateRequest
 	nc := n.Counters()
+	lossRate(t, c, sr, float64(ab.bytes+ba.bytes)/(1<<20)/el.Seconds())
 	t.Logf("%d MiB in %v (%.0f MiB/s); net %+v; retransmitted_pkts %d completer_retry_err %d duplicate_request %d out_of_seq_request %d rcvd_seq_err %d local_ack_timeout_err %d bad ICRC A/B %d/%d link queue drops A/B %d/%d",
 		(ab.bytes+ba.bytes)>>20, el.Round(time.Millisecond), float64(ab.bytes+ba.bytes)/(1<<20)/el.Seconds(), nc,
 		retrans, retries, dups, ca.OutOfSeqRequest+cb.OutOfSeqRequest, ca.RcvdSeqErr+cb.RcvdSeqErr,
 		ca.LocalAckTimeout+cb.LocalAckTimeout, a.dev.Link().Stats().DropBadICRC, b.dev.Link().Stats().DropBadICRC, a.dev.Link().Stats().DropOther, b.dev.Link().Stats().DropOther)
+	if sr {
+		retries += ca.SRRecoveries + cb.SRRecoveries
+	}
 	if nc.Lost+nc.Reordered+nc.Corrupted > 0 && (retrans == 0 || retries == 0) {
 		t.Errorf("faults injected but counters show no retransmission")
 	}
@@ -340,7 +354,7 @@ func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, tim
 	if a.qp.State() != QPSRTS || b.qp.State() != QPSRTS {
 		t.Errorf("states %v %v", a.qp.State(), b.qp.State())
 	}
-	checkLossCounters(t, c, nc, ca, cb, a.dev.Link().Stats().DropOther+b.dev.Link().Stats().DropOther)
+	checkLossCounters(t, c, sr, nc, ca, cb, a.dev.Link().Stats().DropOther+b.dev.Link().Stats().DropOther)
 	// Every completion was consumed by run, exactly once and in order; the
 	// CQs must be empty and stay empty (a late duplicate completion, or a
 	// completion for a retransmission, would show up here).
@@ -358,7 +372,7 @@ func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, tim
 
 // checkLossCounters checks that the counters show what the injected faults
 // must have caused, and nothing the faults cannot explain.
-func checkLossCounters(t testing.TB, c lossCase, nc memnet.MemCounters, ca, cb Counters, queueDrops uint64) {
+func checkLossCounters(t testing.TB, c lossCase, sr bool, nc memnet.MemCounters, ca, cb Counters, queueDrops uint64) {
 	t.Helper()
 	oos := ca.OutOfSeqRequest + cb.OutOfSeqRequest
 	seq := ca.RcvdSeqErr + cb.RcvdSeqErr
@@ -387,7 +401,13 @@ func checkLossCounters(t testing.TB, c lossCase, nc memnet.MemCounters, ca, cb C
 	if nc.Duplicated == 0 {
 		// Each PSN sequence NAK is sent once per gap; without duplication a
 		// requester cannot receive more than its responder peer sent.
-		if ca.RcvdSeqErr > cb.OutOfSeqRequest || cb.RcvdSeqErr > ca.OutOfSeqRequest {
+		if sr {
+			// Selective repeat answers every held packet with a
+			// selective NAK: compare with those.
+			if ca.RcvdSeqErr > cb.SRSACKSent+cb.OutOfSeqRequest || cb.RcvdSeqErr > ca.SRSACKSent+ca.OutOfSeqRequest {
+				t.Errorf("rcvd_seq_err A %d B %d exceeds the selective NAKs the peer sent B %d A %d", ca.RcvdSeqErr, cb.RcvdSeqErr, cb.SRSACKSent, ca.SRSACKSent)
+			}
+		} else if ca.RcvdSeqErr > cb.OutOfSeqRequest || cb.RcvdSeqErr > ca.OutOfSeqRequest {
 			t.Errorf("rcvd_seq_err A %d B %d exceeds the peer's out_of_seq_request B %d A %d", ca.RcvdSeqErr, cb.RcvdSeqErr, cb.OutOfSeqRequest, ca.OutOfSeqRequest)
 		}
 	}

@@ -16,7 +16,7 @@ var transitions = map[[2]QPState]transition{
 	{QPSReset, QPSInit}: {req: AttrPKeyIndex | AttrPort | AttrAccessFlags},
 	{QPSInit, QPSInit}:  {opt: AttrPKeyIndex | AttrPort | AttrAccessFlags},
 	{QPSInit, QPSRTR}: {req: AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer,
-		opt: AttrAccessFlags | AttrPKeyIndex},
+		opt: AttrAccessFlags | AttrPKeyIndex | AttrSelectiveRepeat},
 	{QPSRTR, QPSRTS}: {req: AttrSQPSN | AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRdAtomic,
 		opt: AttrAccessFlags | AttrMinRNRTimer},
 	{QPSRTS, QPSRTS}: {opt: AttrAccessFlags | AttrMinRNRTimer},
@@ -71,7 +71,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, ErrClosed)
 	}
 	if qp.destroyed {
-		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, ErrDestroyed)
+		return fmt.Errorf("transport: Modify qp %#x: %w", qp.qpn, qp.destroyedErr())
 	}
 	cur := qp.attr.State
 	next := cur
@@ -165,6 +165,9 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if given&AttrQKey != 0 {
 		a.QKey = attr.QKey
 	}
+	if given&AttrSelectiveRepeat != 0 {
+		a.SelectiveRepeat = attr.SelectiveRepeat
+	}
 	switch {
 	case next == QPSReset:
 		qp.reset()
@@ -173,10 +176,12 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	case cur == QPSInit && next == QPSRTR:
 		a.State = QPSRTR
 		qp.resp.reset(bth.PSN(a.RQPSN))
+		qp.srEnable(a.SelectiveRepeat)
 	case cur == QPSRTR && next == QPSRTS:
 		a.State = QPSRTS
 		qp.req.reset(bth.PSN(a.SQPSN))
 		qp.comp.reset(bth.PSN(a.SQPSN), a)
+		qp.srResetReq(bth.PSN(a.SQPSN))
 	case cur == QPSSQD && next == QPSRTS, cur == QPSSQE && next == QPSRTS:
 		a.State = QPSRTS
 		qp.reqProgress()
@@ -268,6 +273,8 @@ func AckTimeout(t uint8) time.Duration {
 // reset returns the QP to RESET: queues emptied without completions.
 func (qp *QP) reset() {
 	qp.stopTimersLocked()
+	qp.srFree()
+	qp.sr = nil
 	for i := range qp.sq {
 		qp.sq[i] = sendWQE{sges: qp.sq[i].sges[:0]}
 	}
@@ -291,6 +298,11 @@ func (qp *QP) reset() {
 	qp.timeout = 0
 	qp.stopPacing()
 	qp.ccInit()
+	qp.probes = 0
+	if qp.failed {
+		// A QP taken back to RESET from ERR can fail again.
+		qp.failed, qp.failErr, qp.failCh = false, nil, make(chan struct{})
+	}
 }
 
 // toError moves the QP to ERR and completes every outstanding work request:
@@ -301,6 +313,7 @@ func (qp *QP) toError() {
 	qp.flushOut()
 	qp.attr.State = QPSErr
 	qp.stopTimersLocked()
+	qp.srFree()
 	first := true
 	for qp.sqHead != qp.sqEnd {
 		w := qp.sqAt(qp.sqHead)
@@ -325,4 +338,5 @@ func (qp *QP) toError() {
 		qp.rqHead++
 	}
 	qp.resp.wqeActive = false
+	qp.markFailed()
 }

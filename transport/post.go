@@ -30,21 +30,7 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 			break
 		}
 	}
-	if qp.attr.State == QPSErr {
-		qp.toError()
-	} else {
-		qp.tmr.inPost = true
-		qp.reqProgress()
-		qp.tmr.inPost = false
-	}
-	qp.settle()
-	qp.flushOut()
-	if qp.tmr.armDue {
-		qp.tmr.armDue = false
-		if qp.attr.State != QPSErr {
-			qp.armRetrans()
-		}
-	}
+	qp.afterPost()
 	return err
 }
 
@@ -55,7 +41,7 @@ func (qp *QP) postable(op string) error {
 	case qp.dev.isClosed():
 		return fmt.Errorf("transport: %s qp %#x: %w", op, qp.qpn, ErrClosed)
 	case qp.destroyed:
-		return fmt.Errorf("transport: %s qp %#x: %w", op, qp.qpn, ErrDestroyed)
+		return fmt.Errorf("transport: %s qp %#x: %w", op, qp.qpn, qp.destroyedErr())
 	}
 	return nil
 }
@@ -65,7 +51,7 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 		return &WRError{Op: "PostSend", QPN: qp.qpn, Index: i, WRID: wr.WRID, Field: field,
 			Msg: fmt.Sprintf(format, args...), Kind: kind, Err: err}
 	}
-	if qp.sqEnd-qp.sqHead >= uint64(qp.init.MaxSendWR) {
+	if qp.sqEnd-qp.sqHead-uint64(qp.probes) >= uint64(qp.init.MaxSendWR) {
 		return bad("", ErrQueueFull, nil, "%d WRs outstanding (max_send_wr)", qp.init.MaxSendWR)
 	}
 	qp.sqRoom()
@@ -270,7 +256,7 @@ func (qp *QP) bindPostable(wrid uint64) error {
 	if st := qp.attr.State; st != QPSRTS && st != QPSSQD && st != QPSErr {
 		return fmt.Errorf("transport: BindMW qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
 	}
-	if qp.sqEnd-qp.sqHead >= uint64(qp.init.MaxSendWR) {
+	if qp.sqEnd-qp.sqHead-uint64(qp.probes) >= uint64(qp.init.MaxSendWR) {
 		return &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Msg: "send queue full", Kind: ErrQueueFull}
 	}
 	return nil

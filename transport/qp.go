@@ -21,6 +21,7 @@ type sendWQE struct {
 	rdCounted bool
 	done      bool
 	localDone bool // a local operation (bind, invalidate) was executed
+	probe     bool // a keep-alive probe (QP.Probe): never completes to a CQ
 	status    WCStatus
 	rsl       memreg.ScatterList // RDMA READ: places the response data into sges
 }
@@ -80,6 +81,7 @@ type QP struct {
 	rqHead, rqEnd uint64
 
 	resp responder
+	sr   *srState // selective repeat (sack.go), nil: go-back-N
 
 	tq  [numTimerKinds]timerEntry // this QP's entries in dev.tq
 	tmr timers
@@ -102,6 +104,21 @@ type QP struct {
 	commEst    bool          // EventCommEst was raised
 	commEstCh  chan struct{} // closed with commEst
 	sqdDrained bool          // EventSQDrained was raised for the current SQD
+
+	// Liveness (liveness.go): failCh is closed when the QP enters ERR
+	// (failed reports that it is), failErr says why; heard counts the
+	// packets accepted from the peer; probes is 1 while a keep-alive
+	// probe is in the send queue (it does not count against max_send_wr);
+	// roomCh wakes PostSendContext waiters when the send queue drains
+	// (roomWait: someone waits).
+	failCh       chan struct{}
+	failed       bool
+	failErr      error
+	heard        uint64
+	probes       int
+	roomCh       chan struct{}
+	roomWait     int
+	destroyCause error // what Destroy's callers name (DestroyCause), nil: ErrDestroyed alone
 }
 
 // pushWC stores a completion in cq. Inside a received batch the waiter is
@@ -144,6 +161,9 @@ func (qp *QP) settle() {
 // fail moves the QP to ERR by itself (an error, not a Modify) and raises
 // the asynchronous event ev with cause.
 func (qp *QP) fail(ev EventType, cause error) {
+	if !qp.failed && qp.failErr == nil {
+		qp.failErr = cause
+	}
 	qp.toError()
 	qp.dev.raise(AsyncEvent{Type: ev, QP: qp, Err: cause})
 }
@@ -204,7 +224,8 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if a.MaxSGE < 0 || a.MaxSGE > 32 {
 		return nil, fmt.Errorf("transport: CreateQP: max_sge %d out of range 1..32: %w", a.MaxSGE, ErrInvalidConfig)
 	}
-	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ, init: a, transport: tr, commEstCh: make(chan struct{})}
+	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ, init: a, transport: tr, commEstCh: make(chan struct{}),
+		failCh: make(chan struct{}), roomCh: make(chan struct{}, 1)}
 	if a.SRQ != nil {
 		qp.resp.srqWQE.sges = make([]memreg.SGE, 0, a.SRQ.maxSGE)
 	}
@@ -283,7 +304,10 @@ func (qp *QP) Destroy() error {
 		return fmt.Errorf("transport: Destroy qp %#x: %w", qp.qpn, ErrClosed)
 	case qp.destroyed:
 		qp.mu.Unlock()
-		return fmt.Errorf("transport: Destroy qp %#x: %w", qp.qpn, ErrDestroyed)
+		return fmt.Errorf("transport: Destroy qp %#x: %w", qp.qpn, qp.destroyedErr())
+	}
+	if qp.failErr == nil && !qp.failed {
+		qp.failErr = qp.destroyedErr()
 	}
 	qp.toError()
 	qp.stopTimersLocked()
@@ -387,6 +411,7 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 		return
 	}
 	inc(&qp.dev.ctr.RcvdPkts)
+	qp.heard++
 	if up.TOS&udp.ECNMask == udp.ECNCE {
 		qp.ceMarked()
 	}
@@ -450,7 +475,7 @@ func (qp *QP) rqAt(i uint64) *recvWQE { return &qp.rq[i%uint64(len(qp.rq))] }
 // max_send_wr), doubling the ring when it is full.
 func (qp *QP) sqRoom() {
 	if n := qp.sqEnd - qp.sqHead; n == uint64(len(qp.sq)) {
-		qp.sq = growRing(qp.sq, qp.sqHead, qp.sqEnd, min(2*len(qp.sq), qp.init.MaxSendWR), qp.init.MaxSGE)
+		qp.sq = growRing(qp.sq, qp.sqHead, qp.sqEnd, min(2*len(qp.sq), qp.init.MaxSendWR+1), qp.init.MaxSGE) // +1: a keep-alive probe
 	}
 }
 

@@ -15,7 +15,11 @@ type requester struct {
 	curPkt int     // packets (PSNs) of sq[sqCur] already sent
 	noack  int     // packets sent since the last AckReq
 	rdOut  int     // READ/atomic WQEs outstanding
-	f      packet.Fields
+	// forceAck and rdLimit shape a selective repeat resend (srResend):
+	// AckReq set, a READ for at most rdLimit bytes (0: the rest).
+	forceAck bool
+	rdLimit  uint32
+	f        packet.Fields
 }
 
 func (r *requester) reset(psn bth.PSN) { *r = requester{psn: psn, maxPSN: psn} }
@@ -49,6 +53,17 @@ func (qp *QP) reqProgress() {
 	}
 	window := int32(qp.dev.cfg.MaxUnackedPSNs)
 	sent := false
+	if qp.sr != nil {
+		window = qp.srWindow(window)
+		if qp.sr.due {
+			nout := qp.nout
+			qp.srRecover()
+			sent = qp.nout != nout
+			if qp.attr.State == QPSErr {
+				return
+			}
+		}
+	}
 	for qp.sqCur != qp.sqEnd {
 		if qp.init.Type == QPTypeRC && qp.req.psn.Diff(qp.oldestUnacked()) >= window {
 			break
@@ -99,6 +114,9 @@ func (qp *QP) reqProgress() {
 	if qp.sqCur == qp.sqEnd {
 		qp.cc.rp.Idle()
 	}
+	if sent && qp.sr != nil {
+		qp.srTimeSent()
+	}
 	if sent && qp.attr.State != QPSErr {
 		if qp.tmr.inPost {
 			qp.tmr.armDue = true
@@ -131,6 +149,9 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 		f.RETH.VA = w.wr.RemoteAddr + off
 		f.RETH.RKey = w.wr.RKey
 		f.RETH.DMALength = w.length - uint32(off)
+		if r.rdLimit != 0 && f.RETH.DMALength > r.rdLimit {
+			f.RETH.DMALength = r.rdLimit
+		}
 		consumed = w.npkts - k
 	case WRCompareSwap, WRFetchAdd:
 		f.BTH.Opcode = bth.RCFetchAdd
@@ -172,7 +193,7 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 		}
 	}
 	r.noack++
-	if r.noack >= qp.dev.cfg.MaxPktsPerAck {
+	if r.noack >= qp.dev.cfg.MaxPktsPerAck || r.forceAck || (qp.sr != nil && r.noack >= qp.srAckEvery()) {
 		f.BTH.AckReq = true
 	}
 	if f.BTH.AckReq {

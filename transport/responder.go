@@ -78,6 +78,10 @@ func (qp *QP) respInput(p *packetT) {
 		return
 	}
 	d := psn.Diff(r.psn)
+	if d > 0 && qp.sr != nil {
+		qp.srHold(p, psn, d)
+		return
+	}
 	if d > 0 {
 		if !r.nakSent {
 			r.nakSent = true
@@ -88,11 +92,17 @@ func (qp *QP) respInput(p *packetT) {
 	}
 	if d < 0 {
 		inc(&qp.dev.ctr.DuplicateRequest)
+		if qp.sr != nil && qp.srDuplicate(p) {
+			return
+		}
 		qp.respDuplicate(p, psn)
 		return
 	}
 	r.nakSent = false
 	qp.respExecute(p, psn)
+	if qp.sr != nil {
+		qp.srDrain(psn)
+	}
 }
 
 // respExecute checks the opcode sequence of an in-sequence request and
@@ -306,11 +316,16 @@ func (qp *QP) respSend(p *packetT, psn bth.PSN) {
 
 func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
 	r := &qp.resp
-	if qp.attr.AccessFlags&memreg.AccessRemoteWrite == 0 {
+	pos := p.Info.Pos
+	// A zero-length WRITE ONLY without immediate touches no memory: it is
+	// what keep-alive probes are (QP.Probe), and a QP that grants no
+	// remote write answers it too. (rxe NAKs it without remote write;
+	// Linux's CM grants remote write on every QP it connects.)
+	probe := pos == bth.PosOnly && !p.Info.Imm && p.RETH.DMALength() == 0 && len(p.Payload) == 0
+	if qp.attr.AccessFlags&memreg.AccessRemoteWrite == 0 && !probe {
 		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
-	pos := p.Info.Pos
 	// A WRITE with immediate consumes a receive WQE: check for one before
 	// any side effect so that an RNR NAK leaves nothing half done.
 	if p.Info.Imm && qp.nextRecv() == nil {

@@ -81,14 +81,18 @@ func (qp *QP) armRetrans() {
 		return
 	}
 	now := qp.now()
+	to := qp.timeout
+	if qp.sr != nil {
+		to = qp.srRTO()
+	}
 	// Never earlier than a deadline already set: a batch's clock reading
 	// may be older than a PostSend's on another goroutine.
-	if d := now.Add(qp.timeout); !qp.tmr.timerArmed || d.After(qp.tmr.deadline) {
+	if d := now.Add(to); !qp.tmr.timerArmed || d.After(qp.tmr.deadline) {
 		qp.tmr.deadline = d
 	}
 	if !qp.tmr.timerArmed {
 		qp.tmr.timerArmed = true
-		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.timeout)
+		qp.dev.tq.arm(&qp.tq[timerRetrans], now, to)
 	}
 }
 
@@ -105,13 +109,60 @@ func (qp *QP) onRetransTimer() {
 		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.tmr.deadline.Sub(now))
 		return
 	}
-	inc(&qp.dev.ctr.LocalAckTimeout)
+	if qp.behind(now) && qp.comp.lateRun < maxLateRun {
+		// This process was behind: the peer's ACK may be waiting unread
+		// (in the socket, or in a batch not handled yet). That is no
+		// silence of the peer: resend, but do not spend a retry on it
+		// (ack_timeout_late tells it apart from local_ack_timeout_err).
+		inc(&qp.dev.ctr.AckTimeoutLate)
+		qp.comp.lateRun++
+		if qp.sr == nil {
+			qp.comp.retryCnt++ // retry takes it back
+		} else {
+			qp.sr.late = true // srTimeout spends no retry on it
+		}
+	} else {
+		inc(&qp.dev.ctr.LocalAckTimeout)
+	}
 	if qp.trace != nil {
 		qp.trace("timeout comp.psn %v", qp.oldestUnacked())
 	}
-	qp.retry()
+	if qp.sr != nil {
+		qp.srTimeout()
+	} else {
+		qp.retry()
+	}
 	qp.settle()
 	qp.flushOut()
+}
+
+// maxLateRun bounds the expiries in a row that spend no retry (behind):
+// a process that is always behind still finds a dead peer, later.
+const maxLateRun = 16
+
+// behind reports, at an ACK timer expiry at now, that this process was
+// behind on its input, so the expiry says nothing about the peer: the
+// timer itself ran more than a whole timeout late (the process was not
+// scheduled), or the device's receive side has been inside one batch for
+// longer than a timeout (descheduled in the middle of it; the ACK may be
+// in that batch or queued behind it). Wall clock only.
+func (qp *QP) behind(now time.Time) bool {
+	if !qp.realClock() {
+		return false
+	}
+	if now.Sub(qp.tmr.deadline) > qp.timeout {
+		return true
+	}
+	b := qp.dev.rxBusy.Load()
+	return b != 0 && now.UnixNano()-b > int64(qp.timeout)
+}
+
+// realClock reports whether the device runs on the wall clock, where a
+// timer can fire late because the process was not scheduled (a
+// ManualClock's timers fire when the test advances it, late by design).
+func (qp *QP) realClock() bool {
+	_, ok := qp.dev.clock.(RealClock)
+	return ok
 }
 
 // onRNRTimer ends an RNR back-off: the requester resends from the NAKed

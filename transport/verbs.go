@@ -115,6 +115,9 @@ const (
 	AttrSQPSN           AttrMask = 1 << 16
 	AttrMaxDestRdAtomic AttrMask = 1 << 17
 	AttrDestQPN         AttrMask = 1 << 20
+	// AttrSelectiveRepeat selects QPAttr.SelectiveRepeat (this stack's
+	// own bit, not a libibverbs one), optional at INIT -> RTR of an RC QP.
+	AttrSelectiveRepeat AttrMask = 1 << 30
 )
 
 var attrNames = []struct {
@@ -126,6 +129,7 @@ var attrNames = []struct {
 	{AttrTimeout, "timeout"}, {AttrRetryCnt, "retry_cnt"}, {AttrRNRRetry, "rnr_retry"},
 	{AttrRQPSN, "rq_psn"}, {AttrMaxQPRdAtomic, "max_rd_atomic"}, {AttrMinRNRTimer, "min_rnr_timer"},
 	{AttrSQPSN, "sq_psn"}, {AttrMaxDestRdAtomic, "max_dest_rd_atomic"}, {AttrDestQPN, "dest_qp_num"},
+	{AttrSelectiveRepeat, "selective_repeat"},
 }
 
 // String lists the attribute names in the mask, e.g. "state|path_mtu".
@@ -179,6 +183,12 @@ type QPAttr struct {
 	MaxQPRdAtomic   uint8  // outstanding READ/atomic requests as requester
 	MaxDestRdAtomic uint8  // saved READ/atomic responder resources
 	QKey            uint32 // UD: the Q_Key received datagrams must carry (high bit reserved for privileged QPs)
+	// SelectiveRepeat (AttrSelectiveRepeat, at INIT -> RTR of an RC QP)
+	// runs selective repeat with the peer instead of go-back-N. Both
+	// ends must set it: the responder then holds out-of-order packets
+	// and sends selective NAKs, which only a rocev2 peer understands.
+	// The CM sets it when the ECE exchange negotiated it.
+	SelectiveRepeat bool
 }
 
 // QPInitAttr are the creation parameters of a QP.

@@ -218,6 +218,7 @@ func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (don
 		sent.Add(uint64(k))
 		s.off += s.n
 	}
+	icmpRetries := 0
 	for s.off < s.cnt {
 		s.n = 0
 		if err := rc.Write(s.fn); err != nil {
@@ -232,6 +233,14 @@ func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (don
 			return done, err
 		}
 		if s.errno != 0 {
+			if s.trap == unix.SYS_SENDMMSG && icmpErrno(s.errno) && icmpRetries < 8 {
+				// An ICMP error for an earlier datagram (IP_RECVERR)
+				// failed this call, not this datagram: the socket's
+				// error is cleared now; send it again.
+				icmpRetries++
+				s.errno = 0
+				continue
+			}
 			return done, s.errno
 		}
 		count()

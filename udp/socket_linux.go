@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -71,6 +72,8 @@ type SocketLink struct {
 
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
 	inPlace      atomic.Bool   // SetRecvInPlace: GRO segments handed out in place
+
+	errs *errWatch // the send sockets' ICMP errors (nil if it could not start)
 
 	txFlow flowPrefix // ICRC prefix of the flow sent last (under sendMu)
 	rxFlow flowPrefix // ICRC prefix of the flow received last (under recvMu)
@@ -141,7 +144,42 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 	if !o.NoGRO {
 		l.gro = &groState{mem: make([]byte, o.BatchSize*groBufSize), msgs: make([]groMsg, o.BatchSize)}
 	}
+	if w, err := newErrWatch(); err == nil {
+		l.errs = w
+		w.add(tx)
+		// A link dropped without Close: its sockets are closed by their
+		// finalizers (fdConn), which the watcher must not keep alive.
+		runtime.AddCleanup(l, (*errWatch).close, w)
+	}
 	return l, nil
+}
+
+// Stats returns the link's counters (Link.Stats).
+func (l *SocketLink) Stats() Stats {
+	st := l.sockLink.Stats()
+	if l.errs != nil {
+		st.ICMPErrors = l.errs.count.Load()
+	}
+	return st
+}
+
+var _ ErrorReporter = (*SocketLink)(nil)
+
+// SetErrorHandler sets the function called with each ICMP error the
+// network returns for a packet the link sent (ErrorReporter): port
+// unreachable when nothing listens on UDP 4791 at the destination, host
+// or network unreachable. It is called from the link's error goroutine
+// and must not block. Errors are counted (Stats.ICMPErrors) with or
+// without a handler.
+func (l *SocketLink) SetErrorHandler(h func(*ICMPError)) {
+	if l.errs == nil {
+		return
+	}
+	if h == nil {
+		l.errs.handler.Store(nil)
+		return
+	}
+	l.errs.handler.Store(&h)
 }
 
 // openSendSocket opens a blocking socket bound to ap that only sends (see
@@ -149,9 +187,20 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 // buffer sndBuf, and a socket filter that drops everything it would receive.
 func openSendSocket(ap netip.AddrPort, is6 bool, sndBuf int) (*fdConn, error) {
 	return openSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error {
-		o := SocketOptions{RecvBufferSize: 4096, SendBufferSize: sndBuf, NoGRO: true}
+		// The receive buffer bounds only the ICMP error queue (the
+		// filter drops every datagram).
+		o := SocketOptions{RecvBufferSize: 64 << 10, SendBufferSize: sndBuf, NoGRO: true}
 		if err := setSocketOptions(fd, is6, &o); err != nil {
 			return err
+		}
+		// ICMP errors for what it sends (errWatch reads them); the
+		// error queue is bounded by the receive buffer.
+		level, opt, name := unix.IPPROTO_IP, unix.IP_RECVERR, "IP_RECVERR"
+		if is6 {
+			level, opt, name = unix.IPPROTO_IPV6, unix.IPV6_RECVERR, "IPV6_RECVERR"
+		}
+		if err := unix.SetsockoptInt(fd, level, opt, 1); err != nil {
+			return fmt.Errorf("setsockopt %s: %w", name, err)
 		}
 		return attachFilter(fd, dropAll)
 	})
@@ -221,6 +270,9 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 // Close closes the socket(s); a blocked Recv returns net.ErrClosed.
 // Closing twice is harmless.
 func (l *SocketLink) Close() error {
+	if l.errs != nil {
+		l.errs.close()
+	}
 	err := l.rx.Close()
 	l.tx.Close()
 	l.portsMu.Lock()
@@ -414,6 +466,9 @@ func (l *SocketLink) openSourceSocket(port uint16) (*portSocket, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if l.errs != nil {
+		l.errs.add(conn)
 	}
 	return &portSocket{conn: conn}, nil
 }

@@ -120,6 +120,10 @@ type Stats struct {
 	// socket before Recv saw them (receive buffer full): SO_MEMINFO's drop
 	// count on the socket backends, 0 on the in-memory link.
 	DropKernel uint64
+	// ICMPErrors counts the ICMP errors (port, host or network
+	// unreachable) the network returned for packets the link sent
+	// (SocketLink; see ErrorReporter).
+	ICMPErrors uint64
 }
 
 // Errors returned by Links. They are matched with errors.Is.

@@ -160,7 +160,11 @@ func testVethRC(t *testing.T, vc vethCase) {
 	mtuBytes := vc.mtu.Bytes()
 	for _, rc := range rcCases(mtuBytes) {
 		if err := runRCCase(ctx, a, b, rc, &release); err != nil {
-			t.Fatalf("%s %d bytes x%d: %v", rc.name(), rc.size, rc.count, err)
+			// The counters tell a scheduling delay (ack_timeout_late),
+			// kernel drops (link DropKernel) and a silent peer
+			// (local_ack_timeout_err) apart.
+			t.Fatalf("%s %d bytes x%d: %v\nA %+v\n  link %+v\nB %+v\n  link %+v", rc.name(), rc.size, rc.count, err,
+				a.dev.Counters(), la.Stats(), b.dev.Counters(), lb.Stats())
 		}
 	}
 	<-gdone

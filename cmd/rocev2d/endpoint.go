@@ -28,6 +28,9 @@ type endpoint struct {
 	psn    uint32         // first send PSN (random, 24 bits)
 	srq    *transport.SRQ // the shared receive queue of the QPs (srq-pingpong), or nil
 	access memreg.Access  // remote access the QP grants the peer
+	// sr connects the QPs with selective repeat (--selective-repeat: the
+	// peer must be a rocev2d that set it too).
+	sr bool
 	// release undoes the registrations and mappings of alloc, in reverse
 	// order, after the device is closed.
 	release []func()
@@ -147,7 +150,7 @@ func (e *endpoint) connectQP(qp *transport.QP, psn uint32, peer netip.Addr, peer
 	}
 	return qp.Connect(transport.ConnParams{Peer: peer, DestQPN: peerQPN, RQPSN: peerPSN, SQPSN: psn,
 		PathMTU: mtu, Access: e.access, MaxRdAtomic: rdAtomic, MaxDestRdAtomic: rdAtomic,
-		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}})
+		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}, SelectiveRepeat: e.sr})
 }
 
 // peerFamily explains a peer GID of the other address family than the

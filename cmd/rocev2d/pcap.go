@@ -17,6 +17,8 @@ import (
 	"github.com/google/gopacket/layers"
 
 	"github.com/google/gopacket/pcapgo"
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/rocelayer"
@@ -359,6 +361,9 @@ func writeExt(sb *strings.Builder, pk *packet.Packet) {
 	if pk.AtomicAck != nil {
 		fmt.Fprintf(sb, " AtomicAckETH[orig=0x%x]", pk.AtomicAck.OrigData())
 	}
+	if pk.AETH != nil && len(pk.Payload) > 0 && aeth.IsSACK(pk.Payload) {
+		writeSACK(sb, pk.BTH.PSN(), aeth.SACK(pk.Payload))
+	}
 	if pk.ImmDt != nil {
 		fmt.Fprintf(sb, " ImmDt=0x%08x", pk.ImmDt.Imm())
 	}
@@ -408,4 +413,38 @@ func writeSamples(name string, samples []rocelayer.Sample) error {
 		err = cerr
 	}
 	return err
+}
+
+// writeSACK appends a selective repeat SACK block (aeth.SACK, after the
+// AETH of a selective NAK): the PSNs the responder holds beyond base, as
+// ranges (at most 8 shown).
+func writeSACK(sb *strings.Builder, base bth.PSN, s aeth.SACK) {
+	fmt.Fprintf(sb, " SACK[v%d bits=%d held=", aeth.SACKVersion, s.Bits())
+	n := 0
+	for j := 0; j < s.Bits(); j++ {
+		if !s.Has(j) || (j > 0 && s.Has(j-1)) {
+			continue
+		}
+		e := j
+		for e+1 < s.Bits() && s.Has(e+1) {
+			e++
+		}
+		if n == 8 {
+			sb.WriteString(",...")
+			break
+		}
+		if n > 0 {
+			sb.WriteString(",")
+		}
+		if e == j {
+			fmt.Fprintf(sb, "%v", base.Add(1+j))
+		} else {
+			fmt.Fprintf(sb, "%v-%v", base.Add(1+j), base.Add(1+e))
+		}
+		n++
+	}
+	if n == 0 {
+		sb.WriteString("none")
+	}
+	sb.WriteString("]")
 }

@@ -228,7 +228,9 @@ func (p *perfCM) dial(ctx context.Context, opts *rdmacm.Options, patience time.D
 		if cause := context.Cause(dctx); errors.Is(cause, oob.ErrModeMismatch) {
 			return nil, cause
 		}
-		if !errors.Is(err, rdmacm.ErrRefused) && !errors.Is(err, rdmacm.ErrTimeout) {
+		// Refused (no listener yet), no answer, or nothing on UDP 4791
+		// yet (ICMP port unreachable): the server may still be starting.
+		if !errors.Is(err, rdmacm.ErrRefused) && !errors.Is(err, rdmacm.ErrTimeout) && !errors.Is(err, rdmacm.ErrUnreachable) {
 			break
 		}
 		select {
@@ -245,7 +247,8 @@ func (p *perfCM) dial(ctx context.Context, opts *rdmacm.Options, patience time.D
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("rdma_cm connection to %v: %v (%v)", p.peer, lastErr, context.Cause(ctx))
 	}
-	if errors.Is(lastErr, rdmacm.ErrRefused) || errors.Is(lastErr, rdmacm.ErrTimeout) || errors.Is(lastErr, context.DeadlineExceeded) {
+	if errors.Is(lastErr, rdmacm.ErrRefused) || errors.Is(lastErr, rdmacm.ErrTimeout) || errors.Is(lastErr, rdmacm.ErrUnreachable) ||
+		errors.Is(lastErr, context.DeadlineExceeded) {
 		return nil, fmt.Errorf("couldn't connect through rdma_cm to %v within %v (is `%s -R` running there as a server?): %v",
 			p.peer, patience, p.c.test, lastErr)
 	}
@@ -343,7 +346,7 @@ func (p *perfCM) connect(ctx context.Context, neg oob.Params) ([]oob.PerfDest, e
 	optsFor := func(i int) *rdmacm.Options {
 		return &rdmacm.Options{QP: s.qps[i].qp, Access: s.access, PathMTU: mtu, ResponderResources: rd, InitiatorDepth: rd,
 			Retry:           &transport.Retry{Timeout: uint8(p.c.qpTimeout), RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12},
-			ResponseTimeout: perfCMTimeout}
+			ResponseTimeout: perfCMTimeout, SelectiveRepeat: p.c.sr}
 	}
 	what := func(i int) string {
 		if nq == 1 {
@@ -511,6 +514,12 @@ func (m *cmMsgConn) wait(cq *transport.CQ) (transport.WC, error) {
 		}()
 		n, err := cq.Wait(ctx, wc[:])
 		cancel()
+		if err == nil && n == 1 && wc[0].QPN != m.qp.QPN() {
+			// The flushed receive of an earlier attempt's QP (Dial
+			// tries again when the server is not up yet, and every
+			// attempt's QP uses these CQs): not this connection's.
+			continue
+		}
 		if err == nil && n == 1 {
 			return wc[0], nil
 		}

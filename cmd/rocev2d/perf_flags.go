@@ -74,7 +74,11 @@ options:
                           (both sides must be rocev2d with the same flags)
       --connect-timeout=D how long a client keeps trying to reach the server (default 10s)
       --timeout=D         give up when the whole run takes longer (default 0 = no limit)
-  -v                      print the device counters at the end (also on SIGUSR1)
+  -v                      print the device counters at the end (also on SIGUSR1) and
+                          each QP's loss recovery (go-back-N or selective repeat)
+      --selective-repeat  recover from loss by resending only what is missing (IRN-style);
+                          only with a rocev2d peer that sets it too (with -R the CM's ECE
+                          exchange checks that; rxe and other peers keep go-back-N)
 
 A side whose peer has ended its data phase (or closed the connection) gives up
 once its own has moved no packet for 5 s; so does a SEND side whose SENDs meet
@@ -108,6 +112,7 @@ type perfConfig struct {
 	connTimeout time.Duration
 	timeout     time.Duration
 	verbose     bool
+	sr          bool // --selective-repeat: offer selective repeat (both sides must set it)
 	events      bool
 	rdmaCM      bool // -R: connect the QPs through rdma_cm, exchange over it
 	bidi        bool // -b: both sides run the data phase (perftest's duplex)
@@ -160,6 +165,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	fs.DurationVar(&c.connTimeout, "connect-timeout", 10*time.Second, "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
+	fs.BoolVar(&c.sr, "selective-repeat", false, "")
 	addSocketFlags(fs, &c.sock)
 	var err error
 	if c.server, err = parseWithServer(fs, args); err != nil {

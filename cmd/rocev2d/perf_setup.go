@@ -173,6 +173,7 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 		}
 		return nil, err
 	}
+	e.sr = c.sr
 	s := &perfSide{endpoint: e, c: c, capture: capture}
 	s.qps = []*perfQP{{qp: e.qp, psn: e.psn}}
 	for i := 1; i < nqp; i++ {
@@ -261,6 +262,9 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 			}
 		}
 	}
+	if s.c.verbose {
+		s.printRecovery(stdout)
+	}
 	s.printHeader(stdout)
 	// perftest prints every local QP's line, then every remote one's.
 	for i := range s.qps {
@@ -348,4 +352,24 @@ func (s *perfSide) postRecv(i int) error {
 	}
 	q.posted++
 	return nil
+}
+
+// printRecovery prints, per test QP, the loss recovery it runs (-v):
+// selective repeat when both sides asked for it (--selective-repeat) and,
+// with -R, what the ECE exchange carried each way.
+func (s *perfSide) printRecovery(w io.Writer) {
+	for i, q := range s.qps {
+		mode := "go-back-N"
+		if q.qp.SelectiveRepeat() {
+			mode = "selective repeat"
+		}
+		ece := ""
+		if s.cm != nil && i < len(s.cm.tests) {
+			c := s.cm.tests[i]
+			ece = fmt.Sprintf(" (ECE sent %v, received %v)", c.LocalECE(), c.RemoteECE())
+		} else if s.c.sr {
+			ece = " (--selective-repeat: the peer must set it too)"
+		}
+		fmt.Fprintf(w, " QP %d loss recovery: %s%s\n", i+1, mode, ece)
+	}
 }

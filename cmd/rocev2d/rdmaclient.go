@@ -38,7 +38,7 @@ options:
       --bind=IP  local RoCEv2 address (overrides -s)
       --timeout=DUR  give up when the whole run takes longer (default 0 = no limit)
       --counters print the device's and the CM's counters at the end
-` + socketUsage + `
+` + idleUsage + socketUsage + `
 Output as rdma_server's: "rdma_server: start", "rdma_server: end RET" (RET 0,
 or -1 after a failure, whose perror-style line precedes it). Exit status: RET
 (0, 255 for -1), 1 for bad usage, as rdma_server.
@@ -58,11 +58,20 @@ options:
                  the server's address from)
       --timeout=DUR  give up when the whole run takes longer (default 0 = no limit)
       --counters print the device's and the CM's counters at the end
-` + socketUsage + `
+` + idleUsage + socketUsage + `
 Output as rdma_client's: "rdma_client: start", "rdma_client: end RET"; a
 refused connection prints "rdma_connect: Connection refused" (rdma_cm's
 ECONNREFUSED for a REJ) and ends with -1. Exit status: RET (0, 255 for -1), 1
 for bad usage, as rdma_client.
+`
+
+const idleUsage = `      --idle=DUR     once connected, stay idle that long before the exchange,
+                     watching the connection; it ends with -1 and "connection
+                     lost after ..." when the peer is found dead meanwhile
+      --keepalive=DUR, --keepalive-timeout=DUR
+                     the connection's keep-alive interval and probe timeout
+                     (rdmacm.Options.KeepAlive/KeepAliveTimeout; default 15s
+                     and 10s; --keepalive=-1s turns it off)
 `
 
 // rdmaExConfig holds the flags of rdma-server and rdma-client.
@@ -74,6 +83,8 @@ type rdmaExConfig struct {
 	timeout  time.Duration
 	counters bool
 	sock     socketFlags
+
+	idle, keepAlive, keepAliveTimeout time.Duration
 }
 
 func parseRdmaExFlags(name string, server bool, args []string) (*rdmaExConfig, error) {
@@ -89,6 +100,9 @@ func parseRdmaExFlags(name string, server bool, args []string) (*rdmaExConfig, e
 	fs.StringVar(&bind, "bind", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.counters, "counters", false, "")
+	fs.DurationVar(&c.idle, "idle", 0, "")
+	fs.DurationVar(&c.keepAlive, "keepalive", 0, "")
+	fs.DurationVar(&c.keepAliveTimeout, "keepalive-timeout", 0, "")
 	addSocketFlags(fs, &c.sock)
 	if err := fs.Parse(splitGetopt(args, map[byte]bool{'s': true, 'p': true})); err != nil {
 		return nil, err
@@ -198,6 +212,7 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 		return fmt.Errorf("rdma_reg_msgs for send_msg: %v", err)
 	}
 	opts := rdmacm.Options{QP: e.qp, PD: e.pd, SendCQ: e.scq, RecvCQ: e.rcq,
+		KeepAlive: c.keepAlive, KeepAliveTimeout: c.keepAliveTimeout,
 		Prepare: func(qp *transport.QP) error {
 			if err := qp.PostRecv(transport.RecvWR{WRID: 1, SGEs: []memreg.SGE{recvMR.SGE(0, 16)}}); err != nil {
 				return fmt.Errorf("rdma_post_recv: %v", err)
@@ -237,6 +252,19 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 		}
 	}
 	defer conn.Close() // rdma_disconnect
+	if c.idle > 0 {
+		tool := map[bool]string{true: "rdma_server", false: "rdma_client"}[c.server]
+		fmt.Fprintf(stdout, "%s: connected, idle for %v\n", tool, c.idle)
+		t0 := time.Now()
+		select {
+		case <-conn.Done():
+			return fmt.Errorf("connection lost after %.2fs idle: %v", time.Since(t0).Seconds(), conn.Err())
+		case <-ctx.Done():
+			return fmt.Errorf("idle: %v", context.Cause(ctx))
+		case <-time.After(c.idle):
+			fmt.Fprintf(stdout, "%s: connection alive after %v idle\n", tool, c.idle)
+		}
+	}
 	send := func() error {
 		if err := e.qp.PostSend(transport.SendWR{WRID: 2, Opcode: transport.WRSend, Flags: transport.SendSignaled,
 			SGEs: []memreg.SGE{sendMR.SGE(0, 16)}}); err != nil {

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorocev2/rocev2/cm"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/rdmacm"
 	"github.com/gorocev2/rocev2/transport"
@@ -23,7 +24,7 @@ func init() {
 	register("rping", "RDMA ping through the CM, flag- and wire-compatible with librdmacm's rping", rpingUsage, runRping)
 }
 
-const rpingUsage = `usage: rocev2d rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port]
+const rpingUsage = `usage: rocev2d rping -s [-vVdP] [-S size] [-C count] [-a addr] [-p port]
        rocev2d rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]
 
 rping of rdma-core's librdmacm examples (rdma-core 44), on rocev2: the
@@ -38,6 +39,9 @@ client disconnects (DREQ).
 
 options (getopt style: -vV, -C50 and -C 50 all work):
   -s             server side
+  -P             persistent server: serve every client that connects, one
+                 after another or at once (each on a QP, CQ and buffers of
+                 its own), until interrupted
   -c             client side
   -a addr        server: address to listen on (also the local RoCEv2 address);
                  client: the server's address (required)
@@ -66,7 +70,6 @@ completion failed, the data did not match (-V), or the run was interrupted
 (SIGINT, SIGTERM, --timeout: the current ping may finish, for up to 3 s, so
 that the DREQ does not race a message the peer has yet to take in — which
 makes the real rping fail — then rocev2d disconnects).
--P (persistent server) is not supported.
 `
 
 // rping's exit statuses: main returns its ret, EINVAL for bad usage and -1
@@ -116,6 +119,8 @@ type rpingConfig struct {
 	timeout  time.Duration
 	counters bool
 	sock     socketFlags
+	// persistent: -P, the server serves clients until interrupted.
+	persistent bool
 }
 
 // rpingOptLetters are rping's getopt letters ("a:I:Pp:C:S:t:scvVdq"): true
@@ -216,8 +221,6 @@ func parseRpingFlags(args []string) (*rpingConfig, error) {
 		return nil, fmt.Errorf("%w: %w: unexpected argument %q", errUsage, errRpingUsage, fs.Arg(0))
 	case !srv && !cli:
 		return nil, fmt.Errorf("%w: %w: -s (server) or -c (client) is required", errUsage, errRpingUsage)
-	case persistent:
-		return nil, fmt.Errorf("%w: -P (persistent server) is not supported by rocev2d rping", errUsage)
 	case c.size < rpingMinSize || c.size > rpingBufSize-1:
 		// rping's own message.
 		return nil, fmt.Errorf("%w: Invalid size %d (valid range is %d to %d)", errUsage, c.size, rpingMinSize, rpingBufSize)
@@ -230,6 +233,7 @@ func parseRpingFlags(args []string) (*rpingConfig, error) {
 	}
 	// getopt: the last of -s and -c wins; rping takes the later one too.
 	c.server = srv
+	c.persistent = persistent
 	if srv && cli {
 		c.server = lastOf(args, "-s", "-c") == "-s"
 	}
@@ -667,6 +671,10 @@ func (r *rping) cmError(err error, peer netip.AddrPort) error {
 			return fmt.Errorf("connection to %v refused: nothing listens on rdma_cm port %d there (REJ: %v)", peer, peer.Port(), rej.Reason)
 		}
 		return fmt.Errorf("connection to %v rejected: %v", peer, rej.Reason)
+	case errors.Is(err, rdmacm.ErrUnreachable):
+		// The network said so at once (ICMP port or host unreachable).
+		fmt.Fprintf(r.stderr, "cma event RDMA_CM_EVENT_UNREACHABLE, error -111\n")
+		return fmt.Errorf("%v unreachable: nothing listens on UDP 4791 there (no RoCEv2 device): %w", peer, err)
 	case errors.Is(err, rdmacm.ErrTimeout):
 		fmt.Fprintf(r.stderr, "cma event RDMA_CM_EVENT_UNREACHABLE, error -110\n")
 		return fmt.Errorf("no answer from %v: nothing runs a connection manager there (no RoCEv2 device, or UDP 4791 filtered)", peer)
@@ -791,13 +799,20 @@ func cString(b []byte) []byte {
 // runServer is rping_run_server: listen, accept one client, serve it
 // until it disconnects.
 func (r *rping) runServer(ctx context.Context, opts *rdmacm.Options) error {
-	l, err := rdmacm.Listen(r.e.dev, uint16(r.c.port), &rdmacm.ListenOptions{Options: *opts, Backlog: 3})
+	backlog := 3
+	if r.c.persistent {
+		backlog = 64
+	}
+	l, err := rdmacm.Listen(r.e.dev, uint16(r.c.port), &rdmacm.ListenOptions{Options: *opts, Backlog: backlog})
 	if err != nil {
 		return fmt.Errorf("rdma_listen: %w", err)
 	}
 	r.debugf("rdma_bind_addr successful\nrdma_listen\n")
 	if rpingListening != nil {
 		rpingListening(l.Addr())
+	}
+	if r.c.persistent {
+		return r.runPersistentServer(ctx, l, opts)
 	}
 	req, err := l.Next(ctx)
 	if err != nil {
@@ -896,7 +911,121 @@ func printCMStats(w io.Writer, label string, s rdmacm.Stats) {
 	}{{"cm_mads_in", s.MADsIn}, {"cm_mads_out", s.MADsOut}, {"cm_retransmits", s.Retransmits},
 		{"cm_duplicates", s.Duplicates}, {"cm_malformed", s.Malformed}, {"cm_unknown", s.Unknown},
 		{"cm_rej_no_listener", s.RejNoListener}, {"cm_rej_backlog", s.RejBacklog}, {"cm_rej_stale", s.RejStale},
-		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected}} {
+		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected},
+		{"cm_lost_qp", s.QPFailed}, {"cm_keepalive_probes", s.KeepAliveProbes}, {"cm_keepalive_dead", s.KeepAliveFailed},
+		{"cm_unreachable", s.Unreachable}, {"cm_shed", s.Shed}, {"cm_spoof_dropped", s.SpoofDropped}, {"cm_stray_dreq", s.StrayDREQ}} {
 		fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
 	}
+	// REJs by reason and ends by cause, those that happened, in order.
+	for _, set := range []struct {
+		prefix string
+		m      map[cm.RejectReason]uint64
+	}{{"cm_rej_sent_", s.RejSent}, {"cm_rej_rcvd_", s.RejRecv}} {
+		for r := cm.RejectReason(0); r < 64; r++ {
+			if v := set.m[r]; v != 0 {
+				fmt.Fprintf(w, "  %-24s %d\n", fmt.Sprintf("%s%d", set.prefix, r), v)
+			}
+		}
+	}
+	for c := rdmacm.Cause(1); c < 16; c++ {
+		if v := s.Ended[c]; v != 0 {
+			fmt.Fprintf(w, "  %-24s %d\n", "cm_ended_"+c.String(), v)
+		}
+	}
+}
+
+// runPersistentServer is rping -P (rping_run_persistent_server): every
+// connection request is served on a goroutine of its own, with a QP, CQ
+// and buffers of its own on the server's device and PD, while the
+// listener takes the next; it ends when interrupted, disconnecting the
+// clients it serves then.
+func (r *rping) runPersistentServer(ctx context.Context, l *rdmacm.Listener, opts *rdmacm.Options) error {
+	var wg sync.WaitGroup
+	out, errOut := &syncWriter{w: r.stdout}, &syncWriter{w: r.stderr}
+	r.stdout, r.stderr = out, errOut
+	defer wg.Wait()
+	for {
+		req, err := l.Next(ctx)
+		if err != nil {
+			l.Close()
+			wg.Wait()
+			if ctx.Err() != nil {
+				return r.interrupted(ctx)
+			}
+			return fmt.Errorf("waiting for a connection request: %w", err)
+		}
+		r.debugf("accepting client connection request\n")
+		child, err := r.child()
+		if err != nil {
+			fmt.Fprintf(r.stderr, "setting up a connection for %v: %v\n", req.RemoteAddr(), err)
+			req.Reject(nil)
+			continue
+		}
+		o := *opts
+		o.QP, o.SendCQ, o.RecvCQ = child.e.qp, child.e.scq, child.e.rcq
+		o.Prepare = func(*transport.QP) error { return child.postRecv() }
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer child.releaseChild()
+			conn, err := req.Accept(ctx, &o)
+			if err != nil {
+				if ctx.Err() == nil {
+					fmt.Fprintf(child.stderr, "wait for CONNECTED state %d\nconnect error -1\n", rpingStError)
+				}
+				return
+			}
+			child.conn = conn
+			child.finish(ctx, child.testServer(ctx))
+		}()
+	}
+}
+
+// child makes the resources of one connection of a persistent server: a
+// CQ, an RC QP in INIT and rping's buffers, on r's device and PD.
+func (r *rping) child() (*rping, error) {
+	p := r.e
+	e := &endpoint{link: p.link, dev: p.dev, pd: p.pd, access: p.access, psn: p.psn}
+	ch := &rping{c: r.c, stdout: r.stdout, stderr: r.stderr, usr1: r.usr1, e: e}
+	var err error
+	if e.scq, err = p.dev.CreateCQ(rpingSQDepth * 2); err != nil {
+		return nil, fmt.Errorf("couldn't create CQ: %w", err)
+	}
+	e.rcq = e.scq
+	if e.qp, err = e.newQP(endpointConfig{maxSendWR: rpingSQDepth, maxRecvWR: 2, access: p.access}); err != nil {
+		ch.releaseChild()
+		return nil, err
+	}
+	if err := ch.setupBuffers(); err != nil {
+		ch.releaseChild()
+		return nil, err
+	}
+	return ch, nil
+}
+
+// releaseChild frees what child made: the QP, the CQ, the buffers.
+func (r *rping) releaseChild() {
+	e := r.e
+	if e.qp != nil {
+		e.qp.Destroy()
+	}
+	if e.scq != nil {
+		e.scq.Destroy()
+	}
+	for i := len(e.release) - 1; i >= 0; i-- {
+		e.release[i]()
+	}
+	e.release = nil
+}
+
+// syncWriter serializes the writes of a persistent server's connections.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

@@ -41,7 +41,7 @@ func TestRpingFlags(t *testing.T) {
 		{name: "size too small", args: []string{"-c", "-a", "x", "-S", "22"}, wantErr: "Invalid size 22 (valid range is 23 to 65536)"},
 		{name: "size too large", args: []string{"-c", "-a", "x", "-S", "65536"}, wantErr: "Invalid size 65536 (valid range is 23 to 65536)"},
 		{name: "negative count", args: []string{"-c", "-a", "x", "-C", "-1"}, wantErr: "Invalid count -1"},
-		{name: "persistent", args: []string{"-s", "-P", "-a", "x"}, wantErr: "-P (persistent server) is not supported"},
+		{name: "persistent", args: []string{"-s", "-P", "-a", "x"}, want: rpingConfig{server: true, persistent: true, addr: "x", port: 7174, size: 64}},
 		{name: "unknown option", args: []string{"-c", "-x"}, wantErr: "-x", usage: true},
 		{name: "argument", args: []string{"-c", "-a", "x", "extra"}, wantErr: `unexpected argument "extra"`, usage: true},
 	}
@@ -307,10 +307,13 @@ func TestRpingRefused(t *testing.T) {
 	if s.code != rpingExitFail || !strings.Contains(s.errOut, "interrupted") {
 		t.Errorf("interrupted server: exit %d\n%s%s", s.code, s.out, s.errOut)
 	}
-	// Nobody at 127.0.0.3: no answer; --timeout gives up.
-	cli = runCmd(t, ctx, "rping", "-c", "-a", "127.0.0.3", "--bind", "127.0.0.2", "-p", port, "--timeout", "1500ms")
-	if cli.code != rpingExitFail || !strings.Contains(cli.errOut, "timed out after 1.5s (--timeout)") {
-		t.Errorf("client with no peer: exit %d\n%s%s", cli.code, cli.out, cli.errOut)
+	// Nobody at 127.0.0.3: the kernel's ICMP port unreachable ends it
+	// at once, long before --timeout.
+	start = time.Now()
+	cli = runCmd(t, ctx, "rping", "-c", "-a", "127.0.0.3", "--bind", "127.0.0.2", "-p", port, "--timeout", "10s")
+	if cli.code != rpingExitFail || !strings.Contains(cli.errOut, "RDMA_CM_EVENT_UNREACHABLE") ||
+		!strings.Contains(cli.errOut, "127.0.0.3") || time.Since(start) > 3*time.Second {
+		t.Errorf("client with no peer: exit %d after %v\n%s%s", cli.code, time.Since(start), cli.out, cli.errOut)
 	}
 }
 
@@ -388,4 +391,50 @@ func TestRpingClientInterrupted(t *testing.T) {
 	n := strings.Count(cli.out, "ping data")
 	checkPingLines(t, "client", cli.out, rePingData, n, 200)
 	checkPingLines(t, "server", s.out, reServerPingData, n, 200)
+}
+
+// TestRpingPersistent: one rping -P server serves clients one after
+// another from one address and then several at once from others, each
+// ping checked on both sides; an interrupt ends the server.
+func TestRpingPersistent(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	port := cmPort()
+	srv := startCMServer(t, &rpingListening, "rping", "-s", "-P", "-a", "127.0.0.1", "-p", port, "-v")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := 0; i < 3; i++ {
+		cli := runCmd(t, ctx, "rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-C", "5", "-v", "-V")
+		if cli.code != 0 {
+			t.Fatalf("client %d in turn: exit %d\n%s%s", i, cli.code, cli.out, cli.errOut)
+		}
+		checkPingLines(t, "client", cli.out, rePingData, 5, 64)
+	}
+	var wg sync.WaitGroup
+	res := make([]cmResult, 3)
+	for i := range res {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = runCmd(t, ctx, "rping", "-c", "-a", "127.0.0.1", "--bind", fmt.Sprintf("127.0.0.%d", 3+i), "-p", port, "-C", "20", "-v", "-V")
+		}()
+	}
+	wg.Wait()
+	for i, cli := range res {
+		if cli.code != 0 {
+			t.Errorf("client %d at once: exit %d\n%s%s", i, cli.code, cli.out, cli.errOut)
+			continue
+		}
+		checkPingLines(t, "client", cli.out, rePingData, 20, 64)
+	}
+	s := srv.wait(t, 100*time.Millisecond)
+	if s.code != rpingExitFail || !strings.Contains(s.errOut, "interrupted") {
+		t.Errorf("interrupted server: exit %d\n%s%s", s.code, s.out, s.errOut)
+	}
+	if n := len(reServerPingData.FindAllString(s.out, -1)); n != 3*5+3*20 {
+		t.Errorf("the server printed %d pings, want %d", n, 3*5+3*20)
+	}
+	if n := strings.Count(s.errOut, "server DISCONNECT EVENT..."); n != 6 {
+		t.Errorf("the server saw %d disconnects, want 6:\n%s", n, s.errOut)
+	}
 }

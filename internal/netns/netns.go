@@ -37,6 +37,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -280,7 +281,32 @@ func NewPair(c PairConfig) (p *Pair, err error) {
 	if err := ip("-n", p.NsB, "link", "set", p.IfB, "up"); err != nil {
 		return nil, err
 	}
+	// A veth's carrier comes up asynchronously after "link set up", and
+	// until it does the kernel drops what is sent (seen: a QP's first
+	// SENDs lost for its whole retry budget, 0.5 s, under -race): wait
+	// (bounded) until both ends report LOWER_UP.
+	for _, e := range [][2]string{{p.NsA, p.IfA}, {p.NsB, p.IfB}} {
+		if err := waitLowerUp(e[0], e[1], 5*time.Second); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
+}
+
+// waitLowerUp waits until interface ifc in namespace ns has its carrier
+// (the LOWER_UP flag of `ip link show`), at most d.
+func waitLowerUp(ns, ifc string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		out, err := exec.Command("ip", "-n", ns, "-o", "link", "show", "dev", ifc).CombinedOutput()
+		if err == nil && strings.Contains(string(out), "LOWER_UP") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s in %s: no carrier after %v: %s", ifc, ns, d, strings.TrimSpace(string(out)))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // prefixed is a with the pair's prefix length: /24 for IPv4, /64 for IPv6.

@@ -99,7 +99,7 @@ func TestCMPassiveMatchesRxe(t *testing.T) {
 		msgs[3].(*cm.DREQFields), msgs[4].(*cm.DREPFields)
 	server, client := frames[0].dst, frames[0].src
 	link := newRecLink(server)
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{FirstQPN: 0x11})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestCMActiveMatchesRxe(t *testing.T) {
 	rxeREQ, rxeREP, rxeRTU, rxeDREQ := msgs[0].(*cm.REQFields), msgs[1].(*cm.REPFields), msgs[2].(*cm.RTUFields), msgs[3].(*cm.DREQFields)
 	server, client := frames[0].dst, frames[0].src
 	link := newRecLink(client)
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{FirstQPN: 0x11})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -188,7 +188,7 @@ func checkResponder(t *testing.T, frames []*frame, capt *golden.Capture, h netip
 		}
 	}
 	link := newRecLink(h)
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{FirstQPN: 0x11})
 	if err != nil {
 		t.Fatal(err)
 	}

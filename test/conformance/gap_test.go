@@ -70,7 +70,7 @@ func newGapResponder(t *testing.T, frames []*frame) *gapResponder {
 	}
 	g.link = newRecLink(h)
 	var err error
-	g.dev, err = transport.NewDevice(g.link, transport.DeviceConfig{})
+	g.dev, err = transport.NewDevice(g.link, transport.DeviceConfig{FirstQPN: 0x11})
 	if err != nil {
 		t.Fatal(err)
 	}

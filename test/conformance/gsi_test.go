@@ -32,7 +32,7 @@ func TestGSIMatchesRxe(t *testing.T) {
 	for _, h := range []netip.Addr{mads[0].src, mads[0].dst} {
 		t.Run("host="+h.String(), func(t *testing.T) {
 			link := newRecLink(h)
-			dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+			dev, err := transport.NewDevice(link, transport.DeviceConfig{FirstQPN: 0x11})
 			if err != nil {
 				t.Fatal(err)
 			}

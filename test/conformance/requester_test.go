@@ -102,7 +102,7 @@ func checkRequester(t *testing.T, frames []*frame, h netip.Addr, nakAt int) {
 	}
 	peer := reqs[0].dst
 	link := newRecLink(h)
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{FirstQPN: 0x11})
 	if err != nil {
 		t.Fatal(err)
 	}

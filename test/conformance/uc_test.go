@@ -40,7 +40,7 @@ func TestUCMatchesRxe(t *testing.T) {
 		other := hosts[1-i]
 		t.Run("host="+first.src.String(), func(t *testing.T) {
 			link := newRecLink(first.src)
-			dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+			dev, err := transport.NewDevice(link, transport.DeviceConfig{FirstQPN: 0x11})
 			if err != nil {
 				t.Fatal(err)
 			}

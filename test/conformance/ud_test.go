@@ -60,7 +60,7 @@ func TestUDMatchesRxe(t *testing.T) {
 
 func checkUD(t *testing.T, ud []*frame, h netip.Addr, qpn uint32) {
 	link := newRecLink(h)
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{FirstQPN: 0x11})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -476,6 +476,18 @@ func (s *CaptureStats) cmMAD(t *tracker, fromHost bool, frame int, at time.Durat
 	if len(s.CMLines) < 40 {
 		s.CMLines = append(s.CMLines, line)
 	}
+	// rxe is a go-back-N peer: rocev2d never offers nor answers ECE
+	// (selective repeat) in these cells.
+	var vendor uint32
+	switch f := msg.(type) {
+	case *cm.REQFields:
+		vendor = f.VendorID
+	case *cm.REPFields:
+		vendor = f.VendorID
+	}
+	if fromHost && (vendor != 0 || h.AttributeModifier != 0) {
+		return fmt.Sprintf("CM %s from rocev2d carries ECE (vendor %#x, options %#x): rxe must see standard CM messages", name, vendor, h.AttributeModifier)
+	}
 	return ""
 }
 
@@ -647,6 +659,10 @@ func analyzeMTU(in io.Reader, check DataCheck, pairs [][2]uint32, mtu int) (*Cap
 		if err := p.Parse(udp[8:]); err != nil {
 			s.Bad++
 			bad = "MALFORMED " + err.Error()
+		} else if p.BTH.Opcode() == bth.RCAck && len(p.Payload) > 0 {
+			// A selective repeat NAK (aeth.SACK): never for rxe.
+			s.Bad++
+			bad = "selective repeat SACK block after the AETH: not a standard packet"
 		}
 		if err := icrc.Verify(ip); err != nil {
 			s.BadICRC++

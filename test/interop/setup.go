@@ -32,7 +32,13 @@ var Packages = []string{
 // VMModules are the kernel modules the VM loads (with their dependencies,
 // found from each module's .modinfo "depends"). Names a kernel builds in
 // are skipped.
-var VMModules = []string{"virtio_pci", "virtio_net", "crc32_generic", "rdma_rxe", "rdma_ucm", "ib_umad"}
+var VMModules = []string{"virtio_pci", "virtio_net", "crc32_generic", "rdma_rxe", "rdma_ucm", "ib_umad",
+	// NVMe over Fabrics (nvmf_lab_test.go): the host (nvme-rdma, with
+	// nvme-core and nvme-fabrics), the target (nvmet-rdma, nvmet,
+	// configfs) with a memory block device (null_blk), and ext4 for a
+	// filesystem on a namespace (busybox mke2fs makes ext2, which ext4
+	// mounts; ext4 wants the crc32c driver, which it only loads by name).
+	"nvme_rdma", "nvmet_rdma", "null_blk", "ext4", "crc32c_generic"}
 
 // VMTools are the host binaries copied into the VM (with their libraries).
 // Optional ones are skipped when the host lacks them.

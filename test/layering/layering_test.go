@@ -82,6 +82,11 @@ func ruleFor(r string) (rule, bool) {
 		return rule{why: "wire header packages import nothing of this module"}, true
 	case r == "cm":
 		return rule{why: "cm (the CM MAD wire format) imports nothing of this module"}, true
+	case r == "nvme":
+		return rule{why: "nvme (the NVMe-oF wire format) imports nothing of this module"}, true
+	case r == "nvmf":
+		return rule{ours: append(slices.Clone(wire), "nvme", "memreg", "transport", "rdmacm"), banned: socketImports,
+			why: "nvmf (NVMe-oF target and host) imports wire packages, nvme, memreg, transport and rdmacm, and reaches the network only through them"}, true
 	case r == "packet":
 		return rule{ours: headers, why: "packet imports only the wire header packages"}, true
 	case r == "rocelayer":

@@ -122,20 +122,27 @@ func newSideOn(t testing.TB, link *udp.SocketLink) *side {
 }
 
 // connect takes s's QP to RTS towards peer.
-func connect(t testing.TB, s, peer *side, sq, rq uint32, mtu transport.MTU) {
+func connect(t testing.TB, s, peer *side, sq, rq uint32, mtu transport.MTU, sr bool) {
 	t.Helper()
 	// Local ACK timeout 33.6 ms (13; 67 ms under the race detector),
 	// retry 7: the tail loss of a burst is recovered by the timer.
-	connectTimeout(t, s, peer, sq, rq, mtu, ackTimeout)
+	connectOpts(t, s, peer, sq, rq, mtu, ackTimeout, sr)
 }
 
-// connectTimeout is connect with the local ACK timeout code given.
+// connectTimeout is connect with the local ACK timeout code given (go-back-N).
 func connectTimeout(t testing.TB, s, peer *side, sq, rq uint32, mtu transport.MTU, timeout uint8) {
+	t.Helper()
+	connectOpts(t, s, peer, sq, rq, mtu, timeout, false)
+}
+
+// connectOpts is connect with the local ACK timeout code and selective
+// repeat given.
+func connectOpts(t testing.TB, s, peer *side, sq, rq uint32, mtu transport.MTU, timeout uint8, sr bool) {
 	t.Helper()
 	if err := s.qp.Connect(transport.ConnParams{Peer: peer.dev.Addr(), DestQPN: peer.qp.QPN(), RQPSN: rq, SQPSN: sq,
 		PathMTU: mtu, Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic,
 		MaxRdAtomic: 16, MaxDestRdAtomic: 16,
-		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}}); err != nil {
+		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}, SelectiveRepeat: sr}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -382,6 +389,8 @@ type vethCase struct {
 	// psnDrop, when non-zero, drops the PSNs from A's start PSN + psnDrop
 	// on (20 of them, each once: Limit 20), wrapping past 0xffffff.
 	psnDrop uint32
+	// sr connects both QPs with selective repeat instead of go-back-N.
+	sr bool
 }
 
 var cases = []vethCase{
@@ -399,6 +408,16 @@ var cases = []vethCase{
 	{name: "every211th", cfg: faults.Config{DropEveryN: 211}, mtu: transport.MTU4096},
 	{name: "psn-range", mtu: transport.MTU4096, psnDrop: 500},
 	{name: "mixed-mtu1024", cfg: faults.Config{DropRate: 0.01, DupRate: 0.01, ReorderRate: 0.01, CERate: 0.05, CEAll: true}, mtu: transport.MTU1024},
+	// The same with selective repeat (sr- cases): the goodput lines of
+	// a case and its sr- twin compare go-back-N and selective repeat on
+	// the same path.
+	{name: "sr-clean", cfg: faults.Config{}, mtu: transport.MTU4096, sr: true},
+	{name: "sr-drop1%", cfg: faults.Config{DropRate: 0.01}, mtu: transport.MTU4096, sr: true},
+	{name: "sr-drop5%", cfg: faults.Config{DropRate: 0.05}, mtu: transport.MTU4096, sr: true},
+	{name: "sr-dup5%", cfg: faults.Config{DupRate: 0.05}, mtu: transport.MTU4096, sr: true},
+	{name: "sr-reorder5%", cfg: faults.Config{ReorderRate: 0.05}, mtu: transport.MTU4096, sr: true},
+	{name: "sr-psn-range", mtu: transport.MTU4096, psnDrop: 500, sr: true},
+	{name: "sr-mixed-mtu1024", cfg: faults.Config{DropRate: 0.01, DupRate: 0.01, ReorderRate: 0.01, CERate: 0.05, CEAll: true}, mtu: transport.MTU1024, sr: true},
 }
 
 // TestVethLoss moves >= 64 MiB of mixed RC operations per case, half in
@@ -424,8 +443,8 @@ func TestVethLoss(t *testing.T) {
 			a := newSide(t, nsA, addrA)
 			b := newSide(t, nsB, addrB)
 			psnA, psnB := uint32(0xfff000+i*16), uint32(0x100000*uint32(i+1))
-			connect(t, a, b, psnA, psnB, c.mtu)
-			connect(t, b, a, psnB, psnA, c.mtu)
+			connect(t, a, b, psnA, psnB, c.mtu, c.sr)
+			connect(t, b, a, psnB, psnA, c.mtu, c.sr)
 			ab, ba := newDirection(t, a, b), newDirection(t, b, a)
 			if c.psnDrop != 0 {
 				first := (psnA + c.psnDrop) & 0xffffff
@@ -561,7 +580,11 @@ func checkCountersGSO(t *testing.T, c vethCase, gso bool, ca, cb transport.Count
 	if retrans < eg.DropRequests+in.DropRequests {
 		t.Errorf("retransmitted_pkts %d < request packets dropped %d", retrans, eg.DropRequests+in.DropRequests)
 	}
-	if drops > 0 && ca.CompleterRetryErr+cb.CompleterRetryErr == 0 {
+	if c.sr {
+		if a, b := ca.SRSACKSent+cb.SRSACKSent, ca.SRRecoveries+cb.SRRecoveries; drops > 0 && (a == 0 || b == 0) {
+			t.Errorf("%d drops but selective NAKs %d, selective resends %d", drops, a, b)
+		}
+	} else if drops > 0 && ca.CompleterRetryErr+cb.CompleterRetryErr == 0 {
 		t.Errorf("%d drops but no go-back-N retry", drops)
 	}
 	// A clean path loses nothing; a retransmission can only come from the

@@ -1,0 +1,531 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorocev2/rocev2/nvme"
+	"github.com/gorocev2/rocev2/nvmf"
+	"github.com/gorocev2/rocev2/transport"
+)
+
+func init() {
+	register("nvmf-target", "NVMe over Fabrics (RDMA) target: a file, block device or memory as a namespace", nvmfTargetUsage, runNvmfTarget)
+	register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, bench", nvmfHostUsage, runNvmfHost)
+}
+
+const nvmfTargetUsage = `usage: rocev2d nvmf-target --bind ADDR [--port 4420] --nqn NQN (--file PATH | --size BYTES) [--ro] [options]
+
+An NVMe over Fabrics target on RDMA (package nvmf): Linux's nvme-rdma host
+(echo "transport=rdma,traddr=ADDR,trsvcid=4420,nqn=NQN" > /dev/nvme-fabrics)
+or rocev2d nvmf-host connects to it through rdma_cm. It exports one
+subsystem with one namespace, and the discovery controller
+(nqn.2014-08.org.nvmexpress.discovery) that lists it. It serves until
+SIGINT/SIGTERM, then disconnects every host.
+
+options:
+  --bind ADDR        local address for RoCEv2 (UDP 4791); required
+  --port N           rdma_cm port (TCP port space; default 4420)
+  --nqn NQN          the subsystem's NQN (required)
+  --file PATH        a regular file or block device as the namespace; a
+                     file that does not exist is created with --size bytes
+  --size BYTES       the namespace's size (memory when no --file); k/m/g
+                     suffixes (powers of 1024)
+  --ro               read-only namespace (writes fail: write protected)
+  --block-size N     LBA size, 512 (default) or 4096
+  --inline N         in-capsule data per I/O command (default 4096, 0: none)
+  --queue-size N     largest I/O queue (default 128)
+  --io-queues N      I/O queues per controller (default 8)
+  --mtu N            largest path MTU of the queues: 256..4096 (default 1024)
+  --host NQN         allow only this host (repeatable; default any host)
+  -v                 log connections; print the target's and the device's
+                     counters at the end (SIGUSR1 prints the device's)
+` + socketUsage + `
+Exit status: 0 after a clean stop, 1 when the target could not start, 2 bad usage.
+`
+
+// nvmfListening, when set (by tests), is called once the target listens.
+var nvmfListening func(addr netip.AddrPort)
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(s string) error { *m = append(*m, s); return nil }
+
+// parseSize parses 4096, 64k, 256M, 1g.
+func parseSize(s string) (int64, error) {
+	mul := int64(1)
+	switch {
+	case strings.HasSuffix(strings.ToLower(s), "k"):
+		mul, s = 1<<10, s[:len(s)-1]
+	case strings.HasSuffix(strings.ToLower(s), "m"):
+		mul, s = 1<<20, s[:len(s)-1]
+	case strings.HasSuffix(strings.ToLower(s), "g"):
+		mul, s = 1<<30, s[:len(s)-1]
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<50)/mul {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return n * mul, nil
+}
+
+func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("nvmf-target")
+	var bind, nqn, file, size string
+	var port, bs, inline, qsize, ioq, mtuBytes int
+	var ro, verbose bool
+	var hosts multiFlag
+	var sock socketFlags
+	fs.StringVar(&bind, "bind", "", "")
+	fs.StringVar(&nqn, "nqn", "", "")
+	fs.StringVar(&file, "file", "", "")
+	fs.StringVar(&size, "size", "", "")
+	fs.IntVar(&port, "port", nvme.Port, "")
+	fs.IntVar(&bs, "block-size", 512, "")
+	fs.IntVar(&inline, "inline", 4096, "")
+	fs.IntVar(&qsize, "queue-size", 128, "")
+	fs.IntVar(&ioq, "io-queues", 8, "")
+	fs.IntVar(&mtuBytes, "mtu", 1024, "")
+	fs.BoolVar(&ro, "ro", false, "")
+	fs.BoolVar(&verbose, "v", false, "")
+	fs.Var(&hosts, "host", "")
+	addSocketFlags(fs, &sock)
+	err := fs.Parse(args)
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var local netip.Addr
+	var nbytes int64
+	if err == nil {
+		local, err = parseBind(bind)
+		if err == nil && !local.IsValid() {
+			err = errors.New("--bind is required")
+		}
+	}
+	if err == nil && nqn == "" {
+		err = errors.New("--nqn is required")
+	}
+	if err == nil && size != "" {
+		nbytes, err = parseSize(size)
+	}
+	if err == nil && file == "" && nbytes == 0 {
+		err = errors.New("give --file or --size")
+	}
+	if err == nil && (port <= 0 || port > 65535) {
+		err = fmt.Errorf("--port %d", port)
+	}
+	if err == nil && inline == 0 {
+		inline = -1
+	}
+	var mtu transport.MTU
+	if err == nil {
+		mtu, err = parseMTUFlag(mtuBytes)
+	}
+	if code, done := flagsResult("nvmf-target", nvmfTargetUsage, err, stdout, stderr); done {
+		return code
+	}
+	var backend nvmf.Backend
+	if file != "" {
+		fb, err := nvmf.OpenFile(file, nbytes, ro)
+		if err != nil {
+			fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
+			return exitFail
+		}
+		defer fb.Close()
+		backend = fb
+	} else {
+		mb, err := nvmf.NewMemBackend(nbytes)
+		if err != nil {
+			fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
+			return exitFail
+		}
+		backend = mb
+	}
+	link, err := listenSocket(local, sock.options(false, 0), "pick another address with --bind")
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
+		return exitFail
+	}
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{Congestion: sock.cc.config()})
+	if err != nil {
+		link.Close()
+		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
+		return exitFail
+	}
+	defer dev.Close()
+	cfg := nvmf.TargetConfig{Port: uint16(port), InlineDataSize: inline, PathMTU: mtu, MaxQueueSize: qsize, MaxIOQueues: ioq,
+		Subsystems: []*nvmf.Subsystem{{NQN: nqn, AllowedHosts: hosts,
+			Namespaces: []*nvmf.Namespace{{Backend: backend, BlockSize: bs, ReadOnly: ro}}}}}
+	var logMu sync.Mutex
+	if verbose {
+		cfg.Log = func(format string, args ...any) {
+			logMu.Lock()
+			defer logMu.Unlock()
+			fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+		}
+	}
+	t, err := nvmf.Listen(dev, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
+		return exitFail
+	}
+	if nvmfListening != nil {
+		nvmfListening(t.Addr())
+	}
+	u := watchSIGUSR1(stdout)
+	u.Add(local.String(), dev)
+	defer u.Stop()
+	fmt.Fprintf(stdout, "nvmf-target: %s on %v, namespace 1: %d bytes in %d-byte blocks%s\n", nqn, t.Addr(), backend.Size(), bs,
+		map[bool]string{true: " (read-only)", false: ""}[ro])
+	<-ctx.Done()
+	err = t.Close()
+	if verbose {
+		s := t.Stats()
+		fmt.Fprintf(stdout, "target: connections %d rejected %d disconnects %d controllers %d commands %d errors %d malformed %d read_bytes %d write_bytes %d kato_expired %d transport_errors %d buffer_waits %d\n",
+			s.Connections, s.Rejected, s.Disconnects, s.Controllers, s.Commands, s.Errors, s.Malformed, s.ReadBytes, s.WriteBytes,
+			s.KATOExpired, s.TransportErrs, s.Waits)
+		printCounters(stdout, local.String(), dev)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
+	}
+	fmt.Fprintln(stdout, "nvmf-target: stopped")
+	return exitOK
+}
+
+const nvmfHostUsage = `usage: rocev2d nvmf-host discover --bind ADDR --addr TARGET [--port 4420]
+       rocev2d nvmf-host identify --bind ADDR --addr TARGET --nqn NQN
+       rocev2d nvmf-host read     --bind ADDR --addr TARGET --nqn NQN --offset N --length N [--out FILE]
+       rocev2d nvmf-host write    --bind ADDR --addr TARGET --nqn NQN --offset N (--in FILE | --length N) [--verify]
+       rocev2d nvmf-host bench    --bind ADDR --addr TARGET --nqn NQN [--bs 4k,128k] [--qd 1,16] [--time 2s] [--rw read]
+
+An NVMe over Fabrics host on RDMA (package nvmf): connects the admin queue
+and I/O queues (one rdma_cm connection each) to a target — Linux's
+nvmet-rdma or rocev2d nvmf-target — and moves data with keyed SGLs (the
+target RDMA READs the host's writes and RDMA WRITEs its reads), small
+writes in the command capsule when the target offers it.
+
+  discover   list the discovery log page's entries
+  identify   print the controller's and the namespaces' identify data
+  read       read --length bytes at --offset (multiples of the block size)
+             to --out (default stdout)
+  write      write --in's bytes (or --length random bytes) at --offset;
+             --verify reads them back and compares
+  bench      for each block size and queue depth: random reads (--rw read),
+             writes (write) or both (rw, 50/50) for --time; prints IOPS and MB/s
+
+options:
+  --bind ADDR      local address for RoCEv2 (UDP 4791); required
+  --addr TARGET    the target's address (required)
+  --port N         rdma_cm port (default 4420)
+  --nqn NQN        the subsystem (identify, read, write, bench)
+  --nsid N         namespace (default the first active one)
+  --io-queues N    I/O queues (default 4)
+  --queue-size N   entries per I/O queue (default 128)
+  --no-inline      never send write data in the command capsule
+  --mtu N          largest path MTU: 256..4096 (default 1024)
+  --range BYTES    bench: the span of the namespace it touches (default all)
+  -v               log connection events; print the device's counters
+` + socketUsage + `
+Exit status: 0 success, 1 failure (connection refused or lost, an NVMe
+error status, a data mismatch), 2 bad usage.
+`
+
+func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+			fmt.Fprint(stdout, nvmfHostUsage)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "rocev2d nvmf-host: missing subcommand\n%s", nvmfHostUsage)
+		return exitUsage
+	}
+	sub := args[0]
+	switch sub {
+	case "discover", "identify", "read", "write", "bench":
+	default:
+		fmt.Fprintf(stderr, "rocev2d nvmf-host: unknown subcommand %q\n(see `rocev2d help nvmf-host`)\n", sub)
+		return exitUsage
+	}
+	fs := newFlagSet("nvmf-host")
+	var bind, addr, nqn, out, in, bsList, qdList, rw, length, offset, span string
+	var port, nsid, ioq, qsize, mtuBytes int
+	var verbose, verify, noInline bool
+	var dur time.Duration
+	var sock socketFlags
+	fs.StringVar(&bind, "bind", "", "")
+	fs.StringVar(&addr, "addr", "", "")
+	fs.StringVar(&nqn, "nqn", "", "")
+	fs.StringVar(&out, "out", "", "")
+	fs.StringVar(&in, "in", "", "")
+	fs.StringVar(&bsList, "bs", "4k,128k", "")
+	fs.StringVar(&qdList, "qd", "1,16", "")
+	fs.StringVar(&rw, "rw", "read", "")
+	fs.StringVar(&length, "length", "", "")
+	fs.StringVar(&offset, "offset", "0", "")
+	fs.StringVar(&span, "range", "", "")
+	fs.IntVar(&port, "port", nvme.Port, "")
+	fs.IntVar(&nsid, "nsid", 0, "")
+	fs.IntVar(&ioq, "io-queues", 4, "")
+	fs.IntVar(&qsize, "queue-size", 128, "")
+	fs.IntVar(&mtuBytes, "mtu", 1024, "")
+	fs.BoolVar(&verbose, "v", false, "")
+	fs.BoolVar(&verify, "verify", false, "")
+	fs.BoolVar(&noInline, "no-inline", false, "")
+	fs.DurationVar(&dur, "time", 2*time.Second, "")
+	addSocketFlags(fs, &sock)
+	err := fs.Parse(args[1:])
+	var local, peer netip.Addr
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err == nil {
+		if local, err = parseBind(bind); err == nil && !local.IsValid() {
+			err = errors.New("--bind is required")
+		}
+	}
+	if err == nil {
+		if peer, err = netip.ParseAddr(addr); err != nil {
+			err = fmt.Errorf("--addr: %v", err)
+		}
+	}
+	if err == nil && sub != "discover" && nqn == "" {
+		err = errors.New("--nqn is required")
+	}
+	if err == nil && rw != "read" && rw != "write" && rw != "rw" {
+		err = fmt.Errorf("--rw %q (read, write or rw)", rw)
+	}
+	var mtu transport.MTU
+	if err == nil {
+		mtu, err = parseMTUFlag(mtuBytes)
+	}
+	var bss, qds []int
+	if err == nil && sub == "bench" {
+		bss, err = parseList(bsList)
+		if err == nil {
+			qds, err = parseList(qdList)
+		}
+	}
+	if code, done := flagsResult("nvmf-host", nvmfHostUsage, err, stdout, stderr); done {
+		return code
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "rocev2d nvmf-host %s: %v\n", sub, err)
+		return exitFail
+	}
+	link, err := listenSocket(local, sock.options(false, 0), "pick another address with --bind")
+	if err != nil {
+		return fail(err)
+	}
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{Congestion: sock.cc.config()})
+	if err != nil {
+		link.Close()
+		return fail(err)
+	}
+	defer dev.Close()
+	if verbose {
+		defer printCounters(stdout, local.String(), dev)
+	}
+	target := netip.AddrPortFrom(peer, uint16(port))
+	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu}
+	if verbose {
+		cfg.Log = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
+	}
+	if sub == "discover" {
+		es, err := nvmf.Discover(ctx, dev, target, cfg)
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "Discovery Log Number of Records %d\n", len(es))
+		for i, e := range es {
+			fmt.Fprintf(stdout, "=====Discovery Log Entry %d======\ntrtype:  %s\nadrfam:  %s\nsubtype: %s\nportid:  %d\ntrsvcid: %s\nsubnqn:  %s\ntraddr:  %s\n",
+				i, map[uint8]string{nvme.TrtypeRDMA: "rdma", nvme.TrtypeTCP: "tcp"}[e.TrType],
+				map[uint8]string{nvme.AdrfamIPv4: "ipv4", nvme.AdrfamIPv6: "ipv6"}[e.AdrFam],
+				map[uint8]string{nvme.SubtypeNVMe: "nvme subsystem", nvme.SubtypeDisc: "discovery subsystem"}[e.SubType],
+				e.PortID, e.TrSvcID, e.SubNQN, e.TrAddr)
+		}
+		return exitOK
+	}
+	h, err := nvmf.Connect(ctx, dev, target, nqn, cfg)
+	if err != nil {
+		return fail(err)
+	}
+	defer h.Close()
+	if nsid == 0 {
+		ids, err := h.ActiveNamespaces(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		if len(ids) == 0 {
+			return fail(errors.New("the controller has no active namespace"))
+		}
+		nsid = int(ids[0])
+	}
+	ns, err := h.Namespace(ctx, uint32(nsid))
+	if err != nil {
+		return fail(err)
+	}
+	switch sub {
+	case "identify":
+		id, _ := h.Identify(ctx)
+		ids, _ := h.ActiveNamespaces(ctx)
+		fmt.Fprintf(stdout, "sn     : %s\nmn     : %s\nfr     : %s\ncntlid : %d\nver    : %d.%d\nmdts   : %d\nkas    : %d\nmaxcmd : %d\nnn     : %d\nsgls   : %#x\nioccsz : %d\niorcsz : %d\nsubnqn : %s\nio queues: %d\nnamespaces: %v\n",
+			id.SN, id.MN, id.FR, id.CNTLID, id.VER>>16, id.VER>>8&0xff, id.MDTS, id.KAS, id.MAXCMD, id.NN, id.SGLS, id.IOCCSZ, id.IORCSZ, id.SubNQN, h.IOQueues(), ids)
+		fmt.Fprintf(stdout, "namespace %d: %d bytes, %d-byte blocks%s\n", ns.ID(), ns.Size(), ns.BlockSize(), map[bool]string{true: ", read-only"}[ns.ReadOnly()])
+		return exitOK
+	case "read", "write":
+		off, err := parseSize(offset)
+		if err != nil {
+			return fail(err)
+		}
+		var data []byte
+		if sub == "write" && in != "" {
+			if data, err = os.ReadFile(in); err != nil {
+				return fail(err)
+			}
+		} else {
+			n, err := parseSize(length)
+			if err != nil || n == 0 || n > 1<<30 {
+				return fail(fmt.Errorf("--length %q", length))
+			}
+			data = make([]byte, n)
+			if sub == "write" {
+				rand.Read(data)
+			}
+		}
+		start := time.Now()
+		if sub == "read" {
+			if _, err := ns.ReadAtContext(ctx, data, off); err != nil {
+				return fail(err)
+			}
+			w := stdout
+			if out != "" {
+				f, err := os.Create(out)
+				if err != nil {
+					return fail(err)
+				}
+				defer f.Close()
+				w = f
+			}
+			if _, err := w.Write(data); err != nil {
+				return fail(err)
+			}
+			if out != "" {
+				fmt.Fprintf(stdout, "read %d bytes at %d in %v\n", len(data), off, time.Since(start).Round(time.Microsecond))
+			}
+			return exitOK
+		}
+		if _, err := ns.WriteAtContext(ctx, data, off); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "wrote %d bytes at %d in %v\n", len(data), off, time.Since(start).Round(time.Microsecond))
+		if verify {
+			back := make([]byte, len(data))
+			if _, err := ns.ReadAtContext(ctx, back, off); err != nil {
+				return fail(err)
+			}
+			if !bytes.Equal(back, data) {
+				return fail(errors.New("read back differs from what was written"))
+			}
+			fmt.Fprintln(stdout, "verified")
+		}
+		return exitOK
+	}
+	limit := ns.Size()
+	if span != "" {
+		if v, err := parseSize(span); err == nil && v > 0 {
+			limit = min(limit, v)
+		}
+	}
+	fmt.Fprintf(stdout, "%-8s %-4s %-6s %12s %10s %12s\n", "bs", "qd", "rw", "IOPS", "MB/s", "avg_lat_us")
+	for _, bs := range bss {
+		for _, qd := range qds {
+			r, err := nvmfBench(ctx, ns, bs, qd, rw, dur, limit)
+			if err != nil {
+				return fail(err)
+			}
+			fmt.Fprintf(stdout, "%-8d %-4d %-6s %12.0f %10.1f %12.1f\n", bs, qd, rw, r.iops, r.mbps, r.latUs)
+		}
+	}
+	return exitOK
+}
+
+func parseList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := parseSize(strings.TrimSpace(f))
+		if err != nil || v <= 0 || v > 1<<30 {
+			return nil, fmt.Errorf("bad list element %q", f)
+		}
+		out = append(out, int(v))
+	}
+	return out, nil
+}
+
+type benchResult struct{ iops, mbps, latUs float64 }
+
+// nvmfBench runs qd goroutines doing bs-byte random I/O for d.
+func nvmfBench(ctx context.Context, ns *nvmf.HostNamespace, bs, qd int, rw string, d time.Duration, limit int64) (benchResult, error) {
+	if bs%ns.BlockSize() != 0 || int64(bs) > limit {
+		return benchResult{}, fmt.Errorf("block size %d does not fit (namespace blocks of %d, range %d)", bs, ns.BlockSize(), limit)
+	}
+	slots := limit / int64(bs)
+	var ops atomic.Int64
+	var lat atomic.Int64
+	var firstErr atomic.Value
+	bctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := 0; g < qd; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, bs)
+			seed := uint64(g)*0x9e3779b97f4a7c15 + 1
+			for i := 0; bctx.Err() == nil; i++ {
+				seed ^= seed << 13
+				seed ^= seed >> 7
+				seed ^= seed << 17
+				off := int64(seed%uint64(slots)) * int64(bs)
+				t0 := time.Now()
+				var err error
+				if rw == "write" || (rw == "rw" && i%2 == 1) {
+					_, err = ns.WriteAtContext(ctx, buf, off)
+				} else {
+					_, err = ns.ReadAtContext(ctx, buf, off)
+				}
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					cancel()
+					return
+				}
+				lat.Add(int64(time.Since(t0)))
+				ops.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return benchResult{}, err
+	}
+	n := float64(ops.Load())
+	r := benchResult{iops: n / el, mbps: n * float64(bs) / el / 1e6}
+	if n > 0 {
+		r.latUs = float64(lat.Load()) / n / 1e3
+	}
+	return r, nil
+}

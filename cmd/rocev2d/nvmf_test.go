@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestNvmfLoopback: rocev2d nvmf-target (a file namespace) and rocev2d
+// nvmf-host over kernel UDP sockets on loopback: discover, identify, a
+// verified write, a read back into a file, a short bench; the target stops
+// cleanly on its context (SIGINT) with -v counters.
+func TestNvmfLoopback(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	port := cmPort()
+	dir := t.TempDir()
+	img := filepath.Join(dir, "ns.img")
+	const nqn = "nqn.2026-12.io.rocev2:cli"
+	srv := startCMServer(t, &nvmfListening, "nvmf-target", "--bind", "127.0.0.1", "--port", port, "--nqn", nqn,
+		"--file", img, "--size", "4m", "-v")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	host := func(args ...string) cmResult {
+		r := runCmd(t, ctx, append([]string{"nvmf-host", args[0], "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port}, args[1:]...)...)
+		if r.code != 0 {
+			t.Fatalf("nvmf-host %q: exit %d\n%s%s", args, r.code, r.out, r.errOut)
+		}
+		return r
+	}
+	if r := host("discover"); !strings.Contains(r.out, "subnqn:  "+nqn) || !strings.Contains(r.out, "trsvcid: "+port) {
+		t.Errorf("discover:\n%s", r.out)
+	}
+	if r := host("identify", "--nqn", nqn); !strings.Contains(r.out, "namespace 1: 4194304 bytes, 512-byte blocks") {
+		t.Errorf("identify:\n%s", r.out)
+	}
+	in := filepath.Join(dir, "in")
+	data := []byte(strings.Repeat("NVMe over RoCEv2", 4096)) // 64 KiB
+	os.WriteFile(in, data, 0o644)
+	if r := host("write", "--nqn", nqn, "--offset", "1m", "--in", in, "--verify"); !strings.Contains(r.out, "verified") {
+		t.Errorf("write:\n%s", r.out)
+	}
+	out := filepath.Join(dir, "out")
+	host("read", "--nqn", nqn, "--offset", "1m", "--length", "64k", "--out", out)
+	if got, _ := os.ReadFile(out); string(got) != string(data) {
+		t.Error("read back differs")
+	}
+	if r := host("bench", "--nqn", nqn, "--bs", "4k", "--qd", "1,4", "--time", "200ms", "--rw", "rw"); strings.Count(r.out, "\n") != 3 {
+		t.Errorf("bench:\n%s", r.out)
+	}
+	// The file holds the data the host wrote.
+	f, _ := os.ReadFile(img)
+	if len(f) != 4<<20 || string(f[1<<20:1<<20+len(data)]) == "" {
+		t.Errorf("image of %d bytes", len(f))
+	}
+	s := srv.wait(t, 100*time.Millisecond)
+	if s.code != 0 || !strings.Contains(s.out, "nvmf-target: stopped") || !strings.Contains(s.out, "target: connections") {
+		t.Errorf("target: exit %d\n%s%s", s.code, s.out, s.errOut)
+	}
+	// Unknown subsystem: a clear failure.
+	r := runCmd(t, ctx, "nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port, "--nqn", "nqn.x")
+	if r.code == 0 {
+		t.Error("identify with the target gone succeeded")
+	}
+}
+
+func TestNvmfUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"nvmf-target", "--bind", "127.0.0.1", "--size", "1m"},
+		{"nvmf-target", "--nqn", "x", "--size", "1m"},
+		{"nvmf-target", "--bind", "127.0.0.1", "--nqn", "x"},
+		{"nvmf-target", "--bind", "127.0.0.1", "--nqn", "x", "--size", "12q"},
+		{"nvmf-host"},
+		{"nvmf-host", "frobnicate"},
+		{"nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1"},
+		{"nvmf-host", "bench", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--nqn", "x", "--bs", "0"},
+	} {
+		var out, errb lockedBuffer
+		if code := run(context.Background(), args, &out, &errb); code != exitUsage {
+			t.Errorf("%q: exit %d, want %d\n%s", args, code, exitUsage, errb.String())
+		}
+	}
+}

@@ -1,0 +1,568 @@
+package nvmf
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorocev2/rocev2/nvme"
+	"github.com/gorocev2/rocev2/transport"
+)
+
+// ErrClosed is returned for commands on a closed controller.
+var ErrClosed = errors.New("nvmf: controller closed")
+
+// HostConfig configures a host controller. The zero value of every field
+// selects a default.
+type HostConfig struct {
+	// HostNQN names the host (default a UUID-based NQN made once per
+	// process); HostID is its 128-bit ID (default random).
+	HostNQN string
+	HostID  [16]byte
+	// IOQueues is how many I/O queues to connect (default 4, at most what
+	// the controller grants).
+	IOQueues int
+	// QueueSize is each I/O queue's size (default 128; the admin queue
+	// has 32); QueueSize-1 commands can be in flight on a queue.
+	QueueSize int
+	// KATO is the keep-alive timeout (default 5 s; a keep-alive goes
+	// out every KATO/2). Negative: none.
+	KATO time.Duration
+	// ConnectTimeout bounds each connection step (default 3 s).
+	ConnectTimeout time.Duration
+	// ReconnectDelay is the wait between reconnection attempts after the
+	// controller was lost (default 1 s); CtrlLossTimeout how long to keep
+	// trying (default 60 s; negative: never reconnect).
+	ReconnectDelay  time.Duration
+	CtrlLossTimeout time.Duration
+	// NoInline never puts write data in the command capsule.
+	NoInline bool
+	// PathMTU bounds the path MTU of the queues (default 1024).
+	PathMTU transport.MTU
+	// Log, if set, receives one line per connection event.
+	Log func(format string, args ...any)
+}
+
+var defaultHost struct {
+	once sync.Once
+	nqn  string
+	id   [16]byte
+}
+
+func (c HostConfig) withDefaults() HostConfig {
+	defaultHost.once.Do(func() {
+		rand.Read(defaultHost.id[:])
+		u := defaultHost.id
+		defaultHost.nqn = fmt.Sprintf("nqn.2014-08.org.nvmexpress:uuid:%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+	})
+	if c.HostNQN == "" {
+		c.HostNQN = defaultHost.nqn
+	}
+	if c.HostID == [16]byte{} {
+		c.HostID = defaultHost.id
+	}
+	if c.IOQueues <= 0 {
+		c.IOQueues = 4
+	}
+	if c.QueueSize <= 0 {
+		c.QueueSize = 128
+	}
+	c.QueueSize = min(max(c.QueueSize, 2), 1024)
+	if c.KATO == 0 {
+		c.KATO = 5 * time.Second
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = 3 * time.Second
+	}
+	if c.ReconnectDelay <= 0 {
+		c.ReconnectDelay = time.Second
+	}
+	if c.CtrlLossTimeout == 0 {
+		c.CtrlLossTimeout = 60 * time.Second
+	}
+	return c
+}
+
+// HostStats are a host controller's counters.
+type HostStats struct {
+	Commands   uint64 // commands completed (any status)
+	Errors     uint64 // commands that failed (status or transport)
+	Reconnects uint64 // associations re-established after a loss
+	KeepAlives uint64 // keep-alive commands sent
+	Requeued   uint64 // reads and writes sent again after a reconnect
+}
+
+// association is one connected admin queue with its I/O queues.
+type association struct {
+	admin  *hqueue
+	io     []*hqueue
+	cntlid uint16
+	id     nvme.IdentifyControllerFields
+	dead   chan struct{} // closed when any queue of it died
+	once   sync.Once
+}
+
+// Controller is a host's connection to an NVMe-oF controller over RDMA:
+// the admin queue and its I/O queues, each its own rdma_cm connection.
+// It keeps the controller alive and reconnects after losing it. All
+// methods are safe for concurrent use; commands from many goroutines run
+// concurrently, up to QueueSize-1 per I/O queue.
+type Controller struct {
+	dev    *transport.Device
+	addr   netip.AddrPort
+	subNQN string
+	cfg    HostConfig
+
+	mu      sync.Mutex
+	cur     *association  // nil while reconnecting
+	ready   chan struct{} // closed when cur is set again
+	err     error         // permanent failure
+	closed  bool
+	closeCh chan struct{}
+	rr      atomic.Uint32
+	wg      sync.WaitGroup
+
+	cmds, errs, reconnects, kas, requeued atomic.Uint64
+}
+
+// Connect connects to the subsystem subNQN of the target at addr (the
+// IP address and rdma_cm port, normally 4420): admin queue, controller
+// enable, Identify, the I/O queues.
+func Connect(ctx context.Context, dev *transport.Device, addr netip.AddrPort, subNQN string, cfg *HostConfig) (*Controller, error) {
+	var c HostConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	h := &Controller{dev: dev, addr: addr, subNQN: subNQN, cfg: c.withDefaults(), closeCh: make(chan struct{})}
+	a, err := h.associate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h.cur = a
+	h.ready = make(chan struct{})
+	close(h.ready)
+	h.wg.Add(1)
+	go h.supervise(a)
+	return h, nil
+}
+
+func (h *Controller) logf(format string, args ...any) {
+	if h.cfg.Log != nil {
+		h.cfg.Log(format, args...)
+	}
+}
+
+// associate connects and enables the controller and its I/O queues.
+func (h *Controller) associate(ctx context.Context) (_ *association, err error) {
+	disc := h.subNQN == nvme.DiscoveryNQN
+	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, h.cfg.ConnectTimeout) }
+	sctx, cancel := step()
+	adm, err := dialQueue(sctx, h.dev, h.addr, 0, nvme.AdminQueueDepth, 0, h.cfg.PathMTU)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	adm.logf = h.cfg.Log
+	a := &association{admin: adm, dead: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			a.close()
+		}
+	}()
+	kato := uint32(0)
+	if h.cfg.KATO > 0 && !disc {
+		kato = uint32(h.cfg.KATO / time.Millisecond)
+	}
+	sctx, cancel = step()
+	defer cancel()
+	res, err := h.connectQueue(sctx, adm, nvme.DynamicCNTLID, kato)
+	if err != nil {
+		return nil, fmt.Errorf("nvmf: admin Connect: %w", err)
+	}
+	a.cntlid = uint16(res)
+	capv, err := propGet(sctx, adm, nvme.PropCAP, true)
+	if err != nil {
+		return nil, fmt.Errorf("nvmf: Property Get CAP: %w", err)
+	}
+	capf := nvme.ParseCAP(capv)
+	if _, err := adm.do(sctx, &request{build: func(s nvme.SQE) {
+		(&nvme.Property{Set: true, Offset: nvme.PropCC, Value: nvme.CCEnable | nvme.CCIOSQES6IOCQ4}).Put(s)
+	}}); err != nil {
+		return nil, fmt.Errorf("nvmf: Property Set CC: %w", err)
+	}
+	deadline := time.Now().Add(time.Duration(max(capf.TO, 1)) * 500 * time.Millisecond)
+	for {
+		csts, err := propGet(sctx, adm, nvme.PropCSTS, false)
+		if err != nil {
+			return nil, fmt.Errorf("nvmf: Property Get CSTS: %w", err)
+		}
+		if csts&nvme.CSTSFatal != 0 {
+			return nil, errors.New("nvmf: controller fatal status after enable")
+		}
+		if csts&nvme.CSTSReady != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, errors.New("nvmf: controller not ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	idb := make([]byte, nvme.IdentifySize)
+	if err := identify(sctx, adm, nvme.Identify{CNS: nvme.CNSController}, idb); err != nil {
+		return nil, fmt.Errorf("nvmf: Identify Controller: %w", err)
+	}
+	a.id = nvme.IdentifyController(idb).Fields()
+	switch {
+	case a.id.CNTLID != a.cntlid:
+		return nil, fmt.Errorf("nvmf: Identify says cntlid %d, Connect %d", a.id.CNTLID, a.cntlid)
+	case a.id.SGLS&nvme.SGLSKeyed == 0:
+		return nil, errors.New("nvmf: the controller does not support keyed SGLs")
+	case a.id.ICDOFF != 0:
+		return nil, fmt.Errorf("nvmf: icdoff %d not supported", a.id.ICDOFF)
+	}
+	if disc {
+		return a, nil
+	}
+	if a.id.KAS == 0 {
+		return nil, errors.New("nvmf: the controller has no keep-alive support")
+	}
+	n := min(h.cfg.IOQueues, 0xfffe)
+	res, err = adm.do(sctx, &request{build: func(s nvme.SQE) {
+		(&nvme.Features{FID: nvme.FeatNumQueues, Value: nvme.NumQueues(uint16(n), uint16(n))}).Put(s, nvme.AdminSetFeatures)
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("nvmf: Set Features (number of queues): %w", err)
+	}
+	nsq, ncq := nvme.SplitNumQueues(uint32(res))
+	n = min(n, nsq, ncq)
+	inline := 0
+	if a.id.SGLS&nvme.SGLSOffset != 0 && a.id.IOCCSZ >= 4 && !h.cfg.NoInline {
+		inline = int(a.id.IOCCSZ)*16 - nvme.SQESize
+	}
+	qs := min(h.cfg.QueueSize, int(ParseMQES(capv))+1)
+	if a.id.MAXCMD > 0 {
+		qs = min(qs, int(a.id.MAXCMD))
+	}
+	for i := 1; i <= n; i++ {
+		qctx, qcancel := step()
+		q, err := dialQueue(qctx, h.dev, h.addr, uint16(i), qs, inline, h.cfg.PathMTU)
+		if err == nil {
+			q.logf = h.cfg.Log
+			a.io = append(a.io, q)
+			_, err = h.connectQueue(qctx, q, a.cntlid, 0)
+		}
+		qcancel()
+		if err != nil {
+			return nil, fmt.Errorf("nvmf: I/O queue %d: %w", i, err)
+		}
+	}
+	return a, nil
+}
+
+// ParseMQES returns CAP.MQES (0's based maximum queue entries).
+func ParseMQES(capv uint64) uint16 { return nvme.ParseCAP(capv).MQES }
+
+// connectQueue sends the Fabrics Connect of q.
+func (h *Controller) connectQueue(ctx context.Context, q *hqueue, cntlid uint16, kato uint32) (uint64, error) {
+	data := make([]byte, nvme.ConnectDataSize)
+	nvme.ConnectData(data).Encode(&nvme.ConnectDataFields{HostID: h.cfg.HostID, CNTLID: cntlid, SubNQN: h.subNQN, HostNQN: h.cfg.HostNQN})
+	return q.do(ctx, &request{out: data, build: func(s nvme.SQE) {
+		(&nvme.Connect{QID: q.qid, SQSize: uint16(q.depth), KATO: kato}).Put(s)
+	}})
+}
+
+func propGet(ctx context.Context, q *hqueue, off uint32, size8 bool) (uint64, error) {
+	p := nvme.Property{Offset: off}
+	if size8 {
+		p.Attrib = 1
+	}
+	return q.do(ctx, &request{build: p.Put})
+}
+
+func identify(ctx context.Context, q *hqueue, id nvme.Identify, out []byte) error {
+	_, err := q.do(ctx, &request{in: out, build: id.Put})
+	return err
+}
+
+// close disconnects every queue, in parallel (a peer that is gone costs
+// each its DREQ retries).
+func (a *association) close() {
+	var wg sync.WaitGroup
+	for _, q := range a.io {
+		wg.Add(1)
+		go func() { defer wg.Done(); q.close() }()
+	}
+	wg.Wait()
+	if a.admin != nil {
+		a.admin.close()
+	}
+}
+
+// watch closes a.dead when any queue dies.
+func (a *association) watch() {
+	for _, q := range append([]*hqueue{a.admin}, a.io...) {
+		go func() {
+			<-q.dead
+			a.once.Do(func() { close(a.dead) })
+		}()
+	}
+}
+
+// supervise keeps an association alive: keep-alive, and on loss, reconnect.
+func (h *Controller) supervise(a *association) {
+	defer h.wg.Done()
+	for {
+		a.watch()
+		var tick <-chan time.Time
+		if h.cfg.KATO > 0 && h.subNQN != nvme.DiscoveryNQN {
+			t := time.NewTicker(h.cfg.KATO / 2)
+			defer t.Stop()
+			tick = t.C
+		}
+	loop:
+		for {
+			select {
+			case <-h.closeCh:
+				return
+			case <-a.dead:
+				break loop
+			case <-tick:
+				h.kas.Add(1)
+				ctx, cancel := context.WithTimeout(context.Background(), h.cfg.KATO)
+				_, err := a.admin.do(ctx, &request{build: func(s nvme.SQE) { s.SetOpcode(nvme.AdminKeepAlive) }})
+				cancel()
+				if err != nil && !errors.As(err, new(nvme.Status)) {
+					a.admin.die(fmt.Errorf("keep-alive: %w", err))
+				}
+			}
+		}
+		h.logf("nvmf: controller %v %s lost", h.addr, h.subNQN)
+		h.mu.Lock()
+		h.cur = nil
+		h.ready = make(chan struct{})
+		h.mu.Unlock()
+		a.close()
+		if h.cfg.CtrlLossTimeout < 0 {
+			h.fail(ErrDisconnected)
+			return
+		}
+		giveUp := time.Now().Add(h.cfg.CtrlLossTimeout)
+		var na *association
+		for na == nil {
+			select {
+			case <-h.closeCh:
+				return
+			case <-time.After(h.cfg.ReconnectDelay):
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				select {
+				case <-h.closeCh:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			var err error
+			na, err = h.associate(ctx)
+			cancel()
+			if err != nil {
+				h.logf("nvmf: reconnect %v: %v", h.addr, err)
+				if time.Now().After(giveUp) {
+					h.fail(fmt.Errorf("%w: gave up reconnecting: %v", ErrDisconnected, err))
+					return
+				}
+			}
+		}
+		h.reconnects.Add(1)
+		h.logf("nvmf: controller %v %s reconnected (cntlid %d)", h.addr, h.subNQN, na.cntlid)
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			na.close()
+			return
+		}
+		h.cur = na
+		close(h.ready)
+		h.mu.Unlock()
+		a = na
+	}
+}
+
+func (h *Controller) fail(err error) {
+	h.mu.Lock()
+	h.err = err
+	close(h.ready)
+	h.mu.Unlock()
+}
+
+// assoc returns the live association, waiting while reconnecting.
+func (h *Controller) assoc(ctx context.Context) (*association, error) {
+	for {
+		h.mu.Lock()
+		a, ready, err, closed := h.cur, h.ready, h.err, h.closed
+		h.mu.Unlock()
+		switch {
+		case closed:
+			return nil, ErrClosed
+		case err != nil:
+			return nil, err
+		case a != nil:
+			return a, nil
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// admin submits an admin command.
+func (h *Controller) admin(ctx context.Context, r *request) (uint64, error) {
+	a, err := h.assoc(ctx)
+	if err != nil {
+		return 0, err
+	}
+	res, err := a.admin.do(ctx, r)
+	h.count(err)
+	return res, err
+}
+
+func (h *Controller) count(err error) {
+	h.cmds.Add(1)
+	if err != nil {
+		h.errs.Add(1)
+	}
+}
+
+// ioQueue picks an I/O queue round robin.
+func (h *Controller) ioQueue(ctx context.Context) (*hqueue, error) {
+	a, err := h.assoc(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(a.io) == 0 {
+		return nil, errors.New("nvmf: controller has no I/O queues")
+	}
+	return a.io[int(h.rr.Add(1))%len(a.io)], nil
+}
+
+// Identify returns the Identify Controller data of the current association.
+func (h *Controller) Identify(ctx context.Context) (nvme.IdentifyControllerFields, error) {
+	a, err := h.assoc(ctx)
+	if err != nil {
+		return nvme.IdentifyControllerFields{}, err
+	}
+	return a.id, nil
+}
+
+// IOQueues returns the number of connected I/O queues.
+func (h *Controller) IOQueues() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cur == nil {
+		return 0
+	}
+	return len(h.cur.io)
+}
+
+// ActiveNamespaces lists the active namespace IDs.
+func (h *Controller) ActiveNamespaces(ctx context.Context) ([]uint32, error) {
+	b := make([]byte, nvme.IdentifySize)
+	_, err := h.admin(ctx, &request{in: b, build: (&nvme.Identify{CNS: nvme.CNSActiveNSList}).Put})
+	if err != nil {
+		return nil, err
+	}
+	return nvme.ActiveNSList(b), nil
+}
+
+// Stats returns the controller's counters.
+func (h *Controller) Stats() HostStats {
+	return HostStats{Commands: h.cmds.Load(), Errors: h.errs.Load(), Reconnects: h.reconnects.Load(), KeepAlives: h.kas.Load(),
+		Requeued: h.requeued.Load()}
+}
+
+// Close shuts the controller down (CC.SHN) and disconnects every queue.
+func (h *Controller) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	a := h.cur
+	close(h.closeCh)
+	h.mu.Unlock()
+	if a != nil {
+		select {
+		case <-a.dead:
+		default:
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			a.admin.do(ctx, &request{build: (&nvme.Property{Set: true, Offset: nvme.PropCC,
+				Value: nvme.CCEnable | nvme.CCIOSQES6IOCQ4 | nvme.CCShnNormal}).Put})
+			cancel()
+		}
+	}
+	h.wg.Wait()
+	if a != nil {
+		a.close()
+	}
+	return nil
+}
+
+// Discover reads the discovery log page of the discovery controller at addr.
+func Discover(ctx context.Context, dev *transport.Device, addr netip.AddrPort, cfg *HostConfig) ([]nvme.DiscoveryEntry, error) {
+	c := HostConfig{CtrlLossTimeout: -1}
+	if cfg != nil {
+		c = *cfg
+		c.CtrlLossTimeout = -1
+	}
+	h, err := Connect(ctx, dev, addr, nvme.DiscoveryNQN, &c)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	for try := 0; try < 4; try++ {
+		hdr := make([]byte, nvme.DiscoveryHeaderSize)
+		if err := h.logPage(ctx, nvme.LogDiscovery, hdr); err != nil {
+			return nil, err
+		}
+		hd, _ := nvme.DiscoveryHeaderOf(hdr)
+		if hd.NumRec > 1024 {
+			return nil, fmt.Errorf("nvmf: discovery log with %d records", hd.NumRec)
+		}
+		page := make([]byte, nvme.DiscoveryHeaderSize+int(hd.NumRec)*nvme.DiscoveryEntrySize)
+		if err := h.logPage(ctx, nvme.LogDiscovery, page); err != nil {
+			return nil, err
+		}
+		hd2, _ := nvme.DiscoveryHeaderOf(page)
+		if hd2.GenCtr != hd.GenCtr || hd2.NumRec != hd.NumRec {
+			continue // changed meanwhile: read again
+		}
+		out := make([]nvme.DiscoveryEntry, hd.NumRec)
+		for i := range out {
+			out[i], _ = nvme.DiscoveryEntryOf(page, i)
+		}
+		return out, nil
+	}
+	return nil, errors.New("nvmf: discovery log kept changing")
+}
+
+// logPage reads len(out) bytes of log page lid from offset 0, in pieces
+// of at most MDTS.
+func (h *Controller) logPage(ctx context.Context, lid uint8, out []byte) error {
+	for off := 0; off < len(out); {
+		n := min(len(out)-off, MaxTransfer)
+		g := nvme.GetLogPage{LID: lid, NumD: uint32(n / 4), Offset: uint64(off)}
+		if _, err := h.admin(ctx, &request{in: out[off : off+n], build: g.Put}); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}

@@ -1,0 +1,416 @@
+package nvmf
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorocev2/rocev2/nvme"
+	"github.com/gorocev2/rocev2/rdmacm"
+	"github.com/gorocev2/rocev2/transport"
+)
+
+// Namespace is one namespace of a subsystem.
+type Namespace struct {
+	// ID is the namespace ID (1..); zero takes the next free one.
+	ID uint32
+	// Backend holds the blocks; its size is rounded down to whole blocks.
+	Backend Backend
+	// BlockSize is the LBA data size: 512 (default) or 4096.
+	BlockSize int
+	// ReadOnly refuses writes (namespace write protected).
+	ReadOnly bool
+	// NGUID is the namespace's globally unique ID; zero derives one
+	// from the subsystem NQN and the namespace ID.
+	NGUID [16]byte
+
+	shift  uint8
+	blocks uint64
+}
+
+// Subsystem is an NVM subsystem a target exports.
+type Subsystem struct {
+	// NQN is the subsystem's NVMe Qualified Name.
+	NQN string
+	// Namespaces are its namespaces (at least one).
+	Namespaces []*Namespace
+	// AllowedHosts lists the host NQNs that may connect; empty allows
+	// any host.
+	AllowedHosts []string
+	// Serial and Model fill Identify Controller (defaults derived from
+	// the NQN and "rocev2").
+	Serial, Model string
+}
+
+// TargetConfig configures a target.
+type TargetConfig struct {
+	// Port is the rdma_cm port (TCP port space), default 4420.
+	Port uint16
+	// Subsystems are what the target exports (at least one).
+	Subsystems []*Subsystem
+	// InlineDataSize is the in-capsule data an I/O command may carry
+	// (default 4096, at most 16384; negative: none).
+	InlineDataSize int
+	// MaxQueueSize bounds an I/O queue's entries (default 128, at most
+	// 1024); the admin queue has 32.
+	MaxQueueSize int
+	// MaxIOQueues bounds the I/O queues of one controller (default 8).
+	MaxIOQueues int
+	// MaxControllers bounds the controllers (hosts' associations) at once
+	// (default 64).
+	MaxControllers int
+	// QueueBufferBytes bounds the data buffers one queue holds at once
+	// (default 16 MiB); commands beyond it wait for buffers to free.
+	QueueBufferBytes int
+	// Backlog bounds connection requests waiting to be accepted
+	// (default 128).
+	Backlog int
+	// PathMTU bounds the path MTU of the queues (default 1024, what rxe
+	// uses on a 1500-byte Ethernet; each queue takes the smaller of this
+	// and the host's request).
+	PathMTU transport.MTU
+	// ConnectTimeout is how long a queue may stay connected without a
+	// Fabrics Connect before the target closes it (default 10 s).
+	ConnectTimeout time.Duration
+	// Log, if set, receives one line per connection event.
+	Log func(format string, args ...any)
+}
+
+// Limits.
+const (
+	// MDTS is the maximum data transfer size exponent the target
+	// advertises: 2^8 pages of 4 KiB = 1 MiB per command (nvmet-rdma's).
+	MDTS = 8
+	// MaxTransfer is the largest data transfer of one command.
+	MaxTransfer = 4096 << MDTS
+	// kas is the keep-alive granularity advertised in Identify (100 ms units).
+	kas = 10
+	// aerLimit is how many Asynchronous Event Requests a controller holds (AERL+1).
+	aerLimit = 4
+)
+
+// TargetStats are a target's counters.
+type TargetStats struct {
+	Connections   uint64 // queue connections accepted
+	Rejected      uint64 // connection requests refused with an NVMe-RDMA REJ
+	Disconnects   uint64 // queue connections ended
+	Controllers   uint64 // controllers created (admin Connects accepted)
+	LiveCtrls     int64  // controllers alive now
+	Commands      uint64 // commands received
+	Errors        uint64 // completions with a non-success status
+	Malformed     uint64 // capsules too short to be a command
+	ReadBytes     uint64 // bytes read by hosts (Read)
+	WriteBytes    uint64 // bytes written by hosts (Write)
+	KATOExpired   uint64 // controllers deleted because keep-alive expired
+	TransportErrs uint64 // work completions with an error status (a queue torn down)
+	Waits         uint64 // commands that waited for a data buffer
+}
+
+type targetStats struct {
+	connections, rejected, disconnects, controllers, commands, errs, malformed atomic.Uint64
+	readBytes, writeBytes, katoExpired, transportErrs, waits                   atomic.Uint64
+	live                                                                       atomic.Int64
+}
+
+// Target is an NVMe over Fabrics target on RDMA: an rdma_cm listener on
+// one device whose connections are NVMe queues of controllers of its
+// subsystems and of its discovery controller.
+type Target struct {
+	dev    *transport.Device
+	cfg    TargetConfig
+	subs   map[string]*Subsystem
+	l      *rdmacm.Listener
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	st     targetStats
+	inline int
+
+	mu     sync.Mutex
+	ctrls  map[uint16]*tctrl
+	queues map[*tqueue]struct{}
+	nextID uint16
+	closed bool
+}
+
+// Listen starts a target on dev: it listens on cfg.Port and serves until
+// Close.
+func Listen(dev *transport.Device, cfg TargetConfig) (*Target, error) {
+	if cfg.Port == 0 {
+		cfg.Port = nvme.Port
+	}
+	switch {
+	case cfg.InlineDataSize == 0:
+		cfg.InlineDataSize = 4096
+	case cfg.InlineDataSize < 0:
+		cfg.InlineDataSize = 0
+	case cfg.InlineDataSize > 16384:
+		return nil, fmt.Errorf("nvmf: TargetConfig.InlineDataSize %d exceeds 16384", cfg.InlineDataSize)
+	}
+	if cfg.MaxQueueSize == 0 {
+		cfg.MaxQueueSize = 128
+	}
+	if cfg.MaxQueueSize < 2 || cfg.MaxQueueSize > 1024 {
+		return nil, fmt.Errorf("nvmf: TargetConfig.MaxQueueSize %d not in 2..1024", cfg.MaxQueueSize)
+	}
+	if cfg.MaxIOQueues <= 0 {
+		cfg.MaxIOQueues = 8
+	}
+	if cfg.MaxControllers <= 0 {
+		cfg.MaxControllers = 64
+	}
+	if cfg.QueueBufferBytes <= 0 {
+		cfg.QueueBufferBytes = 16 << 20
+	}
+	cfg.QueueBufferBytes = max(cfg.QueueBufferBytes, MaxTransfer)
+	if cfg.Backlog <= 0 {
+		cfg.Backlog = 128
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 10 * time.Second
+	}
+	if len(cfg.Subsystems) == 0 {
+		return nil, errors.New("nvmf: TargetConfig.Subsystems is empty")
+	}
+	t := &Target{dev: dev, cfg: cfg, subs: map[string]*Subsystem{}, ctrls: map[uint16]*tctrl{}, queues: map[*tqueue]struct{}{},
+		inline: cfg.InlineDataSize, nextID: 1}
+	for i, s := range cfg.Subsystems {
+		if err := s.check(i); err != nil {
+			return nil, err
+		}
+		if _, dup := t.subs[s.NQN]; dup || s.NQN == nvme.DiscoveryNQN {
+			return nil, fmt.Errorf("nvmf: TargetConfig.Subsystems[%d].NQN %q used twice or reserved", i, s.NQN)
+		}
+		t.subs[s.NQN] = s
+	}
+	l, err := rdmacm.Listen(dev, cfg.Port, &rdmacm.ListenOptions{Backlog: cfg.Backlog})
+	if err != nil {
+		return nil, fmt.Errorf("nvmf: %w", err)
+	}
+	t.l = l
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.wg.Add(1)
+	go t.acceptLoop()
+	return t, nil
+}
+
+func (s *Subsystem) check(i int) error {
+	if s.NQN == "" || len(s.NQN) > nvme.NQNSize-1 {
+		return fmt.Errorf("nvmf: TargetConfig.Subsystems[%d].NQN %q: empty or longer than 255 bytes", i, s.NQN)
+	}
+	if len(s.Namespaces) == 0 {
+		return fmt.Errorf("nvmf: TargetConfig.Subsystems[%d].Namespaces is empty", i)
+	}
+	used := map[uint32]bool{}
+	for j, ns := range s.Namespaces {
+		if ns.BlockSize == 0 {
+			ns.BlockSize = 512
+		}
+		switch ns.BlockSize {
+		case 512:
+			ns.shift = 9
+		case 4096:
+			ns.shift = 12
+		default:
+			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d].BlockSize %d (512 or 4096)", i, j, ns.BlockSize)
+		}
+		if ns.Backend == nil {
+			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d].Backend is nil", i, j)
+		}
+		ns.blocks = uint64(ns.Backend.Size()) >> ns.shift
+		if ns.blocks == 0 {
+			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d]: backend smaller than a block", i, j)
+		}
+		if ns.ID == 0 {
+			for ns.ID = 1; used[ns.ID]; ns.ID++ {
+			}
+		}
+		if used[ns.ID] || ns.ID == 0xffffffff {
+			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d].ID %d used twice or invalid", i, j, ns.ID)
+		}
+		used[ns.ID] = true
+		if ns.NGUID == [16]byte{} {
+			h := sha256.Sum256([]byte(s.NQN + "/" + strconv.Itoa(int(ns.ID))))
+			copy(ns.NGUID[:], h[:16])
+		}
+	}
+	if s.Serial == "" {
+		h := sha256.Sum256([]byte(s.NQN))
+		s.Serial = fmt.Sprintf("%x", h[:10])
+	}
+	if s.Model == "" {
+		s.Model = "rocev2"
+	}
+	return nil
+}
+
+func (s *Subsystem) namespace(id uint32) *Namespace {
+	for _, ns := range s.Namespaces {
+		if ns.ID == id {
+			return ns
+		}
+	}
+	return nil
+}
+
+func (s *Subsystem) allows(host string) bool {
+	if len(s.AllowedHosts) == 0 {
+		return true
+	}
+	for _, h := range s.AllowedHosts {
+		if h == host {
+			return true
+		}
+	}
+	return false
+}
+
+// Addr returns the address the target listens on.
+func (t *Target) Addr() netip.AddrPort { return t.l.Addr() }
+
+// Stats returns the target's counters.
+func (t *Target) Stats() TargetStats {
+	s := &t.st
+	return TargetStats{Connections: s.connections.Load(), Rejected: s.rejected.Load(), Disconnects: s.disconnects.Load(),
+		Controllers: s.controllers.Load(), LiveCtrls: s.live.Load(), Commands: s.commands.Load(), Errors: s.errs.Load(),
+		Malformed: s.malformed.Load(), ReadBytes: s.readBytes.Load(), WriteBytes: s.writeBytes.Load(),
+		KATOExpired: s.katoExpired.Load(), TransportErrs: s.transportErrs.Load(), Waits: s.waits.Load()}
+}
+
+// Queues returns the number of queue connections alive (for tests and
+// monitoring: zero after every host left).
+func (t *Target) Queues() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.queues)
+}
+
+func (t *Target) logf(format string, args ...any) {
+	if t.cfg.Log != nil {
+		t.cfg.Log(format, args...)
+	}
+}
+
+// Close stops listening, disconnects every queue and waits for them.
+func (t *Target) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	qs := make([]*tqueue, 0, len(t.queues))
+	for q := range t.queues {
+		qs = append(qs, q)
+	}
+	t.mu.Unlock()
+	err := t.l.Close()
+	t.cancel()
+	for _, q := range qs {
+		q.shutdown()
+	}
+	t.wg.Wait()
+	return err
+}
+
+func (t *Target) acceptLoop() {
+	defer t.wg.Done()
+	for {
+		r, err := t.l.Next(t.ctx)
+		if err != nil {
+			return
+		}
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			t.accept(r)
+		}()
+	}
+}
+
+func rejectData(st nvme.CMStatus) []byte {
+	b := make([]byte, nvme.CMRejSize)
+	nvme.CMRej(b).Encode(&nvme.CMRejFields{RecFmt: nvme.RecFmt10, Status: st})
+	return b
+}
+
+// checkReq validates the NVMe-RDMA private data of a connection request
+// (nvmet_rdma_parse_cm_connect_req) and returns the queue's receive
+// depth (hsqsize+1) and the host's receive depth.
+func (t *Target) checkReq(pd []byte) (f nvme.CMReqFields, st nvme.CMStatus) {
+	r, err := nvme.ParseCMReq(pd)
+	if err != nil {
+		return f, nvme.CMInvalidLen
+	}
+	f = r.Fields()
+	switch {
+	case f.RecFmt != nvme.RecFmt10:
+		return f, nvme.CMInvalidRecFmt
+	case int(f.QID) > t.cfg.MaxIOQueues:
+		return f, nvme.CMInvalidQID
+	case f.HSQSize < 1 || (f.QID == 0 && int(f.HSQSize)+1 > nvme.AdminQueueDepth) || int(f.HSQSize)+1 > t.cfg.MaxQueueSize:
+		return f, nvme.CMInvalidHSQSize
+	case f.HRQSize < 1 || int(f.HRQSize) > 1024:
+		return f, nvme.CMInvalidHRQSize
+	}
+	return f, 0
+}
+
+func (t *Target) accept(r *rdmacm.Request) {
+	f, st := t.checkReq(r.PrivateData())
+	if st == 0 {
+		t.mu.Lock()
+		if t.closed || len(t.queues) >= t.cfg.MaxControllers*(1+t.cfg.MaxIOQueues) {
+			st = nvme.CMNoResources
+		}
+		t.mu.Unlock()
+	}
+	if st != 0 {
+		t.st.rejected.Add(1)
+		t.logf("nvmf: reject %v qid %d: %v", r.RemoteAddr(), f.QID, st)
+		r.Reject(rejectData(st))
+		return
+	}
+	q, err := t.newQueue(f)
+	if err != nil {
+		t.st.rejected.Add(1)
+		t.logf("nvmf: reject %v qid %d: %v", r.RemoteAddr(), f.QID, err)
+		r.Reject(rejectData(nvme.CMNoResources))
+		return
+	}
+	rep := make([]byte, nvme.CMRepSize)
+	nvme.CMRep(rep).Encode(&nvme.CMRepFields{RecFmt: nvme.RecFmt10, CRQSize: uint16(q.depth)})
+	ctx, cancel := context.WithTimeout(t.ctx, 10*time.Second)
+	conn, err := r.Accept(ctx, &rdmacm.Options{PD: q.pd, PathMTU: t.cfg.PathMTU, SendCQ: q.cq, RecvCQ: q.cq,
+		MaxSendWR: q.sendDepth, MaxRecvWR: q.depth, MaxSGE: 2, Prepare: q.prepare, PrivateData: rep})
+	cancel()
+	if err != nil {
+		t.logf("nvmf: accept %v qid %d: %v", r.RemoteAddr(), f.QID, err)
+		q.free()
+		return
+	}
+	q.conn, q.qp = conn, conn.QP()
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		conn.Close()
+		q.free()
+		return
+	}
+	t.queues[q] = struct{}{}
+	t.mu.Unlock()
+	t.st.connections.Add(1)
+	t.logf("nvmf: %v qid %d connected (depth %d)", conn.RemoteAddr(), f.QID, q.depth)
+	q.run()
+	t.mu.Lock()
+	delete(t.queues, q)
+	t.mu.Unlock()
+	t.st.disconnects.Add(1)
+	t.logf("nvmf: %v qid %d disconnected: %v", conn.RemoteAddr(), f.QID, q.why)
+}

@@ -1,0 +1,568 @@
+package nvmf
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/gorocev2/rocev2/nvme"
+)
+
+// tctrl is a controller of the target: created by an admin queue's
+// Connect, joined by I/O queues' Connects, deleted with its admin queue
+// or when its keep-alive timer expires.
+type tctrl struct {
+	t       *Target
+	id      uint16
+	sub     *Subsystem // nil: the discovery controller
+	hostNQN string
+	hostID  [16]byte
+
+	mu      sync.Mutex
+	cc      uint32
+	csts    uint32
+	kato    time.Duration
+	ka      *time.Timer
+	aec     uint32
+	nrIOQ   int
+	queues  map[uint16]*tqueue
+	aers    []uint16
+	deleted bool
+}
+
+func (c *tctrl) discovery() bool { return c.sub == nil }
+
+// touch restarts the keep-alive timer.
+func (c *tctrl) touch() {
+	c.mu.Lock()
+	if c.ka != nil {
+		c.ka.Reset(c.kato)
+	}
+	c.mu.Unlock()
+}
+
+func (c *tctrl) setKATO(ms uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.kato = time.Duration(ms) * time.Millisecond
+	if c.ka != nil {
+		c.ka.Stop()
+		c.ka = nil
+	}
+	if ms > 0 && !c.deleted {
+		c.ka = time.AfterFunc(c.kato, func() {
+			c.t.st.katoExpired.Add(1)
+			c.t.logf("nvmf: controller %d (%s): keep-alive timeout %v expired", c.id, c.hostNQN, c.kato)
+			c.delete()
+		})
+	}
+}
+
+// delete removes the controller and ends all its queues.
+func (c *tctrl) delete() {
+	c.mu.Lock()
+	if c.deleted {
+		c.mu.Unlock()
+		return
+	}
+	c.deleted = true
+	if c.ka != nil {
+		c.ka.Stop()
+	}
+	qs := make([]*tqueue, 0, len(c.queues))
+	for _, q := range c.queues {
+		qs = append(qs, q)
+	}
+	c.mu.Unlock()
+	t := c.t
+	t.mu.Lock()
+	if t.ctrls[c.id] == c {
+		delete(t.ctrls, c.id)
+		t.st.live.Add(-1)
+	}
+	t.mu.Unlock()
+	for _, q := range qs {
+		q.stop(errors.New("controller deleted"))
+	}
+}
+
+// detach: queue q ended. The admin queue takes the controller with it.
+func (c *tctrl) detach(q *tqueue) {
+	c.mu.Lock()
+	if c.queues[q.qid] == q {
+		delete(c.queues, q.qid)
+	}
+	c.mu.Unlock()
+	if q.qid == 0 {
+		c.delete()
+	}
+}
+
+// connect executes a Fabrics Connect on queue q.
+func (q *tqueue) connect(r *treq, data []byte) (nvme.Status, uint64) {
+	t := q.t
+	cmd := nvme.ConnectOf(r.sqe)
+	bad := func(off uint64) (nvme.Status, uint64) {
+		// Invalid parameter: DW0 bits 15:0 the byte offset, bit 16 "in data".
+		return nvme.StatusConnectInvalidParam | nvme.StatusDNR, off
+	}
+	if q.ctrl != nil {
+		return nvme.StatusCmdSeqError | nvme.StatusDNR, 0
+	}
+	if cmd.RecFmt != nvme.RecFmt10 {
+		return nvme.StatusConnectFormat | nvme.StatusDNR, 0
+	}
+	if len(data) < nvme.ConnectDataSize {
+		return nvme.StatusSGLInvalidData | nvme.StatusDNR, 0
+	}
+	d, _ := nvme.ParseConnectData(data)
+	df := d.Fields()
+	if cmd.QID != q.qid {
+		return bad(42)
+	}
+	if int(cmd.SQSize)+1 > q.depth || cmd.SQSize == 0 {
+		return bad(44)
+	}
+	var sub *Subsystem
+	if df.SubNQN != nvme.DiscoveryNQN {
+		if sub = t.subs[df.SubNQN]; sub == nil {
+			return bad(1<<16 | 256)
+		}
+		if !sub.allows(df.HostNQN) {
+			return nvme.StatusConnectInvalidHost | nvme.StatusDNR, 0
+		}
+	} else if cmd.QID != 0 {
+		return bad(42) // discovery controllers have no I/O queues
+	}
+	if cmd.QID == 0 {
+		if df.CNTLID != nvme.DynamicCNTLID {
+			return bad(1<<16 | 16)
+		}
+		t.mu.Lock()
+		if len(t.ctrls) >= t.cfg.MaxControllers || t.closed {
+			t.mu.Unlock()
+			return nvme.StatusConnectCtrlBusy | nvme.StatusDNR, 0
+		}
+		id := t.nextID
+		for t.ctrls[id] != nil || id == 0 || id >= 0xfff0 {
+			id++
+			if id >= 0xfff0 {
+				id = 1
+			}
+		}
+		t.nextID = id + 1
+		c := &tctrl{t: t, id: id, sub: sub, hostNQN: df.HostNQN, hostID: df.HostID, queues: map[uint16]*tqueue{0: q},
+			nrIOQ: t.cfg.MaxIOQueues}
+		t.ctrls[id] = c
+		t.st.live.Add(1)
+		t.mu.Unlock()
+		t.st.controllers.Add(1)
+		c.setKATO(cmd.KATO)
+		q.ctrl = c
+		q.connected.Store(true)
+		t.logf("nvmf: controller %d for %s on %s (kato %d ms)", id, df.HostNQN, df.SubNQN, cmd.KATO)
+		return 0, uint64(id)
+	}
+	t.mu.Lock()
+	c := t.ctrls[df.CNTLID]
+	t.mu.Unlock()
+	if c == nil || c.sub != sub || c.hostNQN != df.HostNQN {
+		return bad(1<<16 | 16)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.deleted:
+		return bad(1<<16 | 16)
+	case c.csts&nvme.CSTSReady == 0:
+		return nvme.StatusCmdSeqError | nvme.StatusDNR, 0
+	case int(cmd.QID) > c.nrIOQ:
+		return bad(42)
+	case c.queues[cmd.QID] != nil:
+		return nvme.StatusConnectInvalidParam | nvme.StatusDNR, 42
+	}
+	c.queues[cmd.QID] = q
+	q.ctrl = c
+	q.connected.Store(true)
+	return 0, uint64(c.id)
+}
+
+// execute runs the command of r with its data in (host to controller) or
+// into out (controller to host); it returns the status, the result, and
+// the bytes of out to send.
+func (q *tqueue) execute(r *treq, in, out []byte) (nvme.Status, uint64, int) {
+	s := r.sqe
+	if s.Opcode() == nvme.OpcodeFabrics {
+		switch s.FCType() {
+		case nvme.FCConnect:
+			st, res := q.connect(r, in)
+			return st, res, 0
+		case nvme.FCPropertyGet, nvme.FCPropertySet:
+			if q.qid != 0 {
+				return nvme.StatusInvalidOpcode | nvme.StatusDNR, 0, 0
+			}
+			q.ctrl.touch()
+			st, res := q.ctrl.property(nvme.PropertyOf(s))
+			return st, res, 0
+		case nvme.FCDisconnect:
+			return 0, 0, 0
+		}
+		return nvme.StatusInvalidOpcode | nvme.StatusDNR, 0, 0
+	}
+	c := q.ctrl
+	c.touch()
+	c.mu.Lock()
+	ready := c.csts&nvme.CSTSReady != 0
+	c.mu.Unlock()
+	if !ready {
+		return nvme.StatusCmdSeqError | nvme.StatusDNR, 0, 0
+	}
+	if q.qid == 0 {
+		return q.admin(r, in, out)
+	}
+	return q.io(r, in, out)
+}
+
+// property executes Property Get/Set.
+func (c *tctrl) property(p nvme.Property) (nvme.Status, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p.Set {
+		if p.Offset != nvme.PropCC || p.Size8() {
+			return nvme.StatusInvalidField | nvme.StatusDNR, 0
+		}
+		c.setCC(uint32(p.Value))
+		return 0, 0
+	}
+	var v uint64
+	switch p.Offset {
+	case nvme.PropCAP:
+		v = nvme.CAP{MQES: uint16(c.t.cfg.MaxQueueSize - 1), CQR: true, TO: 15, CSSNVM: true}.Value()
+	case nvme.PropVS:
+		v = uint64(nvme.Version(1, 3, 0))
+	case nvme.PropCC:
+		v = uint64(c.cc)
+	case nvme.PropCSTS:
+		v = uint64(c.csts)
+	default:
+		return nvme.StatusInvalidField | nvme.StatusDNR, 0
+	}
+	if !p.Size8() && p.Offset == nvme.PropCAP {
+		return nvme.StatusInvalidField | nvme.StatusDNR, 0
+	}
+	return 0, v
+}
+
+// setCC applies a controller configuration write (nvmet_update_cc).
+func (c *tctrl) setCC(v uint32) {
+	old := c.cc
+	c.cc = v
+	if v&nvme.CCEnable != 0 && old&nvme.CCEnable == 0 {
+		// IOSQES 6, IOCQES 4, MPS 0, AMS 0, CSS 0 or the controller is fatal.
+		if (v>>16)&0xf != 6 || (v>>20)&0xf != 4 || (v>>7)&0xf != 0 || (v>>11)&7 != 0 || (v>>4)&7 != 0 {
+			c.csts = nvme.CSTSFatal
+			return
+		}
+		c.csts = nvme.CSTSReady
+	}
+	if v&nvme.CCEnable == 0 && old&nvme.CCEnable != 0 {
+		c.csts &^= nvme.CSTSReady | nvme.CSTSFatal
+		c.aers = nil
+	}
+	if v&nvme.CCShnMask != 0 && old&nvme.CCShnMask == 0 {
+		if c.sub != nil {
+			for _, ns := range c.sub.Namespaces {
+				ns.Backend.Flush()
+			}
+		}
+		c.csts |= nvme.CSTSShstCmplt
+	}
+	if v&nvme.CCShnMask == 0 && old&nvme.CCShnMask != 0 {
+		c.csts &^= nvme.CSTSShstMask
+	}
+}
+
+// admin executes an admin command.
+func (q *tqueue) admin(r *treq, in, out []byte) (nvme.Status, uint64, int) {
+	c := q.ctrl
+	s := r.sqe
+	inval := nvme.StatusInvalidField | nvme.StatusDNR
+	switch s.Opcode() {
+	case nvme.AdminIdentify:
+		return c.identify(nvme.IdentifyOf(s), out)
+	case nvme.AdminSetFeatures, nvme.AdminGetFeatures:
+		set := s.Opcode() == nvme.AdminSetFeatures
+		f := nvme.FeaturesOf(s)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		switch f.FID {
+		case nvme.FeatNumQueues:
+			if c.discovery() {
+				return inval, 0, 0
+			}
+			if set {
+				if uint16(f.Value) == 0xffff || uint16(f.Value>>16) == 0xffff {
+					return inval, 0, 0
+				}
+				nsq, ncq := nvme.SplitNumQueues(f.Value)
+				c.nrIOQ = min(nsq, ncq, q.t.cfg.MaxIOQueues)
+			}
+			return 0, uint64(nvme.NumQueues(uint16(c.nrIOQ), uint16(c.nrIOQ))), 0
+		case nvme.FeatKATO:
+			if set {
+				c.mu.Unlock()
+				c.setKATO(f.Value)
+				c.mu.Lock()
+			}
+			return 0, uint64(c.kato / time.Millisecond), 0
+		case nvme.FeatAsyncEvent:
+			if set {
+				c.aec = f.Value
+			}
+			return 0, uint64(c.aec), 0
+		case nvme.FeatVolatileWC:
+			if c.discovery() || set {
+				return inval, 0, 0
+			}
+			return 0, 1, 0
+		}
+		return inval, 0, 0
+	case nvme.AdminGetLogPage:
+		return c.logPage(nvme.GetLogPageOf(s), out)
+	case nvme.AdminKeepAlive:
+		return 0, 0, 0
+	case nvme.AdminAsyncEvent:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if len(c.aers) >= aerLimit {
+			return nvme.StatusAERLimitExceeded | nvme.StatusDNR, 0, 0
+		}
+		// Parked: answered only when an event happens. Its receive
+		// buffer goes back now (the host counts the AER as outstanding).
+		c.aers = append(c.aers, r.cid)
+		return parked, 0, 0
+	case nvme.AdminAbort:
+		return 0, 1, 0 // not aborted
+	}
+	return nvme.StatusInvalidOpcode | nvme.StatusDNR, 0, 0
+}
+
+// parked is an internal status: no response now.
+const parked nvme.Status = 0xffff
+
+// identify answers Identify.
+func (c *tctrl) identify(id nvme.Identify, out []byte) (nvme.Status, uint64, int) {
+	inval := nvme.StatusInvalidField | nvme.StatusDNR
+	var b [nvme.IdentifySize]byte
+	switch {
+	case id.CNS == nvme.CNSController:
+		f := nvme.IdentifyControllerFields{SN: "discovery", MN: "rocev2", FR: "1.0", MDTS: MDTS, CNTLID: c.id,
+			VER: nvme.Version(1, 3, 0), LPA: 1 << 2, MAXCMD: uint16(c.t.cfg.MaxQueueSize), KAS: kas,
+			SGLS: nvme.SGLSSupported | nvme.SGLSKeyed, SubNQN: nvme.DiscoveryNQN}
+		if !c.discovery() {
+			f.SN, f.MN, f.SubNQN = c.sub.Serial, c.sub.Model, c.sub.NQN
+			f.RAB, f.CTRATT, f.ACL, f.AERL, f.FRMW, f.LPA, f.ELPE = 6, nvme.CtrattHostID128, 3, aerLimit-1, 1<<1|1, 1<<2, 0
+			f.SQES, f.CQES, f.NN = 0x66, 0x44, maxNSID(c.sub)
+			f.ONCS = nvme.ONCSWriteZeroes | nvme.ONCSDSM
+			f.VWC = 1
+			f.IOCCSZ = uint32(nvme.SQESize+c.t.inline) / 16
+			f.IORCSZ = 1
+			f.MSDBD = 1
+			if c.t.inline > 0 {
+				f.SGLS |= nvme.SGLSOffset
+			}
+		}
+		nvme.IdentifyController(b[:]).Encode(&f)
+	case c.discovery():
+		return inval, 0, 0
+	case id.CNS == nvme.CNSCSController && id.CSI == 0:
+		// The NVM command set's controller structure: all zero (no
+		// verify, write zeroes or DSM limits beyond MDTS). Linux's host
+		// asks for it at every connect.
+	case id.CNS == nvme.CNSNamespace:
+		ns := c.sub.namespace(id.NSID)
+		if ns == nil {
+			return nvme.StatusInvalidNamespace | nvme.StatusDNR, 0, 0
+		}
+		f := nvme.IdentifyNamespaceFields{NSZE: ns.blocks, NCAP: ns.blocks, NUSE: ns.blocks, NGUID: ns.NGUID,
+			LBAF: [16]nvme.LBAFormat{{LBADS: ns.shift}}, NSFEAT: 0}
+		if ns.ReadOnly {
+			f.NSATTR = 1
+		}
+		nvme.IdentifyNamespace(b[:]).Encode(&f)
+	case id.CNS == nvme.CNSActiveNSList:
+		var ids []uint32
+		for _, ns := range c.sub.Namespaces {
+			if ns.ID > id.NSID {
+				ids = append(ids, ns.ID)
+			}
+		}
+		sortU32(ids)
+		nvme.PutActiveNSList(b[:], ids)
+	case id.CNS == nvme.CNSNSDescList:
+		ns := c.sub.namespace(id.NSID)
+		if ns == nil {
+			return nvme.StatusInvalidNamespace | nvme.StatusDNR, 0, 0
+		}
+		nvme.PutNSDescriptors(b[:], []nvme.NSDescriptor{{Type: nvme.NIDTNGUID, ID: ns.NGUID[:]}, {Type: nvme.NIDTCSI, ID: []byte{0}}})
+	default:
+		return inval, 0, 0
+	}
+	return 0, 0, copy(out, b[:])
+}
+
+func maxNSID(s *Subsystem) uint32 {
+	var m uint32
+	for _, ns := range s.Namespaces {
+		m = max(m, ns.ID)
+	}
+	return m
+}
+
+func sortU32(a []uint32) {
+	for i := 1; i < len(a); i++ {
+		for j := i; j > 0 && a[j] < a[j-1]; j-- {
+			a[j], a[j-1] = a[j-1], a[j]
+		}
+	}
+}
+
+// logPage answers Get Log Page.
+func (c *tctrl) logPage(g nvme.GetLogPage, out []byte) (nvme.Status, uint64, int) {
+	var page []byte
+	switch {
+	case g.LID == nvme.LogDiscovery && c.discovery():
+		page = c.t.discoveryLog()
+	case c.discovery():
+		return nvme.StatusInvalidLogPage | nvme.StatusDNR, 0, 0
+	case g.LID == nvme.LogError:
+		page = make([]byte, 64)
+	case g.LID == nvme.LogSMART, g.LID == nvme.LogFWSlot:
+		page = make([]byte, 512)
+	case g.LID == nvme.LogChangedNS, g.LID == nvme.LogCmdEffects:
+		page = make([]byte, 4096)
+	default:
+		return nvme.StatusInvalidLogPage | nvme.StatusDNR, 0, 0
+	}
+	want := uint64(g.NumD) * 4
+	if g.Offset > uint64(len(page)) || g.Offset&3 != 0 || want > uint64(len(out)) {
+		return nvme.StatusInvalidField | nvme.StatusDNR, 0, 0
+	}
+	n := copy(out[:want], page[g.Offset:])
+	clear(out[n:want])
+	return 0, 0, int(want)
+}
+
+// discoveryLog builds the discovery log page: one entry per subsystem.
+func (t *Target) discoveryLog() []byte {
+	nqns := make([]string, 0, len(t.subs))
+	for _, s := range t.cfg.Subsystems {
+		nqns = append(nqns, s.NQN)
+	}
+	b := make([]byte, nvme.DiscoveryHeaderSize+len(nqns)*nvme.DiscoveryEntrySize)
+	h := nvme.DiscoveryHeader{GenCtr: 1, NumRec: uint64(len(nqns))}
+	h.Put(b)
+	addr := t.dev.Addr().Unmap()
+	fam := uint8(nvme.AdrfamIPv4)
+	if addr.Is6() {
+		fam = nvme.AdrfamIPv6
+	}
+	for i, n := range nqns {
+		e := nvme.DiscoveryEntry{TrType: nvme.TrtypeRDMA, AdrFam: fam, SubType: nvme.SubtypeNVMe, TReq: nvme.TreqNotSpec,
+			PortID: 1, CNTLID: nvme.DynamicCNTLID, ASQSZ: nvme.AdminQueueDepth, TrSvcID: itoa(int(t.cfg.Port)), SubNQN: n,
+			TrAddr: addr.String(), RDMAQPType: nvme.RDMAQPTypeRC, RDMAPrType: nvme.RDMAPrtNone, RDMACMS: nvme.RDMACMSRDMA}
+		e.Put(b[nvme.DiscoveryHeaderSize+i*nvme.DiscoveryEntrySize:])
+	}
+	return b
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b [8]byte
+	i := len(b)
+	for ; n > 0; n /= 10 {
+		i--
+		b[i] = byte('0' + n%10)
+	}
+	return string(b[i:])
+}
+
+// io executes an NVM command.
+func (q *tqueue) io(r *treq, in, out []byte) (nvme.Status, uint64, int) {
+	s := r.sqe
+	ns := q.ctrl.sub.namespace(s.NSID())
+	if ns == nil {
+		return nvme.StatusInvalidNamespace | nvme.StatusDNR, 0, 0
+	}
+	switch op := s.Opcode(); op {
+	case nvme.IORead, nvme.IOWrite, nvme.IOWriteZeroes:
+		rw := nvme.RWOf(s)
+		n := uint64(rw.Blocks())
+		if rw.SLBA >= ns.blocks || n > ns.blocks-rw.SLBA {
+			return nvme.StatusLBARange | nvme.StatusDNR, 0, 0
+		}
+		off, size := int64(rw.SLBA<<ns.shift), int(n<<ns.shift)
+		if op != nvme.IORead && ns.ReadOnly {
+			return nvme.StatusNSWriteProtected | nvme.StatusDNR, 0, 0
+		}
+		switch op {
+		case nvme.IORead:
+			if size != r.xfer || len(out) < size {
+				return nvme.StatusSGLInvalidData | nvme.StatusDNR, 0, 0
+			}
+			if _, err := ns.Backend.ReadAt(out[:size], off); err != nil {
+				return nvme.StatusReadError, 0, 0
+			}
+			q.t.st.readBytes.Add(uint64(size))
+			return 0, 0, size
+		case nvme.IOWrite:
+			if size != len(in) {
+				return nvme.StatusSGLInvalidData | nvme.StatusDNR, 0, 0
+			}
+			if _, err := ns.Backend.WriteAt(in, off); err != nil {
+				return nvme.StatusWriteFault, 0, 0
+			}
+			if rw.FUA {
+				if err := ns.Backend.Flush(); err != nil {
+					return nvme.StatusWriteFault, 0, 0
+				}
+			}
+			q.t.st.writeBytes.Add(uint64(size))
+			return 0, 0, 0
+		default:
+			var z [64 << 10]byte
+			for done := 0; done < size; {
+				k := min(size-done, len(z))
+				if _, err := ns.Backend.WriteAt(z[:k], off+int64(done)); err != nil {
+					return nvme.StatusWriteFault, 0, 0
+				}
+				done += k
+			}
+			return 0, 0, 0
+		}
+	case nvme.IOFlush:
+		if err := ns.Backend.Flush(); err != nil {
+			return nvme.StatusWriteFault, 0, 0
+		}
+		return 0, 0, 0
+	case nvme.IODSM:
+		d := nvme.DSMOf(s)
+		if len(in) < (int(d.NR)+1)*nvme.DSMRangeSize {
+			return nvme.StatusSGLInvalidData | nvme.StatusDNR, 0, 0
+		}
+		for _, rg := range nvme.DSMRanges(in[:(int(d.NR)+1)*nvme.DSMRangeSize]) {
+			if rg.SLBA >= ns.blocks || uint64(rg.NLB) > ns.blocks-rg.SLBA {
+				return nvme.StatusLBARange | nvme.StatusDNR, 0, 0
+			}
+		}
+		if ns.ReadOnly && d.Attr&nvme.DSMDeallocate != 0 {
+			return nvme.StatusNSWriteProtected | nvme.StatusDNR, 0, 0
+		}
+		// Deallocation is advisory (DLFEAT 0: reads of deallocated
+		// blocks return what they held).
+		return 0, 0, 0
+	}
+	return nvme.StatusInvalidOpcode | nvme.StatusDNR, 0, 0
+}

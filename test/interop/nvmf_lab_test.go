@@ -1,0 +1,365 @@
+package interop
+
+import (
+	"bufio"
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// NVMe over Fabrics on RDMA (labSuites): Linux's nvme-rdma host in the VM
+// against rocev2d nvmf-target on the host side of the wire (a 64 MiB file
+// namespace in the run directory), and rocev2d nvmf-host against Linux's
+// nvmet-rdma in the VM (configfs, null_blk memory_backed). Cells, Linux
+// host -> rocev2d target: connect through /dev/nvme-fabrics and O_DIRECT dd
+// writes and reads of 4 KiB..1 MiB blocks, compared in the VM (cmp) and
+// against the target's file on the host (md5 of every region); discovery
+// controller connect; mke2fs, mount, files, umount, mount again, checksums
+// equal; reset_controller during a write, data intact; 20 connect /
+// delete_controller rounds; the dd cell under 1 % loss on the tap. rocev2d
+// host -> Linux target: discover, write --verify at 4 KiB..1 MiB, bench.
+func init() { labSuites = append(labSuites, nvmfSuite) }
+
+const (
+	nvmfNQN     = "nqn.2026-12.io.rocev2:lab"
+	nvmfLinuxNQ = "nqn.2026-12.io.rocev2:linux"
+	nvmfSize    = 64 << 20
+)
+
+// nvmfShell is the VM's shell prelude: fail prints the kernel's last words.
+const nvmfShell = `NQN=` + nvmfNQN + `; T=` + HostIP + `
+fail() {
+	echo "FAIL: $*"; dmesg | grep -i -E 'nvme|rdma|rxe|ext4' | tail -25
+	# Leave nothing connected for the next cell.
+	umount /mnt/nv 2>/dev/null; wait
+	for c in /sys/class/nvme/nvme*; do [ -e $c/delete_controller ] && echo 1 > $c/delete_controller; done 2>/dev/null
+	exit 1
+}
+connect() {
+	echo "transport=rdma,traddr=$T,trsvcid=4420,nqn=$1" > /dev/nvme-fabrics || fail "connect $1"
+}
+waitdev() {
+	i=0; while [ ! -b /dev/nvme0n1 ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+	[ -b /dev/nvme0n1 ] || fail "no /dev/nvme0n1"
+}
+waitlive() {
+	i=0; while [ "$(cat /sys/class/nvme/nvme0/state 2>/dev/null)" != live ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+	[ "$(cat /sys/class/nvme/nvme0/state)" = live ] || fail "controller state $(cat /sys/class/nvme/nvme0/state)"
+}
+disconnect() {
+	echo 1 > /sys/class/nvme/nvme0/delete_controller || fail delete_controller
+	i=0; while [ -e /sys/class/nvme/nvme0 ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+	[ -e /sys/class/nvme/nvme0 ] && fail "nvme0 still there"
+	true
+}
+`
+
+// nvmfDDScript writes and reads back count blocks of each size, each size
+// in its own 8 MiB region, and prints "ok bs= off= len= md5=" per size.
+func nvmfDDScript(sizes []int, count int) string {
+	var b strings.Builder
+	b.WriteString(nvmfShell)
+	b.WriteString("connect $NQN; waitdev\n")
+	b.WriteString(`echo "ctrl $(cat /sys/class/nvme/nvme0/transport) $(cat /sys/class/nvme/nvme0/subsysnqn) $(cat /sys/class/nvme/nvme0/model) blocks=$(cat /sys/block/nvme0n1/size) queues=$(ls /sys/block/nvme0n1/mq | wc -l)"` + "\n")
+	for i, bs := range sizes {
+		off := i * (8 << 20)
+		fmt.Fprintf(&b, `dd if=/dev/urandom of=/tmp/w bs=%[1]d count=%[3]d iflag=fullblock 2>/dev/null || fail urandom
+dd if=/tmp/w of=/dev/nvme0n1 bs=%[1]d seek=%[2]d count=%[3]d oflag=direct 2>/tmp/e || fail "write bs=%[1]d: $(cat /tmp/e)"
+dd if=/dev/nvme0n1 of=/tmp/r bs=%[1]d skip=%[2]d count=%[3]d iflag=direct 2>/tmp/e || fail "read bs=%[1]d: $(cat /tmp/e)"
+cmp /tmp/w /tmp/r || fail "data bs=%[1]d"
+echo "ok bs=%[1]d off=%[4]d len=%[5]d md5=$(md5sum < /tmp/w | cut -d' ' -f1)"
+`, bs, off/bs, count, off, bs*count)
+	}
+	b.WriteString("disconnect\necho done\n")
+	return b.String()
+}
+
+var reNvmfOK = regexp.MustCompile(`(?m)^ok bs=(\d+) off=(\d+) len=(\d+) md5=([0-9a-f]{32})$`)
+
+// checkNvmfRegions compares every region the VM wrote with the target's file.
+func checkNvmfRegions(file, out string, want int) []string {
+	var probs []string
+	f, err := os.ReadFile(file)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	ms := reNvmfOK.FindAllStringSubmatch(out, -1)
+	if len(ms) != want {
+		probs = append(probs, fmt.Sprintf("%d regions checked in the VM, want %d", len(ms), want))
+	}
+	for _, m := range ms {
+		off, _ := strconv.Atoi(m[2])
+		n, _ := strconv.Atoi(m[3])
+		if off+n > len(f) {
+			probs = append(probs, fmt.Sprintf("region %d+%d past the file's %d bytes", off, n, len(f)))
+			continue
+		}
+		sum := md5.Sum(f[off : off+n])
+		if hex.EncodeToString(sum[:]) != m[4] {
+			probs = append(probs, fmt.Sprintf("bs=%s: the target's file differs from what the VM wrote at %d", m[1], off))
+		}
+	}
+	return probs
+}
+
+func nvmfSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row)) {
+	t.Run("nvmf", func(t *testing.T) {
+		file := filepath.Join(lab.Dir, "nvmf-target.img")
+		os.Remove(file)
+		h, err := lab.StartHost(ctx, img.Rocev2d, "nvmf-target", "--bind", HostIP, "--nqn", nvmfNQN, "--file", file,
+			"--size", strconv.Itoa(nvmfSize), "-v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := waitHostRoCE(h, 15*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		stopped := false
+		stop := func() (int, string) {
+			stopped = true
+			h.Cmd.Process.Signal(syscall.SIGINT)
+			select {
+			case <-h.Done():
+			case <-time.After(30 * time.Second):
+				h.Cmd.Process.Kill()
+			}
+			return h.Wait()
+		}
+		defer func() {
+			if !stopped {
+				stop()
+			}
+		}()
+		dir := "Linux nvme-rdma host (VM) -> rocev2d nvmf-target"
+		cell := func(name, label string, timeout time.Duration, script string, check func(out string) []string) {
+			t.Run(name, func(t *testing.T) {
+				t0 := time.Now()
+				r := row{cell: label, direction: dir, result: "FAIL"}
+				defer func() { r.d = time.Since(t0); add(r) }()
+				res, err := lab.Run(ctx, script, timeout)
+				if err != nil {
+					t.Fatalf("%v\n%s", err, res.Output)
+				}
+				probs := []string{}
+				if res.Exit != 0 {
+					probs = append(probs, fmt.Sprintf("VM script exit %d", res.Exit))
+				}
+				if check != nil {
+					probs = append(probs, check(res.Output)...)
+				}
+				if len(probs) > 0 {
+					t.Errorf("%s\n--- VM output:\n%s\n--- rocev2d nvmf-target:\n%s", strings.Join(probs, "\n"), res.Output, tail(h.Output(), 40))
+					r.counters = strings.Join(probs, "; ")
+					return
+				}
+				r.result = "ok"
+				r.counters = firstLine(res.Output, "ctrl ")
+				t.Logf("%s: %s", name, strings.ReplaceAll(strings.TrimSpace(res.Output), "\n", " | "))
+			})
+		}
+		sizes := []int{4096, 8192, 16384, 65536, 131072, 524288, 1 << 20}
+		cell("dd_4k_1m", "nvme-rdma O_DIRECT dd 4 KiB..1 MiB, data checked", 5*time.Minute, nvmfDDScript(sizes, 4),
+			func(out string) []string { return checkNvmfRegions(file, out, len(sizes)) })
+		cell("discovery", "nvme-rdma discovery controller connect", 2*time.Minute, nvmfShell+`
+connect nqn.2014-08.org.nvmexpress.discovery
+sleep 0.5
+for c in /sys/class/nvme/nvme*; do echo "ctrl $(cat $c/subsysnqn) $(cat $c/state)"; echo 1 > $c/delete_controller; done
+echo done
+`, func(out string) []string {
+			if !strings.Contains(out, "ctrl nqn.2014-08.org.nvmexpress.discovery") {
+				return []string{"no discovery controller"}
+			}
+			return nil
+		})
+		cell("mkfs", "mke2fs + mount, files, remount, checksums", 5*time.Minute, nvmfShell+`
+connect $NQN; waitdev
+mke2fs -q /dev/nvme0n1 2>&1 || fail mke2fs
+mkdir -p /mnt/nv
+mount -t ext2 /dev/nvme0n1 /mnt/nv || fail mount
+for i in 1 2 3; do dd if=/dev/urandom of=/mnt/nv/f$i bs=64k count=$((i*8)) 2>/dev/null || fail "file $i"; done
+md5sum /mnt/nv/f* > /tmp/sums; sync
+umount /mnt/nv || fail umount
+echo 3 > /proc/sys/vm/drop_caches
+mount -t ext2 /dev/nvme0n1 /mnt/nv || fail remount
+md5sum -c /tmp/sums || fail checksums
+echo "ctrl files equal after remount: $(ls /mnt/nv | tr '\n' ' ')"
+umount /mnt/nv
+disconnect
+echo done
+`, nil)
+		cell("reset_during_io", "reset_controller during a 16 MiB write", 5*time.Minute, nvmfShell+`
+connect $NQN; waitdev
+dd if=/dev/urandom of=/tmp/w bs=1048576 count=16 iflag=fullblock 2>/dev/null
+( dd if=/tmp/w of=/dev/nvme0n1 bs=65536 seek=256 oflag=direct 2>/tmp/e; echo $? > /tmp/rc ) &
+sleep 0.5
+echo 1 > /sys/class/nvme/nvme0/reset_controller || fail reset_controller
+wait
+[ "$(cat /tmp/rc)" = 0 ] || fail "write during reset: $(cat /tmp/e)"
+waitlive
+dd if=/dev/nvme0n1 of=/tmp/r bs=65536 skip=256 count=256 iflag=direct 2>/dev/null || fail read
+cmp /tmp/w /tmp/r || fail "data after reset"
+echo "ctrl reset during I/O, 16 MiB intact"
+disconnect
+echo done
+`, nil)
+		cell("reconnect_20", "20 connect/delete_controller rounds", 8*time.Minute, nvmfShell+`
+for i in $(seq 1 20); do
+	connect $NQN; waitdev
+	dd if=/dev/nvme0n1 of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null || fail "read in round $i"
+	disconnect
+done
+echo "ctrl 20 rounds"
+echo done
+`, nil)
+		func() {
+			inj, err := attachLoss(lab, 0.01)
+			if err != nil {
+				t.Logf("no loss injector: %v", err)
+				add(row{cell: "nvme-rdma dd under 1% loss", direction: dir, result: "FAIL", counters: "loss injector: " + err.Error()})
+				return
+			}
+			defer inj.close()
+			ls := []int{4096, 65536, 1 << 20}
+			cell("dd_loss1pct", "nvme-rdma O_DIRECT dd under 1% loss, data checked", 8*time.Minute, nvmfDDScript(ls, 4),
+				func(out string) []string { return checkNvmfRegions(file, out, len(ls)) })
+		}()
+		code, out := stop()
+		if code != 0 || !strings.Contains(out, "nvmf-target: stopped") {
+			t.Errorf("rocev2d nvmf-target: exit %d\n%s", code, tail(out, 40))
+		}
+		t.Logf("rocev2d nvmf-target:\n%s", tail(out, 30))
+		// What the Linux host asked that the target answered with an error
+		// status (optional commands), once per kind.
+		seen := map[string]int{}
+		for _, l := range strings.Split(out, "\n") {
+			if i := strings.Index(l, "nvmf: qid "); i >= 0 && strings.Contains(l, "): ") {
+				k := regexp.MustCompile(`cid \d+ `).ReplaceAllString(l[i:], "")
+				seen[k]++
+			}
+		}
+		for k, n := range seen {
+			t.Logf("target error status x%d: %s", n, k)
+		}
+
+		nvmfLinuxTarget(t, ctx, lab, img, add)
+	})
+}
+
+// nvmfLinuxTarget: rocev2d nvmf-host against Linux's nvmet-rdma in the VM.
+func nvmfLinuxTarget(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row)) {
+	t.Run("linux_target", func(t *testing.T) {
+		t0 := time.Now()
+		r := row{cell: "rocev2d nvmf-host: discover, write --verify 4 KiB..4 MiB, bench, port removed mid-run", direction: "rocev2d nvmf-host -> Linux nvmet-rdma (VM)", result: "FAIL"}
+		defer func() { r.d = time.Since(t0); add(r) }()
+		setup := `NQN=` + nvmfLinuxNQ + `; A=` + VMIP + `
+set -e
+mount -t configfs none /sys/kernel/config 2>/dev/null || true
+rmmod null_blk 2>/dev/null || true
+insmod $(find /lib/modules -name 'null_blk.ko*' | head -1) memory_backed=1 gb=1 nr_devices=1 bs=4096
+C=/sys/kernel/config/nvmet
+mkdir $C/subsystems/$NQN && echo 1 > $C/subsystems/$NQN/attr_allow_any_host
+mkdir $C/subsystems/$NQN/namespaces/1 && echo -n /dev/nullb0 > $C/subsystems/$NQN/namespaces/1/device_path
+echo -n 1 > $C/subsystems/$NQN/namespaces/1/enable
+mkdir $C/ports/1 && echo rdma > $C/ports/1/addr_trtype && echo ipv4 > $C/ports/1/addr_adrfam
+echo $A > $C/ports/1/addr_traddr && echo 4420 > $C/ports/1/addr_trsvcid
+ln -s $C/subsystems/$NQN $C/ports/1/subsystems/$NQN
+echo "target up"
+`
+		res, err := lab.Run(ctx, setup, time.Minute)
+		if err != nil || res.Exit != 0 {
+			r.counters = "nvmet setup failed"
+			t.Fatalf("nvmet setup: %v exit %d\n%s", err, res.Exit, res.Output)
+		}
+		defer lab.Run(ctx, `C=/sys/kernel/config/nvmet; rm -f $C/ports/1/subsystems/*; rmdir $C/ports/1; echo 0 > $C/subsystems/`+nvmfLinuxNQ+`/namespaces/1/enable; rmdir $C/subsystems/`+nvmfLinuxNQ+`/namespaces/1 $C/subsystems/`+nvmfLinuxNQ, time.Minute)
+		run := func(args ...string) (string, error) {
+			full := append([]string{"nvmf-host", args[0], "--bind", HostIP, "--addr", VMIP}, args[1:]...)
+			hp, err := lab.StartHost(ctx, img.Rocev2d, full...)
+			if err != nil {
+				return "", err
+			}
+			select {
+			case <-hp.Done():
+			case <-time.After(3 * time.Minute):
+				hp.Cmd.Process.Kill()
+			}
+			code, out := hp.Wait()
+			if code != 0 {
+				return out, fmt.Errorf("rocev2d %s: exit %d", strings.Join(full, " "), code)
+			}
+			return out, nil
+		}
+		var probs []string
+		out, err := run("discover")
+		if err != nil || !strings.Contains(out, "subnqn:  "+nvmfLinuxNQ) {
+			probs = append(probs, fmt.Sprintf("discover: %v\n%s", err, out))
+		}
+		for i, bs := range []string{"4k", "64k", "128k", "1m", "4m"} {
+			o, err := run("write", "--nqn", nvmfLinuxNQ, "--offset", strconv.Itoa(i*8<<20), "--length", bs, "--verify", "--io-queues", "2")
+			if err != nil || !strings.Contains(o, "verified") {
+				probs = append(probs, fmt.Sprintf("write %s: %v\n%s", bs, err, o))
+			}
+		}
+		bench, err := run("bench", "--nqn", nvmfLinuxNQ, "--bs", "4k,128k", "--qd", "1,16", "--time", "2s", "--rw", "rw", "--range", "64m")
+		if err != nil {
+			probs = append(probs, fmt.Sprintf("bench: %v\n%s", err, bench))
+		}
+		// The port goes away for 2 s in the middle of a bench: the host
+		// reconnects (and sends the lost I/O again) or fails clearly.
+		var portNote string
+		hp, err := lab.StartHost(ctx, img.Rocev2d, "nvmf-host", "bench", "--bind", HostIP, "--addr", VMIP, "--nqn", nvmfLinuxNQ,
+			"--bs", "4k", "--qd", "4", "--time", "12s", "--rw", "rw", "--range", "64m", "-v")
+		if err != nil {
+			probs = append(probs, err.Error())
+		} else {
+			time.Sleep(3 * time.Second)
+			res, err := lab.Run(ctx, `C=/sys/kernel/config/nvmet; N=`+nvmfLinuxNQ+`
+rm $C/ports/1/subsystems/$N && echo "port removed"; sleep 2
+ln -s $C/subsystems/$N $C/ports/1/subsystems/$N && echo "port back"`, time.Minute)
+			if err != nil || res.Exit != 0 {
+				probs = append(probs, fmt.Sprintf("port remove/re-add: %v %s", err, res.Output))
+			}
+			select {
+			case <-hp.Done():
+			case <-time.After(3 * time.Minute):
+				hp.Cmd.Process.Kill()
+			}
+			code, out := hp.Wait()
+			switch {
+			case code == 0 && strings.Contains(out, "reconnected"):
+				portNote = "port removed/re-added mid-bench: reconnected"
+			case code != 0 && strings.Contains(out, "rocev2d nvmf-host bench: nvmf:"):
+				portNote = "port removed/re-added mid-bench: failed clearly (" + strings.TrimSpace(firstLine(out, "rocev2d nvmf-host bench:")) + ")"
+			default:
+				probs = append(probs, fmt.Sprintf("bench across the port's removal: exit %d\n%s", code, out))
+			}
+			t.Logf("bench across the port's removal (exit %d):\n%s", code, tail(out, 20))
+		}
+		if len(probs) > 0 {
+			r.counters = strings.Split(probs[0], "\n")[0]
+			dm, _ := lab.Run(ctx, "dmesg | grep -i -E 'nvme|rdma' | tail -30", 20*time.Second)
+			t.Fatalf("%s\n--- VM dmesg:\n%s", strings.Join(probs, "\n"), dm.Output)
+		}
+		r.result = "ok"
+		r.counters = strings.Join(strings.Fields(firstLine(bench, "4096 ")), " ") + "; " + portNote
+		t.Logf("rocev2d nvmf-host bench against nvmet-rdma:\n%s", bench)
+	})
+}
+
+func firstLine(out, prefix string) string {
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), prefix) {
+			return sc.Text()
+		}
+	}
+	return ""
+}

@@ -1,0 +1,256 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/udp/memnet"
+)
+
+// A QP whose peer dies under a WRITE reports it: Failed closes and Err
+// is the retry-exceeded WCError.
+func TestFailedOnRetryExceeded(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{timeout: 8, retry: 2}) // ~1 ms ACK timeout
+	buf, mr := a.buffer(t, 64, 0)
+	_, dst := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	select {
+	case <-a.qp.Failed():
+		t.Fatal("Failed closed before anything failed")
+	default:
+	}
+	b.dev.Close()
+	if err := a.qp.PostSend(SendWR{WRID: 7, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, len(buf)),
+		RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.qp.Failed():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Failed not closed 5 s after the peer died")
+	}
+	var we *WCError
+	if err := a.qp.Err(); !errors.As(err, &we) || we.Status != WCRetryExcErr || we.WRID != 7 {
+		t.Fatalf("Err = %v, want retry exceeded for wr_id 7", err)
+	}
+}
+
+// Probe on a live idle peer: the peer's ACK moves Activity, the QP stays
+// in RTS and no completion appears; on a dead peer the QP fails with a
+// WCError for ProbeWRID and still no completion appears.
+func TestProbe(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{timeout: 8, retry: 2})
+	before := a.qp.Activity()
+	if err := a.qp.Probe(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for a.qp.Activity() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("no ACK for the probe")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The probe leaves the queue once acknowledged.
+	for {
+		a.qp.mu.Lock()
+		n := a.qp.probes
+		a.qp.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("probe still outstanding after its ACK")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if st := a.qp.State(); st != QPSRTS {
+		t.Fatalf("state %v after a probe, want RTS", st)
+	}
+	noWC(t, a.scq)
+	noWC(t, b.rcq)
+	if c := a.dev.Counters().KeepAliveProbes; c != 1 {
+		t.Fatalf("keep_alive_probes = %d, want 1", c)
+	}
+
+	b.dev.Close()
+	if err := a.qp.Probe(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.qp.Failed():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a probe to a dead peer did not fail the QP")
+	}
+	var we *WCError
+	if err := a.qp.Err(); !errors.As(err, &we) || we.Status != WCRetryExcErr || we.WRID != ProbeWRID {
+		t.Fatalf("Err = %v, want retry exceeded of the probe", err)
+	}
+	noWC(t, a.scq)
+	if err := a.qp.Probe(); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("Probe in ERR: %v, want ErrInvalidState", err)
+	}
+}
+
+// A probe does not take a slot of max_send_wr.
+func TestProbeOutsideMaxSendWR(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{sqDepth: 2})
+	b.dev.Close() // nothing is ever acknowledged
+	buf, mr := a.buffer(t, 8, 0)
+	if err := a.qp.Probe(); err != nil {
+		t.Fatal(err)
+	}
+	wr := SendWR{Opcode: WRWrite, SGEs: sge(mr, 0, len(buf)), RemoteAddr: 0x1000, RKey: 1}
+	if err := a.qp.PostSend(wr, wr); err != nil {
+		t.Fatalf("two WRs beside a probe in a queue of 2: %v", err)
+	}
+	if err := a.qp.PostSend(wr); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third WR: %v, want ErrQueueFull", err)
+	}
+}
+
+// PostSendContext waits for room instead of failing, and gives up with
+// ctx's error (and ErrQueueFull) naming the first WR not posted.
+func TestPostSendContext(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{sqDepth: 4})
+	const n = 64
+	buf, mr := a.buffer(t, n*16, 0)
+	_, dst := b.buffer(t, n*16, memreg.AccessRemoteWrite)
+	wrs := make([]SendWR, n)
+	for i := range wrs {
+		wrs[i] = SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, i*16, 16),
+			RemoteAddr: dst.IOVA() + uint64(i*16), RKey: dst.RKey()}
+	}
+	fill(buf, 3)
+	if err := a.qp.PostSend(wrs...); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("PostSend of %d WRs on a queue of 4: %v, want ErrQueueFull", n, err)
+	}
+	got := waitWC(t, a.scq, 4, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.qp.PostSendContext(ctx, wrs[4:]...); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, waitWC(t, a.scq, n-4, 5*time.Second)...)
+	for i, wc := range got {
+		if wc.Status != WCSuccess || wc.WRID != uint64(i) {
+			t.Fatalf("completion %d: %+v", i, wc)
+		}
+	}
+
+	// A dead peer: the queue never drains, ctx ends the wait.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel2()
+	a3, b3, _ := newPair(t, pairOpts{sqDepth: 2, timeout: 20})
+	b3.dev.Close()
+	_, mr3 := a3.buffer(t, 16, 0)
+	w3 := SendWR{Opcode: WRWrite, SGEs: sge(mr3, 0, 16), RemoteAddr: 1, RKey: 1}
+	err := a3.qp.PostSendContext(ctx2, w3, w3, w3, w3)
+	var we *WRError
+	if !errors.As(err, &we) || we.Index != 2 || !errors.Is(err, ErrQueueFull) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("PostSendContext on a stuck queue: %v, want a WRError at index 2 matching ErrQueueFull and DeadlineExceeded", err)
+	}
+}
+
+// WaitSendRoom returns at once with room, and an error once the device
+// is closed.
+func TestWaitSendRoom(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{sqDepth: 1, timeout: 20})
+	ctx := context.Background()
+	if err := a.qp.WaitSendRoom(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.dev.Close()
+	_, mr := a.buffer(t, 16, 0)
+	if err := a.qp.PostSend(SendWR{Opcode: WRWrite, SGEs: sge(mr, 0, 16), RemoteAddr: 1, RKey: 1}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.qp.WaitSendRoom(ctx) }()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("WaitSendRoom returned %v with a full queue", err)
+	default:
+	}
+	a.dev.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("WaitSendRoom after Device.Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitSendRoom still waiting after Device.Close")
+	}
+}
+
+// DestroyCause: waiters on the CQ and callers of the QP see the cause.
+func TestDestroyCause(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	cause := errors.New("owner closed")
+	done := make(chan error, 1)
+	go func() {
+		var wc [1]WC
+		_, err := a.rcq.Wait(context.Background(), wc[:])
+		done <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	if err := a.qp.DestroyCause(cause); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.rcq.DestroyCause(cause); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, cause) || !errors.Is(err, ErrDestroyed) {
+			t.Fatalf("CQ waiter: %v, want the cause and ErrDestroyed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("CQ waiter not woken")
+	}
+	if err := a.qp.PostRecv(RecvWR{}); !errors.Is(err, cause) || !errors.Is(err, ErrDestroyed) {
+		t.Fatalf("PostRecv on the destroyed QP: %v", err)
+	}
+	select {
+	case <-a.qp.Failed():
+	default:
+		t.Fatal("Failed not closed by Destroy")
+	}
+	if err := a.qp.Err(); !errors.Is(err, cause) {
+		t.Fatalf("Err = %v, want the cause", err)
+	}
+}
+
+// A local ACK timer that fires late because this process was not
+// scheduled must not spend a retry. Simulated: the network delays every
+// packet 5 ms, and the requester's QP lock is held for 60 ms right after
+// the post — its ACK timer (1 ms) comes due and waits for the lock before
+// the ACK arrives and waits behind it. With retry_cnt 0, the late expiry
+// would fail the WRITE; it resends instead, counted in ack_timeout_late.
+func TestLateTimerSpendsNoRetry(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{timeout: 8, retry: 0, faults: memnet.Faults{Delay: 5 * time.Millisecond}})
+	buf, mr := a.buffer(t, 64, 0)
+	_, dst := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	for i := 0; i < 5; i++ {
+		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, len(buf)),
+			RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+		a.qp.mu.Lock()
+		time.Sleep(60 * time.Millisecond) // the ACK (round trip ~10 ms) waits behind the timer
+		a.qp.mu.Unlock()
+		wc := waitWC(t, a.scq, 1, 5*time.Second)
+		if wc[0].Status != WCSuccess {
+			t.Fatalf("round %d: %v after a stall (ack_timeout_late %d, local_ack_timeout %d)", i, wc[0].Err(),
+				a.dev.Counters().AckTimeoutLate, a.dev.Counters().LocalAckTimeout)
+		}
+		// The resend reaches b as a duplicate; let it drain.
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c := a.dev.Counters(); c.AckTimeoutLate == 0 {
+		t.Fatalf("no late expiry counted: %+v", c)
+	}
+}

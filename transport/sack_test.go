@@ -1,0 +1,595 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
+)
+
+// lossRates collects the MiB/s of each loss-matrix case run in this
+// process, by name and mode, for the side-by-side report.
+var lossRates = struct {
+	sync.Mutex
+	m map[string]float64
+}{m: map[string]float64{}}
+
+func lossRate(t testing.TB, c lossCase, sr bool, mibs float64) {
+	mode := "gbn"
+	if sr {
+		mode = "sr"
+	}
+	lossRates.Lock()
+	lossRates.m[mode+"/"+c.name] = mibs
+	lossRates.Unlock()
+}
+
+// TestLossMatrixSR is TestLossMatrix with selective repeat on both QPs:
+// the same cases and seeds, every byte and completion checked, the
+// atomics exactly once, no deadlock (the time bound).
+func TestLossMatrixSR(t *testing.T) {
+	total := lossBytes()
+	for i, c := range lossCases {
+		t.Run(c.name, func(t *testing.T) {
+			c.f.Seed = int64(1000 + i)
+			runLossCaseMode(t, c, true, total, 60*time.Second, 14)
+		})
+	}
+}
+
+// TestSRCompare is the side-by-side benchmark: every loss-matrix case run
+// with go-back-N and then with selective repeat, with the same seed, each
+// byte-checked, and a table of MiB/s and the ratios to the clean case.
+// It runs only with ROCEV2_SR_COMPARE=1 (ROCEV2_LOSS_MIB sets the size,
+// default 64 MiB per case); with ROCEV2_SR_GOALS=1 it also checks the
+// goals (selective repeat at >= 0.9 of clean at 0.1 % loss, >= 0.8 at
+// 1 %, >= 0.5 at 5 %), which need an unloaded machine.
+func TestSRCompare(t *testing.T) {
+	if os.Getenv("ROCEV2_SR_COMPARE") == "" {
+		t.Skip("ROCEV2_SR_COMPARE=1 runs the go-back-N / selective repeat comparison")
+	}
+	total := int64(64 << 20)
+	if s := os.Getenv("ROCEV2_LOSS_MIB"); s != "" {
+		total = lossBytes()
+	}
+	for i, c := range lossCases {
+		c.f.Seed = int64(3000 + i)
+		for _, sr := range []bool{false, true} {
+			name := "gbn/" + c.name
+			if sr {
+				name = "sr/" + c.name
+			}
+			t.Run(name, func(t *testing.T) {
+				runLossCaseMode(t, c, sr, total, 10*time.Minute, 14)
+			})
+		}
+	}
+	lossRates.Lock()
+	defer lossRates.Unlock()
+	m := lossRates.m
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-16s %10s %10s %8s %8s %8s\n", "case", "GBN MiB/s", "SR MiB/s", "GBN/cl", "SR/cl", "SR/GBN")
+	gc, sc := m["gbn/clean"], m["sr/clean"]
+	for _, c := range lossCases {
+		g, s := m["gbn/"+c.name], m["sr/"+c.name]
+		fmt.Fprintf(&b, "%-16s %10.0f %10.0f %8.2f %8.2f %8.2f\n", c.name, g, s, g/gc, s/sc, s/g)
+	}
+	t.Log(b.String())
+	if os.Getenv("ROCEV2_SR_GOALS") != "" {
+		for _, g := range []struct {
+			name string
+			min  float64
+		}{{"loss0.1%", 0.9}, {"loss1%", 0.8}, {"loss5%", 0.5}} {
+			if r := m["sr/"+g.name] / sc; r < g.min {
+				t.Errorf("selective repeat at %s: %.2f of clean, goal %.2f", g.name, r, g.min)
+			}
+		}
+	}
+}
+
+// TestSRResendsOnlyHole is TestPSNSeqNAKGoBackN with selective repeat: one
+// request packet of a 4-packet WRITE is dropped once; the responder holds
+// the rest and names the hole in a selective NAK, the requester resends
+// that one packet only, and every WR completes once, in order.
+func TestSRResendsOnlyHole(t *testing.T) {
+	const first = bth.PSN(0xfffffd)
+	dropped := false
+	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: manual(), retry: 3, sr: true}, uint32(first), 0x40)
+	la.drop = func(p *packet.Packet) bool {
+		if !dropped && p.BTH.PSN() == first.Add(1) {
+			dropped = true
+			return true
+		}
+		return false
+	}
+	var sacks [][]byte
+	lb.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCAck && len(p.Payload) > 0 {
+			sacks = append(sacks, append([]byte(nil), p.Payload...))
+		}
+		return false
+	}
+	src, smr := a.buffer(t, 4*256+3*100, 0)
+	fill(src, 11)
+	dst, dmr := b.buffer(t, len(src), memreg.AccessRemoteWrite)
+	wrs := []SendWR{{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 4*256), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}}
+	for i := range 3 {
+		off := 4*256 + i*100
+		wrs = append(wrs, SendWR{WRID: uint64(2 + i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, off, 100), RemoteAddr: dmr.IOVA() + uint64(off), RKey: dmr.RKey()})
+	}
+	if err := a.qp.PostSend(wrs...); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 4, 5*time.Second)
+	for i, wc := range wcs {
+		if wc.WRID != uint64(i+1) || wc.Status != WCSuccess || wc.Opcode != WCRDMAWrite {
+			t.Fatalf("completion %d: %+v", i, wc)
+		}
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("data differs")
+	}
+	noWC(t, a.scq)
+	var psns []bth.PSN
+	for _, w := range la.sent() {
+		psns = append(psns, w.psn)
+	}
+	want := []bth.PSN{}
+	for i := range 7 {
+		want = append(want, first.Add(i))
+	}
+	want = append(want, first.Add(1)) // the hole, once
+	if fmt.Sprint(psns) != fmt.Sprint(want) {
+		t.Fatalf("requester sent PSNs\n%v\nwant\n%v", psns, want)
+	}
+	if len(sacks) == 0 {
+		t.Fatal("the responder sent no selective NAK")
+	}
+	// The first selective NAK names first+1 missing and first+2 held.
+	var naks []wirePkt
+	for _, w := range lb.sent() {
+		if w.isNAK() {
+			naks = append(naks, w)
+		}
+	}
+	if len(naks) == 0 || naks[0].psn != first.Add(1) || naks[0].syn != aeth.NAK(aeth.NAKPSNSeqError) {
+		t.Fatalf("selective NAKs %+v, want the first for %v", naks, first.Add(1))
+	}
+	if sk := aeth.SACK(sacks[0]); !aeth.IsSACK(sacks[0]) || !sk.Has(0) || sk.Has(5) {
+		t.Fatalf("first SACK block % x: want bit 0 (PSN first+2) set", sacks[0])
+	}
+	ca, cb := a.dev.Counters(), b.dev.Counters()
+	if ca.RetransmittedPkts != 1 || ca.LocalAckTimeout != 0 || ca.SRSACKRcvd == 0 || cb.SRHeld != 5 {
+		t.Fatalf("requester retransmitted_pkts %d local_ack_timeout_err %d sr_sack_rcvd %d; responder sr_held %d; want 1 0 >0 5",
+			ca.RetransmittedPkts, ca.LocalAckTimeout, ca.SRSACKRcvd, cb.SRHeld)
+	}
+	if a.qp.State() != QPSRTS || b.qp.State() != QPSRTS {
+		t.Fatalf("states %v %v", a.qp.State(), b.qp.State())
+	}
+}
+
+// TestSRReadHole drops one response packet of a 4-packet READ: the
+// requester places the others as they come and asks again for the
+// missing 256 bytes only (a READ request at the hole's PSN for one MTU),
+// which the responder answers from its saved resources.
+func TestSRReadHole(t *testing.T) {
+	const first = bth.PSN(0x10)
+	dropped := false
+	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: manual(), retry: 3, sr: true}, uint32(first), 0x40)
+	lb.drop = func(p *packet.Packet) bool {
+		if !dropped && p.BTH.Opcode() == bth.RCReadResponseMiddle && p.BTH.PSN() == first.Add(1) {
+			dropped = true
+			return true
+		}
+		return false
+	}
+	type rd struct {
+		psn bth.PSN
+		n   uint32
+	}
+	var reads []rd
+	la.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCReadRequest {
+			reads = append(reads, rd{p.BTH.PSN(), p.RETH.DMALength()})
+		}
+		return false
+	}
+	src, smr := b.buffer(t, 4*256, memreg.AccessRemoteRead)
+	fill(src, 12)
+	dst, dmr := a.buffer(t, len(src), 0)
+	if err := a.qp.PostSend(SendWR{WRID: 7, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, len(dst)), RemoteAddr: smr.IOVA(), RKey: smr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 1, 5*time.Second)
+	if wcs[0].WRID != 7 || wcs[0].Status != WCSuccess || wcs[0].ByteLen != 1024 {
+		t.Fatalf("completion %+v", wcs[0])
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("data differs")
+	}
+	noWC(t, a.scq)
+	if fmt.Sprint(reads) != fmt.Sprint([]rd{{first, 1024}, {first.Add(1), 256}}) {
+		t.Fatalf("READ requests %v, want the READ and one for the hole (psn %v, 256 bytes)", reads, first.Add(1))
+	}
+	if ca := a.dev.Counters(); ca.LocalAckTimeout != 0 || ca.RetransmittedPkts != 1 {
+		t.Fatalf("local_ack_timeout_err %d retransmitted_pkts %d, want 0 and 1", ca.LocalAckTimeout, ca.RetransmittedPkts)
+	}
+}
+
+// TestSROOOBufferBound: the responder holds at most Window packets (here
+// 16), drops what lies beyond (sr_out_of_window), and holds them in pool
+// buffers of udp.MaxPacketSize: SRMemoryWorstCase is the bound. Filling
+// the hole drains them in order; the WRITE lands whole.
+func TestSROOOBufferBound(t *testing.T) {
+	const w = 16
+	if got, want := SRMemoryWorstCase(SRConfig{Window: w}), w*udp.MaxPacketSize; got != want {
+		t.Fatalf("SRMemoryWorstCase %d, want %d", got, want)
+	}
+	if got := SRMemoryWorstCase(SRConfig{}); got != 128*udp.MaxPacketSize {
+		t.Fatalf("default worst case %d, want %d (128 packets)", got, 128*udp.MaxPacketSize)
+	}
+	sl := &sinkLink{addr: addrA, done: make(chan struct{})}
+	dev, err := NewDevice(sl, DeviceConfig{Clock: manual(), SelectiveRepeat: SRConfig{Window: w}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	o := pairOpts{mtu: MTU256, sr: true}
+	o.defaults()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(64)
+	qp, _ := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+	connect(t, &side{qp: qp}, &side{qp: &QP{qpn: 0x99}}, addrB, 100, 200, &o)
+	const npk = 28 // FIRST, 26 MIDDLE, LAST
+	mem := make([]byte, npk*256)
+	mr, _ := pd.RegisterMRIOVA(mem, 0x1000, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	want := make([]byte, len(mem))
+	fill(want, 3)
+	pkt := func(k int) []byte {
+		f := packet.Fields{BTH: bth.Fields{Opcode: bth.RCWriteMiddle, PKey: 0xffff, DestQP: qp.QPN(), PSN: bth.PSN(200).Add(k)},
+			Payload: want[k*256 : (k+1)*256]}
+		switch k {
+		case 0:
+			f.BTH.Opcode, f.RETH = bth.RCWriteFirst, packetRETH(0x1000, mr.RKey(), uint32(len(mem)))
+		case npk - 1:
+			f.BTH.Opcode, f.BTH.AckReq = bth.RCWriteLast, true
+		}
+		buf := make([]byte, udp.MaxPacketSize)
+		n, err := packet.Build(buf, &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return buf[:n]
+	}
+	for k := 1; k < npk; k++ { // everything but the FIRST
+		if err := dev.HandlePacket(pkt(k), addrB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	qp.mu.Lock()
+	held := qp.sr.held
+	qp.mu.Unlock()
+	c := dev.Counters()
+	if held != w-1 || c.SRHeld != w-1 || c.SROutOfWindow != npk-w || c.SRSACKSent == 0 {
+		t.Fatalf("held %d sr_held %d sr_out_of_window %d sr_sack_sent %d, want %d %d %d >0", held, c.SRHeld, c.SROutOfWindow, c.SRSACKSent, w-1, w-1, npk-w)
+	}
+	if err := dev.HandlePacket(pkt(0), addrB); err != nil { // the hole: drains 1..15
+		t.Fatal(err)
+	}
+	qp.mu.Lock()
+	held, psn := qp.sr.held, qp.resp.psn
+	qp.mu.Unlock()
+	if held != 0 || psn != bth.PSN(200).Add(w) {
+		t.Fatalf("after the hole: held %d, expected PSN %v, want 0 and %v", held, psn, bth.PSN(200).Add(w))
+	}
+	for k := w; k < npk; k++ { // the requester resends what was dropped
+		if err := dev.HandlePacket(pkt(k), addrB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(mem, want) || qp.State() != QPSRTS {
+		t.Fatalf("WRITE data differs or state %v", qp.State())
+	}
+}
+
+// TestIdleSRQPMemory: an idle RC QP connected with selective repeat (its
+// state allocated, nothing held) still costs at most 16 KiB of heap.
+func TestIdleSRQPMemory(t *testing.T) {
+	var cq *CQ
+	o := pairOpts{sr: true}
+	o.defaults()
+	peer := &side{qp: &QP{qpn: 0x99}}
+	per := idleQPHeap(t, func(dev *Device, pd *memreg.PD) (*QP, error) {
+		if cq == nil {
+			cq, _ = dev.CreateCQ(1024)
+		}
+		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 128, MaxRecvWR: 128})
+		if err != nil {
+			return nil, err
+		}
+		connect(t, &side{qp: qp}, peer, addrB, 1, 2, &o)
+		if !qp.SelectiveRepeat() {
+			t.Fatal("selective repeat off")
+		}
+		return qp, nil
+	})
+	t.Logf("heap per idle QP with selective repeat: %d bytes", per)
+	if per > 16<<10 {
+		t.Errorf("an idle QP with selective repeat costs %d bytes of heap, want <= 16 KiB", per)
+	}
+}
+
+// TestSRAttr: the attribute is an RC one, set at INIT -> RTR only.
+func TestSRAttr(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	if a.qp.SelectiveRepeat() {
+		t.Fatal("selective repeat on without being asked")
+	}
+	err := a.qp.Modify(&QPAttr{State: QPSRTS, SelectiveRepeat: true}, AttrState|AttrSelectiveRepeat)
+	if err == nil || !strings.Contains(err.Error(), "selective_repeat") {
+		t.Fatalf("RTS -> RTS with selective_repeat: %v", err)
+	}
+	if _, err := NewDevice(&sinkLink{addr: addrA, done: make(chan struct{})}, DeviceConfig{SelectiveRepeat: SRConfig{Window: 257}}); err == nil {
+		t.Fatal("Window 257 accepted")
+	}
+}
+
+// TestSRWithDCQCN: selective repeat under loss and ECN marking: the
+// notification points send CNPs, the reaction points cut the rate and pace
+// every request, resends included, and the transfer still checks out byte
+// for byte.
+func TestSRWithDCQCN(t *testing.T) {
+	a, b, n := newPair(t, pairOpts{faults: memnet.Faults{Loss: 0.01, CEMark: 0.05, Seed: 77}, mtu: MTU4096, timeout: 14,
+		retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64, sr: true})
+	ab, ba := newDirection(t, a, b), newDirection(t, b, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- ab.run(ctx, 4<<20) }()
+	go func() { errs <- ba.run(ctx, 4<<20) }()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("%v\nA %+v\nB %+v", err, a.dev.Counters(), b.dev.Counters())
+		}
+	}
+	ca, cb := a.dev.Counters(), b.dev.Counters()
+	nc := n.Counters()
+	t.Logf("net %+v; CNPs sent %d handled %d; sr_recoveries %d", nc, ca.NPCNPSent+cb.NPCNPSent, ca.RPCNPHandled+cb.RPCNPHandled, ca.SRRecoveries+cb.SRRecoveries)
+	if nc.CEMarked == 0 || ca.NPCNPSent+cb.NPCNPSent == 0 || ca.RPCNPHandled+cb.RPCNPHandled == 0 {
+		t.Errorf("ECN marks %d, CNPs sent %d, handled %d: DCQCN did not act", nc.CEMarked, ca.NPCNPSent+cb.NPCNPSent, ca.RPCNPHandled+cb.RPCNPHandled)
+	}
+	if nc.Lost > 0 && ca.SRRecoveries+cb.SRRecoveries == 0 {
+		t.Errorf("%d lost, no selective resend", nc.Lost)
+	}
+	if got := nativeGet(ab.ctr); got != ab.faddN {
+		t.Errorf("fetch-add counter %d, want %d (exactly once)", got, ab.faddN)
+	}
+}
+
+// TestSRNAKAtNextPSN: a selective NAK whose PSN is the requester's next
+// PSN (the responder got everything sent) acknowledges every PSN before
+// it: the WQEs complete instead of waiting for a timeout that could only
+// draw the same answer.
+func TestSRNAKAtNextPSN(t *testing.T) {
+	sl := &sinkLink{addr: addrA, done: make(chan struct{})}
+	dev, err := NewDevice(sl, DeviceConfig{Clock: manual()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	o := pairOpts{mtu: MTU256, sr: true}
+	o.defaults()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(64)
+	qp, _ := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+	connect(t, &side{qp: qp}, &side{qp: &QP{qpn: 0x99}}, addrB, 100, 200, &o)
+	mem := make([]byte, 600)
+	mr, _ := pd.RegisterMR(mem, memreg.AccessLocalWrite)
+	if err := qp.PostSend(SendWR{WRID: 5, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, 600), RemoteAddr: 1, RKey: 2}); err != nil {
+		t.Fatal(err)
+	}
+	var sk [aeth.SACKMaxSize]byte
+	f := packet.Fields{BTH: bth.Fields{Opcode: bth.RCAck, PKey: 0xffff, DestQP: qp.QPN(), PSN: 103},
+		AETH: aeth.Fields{Syndrome: aeth.NAK(aeth.NAKPSNSeqError), MSN: 1}, Payload: sk[:aeth.EncodeSACK(sk[:], []uint32{0, 0, 0, 0})]}
+	buf := make([]byte, 128)
+	n, err := packet.Build(buf, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.HandlePacket(buf[:n], addrB); err != nil {
+		t.Fatal(err)
+	}
+	var wc [2]WC
+	if k := cq.Poll(wc[:]); k != 1 || wc[0].WRID != 5 || wc[0].Status != WCSuccess {
+		t.Fatalf("completions %d %+v, want WR 5 done", k, wc[:k])
+	}
+}
+
+// TestSRLostReadRequestProbe: the READ request itself is lost, so no
+// response comes and the timer fires. Its resend asks for the whole READ
+// (the responder runs it as the original and saves it for replays), not
+// the probe's one packet; the READ completes with every byte.
+func TestSRLostReadRequestProbe(t *testing.T) {
+	const first = bth.PSN(0x20)
+	clk := manual()
+	dropped := false
+	a, b, la, _ := linkPair(t, pairOpts{mtu: MTU256, clock: clk, retry: 3, sr: true}, uint32(first), 0x40)
+	var mu sync.Mutex
+	var reads []uint32
+	la.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() != bth.RCReadRequest {
+			return false
+		}
+		mu.Lock()
+		reads = append(reads, p.RETH.DMALength())
+		mu.Unlock()
+		if !dropped {
+			dropped = true
+			return true
+		}
+		return false
+	}
+	src, smr := b.buffer(t, 4*256, memreg.AccessRemoteRead)
+	fill(src, 13)
+	dst, dmr := a.buffer(t, len(src), 0)
+	if err := a.qp.PostSend(SendWR{WRID: 9, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, len(dst)), RemoteAddr: smr.IOVA(), RKey: smr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	var wc [1]WC
+	for i := 0; i < 200 && a.scq.Poll(wc[:]) == 0; i++ {
+		clk.Advance(time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	if wc[0].WRID != 9 || wc[0].Status != WCSuccess {
+		t.Fatalf("completion %+v (READ requests %v)", wc[0], reads)
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("data differs")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reads) < 2 || reads[1] != 1024 {
+		t.Fatalf("READ requests %v: the resend after the timeout must ask for the whole 1024 bytes", reads)
+	}
+}
+
+// TestSRHeldReadKeepsSlot: a resent part of a held READ longer than the
+// window maps to the READ's own slot; it must not evict the READ (which
+// would then never run), and the READ runs whole once the hole fills.
+func TestSRHeldReadKeepsSlot(t *testing.T) {
+	const w = 16
+	sl := &sinkLink{addr: addrA, done: make(chan struct{})}
+	dev, err := NewDevice(sl, DeviceConfig{Clock: manual(), SelectiveRepeat: SRConfig{Window: w}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	o := pairOpts{mtu: MTU256, sr: true}
+	o.defaults()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(64)
+	qp, _ := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+	connect(t, &side{qp: qp}, &side{qp: &QP{qpn: 0x99}}, addrB, 100, 200, &o)
+	mem := make([]byte, 40*256)
+	mr, _ := pd.RegisterMRIOVA(mem, 0x1000, memreg.AccessLocalWrite|memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
+	send := func(f packet.Fields) {
+		t.Helper()
+		f.BTH.PKey, f.BTH.DestQP = 0xffff, qp.QPN()
+		buf := make([]byte, udp.MaxPacketSize)
+		n, err := packet.Build(buf, &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dev.HandlePacket(buf[:n], addrB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(packet.Fields{BTH: bth.Fields{Opcode: bth.RCReadRequest, PSN: 201}, RETH: packetRETH(0x1000, mr.RKey(), 40*256)})
+	send(packet.Fields{BTH: bth.Fields{Opcode: bth.RCReadRequest, PSN: 201 + w}, RETH: packetRETH(0x1000+w*256, mr.RKey(), 256)})
+	qp.mu.Lock()
+	held, slotPSN := qp.sr.held, qp.sr.slots[201%w].psn
+	qp.mu.Unlock()
+	if held != 1 || slotPSN != 201 {
+		t.Fatalf("held %d, slot holds PSN %v: the READ at 201 must stay held", held, slotPSN)
+	}
+	send(packet.Fields{BTH: bth.Fields{Opcode: bth.RCWriteOnly, PSN: 200}, RETH: packetRETH(0x1000, mr.RKey(), 4), Payload: []byte{1, 2, 3, 4}})
+	qp.mu.Lock()
+	psn := qp.resp.psn
+	qp.mu.Unlock()
+	if want := bth.PSN(201 + 40); psn != want || qp.State() != QPSRTS {
+		t.Fatalf("expected PSN %v state %v, want %v RTS (the whole READ ran)", psn, qp.State(), want)
+	}
+}
+
+// srDropLink drops the first WRITE MIDDLE packet after arm, without
+// allocating (the test measures the transport's allocations).
+type srDropLink struct {
+	udp.Link
+	mu   sync.Mutex
+	arm  bool
+	keep []udp.Packet
+}
+
+func (l *srDropLink) Send(pkts []udp.Packet) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.keep = l.keep[:0]
+	for _, p := range pkts {
+		if l.arm && len(p.Buf) > 0 && bth.Opcode(p.Buf[0]) == bth.RCWriteMiddle {
+			l.arm = false
+			continue
+		}
+		l.keep = append(l.keep, p)
+	}
+	if len(l.keep) == 0 {
+		return nil
+	}
+	return l.Link.Send(l.keep)
+}
+
+// TestSRAllocsPerMessage: selective repeat keeps the data path free of
+// allocations with out-of-order packets: a WRITE of 4 packets whose second
+// packet is dropped once per round (the responder holds the rest in pooled
+// buffers and sends a selective NAK; the requester resends the hole).
+func TestSRAllocsPerMessage(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	o := pairOpts{mtu: MTU1024, sr: true}
+	o.defaults()
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	ra, err := n.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := n.Link(addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la := &srDropLink{Link: ra, keep: make([]udp.Packet, 0, 256)}
+	a, r := sideOn(t, la, &o), sideOn(t, rb, &o)
+	connect(t, a, r, addrB, 0x100, 0x200, &o)
+	connect(t, r, a, addrA, 0x200, 0x100, &o)
+	_, smr := a.buffer(t, 4096, 0)
+	_, dmr := r.buffer(t, 4096, memreg.AccessRemoteWrite)
+	wr := SendWR{Opcode: WRWrite, Flags: SendSignaled, SGEs: []memreg.SGE{{Addr: smr.IOVA(), Length: 4096, LKey: smr.LKey()}},
+		RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}
+	wc := make([]WC, 1)
+	ctx := context.Background()
+	one := func() {
+		la.mu.Lock()
+		la.arm = true
+		la.mu.Unlock()
+		if err := a.qp.PostSend(wr); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.scq.Wait(ctx, wc); err != nil || wc[0].Status != WCSuccess {
+			t.Fatal(err, wc[0])
+		}
+	}
+	for i := 0; i < 50; i++ {
+		one()
+	}
+	before := a.dev.Counters()
+	allocs := testing.AllocsPerRun(200, one)
+	after := a.dev.Counters()
+	t.Logf("allocations per WRITE with one hole: %.2f; sr_recoveries %d local_ack_timeout_err %d", allocs,
+		after.SRRecoveries-before.SRRecoveries, after.LocalAckTimeout-before.LocalAckTimeout)
+	if after.SRRecoveries-before.SRRecoveries < 150 {
+		t.Fatalf("sr_recoveries %d over 201 rounds: the holes were not resent selectively", after.SRRecoveries-before.SRRecoveries)
+	}
+	if allocs > 1 {
+		t.Errorf("%.2f allocations per WRITE in steady state, want ~0", allocs)
+	}
+}
