@@ -61,9 +61,9 @@ func TestWrappedLinkCapabilities(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.rx.mu.Lock()
+		// Set by NewDevice before its receive goroutine starts, never
+		// changed (rx.mu is the receive goroutine's while it receives).
 		pl, wl := d.rx.pl, d.rx.wl
-		d.rx.mu.Unlock()
 		if d.outMax != outBatchMax || pl == nil || wl == nil || d.rx.spin != time.Millisecond || !inner.inPlace {
 			t.Errorf("wrapping %d: output batch %d (GSO: %d), poller %v, waiter link %v, spin %v, in place %v",
 				i, d.outMax, outBatchMax, pl != nil, wl != nil, d.rx.spin, inner.inPlace)
