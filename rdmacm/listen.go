@@ -106,6 +106,9 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 		l.cancel()
 		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w", port, ErrInUse)
 	}
+	if err := m.dev.ClaimService(l.svc); err != nil {
+		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w: %v", port, ErrInUse, err)
+	}
 	m.listeners[l.svc] = l
 	return l, nil
 }
@@ -297,6 +300,7 @@ func (l *Listener) closeLocked() {
 	l.closed = true
 	if l.m.listeners[l.svc] == l {
 		delete(l.m.listeners, l.svc)
+		l.m.dev.ReleaseService(l.svc)
 	}
 	close(l.closedCh)
 }

@@ -177,6 +177,10 @@ type lossyLink struct {
 	dropped  atomic.Uint64
 }
 
+// Unwrap returns the wrapped link (a device looks through it for a shared
+// socket link's QPN leases).
+func (l *lossyLink) Unwrap() udp.Link { return l.Link }
+
 func (l *lossyLink) Send(pkts []udp.Packet) error {
 	if l.loss <= 0 {
 		return l.Link.Send(pkts)

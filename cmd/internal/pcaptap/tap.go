@@ -525,6 +525,10 @@ var (
 	_ udp.PollLink       = (*Tap)(nil)
 )
 
+// Unwrap returns the wrapped link (transport looks through it for a shared
+// socket link's QPN leases: udp.SharedLink).
+func (t *Tap) Unwrap() udp.Link { return t.Link }
+
 // New wraps link so that packets in the directions dir are written to w.
 // Two taps of a pair of links in one process should record only Sent, so
 // that each packet on the wire appears once (as on a loopback capture).

@@ -1,0 +1,92 @@
+//go:build linux
+
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/share"
+)
+
+// shareStatus prints the group on addr:4791.
+func shareStatus(addr netip.Addr, stdout io.Writer) error {
+	st, err := share.ReadStatus(netip.AddrPortFrom(addr, udp.Port), "")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "group %v: %d member(s)\n", st.Addr, len(st.Members))
+	for _, m := range st.Members {
+		fmt.Fprintf(stdout, "  slot %d  pid %d  %s", m.Slot, m.PID, m.State)
+		if m.State == "timewait" {
+			fmt.Fprintf(stdout, " (free in %v)", time.Until(m.FreeAt).Round(time.Millisecond))
+		}
+		if m.Rejector {
+			fmt.Fprint(stdout, "  rejector")
+		}
+		fmt.Fprintf(stdout, "  steered %d\n", m.Steered)
+		var rs []string
+		for _, r := range m.Ranges {
+			rs = append(rs, fmt.Sprintf("%#06x-%#06x", r[0], r[1]))
+		}
+		if len(rs) > 0 {
+			fmt.Fprintf(stdout, "    QPNs %s\n", strings.Join(rs, " "))
+		}
+		for _, sid := range m.Services {
+			fmt.Fprintf(stdout, "    listens %s\n", serviceName(sid))
+		}
+	}
+	c := st.Counters
+	fmt.Fprintf(stdout, "dropped: unowned QPN %d, owner gone %d, no listener %d, unowned comm ID %d, not CM %d, malformed %d; REQs to the rejector %d\n",
+		c.UnownedQPN, c.DeadOwner, c.NoListener, c.UnownedComm, c.NotCM, c.Malformed, c.ToRejector)
+	return nil
+}
+
+// serviceName spells a service ID as rdma_cm does (port space and port).
+func serviceName(sid uint64) string {
+	ps, port := sid>>16&0xffff, sid&0xffff
+	switch {
+	case sid>>32 == 0 && ps == 0x0106:
+		return fmt.Sprintf("rdma_cm TCP port %d (service %#x)", port, sid)
+	case sid>>32 == 0 && ps == 0x0111:
+		return fmt.Sprintf("rdma_cm UDP port %d (service %#x)", port, sid)
+	}
+	return fmt.Sprintf("service %#x", sid)
+}
+
+// printShareCounters prints the sharing counters of a shared socket link:
+// the packets steered to this process, the ones it received that were not
+// its (0 unless something is wrong) and the group's drops.
+func printShareCounters(w io.Writer, l udp.Link) {
+	sl, ok := l.(*udp.SocketLink)
+	if !ok || !sl.Shared() {
+		return
+	}
+	s := sl.ShareStats()
+	for _, kv := range []struct {
+		n string
+		v uint64
+	}{{"share_slot", uint64(s.Slot)}, {"share_steered_pkts", s.Steered}, {"share_misrouted_pkts", s.Misrouted},
+		{"share_drop_unowned_qpn", s.Group.UnownedQPN}, {"share_drop_owner_gone", s.Group.DeadOwner},
+		{"share_drop_no_listener", s.Group.NoListener}, {"share_drop_unowned_comm", s.Group.UnownedComm}} {
+		fmt.Fprintf(w, "  %-26s %d\n", kv.n, kv.v)
+	}
+}
+
+// shareRemove unpins the group on addr:4791 when no member is alive.
+func shareRemove(addr netip.Addr, stdout io.Writer) error {
+	ap := netip.AddrPortFrom(addr, udp.Port)
+	done, err := share.Remove(ap, "")
+	if err != nil {
+		return err
+	}
+	if !done {
+		return fmt.Errorf("the group on %v has live members", ap)
+	}
+	fmt.Fprintf(stdout, "removed the group on %v\n", ap)
+	return nil
+}
