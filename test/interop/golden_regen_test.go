@@ -215,7 +215,7 @@ func regenCase(ctx context.Context, p *VMPair, c goldenCase, dir, rocev2d, kerne
 	fmt.Fprintf(&b, "\n## server output\n%s\n", strings.TrimRight(sr.Output, "\n"))
 	fmt.Fprintf(&b, "\n## client output\n%s\n", strings.TrimRight(cli.Output, "\n"))
 	fmt.Fprintf(&b, "\n## tcpdump\n%s\n", strings.TrimSpace(tcpdumpSummary(td.Output())))
-	fmt.Fprintf(&b, "\n## RoCEv2 summary (rocev2d pcap check)\n%s\n", lastLines(string(check), 2))
+	fmt.Fprintf(&b, "\n## RoCEv2 summary (rocev2d pcap check)\n%s\n", lastLines(strings.TrimSpace(string(check)), 2))
 	fmt.Fprintf(&b, "\n## packets (rocev2d pcap check)\n%s", pkts)
 	txt := filepath.Join(dir, c.name+".txt")
 	if err := os.WriteFile(txt, []byte(b.String()), 0o644); err != nil {
@@ -243,15 +243,6 @@ func tcpdumpSummary(out string) string {
 		}
 	}
 	return strings.Join(keep, "\n")
-}
-
-// lastLines returns the last n non-empty lines of s.
-func lastLines(s string, n int) string {
-	l := strings.Split(strings.TrimSpace(s), "\n")
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
 }
 
 // rePcapCheck is one packet line of `rocev2d pcap check`.
