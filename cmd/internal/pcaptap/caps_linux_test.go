@@ -22,7 +22,7 @@ func TestTapKeepsCapabilities(t *testing.T) {
 	id := os.Getpid()
 	a := netip.AddrFrom4([4]byte{127, 95, byte(id >> 8), byte(id)})
 	b := netip.AddrFrom4([4]byte{127, 96, byte(id >> 8), byte(id)})
-	la, err := udp.ListenSocket(a, &udp.SocketOptions{GSO: true, BusyPoll: 50 * time.Microsecond})
+	la, err := udp.ListenSocket(a, &udp.SocketOptions{GSO: true, BusyPoll: 50 * time.Microsecond, Share: udp.ShareOff})
 	if errors.Is(err, syscall.EADDRINUSE) {
 		t.Skipf("%v:4791 taken: %v", a, err)
 	}
@@ -30,7 +30,7 @@ func TestTapKeepsCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer la.Close()
-	lb, err := udp.ListenSocket(b, &udp.SocketOptions{})
+	lb, err := udp.ListenSocket(b, &udp.SocketOptions{Share: udp.ShareOff})
 	if errors.Is(err, syscall.EADDRINUSE) {
 		t.Skipf("%v:4791 taken: %v", b, err)
 	}
