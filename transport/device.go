@@ -245,7 +245,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
 	d.outMax = outBatch
-	if g, ok := link.(interface{ GSO() bool }); ok && g.GSO() {
+	if udp.CapabilitiesOf(link)&udp.CapGSO != 0 {
 		d.outMax = outBatchMax
 	}
 	d.initRx()

@@ -80,6 +80,9 @@ func TestTapSocketLink(t *testing.T) {
 			if w.Packets() != count || w.Unverified() != 0 {
 				t.Fatalf("%d packets, %d unverified", w.Packets(), w.Unverified())
 			}
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
 			r, err := pcapgo.NewReader(&out)
 			if err != nil {
 				t.Fatal(err)
