@@ -9,7 +9,7 @@ import (
 )
 
 // wantGolden is the number of RoCEv2 packets per capture, from
-// ../shared/golden/INDEX.md.
+// testdata/golden/INDEX.md (at the repository root).
 var wantGolden = map[string]int{
 	"host_ud_interop":   10,
 	"nvmeof_rdma_linux": 492,

@@ -37,8 +37,12 @@ type Options struct {
 	// NoRemoteAccess grants the peer no remote rights at all (zero Access
 	// means the default, so it cannot say so). Access must then be zero.
 	NoRemoteAccess bool
-	// PathMTU bounds the path MTU (default 1024; a passive side takes the
-	// smaller of this and the REQ's).
+	// PathMTU is the path MTU. The active side asks for it in the REQ
+	// (default 1024). The passive side takes the REQ's, as Linux's CM
+	// does, since the REP cannot tell the active side a smaller one and
+	// both QPs must use the same; a nonzero PathMTU at Accept (or in the
+	// ListenOptions) is the largest it accepts: a REQ asking for more is
+	// rejected (invalid path MTU, errors.Is ErrRejected on both sides).
 	PathMTU transport.MTU
 	// ResponderResources and InitiatorDepth are the READ/atomic limits
 	// (max_dest_rd_atomic and max_rd_atomic; default 16 each); each side

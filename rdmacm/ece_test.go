@@ -15,9 +15,9 @@ import (
 
 // madLog records the ECE fields of the REQs and REPs a link sends.
 type madLog struct {
-	udp.Link
-	mu   sync.Mutex
-	seen []string // "REQ vendor 0x... mod 0x..."
+	udp.Wrap // forwards the wrapped link's capabilities
+	mu       sync.Mutex
+	seen     []string // "REQ vendor 0x... mod 0x..."
 }
 
 func (l *madLog) Send(pkts []udp.Packet) error {
@@ -70,8 +70,8 @@ func TestECESelectiveRepeat(t *testing.T) {
 		t.Run(fmt.Sprintf("client=%v,server=%v", c.client, c.server), func(t *testing.T) {
 			n := memnet.NewMemNetwork(memnet.Faults{})
 			var la, lb *madLog
-			da := newDev(t, n, addrA, func(l udp.Link) udp.Link { la = &madLog{Link: l}; return la })
-			db := newDev(t, n, addrB, func(l udp.Link) udp.Link { lb = &madLog{Link: l}; return lb })
+			da := newDev(t, n, addrA, func(l udp.Link) udp.Link { la = &madLog{Wrap: udp.Wrap{Link: l}}; return la })
+			db := newDev(t, n, addrB, func(l udp.Link) udp.Link { lb = &madLog{Wrap: udp.Wrap{Link: l}}; return lb })
 			lo := ListenOptions{Options: fast}
 			lo.SelectiveRepeat = c.server
 			l, err := Listen(db, 7200, &lo)

@@ -66,7 +66,7 @@ func TestDialTimeoutSaysWhere(t *testing.T) {
 	// B answers nothing (every packet it would send is dropped; a device
 	// without a CM would refuse the REQ: REJ invalid service ID).
 	silent := func(l udp.Link) udp.Link {
-		return &filterLink{Link: l, drop: func(*packet.Packet) bool { return true }}
+		return &filterLink{Wrap: udp.Wrap{Link: l}, drop: func(*packet.Packet) bool { return true }}
 	}
 	da, _ := newDev(t, n, addrA, nil), newDev(t, n, addrB, silent)
 	to := netip.AddrPortFrom(addrB, 7501)

@@ -106,6 +106,9 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 		l.cancel()
 		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w", port, ErrInUse)
 	}
+	if err := m.dev.ClaimService(l.svc); err != nil {
+		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w: %v", port, ErrInUse, err)
+	}
 	m.listeners[l.svc] = l
 	return l, nil
 }
@@ -297,6 +300,7 @@ func (l *Listener) closeLocked() {
 	l.closed = true
 	if l.m.listeners[l.svc] == l {
 		delete(l.m.listeners, l.svc)
+		l.m.dev.ReleaseService(l.svc)
 	}
 	close(l.closedCh)
 }
@@ -399,6 +403,10 @@ func (r *Request) reply(opts *Options) (*Conn, error) {
 		return nil, err
 	}
 	o := opts.withDefaults()
+	var bound transport.MTU // an explicit PathMTU; zero: take the REQ's
+	if opts != nil {
+		bound = opts.PathMTU
+	}
 	if len(o.PrivateData) > cm.REPPrivateDataSize {
 		return nil, fmt.Errorf("rdmacm: Accept: %d bytes of private data, at most %d", len(o.PrivateData), cm.REPPrivateDataSize)
 	}
@@ -420,6 +428,23 @@ func (r *Request) reply(opts *Options) (*Conn, error) {
 		c.releaseFailed()
 		return nil, fmt.Errorf("rdmacm: Accept: %w", err)
 	}
+	// The path MTU is the REQ's, as Linux's CM sets it on the passive
+	// side (cm.c takes the path, MTU included, from the REQ): the REP
+	// has no MTU field, so the active side keeps the one it asked for,
+	// and both QPs must segment and check packets by the same MTU (a
+	// first or middle packet carries exactly one MTU; READ responses
+	// take ceil(length/MTU) PSNs). A smaller MTU here would break every
+	// message longer than it. A passive side whose explicit PathMTU is
+	// below the REQ's rejects it (invalid path MTU), as a Linux device
+	// whose port cannot carry the REQ's MTU fails the accept.
+	q := &c.req
+	mtu := transport.MTU(q.PathMTU)
+	if bound != 0 && mtu > bound {
+		r.reject(cm.RejInvalidMTU, nil)
+		c.releaseFailed()
+		return nil, fmt.Errorf("rdmacm: Accept: the request's path MTU %d exceeds Options.PathMTU %d: %w",
+			mtu.Bytes(), bound.Bytes(), &RejectError{Reason: cm.RejInvalidMTU})
+	}
 	if err := c.setupQP(); err != nil {
 		return fail(err)
 	}
@@ -428,8 +453,6 @@ func (r *Request) reply(opts *Options) (*Conn, error) {
 			return fail(fmt.Errorf("prepare: %w", err))
 		}
 	}
-	q := &c.req
-	mtu := min(o.PathMTU, transport.MTU(q.PathMTU))
 	rt := *o.Retry
 	rt.RetryCnt = q.RetryCount
 	rt.RNRRetry = q.RNRRetryCount
@@ -488,6 +511,11 @@ func (r *Request) reply(opts *Options) (*Conn, error) {
 // Reject refuses the request (REJ, consumer reject) with the given
 // private data (at most 148 bytes).
 func (r *Request) Reject(privateData []byte) error {
+	return r.reject(cm.RejConsumer, privateData)
+}
+
+// reject answers the request with a REJ of reason.
+func (r *Request) reject(reason cm.RejectReason, privateData []byte) error {
 	c := r.c
 	m := c.m
 	m.mu.Lock()
@@ -496,11 +524,11 @@ func (r *Request) Reject(privateData []byte) error {
 		return fmt.Errorf("rdmacm: Reject: connection is %v", c.state)
 	}
 	kind := cm.KindREQ
-	rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: cm.RejConsumer}
+	rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: reason}
 	copy(rej.PrivateData[:], privateData)
 	c.sendLocked(rej)
 	c.endedBy(CauseLocalClose)
-	c.finishLocked(&RejectError{Reason: cm.RejConsumer})
+	c.finishLocked(&RejectError{Reason: reason})
 	return nil
 }
 

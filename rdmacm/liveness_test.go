@@ -16,8 +16,8 @@ import (
 // blackhole is a link that, once cut, neither sends nor delivers: the
 // process behind it is gone (a crash sends no DREQ).
 type blackhole struct {
-	udp.Link
-	cut atomic.Bool
+	udp.Wrap // forwards the wrapped link's capabilities
+	cut      atomic.Bool
 }
 
 func (l *blackhole) Send(pkts []udp.Packet) error {
@@ -33,7 +33,7 @@ func pairWith(t *testing.T, o Options) (ca, cb *Conn, bh *blackhole, da, db *tra
 	t.Helper()
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	da = newDev(t, n, addrA, nil)
-	db = newDev(t, n, addrB, func(l udp.Link) udp.Link { bh = &blackhole{Link: l}; return bh })
+	db = newDev(t, n, addrB, func(l udp.Link) udp.Link { bh = &blackhole{Wrap: udp.Wrap{Link: l}}; return bh })
 	l, err := Listen(db, 7300, &ListenOptions{Options: o})
 	if err != nil {
 		t.Fatal(err)

@@ -124,6 +124,7 @@ type manager struct {
 	clock transport.Clock
 	guid  uint64
 	st    stats
+	tag   cm.CommIDTag // owner bits of our communication and request IDs (shared address)
 
 	mu        sync.Mutex
 	conns     map[uint32]*Conn     // by local communication ID
@@ -178,6 +179,13 @@ func managerFor(dev *transport.Device) (*manager, error) {
 		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
 		gaveUp: map[remoteKey]bool{}, shedIDs: map[remoteKey]bool{},
 		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, stop: make(chan struct{})}
+	m.tag.Tag, m.tag.Mask = dev.CommIDTag()
+	// On a shared address one process answers the REQs nobody listens
+	// for (exactly one REJ each): every connection manager volunteers.
+	if err := dev.VolunteerRejector(); err != nil {
+		agent.Close()
+		return nil, fmt.Errorf("rdmacm: %w", err)
+	}
 	managers[dev] = m
 	go m.loop()
 	go m.errLoop()
@@ -418,7 +426,9 @@ func (m *manager) sendMod(dst netip.Addr, tos uint8, tid uint64, msg cm.Message,
 // where its previous life did. Called with m.mu held.
 func (m *manager) newLocalID() uint32 {
 	for {
-		id := m.nextID ^ m.idXor
+		// On a shared address the top byte names this process
+		// (cm.CommIDTag): the replies are steered to it.
+		id := m.tag.Apply(m.nextID ^ m.idXor)
 		m.nextID++
 		if _, busy := m.conns[id]; id != 0 && !busy {
 			return id

@@ -25,9 +25,9 @@ var (
 
 // filterLink drops the packets drop says so, and counts them.
 type filterLink struct {
-	udp.Link
-	drop    func(p *packet.Packet) bool
-	dropped atomic.Int64
+	udp.Wrap // forwards the wrapped link's capabilities
+	drop     func(p *packet.Packet) bool
+	dropped  atomic.Int64
 }
 
 func (l *filterLink) Send(pkts []udp.Packet) error {
@@ -299,7 +299,7 @@ func TestCommEstWithoutRTU(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	var fl *filterLink
 	da := newDev(t, n, addrA, func(l udp.Link) udp.Link {
-		fl = &filterLink{Link: l, drop: func(p *packet.Packet) bool {
+		fl = &filterLink{Wrap: udp.Wrap{Link: l}, drop: func(p *packet.Packet) bool {
 			return p.BTH.DestQP() == 1 && len(p.Payload) == 256 && cm.MAD(p.Payload).AttributeID() == cm.AttrRTU
 		}}
 		return fl

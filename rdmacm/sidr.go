@@ -96,7 +96,7 @@ func ResolveUD(ctx context.Context, dev *transport.Device, addr netip.AddrPort, 
 		return UDPeer{}, errDeviceClosed
 	}
 	for {
-		req.RequestID = random32()
+		req.RequestID = m.tag.Apply(random32())
 		if _, busy := m.sidr[req.RequestID]; !busy {
 			break
 		}
@@ -181,6 +181,9 @@ func ListenUD(dev *transport.Device, port uint16, qp *transport.QP, qkey uint32,
 	if _, busy := m.udl[l.svc]; busy {
 		return nil, fmt.Errorf("rdmacm: ListenUD on port %d: %w", port, ErrInUse)
 	}
+	if err := dev.ClaimService(l.svc); err != nil {
+		return nil, fmt.Errorf("rdmacm: ListenUD on port %d: %w: %v", port, ErrInUse, err)
+	}
 	m.udl[l.svc] = l
 	return l, nil
 }
@@ -191,6 +194,7 @@ func (l *UDListener) Close() error {
 	defer l.m.mu.Unlock()
 	if l.m.udl[l.svc] == l {
 		delete(l.m.udl, l.svc)
+		l.m.dev.ReleaseService(l.svc)
 	}
 	return nil
 }

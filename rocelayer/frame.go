@@ -1,6 +1,7 @@
 package rocelayer
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -155,4 +156,89 @@ func FromFields(f *packet.Fields) []gopacket.SerializableLayer {
 		out = append(out, gopacket.Payload(f.Payload))
 	}
 	return out
+}
+
+// maxGSOSegment bounds the segment sizes GSOSegments tries: the largest
+// RoCEv2 packet (4096-byte MTU payload, BTH, the longest extension
+// headers, ICRC) fits.
+const maxGSOSegment = 4096 + 64
+
+// GSOSegments splits ip — an IPv4 or IPv6 packet whose UDP payload is a
+// UDP GSO datagram as a capture sees it before segmentation (on lo, a veth
+// or the sender's side of a device that segments: `tcpdump -i any` of a
+// GSO sender) — into the IP packets Linux makes of it: segments of one
+// size, the last possibly shorter, each with its own IP and UDP lengths
+// and (IPv4) the identification numbered upward from the datagram's. It
+// returns them (fresh buffers) only if every segment's ICRC is valid,
+// else nil; a single valid RoCEv2 packet is not a GSO datagram. The cost
+// is bounded: segment sizes up to maxGSOSegment, in steps of 4.
+func GSOSegments(ip []byte) [][]byte {
+	if len(ip) < 1 {
+		return nil
+	}
+	var hl, end int
+	switch ip[0] >> 4 {
+	case 4:
+		hl = int(ip[0]&0x0f) * 4
+		if hl < 20 || len(ip) < hl+8 || ip[9] != 17 {
+			return nil
+		}
+		end = int(binary.BigEndian.Uint16(ip[2:]))
+	case 6:
+		hl = 40
+		if len(ip) < hl+8 || ip[6] != 17 {
+			return nil
+		}
+		end = hl + int(binary.BigEndian.Uint16(ip[4:]))
+	default:
+		return nil
+	}
+	if end > len(ip) || end < hl+8 {
+		return nil
+	}
+	pay := ip[hl+8 : end]
+	// seg writes segment k of the given size into scratch.
+	scratch := make([]byte, hl+8+maxGSOSegment)
+	seg := func(k, size int) []byte {
+		off := k * size
+		n := min(size, len(pay)-off)
+		b := scratch[:hl+8+n]
+		copy(b, ip[:hl+8])
+		copy(b[hl+8:], pay[off:off+n])
+		if hl == 40 {
+			binary.BigEndian.PutUint16(b[4:], uint16(8+n))
+		} else {
+			binary.BigEndian.PutUint16(b[2:], uint16(hl+8+n))
+			binary.BigEndian.PutUint16(b[4:], binary.BigEndian.Uint16(ip[4:])+uint16(k))
+			b[10], b[11] = 0, 0
+			var sum uint32
+			for i := 0; i < hl; i += 2 {
+				sum += uint32(binary.BigEndian.Uint16(b[i:]))
+			}
+			for sum > 0xffff {
+				sum = sum&0xffff + sum>>16
+			}
+			binary.BigEndian.PutUint16(b[10:], ^uint16(sum))
+		}
+		binary.BigEndian.PutUint16(b[hl+4:], uint16(8+n))
+		return b
+	}
+	for size := 16; size <= maxGSOSegment && size < len(pay); size += 4 {
+		if icrc.Verify(seg(0, size)) != nil {
+			continue
+		}
+		var segs [][]byte
+		for k := 0; k*size < len(pay); k++ {
+			s := seg(k, size)
+			if icrc.Verify(s) != nil {
+				segs = nil
+				break
+			}
+			segs = append(segs, append([]byte(nil), s...))
+		}
+		if segs != nil {
+			return segs
+		}
+	}
+	return nil
 }

@@ -54,6 +54,10 @@ type DeviceConfig struct {
 	// Congestion configures ECN, CNPs and DCQCN (cc.go). The zero value
 	// sends ECT(0), answers CE marks with CNPs and runs DCQCN.
 	Congestion CongestionConfig
+	// QPNs supplies the QPNs the device hands out. Nil means the link's
+	// leases when the link shares its address (udp.SharedLink), else
+	// every QPN from 0x11 up.
+	QPNs QPNSource
 	// SelectiveRepeat configures selective repeat for the RC QPs that
 	// negotiate it (QPAttr.SelectiveRepeat, sack.go).
 	SelectiveRepeat SRConfig
@@ -82,7 +86,8 @@ type Device struct {
 	cqs     map[*CQ]struct{}          // under mu
 	chans   map[*CompChannel]struct{} // under mu
 	srqs    map[*SRQ]struct{}         // under mu
-	nextQPN uint32
+	nextQPN uint32                    // the first QPN tried (of the default source)
+	qpns    qpnAlloc                  // under mu
 
 	gsi *GSI // QP1, opened by GSI(); under mu
 
@@ -228,9 +233,19 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		events:  make(chan AsyncEvent, cfg.EventQueue),
 		nextQPN: cfg.FirstQPN,
 	}
+	d.qpns.src = cfg.QPNs
+	if d.qpns.src == nil {
+		if s := d.sharedLink(); s != nil {
+			d.qpns.src = linkLeases{s}
+		} else {
+			d.qpns.src = &wholeSpace{given: true}
+			d.qpns.ranges = [][2]uint32{{firstQPN, bth.PSNMask + 1 - firstQPN}}
+			d.qpns.next = d.nextQPN
+		}
+	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
 	d.outMax = outBatch
-	if g, ok := link.(interface{ GSO() bool }); ok && g.GSO() {
+	if udp.CapabilitiesOf(link)&udp.CapGSO != 0 {
 		d.outMax = outBatchMax
 	}
 	d.initRx()

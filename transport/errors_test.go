@@ -260,10 +260,10 @@ func TestFlushToErr(t *testing.T) {
 
 // dropLink drops outgoing packets for which drop returns true.
 type dropLink struct {
-	udp.Link
-	mu   sync.Mutex
-	drop func(op bth.Opcode) bool
-	n    atomic.Int32
+	udp.Wrap // forwards the wrapped link's capabilities
+	mu       sync.Mutex
+	drop     func(op bth.Opcode) bool
+	n        atomic.Int32
 }
 
 func (l *dropLink) Send(pkts []udp.Packet) error {
@@ -299,7 +299,7 @@ func TestLostAtomicAck(t *testing.T) {
 				t.Fatal(err)
 			}
 			dropped := false
-			dl := &dropLink{Link: lb, drop: func(op bth.Opcode) bool {
+			dl := &dropLink{Wrap: udp.Wrap{Link: lb}, drop: func(op bth.Opcode) bool {
 				if op == bth.RCAtomicAck && !dropped {
 					dropped = true
 					return true
@@ -358,7 +358,7 @@ func TestLostReadResponse(t *testing.T) {
 		t.Fatal(err)
 	}
 	count := 0
-	dl := &dropLink{Link: lb, drop: func(op bth.Opcode) bool {
+	dl := &dropLink{Wrap: udp.Wrap{Link: lb}, drop: func(op bth.Opcode) bool {
 		if op.Info().Kind == bth.KindReadResponse {
 			count++
 			return count == 3 // the second middle packet

@@ -34,10 +34,10 @@ func (w wirePkt) isNAK() bool { return w.hasAETH && w.op == bth.RCAck && w.syn.T
 // drop returns true (drop sees the parsed packet and may keep state; it is
 // called under the link's mutex).
 type psnLink struct {
-	udp.Link
-	mu   sync.Mutex
-	drop func(p *packet.Packet) bool
-	log  []wirePkt
+	udp.Wrap // forwards the wrapped link's capabilities
+	mu       sync.Mutex
+	drop     func(p *packet.Packet) bool
+	log      []wirePkt
 }
 
 func (l *psnLink) Send(pkts []udp.Packet) error {
@@ -86,7 +86,7 @@ func linkPair(t *testing.T, o pairOpts, psnA, psnB uint32) (a, b *side, la, lb *
 	if err != nil {
 		t.Fatal(err)
 	}
-	la, lb = &psnLink{Link: ra}, &psnLink{Link: rb}
+	la, lb = &psnLink{Wrap: udp.Wrap{Link: ra}}, &psnLink{Wrap: udp.Wrap{Link: rb}}
 	a, b = sideOn(t, la, &o), sideOn(t, lb, &o)
 	connect(t, a, b, addrB, psnA, psnB, &o)
 	connect(t, b, a, addrA, psnB, psnA, &o)

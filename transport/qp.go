@@ -256,17 +256,12 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if err := pd.Acquire(); err != nil {
 		return nil, fmt.Errorf("transport: CreateQP: pd: %w", err)
 	}
-	for {
-		n := d.nextQPN
-		d.nextQPN++
-		if d.nextQPN > bth.PSNMask {
-			d.nextQPN = firstQPN
-		}
-		if _, busy := d.qps[n]; !busy {
-			qp.qpn = n
-			break
-		}
+	n, err := d.qpns.alloc(func(n uint32) bool { _, busy := d.qps[n]; return busy })
+	if err != nil {
+		pd.Release()
+		return nil, err
 	}
+	qp.qpn = n
 	a.SendCQ.users++
 	a.RecvCQ.users++
 	if a.SRQ != nil {

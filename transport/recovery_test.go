@@ -9,6 +9,7 @@ import (
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
 	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
@@ -38,7 +39,7 @@ func windowRequester(t *testing.T, window int, rd uint8) (a *side, la *psnLink, 
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	ra, _ := n.Link(addrA)
 	rb, _ := n.Link(addrB)
-	la = &psnLink{Link: ra, drop: func(*packet.Packet) bool { return true }}
+	la = &psnLink{Wrap: udp.Wrap{Link: ra}, drop: func(*packet.Packet) bool { return true }}
 	a, b := sideOn(t, la, &o), sideOn(t, rb, &o)
 	first = 0xfffffc
 	connect(t, a, b, addrB, uint32(first), 0x10, &o)

@@ -36,14 +36,6 @@ import (
 // receives and handles a batch at a time, so the batch state (rxPending,
 // rxWake, rxPins) keeps a single owner.
 
-// pollLink is what a link offers for being polled from any goroutine
-// (udp.SocketLink).
-type pollLink interface {
-	TryRecv(pkts []udp.Packet) (int, error)
-	WakeRecv()
-	BusyPoll() time.Duration
-}
-
 // rxDriver is the device's receive state: the batch buffers and the mutex
 // of whoever drives the link.
 type rxDriver struct {
@@ -52,9 +44,9 @@ type rxDriver struct {
 	bufs [][]byte
 	p    packet.Packet
 
-	pl    pollLink      // nil: only the receive goroutine receives
+	pl    udp.PollLink  // nil: only the receive goroutine receives
 	spin  time.Duration // pl's busy-poll budget
-	wl    pollLink      // the link, when waiters may drive it in a blocking Recv (CQ.Wait)
+	wl    udp.PollLink  // the link, when waiters may drive it in a blocking Recv (CQ.Wait)
 	base  time.Time     // lease times are nanoseconds since base
 	lease atomic.Int64  // a poller drives the link until then (0: none)
 	kick  chan struct{} // wakes the receive goroutine when the lease ends early
@@ -167,10 +159,14 @@ func (d *Device) initRx() {
 	// received buffer past its batch (what is kept — a MAD, a UD message
 	// — is copied), so a link that can hand packets out of its own
 	// receive memory may (udp.SocketLink with GRO: no copy per packet).
-	if ip, ok := d.link.(interface{ SetRecvInPlace(bool) }); ok {
+	// The link's capabilities are asked for by name (udp.CapabilitiesOf),
+	// so a wrapper that forwards them (udp.Wrap: a capture, a test
+	// double) keeps the paths of the link it wraps.
+	caps := udp.CapabilitiesOf(d.link)
+	if ip, ok := d.link.(udp.InPlaceRecvLink); ok && caps&udp.CapRecvInPlace != 0 {
 		ip.SetRecvInPlace(true)
 	}
-	if pl, ok := d.link.(pollLink); ok {
+	if pl, ok := d.link.(udp.PollLink); ok && caps&udp.CapPoll != 0 {
 		rx.wl = pl
 		if pl.BusyPoll() > 0 {
 			rx.pl, rx.spin = pl, pl.BusyPoll()

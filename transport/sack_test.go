@@ -515,10 +515,10 @@ func TestSRHeldReadKeepsSlot(t *testing.T) {
 // srDropLink drops the first WRITE MIDDLE packet after arm, without
 // allocating (the test measures the transport's allocations).
 type srDropLink struct {
-	udp.Link
-	mu   sync.Mutex
-	arm  bool
-	keep []udp.Packet
+	udp.Wrap // forwards the wrapped link's capabilities
+	mu       sync.Mutex
+	arm      bool
+	keep     []udp.Packet
 }
 
 func (l *srDropLink) Send(pkts []udp.Packet) error {
@@ -557,7 +557,7 @@ func TestSRAllocsPerMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	la := &srDropLink{Link: ra, keep: make([]udp.Packet, 0, 256)}
+	la := &srDropLink{Wrap: udp.Wrap{Link: ra}, keep: make([]udp.Packet, 0, 256)}
 	a, r := sideOn(t, la, &o), sideOn(t, rb, &o)
 	connect(t, a, r, addrB, 0x100, 0x200, &o)
 	connect(t, r, a, addrA, 0x200, 0x100, &o)

@@ -236,10 +236,10 @@ func TestTimersCancelled(t *testing.T) {
 // qpDropLink is a Link that loses the packets drop picks on Send (while
 // drop is set; under mu).
 type qpDropLink struct {
-	udp.Link
-	mu   sync.Mutex
-	drop func(buf []byte) bool
-	kept []udp.Packet
+	udp.Wrap // forwards the wrapped link's capabilities
+	mu       sync.Mutex
+	drop     func(buf []byte) bool
+	kept     []udp.Packet
 }
 
 func (l *qpDropLink) Send(pkts []udp.Packet) error {
@@ -291,7 +291,7 @@ func TestIsolation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			la := &qpDropLink{Link: ml}
+			la := &qpDropLink{Wrap: udp.Wrap{Link: ml}}
 			lb, err := net.Link(addrB)
 			if err != nil {
 				t.Fatal(err)
@@ -422,15 +422,26 @@ func TestIsolation(t *testing.T) {
 // gateLink holds Recv until open is closed, and records the destination
 // QPNs of the packets of every Send call.
 type gateLink struct {
-	udp.Link
-	open  chan struct{}
-	mu    sync.Mutex
-	sends [][]uint32
+	udp.Wrap // forwards the wrapped link's capabilities
+	open     chan struct{}
+	mu       sync.Mutex
+	sends    [][]uint32
 }
 
 func (l *gateLink) Recv(pkts []udp.Packet) (int, error) {
 	<-l.open
 	return l.Link.Recv(pkts)
+}
+
+// TryRecv finds nothing until open is closed (the poll path keeps the gate
+// as Recv does).
+func (l *gateLink) TryRecv(pkts []udp.Packet) (int, error) {
+	select {
+	case <-l.open:
+		return l.Wrap.TryRecv(pkts)
+	default:
+		return 0, nil
+	}
 }
 
 func (l *gateLink) Send(pkts []udp.Packet) error {
@@ -461,7 +472,7 @@ func TestResponsesCoalesced(t *testing.T) {
 	if ml.BatchSize() < n {
 		t.Fatalf("the in-memory link receives %d packets per call, the test needs %d", ml.BatchSize(), n)
 	}
-	lb := &gateLink{Link: ml, open: make(chan struct{})}
+	lb := &gateLink{Wrap: udp.Wrap{Link: ml}, open: make(chan struct{})}
 	da, err := NewDevice(la, DeviceConfig{})
 	if err != nil {
 		t.Fatal(err)

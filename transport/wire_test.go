@@ -16,10 +16,10 @@ import (
 // tapLink records every packet sent through it; with silent set it drops
 // them instead of forwarding.
 type tapLink struct {
-	udp.Link
-	mu     sync.Mutex
-	silent bool
-	pkts   [][]byte
+	udp.Wrap // forwards the wrapped link's capabilities
+	mu       sync.Mutex
+	silent   bool
+	pkts     [][]byte
 }
 
 func (l *tapLink) Send(pkts []udp.Packet) error {
@@ -56,7 +56,7 @@ func tapPair(t *testing.T, o pairOpts, silent bool) (a, b *side, tap *tapLink) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tap = &tapLink{Link: la, silent: silent}
+	tap = &tapLink{Wrap: udp.Wrap{Link: la}, silent: silent}
 	a = sideOn(t, tap, &o)
 	b = newSide(t, n, addrB, &o)
 	connect(t, a, b, addrB, 0xfffffe, 0x10, &o)

@@ -10,6 +10,33 @@ import (
 
 // This file holds what every Link implementation shares.
 
+// SharedLink is implemented by links whose address other processes may
+// share (SocketLink). When Shared reports true, a device must take its QPNs
+// only from LeaseQPNs, tag its CM communication IDs with CommIDTag, and
+// claim the service IDs it listens on: the kernel steers each datagram to
+// the process that owns its destination QP, listener or communication ID.
+// A Link that wraps another (a fault injector, a tap) must implement
+// SharedLink by forwarding, or have an Unwrap() Link method (which
+// transport looks through); else a device on it takes QPNs nobody steers
+// to it.
+type SharedLink interface {
+	// Shared reports whether the link is a member of a shared group.
+	Shared() bool
+	// LeaseQPNs leases a range of QPNs [first, first+n) for this link.
+	LeaseQPNs() (first, n uint32, err error)
+	// CommIDTag returns the bits (tag, under mask) that mark a CM
+	// communication ID or SIDR request ID as this link's.
+	CommIDTag() (tag, mask uint32)
+	// ClaimService makes CM REQs and SIDR_REQs for service ID sid come
+	// to this link; it fails when another member listens on it.
+	ClaimService(sid uint64) error
+	// ReleaseService undoes ClaimService.
+	ReleaseService(sid uint64)
+	// VolunteerRejector offers this link to receive the REQs for
+	// services nobody listens on (its CM answers each with a REJ).
+	VolunteerRejector() error
+}
+
 // counters are a Link's Stats, updated atomically; links embed them.
 type counters struct {
 	sent, rcvd, badICRC, malformed, other atomic.Uint64

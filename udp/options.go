@@ -60,6 +60,46 @@ type SocketOptions struct {
 	// took an 8-byte ping-pong between two processes from ~90 to ~23 µs.
 	// 0 (the default) never polls.
 	BusyPoll time.Duration
+	// Share selects whether other processes may use the same address:
+	// ShareAuto (the zero value) shares where the process may load the
+	// steering program (CAP_BPF and CAP_NET_ADMIN) and opens the address
+	// for this link alone where it may not; ShareOn requires sharing and
+	// fails at once without the capabilities; ShareOff never shares.
+	// A shared link joins the SO_REUSEPORT group of addr:4791, whose
+	// eBPF program hands each datagram to the process that owns its
+	// destination QP (package udp/share); see SocketLink.Shared.
+	Share ShareMode
+	// ShareTimeWait is how long the QPN ranges of a shared link that
+	// closed (or whose process died) stay unused, their packets dropped,
+	// before another process may lease them. 0 means 3 s.
+	ShareTimeWait time.Duration
+}
+
+// ShareMode is SocketOptions.Share.
+type ShareMode int
+
+const (
+	// ShareAuto shares the address when the process may, else opens it
+	// unshared.
+	ShareAuto ShareMode = iota
+	// ShareOn shares the address or fails.
+	ShareOn
+	// ShareOff opens the address for this link alone (today's
+	// behaviour: a second process gets EADDRINUSE).
+	ShareOff
+)
+
+// String returns "auto", "on" or "off".
+func (m ShareMode) String() string {
+	switch m {
+	case ShareAuto:
+		return "auto"
+	case ShareOn:
+		return "on"
+	case ShareOff:
+		return "off"
+	}
+	return "ShareMode(?)"
 }
 
 // RawOptions configures ListenRaw. The zero value is sensible; nil options

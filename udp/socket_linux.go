@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/icrc"
+	"github.com/gorocev2/rocev2/udp/share"
 )
 
 const (
@@ -73,21 +74,33 @@ type SocketLink struct {
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
 	inPlace      atomic.Bool   // SetRecvInPlace: GRO segments handed out in place
 
+	member    *share.Member // the group membership of a shared link; nil if unshared
+	misrouted atomic.Uint64 // datagrams of a shared link not for its QPNs (dropped)
+
 	errs *errWatch // the send sockets' ICMP errors (nil if it could not start)
 
 	txFlow flowPrefix // ICRC prefix of the flow sent last (under sendMu)
 	rxFlow flowPrefix // ICRC prefix of the flow received last (under recvMu)
 }
 
-var _ Link = (*SocketLink)(nil)
+var (
+	_ Link       = (*SocketLink)(nil)
+	_ SharedLink = (*SocketLink)(nil)
+)
 
 // ListenSocket opens a SocketLink on addr, UDP port 4791. addr must be a
 // specific address of this host (IPv4, IPv4-mapped IPv6, or IPv6; a zone is
 // kept for link-local addresses). opts may be nil, the zero SocketOptions.
 //
+// By default (SocketOptions.Share) the link shares addr:4791 with the
+// links of other processes where this process may load the steering
+// program (see Shared and package udp/share).
+//
 // Errors match syscall.EADDRINUSE when port 4791 on that address is taken
-// (for example by a kernel rxe device) and syscall.EADDRNOTAVAIL when the
-// address is not configured on this host; the message names address:port.
+// (for example by a kernel rxe device, or by a link that does not share)
+// and syscall.EADDRNOTAVAIL when the address is not configured on this
+// host; the message names address:port. With ShareOn, an error matching
+// share.ErrCapability says which capability is missing.
 func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 	var o SocketOptions
 	if opts != nil {
@@ -110,18 +123,71 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 	}
 	ap := netip.AddrPortFrom(bindAddr, Port)
 
-	rx, err := openRecvSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error { return setSocketOptions(fd, is6, &o) })
-	if err != nil {
-		return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
+	var rx *rxConn
+	var member *share.Member
+	shared := false
+	switch o.Share {
+	case ShareOn:
+		shared = true
+	case ShareAuto:
+		shared = autoShare && share.CheckCapabilities() == nil
+	}
+	if shared {
+		var serr error
+		member, serr = share.Join(ap, &share.Options{TimeWait: o.ShareTimeWait}, func(progFD int) (int, error) {
+			c, err := openRecvSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error {
+				if err := setSocketOptions(fd, is6, &o); err != nil {
+					return err
+				}
+				return share.SetReusePort(fd)
+			})
+			if err != nil {
+				return -1, err
+			}
+			sfd := -1
+			c.Control(func(fd uintptr) {
+				sfd = int(fd)
+				err = share.AttachProgram(sfd, progFD)
+			})
+			if err != nil {
+				c.Close()
+				return -1, err
+			}
+			rx = c
+			return sfd, nil
+		})
+		if serr != nil {
+			if rx != nil {
+				rx.Close()
+			}
+			return nil, fmt.Errorf("udp: listen %s shared: %w", ap, serr)
+		}
+	} else {
+		var err error
+		rx, err = openRecvSocket(ap, unix.SOCK_DGRAM, 0, func(fd int) error { return setSocketOptions(fd, is6, &o) })
+		if err != nil {
+			if errors.Is(err, unix.EADDRINUSE) && o.Share == ShareAuto {
+				if cerr := share.CheckCapabilities(); cerr != nil {
+					err = fmt.Errorf("%w (another process may hold it shared; %v)", err, cerr)
+				}
+			}
+			return nil, fmt.Errorf("udp: listen %s: %w", ap, err)
+		}
+	}
+	closeRx := func() {
+		if member != nil {
+			member.Close()
+		}
+		rx.Close()
 	}
 	tx, err := openSendSocket(netip.AddrPortFrom(bindAddr, 0), is6, o.SendBufferSize)
 	if err != nil {
-		rx.Close()
+		closeRx()
 		return nil, fmt.Errorf("udp: listen %s: send socket: %w", ap, err)
 	}
 	txPort, err := boundPort(tx)
 	if err != nil {
-		rx.Close()
+		closeRx()
 		tx.Close()
 		return nil, fmt.Errorf("udp: listen %s: send socket: %w", ap, err)
 	}
@@ -135,6 +201,7 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		bindAddr: bindAddr,
 		sndBuf:   o.SendBufferSize,
 		ports:    make(map[uint16]*portSocket),
+		member:   member,
 	}
 	l.sockLink.init(rx, tx, a, o.BatchSize, 1)
 	l.recv.spin = o.BusyPoll
@@ -270,6 +337,9 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 // Close closes the socket(s); a blocked Recv returns net.ErrClosed.
 // Closing twice is harmless.
 func (l *SocketLink) Close() error {
+	if l.member != nil {
+		l.member.Close()
+	}
 	if l.errs != nil {
 		l.errs.close()
 	}
@@ -286,6 +356,85 @@ func (l *SocketLink) Close() error {
 	l.netns = nil
 	l.portsMu.Unlock()
 	return closeErr(err, "close", l.addr)
+}
+
+// autoShare is what ShareAuto does when the process may share; the
+// package's own tests, which send datagrams to arbitrary QPNs over bare
+// links, turn it off.
+var autoShare = true
+
+// destQP returns the BTH destination QP of a datagram of at least
+// minPacketSize bytes.
+func destQP(b []byte) uint32 { return uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7]) }
+
+// Shared reports whether the link is a member of the shared group of its
+// address (SocketOptions.Share): then other processes receive on the same
+// address, each datagram goes to the process owning its destination QP,
+// and the link's device must use LeaseQPNs, CommIDTag and ClaimService.
+func (l *SocketLink) Shared() bool { return l.member != nil }
+
+// errNotShared is what the sharing calls of an unshared link return.
+var errNotShared = errors.New("udp: link does not share its address")
+
+// LeaseQPNs leases a range of QPNs for this link (a shared link only):
+// the datagrams to them come to this link until it closes (and TimeWait
+// after, to nobody).
+func (l *SocketLink) LeaseQPNs() (first, n uint32, err error) {
+	if l.member == nil {
+		return 0, 0, errNotShared
+	}
+	return l.member.LeaseQPNs()
+}
+
+// CommIDTag returns the bits (tag under mask) that make a CM communication
+// ID this link's; 0, 0 for an unshared link.
+func (l *SocketLink) CommIDTag() (tag, mask uint32) {
+	if l.member == nil {
+		return 0, 0
+	}
+	return l.member.CommIDTag()
+}
+
+// ClaimService makes REQs and SIDR_REQs for service ID sid come to this
+// link (a shared link; nil for an unshared one, which gets everything).
+func (l *SocketLink) ClaimService(sid uint64) error {
+	if l.member == nil {
+		return nil
+	}
+	return l.member.ClaimService(sid)
+}
+
+// ReleaseService undoes ClaimService.
+func (l *SocketLink) ReleaseService(sid uint64) {
+	if l.member != nil {
+		l.member.ReleaseService(sid)
+	}
+}
+
+// VolunteerRejector offers the link to receive REQs for services nobody
+// in the group listens on (nil for an unshared link).
+func (l *SocketLink) VolunteerRejector() error {
+	if l.member == nil {
+		return nil
+	}
+	return l.member.VolunteerRejector()
+}
+
+// ShareStats are the counters of a shared link.
+type ShareStats struct {
+	Slot      int    // the link's slot in its group
+	Steered   uint64 // datagrams the steering program handed to this link
+	Misrouted uint64 // datagrams received that were not for this link's QPNs (dropped; 0 unless the kernel misbehaves, or a GSO datagram mixed QPs)
+	Group     share.Counters
+}
+
+// ShareStats returns the link's sharing counters (zero for an unshared
+// link).
+func (l *SocketLink) ShareStats() ShareStats {
+	if l.member == nil {
+		return ShareStats{}
+	}
+	return ShareStats{Slot: l.member.Slot(), Steered: l.member.Steered(), Misrouted: l.misrouted.Load(), Group: l.member.Counters()}
 }
 
 // SendPort returns the UDP source port of the link's own send socket: the
@@ -487,11 +636,15 @@ const (
 func gsoGroup(pkts []Packet) int {
 	size := len(pkts[0].Buf)
 	dst, tos := pkts[0].Addr, pkts[0].TOS
+	qp := destQP(pkts[0].Buf)
 	total := size
 	n := 1
 	for n < len(pkts) && n < gsoMaxSegs {
 		p := &pkts[n]
-		if p.Addr != dst || p.TOS != tos || len(p.Buf) > size || total+len(p.Buf) > gsoMaxBytes {
+		// One destination QP per datagram: on lo (and a veth) a GSO
+		// datagram reaches the receiver whole, and a shared address
+		// steers it by its first segment's DestQP.
+		if p.Addr != dst || p.TOS != tos || len(p.Buf) > size || total+len(p.Buf) > gsoMaxBytes || destQP(p.Buf) != qp {
 			break
 		}
 		total += len(p.Buf)
@@ -766,6 +919,10 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 				l.malformed.Add(1)
 				continue
 			}
+			if l.member != nil && !l.member.Owns(destQP(seg)) {
+				l.misrouted.Add(1)
+				continue
+			}
 			p := &pkts[n]
 			if inPlace {
 				// Capacity cut at the segment: an append cannot
@@ -863,6 +1020,10 @@ func (l *SocketLink) accept(i int, p *Packet) bool {
 		return false
 	}
 	tos, _ := parseCmsgs(s.ctrl[i*cmsgSpace : i*cmsgSpace+int(m.Hdr.Controllen)])
+	if l.member != nil && !l.member.Owns(destQP(buf)) {
+		l.misrouted.Add(1)
+		return false
+	}
 	if !l.verify(buf, src, srcPort) {
 		return false
 	}

@@ -177,7 +177,7 @@ func TestSocketIPv6(t *testing.T) {
 }
 
 func TestSocketListenErrors(t *testing.T) {
-	a, err := ListenSocket(sockA, nil)
+	a, err := ListenSocket(sockA, &SocketOptions{Share: ShareOff})
 	if err != nil {
 		t.Fatal(err)
 	}

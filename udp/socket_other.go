@@ -58,3 +58,21 @@ func (l *SocketLink) GROCoalesced() uint64 { return 0 }
 
 // SetRecvInPlace does nothing on this platform.
 func (l *SocketLink) SetRecvInPlace(on bool) {}
+
+// Shared returns false (SocketLink is Linux-only).
+func (l *SocketLink) Shared() bool { return false }
+
+// LeaseQPNs is not supported on this platform.
+func (l *SocketLink) LeaseQPNs() (first, n uint32, err error) { return 0, 0, errors.ErrUnsupported }
+
+// CommIDTag returns no tag.
+func (l *SocketLink) CommIDTag() (tag, mask uint32) { return 0, 0 }
+
+// ClaimService is not supported on this platform.
+func (l *SocketLink) ClaimService(sid uint64) error { return errors.ErrUnsupported }
+
+// ReleaseService does nothing on this platform.
+func (l *SocketLink) ReleaseService(sid uint64) {}
+
+// VolunteerRejector is not supported on this platform.
+func (l *SocketLink) VolunteerRejector() error { return errors.ErrUnsupported }

@@ -3,7 +3,7 @@ package udp
 import "testing"
 
 func TestSourcePort(t *testing.T) {
-	// Ports Linux rxe used for RC/UC QPs in ../shared/golden (local QPN = remote QPN).
+	// Ports Linux rxe used for RC/UC QPs in testdata/golden (local QPN = remote QPN).
 	golden := []struct {
 		qpn  uint32
 		port uint16

@@ -50,6 +50,8 @@ options:
   --pcap=FILE    write every packet that went over the wire to FILE (pcap,
                  Ethernet framing, ICRCs as sent; check it with
                  ` + "`rocev2d pcap check FILE`" + `)
+  --snaplen=N    with --pcap, keep at most N bytes of each frame, as tcpdump -s
+                 (128 keeps every header; default 0 = whole frames)
   --timeout=DUR  give up after DUR (default 60s)
   -v             print both devices' counters at the end
 ` + socketUsage
@@ -60,6 +62,7 @@ type demoConfig struct {
 	mem     bool
 	faults  memnet.Faults
 	pcap    string
+	snaplen int
 	timeout time.Duration
 }
 
@@ -73,6 +76,7 @@ func parseDemoFlags(args []string) (*demoConfig, error) {
 	fs.Float64Var(&c.faults.CEMark, "ce", 0, "")
 	fs.Int64Var(&c.faults.Seed, "seed", 1, "")
 	fs.StringVar(&c.pcap, "pcap", "", "")
+	fs.IntVar(&c.snaplen, "snaplen", 0, "")
 	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
 	if err := parsePairFlags(fs, args, &c.pairOptions, 1024); err != nil {
 		return nil, err
@@ -82,6 +86,9 @@ func parseDemoFlags(args []string) (*demoConfig, error) {
 	}
 	if c.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
+	}
+	if c.snaplen < 0 || c.snaplen > 0 && c.pcap == "" {
+		return nil, fmt.Errorf("--snaplen %d: must be 0 (whole frames) or more, with --pcap", c.snaplen)
 	}
 	for _, f := range []struct {
 		name string
@@ -180,7 +187,7 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 	}
 	var pw *pcaptap.Writer
 	if c.pcap != "" {
-		if pw, err = createCapture(c.pcap); err != nil {
+		if pw, err = createCapture(c.pcap, c.snaplen); err != nil {
 			la.Close()
 			lb.Close()
 			fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)

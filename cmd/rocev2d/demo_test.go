@@ -116,7 +116,7 @@ func TestDemoErrors(t *testing.T) {
 	}
 	// Port 4791 taken on the first address: a clear message, exit 1.
 	a := netip.MustParseAddr("127.0.0.1")
-	l, err := udp.ListenSocket(a, nil)
+	l, err := udp.ListenSocket(a, &udp.SocketOptions{Share: udp.ShareOff})
 	if err != nil {
 		t.Skipf("cannot hold %v:4791 for the test: %v", a, err)
 	}

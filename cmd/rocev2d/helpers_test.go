@@ -13,3 +13,6 @@ func runInRetry(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	return clitest.RetryBusy(func() (int, string, string) { return runIn(t, args...) })
 }
+
+// lockedBuffer is clitest.LockedBuffer.
+type lockedBuffer = clitest.LockedBuffer

@@ -118,7 +118,7 @@ func TestPcapCheckGolden(t *testing.T) {
 		"rc_write_64.pcap #20 192.0.2.3:49593 > 192.0.2.2:4791 RC_RDMA_WRITE_ONLY qpn=0x000015 psn=0xc8a712 A pkey=0xffff RETH[va=0x55d90dddb000 rkey=0x00000654 len=64] pay=64 icrc=0x6305d220 ok",
 		"rc_write_64.pcap #23 192.0.2.2:49593 > 192.0.2.3:4791 RC_ACKNOWLEDGE qpn=0x000015 psn=0xc8a712 pkey=0xffff AETH[ACK credits=31 msn=1] pay=0 icrc=0x6c74e2aa ok",
 		"rc_write_64.pcap: 50 frames, 10 RoCEv2 (ICRC ok 10, bad 0), 40 other frames skipped",
-		"total: 16 files, 670 frames, 311 RoCEv2 packets, 311 ok, 0 bad, 359 other frames skipped",
+		"total: 17 files, 1162 frames, 803 RoCEv2 packets, 803 ok, 0 bad, 359 other frames skipped",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q", want)
@@ -330,7 +330,7 @@ func TestBinary(t *testing.T) {
 		code int
 		want string
 	}{
-		{append([]string{"pcap", "check"}, files...), 0, "311 ok, 0 bad"},
+		{append([]string{"pcap", "check"}, files...), 0, "803 ok, 0 bad"},
 		{[]string{"pcap", "check", corrupt}, 1, corrupt + " #27: ICRC mismatch"},
 		{[]string{"pcap", "check", garbage}, 2, "not a pcap or pcapng file"},
 		{[]string{"help"}, 0, "pcap"},

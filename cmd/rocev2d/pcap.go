@@ -33,10 +33,15 @@ const pcapUsage = `usage:
   rocev2d pcap write-sample FILE
 
 check decodes every RoCEv2 packet (UDP destination port 4791) in the pcap or pcapng files
-(link types Ethernet, Linux SLL, raw IP, IPv4, IPv6, BSD loopback; IPv4 and
+(link types Ethernet, Linux SLL and SLL2, raw IP, IPv4, IPv6, BSD loopback; IPv4 and
 IPv6), validates its layout against the opcode table, verifies its ICRC and
 prints one line per packet and a total per file and overall. Other frames are
 counted and skipped. Wireshark shows the ICRC but never checks it; this does.
+A capture taken before segmentation (tcpdump on lo, a veth, or -i any, of a
+sender using UDP GSO, as rocev2d does by default there) holds GSO datagrams of
+several packets: each is split as the kernel segments it (one size, IPv4 IDs
+numbered upward) and its packets are checked as #FRAME.K. Link type
+LINUX_SLL2 (276, what tcpdump -i any writes) is read from the file itself.
   -q  print only bad packets and the totals
 Exit status: 0 if every RoCEv2 packet is well-formed with a valid ICRC, 1 if
 any is not (they are listed at the end), 2 if a file cannot be read.
@@ -64,6 +69,9 @@ func runPcap(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // pcapStats counts one file's frames.
 type pcapStats struct {
 	frames, roce, ok, bad, skipped int
+	// gso counts the UDP GSO datagrams split into their segments (each
+	// segment counts in roce, ok or bad).
+	gso int
 }
 
 // badPacket names a bad RoCEv2 packet.
@@ -98,6 +106,7 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		total.ok += st.ok
 		total.bad += st.bad
 		total.skipped += st.skipped
+		total.gso += st.gso
 		bad = append(bad, b...)
 		if err != nil {
 			out.Flush()
@@ -109,11 +118,12 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			continue
 		}
 		files++
-		fmt.Fprintf(out, "%s: %d frames, %d RoCEv2 (ICRC ok %d, bad %d), %d other frames skipped\n",
-			name, st.frames, st.roce, st.ok, st.bad, st.skipped)
+		fmt.Fprintf(out, "%s: %d frames, %d RoCEv2 (ICRC ok %d, bad %d), %d other frames skipped%s\n",
+			name, st.frames, st.roce, st.ok, st.bad, st.skipped, gsoNote(st.gso))
 	}
 	fmt.Fprintf(out, "total: %d files, %d frames, %d RoCEv2 packets, %d ok, %d bad, %d other frames skipped",
 		files, total.frames, total.roce, total.ok, total.bad, total.skipped)
+	fmt.Fprint(out, gsoNote(total.gso))
 	if unreadable > 0 {
 		fmt.Fprintf(out, ", %d files unreadable", unreadable)
 	}
@@ -133,25 +143,6 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return exitOK
 }
 
-// firstDecoder returns the decoder for a capture's link type.
-func firstDecoder(lt layers.LinkType) (gopacket.Decoder, error) {
-	switch lt {
-	case layers.LinkTypeEthernet:
-		return layers.LayerTypeEthernet, nil
-	case layers.LinkTypeLinuxSLL:
-		return layers.LayerTypeLinuxSLL, nil
-	case layers.LinkTypeRaw, 12, 14: // DLT_RAW is 12 or 14 on some systems
-		return layers.LinkTypeRaw, nil
-	case layers.LinkTypeIPv4:
-		return layers.LayerTypeIPv4, nil
-	case layers.LinkTypeIPv6:
-		return layers.LayerTypeIPv6, nil
-	case layers.LinkTypeNull, layers.LinkTypeLoop:
-		return layers.LayerTypeLoopback, nil
-	}
-	return nil, fmt.Errorf("unsupported link type %d (%v)", uint32(lt), lt)
-}
-
 // captureReader is what pcap check needs of pcapgo's pcap and pcapng readers.
 type captureReader interface {
 	LinkType() layers.LinkType
@@ -165,8 +156,25 @@ const maxFrame = 262144
 var pcapngMagic = []byte{0x0a, 0x0d, 0x0d, 0x0a}
 
 // openCapture reads a classic pcap or (tcpdump -w on newer systems, Wireshark)
-// a pcapng file; for pcapng, the first interface's link type applies.
-func openCapture(br *bufio.Reader) (captureReader, error) {
+// a pcapng file; for pcapng, the first interface's link type applies. The
+// decoder is the link type's, read from the file itself: gopacket keeps link
+// types in 8 bits, so LINUX_SLL2 (276, tcpdump -i any) would read as 20.
+func openCapture(br *bufio.Reader) (captureReader, gopacket.Decoder, error) {
+	head, _ := br.Peek(4096) // shorter at the end of a small file
+	lt, ltErr := rocelayer.FileLinkType(head)
+	r, err := openReader(br)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ltErr != nil {
+		lt = uint32(r.LinkType()) // a pcapng section header beyond the first 4 KiB
+	}
+	dec, err := rocelayer.LinkDecoder(lt)
+	return r, dec, err
+}
+
+// openReader returns pcapgo's reader for the file's format.
+func openReader(br *bufio.Reader) (captureReader, error) {
 	if magic, err := br.Peek(4); err == nil && bytes.Equal(magic, pcapngMagic) {
 		r, err := pcapgo.NewNgReader(br, pcapgo.DefaultNgReaderOptions)
 		if err != nil {
@@ -197,11 +205,7 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 		return st, nil, err
 	}
 	defer f.Close()
-	r, err := openCapture(bufio.NewReaderSize(f, 1<<16))
-	if err != nil {
-		return st, nil, err
-	}
-	dec, err := firstDecoder(r.LinkType())
+	r, dec, err := openCapture(bufio.NewReaderSize(f, 1<<16))
 	if err != nil {
 		return st, nil, err
 	}
@@ -228,6 +232,38 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 		}
 		st.roce++
 		line, reason := describe(gp, udp, ci)
+		if segs := gsoSplit(gp, reason); segs != nil {
+			// One GSO datagram seen before segmentation: check the
+			// packets the kernel sends of it, each on its own line.
+			st.gso++
+			st.roce += len(segs) - 1
+			for k, seg := range segs {
+				dec := layers.LayerTypeIPv4
+				if seg[0]>>4 == 6 {
+					dec = layers.LayerTypeIPv6
+				}
+				sp := gopacket.NewPacket(seg, dec, gopacket.DecodeOptions{NoCopy: true})
+				su, _ := sp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+				if su == nil {
+					st.bad++
+					bad = append(bad, badPacket{name, num, "GSO segment not decoded"})
+					continue
+				}
+				sl, sr := describe(sp, su, gopacket.CaptureInfo{CaptureLength: len(seg), Length: len(seg)})
+				tag := fmt.Sprintf("(GSO segment %d/%d of a %d-byte datagram)", k+1, len(segs), len(udp.LayerPayload()))
+				if sr == "" {
+					st.ok++
+					if !quiet {
+						fmt.Fprintf(out, "%s #%d.%d %s ok %s\n", name, num, k+1, sl, tag)
+					}
+					continue
+				}
+				st.bad++
+				bad = append(bad, badPacket{name, num, sr})
+				fmt.Fprintf(out, "%s #%d.%d %s BAD: %s %s\n", name, num, k+1, sl, sr, tag)
+			}
+			continue
+		}
 		if reason == "" {
 			st.ok++
 			if !quiet {
@@ -239,6 +275,28 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 		bad = append(bad, badPacket{name, num, reason})
 		fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
 	}
+}
+
+// gsoNote says how many frames were GSO datagrams, if any.
+func gsoNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d GSO datagrams split into their packets", n)
+}
+
+// gsoSplit returns the segments of a RoCEv2 frame whose ICRC does not match
+// because it is a UDP GSO datagram captured before segmentation (a capture
+// on lo or a veth of a sender using GSO), or nil.
+func gsoSplit(gp gopacket.Packet, reason string) [][]byte {
+	if !strings.HasPrefix(reason, "ICRC mismatch") {
+		return nil
+	}
+	ip, err := rocelayer.IPPacket(gp)
+	if err != nil {
+		return nil
+	}
+	return rocelayer.GSOSegments(ip)
 }
 
 // describe returns the summary of a RoCEv2 frame and, if it is bad, why.

@@ -170,12 +170,16 @@ func soakClientAddr(n [4]byte, i, k int) netip.Addr {
 
 // lossyLink drops a fraction of the packets sent, at random.
 type lossyLink struct {
-	udp.Link
-	loss    float64
-	mu      sync.Mutex
-	rng     *rand.Rand
-	dropped atomic.Uint64
+	udp.Wrap // forwards the wrapped link's capabilities
+	loss     float64
+	mu       sync.Mutex
+	rng      *rand.Rand
+	dropped  atomic.Uint64
 }
+
+// Unwrap returns the wrapped link (a device looks through it for a shared
+// socket link's QPN leases).
+func (l *lossyLink) Unwrap() udp.Link { return l.Link }
 
 func (l *lossyLink) Send(pkts []udp.Packet) error {
 	if l.loss <= 0 {
@@ -220,7 +224,7 @@ func soakDevice(c *soakConfig, addr netip.Addr) (*transport.Device, error) {
 	}
 	var link udp.Link = sl
 	if c.loss > 0 {
-		link = &lossyLink{Link: sl, loss: c.loss, rng: rand.New(rand.NewPCG(c.seed, uint64(os.Getpid())))}
+		link = &lossyLink{Wrap: udp.Wrap{Link: sl}, loss: c.loss, rng: rand.New(rand.NewPCG(c.seed, uint64(os.Getpid())))}
 	}
 	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
 	if err != nil {

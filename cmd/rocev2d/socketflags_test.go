@@ -4,6 +4,7 @@ package main
 
 import (
 	"flag"
+	"github.com/gorocev2/rocev2/udp"
 	"io"
 	"path/filepath"
 	"strings"
@@ -36,6 +37,10 @@ func TestSocketFlags(t *testing.T) {
 		{args: []string{"--busy-poll=fast"}, err: true},
 		{args: []string{"--busy-poll=-1us"}, err: true},
 		{args: []string{"--busy-poll=2s"}, err: true},
+		{args: []string{"--share"}, want: socketFlags{Share: udp.ShareOn}, rest: []string{}},
+		{args: []string{"--share=false", "x"}, want: socketFlags{Share: udp.ShareOff}, rest: []string{"x"}},
+		{args: []string{"--share=true"}, want: socketFlags{Share: udp.ShareOn}, rest: []string{}},
+		{args: []string{"--share=sometimes"}, err: true},
 	}
 	for _, tc := range tests {
 		fs := flag.NewFlagSet("x", flag.ContinueOnError)
@@ -44,6 +49,9 @@ func TestSocketFlags(t *testing.T) {
 		var got socketFlags
 		addSocketFlags(fs, &got)
 		err := fs.Parse(tc.args)
+		if !tc.err && got.Options(false, 0).Share != tc.want.Share {
+			t.Errorf("%q: options().Share = %v, want %v", tc.args, got.Options(false, 0).Share, tc.want.Share)
+		}
 		if (err != nil) != tc.err || (!tc.err && (got != tc.want || strings.Join(fs.Args(), " ") != strings.Join(tc.rest, " "))) {
 			t.Errorf("%q: %+v, rest %q, error %v; want %+v, rest %q, error %v", tc.args, got, fs.Args(), err, tc.want, tc.rest, tc.err)
 		}

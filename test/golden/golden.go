@@ -1,6 +1,6 @@
 // Package golden gives tests access to the golden RoCEv2 captures of real
-// Linux rdma_rxe traffic kept beside the checkout (found by test/goldendir:
-// ../shared/golden, or $ROCEV2_GOLDEN): it reads their frames and parses
+// Linux rdma_rxe traffic kept in the repository (found by test/goldendir:
+// testdata/golden, or $ROCEV2_GOLDEN): it reads their frames and parses
 // the values each capture's .txt states (the "## packets" lines and the
 // QPN/PSN/RKey/VAddr lines the tools printed).
 //

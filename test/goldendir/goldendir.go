@@ -1,6 +1,6 @@
 // Package goldendir finds the golden captures: the real Linux rdma_rxe
-// traffic (*.pcap, each with a .txt of the commands and values) kept beside
-// the checkout in ../shared/golden, or wherever $ROCEV2_GOLDEN points.
+// traffic (*.pcap, each with a .txt of the commands and values) kept in the
+// repository at testdata/golden, or wherever $ROCEV2_GOLDEN points.
 //
 // It is the one place that knows where the captures are. It is a leaf: it
 // imports only the standard library, so the tests of any package — the wire
@@ -26,8 +26,13 @@ import (
 // Env names the environment variable that overrides the directory.
 const Env = "ROCEV2_GOLDEN"
 
+// RepoPath is where the captures live, relative to the module root (the
+// directory holding go.mod). The repository carries them, so a clone tests
+// itself with nothing beside it.
+const RepoPath = "testdata/golden"
+
 // Dir returns the directory holding the golden captures: $ROCEV2_GOLDEN if
-// set, else ../shared/golden next to the directory holding go.mod, found by
+// set, else testdata/golden in the directory holding go.mod, found by
 // walking up from the working directory (a test's working directory is its
 // package's). The error says where it looked when that directory does not
 // exist or holds no *.pcap.
@@ -40,7 +45,7 @@ func Dir() (string, error) {
 		}
 		for d := wd; ; {
 			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-				dir = filepath.Clean(filepath.Join(d, "..", "shared", "golden"))
+				dir = filepath.Join(d, RepoPath)
 				break
 			}
 			p := filepath.Dir(d)

@@ -3,6 +3,7 @@
 package interop
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -13,12 +14,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/gopacket"
 	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/cm"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/rocelayer"
 )
 
 // CaptureStats summarises the RoCEv2 traffic of a capture on the lab wire.
@@ -497,19 +500,54 @@ func analyzePairs(in io.Reader, check DataCheck, pairs [][2]uint32) (*CaptureSta
 	return analyzeMTU(in, check, pairs, labMTU)
 }
 
-// analyzeMTU is analyzePairs for a run at path MTU mtu (0: labMTU). It
-// reads Ethernet frames of IPv4 or IPv6 (no extension headers) RoCEv2;
-// the host's packets come from HostIP or HostLL.
-func analyzeMTU(in io.Reader, check DataCheck, pairs [][2]uint32, mtu int) (*CaptureStats, error) {
-	r, err := pcapgo.NewReader(in)
+// captureFile is what the analyzer needs of pcapgo's pcap and pcapng readers.
+type captureFile interface {
+	ReadPacketData() ([]byte, gopacket.CaptureInfo, error)
+}
+
+// openCapture opens a pcap or pcapng capture and returns its full link type,
+// read from the file (gopacket's LinkType is 8 bits: LINUX_SLL2, 276, what
+// tcpdump -i any writes, would read as 20). A classic pcap's snap length is
+// bounded by maxSnaplen (see analyzeMTU).
+func openCapture(in io.Reader) (captureFile, uint32, error) {
+	br := bufio.NewReaderSize(in, 1<<16)
+	head, _ := br.Peek(4096)
+	lt, ltErr := rocelayer.FileLinkType(head)
+	if len(head) >= 4 && binary.LittleEndian.Uint32(head) == 0x0a0d0d0a {
+		r, err := pcapgo.NewNgReader(br, pcapgo.DefaultNgReaderOptions)
+		if err != nil {
+			return nil, 0, err
+		}
+		if ltErr != nil {
+			lt = uint32(r.LinkType())
+		}
+		return r, lt, nil
+	}
+	r, err := pcapgo.NewReader(br)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	// pcapgo allocates each frame's capture length up front, bounded only by
 	// the header's snap length, which may say anything up to 4 GiB; real
 	// frames stay far below tcpdump's default 262144, so that is the bound.
 	if r.Snaplen() > maxSnaplen {
 		r.SetSnaplen(maxSnaplen)
+	}
+	if ltErr != nil {
+		lt = uint32(r.LinkType())
+	}
+	return r, lt, nil
+}
+
+// analyzeMTU is analyzePairs for a run at path MTU mtu (0: labMTU). It
+// reads frames of IPv4 or IPv6 (no extension headers) RoCEv2 from a pcap or
+// pcapng capture of any link type rocelayer.NetworkPacket knows (Ethernet
+// from the lab's tap; Linux SLL and SLL2, raw IP, loopback from elsewhere);
+// the host's packets come from HostIP or HostLL.
+func analyzeMTU(in io.Reader, check DataCheck, pairs [][2]uint32, mtu int) (*CaptureStats, error) {
+	r, linkType, err := openCapture(in)
+	if err != nil {
+		return nil, err
 	}
 	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{},
 		VMSrcPorts: map[uint16]int{}, VMTTLs: map[uint16]int{}, CM: map[string]int{}}
@@ -536,16 +574,17 @@ func analyzeMTU(in io.Reader, check DataCheck, pairs [][2]uint32, mtu int) (*Cap
 			return s, fmt.Errorf("frame %d: %w", s.Frames+1, err)
 		}
 		s.Frames++
-		if len(data) < 14+20+8 {
+		etherType, netPkt, ok := rocelayer.NetworkPacket(linkType, data)
+		if !ok || len(netPkt) < 20+8 {
 			continue
 		}
 		var ip, udp []byte
 		var src string
 		var fromHost bool
 		var ttl uint16
-		switch binary.BigEndian.Uint16(data[12:14]) {
+		switch etherType {
 		case 0x0800:
-			ip = data[14:]
+			ip = netPkt
 			ihl := int(ip[0]&0xf) * 4
 			tot := int(binary.BigEndian.Uint16(ip[2:4]))
 			if ip[0]>>4 != 4 || ip[9] != 17 || ihl < 20 || tot > len(ip) || tot < ihl+8 {
@@ -557,7 +596,7 @@ func analyzeMTU(in io.Reader, check DataCheck, pairs [][2]uint32, mtu int) (*Cap
 			fromHost, ttl = src == HostIP, uint16(ip[8])
 		case 0x86dd:
 			// IPv6 without extension headers (what rxe and rocev2d send).
-			ip = data[14:]
+			ip = netPkt
 			if len(ip) < 40+8 || ip[0]>>4 != 6 || ip[6] != 17 {
 				continue
 			}

@@ -9,8 +9,9 @@
 //     (its path MTU type); packet imports only the header packages;
 //     rocelayer only wire packages.
 //   - memreg imports only wire packages.
-//   - udp imports only wire packages (and internal/netns); udp/faults only
-//     internal/netns; internal/netns nothing of ours. udp/memnet (the
+//   - udp imports only wire packages (and internal/netns and udp/share);
+//     udp/faults only internal/netns; udp/share and internal/netns nothing
+//     of ours. udp/memnet (the
 //     in-memory network) imports only wire packages and udp, and neither
 //     udp, transport nor rdmacm depends on it, even transitively (`go list
 //     -deps ./transport` has no memnet: TestNoSimulatorInProducts).

@@ -70,7 +70,7 @@ type rule struct {
 
 // socketImports are what "reaches the network only through udp" rules out.
 var socketImports = []string{"syscall", "golang.org/x/sys", "golang.org/x/net", "os/exec", "github.com/cilium",
-	module + "/internal/netns", module + "/udp/faults"}
+	module + "/internal/netns", module + "/udp/faults", module + "/udp/share"}
 
 // ruleFor returns the rule for module-relative package r, or false if
 // there is none. Packages under cmd/ and test/ have no rule for their
@@ -94,7 +94,9 @@ func ruleFor(r string) (rule, bool) {
 	case r == "memreg":
 		return rule{ours: wire, why: "memreg imports only wire packages"}, true
 	case r == "udp":
-		return rule{ours: append(slices.Clone(wire), "internal/netns"), why: "udp imports only wire packages and internal/netns"}, true
+		return rule{ours: append(slices.Clone(wire), "internal/netns", "udp/share"), why: "udp imports only wire packages, internal/netns and udp/share"}, true
+	case r == "udp/share":
+		return rule{why: "udp/share (the SO_REUSEPORT steering program) imports nothing of this module"}, true
 	case r == "udp/memnet":
 		return rule{ours: append(slices.Clone(wire), "udp"), why: "udp/memnet (the in-memory network) imports only wire packages and udp"}, true
 	case r == "udp/faults":

@@ -63,6 +63,12 @@
 // traffic it never leaves (the sender's retransmission recovers, and the
 // late original is a duplicate when it finally goes).
 //
+// A drop on the egress hook is silent to the sender, as a loss in the
+// network is: the packet is marked and redirected to the same egress (the
+// send succeeds) and dropped on that second pass. A plain TC_ACT_SHOT would
+// come back to a UDP socket with IP_RECVERR as ENOBUFS, and the sender
+// would send the packet again.
+//
 // Duplication clones the packet to the same interface and direction: the
 // copy leaves just before the original. Clones carry skb->mark 0x72636576
 // while they pass the hook again so the program lets them through.

@@ -123,7 +123,40 @@ func run(t testing.TB, inj *Injector, h Hook, data []byte, ctx *skbCtx) (int32, 
 	if err != nil {
 		t.Fatalf("prog.Run: %v", err)
 	}
+	if h == Egress && ret == actRedirect {
+		// An egress drop is a redirect to its second pass (shot); a
+		// test run does not redirect, so it is the drop's verdict.
+		ret = actShot
+	}
 	return int32(ret), opts.DataOut
+}
+
+// actRedirect is TC_ACT_REDIRECT / TCX_REDIRECT.
+const actRedirect = 7
+
+// TestEgressDropSilent: an egress drop redirects the packet (the sender's
+// send succeeds) marked for the second pass, which drops it without
+// counting it again; an ingress drop is TC_ACT_SHOT.
+func TestEgressDropSilent(t *testing.T) {
+	inj := load(t, Config{DropRate: 1})
+	f := frame(frameOpts{})
+	opts := ebpfRun(f, nil, nil)
+	ret, err := inj.Program(Egress).Run(opts)
+	if err != nil || ret != actRedirect {
+		t.Fatalf("egress drop: verdict %d %v, want the redirect %d", ret, err, actRedirect)
+	}
+	var ctx skbCtx
+	ctx.setMark(dropMark)
+	opts = ebpfRun(f, nil, &ctx)
+	if ret, err := inj.Program(Egress).Run(opts); err != nil || ret != actShot {
+		t.Fatalf("second pass: verdict %d %v, want %d", ret, err, actShot)
+	}
+	if ret, err := inj.Program(Ingress).Run(ebpfRun(f, nil, nil)); err != nil || ret != actShot {
+		t.Fatalf("ingress drop: verdict %d %v, want %d", ret, err, actShot)
+	}
+	if c := counters(t, inj, Egress); c.Seen != 1 || c.DropRandom != 1 {
+		t.Errorf("egress counters %+v: the second pass must not count", c)
+	}
 }
 
 func counters(t testing.TB, inj *Injector, h Hook) Counters {
@@ -176,10 +209,12 @@ func TestRandomDrop(t *testing.T) {
 			f := frame(frameOpts{v6: v6, opcode: 0x0a, payload: 64})
 			opts := ebpfRun(f, nil, nil)
 			opts.Repeat = n
-			if _, err := inj.Program(Egress).Run(opts); err != nil {
+			// The ingress hook: a repeated test run keeps its skb, and an
+			// egress drop marks it for its second pass (shot).
+			if _, err := inj.Program(Ingress).Run(opts); err != nil {
 				t.Fatal(err)
 			}
-			c := counters(t, inj, Egress)
+			c := counters(t, inj, Ingress)
 			if c.Seen != n {
 				t.Fatalf("v6=%v rate %v: seen %d, want %d", v6, rate, c.Seen, n)
 			}

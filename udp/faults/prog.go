@@ -29,6 +29,12 @@ const (
 // which passes the same hook again, is recognised and let through untouched.
 const cloneMark = 0x72636576 // "rcev"
 
+// dropMark is written to skb->mark of a packet dropped on an egress hook:
+// the program redirects it to the same interface's egress, the sender sees
+// the send succeed (a redirect is NET_XMIT_SUCCESS), and the second pass
+// drops it (see shot).
+const dropMark = 0x72636478 // "rcdx"
+
 // bpfFIngress is BPF_F_INGRESS for bpf_clone_redirect.
 const bpfFIngress = 1
 
@@ -226,7 +232,12 @@ func cloneOut(ingress bool) asm.Instructions {
 // release of a held packet.
 func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instructions {
 	p := asm.Instructions{
-		asm.Mov.Reg(asm.R6, asm.R1),
+		// The second pass of a silent egress drop (see shot).
+		asm.LoadMem(asm.R2, asm.R1, skbMark, asm.Word),
+		asm.JNE.Imm(asm.R2, dropMark, "start"),
+		asm.Mov.Imm(asm.R0, actShot),
+		asm.Return(),
+		asm.Mov.Reg(asm.R6, asm.R1).WithSymbol("start"),
 		// State of this direction (counters, sequence, hold slot) in R9.
 		asm.StoreImm(asm.RFP, fpKey, int64(dir), asm.Word),
 		asm.LoadMapPtr(asm.R1, stateMapFD),
@@ -371,10 +382,7 @@ func program(configMapFD, stateMapFD int, dir uint32, ingress bool) asm.Instruct
 		asm.JLE.Imm(asm.R2, 0x12, "shot"),
 	)
 	p = append(p, sym("dropreq", count(ctrDropRequests))...)
-	p = append(p,
-		asm.Mov.Imm(asm.R0, actShot).WithSymbol("shot"),
-		asm.Return(),
-	)
+	p = append(p, sym("shot", shot(ingress))...)
 
 	// Release a held packet after this one: clone this packet out first,
 	// then turn the skb into the held frame and let it go.
@@ -653,4 +661,26 @@ var ne = binary.NativeEndian
 // cannot encode a 64-bit store of an immediate).
 func store64(dst asm.Register, off int16, v int32) asm.Instructions {
 	return asm.Instructions{asm.Mov.Imm(asm.R1, v), asm.StoreMem(dst, off, asm.R1, asm.DWord)}
+}
+
+// shot emits the drop of the packet. On ingress it is TC_ACT_SHOT. On
+// egress a plain drop is NET_XMIT_DROP, which a UDP socket with IP_RECVERR
+// (rocev2's SocketLink has it) returns to the sender as ENOBUFS: the link
+// then counts the packet as not sent and sends it again, so the drop would
+// be neither a loss nor counted right. A packet lost in the network leaves
+// the sender with success; so the packet is marked dropMark and redirected
+// to the interface's own egress (bpf_redirect: TC_ACT_REDIRECT, which the
+// sender sees as success), and the program drops it on that second pass.
+func shot(ingress bool) asm.Instructions {
+	if ingress {
+		return asm.Instructions{asm.Mov.Imm(asm.R0, actShot), asm.Return()}
+	}
+	return asm.Instructions{
+		asm.Mov.Imm(asm.R2, dropMark),
+		asm.StoreMem(asm.R6, skbMark, asm.R2, asm.Word),
+		asm.LoadMem(asm.R1, asm.R6, skbIfindex, asm.Word),
+		asm.Mov.Imm(asm.R2, 0),
+		asm.FnRedirect.Call(),
+		asm.Return(),
+	}
 }

@@ -94,4 +94,5 @@ func PrintCounters(w io.Writer, label string, dev *transport.Device) {
 			fmt.Fprintf(w, "  %-26s %d\n", kv.n, kv.v)
 		}
 	}
+	printShareCounters(w, dev.Link())
 }

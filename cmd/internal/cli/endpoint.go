@@ -286,13 +286,17 @@ func NewEndpointPair(la, lb udp.Link, addrA, addrB netip.Addr, mtu transport.MTU
 	return a, b, nil
 }
 
-// CreateCapture creates the pcap file of a --pcap flag.
-func CreateCapture(path string) (*pcaptap.Writer, error) {
+// CreateCapture creates the pcap file of a --pcap flag, with the snap
+// length of --snaplen (0: whole frames).
+func CreateCapture(path string, snaplen int) (*pcaptap.Writer, error) {
+	if snaplen < 0 {
+		return nil, fmt.Errorf("--snaplen %d: must be 0 (whole frames) or more", snaplen)
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, fmt.Errorf("--pcap: %w", err)
 	}
-	w, err := pcaptap.NewWriter(f)
+	w, err := pcaptap.NewWriterSnap(f, snaplen)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("--pcap %s: %w", path, err)

@@ -34,6 +34,14 @@ const SocketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one
                  and perftest's latency tests. Off by default, except
                  in pingpong and the *-lat tests: 100us unless -e or
                  the machine has one CPU.
+  --share[=BOOL]  share the address's UDP port 4791 with other processes
+                 (an SO_REUSEPORT group whose eBPF program hands each
+                 packet to the process owning its destination QP, CM
+                 listener or connection; 'rocev2d share status ADDR'
+                 lists them). Default: on where the process may load the
+                 program (CAP_BPF and CAP_NET_ADMIN, e.g. root), else
+                 the address is this process's alone. --share fails at
+                 once without them; --share=false never shares.
 ` + CCUsage
 
 // DefaultBusyPoll is how long the latency commands (pingpong and the
@@ -50,6 +58,7 @@ type SocketFlags struct {
 	GSOSet      bool // --gso was given (else the device decides: udp.SocketOptions.GSOAuto)
 	BusyPoll    time.Duration
 	BusyPollSet bool // --busy-poll was given (0 switches polling off)
+	Share       udp.ShareMode
 }
 
 // AddSocketFlags registers --gso and --busy-poll=DUR in fs, storing their
@@ -58,6 +67,7 @@ type SocketFlags struct {
 func AddSocketFlags(fs *flag.FlagSet, f *SocketFlags) {
 	AddCCFlags(fs, &f.CC)
 	fs.Var(gsoFlag{f}, "gso", "")
+	fs.Var(shareFlag{f}, "share", "")
 	fs.Func("busy-poll", "", func(val string) error {
 		d, err := time.ParseDuration(val)
 		if err != nil || d < 0 || d > time.Second {
@@ -89,13 +99,37 @@ func (g gsoFlag) Set(s string) error {
 
 func (g gsoFlag) IsBoolFlag() bool { return true }
 
+// shareFlag is --share[=BOOL]: absent means udp.ShareAuto.
+type shareFlag struct{ f *SocketFlags }
+
+func (g shareFlag) String() string {
+	if g.f == nil {
+		return "auto"
+	}
+	return g.f.Share.String()
+}
+
+func (g shareFlag) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("want true or false (without it: shared where the process may)")
+	}
+	g.f.Share = udp.ShareOff
+	if v {
+		g.f.Share = udp.ShareOn
+	}
+	return nil
+}
+
+func (g shareFlag) IsBoolFlag() bool { return true }
+
 // options returns the socket options of a command's link: UDP GSO as --gso
 // says, or without it as the device holding the local address says
 // (udp.SocketOptions.GSOAuto: on unless a NIC segments in hardware); no
 // busy polling unless poll (latency commands without -e, demo,
 // bench), and then --busy-poll's duration, or def when it was not given.
 func (f SocketFlags) Options(poll bool, def time.Duration) udp.SocketOptions {
-	o := udp.SocketOptions{GSO: f.GSO, GSOAuto: !f.GSOSet}
+	o := udp.SocketOptions{GSO: f.GSO, GSOAuto: !f.GSOSet, Share: f.Share}
 	switch {
 	case !poll:
 	case f.BusyPollSet:

@@ -4,6 +4,7 @@
 package clitest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,4 +104,25 @@ func Main(m *testing.M) int {
 	}
 	defer release()
 	return m.Run()
+}
+
+// LockedBuffer is a bytes.Buffer safe for concurrent writes and reads (a
+// process's output while it runs).
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns what was written so far.
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
 func TestRpingFlags(t *testing.T) {
@@ -118,23 +120,8 @@ func TestRpingFill(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer for a command's output read while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// lockedBuffer is clitest.LockedBuffer.
+type lockedBuffer = clitest.LockedBuffer
 
 type cmResult struct {
 	code        int

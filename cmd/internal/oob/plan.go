@@ -117,7 +117,7 @@ func (s Step) WireBytesRDMACM() int {
 // sequence. "round" (StepDestRound) is the bandwidth tests' second round of
 // QP data, one record per QP like dest (RunQPs; with one QP it is a sync).
 // Derived from perftest 4.5-0.17 (src/*_bw.c, *_lat.c) and the
-// captures in ../shared/golden. Both roles' plans have the same wire steps in
+// captures in testdata/golden. Both roles' plans have the same wire steps in
 // the same order; they differ only in local steps.
 //
 //	write/read/atomic-bw: version cycle cache mtu dest connect round sync

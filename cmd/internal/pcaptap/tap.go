@@ -13,6 +13,11 @@
 // header candidate makes the ICRC valid is written anyway (with identification
 // 0 and DF) and counted in Writer.Unverified; pcap check then reports it.
 //
+// Recording is meant to cost the stack only the recording (docs/CAPTURE.md):
+// a Tap keeps the wrapped link's capabilities (udp.Wrap), each packet is
+// copied once into a buffer that a goroutine of its own writes to the file,
+// and a snap length (NewWriterSnap, tcpdump's -s) keeps only the headers.
+//
 // Of this module it imports udp (the Link it wraps) and icrc; it serves
 // cmd/rocev2d, the only package that may import it.
 package pcaptap
@@ -20,12 +25,13 @@ package pcaptap
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
 	"github.com/google/gopacket/pcapgo"
@@ -41,7 +47,6 @@ const (
 	udpSize   = 8
 	ttl       = 64
 	dfFlag    = 0x4000
-	snapLen   = 65535
 	etherIPv4 = 0x0800
 	etherIPv6 = 0x86dd
 )
@@ -49,32 +54,140 @@ const (
 // ErrClosed is returned by WritePacket after Close.
 var ErrClosed = errors.New("pcaptap: writer closed")
 
-// Writer writes Ethernet-framed RoCEv2 packets to a pcap stream. It is safe
-// for concurrent use by any number of Taps.
+// Buffering of the file: records are appended to an in-memory buffer of
+// BufferSize bytes; a full buffer is handed to a goroutine that writes it to
+// the file while the stack goes on recording into the next one (Buffers in
+// all). So recording costs the stack one copy of each packet into memory;
+// the file's write system calls run beside it, and the stack waits only
+// when the writer falls Buffers behind. What is recorded reaches the file
+// at the latest FlushInterval later, and on Flush and Close.
+const (
+	BufferSize    = 2 << 20
+	Buffers       = 4
+	FlushInterval = time.Second
+)
+
+// Writer writes Ethernet-framed RoCEv2 packets to a pcap stream, buffered
+// (BufferSize, Buffers, FlushInterval). It is safe for concurrent use by
+// any number of Taps.
 type Writer struct {
 	mu         sync.Mutex
-	pw         *pcapgo.Writer
 	c          io.Closer
+	cur        []byte      // records not yet handed to the file goroutine
+	free       chan []byte // empty buffers
+	full       chan []byte // buffers for the file goroutine
+	pending    sync.WaitGroup
+	done       chan struct{} // closed when the file goroutine ends
+	werr       atomic.Pointer[error]
 	frame      []byte
+	snap       int
 	packets    uint64
 	unverified uint64
 	err        error
 	closed     bool
 	now        func() time.Time
+	flushT     *time.Timer // armed while records wait in cur
+	armed      bool
+	flows      [4]flowEntry // the flows of the last packets (ident4, port6)
+	nextFlow   int          // the entry flow replaces next
 }
 
 // NewWriter writes the pcap file header (link type Ethernet) to w and returns
-// a Writer. If w is an io.Closer, Close closes it.
-func NewWriter(w io.Writer) (*Writer, error) {
-	pw := pcapgo.NewWriter(w)
-	if err := pw.WriteFileHeader(snapLen, layers.LinkTypeEthernet); err != nil {
+// a Writer that records whole packets. If w is an io.Closer, Close closes it.
+func NewWriter(w io.Writer) (*Writer, error) { return NewWriterSnap(w, 0) }
+
+// NewWriterSnap is NewWriter with a snap length, as tcpdump's -s: each
+// record keeps at most snapLen bytes of its frame (the file header says
+// so, each record has the frame's real length), 0 whole frames. With a
+// snap length below the Ethernet, IP and UDP headers plus the BTH and its
+// extension headers, records lose header fields; 128 keeps every header.
+// The IPv4 identification of a cut record is not solved from its ICRC (the
+// ICRC is not in the file): it is written as 0, with DF.
+func NewWriterSnap(w io.Writer, snapLen int) (*Writer, error) {
+	max := ethSize + ipv6Size + udpSize + udp.MaxPacketSize
+	if snapLen < 0 {
+		return nil, fmt.Errorf("pcaptap: snap length %d", snapLen)
+	}
+	if snapLen == 0 || snapLen > max {
+		snapLen = max
+	}
+	if err := pcapgo.NewWriter(w).WriteFileHeader(uint32(snapLen), layers.LinkTypeEthernet); err != nil {
 		return nil, err
 	}
 	c, _ := w.(io.Closer)
-	return &Writer{pw: pw, c: c, frame: make([]byte, ethSize+ipv6Size+udpSize+udp.MaxPacketSize), now: time.Now}, nil
+	wr := &Writer{c: c, snap: snapLen, frame: make([]byte, ethSize+ipv6Size+udpSize), now: time.Now,
+		free: make(chan []byte, Buffers), full: make(chan []byte, Buffers), done: make(chan struct{})}
+	wr.cur = make([]byte, 0, BufferSize)
+	for range Buffers - 1 {
+		wr.free <- make([]byte, 0, BufferSize)
+	}
+	go wr.fileLoop(w)
+	wr.flushT = time.AfterFunc(time.Hour, wr.timedFlush)
+	wr.flushT.Stop()
+	return wr, nil
 }
 
-// Packets returns how many packets were written.
+// fileLoop writes the handed-over buffers to out, in order, until full is
+// closed; after a write error it drops them (the error is reported).
+func (w *Writer) fileLoop(out io.Writer) {
+	defer close(w.done)
+	for b := range w.full {
+		if w.werr.Load() == nil {
+			if _, err := out.Write(b); err != nil {
+				w.werr.Store(&err)
+			}
+		}
+		w.free <- b[:0]
+		w.pending.Done()
+	}
+}
+
+// handOff gives the records in cur to the file goroutine and takes an
+// empty buffer (waiting if all are in flight). w.mu is held.
+func (w *Writer) handOff() {
+	if len(w.cur) == 0 {
+		return
+	}
+	w.pending.Add(1)
+	w.full <- w.cur
+	w.cur = <-w.free
+}
+
+// fileErr moves an error of the file goroutine into w.err (w.mu held).
+func (w *Writer) fileErr() error {
+	if e := w.werr.Load(); e != nil && w.err == nil {
+		w.err = *e
+	}
+	return w.err
+}
+
+// SnapLen returns the most bytes of a frame a record keeps.
+func (w *Writer) SnapLen() int { return w.snap }
+
+// timedFlush hands over what waited FlushInterval in the buffer.
+func (w *Writer) timedFlush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.armed = false
+	if !w.closed {
+		w.handOff()
+	}
+}
+
+// Flush writes out every record so far and waits until the file has them.
+func (w *Writer) Flush() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return w.err
+	}
+	w.handOff()
+	w.pending.Wait()
+	return w.fileErr()
+}
+
+// Packets returns how many packets were recorded: the records in the file
+// once it is flushed (Flush, Close).
 func (w *Writer) Packets() uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -93,11 +206,12 @@ func (w *Writer) Unverified() uint64 {
 func (w *Writer) Err() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.err
+	return w.fileErr()
 }
 
-// Close stops writing and closes the underlying writer if it is a Closer.
-// It returns the first write error, if any.
+// Close writes out the buffered records, stops writing and closes the
+// underlying writer if it is a Closer. It returns the first write error,
+// if any.
 func (w *Writer) Close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -105,6 +219,11 @@ func (w *Writer) Close() error {
 		return w.err
 	}
 	w.closed = true
+	w.flushT.Stop()
+	w.handOff()
+	close(w.full)
+	<-w.done
+	w.fileErr()
 	if w.c != nil {
 		if err := w.c.Close(); err != nil && w.err == nil {
 			w.err = err
@@ -117,52 +236,195 @@ func (w *Writer) Close() error {
 // dst:4791. sport is the UDP source port the sender asked for and tos the IP
 // TOS byte. See the package comment for how the header is reconstructed.
 func (w *Writer) WritePacket(src, dst netip.Addr, sport uint16, tos uint8, payload []byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.write(w.now(), src, dst, sport, tos, payload)
+}
+
+// writeBatch records the packets of one Send or Recv call: sent from local
+// (sent) or received by it. It returns how many it recorded. The packets
+// share one timestamp (reading the clock was a third of a record's cost);
+// the lock is taken per packet: held over a whole batch, it kept the
+// receive goroutine waiting while the sender recorded (measured: more CPU
+// per byte, not less).
+func (w *Writer) writeBatch(local netip.Addr, sent bool, pkts []udp.Packet) int {
+	if len(pkts) == 0 {
+		return 0
+	}
+	t, n := w.now(), 0
+	for i := range pkts {
+		p := &pkts[i]
+		src, dst := local, p.Addr
+		if !sent {
+			src, dst = p.Addr, local
+		}
+		w.mu.Lock()
+		err := w.write(t, src, dst, p.SrcPort, p.TOS, p.Buf)
+		w.mu.Unlock()
+		if err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// write is WritePacket with the time given (w.mu held).
+func (w *Writer) write(t time.Time, src, dst netip.Addr, sport uint16, tos uint8, payload []byte) error {
 	src, dst = src.Unmap(), dst.Unmap()
 	if src.Is4() != dst.Is4() {
 		return errors.New("pcaptap: mixed IPv4/IPv6 addresses")
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.closed {
 		return ErrClosed
 	}
-	if w.err != nil {
-		return w.err
-	}
-	f := w.frame
-	var n int
-	ok := false
-	// Candidate source ports: the one given (after Send, the port really
-	// used), then 4791 (links that send from their bound port).
-	ports := [2]uint16{sport, udp.Port}
-	for i, p := range ports {
-		if i > 0 && p == ports[0] {
-			continue
-		}
-		if src.Is4() {
-			n, ok = frame4(f, src, dst, p, tos, payload)
-		} else {
-			n, ok = frame6(f, src, dst, p, tos, payload)
-		}
-		if ok {
-			break
-		}
-	}
-	if !ok {
-		// Write the first candidate so that pcap check shows the problem.
-		if src.Is4() {
-			n, _ = frame4(f, src, dst, sport, tos, payload)
-		} else {
-			n, _ = frame6(f, src, dst, sport, tos, payload)
-		}
-		w.unverified++
-	}
-	ci := gopacket.CaptureInfo{Timestamp: w.now(), CaptureLength: n, Length: n}
-	if err := w.pw.WritePacket(ci, f[:n]); err != nil {
-		w.err = err
+	if err := w.fileErr(); err != nil {
 		return err
 	}
+	f := w.frame
+	hdr := ethSize + ipv4Size + udpSize
+	if !src.Is4() {
+		hdr = ethSize + ipv6Size + udpSize
+	}
+	if hdr+len(payload) > w.snap {
+		// A cut record: only the headers are kept, so only they are
+		// built (the ICRC that picks the identification is not kept).
+		if src.Is4() {
+			header4(f, src, dst, sport, tos, 0, dfFlag, len(payload))
+		} else {
+			header6(f, src, dst, sport, tos, len(payload))
+		}
+		head := f[:min(hdr, w.snap)]
+		return w.record(t, head, payload[:max(w.snap-hdr, 0)], hdr+len(payload))
+	}
+	ok := false
+	if src.Is4() {
+		var port, id, flags uint16
+		port, id, flags, ok = w.ident4(src, dst, sport, payload)
+		header4(f, src, dst, port, tos, id, flags, len(payload))
+	} else {
+		var port uint16
+		port, ok = w.port6(src, dst, sport, payload)
+		header6(f, src, dst, port, tos, len(payload))
+	}
+	if !ok {
+		// Written with the first candidate, so that pcap check shows the
+		// problem.
+		w.unverified++
+	}
+	return w.record(t, f[:hdr], payload, hdr+len(payload))
+}
+
+// flowEntry caches the ICRC prefixes of one flow (addresses and source
+// port) and the identification its next packet likely has.
+type flowEntry struct {
+	src, dst netip.Addr
+	sport    uint16
+	pre      [2]icrc.Prefix // IPv4: flags DF, 0; IPv6: pre[0]
+	next     uint16         // identification after the last one found
+	zeros    bool           // the last two packets had identification 0
+}
+
+// flow returns the cache entry of a flow, making it if needed (w.mu held).
+func (w *Writer) flow(src, dst netip.Addr, sport uint16) *flowEntry {
+	for i := range w.flows {
+		e := &w.flows[i]
+		if e.sport == sport && e.src == src && e.dst == dst && e.src.IsValid() {
+			return e
+		}
+	}
+	e := &w.flows[w.nextFlow%len(w.flows)]
+	w.nextFlow++
+	*e = flowEntry{src: src, dst: dst, sport: sport, zeros: true}
+	if src.Is4() {
+		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: dst.As4(), SrcPort: sport, DstPort: udp.Port}
+		for k, fl := range [2]uint16{dfFlag, 0} {
+			h.FlagsFrag = fl
+			e.pre[k] = icrc.NewIPv4Prefix(&h)
+		}
+	} else {
+		e.pre[0] = icrc.NewIPv6Prefix(&icrc.IPv6Pseudo{Src: src.As16(), Dst: dst.As16(), SrcPort: sport, DstPort: udp.Port})
+	}
+	return e
+}
+
+// ports returns the candidate UDP source ports of a packet: the one given
+// (after Send, the port really used), then 4791 (links that send from
+// their bound port).
+func ports(sport uint16) []uint16 {
+	if sport == udp.Port {
+		return []uint16{sport}
+	}
+	return []uint16{sport, udp.Port}
+}
+
+// ident4 finds the source port, identification and flags for which the
+// stored ICRC of an IPv4 packet is valid (w.mu held). It tries the
+// likely identifications first — 0 (a socket link's unconnected sends),
+// the flow's last one plus 1 (the segments of a UDP GSO datagram) — with
+// the flow's cached prefix, one pass over the packet each, and solves for
+// the identification only when neither fits. Without a fit it returns the
+// given port, identification 0, DF and false.
+func (w *Writer) ident4(src, dst netip.Addr, sport uint16, payload []byte) (port, id, flags uint16, ok bool) {
+	stored := icrc.Load(payload)
+	for _, p := range ports(sport) {
+		e := w.flow(src, dst, p)
+		cand := [2]uint16{e.next, 0}
+		if e.zeros {
+			cand = [2]uint16{0, e.next}
+		}
+		for k, fl := range [2]uint16{dfFlag, 0} {
+			for _, c := range cand {
+				if e.pre[k].Compute(c, payload) == stored {
+					e.zeros = c == 0 && e.next == 1
+					e.next = c + 1
+					return p, c, fl, true
+				}
+			}
+		}
+		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: dst.As4(), SrcPort: p, DstPort: udp.Port}
+		for _, fl := range [2]uint16{dfFlag, 0} {
+			h.FlagsFrag = fl
+			if sid, good := icrc.SolveIPv4ID(&h, payload); good {
+				e.zeros, e.next = false, sid+1
+				return p, sid, fl, true
+			}
+		}
+	}
+	return sport, 0, dfFlag, false
+}
+
+// port6 finds the source port for which the stored ICRC of an IPv6 packet
+// is valid (w.mu held); without one, the given port and false.
+func (w *Writer) port6(src, dst netip.Addr, sport uint16, payload []byte) (uint16, bool) {
+	stored := icrc.Load(payload)
+	for _, p := range ports(sport) {
+		if w.flow(src, dst, p).pre[0].Compute(0, payload) == stored {
+			return p, true
+		}
+	}
+	return sport, false
+}
+
+// record appends one pcap record of time t to the buffer (w.mu held): head
+// and body are the first bytes of a frame of n bytes (the file's
+// timestamps are microseconds). Appending the packet straight from the caller's buffer is
+// the record's only copy of it.
+func (w *Writer) record(t time.Time, head, body []byte, n int) error {
+	need := 16 + len(head) + len(body)
+	if len(w.cur)+need > cap(w.cur) {
+		w.handOff()
+	}
+	var rh [16]byte
+	binary.LittleEndian.PutUint32(rh[0:], uint32(t.Unix()))
+	binary.LittleEndian.PutUint32(rh[4:], uint32(t.Nanosecond()/1000))
+	binary.LittleEndian.PutUint32(rh[8:], uint32(len(head)+len(body)))
+	binary.LittleEndian.PutUint32(rh[12:], uint32(n))
+	w.cur = append(append(append(w.cur, rh[:]...), head...), body...)
 	w.packets++
+	if !w.armed {
+		w.armed = true
+		w.flushT.Reset(FlushInterval)
+	}
 	return nil
 }
 
@@ -186,30 +448,15 @@ func putUDP(u []byte, sport uint16, payloadLen int) {
 	binary.BigEndian.PutUint16(u[6:8], 0) // RoCEv2 senders use checksum 0
 }
 
-// frame4 writes an Ethernet/IPv4/UDP frame and reports whether an
-// identification/flags choice makes the stored ICRC valid.
-func frame4(f []byte, src, dst netip.Addr, sport uint16, tos uint8, payload []byte) (int, bool) {
+// header4 writes the Ethernet, IPv4 and UDP headers of a frame carrying
+// payLen bytes of RoCEv2 packet and returns the frame's length.
+func header4(f []byte, src, dst netip.Addr, sport uint16, tos uint8, id, flags uint16, payLen int) int {
 	putEth(f, src, dst, etherIPv4)
 	ip := f[ethSize : ethSize+ipv4Size]
-	u := f[ethSize+ipv4Size : ethSize+ipv4Size+udpSize]
-	n := copy(f[ethSize+ipv4Size+udpSize:], payload)
-	putUDP(u, sport, n)
-	h := icrc.IPv4Pseudo{Src: src.As4(), Dst: dst.As4(), SrcPort: sport, DstPort: udp.Port}
-	id, flags, ok := uint16(0), uint16(dfFlag), false
-	for _, fl := range []uint16{dfFlag, 0} {
-		h.FlagsFrag, h.ID = fl, 0
-		if icrc.ComputeIPv4(&h, payload) == icrc.Load(payload) {
-			id, flags, ok = 0, fl, true
-			break
-		}
-		if sid, good := icrc.SolveIPv4ID(&h, payload); good {
-			id, flags, ok = sid, fl, true
-			break
-		}
-	}
+	putUDP(f[ethSize+ipv4Size:ethSize+ipv4Size+udpSize], sport, payLen)
 	ip[0] = 0x45
 	ip[1] = tos
-	binary.BigEndian.PutUint16(ip[2:4], uint16(ipv4Size+udpSize+n))
+	binary.BigEndian.PutUint16(ip[2:4], uint16(ipv4Size+udpSize+payLen))
 	binary.BigEndian.PutUint16(ip[4:6], id)
 	binary.BigEndian.PutUint16(ip[6:8], flags)
 	ip[8] = ttl
@@ -219,26 +466,23 @@ func frame4(f []byte, src, dst netip.Addr, sport uint16, tos uint8, payload []by
 	copy(ip[12:16], s4[:])
 	copy(ip[16:20], d4[:])
 	binary.BigEndian.PutUint16(ip[10:12], ipChecksum(ip))
-	return ethSize + ipv4Size + udpSize + n, ok
+	return ethSize + ipv4Size + udpSize + payLen
 }
 
-// frame6 writes an Ethernet/IPv6/UDP frame and reports whether the stored
-// ICRC is valid for it.
-func frame6(f []byte, src, dst netip.Addr, sport uint16, tos uint8, payload []byte) (int, bool) {
+// header6 writes the Ethernet, IPv6 and UDP headers of a frame carrying
+// payLen bytes of RoCEv2 packet and returns the frame's length.
+func header6(f []byte, src, dst netip.Addr, sport uint16, tos uint8, payLen int) int {
 	putEth(f, src, dst, etherIPv6)
 	ip := f[ethSize : ethSize+ipv6Size]
-	u := f[ethSize+ipv6Size : ethSize+ipv6Size+udpSize]
-	n := copy(f[ethSize+ipv6Size+udpSize:], payload)
-	putUDP(u, sport, n)
+	putUDP(f[ethSize+ipv6Size:ethSize+ipv6Size+udpSize], sport, payLen)
 	binary.BigEndian.PutUint32(ip[0:4], 6<<28|uint32(tos)<<20)
-	binary.BigEndian.PutUint16(ip[4:6], uint16(udpSize+n))
+	binary.BigEndian.PutUint16(ip[4:6], uint16(udpSize+payLen))
 	ip[6] = 17
 	ip[7] = ttl
 	s16, d16 := src.As16(), dst.As16()
 	copy(ip[8:24], s16[:])
 	copy(ip[24:40], d16[:])
-	end := ethSize + ipv6Size + udpSize + n
-	return end, icrc.Verify(f[ethSize:end]) == nil
+	return ethSize + ipv6Size + udpSize + payLen
 }
 
 // ipChecksum is the IPv4 header checksum (RFC 1071).
@@ -263,38 +507,46 @@ const (
 	Both     = Sent | Received
 )
 
-// Tap is a udp.Link that records the packets of the Link it wraps.
+// Tap is a udp.Link that records the packets of the Link it wraps. It
+// keeps the wrapped link's capabilities (udp.Wrap: GSO, receiving in place,
+// polling), so transport takes the same paths with a capture as without,
+// and it records what TryRecv returns as well as what Recv does.
 type Tap struct {
-	udp.Link
+	udp.Wrap
 	w   *Writer
 	dir Dir
+	// sent and rcvd count the packets this tap recorded.
+	sent, rcvd atomic.Uint64
 }
 
-var _ udp.Link = (*Tap)(nil)
+var (
+	_ udp.Link           = (*Tap)(nil)
+	_ udp.CapabilityLink = (*Tap)(nil)
+	_ udp.PollLink       = (*Tap)(nil)
+)
+
+// Unwrap returns the wrapped link (transport looks through it for a shared
+// socket link's QPN leases: udp.SharedLink).
+func (t *Tap) Unwrap() udp.Link { return t.Link }
 
 // New wraps link so that packets in the directions dir are written to w.
 // Two taps of a pair of links in one process should record only Sent, so
 // that each packet on the wire appears once (as on a loopback capture).
 func New(link udp.Link, w *Writer, dir Dir) *Tap {
-	return &Tap{Link: link, w: w, dir: dir}
+	return &Tap{Wrap: udp.Wrap{Link: link}, w: w, dir: dir}
 }
+
+// Recorded returns how many sent and received packets this tap recorded.
+func (t *Tap) Recorded() (sent, rcvd uint64) { return t.sent.Load(), t.rcvd.Load() }
 
 // Send sends pkts through the wrapped link and then records them (with the
 // ICRC the link filled in).
 func (t *Tap) Send(pkts []udp.Packet) error {
 	err := t.Link.Send(pkts)
-	if t.dir&Sent != 0 {
-		n := len(pkts)
-		if err != nil {
-			// Packets before the failing one may have gone out; record
-			// nothing we are not sure about.
-			n = 0
-		}
-		src := t.Link.LocalAddr()
-		for i := range pkts[:n] {
-			p := &pkts[i]
-			t.w.WritePacket(src, p.Addr, p.SrcPort, p.TOS, p.Buf)
-		}
+	if t.dir&Sent != 0 && err == nil {
+		// After an error, packets before the failing one may have gone
+		// out; nothing we are not sure about is recorded.
+		t.sent.Add(uint64(t.w.writeBatch(t.Link.LocalAddr(), true, pkts)))
 	}
 	return err
 }
@@ -302,12 +554,20 @@ func (t *Tap) Send(pkts []udp.Packet) error {
 // Recv receives through the wrapped link and records what arrived.
 func (t *Tap) Recv(pkts []udp.Packet) (int, error) {
 	n, err := t.Link.Recv(pkts)
-	if t.dir&Received != 0 {
-		dst := t.Link.LocalAddr()
-		for i := range pkts[:n] {
-			p := &pkts[i]
-			t.w.WritePacket(p.Addr, dst, p.SrcPort, p.TOS, p.Buf)
-		}
-	}
+	t.received(pkts[:n])
 	return n, err
+}
+
+// TryRecv polls the wrapped link (udp.PollLink) and records what arrived.
+func (t *Tap) TryRecv(pkts []udp.Packet) (int, error) {
+	n, err := t.Wrap.TryRecv(pkts)
+	t.received(pkts[:n])
+	return n, err
+}
+
+// received records received packets.
+func (t *Tap) received(pkts []udp.Packet) {
+	if t.dir&Received != 0 {
+		t.rcvd.Add(uint64(t.w.writeBatch(t.Link.LocalAddr(), false, pkts)))
+	}
 }

@@ -29,7 +29,7 @@ func TestTapSocketLink(t *testing.T) {
 	b := netip.AddrFrom4([4]byte{127, 94, byte(id >> 8), byte(id)})
 	for _, gso := range []bool{false, true} {
 		t.Run(fmt.Sprint("gso=", gso), func(t *testing.T) {
-			la, err := udp.ListenSocket(a, &udp.SocketOptions{GSO: gso, NoGRO: true})
+			la, err := udp.ListenSocket(a, &udp.SocketOptions{GSO: gso, NoGRO: true, Share: udp.ShareOff})
 			if errors.Is(err, syscall.EADDRINUSE) {
 				t.Skipf("%v:4791 taken: %v", a, err)
 			}
@@ -37,7 +37,7 @@ func TestTapSocketLink(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer la.Close()
-			lb, err := udp.ListenSocket(b, &udp.SocketOptions{NoGRO: true})
+			lb, err := udp.ListenSocket(b, &udp.SocketOptions{NoGRO: true, Share: udp.ShareOff})
 			if errors.Is(err, syscall.EADDRINUSE) {
 				t.Skipf("%v:4791 taken: %v", b, err)
 			}
@@ -79,6 +79,9 @@ func TestTapSocketLink(t *testing.T) {
 			}
 			if w.Packets() != count || w.Unverified() != 0 {
 				t.Fatalf("%d packets, %d unverified", w.Packets(), w.Unverified())
+			}
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
 			}
 			r, err := pcapgo.NewReader(&out)
 			if err != nil {

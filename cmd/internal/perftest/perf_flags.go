@@ -66,7 +66,10 @@ options:
                           long), as perftest polls its CQ
       --bind=IP           local IP for RoCEv2 (default: the local end of the TCP connection);
                           a server with --bind opens UDP 4791 there before it waits
-      --pcap=FILE         write every RoCEv2 packet sent and received to FILE (pcap)
+      --pcap=FILE         write every RoCEv2 packet sent and received to FILE (pcap,
+                          buffered: the stack pays only for the copy)
+      --snaplen=N         with --pcap, keep at most N bytes of each frame, as tcpdump -s
+                          (128 keeps every header; default 0 = whole frames)
       --check             fill the source with a pattern and verify the data at the end
                           (both sides must be rocev2d with the same flags)
       --connect-timeout=D how long a client keeps trying to reach the server (default 10s)
@@ -105,6 +108,7 @@ type perfConfig struct {
 	bind        netip.Addr
 	check       bool
 	pcap        string
+	snaplen     int
 	connTimeout time.Duration
 	timeout     time.Duration
 	verbose     bool
@@ -157,6 +161,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	fs.StringVar(&bind, "bind", "", "")
 	fs.BoolVar(&c.check, "check", false, "")
 	fs.StringVar(&c.pcap, "pcap", "", "")
+	fs.IntVar(&c.snaplen, "snaplen", 0, "")
 	fs.DurationVar(&c.connTimeout, "connect-timeout", 10*time.Second, "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
@@ -220,6 +225,10 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, fmt.Errorf("--connect-timeout %v: must be positive", c.connTimeout)
 	case c.timeout < 0:
 		return nil, fmt.Errorf("--timeout %v: negative", c.timeout)
+	case c.snaplen < 0:
+		return nil, fmt.Errorf("--snaplen %d: must be 0 (whole frames) or more", c.snaplen)
+	case c.snaplen > 0 && c.pcap == "":
+		return nil, fmt.Errorf("--snaplen %d needs --pcap", c.snaplen)
 	}
 	if c.bind, err = parseBind(bind); err != nil {
 		return nil, err

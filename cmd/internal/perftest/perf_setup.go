@@ -155,7 +155,7 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 	var link udp.Link = sock
 	var capture *pcaptap.Writer
 	if c.pcap != "" {
-		if capture, err = createCapture(c.pcap); err != nil {
+		if capture, err = createCapture(c.pcap, c.snaplen); err != nil {
 			sock.Close()
 			return nil, err
 		}

@@ -1,0 +1,12 @@
+//go:build !linux
+
+package cli
+
+import (
+	"io"
+
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// printShareCounters prints nothing where sockets are never shared.
+func printShareCounters(w io.Writer, l udp.Link) {}

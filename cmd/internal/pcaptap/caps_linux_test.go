@@ -1,0 +1,93 @@
+//go:build linux
+
+package pcaptap
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// TestTapKeepsCapabilities: a Tap over a SocketLink with GSO and busy
+// polling has the socket's capabilities (today's anonymous checks saw none
+// through the embedded udp.Link), and what the poll path receives
+// (TryRecv) is recorded like what Recv receives.
+func TestTapKeepsCapabilities(t *testing.T) {
+	id := os.Getpid()
+	a := netip.AddrFrom4([4]byte{127, 95, byte(id >> 8), byte(id)})
+	b := netip.AddrFrom4([4]byte{127, 96, byte(id >> 8), byte(id)})
+	la, err := udp.ListenSocket(a, &udp.SocketOptions{GSO: true, BusyPoll: 50 * time.Microsecond, Share: udp.ShareOff})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		t.Skipf("%v:4791 taken: %v", a, err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer la.Close()
+	lb, err := udp.ListenSocket(b, &udp.SocketOptions{Share: udp.ShareOff})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		t.Skipf("%v:4791 taken: %v", b, err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.Close()
+	want := udp.CapGSO | udp.CapRecvInPlace | udp.CapPoll
+	if got := udp.CapabilitiesOf(la); got != want {
+		t.Fatalf("socket link: %v, want %v", got, want)
+	}
+	var out bytes.Buffer
+	w, err := NewWriter(&out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap := New(la, w, Both)
+	if got := udp.CapabilitiesOf(tap); got != want {
+		t.Fatalf("tapped socket link: %v, want %v", got, want)
+	}
+	if tap.GSO() != la.GSO() || tap.BusyPoll() != la.BusyPoll() {
+		t.Errorf("tap: GSO %v busy poll %v; socket: %v %v", tap.GSO(), tap.BusyPoll(), la.GSO(), la.BusyPoll())
+	}
+	// B sends 3 packets to A; A's tap polls them in with TryRecv.
+	const count = 3
+	pkts := make([]udp.Packet, count)
+	for i := range pkts {
+		pkts[i] = udp.Packet{Buf: build(t, 256, uint32(i)), Addr: a, SrcPort: 0xc321}
+	}
+	if err := lb.Send(pkts); err != nil {
+		t.Fatal(err)
+	}
+	rp := make([]udp.Packet, count)
+	for i := range rp {
+		rp[i].Buf = make([]byte, udp.MaxPacketSize)
+	}
+	got := 0
+	for deadline := time.Now().Add(5 * time.Second); got < count && time.Now().Before(deadline); {
+		n, err := tap.TryRecv(rp[got:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+		if n == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if got != count {
+		t.Fatalf("TryRecv got %d of %d", got, count)
+	}
+	if _, rcvd := tap.Recorded(); rcvd != count {
+		t.Errorf("tap recorded %d received packets, want %d", rcvd, count)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if frames := countRecords(t, out.Bytes()); frames != count {
+		t.Errorf("file holds %d records, want %d", frames, count)
+	}
+}

@@ -1,0 +1,315 @@
+//go:build linux
+
+package interop
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/test/interop/agentproto"
+)
+
+// The sharing cell (issue 28): three rocev2d servers — rping, ib_write_bw
+// -R and ibv_rc_pingpong — as three processes on the host's one lab
+// address (UDP 4791 shared, --share), the VM running the three clients
+// concurrently against them; every data check passes (rping -V, the
+// pingpongs' -c on both sides, the perftest results). Then, with the
+// clients of rping and ib_write_bw running again, the pingpong server is
+// killed with SIGKILL and started again: the other two pass unaffected and
+// the restarted one serves a new ibv_rc_pingpong client.
+
+func init() { labSuites = append(labSuites, shareSuite) }
+
+// sharePPPort is the out-of-band TCP port of the pingpong server (rocev2d
+// -R servers listen on TCP 18515 as well).
+const sharePPPort = 18516
+
+// shareServers starts the three rocev2d servers on HostIP.
+func shareServers(ctx context.Context, lab *Lab, img *Image, rpingSize, bwN, ppN int) (rp, bw, pp *HostProc, err error) {
+	stop := func(hs ...*HostProc) {
+		for _, h := range hs {
+			if h != nil {
+				h.Cmd.Process.Kill()
+				h.Wait()
+			}
+		}
+	}
+	if rp, err = lab.StartHost(ctx, img.Rocev2d, "rping", "-s", "-a", HostIP, "-v", "-V", "-S", strconv.Itoa(rpingSize), "--share"); err != nil {
+		return
+	}
+	if bw, err = lab.StartHost(ctx, img.Rocev2d, "write-bw", "-R", "--bind", HostIP, "-s", "4096", "-n", strconv.Itoa(bwN), "--share", "--timeout", "300s"); err != nil {
+		stop(rp)
+		return
+	}
+	if pp, err = startSharePP(ctx, lab, img, ppN); err != nil {
+		stop(rp, bw)
+		return
+	}
+	for _, h := range []*HostProc{rp, bw} {
+		if err = waitHostRoCE(h, 20*time.Second); err != nil {
+			stop(rp, bw, pp)
+			return
+		}
+	}
+	if err = bw.WaitListen(perfCMPort, 20*time.Second); err != nil {
+		stop(rp, bw, pp)
+	}
+	return
+}
+
+func startSharePP(ctx context.Context, lab *Lab, img *Image, n int) (*HostProc, error) {
+	pp, err := lab.StartHost(ctx, img.Rocev2d, "pingpong", "--bind", HostIP, "-p", strconv.Itoa(sharePPPort), "-s", "4096",
+		"-n", strconv.Itoa(n), "-c", "--share", "--timeout", "300s")
+	if err != nil {
+		return nil, err
+	}
+	if err := waitHostRoCE(pp, 20*time.Second); err != nil {
+		pp.Cmd.Process.Kill()
+		pp.Wait()
+		return nil, err
+	}
+	if err := pp.WaitListen(sharePPPort, 20*time.Second); err != nil {
+		pp.Cmd.Process.Kill()
+		pp.Wait()
+		return nil, err
+	}
+	return pp, nil
+}
+
+// shareClients is the VM's shell command running the clients given
+// (rping, ib_write_bw, ibv_rc_pingpong; a zero count leaves one out)
+// concurrently, printing each one's exit status and output.
+// Each client's files are named after it and tag, so that a second
+// command running while the first does never overwrites them.
+func shareClients(tag string, gid, rpingSize, rpingCount, bwN, ppN int) string {
+	var b strings.Builder
+	type cl struct{ name, cmd string }
+	var cls []cl
+	if rpingCount > 0 {
+		cls = append(cls, cl{"rping", fmt.Sprintf("rping -c -a %s -v -V -S %d -C %d", HostIP, rpingSize, rpingCount)})
+	}
+	if bwN > 0 {
+		cls = append(cls, cl{"ib_write_bw", fmt.Sprintf("ib_write_bw -R -d rxe0 -x %d -F -s 4096 -n %d %s", gid, bwN, HostIP)})
+	}
+	if ppN > 0 {
+		cls = append(cls, cl{"ibv_rc_pingpong", fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -p %d -s 4096 -n %d -c %s", gid, sharePPPort, ppN, HostIP)})
+	}
+	for i, c := range cls {
+		// timeout: a hung client still reports (exit 124) with its output.
+		f := fmt.Sprintf("/tmp/share-%s-%d", tag, i)
+		fmt.Fprintf(&b, "(timeout 240 %s >%s.out 2>%s.err; echo $? >%s.rc) & ", c.cmd, f, f, f)
+	}
+	b.WriteString("wait; ")
+	for i, c := range cls {
+		f := fmt.Sprintf("/tmp/share-%s-%d", tag, i)
+		fmt.Fprintf(&b, "echo \"=== %s exit $(cat %s.rc)\"; cat %s.out %s.err; ", c.name, f, f, f)
+	}
+	return b.String()
+}
+
+var reShareSection = regexp.MustCompile(`(?m)^=== (\S+) exit (-?\d+)$`)
+
+// shareSections splits the VM output into each client's exit status and
+// output.
+func shareSections(out string) map[string]struct {
+	exit int
+	out  string
+} {
+	res := map[string]struct {
+		exit int
+		out  string
+	}{}
+	idx := reShareSection.FindAllStringSubmatchIndex(out, -1)
+	for i, m := range idx {
+		end := len(out)
+		if i+1 < len(idx) {
+			end = idx[i+1][0]
+		}
+		code, _ := strconv.Atoi(out[m[4]:m[5]])
+		res[out[m[2]:m[3]]] = struct {
+			exit int
+			out  string
+		}{code, out[m[1]:end]}
+	}
+	return res
+}
+
+// checkShareClient checks one client's exit status and output and its
+// server's, by the tools' own data checks.
+func checkShareClient(name string, vmExit int, vmOut string, hostExit int, hostOut string, count, size int) []string {
+	var p []string
+	if vmExit != 0 {
+		p = append(p, fmt.Sprintf("%s (VM) exit %d", name, vmExit))
+	}
+	if hostExit != 0 {
+		p = append(p, fmt.Sprintf("rocev2d %s server exit %d", name, hostExit))
+	}
+	switch name {
+	case "rping":
+		// As checkRpingOutputs, for any -S.
+		p = append(p, checkPingLines("rping (client)", rePingLine, vmOut, count, size)...)
+		p = append(p, checkPingLines("rocev2d rping (server)", reServerPingLine, hostOut, count, size)...)
+		if !strings.Contains(hostOut, "server DISCONNECT EVENT...") {
+			p = append(p, "rocev2d rping: no \"server DISCONNECT EVENT...\"")
+		}
+		for _, bad := range []string{"data mismatch", "failed", "error"} {
+			if strings.Contains(vmOut, bad) || strings.Contains(hostOut, bad) {
+				p = append(p, fmt.Sprintf("an rping output says %q", bad))
+			}
+		}
+	case "ib_write_bw":
+		p = append(p, checkPerftestOutput("ib_write_bw", vmOut, 4096, count)...)
+		p = append(p, checkPerftestOutput("rocev2d write-bw", hostOut, 4096, count)...)
+	case "ibv_rc_pingpong":
+		p = append(p, checkPingpongOutput("ibv_rc_pingpong", vmOut, 4096, count)...)
+		p = append(p, checkPingpongOutput("rocev2d pingpong", hostOut, 4096, count)...)
+	}
+	return p
+}
+
+func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row)) {
+	t.Run("share_three_servers_one_address", func(t *testing.T) {
+		t0 := time.Now()
+		r := row{cell: "rping + ib_write_bw -R + ibv_rc_pingpong servers sharing 192.0.2.1:4791", direction: "3 rocev2d servers <- 3 tool clients (VM)", result: "FAIL"}
+		defer func() { r.d = time.Since(t0); add(r) }()
+		const rpN, rpS, bwN, ppN = 50, rpingSize, 2000, 200
+		rp, bw, pp, err := shareServers(ctx, lab, img, rpS, bwN, ppN)
+		if err != nil {
+			t.Fatalf("servers: %v", err)
+		}
+		vm, err := lab.Run(ctx, shareClients("a", lab.GIDIndex, rpS, rpN, bwN, ppN), 260*time.Second)
+		t.Logf("VM clients: exit %d err %v, output (last lines):\n%s", vm.Exit, err, lastLines(vm.Output, 40))
+		if err != nil {
+			for _, h := range []*HostProc{rp, bw, pp} {
+				h.Cmd.Process.Signal(syscall.SIGTERM)
+				_, out := h.Wait()
+				t.Logf("host %s:\n%s", h.Cmd.Args[1], lastLines(out, 20))
+			}
+			t.Fatalf("VM clients: %v", err)
+		}
+		secs := shareSections(vm.Output)
+		var probs []string
+		for _, c := range []struct {
+			name string
+			h    *HostProc
+			n    int
+		}{{"rping", rp, rpN}, {"ib_write_bw", bw, bwN}, {"ibv_rc_pingpong", pp, ppN}} {
+			code, out := waitHost(c.h, 30*time.Second)
+			s, ok := secs[c.name]
+			if !ok {
+				probs = append(probs, c.name+": no output from the VM")
+				continue
+			}
+			probs = append(probs, checkShareClient(c.name, s.exit, s.out, code, out, c.n, rpS)...)
+			t.Logf("%s: host exit %d, output:\n%s\nVM exit %d, output:\n%s", c.name, code, lastLines(out, 12), s.exit, lastLines(s.out, 12))
+		}
+		if len(probs) > 0 {
+			r.counters = strings.Join(probs, "; ")
+			t.Fatal(strings.Join(probs, "\n"))
+		}
+		r.result, r.counters = "PASS", "3 processes on one address, all data checks passed"
+	})
+
+	t.Run("share_kill9_restart", func(t *testing.T) {
+		t0 := time.Now()
+		r := row{cell: "sharing 192.0.2.1:4791: pingpong server killed -9, restarted", direction: "3 rocev2d servers <- 3 tool clients (VM)", result: "FAIL"}
+		defer func() { r.d = time.Since(t0); add(r) }()
+		// Long enough to outlast the kill and the restarted server's
+		// run (about 5 s under TCG): rping ~10 pings/s, ib_write_bw ~5 MB/s.
+		const rpN, rpS, bwN, ppN, pp2N = 1000, 256, 60000, 100000, 200
+		rp, bw, pp, err := shareServers(ctx, lab, img, rpS, bwN, ppN)
+		if err != nil {
+			t.Fatalf("servers: %v", err)
+		}
+		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: shareClients("b", lab.GIDIndex, rpS, rpN, bwN, ppN), TimeoutSec: 300})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Traffic runs on all three: rping has pinged a few times.
+		waitPings(rp.Output, reServerPingLine, 5, 60*time.Second)
+		time.Sleep(time.Second)
+		running := func(h *HostProc) bool {
+			select {
+			case <-h.Done():
+				return false
+			default:
+				return true
+			}
+		}
+		if !running(rp) || !running(bw) || !running(pp) {
+			for _, h := range []*HostProc{rp, bw, pp} {
+				h.Cmd.Process.Signal(syscall.SIGTERM)
+				_, out := h.Wait()
+				t.Logf("host %s:\n%s", h.Cmd.Args[1], lastLines(out, 20))
+			}
+			vm, _ := v.Cancel()
+			t.Logf("VM:\n%s", lastLines(vm.Output, 40))
+			t.Fatalf("a server ended before the kill (rping %v, write-bw %v, pingpong %v): the traffic is too short",
+				running(rp), running(bw), running(pp))
+		}
+		pp.Cmd.Process.Signal(syscall.SIGKILL)
+		pp.Wait()
+		killedAt := time.Now()
+		pp2, err := startSharePP(ctx, lab, img, pp2N)
+		if err != nil {
+			t.Fatalf("restart the pingpong server: %v", err)
+		}
+		again, err := lab.Run(ctx, shareClients("c", lab.GIDIndex, 0, 0, 0, pp2N), 120*time.Second)
+		if err != nil {
+			t.Fatalf("second pingpong client: %v", err)
+		}
+		restartD := time.Since(killedAt)
+		stillRunning := running(rp) && running(bw)
+		vm, err := v.Wait(ctx)
+		if err != nil {
+			t.Fatalf("VM clients: %v", err)
+		}
+		secs := shareSections(vm.Output)
+		secs2 := shareSections(again.Output)
+		var probs []string
+		code, out := waitHost(pp2, 30*time.Second)
+		s2 := secs2["ibv_rc_pingpong"]
+		probs = append(probs, checkShareClient("ibv_rc_pingpong", s2.exit, s2.out, code, out, pp2N, 0)...)
+		for _, c := range []struct {
+			name string
+			h    *HostProc
+			n    int
+		}{{"rping", rp, rpN}, {"ib_write_bw", bw, bwN}} {
+			code, out := waitHost(c.h, 60*time.Second)
+			s, ok := secs[c.name]
+			if !ok {
+				probs = append(probs, c.name+": no output from the VM")
+				continue
+			}
+			probs = append(probs, checkShareClient(c.name, s.exit, s.out, code, out, c.n, rpS)...)
+			t.Logf("%s: host exit %d, output:\n%s\nVM exit %d, output:\n%s", c.name, code, lastLines(out, 12), s.exit, lastLines(s.out, 12))
+		}
+		t.Logf("restarted pingpong: host exit %d, output:\n%s\nVM exit %d, output:\n%s", code, lastLines(out, 8), s2.exit, lastLines(s2.out, 8))
+		if s, ok := secs["ibv_rc_pingpong"]; ok && s.exit == 0 {
+			probs = append(probs, "the first ibv_rc_pingpong passed although its server was killed")
+		}
+		t.Logf("killed the pingpong server; restarted and served again within %v; rping and ib_write_bw still running then: %v", restartD.Round(time.Millisecond), stillRunning)
+		if !stillRunning {
+			probs = append(probs, "rping or ib_write_bw ended before the restarted pingpong finished (traffic too short to show they were unaffected)")
+		}
+		if len(probs) > 0 {
+			r.counters = strings.Join(probs, "; ")
+			t.Fatal(strings.Join(probs, "\n"))
+		}
+		r.result, r.counters = "PASS", fmt.Sprintf("restart served in %v; the other two passed", restartD.Round(time.Millisecond))
+	})
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}

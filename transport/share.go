@@ -1,0 +1,158 @@
+package transport
+
+import (
+	"fmt"
+
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// QPNSource supplies the QPNs a device hands out, a range at a time
+// (DeviceConfig.QPNs). The device asks for a range when every QPN of the
+// ranges it has is in use.
+type QPNSource interface {
+	// NextRange returns a new range of QPNs [first, first+n) the device
+	// may use; QPNs 0 and 1 must not be in it.
+	NextRange() (first, n uint32, err error)
+}
+
+// wholeSpace is the default QPNSource: every QPN from firstQPN up, once.
+type wholeSpace struct{ given bool }
+
+func (w *wholeSpace) NextRange() (first, n uint32, err error) {
+	if w.given {
+		return 0, 0, fmt.Errorf("transport: every QPN is in use: %w", ErrLimit)
+	}
+	w.given = true
+	return firstQPN, bth.PSNMask + 1 - firstQPN, nil
+}
+
+// linkLeases is the QPNSource of a device on a shared link: the link's
+// leases (udp.SharedLink.LeaseQPNs).
+type linkLeases struct{ l udp.SharedLink }
+
+func (s linkLeases) NextRange() (first, n uint32, err error) { return s.l.LeaseQPNs() }
+
+// sharedLink returns the device's link as a udp.SharedLink when it is a
+// member of a shared group, else nil.
+// A link that wraps another (a fault injector, a capture tap) is looked
+// through when it has an Unwrap() udp.Link method.
+func (d *Device) sharedLink() udp.SharedLink {
+	l := d.link
+	for range 8 {
+		if s, ok := l.(udp.SharedLink); ok {
+			if s.Shared() {
+				return s
+			}
+			return nil
+		}
+		u, ok := l.(interface{ Unwrap() udp.Link })
+		if !ok {
+			return nil
+		}
+		l = u.Unwrap()
+	}
+	return nil
+}
+
+// qpnAlloc hands out QPNs from the ranges a QPNSource gave. Under the
+// device's mu.
+type qpnAlloc struct {
+	src    QPNSource
+	ranges [][2]uint32 // first, n
+	cur    int         // the range next is in
+	next   uint32      // the next candidate QPN
+}
+
+// alloc returns a QPN for which busy is false, leasing a new range from
+// the source when every QPN of the current ones is busy.
+func (a *qpnAlloc) alloc(busy func(uint32) bool) (uint32, error) {
+	total := uint64(0)
+	for _, r := range a.ranges {
+		total += uint64(r[1])
+	}
+	for tried := uint64(0); tried < total; tried++ {
+		r := a.ranges[a.cur]
+		if a.next < r[0] || a.next-r[0] >= r[1] {
+			a.cur = (a.cur + 1) % len(a.ranges)
+			a.next = a.ranges[a.cur][0]
+			r = a.ranges[a.cur]
+		}
+		n := a.next
+		a.next++
+		if a.next-r[0] >= r[1] {
+			a.cur = (a.cur + 1) % len(a.ranges)
+			a.next = a.ranges[a.cur][0]
+		}
+		if !busy(n) {
+			return n, nil
+		}
+	}
+	first, n, err := a.src.NextRange()
+	if err != nil {
+		return 0, fmt.Errorf("transport: CreateQP: QPN range: %w", err)
+	}
+	if n == 0 || first <= 1 || uint64(first)+uint64(n) > bth.PSNMask+1 {
+		return 0, fmt.Errorf("transport: CreateQP: QPN source gave range [%#x, +%d): %w", first, n, ErrInvalidConfig)
+	}
+	a.ranges = append(a.ranges, [2]uint32{first, n})
+	a.cur = len(a.ranges) - 1
+	a.next = first
+	return a.alloc(busy)
+}
+
+// QPNRanges returns the ranges of QPNs the device has taken from its
+// QPNSource so far, as [first, last] pairs.
+func (d *Device) QPNRanges() [][2]uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([][2]uint32, len(d.qpns.ranges))
+	for i, r := range d.qpns.ranges {
+		out[i] = [2]uint32{r[0], r[0] + r[1] - 1}
+	}
+	return out
+}
+
+// Shared reports whether the device's link shares its address with other
+// processes (udp.SharedLink): then its QPNs come from the link's leases,
+// and a connection manager must tag its communication IDs (CommIDTag) and
+// claim the services it listens on (ClaimService).
+func (d *Device) Shared() bool { return d.sharedLink() != nil }
+
+// CommIDTag returns the bits (tag under mask) a connection manager puts in
+// the communication IDs (and SIDR request IDs) it allocates, so that the
+// replies are steered to this process on a shared address; 0, 0 when the
+// link is not shared.
+func (d *Device) CommIDTag() (tag, mask uint32) {
+	if s := d.sharedLink(); s != nil {
+		return s.CommIDTag()
+	}
+	return 0, 0
+}
+
+// ClaimService asks a shared link to steer CM REQs and SIDR_REQs for
+// service ID sid to this device (nil on an unshared link, which receives
+// them all).
+func (d *Device) ClaimService(sid uint64) error {
+	if s := d.sharedLink(); s != nil {
+		return s.ClaimService(sid)
+	}
+	return nil
+}
+
+// ReleaseService undoes ClaimService.
+func (d *Device) ReleaseService(sid uint64) {
+	if s := d.sharedLink(); s != nil {
+		s.ReleaseService(sid)
+	}
+}
+
+// VolunteerRejector offers this device, on a shared link, to receive the
+// REQs for services nobody on the address listens on, which its
+// connection manager then rejects (nil on an unshared link).
+func (d *Device) VolunteerRejector() error {
+	if s := d.sharedLink(); s != nil {
+		return s.VolunteerRejector()
+	}
+	return nil
+}

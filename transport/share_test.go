@@ -1,0 +1,146 @@
+package transport
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
+)
+
+// rangeSource is a QPNSource that gives fixed ranges, then fails.
+type rangeSource struct {
+	ranges [][2]uint32
+	calls  int
+}
+
+var errNoMore = errors.New("no more ranges")
+
+func (s *rangeSource) NextRange() (uint32, uint32, error) {
+	if s.calls >= len(s.ranges) {
+		return 0, 0, errNoMore
+	}
+	r := s.ranges[s.calls]
+	s.calls++
+	return r[0], r[1], nil
+}
+
+// sharedMem is an in-memory link that claims to be shared: its QPNs come
+// from leases.
+type sharedMem struct {
+	udp.Link
+	src  rangeSource
+	tag  uint32
+	svcs map[uint64]bool
+}
+
+func (s *sharedMem) Shared() bool                       { return true }
+func (s *sharedMem) LeaseQPNs() (uint32, uint32, error) { return s.src.NextRange() }
+func (s *sharedMem) CommIDTag() (uint32, uint32)        { return s.tag, 0xff000000 }
+func (s *sharedMem) ClaimService(sid uint64) error      { s.svcs[sid] = true; return nil }
+func (s *sharedMem) ReleaseService(sid uint64)          { delete(s.svcs, sid) }
+func (s *sharedMem) VolunteerRejector() error           { return nil }
+
+// TestQPNSource: a device hands out QPNs only from its source's ranges,
+// asks for the next range when one is used up, and fails CreateQP with
+// the source's error when there is none; QPNs of destroyed QPs are reused
+// within the ranges. On a shared link the ranges are the link's leases.
+func TestQPNSource(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		shared bool
+	}{{"DeviceConfig.QPNs", false}, {"shared link", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := memnet.NewMemNetwork(memnet.Faults{})
+			l, err := n.Link(netip.MustParseAddr("192.0.2.1"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := rangeSource{ranges: [][2]uint32{{0x5000, 3}, {0x9000, 2}}}
+			cfg := DeviceConfig{}
+			var link udp.Link = l
+			if tc.shared {
+				link = &sharedMem{Link: l, src: src, tag: 0x85000000, svcs: map[uint64]bool{}}
+			} else {
+				cfg.QPNs = &src
+			}
+			dev, err := NewDevice(link, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Close()
+			if dev.Shared() != tc.shared {
+				t.Errorf("Shared() = %v", dev.Shared())
+			}
+			if tag, _ := dev.CommIDTag(); tc.shared && tag != 0x85000000 {
+				t.Errorf("CommIDTag = %#x", tag)
+			}
+			pd, _ := dev.AllocPD()
+			cq, _ := dev.CreateCQ(16)
+			create := func() (*QP, error) {
+				return dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+			}
+			var qps []*QP
+			for range 5 {
+				qp, err := create()
+				if err != nil {
+					t.Fatal(err)
+				}
+				qps = append(qps, qp)
+			}
+			want := []uint32{0x5000, 0x5001, 0x5002, 0x9000, 0x9001}
+			for i, qp := range qps {
+				if qp.QPN() != want[i] {
+					t.Errorf("QP %d: QPN %#x, want %#x", i, qp.QPN(), want[i])
+				}
+			}
+			if _, err := create(); !errors.Is(err, errNoMore) {
+				t.Errorf("sixth QP: %v, want the source's error", err)
+			}
+			if err := qps[1].Destroy(); err != nil {
+				t.Fatal(err)
+			}
+			qp, err := create()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if qp.QPN() != 0x5001 {
+				t.Errorf("after a Destroy: QPN %#x, want the freed 0x5001", qp.QPN())
+			}
+			if r := dev.QPNRanges(); len(r) != 2 || r[0] != [2]uint32{0x5000, 0x5002} || r[1] != [2]uint32{0x9000, 0x9001} {
+				t.Errorf("QPNRanges = %#x", r)
+			}
+		})
+	}
+}
+
+// wrapper hides a link's methods but udp.Link's, as a tap does.
+type wrapper struct{ udp.Link }
+
+func (w wrapper) Unwrap() udp.Link { return w.Link }
+
+// TestQPNSourceThroughWrapper: a device on a wrapper of a shared link
+// takes its QPNs from the link's leases (Unwrap).
+func TestQPNSourceThroughWrapper(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	l, err := n.Link(netip.MustParseAddr("192.0.2.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl := &sharedMem{Link: l, src: rangeSource{ranges: [][2]uint32{{0x7000, 8}}}, svcs: map[uint64]bool{}}
+	dev, err := NewDevice(wrapper{sl}, DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(4)
+	qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1, MaxRecvWR: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dev.Shared() || qp.QPN() != 0x7000 {
+		t.Errorf("Shared %v, QPN %#x; want true, 0x7000", dev.Shared(), qp.QPN())
+	}
+}

@@ -1,0 +1,816 @@
+//go:build linux
+
+package share
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// MaxMembers is how many sockets (processes, or devices of one process) a
+// group holds at most.
+const MaxMembers = 64
+
+// RangeSize is the number of QPNs in one leased range; range r holds QPNs
+// r*RangeSize through (r+1)*RangeSize-1. Range 0 (QP0, QP1 and the QPNs
+// below RangeSize) is never leased.
+const RangeSize = 1 << rangeBits
+
+// DefaultTimeWait is how long the QPN ranges, listeners and slot of a
+// member that left (or died) stay unusable before they are reused.
+const DefaultTimeWait = 3 * time.Second
+
+// DefaultPinRoot is where bpffs is (mounted there when it is not).
+const DefaultPinRoot = "/sys/fs/bpf"
+
+// cfg map keys.
+const (
+	cfgRejector = 0 // member slot + 1 that answers REQs nobody listens for
+	numCfg      = 4
+)
+
+// Member states (members map).
+const (
+	stateFree     = 0
+	stateLive     = 1
+	stateTimeWait = 2
+)
+
+// memberRec is a members map value (native endian): who holds a slot.
+type memberRec struct {
+	PID      uint32
+	State    uint32
+	Start    uint64 // the process's start time (/proc/PID/stat field 22)
+	FreeAt   int64  // unix ns after which a TimeWait slot is free
+	Joined   int64  // unix ns
+	Rejector uint32 // 1: the member answers REQs nobody listens for
+	Pad      uint32
+}
+
+const memberRecSize = 40
+
+func (r *memberRec) marshal() []byte {
+	b := make([]byte, memberRecSize)
+	binary.NativeEndian.PutUint32(b[0:], r.PID)
+	binary.NativeEndian.PutUint32(b[4:], r.State)
+	binary.NativeEndian.PutUint64(b[8:], r.Start)
+	binary.NativeEndian.PutUint64(b[16:], uint64(r.FreeAt))
+	binary.NativeEndian.PutUint64(b[24:], uint64(r.Joined))
+	binary.NativeEndian.PutUint32(b[32:], r.Rejector)
+	return b
+}
+
+func unmarshalMember(b []byte) memberRec {
+	return memberRec{
+		PID: binary.NativeEndian.Uint32(b[0:]), State: binary.NativeEndian.Uint32(b[4:]),
+		Start: binary.NativeEndian.Uint64(b[8:]), FreeAt: int64(binary.NativeEndian.Uint64(b[16:])),
+		Joined: int64(binary.NativeEndian.Uint64(b[24:])), Rejector: binary.NativeEndian.Uint32(b[32:]),
+	}
+}
+
+// Options configure Join. The zero value is sensible.
+type Options struct {
+	// TimeWait is how long what a departed member held (QPN ranges,
+	// slot) stays unused; 0 means DefaultTimeWait.
+	TimeWait time.Duration
+	// PinRoot is the bpffs mount; "" means DefaultPinRoot (mounted if
+	// it is not bpffs yet).
+	PinRoot string
+	// LockDir holds the per-address lock files; "" means /run/rocev2-share
+	// (or the temporary directory when /run is not writable).
+	LockDir string
+}
+
+func (o *Options) defaults() {
+	if o.TimeWait <= 0 {
+		o.TimeWait = DefaultTimeWait
+	}
+	if o.PinRoot == "" {
+		o.PinRoot = DefaultPinRoot
+	}
+	if o.LockDir == "" {
+		o.LockDir = "/run/rocev2-share"
+		if err := os.MkdirAll(o.LockDir, 0o755); err != nil {
+			o.LockDir = filepath.Join(os.TempDir(), "rocev2-share")
+		}
+	}
+}
+
+// ErrCapability is matched by the error Join returns when the process
+// lacks a capability steering needs.
+var ErrCapability = errors.New("share: missing capability")
+
+// ErrFull is matched when the group has no free slot.
+var ErrFull = errors.New("share: group full")
+
+// ErrServiceInUse is matched when another member listens on a service ID.
+var ErrServiceInUse = errors.New("share: service ID in use by another member")
+
+// CheckCapabilities returns nil when the process may load the steering
+// program and attach it (CAP_BPF or CAP_SYS_ADMIN, and CAP_NET_ADMIN), or
+// an error matching ErrCapability that names what is missing and the
+// alternative.
+func CheckCapabilities() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("share: capget: %w", err)
+	}
+	has := func(c int) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
+	var missing []string
+	if !has(unix.CAP_BPF) && !has(unix.CAP_SYS_ADMIN) {
+		missing = append(missing, "CAP_BPF")
+	}
+	if !has(unix.CAP_NET_ADMIN) && !has(unix.CAP_SYS_ADMIN) {
+		missing = append(missing, "CAP_NET_ADMIN")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w %s: sharing UDP 4791 between processes loads an SK_REUSEPORT eBPF program; "+
+		"grant %s, or give each process its own IP address and open it unshared (--share=false)",
+		ErrCapability, strings.Join(missing, " and "), strings.Join(missing, " and "))
+}
+
+// group is the program and maps of one address.
+type group struct {
+	dir                                                 string
+	prog                                                *ebpf.Program
+	socks, ranges, services, cfg, stats, members, ident *ebpf.Map
+}
+
+func (g *group) maps() []**ebpf.Map {
+	return []**ebpf.Map{&g.socks, &g.ranges, &g.services, &g.cfg, &g.stats, &g.members, &g.ident}
+}
+
+func (g *group) close() {
+	if g.prog != nil {
+		g.prog.Close()
+	}
+	for _, m := range g.maps() {
+		if *m != nil {
+			(*m).Close()
+		}
+	}
+}
+
+// dirName is the pin directory of address ap under root
+// (bpffs refuses names with dots): "n4026531840_127_0_0_1_4791", named
+// after the calling thread's network namespace too, since bpffs is shared
+// by namespaces in which the same address is a different socket group.
+func dirName(root string, ap netip.AddrPort) string {
+	return filepath.Join(root, "rocev2", "share-v1", groupKey(ap))
+}
+
+// groupKey names the group of ap in the calling thread's network namespace.
+func groupKey(ap netip.AddrPort) string {
+	var ino uint64
+	var st unix.Stat_t
+	if unix.Stat("/proc/thread-self/ns/net", &st) == nil {
+		ino = st.Ino
+	}
+	return "n" + strconv.FormatUint(ino, 10) + "_" + pinSafe.Replace(ap.String())
+}
+
+var pinSafe = strings.NewReplacer(".", "_", ":", "_", "[", "", "]", "", "%", "_")
+
+func lockName(dir string, ap netip.AddrPort) string {
+	return filepath.Join(dir, groupKey(ap)+".lock")
+}
+
+// ensureBPFFS mounts bpffs at root when root is not one.
+func ensureBPFFS(root string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err == nil && uint32(st.Type) == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("share: bpffs at %s: %w", root, err)
+	}
+	if err := unix.Mount("bpf", root, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("share: mount bpffs at %s: %w", root, err)
+	}
+	return nil
+}
+
+var mapNames = []string{"socks", "ranges", "services", "cfg", "stats", "members", "ident"}
+
+// The ident map (one entry) names the group and holds the IDs of its
+// objects, so that a process that does not see the pins (another mount
+// namespace: `ip netns exec` mounts a sysfs of its own over /sys, and with
+// it an empty /sys/fs/bpf) finds the live group by enumerating BPF maps.
+const (
+	identName    = "rocev2_ident"
+	identKeyLen  = 64
+	identProgOff = identKeyLen // u32 program ID, then a u32 ID per map of mapNames but ident
+	identSize    = identProgOff + 4 + 4*6
+)
+
+// loadPinned loads the group pinned in dir.
+func loadPinned(dir string, readOnly bool) (*group, error) {
+	g := &group{dir: dir}
+	var o *ebpf.LoadPinOptions
+	if readOnly {
+		o = &ebpf.LoadPinOptions{ReadOnly: true}
+	}
+	for i, m := range g.maps() {
+		var err error
+		if *m, err = ebpf.LoadPinnedMap(filepath.Join(dir, mapNames[i]), o); err != nil {
+			g.close()
+			return nil, err
+		}
+	}
+	if !readOnly {
+		var err error
+		if g.prog, err = ebpf.LoadPinnedProgram(filepath.Join(dir, "prog"), nil); err != nil {
+			g.close()
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+// findLive looks for the live group named key among the kernel's BPF maps
+// (needs CAP_SYS_ADMIN; nil when not found).
+func findLive(dir, key string) *group {
+	for id := ebpf.MapID(0); ; {
+		next, err := ebpf.MapGetNextID(id)
+		if err != nil {
+			return nil
+		}
+		id = next
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		info, err := m.Info()
+		if err != nil || info.Name != identName || info.ValueSize != identSize {
+			m.Close()
+			continue
+		}
+		v := make([]byte, identSize)
+		if m.Lookup(uint32(0), &v) != nil || strings.TrimRight(string(v[:identKeyLen]), "\x00") != key {
+			m.Close()
+			continue
+		}
+		g := &group{dir: dir, ident: m}
+		if g.prog, err = ebpf.NewProgramFromID(ebpf.ProgramID(binary.NativeEndian.Uint32(v[identProgOff:]))); err != nil {
+			g.close()
+			continue
+		}
+		ok := true
+		for i, mp := range g.maps()[:6] {
+			mid := ebpf.MapID(binary.NativeEndian.Uint32(v[identProgOff+4+4*i:]))
+			if *mp, err = ebpf.NewMapFromID(mid); err != nil {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return g
+		}
+		g.close()
+	}
+}
+
+// openGroup loads the group of key: pinned in dir, else live (found by
+// its ident map), else created afresh and pinned.
+func openGroup(dir, key string) (*group, error) {
+	if g, err := loadPinned(dir, false); err == nil {
+		return g, nil
+	}
+	if g := findLive(dir, key); g != nil {
+		// Pin it where this process looks (its own bpffs, if private).
+		os.RemoveAll(dir)
+		if os.MkdirAll(dir, 0o700) == nil {
+			g.pin()
+		}
+		return g, nil
+	}
+	// Create afresh (a half-made directory from a crash is replaced).
+	g := &group{dir: dir}
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("share: pin directory: %w", err)
+	}
+	specs := []*ebpf.MapSpec{
+		{Name: "rocev2_socks", Type: ebpf.ReusePortSockArray, KeySize: 4, ValueSize: 8, MaxEntries: MaxMembers},
+		{Name: "rocev2_ranges", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: numRanges},
+		{Name: "rocev2_svcs", Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 4096, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: "rocev2_cfg", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: numCfg},
+		{Name: "rocev2_stats", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: MaxMembers + numGroupCounters},
+		{Name: "rocev2_members", Type: ebpf.Array, KeySize: 4, ValueSize: memberRecSize, MaxEntries: MaxMembers},
+		{Name: identName, Type: ebpf.Array, KeySize: 4, ValueSize: identSize, MaxEntries: 1},
+	}
+	maps := g.maps()
+	for i, sp := range specs {
+		m, err := ebpf.NewMap(sp)
+		if err != nil {
+			g.close()
+			return nil, fmt.Errorf("share: create map %s: %w", mapNames[i], err)
+		}
+		*maps[i] = m
+	}
+	var err error
+	g.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         "rocev2_steer",
+		Type:         ebpf.SkReuseport,
+		License:      "GPL",
+		Instructions: program(g.socks.FD(), g.ranges.FD(), g.services.FD(), g.cfg.FD(), g.stats.FD(), g.ident.FD()),
+	})
+	if err != nil {
+		g.close()
+		return nil, fmt.Errorf("share: load steering program: %w", err)
+	}
+	v := make([]byte, identSize)
+	copy(v[:identKeyLen], key)
+	pi, err := g.prog.Info()
+	if err != nil {
+		g.close()
+		return nil, fmt.Errorf("share: program info: %w", err)
+	}
+	pid, _ := pi.ID()
+	binary.NativeEndian.PutUint32(v[identProgOff:], uint32(pid))
+	for i, mp := range maps[:6] {
+		mi, err := (*mp).Info()
+		if err != nil {
+			g.close()
+			return nil, fmt.Errorf("share: map info: %w", err)
+		}
+		mid, _ := mi.ID()
+		binary.NativeEndian.PutUint32(v[identProgOff+4+4*i:], uint32(mid))
+	}
+	if err := g.ident.Update(uint32(0), v, ebpf.UpdateAny); err != nil {
+		g.close()
+		return nil, fmt.Errorf("share: ident: %w", err)
+	}
+	if err := g.pin(); err != nil {
+		g.close()
+		return nil, err
+	}
+	return g, nil
+}
+
+// pin pins the group's objects in its directory.
+func (g *group) pin() error {
+	for i, m := range g.maps() {
+		if err := (*m).Pin(filepath.Join(g.dir, mapNames[i])); err != nil {
+			return fmt.Errorf("share: pin %s: %w", mapNames[i], err)
+		}
+	}
+	if err := g.prog.Pin(filepath.Join(g.dir, "prog")); err != nil {
+		return fmt.Errorf("share: pin program: %w", err)
+	}
+	return nil
+}
+
+// flock takes the address's lock file (exclusive).
+func flock(path string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("share: lock: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("share: lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// procStart returns the start time of process pid (clock ticks after
+// boot), or 0 when it does not exist.
+func procStart(pid uint32) uint64 {
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	// Fields after the command: state is field 3, starttime field 22.
+	if len(f) < 20 {
+		return 0
+	}
+	v, _ := strconv.ParseUint(f[19], 10, 64)
+	return v
+}
+
+// alive reports whether the member's process still runs.
+func alive(r memberRec) bool {
+	return r.PID != 0 && procStart(r.PID) == r.Start
+}
+
+func (g *group) member(slot int) memberRec {
+	b := make([]byte, memberRecSize)
+	if err := g.members.Lookup(uint32(slot), &b); err != nil {
+		return memberRec{}
+	}
+	return unmarshalMember(b)
+}
+
+func (g *group) setMember(slot int, r memberRec) error {
+	return g.members.Update(uint32(slot), r.marshal(), ebpf.UpdateAny)
+}
+
+// sweep moves the members whose process is gone to TimeWait and frees what
+// the members whose TimeWait has passed held. Under the lock.
+func (g *group) sweep(now time.Time, tw time.Duration) {
+	changed := false
+	for s := 0; s < MaxMembers; s++ {
+		r := g.member(s)
+		switch r.State {
+		case stateLive:
+			if !alive(r) {
+				g.depart(s, r, now, tw)
+				changed = true
+			}
+		case stateTimeWait:
+			if now.UnixNano() >= r.FreeAt {
+				g.free(s)
+			}
+		}
+	}
+	if changed {
+		g.pickRejector()
+	}
+}
+
+// depart puts slot s in TimeWait: its socket leaves the array, its
+// listeners go (a REQ then reaches the rejector), its ranges stay
+// assigned (so their packets are dropped, not delivered) until free.
+func (g *group) depart(s int, r memberRec, now time.Time, tw time.Duration) {
+	g.socks.Delete(uint32(s))
+	g.deleteServices(s)
+	r.State = stateTimeWait
+	r.FreeAt = now.Add(tw).UnixNano()
+	r.Rejector = 0
+	g.setMember(s, r)
+	var rej uint32
+	if g.cfg.Lookup(uint32(cfgRejector), &rej) == nil && rej == uint32(s)+1 {
+		g.cfg.Update(uint32(cfgRejector), uint32(0), ebpf.UpdateAny)
+	}
+}
+
+// removeIfEmpty unpins the group when no slot is held (a join that failed
+// to bind leaves nothing behind). Under the lock.
+func (g *group) removeIfEmpty() {
+	for s := 0; s < MaxMembers; s++ {
+		if g.member(s).State != stateFree {
+			return
+		}
+	}
+	os.RemoveAll(g.dir)
+}
+
+// free returns slot s and its QPN ranges.
+func (g *group) free(s int) {
+	for r := uint32(1); r < numRanges; r++ {
+		var owner uint32
+		if g.ranges.Lookup(r, &owner) == nil && owner == uint32(s)+1 {
+			g.ranges.Update(r, uint32(0), ebpf.UpdateAny)
+		}
+	}
+	g.setMember(s, memberRec{})
+}
+
+func (g *group) deleteServices(s int) {
+	var key [8]byte
+	var val uint32
+	var del [][8]byte
+	it := g.services.Iterate()
+	for it.Next(&key, &val) {
+		if val == uint32(s)+1 {
+			del = append(del, key)
+		}
+	}
+	for _, k := range del {
+		g.services.Delete(k)
+	}
+}
+
+// pickRejector makes the lowest live member that volunteered the rejector
+// when there is none.
+func (g *group) pickRejector() {
+	var rej uint32
+	if g.cfg.Lookup(uint32(cfgRejector), &rej) == nil && rej != 0 {
+		if r := g.member(int(rej - 1)); r.State == stateLive && r.Rejector != 0 {
+			return
+		}
+	}
+	for s := 0; s < MaxMembers; s++ {
+		if r := g.member(s); r.State == stateLive && r.Rejector != 0 {
+			g.cfg.Update(uint32(cfgRejector), uint32(s)+1, ebpf.UpdateAny)
+			return
+		}
+	}
+	g.cfg.Update(uint32(cfgRejector), uint32(0), ebpf.UpdateAny)
+}
+
+// Member is one socket's membership in the group of an address: its slot,
+// its QPN ranges and its listeners. Methods are safe for concurrent use.
+type Member struct {
+	ap   netip.AddrPort
+	opts Options
+	g    *group
+	slot int
+	lock string
+
+	mu     sync.Mutex
+	closed bool
+	owned  [numRanges / 64]atomic.Uint64 // bitmap of leased ranges
+	svcs   map[uint64]bool
+}
+
+// Join makes a socket a member of the group on ap (its port is the
+// group's): it checks the capabilities, loads or creates the pinned
+// program and maps, takes a slot, and calls open with the steering
+// program's descriptor. open must create the socket with SO_REUSEPORT
+// (SetReusePort), bind it to ap, call AttachProgram(fd, progFD) and return
+// its descriptor (which stays the caller's). The program must be attached
+// after bind: a socket that has a program before bind forms a group of its
+// own and cannot join the existing one (EADDRINUSE). The group's program
+// is already in place when a later member binds, and the first member is
+// alone until it attaches, so no datagram is ever picked by hash. Until the member leases QPN
+// ranges, claims services or volunteers as rejector, nothing is steered
+// to it.
+func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err error)) (*Member, error) {
+	if err := CheckCapabilities(); err != nil {
+		return nil, err
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.defaults()
+	if err := ensureBPFFS(o.PinRoot); err != nil {
+		return nil, err
+	}
+	lockPath := lockName(o.LockDir, ap)
+	lf, err := flock(lockPath)
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
+	g, err := openGroup(dirName(o.PinRoot, ap), groupKey(ap))
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	g.sweep(now, o.TimeWait)
+	slot := -1
+	for s := 0; s < MaxMembers; s++ {
+		if g.member(s).State == stateFree {
+			slot = s
+			break
+		}
+	}
+	if slot < 0 {
+		g.close()
+		return nil, fmt.Errorf("%w: %d members on %s (or in TimeWait)", ErrFull, MaxMembers, ap)
+	}
+	fd, err := open(g.prog.FD())
+	if err != nil {
+		g.removeIfEmpty()
+		g.close()
+		return nil, err
+	}
+	if err := g.socks.Update(uint32(slot), uint64(fd), ebpf.UpdateAny); err != nil {
+		g.close()
+		return nil, fmt.Errorf("share: add socket to the group's array: %w", err)
+	}
+	pid := uint32(os.Getpid())
+	if err := g.setMember(slot, memberRec{PID: pid, State: stateLive, Start: procStart(pid), Joined: now.UnixNano()}); err != nil {
+		g.socks.Delete(uint32(slot))
+		g.close()
+		return nil, fmt.Errorf("share: member record: %w", err)
+	}
+	g.stats.Update(uint32(slot), uint64(0), ebpf.UpdateAny)
+	return &Member{ap: ap, opts: o, g: g, slot: slot, lock: lockPath, svcs: map[uint64]bool{}}, nil
+}
+
+// SetReusePort sets SO_REUSEPORT on fd; call it before bind.
+func SetReusePort(fd int) error {
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+		return fmt.Errorf("setsockopt SO_REUSEPORT: %w", err)
+	}
+	return nil
+}
+
+// AttachProgram attaches the steering program progFD to the bound socket fd
+// (SO_ATTACH_REUSEPORT_EBPF), which replaces the group's program by the
+// same one.
+func AttachProgram(fd, progFD int) error {
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_EBPF, progFD); err != nil {
+		return fmt.Errorf("setsockopt SO_ATTACH_REUSEPORT_EBPF: %w", err)
+	}
+	return nil
+}
+
+// locked runs f under the address's lock after a sweep.
+func (m *Member) locked(f func() error) error {
+	lf, err := flock(m.lock)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	m.g.sweep(time.Now(), m.opts.TimeWait)
+	return f()
+}
+
+// Slot returns the member's slot in the group (0 to MaxMembers-1).
+func (m *Member) Slot() int { return m.slot }
+
+// CommIDTag returns the bits that mark a communication ID (and a SIDR
+// request ID) as this member's: the top byte, tag under mask. A CM reply
+// is steered to the member its ID names.
+func (m *Member) CommIDTag() (tag, mask uint32) {
+	return uint32(tagBit|m.slot) << 24, 0xff << 24
+}
+
+// LeaseQPNs leases a free QPN range for the member and returns it.
+func (m *Member) LeaseQPNs() (first, n uint32, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return 0, 0, errors.New("share: member closed")
+	}
+	err = m.locked(func() error {
+		for r := uint32(1); r < numRanges; r++ {
+			var owner uint32
+			if err := m.g.ranges.Lookup(r, &owner); err != nil {
+				return err
+			}
+			if owner != 0 {
+				continue
+			}
+			if err := m.g.ranges.Update(r, uint32(m.slot)+1, ebpf.UpdateAny); err != nil {
+				return err
+			}
+			m.owned[r/64].Or(1 << (r % 64))
+			first, n = r*RangeSize, RangeSize
+			return nil
+		}
+		return errors.New("share: no free QPN range (every range leased or in TimeWait)")
+	})
+	return first, n, err
+}
+
+// Owns reports whether qpn is in one of the member's ranges (QP1 too: the
+// program steers CM MADs to their member).
+func (m *Member) Owns(qpn uint32) bool {
+	if qpn == 1 {
+		return true
+	}
+	r := (qpn & 0xffffff) >> rangeBits
+	return m.owned[r/64].Load()&(1<<(r%64)) != 0
+}
+
+// ClaimService makes REQs and SIDR_REQs for service ID sid come to this
+// member. Another live member's claim fails with ErrServiceInUse.
+func (m *Member) ClaimService(sid uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return errors.New("share: member closed")
+	}
+	var key [8]byte
+	binary.BigEndian.PutUint64(key[:], sid)
+	return m.locked(func() error {
+		var owner uint32
+		if m.g.services.Lookup(key, &owner) == nil && owner != 0 && owner != uint32(m.slot)+1 {
+			return fmt.Errorf("%w: service %#x on %s is member %d's", ErrServiceInUse, sid, m.ap, owner-1)
+		}
+		if err := m.g.services.Update(key, uint32(m.slot)+1, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("share: claim service %#x: %w", sid, err)
+		}
+		m.svcs[sid] = true
+		return nil
+	})
+}
+
+// ReleaseService undoes ClaimService.
+func (m *Member) ReleaseService(sid uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || !m.svcs[sid] {
+		return
+	}
+	delete(m.svcs, sid)
+	var key [8]byte
+	binary.BigEndian.PutUint64(key[:], sid)
+	m.locked(func() error {
+		var owner uint32
+		if m.g.services.Lookup(key, &owner) == nil && owner == uint32(m.slot)+1 {
+			m.g.services.Delete(key)
+		}
+		return nil
+	})
+}
+
+// VolunteerRejector offers the member as the one that receives REQs and
+// SIDR_REQs for services nobody listens on (and answers each with one
+// REJ). One member at a time is the rejector; when it leaves another
+// volunteer takes over.
+func (m *Member) VolunteerRejector() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return errors.New("share: member closed")
+	}
+	return m.locked(func() error {
+		r := m.g.member(m.slot)
+		if r.Rejector == 0 {
+			r.Rejector = 1
+			if err := m.g.setMember(m.slot, r); err != nil {
+				return err
+			}
+		}
+		m.g.pickRejector()
+		return nil
+	})
+}
+
+// Steered returns how many datagrams the program handed to this member.
+func (m *Member) Steered() uint64 {
+	var v uint64
+	m.g.stats.Lookup(uint32(m.slot), &v)
+	return v
+}
+
+// Close leaves the group: the socket leaves the array, listeners go at
+// once, and the ranges and slot return after TimeWait. The caller closes
+// the socket.
+func (m *Member) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	err := m.locked(func() error {
+		r := m.g.member(m.slot)
+		if r.State == stateLive && r.PID == uint32(os.Getpid()) {
+			m.g.depart(m.slot, r, time.Now(), m.opts.TimeWait)
+			m.g.pickRejector()
+		}
+		return nil
+	})
+	m.g.close()
+	return err
+}
+
+// Remove unpins the group of ap (in the calling thread's network
+// namespace) when none of its members is alive, members in TimeWait
+// included; it reports whether it did (false: a member is alive), and an
+// error when no group is pinned. pinRoot "" is DefaultPinRoot.
+func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
+	var o Options
+	o.PinRoot = pinRoot
+	o.defaults()
+	lf, err := flock(lockName(o.LockDir, ap))
+	if err != nil {
+		return false, err
+	}
+	defer lf.Close()
+	dir := dirName(o.PinRoot, ap)
+	g, err := loadPinned(dir, true)
+	if err != nil {
+		if _, serr := os.Stat(dir); serr == nil {
+			// Pinned by an incompatible version, or half made: nothing
+			// this version can read is live in it.
+			return true, os.RemoveAll(dir)
+		}
+		return false, fmt.Errorf("share: no group pinned in %s: %w", dir, err)
+	}
+	defer g.close()
+	for s := 0; s < MaxMembers; s++ {
+		if r := g.member(s); r.State == stateLive && alive(r) {
+			return false, nil
+		}
+	}
+	return true, os.RemoveAll(dir)
+}
