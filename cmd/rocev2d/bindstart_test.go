@@ -7,6 +7,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
+	"github.com/gorocev2/rocev2/udp/share"
 )
 
 // bindStartAddr is an address from TEST-NET-1 that the servers below are
@@ -69,30 +71,47 @@ func TestServerBindClash(t *testing.T) {
 			t.Errorf("exit %d after %v\n%s%s", code, time.Since(start), out, errOut)
 		}
 	})
-	t.Run("client on the server's address", func(t *testing.T) {
+	// pair runs a write-bw server and client on the one address addr, with
+	// the extra flags, and returns both exit codes and outputs.
+	pair := func(t *testing.T, extra ...string) (srvCode, cliCode int, srvOut, cliOut string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		port := strconv.Itoa(clitest.FreeTCPPort(t))
-		var srv struct {
-			code        int
-			out, errOut string
-		}
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var o, e bytes.Buffer
-			srv.code = run(ctx, []string{"write-bw", "-p", port, "--bind", addr, "-n", "5"}, &o, &e)
-			srv.out, srv.errOut = o.String(), e.String()
+			srvCode = run(ctx, append([]string{"write-bw", "-p", port, "--bind", addr, "-n", "5"}, extra...), &o, &e)
+			srvOut = o.String() + e.String()
 		}()
 		var o, e bytes.Buffer
-		code := run(ctx, []string{"write-bw", "-p", port, "--bind", addr, "-n", "5", addr}, &o, &e)
+		cliCode = run(ctx, append([]string{"write-bw", "-p", port, "--bind", addr, "-n", "5"}, append(extra, addr)...), &o, &e)
 		wg.Wait()
-		if code != exitFail || !strings.Contains(e.String(), "cannot open a RoCEv2 socket on "+addr+":4791") {
-			t.Errorf("client: exit %d\n%s%s", code, o.String(), e.String())
+		return srvCode, cliCode, srvOut, o.String() + e.String()
+	}
+	t.Run("client on the server's address, unshared", func(t *testing.T) {
+		srvCode, code, srvOut, out := pair(t, "--share=false")
+		if code != exitFail || !strings.Contains(out, "cannot open a RoCEv2 socket on "+addr+":4791") {
+			t.Errorf("client: exit %d\n%s", code, out)
 		}
-		if srv.code != exitFail || !strings.Contains(srv.errOut, "it connected from "+addr+", where this side holds UDP port 4791") {
-			t.Errorf("server: exit %d\n%s%s", srv.code, srv.out, srv.errOut)
+		if srvCode != exitFail || !strings.Contains(srvOut, "it connected from "+addr+", where this side holds UDP port 4791") {
+			t.Errorf("server: exit %d\n%s", srvCode, srvOut)
+		}
+	})
+	// Where the process may share UDP 4791 (issue 28: CAP_BPF and
+	// CAP_NET_ADMIN), a client and a server on one address are two members
+	// of its group, and the run succeeds.
+	t.Run("client on the server's address, shared", func(t *testing.T) {
+		if err := share.CheckCapabilities(); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("CI runs as root, where sharing must be possible: %v", err)
+			}
+			t.Skipf("SKIPPED: this process may not share UDP 4791: %v", err)
+		}
+		srvCode, code, srvOut, out := pair(t, "--share")
+		if code != 0 || srvCode != 0 {
+			t.Errorf("client exit %d, server exit %d\n--- client:\n%s--- server:\n%s", code, srvCode, out, srvOut)
 		}
 	})
 }
