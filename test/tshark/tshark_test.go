@@ -377,7 +377,12 @@ func TestTsharkGolden(t *testing.T) {
 			m["infiniband.invariant.crc"] = uint64(bits.ReverseBytes32(pk.ICRC))
 			want[fr.Num] = m
 		}
-		args := []string{"-r", path, "-n", "-Y", "infiniband", "-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"}
+		// The fields are the InfiniBand layer's; Wireshark's NVMe-oF RDMA
+		// dissector, above it, throws on the middle packets of an RDMA
+		// WRITE carrying log page data (nvmeof_rdma_linux #50-52, Linux's
+		// own traffic) and so stops the dissection before the ICRC field.
+		// The NVMe layer is checked by package nvme's golden test.
+		args := []string{"-r", path, "-n", "--disable-protocol", "nvme-rdma", "-Y", "infiniband", "-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"}
 		for _, f := range fields {
 			args = append(args, "-e", f)
 		}
@@ -401,7 +406,10 @@ func TestTsharkGolden(t *testing.T) {
 			}
 			total++
 		}
-		bad := strings.TrimSpace(string(runCmd(t, "", tshark, "-r", path, "-n", "-Y", "infiniband && (_ws.malformed || _ws.expert)",
+		// Malformed or expert-flagged RoCEv2 frames, with every dissector on;
+		// only the NVMe-oF dissector's own exception (above) is excused.
+		bad := strings.TrimSpace(string(runCmd(t, "", tshark, "-r", path, "-n", "-Y",
+			"infiniband && (_ws.malformed || _ws.expert) && !(nvme-rdma && _ws.malformed)",
 			"-T", "fields", "-e", "frame.number", "-e", "_ws.expert.message")))
 		if bad != "" {
 			t.Errorf("%s: tshark flags RoCEv2 frames:\n%s", name, bad)
