@@ -61,9 +61,9 @@ func BenchmarkSharedVsSeparate(b *testing.B) {
 	b.ReportMetric(bestS/bestU, "ratio")
 }
 
-// TestSharedGoodput runs 3 alternating rounds and logs the ratio; it
-// fails only below 0.8 (the machine is shared: the benchmark is the
-// measurement).
+// TestSharedGoodput runs 3 alternating rounds, checks every message's data
+// (exchange) and logs the ratio; it asserts no time or rate — the machine
+// is shared, and BenchmarkSharedVsSeparate is the measurement.
 func TestSharedGoodput(t *testing.T) {
 	needRoot(t)
 	if testing.Short() {
@@ -85,7 +85,4 @@ func TestSharedGoodput(t *testing.T) {
 		}
 	}
 	t.Logf("aggregate goodput, best of 3: shared %.0f MB/s, separate %.0f MB/s, ratio %.3f (%v)", bestS/1e6, bestU/1e6, bestS/bestU, time.Since(start).Round(time.Millisecond))
-	if bestS/bestU < 0.8 {
-		t.Errorf("sharing one address costs %.0f%% of the goodput", 100*(1-bestS/bestU))
-	}
 }
