@@ -412,5 +412,5 @@ func (t *Target) accept(r *rdmacm.Request) {
 	delete(t.queues, q)
 	t.mu.Unlock()
 	t.st.disconnects.Add(1)
-	t.logf("nvmf: %v qid %d disconnected: %v", conn.RemoteAddr(), f.QID, q.why)
+	t.logf("nvmf: %v qid %d disconnected: %v", conn.RemoteAddr(), f.QID, q.reason())
 }

@@ -190,6 +190,13 @@ func (q *tqueue) free() {
 // shutdown ends the queue (any goroutine).
 func (q *tqueue) shutdown() { q.stop(errors.New("shut down")) }
 
+// reason returns why the queue ended (nil while it runs).
+func (q *tqueue) reason() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.why
+}
+
 func (q *tqueue) stop(why error) {
 	q.mu.Lock()
 	if q.why == nil {
