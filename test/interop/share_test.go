@@ -222,7 +222,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		defer func() { r.d = time.Since(t0); add(r) }()
 		// Long enough to outlast the kill and the restarted server's
 		// run (about 5 s under TCG): rping ~10 pings/s, ib_write_bw ~5 MB/s.
-		const rpN, rpS, bwN, ppN, pp2N = 300, 256, 20000, 100000, 200 // ~30 s and ~16 s; 1000 and 60000 made the cell 243 s of the suite
+		const rpN, rpS, bwN, ppN, pp2N = 1000, 256, 60000, 100000, 200
 		rp, bw, pp, err := shareServers(ctx, lab, img, rpS, bwN, ppN)
 		if err != nil {
 			t.Fatalf("servers: %v", err)
