@@ -243,6 +243,12 @@ func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (don
 			}
 			return done, s.errno
 		}
+		if s.n > 0 {
+			// Progress: each ICMP error fails one call only, so the
+			// budget bounds consecutive failures, not a batch's total
+			// (25 strays to a closed port bounce 25 errors).
+			icmpRetries = 0
+		}
 		count()
 	}
 	return done, nil
