@@ -43,6 +43,17 @@ type CQ struct {
 	wakeQueued bool // on dev.rxWake (dev's receive goroutine only)
 
 	driving atomic.Bool // a waiter of this CQ is in the link's blocking Recv (Device.waitRecv)
+
+	// full mirrors n > 0 || err != nil, written under mu: Poll of an
+	// empty CQ (a polling loop's usual case, and the send CQ of a
+	// ping-pong every round) returns without taking mu.
+	full atomic.Bool
+	// sleeping counts the waiters about to sleep, or asleep, on notify:
+	// signal sends on notify only when there is one. A waiter counts
+	// itself before it looks at full a last time, and store sets full
+	// before it signals, so either the waiter sees the completion or
+	// the signal sees the waiter.
+	sleeping atomic.Int32
 }
 
 type notifyMode uint8
@@ -161,6 +172,7 @@ func (cq *CQ) fail(err error) {
 	if cq.err == nil {
 		cq.err = err
 	}
+	cq.full.Store(true)
 	cq.mu.Unlock()
 	cq.wake()
 }
@@ -191,6 +203,7 @@ func (cq *CQ) store(wc *WC, solicited bool) (ok, wake bool) {
 	}
 	if cq.n == len(cq.ring) {
 		cq.err = ErrCQOverflow
+		cq.full.Store(true)
 		cq.mu.Unlock()
 		inc(&cq.dev.ctr.CQOverflow)
 		cq.dev.raise(AsyncEvent{Type: EventCQErr, CQ: cq, Err: ErrCQOverflow})
@@ -202,6 +215,9 @@ func (cq *CQ) store(wc *WC, solicited bool) (ok, wake bool) {
 	}
 	cq.ring[i] = *wc
 	cq.n++
+	if cq.n == 1 {
+		cq.full.Store(true)
+	}
 	if cq.armed == notifyNext || (cq.armed == notifySolicited && (solicited || wc.Status != WCSuccess)) {
 		cq.armed = notifyOff
 		cq.fire = true
@@ -226,9 +242,11 @@ func (cq *CQ) wake() {
 }
 
 func (cq *CQ) signal() {
-	select {
-	case cq.notify <- struct{}{}:
-	default:
+	if cq.sleeping.Load() > 0 {
+		select {
+		case cq.notify <- struct{}{}:
+		default:
+		}
 	}
 	if cq.driving.Load() {
 		// The waiter is in the link's Recv (Device.waitRecv), not on
@@ -239,9 +257,7 @@ func (cq *CQ) signal() {
 
 // ready reports whether a waiter would return: completions or an error.
 func (cq *CQ) ready() bool {
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	return cq.n > 0 || cq.err != nil
+	return cq.full.Load()
 }
 
 // Poll copies up to len(wc) completions into wc, oldest first, and returns
@@ -260,6 +276,9 @@ func (cq *CQ) Poll(wc []WC) int {
 // poll is Poll that also reports whether completions or an error remain,
 // so that another waiter must be woken.
 func (cq *CQ) poll(wc []WC) (k int, more bool) {
+	if !cq.full.Load() {
+		return 0, false
+	}
 	cq.mu.Lock()
 	for k < len(wc) && cq.n > 0 {
 		wc[k] = cq.ring[cq.head]
@@ -271,6 +290,9 @@ func (cq *CQ) poll(wc []WC) (k int, more bool) {
 		k++
 	}
 	more = cq.n > 0 || cq.err != nil
+	if !more {
+		cq.full.Store(false)
+	}
 	cq.mu.Unlock()
 	return k, more
 }
@@ -322,11 +344,20 @@ func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 		if cq.dev.waitRecv(ctx, cq) {
 			continue
 		}
+		cq.sleeping.Add(1)
+		if cq.full.Load() {
+			// Stored since the poll above, maybe without a signal
+			// (it found nobody sleeping).
+			cq.sleeping.Add(-1)
+			continue
+		}
 		cq.dev.rx.sleepers.Add(1)
 		select {
 		case <-cq.notify:
+			cq.sleeping.Add(-1)
 			cq.dev.rx.sleepers.Add(-1)
 		case <-ctx.Done():
+			cq.sleeping.Add(-1)
 			cq.dev.rx.sleepers.Add(-1)
 			if n, more := cq.poll(wc); n > 0 {
 				if more {

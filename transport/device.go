@@ -123,6 +123,10 @@ type Device struct {
 	// rxResp gathers the responses of the rxPending QPs for one
 	// Link.Send (coalesce.go). Batch owner only.
 	rxResp respBatch
+	// rxDataQueued is set when an rxPending QP queued anything but bare
+	// ACKs and NAKs (see pendingACKsOnly); cleared by flushPending.
+	// Batch owner only.
+	rxDataQueued bool
 	// rxWake lists the CQs that received completions during the current
 	// batch; their waiters are woken once, at the end of the batch, so
 	// that a waiter finds every completion of the batch at once.
@@ -145,12 +149,16 @@ type Device struct {
 	// clock_gettime per packet (a few percent of a 4 KiB READ stream
 	// in a VM). Batch owner only.
 	rxNow batchClock
-	// rxBusy is when the batch being handled began (UnixNano, wall clock
-	// only; 0 between batches): an ACK timer that expires while a batch
+	// rxBusy is when the batch being handled began (nanoseconds since
+	// clkBase + 1, wall clock only; 0 between batches): an ACK timer that expires while a batch
 	// has been under way for longer than its timeout knows that this
 	// process is behind on its input (onRetransTimer).
 	rxBusy  atomic.Int64
 	realClk bool
+	// clkBase is a reading of the wall clock taken at NewDevice: on a
+	// RealClock the device reads the time as clkBase plus the monotonic
+	// time since (now), one clock read where time.Now makes two.
+	clkBase time.Time
 	// outMax is how far a QP's output queue grows (output.go): outBatchMax
 	// on a link that sends UDP GSO datagrams, where a bigger Link.Send
 	// fills more of each and saves system calls, else outBatch.
@@ -250,6 +258,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	d.initRx()
 	_, d.realClk = cfg.Clock.(RealClock)
+	d.clkBase = time.Now()
 	if er, ok := link.(udp.ErrorReporter); ok {
 		er.SetErrorHandler(d.linkError)
 	}
@@ -383,6 +392,19 @@ func (d *Device) Close() error {
 
 func (d *Device) lookup(qpn uint32) *QP { return d.qpTab.get(qpn) }
 
+// now returns the device clock's time. On a RealClock it is clkBase
+// plus the monotonic time elapsed since (time.Since reads only the
+// monotonic clock, where time.Now reads it and the wall clock): the
+// same instant for every deadline and comparison the timers make, which
+// use the monotonic reading; its wall part ignores steps of the system
+// clock since NewDevice, which no timer looks at.
+func (d *Device) now() time.Time {
+	if d.realClk {
+		return d.clkBase.Add(time.Since(d.clkBase))
+	}
+	return d.clock.Now()
+}
+
 // qpTable is a two-level table of the 2^24 QPNs: 4096 pages of 4096 QPs,
 // a page allocated when its first QP is. Readers need no lock.
 type qpTable struct {
@@ -419,12 +441,20 @@ func (d *Device) getBuf() *[udp.MaxPacketSize]byte {
 
 // inputBatch handles the datagrams of one Link.Recv, then releases the
 // memory pins the batch took (rxPins). Receive goroutine only.
+//
+// On the wall clock the batch reads the clock once, here: the reading
+// marks the batch busy (rxBusy) and is the batch clock every QP's timers
+// use (rxNow, QP.now), so that a batch costs one clock reading whatever
+// its packets do.
 func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	if d.realClk {
-		d.rxBusy.Store(time.Now().UnixNano())
+		now := d.now()
+		d.rxBusy.Store(int64(now.Sub(d.clkBase)) + 1)
+		d.rxNow = batchClock{t: now, ok: true}
 		defer d.rxBusy.Store(0)
+	} else {
+		d.rxNow.ok = false
 	}
-	d.rxNow.ok = false
 	for i := range pkts {
 		d.input(p, &pkts[i])
 	}
@@ -501,6 +531,7 @@ func (d *Device) wakePending() bool {
 // the responses of all the QPs together in one (coalesce.go).
 func (d *Device) flushPending() {
 	d.rx.ackOnly = false
+	d.rxDataQueued = false
 	for i, qp := range d.rxPending {
 		qp.mu.Lock()
 		qp.rxQueued = false
@@ -538,21 +569,14 @@ func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
 
 // pendingACKsOnly reports whether the QPs of the last received batch
 // queued bare ACKs (or NAKs) and nothing else. Called by the batch's owner.
+//
+// The QPs note it themselves as their input queues packets (rxDataQueued,
+// under their locks), so that this costs no lock per QP. A request a
+// PostSend or a timer adds to one of these QPs afterwards is not seen
+// here, but it is not kept back either: PostSend and the timer send
+// everything the QP has queued, ACKs included, themselves.
 func (d *Device) pendingACKsOnly() bool {
-	if len(d.rxPending) == 0 {
-		return false
-	}
-	for _, qp := range d.rxPending {
-		qp.mu.Lock()
-		for i := 0; i < qp.nout; i++ {
-			if bth.Opcode(qp.out[i].Buf[0]) != bth.RCAck {
-				qp.mu.Unlock()
-				return false
-			}
-		}
-		qp.mu.Unlock()
-	}
-	return true
+	return len(d.rxPending) > 0 && !d.rxDataQueued
 }
 
 // send hands a batch to the link and counts it.

@@ -428,10 +428,26 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 	qp.rxBatch = false
 	if !batched {
 		qp.flushOut()
-	} else if qp.nout > 0 && !qp.rxQueued {
-		qp.rxQueued = true
-		qp.dev.rxPending = append(qp.dev.rxPending, qp)
+	} else if qp.nout > 0 {
+		if !qp.rxQueued {
+			qp.rxQueued = true
+			qp.dev.rxPending = append(qp.dev.rxPending, qp)
+		}
+		if !qp.dev.rxDataQueued && !qp.acksOnlyQueued() {
+			qp.dev.rxDataQueued = true
+		}
 	}
+}
+
+// acksOnlyQueued reports whether every queued packet is a bare ACK (or
+// NAK). Called with qp.mu held.
+func (qp *QP) acksOnlyQueued() bool {
+	for i := 0; i < qp.nout; i++ {
+		if bth.Opcode(qp.out[i].Buf[0]) != bth.RCAck {
+			return false
+		}
+	}
+	return true
 }
 
 func errorf(sentinel error, format string, args ...any) error {

@@ -39,17 +39,21 @@ import (
 // rxDriver is the device's receive state: the batch buffers and the mutex
 // of whoever drives the link.
 type rxDriver struct {
-	mu   sync.Mutex // held while receiving and handling a batch
-	pkts []udp.Packet
-	bufs [][]byte
-	p    packet.Packet
+	mu    sync.Mutex // held while receiving and handling a batch
+	pkts  []udp.Packet
+	bufs  [][]byte
+	dirty int // pkts[:dirty] may hold slices the link handed out (freshPkts)
+	p     packet.Packet
 
 	pl    udp.PollLink  // nil: only the receive goroutine receives
 	spin  time.Duration // pl's busy-poll budget
 	wl    udp.PollLink  // the link, when waiters may drive it in a blocking Recv (CQ.Wait)
 	base  time.Time     // lease times are nanoseconds since base
 	lease atomic.Int64  // a poller drives the link until then (0: none)
-	kick  chan struct{} // wakes the receive goroutine when the lease ends early
+	// renewSkip counts down the Progress calls that renew the lease
+	// without reading the clock (renew).
+	renewSkip atomic.Int32
+	kick      chan struct{} // wakes the receive goroutine when the lease ends early
 	// park is the receive goroutine's sleep timer. While waiters hold
 	// the link (rxLeaseHeld, rxLeaseLeft) the receive goroutine arms it
 	// itself for each look (see rxLeaseLeft); waiters coming in only
@@ -177,11 +181,26 @@ func (d *Device) initRx() {
 // freshPkts returns the batch slots with the driver's own buffers: a link
 // that hands packets out in place (SetRecvInPlace) leaves slices of its
 // memory in them. Called with mu held.
+//
+// Only the slots the last receive filled are reset (dirty): a link fills
+// pkts[:n] (udp.Link.Recv), and resetting all of them on every poll —
+// most of which find nothing — cost a few percent of a polled ping-pong.
+// Callers report what the receive filled with received.
 func (rx *rxDriver) freshPkts() []udp.Packet {
-	for i := range rx.pkts {
+	for i := range rx.pkts[:rx.dirty] {
 		rx.pkts[i].Buf = rx.bufs[i]
 	}
+	rx.dirty = len(rx.pkts) // until received says otherwise
 	return rx.pkts
+}
+
+// received records that the receive on freshPkts' slots returned n
+// packets and err: the slots freshPkts must reset next time. Called with
+// mu held.
+func (rx *rxDriver) received(n int, err error) {
+	if err == nil && n >= 0 && n <= len(rx.pkts) {
+		rx.dirty = n
+	}
 }
 
 // now returns the lease clock.
@@ -205,13 +224,33 @@ func (rx *rxDriver) leaseLeft() time.Duration {
 // renew takes or extends the lease for the calling poller. Taking a lapsed
 // lease wakes the receive goroutine out of a waiting Recv, so that it lets
 // go of the link.
+//
+// It reads the clock on one call in renewEvery while a poll lease
+// stands: a polling loop calls Progress back to back (a ping-pong's
+// round trip is a handful of calls per device), far more often than the
+// lease (at least rxLeaseMin) lapses, and a clock reading on each call
+// was a fair part of the round trip's CPU. A poller that polls so
+// slowly that the lease lapses between two readings loses the link to
+// the receive goroutine for a while (it goes on receiving and handling
+// everything; Progress returns 0 meanwhile) and takes it back at its
+// next reading.
 func (rx *rxDriver) renew() {
+	if rx.renewSkip.Add(-1) >= 0 {
+		if l := rx.lease.Load(); l > 0 && l < rxLeaseLeft {
+			return
+		}
+	}
+	rx.renewSkip.Store(renewEvery - 1)
 	now := rx.now()
 	old := rx.lease.Swap(now + int64(max(2*rx.spin, rxLeaseMin)))
 	if old < now {
 		rx.pl.WakeRecv()
 	}
 }
+
+// renewEvery is how many Progress calls share one clock reading of the
+// poll lease (renew).
+const renewEvery = 8
 
 // Progress receives and handles, in the calling goroutine, what the link
 // has received — completions land in their CQs, ACKs and responses are
@@ -258,6 +297,7 @@ func (d *Device) Progress() int {
 	}
 	pkts := rx.freshPkts()
 	n, err := rx.pl.TryRecv(pkts)
+	rx.received(n, err)
 	if err != nil || n == 0 {
 		if err != nil && !errors.Is(err, net.ErrClosed) {
 			d.recvFailed(err)
@@ -371,6 +411,7 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		d.flushPending()
 		pkts := rx.freshPkts()
 		n, err := d.link.Recv(pkts)
+		rx.received(n, err)
 		cq.driving.Store(false)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) && !d.isClosed() {
@@ -437,6 +478,7 @@ func (d *Device) lookLeft() bool {
 	defer rx.unlock()
 	pkts := rx.freshPkts()
 	n, err := rx.wl.TryRecv(pkts)
+	rx.received(n, err)
 	if err != nil || n == 0 {
 		if err != nil && !errors.Is(err, net.ErrClosed) && !d.isClosed() {
 			d.recvFailed(err)
@@ -565,6 +607,7 @@ func (d *Device) recvLoop() {
 		pkts := rx.freshPkts()
 		t0 := time.Now()
 		n, err := d.link.Recv(pkts)
+		rx.received(n, err)
 		t1 := time.Now()
 		if g := t1.Sub(t0).Nanoseconds(); g > d.dbgMaxWait.Load() {
 			d.dbgMaxWait.Store(g)

@@ -17,6 +17,17 @@ type timers struct {
 	// so that reading the clock and queueing the timer do not delay the
 	// request (a ping-pong's answer) on its way out.
 	inPost, armDue bool
+	// coldIdle makes armRetrans cancel the ACK timer when the QP goes
+	// idle. A QP that goes idle and busy again within a timeout (a
+	// ping-pong, a stream of small messages) leaves it armed instead: its
+	// next message only pushes the deadline out, and the timer queue's
+	// lock and heap are not touched per message. The timer's first
+	// expiry that finds nothing outstanding sets coldIdle (the QP stays
+	// idle for long: with thousands of QPs taking turns, an expiry per
+	// message would cost more than the cancel); an arm within half a
+	// timeout of the cancel (idleAt) clears it.
+	coldIdle bool
+	idleAt   time.Time
 }
 
 // initTimers prepares the QP's timer entries.
@@ -72,11 +83,16 @@ func (qp *QP) startRNRWait(d time.Duration) {
 // a QP that went idle leaves the device's queue instead of expiring there
 // a timeout later for nothing (with thousands of QPs taking turns, that
 // would be one expiry per message).
+//
+// A QP that goes idle and busy again quickly keeps its timer armed while
+// idle (timers.coldIdle); its expiry then finds nothing outstanding and
+// ends there.
 func (qp *QP) armRetrans() {
 	if qp.timeout == 0 || !qp.outstanding() {
-		if qp.tmr.timerArmed {
+		if qp.tmr.timerArmed && (qp.tmr.coldIdle || qp.timeout == 0) {
 			qp.tmr.timerArmed = false
 			qp.dev.tq.cancel(&qp.tq[timerRetrans])
+			qp.tmr.idleAt = qp.now()
 		}
 		return
 	}
@@ -84,6 +100,9 @@ func (qp *QP) armRetrans() {
 	to := qp.timeout
 	if qp.sr != nil {
 		to = qp.srRTO()
+	}
+	if !qp.tmr.timerArmed && qp.tmr.coldIdle && now.Sub(qp.tmr.idleAt) < qp.timeout/2 {
+		qp.tmr.coldIdle = false // busy again soon after the cancel
 	}
 	// Never earlier than a deadline already set: a batch's clock reading
 	// may be older than a PostSend's on another goroutine.
@@ -99,6 +118,9 @@ func (qp *QP) armRetrans() {
 // onRetransTimer is the local ACK timeout. Called with qp.mu held.
 func (qp *QP) onRetransTimer() {
 	qp.tmr.timerArmed = false
+	if !qp.outstanding() {
+		qp.tmr.coldIdle = true // idle for a whole timeout: cancel when idle (armRetrans)
+	}
 	st := qp.attr.State
 	if qp.destroyed || (st != QPSRTS && st != QPSSQD) || qp.timeout == 0 || !qp.outstanding() || qp.tmr.rnrWait {
 		return
@@ -154,7 +176,7 @@ func (qp *QP) behind(now time.Time) bool {
 		return true
 	}
 	b := qp.dev.rxBusy.Load()
-	return b != 0 && now.UnixNano()-b > int64(qp.timeout)
+	return b != 0 && int64(now.Sub(qp.dev.clkBase))+1-b > int64(qp.timeout)
 }
 
 // realClock reports whether the device runs on the wall clock, where a
@@ -187,10 +209,10 @@ func (qp *QP) onRNRTimer() {
 func (qp *QP) now() time.Time {
 	c := qp.rxNow
 	if c == nil {
-		return qp.dev.clock.Now()
+		return qp.dev.now()
 	}
 	if !c.ok {
-		c.t, c.ok = qp.dev.clock.Now(), true
+		c.t, c.ok = qp.dev.now(), true
 	}
 	return c.t
 }

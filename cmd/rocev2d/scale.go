@@ -41,6 +41,22 @@ and one table row says:
               figure; one pair before them warms up unmeasured. A median
               of a few rounds (--rounds 1 or 2) is as noisy as a pair:
               even 1 QP against itself may read 0.8 or 1.3
+  min         the lowest of those pairs' ratios
+
+With --active every one of the N QPs has WRITEs outstanding at once
+(--depth each) for --duration, against one QP alone with --window
+WRITEs outstanding for as long, in --rounds alternating pairs; the
+table then says, per N:
+
+  QPs         N
+  MB/s        aggregate goodput of the N QPs (all rounds)
+  1 QP MB/s   goodput of the one QP (all rounds)
+  ratio       median over the rounds of N QPs / 1 QP
+  min         the lowest round's ratio (the figure "in every run")
+  jain        Jain's fairness index of the bytes each QP moved over
+              the N-QP rounds, (sum x)^2 / (N sum x^2): 1 when every QP
+              moved the same, 1/N when one moved everything
+  min/max     the least bytes one QP moved over the most
 
 Before the measurement every QP sends one 64-byte WRITE (its first
 traffic). The round-robin carries on from chunk to chunk, so every QP is
@@ -52,7 +68,12 @@ options:
                   than 5 make a noisy ratio)
   --chunk=N       WRITEs per chunk (default 512)
   --size=BYTES    WRITE size (default 65536)
-  --window=N      WRITEs in flight over all QPs (default 8)
+  --window=N      WRITEs in flight over all QPs (default 8); with
+                  --active, the one QP's
+  --active        keep every QP busy at once (see above)
+  --depth=N       with --active, WRITEs outstanding per QP (default 1)
+  --duration=DUR  with --active, the length of one side of a round
+                  (default 300ms)
   --mem           run over the in-memory network instead of UDP sockets
   --a=IP          address of the first device (default 127.0.0.1)
   --b=IP          address of the second device (default 127.0.0.2)
@@ -71,6 +92,10 @@ type scaleConfig struct {
 	window  int
 	mem     bool
 	timeout time.Duration
+	// --active: every QP busy at once
+	active   bool
+	depth    int
+	duration time.Duration
 }
 
 func parseScaleFlags(args []string) (*scaleConfig, error) {
@@ -83,6 +108,9 @@ func parseScaleFlags(args []string) (*scaleConfig, error) {
 	fs.IntVar(&c.size, "size", 1<<16, "")
 	fs.IntVar(&c.window, "window", 8, "")
 	fs.BoolVar(&c.mem, "mem", false, "")
+	fs.BoolVar(&c.active, "active", false, "")
+	fs.IntVar(&c.depth, "depth", 1, "")
+	fs.DurationVar(&c.duration, "duration", 300*time.Millisecond, "")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "")
 	if err := parsePairFlags(fs, args, &c.pairOptions, 4096); err != nil {
 		return nil, err
@@ -108,6 +136,10 @@ func parseScaleFlags(args []string) (*scaleConfig, error) {
 		return nil, fmt.Errorf("--window %d: want 1..%d", c.window, 1<<12)
 	case c.timeout <= 0:
 		return nil, fmt.Errorf("--timeout %v: want a positive duration", c.timeout)
+	case c.depth < 1 || c.depth > 64:
+		return nil, fmt.Errorf("--depth %d: want 1..64", c.depth)
+	case c.duration <= 0 || c.duration > time.Hour:
+		return nil, fmt.Errorf("--duration %v: want a positive duration up to 1h", c.duration)
 	}
 	return c, nil
 }
@@ -123,11 +155,27 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if c.mem {
 		link = "in-memory network"
 	}
+	if c.active {
+		fmt.Fprintf(stdout, "rocev2d scale --active: %v <-> %v over %s, MTU %d, %d-byte WRITEs, %d per QP outstanding (one QP alone: %d), %d x %v per side of the ratio\n",
+			c.A, c.B, link, c.MTU.Bytes(), c.size, c.depth, c.window, c.rounds, c.duration)
+		const rowFmt = "%7s %8s %10s %6s %6s %6s %8s\n"
+		fmt.Fprintf(stdout, rowFmt, "QPs", "MB/s", "1 QP MB/s", "ratio", "min", "jain", "min/max")
+		for _, n := range c.qps {
+			row, err := scaleRow(ctx, c, n, stdout)
+			if err != nil {
+				fmt.Fprintf(stderr, "rocev2d scale: %d QPs: %v\n", n, err)
+				return exitFail
+			}
+			fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio),
+				fmt.Sprintf("%.2f", row.minRatio), fmt.Sprintf("%.3f", row.jain), fmt.Sprintf("%.2f", row.minMax))
+		}
+		return exitOK
+	}
 	fmt.Fprintf(stdout, "rocev2d scale: %v <-> %v over %s, MTU %d, %d-byte WRITEs, %d in flight, %d x %d WRITEs per side of the ratio\n",
 		c.A, c.B, link, c.MTU.Bytes(), c.size, c.window, c.rounds, c.chunk)
 	// Fixed widths: a row is printed as soon as it is measured.
-	const rowFmt = "%7s %10s %10s %9s %8s %10s %6s\n"
-	fmt.Fprintf(stdout, rowFmt, "QPs", "B/idle QP", "goroutines", "setup/s", "MB/s", "1 QP MB/s", "ratio")
+	const rowFmt = "%7s %10s %10s %9s %8s %10s %6s %6s\n"
+	fmt.Fprintf(stdout, rowFmt, "QPs", "B/idle QP", "goroutines", "setup/s", "MB/s", "1 QP MB/s", "ratio", "min")
 	for _, n := range c.qps {
 		row, err := scaleRow(ctx, c, n, stdout)
 		if err != nil {
@@ -135,7 +183,8 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return exitFail
 		}
 		fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), fmt.Sprintf("%.0f", row.bytesPerQP), strconv.Itoa(row.goroutines),
-			fmt.Sprintf("%.0f", row.setupRate), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio))
+			fmt.Sprintf("%.0f", row.setupRate), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio),
+			fmt.Sprintf("%.2f", row.minRatio))
 	}
 	return exitOK
 }
@@ -147,6 +196,9 @@ type scaleResult struct {
 	setupRate  float64 // pairs/s
 	mbs, mbs1  float64 // goodput over N QPs, over one
 	ratio      float64 // median of the paired chunks' goodput ratios
+	minRatio   float64 // the lowest of them
+	jain       float64 // --active: Jain's index of the bytes per QP
+	minMax     float64 // --active: least over most bytes of one QP
 }
 
 // scaleLinks opens the two links of a row.
@@ -196,7 +248,11 @@ func newScaleSide(l udp.Link, c *scaleConfig, n int, access memreg.Access) (*sca
 	if s.pd, err = dev.AllocPD(); err != nil {
 		return s, err
 	}
-	if s.cq, err = dev.CreateCQ(4*c.window + 16); err != nil {
+	depth := 4*c.window + 16
+	if c.active {
+		depth = max(depth, n*c.depth+16)
+	}
+	if s.cq, err = dev.CreateCQ(depth); err != nil {
 		return s, err
 	}
 	if s.mr, err = s.pd.RegisterMR(make([]byte, c.size), memreg.AccessLocalWrite|access); err != nil {
@@ -233,7 +289,7 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 		if i%256 == 0 && ctx.Err() != nil {
 			return res, fmt.Errorf("setting up pair %d: %w", i, context.Cause(ctx))
 		}
-		qa, err := a.dev.CreateQP(a.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: a.cq, RecvCQ: a.cq, MaxSendWR: 2 * c.window, MaxRecvWR: 1})
+		qa, err := a.dev.CreateQP(a.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: a.cq, RecvCQ: a.cq, MaxSendWR: max(2*c.window, c.depth), MaxRecvWR: 1})
 		if err != nil {
 			return res, err
 		}
@@ -257,6 +313,9 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 	w := &scaleWriter{c: c, a: a, dst: b.mr}
 	if _, err := w.run(ctx, n, n, min(64, c.size)); err != nil {
 		return res, fmt.Errorf("first WRITE on every QP: %w", err)
+	}
+	if c.active {
+		return w.activeRounds(ctx, n, res)
 	}
 	// One pair of chunks warms both sides up unmeasured: the first chunk
 	// of full-size WRITEs met cold buffers and pools and took up to twice
@@ -285,6 +344,7 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 	bytes := float64(c.rounds) * float64(c.chunk) * float64(c.size)
 	res.mbs = bytes / tn.Seconds() / 1e6
 	res.mbs1 = bytes / t1.Seconds() / 1e6
+	res.minRatio = slices.Min(ratios)
 	res.ratio = median(ratios)
 	if c.Verbose {
 		a.dev.Close()
@@ -393,4 +453,122 @@ func (w *scaleWriter) run(ctx context.Context, nq, writes, size int) (time.Durat
 		w.next = next
 	}
 	return time.Since(start), nil
+}
+
+// activeRounds is scaleRow's measurement with --active: rounds of one QP
+// alone (c.window WRITEs outstanding) against all n QPs busy at once
+// (c.depth each), c.duration each, after one unmeasured pair.
+func (w *scaleWriter) activeRounds(ctx context.Context, n int, res scaleResult) (scaleResult, error) {
+	c := w.c
+	perQP := make([]uint64, n)
+	if _, err := w.runActive(ctx, 1, c.window, nil); err != nil {
+		return res, fmt.Errorf("one QP, warming up: %w", err)
+	}
+	if _, err := w.runActive(ctx, n, c.depth, nil); err != nil {
+		return res, fmt.Errorf("%d QPs, warming up: %w", n, err)
+	}
+	var b1, bn, t1, tn float64
+	ratios := make([]float64, 0, c.rounds)
+	for range c.rounds {
+		r1, err := w.runActive(ctx, 1, c.window, nil)
+		if err != nil {
+			return res, fmt.Errorf("one QP: %w", err)
+		}
+		rn, err := w.runActive(ctx, n, c.depth, perQP)
+		if err != nil {
+			return res, fmt.Errorf("%d QPs: %w", n, err)
+		}
+		b1, t1 = b1+r1.bytes, t1+r1.d.Seconds()
+		bn, tn = bn+rn.bytes, tn+rn.d.Seconds()
+		ratios = append(ratios, rn.rate()/r1.rate())
+	}
+	res.mbs, res.mbs1 = bn/tn/1e6, b1/t1/1e6
+	res.minRatio = slices.Min(ratios)
+	res.ratio = median(ratios)
+	res.jain, res.minMax = fairness(perQP)
+	return res, nil
+}
+
+// activeRun is one side of an --active round: bytes moved in d.
+type activeRun struct {
+	bytes float64
+	d     time.Duration
+}
+
+func (r activeRun) rate() float64 { return r.bytes / r.d.Seconds() }
+
+// runActive keeps depth WRITEs outstanding on each of the first nq QPs
+// for c.duration (a completed WRITE is reposted on its QP until then),
+// waits for the last ones and returns the bytes moved and the time from
+// the first post to the last completion. perQP, if not nil, gets each
+// QP's completed bytes added.
+func (w *scaleWriter) runActive(ctx context.Context, nq, depth int, perQP []uint64) (activeRun, error) {
+	c := w.c
+	if len(w.wcs) < 256 {
+		w.wcs = make([]transport.WC, 256)
+	}
+	wr := transport.SendWR{Opcode: transport.WRWrite, Flags: transport.SendSignaled,
+		SGEs:       []memreg.SGE{w.a.mr.SGE(0, uint32(c.size))},
+		RemoteAddr: w.dst.IOVA(), RKey: w.dst.RKey()}
+	start := time.Now()
+	end := start.Add(c.duration)
+	outstanding := 0
+	for d := 0; d < depth; d++ {
+		for i := 0; i < nq; i++ {
+			wr.WRID = uint64(i)
+			if err := w.a.qps[i].PostSend(wr); err != nil {
+				return activeRun{}, fmt.Errorf("QP %d: %w", i, err)
+			}
+			outstanding++
+		}
+	}
+	var done uint64
+	closing := false
+	for outstanding > 0 {
+		k, err := w.a.cq.Wait(ctx, w.wcs)
+		if err != nil {
+			return activeRun{}, fmt.Errorf("%d WRITEs outstanding: %w", outstanding, err)
+		}
+		if !closing && time.Now().After(end) {
+			closing = true
+		}
+		for _, wc := range w.wcs[:k] {
+			if wc.Status != transport.WCSuccess {
+				return activeRun{}, fmt.Errorf("WRITE on QP %#x: %v", wc.QPN, wc.Status)
+			}
+			done++
+			if perQP != nil {
+				perQP[wc.WRID] += uint64(c.size)
+			}
+			if closing {
+				outstanding--
+				continue
+			}
+			wr.WRID = wc.WRID
+			if err := w.a.qps[wc.WRID].PostSend(wr); err != nil {
+				return activeRun{}, err
+			}
+		}
+	}
+	return activeRun{bytes: float64(done) * float64(c.size), d: time.Since(start)}, nil
+}
+
+// fairness returns Jain's index of x, (sum x)^2 / (n sum x^2), and the
+// least element over the largest (both 0 for an empty or all-zero x).
+func fairness(x []uint64) (jain, minMax float64) {
+	if len(x) == 0 {
+		return 0, 0
+	}
+	var s, s2 float64
+	lo, hi := x[0], x[0]
+	for _, v := range x {
+		f := float64(v)
+		s += f
+		s2 += f * f
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	if s2 == 0 || hi == 0 {
+		return 0, 0
+	}
+	return s * s / (float64(len(x)) * s2), float64(lo) / float64(hi)
 }

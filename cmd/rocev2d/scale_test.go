@@ -29,7 +29,7 @@ func TestScale(t *testing.T) {
 		var got []string
 		for _, line := range strings.Split(out, "\n") {
 			f := strings.Fields(line)
-			if len(f) != 7 || f[0] == "QPs" {
+			if len(f) != 8 || f[0] == "QPs" {
 				continue
 			}
 			n, err := strconv.Atoi(f[0])
@@ -37,8 +37,8 @@ func TestScale(t *testing.T) {
 				continue
 			}
 			got = append(got, f[0])
-			v := make([]float64, 7)
-			for i := 1; i < 7; i++ {
+			v := make([]float64, 8)
+			for i := 1; i < 8; i++ {
 				if v[i], err = strconv.ParseFloat(f[i], 64); err != nil {
 					t.Fatalf("%v: field %d of %q: %v", args, i, line, err)
 				}
@@ -50,7 +50,7 @@ func TestScale(t *testing.T) {
 			if n >= 500 && (v[1] <= 0 || v[1] > 16<<10) {
 				t.Errorf("%v: %d QPs: %v bytes per idle QP, want (0, 16 KiB]", args, n, v[1])
 			}
-			if v[2] < 3 || v[3] <= 0 || v[4] <= 0 || v[5] <= 0 || v[6] <= 0 {
+			if v[2] < 3 || v[3] <= 0 || v[4] <= 0 || v[5] <= 0 || v[6] <= 0 || v[7] <= 0 || v[7] > v[6] {
 				t.Errorf("%v: implausible row %q", args, line)
 			}
 		}
