@@ -118,8 +118,19 @@ func (qp *QP) armRetrans() {
 // onRetransTimer is the local ACK timeout. Called with qp.mu held.
 func (qp *QP) onRetransTimer() {
 	qp.tmr.timerArmed = false
-	if !qp.outstanding() {
-		qp.tmr.coldIdle = true // idle for a whole timeout: cancel when idle (armRetrans)
+	if !qp.outstanding() && !qp.destroyed && qp.timeout != 0 {
+		// Idle. The entry fires at the deadline it was queued with, which
+		// later messages only pushed out (deadline): if one came within
+		// the last timeout, the QP is busy now and then — keep the
+		// timer until the deadline. Idle for a whole timeout: cancel on
+		// idle from now on (armRetrans).
+		if now := qp.dev.clock.Now(); now.Before(qp.tmr.deadline) && !qp.tmr.coldIdle {
+			qp.tmr.timerArmed = true
+			qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.tmr.deadline.Sub(now))
+			return
+		}
+		qp.tmr.coldIdle = true
+		return
 	}
 	st := qp.attr.State
 	if qp.destroyed || (st != QPSRTS && st != QPSSQD) || qp.timeout == 0 || !qp.outstanding() || qp.tmr.rnrWait {

@@ -84,6 +84,8 @@ func TestScaleFlags(t *testing.T) {
 		{[]string{"--chunk", "-1"}, "--chunk"},
 		{[]string{"--size", "0"}, "--size"},
 		{[]string{"--window", "0"}, "--window"},
+		{[]string{"--active", "--depth", "0"}, "--depth"},
+		{[]string{"--active", "--duration", "0s"}, "--duration"},
 		{[]string{"--a", "127.0.0.5", "--b", "127.0.0.5"}, "different addresses"},
 		{[]string{"extra"}, "unexpected argument"},
 	}
@@ -108,7 +110,7 @@ func TestScaleSmall(t *testing.T) {
 	rows := 0
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
-		if len(f) != 7 || f[0] == "QPs" {
+		if len(f) != 8 || f[0] == "QPs" {
 			continue
 		}
 		rows++
@@ -132,6 +134,75 @@ func TestScaleSmall(t *testing.T) {
 	for v, want := range map[float64]string{2748.4: "2748", 42.25: "42.2", 4.257: "4.26", 0.4249: "0.42", 0.00123: "0.0012", 0: "0"} {
 		if got := formatMBs(v); got != want {
 			t.Errorf("formatMBs(%v) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+// TestScaleActive: --active keeps every QP busy at once and prints, per
+// QP count, the goodputs, the median and lowest round ratio and the
+// fairness figures, each within its range; the lowest ratio is no
+// higher than the median.
+func TestScaleActive(t *testing.T) {
+	runs := [][]string{
+		{"scale", "--mem", "--active", "--qps", "1,300", "--rounds", "3", "--size", "4096", "--duration", "30ms"},
+		{"scale", "--active", "--qps", "50", "--rounds", "2", "--size", "4096", "--duration", "30ms", "--depth", "2"},
+	}
+	if testing.Short() {
+		runs = runs[:1]
+	}
+	for _, args := range runs {
+		code, out, errOut := runInRetry(t, args...)
+		if code != exitOK {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		var got []string
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) != 7 || f[0] == "QPs" {
+				continue
+			}
+			if _, err := strconv.Atoi(f[0]); err != nil {
+				continue
+			}
+			got = append(got, f[0])
+			v := make([]float64, 7)
+			for i := 1; i < 7; i++ {
+				var err error
+				if v[i], err = strconv.ParseFloat(f[i], 64); err != nil {
+					t.Fatalf("%v: field %d of %q: %v", args, i, line, err)
+				}
+			}
+			mbs, mbs1, ratio, lo, jain, minMax := v[1], v[2], v[3], v[4], v[5], v[6]
+			if mbs <= 0 || mbs1 <= 0 || lo <= 0 || lo > ratio || jain <= 0 || jain > 1 || minMax <= 0 || minMax > 1 {
+				t.Errorf("%v: implausible row %q", args, line)
+			}
+			if f[0] == "1" && (jain != 1 || minMax != 1) {
+				t.Errorf("%v: one QP is always fair to itself: %q", args, line)
+			}
+		}
+		want := strings.Split(args[indexOf(args, "--qps")+1], ",")
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("%v: rows for %v, want %v:\n%s", args, got, want, out)
+		}
+	}
+}
+
+// TestFairness: Jain's index and min/max of a few distributions.
+func TestFairness(t *testing.T) {
+	for _, tc := range []struct {
+		x            []uint64
+		jain, minMax float64
+	}{
+		{nil, 0, 0},
+		{[]uint64{0, 0}, 0, 0},
+		{[]uint64{5}, 1, 1},
+		{[]uint64{3, 3, 3, 3}, 1, 1},
+		{[]uint64{1, 0, 0, 0}, 0.25, 0},
+		{[]uint64{1, 2}, 9.0 / 10, 0.5},
+	} {
+		j, m := fairness(tc.x)
+		if d := j - tc.jain; d > 1e-12 || d < -1e-12 || m != tc.minMax {
+			t.Errorf("fairness(%v) = %v, %v; want %v, %v", tc.x, j, m, tc.jain, tc.minMax)
 		}
 	}
 }
