@@ -455,24 +455,38 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	} else {
 		d.rxNow.ok = false
 	}
+	// Consecutive packets for one QP (a message's packets, a window's
+	// ACKs, a request and the ACK that came with it) are handed to it
+	// under one take of its lock.
+	var held *QP
 	for i := range pkts {
-		d.input(p, &pkts[i])
+		up := &pkts[i]
+		if p.Decode(up.Buf) != packet.FaultNone {
+			inc(&d.ctr.MalformedPkts)
+			continue
+		}
+		if held != nil && p.BTH.DestQP() == held.qpn &&
+			(p.Info.Transport == held.transport || p.Info.Transport == bth.TransportCNP) {
+			held.inputLocked(p, up, true)
+			continue
+		}
+		if held != nil {
+			held.endBatchInput()
+			held = nil
+		}
+		qp, err := d.route(p)
+		if err != nil {
+			continue
+		}
+		held = qp
+		qp.beginBatchInput()
+		qp.inputLocked(p, up, true)
+	}
+	if held != nil {
+		held.endBatchInput()
 	}
 	d.rxNow.ok = false
 	d.rxPins.Release()
-}
-
-// input handles one received datagram.
-func (d *Device) input(p *packet.Packet, up *udp.Packet) {
-	if p.Decode(up.Buf) != packet.FaultNone {
-		inc(&d.ctr.MalformedPkts)
-		return
-	}
-	qp, err := d.route(p)
-	if err != nil {
-		return
-	}
-	qp.input(p, up, true)
 }
 
 // route finds the QP a parsed packet is for, counting the packets it

@@ -84,12 +84,29 @@ func (qp *QP) flushOut() {
 		qp.rxNow.ok = false
 	}
 	// The link is done with the buffers: back to the pool, so that a QP
-	// holds packet memory only while it has packets queued.
+	// holds packet memory only while it has packets queued — except the
+	// first one in a QP whose ACK timer is kept armed while idle (hot:
+	// busy within the last timeout, timers.coldIdle): it keeps that one
+	// for its next packet, which then costs no pool round trip. Going
+	// cold gives it back (dropSpare).
+	keep := qp.tmr.timerArmed && !qp.tmr.coldIdle
 	for i := 0; i < qp.nout; i++ {
+		qp.out[i].Buf = nil
+		if i == 0 && keep {
+			continue
+		}
 		qp.dev.bufs.Put(qp.outBufs[i])
 		qp.outBufs[i] = nil
-		qp.out[i].Buf = nil
 	}
 	qp.nout = 0
 	qp.ackSlot = 0
+}
+
+// dropSpare gives the packet buffer a hot QP kept after its last flush
+// (flushOut) back to the device's pool. Called with qp.mu held.
+func (qp *QP) dropSpare() {
+	if qp.nout == 0 && len(qp.outBufs) > 0 && qp.outBufs[0] != nil {
+		qp.dev.bufs.Put(qp.outBufs[0])
+		qp.outBufs[0] = nil
+	}
 }

@@ -367,6 +367,25 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 		qp.rxNow = &qp.dev.rxNow
 		defer func() { qp.rxNow = nil }()
 	}
+	qp.inputLocked(p, up, batched)
+}
+
+// beginBatchInput takes the QP for a run of packets of a received batch
+// (Device.inputBatch): its lock, and the batch clock. endBatchInput gives
+// both back.
+func (qp *QP) beginBatchInput() {
+	qp.mu.Lock()
+	qp.rxNow = &qp.dev.rxNow
+}
+
+func (qp *QP) endBatchInput() {
+	qp.rxNow = nil
+	qp.mu.Unlock()
+}
+
+// inputLocked is input with qp.mu held (and, for a batched packet, rxNow
+// set).
+func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 	st := qp.attr.State
 	if st < QPSRTR || st == QPSErr || qp.destroyed {
 		inc(&qp.dev.ctr.WrongState)

@@ -68,6 +68,7 @@ func (qp *QP) stopTimersLocked() {
 		qp.dev.tq.cancel(&qp.tq[k])
 	}
 	qp.tmr = timers{}
+	qp.dropSpare()
 	qp.cc.paceArmed = false
 }
 
@@ -93,6 +94,7 @@ func (qp *QP) armRetrans() {
 			qp.tmr.timerArmed = false
 			qp.dev.tq.cancel(&qp.tq[timerRetrans])
 			qp.tmr.idleAt = qp.now()
+			qp.dropSpare()
 		}
 		return
 	}
@@ -130,6 +132,7 @@ func (qp *QP) onRetransTimer() {
 			return
 		}
 		qp.tmr.coldIdle = true
+		qp.dropSpare()
 		return
 	}
 	st := qp.attr.State
