@@ -315,7 +315,14 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 		return res, fmt.Errorf("first WRITE on every QP: %w", err)
 	}
 	if c.active {
-		return w.activeRounds(ctx, n, res)
+		res, err := w.activeRounds(ctx, n, res)
+		if err == nil && c.Verbose {
+			a.dev.Close()
+			b.dev.Close()
+			printCounters(stdout, fmt.Sprintf("%v (%d QPs)", a.dev.Addr(), n), a.dev)
+			printCounters(stdout, fmt.Sprintf("%v (%d QPs)", b.dev.Addr(), n), b.dev)
+		}
+		return res, err
 	}
 	// One pair of chunks warms both sides up unmeasured: the first chunk
 	// of full-size WRITEs met cold buffers and pools and took up to twice
