@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // deviceCommands are the commands that create a device: each takes the
@@ -16,7 +18,7 @@ var deviceCommands = []string{"demo", "bench", "pingpong", "uc-pingpong", "ud-pi
 func TestCCFlagsInUsage(t *testing.T) {
 	for _, name := range deviceCommands {
 		code, out, errOut := runIn(t, "help", name)
-		if code != exitOK {
+		if code != cli.ExitOK {
 			t.Errorf("help %s: exit %d %s", name, code, errOut)
 			continue
 		}
@@ -73,7 +75,7 @@ func TestDemoCongestionFlags(t *testing.T) {
 	} {
 		args := append([]string{"demo", "--mem", "--ce", "0.05", "-v"}, tc.flags...)
 		code, out, errOut := runIn(t, args...)
-		if code != exitOK || !strings.Contains(out, "PASS: all") {
+		if code != cli.ExitOK || !strings.Contains(out, "PASS: all") {
 			t.Errorf("%v: exit %d\n%s%s", args, code, out, errOut)
 			continue
 		}

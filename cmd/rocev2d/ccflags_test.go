@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/dcqcn"
 	"github.com/gorocev2/rocev2/transport"
 )
@@ -29,14 +30,14 @@ func TestDCQCNParams(t *testing.T) {
 		{"RPG_MAX_RATE=1G", func(c dcqcn.Config) bool { return c.LineRate == 1e9 }},
 	} {
 		var c dcqcn.Config
-		if err := setDCQCNParams(&c, tc.in); err != nil || !tc.check(c) {
+		if err := cli.SetDCQCNParams(&c, tc.in); err != nil || !tc.check(c) {
 			t.Errorf("%q: %+v, %v", tc.in, c, err)
 		}
 	}
 	for _, bad := range []string{"rpg_max_rate", "nosuch=1", "rpg_max_rate=fast", "rpg_max_rate=-5", "rpg_time_reset=soon",
 		"rpg_threshold=1.5", "clamp_tgt_rate=2", "rpg_gd=5", "dce_tcp_g=2000", "rpg_min_rate=20G,rpg_max_rate=10G", "rpg_time_reset=0.0001"} {
 		c := dcqcn.Config{G: 1000}
-		if err := setDCQCNParams(&c, bad); err == nil {
+		if err := cli.SetDCQCNParams(&c, bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		} else if c.G != 1000 || c.LineRate != 0 {
 			t.Errorf("%q: rejected but changed the config to %+v", bad, c)
@@ -59,9 +60,9 @@ func TestCCFlags(t *testing.T) {
 		{[]string{"--dcqcn-param", "rpg_max_rate=25G", "--dcqcn-param", "rpg_ai_rate=10"},
 			transport.CongestionConfig{DCQCN: dcqcn.Config{LineRate: 25e9, AIRate: 10e6}}},
 	} {
-		fs := newFlagSet("t")
-		var f ccFlags
-		addCCFlags(fs, &f)
+		fs := cli.NewFlagSet("t")
+		var f cli.CCFlags
+		cli.AddCCFlags(fs, &f)
 		if err := fs.Parse(tc.args); err != nil {
 			t.Errorf("%q: %v", tc.args, err)
 			continue
@@ -71,9 +72,9 @@ func TestCCFlags(t *testing.T) {
 		}
 	}
 	for _, bad := range [][]string{{"--ecn=ce"}, {"--cnp-interval=0s"}, {"--cnp-interval=2s"}, {"--dcqcn=maybe"}, {"--dcqcn-param=x=1"}} {
-		fs := newFlagSet("t")
-		var f ccFlags
-		addCCFlags(fs, &f)
+		fs := cli.NewFlagSet("t")
+		var f cli.CCFlags
+		cli.AddCCFlags(fs, &f)
 		if err := fs.Parse(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -90,7 +91,7 @@ func FuzzDCQCNParams(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		c := dcqcn.Config{G: 1000}
 		before := c
-		if err := setDCQCNParams(&c, s); err != nil {
+		if err := cli.SetDCQCNParams(&c, s); err != nil {
 			if c != before {
 				t.Fatalf("%q failed (%v) but changed the config", s, err)
 			}

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
@@ -54,11 +55,11 @@ options:
                  (128 keeps every header; default 0 = whole frames)
   --timeout=DUR  give up after DUR (default 60s)
   -v             print both devices' counters at the end
-` + socketUsage
+` + cli.SocketUsage
 
 // demoConfig holds the parsed flags of `rocev2d demo`.
 type demoConfig struct {
-	pairOptions
+	cli.PairOptions
 	mem     bool
 	faults  memnet.Faults
 	pcap    string
@@ -68,7 +69,7 @@ type demoConfig struct {
 
 func parseDemoFlags(args []string) (*demoConfig, error) {
 	c := &demoConfig{}
-	fs := newFlagSet("rocev2d demo")
+	fs := cli.NewFlagSet("rocev2d demo")
 	fs.BoolVar(&c.mem, "mem", false, "")
 	fs.Float64Var(&c.faults.Loss, "loss", 0, "")
 	fs.Float64Var(&c.faults.Dup, "dup", 0, "")
@@ -78,7 +79,7 @@ func parseDemoFlags(args []string) (*demoConfig, error) {
 	fs.StringVar(&c.pcap, "pcap", "", "")
 	fs.IntVar(&c.snaplen, "snaplen", 0, "")
 	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
-	if err := parsePairFlags(fs, args, &c.pairOptions, 1024); err != nil {
+	if err := cli.ParsePairFlags(fs, args, &c.PairOptions, 1024); err != nil {
 		return nil, err
 	}
 	if c.A == c.B {
@@ -106,7 +107,7 @@ func parseDemoFlags(args []string) (*demoConfig, error) {
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseDemoFlags(args)
-	if code, done := flagsResult("demo", demoUsage, err, stdout, stderr); done {
+	if code, done := cli.FlagsResult("demo", demoUsage, err, stdout, stderr); done {
 		return code
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
@@ -133,7 +134,7 @@ func demoLinks(c *demoConfig) (a, b udp.Link, kind string, err error) {
 		}
 		return la, lb, kind, nil
 	}
-	la, lb, err := listenSocketPair(c.A, c.B, c.Sock.Options(true, 0), "pick other addresses with --a/--b, or use --mem")
+	la, lb, err := cli.ListenSocketPair(c.A, c.B, c.Sock.Options(true, 0), "pick other addresses with --a/--b, or use --mem")
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -178,33 +179,33 @@ type demoResult struct {
 }
 
 func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
-	usr1 := watchSIGUSR1(stderr)
+	usr1 := cli.WatchSIGUSR1(stderr)
 	defer usr1.Stop()
 	la, lb, kind, err := demoLinks(c)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	var pw *pcaptap.Writer
 	if c.pcap != "" {
-		if pw, err = createCapture(c.pcap, c.snaplen); err != nil {
+		if pw, err = cli.CreateCapture(c.pcap, c.snaplen); err != nil {
 			la.Close()
 			lb.Close()
 			fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
 			if pe := (*os.PathError)(nil); errors.As(err, &pe) && pe.Op == "open" {
-				return exitUsage
+				return cli.ExitUsage
 			}
-			return exitFail
+			return cli.ExitFail
 		}
 		// Each device records what it sends: every packet once, as a
 		// capture on the loopback interface shows it.
 		la = pcaptap.New(la, pw, pcaptap.Sent)
 		lb = pcaptap.New(lb, pw, pcaptap.Sent)
 	}
-	a, b, err := newEndpointPair(la, lb, c.A, c.B, c.MTU, c.Sock.CC.Config())
+	a, b, err := cli.NewEndpointPair(la, lb, c.A, c.B, c.MTU, c.Sock.CC.Config())
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	defer a.Close()
 	defer b.Close()
@@ -233,19 +234,19 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 		if r.bytes > 0 && r.elapsed > 0 {
 			mbs = fmt.Sprintf("%.1f", float64(r.bytes)/r.elapsed.Seconds()/1e6)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", demoName(dc.op), dc.size, dc.count, r.bytes, r.packets,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", cli.OpName(dc.op), dc.size, dc.count, r.bytes, r.packets,
 			fmtDuration(r.elapsed), mbs, check)
 	}
 	tw.Flush()
 	for _, r := range results {
 		if r.err != nil {
-			fmt.Fprintf(stdout, "FAIL %s %d bytes: %v\n", demoName(r.op), r.size, r.err)
+			fmt.Fprintf(stdout, "FAIL %s %d bytes: %v\n", cli.OpName(r.op), r.size, r.err)
 		}
 	}
 	if c.Verbose {
 		fmt.Fprintln(stdout)
-		printCounters(stdout, "A "+c.A.String(), a.Dev)
-		printCounters(stdout, "B "+c.B.String(), b.Dev)
+		cli.PrintCounters(stdout, "A "+c.A.String(), a.Dev)
+		cli.PrintCounters(stdout, "B "+c.B.String(), b.Dev)
 	}
 	ran := len(results)
 	// Close the devices before the capture so that every packet is in it.
@@ -262,13 +263,13 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 	switch {
 	case ctx.Err() != nil && ran < len(demoCases()):
 		fmt.Fprintf(stdout, "\nFAIL: stopped after %d of %d cases: %v\n", ran, len(demoCases()), context.Cause(ctx))
-		return exitFail
+		return cli.ExitFail
 	case failed > 0:
 		fmt.Fprintf(stdout, "\nFAIL: %d of %d cases failed\n", failed, ran)
-		return exitFail
+		return cli.ExitFail
 	}
 	fmt.Fprintf(stdout, "\nPASS: all %d cases checked byte for byte\n", ran)
-	return exitOK
+	return cli.ExitOK
 }
 
 // fmtDuration prints a duration with three significant digits.
@@ -283,13 +284,13 @@ func fmtDuration(d time.Duration) string {
 }
 
 // sentPkts is the number of packets both links sent.
-func sentPkts(a, b *endpoint) uint64 { return a.Link.Stats().SentPkts + b.Link.Stats().SentPkts }
+func sentPkts(a, b *cli.Endpoint) uint64 { return a.Link.Stats().SentPkts + b.Link.Stats().SentPkts }
 
 // settlePkts waits (up to 50 ms) until every packet either link sent has been
 // received by the other — a link counts a packet as sent only when its send
 // call returns, which can be after the peer already used it — and returns
 // the number of packets sent.
-func settlePkts(a, b *endpoint) uint64 {
+func settlePkts(a, b *cli.Endpoint) uint64 {
 	deadline := time.Now().Add(50 * time.Millisecond)
 	for {
 		sa, sb := a.Link.Stats(), b.Link.Stats()
@@ -304,7 +305,7 @@ func settlePkts(a, b *endpoint) uint64 {
 // runDemoCase posts count work requests of one operation from A to B (all
 // outstanding at once), waits for every completion and checks the result.
 // Its memory stays registered until the endpoints are closed.
-func runDemoCase(ctx context.Context, a, b *endpoint, dc demoCase) demoResult {
+func runDemoCase(ctx context.Context, a, b *cli.Endpoint, dc demoCase) demoResult {
 	r := demoResult{demoCase: dc}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

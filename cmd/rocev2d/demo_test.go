@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -21,7 +22,7 @@ func TestDemo(t *testing.T) {
 	}
 	for _, args := range runs {
 		code, out, errOut := runInRetry(t, args...)
-		if code != exitOK {
+		if code != cli.ExitOK {
 			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
 		}
 		for _, op := range []string{"SEND", "SEND+imm", "WRITE", "WRITE+imm", "READ", "CMP_AND_SWAP", "FETCH_AND_ADD"} {
@@ -63,11 +64,11 @@ func TestDemoPcap(t *testing.T) {
 	for _, mode := range []string{"--mem", "--a=127.0.0.1"} {
 		file := filepath.Join(t.TempDir(), "demo.pcap")
 		code, out, errOut := runInRetry(t, "demo", mode, "--pcap", file)
-		if code != exitOK || !strings.Contains(out, "packets to "+file) {
+		if code != cli.ExitOK || !strings.Contains(out, "packets to "+file) {
 			t.Fatalf("demo %s: exit %d\n%s%s", mode, code, out, errOut)
 		}
 		code, out, errOut = runIn(t, "pcap", "check", "-q", file)
-		if code != exitOK || !strings.Contains(out, " 0 bad") || strings.Contains(out, " 0 RoCEv2 packets") {
+		if code != cli.ExitOK || !strings.Contains(out, " 0 bad") || strings.Contains(out, " 0 RoCEv2 packets") {
 			t.Fatalf("pcap check after demo %s: exit %d\n%s%s", mode, code, out, errOut)
 		}
 	}
@@ -77,7 +78,7 @@ func TestDemoPcap(t *testing.T) {
 // in-memory network: every check must still pass, with retransmissions.
 func TestDemoFaults(t *testing.T) {
 	code, out, errOut := runIn(t, "demo", "--mem", "--loss", "0.02", "--dup", "0.01", "--reorder", "0.02", "--seed", "3", "-v")
-	if code != exitOK || !strings.Contains(out, "PASS: all 27 cases") {
+	if code != cli.ExitOK || !strings.Contains(out, "PASS: all 27 cases") {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
 	if !strings.Contains(out, "retransmitted_pkts") {
@@ -95,20 +96,20 @@ func TestDemoErrors(t *testing.T) {
 		{[]string{"demo", "extra"}, `unexpected argument "extra"`},
 	} {
 		code, _, errOut := runIn(t, b.args...)
-		if code != exitUsage || !strings.Contains(errOut, b.msg) {
+		if code != cli.ExitUsage || !strings.Contains(errOut, b.msg) {
 			t.Errorf("%v: exit %d %q", b.args, code, errOut)
 		}
 	}
 	code, _, errOut := runIn(t, "demo", "--a", "x")
-	if code != exitUsage || !strings.Contains(errOut, `--a "x"`) {
+	if code != cli.ExitUsage || !strings.Contains(errOut, `--a "x"`) {
 		t.Errorf("bad address: exit %d %s", code, errOut)
 	}
 	code, _, errOut = runIn(t, "demo", "--a", "127.0.0.1", "--b", "127.0.0.1")
-	if code != exitUsage || !strings.Contains(errOut, "different addresses") {
+	if code != cli.ExitUsage || !strings.Contains(errOut, "different addresses") {
 		t.Errorf("same address: exit %d %s", code, errOut)
 	}
 	code, _, errOut = runIn(t, "demo", "-m", "9000")
-	if code != exitUsage || !strings.Contains(errOut, "-m 9000") {
+	if code != cli.ExitUsage || !strings.Contains(errOut, "-m 9000") {
 		t.Errorf("bad mtu: exit %d %s", code, errOut)
 	}
 	if testing.Short() {
@@ -122,7 +123,7 @@ func TestDemoErrors(t *testing.T) {
 	}
 	defer l.Close()
 	code, _, errOut = runIn(t, "demo")
-	if code != exitFail || !strings.Contains(errOut, "127.0.0.1:4791") || !strings.Contains(errOut, "--mem") {
+	if code != cli.ExitFail || !strings.Contains(errOut, "127.0.0.1:4791") || !strings.Contains(errOut, "--mem") {
 		t.Errorf("port in use: exit %d %s", code, errOut)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // TestFamilies: every command of a family package is in the table once,
@@ -21,13 +23,13 @@ func TestFamilies(t *testing.T) {
 				continue
 			}
 			code, out, errOut := runIn(t, "help")
-			if code != exitOK || !regexp.MustCompile(`(?m)^  `+regexp.QuoteMeta(c.Name)+` +`+regexp.QuoteMeta(c.Summary)+`$`).MatchString(out) {
+			if code != cli.ExitOK || !regexp.MustCompile(`(?m)^  `+regexp.QuoteMeta(c.Name)+` +`+regexp.QuoteMeta(c.Summary)+`$`).MatchString(out) {
 				t.Errorf("help does not list %s:\n%s%s", c.Name, out, errOut)
 			}
-			if code, out, _ := runIn(t, "help", c.Name); code != exitOK || out != c.Usage {
+			if code, out, _ := runIn(t, "help", c.Name); code != cli.ExitOK || out != c.Usage {
 				t.Errorf("help %s: exit %d, %d bytes, want its usage", c.Name, code, len(out))
 			}
-			if code, out, _ := runIn(t, c.Name, "-h"); code != exitOK || !strings.Contains(out, "usage: rocev2d "+c.Name) {
+			if code, out, _ := runIn(t, c.Name, "-h"); code != cli.ExitOK || !strings.Contains(out, "usage: rocev2d "+c.Name) {
 				t.Errorf("%s -h: exit %d, stdout %q", c.Name, code, out)
 			}
 		}

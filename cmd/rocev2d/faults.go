@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/udp/faults"
 )
 
@@ -205,13 +206,13 @@ func parseFaultsFlags(args []string) (*faultsConfig, error) {
 
 func runFaults(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseFaultsFlags(args)
-	if code, done := flagsResult("faults", faultsUsage, err, stdout, stderr); done {
+	if code, done := cli.FlagsResult("faults", faultsUsage, err, stdout, stderr); done {
 		return code
 	}
 	inj, err := faults.AttachWith(c.iface, c.cfg, &c.opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d faults: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	hooks := hookNames(&c.opts)
 	fmt.Fprintf(stdout, "rocev2d faults: attached to %s (%s)%s: %s\n", c.iface, strings.Join(hooks, "+"), nsSuffix(c.opts.Netns), describeFaults(&c.cfg))
@@ -228,7 +229,7 @@ func runFaults(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		defer t.Stop()
 		tick = t.C
 	}
-	status := exitOK
+	status := cli.ExitOK
 	print := func(prefix string) {
 		line := fmt.Sprintf("%s%7.1fs", prefix, time.Since(start).Seconds())
 		for _, h := range []faults.Hook{faults.Egress, faults.Ingress} {
@@ -238,7 +239,7 @@ func runFaults(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			ctr, err := inj.HookCounters(h)
 			if err != nil {
 				fmt.Fprintf(stderr, "rocev2d faults: %v\n", err)
-				status = exitFail
+				status = cli.ExitFail
 				return
 			}
 			line += fmt.Sprintf(" | %s: %v", h, ctr)
@@ -255,7 +256,7 @@ loop:
 		}
 	}
 	print("total ")
-	if status == exitOK {
+	if status == cli.ExitOK {
 		for _, h := range []faults.Hook{faults.Egress, faults.Ingress} {
 			if ctr, err := inj.HookCounters(h); err == nil && hookOn(&c.opts, h) {
 				fmt.Fprintf(stdout, "rocev2d faults: %s: %s\n", h, gsoSummary(ctr))
@@ -264,7 +265,7 @@ loop:
 	}
 	if err := inj.Close(); err != nil {
 		fmt.Fprintf(stderr, "rocev2d faults: detach: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	fmt.Fprintf(stdout, "rocev2d faults: detached from %s\n", c.iface)
 	return status

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/internal/netns"
 	"github.com/gorocev2/rocev2/udp/faults"
 )
@@ -62,12 +63,12 @@ func TestFaultsFlags(t *testing.T) {
 	for _, b := range bad {
 		var out, errOut bytes.Buffer
 		code := run(context.Background(), append([]string{"faults"}, b.args...), &out, &errOut)
-		if code != exitUsage || !strings.Contains(errOut.String(), b.msg) {
+		if code != cli.ExitUsage || !strings.Contains(errOut.String(), b.msg) {
 			t.Errorf("%q: exit %d, stderr %q, want usage error with %q", b.args, code, errOut.String(), b.msg)
 		}
 	}
 	var out bytes.Buffer
-	if code := run(context.Background(), []string{"help", "faults"}, &out, &out); code != exitOK || !strings.Contains(out.String(), "--reorder=RATE") {
+	if code := run(context.Background(), []string{"help", "faults"}, &out, &out); code != cli.ExitOK || !strings.Contains(out.String(), "--reorder=RATE") {
 		t.Errorf("help faults: %d %q", code, out.String())
 	}
 }
@@ -96,7 +97,7 @@ func TestFaultsCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if code := <-exit; code != exitOK {
+	if code := <-exit; code != cli.ExitOK {
 		t.Fatalf("exit %d: %s\n%s", code, errOut.String(), out.String())
 	}
 	s := out.String()
@@ -140,7 +141,7 @@ func TestFaultsCommandGSO(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if code := <-exit; code != exitOK {
+	if code := <-exit; code != cli.ExitOK {
 		t.Fatalf("exit %d: %s\n%s", code, errOut.String(), out.String())
 	}
 	s := out.String()

@@ -102,7 +102,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		printHelp(stderr)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
@@ -111,19 +111,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if !ok {
 				fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args[1])
 				printHelp(stderr)
-				return exitUsage
+				return cli.ExitUsage
 			}
 			fmt.Fprint(stdout, c.usage)
-			return exitOK
+			return cli.ExitOK
 		}
 		printHelp(stdout)
-		return exitOK
+		return cli.ExitOK
 	}
 	c, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args[0])
 		printHelp(stderr)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	return c.run(ctx, args[1:], stdout, stderr)
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/rocelayer"
 	"github.com/gorocev2/rocev2/test/golden"
 )
@@ -38,17 +39,17 @@ func TestHelp(t *testing.T) {
 		code int
 		out  string // in stdout+stderr
 	}{
-		{nil, exitUsage, "usage: rocev2d"},
-		{[]string{"help"}, exitOK, "pcap"},
-		{[]string{"-h"}, exitOK, "commands:"},
-		{[]string{"help", "pcap"}, exitOK, "write-sample"},
-		{[]string{"help", "nope"}, exitUsage, `unknown command "nope"`},
-		{[]string{"nope"}, exitUsage, `unknown command "nope"`},
-		{[]string{"pcap"}, exitUsage, "rocev2d pcap check"},
-		{[]string{"pcap", "frobnicate"}, exitUsage, `unknown subcommand "frobnicate"`},
-		{[]string{"pcap", "check"}, exitUsage, "no files given"},
-		{[]string{"pcap", "check", "-bogus", "x"}, exitUsage, "flag provided but not defined"},
-		{[]string{"pcap", "write-sample"}, exitUsage, "usage: rocev2d pcap write-sample FILE"},
+		{nil, cli.ExitUsage, "usage: rocev2d"},
+		{[]string{"help"}, cli.ExitOK, "pcap"},
+		{[]string{"-h"}, cli.ExitOK, "commands:"},
+		{[]string{"help", "pcap"}, cli.ExitOK, "write-sample"},
+		{[]string{"help", "nope"}, cli.ExitUsage, `unknown command "nope"`},
+		{[]string{"nope"}, cli.ExitUsage, `unknown command "nope"`},
+		{[]string{"pcap"}, cli.ExitUsage, "rocev2d pcap check"},
+		{[]string{"pcap", "frobnicate"}, cli.ExitUsage, `unknown subcommand "frobnicate"`},
+		{[]string{"pcap", "check"}, cli.ExitUsage, "no files given"},
+		{[]string{"pcap", "check", "-bogus", "x"}, cli.ExitUsage, "flag provided but not defined"},
+		{[]string{"pcap", "write-sample"}, cli.ExitUsage, "usage: rocev2d pcap write-sample FILE"},
 	}
 	for _, tt := range tests {
 		code, out, errOut := runIn(t, tt.args...)
@@ -111,7 +112,7 @@ func corruptCopy(t *testing.T, num int, mod func([]byte)) string {
 func TestPcapCheckGolden(t *testing.T) {
 	files := golden.PCAPs(t)
 	code, out, errOut := runIn(t, append([]string{"pcap", "check"}, files...)...)
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
 	for _, want := range []string{
@@ -129,7 +130,7 @@ func TestPcapCheckGolden(t *testing.T) {
 	}
 	// -q prints only the totals for a clean capture.
 	code, out, _ = runIn(t, "pcap", "check", "-q", files[0])
-	if code != exitOK || strings.Count(out, "\n") != 2 {
+	if code != cli.ExitOK || strings.Count(out, "\n") != 2 {
 		t.Errorf("-q: exit %d, output:\n%s", code, out)
 	}
 }
@@ -152,7 +153,7 @@ func TestPcapCheckCorrupt(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			path := corruptCopy(t, tt.num, tt.mod)
 			code, out, errOut := runIn(t, "pcap", "check", path)
-			if code != exitFail {
+			if code != cli.ExitFail {
 				t.Fatalf("exit %d, want 1\n%s%s", code, out, errOut)
 			}
 			if !strings.Contains(out, tt.want) {
@@ -166,7 +167,7 @@ func TestPcapCheckCorrupt(t *testing.T) {
 	// Masked fields (TTL, ECN, UDP checksum, BTH FECN/BECN) do not matter
 	// (the IPv4 checksum is not checked by this command either).
 	path := corruptCopy(t, 20, func(b []byte) { b[14+8] = 1; b[14+1] |= 3; b[14+20+6] = 0x12; b[14+20+8+4] = 0xc0 })
-	if code, out, _ := runIn(t, "pcap", "check", path); code != exitOK {
+	if code, out, _ := runIn(t, "pcap", "check", path); code != cli.ExitOK {
 		t.Errorf("masked fields changed: exit %d\n%s", code, out)
 	}
 }
@@ -215,7 +216,7 @@ func TestPcapCheckUnreadable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		code, out, errOut := runIn(t, append([]string{"pcap", "check"}, tt.files...)...)
-		if code != exitUsage || !strings.Contains(errOut, tt.want) {
+		if code != cli.ExitUsage || !strings.Contains(errOut, tt.want) {
 			t.Errorf("%v: exit %d (want 2), stderr lacks %q:\n%s%s", tt.files, code, tt.want, out, errOut)
 		}
 	}
@@ -267,14 +268,14 @@ func TestPcapCheckLinkTypes(t *testing.T) {
 		code    int
 		want    string
 	}{
-		{"ethernet ipv6", layers.LinkTypeEthernet, [][]byte{eth6, tcp}, 0, exitOK, "1 RoCEv2 (ICRC ok 1, bad 0), 1 other frames skipped"},
-		{"ipv6 addresses", layers.LinkTypeEthernet, [][]byte{eth6}, 0, exitOK, "[2001:db8::1]:49157 > [2001:db8::2]:4791 RC_RDMA_READ_RESPONSE_FIRST"},
-		{"raw", layers.LinkTypeRaw, [][]byte{raw6, raw4}, 0, exitOK, "2 RoCEv2 (ICRC ok 2, bad 0)"},
-		{"dlt raw 12", 12, [][]byte{raw4}, 0, exitOK, "1 RoCEv2 (ICRC ok 1, bad 0)"},
-		{"ipv4", layers.LinkTypeIPv4, [][]byte{raw4}, 0, exitOK, "1 RoCEv2 (ICRC ok 1, bad 0)"},
-		{"ipv6", layers.LinkTypeIPv6, [][]byte{raw6}, 0, exitOK, "1 RoCEv2 (ICRC ok 1, bad 0)"},
-		{"sll", layers.LinkTypeLinuxSLL, [][]byte{sll(raw4, 0x0800), sll(raw6, 0x86dd)}, 0, exitOK, "2 RoCEv2 (ICRC ok 2, bad 0)"},
-		{"snaplen", layers.LinkTypeEthernet, [][]byte{samples[3].Frame[:60]}, len(samples[3].Frame), exitFail, "frame truncated by the capture"},
+		{"ethernet ipv6", layers.LinkTypeEthernet, [][]byte{eth6, tcp}, 0, cli.ExitOK, "1 RoCEv2 (ICRC ok 1, bad 0), 1 other frames skipped"},
+		{"ipv6 addresses", layers.LinkTypeEthernet, [][]byte{eth6}, 0, cli.ExitOK, "[2001:db8::1]:49157 > [2001:db8::2]:4791 RC_RDMA_READ_RESPONSE_FIRST"},
+		{"raw", layers.LinkTypeRaw, [][]byte{raw6, raw4}, 0, cli.ExitOK, "2 RoCEv2 (ICRC ok 2, bad 0)"},
+		{"dlt raw 12", 12, [][]byte{raw4}, 0, cli.ExitOK, "1 RoCEv2 (ICRC ok 1, bad 0)"},
+		{"ipv4", layers.LinkTypeIPv4, [][]byte{raw4}, 0, cli.ExitOK, "1 RoCEv2 (ICRC ok 1, bad 0)"},
+		{"ipv6", layers.LinkTypeIPv6, [][]byte{raw6}, 0, cli.ExitOK, "1 RoCEv2 (ICRC ok 1, bad 0)"},
+		{"sll", layers.LinkTypeLinuxSLL, [][]byte{sll(raw4, 0x0800), sll(raw6, 0x86dd)}, 0, cli.ExitOK, "2 RoCEv2 (ICRC ok 2, bad 0)"},
+		{"snaplen", layers.LinkTypeEthernet, [][]byte{samples[3].Frame[:60]}, len(samples[3].Frame), cli.ExitFail, "frame truncated by the capture"},
 	}
 	for _, tt := range tests {
 		path := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "_")+".pcap")
@@ -289,11 +290,11 @@ func TestPcapCheckLinkTypes(t *testing.T) {
 func TestWriteSample(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.pcap")
 	code, out, errOut := runIn(t, "pcap", "write-sample", path)
-	if code != exitOK || !strings.Contains(out, "wrote 38 frames") {
+	if code != cli.ExitOK || !strings.Contains(out, "wrote 38 frames") {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, _ = runIn(t, "pcap", "check", path)
-	if code != exitOK || !strings.Contains(out, "38 RoCEv2 (ICRC ok 38, bad 0)") || !strings.Contains(out, " CNP qpn=") {
+	if code != cli.ExitOK || !strings.Contains(out, "38 RoCEv2 (ICRC ok 38, bad 0)") || !strings.Contains(out, " CNP qpn=") {
 		t.Errorf("check of the sample: exit %d\n%s", code, out)
 	}
 	// Reproducible: a second run writes the same bytes.
@@ -304,7 +305,7 @@ func TestWriteSample(t *testing.T) {
 	if !bytes.Equal(a, b) {
 		t.Error("write-sample is not reproducible")
 	}
-	if code, _, errOut := runIn(t, "pcap", "write-sample", filepath.Join(t.TempDir(), "no", "such", "dir.pcap")); code != exitUsage || !strings.Contains(errOut, "no such file") {
+	if code, _, errOut := runIn(t, "pcap", "write-sample", filepath.Join(t.TempDir(), "no", "such", "dir.pcap")); code != cli.ExitUsage || !strings.Contains(errOut, "no such file") {
 		t.Errorf("unwritable: exit %d %s", code, errOut)
 	}
 }
@@ -386,7 +387,7 @@ func TestPcapCheckPcapng(t *testing.T) {
 	good, bad := filepath.Join(dir, "good.pcapng"), filepath.Join(dir, "bad.pcapng")
 	write(good, -1)
 	write(bad, 3)
-	if code, out, errOut := runIn(t, "pcap", "check", good); code != exitOK || !strings.Contains(out, fmt.Sprintf("%d RoCEv2", len(samples))) {
+	if code, out, errOut := runIn(t, "pcap", "check", good); code != cli.ExitOK || !strings.Contains(out, fmt.Sprintf("%d RoCEv2", len(samples))) {
 		t.Errorf("pcapng samples: exit %d\n%s%s", code, out, errOut)
 	}
 	if code, out, errOut := runIn(t, "pcap", "check", bad); code != 1 || !strings.Contains(out+errOut, "#4 ") {

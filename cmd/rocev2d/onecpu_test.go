@@ -25,19 +25,19 @@ func TestBusyPollOneCPU(t *testing.T) {
 		{"one CPU, default", true, nil, true, 0},
 		{"one CPU, --busy-poll=50us", true, []string{"--busy-poll=50us"}, true, 50 * time.Microsecond},
 		{"one CPU, not polling", true, []string{"--busy-poll=50us"}, false, 0},
-		{"two CPUs, default", false, nil, true, defaultBusyPoll},
+		{"two CPUs, default", false, nil, true, cli.DefaultBusyPoll},
 		{"two CPUs, --busy-poll=0", false, []string{"--busy-poll=0"}, true, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cli.OneCPU = c.one
-			var f socketFlags
+			var f cli.SocketFlags
 			fs := flag.NewFlagSet("x", flag.ContinueOnError)
 			fs.SetOutput(io.Discard)
-			addSocketFlags(fs, &f)
+			cli.AddSocketFlags(fs, &f)
 			if err := fs.Parse(c.args); err != nil {
 				t.Fatal(err)
 			}
-			if got := f.Options(c.poll, defaultBusyPoll).BusyPoll; got != c.expect {
+			if got := f.Options(c.poll, cli.DefaultBusyPoll).BusyPoll; got != c.expect {
 				t.Errorf("BusyPoll %v, want %v", got, c.expect)
 			}
 		})

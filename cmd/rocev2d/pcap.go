@@ -19,6 +19,7 @@ import (
 	"github.com/google/gopacket/pcapgo"
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/rocelayer"
@@ -53,7 +54,7 @@ UD opcode and a CNP, each with a correct ICRC (the tshark test reads it).
 func runPcap(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, pcapUsage)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	switch args[0] {
 	case "check":
@@ -63,7 +64,7 @@ func runPcap(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "rocev2d pcap: unknown subcommand %q\n", args[0])
 	fmt.Fprint(stderr, pcapUsage)
-	return exitUsage
+	return cli.ExitUsage
 }
 
 // pcapStats counts one file's frames.
@@ -87,12 +88,12 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	quiet := fs.Bool("q", false, "print only bad packets and the totals")
 	fs.Usage = func() { fmt.Fprint(stderr, pcapUsage) }
 	if err := fs.Parse(args); err != nil {
-		return exitUsage
+		return cli.ExitUsage
 	}
 	if fs.NArg() == 0 {
 		fmt.Fprintln(stderr, "rocev2d pcap check: no files given")
 		fmt.Fprint(stderr, pcapUsage)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	out := bufio.NewWriter(stdout)
 	defer out.Flush()
@@ -136,11 +137,11 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	switch {
 	case unreadable > 0:
-		return exitUsage
+		return cli.ExitUsage
 	case len(bad) > 0:
-		return exitFail
+		return cli.ExitFail
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // captureReader is what pcap check needs of pcapgo's pcap and pcapng readers.
@@ -379,19 +380,19 @@ var sampleEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func pcapWriteSample(args []string, stdout, stderr io.Writer) int {
 	if len(args) != 1 {
 		fmt.Fprintln(stderr, "usage: rocev2d pcap write-sample FILE")
-		return exitUsage
+		return cli.ExitUsage
 	}
 	samples, err := rocelayer.SampleFrames()
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d pcap write-sample: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	if err := writeSamples(args[0], samples); err != nil {
 		fmt.Fprintf(stderr, "rocev2d pcap write-sample: %v\n", err)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	fmt.Fprintf(stdout, "wrote %d frames (every RC, UC and UD opcode and a CNP) to %s\n", len(samples), args[0])
-	return exitOK
+	return cli.ExitOK
 }
 
 func writeSamples(name string, samples []rocelayer.Sample) error {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // liveNeeds skips (or, under CI=true, fails) when the live capture test
@@ -116,7 +118,7 @@ func TestPcapCheckLiveTcpdumpAny(t *testing.T) {
 	// data packets per 64-B round, 3 per 3000-B message, all checked.
 	code, out, errOut := runIn(t, "pcap", "check", file)
 	t.Logf("tcpdump: %s\n%s", strings.TrimSpace(tdErr.String()), lastLine(out))
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("pcap check: exit %d\n%s%s", code, out, errOut)
 	}
 	m := regexp.MustCompile(`any\.pcap: (\d+) frames, (\d+) RoCEv2 \(ICRC ok (\d+), bad 0\)`).FindStringSubmatch(out)
@@ -134,7 +136,7 @@ func TestPcapCheckLiveTcpdumpAny(t *testing.T) {
 	ng := filepath.Join(dir, "any.pcapng")
 	writeLinkType(t, ng, framings[2], frames, true)
 	code, out2, errOut := runIn(t, "pcap", "check", "-q", ng)
-	if want := fmt.Sprintf("%s frames, %s RoCEv2 (ICRC ok %s, bad 0)", m[1], m[2], m[3]); code != exitOK || !strings.Contains(out2, want) {
+	if want := fmt.Sprintf("%s frames, %s RoCEv2 (ICRC ok %s, bad 0)", m[1], m[2], m[3]); code != cli.ExitOK || !strings.Contains(out2, want) {
 		t.Errorf("pcapng: exit %d, output lacks %q:\n%s%s", code, want, out2, errOut)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/google/gopacket/layers"
 
 	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/test/golden"
 )
@@ -42,14 +43,14 @@ func TestPcapCheckSACK(t *testing.T) {
 	writeFrames(t, okPath, layers.LinkTypeEthernet, [][]byte{good}, 0)
 	writeFrames(t, badPath, layers.LinkTypeEthernet, [][]byte{bad}, 0)
 	code, out, errOut := runIn(t, "pcap", "check", okPath)
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
 	want := "AETH[NAK PSN_SEQ_ERROR msn=1] SACK[v1 bits=128 held=0xc8a713,0xc8a715-0xc8a716,0xc8a792] pay=20"
 	if !strings.Contains(out, want) {
 		t.Errorf("output lacks %q:\n%s", want, out)
 	}
-	if code, out, _ := runIn(t, "pcap", "check", badPath); code != exitFail || !strings.Contains(out, "malformed") {
+	if code, out, _ := runIn(t, "pcap", "check", badPath); code != cli.ExitFail || !strings.Contains(out, "malformed") {
 		t.Errorf("a broken SACK block: exit %d\n%s", code, out)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // tcpdumpAny is a real `tcpdump -i any` capture (LINUX_SLL2) of two
@@ -143,7 +145,7 @@ func writeLinkType(t *testing.T, path string, fr linkFraming, frames []sll2Frame
 // ICRC valid).
 func TestPcapCheckTcpdumpAny(t *testing.T) {
 	code, out, errOut := runIn(t, "pcap", "check", tcpdumpAny)
-	if code != exitOK || !strings.Contains(out, tcpdumpAnyWant) {
+	if code != cli.ExitOK || !strings.Contains(out, tcpdumpAnyWant) {
 		t.Fatalf("%s: exit %d, output lacks %q:\n%s%s", tcpdumpAny, code, tcpdumpAnyWant, out, errOut)
 	}
 	for _, want := range []string{
@@ -167,7 +169,7 @@ func TestPcapCheckTcpdumpAny(t *testing.T) {
 			path := filepath.Join(dir, name)
 			writeLinkType(t, path, fr, frames, ng)
 			code, out, errOut := runIn(t, "pcap", "check", "-q", path)
-			if code != exitOK || !strings.Contains(out, tcpdumpAnyWant) {
+			if code != cli.ExitOK || !strings.Contains(out, tcpdumpAnyWant) {
 				t.Errorf("%s: exit %d, output lacks %q:\n%s%s", name, code, tcpdumpAnyWant, out, errOut)
 			}
 		}
@@ -176,7 +178,7 @@ func TestPcapCheckTcpdumpAny(t *testing.T) {
 	bad := linkFraming{"dlt 147", 147, func(sll2Frame) []byte { return nil }}
 	path := filepath.Join(dir, "user0.pcap")
 	writeLinkType(t, path, bad, frames[:1], false)
-	if code, _, errOut := runIn(t, "pcap", "check", path); code != exitUsage || !strings.Contains(errOut, "unsupported link type 147") {
+	if code, _, errOut := runIn(t, "pcap", "check", path); code != cli.ExitUsage || !strings.Contains(errOut, "unsupported link type 147") {
 		t.Errorf("link type 147: exit %d, %s", code, errOut)
 	}
 }

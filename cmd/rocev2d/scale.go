@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
@@ -59,11 +60,11 @@ options:
   -m, --mtu=MTU   path MTU (default 4096)
   --timeout=DUR   give up after DUR (default 10m)
   -v              print both devices' counters after each row
-` + socketUsage
+` + cli.SocketUsage
 
 // scaleConfig holds the parsed flags of rocev2d scale.
 type scaleConfig struct {
-	pairOptions
+	cli.PairOptions
 	qps     []int
 	rounds  int
 	chunk   int
@@ -75,7 +76,7 @@ type scaleConfig struct {
 
 func parseScaleFlags(args []string) (*scaleConfig, error) {
 	c := &scaleConfig{}
-	fs := newFlagSet("rocev2d scale")
+	fs := cli.NewFlagSet("rocev2d scale")
 	qps := "1,10,100,1000,10000"
 	fs.StringVar(&qps, "qps", qps, "")
 	fs.IntVar(&c.rounds, "rounds", 16, "")
@@ -84,7 +85,7 @@ func parseScaleFlags(args []string) (*scaleConfig, error) {
 	fs.IntVar(&c.window, "window", 8, "")
 	fs.BoolVar(&c.mem, "mem", false, "")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "")
-	if err := parsePairFlags(fs, args, &c.pairOptions, 4096); err != nil {
+	if err := cli.ParsePairFlags(fs, args, &c.PairOptions, 4096); err != nil {
 		return nil, err
 	}
 	if c.A == c.B {
@@ -114,7 +115,7 @@ func parseScaleFlags(args []string) (*scaleConfig, error) {
 
 func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseScaleFlags(args)
-	if code, done := flagsResult("scale", scaleUsage, err, stdout, stderr); done {
+	if code, done := cli.FlagsResult("scale", scaleUsage, err, stdout, stderr); done {
 		return code
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
@@ -132,12 +133,12 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		row, err := scaleRow(ctx, c, n, stdout)
 		if err != nil {
 			fmt.Fprintf(stderr, "rocev2d scale: %d QPs: %v\n", n, err)
-			return exitFail
+			return cli.ExitFail
 		}
 		fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), fmt.Sprintf("%.0f", row.bytesPerQP), strconv.Itoa(row.goroutines),
 			fmt.Sprintf("%.0f", row.setupRate), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio))
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // scaleResult is one row of the table.
@@ -289,8 +290,8 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 	if c.Verbose {
 		a.dev.Close()
 		b.dev.Close()
-		printCounters(stdout, fmt.Sprintf("%v (%d QPs)", a.dev.Addr(), n), a.dev)
-		printCounters(stdout, fmt.Sprintf("%v (%d QPs)", b.dev.Addr(), n), b.dev)
+		cli.PrintCounters(stdout, fmt.Sprintf("%v (%d QPs)", a.dev.Addr(), n), a.dev)
+		cli.PrintCounters(stdout, fmt.Sprintf("%v (%d QPs)", b.dev.Addr(), n), b.dev)
 	}
 	return res, nil
 }

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // TestScale runs the scale table over the in-memory network and over
@@ -22,7 +24,7 @@ func TestScale(t *testing.T) {
 	}
 	for _, args := range runs {
 		code, out, errOut := runInRetry(t, args...)
-		if code != exitOK {
+		if code != cli.ExitOK {
 			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
 		}
 		want := strings.Split(args[indexOf(args, "--qps")+1], ",")
@@ -89,11 +91,11 @@ func TestScaleFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		code, out, errOut := runIn(t, append([]string{"scale"}, tc.args...)...)
-		if code != exitUsage || !strings.Contains(errOut, tc.msg) {
-			t.Errorf("%v: exit %d, %q%q; want exit %d naming %q", tc.args, code, out, errOut, exitUsage, tc.msg)
+		if code != cli.ExitUsage || !strings.Contains(errOut, tc.msg) {
+			t.Errorf("%v: exit %d, %q%q; want exit %d naming %q", tc.args, code, out, errOut, cli.ExitUsage, tc.msg)
 		}
 	}
-	if code, out, _ := runIn(t, "help", "scale"); code != exitOK || !strings.Contains(out, "B/idle QP") {
+	if code, out, _ := runIn(t, "help", "scale"); code != cli.ExitOK || !strings.Contains(out, "B/idle QP") {
 		t.Errorf("help scale: exit %d\n%s", code, out)
 	}
 }
@@ -102,7 +104,7 @@ func TestScaleFlags(t *testing.T) {
 // with no decimals), and the ratio is a true median.
 func TestScaleSmall(t *testing.T) {
 	code, out, errOut := runIn(t, "scale", "--mem", "--qps", "1,2", "--rounds", "2", "--chunk", "64", "--size", "1")
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
 	rows := 0

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 const shareUsage = `usage: rocev2d share status ADDR
@@ -29,23 +31,23 @@ func init() {
 func runShare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) != 2 || (args[0] != "status" && args[0] != "remove") {
 		fmt.Fprint(stderr, shareUsage)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	addr, err := netip.ParseAddr(args[1])
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d share: %v\n", err)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	if args[0] == "remove" {
 		if err := shareRemove(addr.Unmap(), stdout); err != nil {
 			fmt.Fprintf(stderr, "rocev2d share remove: %v\n", err)
-			return exitFail
+			return cli.ExitFail
 		}
-		return exitOK
+		return cli.ExitOK
 	}
 	if err := shareStatus(addr.Unmap(), stdout); err != nil {
 		fmt.Fprintf(stderr, "rocev2d share status: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
-	return exitOK
+	return cli.ExitOK
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gorocev2/rocev2/cm"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/udp"
 	"github.com/gorocev2/rocev2/udp/share"
 )
@@ -17,10 +18,10 @@ import (
 // TestShareStatus: `rocev2d share status ADDR` lists the members of the
 // group, their QPN ranges and listeners, and the drop counters.
 func TestShareStatus(t *testing.T) {
-	if code, _, _ := runIn(t, "share"); code != exitUsage {
+	if code, _, _ := runIn(t, "share"); code != cli.ExitUsage {
 		t.Errorf("share without arguments: exit %d", code)
 	}
-	if code, _, _ := runIn(t, "share", "status", "not-an-address"); code != exitUsage {
+	if code, _, _ := runIn(t, "share", "status", "not-an-address"); code != cli.ExitUsage {
 		t.Errorf("share status with a bad address: exit %d", code)
 	}
 	if os.Geteuid() != 0 {
@@ -32,8 +33,8 @@ func TestShareStatus(t *testing.T) {
 	id := os.Getpid()
 	addr := netip.AddrFrom4([4]byte{127, 97, byte(id >> 8), byte(id)})
 	t.Cleanup(func() { share.Remove(netip.AddrPortFrom(addr, udp.Port), "") })
-	if code, _, _ := runIn(t, "share", "status", addr.String()); code != exitFail {
-		t.Errorf("status of an address nobody shares: exit %d, want %d", code, exitFail)
+	if code, _, _ := runIn(t, "share", "status", addr.String()); code != cli.ExitFail {
+		t.Errorf("status of an address nobody shares: exit %d, want %d", code, cli.ExitFail)
 	}
 	var links []*udp.SocketLink
 	for range 2 {
@@ -52,11 +53,11 @@ func TestShareStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut := runIn(t, "share", "status", addr.String())
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	if code, _, _ := runIn(t, "share", "remove", addr.String()); code != exitFail {
-		t.Errorf("remove with live members: exit %d, want %d", code, exitFail)
+	if code, _, _ := runIn(t, "share", "remove", addr.String()); code != cli.ExitFail {
+		t.Errorf("remove with live members: exit %d, want %d", code, cli.ExitFail)
 	}
 	for _, want := range []string{"2 member(s)", fmt.Sprintf("pid %d", id), "live", "listens rdma_cm TCP port 7174", fmt.Sprintf("QPNs %#06x", first), "unowned QPN 0"} {
 		if !strings.Contains(out, want) {
@@ -67,10 +68,10 @@ func TestShareStatus(t *testing.T) {
 		l.Close()
 	}
 	// Members that closed are in TimeWait, not live: remove unpins.
-	if code, out, errOut := runIn(t, "share", "remove", addr.String()); code != exitOK {
+	if code, out, errOut := runIn(t, "share", "remove", addr.String()); code != cli.ExitOK {
 		t.Errorf("remove after the members closed: exit %d %s %s", code, out, errOut)
 	}
-	if code, _, _ := runIn(t, "share", "status", addr.String()); code != exitFail {
-		t.Errorf("status after remove: exit %d, want %d", code, exitFail)
+	if code, _, _ := runIn(t, "share", "status", addr.String()); code != cli.ExitFail {
+		t.Errorf("status after remove: exit %d, want %d", code, cli.ExitFail)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/rdmacm"
 	"github.com/gorocev2/rocev2/transport"
@@ -100,7 +101,7 @@ type soakConfig struct {
 
 func parseSoakFlags(name string, args []string) (*soakConfig, error) {
 	c := &soakConfig{}
-	fs := newFlagSet(name)
+	fs := cli.NewFlagSet(name)
 	fs.DurationVar(&c.duration, "duration", time.Minute, "")
 	fs.IntVar(&c.clients, "clients", 4, "")
 	fs.DurationVar(&c.churn, "churn", 2*time.Second, "")
@@ -218,7 +219,7 @@ func (l *lossyLink) Send(pkts []udp.Packet) error {
 
 // soakDevice opens the child's device on addr behind a lossy link.
 func soakDevice(c *soakConfig, addr netip.Addr) (*transport.Device, error) {
-	sl, err := listenSocket(addr, udp.SocketOptions{}, "soak picks 127.B.C.x addresses from its process ID")
+	sl, err := cli.ListenSocket(addr, udp.SocketOptions{}, "soak picks 127.B.C.x addresses from its process ID")
 	if err != nil {
 		return nil, err
 	}
@@ -346,12 +347,12 @@ func runSoakServer(ctx context.Context, args []string, stdout, stderr io.Writer)
 	c, err := parseSoakFlags("soak-server", args)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d soak-server: %v\n", err)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	dev, err := soakDevice(c, c.addr)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d soak-server: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	defer dev.Close()
 	var bytes, bad atomic.Uint64
@@ -360,7 +361,7 @@ func runSoakServer(ctx context.Context, args []string, stdout, stderr io.Writer)
 	l, err := rdmacm.Listen(dev, uint16(c.port), &lo)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d soak-server: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	defer l.Close()
 	// The baseline: listening, before anything connects (the status
@@ -387,7 +388,7 @@ func runSoakServer(ctx context.Context, args []string, stdout, stderr io.Writer)
 		conn, err := l.Accept(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
-				return exitOK
+				return cli.ExitOK
 			}
 			continue
 		}
@@ -513,13 +514,13 @@ func runSoakClient(ctx context.Context, args []string, stdout, stderr io.Writer)
 	c, err := parseSoakFlags("soak-client", args)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d soak-client: %v\n", err)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	start := time.Now()
 	dev, err := soakDevice(c, c.addr)
 	if err != nil {
 		fmt.Fprintf(stdout, "failed device: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	defer dev.Close()
 	out := &lockedLines{w: stdout}
@@ -527,17 +528,17 @@ func runSoakClient(ctx context.Context, args []string, stdout, stderr io.Writer)
 	seed := rng.Uint64()
 	pd, err := dev.AllocPD()
 	if err != nil {
-		return exitFail
+		return cli.ExitFail
 	}
 	sbuf := make([]byte, soakSlots/2*soakMaxMsg)
 	rbuf := make([]byte, soakSlots*soakMaxMsg)
 	smr, err := pd.RegisterMR(sbuf, memreg.AccessLocalWrite)
 	if err != nil {
-		return exitFail
+		return cli.ExitFail
 	}
 	rmr, err := pd.RegisterMR(rbuf, memreg.AccessLocalWrite)
 	if err != nil {
-		return exitFail
+		return cli.ExitFail
 	}
 	since := start // the reconnect latency runs from the last connection's end (or the process start)
 	for cn := uint64(0); ctx.Err() == nil; cn++ {
@@ -574,7 +575,7 @@ func runSoakClient(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		out.println(fmt.Sprintf("ended %d %s", n, reason))
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // soakExchange keeps soakSlots/2 messages in flight on conn for life and
@@ -805,16 +806,16 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseSoakFlags("soak", args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, soakUsage)
-		return exitOK
+		return cli.ExitOK
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d soak: %v\n(see `rocev2d help soak`)\n", err)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	bin, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d soak: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	r := &soakRun{c: c, bin: bin, net: soakNet(), failures: map[string]int{}, endings: map[string]int{}}
 	if c.verbose {
@@ -825,7 +826,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	server, err := r.startServer()
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d soak: server: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	defer func() { kill(server) }()
 	clients := make([]*soakProc, c.clients)
@@ -838,7 +839,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for i := range clients {
 		if clients[i], err = r.startClient(i, 0); err != nil {
 			fmt.Fprintf(stderr, "rocev2d soak: client %d: %v\n", i, err)
-			return exitFail
+			return cli.ExitFail
 		}
 	}
 	start := time.Now()
@@ -862,7 +863,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			kill(server)
 			if server, err = r.startServer(); err != nil {
 				fmt.Fprintf(stderr, "rocev2d soak: restarting the server: %v\n", err)
-				return exitFail
+				return cli.ExitFail
 			}
 			restarts++
 		}
@@ -873,7 +874,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			incarnation[i]++
 			if clients[i], err = r.startClient(i, incarnation[i]); err != nil {
 				fmt.Fprintf(stderr, "rocev2d soak: client %d: %v\n", i, err)
-				return exitFail
+				return cli.ExitFail
 			}
 			kills++
 		}
@@ -882,14 +883,14 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			select {
 			case <-p.done:
 				fmt.Fprintf(stderr, "rocev2d soak: client %d exited by itself: %v\n", i, p.cmd.ProcessState)
-				return exitFail
+				return cli.ExitFail
 			default:
 			}
 		}
 		select {
 		case <-server.done:
 			fmt.Fprintf(stderr, "rocev2d soak: the server exited by itself: %v\n", server.cmd.ProcessState)
-			return exitFail
+			return cli.ExitFail
 		default:
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -987,10 +988,10 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		for _, p := range problems {
 			fmt.Fprintf(stdout, "FAIL: %s\n", p)
 		}
-		return exitFail
+		return cli.ExitFail
 	}
 	fmt.Fprintln(stdout, "PASS: every byte checked, nothing grew")
-	return exitOK
+	return cli.ExitOK
 }
 
 // Slack for gauges that wobble by a few: the runtime's own goroutines

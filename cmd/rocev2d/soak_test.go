@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
@@ -32,7 +33,7 @@ func TestSoak(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run(context.Background(), []string{"soak", "--duration", d.String(), "--clients", "3", "--churn", "1s"}, &out, &errb)
 	t.Log(out.String())
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("soak exit %d\n%s%s", code, out.String(), errb.String())
 	}
 	if !strings.Contains(out.String(), "PASS: every byte checked") {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"flag"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/udp"
 	"io"
 	"path/filepath"
@@ -17,37 +18,37 @@ import (
 func TestSocketFlags(t *testing.T) {
 	tests := []struct {
 		args []string
-		want socketFlags
+		want cli.SocketFlags
 		rest []string
 		err  bool
 	}{
 		{args: []string{}, rest: []string{}},
-		{args: []string{"-v"}, want: socketFlags{}, rest: []string{}},
-		{args: []string{"--gso"}, want: socketFlags{GSO: true, GSOSet: true}, rest: []string{}},
-		{args: []string{"-v", "-gso", "x"}, want: socketFlags{GSO: true, GSOSet: true}, rest: []string{"x"}},
-		{args: []string{"--gso=false", "-v"}, want: socketFlags{GSOSet: true}, rest: []string{}},
-		{args: []string{"--gso=true"}, want: socketFlags{GSO: true, GSOSet: true}, rest: []string{}},
+		{args: []string{"-v"}, want: cli.SocketFlags{}, rest: []string{}},
+		{args: []string{"--gso"}, want: cli.SocketFlags{GSO: true, GSOSet: true}, rest: []string{}},
+		{args: []string{"-v", "-gso", "x"}, want: cli.SocketFlags{GSO: true, GSOSet: true}, rest: []string{"x"}},
+		{args: []string{"--gso=false", "-v"}, want: cli.SocketFlags{GSOSet: true}, rest: []string{}},
+		{args: []string{"--gso=true"}, want: cli.SocketFlags{GSO: true, GSOSet: true}, rest: []string{}},
 		{args: []string{"--gso=maybe"}, err: true},
 		{args: []string{"--", "--gso"}, rest: []string{"--gso"}},
 		{args: []string{"--gsox"}, err: true},
-		{args: []string{"--busy-poll=100us", "-v"}, want: socketFlags{BusyPoll: 100 * time.Microsecond, BusyPollSet: true}, rest: []string{}},
-		{args: []string{"-v", "-busy-poll", "2ms"}, want: socketFlags{BusyPoll: 2 * time.Millisecond, BusyPollSet: true}, rest: []string{}},
-		{args: []string{"--busy-poll=0"}, want: socketFlags{BusyPollSet: true}, rest: []string{}},
+		{args: []string{"--busy-poll=100us", "-v"}, want: cli.SocketFlags{BusyPoll: 100 * time.Microsecond, BusyPollSet: true}, rest: []string{}},
+		{args: []string{"-v", "-busy-poll", "2ms"}, want: cli.SocketFlags{BusyPoll: 2 * time.Millisecond, BusyPollSet: true}, rest: []string{}},
+		{args: []string{"--busy-poll=0"}, want: cli.SocketFlags{BusyPollSet: true}, rest: []string{}},
 		{args: []string{"--busy-poll"}, err: true},
 		{args: []string{"--busy-poll=fast"}, err: true},
 		{args: []string{"--busy-poll=-1us"}, err: true},
 		{args: []string{"--busy-poll=2s"}, err: true},
-		{args: []string{"--share"}, want: socketFlags{Share: udp.ShareOn}, rest: []string{}},
-		{args: []string{"--share=false", "x"}, want: socketFlags{Share: udp.ShareOff}, rest: []string{"x"}},
-		{args: []string{"--share=true"}, want: socketFlags{Share: udp.ShareOn}, rest: []string{}},
+		{args: []string{"--share"}, want: cli.SocketFlags{Share: udp.ShareOn}, rest: []string{}},
+		{args: []string{"--share=false", "x"}, want: cli.SocketFlags{Share: udp.ShareOff}, rest: []string{"x"}},
+		{args: []string{"--share=true"}, want: cli.SocketFlags{Share: udp.ShareOn}, rest: []string{}},
 		{args: []string{"--share=sometimes"}, err: true},
 	}
 	for _, tc := range tests {
 		fs := flag.NewFlagSet("x", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		fs.Bool("v", false, "")
-		var got socketFlags
-		addSocketFlags(fs, &got)
+		var got cli.SocketFlags
+		cli.AddSocketFlags(fs, &got)
 		err := fs.Parse(tc.args)
 		if !tc.err && got.Options(false, 0).Share != tc.want.Share {
 			t.Errorf("%q: options().Share = %v, want %v", tc.args, got.Options(false, 0).Share, tc.want.Share)
@@ -100,7 +101,7 @@ func TestSocketFlagsCommands(t *testing.T) {
 		{[]string{"pingpong", "--busy-poll=fast"}, "want a duration between 0 and 1s"},
 		{[]string{"write-lat", "127.0.0.1", "--busy-poll"}, "-busy-poll"},
 	} {
-		if code, _, errOut := runIn(t, tc.args...); code != exitUsage || !strings.Contains(errOut, tc.want) {
+		if code, _, errOut := runIn(t, tc.args...); code != cli.ExitUsage || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%q: exit %d, stderr %q", tc.args, code, errOut)
 		}
 	}
@@ -114,11 +115,11 @@ func TestDemoGSO(t *testing.T) {
 	}
 	file := filepath.Join(t.TempDir(), "demo-gso.pcap")
 	code, out, errOut := runInRetry(t, "demo", "--gso", "--pcap", file)
-	if code != exitOK || !strings.Contains(out, "PASS: all 27 cases checked byte for byte") {
+	if code != cli.ExitOK || !strings.Contains(out, "PASS: all 27 cases checked byte for byte") {
 		t.Fatalf("demo --gso: exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = runIn(t, "pcap", "check", "-q", file)
-	if code != exitOK || !strings.Contains(out, " 0 bad") || strings.Contains(out, " 0 RoCEv2 packets") {
+	if code != cli.ExitOK || !strings.Contains(out, " 0 bad") || strings.Contains(out, " 0 RoCEv2 packets") {
 		t.Fatalf("pcap check after demo --gso: exit %d\n%s%s", code, out, errOut)
 	}
 }

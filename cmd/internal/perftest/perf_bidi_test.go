@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
@@ -116,19 +117,19 @@ func TestPerfBidiMismatch(t *testing.T) {
 					srvFlags, cliFlags = cliFlags, srvFlags
 				}
 				start := time.Now()
-				srv, cli := runPerfPairSides(t, test, srvFlags, cliFlags)
-				if srv.code == 0 && cli.code == 0 {
-					t.Fatalf("both succeeded\nserver:\n%s%s\nclient:\n%s%s", srv.out, srv.errOut, cli.out, cli.errOut)
+				srv, client := runPerfPairSides(t, test, srvFlags, cliFlags)
+				if srv.code == 0 && client.code == 0 {
+					t.Fatalf("both succeeded\nserver:\n%s%s\nclient:\n%s%s", srv.out, srv.errOut, client.out, client.errOut)
 				}
 				// The side with -b always refuses, naming the mismatch.
-				bidi := cli
+				bidi := client
 				if bidiServer {
 					bidi = srv
 				}
-				if bidi.code != exitFail || !strings.Contains(bidi.errOut, "-b") {
+				if bidi.code != cli.ExitFail || !strings.Contains(bidi.errOut, "-b") {
 					t.Errorf("side with -b: exit %d:\n%s%s", bidi.code, bidi.out, bidi.errOut)
 				}
-				for _, o := range []perfOut{srv, cli} {
+				for _, o := range []perfOut{srv, client} {
 					if o.code != 0 && !strings.Contains(o.errOut, "both sides need -b") {
 						t.Errorf("a failure that does not name -b:\n%s", o.errOut)
 					}
@@ -136,7 +137,7 @@ func TestPerfBidiMismatch(t *testing.T) {
 				if d := time.Since(start); d > 10*time.Second {
 					t.Errorf("took %v", d)
 				}
-				t.Logf("server exit %d: %s\nclient exit %d: %s", srv.code, strings.TrimSpace(srv.errOut), cli.code, strings.TrimSpace(cli.errOut))
+				t.Logf("server exit %d: %s\nclient exit %d: %s", srv.code, strings.TrimSpace(srv.errOut), client.code, strings.TrimSpace(client.errOut))
 			})
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // reQPNLine matches perftest's address lines' side and QPN.
@@ -213,8 +215,8 @@ func TestPerfQPFlags(t *testing.T) {
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			code, _, errOut := runIn(t, append(tt.args, "127.0.0.1")...)
-			if code != exitUsage || !strings.Contains(errOut, tt.want) {
-				t.Errorf("exit %d, stderr %q; want %d and %q", code, errOut, exitUsage, tt.want)
+			if code != cli.ExitUsage || !strings.Contains(errOut, tt.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, errOut, cli.ExitUsage, tt.want)
 			}
 		})
 	}

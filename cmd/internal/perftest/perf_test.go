@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/pcapgo"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/rocelayer"
@@ -273,7 +274,7 @@ func TestPerfFlags(t *testing.T) {
 	}
 	for _, b := range bad {
 		code, out, errOut := runIn(t, b.args...)
-		if code != exitUsage || !strings.Contains(errOut, b.msg) {
+		if code != cli.ExitUsage || !strings.Contains(errOut, b.msg) {
 			t.Errorf("%v: exit %d, stderr %q (stdout %q), want exit 2 naming %q", b.args, code, errOut, out, b.msg)
 		}
 	}
@@ -306,7 +307,7 @@ func TestPerfErrors(t *testing.T) {
 	t.Run("unreachable", func(t *testing.T) {
 		start := time.Now()
 		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(port), "--connect-timeout", "300ms", "127.0.0.2")
-		if code != exitFail || !strings.Contains(errOut, "server 127.0.0.2 on TCP port "+strconv.Itoa(port)) {
+		if code != cli.ExitFail || !strings.Contains(errOut, "server 127.0.0.2 on TCP port "+strconv.Itoa(port)) {
 			t.Errorf("exit %d: %s", code, errOut)
 		}
 		if time.Since(start) > 5*time.Second {
@@ -321,7 +322,7 @@ func TestPerfErrors(t *testing.T) {
 		defer ln.Close()
 		p := ln.Addr().(*net.TCPAddr).Port
 		code, _, errOut := runIn(t, "send-bw", "-p", strconv.Itoa(p))
-		if code != exitFail || !strings.Contains(errOut, fmt.Sprintf("TCP port %d is in use", p)) {
+		if code != cli.ExitFail || !strings.Contains(errOut, fmt.Sprintf("TCP port %d is in use", p)) {
 			t.Errorf("exit %d: %s", code, errOut)
 		}
 	})
@@ -352,7 +353,7 @@ func TestPerfErrors(t *testing.T) {
 			time.Sleep(time.Second)
 		})
 		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(p), "--bind", "127.0.0.1", "127.0.0.2")
-		if code != exitFail || !strings.Contains(errOut, "incompatible perftest version") {
+		if code != cli.ExitFail || !strings.Contains(errOut, "incompatible perftest version") {
 			t.Errorf("exit %d: %s", code, errOut)
 		}
 	})
@@ -364,7 +365,7 @@ func TestPerfErrors(t *testing.T) {
 			time.Sleep(time.Second)
 		})
 		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(p), "--bind", "127.0.0.1", "127.0.0.2")
-		if code != exitFail || !strings.Contains(errOut, "malformed out-of-band message") {
+		if code != cli.ExitFail || !strings.Contains(errOut, "malformed out-of-band message") {
 			t.Errorf("exit %d: %s", code, errOut)
 		}
 	})
@@ -377,11 +378,11 @@ func TestPerfErrors(t *testing.T) {
 			}
 		}
 		defer func() { perfTweakLocal = nil }()
-		srv, cli := runPerfPair(t, "write-bw", "-n", "5", "-s", "64", "--timeout", "20s")
-		if cli.code != exitFail || !strings.Contains(cli.errOut, "remote access error") {
-			t.Errorf("client exit %d:\n%s%s", cli.code, cli.out, cli.errOut)
+		srv, client := runPerfPair(t, "write-bw", "-n", "5", "-s", "64", "--timeout", "20s")
+		if client.code != cli.ExitFail || !strings.Contains(client.errOut, "remote access error") {
+			t.Errorf("client exit %d:\n%s%s", client.code, client.out, client.errOut)
 		}
-		if srv.code != exitFail {
+		if srv.code != cli.ExitFail {
 			t.Errorf("server exit %d:\n%s%s", srv.code, srv.out, srv.errOut)
 		}
 	})
