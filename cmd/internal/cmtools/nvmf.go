@@ -22,8 +22,8 @@ import (
 )
 
 func init() {
-	register("nvmf-target", "NVMe over Fabrics (RDMA) target: a file, block device or memory as a namespace", nvmfTargetUsage, runNvmfTarget)
-	register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, bench", nvmfHostUsage, runNvmfHost)
+	commands.Register("nvmf-target", "NVMe over Fabrics (RDMA) target: a file, block device or memory as a namespace", nvmfTargetUsage, runNvmfTarget)
+	commands.Register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, bench", nvmfHostUsage, runNvmfHost)
 }
 
 const nvmfTargetUsage = `usage: rocev2d nvmf-target --bind ADDR [--port 4420] --nqn NQN (--file PATH | --size BYTES) [--ro] [options]

@@ -21,8 +21,8 @@ import (
 // made through the CM, then both sides disconnect.
 
 func init() {
-	register("rdma-server", "rdma_cm SEND/RECV server, compatible with librdmacm's rdma_server", rdmaServerUsage, runRdmaServer)
-	register("rdma-client", "rdma_cm SEND/RECV client, compatible with librdmacm's rdma_client", rdmaClientUsage, runRdmaClient)
+	commands.Register("rdma-server", "rdma_cm SEND/RECV server, compatible with librdmacm's rdma_server", rdmaServerUsage, runRdmaServer)
+	commands.Register("rdma-client", "rdma_cm SEND/RECV client, compatible with librdmacm's rdma_client", rdmaClientUsage, runRdmaClient)
 }
 
 const rdmaServerUsage = `usage: rocev2d rdma-server [-s server_address] [-p port_number]

@@ -22,7 +22,7 @@ import (
 )
 
 func init() {
-	register("rping", "RDMA ping through the CM, flag- and wire-compatible with librdmacm's rping", rpingUsage, runRping)
+	commands.Register("rping", "RDMA ping through the CM, flag- and wire-compatible with librdmacm's rping", rpingUsage, runRping)
 }
 
 const rpingUsage = `usage: rocev2d rping -s [-vVdP] [-S size] [-C count] [-a addr] [-p port]

@@ -18,7 +18,7 @@ import (
 )
 
 func init() {
-	register("udaddy", "UD datagrams through rdma_cm's SIDR, compatible with librdmacm's udaddy", udaddyUsage, runUdaddy)
+	commands.Register("udaddy", "UD datagrams through rdma_cm's SIDR, compatible with librdmacm's udaddy", udaddyUsage, runUdaddy)
 }
 
 const udaddyUsage = `usage: rocev2d udaddy [-s server_address] [-b bind_address] [-C message_count] [-S message_size] [-t tos]

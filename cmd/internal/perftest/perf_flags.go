@@ -18,7 +18,7 @@ func init() {
 		t := t
 		title := perfTitle(t, "")
 		title = strings.ReplaceAll(title, "  ", " ")
-		register(t.String(), "perftest-compatible "+title+" (ib_"+strings.ReplaceAll(t.String(), "-", "_")+")",
+		commands.Register(t.String(), "perftest-compatible "+title+" (ib_"+strings.ReplaceAll(t.String(), "-", "_")+")",
 			perfUsage(t), func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return runPerf(ctx, t, args, stdout, stderr)
 			})

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package pcapcmd
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
 // liveNeeds skips (or, under CI=true, fails) when the live capture test
@@ -48,10 +49,7 @@ func liveNeeds(t *testing.T) {
 // packets rewritten as pcapng (tcpdump 4.99 writes only pcap).
 func TestPcapCheckLiveTcpdumpAny(t *testing.T) {
 	liveNeeds(t)
-	bin := filepath.Join(t.TempDir(), "rocev2d")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := clitest.BuildRocev2d(t)
 	ns := "rocev2-any-" + strconv.Itoa(os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v %s", err, out)
@@ -62,7 +60,7 @@ func TestPcapCheckLiveTcpdumpAny(t *testing.T) {
 	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "any.pcap")
-	var tdErr lockedBuffer
+	var tdErr clitest.LockedBuffer
 	td := exec.Command("ip", "netns", "exec", ns, "tcpdump", "-i", "any", "-s", "65600", "-B", "32768", "-U", "--immediate-mode", "-n",
 		"-Z", "root", "-w", file, "udp port 4791 or tcp port 18515")
 	td.Stderr = &tdErr

@@ -1,4 +1,4 @@
-package main
+package pcapcmd
 
 import (
 	"bufio"
@@ -26,7 +26,7 @@ import (
 )
 
 func init() {
-	register("pcap", "check RoCEv2 captures (layout and ICRC); write a sample capture", pcapUsage, runPcap)
+	commands.Register("pcap", "check RoCEv2 captures (layout and ICRC); write a sample capture", pcapUsage, runPcap)
 }
 
 const pcapUsage = `usage:

@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"bufio"
@@ -38,9 +38,9 @@ import (
 // QPs, CM connections, goroutines, descriptors, heap.
 
 func init() {
-	register("soak", "long-running churn test: CM clients killed and restarted against a server on loopback", soakUsage, runSoak)
-	register("soak-server", "the server process of soak (started by soak)", soakChildUsage, runSoakServer)
-	register("soak-client", "a client process of soak (started by soak)", soakChildUsage, runSoakClient)
+	commands.Register("soak", "long-running churn test: CM clients killed and restarted against a server on loopback", soakUsage, runSoak)
+	commands.Register("soak-server", "the server process of soak (started by soak)", soakChildUsage, runSoakServer)
+	commands.Register("soak-client", "a client process of soak (started by soak)", soakChildUsage, runSoakClient)
 }
 
 const soakUsage = `usage: rocev2d soak [options]

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package faultscmd
 
 import (
 	"bytes"
@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -17,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 	"github.com/gorocev2/rocev2/internal/netns"
 	"github.com/gorocev2/rocev2/udp/faults"
 )
@@ -160,31 +160,13 @@ func TestFaultsCommandGSO(t *testing.T) {
 	t.Logf("output:\n%s", s)
 }
 
-// faultsOutput is a command's output, read while it runs.
-type faultsOutput struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (o *faultsOutput) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.b.Write(p)
-}
-
-func (o *faultsOutput) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.b.String()
-}
-
 // startFaults runs `rocev2d faults args...` and returns once the program
 // is attached (loading takes a while under the race detector: the
 // verifier walks the GSO path's unrolled segment loops). The exit code
 // arrives on the channel.
-func startFaults(t *testing.T, args ...string) (out, errOut *faultsOutput, exit chan int) {
+func startFaults(t *testing.T, args ...string) (out, errOut *clitest.LockedBuffer, exit chan int) {
 	t.Helper()
-	out, errOut, exit = &faultsOutput{}, &faultsOutput{}, make(chan int, 1)
+	out, errOut, exit = &clitest.LockedBuffer{}, &clitest.LockedBuffer{}, make(chan int, 1)
 	go func() { exit <- run(context.Background(), append([]string{"faults"}, args...), out, errOut) }()
 	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "attached to"); {
 		select {

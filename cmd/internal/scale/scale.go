@@ -1,4 +1,4 @@
-package main
+package scale
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 )
 
 func init() {
-	register("scale", "many RC QP pairs between two devices: setup rate, memory per idle QP, goroutines, goodput against one QP", scaleUsage, runScale)
+	commands.Register("scale", "many RC QP pairs between two devices: setup rate, memory per idle QP, goroutines, goodput against one QP", scaleUsage, runScale)
 }
 
 const scaleUsage = `usage: rocev2d scale [options]

@@ -1,4 +1,4 @@
-package main
+package sharecmd
 
 import (
 	"context"
@@ -25,7 +25,7 @@ TimeWait, and pinned so that it outlives them).
 `
 
 func init() {
-	register("share", "show the processes sharing an address's UDP port 4791", shareUsage, runShare)
+	commands.Register("share", "show the processes sharing an address's UDP port 4791", shareUsage, runShare)
 }
 
 func runShare(ctx context.Context, args []string, stdout, stderr io.Writer) int {

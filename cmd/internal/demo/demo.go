@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -22,7 +22,7 @@ import (
 )
 
 func init() {
-	register("demo", "two endpoints in one process on loopback run every RC operation, checked byte for byte", demoUsage, runDemo)
+	commands.Register("demo", "two endpoints in one process on loopback run every RC operation, checked byte for byte", demoUsage, runDemo)
 }
 
 const demoUsage = `usage: rocev2d demo [options]

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package faultscmd
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 )
 
 func init() {
-	register("faults", "inject drops, duplicates, reordering and ECN CE marks into RoCEv2 traffic on an interface (eBPF, root)", faultsUsage, runFaults)
+	commands.Register("faults", "inject drops, duplicates, reordering and ECN CE marks into RoCEv2 traffic on an interface (eBPF, root)", faultsUsage, runFaults)
 }
 
 const faultsUsage = `usage: rocev2d faults [options] IFACE
