@@ -9,27 +9,13 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
-	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
 // runPerfPairSides runs `rocev2d test` as server on 127.0.0.2 and as client
 // on 127.0.0.1 with flags of their own, retried while UDP 4791 is taken.
-func runPerfPairSides(t *testing.T, test string, srvFlags, cliFlags []string) (srv, cli perfOut) {
+func runPerfPairSides(t *testing.T, test string, srvFlags, cliFlags []string) (srv, client perfOut) {
 	t.Helper()
-	for try := 0; ; try++ {
-		port := strconv.Itoa(freeTCPPort(t))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			srv.code, srv.out, srv.errOut = runIn(t, append([]string{test, "-p", port, "--bind", "127.0.0.2"}, srvFlags...)...)
-		}()
-		cli.code, cli.out, cli.errOut = runIn(t, append(append([]string{test, "-p", port, "--bind", "127.0.0.1"}, cliFlags...), "127.0.0.2")...)
-		<-done
-		if try == 4 || !clitest.PortBusy(srv.errOut+cli.errOut) {
-			return srv, cli
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	return runPerfSides(t, "127.0.0.2", "127.0.0.1", test, test, srvFlags, cliFlags)
 }
 
 // TestPerfBidi runs the bandwidth tests with -b between two rocev2d
@@ -59,9 +45,7 @@ func TestPerfBidi(t *testing.T) {
 		t.Run(tt.test+strings.Join(tt.flags, ""), func(t *testing.T) {
 			flags := append([]string{"-b", "--check", "--timeout", "60s"}, tt.flags...)
 			srv, cli := runPerfPairSides(t, tt.test, flags, flags)
-			if srv.code != 0 || cli.code != 0 {
-				t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-			}
+			mustPass(t, srv, cli)
 			iters, _ := strconv.Atoi(tt.flags[1])
 			for _, side := range []struct {
 				name string

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
-	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 )
 
@@ -49,9 +48,7 @@ func TestPerfRDMACM(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				flags := append([]string{"-R", "--check", "-v"}, tt.flags...)
 				srv, cli := runPerfPairAddrs(t, tt.test, swap, flags)
-				if srv.code != 0 || cli.code != 0 {
-					t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-				}
+				mustPass(t, srv, cli)
 				for _, side := range []struct {
 					name string
 					o    perfOut
@@ -101,25 +98,12 @@ func addrLine(out, side string) string {
 
 // runPerfPairAddrs is runPerfPair with the server on 127.0.0.1 and the
 // client on 127.0.0.2 when swap is set.
-func runPerfPairAddrs(t *testing.T, test string, swap bool, flags []string) (srv, cli perfOut) {
+func runPerfPairAddrs(t *testing.T, test string, swap bool, flags []string) (srv, client perfOut) {
 	t.Helper()
 	if !swap {
 		return runPerfPair(t, test, flags...)
 	}
-	for try := 0; ; try++ {
-		port := strconv.Itoa(freeTCPPort(t))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			srv.code, srv.out, srv.errOut = runIn(t, append([]string{test, "-p", port, "--bind", "127.0.0.1"}, flags...)...)
-		}()
-		cli.code, cli.out, cli.errOut = runIn(t, append(append([]string{test, "-p", port, "--bind", "127.0.0.2"}, flags...), "127.0.0.1")...)
-		<-done
-		if try == 4 || !clitest.PortBusy(srv.errOut+cli.errOut) {
-			return srv, cli
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	return runPerfPairAt(t, "127.0.0.1", "127.0.0.2", test, flags, nil)
 }
 
 // TestPerfRDMACMMismatch: a side with -R against one without refuses with

@@ -101,9 +101,7 @@ func TestPerfQPsModes(t *testing.T) {
 // count above 0); check: both ran --check.
 func checkQPRun(t *testing.T, check bool, q, n, size, rows int, srv, cli perfOut) {
 	t.Helper()
-	if srv.code != 0 || cli.code != 0 {
-		t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-	}
+	mustPass(t, srv, cli)
 	cl, cr := perfQPNs(cli.out)
 	sl, sr := perfQPNs(srv.out)
 	if len(cl) != q || len(cr) != q || strings.Join(cl, " ") != strings.Join(sr, " ") || strings.Join(cr, " ") != strings.Join(sl, " ") {
