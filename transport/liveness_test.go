@@ -3,11 +3,13 @@ package transport
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
-	"github.com/gorocev2/rocev2/udp/memnet"
+	"github.com/gorocev2/rocev2/packet"
 )
 
 // A QP whose peer dies under a WRITE reports it: Failed closes and Err
@@ -225,32 +227,73 @@ func TestDestroyCause(t *testing.T) {
 }
 
 // A local ACK timer that fires late because this process was not
-// scheduled must not spend a retry. Simulated: the network delays every
-// packet 5 ms, and the requester's QP lock is held for 60 ms right after
-// the post — its ACK timer (1 ms) comes due and waits for the lock before
-// the ACK arrives and waits behind it. With retry_cnt 0, the late expiry
-// would fail the WRITE; it resends instead, counted in ack_timeout_late.
+// scheduled must not spend a retry. Deterministic, on a ManualClock: the
+// responder's ACKs are dropped while the test holds the requester's QP
+// lock; the ACK timer (timeout 8, ~1 ms) comes due in another goroutine
+// and waits for the lock; the clock moves 10 timeouts on meanwhile (the
+// process was "not scheduled"), then the lock is released and the ACKs
+// pass again. With retry_cnt 0, counting that expiry as a retry would
+// fail the WRITE (retry exceeded); it resends instead, counted in
+// ack_timeout_late, and the resend's ACK completes it.
 func TestLateTimerSpendsNoRetry(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{timeout: 8, retry: 0, faults: memnet.Faults{Delay: 5 * time.Millisecond}})
+	clk := manual()
+	clk.lateTimers = true
+	a, b, _, lb := linkPair(t, pairOpts{clock: clk, timeout: 8, retry: 0}, 0, 0)
+	to := a.qp.timeout
+	var dropAcks atomic.Bool
+	var dropped atomic.Int32
+	lb.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCAck && dropAcks.Load() {
+			dropped.Add(1)
+			return true
+		}
+		return false
+	}
 	buf, mr := a.buffer(t, 64, 0)
 	_, dst := b.buffer(t, 64, memreg.AccessRemoteWrite)
-	for i := 0; i < 5; i++ {
+	const rounds = 5
+	for i := 0; i < rounds; i++ {
+		dropAcks.Store(true)
+		d0 := dropped.Load()
 		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, len(buf)),
 			RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
 			t.Fatal(err)
 		}
+		eventually(t, "the responder's ACK (dropped)", func() bool { return dropped.Load() > d0 })
 		a.qp.mu.Lock()
-		time.Sleep(60 * time.Millisecond) // the ACK (round trip ~10 ms) waits behind the timer
+		f0, _ := a.dev.tq.stats()
+		fired := make(chan struct{})
+		go func() {
+			clk.Advance(to) // the ACK timer comes due and waits for the QP lock
+			close(fired)
+		}()
+		eventually(t, "the ACK timer's expiry", func() bool { f, _ := a.dev.tq.stats(); return f > f0 })
+		clk.Advance(10 * to) // "not scheduled" for 10 timeouts
+		dropAcks.Store(false)
 		a.qp.mu.Unlock()
+		<-fired
 		wc := waitWC(t, a.scq, 1, 5*time.Second)
+		c := a.dev.Counters()
 		if wc[0].Status != WCSuccess {
-			t.Fatalf("round %d: %v after a stall (ack_timeout_late %d, local_ack_timeout %d)", i, wc[0].Err(),
-				a.dev.Counters().AckTimeoutLate, a.dev.Counters().LocalAckTimeout)
+			t.Fatalf("round %d: %v after a late expiry (ack_timeout_late %d, local_ack_timeout %d)", i, wc[0].Err(),
+				c.AckTimeoutLate, c.LocalAckTimeout)
 		}
-		// The resend reaches b as a duplicate; let it drain.
-		time.Sleep(20 * time.Millisecond)
+		if c.AckTimeoutLate != uint64(i+1) || c.LocalAckTimeout != 0 {
+			t.Fatalf("round %d: ack_timeout_late %d, local_ack_timeout_err %d; want %d and 0", i, c.AckTimeoutLate, c.LocalAckTimeout, i+1)
+		}
 	}
-	if c := a.dev.Counters(); c.AckTimeoutLate == 0 {
-		t.Fatalf("no late expiry counted: %+v", c)
+	// The same expiry on time spends the retry: with retry_cnt 0 the
+	// WRITE fails, counted in local_ack_timeout_err (the test would pass
+	// for nothing if every expiry were taken for late).
+	dropAcks.Store(true)
+	if err := a.qp.PostSend(SendWR{WRID: rounds, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, len(buf)),
+		RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(to)
+	wc := waitWC(t, a.scq, 1, 5*time.Second)
+	if c := a.dev.Counters(); wc[0].Status != WCRetryExcErr || c.LocalAckTimeout != 1 || c.AckTimeoutLate != rounds {
+		t.Fatalf("an on-time expiry with retry_cnt 0: %v, counters late %d / on time %d; want retry exceeded, %d / 1",
+			wc[0].Status, c.AckTimeoutLate, c.LocalAckTimeout, rounds)
 	}
 }

@@ -145,24 +145,28 @@ const maxLateRun = 16
 // timer itself ran more than a whole timeout late (the process was not
 // scheduled), or the device's receive side has been inside one batch for
 // longer than a timeout (descheduled in the middle of it; the ACK may be
-// in that batch or queued behind it). Wall clock only.
+// in that batch or queued behind it). Wall clock only (and, for the
+// first test, a ManualClock with lateTimers).
 func (qp *QP) behind(now time.Time) bool {
-	if !qp.realClock() {
+	wall := false
+	switch c := qp.dev.clock.(type) {
+	case RealClock:
+		wall = true
+	case *ManualClock:
+		if !c.lateTimers {
+			return false
+		}
+	default:
 		return false
 	}
 	if now.Sub(qp.tmr.deadline) > qp.timeout {
 		return true
 	}
+	if !wall {
+		return false // rxBusy is a wall-clock reading
+	}
 	b := qp.dev.rxBusy.Load()
 	return b != 0 && now.UnixNano()-b > int64(qp.timeout)
-}
-
-// realClock reports whether the device runs on the wall clock, where a
-// timer can fire late because the process was not scheduled (a
-// ManualClock's timers fire when the test advances it, late by design).
-func (qp *QP) realClock() bool {
-	_, ok := qp.dev.clock.(RealClock)
-	return ok
 }
 
 // onRNRTimer ends an RNR back-off: the requester resends from the NAKed
