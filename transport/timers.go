@@ -145,7 +145,9 @@ const maxLateRun = 16
 // timer itself ran more than a whole timeout late (the process was not
 // scheduled), or the device's receive side has been inside one batch for
 // longer than a timeout (descheduled in the middle of it; the ACK may be
-// in that batch or queued behind it). Wall clock only (and, for the
+// in that batch or queued behind it), or datagrams wait unread in the
+// link's socket (udp.BacklogLink: the receive goroutine was not
+// scheduled to read them). Wall clock only (and, for the
 // first test, a ManualClock with lateTimers).
 func (qp *QP) behind(now time.Time) bool {
 	wall := false
@@ -165,8 +167,12 @@ func (qp *QP) behind(now time.Time) bool {
 	if !wall {
 		return false // rxBusy is a wall-clock reading
 	}
-	b := qp.dev.rxBusy.Load()
-	return b != 0 && now.UnixNano()-b > int64(qp.timeout)
+	if b := qp.dev.rxBusy.Load(); b != 0 && now.UnixNano()-b > int64(qp.timeout) {
+		return true
+	}
+	// Datagrams wait unread in the socket: the receive goroutine was not
+	// scheduled to read them (the ACK may be among them).
+	return qp.dev.backlog != nil && qp.dev.backlog.RecvBacklog()
 }
 
 // onRNRTimer ends an RNR back-off: the requester resends from the NAKed

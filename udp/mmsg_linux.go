@@ -94,6 +94,21 @@ func (l *sockLink) Stats() Stats {
 	return st
 }
 
+// RecvBacklog reports whether datagrams wait unread in the receive
+// socket (SIOCINQ: the size of the next one, not 0 when one is there).
+func (l *sockLink) RecvBacklog() bool {
+	if l.rc == nil {
+		return false
+	}
+	n := 0
+	l.rc.Control(func(fd uintptr) {
+		if v, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil {
+			n = v
+		}
+	})
+	return n > 0
+}
+
 // reconcileDrops returns the 64-bit drop count whose low 32 bits are now
 // (the socket's count, which wraps) and which is not below seen (the
 // 64-bit count received datagrams reported earlier).

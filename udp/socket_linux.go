@@ -230,7 +230,10 @@ func (l *SocketLink) Stats() Stats {
 	return st
 }
 
-var _ ErrorReporter = (*SocketLink)(nil)
+var (
+	_ ErrorReporter = (*SocketLink)(nil)
+	_ BacklogLink   = (*SocketLink)(nil)
+)
 
 // SetErrorHandler sets the function called with each ICMP error the
 // network returns for a packet the link sent (ErrorReporter): port
