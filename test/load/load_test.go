@@ -279,7 +279,6 @@ func startPeer(t *testing.T, addrA, addrB netip.Addr) (fields []string, lines <-
 	return nil, nil, nil
 }
 
-
 // TestFlowUnderCPULoad moves data with WRITE, READ and SEND between two
 // processes — this one, the requester, and a child, the responder — each
 // with a device on a kernel UDP socket on loopback, with the defaults
@@ -312,7 +311,7 @@ func TestFlowUnderCPULoad(t *testing.T) {
 	}
 	per := total / 3
 	msgs := int(per / msgSize)
-	addrA, addrB := netip.MustParseAddr("127.0.0.91"), netip.MustParseAddr("127.0.0.92")
+	addrA, addrB := netip.MustParseAddr("127.0.0.121"), netip.MustParseAddr("127.0.0.122")
 
 	a, err := newEnd(addrA)
 	if errors.Is(err, syscall.EADDRINUSE) && os.Getenv("CI") != "true" {
