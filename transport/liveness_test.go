@@ -10,6 +10,8 @@ import (
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // A QP whose peer dies under a WRITE reports it: Failed closes and Err
@@ -295,5 +297,77 @@ func TestLateTimerSpendsNoRetry(t *testing.T) {
 	if c := a.dev.Counters(); wc[0].Status != WCRetryExcErr || c.LocalAckTimeout != 1 || c.AckTimeoutLate != rounds {
 		t.Fatalf("an on-time expiry with retry_cnt 0: %v, counters late %d / on time %d; want retry exceeded, %d / 1",
 			wc[0].Status, c.AckTimeoutLate, c.LocalAckTimeout, rounds)
+	}
+}
+
+// backlogWrap is a link whose RecvBacklog the test sets.
+type backlogWrap struct {
+	udp.Wrap
+	backlog atomic.Bool
+}
+
+func (l *backlogWrap) RecvBacklog() bool { return l.backlog.Load() }
+
+// An ACK timer that expires on time while datagrams wait unread in the
+// link (udp.BacklogLink: the receive goroutine was not scheduled to read
+// them, and the ACK may be among them) spends no retry either; without a
+// backlog the same expiry does. Deterministic: ManualClock, the
+// responder's ACKs dropped, retry_cnt 0.
+func TestBacklogExpirySpendsNoRetry(t *testing.T) {
+	clk := manual()
+	clk.lateTimers = true
+	o := pairOpts{clock: clk, timeout: 8, retry: 0}
+	o.defaults()
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	ra, err := n.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := n.Link(addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la := &backlogWrap{Wrap: udp.Wrap{Link: ra}}
+	lb := &psnLink{Wrap: udp.Wrap{Link: rb}}
+	a, b := sideOn(t, la, &o), sideOn(t, lb, &o)
+	connect(t, a, b, addrB, 0, 0, &o)
+	connect(t, b, a, addrA, 0, 0, &o)
+	if a.dev.backlog != udp.BacklogLink(la) {
+		t.Fatalf("the device did not find the link's RecvBacklog")
+	}
+	var dropAcks atomic.Bool
+	var dropped atomic.Int32
+	lb.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCAck && dropAcks.Load() {
+			dropped.Add(1)
+			return true
+		}
+		return false
+	}
+	buf, mr := a.buffer(t, 64, 0)
+	_, dst := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	to := a.qp.timeout
+	post := func(id uint64) {
+		t.Helper()
+		d0 := dropped.Load()
+		dropAcks.Store(true)
+		if err := a.qp.PostSend(SendWR{WRID: id, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, len(buf)),
+			RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the responder's ACK (dropped)", func() bool { return dropped.Load() > d0 })
+	}
+	post(1)
+	la.backlog.Store(true)
+	clk.Advance(to) // on time, with a backlog: resend without spending the retry
+	la.backlog.Store(false)
+	c := a.dev.Counters()
+	if c.AckTimeoutLate != 1 || c.LocalAckTimeout != 0 {
+		t.Fatalf("an expiry with a backlog: ack_timeout_late %d, local_ack_timeout_err %d; want 1 and 0", c.AckTimeoutLate, c.LocalAckTimeout)
+	}
+	clk.Advance(to) // on time, no backlog: retry_cnt 0 is exhausted
+	wc := waitWC(t, a.scq, 1, 5*time.Second)
+	if c := a.dev.Counters(); wc[0].Status != WCRetryExcErr || c.LocalAckTimeout != 1 || c.AckTimeoutLate != 1 {
+		t.Fatalf("an expiry without a backlog: %v, late %d / on time %d; want retry exceeded, 1 / 1", wc[0].Status, c.AckTimeoutLate, c.LocalAckTimeout)
 	}
 }

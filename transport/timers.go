@@ -147,8 +147,8 @@ const maxLateRun = 16
 // longer than a timeout (descheduled in the middle of it; the ACK may be
 // in that batch or queued behind it), or datagrams wait unread in the
 // link's socket (udp.BacklogLink: the receive goroutine was not
-// scheduled to read them). Wall clock only (and, for the
-// first test, a ManualClock with lateTimers).
+// scheduled to read them). Wall clock only (and a ManualClock with
+// lateTimers, for the first and last tests).
 func (qp *QP) behind(now time.Time) bool {
 	wall := false
 	switch c := qp.dev.clock.(type) {
@@ -164,10 +164,7 @@ func (qp *QP) behind(now time.Time) bool {
 	if now.Sub(qp.tmr.deadline) > qp.timeout {
 		return true
 	}
-	if !wall {
-		return false // rxBusy is a wall-clock reading
-	}
-	if b := qp.dev.rxBusy.Load(); b != 0 && now.UnixNano()-b > int64(qp.timeout) {
+	if b := qp.dev.rxBusy.Load(); wall && b != 0 && now.UnixNano()-b > int64(qp.timeout) { // rxBusy is a wall-clock reading
 		return true
 	}
 	// Datagrams wait unread in the socket: the receive goroutine was not

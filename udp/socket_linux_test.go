@@ -1228,3 +1228,26 @@ func TestSendCountsWhatLeftBeforeClose(t *testing.T) {
 	}
 	recvN(t, b, len(run), 5*time.Second)
 }
+
+// RecvBacklog tells whether datagrams wait unread in the receive socket.
+func TestSocketRecvBacklog(t *testing.T) {
+	a, b := listenPairOpts(t, nil, &SocketOptions{NoGRO: true})
+	if b.RecvBacklog() {
+		t.Fatal("backlog on a fresh socket")
+	}
+	if err := a.Send([]Packet{{Buf: testPayload(make([]byte, 256), 1, 256), Addr: sockB}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; !b.RecvBacklog() && i < 500; i++ { // loopback may deliver in a softirq after Send
+		time.Sleep(time.Millisecond)
+	}
+	if !b.RecvBacklog() {
+		t.Fatal("no backlog with a datagram sent and not received")
+	}
+	if n, err := b.Recv(recvBufs(4)); n != 1 || err != nil {
+		t.Fatalf("Recv = %d, %v", n, err)
+	}
+	if b.RecvBacklog() {
+		t.Fatal("backlog after the datagram was received")
+	}
+}
