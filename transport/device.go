@@ -259,6 +259,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	if er, ok := link.(udp.ErrorReporter); ok {
 		er.SetErrorHandler(d.linkError)
 	}
+	d.registerBehind()
 	go d.recvLoop()
 	return d, nil
 }
@@ -314,6 +315,7 @@ func (d *Device) Close() error {
 		d.mu.Unlock()
 		return nil
 	}
+	d.unregisterBehind()
 	d.table.Close(ErrClosed)
 	// From here on no QP, CQ or channel is created (they check closed
 	// under mu), so these snapshots are complete.

@@ -147,8 +147,10 @@ const maxLateRun = 16
 // longer than a timeout (descheduled in the middle of it; the ACK may be
 // in that batch or queued behind it), or datagrams wait unread in the
 // link's socket (udp.BacklogLink: the receive goroutine was not
-// scheduled to read them). Wall clock only (and a ManualClock with
-// lateTimers, for the first and last tests).
+// scheduled to read them) — or one of the last two holds for another
+// device of this process (the peer may be in it: tests, a loopback
+// soak). Wall clock only (and a ManualClock with lateTimers, for the
+// first, third and fourth tests, on this device).
 func (qp *QP) behind(now time.Time) bool {
 	wall := false
 	switch c := qp.dev.clock.(type) {
@@ -164,12 +166,11 @@ func (qp *QP) behind(now time.Time) bool {
 	if now.Sub(qp.tmr.deadline) > qp.timeout {
 		return true
 	}
-	if b := qp.dev.rxBusy.Load(); wall && b != 0 && now.UnixNano()-b > int64(qp.timeout) { // rxBusy is a wall-clock reading
-		return true
-	}
-	// Datagrams wait unread in the socket: the receive goroutine was not
-	// scheduled to read them (the ACK may be among them).
-	return qp.dev.backlog != nil && qp.dev.backlog.RecvBacklog()
+	// The receive goroutine stuck in a batch (a wall-clock reading), or
+	// datagrams unread in the socket: it was not scheduled to read them
+	// (the ACK may be among them). Then the same for the process's other
+	// devices: the peer may be one of them.
+	return qp.dev.inputBehind(now, qp.timeout) || (wall && qp.dev.othersBehind(now, qp.timeout))
 }
 
 // onRNRTimer ends an RNR back-off: the requester resends from the NAKed
