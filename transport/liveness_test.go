@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -369,5 +370,79 @@ func TestBacklogExpirySpendsNoRetry(t *testing.T) {
 	wc := waitWC(t, a.scq, 1, 5*time.Second)
 	if c := a.dev.Counters(); wc[0].Status != WCRetryExcErr || c.LocalAckTimeout != 1 || c.AckTimeoutLate != 1 {
 		t.Fatalf("an expiry without a backlog: %v, late %d / on time %d; want retry exceeded, 1 / 1", wc[0].Status, c.AckTimeoutLate, c.LocalAckTimeout)
+	}
+}
+
+// othersBehind: a wall-clock device sees another device of the process
+// that is behind on its input (datagrams unread, or stuck in a batch), and
+// not a closed one or itself.
+func TestOthersBehind(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	mk := func(a netip.Addr) (*Device, *backlogWrap) {
+		r, err := n.Link(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := &backlogWrap{Wrap: udp.Wrap{Link: r}}
+		d, err := NewDevice(l, DeviceConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d, l
+	}
+	da, la := mk(addrA)
+	db, lb := mk(addrB)
+	// Only these two (a device another test left open must not count).
+	procDevs.mu.Lock()
+	saved := procDevs.list
+	procDevs.list = []*Device{da, db}
+	procDevs.mu.Unlock()
+	t.Cleanup(func() {
+		procDevs.mu.Lock()
+		procDevs.list = saved
+		procDevs.mu.Unlock()
+	})
+	to := 10 * time.Millisecond
+	now := time.Now()
+	if da.othersBehind(now, to) || db.othersBehind(now, to) {
+		t.Fatal("behind with nothing waiting")
+	}
+	la.backlog.Store(true)
+	if da.othersBehind(now, to) {
+		t.Error("a device counts its own backlog as another's")
+	}
+	if !db.othersBehind(now, to) {
+		t.Error("b does not see a's backlog")
+	}
+	la.backlog.Store(false)
+	db.rxBusy.Store(now.Add(-2 * to).UnixNano())
+	if !da.othersBehind(now, to) {
+		t.Error("a does not see b stuck in a batch for two timeouts")
+	}
+	db.rxBusy.Store(now.Add(-to / 2).UnixNano())
+	if da.othersBehind(now, to) {
+		t.Error("a takes b half a timeout into a batch for behind")
+	}
+	db.rxBusy.Store(0)
+	lb.backlog.Store(true)
+	db.Close()
+	if da.othersBehind(now, to) {
+		t.Error("a closed device still counts")
+	}
+	// A ManualClock device is not in the process's list.
+	r, err := memnet.NewMemNetwork(memnet.Faults{}).Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lm := &backlogWrap{Wrap: udp.Wrap{Link: r}}
+	dm, err := NewDevice(lm, DeviceConfig{Clock: manual()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dm.Close()
+	lm.backlog.Store(true)
+	if da.othersBehind(now, to) {
+		t.Error("a ManualClock device counts for the wall-clock ones")
 	}
 }
