@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -400,7 +401,7 @@ func TestOthersBehind(t *testing.T) {
 	procDevs.mu.Unlock()
 	t.Cleanup(func() {
 		procDevs.mu.Lock()
-		procDevs.list = saved
+		procDevs.list = slices.DeleteFunc(saved, func(d *Device) bool { return d == da || d == db })
 		procDevs.mu.Unlock()
 	})
 	to := 10 * time.Millisecond
