@@ -116,7 +116,7 @@ func TestDirectFallback(t *testing.T) {
 		t.Fatal(err, direct)
 	}
 	defer f.Close()
-	buf := newBuffer(directAlign)[:directAlign+1]
+	buf := alignedBuffer(directAlign)[:directAlign+1]
 	for i := range buf {
 		buf[i] = byte(i)
 	}
