@@ -7,12 +7,25 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// createFile creates path for writing, with O_DIRECT if its file system
-// takes it (direct reports which).
+// createFile creates path for writing, with O_DIRECT if it is a regular
+// file on a file system that takes it (direct reports which). A pipe, a
+// terminal or a device (--pcap /dev/stdout) is written as a stream.
 func createFile(path string) (f *os.File, direct bool, err error) {
 	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_DIRECT, 0o644)
 	if err == nil {
-		return f, true, nil
+		st, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, false, err
+		}
+		if st.Mode().IsRegular() {
+			return f, true, nil
+		}
+		if err := clearDirect(f); err != nil {
+			f.Close()
+			return nil, false, err
+		}
+		return f, false, nil
 	}
 	if !isEINVAL(err) {
 		return nil, false, err

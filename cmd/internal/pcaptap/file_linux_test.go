@@ -132,3 +132,43 @@ func TestDirectFallback(t *testing.T) {
 		t.Errorf("file %d bytes, want the chunk cut at its end (%d)", len(got), directAlign-100)
 	}
 }
+
+// TestCreateFIFO: Create on a named pipe (as --pcap /dev/stdout into a
+// pipe) writes a stream, not direct I/O at offsets: the reader gets a
+// whole pcap file.
+func TestCreateFIFO(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fifo")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := os.ReadFile(path)
+		got <- b
+	}()
+	w, err := Create(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Direct() {
+		t.Error("direct I/O on a pipe")
+	}
+	src, dst := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+	const n = 3000 // more than one buffer
+	for i := range n {
+		if err := w.WritePacket(src, dst, 0xc000, 0, build(t, 1000, uint32(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-got:
+		if recs := countRecords(t, b); recs != n {
+			t.Errorf("reader got %d records, want %d", recs, n)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the reader got no end of file")
+	}
+}
