@@ -149,8 +149,8 @@ type Device struct {
 	// clock_gettime per packet (a few percent of a 4 KiB READ stream
 	// in a VM). Batch owner only.
 	rxNow batchClock
-	// rxBusy is when the batch being handled began (nanoseconds since
-	// clkBase + 1, wall clock only; 0 between batches): an ACK timer that expires while a batch
+	// rxBusy is when the batch being handled began (UnixNano, wall clock
+	// only; 0 between batches): an ACK timer that expires while a batch
 	// has been under way for longer than its timeout knows that this
 	// process is behind on its input (onRetransTimer).
 	rxBusy  atomic.Int64
@@ -159,6 +159,11 @@ type Device struct {
 	// RealClock the device reads the time as clkBase plus the monotonic
 	// time since (now), one clock read where time.Now makes two.
 	clkBase time.Time
+	// backlog is the link (or the link it wraps) that can tell whether
+	// datagrams wait unread in the kernel; nil if none can. An ACK timer
+	// that expires while they do knows this process is behind on its
+	// input (QP.behind).
+	backlog udp.BacklogLink
 	// outMax is how far a QP's output queue grows (output.go): outBatchMax
 	// on a link that sends UDP GSO datagrams, where a bigger Link.Send
 	// fills more of each and saves system calls, else outBatch.
@@ -259,9 +264,11 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	d.initRx()
 	_, d.realClk = cfg.Clock.(RealClock)
 	d.clkBase = time.Now()
+	d.backlog = backlogLink(link)
 	if er, ok := link.(udp.ErrorReporter); ok {
 		er.SetErrorHandler(d.linkError)
 	}
+	d.registerBehind()
 	go d.recvLoop()
 	return d, nil
 }
@@ -317,6 +324,7 @@ func (d *Device) Close() error {
 		d.mu.Unlock()
 		return nil
 	}
+	d.unregisterBehind()
 	d.table.Close(ErrClosed)
 	// From here on no QP, CQ or channel is created (they check closed
 	// under mu), so these snapshots are complete.
@@ -449,7 +457,7 @@ func (d *Device) getBuf() *[udp.MaxPacketSize]byte {
 func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	if d.realClk {
 		now := d.now()
-		d.rxBusy.Store(int64(now.Sub(d.clkBase)) + 1)
+		d.rxBusy.Store(now.UnixNano())
 		d.rxNow = batchClock{t: now, ok: true}
 		defer d.rxBusy.Store(0)
 	} else {
@@ -611,4 +619,21 @@ func randomFirstQPN() uint32 {
 	var b [4]byte
 	crand.Read(b[:])
 	return firstQPN + binary.BigEndian.Uint32(b[:])%(0x800000-firstQPN)
+}
+
+// backlogLink returns link, or a link it wraps (Unwrap), as a
+// udp.BacklogLink; nil if none is one.
+func backlogLink(link udp.Link) udp.BacklogLink {
+	l := link
+	for range 8 {
+		if b, ok := l.(udp.BacklogLink); ok {
+			return b
+		}
+		u, ok := l.(interface{ Unwrap() udp.Link })
+		if !ok {
+			return nil
+		}
+		l = u.Unwrap()
+	}
+	return nil
 }
