@@ -107,7 +107,11 @@ func (c *ManualClock) Advance(d time.Duration) {
 		t.f()
 		c.mu.Lock()
 	}
-	c.now = end
+	// Never back: another Advance may have moved the clock further while
+	// this one ran a timer function without the lock.
+	if end.After(c.now) {
+		c.now = end
+	}
 	c.mu.Unlock()
 }
 

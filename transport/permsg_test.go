@@ -156,3 +156,20 @@ func TestHotQPTimerStaysArmed(t *testing.T) {
 		t.Fatalf("resent WRITE: %+v", w[0])
 	}
 }
+
+// TestManualClockNeverBack: an Advance that ran a timer function while
+// another Advance moved the clock further does not set it back to its
+// own end (TestLateTimerSpendsNoRetry advances from two goroutines so).
+func TestManualClockNeverBack(t *testing.T) {
+	c := NewManualClock(time.Unix(0, 0))
+	in, block, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	c.AfterFunc(time.Second, func() { close(in); <-block })
+	go func() { c.Advance(time.Second); close(done) }()
+	<-in
+	c.Advance(10 * time.Second)
+	close(block)
+	<-done
+	if got := c.Now(); !got.Equal(time.Unix(11, 0)) {
+		t.Fatalf("clock at %v after Advance(1s) and, meanwhile, Advance(10s); want %v", got, time.Unix(11, 0))
+	}
+}
