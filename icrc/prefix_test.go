@@ -90,3 +90,46 @@ func BenchmarkPrefixCompute1K(b *testing.B) {
 		}
 	})
 }
+
+// TestComputeSplit: ComputeSplit of (head, mid, tail) equals Compute of
+// the concatenation, for random flows, split points and payload lengths
+// (the fold kernel's lengths included), over IPv4 and IPv6.
+func TestComputeSplit(t *testing.T) {
+	r := rand.New(rand.NewPCG(33, 34))
+	for i := range 2000 {
+		hl := bthSize + r.IntN(40)
+		ml := r.IntN(5000)
+		if i%7 == 0 {
+			ml = []int{0, 255, 256, 257, 1024, 4096}[i%6]
+		}
+		tl := r.IntN(4) + Size
+		whole := make([]byte, hl+ml+tl)
+		fill(r, whole)
+		h4 := &IPv4Pseudo{SrcPort: uint16(r.Uint32()), DstPort: 4791, FlagsFrag: 0x4000}
+		fill(r, h4.Src[:])
+		fill(r, h4.Dst[:])
+		h6 := &IPv6Pseudo{SrcPort: uint16(r.Uint32()), DstPort: 4791}
+		fill(r, h6.Src[:])
+		p4, p6 := NewIPv4Prefix(h4), NewIPv6Prefix(h6)
+		buf := append(append([]byte{}, whole[:hl]...), whole[hl+ml:]...)
+		mid := whole[hl : hl+ml]
+		id := uint16(r.Uint32())
+		if got, want := p4.ComputeSplit(id, buf, hl, mid), p4.Compute(id, whole); got != want {
+			t.Fatalf("IPv4 head %d mid %d tail %d: ComputeSplit %#x, Compute %#x", hl, ml, tl, got, want)
+		}
+		if got, want := p6.ComputeSplit(0, buf, hl, mid), p6.Compute(0, whole); got != want {
+			t.Fatalf("IPv6 head %d mid %d tail %d: ComputeSplit %#x, Compute %#x", hl, ml, tl, got, want)
+		}
+	}
+	for _, at := range []int{bthSize - 1, 13} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("split at %d of a 16-byte packet did not panic", at)
+				}
+			}()
+			p := NewIPv6Prefix(&IPv6Pseudo{})
+			p.ComputeSplit(0, make([]byte, 16), at, nil)
+		}()
+	}
+}

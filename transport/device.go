@@ -61,6 +61,11 @@ type DeviceConfig struct {
 	// SelectiveRepeat configures selective repeat for the RC QPs that
 	// negotiate it (QPAttr.SelectiveRepeat, sack.go).
 	SelectiveRepeat SRConfig
+	// CopySend turns zero-copy send off: payloads are copied from
+	// registered memory into packet buffers even on a link that could
+	// send them from where they lie (udp.CapZeroCopy). The wire bytes are
+	// the same either way.
+	CopySend bool
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -151,6 +156,11 @@ type Device struct {
 	// process is behind on its input (onRetransTimer).
 	rxBusy  atomic.Int64
 	realClk bool
+	// zc: the link sends payloads from registered memory (udp.CapZeroCopy
+	// and not DeviceConfig.CopySend): WRITE and SEND requests and READ
+	// responses whose payload lies in one SGE (one region) are queued
+	// with Packet.Payload pointing into it (output.go).
+	zc bool
 	// outMax is how far a QP's output queue grows (output.go): outBatchMax
 	// on a link that sends UDP GSO datagrams, where a bigger Link.Send
 	// fills more of each and saves system calls, else outBatch.
@@ -245,6 +255,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
 	d.outMax = outBatch
+	d.zc = udp.CapabilitiesOf(link)&udp.CapZeroCopy != 0 && !cfg.CopySend
 	if udp.CapabilitiesOf(link)&udp.CapGSO != 0 {
 		d.outMax = outBatchMax
 	}

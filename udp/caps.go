@@ -30,6 +30,11 @@ const (
 	// (TryRecv), a blocked Recv can be woken, and it has a busy-poll
 	// budget.
 	CapPoll
+	// CapZeroCopy: the link implements ZeroCopyLink and ZeroCopy reports
+	// true: Send takes packets whose payload is held outside Buf
+	// (Packet.Payload) and sends it from where it lies, with no copy
+	// into a packet buffer.
+	CapZeroCopy
 )
 
 // String lists the capabilities by name ("gso|recv-in-place|poll"; "none").
@@ -38,7 +43,7 @@ func (c Capabilities) String() string {
 	for _, n := range []struct {
 		c    Capabilities
 		name string
-	}{{CapGSO, "gso"}, {CapRecvInPlace, "recv-in-place"}, {CapPoll, "poll"}} {
+	}{{CapGSO, "gso"}, {CapRecvInPlace, "recv-in-place"}, {CapPoll, "poll"}, {CapZeroCopy, "zero-copy"}} {
 		if c&n.c != 0 {
 			s = append(s, n.name)
 		}
@@ -63,6 +68,18 @@ type GSOLink interface {
 	Link
 	// GSO reports whether Send uses UDP GSO.
 	GSO() bool
+}
+
+// ZeroCopyLink is a Link that may send a packet's payload from memory
+// outside its Buf (Packet.Payload): a scatter-gather send whose iovecs
+// point into the caller's (registered) memory for the payload and into
+// Buf for the headers, pad and ICRC, the ICRC computed over the payload
+// where it lies. A link without it refuses such packets (ErrPayload); the
+// caller then copies the payload into Buf.
+type ZeroCopyLink interface {
+	Link
+	// ZeroCopy reports whether Send takes packets with Payload set.
+	ZeroCopy() bool
 }
 
 // InPlaceRecvLink is a Link that can hand received packets out in place.
@@ -109,6 +126,9 @@ func CapabilitiesOf(l Link) Capabilities {
 	if _, ok := l.(PollLink); ok {
 		c |= CapPoll
 	}
+	if z, ok := l.(ZeroCopyLink); ok && z.ZeroCopy() {
+		c |= CapZeroCopy
+	}
 	return c
 }
 
@@ -119,12 +139,35 @@ func CapabilitiesOf(l Link) Capabilities {
 // overrides Recv to see or change what arrives must override TryRecv the
 // same way (the poll path receives through TryRecv), or mask CapPoll in a
 // Capabilities method of its own.
+//
+// Zero-copy send (CapZeroCopy) is the exception: a wrapper that overrides
+// Send and looks at Buf would see packets without their payload, so Wrap
+// forwards it only when the wrapper says its Send handles Packet.Payload
+// (PassPayload: it forwards such packets unchanged, or reads them through
+// Packet.AppendWire).
 type Wrap struct {
 	Link
+	// PassPayload: the wrapper's Send takes packets with Payload set
+	// (see above); then the wrapped link's CapZeroCopy is forwarded.
+	PassPayload bool
 }
 
-// Capabilities returns the wrapped link's capabilities.
-func (w Wrap) Capabilities() Capabilities { return CapabilitiesOf(w.Link) }
+// Capabilities returns the wrapped link's capabilities (CapZeroCopy only
+// with PassPayload).
+func (w Wrap) Capabilities() Capabilities {
+	c := CapabilitiesOf(w.Link)
+	if !w.PassPayload {
+		c &^= CapZeroCopy
+	}
+	return c
+}
+
+// ZeroCopy forwards to the wrapped link when PassPayload is set (false
+// otherwise, or if it is not a ZeroCopyLink).
+func (w Wrap) ZeroCopy() bool {
+	z, ok := w.Link.(ZeroCopyLink)
+	return w.PassPayload && ok && z.ZeroCopy()
+}
 
 // GSO forwards to the wrapped link (false if it is not a GSOLink).
 func (w Wrap) GSO() bool {
@@ -172,4 +215,5 @@ var (
 	_ GSOLink         = Wrap{}
 	_ InPlaceRecvLink = Wrap{}
 	_ PollLink        = Wrap{}
+	_ ZeroCopyLink    = Wrap{}
 )

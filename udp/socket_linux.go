@@ -61,6 +61,7 @@ type SocketLink struct {
 	txPort uint16  // source port of sockLink.tx (ephemeral)
 	is6    bool
 	gso    bool
+	zc     bool      // zero-copy send (not SocketOptions.NoZeroCopy)
 	gro    *groState // nil with SocketOptions.NoGRO
 
 	srcPorts      bool
@@ -84,9 +85,22 @@ type SocketLink struct {
 }
 
 var (
-	_ Link       = (*SocketLink)(nil)
-	_ SharedLink = (*SocketLink)(nil)
+	_ Link         = (*SocketLink)(nil)
+	_ SharedLink   = (*SocketLink)(nil)
+	_ ZeroCopyLink = (*SocketLink)(nil)
 )
+
+// zcIovs is the most iovecs one packet takes in a send: Buf's headers,
+// the Payload, Buf's pad and ICRC.
+const zcIovs = 3
+
+// ZeroCopy reports whether Send takes packets whose payload is held
+// outside Buf (Packet.Payload; on unless SocketOptions.NoZeroCopy): it
+// sends them with the payload's iovec pointing at the caller's memory,
+// computing the ICRC over it there. The kernel copies the payload into
+// its socket buffer during the sendmmsg, so the memory may be reused when
+// Send returns.
+func (l *SocketLink) ZeroCopy() bool { return l.zc }
 
 // ListenSocket opens a SocketLink on addr, UDP port 4791. addr must be a
 // specific address of this host (IPv4, IPv4-mapped IPv6, or IPv6; a zone is
@@ -196,6 +210,7 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		txPort: txPort,
 		is6:    is6,
 		gso:    o.GSO,
+		zc:     !o.NoZeroCopy,
 
 		srcPorts: o.SourcePorts,
 		bindAddr: bindAddr,
@@ -203,7 +218,9 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		ports:    make(map[uint16]*portSocket),
 		member:   member,
 	}
-	l.sockLink.init(rx, tx, a, o.BatchSize, 1)
+	// Up to three iovecs per packet: a zero-copy packet's headers, its
+	// payload in the caller's memory, its pad and ICRC.
+	l.sockLink.init(rx, tx, a, o.BatchSize, zcIovs)
 	l.recv.spin = o.BusyPoll
 	if o.SourcePorts {
 		rx.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
@@ -519,7 +536,7 @@ func putTOSCmsg(b []byte, tos uint8, is6 bool) int {
 // It returns after every packet was accepted by the kernel, or with the
 // first error (packets before it were sent).
 func (l *SocketLink) Send(pkts []Packet) error {
-	if err := checkSend(pkts, l.addr); err != nil {
+	if err := checkSend(pkts, l.addr, l.zc); err != nil {
 		return err
 	}
 	l.sendMu.Lock()
@@ -555,7 +572,7 @@ func (l *SocketLink) Send(pkts []Packet) error {
 // slice) from the socket rc whose source port is port.
 func (l *SocketLink) sendRun(c *fdConn, port uint16, run []Packet, base int) error {
 	s := &l.send
-	defer s.clearIovs(len(run))
+	defer func() { s.clearIovs(s.usedIovs) }()
 	l.sendTOS(c, run)
 	first, err := s.send(c, l.buildSend(run, port, c.tos), &l.sent) // first: the first packet not sent
 	if err != nil && s.errno != 0 {
@@ -634,7 +651,7 @@ const (
 // datagram: same destination and TOS, all the size of the first except a
 // possibly shorter last one, within the segment and byte limits.
 func gsoGroup(pkts []Packet) int {
-	size := len(pkts[0].Buf)
+	size := pkts[0].Len()
 	dst, tos := pkts[0].Addr, pkts[0].TOS
 	qp := destQP(pkts[0].Buf)
 	total := size
@@ -644,12 +661,13 @@ func gsoGroup(pkts []Packet) int {
 		// One destination QP per datagram: on lo (and a veth) a GSO
 		// datagram reaches the receiver whole, and a shared address
 		// steers it by its first segment's DestQP.
-		if p.Addr != dst || p.TOS != tos || len(p.Buf) > size || total+len(p.Buf) > gsoMaxBytes || destQP(p.Buf) != qp {
+		pl := p.Len()
+		if p.Addr != dst || p.TOS != tos || pl > size || total+pl > gsoMaxBytes || destQP(p.Buf) != qp {
 			break
 		}
-		total += len(p.Buf)
+		total += pl
 		n++
-		if len(p.Buf) < size {
+		if pl < size {
 			break // a shorter packet can only be the last segment
 		}
 	}
@@ -709,6 +727,7 @@ func (l *SocketLink) sendTOS(c *fdConn, run []Packet) {
 func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 	s := &l.send
 	nmsg := 0
+	iov := 0 // next free iovec
 	for i := 0; i < len(chunk); {
 		g := 1
 		if l.gso {
@@ -717,18 +736,42 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 		p := &chunk[i]
 		dst := normAddr(p.Addr)
 		pf := l.txFlow.get(l.addr, dst, port)
+		first := iov
 		for k := range g {
 			q := &chunk[i+k]
+			q.SrcPort = port // the port it really leaves from
 			// Linux gives a DF datagram from an unconnected socket ID 0;
 			// GSO numbers the segments' IDs upward from there.
-			icrc.Store(q.Buf, pf.Compute(uint16(k), q.Buf))
-			q.SrcPort = port // the port it really leaves from
-			s.iovs[i+k].Base = &q.Buf[0]
-			s.iovs[i+k].SetLen(len(q.Buf))
+			if q.Payload == nil {
+				icrc.Store(q.Buf, pf.Compute(uint16(k), q.Buf))
+				s.iovs[iov].Base = &q.Buf[0]
+				s.iovs[iov].SetLen(len(q.Buf))
+				iov++
+				continue
+			}
+			// Zero-copy: the ICRC from the payload where it lies, and
+			// the datagram gathered from Buf's headers, the payload and
+			// Buf's pad and ICRC by the kernel's copy.
+			at := q.PayloadAt()
+			icrc.Store(q.Buf, pf.ComputeSplit(uint16(k), q.Buf, at, q.Payload))
+			s.iovs[iov].Base = &q.Buf[0]
+			s.iovs[iov].SetLen(at)
+			iov++
+			if len(q.Payload) > 0 {
+				s.iovs[iov].Base = &q.Payload[0]
+				s.iovs[iov].SetLen(len(q.Payload))
+				iov++
+			}
+			s.iovs[iov].Base = &q.Buf[at]
+			s.iovs[iov].SetLen(len(q.Buf) - at)
+			iov++
+		}
+		if testHookZeroCopySent != nil {
+			testHookZeroCopySent(chunk[i : i+g])
 		}
 		h := &s.hdrs[nmsg].Hdr
-		h.Iov = &s.iovs[i]
-		h.SetIovlen(g)
+		h.Iov = &s.iovs[first]
+		h.SetIovlen(iov - first)
 		h.Namelen = putSockaddr(&s.names[nmsg], dst, l.is6)
 		c := s.ctrl[nmsg*cmsgSpace : (nmsg+1)*cmsgSpace]
 		clen := 0
@@ -736,7 +779,7 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 			clen += putTOSCmsg(c, p.TOS, l.is6)
 		}
 		if g > 1 {
-			clen += putGSOCmsg(c[clen:], uint16(len(p.Buf)))
+			clen += putGSOCmsg(c[clen:], uint16(p.Len()))
 		}
 		if clen > 0 {
 			h.Control = &c[0]
@@ -749,8 +792,15 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 		nmsg++
 		i += g
 	}
+	s.usedIovs = iov
 	return nmsg
 }
+
+// testHookZeroCopySent, when a test sets it, sees each message's packets
+// after their ICRCs were computed and before the kernel reads them: a
+// test changes a payload there to check that the receiver's ICRC check
+// catches it.
+var testHookZeroCopySent func(pkts []Packet)
 
 // putGSOCmsg writes a UDP_SEGMENT control message (segment size) into b
 // and returns its length.
