@@ -66,6 +66,11 @@ type DeviceConfig struct {
 	// send them from where they lie (udp.CapZeroCopy). The wire bytes are
 	// the same either way.
 	CopySend bool
+	// VerifyInLink keeps the ICRC check of received packets in the
+	// link's Recv, for a whole batch at once, instead of right before
+	// each packet is handled (udp.DeferVerifyLink). Either way no byte of
+	// a packet whose ICRC fails reaches registered memory.
+	VerifyInLink bool
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -437,6 +442,9 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	}
 	d.rxNow.ok = false
 	for i := range pkts {
+		if d.rx.verify != nil && !d.rx.verify.VerifyICRC(&pkts[i]) {
+			continue // counted by the link; nothing of it was used
+		}
 		d.input(p, &pkts[i])
 	}
 	d.rxNow.ok = false

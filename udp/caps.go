@@ -35,6 +35,10 @@ const (
 	// (Packet.Payload) and sends it from where it lies, with no copy
 	// into a packet buffer.
 	CapZeroCopy
+	// CapDeferVerify: the link implements DeferVerifyLink: Recv may leave
+	// the ICRC check of the packets it returns to the caller, who makes
+	// it right before it uses the packet's bytes.
+	CapDeferVerify
 )
 
 // String lists the capabilities by name ("gso|recv-in-place|poll"; "none").
@@ -43,7 +47,7 @@ func (c Capabilities) String() string {
 	for _, n := range []struct {
 		c    Capabilities
 		name string
-	}{{CapGSO, "gso"}, {CapRecvInPlace, "recv-in-place"}, {CapPoll, "poll"}, {CapZeroCopy, "zero-copy"}} {
+	}{{CapGSO, "gso"}, {CapRecvInPlace, "recv-in-place"}, {CapPoll, "poll"}, {CapZeroCopy, "zero-copy"}, {CapDeferVerify, "defer-verify"}} {
 		if c&n.c != 0 {
 			s = append(s, n.name)
 		}
@@ -80,6 +84,30 @@ type ZeroCopyLink interface {
 	Link
 	// ZeroCopy reports whether Send takes packets with Payload set.
 	ZeroCopy() bool
+}
+
+// DeferVerifyLink is a Link that can leave the ICRC check of what Recv
+// returns to its caller: verify-then-place per packet. A receiver that
+// places packet data into registered memory must never write a byte of
+// a packet whose ICRC fails there, and the ICRC is known only after the
+// packet's last byte, so the check must come first; made by Recv for a
+// whole batch (64 packets of 4 KiB: 256 KiB), it leaves the first
+// packets out of the nearest cache by the time they are placed. Made
+// by the caller right before the packet's placement, the placement copy
+// reads bytes the check has just brought into L1.
+type DeferVerifyLink interface {
+	Link
+	// SetDeferVerify(true) makes Recv and TryRecv return packets whose
+	// ICRC is not checked yet (from the next call on): the caller must
+	// call VerifyICRC on each before it uses any of its bytes, and drop
+	// it if that fails. Only a caller that does so may turn it on.
+	SetDeferVerify(on bool)
+	// VerifyICRC checks the ICRC of a packet the last Recv or TryRecv
+	// returned unchecked and reports whether it is valid; a failure is
+	// counted (Stats.DropBadICRC, and the packet leaves RcvdPkts). Call
+	// it from the goroutine that received the packet, before its next
+	// Recv or TryRecv.
+	VerifyICRC(p *Packet) bool
 }
 
 // InPlaceRecvLink is a Link that can hand received packets out in place.
@@ -129,6 +157,9 @@ func CapabilitiesOf(l Link) Capabilities {
 	if z, ok := l.(ZeroCopyLink); ok && z.ZeroCopy() {
 		c |= CapZeroCopy
 	}
+	if _, ok := l.(DeferVerifyLink); ok {
+		c |= CapDeferVerify
+	}
 	return c
 }
 
@@ -140,7 +171,11 @@ func CapabilitiesOf(l Link) Capabilities {
 // same way (the poll path receives through TryRecv), or mask CapPoll in a
 // Capabilities method of its own.
 //
-// Zero-copy send (CapZeroCopy) is the exception: a wrapper that overrides
+// Deferred verification (CapDeferVerify) is never forwarded: a wrapper
+// that looks at what Recv returns must see only packets whose ICRC was
+// checked.
+//
+// Zero-copy send (CapZeroCopy) is an exception too: a wrapper that overrides
 // Send and looks at Buf would see packets without their payload, so Wrap
 // forwards it only when the wrapper says its Send handles Packet.Payload
 // (PassPayload: it forwards such packets unchanged, or reads them through
@@ -155,7 +190,7 @@ type Wrap struct {
 // Capabilities returns the wrapped link's capabilities (CapZeroCopy only
 // with PassPayload).
 func (w Wrap) Capabilities() Capabilities {
-	c := CapabilitiesOf(w.Link)
+	c := CapabilitiesOf(w.Link) &^ CapDeferVerify
 	if !w.PassPayload {
 		c &^= CapZeroCopy
 	}

@@ -74,6 +74,7 @@ type SocketLink struct {
 
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
 	inPlace      atomic.Bool   // SetRecvInPlace: GRO segments handed out in place
+	deferVerify  atomic.Bool   // SetDeferVerify: Recv leaves the ICRC check to VerifyICRC
 
 	member    *share.Member // the group membership of a shared link; nil if unshared
 	misrouted atomic.Uint64 // datagrams of a shared link not for its QPNs (dropped)
@@ -82,13 +83,42 @@ type SocketLink struct {
 
 	txFlow flowPrefix // ICRC prefix of the flow sent last (under sendMu)
 	rxFlow flowPrefix // ICRC prefix of the flow received last (under recvMu)
+	dvFlow flowPrefix // VerifyICRC's (the receiving goroutine's, see DeferVerifyLink)
 }
 
 var (
-	_ Link         = (*SocketLink)(nil)
-	_ SharedLink   = (*SocketLink)(nil)
-	_ ZeroCopyLink = (*SocketLink)(nil)
+	_ Link            = (*SocketLink)(nil)
+	_ SharedLink      = (*SocketLink)(nil)
+	_ ZeroCopyLink    = (*SocketLink)(nil)
+	_ DeferVerifyLink = (*SocketLink)(nil)
 )
+
+// SetDeferVerify(true) makes Recv and TryRecv return packets without
+// checking their ICRCs; the caller checks each with VerifyICRC right
+// before it uses the packet (DeferVerifyLink). transport.Device turns it
+// on: it verifies each packet just before it places its payload in
+// registered memory, so that the placement copy reads what the check
+// has just brought into the nearest cache, and no byte of a packet whose
+// ICRC fails is ever placed.
+func (l *SocketLink) SetDeferVerify(on bool) { l.deferVerify.Store(on) }
+
+// VerifyICRC checks the ICRC of a packet Recv or TryRecv returned
+// unchecked (SetDeferVerify), as Recv would have (see SocketLink: IPv6
+// fully, IPv4 with the identification solved), and reports whether it
+// is valid. A failure counts in DropBadICRC and is taken out of
+// RcvdPkts.
+func (l *SocketLink) VerifyICRC(p *Packet) bool {
+	if len(p.Buf) < minPacketSize {
+		l.malformed.Add(1)
+		l.rcvd.Add(^uint64(0))
+		return false
+	}
+	if !l.verifyFlow(&l.dvFlow, nil, p.Buf, normAddr(p.Addr), p.SrcPort, 0) {
+		l.rcvd.Add(^uint64(0))
+		return false
+	}
+	return true
+}
 
 // zcIovs is the most iovecs one packet takes in a send: Buf's headers,
 // the Payload, Buf's pad and ICRC.
@@ -977,13 +1007,15 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			if inPlace {
 				// Capacity cut at the segment: an append cannot
 				// run into the next one.
-				if !l.verifyCopy(nil, seg, m.src, m.port, k) {
+				if !l.deferVerify.Load() && !l.verifyCopy(nil, seg, m.src, m.port, k) {
 					continue
 				}
 				p.Buf = seg[:len(seg):len(seg)]
 			} else {
 				p.Buf = p.Buf[:len(seg)]
-				if !l.verifyCopy(p.Buf, seg, m.src, m.port, 0) {
+				if l.deferVerify.Load() {
+					copy(p.Buf, seg) // the caller verifies (VerifyICRC)
+				} else if !l.verifyCopy(p.Buf, seg, m.src, m.port, 0) {
 					continue
 				}
 			}
@@ -1074,7 +1106,7 @@ func (l *SocketLink) accept(i int, p *Packet) bool {
 		l.misrouted.Add(1)
 		return false
 	}
-	if !l.verify(buf, src, srcPort) {
+	if !l.deferVerify.Load() && !l.verify(buf, src, srcPort) {
 		return false
 	}
 	p.Buf = buf
@@ -1097,7 +1129,12 @@ func (l *SocketLink) verify(buf []byte, src netip.Addr, srcPort uint16) bool {
 // packet's identification is looked for from guess on
 // (icrc.Prefix.SolveIPv4IDFrom: the GRO path passes the segment's index).
 func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort, guess uint16) bool {
-	pf := l.rxFlow.get(src, l.addr, srcPort)
+	return l.verifyFlow(&l.rxFlow, dst, buf, src, srcPort, guess)
+}
+
+// verifyFlow is verifyCopy with the prefix cache f.
+func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, srcPort, guess uint16) bool {
+	pf := f.get(src, l.addr, srcPort)
 	if l.is6 {
 		var c uint32
 		if dst != nil {
