@@ -26,6 +26,29 @@
 // behave like these is exported here: CheckSend, CheckRecv, ComputeICRC,
 // NormAddr and MinPacketSize.
 //
+// # Zero-copy send and verify-then-place
+//
+// A SocketLink sends a packet whose payload lies in the caller's memory
+// (Packet.Payload, CapZeroCopy / ZeroCopyLink) without copying it into
+// a packet buffer: the payload is one iovec of the datagram (or of its
+// GSO segment), the headers and the pad and ICRC two more in Buf, and
+// the ICRC is computed over the payload where it lies
+// (icrc.Prefix.ComputeSplit) just before the sendmmsg copies it into the
+// kernel. The contract is the verbs one: memory a work request reads
+// must not change until the request has completed. A payload changed
+// after its ICRC was computed leaves as a packet whose ICRC fails at the
+// receiver, which drops it; the bytes on the wire of a zero-copy send
+// are exactly those of a copying one. Links without the capability
+// (RawLink, memnet) refuse such packets (ErrPayload), and udp.Wrap
+// forwards it only to wrappers that say they handle them
+// (Wrap.PassPayload).
+//
+// On receive a SocketLink can leave the ICRC check to its caller
+// (CapDeferVerify / DeferVerifyLink): transport.Device then checks each
+// packet right before it handles it, so that placing its payload in
+// registered memory copies bytes the check has just pulled into L1, and
+// a packet whose ICRC fails is dropped before any byte of it is used.
+//
 // Every backend counts what it drops (Stats): bad ICRC, malformed, other,
 // and the datagrams the kernel dropped at a full receive buffer.
 //

@@ -192,3 +192,57 @@ func TestZeroCopyChangeAfterICRC(t *testing.T) {
 		})
 	}
 }
+
+// TestDeferVerify: with SetDeferVerify(true) Recv hands out packets whose
+// ICRC it has not checked — in place from GRO buffers, copied without
+// GRO — and VerifyICRC accepts the intact ones, refuses the corrupted
+// ones and counts them (DropBadICRC, out of RcvdPkts). Wrap never
+// forwards the capability.
+func TestDeferVerify(t *testing.T) { forGRO(t, "", testDeferVerify) }
+
+func testDeferVerify(t *testing.T, ob *SocketOptions) {
+	a, b := listenPairOpts(t, &SocketOptions{GSO: true}, ob)
+	if CapabilitiesOf(b)&CapDeferVerify == 0 || CapabilitiesOf(Wrap{Link: b, PassPayload: true})&CapDeferVerify != 0 {
+		t.Fatalf("capabilities: link %v, wrapped %v", CapabilitiesOf(b), CapabilitiesOf(Wrap{Link: b}))
+	}
+	b.SetDeferVerify(true)
+	b.SetRecvInPlace(true)
+	const total = 40
+	pkts := make([]Packet, total)
+	for i := range pkts {
+		pkts[i] = Packet{Buf: testPayload(make([]byte, 1052), uint32(i), 1052), Addr: sockB}
+	}
+	if err := a.Send(pkts); err != nil {
+		t.Fatal(err)
+	}
+	bad := 0
+	r := recvBufs(64)
+	for got := 0; got < total; {
+		for i := range r {
+			r[i].Buf = r[i].Buf[:cap(r[i].Buf)]
+			if cap(r[i].Buf) < MaxPacketSize {
+				r[i].Buf = make([]byte, MaxPacketSize)
+			}
+		}
+		n, err := b.Recv(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			p := &r[i]
+			seq := seqOf(p.Buf)
+			corrupt := seq%5 == 2
+			if corrupt {
+				p.Buf[len(p.Buf)/2] ^= 0x10 // after Recv, before the check: what a bad packet looks like
+				bad++
+			}
+			if ok := b.VerifyICRC(p); ok == corrupt {
+				t.Fatalf("packet %d (corrupted %v): VerifyICRC %v", seq, corrupt, ok)
+			}
+		}
+		got += n
+	}
+	if s := b.Stats(); s.DropBadICRC != uint64(bad) || s.RcvdPkts != uint64(total-bad) {
+		t.Errorf("stats %+v, want %d bad ICRC, %d received", s, bad, total-bad)
+	}
+}
