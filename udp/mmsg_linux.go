@@ -235,7 +235,7 @@ func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (don
 			return done, err
 		}
 		if s.errno != 0 {
-			if s.trap == unix.SYS_SENDMMSG && icmpErrno(s.errno) && icmpRetries < 8 {
+			if s.trap == unix.SYS_SENDMMSG && icmpRetries < icmpRetryBudget(s.errno) {
 				// An ICMP error for an earlier datagram (IP_RECVERR)
 				// failed this call, not this datagram: the socket's
 				// error is cleared now; send it again.
