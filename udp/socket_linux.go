@@ -84,6 +84,7 @@ type SocketLink struct {
 	txFlow flowPrefix // ICRC prefix of the flow sent last (under sendMu)
 	rxFlow flowPrefix // ICRC prefix of the flow received last (under recvMu)
 	dvFlow flowPrefix // VerifyICRC's (the receiving goroutine's, see DeferVerifyLink)
+	dvNext uint16     // VerifyICRC's guess of the next IPv4 identification
 }
 
 var (
@@ -113,10 +114,15 @@ func (l *SocketLink) VerifyICRC(p *Packet) bool {
 		l.rcvd.Add(^uint64(0))
 		return false
 	}
-	if !l.verifyFlow(&l.dvFlow, nil, p.Buf, normAddr(p.Addr), p.SrcPort, 0) {
+	// The segments of a GSO datagram arrive in order with
+	// identifications 0, 1, 2, ...: the one after the last is the best
+	// guess (any other is still found, at the cost of a solve).
+	id, ok := l.verifyFlow(&l.dvFlow, nil, p.Buf, normAddr(p.Addr), p.SrcPort, l.dvNext)
+	if !ok {
 		l.rcvd.Add(^uint64(0))
 		return false
 	}
+	l.dvNext = id + 1
 	return true
 }
 
@@ -1129,11 +1135,13 @@ func (l *SocketLink) verify(buf []byte, src netip.Addr, srcPort uint16) bool {
 // packet's identification is looked for from guess on
 // (icrc.Prefix.SolveIPv4IDFrom: the GRO path passes the segment's index).
 func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort, guess uint16) bool {
-	return l.verifyFlow(&l.rxFlow, dst, buf, src, srcPort, guess)
+	_, ok := l.verifyFlow(&l.rxFlow, dst, buf, src, srcPort, guess)
+	return ok
 }
 
 // verifyFlow is verifyCopy with the prefix cache f.
-func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, srcPort, guess uint16) bool {
+// It returns the IPv4 identification the ICRC was valid for.
+func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, srcPort, guess uint16) (uint16, bool) {
 	pf := f.get(src, l.addr, srcPort)
 	if l.is6 {
 		var c uint32
@@ -1144,9 +1152,9 @@ func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, 
 		}
 		if c != icrc.Load(buf) {
 			l.badICRC.Add(1)
-			return false
+			return 0, false
 		}
-		return true
+		return 0, true
 	}
 	var id uint16
 	var ok bool
@@ -1159,13 +1167,13 @@ func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, 
 		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), SrcPort: srcPort, DstPort: Port} // without DF
 		if id, ok = icrc.SolveIPv4ID(&h, buf); !ok {
 			l.badICRC.Add(1)
-			return false
+			return 0, false
 		}
 	}
 	if testHookIPv4ID != nil {
 		testHookIPv4ID(id)
 	}
-	return true
+	return id, true
 }
 
 // parseSockaddr decodes a received source address.
