@@ -62,6 +62,12 @@ func (qp *QP) commitTo(n int, dst netip.Addr, sport uint16, tos uint8) {
 	qp.ackSlot = 0
 }
 
+// zcMinPayload is the smallest payload sent from registered memory
+// (Device.zc): a smaller one is copied into the packet buffer, which
+// costs less than the two more iovecs the kernel walks per packet — and
+// keeps a one-packet message one iovec, sent with sendto.
+const zcMinPayload = 1024
+
 // commitPayload queues the packet built in the last outBuf by
 // packet.BuildSplit (length n, its payload left out) with its payload
 // in registered memory: the link sends it from there (zero-copy,

@@ -207,7 +207,7 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 	}
 	buf := qp.outBuf()
 	var zc []byte // the payload in registered memory (zero-copy send)
-	if payloadLen > 0 && qp.dev.zc {
+	if payloadLen >= zcMinPayload && qp.dev.zc {
 		var err error
 		if zc, err = qp.pd.GatherView(w.sges, off, payloadLen); err != nil {
 			qp.failLocal(w, WCLocProtErr)

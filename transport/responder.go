@@ -455,7 +455,7 @@ func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first, re
 		f.AETH.Syndrome = aeth.ACK(aeth.NoCreditLimit)
 		f.AETH.MSN = r.msn
 		buf := qp.outBuf()
-		if plen > 0 && qp.dev.zc {
+		if plen >= zcMinPayload && qp.dev.zc {
 			// Zero-copy: the response's payload leaves from the region.
 			view, err := qp.rv.ReadView(rkey, va, int(plen))
 			if err != nil {
