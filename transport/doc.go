@@ -75,7 +75,7 @@
 //
 // On a link with zero-copy send (udp.CapZeroCopy, a udp.SocketLink) the
 // payload of a WRITE or SEND request, or of a READ response, that lies in
-// one registered region (one SGE) is not copied: the packet is queued
+// one registered region (one SGE) and is 1 KiB or more is not copied: the packet is queued
 // with its headers in a packet buffer and its payload a slice of the
 // region (memreg PD.GatherView, QPView.ReadView), and the link sends it
 // from there, computing the ICRC over it in place. As in verbs, memory a
