@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -22,7 +23,7 @@ import (
 
 func init() {
 	register("nvmf-target", "NVMe over Fabrics (RDMA) target: a file, block device or memory as a namespace", nvmfTargetUsage, runNvmfTarget)
-	register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, bench", nvmfHostUsage, runNvmfHost)
+	register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, verify, bench", nvmfHostUsage, runNvmfHost)
 }
 
 const nvmfTargetUsage = `usage: rocev2d nvmf-target --bind ADDR [--port 4420] --nqn NQN (--file PATH | --size BYTES) [--ro] [options]
@@ -193,9 +194,9 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	err = t.Close()
 	if verbose {
 		s := t.Stats()
-		fmt.Fprintf(stdout, "target: connections %d rejected %d disconnects %d controllers %d commands %d errors %d malformed %d read_bytes %d write_bytes %d kato_expired %d transport_errors %d buffer_waits %d\n",
+		fmt.Fprintf(stdout, "target: connections %d rejected %d disconnects %d controllers %d commands %d errors %d malformed %d read_bytes %d write_bytes %d kato_expired %d transport_errors %d buffer_waits %d send_invalidate %d\n",
 			s.Connections, s.Rejected, s.Disconnects, s.Controllers, s.Commands, s.Errors, s.Malformed, s.ReadBytes, s.WriteBytes,
-			s.KATOExpired, s.TransportErrs, s.Waits)
+			s.KATOExpired, s.TransportErrs, s.Waits, s.Invalidates)
 		printCounters(stdout, local.String(), dev)
 	}
 	if err != nil {
@@ -209,6 +210,7 @@ const nvmfHostUsage = `usage: rocev2d nvmf-host discover --bind ADDR --addr TARG
        rocev2d nvmf-host identify --bind ADDR --addr TARGET --nqn NQN
        rocev2d nvmf-host read     --bind ADDR --addr TARGET --nqn NQN --offset N --length N [--out FILE]
        rocev2d nvmf-host write    --bind ADDR --addr TARGET --nqn NQN --offset N (--in FILE | --length N) [--verify]
+       rocev2d nvmf-host verify   --bind ADDR --addr TARGET --nqn NQN [--offset N] [--length 64m] [--bs 4k,128k,1m] [--qd 1,4,32]
        rocev2d nvmf-host bench    --bind ADDR --addr TARGET --nqn NQN [--bs 4k,128k] [--qd 1,16] [--time 2s] [--rw read]
 
 An NVMe over Fabrics host on RDMA (package nvmf): connects the admin queue
@@ -223,6 +225,12 @@ writes in the command capsule when the target offers it.
              to --out (default stdout)
   write      write --in's bytes (or --length random bytes) at --offset;
              --verify reads them back and compares
+  verify     split --length bytes at --offset into one region per block
+             size and queue depth (--bs, --qd; default 64m over 4k,128k,1m
+             x 1,4,32), write random data to each in --bs commands with
+             --qd of them in flight, read it back the same way and compare
+             every byte; then read the whole span back in MDTS-sized
+             commands and compare again
   bench      for each block size and queue depth: random reads (--rw read),
              writes (write) or both (rw, 50/50) for --time; prints IOPS and MB/s
 
@@ -235,6 +243,9 @@ options:
   --io-queues N    I/O queues (default 4)
   --queue-size N   entries per I/O queue (default 128)
   --no-inline      never send write data in the command capsule
+  --invalidate     a key of its own for every data command, which the
+                   target is asked to invalidate (SEND with Invalidate;
+                   keyed SGL subtype 0xF, as Linux's host does)
   --mtu N          largest path MTU: 256..4096 (default 1024)
   --range BYTES    bench: the span of the namespace it touches (default all)
   -v               log connection events; print the device's counters
@@ -254,7 +265,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	sub := args[0]
 	switch sub {
-	case "discover", "identify", "read", "write", "bench":
+	case "discover", "identify", "read", "write", "verify", "bench":
 	default:
 		fmt.Fprintf(stderr, "rocev2d nvmf-host: unknown subcommand %q\n(see `rocev2d help nvmf-host`)\n", sub)
 		return exitUsage
@@ -262,7 +273,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs := newFlagSet("nvmf-host")
 	var bind, addr, nqn, out, in, bsList, qdList, rw, length, offset, span string
 	var port, nsid, ioq, qsize, mtuBytes int
-	var verbose, verify, noInline bool
+	var verbose, verify, noInline, invalidate bool
 	var dur time.Duration
 	var sock socketFlags
 	fs.StringVar(&bind, "bind", "", "")
@@ -284,6 +295,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.BoolVar(&verify, "verify", false, "")
 	fs.BoolVar(&noInline, "no-inline", false, "")
+	fs.BoolVar(&invalidate, "invalidate", false, "")
 	fs.DurationVar(&dur, "time", 2*time.Second, "")
 	addSocketFlags(fs, &sock)
 	err := fs.Parse(args[1:])
@@ -312,7 +324,18 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		mtu, err = parseMTUFlag(mtuBytes)
 	}
 	var bss, qds []int
-	if err == nil && sub == "bench" {
+	if sub == "verify" {
+		if !isSet(fs, "bs") {
+			bsList = "4k,128k,1m"
+		}
+		if !isSet(fs, "qd") {
+			qdList = "1,4,32"
+		}
+		if length == "" {
+			length = "64m"
+		}
+	}
+	if err == nil && (sub == "bench" || sub == "verify") {
 		bss, err = parseList(bsList)
 		if err == nil {
 			qds, err = parseList(qdList)
@@ -339,7 +362,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		defer printCounters(stdout, local.String(), dev)
 	}
 	target := netip.AddrPortFrom(peer, uint16(port))
-	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu}
+	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu, RemoteInvalidate: invalidate}
 	if verbose {
 		cfg.Log = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	}
@@ -363,6 +386,13 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return fail(err)
 	}
 	defer h.Close()
+	if verbose || sub == "verify" {
+		defer func() {
+			s := h.Stats()
+			fmt.Fprintf(stdout, "host: commands %d errors %d reconnects %d keep_alives %d requeued %d remote_invalidations %d local_invalidations %d\n",
+				s.Commands, s.Errors, s.Reconnects, s.KeepAlives, s.Requeued, s.RemoteInvalidations, s.LocalInvalidations)
+		}()
+	}
 	if nsid == 0 {
 		ids, err := h.ActiveNamespaces(ctx)
 		if err != nil {
@@ -440,6 +470,20 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 				return fail(errors.New("read back differs from what was written"))
 			}
 			fmt.Fprintln(stdout, "verified")
+		}
+		return exitOK
+	}
+	if sub == "verify" {
+		off, err := parseSize(offset)
+		if err != nil {
+			return fail(err)
+		}
+		n, err := parseSize(length)
+		if err != nil || n <= 0 || n > 1<<30 {
+			return fail(fmt.Errorf("--length %q", length))
+		}
+		if err := nvmfVerify(ctx, stdout, ns, off, n, bss, qds); err != nil {
+			return fail(err)
 		}
 		return exitOK
 	}
@@ -528,4 +572,122 @@ func nvmfBench(ctx context.Context, ns *nvmf.HostNamespace, bs, qd int, rw strin
 		r.latUs = float64(lat.Load()) / n / 1e3
 	}
 	return r, nil
+}
+
+// isSet reports whether the flag was given on the command line.
+func isSet(fs interface{ Visit(func(*flag.Flag)) }, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// nvmfVerify writes and reads back [off, off+n) of ns in one region per
+// (block size, queue depth) pair, every byte compared, then reads the
+// whole span back once more.
+func nvmfVerify(ctx context.Context, w io.Writer, ns *nvmf.HostNamespace, off, n int64, bss, qds []int) error {
+	maxBS := 0
+	for _, bs := range bss {
+		if bs%ns.BlockSize() != 0 {
+			return fmt.Errorf("block size %d is not a multiple of the namespace's %d", bs, ns.BlockSize())
+		}
+		maxBS = max(maxBS, bs)
+	}
+	if off%int64(ns.BlockSize()) != 0 || off+n > ns.Size() {
+		return fmt.Errorf("--offset %d --length %d does not fit the namespace (%d bytes, %d-byte blocks)", off, n, ns.Size(), ns.BlockSize())
+	}
+	combos := len(bss) * len(qds)
+	region := n / int64(combos) / int64(maxBS) * int64(maxBS)
+	if region == 0 {
+		return fmt.Errorf("--length %d too short for %d regions of at least %d bytes", n, combos, maxBS)
+	}
+	want := make([]byte, n)
+	rand.Read(want)
+	// run moves [lo, hi) of the span in bs-byte commands (the last may be
+	// shorter), qd of them in flight at once.
+	run := func(lo, hi int64, bs, qd int, write bool, got []byte) error {
+		var next atomic.Int64
+		next.Store(lo)
+		var firstErr atomic.Value
+		var wg sync.WaitGroup
+		for g := 0; g < qd; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					o := next.Add(int64(bs)) - int64(bs)
+					if o >= hi || firstErr.Load() != nil {
+						return
+					}
+					e := min(o+int64(bs), hi)
+					var err error
+					if write {
+						_, err = ns.WriteAtContext(ctx, want[o:e], off+o)
+					} else {
+						_, err = ns.ReadAtContext(ctx, got[o:e], off+o)
+					}
+					if err != nil {
+						firstErr.CompareAndSwap(nil, fmt.Errorf("%s %d bytes at %d (bs %d, qd %d): %w",
+							map[bool]string{true: "write", false: "read"}[write], e-o, off+o, bs, qd, err))
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if err, _ := firstErr.Load().(error); err != nil {
+			return err
+		}
+		return nil
+	}
+	got := make([]byte, n)
+	start := time.Now()
+	lo := int64(0)
+	i := 0
+	for _, bs := range bss {
+		for _, qd := range qds {
+			i++
+			hi := lo + region
+			if i == combos {
+				hi = n
+			}
+			t0 := time.Now()
+			if err := run(lo, hi, bs, qd, true, nil); err != nil {
+				return err
+			}
+			t1 := time.Now()
+			if err := run(lo, hi, bs, qd, false, got); err != nil {
+				return err
+			}
+			t2 := time.Now()
+			if j := firstDiff(got[lo:hi], want[lo:hi]); j >= 0 {
+				return fmt.Errorf("bs %d qd %d: the byte at %d read back differs from what was written", bs, qd, off+lo+int64(j))
+			}
+			fmt.Fprintf(w, "verified bs=%d qd=%d offset=%d bytes=%d write_MB/s=%.1f read_MB/s=%.1f\n", bs, qd, off+lo, hi-lo,
+				float64(hi-lo)/t1.Sub(t0).Seconds()/1e6, float64(hi-lo)/t2.Sub(t1).Seconds()/1e6)
+			lo = hi
+		}
+	}
+	// The whole span once more: no region's I/O touched another's.
+	clear(got)
+	if err := run(0, n, ns.MaxTransfer(), 4, false, got); err != nil {
+		return err
+	}
+	if j := firstDiff(got, want); j >= 0 {
+		return fmt.Errorf("reading the whole span back: the byte at %d differs from what was written", off+int64(j))
+	}
+	fmt.Fprintf(w, "verified all %d bytes at %d in %d regions (bs %v x qd %v) in %v\n", n, off, combos, bss, qds, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// firstDiff returns the index of the first byte where a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
 }
