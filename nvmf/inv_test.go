@@ -115,3 +115,51 @@ func TestHostRemoteInvalidate(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepAliveTrafficBased: the target's keep-alive timer is nvmet's
+// traffic-based one — a firing that finds a command since the last one
+// re-arms it; only a firing after a silent period deletes the controller
+// (the timer is driven by hand here: KATO is an hour).
+func TestKeepAliveTrafficBased(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1, QueueSize: 8, KATO: time.Hour, CtrlLossTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	p.t.mu.Lock()
+	var c *tctrl
+	for _, x := range p.t.ctrls {
+		c = x
+	}
+	p.t.mu.Unlock()
+	if c == nil {
+		t.Fatal("no controller on the target")
+	}
+	fire := func() {
+		c.mu.Lock()
+		gen := c.kaGen
+		c.mu.Unlock()
+		c.kaFire(gen)
+	}
+	ns, err := h.Namespace(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fire() // the connect's commands count
+	if _, err := ns.ReadAtContext(ctx, make([]byte, 512), 0); err != nil {
+		t.Fatal(err)
+	}
+	fire() // so does the read
+	if s := p.t.Stats(); s.KATOExpired != 0 || s.LiveCtrls != 1 {
+		t.Fatalf("expired with commands between the firings: %+v", s)
+	}
+	// A stale timer (an earlier generation) does nothing.
+	c.mu.Lock()
+	stale := c.kaGen - 1
+	c.mu.Unlock()
+	c.kaFire(stale)
+	fire() // silence since the last firing
+	waitFor(t, func() bool { s := p.t.Stats(); return s.KATOExpired == 1 && s.LiveCtrls == 0 }, "expiry after a silent period")
+}

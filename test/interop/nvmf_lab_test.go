@@ -53,7 +53,14 @@ fail() {
 	exit 1
 }
 connect() {
-	echo "transport=rdma,traddr=$T,trsvcid=4420,nqn=$1" > /dev/nvme-fabrics || fail "connect $1"
+	# RETRY (the loss cell): a connect may fail when a lost CM packet
+	# delays a queue's handshake past the controller's keep-alive; try
+	# again, and say so.
+	n=0
+	until echo "transport=rdma,traddr=$T,trsvcid=4420,nqn=$1" > /dev/nvme-fabrics; do
+		n=$((n+1)); [ $n -gt ${RETRY:-0} ] && fail "connect $1"
+		echo "connect retry $n"; sleep 1
+	done
 }
 waitdev() {
 	i=0; while [ ! -b /dev/nvme0n1 ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
@@ -247,7 +254,7 @@ echo done
 			// regions it checks in the target's file are its own).
 			ls := []int{4096, 65536, 1 << 20}
 			cell("loss1pct", "under 1% loss: mke2fs/mount/checksums, reset_controller during a write, 20 reconnects, O_DIRECT dd, data checked", 12*time.Minute,
-				nvmfShell+nvmfMkfsBody+nvmfResetBody+nvmfReconnectBody+nvmfDDBody(ls, 4)+"echo done\n",
+				nvmfShell+"RETRY=2\n"+nvmfMkfsBody+nvmfResetBody+nvmfReconnectBody+nvmfDDBody(ls, 4)+"echo done\n",
 				func(out string) []string {
 					probs := checkNvmfRegions(file, out, len(ls))
 					for _, want := range []string{"ctrl files equal after remount", "ctrl reset during I/O, 16 MiB intact", "ctrl 20 rounds"} {
@@ -260,7 +267,7 @@ echo done
 					if err1 != nil || err2 != nil || eg.Dropped() == 0 || in.Dropped() == 0 {
 						probs = append(probs, fmt.Sprintf("the injector dropped nothing one way: %v %v %+v %+v", err1, err2, eg, in))
 					}
-					t.Logf("loss1pct: %s", inj.summary(h.Output()))
+					t.Logf("loss1pct: %s; connects tried again: %d", inj.summary(h.Output()), strings.Count(out, "connect retry "))
 					return probs
 				})
 		}()

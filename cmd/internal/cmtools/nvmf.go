@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"os"
 	"strconv"
@@ -227,7 +228,8 @@ writes in the command capsule when the target offers it.
              --verify reads them back and compares
   verify     split --length bytes at --offset into one region per block
              size and queue depth (--bs, --qd; default 64m over 4k,128k,1m
-             x 1,4,32), write random data to each in --bs commands with
+             x 1,4,32; a region's size grows with the square root of its
+             block size), write random data to each in --bs commands with
              --qd of them in flight, read it back the same way and compare
              every byte; then read the whole span back in MDTS-sized
              commands and compare again
@@ -595,11 +597,29 @@ func nvmfVerify(ctx context.Context, w io.Writer, ns *nvmf.HostNamespace, off, n
 	if off%int64(ns.BlockSize()) != 0 || off+n > ns.Size() {
 		return fmt.Errorf("--offset %d --length %d does not fit the namespace (%d bytes, %d-byte blocks)", off, n, ns.Size(), ns.BlockSize())
 	}
+	// Region sizes grow with the square root of the block size (a 4 KiB
+	// region of a 64 MiB sweep is about 1 MiB, 256 commands; a 1 MiB one
+	// about 15 MiB), each a whole number of its blocks, the last taking
+	// what is left.
 	combos := len(bss) * len(qds)
-	region := n / int64(combos) / int64(maxBS) * int64(maxBS)
-	if region == 0 {
-		return fmt.Errorf("--length %d too short for %d regions of at least %d bytes", n, combos, maxBS)
+	weight := func(bs int) float64 { return math.Sqrt(float64(bs) / 4096) }
+	total := 0.0
+	for _, bs := range bss {
+		total += weight(bs) * float64(len(qds))
 	}
+	sizes := make([]int64, 0, combos)
+	used := int64(0)
+	for _, bs := range bss {
+		for range qds {
+			r := int64(float64(n)*weight(bs)/total) / int64(bs) * int64(bs)
+			if r == 0 {
+				return fmt.Errorf("--length %d too short for %d regions (block size %d)", n, combos, bs)
+			}
+			sizes = append(sizes, r)
+			used += r
+		}
+	}
+	sizes[len(sizes)-1] += n - used
 	want := make([]byte, n)
 	rand.Read(want)
 	// run moves [lo, hi) of the span in bs-byte commands (the last may be
@@ -645,11 +665,8 @@ func nvmfVerify(ctx context.Context, w io.Writer, ns *nvmf.HostNamespace, off, n
 	i := 0
 	for _, bs := range bss {
 		for _, qd := range qds {
+			hi := lo + sizes[i]
 			i++
-			hi := lo + region
-			if i == combos {
-				hi = n
-			}
 			t0 := time.Now()
 			if err := run(lo, hi, bs, qd, true, nil); err != nil {
 				return err
