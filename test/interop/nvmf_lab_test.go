@@ -103,7 +103,9 @@ echo "ok bs=%[1]d off=%[4]d len=%[5]d md5=$(md5sum < /tmp/w | cut -d' ' -f1)"
 }
 
 // nvmfStep prints a step's name and the VM's uptime.
-func nvmfStep(name string) string { return `echo "step ` + name + ` $(cut -d' ' -f1 /proc/uptime)"` + "\n" }
+func nvmfStep(name string) string {
+	return `echo "step ` + name + ` $(cut -d' ' -f1 /proc/uptime)"` + "\n"
+}
 
 // The bodies of the filesystem, reset and reconnect cells (connect ...
 // disconnect), alone or one after another in the loss cell.
