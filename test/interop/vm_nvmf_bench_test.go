@@ -135,6 +135,7 @@ type nvmfBench struct {
 func (nb *nvmfBench) setupKernelTarget(ctx context.Context) error {
 	r, err := nb.p.VM[0].Run(ctx, `set -e
 mount -t configfs none /sys/kernel/config 2>/dev/null || true
+rmmod null_blk 2>/dev/null || true # loaded at boot without a memory backing
 insmod $(find /lib/modules -name 'null_blk.ko*' | head -1) memory_backed=1 gb=1 nr_devices=1 bs=4096
 C=/sys/kernel/config/nvmet; N=`+vmNvmfNQN+`
 mkdir $C/subsystems/$N && echo 1 > $C/subsystems/$N/attr_allow_any_host
