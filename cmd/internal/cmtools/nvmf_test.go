@@ -88,6 +88,7 @@ func TestNvmfUsage(t *testing.T) {
 		{"nvmf-host", "frobnicate"},
 		{"nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1"},
 		{"nvmf-host", "bench", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--nqn", "x", "--bs", "0"},
+		{"nvmf-host", "verify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--nqn", "x", "--qd", "0"},
 	} {
 		var out, errb lockedBuffer
 		if code := run(context.Background(), args, &out, &errb); code != exitUsage {
