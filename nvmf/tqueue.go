@@ -228,15 +228,37 @@ func (q *tqueue) run() {
 			q.stop(err)
 			break
 		}
-		for i := 0; i < n && q.ctx.Err() == nil; i++ {
+		i := 0
+		for ; i < n && q.ctx.Err() == nil; i++ {
 			q.handle(&wcs[i])
 		}
+		q.countErrors(wcs[i:n])
+	}
+	// The completions still queued when the queue stopped (a DREQ can
+	// overtake the handling of the error that made the host send it) are
+	// counted too.
+	for {
+		n := q.cq.Poll(wcs[:])
+		if n == 0 {
+			break
+		}
+		q.countErrors(wcs[:n])
 	}
 	if c := q.ctrl; c != nil {
 		c.detach(q)
 	}
 	q.conn.Close()
 	q.free()
+}
+
+// countErrors counts the error completions among wcs that the queue does
+// not handle any more (it is stopping): each is a transport error.
+func (q *tqueue) countErrors(wcs []transport.WC) {
+	for i := range wcs {
+		if wcs[i].Status != transport.WCSuccess && wcs[i].Status != transport.WCWRFlushErr {
+			q.t.st.transportErrs.Add(1)
+		}
+	}
 }
 
 func (q *tqueue) handle(wc *transport.WC) {

@@ -17,11 +17,13 @@ failed=()
 # run NAME CMD...: runs one stage; a failing stage is recorded and the next
 # stages still run, so one CI run shows every failure.
 run() {
-	local name=$1
+	local name=$1 t0=$SECONDS
 	shift
 	if ! "$@"; then
-		echo "FAILED: $name"
+		echo "FAILED: $name ($((SECONDS - t0)) s)"
 		failed+=("$name")
+	else
+		echo "stage $name: $((SECONDS - t0)) s"
 	fi
 }
 
@@ -117,7 +119,7 @@ if [ "${SKIP_FUZZ:-}" != 1 ]; then
 	done
 fi
 
-step "done"
+step "done ($SECONDS s in all)"
 if [ ${#failed[@]} -gt 0 ]; then
 	printf 'FAILED stages: %s\n' "${failed[*]}"
 	exit 1

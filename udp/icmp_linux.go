@@ -149,13 +149,20 @@ func parseErrQueue(dst netip.Addr, payload, oob []byte) (*ICMPError, bool) {
 	return nil, false
 }
 
-// icmpErrno reports errnos a send returns because an ICMP error arrived
-// for an earlier datagram (IP_RECVERR sets the socket's error): the
-// datagram of the failed call was not sent, and is sent again.
-func icmpErrno(e syscall.Errno) bool {
+// icmpRetryBudget reports errnos a send returns because an ICMP error
+// arrived for an earlier datagram (IP_RECVERR sets the socket's error; the
+// datagram of the failed call was not sent, and is sent again): it is how many consecutive failed calls (no datagram sent
+// in between) a send retries for errno e. ECONNREFUSED comes only from an
+// ICMP port unreachable, never from the local route, and a burst of them
+// fails as many calls as the error queue held errors (each read of the
+// queue re-arms the socket's error with the next one), so its budget is
+// large; the others can also be the route's own and persist, so a few.
+func icmpRetryBudget(e syscall.Errno) int {
 	switch e {
-	case unix.ECONNREFUSED, unix.EHOSTUNREACH, unix.ENETUNREACH, unix.EHOSTDOWN, unix.ENONET, unix.EPROTO:
-		return true
+	case unix.ECONNREFUSED:
+		return 4096
+	case unix.EHOSTUNREACH, unix.ENETUNREACH, unix.EHOSTDOWN, unix.ENONET, unix.EPROTO:
+		return 8
 	}
-	return false
+	return 0
 }

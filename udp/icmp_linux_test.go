@@ -60,6 +60,23 @@ func TestSocketICMPPortUnreachable(t *testing.T) {
 	}
 }
 
+// Sends to a closed port in a loop, one datagram per call: every one
+// bounces, the error-queue reader re-arms the socket's error with each
+// queued one, and a call can meet many errors in a row. Every send still
+// goes out (CI 12-05: the 24th of 25 stray packets failed with
+// ECONNREFUSED when 8 retries were the budget of a call).
+func TestSocketICMPBurstToClosedPort(t *testing.T) {
+	a, _ := listenPairOpts(t, nil, nil)
+	nobody := sockB.Next()
+	for i := range 2000 {
+		buf := testPayload(make([]byte, 20), 9, 20)
+		buf[5], buf[6], buf[7] = 0, byte(i>>8), byte(i)
+		if err := a.Send([]Packet{{Buf: buf, Addr: nobody}}); err != nil {
+			t.Fatalf("send %d to a closed port: %v", i, err)
+		}
+	}
+}
+
 func FuzzParseErrQueue(f *testing.F) {
 	// A real IPv4 port unreachable: errno 111, origin ICMP, type 3 code 3,
 	// offender sockaddr_in 127.0.0.3.

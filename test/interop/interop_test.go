@@ -341,7 +341,31 @@ func cells(gidIndex int) []cell {
 // runCell runs rocev2d against the real tool in the VM.
 // It fills r as it goes, so that a cell stopped by t.Fatal still has its
 // row in the table.
+//
+// A clean cell whose only problems are retransmission timing — rxe resent
+// more flights than tolerated, or rocev2d resent where the capture shows
+// rxe's answer already there (both what a loaded 2-core machine running
+// qemu TCG makes of a 67 ms ACK timeout) — runs once more, loudly: the
+// first run's problems stay in the log and in the row ("PASS (rerun)"),
+// and a second such run fails. Every other problem fails at once.
 func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r *row) {
+	timing := runCellOnce(t, ctx, lab, img, c, r, true)
+	if len(timing) == 0 {
+		return
+	}
+	first := strings.Join(timing, "; ")
+	t.Logf("RERUN %s: the first run's only problems were retransmission timing (load):\n- %s", c.name, strings.Join(timing, "\n- "))
+	*r = row{cell: r.cell, direction: r.direction, result: "FAIL"}
+	runCellOnce(t, ctx, lab, img, c, r, false)
+	if r.result != "FAIL" {
+		r.result += " (rerun)"
+	}
+	r.counters += " | first run: " + strings.SplitN(first, "\n", 2)[0]
+}
+
+// runCellOnce is one run of runCell. With mayRerun, timing-only problems
+// are returned instead of failing t.
+func runCellOnce(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r *row, mayRerun bool) (timing []string) {
 	t0 := time.Now()
 	name := c.name
 	fatalf := func(format string, args ...any) {
@@ -443,7 +467,7 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 	r.d = time.Since(t0)
 
 	// Checks.
-	var problems []string
+	var problems, timingProblems []string
 	if hostCode != 0 {
 		problems = append(problems, fmt.Sprintf("rocev2d exit status %d", hostCode))
 	}
@@ -609,12 +633,22 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 					why = append(why, fmt.Sprintf("rocev2d counted local_ack_timeout_err=%d completer_retry_err=%d for %d resend flights in the capture (a resend not started by its ACK timer)",
 						ours["local_ack_timeout_err"], ours["completer_retry_err"], flights))
 				}
+				hard := false
+				if ours["retransmitted_pkts"] != int64(st.RetransFromHost) {
+					hard = true // a counting error, not timing
+				}
 				if ours["retry_exceeded_err"] != 0 {
 					why = append(why, fmt.Sprintf("rocev2d retry_exceeded_err=%d", ours["retry_exceeded_err"]))
+					hard = true
 				}
 				if len(why) > 0 {
-					problems = append(problems, fmt.Sprintf("rocev2d retransmitted on a clean run: %s\n  %s",
-						strings.Join(why, "; "), strings.Join(append(spurious, justified...), "\n  ")))
+					msg := fmt.Sprintf("rocev2d retransmitted on a clean run: %s\n  %s",
+						strings.Join(why, "; "), strings.Join(append(spurious, justified...), "\n  "))
+					if hard {
+						problems = append(problems, msg)
+					} else {
+						timingProblems = append(timingProblems, msg)
+					}
 				} else {
 					flagged = true
 					if len(justified) > 6 {
@@ -632,7 +666,7 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 				problems = append(problems, fmt.Sprintf("rxe counted %d retries (%s) but the capture shows none of its requests resent: not explained", rxeRetry, rxeRetryCounter))
 			case st.FlightCount(false) > tolerated:
 				cnt = append(cnt, fmt.Sprintf("retransmitted by rxe: %d", st.RetransFromVM))
-				problems = append(problems, fmt.Sprintf("rxe resent %d request packets in %d flights, more than the %d flights tolerated:\n  %s",
+				timingProblems = append(timingProblems, fmt.Sprintf("rxe resent %d request packets in %d flights, more than the %d flights tolerated:\n  %s",
 					st.RetransFromVM, st.FlightCount(false), tolerated, strings.Join(st.RetransLines, "\n  ")))
 			default:
 				cnt = append(cnt, fmt.Sprintf("retransmitted by rxe: %d", st.RetransFromVM))
@@ -642,6 +676,11 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 		}
 	}
 	r.counters = strings.Join(cnt, " ")
+	if len(problems) == 0 && len(timingProblems) > 0 && mayRerun {
+		r.d = time.Since(t0)
+		return timingProblems
+	}
+	problems = append(problems, timingProblems...)
 	if len(problems) == 0 {
 		r.result = "PASS"
 		if flagged {
@@ -658,6 +697,7 @@ func runCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cell, r 
 	t.Errorf("%s (%s) failed:\n- %s\n--- rocev2d output:\n%s\n--- %s output (VM):\n%s\n--- capture %s: %s\n%s--- rocev2d pcap check -q:\n%s\n--- rxe counters after: %v\n--- VM console (last 20 lines):\n%s",
 		name, r.direction, strings.Join(problems, "\n- "), hostOut, c.toolName, vm.Output, pcapFile, tcpdumpSummary,
 		st, tail(string(chk), 30), after, lab.Console(20))
+	return nil
 }
 
 // tsharkCheck decodes the capture with tshark and reports malformed frames
@@ -813,6 +853,7 @@ func printTable(t *testing.T, rows []row, img *Image, setup, boot, total time.Du
 		steps = append(steps, fmt.Sprintf("%s %.1fs", s.Step, s.D.Seconds()))
 	}
 	fmt.Fprintf(&b, "PASS* = passed with retransmissions proven by the capture: rxe resent in up to %d flights (its free-running 67 ms retransmit timer; ROCEV2_INTEROP_STRICT=1 fails them), or rocev2d resent only after its full local ACK timeout without an ACK (the TCG VM stalled)\n", 3)
+	fmt.Fprintf(&b, "(rerun) = the first run's only problems were retransmission timing (more rxe flights than tolerated, or a rocev2d resend the capture shows as spurious), and the cell ran again; its counters end with the first run's problem\n")
 	if note != "" {
 		fmt.Fprintln(&b, note)
 	}

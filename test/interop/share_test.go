@@ -89,21 +89,27 @@ func startSharePP(ctx context.Context, lab *Lab, img *Image, n int) (*HostProc, 
 // command running while the first does never overwrites them.
 func shareClients(tag string, gid, rpingSize, rpingCount, bwN, ppN int) string {
 	var b strings.Builder
-	type cl struct{ name, cmd string }
+	type cl struct {
+		name, cmd string
+		timeout   int // seconds
+	}
 	var cls []cl
 	if rpingCount > 0 {
-		cls = append(cls, cl{"rping", fmt.Sprintf("rping -c -a %s -v -V -S %d -C %d", HostIP, rpingSize, rpingCount)})
+		cls = append(cls, cl{"rping", fmt.Sprintf("rping -c -a %s -v -V -S %d -C %d", HostIP, rpingSize, rpingCount), 240})
 	}
 	if bwN > 0 {
-		cls = append(cls, cl{"ib_write_bw", fmt.Sprintf("ib_write_bw -R -d rxe0 -x %d -F -s 4096 -n %d %s", gid, bwN, HostIP)})
+		cls = append(cls, cl{"ib_write_bw", fmt.Sprintf("ib_write_bw -R -d rxe0 -x %d -F -s 4096 -n %d %s", gid, bwN, HostIP), 240})
 	}
 	if ppN > 0 {
-		cls = append(cls, cl{"ibv_rc_pingpong", fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -p %d -s 4096 -n %d -c %s", gid, sharePPPort, ppN, HostIP)})
+		// 60 s: a client whose server the kill/restart cell killed waits
+		// for the peer's SEND for ever; at 240 s it alone made that cell
+		// four minutes long.
+		cls = append(cls, cl{"ibv_rc_pingpong", fmt.Sprintf("ibv_rc_pingpong -d rxe0 -g %d -p %d -s 4096 -n %d -c %s", gid, sharePPPort, ppN, HostIP), 60})
 	}
 	for i, c := range cls {
 		// timeout: a hung client still reports (exit 124) with its output.
 		f := fmt.Sprintf("/tmp/share-%s-%d", tag, i)
-		fmt.Fprintf(&b, "(timeout 240 %s >%s.out 2>%s.err; echo $? >%s.rc) & ", c.cmd, f, f, f)
+		fmt.Fprintf(&b, "(timeout %d %s >%s.out 2>%s.err; echo $? >%s.rc) & ", c.timeout, c.cmd, f, f, f)
 	}
 	b.WriteString("wait; ")
 	for i, c := range cls {
