@@ -261,9 +261,8 @@ echo done
 			// of files, a 4 MiB
 			// write across the reset, 2 blocks per dd size): each lost
 			// single-packet command costs the Linux host's ACK timeout
-			// (about 2 s): the full sizes took 257 s, these about 150 s
-			// with 3 MiB of files (mkfs 54 s, reset 22 s, 20 rounds 53 s,
-			// dd 14 s).
+			// (about 2 s): the full sizes took 257 s; with these the cell
+			// took 47-119 s in two runs.
 			ls := []int{4096, 65536, 1 << 20}
 			cell("loss1pct", "under 1% loss: mke2fs/mount/checksums, reset_controller during a write, 20 reconnects, O_DIRECT dd, data checked", 12*time.Minute,
 				nvmfShell+"RETRY=2; FSKB=8192; FILEBLKS=2; RESETMB=4\n"+nvmfStep("mkfs")+nvmfMkfsBody+nvmfStep("reset")+nvmfResetBody+
