@@ -15,14 +15,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/nvme"
 	"github.com/gorocev2/rocev2/nvmf"
 	"github.com/gorocev2/rocev2/transport"
 )
 
 func init() {
-	register("nvmf-target", "NVMe over Fabrics (RDMA) target: a file, block device or memory as a namespace", nvmfTargetUsage, runNvmfTarget)
-	register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, bench", nvmfHostUsage, runNvmfHost)
+	commands.Register("nvmf-target", "NVMe over Fabrics (RDMA) target: a file, block device or memory as a namespace", nvmfTargetUsage, runNvmfTarget)
+	commands.Register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, bench", nvmfHostUsage, runNvmfHost)
 }
 
 const nvmfTargetUsage = `usage: rocev2d nvmf-target --bind ADDR [--port 4420] --nqn NQN (--file PATH | --size BYTES) [--ro] [options]
@@ -51,7 +52,7 @@ options:
   --host NQN         allow only this host (repeatable; default any host)
   -v                 log connections; print the target's and the device's
                      counters at the end (SIGUSR1 prints the device's)
-` + socketUsage + `
+` + cli.SocketUsage + `
 Exit status: 0 after a clean stop, 1 when the target could not start, 2 bad usage.
 `
 
@@ -82,12 +83,12 @@ func parseSize(s string) (int64, error) {
 }
 
 func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("nvmf-target")
+	fs := cli.NewFlagSet("nvmf-target")
 	var bind, nqn, file, size string
 	var port, bs, inline, qsize, ioq, mtuBytes int
 	var ro, verbose bool
 	var hosts multiFlag
-	var sock socketFlags
+	var sock cli.SocketFlags
 	fs.StringVar(&bind, "bind", "", "")
 	fs.StringVar(&nqn, "nqn", "", "")
 	fs.StringVar(&file, "file", "", "")
@@ -101,7 +102,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.BoolVar(&ro, "ro", false, "")
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.Var(&hosts, "host", "")
-	addSocketFlags(fs, &sock)
+	cli.AddSocketFlags(fs, &sock)
 	err := fs.Parse(args)
 	if err == nil && fs.NArg() > 0 {
 		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -109,7 +110,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	var local netip.Addr
 	var nbytes int64
 	if err == nil {
-		local, err = parseBind(bind)
+		local, err = cli.ParseBind(bind)
 		if err == nil && !local.IsValid() {
 			err = errors.New("--bind is required")
 		}
@@ -131,9 +132,9 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	var mtu transport.MTU
 	if err == nil {
-		mtu, err = parseMTUFlag(mtuBytes)
+		mtu, err = cli.ParseMTUFlag(mtuBytes)
 	}
-	if code, done := flagsResult("nvmf-target", nvmfTargetUsage, err, stdout, stderr); done {
+	if code, done := cli.FlagsResult("nvmf-target", nvmfTargetUsage, err, stdout, stderr); done {
 		return code
 	}
 	var backend nvmf.Backend
@@ -141,7 +142,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fb, err := nvmf.OpenFile(file, nbytes, ro)
 		if err != nil {
 			fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-			return exitFail
+			return cli.ExitFail
 		}
 		defer fb.Close()
 		backend = fb
@@ -149,20 +150,20 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		mb, err := nvmf.NewMemBackend(nbytes)
 		if err != nil {
 			fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-			return exitFail
+			return cli.ExitFail
 		}
 		backend = mb
 	}
-	link, err := listenSocket(local, sock.Options(false, 0), "pick another address with --bind")
+	link, err := cli.ListenSocket(local, sock.Options(false, 0), "pick another address with --bind")
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	dev, err := transport.NewDevice(link, transport.DeviceConfig{Congestion: sock.CC.Config()})
 	if err != nil {
 		link.Close()
 		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	defer dev.Close()
 	cfg := nvmf.TargetConfig{Port: uint16(port), InlineDataSize: inline, PathMTU: mtu, MaxQueueSize: qsize, MaxIOQueues: ioq,
@@ -179,12 +180,12 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	t, err := nvmf.Listen(dev, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	if nvmfListening != nil {
 		nvmfListening(t.Addr())
 	}
-	u := watchSIGUSR1(stdout)
+	u := cli.WatchSIGUSR1(stdout)
 	u.Add(local.String(), dev)
 	defer u.Stop()
 	fmt.Fprintf(stdout, "nvmf-target: %s on %v, namespace 1: %d bytes in %d-byte blocks%s\n", nqn, t.Addr(), backend.Size(), bs,
@@ -196,13 +197,13 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stdout, "target: connections %d rejected %d disconnects %d controllers %d commands %d errors %d malformed %d read_bytes %d write_bytes %d kato_expired %d transport_errors %d buffer_waits %d\n",
 			s.Connections, s.Rejected, s.Disconnects, s.Controllers, s.Commands, s.Errors, s.Malformed, s.ReadBytes, s.WriteBytes,
 			s.KATOExpired, s.TransportErrs, s.Waits)
-		printCounters(stdout, local.String(), dev)
+		cli.PrintCounters(stdout, local.String(), dev)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
 	}
 	fmt.Fprintln(stdout, "nvmf-target: stopped")
-	return exitOK
+	return cli.ExitOK
 }
 
 const nvmfHostUsage = `usage: rocev2d nvmf-host discover --bind ADDR --addr TARGET [--port 4420]
@@ -238,7 +239,7 @@ options:
   --mtu N          largest path MTU: 256..4096 (default 1024)
   --range BYTES    bench: the span of the namespace it touches (default all)
   -v               log connection events; print the device's counters
-` + socketUsage + `
+` + cli.SocketUsage + `
 Exit status: 0 success, 1 failure (connection refused or lost, an NVMe
 error status, a data mismatch), 2 bad usage.
 `
@@ -247,24 +248,24 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
 			fmt.Fprint(stdout, nvmfHostUsage)
-			return exitOK
+			return cli.ExitOK
 		}
 		fmt.Fprintf(stderr, "rocev2d nvmf-host: missing subcommand\n%s", nvmfHostUsage)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	sub := args[0]
 	switch sub {
 	case "discover", "identify", "read", "write", "bench":
 	default:
 		fmt.Fprintf(stderr, "rocev2d nvmf-host: unknown subcommand %q\n(see `rocev2d help nvmf-host`)\n", sub)
-		return exitUsage
+		return cli.ExitUsage
 	}
-	fs := newFlagSet("nvmf-host")
+	fs := cli.NewFlagSet("nvmf-host")
 	var bind, addr, nqn, out, in, bsList, qdList, rw, length, offset, span string
 	var port, nsid, ioq, qsize, mtuBytes int
 	var verbose, verify, noInline bool
 	var dur time.Duration
-	var sock socketFlags
+	var sock cli.SocketFlags
 	fs.StringVar(&bind, "bind", "", "")
 	fs.StringVar(&addr, "addr", "", "")
 	fs.StringVar(&nqn, "nqn", "", "")
@@ -285,14 +286,14 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.BoolVar(&verify, "verify", false, "")
 	fs.BoolVar(&noInline, "no-inline", false, "")
 	fs.DurationVar(&dur, "time", 2*time.Second, "")
-	addSocketFlags(fs, &sock)
+	cli.AddSocketFlags(fs, &sock)
 	err := fs.Parse(args[1:])
 	var local, peer netip.Addr
 	if err == nil && fs.NArg() > 0 {
 		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if err == nil {
-		if local, err = parseBind(bind); err == nil && !local.IsValid() {
+		if local, err = cli.ParseBind(bind); err == nil && !local.IsValid() {
 			err = errors.New("--bind is required")
 		}
 	}
@@ -309,7 +310,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	var mtu transport.MTU
 	if err == nil {
-		mtu, err = parseMTUFlag(mtuBytes)
+		mtu, err = cli.ParseMTUFlag(mtuBytes)
 	}
 	var bss, qds []int
 	if err == nil && sub == "bench" {
@@ -318,14 +319,14 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 			qds, err = parseList(qdList)
 		}
 	}
-	if code, done := flagsResult("nvmf-host", nvmfHostUsage, err, stdout, stderr); done {
+	if code, done := cli.FlagsResult("nvmf-host", nvmfHostUsage, err, stdout, stderr); done {
 		return code
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "rocev2d nvmf-host %s: %v\n", sub, err)
-		return exitFail
+		return cli.ExitFail
 	}
-	link, err := listenSocket(local, sock.Options(false, 0), "pick another address with --bind")
+	link, err := cli.ListenSocket(local, sock.Options(false, 0), "pick another address with --bind")
 	if err != nil {
 		return fail(err)
 	}
@@ -336,7 +337,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	defer dev.Close()
 	if verbose {
-		defer printCounters(stdout, local.String(), dev)
+		defer cli.PrintCounters(stdout, local.String(), dev)
 	}
 	target := netip.AddrPortFrom(peer, uint16(port))
 	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu}
@@ -356,7 +357,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 				map[uint8]string{nvme.SubtypeNVMe: "nvme subsystem", nvme.SubtypeDisc: "discovery subsystem"}[e.SubType],
 				e.PortID, e.TrSvcID, e.SubNQN, e.TrAddr)
 		}
-		return exitOK
+		return cli.ExitOK
 	}
 	h, err := nvmf.Connect(ctx, dev, target, nqn, cfg)
 	if err != nil {
@@ -384,7 +385,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		fmt.Fprintf(stdout, "sn     : %s\nmn     : %s\nfr     : %s\ncntlid : %d\nver    : %d.%d\nmdts   : %d\nkas    : %d\nmaxcmd : %d\nnn     : %d\nsgls   : %#x\nioccsz : %d\niorcsz : %d\nsubnqn : %s\nio queues: %d\nnamespaces: %v\n",
 			id.SN, id.MN, id.FR, id.CNTLID, id.VER>>16, id.VER>>8&0xff, id.MDTS, id.KAS, id.MAXCMD, id.NN, id.SGLS, id.IOCCSZ, id.IORCSZ, id.SubNQN, h.IOQueues(), ids)
 		fmt.Fprintf(stdout, "namespace %d: %d bytes, %d-byte blocks%s\n", ns.ID(), ns.Size(), ns.BlockSize(), map[bool]string{true: ", read-only"}[ns.ReadOnly()])
-		return exitOK
+		return cli.ExitOK
 	case "read", "write":
 		off, err := parseSize(offset)
 		if err != nil {
@@ -425,7 +426,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 			if out != "" {
 				fmt.Fprintf(stdout, "read %d bytes at %d in %v\n", len(data), off, time.Since(start).Round(time.Microsecond))
 			}
-			return exitOK
+			return cli.ExitOK
 		}
 		if _, err := ns.WriteAtContext(ctx, data, off); err != nil {
 			return fail(err)
@@ -441,7 +442,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 			}
 			fmt.Fprintln(stdout, "verified")
 		}
-		return exitOK
+		return cli.ExitOK
 	}
 	limit := ns.Size()
 	if span != "" {
@@ -459,7 +460,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 			fmt.Fprintf(stdout, "%-8d %-4d %-6s %12.0f %10.1f %12.1f\n", bs, qd, rw, r.iops, r.mbps, r.latUs)
 		}
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 func parseList(s string) ([]int, error) {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // TestNvmfLoopback: rocev2d nvmf-target (a file namespace) and rocev2d
@@ -81,8 +83,8 @@ func TestNvmfUsage(t *testing.T) {
 		{"nvmf-host", "bench", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--nqn", "x", "--bs", "0"},
 	} {
 		var out, errb lockedBuffer
-		if code := run(context.Background(), args, &out, &errb); code != exitUsage {
-			t.Errorf("%q: exit %d, want %d\n%s", args, code, exitUsage, errb.String())
+		if code := run(context.Background(), args, &out, &errb); code != cli.ExitUsage {
+			t.Errorf("%q: exit %d, want %d\n%s", args, code, cli.ExitUsage, errb.String())
 		}
 	}
 }
