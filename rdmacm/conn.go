@@ -170,7 +170,7 @@ func (s connState) String() string {
 // Conn is an RC connection made through the CM: a connected QP and what
 // the peer sent with its request or reply.
 type Conn struct {
-	m      *manager
+	m      *Manager
 	active bool
 	opts   Options
 	qp     *transport.QP
@@ -250,7 +250,7 @@ func (c *Conn) Err() error {
 	return c.err
 }
 
-func newConn(m *manager, active bool, o Options) *Conn {
+func newConn(m *Manager, active bool, o Options) *Conn {
 	return &Conn{m: m, active: active, opts: o, max: o.MaxRetries, estab: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -346,11 +346,8 @@ func (c *Conn) release() error {
 // ErrTimeout if the peer never answered, or ctx's error — then the REJ
 // (before the reply) or DREQ (after it) the specification asks for has
 // been sent.
-func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts *Options) (*Conn, error) {
-	m, err := managerFor(dev)
-	if err != nil {
-		return nil, err
-	}
+func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) (*Conn, error) {
+	dev := m.dev
 	if err := opts.check("Dial"); err != nil {
 		return nil, err
 	}
@@ -419,14 +416,14 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 	if m.closed {
 		m.mu.Unlock()
 		c.releaseFailed()
-		return nil, errDeviceClosed
+		return nil, m.closeErr
 	}
 	c.localID = m.newLocalID()
 	req.LocalCommID = c.localID
 	c.tid = m.agent.NewTID()
 	m.conns[c.localID] = c
 	c.state = stREQSent
-	err = c.sendLocked(&req)
+	err := c.sendLocked(&req)
 	m.mu.Unlock()
 	if err != nil {
 		m.mu.Lock()
@@ -732,147 +729,6 @@ func (c *Conn) Close() error {
 	return c.release()
 }
 
-// onREP: the passive side accepted (active side).
-func (m *manager) onREP(mad *transport.MAD, h *cm.HeaderFields, f *cm.REPFields) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	c := m.conns[f.RemoteCommID]
-	if c == nil || !c.active || c.peer != mad.Src {
-		m.st.unknown.Add(1)
-		return
-	}
-	switch c.state {
-	case stREQSent:
-	case stEstablished:
-		if f.LocalCommID == c.remoteID {
-			m.st.duplicates.Add(1)
-			c.resendLocked() // the RTU was lost
-		}
-		return
-	default:
-		m.st.unknown.Add(1)
-		return
-	}
-	c.remoteID = f.LocalCommID
-	c.params.DestQPN = f.LocalQPN
-	c.indexQPNLocked()
-	c.params.SQPSN = f.StartingPSN
-	c.params.MaxRdAtomic = max(1, min(c.params.MaxRdAtomic, f.ResponderResources))
-	rt := *c.opts.Retry
-	rt.RNRRetry = f.RNRRetryCount
-	c.params.Retry = &rt
-	c.peerData = append([]byte(nil), f.PrivateData[:]...)
-	c.remoteECE = ECE{VendorID: f.VendorID, Options: h.AttributeModifier}
-	c.params.SelectiveRepeat = c.opts.SelectiveRepeat && c.remoteECE.offersSR()
-	if err := c.qp.Connect(c.params); err != nil {
-		rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: cm.KindREP, Reason: cm.RejConsumer}
-		var out [transport.MADSize]byte
-		m.send(c.peer, c.opts.TrafficClass, c.tid, rej, &out)
-		c.finishLocked(fmt.Errorf("rdmacm: connecting the QP: %w", err))
-		return
-	}
-	rtu := &cm.RTUFields{LocalCommID: c.localID, RemoteCommID: c.remoteID}
-	c.state = stEstablished
-	c.sendLocked(rtu)
-	if c.timer != nil {
-		c.timer.Stop()
-	}
-	m.st.established.Add(1)
-	c.startLivenessLocked()
-	close(c.estab)
-}
-
-// onMRA: the peer needs more time; wait its service timeout more.
-func (m *manager) onMRA(f *cm.MRAFields) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	c := m.conns[f.RemoteCommID]
-	if c == nil || (c.state != stREQSent && c.state != stREPSent) {
-		m.st.unknown.Add(1)
-		return
-	}
-	c.retries = 0
-	c.armLocked(cm.Timeout(f.ServiceTimeout) + c.opts.ResponseTimeout)
-}
-
-// onREJ: the peer rejected a request or reply. The connection it names
-// is found as Linux's CM finds it (cm_acquire_rejected_id): a REJ of a
-// REQ by our ID alone (the peer had none to give), a REJ "timeout" from a
-// requester that gave up by its own ID (from the address it dialed from,
-// and only while the request is half-open), and any other by both IDs;
-// the source address must be the peer's in every case. So a REJ that
-// knows one ID cannot end an established connection.
-func (m *manager) onREJ(mad *transport.MAD, f *cm.REJFields) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.st.rejRecv[reasonSlot(f.Reason)].Add(1)
-	var c *Conn
-	switch {
-	case f.MessageRejected == cm.KindREQ && f.Reason != cm.RejTimeout:
-		if k := m.conns[f.RemoteCommID]; k != nil && k.active && k.state == stREQSent && k.peer == mad.Src {
-			c = k
-		}
-	case f.Reason == cm.RejTimeout && f.MessageRejected == cm.KindREQ:
-		// A requester that gives up before it knows our ID rejects with
-		// its own only.
-		if k := m.remote[remoteKey{mad.Src, f.LocalCommID}]; k != nil && (k.state == stREQRcvd || k.state == stREPSent) {
-			c = k
-		}
-	default:
-		if k := m.conns[f.RemoteCommID]; k != nil && k.remoteID == f.LocalCommID && k.peer == mad.Src {
-			c = k
-		}
-	}
-	if c == nil {
-		if k := m.conns[f.RemoteCommID]; k != nil {
-			m.st.spoofDropped.Add(1) // one ID right, the other or the address wrong
-		}
-		if f.Reason == cm.RejTimeout && f.MessageRejected == cm.KindREQ {
-			// Its REQ may be waiting still (requests are handled after
-			// answers): it is not to be served.
-			if len(m.gaveUp) >= 256 {
-				clear(m.gaveUp)
-			}
-			m.gaveUp[remoteKey{mad.Src, f.LocalCommID}] = true
-		}
-		m.st.unknown.Add(1)
-		return
-	}
-	rej := &RejectError{Reason: f.Reason, PrivateData: append([]byte(nil), f.PrivateData[:]...)}
-	switch c.state {
-	case stREQSent:
-		if f.Reason == cm.RejStaleConn && c.staleRetryLocked(rej) {
-			return
-		}
-		c.endedBy(CausePeerReject)
-		c.finishLocked(rej)
-	case stREQRcvd, stREPSent:
-		c.endedBy(CausePeerReject)
-		c.finishLocked(rej)
-	case stEstablished, stDREQSent:
-		c.endedBy(CausePeerReject)
-		c.timeWaitLocked(&RejectError{Reason: f.Reason})
-	default:
-		m.st.unknown.Add(1)
-	}
-}
-
-// onRTU: the active side is ready (passive side).
-func (m *manager) onRTU(f *cm.RTUFields) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	c := m.conns[f.RemoteCommID]
-	if c == nil || c.active || c.remoteID != f.LocalCommID {
-		m.st.unknown.Add(1)
-		return
-	}
-	if c.state != stREPSent {
-		m.st.duplicates.Add(1)
-		return
-	}
-	c.establishPassiveLocked()
-}
-
 // establishPassiveLocked takes the passive QP to RTS on the RTU (or the
 // first packet in RTR, which stands for it).
 func (c *Conn) establishPassiveLocked() {
@@ -888,55 +744,4 @@ func (c *Conn) establishPassiveLocked() {
 	c.m.st.established.Add(1)
 	c.startLivenessLocked()
 	close(c.estab)
-}
-
-// onDREQ: the peer disconnects. A DREQ for no known connection is
-// answered with a DREP too, as Linux does, so the peer stops resending.
-func (m *manager) onDREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.DREQFields) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	c := m.conns[f.RemoteCommID]
-	if c == nil || c.remoteID != f.LocalCommID || c.peer != mad.Src {
-		m.st.unknown.Add(1)
-		m.st.strayDREQ.Add(1)
-		var out [transport.MADSize]byte
-		m.send(mad.Src, mad.TOS, h.TransactionID, &cm.DREPFields{LocalCommID: f.RemoteCommID, RemoteCommID: f.LocalCommID}, &out)
-		return
-	}
-	switch c.state {
-	case stEstablished, stDREQSent, stREPSent, stTimeWait:
-	default:
-		m.st.unknown.Add(1)
-		return
-	}
-	if c.state == stTimeWait {
-		m.st.duplicates.Add(1)
-	}
-	if c.state == stEstablished && c.qp != nil && c.err == nil {
-		// The QP failed already (its watcher has not run yet): that is
-		// what ended the connection; the DREQ is the peer's view of it.
-		if cause := c.qp.Err(); cause != nil && !errors.Is(cause, transport.ErrClosed) {
-			c.err = fmt.Errorf("%w (peer %v): %w", ErrQPFailed, c.peer, cause)
-			m.st.qpFailed.Add(1)
-			c.endedBy(CauseQPFailed)
-		}
-	}
-	c.endedBy(CausePeerDisconnect)
-	drep := &cm.DREPFields{LocalCommID: c.localID, RemoteCommID: c.remoteID}
-	hd := cm.NewHeader(0, c.tid)
-	cm.Encode(c.out[:], &hd, drep)
-	c.resendLocked()
-	c.timeWaitLocked(ErrDisconnected)
-}
-
-// onDREP: the peer confirmed our DREQ.
-func (m *manager) onDREP(f *cm.DREPFields) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	c := m.conns[f.RemoteCommID]
-	if c == nil || c.state != stDREQSent {
-		m.st.unknown.Add(1)
-		return
-	}
-	c.timeWaitLocked(ErrClosed)
 }

@@ -15,7 +15,11 @@
 //     (errors.Is(err, ErrRefused) when nothing listens);
 //   - Conn.Close sends a DREQ and waits, bounded, for the DREP; a DREQ
 //     from the peer closes Conn.Done();
-//   - ResolveUD and ListenUD do the same for UD QPs through SIDR.
+//   - ResolveUD and ListenUD do the same for UD QPs through SIDR;
+//   - NewManager(dev) returns the device's *Manager, whose methods Dial,
+//     Listen, ResolveUD and ListenUD the functions above call on the
+//     device's manager; it also gives the device's Stats, and Close stops
+//     it apart from the device.
 //
 // A connection ends, and Conn.Done closes with Conn.Err saying why, on
 // Close, on the peer's DREQ (ErrDisconnected), when its QP fails
@@ -32,9 +36,11 @@
 //
 // # Protocol
 //
-// One manager per transport.Device registers the CM management class
-// (0x07) with the device's GSI and runs the state machine of every
-// connection of the device: REQ, MRA, REJ, REP, RTU, DREQ, DREP and
+// One Manager per transport.Device (NewManager(dev), or the one the
+// package-level Dial, Listen, ResolveUD and ListenUD start on first use;
+// they are thin wrappers over its methods) registers the CM management
+// class (0x07) with the device's GSI and runs the state machine of every
+// connection of the device (its message handlers are in dispatch.go): REQ, MRA, REJ, REP, RTU, DREQ, DREP and
 // SIDR_REQ/SIDR_REP, each retransmitted on its response timeout up to its
 // retry count; duplicates are answered (a duplicate REQ with the REP or an
 // MRA, a duplicate REP with the RTU, a duplicate DREQ with the DREP); the

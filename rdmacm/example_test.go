@@ -114,3 +114,48 @@ func ExampleDial_refused() {
 	// Output:
 	// rdmacm: connection rejected: invalid service ID (8)
 }
+
+// A Manager in hand: each device's connection manager started explicitly,
+// its calls as methods, its own counters, and Close apart from the device.
+func ExampleNewManager() {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	server, client := device(n, "192.0.2.1"), device(n, "192.0.2.2")
+	defer server.Close()
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ms, err := rdmacm.NewManager(server)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mc, err := rdmacm.NewManager(client)
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := ms.Listen(7174, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan *rdmacm.Conn, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		accepted <- c
+	}()
+	c, err := mc.Dial(ctx, l.Addr(), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	sc := <-accepted
+	fmt.Println("established:", ms.Stats().Established, mc.Stats().Established)
+	mc.Close() // the client's connections end; the device stays open
+	<-c.Done()
+	fmt.Println("client side:", c.Err())
+	sc.Close()
+	// Output:
+	// established: 1 1
+	// client side: rdmacm: closed: the connection manager is closed
+}

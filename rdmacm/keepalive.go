@@ -40,6 +40,10 @@ func (e *kindOf) Unwrap() []error { return e.also }
 // closed: rdmacm's ErrClosed and the transport's.
 var errDeviceClosed error = &kindOf{"rdmacm: closed: the device is closed", []error{ErrClosed, transport.ErrClosed}}
 
+// errManagerClosed is what they see once Manager.Close closed their
+// manager (the device stays open): ErrClosed.
+var errManagerClosed error = &kindOf{"rdmacm: closed: the connection manager is closed", []error{ErrClosed}}
+
 // closedCause is what the objects a closed connection destroyed (its QP
 // and CQs) answer their callers and waiters with, besides
 // transport.ErrDestroyed: ErrClosed, and why the connection ended.

@@ -55,11 +55,14 @@ const (
 	// CauseKeepAlive: the peer answered no keep-alive probe
 	// (ErrKeepAlive).
 	CauseKeepAlive
+	// CauseManagerClosed: Manager.Close.
+	CauseManagerClosed
 	numCauses
 )
 
 var causeNames = [numCauses]string{"", "local_close", "peer_disconnect", "peer_reject", "stale",
-	"timeout", "half_open_timeout", "shed", "device_closed", "error", "qp_failed", "keepalive"}
+	"timeout", "half_open_timeout", "shed", "device_closed", "error", "qp_failed", "keepalive",
+	"manager_closed"}
 
 // String returns the cause's counter name, as "peer_reject".
 func (c Cause) String() string {
@@ -118,6 +121,8 @@ func causeOf(err error) Cause {
 		return CauseKeepAlive
 	case errors.Is(err, errDeviceClosed):
 		return CauseDeviceClosed
+	case errors.Is(err, errManagerClosed):
+		return CauseManagerClosed
 	case errors.Is(err, ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return CauseLocalClose
 	}

@@ -33,7 +33,7 @@ type ListenOptions struct {
 // Listener accepts rdma_cm connections on one port of the TCP port space
 // (what rdma_listen does).
 type Listener struct {
-	m        *manager
+	m        *Manager
 	port     uint16
 	svc      uint64
 	opts     ListenOptions
@@ -71,16 +71,13 @@ func (r *Request) PrivateData() []byte { return r.c.peerData }
 // RemoteAddr returns the requester's IP address and rdma_cm port.
 func (r *Request) RemoteAddr() netip.AddrPort { return r.c.RemoteAddr() }
 
-// Listen starts accepting connection requests for port on dev.
-func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener, error) {
+// Listen starts accepting connection requests for port on the manager's
+// device.
+func (m *Manager) Listen(port uint16, opts *ListenOptions) (*Listener, error) {
 	if opts != nil {
 		if err := opts.Options.check("Listen"); err != nil {
 			return nil, err
 		}
-	}
-	m, err := managerFor(dev)
-	if err != nil {
-		return nil, err
 	}
 	var o ListenOptions
 	if opts != nil {
@@ -100,7 +97,7 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 	defer m.mu.Unlock()
 	if m.closed {
 		l.cancel()
-		return nil, errDeviceClosed
+		return nil, m.closeErr
 	}
 	if _, busy := m.listeners[l.svc]; busy {
 		l.cancel()
@@ -530,102 +527,6 @@ func (r *Request) reject(reason cm.RejectReason, privateData []byte) error {
 	c.endedBy(CauseLocalClose)
 	c.finishLocked(&RejectError{Reason: reason})
 	return nil
-}
-
-// onREQ: a connection request (passive side).
-func (m *manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	key := remoteKey{mad.Src, f.LocalCommID}
-	if m.gaveUp[key] {
-		delete(m.gaveUp, key)
-		m.st.unknown.Add(1)
-		return
-	}
-	if c := m.remote[key]; c != nil {
-		m.st.duplicates.Add(1)
-		c.life.retried = true
-		switch c.state {
-		case stREQRcvd:
-			// The application has not answered yet: ask for patience.
-			mra := &cm.MRAFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageMRAed: cm.KindREQ,
-				ServiceTimeout: timeoutExp(c.opts.ResponseTimeout) + 2}
-			var out [transport.MADSize]byte
-			m.send(c.peer, c.opts.TrafficClass, c.tid, mra, &out)
-		case stREPSent:
-			c.resendLocked() // the REP was lost
-		}
-		return
-	}
-	// A REQ from the QP of a connection still known (up, half-open, or
-	// in TimeWait): the peer lost that connection (it restarted, or lost
-	// its CM state). Reject the REQ as stale and tear the old connection
-	// down, as cm.c does; the requester's next attempt connects.
-	if old := m.byQPN[qpnKey{mad.Src, f.LocalQPN}]; old != nil {
-		m.st.rejStale.Add(1)
-		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejStaleConn)
-		old.replaceLocked()
-		return
-	}
-	ps, port, ok := cm.SplitServiceID(f.ServiceID)
-	l := m.listeners[f.ServiceID]
-	if !ok || ps != cm.PSTCP || l == nil || l.closed {
-		m.st.rejNoListener.Add(1)
-		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejInvalidServiceID)
-		return
-	}
-	hdr, err := cm.ParseCMAHeader(f.PrivateData[:])
-	if err != nil || hdr.Src.Unmap() != mad.Src {
-		m.st.malformed.Add(1)
-		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejConsumer)
-		return
-	}
-	if f.TransportServiceType != cm.TransportRC {
-		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejInvalidTransportType)
-		return
-	}
-	if !f.PathMTU.Valid() {
-		m.rejectUnknown(mad, h, f.LocalCommID, cm.KindREQ, cm.RejInvalidMTU)
-		return
-	}
-	for len(l.half) >= l.opts.Backlog {
-		l.shedLocked(mad.Src)
-	}
-	c := newConn(m, false, l.opts.Options.withDefaults())
-	c.listener = l
-	c.localID = m.newLocalID()
-	c.remoteID = f.LocalCommID
-	c.tid = h.TransactionID
-	c.peer = mad.Src
-	c.localPort = port
-	c.remotePort = hdr.SrcPort
-	c.req = *f
-	c.remoteECE = ECE{VendorID: f.VendorID, Options: h.AttributeModifier}
-	c.params.DestQPN = f.LocalQPN
-	c.peerData = append([]byte(nil), f.PrivateData[cm.CMAHeaderSize:]...)
-	c.state = stREQRcvd
-	m.conns[c.localID] = c
-	m.remote[key] = c
-	c.indexQPNLocked()
-	c.life.half, c.life.queued, c.life.arrived = true, true, m.clock.Now()
-	if m.shedIDs[key] {
-		// Sent again after we shed it unanswered: a requester that
-		// is there. It goes first, and is not shed again.
-		delete(m.shedIDs, key)
-		c.life.retried = true
-	}
-	l.half = append(l.half, c)
-	l.perSrc[c.peer]++
-	l.queue = append(l.queue, c)
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
-	// The listener's bound on the half-open request, whatever the REQ
-	// asks; an application that never answers is also given up when the
-	// requester would have (its retries of its response timeout).
-	wait := min(l.opts.HalfOpenTimeout, cm.Timeout(f.RemoteCMResponseTimeout)*time.Duration(1+f.MaxCMRetries))
-	c.acceptTimer = m.clock.AfterFunc(wait, func() { c.halfOpenExpired(l.opts.HalfOpenTimeout) })
 }
 
 // halfOpenExpired ends a request still half-open at its deadline: one the

@@ -117,8 +117,15 @@ const maxReason = 63
 
 func reasonSlot(r cm.RejectReason) int { return int(min(uint16(r), maxReason)) }
 
-// manager is the connection manager of one device.
-type manager struct {
+// Manager is the connection manager of one device: it registers the CM
+// management class with the device's GSI, runs the state machine of every
+// connection, listener and SIDR exchange of the device (dispatch.go) and
+// counts what it did (Stats). NewManager starts one; Dial, Listen,
+// ResolveUD and ListenUD are its methods. The package-level functions of
+// the same names use the device's manager, starting one on first use: a
+// device has at most one (the CM class has one agent per GSI), so
+// NewManager on a device that has one fails with ErrInUse.
+type Manager struct {
 	dev   *transport.Device
 	agent *transport.MADAgent
 	clock transport.Clock
@@ -140,6 +147,11 @@ type manager struct {
 	sidr      map[uint32]*sidrWait // by request ID
 	closed    bool
 	stop      chan struct{} // closed by shutdown
+	down      chan struct{} // closed when shutdown is done
+	// closeErr and closeCause are what shutdown ends everything with:
+	// errDeviceClosed and CauseDeviceClosed unless Close set them.
+	closeErr   error
+	closeCause Cause
 }
 
 type remoteKey struct {
@@ -147,19 +159,44 @@ type remoteKey struct {
 	id   uint32
 }
 
+// byDevice is the index of the running managers by device, which the
+// package-level functions (Dial, Listen, ResolveUD, ListenUD, StatsOf)
+// look a device's manager up in; each entry leaves when its manager shuts
+// down. The state of the connections lives in the Manager.
 var (
-	managersMu sync.Mutex
-	managers   = map[*transport.Device]*manager{}
+	byDeviceMu sync.Mutex
+	byDevice   = map[*transport.Device]*Manager{}
 )
 
-// managerFor returns the device's connection manager, starting it (and
-// registering the CM class with the device's GSI) on first use.
-func managerFor(dev *transport.Device) (*manager, error) {
-	managersMu.Lock()
-	defer managersMu.Unlock()
-	if m := managers[dev]; m != nil {
+// NewManager starts the connection manager of dev: it registers the CM
+// class (0x07) with the device's GSI, volunteers to answer the requests
+// nobody listens for on a shared address, and handles the device's CM
+// messages until Close or until the device closes. A device has one
+// manager: NewManager fails with ErrInUse when dev has one already (a
+// previous NewManager, or the one the package-level functions started).
+func NewManager(dev *transport.Device) (*Manager, error) {
+	byDeviceMu.Lock()
+	defer byDeviceMu.Unlock()
+	if byDevice[dev] != nil {
+		return nil, fmt.Errorf("rdmacm: NewManager: %w: the device %v has a connection manager", ErrInUse, dev.Addr())
+	}
+	return startLocked(dev)
+}
+
+// managerFor returns the device's connection manager for the
+// package-level functions, starting one on first use.
+func managerFor(dev *transport.Device) (*Manager, error) {
+	byDeviceMu.Lock()
+	defer byDeviceMu.Unlock()
+	if m := byDevice[dev]; m != nil {
 		return m, nil
 	}
+	return startLocked(dev)
+}
+
+// startLocked starts dev's manager and enters it in byDevice. Called with
+// byDeviceMu held.
+func startLocked(dev *transport.Device) (*Manager, error) {
 	gsi, err := dev.GSI()
 	if errors.Is(err, transport.ErrClosed) {
 		return nil, errDeviceClosed
@@ -174,11 +211,12 @@ func managerFor(dev *transport.Device) (*manager, error) {
 	// Requests, which anyone may send at any rate, queue apart: a flood
 	// of them does not push out the answers that complete handshakes.
 	agent.SeparateRequests(1024, uint16(cm.AttrREQ), uint16(cm.AttrSIDRREQ))
-	m := &manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
+	m := &Manager{dev: dev, agent: agent, clock: dev.Clock(), guid: guidOf(dev.Addr()),
 		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, byQPN: map[qpnKey]*Conn{},
 		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
 		gaveUp: map[remoteKey]bool{}, shedIDs: map[remoteKey]bool{},
-		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, stop: make(chan struct{})}
+		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, stop: make(chan struct{}), down: make(chan struct{}),
+		closeErr: errDeviceClosed, closeCause: CauseDeviceClosed}
 	m.tag.Tag, m.tag.Mask = dev.CommIDTag()
 	// On a shared address one process answers the REQs nobody listens
 	// for (exactly one REJ each): every connection manager volunteers.
@@ -186,21 +224,35 @@ func managerFor(dev *transport.Device) (*manager, error) {
 		agent.Close()
 		return nil, fmt.Errorf("rdmacm: %w", err)
 	}
-	managers[dev] = m
+	byDevice[dev] = m
 	go m.loop()
 	go m.errLoop()
 	return m, nil
 }
 
-// StatsOf returns the counters of dev's connection manager (zero if it
-// never started, or after its device closed).
-func StatsOf(dev *transport.Device) Stats {
-	managersMu.Lock()
-	m := managers[dev]
-	managersMu.Unlock()
-	if m == nil {
-		return Stats{}
+// Device returns the device the manager serves.
+func (m *Manager) Device() *transport.Device { return m.dev }
+
+// Close stops the manager: its listeners close, and its connections and
+// pending Dials, Accepts and ResolveUDs end with ErrClosed
+// (CauseManagerClosed), without the DREQs a Conn.Close sends: close the
+// connections first to say goodbye to the peers. It returns when all of
+// that is done; the device stays open, and NewManager (or a package-level
+// function) may start a new manager on it. Closing a closed manager does
+// nothing.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if !m.closed {
+		m.closeErr, m.closeCause = errManagerClosed, CauseManagerClosed
 	}
+	m.mu.Unlock()
+	m.agent.Close()
+	<-m.down
+	return nil
+}
+
+// Stats returns the manager's counters.
+func (m *Manager) Stats() Stats {
 	s := &m.st
 	st := Stats{MADsIn: s.madsIn.Load(), MADsOut: s.madsOut.Load(), Retransmits: s.retransmits.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Unknown: s.unknown.Load(),
@@ -245,57 +297,6 @@ func random32() uint32 {
 // loopBatch is how many requests the manager takes at once.
 const loopBatch = 64
 
-// loop handles CM MADs until the device closes: every waiting answer
-// first, then the newest requests, one per source in turn (requests queue
-// apart, transport.MADAgent.SeparateRequests): a flood of requests neither
-// starves the answers that complete handshakes and teardowns nor, from
-// one address, another address's requests.
-func (m *manager) loop() {
-	a := m.agent
-	var answers, reqs []transport.MAD
-	for {
-		answers, reqs = answers[:0], reqs[:0]
-	drain:
-		for len(answers) < 4*loopBatch {
-			select {
-			case mad := <-a.C():
-				answers = append(answers, mad)
-			default:
-				break drain
-			}
-		}
-		reqs = a.TakeRequests(reqs, loopBatch)
-		if len(answers) == 0 && len(reqs) == 0 {
-			select {
-			case mad := <-a.C():
-				answers = append(answers, mad)
-			case <-a.RequestsReady():
-				continue
-			case <-a.Done():
-				m.shutdown()
-				return
-			}
-		}
-		for i := range answers {
-			m.dispatch(&answers[i])
-		}
-		for i := range reqs {
-			m.dispatch(&reqs[i])
-		}
-	}
-}
-
-// dispatch decodes and handles one MAD.
-func (m *manager) dispatch(mad *transport.MAD) {
-	m.st.madsIn.Add(1)
-	h, msg, err := cm.Decode(mad.Data[:])
-	if err != nil {
-		m.st.malformed.Add(1)
-		return
-	}
-	m.handle(mad, &h, msg)
-}
-
 // neverDone is a context that never ends: the loop ends with the device.
 type neverDone struct{}
 
@@ -304,8 +305,9 @@ func (neverDone) Done() <-chan struct{}       { return nil }
 func (neverDone) Err() error                  { return nil }
 func (neverDone) Value(any) any               { return nil }
 
-// shutdown fails every connection when the device goes away.
-func (m *manager) shutdown() {
+// shutdown fails every connection when the device goes away or Close
+// closed the manager's agent.
+func (m *Manager) shutdown() {
 	m.mu.Lock()
 	m.closed = true
 	close(m.stop)
@@ -317,96 +319,37 @@ func (m *manager) shutdown() {
 	for _, w := range m.sidr {
 		waits = append(waits, w)
 	}
+	closeErr, cause := m.closeErr, m.closeCause
 	for _, l := range m.listeners {
-		l.closeErr = errDeviceClosed
+		l.closeErr = closeErr
 		l.closeLocked()
 	}
 	m.mu.Unlock()
 	for _, c := range conns {
 		m.mu.Lock()
-		c.endedBy(CauseDeviceClosed)
-		c.finishLocked(errDeviceClosed)
+		c.endedBy(cause)
+		c.finishLocked(closeErr)
 		m.mu.Unlock()
 	}
 	for _, w := range waits {
-		w.done(sidrResult{err: errDeviceClosed})
+		w.done(sidrResult{err: closeErr})
 	}
-	managersMu.Lock()
-	if managers[m.dev] == m {
-		delete(managers, m.dev)
-	}
-	managersMu.Unlock()
 	m.agent.Close()
-}
-
-// errLoop ends the connections whose CM messages the network bounced.
-func (m *manager) errLoop() {
-	for {
-		select {
-		case e := <-m.agent.Unreachable():
-			m.onUnreachable(e.Dst, e.Payload, e)
-		case <-m.stop:
-			return
-		}
+	byDeviceMu.Lock()
+	if byDevice[m.dev] == m {
+		delete(byDevice, m.dev)
 	}
-}
-
-// onUnreachable: a REQ (or REP) of ours came back as an ICMP error: the
-// connection waiting for its answer fails now, with an error naming the
-// address, instead of resending for MaxRetries response timeouts.
-// dst and payload are the bounced datagram's destination and quoted UDP
-// payload, icmp the error (a *udp.ICMPError).
-func (m *manager) onUnreachable(dst netip.Addr, payload []byte, icmp error) {
-	if len(payload) < transport.MADOffset+16 {
-		return
-	}
-	tid := binary.BigEndian.Uint64(payload[transport.MADOffset+8:])
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.st.unreachable.Add(1)
-	for _, c := range m.conns {
-		if (c.state == stREQSent || c.state == stREPSent) && c.peer == dst && c.tid == tid {
-			op := "Dial"
-			if !c.active {
-				op = "Accept"
-			}
-			c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %w", op, netip.AddrPortFrom(c.peer, c.remotePort), ErrUnreachable, icmp))
-		}
-	}
-}
-
-func (m *manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message) {
-	switch f := msg.(type) {
-	case *cm.REQFields:
-		m.onREQ(mad, h, f)
-	case *cm.MRAFields:
-		m.onMRA(f)
-	case *cm.REJFields:
-		m.onREJ(mad, f)
-	case *cm.REPFields:
-		m.onREP(mad, h, f)
-	case *cm.RTUFields:
-		m.onRTU(f)
-	case *cm.DREQFields:
-		m.onDREQ(mad, h, f)
-	case *cm.DREPFields:
-		m.onDREP(f)
-	case *cm.SIDRREQFields:
-		m.onSIDRREQ(mad, h, f)
-	case *cm.SIDRREPFields:
-		m.onSIDRREP(f)
-	default:
-		m.st.unknown.Add(1)
-	}
+	byDeviceMu.Unlock()
+	close(m.down)
 }
 
 // send encodes and sends one CM MAD to the peer's QP1.
-func (m *manager) send(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte) error {
+func (m *Manager) send(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte) error {
 	return m.sendMod(dst, tos, tid, msg, out, 0)
 }
 
 // sendMod is send with the MAD header's AttributeModifier (ECE options).
-func (m *manager) sendMod(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte, attrMod uint32) error {
+func (m *Manager) sendMod(dst netip.Addr, tos uint8, tid uint64, msg cm.Message, out *[transport.MADSize]byte, attrMod uint32) error {
 	h := cm.NewHeader(0, tid)
 	h.AttributeModifier = attrMod
 	if err := cm.Encode(out[:], &h, msg); err != nil {
@@ -424,7 +367,7 @@ func (m *manager) sendMod(dst netip.Addr, tos uint8, tid uint64, msg cm.Message,
 // manager started, as Linux's cm.c numbers its IDs, so that IDs do not
 // repeat for 2^32 connections and a restarted process does not start
 // where its previous life did. Called with m.mu held.
-func (m *manager) newLocalID() uint32 {
+func (m *Manager) newLocalID() uint32 {
 	for {
 		// On a shared address the top byte names this process
 		// (cm.CommIDTag): the replies are steered to it.
@@ -434,11 +377,4 @@ func (m *manager) newLocalID() uint32 {
 			return id
 		}
 	}
-}
-
-// rejectUnknown answers a REQ that creates no state with a REJ.
-func (m *manager) rejectUnknown(mad *transport.MAD, h *cm.HeaderFields, remoteID uint32, kind cm.MsgKind, reason cm.RejectReason) {
-	rej := &cm.REJFields{RemoteCommID: remoteID, MessageRejected: kind, Reason: reason}
-	var out [transport.MADSize]byte
-	m.send(mad.Src, mad.TOS, h.TransactionID, rej, &out)
 }

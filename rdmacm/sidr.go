@@ -58,11 +58,8 @@ func (w *sidrWait) done(r sidrResult) {
 // The error is a *RejectError for a SIDR_REP with an error status
 // (errors.Is(err, ErrRefused) when nothing serves the port), ErrTimeout
 // after the retries, or ctx's error.
-func ResolveUD(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts *UDOptions) (UDPeer, error) {
-	m, err := managerFor(dev)
-	if err != nil {
-		return UDPeer{}, err
-	}
+func (m *Manager) ResolveUD(ctx context.Context, addr netip.AddrPort, opts *UDOptions) (UDPeer, error) {
+	dev := m.dev
 	var o UDOptions
 	if opts != nil {
 		o = *opts
@@ -93,7 +90,7 @@ func ResolveUD(ctx context.Context, dev *transport.Device, addr netip.AddrPort, 
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return UDPeer{}, errDeviceClosed
+		return UDPeer{}, m.closeErr
 	}
 	for {
 		req.RequestID = m.tag.Apply(random32())
@@ -136,25 +133,10 @@ func ResolveUD(ctx context.Context, dev *transport.Device, addr netip.AddrPort, 
 	}
 }
 
-func (m *manager) onSIDRREP(f *cm.SIDRREPFields) {
-	m.mu.Lock()
-	w := m.sidr[f.RequestID]
-	m.mu.Unlock()
-	if w == nil {
-		m.st.unknown.Add(1)
-		return
-	}
-	if f.Status != cm.SIDRSuccess {
-		w.done(sidrResult{err: &RejectError{SIDRStatus: f.Status, PrivateData: append([]byte(nil), f.PrivateData[:]...)}})
-		return
-	}
-	w.done(sidrResult{peer: UDPeer{QPN: f.QPN, QKey: f.QKey, PrivateData: append([]byte(nil), f.PrivateData[:]...)}})
-}
-
 // UDListener answers SIDR requests for one port of the UDP port space with
 // a UD QP's number and Q_Key (what rdma_listen on a UD rdma_cm ID does).
 type UDListener struct {
-	m    *manager
+	m    *Manager
 	svc  uint64
 	qpn  uint32
 	qkey uint32
@@ -164,11 +146,8 @@ type UDListener struct {
 // ListenUD serves SIDR requests for port with the UD QP qp, whose Q_Key is
 // qkey (UDPQKey for librdmacm peers); privateData (at most 136 bytes) goes
 // with every reply.
-func ListenUD(dev *transport.Device, port uint16, qp *transport.QP, qkey uint32, privateData []byte) (*UDListener, error) {
-	m, err := managerFor(dev)
-	if err != nil {
-		return nil, err
-	}
+func (m *Manager) ListenUD(port uint16, qp *transport.QP, qkey uint32, privateData []byte) (*UDListener, error) {
+	dev := m.dev
 	if len(privateData) > cm.SIDRREPPrivateDataSize {
 		return nil, fmt.Errorf("rdmacm: ListenUD: %d bytes of private data, at most %d", len(privateData), cm.SIDRREPPrivateDataSize)
 	}
@@ -176,7 +155,7 @@ func ListenUD(dev *transport.Device, port uint16, qp *transport.QP, qkey uint32,
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, errDeviceClosed
+		return nil, m.closeErr
 	}
 	if _, busy := m.udl[l.svc]; busy {
 		return nil, fmt.Errorf("rdmacm: ListenUD on port %d: %w", port, ErrInUse)
@@ -197,25 +176,4 @@ func (l *UDListener) Close() error {
 		l.m.dev.ReleaseService(l.svc)
 	}
 	return nil
-}
-
-func (m *manager) onSIDRREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.SIDRREQFields) {
-	m.mu.Lock()
-	l := m.udl[f.ServiceID]
-	m.mu.Unlock()
-	rep := &cm.SIDRREPFields{RequestID: f.RequestID, ServiceID: f.ServiceID}
-	_, err := cm.ParseCMAHeader(f.PrivateData[:])
-	switch {
-	case l == nil:
-		m.st.rejNoListener.Add(1)
-		rep.Status = cm.SIDRUnsupported
-	case err != nil:
-		m.st.malformed.Add(1)
-		rep.Status = cm.SIDRReject
-	default:
-		rep.QPN, rep.QKey = l.qpn, l.qkey
-		copy(rep.PrivateData[:], l.data)
-	}
-	var out [transport.MADSize]byte
-	m.send(mad.Src, mad.TOS, h.TransactionID, rep, &out)
 }

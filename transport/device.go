@@ -61,6 +61,16 @@ type DeviceConfig struct {
 	// SelectiveRepeat configures selective repeat for the RC QPs that
 	// negotiate it (QPAttr.SelectiveRepeat, sack.go).
 	SelectiveRepeat SRConfig
+	// CopySend turns zero-copy send off: payloads are copied from
+	// registered memory into packet buffers even on a link that could
+	// send them from where they lie (udp.CapZeroCopy). The wire bytes are
+	// the same either way.
+	CopySend bool
+	// VerifyInLink keeps the ICRC check of received packets in the
+	// link's Recv, for a whole batch at once, instead of right before
+	// each packet is handled (udp.DeferVerifyLink). Either way no byte of
+	// a packet whose ICRC fails reaches registered memory.
+	VerifyInLink bool
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -151,6 +161,16 @@ type Device struct {
 	// process is behind on its input (onRetransTimer).
 	rxBusy  atomic.Int64
 	realClk bool
+	// zc: the link sends payloads from registered memory (udp.CapZeroCopy
+	// and not DeviceConfig.CopySend): WRITE and SEND requests and READ
+	// responses whose payload lies in one SGE (one region) are queued
+	// with Packet.Payload pointing into it (output.go).
+	zc bool
+	// backlog is the link (or the link it wraps) that can tell whether
+	// datagrams wait unread in the kernel; nil if none can. An ACK timer
+	// that expires while they do knows this process is behind on its
+	// input (QP.behind).
+	backlog udp.BacklogLink
 	// outMax is how far a QP's output queue grows (output.go): outBatchMax
 	// on a link that sends UDP GSO datagrams, where a bigger Link.Send
 	// fills more of each and saves system calls, else outBatch.
@@ -245,14 +265,17 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
 	d.outMax = outBatch
+	d.zc = udp.CapabilitiesOf(link)&udp.CapZeroCopy != 0 && !cfg.CopySend
 	if udp.CapabilitiesOf(link)&udp.CapGSO != 0 {
 		d.outMax = outBatchMax
 	}
 	d.initRx()
 	_, d.realClk = cfg.Clock.(RealClock)
+	d.backlog = backlogLink(link)
 	if er, ok := link.(udp.ErrorReporter); ok {
 		er.SetErrorHandler(d.linkError)
 	}
+	d.registerBehind()
 	go d.recvLoop()
 	return d, nil
 }
@@ -308,6 +331,7 @@ func (d *Device) Close() error {
 		d.mu.Unlock()
 		return nil
 	}
+	d.unregisterBehind()
 	d.table.Close(ErrClosed)
 	// From here on no QP, CQ or channel is created (they check closed
 	// under mu), so these snapshots are complete.
@@ -426,6 +450,9 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	}
 	d.rxNow.ok = false
 	for i := range pkts {
+		if d.rx.verify != nil && !d.rx.verify.VerifyICRC(&pkts[i]) {
+			continue // counted by the link; nothing of it was used
+		}
 		d.input(p, &pkts[i])
 	}
 	d.rxNow.ok = false
@@ -573,4 +600,21 @@ func randomFirstQPN() uint32 {
 	var b [4]byte
 	crand.Read(b[:])
 	return firstQPN + binary.BigEndian.Uint32(b[:])%(0x800000-firstQPN)
+}
+
+// backlogLink returns link, or a link it wraps (Unwrap), as a
+// udp.BacklogLink; nil if none is one.
+func backlogLink(link udp.Link) udp.BacklogLink {
+	l := link
+	for range 8 {
+		if b, ok := l.(udp.BacklogLink); ok {
+			return b
+		}
+		u, ok := l.(interface{ Unwrap() udp.Link })
+		if !ok {
+			return nil
+		}
+		l = u.Unwrap()
+	}
+	return nil
 }

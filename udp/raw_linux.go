@@ -53,7 +53,7 @@ type RawLink struct {
 	txFlow   flowPrefix // ICRC prefix of the flow sent last (under sendMu)
 }
 
-var _ Link = (*RawLink)(nil)
+var _ BacklogLink = (*RawLink)(nil)
 
 // rawFilter returns the classic BPF program of a RawLink on dst: it passes
 // unfragmented UDP datagrams to dst:4791. The raw socket sees the packet
@@ -183,7 +183,7 @@ func (l *RawLink) Close() error {
 // returns after every packet was accepted by the kernel, or with the first
 // error (packets before it were sent).
 func (l *RawLink) Send(pkts []Packet) error {
-	if err := checkSend(pkts, l.addr); err != nil {
+	if err := checkSend(pkts, l.addr, false); err != nil {
 		return err
 	}
 	l.sendMu.Lock()

@@ -3,16 +3,12 @@
 package main
 
 import (
+	"os"
 	"testing"
 
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
-// runInRetry is runIn, retried while UDP 4791 is taken by someone else.
-func runInRetry(t *testing.T, args ...string) (int, string, string) {
-	t.Helper()
-	return clitest.RetryBusy(func() (int, string, string) { return runIn(t, args...) })
-}
-
-// lockedBuffer is clitest.LockedBuffer.
-type lockedBuffer = clitest.LockedBuffer
+// TestMain holds the command packages' loopback lock (clitest.Main) while
+// the tests run: they open UDP 4791 on 127.0.0.1 and 127.0.0.2.
+func TestMain(m *testing.M) { os.Exit(clitest.Main(m)) }

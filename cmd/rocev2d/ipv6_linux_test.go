@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 	"github.com/gorocev2/rocev2/internal/netns"
 )
@@ -207,7 +208,7 @@ func TestIPv6LinkLocal(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", p.NsA, bin, "write-bw", "--connect-timeout", "10s", ll6B.String()).CombinedOutput()
-		if clitest.ProcExitCode(err) != exitFail || !strings.Contains(string(out), "invalid argument") ||
+		if clitest.ProcExitCode(err) != cli.ExitFail || !strings.Contains(string(out), "invalid argument") ||
 			strings.Contains(string(out), "running there as a server") || time.Since(t0) > 5*time.Second {
 			t.Errorf("link-local server without zone: exit %d after %v:\n%s", clitest.ProcExitCode(err), time.Since(t0), out)
 		}
@@ -216,7 +217,7 @@ func TestIPv6LinkLocal(t *testing.T) {
 		t0 = time.Now()
 		out, err = exec.CommandContext(ctx, "ip", "netns", "exec", p.NsA, bin, "write-bw", "--connect-timeout", "10s",
 			"--bind", "fe80::c0:9%"+p.IfA, ll6B.WithZone(p.IfA).String()).CombinedOutput()
-		if clitest.ProcExitCode(err) != exitFail || time.Since(t0) > 5*time.Second ||
+		if clitest.ProcExitCode(err) != cli.ExitFail || time.Since(t0) > 5*time.Second ||
 			!strings.Contains(string(out), "cannot bind the out-of-band TCP connection to --bind fe80::c0:9%"+p.IfA) {
 			t.Errorf("--bind to a missing address: exit %d after %v:\n%s", clitest.ProcExitCode(err), time.Since(t0), out)
 		}

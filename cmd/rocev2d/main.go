@@ -6,30 +6,31 @@
 // through the IB connection manager (rping, rdma-server, rdma-client,
 // udaddy), a benchmark against raw UDP (bench), N flows into one bottleneck of
 // the in-memory switch with ECN, CNPs and DCQCN, drawn as CSV and SVG
-// (congestion), checks and writes RoCEv2 captures (pcap) and injects faults
-// on an interface (faults, Linux, root).
+// (congestion), many QP pairs between two devices (scale), a churn test of
+// CM connections (soak), checks and writes RoCEv2 captures (pcap), injects
+// faults on an interface (faults, Linux, root) and shows who shares an
+// address's UDP port 4791 (share).
 //
 // Usage:
 //
 //	rocev2d <command> [arguments]
 //	rocev2d help [command]
 //
-// Families of commands live in packages of their own under cmd/internal
-// (pingpong: the four ibv_*_pingpong peers; bench: raw UDP against the
-// stack; congestion: DCQCN flows into the simulated switch;
-// perftest: write-bw .. atomic-lat; cmtools: librdmacm's rping,
-// rdma-server, rdma-client, udaddy) and export their commands as
-// []cli.Command, which families (below) adds to the table. A subcommand
-// still in this package (demo, scale, pcap, faults) lives in its own file
-// and registers itself from that file's init:
-//
-//	func init() { register("pcap", "check RoCEv2 captures (layout and ICRC); write a sample capture", pcapUsage, runPcap) }
+// main only dispatches: every command lives in a family package under
+// cmd/internal (pingpong: the four ibv_*_pingpong peers; perftest:
+// write-bw .. atomic-lat; cmtools: librdmacm's rping, rdma-server,
+// rdma-client, udaddy; bench: raw UDP against the stack; congestion: DCQCN
+// flows into the simulated switch; demo; scale; pcapcmd: pcap; faultscmd:
+// faults; soak: soak and its children; sharecmd: share), which exports its
+// commands as []cli.Command; families (below) lists the packages, one line
+// each, and run dispatches args[0] to the command of that name. Besides,
+// this package sets the process's GOGC (gcsettle.go) and its
+// ROCEV2D_TRACE and ROCEV2D_CPUPROFILE recordings (diagenv.go).
 //
 // What the commands share is package cli (cmd/internal/cli): flag parsing,
 // exit statuses, the --gso, --busy-poll and congestion control options,
 // endpoints (socket link, device, PD, CQs, QP, registered memory), the
-// out-of-band TCP helpers and the -v and SIGUSR1 counters; cli.go gives
-// the commands of this package its names.
+// out-of-band TCP helpers and the -v and SIGUSR1 counters.
 package main
 
 import (
@@ -45,8 +46,14 @@ import (
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/cmtools"
 	"github.com/gorocev2/rocev2/cmd/internal/congestion"
+	"github.com/gorocev2/rocev2/cmd/internal/demo"
+	"github.com/gorocev2/rocev2/cmd/internal/faultscmd"
+	"github.com/gorocev2/rocev2/cmd/internal/pcapcmd"
 	"github.com/gorocev2/rocev2/cmd/internal/perftest"
 	"github.com/gorocev2/rocev2/cmd/internal/pingpong"
+	"github.com/gorocev2/rocev2/cmd/internal/scale"
+	"github.com/gorocev2/rocev2/cmd/internal/sharecmd"
+	"github.com/gorocev2/rocev2/cmd/internal/soak"
 )
 
 // command is one subcommand.
@@ -60,8 +67,7 @@ type command struct {
 	run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
-// commands is the subcommand table, filled by register calls in each
-// subcommand's file.
+// commands is the subcommand table, filled from families by init.
 var commands = map[string]*command{}
 
 // register adds a subcommand to the table; it panics on a duplicate name
@@ -73,14 +79,19 @@ func register(name, summary, usage string, run func(ctx context.Context, args []
 	commands[name] = &command{name: name, summary: summary, usage: usage, run: run}
 }
 
-// families are the command families in packages of their own: one line
-// each.
+// families are the command packages: one line each.
 var families = [][]cli.Command{
 	pingpong.Commands(),
 	bench.Commands(),
 	congestion.Commands(),
 	perftest.Commands(),
 	cmtools.Commands(),
+	demo.Commands(),
+	scale.Commands(),
+	pcapcmd.Commands(),
+	faultscmd.Commands(),
+	soak.Commands(),
+	sharecmd.Commands(),
 }
 
 func init() {
@@ -102,7 +113,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		printHelp(stderr)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
@@ -111,19 +122,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if !ok {
 				fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args[1])
 				printHelp(stderr)
-				return exitUsage
+				return cli.ExitUsage
 			}
 			fmt.Fprint(stdout, c.usage)
-			return exitOK
+			return cli.ExitOK
 		}
 		printHelp(stdout)
-		return exitOK
+		return cli.ExitOK
 	}
 	c, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args[0])
 		printHelp(stderr)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	return c.run(ctx, args[1:], stdout, stderr)
 }

@@ -25,6 +25,14 @@
 //     not even in its tests, except test/goldendir, the leaf that finds the
 //     golden captures (standard library only) — and cmd/ never imports
 //     test/.
+//   - Inside cmd/: cmd/rocev2d's main only dispatches (it imports the
+//     command packages and cmd/internal/cli, nothing else of the module);
+//     a command package (cmd/internal/bench, cmtools, congestion, demo,
+//     faultscmd, pcapcmd, perftest, pingpong, scale, sharecmd, soak)
+//     imports under cmd/ only the shared packages cli, oob, pcaptap and
+//     svgplot — never another command package or cmd/internal/clitest,
+//     which only tests import; cli imports only pcaptap of cmd/, the other
+//     shared packages nothing under cmd/.
 //   - Every package of the module falls under a rule, so a new one makes
 //     its author decide where it sits.
 //

@@ -115,6 +115,48 @@ func ruleFor(r string) (rule, bool) {
 	return rule{}, false
 }
 
+// cmdShared are the packages under cmd/internal that the commands share
+// (none of them is a command).
+var cmdShared = []string{"cmd/internal/cli", "cmd/internal/oob", "cmd/internal/pcaptap", "cmd/internal/svgplot"}
+
+// cmdFamilies are rocev2d's command packages: each exports its commands
+// (Commands() []cli.Command) for cmd/rocev2d's dispatch.
+var cmdFamilies = []string{"bench", "cmtools", "congestion", "demo", "faultscmd", "pcapcmd", "perftest", "pingpong",
+	"scale", "sharecmd", "soak"}
+
+// cmdRule is what a package under cmd/ may import of the module under
+// cmd/ (or, with onlyCmd, of the whole module), and why.
+type cmdRule struct {
+	ours    []string
+	onlyCmd bool
+	why     string
+}
+
+// cmdRuleFor returns the rule for module-relative package r under cmd/, or
+// false if there is none.
+func cmdRuleFor(r string) (cmdRule, bool) {
+	family := func(n string) string { return "cmd/internal/" + n }
+	switch {
+	case r == "cmd/rocev2d":
+		ours := []string{"cmd/internal/cli"}
+		for _, f := range cmdFamilies {
+			ours = append(ours, family(f))
+		}
+		return cmdRule{ours: ours, onlyCmd: true,
+			why: "cmd/rocev2d's main only dispatches: it imports the command packages and cmd/internal/cli, nothing else of the module"}, true
+	case slices.Contains(cmdFamilies, strings.TrimPrefix(r, "cmd/internal/")) && under(r, "cmd/internal"):
+		return cmdRule{ours: cmdShared,
+			why: "a command package imports under cmd/ only the shared packages (cli, oob, pcaptap, svgplot): never another command package, cmd/rocev2d or cmd/internal/clitest"}, true
+	case r == "cmd/internal/cli":
+		return cmdRule{ours: []string{"cmd/internal/pcaptap"}, why: "cmd/internal/cli imports under cmd/ only cmd/internal/pcaptap"}, true
+	case r == "cmd/internal/clitest":
+		return cmdRule{ours: []string{"cmd/internal/cli"}, why: "cmd/internal/clitest (test helpers, imported only by tests) imports under cmd/ only cmd/internal/cli"}, true
+	case slices.Contains(cmdShared, r):
+		return cmdRule{why: r + " (shared by the commands) imports nothing under cmd/"}, true
+	}
+	return cmdRule{}, false
+}
+
 // allowedNet are the identifiers of package net that transport may use.
 var allowedNet = []string{"ErrClosed"}
 
@@ -158,11 +200,17 @@ func violations(pkgs []pkg, files func(p *pkg, names []string) []parsedFile) []s
 				}
 			}
 		case under(r, "cmd"):
+			cr, ok := cmdRuleFor(r)
+			if !ok {
+				out = append(out, fmt.Sprintf("%s: no layering rule for this package (add one to test/layering)", r))
+			}
 			for _, imp := range p.Imports {
 				if ri := rel(imp); under(ri, "test") {
 					report(p, src, imp, "cmd/ is shipped code and never imports test/")
 				} else if r == "cmd/internal/svgplot" && !standard(imp) {
 					report(p, src, imp, "cmd/internal/svgplot (the SVG plots of rocev2d congestion) imports only the standard library")
+				} else if ok && ri != "" && (under(ri, "cmd") || cr.onlyCmd) && !slices.Contains(cr.ours, ri) {
+					report(p, src, imp, cr.why)
 				}
 			}
 		default:
@@ -369,6 +417,12 @@ func TestViolationsFound(t *testing.T) {
 		{ImportPath: m("udp/faults"), Imports: []string{m("internal/netns"), "github.com/cilium/ebpf"}},
 		{ImportPath: m("udp/memnet"), Imports: []string{m("udp"), m("icrc"), m("transport")}},
 		{ImportPath: m("examples/x"), Imports: []string{m("rdmacm"), m("cmd/internal/oob")}},
+		{ImportPath: m("cmd/internal/demo"), Imports: []string{m("cmd/internal/cli"), m("cmd/internal/pcapcmd"), m("transport")},
+			TestImports: []string{m("cmd/internal/clitest"), m("cmd/internal/pcapcmd")}},
+		{ImportPath: m("cmd/internal/soak"), Imports: []string{m("cmd/internal/clitest"), m("rdmacm")}},
+		{ImportPath: m("cmd/rocev2d"), Imports: []string{m("cmd/internal/cli"), m("cmd/internal/demo"), m("rdmacm")}},
+		{ImportPath: m("cmd/internal/oob"), Imports: []string{m("cmd/internal/cli")}},
+		{ImportPath: m("cmd/internal/newtool"), Imports: []string{m("cmd/internal/cli")}},
 	}
 	got := violations(pkgs, nil)
 	want := []string{
@@ -384,6 +438,11 @@ func TestViolationsFound(t *testing.T) {
 		"newthing: no layering rule",
 		"udp/memnet imports " + m("transport") + ": udp/memnet (the in-memory network) imports only",
 		"examples/x imports " + m("cmd/internal/oob") + ": examples/ use only the library's public packages",
+		"cmd/internal/demo imports " + m("cmd/internal/pcapcmd") + ": a command package imports under cmd/ only",
+		"cmd/internal/soak imports " + m("cmd/internal/clitest") + ": a command package imports under cmd/ only",
+		"cmd/rocev2d imports " + m("rdmacm") + ": cmd/rocev2d's main only dispatches",
+		"cmd/internal/oob imports " + m("cmd/internal/cli") + ": cmd/internal/oob (shared by the commands) imports nothing under cmd/",
+		"cmd/internal/newtool: no layering rule",
 	}
 	for _, w := range want {
 		found := false

@@ -24,3 +24,19 @@ type Command struct {
 	// returns when ctx is cancelled (SIGINT/SIGTERM) if it runs long.
 	Run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
+
+// RunFunc is Command.Run's type.
+type RunFunc = func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+
+// Registry is the command list of a family whose files add their commands
+// from init (commands.Register(...) in each file): Commands returns them
+// in the order they were added.
+type Registry struct{ cmds []Command }
+
+// Register adds a command.
+func (r *Registry) Register(name, summary, usage string, run RunFunc) {
+	r.cmds = append(r.cmds, Command{Name: name, Summary: summary, Usage: usage, Run: run})
+}
+
+// Commands returns the commands added so far.
+func (r *Registry) Commands() []Command { return r.cmds }

@@ -64,8 +64,16 @@ func PortBusy(stderr string) bool {
 
 // Run dispatches args[0] to the command of that name among cmds, as
 // rocev2d's main does, so that a family's tests run its commands in
-// process.
+// process; `help NAME` prints NAME's usage, as main's help does.
 func Run(cmds []cli.Command, ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 2 && args[0] == "help" {
+		for _, c := range cmds {
+			if c.Name == args[1] {
+				fmt.Fprint(stdout, c.Usage)
+				return cli.ExitOK
+			}
+		}
+	}
 	if len(args) > 0 {
 		for _, c := range cmds {
 			if c.Name == args[0] {
@@ -75,6 +83,22 @@ func Run(cmds []cli.Command, ctx context.Context, args []string, stdout, stderr 
 	}
 	fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args)
 	return cli.ExitUsage
+}
+
+// RunIn runs `rocev2d args` in process, dispatched among cmds (Run), and
+// returns the exit status and what it wrote to stdout and stderr.
+func RunIn(t *testing.T, cmds []cli.Command, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = Run(cmds, context.Background(), args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// RunInRetry is RunIn, retried while UDP 4791 is taken by someone else
+// (RetryBusy).
+func RunInRetry(t *testing.T, cmds []cli.Command, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	return RetryBusy(func() (int, string, string) { return RunIn(t, cmds, args...) })
 }
 
 // RetryBusy calls run until its stderr no longer says that UDP 4791 was

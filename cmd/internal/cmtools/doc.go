@@ -7,7 +7,13 @@
 // # Layering
 //
 // Under cmd/: it builds on cmd/internal/cli, rdmacm, transport and memreg;
-// only rocev2d's main imports it. cli.go names package cli's helpers as
-// the files used them in package main, so that the move changed nothing
-// but their package line.
+// only rocev2d's main imports it.
 package cmtools
+
+import "github.com/gorocev2/rocev2/cmd/internal/cli"
+
+// commands are the librdmacm tools, registered by their files' init.
+var commands cli.Registry
+
+// Commands are rping, rdma-server, rdma-client and udaddy, for rocev2d's dispatch.
+func Commands() []cli.Command { return commands.Commands() }

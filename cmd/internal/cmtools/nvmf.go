@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"os"
 	"strconv"
@@ -15,14 +17,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/nvme"
 	"github.com/gorocev2/rocev2/nvmf"
 	"github.com/gorocev2/rocev2/transport"
 )
 
 func init() {
-	register("nvmf-target", "NVMe over Fabrics (RDMA) target: a file, block device or memory as a namespace", nvmfTargetUsage, runNvmfTarget)
-	register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, bench", nvmfHostUsage, runNvmfHost)
+	commands.Register("nvmf-target", "NVMe over Fabrics (RDMA) target: a file, block device or memory as a namespace", nvmfTargetUsage, runNvmfTarget)
+	commands.Register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, verify, bench", nvmfHostUsage, runNvmfHost)
 }
 
 const nvmfTargetUsage = `usage: rocev2d nvmf-target --bind ADDR [--port 4420] --nqn NQN (--file PATH | --size BYTES) [--ro] [options]
@@ -51,7 +54,7 @@ options:
   --host NQN         allow only this host (repeatable; default any host)
   -v                 log connections; print the target's and the device's
                      counters at the end (SIGUSR1 prints the device's)
-` + socketUsage + `
+` + cli.SocketUsage + `
 Exit status: 0 after a clean stop, 1 when the target could not start, 2 bad usage.
 `
 
@@ -82,12 +85,12 @@ func parseSize(s string) (int64, error) {
 }
 
 func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("nvmf-target")
+	fs := cli.NewFlagSet("nvmf-target")
 	var bind, nqn, file, size string
 	var port, bs, inline, qsize, ioq, mtuBytes int
 	var ro, verbose bool
 	var hosts multiFlag
-	var sock socketFlags
+	var sock cli.SocketFlags
 	fs.StringVar(&bind, "bind", "", "")
 	fs.StringVar(&nqn, "nqn", "", "")
 	fs.StringVar(&file, "file", "", "")
@@ -101,7 +104,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.BoolVar(&ro, "ro", false, "")
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.Var(&hosts, "host", "")
-	addSocketFlags(fs, &sock)
+	cli.AddSocketFlags(fs, &sock)
 	err := fs.Parse(args)
 	if err == nil && fs.NArg() > 0 {
 		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -109,7 +112,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	var local netip.Addr
 	var nbytes int64
 	if err == nil {
-		local, err = parseBind(bind)
+		local, err = cli.ParseBind(bind)
 		if err == nil && !local.IsValid() {
 			err = errors.New("--bind is required")
 		}
@@ -131,9 +134,9 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	var mtu transport.MTU
 	if err == nil {
-		mtu, err = parseMTUFlag(mtuBytes)
+		mtu, err = cli.ParseMTUFlag(mtuBytes)
 	}
-	if code, done := flagsResult("nvmf-target", nvmfTargetUsage, err, stdout, stderr); done {
+	if code, done := cli.FlagsResult("nvmf-target", nvmfTargetUsage, err, stdout, stderr); done {
 		return code
 	}
 	var backend nvmf.Backend
@@ -141,7 +144,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fb, err := nvmf.OpenFile(file, nbytes, ro)
 		if err != nil {
 			fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-			return exitFail
+			return cli.ExitFail
 		}
 		defer fb.Close()
 		backend = fb
@@ -149,20 +152,20 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		mb, err := nvmf.NewMemBackend(nbytes)
 		if err != nil {
 			fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-			return exitFail
+			return cli.ExitFail
 		}
 		backend = mb
 	}
-	link, err := listenSocket(local, sock.Options(false, 0), "pick another address with --bind")
+	link, err := cli.ListenSocket(local, sock.Options(false, 0), "pick another address with --bind")
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	dev, err := transport.NewDevice(link, transport.DeviceConfig{Congestion: sock.CC.Config()})
 	if err != nil {
 		link.Close()
 		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	defer dev.Close()
 	cfg := nvmf.TargetConfig{Port: uint16(port), InlineDataSize: inline, PathMTU: mtu, MaxQueueSize: qsize, MaxIOQueues: ioq,
@@ -179,12 +182,12 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	t, err := nvmf.Listen(dev, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
-		return exitFail
+		return cli.ExitFail
 	}
 	if nvmfListening != nil {
 		nvmfListening(t.Addr())
 	}
-	u := watchSIGUSR1(stdout)
+	u := cli.WatchSIGUSR1(stdout)
 	u.Add(local.String(), dev)
 	defer u.Stop()
 	fmt.Fprintf(stdout, "nvmf-target: %s on %v, namespace 1: %d bytes in %d-byte blocks%s\n", nqn, t.Addr(), backend.Size(), bs,
@@ -193,22 +196,23 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	err = t.Close()
 	if verbose {
 		s := t.Stats()
-		fmt.Fprintf(stdout, "target: connections %d rejected %d disconnects %d controllers %d commands %d errors %d malformed %d read_bytes %d write_bytes %d kato_expired %d transport_errors %d buffer_waits %d\n",
+		fmt.Fprintf(stdout, "target: connections %d rejected %d disconnects %d controllers %d commands %d errors %d malformed %d read_bytes %d write_bytes %d kato_expired %d transport_errors %d buffer_waits %d send_invalidate %d\n",
 			s.Connections, s.Rejected, s.Disconnects, s.Controllers, s.Commands, s.Errors, s.Malformed, s.ReadBytes, s.WriteBytes,
-			s.KATOExpired, s.TransportErrs, s.Waits)
-		printCounters(stdout, local.String(), dev)
+			s.KATOExpired, s.TransportErrs, s.Waits, s.Invalidates)
+		cli.PrintCounters(stdout, local.String(), dev)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
 	}
 	fmt.Fprintln(stdout, "nvmf-target: stopped")
-	return exitOK
+	return cli.ExitOK
 }
 
 const nvmfHostUsage = `usage: rocev2d nvmf-host discover --bind ADDR --addr TARGET [--port 4420]
        rocev2d nvmf-host identify --bind ADDR --addr TARGET --nqn NQN
        rocev2d nvmf-host read     --bind ADDR --addr TARGET --nqn NQN --offset N --length N [--out FILE]
        rocev2d nvmf-host write    --bind ADDR --addr TARGET --nqn NQN --offset N (--in FILE | --length N) [--verify]
+       rocev2d nvmf-host verify   --bind ADDR --addr TARGET --nqn NQN [--offset N] [--length 64m] [--bs 4k,128k,1m] [--qd 1,4,32]
        rocev2d nvmf-host bench    --bind ADDR --addr TARGET --nqn NQN [--bs 4k,128k] [--qd 1,16] [--time 2s] [--rw read]
 
 An NVMe over Fabrics host on RDMA (package nvmf): connects the admin queue
@@ -223,6 +227,13 @@ writes in the command capsule when the target offers it.
              to --out (default stdout)
   write      write --in's bytes (or --length random bytes) at --offset;
              --verify reads them back and compares
+  verify     split --length bytes at --offset into one region per block
+             size and queue depth (--bs, --qd; default 64m over 4k,128k,1m
+             x 1,4,32; a region's size grows with the square root of its
+             block size), write random data to each in --bs commands with
+             --qd of them in flight, read it back the same way and compare
+             every byte; then read the whole span back in MDTS-sized
+             commands and compare again
   bench      for each block size and queue depth: random reads (--rw read),
              writes (write) or both (rw, 50/50) for --time; prints IOPS and MB/s
 
@@ -235,10 +246,13 @@ options:
   --io-queues N    I/O queues (default 4)
   --queue-size N   entries per I/O queue (default 128)
   --no-inline      never send write data in the command capsule
+  --invalidate     a key of its own for every data command, which the
+                   target is asked to invalidate (SEND with Invalidate;
+                   keyed SGL subtype 0xF, as Linux's host does)
   --mtu N          largest path MTU: 256..4096 (default 1024)
   --range BYTES    bench: the span of the namespace it touches (default all)
   -v               log connection events; print the device's counters
-` + socketUsage + `
+` + cli.SocketUsage + `
 Exit status: 0 success, 1 failure (connection refused or lost, an NVMe
 error status, a data mismatch), 2 bad usage.
 `
@@ -247,24 +261,24 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
 			fmt.Fprint(stdout, nvmfHostUsage)
-			return exitOK
+			return cli.ExitOK
 		}
 		fmt.Fprintf(stderr, "rocev2d nvmf-host: missing subcommand\n%s", nvmfHostUsage)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	sub := args[0]
 	switch sub {
-	case "discover", "identify", "read", "write", "bench":
+	case "discover", "identify", "read", "write", "verify", "bench":
 	default:
 		fmt.Fprintf(stderr, "rocev2d nvmf-host: unknown subcommand %q\n(see `rocev2d help nvmf-host`)\n", sub)
-		return exitUsage
+		return cli.ExitUsage
 	}
-	fs := newFlagSet("nvmf-host")
+	fs := cli.NewFlagSet("nvmf-host")
 	var bind, addr, nqn, out, in, bsList, qdList, rw, length, offset, span string
 	var port, nsid, ioq, qsize, mtuBytes int
-	var verbose, verify, noInline bool
+	var verbose, verify, noInline, invalidate bool
 	var dur time.Duration
-	var sock socketFlags
+	var sock cli.SocketFlags
 	fs.StringVar(&bind, "bind", "", "")
 	fs.StringVar(&addr, "addr", "", "")
 	fs.StringVar(&nqn, "nqn", "", "")
@@ -284,15 +298,16 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.BoolVar(&verify, "verify", false, "")
 	fs.BoolVar(&noInline, "no-inline", false, "")
+	fs.BoolVar(&invalidate, "invalidate", false, "")
 	fs.DurationVar(&dur, "time", 2*time.Second, "")
-	addSocketFlags(fs, &sock)
+	cli.AddSocketFlags(fs, &sock)
 	err := fs.Parse(args[1:])
 	var local, peer netip.Addr
 	if err == nil && fs.NArg() > 0 {
 		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if err == nil {
-		if local, err = parseBind(bind); err == nil && !local.IsValid() {
+		if local, err = cli.ParseBind(bind); err == nil && !local.IsValid() {
 			err = errors.New("--bind is required")
 		}
 	}
@@ -309,23 +324,34 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	var mtu transport.MTU
 	if err == nil {
-		mtu, err = parseMTUFlag(mtuBytes)
+		mtu, err = cli.ParseMTUFlag(mtuBytes)
 	}
 	var bss, qds []int
-	if err == nil && sub == "bench" {
+	if sub == "verify" {
+		if !isSet(fs, "bs") {
+			bsList = "4k,128k,1m"
+		}
+		if !isSet(fs, "qd") {
+			qdList = "1,4,32"
+		}
+		if length == "" {
+			length = "64m"
+		}
+	}
+	if err == nil && (sub == "bench" || sub == "verify") {
 		bss, err = parseList(bsList)
 		if err == nil {
 			qds, err = parseList(qdList)
 		}
 	}
-	if code, done := flagsResult("nvmf-host", nvmfHostUsage, err, stdout, stderr); done {
+	if code, done := cli.FlagsResult("nvmf-host", nvmfHostUsage, err, stdout, stderr); done {
 		return code
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "rocev2d nvmf-host %s: %v\n", sub, err)
-		return exitFail
+		return cli.ExitFail
 	}
-	link, err := listenSocket(local, sock.Options(false, 0), "pick another address with --bind")
+	link, err := cli.ListenSocket(local, sock.Options(false, 0), "pick another address with --bind")
 	if err != nil {
 		return fail(err)
 	}
@@ -336,10 +362,10 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	defer dev.Close()
 	if verbose {
-		defer printCounters(stdout, local.String(), dev)
+		defer cli.PrintCounters(stdout, local.String(), dev)
 	}
 	target := netip.AddrPortFrom(peer, uint16(port))
-	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu}
+	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu, RemoteInvalidate: invalidate}
 	if verbose {
 		cfg.Log = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	}
@@ -356,13 +382,20 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 				map[uint8]string{nvme.SubtypeNVMe: "nvme subsystem", nvme.SubtypeDisc: "discovery subsystem"}[e.SubType],
 				e.PortID, e.TrSvcID, e.SubNQN, e.TrAddr)
 		}
-		return exitOK
+		return cli.ExitOK
 	}
 	h, err := nvmf.Connect(ctx, dev, target, nqn, cfg)
 	if err != nil {
 		return fail(err)
 	}
 	defer h.Close()
+	if verbose || sub == "verify" {
+		defer func() {
+			s := h.Stats()
+			fmt.Fprintf(stdout, "host: commands %d errors %d reconnects %d keep_alives %d requeued %d remote_invalidations %d local_invalidations %d\n",
+				s.Commands, s.Errors, s.Reconnects, s.KeepAlives, s.Requeued, s.RemoteInvalidations, s.LocalInvalidations)
+		}()
+	}
 	if nsid == 0 {
 		ids, err := h.ActiveNamespaces(ctx)
 		if err != nil {
@@ -384,7 +417,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		fmt.Fprintf(stdout, "sn     : %s\nmn     : %s\nfr     : %s\ncntlid : %d\nver    : %d.%d\nmdts   : %d\nkas    : %d\nmaxcmd : %d\nnn     : %d\nsgls   : %#x\nioccsz : %d\niorcsz : %d\nsubnqn : %s\nio queues: %d\nnamespaces: %v\n",
 			id.SN, id.MN, id.FR, id.CNTLID, id.VER>>16, id.VER>>8&0xff, id.MDTS, id.KAS, id.MAXCMD, id.NN, id.SGLS, id.IOCCSZ, id.IORCSZ, id.SubNQN, h.IOQueues(), ids)
 		fmt.Fprintf(stdout, "namespace %d: %d bytes, %d-byte blocks%s\n", ns.ID(), ns.Size(), ns.BlockSize(), map[bool]string{true: ", read-only"}[ns.ReadOnly()])
-		return exitOK
+		return cli.ExitOK
 	case "read", "write":
 		off, err := parseSize(offset)
 		if err != nil {
@@ -425,7 +458,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 			if out != "" {
 				fmt.Fprintf(stdout, "read %d bytes at %d in %v\n", len(data), off, time.Since(start).Round(time.Microsecond))
 			}
-			return exitOK
+			return cli.ExitOK
 		}
 		if _, err := ns.WriteAtContext(ctx, data, off); err != nil {
 			return fail(err)
@@ -441,7 +474,21 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 			}
 			fmt.Fprintln(stdout, "verified")
 		}
-		return exitOK
+		return cli.ExitOK
+	}
+	if sub == "verify" {
+		off, err := parseSize(offset)
+		if err != nil {
+			return fail(err)
+		}
+		n, err := parseSize(length)
+		if err != nil || n <= 0 || n > 1<<30 {
+			return fail(fmt.Errorf("--length %q", length))
+		}
+		if err := nvmfVerify(ctx, stdout, ns, off, n, bss, qds); err != nil {
+			return fail(err)
+		}
+		return cli.ExitOK
 	}
 	limit := ns.Size()
 	if span != "" {
@@ -459,7 +506,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 			fmt.Fprintf(stdout, "%-8d %-4d %-6s %12.0f %10.1f %12.1f\n", bs, qd, rw, r.iops, r.mbps, r.latUs)
 		}
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 func parseList(s string) ([]int, error) {
@@ -528,4 +575,137 @@ func nvmfBench(ctx context.Context, ns *nvmf.HostNamespace, bs, qd int, rw strin
 		r.latUs = float64(lat.Load()) / n / 1e3
 	}
 	return r, nil
+}
+
+// isSet reports whether the flag was given on the command line.
+func isSet(fs interface{ Visit(func(*flag.Flag)) }, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// nvmfVerify writes and reads back [off, off+n) of ns in one region per
+// (block size, queue depth) pair, every byte compared, then reads the
+// whole span back once more.
+func nvmfVerify(ctx context.Context, w io.Writer, ns *nvmf.HostNamespace, off, n int64, bss, qds []int) error {
+	maxBS := 0
+	for _, bs := range bss {
+		if bs%ns.BlockSize() != 0 {
+			return fmt.Errorf("block size %d is not a multiple of the namespace's %d", bs, ns.BlockSize())
+		}
+		maxBS = max(maxBS, bs)
+	}
+	if off%int64(ns.BlockSize()) != 0 || off+n > ns.Size() {
+		return fmt.Errorf("--offset %d --length %d does not fit the namespace (%d bytes, %d-byte blocks)", off, n, ns.Size(), ns.BlockSize())
+	}
+	// Region sizes grow with the square root of the block size (a 4 KiB
+	// region of a 64 MiB sweep is about 1 MiB, 256 commands; a 1 MiB one
+	// about 15 MiB), each a whole number of its blocks, the last taking
+	// what is left.
+	combos := len(bss) * len(qds)
+	weight := func(bs int) float64 { return math.Sqrt(float64(bs) / 4096) }
+	total := 0.0
+	for _, bs := range bss {
+		total += weight(bs) * float64(len(qds))
+	}
+	sizes := make([]int64, 0, combos)
+	used := int64(0)
+	for _, bs := range bss {
+		for range qds {
+			r := int64(float64(n)*weight(bs)/total) / int64(bs) * int64(bs)
+			if r == 0 {
+				return fmt.Errorf("--length %d too short for %d regions (block size %d)", n, combos, bs)
+			}
+			sizes = append(sizes, r)
+			used += r
+		}
+	}
+	sizes[len(sizes)-1] += n - used
+	want := make([]byte, n)
+	rand.Read(want)
+	// run moves [lo, hi) of the span in bs-byte commands (the last may be
+	// shorter), qd of them in flight at once.
+	run := func(lo, hi int64, bs, qd int, write bool, got []byte) error {
+		var next atomic.Int64
+		next.Store(lo)
+		var firstErr atomic.Value
+		var wg sync.WaitGroup
+		for g := 0; g < qd; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					o := next.Add(int64(bs)) - int64(bs)
+					if o >= hi || firstErr.Load() != nil {
+						return
+					}
+					e := min(o+int64(bs), hi)
+					var err error
+					if write {
+						_, err = ns.WriteAtContext(ctx, want[o:e], off+o)
+					} else {
+						_, err = ns.ReadAtContext(ctx, got[o:e], off+o)
+					}
+					if err != nil {
+						firstErr.CompareAndSwap(nil, fmt.Errorf("%s %d bytes at %d (bs %d, qd %d): %w",
+							map[bool]string{true: "write", false: "read"}[write], e-o, off+o, bs, qd, err))
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if err, _ := firstErr.Load().(error); err != nil {
+			return err
+		}
+		return nil
+	}
+	got := make([]byte, n)
+	start := time.Now()
+	lo := int64(0)
+	i := 0
+	for _, bs := range bss {
+		for _, qd := range qds {
+			hi := lo + sizes[i]
+			i++
+			t0 := time.Now()
+			if err := run(lo, hi, bs, qd, true, nil); err != nil {
+				return err
+			}
+			t1 := time.Now()
+			if err := run(lo, hi, bs, qd, false, got); err != nil {
+				return err
+			}
+			t2 := time.Now()
+			if j := firstDiff(got[lo:hi], want[lo:hi]); j >= 0 {
+				return fmt.Errorf("bs %d qd %d: the byte at %d read back differs from what was written", bs, qd, off+lo+int64(j))
+			}
+			fmt.Fprintf(w, "verified bs=%d qd=%d offset=%d bytes=%d write_MB/s=%.1f read_MB/s=%.1f\n", bs, qd, off+lo, hi-lo,
+				float64(hi-lo)/t1.Sub(t0).Seconds()/1e6, float64(hi-lo)/t2.Sub(t1).Seconds()/1e6)
+			lo = hi
+		}
+	}
+	// The whole span once more: no region's I/O touched another's.
+	clear(got)
+	if err := run(0, n, ns.MaxTransfer(), 4, false, got); err != nil {
+		return err
+	}
+	if j := firstDiff(got, want); j >= 0 {
+		return fmt.Errorf("reading the whole span back: the byte at %d differs from what was written", off+int64(j))
+	}
+	fmt.Fprintf(w, "verified all %d bytes at %d in %d regions (bs %v x qd %v) in %v\n", n, off, combos, bss, qds, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// firstDiff returns the index of the first byte where a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/rdmacm"
 	"github.com/gorocev2/rocev2/transport"
@@ -20,8 +21,8 @@ import (
 // made through the CM, then both sides disconnect.
 
 func init() {
-	register("rdma-server", "rdma_cm SEND/RECV server, compatible with librdmacm's rdma_server", rdmaServerUsage, runRdmaServer)
-	register("rdma-client", "rdma_cm SEND/RECV client, compatible with librdmacm's rdma_client", rdmaClientUsage, runRdmaClient)
+	commands.Register("rdma-server", "rdma_cm SEND/RECV server, compatible with librdmacm's rdma_server", rdmaServerUsage, runRdmaServer)
+	commands.Register("rdma-client", "rdma_cm SEND/RECV client, compatible with librdmacm's rdma_client", rdmaClientUsage, runRdmaClient)
 }
 
 const rdmaServerUsage = `usage: rocev2d rdma-server [-s server_address] [-p port_number]
@@ -38,7 +39,7 @@ options:
       --bind=IP  local RoCEv2 address (overrides -s)
       --timeout=DUR  give up when the whole run takes longer (default 0 = no limit)
       --counters print the device's and the CM's counters at the end
-` + idleUsage + socketUsage + `
+` + idleUsage + cli.SocketUsage + `
 Output as rdma_server's: "rdma_server: start", "rdma_server: end RET" (RET 0,
 or -1 after a failure, whose perror-style line precedes it). Exit status: RET
 (0, 255 for -1), 1 for bad usage, as rdma_server.
@@ -58,7 +59,7 @@ options:
                  the server's address from)
       --timeout=DUR  give up when the whole run takes longer (default 0 = no limit)
       --counters print the device's and the CM's counters at the end
-` + idleUsage + socketUsage + `
+` + idleUsage + cli.SocketUsage + `
 Output as rdma_client's: "rdma_client: start", "rdma_client: end RET"; a
 refused connection prints "rdma_connect: Connection refused" (rdma_cm's
 ECONNREFUSED for a REJ) and ends with -1. Exit status: RET (0, 255 for -1), 1
@@ -82,14 +83,14 @@ type rdmaExConfig struct {
 	bind     netip.Addr
 	timeout  time.Duration
 	counters bool
-	sock     socketFlags
+	sock     cli.SocketFlags
 
 	idle, keepAlive, keepAliveTimeout time.Duration
 }
 
 func parseRdmaExFlags(name string, server bool, args []string) (*rdmaExConfig, error) {
 	c := &rdmaExConfig{server: server}
-	fs := newFlagSet(name)
+	fs := cli.NewFlagSet(name)
 	def := "127.0.0.1"
 	if server {
 		def = ""
@@ -103,7 +104,7 @@ func parseRdmaExFlags(name string, server bool, args []string) (*rdmaExConfig, e
 	fs.DurationVar(&c.idle, "idle", 0, "")
 	fs.DurationVar(&c.keepAlive, "keepalive", 0, "")
 	fs.DurationVar(&c.keepAliveTimeout, "keepalive-timeout", 0, "")
-	addSocketFlags(fs, &c.sock)
+	cli.AddSocketFlags(fs, &c.sock)
 	if err := fs.Parse(splitGetopt(args, map[byte]bool{'s': true, 'p': true})); err != nil {
 		return nil, err
 	}
@@ -115,7 +116,7 @@ func parseRdmaExFlags(name string, server bool, args []string) (*rdmaExConfig, e
 		return nil, fmt.Errorf("-p %q: port out of range 1..65535", port)
 	}
 	c.port = p
-	if c.bind, err = parseBind(bind); err != nil {
+	if c.bind, err = cli.ParseBind(bind); err != nil {
 		return nil, err
 	}
 	if server && c.addr == "" && !c.bind.IsValid() {
@@ -139,7 +140,7 @@ func runRdmaEx(ctx context.Context, name, usage string, server bool, args []stri
 	c, err := parseRdmaExFlags(name, server, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, usage)
-		return exitOK
+		return cli.ExitOK
 	}
 	if err != nil {
 		// The real tools print their usage and exit 1.
@@ -186,12 +187,12 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 			}
 		}
 	}
-	link, err := listenSocket(local, c.sock.Options(true, 0), "pick another address with --bind")
+	link, err := cli.ListenSocket(local, c.sock.Options(true, 0), "pick another address with --bind")
 	if err != nil {
 		return fmt.Errorf("rdma_create_ep: %v", err)
 	}
 	// max_send_wr = max_recv_wr = 1, sq_sig_all.
-	e, err := newEndpoint(link, endpointConfig{SendCQ: 2, RecvCQ: 2, MaxSendWR: 1, MaxRecvWR: 1, SigAll: true,
+	e, err := cli.NewEndpoint(link, cli.EndpointConfig{SendCQ: 2, RecvCQ: 2, MaxSendWR: 1, MaxRecvWR: 1, SigAll: true,
 		Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead, CC: c.sock.CC.Config()})
 	if err != nil {
 		return fmt.Errorf("rdma_create_ep: %v", err)
@@ -199,7 +200,7 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 	defer e.Close()
 	if c.counters {
 		defer func() {
-			printCounters(stdout, local.String(), e.Dev)
+			cli.PrintCounters(stdout, local.String(), e.Dev)
 			printCMStats(stdout, local.String(), rdmacm.StatsOf(e.Dev))
 		}()
 	}

@@ -15,13 +15,14 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cm"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/rdmacm"
 	"github.com/gorocev2/rocev2/transport"
 )
 
 func init() {
-	register("rping", "RDMA ping through the CM, flag- and wire-compatible with librdmacm's rping", rpingUsage, runRping)
+	commands.Register("rping", "RDMA ping through the CM, flag- and wire-compatible with librdmacm's rping", rpingUsage, runRping)
 }
 
 const rpingUsage = `usage: rocev2d rping -s [-vVdP] [-S size] [-C count] [-a addr] [-p port]
@@ -61,7 +62,7 @@ options (getopt style: -vV, -C50 and -C 50 all work):
       --timeout=DUR  give up when the whole run takes longer (default 0 = no limit)
       --counters print the device's counters (rxe's names) and the CM's at
                  the end; SIGUSR1 prints the device's while running
-` + socketUsage + `
+` + cli.SocketUsage + `
 Output, stdout and stderr, as rping's. Exit status, as rping's: 0 done (also
 when the peer disconnected first), 22 bad usage (EINVAL), 255 failed: the
 connection was refused or rejected ("cma event RDMA_CM_EVENT_REJECTED, error
@@ -118,7 +119,7 @@ type rpingConfig struct {
 	bind     netip.Addr
 	timeout  time.Duration
 	counters bool
-	sock     socketFlags
+	sock     cli.SocketFlags
 	// persistent: -P, the server serves clients until interrupted.
 	persistent bool
 }
@@ -189,12 +190,12 @@ var errRpingUsage = errors.New("rping usage")
 // parseRpingFlags parses rping's flags. A usage error wraps errUsage.
 func parseRpingFlags(args []string) (*rpingConfig, error) {
 	c := &rpingConfig{port: rpingDefaultPort, size: 64}
-	fs := newFlagSet("rping")
-	var srv, cli, persistent, selfQP bool
+	fs := cli.NewFlagSet("rping")
+	var srv, client, persistent, selfQP bool
 	var bind string
 	var verbose countFlag
 	fs.BoolVar(&srv, "s", false, "")
-	fs.BoolVar(&cli, "c", false, "")
+	fs.BoolVar(&client, "c", false, "")
 	fs.StringVar(&c.addr, "a", "", "")
 	fs.StringVar(&c.source, "I", "", "")
 	fs.IntVar(&c.port, "p", rpingDefaultPort, "")
@@ -208,44 +209,44 @@ func parseRpingFlags(args []string) (*rpingConfig, error) {
 	fs.StringVar(&bind, "bind", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.counters, "counters", false, "")
-	addSocketFlags(fs, &c.sock)
+	cli.AddSocketFlags(fs, &c.sock)
 	if err := fs.Parse(splitGetopt(args, rpingOptLetters)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: %w: %v", errUsage, errRpingUsage, err)
+		return nil, fmt.Errorf("%w: %w: %v", cli.ErrUsage, errRpingUsage, err)
 	}
 	c.verbose = int(verbose)
 	switch {
 	case fs.NArg() > 0:
-		return nil, fmt.Errorf("%w: %w: unexpected argument %q", errUsage, errRpingUsage, fs.Arg(0))
-	case !srv && !cli:
-		return nil, fmt.Errorf("%w: %w: -s (server) or -c (client) is required", errUsage, errRpingUsage)
+		return nil, fmt.Errorf("%w: %w: unexpected argument %q", cli.ErrUsage, errRpingUsage, fs.Arg(0))
+	case !srv && !client:
+		return nil, fmt.Errorf("%w: %w: -s (server) or -c (client) is required", cli.ErrUsage, errRpingUsage)
 	case c.size < rpingMinSize || c.size > rpingBufSize-1:
 		// rping's own message.
-		return nil, fmt.Errorf("%w: Invalid size %d (valid range is %d to %d)", errUsage, c.size, rpingMinSize, rpingBufSize)
+		return nil, fmt.Errorf("%w: Invalid size %d (valid range is %d to %d)", cli.ErrUsage, c.size, rpingMinSize, rpingBufSize)
 	case c.count < 0:
-		return nil, fmt.Errorf("%w: Invalid count %d", errUsage, c.count)
+		return nil, fmt.Errorf("%w: Invalid count %d", cli.ErrUsage, c.count)
 	case c.port <= 0 || c.port > 65535:
-		return nil, fmt.Errorf("%w: -p %d: port out of range 1..65535", errUsage, c.port)
+		return nil, fmt.Errorf("%w: -p %d: port out of range 1..65535", cli.ErrUsage, c.port)
 	case c.timeout < 0:
-		return nil, fmt.Errorf("%w: --timeout %v: negative", errUsage, c.timeout)
+		return nil, fmt.Errorf("%w: --timeout %v: negative", cli.ErrUsage, c.timeout)
 	}
 	// getopt: the last of -s and -c wins; rping takes the later one too.
 	c.server = srv
 	c.persistent = persistent
-	if srv && cli {
+	if srv && client {
 		c.server = lastOf(args, "-s", "-c") == "-s"
 	}
 	var err error
-	if c.bind, err = parseBind(bind); err != nil {
-		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	if c.bind, err = cli.ParseBind(bind); err != nil {
+		return nil, fmt.Errorf("%w: %w", cli.ErrUsage, err)
 	}
 	if !c.server && c.addr == "" {
-		return nil, fmt.Errorf("%w: %w: the client needs the server's address (-a addr)", errUsage, errRpingUsage)
+		return nil, fmt.Errorf("%w: %w: the client needs the server's address (-a addr)", cli.ErrUsage, errRpingUsage)
 	}
 	if c.server && c.addr == "" && !c.bind.IsValid() {
-		return nil, fmt.Errorf("%w: the server needs -a addr or --bind=IP: rocev2d listens on one address, not on every one", errUsage)
+		return nil, fmt.Errorf("%w: the server needs -a addr or --bind=IP: rocev2d listens on one address, not on every one", cli.ErrUsage)
 	}
 	return c, nil
 }
@@ -283,10 +284,10 @@ func runRping(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	c, err := parseRpingFlags(args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, rpingUsage)
-		return exitOK
+		return cli.ExitOK
 	}
 	if err != nil {
-		msg := strings.TrimPrefix(err.Error(), errUsage.Error()+": ")
+		msg := strings.TrimPrefix(err.Error(), cli.ErrUsage.Error()+": ")
 		msg = strings.TrimPrefix(msg, errRpingUsage.Error()+": ")
 		fmt.Fprintf(stderr, "rocev2d rping: %s\n", msg)
 		if errors.Is(err, errRpingUsage) {
@@ -299,7 +300,7 @@ func runRping(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("timed out after %v (--timeout)", c.timeout))
 		defer cancel()
 	}
-	usr1 := watchSIGUSR1(stderr)
+	usr1 := cli.WatchSIGUSR1(stderr)
 	defer usr1.Stop()
 	r := &rping{c: c, stdout: stdout, stderr: stderr, usr1: usr1}
 	if err := r.run(ctx); err != nil {
@@ -308,7 +309,7 @@ func runRping(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		return rpingExitFail
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // rpingListening, when set (by tests), is called once the server listens.
@@ -319,9 +320,9 @@ var rpingListening func(addr netip.AddrPort)
 type rping struct {
 	c              *rpingConfig
 	stdout, stderr io.Writer
-	usr1           *usr1Watch
+	usr1           *cli.USR1Watch
 
-	e                *endpoint
+	e                *cli.Endpoint
 	conn             *rdmacm.Conn
 	recvBuf, sendBuf []byte // struct rping_rdma_info each
 	recvMR, sendMR   *memreg.MR
@@ -369,11 +370,11 @@ func (r *rping) run(ctx context.Context) error {
 			return fmt.Errorf("local address %v and server address %v are of different families", local, peer)
 		}
 	}
-	link, err := listenSocket(local, c.sock.Options(true, 0), "pick another address with --bind")
+	link, err := cli.ListenSocket(local, c.sock.Options(true, 0), "pick another address with --bind")
 	if err != nil {
 		return err
 	}
-	r.e, err = newEndpoint(link, endpointConfig{SendCQ: rpingSQDepth * 2, MaxSendWR: rpingSQDepth, MaxRecvWR: 2,
+	r.e, err = cli.NewEndpoint(link, cli.EndpointConfig{SendCQ: rpingSQDepth * 2, MaxSendWR: rpingSQDepth, MaxRecvWR: 2,
 		Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead, CC: c.sock.CC.Config()})
 	if err != nil {
 		return err
@@ -386,7 +387,7 @@ func (r *rping) run(ctx context.Context) error {
 	}
 	if c.counters {
 		defer func() {
-			printCounters(r.stdout, local.String(), r.e.Dev)
+			cli.PrintCounters(r.stdout, local.String(), r.e.Dev)
 			printCMStats(r.stdout, local.String(), rdmacm.StatsOf(r.e.Dev))
 		}()
 	}
@@ -985,14 +986,14 @@ func (r *rping) runPersistentServer(ctx context.Context, l *rdmacm.Listener, opt
 // CQ, an RC QP in INIT and rping's buffers, on r's device and PD.
 func (r *rping) child() (*rping, error) {
 	p := r.e
-	e := &endpoint{Link: p.Link, Dev: p.Dev, PD: p.PD, Access: p.Access, PSN: p.PSN}
+	e := &cli.Endpoint{Link: p.Link, Dev: p.Dev, PD: p.PD, Access: p.Access, PSN: p.PSN}
 	ch := &rping{c: r.c, stdout: r.stdout, stderr: r.stderr, usr1: r.usr1, e: e}
 	var err error
 	if e.SCQ, err = p.Dev.CreateCQ(rpingSQDepth * 2); err != nil {
 		return nil, fmt.Errorf("couldn't create CQ: %w", err)
 	}
 	e.RCQ = e.SCQ
-	if e.QP, err = e.NewQP(endpointConfig{MaxSendWR: rpingSQDepth, MaxRecvWR: 2, Access: p.Access}); err != nil {
+	if e.QP, err = e.NewQP(cli.EndpointConfig{MaxSendWR: rpingSQDepth, MaxRecvWR: 2, Access: p.Access}); err != nil {
 		ch.releaseChild()
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 )
 
@@ -33,7 +34,7 @@ func TestRpingFlags(t *testing.T) {
 			want: rpingConfig{addr: "192.0.2.2", port: 7000, count: 50, size: 4096, verbose: 1, validate: true, debug: true}},
 		{name: "verbose twice, long options", args: []string{"-c", "-v", "-v", "-a", "h", "-I", "192.0.2.9", "--bind=192.0.2.3", "--timeout", "5s", "--counters", "--busy-poll=50us"},
 			want: rpingConfig{addr: "h", source: "192.0.2.9", port: 7174, size: 64, verbose: 2, timeout: 5 * time.Second, counters: true,
-				bind: netip.MustParseAddr("192.0.2.3"), sock: socketFlags{BusyPoll: 50 * time.Microsecond, BusyPollSet: true}}},
+				bind: netip.MustParseAddr("192.0.2.3"), sock: cli.SocketFlags{BusyPoll: 50 * time.Microsecond, BusyPollSet: true}}},
 		{name: "last of -s and -c wins", args: []string{"-s", "-c", "-a", "x"}, want: rpingConfig{addr: "x", port: 7174, size: 64}},
 		{name: "server on --bind", args: []string{"-s", "--bind", "127.0.0.1"},
 			want: rpingConfig{server: true, port: 7174, size: 64, bind: netip.MustParseAddr("127.0.0.1")}},
@@ -51,7 +52,7 @@ func TestRpingFlags(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := parseRpingFlags(tc.args)
 			if tc.wantErr != "" {
-				if err == nil || !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.wantErr) || errors.Is(err, errRpingUsage) != tc.usage {
+				if err == nil || !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), tc.wantErr) || errors.Is(err, errRpingUsage) != tc.usage {
 					t.Fatalf("err = %v, want a usage error containing %q (usage text %v)", err, tc.wantErr, tc.usage)
 				}
 				return

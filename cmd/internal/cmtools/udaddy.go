@@ -11,13 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/rdmacm"
 	"github.com/gorocev2/rocev2/transport"
 )
 
 func init() {
-	register("udaddy", "UD datagrams through rdma_cm's SIDR, compatible with librdmacm's udaddy", udaddyUsage, runUdaddy)
+	commands.Register("udaddy", "UD datagrams through rdma_cm's SIDR, compatible with librdmacm's udaddy", udaddyUsage, runUdaddy)
 }
 
 const udaddyUsage = `usage: rocev2d udaddy [-s server_address] [-b bind_address] [-C message_count] [-S message_size] [-t tos]
@@ -44,7 +45,7 @@ options:
       --bind=IP  same as -b
       --timeout=DUR  give up when the whole run takes longer (default 0 = no limit)
       --counters print the device's and the CM's counters at the end
-` + socketUsage + `
+` + cli.SocketUsage + `
 Output as udaddy's (its progress lines, "test complete", "return status N").
 Exit status: N as udaddy's main returns it: 0, the SIDR_REP status for a
 refused resolution ("udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1" when
@@ -62,14 +63,14 @@ type udaddyConfig struct {
 	port     int
 	timeout  time.Duration
 	counters bool
-	sock     socketFlags
+	sock     cli.SocketFlags
 }
 
 var udaddyOptLetters = map[byte]bool{'s': true, 'b': true, 'c': true, 'C': true, 'S': true, 't': true, 'p': true, 'P': true, 'f': true}
 
 func parseUdaddyFlags(args []string) (*udaddyConfig, error) {
 	c := &udaddyConfig{}
-	fs := newFlagSet("udaddy")
+	fs := cli.NewFlagSet("udaddy")
 	var bindB, bind, tos, ps, psName, format string
 	var conns int
 	fs.StringVar(&c.server, "s", "", "")
@@ -85,7 +86,7 @@ func parseUdaddyFlags(args []string) (*udaddyConfig, error) {
 	fs.StringVar(&bind, "bind", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.counters, "counters", false, "")
-	addSocketFlags(fs, &c.sock)
+	cli.AddSocketFlags(fs, &c.sock)
 	if err := fs.Parse(splitGetopt(args, udaddyOptLetters)); err != nil {
 		return nil, err
 	}
@@ -122,7 +123,7 @@ func parseUdaddyFlags(args []string) (*udaddyConfig, error) {
 		bind = bindB
 	}
 	var err error
-	if c.bind, err = parseBind(bind); err != nil {
+	if c.bind, err = cli.ParseBind(bind); err != nil {
 		return nil, err
 	}
 	if c.server == "" && !c.bind.IsValid() {
@@ -139,7 +140,7 @@ func runUdaddy(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	c, err := parseUdaddyFlags(args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, udaddyUsage)
-		return exitOK
+		return cli.ExitOK
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d udaddy: %v\n(see `rocev2d help udaddy`)\n", err)
@@ -183,7 +184,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 		}
 		fmt.Fprintf(stdout, "udaddy: connecting\n")
 	}
-	link, err := listenSocket(local, c.sock.Options(true, 0), "pick another address with -b")
+	link, err := cli.ListenSocket(local, c.sock.Options(true, 0), "pick another address with -b")
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -193,7 +194,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "udaddy: message_size %d is larger than active mtu %d\n", c.size, mtu.Bytes())
 		return -22 // -EINVAL
 	}
-	e, err := newEndpoint(link, endpointConfig{SendCQ: 2 * c.count, MaxSendWR: c.count, MaxRecvWR: c.count,
+	e, err := cli.NewEndpoint(link, cli.EndpointConfig{SendCQ: 2 * c.count, MaxSendWR: c.count, MaxRecvWR: c.count,
 		UD: true, QKey: rdmacm.UDPQKey, PortMTU: mtu, CC: c.sock.CC.Config()})
 	if err != nil {
 		return fail("%v", err)
@@ -201,7 +202,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 	defer e.Close()
 	if c.counters {
 		defer func() {
-			printCounters(stdout, local.String(), e.Dev)
+			cli.PrintCounters(stdout, local.String(), e.Dev)
 			printCMStats(stdout, local.String(), rdmacm.StatsOf(e.Dev))
 		}()
 	}

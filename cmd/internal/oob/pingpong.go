@@ -149,10 +149,31 @@ func PingpongClient(ctx context.Context, conn net.Conn, local PingpongDest) (Pin
 	if remote, err = c.readPingpongDest(ctx, PingpongStepServerDest); err != nil {
 		return remote, err
 	}
-	err = c.run(ctx, PingpongStepDone, func() (string, error) {
+	return remote, c.writeDone(ctx)
+}
+
+// writeDone sends the last message of the ibv_*_pingpong exchanges, the
+// client's "done\0", as the wire step PingpongStepDone.
+func (c *stepConn) writeDone(ctx context.Context) error {
+	return c.run(ctx, PingpongStepDone, func() (string, error) {
 		return "write", c.write(doneMsg[:])
 	})
-	return remote, err
+}
+
+// readDone reads the last message of the ibv_*_pingpong exchanges on the
+// server side: the client's "done\0", as the wire step PingpongStepDone.
+func (c *stepConn) readDone(ctx context.Context) error {
+	return c.run(ctx, PingpongStepDone, func() (string, error) {
+		var in [len(doneMsg)]byte
+		if err := c.read(in[:]); err != nil {
+			return "read", err
+		}
+		if in != doneMsg {
+			return "parse", &ParseError{Message: "pingpong done", Field: "payload",
+				Detail: fmt.Sprintf("got %q, want \"done\\0\"", printable(in[:]))}
+		}
+		return "", nil
+	})
 }
 
 // readPingpongDest reads and parses the peer's 52-byte address message as
@@ -201,16 +222,5 @@ func PingpongServer(ctx context.Context, conn net.Conn, localFunc func(remote Pi
 	if err != nil {
 		return remote, err
 	}
-	err = c.run(ctx, PingpongStepDone, func() (string, error) {
-		var in [len(doneMsg)]byte
-		if err := c.read(in[:]); err != nil {
-			return "read", err
-		}
-		if in != doneMsg {
-			return "parse", &ParseError{Message: "pingpong done", Field: "payload",
-				Detail: fmt.Sprintf("got %q, want \"done\\0\"", printable(in[:]))}
-		}
-		return "", nil
-	})
-	return remote, err
+	return remote, c.readDone(ctx)
 }

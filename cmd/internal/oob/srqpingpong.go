@@ -92,10 +92,7 @@ func SRQPingpongClient(ctx context.Context, conn net.Conn, local []PingpongDest)
 	if err != nil {
 		return nil, err
 	}
-	err = c.run(ctx, PingpongStepDone, func() (string, error) {
-		return "write", c.write(doneMsg[:])
-	})
-	return remote, err
+	return remote, c.writeDone(ctx)
 }
 
 // SRQPingpongServer runs the server side of ibv_srq_pingpong's exchange
@@ -125,16 +122,5 @@ func SRQPingpongServer(ctx context.Context, conn net.Conn, localFunc func(remote
 	if err != nil {
 		return remote, err
 	}
-	err = c.run(ctx, PingpongStepDone, func() (string, error) {
-		var in [len(doneMsg)]byte
-		if err := c.read(in[:]); err != nil {
-			return "read", err
-		}
-		if in != doneMsg {
-			return "parse", &ParseError{Message: "pingpong done", Field: "payload",
-				Detail: fmt.Sprintf("got %q, want \"done\\0\"", printable(in[:]))}
-		}
-		return "", nil
-	})
-	return remote, err
+	return remote, c.readDone(ctx)
 }

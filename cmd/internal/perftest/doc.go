@@ -10,7 +10,13 @@
 //
 // Under cmd/: it builds on cmd/internal/cli, cmd/internal/oob (perftest's
 // exchange), cmd/internal/pcaptap, rdmacm, transport, memreg and udp; only
-// rocev2d's main imports it. cli.go names package cli's helpers as the
-// files used them in package main, so that the move changed nothing but
-// their package line.
+// rocev2d's main imports it.
 package perftest
+
+import "github.com/gorocev2/rocev2/cmd/internal/cli"
+
+// commands are the perftest commands, registered by perf_flags.go's init.
+var commands cli.Registry
+
+// Commands are the eight perftest commands (write-bw .. atomic-lat), for rocev2d's dispatch.
+func Commands() []cli.Command { return commands.Commands() }

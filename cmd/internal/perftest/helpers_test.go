@@ -1,7 +1,6 @@
 package perftest
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"testing"
@@ -17,9 +16,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // runIn runs `rocev2d args` in process and returns status and output.
 func runIn(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), args, &stdout, &stderr)
-	return code, stdout.String(), stderr.String()
+	return clitest.RunIn(t, Commands(), args...)
 }
 
 // freeTCPPort is clitest.FreeTCPPort.

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
@@ -33,7 +34,7 @@ import (
 // runPerf runs one perftest-compatible command.
 func runPerf(ctx context.Context, t oob.PerfTest, args []string, stdout, stderr io.Writer) int {
 	c, err := parsePerfFlags(t, args)
-	if code, done := flagsResult(t.String(), perfUsage(t), err, stdout, stderr); done {
+	if code, done := cli.FlagsResult(t.String(), perfUsage(t), err, stdout, stderr); done {
 		return code
 	}
 	if c.timeout > 0 {
@@ -43,14 +44,14 @@ func runPerf(ctx context.Context, t oob.PerfTest, args []string, stdout, stderr 
 	}
 	if err := perfRun(ctx, c, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "rocev2d %s: %v\n", t, err)
-		return exitFail
+		return cli.ExitFail
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // perfRun runs one perftest-compatible test.
 func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error {
-	usr1 := watchSIGUSR1(stderr)
+	usr1 := cli.WatchSIGUSR1(stderr)
 	defer usr1.Stop()
 	var (
 		conn  net.Conn
@@ -92,7 +93,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			return err
 		}
 		if s == nil {
-			if local, err = localAddr(c.bind, conn); err != nil {
+			if local, err = cli.LocalAddr(c.bind, conn); err != nil {
 				conn.Close()
 				return err
 			}
@@ -248,7 +249,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		fmt.Fprintln(stdout, " data check: ok")
 	}
 	if c.verbose {
-		printCounters(stdout, local.String(), s.Dev)
+		cli.PrintCounters(stdout, local.String(), s.Dev)
 	}
 	if s.capture != nil {
 		n := s.capture.Packets()

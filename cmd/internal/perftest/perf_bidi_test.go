@@ -8,27 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorocev2/rocev2/cmd/internal/clitest"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // runPerfPairSides runs `rocev2d test` as server on 127.0.0.2 and as client
 // on 127.0.0.1 with flags of their own, retried while UDP 4791 is taken.
-func runPerfPairSides(t *testing.T, test string, srvFlags, cliFlags []string) (srv, cli perfOut) {
+func runPerfPairSides(t *testing.T, test string, srvFlags, cliFlags []string) (srv, client perfOut) {
 	t.Helper()
-	for try := 0; ; try++ {
-		port := strconv.Itoa(freeTCPPort(t))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			srv.code, srv.out, srv.errOut = runIn(t, append([]string{test, "-p", port, "--bind", "127.0.0.2"}, srvFlags...)...)
-		}()
-		cli.code, cli.out, cli.errOut = runIn(t, append(append([]string{test, "-p", port, "--bind", "127.0.0.1"}, cliFlags...), "127.0.0.2")...)
-		<-done
-		if try == 4 || !clitest.PortBusy(srv.errOut+cli.errOut) {
-			return srv, cli
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	return runPerfSides(t, "127.0.0.2", "127.0.0.1", test, test, srvFlags, cliFlags)
 }
 
 // TestPerfBidi runs the bandwidth tests with -b between two rocev2d
@@ -58,9 +45,7 @@ func TestPerfBidi(t *testing.T) {
 		t.Run(tt.test+strings.Join(tt.flags, ""), func(t *testing.T) {
 			flags := append([]string{"-b", "--check", "--timeout", "60s"}, tt.flags...)
 			srv, cli := runPerfPairSides(t, tt.test, flags, flags)
-			if srv.code != 0 || cli.code != 0 {
-				t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-			}
+			mustPass(t, srv, cli)
 			iters, _ := strconv.Atoi(tt.flags[1])
 			for _, side := range []struct {
 				name string
@@ -116,19 +101,19 @@ func TestPerfBidiMismatch(t *testing.T) {
 					srvFlags, cliFlags = cliFlags, srvFlags
 				}
 				start := time.Now()
-				srv, cli := runPerfPairSides(t, test, srvFlags, cliFlags)
-				if srv.code == 0 && cli.code == 0 {
-					t.Fatalf("both succeeded\nserver:\n%s%s\nclient:\n%s%s", srv.out, srv.errOut, cli.out, cli.errOut)
+				srv, client := runPerfPairSides(t, test, srvFlags, cliFlags)
+				if srv.code == 0 && client.code == 0 {
+					t.Fatalf("both succeeded\nserver:\n%s%s\nclient:\n%s%s", srv.out, srv.errOut, client.out, client.errOut)
 				}
 				// The side with -b always refuses, naming the mismatch.
-				bidi := cli
+				bidi := client
 				if bidiServer {
 					bidi = srv
 				}
-				if bidi.code != exitFail || !strings.Contains(bidi.errOut, "-b") {
+				if bidi.code != cli.ExitFail || !strings.Contains(bidi.errOut, "-b") {
 					t.Errorf("side with -b: exit %d:\n%s%s", bidi.code, bidi.out, bidi.errOut)
 				}
-				for _, o := range []perfOut{srv, cli} {
+				for _, o := range []perfOut{srv, client} {
 					if o.code != 0 && !strings.Contains(o.errOut, "both sides need -b") {
 						t.Errorf("a failure that does not name -b:\n%s", o.errOut)
 					}
@@ -136,7 +121,7 @@ func TestPerfBidiMismatch(t *testing.T) {
 				if d := time.Since(start); d > 10*time.Second {
 					t.Errorf("took %v", d)
 				}
-				t.Logf("server exit %d: %s\nclient exit %d: %s", srv.code, strings.TrimSpace(srv.errOut), cli.code, strings.TrimSpace(cli.errOut))
+				t.Logf("server exit %d: %s\nclient exit %d: %s", srv.code, strings.TrimSpace(srv.errOut), client.code, strings.TrimSpace(client.errOut))
 			})
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/transport"
 )
@@ -84,7 +85,7 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 		}
 		for _, wc := range wcs[:n] {
 			if wc.Status != transport.WCSuccess {
-				return oob.Report{}, wcError(wc, "send")
+				return oob.Report{}, cli.WCError(wc, "send")
 			}
 			i := int(wc.WRID >> perfWRIDShift)
 			if i >= nq {
@@ -155,7 +156,7 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 		}
 		for _, wc := range wcs[:n] {
 			if wc.Status != transport.WCSuccess {
-				return wcError(wc, "receive")
+				return cli.WCError(wc, "receive")
 			}
 			if wc.ByteLen != uint32(size) {
 				return recvSizeError(rcnt+1, wc.ByteLen, size)

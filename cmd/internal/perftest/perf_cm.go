@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/rdmacm"
@@ -118,7 +119,7 @@ func resolveServer(server string) (netip.Addr, error) {
 // (so that its completions never mix with the test's) and the one receive
 // posted before the request or reply, as perftest's post_one_recv_wqe.
 func (p *perfCM) commOptions() (*rdmacm.Options, error) {
-	e := p.s.endpoint
+	e := p.s.Endpoint
 	scq, err := e.Dev.CreateCQ(4)
 	if err != nil {
 		return nil, fmt.Errorf("couldn't create CQ: %w", err)
@@ -540,7 +541,7 @@ func (m *cmMsgConn) Read(b []byte) (int, error) {
 		if wc.Status == transport.WCWRFlushErr {
 			return 0, io.EOF // the connection ended
 		}
-		return 0, wcError(wc, "receive")
+		return 0, cli.WCError(wc, "receive")
 	}
 	n := int(wc.ByteLen)
 	if n != len(b) {
@@ -575,7 +576,7 @@ func (m *cmMsgConn) Write(b []byte) (int, error) {
 		if wc.Status == transport.WCWRFlushErr {
 			return 0, io.ErrClosedPipe
 		}
-		return 0, wcError(wc, "send")
+		return 0, cli.WCError(wc, "send")
 	}
 	return len(b), nil
 }

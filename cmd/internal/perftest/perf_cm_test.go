@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorocev2/rocev2/cmd/internal/clitest"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 )
 
@@ -48,9 +48,7 @@ func TestPerfRDMACM(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				flags := append([]string{"-R", "--check", "-v"}, tt.flags...)
 				srv, cli := runPerfPairAddrs(t, tt.test, swap, flags)
-				if srv.code != 0 || cli.code != 0 {
-					t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-				}
+				mustPass(t, srv, cli)
 				for _, side := range []struct {
 					name string
 					o    perfOut
@@ -100,25 +98,12 @@ func addrLine(out, side string) string {
 
 // runPerfPairAddrs is runPerfPair with the server on 127.0.0.1 and the
 // client on 127.0.0.2 when swap is set.
-func runPerfPairAddrs(t *testing.T, test string, swap bool, flags []string) (srv, cli perfOut) {
+func runPerfPairAddrs(t *testing.T, test string, swap bool, flags []string) (srv, client perfOut) {
 	t.Helper()
 	if !swap {
 		return runPerfPair(t, test, flags...)
 	}
-	for try := 0; ; try++ {
-		port := strconv.Itoa(freeTCPPort(t))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			srv.code, srv.out, srv.errOut = runIn(t, append([]string{test, "-p", port, "--bind", "127.0.0.1"}, flags...)...)
-		}()
-		cli.code, cli.out, cli.errOut = runIn(t, append(append([]string{test, "-p", port, "--bind", "127.0.0.2"}, flags...), "127.0.0.1")...)
-		<-done
-		if try == 4 || !clitest.PortBusy(srv.errOut+cli.errOut) {
-			return srv, cli
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	return runPerfPairAt(t, "127.0.0.1", "127.0.0.2", test, flags, nil)
 }
 
 // TestPerfRDMACMMismatch: a side with -R against one without refuses with
@@ -130,11 +115,11 @@ func TestPerfRDMACMMismatch(t *testing.T) {
 	}
 	t.Run("client -R, server without", func(t *testing.T) {
 		start := time.Now()
-		srv, cli := runPerfPairExtra(t, "write-bw", []string{"-n", "5", "--timeout", "20s"}, []string{"-R"})
-		if cli.code != exitFail || !strings.Contains(cli.errOut, "perftest mode mismatch") || !strings.Contains(cli.errOut, "the server runs without -R") {
-			t.Errorf("client exit %d:\n%s%s", cli.code, cli.out, cli.errOut)
+		srv, client := runPerfPairExtra(t, "write-bw", []string{"-n", "5", "--timeout", "20s"}, []string{"-R"})
+		if client.code != cli.ExitFail || !strings.Contains(client.errOut, "perftest mode mismatch") || !strings.Contains(client.errOut, "the server runs without -R") {
+			t.Errorf("client exit %d:\n%s%s", client.code, client.out, client.errOut)
 		}
-		if srv.code != exitFail || !strings.Contains(srv.errOut, "or it runs with -R and looked for a server without it: then add -R here too") {
+		if srv.code != cli.ExitFail || !strings.Contains(srv.errOut, "or it runs with -R and looked for a server without it: then add -R here too") {
 			t.Errorf("server exit %d:\n%s%s", srv.code, srv.out, srv.errOut)
 		}
 		if d := time.Since(start); d > 5*time.Second {
@@ -152,10 +137,10 @@ func TestPerfRDMACMMismatch(t *testing.T) {
 		// The client retries its TCP connection until the server listens.
 		code, out, errOut := runIn(t, "write-bw", "-p", port, "--bind", "127.0.0.1", "127.0.0.2")
 		srv := <-done
-		if code != exitFail || !strings.Contains(errOut, "perftest mode mismatch: the server runs with -R") {
+		if code != cli.ExitFail || !strings.Contains(errOut, "perftest mode mismatch: the server runs with -R") {
 			t.Errorf("client exit %d:\n%s%s", code, out, errOut)
 		}
-		if srv.code != exitFail || !strings.Contains(srv.errOut, "perftest mode mismatch") || !strings.Contains(srv.errOut, "connected over TCP: it runs without -R") {
+		if srv.code != cli.ExitFail || !strings.Contains(srv.errOut, "perftest mode mismatch") || !strings.Contains(srv.errOut, "connected over TCP: it runs without -R") {
 			t.Errorf("server exit %d:\n%s%s", srv.code, srv.out, srv.errOut)
 		}
 	})
@@ -166,11 +151,11 @@ func TestPerfRDMACMMismatch(t *testing.T) {
 			}
 		}
 		defer func() { perfTweakLocal = nil }()
-		srv, cli := runPerfPair(t, "write-bw", "-R", "-n", "5", "--timeout", "20s")
-		if cli.code != exitFail || !strings.Contains(cli.errOut, "but its rdma_cm connection connected QPN") {
-			t.Errorf("client exit %d:\n%s%s", cli.code, cli.out, cli.errOut)
+		srv, client := runPerfPair(t, "write-bw", "-R", "-n", "5", "--timeout", "20s")
+		if client.code != cli.ExitFail || !strings.Contains(client.errOut, "but its rdma_cm connection connected QPN") {
+			t.Errorf("client exit %d:\n%s%s", client.code, client.out, client.errOut)
 		}
-		if srv.code != exitFail {
+		if srv.code != cli.ExitFail {
 			t.Errorf("server exit %d:\n%s%s", srv.code, srv.out, srv.errOut)
 		}
 	})
@@ -178,7 +163,7 @@ func TestPerfRDMACMMismatch(t *testing.T) {
 		port := strconv.Itoa(freeTCPPort(t))
 		start := time.Now()
 		code, _, errOut := runInRetry(t, "read-bw", "-R", "-p", port, "--bind", "127.0.0.1", "--connect-timeout", "1s", "127.0.0.2")
-		if code != exitFail || !strings.Contains(errOut, "couldn't connect through rdma_cm to 127.0.0.2:"+port) || !strings.Contains(errOut, "`read-bw -R` running there") {
+		if code != cli.ExitFail || !strings.Contains(errOut, "couldn't connect through rdma_cm to 127.0.0.2:"+port) || !strings.Contains(errOut, "`read-bw -R` running there") {
 			t.Errorf("exit %d: %s", code, errOut)
 		}
 		if d := time.Since(start); d > 5*time.Second {
@@ -187,11 +172,11 @@ func TestPerfRDMACMMismatch(t *testing.T) {
 	})
 	t.Run("flags", func(t *testing.T) {
 		code, _, errOut := runIn(t, "write-bw", "-R")
-		if code != exitFail || !strings.Contains(errOut, "-R as a server needs --bind") {
+		if code != cli.ExitFail || !strings.Contains(errOut, "-R as a server needs --bind") {
 			t.Errorf("-R server without --bind: exit %d: %s", code, errOut)
 		}
 		code, _, errOut = runIn(t, "send-bw", "-z", "127.0.0.2")
-		if code != exitUsage || !strings.Contains(errOut, "-z (exchange over rdma_cm") {
+		if code != cli.ExitUsage || !strings.Contains(errOut, "-z (exchange over rdma_cm") {
 			t.Errorf("-z: exit %d: %s", code, errOut)
 		}
 		c, err := parsePerfFlags(oob.ReadBW, []string{"--rdma_cm", "10.0.0.1"})

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 )
 
@@ -17,7 +18,7 @@ func init() {
 		t := t
 		title := perfTitle(t, "")
 		title = strings.ReplaceAll(title, "  ", " ")
-		register(t.String(), "perftest-compatible "+title+" (ib_"+strings.ReplaceAll(t.String(), "-", "_")+")",
+		commands.Register(t.String(), "perftest-compatible "+title+" (ib_"+strings.ReplaceAll(t.String(), "-", "_")+")",
 			perfUsage(t), func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return runPerf(ctx, t, args, stdout, stderr)
 			})
@@ -85,7 +86,7 @@ once its own has moved no packet for 5 s; so does a SEND side whose SENDs meet
 only RNR NAKs for 5 s (the peer posts no receives). perftest's exchange names no
 test, but a WRITE or SEND side refuses a peer that announces more than one
 outstanding READ (perftest's READ and atomic tests do).
-`, t, tool, defSize, defIters, defTx) + socketUsage
+`, t, tool, defSize, defIters, defTx) + cli.SocketUsage
 }
 
 // perfConfig holds the parsed flags of a perftest subcommand.
@@ -117,7 +118,7 @@ type perfConfig struct {
 	rdmaCM      bool // -R: connect the QPs through rdma_cm, exchange over it
 	bidi        bool // -b: both sides run the data phase (perftest's duplex)
 	qps         int  // -q: QPs (bandwidth tests)
-	sock        socketFlags
+	sock        cli.SocketFlags
 	server      string
 }
 
@@ -134,30 +135,30 @@ func perfDefaults(t oob.PerfTest) (size, iters, txDepth int) {
 
 func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	c := &perfConfig{test: t}
-	fs := newFlagSet(t.String())
+	fs := cli.NewFlagSet(t.String())
 	defSize, defIters, defTx := perfDefaults(t)
 	var mtu int
 	var bind string
-	intFlags(fs, &c.size, "s", "size", defSize)
-	intFlags(fs, &c.iters, "n", "iters", defIters)
-	boolFlags(fs, &c.all, "a", "all")
-	intFlags(fs, &c.duration, "D", "duration", 0)
-	intFlags(fs, &mtu, "m", "mtu", 1024)
-	intFlags(fs, &c.txDepth, "t", "tx-depth", defTx)
-	intFlags(fs, &c.rxDepth, "r", "rx-depth", 512)
-	intFlags(fs, &c.qps, "q", "qp", 1)
-	boolFlags(fs, &c.events, "e", "events")
-	intFlags(fs, &c.qpTimeout, "u", "qp-timeout", 14)
-	stringFlags(fs, &c.atomicType, "A", "atomic_type", "FETCH_AND_ADD")
-	intFlags(fs, &c.port, "p", "port", oob.DefaultPort)
-	intFlags(fs, &c.gidIdx, "x", "gid-index", -1)
-	stringFlags(fs, &c.dev, "d", "ib-dev", "")
-	intFlags(fs, &c.ibPort, "i", "ib-port", 1)
-	boolFlags(fs, &c.cpuFreq, "F", "CPU-freq")
-	boolFlags(fs, &c.rdmaCM, "R", "rdma_cm")
-	boolFlags(fs, &c.bidi, "b", "bidirectional")
+	cli.IntFlags(fs, &c.size, "s", "size", defSize)
+	cli.IntFlags(fs, &c.iters, "n", "iters", defIters)
+	cli.BoolFlags(fs, &c.all, "a", "all")
+	cli.IntFlags(fs, &c.duration, "D", "duration", 0)
+	cli.IntFlags(fs, &mtu, "m", "mtu", 1024)
+	cli.IntFlags(fs, &c.txDepth, "t", "tx-depth", defTx)
+	cli.IntFlags(fs, &c.rxDepth, "r", "rx-depth", 512)
+	cli.IntFlags(fs, &c.qps, "q", "qp", 1)
+	cli.BoolFlags(fs, &c.events, "e", "events")
+	cli.IntFlags(fs, &c.qpTimeout, "u", "qp-timeout", 14)
+	cli.StringFlags(fs, &c.atomicType, "A", "atomic_type", "FETCH_AND_ADD")
+	cli.IntFlags(fs, &c.port, "p", "port", oob.DefaultPort)
+	cli.IntFlags(fs, &c.gidIdx, "x", "gid-index", -1)
+	cli.StringFlags(fs, &c.dev, "d", "ib-dev", "")
+	cli.IntFlags(fs, &c.ibPort, "i", "ib-port", 1)
+	cli.BoolFlags(fs, &c.cpuFreq, "F", "CPU-freq")
+	cli.BoolFlags(fs, &c.rdmaCM, "R", "rdma_cm")
+	cli.BoolFlags(fs, &c.bidi, "b", "bidirectional")
 	var commCM bool
-	boolFlags(fs, &commCM, "z", "comm_rdma_cm")
+	cli.BoolFlags(fs, &commCM, "z", "comm_rdma_cm")
 	fs.StringVar(&bind, "bind", "", "")
 	fs.BoolVar(&c.check, "check", false, "")
 	fs.StringVar(&c.pcap, "pcap", "", "")
@@ -166,14 +167,14 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
 	fs.BoolVar(&c.sr, "selective-repeat", false, "")
-	addSocketFlags(fs, &c.sock)
+	cli.AddSocketFlags(fs, &c.sock)
 	var err error
-	if c.server, err = parseWithServer(fs, args); err != nil {
+	if c.server, err = cli.ParseWithServer(fs, args); err != nil {
 		return nil, err
 	}
 	var ok bool
 	if c.mtu, ok = oob.MTUFromBytes(mtu); !ok {
-		return nil, errMTUFlag(mtu)
+		return nil, cli.ErrMTUFlag(mtu)
 	}
 	if commCM {
 		return nil, errors.New("-z (exchange over rdma_cm, QPs connected without it) is not supported; -R connects the QPs through rdma_cm too")
@@ -230,7 +231,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	case c.snaplen > 0 && c.pcap == "":
 		return nil, fmt.Errorf("--snaplen %d needs --pcap", c.snaplen)
 	}
-	if c.bind, err = parseBind(bind); err != nil {
+	if c.bind, err = cli.ParseBind(bind); err != nil {
 		return nil, err
 	}
 	return c, nil

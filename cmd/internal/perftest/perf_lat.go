@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/transport"
 )
@@ -41,7 +42,7 @@ func (s *perfSide) postSendWait(ctx context.Context, wr transport.SendWR, wc []t
 		return fmt.Errorf("waiting for %s %d: %w", waitWhat, waitN, err)
 	}
 	if wc[0].Status != transport.WCSuccess {
-		return wcError(wc[0], "send")
+		return cli.WCError(wc[0], "send")
 	}
 	return nil
 }
@@ -216,7 +217,7 @@ func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout 
 		wc := wcs[0]
 		_ = n
 		if wc.Status != transport.WCSuccess {
-			return wcError(wc, "receive")
+			return cli.WCError(wc, "receive")
 		}
 		if wc.ByteLen != uint32(size) {
 			return recvSizeError(rcnt+1, wc.ByteLen, size)

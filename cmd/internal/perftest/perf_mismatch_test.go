@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // The addresses of the mismatch tests' pairs.
@@ -35,23 +37,23 @@ func TestPerfSizeMismatch(t *testing.T) {
 		srvWant, cliWant string
 	}{
 		{"write-bw --check -s", "write-bw", []string{"-n", "20", "-s", "100", "--check"}, []string{"-s", "64"},
-			exitFail, exitOK, "--check: the client sent 64-byte messages, this side expects 100 (-s differs?", ""},
+			cli.ExitFail, cli.ExitOK, "--check: the client sent 64-byte messages, this side expects 100 (-s differs?", ""},
 		{"write-bw --check -n", "write-bw", []string{"-n", "20", "-s", "100", "--check"}, []string{"-n", "30"},
-			exitFail, exitOK, "--check: the client ran 30 iterations, this side expects 20 (-n differs?", ""},
+			cli.ExitFail, cli.ExitOK, "--check: the client ran 30 iterations, this side expects 20 (-n differs?", ""},
 		{"atomic-bw --check -n", "atomic-bw", []string{"-n", "20", "--check"}, []string{"-n", "30"},
-			exitFail, exitOK, "--check: the client ran 30 iterations, this side expects 20", ""},
+			cli.ExitFail, cli.ExitOK, "--check: the client ran 30 iterations, this side expects 20", ""},
 		{"send-lat -s", "send-lat", []string{"-n", "20", "-s", "64"}, []string{"-s", "100"},
-			exitFail, exitFail, "receive 1: the peer sent 100 bytes, this side expects 64 (-s differs?", peerGone},
+			cli.ExitFail, cli.ExitFail, "receive 1: the peer sent 100 bytes, this side expects 64 (-s differs?", peerGone},
 		{"send-bw -s", "send-bw", []string{"-n", "20", "-s", "64"}, []string{"-s", "100"},
-			exitFail, exitFail, "receive 1: the peer sent 100 bytes, this side expects 64 (-s differs?", ""},
+			cli.ExitFail, cli.ExitFail, "receive 1: the peer sent 100 bytes, this side expects 64 (-s differs?", ""},
 		{"write-lat -s", "write-lat", []string{"-n", "20", "-s", "64", "--check"}, []string{"-s", "100"},
-			exitFail, exitFail, peerGone, "the peer's write 1 ended at byte 63 of this side's buffer instead of at byte 99: the peer writes 64-byte messages, this side 100"},
+			cli.ExitFail, cli.ExitFail, peerGone, "the peer's write 1 ended at byte 63 of this side's buffer instead of at byte 99: the peer writes 64-byte messages, this side 100"},
 		{"write-lat -n", "write-lat", []string{"-n", "30", "-s", "64"}, []string{"-n", "20"},
-			exitFail, exitOK, peerGone, ""},
+			cli.ExitFail, cli.ExitOK, peerGone, ""},
 		{"send-bw -n", "send-bw", []string{"-n", "30", "-s", "64"}, []string{"-n", "20"},
-			exitFail, exitFail, peerAhead, ""},
+			cli.ExitFail, cli.ExitFail, peerAhead, ""},
 		{"send-lat -n", "send-lat", []string{"-n", "30", "-s", "64"}, []string{"-n", "20"},
-			exitFail, exitFail, peerAhead, ""},
+			cli.ExitFail, cli.ExitFail, peerAhead, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
@@ -95,12 +97,12 @@ func TestPerfTestMismatch(t *testing.T) {
 		{"send-bw", "write-bw", "do both sides run the same test with the same -n, -s and -D?", "or another test on the peer ends this way too"},
 	} {
 		t.Run(tc.srvTest+" "+tc.cliTest, func(t *testing.T) {
-			srv, cli := runPerfTests(t, mismatchSrv, mismatchCli, tc.srvTest, tc.cliTest, []string{"-n", "20", "--timeout", "20s"}, nil)
-			if srv.code != exitFail || !strings.Contains(srv.errOut, tc.srvWant) {
-				t.Errorf("server %s: exit %d, want %d and %q\n%s%s", tc.srvTest, srv.code, exitFail, tc.srvWant, srv.out, srv.errOut)
+			srv, client := runPerfTests(t, mismatchSrv, mismatchCli, tc.srvTest, tc.cliTest, []string{"-n", "20", "--timeout", "20s"}, nil)
+			if srv.code != cli.ExitFail || !strings.Contains(srv.errOut, tc.srvWant) {
+				t.Errorf("server %s: exit %d, want %d and %q\n%s%s", tc.srvTest, srv.code, cli.ExitFail, tc.srvWant, srv.out, srv.errOut)
 			}
-			if cli.code != exitFail || !strings.Contains(cli.errOut, tc.cliWant) {
-				t.Errorf("client %s: exit %d, want %d and %q\n%s%s", tc.cliTest, cli.code, exitFail, tc.cliWant, cli.out, cli.errOut)
+			if client.code != cli.ExitFail || !strings.Contains(client.errOut, tc.cliWant) {
+				t.Errorf("client %s: exit %d, want %d and %q\n%s%s", tc.cliTest, client.code, cli.ExitFail, tc.cliWant, client.out, client.errOut)
 			}
 		})
 	}

@@ -42,9 +42,7 @@ func TestPerfProgressBWDuration(t *testing.T) {
 		t.Fatalf("progress interval %v, documented as 2s", perfProgressEvery)
 	}
 	srv, cli := runPerfPair(t, "write-bw", "-D", "3", "-s", "1024")
-	if srv.code != 0 || cli.code != 0 {
-		t.Fatalf("exit server %d client %d\n%s%s\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-	}
+	mustPass(t, srv, cli)
 	lines := progressLines(t, "client", cli.errOut, perfBWProgress)
 	if len(lines) < 1 || len(lines) > 2 { // at 2 s, and at 4 s if draining was slow
 		t.Fatalf("%d progress lines in a 3 s run, want 1 or 2; stderr:\n%s", len(lines), cli.errOut)
@@ -99,9 +97,7 @@ func TestPerfProgressShortInterval(t *testing.T) {
 	} {
 		t.Run(tt.test, func(t *testing.T) {
 			srv, cli := runPerfPair(t, tt.test, "-n", strconv.Itoa(iters), "-s", tt.size)
-			if srv.code != 0 || cli.code != 0 {
-				t.Fatalf("exit server %d client %d\n%s%s\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-			}
+			mustPass(t, srv, cli)
 			if rows := resultRows(cli.out); len(rows) != 1 || rows[0][1] != strconv.Itoa(iters) {
 				t.Errorf("client result rows %v", rows)
 			}
@@ -137,9 +133,7 @@ func TestPerfProgressShortInterval(t *testing.T) {
 
 	t.Run("write-bw", func(t *testing.T) {
 		srv, cli := runPerfPair(t, "write-bw", "-n", "400", "-s", "256")
-		if srv.code != 0 || cli.code != 0 {
-			t.Fatalf("exit server %d client %d\n%s%s\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-		}
+		mustPass(t, srv, cli)
 		lines := progressLines(t, "client", cli.errOut, perfBWProgress)
 		if len(lines) == 0 {
 			t.Fatalf("no progress lines; stderr:\n%s", cli.errOut)

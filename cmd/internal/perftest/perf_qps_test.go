@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
 // reQPNLine matches perftest's address lines' side and QPN.
@@ -99,9 +101,7 @@ func TestPerfQPsModes(t *testing.T) {
 // count above 0); check: both ran --check.
 func checkQPRun(t *testing.T, check bool, q, n, size, rows int, srv, cli perfOut) {
 	t.Helper()
-	if srv.code != 0 || cli.code != 0 {
-		t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-	}
+	mustPass(t, srv, cli)
 	cl, cr := perfQPNs(cli.out)
 	sl, sr := perfQPNs(srv.out)
 	if len(cl) != q || len(cr) != q || strings.Join(cl, " ") != strings.Join(sr, " ") || strings.Join(cr, " ") != strings.Join(sl, " ") {
@@ -213,8 +213,8 @@ func TestPerfQPFlags(t *testing.T) {
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			code, _, errOut := runIn(t, append(tt.args, "127.0.0.1")...)
-			if code != exitUsage || !strings.Contains(errOut, tt.want) {
-				t.Errorf("exit %d, stderr %q; want %d and %q", code, errOut, exitUsage, tt.want)
+			if code != cli.ExitUsage || !strings.Contains(errOut, tt.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, errOut, cli.ExitUsage, tt.want)
 			}
 		})
 	}

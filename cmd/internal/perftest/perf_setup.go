@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
 	"github.com/gorocev2/rocev2/memreg"
@@ -28,7 +29,7 @@ func perfConnect(ctx context.Context, c *perfConfig, stdout io.Writer) (net.Conn
 	if c.server != "" {
 		addr := net.JoinHostPort(c.server, port)
 		deadline := time.Now().Add(c.connTimeout)
-		local := oobLocalTCPAddr(c.bind, c.server)
+		local := cli.OOBLocalTCPAddr(c.bind, c.server)
 		var lastErr error
 		for delay := 20 * time.Millisecond; ; delay = min(delay*2, 500*time.Millisecond) {
 			d := net.Dialer{Deadline: deadline}
@@ -39,7 +40,7 @@ func perfConnect(ctx context.Context, c *perfConfig, stdout io.Writer) (net.Conn
 			if err == nil {
 				return conn, nil
 			}
-			if perr := oobDialPermanent(err, c.bind, local); perr != nil {
+			if perr := cli.OOBDialPermanent(err, c.bind, local); perr != nil {
 				return nil, fmt.Errorf("couldn't connect to server %s on TCP port %d: %w", c.server, c.port, perr)
 			}
 			lastErr = err
@@ -57,7 +58,7 @@ func perfConnect(ctx context.Context, c *perfConfig, stdout io.Writer) (net.Conn
 		return nil, fmt.Errorf("couldn't connect to server %s on TCP port %d within %v (is `%s` running there as a server?): %v",
 			c.server, c.port, c.connTimeout, c.test, lastErr)
 	}
-	return acceptOne(ctx, c.port, func(err error) error {
+	return cli.AcceptOne(ctx, c.port, func(err error) error {
 		return fmt.Errorf("TCP port %d is in use (another server running?); pick another with -p: %w", c.port, err)
 	}, func() { printWaiting(stdout) })
 }
@@ -71,7 +72,7 @@ func printWaiting(w io.Writer) {
 // perfSide is one side of a perftest run: the endpoint, its memory and
 // what the out-of-band exchange negotiated.
 type perfSide struct {
-	*endpoint
+	*cli.Endpoint
 	c *perfConfig
 	// mem is mmap'd: QP i's source at [i*half, (i+1)*half), its target
 	// at [(q+i)*half, (q+i+1)*half) for q QPs, then the cycle buffer, as
@@ -148,14 +149,14 @@ func (s *perfSide) slotOff(size int, i uint64) uint64 {
 }
 
 func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
-	sock, err := listenSocket(local, c.sock.Options(!c.test.IsBW() && !c.events, defaultBusyPoll), "use --bind with another local address")
+	sock, err := cli.ListenSocket(local, c.sock.Options(!c.test.IsBW() && !c.events, cli.DefaultBusyPoll), "use --bind with another local address")
 	if err != nil {
 		return nil, err
 	}
 	var link udp.Link = sock
 	var capture *pcaptap.Writer
 	if c.pcap != "" {
-		if capture, err = createCapture(c.pcap, c.snaplen); err != nil {
+		if capture, err = cli.CreateCapture(c.pcap, c.snaplen); err != nil {
 			sock.Close()
 			return nil, err
 		}
@@ -163,10 +164,10 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 	}
 	nqp := max(c.qps, 1)
 	// One send and one receive CQ for all QPs, as perftest sizes them.
-	cfg := endpointConfig{SendCQ: c.txDepth*nqp + 16, RecvCQ: (c.txDepth+c.rxDepth)*nqp + 16,
+	cfg := cli.EndpointConfig{SendCQ: c.txDepth*nqp + 16, RecvCQ: (c.txDepth+c.rxDepth)*nqp + 16,
 		MaxSendWR: c.txDepth + 1, MaxRecvWR: c.rxDepth + 1,
 		Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic, CC: c.sock.CC.Config()}
-	e, err := newEndpoint(link, cfg)
+	e, err := cli.NewEndpoint(link, cfg)
 	if err != nil {
 		if capture != nil {
 			capture.Close()
@@ -174,7 +175,7 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 		return nil, err
 	}
 	e.SR = c.sr
-	s := &perfSide{endpoint: e, c: c, capture: capture}
+	s := &perfSide{Endpoint: e, c: c, capture: capture}
 	s.qps = []*perfQP{{qp: e.QP, psn: e.PSN}}
 	for i := 1; i < nqp; i++ {
 		qp, err := e.NewQP(cfg)
@@ -205,7 +206,7 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 // close closes the endpoint, then the capture (with every packet the
 // device sent or received), and reports the capture's error.
 func (s *perfSide) close() error {
-	s.endpoint.Close()
+	s.Endpoint.Close()
 	var err error
 	if s.capture != nil {
 		err = s.capture.Close()
@@ -249,12 +250,12 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 		}
 		for i, q := range s.qps {
 			r := remotes[i]
-			peer, err := peerFromGID(r.GID, "-x")
+			peer, err := cli.PeerFromGID(r.GID, "-x")
 			if err != nil {
 				return err
 			}
 			rd := uint8(min(max(r.OutReads, 1), 16))
-			if err := s.endpoint.ConnectQP(q.qp, q.psn, peer, r.QPN, r.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
+			if err := s.Endpoint.ConnectQP(q.qp, q.psn, peer, r.QPN, r.PSN, mtu, rd, uint8(s.c.qpTimeout)); err != nil {
 				if len(s.qps) > 1 {
 					return fmt.Errorf("QP %d of %d: %w", i+1, len(s.qps), err)
 				}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/pcapgo"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 	"github.com/gorocev2/rocev2/rocelayer"
@@ -32,47 +34,53 @@ type perfOut struct {
 
 // runPerfPair runs `rocev2d test` as server on 127.0.0.2 and as client on
 // 127.0.0.1 in this process, with the same extra flags.
-func runPerfPair(t *testing.T, test string, flags ...string) (srv, cli perfOut) {
+func runPerfPair(t *testing.T, test string, flags ...string) (srv, client perfOut) {
 	t.Helper()
 	return runPerfPairExtra(t, test, flags, nil)
 }
 
 // runPerfPairExtra is runPerfPair with extra flags for the client only.
-func runPerfPairExtra(t *testing.T, test string, flags, cliExtra []string) (srv, cli perfOut) {
+func runPerfPairExtra(t *testing.T, test string, flags, cliExtra []string) (srv, client perfOut) {
 	t.Helper()
 	return runPerfPairAt(t, "127.0.0.2", "127.0.0.1", test, flags, cliExtra)
 }
 
 // runPerfPairAt is runPerfPairExtra with the server on srvAddr and the
 // client on cliAddr.
-func runPerfPairAt(t *testing.T, srvAddr, cliAddr, test string, flags, cliExtra []string) (srv, cli perfOut) {
+func runPerfPairAt(t *testing.T, srvAddr, cliAddr, test string, flags, cliExtra []string) (srv, client perfOut) {
 	t.Helper()
 	return runPerfTests(t, srvAddr, cliAddr, test, test, flags, cliExtra)
 }
 
 // runPerfTests is runPerfPairAt with the server running srvTest and the
 // client cliTest.
-func runPerfTests(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, flags, cliExtra []string) (srv, cli perfOut) {
+func runPerfTests(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, flags, cliExtra []string) (srv, client perfOut) {
+	t.Helper()
+	return runPerfSides(t, srvAddr, cliAddr, srvTest, cliTest, flags, append(slices.Clone(flags), cliExtra...))
+}
+
+// runPerfSides runs `rocev2d srvTest srvFlags` as the server on srvAddr
+// and `rocev2d cliTest cliFlags srvAddr` as the client on cliAddr, in this
+// process, retried while UDP 4791 is taken (clitest.PortBusy): every
+// runPerf* helper comes here.
+func runPerfSides(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, srvFlags, cliFlags []string) (srv, client perfOut) {
 	t.Helper()
 	for try := 0; ; try++ {
-		srv, cli = runPerfPairOnce(t, srvAddr, cliAddr, srvTest, cliTest, flags, cliExtra)
-		if try == 4 || !clitest.PortBusy(srv.errOut+cli.errOut) {
-			return srv, cli
+		srv, client = runPerfSidesOnce(t, srvAddr, cliAddr, srvTest, cliTest, srvFlags, cliFlags)
+		if try == 4 || !clitest.PortBusy(srv.errOut+client.errOut) {
+			return srv, client
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
 }
 
-// portBusy reports whether a run failed because UDP 4791 on a loopback
-// address was taken — by another package's test running at the same time
-
 // runInRetry is runIn, retried while UDP 4791 is taken by someone else.
 func runInRetry(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	return clitest.RetryBusy(func() (int, string, string) { return runIn(t, args...) })
+	return clitest.RunInRetry(t, Commands(), args...)
 }
 
-func runPerfPairOnce(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, flags, cliExtra []string) (srv, cli perfOut) {
+func runPerfSidesOnce(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, srvFlags, cliFlags []string) (srv, client perfOut) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -82,14 +90,23 @@ func runPerfPairOnce(t *testing.T, srvAddr, cliAddr, srvTest, cliTest string, fl
 	go func() {
 		defer wg.Done()
 		var o, e bytes.Buffer
-		srv.code = run(ctx, append([]string{srvTest, "-p", port, "--bind", srvAddr}, flags...), &o, &e)
+		srv.code = run(ctx, append([]string{srvTest, "-p", port, "--bind", srvAddr}, srvFlags...), &o, &e)
 		srv.out, srv.errOut = o.String(), e.String()
 	}()
 	var o, e bytes.Buffer
-	cli.code = run(ctx, append(append(append([]string{cliTest, "-p", port, "--bind", cliAddr}, flags...), cliExtra...), srvAddr), &o, &e)
-	cli.out, cli.errOut = o.String(), e.String()
+	client.code = run(ctx, append(append([]string{cliTest, "-p", port, "--bind", cliAddr}, cliFlags...), srvAddr), &o, &e)
+	client.out, client.errOut = o.String(), e.String()
 	wg.Wait()
-	return srv, cli
+	return srv, client
+}
+
+// mustPass fails the test unless both sides of a run exited 0, showing
+// their output.
+func mustPass(t *testing.T, srv, client perfOut) {
+	t.Helper()
+	if srv.code != 0 || client.code != 0 {
+		t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, client.code, srv.out, srv.errOut, client.out, client.errOut)
+	}
 }
 
 // resultRows returns the result lines (those after a "#bytes" header that
@@ -146,9 +163,7 @@ func TestPerfLoopback(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.test+strings.Join(tt.flags, ""), func(t *testing.T) {
 			srv, cli := runPerfPair(t, tt.test, append(tt.flags, "--check", "-F", "-x", "1")...)
-			if srv.code != 0 || cli.code != 0 {
-				t.Fatalf("exit server %d client %d\nserver:\n%s%s\nclient:\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-			}
+			mustPass(t, srv, cli)
 			for _, side := range []struct {
 				name string
 				o    perfOut
@@ -187,9 +202,7 @@ func TestPerfDuration(t *testing.T) {
 	}
 	start := time.Now()
 	srv, cli := runPerfPair(t, "write-bw", "-D", "1", "-s", "1024", "-v")
-	if srv.code != 0 || cli.code != 0 {
-		t.Fatalf("exit server %d client %d\n%s%s\n%s%s", srv.code, cli.code, srv.out, srv.errOut, cli.out, cli.errOut)
-	}
+	mustPass(t, srv, cli)
 	if el := time.Since(start); el < time.Second || el > 20*time.Second {
 		t.Errorf("run took %v", el)
 	}
@@ -335,7 +348,7 @@ func TestPerfFlags(t *testing.T) {
 	}
 	for _, b := range bad {
 		code, out, errOut := runIn(t, b.args...)
-		if code != exitUsage || !strings.Contains(errOut, b.msg) {
+		if code != cli.ExitUsage || !strings.Contains(errOut, b.msg) {
 			t.Errorf("%v: exit %d, stderr %q (stdout %q), want exit 2 naming %q", b.args, code, errOut, out, b.msg)
 		}
 	}
@@ -368,7 +381,7 @@ func TestPerfErrors(t *testing.T) {
 	t.Run("unreachable", func(t *testing.T) {
 		start := time.Now()
 		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(port), "--connect-timeout", "300ms", "127.0.0.2")
-		if code != exitFail || !strings.Contains(errOut, "server 127.0.0.2 on TCP port "+strconv.Itoa(port)) {
+		if code != cli.ExitFail || !strings.Contains(errOut, "server 127.0.0.2 on TCP port "+strconv.Itoa(port)) {
 			t.Errorf("exit %d: %s", code, errOut)
 		}
 		if time.Since(start) > 5*time.Second {
@@ -383,7 +396,7 @@ func TestPerfErrors(t *testing.T) {
 		defer ln.Close()
 		p := ln.Addr().(*net.TCPAddr).Port
 		code, _, errOut := runIn(t, "send-bw", "-p", strconv.Itoa(p))
-		if code != exitFail || !strings.Contains(errOut, fmt.Sprintf("TCP port %d is in use", p)) {
+		if code != cli.ExitFail || !strings.Contains(errOut, fmt.Sprintf("TCP port %d is in use", p)) {
 			t.Errorf("exit %d: %s", code, errOut)
 		}
 	})
@@ -414,7 +427,7 @@ func TestPerfErrors(t *testing.T) {
 			time.Sleep(time.Second)
 		})
 		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(p), "--bind", "127.0.0.1", "127.0.0.2")
-		if code != exitFail || !strings.Contains(errOut, "incompatible perftest version") {
+		if code != cli.ExitFail || !strings.Contains(errOut, "incompatible perftest version") {
 			t.Errorf("exit %d: %s", code, errOut)
 		}
 	})
@@ -426,7 +439,7 @@ func TestPerfErrors(t *testing.T) {
 			time.Sleep(time.Second)
 		})
 		code, _, errOut := runIn(t, "write-bw", "-p", strconv.Itoa(p), "--bind", "127.0.0.1", "127.0.0.2")
-		if code != exitFail || !strings.Contains(errOut, "malformed out-of-band message") {
+		if code != cli.ExitFail || !strings.Contains(errOut, "malformed out-of-band message") {
 			t.Errorf("exit %d: %s", code, errOut)
 		}
 	})
@@ -439,11 +452,11 @@ func TestPerfErrors(t *testing.T) {
 			}
 		}
 		defer func() { perfTweakLocal = nil }()
-		srv, cli := runPerfPair(t, "write-bw", "-n", "5", "-s", "64", "--timeout", "20s")
-		if cli.code != exitFail || !strings.Contains(cli.errOut, "remote access error") {
-			t.Errorf("client exit %d:\n%s%s", cli.code, cli.out, cli.errOut)
+		srv, client := runPerfPair(t, "write-bw", "-n", "5", "-s", "64", "--timeout", "20s")
+		if client.code != cli.ExitFail || !strings.Contains(client.errOut, "remote access error") {
+			t.Errorf("client exit %d:\n%s%s", client.code, client.out, client.errOut)
 		}
-		if srv.code != exitFail {
+		if srv.code != cli.ExitFail {
 			t.Errorf("server exit %d:\n%s%s", srv.code, srv.out, srv.errOut)
 		}
 	})

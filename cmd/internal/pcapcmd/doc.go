@@ -1,0 +1,20 @@
+// Package pcapcmd is rocev2d's pcap command: `pcap check` reads pcap and
+// pcapng captures (Ethernet, Linux cooked SLL and SLL2 as tcpdump -i any
+// writes, raw IP, loopback), decodes every RoCEv2 packet, verifies its
+// ICRC and layout and splits GSO datagrams; `pcap write-sample` writes a
+// capture of every sample opcode. Commands returns it for rocev2d's
+// dispatch.
+//
+// # Layering
+//
+// Under cmd/: it builds on cmd/internal/cli, rocelayer, packet and the
+// wire header packages; only rocev2d's main imports it.
+package pcapcmd
+
+import "github.com/gorocev2/rocev2/cmd/internal/cli"
+
+// commands are the package's commands, registered by their files' init.
+var commands cli.Registry
+
+// Commands are pcap, for rocev2d's dispatch.
+func Commands() []cli.Command { return commands.Commands() }

@@ -1,0 +1,451 @@
+package pcapcmd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
+	"github.com/google/gopacket/pcapgo"
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/icrc"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/rocelayer"
+)
+
+func init() {
+	commands.Register("pcap", "check RoCEv2 captures (layout and ICRC); write a sample capture", pcapUsage, runPcap)
+}
+
+const pcapUsage = `usage:
+  rocev2d pcap check [-q] FILE...
+  rocev2d pcap write-sample FILE
+
+check decodes every RoCEv2 packet (UDP destination port 4791) in the pcap or pcapng files
+(link types Ethernet, Linux SLL and SLL2, raw IP, IPv4, IPv6, BSD loopback; IPv4 and
+IPv6), validates its layout against the opcode table, verifies its ICRC and
+prints one line per packet and a total per file and overall. Other frames are
+counted and skipped. Wireshark shows the ICRC but never checks it; this does.
+A capture taken before segmentation (tcpdump on lo, a veth, or -i any, of a
+sender using UDP GSO, as rocev2d does by default there) holds GSO datagrams of
+several packets: each is split as the kernel segments it (one size, IPv4 IDs
+numbered upward) and its packets are checked as #FRAME.K. Link type
+LINUX_SLL2 (276, what tcpdump -i any writes) is read from the file itself.
+  -q  print only bad packets and the totals
+Exit status: 0 if every RoCEv2 packet is well-formed with a valid ICRC, 1 if
+any is not (they are listed at the end), 2 if a file cannot be read.
+
+write-sample writes an Ethernet/IPv4 pcap with one packet of every RC, UC and
+UD opcode and a CNP, each with a correct ICRC (the tshark test reads it).
+`
+
+func runPcap(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, pcapUsage)
+		return cli.ExitUsage
+	}
+	switch args[0] {
+	case "check":
+		return pcapCheck(ctx, args[1:], stdout, stderr)
+	case "write-sample":
+		return pcapWriteSample(args[1:], stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "rocev2d pcap: unknown subcommand %q\n", args[0])
+	fmt.Fprint(stderr, pcapUsage)
+	return cli.ExitUsage
+}
+
+// pcapStats counts one file's frames.
+type pcapStats struct {
+	frames, roce, ok, bad, skipped int
+	// gso counts the UDP GSO datagrams split into their segments (each
+	// segment counts in roce, ok or bad).
+	gso int
+}
+
+// badPacket names a bad RoCEv2 packet.
+type badPacket struct {
+	file   string
+	frame  int
+	reason string
+}
+
+func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rocev2d pcap check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quiet := fs.Bool("q", false, "print only bad packets and the totals")
+	fs.Usage = func() { fmt.Fprint(stderr, pcapUsage) }
+	if err := fs.Parse(args); err != nil {
+		return cli.ExitUsage
+	}
+	if fs.NArg() == 0 {
+		fmt.Fprintln(stderr, "rocev2d pcap check: no files given")
+		fmt.Fprint(stderr, pcapUsage)
+		return cli.ExitUsage
+	}
+	out := bufio.NewWriter(stdout)
+	defer out.Flush()
+	var total pcapStats
+	var bad []badPacket
+	files, unreadable := 0, 0
+	for _, name := range fs.Args() {
+		st, b, err := checkFile(ctx, name, out, *quiet)
+		total.frames += st.frames
+		total.roce += st.roce
+		total.ok += st.ok
+		total.bad += st.bad
+		total.skipped += st.skipped
+		total.gso += st.gso
+		bad = append(bad, b...)
+		if err != nil {
+			out.Flush()
+			fmt.Fprintf(stderr, "rocev2d pcap check: %s: %v\n", name, err)
+			unreadable++
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		files++
+		fmt.Fprintf(out, "%s: %d frames, %d RoCEv2 (ICRC ok %d, bad %d), %d other frames skipped%s\n",
+			name, st.frames, st.roce, st.ok, st.bad, st.skipped, gsoNote(st.gso))
+	}
+	fmt.Fprintf(out, "total: %d files, %d frames, %d RoCEv2 packets, %d ok, %d bad, %d other frames skipped",
+		files, total.frames, total.roce, total.ok, total.bad, total.skipped)
+	fmt.Fprint(out, gsoNote(total.gso))
+	if unreadable > 0 {
+		fmt.Fprintf(out, ", %d files unreadable", unreadable)
+	}
+	fmt.Fprintln(out)
+	if len(bad) > 0 {
+		fmt.Fprintf(out, "FAIL: %d bad RoCEv2 packets:\n", len(bad))
+		for _, b := range bad {
+			fmt.Fprintf(out, "  %s #%d: %s\n", b.file, b.frame, b.reason)
+		}
+	}
+	switch {
+	case unreadable > 0:
+		return cli.ExitUsage
+	case len(bad) > 0:
+		return cli.ExitFail
+	}
+	return cli.ExitOK
+}
+
+// captureReader is what pcap check needs of pcapgo's pcap and pcapng readers.
+type captureReader interface {
+	LinkType() layers.LinkType
+	ReadPacketData() ([]byte, gopacket.CaptureInfo, error)
+}
+
+// maxFrame is the largest frame pcap check reads from a classic pcap.
+const maxFrame = 262144
+
+// pcapngMagic is the block type of a pcapng Section Header Block.
+var pcapngMagic = []byte{0x0a, 0x0d, 0x0d, 0x0a}
+
+// openCapture reads a classic pcap or (tcpdump -w on newer systems, Wireshark)
+// a pcapng file; for pcapng, the first interface's link type applies. The
+// decoder is the link type's, read from the file itself: gopacket keeps link
+// types in 8 bits, so LINUX_SLL2 (276, tcpdump -i any) would read as 20.
+func openCapture(br *bufio.Reader) (captureReader, gopacket.Decoder, error) {
+	head, _ := br.Peek(4096) // shorter at the end of a small file
+	lt, ltErr := rocelayer.FileLinkType(head)
+	r, err := openReader(br)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ltErr != nil {
+		lt = uint32(r.LinkType()) // a pcapng section header beyond the first 4 KiB
+	}
+	dec, err := rocelayer.LinkDecoder(lt)
+	return r, dec, err
+}
+
+// openReader returns pcapgo's reader for the file's format.
+func openReader(br *bufio.Reader) (captureReader, error) {
+	if magic, err := br.Peek(4); err == nil && bytes.Equal(magic, pcapngMagic) {
+		r, err := pcapgo.NewNgReader(br, pcapgo.DefaultNgReaderOptions)
+		if err != nil {
+			return nil, fmt.Errorf("pcapng: %w", err)
+		}
+		return r, nil
+	}
+	r, err := pcapgo.NewReader(br)
+	if err != nil {
+		return nil, fmt.Errorf("not a pcap or pcapng file: %w", err)
+	}
+	// pcapgo allocates each frame's capture length, bounded only by the
+	// header's snap length (up to 4 GiB); a frame beyond tcpdump's default
+	// snap length is refused ("capture length exceeds snap length").
+	if r.Snaplen() > maxFrame {
+		r.SetSnaplen(maxFrame)
+	}
+	return r, nil
+}
+
+// checkFile checks one capture. The error is non-nil if the file cannot be
+// read (the stats then cover the frames read before the problem).
+func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pcapStats, []badPacket, error) {
+	var st pcapStats
+	var bad []badPacket
+	f, err := os.Open(name)
+	if err != nil {
+		return st, nil, err
+	}
+	defer f.Close()
+	r, dec, err := openCapture(bufio.NewReaderSize(f, 1<<16))
+	if err != nil {
+		return st, nil, err
+	}
+	for num := 1; ; num++ {
+		if err := ctx.Err(); err != nil {
+			return st, bad, err
+		}
+		data, ci, err := r.ReadPacketData()
+		if errors.Is(err, io.EOF) {
+			return st, bad, nil
+		}
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return st, bad, fmt.Errorf("frame %d: file ends inside a record: %w", num, err)
+		}
+		if err != nil {
+			return st, bad, fmt.Errorf("frame %d: %w", num, err)
+		}
+		st.frames++
+		gp := gopacket.NewPacket(data, dec, gopacket.DecodeOptions{NoCopy: true})
+		udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+		if udp == nil || udp.DstPort != rocelayer.Port {
+			st.skipped++
+			continue
+		}
+		st.roce++
+		line, reason := describe(gp, udp, ci)
+		if segs := gsoSplit(gp, reason); segs != nil {
+			// One GSO datagram seen before segmentation: check the
+			// packets the kernel sends of it, each on its own line.
+			st.gso++
+			st.roce += len(segs) - 1
+			for k, seg := range segs {
+				dec := layers.LayerTypeIPv4
+				if seg[0]>>4 == 6 {
+					dec = layers.LayerTypeIPv6
+				}
+				sp := gopacket.NewPacket(seg, dec, gopacket.DecodeOptions{NoCopy: true})
+				su, _ := sp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+				if su == nil {
+					st.bad++
+					bad = append(bad, badPacket{name, num, "GSO segment not decoded"})
+					continue
+				}
+				sl, sr := describe(sp, su, gopacket.CaptureInfo{CaptureLength: len(seg), Length: len(seg)})
+				tag := fmt.Sprintf("(GSO segment %d/%d of a %d-byte datagram)", k+1, len(segs), len(udp.LayerPayload()))
+				if sr == "" {
+					st.ok++
+					if !quiet {
+						fmt.Fprintf(out, "%s #%d.%d %s ok %s\n", name, num, k+1, sl, tag)
+					}
+					continue
+				}
+				st.bad++
+				bad = append(bad, badPacket{name, num, sr})
+				fmt.Fprintf(out, "%s #%d.%d %s BAD: %s %s\n", name, num, k+1, sl, sr, tag)
+			}
+			continue
+		}
+		if reason == "" {
+			st.ok++
+			if !quiet {
+				fmt.Fprintf(out, "%s #%d %s ok\n", name, num, line)
+			}
+			continue
+		}
+		st.bad++
+		bad = append(bad, badPacket{name, num, reason})
+		fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
+	}
+}
+
+// gsoNote says how many frames were GSO datagrams, if any.
+func gsoNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d GSO datagrams split into their packets", n)
+}
+
+// gsoSplit returns the segments of a RoCEv2 frame whose ICRC does not match
+// because it is a UDP GSO datagram captured before segmentation (a capture
+// on lo or a veth of a sender using GSO), or nil.
+func gsoSplit(gp gopacket.Packet, reason string) [][]byte {
+	if !strings.HasPrefix(reason, "ICRC mismatch") {
+		return nil
+	}
+	ip, err := rocelayer.IPPacket(gp)
+	if err != nil {
+		return nil
+	}
+	return rocelayer.GSOSegments(ip)
+}
+
+// describe returns the summary of a RoCEv2 frame and, if it is bad, why.
+func describe(gp gopacket.Packet, udp *layers.UDP, ci gopacket.CaptureInfo) (line, reason string) {
+	var sb strings.Builder
+	if nl := gp.NetworkLayer(); nl != nil {
+		s, d := nl.NetworkFlow().Endpoints()
+		sa, _ := netip.AddrFromSlice(s.Raw())
+		da, _ := netip.AddrFromSlice(d.Raw())
+		fmt.Fprintf(&sb, "%v > %v", netip.AddrPortFrom(sa, uint16(udp.SrcPort)), netip.AddrPortFrom(da, uint16(udp.DstPort)))
+	}
+	if ci.CaptureLength < ci.Length {
+		return sb.String(), fmt.Sprintf("frame truncated by the capture (%d of %d bytes)", ci.CaptureLength, ci.Length)
+	}
+	b, _ := gp.Layer(rocelayer.LayerTypeBTH).(*rocelayer.BTH)
+	if b == nil {
+		why := "not decoded"
+		if el := gp.ErrorLayer(); el != nil {
+			why = el.Error().Error()
+		}
+		return sb.String(), "malformed: " + why
+	}
+	pk := b.Packet()
+	fmt.Fprintf(&sb, " %s qpn=0x%06x psn=%v", b.Opcode, b.DestQP, b.PSN)
+	for _, fl := range []struct {
+		on   bool
+		name string
+	}{{b.AckReq, "A"}, {b.SolicitedEvent, "SE"}, {b.MigReq, "M"}, {b.FECN, "FECN"}, {b.BECN, "BECN"}} {
+		if fl.on {
+			sb.WriteString(" " + fl.name)
+		}
+	}
+	fmt.Fprintf(&sb, " pkey=0x%04x", b.PKey)
+	writeExt(&sb, pk)
+	fmt.Fprintf(&sb, " pay=%d icrc=0x%08x", len(pk.Payload), b.ICRC)
+	if err := rocelayer.VerifyICRC(gp); err != nil {
+		if errors.Is(err, icrc.ErrMismatch) {
+			ip, _ := rocelayer.IPPacket(gp)
+			want, _ := icrc.Compute(ip)
+			return sb.String(), fmt.Sprintf("ICRC mismatch: stored 0x%08x, computed 0x%08x", b.ICRC, want)
+		}
+		return sb.String(), "ICRC not verifiable: " + err.Error()
+	}
+	return sb.String(), ""
+}
+
+// writeExt appends the extension header fields of pk.
+func writeExt(sb *strings.Builder, pk *packet.Packet) {
+	if pk.DETH != nil {
+		fmt.Fprintf(sb, " DETH[qkey=0x%08x srcqp=0x%06x]", pk.DETH.QKey(), pk.DETH.SrcQP())
+	}
+	if pk.RETH != nil {
+		fmt.Fprintf(sb, " RETH[va=0x%x rkey=0x%08x len=%d]", pk.RETH.VA(), pk.RETH.RKey(), pk.RETH.DMALength())
+	}
+	if pk.AtomicETH != nil {
+		fmt.Fprintf(sb, " AtomicETH[va=0x%x rkey=0x%08x swap_add=0x%x compare=0x%x]",
+			pk.AtomicETH.VA(), pk.AtomicETH.RKey(), pk.AtomicETH.SwapAdd(), pk.AtomicETH.Compare())
+	}
+	if pk.AETH != nil {
+		fmt.Fprintf(sb, " AETH[%v msn=%d]", pk.AETH.Syndrome(), pk.AETH.MSN())
+	}
+	if pk.AtomicAck != nil {
+		fmt.Fprintf(sb, " AtomicAckETH[orig=0x%x]", pk.AtomicAck.OrigData())
+	}
+	if pk.AETH != nil && len(pk.Payload) > 0 && aeth.IsSACK(pk.Payload) {
+		writeSACK(sb, pk.BTH.PSN(), aeth.SACK(pk.Payload))
+	}
+	if pk.ImmDt != nil {
+		fmt.Fprintf(sb, " ImmDt=0x%08x", pk.ImmDt.Imm())
+	}
+	if pk.IETH != nil {
+		fmt.Fprintf(sb, " IETH[rkey=0x%08x]", pk.IETH.RKey())
+	}
+}
+
+// sampleEpoch is the timestamp of the first sample frame (fixed, so the
+// file is reproducible).
+var sampleEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func pcapWriteSample(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "usage: rocev2d pcap write-sample FILE")
+		return cli.ExitUsage
+	}
+	samples, err := rocelayer.SampleFrames()
+	if err != nil {
+		fmt.Fprintf(stderr, "rocev2d pcap write-sample: %v\n", err)
+		return cli.ExitFail
+	}
+	if err := writeSamples(args[0], samples); err != nil {
+		fmt.Fprintf(stderr, "rocev2d pcap write-sample: %v\n", err)
+		return cli.ExitUsage
+	}
+	fmt.Fprintf(stdout, "wrote %d frames (every RC, UC and UD opcode and a CNP) to %s\n", len(samples), args[0])
+	return cli.ExitOK
+}
+
+func writeSamples(name string, samples []rocelayer.Sample) error {
+	f, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	w := pcapgo.NewWriter(f)
+	err = w.WriteFileHeader(65535, layers.LinkTypeEthernet)
+	for i, s := range samples {
+		if err != nil {
+			break
+		}
+		ci := gopacket.CaptureInfo{Timestamp: sampleEpoch.Add(time.Duration(i) * time.Millisecond),
+			CaptureLength: len(s.Frame), Length: len(s.Frame)}
+		err = w.WritePacket(ci, s.Frame)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// writeSACK appends a selective repeat SACK block (aeth.SACK, after the
+// AETH of a selective NAK): the PSNs the responder holds beyond base, as
+// ranges (at most 8 shown).
+func writeSACK(sb *strings.Builder, base bth.PSN, s aeth.SACK) {
+	fmt.Fprintf(sb, " SACK[v%d bits=%d held=", aeth.SACKVersion, s.Bits())
+	n := 0
+	for j := 0; j < s.Bits(); j++ {
+		if !s.Has(j) || (j > 0 && s.Has(j-1)) {
+			continue
+		}
+		e := j
+		for e+1 < s.Bits() && s.Has(e+1) {
+			e++
+		}
+		if n == 8 {
+			sb.WriteString(",...")
+			break
+		}
+		if n > 0 {
+			sb.WriteString(",")
+		}
+		if e == j {
+			fmt.Fprintf(sb, "%v", base.Add(1+j))
+		} else {
+			fmt.Fprintf(sb, "%v-%v", base.Add(1+j), base.Add(1+e))
+		}
+		n++
+	}
+	if n == 0 {
+		sb.WriteString("none")
+	}
+	sb.WriteString("]")
+}

@@ -1,0 +1,397 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
+)
+
+func init() {
+	commands.Register("scale", "many RC QP pairs between two devices: setup rate, memory per idle QP, goroutines, goodput against one QP", scaleUsage, runScale)
+}
+
+const scaleUsage = `usage: rocev2d scale [options]
+
+For each QP count N, two fresh devices — by default on 127.0.0.1 and
+127.0.0.2, kernel UDP sockets on port 4791 — get N connected RC QP pairs,
+and one table row says:
+
+  QPs         N
+  B/idle QP   heap growth per QP while the N pairs were created and
+              connected (both devices' QPs counted; GC'd before and after)
+  goroutines  goroutines of the whole process once the pairs are up
+  setup/s     pairs created and connected per second (CreateQP twice,
+              Connect twice)
+  MB/s        aggregate goodput of 64 KiB RDMA WRITEs posted round-robin
+              over the N QPs, --window of them in flight in all
+  1 QP MB/s   the goodput of the first QP alone, on the same devices
+  ratio       N QPs against 1 QP: the median over --rounds pairs of
+              alternating chunks (one QP, then N QPs, --chunk WRITEs
+              each), so that load from elsewhere spoils a pair, not the
+              figure; one pair before them warms up unmeasured. A median
+              of a few rounds (--rounds 1 or 2) is as noisy as a pair:
+              even 1 QP against itself may read 0.8 or 1.3
+
+Before the measurement every QP sends one 64-byte WRITE (its first
+traffic). The round-robin carries on from chunk to chunk, so every QP is
+used when the chunks hold as many WRITEs as there are QPs.
+
+options:
+  --qps=LIST      QP counts (default 1,10,100,1000,10000)
+  --rounds=N      alternating chunk pairs per QP count (default 16; fewer
+                  than 5 make a noisy ratio)
+  --chunk=N       WRITEs per chunk (default 512)
+  --size=BYTES    WRITE size (default 65536)
+  --window=N      WRITEs in flight over all QPs (default 8)
+  --mem           run over the in-memory network instead of UDP sockets
+  --a=IP          address of the first device (default 127.0.0.1)
+  --b=IP          address of the second device (default 127.0.0.2)
+  -m, --mtu=MTU   path MTU (default 4096)
+  --timeout=DUR   give up after DUR (default 10m)
+  -v              print both devices' counters after each row
+` + cli.SocketUsage
+
+// scaleConfig holds the parsed flags of rocev2d scale.
+type scaleConfig struct {
+	cli.PairOptions
+	qps     []int
+	rounds  int
+	chunk   int
+	size    int
+	window  int
+	mem     bool
+	timeout time.Duration
+}
+
+func parseScaleFlags(args []string) (*scaleConfig, error) {
+	c := &scaleConfig{}
+	fs := cli.NewFlagSet("rocev2d scale")
+	qps := "1,10,100,1000,10000"
+	fs.StringVar(&qps, "qps", qps, "")
+	fs.IntVar(&c.rounds, "rounds", 16, "")
+	fs.IntVar(&c.chunk, "chunk", 512, "")
+	fs.IntVar(&c.size, "size", 1<<16, "")
+	fs.IntVar(&c.window, "window", 8, "")
+	fs.BoolVar(&c.mem, "mem", false, "")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "")
+	if err := cli.ParsePairFlags(fs, args, &c.PairOptions, 4096); err != nil {
+		return nil, err
+	}
+	if c.A == c.B {
+		return nil, fmt.Errorf("--a and --b are both %v; the two devices need different addresses", c.A)
+	}
+	for _, f := range strings.Split(qps, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 1<<20 {
+			return nil, fmt.Errorf("--qps %q: want a comma-separated list of counts 1..%d", qps, 1<<20)
+		}
+		c.qps = append(c.qps, n)
+	}
+	switch {
+	case c.rounds < 1 || c.rounds > 1<<16:
+		return nil, fmt.Errorf("--rounds %d: want 1..%d", c.rounds, 1<<16)
+	case c.chunk < 1 || c.chunk > 1<<24:
+		return nil, fmt.Errorf("--chunk %d: want 1..%d", c.chunk, 1<<24)
+	case c.size < 1 || c.size > 1<<30:
+		return nil, fmt.Errorf("--size %d: want 1..%d", c.size, 1<<30)
+	case c.window < 1 || c.window > 1<<12:
+		return nil, fmt.Errorf("--window %d: want 1..%d", c.window, 1<<12)
+	case c.timeout <= 0:
+		return nil, fmt.Errorf("--timeout %v: want a positive duration", c.timeout)
+	}
+	return c, nil
+}
+
+func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := parseScaleFlags(args)
+	if code, done := cli.FlagsResult("scale", scaleUsage, err, stdout, stderr); done {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	link := "UDP sockets"
+	if c.mem {
+		link = "in-memory network"
+	}
+	fmt.Fprintf(stdout, "rocev2d scale: %v <-> %v over %s, MTU %d, %d-byte WRITEs, %d in flight, %d x %d WRITEs per side of the ratio\n",
+		c.A, c.B, link, c.MTU.Bytes(), c.size, c.window, c.rounds, c.chunk)
+	// Fixed widths: a row is printed as soon as it is measured.
+	const rowFmt = "%7s %10s %10s %9s %8s %10s %6s\n"
+	fmt.Fprintf(stdout, rowFmt, "QPs", "B/idle QP", "goroutines", "setup/s", "MB/s", "1 QP MB/s", "ratio")
+	for _, n := range c.qps {
+		row, err := scaleRow(ctx, c, n, stdout)
+		if err != nil {
+			fmt.Fprintf(stderr, "rocev2d scale: %d QPs: %v\n", n, err)
+			return cli.ExitFail
+		}
+		fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), fmt.Sprintf("%.0f", row.bytesPerQP), strconv.Itoa(row.goroutines),
+			fmt.Sprintf("%.0f", row.setupRate), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio))
+	}
+	return cli.ExitOK
+}
+
+// scaleResult is one row of the table.
+type scaleResult struct {
+	bytesPerQP float64
+	goroutines int
+	setupRate  float64 // pairs/s
+	mbs, mbs1  float64 // goodput over N QPs, over one
+	ratio      float64 // median of the paired chunks' goodput ratios
+}
+
+// scaleLinks opens the two links of a row.
+func scaleLinks(c *scaleConfig) (udp.Link, udp.Link, error) {
+	if c.mem {
+		n := memnet.NewMemNetwork(memnet.Faults{})
+		la, err := n.Link(c.A)
+		if err != nil {
+			return nil, nil, err
+		}
+		lb, err := n.Link(c.B)
+		if err != nil {
+			la.Close()
+			return nil, nil, err
+		}
+		return la, lb, nil
+	}
+	o := c.Sock.Options(false, 0)
+	la, err := udp.ListenSocket(c.A, &o)
+	if err != nil {
+		return nil, nil, err
+	}
+	lb, err := udp.ListenSocket(c.B, &o)
+	if err != nil {
+		la.Close()
+		return nil, nil, err
+	}
+	return la, lb, nil
+}
+
+// scaleSide is one device of a row with its QPs.
+type scaleSide struct {
+	dev *transport.Device
+	pd  *memreg.PD
+	cq  *transport.CQ
+	mr  *memreg.MR
+	qps []*transport.QP
+}
+
+func newScaleSide(l udp.Link, c *scaleConfig, n int, access memreg.Access) (*scaleSide, error) {
+	dev, err := transport.NewDevice(l, transport.DeviceConfig{MaxQP: n + 16, Congestion: c.Sock.CC.Config()})
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	s := &scaleSide{dev: dev, qps: make([]*transport.QP, 0, n)}
+	if s.pd, err = dev.AllocPD(); err != nil {
+		return s, err
+	}
+	if s.cq, err = dev.CreateCQ(4*c.window + 16); err != nil {
+		return s, err
+	}
+	if s.mr, err = s.pd.RegisterMR(make([]byte, c.size), memreg.AccessLocalWrite|access); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// scaleRow sets up n pairs on fresh devices and measures them.
+func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (scaleResult, error) {
+	var res scaleResult
+	la, lb, err := scaleLinks(c)
+	if err != nil {
+		return res, err
+	}
+	a, err := newScaleSide(la, c, n, 0)
+	if a != nil {
+		defer a.dev.Close()
+	}
+	if err != nil {
+		lb.Close()
+		return res, err
+	}
+	b, err := newScaleSide(lb, c, n, memreg.AccessRemoteWrite)
+	if b != nil {
+		defer b.dev.Close()
+	}
+	if err != nil {
+		return res, err
+	}
+	h0 := settledHeap()
+	start := time.Now()
+	for i := range n {
+		if i%256 == 0 && ctx.Err() != nil {
+			return res, fmt.Errorf("setting up pair %d: %w", i, context.Cause(ctx))
+		}
+		qa, err := a.dev.CreateQP(a.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: a.cq, RecvCQ: a.cq, MaxSendWR: 2 * c.window, MaxRecvWR: 1})
+		if err != nil {
+			return res, err
+		}
+		qb, err := b.dev.CreateQP(b.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: b.cq, RecvCQ: b.cq, MaxSendWR: 1, MaxRecvWR: 1})
+		if err != nil {
+			return res, err
+		}
+		if err := qa.Connect(transport.ConnParams{Peer: b.dev.Addr(), DestQPN: qb.QPN(), PathMTU: c.MTU}); err != nil {
+			return res, err
+		}
+		if err := qb.Connect(transport.ConnParams{Peer: a.dev.Addr(), DestQPN: qa.QPN(), PathMTU: c.MTU, Access: memreg.AccessRemoteWrite}); err != nil {
+			return res, err
+		}
+		a.qps = append(a.qps, qa)
+		b.qps = append(b.qps, qb)
+	}
+	res.setupRate = float64(n) / time.Since(start).Seconds()
+	res.bytesPerQP = float64(settledHeap()-h0) / float64(2*n)
+	res.goroutines = runtime.NumGoroutine()
+
+	w := &scaleWriter{c: c, a: a, dst: b.mr}
+	if _, err := w.run(ctx, n, n, min(64, c.size)); err != nil {
+		return res, fmt.Errorf("first WRITE on every QP: %w", err)
+	}
+	// One pair of chunks warms both sides up unmeasured: the first chunk
+	// of full-size WRITEs met cold buffers and pools and took up to twice
+	// as long, which a median of few rounds took for the ratio.
+	if _, err := w.run(ctx, 1, c.chunk, c.size); err != nil {
+		return res, fmt.Errorf("one QP, warming up: %w", err)
+	}
+	if _, err := w.run(ctx, n, c.chunk, c.size); err != nil {
+		return res, fmt.Errorf("%d QPs, warming up: %w", n, err)
+	}
+	var t1, tn time.Duration
+	ratios := make([]float64, 0, c.rounds)
+	for range c.rounds {
+		d1, err := w.run(ctx, 1, c.chunk, c.size)
+		if err != nil {
+			return res, fmt.Errorf("one QP: %w", err)
+		}
+		dn, err := w.run(ctx, n, c.chunk, c.size)
+		if err != nil {
+			return res, fmt.Errorf("%d QPs: %w", n, err)
+		}
+		t1 += d1
+		tn += dn
+		ratios = append(ratios, d1.Seconds()/dn.Seconds())
+	}
+	bytes := float64(c.rounds) * float64(c.chunk) * float64(c.size)
+	res.mbs = bytes / tn.Seconds() / 1e6
+	res.mbs1 = bytes / t1.Seconds() / 1e6
+	res.ratio = median(ratios)
+	if c.Verbose {
+		a.dev.Close()
+		b.dev.Close()
+		cli.PrintCounters(stdout, fmt.Sprintf("%v (%d QPs)", a.dev.Addr(), n), a.dev)
+		cli.PrintCounters(stdout, fmt.Sprintf("%v (%d QPs)", b.dev.Addr(), n), b.dev)
+	}
+	return res, nil
+}
+
+// median returns the median of x (not empty), the mean of the middle two
+// when there is an even number; it sorts x.
+func median(x []float64) float64 {
+	slices.Sort(x)
+	m := len(x) / 2
+	if len(x)%2 == 0 {
+		return (x[m-1] + x[m]) / 2
+	}
+	return x[m]
+}
+
+// formatMBs formats a goodput in MB/s with three significant digits at
+// most, and no fewer than two below 100 (a 1-byte WRITE moves well under
+// 1 MB/s, which %.0f printed as 0).
+func formatMBs(v float64) string {
+	switch {
+	case v >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	case v >= 1:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return strconv.FormatFloat(v, 'g', 2, 64)
+}
+
+// settledHeap returns the live heap after two collections: the second
+// frees what sync.Pools (the devices' packet buffers) only dropped into
+// their victim caches in the first, so that a row does not count the
+// previous row's buffers.
+func settledHeap() int64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// scaleWriter posts WRITEs round-robin over a side's QPs.
+type scaleWriter struct {
+	c    *scaleConfig
+	a    *scaleSide
+	dst  *memreg.MR
+	next int // where the round-robin over more than one QP goes on
+	wcs  []transport.WC
+}
+
+// run posts writes WRITEs of size bytes round-robin over the first nq
+// QPs, c.window in flight, and returns how long they took.
+func (w *scaleWriter) run(ctx context.Context, nq, writes, size int) (time.Duration, error) {
+	if w.wcs == nil {
+		w.wcs = make([]transport.WC, 4*w.c.window)
+	}
+	wr := transport.SendWR{Opcode: transport.WRWrite, Flags: transport.SendSignaled,
+		SGEs:       []memreg.SGE{w.a.mr.SGE(0, uint32(size))},
+		RemoteAddr: w.dst.IOVA(), RKey: w.dst.RKey()}
+	next := 0
+	if nq > 1 {
+		next = w.next % nq
+	}
+	posted, done := 0, 0
+	post := func() error {
+		if err := w.a.qps[next].PostSend(wr); err != nil {
+			return err
+		}
+		if next++; next == nq {
+			next = 0
+		}
+		posted++
+		return nil
+	}
+	start := time.Now()
+	for posted < writes && posted < w.c.window {
+		if err := post(); err != nil {
+			return 0, err
+		}
+	}
+	for done < writes {
+		k, err := w.a.cq.Wait(ctx, w.wcs)
+		if err != nil {
+			return 0, fmt.Errorf("%d of %d WRITEs done: %w", done, writes, err)
+		}
+		for _, wc := range w.wcs[:k] {
+			if wc.Status != transport.WCSuccess {
+				return 0, fmt.Errorf("WRITE on QP %#x: %v", wc.QPN, wc.Status)
+			}
+			done++
+			if posted < writes {
+				if err := post(); err != nil {
+					return 0, err
+				}
+			}
+		}
+	}
+	if nq > 1 {
+		w.next = next
+	}
+	return time.Since(start), nil
+}

@@ -1,0 +1,139 @@
+//go:build unix
+
+package scale
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
+)
+
+// TestScale runs the scale table over the in-memory network and over
+// loopback sockets with small counts and checks every row: the QP counts
+// asked for, in order, and measured values that make sense (a heap per QP
+// within the 16 KiB budget, goroutines, positive rates, a ratio).
+func TestScale(t *testing.T) {
+	runs := [][]string{
+		{"scale", "--mem", "--qps", "1,3,500", "--rounds", "2", "--chunk", "32", "--size", "4096"},
+		{"scale", "--qps", "2,20", "--rounds", "2", "--chunk", "16", "-v"},
+	}
+	if testing.Short() {
+		runs = runs[:1]
+	}
+	for _, args := range runs {
+		code, out, errOut := runInRetry(t, args...)
+		if code != cli.ExitOK {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		want := strings.Split(args[indexOf(args, "--qps")+1], ",")
+		var got []string
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) != 7 || f[0] == "QPs" {
+				continue
+			}
+			n, err := strconv.Atoi(f[0])
+			if err != nil {
+				continue
+			}
+			got = append(got, f[0])
+			v := make([]float64, 7)
+			for i := 1; i < 7; i++ {
+				if v[i], err = strconv.ParseFloat(f[i], 64); err != nil {
+					t.Fatalf("%v: field %d of %q: %v", args, i, line, err)
+				}
+			}
+			// The 1 QP row carries the QP table's first page (32 KiB);
+			// below a few hundred QPs the heap's own noise (a collection's
+			// leftovers, the previous row's garbage: some 100 KB) can
+			// outweigh the QPs (CI once measured -5 KB per QP at 50).
+			if n >= 500 && (v[1] <= 0 || v[1] > 16<<10) {
+				t.Errorf("%v: %d QPs: %v bytes per idle QP, want (0, 16 KiB]", args, n, v[1])
+			}
+			if v[2] < 3 || v[3] <= 0 || v[4] <= 0 || v[5] <= 0 || v[6] <= 0 {
+				t.Errorf("%v: implausible row %q", args, line)
+			}
+		}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("%v: rows for %v, want %v:\n%s", args, got, want, out)
+		}
+		if indexOf(args, "-v") >= 0 && !strings.Contains(out, "counters 127.0.0.1 (20 QPs)") {
+			t.Errorf("-v: no counters:\n%s", out)
+		}
+	}
+}
+
+func indexOf(s []string, x string) int {
+	for i, v := range s {
+		if v == x {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestScaleFlags: bad options are refused with the usage exit status.
+func TestScaleFlags(t *testing.T) {
+	tests := []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--qps", "1,x"}, "--qps"},
+		{[]string{"--qps", "0"}, "--qps"},
+		{[]string{"--rounds", "0"}, "--rounds"},
+		{[]string{"--chunk", "-1"}, "--chunk"},
+		{[]string{"--size", "0"}, "--size"},
+		{[]string{"--window", "0"}, "--window"},
+		{[]string{"--a", "127.0.0.5", "--b", "127.0.0.5"}, "different addresses"},
+		{[]string{"extra"}, "unexpected argument"},
+	}
+	for _, tc := range tests {
+		code, out, errOut := runIn(t, append([]string{"scale"}, tc.args...)...)
+		if code != cli.ExitUsage || !strings.Contains(errOut, tc.msg) {
+			t.Errorf("%v: exit %d, %q%q; want exit %d naming %q", tc.args, code, out, errOut, cli.ExitUsage, tc.msg)
+		}
+	}
+	if code, out, _ := runIn(t, "help", "scale"); code != cli.ExitOK || !strings.Contains(out, "B/idle QP") {
+		t.Errorf("help scale: exit %d\n%s", code, out)
+	}
+}
+
+// TestScaleSmall: tiny WRITEs still show their goodput (it printed as 0
+// with no decimals), and the ratio is a true median.
+func TestScaleSmall(t *testing.T) {
+	code, out, errOut := runIn(t, "scale", "--mem", "--qps", "1,2", "--rounds", "2", "--chunk", "64", "--size", "1")
+	if code != cli.ExitOK {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	rows := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 7 || f[0] == "QPs" {
+			continue
+		}
+		rows++
+		for _, i := range []int{4, 5} {
+			if v, err := strconv.ParseFloat(f[i], 64); err != nil || v <= 0 {
+				t.Errorf("column %d of %q: %q, want a positive goodput", i+1, line, f[i])
+			}
+		}
+	}
+	if rows != 2 {
+		t.Errorf("%d rows, want 2:\n%s", rows, out)
+	}
+	for _, tc := range []struct {
+		x    []float64
+		want float64
+	}{{[]float64{3}, 3}, {[]float64{1, 9}, 5}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := median(tc.x); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.x, got, tc.want)
+		}
+	}
+	for v, want := range map[float64]string{2748.4: "2748", 42.25: "42.2", 4.257: "4.26", 0.4249: "0.42", 0.00123: "0.0012", 0: "0"} {
+		if got := formatMBs(v); got != want {
+			t.Errorf("formatMBs(%v) = %q, want %q", v, got, want)
+		}
+	}
+}

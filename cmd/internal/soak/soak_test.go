@@ -1,0 +1,68 @@
+package soak
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/clitest"
+)
+
+// TestMain lets soak start this test binary as its children (rocev2d
+// soak-server and soak-client); the tests themselves run holding the
+// command packages' loopback lock (clitest.Main: they open UDP 4791 on
+// 127.0.0.1 and 127.0.0.2), which the children must not wait for.
+func TestMain(m *testing.M) {
+	if os.Getenv(soakChildEnv) == "1" {
+		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(clitest.Main(m))
+}
+
+// TestSoak runs rocev2d soak: clients killed and restarted, the server
+// restarted, 1 % loss; every byte checked and nothing may grow.
+func TestSoak(t *testing.T) {
+	d := 45 * time.Second
+	if testing.Short() {
+		d = 8 * time.Second
+	}
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"soak", "--duration", d.String(), "--clients", "3", "--churn", "1s"}, &out, &errb)
+	t.Log(out.String())
+	if code != cli.ExitOK {
+		t.Fatalf("soak exit %d\n%s%s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "PASS: every byte checked") {
+		t.Fatal("no PASS line")
+	}
+}
+
+func TestSoakMessages(t *testing.T) {
+	scratch := make([]byte, soakMaxMsg)
+	for k := uint64(0); k < 100; k++ {
+		n := soakLen(1, 2, k)
+		if n < 8 || n > soakMaxMsg {
+			t.Fatalf("length %d", n)
+		}
+		b := make([]byte, n)
+		soakFill(b, 1, 2, k)
+		if !soakCheck(b, 1, 2, k, scratch) {
+			t.Fatal("a message does not check against itself")
+		}
+		b[n-1] ^= 1
+		if soakCheck(b, 1, 2, k, scratch) {
+			t.Fatal("a flipped bit passed")
+		}
+		if soakCheck(b[:n-1], 1, 2, k, scratch) {
+			t.Fatal("a short message passed")
+		}
+	}
+	s, ok := parseSoakStatus(soakStatus{goroutines: 3, heap: 4, fds: 5, qps: 6, conns: 7, bytes: 8}.line())
+	if !ok || s != (soakStatus{goroutines: 3, heap: 4, fds: 5, qps: 6, conns: 7, bytes: 8}) {
+		t.Fatalf("status round trip: %+v", s)
+	}
+}

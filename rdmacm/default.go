@@ -1,0 +1,72 @@
+package rdmacm
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/gorocev2/rocev2/transport"
+)
+
+// The package-level API: each function is its Manager method on the
+// device's manager, which the first call starts (managerFor) and which
+// stays until the device closes (or Close stops it). A program that wants
+// the manager in hand — to read its Stats, to Close it apart from the
+// device, or simply to say which device it works on — calls NewManager and
+// uses the methods.
+
+// Dial connects to the rdma_cm listener at addr through dev's connection
+// manager: Manager.Dial.
+func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts *Options) (*Conn, error) {
+	m, err := managerFor(dev)
+	if err != nil {
+		return nil, err
+	}
+	return m.Dial(ctx, addr, opts)
+}
+
+// Listen starts accepting connection requests for port on dev:
+// Manager.Listen.
+func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener, error) {
+	if opts != nil {
+		if err := opts.Options.check("Listen"); err != nil {
+			return nil, err
+		}
+	}
+	m, err := managerFor(dev)
+	if err != nil {
+		return nil, err
+	}
+	return m.Listen(port, opts)
+}
+
+// ResolveUD asks the UD service at addr for its QP number and Q_Key
+// through dev's connection manager: Manager.ResolveUD.
+func ResolveUD(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts *UDOptions) (UDPeer, error) {
+	m, err := managerFor(dev)
+	if err != nil {
+		return UDPeer{}, err
+	}
+	return m.ResolveUD(ctx, addr, opts)
+}
+
+// ListenUD serves SIDR requests for port on dev with the UD QP qp:
+// Manager.ListenUD.
+func ListenUD(dev *transport.Device, port uint16, qp *transport.QP, qkey uint32, privateData []byte) (*UDListener, error) {
+	m, err := managerFor(dev)
+	if err != nil {
+		return nil, err
+	}
+	return m.ListenUD(port, qp, qkey, privateData)
+}
+
+// StatsOf returns the counters of dev's connection manager (zero if it
+// never started, or after it shut down).
+func StatsOf(dev *transport.Device) Stats {
+	byDeviceMu.Lock()
+	m := byDevice[dev]
+	byDeviceMu.Unlock()
+	if m == nil {
+		return Stats{}
+	}
+	return m.Stats()
+}
