@@ -44,6 +44,12 @@ type ManualClock struct {
 	mu     sync.Mutex
 	now    time.Time
 	timers []*manualTimer
+	// lateTimers (set by this package's tests) makes a QP treat an ACK
+	// timer that ran more than a timeout after its deadline as late
+	// (QP.behind), as it does on the wall clock: the clock moved on
+	// while the timer's function waited, as if the process had not been
+	// scheduled. Off, a ManualClock's expiries are never late.
+	lateTimers bool
 }
 
 type manualTimer struct {

@@ -151,6 +151,11 @@ type Device struct {
 	// process is behind on its input (onRetransTimer).
 	rxBusy  atomic.Int64
 	realClk bool
+	// backlog is the link (or the link it wraps) that can tell whether
+	// datagrams wait unread in the kernel; nil if none can. An ACK timer
+	// that expires while they do knows this process is behind on its
+	// input (QP.behind).
+	backlog udp.BacklogLink
 	// outMax is how far a QP's output queue grows (output.go): outBatchMax
 	// on a link that sends UDP GSO datagrams, where a bigger Link.Send
 	// fills more of each and saves system calls, else outBatch.
@@ -250,9 +255,11 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	d.initRx()
 	_, d.realClk = cfg.Clock.(RealClock)
+	d.backlog = backlogLink(link)
 	if er, ok := link.(udp.ErrorReporter); ok {
 		er.SetErrorHandler(d.linkError)
 	}
+	d.registerBehind()
 	go d.recvLoop()
 	return d, nil
 }
@@ -308,6 +315,7 @@ func (d *Device) Close() error {
 		d.mu.Unlock()
 		return nil
 	}
+	d.unregisterBehind()
 	d.table.Close(ErrClosed)
 	// From here on no QP, CQ or channel is created (they check closed
 	// under mu), so these snapshots are complete.
@@ -573,4 +581,21 @@ func randomFirstQPN() uint32 {
 	var b [4]byte
 	crand.Read(b[:])
 	return firstQPN + binary.BigEndian.Uint32(b[:])%(0x800000-firstQPN)
+}
+
+// backlogLink returns link, or a link it wraps (Unwrap), as a
+// udp.BacklogLink; nil if none is one.
+func backlogLink(link udp.Link) udp.BacklogLink {
+	l := link
+	for range 8 {
+		if b, ok := l.(udp.BacklogLink); ok {
+			return b
+		}
+		u, ok := l.(interface{ Unwrap() udp.Link })
+		if !ok {
+			return nil
+		}
+		l = u.Unwrap()
+	}
+	return nil
 }

@@ -3,10 +3,16 @@ package transport
 import (
 	"context"
 	"errors"
+	"net/netip"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
 	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
@@ -225,32 +231,219 @@ func TestDestroyCause(t *testing.T) {
 }
 
 // A local ACK timer that fires late because this process was not
-// scheduled must not spend a retry. Simulated: the network delays every
-// packet 5 ms, and the requester's QP lock is held for 60 ms right after
-// the post — its ACK timer (1 ms) comes due and waits for the lock before
-// the ACK arrives and waits behind it. With retry_cnt 0, the late expiry
-// would fail the WRITE; it resends instead, counted in ack_timeout_late.
+// scheduled must not spend a retry. Deterministic, on a ManualClock: the
+// responder's ACKs are dropped while the test holds the requester's QP
+// lock; the ACK timer (timeout 8, ~1 ms) comes due in another goroutine
+// and waits for the lock; the clock moves 10 timeouts on meanwhile (the
+// process was "not scheduled"), then the lock is released and the ACKs
+// pass again. With retry_cnt 0, counting that expiry as a retry would
+// fail the WRITE (retry exceeded); it resends instead, counted in
+// ack_timeout_late, and the resend's ACK completes it.
 func TestLateTimerSpendsNoRetry(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{timeout: 8, retry: 0, faults: memnet.Faults{Delay: 5 * time.Millisecond}})
+	clk := manual()
+	clk.lateTimers = true
+	a, b, _, lb := linkPair(t, pairOpts{clock: clk, timeout: 8, retry: 0}, 0, 0)
+	to := a.qp.timeout
+	var dropAcks atomic.Bool
+	var dropped atomic.Int32
+	lb.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCAck && dropAcks.Load() {
+			dropped.Add(1)
+			return true
+		}
+		return false
+	}
 	buf, mr := a.buffer(t, 64, 0)
 	_, dst := b.buffer(t, 64, memreg.AccessRemoteWrite)
-	for i := 0; i < 5; i++ {
+	const rounds = 5
+	for i := 0; i < rounds; i++ {
+		dropAcks.Store(true)
+		d0 := dropped.Load()
 		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, len(buf)),
 			RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
 			t.Fatal(err)
 		}
+		eventually(t, "the responder's ACK (dropped)", func() bool { return dropped.Load() > d0 })
 		a.qp.mu.Lock()
-		time.Sleep(60 * time.Millisecond) // the ACK (round trip ~10 ms) waits behind the timer
+		f0, _ := a.dev.tq.stats()
+		fired := make(chan struct{})
+		go func() {
+			clk.Advance(to) // the ACK timer comes due and waits for the QP lock
+			close(fired)
+		}()
+		eventually(t, "the ACK timer's expiry", func() bool { f, _ := a.dev.tq.stats(); return f > f0 })
+		clk.Advance(10 * to) // "not scheduled" for 10 timeouts
+		dropAcks.Store(false)
 		a.qp.mu.Unlock()
+		<-fired
 		wc := waitWC(t, a.scq, 1, 5*time.Second)
+		c := a.dev.Counters()
 		if wc[0].Status != WCSuccess {
-			t.Fatalf("round %d: %v after a stall (ack_timeout_late %d, local_ack_timeout %d)", i, wc[0].Err(),
-				a.dev.Counters().AckTimeoutLate, a.dev.Counters().LocalAckTimeout)
+			t.Fatalf("round %d: %v after a late expiry (ack_timeout_late %d, local_ack_timeout %d)", i, wc[0].Err(),
+				c.AckTimeoutLate, c.LocalAckTimeout)
 		}
-		// The resend reaches b as a duplicate; let it drain.
-		time.Sleep(20 * time.Millisecond)
+		if c.AckTimeoutLate != uint64(i+1) || c.LocalAckTimeout != 0 {
+			t.Fatalf("round %d: ack_timeout_late %d, local_ack_timeout_err %d; want %d and 0", i, c.AckTimeoutLate, c.LocalAckTimeout, i+1)
+		}
 	}
-	if c := a.dev.Counters(); c.AckTimeoutLate == 0 {
-		t.Fatalf("no late expiry counted: %+v", c)
+	// The same expiry on time spends the retry: with retry_cnt 0 the
+	// WRITE fails, counted in local_ack_timeout_err (the test would pass
+	// for nothing if every expiry were taken for late).
+	dropAcks.Store(true)
+	if err := a.qp.PostSend(SendWR{WRID: rounds, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, len(buf)),
+		RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(to)
+	wc := waitWC(t, a.scq, 1, 5*time.Second)
+	if c := a.dev.Counters(); wc[0].Status != WCRetryExcErr || c.LocalAckTimeout != 1 || c.AckTimeoutLate != rounds {
+		t.Fatalf("an on-time expiry with retry_cnt 0: %v, counters late %d / on time %d; want retry exceeded, %d / 1",
+			wc[0].Status, c.AckTimeoutLate, c.LocalAckTimeout, rounds)
+	}
+}
+
+// backlogWrap is a link whose RecvBacklog the test sets.
+type backlogWrap struct {
+	udp.Wrap
+	backlog atomic.Bool
+}
+
+func (l *backlogWrap) RecvBacklog() bool { return l.backlog.Load() }
+
+// An ACK timer that expires on time while datagrams wait unread in the
+// link (udp.BacklogLink: the receive goroutine was not scheduled to read
+// them, and the ACK may be among them) spends no retry either; without a
+// backlog the same expiry does. Deterministic: ManualClock, the
+// responder's ACKs dropped, retry_cnt 0.
+func TestBacklogExpirySpendsNoRetry(t *testing.T) {
+	clk := manual()
+	clk.lateTimers = true
+	o := pairOpts{clock: clk, timeout: 8, retry: 0}
+	o.defaults()
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	ra, err := n.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := n.Link(addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la := &backlogWrap{Wrap: udp.Wrap{Link: ra}}
+	lb := &psnLink{Wrap: udp.Wrap{Link: rb}}
+	a, b := sideOn(t, la, &o), sideOn(t, lb, &o)
+	connect(t, a, b, addrB, 0, 0, &o)
+	connect(t, b, a, addrA, 0, 0, &o)
+	if a.dev.backlog != udp.BacklogLink(la) {
+		t.Fatalf("the device did not find the link's RecvBacklog")
+	}
+	var dropAcks atomic.Bool
+	var dropped atomic.Int32
+	lb.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCAck && dropAcks.Load() {
+			dropped.Add(1)
+			return true
+		}
+		return false
+	}
+	buf, mr := a.buffer(t, 64, 0)
+	_, dst := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	to := a.qp.timeout
+	post := func(id uint64) {
+		t.Helper()
+		d0 := dropped.Load()
+		dropAcks.Store(true)
+		if err := a.qp.PostSend(SendWR{WRID: id, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(mr, 0, len(buf)),
+			RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the responder's ACK (dropped)", func() bool { return dropped.Load() > d0 })
+	}
+	post(1)
+	la.backlog.Store(true)
+	clk.Advance(to) // on time, with a backlog: resend without spending the retry
+	la.backlog.Store(false)
+	c := a.dev.Counters()
+	if c.AckTimeoutLate != 1 || c.LocalAckTimeout != 0 {
+		t.Fatalf("an expiry with a backlog: ack_timeout_late %d, local_ack_timeout_err %d; want 1 and 0", c.AckTimeoutLate, c.LocalAckTimeout)
+	}
+	clk.Advance(to) // on time, no backlog: retry_cnt 0 is exhausted
+	wc := waitWC(t, a.scq, 1, 5*time.Second)
+	if c := a.dev.Counters(); wc[0].Status != WCRetryExcErr || c.LocalAckTimeout != 1 || c.AckTimeoutLate != 1 {
+		t.Fatalf("an expiry without a backlog: %v, late %d / on time %d; want retry exceeded, 1 / 1", wc[0].Status, c.AckTimeoutLate, c.LocalAckTimeout)
+	}
+}
+
+// othersBehind: a wall-clock device sees another device of the process
+// that is behind on its input (datagrams unread, or stuck in a batch), and
+// not a closed one or itself.
+func TestOthersBehind(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	mk := func(a netip.Addr) (*Device, *backlogWrap) {
+		r, err := n.Link(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := &backlogWrap{Wrap: udp.Wrap{Link: r}}
+		d, err := NewDevice(l, DeviceConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d, l
+	}
+	da, la := mk(addrA)
+	db, lb := mk(addrB)
+	// Only these two (a device another test left open must not count).
+	procDevs.mu.Lock()
+	saved := procDevs.list
+	procDevs.list = []*Device{da, db}
+	procDevs.mu.Unlock()
+	t.Cleanup(func() {
+		procDevs.mu.Lock()
+		procDevs.list = slices.DeleteFunc(saved, func(d *Device) bool { return d == da || d == db })
+		procDevs.mu.Unlock()
+	})
+	to := 10 * time.Millisecond
+	now := time.Now()
+	if da.othersBehind(now, to) || db.othersBehind(now, to) {
+		t.Fatal("behind with nothing waiting")
+	}
+	la.backlog.Store(true)
+	if da.othersBehind(now, to) {
+		t.Error("a device counts its own backlog as another's")
+	}
+	if !db.othersBehind(now, to) {
+		t.Error("b does not see a's backlog")
+	}
+	la.backlog.Store(false)
+	db.rxBusy.Store(now.Add(-2 * to).UnixNano())
+	if !da.othersBehind(now, to) {
+		t.Error("a does not see b stuck in a batch for two timeouts")
+	}
+	db.rxBusy.Store(now.Add(-to / 2).UnixNano())
+	if da.othersBehind(now, to) {
+		t.Error("a takes b half a timeout into a batch for behind")
+	}
+	db.rxBusy.Store(0)
+	lb.backlog.Store(true)
+	db.Close()
+	if da.othersBehind(now, to) {
+		t.Error("a closed device still counts")
+	}
+	// A ManualClock device is not in the process's list.
+	r, err := memnet.NewMemNetwork(memnet.Faults{}).Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lm := &backlogWrap{Wrap: udp.Wrap{Link: r}}
+	dm, err := NewDevice(lm, DeviceConfig{Clock: manual()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dm.Close()
+	lm.backlog.Store(true)
+	if da.othersBehind(now, to) {
+		t.Error("a ManualClock device counts for the wall-clock ones")
 	}
 }

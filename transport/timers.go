@@ -145,24 +145,32 @@ const maxLateRun = 16
 // timer itself ran more than a whole timeout late (the process was not
 // scheduled), or the device's receive side has been inside one batch for
 // longer than a timeout (descheduled in the middle of it; the ACK may be
-// in that batch or queued behind it). Wall clock only.
+// in that batch or queued behind it), or datagrams wait unread in the
+// link's socket (udp.BacklogLink: the receive goroutine was not
+// scheduled to read them) — or one of the last two holds for another
+// device of this process (the peer may be in it: tests, a loopback
+// soak). Wall clock only (and a ManualClock with lateTimers, for the
+// first, third and fourth tests, on this device).
 func (qp *QP) behind(now time.Time) bool {
-	if !qp.realClock() {
+	wall := false
+	switch c := qp.dev.clock.(type) {
+	case RealClock:
+		wall = true
+	case *ManualClock:
+		if !c.lateTimers {
+			return false
+		}
+	default:
 		return false
 	}
 	if now.Sub(qp.tmr.deadline) > qp.timeout {
 		return true
 	}
-	b := qp.dev.rxBusy.Load()
-	return b != 0 && now.UnixNano()-b > int64(qp.timeout)
-}
-
-// realClock reports whether the device runs on the wall clock, where a
-// timer can fire late because the process was not scheduled (a
-// ManualClock's timers fire when the test advances it, late by design).
-func (qp *QP) realClock() bool {
-	_, ok := qp.dev.clock.(RealClock)
-	return ok
+	// The receive goroutine stuck in a batch (a wall-clock reading), or
+	// datagrams unread in the socket: it was not scheduled to read them
+	// (the ACK may be among them). Then the same for the process's other
+	// devices: the peer may be one of them.
+	return qp.dev.inputBehind(now, qp.timeout) || (wall && qp.dev.othersBehind(now, qp.timeout))
 }
 
 // onRNRTimer ends an RNR back-off: the requester resends from the NAKed

@@ -331,7 +331,7 @@ func (r *rawUDP) recvTOS(buf []byte) (int, error) {
 	if h.Controllen == 0 {
 		return 0, fmt.Errorf("recvTOS: no IP_TOS control message")
 	}
-	r.tos, _ = parseCmsgs(r.ctrl[:h.Controllen])
+	r.tos = parseCmsgs(r.ctrl[:h.Controllen]).tos
 	return 1, nil
 }
 
@@ -426,7 +426,7 @@ func (r *rawUDP) recvGRO() (int, error) {
 	segs := 0
 	for i := range int(n) {
 		m := &r.hdrs[i]
-		_, seg := parseCmsgs(r.groCtrl[i*cmsgSpace : i*cmsgSpace+int(m.Hdr.Controllen)])
+		seg := parseCmsgs(r.groCtrl[i*cmsgSpace : i*cmsgSpace+int(m.Hdr.Controllen)]).groSize
 		if seg <= 0 {
 			segs++
 		} else {

@@ -88,6 +88,17 @@ type PollLink interface {
 	BusyPoll() time.Duration
 }
 
+// BacklogLink is a Link that can tell whether received datagrams wait in
+// the kernel, not yet read by Recv (SocketLink, RawLink). A transport asks
+// when a local ACK timer expires: datagrams waiting unread mean this
+// process is behind on its input, and the ACK may be among them.
+type BacklogLink interface {
+	Link
+	// RecvBacklog reports whether datagrams wait unread (one system
+	// call; not for the data path).
+	RecvBacklog() bool
+}
+
 // ErrNoCapability is returned by Wrap's methods of a capability the
 // wrapped link does not have.
 var ErrNoCapability = errors.New("udp: the wrapped link does not have this capability")

@@ -32,9 +32,35 @@ type sockLink struct {
 
 	recvMu sync.Mutex
 	recv   mmsgState
+	kdrops kernelDrops // SO_RXQ_OVFL as the receive path saw it
 
 	counters
 }
+
+// kernelDrops accumulates the socket's 32-bit cumulative drop count that
+// SO_RXQ_OVFL attaches to received datagrams into a 64-bit total.
+type kernelDrops struct {
+	last  uint32        // the count last seen (under recvMu)
+	total atomic.Uint64 // its 64-bit continuation: total mod 2^32 == last
+}
+
+// see takes a count from a received datagram. Called with recvMu held;
+// datagrams arrive in queueing order, so the count never goes back
+// (differences are taken modulo 2^32).
+func (k *kernelDrops) see(v uint32) {
+	if d := v - k.last; d != 0 && d < 1<<31 {
+		k.last = v
+		k.total.Add(uint64(d))
+	}
+}
+
+// KernelDrops returns the number of datagrams the kernel dropped on the
+// receiving socket (full receive buffer) before a datagram that Recv
+// received since: the count SO_RXQ_OVFL attaches to each datagram queued
+// after a drop, read without a system call. It lags Stats().DropKernel
+// (exact, one getsockopt) by the drops after the last datagram received.
+// 0 on a RawLink (its packet socket does not report them this way).
+func (l *sockLink) KernelDrops() uint64 { return l.kdrops.total.Load() }
 
 // init sets l up in place for receiving on rc and sending on tx, for
 // address addr, batch messages per call, sendIovs iovecs per sent message.
@@ -50,28 +76,58 @@ func (l *sockLink) LocalAddr() netip.Addr { return l.addr }
 // BatchSize returns the number of datagrams per sendmmsg/recvmmsg call.
 func (l *sockLink) BatchSize() int { return l.batch }
 
-// Stats returns a snapshot of the link's counters; DropKernel comes from
-// the receive socket (SO_MEMINFO), one getsockopt.
+// Stats returns a snapshot of the link's counters. DropKernel is the
+// receive socket's drop count at this moment (SO_MEMINFO, one
+// getsockopt), continued past 2^32 with the count the receive path saw
+// (KernelDrops).
 func (l *sockLink) Stats() Stats {
 	st := l.stats()
+	seen := l.kdrops.total.Load()
+	st.DropKernel = seen
 	if l.rc != nil { // nil in a link that was never opened (tests, fuzzing)
-		l.rc.Control(func(fd uintptr) { st.DropKernel = socketDrops(fd) })
+		l.rc.Control(func(fd uintptr) {
+			if now, ok := socketDrops(fd); ok {
+				st.DropKernel = reconcileDrops(seen, now)
+			}
+		})
 	}
 	return st
 }
 
+// RecvBacklog reports whether datagrams wait unread in the receive
+// socket (SIOCINQ: the size of the next one, not 0 when one is there).
+func (l *sockLink) RecvBacklog() bool {
+	if l.rc == nil {
+		return false
+	}
+	n := 0
+	l.rc.Control(func(fd uintptr) {
+		if v, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil {
+			n = v
+		}
+	})
+	return n > 0
+}
+
+// reconcileDrops returns the 64-bit drop count whose low 32 bits are now
+// (the socket's count, which wraps) and which is not below seen (the
+// 64-bit count received datagrams reported earlier).
+func reconcileDrops(seen uint64, now uint32) uint64 {
+	return seen + uint64(now-uint32(seen))
+}
+
 // socketDrops returns the socket's count of datagrams dropped on receive
-// (SK_MEMINFO_DROPS of SO_MEMINFO), or 0 if the kernel does not say.
-func socketDrops(fd uintptr) uint64 {
+// (SK_MEMINFO_DROPS of SO_MEMINFO); false if the kernel does not say.
+func socketDrops(fd uintptr) (uint32, bool) {
 	const skMeminfoDrops = 8 // index in the u32 array (include/uapi/linux/sock_diag.h)
 	var mi [16]uint32
 	n := uint32(unsafe.Sizeof(mi))
 	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
 		uintptr(unsafe.Pointer(&mi[0])), uintptr(unsafe.Pointer(&n)), 0)
 	if e != 0 || n < (skMeminfoDrops+1)*4 {
-		return 0
+		return 0, false
 	}
-	return uint64(mi[skMeminfoDrops])
+	return mi[skMeminfoDrops], true
 }
 
 // errRestartSys is ERESTARTSYS (512), a kernel-internal errno that Linux

@@ -53,7 +53,7 @@ type RawLink struct {
 	txFlow   flowPrefix // ICRC prefix of the flow sent last (under sendMu)
 }
 
-var _ Link = (*RawLink)(nil)
+var _ BacklogLink = (*RawLink)(nil)
 
 // rawFilter returns the classic BPF program of a RawLink on dst: it passes
 // unfragmented UDP datagrams to dst:4791. The raw socket sees the packet

@@ -24,10 +24,10 @@ import (
 const (
 	defaultSocketBuf   = 8 << 20
 	defaultSocketBatch = 64
-	// cmsgSpace is the control buffer per message: IP_TOS / IPV6_TCLASS
-	// and UDP_SEGMENT / UDP_GRO take unix.CmsgSpace(4) = 24 bytes each on
-	// 64-bit.
-	cmsgSpace = 64
+	// cmsgSpace is the control buffer per message: IP_TOS / IPV6_TCLASS,
+	// UDP_SEGMENT / UDP_GRO and SO_RXQ_OVFL take unix.CmsgSpace(4) = 24
+	// bytes each on 64-bit.
+	cmsgSpace = 96
 
 	groBufSize = 65536 // one coalesced UDP datagram at most
 )
@@ -230,7 +230,10 @@ func (l *SocketLink) Stats() Stats {
 	return st
 }
 
-var _ ErrorReporter = (*SocketLink)(nil)
+var (
+	_ ErrorReporter = (*SocketLink)(nil)
+	_ BacklogLink   = (*SocketLink)(nil)
+)
 
 // SetErrorHandler sets the function called with each ICMP error the
 // network returns for a packet the link sent (ErrorReporter): port
@@ -325,6 +328,13 @@ func setSocketOptions(fd int, is6 bool, o *SocketOptions) error {
 		if err := set(unix.IPPROTO_IP, unix.IP_RECVTOS, 1, "IP_RECVTOS"); err != nil {
 			return err
 		}
+	}
+	// Every received datagram queued after a drop carries the socket's
+	// cumulative drop count (a control message; none while it is 0), so
+	// the receive path sees kernel drops without a system call of its
+	// own (SocketLink.KernelDrops).
+	if err := set(unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1, "SO_RXQ_OVFL"); err != nil {
+		return err
 	}
 	if !o.NoGRO {
 		if err := set(unix.SOL_UDP, unix.UDP_GRO, 1, "UDP_GRO"); err != nil {
@@ -973,7 +983,8 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 				l.other.Add(1)
 				continue
 			}
-			tos, seg := parseCmsgs(s.ctrl[i*cmsgSpace : i*cmsgSpace+int(m.Hdr.Controllen)])
+			cm := l.rxCmsgs(i)
+			tos, seg := cm.tos, cm.groSize
 			size := int(m.Len)
 			if size < minPacketSize {
 				l.malformed.Add(1)
@@ -988,6 +999,22 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			g.n++
 		}
 	}
+}
+
+// rxCmsgs parses the control messages of received message i and takes
+// the socket's drop count (SO_RXQ_OVFL) from them. Called with recvMu
+// held.
+func (l *SocketLink) rxCmsgs(i int) rxCmsgs {
+	s := &l.recv
+	n := int(s.hdrs[i].Hdr.Controllen)
+	if n == 0 {
+		return rxCmsgs{}
+	}
+	c := parseCmsgs(s.ctrl[i*cmsgSpace : i*cmsgSpace+n])
+	if c.hasOvfl {
+		l.kdrops.see(c.drops)
+	}
+	return c
 }
 
 // inside reports whether b starts within mem's memory.
@@ -1019,7 +1046,7 @@ func (l *SocketLink) accept(i int, p *Packet) bool {
 		l.other.Add(1)
 		return false
 	}
-	tos, _ := parseCmsgs(s.ctrl[i*cmsgSpace : i*cmsgSpace+int(m.Hdr.Controllen)])
+	tos := l.rxCmsgs(i).tos
 	if l.member != nil && !l.member.Owns(destQP(buf)) {
 		l.misrouted.Add(1)
 		return false
@@ -1100,10 +1127,20 @@ func parseSockaddr(sa *unix.RawSockaddrInet6, n uint32) (netip.Addr, uint16, boo
 	return netip.Addr{}, 0, false
 }
 
-// parseCmsgs finds IP_TOS (1 byte) or IPV6_TCLASS (int) and UDP_GRO (int:
-// the segment size of a coalesced datagram) in received control messages;
-// zeros when absent. It does not allocate.
-func parseCmsgs(b []byte) (tos uint8, groSize int) {
+// rxCmsgs are the values parseCmsgs finds in a datagram's control
+// messages.
+type rxCmsgs struct {
+	tos     uint8  // IP_TOS / IPV6_TCLASS
+	groSize int    // UDP_GRO: segment size of a coalesced datagram
+	drops   uint32 // SO_RXQ_OVFL: the socket's drop count when the datagram was queued
+	hasOvfl bool   // drops is present (the kernel sends it once the count is not 0)
+}
+
+// parseCmsgs finds IP_TOS (1 byte) or IPV6_TCLASS (int), UDP_GRO (int:
+// the segment size of a coalesced datagram) and SO_RXQ_OVFL (u32: the
+// socket's cumulative drop count) in received control messages; zeros
+// when absent. It does not allocate.
+func parseCmsgs(b []byte) (c rxCmsgs) {
 	hdr := unix.CmsgLen(0)
 	for len(b) >= hdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
@@ -1114,11 +1151,13 @@ func parseCmsgs(b []byte) (tos uint8, groSize int) {
 		data := b[hdr:clen]
 		switch {
 		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TOS && len(data) >= 1:
-			tos = data[0]
+			c.tos = data[0]
 		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_TCLASS && len(data) >= 4:
-			tos = uint8(*(*int32)(unsafe.Pointer(&data[0])))
+			c.tos = uint8(*(*int32)(unsafe.Pointer(&data[0])))
 		case h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO && len(data) >= 4:
-			groSize = int(*(*int32)(unsafe.Pointer(&data[0])))
+			c.groSize = int(*(*int32)(unsafe.Pointer(&data[0])))
+		case h.Level == unix.SOL_SOCKET && h.Type == unix.SO_RXQ_OVFL && len(data) >= 4:
+			c.drops, c.hasOvfl = *(*uint32)(unsafe.Pointer(&data[0])), true
 		}
 		next := unix.CmsgSpace(clen - hdr)
 		if next > len(b) {

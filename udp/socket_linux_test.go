@@ -672,11 +672,47 @@ func TestParseCmsgs(t *testing.T) {
 	h.SetLen(unix.CmsgLen(4))
 	*(*int32)(unsafe.Pointer(&b[n+unix.CmsgLen(0)])) = 1052
 	n += unix.CmsgSpace(4)
-	if tos, gro := parseCmsgs(b[:n]); tos != ECNCE || gro != 1052 {
-		t.Errorf("parseCmsgs = tos %d, gro %d; want 3, 1052", tos, gro)
+	if c := parseCmsgs(b[:n]); c.tos != ECNCE || c.groSize != 1052 || c.hasOvfl {
+		t.Errorf("parseCmsgs = %+v; want tos 3, gro 1052, no drop count", c)
 	}
-	if tos, gro := parseCmsgs(b[:5]); tos != 0 || gro != 0 {
-		t.Errorf("truncated: tos %d gro %d", tos, gro)
+	// SO_RXQ_OVFL carries a u32, the socket's cumulative drop count.
+	h = (*unix.Cmsghdr)(unsafe.Pointer(&b[n]))
+	h.Level, h.Type = unix.SOL_SOCKET, unix.SO_RXQ_OVFL
+	h.SetLen(unix.CmsgLen(4))
+	*(*uint32)(unsafe.Pointer(&b[n+unix.CmsgLen(0)])) = 0xfffffff0
+	n += unix.CmsgSpace(4)
+	if n > cmsgSpace {
+		t.Fatalf("three control messages take %d bytes, cmsgSpace is %d", n, cmsgSpace)
+	}
+	if c := parseCmsgs(b[:n]); c.tos != ECNCE || c.groSize != 1052 || !c.hasOvfl || c.drops != 0xfffffff0 {
+		t.Errorf("parseCmsgs = %+v; want tos 3, gro 1052, drops 0xfffffff0", c)
+	}
+	if c := parseCmsgs(b[:5]); c != (rxCmsgs{}) {
+		t.Errorf("truncated: %+v", c)
+	}
+}
+
+// TestKernelDropsWrap: the 32-bit drop count of SO_RXQ_OVFL and SO_MEMINFO
+// continues into 64 bits across its wrap.
+func TestKernelDropsWrap(t *testing.T) {
+	var k kernelDrops
+	for _, c := range []struct {
+		v    uint32
+		want uint64
+	}{{5, 5}, {5, 5}, {0x80000000, 0x80000000}, {0xffffffff, 0xffffffff}, {3, 1<<32 + 3}, {2, 1<<32 + 3} /* older: ignored */, {10, 1<<32 + 10}} {
+		k.see(c.v)
+		if got := k.total.Load(); got != c.want {
+			t.Fatalf("after %#x: total %#x, want %#x", c.v, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		seen uint64
+		now  uint32
+		want uint64
+	}{{0, 0, 0}, {0, 7, 7}, {5, 9, 9}, {0xfffffffe, 1, 1<<32 + 1}, {1<<32 + 10, 12, 1<<32 + 12}, {1<<32 + 10, 10, 1<<32 + 10}} {
+		if got := reconcileDrops(c.seen, c.now); got != c.want {
+			t.Errorf("reconcileDrops(%#x, %#x) = %#x, want %#x", c.seen, c.now, got, c.want)
+		}
 	}
 }
 
@@ -821,6 +857,21 @@ func TestSocketKernelDrops(t *testing.T) {
 	}
 	if st.RcvdPkts+st.DropKernel != total || st.DropKernel == 0 {
 		t.Errorf("received %d + kernel drops %d != %d sent (stats %+v)", st.RcvdPkts, st.DropKernel, total, st)
+	}
+	// The receive path saw the drops in band (SO_RXQ_OVFL on the
+	// datagrams queued after them): all of them once a datagram queued
+	// after the last drop was received.
+	if err := a.Send(pkts[:1]); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 500 && b.Stats().RcvdPkts != st.RcvdPkts+1; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := b.KernelDrops(); got != st.DropKernel {
+		t.Errorf("KernelDrops (SO_RXQ_OVFL) = %d, want %d (SO_MEMINFO)", got, st.DropKernel)
+	}
+	if st2 := b.Stats(); st2.DropKernel != st.DropKernel || st2.RcvdPkts != st.RcvdPkts+1 {
+		t.Errorf("after one more datagram: %+v, want DropKernel %d and RcvdPkts %d", st2, st.DropKernel, st.RcvdPkts+1)
 	}
 }
 
@@ -1176,4 +1227,27 @@ func TestSendCountsWhatLeftBeforeClose(t *testing.T) {
 		t.Fatalf("send: done %d, counted %d, err %v; want %d, %d, net.ErrClosed", done, sent.Load(), err, len(run), len(run))
 	}
 	recvN(t, b, len(run), 5*time.Second)
+}
+
+// RecvBacklog tells whether datagrams wait unread in the receive socket.
+func TestSocketRecvBacklog(t *testing.T) {
+	a, b := listenPairOpts(t, nil, &SocketOptions{NoGRO: true})
+	if b.RecvBacklog() {
+		t.Fatal("backlog on a fresh socket")
+	}
+	if err := a.Send([]Packet{{Buf: testPayload(make([]byte, 256), 1, 256), Addr: sockB}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; !b.RecvBacklog() && i < 500; i++ { // loopback may deliver in a softirq after Send
+		time.Sleep(time.Millisecond)
+	}
+	if !b.RecvBacklog() {
+		t.Fatal("no backlog with a datagram sent and not received")
+	}
+	if n, err := b.Recv(recvBufs(4)); n != 1 || err != nil {
+		t.Fatalf("Recv = %d, %v", n, err)
+	}
+	if b.RecvBacklog() {
+		t.Fatal("backlog after the datagram was received")
+	}
 }

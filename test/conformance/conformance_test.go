@@ -24,6 +24,7 @@ import (
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/rocelayer"
 	"github.com/gorocev2/rocev2/test/golden"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
@@ -84,7 +85,7 @@ func load(t *testing.T, path string) []*frame {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lt != layers.LinkTypeEthernet {
+	if lt != rocelayer.LinkTypeEthernet {
 		t.Fatalf("%s: link type %v", path, lt)
 	}
 	var out []*frame

@@ -6,12 +6,14 @@
 //
 // Tests only: it serves the tests under test/ and cmd/ (product packages'
 // tests use test/goldendir and read the captures themselves), and imports
-// gopacket, test/goldendir and the standard library — nothing else of this
-// module.
+// gopacket, rocelayer (the link types), test/goldendir and the standard
+// library — nothing else of this module.
 package golden
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -23,9 +25,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/gopacket/layers"
+	"github.com/google/gopacket"
 	"github.com/google/gopacket/pcapgo"
 
+	"github.com/gorocev2/rocev2/rocelayer"
 	"github.com/gorocev2/rocev2/test/goldendir"
 )
 
@@ -52,16 +55,51 @@ type Frame struct {
 	Data []byte
 	// Len is the original frame length.
 	Len int
+	// EtherType and IP are the network-layer packet cut out of Data
+	// (rocelayer.NetworkPacket): 0x0800 or 0x86dd and the bytes from the
+	// IP header on (aliasing Data). A frame too short for its link-layer
+	// header has a nil IP.
+	EtherType uint16
+	IP        []byte
 }
 
-// ReadPCAP reads every frame of a pcap file.
-func ReadPCAP(path string) ([]Frame, layers.LinkType, error) {
-	f, err := os.Open(path)
+// Packet decodes the frame with gopacket (and rocelayer's layers), from
+// the link-layer header of linkType (ReadPCAP's) on.
+func (f Frame) Packet(linkType uint32, opts gopacket.DecodeOptions) gopacket.Packet {
+	dec, err := rocelayer.LinkDecoder(linkType)
+	if err != nil {
+		dec = gopacket.DecodeFunc(func([]byte, gopacket.PacketBuilder) error { return err })
+	}
+	return gopacket.NewPacket(f.Data, dec, opts)
+}
+
+// ReadPCAP reads every frame of a capture file: classic pcap (either byte
+// order, micro- or nanosecond timestamps) or pcapng, of any link type
+// rocelayer reads — Ethernet, Linux SLL and SLL2 (what `tcpdump -i any`
+// writes), raw IP (101, 12, 14, 228, 229) and the BSD loopbacks (0, 108).
+// It returns the file's link type with its full number
+// (rocelayer.FileLinkType: gopacket's layers.LinkType is 8 bits wide and
+// reads SLL2's 276 as 20); each Frame carries its IP packet.
+func ReadPCAP(path string) ([]Frame, uint32, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer f.Close()
-	r, err := pcapgo.NewReader(f)
+	lt, err := rocelayer.FileLinkType(b)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", path, err)
+	}
+	if _, err := rocelayer.LinkDecoder(lt); err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", path, err)
+	}
+	var r interface {
+		ReadPacketData() ([]byte, gopacket.CaptureInfo, error)
+	}
+	if binary.LittleEndian.Uint32(b) == 0x0a0d0d0a { // pcapng Section Header Block
+		r, err = pcapgo.NewNgReader(bytes.NewReader(b), pcapgo.DefaultNgReaderOptions)
+	} else {
+		r, err = pcapgo.NewReader(bytes.NewReader(b))
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", path, err)
 	}
@@ -69,12 +107,16 @@ func ReadPCAP(path string) ([]Frame, layers.LinkType, error) {
 	for n := 1; ; n++ {
 		data, ci, err := r.ReadPacketData()
 		if errors.Is(err, io.EOF) {
-			return out, r.LinkType(), nil
+			return out, lt, nil
 		}
 		if err != nil {
 			return nil, 0, fmt.Errorf("%s: frame %d: %w", path, n, err)
 		}
-		out = append(out, Frame{Num: n, Data: data, Len: ci.Length})
+		f := Frame{Num: n, Data: data, Len: ci.Length}
+		if et, ip, ok := rocelayer.NetworkPacket(lt, data); ok {
+			f.EtherType, f.IP = et, ip
+		}
+		out = append(out, f)
 	}
 }
 

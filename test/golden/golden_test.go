@@ -40,7 +40,7 @@ func loadRoCE(t *testing.T, path string) []*rocePacket {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lt != layers.LinkTypeEthernet {
+	if lt != rocelayer.LinkTypeEthernet {
 		t.Fatalf("%s: link type %v", path, lt)
 	}
 	var out []*rocePacket

@@ -217,7 +217,7 @@ func TestTsharkDecodesSample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lt != layers.LinkTypeEthernet || len(frames) != len(samples) {
+	if lt != rocelayer.LinkTypeEthernet || len(frames) != len(samples) {
 		t.Fatalf("sample file: link type %v, %d frames, want %d", lt, len(frames), len(samples))
 	}
 	seen := map[bth.Transport]int{}

@@ -264,7 +264,21 @@ type MemLink struct {
 	counters
 }
 
-var _ udp.Link = (*MemLink)(nil)
+var _ udp.BacklogLink = (*MemLink)(nil)
+
+// RecvBacklog reports whether delivered packets wait in the link's
+// receive queue, not yet taken by Recv (udp.BacklogLink).
+func (l *MemLink) RecvBacklog() bool {
+	if len(l.q) > 0 {
+		return true
+	}
+	if l.vwake == nil {
+		return false
+	}
+	l.net.mu.Lock()
+	defer l.net.mu.Unlock()
+	return l.vqh < len(l.vq)
+}
 
 // LocalAddr returns the link's address.
 func (l *MemLink) LocalAddr() netip.Addr { return l.addr }

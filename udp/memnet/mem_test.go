@@ -623,3 +623,25 @@ func TestMemCEMark(t *testing.T) {
 		t.Errorf("CE marked %d of %d ECT packets (counter %d), want ~20%%", ce, count/2, n.Counters().CEMarked)
 	}
 }
+
+// RecvBacklog tells whether delivered packets wait for Recv.
+func TestMemLinkRecvBacklog(t *testing.T) {
+	_, la, lb := newPair(t, Faults{}, addrA, addrB)
+	if lb.RecvBacklog() {
+		t.Fatal("backlog on a fresh link")
+	}
+	buf := make([]byte, udp.MaxPacketSize)
+	if err := la.Send([]udp.Packet{{Buf: testPayload(buf, 1, 100), Addr: addrB, SrcPort: 0xc000}}); err != nil {
+		t.Fatal(err)
+	}
+	if !lb.RecvBacklog() {
+		t.Fatal("no backlog with a packet delivered and not received")
+	}
+	r := []udp.Packet{{Buf: make([]byte, udp.MaxPacketSize)}}
+	if n, err := lb.Recv(r); n != 1 || err != nil {
+		t.Fatalf("Recv = %d, %v", n, err)
+	}
+	if lb.RecvBacklog() {
+		t.Fatal("backlog after the packet was received")
+	}
+}

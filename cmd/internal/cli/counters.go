@@ -85,11 +85,15 @@ func PrintCounters(w io.Writer, label string, dev *transport.Device) {
 		fmt.Fprintf(w, "  %-26s %d\n", kv.Name, kv.Value)
 	}
 	s := dev.Link().Stats()
-	fmt.Fprintf(w, "  %-26s %d\n  %-26s %d\n", "link_sent_pkts", s.SentPkts, "link_rcvd_pkts", s.RcvdPkts)
+	// link_drop_kernel is printed even when 0: with ack_timeout_late and
+	// local_ack_timeout_err it tells why a QP retried (docs/LIVENESS.md).
+	fmt.Fprintf(w, "  %-26s %d\n  %-26s %d\n  %-26s %d\n", "link_sent_pkts", s.SentPkts, "link_rcvd_pkts", s.RcvdPkts,
+		"link_drop_kernel", s.DropKernel)
 	for _, kv := range []struct {
 		n string
 		v uint64
-	}{{"link_drop_bad_icrc", s.DropBadICRC}, {"link_drop_malformed", s.DropMalformed}, {"link_drop_other", s.DropOther}} {
+	}{{"link_drop_bad_icrc", s.DropBadICRC}, {"link_drop_malformed", s.DropMalformed}, {"link_drop_other", s.DropOther},
+		{"link_icmp_errors", s.ICMPErrors}} {
 		if kv.v != 0 {
 			fmt.Fprintf(w, "  %-26s %d\n", kv.n, kv.v)
 		}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"syscall"
 
 	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
@@ -292,13 +291,8 @@ func CreateCapture(path string, snaplen int) (*pcaptap.Writer, error) {
 	if snaplen < 0 {
 		return nil, fmt.Errorf("--snaplen %d: must be 0 (whole frames) or more", snaplen)
 	}
-	f, err := os.Create(path)
+	w, err := pcaptap.Create(path, snaplen)
 	if err != nil {
-		return nil, fmt.Errorf("--pcap: %w", err)
-	}
-	w, err := pcaptap.NewWriterSnap(f, snaplen)
-	if err != nil {
-		f.Close()
 		return nil, fmt.Errorf("--pcap %s: %w", path, err)
 	}
 	return w, nil
