@@ -170,7 +170,8 @@ func soakClientAddr(n [4]byte, i, k int) netip.Addr {
 	return netip.AddrFrom4(n)
 }
 
-// lossyLink drops a fraction of the packets sent, at random.
+// lossyLink drops a fraction of the packets sent, at random. It moves
+// packets whole (zero-copy ones too: udp.Wrap.PassPayload).
 type lossyLink struct {
 	udp.Wrap // forwards the wrapped link's capabilities
 	loss     float64
@@ -226,7 +227,7 @@ func soakDevice(c *soakConfig, addr netip.Addr) (*transport.Device, error) {
 	}
 	var link udp.Link = sl
 	if c.loss > 0 {
-		link = &lossyLink{Wrap: udp.Wrap{Link: sl}, loss: c.loss, rng: rand.New(rand.NewPCG(c.seed, uint64(os.Getpid())))}
+		link = &lossyLink{Wrap: udp.Wrap{Link: sl, PassPayload: true}, loss: c.loss, rng: rand.New(rand.NewPCG(c.seed, uint64(os.Getpid())))}
 	}
 	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
 	if err != nil {
