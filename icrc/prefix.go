@@ -180,3 +180,33 @@ func solveDelta(delta uint32, n int) (id uint16, ok bool) {
 	}
 	return bits.ReverseBytes16(uint16(c >> 16)), true
 }
+
+// ComputeSplit returns the ICRC of a packet of this flow whose UDP payload
+// is not contiguous: udpPayload[:at], then mid, then udpPayload[at:] (the
+// last 4 bytes of udpPayload are the ICRC, not covered). It is Compute of
+// that concatenation, made without building it: a link that sends a
+// packet's payload straight from registered memory (zero-copy) keeps the
+// headers in one small buffer and the payload where it lies. Each byte is
+// read once. at must be at least the BTH's length (12) and at most
+// len(udpPayload)-4; ComputeSplit panics otherwise.
+func (p *Prefix) ComputeSplit(id uint16, udpPayload []byte, at int, mid []byte) uint32 {
+	n := len(udpPayload)
+	if at < bthSize || at > n-Size {
+		panic("icrc: ComputeSplit: split point outside the packet's headers and trailer")
+	}
+	c := p.header(id, n+len(mid))
+	c ^= masks[mPayloadBTH4][udpPayload[bthMaskOff]]
+	c = softOrUpdate(c, udpPayload[:at])
+	c = softOrUpdate(c, mid)
+	return softOrUpdate(c, udpPayload[at:n-Size])
+}
+
+// softOrUpdate is update, with the portable loop for a short piece (the
+// headers and the pad+trailer around a split payload are a few dozen
+// bytes: the hardware paths would only add their setup).
+func softOrUpdate(c uint32, p []byte) uint32 {
+	if len(p) < hwMin {
+		return softUpdate(c, p)
+	}
+	return update(c, p)
+}

@@ -90,3 +90,86 @@ func BenchmarkPrefixCompute1K(b *testing.B) {
 		}
 	})
 }
+
+// TestComputeSplit: ComputeSplit of (head, mid, tail) equals Compute of
+// the concatenation, for random flows, split points and payload lengths
+// (the fold kernel's lengths included), over IPv4 and IPv6.
+func TestComputeSplit(t *testing.T) {
+	r := rand.New(rand.NewPCG(33, 34))
+	for i := range 2000 {
+		hl := bthSize + r.IntN(40)
+		ml := r.IntN(5000)
+		if i%7 == 0 {
+			ml = []int{0, 255, 256, 257, 1024, 4096}[i%6]
+		}
+		tl := r.IntN(4) + Size
+		whole := make([]byte, hl+ml+tl)
+		fill(r, whole)
+		h4 := &IPv4Pseudo{SrcPort: uint16(r.Uint32()), DstPort: 4791, FlagsFrag: 0x4000}
+		fill(r, h4.Src[:])
+		fill(r, h4.Dst[:])
+		h6 := &IPv6Pseudo{SrcPort: uint16(r.Uint32()), DstPort: 4791}
+		fill(r, h6.Src[:])
+		p4, p6 := NewIPv4Prefix(h4), NewIPv6Prefix(h6)
+		buf := append(append([]byte{}, whole[:hl]...), whole[hl+ml:]...)
+		mid := whole[hl : hl+ml]
+		id := uint16(r.Uint32())
+		if got, want := p4.ComputeSplit(id, buf, hl, mid), p4.Compute(id, whole); got != want {
+			t.Fatalf("IPv4 head %d mid %d tail %d: ComputeSplit %#x, Compute %#x", hl, ml, tl, got, want)
+		}
+		if got, want := p6.ComputeSplit(0, buf, hl, mid), p6.Compute(0, whole); got != want {
+			t.Fatalf("IPv6 head %d mid %d tail %d: ComputeSplit %#x, Compute %#x", hl, ml, tl, got, want)
+		}
+	}
+	for _, at := range []int{bthSize - 1, 13} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("split at %d of a 16-byte packet did not panic", at)
+				}
+			}()
+			p := NewIPv6Prefix(&IPv6Pseudo{})
+			p.ComputeSplit(0, make([]byte, 16), at, nil)
+		}()
+	}
+}
+
+// FuzzComputeSplitChange: ComputeSplit equals Compute of the whole packet,
+// and a payload changed after its ICRC was computed (a burst of up to 4
+// bytes: CRC-32 detects every burst of 32 bits or less) never verifies —
+// the property zero-copy send relies on: a region changed while a work
+// request reads it yields a packet the receiver drops, not wrong data
+// with a valid ICRC.
+func FuzzComputeSplitChange(f *testing.F) {
+	f.Add([]byte("0123456789abcdef"), []byte("payload bytes of a packet"), uint16(3), uint32(0x01), uint8(1), true)
+	f.Add(make([]byte, 28), make([]byte, 4096), uint16(4000), uint32(0xffffffff), uint8(4), false)
+	f.Fuzz(func(t *testing.T, head, mid []byte, off uint16, x uint32, burst uint8, v6 bool) {
+		if len(head) < bthSize+Size || len(mid) == 0 {
+			return
+		}
+		at := len(head) - Size
+		var pf Prefix
+		if v6 {
+			pf = NewIPv6Prefix(&IPv6Pseudo{SrcPort: 0xc000, DstPort: 4791})
+		} else {
+			pf = NewIPv4Prefix(&IPv4Pseudo{Src: [4]byte{192, 0, 2, 1}, Dst: [4]byte{192, 0, 2, 2}, FlagsFrag: 0x4000, SrcPort: 0xc000, DstPort: 4791})
+		}
+		whole := append(append(append([]byte{}, head[:at]...), mid...), head[at:]...)
+		c := pf.ComputeSplit(0, head, at, mid)
+		if w := pf.Compute(0, whole); c != w {
+			t.Fatalf("ComputeSplit %#x, Compute %#x", c, w)
+		}
+		n := 1 + int(burst)%4
+		o := int(off) % len(mid)
+		if x&0xff == 0 {
+			x |= 1 // the burst changes its first byte
+		}
+		changed := bytes.Clone(mid)
+		for k := 0; k < n && o+k < len(changed); k++ {
+			changed[o+k] ^= byte(x >> (8 * k))
+		}
+		if pf.ComputeSplit(0, head, at, changed) == c {
+			t.Fatalf("a %d-byte change at %d of a %d-byte payload kept the ICRC", n, o, len(mid))
+		}
+	})
+}

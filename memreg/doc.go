@@ -27,7 +27,11 @@
 // into a Pins once per batch and Pins.Release unpins it, so a Deregister
 // then waits for the end of that batch; inside it each packet is a bounds
 // check and a copy. Memory from mmap can be registered like any byte
-// slice; it must stay mapped until Deregister returns.
+// slice; it must stay mapped until Deregister returns. The zero-copy
+// send views (PD.GatherView, QPView.ReadView) are the exception: they
+// are checked when taken and read later, when the packet leaves, so
+// memory a work request sends from must stay mapped and unchanged until
+// that request has completed (the verbs rule).
 //
 // # Access checks and NAK codes
 //

@@ -139,3 +139,42 @@ func (pd *PD) move(op Op, sges []SGE, offset uint64, buf []byte, acc Access, ps 
 	}
 	return nil
 }
+
+// GatherView is Gather without the copy, for a zero-copy send: it returns
+// the n bytes at byte offset of the concatenated list as a slice of the
+// registered memory itself, when they lie inside one element (nil, nil
+// when they span elements: the caller gathers them with Gather). The
+// checks and errors are Gather's, made now; the slice is read later (by
+// the link, when the packet leaves), so the verbs rule applies: the
+// memory must not change, and memory from mmap must stay mapped, until
+// the work request that reads it has completed — the registration's
+// Deregister does not wait for such a read.
+func (pd *PD) GatherView(sges []SGE, offset uint64, n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	skip := offset
+	for i := range sges {
+		s := &sges[i]
+		l := uint64(s.Length)
+		if skip >= l {
+			skip -= l
+			continue
+		}
+		if l-skip < uint64(n) {
+			return nil, nil // spans elements (or runs past the list: Gather says so)
+		}
+		addr := s.Addr + skip
+		e, off, err := pd.resolveLocal(s.LKey, addr, uint64(n), 0)
+		if err != nil {
+			return nil, accessErr(OpGather, s.LKey, addr, uint64(n), err, e, 0)
+		}
+		if !e.pin() {
+			return nil, accessErr(OpGather, s.LKey, addr, uint64(n), ErrStaleKey, e, 0)
+		}
+		e.unpin()
+		end := off + uint64(n)
+		return e.mem[off:end:end], nil
+	}
+	return nil, nil
+}

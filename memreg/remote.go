@@ -176,6 +176,22 @@ func (v QPView) ReadRemote(rkey uint32, va uint64, dst []byte) error {
 	return v.readSlow(rkey, va, dst)
 }
 
+// ReadView is ReadRemote without the copy, for a zero-copy READ
+// response: it makes ReadRemote's checks for the n > 0 bytes at va
+// through rkey and returns them as a slice of the registered memory
+// itself (see PD.GatherView for the rule on reading it later).
+func (v QPView) ReadView(rkey uint32, va uint64, n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	e, mem, err := v.pinRemote(OpRead, rkey, va, uint64(n), AccessRemoteRead, 0)
+	if err != nil {
+		return nil, err
+	}
+	e.unpin()
+	return mem[:n:n], nil
+}
+
 //go:noinline
 func (v QPView) readSlow(rkey uint32, va uint64, dst []byte) error {
 	return v.moveSlow(OpRead, rkey, va, dst, AccessRemoteRead)

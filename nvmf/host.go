@@ -42,6 +42,17 @@ type HostConfig struct {
 	CtrlLossTimeout time.Duration
 	// NoInline never puts write data in the command capsule.
 	NoInline bool
+	// RemoteInvalidate gives every command that moves data by keyed SGL
+	// a key of its own — a type 2 memory window on the slot's buffer,
+	// bound just before the command with a new key byte — and asks the
+	// target to invalidate it (keyed SGL subtype 0xF), as Linux's
+	// nvme-rdma host does with its fast registrations: the target
+	// answers with SEND with Invalidate, and a key the target leaves
+	// valid is invalidated by the host before the command completes. A
+	// response that invalidates any other key ends the association.
+	// Without it (the default) the slot's buffer region is named by its
+	// own long-lived key. HostStats counts both endings.
+	RemoteInvalidate bool
 	// PathMTU bounds the path MTU of the queues (default 1024).
 	PathMTU transport.MTU
 	// Log, if set, receives one line per connection event.
@@ -95,6 +106,12 @@ type HostStats struct {
 	Reconnects uint64 // associations re-established after a loss
 	KeepAlives uint64 // keep-alive commands sent
 	Requeued   uint64 // reads and writes sent again after a reconnect
+	// RemoteInvalidations counts responses that were a SEND with
+	// Invalidate of the command's key, LocalInvalidations keys the host
+	// invalidated itself because the response was a plain SEND
+	// (HostConfig.RemoteInvalidate).
+	RemoteInvalidations uint64
+	LocalInvalidations  uint64
 }
 
 // association is one connected admin queue with its I/O queues.
@@ -128,6 +145,7 @@ type Controller struct {
 	wg      sync.WaitGroup
 
 	cmds, errs, reconnects, kas, requeued atomic.Uint64
+	invs                                  invCounters
 }
 
 // Connect connects to the subsystem subNQN of the target at addr (the
@@ -167,7 +185,7 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 	if err != nil {
 		return nil, err
 	}
-	adm.logf = h.cfg.Log
+	h.setup(adm)
 	a := &association{admin: adm, dead: make(chan struct{})}
 	defer func() {
 		if err != nil {
@@ -252,7 +270,7 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 		qctx, qcancel := step()
 		q, err := dialQueue(qctx, h.dev, h.addr, uint16(i), qs, inline, h.cfg.PathMTU)
 		if err == nil {
-			q.logf = h.cfg.Log
+			h.setup(q)
 			a.io = append(a.io, q)
 			_, err = h.connectQueue(qctx, q, a.cntlid, 0)
 		}
@@ -262,6 +280,13 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 		}
 	}
 	return a, nil
+}
+
+// setup configures a new queue before its first command.
+func (h *Controller) setup(q *hqueue) {
+	q.logf = h.cfg.Log
+	q.remoteInv = h.cfg.RemoteInvalidate
+	q.invs = &h.invs
 }
 
 // ParseMQES returns CAP.MQES (0's based maximum queue entries).
@@ -484,7 +509,7 @@ func (h *Controller) ActiveNamespaces(ctx context.Context) ([]uint32, error) {
 // Stats returns the controller's counters.
 func (h *Controller) Stats() HostStats {
 	return HostStats{Commands: h.cmds.Load(), Errors: h.errs.Load(), Reconnects: h.reconnects.Load(), KeepAlives: h.kas.Load(),
-		Requeued: h.requeued.Load()}
+		Requeued: h.requeued.Load(), RemoteInvalidations: h.invs.remote.Load(), LocalInvalidations: h.invs.local.Load()}
 }
 
 // Close shuts the controller down (CC.SHN) and disconnects every queue.

@@ -50,6 +50,23 @@ type hslot struct {
 	resp       *completion
 	callerDone bool // the caller took the result (or gave up)
 	orphan     bool // its caller gave up: nobody reads done
+
+	// Remote invalidation (hqueue.remoteInv): a type 2 window on the data
+	// buffer, bound for one command with a fresh key byte; rkey is the
+	// key of the command out (0: none), keyByte the last byte used.
+	mw         *memreg.MW
+	rkey       uint32
+	keyByte    uint8
+	bindAccess memreg.Access
+	wrs        [2]transport.SendWR
+	sge        [1]memreg.SGE
+}
+
+// invCounters count how the keys of commands that asked for remote
+// invalidation ended.
+type invCounters struct {
+	remote atomic.Uint64 // the response was a SEND with Invalidate of the key
+	local  atomic.Uint64 // the target did not invalidate: the host did
 }
 
 // hqueue is one queue of a host controller.
@@ -80,6 +97,13 @@ type hqueue struct {
 	logf    func(format string, args ...any)
 
 	lastInv uint32 // tests: the R_Key the last raw command's response invalidated
+
+	// remoteInv: data commands use a per-command key (a type 2 window
+	// bound before the command) and ask the target to invalidate it
+	// (keyed SGL subtype 0xF), as Linux's host does with its fast
+	// registrations. Set before the first command.
+	remoteInv bool
+	invs      *invCounters // may be nil
 }
 
 const cidIdxBits = 10
@@ -241,8 +265,34 @@ func (q *hqueue) onResponse(ri int, wc *transport.WC) {
 	if !s.busy || s.gen&(1<<(16-cidIdxBits)-1) != gen || s.resp != nil {
 		return // stale or bogus
 	}
+	withInv := wc.Flags&transport.WCWithInv != 0
+	if withInv && wc.InvalidatedRKey != s.rkey {
+		// The target invalidated a key this command did not offer (or
+		// none was offered): the association cannot be trusted, as
+		// Linux's host resets it.
+		q.mu.Unlock()
+		q.die(fmt.Errorf("nvmf: the response to cid %#x invalidated rkey %#x, the command's key is %#x", c.CID, wc.InvalidatedRKey, s.rkey))
+		q.mu.Lock()
+		return
+	}
+	if s.rkey != 0 {
+		if withInv {
+			if q.invs != nil {
+				q.invs.remote.Add(1)
+			}
+		} else if s.mw == nil {
+			// a raw test command's own window: nothing of the slot's
+		} else if err := s.mw.Invalidate(); err == nil {
+			// The target answered with a plain SEND: the key must not
+			// outlive the command, so the host ends it itself.
+			if q.invs != nil {
+				q.invs.local.Add(1)
+			}
+		}
+		s.rkey = 0
+	}
 	s.resp = &completion{status: c.Status, result: c.Result}
-	if wc.Flags&transport.WCWithInv != 0 {
+	if withInv {
 		s.resp.inv = wc.InvalidatedRKey
 	}
 	if !s.orphan {
@@ -293,6 +343,13 @@ func (q *hqueue) acquire(ctx context.Context) (*hslot, error) {
 
 // ensureData gives the slot a registered data buffer of at least n bytes.
 func (q *hqueue) ensureData(s *hslot, n int) error {
+	if q.remoteInv && s.mw == nil {
+		mw, err := q.pd.AllocMW(memreg.MWType2)
+		if err != nil {
+			return err
+		}
+		s.mw = mw
+	}
 	if len(s.data) >= n {
 		return nil
 	}
@@ -305,7 +362,12 @@ func (q *hqueue) ensureData(s *hslot, n int) error {
 		size <<= 1
 	}
 	buf := make([]byte, size)
-	mr, err := q.pd.RegisterMR(buf, memreg.AccessLocalWrite|memreg.AccessRemoteRead|memreg.AccessRemoteWrite)
+	acc := memreg.AccessLocalWrite | memreg.AccessRemoteRead | memreg.AccessRemoteWrite
+	if q.remoteInv {
+		// Only the per-command windows grant remote access.
+		acc = memreg.AccessLocalWrite | memreg.AccessMWBind
+	}
+	mr, err := q.pd.RegisterMR(buf, acc)
 	if err != nil {
 		s.data = nil
 		return err
@@ -346,6 +408,7 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 	sqe.SetFlags(nvme.FlagSGLMetabuf)
 	n := nvme.SQESize
 	var g nvme.SGLFields
+	var bind bool
 	switch {
 	case len(r.out) > 0 && len(r.out) <= q.inline:
 		copy(s.cmd[nvme.SQESize:], r.out)
@@ -357,13 +420,13 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 			return 0, q.lost(err)
 		}
 		copy(s.data, r.out)
-		g = nvme.Keyed(s.dataMR.IOVA(), uint32(len(r.out)), s.dataMR.RKey(), false)
+		g, bind = q.keyed(s, len(r.out), memreg.AccessRemoteRead)
 	case len(r.in) > 0:
 		if err := q.ensureData(s, len(r.in)); err != nil {
 			q.free <- s.idx
 			return 0, q.lost(err)
 		}
-		g = nvme.Keyed(s.dataMR.IOVA(), uint32(len(r.in)), s.dataMR.RKey(), false)
+		g, bind = q.keyed(s, len(r.in), memreg.AccessRemoteWrite)
 	default:
 		g = nvme.Keyed(0, 0, 0, false)
 	}
@@ -377,9 +440,20 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 	default:
 	}
 	s.busy, s.sendDone, s.resp, s.orphan, s.callerDone = true, false, nil, false, false
+	if !bind {
+		s.rkey = 0
+	}
 	q.mu.Unlock()
-	err = q.qp.PostSend(transport.SendWR{WRID: uint64(s.idx), Opcode: transport.WRSend, Flags: transport.SendSignaled,
-		SGEs: []memreg.SGE{q.cmdMR.SGE(uint64(s.idx*len(s.cmd)), uint32(n))}})
+	// The window's bind (when the command asks for invalidation) runs
+	// in send-queue order before the command goes out.
+	wrs := s.wrs[:0]
+	if bind {
+		wrs = append(wrs, transport.SendWR{WRID: bindWRID, Opcode: transport.WRBindMW, MW: s.mw, RKey: s.rkey,
+			Bind: transport.MWBindInfo{MR: s.dataMR, Addr: g.Addr, Length: uint64(g.Length), Access: s.bindAccess}})
+	}
+	s.sge[0] = q.cmdMR.SGE(uint64(s.idx*len(s.cmd)), uint32(n))
+	wrs = append(wrs, transport.SendWR{WRID: uint64(s.idx), Opcode: transport.WRSend, Flags: transport.SendSignaled, SGEs: s.sge[:]})
+	err = q.qp.PostSend(wrs...)
 	if err != nil {
 		q.die(err)
 	}
@@ -409,6 +483,26 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 	return c.result, nil
 }
 
+// bindWRID marks the (unsignaled) window binds in the send queue.
+const bindWRID = 1 << 62
+
+// keyed returns the keyed SGL of the slot's first n data bytes: the data
+// region's key, or with remote invalidation a fresh key of the slot's
+// window (bound by the WR do posts before the command) and the invalidate
+// subtype.
+func (q *hqueue) keyed(s *hslot, n int, access memreg.Access) (nvme.SGLFields, bool) {
+	if !q.remoteInv {
+		return nvme.Keyed(s.dataMR.IOVA(), uint32(n), s.dataMR.RKey(), false), false
+	}
+	if s.mw.Bound() { // never after a response; a window left bound is ended first
+		s.mw.Invalidate()
+	}
+	s.keyByte++
+	s.rkey = s.mw.RKey()&^0xff | uint32(s.keyByte)
+	s.bindAccess = access
+	return nvme.Keyed(s.dataMR.IOVA(), uint32(n), s.rkey, true), true
+}
+
 // lost returns err as ErrDisconnected when the queue is down (a failure
 // caused by its teardown), else err.
 func (q *hqueue) lost(err error) error {
@@ -435,6 +529,11 @@ func (q *hqueue) close() {
 }
 
 func (q *hqueue) release() {
+	for i := range q.slots {
+		if q.slots[i].mw != nil {
+			q.slots[i].mw.Dealloc()
+		}
+	}
 	for i := range q.slots {
 		if q.slots[i].dataMR != nil {
 			q.slots[i].dataMR.Deregister()

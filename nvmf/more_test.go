@@ -245,6 +245,14 @@ func (q *hqueue) raw(ctx context.Context, capsule []byte) (nvme.CQEFields, error
 		capsule[2], capsule[3] = byte(cid), byte(cid>>8)
 	}
 	copy(s.cmd, capsule)
+	s.rkey = 0
+	if len(capsule) >= nvme.SQESize {
+		// A key the capsule asks to invalidate is what the response
+		// may invalidate.
+		if g := nvme.SQE(capsule).SGL().Fields(); g.Type == nvme.SGLTypeKeyedDataBlock && g.Subtype == nvme.SGLSubInvalidate {
+			s.rkey = g.Key
+		}
+	}
 	q.mu.Lock()
 	s.busy, s.sendDone, s.resp, s.orphan, s.callerDone = true, false, nil, false, false
 	q.mu.Unlock()

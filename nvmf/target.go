@@ -80,6 +80,10 @@ type TargetConfig struct {
 	ConnectTimeout time.Duration
 	// Log, if set, receives one line per connection event.
 	Log func(format string, args ...any)
+
+	// testNoInvalidate (tests): answer every command with a plain SEND,
+	// as a target that ignores the host's invalidate request would.
+	testNoInvalidate bool
 }
 
 // Limits.
@@ -110,11 +114,12 @@ type TargetStats struct {
 	KATOExpired   uint64 // controllers deleted because keep-alive expired
 	TransportErrs uint64 // work completions with an error status (a queue torn down)
 	Waits         uint64 // commands that waited for a data buffer
+	Invalidates   uint64 // responses sent as SEND with Invalidate (the host asked: keyed SGL subtype 0xF)
 }
 
 type targetStats struct {
 	connections, rejected, disconnects, controllers, commands, errs, malformed atomic.Uint64
-	readBytes, writeBytes, katoExpired, transportErrs, waits                   atomic.Uint64
+	readBytes, writeBytes, katoExpired, transportErrs, waits, invalidates      atomic.Uint64
 	live                                                                       atomic.Int64
 }
 
@@ -280,7 +285,8 @@ func (t *Target) Stats() TargetStats {
 	return TargetStats{Connections: s.connections.Load(), Rejected: s.rejected.Load(), Disconnects: s.disconnects.Load(),
 		Controllers: s.controllers.Load(), LiveCtrls: s.live.Load(), Commands: s.commands.Load(), Errors: s.errs.Load(),
 		Malformed: s.malformed.Load(), ReadBytes: s.readBytes.Load(), WriteBytes: s.writeBytes.Load(),
-		KATOExpired: s.katoExpired.Load(), TransportErrs: s.transportErrs.Load(), Waits: s.waits.Load()}
+		KATOExpired: s.katoExpired.Load(), TransportErrs: s.transportErrs.Load(), Waits: s.waits.Load(),
+		Invalidates: s.invalidates.Load()}
 }
 
 // Queues returns the number of queue connections alive (for tests and

@@ -3,6 +3,7 @@ package nvmf
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorocev2/rocev2/nvme"
@@ -23,6 +24,8 @@ type tctrl struct {
 	csts    uint32
 	kato    time.Duration
 	ka      *time.Timer
+	kaGen   uint64      // under mu: which timer is the live one
+	seen    atomic.Bool // a command arrived since the timer last fired
 	aec     uint32
 	nrIOQ   int
 	queues  map[uint16]*tqueue
@@ -32,13 +35,30 @@ type tctrl struct {
 
 func (c *tctrl) discovery() bool { return c.sub == nil }
 
-// touch restarts the keep-alive timer.
-func (c *tctrl) touch() {
+// touch notes a command for the keep-alive timer. The timer is traffic
+// based, as nvmet's: it fires every KATO and the controller expires only
+// when no command arrived between two firings — between one and two KATOs
+// after the last command. (A host connecting its I/O queues over a lossy
+// path can spend more than one KATO on them before it sends its first
+// keep-alive; Linux's host does.)
+func (c *tctrl) touch() { c.seen.Store(true) }
+
+// kaFire is the keep-alive timer of generation gen.
+func (c *tctrl) kaFire(gen uint64) {
 	c.mu.Lock()
-	if c.ka != nil {
+	if c.kaGen != gen || c.ka == nil || c.deleted {
+		c.mu.Unlock()
+		return
+	}
+	if c.seen.Swap(false) {
 		c.ka.Reset(c.kato)
+		c.mu.Unlock()
+		return
 	}
 	c.mu.Unlock()
+	c.t.st.katoExpired.Add(1)
+	c.t.logf("nvmf: controller %d (%s): keep-alive timeout %v expired", c.id, c.hostNQN, c.kato)
+	c.delete()
 }
 
 func (c *tctrl) setKATO(ms uint32) {
@@ -49,12 +69,10 @@ func (c *tctrl) setKATO(ms uint32) {
 		c.ka.Stop()
 		c.ka = nil
 	}
+	c.kaGen++
 	if ms > 0 && !c.deleted {
-		c.ka = time.AfterFunc(c.kato, func() {
-			c.t.st.katoExpired.Add(1)
-			c.t.logf("nvmf: controller %d (%s): keep-alive timeout %v expired", c.id, c.hostNQN, c.kato)
-			c.delete()
-		})
+		gen := c.kaGen
+		c.ka = time.AfterFunc(c.kato, func() { c.kaFire(gen) })
 	}
 }
 
@@ -184,6 +202,7 @@ func (q *tqueue) connect(r *treq, data []byte) (nvme.Status, uint64) {
 	c.queues[cmd.QID] = q
 	q.ctrl = c
 	q.connected.Store(true)
+	c.touch() // a host connecting its I/O queues is alive
 	return 0, uint64(c.id)
 }
 
@@ -264,6 +283,11 @@ func (c *tctrl) setCC(v uint32) {
 			return
 		}
 		c.csts = nvme.CSTSReady
+		// The timer ran since the admin Connect; enabling restarts it
+		// (nvmet_start_ctrl).
+		if c.ka != nil {
+			c.ka.Reset(c.kato)
+		}
 	}
 	if v&nvme.CCEnable == 0 && old&nvme.CCEnable != 0 {
 		c.csts &^= nvme.CSTSReady | nvme.CSTSFatal

@@ -507,8 +507,9 @@ func (q *tqueue) respond(r *treq) {
 	}
 	q.sge[1][0] = q.respMR.SGE(uint64(ri*nvme.CQESize), nvme.CQESize)
 	q.wrs[n] = transport.SendWR{WRID: wrSend | uint64(ri), Opcode: transport.WRSend, SGEs: q.sge[1][:], Flags: transport.SendSignaled}
-	if r.inv {
+	if r.inv && !q.t.cfg.testNoInvalidate {
 		q.wrs[n].Opcode, q.wrs[n].InvRKey = transport.WRSendInv, r.sgl.Key
+		q.t.st.invalidates.Add(1)
 	}
 	n++
 	q.respData[ri] = r.data // freed when the SEND completes (the WRITE before it is done then)

@@ -334,19 +334,41 @@ func Len(op bth.Opcode, payloadLen int) int {
 // if the opcode carries no payload but f.Payload is not empty, or if buf is
 // shorter than Len(op, len(f.Payload)).
 func Build(buf []byte, f *Fields) (int, error) {
+	return buildPacket(buf, f, len(f.Payload), true)
+}
+
+// BuildSplit is Build for a packet whose payload stays where it is (a
+// zero-copy send, udp.Packet.Payload): it writes the packet without its
+// payloadLen payload bytes — the headers (PadCnt computed from
+// payloadLen), then the zero pad bytes and the zero ICRC placeholder —
+// and returns that length, Len(op, payloadLen) - payloadLen. The payload
+// belongs between the headers and the pad. f.Payload is ignored.
+func BuildSplit(buf []byte, f *Fields, payloadLen int) (int, error) {
+	return buildPacket(buf, f, payloadLen, false)
+}
+
+// buildPacket is Build (withPayload: f.Payload copied in) and BuildSplit
+// (payloadLen bytes left out).
+func buildPacket(buf []byte, f *Fields, payloadLen int, withPayload bool) (int, error) {
 	op := f.BTH.Opcode
 	info := &infos[op]
 	if !info.Valid {
 		return 0, fmt.Errorf("%w: cannot build opcode 0x%02x", ErrUnknownOpcode, uint8(op))
 	}
-	if !info.Payload && len(f.Payload) != 0 && !(op == bth.RCAck && aeth.IsSACK(f.Payload)) {
-		return 0, fmt.Errorf("%w: %v carries no payload, got %d bytes", ErrUnexpectedPayload, op, len(f.Payload))
+	if !info.Payload && payloadLen != 0 && !(withPayload && op == bth.RCAck && aeth.IsSACK(f.Payload)) {
+		return 0, fmt.Errorf("%w: %v carries no payload, got %d bytes", ErrUnexpectedPayload, op, payloadLen)
 	}
-	pad := bth.PadFor(len(f.Payload))
-	n := bth.Size + info.HeaderLen + len(f.Payload) + pad + ICRCSize
+	if payloadLen < 0 {
+		return 0, fmt.Errorf("%w: payload length %d", ErrShortBuffer, payloadLen)
+	}
+	pad := bth.PadFor(payloadLen)
+	n := bth.Size + info.HeaderLen + payloadLen + pad + ICRCSize
+	if !withPayload {
+		n -= payloadLen
+	}
 	if len(buf) < n {
 		return 0, fmt.Errorf("%w: %v packet with %d bytes of payload needs %d bytes, have %d",
-			ErrShortBuffer, op, len(f.Payload), n, len(buf))
+			ErrShortBuffer, op, payloadLen, n, len(buf))
 	}
 	buf = buf[:n]
 	h := bth.BTH(buf[:bth.Size])
@@ -390,7 +412,9 @@ func Build(buf []byte, f *Fields) (int, error) {
 		clear(buf[off : off+bth.CNPPadSize])
 		off += bth.CNPPadSize
 	}
-	off += copy(buf[off:], f.Payload)
+	if withPayload {
+		off += copy(buf[off:], f.Payload)
+	}
 	clear(buf[off:]) // pad and ICRC placeholder
 	return n, nil
 }

@@ -10,6 +10,16 @@ import (
 	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
+// newManager starts dev's manager.
+func newManager(t *testing.T, dev *transport.Device) *Manager {
+	t.Helper()
+	m, err := NewManager(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // acceptOne accepts one connection on l in the background.
 func acceptOne(t *testing.T, l *Listener) <-chan *Conn {
 	t.Helper()
@@ -52,14 +62,7 @@ func TestManagersIndependent(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	addrC := netip.MustParseAddr("192.0.2.3")
 	da, db, dc := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil), newDev(t, n, addrC, nil)
-	ma, err := NewManager(da)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mb, err := NewManager(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ma, mb := newManager(t, da), newManager(t, db)
 	if ma.Device() != da || mb.Device() != db {
 		t.Fatal("Device() is not the manager's device")
 	}
@@ -186,14 +189,7 @@ func TestManagersIndependent(t *testing.T) {
 func TestManagerDeviceClose(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
-	ma, err := NewManager(da)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mb, err := NewManager(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ma, mb := newManager(t, da), newManager(t, db)
 	defer mb.Close()
 	lb, err := mb.Listen(7174, &ListenOptions{Options: fast})
 	if err != nil {

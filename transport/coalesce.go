@@ -44,6 +44,7 @@ func (qp *QP) takeResponses(b *respBatch) bool {
 		b.bufs = append(b.bufs, qp.outBufs[i])
 		qp.outBufs[i] = nil
 		qp.out[i].Buf = nil
+		qp.out[i].Payload = nil
 	}
 	qp.nout = 0
 	qp.ackSlot = 0
@@ -61,6 +62,7 @@ func (b *respBatch) send(d *Device) {
 		d.bufs.Put(buf)
 		b.bufs[i] = nil
 		b.pkts[i].Buf = nil
+		b.pkts[i].Payload = nil
 	}
 	b.pkts = b.pkts[:0]
 	b.bufs = b.bufs[:0]

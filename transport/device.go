@@ -61,6 +61,16 @@ type DeviceConfig struct {
 	// SelectiveRepeat configures selective repeat for the RC QPs that
 	// negotiate it (QPAttr.SelectiveRepeat, sack.go).
 	SelectiveRepeat SRConfig
+	// CopySend turns zero-copy send off: payloads are copied from
+	// registered memory into packet buffers even on a link that could
+	// send them from where they lie (udp.CapZeroCopy). The wire bytes are
+	// the same either way.
+	CopySend bool
+	// VerifyInLink keeps the ICRC check of received packets in the
+	// link's Recv, for a whole batch at once, instead of right before
+	// each packet is handled (udp.DeferVerifyLink). Either way no byte of
+	// a packet whose ICRC fails reaches registered memory.
+	VerifyInLink bool
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -159,6 +169,11 @@ type Device struct {
 	// RealClock the device reads the time as clkBase plus the monotonic
 	// time since (now), one clock read where time.Now makes two.
 	clkBase time.Time
+	// zc: the link sends payloads from registered memory (udp.CapZeroCopy
+	// and not DeviceConfig.CopySend): WRITE and SEND requests and READ
+	// responses whose payload lies in one SGE (one region) are queued
+	// with Packet.Payload pointing into it (output.go).
+	zc bool
 	// backlog is the link (or the link it wraps) that can tell whether
 	// datagrams wait unread in the kernel; nil if none can. An ACK timer
 	// that expires while they do knows this process is behind on its
@@ -258,6 +273,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
 	d.outMax = outBatch
+	d.zc = udp.CapabilitiesOf(link)&udp.CapZeroCopy != 0 && !cfg.CopySend
 	if udp.CapabilitiesOf(link)&udp.CapGSO != 0 {
 		d.outMax = outBatchMax
 	}
@@ -469,6 +485,9 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	var held *QP
 	for i := range pkts {
 		up := &pkts[i]
+		if d.rx.verify != nil && !d.rx.verify.VerifyICRC(up) {
+			continue // counted by the link; nothing of it was used
+		}
 		if p.Decode(up.Buf) != packet.FaultNone {
 			inc(&d.ctr.MalformedPkts)
 			continue

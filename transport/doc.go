@@ -73,6 +73,23 @@
 // counters.go the device counters (rxe's hw_counters names where rxe has
 // one).
 //
+// On a link with zero-copy send (udp.CapZeroCopy, a udp.SocketLink) the
+// payload of a WRITE or SEND request, or of a READ response, that lies in
+// one registered region (one SGE) and is 1 KiB or more is not copied: the packet is queued
+// with its headers in a packet buffer and its payload a slice of the
+// region (memreg PD.GatherView, QPView.ReadView), and the link sends it
+// from there, computing the ICRC over it in place. As in verbs, memory a
+// work request reads must not change — nor memory from mmap be unmapped —
+// until the request has completed; a payload changed under an
+// outstanding request leaves with an ICRC the receiver rejects (or, in a
+// retransmission, with the new bytes). DeviceConfig.CopySend turns it
+// off; the wire bytes are the same. On a link that can leave the ICRC
+// check to its caller (udp.CapDeferVerify), the device checks each
+// received packet right before handling it (verify-then-place: no byte
+// of a packet whose ICRC fails reaches registered memory, and the
+// placement copy reads what the check has just brought into L1;
+// DeviceConfig.VerifyInLink keeps the check in the link).
+//
 // Packets are sent in order per QP, in batches, with the UDP source port
 // rxe uses (udp.FlowSourcePort of the local and remote QPN); the link fills
 // the ICRC. What one received batch makes a QP send (ACKs, READ responses,

@@ -54,11 +54,27 @@ func (qp *QP) commit(n int) {
 func (qp *QP) commitTo(n int, dst netip.Addr, sport uint16, tos uint8) {
 	p := &qp.out[qp.nout]
 	p.Buf = qp.outBufs[qp.nout][:n]
+	p.Payload = nil
 	p.Addr = dst
 	p.SrcPort = sport
 	p.TOS = qp.dev.dataTOS(tos)
 	qp.nout++
 	qp.ackSlot = 0
+}
+
+// zcMinPayload is the smallest payload sent from registered memory
+// (Device.zc): a smaller one is copied into the packet buffer, which
+// costs less than the two more iovecs the kernel walks per packet — and
+// keeps a one-packet message one iovec, sent with sendto.
+const zcMinPayload = 1024
+
+// commitPayload queues the packet built in the last outBuf by
+// packet.BuildSplit (length n, its payload left out) with its payload
+// in registered memory: the link sends it from there (zero-copy,
+// Device.zc).
+func (qp *QP) commitPayload(n int, payload []byte) {
+	qp.commit(n)
+	qp.out[qp.nout-1].Payload = payload
 }
 
 // flushOut sends the queued packets. Called with qp.mu held so that a QP's
@@ -71,7 +87,7 @@ func (qp *QP) flushOut() {
 	if qp.trace != nil {
 		var p packetT
 		for i := 0; i < qp.nout; i++ {
-			if p.Parse(qp.out[i].Buf) == nil && p.BTH.Opcode() != bth.RCWriteMiddle && p.BTH.Opcode() != bth.RCSendMiddle {
+			if p.Parse(qp.out[i].AppendWire(nil)) == nil && p.BTH.Opcode() != bth.RCWriteMiddle && p.BTH.Opcode() != bth.RCSendMiddle {
 				qp.trace("tx %v psn %v", p.BTH.Opcode(), p.BTH.PSN())
 			}
 		}
@@ -92,6 +108,7 @@ func (qp *QP) flushOut() {
 	keep := qp.tmr.timerArmed && !qp.tmr.coldIdle
 	for i := 0; i < qp.nout; i++ {
 		qp.out[i].Buf = nil
+		qp.out[i].Payload = nil
 		if i == 0 && keep {
 			continue
 		}

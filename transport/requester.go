@@ -108,7 +108,7 @@ func (qp *QP) reqProgress() {
 		if !qp.sendRequest(w) {
 			break
 		}
-		qp.paceSent(len(qp.out[qp.nout-1].Buf))
+		qp.paceSent(qp.out[qp.nout-1].Len())
 		sent = true
 	}
 	if qp.sqCur == qp.sqEnd {
@@ -206,7 +206,15 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 		f.BTH.AckReq = false
 	}
 	buf := qp.outBuf()
-	if payloadLen > 0 {
+	var zc []byte // the payload in registered memory (zero-copy send)
+	if payloadLen >= zcMinPayload && qp.dev.zc {
+		var err error
+		if zc, err = qp.pd.GatherView(w.sges, off, payloadLen); err != nil {
+			qp.failLocal(w, WCLocProtErr)
+			return false
+		}
+	}
+	if payloadLen > 0 && zc == nil {
 		hdr := bth.Size + f.BTH.Opcode.Info().HeaderLen
 		slot := buf[hdr : hdr+payloadLen]
 		if err := qp.pd.Gather(w.sges, off, slot); err != nil {
@@ -216,12 +224,21 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 		}
 		f.Payload = slot
 	}
-	n, err := packet.Build(buf, f)
-	if err != nil {
-		qp.failLocal(w, WCLocQPOpErr)
-		return false
+	if zc != nil {
+		n, err := packet.BuildSplit(buf, f, payloadLen)
+		if err != nil {
+			qp.failLocal(w, WCLocQPOpErr)
+			return false
+		}
+		qp.commitPayload(n, zc)
+	} else {
+		n, err := packet.Build(buf, f)
+		if err != nil {
+			qp.failLocal(w, WCLocQPOpErr)
+			return false
+		}
+		qp.commit(n)
 	}
-	qp.commit(n)
 	if r.psn.Before(r.maxPSN) {
 		inc(&qp.dev.ctr.RetransmittedPkts)
 	}

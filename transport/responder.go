@@ -455,26 +455,43 @@ func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first, re
 		f.AETH.Syndrome = aeth.ACK(aeth.NoCreditLimit)
 		f.AETH.MSN = r.msn
 		buf := qp.outBuf()
-		if plen > 0 {
-			hdr := bth.Size + op.Info().HeaderLen
-			slot := buf[hdr : hdr+int(plen)]
-			if err := qp.rv.ReadRemote(rkey, va, slot); err != nil {
+		if plen >= zcMinPayload && qp.dev.zc {
+			// Zero-copy: the response's payload leaves from the region.
+			view, err := qp.rv.ReadView(rkey, va, int(plen))
+			if err != nil {
 				if replay {
-					// A late duplicate (e.g. after the region was
-					// deregistered) is never fatal: drop it, as rxe does
-					// for a class D duplicate it cannot serve.
-					return
+					return // as below
 				}
 				qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 				return
 			}
-			f.Payload = slot
+			k, err := packet.BuildSplit(buf, f, int(plen))
+			if err != nil {
+				return
+			}
+			qp.commitPayload(k, view)
+		} else {
+			if plen > 0 {
+				hdr := bth.Size + op.Info().HeaderLen
+				slot := buf[hdr : hdr+int(plen)]
+				if err := qp.rv.ReadRemote(rkey, va, slot); err != nil {
+					if replay {
+						// A late duplicate (e.g. after the region was
+						// deregistered) is never fatal: drop it, as rxe
+						// does for a class D duplicate it cannot serve.
+						return
+					}
+					qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+					return
+				}
+				f.Payload = slot
+			}
+			k, err := packet.Build(buf, f)
+			if err != nil {
+				return
+			}
+			qp.commit(k)
 		}
-		k, err := packet.Build(buf, f)
-		if err != nil {
-			return
-		}
-		qp.commit(k)
 		if isLast {
 			return
 		}

@@ -45,6 +45,10 @@ type rxDriver struct {
 	dirty int // pkts[:dirty] may hold slices the link handed out (freshPkts)
 	p     packet.Packet
 
+	// verify is the link when it leaves the ICRC check of received
+	// packets to the device (udp.DeferVerifyLink); nil when Recv checks.
+	verify udp.DeferVerifyLink
+
 	pl    udp.PollLink  // nil: only the receive goroutine receives
 	spin  time.Duration // pl's busy-poll budget
 	wl    udp.PollLink  // the link, when waiters may drive it in a blocking Recv (CQ.Wait)
@@ -169,6 +173,17 @@ func (d *Device) initRx() {
 	caps := udp.CapabilitiesOf(d.link)
 	if ip, ok := d.link.(udp.InPlaceRecvLink); ok && caps&udp.CapRecvInPlace != 0 {
 		ip.SetRecvInPlace(true)
+	}
+	// Verify-then-place per packet: a link that can leave the ICRC check
+	// to its caller (udp.DeferVerifyLink) does, and inputBatch checks
+	// each packet right before it handles it, so that a payload placed in
+	// registered memory is copied from bytes the check has just brought
+	// into L1, and a packet whose ICRC fails is dropped before anything
+	// of it is used (docs/PERFORMANCE.md, "Zero-copy send and
+	// verify-then-place").
+	if dv, ok := d.link.(udp.DeferVerifyLink); ok && caps&udp.CapDeferVerify != 0 && !d.cfg.VerifyInLink {
+		dv.SetDeferVerify(true)
+		rx.verify = dv
 	}
 	if pl, ok := d.link.(udp.PollLink); ok && caps&udp.CapPoll != 0 {
 		rx.wl = pl

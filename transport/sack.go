@@ -989,7 +989,7 @@ func (qp *QP) srRecover() {
 		if !qp.srResend(w, idx, k, limit) {
 			return
 		}
-		qp.paceSent(len(qp.out[qp.nout-1].Buf))
+		qp.paceSent(qp.out[qp.nout-1].Len())
 		for j := 0; j < span; j++ {
 			s.setPend(q.Add(j))
 			if s.in(q.Add(j)) {

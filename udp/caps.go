@@ -30,6 +30,15 @@ const (
 	// (TryRecv), a blocked Recv can be woken, and it has a busy-poll
 	// budget.
 	CapPoll
+	// CapZeroCopy: the link implements ZeroCopyLink and ZeroCopy reports
+	// true: Send takes packets whose payload is held outside Buf
+	// (Packet.Payload) and sends it from where it lies, with no copy
+	// into a packet buffer.
+	CapZeroCopy
+	// CapDeferVerify: the link implements DeferVerifyLink: Recv may leave
+	// the ICRC check of the packets it returns to the caller, who makes
+	// it right before it uses the packet's bytes.
+	CapDeferVerify
 )
 
 // String lists the capabilities by name ("gso|recv-in-place|poll"; "none").
@@ -38,7 +47,7 @@ func (c Capabilities) String() string {
 	for _, n := range []struct {
 		c    Capabilities
 		name string
-	}{{CapGSO, "gso"}, {CapRecvInPlace, "recv-in-place"}, {CapPoll, "poll"}} {
+	}{{CapGSO, "gso"}, {CapRecvInPlace, "recv-in-place"}, {CapPoll, "poll"}, {CapZeroCopy, "zero-copy"}, {CapDeferVerify, "defer-verify"}} {
 		if c&n.c != 0 {
 			s = append(s, n.name)
 		}
@@ -63,6 +72,42 @@ type GSOLink interface {
 	Link
 	// GSO reports whether Send uses UDP GSO.
 	GSO() bool
+}
+
+// ZeroCopyLink is a Link that may send a packet's payload from memory
+// outside its Buf (Packet.Payload): a scatter-gather send whose iovecs
+// point into the caller's (registered) memory for the payload and into
+// Buf for the headers, pad and ICRC, the ICRC computed over the payload
+// where it lies. A link without it refuses such packets (ErrPayload); the
+// caller then copies the payload into Buf.
+type ZeroCopyLink interface {
+	Link
+	// ZeroCopy reports whether Send takes packets with Payload set.
+	ZeroCopy() bool
+}
+
+// DeferVerifyLink is a Link that can leave the ICRC check of what Recv
+// returns to its caller: verify-then-place per packet. A receiver that
+// places packet data into registered memory must never write a byte of
+// a packet whose ICRC fails there, and the ICRC is known only after the
+// packet's last byte, so the check must come first; made by Recv for a
+// whole batch (64 packets of 4 KiB: 256 KiB), it leaves the first
+// packets out of the nearest cache by the time they are placed. Made
+// by the caller right before the packet's placement, the placement copy
+// reads bytes the check has just brought into L1.
+type DeferVerifyLink interface {
+	Link
+	// SetDeferVerify(true) makes Recv and TryRecv return packets whose
+	// ICRC is not checked yet (from the next call on): the caller must
+	// call VerifyICRC on each before it uses any of its bytes, and drop
+	// it if that fails. Only a caller that does so may turn it on.
+	SetDeferVerify(on bool)
+	// VerifyICRC checks the ICRC of a packet the last Recv or TryRecv
+	// returned unchecked and reports whether it is valid; a failure is
+	// counted (Stats.DropBadICRC, and the packet leaves RcvdPkts). Call
+	// it from the goroutine that received the packet, before its next
+	// Recv or TryRecv.
+	VerifyICRC(p *Packet) bool
 }
 
 // InPlaceRecvLink is a Link that can hand received packets out in place.
@@ -120,6 +165,12 @@ func CapabilitiesOf(l Link) Capabilities {
 	if _, ok := l.(PollLink); ok {
 		c |= CapPoll
 	}
+	if z, ok := l.(ZeroCopyLink); ok && z.ZeroCopy() {
+		c |= CapZeroCopy
+	}
+	if _, ok := l.(DeferVerifyLink); ok {
+		c |= CapDeferVerify
+	}
 	return c
 }
 
@@ -130,12 +181,39 @@ func CapabilitiesOf(l Link) Capabilities {
 // overrides Recv to see or change what arrives must override TryRecv the
 // same way (the poll path receives through TryRecv), or mask CapPoll in a
 // Capabilities method of its own.
+//
+// Deferred verification (CapDeferVerify) is never forwarded: a wrapper
+// that looks at what Recv returns must see only packets whose ICRC was
+// checked.
+//
+// Zero-copy send (CapZeroCopy) is an exception too: a wrapper that overrides
+// Send and looks at Buf would see packets without their payload, so Wrap
+// forwards it only when the wrapper says its Send handles Packet.Payload
+// (PassPayload: it forwards such packets unchanged, or reads them through
+// Packet.AppendWire).
 type Wrap struct {
 	Link
+	// PassPayload: the wrapper's Send takes packets with Payload set
+	// (see above); then the wrapped link's CapZeroCopy is forwarded.
+	PassPayload bool
 }
 
-// Capabilities returns the wrapped link's capabilities.
-func (w Wrap) Capabilities() Capabilities { return CapabilitiesOf(w.Link) }
+// Capabilities returns the wrapped link's capabilities (CapZeroCopy only
+// with PassPayload).
+func (w Wrap) Capabilities() Capabilities {
+	c := CapabilitiesOf(w.Link) &^ CapDeferVerify
+	if !w.PassPayload {
+		c &^= CapZeroCopy
+	}
+	return c
+}
+
+// ZeroCopy forwards to the wrapped link when PassPayload is set (false
+// otherwise, or if it is not a ZeroCopyLink).
+func (w Wrap) ZeroCopy() bool {
+	z, ok := w.Link.(ZeroCopyLink)
+	return w.PassPayload && ok && z.ZeroCopy()
+}
 
 // GSO forwards to the wrapped link (false if it is not a GSOLink).
 func (w Wrap) GSO() bool {
@@ -183,4 +261,5 @@ var (
 	_ GSOLink         = Wrap{}
 	_ InPlaceRecvLink = Wrap{}
 	_ PollLink        = Wrap{}
+	_ ZeroCopyLink    = Wrap{}
 )

@@ -12,9 +12,12 @@ const MinPacketSize = minPacketSize
 
 // CheckSend validates the packets given to a Link's Send on a link whose
 // address is local: every length in [MinPacketSize, MaxPacketSize] and
-// every destination valid and of local's IP family. The errors match
-// ErrPacketSize and ErrAddress.
-func CheckSend(pkts []Packet, local netip.Addr) error { return checkSend(pkts, NormAddr(local)) }
+// every destination valid and of local's IP family, and no Payload set
+// (such a link has no zero-copy send). The errors match ErrPacketSize,
+// ErrAddress and ErrPayload.
+func CheckSend(pkts []Packet, local netip.Addr) error {
+	return checkSend(pkts, NormAddr(local), false)
+}
 
 // CheckRecv validates the packets given to a Link's Recv that it may fill,
 // the first limit: every Buf has room for MaxPacketSize bytes (else an

@@ -56,12 +56,24 @@ func (c *counters) stats() Stats {
 // checkSend validates the packets given to Send on a link whose normalised
 // address is local: every length in [minPacketSize, MaxPacketSize] and
 // every destination valid and of local's IP family.
-func checkSend(pkts []Packet, local netip.Addr) error {
+//
+// A packet with Payload set is refused (ErrPayload) unless zc, the link's
+// zero-copy send (CapZeroCopy): then its length is Buf's and Payload's,
+// and Buf must hold a BTH, the pad and the ICRC around the payload.
+func checkSend(pkts []Packet, local netip.Addr, zc bool) error {
 	for i := range pkts {
 		p := &pkts[i]
-		if len(p.Buf) < minPacketSize || len(p.Buf) > MaxPacketSize {
+		if n := p.Len(); n < minPacketSize || n > MaxPacketSize {
 			return fmt.Errorf("udp: send packet %d: length %d not in [%d, %d]: %w",
-				i, len(p.Buf), minPacketSize, MaxPacketSize, ErrPacketSize)
+				i, n, minPacketSize, MaxPacketSize, ErrPacketSize)
+		}
+		if p.Payload != nil {
+			if !zc {
+				return fmt.Errorf("udp: send packet %d: %d payload bytes outside Buf: %w", i, len(p.Payload), ErrPayload)
+			}
+			if len(p.Buf) < minPacketSize || p.PayloadAt() < 12 {
+				return fmt.Errorf("udp: send packet %d: Buf of %d bytes holds no BTH, pad and ICRC around a payload: %w", i, len(p.Buf), ErrPayload)
+			}
 		}
 		dst := normAddr(p.Addr)
 		if !dst.IsValid() || dst.Is4() != local.Is4() {

@@ -150,6 +150,8 @@ type mmsgState struct {
 
 	segs []int // send: packets in each message (1, or a GSO group)
 
+	usedIovs int // send: iovecs the last buildSend filled (cleared after the send)
+
 	trap  uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
 	flags uintptr               // 0 to send (blocking), MSG_DONTWAIT to receive
 	fn    func(fd uintptr) bool // s.call

@@ -52,6 +52,13 @@ type SocketOptions struct {
 	// datagrams fill them), and are copied out. With NoGRO, recvmmsg writes
 	// into the caller's buffers.
 	NoGRO bool
+	// NoZeroCopy turns zero-copy send off: Send then refuses packets
+	// whose payload is held outside Buf (Packet.Payload), so a device
+	// copies every payload into its packet buffers. By default the link
+	// sends such a payload from where it lies (ZeroCopyLink): each
+	// packet is one to three iovecs of the datagram (headers, payload,
+	// pad and ICRC), the ICRC computed over the payload in place.
+	NoZeroCopy bool
 	// BusyPoll makes Recv poll the socket without blocking (yielding to
 	// other goroutines between tries) for up to this long before it waits
 	// through Go's poller: CPU for latency, like the ibv_poll_cq loops of

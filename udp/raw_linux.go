@@ -183,7 +183,7 @@ func (l *RawLink) Close() error {
 // returns after every packet was accepted by the kernel, or with the first
 // error (packets before it were sent).
 func (l *RawLink) Send(pkts []Packet) error {
-	if err := checkSend(pkts, l.addr); err != nil {
+	if err := checkSend(pkts, l.addr, false); err != nil {
 		return err
 	}
 	l.sendMu.Lock()

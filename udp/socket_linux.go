@@ -61,6 +61,7 @@ type SocketLink struct {
 	txPort uint16  // source port of sockLink.tx (ephemeral)
 	is6    bool
 	gso    bool
+	zc     bool      // zero-copy send (not SocketOptions.NoZeroCopy)
 	gro    *groState // nil with SocketOptions.NoGRO
 
 	srcPorts      bool
@@ -73,6 +74,7 @@ type SocketLink struct {
 
 	groCoalesced atomic.Uint64 // received buffers that held more than one datagram
 	inPlace      atomic.Bool   // SetRecvInPlace: GRO segments handed out in place
+	deferVerify  atomic.Bool   // SetDeferVerify: Recv leaves the ICRC check to VerifyICRC
 
 	member    *share.Member // the group membership of a shared link; nil if unshared
 	misrouted atomic.Uint64 // datagrams of a shared link not for its QPNs (dropped)
@@ -81,12 +83,60 @@ type SocketLink struct {
 
 	txFlow flowPrefix // ICRC prefix of the flow sent last (under sendMu)
 	rxFlow flowPrefix // ICRC prefix of the flow received last (under recvMu)
+	dvFlow flowPrefix // VerifyICRC's (the receiving goroutine's, see DeferVerifyLink)
+	dvNext uint16     // VerifyICRC's guess of the next IPv4 identification
 }
 
 var (
-	_ Link       = (*SocketLink)(nil)
-	_ SharedLink = (*SocketLink)(nil)
+	_ Link            = (*SocketLink)(nil)
+	_ SharedLink      = (*SocketLink)(nil)
+	_ ZeroCopyLink    = (*SocketLink)(nil)
+	_ DeferVerifyLink = (*SocketLink)(nil)
 )
+
+// SetDeferVerify(true) makes Recv and TryRecv return packets without
+// checking their ICRCs; the caller checks each with VerifyICRC right
+// before it uses the packet (DeferVerifyLink). transport.Device turns it
+// on: it verifies each packet just before it places its payload in
+// registered memory, so that the placement copy reads what the check
+// has just brought into the nearest cache, and no byte of a packet whose
+// ICRC fails is ever placed.
+func (l *SocketLink) SetDeferVerify(on bool) { l.deferVerify.Store(on) }
+
+// VerifyICRC checks the ICRC of a packet Recv or TryRecv returned
+// unchecked (SetDeferVerify), as Recv would have (see SocketLink: IPv6
+// fully, IPv4 with the identification solved), and reports whether it
+// is valid. A failure counts in DropBadICRC and is taken out of
+// RcvdPkts.
+func (l *SocketLink) VerifyICRC(p *Packet) bool {
+	if len(p.Buf) < minPacketSize {
+		l.malformed.Add(1)
+		l.rcvd.Add(^uint64(0))
+		return false
+	}
+	// The segments of a GSO datagram arrive in order with
+	// identifications 0, 1, 2, ...: the one after the last is the best
+	// guess (any other is still found, at the cost of a solve).
+	id, ok := l.verifyFlow(&l.dvFlow, nil, p.Buf, normAddr(p.Addr), p.SrcPort, l.dvNext)
+	if !ok {
+		l.rcvd.Add(^uint64(0))
+		return false
+	}
+	l.dvNext = id + 1
+	return true
+}
+
+// zcIovs is the most iovecs one packet takes in a send: Buf's headers,
+// the Payload, Buf's pad and ICRC.
+const zcIovs = 3
+
+// ZeroCopy reports whether Send takes packets whose payload is held
+// outside Buf (Packet.Payload; on unless SocketOptions.NoZeroCopy): it
+// sends them with the payload's iovec pointing at the caller's memory,
+// computing the ICRC over it there. The kernel copies the payload into
+// its socket buffer during the sendmmsg, so the memory may be reused when
+// Send returns.
+func (l *SocketLink) ZeroCopy() bool { return l.zc }
 
 // ListenSocket opens a SocketLink on addr, UDP port 4791. addr must be a
 // specific address of this host (IPv4, IPv4-mapped IPv6, or IPv6; a zone is
@@ -196,6 +246,7 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		txPort: txPort,
 		is6:    is6,
 		gso:    o.GSO,
+		zc:     !o.NoZeroCopy,
 
 		srcPorts: o.SourcePorts,
 		bindAddr: bindAddr,
@@ -203,7 +254,9 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		ports:    make(map[uint16]*portSocket),
 		member:   member,
 	}
-	l.sockLink.init(rx, tx, a, o.BatchSize, 1)
+	// Up to three iovecs per packet: a zero-copy packet's headers, its
+	// payload in the caller's memory, its pad and ICRC.
+	l.sockLink.init(rx, tx, a, o.BatchSize, zcIovs)
 	l.recv.spin = o.BusyPoll
 	if o.SourcePorts {
 		rx.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
@@ -529,7 +582,7 @@ func putTOSCmsg(b []byte, tos uint8, is6 bool) int {
 // It returns after every packet was accepted by the kernel, or with the
 // first error (packets before it were sent).
 func (l *SocketLink) Send(pkts []Packet) error {
-	if err := checkSend(pkts, l.addr); err != nil {
+	if err := checkSend(pkts, l.addr, l.zc); err != nil {
 		return err
 	}
 	l.sendMu.Lock()
@@ -565,7 +618,7 @@ func (l *SocketLink) Send(pkts []Packet) error {
 // slice) from the socket rc whose source port is port.
 func (l *SocketLink) sendRun(c *fdConn, port uint16, run []Packet, base int) error {
 	s := &l.send
-	defer s.clearIovs(len(run))
+	defer func() { s.clearIovs(s.usedIovs) }()
 	l.sendTOS(c, run)
 	first, err := s.send(c, l.buildSend(run, port, c.tos), &l.sent) // first: the first packet not sent
 	if err != nil && s.errno != 0 {
@@ -644,7 +697,7 @@ const (
 // datagram: same destination and TOS, all the size of the first except a
 // possibly shorter last one, within the segment and byte limits.
 func gsoGroup(pkts []Packet) int {
-	size := len(pkts[0].Buf)
+	size := pkts[0].Len()
 	dst, tos := pkts[0].Addr, pkts[0].TOS
 	qp := destQP(pkts[0].Buf)
 	total := size
@@ -654,12 +707,13 @@ func gsoGroup(pkts []Packet) int {
 		// One destination QP per datagram: on lo (and a veth) a GSO
 		// datagram reaches the receiver whole, and a shared address
 		// steers it by its first segment's DestQP.
-		if p.Addr != dst || p.TOS != tos || len(p.Buf) > size || total+len(p.Buf) > gsoMaxBytes || destQP(p.Buf) != qp {
+		pl := p.Len()
+		if p.Addr != dst || p.TOS != tos || pl > size || total+pl > gsoMaxBytes || destQP(p.Buf) != qp {
 			break
 		}
-		total += len(p.Buf)
+		total += pl
 		n++
-		if len(p.Buf) < size {
+		if pl < size {
 			break // a shorter packet can only be the last segment
 		}
 	}
@@ -719,6 +773,7 @@ func (l *SocketLink) sendTOS(c *fdConn, run []Packet) {
 func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 	s := &l.send
 	nmsg := 0
+	iov := 0 // next free iovec
 	for i := 0; i < len(chunk); {
 		g := 1
 		if l.gso {
@@ -727,18 +782,42 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 		p := &chunk[i]
 		dst := normAddr(p.Addr)
 		pf := l.txFlow.get(l.addr, dst, port)
+		first := iov
 		for k := range g {
 			q := &chunk[i+k]
+			q.SrcPort = port // the port it really leaves from
 			// Linux gives a DF datagram from an unconnected socket ID 0;
 			// GSO numbers the segments' IDs upward from there.
-			icrc.Store(q.Buf, pf.Compute(uint16(k), q.Buf))
-			q.SrcPort = port // the port it really leaves from
-			s.iovs[i+k].Base = &q.Buf[0]
-			s.iovs[i+k].SetLen(len(q.Buf))
+			if q.Payload == nil {
+				icrc.Store(q.Buf, pf.Compute(uint16(k), q.Buf))
+				s.iovs[iov].Base = &q.Buf[0]
+				s.iovs[iov].SetLen(len(q.Buf))
+				iov++
+				continue
+			}
+			// Zero-copy: the ICRC from the payload where it lies, and
+			// the datagram gathered from Buf's headers, the payload and
+			// Buf's pad and ICRC by the kernel's copy.
+			at := q.PayloadAt()
+			icrc.Store(q.Buf, pf.ComputeSplit(uint16(k), q.Buf, at, q.Payload))
+			s.iovs[iov].Base = &q.Buf[0]
+			s.iovs[iov].SetLen(at)
+			iov++
+			if len(q.Payload) > 0 {
+				s.iovs[iov].Base = &q.Payload[0]
+				s.iovs[iov].SetLen(len(q.Payload))
+				iov++
+			}
+			s.iovs[iov].Base = &q.Buf[at]
+			s.iovs[iov].SetLen(len(q.Buf) - at)
+			iov++
+		}
+		if testHookZeroCopySent != nil {
+			testHookZeroCopySent(chunk[i : i+g])
 		}
 		h := &s.hdrs[nmsg].Hdr
-		h.Iov = &s.iovs[i]
-		h.SetIovlen(g)
+		h.Iov = &s.iovs[first]
+		h.SetIovlen(iov - first)
 		h.Namelen = putSockaddr(&s.names[nmsg], dst, l.is6)
 		c := s.ctrl[nmsg*cmsgSpace : (nmsg+1)*cmsgSpace]
 		clen := 0
@@ -746,7 +825,7 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 			clen += putTOSCmsg(c, p.TOS, l.is6)
 		}
 		if g > 1 {
-			clen += putGSOCmsg(c[clen:], uint16(len(p.Buf)))
+			clen += putGSOCmsg(c[clen:], uint16(p.Len()))
 		}
 		if clen > 0 {
 			h.Control = &c[0]
@@ -759,8 +838,15 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 		nmsg++
 		i += g
 	}
+	s.usedIovs = iov
 	return nmsg
 }
+
+// testHookZeroCopySent, when a test sets it, sees each message's packets
+// after their ICRCs were computed and before the kernel reads them: a
+// test changes a payload there to check that the receiver's ICRC check
+// catches it.
+var testHookZeroCopySent func(pkts []Packet)
 
 // putGSOCmsg writes a UDP_SEGMENT control message (segment size) into b
 // and returns its length.
@@ -937,13 +1023,15 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 			if inPlace {
 				// Capacity cut at the segment: an append cannot
 				// run into the next one.
-				if !l.verifyCopy(nil, seg, m.src, m.port, k) {
+				if !l.deferVerify.Load() && !l.verifyCopy(nil, seg, m.src, m.port, k) {
 					continue
 				}
 				p.Buf = seg[:len(seg):len(seg)]
 			} else {
 				p.Buf = p.Buf[:len(seg)]
-				if !l.verifyCopy(p.Buf, seg, m.src, m.port, 0) {
+				if l.deferVerify.Load() {
+					copy(p.Buf, seg) // the caller verifies (VerifyICRC)
+				} else if !l.verifyCopy(p.Buf, seg, m.src, m.port, 0) {
 					continue
 				}
 			}
@@ -1051,7 +1139,7 @@ func (l *SocketLink) accept(i int, p *Packet) bool {
 		l.misrouted.Add(1)
 		return false
 	}
-	if !l.verify(buf, src, srcPort) {
+	if !l.deferVerify.Load() && !l.verify(buf, src, srcPort) {
 		return false
 	}
 	p.Buf = buf
@@ -1074,7 +1162,14 @@ func (l *SocketLink) verify(buf []byte, src netip.Addr, srcPort uint16) bool {
 // packet's identification is looked for from guess on
 // (icrc.Prefix.SolveIPv4IDFrom: the GRO path passes the segment's index).
 func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort, guess uint16) bool {
-	pf := l.rxFlow.get(src, l.addr, srcPort)
+	_, ok := l.verifyFlow(&l.rxFlow, dst, buf, src, srcPort, guess)
+	return ok
+}
+
+// verifyFlow is verifyCopy with the prefix cache f.
+// It returns the IPv4 identification the ICRC was valid for.
+func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, srcPort, guess uint16) (uint16, bool) {
+	pf := f.get(src, l.addr, srcPort)
 	if l.is6 {
 		var c uint32
 		if dst != nil {
@@ -1084,9 +1179,9 @@ func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort, guess 
 		}
 		if c != icrc.Load(buf) {
 			l.badICRC.Add(1)
-			return false
+			return 0, false
 		}
-		return true
+		return 0, true
 	}
 	var id uint16
 	var ok bool
@@ -1099,13 +1194,13 @@ func (l *SocketLink) verifyCopy(dst, buf []byte, src netip.Addr, srcPort, guess 
 		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), SrcPort: srcPort, DstPort: Port} // without DF
 		if id, ok = icrc.SolveIPv4ID(&h, buf); !ok {
 			l.badICRC.Add(1)
-			return false
+			return 0, false
 		}
 	}
 	if testHookIPv4ID != nil {
 		testHookIPv4ID(id)
 	}
-	return true
+	return id, true
 }
 
 // parseSockaddr decodes a received source address.

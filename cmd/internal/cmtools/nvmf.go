@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"os"
 	"strconv"
@@ -23,7 +25,7 @@ import (
 
 func init() {
 	commands.Register("nvmf-target", "NVMe over Fabrics (RDMA) target: a file, block device or memory as a namespace", nvmfTargetUsage, runNvmfTarget)
-	commands.Register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, bench", nvmfHostUsage, runNvmfHost)
+	commands.Register("nvmf-host", "NVMe over Fabrics (RDMA) host: discover, identify, read, write, verify, bench", nvmfHostUsage, runNvmfHost)
 }
 
 const nvmfTargetUsage = `usage: rocev2d nvmf-target --bind ADDR [--port 4420] --nqn NQN (--file PATH | --size BYTES) [--ro] [options]
@@ -194,9 +196,9 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	err = t.Close()
 	if verbose {
 		s := t.Stats()
-		fmt.Fprintf(stdout, "target: connections %d rejected %d disconnects %d controllers %d commands %d errors %d malformed %d read_bytes %d write_bytes %d kato_expired %d transport_errors %d buffer_waits %d\n",
+		fmt.Fprintf(stdout, "target: connections %d rejected %d disconnects %d controllers %d commands %d errors %d malformed %d read_bytes %d write_bytes %d kato_expired %d transport_errors %d buffer_waits %d send_invalidate %d\n",
 			s.Connections, s.Rejected, s.Disconnects, s.Controllers, s.Commands, s.Errors, s.Malformed, s.ReadBytes, s.WriteBytes,
-			s.KATOExpired, s.TransportErrs, s.Waits)
+			s.KATOExpired, s.TransportErrs, s.Waits, s.Invalidates)
 		cli.PrintCounters(stdout, local.String(), dev)
 	}
 	if err != nil {
@@ -210,6 +212,7 @@ const nvmfHostUsage = `usage: rocev2d nvmf-host discover --bind ADDR --addr TARG
        rocev2d nvmf-host identify --bind ADDR --addr TARGET --nqn NQN
        rocev2d nvmf-host read     --bind ADDR --addr TARGET --nqn NQN --offset N --length N [--out FILE]
        rocev2d nvmf-host write    --bind ADDR --addr TARGET --nqn NQN --offset N (--in FILE | --length N) [--verify]
+       rocev2d nvmf-host verify   --bind ADDR --addr TARGET --nqn NQN [--offset N] [--length 64m] [--bs 4k,128k,1m] [--qd 1,4,32]
        rocev2d nvmf-host bench    --bind ADDR --addr TARGET --nqn NQN [--bs 4k,128k] [--qd 1,16] [--time 2s] [--rw read]
 
 An NVMe over Fabrics host on RDMA (package nvmf): connects the admin queue
@@ -224,6 +227,13 @@ writes in the command capsule when the target offers it.
              to --out (default stdout)
   write      write --in's bytes (or --length random bytes) at --offset;
              --verify reads them back and compares
+  verify     split --length bytes at --offset into one region per block
+             size and queue depth (--bs, --qd; default 64m over 4k,128k,1m
+             x 1,4,32; a region's size grows with the square root of its
+             block size), write random data to each in --bs commands with
+             --qd of them in flight, read it back the same way and compare
+             every byte; then read the whole span back in MDTS-sized
+             commands and compare again
   bench      for each block size and queue depth: random reads (--rw read),
              writes (write) or both (rw, 50/50) for --time; prints IOPS and MB/s
 
@@ -236,6 +246,9 @@ options:
   --io-queues N    I/O queues (default 4)
   --queue-size N   entries per I/O queue (default 128)
   --no-inline      never send write data in the command capsule
+  --invalidate     a key of its own for every data command, which the
+                   target is asked to invalidate (SEND with Invalidate;
+                   keyed SGL subtype 0xF, as Linux's host does)
   --mtu N          largest path MTU: 256..4096 (default 1024)
   --range BYTES    bench: the span of the namespace it touches (default all)
   -v               log connection events; print the device's counters
@@ -255,7 +268,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	sub := args[0]
 	switch sub {
-	case "discover", "identify", "read", "write", "bench":
+	case "discover", "identify", "read", "write", "verify", "bench":
 	default:
 		fmt.Fprintf(stderr, "rocev2d nvmf-host: unknown subcommand %q\n(see `rocev2d help nvmf-host`)\n", sub)
 		return cli.ExitUsage
@@ -263,7 +276,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs := cli.NewFlagSet("nvmf-host")
 	var bind, addr, nqn, out, in, bsList, qdList, rw, length, offset, span string
 	var port, nsid, ioq, qsize, mtuBytes int
-	var verbose, verify, noInline bool
+	var verbose, verify, noInline, invalidate bool
 	var dur time.Duration
 	var sock cli.SocketFlags
 	fs.StringVar(&bind, "bind", "", "")
@@ -285,6 +298,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.BoolVar(&verify, "verify", false, "")
 	fs.BoolVar(&noInline, "no-inline", false, "")
+	fs.BoolVar(&invalidate, "invalidate", false, "")
 	fs.DurationVar(&dur, "time", 2*time.Second, "")
 	cli.AddSocketFlags(fs, &sock)
 	err := fs.Parse(args[1:])
@@ -313,7 +327,18 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		mtu, err = cli.ParseMTUFlag(mtuBytes)
 	}
 	var bss, qds []int
-	if err == nil && sub == "bench" {
+	if sub == "verify" {
+		if !isSet(fs, "bs") {
+			bsList = "4k,128k,1m"
+		}
+		if !isSet(fs, "qd") {
+			qdList = "1,4,32"
+		}
+		if length == "" {
+			length = "64m"
+		}
+	}
+	if err == nil && (sub == "bench" || sub == "verify") {
 		bss, err = parseList(bsList)
 		if err == nil {
 			qds, err = parseList(qdList)
@@ -340,7 +365,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		defer cli.PrintCounters(stdout, local.String(), dev)
 	}
 	target := netip.AddrPortFrom(peer, uint16(port))
-	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu}
+	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu, RemoteInvalidate: invalidate}
 	if verbose {
 		cfg.Log = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	}
@@ -364,6 +389,13 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return fail(err)
 	}
 	defer h.Close()
+	if verbose || sub == "verify" {
+		defer func() {
+			s := h.Stats()
+			fmt.Fprintf(stdout, "host: commands %d errors %d reconnects %d keep_alives %d requeued %d remote_invalidations %d local_invalidations %d\n",
+				s.Commands, s.Errors, s.Reconnects, s.KeepAlives, s.Requeued, s.RemoteInvalidations, s.LocalInvalidations)
+		}()
+	}
 	if nsid == 0 {
 		ids, err := h.ActiveNamespaces(ctx)
 		if err != nil {
@@ -441,6 +473,20 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 				return fail(errors.New("read back differs from what was written"))
 			}
 			fmt.Fprintln(stdout, "verified")
+		}
+		return cli.ExitOK
+	}
+	if sub == "verify" {
+		off, err := parseSize(offset)
+		if err != nil {
+			return fail(err)
+		}
+		n, err := parseSize(length)
+		if err != nil || n <= 0 || n > 1<<30 {
+			return fail(fmt.Errorf("--length %q", length))
+		}
+		if err := nvmfVerify(ctx, stdout, ns, off, n, bss, qds); err != nil {
+			return fail(err)
 		}
 		return cli.ExitOK
 	}
@@ -529,4 +575,137 @@ func nvmfBench(ctx context.Context, ns *nvmf.HostNamespace, bs, qd int, rw strin
 		r.latUs = float64(lat.Load()) / n / 1e3
 	}
 	return r, nil
+}
+
+// isSet reports whether the flag was given on the command line.
+func isSet(fs interface{ Visit(func(*flag.Flag)) }, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// nvmfVerify writes and reads back [off, off+n) of ns in one region per
+// (block size, queue depth) pair, every byte compared, then reads the
+// whole span back once more.
+func nvmfVerify(ctx context.Context, w io.Writer, ns *nvmf.HostNamespace, off, n int64, bss, qds []int) error {
+	maxBS := 0
+	for _, bs := range bss {
+		if bs%ns.BlockSize() != 0 {
+			return fmt.Errorf("block size %d is not a multiple of the namespace's %d", bs, ns.BlockSize())
+		}
+		maxBS = max(maxBS, bs)
+	}
+	if off%int64(ns.BlockSize()) != 0 || off+n > ns.Size() {
+		return fmt.Errorf("--offset %d --length %d does not fit the namespace (%d bytes, %d-byte blocks)", off, n, ns.Size(), ns.BlockSize())
+	}
+	// Region sizes grow with the square root of the block size (a 4 KiB
+	// region of a 64 MiB sweep is about 1 MiB, 256 commands; a 1 MiB one
+	// about 15 MiB), each a whole number of its blocks, the last taking
+	// what is left.
+	combos := len(bss) * len(qds)
+	weight := func(bs int) float64 { return math.Sqrt(float64(bs) / 4096) }
+	total := 0.0
+	for _, bs := range bss {
+		total += weight(bs) * float64(len(qds))
+	}
+	sizes := make([]int64, 0, combos)
+	used := int64(0)
+	for _, bs := range bss {
+		for range qds {
+			r := int64(float64(n)*weight(bs)/total) / int64(bs) * int64(bs)
+			if r == 0 {
+				return fmt.Errorf("--length %d too short for %d regions (block size %d)", n, combos, bs)
+			}
+			sizes = append(sizes, r)
+			used += r
+		}
+	}
+	sizes[len(sizes)-1] += n - used
+	want := make([]byte, n)
+	rand.Read(want)
+	// run moves [lo, hi) of the span in bs-byte commands (the last may be
+	// shorter), qd of them in flight at once.
+	run := func(lo, hi int64, bs, qd int, write bool, got []byte) error {
+		var next atomic.Int64
+		next.Store(lo)
+		var firstErr atomic.Value
+		var wg sync.WaitGroup
+		for g := 0; g < qd; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					o := next.Add(int64(bs)) - int64(bs)
+					if o >= hi || firstErr.Load() != nil {
+						return
+					}
+					e := min(o+int64(bs), hi)
+					var err error
+					if write {
+						_, err = ns.WriteAtContext(ctx, want[o:e], off+o)
+					} else {
+						_, err = ns.ReadAtContext(ctx, got[o:e], off+o)
+					}
+					if err != nil {
+						firstErr.CompareAndSwap(nil, fmt.Errorf("%s %d bytes at %d (bs %d, qd %d): %w",
+							map[bool]string{true: "write", false: "read"}[write], e-o, off+o, bs, qd, err))
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if err, _ := firstErr.Load().(error); err != nil {
+			return err
+		}
+		return nil
+	}
+	got := make([]byte, n)
+	start := time.Now()
+	lo := int64(0)
+	i := 0
+	for _, bs := range bss {
+		for _, qd := range qds {
+			hi := lo + sizes[i]
+			i++
+			t0 := time.Now()
+			if err := run(lo, hi, bs, qd, true, nil); err != nil {
+				return err
+			}
+			t1 := time.Now()
+			if err := run(lo, hi, bs, qd, false, got); err != nil {
+				return err
+			}
+			t2 := time.Now()
+			if j := firstDiff(got[lo:hi], want[lo:hi]); j >= 0 {
+				return fmt.Errorf("bs %d qd %d: the byte at %d read back differs from what was written", bs, qd, off+lo+int64(j))
+			}
+			fmt.Fprintf(w, "verified bs=%d qd=%d offset=%d bytes=%d write_MB/s=%.1f read_MB/s=%.1f\n", bs, qd, off+lo, hi-lo,
+				float64(hi-lo)/t1.Sub(t0).Seconds()/1e6, float64(hi-lo)/t2.Sub(t1).Seconds()/1e6)
+			lo = hi
+		}
+	}
+	// The whole span once more: no region's I/O touched another's.
+	clear(got)
+	if err := run(0, n, ns.MaxTransfer(), 4, false, got); err != nil {
+		return err
+	}
+	if j := firstDiff(got, want); j >= 0 {
+		return fmt.Errorf("reading the whole span back: the byte at %d differs from what was written", off+int64(j))
+	}
+	fmt.Fprintf(w, "verified all %d bytes at %d in %d regions (bs %v x qd %v) in %v\n", n, off, combos, bss, qds, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// firstDiff returns the index of the first byte where a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -55,17 +56,25 @@ func TestNvmfLoopback(t *testing.T) {
 	if r := host("bench", "--nqn", nqn, "--bs", "4k", "--qd", "1,4", "--time", "200ms", "--rw", "rw"); strings.Count(r.out, "\n") != 3 {
 		t.Errorf("bench:\n%s", r.out)
 	}
+	// The sweep: 4 regions of 512 KiB (2 block sizes x 2 queue depths),
+	// each written and read back, then the whole 2 MiB again, with a key
+	// per command that the target invalidates.
+	r := host("verify", "--nqn", nqn, "--offset", "2m", "--length", "2m", "--bs", "4k,64k", "--qd", "1,8", "--invalidate")
+	if strings.Count(r.out, "verified bs=") != 4 || !strings.Contains(r.out, "verified all 2097152 bytes at 2097152 in 4 regions") ||
+		!regexp.MustCompile(`remote_invalidations [1-9]\d* local_invalidations 0\n`).MatchString(r.out) {
+		t.Errorf("verify:\n%s", r.out)
+	}
 	// The file holds the data the host wrote.
 	f, _ := os.ReadFile(img)
 	if len(f) != 4<<20 || string(f[1<<20:1<<20+len(data)]) == "" {
 		t.Errorf("image of %d bytes", len(f))
 	}
 	s := srv.wait(t, 100*time.Millisecond)
-	if s.code != 0 || !strings.Contains(s.out, "nvmf-target: stopped") || !strings.Contains(s.out, "target: connections") {
+	if s.code != 0 || !strings.Contains(s.out, "nvmf-target: stopped") || !regexp.MustCompile(`target: connections .* send_invalidate [1-9]`).MatchString(s.out) {
 		t.Errorf("target: exit %d\n%s%s", s.code, s.out, s.errOut)
 	}
 	// Unknown subsystem: a clear failure.
-	r := runCmd(t, ctx, "nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port, "--nqn", "nqn.x")
+	r = runCmd(t, ctx, "nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port, "--nqn", "nqn.x")
 	if r.code == 0 {
 		t.Error("identify with the target gone succeeded")
 	}
@@ -81,6 +90,7 @@ func TestNvmfUsage(t *testing.T) {
 		{"nvmf-host", "frobnicate"},
 		{"nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1"},
 		{"nvmf-host", "bench", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--nqn", "x", "--bs", "0"},
+		{"nvmf-host", "verify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--nqn", "x", "--qd", "0"},
 	} {
 		var out, errb lockedBuffer
 		if code := run(context.Background(), args, &out, &errb); code != cli.ExitUsage {

@@ -38,9 +38,10 @@ func TestTapKeepsCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lb.Close()
-	want := udp.CapGSO | udp.CapRecvInPlace | udp.CapPoll
-	if got := udp.CapabilitiesOf(la); got != want {
-		t.Fatalf("socket link: %v, want %v", got, want)
+	want := udp.CapGSO | udp.CapRecvInPlace | udp.CapPoll | udp.CapZeroCopy
+	// Deferred ICRC checks are the socket's, never a wrapper's.
+	if got := udp.CapabilitiesOf(la); got != want|udp.CapDeferVerify {
+		t.Fatalf("socket link: %v, want %v", got, want|udp.CapDeferVerify)
 	}
 	var out bytes.Buffer
 	w, err := NewWriter(&out)
@@ -84,10 +85,25 @@ func TestTapKeepsCapabilities(t *testing.T) {
 	if _, rcvd := tap.Recorded(); rcvd != count {
 		t.Errorf("tap recorded %d received packets, want %d", rcvd, count)
 	}
+	// A zero-copy send through the tap (its payload outside Buf) is
+	// recorded whole: the writer matches its ICRC.
+	whole := build(t, 1001, 7)
+	at := len(whole) - 4 - 3 // 1001 bytes: 3 pad bytes
+	split := append(append([]byte{}, whole[:12]...), whole[at:]...)
+	zc := []udp.Packet{{Buf: split, Payload: bytes.Clone(whole[12 : 12+1001]), Addr: b}}
+	if err := tap.Send(zc); err != nil {
+		t.Fatal(err)
+	}
+	if sent, _ := tap.Recorded(); sent != 1 {
+		t.Errorf("tap recorded %d sent packets, want 1", sent)
+	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if frames := countRecords(t, out.Bytes()); frames != count {
-		t.Errorf("file holds %d records, want %d", frames, count)
+	if frames := countRecords(t, out.Bytes()); frames != count+1 {
+		t.Errorf("file holds %d records, want %d", frames, count+1)
+	}
+	if w.unverified != 0 {
+		t.Errorf("%d records with an ICRC the writer could not match", w.unverified)
 	}
 }

@@ -11,6 +11,13 @@ import (
 // file on a file system that takes it (direct reports which). A pipe, a
 // terminal or a device (--pcap /dev/stdout) is written as a stream.
 func createFile(path string) (f *os.File, direct bool, err error) {
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		// Not even a try: opening a FIFO with O_DIRECT opens it (a
+		// reader waiting on it wakes) before the open fails, and the
+		// reader sees the writer leave: end of file.
+		f, err = os.Create(path)
+		return f, false, err
+	}
 	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_DIRECT, 0o644)
 	if err == nil {
 		st, err := f.Stat()

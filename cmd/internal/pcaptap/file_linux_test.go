@@ -146,22 +146,34 @@ func TestCreateFIFO(t *testing.T) {
 		b, _ := os.ReadFile(path)
 		got <- b
 	}()
-	w, err := Create(path, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w.Direct() {
-		t.Error("direct I/O on a pipe")
-	}
-	src, dst := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
 	const n = 3000 // more than one buffer
-	for i := range n {
-		if err := w.WritePacket(src, dst, 0xc000, 0, build(t, 1000, uint32(i))); err != nil {
+	pkt := build(t, 1000, 1)
+	wrote := make(chan error, 1)
+	go func() {
+		w, err := Create(path, 0)
+		if err != nil {
+			wrote <- err
+			return
+		}
+		if w.Direct() {
+			t.Error("direct I/O on a pipe")
+		}
+		src, dst := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+		for range n {
+			if err := w.WritePacket(src, dst, 0xc000, 0, pkt); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- w.Close()
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the writer is stuck (its reader saw the end of the file early?)")
 	}
 	select {
 	case b := <-got:

@@ -101,6 +101,7 @@ type Writer struct {
 	armed      bool
 	flows      [4]flowEntry // the flows of the last packets (ident4, port6)
 	nextFlow   int          // the entry flow replaces next
+	wire       []byte       // a zero-copy packet put together (udp.Packet.AppendWire)
 }
 
 // NewWriter writes the pcap file header (link type Ethernet) to w and returns
@@ -381,7 +382,14 @@ func (w *Writer) writeBatch(local netip.Addr, sent bool, pkts []udp.Packet) int 
 		if !sent {
 			src, dst = p.Addr, local
 		}
-		if w.write(t, src, dst, p.SrcPort, p.TOS, p.Buf) == nil {
+		b := p.Buf
+		if p.Payload != nil {
+			// A zero-copy packet (udp.CapZeroCopy): its payload was sent
+			// from registered memory; the record is the datagram whole.
+			w.wire = p.AppendWire(w.wire[:0])
+			b = w.wire
+		}
+		if w.write(t, src, dst, p.SrcPort, p.TOS, b) == nil {
 			n++
 		}
 	}
@@ -659,7 +667,8 @@ const (
 
 // Tap is a udp.Link that records the packets of the Link it wraps. It
 // keeps the wrapped link's capabilities (udp.Wrap: GSO, receiving in place,
-// polling), so transport takes the same paths with a capture as without,
+// polling, zero-copy send: a packet sent with its payload in registered
+// memory is recorded whole), so transport takes the same paths with a capture as without,
 // and it records what TryRecv returns as well as what Recv does.
 type Tap struct {
 	udp.Wrap
@@ -683,7 +692,7 @@ func (t *Tap) Unwrap() udp.Link { return t.Link }
 // Two taps of a pair of links in one process should record only Sent, so
 // that each packet on the wire appears once (as on a loopback capture).
 func New(link udp.Link, w *Writer, dir Dir) *Tap {
-	return &Tap{Wrap: udp.Wrap{Link: link}, w: w, dir: dir}
+	return &Tap{Wrap: udp.Wrap{Link: link, PassPayload: true}, w: w, dir: dir}
 }
 
 // Recorded returns how many sent and received packets this tap recorded.

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -169,7 +170,8 @@ func soakClientAddr(n [4]byte, i, k int) netip.Addr {
 	return netip.AddrFrom4(n)
 }
 
-// lossyLink drops a fraction of the packets sent, at random.
+// lossyLink drops a fraction of the packets sent, at random. It moves
+// packets whole (zero-copy ones too: udp.Wrap.PassPayload).
 type lossyLink struct {
 	udp.Wrap // forwards the wrapped link's capabilities
 	loss     float64
@@ -225,7 +227,7 @@ func soakDevice(c *soakConfig, addr netip.Addr) (*transport.Device, error) {
 	}
 	var link udp.Link = sl
 	if c.loss > 0 {
-		link = &lossyLink{Wrap: udp.Wrap{Link: sl}, loss: c.loss, rng: rand.New(rand.NewPCG(c.seed, uint64(os.Getpid())))}
+		link = &lossyLink{Wrap: udp.Wrap{Link: sl, PassPayload: true}, loss: c.loss, rng: rand.New(rand.NewPCG(c.seed, uint64(os.Getpid())))}
 	}
 	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
 	if err != nil {
@@ -962,28 +964,8 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "%-28s %14d %14d\n", "server open fds", base.fds, last.fds)
 	fmt.Fprintf(stdout, "%-28s %14d %14d\n", "server device QPs", base.qps, last.qps)
 	fmt.Fprintf(stdout, "%-28s %14d %14d\n", "server CM connections", base.conns, last.conns)
-	if len(r.failures) > 0 {
-		fmt.Fprintf(stdout, "failed connects by reason:\n")
-		keys := make([]string, 0, len(r.failures))
-		for k := range r.failures {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			fmt.Fprintf(stdout, "  %5d  %s\n", r.failures[k], k)
-		}
-	}
-	if len(r.endings) > 0 {
-		fmt.Fprintf(stdout, "connections ended by reason:\n")
-		keys := make([]string, 0, len(r.endings))
-		for k := range r.endings {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			fmt.Fprintf(stdout, "  %5d  %s\n", r.endings[k], k)
-		}
-	}
+	printByReason(stdout, "failed connects by reason:", r.failures)
+	printByReason(stdout, "connections ended by reason:", r.endings)
 	if len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintf(stdout, "FAIL: %s\n", p)
@@ -1000,3 +982,15 @@ const (
 	soakGoroutineSlack = 4
 	soakFDSlack        = 2
 )
+
+// printByReason prints title and then one line per reason of counts, in
+// the reasons' order; nothing when counts is empty.
+func printByReason(w io.Writer, title string, counts map[string]int) {
+	if len(counts) == 0 {
+		return
+	}
+	fmt.Fprintln(w, title)
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		fmt.Fprintf(w, "  %5d  %s\n", counts[k], k)
+	}
+}

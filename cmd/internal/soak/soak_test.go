@@ -66,3 +66,14 @@ func TestSoakMessages(t *testing.T) {
 		t.Fatalf("status round trip: %+v", s)
 	}
 }
+
+// TestPrintByReason: the summary's per-reason lists, sorted by reason,
+// and nothing for an empty one.
+func TestPrintByReason(t *testing.T) {
+	var b bytes.Buffer
+	printByReason(&b, "failed connects by reason:", map[string]int{"timeout": 3, "refused": 12})
+	printByReason(&b, "connections ended by reason:", nil)
+	if want := "failed connects by reason:\n     12  refused\n      3  timeout\n"; b.String() != want {
+		t.Errorf("got %q, want %q", b.String(), want)
+	}
+}
