@@ -275,6 +275,15 @@ func NewPair(c PairConfig) (p *Pair, err error) {
 	if err := ip("-n", p.NsB, "addr", "add", prefixed(p.AddrB), "dev", p.IfB); err != nil {
 		return nil, err
 	}
+	// Loopback up in both, as on every real host: an error the stack
+	// makes for itself (ICMP host unreachable when ARP for an on-link
+	// address fails) is delivered over lo; with lo down it was sent and
+	// never received.
+	for _, ns := range []string{p.NsA, p.NsB} {
+		if err := ip("-n", ns, "link", "set", "lo", "up"); err != nil {
+			return nil, err
+		}
+	}
 	if err := ip("-n", p.NsA, "link", "set", p.IfA, "up"); err != nil {
 		return nil, err
 	}
