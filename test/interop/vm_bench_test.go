@@ -43,25 +43,8 @@ import (
 // ROCEV2_VMBENCH_EXTRAS=0 runs the rounds only; ROCEV2_VMBENCH_BENCH=1 adds
 // `rocev2d bench` in vm0 (slow there: more than 10 minutes on a loaded host).
 func BenchmarkVM(b *testing.B) {
-	if os.Getenv("ROCEV2_INTEROP") != "1" {
-		b.Skip(enableHint)
-	}
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			b.Fatal("ROCEV2_INTEROP=1 needs root (network namespace, tap, apt-get)")
-		}
-		b.Skip("ROCEV2_INTEROP=1 needs root (network namespace, tap, apt-get)")
-	}
-	root, err := FindRepoRoot(".")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cache := DefaultCacheDir()
-	cfg := Config{CacheDir: cache, RepoRoot: root, Logf: b.Logf}
-	img, err := Prepare(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg, img := prepareBench(b)
+	cache := cfg.CacheDir
 	// ROCEV2_VMBENCH_ALT=DIR (another checkout, e.g. a git worktree) adds
 	// its rocev2d as rocev2d-alt and an "alt" row next to each default
 	// row: two versions in the same boot, against the same rxe rounds.
@@ -648,4 +631,30 @@ func (p *VMPair) rxe(ctx context.Context, on bool) error {
 	}
 	p.logf("pair: rdma_rxe loaded=%v in both VMs", on)
 	return nil
+}
+
+// prepareBench is the start of the VM benchmarks: skipped without
+// ROCEV2_INTEROP=1 or root (fatal under CI=true), then the lab's image.
+func prepareBench(b *testing.B) (Config, *Image) {
+	b.Helper()
+	if os.Getenv("ROCEV2_INTEROP") != "1" {
+		b.Skip(enableHint)
+	}
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			b.Fatal("ROCEV2_INTEROP=1 needs root (network namespace, tap, apt-get)")
+		}
+		b.Skip("ROCEV2_INTEROP=1 needs root (network namespace, tap, apt-get)")
+	}
+	root, err := FindRepoRoot(".")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cache := DefaultCacheDir()
+	cfg := Config{CacheDir: cache, RepoRoot: root, Logf: b.Logf}
+	img, err := Prepare(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cfg, img
 }

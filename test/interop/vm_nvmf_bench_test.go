@@ -32,25 +32,8 @@ import (
 // ROCEV2_VMBENCH_ROUNDS sets the rounds (default 3), ROCEV2_VMNVMF_TIME
 // each dio run's length (default 5s).
 func BenchmarkVMNvmf(b *testing.B) {
-	if os.Getenv("ROCEV2_INTEROP") != "1" {
-		b.Skip(enableHint)
-	}
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			b.Fatal("ROCEV2_INTEROP=1 needs root (network namespace, tap, apt-get)")
-		}
-		b.Skip("ROCEV2_INTEROP=1 needs root (network namespace, tap, apt-get)")
-	}
-	root, err := FindRepoRoot(".")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cache := DefaultCacheDir()
-	cfg := Config{CacheDir: cache, RepoRoot: root, Logf: b.Logf}
-	img, err := Prepare(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg, img := prepareBench(b)
+	cache := cfg.CacheDir
 	pimg, err := PairImage(cfg, img, "")
 	if err != nil {
 		b.Fatal(err)
