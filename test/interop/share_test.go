@@ -226,16 +226,24 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		t0 := time.Now()
 		r := row{cell: "sharing 192.0.2.1:4791: pingpong server killed -9, restarted", direction: "3 rocev2d servers <- 3 tool clients (VM)", result: "FAIL"}
 		defer func() { r.d = time.Since(t0); add(r) }()
+		// fatal stops the cell with its reason in the table row too: the
+		// CI log may keep only the table.
+		fatal := func(format string, args ...any) {
+			t.Helper()
+			msg := fmt.Sprintf(format, args...)
+			r.counters = fmt.Sprintf("stopped at %v: %s", time.Since(t0).Round(time.Second), msg)
+			t.Fatal(msg)
+		}
 		// Long enough to outlast the kill and the restarted server's
 		// run (about 5 s under TCG): rping ~10 pings/s, ib_write_bw ~5 MB/s.
 		const rpN, rpS, bwN, ppN, pp2N = 1000, 256, 60000, 100000, 200
 		rp, bw, pp, err := shareServers(ctx, lab, img, rpS, bwN, ppN)
 		if err != nil {
-			t.Fatalf("servers: %v", err)
+			fatal("servers: %v", err)
 		}
 		v, err := lab.StartVM(ctx, agentproto.Request{Cmd: shareClients("b", lab.GIDIndex, rpS, rpN, bwN, ppN), TimeoutSec: 300})
 		if err != nil {
-			t.Fatal(err)
+			fatal("start the VM clients: %v", err)
 		}
 		// Traffic runs on all three: rping has pinged a few times.
 		waitPings(rp.Output, reServerPingLine, 5, 60*time.Second)
@@ -248,7 +256,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 				return true
 			}
 		}
-		if !running(rp) || !running(bw) || !running(pp) {
+		if rpOK, bwOK, ppOK := running(rp), running(bw), running(pp); !rpOK || !bwOK || !ppOK {
 			for _, h := range []*HostProc{rp, bw, pp} {
 				h.Cmd.Process.Signal(syscall.SIGTERM)
 				_, out := h.Wait()
@@ -256,25 +264,25 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 			}
 			vm, _ := v.Cancel()
 			t.Logf("VM:\n%s", lastLines(vm.Output, 40))
-			t.Fatalf("a server ended before the kill (rping %v, write-bw %v, pingpong %v): the traffic is too short",
-				running(rp), running(bw), running(pp))
+			fatal("a server ended before the kill (running: rping %v, write-bw %v, pingpong %v)", rpOK, bwOK, ppOK)
 		}
 		pp.Cmd.Process.Signal(syscall.SIGKILL)
 		pp.Wait()
 		killedAt := time.Now()
 		pp2, err := startSharePP(ctx, lab, img, pp2N)
 		if err != nil {
-			t.Fatalf("restart the pingpong server: %v", err)
+			fatal("restart the pingpong server: %v", err)
 		}
 		again, err := lab.Run(ctx, shareClients("c", lab.GIDIndex, 0, 0, 0, pp2N), 120*time.Second)
 		if err != nil {
-			t.Fatalf("second pingpong client: %v", err)
+			t.Logf("second pingpong client: VM output:\n%s\nrestarted server:\n%s", lastLines(again.Output, 30), lastLines(pp2.Output(), 30))
+			fatal("second pingpong client: %v", err)
 		}
 		restartD := time.Since(killedAt)
 		stillRunning := running(rp) && running(bw)
 		vm, err := v.Wait(ctx)
 		if err != nil {
-			t.Fatalf("VM clients: %v", err)
+			fatal("VM clients: %v", err)
 		}
 		secs := shareSections(vm.Output)
 		secs2 := shareSections(again.Output)
