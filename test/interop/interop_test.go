@@ -126,6 +126,11 @@ func TestInterop(t *testing.T) {
 	var rows []row
 	defer func() {
 		printTable(t, rows, img, setup, lab.BootTime, time.Since(t0), noTshark)
+		if t.Failed() {
+			// What the VM's kernel said: a hung or oopsed VM explains
+			// cells that failed on the command channel.
+			t.Logf("VM console (last 40 lines):\n%s", lab.ConsoleTail(40))
+		}
 	}()
 	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), srqCells(lab.GIDIndex), mwCells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex), perfCMCells(lab.GIDIndex), bidiCells(lab.GIDIndex)) {
 		t.Run(c.name, func(t *testing.T) {

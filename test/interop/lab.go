@@ -408,6 +408,24 @@ func (l *Lab) dialNS(ctx context.Context, addr string) (net.Conn, error) {
 	return c, err
 }
 
+// ConsoleTail returns the last n lines of the VM's console (kernel
+// messages: a soft lockup, an oops or a hung task shows there).
+func (l *Lab) ConsoleTail(n int) string {
+	b, err := os.ReadFile(l.console)
+	if err != nil {
+		return fmt.Sprintf("(console: %v)", err)
+	}
+	return lastLinesOf(string(b), n)
+}
+
+func lastLinesOf(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
 // VMCmd is a command running in the VM.
 type VMCmd struct {
 	conn net.Conn
