@@ -284,7 +284,7 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		if err != nil {
 			// Is the VM alive? (a lost command channel with a live VM is
 			// the channel's problem, not the VM's)
-			alive, aerr := lab.Run(ctx, "echo alive; uptime", 20*time.Second)
+			alive, aerr := lab.Run(ctx, "echo alive; uptime; ss -tnoi '( sport = :7777 )'; dmesg | tail -40", 20*time.Second)
 			t.Logf("after the lost channel: %q %v; VM console:\n%s", alive.Output, aerr, lab.ConsoleTail(30))
 			fatal("VM clients: %v (VM answers a new command: %v)", err, aerr == nil)
 		}
