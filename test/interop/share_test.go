@@ -279,6 +279,12 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 			fatal("second pingpong client: %v", err)
 		}
 		restartD := time.Since(killedAt)
+		// The group's steering as the restarted client finished: who holds
+		// which QPN range, and what the program handed to whom or dropped.
+		if st, err := lab.StartHost(ctx, img.Rocev2d, "share", "status", HostIP+":4791"); err == nil {
+			_, out := st.Wait()
+			t.Logf("rocev2d share status after the second client:\n%s", out)
+		}
 		stillRunning := running(rp) && running(bw)
 		vm, err := v.Wait(ctx)
 		if err != nil {
