@@ -279,6 +279,8 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 			fatal("second pingpong client: %v", err)
 		}
 		restartD := time.Since(killedAt)
+		t.Logf("second pingpong client after %v: VM exit %d, output:\n%s\nrestarted server so far:\n%s",
+			restartD.Round(time.Millisecond), again.Exit, lastLines(again.Output, 12), lastLines(pp2.Output(), 12))
 		// The group's steering as the restarted client finished: who holds
 		// which QPN range, and what the program handed to whom or dropped.
 		if st, err := lab.StartHost(ctx, img.Rocev2d, "share", "status", HostIP+":4791"); err == nil {
