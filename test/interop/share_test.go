@@ -371,6 +371,13 @@ func shareKillAttempt(t *testing.T, ctx context.Context, lab *Lab, img *Image) (
 	}
 	if len(probs) > 0 {
 		t.Log(strings.Join(probs, "\n"))
+		// The VM's side of a failure: rxe's counters and the kernel log.
+		if c, err := lab.Counters(ctx); err == nil {
+			t.Logf("rxe0 counters: %v", c)
+		}
+		if d, err := lab.Run(ctx, "dmesg | tail -30", 20*time.Second); err == nil {
+			t.Logf("VM dmesg:\n%s", d.Output)
+		}
 		return probs, ""
 	}
 	return nil, fmt.Sprintf("restart served in %v; the other two passed", restartD.Round(time.Millisecond))
