@@ -44,7 +44,7 @@ func shareServers(ctx context.Context, lab *Lab, img *Image, rpingSize, bwN, ppN
 	if rp, err = lab.StartHost(ctx, img.Rocev2d, "rping", "-s", "-a", HostIP, "-v", "-V", "-S", strconv.Itoa(rpingSize), "--share"); err != nil {
 		return
 	}
-	if bw, err = lab.StartHost(ctx, img.Rocev2d, "write-bw", "-R", "--bind", HostIP, "-s", "4096", "-n", strconv.Itoa(bwN), "--share", "--timeout", "300s"); err != nil {
+	if bw, err = lab.StartHost(ctx, img.Rocev2d, "write-bw", "-R", "--bind", HostIP, "-s", "4096", "-n", strconv.Itoa(bwN), "--share", "--timeout", "300s", "-u", "18"); err != nil {
 		stop(rp)
 		return
 	}
@@ -66,7 +66,11 @@ func shareServers(ctx context.Context, lab *Lab, img *Image, rpingSize, bwN, ppN
 
 func startSharePP(ctx context.Context, lab *Lab, img *Image, n int) (*HostProc, error) {
 	pp, err := lab.StartHost(ctx, img.Rocev2d, "pingpong", "--bind", HostIP, "-p", strconv.Itoa(sharePPPort), "-s", "4096",
-		"-n", strconv.Itoa(n), "-c", "--share", "--timeout", "300s")
+		"-n", strconv.Itoa(n), "-c", "--share", "--timeout", "300s",
+		// The TCG VM can stop for over a second on a loaded host (a
+		// capture: 1.1 s without a packet from it, all QPs): the tool's
+		// 67 ms × 7 retries ran out while the VM was stopped.
+		"--qp-timeout", "18")
 	if err != nil {
 		return nil, err
 	}

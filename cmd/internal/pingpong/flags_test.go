@@ -16,7 +16,7 @@ import (
 func TestFlags(t *testing.T) {
 	// base is a kind's defaults.
 	base := func(k ppKind) pingpongConfig {
-		c := pingpongConfig{port: 18515, ibPort: 1, size: 4096, mtu: transport.MTU1024, rxDepth: 500, iters: 1000, gidIdx: -1, kind: k}
+		c := pingpongConfig{port: 18515, ibPort: 1, size: 4096, mtu: transport.MTU1024, rxDepth: 500, iters: 1000, gidIdx: -1, qpTimeout: 14, kind: k}
 		switch k {
 		case ppUD:
 			c.size = 1024 // ibv_ud_pingpong's default
@@ -46,6 +46,8 @@ func TestFlags(t *testing.T) {
 			want: with(ppRC, func(c *pingpongConfig) {
 				c.port, c.size, c.rxDepth, c.iters, c.sl, c.server, c.timeout = 2000, 100, 8, 3, 2, "127.0.0.1", 5*time.Second
 			})},
+		{kind: ppRC, name: "qp timeout", args: []string{"--qp-timeout", "18"}, want: with(ppRC, func(c *pingpongConfig) { c.qpTimeout = 18 })},
+		{kind: ppRC, name: "bad qp timeout", args: []string{"--qp-timeout=32"}, wantErr: "--qp-timeout 32"},
 		{kind: ppRC, name: "bad mtu", args: []string{"-m", "1500"}, wantErr: "-m 1500"},
 		{kind: ppRC, name: "bad size", args: []string{"-s", "0"}, wantErr: "-s 0"},
 		{kind: ppRC, name: "bad port", args: []string{"-p", "70000"}, wantErr: "-p 70000"},

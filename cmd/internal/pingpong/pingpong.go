@@ -51,9 +51,12 @@ type pingpongConfig struct {
 	chk     bool
 	bind    netip.Addr
 	timeout time.Duration
-	verbose bool
-	sock    cli.SocketFlags
-	server  string // empty: run as server
+	// qpTimeout is the RC QP's local ACK timeout exponent (4.096 µs ×
+	// 2^T; ibv_rc_pingpong's is 14, about 67 ms, with 7 retries).
+	qpTimeout int
+	verbose   bool
+	sock      cli.SocketFlags
+	server    string // empty: run as server
 	// kind is the QP type: ppRC (pingpong), ppUC (uc-pingpong) or ppUD
 	// (ud-pingpong: mtu is the port MTU and bounds size, receive buffers
 	// start with the GRH); or ppSRQ (srq-pingpong: numQP RC QPs on one
@@ -154,6 +157,7 @@ func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	cli.BoolFlags(fs, &c.chk, "c", "chk")
 	fs.StringVar(&bind, "bind", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
+	fs.IntVar(&c.qpTimeout, "qp-timeout", 14, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
 	cli.AddSocketFlags(fs, &c.sock)
 	var err error
@@ -184,6 +188,8 @@ func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 		return nil, fmt.Errorf("%w: -l %d: sl out of range 0..15", cli.ErrUsage, c.sl)
 	case c.timeout < 0:
 		return nil, fmt.Errorf("%w: --timeout %v: negative", cli.ErrUsage, c.timeout)
+	case c.qpTimeout < 0 || c.qpTimeout > 31:
+		return nil, fmt.Errorf("%w: --qp-timeout %d: QP timeout must be between 0 and 31", cli.ErrUsage, c.qpTimeout)
 	}
 	if c.bind, err = cli.ParseBind(bind); err != nil {
 		return nil, fmt.Errorf("%w: %w", cli.ErrUsage, err)

@@ -97,7 +97,8 @@ func (pc *ppContext) postSend() error {
 }
 
 // connectTo takes the QP to RTS towards rem with ibv_rc_pingpong's
-// attributes (pp_connect_ctx: one READ/atomic outstanding, timeout 14);
+// attributes (pp_connect_ctx: one READ/atomic outstanding, timeout 14,
+// which --qp-timeout changes);
 // a UC QP takes the same path, and Connect sets only what
 // ibv_uc_pingpong's pp_connect_ctx does (path, MTU, peer QPN, PSNs); a
 // UD QP goes to RTS and gets an address handle for rem, as
@@ -108,7 +109,7 @@ func (pc *ppContext) connectTo(c *pingpongConfig, rem oob.PingpongDest) error {
 		return err
 	}
 	if c.kind != ppUD {
-		return pc.Connect(peer, rem.QPN, rem.PSN, c.mtu, 1, 14)
+		return pc.Connect(peer, rem.QPN, rem.PSN, c.mtu, 1, uint8(c.qpTimeout))
 	}
 	if err := pc.QP.ReadyUD(udQKey, pc.PSN); err != nil {
 		return err

@@ -153,7 +153,7 @@ func (sc *srqContext) connectAll(c *pingpongConfig, rem []oob.PingpongDest) erro
 		return err
 	}
 	for i, qp := range sc.qps {
-		if err := sc.ConnectQP(qp, sc.psns[i], peer, rem[i].QPN, rem[i].PSN, c.mtu, 1, 14); err != nil {
+		if err := sc.ConnectQP(qp, sc.psns[i], peer, rem[i].QPN, rem[i].PSN, c.mtu, 1, uint8(c.qpTimeout)); err != nil {
 			return fmt.Errorf("failed to modify QP[%d] to RTR/RTS: %w", i, err)
 		}
 	}

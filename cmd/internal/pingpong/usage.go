@@ -25,6 +25,8 @@ const (
 `
 	optODP  = "  -o, --odp              accepted and ignored\n"
 	optTail = `      --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
+      --qp-timeout=T     RC/UC QP local ACK timeout, 4.096 µs × 2^T (default 14, the
+                         tool's; 7 retries): raise it for a peer that may stall
   -v                     print the device counters (rxe's names) at the end; SIGUSR1
                          prints them while running
 ` + cli.SocketUsage
