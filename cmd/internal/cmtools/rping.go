@@ -973,6 +973,9 @@ func (r *rping) runPersistentServer(ctx context.Context, l *rdmacm.Listener, opt
 			if err != nil {
 				if ctx.Err() == nil {
 					fmt.Fprintf(child.stderr, "wait for CONNECTED state %d\nconnect error -1\n", rpingStError)
+					// rping says no more; say why (the connection is
+					// this client's alone: the server goes on).
+					fmt.Fprintf(child.stderr, "rocev2d rping: accepting %v: %v\n", req.RemoteAddr(), err)
 				}
 				return
 			}
