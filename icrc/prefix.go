@@ -201,6 +201,34 @@ func (p *Prefix) ComputeSplit(id uint16, udpPayload []byte, at int, mid []byte) 
 	return softOrUpdate(c, udpPayload[at:n-Size])
 }
 
+// ComputeSplitCopy is ComputeSplit that also puts the packet together in
+// dst: udpPayload[:at], mid, udpPayload[at:], len(udpPayload)+len(mid)
+// bytes, copied in the same pass that computes the ICRC (mid, the long
+// part, through the folding kernel's copying variant where there is one).
+// A capture of a zero-copy send records the packet this way, reading each
+// byte once. It panics, before writing anything, if dst is shorter or at
+// is outside the headers and trailer (as ComputeSplit); dst must not
+// overlap udpPayload or mid.
+func (p *Prefix) ComputeSplitCopy(id uint16, dst, udpPayload []byte, at int, mid []byte) uint32 {
+	n := len(udpPayload)
+	if at < bthSize || at > n-Size {
+		panic("icrc: ComputeSplitCopy: split point outside the packet's headers and trailer")
+	}
+	dst = copyDst(dst, n+len(mid))
+	c := p.header(id, n+len(mid))
+	c ^= masks[mPayloadBTH4][udpPayload[bthMaskOff]]
+	copy(dst, udpPayload[:at])
+	c = softOrUpdate(c, udpPayload[:at])
+	if len(mid) < hwMin {
+		copy(dst[at:], mid)
+		c = softUpdate(c, mid)
+	} else {
+		c = updateCopy(c, dst[at:at+len(mid)], mid)
+	}
+	copy(dst[at+len(mid):], udpPayload[at:])
+	return softOrUpdate(c, udpPayload[at:n-Size])
+}
+
 // softOrUpdate is update, with the portable loop for a short piece (the
 // headers and the pad+trailer around a split payload are a few dozen
 // bytes: the hardware paths would only add their setup).

@@ -120,6 +120,38 @@ func TestComputeSplit(t *testing.T) {
 		if got, want := p6.ComputeSplit(0, buf, hl, mid), p6.Compute(0, whole); got != want {
 			t.Fatalf("IPv6 head %d mid %d tail %d: ComputeSplit %#x, Compute %#x", hl, ml, tl, got, want)
 		}
+		// ComputeSplitCopy: the same ICRC, and the packet put together.
+		dst := make([]byte, len(whole)+1)
+		dst[len(whole)] = 0xa5
+		if got, want := p4.ComputeSplitCopy(id, dst, buf, hl, mid), p4.Compute(id, whole); got != want {
+			t.Fatalf("IPv4 head %d mid %d tail %d: ComputeSplitCopy %#x, Compute %#x", hl, ml, tl, got, want)
+		}
+		if !bytes.Equal(dst[:len(whole)], whole) || dst[len(whole)] != 0xa5 {
+			t.Fatalf("head %d mid %d tail %d: ComputeSplitCopy copied %x, want %x and 0xa5 after it", hl, ml, tl, dst, whole)
+		}
+		clear(dst)
+		if got, want := p6.ComputeSplitCopy(0, dst, buf, hl, mid), p6.Compute(0, whole); got != want || !bytes.Equal(dst[:len(whole)], whole) {
+			t.Fatalf("IPv6 head %d mid %d tail %d: ComputeSplitCopy %#x, Compute %#x; copy equal: %v", hl, ml, tl, got, want, bytes.Equal(dst[:len(whole)], whole))
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		at    int
+		dstSz int
+	}{{"split inside the BTH", bthSize - 1, 16}, {"split inside the ICRC", 13, 16}, {"short destination", bthSize, 15}} {
+		func() {
+			dst := make([]byte, c.dstSz)
+			defer func() {
+				if recover() == nil {
+					t.Errorf("ComputeSplitCopy, %s: no panic", c.name)
+				}
+				if !bytes.Equal(dst, make([]byte, c.dstSz)) {
+					t.Errorf("ComputeSplitCopy, %s: wrote %x before it panicked", c.name, dst)
+				}
+			}()
+			p := NewIPv6Prefix(&IPv6Pseudo{})
+			p.ComputeSplitCopy(0, dst, make([]byte, 16), c.at, nil)
+		}()
 	}
 	for _, at := range []int{bthSize - 1, 13} {
 		func() {

@@ -90,7 +90,6 @@ type Writer struct {
 	mapped     [][]byte      // direct I/O: buffers from mapBuffer, for Close to unmap
 	done       chan struct{} // closed when the file goroutine ends
 	werr       atomic.Pointer[error]
-	frame      []byte
 	snap       int
 	packets    uint64
 	unverified uint64
@@ -101,7 +100,8 @@ type Writer struct {
 	armed      bool
 	flows      [4]flowEntry // the flows of the last packets (ident4, port6)
 	nextFlow   int          // the entry flow replaces next
-	wire       []byte       // a zero-copy packet put together (udp.Packet.AppendWire)
+	hdrs       [4]hdrEntry  // the frame headers of the last packets (putHeader)
+	nextHdr    int          // the entry putHeader replaces next
 }
 
 // NewWriter writes the pcap file header (link type Ethernet) to w and returns
@@ -142,7 +142,7 @@ func checkSnap(snapLen int) (int, error) {
 // newWriter returns a Writer whose file goroutine writes to out; align > 0
 // is direct I/O in blocks of align bytes (buffers aligned to it).
 func newWriter(out fileOut, c io.Closer, snapLen, align int) *Writer {
-	wr := &Writer{c: c, snap: snapLen, frame: make([]byte, ethSize+ipv6Size+udpSize), now: time.Now, align: align,
+	wr := &Writer{c: c, snap: snapLen, now: time.Now, align: align,
 		free: make(chan []byte, Buffers), full: make(chan chunk, Buffers), done: make(chan struct{})}
 	wr.cur = wr.newBuffer()
 	for range Buffers - 1 {
@@ -358,9 +358,18 @@ func (w *Writer) Close() error {
 // dst:4791. sport is the UDP source port the sender asked for and tos the IP
 // TOS byte. See the package comment for how the header is reconstructed.
 func (w *Writer) WritePacket(src, dst netip.Addr, sport uint16, tos uint8, payload []byte) error {
+	t := w.now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.write(w.now(), src, dst, sport, tos, payload)
+	p := udp.Packet{Buf: payload}
+	return w.write(stampOf(t), src.Unmap(), dst.Unmap(), sport, tos, &p)
+}
+
+// stamp is a record's timestamp as the file keeps it (microseconds).
+type stamp struct{ sec, usec uint32 }
+
+func stampOf(t time.Time) stamp {
+	return stamp{sec: uint32(t.Unix()), usec: uint32(t.Nanosecond() / 1000)}
 }
 
 // writeBatch records the packets of one Send or Recv call: sent from local
@@ -376,32 +385,30 @@ func (w *Writer) writeBatch(local netip.Addr, sent bool, pkts []udp.Packet) int 
 	t, n := w.now(), 0
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	ts, local := stampOf(t), local.Unmap()
 	for i := range pkts {
 		p := &pkts[i]
-		src, dst := local, p.Addr
+		src, dst := local, p.Addr.Unmap()
 		if !sent {
-			src, dst = p.Addr, local
+			src, dst = dst, src
 		}
-		b := p.Buf
-		if p.Payload != nil {
-			// A zero-copy packet (udp.CapZeroCopy): its payload was sent
-			// from registered memory; the record is the datagram whole.
-			w.wire = p.AppendWire(w.wire[:0])
-			b = w.wire
-		}
-		if w.write(t, src, dst, p.SrcPort, p.TOS, b) == nil {
+		if w.write(ts, src, dst, p.SrcPort, p.TOS, p) == nil {
 			n++
 		}
 	}
 	return n
 }
 
-// write is WritePacket with the time given (w.mu held). The record is
-// built in place in the buffer: the payload is copied there while its ICRC
-// is computed (one pass over it), then the headers are written in front.
-func (w *Writer) write(t time.Time, src, dst netip.Addr, sport uint16, tos uint8, payload []byte) error {
-	src, dst = src.Unmap(), dst.Unmap()
-	if src.Is4() != dst.Is4() {
+// write records the packet p (its UDP payload as it went on the wire, see
+// udp.Packet.AppendWire) sent from src to dst, addresses unmapped, at ts
+// (w.mu held). The record is built in place in the buffer: the payload is
+// copied there while its ICRC is computed (one pass over it), then the
+// headers are written in front (from the header cache: segments of one
+// GSO datagram differ only in the IPv4 identification). A cut record
+// (snap length) copies only the bytes it keeps.
+func (w *Writer) write(ts stamp, src, dst netip.Addr, sport uint16, tos uint8, p *udp.Packet) error {
+	v4 := src.Is4()
+	if v4 != dst.Is4() {
 		return errors.New("pcaptap: mixed IPv4/IPv6 addresses")
 	}
 	if w.closed {
@@ -411,34 +418,36 @@ func (w *Writer) write(t time.Time, src, dst netip.Addr, sport uint16, tos uint8
 		return err
 	}
 	hdr := ethSize + ipv4Size + udpSize
-	if !src.Is4() {
+	if !v4 {
 		hdr = ethSize + ipv6Size + udpSize
 	}
-	n := hdr + len(payload)
+	plen := len(p.Buf)
+	if p.Payload != nil {
+		plen += len(p.Payload)
+	}
+	n := hdr + plen
 	keep := min(n, w.snap)
-	rec := w.reserve(t, keep, n)
+	rec := w.reserve(ts, keep, n)
 	if n > w.snap {
 		// A cut record: only the headers are kept, so only they are
 		// built (the ICRC that picks the identification is not kept).
-		f := w.frame
-		if src.Is4() {
-			header4(f, src, dst, sport, tos, 0, dfFlag, len(payload))
-		} else {
-			header6(f, src, dst, sport, tos, len(payload))
-		}
-		c := copy(rec, f[:min(hdr, keep)])
-		copy(rec[c:], payload)
+		c := w.putHeader(rec, src, dst, sport, tos, 0, dfFlag, plen)
+		copyWire(rec[c:], p)
 		return nil
 	}
+	// The packet is copied into the record while its ICRC is computed;
+	// a zero-copy packet (udp.CapZeroCopy, its payload sent from
+	// registered memory) is put together there in the same pass.
+	q, out := wireOf(p), rec[hdr:]
 	ok := false
-	if src.Is4() {
+	if v4 {
 		var port, id, flags uint16
-		port, id, flags, ok = w.ident4(src, dst, sport, payload, rec[hdr:])
-		header4(rec, src, dst, port, tos, id, flags, len(payload))
+		port, id, flags, ok = w.ident4(src, dst, sport, &q, out)
+		w.putHeader(rec, src, dst, port, tos, id, flags, plen)
 	} else {
 		var port uint16
-		port, ok = w.port6(src, dst, sport, payload, rec[hdr:])
-		header6(rec, src, dst, port, tos, len(payload))
+		port, ok = w.port6(src, dst, sport, &q, out)
+		w.putHeader(rec, src, dst, port, tos, 0, 0, plen)
 	}
 	if !ok {
 		// Written with the first candidate, so that pcap check shows the
@@ -446,6 +455,76 @@ func (w *Writer) write(t time.Time, src, dst netip.Addr, sport uint16, tos uint8
 		w.unverified++
 	}
 	return nil
+}
+
+// copyWire copies the first len(dst) bytes (at most) of p's UDP payload as
+// it went on the wire to dst: Buf, or for a zero-copy packet Buf's headers,
+// Payload, then Buf's pad and ICRC.
+func copyWire(dst []byte, p *udp.Packet) {
+	if p.Payload == nil {
+		copy(dst, p.Buf)
+		return
+	}
+	at := p.PayloadAt()
+	c := copy(dst, p.Buf[:at])
+	c += copy(dst[c:], p.Payload)
+	copy(dst[c:], p.Buf[at:])
+}
+
+// hdrEntry is a cached frame header: Ethernet, IP and UDP of the packets
+// of one flow with one TOS, IPv4 flags and payload length, built with
+// identification 0. sum is the IPv4 header's 16-bit word sum without the
+// identification and the checksum, to give the checksum of any
+// identification without summing the header again.
+type hdrEntry struct {
+	src, dst netip.Addr
+	sport    uint16
+	tos      uint8
+	flags    uint16
+	plen     int
+	n        int // the header's length (0: the entry is empty)
+	sum      uint32
+	b        [ethSize + ipv6Size + udpSize]byte
+}
+
+// putHeader writes the Ethernet, IP and UDP headers of a frame carrying a
+// plen-byte RoCEv2 packet to the start of rec, at most len(rec) bytes, and
+// returns how many it wrote (w.mu held). The bytes are header4's or
+// header6's; the header is built once per flow, TOS, flags and length
+// (hdrs), and only the identification and checksum are put in for each
+// IPv4 packet.
+func (w *Writer) putHeader(rec []byte, src, dst netip.Addr, sport uint16, tos uint8, id, flags uint16, plen int) int {
+	var e *hdrEntry
+	for i := range w.hdrs {
+		c := &w.hdrs[i]
+		if c.n != 0 && c.plen == plen && c.sport == sport && c.tos == tos && c.flags == flags && c.src == src && c.dst == dst {
+			e = c
+			break
+		}
+	}
+	if e == nil {
+		e = &w.hdrs[w.nextHdr%len(w.hdrs)]
+		w.nextHdr++
+		*e = hdrEntry{src: src, dst: dst, sport: sport, tos: tos, flags: flags, plen: plen}
+		if src.Is4() {
+			header4(e.b[:], src, dst, sport, tos, 0, flags, plen)
+			e.n = ethSize + ipv4Size + udpSize
+			ip := e.b[ethSize : ethSize+ipv4Size]
+			e.sum = ipSum(ip) - uint32(binary.BigEndian.Uint16(ip[10:12]))
+		} else {
+			header6(e.b[:], src, dst, sport, tos, plen)
+			e.n = ethSize + ipv6Size + udpSize
+		}
+	}
+	c := copy(rec, e.b[:e.n])
+	if e.n == ethSize+ipv4Size+udpSize && id != 0 {
+		var ip [ipv4Size]byte
+		copy(ip[:], e.b[ethSize:])
+		binary.BigEndian.PutUint16(ip[4:6], id)
+		binary.BigEndian.PutUint16(ip[10:12], fold(e.sum+uint32(id)))
+		copy(rec[min(c, ethSize):c], ip[:])
+	}
+	return c
 }
 
 // flowEntry caches the ICRC prefixes of one flow (addresses and source
@@ -491,16 +570,46 @@ func ports(sport uint16) []uint16 {
 	return []uint16{sport, udp.Port}
 }
 
+// wire is a packet's UDP payload as it went on the wire: buf, or for a
+// zero-copy packet (mid not nil) buf[:at], mid, buf[at:].
+type wire struct {
+	buf, mid []byte
+	at       int
+}
+
+func wireOf(p *udp.Packet) wire {
+	if p.Payload == nil {
+		return wire{buf: p.Buf}
+	}
+	return wire{buf: p.Buf, mid: p.Payload, at: p.PayloadAt()}
+}
+
+// compute returns the ICRC of q with the prefix pre and identification
+// id; a non-nil out receives q's bytes in the same pass.
+func (q *wire) compute(pre *icrc.Prefix, id uint16, out []byte) uint32 {
+	switch {
+	case q.mid == nil && out == nil:
+		return pre.Compute(id, q.buf)
+	case q.mid == nil:
+		return pre.ComputeCopy(id, out, q.buf)
+	case out == nil:
+		return pre.ComputeSplit(id, q.buf, q.at, q.mid)
+	}
+	return pre.ComputeSplitCopy(id, out, q.buf, q.at, q.mid)
+}
+
 // ident4 finds the source port, identification and flags for which the
-// stored ICRC of an IPv4 packet is valid (w.mu held), and copies payload to
-// out (with its first ICRC computation, in the same pass). It tries the
-// likely identifications first — 0 (a socket link's unconnected sends),
-// the flow's last one plus 1 (the segments of a UDP GSO datagram) — with
-// the flow's cached prefix, one pass over the packet each, and solves for
-// the identification only when neither fits. Without a fit it returns the
-// given port, identification 0, DF and false.
-func (w *Writer) ident4(src, dst netip.Addr, sport uint16, payload, out []byte) (port, id, flags uint16, ok bool) {
-	stored := icrc.Load(payload)
+// stored ICRC of an IPv4 packet is valid (w.mu held), and copies the
+// packet to out, as long as the packet (with its first ICRC computation,
+// in the same pass). It tries the likely identifications first — 0 (a
+// socket link's unconnected sends), the flow's last one plus 1 (the
+// segments of a UDP GSO datagram) — with the flow's cached prefix, one
+// pass over the packet each, and solves for the identification only when
+// neither fits. Without a fit it returns the given port, identification
+// 0, DF and false.
+func (w *Writer) ident4(src, dst netip.Addr, sport uint16, q *wire, out []byte) (port, id, flags uint16, ok bool) {
+	stored := icrc.Load(q.buf)
+	copied := false
 	for _, p := range ports(sport) {
 		e := w.flow(src, dst, p)
 		cand := [2]uint16{e.next, 0}
@@ -510,10 +619,10 @@ func (w *Writer) ident4(src, dst netip.Addr, sport uint16, payload, out []byte) 
 		for k, fl := range [2]uint16{dfFlag, 0} {
 			for _, c := range cand {
 				var got uint32
-				if out != nil {
-					got, out = e.pre[k].ComputeCopy(c, out, payload), nil
+				if !copied {
+					got, copied = q.compute(&e.pre[k], c, out), true
 				} else {
-					got = e.pre[k].Compute(c, payload)
+					got = q.compute(&e.pre[k], c, nil)
 				}
 				if got == stored {
 					e.zeros = c == 0 && e.next == 1
@@ -521,6 +630,12 @@ func (w *Writer) ident4(src, dst netip.Addr, sport uint16, payload, out []byte) 
 					return p, c, fl, true
 				}
 			}
+		}
+		// The packet is in out by now: solved from there if it is not
+		// in one piece.
+		payload := q.buf
+		if q.mid != nil {
+			payload = out
 		}
 		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: dst.As4(), SrcPort: p, DstPort: udp.Port}
 		for _, fl := range [2]uint16{dfFlag, 0} {
@@ -531,24 +646,22 @@ func (w *Writer) ident4(src, dst netip.Addr, sport uint16, payload, out []byte) 
 			}
 		}
 	}
-	if out != nil {
-		copy(out, payload)
-	}
 	return sport, 0, dfFlag, false
 }
 
 // port6 finds the source port for which the stored ICRC of an IPv6 packet
 // is valid (w.mu held); without one, the given port and false. It copies
-// payload to out as ident4 does.
-func (w *Writer) port6(src, dst netip.Addr, sport uint16, payload, out []byte) (uint16, bool) {
-	stored := icrc.Load(payload)
+// the packet to out as ident4 does.
+func (w *Writer) port6(src, dst netip.Addr, sport uint16, q *wire, out []byte) (uint16, bool) {
+	stored := icrc.Load(q.buf)
+	copied := false
 	for _, p := range ports(sport) {
 		pre := &w.flow(src, dst, p).pre[0]
 		var got uint32
-		if out != nil {
-			got, out = pre.ComputeCopy(0, out, payload), nil
+		if !copied {
+			got, copied = q.compute(pre, 0, out), true
 		} else {
-			got = pre.Compute(0, payload)
+			got = q.compute(pre, 0, nil)
 		}
 		if got == stored {
 			return p, true
@@ -557,11 +670,10 @@ func (w *Writer) port6(src, dst netip.Addr, sport uint16, payload, out []byte) (
 	return sport, false
 }
 
-// reserve appends a pcap record header of time t for the first keep bytes
+// reserve appends a pcap record header of time ts for the first keep bytes
 // of an n-byte frame to the buffer and returns the keep bytes after it,
-// for the caller to fill (w.mu held). The file's timestamps are
-// microseconds.
-func (w *Writer) reserve(t time.Time, keep, n int) []byte {
+// for the caller to fill (w.mu held).
+func (w *Writer) reserve(ts stamp, keep, n int) []byte {
 	need := 16 + keep
 	if len(w.cur)+need > cap(w.cur) {
 		w.handOff(false)
@@ -569,8 +681,8 @@ func (w *Writer) reserve(t time.Time, keep, n int) []byte {
 	at := len(w.cur)
 	w.cur = w.cur[:at+need]
 	rh := w.cur[at : at+16]
-	binary.LittleEndian.PutUint32(rh[0:], uint32(t.Unix()))
-	binary.LittleEndian.PutUint32(rh[4:], uint32(t.Nanosecond()/1000))
+	binary.LittleEndian.PutUint32(rh[0:], ts.sec)
+	binary.LittleEndian.PutUint32(rh[4:], ts.usec)
 	binary.LittleEndian.PutUint32(rh[8:], uint32(keep))
 	binary.LittleEndian.PutUint32(rh[12:], uint32(n))
 	w.packets++
@@ -644,11 +756,19 @@ func header6(f []byte, src, dst netip.Addr, sport uint16, tos uint8, payLen int)
 }
 
 // ipChecksum is the IPv4 header checksum (RFC 1071).
-func ipChecksum(h []byte) uint16 {
+func ipChecksum(h []byte) uint16 { return fold(ipSum(h)) }
+
+// ipSum is the sum of the 16-bit words of h.
+func ipSum(h []byte) uint32 {
 	var s uint32
 	for i := 0; i+1 < len(h); i += 2 {
 		s += uint32(binary.BigEndian.Uint16(h[i:]))
 	}
+	return s
+}
+
+// fold is the checksum of a word sum: its one's complement, carries folded.
+func fold(s uint32) uint16 {
 	for s>>16 != 0 {
 		s = s&0xffff + s>>16
 	}
