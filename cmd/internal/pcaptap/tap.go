@@ -169,15 +169,31 @@ func newWriter(out fileOut, c io.Closer, snapLen, align int) *Writer {
 // byte is aligned to w.align bytes (0 or a power of 2). A direct-I/O
 // buffer is mapped memory where the system gives it (mapBuffer: huge
 // pages), unmapped by Close.
+//
+// Every page of the buffer is touched here (prefault), when the capture
+// is made: otherwise the stack faults them in while it records, in the
+// middle of the traffic (the first touch of a huge page zeroes 2 MiB; in
+// a captured write-bw client's profile, ~1 % of its CPU went to the
+// first pass over the buffers).
 func (w *Writer) newBuffer() []byte {
 	if w.align == 0 {
-		return make([]byte, 0, BufferSize)
+		return prefault(make([]byte, 0, BufferSize))
 	}
 	if b := mapBuffer(BufferSize); b != nil {
 		w.mapped = append(w.mapped, b)
-		return b[:0:BufferSize]
+		return prefault(b[:0:BufferSize])
 	}
-	return alignedBuffer(w.align)
+	return prefault(alignedBuffer(w.align))
+}
+
+// prefault writes a zero to every 4 KiB page of b's capacity and returns
+// b.
+func prefault(b []byte) []byte {
+	all := b[:cap(b)]
+	for i := 0; i < len(all); i += 4096 {
+		all[i] = 0
+	}
+	return b
 }
 
 // alignedBuffer returns an empty buffer of capacity BufferSize from the Go
@@ -844,9 +860,11 @@ func (t *Tap) TryRecv(pkts []udp.Packet) (int, error) {
 	return n, err
 }
 
-// received records received packets.
+// received records received packets. An empty poll (TryRecv while busy
+// polling, thousands a second) costs nothing: no lock, no clock, no atomic
+// add.
 func (t *Tap) received(pkts []udp.Packet) {
-	if t.dir&Received != 0 {
+	if t.dir&Received != 0 && len(pkts) > 0 {
 		t.rcvd.Add(uint64(t.w.writeBatch(t.Link.LocalAddr(), false, pkts)))
 	}
 }
