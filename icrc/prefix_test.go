@@ -166,7 +166,8 @@ func TestComputeSplit(t *testing.T) {
 	}
 }
 
-// FuzzComputeSplitChange: ComputeSplit equals Compute of the whole packet,
+// FuzzComputeSplitChange: ComputeSplit (and ComputeSplitCopy, which also
+// puts the packet together) equals Compute of the whole packet,
 // and a payload changed after its ICRC was computed (a burst of up to 4
 // bytes: CRC-32 detects every burst of 32 bits or less) never verifies —
 // the property zero-copy send relies on: a region changed while a work
@@ -190,6 +191,11 @@ func FuzzComputeSplitChange(f *testing.F) {
 		c := pf.ComputeSplit(0, head, at, mid)
 		if w := pf.Compute(0, whole); c != w {
 			t.Fatalf("ComputeSplit %#x, Compute %#x", c, w)
+		}
+		// ComputeSplitCopy: the same ICRC, the packet put together.
+		dst := make([]byte, len(whole))
+		if cc := pf.ComputeSplitCopy(0, dst, head, at, mid); cc != c || !bytes.Equal(dst, whole) {
+			t.Fatalf("ComputeSplitCopy %#x (ComputeSplit %#x), copy equal: %v", cc, c, bytes.Equal(dst, whole))
 		}
 		n := 1 + int(burst)%4
 		o := int(off) % len(mid)
