@@ -50,6 +50,13 @@ func TestRpingKillRestart(t *testing.T) {
 		srv.Wait()
 	}()
 	pings := func(s string) int { return strings.Count(s, "ping data: ") }
+	// serverState asks the server for its device's counters (SIGUSR1:
+	// they go to its stderr) and returns everything it printed.
+	serverState := func() string {
+		srv.Process.Signal(syscall.SIGUSR1)
+		time.Sleep(200 * time.Millisecond)
+		return srvErr.String()
+	}
 	for round := 0; round < 5; round++ {
 		var out, errOut lockedBuffer
 		cli := exec.CommandContext(ctx, bin, "rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-C", "0", "-v", "-V")
@@ -65,7 +72,7 @@ func TestRpingKillRestart(t *testing.T) {
 		cli.Process.Signal(syscall.SIGKILL)
 		cli.Wait()
 		if n < 20 {
-			t.Fatalf("round %d: the client pinged %d times in 10 s\n%s%s\nserver:\n%s", round, n, out.String(), errOut.String(), srvErr.String())
+			t.Fatalf("round %d: the client pinged %d times in 10 s\n%s%s\nserver:\n%s", round, n, out.String(), errOut.String(), serverState())
 		}
 	}
 	// The last client ends by itself.
@@ -73,7 +80,7 @@ func TestRpingKillRestart(t *testing.T) {
 	var out, errOut bytes.Buffer
 	cli.Stdout, cli.Stderr = &out, &errOut
 	if err := cli.Run(); err != nil {
-		t.Fatalf("last client: %v\n%s%s", err, out.String(), errOut.String())
+		t.Fatalf("last client: %v\n%s%s\nserver:\n%s", err, out.String(), errOut.String(), serverState())
 	}
 	if !strings.Contains(out.String(), "cm_established           1") || pings(out.String()) != 5 {
 		t.Errorf("last client:\n%s", out.String())
