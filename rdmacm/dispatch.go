@@ -443,21 +443,39 @@ func (m *Manager) errLoop() {
 // address, instead of resending for MaxRetries response timeouts.
 // dst and payload are the bounced datagram's destination and quoted UDP
 // payload, icmp the error (a *udp.ICMPError).
+//
+// The bounced message names its connection by its own communication ID
+// (LocalCommID, the first word of every CM message this side sends): the
+// transaction ID alone does not. A passive connection's transaction ID is
+// the requester's, and every fresh process numbers its first one alike —
+// so a DREQ to a killed client (dropped by the client address's sharing
+// group, which answers with an ICMP port unreachable) came back with the
+// transaction ID of the restarted client's request, and failed that
+// half-open connection (TestRpingKillRestart, 1 run in 40). Only the
+// bounce of the message the connection waits an answer to — its REQ, or
+// its REP — ends it.
 func (m *Manager) onUnreachable(dst netip.Addr, payload []byte, icmp error) {
-	if len(payload) < transport.MADOffset+16 {
+	if len(payload) < transport.MADOffset+cm.HeaderSize+4 {
 		return
 	}
-	tid := binary.BigEndian.Uint64(payload[transport.MADOffset+8:])
+	mad := payload[transport.MADOffset:]
+	tid := binary.BigEndian.Uint64(mad[8:])
+	attr := cm.AttrID(binary.BigEndian.Uint16(mad[16:]))
+	local := binary.BigEndian.Uint32(mad[cm.HeaderSize:])
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.st.unreachable.Add(1)
-	for _, c := range m.conns {
-		if (c.state == stREQSent || c.state == stREPSent) && c.peer == dst && c.tid == tid {
-			op := "Dial"
-			if !c.active {
-				op = "Accept"
-			}
-			c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %w", op, netip.AddrPortFrom(c.peer, c.remotePort), ErrUnreachable, icmp))
-		}
+	c := m.conns[local]
+	if c == nil || c.peer != dst || c.tid != tid {
+		return
 	}
+	op := "Dial"
+	switch {
+	case c.state == stREQSent && attr == cm.AttrREQ:
+	case c.state == stREPSent && attr == cm.AttrREP:
+		op = "Accept"
+	default:
+		return
+	}
+	c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %w", op, netip.AddrPortFrom(c.peer, c.remotePort), ErrUnreachable, icmp))
 }
