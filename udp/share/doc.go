@@ -14,7 +14,9 @@
 // closes or dies (its PID and start time no longer match) keeps its slot
 // and ranges for a TimeWait during which their datagrams are dropped and
 // counted, never delivered to another process. Changes to the group happen
-// under a per-address lock file.
+// under a per-address lock file. A group whose members are all gone is
+// unpinned by a later Sweep (Join runs one per process): a group of
+// processes that were killed does not stay in bpffs until reboot.
 //
 // Loading the program needs CAP_BPF (or CAP_SYS_ADMIN) and CAP_NET_ADMIN;
 // Join fails at once with ErrCapability when they are missing.

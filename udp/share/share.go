@@ -569,6 +569,10 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 	if err := ensureBPFFS(o.PinRoot); err != nil {
 		return nil, err
 	}
+	// Once per process: unpin the groups whose members are all gone
+	// (processes killed before they could leave), so that bpffs and the
+	// kernel's maps do not fill up with them over a host's life.
+	sweepOnce.Do(func() { Sweep(o.PinRoot, o.LockDir, o.TimeWait) })
 	lockPath := lockName(o.LockDir, ap)
 	lf, err := flock(lockPath)
 	if err != nil {
@@ -813,4 +817,66 @@ func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
 		}
 	}
 	return true, os.RemoveAll(dir)
+}
+
+var sweepOnce sync.Once
+
+// Sweep unpins the groups under pinRoot (DefaultPinRoot when "") that no
+// member holds any more, and returns how many it unpinned. A member whose
+// process died without leaving (SIGKILL, a crash) is found by its PID and
+// start time and put in TimeWait as Join does; a group is unpinned once
+// every slot is free — its members left and their TimeWait (tw, or the
+// DefaultTimeWait when 0) has passed — so a later sweep removes what this
+// one put in TimeWait. Without it every group a killed process was the last
+// member of stayed pinned in bpffs until the host rebooted, and a process
+// that looks for a live group by enumerating the kernel's BPF maps
+// (findLive) went through all of theirs (seconds, with thousands).
+// A group whose lock another process holds is left alone. Join calls it
+// once per process; lockDir "" is Options' default.
+func Sweep(pinRoot, lockDir string, tw time.Duration) int {
+	o := Options{PinRoot: pinRoot, LockDir: lockDir, TimeWait: tw}
+	o.defaults()
+	base := filepath.Join(o.PinRoot, "rocev2", "share-v1")
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	now := time.Now()
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		if sweepGroup(filepath.Join(base, e.Name()), filepath.Join(o.LockDir, e.Name()+".lock"), now, o.TimeWait) {
+			n++
+		}
+	}
+	return n
+}
+
+// sweepGroup sweeps the group pinned in dir under its lock file, unless
+// another process holds that lock, and unpins it when no slot is held; it
+// reports whether it did. A directory this version cannot load is left
+// alone (Remove is the way to clear one).
+func sweepGroup(dir, lockPath string, now time.Time, tw time.Duration) bool {
+	f, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return false
+	}
+	g, err := loadPinned(dir, false)
+	if err != nil {
+		return false
+	}
+	defer g.close()
+	g.sweep(now, tw)
+	for s := 0; s < MaxMembers; s++ {
+		if g.member(s).State != stateFree {
+			return false
+		}
+	}
+	return os.RemoveAll(dir) == nil
 }
