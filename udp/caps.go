@@ -221,6 +221,15 @@ func (w Wrap) GSO() bool {
 	return ok && g.GSO()
 }
 
+// SetErrorHandler forwards to the wrapped link (nothing if it is not an
+// ErrorReporter): the ICMP errors a wrapped socket link learns of still
+// reach the device (dest_unreachable, a CM request ended at once).
+func (w Wrap) SetErrorHandler(h func(*ICMPError)) {
+	if r, ok := w.Link.(ErrorReporter); ok {
+		r.SetErrorHandler(h)
+	}
+}
+
 // SetRecvInPlace forwards to the wrapped link (nothing if it is not an
 // InPlaceRecvLink).
 func (w Wrap) SetRecvInPlace(on bool) {

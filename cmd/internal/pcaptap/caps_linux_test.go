@@ -107,3 +107,59 @@ func TestTapKeepsCapabilities(t *testing.T) {
 		t.Errorf("%d records with an ICRC the writer could not match", w.unverified)
 	}
 }
+
+// TestTapForwardsICMPErrors: a Tap over a SocketLink passes the socket's
+// ICMP error reports on (udp.ErrorReporter, through udp.Wrap): with --pcap
+// the device still counts dest_unreachable and rdmacm still ends a request
+// to an address where nothing listens at once. Before, the tap hid them.
+func TestTapForwardsICMPErrors(t *testing.T) {
+	id := os.Getpid()
+	a := netip.AddrFrom4([4]byte{127, 97, byte(id >> 8), byte(id)})
+	closed := netip.AddrFrom4([4]byte{127, 98, byte(id >> 8), byte(id)}) // nothing on 4791
+	la, err := udp.ListenSocket(a, &udp.SocketOptions{Share: udp.ShareOff})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		t.Skipf("%v:4791 taken: %v", a, err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer la.Close()
+	w, err := NewWriter(&bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap := New(la, w, Both)
+	er, ok := any(tap).(udp.ErrorReporter)
+	if !ok {
+		t.Fatal("a Tap is not a udp.ErrorReporter")
+	}
+	got := make(chan *udp.ICMPError, 4)
+	er.SetErrorHandler(func(e *udp.ICMPError) {
+		select {
+		case got <- e:
+		default:
+		}
+	})
+	// A UD SEND to QP1 (BTH, DETH, 256 bytes, ICRC room).
+	pkt := make([]byte, 12+8+256+4)
+	pkt[0], pkt[7] = 0x64, 1
+	deadline := time.After(5 * time.Second)
+	for {
+		if err := tap.Send([]udp.Packet{{Buf: pkt, Addr: closed}}); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatal(err)
+		}
+		select {
+		case e := <-got:
+			if e.Dst != closed {
+				t.Errorf("ICMP error for %v, want %v", e.Dst, closed)
+			}
+			if q, ok := e.DestQP(); !ok || q != 1 {
+				t.Errorf("ICMP error's bounced packet: QP %d (%v), want 1", q, ok)
+			}
+			return
+		case <-time.After(100 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("no ICMP error reached the handler set through the Tap")
+		}
+	}
+}
