@@ -577,6 +577,9 @@ func TestReconnect(t *testing.T) {
 	}
 	p.t.mu.Unlock()
 	wg.Wait()
+	// The writers may be done before the delete lands (a fast run):
+	// the reconnect then follows it, after them.
+	waitFor(t, func() bool { return h.Stats().Reconnects >= 4 }, "host reconnected after the delete during I/O")
 	t.Logf("host %+v", h.Stats())
 	if h.Stats().Reconnects != 4 {
 		t.Errorf("%d reconnects, want 4", h.Stats().Reconnects)
