@@ -3,7 +3,6 @@
 package pcaptap
 
 import (
-	"errors"
 	"io"
 	"net/netip"
 	"os"
@@ -28,21 +27,9 @@ func BenchmarkTapSocket(b *testing.B) {
 	id := os.Getpid()
 	a := netip.AddrFrom4([4]byte{127, 97, byte(id >> 8), byte(id)})
 	c := netip.AddrFrom4([4]byte{127, 98, byte(id >> 8), byte(id)})
-	la, err := udp.ListenSocket(a, &udp.SocketOptions{GSO: true, Share: udp.ShareOff})
-	if errors.Is(err, syscall.EADDRINUSE) {
-		b.Skipf("%v:4791 taken: %v", a, err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
+	la := listenOrSkip(b, a, &udp.SocketOptions{GSO: true, Share: udp.ShareOff})
 	defer la.Close()
-	lc, err := udp.ListenSocket(c, &udp.SocketOptions{Share: udp.ShareOff})
-	if errors.Is(err, syscall.EADDRINUSE) {
-		b.Skipf("%v:4791 taken: %v", c, err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
+	lc := listenOrSkip(b, c, &udp.SocketOptions{Share: udp.ShareOff})
 	var drain sync.WaitGroup
 	drain.Go(func() {
 		rp := make([]udp.Packet, 64)

@@ -22,21 +22,9 @@ func TestTapKeepsCapabilities(t *testing.T) {
 	id := os.Getpid()
 	a := netip.AddrFrom4([4]byte{127, 95, byte(id >> 8), byte(id)})
 	b := netip.AddrFrom4([4]byte{127, 96, byte(id >> 8), byte(id)})
-	la, err := udp.ListenSocket(a, &udp.SocketOptions{GSO: true, BusyPoll: 50 * time.Microsecond, Share: udp.ShareOff})
-	if errors.Is(err, syscall.EADDRINUSE) {
-		t.Skipf("%v:4791 taken: %v", a, err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	la := listenOrSkip(t, a, &udp.SocketOptions{GSO: true, BusyPoll: 50 * time.Microsecond, Share: udp.ShareOff})
 	defer la.Close()
-	lb, err := udp.ListenSocket(b, &udp.SocketOptions{Share: udp.ShareOff})
-	if errors.Is(err, syscall.EADDRINUSE) {
-		t.Skipf("%v:4791 taken: %v", b, err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	lb := listenOrSkip(t, b, &udp.SocketOptions{Share: udp.ShareOff})
 	defer lb.Close()
 	want := udp.CapGSO | udp.CapRecvInPlace | udp.CapPoll | udp.CapZeroCopy
 	// Deferred ICRC checks are the socket's, never a wrapper's.
@@ -114,15 +102,9 @@ func TestTapKeepsCapabilities(t *testing.T) {
 // to an address where nothing listens at once. Before, the tap hid them.
 func TestTapForwardsICMPErrors(t *testing.T) {
 	id := os.Getpid()
-	a := netip.AddrFrom4([4]byte{127, 97, byte(id >> 8), byte(id)})
-	closed := netip.AddrFrom4([4]byte{127, 98, byte(id >> 8), byte(id)}) // nothing on 4791
-	la, err := udp.ListenSocket(a, &udp.SocketOptions{Share: udp.ShareOff})
-	if errors.Is(err, syscall.EADDRINUSE) {
-		t.Skipf("%v:4791 taken: %v", a, err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := netip.AddrFrom4([4]byte{127, 99, byte(id >> 8), byte(id)})
+	closed := netip.AddrFrom4([4]byte{127, 100, byte(id >> 8), byte(id)}) // nothing on 4791
+	la := listenOrSkip(t, a, &udp.SocketOptions{Share: udp.ShareOff})
 	defer la.Close()
 	w, err := NewWriter(&bytes.Buffer{})
 	if err != nil {
@@ -162,4 +144,18 @@ func TestTapForwardsICMPErrors(t *testing.T) {
 			t.Fatal("no ICMP error reached the handler set through the Tap")
 		}
 	}
+}
+
+// listenOrSkip opens a socket link on a:4791, skipping the test or
+// benchmark when another program holds that port.
+func listenOrSkip(tb testing.TB, a netip.Addr, o *udp.SocketOptions) *udp.SocketLink {
+	tb.Helper()
+	l, err := udp.ListenSocket(a, o)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		tb.Skipf("%v:4791 taken: %v", a, err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l
 }
