@@ -14,17 +14,71 @@ export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
 
 step() { printf '\n== %s ==\n' "$*"; }
 failed=()
+# Each stage's output is also kept in logdir, so that the end of the run can
+# repeat what failed: a CI log is often shown only by its head and its tail.
+logdir=$(mktemp -d /tmp/rocev2-test-logs.XXXXXX)
+trap 'rm -rf "$logdir"' EXIT
+nlog=0
 # run NAME CMD...: runs one stage; a failing stage is recorded and the next
 # stages still run, so one CI run shows every failure.
 run() {
-	local name=$1 t0=$SECONDS
+	local name=$1 t0=$SECONDS rc
 	shift
-	if ! "$@"; then
+	nlog=$((nlog + 1))
+	local log="$logdir/$(printf '%03d' $nlog) ${name//\//_}.log"
+	set +e
+	"$@" 2>&1 | tee "$log"
+	rc=${PIPESTATUS[0]}
+	set -e
+	if [ "$rc" != 0 ]; then
 		echo "FAILED: $name ($((SECONDS - t0)) s)"
 		failed+=("$name")
 	else
 		echo "stage $name: $((SECONDS - t0)) s"
+		rm -f "$log"
 	fi
+}
+
+# digest: for every failed stage, what failed, bounded: each failed test's
+# own messages (a -v log interleaves them with the passing tests'; here the
+# last 40 message lines of each failed leaf test), panics, races, build errors.
+digest() {
+	local f
+	for f in "$logdir"/*.log; do
+		[ -e "$f" ] || continue
+		printf '\n-- what failed in stage %s:\n' "$(basename "$f" .log | cut -d' ' -f2-)"
+		awk '
+			FNR == NR {
+				if (/^=== RUN /) verbose = 1
+				if (match($0, /--- FAIL: [^ ]+/)) {
+					name = substr($0, RSTART + 10, RLENGTH - 10)
+					failed[name] = 1
+					# a parent fails with its child: only leaves are shown
+					p = name; sub(/\/[^\/]*$/, "", p); if (p != name) parent[p] = 1
+				}
+				next
+			}
+			function flush(   i, s) {
+				if (cur != "" && (cur in failed) && !(cur in parent)) {
+					print "---- " cur ":"
+					s = n > 40 ? n - 40 : 0
+					for (i = s; i < n; i++) print buf[i % 40]
+					shown++
+				}
+				n = 0
+			}
+			# without -v, go test prints the messages of a failed test after its
+			# "--- FAIL" line, indented: shown as they come, up to 40 lines each
+			!verbose && /--- FAIL/ { print; left = 40; next }
+			!verbose && /^ / { if (left-- > 0) print; next }
+			!verbose { left = 0 }
+			/^=== RUN / { flush(); cur = $3; next }
+			/^(--- |ok  |PASS$|FAIL)/ { flush(); cur = ""; if ($0 ~ /^--- FAIL|^FAIL/) print; next }
+			/^panic:|DATA RACE|^[^ ]+\.go:[0-9]+:[0-9]+:/ { print }
+			cur != "" { buf[n % 40] = $0; n++ }
+			END { flush() }
+		' "$f" "$f" | head -300
+	done
 }
 
 step "dependencies"
@@ -121,7 +175,8 @@ fi
 
 step "done ($SECONDS s in all)"
 if [ ${#failed[@]} -gt 0 ]; then
-	printf 'FAILED stages: %s\n' "${failed[*]}"
+	digest
+	printf '\nFAILED stages: %s\n' "${failed[*]}"
 	exit 1
 fi
 echo "all checks passed"
