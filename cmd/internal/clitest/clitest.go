@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -45,10 +46,25 @@ func ProcExitCode(err error) int {
 	return -1
 }
 
-// FreeTCPPort returns a TCP port that was free a moment ago.
+// FreeTCPPort returns a TCP port that was free a moment ago on every
+// address. It is drawn at random below Linux's ephemeral range (32768 and
+// up by default), where the tests' own outgoing connections take their
+// ports: a port handed out by the kernel for ":0" could be given again to
+// some other test's connect before the server under test binds it (seen in
+// CI: "TCP port 40609 is in use"). A run that still collides says so in its
+// stderr, and PortBusy lets the caller retry with another port.
 func FreeTCPPort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return port
+	}
+	ln, err := net.Listen("tcp", ":0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,10 +72,15 @@ func FreeTCPPort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// PortBusy reports whether a command's stderr says that UDP 4791 was taken
-// (by another test of the repository on the same loopback address).
+// PortBusy reports whether a command's stderr says that a port it had to
+// bind was taken: UDP 4791 (by another test of the repository on the same
+// loopback address), or the TCP port of a perftest-style exchange (taken
+// between FreeTCPPort and the bind).
 func PortBusy(stderr string) bool {
-	return strings.Contains(stderr, "4791") && strings.Contains(stderr, "address already in use")
+	if !strings.Contains(stderr, "address already in use") {
+		return false
+	}
+	return strings.Contains(stderr, "4791") || strings.Contains(stderr, "TCP port")
 }
 
 // Run dispatches args[0] to the command of that name among cmds, as
