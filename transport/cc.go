@@ -202,7 +202,7 @@ func (qp *QP) onPaceTimer() {
 	if qp.destroyed {
 		return
 	}
-	qp.reqProgress()
+	qp.req.progress()
 	qp.settle()
 	qp.flushOut()
 }

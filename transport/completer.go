@@ -30,7 +30,7 @@ func (c *completer) reset(psn bth.PSN, a *QPAttr) {
 func (qp *QP) oldestUnacked() bth.PSN { return qp.comp.psn }
 
 // outstanding reports whether any sent request awaits a response.
-func (qp *QP) outstanding() bool { return qp.comp.psn != qp.nextPSN() }
+func (qp *QP) outstanding() bool { return qp.comp.psn != qp.req.nextPSN() }
 
 // retry starts a go-back-N retransmission from the oldest unacknowledged
 // PSN, or fails the QP when retry_cnt is exhausted.
@@ -46,11 +46,11 @@ func (qp *QP) retry() {
 	qp.comp.retryCnt--
 	inc(&qp.dev.ctr.CompleterRetryErr)
 	if qp.trace != nil {
-		qp.trace("retry from %v (req.psn %v) retryCnt now %d", qp.comp.psn, qp.nextPSN(), qp.comp.retryCnt)
+		qp.trace("retry from %v (req.psn %v) retryCnt now %d", qp.comp.psn, qp.req.nextPSN(), qp.comp.retryCnt)
 	}
 	qp.comp.retryPending, qp.comp.retryPSN = true, qp.comp.psn
-	qp.rewind(qp.comp.psn)
-	qp.reqProgress()
+	qp.req.rewind(qp.comp.psn)
+	qp.req.progress()
 }
 
 // progress records forward progress: retry counters are restored and the
@@ -65,7 +65,7 @@ func (qp *QP) progress() {
 }
 
 func (qp *QP) head() *sendWQE {
-	if qp.sqHead == qp.sqEnd || !qp.started(qp.sqHead) {
+	if qp.sqHead == qp.sqEnd || !qp.req.started(qp.sqHead) {
 		return nil
 	}
 	return qp.sqAt(qp.sqHead)
@@ -82,7 +82,7 @@ func (qp *QP) failWQE(w *sendWQE, st WCStatus) {
 // completeHead completes the head WQE successfully and advances.
 func (qp *QP) completeHead(w *sendWQE) {
 	w.done = true
-	qp.rdComplete(w)
+	qp.req.rdComplete(w)
 	switch w.wr.Opcode {
 	case WRSend, WRSendImm, WRSendInv:
 		inc(&qp.dev.ctr.RDMASends)
@@ -137,9 +137,9 @@ func (qp *QP) compInput(p *packetT) {
 		if p.AETH != nil {
 			syn = p.AETH.Syndrome().String()
 		}
-		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, qp.comp.psn, qp.nextPSN())
+		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, qp.comp.psn, qp.req.nextPSN())
 	}
-	if (!psn.Before(qp.nextPSN()) || psn.Before(qp.comp.psn)) && !(qp.sr != nil && qp.srAtNext(p, psn)) {
+	if (!psn.Before(qp.req.nextPSN()) || psn.Before(qp.comp.psn)) && !(qp.sr != nil && qp.srAtNext(p, psn)) {
 		return // not for an outstanding PSN (stale duplicate or bogus)
 	}
 	switch p.Info.Kind {
@@ -150,9 +150,9 @@ func (qp *QP) compInput(p *packetT) {
 	case bth.KindAtomicAck:
 		qp.onAtomicAck(p, psn)
 	}
-	qp.failAtHead()
+	qp.req.failAtHead()
 	if qp.attr.State == QPSRTS || qp.attr.State == QPSSQD {
-		qp.reqProgress()
+		qp.req.progress()
 	}
 }
 
@@ -181,7 +181,7 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 		if qp.comp.rnrRetry != 7 {
 			qp.comp.rnrRetry--
 		}
-		qp.rewind(qp.comp.psn)
+		qp.req.rewind(qp.comp.psn)
 		qp.comp.retryPending, qp.comp.retryPSN = true, qp.comp.psn
 		qp.startRNRWait(aeth.RNRTimeout(syn.RNRTimer()))
 	case aeth.TypeNAK:
@@ -279,7 +279,7 @@ func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
 // ignored, so one loss costs one go-back-N (rxe's started_retry).
 func (qp *QP) retryOnGap() {
 	if qp.sr != nil { // selective repeat: resend what is missing
-		qp.srLost(qp.nextPSN())
+		qp.srLost(qp.req.nextPSN())
 		return
 	}
 	if qp.comp.retryPending {

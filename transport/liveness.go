@@ -103,7 +103,7 @@ func (qp *QP) afterPost() {
 		qp.toError()
 	} else {
 		qp.tmr.inPost = true
-		qp.reqProgress()
+		qp.req.progress()
 		qp.tmr.inPost = false
 	}
 	qp.settle()

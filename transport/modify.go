@@ -184,7 +184,7 @@ func (qp *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		qp.srResetReq(bth.PSN(a.SQPSN))
 	case cur == QPSSQD && next == QPSRTS, cur == QPSSQE && next == QPSRTS:
 		a.State = QPSRTS
-		qp.reqProgress()
+		qp.req.progress()
 		qp.flushOut()
 	case next == QPSSQD:
 		a.State = QPSSQD
@@ -283,7 +283,7 @@ func (qp *QP) reset() {
 	}
 	qp.sqHead, qp.sqCur, qp.sqEnd = 0, 0, 0
 	qp.rqHead, qp.rqEnd = 0, 0
-	qp.req = requester{}
+	qp.req = requester{qp: qp}
 	qp.comp = completer{}
 	res := qp.resp.res
 	for i := range res {

@@ -239,7 +239,7 @@ func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlag
 	if qp.attr.State == QPSErr {
 		qp.toError()
 	} else {
-		qp.reqProgress()
+		qp.req.progress()
 	}
 	qp.settle()
 	qp.flushOut()

@@ -10,6 +10,7 @@ type packetT = packet.Packet
 // requester is the send side of a QP: it turns send WQEs into request
 // packets (rxe_req.c).
 type requester struct {
+	qp     *QP     // the QP it belongs to (it is embedded there, as QP.req)
 	psn    bth.PSN // next PSN to send
 	maxPSN bth.PSN // highest PSN ever sent + 1 (to count retransmissions)
 	curPkt int     // packets (PSNs) of sq[sqCur] already sent
@@ -22,7 +23,9 @@ type requester struct {
 	f        packet.Fields
 }
 
-func (r *requester) reset(psn bth.PSN) { *r = requester{psn: psn, maxPSN: psn} }
+// reset starts the requester over at psn (RTR→RTS): every other field
+// of its state is cleared.
+func (r *requester) reset(psn bth.PSN) { *r = requester{qp: r.qp, psn: psn, maxPSN: psn} }
 
 func isRdAtomic(op WROpcode) bool {
 	return op == WRRead || op == WRCompareSwap || op == WRFetchAdd
@@ -36,9 +39,10 @@ func npkts(n uint32, mtu int) int {
 	return int((uint64(n) + uint64(mtu) - 1) / uint64(mtu))
 }
 
-// reqProgress sends as many request packets as the window, the
+// progress sends as many request packets as the window, the
 // READ/atomic limit and fences allow. Called with qp.mu held.
-func (qp *QP) reqProgress() {
+func (r *requester) progress() {
+	qp := r.qp
 	if qp.init.Type == QPTypeUD {
 		qp.udProgress()
 		return
@@ -65,7 +69,7 @@ func (qp *QP) reqProgress() {
 		}
 	}
 	for qp.sqCur != qp.sqEnd {
-		if qp.init.Type == QPTypeRC && qp.req.psn.Diff(qp.oldestUnacked()) >= window {
+		if qp.init.Type == QPTypeRC && r.psn.Diff(qp.oldestUnacked()) >= window {
 			break
 		}
 		w := qp.sqAt(qp.sqCur)
@@ -73,29 +77,29 @@ func (qp *QP) reqProgress() {
 			break
 		}
 		if w.wr.Opcode == WRBindMW || w.wr.Opcode == WRLocalInv {
-			if st == QPSSQD || (w.wr.Flags&SendFence != 0 && qp.req.rdOut > 0) {
+			if st == QPSSQD || (w.wr.Flags&SendFence != 0 && r.rdOut > 0) {
 				break
 			}
-			if !qp.execLocal(w) {
+			if !r.execLocal(w) {
 				break
 			}
 			continue
 		}
-		if qp.req.curPkt == 0 {
+		if r.curPkt == 0 {
 			if st == QPSSQD {
 				break
 			}
-			if w.wr.Flags&SendFence != 0 && qp.req.rdOut > 0 {
+			if w.wr.Flags&SendFence != 0 && r.rdOut > 0 {
 				break
 			}
 			if isRdAtomic(w.wr.Opcode) {
-				if qp.req.rdOut >= maxRd {
+				if r.rdOut >= maxRd {
 					break
 				}
-				qp.req.rdOut++
+				r.rdOut++
 				w.rdCounted = true
 			}
-			w.firstPSN = qp.req.psn
+			w.firstPSN = r.psn
 			if w.wr.Opcode == WRCompareSwap || w.wr.Opcode == WRFetchAdd {
 				w.npkts = 1
 			} else {
@@ -105,7 +109,7 @@ func (qp *QP) reqProgress() {
 		if qp.paceHold() {
 			break
 		}
-		if !qp.sendRequest(w) {
+		if !r.sendRequest(w) {
 			break
 		}
 		qp.paceSent(qp.out[qp.nout-1].Len())
@@ -129,8 +133,8 @@ func (qp *QP) reqProgress() {
 // sendRequest emits the next packet of w (a READ request covers all its
 // remaining PSNs) and advances the requester. It reports false when the
 // QP went to ERR.
-func (qp *QP) sendRequest(w *sendWQE) bool {
-	r := &qp.req
+func (r *requester) sendRequest(w *sendWQE) bool {
+	qp := r.qp
 	k := r.curPkt
 	mtu := qp.mtu
 	f := &r.f
@@ -210,7 +214,7 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 	if payloadLen >= zcMinPayload && qp.dev.zc {
 		var err error
 		if zc, err = qp.pd.GatherView(w.sges, off, payloadLen); err != nil {
-			qp.failLocal(w, WCLocProtErr)
+			r.failLocal(w, WCLocProtErr)
 			return false
 		}
 	}
@@ -219,7 +223,7 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 		slot := buf[hdr : hdr+payloadLen]
 		if err := qp.pd.Gather(w.sges, off, slot); err != nil {
 			// The local memory went away after PostSend: local protection error.
-			qp.failLocal(w, WCLocProtErr)
+			r.failLocal(w, WCLocProtErr)
 			return false
 		}
 		f.Payload = slot
@@ -227,14 +231,14 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 	if zc != nil {
 		n, err := packet.BuildSplit(buf, f, payloadLen)
 		if err != nil {
-			qp.failLocal(w, WCLocQPOpErr)
+			r.failLocal(w, WCLocQPOpErr)
 			return false
 		}
 		qp.commitPayload(n, zc)
 	} else {
 		n, err := packet.Build(buf, f)
 		if err != nil {
-			qp.failLocal(w, WCLocQPOpErr)
+			r.failLocal(w, WCLocQPOpErr)
 			return false
 		}
 		qp.commit(n)
@@ -266,15 +270,16 @@ func (qp *QP) sendRequest(w *sendWQE) bool {
 // they have, w completes with st, the QP moves to ERR and the WQEs after w
 // are flushed (failAtHead). If w is the oldest outstanding WQE, that
 // happens now.
-func (qp *QP) failLocal(w *sendWQE, st WCStatus) {
+func (r *requester) failLocal(w *sendWQE, st WCStatus) {
 	w.done, w.status = true, st
-	qp.failAtHead()
+	r.failAtHead()
 }
 
 // failAtHead fails the QP when the oldest outstanding WQE is one the
 // requester gave up on (failLocal). The completer calls it after every
 // completion.
-func (qp *QP) failAtHead() {
+func (r *requester) failAtHead() {
+	qp := r.qp
 	if qp.sqHead == qp.sqEnd || qp.attr.State == QPSErr {
 		return
 	}
@@ -332,52 +337,55 @@ func dataOpcode(op WROpcode, first, last bool) bth.Opcode {
 
 // rewind resets the requester to from, the oldest unacknowledged PSN: the
 // next request packet is the one with that PSN (go-back-N).
-func (qp *QP) rewind(from bth.PSN) {
+func (r *requester) rewind(from bth.PSN) {
+	qp := r.qp
 	for i := qp.sqHead; i != qp.sqEnd && i <= qp.sqCur; i++ {
 		qp.sqAt(i).rdCounted = false
 	}
-	qp.req.rdOut = 0
+	r.rdOut = 0
 	qp.sqCur = qp.sqHead
-	qp.req.psn = from
-	qp.req.noack = 0
-	qp.req.curPkt = 0
+	r.psn = from
+	r.noack = 0
+	r.curPkt = 0
 	if qp.sqHead == qp.sqEnd {
 		return
 	}
 	w := qp.sqAt(qp.sqHead)
 	if k := int(from.Diff(w.firstPSN)); k > 0 && k < w.npkts {
-		qp.req.curPkt = k
+		r.curPkt = k
 		if isRdAtomic(w.wr.Opcode) {
 			w.rdCounted = true
-			qp.req.rdOut = 1
+			r.rdOut = 1
 		}
 	}
 }
 
 // rdComplete releases w's place among the outstanding READ/atomic
 // requests (max_rd_atomic) once it has completed.
-func (qp *QP) rdComplete(w *sendWQE) {
+func (r *requester) rdComplete(w *sendWQE) {
 	if w.rdCounted {
 		w.rdCounted = false
-		qp.req.rdOut--
+		r.rdOut--
 	}
 }
 
 // started reports whether the WQE at index i has been (at least partly) sent.
-func (qp *QP) started(i uint64) bool {
-	return i < qp.sqCur || (i == qp.sqCur && qp.req.curPkt > 0)
+func (r *requester) started(i uint64) bool {
+	qp := r.qp
+	return i < qp.sqCur || (i == qp.sqCur && r.curPkt > 0)
 }
 
 // nextPSN returns the PSN of the next request packet to send; every PSN
 // before it was sent.
-func (qp *QP) nextPSN() bth.PSN { return qp.req.psn }
+func (r *requester) nextPSN() bth.PSN { return r.psn }
 
 // execLocal executes a local operation (a type 2 window bind, a local
 // invalidate) when the requester reaches it: in order after the WRs before
 // it were sent, once only (a go-back-N passes over it). It completes when
 // it is the oldest outstanding WR: now, or when the ACKs of the WRs before
 // it arrive. It reports false when it failed (failLocal).
-func (qp *QP) execLocal(w *sendWQE) bool {
+func (r *requester) execLocal(w *sendWQE) bool {
+	qp := r.qp
 	if !w.localDone {
 		var err error
 		if w.wr.Opcode == WRBindMW {
@@ -390,12 +398,12 @@ func (qp *QP) execLocal(w *sendWQE) bool {
 			if qp.trace != nil {
 				qp.trace("%v wr_id %#x: %v", w.wr.Opcode, w.wr.WRID, err)
 			}
-			qp.failLocal(w, WCMWBindErr)
+			r.failLocal(w, WCMWBindErr)
 			return false
 		}
 		w.localDone = true
 	}
-	w.firstPSN = qp.req.psn
+	w.firstPSN = r.psn
 	w.npkts = 0
 	qp.sqCur++
 	if qp.sqHead == qp.sqCur-1 || qp.init.Type == QPTypeUC {

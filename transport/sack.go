@@ -150,7 +150,7 @@ type srState struct {
 	ackedTo bth.PSN                 // the highest cumulative acknowledgement applied + 1
 	hi      bth.PSN                 // PSNs before hi that are not done are lost
 	lost    bool                    // hi is set: a recovery is due
-	due     bool                    // srRecover must run (reqProgress)
+	due     bool                    // srRecover must run (req.progress)
 	// progressAt is when the requester last made progress: the short
 	// timeouts count against retry_cnt once per local ACK timeout
 	// without progress.
@@ -338,7 +338,7 @@ func (qp *QP) srDuplicate(p *packetT) bool {
 // outstanding one), is a sequence NAK: the responder received everything
 // sent, so it acknowledges every PSN before it.
 func (qp *QP) srAtNext(p *packetT, psn bth.PSN) bool {
-	return psn == qp.nextPSN() && p.Info.Kind == bth.KindAck && p.AETH.Syndrome() == aeth.NAK(aeth.NAKPSNSeqError)
+	return psn == qp.req.nextPSN() && p.Info.Kind == bth.KindAck && p.AETH.Syndrome() == aeth.NAK(aeth.NAKPSNSeqError)
 }
 
 // srSendSACK queues a selective NAK for the expected PSN with the bitmap of
@@ -485,7 +485,7 @@ func (qp *QP) srAckEvery() int {
 func (qp *QP) srRTO() time.Duration {
 	c, s := &qp.dev.cfg.SelectiveRepeat, qp.sr
 	to := c.RTOHigh
-	if int(qp.nextPSN().Diff(qp.comp.psn)) <= c.LowThreshold {
+	if int(qp.req.nextPSN().Diff(qp.comp.psn)) <= c.LowThreshold {
 		to = c.RTOLow
 	}
 	if s.srtt > 0 {
@@ -496,10 +496,10 @@ func (qp *QP) srRTO() time.Duration {
 }
 
 // srTimeSent starts a round-trip sample on the newest PSN sent, unless
-// one is running. Called by reqProgress after it sent new packets.
+// one is running. Called by req.progress after it sent new packets.
 func (qp *QP) srTimeSent() {
-	if s := qp.sr; !s.rttOn && qp.nextPSN() != qp.comp.psn {
-		s.rttPSN, s.rttAt, s.rttOn = qp.nextPSN().Add(-1), qp.now(), true
+	if s := qp.sr; !s.rttOn && qp.req.nextPSN() != qp.comp.psn {
+		s.rttPSN, s.rttAt, s.rttOn = qp.req.nextPSN().Add(-1), qp.now(), true
 	}
 }
 
@@ -592,12 +592,12 @@ func (qp *QP) srAcked(x bth.PSN) {
 		return
 	}
 	end := x.Add(1)
-	if !end.Before(qp.nextPSN()) {
-		end = qp.nextPSN()
+	if !end.Before(qp.req.nextPSN()) {
+		end = qp.req.nextPSN()
 	}
 	from := s.ackedTo
 	missing := false
-	for i := qp.sqHead; i != qp.sqEnd && qp.started(i); i++ {
+	for i := qp.sqHead; i != qp.sqEnd && qp.req.started(i); i++ {
 		w := qp.sqAt(i)
 		if !w.firstPSN.Before(end) {
 			break
@@ -647,7 +647,7 @@ func (qp *QP) srAdvance() {
 		// cumulatively (held is not executed).
 		end := w.firstPSN.Add(w.npkts)
 		rd := isRdAtomic(w.wr.Opcode)
-		for qp.comp.psn.Before(end) && qp.comp.psn.Before(qp.nextPSN()) {
+		for qp.comp.psn.Before(end) && qp.comp.psn.Before(qp.req.nextPSN()) {
 			if c := qp.comp.psn; (rd && !s.isDone(c)) || (!rd && !c.Before(s.ackedTo)) {
 				break
 			}
@@ -689,7 +689,7 @@ func (qp *QP) srOnAck(p *packetT, psn bth.PSN) bool {
 		inc(&qp.dev.ctr.SRSACKRcvd)
 		sk := aeth.SACK(p.Payload)
 		if qp.trace != nil {
-			qp.trace("sr sack base %v highest %d (comp.psn %v next %v)", psn, sk.Highest(), qp.comp.psn, qp.nextPSN())
+			qp.trace("sr sack base %v highest %d (comp.psn %v next %v)", psn, sk.Highest(), qp.comp.psn, qp.req.nextPSN())
 		}
 		if h := sk.Highest(); h >= 0 {
 			// The newest resend the responder holds, then the newest
@@ -712,13 +712,13 @@ func (qp *QP) srOnAck(p *packetT, psn bth.PSN) bool {
 				continue
 			}
 			q := psn.Add(1 + j)
-			if !q.Before(qp.nextPSN()) {
+			if !q.Before(qp.req.nextPSN()) {
 				break
 			}
-			for idx != qp.sqEnd && qp.started(idx) && !q.Before(qp.sqAt(idx).firstPSN.Add(qp.sqAt(idx).npkts)) {
+			for idx != qp.sqEnd && qp.req.started(idx) && !q.Before(qp.sqAt(idx).firstPSN.Add(qp.sqAt(idx).npkts)) {
 				idx++
 			}
-			if idx == qp.sqEnd || !qp.started(idx) {
+			if idx == qp.sqEnd || !qp.req.started(idx) {
 				break
 			}
 			if w := qp.sqAt(idx); q.Before(w.firstPSN) {
@@ -740,7 +740,7 @@ func (qp *QP) srOnAck(p *packetT, psn bth.PSN) bool {
 // srWQE returns the index of the outstanding WQE that holds PSN q, or
 // false.
 func (qp *QP) srWQE(q bth.PSN) (uint64, bool) {
-	for i := qp.sqHead; i != qp.sqEnd && qp.started(i); i++ {
+	for i := qp.sqHead; i != qp.sqEnd && qp.req.started(i); i++ {
 		w := qp.sqAt(i)
 		if q.Before(w.firstPSN) {
 			return 0, false
@@ -792,7 +792,7 @@ func (qp *QP) srOnReadResponse(p *packetT, psn bth.PSN) {
 	}
 	if len(p.Payload) > 0 {
 		if err := w.rsl.Scatter(qp.rxPins(), off, p.Payload); err != nil {
-			qp.failLocal(w, WCLocProtErr)
+			qp.req.failLocal(w, WCLocProtErr)
 			return
 		}
 	}
@@ -822,7 +822,7 @@ func (qp *QP) srOnAtomicAck(p *packetT, psn bth.PSN) {
 	}
 	binary.NativeEndian.PutUint64(qp.comp.scratch[:], p.AtomicAck.OrigData())
 	if err := qp.pd.Scatter(w.sges, 0, qp.comp.scratch[:]); err != nil {
-		qp.failLocal(w, WCLocProtErr)
+		qp.req.failLocal(w, WCLocProtErr)
 		return
 	}
 	s.setDone(psn)
@@ -881,7 +881,7 @@ func (qp *QP) srTimeout() {
 		s.pend = [srRingBits / 64]uint64{}
 		*s.round = [srRingBits]uint16{}
 		s.probeOn = false
-		qp.srLost(qp.nextPSN())
+		qp.srLost(qp.req.nextPSN())
 	} else {
 		// Probe with the oldest PSN (and what is known lost): a spurious
 		// expiry (a stalled peer or scheduler) costs one packet. Its
@@ -891,10 +891,10 @@ func (qp *QP) srTimeout() {
 			i, m := srBit(qp.comp.psn)
 			s.pend[i] &^= m
 		}
-		s.probe, s.probeMark, s.probeOn = qp.comp.psn, qp.nextPSN(), true
+		s.probe, s.probeMark, s.probeOn = qp.comp.psn, qp.req.nextPSN(), true
 		qp.srLost(qp.comp.psn.Add(1))
 	}
-	qp.reqProgress()
+	qp.req.progress()
 }
 
 // srProbeAnswered takes an answer that covers PSN seen: once it covers a
@@ -917,7 +917,7 @@ func (qp *QP) srProbeAnswered(seen bth.PSN) {
 }
 
 // srRecover resends the lost PSNs: those before hi that are neither done
-// nor pending, each once per round. Called from reqProgress with qp.mu
+// nor pending, each once per round. Called from req.progress with qp.mu
 // held.
 func (qp *QP) srRecover() {
 	s := qp.sr
@@ -927,8 +927,8 @@ func (qp *QP) srRecover() {
 	}
 	qp.srSync()
 	end := s.hi
-	if qp.nextPSN().Before(end) {
-		end = qp.nextPSN()
+	if qp.req.nextPSN().Before(end) {
+		end = qp.req.nextPSN()
 	}
 	started := false
 	q := qp.comp.psn
@@ -938,10 +938,10 @@ func (qp *QP) srRecover() {
 			q = q.Add(1)
 			continue
 		}
-		for idx != qp.sqEnd && qp.started(idx) && !q.Before(qp.sqAt(idx).firstPSN.Add(qp.sqAt(idx).npkts)) {
+		for idx != qp.sqEnd && qp.req.started(idx) && !q.Before(qp.sqAt(idx).firstPSN.Add(qp.sqAt(idx).npkts)) {
 			idx++
 		}
-		if idx == qp.sqEnd || !qp.started(idx) {
+		if idx == qp.sqEnd || !qp.req.started(idx) {
 			break
 		}
 		w := qp.sqAt(idx)
@@ -953,7 +953,7 @@ func (qp *QP) srRecover() {
 			break
 		}
 		if qp.paceHold() {
-			s.due = true // the pacing timer's reqProgress resumes
+			s.due = true // the pacing timer's req.progress resumes
 			return
 		}
 		k := int(q.Diff(w.firstPSN))
@@ -984,7 +984,7 @@ func (qp *QP) srRecover() {
 			s.rttOn = false // Karn: no sample across a resend
 		}
 		if qp.trace != nil {
-			qp.trace("sr resend %v span %d (comp.psn %v hi %v next %v)", q, span, qp.comp.psn, end, qp.nextPSN())
+			qp.trace("sr resend %v span %d (comp.psn %v hi %v next %v)", q, span, qp.comp.psn, end, qp.req.nextPSN())
 		}
 		if !qp.srResend(w, idx, k, limit) {
 			return
@@ -996,7 +996,7 @@ func (qp *QP) srRecover() {
 				s.round[uint32(q.Add(j))%srRingBits] = s.rounds
 			}
 		}
-		s.mark, s.markOn = qp.nextPSN(), true
+		s.mark, s.markOn = qp.req.nextPSN(), true
 		q = q.Add(span)
 	}
 	s.lost = false
@@ -1010,7 +1010,7 @@ func (qp *QP) srResend(w *sendWQE, idx uint64, k int, limit uint32) bool {
 	psn, cur, sqCur, noack := r.psn, r.curPkt, qp.sqCur, r.noack
 	r.psn, r.curPkt, qp.sqCur = w.firstPSN.Add(k), k, idx
 	r.forceAck, r.rdLimit = true, limit
-	ok := qp.sendRequest(w)
+	ok := qp.req.sendRequest(w)
 	r.forceAck, r.rdLimit = false, 0
 	if qp.attr.State != QPSErr {
 		r.psn, r.curPkt, qp.sqCur, r.noack = psn, cur, sqCur, noack
@@ -1029,13 +1029,13 @@ func (qp *QP) srProgress() {
 func (qp *QP) srDebugState() string {
 	s := qp.sr
 	out := fmt.Sprintf("comp.psn %v next %v ackedTo %v hi %v lost %v due %v mark %v/%v probe %v/%v/%v backoff %d srtt %v held %d resp.psn %v retryCnt %d\n",
-		qp.comp.psn, qp.nextPSN(), s.ackedTo, s.hi, s.lost, s.due, s.mark, s.markOn, s.probe, s.probeMark, s.probeOn, s.backoff, s.srtt, s.held, qp.resp.psn, qp.comp.retryCnt)
-	for q := qp.comp.psn; q.Before(qp.nextPSN()) && s.in(q); q = q.Add(1) {
+		qp.comp.psn, qp.req.nextPSN(), s.ackedTo, s.hi, s.lost, s.due, s.mark, s.markOn, s.probe, s.probeMark, s.probeOn, s.backoff, s.srtt, s.held, qp.resp.psn, qp.comp.retryCnt)
+	for q := qp.comp.psn; q.Before(qp.req.nextPSN()) && s.in(q); q = q.Add(1) {
 		out += fmt.Sprintf("%v:d%v/p%v/r%d ", q, s.isDone(q), s.isPend(q), s.round[uint32(q)%srRingBits])
 	}
 	for i := qp.sqHead; i != qp.sqEnd && i < qp.sqHead+6; i++ {
 		w := qp.sqAt(i)
-		out += fmt.Sprintf("\n  wqe %d: %v len %d first %v npkts %d done %v status %v started %v", w.wr.WRID, w.wr.Opcode, w.length, w.firstPSN, w.npkts, w.done, w.status, qp.started(i))
+		out += fmt.Sprintf("\n  wqe %d: %v len %d first %v npkts %d done %v status %v started %v", w.wr.WRID, w.wr.Opcode, w.length, w.firstPSN, w.npkts, w.done, w.status, qp.req.started(i))
 	}
 	return out
 }

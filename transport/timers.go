@@ -216,7 +216,7 @@ func (qp *QP) onRNRTimer() {
 		return
 	}
 	qp.tmr.rnrWait = false
-	qp.reqProgress()
+	qp.req.progress()
 	qp.settle()
 	qp.flushOut()
 }
