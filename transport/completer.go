@@ -10,6 +10,7 @@ import (
 // completer processes responses (ACK, NAK, READ responses, atomic ACKs)
 // and completes send WQEs in order (rxe_comp.c).
 type completer struct {
+	qp           *QP     // the QP it belongs to (it is embedded there, as QP.comp)
 	psn          bth.PSN // oldest unacknowledged PSN
 	retryCnt     uint8
 	rnrRetry     uint8
@@ -23,48 +24,53 @@ type completer struct {
 }
 
 func (c *completer) reset(psn bth.PSN, a *QPAttr) {
-	*c = completer{psn: psn, retryCnt: a.RetryCnt, rnrRetry: a.RNRRetry}
+	*c = completer{qp: c.qp, psn: psn, retryCnt: a.RetryCnt, rnrRetry: a.RNRRetry}
 }
 
 // oldestUnacked returns the oldest PSN not yet acknowledged.
-func (qp *QP) oldestUnacked() bth.PSN { return qp.comp.psn }
+func (c *completer) oldestUnacked() bth.PSN { return c.psn }
 
 // outstanding reports whether any sent request awaits a response.
-func (qp *QP) outstanding() bool { return qp.comp.psn != qp.req.nextPSN() }
+func (c *completer) outstanding() bool { return c.psn != c.qp.req.nextPSN() }
 
 // retry starts a go-back-N retransmission from the oldest unacknowledged
 // PSN, or fails the QP when retry_cnt is exhausted.
-func (qp *QP) retry() {
+func (c *completer) retry() {
+	qp := c.qp
 	if qp.sqHead == qp.sqEnd {
 		return
 	}
-	if qp.comp.retryCnt == 0 {
+	if c.retryCnt == 0 {
 		inc(&qp.dev.ctr.RetryExceededErr)
 		qp.failWQE(qp.sqAt(qp.sqHead), WCRetryExcErr)
 		return
 	}
-	qp.comp.retryCnt--
+	c.retryCnt--
 	inc(&qp.dev.ctr.CompleterRetryErr)
 	if qp.trace != nil {
-		qp.trace("retry from %v (req.psn %v) retryCnt now %d", qp.comp.psn, qp.req.nextPSN(), qp.comp.retryCnt)
+		qp.trace("retry from %v (req.psn %v) retryCnt now %d", c.psn, qp.req.nextPSN(), c.retryCnt)
 	}
-	qp.comp.retryPending, qp.comp.retryPSN = true, qp.comp.psn
-	qp.req.rewind(qp.comp.psn)
+	c.retryPending, c.retryPSN = true, c.psn
+	qp.req.rewind(c.psn)
 	qp.req.progress()
 }
 
-// progress records forward progress: retry counters are restored and the
+// progressed records forward progress: retry counters are restored and the
 // ACK timer is pushed out.
-func (qp *QP) progress() {
-	qp.comp.retryCnt = qp.attr.RetryCnt
-	qp.comp.rnrRetry = qp.attr.RNRRetry
-	qp.comp.retryPending = false
+func (c *completer) progressed() {
+	qp := c.qp
+	c.retryCnt = qp.attr.RetryCnt
+	c.rnrRetry = qp.attr.RNRRetry
+	c.retryPending = false
 	qp.srProgress()
-	qp.comp.lateRun = 0
+	c.lateRun = 0
 	qp.armRetrans()
 }
 
-func (qp *QP) head() *sendWQE {
+// head returns the oldest WQE that was (at least partly) sent and has not
+// completed, nil if there is none.
+func (c *completer) head() *sendWQE {
+	qp := c.qp
 	if qp.sqHead == qp.sqEnd || !qp.req.started(qp.sqHead) {
 		return nil
 	}
@@ -80,7 +86,8 @@ func (qp *QP) failWQE(w *sendWQE, st WCStatus) {
 }
 
 // completeHead completes the head WQE successfully and advances.
-func (qp *QP) completeHead(w *sendWQE) {
+func (c *completer) completeHead(w *sendWQE) {
+	qp := c.qp
 	w.done = true
 	qp.req.rdComplete(w)
 	switch w.wr.Opcode {
@@ -89,24 +96,24 @@ func (qp *QP) completeHead(w *sendWQE) {
 	}
 	qp.completeSend(w, WCSuccess)
 	qp.sqHead++
-	qp.comp.psn = w.firstPSN.Add(w.npkts)
+	c.psn = w.firstPSN.Add(w.npkts)
 }
 
 // ackUpTo applies a cumulative acknowledgement of every PSN up to and
 // including psn. It reports true when the ACK covers a READ or atomic
 // whose response is missing (the requester must retry).
-func (qp *QP) ackUpTo(psn bth.PSN) (needRetry bool) {
-	if psn.Before(qp.comp.psn) {
+func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
+	if psn.Before(c.psn) {
 		return false
 	}
 	moved := false
 	for {
-		w := qp.head()
+		w := c.head()
 		if w == nil || psn.Before(w.firstPSN) {
 			break
 		}
 		if w.npkts == 0 { // a local operation (bind, invalidate), done when reached
-			qp.completeHead(w)
+			c.completeHead(w)
 			moved = true
 			continue
 		}
@@ -116,39 +123,40 @@ func (qp *QP) ackUpTo(psn bth.PSN) (needRetry bool) {
 		}
 		last := w.firstPSN.Add(w.npkts - 1)
 		if psn.Before(last) {
-			qp.comp.psn = psn.Add(1)
+			c.psn = psn.Add(1)
 			moved = true
 			break
 		}
-		qp.completeHead(w)
+		c.completeHead(w)
 		moved = true
 	}
 	if moved {
-		qp.progress()
+		c.progressed()
 	}
 	return needRetry
 }
 
-// compInput handles a response packet. Called with qp.mu held.
-func (qp *QP) compInput(p *packetT) {
+// input handles a response packet. Called with qp.mu held.
+func (c *completer) input(p *packetT) {
+	qp := c.qp
 	psn := p.BTH.PSN()
 	if qp.trace != nil {
 		var syn string
 		if p.AETH != nil {
 			syn = p.AETH.Syndrome().String()
 		}
-		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, qp.comp.psn, qp.req.nextPSN())
+		qp.trace("rx %v psn %v %s (comp.psn %v req.psn %v)", p.BTH.Opcode(), psn, syn, c.psn, qp.req.nextPSN())
 	}
-	if (!psn.Before(qp.req.nextPSN()) || psn.Before(qp.comp.psn)) && !(qp.sr != nil && qp.srAtNext(p, psn)) {
+	if (!psn.Before(qp.req.nextPSN()) || psn.Before(c.psn)) && !(qp.sr != nil && qp.srAtNext(p, psn)) {
 		return // not for an outstanding PSN (stale duplicate or bogus)
 	}
 	switch p.Info.Kind {
 	case bth.KindAck:
-		qp.onAck(p, psn)
+		c.onAck(p, psn)
 	case bth.KindReadResponse:
-		qp.onReadResponse(p, psn)
+		c.onReadResponse(p, psn)
 	case bth.KindAtomicAck:
-		qp.onAtomicAck(p, psn)
+		c.onAtomicAck(p, psn)
 	}
 	qp.req.failAtHead()
 	if qp.attr.State == QPSRTS || qp.attr.State == QPSSQD {
@@ -156,47 +164,48 @@ func (qp *QP) compInput(p *packetT) {
 	}
 }
 
-func (qp *QP) onAck(p *packetT, psn bth.PSN) {
+func (c *completer) onAck(p *packetT, psn bth.PSN) {
+	qp := c.qp
 	if qp.sr != nil && qp.srOnAck(p, psn) {
 		return
 	}
 	syn := p.AETH.Syndrome()
 	switch syn.Type() {
 	case aeth.TypeACK:
-		if qp.ackUpTo(psn) {
-			qp.retryOnGap()
+		if c.ackUpTo(psn) {
+			c.retryOnGap()
 		}
 	case aeth.TypeRNRNAK:
-		qp.ackUpTo(psn.Add(-1))
-		w := qp.head()
-		if w == nil || psn != qp.comp.psn {
+		c.ackUpTo(psn.Add(-1))
+		w := c.head()
+		if w == nil || psn != c.psn {
 			return
 		}
 		inc(&qp.dev.ctr.RcvdRNRErr)
-		if qp.comp.rnrRetry == 0 {
+		if c.rnrRetry == 0 {
 			inc(&qp.dev.ctr.RetryRNRExceededErr)
 			qp.failWQE(w, WCRNRRetryExcErr)
 			return
 		}
-		if qp.comp.rnrRetry != 7 {
-			qp.comp.rnrRetry--
+		if c.rnrRetry != 7 {
+			c.rnrRetry--
 		}
-		qp.req.rewind(qp.comp.psn)
-		qp.comp.retryPending, qp.comp.retryPSN = true, qp.comp.psn
+		qp.req.rewind(c.psn)
+		c.retryPending, c.retryPSN = true, c.psn
 		qp.startRNRWait(aeth.RNRTimeout(syn.RNRTimer()))
 	case aeth.TypeNAK:
 		code := syn.NAKCode()
 		if code == aeth.NAKPSNSeqError {
-			qp.ackUpTo(psn.Add(-1))
+			c.ackUpTo(psn.Add(-1))
 			inc(&qp.dev.ctr.RcvdSeqErr)
-			qp.retryOnGap()
+			c.retryOnGap()
 			return
 		}
-		if qp.ackUpTo(psn.Add(-1)) {
-			qp.retryOnGap()
+		if c.ackUpTo(psn.Add(-1)) {
+			c.retryOnGap()
 			return
 		}
-		w := qp.head()
+		w := c.head()
 		if w == nil || psn.Before(w.firstPSN) || !psn.Before(w.firstPSN.Add(w.npkts)) {
 			return
 		}
@@ -216,23 +225,24 @@ func (qp *QP) onAck(p *packetT, psn bth.PSN) {
 	}
 }
 
-func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
+func (c *completer) onReadResponse(p *packetT, psn bth.PSN) {
+	qp := c.qp
 	if qp.sr != nil {
 		qp.srOnReadResponse(p, psn)
 		return
 	}
 	// A READ response implicitly acknowledges every earlier SEND/WRITE.
-	if qp.ackUpTo(psn.Add(-1)) {
+	if c.ackUpTo(psn.Add(-1)) {
 		// An earlier READ/atomic is still missing its response.
-		qp.retryOnGap()
+		c.retryOnGap()
 		return
 	}
-	w := qp.head()
+	w := c.head()
 	if w == nil || w.wr.Opcode != WRRead {
 		return
 	}
-	if psn != qp.comp.psn {
-		qp.retryOnGap()
+	if psn != c.psn {
+		c.retryOnGap()
 		return
 	}
 	k := int(psn.Diff(w.firstPSN))
@@ -265,11 +275,11 @@ func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
 			return
 		}
 	}
-	qp.comp.psn = psn.Add(1)
+	c.psn = psn.Add(1)
 	if lastPkt {
-		qp.completeHead(w)
+		c.completeHead(w)
 	}
-	qp.progress()
+	c.progressed()
 }
 
 // retryOnGap retransmits after a response revealed a gap (a PSN sequence
@@ -277,40 +287,42 @@ func (qp *QP) onReadResponse(p *packetT, psn bth.PSN) {
 // While a retransmission is under way and nothing new has been
 // acknowledged, further such signals come from the old flight and are
 // ignored, so one loss costs one go-back-N (rxe's started_retry).
-func (qp *QP) retryOnGap() {
+func (c *completer) retryOnGap() {
+	qp := c.qp
 	if qp.sr != nil { // selective repeat: resend what is missing
 		qp.srLost(qp.req.nextPSN())
 		return
 	}
-	if qp.comp.retryPending {
+	if c.retryPending {
 		return
 	}
-	qp.retry()
+	c.retry()
 }
 
-func (qp *QP) onAtomicAck(p *packetT, psn bth.PSN) {
+func (c *completer) onAtomicAck(p *packetT, psn bth.PSN) {
+	qp := c.qp
 	if qp.sr != nil {
 		qp.srOnAtomicAck(p, psn)
 		return
 	}
-	if qp.ackUpTo(psn.Add(-1)) {
-		qp.retryOnGap()
+	if c.ackUpTo(psn.Add(-1)) {
+		c.retryOnGap()
 		return
 	}
-	w := qp.head()
+	w := c.head()
 	if w == nil || (w.wr.Opcode != WRCompareSwap && w.wr.Opcode != WRFetchAdd) {
 		return
 	}
-	if psn != qp.comp.psn || psn != w.firstPSN || p.AETH.Syndrome().Type() != aeth.TypeACK {
+	if psn != c.psn || psn != w.firstPSN || p.AETH.Syndrome().Type() != aeth.TypeACK {
 		return
 	}
-	binary.NativeEndian.PutUint64(qp.comp.scratch[:], p.AtomicAck.OrigData())
-	if err := qp.pd.Scatter(w.sges, 0, qp.comp.scratch[:]); err != nil {
+	binary.NativeEndian.PutUint64(c.scratch[:], p.AtomicAck.OrigData())
+	if err := qp.pd.Scatter(w.sges, 0, c.scratch[:]); err != nil {
 		qp.failWQE(w, WCLocProtErr)
 		return
 	}
-	qp.completeHead(w)
-	qp.progress()
+	c.completeHead(w)
+	c.progressed()
 }
 
 // completeSend generates the completion of a send WQE (always for errors,

@@ -284,7 +284,7 @@ func (qp *QP) reset() {
 	qp.sqHead, qp.sqCur, qp.sqEnd = 0, 0, 0
 	qp.rqHead, qp.rqEnd = 0, 0
 	qp.req = requester{qp: qp}
-	qp.comp = completer{}
+	qp.comp = completer{qp: qp}
 	res := qp.resp.res
 	for i := range res {
 		res[i] = rdRes{}

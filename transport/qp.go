@@ -152,7 +152,7 @@ func (qp *QP) settle() {
 			qp.fail(EventQPFatal, ErrCQOverflow)
 		}
 	}
-	if qp.attr.State == QPSSQD && !qp.sqdDrained && !qp.outstanding() && !qp.req.started(qp.sqCur) {
+	if qp.attr.State == QPSSQD && !qp.sqdDrained && !qp.comp.outstanding() && !qp.req.started(qp.sqCur) {
 		qp.sqdDrained = true
 		qp.dev.raise(AsyncEvent{Type: EventSQDrained, QP: qp})
 	}
@@ -226,7 +226,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	}
 	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ, init: a, transport: tr, commEstCh: make(chan struct{}),
 		failCh: make(chan struct{}), roomCh: make(chan struct{}, 1)}
-	qp.req.qp = qp
+	qp.req.qp, qp.comp.qp = qp, qp
 	if a.SRQ != nil {
 		qp.resp.srqWQE.sges = make([]memreg.SGE, 0, a.SRQ.maxSGE)
 	}
@@ -442,7 +442,7 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 	if p.Info.Request {
 		qp.respInput(p)
 	} else if st >= QPSRTS {
-		qp.compInput(p)
+		qp.comp.input(p)
 	}
 	qp.settle()
 	qp.rxBatch = false

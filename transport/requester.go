@@ -69,7 +69,7 @@ func (r *requester) progress() {
 		}
 	}
 	for qp.sqCur != qp.sqEnd {
-		if qp.init.Type == QPTypeRC && r.psn.Diff(qp.oldestUnacked()) >= window {
+		if qp.init.Type == QPTypeRC && r.psn.Diff(qp.comp.oldestUnacked()) >= window {
 			break
 		}
 		w := qp.sqAt(qp.sqCur)
@@ -256,7 +256,7 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 		qp.sqCur++
 		if qp.init.Type == QPTypeUC {
 			// No acknowledgement will come: done once sent.
-			qp.completeHead(w)
+			qp.comp.completeHead(w)
 		}
 	}
 	return true
@@ -407,7 +407,7 @@ func (r *requester) execLocal(w *sendWQE) bool {
 	w.npkts = 0
 	qp.sqCur++
 	if qp.sqHead == qp.sqCur-1 || qp.init.Type == QPTypeUC {
-		qp.completeHead(w)
+		qp.comp.completeHead(w)
 	}
 	return true
 }

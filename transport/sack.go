@@ -633,12 +633,12 @@ func (qp *QP) srAdvance() {
 	s := qp.sr
 	moved := false
 	for {
-		w := qp.head()
+		w := qp.comp.head()
 		if w == nil {
 			break
 		}
 		if w.npkts == 0 { // a local operation: done when reached
-			qp.completeHead(w)
+			qp.comp.completeHead(w)
 			moved = true
 			continue
 		}
@@ -657,14 +657,14 @@ func (qp *QP) srAdvance() {
 		if qp.comp.psn != end {
 			break
 		}
-		qp.completeHead(w)
+		qp.comp.completeHead(w)
 		moved = true
 	}
 	if moved {
 		qp.srSync()
 		qp.srRTTSample()
 		s.backoff = 0
-		qp.progress()
+		qp.comp.progressed()
 	}
 }
 
@@ -871,7 +871,7 @@ func (qp *QP) srTimeout() {
 	}
 	// The oldest SEND/WRITE packet goes again even if the responder held
 	// it: its acknowledgement may be what was lost.
-	if w := qp.head(); w != nil && !isRdAtomic(w.wr.Opcode) && s.in(qp.comp.psn) {
+	if w := qp.comp.head(); w != nil && !isRdAtomic(w.wr.Opcode) && s.in(qp.comp.psn) {
 		i, m := srBit(qp.comp.psn)
 		s.done[i] &^= m
 	}

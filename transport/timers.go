@@ -89,7 +89,7 @@ func (qp *QP) startRNRWait(d time.Duration) {
 // idle (timers.coldIdle); its expiry then finds nothing outstanding and
 // ends there.
 func (qp *QP) armRetrans() {
-	if qp.timeout == 0 || !qp.outstanding() {
+	if qp.timeout == 0 || !qp.comp.outstanding() {
 		if qp.tmr.timerArmed && (qp.tmr.coldIdle || qp.timeout == 0) {
 			qp.tmr.timerArmed = false
 			qp.dev.tq.cancel(&qp.tq[timerRetrans])
@@ -120,7 +120,7 @@ func (qp *QP) armRetrans() {
 // onRetransTimer is the local ACK timeout. Called with qp.mu held.
 func (qp *QP) onRetransTimer() {
 	qp.tmr.timerArmed = false
-	if !qp.outstanding() && !qp.destroyed && qp.timeout != 0 {
+	if !qp.comp.outstanding() && !qp.destroyed && qp.timeout != 0 {
 		// Idle. The entry fires at the deadline it was queued with, which
 		// later messages only pushed out (deadline): if one came within
 		// the last timeout, the QP is busy now and then — keep the
@@ -136,7 +136,7 @@ func (qp *QP) onRetransTimer() {
 		return
 	}
 	st := qp.attr.State
-	if qp.destroyed || (st != QPSRTS && st != QPSSQD) || qp.timeout == 0 || !qp.outstanding() || qp.tmr.rnrWait {
+	if qp.destroyed || (st != QPSRTS && st != QPSSQD) || qp.timeout == 0 || !qp.comp.outstanding() || qp.tmr.rnrWait {
 		return
 	}
 	now := qp.dev.clock.Now()
@@ -161,12 +161,12 @@ func (qp *QP) onRetransTimer() {
 		inc(&qp.dev.ctr.LocalAckTimeout)
 	}
 	if qp.trace != nil {
-		qp.trace("timeout comp.psn %v", qp.oldestUnacked())
+		qp.trace("timeout comp.psn %v", qp.comp.oldestUnacked())
 	}
 	if qp.sr != nil {
 		qp.srTimeout()
 	} else {
-		qp.retry()
+		qp.comp.retry()
 	}
 	qp.settle()
 	qp.flushOut()
