@@ -23,6 +23,8 @@ type completer struct {
 	lateRun uint8
 }
 
+// reset starts the completer over at psn with the retry budgets of a
+// (RTR→RTS).
 func (c *completer) reset(psn bth.PSN, a *QPAttr) {
 	*c = completer{qp: c.qp, psn: psn, retryCnt: a.RetryCnt, rnrRetry: a.RNRRetry}
 }
@@ -164,6 +166,9 @@ func (c *completer) input(p *packetT) {
 	}
 }
 
+// onAck handles an ACKNOWLEDGE: an ACK completes what it covers, an RNR
+// NAK backs off and retries, a NAK retries (PSN sequence error) or fails
+// the WQE it names.
 func (c *completer) onAck(p *packetT, psn bth.PSN) {
 	qp := c.qp
 	if qp.sr != nil && qp.srOnAck(p, psn) {
@@ -225,6 +230,8 @@ func (c *completer) onAck(p *packetT, psn bth.PSN) {
 	}
 }
 
+// onReadResponse places a READ response into the head READ WQE and
+// completes it at the last one.
 func (c *completer) onReadResponse(p *packetT, psn bth.PSN) {
 	qp := c.qp
 	if qp.sr != nil {
@@ -299,6 +306,8 @@ func (c *completer) retryOnGap() {
 	c.retry()
 }
 
+// onAtomicAck stores an ATOMIC ACK's original value into the head atomic
+// WQE's buffer and completes it.
 func (c *completer) onAtomicAck(p *packetT, psn bth.PSN) {
 	qp := c.qp
 	if qp.sr != nil {

@@ -289,7 +289,7 @@ func (qp *QP) reset() {
 	for i := range res {
 		res[i] = rdRes{}
 	}
-	qp.resp = responder{res: res, srqWQE: recvWQE{sges: qp.resp.srqWQE.sges[:0]}}
+	qp.resp = responder{qp: qp, res: res, srqWQE: recvWQE{sges: qp.resp.srqWQE.sges[:0]}}
 	qp.nout = 0
 	qp.ackSlot = 0
 	qp.attr = QPAttr{}

@@ -26,7 +26,7 @@ import (
 //   - place: what the responder does per packet to place its payload, on
 //     the path it really takes inside a batch (BatchTarget.Write into the
 //     batch's Pins, the Pins' Release at the end of the batch), isolated:
-//     the calls respWrite makes, with the target looked up per message.
+//     the calls responder.onWrite makes, with the target looked up per message.
 //   - rx/batched: the whole receive handling: Device.inputBatch (parse,
 //     QP lookup and lock, PSN/opcode/length checks, placement, counters,
 //     pin release) plus the batch's wake and flush (one ACK), as the

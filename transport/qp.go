@@ -226,7 +226,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	}
 	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ, init: a, transport: tr, commEstCh: make(chan struct{}),
 		failCh: make(chan struct{}), roomCh: make(chan struct{}, 1)}
-	qp.req.qp, qp.comp.qp = qp, qp
+	qp.req.qp, qp.comp.qp, qp.resp.qp = qp, qp, qp
 	if a.SRQ != nil {
 		qp.resp.srqWQE.sges = make([]memreg.SGE, 0, a.SRQ.maxSGE)
 	}
@@ -440,7 +440,7 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 		qp.trace("rx req %v psn %v (resp.psn %v)", p.BTH.Opcode(), p.BTH.PSN(), qp.resp.psn)
 	}
 	if p.Info.Request {
-		qp.respInput(p)
+		qp.resp.input(p)
 	} else if st >= QPSRTS {
 		qp.comp.input(p)
 	}

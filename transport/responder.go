@@ -13,6 +13,7 @@ import (
 // requests and generates ACKs, NAKs, READ responses and atomic ACKs
 // (rxe_resp.c).
 type responder struct {
+	qp      *QP     // the QP it belongs to (it is embedded there, as QP.resp)
 	psn     bth.PSN // expected PSN
 	msn     uint32  // completed messages (24 bits)
 	nakSent bool    // a PSN sequence error NAK was sent for the current gap
@@ -40,12 +41,14 @@ const (
 	opWrite
 )
 
+// reset starts the responder over at psn (INIT→RTR): the saved READ and
+// atomic resources are cleared, their storage kept.
 func (r *responder) reset(psn bth.PSN) {
 	res := r.res
 	for i := range res {
 		res[i] = rdRes{}
 	}
-	*r = responder{psn: psn, res: res}
+	*r = responder{qp: r.qp, psn: psn, res: res}
 }
 
 // rxPins returns the pins of the current received batch when input comes
@@ -66,15 +69,15 @@ func (qp *QP) releasePins() {
 	}
 }
 
-// respInput handles a request packet. Called with qp.mu held.
-func (qp *QP) respInput(p *packetT) {
-	r := &qp.resp
+// input handles a request packet. Called with qp.mu held.
+func (r *responder) input(p *packetT) {
+	qp := r.qp
 	psn := p.BTH.PSN()
 	if qp.init.Type == QPTypeUC {
-		if !qp.ucAccept(p, psn) {
+		if !r.ucAccept(p, psn) {
 			return
 		}
-		qp.respExecute(p, psn)
+		r.execute(p, psn)
 		return
 	}
 	d := psn.Diff(r.psn)
@@ -86,7 +89,7 @@ func (qp *QP) respInput(p *packetT) {
 		if !r.nakSent {
 			r.nakSent = true
 			inc(&qp.dev.ctr.OutOfSeqRequest)
-			qp.sendAck(aeth.NAK(aeth.NAKPSNSeqError), r.psn)
+			r.sendAck(aeth.NAK(aeth.NAKPSNSeqError), r.psn)
 		}
 		return
 	}
@@ -95,20 +98,19 @@ func (qp *QP) respInput(p *packetT) {
 		if qp.sr != nil && qp.srDuplicate(p) {
 			return
 		}
-		qp.respDuplicate(p, psn)
+		r.duplicate(p, psn)
 		return
 	}
 	r.nakSent = false
-	qp.respExecute(p, psn)
+	r.execute(p, psn)
 	if qp.sr != nil {
 		qp.srDrain(psn)
 	}
 }
 
-// respExecute checks the opcode sequence of an in-sequence request and
+// execute checks the opcode sequence of an in-sequence request and
 // executes it.
-func (qp *QP) respExecute(p *packetT, psn bth.PSN) {
-	r := &qp.resp
+func (r *responder) execute(p *packetT, psn bth.PSN) {
 	// Opcode sequence: a message in progress continues with middle/last of
 	// the same kind; otherwise only first/only packets may start one.
 	kind, pos := p.Info.Kind, p.Info.Pos
@@ -116,48 +118,49 @@ func (qp *QP) respExecute(p *packetT, psn bth.PSN) {
 	switch r.op {
 	case opSend:
 		if kind != bth.KindSend || !cont {
-			qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+			r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 			return
 		}
 	case opWrite:
 		if kind != bth.KindWrite || !cont {
-			qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+			r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 			return
 		}
 	default:
 		if cont {
-			qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+			r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 			return
 		}
 	}
 	switch kind {
 	case bth.KindSend:
-		qp.respSend(p, psn)
+		r.onSend(p, psn)
 	case bth.KindWrite:
-		qp.respWrite(p, psn)
+		r.onWrite(p, psn)
 	case bth.KindReadRequest:
-		qp.respRead(p, psn)
+		r.onRead(p, psn)
 	case bth.KindCompareSwap, bth.KindFetchAdd:
-		qp.respAtomic(p, psn)
+		r.onAtomic(p, psn)
 	default:
-		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 	}
 }
 
-// respFatal sends a NAK for psn and moves the QP to ERR; a receive WQE in
+// fatal sends a NAK for psn and moves the QP to ERR; a receive WQE in
 // progress completes with st. The device raises EventQPReqErr for an
 // invalid request, EventQPAccessErr for a remote access error and
 // EventQPFatal otherwise.
-func (qp *QP) respFatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
+func (r *responder) fatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
+	qp := r.qp
 	if qp.init.Type == QPTypeUC {
 		// UC cannot NAK: the message is dropped, the QP carries on.
-		qp.ucDrop()
+		r.ucDrop()
 		return
 	}
-	qp.resp.wt, qp.resp.rsl = memreg.BatchTarget{}, memreg.ScatterList{}
-	qp.sendAck(aeth.NAK(code), psn)
-	if qp.resp.wqeActive {
-		qp.completeRecv(st, WCRecv, 0, 0, 0, 0, false)
+	r.wt, r.rsl = memreg.BatchTarget{}, memreg.ScatterList{}
+	r.sendAck(aeth.NAK(code), psn)
+	if r.wqeActive {
+		r.completeRecv(st, WCRecv, 0, 0, 0, 0, false)
 	}
 	ev := EventQPFatal
 	switch code {
@@ -171,7 +174,8 @@ func (qp *QP) respFatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
 
 // checkLen enforces the packet length rules: first and middle packets carry
 // exactly one path MTU, last and only packets at most one.
-func (qp *QP) checkLen(p *packetT) bool {
+func (r *responder) checkLen(p *packetT) bool {
+	qp := r.qp
 	n := len(p.Payload)
 	switch p.Info.Pos {
 	case bth.PosFirst, bth.PosMiddle:
@@ -182,28 +186,34 @@ func (qp *QP) checkLen(p *packetT) bool {
 
 // completeRecv completes the receive WQE at the head of the receive queue.
 // solicited is the SE bit of the message's last packet.
-func (qp *QP) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, imm, inv uint32, solicited bool) {
+func (r *responder) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, imm, inv uint32, solicited bool) {
+	qp := r.qp
 	rw := qp.nextRecv()
 	wc := WC{WRID: rw.wrid, Status: st, Opcode: op, ByteLen: n, Flags: flags, Imm: imm,
 		InvalidatedRKey: inv, QPN: qp.qpn, SrcQP: qp.attr.DestQPN}
 	qp.consumeRecv()
-	qp.resp.wqeActive = false
-	qp.resp.rsl = memreg.ScatterList{}
+	r.wqeActive = false
+	r.rsl = memreg.ScatterList{}
 	inc(&qp.dev.ctr.RDMARecvs)
 	qp.pushWC(qp.recvCQ, &wc, solicited)
 }
 
-func (qp *QP) rnrNAK(psn bth.PSN) {
+// rnrNAK answers a request that needs a receive WQE when none is posted:
+// an RNR NAK (RC), or the message is dropped (UC).
+func (r *responder) rnrNAK(psn bth.PSN) {
+	qp := r.qp
 	if qp.init.Type == QPTypeUC { // no receive WQE: the message is dropped
-		qp.ucDrop()
+		r.ucDrop()
 		return
 	}
 	inc(&qp.dev.ctr.SendRNRErr)
-	qp.sendAck(aeth.RNRNAK(qp.attr.MinRNRTimer), psn)
+	r.sendAck(aeth.RNRNAK(qp.attr.MinRNRTimer), psn)
 }
 
-func (qp *QP) endRequest(p *packetT, psn bth.PSN) {
-	r := &qp.resp
+// endRequest finishes an executed request packet: the expected PSN and
+// (at a message's end) the MSN advance, and an ACK goes out if asked for.
+func (r *responder) endRequest(p *packetT, psn bth.PSN) {
+	qp := r.qp
 	r.psn = psn.Add(1)
 	if p.Info.Pos == bth.PosLast || p.Info.Pos == bth.PosOnly {
 		r.op = opNone
@@ -213,7 +223,7 @@ func (qp *QP) endRequest(p *packetT, psn bth.PSN) {
 		return
 	}
 	if p.BTH.AckReq() {
-		qp.sendAck(aeth.ACK(aeth.NoCreditLimit), psn)
+		r.sendAck(aeth.ACK(aeth.NoCreditLimit), psn)
 	} else {
 		inc(&qp.dev.ctr.AckDeferred)
 	}
@@ -224,20 +234,19 @@ func (qp *QP) endRequest(p *packetT, psn bth.PSN) {
 // dropped, the rest of that message is dropped and the responder resumes
 // at the next FIRST or ONLY packet, whatever its PSN. Each message lost
 // this way is counted (uc_msgs_dropped).
-func (qp *QP) ucAccept(p *packetT, psn bth.PSN) bool {
-	r := &qp.resp
+func (r *responder) ucAccept(p *packetT, psn bth.PSN) bool {
 	if !r.ucDropping && psn == r.psn {
 		return true
 	}
 	start := p.Info.Pos == bth.PosFirst || p.Info.Pos == bth.PosOnly
 	if !start {
 		if !r.ucDropping {
-			qp.ucDrop()
+			r.ucDrop()
 		}
 		return false
 	}
 	if !r.ucDropping && r.op != opNone {
-		qp.ucDrop() // the message in progress lost its tail
+		r.ucDrop() // the message in progress lost its tail
 	}
 	r.ucDropping = false
 	r.psn = psn
@@ -246,8 +255,8 @@ func (qp *QP) ucAccept(p *packetT, psn bth.PSN) bool {
 
 // ucDrop abandons the UC message in progress: its receive WQE (if it had
 // taken one) stays posted for the next message.
-func (qp *QP) ucDrop() {
-	r := &qp.resp
+func (r *responder) ucDrop() {
+	qp := r.qp
 	r.ucDropping = true
 	r.op = opNone
 	r.wqeActive = false
@@ -256,20 +265,22 @@ func (qp *QP) ucDrop() {
 	inc(&qp.dev.ctr.UCMsgsDropped)
 }
 
-func (qp *QP) respSend(p *packetT, psn bth.PSN) {
-	r := &qp.resp
+// onSend places a SEND packet into the receive WQE at the head of the
+// receive queue and completes it at the message's last packet.
+func (r *responder) onSend(p *packetT, psn bth.PSN) {
+	qp := r.qp
 	pos := p.Info.Pos
 	if pos == bth.PosFirst || pos == bth.PosOnly {
 		if qp.nextRecv() == nil {
-			qp.rnrNAK(psn)
+			r.rnrNAK(psn)
 			return
 		}
 		r.wqeActive = true
 		r.offset = 0
 		r.op = opSend
 	}
-	if !qp.checkLen(p) {
-		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+	if !r.checkLen(p) {
+		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
 	rw := qp.nextRecv()
@@ -278,7 +289,7 @@ func (qp *QP) respSend(p *packetT, psn bth.PSN) {
 	}
 	n := uint64(len(p.Payload))
 	if r.offset+n > rw.length {
-		qp.respFatal(aeth.NAKInvalidRequest, psn, WCLocLenErr)
+		r.fatal(aeth.NAKInvalidRequest, psn, WCLocLenErr)
 		return
 	}
 	if n > 0 {
@@ -286,7 +297,7 @@ func (qp *QP) respSend(p *packetT, psn bth.PSN) {
 		// the batch ends (Device.rxPins): a packet inside the SGE the
 		// previous one wrote is a bounds check and a copy.
 		if err := r.rsl.Scatter(qp.rxPins(), r.offset, p.Payload); err != nil {
-			qp.respFatal(aeth.NAKRemoteOperationalError, psn, WCLocProtErr)
+			r.fatal(aeth.NAKRemoteOperationalError, psn, WCLocProtErr)
 			return
 		}
 	}
@@ -304,18 +315,20 @@ func (qp *QP) respSend(p *packetT, psn bth.PSN) {
 			// release this batch's first (one of them may be it).
 			qp.releasePins()
 			if err := qp.rv.InvalidateRemote(inv); err != nil {
-				qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+				r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 				return
 			}
 			flags |= WCWithInv
 		}
-		qp.completeRecv(WCSuccess, WCRecv, uint32(r.offset), flags, imm, inv, p.BTH.SolicitedEvent())
+		r.completeRecv(WCSuccess, WCRecv, uint32(r.offset), flags, imm, inv, p.BTH.SolicitedEvent())
 	}
-	qp.endRequest(p, psn)
+	r.endRequest(p, psn)
 }
 
-func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
-	r := &qp.resp
+// onWrite places an RDMA WRITE packet into the region its RETH named at
+// the message's first packet.
+func (r *responder) onWrite(p *packetT, psn bth.PSN) {
+	qp := r.qp
 	pos := p.Info.Pos
 	// A zero-length WRITE ONLY without immediate touches no memory: it is
 	// what keep-alive probes are (QP.Probe), and a QP that grants no
@@ -323,32 +336,32 @@ func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
 	// Linux's CM grants remote write on every QP it connects.)
 	probe := pos == bth.PosOnly && !p.Info.Imm && p.RETH.DMALength() == 0 && len(p.Payload) == 0
 	if qp.attr.AccessFlags&memreg.AccessRemoteWrite == 0 && !probe {
-		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
 	// A WRITE with immediate consumes a receive WQE: check for one before
 	// any side effect so that an RNR NAK leaves nothing half done.
 	if p.Info.Imm && qp.nextRecv() == nil {
-		qp.rnrNAK(psn)
+		r.rnrNAK(psn)
 		return
 	}
 	if pos == bth.PosFirst || pos == bth.PosOnly {
 		va, rkey, n := p.RETH.VA(), p.RETH.RKey(), p.RETH.DMALength()
 		tg, err := qp.rv.Lookup(rkey, va, n, memreg.AccessRemoteWrite)
 		if err != nil {
-			qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+			r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 			return
 		}
 		r.wt, r.wlen, r.offset = tg.Batched(), n, 0
 		r.op = opWrite
 	}
-	if !qp.checkLen(p) {
-		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+	if !r.checkLen(p) {
+		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
 	n := uint64(len(p.Payload))
 	if r.offset+n > uint64(r.wlen) {
-		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
 	if n > 0 {
@@ -358,7 +371,7 @@ func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
 		// check and a copy; it fails (ErrStaleKey) once the region or
 		// window is gone.
 		if err := r.wt.Write(qp.rxPins(), r.offset, p.Payload); err != nil {
-			qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+			r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 			return
 		}
 	}
@@ -366,30 +379,34 @@ func (qp *QP) respWrite(p *packetT, psn bth.PSN) {
 	if pos == bth.PosLast || pos == bth.PosOnly {
 		r.wt = memreg.BatchTarget{} // do not keep the region reachable
 		if r.offset != uint64(r.wlen) {
-			qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+			r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 			return
 		}
 		if p.Info.Imm {
-			qp.completeRecv(WCSuccess, WCRecvRDMAImm, r.wlen, WCWithImm, p.ImmDt.Imm(), 0, p.BTH.SolicitedEvent())
+			r.completeRecv(WCSuccess, WCRecvRDMAImm, r.wlen, WCWithImm, p.ImmDt.Imm(), 0, p.BTH.SolicitedEvent())
 		}
 	}
-	qp.endRequest(p, psn)
+	r.endRequest(p, psn)
 }
 
-func (qp *QP) maxDestRd() int {
+// maxDestRd returns how many READ/atomic resources the responder keeps
+// (max_dest_rd_atomic, at least 1, at most what was allocated).
+func (r *responder) maxDestRd() int {
+	qp := r.qp
 	n := int(qp.attr.MaxDestRdAtomic)
 	if n < 1 {
 		n = 1
 	}
-	if n > len(qp.resp.res) {
-		n = len(qp.resp.res)
+	if n > len(r.res) {
+		n = len(r.res)
 	}
 	return n
 }
 
-func (qp *QP) saveRes(x rdRes) {
-	r := &qp.resp
-	if r.resNext >= qp.maxDestRd() {
+// saveRes keeps x for replaying a duplicate READ or atomic, replacing the
+// oldest resource once all are used.
+func (r *responder) saveRes(x rdRes) {
+	if r.resNext >= r.maxDestRd() {
 		r.resNext = 0
 	}
 	x.valid = true
@@ -397,26 +414,28 @@ func (qp *QP) saveRes(x rdRes) {
 	r.resNext++
 }
 
-func (qp *QP) respRead(p *packetT, psn bth.PSN) {
-	r := &qp.resp
+// onRead checks an RDMA READ request, saves it as a resource and answers
+// it with READ responses.
+func (r *responder) onRead(p *packetT, psn bth.PSN) {
+	qp := r.qp
 	if qp.attr.AccessFlags&memreg.AccessRemoteRead == 0 {
-		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
 	va, rkey, n := p.RETH.VA(), p.RETH.RKey(), p.RETH.DMALength()
 	if n > 1<<31 {
-		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
 	if err := qp.rv.CheckRemote(rkey, va, n, memreg.AccessRemoteRead); err != nil {
-		qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+		r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 		return
 	}
 	np := npkts(n, qp.mtu)
-	qp.saveRes(rdRes{firstPSN: psn, lastPSN: psn.Add(np - 1), va: va, rkey: rkey, length: n})
+	r.saveRes(rdRes{firstPSN: psn, lastPSN: psn.Add(np - 1), va: va, rkey: rkey, length: n})
 	r.msn = (r.msn + 1) & 0xffffff
 	r.psn = psn.Add(np)
-	qp.readReply(psn, va, rkey, n, true, false)
+	r.readReply(psn, va, rkey, n, true, false)
 }
 
 // readReply sends READ response packets for [va, va+n) starting at psn.
@@ -424,8 +443,8 @@ func (qp *QP) respRead(p *packetT, psn bth.PSN) {
 // request (first == false) starts with MIDDLE/LAST, as rxe does. A replay
 // (duplicate request) that can no longer read the memory is dropped, never
 // fatal.
-func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first, replay bool) {
-	r := &qp.resp
+func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first, replay bool) {
+	qp := r.qp
 	mtu := uint32(qp.mtu)
 	f := &r.f
 	rest := n
@@ -462,7 +481,7 @@ func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first, re
 				if replay {
 					return // as below
 				}
-				qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+				r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 				return
 			}
 			k, err := packet.BuildSplit(buf, f, int(plen))
@@ -481,7 +500,7 @@ func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first, re
 						// does for a class D duplicate it cannot serve.
 						return
 					}
-					qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+					r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 					return
 				}
 				f.Payload = slot
@@ -501,10 +520,12 @@ func (qp *QP) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first, re
 	}
 }
 
-func (qp *QP) respAtomic(p *packetT, psn bth.PSN) {
-	r := &qp.resp
+// onAtomic executes an atomic request once, saves its result for
+// replays and answers with an ATOMIC ACK.
+func (r *responder) onAtomic(p *packetT, psn bth.PSN) {
+	qp := r.qp
 	if qp.attr.AccessFlags&memreg.AccessRemoteAtomic == 0 {
-		qp.respFatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
+		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
 	a := p.AtomicETH
@@ -516,24 +537,26 @@ func (qp *QP) respAtomic(p *packetT, psn bth.PSN) {
 		orig, err = qp.rv.FetchAdd(a.RKey(), a.VA(), a.SwapAdd())
 	}
 	if err != nil {
-		qp.respFatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+		r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 		return
 	}
-	qp.saveRes(rdRes{atomic: true, firstPSN: psn, lastPSN: psn, orig: orig})
+	r.saveRes(rdRes{atomic: true, firstPSN: psn, lastPSN: psn, orig: orig})
 	r.msn = (r.msn + 1) & 0xffffff
 	r.psn = psn.Add(1)
-	qp.sendAtomicAck(psn, orig)
+	r.sendAtomicAck(psn, orig)
 }
 
-func (qp *QP) sendAtomicAck(psn bth.PSN, orig uint64) {
-	f := &qp.resp.f
+// sendAtomicAck queues an ATOMIC ACKNOWLEDGE for psn carrying orig.
+func (r *responder) sendAtomicAck(psn bth.PSN, orig uint64) {
+	qp := r.qp
+	f := &r.f
 	*f = packet.Fields{}
 	f.BTH.Opcode = bth.RCAtomicAck
 	f.BTH.PKey = bth.DefaultPKey
 	f.BTH.DestQP = qp.attr.DestQPN
 	f.BTH.PSN = psn
 	f.AETH.Syndrome = aeth.ACK(aeth.NoCreditLimit)
-	f.AETH.MSN = qp.resp.msn
+	f.AETH.MSN = r.msn
 	f.AtomicAckOrig = orig
 	buf := qp.outBuf()
 	if n, err := packet.Build(buf, f); err == nil {
@@ -550,7 +573,8 @@ func (qp *QP) sendAtomicAck(psn bth.PSN, orig uint64) {
 // up to the PSN it acknowledges. Small messages, which each ask for an ACK,
 // then cost one ACK per batch instead of one per message. NAKs are never
 // merged and always end a run.
-func (qp *QP) sendAck(syn aeth.Syndrome, psn bth.PSN) {
+func (r *responder) sendAck(syn aeth.Syndrome, psn bth.PSN) {
+	qp := r.qp
 	positive := syn.Type() == aeth.TypeACK
 	if positive && qp.ackSlot != 0 && qp.ackSlot == qp.nout {
 		// The queued ACK was built by this function for this QP: only its
@@ -559,18 +583,18 @@ func (qp *QP) sendAck(syn aeth.Syndrome, psn bth.PSN) {
 		bth.BTH(b[:bth.Size]).SetPSN(psn)
 		a := aeth.AETH(b[bth.Size : bth.Size+aeth.Size])
 		a.SetSyndrome(syn)
-		a.SetMSN(qp.resp.msn)
+		a.SetMSN(r.msn)
 		inc(&qp.dev.ctr.AckDeferred)
 		return
 	}
-	f := &qp.resp.f
+	f := &r.f
 	*f = packet.Fields{}
 	f.BTH.Opcode = bth.RCAck
 	f.BTH.PKey = bth.DefaultPKey
 	f.BTH.DestQP = qp.attr.DestQPN
 	f.BTH.PSN = psn
 	f.AETH.Syndrome = syn
-	f.AETH.MSN = qp.resp.msn
+	f.AETH.MSN = r.msn
 	buf := qp.outBuf()
 	if n, err := packet.Build(buf, f); err == nil {
 		qp.commit(n)
@@ -580,9 +604,11 @@ func (qp *QP) sendAck(syn aeth.Syndrome, psn bth.PSN) {
 	}
 }
 
-func (qp *QP) findRes(psn bth.PSN, atomic bool) *rdRes {
-	for i := range qp.resp.res {
-		x := &qp.resp.res[i]
+// findRes returns the saved READ (or atomic) resource covering psn, nil
+// if none does.
+func (r *responder) findRes(psn bth.PSN, atomic bool) *rdRes {
+	for i := range r.res {
+		x := &r.res[i]
 		if x.valid && x.atomic == atomic && psn.Diff(x.firstPSN) >= 0 && x.lastPSN.Diff(psn) >= 0 {
 			return x
 		}
@@ -590,15 +616,16 @@ func (qp *QP) findRes(psn bth.PSN, atomic bool) *rdRes {
 	return nil
 }
 
-// respDuplicate handles a request behind the expected PSN: SEND/WRITE are
+// duplicate handles a request behind the expected PSN: SEND/WRITE are
 // re-acknowledged, READ and atomics are replayed from the saved responder
 // resources (never executed again).
-func (qp *QP) respDuplicate(p *packetT, psn bth.PSN) {
+func (r *responder) duplicate(p *packetT, psn bth.PSN) {
+	qp := r.qp
 	switch p.Info.Kind {
 	case bth.KindSend, bth.KindWrite:
-		qp.sendAck(aeth.ACK(aeth.NoCreditLimit), qp.resp.psn.Add(-1))
+		r.sendAck(aeth.ACK(aeth.NoCreditLimit), r.psn.Add(-1))
 	case bth.KindReadRequest:
-		x := qp.findRes(psn, false)
+		x := r.findRes(psn, false)
 		if qp.trace != nil {
 			qp.trace("dup READ psn %v found %v", psn, x != nil)
 		}
@@ -612,12 +639,12 @@ func (qp *QP) respDuplicate(p *packetT, psn bth.PSN) {
 			}
 			return
 		}
-		qp.readReply(psn, va, rkey, n, psn == x.firstPSN, true)
+		r.readReply(psn, va, rkey, n, psn == x.firstPSN, true)
 	case bth.KindCompareSwap, bth.KindFetchAdd:
-		x := qp.findRes(psn, true)
+		x := r.findRes(psn, true)
 		if x == nil {
 			return
 		}
-		qp.sendAtomicAck(psn, x.orig)
+		r.sendAtomicAck(psn, x.orig)
 	}
 }

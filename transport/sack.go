@@ -310,7 +310,7 @@ func (qp *QP) srDrain(prev bth.PSN) {
 		prev = r.psn
 		if pk.Decode(buf[:n]) == packet.FaultNone {
 			r.nakSent = false
-			qp.respExecute(&pk, prev)
+			qp.resp.execute(&pk, prev)
 		}
 		qp.dev.bufs.Put(buf)
 		if r.psn == prev { // RNR NAK or an error: the requester resends
