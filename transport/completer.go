@@ -14,8 +14,7 @@ type completer struct {
 	psn          bth.PSN // oldest unacknowledged PSN
 	retryCnt     uint8
 	rnrRetry     uint8
-	retryPending bool    // a go-back-N is under way and nothing was acked since
-	retryPSN     bth.PSN // the PSN it started from
+	retryPending bool // a go-back-N is under way and nothing was acked since
 	scratch      [8]byte
 	// lateRun counts ACK timer expiries in a row that spent no retry
 	// because this process was behind (onRetransTimer); bounded, so that
@@ -52,7 +51,7 @@ func (c *completer) retry() {
 	if qp.trace != nil {
 		qp.trace("retry from %v (req.psn %v) retryCnt now %d", c.psn, qp.req.nextPSN(), c.retryCnt)
 	}
-	c.retryPending, c.retryPSN = true, c.psn
+	c.retryPending = true
 	qp.req.rewind(c.psn)
 	qp.req.progress()
 }
@@ -196,7 +195,7 @@ func (c *completer) onAck(p *packetT, psn bth.PSN) {
 			c.rnrRetry--
 		}
 		qp.req.rewind(c.psn)
-		c.retryPending, c.retryPSN = true, c.psn
+		c.retryPending = true
 		qp.startRNRWait(aeth.RNRTimeout(syn.RNRTimer()))
 	case aeth.TypeNAK:
 		code := syn.NAKCode()

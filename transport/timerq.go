@@ -59,11 +59,10 @@ type timerQueue struct {
 	mu       sync.Mutex
 	h        []*timerEntry
 	seq      uint64
-	fires    uint64    // clock timer expiries (runs)
-	expiries uint64    // entries found due
-	timer    Timer     // the one AfterFunc; nil until first armed
-	timerSet bool      // timer is pending
-	timerAt  time.Time // its deadline while timerSet
+	count    *timerStats // counts runs for tests (stats, in timerq_stats_test.go); nil in production
+	timer    Timer       // the one AfterFunc; nil until first armed
+	timerSet bool        // timer is pending
+	timerAt  time.Time   // its deadline while timerSet
 	closed   bool
 
 	runMu sync.Mutex    // serializes run (a RealClock timer can fire twice at once)
@@ -136,12 +135,13 @@ func (q *timerQueue) take(e *timerEntry) bool {
 	return ok
 }
 
-// stats returns how often the clock timer fired and how many entries
-// were found due.
-func (q *timerQueue) stats() (fires, expiries uint64) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.fires, q.expiries
+// timerStats counts what a timerQueue's runs did, for tests that check
+// that a timer ran or measure how many expiries a workload costs. A
+// queue counts only once a test asked (timerQueue.stats sets count); the
+// fields change under the queue's mutex.
+type timerStats struct {
+	fires    uint64 // clock timer expiries (runs)
+	expiries uint64 // entries found due
 }
 
 // pending returns the number of queued entries.
@@ -195,14 +195,19 @@ func (q *timerQueue) run() {
 	defer q.runMu.Unlock()
 	q.mu.Lock()
 	q.timerSet = false
-	q.fires++
+	st := q.count
+	if st != nil {
+		st.fires++
+	}
 	now := q.clock.Now()
 	due := q.due[:0]
 	for len(q.h) > 0 && !q.h[0].when.After(now) {
 		e := q.h[0]
 		q.remove(0)
 		e.fired = true
-		q.expiries++
+		if st != nil {
+			st.expiries++
+		}
 		due = append(due, e)
 	}
 	if len(q.h) > 0 && !q.closed {
