@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorocev2/rocev2/cm"
@@ -198,9 +199,15 @@ type Conn struct {
 	acceptTimer transport.Timer
 	err         error
 	estab       chan struct{} // closed when established, or failed before it
-	done        chan struct{} // closed when the connection has ended
-	ended       bool
-	life        life // teardown cause, stale handling, indexes (life.go)
+	// wasEstab is set when the connection reaches ESTABLISHED and stays
+	// set when it ends: a connection the peer established, used and
+	// disconnected before the waiter in waitEstablished ran is still
+	// handed out (Accept, Dial), ended, as accept(2) hands out a socket
+	// whose peer has closed already.
+	wasEstab bool
+	done     chan struct{} // closed when the connection has ended
+	ended    bool
+	life     life // teardown cause, stale handling, indexes (life.go)
 	// Keep-alive (keepalive.go).
 	kaTimer   transport.Timer
 	kaHeard   uint64 // the QP's Activity at the last tick
@@ -345,7 +352,8 @@ func (c *Conn) release() error {
 // rejected it (errors.Is(err, ErrRefused) when nothing listens there),
 // ErrTimeout if the peer never answered, or ctx's error — then the REJ
 // (before the reply) or DREQ (after it) the specification asks for has
-// been sent.
+// been sent. A connection established and ended by the peer before Dial
+// returns is returned, ended (Done closed, Err says why), not an error.
 func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) (*Conn, error) {
 	dev := m.dev
 	if err := opts.check("Dial"); err != nil {
@@ -435,12 +443,23 @@ func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) 
 	return c, c.waitEstablished(ctx)
 }
 
+// testHookEstablished, when a test sets it, runs in waitEstablished
+// right after the connection was established or failed, before it looks
+// at the state: a test holds the waiter there to stand for a loaded
+// machine's scheduling delay.
+var testHookEstablished atomic.Pointer[func(*Conn)]
+
 // waitEstablished waits for the connection to be established or to fail;
 // on ctx's end it aborts it.
 func (c *Conn) waitEstablished(ctx context.Context) error {
+	aborted := false
 	select {
 	case <-c.estab:
+		if h := testHookEstablished.Load(); h != nil {
+			(*h)(c)
+		}
 	case <-ctx.Done():
+		aborted = true
 		c.abort(ctx.Err())
 		<-c.estab
 		c.m.mu.Lock()
@@ -451,7 +470,12 @@ func (c *Conn) waitEstablished(ctx context.Context) error {
 	}
 	c.m.mu.Lock()
 	err := c.err
-	est := c.state == stEstablished
+	// Established, or established and ended since (the peer's DREQ, a
+	// failed QP, all before this goroutine ran on a loaded machine):
+	// the caller gets the connection, its completions in its CQs, and
+	// learns of the end from Done and Err. A connection aborted above
+	// (ctx ended) is not handed out: the abort disconnected it.
+	est := c.state == stEstablished || (c.wasEstab && !aborted)
 	c.m.mu.Unlock()
 	if est {
 		return nil
@@ -741,6 +765,7 @@ func (c *Conn) establishPassiveLocked() {
 	}
 	c.leaveHalfOpenLocked()
 	c.state = stEstablished
+	c.wasEstab = true
 	c.m.st.established.Add(1)
 	c.startLivenessLocked()
 	close(c.estab)

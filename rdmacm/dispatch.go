@@ -307,6 +307,7 @@ func (m *Manager) onREP(mad *transport.MAD, h *cm.HeaderFields, f *cm.REPFields)
 	}
 	rtu := &cm.RTUFields{LocalCommID: c.localID, RemoteCommID: c.remoteID}
 	c.state = stEstablished
+	c.wasEstab = true
 	c.sendLocked(rtu)
 	if c.timer != nil {
 		c.timer.Stop()

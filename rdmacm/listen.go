@@ -183,7 +183,11 @@ func (l *Listener) next(ctx context.Context, fair bool) (*Request, error) {
 // backlog and half-open timeout, so requests that never complete (a lost
 // or forged peer) do not hold up the others; connections established
 // while nobody waits in Accept wait for the next call (as accept(2)'s
-// queue). Use either Next or Accept on a listener, not both.
+// queue). A connection the peer established and has ended since (it
+// wrote and disconnected before this side's goroutines ran) is returned
+// too, as accept(2) returns a socket whose peer has closed: its Done is
+// closed, Err says why, and the completions it received are in its CQs.
+// Use either Next or Accept on a listener, not both.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	l.serveOnce.Do(func() { go l.serve() })
 	select {
