@@ -34,8 +34,12 @@
 // the link, parses each datagram (packet.Decode), routes it by the BTH
 // DestQP and counts what it drops (malformed_pkts, unknown_qp,
 // transport_mismatch, wrong_state, wrong_peer). A QP follows rxe's split
-// into three roles, all under the QP's mutex, each touching the others'
-// state only through the QP's methods:
+// into three roles, all under the QP's mutex. Each is a type of its own
+// (requester, responder, completer) embedded by value in the QP (QP.req,
+// QP.resp, QP.comp) with a pointer back to it: a role's methods own its
+// state (PSNs, counts, saved resources), and reach what the roles share —
+// the attributes, the send and receive queues, the output queue, the
+// device — through the QP:
 //
 //   - requester.go: turns send WQEs into request packets — segmentation to
 //     the path MTU (256..4096), gather from the SGEs straight into pooled
