@@ -122,7 +122,7 @@ type Device struct {
 
 	// rx is the receive state: the receive goroutine's batch buffers and
 	// who drives the link (rxpoll.go). The batch state below (rxPending,
-	// rxWake, rxPins) belongs to whoever holds rx.mu: the receive
+	// rxWake, rxPins) belongs to whoever holds rx.own.mu: the receive
 	// goroutine, or a caller polling the link (Progress).
 	rx rxDriver
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,14 +31,16 @@ import (
 // (rxLease, renewed by every poll) and the receive goroutine stays parked;
 // the lease lapses a little after the last poll (or at once when CQ.Wait
 // stops spinning and goes to sleep), and the receive goroutine takes the
-// link back. One mutex (rxDriver.mu) makes sure a single goroutine
+// link back. One mutex (rxOwner.mu) makes sure a single goroutine
 // receives and handles a batch at a time, so the batch state (rxPending,
-// rxWake, rxPins) keeps a single owner.
+// rxWake, rxPins) keeps a single owner. Who holds the mutex and whom the
+// link is leased to is rxOwner's state (rxowner.go), changed only by its
+// methods.
 
-// rxDriver is the device's receive state: the batch buffers and the mutex
-// of whoever drives the link.
+// rxDriver is the device's receive state: the batch buffers and who
+// drives the link.
 type rxDriver struct {
-	mu    sync.Mutex // held while receiving and handling a batch
+	own   rxOwner // who drives the link: its mutex, holder and lease
 	pkts  []udp.Packet
 	bufs  [][]byte
 	dirty int // pkts[:dirty] may hold slices the link handed out (freshPkts)
@@ -49,18 +50,17 @@ type rxDriver struct {
 	// packets to the device (udp.DeferVerifyLink); nil when Recv checks.
 	verify udp.DeferVerifyLink
 
-	pl    udp.PollLink  // nil: only the receive goroutine receives
-	spin  time.Duration // pl's busy-poll budget
-	wl    udp.PollLink  // the link, when waiters may drive it in a blocking Recv (CQ.Wait)
-	base  time.Time     // lease times are nanoseconds since base
-	lease atomic.Int64  // a poller drives the link until then (0: none)
+	pl   udp.PollLink  // nil: only the receive goroutine receives
+	spin time.Duration // pl's busy-poll budget
+	wl   udp.PollLink  // the link, when waiters may drive it in a blocking Recv (CQ.Wait)
+	base time.Time     // lease times are nanoseconds since base
 	// renewSkip counts down the Progress calls that renew the lease
 	// without reading the clock (renew).
 	renewSkip atomic.Int32
 	kick      chan struct{} // wakes the receive goroutine when the lease ends early
-	// park is the receive goroutine's sleep timer. While waiters hold
-	// the link (rxLeaseHeld, rxLeaseLeft) the receive goroutine arms it
-	// itself for each look (see rxLeaseLeft); waiters coming in only
+	// park is the receive goroutine's sleep timer. While waiters have
+	// the link (rxLeaseWaiter, rxLeaseLeft) the receive goroutine arms it
+	// itself for each look (see rxLookMax); waiters coming in only
 	// count themselves in entries.
 	park *time.Timer
 	// entries counts waiters coming in to drive the link (waitRecv).
@@ -102,34 +102,20 @@ type rxDriver struct {
 	deferred         atomic.Uint64 // Progress calls that kept ACKs back (tests)
 	heldLooks        atomic.Uint64 // park timer fires that found a waiter holding the link (tests)
 
-	owner    atomic.Int32  // who holds mu: rxOwnerLoop, rxOwnerPoller, rxOwnerWaiter (0 when free)
 	sleepers atomic.Int32  // goroutines asleep in CQ.Wait (they need someone to receive)
 	waited   atomic.Uint64 // batches handled by waiters in a blocking Recv (tests)
 	looped   atomic.Uint64 // batches handled by the receive goroutine (tests)
 	looks    atomic.Uint64 // park timer fires while waiters held or had left the link (tests)
 }
 
-// Who holds rxDriver.mu.
-const (
-	rxOwnerLoop   = 1 + iota // the receive goroutine
-	rxOwnerPoller            // a busy-polling caller (Progress)
-	rxOwnerWaiter            // a CQ waiter in a blocking Recv (CQ.Wait)
-)
-
-// rxLeaseHeld is the lease of a waiter in a blocking Recv: until it
-// leaves. rxLeaseLeft is the lease a waiter leaves behind: the link stays
-// with waiters until the receive goroutine's next look (its park timer)
-// finds the last one gone. Looks come every rxLeaseMin, and less often
-// (up to rxLookMax) while every look finds a waiter in Wait that came in
-// since the last one — a ping-pong between waiters, whose next waiter
-// takes the link back at once from a look that found it gone. Waiters
-// neither read the clock nor touch a timer on the way in or out of Wait,
-// which lie between a message's arrival and the answer the application
-// sends.
-const (
-	rxLeaseHeld = 1<<63 - 1
-	rxLeaseLeft = 1<<63 - 2
-)
+// While waiters have the link (rxLeaseWaiter, rxLeaseLeft), the receive
+// goroutine looks (its park timer) whether the last one has gone: every
+// rxLeaseMin, and less often (up to rxLookMax) while every look finds a
+// waiter in Wait that came in since the last one — a ping-pong between
+// waiters, whose next waiter takes the link back at once from a look that
+// found it gone. Waiters neither read the clock nor touch a timer on the
+// way in or out of Wait, which lie between a message's arrival and the
+// answer the application sends.
 
 // rxLeaseMin is the shortest lease a poll takes: the receive goroutine,
 // parked while a poller drives the link, wakes at most this often to look
@@ -233,14 +219,13 @@ func (rx *rxDriver) leaseLeft() time.Duration {
 	if rx.pl == nil && rx.wl == nil {
 		return 0
 	}
-	l := rx.lease.Load()
-	switch l {
-	case 0:
-		return 0
-	case rxLeaseHeld, rxLeaseLeft:
+	switch k, until := rx.own.state(); k {
+	case rxLeaseWaiter, rxLeaseLeft:
 		return rxLeaseMin // until rx.park fires
+	case rxLeasePoll:
+		return time.Duration(until - rx.now())
 	}
-	return time.Duration(l - rx.now())
+	return 0
 }
 
 // renew takes or extends the lease for the calling poller. Taking a lapsed
@@ -257,15 +242,12 @@ func (rx *rxDriver) leaseLeft() time.Duration {
 // everything; Progress returns 0 meanwhile) and takes it back at its
 // next reading.
 func (rx *rxDriver) renew() {
-	if rx.renewSkip.Add(-1) >= 0 {
-		if l := rx.lease.Load(); l > 0 && l < rxLeaseLeft {
-			return
-		}
+	if rx.renewSkip.Add(-1) >= 0 && rx.own.pollStands() {
+		return
 	}
 	rx.renewSkip.Store(renewEvery - 1)
 	now := rx.now()
-	old := rx.lease.Swap(now + int64(max(2*rx.spin, rxLeaseMin)))
-	if old < now {
+	if rx.own.pollUntil(now, now+int64(max(2*rx.spin, rxLeaseMin))) {
 		rx.pl.WakeRecv()
 	}
 }
@@ -290,11 +272,10 @@ func (d *Device) Progress() int {
 		return 0
 	}
 	rx.renew()
-	if !rx.mu.TryLock() {
+	if !rx.own.tryLock(rxHolderPoller) {
 		return 0 // another goroutine is handling a batch (or leaving Recv)
 	}
-	rx.owner.Store(rxOwnerPoller)
-	defer rx.unlock()
+	defer rx.own.unlock()
 	// What the previous polled batch queued and the caller did not send
 	// with requests of its own since — except bare ACKs queued by the
 	// call just before this one: they wait for one more call. A polling
@@ -342,12 +323,6 @@ func (d *Device) Progress() int {
 	return n
 }
 
-// unlock releases mu.
-func (rx *rxDriver) unlock() {
-	rx.owner.Store(0)
-	rx.mu.Unlock()
-}
-
 // waitRecv is CQ.Wait's sleep on a device whose link does not busy-poll:
 // instead of sleeping until the receive goroutine wakes it, the waiter
 // receives itself, in a blocking Recv (the goroutine parks in Go's poller
@@ -362,8 +337,8 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 	if rx.wl == nil || d.isClosed() || ctx.Err() != nil {
 		return false // the caller's select sees the end
 	}
-	if !rx.mu.TryLock() {
-		if rx.owner.Load() == rxOwnerWaiter {
+	if !rx.own.tryLock(rxHolderWaiter) {
+		if rx.own.heldBy() == rxHolderWaiter {
 			return false
 		}
 		// The receive goroutine has the link: take it (it leaves its
@@ -372,19 +347,19 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		// the receive goroutine go back into a Recv that nothing ends, so
 		// the claim and the wake are repeated until mu is free — or the
 		// wait has what it waited for, and the claim is given back.
-		for tries := 0; !rx.mu.TryLock(); tries++ {
-			if rx.owner.Load() == rxOwnerWaiter {
+		for tries := 0; !rx.own.tryLock(rxHolderWaiter); tries++ {
+			if rx.own.heldBy() == rxHolderWaiter {
 				return false // another waiter took it: it holds the lease and wakes us
 			}
 			if cq.ready() || ctx.Err() != nil || d.isClosed() {
-				rx.lease.Store(0)
+				rx.own.release()
 				select {
 				case rx.kick <- struct{}{}:
 				default:
 				}
 				return false
 			}
-			rx.lease.Store(rxLeaseHeld)
+			rx.own.hold()
 			rx.wl.WakeRecv()
 			if tries < 64 {
 				runtime.Gosched()
@@ -393,7 +368,6 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 			}
 		}
 	}
-	rx.owner.Store(rxOwnerWaiter)
 	rx.batchAt = 0 // Progress's skip is for the call right after its own batch
 	rx.entries.Add(1)
 	if rx.deep.Load() {
@@ -413,7 +387,7 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		}
 		rx.deepEntry = now
 	}
-	rx.lease.Store(rxLeaseHeld)
+	rx.own.hold()
 	if done := ctx.Done(); done != nil && done != rx.afterDone {
 		// A spurious WakeRecv, when a context waited with once ends
 		// later, costs whoever is in Recv then one early return.
@@ -456,22 +430,22 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 	// Keep the link for a moment: a ping-pong is back in Wait soon. If
 	// others sleep in Wait, the receive goroutine must take over now.
 	if rx.sleepers.Load() > 0 {
-		rx.lease.Store(0)
+		rx.own.release()
 		select {
 		case rx.kick <- struct{}{}:
 		default:
 		}
 	} else {
-		rx.lease.Store(rxLeaseLeft)
+		rx.own.leave()
 		if rx.deep.Load() {
 			// The receive goroutine sleeps without its timer: arm it,
 			// or nobody takes the link back if no waiter comes. (It
 			// sets deep before it looks at the lease once more, so
-			// either it sees this Left or this sees its deep.)
+			// either it sees this leave or this sees its deep.)
 			rx.park.Reset(rxLeaseMin)
 		}
 	}
-	rx.unlock()
+	rx.own.unlock()
 	return true
 }
 
@@ -493,11 +467,10 @@ func (d *Device) recvFailed(err error) {
 // finds no waiter came in). It reports whether it handled a batch.
 func (d *Device) lookLeft() bool {
 	rx := &d.rx
-	if !rx.mu.TryLock() {
+	if !rx.own.tryLock(rxHolderLoop) {
 		return false // a waiter is back
 	}
-	rx.owner.Store(rxOwnerLoop)
-	defer rx.unlock()
+	defer rx.own.unlock()
 	pkts := rx.freshPkts()
 	n, err := rx.wl.TryRecv(pkts)
 	rx.received(n, err)
@@ -541,7 +514,7 @@ func (d *Device) recvLoop() {
 		if d.isClosed() {
 			return
 		}
-		if l := rx.lease.Load(); l == rxLeaseHeld || l == rxLeaseLeft {
+		if rx.own.waiters() {
 			// Waiters drive the link. Look now and then (every
 			// rxLeaseMin, less often while waiters keep coming): take
 			// the link when the last one has left.
@@ -558,7 +531,7 @@ func (d *Device) recvLoop() {
 				continue
 			}
 			rx.looks.Add(1)
-			if rx.lease.Load() == rxLeaseLeft && rx.entries.Load() != seen {
+			if rx.own.kind() == rxLeaseLeft && rx.entries.Load() != seen {
 				// Waiters came and went since the last look: the last
 				// one may be back any moment (a ping-pong), or gone to
 				// poll memory. Leave them the link, but handle what
@@ -573,7 +546,7 @@ func (d *Device) recvLoop() {
 				}
 				continue
 			}
-			if !rx.lease.CompareAndSwap(rxLeaseLeft, 0) {
+			if !rx.own.reclaim() {
 				if rx.entries.Load() != seen {
 					// Waiters keep coming: look again later, and
 					// less often while they do (each look is a
@@ -589,7 +562,7 @@ func (d *Device) recvLoop() {
 				look = rxLeaseMin
 				rx.heldLooks.Add(1)
 				rx.deep.Store(true)
-				if rx.lease.Load() != rxLeaseHeld {
+				if rx.own.kind() != rxLeaseWaiter {
 					rx.deep.Store(false) // it left meanwhile, maybe without arming the timer
 				}
 				continue
@@ -606,7 +579,7 @@ func (d *Device) recvLoop() {
 		}
 		// Never block on mu: a goroutine blocked there would be woken
 		// by every Unlock of the caller driving the link.
-		if !rx.mu.TryLock() {
+		if !rx.own.tryLock(rxHolderLoop) {
 			if busy++; busy < 16 {
 				runtime.Gosched()
 			} else {
@@ -615,7 +588,6 @@ func (d *Device) recvLoop() {
 			continue
 		}
 		busy = 0
-		rx.owner.Store(rxOwnerLoop)
 		rx.batchAt = 0
 		// Driving the link itself, this goroutine is not in quiet mode
 		// (a waiter that left with others asleep kicked it out of it):
@@ -623,7 +595,7 @@ func (d *Device) recvLoop() {
 		rx.deep.Store(false)
 		d.flushPending() // left by the last poller's or waiter's batch
 		if rx.leaseLeft() > 0 {
-			rx.unlock()
+			rx.own.unlock()
 			continue
 		}
 		pkts := rx.freshPkts()
@@ -635,7 +607,7 @@ func (d *Device) recvLoop() {
 			d.dbgMaxWait.Store(g)
 		}
 		if err != nil {
-			rx.unlock()
+			rx.own.unlock()
 			if errors.Is(err, net.ErrClosed) || d.isClosed() {
 				return
 			}
@@ -664,7 +636,7 @@ func (d *Device) recvLoop() {
 			runtime.Gosched()
 		}
 		d.flushPending()
-		rx.unlock()
+		rx.own.unlock()
 		if g := time.Since(t1).Nanoseconds(); g > d.dbgMaxBusy.Load() {
 			d.dbgMaxBusy.Store(g)
 			d.dbgMaxBusyN.Store(int64(n))
