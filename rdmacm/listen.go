@@ -384,7 +384,9 @@ func (l *Listener) shedLocked(src netip.Addr) {
 
 // Accept accepts the request with opts: the QP goes to RTR, the REP goes
 // out, and Accept returns once the requester's RTU (or its first packet)
-// arrives. On ctx's end the request is rejected.
+// arrives — with the connection even if the requester has disconnected
+// it since (its Done closed, as Listener.Accept). On ctx's end the
+// request is rejected.
 func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 	c, err := r.reply(opts)
 	if err != nil {
