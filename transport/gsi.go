@@ -97,6 +97,7 @@ func (d *Device) GSI() (*GSI, error) {
 	qp := &QP{dev: d, qpn: 1, transport: bth.TransportUD, srcPort: udSourcePort(1),
 		init: QPInitAttr{Type: QPTypeUD, MaxSendWR: 1, MaxRecvWR: 1, MaxSGE: 1}}
 	qp.attr = QPAttr{State: QPSRTS, QKey: GSIQKey, Port: 1}
+	qp.initRoles()
 	qp.initTimers()
 	qp.out = make([]udp.Packet, 1)
 	qp.outBufs = make([]*[udp.MaxPacketSize]byte, 1)

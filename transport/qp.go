@@ -121,6 +121,11 @@ type QP struct {
 	destroyCause error // what Destroy's callers name (DestroyCause), nil: ErrDestroyed alone
 }
 
+// initRoles points the QP's requester, completer and responder (embedded
+// in it by value) back at it. Every constructor of a QP calls it before the
+// QP is published; the roles' resets keep the pointer.
+func (qp *QP) initRoles() { qp.req.qp, qp.comp.qp, qp.resp.qp = qp, qp, qp }
+
 // pushWC stores a completion in cq. Inside a received batch the waiter is
 // woken at the end of the batch (Device.wakePending), else right away. A
 // completion the CQ cannot take (overflow, or a CQ in error) marks the QP
@@ -226,7 +231,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	}
 	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ, init: a, transport: tr, commEstCh: make(chan struct{}),
 		failCh: make(chan struct{}), roomCh: make(chan struct{}, 1)}
-	qp.req.qp, qp.comp.qp, qp.resp.qp = qp, qp, qp
+	qp.initRoles()
 	if a.SRQ != nil {
 		qp.resp.srqWQE.sges = make([]memreg.SGE, 0, a.SRQ.maxSGE)
 	}

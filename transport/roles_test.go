@@ -51,3 +51,21 @@ func TestRolesStayWithTheirQP(t *testing.T) {
 		t.Fatalf("requester's next PSN %v after 4 WRITEs of 3 packets from 100, want %d", next, want)
 	}
 }
+
+// TestGSIRolesPointAtQP1: the GSI's QP1, built outside CreateQP, has its
+// roles pointing at it too, so that a role method reached through it
+// (a timer, a settle) finds its QP.
+func TestGSIRolesPointAtQP1(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	g, err := a.dev.GSI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRoles(t, "QP1", g.qp)
+	g.qp.mu.Lock()
+	out := g.qp.comp.outstanding()
+	g.qp.mu.Unlock()
+	if out {
+		t.Fatal("an idle QP1 reports outstanding requests")
+	}
+}
