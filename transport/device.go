@@ -133,6 +133,9 @@ type Device struct {
 	// rxResp gathers the responses of the rxPending QPs for one
 	// Link.Send (coalesce.go). Batch owner only.
 	rxResp respBatch
+	// respMu is held by flushPending from taking the responses out of
+	// the QPs until they are on the link (QP.SendQueued waits for it).
+	respMu sync.Mutex
 	// rxDataQueued is set when an rxPending QP queued anything but bare
 	// ACKs and NAKs (see pendingACKsOnly); cleared by flushPending.
 	// Batch owner only.
@@ -573,6 +576,14 @@ func (d *Device) wakePending() bool {
 func (d *Device) flushPending() {
 	d.rx.ackOnly = false
 	d.rxDataQueued = false
+	if len(d.rxPending) == 0 {
+		return
+	}
+	// From the first take to the send, what the batch took out of its
+	// QPs is on its way to the link but in neither: QP.SendQueued waits
+	// on respMu for it, or a DREQ sent after it could overtake an ACK.
+	d.respMu.Lock()
+	defer d.respMu.Unlock()
 	for i, qp := range d.rxPending {
 		qp.mu.Lock()
 		qp.rxQueued = false
@@ -583,8 +594,15 @@ func (d *Device) flushPending() {
 		d.rxPending[i] = nil
 	}
 	d.rxPending = d.rxPending[:0]
+	if h := testHookRespTaken.Load(); h != nil {
+		(*h)(d)
+	}
 	d.rxResp.send(d)
 }
+
+// testHookRespTaken, when a test sets it, runs in flushPending between
+// taking the responses out of the QPs and sending them.
+var testHookRespTaken atomic.Pointer[func(d *Device)]
 
 // HandlePacket feeds one RoCEv2 UDP payload (BTH .. ICRC) from src into the
 // device as if the link had received it. Tests and tools use it to replay

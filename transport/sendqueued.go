@@ -10,6 +10,11 @@ package transport
 // queued.
 func (qp *QP) SendQueued() {
 	qp.mu.Lock()
-	defer qp.mu.Unlock()
 	qp.flushOut()
+	qp.mu.Unlock()
+	// Responses a received batch took out of the QP to send them with
+	// other QPs' (coalesce.go) may be between the QP and the link right
+	// now: wait until they are sent.
+	qp.dev.respMu.Lock()
+	qp.dev.respMu.Unlock()
 }
