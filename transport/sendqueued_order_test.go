@@ -22,7 +22,6 @@ func TestSendQueuedWaitsForTakenResponses(t *testing.T) {
 	if err := b.qp.PostRecv(RecvWR{SGEs: sge(bmr, 0, 64)}); err != nil {
 		t.Fatal(err)
 	}
-	sentBefore := b.dev.Counters().SentPkts
 	var hit atomic.Bool
 	early := make(chan string, 1)
 	hook := func(d *Device) {
@@ -53,10 +52,8 @@ func TestSendQueuedWaitsForTakenResponses(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the receiving device never sent a batch's responses")
 	}
+	// The ACK reached the sender: its SEND completes successfully.
 	if w := waitWC(t, a.scq, 1, 10*time.Second); w[0].Status != WCSuccess {
 		t.Fatalf("SEND: %v", w[0].Status)
-	}
-	if b.dev.Counters().SentPkts == sentBefore {
-		t.Fatal("the receiver sent nothing (no ACK)")
 	}
 }
