@@ -115,9 +115,6 @@ type Device struct {
 	// so an idle QP holds none.
 	bufs sync.Pool
 
-	// debugging aids: longest Recv wait and longest batch processing time
-	dbgMaxWait, dbgMaxBusy, dbgMaxBusyN atomic.Int64
-
 	lastRecvErr atomic.Pointer[error] // the link's last Recv error
 
 	// rx is the receive state: the receive goroutine's batch buffers and

@@ -313,8 +313,8 @@ func runLossCaseMode(t testing.TB, c lossCase, sr bool, total int64, limit time.
 				pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
 			}
 			t.Logf("recv loop: A max wait %v max busy %v (%d pkts); B max wait %v max busy %v (%d pkts)",
-				time.Duration(a.dev.dbgMaxWait.Load()), time.Duration(a.dev.dbgMaxBusy.Load()), a.dev.dbgMaxBusyN.Load(),
-				time.Duration(b.dev.dbgMaxWait.Load()), time.Duration(b.dev.dbgMaxBusy.Load()), b.dev.dbgMaxBusyN.Load())
+				time.Duration(a.dev.rx.stats.maxWait.Load()), time.Duration(a.dev.rx.stats.maxBusy.Load()), a.dev.rx.stats.maxBusyN.Load(),
+				time.Duration(b.dev.rx.stats.maxWait.Load()), time.Duration(b.dev.rx.stats.maxBusy.Load()), b.dev.rx.stats.maxBusyN.Load())
 			t.Fatalf("after %v: %v\nA %+v\nB %+v\nnet %+v\nlinks A %+v B %+v\nA: %s\nB: %s", el, err, a.dev.Counters(), b.dev.Counters(), n.Counters(),
 				a.dev.Link().Stats(), b.dev.Link().Stats(), a.qp.debugState(), b.qp.debugState())
 

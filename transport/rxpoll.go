@@ -91,21 +91,36 @@ type rxDriver struct {
 	afterDone <-chan struct{}
 	afterStop func() bool
 
-	polls atomic.Uint64 // batches handled by pollers (tests)
+	// stats counts what the receive driver did, for tests only: nil
+	// outside test binaries (rxStatsOn), where counting costs one nil
+	// check per event instead of an atomic add.
+	stats *rxStats
 
 	// progSeq counts Progress calls, batchAt is the call that last
 	// handled a batch, ackOnly says that batch left only ACKs queued:
 	// those wait for one more Progress call (see Progress). Under mu.
 	progSeq, batchAt uint64
 	ackOnly          bool
-	skips            atomic.Uint64 // Progress calls that did not receive, right after a batch (tests)
-	deferred         atomic.Uint64 // Progress calls that kept ACKs back (tests)
-	heldLooks        atomic.Uint64 // park timer fires that found a waiter holding the link (tests)
 
-	sleepers atomic.Int32  // goroutines asleep in CQ.Wait (they need someone to receive)
-	waited   atomic.Uint64 // batches handled by waiters in a blocking Recv (tests)
-	looped   atomic.Uint64 // batches handled by the receive goroutine (tests)
-	looks    atomic.Uint64 // park timer fires while waiters held or had left the link (tests)
+	sleepers atomic.Int32 // goroutines asleep in CQ.Wait (they need someone to receive)
+}
+
+// rxStatsOn makes new devices count their receive driver's events
+// (rxDriver.stats); only test binaries set it.
+var rxStatsOn bool
+
+// rxStats are the receive driver's event counts that tests read.
+type rxStats struct {
+	polls     atomic.Uint64 // batches handled by pollers
+	skips     atomic.Uint64 // Progress calls that did not receive, right after a batch
+	deferred  atomic.Uint64 // Progress calls that kept ACKs back
+	heldLooks atomic.Uint64 // park timer fires that found a waiter holding the link
+	waited    atomic.Uint64 // batches handled by waiters in a blocking Recv
+	looped    atomic.Uint64 // batches handled by the receive goroutine
+	looks     atomic.Uint64 // park timer fires while waiters held or had left the link
+	// The longest wait in the link's Recv and the longest handling of
+	// one batch (with its size), in nanoseconds.
+	maxWait, maxBusy, maxBusyN atomic.Int64
 }
 
 // While waiters have the link (rxLeaseWaiter, rxLeaseLeft), the receive
@@ -149,6 +164,9 @@ func (d *Device) initRx() {
 	rx.park = time.NewTimer(time.Hour)
 	rx.park.Stop()
 	rx.base = time.Now()
+	if rxStatsOn {
+		rx.stats = new(rxStats)
+	}
 	// Every batch is handled before the next receive and nothing keeps a
 	// received buffer past its batch (what is kept — a MAD, a UD message
 	// — is copied), so a link that can hand packets out of its own
@@ -285,7 +303,9 @@ func (d *Device) Progress() int {
 	// call's delay; one Progress call later they go anyway.
 	rx.progSeq++
 	if rx.ackOnly && rx.batchAt+1 == rx.progSeq && len(d.rxPending) > 0 {
-		rx.deferred.Add(1)
+		if st := rx.stats; st != nil {
+			st.deferred.Add(1)
+		}
 	} else {
 		d.flushPending()
 	}
@@ -295,7 +315,9 @@ func (d *Device) Progress() int {
 	// that finds nothing there is a system call on the round trip's
 	// path. The call after it looks again.
 	if rx.batchAt != 0 && rx.batchAt+1 == rx.progSeq {
-		rx.skips.Add(1)
+		if st := rx.stats; st != nil {
+			st.skips.Add(1)
+		}
 		return 0
 	}
 	pkts := rx.freshPkts()
@@ -307,7 +329,9 @@ func (d *Device) Progress() int {
 		}
 		return 0
 	}
-	rx.polls.Add(1)
+	if st := rx.stats; st != nil {
+		st.polls.Add(1)
+	}
 	rx.batchAt = rx.progSeq
 	d.inputBatch(&rx.p, pkts[:n])
 	// ackOnly is false here: this call either flushed (which clears it)
@@ -416,7 +440,9 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 			break
 		}
 		if n > 0 {
-			rx.waited.Add(1)
+			if st := rx.stats; st != nil {
+				st.waited.Add(1)
+			}
 			d.inputBatch(&rx.p, pkts[:n])
 			got := cq.wakeQueued // the batch stored a completion in cq
 			d.wakePending()
@@ -480,7 +506,9 @@ func (d *Device) lookLeft() bool {
 		}
 		return false
 	}
-	rx.looped.Add(1)
+	if st := rx.stats; st != nil {
+		st.looped.Add(1)
+	}
 	rx.batchAt = 0
 	d.inputBatch(&rx.p, pkts[:n])
 	d.wakePending()
@@ -530,7 +558,9 @@ func (d *Device) recvLoop() {
 				look = rxLeaseMin
 				continue
 			}
-			rx.looks.Add(1)
+			if st := rx.stats; st != nil {
+				st.looks.Add(1)
+			}
 			if rx.own.kind() == rxLeaseLeft && rx.entries.Load() != seen {
 				// Waiters came and went since the last look: the last
 				// one may be back any moment (a ping-pong), or gone to
@@ -560,7 +590,9 @@ func (d *Device) recvLoop() {
 				// A waiter holds the link, and has for a whole look:
 				// sleep until one leaves (rxDriver.deep).
 				look = rxLeaseMin
-				rx.heldLooks.Add(1)
+				if st := rx.stats; st != nil {
+					st.heldLooks.Add(1)
+				}
 				rx.deep.Store(true)
 				if rx.own.kind() != rxLeaseWaiter {
 					rx.deep.Store(false) // it left meanwhile, maybe without arming the timer
@@ -599,12 +631,18 @@ func (d *Device) recvLoop() {
 			continue
 		}
 		pkts := rx.freshPkts()
-		t0 := time.Now()
+		st := rx.stats
+		var t0, t1 time.Time
+		if st != nil {
+			t0 = time.Now()
+		}
 		n, err := d.link.Recv(pkts)
 		rx.received(n, err)
-		t1 := time.Now()
-		if g := t1.Sub(t0).Nanoseconds(); g > d.dbgMaxWait.Load() {
-			d.dbgMaxWait.Store(g)
+		if st != nil {
+			t1 = time.Now()
+			if g := t1.Sub(t0).Nanoseconds(); g > st.maxWait.Load() {
+				st.maxWait.Store(g)
+			}
 		}
 		if err != nil {
 			rx.own.unlock()
@@ -620,8 +658,8 @@ func (d *Device) recvLoop() {
 			continue
 		}
 		backoff = time.Millisecond
-		if n > 0 {
-			rx.looped.Add(1)
+		if n > 0 && st != nil {
+			st.looped.Add(1)
 		}
 		d.inputBatch(&rx.p, pkts[:n])
 		// Wake the completion waiters first and let one run here and
@@ -637,9 +675,11 @@ func (d *Device) recvLoop() {
 		}
 		d.flushPending()
 		rx.own.unlock()
-		if g := time.Since(t1).Nanoseconds(); g > d.dbgMaxBusy.Load() {
-			d.dbgMaxBusy.Store(g)
-			d.dbgMaxBusyN.Store(int64(n))
+		if st != nil {
+			if g := time.Since(t1).Nanoseconds(); g > st.maxBusy.Load() {
+				st.maxBusy.Store(g)
+				st.maxBusyN.Store(int64(n))
+			}
 		}
 	}
 }

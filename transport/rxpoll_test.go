@@ -37,7 +37,7 @@ func TestBusyPollDrivesLink(t *testing.T) {
 			if err := s.round(200); err != nil {
 				t.Fatal(err)
 			}
-			pa, pr := s.a.dev.rx.polls.Load(), s.r.dev.rx.polls.Load()
+			pa, pr := s.a.dev.rx.stats.polls.Load(), s.r.dev.rx.stats.polls.Load()
 			if tc.spin && (pa == 0 || pr == 0) {
 				t.Fatalf("batches handled by pollers: A %d, B %d; want both > 0", pa, pr)
 			}
@@ -53,7 +53,7 @@ func TestBusyPollDrivesLink(t *testing.T) {
 			wc := make([]WC, 1)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			before := s.a.dev.rx.polls.Load()
+			before := s.a.dev.rx.stats.polls.Load()
 			if _, err := s.a.rcq.Wait(ctx, wc); err != nil || wc[0].Status != WCSuccess || wc[0].ByteLen != 8 {
 				t.Fatalf("SEND after the pollers stopped: %v %+v", err, wc[0])
 			}
@@ -64,7 +64,7 @@ func TestBusyPollDrivesLink(t *testing.T) {
 			if err := s.round(20); err != nil {
 				t.Fatal(err)
 			}
-			if tc.spin && s.a.dev.rx.polls.Load() == before {
+			if tc.spin && s.a.dev.rx.stats.polls.Load() == before {
 				t.Fatal("no batch handled by a poller after the receive goroutine had the link")
 			}
 		})
@@ -88,7 +88,7 @@ func TestProgressMemLink(t *testing.T) {
 	}
 	waitWC(t, r.rcq, 1, 10*time.Second)
 	waitWC(t, a.scq, 1, 10*time.Second)
-	if r.dev.rx.polls.Load() != 0 {
+	if r.dev.rx.stats.polls.Load() != 0 {
 		t.Fatal("a poller handled a batch of a MemLink")
 	}
 }
@@ -170,7 +170,7 @@ func TestWaitersShareLink(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if a.dev.rx.waited.Load() == 0 {
+	if a.dev.rx.stats.waited.Load() == 0 {
 		t.Fatal("no batch was handled by a waiter")
 	}
 
@@ -244,13 +244,13 @@ func TestProgressKeepsACKForAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 		pollUntil(r, r.rcq, "B's receive")
-		before, deferred, skips := r.dev.Counters().SentPkts, r.dev.rx.deferred.Load(), r.dev.rx.skips.Load()
+		before, deferred, skips := r.dev.Counters().SentPkts, r.dev.rx.stats.deferred.Load(), r.dev.rx.stats.skips.Load()
 		r.scq.Poll(wc) // empty (B's SENDs are unsignaled): one more Progress call
 		// The receive goroutine may have taken the link meanwhile (a
 		// lease lapsed on a slow machine) and sent the ACK itself.
-		ok := r.dev.rx.deferred.Load() == deferred+1 && r.dev.Counters().SentPkts == before
-		if ok && r.dev.rx.skips.Load() != skips+1 {
-			t.Fatalf("round %d: the Progress call right after the batch received (skips %d -> %d)", i, skips, r.dev.rx.skips.Load())
+		ok := r.dev.rx.stats.deferred.Load() == deferred+1 && r.dev.Counters().SentPkts == before
+		if ok && r.dev.rx.stats.skips.Load() != skips+1 {
+			t.Fatalf("round %d: the Progress call right after the batch received (skips %d -> %d)", i, skips, r.dev.rx.stats.skips.Load())
 		}
 		if answer {
 			if err := r.qp.PostSend(SendWR{Opcode: WRSend, SGEs: s.rsge}); err != nil {
@@ -280,7 +280,7 @@ func TestProgressKeepsACKForAnswer(t *testing.T) {
 		pollUntil(a, a.scq, "A's send completion (the ACK)")
 	}
 	if kept == 0 {
-		t.Fatalf("no round kept the ACK back (deferred %d)", r.dev.rx.deferred.Load())
+		t.Fatalf("no round kept the ACK back (deferred %d)", r.dev.rx.stats.deferred.Load())
 	}
 	t.Logf("%d of %d rounds kept the ACK for one Progress call", kept, 2*rounds)
 }
@@ -297,14 +297,14 @@ func TestWaiterHoldsLinkQuietly(t *testing.T) {
 		t.Fatal(err)
 	}
 	const idle = 100 * time.Millisecond // 500 × rxLeaseMin
-	looks := r.dev.rx.heldLooks.Load()
+	looks := r.dev.rx.stats.heldLooks.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), idle)
 	defer cancel()
 	wc := make([]WC, 1)
 	if n, err := r.rcq.Wait(ctx, wc); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait on an idle CQ: %d %v", n, err)
 	}
-	if got := r.dev.rx.heldLooks.Load() - looks; got > 3 {
+	if got := r.dev.rx.stats.heldLooks.Load() - looks; got > 3 {
 		t.Errorf("the receive goroutine looked %d times while a waiter held the link for %v; want at most 3", got, idle)
 	}
 	// Nobody waits now: the receive goroutine must take the link back
@@ -359,8 +359,8 @@ func TestWaiterPingPongKeepsLink(t *testing.T) {
 		}
 		echo <- nil
 	}()
-	before := [2]uint64{a.dev.rx.looped.Load(), r.dev.rx.looped.Load()}
-	looks := [2]uint64{a.dev.rx.looks.Load(), r.dev.rx.looks.Load()}
+	before := [2]uint64{a.dev.rx.stats.looped.Load(), r.dev.rx.stats.looped.Load()}
+	looks := [2]uint64{a.dev.rx.stats.looks.Load(), r.dev.rx.stats.looks.Load()}
 	wc := make([]WC, 1)
 	t0 := time.Now()
 	for i := range rounds {
@@ -379,8 +379,8 @@ func TestWaiterPingPongKeepsLink(t *testing.T) {
 	}
 	el := time.Since(t0)
 	for i, x := range []*side{a, r} {
-		looped := x.dev.rx.looped.Load() - before[i]
-		nlooks := x.dev.rx.looks.Load() - looks[i]
+		looped := x.dev.rx.stats.looped.Load() - before[i]
+		nlooks := x.dev.rx.stats.looks.Load() - looks[i]
 		t.Logf("side %d: %d rounds in %v: the receive goroutine handled %d batches, looked %d times", i, rounds, el, looped, nlooks)
 		// A round trip that outlasts a whole look (a descheduled
 		// thread) lets it take the link now and then; a receive
