@@ -23,6 +23,11 @@ const (
 	wrKind = 0xff << 56
 )
 
+// maxBatchWRs is the most send work requests a queue gathers before it
+// posts them (flushSends): two per completion handled (an RDMA WRITE and
+// its response) for a full CQ batch, and the responses that waited.
+const maxBatchWRs = 128
+
 // numClasses: data buffers come in 4 KiB << class sizes up to MaxTransfer.
 const numClasses = MDTS + 1
 
@@ -90,8 +95,15 @@ type tqueue struct {
 	free_     [numClasses][]*dbuf
 	poolBytes int
 
-	wrs [2]transport.SendWR
-	sge [2][1]memreg.SGE
+	// The send work requests of the completions being handled: posted
+	// together when the batch is done (flushSends), so that one
+	// PostSend — one Link.Send, one sendmmsg — carries the data and
+	// responses of every command the batch finished, instead of one
+	// system call per command. Outside a batch (inBatch false) each
+	// post goes out at once.
+	inBatch bool
+	wrs     []transport.SendWR
+	sges    []memreg.SGE // wrs[i].SGEs is sges[i:i+1]
 
 	ctrl      *tctrl      // set by Connect
 	connected atomic.Bool // ctrl is set (read by the connect timer)
@@ -133,6 +145,8 @@ func (t *Target) newQueue(f nvme.CMReqFields) (*tqueue, error) {
 		q.respFree[i] = nresp - 1 - i
 	}
 	q.respData = make([]*dbuf, nresp)
+	q.wrs = make([]transport.SendWR, 0, maxBatchWRs)
+	q.sges = make([]memreg.SGE, maxBatchWRs)
 	q.reqs = make([]treq, q.depth)
 	for i := range q.reqs {
 		q.reqs[i].idx = i
@@ -229,9 +243,12 @@ func (q *tqueue) run() {
 			break
 		}
 		i := 0
+		q.inBatch = true
 		for ; i < n && q.ctx.Err() == nil; i++ {
 			q.handle(&wcs[i])
 		}
+		q.inBatch = false
+		q.flushSends()
 		q.countErrors(wcs[i:n])
 	}
 	// The completions still queued when the queue stopped (a DREQ can
@@ -413,13 +430,8 @@ func (q *tqueue) start(r *treq) {
 		}
 		if r.dir == nvme.DirHostToCtrl {
 			r.stage = tsReading
-			q.wrs[0] = transport.SendWR{WRID: wrRead | uint64(r.idx), Opcode: transport.WRRead, Flags: transport.SendSignaled,
-				RemoteAddr: r.sgl.Addr, RKey: r.sgl.Key}
-			q.sge[0][0] = r.data.mr.SGE(0, uint32(r.xfer))
-			q.wrs[0].SGEs = q.sge[0][:]
-			if err := q.qp.PostSend(q.wrs[0]); err != nil {
-				q.stop(err)
-			}
+			q.post(transport.SendWR{WRID: wrRead | uint64(r.idx), Opcode: transport.WRRead, Flags: transport.SendSignaled,
+				RemoteAddr: r.sgl.Addr, RKey: r.sgl.Key}, r.data.mr.SGE(0, uint32(r.xfer)))
 			return
 		}
 	}
@@ -499,22 +511,47 @@ func (q *tqueue) respond(r *treq) {
 		q.stop(err)
 		return
 	}
-	n := 0
 	if r.out > 0 {
-		q.sge[0][0] = r.data.mr.SGE(0, uint32(r.out))
-		q.wrs[0] = transport.SendWR{Opcode: transport.WRWrite, SGEs: q.sge[0][:], RemoteAddr: r.sgl.Addr, RKey: r.sgl.Key}
-		n++
+		q.post(transport.SendWR{Opcode: transport.WRWrite, RemoteAddr: r.sgl.Addr, RKey: r.sgl.Key}, r.data.mr.SGE(0, uint32(r.out)))
 	}
-	q.sge[1][0] = q.respMR.SGE(uint64(ri*nvme.CQESize), nvme.CQESize)
-	q.wrs[n] = transport.SendWR{WRID: wrSend | uint64(ri), Opcode: transport.WRSend, SGEs: q.sge[1][:], Flags: transport.SendSignaled}
+	wr := transport.SendWR{WRID: wrSend | uint64(ri), Opcode: transport.WRSend, Flags: transport.SendSignaled}
 	if r.inv && !q.t.cfg.testNoInvalidate {
-		q.wrs[n].Opcode, q.wrs[n].InvRKey = transport.WRSendInv, r.sgl.Key
+		wr.Opcode, wr.InvRKey = transport.WRSendInv, r.sgl.Key
 		q.t.st.invalidates.Add(1)
 	}
-	n++
 	q.respData[ri] = r.data // freed when the SEND completes (the WRITE before it is done then)
 	r.data = nil
-	if err := q.qp.PostSend(q.wrs[:n]...); err != nil {
+	q.post(wr, q.respMR.SGE(uint64(ri*nvme.CQESize), nvme.CQESize))
+}
+
+// post queues the send work request wr with its one SGE: for the end of
+// the batch being handled (flushSends), or at once outside a batch.
+// A full queue is posted first; the QP keeps the order of its WRs either
+// way (a response never overtakes its data).
+func (q *tqueue) post(wr transport.SendWR, sge memreg.SGE) {
+	if len(q.wrs) == cap(q.wrs) {
+		q.flushSends()
+	}
+	i := len(q.wrs)
+	q.sges[i] = sge
+	wr.SGEs = q.sges[i : i+1 : i+1]
+	q.wrs = append(q.wrs, wr)
+	if !q.inBatch {
+		q.flushSends()
+	}
+}
+
+// flushSends posts the queued send work requests in one PostSend.
+func (q *tqueue) flushSends() {
+	if len(q.wrs) == 0 {
+		return
+	}
+	err := q.qp.PostSend(q.wrs...)
+	for i := range q.wrs {
+		q.wrs[i] = transport.SendWR{}
+	}
+	q.wrs = q.wrs[:0]
+	if err != nil {
 		q.stop(err)
 	}
 }

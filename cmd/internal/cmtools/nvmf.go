@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/netip"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,8 @@ options:
   --host NQN         allow only this host (repeatable; default any host)
   -v                 log connections; print the target's and the device's
                      counters at the end (SIGUSR1 prints the device's)
+  --cpuprofile FILE  write a Go CPU profile (pprof) of the whole run, from
+                     the start until SIGINT/SIGTERM, to FILE
 ` + cli.SocketUsage + `
 Exit status: 0 after a clean stop, 1 when the target could not start, 2 bad usage.
 `
@@ -86,7 +89,7 @@ func parseSize(s string) (int64, error) {
 
 func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := cli.NewFlagSet("nvmf-target")
-	var bind, nqn, file, size string
+	var bind, nqn, file, size, cpuprofile string
 	var port, bs, inline, qsize, ioq, mtuBytes int
 	var ro, verbose bool
 	var hosts multiFlag
@@ -95,6 +98,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.StringVar(&nqn, "nqn", "", "")
 	fs.StringVar(&file, "file", "", "")
 	fs.StringVar(&size, "size", "", "")
+	fs.StringVar(&cpuprofile, "cpuprofile", "", "")
 	fs.IntVar(&port, "port", nvme.Port, "")
 	fs.IntVar(&bs, "block-size", 512, "")
 	fs.IntVar(&inline, "inline", 4096, "")
@@ -138,6 +142,23 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	if code, done := cli.FlagsResult("nvmf-target", nvmfTargetUsage, err, stdout, stderr); done {
 		return code
+	}
+	if cpuprofile != "" {
+		f, err := os.Create(cpuprofile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+			if err != nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "rocev2d nvmf-target: --cpuprofile: %v\n", err)
+			return cli.ExitFail
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
 	}
 	var backend nvmf.Backend
 	if file != "" {
