@@ -80,6 +80,7 @@ type tqueue struct {
 	slot      int // bytes per receive buffer
 	pd        *memreg.PD
 	cq        *transport.CQ
+	ch        *transport.CompChannel // the admin queue's (waitCQ)
 	conn      *rdmacm.Conn
 	qp        *transport.QP
 
@@ -127,7 +128,20 @@ func (t *Target) newQueue(f nvme.CMReqFields) (*tqueue, error) {
 		return nil, err
 	}
 	q.pd = pd
-	if q.cq, err = t.dev.CreateCQ(q.sendDepth + q.depth + 16); err != nil {
+	cqa := transport.CQAttr{Depth: q.sendDepth + q.depth + 16}
+	if q.qid == 0 {
+		// The admin queue waits on a completion channel, not in
+		// CQ.Wait: see waitCQ.
+		if q.ch, err = t.dev.CreateCompChannel(1); err != nil {
+			pd.Dealloc()
+			return nil, err
+		}
+		cqa.Channel = q.ch
+	}
+	if q.cq, err = t.dev.CreateCQWith(cqa); err != nil {
+		if q.ch != nil {
+			q.ch.Destroy()
+		}
 		pd.Dealloc()
 		return nil, err
 	}
@@ -196,6 +210,9 @@ func (q *tqueue) free() {
 	if q.cq != nil {
 		q.cq.Destroy()
 	}
+	if q.ch != nil {
+		q.ch.Destroy()
+	}
 	if q.pd != nil {
 		q.pd.Dealloc()
 	}
@@ -237,7 +254,7 @@ func (q *tqueue) run() {
 	defer idle.Stop()
 	var wcs [32]transport.WC
 	for q.ctx.Err() == nil {
-		n, err := q.cq.Wait(q.ctx, wcs[:])
+		n, err := q.waitCQ(wcs[:])
 		if err != nil {
 			q.stop(err)
 			break
@@ -266,6 +283,43 @@ func (q *tqueue) run() {
 	}
 	q.conn.Close()
 	q.free()
+}
+
+// waitCQ waits for the queue's next completions. An I/O queue waits in
+// CQ.Wait, which receives from the link in this goroutine. The admin
+// queue, mostly idle (a Keep Alive every few seconds), waits on its
+// completion channel instead: a goroutine asleep in CQ.Wait is one the
+// device must keep a receiver for, so each time the I/O queue's goroutine
+// left the link with a batch it handed the link to the device's receive
+// goroutine and took it back in its next Wait — two goroutine switches
+// and a wake-up of the blocked receive per batch, for nothing. (Whoever
+// receives delivers the admin queue's completions to its channel.)
+func (q *tqueue) waitCQ(wcs []transport.WC) (int, error) {
+	if q.ch == nil {
+		return q.cq.Wait(q.ctx, wcs)
+	}
+	for {
+		if n := q.cq.Poll(wcs); n > 0 {
+			return n, nil
+		}
+		if err := q.cq.Err(); err != nil {
+			return 0, err
+		}
+		if err := q.cq.ReqNotify(false); err != nil {
+			return 0, err
+		}
+		if n := q.cq.Poll(wcs); n > 0 { // stored before the arming
+			return n, nil
+		}
+		select {
+		case _, ok := <-q.ch.C():
+			if !ok {
+				return 0, transport.ErrClosed
+			}
+		case <-q.ctx.Done():
+			return 0, q.ctx.Err()
+		}
+	}
 }
 
 // countErrors counts the error completions among wcs that the queue does
