@@ -180,6 +180,7 @@ type dioStat struct {
 	txPkts, rxPkts   float64 // vm1 → target, target → vm1
 	txBytes, rxBytes float64
 	busyMs, idleMs   float64 // vm0
+	busy1Ms, idle1Ms float64 // vm1 (the host)
 	iops, mbps       float64
 }
 
@@ -187,13 +188,16 @@ func (d dioStat) String() string {
 	if d.ios == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("pkts/io %.2f out %.2f in (%.0f+%.0f B/io), vm0 busy %.0f%% = %.0f us/io",
+	return fmt.Sprintf("pkts/io %.2f out %.2f in (%.0f+%.0f B/io), vm0 busy %.0f%% = %.0f us/io, vm1 busy %.0f%% = %.0f us/io",
 		d.txPkts/d.ios, d.rxPkts/d.ios, d.txBytes/d.ios, d.rxBytes/d.ios,
-		100*d.busyMs/max(d.busyMs+d.idleMs, 1), 1000*d.busyMs/d.ios)
+		100*d.busyMs/max(d.busyMs+d.idleMs, 1), 1000*d.busyMs/d.ios,
+		100*d.busy1Ms/max(d.busy1Ms+d.idle1Ms, 1), 1000*d.busy1Ms/d.ios)
 }
 
 const vmNetStat = `cd /sys/class/net/eth0/statistics && echo "net $(cat tx_packets) $(cat rx_packets) $(cat tx_bytes) $(cat rx_bytes)"`
 const vmCPUStat = `head -1 /proc/stat`
+
+var reCPU = regexp.MustCompile(`(?m)^cpu .*$`)
 
 var reNet = regexp.MustCompile(`net (\d+) (\d+) (\d+) (\d+)`)
 
@@ -225,7 +229,7 @@ func (nb *nvmfBench) dio(ctx context.Context, args string) (dioStat, string, err
 	p := nb.p
 	var d dioStat
 	c0, _ := p.VM[0].Run(ctx, vmCPUStat, time.Minute)
-	r, err := p.VM[1].Run(ctx, vmNetStat+"; dio "+args+" /dev/nvme0n1; rc=$?; "+vmNetStat+"; exit $rc", 5*time.Minute)
+	r, err := p.VM[1].Run(ctx, vmNetStat+"; "+vmCPUStat+"; dio "+args+" /dev/nvme0n1; rc=$?; "+vmCPUStat+"; "+vmNetStat+"; exit $rc", 5*time.Minute)
 	c1, _ := p.VM[0].Run(ctx, vmCPUStat, time.Minute)
 	if err != nil || r.Exit != 0 {
 		return d, r.Output, fmt.Errorf("vm1: dio %s: exit %d %v\n%s", args, r.Exit, err, r.Output)
@@ -241,6 +245,11 @@ func (nb *nvmfBench) dio(ctx context.Context, args string) (dioStat, string, err
 	if len(nets) == 2 {
 		a, z := parseNet(nets[0]), parseNet(nets[1])
 		d.txPkts, d.rxPkts, d.txBytes, d.rxBytes = z[0]-a[0], z[1]-a[1], z[2]-a[2], z[3]-a[3]
+	}
+	if cpus := reCPU.FindAllString(r.Output, -1); len(cpus) == 2 {
+		b0, i0 := parseCPU(cpus[0])
+		b1, i1 := parseCPU(cpus[1])
+		d.busy1Ms, d.idle1Ms = b1-b0, i1-i0
 	}
 	b0, i0 := parseCPU(c0.Output)
 	b1, i1 := parseCPU(c1.Output)
