@@ -105,6 +105,7 @@ type tqueue struct {
 	inBatch bool
 	wrs     []transport.SendWR
 	sges    []memreg.SGE // wrs[i].SGEs is sges[i:i+1]
+	recvSGE [1]memreg.SGE
 
 	ctrl      *tctrl      // set by Connect
 	connected atomic.Bool // ctrl is set (read by the connect timer)
@@ -180,7 +181,10 @@ func (q *tqueue) prepare(qp *transport.QP) error {
 }
 
 func (q *tqueue) postRecvOn(qp *transport.QP, i int) error {
-	return qp.PostRecv(transport.RecvWR{WRID: wrRecv | uint64(i), SGEs: []memreg.SGE{q.recvMR.SGE(uint64(i*q.slot), uint32(q.slot))}})
+	// PostRecv copies the SGE: one array serves every post (a slice
+	// literal here cost an allocation per command).
+	q.recvSGE[0] = q.recvMR.SGE(uint64(i*q.slot), uint32(q.slot))
+	return qp.PostRecv(transport.RecvWR{WRID: wrRecv | uint64(i), SGEs: q.recvSGE[:]})
 }
 
 // free releases the queue's memory (after its connection is closed).
