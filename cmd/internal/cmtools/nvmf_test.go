@@ -3,7 +3,10 @@
 package cmtools
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,7 +29,7 @@ func TestNvmfLoopback(t *testing.T) {
 	img := filepath.Join(dir, "ns.img")
 	const nqn = "nqn.2026-12.io.rocev2:cli"
 	srv := startCMServer(t, &nvmfListening, "nvmf-target", "--bind", "127.0.0.1", "--port", port, "--nqn", nqn,
-		"--file", img, "--size", "4m", "-v")
+		"--file", img, "--size", "4m", "-v", "--cpuprofile", filepath.Join(dir, "cpu.pprof"))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	host := func(args ...string) cmResult {
@@ -72,6 +75,14 @@ func TestNvmfLoopback(t *testing.T) {
 	s := srv.wait(t, 100*time.Millisecond)
 	if s.code != 0 || !strings.Contains(s.out, "nvmf-target: stopped") || !regexp.MustCompile(`target: connections .* send_invalidate [1-9]`).MatchString(s.out) {
 		t.Errorf("target: exit %d\n%s%s", s.code, s.out, s.errOut)
+	}
+	// --cpuprofile: a gzip'ed pprof profile, written when the target stopped.
+	if b, err := os.ReadFile(filepath.Join(dir, "cpu.pprof")); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("--cpuprofile: %d bytes %v", len(b), err)
+	} else if zr, err := gzip.NewReader(bytes.NewReader(b)); err != nil {
+		t.Errorf("--cpuprofile: %v", err)
+	} else if raw, err := io.ReadAll(zr); err != nil || len(raw) == 0 {
+		t.Errorf("--cpuprofile: %d bytes inflated, %v", len(raw), err)
 	}
 	// Unknown subsystem: a clear failure.
 	r = runCmd(t, ctx, "nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port, "--nqn", "nqn.x")
