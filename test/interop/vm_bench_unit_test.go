@@ -94,3 +94,37 @@ func TestRetries(t *testing.T) {
 		}
 	}
 }
+
+// TestNvmfBenchParsers: BenchmarkVMNvmf's readers of /proc/stat's cpu
+// line (USER_HZ 100: a jiffy is 10 ms), of eth0's counters and of dio's
+// result line.
+func TestNvmfBenchParsers(t *testing.T) {
+	for _, c := range []struct {
+		in         string
+		busy, idle float64
+	}{
+		{"cpu  100 1 50 1000 7 2 3 0 0 0", (100 + 1 + 50 + 2 + 3) * 10, (1000 + 7) * 10},
+		{"cpu  0 0 0 0 0 0 0", 0, 0},
+		{"cpu0 1 2 3 4 5 6 7", 0, 0}, // a per-CPU line is not the total
+		{"cpu 1 2 3", 0, 0},          // too short
+		{"", 0, 0},
+	} {
+		if b, i := parseCPU(c.in); b != c.busy || i != c.idle {
+			t.Errorf("parseCPU(%q) = %v, %v; want %v, %v", c.in, b, i, c.busy, c.idle)
+		}
+	}
+	if got := parseNet("x\nnet 10 20 3000 4000\n"); got != [4]float64{10, 20, 3000, 4000} {
+		t.Errorf("parseNet: %v", got)
+	}
+	if got := parseNet("no counters"); got != [4]float64{} {
+		t.Errorf("parseNet without a line: %v", got)
+	}
+	m := reDio.FindStringSubmatch("ctrl x\ndio bs=4096 qd=16 rw=randread ios=5120 secs=5.00 IOPS=1024 MB/s=4.19\n")
+	if m == nil || m[1] != "4096" || m[2] != "5120" || m[3] != "1024" || m[4] != "4.19" {
+		t.Errorf("reDio: %q", m)
+	}
+	d := dioStat{ios: 100, txPkts: 300, rxPkts: 600, txBytes: 24600, rxBytes: 448400, busyMs: 60, idleMs: 40, busy1Ms: 50, idle1Ms: 50}
+	if got, want := d.String(), "pkts/io 3.00 out 6.00 in (246+4484 B/io), vm0 busy 60% = 600 us/io, vm1 busy 50% = 500 us/io"; got != want {
+		t.Errorf("dioStat:\n got %s\nwant %s", got, want)
+	}
+}
