@@ -34,7 +34,8 @@ import (
 // each dio run's length (default 5s), ROCEV2_VMBENCH_ALT=DIR adds another
 // checkout's rocev2d as a third target in every round, and
 // ROCEV2_VMNVMF_PROFILE=DIR first profiles each rocev2d build's target
-// during the 4 KiB reads (pprof files in DIR). Each row also reports, per
+// during the 4 KiB reads (pprof files in DIR; ROCEV2_VMNVMF_PROFILE_BS=128k
+// profiles the 128 KiB reads instead). Each row also reports, per
 // I/O, the packets and bytes on vm1's eth0 each way and vm0's busy CPU.
 func BenchmarkVMNvmf(b *testing.B) {
 	cfg, img := prepareBench(b)
@@ -80,19 +81,29 @@ func BenchmarkVMNvmf(b *testing.B) {
 	// ROCEV2_VMNVMF_PROFILE=DIR: first a round with this checkout's
 	// target under --cpuprofile during the 4 KiB reads only (the alt
 	// build may predate the flag); the profile lands in
-	// DIR/nvmf-target-rocev2d.pprof.
+	// DIR/nvmf-target-rocev2d-4k.pprof.
+	// ROCEV2_VMNVMF_PROFILE_BS=128k profiles the 128 KiB sequential
+	// reads instead (file nvmf-target-rocev2d-128k.pprof).
+	nb.profile = "4k"
+	if os.Getenv("ROCEV2_VMNVMF_PROFILE_BS") == "128k" {
+		nb.profile = "128k"
+	}
 	if dir := os.Getenv("ROCEV2_VMNVMF_PROFILE"); dir != "" {
 		for _, kind := range []string{"rocev2d"} {
 			b.Run("profile/"+kind, func(b *testing.B) {
-				k4, _, prof, _, err := nb.round(ctx, kind, true)
+				k4, k128, prof, _, err := nb.round(ctx, kind, true)
 				if err != nil {
 					b.Fatal(err)
 				}
-				f := filepath.Join(dir, "nvmf-target-"+kind+".pprof")
+				f := filepath.Join(dir, "nvmf-target-"+kind+"-"+nb.profile+".pprof")
 				if err := os.WriteFile(f, prof, 0o644); err != nil {
 					b.Fatal(err)
 				}
-				rows = append(rows, fmt.Sprintf("%-12s 4k_randread_qd16 %8.0f IOPS (profiled: %s, %d bytes)  [4k %v]", "profile/"+kind, k4.iops, f, len(prof), k4))
+				if nb.profile == "128k" {
+					rows = append(rows, fmt.Sprintf("%-12s 128k_seqread_qd4 %7.2f MB/s (profiled: %s, %d bytes)  [128k %v]", "profile/"+kind, k128.mbps, f, len(prof), k128))
+				} else {
+					rows = append(rows, fmt.Sprintf("%-12s 4k_randread_qd16 %8.0f IOPS (profiled: %s, %d bytes)  [4k %v]", "profile/"+kind, k4.iops, f, len(prof), k4))
+				}
 			})
 		}
 	}
@@ -146,9 +157,10 @@ const vmNvmfNQN = "nqn.2026-12.io.rocev2:vmbench"
 
 // nvmfBench holds one BenchmarkVMNvmf run.
 type nvmfBench struct {
-	p   *VMPair
-	dur string
-	res map[string][]float64
+	p       *VMPair
+	dur     string
+	profile string // the profile round's reads: "4k" or "128k"
+	res     map[string][]float64
 }
 
 // setupKernelTarget creates nvmet's subsystem on null_blk in vm0 (its
@@ -325,7 +337,12 @@ i=0; while [ -e /sys/class/nvme/nvme0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+
 	}
 	note = strings.TrimSpace(firstLine(r.Output, "ctrl "))
 	defer disconnect()
-	if k4, _, err = nb.dio(ctx, "-bs 4096 -qd 16 -time "+nb.dur+" -range 64m"); err != nil {
+	if profile && nb.profile == "128k" {
+		k128, _, err = nb.dio(ctx, "-bs 131072 -qd 4 -seq -time "+nb.dur+" -range 64m")
+	} else {
+		k4, _, err = nb.dio(ctx, "-bs 4096 -qd 16 -time "+nb.dur+" -range 64m")
+	}
+	if err != nil {
 		return k4, k128, nil, note, err
 	}
 	if profile {
