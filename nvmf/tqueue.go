@@ -570,7 +570,9 @@ func (q *tqueue) respond(r *treq) {
 		return
 	}
 	if r.out > 0 {
-		q.post(transport.SendWR{Opcode: transport.WRWrite, RemoteAddr: r.sgl.Addr, RKey: r.sgl.Key}, r.data.mr.SGE(0, uint32(r.out)))
+		// The response right behind asks for the ACK that covers
+		// both: the host sends one ACK per read, not two.
+		q.post(transport.SendWR{Opcode: transport.WRWrite, Flags: transport.SendNoAckReq, RemoteAddr: r.sgl.Addr, RKey: r.sgl.Key}, r.data.mr.SGE(0, uint32(r.out)))
 	}
 	wr := transport.SendWR{WRID: wrSend | uint64(ri), Opcode: transport.WRSend, Flags: transport.SendSignaled}
 	if r.inv && !q.t.cfg.testNoInvalidate {

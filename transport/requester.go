@@ -179,7 +179,7 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 		first, last := k == 0, k == w.npkts-1
 		f.BTH.Opcode = dataOpcode(w.wr.Opcode, first, last)
 		if last {
-			f.BTH.AckReq = true
+			f.BTH.AckReq = w.wr.Flags&SendNoAckReq == 0 || !r.coveredByNext(w)
 			switch w.wr.Opcode {
 			case WRSendImm, WRWriteImm:
 				f.Imm = w.wr.Imm
@@ -260,6 +260,33 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 		}
 	}
 	return true
+}
+
+// coveredByNext reports whether the last packet of w, flagged
+// SendNoAckReq, may go without AckReq: a first transmission on an RC QP
+// without selective repeat, and the next work request already posted, a
+// WRITE or SEND without fence whose first packet the window admits at
+// once — so it follows right behind, asks for the acknowledgement, and
+// that covers w too (SendNoAckReq).
+func (r *requester) coveredByNext(w *sendWQE) bool {
+	qp := r.qp
+	if qp.init.Type != QPTypeRC || qp.sr != nil || qp.attr.State != QPSRTS || r.psn.Diff(r.maxPSN) < 0 || w.wr.Opcode != WRWrite && w.wr.Opcode != WRSend && w.wr.Opcode != WRSendInv && w.wr.Opcode != WRSendImm && w.wr.Opcode != WRWriteImm {
+		return false
+	}
+	next := qp.sqCur + 1
+	if next == qp.sqEnd {
+		return false
+	}
+	n := qp.sqAt(next)
+	switch n.wr.Opcode {
+	case WRWrite, WRWriteImm, WRSend, WRSendImm, WRSendInv:
+	default:
+		return false
+	}
+	if n.wr.Flags&SendFence != 0 {
+		return false
+	}
+	return r.psn.Diff(qp.comp.oldestUnacked())+1 < int32(qp.dev.cfg.MaxUnackedPSNs)
 }
 
 // failLocal records that the requester could not build the next packet of

@@ -257,6 +257,16 @@ const (
 	SendFence     SendFlags = 1
 	SendSignaled  SendFlags = 2
 	SendSolicited SendFlags = 4
+	// SendNoAckReq (a rocev2 extension, not an ibv_send_flags value)
+	// leaves AckReq clear in the last packet of an RC WRITE or SEND whose
+	// next work request is already posted, is a WRITE or SEND (no fence)
+	// and fits in the window behind it: that request's acknowledgement
+	// covers both (ACKs are cumulative), and the responder sends one ACK
+	// instead of two. An NVMe-oF target's RDMA WRITE followed by its
+	// response is the use. The request is sent as without the flag when
+	// any of that does not hold, in a retransmission, and with selective
+	// repeat; AckReq every DeviceConfig.MaxPktsPerAck packets still holds.
+	SendNoAckReq SendFlags = 0x80
 )
 
 // SendWR is a send work request.
