@@ -35,7 +35,8 @@ import (
 // checkout's rocev2d as a third target in every round, and
 // ROCEV2_VMNVMF_PROFILE=DIR first profiles each rocev2d build's target
 // during the 4 KiB reads (pprof files in DIR; ROCEV2_VMNVMF_PROFILE_BS=128k
-// profiles the 128 KiB reads instead). Each row also reports, per
+// profiles the 128 KiB reads instead), and ROCEV2_VMNVMF_TARGETLOG=1 adds
+// the last lines of each rocev2d target's output (-v) to its row. Each row also reports, per
 // I/O, the packets and bytes on vm1's eth0 each way and vm0's busy CPU.
 func BenchmarkVMNvmf(b *testing.B) {
 	cfg, img := prepareBench(b)
@@ -308,6 +309,9 @@ ln -s $C/subsystems/$N $C/ports/1/subsystems/$N`, time.Minute)
 		}
 		defer func() {
 			tr, _ := tgt.Cancel()
+			if os.Getenv("ROCEV2_VMNVMF_TARGETLOG") != "" {
+				note += "\n--- target:\n" + tail(tr.Output, 40)
+			}
 			if err != nil {
 				err = fmt.Errorf("%w\n--- rocev2d nvmf-target:\n%s", err, tail(tr.Output, 30))
 			}
