@@ -72,7 +72,12 @@ func TestECESelectiveRepeat(t *testing.T) {
 			var la, lb *madLog
 			da := newDev(t, n, addrA, func(l udp.Link) udp.Link { la = &madLog{Wrap: udp.Wrap{Link: l}}; return la })
 			db := newDev(t, n, addrB, func(l udp.Link) udp.Link { lb = &madLog{Wrap: udp.Wrap{Link: l}}; return lb })
-			lo := ListenOptions{Options: fast}
+			// The test counts the REQs and REPs sent: a response timeout
+			// long enough that none is resent on a loaded machine
+			// (fast's 20 ms resent the REP under -race now and then).
+			slow := fast
+			slow.ResponseTimeout = 2 * time.Second
+			lo := ListenOptions{Options: slow}
 			lo.SelectiveRepeat = c.server
 			l, err := Listen(db, 7200, &lo)
 			if err != nil {
@@ -87,7 +92,7 @@ func TestECESelectiveRepeat(t *testing.T) {
 				}
 				acc <- cb
 			}()
-			o := fast
+			o := slow
 			o.SelectiveRepeat = c.client
 			ca, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 7200), &o)
 			if err != nil {
