@@ -523,7 +523,13 @@ func TestSpoofedREJ(t *testing.T) {
 		in.send(t, f.src, 1, &f.rej)
 	}
 	in.send(t, addrA, 1, &cm.DREQFields{LocalCommID: ca.localID + 1, RemoteCommID: cb.localID})
-	time.Sleep(100 * time.Millisecond)
+	// Until the manager has handled all five (a fixed 100 ms was too
+	// short under -race on a loaded machine: 1 of 3 spoofs counted).
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if s := StatsOf(db); s.SpoofDropped >= 3 && s.RejRecv[cm.RejConsumer] >= 3 && s.StrayDREQ >= 1 {
+			break
+		}
+	}
 	select {
 	case <-cb.Done():
 		t.Fatalf("a spoofed REJ or DREQ ended the connection: %v", cb.Err())
