@@ -46,6 +46,11 @@ func ProcExitCode(err error) int {
 	return -1
 }
 
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{} // the ports FreeTCPPort handed out
+)
+
 // FreeTCPPort returns a TCP port that was free a moment ago on every
 // address. It is drawn at random below Linux's ephemeral range (32768 and
 // up by default), where the tests' own outgoing connections take their
@@ -53,15 +58,28 @@ func ProcExitCode(err error) int {
 // some other test's connect before the server under test binds it (seen in
 // CI: "TCP port 40609 is in use"). A run that still collides says so in its
 // stderr, and PortBusy lets the caller retry with another port.
+//
+// A port is never handed out twice in one test process: two tests of a
+// package given the same port would each start a server on it, one of the
+// binds would fail and be retried, and meanwhile that test's client could
+// connect to the other test's server and run its exchange there (a
+// TestPerfBidi failure looked so: the server printed every row, its own
+// client none, both saw "peer closed after 0 of 108 bytes").
 func FreeTCPPort(t *testing.T) int {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
 	for range 200 {
 		port := 20000 + rand.IntN(12000)
+		if portsGiven[port] {
+			continue
+		}
 		ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
 		if err != nil {
 			continue
 		}
 		ln.Close()
+		portsGiven[port] = true
 		return port
 	}
 	ln, err := net.Listen("tcp", ":0")
