@@ -76,9 +76,10 @@ type rxDriver struct {
 	// longer than rxLeaseMin: a slow peer, a slow machine, an idle link),
 	// and looking again every rxLeaseMin would cost a timer expiry and two
 	// goroutine switches each time for nothing. Then a waiter coming in
-	// stops the timer instead of pushing it out, and a waiter leaving arms
-	// it (rxLeaseMin), so that the link is taken back if none comes back;
-	// a kick (a waiter that leaves while others sleep, Close) ends it too.
+	// leaves the timer alone (never stops it: see waitRecv), and a waiter
+	// leaving arms it (rxLeaseMin), so that the link is taken back if none
+	// comes back; a kick (a waiter that leaves while others sleep, Close)
+	// ends it too.
 	deep atomic.Bool
 	// deepEntry is when a waiter last came in while deep was set (the
 	// lease clock, rx.now); under mu.
@@ -131,6 +132,11 @@ type rxStats struct {
 // found it gone. Waiters neither read the clock nor touch a timer on the
 // way in or out of Wait, which lie between a message's arrival and the
 // answer the application sends.
+
+// testHookDeepEntry, when set (tests only), is called by a waiter that
+// comes in while the receive goroutine sleeps in quiet mode (rxDriver.deep),
+// before it touches the receive goroutine's timer.
+var testHookDeepEntry atomic.Pointer[func(d *Device)]
 
 // rxLeaseMin is the shortest lease a poll takes: the receive goroutine,
 // parked while a poller drives the link, wakes at most this often to look
@@ -395,17 +401,30 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 	rx.batchAt = 0 // Progress's skip is for the call right after its own batch
 	rx.entries.Add(1)
 	if rx.deep.Load() {
-		// Waits are long (see rxDriver.deep): keep the receive goroutine
-		// asleep — stop the timer the last waiter to leave armed —
-		// unless waiters come back quickly again. Then arming it on
-		// every leave would add an earlier timer for a sleeping
-		// scheduler thread each time (a wake-up of that thread per
-		// message): back to the receive goroutine's own rxLeaseMin
-		// looks.
+		// Waits are long (see rxDriver.deep): the receive goroutine
+		// sleeps, and the timer the last waiter to leave armed wakes it
+		// once, rxLeaseMin after that leave, to find this waiter holding
+		// the link and sleep again. Unless waiters come back quickly
+		// again: then arming it on every leave would add an earlier timer
+		// for a sleeping scheduler thread each time (a wake-up of that
+		// thread per message): back to the receive goroutine's own
+		// rxLeaseMin looks.
+		//
+		// The timer is never stopped here. A waiter that did (to spare
+		// that one wake-up) could stop the receive goroutine's own timer
+		// instead: the leave's timer fired between this waiter's look at
+		// deep and its Stop, the receive goroutine left quiet mode and
+		// armed the timer for its next look, and the Stop took that away.
+		// It then slept with neither a timer nor deep set, so no waiter
+		// leaving armed it again, and once the application stopped
+		// waiting nothing received at all: the peer's requests went
+		// unacknowledged until its retry count ran out
+		// (TestLeaveAfterDeepEntryRace; TestPerfBidi under load).
+		if h := testHookDeepEntry.Load(); h != nil {
+			(*h)(d)
+		}
 		now := rx.now()
-		if now-rx.deepEntry > int64(2*rxLeaseMin) {
-			rx.park.Stop()
-		} else {
+		if now-rx.deepEntry <= int64(2*rxLeaseMin) {
 			rx.deep.Store(false)
 			rx.park.Reset(rxLeaseMin)
 		}
