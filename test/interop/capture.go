@@ -913,8 +913,16 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		}
 		found := false
 		for k := uint32(0); k < maxMsgPkts && !found; k++ {
-			if k > 0 && f.ends[(psn-k)&0xffffff] {
-				break
+			if k > 0 {
+				// Walk back only over PSNs the capture holds, none of
+				// them a message's end: when a LAST and the next FIRST
+				// were both lost, a MIDDLE of the second message would
+				// otherwise be taken for part of the first (CI: a WRITE
+				// MIDDLE under 1 % loss "carried the wrong bytes" at an
+				// offset one message too far).
+				if _, seen := f.firstTx[(psn-k)&0xffffff]; !seen || f.ends[(psn-k)&0xffffff] {
+					break
+				}
 			}
 			if st, ok := f.starts[(psn-k)&0xffffff]; ok {
 				found = true
