@@ -41,7 +41,8 @@ run() {
 
 # digest: for every failed stage, what failed, bounded: each failed test's
 # own messages (a -v log interleaves them with the passing tests'; here the
-# last 40 message lines of each failed leaf test), panics, races, build errors.
+# first and last 25 message lines of each failed leaf test), panics, races,
+# build errors.
 digest() {
 	local f
 	for f in "$logdir"/*.log; do
@@ -61,21 +62,18 @@ digest() {
 			function flush(   i, s) {
 				if (cur != "" && (cur in failed) && !(cur in parent)) {
 					print "---- " cur ":"
-					s = n > 40 ? n - 40 : 0
-					for (i = s; i < n; i++) print buf[i % 40]
+					for (i = 0; i < n && i < 25; i++) print first[i]
+					if (n > 50) print "        [... " n - 50 " lines ...]"
+					s = n > 50 ? n - 25 : 25
+					for (i = s; i < n; i++) print buf[i % 25]
 					shown++
 				}
 				n = 0
 			}
-			# without -v, go test prints the messages of a failed test after its
-			# "--- FAIL" line, indented: shown as they come, up to 40 lines each
-			!verbose && /--- FAIL/ { print; left = 40; next }
-			!verbose && /^ / { if (left-- > 0) print; next }
-			!verbose { left = 0 }
 			/^=== RUN / { flush(); cur = $3; next }
 			/^(--- |ok  |PASS$|FAIL)/ { flush(); cur = ""; if ($0 ~ /^--- FAIL|^FAIL/) print; next }
 			/^panic:|DATA RACE|^[^ ]+\.go:[0-9]+:[0-9]+:/ { print }
-			cur != "" { buf[n % 40] = $0; n++ }
+			cur != "" { if (n < 25) first[n] = $0; buf[n % 25] = $0; n++ }
 			END { flush() }
 		' "$f" "$f" | head -300
 	done
