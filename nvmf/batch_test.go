@@ -2,6 +2,7 @@ package nvmf
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -29,20 +30,18 @@ func (l *countLink) Send(pkts []udp.Packet) error {
 	return l.Link.Send(pkts)
 }
 
-// TestTargetBatchesSends: with 16 reads in flight on one I/O queue, the
-// target posts the data and responses of every command a completion
-// batch finished in one PostSend, so its link sees fewer Send calls than
-// commands (one per command, or more with the ACKs, when each response
-// was posted on its own), and the admin queue waits on its completion
-// channel, the I/O queue in CQ.Wait.
-func TestTargetBatchesSends(t *testing.T) {
+// wrappedTarget starts a target with one 8 MiB namespace on an in-memory
+// network, its device's link wrapped by wrap, and a host connected to it
+// with one I/O queue of 32; it returns the target, the host's namespace 1
+// and the test's context. Everything is closed when the test ends.
+func wrappedTarget(t *testing.T, wrap func(udp.Link) udp.Link) (*Target, *HostNamespace, context.Context) {
+	t.Helper()
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	tl, err := n.Link(targetIP)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &countLink{Link: tl}
-	tdev, err := transport.NewDevice(cl, transport.DeviceConfig{})
+	tdev, err := transport.NewDevice(wrap(tl), transport.DeviceConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,21 +51,33 @@ func TestTargetBatchesSends(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		tg.Close()
 		hdev.Close()
 		tdev.Close()
-	}()
+	})
 	ctx := ctxT(t, 60*time.Second)
 	h, err := Connect(ctx, hdev, netip.AddrPortFrom(targetIP, nvme.Port), testNQN, &HostConfig{IOQueues: 1, QueueSize: 32})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
+	t.Cleanup(func() { h.Close() })
 	ns, err := h.Namespace(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tg, ns, ctx
+}
+
+// TestTargetBatchesSends: with 16 reads in flight on one I/O queue, the
+// target posts the data and responses of every command a completion
+// batch finished in one PostSend, so its link sees fewer Send calls than
+// commands (one per command, or more with the ACKs, when each response
+// was posted on its own), and the admin queue waits on its completion
+// channel, the I/O queue in CQ.Wait.
+func TestTargetBatchesSends(t *testing.T) {
+	var cl *countLink
+	tg, ns, ctx := wrappedTarget(t, func(l udp.Link) udp.Link { cl = &countLink{Link: l}; return cl })
 	var admin, io int
 	tg.mu.Lock()
 	for q := range tg.queues {
@@ -141,37 +152,8 @@ func (l *writeTapLink) Send(pkts []udp.Packet) error {
 // ACK that covers both, so the host sends one ACK per read, not two; the
 // data read back is what was written.
 func TestTargetReadNoAckReq(t *testing.T) {
-	n := memnet.NewMemNetwork(memnet.Faults{})
-	tl, err := n.Link(targetIP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wl := &writeTapLink{Link: tl}
-	tdev, err := transport.NewDevice(wl, transport.DeviceConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hdev := newDevice(t, n, hostIP)
-	be, _ := NewMemBackend(8 << 20)
-	tg, err := Listen(tdev, TargetConfig{Subsystems: []*Subsystem{{NQN: testNQN, Namespaces: []*Namespace{{Backend: be, BlockSize: 4096}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		tg.Close()
-		hdev.Close()
-		tdev.Close()
-	}()
-	ctx := ctxT(t, 60*time.Second)
-	h, err := Connect(ctx, hdev, netip.AddrPortFrom(targetIP, nvme.Port), testNQN, &HostConfig{IOQueues: 1, QueueSize: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	ns, err := h.Namespace(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var wl *writeTapLink
+	_, ns, ctx := wrappedTarget(t, func(l udp.Link) udp.Link { wl = &writeTapLink{Link: l}; return wl })
 	want := make([]byte, 1<<20)
 	for i := range want {
 		want[i] = byte(i*7 + i>>12)
