@@ -46,6 +46,10 @@ import (
 // matrix; each adds its rows to the table with add.
 var labSuites []func(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row))
 
+// lastSuites run after labSuites: suites whose cells may leave the VM
+// unusable for others (nvmf_lab_test.go says why).
+var lastSuites []func(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row))
+
 func init() { labSuites = append(labSuites, cmSuite) }
 
 // The tools' ports: rping's 7174, rdma_server's 7471, udaddy's 7174 (UDP

@@ -146,7 +146,7 @@ func TestInterop(t *testing.T) {
 		})
 	}
 	// Cell families with runners of their own (labSuites, cm_test.go).
-	for _, suite := range labSuites {
+	for _, suite := range slices.Concat(labSuites, lastSuites) {
 		suite(t, ctx, lab, img, func(r row) { rows = append(rows, r) })
 	}
 }
