@@ -299,7 +299,10 @@ func (l *Lab) boot(ctx context.Context) error {
 	deadline := time.Now().Add(bootTimeout())
 	for {
 		b, _ := os.ReadFile(l.console)
-		if i := bytes.Index(b, []byte(agentproto.ReadyPrefix)); i >= 0 {
+		// The ready line counts once it is whole: the console file can
+		// hold its first bytes only (a CI-like run read a bare
+		// "ROCEV2-LAB-READY", took GID index 0 and failed 110 cells).
+		if i := bytes.Index(b, []byte(agentproto.ReadyPrefix)); i >= 0 && bytes.IndexByte(b[i:], '\n') >= 0 {
 			line, _, _ := strings.Cut(string(b[i:]), "\n")
 			l.logf("lab: %s", strings.TrimSpace(line))
 			for _, f := range strings.Fields(line) {
