@@ -75,7 +75,7 @@ digest() {
 			/^panic:|DATA RACE|^[^ ]+\.go:[0-9]+:[0-9]+:/ { print }
 			cur != "" { if (n < 25) first[n] = $0; buf[n % 25] = $0; n++ }
 			END { flush() }
-		' "$f" "$f" | head -300
+		' "$f" "$f" | head -300 || true
 	done
 }
 
