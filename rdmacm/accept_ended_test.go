@@ -11,6 +11,24 @@ import (
 	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
+// holdEstablished holds the goroutine of the active (Dial) or passive
+// (Accept) side between a connection's establishment and its look at the
+// connection's state, until the connection has ended (5 s at most).
+func holdEstablished(t *testing.T, active bool) {
+	t.Helper()
+	hook := func(c *Conn) {
+		if c.active != active {
+			return
+		}
+		select {
+		case <-c.done:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	testHookEstablished.Store(&hook)
+	t.Cleanup(func() { testHookEstablished.Store(nil) })
+}
+
 // TestAcceptConnEndedByPeer: a connection the peer establishes, uses and
 // disconnects before the listener's goroutine that waits for the
 // establishment gets to run (a loaded machine: the client's RTU, WRITE and
@@ -23,17 +41,7 @@ import (
 func TestAcceptConnEndedByPeer(t *testing.T) {
 	// Hold the listener's goroutine between the establishment and its
 	// look at the connection's state until the peer has disconnected.
-	hook := func(c *Conn) {
-		if c.active {
-			return
-		}
-		select {
-		case <-c.done:
-		case <-time.After(5 * time.Second):
-		}
-	}
-	testHookEstablished.Store(&hook)
-	t.Cleanup(func() { testHookEstablished.Store(nil) })
+	holdEstablished(t, false)
 
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
@@ -119,17 +127,7 @@ func TestAcceptConnEndedByPeer(t *testing.T) {
 // the connection, ended (Done closed, Err ErrDisconnected), not with an
 // error for a connection that was made.
 func TestDialConnEndedByPeer(t *testing.T) {
-	hook := func(c *Conn) {
-		if !c.active {
-			return
-		}
-		select {
-		case <-c.done:
-		case <-time.After(5 * time.Second):
-		}
-	}
-	testHookEstablished.Store(&hook)
-	t.Cleanup(func() { testHookEstablished.Store(nil) })
+	holdEstablished(t, true)
 
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
