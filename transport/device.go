@@ -71,6 +71,18 @@ type DeviceConfig struct {
 	// each packet is handled (udp.DeferVerifyLink). Either way no byte of
 	// a packet whose ICRC fails reaches registered memory.
 	VerifyInLink bool
+	// SchedQPs is how many of the device's QPs must be busy (have sent
+	// within their ACK timeout) for new requests to go through the
+	// device's send scheduler (sched.go): QPs served round-robin, a
+	// quantum of packets each, their packets sent together. Below it a
+	// QP sends from the goroutine that posted. Zero means 64 on the wall
+	// clock (RealClock) and never on another Clock; negative never.
+	SchedQPs int
+	// SchedInflight bounds the request packets the send scheduler lets
+	// the device's RC QPs have unacknowledged in all (default 256): the
+	// rest wait for their turn here, where no ACK timer runs, instead of
+	// in the peer's receive queue, where theirs would.
+	SchedInflight int
 }
 
 // Device is a RoCEv2 device bound to one udp.Link. It owns a memory
@@ -102,6 +114,8 @@ type Device struct {
 	gsi *GSI // QP1, opened by GSI(); under mu
 
 	tq *timerQueue // every QP's protocol timers, one Clock timer (timerq.go)
+
+	sched txSched // the send scheduler of a busy device (sched.go)
 
 	events   chan AsyncEvent
 	evMu     sync.Mutex
@@ -272,6 +286,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		}
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)
+	d.initSched()
 	d.outMax = outBatch
 	d.zc = udp.CapabilitiesOf(link)&udp.CapZeroCopy != 0 && !cfg.CopySend
 	if udp.CapabilitiesOf(link)&udp.CapGSO != 0 {
@@ -388,6 +403,7 @@ func (d *Device) Close() error {
 			s.pd.Release()
 		}
 	}
+	d.sched.close()
 	d.tq.close()
 	err := d.link.Close()
 	// The receive goroutine may sleep without a timer (rxDriver.deep).

@@ -85,12 +85,7 @@ func (qp *QP) flushOut() {
 	}
 	qp.ackLast()
 	if qp.trace != nil {
-		var p packetT
-		for i := 0; i < qp.nout; i++ {
-			if p.Parse(qp.out[i].AppendWire(nil)) == nil && p.BTH.Opcode() != bth.RCWriteMiddle && p.BTH.Opcode() != bth.RCSendMiddle {
-				qp.trace("tx %v psn %v", p.BTH.Opcode(), p.BTH.PSN())
-			}
-		}
+		qp.traceOut()
 	}
 	qp.dev.send(qp.out[:qp.nout])
 	// A Link.Send inside a batch (a long READ response, a window refilled
@@ -125,5 +120,15 @@ func (qp *QP) dropSpare() {
 	if qp.nout == 0 && len(qp.outBufs) > 0 && qp.outBufs[0] != nil {
 		qp.dev.bufs.Put(qp.outBufs[0])
 		qp.outBufs[0] = nil
+	}
+}
+
+// traceOut traces the queued packets (but the middle ones of a message).
+func (qp *QP) traceOut() {
+	var p packetT
+	for i := 0; i < qp.nout; i++ {
+		if p.Parse(qp.out[i].AppendWire(nil)) == nil && p.BTH.Opcode() != bth.RCWriteMiddle && p.BTH.Opcode() != bth.RCSendMiddle {
+			qp.trace("tx %v psn %v", p.BTH.Opcode(), p.BTH.PSN())
+		}
 	}
 }

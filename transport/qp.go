@@ -98,7 +98,15 @@ type QP struct {
 	destroyed bool
 	cc        qpCC // congestion control (cc.go)
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
-	rxBatch   bool // input from the receive goroutine is running: defer CQ wakeups
+	// The send scheduler's state (sched.go): schedQueued under
+	// dev.sched.mu, the others under mu.
+	schedQueued bool // in the scheduler's ring
+	schedTurn   bool // in its turn: req.progress builds up to schedLeft packets
+	schedMore   bool // the turn ended on the quantum, with more to send
+	schedLeft   int
+	// schedInflight is this QP's share of dev.sched.inflight (account).
+	schedInflight int32
+	rxBatch       bool // input from the receive goroutine is running: defer CQ wakeups
 
 	cqLost     bool          // a completion was lost to a CQ in error: the QP must move to ERR (settle)
 	commEst    bool          // EventCommEst was raised
@@ -448,6 +456,9 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 		qp.resp.input(p)
 	} else if st >= QPSRTS {
 		qp.comp.input(p)
+		if qp.schedInflight != 0 {
+			qp.dev.sched.account(qp) // ACKed: room for the scheduler
+		}
 	}
 	qp.settle()
 	qp.rxBatch = false

@@ -72,6 +72,9 @@ func (r *requester) progress() {
 		if qp.init.Type == QPTypeRC && r.psn.Diff(qp.comp.oldestUnacked()) >= window {
 			break
 		}
+		if qp.schedHold() {
+			break // its turn comes (sched.go)
+		}
 		w := qp.sqAt(qp.sqCur)
 		if w.stalled() {
 			break
@@ -113,6 +116,9 @@ func (r *requester) progress() {
 			break
 		}
 		qp.paceSent(qp.out[qp.nout-1].Len())
+		if qp.schedTurn {
+			qp.schedLeft--
+		}
 		sent = true
 	}
 	if qp.sqCur == qp.sqEnd {

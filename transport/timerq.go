@@ -2,6 +2,7 @@ package transport
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -65,6 +66,10 @@ type timerQueue struct {
 	timerAt  time.Time   // its deadline while timerSet
 	closed   bool
 
+	// armed is len(h), readable without mu (the send scheduler's
+	// measure of how many QPs are busy, sched.go).
+	armed atomic.Int32
+
 	runMu sync.Mutex    // serializes run (a RealClock timer can fire twice at once)
 	due   []*timerEntry // run's scratch list, under runMu
 }
@@ -97,6 +102,7 @@ func (q *timerQueue) arm(e *timerEntry, now time.Time, d time.Duration) {
 	if e.idx < 0 {
 		e.idx = int32(len(q.h))
 		q.h = append(q.h, e)
+		q.armed.Store(int32(len(q.h)))
 		q.up(int(e.idx))
 	} else if !q.up(int(e.idx)) {
 		q.down(int(e.idx))
@@ -162,6 +168,7 @@ func (q *timerQueue) close() {
 		q.h[i] = nil
 	}
 	q.h = q.h[:0]
+	q.armed.Store(0)
 	if q.timerSet {
 		q.timer.Stop()
 		q.timerSet = false
@@ -280,6 +287,7 @@ func (q *timerQueue) remove(i int) {
 	}
 	q.h[last] = nil
 	q.h = q.h[:last]
+	q.armed.Store(int32(last))
 	e.idx = -1
 	if i != last {
 		if !q.up(i) {

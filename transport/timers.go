@@ -59,6 +59,7 @@ func (d *Device) fireTimer(e *timerEntry) {
 	defer qp.mu.Unlock()
 	if d.tq.take(e) {
 		qp.onTimer(e.kind)
+		d.sched.account(qp)
 	}
 }
 
@@ -68,6 +69,7 @@ func (qp *QP) stopTimersLocked() {
 		qp.dev.tq.cancel(&qp.tq[k])
 	}
 	qp.tmr = timers{}
+	qp.dev.sched.forget(qp)
 	qp.dropSpare()
 	qp.cc.paceArmed = false
 }

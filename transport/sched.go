@@ -1,0 +1,442 @@
+package transport
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// The device's send scheduler.
+//
+// A QP alone (a ping-pong, one stream) builds and sends its request
+// packets in the goroutine that posted them, under its lock: nothing
+// stands between PostSend and the link. When many QPs are busy at once
+// (at least schedQPs of the device's QPs have a timer armed: they sent
+// within the last ACK timeout), that would make every PostSend one
+// system call of its own, and the first of 10,000 WRITEs posted at once
+// would wait behind all the others' system calls. Then the requests go
+// through the scheduler instead, as a NIC's doorbell hands work to its
+// transmit engine:
+//
+//   - requester.progress outside a turn only queues the QP (txSched.add) and
+//     returns: PostSend costs no system call, and no request packet is
+//     built (nor its ACK timer started) before the QP's turn;
+//   - the scheduler's goroutine serves the queued QPs round-robin, each
+//     at most schedQuantum packets per turn (deficit round robin with
+//     every packet costing one, the MTU being the QP's): a QP with a long send queue
+//     goes back to the tail after its quantum, so 10,000 QPs progress
+//     evenly and none starves;
+//   - the packets of up to schedBatch turns leave in one Link.Send (one
+//     sendmmsg of GSO datagrams), built in the turn that sends them: the
+//     local ACK timer of a packet starts when it is built, right before
+//     it is transmitted, never while its QP waits for its turn;
+//   - no QP is served while the device's RC QPs have maxInflight packets
+//     unacknowledged in all (inflight): the QPs beyond it wait here,
+//     where no timer of theirs runs, not in the peer's receive queue,
+//     where it would (10,000 packets posted at once took over a second
+//     to be absorbed, and thousands of 67 ms timers expired on packets
+//     that were on their way).
+//
+// So the local ACK timeout measures, as an RNIC's does, the time since
+// the packet was transmitted. A resend (the ACK timer, an RNR back-off
+// ending, a NAK) on a busy device also waits for the QP's turn; retry
+// and RNR counters keep their meaning, since a QP spends a retry only on
+// an expiry of a timer started by a transmission. UD QPs are not
+// scheduled (a UD send is one datagram, with no timer). Under a Clock
+// other than RealClock the scheduler is off unless DeviceConfig.SchedQPs
+// asks for it: tests of timers want a request sent by the call that
+// made it.
+//
+// Order: a QP's request packets leave in PSN order because the scheduler
+// holds the lock of every QP whose packets are in the batch until the
+// batch was sent (it takes further locks with TryLock only, so it never
+// waits for a lock while holding one: no lock order to break), and any
+// other path that sends a QP's packets (an ACK, a response, a resend
+// built under the QP's lock) does it under that same lock.
+type txSched struct {
+	d       *Device
+	minQPs  int32 // defer when at least this many timers are armed; <= 0: never
+	started atomic.Bool
+
+	mu     sync.Mutex
+	ring   []*QP // circular FIFO of queued QPs; QP.schedQueued marks them
+	head   int
+	n      int
+	queued atomic.Int32 // n, readable without mu
+	closed bool
+
+	// inflight is the sum over the device's RC QPs of their sent and
+	// unacknowledged PSNs as last accounted (account), the scheduler's
+	// measure of what the peers have not absorbed yet. It serves no QP
+	// while inflight >= maxInflight (stalled): a link this process can
+	// fill faster than its peer drains would otherwise keep the packets
+	// of thousands of QPs in the peer's socket buffer, past their ACK
+	// timeouts, or overflow it.
+	inflight    atomic.Int64
+	maxInflight int64
+	stalled     atomic.Bool
+
+	wake chan struct{} // cap 1: the goroutine has work
+	done chan struct{} // closed when the goroutine ended
+
+	// The goroutine's own state.
+	force bool // serve one QP despite a full inflight (schedStall)
+	held  []*QP
+	pkts  []udp.Packet
+	bufs  []*[udp.MaxPacketSize]byte
+}
+
+// schedQuantum is how many request packets a QP builds per turn (16
+// packets of MTU 4096: 64 KiB); schedBatch how many QPs' turns share one
+// Link.Send at most, schedMaxPkts how many packets.
+const (
+	schedInflight = 256 // packets (1 MiB at MTU 4096)
+	schedStall    = 5 * time.Millisecond
+	schedQuantum  = 16
+	schedBatch    = 64
+	schedMaxPkts  = 256
+	defaultSchedQ = 64
+)
+
+// initSched prepares the device's scheduler (the goroutine starts on the
+// first deferred request).
+func (d *Device) initSched() {
+	s := &d.sched
+	s.d = d
+	switch {
+	case d.cfg.SchedQPs < 0:
+		s.minQPs = 0
+	case d.cfg.SchedQPs == 0:
+		// On the wall clock only: a test's ManualClock wants every
+		// request sent by the call that made it, not by a goroutine.
+		if _, ok := d.clock.(RealClock); ok {
+			s.minQPs = defaultSchedQ
+		}
+	default:
+		s.minQPs = int32(d.cfg.SchedQPs)
+	}
+	s.maxInflight = schedInflight
+	if d.cfg.SchedInflight > 0 {
+		s.maxInflight = int64(d.cfg.SchedInflight)
+	}
+	s.wake = make(chan struct{}, 1)
+	s.done = make(chan struct{})
+}
+
+// deferring reports whether a request outside a scheduler turn should
+// be queued rather than sent now: the device has enough busy QPs.
+func (s *txSched) deferring() bool {
+	// While QPs wait in the ring, a new request waits behind them.
+	return s.minQPs > 0 && (s.d.tq.armed.Load() >= s.minQPs || s.queued.Load() > 0)
+}
+
+// add queues qp for a turn unless it is queued already. Called with
+// qp.mu held.
+func (s *txSched) add(qp *QP) {
+	s.mu.Lock()
+	if s.closed || qp.schedQueued {
+		s.mu.Unlock()
+		return
+	}
+	if s.n == len(s.ring) {
+		s.grow()
+	}
+	s.ring[(s.head+s.n)%len(s.ring)] = qp
+	s.n++
+	s.queued.Store(int32(s.n))
+	qp.schedQueued = true
+	first := s.n == 1
+	s.mu.Unlock()
+	if !s.started.Load() && s.started.CompareAndSwap(false, true) {
+		go s.loop()
+	}
+	if first {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// grow doubles the ring. Under s.mu.
+func (s *txSched) grow() {
+	r := make([]*QP, max(64, 2*len(s.ring)))
+	for i := 0; i < s.n; i++ {
+		r[i] = s.ring[(s.head+i)%len(s.ring)]
+	}
+	s.ring, s.head = r, 0
+}
+
+// pop takes the QP at the head of the ring, nil if it is empty. The QP
+// stays marked queued until its turn clears the mark, so that a PostSend
+// meanwhile does not queue it twice.
+func (s *txSched) pop() *QP {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == 0 {
+		return nil
+	}
+	qp := s.ring[s.head]
+	s.ring[s.head] = nil
+	s.head = (s.head + 1) % len(s.ring)
+	s.n--
+	s.queued.Store(int32(s.n))
+	return qp
+}
+
+// requeue puts qp (popped, still marked queued) back at the tail.
+func (s *txSched) requeue(qp *QP) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		qp.schedQueued = false
+		return
+	}
+	if s.n == len(s.ring) {
+		s.grow()
+	}
+	s.ring[(s.head+s.n)%len(s.ring)] = qp
+	s.n++
+	s.queued.Store(int32(s.n))
+}
+
+// unmark clears qp's queued mark at the start of its turn (qp.mu held):
+// from here on a new request queues it again.
+func (s *txSched) unmark(qp *QP) {
+	s.mu.Lock()
+	qp.schedQueued = false
+	s.mu.Unlock()
+}
+
+// close ends the goroutine (Device.Close) and waits for it.
+func (s *txSched) close() {
+	s.mu.Lock()
+	s.closed = true
+	for i := 0; i < s.n; i++ {
+		j := (s.head + i) % len(s.ring)
+		s.ring[j].schedQueued = false
+		s.ring[j] = nil
+	}
+	s.n = 0
+	s.queued.Store(0)
+	s.mu.Unlock()
+	if !s.started.Load() && s.started.CompareAndSwap(false, true) {
+		close(s.done)
+		return
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	// It ends after the batch it is sending; a link's Send that never
+	// returns must not hang Close (the link is closed after this).
+	select {
+	case <-s.done:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+// loop is the scheduler's goroutine: it serves the queued QPs until the
+// device closes.
+func (s *txSched) loop() {
+	defer close(s.done)
+	var t *time.Timer
+	for {
+		if s.stalled.Load() {
+			// Waiting for ACKs. Should they not come (a peer gone
+			// silent holds its QPs' share until their timers act), one
+			// batch goes out per schedStall anyway.
+			if t == nil {
+				t = time.NewTimer(schedStall)
+			} else {
+				t.Reset(schedStall)
+			}
+			select {
+			case <-s.wake:
+			case <-t.C:
+				s.stalled.Store(false)
+				s.force = true
+			}
+		} else {
+			<-s.wake
+		}
+		s.mu.Lock()
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return
+		}
+		for s.runBatch() && !s.stalled.Load() {
+		}
+	}
+}
+
+// runBatch builds one batch of turns and sends it; it reports false when
+// the ring was empty.
+func (s *txSched) runBatch() bool {
+	served := false
+	for len(s.held) < schedBatch && len(s.pkts) < schedMaxPkts {
+		if s.full() {
+			break
+		}
+		qp := s.pop()
+		if qp == nil {
+			break
+		}
+		served = true
+		if len(s.held) == 0 {
+			qp.mu.Lock() // holding no other lock: may wait
+		} else if !qp.mu.TryLock() {
+			// Busy elsewhere (its input, a PostSend): it takes its turn
+			// after this batch.
+			s.requeue(qp)
+			break
+		}
+		s.held = append(s.held, qp)
+		s.serve(qp)
+		s.account(qp)
+	}
+	s.flush()
+	return served
+}
+
+// full reports that the peers have maxInflight packets to absorb: the
+// scheduler waits for their ACKs (account wakes it). Scheduler goroutine
+// only.
+func (s *txSched) full() bool {
+	if s.force {
+		s.force = false
+		return false
+	}
+	if s.inflight.Load() < s.maxInflight {
+		return false
+	}
+	s.stalled.Store(true)
+	if s.inflight.Load() < s.maxInflight { // an ACK came in between
+		s.stalled.Store(false)
+		return false
+	}
+	return true
+}
+
+// account brings the device's inflight count up to date with qp's sent
+// and unacknowledged PSNs (none once the QP left RTS/SQD or was
+// destroyed), and wakes a stalled scheduler that may go on. Called with
+// qp.mu held wherever that number changes in bulk: a scheduler turn, the
+// end of a received batch, a timer, the move to ERR.
+func (s *txSched) account(qp *QP) {
+	s.set(qp, qp.unackedPSNs())
+}
+
+// forget drops qp's share of inflight (its timers stop: ERR, RESET,
+// destroy). Called with qp.mu held.
+func (s *txSched) forget(qp *QP) { s.set(qp, 0) }
+
+// unackedPSNs returns the PSNs an RC QP in RTS or SQD has sent and not
+// seen acknowledged; 0 for any other QP. Called with qp.mu held.
+func (qp *QP) unackedPSNs() int32 {
+	var n int32
+	if st := qp.attr.State; qp.init.Type == QPTypeRC && !qp.destroyed && (st == QPSRTS || st == QPSSQD) {
+		n = qp.req.psn.Diff(qp.comp.psn)
+		if n < 0 {
+			n = 0
+		}
+	}
+	return n
+}
+
+// set makes n qp's share of inflight. Called with qp.mu held.
+func (s *txSched) set(qp *QP, n int32) {
+	if n == qp.schedInflight {
+		return
+	}
+	v := s.inflight.Add(int64(n - qp.schedInflight))
+	qp.schedInflight = n
+	if v < s.maxInflight && s.stalled.Load() && s.stalled.CompareAndSwap(true, false) {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// serve runs qp's turn: up to schedQuantum request packets are built,
+// and everything the QP has queued joins the batch. Called with qp.mu
+// held.
+func (s *txSched) serve(qp *QP) {
+	s.unmark(qp)
+	if qp.destroyed {
+		return
+	}
+	qp.schedTurn, qp.schedLeft, qp.schedMore = true, schedQuantum, false
+	qp.req.progress()
+	qp.schedTurn = false
+	qp.settle()
+	if qp.schedMore {
+		qp.schedMore = false
+		s.mu.Lock()
+		if !s.closed && !qp.schedQueued {
+			qp.schedQueued = true
+			s.mu.Unlock()
+			s.requeue(qp)
+		} else {
+			s.mu.Unlock()
+		}
+	}
+	if qp.nout == 0 {
+		return
+	}
+	qp.ackLast()
+	if qp.trace != nil {
+		qp.traceOut()
+	}
+	for i := 0; i < qp.nout; i++ {
+		s.pkts = append(s.pkts, qp.out[i])
+		s.bufs = append(s.bufs, qp.outBufs[i])
+		qp.outBufs[i] = nil
+		qp.out[i].Buf = nil
+		qp.out[i].Payload = nil
+	}
+	qp.nout = 0
+	qp.ackSlot = 0
+}
+
+// flush sends the batch, gives its buffers back and unlocks its QPs.
+func (s *txSched) flush() {
+	d := s.d
+	d.send(s.pkts)
+	for i, b := range s.bufs {
+		d.bufs.Put(b)
+		s.bufs[i] = nil
+		s.pkts[i].Buf = nil
+		s.pkts[i].Payload = nil
+	}
+	s.pkts = s.pkts[:0]
+	s.bufs = s.bufs[:0]
+	for i, qp := range s.held {
+		qp.mu.Unlock()
+		s.held[i] = nil
+	}
+	s.held = s.held[:0]
+}
+
+// schedHold reports, inside requester.progress, that the QP must not build a
+// request packet now: outside a scheduler turn on a busy device it is
+// queued for one instead; inside a turn its quantum is spent (it goes
+// back to the ring's tail). Called with qp.mu held.
+func (qp *QP) schedHold() bool {
+	if qp.schedTurn {
+		if qp.schedLeft > 0 {
+			return false
+		}
+		qp.schedMore = true
+		return true
+	}
+	if qp.dev.sched.deferring() {
+		qp.dev.sched.add(qp)
+		return true
+	}
+	return false
+}
