@@ -101,6 +101,7 @@ func (d *Device) GSI() (*GSI, error) {
 	qp.initTimers()
 	qp.out = make([]udp.Packet, 1)
 	qp.outBufs = make([]*[udp.MaxPacketSize]byte, 1)
+	qp.outFixed = true // every MAD leaves alone
 	g := &GSI{dev: d, qp: qp, byClass: map[uint8]*MADAgent{}, byID: map[uint32]*MADAgent{}, nextID: 1}
 	d.gsi = g
 	d.qps[1] = qp

@@ -6,11 +6,13 @@ import (
 	"bytes"
 	"net/netip"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // TestSocketGSOTransfer moves 64 KiB WRITEs, READs and SENDs, several per
@@ -117,5 +119,62 @@ func TestOutQueueNoGSO(t *testing.T) {
 	a.qp.mu.Unlock()
 	if n != outBatch {
 		t.Errorf("output queue of %d packets on a link without GSO, want %d", n, outBatch)
+	}
+	// The responder sent ACKs only: its queue kept its first size.
+	b.qp.mu.Lock()
+	n = len(b.qp.out)
+	b.qp.mu.Unlock()
+	if n != outFirst {
+		t.Errorf("responder's output queue of %d packets after sending ACKs only, want %d", n, outFirst)
+	}
+}
+
+// sendSizes is a Link recording the packet count of every Send.
+type sendSizes struct {
+	udp.Wrap
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (s *sendSizes) Send(pkts []udp.Packet) error {
+	s.mu.Lock()
+	s.sizes = append(s.sizes, len(pkts))
+	s.mu.Unlock()
+	return s.Link.Send(pkts)
+}
+
+// TestOutQueueGrowthKeepsFlushes: the output queue starts small and
+// doubles, but is sent only when full at its final size: a PostSend of 33
+// one-packet WRITEs leaves in two Link.Sends of 32 and 1 without GSO
+// (outBatch), as it did when the queue started at 32.
+func TestOutQueueGrowthKeepsFlushes(t *testing.T) {
+	o := pairOpts{mtu: MTU4096, sqDepth: 64}
+	o.defaults()
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	la, err := n.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &sendSizes{Wrap: udp.Wrap{Link: la}}
+	a := newSideOn(t, rec, &o)
+	b := newSide(t, n, addrB, &o)
+	connect(t, a, b, addrB, 1, 2, &o)
+	connect(t, b, a, addrA, 2, 1, &o)
+	_, smr := a.buffer(t, 64, 0)
+	_, dmr := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	wrs := make([]SendWR, outBatch+1)
+	for i := range wrs {
+		wrs[i] = SendWR{Opcode: WRWrite, SGEs: sge(smr, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}
+	}
+	wrs[len(wrs)-1].Flags = SendSignaled
+	if err := a.qp.PostSend(wrs...); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, a.scq, 1, 10*time.Second)
+	rec.mu.Lock()
+	sizes := rec.sizes
+	rec.mu.Unlock()
+	if len(sizes) != 2 || sizes[0] != outBatch || sizes[1] != 1 {
+		t.Fatalf("Link.Sends of %v packets for one PostSend of %d WRITEs, want [%d 1]", sizes, len(wrs), outBatch)
 	}
 }

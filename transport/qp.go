@@ -100,6 +100,7 @@ type QP struct {
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
 	// The send scheduler's state (sched.go): schedQueued under
 	// dev.sched.mu, the others under mu.
+	outFixed    bool // the output queue never grows (QP1: one MAD per Send; output.go)
 	schedQueued bool // in the scheduler's ring
 	schedTurn   bool // in its turn: req.progress builds up to schedLeft packets
 	schedMore   bool // the turn ended on the quantum, with more to send
