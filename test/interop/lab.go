@@ -256,13 +256,24 @@ func (l *Lab) untrack(c *exec.Cmd) {
 	l.mu.Unlock()
 }
 
+// consoleLogLevel is the guest kernel's console log level: 4 (errors and
+// worse) unless ROCEV2_INTEROP_LOGLEVEL says otherwise (0-8; 8 sends
+// every kernel message to the console file, for a chase of a guest
+// problem).
+func consoleLogLevel() string {
+	if s := os.Getenv("ROCEV2_INTEROP_LOGLEVEL"); len(s) == 1 && s[0] >= '0' && s[0] <= '8' {
+		return s
+	}
+	return "4"
+}
+
 // boot starts qemu in the namespace and waits for the agent.
 func (l *Lab) boot(ctx context.Context) error {
 	args := []string{
 		"-name", cmp.Or(l.vm.name, "rocev2-interop"), "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "1024",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", l.img.Kernel, "-initrd", l.img.Initrd,
-		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=4 rocev2lab.ip=%s/%d rocev2lab.mtu=%d rocev2lab.ipv6=1", l.vmIP(), Prefix, DefaultWireMTU),
+		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=%s rocev2lab.ip=%s/%d rocev2lab.mtu=%d rocev2lab.ipv6=1", consoleLogLevel(), l.vmIP(), Prefix, DefaultWireMTU),
 		"-chardev", "file,id=con0,path=" + l.console, "-serial", "chardev:con0",
 		"-netdev", "tap,id=net0,ifname=" + l.vmTap() + ",script=no,downscript=no",
 		"-device", "virtio-net-pci,netdev=net0,mac=" + l.vmMAC(),
