@@ -147,6 +147,7 @@ func BenchmarkSocketSend64KiB(b *testing.B) { benchSocketGoodput(b, WRSend, 1<<1
 // bench --gso=true`'s stack side.
 var gsoOpts = &udp.SocketOptions{GSO: true}
 
+func BenchmarkSocketGSOWrite64B(b *testing.B)   { benchSocketGoodputOpts(b, gsoOpts, WRWrite, 64) }
 func BenchmarkSocketGSOWrite4KiB(b *testing.B)  { benchSocketGoodputOpts(b, gsoOpts, WRWrite, 4096) }
 func BenchmarkSocketGSOWrite64KiB(b *testing.B) { benchSocketGoodputOpts(b, gsoOpts, WRWrite, 1<<16) }
 func BenchmarkSocketGSORead4KiB(b *testing.B)   { benchSocketGoodputOpts(b, gsoOpts, WRRead, 4096) }
