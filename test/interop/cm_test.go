@@ -1089,8 +1089,13 @@ func runCMCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cmCell
 	if hostCode != c.wantHost && c.host != nil {
 		problems = append(problems, fmt.Sprintf("rocev2d exit status %d, want %d", hostCode, c.wantHost))
 	}
+	teardownRace := false
 	if c.vm != "" && (vmExit != c.wantVM || (vmErr != nil && c.wantVM != -1)) {
-		problems = append(problems, fmt.Sprintf("%s exit status %d (%v %s), want %d", c.toolName, vmExit, vmErr, vm.Err, c.wantVM))
+		if vmExit == 255 && c.wantVM == 0 && vmErr == nil && rpingTeardownRace(vm.Output) {
+			teardownRace = true // counted below; every other check stands
+		} else {
+			problems = append(problems, fmt.Sprintf("%s exit status %d (%v %s), want %d", c.toolName, vmExit, vmErr, vm.Err, c.wantVM))
+		}
 	}
 	if c.fast > 0 {
 		d := hostD
@@ -1209,6 +1214,9 @@ func runCMCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cmCell
 			problems = append(problems, c.injected(eg, in)...)
 		}
 	}
+	if teardownRace {
+		cnt = append(cnt, "rping_teardown_race=1 (exit 255: rdma_get_cm_event EBADF after its DISCONNECT EVENT)")
+	}
 	r.counters = strings.Join(cnt, " ")
 	if len(problems) == 0 {
 		r.result = "PASS"
@@ -1226,6 +1234,19 @@ func runCMCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cmCell
 	t.Errorf("%s (%s) failed:\n- %s\n--- rocev2d output:\n%s\n--- %s output (VM):\n%s\n--- capture %s: %s\n%s--- rocev2d pcap check -q:\n%s\n--- VM console (last 20 lines):\n%s",
 		c.name, r.direction, strings.Join(problems, "\n- "), cmTail(hostOut), c.toolName, cmTail(vm.Output), pcapFile, tcpdumpSummary,
 		st, tail(string(chk), 30), lab.Console(20))
+}
+
+// rpingTeardownRace reports whether a VM rping client's output shows the
+// tool's own exit race: Debian 12's rping (rdma-core 44) leaves its CM
+// thread blocked in rdma_get_cm_event while the main thread, done, destroys
+// the event channel; the thread then fails with EBADF and exits 255 if it
+// runs before the main thread's exit(0). Seen twice in one CI-like run
+// (12-06), after "client DISCONNECT EVENT..." and every ping; newer
+// rping ends the thread through an eventfd instead. The caller still
+// checks the pings, the data and the server's side.
+func rpingTeardownRace(out string) bool {
+	d := strings.Index(out, "client DISCONNECT EVENT")
+	return d >= 0 && strings.Index(out[d:], "rdma_get_cm_event: Bad file descriptor") >= 0
 }
 
 // waitPings waits until out shows n ping lines.

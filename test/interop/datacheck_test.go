@@ -392,3 +392,23 @@ func TestAnalyzeUDPingpong(t *testing.T) {
 		t.Error("udPingpongData accepted an output without address lines")
 	}
 }
+
+// TestRpingTeardownRace: the two VM rping outputs of a CI-like run's
+// failures (12-06) are rping's own exit race; a client that failed
+// before its disconnect, or with another error, is not.
+func TestRpingTeardownRace(t *testing.T) {
+	for _, tc := range []struct {
+		out  string
+		race bool
+	}{
+		{"ping data: rdma-ping-0: ABCD\nping data: rdma-ping-9: JKLM\nclient DISCONNECT EVENT...\nrdma_get_cm_event: Bad file descriptor\n", true},
+		{"client DISCONNECT EVENT...\nrdma_get_cm_event: Bad file descriptor\nping data: rdma-ping-0: ABCD\n", true}, // stdout after stderr in one file
+		{"rdma_get_cm_event: Bad file descriptor\nclient DISCONNECT EVENT...\n", false},                              // EBADF before the disconnect
+		{"ping data: rdma-ping-0: ABCD\ncq completion failed status 12\nclient DISCONNECT EVENT...\n", false},
+		{"cma event RDMA_CM_EVENT_REJECTED, error 28\n", false},
+	} {
+		if got := rpingTeardownRace(tc.out); got != tc.race {
+			t.Errorf("rpingTeardownRace(%q) = %v, want %v", tc.out, got, tc.race)
+		}
+	}
+}

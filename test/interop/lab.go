@@ -76,6 +76,7 @@ type Lab struct {
 	logf    func(string, ...any)
 	qemu    *exec.Cmd
 	qemuErr chan error
+	reboots int // Reboot's count
 	console string
 	pidFile string
 
@@ -372,6 +373,39 @@ func (l *Lab) bootErr(why string) error {
 	return fmt.Errorf("VM boot failed: %s\n--- qemu output:\n%s\n--- VM console (last 60 lines of %s):\n%s",
 		why, tail(string(q), 20), l.console, l.Console(60))
 }
+
+// Reboot stops the VM (its qemu, by PID) and boots it again in the same
+// namespace: for a guest that stopped answering (the rxe 6.1 guest has,
+// with no console message, after a client's QP kept resending to a
+// killed peer and after nvmet's port removal), so that the cells after
+// it do not all fail on a dead VM. The old console is kept beside the
+// new one (console-N.log). The caller says it loudly.
+func (l *Lab) Reboot(ctx context.Context) error {
+	if l.qemu != nil {
+		l.qemu.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-l.qemuErr:
+		case <-time.After(5 * time.Second):
+			l.qemu.Process.Kill()
+			<-l.qemuErr
+		}
+		l.logf("lab: qemu pid %d stopped for a reboot", l.qemu.Process.Pid)
+		l.qemu = nil
+	}
+	l.reboots++
+	if b, err := os.ReadFile(l.console); err == nil {
+		os.WriteFile(strings.TrimSuffix(l.console, ".log")+fmt.Sprintf("-%d.log", l.reboots), b, 0o644)
+	}
+	t0 := time.Now()
+	if err := l.boot(ctx); err != nil {
+		return err
+	}
+	l.logf("lab: VM rebooted in %.1fs (reboot %d)", time.Since(t0).Seconds(), l.reboots)
+	return nil
+}
+
+// Reboots returns how many times Reboot booted the VM again.
+func (l *Lab) Reboots() int { return l.reboots }
 
 // Close stops every process the lab started (by PID: host programs, then
 // qemu) and deletes the namespace.

@@ -442,6 +442,24 @@ ln -s $C/subsystems/$N $C/ports/1/subsystems/$N && echo "port back"`, time.Minut
 	})
 }
 
+// ensureVM checks that the VM answers before the cells named by before;
+// if it does not, it says so loudly (with the console's tail) and reboots
+// it. It reports whether the VM had to be rebooted.
+func ensureVM(t *testing.T, ctx context.Context, lab *Lab, before string) bool {
+	t.Helper()
+	err := vmAlive(ctx, lab)
+	if err == nil {
+		return false
+	}
+	t.Logf("WARNING: the VM stopped answering (%v) before %s; console:\n%s\nrebooting it", err, before, lab.ConsoleTail(20))
+	if rerr := lab.Reboot(ctx); rerr != nil {
+		t.Logf("WARNING: the VM's reboot failed: %v", rerr)
+		return true
+	}
+	t.Logf("WARNING: the VM was rebooted before %s (reboot %d of this run)", before, lab.Reboots())
+	return true
+}
+
 // vmAlive asks the VM's agent for a trivial command, twice over 20 s at
 // most; it returns why the VM did not answer, or nil.
 func vmAlive(ctx context.Context, lab *Lab) error {

@@ -245,6 +245,12 @@ func shareSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add fun
 		first := strings.Join(probs, "; ")
 		t.Logf("FIRST ATTEMPT FAILED, running the cell once more: %s", first)
 		time.Sleep(share.DefaultTimeWait + time.Second) // the killed member's slot and ranges come free
+		// The attempt may have left the VM dead (no ARP, no console
+		// message: seen during the orphaned client's resends): reboot it
+		// first, loudly.
+		if ensureVM(t, ctx, lab, "the rerun of share_kill9_restart") {
+			first += "; THE VM STOPPED ANSWERING and was rebooted before the rerun"
+		}
 		probs, summary = shareKillAttempt(t, ctx, lab, img)
 		if len(probs) == 0 {
 			r.result, r.counters = "PASS (rerun)", summary+"; FIRST ATTEMPT: "+first
