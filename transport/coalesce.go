@@ -10,7 +10,9 @@ import (
 // queue, so that they leave in one Link.Send for all the QPs instead of
 // one per QP: with many QPs each getting a message per batch, that is one
 // sendmmsg (or one GSO datagram) for all their ACKs instead of one system
-// call per QP. Only the batch's owner (Device.flushPending) uses it.
+// call per QP. Only the batch's owner (Device.flushPending) uses it; the
+// send scheduler has one of its own for the turns it sends together
+// (sched.go).
 //
 // Order: only the batch owner creates a QP's responses (they answer
 // received requests), so a QP's responses leave in the order they were
@@ -39,16 +41,24 @@ func (qp *QP) takeResponses(b *respBatch) bool {
 			return false
 		}
 	}
+	b.pkts, b.bufs = qp.takeOut(b.pkts, b.bufs)
+	return true
+}
+
+// takeOut moves the QP's queued packets and their buffers to the end of
+// pkts and bufs (the caller sends them and gives the buffers back to the
+// device's pool) and empties the queue. Called with qp.mu held.
+func (qp *QP) takeOut(pkts []udp.Packet, bufs []*[udp.MaxPacketSize]byte) ([]udp.Packet, []*[udp.MaxPacketSize]byte) {
 	for i := 0; i < qp.nout; i++ {
-		b.pkts = append(b.pkts, qp.out[i])
-		b.bufs = append(b.bufs, qp.outBufs[i])
+		pkts = append(pkts, qp.out[i])
+		bufs = append(bufs, qp.outBufs[i])
 		qp.outBufs[i] = nil
 		qp.out[i].Buf = nil
 		qp.out[i].Payload = nil
 	}
 	qp.nout = 0
 	qp.ackSlot = 0
-	return true
+	return pkts, bufs
 }
 
 // send hands the collected responses to the link in one call and returns

@@ -4,8 +4,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/gorocev2/rocev2/udp"
 )
 
 // The device's send scheduler.
@@ -84,8 +82,7 @@ type txSched struct {
 	// The goroutine's own state.
 	force bool // serve one QP despite a full inflight (schedStall)
 	held  []*QP
-	pkts  []udp.Packet
-	bufs  []*[udp.MaxPacketSize]byte
+	out   respBatch // the batch's packets (the QPs' requests, their ACKs)
 }
 
 // schedQuantum is how many request packets a QP builds per turn (16
@@ -140,12 +137,7 @@ func (s *txSched) add(qp *QP) {
 		s.mu.Unlock()
 		return
 	}
-	if s.n == len(s.ring) {
-		s.grow()
-	}
-	s.ring[(s.head+s.n)%len(s.ring)] = qp
-	s.n++
-	s.queued.Store(int32(s.n))
+	s.push(qp)
 	qp.schedQueued = true
 	first := s.n == 1
 	s.mu.Unlock()
@@ -194,6 +186,11 @@ func (s *txSched) requeue(qp *QP) {
 		qp.schedQueued = false
 		return
 	}
+	s.push(qp)
+}
+
+// push puts qp at the ring's tail, growing the ring when full. Under s.mu.
+func (s *txSched) push(qp *QP) {
 	if s.n == len(s.ring) {
 		s.grow()
 	}
@@ -277,7 +274,7 @@ func (s *txSched) loop() {
 // the ring was empty.
 func (s *txSched) runBatch() bool {
 	served := false
-	for len(s.held) < schedBatch && len(s.pkts) < schedMaxPkts {
+	for len(s.held) < schedBatch && len(s.out.pkts) < schedMaxPkts {
 		if s.full() {
 			break
 		}
@@ -392,29 +389,12 @@ func (s *txSched) serve(qp *QP) {
 	if qp.trace != nil {
 		qp.traceOut()
 	}
-	for i := 0; i < qp.nout; i++ {
-		s.pkts = append(s.pkts, qp.out[i])
-		s.bufs = append(s.bufs, qp.outBufs[i])
-		qp.outBufs[i] = nil
-		qp.out[i].Buf = nil
-		qp.out[i].Payload = nil
-	}
-	qp.nout = 0
-	qp.ackSlot = 0
+	s.out.pkts, s.out.bufs = qp.takeOut(s.out.pkts, s.out.bufs)
 }
 
 // flush sends the batch, gives its buffers back and unlocks its QPs.
 func (s *txSched) flush() {
-	d := s.d
-	d.send(s.pkts)
-	for i, b := range s.bufs {
-		d.bufs.Put(b)
-		s.bufs[i] = nil
-		s.pkts[i].Buf = nil
-		s.pkts[i].Payload = nil
-	}
-	s.pkts = s.pkts[:0]
-	s.bufs = s.bufs[:0]
+	s.out.send(s.d)
 	for i, qp := range s.held {
 		qp.mu.Unlock()
 		s.held[i] = nil

@@ -381,17 +381,7 @@ func (l *Lab) bootErr(why string) error {
 // it do not all fail on a dead VM. The old console is kept beside the
 // new one (console-N.log). The caller says it loudly.
 func (l *Lab) Reboot(ctx context.Context) error {
-	if l.qemu != nil {
-		l.qemu.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-l.qemuErr:
-		case <-time.After(5 * time.Second):
-			l.qemu.Process.Kill()
-			<-l.qemuErr
-		}
-		l.logf("lab: qemu pid %d stopped for a reboot", l.qemu.Process.Pid)
-		l.qemu = nil
-	}
+	l.stopQemu("for a reboot")
 	l.reboots++
 	if b, err := os.ReadFile(l.console); err == nil {
 		os.WriteFile(strings.TrimSuffix(l.console, ".log")+fmt.Sprintf("-%d.log", l.reboots), b, 0o644)
@@ -402,6 +392,24 @@ func (l *Lab) Reboot(ctx context.Context) error {
 	}
 	l.logf("lab: VM rebooted in %.1fs (reboot %d)", time.Since(t0).Seconds(), l.reboots)
 	return nil
+}
+
+// stopQemu stops the VM's qemu (SIGTERM, then SIGKILL after 5 s) and
+// reports whether one was running; why goes into the log line.
+func (l *Lab) stopQemu(why string) bool {
+	if l.qemu == nil {
+		return false
+	}
+	l.qemu.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-l.qemuErr:
+	case <-time.After(5 * time.Second):
+		l.qemu.Process.Kill()
+		<-l.qemuErr
+	}
+	l.logf("lab: qemu pid %d stopped %s", l.qemu.Process.Pid, why)
+	l.qemu = nil
+	return true
 }
 
 // Reboots returns how many times Reboot booted the VM again.
@@ -419,16 +427,7 @@ func (l *Lab) Close() {
 	for _, c := range procs {
 		c.Process.Signal(syscall.SIGTERM)
 	}
-	if l.qemu != nil {
-		l.qemu.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-l.qemuErr:
-		case <-time.After(5 * time.Second):
-			l.qemu.Process.Kill()
-			<-l.qemuErr
-		}
-		l.logf("lab: qemu pid %d stopped", l.qemu.Process.Pid)
-		l.qemu = nil
+	if l.stopQemu("") {
 		os.Remove(l.pidFile)
 	}
 	if _, err := os.Stat("/run/netns/" + l.NS); err == nil && !l.vm.sharedNS {
