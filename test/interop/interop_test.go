@@ -137,7 +137,7 @@ func TestInterop(t *testing.T) {
 		}
 	}()
 	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), srqCells(lab.GIDIndex), mwCells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex), perfCMCells(lab.GIDIndex), bidiCells(lab.GIDIndex)) {
-		t.Run(c.name, func(t *testing.T) {
+		ok := t.Run(c.name, func(t *testing.T) {
 			// The row is recorded even when the cell stops on t.Fatal.
 			r := row{cell: c.label, direction: c.direction(), result: "FAIL"}
 			defer func() {
@@ -148,6 +148,12 @@ func TestInterop(t *testing.T) {
 			}()
 			runCell(t, ctx, lab, img, c, &r)
 		})
+		if !ok && ctx.Err() == nil {
+			// After a failed cell, a VM that stopped answering is
+			// rebooted (loudly) so that the cells after it do not fail
+			// for it too.
+			ensureVM(t, ctx, lab, "the cells after "+c.name)
+		}
 	}
 	// Cell families with runners of their own (labSuites, cm_test.go).
 	for i, suite := range slices.Concat(labSuites, lastSuites) {
