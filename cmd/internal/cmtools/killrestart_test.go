@@ -50,6 +50,21 @@ func TestRpingKillRestart(t *testing.T) {
 		srv.Wait()
 	}()
 	pings := func(s string) int { return strings.Count(s, "ping data: ") }
+	// The server is up once a one-ping client gets through: a fixed wait
+	// was not enough under load (a CI-like run: the first client's REQ
+	// reached the address's sharing group before the server listened,
+	// share_drop_no_listener 1, and the client failed on the ICMP error).
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		probe := exec.CommandContext(ctx, bin, "rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-C", "1")
+		pout, err := probe.CombinedOutput()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server did not take a client within 20 s: %v\n%s\nserver:\n%s", err, pout, srvErr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	// serverState asks the server for its device's counters (SIGUSR1:
 	// they go to its stderr) and returns everything it printed.
 	serverState := func() string {
