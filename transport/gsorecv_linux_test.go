@@ -174,7 +174,9 @@ func TestOutQueueGrowthKeepsFlushes(t *testing.T) {
 	rec.mu.Lock()
 	sizes := rec.sizes
 	rec.mu.Unlock()
-	if len(sizes) != 2 || sizes[0] != outBatch || sizes[1] != 1 {
+	// More Sends than two only for resends (a timer that ran out on a
+	// loaded machine).
+	if len(sizes) < 2 || sizes[0] != outBatch || sizes[1] != 1 || (len(sizes) > 2 && a.dev.Counters().RetransmittedPkts == 0) {
 		t.Fatalf("Link.Sends of %v packets for one PostSend of %d WRITEs, want [%d 1]", sizes, len(wrs), outBatch)
 	}
 }
