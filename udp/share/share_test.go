@@ -136,6 +136,23 @@ func TestSteering(t *testing.T) {
 	if fa == fb || fa < RangeSize || fb < RangeSize {
 		t.Fatalf("ranges %#x %#x", fa, fb)
 	}
+	// The batch read of the range owners agrees with one lookup per range.
+	owners, err := a.m.g.rangeOwners()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := uint32(1); r < numRanges; r++ {
+		var o uint32
+		if err := a.m.g.ranges.Lookup(r, &o); err != nil {
+			t.Fatal(err)
+		}
+		if o != owners[r] {
+			t.Fatalf("range %d: batch owner %d, lookup %d", r, owners[r], o)
+		}
+	}
+	if owners[fa/RangeSize] != uint32(a.m.Slot())+1 || owners[fb/RangeSize] != uint32(b.m.Slot())+1 {
+		t.Fatalf("owners of %#x and %#x: %d %d, want slots %d %d (+1)", fa, fb, owners[fa/RangeSize], owners[fb/RangeSize], a.m.Slot(), b.m.Slot())
+	}
 	if !a.m.Owns(fa+5) || a.m.Owns(fb+5) || !b.m.Owns(fb) {
 		t.Fatal("Owns disagrees with the leases")
 	}
