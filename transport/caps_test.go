@@ -3,6 +3,8 @@ package transport
 import (
 	"net"
 	"net/netip"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,13 +35,27 @@ func (l *capableLink) WakeRecv()               {}
 func (l *capableLink) BusyPoll() time.Duration { return time.Millisecond }
 
 // sendCounter is a test double in the style of this package's (a Link
-// that sees every Send), built on udp.Wrap so it keeps what it wraps.
+// that sees every Send, recording how many packets each carried), built
+// on udp.Wrap so it keeps what it wraps.
 type sendCounter struct {
 	udp.Wrap
-	n int
+	mu    sync.Mutex
+	sizes []int // packets per Send, in order
 }
 
-func (s *sendCounter) Send(pkts []udp.Packet) error { s.n++; return s.Link.Send(pkts) }
+func (s *sendCounter) Send(pkts []udp.Packet) error {
+	s.mu.Lock()
+	s.sizes = append(s.sizes, len(pkts))
+	s.mu.Unlock()
+	return s.Link.Send(pkts)
+}
+
+// sends returns the packet counts of the Sends so far.
+func (s *sendCounter) sends() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.sizes)
+}
 
 // TestWrappedLinkCapabilities: a device over a link wrapped by a capture or
 // a test double takes the same paths as over the link itself — GSO-sized

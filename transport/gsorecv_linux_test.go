@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"net/netip"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -129,20 +128,6 @@ func TestOutQueueNoGSO(t *testing.T) {
 	}
 }
 
-// sendSizes is a Link recording the packet count of every Send.
-type sendSizes struct {
-	udp.Wrap
-	mu    sync.Mutex
-	sizes []int
-}
-
-func (s *sendSizes) Send(pkts []udp.Packet) error {
-	s.mu.Lock()
-	s.sizes = append(s.sizes, len(pkts))
-	s.mu.Unlock()
-	return s.Link.Send(pkts)
-}
-
 // TestOutQueueGrowthKeepsFlushes: the output queue starts small and
 // doubles, but is sent only when full at its final size: a PostSend of 33
 // one-packet WRITEs leaves in two Link.Sends of 32 and 1 without GSO
@@ -155,7 +140,7 @@ func TestOutQueueGrowthKeepsFlushes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &sendSizes{Wrap: udp.Wrap{Link: la}}
+	rec := &sendCounter{Wrap: udp.Wrap{Link: la}}
 	a := newSideOn(t, rec, &o)
 	b := newSide(t, n, addrB, &o)
 	connect(t, a, b, addrB, 1, 2, &o)
@@ -171,9 +156,7 @@ func TestOutQueueGrowthKeepsFlushes(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWC(t, a.scq, 1, 10*time.Second)
-	rec.mu.Lock()
-	sizes := rec.sizes
-	rec.mu.Unlock()
+	sizes := rec.sends()
 	// More Sends than two only for resends (a timer that ran out on a
 	// loaded machine).
 	if len(sizes) < 2 || sizes[0] != outBatch || sizes[1] != 1 || (len(sizes) > 2 && a.dev.Counters().RetransmittedPkts == 0) {
