@@ -107,6 +107,7 @@ func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
 	if psn.Before(c.psn) {
 		return false
 	}
+	from := c.psn
 	moved := false
 	for {
 		w := c.head()
@@ -132,6 +133,7 @@ func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
 		moved = true
 	}
 	if moved {
+		c.qp.req.smallGrow(c.psn.Diff(from))
 		c.progressed()
 	}
 	return needRetry

@@ -39,6 +39,16 @@ type DeviceConfig struct {
 	// MaxUnackedPSNs is the requester window: at most this many PSNs are
 	// sent beyond the oldest unacknowledged one (default 128, like rxe).
 	MaxUnackedPSNs int
+	// MaxUnackedSmallPSNs is the requester window for small packets: a
+	// SEND or WRITE packet (or an atomic) carrying at most
+	// SmallPacketPayload bytes may go while fewer than this many PSNs are
+	// unacknowledged; bigger packets and READ requests keep to
+	// MaxUnackedPSNs. Default 4 × MaxUnackedPSNs: a window of 128 packets
+	// of 64 bytes is 8 KiB in flight, which leaves a stream of small
+	// messages waiting for ACKs (each end idle while the other works);
+	// 512 such packets are still fewer bytes than 128 packets of the
+	// smallest MTU. -1 turns it off (the same window for every packet).
+	MaxUnackedSmallPSNs int
 	// MaxPktsPerAck is how many packets a requester sends at most without
 	// setting AckReq (default 64, like rxe).
 	MaxPktsPerAck int
@@ -227,6 +237,14 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	if cfg.MaxUnackedPSNs > 1<<22 {
 		return nil, fmt.Errorf("transport: NewDevice: MaxUnackedPSNs %d > %d: %w", cfg.MaxUnackedPSNs, 1<<22, ErrInvalidConfig)
+	}
+	switch {
+	case cfg.MaxUnackedSmallPSNs == 0:
+		cfg.MaxUnackedSmallPSNs = min(4*cfg.MaxUnackedPSNs, 1<<22)
+	case cfg.MaxUnackedSmallPSNs < 0:
+		cfg.MaxUnackedSmallPSNs = cfg.MaxUnackedPSNs
+	case cfg.MaxUnackedSmallPSNs > 1<<22:
+		return nil, fmt.Errorf("transport: NewDevice: MaxUnackedSmallPSNs %d > %d: %w", cfg.MaxUnackedSmallPSNs, 1<<22, ErrInvalidConfig)
 	}
 	if cfg.MaxPktsPerAck <= 0 {
 		cfg.MaxPktsPerAck = 64

@@ -45,7 +45,10 @@
 //     the path MTU (256..4096), gather from the SGEs straight into pooled
 //     packet buffers, AckReq on the last packet of a message and at least
 //     every MaxPktsPerAck (64) packets, a window of MaxUnackedPSNs (128)
-//     PSNs, at most max_rd_atomic outstanding READ/atomic requests, fences;
+//     PSNs (MaxUnackedSmallPSNs, 512, for packets of at most 128 bytes,
+//     cut back to 128 by a go-back-N rewind and grown back by the PSNs
+//     acknowledged), at most max_rd_atomic outstanding READ/atomic
+//     requests, fences;
 //     rewind (go-back-N restarts from a PSN); a WQE whose local memory
 //     fails stops the requester there (failLocal).
 //   - responder.go: expected-PSN checks (a PSN behind it is a duplicate,

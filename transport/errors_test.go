@@ -387,7 +387,7 @@ func TestLostReadResponse(t *testing.T) {
 // sideOn builds a side on an arbitrary link.
 func sideOn(t testing.TB, l udp.Link, o *pairOpts) *side {
 	t.Helper()
-	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window})
+	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxUnackedSmallPSNs: o.small})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,7 @@ type pairOpts struct {
 	maxRd    uint8
 	access   memreg.Access
 	window   int
+	small    int // DeviceConfig.MaxUnackedSmallPSNs
 	perAck   int // DeviceConfig.MaxPktsPerAck
 	cc       CongestionConfig
 	sr       bool     // selective repeat on both QPs
@@ -83,7 +84,7 @@ func newSide(t testing.TB, n *memnet.MemNetwork, addr netip.Addr, o *pairOpts) *
 // two CQs, as o says; the device is closed when the test ends.
 func newSideOn(t testing.TB, l udp.Link, o *pairOpts) *side {
 	t.Helper()
-	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxPktsPerAck: o.perAck, Congestion: o.cc, SelectiveRepeat: o.srCfg})
+	dev, err := NewDevice(l, DeviceConfig{Clock: o.clock, MaxUnackedPSNs: o.window, MaxUnackedSmallPSNs: o.small, MaxPktsPerAck: o.perAck, Congestion: o.cc, SelectiveRepeat: o.srCfg})
 	if err != nil {
 		t.Fatal(err)
 	}

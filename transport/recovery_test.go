@@ -30,11 +30,19 @@ func psnRange(first bth.PSN, from, to int) []bth.PSN {
 }
 
 // windowRequester is a silent requester (see silentRequester) with a
-// window of window PSNs and max_rd_atomic rd.
+// window of window PSNs for every packet (MaxUnackedSmallPSNs off) and
+// max_rd_atomic rd.
 func windowRequester(t *testing.T, window int, rd uint8) (a *side, la *psnLink, clk *ManualClock, first bth.PSN, dmr, smr *memreg.MR) {
 	t.Helper()
+	return windowRequesterOpts(t, pairOpts{window: window, small: -1, maxRd: rd})
+}
+
+// windowRequesterOpts is windowRequester with o's window, small window,
+// max_rd_atomic and SQ depth.
+func windowRequesterOpts(t *testing.T, o pairOpts) (a *side, la *psnLink, clk *ManualClock, first bth.PSN, dmr, smr *memreg.MR) {
+	t.Helper()
 	clk = manual()
-	o := pairOpts{clock: clk, retry: 7, window: window, maxRd: rd, timeout: 10}
+	o.clock, o.retry, o.timeout = clk, 7, 10
 	o.defaults()
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	ra, _ := n.Link(addrA)
@@ -278,4 +286,60 @@ func TestReuseAfterReset(t *testing.T) {
 	}
 	noWC(t, a.scq)
 	noWC(t, b.rcq)
+}
+
+// TestSmallWindowCutOnLoss: a go-back-N rewind (a sequence NAK, or a
+// local ACK timeout) cuts the small-packet window to MaxUnackedPSNs, and
+// acknowledged PSNs grow it back by a quarter of their number, up to
+// MaxUnackedSmallPSNs.
+func TestSmallWindowCutOnLoss(t *testing.T) {
+	a, la, clk, first, dmr, smr := windowRequesterOpts(t, pairOpts{sqDepth: 4096, maxRd: 16})
+	for i := range 3000 {
+		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, SGEs: sge(smr, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sentTo := func() int { // one past the highest PSN sent, from first
+		ps := psnsOf(la.sent())
+		return int(ps[len(ps)-1].Diff(first)) + 1
+	}
+	check := func(what string, want int) {
+		t.Helper()
+		if got := sentTo(); got != want {
+			t.Fatalf("%s: sent up to first+%d, want first+%d", what, got, want)
+		}
+	}
+	ack := func(psn int, syn aeth.Syndrome) {
+		t.Helper()
+		if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first.Add(psn), syn, uint32(psn+1)), addrB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("first flight", 512)
+	// PSN 10 lost: the NAK acknowledges 0-9 and rewinds to 10; the
+	// window is 128 from there.
+	ack(10, aeth.NAK(aeth.NAKPSNSeqError))
+	n := len(la.sent())
+	if got := psnsOf(la.sent()[512:]); fmt.Sprint(got) != fmt.Sprint(psnRange(first, 10, 138)) {
+		t.Fatalf("resent %v, want PSNs 10-137", got)
+	}
+	// 128 PSNs acknowledged: the window grows by 32, to 160 from 138.
+	ack(137, aeth.ACK(aeth.NoCreditLimit))
+	if got := len(la.sent()) - n; got != 160 {
+		t.Fatalf("after 128 acknowledged: %d more packets, want 160 (window 160)", got)
+	}
+	// Every 160 acknowledged adds 40 until the window is 512 again.
+	at, win := 137, 160
+	for win < 512 {
+		at += win
+		ack(at, aeth.ACK(aeth.NoCreditLimit))
+		win = min(512, win+win/4)
+	}
+	check("grown back", at+1+512)
+	// A local ACK timeout cuts it again.
+	n = len(la.sent())
+	clk.Advance(AckTimeout(10))
+	if got := len(la.sent()) - n; got != 128 {
+		t.Fatalf("after a timeout: %d packets resent, want 128", got)
+	}
 }

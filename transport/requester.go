@@ -20,6 +20,12 @@ type requester struct {
 	// AckReq set, a READ for at most rdLimit bytes (0: the rest).
 	forceAck bool
 	rdLimit  uint32
+	// smallWin is the small-packet window now (window): 0 means
+	// DeviceConfig.MaxUnackedSmallPSNs. A go-back-N rewind cuts it to
+	// MaxUnackedPSNs — every loss resends the whole window, so a lossy
+	// path keeps the window it had before small packets got a bigger one
+	// — and acknowledged PSNs grow it back (smallGrow).
+	smallWin int32
 	f        packet.Fields
 }
 
@@ -55,10 +61,8 @@ func (r *requester) progress() {
 	if maxRd < 1 {
 		maxRd = 1
 	}
-	window := int32(qp.dev.cfg.MaxUnackedPSNs)
 	sent := false
 	if qp.sr != nil {
-		window = qp.srWindow(window)
 		if qp.sr.due {
 			nout := qp.nout
 			qp.srRecover()
@@ -69,13 +73,13 @@ func (r *requester) progress() {
 		}
 	}
 	for qp.sqCur != qp.sqEnd {
-		if qp.init.Type == QPTypeRC && r.psn.Diff(qp.comp.oldestUnacked()) >= window {
+		w := qp.sqAt(qp.sqCur)
+		if qp.init.Type == QPTypeRC && r.psn.Diff(qp.comp.oldestUnacked()) >= r.window(w, r.curPkt) {
 			break
 		}
 		if qp.schedHold() {
 			break // its turn comes (sched.go)
 		}
-		w := qp.sqAt(qp.sqCur)
 		if w.stalled() {
 			break
 		}
@@ -292,7 +296,55 @@ func (r *requester) coveredByNext(w *sendWQE) bool {
 	if n.wr.Flags&SendFence != 0 {
 		return false
 	}
-	return r.psn.Diff(qp.comp.oldestUnacked())+1 < int32(qp.dev.cfg.MaxUnackedPSNs)
+	return r.psn.Diff(qp.comp.oldestUnacked())+1 < r.window(n, 0)
+}
+
+// SmallPacketPayload is the most payload bytes a request packet carries
+// that DeviceConfig.MaxUnackedSmallPSNs admits (below the smallest MTU's
+// 256, so that full packets never count as small).
+const SmallPacketPayload = 128
+
+// window returns how many PSNs may be unacknowledged when packet k of w
+// goes: MaxUnackedSmallPSNs for a small SEND or WRITE packet or an
+// atomic, MaxUnackedPSNs otherwise (a READ request asks for all its
+// response PSNs at once), capped by selective repeat's window.
+func (r *requester) window(w *sendWQE, k int) int32 {
+	cfg := &r.qp.dev.cfg
+	win := cfg.MaxUnackedPSNs
+	switch w.wr.Opcode {
+	case WRWrite, WRWriteImm, WRSend, WRSendImm, WRSendInv:
+		if uint64(w.length)-uint64(k)*uint64(r.qp.mtu) <= SmallPacketPayload {
+			win = r.smallWindow()
+		}
+	case WRCompareSwap, WRFetchAdd:
+		win = r.smallWindow()
+	}
+	if r.qp.sr != nil {
+		return r.qp.srWindow(int32(win))
+	}
+	return int32(win)
+}
+
+// smallWindow returns the small-packet window now (see smallWin).
+func (r *requester) smallWindow() int {
+	if r.smallWin != 0 {
+		return int(r.smallWin)
+	}
+	return r.qp.dev.cfg.MaxUnackedSmallPSNs
+}
+
+// smallGrow grows a small-packet window cut by a rewind by a quarter of
+// the PSNs an ACK newly acknowledges (acked): from 128 back to 512 takes
+// 1,536 PSNs without a loss, and a path losing one packet in 100 keeps it
+// near MaxUnackedPSNs.
+func (r *requester) smallGrow(acked int32) {
+	if r.smallWin == 0 || acked <= 0 {
+		return
+	}
+	r.smallWin += max(1, acked/4)
+	if int(r.smallWin) >= r.qp.dev.cfg.MaxUnackedSmallPSNs {
+		r.smallWin = 0
+	}
 }
 
 // failLocal records that the requester could not build the next packet of
@@ -380,6 +432,9 @@ func (r *requester) rewind(from bth.PSN) {
 	r.psn = from
 	r.noack = 0
 	r.curPkt = 0
+	if cfg := &qp.dev.cfg; cfg.MaxUnackedSmallPSNs > cfg.MaxUnackedPSNs {
+		r.smallWin = int32(cfg.MaxUnackedPSNs)
+	}
 	if qp.sqHead == qp.sqEnd {
 		return
 	}

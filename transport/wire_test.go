@@ -2,6 +2,8 @@ package transport
 
 import (
 	"bytes"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -128,6 +130,59 @@ func TestWireWindow(t *testing.T) {
 			t.Fatalf("window %d: sent %d packets, want %d", w, n, want)
 		}
 	}
+}
+
+// TestWireSmallWindow: against a silent peer, packets of at most
+// SmallPacketPayload bytes go while fewer than MaxUnackedSmallPSNs PSNs
+// are unacknowledged (default 4 × MaxUnackedPSNs, -1: MaxUnackedPSNs);
+// a bigger packet behind them waits for MaxUnackedPSNs.
+func TestWireSmallWindow(t *testing.T) {
+	cases := []struct {
+		name          string
+		window, small int
+		sizes         []int // WRITE sizes, posted in order
+		want          int   // packets sent
+	}{
+		{"default 64 B", 0, 0, rep(64, 600), 512},
+		{"off", 0, -1, rep(64, 600), 128},
+		{"window 16", 16, 0, rep(64, 100), 64},
+		{"set 300", 0, 300, rep(64, 600), 300},
+		{"128 B is small", 0, 0, rep(128, 600), 512},
+		{"129 B is not", 0, 0, rep(129, 600), 128},
+		{"big waits behind small", 0, 0, append(rep(64, 200), 1000, 64), 200},
+		{"small last packet", 0, 0, append(rep(1024+64, 100), 64), 128},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a, _, tap := tapPair(t, pairOpts{mtu: MTU1024, clock: manual(), window: c.window, small: c.small, sqDepth: 1024}, true)
+			_, smr := a.buffer(t, 1<<16, 0)
+			for i, n := range c.sizes {
+				if err := a.qp.PostSend(SendWR{Opcode: WRWrite, SGEs: sge(smr, 0, n), RemoteAddr: 0x1000, RKey: 5}); err != nil {
+					t.Fatalf("WR %d: %v", i, err)
+				}
+			}
+			if n := len(tap.sent()); n != c.want {
+				t.Fatalf("sent %d packets, want %d", n, c.want)
+			}
+		})
+	}
+	l, err := memnet.NewMemNetwork(memnet.Faults{}).Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := NewDevice(l, DeviceConfig{MaxUnackedSmallPSNs: 1<<22 + 1}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "MaxUnackedSmallPSNs") {
+		t.Fatalf("MaxUnackedSmallPSNs 2^22+1: %v", err)
+	}
+}
+
+// rep returns n copies of v.
+func rep(v, n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = v
+	}
+	return s
 }
 
 // TestWireReadAtomicLimit: at most max_rd_atomic READ/atomic requests are

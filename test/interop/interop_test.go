@@ -307,6 +307,12 @@ func cells(gidIndex int) []cell {
 			{"ib_atomic_bw", "atomic-bw", 8, 2 * n, []string{"-A", "CMP_AND_SWAP"}, 2},
 			{"ib_atomic_bw", "atomic-bw", 8, 2 * n, []string{"-A", "FETCH_AND_ADD"}, 2},
 			{"ib_write_lat", "write-lat", 64, n, nil, 2},
+			// 512 small messages outstanding: rocev2d's requester keeps
+			// up to 512 PSNs of packets of at most 128 bytes in flight
+			// (DeviceConfig.MaxUnackedSmallPSNs), four times rxe's own
+			// window.
+			{"ib_write_bw", "write-bw", 64, 10 * n, []string{"-t", "512"}, 2},
+			{"ib_send_bw", "send-bw", 64, 10 * n, []string{"-t", "512"}, 2},
 			{"ib_read_lat", "read-lat", 64, n, nil, 2},
 		} {
 			args := []string{"-s", strconv.Itoa(pt.size), "-n", strconv.Itoa(pt.n)}
