@@ -421,6 +421,13 @@ func (d *Device) Close() error {
 			s.pd.Release()
 		}
 	}
+	// A received batch's responses taken out of their QPs (flushPending)
+	// are in neither the QPs, which toError flushed above, nor the link
+	// until their send: wait for it, or the ACKs of messages the
+	// application has seen complete are lost with the link and the peer
+	// retries into a closed port (as QP.SendQueued waits for them).
+	d.respMu.Lock()
+	d.respMu.Unlock()
 	d.sched.close()
 	d.tq.close()
 	err := d.link.Close()
