@@ -16,46 +16,7 @@ import (
 // -race on a loaded machine). The test holds the batch owner between the
 // take and the send and calls SendQueued there.
 func TestSendQueuedWaitsForTakenResponses(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{retry: 7})
-	_, amr := a.buffer(t, 64, 0)
-	_, bmr := b.buffer(t, 64, 0)
-	if err := b.qp.PostRecv(RecvWR{SGEs: sge(bmr, 0, 64)}); err != nil {
-		t.Fatal(err)
-	}
-	var hit atomic.Bool
-	early := make(chan string, 1)
-	hook := func(d *Device) {
-		if d != b.dev || hit.Swap(true) {
-			return
-		}
-		// The ACK is taken out of b.qp and not sent yet.
-		done := make(chan struct{})
-		go func() { b.qp.SendQueued(); close(done) }()
-		select {
-		case <-done:
-			early <- "SendQueued returned while the batch's ACK was taken out of the QP but not sent"
-		case <-time.After(50 * time.Millisecond):
-			early <- ""
-		}
-	}
-	testHookRespTaken.Store(&hook)
-	defer testHookRespTaken.Store(nil)
-	if err := a.qp.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: sge(amr, 0, 8)}); err != nil {
-		t.Fatal(err)
-	}
-	waitWC(t, b.rcq, 1, 10*time.Second)
-	select {
-	case msg := <-early:
-		if msg != "" {
-			t.Fatal(msg)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the receiving device never sent a batch's responses")
-	}
-	// The ACK reached the sender: its SEND completes successfully.
-	if w := waitWC(t, a.scq, 1, 10*time.Second); w[0].Status != WCSuccess {
-		t.Fatalf("SEND: %v", w[0].Status)
-	}
+	holdTakenResponses(t, "SendQueued", func(b *side) { b.qp.SendQueued() })
 }
 
 // TestCloseSendsTakenResponses: Device.Close closes the link only once
@@ -68,6 +29,15 @@ func TestSendQueuedWaitsForTakenResponses(t *testing.T) {
 // run: 28 ACKs lost at the client's exit). The test holds the batch owner
 // between the take and the send and calls Close there.
 func TestCloseSendsTakenResponses(t *testing.T) {
+	holdTakenResponses(t, "Close", func(b *side) { b.dev.Close() })
+}
+
+// holdTakenResponses sends a SEND from a to b and holds b's batch owner
+// between taking the ACK out of b's QP and sending it (testHookRespTaken);
+// there it runs call (named what) in another goroutine, which must not
+// return within 50 ms, and then lets the send go. The ACK must reach a:
+// its SEND completes successfully.
+func holdTakenResponses(t *testing.T, what string, call func(b *side)) {
 	a, b, _ := newPair(t, pairOpts{retry: 7})
 	_, amr := a.buffer(t, 64, 0)
 	_, bmr := b.buffer(t, 64, 0)
@@ -75,17 +45,17 @@ func TestCloseSendsTakenResponses(t *testing.T) {
 		t.Fatal(err)
 	}
 	var hit atomic.Bool
-	closed := make(chan struct{})
+	done := make(chan struct{})
 	early := make(chan string, 1)
 	hook := func(d *Device) {
 		if d != b.dev || hit.Swap(true) {
 			return
 		}
 		// The ACK is taken out of b.qp and not sent yet.
-		go func() { b.dev.Close(); close(closed) }()
+		go func() { call(b); close(done) }()
 		select {
-		case <-closed:
-			early <- "Close returned while the batch's ACK was taken out of the QP but not sent"
+		case <-done:
+			early <- what + " returned while the batch's ACK was taken out of the QP but not sent"
 		case <-time.After(50 * time.Millisecond):
 			early <- ""
 		}
@@ -103,9 +73,8 @@ func TestCloseSendsTakenResponses(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the receiving device never sent a batch's responses")
 	}
-	<-closed
-	// The ACK reached the sender before b's link closed: a's SEND
-	// completes successfully.
+	<-done
+	// The ACK reached the sender: its SEND completes successfully.
 	if w := waitWC(t, a.scq, 1, 10*time.Second); w[0].Status != WCSuccess {
 		t.Fatalf("SEND: %v", w[0].Status)
 	}

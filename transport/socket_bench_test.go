@@ -97,34 +97,10 @@ func benchSocketGoodputOpts(b *testing.B, o *udp.SocketOptions, op WROpcode, siz
 		close(rdone)
 	}
 	wr := SendWR{Opcode: op, Flags: SendSignaled, SGEs: sge(smr, 0, size), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}
-	wrs := make([]SendWR, window)
-	for i := range wrs {
-		wrs[i] = wr
-	}
-	wcs := make([]WC, 64)
 	b.SetBytes(int64(size))
 	b.ResetTimer()
 	cpu0 := cpuTime()
-	posted, done := 0, 0
-	for done < b.N {
-		if posted < b.N && posted-done < window {
-			k := min(window-(posted-done), b.N-posted)
-			if err := a.qp.PostSend(wrs[:k]...); err != nil {
-				b.Fatal(err)
-			}
-			posted += k
-		}
-		n, err := a.scq.Wait(ctx, wcs)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, c := range wcs[:n] {
-			if c.Status != WCSuccess {
-				b.Fatalf("%+v", c)
-			}
-		}
-		done += n
-	}
+	streamWRs(b, a, wr, window)
 	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N)/1000, "cpu-µs/op")
 	b.StopTimer()
 	cancel()
