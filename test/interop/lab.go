@@ -274,11 +274,14 @@ func (l *Lab) boot(ctx context.Context) error {
 		"-name", cmp.Or(l.vm.name, "rocev2-interop"), "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "1024",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", l.img.Kernel, "-initrd", l.img.Initrd,
-		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=%s rocev2lab.ip=%s/%d rocev2lab.mtu=%d rocev2lab.ipv6=1", consoleLogLevel(), l.vmIP(), Prefix, DefaultWireMTU),
+		// nokaslr: the same kernel addresses in every boot (guestcpu.go).
+		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet nokaslr loglevel=%s rocev2lab.ip=%s/%d rocev2lab.mtu=%d rocev2lab.ipv6=1", consoleLogLevel(), l.vmIP(), Prefix, DefaultWireMTU),
 		"-chardev", "file,id=con0,path=" + l.console, "-serial", "chardev:con0",
+		"-qmp", "unix:" + l.qmpPath() + ",server=on,wait=off",
 		"-netdev", "tap,id=net0,ifname=" + l.vmTap() + ",script=no,downscript=no",
 		"-device", "virtio-net-pci,netdev=net0,mac=" + l.vmMAC(),
 	}
+	os.Remove(l.qmpPath())
 	qlog, err := os.Create(filepath.Join(l.Dir, "qemu.log"))
 	if err != nil {
 		return err

@@ -452,11 +452,17 @@ func ensureVM(t *testing.T, ctx context.Context, lab *Lab, before string) bool {
 		return false
 	}
 	t.Logf("WARNING: the VM stopped answering (%v) before %s; console:\n%s\nrebooting it", err, before, lab.ConsoleTail(20))
+	g, gerr := lab.GuestCPUState(ctx)
+	t.Logf("the VM's CPU (QMP; err %v):\n%s\ntop of its stack:\n%s", gerr, g.Registers, g.Stack)
 	if rerr := lab.Reboot(ctx); rerr != nil {
 		t.Logf("WARNING: the VM's reboot failed: %v", rerr)
 		return true
 	}
 	t.Logf("WARNING: the VM was rebooted before %s (reboot %d of this run)", before, lab.Reboots())
+	if len(g.Text) > 0 {
+		names, serr := lab.Symbolize(ctx, g.Text)
+		t.Logf("where the VM that stopped answering was (kernel text addresses named by the rebooted guest's /proc/kallsyms; err %v):\n%s", serr, g.Describe(names))
+	}
 	return true
 }
 
