@@ -130,6 +130,35 @@ func (l *Lab) GuestCPUState(ctx context.Context) (GuestCPU, error) {
 	return g, nil
 }
 
+// GuestDevices returns qemu's view of the VM's interrupt and network
+// state (the local APIC with its timer, interrupt counts, the virtio
+// devices and the network's queues), for a guest that stopped answering:
+// halted with interrupts enabled, it waits for an interrupt that never
+// comes.
+func (l *Lab) GuestDevices(ctx context.Context) string {
+	const vnet = "/machine/peripheral-anon/device[0]/virtio-backend" // the lab's one virtio device
+	cmds := []string{"info lapic", "info irq", "info virtio", "info network",
+		"info virtio-queue-status " + vnet + " 0", "info virtio-queue-status " + vnet + " 1"} // receive, transmit
+	outs, err := l.qmpHuman(ctx, cmds...)
+	var b strings.Builder
+	for i, c := range cmds {
+		if i < len(outs) {
+			fmt.Fprintf(&b, "(qemu) %s\n%s", c, outs[i])
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(&b, "qmp: %v\n", err)
+	}
+	return b.String()
+}
+
+// NMI sends the VM's CPU a non-maskable interrupt: it leaves HLT whatever
+// it waited for.
+func (l *Lab) NMI(ctx context.Context) error {
+	_, err := l.qmpHuman(ctx, "nmi")
+	return err
+}
+
 // Symbolize names kernel addresses (symbol+offset) from the running
 // guest's /proc/kallsyms. Without KASLR (the lab's guests boot with
 // nokaslr) they may come from an earlier boot of the same kernel. The

@@ -182,6 +182,11 @@ func TestInterop(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+		devs := lab.GuestDevices(ctx)
+		t.Logf("the VM's devices (QMP):\n%s", devs)
+		nerr := lab.NMI(ctx)
+		time.Sleep(time.Second)
+		aerr := vmAlive(ctx, lab)
 		if err := lab.Reboot(ctx); err != nil {
 			r.counters = err.Error()
 			t.Fatal(err)
@@ -200,6 +205,10 @@ func TestInterop(t *testing.T) {
 			r.counters = fmt.Sprintf("after the reboot: GID index %d (was %d), reboots %d (was %d)", lab.GIDIndex, gid, lab.Reboots(), before)
 		case gerr != nil || g.RIP < 0xffffffff80000000:
 			r.counters = fmt.Sprintf("QMP: the CPU's state: %v, RIP %#x in 20 looks (want a kernel address):\n%s", gerr, g.RIP, g.Registers)
+		case !strings.Contains(devs, "(qemu) info lapic\n") || !strings.Contains(devs, "(qemu) info network\n"):
+			r.counters = "QMP: no lapic or network state: " + strings.SplitN(devs, "\n", 2)[0]
+		case nerr != nil || aerr != nil:
+			r.counters = fmt.Sprintf("QMP: an NMI: %v; the VM answers after it: %v", nerr, aerr)
 		case serr != nil || names[g.RIP] == "":
 			r.counters = fmt.Sprintf("RIP %#x not named by the rebooted guest's /proc/kallsyms: %v", g.RIP, serr)
 		default:

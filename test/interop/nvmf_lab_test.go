@@ -454,6 +454,17 @@ func ensureVM(t *testing.T, ctx context.Context, lab *Lab, before string) bool {
 	t.Logf("WARNING: the VM stopped answering (%v) before %s; console:\n%s\nrebooting it", err, before, lab.ConsoleTail(20))
 	g, gerr := lab.GuestCPUState(ctx)
 	t.Logf("the VM's CPU (QMP; err %v):\n%s\ntop of its stack:\n%s", gerr, g.Registers, g.Stack)
+	t.Logf("the VM's devices (QMP):\n%s", lab.GuestDevices(ctx))
+	// A guest halted with interrupts on that no interrupt wakes: does
+	// an NMI bring it back? (It is rebooted either way.)
+	if err := lab.NMI(ctx); err != nil {
+		t.Logf("NMI: %v", err)
+	} else {
+		time.Sleep(2 * time.Second)
+		aerr := vmAlive(ctx, lab)
+		g2, _ := lab.GuestCPUState(ctx)
+		t.Logf("after an NMI the VM answers: %v (%v); RIP now %#x", aerr == nil, aerr, g2.RIP)
+	}
 	if rerr := lab.Reboot(ctx); rerr != nil {
 		t.Logf("WARNING: the VM's reboot failed: %v", rerr)
 		return true
