@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -75,21 +76,92 @@ options:
   --a=IP          first address (default 127.0.0.1)
   --b=IP          second address (default 127.0.0.2)
   -v              print the stack's counters at the end
+  --rows=LIST     run only these rows, comma-separated: an operation
+                 (write, read, send) with an optional message size
+                 (write:64k, read:64k, send:64b, write:4k), or latency
+                 for the two ping-pongs (default: every row)
 ` + cli.SocketUsage
 
 // benchConfig holds the parsed flags of `rocev2d bench`.
 type benchConfig struct {
 	cli.PairOptions
-	dur time.Duration
+	dur  time.Duration
+	rows *rowSet // nil: every row
 }
+
+// rowSet is what --rows selects: goodput rows by operation and message
+// size (size 0: every size of the operation) and the latency rows.
+type rowSet struct {
+	goodput map[rowKey]bool
+	latency bool
+}
+
+// rowKey names one goodput row; size 0 stands for every size.
+type rowKey struct {
+	op   transport.WROpcode
+	size int
+}
+
+// benchOps and benchSizes are the goodput rows' operations and sizes.
+var (
+	benchOps   = []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend}
+	benchSizes = []int{64, 4096, 65536}
+)
+
+// parseRows parses --rows: write, read, send (every size), OP:SIZE with
+// SIZE one of 64b, 4k, 64k, and latency.
+func parseRows(v string) (*rowSet, error) {
+	rs := &rowSet{goodput: map[rowKey]bool{}}
+	ops := map[string]transport.WROpcode{"write": transport.WRWrite, "read": transport.WRRead, "send": transport.WRSend}
+	sizes := map[string]int{"64b": 64, "64": 64, "4k": 4096, "4kib": 4096, "4096": 4096, "64k": 65536, "64kib": 65536, "65536": 65536}
+	for _, f := range strings.Split(v, ",") {
+		f = strings.ToLower(strings.TrimSpace(f))
+		if f == "latency" || f == "pingpong" || f == "ping-pong" {
+			rs.latency = true
+			continue
+		}
+		name, size, hasSize := strings.Cut(f, ":")
+		op, ok := ops[name]
+		if !ok {
+			return nil, fmt.Errorf("--rows: %q: want write, read, send (optionally :64b, :4k or :64k) or latency", f)
+		}
+		k := rowKey{op: op}
+		if hasSize {
+			if k.size, ok = sizes[size]; !ok {
+				return nil, fmt.Errorf("--rows: %q: message size %q is not one of the rows' 64b, 4k, 64k", f, size)
+			}
+		}
+		rs.goodput[k] = true
+	}
+	return rs, nil
+}
+
+// goodputRow reports whether the goodput row of op and size runs.
+func (c *benchConfig) goodputRow(op transport.WROpcode, size int) bool {
+	if c.rows == nil {
+		return true
+	}
+	return c.rows.goodput[rowKey{op, 0}] || c.rows.goodput[rowKey{op, size}]
+}
+
+// latencyRows reports whether the ping-pong rows run.
+func (c *benchConfig) latencyRows() bool { return c.rows == nil || c.rows.latency }
 
 func parseBenchFlags(args []string) (*benchConfig, error) {
 	c := &benchConfig{}
 	fs := cli.NewFlagSet("rocev2d bench")
 	fs.DurationVar(&c.dur, "t", time.Second, "")
 	fs.DurationVar(&c.dur, "time", time.Second, "")
+	rows := fs.String("rows", "", "")
 	if err := cli.ParsePairFlags(fs, args, &c.PairOptions, 4096); err != nil {
 		return nil, err
+	}
+	if *rows != "" {
+		rs, err := parseRows(*rows)
+		if err != nil {
+			return nil, err
+		}
+		c.rows = rs
 	}
 	if c.A == c.B || c.A.Is4() != c.B.Is4() {
 		return nil, errors.New("--a and --b must be two different addresses of one IP version")
@@ -373,8 +445,11 @@ func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *cli.US
 	usr1.Add("A "+c.A.String()+tag, s.a.Dev)
 	usr1.Add("B "+c.B.String()+tag, s.b.Dev)
 	var rows []benchRow
-	for _, op := range []transport.WROpcode{transport.WRWrite, transport.WRRead, transport.WRSend} {
-		for _, size := range []int{64, 4096, 65536} {
+	for _, op := range benchOps {
+		for _, size := range benchSizes {
+			if !c.goodputRow(op, size) {
+				continue
+			}
 			row, err := s.goodputRow(ctx, &rc, m, op, size, benchRounds)
 			if err != nil {
 				return err
@@ -382,11 +457,13 @@ func benchSection(ctx context.Context, c *benchConfig, m benchMode, usr1 *cli.US
 			rows = append(rows, row)
 		}
 	}
-	lat, err := s.latencyRows(ctx, &rc, benchRounds)
-	if err != nil {
-		return err
+	if c.latencyRows() {
+		lat, err := s.latencyRows(ctx, &rc, benchRounds)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, lat...)
 	}
-	rows = append(rows, lat...)
 	printBenchTable(stdout, m, rows)
 	if c.Verbose {
 		fmt.Fprintln(stdout)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/transport"
 )
 
 // TestBench runs a short bench and checks the tables: two sections
@@ -67,6 +68,31 @@ func TestBench(t *testing.T) {
 		}
 		if !strings.Contains(out, "counters A 127.0.0.1") {
 			t.Errorf("%v: -v printed no counters", c.args)
+		}
+	}
+}
+
+// TestBenchRows: --rows runs only the rows it names (here READ 64 KiB and
+// the two ping-pongs), each checked as TestBench checks every row.
+func TestBenchRows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs loopback traffic for a second")
+	}
+	code, out, errOut := runInRetry(t, "bench", "-t", "60ms", "--gso=true", "--rows", "read:64k,latency")
+	if code != cli.ExitOK {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	if rows := checkBenchTable(t, out); rows != 3 {
+		t.Errorf("%d rows, want 3:\n%s", rows, out)
+	}
+	for _, want := range []string{" READ goodput   64 KiB ", "SEND ping-pong RTT", "WRITE ping-pong RTT", "  READ 64 KiB: one-way raw UDP "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	for _, not := range []string{"WRITE goodput", "SEND goodput", "READ goodput     64 B", "READ 4 KiB: one-way"} {
+		if strings.Contains(out, not) {
+			t.Errorf("%q ran, not asked for:\n%s", not, out)
 		}
 	}
 }
@@ -187,5 +213,53 @@ func TestBenchFlags(t *testing.T) {
 		if code != cli.ExitUsage || !strings.Contains(errOut, b.msg) {
 			t.Errorf("%v: exit %d %q", b.args, code, errOut)
 		}
+	}
+}
+
+func TestParseRows(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    map[transport.WROpcode][3]bool // 64 B, 4 KiB, 64 KiB
+		latency bool
+		err     string
+	}{
+		{in: "write", want: map[transport.WROpcode][3]bool{transport.WRWrite: {true, true, true}}},
+		{in: "read:64k,write:64k", want: map[transport.WROpcode][3]bool{transport.WRRead: {false, false, true}, transport.WRWrite: {false, false, true}}},
+		{in: " SEND:64b , latency", want: map[transport.WROpcode][3]bool{transport.WRSend: {true, false, false}}, latency: true},
+		{in: "send:4k,send:4096", want: map[transport.WROpcode][3]bool{transport.WRSend: {false, true, false}}},
+		{in: "pingpong", latency: true},
+		{in: "read:32k", err: `message size "32k"`},
+		{in: "atomic", err: `"atomic": want write, read, send`},
+		{in: "write,", err: `"": want write`},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			c, err := parseBenchFlags([]string{"--rows", tc.in})
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, op := range benchOps {
+				for i, size := range benchSizes {
+					if got, want := c.goodputRow(op, size), tc.want[op][i]; got != want {
+						t.Errorf("%v %d B: runs %v, want %v", op, size, got, want)
+					}
+				}
+			}
+			if c.latencyRows() != tc.latency {
+				t.Errorf("latency rows %v, want %v", c.latencyRows(), tc.latency)
+			}
+		})
+	}
+	c, err := parseBenchFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.goodputRow(transport.WRRead, 64) || !c.latencyRows() {
+		t.Error("without --rows every row must run")
 	}
 }
