@@ -18,3 +18,14 @@ func foldAVX512(r uint32, p []byte, out *[16]byte) { foldCopyAVX512(r, p, nil, o
 //
 //go:noescape
 func foldCopyAVX512(r uint32, p []byte, dst *byte, out *[16]byte)
+
+// hasSmall reports whether clmulSmall can run (PCLMULQDQ; PSHUFB and
+// PEXTRD are SSSE3 and SSE4.1).
+var hasSmall = cpu.X86.HasPCLMULQDQ && cpu.X86.HasSSSE3 && cpu.X86.HasSSE41
+
+// clmulSmall returns the CRC register after p from register r (both
+// inverted, as foldAVX512 takes them), with one 128-bit carry-less
+// multiply lane and no lookup tables (small_amd64.s). len(p) >= 16.
+//
+//go:noescape
+func clmulSmall(r uint32, p []byte) uint32

@@ -34,13 +34,32 @@ func TestFoldKernelDirect(t *testing.T) {
 	}
 }
 
-// TestUpdateFallback forces the path CPUs without AVX-512 VPCLMULQDQ take
-// (hash/crc32 and the software CRC) on this machine and checks it against
-// crc32 around every threshold (hwMin, foldMin) and beyond.
+// TestUpdateFallback forces the paths of CPUs without AVX-512 VPCLMULQDQ
+// (clmulSmall, hash/crc32 and the software CRC) and without PCLMULQDQ as
+// well on this machine, and checks each against crc32 around every
+// threshold (smallMin, hwMin, foldMin) and beyond.
 func TestUpdateFallback(t *testing.T) {
-	saved := hasFold
-	hasFold = false
-	defer func() { hasFold = saved }()
+	savedFold, savedSmall := hasFold, hasSmall
+	defer func() { hasFold, hasSmall = savedFold, savedSmall }()
+	for _, cfg := range []struct {
+		name        string
+		fold, small bool
+	}{
+		{"no-avx512", false, savedSmall},
+		{"no-clmul", false, false},
+		{"fold-without-small", savedFold, false},
+	} {
+		t.Run(cfg.name, func(t *testing.T) {
+			hasFold, hasSmall = cfg.fold, cfg.small
+			defer func() { hasFold, hasSmall = savedFold, savedSmall }()
+			testUpdateFallback(t, savedFold, savedSmall)
+		})
+	}
+}
+
+// testUpdateFallback checks the paths hasFold and hasSmall select, and
+// Compute on them against the fast path's (fastFold, fastSmall).
+func testUpdateFallback(t *testing.T, fastFold, fastSmall bool) {
 	r := rand.New(rand.NewPCG(11, 13))
 	buf := make([]byte, 9000)
 	for i := range buf {
@@ -52,6 +71,9 @@ func TestUpdateFallback(t *testing.T) {
 		start := r.Uint32()
 		if got, want := update(start, p), crc32.Update(start, crc32.IEEETable, p); got != want {
 			t.Fatalf("fallback len %d off %d start %#08x: %#08x, crc32 %#08x", n, off, start, got, want)
+		}
+		if got, want := softOrUpdate(start, p), crc32.Update(start, crc32.IEEETable, p); got != want {
+			t.Fatalf("softOrUpdate len %d off %d start %#08x: %#08x, crc32 %#08x", n, off, start, got, want)
 		}
 	}
 	for _, n := range []int{4096, 4140, 4156, 8900} {
@@ -73,7 +95,7 @@ func TestUpdateFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hasFold = saved
+	hasFold, hasSmall = fastFold, fastSmall
 	c2, err := Compute(ip)
 	if err != nil || c2 != c {
 		t.Fatalf("Compute: fallback %#08x, fast path %#08x (%v)", c, c2, err)
@@ -83,8 +105,10 @@ func TestUpdateFallback(t *testing.T) {
 // TestCopyVariantsFallback is TestCopyVariants on the path CPUs without the
 // folding kernel take.
 func TestCopyVariantsFallback(t *testing.T) {
-	saved := hasFold
+	savedFold, savedSmall := hasFold, hasSmall
+	defer func() { hasFold, hasSmall = savedFold, savedSmall }()
 	hasFold = false
-	defer func() { hasFold = saved }()
-	testCopyVariants(t)
+	t.Run("clmul", testCopyVariants)
+	hasSmall = false
+	t.Run("no-clmul", testCopyVariants)
 }

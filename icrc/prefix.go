@@ -233,7 +233,7 @@ func (p *Prefix) ComputeSplitCopy(id uint16, dst, udpPayload []byte, at int, mid
 // headers and the pad+trailer around a split payload are a few dozen
 // bytes: the hardware paths would only add their setup).
 func softOrUpdate(c uint32, p []byte) uint32 {
-	if len(p) < hwMin {
+	if len(p) < hwMin && (!hasSmall || len(p) < smallMin) {
 		return softUpdate(c, p)
 	}
 	return update(c, p)

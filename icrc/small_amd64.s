@@ -1,0 +1,124 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// clmulSmall: CRC-32/IEEE (bit-reflected) of p, len(p) >= 16, with
+// PCLMULQDQ on one 128-bit lane and no lookup tables, for the short pieces
+// (a small packet's headers and payload, 16..255 bytes) that
+// foldCopyAVX512 does not take. The register r (already inverted, as the
+// folding kernel takes it) is XORed into the first four bytes of p.
+//
+// A length that is not a multiple of 16 is handled at the front: the first
+// block is the first t bytes of p (t = len%16, or 16) shifted up behind
+// 16-t zero bytes, which a CRC from a zero register does not see; the
+// register's bytes that the shift pushes out (t < 4) are XORed into the
+// next block instead. Every further block is a plain 16-byte fold, and the
+// final 128 bits are reduced to 32 with the Barrett constants of Intel's
+// "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ" paper
+// (bit-reflected CRC-32, as in hash/crc32's and Linux's implementations).
+
+// Byte indices 0..15, for the PSHUFB shift masks.
+DATA smallIota<>+0(SB)/8, $0x0706050403020100
+DATA smallIota<>+8(SB)/8, $0x0f0e0d0c0b0a0908
+GLOBL smallIota<>(SB), RODATA, $16
+
+// Fold by 128 bits (the k128 pair of fold_amd64.s).
+DATA smallK128<>+0(SB)/8, $0x1751997d0
+DATA smallK128<>+8(SB)/8, $0x0ccaa009e
+GLOBL smallK128<>(SB), RODATA, $16
+
+// 64 -> 32 bit fold constant, and the Barrett pair P' and mu.
+DATA smallK5<>+0(SB)/8, $0x163cd6124
+GLOBL smallK5<>(SB), RODATA, $8
+DATA smallPoly<>+0(SB)/8, $0x1db710641
+DATA smallPoly<>+8(SB)/8, $0x1f7011641
+GLOBL smallPoly<>(SB), RODATA, $16
+
+// func clmulSmall(r uint32, p []byte) uint32
+TEXT ·clmulSmall(SB), NOSPLIT, $0-36
+	MOVL r+0(FP), X8            // R: the register in bytes 0..3, zeros above
+	MOVQ p_base+8(FP), SI
+	MOVQ p_len+16(FP), CX
+
+	// t = ((len-1) & 15) + 1, in 1..16; z = 16 - t.
+	LEAQ -1(CX), DX
+	ANDQ $15, DX
+	INCQ DX
+	MOVQ $16, AX
+	SUBQ DX, AX
+
+	MOVOU smallIota<>(SB), X11
+	PXOR  X7, X7                // PSHUFB with X7 broadcasts byte 0
+
+	// First block: (p[0:16] ^ R) shifted up by z bytes (mask iota - z:
+	// the z low bytes go negative and PSHUFB zeroes them).
+	MOVQ   AX, X12
+	PSHUFB X7, X12
+	MOVOU  X11, X13
+	PSUBB  X12, X13
+	MOVOU  (SI), X1
+	PXOR   X8, X1
+	PSHUFB X13, X1
+
+	// Correction for the next block: R shifted down by t bytes (mask
+	// iota + t, with the indices past 15 given their top bit so that
+	// PSHUFB zeroes them).
+	MOVQ    DX, X12
+	PSHUFB  X7, X12
+	MOVOU   X11, X13
+	PADDB   X12, X13
+	MOVQ    $15, BX
+	MOVQ    BX, X15
+	PSHUFB  X7, X15
+	MOVOU   X13, X14
+	PCMPGTB X15, X14
+	POR     X14, X13
+	MOVOU   X8, X9
+	PSHUFB  X13, X9
+
+	ADDQ DX, SI
+	SUBQ DX, CX                 // a multiple of 16 is left
+	MOVOU smallK128<>(SB), X0
+	JZ   finish
+
+loop:
+	MOVOU     (SI), X10
+	PXOR      X9, X10
+	PXOR      X9, X9            // the correction is for the first block only
+	MOVOU     X1, X5
+	PCLMULQDQ $0x00, X0, X1
+	PCLMULQDQ $0x11, X0, X5
+	PXOR      X5, X1
+	PXOR      X10, X1
+	ADDQ      $16, SI
+	SUBQ      $16, CX
+	JNZ       loop
+
+finish:
+	// 128 -> 64 bits (plus 32 of headroom), X0 still holds k128.
+	PCMPEQB   X3, X3
+	PCLMULQDQ $0x01, X1, X0
+	PSRLDQ    $8, X1
+	PXOR      X0, X1
+
+	// 64 -> 32.
+	MOVOU     X1, X2
+	MOVQ      smallK5<>(SB), X0
+	PSRLQ     $32, X3           // mask of the low 32 bits of each quadword
+	PSRLDQ    $4, X2
+	PAND      X3, X1
+	PCLMULQDQ $0x00, X0, X1
+	PXOR      X2, X1
+
+	// Barrett reduction.
+	MOVOU     smallPoly<>(SB), X0
+	MOVOU     X1, X2
+	PAND      X3, X1
+	PCLMULQDQ $0x10, X0, X1
+	PAND      X3, X1
+	PCLMULQDQ $0x00, X0, X1
+	PXOR      X2, X1
+
+	PEXTRD $1, X1, AX
+	MOVL   AX, ret+32(FP)
+	RET
