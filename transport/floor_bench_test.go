@@ -75,10 +75,24 @@ func newLinkPingPong(tb testing.TB, segs int) *linkPingPong {
 		return l
 	}
 	// A SEND ONLY of 8 bytes and an ACK, as the stack's answer datagram
-	// holds them (their contents do not matter to the link).
-	msg := func(dst netip.Addr) []udp.Packet {
+	// holds them (their contents do not matter to the link, but for the
+	// destination QP: a link that shares its address, as the stack's
+	// links do where the process may load the steering program, gets only
+	// the datagrams to QPNs it leased, so each message goes to a QPN the
+	// receiving link leased; QP 0 was dropped by the steering program and
+	// the first round waited forever).
+	msg := func(dst netip.Addr, to *udp.SocketLink) []udp.Packet {
 		req, ack := make([]byte, 12+8+4), make([]byte, 12+4+4)
 		req[0], ack[0] = 0x04, 0x11
+		if to.Shared() {
+			qpn, _, err := to.LeaseQPNs()
+			if err != nil {
+				tb.Fatalf("lease QPNs on %v: %v", dst, err)
+			}
+			for _, b := range [][]byte{req, ack} {
+				b[5], b[6], b[7] = byte(qpn>>16), byte(qpn>>8), byte(qpn)
+			}
+		}
 		return []udp.Packet{{Buf: req, Addr: dst}, {Buf: ack, Addr: dst}}[:segs]
 	}
 	bufs := func() []udp.Packet {
@@ -88,7 +102,8 @@ func newLinkPingPong(tb testing.TB, segs int) *linkPingPong {
 		}
 		return ps
 	}
-	p := &linkPingPong{a: listen(aa), b: listen(ba), segs: segs, out: msg(ba), back: msg(aa),
+	la, lb := listen(aa), listen(ba)
+	p := &linkPingPong{a: la, b: lb, segs: segs, out: msg(ba, lb), back: msg(aa, la),
 		in: bufs(), serve: make(chan int), done: make(chan error)}
 	go func() {
 		in := bufs()
