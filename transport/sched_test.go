@@ -417,3 +417,45 @@ func TestSchedRecovery(t *testing.T) {
 		t.Fatal("the scheduler never ran")
 	}
 }
+
+// TestSchedLongMessages: 100 QPs post one 64 KiB WRITE each at once at MTU
+// 1024 (64 packets a message, four scheduler turns of schedQuantum
+// packets), every request through the scheduler, whose inflight budget
+// (256 packets) holds only four QPs' whole messages. The last packet of
+// each turn asks for an ACK, so the budget drains as the peer takes the
+// packets and no timer expires; when only a message's last packet asked
+// for one, the budget filled with the first turns of 16 QPs that no
+// responder had a reason to acknowledge, and the scheduler waited for
+// their ACK timeouts (a user's program with 100 QPs moved 8 MB/s).
+func TestSchedLongMessages(t *testing.T) {
+	const n = 100
+	r := newSchedRig(t, n, DeviceConfig{SchedQPs: 1}, 0, 14) // 67 ms ACK timeout
+	pda, pdb := r.qa[0].PD(), r.qb[0].PD()
+	src, err := pda.RegisterMR(make([]byte, 64<<10), memreg.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := pdb.RegisterMR(make([]byte, 64<<10), memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := r.qa[i].PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled,
+			SGEs: sge(src, 0, 64<<10), RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	perQP := make([]int, n)
+	if got := r.collect(t, n, 20*time.Second, perQP, time.Time{}); got != n {
+		t.Fatalf("%d of %d WRITEs completed", got, n)
+	}
+	c := r.a.Counters()
+	t.Logf("retransmitted %d, local_ack_timeout %d, ack_timeout_late %d, sent %d, rcvd %d",
+		c.RetransmittedPkts, c.LocalAckTimeout, c.AckTimeoutLate, c.SentPkts, c.RcvdPkts)
+	if c.SentPkts < n*64 {
+		t.Fatalf("%d packets sent for %d WRITEs of 64 packets", c.SentPkts, n)
+	}
+	if !raceEnabled {
+		schedNoTimeout(t, c, "64 KiB WRITEs at MTU 1024")
+	}
+}
