@@ -559,6 +559,14 @@ func (inj *Injector) QueueDepth(h Hook) (uint64, error) {
 	if tail <= now {
 		return 0, nil
 	}
+	// The enqueues added length × nsPerByte each: dividing by the same
+	// constant gives their bytes back exactly (less the drain), where
+	// multiplying by bytesPerNs — the program's rounded inverse, 4295/2^32
+	// for 1000 bytes/s instead of 4294.97/2^32 — read a queue of 409,248
+	// bytes as 409,250.
+	if per := q.nsPerByte(); per > 0 {
+		return (tail - now) / per, nil
+	}
 	return ((tail - now) >> qTimeShift) * q.bytesPerNs() >> 32, nil
 }
 
