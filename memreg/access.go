@@ -20,13 +20,21 @@ const (
 	AccessRemoteAtomic Access = 8
 	// AccessMWBind lets memory windows be bound to the region.
 	AccessMWBind Access = 16
+	// AccessOnDemand (IBV_ACCESS_ON_DEMAND) registers the region without
+	// faulting its pages in: RegisterMR otherwise makes every page of the
+	// region resident (and, for a region anyone may write, writable in
+	// the page tables) before it returns, as ibv_reg_mr pins them, so that
+	// the first transfer into fresh memory does not pay a page fault per
+	// 4 KiB on the data path. A region much larger than what it will hold
+	// (a sparse buffer) wants it: its untouched pages then cost nothing.
+	AccessOnDemand Access = 64
 )
 
 const (
 	// accessRemote is every remote right.
 	accessRemote = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
 	// accessMRValid is every flag a memory region may carry.
-	accessMRValid = AccessLocalWrite | accessRemote | AccessMWBind
+	accessMRValid = AccessLocalWrite | accessRemote | AccessMWBind | AccessOnDemand
 	// accessNeedsLocalWrite is the set of rights that, by the verbs rule,
 	// require AccessLocalWrite on the region.
 	accessNeedsLocalWrite = AccessRemoteWrite | AccessRemoteAtomic
@@ -41,6 +49,7 @@ var accessNames = [...]struct {
 	{AccessRemoteRead, "REMOTE_READ"},
 	{AccessRemoteAtomic, "REMOTE_ATOMIC"},
 	{AccessMWBind, "MW_BIND"},
+	{AccessOnDemand, "ON_DEMAND"},
 }
 
 // String returns the flags as "LOCAL_WRITE|REMOTE_READ"; no flags is "NONE";

@@ -302,3 +302,29 @@ func BenchmarkPlace4KVsCopy(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRegister64KiB registers and deregisters one 64 KiB buffer
+// (resident already: it is reused) with the default access, whose
+// registration faults the pages in (a madvise on Linux), and with
+// AccessOnDemand, which does not.
+func BenchmarkRegister64KiB(b *testing.B) {
+	buf := make([]byte, 64<<10)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	for _, tc := range []struct {
+		name string
+		acc  Access
+	}{{"populate", AccessLocalWrite | AccessRemoteWrite}, {"on-demand", AccessLocalWrite | AccessRemoteWrite | AccessOnDemand}} {
+		b.Run(tc.name, func(b *testing.B) {
+			pd := mustPD(b, NewTable(Limits{}))
+			for range b.N {
+				mr, err := pd.RegisterMR(buf, tc.acc)
+				if err != nil {
+					b.Fatal(err)
+				}
+				mr.Deregister()
+			}
+		})
+	}
+}

@@ -23,7 +23,12 @@ type MR struct {
 }
 
 // RegisterMR registers buf with the given access flags; the region's IOVA
-// is the host address of buf[0] (what ibv_reg_mr does).
+// is the host address of buf[0] (what ibv_reg_mr does). Unless access has
+// AccessOnDemand, the region's pages are faulted in first (on Linux), as
+// ibv_reg_mr's pinning does: a region's first transfer then runs at the
+// speed of the next (10,000 QP pairs, each writing 64 KiB from fresh
+// memory of its own into fresh memory of its own: 0.21 of one QP's
+// goodput in the first second, 355,000 page faults, without it).
 func (pd *PD) RegisterMR(buf []byte, access Access) (*MR, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("memreg: register: %w: empty buffer", ErrInvalidArgument)
@@ -47,6 +52,11 @@ func (pd *PD) RegisterMRIOVA(buf []byte, iova uint64, access Access) (*MR, error
 	}
 	if iova+n-1 < iova {
 		return nil, fmt.Errorf("memreg: register iova %#x len %d: %w", iova, n, ErrAddressWrap)
+	}
+	if access&AccessOnDemand == 0 {
+		// Before the table's lock: faulting in a large region takes a
+		// while (about 0.3 s per GiB of fresh memory here).
+		populate(buf, access&(AccessLocalWrite|accessNeedsLocalWrite) != 0)
 	}
 	t := pd.t
 	t.mu.Lock()

@@ -1,0 +1,32 @@
+//go:build linux
+
+package memreg
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+var pageSizeOS = uintptr(unix.Getpagesize())
+
+// populateOS faults buf's pages in with one madvise: MADV_POPULATE_WRITE
+// where the region will be written (page tables writable, as a write fault
+// leaves them; content unchanged), MADV_POPULATE_READ otherwise. It
+// reports false where the kernel cannot (older than 5.14: EINVAL; memory
+// that cannot be populated that way, such as a read-only mapping
+// registered writable: EFAULT), and populate touches the pages itself.
+// The range is widened to whole pages; the bytes around buf on those
+// pages do not change either.
+func populateOS(buf []byte, write bool) bool {
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	end := start + uintptr(len(buf))
+	start &^= pageSizeOS - 1
+	end = (end + pageSizeOS - 1) &^ (pageSizeOS - 1)
+	advice := uintptr(unix.MADV_POPULATE_READ)
+	if write {
+		advice = unix.MADV_POPULATE_WRITE
+	}
+	_, _, e := unix.Syscall(unix.SYS_MADVISE, start, end-start, advice)
+	return e == 0
+}

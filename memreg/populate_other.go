@@ -1,0 +1,6 @@
+//go:build !linux
+
+package memreg
+
+// populateOS is not available here: populate touches the pages itself.
+func populateOS(buf []byte, write bool) bool { return false }
