@@ -216,7 +216,12 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 	// (100 QPs with one 64 KiB WRITE each at the default MTU moved 8 MB/s
 	// instead of ~1 GB/s).
 	lastOfTurn := qp.schedTurn && qp.schedLeft <= 1
-	if r.noack >= qp.dev.cfg.MaxPktsPerAck || r.forceAck || lastOfTurn || (qp.sr != nil && r.noack >= qp.srAckEvery()) {
+	// So does a packet that fills the window: nothing more goes until
+	// an ACK comes, and a responder sends one only when asked (or at the
+	// message's end). MaxPktsPerAck (64) is below the default window
+	// (128), but not below every window a device may be configured with.
+	fills := qp.init.Type == QPTypeRC && r.psn.Add(1).Diff(qp.comp.oldestUnacked()) >= r.window(w, k)
+	if r.noack >= qp.dev.cfg.MaxPktsPerAck || r.forceAck || lastOfTurn || fills || (qp.sr != nil && r.noack >= qp.srAckEvery()) {
 		f.BTH.AckReq = true
 	}
 	if f.BTH.AckReq {

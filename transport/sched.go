@@ -367,7 +367,7 @@ func (s *txSched) serve(qp *QP) {
 	if qp.destroyed {
 		return
 	}
-	qp.schedTurn, qp.schedLeft, qp.schedMore = true, schedQuantum, false
+	qp.schedTurn, qp.schedLeft, qp.schedMore = true, qp.schedQuantum(), false
 	qp.req.progress()
 	qp.schedTurn = false
 	qp.settle()
@@ -419,4 +419,15 @@ func (qp *QP) schedHold() bool {
 		return true
 	}
 	return false
+}
+
+// schedQuantum returns how many request packets qp builds per turn:
+// schedQuantum packets of MTU 4096 (64 KiB), as many bytes at a smaller
+// MTU, so that a 64 KiB message leaves in one turn whatever the MTU (at
+// the default MTU 1024 it took four turns, and an ACK for each).
+func (qp *QP) schedQuantum() int {
+	if qp.mtu <= 0 || qp.mtu >= 4096 {
+		return schedQuantum
+	}
+	return schedQuantum * 4096 / qp.mtu
 }

@@ -418,30 +418,50 @@ func TestSchedRecovery(t *testing.T) {
 	}
 }
 
-// TestSchedLongMessages: 100 QPs post one 64 KiB WRITE each at once at MTU
-// 1024 (64 packets a message, four scheduler turns of schedQuantum
-// packets), every request through the scheduler, whose inflight budget
-// (256 packets) holds only four QPs' whole messages. The last packet of
-// each turn asks for an ACK, so the budget drains as the peer takes the
-// packets and no timer expires; when only a message's last packet asked
-// for one, the budget filled with the first turns of 16 QPs that no
-// responder had a reason to acknowledge, and the scheduler waited for
-// their ACK timeouts (a user's program with 100 QPs moved 8 MB/s).
+// TestSchedLongMessages: 100 QPs post one 256 KiB WRITE each at once at
+// MTU 1024 (256 packets a message, four scheduler turns of 64 KiB), every
+// request through the scheduler, whose inflight budget (256 packets)
+// holds one QP's whole message. The last packet of each turn asks for an
+// ACK, so the budget drains as the peer takes the packets and no timer
+// expires; when only a message's last packet asked for one, the budget
+// filled with the first turns of QPs that no responder had a reason to
+// acknowledge, and the scheduler waited for their ACK timeouts (a user's
+// program with 100 QPs, one 64 KiB WRITE each at MTU 1024 when a turn was
+// 16 packets whatever the MTU, moved 8 MB/s).
 func TestSchedLongMessages(t *testing.T) {
-	const n = 100
-	r := newSchedRig(t, n, DeviceConfig{SchedQPs: 1}, 0, 14) // 67 ms ACK timeout
+	// MaxPktsPerAck above the message: only the turns' ends and a full
+	// window ask for ACKs before a message's last packet (its default,
+	// 64, is a turn at MTU 1024 and half the window, and would hide a
+	// turn or a window that does not).
+	for _, tc := range []struct {
+		name string
+		n    int
+		cfg  DeviceConfig
+	}{
+		{"scheduled", 100, DeviceConfig{SchedQPs: 1, MaxPktsPerAck: 1024}},
+		// Without the scheduler a QP sends until its window (128
+		// packets) is full: the packet that fills it asks for an ACK.
+		{"direct-window", 4, DeviceConfig{SchedQPs: -1, MaxPktsPerAck: 1024}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testSchedLongMessages(t, tc.n, tc.cfg) })
+	}
+}
+
+func testSchedLongMessages(t *testing.T, n int, cfg DeviceConfig) {
+	r := newSchedRig(t, n, cfg, 0, 14) // 67 ms ACK timeout
 	pda, pdb := r.qa[0].PD(), r.qb[0].PD()
-	src, err := pda.RegisterMR(make([]byte, 64<<10), memreg.AccessLocalWrite)
+	const size = 256 << 10
+	src, err := pda.RegisterMR(make([]byte, size), memreg.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst, err := pdb.RegisterMR(make([]byte, 64<<10), memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	dst, err := pdb.RegisterMR(make([]byte, size), memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range n {
 		if err := r.qa[i].PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled,
-			SGEs: sge(src, 0, 64<<10), RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
+			SGEs: sge(src, 0, size), RemoteAddr: dst.IOVA(), RKey: dst.RKey()}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -452,10 +472,10 @@ func TestSchedLongMessages(t *testing.T) {
 	c := r.a.Counters()
 	t.Logf("retransmitted %d, local_ack_timeout %d, ack_timeout_late %d, sent %d, rcvd %d",
 		c.RetransmittedPkts, c.LocalAckTimeout, c.AckTimeoutLate, c.SentPkts, c.RcvdPkts)
-	if c.SentPkts < n*64 {
-		t.Fatalf("%d packets sent for %d WRITEs of 64 packets", c.SentPkts, n)
+	if c.SentPkts < uint64(n*size/1024) {
+		t.Fatalf("%d packets sent for %d WRITEs of %d packets", c.SentPkts, n, size/1024)
 	}
 	if !raceEnabled {
-		schedNoTimeout(t, c, "64 KiB WRITEs at MTU 1024")
+		schedNoTimeout(t, c, "256 KiB WRITEs at MTU 1024")
 	}
 }
