@@ -45,6 +45,10 @@ var (
 	// ErrInvalidArgument: another malformed argument (empty buffer, nil
 	// object, zero-length type 2 bind, ...).
 	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrBadAddress is RegisterMR's error for memory that cannot be
+	// accessed as asked: a read-only mapping registered with a write
+	// right, or an unmapped page (ibv_reg_mr's EFAULT).
+	ErrBadAddress = errors.New("bad address")
 	// ErrInvalidState: the object is in the wrong state for the operation
 	// (type 2 window bound twice, type 1 window invalidated, ...).
 	ErrInvalidState = errors.New("invalid state")

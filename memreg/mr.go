@@ -56,7 +56,9 @@ func (pd *PD) RegisterMRIOVA(buf []byte, iova uint64, access Access) (*MR, error
 	if access&AccessOnDemand == 0 {
 		// Before the table's lock: faulting in a large region takes a
 		// while (about 0.3 s per GiB of fresh memory here).
-		populate(buf, access&(AccessLocalWrite|accessNeedsLocalWrite) != 0)
+		if err := populate(buf, access&(AccessLocalWrite|accessNeedsLocalWrite) != 0); err != nil {
+			return nil, fmt.Errorf("memreg: register %d bytes at %#x with %v: %w", n, iova, access, err)
+		}
 	}
 	t := pd.t
 	t.mu.Lock()

@@ -1,6 +1,8 @@
 package memreg
 
 import (
+	"fmt"
+	"runtime/debug"
 	"sync/atomic"
 	"unsafe"
 )
@@ -26,11 +28,35 @@ var populateSink atomic.Uint32
 // fault on a page not yet written, changing no byte, and losing no
 // concurrent store); otherwise a load from each page. Large regions go to
 // the kernel in one call where it can (populateOS). Only words entirely
-// inside buf are touched.
-func populate(buf []byte, write bool) {
-	if len(buf) >= populateMadviseMin && populateOS(buf, write) {
-		return
+// inside buf are touched. Memory that cannot be accessed so (a read-only
+// mapping registered writable, an unmapped page) gives ErrBadAddress, as
+// ibv_reg_mr fails with EFAULT, instead of a crash on the data path.
+func populate(buf []byte, write bool) (err error) {
+	if len(buf) >= populateMadviseMin || raceBuild {
+		switch populateOS(buf, write) {
+		case populateDone:
+			return nil
+		case populateFault:
+			return badAddress(write)
+		}
+		if raceBuild {
+			// Touching could fault inside the race detector's
+			// runtime, which no recover catches: the pages fault
+			// in on first use instead.
+			return nil
+		}
 	}
+	// A fault while touching panics here (and is recovered) rather than
+	// killing the process.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(interface{ Addr() uintptr }); !ok {
+				panic(r)
+			}
+			err = badAddress(write)
+		}
+	}()
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
 	end := base + uintptr(len(buf))
 	// The first 4-byte aligned word in buf, then one word per page.
@@ -48,4 +74,22 @@ func populate(buf []byte, write bool) {
 	if !write {
 		populateSink.Add(sum)
 	}
+	return nil
 }
+
+// badAddress is populate's error.
+func badAddress(write bool) error {
+	if write {
+		return fmt.Errorf("%w: a page of the buffer cannot be written (a write right needs writable memory)", ErrBadAddress)
+	}
+	return fmt.Errorf("%w: a page of the buffer cannot be read", ErrBadAddress)
+}
+
+// populateOS's results: the kernel faulted the range in; it found a page
+// it could not (EFAULT, ENOMEM); it cannot do it at all here (no such
+// call, a kernel older than 5.14), and populate touches the pages itself.
+const (
+	populateDone = iota
+	populateFault
+	populateUnsupported
+)

@@ -3,4 +3,4 @@
 package memreg
 
 // populateOS is not available here: populate touches the pages itself.
-func populateOS(buf []byte, write bool) bool { return false }
+func populateOS(buf []byte, write bool) int { return populateUnsupported }
