@@ -140,6 +140,16 @@ func (r *requester) progress() {
 	}
 }
 
+// fillsWindow reports whether the packet about to go (packet k of w, at
+// r.psn) leaves an RC QP's window full: nothing more goes until an ACK
+// comes, and a responder sends one only when asked (or at the message's
+// end), so that packet asks. MaxPktsPerAck (64) is below the default
+// window (128), but not below every window a device may be configured
+// with.
+func (r *requester) fillsWindow(w *sendWQE, k int) bool {
+	return r.qp.init.Type == QPTypeRC && r.psn.Add(1).Diff(r.qp.comp.oldestUnacked()) >= r.window(w, k)
+}
+
 // sendRequest emits the next packet of w (a READ request covers all its
 // remaining PSNs) and advances the requester. It reports false when the
 // QP went to ERR.
@@ -215,13 +225,10 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 	// a reason to acknowledge: the scheduler stalled until ACK timeouts
 	// (100 QPs with one 64 KiB WRITE each at the default MTU moved 8 MB/s
 	// instead of ~1 GB/s).
-	lastOfTurn := qp.schedTurn && qp.schedLeft <= 1
-	// So does a packet that fills the window: nothing more goes until
-	// an ACK comes, and a responder sends one only when asked (or at the
-	// message's end). MaxPktsPerAck (64) is below the default window
-	// (128), but not below every window a device may be configured with.
-	fills := qp.init.Type == QPTypeRC && r.psn.Add(1).Diff(qp.comp.oldestUnacked()) >= r.window(w, k)
-	if r.noack >= qp.dev.cfg.MaxPktsPerAck || r.forceAck || lastOfTurn || fills || (qp.sr != nil && r.noack >= qp.srAckEvery()) {
+	// So does a packet that fills the window (fillsWindow), looked at
+	// last: most packets are decided before it.
+	if !f.BTH.AckReq && (r.noack >= qp.dev.cfg.MaxPktsPerAck || r.forceAck || (qp.schedTurn && qp.schedLeft <= 1) ||
+		(qp.sr != nil && r.noack >= qp.srAckEvery()) || r.fillsWindow(w, k)) {
 		f.BTH.AckReq = true
 	}
 	if f.BTH.AckReq {
