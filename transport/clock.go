@@ -50,6 +50,11 @@ type ManualClock struct {
 	// while the timer's function waited, as if the process had not been
 	// scheduled. Off, a ManualClock's expiries are never late.
 	lateTimers bool
+	// lazyPush (set by this package's tests) gives a device on this
+	// clock the wall clock's ACK timer: progress marks the timer pushed
+	// without reading the clock (timers.pushed). Off, every push reads
+	// this clock, which costs nothing, and moves the deadline exactly.
+	lazyPush bool
 }
 
 type manualTimer struct {

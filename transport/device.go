@@ -189,6 +189,10 @@ type Device struct {
 	// process is behind on its input (onRetransTimer).
 	rxBusy  atomic.Int64
 	realClk bool
+	// lazyPush: progress on a QP marks its armed ACK timer pushed instead
+	// of reading the clock to move the deadline (QP.armRetrans). On the
+	// wall clock, where a reading costs tens of nanoseconds per message.
+	lazyPush bool
 	// clkBase is a reading of the wall clock taken at NewDevice: on a
 	// RealClock the device reads the time as clkBase plus the monotonic
 	// time since (now), one clock read where time.Now makes two.
@@ -312,6 +316,10 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	}
 	d.initRx()
 	_, d.realClk = cfg.Clock.(RealClock)
+	d.lazyPush = d.realClk
+	if c, ok := cfg.Clock.(*ManualClock); ok && c.lazyPush {
+		d.lazyPush = true
+	}
 	d.clkBase = time.Now()
 	d.backlog = backlogLink(link)
 	if er, ok := link.(udp.ErrorReporter); ok {

@@ -173,3 +173,76 @@ func TestManualClockNeverBack(t *testing.T) {
 		t.Fatalf("clock at %v after Advance(1s) and, meanwhile, Advance(10s); want %v", got, time.Unix(11, 0))
 	}
 }
+
+// TestLazyPushTimer: on the wall clock's ACK timer (lazyPush), a message
+// on a QP whose timer is armed reads no clock: it marks the timer pushed,
+// and the expiry that finds the mark waits a timeout from then. A lost
+// request is then resent no earlier than a timeout after its post and no
+// later than two; messages that keep coming never let the timer resend;
+// and an idle QP's timer still ends (cold) as with exact pushes.
+func TestLazyPushTimer(t *testing.T) {
+	clk := NewManualClock(time.Unix(1000, 0))
+	clk.lazyPush = true
+	a, b, n := newPair(t, pairOpts{retry: 7, timeout: 14, clock: clk})
+	if !a.dev.lazyPush {
+		t.Fatal("device on a lazyPush clock does not push lazily")
+	}
+	to := AckTimeout(14)
+	_, lmr := a.buffer(t, 64, 0)
+	_, rmr := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	post := func(id uint64) {
+		t.Helper()
+		if err := a.qp.PostSend(SendWR{WRID: id, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(lmr, 0, 64),
+			RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(id uint64) {
+		t.Helper()
+		post(id)
+		if w := waitWC(t, a.scq, 1, 10*time.Second); w[0].Status != WCSuccess {
+			t.Fatalf("WRITE %d: %v", id, w[0].Status)
+		}
+		a.qp.mu.Lock()
+		a.qp.mu.Unlock()
+	}
+	// A busy QP for five timeouts: many expiries find the timer pushed,
+	// none resends.
+	for i := range 50 {
+		write(uint64(i))
+		clk.Advance(to / 10)
+	}
+	if c := a.dev.Counters(); c.LocalAckTimeout != 0 {
+		t.Fatalf("a busy QP timed out %d times", c.LocalAckTimeout)
+	}
+	if p := a.dev.tq.pending(); p != 1 {
+		t.Fatalf("%d timers queued on a busy QP, want 1", p)
+	}
+	// A lost request: resent within [to, 2·to] of its post.
+	n.SetFaults(memnet.Faults{Loss: 1})
+	post(200)
+	step := to / 20
+	var waited time.Duration
+	for a.dev.Counters().LocalAckTimeout == 0 {
+		if waited > 3*to {
+			t.Fatalf("lost request not resent %v after its post (timeout %v)", waited, to)
+		}
+		clk.Advance(step)
+		waited += step
+	}
+	if waited < to || waited > 2*to+step {
+		t.Fatalf("lost request resent %v after its post, want between %v and %v", waited, to, 2*to)
+	}
+	n.SetFaults(memnet.Faults{})
+	clk.Advance(to + step) // the resend was lost too (the faults were on): once more
+	if w := waitWC(t, a.scq, 1, 10*time.Second); w[0].Status != WCSuccess || w[0].WRID != 200 {
+		t.Fatalf("resent WRITE: %+v", w[0])
+	}
+	// Idle for three timeouts: the timer ends.
+	a.qp.mu.Lock()
+	a.qp.mu.Unlock()
+	clk.Advance(3 * to)
+	if p := a.dev.tq.pending(); p != 0 {
+		t.Fatalf("%d timers queued after an idle QP's timeouts, want 0", p)
+	}
+}

@@ -45,8 +45,7 @@ type timerEntry struct {
 // every entry at exactly its deadline, in a deterministic order (equal
 // deadlines in arm order), and log2(30,000) ≈ 15 steps is cheap next to
 // what a timer does when it fires. The local ACK timer is re-armed
-// lazily (progress only moves QP.tmr.deadline; an expiry before it
-// re-arms), so the heap is touched about once per timeout period per
+// lazily (progress only marks it pushed; the expiry then re-arms), so the heap is touched about once per timeout period per
 // busy QP, not per packet.
 //
 // The single Clock timer is also re-armed lazily: it is moved only when

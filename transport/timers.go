@@ -6,8 +6,8 @@ import "time"
 // and the RNR back-off. Both run in the device's timerQueue (timerq.go),
 // through the QP's entries tq[timerRetrans] and tq[timerRNR], as does the
 // DCQCN pacing timer (tq[timerPace], cc.go). The ACK
-// timer is re-armed lazily: progress only moves the deadline, and an
-// expiry before it re-arms.
+// timer is re-armed lazily: progress only marks it pushed, without a
+// clock reading, and its expiry then re-arms a timeout later.
 type timers struct {
 	deadline   time.Time
 	timerArmed bool
@@ -17,6 +17,10 @@ type timers struct {
 	// so that reading the clock and queueing the timer do not delay the
 	// request (a ping-pong's answer) on its way out.
 	inPost, armDue bool
+	// pushed records progress since the timer was armed (armRetrans on
+	// an armed timer): the expiry then moves deadline a timeout past its
+	// own reading of the clock instead of resending.
+	pushed bool
 	// coldIdle makes armRetrans cancel the ACK timer when the QP goes
 	// idle. A QP that goes idle and busy again within a timeout (a
 	// ping-pong, a stream of small messages) leaves it armed instead: its
@@ -100,11 +104,16 @@ func (qp *QP) armRetrans() {
 		}
 		return
 	}
-	now := qp.now()
-	to := qp.timeout
-	if qp.sr != nil {
-		to = qp.srRTO()
+	if qp.tmr.timerArmed && qp.dev.lazyPush {
+		// Armed: note the progress and read no clock (one reading per
+		// message was ~4 % of a polled ping-pong's CPU). The expiry
+		// reads the clock and, finding pushed, waits a whole timeout from
+		// then (pushDeadline).
+		qp.tmr.pushed = true
+		return
 	}
+	now := qp.now()
+	to := qp.retransTimeout()
 	if !qp.tmr.timerArmed && qp.tmr.coldIdle && now.Sub(qp.tmr.idleAt) < qp.timeout/2 {
 		qp.tmr.coldIdle = false // busy again soon after the cancel
 	}
@@ -114,9 +123,36 @@ func (qp *QP) armRetrans() {
 		qp.tmr.deadline = d
 	}
 	if !qp.tmr.timerArmed {
+		qp.tmr.pushed = false
 		qp.tmr.timerArmed = true
 		qp.dev.tq.arm(&qp.tq[timerRetrans], now, to)
 	}
+}
+
+// retransTimeout is the local ACK timeout the timer waits: the QP's, or
+// selective repeat's estimate (srRTO).
+func (qp *QP) retransTimeout() time.Duration {
+	if qp.sr != nil {
+		return qp.srRTO()
+	}
+	return qp.timeout
+}
+
+// pushDeadline re-arms the ACK timer at an expiry before its deadline.
+// After armRetrans noted progress (pushed), the deadline first moves to a
+// whole timeout from now. A request or ACK the expiry does not see
+// therefore waits at least one timeout and at most two (the progress came
+// between the arming and the expiry) before it counts as lost; a timer
+// pushed per message with a clock reading each time waited exactly one.
+func (qp *QP) pushDeadline(now time.Time) {
+	if qp.tmr.pushed {
+		qp.tmr.pushed = false
+		if d := now.Add(qp.retransTimeout()); d.After(qp.tmr.deadline) {
+			qp.tmr.deadline = d
+		}
+	}
+	qp.tmr.timerArmed = true
+	qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.tmr.deadline.Sub(now))
 }
 
 // onRetransTimer is the local ACK timeout. Called with qp.mu held.
@@ -128,11 +164,11 @@ func (qp *QP) onRetransTimer() {
 		// the last timeout, the QP is busy now and then — keep the
 		// timer until the deadline. Idle for a whole timeout: cancel on
 		// idle from now on (armRetrans).
-		if now := qp.dev.clock.Now(); now.Before(qp.tmr.deadline) && !qp.tmr.coldIdle {
-			qp.tmr.timerArmed = true
-			qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.tmr.deadline.Sub(now))
+		if now := qp.dev.clock.Now(); (qp.tmr.pushed || now.Before(qp.tmr.deadline)) && !qp.tmr.coldIdle {
+			qp.pushDeadline(now)
 			return
 		}
+		qp.tmr.pushed = false
 		qp.tmr.coldIdle = true
 		qp.dropSpare()
 		return
@@ -142,9 +178,8 @@ func (qp *QP) onRetransTimer() {
 		return
 	}
 	now := qp.dev.clock.Now()
-	if now.Before(qp.tmr.deadline) {
-		qp.tmr.timerArmed = true
-		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.tmr.deadline.Sub(now))
+	if qp.tmr.pushed || now.Before(qp.tmr.deadline) {
+		qp.pushDeadline(now)
 		return
 	}
 	if qp.behind(now) && qp.comp.lateRun < maxLateRun {
