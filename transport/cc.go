@@ -246,7 +246,7 @@ func (qp *QP) ceMarked() {
 	if qp.cc.cnpSent && now.Sub(qp.cc.lastCNP) < cfg.CNPInterval {
 		return
 	}
-	buf := qp.outBuf()
+	buf := qp.outBufN(packet.Len(bth.CNP, 0))
 	var f packet.Fields
 	f.BTH.Opcode = bth.CNP
 	f.BTH.PKey = bth.DefaultPKey

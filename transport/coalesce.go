@@ -58,6 +58,14 @@ func (qp *QP) takeOut(pkts []udp.Packet, bufs []*[udp.MaxPacketSize]byte) ([]udp
 	}
 	qp.nout = 0
 	qp.ackSlot = 0
+	// The slabs go with the packets in them (the caller gives them back
+	// after the send); the QP starts a new one for its next small packet.
+	for i, s := range qp.slabs {
+		bufs = append(bufs, s)
+		qp.slabs[i] = nil
+	}
+	qp.slabs = qp.slabs[:0]
+	qp.slabOff = 0
 	return pkts, bufs
 }
 
@@ -68,11 +76,15 @@ func (b *respBatch) send(d *Device) {
 		return
 	}
 	d.send(b.pkts)
-	for i, buf := range b.bufs {
-		d.bufs.Put(buf)
-		b.bufs[i] = nil
+	for i := range b.pkts {
 		b.pkts[i].Buf = nil
 		b.pkts[i].Payload = nil
+	}
+	for i, buf := range b.bufs {
+		if buf != nil { // a small packet's slot: its slab is in bufs too
+			d.bufs.Put(buf)
+		}
+		b.bufs[i] = nil
 	}
 	b.pkts = b.pkts[:0]
 	b.bufs = b.bufs[:0]

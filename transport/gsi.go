@@ -316,7 +316,7 @@ func (g *GSI) sendLocked(pa netip.Addr, dstQP uint32, tos uint8, mad []byte) err
 	f.DETH.QKey = GSIQKey
 	f.DETH.SrcQP = 1
 	f.Payload = mad
-	buf := qp.outBuf()
+	buf := qp.outBufN(packet.Len(f.BTH.Opcode, len(mad)))
 	n, err := packet.Build(buf, f)
 	if err != nil {
 		return fmt.Errorf("transport: GSI send: %w", err)

@@ -292,6 +292,7 @@ func (qp *QP) reset() {
 	qp.resp = responder{qp: qp, res: res, srqWQE: recvWQE{sges: qp.resp.srqWQE.sges[:0]}}
 	qp.nout = 0
 	qp.ackSlot = 0
+	qp.releaseSlabs(false)
 	qp.attr = QPAttr{}
 	qp.mtu = 0
 	qp.peer = netip.Addr{}

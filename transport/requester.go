@@ -240,7 +240,6 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 		f.BTH.Opcode |= bth.Opcode(bth.TransportUC)
 		f.BTH.AckReq = false
 	}
-	buf := qp.outBuf()
 	var zc []byte // the payload in registered memory (zero-copy send)
 	if payloadLen >= zcMinPayload && qp.dev.zc {
 		var err error
@@ -249,6 +248,11 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 			return false
 		}
 	}
+	size := packet.Len(f.BTH.Opcode, payloadLen)
+	if zc != nil {
+		size -= payloadLen
+	}
+	buf := qp.outBufN(size)
 	if payloadLen > 0 && zc == nil {
 		hdr := bth.Size + f.BTH.Opcode.Info().HeaderLen
 		slot := buf[hdr : hdr+payloadLen]

@@ -473,7 +473,11 @@ func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, fir
 		f.BTH.PSN = psn
 		f.AETH.Syndrome = aeth.ACK(aeth.NoCreditLimit)
 		f.AETH.MSN = r.msn
-		buf := qp.outBuf()
+		size := packet.Len(op, int(plen))
+		if plen >= zcMinPayload && qp.dev.zc {
+			size -= int(plen)
+		}
+		buf := qp.outBufN(size)
 		if plen >= zcMinPayload && qp.dev.zc {
 			// Zero-copy: the response's payload leaves from the region.
 			view, err := qp.rv.ReadView(rkey, va, int(plen))
@@ -558,7 +562,7 @@ func (r *responder) sendAtomicAck(psn bth.PSN, orig uint64) {
 	f.AETH.Syndrome = aeth.ACK(aeth.NoCreditLimit)
 	f.AETH.MSN = r.msn
 	f.AtomicAckOrig = orig
-	buf := qp.outBuf()
+	buf := qp.outBufN(packet.Len(bth.RCAtomicAck, 0))
 	if n, err := packet.Build(buf, f); err == nil {
 		qp.commit(n)
 	}
@@ -595,7 +599,7 @@ func (r *responder) sendAck(syn aeth.Syndrome, psn bth.PSN) {
 	f.BTH.PSN = psn
 	f.AETH.Syndrome = syn
 	f.AETH.MSN = r.msn
-	buf := qp.outBuf()
+	buf := qp.outBufN(packet.Len(bth.RCAck, 0))
 	if n, err := packet.Build(buf, f); err == nil {
 		qp.commit(n)
 		if positive {

@@ -393,7 +393,7 @@ func (qp *QP) srSendSACK(force bool) bool {
 	f.AETH.Syndrome = aeth.NAK(aeth.NAKPSNSeqError)
 	f.AETH.MSN = r.msn
 	f.Payload = s.sack[:aeth.EncodeSACK(s.sack[:], words)]
-	buf := qp.outBuf()
+	buf := qp.outBufN(packet.Len(bth.RCAck, len(f.Payload)))
 	if n, err := packet.Build(buf, f); err == nil {
 		qp.commit(n)
 		inc(&qp.dev.ctr.SRSACKSent)

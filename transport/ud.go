@@ -166,7 +166,7 @@ func (qp *QP) udProgress() {
 		}
 		f.DETH.QKey = qkey
 		f.DETH.SrcQP = qp.qpn
-		buf := qp.outBuf()
+		buf := qp.outBufN(packet.Len(f.BTH.Opcode, int(w.length)))
 		if w.length > 0 {
 			hdr := bth.Size + f.BTH.Opcode.Info().HeaderLen
 			slot := buf[hdr : hdr+int(w.length)]

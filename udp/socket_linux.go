@@ -790,9 +790,7 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 			// GSO numbers the segments' IDs upward from there.
 			if q.Payload == nil {
 				icrc.Store(q.Buf, pf.Compute(uint16(k), q.Buf))
-				s.iovs[iov].Base = &q.Buf[0]
-				s.iovs[iov].SetLen(len(q.Buf))
-				iov++
+				iov = s.addIov(first, iov, q.Buf)
 				continue
 			}
 			// Zero-copy: the ICRC from the payload where it lies, and
@@ -800,17 +798,11 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 			// Buf's pad and ICRC by the kernel's copy.
 			at := q.PayloadAt()
 			icrc.Store(q.Buf, pf.ComputeSplit(uint16(k), q.Buf, at, q.Payload))
-			s.iovs[iov].Base = &q.Buf[0]
-			s.iovs[iov].SetLen(at)
-			iov++
+			iov = s.addIov(first, iov, q.Buf[:at])
 			if len(q.Payload) > 0 {
-				s.iovs[iov].Base = &q.Payload[0]
-				s.iovs[iov].SetLen(len(q.Payload))
-				iov++
+				iov = s.addIov(first, iov, q.Payload)
 			}
-			s.iovs[iov].Base = &q.Buf[at]
-			s.iovs[iov].SetLen(len(q.Buf) - at)
-			iov++
+			iov = s.addIov(first, iov, q.Buf[at:])
 		}
 		if testHookZeroCopySent != nil {
 			testHookZeroCopySent(chunk[i : i+g])
@@ -840,6 +832,29 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 	}
 	s.usedIovs = iov
 	return nmsg
+}
+
+// addIov adds b as the message's next iovec at s.iovs[iov] and returns
+// the next free index — or, when b starts where the message's last iovec
+// (from index first on) ends, extends that one and returns iov unchanged.
+// A transport builds a window's small packets back to back in one buffer
+// (and a zero-copy packet's pad and ICRC right before the next packet's
+// headers), so that a GSO datagram of 64 small packets is one iovec, not
+// 64: the kernel imports, checks and copies each iovec on its own.
+func (s *mmsgState) addIov(first, iov int, b []byte) int {
+	if len(b) == 0 {
+		return iov
+	}
+	if iov > first {
+		last := &s.iovs[iov-1]
+		if unsafe.Add(unsafe.Pointer(last.Base), last.Len) == unsafe.Pointer(&b[0]) {
+			last.SetLen(int(last.Len) + len(b))
+			return iov
+		}
+	}
+	s.iovs[iov].Base = &b[0]
+	s.iovs[iov].SetLen(len(b))
+	return iov + 1
 }
 
 // testHookZeroCopySent, when a test sets it, sees each message's packets

@@ -1251,3 +1251,65 @@ func TestSocketRecvBacklog(t *testing.T) {
 		t.Fatal("backlog after the datagram was received")
 	}
 }
+
+// TestSocketGSOBackToBack: packets that lie back to back in one buffer (as
+// a transport builds a window's small packets) leave in one iovec per GSO
+// datagram, a zero-copy packet's pad and ICRC join the next packet's
+// headers, and every packet arrives intact with its ICRC — the merge
+// changes the system call, not the datagrams.
+func TestSocketGSOBackToBack(t *testing.T) {
+	a, b := listenPairOpts(t, &SocketOptions{GSO: true}, nil)
+	const n, size = 40, 96
+	slab := make([]byte, n*size+64)
+	var run []Packet
+	for i := range n {
+		run = append(run, Packet{Buf: testPayload(slab[i*size:(i+1)*size:(i+1)*size], uint32(i), size), Addr: sockB})
+	}
+	// One more, not adjacent (its own buffer): a second iovec.
+	run = append(run, Packet{Buf: testPayload(make([]byte, size), n, size), Addr: sockB})
+	a.sendMu.Lock()
+	if m := a.buildSend(run, a.txPort, a.tx.tos); m != 1 {
+		t.Errorf("%d messages for %d equal packets with GSO, want 1", m, len(run))
+	}
+	if got := a.send.hdrs[0].Hdr.Iovlen; got != 2 {
+		t.Errorf("%d iovecs for %d packets back to back and one apart, want 2", got, n)
+	}
+	a.send.clearIovs(a.send.usedIovs)
+	// Zero-copy packets: headers and trailer in the slab, payloads apart.
+	const hdr, pay, tail = 12, 64, 4
+	zs := make([]byte, 8*(hdr+tail))
+	var zrun []Packet
+	for i := range 8 {
+		full := testPayload(make([]byte, hdr+pay+tail), uint32(100+i), hdr+pay+tail)
+		b := zs[i*(hdr+tail) : (i+1)*(hdr+tail) : (i+1)*(hdr+tail)]
+		copy(b[:hdr], full[:hdr])
+		copy(b[hdr:], full[hdr+pay:])
+		zrun = append(zrun, Packet{Buf: b, Payload: full[hdr : hdr+pay], Addr: sockB})
+	}
+	if m := a.buildSend(zrun, a.txPort, a.tx.tos); m != 1 {
+		t.Errorf("%d messages for 8 equal zero-copy packets, want 1", m)
+	}
+	// headers, then (payload, trailer+next headers) × 7, payload, trailer.
+	if got := a.send.hdrs[0].Hdr.Iovlen; got != 1+2*8 {
+		t.Errorf("%d iovecs for 8 zero-copy packets with adjacent headers, want %d", got, 1+2*8)
+	}
+	a.send.clearIovs(a.send.usedIovs)
+	a.sendMu.Unlock()
+	if err := a.Send(append(run, zrun...)); err != nil {
+		t.Fatal(err)
+	}
+	got := recvN(t, b, len(run)+len(zrun), 5*time.Second)
+	for i, p := range got {
+		want := uint32(i)
+		if i > n {
+			want = uint32(100 + i - n - 1)
+		}
+		wb := testPayload(make([]byte, size), want, size)
+		if want >= 100 {
+			wb = testPayload(make([]byte, hdr+pay+tail), want, hdr+pay+tail)
+		}
+		if seqOf(p.Buf) != want || !bytes.Equal(p.Buf[:len(p.Buf)-4], wb[:len(wb)-4]) {
+			t.Fatalf("packet %d: seq %d, %d bytes; want seq %d intact", i, seqOf(p.Buf), len(p.Buf), want)
+		}
+	}
+}
