@@ -59,7 +59,7 @@ func TestOutSlab(t *testing.T) {
 		if i != perSlab+3 && cap(p) != len(p) {
 			t.Fatalf("packet %d: cap %d len %d: the next packet's bytes are reachable", i, cap(p), len(p))
 		}
-		if i > 0 && i < perSlab && unsafe.Pointer(&p[0]) != unsafe.Add(unsafe.Pointer(&qp.out[i-1].Buf[0]), len(qp.out[i-1].Buf)) {
+		if i > 0 && i < perSlab && uintptr(unsafe.Pointer(&p[0])) != uintptr(unsafe.Pointer(&qp.out[i-1].Buf[0]))+uintptr(len(qp.out[i-1].Buf)) {
 			t.Fatalf("packet %d does not follow packet %d in the slab", i, i-1)
 		}
 	}

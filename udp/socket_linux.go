@@ -847,7 +847,9 @@ func (s *mmsgState) addIov(first, iov int, b []byte) int {
 	}
 	if iov > first {
 		last := &s.iovs[iov-1]
-		if unsafe.Add(unsafe.Pointer(last.Base), last.Len) == unsafe.Pointer(&b[0]) {
+		// Addresses compared as integers: a pointer one past the end of
+		// last's memory would be an invalid pointer to make.
+		if uintptr(unsafe.Pointer(last.Base))+uintptr(last.Len) == uintptr(unsafe.Pointer(&b[0])) {
 			last.SetLen(int(last.Len) + len(b))
 			return iov
 		}
