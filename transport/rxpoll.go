@@ -43,7 +43,7 @@ type rxDriver struct {
 	own   rxOwner // who drives the link: its mutex, holder and lease
 	pkts  []udp.Packet
 	bufs  [][]byte
-	dirty int // pkts[:dirty] may hold slices the link handed out (freshPkts)
+	k     int // slots the next receive is given (freshPkts, received); 0: all
 	p     packet.Packet
 
 	// verify is the link when it leaves the ICRC check of received
@@ -203,35 +203,53 @@ func (d *Device) initRx() {
 	}
 }
 
-// freshPkts returns the batch slots with the driver's own buffers: a link
-// that hands packets out in place (SetRecvInPlace) leaves slices of its
-// memory in them. Called with mu held.
+// freshPkts returns the slots for the next receive, k of them (see
+// received), with the driver's own buffers: a link that hands packets out
+// in place (SetRecvInPlace) leaves slices of its memory in them. Called
+// with mu held.
 //
-// Only the slots the last receive filled are reset (dirty): a link fills
-// pkts[:n] (udp.Link.Recv), and resetting all of them on every poll —
-// most of which find nothing — cost a few percent of a polled ping-pong.
-// Callers report what the receive filled with received.
+// Every slot handed to the link is reset, not only the n the last
+// receive returned: a link may rearrange slots past n — the socket link
+// moves the packets it accepts to the front by swapping whole slots, so a
+// rejected datagram's slot (past n) keeps the buffer of a slot now reset,
+// and two slots then share one buffer: the next recvmmsg writes two
+// datagrams into the same memory. Seen as bad ICRCs on genuine packets in
+// TestVethRC (12-05) when only pkts[:n] were reset. A link only touches
+// the slots it is given, so those past k need nothing.
 func (rx *rxDriver) freshPkts() []udp.Packet {
-	// Every slot, not only the n the last receive returned: a link may
-	// rearrange slots past n — the socket link moves the packets it
-	// accepts to the front by swapping whole slots, so a rejected
-	// datagram's slot (past n) keeps the buffer of a slot now reset,
-	// and two slots then share one buffer: the next recvmmsg writes two
-	// datagrams into the same memory. Seen as bad ICRCs on genuine
-	// packets in TestVethRC (12-05) when only pkts[:n] were reset.
-	for i := range rx.pkts {
+	k := rx.k
+	if k <= 0 || k > len(rx.pkts) {
+		k = len(rx.pkts)
+	}
+	for i := range k {
 		rx.pkts[i].Buf = rx.bufs[i]
 	}
-	rx.dirty = len(rx.pkts)
-	return rx.pkts
+	return rx.pkts[:k]
 }
 
+// rxSlotsMin is the fewest slots a receive is given (freshPkts).
+const rxSlotsMin = 8
+
 // received records that the receive on freshPkts' slots returned n
-// packets and err: the slots freshPkts must reset next time. Called with
-// mu held.
+// packets and err, and sizes the next receive: twice the slots after one
+// that filled them all (up to the batch size), half after one that filled
+// less than a quarter (down to rxSlotsMin). A ping-pong, which receives a
+// packet or two at a time, resets 8 slots per receive instead of the
+// whole batch (a few percent of a polled round trip's CPU); a stream
+// grows back to full batches within a few receives. Called with mu held.
 func (rx *rxDriver) received(n int, err error) {
-	if err == nil && n >= 0 && n <= len(rx.pkts) {
-		rx.dirty = n
+	if err != nil || n <= 0 {
+		return
+	}
+	k := rx.k
+	if k <= 0 || k > len(rx.pkts) {
+		k = len(rx.pkts)
+	}
+	switch {
+	case n >= k:
+		rx.k = min(2*k, len(rx.pkts))
+	case 4*n < k:
+		rx.k = min(max(k/2, rxSlotsMin), len(rx.pkts))
 	}
 }
 
