@@ -30,15 +30,25 @@ func (qp *QP) ackLast() {
 			return
 		}
 	}
+	if a == 1 {
+		// One ACK (a ping-pong's): moved behind the requests.
+		p, b := qp.out[0], qp.outBufs[0]
+		copy(qp.out[:n-1], qp.out[1:n])
+		copy(qp.outBufs[:n-1], qp.outBufs[1:n])
+		qp.out[n-1], qp.outBufs[n-1] = p, b
+		return
+	}
 	// Rotate out[:n] and outBufs[:n] left by a (three reversals, no
 	// allocation).
-	rev := func(i, j int) {
-		for ; i < j; i, j = i+1, j-1 {
-			qp.out[i], qp.out[j] = qp.out[j], qp.out[i]
-			qp.outBufs[i], qp.outBufs[j] = qp.outBufs[j], qp.outBufs[i]
-		}
+	qp.revOut(0, a-1)
+	qp.revOut(a, n-1)
+	qp.revOut(0, n-1)
+}
+
+// revOut reverses out[i:j+1] and outBufs[i:j+1].
+func (qp *QP) revOut(i, j int) {
+	for ; i < j; i, j = i+1, j-1 {
+		qp.out[i], qp.out[j] = qp.out[j], qp.out[i]
+		qp.outBufs[i], qp.outBufs[j] = qp.outBufs[j], qp.outBufs[i]
 	}
-	rev(0, a-1)
-	rev(a, n-1)
-	rev(0, n-1)
 }

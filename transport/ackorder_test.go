@@ -25,6 +25,8 @@ func TestAckLast(t *testing.T) {
 	}{
 		{"ack send", []bth.Opcode{ack, send}, []bth.Opcode{send, ack}},
 		{"two acks two writes", []bth.Opcode{ack, ack, wr, send}, []bth.Opcode{wr, send, ack, ack}},
+		{"ack three requests", []bth.Opcode{ack, wr, wr, send}, []bth.Opcode{wr, wr, send, ack}},
+		{"three acks a request", []bth.Opcode{ack, ack, ack, send}, []bth.Opcode{send, ack, ack, ack}},
 		{"send ack", []bth.Opcode{send, ack}, []bth.Opcode{send, ack}},
 		{"ack alone", []bth.Opcode{ack}, []bth.Opcode{ack}},
 		{"acks only", []bth.Opcode{ack, ack}, []bth.Opcode{ack, ack}},
