@@ -40,11 +40,11 @@ import (
 // rxDriver is the device's receive state: the batch buffers and who
 // drives the link.
 type rxDriver struct {
-	own   rxOwner // who drives the link: its mutex, holder and lease
-	pkts  []udp.Packet
-	bufs  [][]byte
-	k     int // slots the next receive is given (freshPkts, received); 0: all
-	p     packet.Packet
+	own  rxOwner // who drives the link: its mutex, holder and lease
+	pkts []udp.Packet
+	bufs [][]byte
+	k    int // slots the next receive is given (freshPkts, received); 0: all
+	p    packet.Packet
 
 	// verify is the link when it leaves the ICRC check of received
 	// packets to the device (udp.DeferVerifyLink); nil when Recv checks.
