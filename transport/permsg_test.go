@@ -94,19 +94,7 @@ func TestHotQPTimerStaysArmed(t *testing.T) {
 	to := AckTimeout(14)
 	_, lmr := a.buffer(t, 64, 0)
 	_, rmr := b.buffer(t, 64, memreg.AccessRemoteWrite)
-	write := func(id uint64) {
-		t.Helper()
-		if err := a.qp.PostSend(SendWR{WRID: id, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(lmr, 0, 64),
-			RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
-			t.Fatal(err)
-		}
-		if w := waitWC(t, a.scq, 1, 10*time.Second); w[0].Status != WCSuccess {
-			t.Fatalf("WRITE %d: %v", id, w[0].Status)
-		}
-		// The ACK's input (which stored the completion) is over.
-		a.qp.mu.Lock()
-		a.qp.mu.Unlock()
-	}
+	write := func(id uint64) { t.Helper(); timerWrite(t, a, lmr, rmr, id, true) }
 	pending := func() int { return a.dev.tq.pending() }
 	for i := range 20 {
 		write(uint64(i))
@@ -190,22 +178,8 @@ func TestLazyPushTimer(t *testing.T) {
 	to := AckTimeout(14)
 	_, lmr := a.buffer(t, 64, 0)
 	_, rmr := b.buffer(t, 64, memreg.AccessRemoteWrite)
-	post := func(id uint64) {
-		t.Helper()
-		if err := a.qp.PostSend(SendWR{WRID: id, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(lmr, 0, 64),
-			RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write := func(id uint64) {
-		t.Helper()
-		post(id)
-		if w := waitWC(t, a.scq, 1, 10*time.Second); w[0].Status != WCSuccess {
-			t.Fatalf("WRITE %d: %v", id, w[0].Status)
-		}
-		a.qp.mu.Lock()
-		a.qp.mu.Unlock()
-	}
+	post := func(id uint64) { t.Helper(); timerWrite(t, a, lmr, rmr, id, false) }
+	write := func(id uint64) { t.Helper(); timerWrite(t, a, lmr, rmr, id, true) }
 	// A busy QP for five timeouts: many expiries find the timer pushed,
 	// none resends.
 	for i := range 50 {
@@ -245,4 +219,23 @@ func TestLazyPushTimer(t *testing.T) {
 	if p := a.dev.tq.pending(); p != 0 {
 		t.Fatalf("%d timers queued after an idle QP's timeouts, want 0", p)
 	}
+}
+
+// timerWrite posts a signaled 64-byte WRITE with id from lmr to rmr on a's
+// QP; with wait it waits for its successful completion and for the end of
+// the ACK's input that stored it (the QP's lock taken once).
+func timerWrite(t *testing.T, a *side, lmr, rmr *memreg.MR, id uint64, wait bool) {
+	t.Helper()
+	if err := a.qp.PostSend(SendWR{WRID: id, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(lmr, 0, 64),
+		RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if !wait {
+		return
+	}
+	if w := waitWC(t, a.scq, 1, 10*time.Second); w[0].Status != WCSuccess {
+		t.Fatalf("WRITE %d: %v", id, w[0].Status)
+	}
+	a.qp.mu.Lock()
+	a.qp.mu.Unlock()
 }

@@ -15,7 +15,7 @@ import (
 // and ends the slabs (a hot QP keeps one as its spare), and responses
 // taken into a batch (takeOut) carry their slabs with them.
 func TestOutSlab(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{})
+	a, _, _ := newPair(t, pairOpts{})
 	qp := a.qp
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
@@ -92,5 +92,4 @@ func TestOutSlab(t *testing.T) {
 	if qp.nout != 0 || len(qp.slabs) != 0 || qp.slabOff != 0 {
 		t.Fatalf("after flush: %d queued, %d slabs, offset %d", qp.nout, len(qp.slabs), qp.slabOff)
 	}
-	_ = b
 }
