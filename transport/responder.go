@@ -473,12 +473,13 @@ func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, fir
 		f.BTH.PSN = psn
 		f.AETH.Syndrome = aeth.ACK(aeth.NoCreditLimit)
 		f.AETH.MSN = r.msn
+		zc := plen >= zcMinPayload && qp.dev.zc
 		size := packet.Len(op, int(plen))
-		if plen >= zcMinPayload && qp.dev.zc {
-			size -= int(plen)
+		if zc {
+			size -= int(plen) // the payload stays in the region
 		}
 		buf := qp.outBufN(size)
-		if plen >= zcMinPayload && qp.dev.zc {
+		if zc {
 			// Zero-copy: the response's payload leaves from the region.
 			view, err := qp.rv.ReadView(rkey, va, int(plen))
 			if err != nil {

@@ -43,7 +43,7 @@ type rxDriver struct {
 	own  rxOwner // who drives the link: its mutex, holder and lease
 	pkts []udp.Packet
 	bufs [][]byte
-	k    int // slots the next receive is given (freshPkts, received); 0: all
+	k    int // slots the next receive is given, 1..len(pkts) (freshPkts, received)
 	p    packet.Packet
 
 	// verify is the link when it leaves the ICRC check of received
@@ -166,6 +166,7 @@ func (d *Device) initRx() {
 		rx.bufs[i] = make([]byte, udp.MaxPacketSize)
 		rx.pkts[i].Buf = rx.bufs[i]
 	}
+	rx.k = bs
 	rx.kick = make(chan struct{}, 1)
 	rx.park = time.NewTimer(time.Hour)
 	rx.park.Stop()
@@ -217,14 +218,10 @@ func (d *Device) initRx() {
 // TestVethRC (12-05) when only pkts[:n] were reset. A link only touches
 // the slots it is given, so those past k need nothing.
 func (rx *rxDriver) freshPkts() []udp.Packet {
-	k := rx.k
-	if k <= 0 || k > len(rx.pkts) {
-		k = len(rx.pkts)
-	}
-	for i := range k {
+	for i := range rx.k {
 		rx.pkts[i].Buf = rx.bufs[i]
 	}
-	return rx.pkts[:k]
+	return rx.pkts[:rx.k]
 }
 
 // rxSlotsMin is the fewest slots a receive is given (freshPkts).
@@ -241,11 +238,7 @@ func (rx *rxDriver) received(n int, err error) {
 	if err != nil || n <= 0 {
 		return
 	}
-	k := rx.k
-	if k <= 0 || k > len(rx.pkts) {
-		k = len(rx.pkts)
-	}
-	switch {
+	switch k := rx.k; {
 	case n >= k:
 		rx.k = min(2*k, len(rx.pkts))
 	case 4*n < k:
