@@ -88,9 +88,15 @@ type rxDriver struct {
 	// afterDone and afterStop are the context.AfterFunc that wakes a
 	// waiter's Recv when its context ends, kept across waits for the
 	// same Done channel (registering one per wait cost an allocation
-	// and a lock per message); under mu.
+	// and a lock per message); under mu. afterLast is the Done channel
+	// of the last wait and afterNew says it was not the one before:
+	// when two waits in a row come with a new context, the application
+	// makes one per wait (context.WithTimeout around each CQ.Wait), and
+	// the registration is stopped as each such wait ends (waitRecv).
 	afterDone <-chan struct{}
 	afterStop func() bool
+	afterLast <-chan struct{}
+	afterNew  bool
 
 	// stats counts what the receive driver did, for tests only: nil
 	// outside test binaries (rxStatsOn), where counting costs one nil
@@ -119,6 +125,7 @@ type rxStats struct {
 	waited    atomic.Uint64 // batches handled by waiters in a blocking Recv
 	looped    atomic.Uint64 // batches handled by the receive goroutine
 	looks     atomic.Uint64 // park timer fires while waiters held or had left the link
+	ctxWakes  atomic.Uint64 // WakeRecv calls made because a waiter's context ended (ctxWake)
 	// The longest wait in the link's Recv and the longest handling of
 	// one batch (with its size), in nanoseconds.
 	maxWait, maxBusy, maxBusyN atomic.Int64
@@ -442,13 +449,17 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 		rx.deepEntry = now
 	}
 	rx.own.hold()
-	if done := ctx.Done(); done != nil && done != rx.afterDone {
+	done := ctx.Done()
+	perWait := done != nil && done != rx.afterLast && rx.afterNew
+	rx.afterNew = done != nil && done != rx.afterLast
+	rx.afterLast = done
+	if done != nil && done != rx.afterDone {
 		// A spurious WakeRecv, when a context waited with once ends
 		// later, costs whoever is in Recv then one early return.
 		if rx.afterStop != nil {
 			rx.afterStop()
 		}
-		rx.afterDone, rx.afterStop = done, context.AfterFunc(ctx, rx.wl.WakeRecv)
+		rx.afterDone, rx.afterStop = done, context.AfterFunc(ctx, rx.ctxWake)
 	}
 	for {
 		cq.driving.Store(true)
@@ -483,6 +494,16 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 			}
 		}
 	}
+	if perWait {
+		// A context per wait: its cancel, right after this wait
+		// returns, would otherwise run the AfterFunc — a new goroutine,
+		// often a sleeping thread woken for it, and a spurious WakeRecv
+		// that makes the next waiter's Recv return early and enter
+		// again: an 8-byte ping-pong of 19 µs per round trip took 36 µs
+		// that way. Stopped here it costs a lock and no goroutine.
+		rx.afterStop()
+		rx.afterDone, rx.afterStop = nil, nil
+	}
 	// Keep the link for a moment: a ping-pong is back in Wait soon. If
 	// others sleep in Wait, the receive goroutine must take over now.
 	if rx.sleepers.Load() > 0 {
@@ -503,6 +524,15 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 	}
 	rx.own.unlock()
 	return true
+}
+
+// ctxWake is the context.AfterFunc of a waiter's context (waitRecv): it
+// makes the Recv waiting return, so that the waiter sees its context end.
+func (rx *rxDriver) ctxWake() {
+	if st := rx.stats; st != nil {
+		st.ctxWakes.Add(1)
+	}
+	rx.wl.WakeRecv()
 }
 
 // polling reports whether callers drive the link (Progress works).

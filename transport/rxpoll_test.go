@@ -444,3 +444,74 @@ func sendHandledAlone(t *testing.T, a, r *side, amr *memreg.MR, when string) {
 		t.Fatalf("completion after %s: %+v", when, wc[0])
 	}
 }
+
+// TestWaitContextPerCall: an application that makes a context per wait
+// (context.WithTimeout around each CQ.Wait, cancelled when it returns)
+// costs no wake-up of the link per message once the pattern is seen: the
+// waits that register their context's AfterFunc in a row stop it when
+// they return, so the cancel runs nothing (before, each cancel started a
+// goroutine whose WakeRecv made the next waiter's Recv return early). A
+// long-lived context stays registered across waits, and a per-wait
+// context that ends while its wait receives still ends the wait.
+func TestWaitContextPerCall(t *testing.T) {
+	s := newStackPingPong(t, "SEND", false)
+	defer s.stop()
+	if err := s.round(20); err != nil {
+		t.Fatal(err)
+	}
+	rx := &s.a.dev.rx
+	wc := make([]WC, 1)
+	// exchange has B send one SEND a moment after A starts waiting for it
+	// with ctx, and reposts A's receive.
+	exchange := func(ctx context.Context) {
+		t.Helper()
+		go func() {
+			time.Sleep(2 * time.Millisecond)
+			s.r.qp.PostSend(SendWR{Opcode: WRSend, SGEs: s.rsge})
+		}()
+		if _, err := s.a.rcq.Wait(ctx, wc); err != nil || wc[0].Status != WCSuccess {
+			t.Fatalf("Wait: %v %+v", err, wc[0])
+		}
+		if err := s.a.qp.PostRecv(RecvWR{SGEs: s.arecv}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 20
+	before := rx.stats.ctxWakes.Load()
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		exchange(ctx)
+		cancel()
+	}
+	time.Sleep(20 * time.Millisecond) // an AfterFunc started by a cancel has run by now
+	if w := rx.stats.ctxWakes.Load() - before; w > 2 {
+		t.Errorf("%d waits with a context each, each cancelled after its wait: %d wake-ups of the link by the cancels, want at most 2", n, w)
+	}
+	if rx.afterStop != nil {
+		t.Error("a per-wait context is still registered after its wait returned")
+	}
+	// A long-lived context: registered once, kept.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 3 {
+		exchange(ctx)
+	}
+	if rx.afterDone != ctx.Done() || rx.afterStop == nil {
+		t.Error("a context waited with three times in a row is not kept registered")
+	}
+	// A per-wait context that ends while nothing arrives ends its wait.
+	for range 3 {
+		wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		done := make(chan error, 1)
+		go func() { _, err := s.a.rcq.Wait(wctx, wc); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Wait with an ending context: %v, want %v", err, context.DeadlineExceeded)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Wait did not return when its context ended")
+		}
+		wcancel()
+	}
+}
