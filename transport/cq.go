@@ -264,10 +264,12 @@ func (cq *CQ) ready() bool {
 // how many it copied. It never blocks. On a device whose link busy-polls
 // (udp.SocketOptions.BusyPoll), Poll on an empty CQ first receives and
 // handles what the link has, in the caller's goroutine (Device.Progress),
-// so a polling loop drives the link itself.
+// so a polling loop drives the link itself; on a socket link that does
+// not, a loop that keeps polling does too, once Device.Progress takes it
+// for one (spinAfter polls with no Wait in between).
 func (cq *CQ) Poll(wc []WC) int {
 	k, _ := cq.poll(wc)
-	if k == 0 && len(wc) > 0 && cq.dev.polling() && cq.dev.Progress() > 0 {
+	if k == 0 && len(wc) > 0 && cq.dev.progressable() && cq.dev.Progress() > 0 {
 		k, _ = cq.poll(wc)
 	}
 	return k
@@ -321,6 +323,9 @@ func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 		// Nothing could be returned, so Wait could only spin or block
 		// for nothing: refuse it.
 		return 0, errorf(ErrInvalidArgument, "CQ.Wait: wc is empty (pass at least one WC)")
+	}
+	if c := &cq.dev.rx.idlePolls; c.Load() != 0 {
+		c.Store(0) // a waiter is no polling loop (Device.Progress)
 	}
 	if cq.dev.polling() {
 		if n, err, done := cq.spin(ctx, wc); done {

@@ -27,8 +27,10 @@
 //
 // The device runs one receive goroutine (rxpoll.go, device.go) — or, on a
 // udp.SocketLink, the application's own goroutine does its work: a
-// CQ.Wait waits in the link's Recv and a busy-polling CQ.Poll or
-// Device.Progress receives without blocking, each handling the batch
+// CQ.Wait waits in the link's Recv and a polling loop of CQ.Poll or
+// Device.Progress (on a busy-polling link at once, on others once it has
+// polled spinAfter times with no Wait) receives without blocking, each
+// handling the batch
 // right there while the receive goroutine parks (rxpoll.go says how they
 // hand the link over). Whoever receives reads batches from
 // the link, parses each datagram (packet.Decode), routes it by the BTH

@@ -246,6 +246,7 @@ type stackPingPong struct {
 	a, r       *side
 	op         string
 	spin       bool
+	pollOnly   bool         // SEND: both sides poll their CQs (Poll, Gosched) even on links that do not busy-poll
 	asge, rsge []memreg.SGE // what each side sends: bytes 0..7
 	arecv      []memreg.SGE // where each side receives: bytes 8..15
 	rrecv      []memreg.SGE
@@ -340,7 +341,7 @@ func (s *stackPingPong) await(x *side, buf []byte, recv []memreg.SGE, cnt byte, 
 	if s.op == "WRITE" && s.spin {
 		return pollLastByte(x.dev, buf[8:16], cnt)
 	}
-	if s.spin {
+	if s.spin || s.pollOnly {
 		var deadline time.Time
 		for i := 0; x.rcq.Poll(wcs[:1]) == 0; i++ {
 			if i&1023 == 1023 {

@@ -166,7 +166,7 @@ func TestRxDriverLease(t *testing.T) {
 		t.Fatalf("leaseLeft after the waiter left = %v, want %v", l, rxLeaseMin)
 	}
 	rx.own.release()
-	rx.renew()
+	rx.renew(pl)
 	if pl.wakes != 1 {
 		t.Fatalf("a poller taking a free link woke Recv %d times, want 1", pl.wakes)
 	}
@@ -174,7 +174,7 @@ func TestRxDriverLease(t *testing.T) {
 		t.Fatalf("leaseLeft of a fresh poll lease = %v, want (0, %v]", l, 2*rx.spin)
 	}
 	for range 3 * renewEvery {
-		rx.renew()
+		rx.renew(pl)
 	}
 	if pl.wakes != 1 {
 		t.Fatalf("renewing a standing lease woke Recv: %d wakes", pl.wakes)
@@ -185,7 +185,7 @@ func TestRxDriverLease(t *testing.T) {
 		t.Fatalf("leaseLeft of a lapsed lease = %v", l)
 	}
 	rx.renewSkip.Store(0) // the next renew reads the clock
-	rx.renew()
+	rx.renew(pl)
 	if pl.wakes != 2 {
 		t.Fatalf("taking a lapsed lease woke Recv %d times in all, want 2", pl.wakes)
 	}

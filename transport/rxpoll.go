@@ -25,7 +25,10 @@ import (
 // application drive it in its own goroutine, run to completion, the way a
 // kernel-bypass NIC driver's poll_cq does: CQ.Poll on an empty CQ, CQ.Wait
 // while it spins and Device.Progress receive what the link has (a
-// non-blocking TryRecv) and handle the batch right there, so the
+// non-blocking TryRecv) and handle the batch right there (a link that can
+// be polled but does not busy-poll lets CQ.Poll and Progress do the same
+// once they are seen in a polling loop: spinAfter calls with no CQ.Wait
+// in between), so the
 // completion is in the CQ when the call returns and no other goroutine
 // runs on the way. While such a caller keeps polling it holds a lease
 // (rxLease, renewed by every poll) and the receive goroutine stays parked;
@@ -50,10 +53,16 @@ type rxDriver struct {
 	// packets to the device (udp.DeferVerifyLink); nil when Recv checks.
 	verify udp.DeferVerifyLink
 
-	pl   udp.PollLink  // nil: only the receive goroutine receives
+	pl   udp.PollLink  // nil: only the receive goroutine receives (until idlePolls says spinning)
 	spin time.Duration // pl's busy-poll budget
 	wl   udp.PollLink  // the link, when waiters may drive it in a blocking Recv (CQ.Wait)
-	base time.Time     // lease times are nanoseconds since base
+	// idlePolls counts the Progress calls (CQ.Poll on an empty CQ
+	// included) since the last CQ.Wait, on a link that does not
+	// busy-poll (pl nil, wl set). From spinAfter on the caller is taken
+	// for a polling loop and Progress drives the link through wl as it
+	// would a busy-polling one (see Progress).
+	idlePolls atomic.Uint32
+	base      time.Time // lease times are nanoseconds since base
 	// renewSkip counts down the Progress calls that renew the lease
 	// without reading the clock (renew).
 	renewSkip atomic.Int32
@@ -283,16 +292,24 @@ func (rx *rxDriver) leaseLeft() time.Duration {
 // the receive goroutine for a while (it goes on receiving and handling
 // everything; Progress returns 0 meanwhile) and takes it back at its
 // next reading.
-func (rx *rxDriver) renew() {
+func (rx *rxDriver) renew(pl udp.PollLink) {
 	if rx.renewSkip.Add(-1) >= 0 && rx.own.pollStands() {
 		return
 	}
 	rx.renewSkip.Store(renewEvery - 1)
 	now := rx.now()
 	if rx.own.pollUntil(now, now+int64(max(2*rx.spin, rxLeaseMin))) {
-		rx.pl.WakeRecv()
+		pl.WakeRecv()
 	}
 }
+
+// spinAfter is how many Progress calls (CQ.Poll on an empty CQ
+// included) with no CQ.Wait in between make a caller on a link that does
+// not busy-poll a polling loop, which Progress then lets drive the link
+// (see Progress). An application that polls a CQ once after each Wait
+// (for unsignaled sends, say) never gets there; a loop of Poll and
+// runtime.Gosched gets there within a few microseconds.
+const spinAfter = 64
 
 // renewEvery is how many Progress calls share one clock reading of the
 // poll lease (renew).
@@ -301,19 +318,41 @@ const renewEvery = 8
 // Progress receives and handles, in the calling goroutine, what the link
 // has received — completions land in their CQs, ACKs and responses are
 // sent — and returns how many packets it handled. It never blocks on the
-// network. It works on links that busy-poll (udp.SocketOptions.BusyPoll);
-// on others it returns 0 and the device's receive goroutine does the work.
+// network. It works on links that busy-poll (udp.SocketOptions.BusyPoll),
+// and on other links that can be polled (udp.PollLink, as
+// udp.SocketLink) once the caller is seen polling: from the spinAfter-th
+// call (CQ.Poll on an empty CQ counts) with no CQ.Wait on the device in
+// between. Before that, and on links that cannot be polled, it returns 0
+// and the device's receive goroutine does the work.
 //
 // CQ.Poll and CQ.Wait call it themselves; an application that waits for
 // an RDMA WRITE by polling memory (as ib_write_lat does) calls it in its
 // polling loop, so that the arriving packet is handled right there and not
 // in a goroutine it would have to share the processor with.
+//
+// Without the polling-loop rule, a loop of CQ.Poll and runtime.Gosched on
+// a link that does not busy-poll (ibv_poll_cq's idiom, the default
+// socket options) waited about a millisecond per message: the Go
+// scheduler always found the polling goroutine runnable, so it looked at
+// the network poller — where the receive goroutine waited for the
+// packet — only when sysmon did (an 8-byte ping-pong took 1.3 ms per
+// round trip instead of ~20 µs).
 func (d *Device) Progress() int {
 	rx := &d.rx
-	if rx.pl == nil || d.isClosed() {
+	pl := rx.pl
+	if pl == nil {
+		if rx.wl == nil || rx.idlePolls.Load() < spinAfter {
+			if rx.wl != nil {
+				rx.idlePolls.Add(1)
+			}
+			return 0
+		}
+		pl = rx.wl
+	}
+	if d.isClosed() {
 		return 0
 	}
-	rx.renew()
+	rx.renew(pl)
 	if !rx.own.tryLock(rxHolderPoller) {
 		return 0 // another goroutine is handling a batch (or leaving Recv)
 	}
@@ -345,7 +384,7 @@ func (d *Device) Progress() int {
 		return 0
 	}
 	pkts := rx.freshPkts()
-	n, err := rx.pl.TryRecv(pkts)
+	n, err := pl.TryRecv(pkts)
 	rx.received(n, err)
 	if err != nil || n == 0 {
 		if err != nil && !errors.Is(err, net.ErrClosed) {
@@ -537,6 +576,10 @@ func (rx *rxDriver) ctxWake() {
 
 // polling reports whether callers drive the link (Progress works).
 func (d *Device) polling() bool { return d.rx.pl != nil }
+
+// progressable reports whether Progress may drive the link: it busy-polls,
+// or it can be polled and a polling loop is seen (Progress).
+func (d *Device) progressable() bool { return d.rx.pl != nil || d.rx.wl != nil }
 
 // recvFailed counts a failed Recv and keeps its error for LastRecvError.
 func (d *Device) recvFailed(err error) {

@@ -515,3 +515,35 @@ func TestWaitContextPerCall(t *testing.T) {
 		wcancel()
 	}
 }
+
+// TestPollLoopDrivesLink: on socket links that do not busy-poll (the
+// default options), a ping-pong whose sides wait in a loop of CQ.Poll and
+// runtime.Gosched — ibv_poll_cq's idiom — has its batches handled by the
+// polling goroutines themselves once Progress takes them for polling
+// loops, and a Wait afterwards still completes (the receive goroutine or
+// the waiter takes the link back). Before, nothing but the receive
+// goroutine received there, and the Go scheduler, always finding the
+// polling goroutine runnable, looked at the network poller only when
+// sysmon did: about a millisecond per message.
+func TestPollLoopDrivesLink(t *testing.T) {
+	s := newStackPingPong(t, "SEND", false)
+	defer s.stop()
+	s.pollOnly = true
+	t0 := time.Now()
+	if err := s.round(500); err != nil {
+		t.Fatal(err)
+	}
+	pa, pr := s.a.dev.rx.stats.polls.Load(), s.r.dev.rx.stats.polls.Load()
+	t.Logf("500 round trips polled in %v; batches handled by pollers: A %d, B %d", time.Since(t0), pa, pr)
+	if pa == 0 || pr == 0 {
+		t.Fatalf("batches handled by pollers: A %d, B %d; want both > 0", pa, pr)
+	}
+	// Back to waiting: a Wait resets the count, and the messages arrive.
+	s.pollOnly = false
+	if err := s.round(20); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.a.dev.rx.idlePolls.Load(); n >= spinAfter {
+		t.Fatalf("after waits, idlePolls = %d, want < %d", n, spinAfter)
+	}
+}
