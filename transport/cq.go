@@ -420,6 +420,12 @@ func (cq *CQ) ReqNotify(solicitedOnly bool) error {
 	if cq.ch == nil {
 		return errorf(ErrInvalidConfig, "ReqNotify: the CQ has no completion channel")
 	}
+	// Arming is what an application does before it sleeps on the
+	// channel: it is no polling loop now, and a poll lease it holds
+	// would keep the receive goroutine off the link until it lapsed
+	// (rxLeaseMin), every message of a ReqNotify-Poll-sleep loop
+	// waiting for that (see Device.Progress).
+	cq.dev.rx.stopPolling()
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.err != nil {

@@ -152,6 +152,20 @@ func (o *rxOwner) reclaim() bool {
 	return o.lease.CompareAndSwap(packLease(rxLeaseLeft, 0), packLease(rxLeaseNone, 0))
 }
 
+// endPoll ends a poll lease at once (the receive goroutine may take the
+// link) and reports whether there was one; any other lease stays.
+func (o *rxOwner) endPoll() bool {
+	for {
+		w := o.lease.Load()
+		if k, _ := unpackLease(w); k != rxLeasePoll {
+			return false
+		}
+		if o.lease.CompareAndSwap(w, packLease(rxLeaseNone, 0)) {
+			return true
+		}
+	}
+}
+
 // pollStands reports whether a poll lease is stored, lapsed or not (the
 // caller renewing it reads the clock only now and then).
 func (o *rxOwner) pollStands() bool { return o.kind() == rxLeasePoll }

@@ -574,6 +574,22 @@ func (rx *rxDriver) ctxWake() {
 	rx.wl.WakeRecv()
 }
 
+// stopPolling says the application stops polling for now (it sleeps on a
+// completion channel): the count of polls that makes a polling loop
+// starts over, and a poll lease ends at once, the receive goroutine
+// woken to take the link.
+func (rx *rxDriver) stopPolling() {
+	if rx.idlePolls.Load() != 0 {
+		rx.idlePolls.Store(0)
+	}
+	if rx.own.endPoll() && rx.kick != nil {
+		select {
+		case rx.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // polling reports whether callers drive the link (Progress works).
 func (d *Device) polling() bool { return d.rx.pl != nil }
 

@@ -547,3 +547,54 @@ func TestPollLoopDrivesLink(t *testing.T) {
 		t.Fatalf("after waits, idlePolls = %d, want < %d", n, spinAfter)
 	}
 }
+
+// TestReqNotifyEndsPolling: an application that arms a completion channel
+// is about to sleep on it, so ReqNotify ends a polling loop's lease at once
+// (the receive goroutine takes the link back without waiting for the lease
+// to lapse) and starts the count of polls over; the polls of a
+// ReqNotify-Poll-sleep loop (two per message) never make it a polling
+// loop. Without this, every message
+// of such a loop waited out a lease (rxLeaseMin) once 64 polls had added up:
+// 400 µs per round trip between two processes instead of ~100.
+func TestReqNotifyEndsPolling(t *testing.T) {
+	s := newStackPingPong(t, "SEND", false)
+	defer s.stop()
+	d := s.a.dev
+	ch, err := d.CreateCompChannel(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := d.CreateCQWith(CQAttr{Depth: 16, Channel: ch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc := make([]WC, 1)
+	// A polling loop on an empty CQ takes the link.
+	for range spinAfter + 8 {
+		cq.Poll(wc)
+		runtime.Gosched()
+	}
+	if k := d.rx.own.kind(); k != rxLeasePoll {
+		t.Fatalf("after %d polls the lease is %v, want %v", spinAfter+8, k, rxLeasePoll)
+	}
+	if err := cq.ReqNotify(false); err != nil {
+		t.Fatal(err)
+	}
+	if k := d.rx.own.kind(); k == rxLeasePoll {
+		t.Fatal("ReqNotify left the poll lease standing")
+	}
+	if n := d.rx.idlePolls.Load(); n != 0 {
+		t.Fatalf("idlePolls after ReqNotify = %d, want 0", n)
+	}
+	// The polls of a ReqNotify-Poll loop (the application sleeps on the
+	// channel between them) never take the link.
+	for i := range 3 * spinAfter {
+		if err := cq.ReqNotify(false); err != nil {
+			t.Fatal(err)
+		}
+		cq.Poll(wc)
+		if k := d.rx.own.kind(); k == rxLeasePoll {
+			t.Fatalf("message %d: a ReqNotify-Poll loop took a poll lease", i)
+		}
+	}
+}
