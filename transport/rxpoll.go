@@ -525,11 +525,23 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 			}
 			d.inputBatch(&rx.p, pkts[:n])
 			got := cq.wakeQueued // the batch stored a completion in cq
-			d.wakePending()
+			woke := d.wakePending()
 			if got {
 				// cq is ready (unless another goroutine polled it
 				// meanwhile: then Wait comes back), no need to look.
 				break
+			}
+			if woke {
+				// The batch woke other waiters (completions on their
+				// CQs): let them run here and now, before this one
+				// receives again. Each answers with PostSend while the
+				// ACK its message queued is still in its QP, and the
+				// two leave in one Link.Send; otherwise the loop's
+				// flushPending sends the ACKs alone first (1.45 Link.Sends
+				// per message against 1.18 with 8 waiters,
+				// TestWaitersAnswerWithACK; between two processes 33,000
+				// round trips/s of 8 pairs against 48,000-61,000).
+				runtime.Gosched()
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -596,5 +597,136 @@ func TestReqNotifyEndsPolling(t *testing.T) {
 		if k := d.rx.own.kind(); k == rxLeasePoll {
 			t.Fatalf("message %d: a ReqNotify-Poll loop took a poll lease", i)
 		}
+	}
+}
+
+// TestWaitersAnswerWithACK: many goroutines, each waiting in CQ.Wait on a
+// CQ of its own (a server with a goroutine per connection), bounce 8-byte
+// SENDs. Only one of them receives at a time; a batch it receives for the
+// others wakes them, and it lets them run before it receives again, so
+// that each answers with PostSend while the ACK its message queued is
+// still in its QP: ACK and answer leave in one Link.Send. (Before, the
+// receiving waiter sent the batch's ACKs on its own first: 1.45 sends per
+// message instead of 1.18, and between two processes 33,000 round trips/s
+// with 8 pairs instead of 48,000-61,000.)
+func TestWaitersAnswerWithACK(t *testing.T) {
+	const pairs, rounds = 8, 300
+	la, err := udp.ListenSocket(latAddrA, &udp.SocketOptions{GSOAuto: true})
+	if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
+		t.Skipf("UDP %v:4791 unavailable: %v", latAddrA, err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := udp.ListenSocket(latAddrB, &udp.SocketOptions{GSOAuto: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &sendCounter{Wrap: udp.Wrap{Link: la, PassPayload: true}}
+	po := pairOpts{mtu: MTU4096, sqDepth: 16, rqDepth: 16, cqDepth: 64, retry: 7, rnrRetry: 7, minRNR: 12}
+	po.defaults()
+	a, b := newSideOn(t, ca, &po), newSideOn(t, lb, &po)
+	type ep struct {
+		cq *CQ
+		qp *QP
+		mr *memreg.MR
+	}
+	mk := func(s *side) ep {
+		cq, err := s.dev.CreateCQ(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qp, err := s.dev.CreateQP(s.pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 16, MaxRecvWR: 16, MaxSGE: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, mr := s.buffer(t, 64, 0)
+		return ep{cq, qp, mr}
+	}
+	var as, bs [pairs]ep
+	for i := range pairs {
+		as[i], bs[i] = mk(a), mk(b)
+		connect(t, &side{dev: a.dev, qp: as[i].qp}, &side{dev: b.dev, qp: bs[i].qp}, latAddrB, 1, 2, &po)
+		connect(t, &side{dev: b.dev, qp: bs[i].qp}, &side{dev: a.dev, qp: as[i].qp}, latAddrA, 2, 1, &po)
+		for range 8 {
+			if err := as[i].qp.PostRecv(RecvWR{SGEs: sge(as[i].mr, 8, 8)}); err != nil {
+				t.Fatal(err)
+			}
+			if err := bs[i].qp.PostRecv(RecvWR{SGEs: sge(bs[i].mr, 8, 8)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// await waits for e's next receive completion and reposts the receive.
+	await := func(e ep, wcs []WC) error {
+		for {
+			k, err := e.cq.Wait(ctx, wcs)
+			if err != nil {
+				return err
+			}
+			for _, wc := range wcs[:k] {
+				if wc.Status != WCSuccess {
+					return wc.Err()
+				}
+				if wc.Opcode == WCRecv {
+					return e.qp.PostRecv(RecvWR{SGEs: sge(e.mr, 8, 8)})
+				}
+			}
+		}
+	}
+	errs := make(chan error, 2*pairs)
+	sent := func() (calls, pkts uint64) {
+		for _, n := range ca.sends() {
+			calls++
+			pkts += uint64(n)
+		}
+		return calls, pkts
+	}
+	calls0, pkts0 := sent()
+	for i := range pairs {
+		for _, x := range []struct {
+			self ep
+			ping bool
+		}{{as[i], true}, {bs[i], false}} {
+			go func() {
+				wcs := make([]WC, 8)
+				w := SendWR{Opcode: WRSend, SGEs: sge(x.self.mr, 0, 8)}
+				for range rounds {
+					if x.ping {
+						if err := x.self.qp.PostSend(w); err != nil {
+							errs <- err
+							return
+						}
+					}
+					if err := await(x.self, wcs); err != nil {
+						errs <- err
+						return
+					}
+					if !x.ping {
+						if err := x.self.qp.PostSend(w); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}
+				errs <- nil
+			}()
+		}
+	}
+	for range 2 * pairs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls, pkts := sent()
+	calls, pkts = calls-calls0, pkts-pkts0
+	msgs := uint64(pairs * rounds)
+	t.Logf("A: %d messages sent in %d packets and %d Link.Sends (%.2f per message); waiters' batches %d",
+		msgs, pkts, calls, float64(calls)/float64(msgs), a.dev.rx.stats.waited.Load())
+	// 1.17-1.20 per message measured, 1.43-1.47 when the ACKs left first.
+	if 100*calls > 132*msgs {
+		t.Errorf("A's %d SENDs (and their %d ACKs) took %d Link.Sends, want at most 1.32 per message: the ACKs left on their own", msgs, msgs, calls)
 	}
 }
