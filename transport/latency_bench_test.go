@@ -247,6 +247,7 @@ type stackPingPong struct {
 	op         string
 	spin       bool
 	pollOnly   bool         // SEND: both sides poll their CQs (Poll, Gosched) even on links that do not busy-poll
+	ctxPerWait bool         // each Wait with a context of its own (context.WithTimeout), cancelled after it
 	asge, rsge []memreg.SGE // what each side sends: bytes 0..7
 	arecv      []memreg.SGE // where each side receives: bytes 8..15
 	rrecv      []memreg.SGE
@@ -353,8 +354,16 @@ func (s *stackPingPong) await(x *side, buf []byte, recv []memreg.SGE, cnt byte, 
 			}
 			runtime.Gosched()
 		}
-	} else if _, err := x.rcq.Wait(context.Background(), wcs[:1]); err != nil {
-		return err
+	} else {
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if s.ctxPerWait {
+			ctx, cancel = context.WithTimeout(ctx, latTimeout)
+		}
+		_, err := x.rcq.Wait(ctx, wcs[:1])
+		cancel()
+		if err != nil {
+			return err
+		}
 	}
 	if wcs[0].Status != WCSuccess {
 		return wcs[0].Err()
