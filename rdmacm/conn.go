@@ -378,7 +378,7 @@ func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) 
 	}
 	if err := c.setupQP(); err != nil {
 		c.releaseFailed()
-		return nil, fmt.Errorf("rdmacm: Dial: %w", err)
+		return nil, fmt.Errorf("rdmacm: Dial: %w", closedAs(err))
 	}
 	if o.Prepare != nil {
 		if err := o.Prepare(c.qp); err != nil {
@@ -438,7 +438,7 @@ func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) 
 		c.finishLocked(err)
 		m.mu.Unlock()
 		c.releaseFailed()
-		return nil, fmt.Errorf("rdmacm: Dial: %w", err)
+		return nil, fmt.Errorf("rdmacm: Dial: %w", closedAs(err))
 	}
 	return c, c.waitEstablished(ctx)
 }

@@ -40,6 +40,18 @@ func (e *kindOf) Unwrap() []error { return e.also }
 // closed: rdmacm's ErrClosed and the transport's.
 var errDeviceClosed error = &kindOf{"rdmacm: closed: the device is closed", []error{ErrClosed, transport.ErrClosed}}
 
+// closedAs returns errDeviceClosed for err when err says the device is
+// closed (transport.ErrClosed) but not yet in rdmacm's words: a call that
+// races Device.Close fails in the transport before the manager has seen
+// the device close, and must say so in both vocabularies, as the calls
+// after it do.
+func closedAs(err error) error {
+	if errors.Is(err, transport.ErrClosed) && !errors.Is(err, ErrClosed) {
+		return errDeviceClosed
+	}
+	return err
+}
+
 // errManagerClosed is what they see once Manager.Close closed their
 // manager (the device stays open): ErrClosed.
 var errManagerClosed error = &kindOf{"rdmacm: closed: the connection manager is closed", []error{ErrClosed}}

@@ -2,6 +2,7 @@ package rdmacm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -104,6 +105,10 @@ func (m *Manager) Listen(port uint16, opts *ListenOptions) (*Listener, error) {
 		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w", port, ErrInUse)
 	}
 	if err := m.dev.ClaimService(l.svc); err != nil {
+		l.cancel()
+		if errors.Is(err, transport.ErrClosed) {
+			return nil, closedAs(err) // the device closed under this call
+		}
 		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w: %v", port, ErrInUse, err)
 	}
 	m.listeners[l.svc] = l

@@ -110,3 +110,26 @@ func TestDeviceCloseVocabulary(t *testing.T) {
 	both("Listen", err)
 	_ = db
 }
+
+// TestCloseRaceVocabulary: a Dial or Listen right after Device.Close, before
+// the connection manager has seen the device close, fails in the
+// transport (a QP or a service claim on a closed device); its error still
+// matches both rdmacm.ErrClosed and transport.ErrClosed. (CI's -race run
+// caught Dial returning the transport's error alone.)
+func TestCloseRaceVocabulary(t *testing.T) {
+	for i := range 20 {
+		_, _, _, da, _ := pairWith(t, fast)
+		if _, err := Listen(da, 7500, nil); err != nil { // the manager exists
+			t.Fatal(err)
+		}
+		da.Close()
+		_, err := Dial(ctxT(t, time.Second), da, netip.AddrPortFrom(addrB, 7300), &fast)
+		if !errors.Is(err, ErrClosed) || !errors.Is(err, transport.ErrClosed) {
+			t.Fatalf("round %d: Dial right after Device.Close: %v, want rdmacm.ErrClosed and transport.ErrClosed", i, err)
+		}
+		_, err = Listen(da, 7501, nil)
+		if !errors.Is(err, ErrClosed) || !errors.Is(err, transport.ErrClosed) {
+			t.Fatalf("round %d: Listen right after Device.Close: %v, want rdmacm.ErrClosed and transport.ErrClosed", i, err)
+		}
+	}
+}
