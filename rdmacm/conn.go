@@ -421,7 +421,7 @@ func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) 
 	}
 
 	m.mu.Lock()
-	if m.closed {
+	if m.closed || m.agentGone() {
 		m.mu.Unlock()
 		c.releaseFailed()
 		return nil, m.closeErr

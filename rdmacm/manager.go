@@ -305,6 +305,21 @@ func (neverDone) Done() <-chan struct{}       { return nil }
 func (neverDone) Err() error                  { return nil }
 func (neverDone) Value(any) any               { return nil }
 
+// agentGone reports whether the manager's agent or device is closed (the
+// device closed, or Close closed the manager) while the manager's loop may not
+// have shut it down yet: a call that starts then fails as one after the
+// shutdown does, with m.closeErr.
+func (m *Manager) agentGone() bool {
+	select {
+	case <-m.agent.Done():
+		return true
+	default:
+	}
+	// Device.Close may return before it has closed the agents.
+	_, err := m.dev.GSI()
+	return errors.Is(err, transport.ErrClosed)
+}
+
 // shutdown fails every connection when the device goes away or Close
 // closed the manager's agent.
 func (m *Manager) shutdown() {
