@@ -26,21 +26,23 @@ import (
 // share its two processors with everything else; docs/PERFORMANCE.md
 // ("How applications wait") has the same patterns between two processes.
 func BenchmarkWaitPatterns(b *testing.B) {
-	report := func(b *testing.B, el time.Duration) {
-		b.ReportMetric(float64(el.Nanoseconds())/1e3/float64(b.N), "µs/rtt")
-	}
-	b.Run("raw", func(b *testing.B) {
-		p := newRawPingPong(b, false)
-		defer p.stop()
-		if err := p.round(100); err != nil {
+	// timed warms round up, then times round(n) and reports it per b.N
+	// round trips.
+	timed := func(b *testing.B, round func(int) error, n int) {
+		if err := round(20); err != nil {
 			b.Fatal(err)
 		}
 		b.ResetTimer()
 		t0 := time.Now()
-		if err := p.round(b.N); err != nil {
+		if err := round(n); err != nil {
 			b.Fatal(err)
 		}
-		report(b, time.Since(t0))
+		b.ReportMetric(float64(time.Since(t0).Nanoseconds())/1e3/float64(b.N), "µs/rtt")
+	}
+	b.Run("raw", func(b *testing.B) {
+		p := newRawPingPong(b, false)
+		defer p.stop()
+		timed(b, p.round, b.N)
 	})
 	for _, mode := range []string{"wait", "wait-ctx-per-wait", "poll-loop"} {
 		b.Run(mode, func(b *testing.B) {
@@ -48,27 +50,10 @@ func BenchmarkWaitPatterns(b *testing.B) {
 			defer s.stop()
 			s.ctxPerWait = mode == "wait-ctx-per-wait"
 			s.pollOnly = mode == "poll-loop"
-			if err := s.round(100); err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			t0 := time.Now()
-			if err := s.round(b.N); err != nil {
-				b.Fatal(err)
-			}
-			report(b, time.Since(t0))
+			timed(b, s.round, b.N)
 		})
 	}
 	b.Run("8-waiters", func(b *testing.B) {
-		w := newWaiterPairs(b, 8)
-		if err := w.run(20); err != nil {
-			b.Fatal(err)
-		}
-		b.ResetTimer()
-		t0 := time.Now()
-		if err := w.run(max(1, b.N/8)); err != nil {
-			b.Fatal(err)
-		}
-		report(b, time.Since(t0))
+		timed(b, newWaiterPairs(b, 8).run, max(1, b.N/8)) // 8 round trips per round
 	})
 }
