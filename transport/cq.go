@@ -324,9 +324,7 @@ func (cq *CQ) Wait(ctx context.Context, wc []WC) (int, error) {
 		// for nothing: refuse it.
 		return 0, errorf(ErrInvalidArgument, "CQ.Wait: wc is empty (pass at least one WC)")
 	}
-	if c := &cq.dev.rx.idlePolls; c.Load() != 0 {
-		c.Store(0) // a waiter is no polling loop (Device.Progress)
-	}
+	cq.dev.rx.resetPolls() // a waiter is no polling loop (Device.Progress)
 	if cq.dev.polling() {
 		if n, err, done := cq.spin(ctx, wc); done {
 			return n, err

@@ -341,10 +341,11 @@ func (d *Device) Progress() int {
 	rx := &d.rx
 	pl := rx.pl
 	if pl == nil {
-		if rx.wl == nil || rx.idlePolls.Load() < spinAfter {
-			if rx.wl != nil {
-				rx.idlePolls.Add(1)
-			}
+		if rx.wl == nil {
+			return 0
+		}
+		if rx.idlePolls.Load() < spinAfter {
+			rx.idlePolls.Add(1) // not a polling loop yet
 			return 0
 		}
 		pl = rx.wl
@@ -591,14 +592,20 @@ func (rx *rxDriver) ctxWake() {
 // starts over, and a poll lease ends at once, the receive goroutine
 // woken to take the link.
 func (rx *rxDriver) stopPolling() {
-	if rx.idlePolls.Load() != 0 {
-		rx.idlePolls.Store(0)
-	}
+	rx.resetPolls()
 	if rx.own.endPoll() && rx.kick != nil {
 		select {
 		case rx.kick <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// resetPolls starts the count of polls that makes a polling loop over
+// (a waiter, or an application about to sleep, is no polling loop).
+func (rx *rxDriver) resetPolls() {
+	if rx.idlePolls.Load() != 0 {
+		rx.idlePolls.Store(0) // no store, and no cache line taken, when it is 0
 	}
 }
 
