@@ -70,6 +70,13 @@ per MB (10^6 bytes) of message data delivered, or per round trip for the
 ping-pong. Kernel work done in softirq context on another task's time
 (ksoftirqd) is not in it, for either side.
 
+Around every run (outside its timing) the bench times a cache line passed
+back and forth between the first two CPUs, one thread pinned to each, and
+prints the range below each table. In a virtual machine that shows where
+the host runs the CPUs: rows during which it was twice its fastest or
+more are named, since every copy between the two ends costs more then,
+for raw UDP and rocev2 alike.
+
 options:
   -t, --time=DUR  duration of each row (default 1s)
   -m, --mtu=MTU   path MTU of the stack and datagram payload size (default 4096)
@@ -195,6 +202,7 @@ type benchRow struct {
 	// rawReadGoodput); oneWay is the one-way stream of the responses alone.
 	reqResp bool
 	oneWay  benchSum
+	core    coreWatch // the CPUs' distance around the row's runs
 }
 
 // benchSum adds up the runs of one side of a row.
@@ -421,7 +429,7 @@ func (s *benchStack) goodputRow(ctx context.Context, rc *benchConfig, m benchMod
 			row.roc.add(run)
 			return nil
 		}
-		if err := benchPair(r, raw, stack); err != nil {
+		if err := benchPair(r, &row.core, raw, stack); err != nil {
 			return row, err
 		}
 	}
@@ -500,6 +508,7 @@ func printBenchTable(w io.Writer, m benchMode, rows []benchRow) {
 		}
 	}
 	if len(oneWay) == 0 {
+		printCoreNote(w, rows)
 		return
 	}
 	fmt.Fprintln(w, "READ's raw UDP is request/response: one 32-byte request datagram per message, answered with the message's")
@@ -508,6 +517,7 @@ func printBenchTable(w io.Writer, m benchMode, rows []benchRow) {
 	for _, r := range oneWay {
 		fmt.Fprintf(w, "  READ %s: one-way raw UDP %.1f MB/s, rocev2 / one-way %.3f\n", benchSize(r.size), r.oneWay.mbs(), r.roc.mbs()/r.oneWay.mbs())
 	}
+	printCoreNote(w, rows)
 }
 
 func cpuCell(ok bool, v float64, unit string) string {
@@ -531,16 +541,79 @@ func cpuRatio(ok bool, roc, raw float64) string {
 const benchRounds = 3
 
 // benchPair runs raw and stack, raw first in even rounds and stack first in
-// odd ones.
-func benchPair(round int, raw, stack func() error) error {
+// odd ones, and samples the CPUs' distance (coreRTT) into w before, between
+// and after the two runs, outside their timing.
+func benchPair(round int, w *coreWatch, raw, stack func() error) error {
 	first, second := raw, stack
 	if round%2 == 1 {
 		first, second = stack, raw
 	}
+	w.sample()
 	if err := first(); err != nil {
 		return err
 	}
-	return second()
+	w.sample()
+	if err := second(); err != nil {
+		return err
+	}
+	w.sample()
+	return nil
+}
+
+// coreWatch keeps the coreRTT samples taken around a row's runs.
+type coreWatch struct {
+	n        int
+	min, max time.Duration
+}
+
+func (w *coreWatch) sample() {
+	d, ok := coreRTT()
+	if !ok {
+		return
+	}
+	if w.n == 0 || d < w.min {
+		w.min = d
+	}
+	if w.n == 0 || d > w.max {
+		w.max = d
+	}
+	w.n++
+}
+
+// printCoreNote prints what coreRTT saw around the section's runs and
+// names the rows during which the CPUs were at least twice as far apart
+// as at best: in a virtual machine, the host ran its two CPUs apart then,
+// and the copies between the bench's two ends cost more for raw UDP and
+// rocev2 alike, in whichever runs of the row it lasted.
+func printCoreNote(w io.Writer, rows []benchRow) {
+	var all coreWatch
+	for _, r := range rows {
+		if r.core.n == 0 {
+			continue
+		}
+		if all.n == 0 || r.core.min < all.min {
+			all.min = r.core.min
+		}
+		if all.n == 0 || r.core.max > all.max {
+			all.max = r.core.max
+		}
+		all.n += r.core.n
+	}
+	if all.n == 0 {
+		return
+	}
+	fmt.Fprintf(w, "CPU distance: the first two CPUs passed a cache line back and forth in %d-%d ns, sampled around every run.\n",
+		all.min.Nanoseconds(), all.max.Nanoseconds())
+	var far []string
+	for _, r := range rows {
+		if r.core.n > 0 && r.core.max >= 2*all.min {
+			far = append(far, fmt.Sprintf("%s %s (%d ns)", r.name, benchSize(r.size), r.core.max.Nanoseconds()))
+		}
+	}
+	if len(far) > 0 {
+		fmt.Fprintf(w, "Rows with a sample at twice the fastest or more — the CPUs were apart (a VM's host moved them), copies cost more, compare with care:\n  %s\n",
+			strings.Join(far, "\n  "))
+	}
 }
 
 func benchSize(n int) string {

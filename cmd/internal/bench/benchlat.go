@@ -62,7 +62,7 @@ func (s *benchStack) latencyRows(ctx context.Context, rc *benchConfig, rounds in
 				row.roc.add(run)
 				return nil
 			}
-			if err := benchPair(r, raw, stack); err != nil {
+			if err := benchPair(r, &row.core, raw, stack); err != nil {
 				return nil, err
 			}
 		}

@@ -1,0 +1,35 @@
+//go:build linux
+
+package bench
+
+import (
+	"runtime"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestCoreRTTRestoresAffinity: the calling thread gets its CPU mask back,
+// so that the goroutines Go runs on it later are not pinned to one CPU.
+func TestCoreRTTRestoresAffinity(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var before, after unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &before); err != nil {
+		t.Fatal(err)
+	}
+	if before.Count() < 2 || runtime.GOMAXPROCS(0) < 2 {
+		t.Skipf("needs two CPUs: affinity has %d, GOMAXPROCS %d", before.Count(), runtime.GOMAXPROCS(0))
+	}
+	d, ok := coreRTT()
+	if !ok {
+		t.Fatal("coreRTT failed with two CPUs")
+	}
+	if err := unix.SchedGetaffinity(0, &after); err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Fatalf("affinity after coreRTT %v, before %v", after, before)
+	}
+	t.Logf("cache-line round trip %v", d)
+}
