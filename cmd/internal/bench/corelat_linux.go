@@ -22,19 +22,37 @@ import (
 // to twice as much meanwhile. ok is false with fewer than two CPUs (or
 // GOMAXPROCS below 2), when the threads cannot be pinned, or when the
 // partner thread never answered.
-func coreRTT() (d time.Duration, ok bool) {
+//
+// Both threads are the measurement's own: each goroutine locks its thread
+// and ends locked, so the thread, pinned, exits with it and no thread of
+// Go's pool is ever left pinned to one CPU.
+func coreRTT() (time.Duration, bool) {
 	if runtime.GOMAXPROCS(0) < 2 {
 		return 0, false
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var orig unix.CPUSet
-	if unix.SchedGetaffinity(0, &orig) != nil {
+	type result struct {
+		d  time.Duration
+		ok bool
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: see above
+		d, ok := pinnedRTT()
+		res <- result{d, ok}
+	}()
+	r := <-res
+	return r.d, r.ok
+}
+
+// pinnedRTT is coreRTT's measurement, on a goroutine locked to its thread.
+func pinnedRTT() (time.Duration, bool) {
+	var allowed unix.CPUSet
+	if unix.SchedGetaffinity(0, &allowed) != nil {
 		return 0, false
 	}
 	var cpus []int
-	for i := 0; i < len(orig)*64 && len(cpus) < 2; i++ {
-		if orig.IsSet(i) {
+	for i := 0; i < len(allowed)*64 && len(cpus) < 2; i++ {
+		if allowed.IsSet(i) {
 			cpus = append(cpus, i)
 		}
 	}
@@ -46,8 +64,6 @@ func coreRTT() (d time.Duration, ok bool) {
 	if unix.SchedSetaffinity(0, &self) != nil {
 		return 0, false
 	}
-	// The thread goes back to Go's pool with the affinity it came with.
-	defer unix.SchedSetaffinity(0, &orig)
 
 	var line struct {
 		_ [64]byte
@@ -59,8 +75,7 @@ func coreRTT() (d time.Duration, ok bool) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		// This goroutine ends locked: its thread, pinned, exits with it.
-		runtime.LockOSThread()
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
 		var s unix.CPUSet
 		s.Set(cpus[1])
 		if unix.SchedSetaffinity(0, &s) != nil {

@@ -9,9 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestCoreRTTRestoresAffinity: the calling thread gets its CPU mask back,
-// so that the goroutines Go runs on it later are not pinned to one CPU.
-func TestCoreRTTRestoresAffinity(t *testing.T) {
+// TestCoreRTTLeavesAffinity: the calling thread keeps its CPU mask (the
+// pinned threads are the measurement's own and exit with it), so that the
+// goroutines Go runs on it later are not pinned to one CPU.
+func TestCoreRTTLeavesAffinity(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var before, after unix.CPUSet
