@@ -29,8 +29,8 @@
 //     command packages and cmd/internal/cli, nothing else of the module);
 //     a command package (cmd/internal/bench, cmtools, congestion, demo,
 //     faultscmd, pcapcmd, perftest, pingpong, scale, sharecmd, soak)
-//     imports under cmd/ only the shared packages cli, oob, pcaptap and
-//     svgplot — never another command package or cmd/internal/clitest,
+//     imports under cmd/ only the shared packages cli, cpudist, oob, pcaptap
+//     and svgplot — never another command package or cmd/internal/clitest,
 //     which only tests import; cli imports only pcaptap of cmd/, the other
 //     shared packages nothing under cmd/.
 //   - Every package of the module falls under a rule, so a new one makes

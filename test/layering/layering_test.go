@@ -117,7 +117,7 @@ func ruleFor(r string) (rule, bool) {
 
 // cmdShared are the packages under cmd/internal that the commands share
 // (none of them is a command).
-var cmdShared = []string{"cmd/internal/cli", "cmd/internal/oob", "cmd/internal/pcaptap", "cmd/internal/svgplot"}
+var cmdShared = []string{"cmd/internal/cli", "cmd/internal/cpudist", "cmd/internal/oob", "cmd/internal/pcaptap", "cmd/internal/svgplot"}
 
 // cmdFamilies are rocev2d's command packages: each exports its commands
 // (Commands() []cli.Command) for cmd/rocev2d's dispatch.
@@ -146,7 +146,7 @@ func cmdRuleFor(r string) (cmdRule, bool) {
 			why: "cmd/rocev2d's main only dispatches: it imports the command packages and cmd/internal/cli, nothing else of the module"}, true
 	case slices.Contains(cmdFamilies, strings.TrimPrefix(r, "cmd/internal/")) && under(r, "cmd/internal"):
 		return cmdRule{ours: cmdShared,
-			why: "a command package imports under cmd/ only the shared packages (cli, oob, pcaptap, svgplot): never another command package, cmd/rocev2d or cmd/internal/clitest"}, true
+			why: "a command package imports under cmd/ only the shared packages (cli, cpudist, oob, pcaptap, svgplot): never another command package, cmd/rocev2d or cmd/internal/clitest"}, true
 	case r == "cmd/internal/cli":
 		return cmdRule{ours: []string{"cmd/internal/pcaptap"}, why: "cmd/internal/cli imports under cmd/ only cmd/internal/pcaptap"}, true
 	case r == "cmd/internal/clitest":

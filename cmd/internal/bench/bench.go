@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/cpudist"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -202,7 +203,7 @@ type benchRow struct {
 	// rawReadGoodput); oneWay is the one-way stream of the responses alone.
 	reqResp bool
 	oneWay  benchSum
-	core    coreWatch // the CPUs' distance around the row's runs
+	core    cpudist.Watch // the CPUs' distance around the row's runs
 }
 
 // benchSum adds up the runs of one side of a row.
@@ -541,73 +542,44 @@ func cpuRatio(ok bool, roc, raw float64) string {
 const benchRounds = 3
 
 // benchPair runs raw and stack, raw first in even rounds and stack first in
-// odd ones, and samples the CPUs' distance (coreRTT) into w before, between
-// and after the two runs, outside their timing.
-func benchPair(round int, w *coreWatch, raw, stack func() error) error {
+// odd ones, and samples the CPUs' distance into w before, between and after
+// the two runs, outside their timing.
+func benchPair(round int, w *cpudist.Watch, raw, stack func() error) error {
 	first, second := raw, stack
 	if round%2 == 1 {
 		first, second = stack, raw
 	}
-	w.sample()
+	w.Sample()
 	if err := first(); err != nil {
 		return err
 	}
-	w.sample()
+	w.Sample()
 	if err := second(); err != nil {
 		return err
 	}
-	w.sample()
+	w.Sample()
 	return nil
 }
 
-// coreWatch keeps the coreRTT samples taken around a row's runs.
-type coreWatch struct {
-	n        int
-	min, max time.Duration
-}
-
-func (w *coreWatch) sample() {
-	d, ok := coreRTT()
-	if !ok {
-		return
-	}
-	if w.n == 0 || d < w.min {
-		w.min = d
-	}
-	if w.n == 0 || d > w.max {
-		w.max = d
-	}
-	w.n++
-}
-
-// printCoreNote prints what coreRTT saw around the section's runs and
+// printCoreNote prints what cpudist saw around the section's runs and
 // names the rows during which the CPUs were at least twice as far apart
 // as at best: in a virtual machine, the host ran its two CPUs apart then,
 // and the copies between the bench's two ends cost more for raw UDP and
 // rocev2 alike, in whichever runs of the row it lasted.
 func printCoreNote(w io.Writer, rows []benchRow) {
-	var all coreWatch
+	var all cpudist.Watch
 	for _, r := range rows {
-		if r.core.n == 0 {
-			continue
-		}
-		if all.n == 0 || r.core.min < all.min {
-			all.min = r.core.min
-		}
-		if all.n == 0 || r.core.max > all.max {
-			all.max = r.core.max
-		}
-		all.n += r.core.n
+		all.Merge(r.core)
 	}
-	if all.n == 0 {
+	if all.N == 0 {
 		return
 	}
 	fmt.Fprintf(w, "CPU distance: the first two CPUs passed a cache line back and forth in %d-%d ns, sampled around every run.\n",
-		all.min.Nanoseconds(), all.max.Nanoseconds())
+		all.Min.Nanoseconds(), all.Max.Nanoseconds())
 	var far []string
 	for _, r := range rows {
-		if r.core.n > 0 && r.core.max >= 2*all.min {
-			far = append(far, fmt.Sprintf("%s %s (%d ns)", r.name, benchSize(r.size), r.core.max.Nanoseconds()))
+		if r.core.Apart(all.Min) {
+			far = append(far, fmt.Sprintf("%s %s (%d ns)", r.name, benchSize(r.size), r.core.Max.Nanoseconds()))
 		}
 	}
 	if len(far) > 0 {

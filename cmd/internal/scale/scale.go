@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/cpudist"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
@@ -58,6 +59,13 @@ table then says, per N:
               the N-QP rounds, (sum x)^2 / (N sum x^2): 1 when every QP
               moved the same, 1/N when one moved everything
   min/max     the least bytes one QP moved over the most
+
+Around every round the first two CPUs time a cache line passed back and
+forth (before, between and after its two runs). When some rounds had a
+sample at twice the fastest or more — the CPUs were apart, as a VM's
+host may put them for seconds, and every copy between the two devices
+cost more — a line below the row gives those rounds' ratios and the
+lowest ratio of the others.
 
 Before the measurement every QP sends one 64-byte WRITE (its first
 traffic). The round-robin carries on from chunk to chunk, so every QP is
@@ -169,6 +177,7 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			}
 			fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio),
 				fmt.Sprintf("%.2f", row.minRatio), fmt.Sprintf("%.3f", row.jain), fmt.Sprintf("%.2f", row.minMax))
+			printRoundCores(stdout, row)
 		}
 		return cli.ExitOK
 	}
@@ -186,8 +195,44 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), fmt.Sprintf("%.0f", row.bytesPerQP), strconv.Itoa(row.goroutines),
 			fmt.Sprintf("%.0f", row.setupRate), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio),
 			fmt.Sprintf("%.2f", row.minRatio))
+		printRoundCores(stdout, row)
 	}
 	return cli.ExitOK
+}
+
+// printRoundCores prints, below a row, the CPU distance sampled around
+// its rounds (cpudist) when some round had a sample at twice the fastest
+// or more: the rounds run with the CPUs apart (in a VM, where the host
+// put them), their ratios, and the lowest ratio of the other rounds —
+// "min" is often one of the former. Nothing is printed when every round
+// ran with the CPUs close, or where they cannot be sampled.
+func printRoundCores(w io.Writer, row scaleResult) {
+	var all cpudist.Watch
+	for _, cw := range row.roundCores {
+		all.Merge(cw)
+	}
+	var apart []string
+	closeMin := -1.0
+	for i, cw := range row.roundCores {
+		if i >= len(row.roundRatios) {
+			break
+		}
+		r := row.roundRatios[i]
+		if cw.Apart(all.Min) {
+			apart = append(apart, fmt.Sprintf("%.2f", r))
+		} else if closeMin < 0 || r < closeMin {
+			closeMin = r
+		}
+	}
+	if len(apart) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "  CPU distance %d-%d ns: %d of %d rounds ran with the CPUs apart (a sample at twice the fastest or more), ratios %s",
+		all.Min.Nanoseconds(), all.Max.Nanoseconds(), len(apart), len(row.roundRatios), strings.Join(apart, " "))
+	if closeMin >= 0 {
+		fmt.Fprintf(w, "; lowest with them close %.2f", closeMin)
+	}
+	fmt.Fprintln(w)
 }
 
 // scaleResult is one row of the table.
@@ -200,6 +245,11 @@ type scaleResult struct {
 	minRatio   float64 // the lowest of them
 	jain       float64 // --active: Jain's index of the bytes per QP
 	minMax     float64 // --active: least over most bytes of one QP
+	// roundRatios are the rounds' ratios (N QPs / 1 QP) and roundCores
+	// the CPU distance sampled before, between and after each round's
+	// two runs (cpudist), in round order.
+	roundRatios []float64
+	roundCores  []cpudist.Watch
 }
 
 // scaleLinks opens the two links of a row.
@@ -337,18 +387,24 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 	var t1, tn time.Duration
 	ratios := make([]float64, 0, c.rounds)
 	for range c.rounds {
+		var cw cpudist.Watch
+		cw.Sample()
 		d1, err := w.run(ctx, 1, c.chunk, c.size)
 		if err != nil {
 			return res, fmt.Errorf("one QP: %w", err)
 		}
+		cw.Sample()
 		dn, err := w.run(ctx, n, c.chunk, c.size)
 		if err != nil {
 			return res, fmt.Errorf("%d QPs: %w", n, err)
 		}
+		cw.Sample()
 		t1 += d1
 		tn += dn
 		ratios = append(ratios, d1.Seconds()/dn.Seconds())
+		res.roundCores = append(res.roundCores, cw)
 	}
+	res.roundRatios = ratios
 	bytes := float64(c.rounds) * float64(c.chunk) * float64(c.size)
 	res.mbs = bytes / tn.Seconds() / 1e6
 	res.mbs1 = bytes / t1.Seconds() / 1e6
@@ -478,18 +534,24 @@ func (w *scaleWriter) activeRounds(ctx context.Context, n int, res scaleResult) 
 	var b1, bn, t1, tn float64
 	ratios := make([]float64, 0, c.rounds)
 	for range c.rounds {
+		var cw cpudist.Watch
+		cw.Sample()
 		r1, err := w.runActive(ctx, 1, c.window, nil)
 		if err != nil {
 			return res, fmt.Errorf("one QP: %w", err)
 		}
+		cw.Sample()
 		rn, err := w.runActive(ctx, n, c.depth, perQP)
 		if err != nil {
 			return res, fmt.Errorf("%d QPs: %w", n, err)
 		}
+		cw.Sample()
 		b1, t1 = b1+r1.bytes, t1+r1.d.Seconds()
 		bn, tn = bn+rn.bytes, tn+rn.d.Seconds()
 		ratios = append(ratios, rn.rate()/r1.rate())
+		res.roundCores = append(res.roundCores, cw)
 	}
+	res.roundRatios = ratios
 	res.mbs, res.mbs1 = bn/tn/1e6, b1/t1/1e6
 	res.minRatio = slices.Min(ratios)
 	res.ratio = median(ratios)

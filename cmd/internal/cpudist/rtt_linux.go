@@ -1,6 +1,6 @@
 //go:build linux
 
-package bench
+package cpudist
 
 import (
 	"runtime"
@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// coreRTT measures how long the first two CPUs this process may run on
+// RoundTrip measures how long the first two CPUs this process may run on
 // take to pass one cache line back and forth: two threads, one pinned to
 // each, take turns incrementing a shared counter, and the fastest of a
 // few series of round trips is reported. On one socket of a physical
@@ -18,15 +18,15 @@ import (
 // also where the host runs the two virtual CPUs at the moment — on one
 // AMD EPYC host it was 50-85 ns while they shared an L3 cache and ~300 ns
 // while they did not, for seconds at a time, and every copy between the
-// bench's two ends (sender and receiver run on different CPUs) cost up
-// to twice as much meanwhile. ok is false with fewer than two CPUs (or
+// two ends of a loopback benchmark (sender and receiver run on
+// different CPUs) cost up to twice as much meanwhile. ok is false with fewer than two CPUs (or
 // GOMAXPROCS below 2), when the threads cannot be pinned, or when the
 // partner thread never answered.
 //
 // Both threads are the measurement's own: each goroutine locks its thread
 // and ends locked, so the thread, pinned, exits with it and no thread of
 // Go's pool is ever left pinned to one CPU.
-func coreRTT() (time.Duration, bool) {
+func RoundTrip() (time.Duration, bool) {
 	if runtime.GOMAXPROCS(0) < 2 {
 		return 0, false
 	}
@@ -44,7 +44,7 @@ func coreRTT() (time.Duration, bool) {
 	return r.d, r.ok
 }
 
-// pinnedRTT is coreRTT's measurement, on a goroutine locked to its thread.
+// pinnedRTT is RoundTrip's measurement, on a goroutine locked to its thread.
 func pinnedRTT() (time.Duration, bool) {
 	var allowed unix.CPUSet
 	if unix.SchedGetaffinity(0, &allowed) != nil {

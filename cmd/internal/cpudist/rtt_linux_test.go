@@ -1,6 +1,6 @@
 //go:build linux
 
-package bench
+package cpudist
 
 import (
 	"runtime"
@@ -9,10 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestCoreRTTLeavesAffinity: the calling thread keeps its CPU mask (the
+// TestRoundTripLeavesAffinity: the calling thread keeps its CPU mask (the
 // pinned threads are the measurement's own and exit with it), so that the
 // goroutines Go runs on it later are not pinned to one CPU.
-func TestCoreRTTLeavesAffinity(t *testing.T) {
+func TestRoundTripLeavesAffinity(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var before, after unix.CPUSet
@@ -22,15 +22,15 @@ func TestCoreRTTLeavesAffinity(t *testing.T) {
 	if before.Count() < 2 || runtime.GOMAXPROCS(0) < 2 {
 		t.Skipf("needs two CPUs: affinity has %d, GOMAXPROCS %d", before.Count(), runtime.GOMAXPROCS(0))
 	}
-	d, ok := coreRTT()
+	d, ok := RoundTrip()
 	if !ok {
-		t.Fatal("coreRTT failed with two CPUs")
+		t.Fatal("RoundTrip failed with two CPUs")
 	}
 	if err := unix.SchedGetaffinity(0, &after); err != nil {
 		t.Fatal(err)
 	}
 	if after != before {
-		t.Fatalf("affinity after coreRTT %v, before %v", after, before)
+		t.Fatalf("affinity after RoundTrip %v, before %v", after, before)
 	}
 	t.Logf("cache-line round trip %v", d)
 }
