@@ -11,6 +11,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/memreg"
@@ -33,13 +36,117 @@ import (
 
 // BenchmarkLatencyFloor8B: segs=1 sends the request alone, segs=2 adds the
 // ACK segment. Metrics: raw-µs/rtt, stack-µs/rtt (here: the link's) and
-// stack/raw.
+// stack/raw. wire sends segs=2's datagrams with plain system calls (no
+// link, no ICRC): what the RC ping-pong's wire costs the kernel, against
+// the same raw UDP ping-pong.
 func BenchmarkLatencyFloor8B(b *testing.B) {
 	for _, segs := range []int{1, 2} {
 		b.Run("segs="+string(rune('0'+segs)), func(b *testing.B) {
 			benchLatencyPair(b, newRawPingPong(b, false), newLinkPingPong(b, segs))
 		})
 	}
+	b.Run("wire", func(b *testing.B) {
+		benchLatencyPair(b, newRawPingPong(b, false), newWirePingPong(b))
+	})
+}
+
+// wirePingPong bounces the RC ping-pong's datagrams as the stack's links
+// send them — one sendmsg of a 2-segment UDP GSO datagram (the 24-byte
+// request and a 20-byte ACK) into a socket with UDP_GRO, received with one
+// recvmsg — between two plain sockets, through the same Go calls as
+// rawPingPong (WriteMsgUDPAddrPort and ReadMsgUDPAddrPort are its
+// WriteToUDPAddrPort and ReadFromUDPAddrPort with control messages). Next
+// to rawPingPong (sendto/recvfrom of the request alone) it is the floor
+// the wire puts under an RC ping-pong: the second datagram and the
+// GSO/GRO control messages, without the link's work.
+type wirePingPong struct {
+	a, b  *wireEnd
+	serve chan int
+	done  chan error
+}
+
+// wireEnd is one socket of a wirePingPong with its datagram and buffers.
+type wireEnd struct {
+	c        *net.UDPConn
+	to       netip.AddrPort
+	msg, oob []byte // the 44-byte datagram and its UDP_SEGMENT control message
+	in, inc  []byte
+}
+
+func newWirePingPong(tb testing.TB) *wirePingPong {
+	tb.Helper()
+	end := func(a netip.Addr) *wireEnd {
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, 0)))
+		if err != nil {
+			tb.Skipf("UDP on %v unavailable: %v", a, err)
+		}
+		c.SetReadBuffer(8 << 20)
+		c.SetWriteBuffer(8 << 20)
+		rc, err := c.SyscallConn()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		var serr error
+		if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1) }); err != nil || serr != nil {
+			c.Close()
+			tb.Skipf("UDP_GRO: %v %v", err, serr)
+		}
+		e := &wireEnd{c: c, msg: make([]byte, rawRequestSize+12+4+4), oob: make([]byte, unix.CmsgSpace(2)),
+			in: make([]byte, 2048), inc: make([]byte, 128)}
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&e.oob[0]))
+		h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+		h.SetLen(unix.CmsgLen(2))
+		*(*uint16)(unsafe.Pointer(&e.oob[unix.CmsgLen(0)])) = rawRequestSize
+		return e
+	}
+	p := &wirePingPong{a: end(latAddrA), b: end(latAddrB), serve: make(chan int), done: make(chan error)}
+	p.a.to = p.b.c.LocalAddr().(*net.UDPAddr).AddrPort()
+	p.b.to = p.a.c.LocalAddr().(*net.UDPAddr).AddrPort()
+	go func() {
+		for n := range p.serve {
+			var err error
+			for range n {
+				if err = p.b.recv(); err != nil {
+					break
+				}
+				if _, _, err = p.b.c.WriteMsgUDPAddrPort(p.b.msg, p.b.oob, p.b.to); err != nil {
+					break
+				}
+			}
+			p.done <- err
+		}
+	}()
+	return p
+}
+
+// recv receives the peer's datagram: the two segments, coalesced by GRO
+// (or the request, if they came apart).
+func (e *wireEnd) recv() error {
+	for {
+		n, _, _, _, err := e.c.ReadMsgUDPAddrPort(e.in, e.inc)
+		if err != nil || n >= rawRequestSize {
+			return err
+		}
+	}
+}
+
+func (p *wirePingPong) round(n int) error {
+	p.serve <- n
+	for range n {
+		if _, _, err := p.a.c.WriteMsgUDPAddrPort(p.a.msg, p.a.oob, p.a.to); err != nil {
+			return err
+		}
+		if err := p.a.recv(); err != nil {
+			return err
+		}
+	}
+	return <-p.done
+}
+
+func (p *wirePingPong) stop() {
+	close(p.serve)
+	p.a.c.Close()
+	p.b.c.Close()
 }
 
 // linkPingPong bounces the RC ping-pong's datagrams between two
