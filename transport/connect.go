@@ -105,6 +105,12 @@ func (qp *QP) ReadyToReceive(p ConnParams) error {
 	if maxDest == 0 {
 		maxDest = uint8(min(qp.dev.cfg.MaxRdAtomic, 255))
 	}
+	qp.mu.Lock()
+	err := qp.postable("Connect")
+	qp.mu.Unlock()
+	if err != nil { // not "state ERR": the QP is gone, and errors.Is says so
+		return err
+	}
 	switch st := qp.State(); st {
 	case QPSReset:
 		if err := qp.Init(p.Access); err != nil {

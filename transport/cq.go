@@ -476,12 +476,17 @@ func (d *Device) CreateCompChannel(maxCQs int) (*CompChannel, error) {
 func (ch *CompChannel) C() <-chan *CQ { return ch.c }
 
 // Destroy closes the channel. It fails with ErrBusy while CQs use it,
-// and with ErrClosed on a closed device (whose Close closed the channel).
+// with ErrDestroyed once destroyed, and with ErrClosed on a closed device
+// (whose Close closed the channel).
 func (ch *CompChannel) Destroy() error {
 	if ch.dev.isClosed() {
 		return errorf(ErrClosed, "CompChannel.Destroy")
 	}
 	ch.mu.Lock()
+	if ch.closed {
+		ch.mu.Unlock()
+		return errorf(ErrDestroyed, "CompChannel.Destroy")
+	}
 	if ch.ncq > 0 {
 		n := ch.ncq
 		ch.mu.Unlock()

@@ -122,14 +122,13 @@ func (qp *QP) sqFree() int {
 	return qp.init.MaxSendWR - int(qp.sqEnd-qp.sqHead) + qp.probes
 }
 
-// roomFreed wakes a PostSendContext or WaitSendRoom waiter: a send WQE
-// left the queue. Under qp.mu.
+// roomFreed wakes every PostSendContext and WaitSendRoom waiter: a send
+// WQE left the queue, or the QP can no longer be posted to. Each looks
+// again under qp.mu; those that find no room sleep again. Under qp.mu.
 func (qp *QP) roomFreed() {
-	if qp.roomWait > 0 {
-		select {
-		case qp.roomCh <- struct{}{}:
-		default:
-		}
+	if qp.roomSig != nil {
+		close(qp.roomSig)
+		qp.roomSig = nil
 	}
 }
 
@@ -159,6 +158,10 @@ func (qp *QP) WaitSendRoom(ctx context.Context) error {
 // sleepForRoom waits (qp.mu held on entry and, unless it returns an
 // error, on return) for roomFreed's signal.
 func (qp *QP) sleepForRoom(ctx context.Context) error {
+	if qp.roomSig == nil {
+		qp.roomSig = make(chan struct{})
+	}
+	sig := qp.roomSig
 	qp.roomWait++
 	qp.mu.Unlock()
 	d := qp.dev
@@ -167,7 +170,7 @@ func (qp *QP) sleepForRoom(ctx context.Context) error {
 	d.rx.sleepers.Add(1)
 	var err error
 	select {
-	case <-qp.roomCh:
+	case <-sig:
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-d.done:
@@ -176,11 +179,10 @@ func (qp *QP) sleepForRoom(ctx context.Context) error {
 	d.rx.sleepers.Add(-1)
 	qp.mu.Lock()
 	qp.roomWait--
+	if qp.roomWait == 0 && qp.roomSig != nil {
+		qp.roomSig = nil // nobody left to wake: the next waiter makes a new one
+	}
 	if err != nil {
-		// Pass a signal meant for another waiter on.
-		if qp.roomWait > 0 && qp.sqFree() > 0 {
-			qp.roomFreed()
-		}
 		qp.mu.Unlock()
 	}
 	return err
@@ -227,9 +229,6 @@ func (qp *QP) PostSendContext(ctx context.Context, wrs ...SendWR) error {
 		}
 		i += k
 		if i == len(wrs) {
-			if qp.roomWait > 0 && qp.sqFree() > 0 {
-				qp.roomFreed()
-			}
 			qp.mu.Unlock()
 			return nil
 		}

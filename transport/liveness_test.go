@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -445,5 +446,135 @@ func TestOthersBehind(t *testing.T) {
 	lm.backlog.Store(true)
 	if da.othersBehind(now, to) {
 		t.Error("a ManualClock device counts for the wall-clock ones")
+	}
+}
+
+// Every waiter for send-queue room wakes when room comes back or the QP
+// goes: none sleeps on a wake-up another one took (a queue of one WR, three
+// waiters — two in WaitSendRoom, one in PostSendContext).
+func TestRoomWaitersAllWoken(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		free func(a, b *side, rbuf *memreg.MR) error // makes room, or ends the QP
+		want error                                   // WaitSendRoom's result; nil: room
+	}{
+		{"ack", func(a, b *side, rbuf *memreg.MR) error { // the peer's receive ends the RNR retries
+			return b.qp.PostRecv(RecvWR{WRID: 9, SGEs: sge(rbuf, 0, 16)})
+		}, nil},
+		{"error", func(a, b *side, _ *memreg.MR) error { return a.qp.Modify(&QPAttr{State: QPSErr}, AttrState) }, nil},
+		{"destroy", func(a, b *side, _ *memreg.MR) error { return a.qp.Destroy() }, ErrDestroyed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b, _ := newPair(t, pairOpts{sqDepth: 1, rnrRetry: 7, minRNR: 1})
+			_, mr := a.buffer(t, 16, 0)
+			_, rbuf := b.buffer(t, 16, 0)
+			send := SendWR{WRID: 1, Opcode: WRSend, SGEs: sge(mr, 0, 16)}
+			if err := a.qp.PostSend(send); err != nil { // no receive at b: RNR NAKs, retried for ever
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			type res struct {
+				who string
+				err error
+			}
+			done := make(chan res, 3)
+			for i := range 2 {
+				go func() { done <- res{fmt.Sprint("WaitSendRoom ", i), a.qp.WaitSendRoom(ctx)} }()
+			}
+			go func() {
+				done <- res{"PostSendContext", a.qp.PostSendContext(ctx, SendWR{WRID: 2, Opcode: WRWrite, SGEs: sge(mr, 0, 0)})}
+			}()
+			time.Sleep(50 * time.Millisecond)
+			select {
+			case r := <-done:
+				t.Fatalf("%s returned %v with the queue full", r.who, r.err)
+			default:
+			}
+			if err := tc.free(a, b, rbuf); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				select {
+				case r := <-done:
+					switch {
+					case r.who == "PostSendContext" && tc.want != nil:
+						if !errors.Is(r.err, tc.want) {
+							t.Errorf("%s: %v, want %v", r.who, r.err, tc.want)
+						}
+					case r.who == "PostSendContext":
+						if r.err != nil {
+							t.Errorf("%s: %v", r.who, r.err)
+						}
+					case tc.want == nil && r.err != nil, tc.want != nil && !errors.Is(r.err, tc.want):
+						t.Errorf("%s: %v, want %v", r.who, r.err, tc.want)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("a waiter still sleeps 5 s after room came back (or the QP went)")
+				}
+			}
+		})
+	}
+}
+
+// A destroyed object refuses what is asked of it with ErrDestroyed (ErrClosed
+// once the device is closed), and a nil PD is named: none of these calls
+// succeeds on a dead object or names another cause.
+func TestDestroyedObjectsRefuse(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{})
+	_, mr := a.buffer(t, 16, 0)
+
+	srq, err := a.dev.CreateSRQ(a.pd, SRQAttr{MaxWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srq.PostRecv(RecvWR{WRID: 1, SGEs: sge(mr, 0, 16)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srq.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := a.dev.CreateCompChannel(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	_, nilPD := a.dev.CreateSRQ(nil, SRQAttr{MaxWR: 4})
+	qp, err := a.dev.CreateQP(a.pd, QPInitAttr{Type: QPTypeRC, SendCQ: a.scq, RecvCQ: a.rcq, MaxSendWR: 4, MaxRecvWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	conn := ConnParams{Peer: netip.MustParseAddr("192.0.2.2"), DestQPN: b.qp.QPN()}
+	for _, c := range []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"SRQ.PostRecv after Destroy", srq.PostRecv(RecvWR{WRID: 2, SGEs: sge(mr, 0, 16)}), ErrDestroyed},
+		{"SRQ.Modify after Destroy", srq.Modify(1), ErrDestroyed},
+		{"SRQ.Destroy twice", srq.Destroy(), ErrDestroyed},
+		{"CompChannel.Destroy twice", ch.Destroy(), ErrDestroyed},
+		{"CreateSRQ(nil pd)", nilPD, ErrInvalidConfig},
+		{"Connect after QP.Destroy", qp.Connect(conn), ErrDestroyed},
+	} {
+		if !errors.Is(c.err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, c.err, c.want)
+		}
+	}
+	if n := srq.Len(); n != 0 {
+		t.Errorf("SRQ.Len after Destroy = %d, want 0 (its WRs are dropped)", n)
+	}
+	qp2, err := a.dev.CreateQP(a.pd, QPInitAttr{Type: QPTypeRC, SendCQ: a.scq, RecvCQ: a.rcq, MaxSendWR: 4, MaxRecvWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.dev.Close()
+	if err := qp2.Connect(conn); !errors.Is(err, ErrClosed) {
+		t.Errorf("Connect after Device.Close: %v, want ErrClosed", err)
 	}
 }

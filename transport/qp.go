@@ -126,14 +126,15 @@ type QP struct {
 	// (failed reports that it is), failErr says why; heard counts the
 	// packets accepted from the peer; probes is 1 while a keep-alive
 	// probe is in the send queue (it does not count against max_send_wr);
-	// roomCh wakes PostSendContext waiters when the send queue drains
-	// (roomWait: someone waits).
+	// roomSig wakes every PostSendContext and WaitSendRoom waiter when a
+	// send WQE leaves the queue (closed, then replaced by the next waiter;
+	// nil while nobody waits), and roomWait counts the waiters.
 	failCh       chan struct{}
 	failed       bool
 	failErr      error
 	heard        uint64
 	probes       int
-	roomCh       chan struct{}
+	roomSig      chan struct{}
 	roomWait     int
 	destroyCause error // what Destroy's callers name (DestroyCause), nil: ErrDestroyed alone
 }
@@ -247,7 +248,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 		return nil, fmt.Errorf("transport: CreateQP: max_sge %d out of range 1..32: %w", a.MaxSGE, ErrInvalidConfig)
 	}
 	qp := &QP{dev: d, pd: pd, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ, init: a, transport: tr, commEstCh: make(chan struct{}),
-		failCh: make(chan struct{}), roomCh: make(chan struct{}, 1)}
+		failCh: make(chan struct{})}
 	qp.initRoles()
 	if a.SRQ != nil {
 		qp.resp.srqWQE.sges = make([]memreg.SGE, 0, a.SRQ.maxSGE)
@@ -330,6 +331,7 @@ func (qp *QP) Destroy() error {
 	qp.toError()
 	qp.stopTimersLocked()
 	qp.destroyed = true
+	qp.roomFreed() // waiters for send-queue room return ErrDestroyed
 	qp.mu.Unlock()
 	qp.detach()
 	return nil

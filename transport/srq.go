@@ -35,11 +35,15 @@ type SRQ struct {
 
 	users     int  // QPs attached (under dev.mu)
 	destroyed bool // under dev.mu
+	dead      bool // under mu: Destroy ran; posting is refused
 }
 
 // CreateSRQ creates a shared receive queue in pd.
 func (d *Device) CreateSRQ(pd *memreg.PD, a SRQAttr) (*SRQ, error) {
-	if pd == nil || pd.Table() != d.table {
+	if pd == nil {
+		return nil, errorf(ErrInvalidConfig, "CreateSRQ: nil pd")
+	}
+	if pd.Table() != d.table {
 		return nil, errorf(ErrWrongDevice, "CreateSRQ: pd")
 	}
 	if a.MaxWR <= 0 || a.MaxWR > 1<<16 {
@@ -78,6 +82,9 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.dead {
+		return errorf(ErrDestroyed, "SRQ.PostRecv")
+	}
 	for i := range wrs {
 		wr := &wrs[i]
 		bad := func(field, msg string, kind, err error) error {
@@ -135,6 +142,9 @@ func (s *SRQ) take(dst *recvWQE) bool {
 func (s *SRQ) Modify(limit int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.dead {
+		return errorf(ErrDestroyed, "SRQ.Modify")
+	}
 	if limit < 0 || limit > len(s.rq) {
 		return errorf(ErrInvalidAttr, "SRQ.Modify: srq_limit %d out of range 0..%d", limit, len(s.rq))
 	}
@@ -158,8 +168,9 @@ func (s *SRQ) Len() int {
 }
 
 // Destroy removes the SRQ. It fails with ErrBusy while QPs are attached.
-// Its posted WRs are dropped without completions, as verbs does. On a
-// closed device (whose Close released the SRQ) it returns ErrClosed.
+// Its posted WRs are dropped without completions, as verbs does; PostRecv
+// and Modify then fail with ErrDestroyed. On a closed device (whose Close
+// released the SRQ) it returns ErrClosed.
 func (s *SRQ) Destroy() error {
 	d := s.dev
 	d.mu.Lock()
@@ -178,6 +189,13 @@ func (s *SRQ) Destroy() error {
 	s.destroyed = true
 	delete(d.srqs, s)
 	d.mu.Unlock()
+	s.mu.Lock()
+	s.dead = true
+	for ; s.head != s.end; s.head++ { // dropped: nothing keeps their SGEs
+		r := &s.rq[s.head%uint64(len(s.rq))]
+		r.sges = r.sges[:0]
+	}
+	s.mu.Unlock()
 	s.pd.Release()
 	return nil
 }
