@@ -2,6 +2,7 @@ package rdmacm
 
 import (
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,5 +67,56 @@ func TestCloseAfterReceive(t *testing.T) {
 		cb.Close()
 		smr.Deregister()
 		rmr.Deregister()
+	}
+}
+
+// TestConcurrentClose: Close called from several goroutines at once (and
+// again after) releases the connection once, without a panic or a race; a
+// second Close reports the closed connection like the first.
+func TestConcurrentClose(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
+	lo := ListenOptions{Options: fast}
+	l, err := Listen(db, 7001, &lo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for round := range 20 {
+		acc := make(chan *Conn, 1)
+		go func() {
+			c, err := l.Accept(ctxT(t, 5*time.Second))
+			if err != nil {
+				t.Error(err)
+			}
+			acc <- c
+		}()
+		o := fast
+		ca, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 7001), &o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cb := <-acc
+		if cb == nil {
+			t.FailNow()
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for k := range errs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[k] = ca.Close() }()
+		}
+		wg.Wait()
+		for k, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: Close %d: %v", round, k, err)
+			}
+		}
+		if err := cb.Close(); err != nil {
+			t.Fatalf("round %d: the peer's Close: %v", round, err)
+		}
+		if r := da.Resources(); r.QPs != 0 || r.CQs != 0 {
+			t.Fatalf("round %d: %+v left on the dialing device", round, r)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -175,7 +176,8 @@ type Conn struct {
 	active bool
 	opts   Options
 	qp     *transport.QP
-	owned  []func() error // destroys what the connection created, in order
+	owned  []func() error // destroys what the connection created, in order (under relMu once handed out)
+	relMu  sync.Mutex     // serializes release: Close may be called from several goroutines at once
 	params transport.ConnParams
 
 	localID, remoteID uint32
@@ -330,6 +332,13 @@ func (c *Conn) setQP(qp *transport.QP) {
 // registered in it) stays owned, for the next release to try again; the
 // errors are joined.
 func (c *Conn) release() error {
+	c.relMu.Lock()
+	defer c.relMu.Unlock()
+	return c.releaseLocked()
+}
+
+// releaseLocked is release with c.relMu held.
+func (c *Conn) releaseLocked() error {
 	if c.qp != nil && c.opts.QP != nil {
 		c.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
 	}

@@ -262,7 +262,9 @@ func (c *Conn) disconnectLocked(err error) {
 // still holds memory regions (registered by Prepare) cannot go now; it is
 // deallocated when its last region is deregistered, so it does not leak.
 func (c *Conn) releaseFailed() {
-	c.release()
+	c.relMu.Lock()
+	defer c.relMu.Unlock()
+	c.releaseLocked()
 	if pd := c.life.ownPD; pd != nil && len(c.owned) > 0 {
 		pd.DeallocWhenIdle()
 		c.owned = nil

@@ -207,10 +207,9 @@ func (qp *QP) PostSendContext(ctx context.Context, wrs ...SendWR) error {
 			qp.mu.Unlock()
 			return fmt.Errorf("transport: PostSendContext qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
 		}
+		// In ERR too, at most the room there is: afterPost flushes what
+		// was posted, and the rest goes in the next turn of the loop.
 		k := min(qp.sqFree(), len(wrs)-i)
-		if st == QPSErr {
-			k = len(wrs) - i // flushed as they are posted
-		}
 		var err error
 		for j := i; j < i+k; j++ {
 			if err = qp.postOne(j, &wrs[j]); err != nil {
@@ -231,6 +230,9 @@ func (qp *QP) PostSendContext(ctx context.Context, wrs ...SendWR) error {
 		if i == len(wrs) {
 			qp.mu.Unlock()
 			return nil
+		}
+		if k > 0 && qp.sqFree() > 0 {
+			continue // room came back while posting (ERR flushes at once)
 		}
 		if err := qp.sleepForRoom(ctx); err != nil {
 			return &WRError{Op: "PostSendContext", QPN: qp.qpn, Index: i, WRID: wrs[i].WRID,

@@ -578,3 +578,28 @@ func TestDestroyedObjectsRefuse(t *testing.T) {
 		t.Errorf("Connect after Device.Close: %v, want ErrClosed", err)
 	}
 }
+
+// PostSendContext on a QP in ERR posts every WR, however many: each
+// batch of max_send_wr is flushed before the next goes (it returned
+// ErrQueueFull with its context still live).
+func TestPostSendContextInErr(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{sqDepth: 2})
+	_, mr := a.buffer(t, 64, 0)
+	if err := a.qp.Modify(&QPAttr{State: QPSErr}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	wrs := make([]SendWR, 5)
+	for i := range wrs {
+		wrs[i] = SendWR{WRID: uint64(i), Opcode: WRSend, Flags: SendSignaled, SGEs: sge(mr, 0, 64)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.qp.PostSendContext(ctx, wrs...); err != nil {
+		t.Fatalf("PostSendContext of 5 WRs in ERR, max_send_wr 2: %v", err)
+	}
+	for i, wc := range waitWC(t, a.scq, len(wrs), 5*time.Second) {
+		if wc.WRID != uint64(i) || wc.Status != WCWRFlushErr {
+			t.Fatalf("completion %d: %+v, want WR %d flushed", i, wc, i)
+		}
+	}
+}
