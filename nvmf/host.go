@@ -101,11 +101,11 @@ func (c HostConfig) withDefaults() HostConfig {
 
 // HostStats are a host controller's counters.
 type HostStats struct {
-	Commands   uint64 // commands completed (any status)
-	Errors     uint64 // commands that failed (status or transport)
+	Commands   uint64 // commands ended (any status; also those whose call ended before they went out)
+	Errors     uint64 // of those, the ones that failed (status, transport, or the call's context)
 	Reconnects uint64 // associations re-established after a loss
 	KeepAlives uint64 // keep-alive commands sent
-	Requeued   uint64 // reads and writes sent again after a reconnect
+	Requeued   uint64 // reads and writes sent again after a reconnect (once per new queue they go to)
 	// RemoteInvalidations counts responses that were a SEND with
 	// Invalidate of the command's key, LocalInvalidations keys the host
 	// invalidated itself because the response was a plain SEND
@@ -366,6 +366,7 @@ func (h *Controller) supervise(a *association) {
 				}
 			}
 		}
+		lost := time.Now() // CtrlLossTimeout counts from here, not from the end of the teardown
 		h.logf("nvmf: controller %v %s lost", h.addr, h.subNQN)
 		h.mu.Lock()
 		h.cur = nil
@@ -376,7 +377,7 @@ func (h *Controller) supervise(a *association) {
 			h.fail(ErrDisconnected)
 			return
 		}
-		giveUp := time.Now().Add(h.cfg.CtrlLossTimeout)
+		giveUp := lost.Add(h.cfg.CtrlLossTimeout)
 		var na *association
 		for na == nil {
 			select {
@@ -537,6 +538,9 @@ func (h *Controller) Close() error {
 	if a != nil {
 		a.close()
 	}
+	h.mu.Lock()
+	h.cur = nil // IOQueues reports none
+	h.mu.Unlock()
 	return nil
 }
 

@@ -596,9 +596,16 @@ func TestReconnect(t *testing.T) {
 	// The writers may be done before the delete lands (a fast run):
 	// the reconnect then follows it, after them.
 	waitFor(t, func() bool { return h.Stats().Reconnects >= 4 }, "host reconnected after the delete during I/O")
-	t.Logf("host %+v", h.Stats())
-	if h.Stats().Reconnects != 4 {
-		t.Errorf("%d reconnects, want 4", h.Stats().Reconnects)
+	st := h.Stats()
+	t.Logf("host %+v", st)
+	if st.Reconnects != 4 {
+		t.Errorf("%d reconnects, want 4", st.Reconnects)
+	}
+	// Every command ended well, and a lost one was sent again once (four
+	// writers, one command each in flight): the looks at the dead queue
+	// before the loss was noticed are neither errors nor resends.
+	if st.Errors != 0 || st.Requeued > 4 {
+		t.Errorf("errors %d (want 0), requeued %d (want at most 4)", st.Errors, st.Requeued)
 	}
 }
 
@@ -805,4 +812,49 @@ func TestBoundedBuffers(t *testing.T) {
 		t.Error("no command waited for a buffer")
 	}
 	t.Logf("target %+v", p.t.Stats())
+}
+
+// A target whose I/O queues are smaller than the admin queue's 32 still
+// takes the admin queue (its size is fixed) and caps the I/O queues: a
+// MaxQueueSize below 32 refused every host.
+func TestSmallMaxQueueSize(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{MaxQueueSize: 8})
+	ctx := ctxT(t, 30*time.Second)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 64})
+	if err != nil {
+		t.Fatalf("Connect to a target with MaxQueueSize 8: %v", err)
+	}
+	defer h.Close()
+	if n := h.IOQueues(); n != 2 {
+		t.Fatalf("%d I/O queues, want 2", n)
+	}
+	ns, err := h.Namespace(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := bytes.Repeat([]byte{0x5a}, 64<<10)
+	if n, err := ns.WriteAtContext(ctx, w, 4096); err != nil || n != len(w) {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	r := make([]byte, len(w))
+	if n, err := ns.ReadAtContext(ctx, r, 4096); err != nil || n != len(r) || !bytes.Equal(r, w) {
+		t.Fatalf("read back: %d %v", n, err)
+	}
+	// An I/O queue asking for more than 8 entries is still refused.
+	req := make([]byte, nvme.CMReqSize)
+	nvme.CMReq(req).Encode(&nvme.CMReqFields{QID: 1, HRQSize: 9, HSQSize: 8})
+	_, err = rdmacm.Dial(ctx, p.hdev, p.targetAddr, &rdmacm.Options{PrivateData: req})
+	var rej *rdmacm.RejectError
+	if !errors.As(err, &rej) {
+		t.Fatalf("I/O queue of 9 entries on a target of 8: %v, want a REJ", err)
+	}
+	if r, err := nvme.ParseCMRej(rej.PrivateData); err != nil || r.Fields().Status != nvme.CMInvalidHSQSize {
+		t.Errorf("REJ private data %x, want invalid HSQSIZE", rej.PrivateData[:4])
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.IOQueues(); n != 0 {
+		t.Errorf("IOQueues after Close = %d, want 0", n)
+	}
 }

@@ -168,17 +168,26 @@ func (n *HostNamespace) one(ctx context.Context, op nvme.Opcode, p []byte, off i
 	} else {
 		r.in = p
 	}
+	var failed *hqueue // the queue the command was lost with
 	for {
 		q, err := n.h.ioQueue(ctx)
 		if err != nil {
+			if failed != nil {
+				n.h.count(err) // the command was lost, and is not sent again
+			}
 			return err
+		}
+		if failed != nil && q != failed {
+			n.h.requeued.Add(1) // sent again, on the controller that is back
 		}
 		_, err = q.do(ctx, r)
-		n.h.count(err)
 		if err == nil || !errors.Is(err, ErrDisconnected) || n.h.cfg.CtrlLossTimeout < 0 || ctx.Err() != nil {
+			n.h.count(err)
 			return err
 		}
-		n.h.requeued.Add(1)
+		// Counted once, when the command ends: not at every look at the
+		// dead queue while the association is not yet marked lost.
+		failed = q
 		select { // the association may not be marked lost yet
 		case <-time.After(20 * time.Millisecond):
 		case <-ctx.Done():

@@ -71,9 +71,12 @@ type TargetConfig struct {
 	// Backlog bounds connection requests waiting to be accepted
 	// (default 128).
 	Backlog int
-	// PathMTU bounds the path MTU of the queues (default 1024, what rxe
-	// uses on a 1500-byte Ethernet; each queue takes the smaller of this
-	// and the host's request).
+	// PathMTU is the largest path MTU a queue accepts (default 1024, what
+	// rxe uses on a 1500-byte Ethernet). A queue takes the host's (the
+	// one its connection request names, as Linux's CM does: both ends
+	// must use the same); a host asking for more is rejected (rdmacm:
+	// invalid path MTU). On a link that carries 4096-byte payloads, set
+	// 4096 to accept every host.
 	PathMTU transport.MTU
 	// ConnectTimeout is how long a queue may stay connected without a
 	// Fabrics Connect before the target closes it (default 10 s).
@@ -360,7 +363,8 @@ func (t *Target) checkReq(pd []byte) (f nvme.CMReqFields, st nvme.CMStatus) {
 		return f, nvme.CMInvalidRecFmt
 	case int(f.QID) > t.cfg.MaxIOQueues:
 		return f, nvme.CMInvalidQID
-	case f.HSQSize < 1 || (f.QID == 0 && int(f.HSQSize)+1 > nvme.AdminQueueDepth) || int(f.HSQSize)+1 > t.cfg.MaxQueueSize:
+	case f.HSQSize < 1 || (f.QID == 0 && int(f.HSQSize)+1 > nvme.AdminQueueDepth) ||
+		(f.QID != 0 && int(f.HSQSize)+1 > t.cfg.MaxQueueSize): // the admin queue's 32 are fixed
 		return f, nvme.CMInvalidHSQSize
 	case f.HRQSize < 1 || int(f.HRQSize) > 1024:
 		return f, nvme.CMInvalidHRQSize

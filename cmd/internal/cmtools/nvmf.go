@@ -51,7 +51,9 @@ options:
   --inline N         in-capsule data per I/O command (default 4096, 0: none)
   --queue-size N     largest I/O queue (default 128)
   --io-queues N      I/O queues per controller (default 8)
-  --mtu N            largest path MTU of the queues: 256..4096 (default 1024)
+  --mtu N            largest path MTU of the queues: 256..4096 (default 1024);
+                     a queue takes the host's, and a host asking for more is
+                     rejected (use 4096 where the link carries it)
   --host NQN         allow only this host (repeatable; default any host)
   -v                 log connections; print the target's and the device's
                      counters at the end (SIGUSR1 prints the device's)
@@ -270,7 +272,8 @@ options:
   --invalidate     a key of its own for every data command, which the
                    target is asked to invalidate (SEND with Invalidate;
                    keyed SGL subtype 0xF, as Linux's host does)
-  --mtu N          largest path MTU: 256..4096 (default 1024)
+  --mtu N          path MTU the queues ask for: 256..4096 (default 1024;
+                   the target rejects more than its own --mtu)
   --range BYTES    bench: the span of the namespace it touches (default all)
   -v               log connection events; print the device's counters
 ` + cli.SocketUsage + `
