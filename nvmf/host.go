@@ -367,7 +367,12 @@ func (h *Controller) supervise(a *association) {
 			}
 		}
 		lost := time.Now() // CtrlLossTimeout counts from here, not from the end of the teardown
-		h.logf("nvmf: controller %v %s lost", h.addr, h.subNQN)
+		if h.cfg.CtrlLossTimeout < 0 {
+			h.logf("nvmf: controller %v %s lost", h.addr, h.subNQN)
+		} else {
+			h.logf("nvmf: controller %v %s lost; reconnecting every %v for up to %v", h.addr, h.subNQN,
+				h.cfg.ReconnectDelay, h.cfg.CtrlLossTimeout)
+		}
 		h.mu.Lock()
 		h.cur = nil
 		h.ready = make(chan struct{})

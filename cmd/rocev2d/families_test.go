@@ -3,21 +3,17 @@
 package main
 
 import (
+	"os"
 	"regexp"
-	"strings"
 	"testing"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
 
-// noDashH are the commands that take no -h (a usage error, exit status 2,
-// as it always was): pcap and share, whose first argument is a
-// subcommand, and soak's children, which soak starts.
-var noDashH = map[string]bool{"pcap": true, "share": true, "soak-server": true, "soak-client": true}
-
 // TestFamilies: every command of a family package is in the table once,
-// listed by `rocev2d help` with its summary, and dispatched: `help NAME`
-// prints its usage and `NAME -h` runs it (but noDashH).
+// listed by `rocev2d help` with its summary, and dispatched: `help NAME`,
+// `NAME -h` and `NAME --help` print its usage (also for the commands whose
+// first argument is a subcommand or an address: pcap, share).
 func TestFamilies(t *testing.T) {
 	n := 0
 	for _, f := range families {
@@ -34,16 +30,24 @@ func TestFamilies(t *testing.T) {
 			if code, out, _ := runIn(t, "help", c.Name); code != cli.ExitOK || out != c.Usage {
 				t.Errorf("help %s: exit %d, %d bytes, want its usage", c.Name, code, len(out))
 			}
-			if noDashH[c.Name] {
-				if code, _, _ := runIn(t, c.Name, "-h"); code != cli.ExitUsage {
-					t.Errorf("%s -h: exit %d, want %d", c.Name, code, cli.ExitUsage)
+			for _, h := range []string{"-h", "--help"} {
+				if code, out, _ := runIn(t, c.Name, h); code != cli.ExitOK || out != c.Usage {
+					t.Errorf("%s %s: exit %d, stdout %q, want its usage", c.Name, h, code, out)
 				}
-				continue
-			}
-			if code, out, _ := runIn(t, c.Name, "-h"); code != cli.ExitOK || !strings.Contains(out, "usage: rocev2d "+c.Name) {
-				t.Errorf("%s -h: exit %d, stdout %q", c.Name, code, out)
 			}
 		}
+	}
+	// -h after a subcommand or among positional arguments is help too, not
+	// a file name or an address.
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, args := range [][]string{{"pcap", "write-sample", "--help"}, {"pcap", "check", "-h"}, {"share", "status", "--help"}} {
+		if code, out, _ := runIn(t, args...); code != cli.ExitOK || out != commands[args[0]].usage {
+			t.Errorf("%v: exit %d, stdout %q, want the usage", args, code, out)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("pcap write-sample --help wrote %s", ents[0].Name())
 	}
 	for _, name := range []string{"pingpong", "uc-pingpong", "ud-pingpong", "srq-pingpong"} {
 		if _, ok := commands[name]; !ok {

@@ -136,7 +136,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		printHelp(stderr)
 		return cli.ExitUsage
 	}
+	if wantsHelp(args[1:]) {
+		fmt.Fprint(stdout, c.usage)
+		return cli.ExitOK
+	}
 	return c.run(ctx, args[1:], stdout, stderr)
+}
+
+// wantsHelp reports whether a command's arguments ask for its usage (-h,
+// -help or --help anywhere before "--"), whatever else they hold: every
+// command answers it the same way, including those with subcommands or
+// positional arguments (where it was taken for a file name or an
+// address).
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
 }
 
 // printHelp lists the commands.
@@ -148,8 +169,12 @@ func printHelp(w io.Writer) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	width := len("help")
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-11s %s\n", n, commands[n].summary)
+		width = max(width, len(n))
 	}
-	fmt.Fprintf(w, "  %-11s %s\n", "help", "show this list, or `help COMMAND` for a command's usage")
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-*s %s\n", width, n, commands[n].summary)
+	}
+	fmt.Fprintf(w, "  %-*s %s\n", width, "help", "show this list, or `help COMMAND` for a command's usage")
 }

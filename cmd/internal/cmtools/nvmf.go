@@ -127,20 +127,32 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		err = errors.New("--nqn is required")
 	}
 	if err == nil && size != "" {
-		nbytes, err = parseSize(size)
+		if nbytes, err = parseSize(size); err != nil {
+			err = fmt.Errorf("--size: %v", err)
+		} else if nbytes == 0 {
+			err = errors.New("--size 0: a namespace needs at least one block")
+		}
 	}
-	if err == nil && file == "" && nbytes == 0 {
+	if err == nil && file == "" && size == "" {
 		err = errors.New("give --file or --size")
 	}
-	if err == nil && (port <= 0 || port > 65535) {
-		err = fmt.Errorf("--port %d", port)
+	switch {
+	case err != nil:
+	case port <= 0 || port > 65535:
+		err = fmt.Errorf("--port %d: want 1..65535", port)
+	case qsize < 2 || qsize > 1024:
+		err = fmt.Errorf("--queue-size %d: want 2..1024", qsize)
+	case ioq < 1 || ioq > 1024:
+		err = fmt.Errorf("--io-queues %d: want 1..1024", ioq)
+	case inline < 0 || inline > 16384:
+		err = fmt.Errorf("--inline %d: want 0 (none) .. 16384", inline)
 	}
 	if err == nil && inline == 0 {
 		inline = -1
 	}
 	var mtu transport.MTU
 	if err == nil {
-		mtu, err = cli.ParseMTUFlag(mtuBytes)
+		mtu, err = nvmfMTU(mtuBytes)
 	}
 	if code, done := cli.FlagsResult("nvmf-target", nvmfTargetUsage, err, stdout, stderr); done {
 		return code
@@ -275,6 +287,9 @@ options:
   --mtu N          path MTU the queues ask for: 256..4096 (default 1024;
                    the target rejects more than its own --mtu)
   --range BYTES    bench: the span of the namespace it touches (default all)
+  --ctrl-loss-tmo DUR  how long to keep reconnecting after the controller is
+                   lost (default 60s; 0: fail at once); a lost controller and
+                   each attempt are printed on stderr
   -v               log connection events; print the device's counters
 ` + cli.SocketUsage + `
 Exit status: 0 success, 1 failure (connection refused or lost, an NVMe
@@ -324,6 +339,8 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.BoolVar(&noInline, "no-inline", false, "")
 	fs.BoolVar(&invalidate, "invalidate", false, "")
 	fs.DurationVar(&dur, "time", 2*time.Second, "")
+	lossTmo := 60 * time.Second
+	fs.DurationVar(&lossTmo, "ctrl-loss-tmo", lossTmo, "")
 	cli.AddSocketFlags(fs, &sock)
 	err := fs.Parse(args[1:])
 	var local, peer netip.Addr
@@ -336,7 +353,9 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		}
 	}
 	if err == nil {
-		if peer, err = netip.ParseAddr(addr); err != nil {
+		if addr == "" {
+			err = errors.New("--addr (the target's address) is required")
+		} else if peer, err = netip.ParseAddr(addr); err != nil {
 			err = fmt.Errorf("--addr: %v", err)
 		}
 	}
@@ -348,7 +367,37 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	var mtu transport.MTU
 	if err == nil {
-		mtu, err = cli.ParseMTUFlag(mtuBytes)
+		mtu, err = nvmfMTU(mtuBytes)
+	}
+	if err == nil {
+		err = nvmfHostChecks(sub, ioq, qsize, port, dur, lossTmo)
+	}
+	var off, n, limit int64
+	if err == nil && (sub == "read" || sub == "write" || sub == "verify") {
+		if off, err = parseSize(offset); err != nil {
+			err = fmt.Errorf("--offset: %v", err)
+		}
+	}
+	if err == nil && (sub == "read" || sub == "write" || sub == "verify") {
+		if sub == "verify" && length == "" {
+			length = "64m"
+		}
+		switch {
+		case sub == "write" && in != "" && length != "":
+			err = errors.New("--in and --length: give one (the file's bytes, or N random bytes)")
+		case sub == "write" && in != "":
+		case length == "":
+			err = fmt.Errorf("--length is required (%s)", map[string]string{"read": "bytes to read", "write": "or --in FILE"}[sub])
+		default:
+			if n, err = parseSize(length); err != nil || n == 0 || n > 1<<30 {
+				err = fmt.Errorf("--length %q: want 1 byte to 1 GiB", length)
+			}
+		}
+	}
+	if err == nil && span != "" {
+		if limit, err = parseSize(span); err != nil || limit == 0 {
+			err = fmt.Errorf("--range %q: want a size above 0", span)
+		}
 	}
 	var bss, qds []int
 	if sub == "verify" {
@@ -357,9 +406,6 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		}
 		if !isSet(fs, "qd") {
 			qdList = "1,4,32"
-		}
-		if length == "" {
-			length = "64m"
 		}
 	}
 	if err == nil && (sub == "bench" || sub == "verify") {
@@ -389,10 +435,14 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		defer cli.PrintCounters(stdout, local.String(), dev)
 	}
 	target := netip.AddrPortFrom(peer, uint16(port))
-	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu, RemoteInvalidate: invalidate}
-	if verbose {
-		cfg.Log = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
+	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu, RemoteInvalidate: invalidate,
+		CtrlLossTimeout: lossTmo}
+	if lossTmo == 0 {
+		cfg.CtrlLossTimeout = -1 // fail at once
 	}
+	// A lost controller, each reconnection attempt and the reconnection
+	// are always told: without them a run waiting for its target is silent.
+	cfg.Log = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	if sub == "discover" {
 		es, err := nvmf.Discover(ctx, dev, target, cfg)
 		if err != nil {
@@ -443,20 +493,12 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		fmt.Fprintf(stdout, "namespace %d: %d bytes, %d-byte blocks%s\n", ns.ID(), ns.Size(), ns.BlockSize(), map[bool]string{true: ", read-only"}[ns.ReadOnly()])
 		return cli.ExitOK
 	case "read", "write":
-		off, err := parseSize(offset)
-		if err != nil {
-			return fail(err)
-		}
 		var data []byte
 		if sub == "write" && in != "" {
 			if data, err = os.ReadFile(in); err != nil {
 				return fail(err)
 			}
 		} else {
-			n, err := parseSize(length)
-			if err != nil || n == 0 || n > 1<<30 {
-				return fail(fmt.Errorf("--length %q", length))
-			}
 			data = make([]byte, n)
 			if sub == "write" {
 				rand.Read(data)
@@ -501,24 +543,13 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return cli.ExitOK
 	}
 	if sub == "verify" {
-		off, err := parseSize(offset)
-		if err != nil {
-			return fail(err)
-		}
-		n, err := parseSize(length)
-		if err != nil || n <= 0 || n > 1<<30 {
-			return fail(fmt.Errorf("--length %q", length))
-		}
 		if err := nvmfVerify(ctx, stdout, ns, off, n, bss, qds); err != nil {
 			return fail(err)
 		}
 		return cli.ExitOK
 	}
-	limit := ns.Size()
-	if span != "" {
-		if v, err := parseSize(span); err == nil && v > 0 {
-			limit = min(limit, v)
-		}
+	if limit == 0 || limit > ns.Size() {
+		limit = ns.Size()
 	}
 	fmt.Fprintf(stdout, "%-8s %-4s %-6s %12s %10s %12s\n", "bs", "qd", "rw", "IOPS", "MB/s", "avg_lat_us")
 	for _, bs := range bss {
@@ -531,6 +562,32 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		}
 	}
 	return cli.ExitOK
+}
+
+// nvmfMTU converts --mtu (bytes) to a path MTU.
+func nvmfMTU(b int) (transport.MTU, error) {
+	m, ok := transport.MTUFromBytes(b)
+	if !ok {
+		return 0, fmt.Errorf("--mtu %d: must be 256, 512, 1024, 2048 or 4096", b)
+	}
+	return m, nil
+}
+
+// nvmfHostChecks checks nvmf-host's numeric flags before anything connects.
+func nvmfHostChecks(sub string, ioq, qsize, port int, dur, lossTmo time.Duration) error {
+	switch {
+	case ioq < 1 || ioq > 1024:
+		return fmt.Errorf("--io-queues %d: want 1..1024", ioq)
+	case qsize < 2 || qsize > 1024:
+		return fmt.Errorf("--queue-size %d: want 2..1024", qsize)
+	case port < 1 || port > 65535:
+		return fmt.Errorf("--port %d: want 1..65535", port)
+	case sub == "bench" && dur <= 0:
+		return fmt.Errorf("--time %v: want a duration above 0", dur)
+	case lossTmo < 0:
+		return fmt.Errorf("--ctrl-loss-tmo %v: want 0 or more", lossTmo)
+	}
+	return nil
 }
 
 func parseList(s string) ([]int, error) {

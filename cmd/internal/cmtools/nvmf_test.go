@@ -108,4 +108,39 @@ func TestNvmfUsage(t *testing.T) {
 			t.Errorf("%q: exit %d, want %d\n%s", args, code, cli.ExitUsage, errb.String())
 		}
 	}
+	// Values that were replaced or ignored without a word: each is a
+	// usage error naming its flag, before anything connects (no target
+	// listens at these addresses).
+	tgt := []string{"nvmf-target", "--bind", "127.0.0.1", "--nqn", "x", "--size", "1m"}
+	host := func(sub string, more ...string) []string {
+		return append([]string{"nvmf-host", sub, "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--nqn", "x"}, more...)
+	}
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{append(tgt, "--queue-size", "0"), "--queue-size 0"},
+		{append(tgt, "--io-queues", "-1"), "--io-queues -1"},
+		{append(tgt, "--io-queues", "100000"), "--io-queues 100000"},
+		{append(tgt, "--inline", "-1"), "--inline -1"},
+		{append(tgt, "--port", "0"), "--port 0: want 1..65535"},
+		{append(tgt, "--mtu", "5000"), "--mtu 5000"},
+		{[]string{"nvmf-target", "--bind", "127.0.0.1", "--nqn", "x", "--size", "0"}, "--size 0"},
+		{host("identify", "--queue-size", "1"), "--queue-size 1"},
+		{host("identify", "--io-queues", "0"), "--io-queues 0"},
+		{host("identify", "--mtu", "100"), "--mtu 100"},
+		{host("identify", "--ctrl-loss-tmo", "-1s"), "--ctrl-loss-tmo"},
+		{host("bench", "--time", "0s"), "--time 0s"},
+		{host("bench", "--range", "0"), "--range"},
+		{host("read"), "--length is required"},
+		{host("read", "--length", "0"), "--length \"0\""},
+		{host("read", "--length", "4k", "--offset", "-512"), "--offset"},
+		{host("write", "--in", "/dev/null", "--length", "512"), "--in and --length"},
+		{[]string{"nvmf-host", "identify", "--bind", "127.0.0.2", "--nqn", "x"}, "--addr (the target's address) is required"},
+	} {
+		var out, errb lockedBuffer
+		if code := run(context.Background(), tc.args, &out, &errb); code != cli.ExitUsage || !strings.Contains(errb.String(), tc.msg) {
+			t.Errorf("%q: exit %d, stderr %q, want exit %d naming %q", tc.args, code, errb.String(), cli.ExitUsage, tc.msg)
+		}
+	}
 }

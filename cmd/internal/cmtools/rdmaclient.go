@@ -111,6 +111,16 @@ func parseRdmaExFlags(name string, server bool, args []string) (*rdmaExConfig, e
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	switch {
+	case c.timeout < 0:
+		return nil, fmt.Errorf("--timeout=%v: negative (0: no limit)", c.timeout)
+	case c.idle < 0:
+		return nil, fmt.Errorf("--idle=%v: negative", c.idle)
+	case c.keepAliveTimeout < 0:
+		return nil, fmt.Errorf("--keepalive-timeout=%v: negative (0: the default, 10s)", c.keepAliveTimeout)
+	case c.keepAliveTimeout > 0 && c.keepAliveTimeout < time.Millisecond:
+		return nil, fmt.Errorf("--keepalive-timeout=%v: below 1ms a live peer cannot answer a probe in time", c.keepAliveTimeout)
+	}
 	p, err := strconv.Atoi(port)
 	if err != nil || p <= 0 || p > 65535 {
 		return nil, fmt.Errorf("-p %q: port out of range 1..65535", port)

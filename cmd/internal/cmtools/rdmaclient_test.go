@@ -130,3 +130,25 @@ func hasCounter(out, name, value string) bool {
 	}
 	return false
 }
+
+// Bad durations of rdma-server, rdma-client and udaddy are usage errors
+// naming the flag (exit 1, as the real tools' bad usage), not values
+// quietly taken: a negative timeout or idle time, a negative or
+// sub-millisecond probe timeout (which dropped a live peer at once).
+func TestRdmaExDurationFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"rdma-server", "--bind", "127.0.0.1", "--timeout=-1s"}, "--timeout=-1s"},
+		{[]string{"rdma-client", "-s", "127.0.0.1", "--idle=-2s"}, "--idle=-2s"},
+		{[]string{"rdma-server", "--bind", "127.0.0.1", "--keepalive-timeout=-5s"}, "--keepalive-timeout=-5s"},
+		{[]string{"rdma-server", "--bind", "127.0.0.1", "--keepalive-timeout=1ns"}, "--keepalive-timeout=1ns"},
+		{[]string{"udaddy", "-s", "127.0.0.1", "--timeout=-1s"}, "--timeout=-1s"},
+	} {
+		var out, errb lockedBuffer
+		if code := run(context.Background(), tc.args, &out, &errb); code != 1 || !strings.Contains(errb.String(), tc.msg) {
+			t.Errorf("%q: exit %d, stderr %q, want exit 1 naming %q", tc.args, code, errb.String(), tc.msg)
+		}
+	}
+}

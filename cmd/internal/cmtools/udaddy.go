@@ -101,6 +101,8 @@ func parseUdaddyFlags(args []string) (*udaddyConfig, error) {
 		return nil, fmt.Errorf("-S %d: at least one byte", c.size)
 	case c.port <= 0 || c.port > 65535:
 		return nil, fmt.Errorf("--port %d: out of range 1..65535", c.port)
+	case c.timeout < 0:
+		return nil, fmt.Errorf("--timeout=%v: negative (0: no limit)", c.timeout)
 	case psName != "" && !strings.HasPrefix(strings.ToLower(psName), "udp"):
 		return nil, fmt.Errorf("-P %s: rocev2d udaddy serves the UDP port space only", psName)
 	case format != "" && !strings.EqualFold(format, "ip") && !strings.EqualFold(format, "name"):

@@ -154,6 +154,9 @@ func parseFaultsFlags(args []string) (*faultsConfig, error) {
 	if c.cfg.CERate, err = parseRate("ce", ce); err != nil {
 		return nil, err
 	}
+	if c.cfg.CEAll && c.cfg.CERate == 0 {
+		return nil, errors.New("--ce-all: marks nothing without --ce (a CE-marking rate above 0)")
+	}
 	if every > math.MaxUint32 {
 		return nil, fmt.Errorf("--every %d: too large", every)
 	}

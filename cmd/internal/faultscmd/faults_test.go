@@ -59,6 +59,7 @@ func TestFaultsFlags(t *testing.T) {
 		{[]string{"--mode", "xdp", "a"}, "--mode"},
 		{[]string{"-i", "1ms", "a"}, "--interval"},
 		{[]string{"-d", "-1s", "a"}, "negative"},
+		{[]string{"--ce-all", "a"}, "--ce-all"},
 	}
 	for _, b := range bad {
 		var out, errOut bytes.Buffer

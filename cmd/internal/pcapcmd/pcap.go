@@ -84,10 +84,10 @@ type badPacket struct {
 
 func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rocev2d pcap check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
 	quiet := fs.Bool("q", false, "print only bad packets and the totals")
-	fs.Usage = func() { fmt.Fprint(stderr, pcapUsage) }
 	if err := fs.Parse(args); err != nil {
+		fmt.Fprintf(stderr, "rocev2d pcap check: %v\n%s", err, pcapUsage)
 		return cli.ExitUsage
 	}
 	if fs.NArg() == 0 {
@@ -380,6 +380,10 @@ var sampleEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func pcapWriteSample(args []string, stdout, stderr io.Writer) int {
 	if len(args) != 1 {
 		fmt.Fprintln(stderr, "usage: rocev2d pcap write-sample FILE")
+		return cli.ExitUsage
+	}
+	if strings.HasPrefix(args[0], "-") {
+		fmt.Fprintf(stderr, "rocev2d pcap write-sample: %q is not a file name (write-sample takes no options; ./%s names such a file)\n", args[0], args[0])
 		return cli.ExitUsage
 	}
 	samples, err := rocelayer.SampleFrames()

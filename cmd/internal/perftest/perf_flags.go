@@ -3,6 +3,7 @@ package perftest
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -196,8 +197,8 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, fmt.Errorf("-s %d: size out of range 1..%d", c.size, perfMaxSize)
 	case c.iters < 5 || c.iters > 100000000:
 		return nil, fmt.Errorf("-n %d: iterations must be between 5 and 100000000", c.iters)
-	case c.duration < 0:
-		return nil, fmt.Errorf("-D %d: duration must be positive", c.duration)
+	case c.duration < 0 || (c.duration == 0 && flagSet(fs, "D", "duration")):
+		return nil, fmt.Errorf("-D %d: duration must be greater than 0", c.duration)
 	case c.duration > 0 && !t.IsBW():
 		return nil, fmt.Errorf("-D: duration mode is implemented for the bandwidth tests only")
 	case c.bidi && !t.IsBW():
@@ -254,4 +255,15 @@ func (c *perfConfig) role() oob.Role {
 		return oob.Server
 	}
 	return oob.Client
+}
+
+// flagSet reports whether any of names was given on the command line.
+func flagSet(fs *flag.FlagSet, names ...string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) {
+		for _, n := range names {
+			set = set || f.Name == n
+		}
+	})
+	return set
 }

@@ -339,6 +339,7 @@ func TestPerfFlags(t *testing.T) {
 		{[]string{"write-bw", "-m", "1000"}, "-m 1000"},
 		{[]string{"atomic-bw", "-A", "SWAP"}, `-A "SWAP"`},
 		{[]string{"write-lat", "-D", "2"}, "-D"},
+		{[]string{"write-bw", "-D", "0"}, "-D 0: duration must be greater than 0"},
 		{[]string{"write-bw", "-i", "2"}, "-i 2"},
 		{[]string{"read-bw", "--bind", "nope"}, `--bind "nope"`},
 		{[]string{"send-bw", "--frob"}, "flag provided but not defined"},

@@ -2,6 +2,7 @@ package scale
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"runtime"
@@ -149,6 +150,17 @@ func parseScaleFlags(args []string) (*scaleConfig, error) {
 		return nil, fmt.Errorf("--depth %d: want 1..64", c.depth)
 	case c.duration <= 0 || c.duration > time.Hour:
 		return nil, fmt.Errorf("--duration %v: want a positive duration up to 1h", c.duration)
+	}
+	if !c.active {
+		var only string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "depth" || f.Name == "duration" {
+				only = f.Name
+			}
+		})
+		if only != "" {
+			return nil, fmt.Errorf("--%s applies to --active runs only", only)
+		}
 	}
 	return c, nil
 }

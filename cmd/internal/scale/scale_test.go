@@ -88,6 +88,8 @@ func TestScaleFlags(t *testing.T) {
 		{[]string{"--window", "0"}, "--window"},
 		{[]string{"--active", "--depth", "0"}, "--depth"},
 		{[]string{"--active", "--duration", "0s"}, "--duration"},
+		{[]string{"--duration", "1s"}, "--duration applies to --active"},
+		{[]string{"--depth", "2"}, "--depth applies to --active"},
 		{[]string{"--a", "127.0.0.5", "--b", "127.0.0.5"}, "different addresses"},
 		{[]string{"extra"}, "unexpected argument"},
 	}

@@ -128,6 +128,24 @@ func parseSoakFlags(name string, args []string) (*soakConfig, error) {
 	if c.clients < 1 || c.clients > 32 {
 		return nil, fmt.Errorf("--clients %d out of range 1..32", c.clients)
 	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+		zero bool // 0 allowed
+	}{{"duration", c.duration, false}, {"churn", c.churn, true}, {"keepalive", c.keepAlive, false},
+		{"keepalive-timeout", c.kaTO, false}, {"status-every", c.statusEvery, false}, {"cm-timeout", c.responseTimeout, false}} {
+		if d.v < 0 || (d.v == 0 && !d.zero) {
+			return nil, fmt.Errorf("--%s=%v: want a duration above 0", d.name, d.v)
+		}
+	}
+	switch {
+	case c.serverRestarts < 0:
+		return nil, fmt.Errorf("--server-restarts %d: negative", c.serverRestarts)
+	case c.maxConnLifeMilli < 1:
+		return nil, fmt.Errorf("--max-conn-ms %d: want 1 or more", c.maxConnLifeMilli)
+	case c.port < 1 || c.port > 65535:
+		return nil, fmt.Errorf("--port %d: out of range 1..65535", c.port)
+	}
 	if c.loss < 0 || c.loss >= 0.5 {
 		return nil, fmt.Errorf("--loss %v out of range [0, 0.5)", c.loss)
 	}

@@ -77,3 +77,32 @@ func TestPrintByReason(t *testing.T) {
 		t.Errorf("got %q, want %q", b.String(), want)
 	}
 }
+
+// TestSoakFlags: zero or negative durations and counts are refused naming
+// the flag (a --duration=0 soak ran and ended "FAIL: 0 connections");
+// the children's flags as the parent passes them parse.
+func TestSoakFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--duration=0"}, "--duration=0s"},
+		{[]string{"--duration=-1s"}, "--duration=-1s"},
+		{[]string{"--churn=-1s"}, "--churn=-1s"},
+		{[]string{"--server-restarts=-1"}, "--server-restarts -1"},
+		{[]string{"--keepalive=0"}, "--keepalive=0s"},
+		{[]string{"--keepalive-timeout=-1s"}, "--keepalive-timeout=-1s"},
+		{[]string{"--port=0"}, "--port 0"},
+	} {
+		if _, err := parseSoakFlags("soak", tc.args); err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%q: %v, want an error naming %q", tc.args, err, tc.msg)
+		}
+	}
+	c, err := parseSoakFlags("soak", []string{"--churn=0"})
+	if err != nil {
+		t.Fatalf("--churn=0 (never): %v", err)
+	}
+	if _, err := parseSoakFlags("soak-server", c.childArgs()); err != nil {
+		t.Errorf("the children's flags: %v", err)
+	}
+}
