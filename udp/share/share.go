@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -167,21 +168,47 @@ func (g *group) close() {
 }
 
 // dirName is the pin directory of address ap under root
-// (bpffs refuses names with dots): "n4026531840_127_0_0_1_4791", named
-// after the calling thread's network namespace too, since bpffs is shared
-// by namespaces in which the same address is a different socket group.
+// (bpffs refuses names with dots): "c4096_127_0_0_1_4791", named after the
+// calling thread's network namespace too, since bpffs is shared by
+// namespaces in which the same address is a different socket group.
 func dirName(root string, ap netip.AddrPort) string {
 	return filepath.Join(root, "rocev2", "share-v1", groupKey(ap))
 }
 
 // groupKey names the group of ap in the calling thread's network namespace.
 func groupKey(ap netip.AddrPort) string {
+	return netnsID() + "_" + pinSafe.Replace(ap.String())
+}
+
+// soNetnsCookie is SO_NETNS_COOKIE (Linux 5.14), as asm-generic/socket.h
+// numbers it for amd64 and arm64; where an architecture numbers it
+// otherwise, the call fails or answers another length and netnsID falls
+// back to the inode.
+const soNetnsCookie = 71
+
+// netnsID names the calling thread's network namespace: "c" and its cookie,
+// a number the kernel gives each namespace once and never again until it
+// reboots. The namespace's inode number ("n" and it, the fallback for
+// kernels before 5.14) is reused as soon as the namespace is gone, so a
+// new namespace took the name of a dead one: it joined the dead one's
+// pinned group, and `share remove` in it removed that group.
+func netnsID() string {
+	if fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err == nil {
+		var c uint64
+		l := uint32(unsafe.Sizeof(c))
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, soNetnsCookie,
+			uintptr(unsafe.Pointer(&c)), uintptr(unsafe.Pointer(&l)), 0)
+		unix.Close(fd)
+		if e == 0 && l == uint32(unsafe.Sizeof(c)) {
+			return "c" + strconv.FormatUint(c, 10)
+		}
+	}
 	var ino uint64
 	var st unix.Stat_t
 	if unix.Stat("/proc/thread-self/ns/net", &st) == nil {
 		ino = st.Ino
 	}
-	return "n" + strconv.FormatUint(ino, 10) + "_" + pinSafe.Replace(ap.String())
+	return "n" + strconv.FormatUint(ino, 10)
 }
 
 var pinSafe = strings.NewReplacer(".", "_", ":", "_", "[", "", "]", "", "%", "_")
@@ -261,7 +288,7 @@ func findLive(dir, key string) *group {
 			continue
 		}
 		v := make([]byte, identSize)
-		if m.Lookup(uint32(0), &v) != nil || strings.TrimRight(string(v[:identKeyLen]), "\x00") != key {
+		if m.Lookup(uint32(0), &v) != nil || strings.TrimRight(string(v[:identKeyLen]), "\x00") != identKey(key) {
 			m.Close()
 			continue
 		}
@@ -283,6 +310,15 @@ func findLive(dir, key string) *group {
 		}
 		g.close()
 	}
+}
+
+// identKey is key as the ident map holds it: its first identKeyLen bytes
+// (an IPv6 address with a zone can make a longer key).
+func identKey(key string) string {
+	if len(key) > identKeyLen {
+		return key[:identKeyLen]
+	}
+	return key
 }
 
 // openGroup loads the group of key: pinned in dir, else live (found by
