@@ -26,13 +26,21 @@ type MemBackend struct {
 	buf []byte
 }
 
-// NewMemBackend returns a zeroed in-memory backend of size bytes.
+// NewMemBackend returns a zeroed in-memory backend of size bytes (1 byte
+// to 1 TiB) on the Go heap. Go cannot recover from an allocation the host
+// refuses: a size beyond the host's memory ends the process; a program
+// that takes the size from its user maps the memory itself (mmap fails
+// with an error) and hands it to MemBackendOn, as rocev2d nvmf-target does.
 func NewMemBackend(size int64) (*MemBackend, error) {
 	if size <= 0 || size > 1<<40 {
-		return nil, fmt.Errorf("nvmf: memory backend of %d bytes", size)
+		return nil, fmt.Errorf("nvmf: memory backend of %d bytes: want 1 byte to 1 TiB", size)
 	}
 	return &MemBackend{buf: make([]byte, size)}, nil
 }
+
+// MemBackendOn returns an in-memory backend over buf, which it keeps: the
+// caller must not use or free buf while the backend is in use.
+func MemBackendOn(buf []byte) *MemBackend { return &MemBackend{buf: buf} }
 
 // ReadAt implements io.ReaderAt.
 func (m *MemBackend) ReadAt(p []byte, off int64) (int, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"syscall"
 
 	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
@@ -283,6 +284,23 @@ func NewEndpointPair(la, lb udp.Link, addrA, addrB netip.Addr, mtu transport.MTU
 		return nil, nil, err
 	}
 	return a, b, nil
+}
+
+// CheckCapturePath reports the error that CreateCapture would give for
+// path's file, without writing it, for a command that creates its capture
+// only later (a perftest server, once a client has connected): a bad --pcap
+// is said at start-up, not to the first client.
+func CheckCapturePath(path string) error {
+	_, serr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("--pcap %s: %w", path, err)
+	}
+	f.Close()
+	if os.IsNotExist(serr) {
+		os.Remove(path)
+	}
+	return nil
 }
 
 // CreateCapture creates the pcap file of a --pcap flag, with the snap

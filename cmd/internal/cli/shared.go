@@ -126,7 +126,7 @@ func ParsePairFlags(fs *flag.FlagSet, args []string, p *PairOptions, defMTU int)
 }
 
 // ParseAddrPair parses the --a and --b addresses of a two-device command
-// and returns them unmapped.
+// and returns them unmapped; they must be of one address family.
 func ParseAddrPair(a, b string) (netip.Addr, netip.Addr, error) {
 	pa, err := netip.ParseAddr(a)
 	if err != nil {
@@ -136,7 +136,11 @@ func ParseAddrPair(a, b string) (netip.Addr, netip.Addr, error) {
 	if err != nil {
 		return netip.Addr{}, netip.Addr{}, fmt.Errorf("--b %q: not an IP address", b)
 	}
-	return pa.Unmap(), pb.Unmap(), nil
+	pa, pb = pa.Unmap(), pb.Unmap()
+	if pa.Is4() != pb.Is4() {
+		return netip.Addr{}, netip.Addr{}, fmt.Errorf("--a %v and --b %v: the two endpoints talk to each other, give both IPv4 or both IPv6 addresses", pa, pb)
+	}
+	return pa, pb, nil
 }
 
 // ErrMTUFlag is the error for an -m value that is not an IB MTU.

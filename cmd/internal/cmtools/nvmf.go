@@ -184,12 +184,21 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		defer fb.Close()
 		backend = fb
 	} else {
-		mb, err := nvmf.NewMemBackend(nbytes)
+		// Mapped, not made: a size beyond the host's memory is an error
+		// from mmap, where Go's heap would end the process.
+		buf, free, err := []byte(nil), func() {}, error(nil)
+		if int64(int(nbytes)) != nbytes {
+			err = errors.New("beyond this platform's address space")
+		} else {
+			buf, free, err = cli.MapMemory(int(nbytes))
+		}
 		if err != nil {
-			fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
+			fmt.Fprintf(stderr, "rocev2d nvmf-target: --size %s: cannot map %d bytes for the namespace: %v "+
+				"(more than this host's memory? --file backs a namespace with a file)\n", size, nbytes, err)
 			return cli.ExitFail
 		}
-		backend = mb
+		defer free()
+		backend = nvmf.MemBackendOn(buf)
 	}
 	link, err := cli.ListenSocket(local, sock.Options(false, 0), "pick another address with --bind")
 	if err != nil {

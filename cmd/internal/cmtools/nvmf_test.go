@@ -143,4 +143,12 @@ func TestNvmfUsage(t *testing.T) {
 			t.Errorf("%q: exit %d, stderr %q, want exit %d naming %q", tc.args, code, errb.String(), cli.ExitUsage, tc.msg)
 		}
 	}
+	// A memory namespace beyond the host's memory (1 PiB: beyond any
+	// host's address space) is an error naming --size; it was Go's fatal
+	// "out of memory" with every goroutine's stack.
+	var out, errb lockedBuffer
+	args := []string{"nvmf-target", "--bind", "127.0.0.1", "--nqn", "x", "--size", "1048576g"}
+	if code := run(context.Background(), args, &out, &errb); code != cli.ExitFail || !strings.Contains(errb.String(), "--size 1048576g: cannot map") {
+		t.Errorf("%q: exit %d, stderr %q", args, code, errb.String())
+	}
 }

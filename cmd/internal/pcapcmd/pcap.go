@@ -70,6 +70,10 @@ func runPcap(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // pcapStats counts one file's frames.
 type pcapStats struct {
 	frames, roce, ok, bad, skipped int
+	// malformed counts the frames whose link layer says IP but whose IP
+	// header does not decode or fails its checksum (each is also a bad
+	// packet in the list).
+	malformed int
 	// gso counts the UDP GSO datagrams split into their segments (each
 	// segment counts in roce, ok or bad).
 	gso int
@@ -107,6 +111,7 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		total.ok += st.ok
 		total.bad += st.bad
 		total.skipped += st.skipped
+		total.malformed += st.malformed
 		total.gso += st.gso
 		bad = append(bad, b...)
 		if err != nil {
@@ -119,18 +124,23 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			continue
 		}
 		files++
-		fmt.Fprintf(out, "%s: %d frames, %d RoCEv2 (ICRC ok %d, bad %d), %d other frames skipped%s\n",
-			name, st.frames, st.roce, st.ok, st.bad, st.skipped, gsoNote(st.gso))
+		fmt.Fprintf(out, "%s: %d frames, %d RoCEv2 (ICRC ok %d, bad %d), %d other frames skipped%s%s\n",
+			name, st.frames, st.roce, st.ok, st.bad, st.skipped, malformedNote(st.malformed), gsoNote(st.gso))
 	}
 	fmt.Fprintf(out, "total: %d files, %d frames, %d RoCEv2 packets, %d ok, %d bad, %d other frames skipped",
 		files, total.frames, total.roce, total.ok, total.bad, total.skipped)
+	fmt.Fprint(out, malformedNote(total.malformed))
 	fmt.Fprint(out, gsoNote(total.gso))
 	if unreadable > 0 {
 		fmt.Fprintf(out, ", %d files unreadable", unreadable)
 	}
 	fmt.Fprintln(out)
 	if len(bad) > 0 {
-		fmt.Fprintf(out, "FAIL: %d bad RoCEv2 packets:\n", len(bad))
+		if total.malformed > 0 {
+			fmt.Fprintf(out, "FAIL: %d bad RoCEv2 packets and %d frames with a malformed IP header:\n", len(bad)-total.malformed, total.malformed)
+		} else {
+			fmt.Fprintf(out, "FAIL: %d bad RoCEv2 packets:\n", len(bad))
+		}
 		for _, b := range bad {
 			fmt.Fprintf(out, "  %s #%d: %s\n", b.file, b.frame, b.reason)
 		}
@@ -228,6 +238,18 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 		gp := gopacket.NewPacket(data, dec, gopacket.DecodeOptions{NoCopy: true})
 		udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
 		if udp == nil || udp.DstPort != rocelayer.Port {
+			if why := ipProblem(gp, ci); why != "" {
+				// Not another protocol's frame but a damaged IP
+				// header, whose port and payload cannot be trusted
+				// (an IHL made 1 or 15 hid a RoCEv2 packet among the
+				// "other frames"). A RoCEv2 packet's IP header is
+				// judged by its ICRC instead, which leaves out the
+				// fields a router changes.
+				st.malformed++
+				bad = append(bad, badPacket{name, num, why})
+				fmt.Fprintf(out, "%s #%d BAD: %s\n", name, num, why)
+				continue
+			}
 			st.skipped++
 			continue
 		}
@@ -276,6 +298,53 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 		bad = append(bad, badPacket{name, num, reason})
 		fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
 	}
+}
+
+// malformedNote says how many frames had a damaged IP header, if any.
+func malformedNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d with a malformed IP header", n)
+}
+
+// ipProblem says what is wrong with the IP header of a whole frame that is
+// not RoCEv2: its link layer names IPv4 or IPv6 but the header does not
+// decode, or an IPv4 header's checksum is wrong (the kernel computes it in
+// software even when the UDP checksum is offloaded, so a capture holds it
+// right). "" when nothing is, or the frame was cut by the capture.
+func ipProblem(gp gopacket.Packet, ci gopacket.CaptureInfo) string {
+	if ci.CaptureLength < ci.Length {
+		return ""
+	}
+	if v4, _ := gp.Layer(layers.LayerTypeIPv4).(*layers.IPv4); v4 != nil {
+		var sum uint32
+		h := v4.Contents
+		for i := 0; i+1 < len(h); i += 2 {
+			sum += uint32(h[i])<<8 | uint32(h[i+1])
+		}
+		for sum > 0xffff {
+			sum = sum&0xffff + sum>>16
+		}
+		if sum != 0xffff {
+			return fmt.Sprintf("IPv4 header checksum 0x%04x is wrong (header length %d bytes)", v4.Checksum, len(h))
+		}
+		return ""
+	}
+	ls := gp.Layers()
+	if gp.NetworkLayer() != nil || len(ls) < 2 {
+		return ""
+	}
+	el := gp.ErrorLayer()
+	link, ok := ls[len(ls)-2].(gopacket.DecodingLayer)
+	if el == nil || !ok {
+		return ""
+	}
+	switch link.NextLayerType() {
+	case layers.LayerTypeIPv4, layers.LayerTypeIPv6:
+		return fmt.Sprintf("%v header not decodable: %v", link.NextLayerType(), el.Error())
+	}
+	return ""
 }
 
 // gsoNote says how many frames were GSO datagrams, if any.

@@ -59,6 +59,11 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		local netip.Addr
 		err   error
 	)
+	if c.pcap != "" {
+		if err := cli.CheckCapturePath(c.pcap); err != nil {
+			return err
+		}
+	}
 	if c.rdmaCM {
 		// -R: the device first; the exchange runs over an rdma_cm
 		// connection on it.

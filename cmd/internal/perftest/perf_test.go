@@ -462,3 +462,24 @@ func TestPerfErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestPerfBadPcapAtStart: a server whose --pcap cannot be written says so
+// at start-up, before any client connects (it said so only to the first
+// client); a writable --pcap leaves no file behind the check.
+func TestPerfBadPcapAtStart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	bad := filepath.Join(t.TempDir(), "no-such-dir", "x.pcap")
+	var o, e bytes.Buffer
+	code := run(ctx, []string{"write-bw", "-p", strconv.Itoa(freeTCPPort(t)), "--pcap", bad}, &o, &e)
+	if code != 1 || !strings.Contains(e.String(), "--pcap "+bad+": open") || ctx.Err() != nil {
+		t.Fatalf("exit %d, ctx %v, stderr %q", code, ctx.Err(), e.String())
+	}
+	good := filepath.Join(t.TempDir(), "y.pcap")
+	if err := cli.CheckCapturePath(good); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(good); !os.IsNotExist(err) {
+		t.Fatalf("the check left %s: %v", good, err)
+	}
+}
