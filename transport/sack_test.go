@@ -227,6 +227,68 @@ func TestSRReadHole(t *testing.T) {
 	}
 }
 
+// TestSRLongReadHoles: a READ longer than the requester's ring (3000
+// responses at MTU 256; the ring is 1024 PSNs) with one response lost
+// inside the ring and one beyond it. The responses that arrive beyond the
+// ring are kept (srState.far), so each hole costs one 256-byte READ and
+// nothing else is asked for again: before, every later response asked
+// again for all of them, and the READ went over the wire hundreds of times.
+func TestSRLongReadHoles(t *testing.T) {
+	const first = bth.PSN(0x10)
+	const n = 3000
+	lose := map[bth.PSN]bool{first.Add(5): true, first.Add(1500): true}
+	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: manual(), retry: 3, sr: true}, uint32(first), 0x40)
+	responses := 0
+	lb.drop = func(p *packet.Packet) bool {
+		if p.Info.Kind != bth.KindReadResponse {
+			return false
+		}
+		responses++
+		if lose[p.BTH.PSN()] {
+			delete(lose, p.BTH.PSN())
+			return true
+		}
+		return false
+	}
+	type rd struct {
+		psn bth.PSN
+		n   uint32
+	}
+	var reads []rd
+	la.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCReadRequest {
+			reads = append(reads, rd{p.BTH.PSN(), p.RETH.DMALength()})
+		}
+		return false
+	}
+	src, smr := b.buffer(t, n*256, memreg.AccessRemoteRead)
+	fill(src, 13)
+	dst, dmr := a.buffer(t, len(src), 0)
+	if err := a.qp.PostSend(SendWR{WRID: 9, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, len(dst)), RemoteAddr: smr.IOVA(), RKey: smr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 1, 10*time.Second)
+	if wcs[0].WRID != 9 || wcs[0].Status != WCSuccess || wcs[0].ByteLen != n*256 {
+		t.Fatalf("completion %+v", wcs[0])
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("data differs")
+	}
+	want := []rd{{first, n * 256}, {first.Add(5), 256}, {first.Add(1500), 256}}
+	if fmt.Sprint(reads) != fmt.Sprint(want) {
+		if len(reads) > 8 {
+			reads = reads[:8]
+		}
+		t.Fatalf("READ requests %v, want %v", reads, want)
+	}
+	if responses != n+2 {
+		t.Fatalf("%d READ responses sent, want %d", responses, n+2)
+	}
+	if ca := a.dev.Counters(); ca.LocalAckTimeout != 0 || ca.RetransmittedPkts != 2 {
+		t.Fatalf("local_ack_timeout_err %d retransmitted_pkts %d, want 0 and 2", ca.LocalAckTimeout, ca.RetransmittedPkts)
+	}
+}
+
 // TestSROOOBufferBound: the responder holds at most Window packets (here
 // 16), drops what lies beyond (sr_out_of_window), and holds them in pool
 // buffers of udp.MaxPacketSize: SRMemoryWorstCase is the bound. Filling
@@ -591,5 +653,48 @@ func TestSRAllocsPerMessage(t *testing.T) {
 	}
 	if allocs > 1 {
 		t.Errorf("%.2f allocations per WRITE in steady state, want ~0", allocs)
+	}
+}
+
+// TestSRFarRuns: far READ responses are kept as sorted, merged runs, at
+// most srFarRuns of them, and move into the ring's bitmap as it reaches
+// them.
+func TestSRFarRuns(t *testing.T) {
+	s := &srState{round: new([srRingBits]uint16), base: 0xfffff0} // the ring wraps the PSN space
+	origin := s.base.Add(srRingBits)
+	far := func(d int32) bth.PSN { return origin.Add(int(d)) }
+	for _, d := range []int32{5, 6, 8, 4, 7, 20, 30, 19, 6} {
+		s.setDone(far(d))
+	}
+	if got := fmt.Sprint(s.far[:s.nfar]); got != fmt.Sprint([]srRun{{far(4), far(9)}, {far(19), far(21)}, {far(30), far(31)}}) {
+		t.Fatalf("runs %v", got)
+	}
+	for d := int32(0); d < 40; d++ {
+		want := d >= 4 && d < 9 || d == 19 || d == 20 || d == 30
+		if s.isDone(far(d)) != want {
+			t.Fatalf("isDone(far+%d) = %v", d, !want)
+		}
+	}
+	if !s.anyDone(far(0), far(5)) || s.anyDone(far(9), far(19)) {
+		t.Fatal("anyDone")
+	}
+	// Full: a response that needs one run more is dropped.
+	for d := int32(100); d < 100+2*srFarRuns; d += 2 {
+		s.setDone(far(d))
+	}
+	if s.nfar != srFarRuns || s.isDone(far(100+2*(srFarRuns-3))) {
+		t.Fatalf("%d runs: %v", s.nfar, s.far[:s.nfar])
+	}
+	// The ring moves 20 on: [far+4, far+9) and far+19 are in its bitmap.
+	s.base = s.base.Add(20)
+	s.foldFar()
+	if s.nfar != srFarRuns-1 || s.far[0] != (srRun{far(20), far(21)}) {
+		t.Fatalf("after the move: %v", s.far[:s.nfar])
+	}
+	for d := int32(0); d < 40; d++ {
+		want := d >= 4 && d < 9 || d == 19 || d == 20 || d == 30
+		if s.isDone(far(d)) != want {
+			t.Fatalf("after the move: isDone(far+%d) = %v", d, !want)
+		}
 	}
 }
