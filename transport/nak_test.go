@@ -37,7 +37,22 @@ type psnLink struct {
 	udp.Wrap // forwards the wrapped link's capabilities
 	mu       sync.Mutex
 	drop     func(p *packet.Packet) bool
-	log      []wirePkt
+	// hold keeps a copy of the packets it picks, sent by release.
+	hold func(p *packet.Packet) bool
+	held []udp.Packet
+	log  []wirePkt
+}
+
+// release sends the held packets, in the order they were held.
+func (l *psnLink) release() error {
+	l.mu.Lock()
+	h := l.held
+	l.held = nil
+	l.mu.Unlock()
+	if len(h) == 0 {
+		return nil
+	}
+	return l.Link.Send(h)
 }
 
 func (l *psnLink) Send(pkts []udp.Packet) error {
@@ -55,6 +70,10 @@ func (l *psnLink) Send(pkts []udp.Packet) error {
 		}
 		if l.drop != nil && l.drop(&p) {
 			w.dropped = true
+		} else if l.hold != nil && l.hold(&p) {
+			c := up
+			c.Buf = append([]byte(nil), up.Buf...)
+			l.held = append(l.held, c)
 		} else {
 			keep = append(keep, up)
 		}

@@ -163,8 +163,13 @@ type srState struct {
 	// ring reaches them. Without it they were taken for lost: each later
 	// response asked for them again, and a 3 MB READ at 0.1 % loss was
 	// sent ~370 times over.
-	far     [srFarRuns]srRun
-	nfar    int
+	far  [srFarRuns]srRun
+	nfar int
+	// edge is the ring's end where a recovery stopped (edgeOn): what is
+	// lost beyond it is resent once the ring has moved a quarter on, in
+	// one READ request per run, not one per PSN the ring moves.
+	edge    bth.PSN
+	edgeOn  bool
 	ackedTo bth.PSN // the highest cumulative acknowledgement applied + 1
 	hi      bth.PSN // PSNs before hi that are not done are lost
 	lost    bool    // hi is set: a recovery is due
@@ -563,8 +568,10 @@ func (qp *QP) srSync() {
 	if s.nfar > 0 {
 		s.foldFar()
 	}
-	if s.lost {
-		s.due = true // a recovery that stopped at the ring's end goes on
+	if s.edgeOn && s.base.Add(srRingBits).Diff(s.edge) >= srRingBits/4 {
+		// A recovery that stopped at the ring's end goes on.
+		s.edgeOn = false
+		s.due = true
 	}
 }
 
@@ -685,9 +692,18 @@ func (qp *QP) srLost(hi bth.PSN) {
 // are done; a READ response or atomic ACK up to x that did not arrive is
 // lost.
 func (qp *QP) srAcked(x bth.PSN) {
+	qp.srAckedBy(x, true)
+}
+
+// srAckedBy is srAcked; answers says whether the packet that implies the
+// acknowledgement may be the answer to a timeout's probe (not a READ
+// response: the READ's own stream, still coming, looks the same).
+func (qp *QP) srAckedBy(x bth.PSN, answers bool) {
 	s := qp.sr
 	qp.srSync()
-	qp.srProbeAnswered(x)
+	if answers {
+		qp.srProbeAnswered(x)
+	}
 	if x.Before(s.ackedTo) {
 		return
 	}
@@ -764,6 +780,9 @@ func (qp *QP) srAdvance() {
 		qp.srSync()
 		qp.srRTTSample()
 		s.backoff = 0
+		if s.probeOn && s.probe.Before(qp.comp.psn) {
+			s.probeOn = false // moot: the probed PSN came
+		}
 		qp.comp.progressed()
 	}
 }
@@ -858,8 +877,7 @@ func (qp *QP) srOnReadResponse(p *packetT, psn bth.PSN) {
 	s := qp.sr
 	// The responder executes in PSN order: a response acknowledges
 	// every earlier request.
-	qp.srAcked(psn.Add(-1))
-	qp.srProbeAnswered(psn)
+	qp.srAckedBy(psn.Add(-1), false)
 	i, ok := qp.srWQE(psn)
 	if !ok {
 		return
@@ -874,6 +892,14 @@ func (qp *QP) srOnReadResponse(p *packetT, psn bth.PSN) {
 	k := int(psn.Diff(w.firstPSN))
 	pos := p.Info.Pos
 	lastPkt := k == w.npkts-1
+	// A timeout's probe into a READ asks for one response; its answer is
+	// a LAST where the READ's own stream has a MIDDLE (or FIRST). Any
+	// other response may be that stream, late behind a busy responder or
+	// a process that was not scheduled: taking it for the answer marked
+	// everything not yet received lost, and a 4 MB READ went ~1.5 times.
+	if psn == s.probe && !lastPkt && (pos == bth.PosLast || pos == bth.PosOnly) {
+		qp.srProbeAnswered(psn)
+	}
 	// A resent READ for a run of missing responses is answered with its
 	// own FIRST/MIDDLE/LAST: only the READ's own last packet is checked.
 	if lastPkt && pos != bth.PosLast && pos != bth.PosOnly {
@@ -1038,6 +1064,7 @@ func (qp *QP) srRecover() {
 			// Nothing beyond the ring is resent (it has no pending
 			// bit to stop a second resend): the recovery goes on
 			// as the ring moves (srSync).
+			s.edge, s.edgeOn = s.base.Add(srRingBits), true
 			return
 		}
 		if s.isDone(q) || s.isPend(q) {
@@ -1072,6 +1099,12 @@ func (qp *QP) srRecover() {
 				e = e.Add(1)
 			}
 			span = int(e.Diff(q))
+			if !s.in(e) && e.Before(end) && e.Before(wend) && span < srRingBits/4 {
+				// A short run at the ring's end, more of it beyond:
+				// asked for in one piece once the ring has moved on.
+				s.edge, s.edgeOn = s.base.Add(srRingBits), true
+				return
+			}
 			// A READ's first PSN may reach the responder as the
 			// original request (it was lost): it must ask for the
 			// whole READ, or the responder would save, and later serve,

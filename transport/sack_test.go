@@ -526,6 +526,89 @@ func TestSRLostReadRequestProbe(t *testing.T) {
 	}
 }
 
+// TestSRReadProbeNotTheStream: a timeout while a READ's responses are late
+// (a busy responder, a process not scheduled) probes with one response;
+// the READ's own stream arriving after the probe went out is not the
+// probe's answer (that is a LAST where the stream has a MIDDLE). Taking it
+// for one marked every response not yet received lost and asked for them
+// all again.
+func TestSRReadProbeNotTheStream(t *testing.T) {
+	const first = bth.PSN(0x10)
+	const n = 40
+	clk := manual()
+	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: clk, retry: 3, sr: true}, uint32(first), 0x40)
+	lb.hold = func(p *packet.Packet) bool {
+		return p.Info.Kind == bth.KindReadResponse && !p.BTH.PSN().Before(first.Add(10))
+	}
+	var mu sync.Mutex
+	var reads []string
+	la.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCReadRequest {
+			mu.Lock()
+			reads = append(reads, fmt.Sprintf("%v/%d", p.BTH.PSN(), p.RETH.DMALength()))
+			mu.Unlock()
+		}
+		return false
+	}
+	nreads := func() int { mu.Lock(); defer mu.Unlock(); return len(reads) }
+	src, smr := b.buffer(t, n*256, memreg.AccessRemoteRead)
+	fill(src, 14)
+	dst, dmr := a.buffer(t, len(src), 0)
+	if err := a.qp.PostSend(SendWR{WRID: 3, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, len(dst)), RemoteAddr: smr.IOVA(), RKey: smr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	// The first 10 responses arrive; the other 30 wait in lb.
+	for i := 0; ; i++ {
+		if i == 2000 {
+			t.Fatal("the first responses did not arrive")
+		}
+		a.qp.mu.Lock()
+		c := a.qp.comp.psn
+		a.qp.mu.Unlock()
+		if c == first.Add(10) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for i := 0; nreads() < 2; i++ {
+		if i == 200 {
+			t.Fatalf("no probe after the timeout: READ requests %v", reads)
+		}
+		clk.Advance(time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	// The stream, then the probe's answer, arrive.
+	for i := 0; ; i++ {
+		lb.mu.Lock()
+		h := len(lb.held)
+		lb.mu.Unlock()
+		if h == n-10+1 {
+			break
+		}
+		if i == 2000 {
+			t.Fatalf("%d packets held, want the 30 responses and the probe's answer", h)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	lb.mu.Lock()
+	lb.hold = nil
+	lb.mu.Unlock()
+	if err := lb.release(); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 1, 5*time.Second)
+	if wcs[0].WRID != 3 || wcs[0].Status != WCSuccess || !bytes.Equal(src, dst) {
+		t.Fatalf("completion %+v, data equal %v", wcs[0], bytes.Equal(src, dst))
+	}
+	// A needless resend leaves as the batch that completed the READ ends.
+	time.Sleep(20 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{fmt.Sprintf("%v/%d", first, n*256), fmt.Sprintf("%v/256", first.Add(10))}; fmt.Sprint(reads) != fmt.Sprint(want) {
+		t.Fatalf("READ requests %v, want %v (the READ and the probe)", reads, want)
+	}
+}
+
 // TestSRHeldReadKeepsSlot: a resent part of a held READ longer than the
 // window maps to the READ's own slot; it must not evict the READ (which
 // would then never run), and the READ runs whole once the hole fills.
