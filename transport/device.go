@@ -32,7 +32,9 @@ type DeviceConfig struct {
 	// still knows an old connection does not take the new one for it
 	// (rxe's numbers survive its processes, the kernel's counter going on;
 	// a device here lives as long as its process). Set it (0x11, as rxe
-	// after boot) where a test needs fixed numbers.
+	// after boot) where a test needs fixed numbers. On a link that shares
+	// its address the QPNs come from the link's leases (QPNs), each range
+	// started at a random QPN; FirstQPN is then an error.
 	FirstQPN uint32
 	// Limits bounds the device's memory registration table.
 	Limits memreg.Limits
@@ -64,9 +66,10 @@ type DeviceConfig struct {
 	// Congestion configures ECN, CNPs and DCQCN (cc.go). The zero value
 	// sends ECT(0), answers CE marks with CNPs and runs DCQCN.
 	Congestion CongestionConfig
-	// QPNs supplies the QPNs the device hands out. Nil means the link's
-	// leases when the link shares its address (udp.SharedLink), else
-	// every QPN from 0x11 up.
+	// QPNs supplies the QPNs the device hands out, each range from its
+	// first QPN up. Nil means the link's leases when the link shares its
+	// address (udp.SharedLink; each range from a random QPN on), else
+	// every QPN from 0x11 up (from FirstQPN on).
 	QPNs QPNSource
 	// SelectiveRepeat configures selective repeat for the RC QPs that
 	// negotiate it (QPAttr.SelectiveRepeat, sack.go).
@@ -279,6 +282,10 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	if cfg.FirstQPN > bth.PSNMask || (cfg.FirstQPN != 0 && cfg.FirstQPN < firstQPN) {
 		return nil, fmt.Errorf("transport: NewDevice: FirstQPN %#x outside [%#x, %#x]: %w", cfg.FirstQPN, firstQPN, bth.PSNMask, ErrInvalidConfig)
 	}
+	if cfg.FirstQPN != 0 && cfg.QPNs == nil && sharedLinkOf(link) != nil {
+		return nil, fmt.Errorf("transport: NewDevice: FirstQPN %#x on a link that shares its address: its QPNs come "+
+			"from the link's leases (leave FirstQPN 0, or open the link unshared): %w", cfg.FirstQPN, ErrInvalidConfig)
+	}
 	if cfg.FirstQPN == 0 {
 		cfg.FirstQPN = randomFirstQPN()
 	}
@@ -301,6 +308,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 	if d.qpns.src == nil {
 		if s := d.sharedLink(); s != nil {
 			d.qpns.src = linkLeases{s}
+			d.qpns.random = true
 		} else {
 			d.qpns.src = &wholeSpace{given: true}
 			d.qpns.ranges = [][2]uint32{{firstQPN, bth.PSNMask + 1 - firstQPN}}

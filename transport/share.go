@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"math/rand/v2"
 
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/udp"
@@ -37,8 +38,10 @@ func (s linkLeases) NextRange() (first, n uint32, err error) { return s.l.LeaseQ
 // member of a shared group, else nil.
 // A link that wraps another (a fault injector, a capture tap) is looked
 // through when it has an Unwrap() udp.Link method.
-func (d *Device) sharedLink() udp.SharedLink {
-	l := d.link
+func (d *Device) sharedLink() udp.SharedLink { return sharedLinkOf(d.link) }
+
+// sharedLinkOf is Device.sharedLink of link l.
+func sharedLinkOf(l udp.Link) udp.SharedLink {
 	for range 8 {
 		if s, ok := l.(udp.SharedLink); ok {
 			if s.Shared() {
@@ -62,6 +65,7 @@ type qpnAlloc struct {
 	ranges [][2]uint32 // first, n
 	cur    int         // the range next is in
 	next   uint32      // the next candidate QPN
+	random bool        // start each range at a random QPN (a shared link's leases)
 }
 
 // alloc returns a QPN for which busy is false, leasing a new range from
@@ -98,6 +102,13 @@ func (a *qpnAlloc) alloc(busy func(uint32) bool) (uint32, error) {
 	a.ranges = append(a.ranges, [2]uint32{first, n})
 	a.cur = len(a.ranges) - 1
 	a.next = first
+	if a.random {
+		// From a random QPN of the range on, as a device's first QPN
+		// is random (DeviceConfig.FirstQPN): a restarted process given
+		// the same range does not number its QPs as its previous life
+		// did while peers may still know them.
+		a.next = first + uint32(rand.N(n))
+	}
 	return a.alloc(busy)
 }
 

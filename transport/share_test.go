@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/gorocev2/rocev2/udp"
@@ -90,6 +91,15 @@ func TestQPNSource(t *testing.T) {
 				qps = append(qps, qp)
 			}
 			want := []uint32{0x5000, 0x5001, 0x5002, 0x9000, 0x9001}
+			if tc.shared {
+				// A shared link's range starts at a random QPN of
+				// it and wraps: the same QPNs, rotated in each range.
+				want = []uint32{qps[0].QPN(), 0x5000 + (qps[0].QPN()-0x5000+1)%3, 0x5000 + (qps[0].QPN()-0x5000+2)%3,
+					qps[3].QPN(), 0x9000 + (qps[3].QPN()-0x9000+1)%2}
+				if qps[0].QPN()-0x5000 >= 3 || qps[3].QPN()-0x9000 >= 2 {
+					t.Errorf("first QPNs %#x and %#x outside their ranges", qps[0].QPN(), qps[3].QPN())
+				}
+			}
 			for i, qp := range qps {
 				if qp.QPN() != want[i] {
 					t.Errorf("QP %d: QPN %#x, want %#x", i, qp.QPN(), want[i])
@@ -98,6 +108,7 @@ func TestQPNSource(t *testing.T) {
 			if _, err := create(); !errors.Is(err, errNoMore) {
 				t.Errorf("sixth QP: %v, want the source's error", err)
 			}
+			freed := qps[1].QPN()
 			if err := qps[1].Destroy(); err != nil {
 				t.Fatal(err)
 			}
@@ -105,8 +116,8 @@ func TestQPNSource(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if qp.QPN() != 0x5001 {
-				t.Errorf("after a Destroy: QPN %#x, want the freed 0x5001", qp.QPN())
+			if qp.QPN() != freed {
+				t.Errorf("after a Destroy: QPN %#x, want the freed %#x", qp.QPN(), freed)
 			}
 			if r := dev.QPNRanges(); len(r) != 2 || r[0] != [2]uint32{0x5000, 0x5002} || r[1] != [2]uint32{0x9000, 0x9001} {
 				t.Errorf("QPNRanges = %#x", r)
@@ -140,7 +151,41 @@ func TestQPNSourceThroughWrapper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !dev.Shared() || qp.QPN() != 0x7000 {
-		t.Errorf("Shared %v, QPN %#x; want true, 0x7000", dev.Shared(), qp.QPN())
+	if !dev.Shared() || qp.QPN() < 0x7000 || qp.QPN() >= 0x7008 {
+		t.Errorf("Shared %v, QPN %#x; want true, in [0x7000, 0x7008)", dev.Shared(), qp.QPN())
+	}
+	// FirstQPN cannot number a shared link's QPs: an error, not ignored.
+	if _, err := NewDevice(wrapper{sl}, DeviceConfig{FirstQPN: 0x11}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "FirstQPN 0x11") {
+		t.Errorf("FirstQPN on a shared link: %v", err)
+	}
+}
+
+// TestSharedQPNsRandom: devices on a shared link given the same range
+// (a process restarted after its TimeWait) do not number their first QP
+// alike every time.
+func TestSharedQPNsRandom(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	l, err := n.Link(netip.MustParseAddr("192.0.2.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint32]bool{}
+	for range 16 {
+		sl := &sharedMem{Link: l, src: rangeSource{ranges: [][2]uint32{{0x7000, 4096}}}, svcs: map[uint64]bool{}}
+		dev, err := NewDevice(sl, DeviceConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pd, _ := dev.AllocPD()
+		cq, _ := dev.CreateCQ(4)
+		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1, MaxRecvWR: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[qp.QPN()] = true
+		dev.Close()
+	}
+	if len(seen) < 8 {
+		t.Fatalf("16 devices numbered their first QP with %d QPNs: %v", len(seen), seen)
 	}
 }

@@ -231,7 +231,9 @@ func TestZeroCopyWireIdentical(t *testing.T) {
 		po.defaults()
 		var recs []*wireRecorder
 		mk := func(addr netip.Addr, qpn uint32) *side {
-			l, err := udp.ListenSocket(addr, &udp.SocketOptions{GSO: true})
+			// Unshared: FirstQPN numbers the QPs (a shared link's
+			// come from its leases), so both runs' bytes match.
+			l, err := udp.ListenSocket(addr, &udp.SocketOptions{GSO: true, Share: udp.ShareOff})
 			if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
 				t.Skipf("UDP %v:4791 unavailable: %v", addr, err)
 			}

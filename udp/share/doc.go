@@ -7,11 +7,13 @@
 // ID the other CM messages are addressed to.
 //
 // The first member of an address loads the program and pins it and its maps
-// in bpffs (DefaultPinRoot/rocev2/share-v1/ADDR_PORT); later members load
-// the pins. Members take a slot (the index of their socket in a
+// in bpffs (DefaultPinRoot/rocev2/share-v2/NETNS_ADDR_PORT); later members load
+// the pins. A process that would found a group on an address whose sockets
+// belong to a group it cannot see fails with ErrAddrInUse instead. Members take a slot (the index of their socket in a
 // REUSEPORT_SOCKARRAY), lease QPN ranges of RangeSize QPNs, claim service
 // IDs and may volunteer to answer REQs nobody listens on. A member that
-// closes or dies (its PID and start time no longer match) keeps its slot
+// closes or dies (its socket left the array: the kernel removes a closed
+// socket) keeps its slot
 // and ranges for a TimeWait during which their datagrams are dropped and
 // counted, never delivered to another process. Changes to the group happen
 // under a per-address lock file. A group whose members are all gone is

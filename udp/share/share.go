@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -57,10 +58,11 @@ type memberRec struct {
 	FreeAt   int64  // unix ns after which a TimeWait slot is free
 	Joined   int64  // unix ns
 	Rejector uint32 // 1: the member answers REQs nobody listens for
-	Pad      uint32
+	TWms     uint32 // the member's own TimeWait, ms (0: the sweeper's)
+	Sock     uint64 // the cookie of the member's socket in the socks array
 }
 
-const memberRecSize = 40
+const memberRecSize = 48
 
 func (r *memberRec) marshal() []byte {
 	b := make([]byte, memberRecSize)
@@ -70,6 +72,8 @@ func (r *memberRec) marshal() []byte {
 	binary.NativeEndian.PutUint64(b[16:], uint64(r.FreeAt))
 	binary.NativeEndian.PutUint64(b[24:], uint64(r.Joined))
 	binary.NativeEndian.PutUint32(b[32:], r.Rejector)
+	binary.NativeEndian.PutUint32(b[36:], r.TWms)
+	binary.NativeEndian.PutUint64(b[40:], r.Sock)
 	return b
 }
 
@@ -78,6 +82,7 @@ func unmarshalMember(b []byte) memberRec {
 		PID: binary.NativeEndian.Uint32(b[0:]), State: binary.NativeEndian.Uint32(b[4:]),
 		Start: binary.NativeEndian.Uint64(b[8:]), FreeAt: int64(binary.NativeEndian.Uint64(b[16:])),
 		Joined: int64(binary.NativeEndian.Uint64(b[24:])), Rejector: binary.NativeEndian.Uint32(b[32:]),
+		TWms: binary.NativeEndian.Uint32(b[36:]), Sock: binary.NativeEndian.Uint64(b[40:]),
 	}
 }
 
@@ -119,6 +124,11 @@ var ErrFull = errors.New("share: group full")
 // ErrServiceInUse is matched when another member listens on a service ID.
 var ErrServiceInUse = errors.New("share: service ID in use by another member")
 
+// ErrAddrInUse is matched when sockets outside any group the process can
+// find hold the address (Join would found a group that takes their
+// packets).
+var ErrAddrInUse = errors.New("share: address in use outside a group this process can join")
+
 // CheckCapabilities returns nil when the process may load the steering
 // program and attach it (CAP_BPF or CAP_SYS_ADMIN, and CAP_NET_ADMIN), or
 // an error matching ErrCapability that names what is missing and the
@@ -130,6 +140,11 @@ func CheckCapabilities() error {
 		return fmt.Errorf("share: capget: %w", err)
 	}
 	has := func(c int) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
+	if !initialUserNS() {
+		return fmt.Errorf("%w: this process runs in a user namespace (a rootless container?), whose capabilities do not "+
+			"let it load BPF maps and programs (CAP_BPF in the initial user namespace does); open the address "+
+			"unshared (--share=false), which ShareAuto does by itself", ErrCapability)
+	}
 	var missing []string
 	if !has(unix.CAP_BPF) && !has(unix.CAP_SYS_ADMIN) {
 		missing = append(missing, "CAP_BPF")
@@ -143,6 +158,18 @@ func CheckCapabilities() error {
 	return fmt.Errorf("%w %s: sharing UDP 4791 between processes loads an SK_REUSEPORT eBPF program; "+
 		"grant %s, or give each process its own IP address and open it unshared (--share=false)",
 		ErrCapability, strings.Join(missing, " and "), strings.Join(missing, " and "))
+}
+
+// initialUserNS reports whether the process is in the initial user
+// namespace: its uid_map maps every ID to itself (a user namespace's maps
+// a range; unreadable counts as initial).
+func initialUserNS() bool {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return true
+	}
+	f := strings.Fields(string(b))
+	return len(f) == 3 && f[0] == "0" && f[1] == "0" && f[2] == "4294967295"
 }
 
 // group is the program and maps of one address.
@@ -167,12 +194,18 @@ func (g *group) close() {
 	}
 }
 
+// shareDir names the format of the pinned groups: share-v2 keys groups by
+// the namespace's cookie and tells a member's life by its socket (v1, by
+// inode and PID). A group of another format on the same address is not
+// joined, nor taken over (inUse).
+const shareDir = "share-v2"
+
 // dirName is the pin directory of address ap under root
 // (bpffs refuses names with dots): "c4096_127_0_0_1_4791", named after the
 // calling thread's network namespace too, since bpffs is shared by
 // namespaces in which the same address is a different socket group.
 func dirName(root string, ap netip.AddrPort) string {
-	return filepath.Join(root, "rocev2", "share-v1", groupKey(ap))
+	return filepath.Join(root, "rocev2", shareDir, groupKey(ap))
 }
 
 // groupKey names the group of ap in the calling thread's network namespace.
@@ -239,7 +272,7 @@ var mapNames = []string{"socks", "ranges", "services", "cfg", "stats", "members"
 // namespace: `ip netns exec` mounts a sysfs of its own over /sys, and with
 // it an empty /sys/fs/bpf) finds the live group by enumerating BPF maps.
 const (
-	identName    = "rocev2_ident"
+	identName    = "rocev2_ident2"
 	identKeyLen  = 64
 	identProgOff = identKeyLen // u32 program ID, then a u32 ID per map of mapNames but ident
 	identSize    = identProgOff + 4 + 4*6
@@ -323,7 +356,7 @@ func identKey(key string) string {
 
 // openGroup loads the group of key: pinned in dir, else live (found by
 // its ident map), else created afresh and pinned.
-func openGroup(dir, key string) (*group, error) {
+func openGroup(ap netip.AddrPort, dir, key string) (*group, error) {
 	if g, err := loadPinned(dir, false); err == nil {
 		return g, nil
 	}
@@ -334,6 +367,16 @@ func openGroup(dir, key string) (*group, error) {
 			g.pin()
 		}
 		return g, nil
+	}
+	// Sockets already on the address are a group this process cannot
+	// see (or a process holding it unshared): a new group's program
+	// would replace theirs.
+	if n, err := boundSockets(ap); err == nil && n > 0 {
+		return nil, fmt.Errorf("%w: %d socket(s) are bound to UDP %s already, in a sharing group this process cannot see "+
+			"(pinned in another bpffs, and finding it by its BPF maps needs CAP_SYS_ADMIN; or made by another version "+
+			"of rocev2's sharing) or held unshared by a process; a new group would take their packets. Mount the "+
+			"others' bpffs at %s, grant CAP_SYS_ADMIN, run one version on the address, or use another address",
+			ErrAddrInUse, n, ap, filepath.Dir(filepath.Dir(filepath.Dir(dir))))
 	}
 	// Create afresh (a half-made directory from a crash is replaced).
 	g := &group{dir: dir}
@@ -413,25 +456,57 @@ func (g *group) pin() error {
 }
 
 // flock takes the address's lock file (exclusive).
-func flock(path string) (*os.File, error) {
+func flock(path string) (*os.File, error) { return lockFile(path, unix.LOCK_EX) }
+
+// tryFlock is flock without waiting: nil, nil when another process holds
+// the lock.
+func tryFlock(path string) (*os.File, error) { return lockFile(path, unix.LOCK_EX|unix.LOCK_NB) }
+
+// lockFile locks the file at path with how. The file is removed with its
+// group (removeLock), so the file locked must still be the one at path:
+// one opened before the removal is locked after it, and tried again.
+func lockFile(path string, how int) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("share: lock: %w", err)
-	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
+	for try := 0; ; try++ {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("share: lock: %w", err)
+		}
+		for {
+			err = unix.Flock(int(f.Fd()), how)
+			if err != unix.EINTR {
+				break
+			}
+		}
+		if err == unix.EWOULDBLOCK && how&unix.LOCK_NB != 0 {
+			f.Close()
+			return nil, nil
+		}
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("share: lock %s: %w", path, err)
+		}
+		var a, b unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &a) == nil && unix.Stat(path, &b) == nil && a.Ino == b.Ino && a.Dev == b.Dev {
+			return f, nil
+		}
+		f.Close()
+		if try == 100 {
+			return nil, fmt.Errorf("share: lock %s: removed and made again 100 times while waiting", path)
 		}
 	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("share: lock %s: %w", path, err)
+}
+
+// removeLock removes the lock file at path, which the caller holds locked
+// (through f), with the group it serialized: one lock file per namespace
+// and address piled up in /run otherwise, namespace cookies never coming
+// back.
+func removeLock(path string, f *os.File) {
+	if f != nil {
+		os.Remove(path)
 	}
-	return f, nil
 }
 
 // procStart returns the start time of process pid (clock ticks after
@@ -455,9 +530,21 @@ func procStart(pid uint32) uint64 {
 	return v
 }
 
-// alive reports whether the member's process still runs.
-func alive(r memberRec) bool {
-	return r.PID != 0 && procStart(r.PID) == r.Start
+// alive reports whether the live member in slot s still holds its socket:
+// the kernel takes a socket out of the socks array when it closes — its
+// process died, or exec'd (the socket is close-on-exec) — so this holds
+// whatever PID namespace the caller and the member are in. (A PID and start
+// time, the test before, cannot be seen from another PID namespace: a
+// member in a container took every other member for dead.)
+func (g *group) alive(s int, r memberRec) bool {
+	if r.State != stateLive {
+		return false
+	}
+	var c uint64
+	if err := g.socks.Lookup(uint32(s), &c); err != nil {
+		return false
+	}
+	return r.Sock == 0 || c == r.Sock
 }
 
 func (g *group) member(slot int) memberRec {
@@ -480,7 +567,11 @@ func (g *group) sweep(now time.Time, tw time.Duration) {
 		r := g.member(s)
 		switch r.State {
 		case stateLive:
-			if !alive(r) {
+			if !g.alive(s, r) {
+				// The member's own TimeWait, not the sweeper's.
+				if r.TWms != 0 {
+					tw = time.Duration(r.TWms) * time.Millisecond
+				}
 				g.depart(s, r, now, tw)
 				changed = true
 			}
@@ -513,13 +604,14 @@ func (g *group) depart(s int, r memberRec, now time.Time, tw time.Duration) {
 
 // removeIfEmpty unpins the group when no slot is held (a join that failed
 // to bind leaves nothing behind). Under the lock.
-func (g *group) removeIfEmpty() {
+func (g *group) removeIfEmpty(lockPath string, lf *os.File) {
 	for s := 0; s < MaxMembers; s++ {
 		if g.member(s).State != stateFree {
 			return
 		}
 	}
 	os.RemoveAll(g.dir)
+	removeLock(lockPath, lf)
 }
 
 // free returns slot s and its QPN ranges.
@@ -608,6 +700,7 @@ type Member struct {
 	closed bool
 	owned  [numRanges / 64]atomic.Uint64 // bitmap of leased ranges
 	svcs   map[uint64]bool
+	stop   chan struct{} // closed by Close: watch returns
 }
 
 // Join makes a socket a member of the group on ap (its port is the
@@ -644,7 +737,7 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 		return nil, err
 	}
 	defer lf.Close()
-	g, err := openGroup(dirName(o.PinRoot, ap), groupKey(ap))
+	g, err := openGroup(ap, dirName(o.PinRoot, ap), groupKey(ap))
 	if err != nil {
 		return nil, err
 	}
@@ -663,7 +756,7 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 	}
 	fd, err := open(g.prog.FD())
 	if err != nil {
-		g.removeIfEmpty()
+		g.removeIfEmpty(lockPath, lf)
 		g.close()
 		return nil, err
 	}
@@ -672,13 +765,52 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 		return nil, fmt.Errorf("share: add socket to the group's array: %w", err)
 	}
 	pid := uint32(os.Getpid())
-	if err := g.setMember(slot, memberRec{PID: pid, State: stateLive, Start: procStart(pid), Joined: now.UnixNano()}); err != nil {
+	var cookie uint64
+	if err := g.socks.Lookup(uint32(slot), &cookie); err != nil {
+		g.socks.Delete(uint32(slot))
+		g.close()
+		return nil, fmt.Errorf("share: the socket's cookie in the group's array: %w", err)
+	}
+	rec := memberRec{PID: pid, State: stateLive, Start: procStart(pid), Joined: now.UnixNano(), Sock: cookie,
+		TWms: uint32(min(o.TimeWait.Milliseconds(), 1<<32-1))}
+	if err := g.setMember(slot, rec); err != nil {
 		g.socks.Delete(uint32(slot))
 		g.close()
 		return nil, fmt.Errorf("share: member record: %w", err)
 	}
 	g.stats.Update(uint32(slot), uint64(0), ebpf.UpdateAny)
-	return &Member{ap: ap, opts: o, g: g, slot: slot, lock: lockPath, svcs: map[uint64]bool{}}, nil
+	m := &Member{ap: ap, opts: o, g: g, slot: slot, lock: lockPath, svcs: map[uint64]bool{}, stop: make(chan struct{})}
+	go m.watch()
+	return m, nil
+}
+
+// watchEvery is how often a member sweeps its group while it lives: a
+// member that died is put in TimeWait, and a dead rejector replaced,
+// within it even when no process joins or leaves (a REQ for a service
+// nobody listens on went to the dead rejector's socket, and the dialer got
+// an ICMP port unreachable instead of a REJ, until someone joined).
+const watchEvery = time.Second
+
+// watch sweeps the group every watchEvery until Close, skipping a turn
+// when another process holds the lock.
+func (m *Member) watch() {
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		if !m.closed {
+			if f, err := tryFlock(m.lock); err == nil && f != nil {
+				m.g.sweep(time.Now(), m.opts.TimeWait)
+				f.Close()
+			}
+		}
+		m.mu.Unlock()
+	}
 }
 
 // SetReusePort sets SO_REUSEPORT on fd; call it before bind.
@@ -732,7 +864,12 @@ func (m *Member) LeaseQPNs() (first, n uint32, err error) {
 		if err != nil {
 			return err
 		}
-		for r := uint32(1); r < numRanges; r++ {
+		// From a random range on: a process restarted on the address
+		// after its TimeWait does not take its previous life's range
+		// (and QPNs) again while peers may still know them.
+		r0 := 1 + uint32(rand.N(numRanges-1))
+		for i := uint32(0); i < numRanges-1; i++ {
+			r := 1 + (r0-1+i)%(numRanges-1)
 			if owners[r] != 0 {
 				continue
 			}
@@ -840,6 +977,7 @@ func (m *Member) Close() error {
 		return nil
 	}
 	m.closed = true
+	close(m.stop)
 	err := m.locked(func() error {
 		r := m.g.member(m.slot)
 		if r.State == stateLive && r.PID == uint32(os.Getpid()) {
@@ -860,7 +998,8 @@ func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
 	var o Options
 	o.PinRoot = pinRoot
 	o.defaults()
-	lf, err := flock(lockName(o.LockDir, ap))
+	lockPath := lockName(o.LockDir, ap)
+	lf, err := flock(lockPath)
 	if err != nil {
 		return false, err
 	}
@@ -871,17 +1010,25 @@ func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
 		if _, serr := os.Stat(dir); serr == nil {
 			// Pinned by an incompatible version, or half made: nothing
 			// this version can read is live in it.
-			return true, os.RemoveAll(dir)
+			err := os.RemoveAll(dir)
+			if err == nil {
+				removeLock(lockPath, lf)
+			}
+			return true, err
 		}
 		return false, fmt.Errorf("share: no group pinned in %s: %w", dir, err)
 	}
 	defer g.close()
 	for s := 0; s < MaxMembers; s++ {
-		if r := g.member(s); r.State == stateLive && alive(r) {
+		if r := g.member(s); g.alive(s, r) {
 			return false, nil
 		}
 	}
-	return true, os.RemoveAll(dir)
+	if err := os.RemoveAll(dir); err != nil {
+		return true, err
+	}
+	removeLock(lockPath, lf)
+	return true, nil
 }
 
 var sweepOnce sync.Once
@@ -901,7 +1048,7 @@ var sweepOnce sync.Once
 func Sweep(pinRoot, lockDir string, tw time.Duration) int {
 	o := Options{PinRoot: pinRoot, LockDir: lockDir, TimeWait: tw}
 	o.defaults()
-	base := filepath.Join(o.PinRoot, "rocev2", "share-v1")
+	base := filepath.Join(o.PinRoot, "rocev2", shareDir)
 	ents, err := os.ReadDir(base)
 	if err != nil {
 		return 0
@@ -924,14 +1071,11 @@ func Sweep(pinRoot, lockDir string, tw time.Duration) int {
 // reports whether it did. A directory this version cannot load is left
 // alone (Remove is the way to clear one).
 func sweepGroup(dir, lockPath string, now time.Time, tw time.Duration) bool {
-	f, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
+	f, err := tryFlock(lockPath)
+	if err != nil || f == nil {
 		return false
 	}
 	defer f.Close()
-	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
-		return false
-	}
 	g, err := loadPinned(dir, false)
 	if err != nil {
 		return false
@@ -943,5 +1087,9 @@ func sweepGroup(dir, lockPath string, now time.Time, tw time.Duration) bool {
 			return false
 		}
 	}
-	return os.RemoveAll(dir) == nil
+	if os.RemoveAll(dir) != nil {
+		return false
+	}
+	removeLock(lockPath, f)
+	return true
 }

@@ -14,7 +14,7 @@ import (
 type MemberStatus struct {
 	Slot     int
 	PID      uint32
-	State    string // "live", "dead" (process gone, not yet swept), "timewait"
+	State    string // "live", "dead" (its socket is gone, not yet swept), "timewait"
 	Joined   time.Time
 	FreeAt   time.Time // TimeWait slots: when they return
 	Rejector bool      // answers REQs nobody listens on
@@ -69,7 +69,7 @@ func ReadStatus(ap netip.AddrPort, pinRoot string) (*Status, error) {
 		case r.State == stateTimeWait:
 			ms.State = "timewait"
 			ms.FreeAt = time.Unix(0, r.FreeAt)
-		case alive(r):
+		case g.alive(s, r):
 			ms.State = "live"
 		default:
 			ms.State = "dead"

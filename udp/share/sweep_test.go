@@ -40,7 +40,7 @@ func TestSweep(t *testing.T) {
 		if err := s.m.g.setMember(s.m.slot, r); err != nil {
 			t.Fatal(err)
 		}
-		s.m.g.close() // as the kernel closes a killed process's objects
+		s.m.die() // as the kernel closes a killed process's objects
 		s.m = nil
 		unix.Close(s.fd)
 		s.fd = -1

@@ -23,7 +23,11 @@ func shareStatus(addr netip.Addr, stdout io.Writer) error {
 	for _, m := range st.Members {
 		fmt.Fprintf(stdout, "  slot %d  pid %d  %s", m.Slot, m.PID, m.State)
 		if m.State == "timewait" {
-			fmt.Fprintf(stdout, " (free in %v)", time.Until(m.FreeAt).Round(time.Millisecond))
+			if d := time.Until(m.FreeAt); d > 0 {
+				fmt.Fprintf(stdout, " (free in %v)", d.Round(time.Millisecond))
+			} else {
+				fmt.Fprint(stdout, " (over: freed at the next sweep)")
+			}
 		}
 		if m.Rejector {
 			fmt.Fprint(stdout, "  rejector")
