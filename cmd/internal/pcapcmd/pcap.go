@@ -43,9 +43,14 @@ sender using UDP GSO, as rocev2d does by default there) holds GSO datagrams of
 several packets: each is split as the kernel segments it (one size, IPv4 IDs
 numbered upward) and its packets are checked as #FRAME.K. Link type
 LINUX_SLL2 (276, what tcpdump -i any writes) is read from the file itself.
+A frame cut by the capture's snap length (tcpdump -s, rocev2d --snaplen) is
+reported as truncated: the headers the capture kept are decoded and shown,
+its ICRC cannot be checked, and it is counted apart, neither ok nor bad.
   -q  print only bad packets and the totals
-Exit status: 0 if every RoCEv2 packet is well-formed with a valid ICRC, 1 if
-any is not (they are listed at the end), 2 if a file cannot be read.
+Exit status: 0 if every whole RoCEv2 packet is well-formed with a valid ICRC
+(truncated ones do not fail the check, unless the BTH the capture kept has a
+bad version or opcode), 1 if any is not (they are listed at the end), 2 if a
+file cannot be read.
 
 write-sample writes an Ethernet/IPv4 pcap with one packet of every RC, UC and
 UD opcode and a CNP, each with a correct ICRC (the tshark test reads it).
@@ -77,6 +82,9 @@ type pcapStats struct {
 	// gso counts the UDP GSO datagrams split into their segments (each
 	// segment counts in roce, ok or bad).
 	gso int
+	// truncated counts the RoCEv2 frames cut by the capture's snap
+	// length (in roce, but neither ok nor bad: their ICRC is not checked).
+	truncated int
 }
 
 // badPacket names a bad RoCEv2 packet.
@@ -113,6 +121,7 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		total.skipped += st.skipped
 		total.malformed += st.malformed
 		total.gso += st.gso
+		total.truncated += st.truncated
 		bad = append(bad, b...)
 		if err != nil {
 			out.Flush()
@@ -124,11 +133,12 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			continue
 		}
 		files++
-		fmt.Fprintf(out, "%s: %d frames, %d RoCEv2 (ICRC ok %d, bad %d), %d other frames skipped%s%s\n",
-			name, st.frames, st.roce, st.ok, st.bad, st.skipped, malformedNote(st.malformed), gsoNote(st.gso))
+		fmt.Fprintf(out, "%s: %d frames, %d RoCEv2 (ICRC ok %d, bad %d), %d other frames skipped%s%s%s\n",
+			name, st.frames, st.roce, st.ok, st.bad, st.skipped, truncatedNote(st.truncated), malformedNote(st.malformed), gsoNote(st.gso))
 	}
 	fmt.Fprintf(out, "total: %d files, %d frames, %d RoCEv2 packets, %d ok, %d bad, %d other frames skipped",
 		files, total.frames, total.roce, total.ok, total.bad, total.skipped)
+	fmt.Fprint(out, truncatedNote(total.truncated))
 	fmt.Fprint(out, malformedNote(total.malformed))
 	fmt.Fprint(out, gsoNote(total.gso))
 	if unreadable > 0 {
@@ -254,6 +264,23 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 			continue
 		}
 		st.roce++
+		if ci.CaptureLength < ci.Length {
+			// Cut by the capture's snap length: the headers the
+			// capture kept are decoded and shown, the ICRC cannot
+			// be checked, and the frame is neither ok nor bad.
+			line, reason := describeCut(gp, udp, ci)
+			if reason != "" {
+				st.bad++
+				bad = append(bad, badPacket{name, num, reason})
+				fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
+				continue
+			}
+			st.truncated++
+			if !quiet {
+				fmt.Fprintf(out, "%s #%d %s\n", name, num, line)
+			}
+			continue
+		}
 		line, reason := describe(gp, udp, ci)
 		if segs := gsoSplit(gp, reason); segs != nil {
 			// One GSO datagram seen before segmentation: check the
@@ -298,6 +325,14 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 		bad = append(bad, badPacket{name, num, reason})
 		fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
 	}
+}
+
+// truncatedNote says how many RoCEv2 frames the capture cut short, if any.
+func truncatedNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d truncated by the capture (ICRC not checked)", n)
 }
 
 // malformedNote says how many frames had a damaged IP header, if any.
@@ -369,18 +404,35 @@ func gsoSplit(gp gopacket.Packet, reason string) [][]byte {
 	return rocelayer.GSOSegments(ip)
 }
 
-// describe returns the summary of a RoCEv2 frame and, if it is bad, why.
-func describe(gp gopacket.Packet, udp *layers.UDP, ci gopacket.CaptureInfo) (line, reason string) {
-	var sb strings.Builder
+// writeAddrs appends the frame's source and destination address and port.
+func writeAddrs(sb *strings.Builder, gp gopacket.Packet, udp *layers.UDP) {
 	if nl := gp.NetworkLayer(); nl != nil {
 		s, d := nl.NetworkFlow().Endpoints()
 		sa, _ := netip.AddrFromSlice(s.Raw())
 		da, _ := netip.AddrFromSlice(d.Raw())
-		fmt.Fprintf(&sb, "%v > %v", netip.AddrPortFrom(sa, uint16(udp.SrcPort)), netip.AddrPortFrom(da, uint16(udp.DstPort)))
+		fmt.Fprintf(sb, "%v > %v", netip.AddrPortFrom(sa, uint16(udp.SrcPort)), netip.AddrPortFrom(da, uint16(udp.DstPort)))
 	}
-	if ci.CaptureLength < ci.Length {
-		return sb.String(), fmt.Sprintf("frame truncated by the capture (%d of %d bytes)", ci.CaptureLength, ci.Length)
+}
+
+// writeBTH appends the BTH fields of b.
+func writeBTH(sb *strings.Builder, b *bth.Fields) {
+	fmt.Fprintf(sb, " %s qpn=0x%06x psn=%v", b.Opcode, b.DestQP, b.PSN)
+	for _, fl := range []struct {
+		on   bool
+		name string
+	}{{b.AckReq, "A"}, {b.SolicitedEvent, "SE"}, {b.MigReq, "M"}, {b.FECN, "FECN"}, {b.BECN, "BECN"}} {
+		if fl.on {
+			sb.WriteString(" " + fl.name)
+		}
 	}
+	fmt.Fprintf(sb, " pkey=0x%04x", b.PKey)
+}
+
+// describe returns the summary of a whole RoCEv2 frame and, if it is bad,
+// why.
+func describe(gp gopacket.Packet, udp *layers.UDP, ci gopacket.CaptureInfo) (line, reason string) {
+	var sb strings.Builder
+	writeAddrs(&sb, gp, udp)
 	b, _ := gp.Layer(rocelayer.LayerTypeBTH).(*rocelayer.BTH)
 	if b == nil {
 		why := "not decoded"
@@ -390,16 +442,7 @@ func describe(gp gopacket.Packet, udp *layers.UDP, ci gopacket.CaptureInfo) (lin
 		return sb.String(), "malformed: " + why
 	}
 	pk := b.Packet()
-	fmt.Fprintf(&sb, " %s qpn=0x%06x psn=%v", b.Opcode, b.DestQP, b.PSN)
-	for _, fl := range []struct {
-		on   bool
-		name string
-	}{{b.AckReq, "A"}, {b.SolicitedEvent, "SE"}, {b.MigReq, "M"}, {b.FECN, "FECN"}, {b.BECN, "BECN"}} {
-		if fl.on {
-			sb.WriteString(" " + fl.name)
-		}
-	}
-	fmt.Fprintf(&sb, " pkey=0x%04x", b.PKey)
+	writeBTH(&sb, &b.Fields)
 	writeExt(&sb, pk)
 	fmt.Fprintf(&sb, " pay=%d icrc=0x%08x", len(pk.Payload), b.ICRC)
 	if err := rocelayer.VerifyICRC(gp); err != nil {
@@ -411,6 +454,57 @@ func describe(gp gopacket.Packet, udp *layers.UDP, ci gopacket.CaptureInfo) (lin
 		return sb.String(), "ICRC not verifiable: " + err.Error()
 	}
 	return sb.String(), ""
+}
+
+// describeCut returns the summary of a RoCEv2 frame cut by the capture's
+// snap length: the BTH and extension headers as far as the capture kept
+// them, the payload length the UDP header gives, and how much the capture
+// kept. Its ICRC cannot be checked; reason is non-empty only if the kept
+// BTH is itself malformed (a transport header version other than 0 or an
+// undefined opcode), which no snap length explains.
+func describeCut(gp gopacket.Packet, udp *layers.UDP, ci gopacket.CaptureInfo) (line, reason string) {
+	var sb strings.Builder
+	writeAddrs(&sb, gp, udp)
+	cut := fmt.Sprintf("truncated by the capture (%d of %d bytes", ci.CaptureLength, ci.Length)
+	data := udp.LayerPayload() // what the capture kept of the UDP payload
+	if len(data) < bth.Size {
+		return sb.String() + " " + cut + ", inside the BTH): ICRC not checked", ""
+	}
+	h := bth.BTH(data[:bth.Size])
+	op := h.Opcode()
+	info := op.Info()
+	if h.TVer() != 0 {
+		return sb.String(), fmt.Sprintf("malformed: TVer %d in %v packet, want 0", h.TVer(), op)
+	}
+	if !info.Valid {
+		return sb.String(), fmt.Sprintf("malformed: opcode 0x%02x", uint8(op))
+	}
+	f := h.Fields()
+	writeBTH(&sb, &f)
+	need := bth.Size + info.HeaderLen
+	if len(data) < need {
+		return sb.String() + " " + cut + fmt.Sprintf(", inside its %v): ICRC not checked", info.Headers), ""
+	}
+	// The headers are whole: parse them as a packet of their own (pad
+	// count 0, no payload, a zero ICRC) to show them as a whole frame's.
+	// An RC ACKNOWLEDGE's SACK block is kept if the capture holds all of it.
+	wire := int(udp.Length) - 8 // the UDP payload's length on the wire (-8: unknown)
+	keep := need
+	if end := wire - packet.ICRCSize; op == bth.RCAck && end > need && end <= len(data) && aeth.IsSACK(data[need:end]) {
+		keep = end
+	}
+	hdrs := make([]byte, keep+packet.ICRCSize)
+	copy(hdrs, data[:keep])
+	bth.BTH(hdrs[:bth.Size]).SetPadCount(0)
+	var pk packet.Packet
+	if err := pk.Parse(hdrs); err != nil { // cannot happen: opcode and lengths checked
+		return sb.String(), "malformed: " + err.Error()
+	}
+	writeExt(&sb, &pk)
+	if pay := wire - need - h.PadCount() - packet.ICRCSize; pay >= 0 {
+		fmt.Fprintf(&sb, " pay=%d", pay)
+	}
+	return sb.String() + " " + cut + "): ICRC not checked", ""
 }
 
 // writeExt appends the extension header fields of pk.

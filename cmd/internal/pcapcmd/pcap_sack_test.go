@@ -53,4 +53,19 @@ func TestPcapCheckSACK(t *testing.T) {
 	if code, out, _ := runIn(t, "pcap", "check", badPath); code != cli.ExitFail || !strings.Contains(out, "malformed") {
 		t.Errorf("a broken SACK block: exit %d\n%s", code, out)
 	}
+	// Cut by the capture: the block is shown if the capture kept all of
+	// it, and the frame is truncated, not bad, either way.
+	for _, tt := range []struct {
+		keep int
+		want string
+	}{
+		{len(good) - 2, want + " truncated by the capture"},
+		{len(good) - 10, "AETH[NAK PSN_SEQ_ERROR msn=1] pay=20 truncated by the capture"},
+	} {
+		cutPath := filepath.Join(dir, "cut.pcap")
+		writeFrames(t, cutPath, layers.LinkTypeEthernet, [][]byte{good[:tt.keep]}, len(good))
+		if code, out, _ := runIn(t, "pcap", "check", cutPath); code != cli.ExitOK || !strings.Contains(out, tt.want) {
+			t.Errorf("SACK cut to %d bytes: exit %d, want 0, output lacks %q:\n%s", tt.keep, code, tt.want, out)
+		}
+	}
 }

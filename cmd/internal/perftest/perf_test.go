@@ -24,6 +24,7 @@ import (
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
+	"github.com/gorocev2/rocev2/cmd/internal/pcapcmd"
 	"github.com/gorocev2/rocev2/rocelayer"
 )
 
@@ -324,6 +325,16 @@ func TestPerfPcapCountsMatchCounters(t *testing.T) {
 			}
 			if (snap == "128") != (cut >= 100*64) {
 				t.Errorf("%d of %d records cut at snap length %s", cut, recs, snap)
+			}
+			// pcap check passes either way: the cut records are
+			// truncated by the capture, neither ok nor bad.
+			code, out, errOut := clitest.RunIn(t, pcapcmd.Commands(), "pcap", "check", "-q", file)
+			want := fmt.Sprintf("total: 1 files, %d frames, %d RoCEv2 packets, %d ok, 0 bad, 0 other frames skipped", recs, recs, recs-cut)
+			if cut > 0 {
+				want += fmt.Sprintf(", %d truncated by the capture (ICRC not checked)", cut)
+			}
+			if code != 0 || !strings.Contains(out, want+"\n") {
+				t.Errorf("pcap check: exit %d (want 0), output lacks %q:\n%s%s", code, want, out, errOut)
 			}
 		})
 	}
