@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gorocev2/rocev2/cm"
@@ -675,7 +676,13 @@ func (r *rping) cmError(err error, peer netip.AddrPort) error {
 	case errors.Is(err, rdmacm.ErrUnreachable):
 		// The network said so at once (ICMP port or host unreachable).
 		fmt.Fprintf(r.stderr, "cma event RDMA_CM_EVENT_UNREACHABLE, error -111\n")
-		return fmt.Errorf("%v unreachable: nothing listens on UDP 4791 there (no RoCEv2 device): %w", peer, err)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// ICMP port unreachable: no socket took the REQ. On a
+			// shared address that is also what a group of
+			// processes without a connection manager gives.
+			return fmt.Errorf("%v unreachable: nothing listens on UDP 4791 there (no RoCEv2 device), or the processes sharing it run no connection manager (see `rocev2d share status %v`): %w", peer, peer.Addr(), err)
+		}
+		return fmt.Errorf("%v unreachable: %w", peer, err)
 	case errors.Is(err, rdmacm.ErrTimeout):
 		fmt.Fprintf(r.stderr, "cma event RDMA_CM_EVENT_UNREACHABLE, error -110\n")
 		return fmt.Errorf("no answer from %v: nothing runs a connection manager there (no RoCEv2 device, or UDP 4791 filtered)", peer)
