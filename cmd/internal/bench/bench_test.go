@@ -206,7 +206,7 @@ func TestBenchFlags(t *testing.T) {
 	}{
 		{[]string{"bench", "-t", "1ms"}, "-t 1ms"},
 		{[]string{"bench", "-m", "100"}, "-m 100"},
-		{[]string{"bench", "--a", "127.0.0.1", "--b", "::1"}, "--a and --b"},
+		{[]string{"bench", "--a", "127.0.0.1", "--b", "::1"}, "--a 127.0.0.1 and --b ::1: the two endpoints talk to each other"},
 		{[]string{"bench", "x"}, `unexpected argument "x"`},
 	} {
 		code, _, errOut := runIn(t, b.args...)
