@@ -372,11 +372,11 @@ func openGroup(ap netip.AddrPort, dir, key string) (*group, error) {
 	// see (or a process holding it unshared): a new group's program
 	// would replace theirs.
 	if n, err := boundSockets(ap); err == nil && n > 0 {
-		return nil, fmt.Errorf("%w: %d socket(s) are bound to UDP %s already, in a sharing group this process cannot see "+
+		return nil, fmt.Errorf("%w (%w): %d socket(s) are bound to UDP %s already, in a sharing group this process cannot see "+
 			"(pinned in another bpffs, and finding it by its BPF maps needs CAP_SYS_ADMIN; or made by another version "+
 			"of rocev2's sharing) or held unshared by a process; a new group would take their packets. Mount the "+
 			"others' bpffs at %s, grant CAP_SYS_ADMIN, run one version on the address, or use another address",
-			ErrAddrInUse, n, ap, filepath.Dir(filepath.Dir(filepath.Dir(dir))))
+			ErrAddrInUse, unix.EADDRINUSE, n, ap, filepath.Dir(filepath.Dir(filepath.Dir(dir))))
 	}
 	// Create afresh (a half-made directory from a crash is replaced).
 	g := &group{dir: dir}
