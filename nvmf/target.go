@@ -27,7 +27,13 @@ type Namespace struct {
 	// ReadOnly refuses writes (namespace write protected).
 	ReadOnly bool
 	// NGUID is the namespace's globally unique ID; zero derives one
-	// from the subsystem NQN and the namespace ID.
+	// from the subsystem NQN and the namespace ID. A host that reconnects
+	// compares it with the one it knew (Linux drops the namespace when it
+	// changed): give each set of data its own — derived from what backs
+	// it, as rocev2d nvmf-target does from a file's device, inode and
+	// birth time, random for memory that a restart empties — or a host
+	// reconnecting to a target restarted on other data takes that data
+	// for its old disk.
 	NGUID [16]byte
 
 	shift  uint8

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -47,6 +49,12 @@ options:
   --size BYTES       the namespace's size (memory when no --file); k/m/g
                      suffixes (powers of 1024)
   --ro               read-only namespace (writes fail: write protected)
+  --nguid HEX        the namespace's NGUID (32 hex digits). Default: derived
+                     from the NQN and the file's device, inode and birth time
+                     (the same file keeps it across restarts; a new file, or
+                     memory, which a restart empties, gets another, so that a
+                     reconnecting host sees another namespace, not its old
+                     disk with other data)
   --block-size N     LBA size, 512 (default) or 4096
   --inline N         in-capsule data per I/O command (default 4096, 0: none)
   --queue-size N     largest I/O queue (default 128)
@@ -100,6 +108,8 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.StringVar(&nqn, "nqn", "", "")
 	fs.StringVar(&file, "file", "", "")
 	fs.StringVar(&size, "size", "", "")
+	var nguid string
+	fs.StringVar(&nguid, "nguid", "", "")
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "")
 	fs.IntVar(&port, "port", nvme.Port, "")
 	fs.IntVar(&bs, "block-size", 512, "")
@@ -135,6 +145,15 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	if err == nil && file == "" && size == "" {
 		err = errors.New("give --file or --size")
+	}
+	var nguidVal [16]byte
+	if err == nil && nguid != "" {
+		b, herr := hex.DecodeString(strings.ReplaceAll(nguid, "-", ""))
+		if herr != nil || len(b) != 16 || [16]byte(b) == ([16]byte{}) {
+			err = fmt.Errorf("--nguid %q: want 32 hex digits, not all zero", nguid)
+		} else {
+			nguidVal = [16]byte(b)
+		}
 	}
 	switch {
 	case err != nil:
@@ -212,9 +231,29 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return cli.ExitFail
 	}
 	defer dev.Close()
+	// The namespace's NGUID names its data, not only the NQN: a host that
+	// reconnects to a target restarted on other data (a new file, or
+	// memory, which a restart empties) must see another namespace, as
+	// Linux's host does when the identifiers change, and not read the new
+	// data as its old disk.
+	var guid [16]byte
+	switch {
+	case nguid != "":
+		guid = nguidVal
+	case file != "":
+		id, err := fileIdentity(file)
+		if err != nil {
+			fmt.Fprintf(stderr, "rocev2d nvmf-target: --file %s: %v\n", file, err)
+			return cli.ExitFail
+		}
+		h := sha256.Sum256([]byte(nqn + "\x00" + id))
+		copy(guid[:], h[:16])
+	default:
+		rand.Read(guid[:])
+	}
 	cfg := nvmf.TargetConfig{Port: uint16(port), InlineDataSize: inline, PathMTU: mtu, MaxQueueSize: qsize, MaxIOQueues: ioq,
 		Subsystems: []*nvmf.Subsystem{{NQN: nqn, AllowedHosts: hosts,
-			Namespaces: []*nvmf.Namespace{{Backend: backend, BlockSize: bs, ReadOnly: ro}}}}}
+			Namespaces: []*nvmf.Namespace{{Backend: backend, BlockSize: bs, ReadOnly: ro, NGUID: guid}}}}}
 	var logMu sync.Mutex
 	if verbose {
 		cfg.Log = func(format string, args ...any) {
@@ -234,8 +273,8 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	u := cli.WatchSIGUSR1(stdout)
 	u.Add(local.String(), dev)
 	defer u.Stop()
-	fmt.Fprintf(stdout, "nvmf-target: %s on %v, namespace 1: %d bytes in %d-byte blocks%s\n", nqn, t.Addr(), backend.Size(), bs,
-		map[bool]string{true: " (read-only)", false: ""}[ro])
+	fmt.Fprintf(stdout, "nvmf-target: %s on %v, namespace 1: %d bytes in %d-byte blocks%s, nguid %x\n", nqn, t.Addr(), backend.Size(), bs,
+		map[bool]string{true: " (read-only)", false: ""}[ro], guid)
 	<-ctx.Done()
 	err = t.Close()
 	if verbose {

@@ -152,3 +152,48 @@ func TestNvmfUsage(t *testing.T) {
 		t.Errorf("%q: exit %d, stderr %q", args, code, errb.String())
 	}
 }
+
+// TestNvmfNGUID: the namespace's NGUID names its data. The same file keeps
+// it across restarts (a host reconnects to the same disk); a file made
+// again at the same path, or memory (which a restart empties), gets
+// another, so that a reconnecting host sees another namespace instead of
+// reading other data as its old disk (it was derived from the NQN alone);
+// --nguid sets it.
+func TestNvmfNGUID(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	const nqn = "nqn.2026-12.io.rocev2:nguid"
+	img := filepath.Join(t.TempDir(), "ns.img")
+	re := regexp.MustCompile(`, nguid ([0-9a-f]{32})\n`)
+	guid := func(args ...string) string {
+		t.Helper()
+		srv := startCMServer(t, &nvmfListening, append([]string{"nvmf-target", "--bind", "127.0.0.1", "--port", cmPort(), "--nqn", nqn}, args...)...)
+		r := srv.wait(t, 10*time.Millisecond)
+		m := re.FindStringSubmatch(r.out)
+		if r.code != 0 || m == nil {
+			t.Fatalf("%q: exit %d\n%s%s", args, r.code, r.out, r.errOut)
+		}
+		return m[1]
+	}
+	a := guid("--file", img, "--size", "1m")
+	if b := guid("--file", img); b != a {
+		t.Errorf("the same file: nguid %s, then %s", a, b)
+	}
+	os.Remove(img)
+	if c := guid("--file", img, "--size", "1m"); c == a {
+		t.Errorf("a new file at the same path kept the nguid %s", a)
+	}
+	if m1, m2 := guid("--size", "1m"), guid("--size", "1m"); m1 == m2 {
+		t.Errorf("two memory namespaces, one nguid %s", m1)
+	}
+	if g := guid("--size", "1m", "--nguid", "00112233-4455-6677-8899-aabbccddeeff"); g != "00112233445566778899aabbccddeeff" {
+		t.Errorf("--nguid: %s", g)
+	}
+	for _, bad := range []string{"0011", "00000000000000000000000000000000", "xyz"} {
+		var out, errb lockedBuffer
+		args := []string{"nvmf-target", "--bind", "127.0.0.1", "--nqn", nqn, "--size", "1m", "--nguid", bad}
+		if code := run(context.Background(), args, &out, &errb); code != cli.ExitUsage || !strings.Contains(errb.String(), "--nguid") {
+			t.Errorf("--nguid %s: exit %d %s", bad, code, errb.String())
+		}
+	}
+}
