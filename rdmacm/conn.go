@@ -83,10 +83,19 @@ type Options struct {
 	KeepAlive, KeepAliveTimeout time.Duration
 }
 
-// check reports options that contradict each other.
-func (o *Options) check(op string) error {
-	if o != nil && o.NoRemoteAccess && o.Access != 0 {
+// check reports options that contradict each other, or whose
+// PrivateData is longer than maxPD, what the message it goes in carries
+// (the REQ's 56 bytes behind rdma_cm's header for Dial, the REP's 196 for
+// Accept and Listen).
+func (o *Options) check(op string, maxPD int) error {
+	if o == nil {
+		return nil
+	}
+	if o.NoRemoteAccess && o.Access != 0 {
 		return fmt.Errorf("rdmacm: %s: Options.NoRemoteAccess with Access %v", op, o.Access)
+	}
+	if len(o.PrivateData) > maxPD {
+		return fmt.Errorf("rdmacm: %s: Options.PrivateData: %d bytes of private data, at most %d", op, len(o.PrivateData), maxPD)
 	}
 	return nil
 }
@@ -365,13 +374,10 @@ func (c *Conn) releaseLocked() error {
 // returns is returned, ended (Done closed, Err says why), not an error.
 func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) (*Conn, error) {
 	dev := m.dev
-	if err := opts.check("Dial"); err != nil {
+	if err := opts.check("Dial", cm.CMAREQPrivateDataSize); err != nil {
 		return nil, err
 	}
 	o := opts.withDefaults()
-	if len(o.PrivateData) > cm.CMAREQPrivateDataSize {
-		return nil, fmt.Errorf("rdmacm: Dial: %d bytes of private data, at most %d", len(o.PrivateData), cm.CMAREQPrivateDataSize)
-	}
 	// A link-local address's zone names the interface to reach it
 	// through, which the device's socket is bound to already; the peer's
 	// packets arrive without one.

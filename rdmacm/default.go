@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/netip"
 
+	"github.com/gorocev2/rocev2/cm"
+
 	"github.com/gorocev2/rocev2/transport"
 )
 
@@ -28,7 +30,7 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 // Manager.Listen.
 func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener, error) {
 	if opts != nil {
-		if err := opts.Options.check("Listen"); err != nil {
+		if err := opts.Options.check("Listen", cm.REPPrivateDataSize); err != nil {
 			return nil, err
 		}
 	}

@@ -76,7 +76,7 @@ func (r *Request) RemoteAddr() netip.AddrPort { return r.c.RemoteAddr() }
 // device.
 func (m *Manager) Listen(port uint16, opts *ListenOptions) (*Listener, error) {
 	if opts != nil {
-		if err := opts.Options.check("Listen"); err != nil {
+		if err := opts.Options.check("Listen", cm.REPPrivateDataSize); err != nil {
 			return nil, err
 		}
 	}
@@ -256,7 +256,10 @@ func (l *Listener) serve() {
 				o := l.opts.Options
 				c, err := r.reply(&o)
 				if err != nil {
-					continue // that peer went away, was shed or timed out
+					// That peer went away, was shed or timed out, or
+					// no reply could be built: reply has rejected it
+					// then, so it is not left half-open.
+					continue
 				}
 				go func() {
 					if c.waitEstablished(l.ctx) != nil {
@@ -391,7 +394,10 @@ func (l *Listener) shedLocked(src netip.Addr) {
 // out, and Accept returns once the requester's RTU (or its first packet)
 // arrives — with the connection even if the requester has disconnected
 // it since (its Done closed, as Listener.Accept). On ctx's end the
-// request is rejected.
+// request is rejected, and so it is when no reply can be built (opts
+// contradict each other or carry more private data than the REP's 196
+// bytes, the QP cannot be set up): the requester's Dial fails at once
+// with a *RejectError (consumer reject) instead of at its deadline.
 func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 	c, err := r.reply(opts)
 	if err != nil {
@@ -407,16 +413,17 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 func (r *Request) reply(opts *Options) (*Conn, error) {
 	c := r.c
 	m := c.m
-	if err := opts.check("Accept"); err != nil {
+	if err := opts.check("Accept", cm.REPPrivateDataSize); err != nil {
+		// No reply can be built with these options: the requester
+		// learns so at once (consumer reject, as rdma_accept's failure
+		// path sends) rather than at its deadline.
+		r.Reject(nil)
 		return nil, err
 	}
 	o := opts.withDefaults()
 	var bound transport.MTU // an explicit PathMTU; zero: take the REQ's
 	if opts != nil {
 		bound = opts.PathMTU
-	}
-	if len(o.PrivateData) > cm.REPPrivateDataSize {
-		return nil, fmt.Errorf("rdmacm: Accept: %d bytes of private data, at most %d", len(o.PrivateData), cm.REPPrivateDataSize)
 	}
 	m.mu.Lock()
 	if c.state != stREQRcvd {
