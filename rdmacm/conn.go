@@ -372,6 +372,7 @@ func (c *Conn) releaseLocked() error {
 // (before the reply) or DREQ (after it) the specification asks for has
 // been sent. A connection established and ended by the peer before Dial
 // returns is returned, ended (Done closed, Err says why), not an error.
+// On an error the *Conn is nil.
 func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) (*Conn, error) {
 	dev := m.dev
 	if err := opts.check("Dial", cm.CMAREQPrivateDataSize); err != nil {
@@ -455,7 +456,10 @@ func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) 
 		c.releaseFailed()
 		return nil, fmt.Errorf("rdmacm: Dial: %w", closedAs(err))
 	}
-	return c, c.waitEstablished(ctx)
+	if err := c.waitEstablished(ctx); err != nil {
+		return nil, err // released: nothing is left for the caller to close
+	}
+	return c, nil
 }
 
 // testHookEstablished, when a test sets it, runs in waitEstablished
