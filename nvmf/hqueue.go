@@ -177,9 +177,16 @@ func (q *hqueue) postRecvOn(qp *transport.QP, i int) error {
 }
 
 // die marks the queue down (once) and fails every outstanding command.
+// Only a loss is logged: a queue that close is tearing down (the host's
+// own Close, or the teardown of an association already found lost) dies
+// of that teardown — its receives flushed, its connection closed — and
+// that is no news.
 func (q *hqueue) die(err error) {
 	q.dieOnce.Do(func() {
-		if q.logf != nil && err != ErrClosed {
+		q.mu.Lock()
+		closing := q.closing
+		q.mu.Unlock()
+		if q.logf != nil && err != ErrClosed && !closing {
 			q.logf("nvmf: host queue %d down: %v", q.qid, err)
 		}
 		q.mu.Lock()
