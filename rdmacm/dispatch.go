@@ -439,9 +439,10 @@ func (m *Manager) errLoop() {
 	}
 }
 
-// onUnreachable: a REQ (or REP) of ours came back as an ICMP error: the
-// connection waiting for its answer fails now, with an error naming the
-// address, instead of resending for MaxRetries response timeouts.
+// onUnreachable: a REQ (or REP, or SIDR_REQ) of ours came back as an
+// ICMP error: the connection (or ResolveUD) waiting for its answer fails
+// now, with an error naming the address, instead of resending for
+// MaxRetries response timeouts.
 // dst and payload are the bounced datagram's destination and quoted UDP
 // payload, icmp the error (a *udp.ICMPError).
 //
@@ -466,6 +467,14 @@ func (m *Manager) onUnreachable(dst netip.Addr, payload []byte, icmp error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.st.unreachable.Add(1)
+	if attr == cm.AttrSIDRREQ {
+		// A ResolveUD's request (its first word is the request ID
+		// ResolveUD waits under) fails the same way.
+		if w := m.sidr[local]; w != nil && w.to.Addr() == dst && w.tid == tid {
+			w.done(sidrResult{err: fmt.Errorf("rdmacm: ResolveUD %v: %w: %w", w.to, ErrUnreachable, icmp)})
+		}
+		return
+	}
 	c := m.conns[local]
 	if c == nil || c.peer != dst || c.tid != tid {
 		return

@@ -23,40 +23,57 @@ func loopbackFor(host byte) netip.Addr {
 	return netip.AddrFrom4([4]byte{127, byte(40 + p%200), byte(1 + (p/200)%250), host})
 }
 
-// Dial to an address where nothing listens on UDP 4791: the kernel's
-// ICMP port unreachable ends it at once (not after 16 response
-// timeouts), with an error matching ErrUnreachable and ECONNREFUSED and
-// naming the address.
+// Dial (or ResolveUD) to an address where nothing listens on UDP 4791:
+// the kernel's ICMP port unreachable ends it at once (not after 16
+// response timeouts), with an error matching ErrUnreachable and
+// ECONNREFUSED and naming the address. ResolveUD used to ignore it and
+// time out after 16 s.
 func TestDialUnreachableFailsFast(t *testing.T) {
-	l, err := udp.ListenSocket(loopbackFor(1), nil)
-	if err != nil {
-		t.Fatal(err)
+	for i, tc := range []struct {
+		name string
+		call func(dev *transport.Device, to netip.AddrPort) error
+	}{
+		{"Dial", func(dev *transport.Device, to netip.AddrPort) error {
+			_, err := Dial(ctxT(t, 30*time.Second), dev, to, nil) // default: 1 s response timeout, 15 retries
+			return err
+		}},
+		{"ResolveUD", func(dev *transport.Device, to netip.AddrPort) error {
+			_, err := ResolveUD(ctxT(t, 30*time.Second), dev, to, nil) // as Dial
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := udp.ListenSocket(loopbackFor(byte(1+i)), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev, err := transport.NewDevice(l, transport.DeviceConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Close()
+			to := netip.AddrPortFrom(loopbackFor(9), 7500)
+			start := time.Now()
+			err = tc.call(dev, to)
+			el := time.Since(start)
+			if !errors.Is(err, ErrUnreachable) || !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("%s to a closed port: %v, want ErrUnreachable (ECONNREFUSED)", tc.name, err)
+			}
+			if !strings.Contains(err.Error(), to.String()) {
+				t.Errorf("error %q does not name %v", err, to)
+			}
+			if el > 900*time.Millisecond {
+				t.Errorf("%s failed after %v, want at once (before the first response timeout)", tc.name, el)
+			}
+			if s := StatsOf(dev); s.Unreachable == 0 {
+				t.Errorf("Unreachable not counted: %+v", s)
+			}
+			if c := dev.Counters().DestUnreachable; c == 0 {
+				t.Errorf("dest_unreachable = 0")
+			}
+			t.Logf("%v after %v", err, el)
+		})
 	}
-	dev, err := transport.NewDevice(l, transport.DeviceConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	to := netip.AddrPortFrom(loopbackFor(9), 7500)
-	start := time.Now()
-	_, err = Dial(ctxT(t, 30*time.Second), dev, to, nil) // default: 1 s response timeout, 15 retries
-	el := time.Since(start)
-	if !errors.Is(err, ErrUnreachable) || !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("Dial to a closed port: %v, want ErrUnreachable (ECONNREFUSED)", err)
-	}
-	if !strings.Contains(err.Error(), to.String()) {
-		t.Errorf("error %q does not name %v", err, to)
-	}
-	if el > 900*time.Millisecond {
-		t.Errorf("Dial failed after %v, want at once (before the first response timeout)", el)
-	}
-	if s := StatsOf(dev); s.Unreachable == 0 {
-		t.Errorf("Unreachable not counted: %+v", s)
-	}
-	if c := dev.Counters().DestUnreachable; c == 0 {
-		t.Errorf("dest_unreachable = 0")
-	}
-	t.Logf("%v after %v", err, el)
 }
 
 // A peer that never answers (no CM there): the timeout names the

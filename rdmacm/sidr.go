@@ -42,7 +42,9 @@ type sidrResult struct {
 }
 
 type sidrWait struct {
-	ch chan sidrResult
+	ch  chan sidrResult
+	to  netip.AddrPort // where the SIDR_REQ goes
+	tid uint64         // its transaction ID
 }
 
 func (w *sidrWait) done(r sidrResult) {
@@ -57,7 +59,9 @@ func (w *sidrWait) done(r sidrResult) {
 // rdma_resolve_route and rdma_connect do for a UD rdma_cm ID (udaddy).
 // The error is a *RejectError for a SIDR_REP with an error status
 // (errors.Is(err, ErrRefused) when nothing serves the port), ErrTimeout
-// after the retries, or ctx's error.
+// after the retries, ErrUnreachable naming the address as soon as the
+// network bounces the request (ICMP port or host unreachable, on links
+// that report them: as Dial), or ctx's error.
 func (m *Manager) ResolveUD(ctx context.Context, addr netip.AddrPort, opts *UDOptions) (UDPeer, error) {
 	dev := m.dev
 	var o UDOptions
@@ -86,7 +90,7 @@ func (m *Manager) ResolveUD(ctx context.Context, addr netip.AddrPort, opts *UDOp
 		return UDPeer{}, fmt.Errorf("rdmacm: ResolveUD: %w", err)
 	}
 	copy(req.PrivateData[cm.CMAHeaderSize:], o.PrivateData)
-	w := &sidrWait{ch: make(chan sidrResult, 1)}
+	w := &sidrWait{ch: make(chan sidrResult, 1), to: netip.AddrPortFrom(peer, addr.Port()), tid: m.agent.NewTID()}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -105,7 +109,7 @@ func (m *Manager) ResolveUD(ctx context.Context, addr netip.AddrPort, opts *UDOp
 		delete(m.sidr, req.RequestID)
 		m.mu.Unlock()
 	}()
-	tid := m.agent.NewTID()
+	tid := w.tid
 	var out [transport.MADSize]byte
 	t := time.NewTimer(o.ResponseTimeout)
 	defer t.Stop()

@@ -259,6 +259,9 @@ func rdmaEx(ctx context.Context, c *rdmaExConfig, stdout io.Writer) error {
 			if errors.Is(err, rdmacm.ErrTimeout) {
 				return fmt.Errorf("rdma_connect: Connection timed out (%v)", err)
 			}
+			if errors.Is(err, rdmacm.ErrUnreachable) {
+				return fmt.Errorf("rdma_connect: %v", unreachableError(netip.AddrPortFrom(peer, uint16(c.port)), err))
+			}
 			return fmt.Errorf("rdma_connect: %v", err)
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/gorocev2/rocev2/cm"
@@ -662,6 +661,16 @@ func (r *rping) interrupted(ctx context.Context) error {
 	return errors.New("interrupted; disconnected")
 }
 
+// unreachableWhy is what an rdmacm.ErrUnreachable (the network bounced
+// the CM message) says of the peer.
+const unreachableWhy = "nothing listens on UDP 4791 there (no RoCEv2 device)"
+
+// unreachableError is every tool's explanation of an
+// rdmacm.ErrUnreachable from peer: rping's, rdma-client's and udaddy's.
+func unreachableError(peer netip.AddrPort, err error) error {
+	return fmt.Errorf("%v unreachable: %s: %w", peer, unreachableWhy, err)
+}
+
 // cmError prints rping's CM event line for a failed connect and returns
 // rocev2d's explanation.
 func (r *rping) cmError(err error, peer netip.AddrPort) error {
@@ -676,13 +685,7 @@ func (r *rping) cmError(err error, peer netip.AddrPort) error {
 	case errors.Is(err, rdmacm.ErrUnreachable):
 		// The network said so at once (ICMP port or host unreachable).
 		fmt.Fprintf(r.stderr, "cma event RDMA_CM_EVENT_UNREACHABLE, error -111\n")
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			// ICMP port unreachable: no socket took the REQ. On a
-			// shared address that is also what a group of
-			// processes without a connection manager gives.
-			return fmt.Errorf("%v unreachable: nothing listens on UDP 4791 there (no RoCEv2 device), or the processes sharing it run no connection manager (see `rocev2d share status %v`): %w", peer, peer.Addr(), err)
-		}
-		return fmt.Errorf("%v unreachable: %w", peer, err)
+		return unreachableError(peer, err)
 	case errors.Is(err, rdmacm.ErrTimeout):
 		fmt.Fprintf(r.stderr, "cma event RDMA_CM_EVENT_UNREACHABLE, error -110\n")
 		return fmt.Errorf("no answer from %v: nothing runs a connection manager there (no RoCEv2 device, or UDP 4791 filtered)", peer)

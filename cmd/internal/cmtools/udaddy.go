@@ -49,8 +49,9 @@ options:
 Output as udaddy's (its progress lines, "test complete", "return status N").
 Exit status: N as udaddy's main returns it: 0, the SIDR_REP status for a
 refused resolution ("udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1" when
-nothing serves the port), -110 (exit 146) when the server never answers, -1
-(255) for other failures; 1 for bad usage.
+nothing serves the port), -111 (exit 145) when the network bounces the
+request at once (ICMP port or host unreachable), -110 (exit 146) when the
+server never answers, -1 (255) for other failures; 1 for bad usage.
 `
 
 // udaddyConfig holds the parsed flags of `rocev2d udaddy`.
@@ -280,6 +281,12 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 					fmt.Fprintf(stderr, "rocev2d udaddy: %v:%d refused the resolution: nothing serves UDP-space port %d there (%v)\n", peer, c.port, c.port, rej.SIDRStatus)
 				}
 				return int(rej.SIDRStatus)
+			case errors.Is(err, rdmacm.ErrUnreachable):
+				// The network said so at once (ICMP port or host
+				// unreachable): as rping and rdma-client.
+				fmt.Fprintf(stdout, "udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: -111\n")
+				fmt.Fprintf(stderr, "rocev2d udaddy: %v\n", unreachableError(netip.AddrPortFrom(peer, uint16(c.port)), err))
+				return -111
 			case errors.Is(err, rdmacm.ErrTimeout):
 				fmt.Fprintf(stdout, "udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: -110\n")
 				fmt.Fprintf(stderr, "rocev2d udaddy: no answer from %v: nothing runs a connection manager there\n", peer)
