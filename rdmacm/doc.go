@@ -27,9 +27,9 @@
 // remote access error, ...), when the peer answers no keep-alive probe
 // (ErrKeepAlive; Options.KeepAlive, on by default: a zero-length RDMA
 // WRITE that any verbs peer's QP acknowledges by itself) and when the
-// device closes (ErrClosed and transport.ErrClosed). A Dial whose REQ the
-// network bounces (ICMP port unreachable, on a socket link) fails at once
-// with ErrUnreachable naming the address.
+// device closes (ErrClosed and transport.ErrClosed). A Dial whose REQ (or
+// a ResolveUD whose SIDR_REQ) the network bounces (ICMP port unreachable,
+// on a socket link) fails at once with ErrUnreachable naming the address.
 //
 // Cancelling a Dial's context aborts it with the REJ (before the REP) or
 // DREQ (after it) that the specification asks for.

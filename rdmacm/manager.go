@@ -23,8 +23,10 @@ var (
 	ErrClosed   = errors.New("rdmacm: closed")
 	ErrInUse    = errors.New("rdmacm: port in use")
 	// ErrUnreachable: the network answered a CM message with an ICMP
-	// error (nothing listens on UDP 4791 at the peer's address, or the
-	// host or network is unreachable), on links that report them
+	// error (nothing listens on UDP 4791 at the peer's address — or the
+	// address is shared, udp/share, by processes none of which runs a
+	// connection manager, whose steering program drops the message — or
+	// the host or network is unreachable), on links that report them
 	// (udp.SocketLink). The error names the address and wraps the
 	// *udp.ICMPError (errors.Is(err, syscall.ECONNREFUSED) for port
 	// unreachable).

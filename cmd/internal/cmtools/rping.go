@@ -662,8 +662,12 @@ func (r *rping) interrupted(ctx context.Context) error {
 }
 
 // unreachableWhy is what an rdmacm.ErrUnreachable (the network bounced
-// the CM message) says of the peer.
-const unreachableWhy = "nothing listens on UDP 4791 there (no RoCEv2 device)"
+// the CM message: ICMP port unreachable) says of the peer. Either no
+// RoCEv2 device holds UDP 4791 there, or the address is shared
+// (udp/share) by processes none of which runs a connection manager: the
+// group's steering program drops the CM message, and the kernel answers
+// as if nothing listened.
+const unreachableWhy = "nothing answered on UDP 4791 there: no RoCEv2 device, or none there runs a connection manager"
 
 // unreachableError is every tool's explanation of an
 // rdmacm.ErrUnreachable from peer: rping's, rdma-client's and udaddy's.
