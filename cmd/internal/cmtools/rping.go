@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gorocev2/rocev2/cm"
@@ -671,8 +672,14 @@ const unreachableWhy = "nothing answered on UDP 4791 there: no RoCEv2 device, or
 
 // unreachableError is every tool's explanation of an
 // rdmacm.ErrUnreachable from peer: rping's, rdma-client's and udaddy's.
+// Another bounce than port unreachable (host unreachable: nothing has the
+// address) is not explained as one.
 func unreachableError(peer netip.AddrPort, err error) error {
-	return fmt.Errorf("%v unreachable: %s: %w", peer, unreachableWhy, err)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%v unreachable: %s (`rocev2d share status %v` there lists a shared address's processes): %w",
+			peer, unreachableWhy, peer.Addr(), err)
+	}
+	return fmt.Errorf("%v unreachable: %w", peer, err)
 }
 
 // cmError prints rping's CM event line for a failed connect and returns

@@ -300,7 +300,7 @@ func TestRpingRefused(t *testing.T) {
 	start = time.Now()
 	cli = runCmd(t, ctx, "rping", "-c", "-a", "127.0.0.3", "--bind", "127.0.0.2", "-p", port, "--timeout", "10s")
 	if cli.code != rpingExitFail || !strings.Contains(cli.errOut, "RDMA_CM_EVENT_UNREACHABLE") ||
-		!strings.Contains(cli.errOut, "127.0.0.3:"+port+" unreachable: nothing listens on UDP 4791 there (no RoCEv2 device), or the processes sharing it run no connection manager (see `rocev2d share status 127.0.0.3`)") ||
+		!strings.Contains(cli.errOut, "127.0.0.3:"+port+" unreachable: nothing answered on UDP 4791 there: no RoCEv2 device, or none there runs a connection manager (`rocev2d share status 127.0.0.3` there lists a shared address's processes)") ||
 		time.Since(start) > 3*time.Second {
 		t.Errorf("client with no peer: exit %d after %v\n%s%s", cli.code, time.Since(start), cli.out, cli.errOut)
 	}
