@@ -370,7 +370,7 @@ func (h *Controller) supervise(a *association) {
 		if h.cfg.CtrlLossTimeout < 0 {
 			h.logf("nvmf: controller %v %s lost", h.addr, h.subNQN)
 		} else {
-			h.logf("nvmf: controller %v %s lost; reconnecting every %v for up to %v", h.addr, h.subNQN,
+			h.logf("nvmf: controller %v %s lost; reconnecting, %v between attempts, for up to %v", h.addr, h.subNQN,
 				h.cfg.ReconnectDelay, h.cfg.CtrlLossTimeout)
 		}
 		h.mu.Lock()
