@@ -197,7 +197,7 @@ func (g *group) close() {
 // shareDir names the format of the pinned groups: share-v2 keys groups by
 // the namespace's cookie and tells a member's life by its socket (v1, by
 // inode and PID). A group of another format on the same address is not
-// joined, nor taken over (inUse).
+// joined, nor taken over (boundSockets).
 const shareDir = "share-v2"
 
 // dirName is the pin directory of address ap under root
