@@ -107,6 +107,13 @@ func TestAcceptConnEndedByPeer(t *testing.T) {
 	if err := cb.Err(); !errors.Is(err, ErrDisconnected) {
 		t.Errorf("Err() = %v, want ErrDisconnected", err)
 	}
+	// Both sides count the connection as ended once Done closed, not at
+	// the end of their TimeWait (2 s later), as Ended does.
+	for _, d := range []*transport.Device{da, db} {
+		if s := StatsOf(d); s.Disconnected != 1 || s.Ended[CausePeerDisconnect]+s.Ended[CauseLocalClose] != 1 {
+			t.Errorf("%v: Disconnected %d, Ended %v: want one ended connection in both", d.Addr(), s.Disconnected, s.Ended)
+		}
+	}
 	n0, err := cb.RecvCQ().Wait(ctxT(t, 2*time.Second), wc[:])
 	if err != nil || n0 != 1 || wc[0].Err() != nil || wc[0].Flags&transport.WCWithImm == 0 || wc[0].Imm != uint32(len(msg)) || wc[0].WRID != 5 {
 		t.Fatalf("the WRITE's receive completion: n=%d %+v %v", n0, wc[0], err)

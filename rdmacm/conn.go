@@ -626,7 +626,7 @@ func (c *Conn) finishLocked(err error) {
 	}
 	c.ended = true
 	m := c.m
-	if c.state == stEstablished || c.state == stDREQSent || c.state == stTimeWait {
+	if c.state == stEstablished || c.state == stDREQSent { // TimeWait counted it on entry
 		m.st.disconnected.Add(1)
 	}
 	c.endedBy(causeOf(err))
@@ -680,6 +680,9 @@ func (c *Conn) timeWaitLocked(err error) {
 	c.leaveHalfOpenLocked()
 	c.state = stTimeWait
 	c.m.timeWait++
+	// Ended for the application now, as Stats.Ended counts it (it was
+	// counted at the end of the TimeWait, up to 2 s later).
+	c.m.st.disconnected.Add(1)
 	if c.err == nil {
 		c.err = err
 	}
@@ -709,7 +712,6 @@ func (c *Conn) timeWaitLocked(err error) {
 			return
 		}
 		c.ended = true
-		c.m.st.disconnected.Add(1)
 		c.m.timeWait--
 		c.unindexQPNLocked()
 		c.state = stClosed

@@ -102,7 +102,7 @@ func (m *Manager) Listen(port uint16, opts *ListenOptions) (*Listener, error) {
 	}
 	if _, busy := m.listeners[l.svc]; busy {
 		l.cancel()
-		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w", port, ErrInUse)
+		return nil, fmt.Errorf("rdmacm: Listen on port %d: %w: the port has a listener", port, ErrInUse)
 	}
 	if err := m.dev.ClaimService(l.svc); err != nil {
 		l.cancel()

@@ -21,7 +21,9 @@ var (
 	ErrRefused  = errors.New("rdmacm: connection refused")
 	ErrTimeout  = errors.New("rdmacm: no response from the peer")
 	ErrClosed   = errors.New("rdmacm: closed")
-	ErrInUse    = errors.New("rdmacm: port in use")
+	// ErrInUse: a port (Listen, ListenUD) or the device (NewManager: it
+	// has a connection manager already) is taken.
+	ErrInUse = errors.New("rdmacm: in use")
 	// ErrUnreachable: the network answered a CM message with an ICMP
 	// error (nothing listens on UDP 4791 at the peer's address — or the
 	// address is shared, udp/share, by processes none of which runs a
@@ -180,7 +182,7 @@ func NewManager(dev *transport.Device) (*Manager, error) {
 	byDeviceMu.Lock()
 	defer byDeviceMu.Unlock()
 	if byDevice[dev] != nil {
-		return nil, fmt.Errorf("rdmacm: NewManager: %w: the device %v has a connection manager", ErrInUse, dev.Addr())
+		return nil, fmt.Errorf("rdmacm: NewManager: %w: the device %v has a connection manager already (Manager.Close it first, or use it)", ErrInUse, dev.Addr())
 	}
 	return startLocked(dev)
 }

@@ -162,7 +162,7 @@ func (m *Manager) ListenUD(port uint16, qp *transport.QP, qkey uint32, privateDa
 		return nil, m.closeErr
 	}
 	if _, busy := m.udl[l.svc]; busy {
-		return nil, fmt.Errorf("rdmacm: ListenUD on port %d: %w", port, ErrInUse)
+		return nil, fmt.Errorf("rdmacm: ListenUD on port %d: %w: the port has a listener", port, ErrInUse)
 	}
 	if err := dev.ClaimService(l.svc); err != nil {
 		return nil, fmt.Errorf("rdmacm: ListenUD on port %d: %w: %v", port, ErrInUse, err)
