@@ -255,7 +255,7 @@ func TestErrors(t *testing.T) {
 		if srv.code != cli.ExitFail || !strings.Contains(srv.err, "the peer announced 3 QPs, this side has 4: -q must be the same on both sides") {
 			t.Errorf("server: exit %d, stderr %q", srv.code, srv.err)
 		}
-		if clnt.code != cli.ExitFail || !strings.Contains(clnt.err, "out-of-band exchange") {
+		if clnt.code != cli.ExitFail || !strings.Contains(clnt.err, "out-of-band exchange") || !strings.Contains(clnt.err, "this side has -q 3") {
 			t.Errorf("client: exit %d, stderr %q", clnt.code, clnt.err)
 		}
 	})

@@ -2,6 +2,7 @@ package pingpong
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -72,6 +73,11 @@ func (sc *srqContext) exchange(ctx context.Context, c *pingpongConfig, conn net.
 		})
 	}
 	if err != nil {
+		if c.server != "" && errors.Is(err, oob.ErrPeerClosed) {
+			// The server closes without replying when it refuses
+			// what this side announced (srqCheckPeer, its -q).
+			err = fmt.Errorf("%w (the server refuses a client whose -q differs from its own, this side has -q %d: its message says why)", err, c.numQP)
+		}
 		return oobErr(ctx, conn, err)
 	}
 	conn.Close()
