@@ -3,6 +3,9 @@ package transport
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
+	"slices"
+	"sort"
 	"time"
 
 	"github.com/gorocev2/rocev2/aeth"
@@ -86,10 +89,11 @@ type SRConfig struct {
 // resent before it does.
 const srRingBits = 1024
 
-// srFarRuns is how many runs of far READ responses a requester keeps: one
-// per loss beyond the ring. A response that would need more is dropped
-// (asked for again when the ring reaches it).
-const srFarRuns = 8
+// srFarRuns is how many runs of far READ responses a requester keeps at
+// most (8 KiB; one run per loss past the ring: a 64 MiB READ at MTU 1024
+// at 1 % loss has ~650). A response that would need more is dropped and
+// asked for again when the ring reaches it.
+const srFarRuns = 1024
 
 // srRun is the PSNs [from, to).
 type srRun struct{ from, to bth.PSN }
@@ -163,8 +167,7 @@ type srState struct {
 	// ring reaches them. Without it they were taken for lost: each later
 	// response asked for them again, and a 3 MB READ at 0.1 % loss was
 	// sent ~370 times over.
-	far  [srFarRuns]srRun
-	nfar int
+	far []srRun // sorted, disjoint, not adjacent; nil until a READ needs it
 	// edge is the ring's end where a recovery stopped (edgeOn): what is
 	// lost beyond it is resent once the ring has moved a quarter on, in
 	// one READ request per run, not one per PSN the ring moves.
@@ -454,57 +457,49 @@ func (s *srState) setDone(q bth.PSN) {
 // beyond reports whether q is past the ring's end.
 func (s *srState) beyond(q bth.PSN) bool { return q.Diff(s.base) >= srRingBits }
 
-// inFar reports whether q is in a run of far responses.
-func (s *srState) inFar(q bth.PSN) bool {
-	for _, r := range s.far[:s.nfar] {
-		if q.Before(r.from) {
-			return false
-		}
-		if q.Before(r.to) {
-			return true
-		}
-	}
-	return false
+// farIndex returns the index of the run that holds q, or of the first run
+// after q.
+func (s *srState) farIndex(q bth.PSN) int {
+	return sort.Search(len(s.far), func(i int) bool { return q.Before(s.far[i].to) })
 }
 
-// addFar records the far response q in the runs (sorted, disjoint, not
-// adjacent), or drops it when that needs a run more than srFarRuns.
+// inFar reports whether q is in a run of far responses.
+func (s *srState) inFar(q bth.PSN) bool {
+	i := s.farIndex(q)
+	return i < len(s.far) && !q.Before(s.far[i].from)
+}
+
+// addFar records the far response q in the runs, or drops it when that
+// needs a run more than srFarRuns.
 func (s *srState) addFar(q bth.PSN) {
-	i := 0
-	for i < s.nfar && !q.Before(s.far[i].to) {
-		if q == s.far[i].to { // extends run i upward
-			s.far[i].to = q.Add(1)
-			if i+1 < s.nfar && s.far[i+1].from == s.far[i].to {
-				s.far[i].to = s.far[i+1].to
-				copy(s.far[i+1:], s.far[i+2:s.nfar])
-				s.nfar--
-			}
-			return
-		}
-		i++
+	i := s.farIndex(q)
+	if i < len(s.far) && !q.Before(s.far[i].from) {
+		return // held already
 	}
-	if i < s.nfar {
-		if !q.Before(s.far[i].from) {
-			return // held already
+	if i > 0 && s.far[i-1].to == q { // extends run i-1 upward
+		s.far[i-1].to = q.Add(1)
+		if i < len(s.far) && s.far[i].from == s.far[i-1].to {
+			s.far[i-1].to = s.far[i].to
+			s.far = slices.Delete(s.far, i, i+1)
 		}
-		if q.Add(1) == s.far[i].from {
-			s.far[i].from = q
-			return
-		}
-	}
-	if s.nfar == srFarRuns {
 		return
 	}
-	copy(s.far[i+1:s.nfar+1], s.far[i:s.nfar])
-	s.far[i] = srRun{q, q.Add(1)}
-	s.nfar++
+	if i < len(s.far) && q.Add(1) == s.far[i].from {
+		s.far[i].from = q
+		return
+	}
+	if len(s.far) == srFarRuns {
+		return
+	}
+	s.far = slices.Insert(s.far, i, srRun{q, q.Add(1)})
 }
 
 // foldFar moves the far responses the ring now covers into done, and
 // drops the runs the ring passed.
 func (s *srState) foldFar() {
-	n := 0
-	for _, r := range s.far[:s.nfar] {
+	k := 0
+	for ; k < len(s.far); k++ {
+		r := &s.far[k]
 		if r.from.Before(s.base) {
 			r.from = s.base
 		}
@@ -513,12 +508,48 @@ func (s *srState) foldFar() {
 			s.done[i] |= m
 		}
 		if r.from.Before(r.to) {
-			s.far[n] = r
-			n++
+			break // the rest is past the ring
 		}
 	}
-	s.nfar = n
+	if k > 0 {
+		s.far = s.far[:copy(s.far, s.far[k:])]
+	}
 }
+
+// settledFrom returns the first PSN from q on, before end and inside the
+// ring, that is neither done nor pending (end, or the ring's end, when
+// there is none): a word of the bitmaps at a time.
+func (s *srState) settledFrom(q, end bth.PSN) bth.PSN {
+	for q.Before(end) && s.in(q) {
+		b := uint32(q) % srRingBits
+		w := (s.done[b/64] | s.pend[b/64]) >> (b % 64)
+		if w&1 == 0 {
+			return q
+		}
+		q = q.Add(bits.TrailingZeros64(^w))
+	}
+	return q
+}
+
+// unsettledFrom returns the first PSN from q on, before end and inside
+// the ring, that is done or pending (end, or the ring's end, when there
+// is none).
+func (s *srState) unsettledFrom(q, end bth.PSN) bth.PSN {
+	for q.Before(end) && s.in(q) {
+		b := uint32(q) % srRingBits
+		w := (s.done[b/64] | s.pend[b/64]) >> (b % 64)
+		if w&1 != 0 {
+			return q
+		}
+		n := bits.TrailingZeros64(w)
+		if n > 64-int(b%64) {
+			n = 64 - int(b%64)
+		}
+		q = q.Add(n)
+	}
+	return q
+}
+
 func (s *srState) setPend(q bth.PSN) {
 	if s.in(q) {
 		i, m := srBit(q)
@@ -533,12 +564,8 @@ func (s *srState) anyDone(from, to bth.PSN) bool {
 			return true
 		}
 	}
-	for _, r := range s.far[:s.nfar] {
-		if r.from.Before(to) && from.Before(r.to) {
-			return true
-		}
-	}
-	return false
+	i := s.farIndex(from)
+	return i < len(s.far) && s.far[i].from.Before(to)
 }
 
 // srSync trims the bitmaps to the oldest unacknowledged PSN: the bits of
@@ -565,7 +592,7 @@ func (qp *QP) srSync() {
 	if s.ackedTo.Before(to) {
 		s.ackedTo = to
 	}
-	if s.nfar > 0 {
+	if len(s.far) > 0 {
 		s.foldFar()
 	}
 	if s.edgeOn && s.base.Add(srRingBits).Diff(s.edge) >= srRingBits/4 {
@@ -1068,7 +1095,7 @@ func (qp *QP) srRecover() {
 			return
 		}
 		if s.isDone(q) || s.isPend(q) {
-			q = q.Add(1)
+			q = s.settledFrom(q, end)
 			continue
 		}
 		for idx != qp.sqEnd && qp.req.started(idx) && !q.Before(qp.sqAt(idx).firstPSN.Add(qp.sqAt(idx).npkts)) {
@@ -1094,10 +1121,11 @@ func (qp *QP) srRecover() {
 		var limit uint32
 		if w.wr.Opcode == WRRead {
 			wend := w.firstPSN.Add(w.npkts)
-			e := q.Add(1)
-			for e.Before(end) && e.Before(wend) && s.in(e) && !s.isDone(e) && !s.isPend(e) {
-				e = e.Add(1)
+			lim := end
+			if wend.Before(lim) {
+				lim = wend
 			}
+			e := s.unsettledFrom(q.Add(1), lim)
 			span = int(e.Diff(q))
 			if !s.in(e) && e.Before(end) && e.Before(wend) && span < srRingBits/4 {
 				// A short run at the ring's end, more of it beyond:

@@ -235,8 +235,22 @@ func TestSRReadHole(t *testing.T) {
 // again for all of them, and the READ went over the wire hundreds of times.
 func TestSRLongReadHoles(t *testing.T) {
 	const first = bth.PSN(0x10)
-	const n = 3000
-	lose := map[bth.PSN]bool{first.Add(5): true, first.Add(1500): true}
+	t.Run("2 holes", func(t *testing.T) { srLongReadHoles(t, first, 3000, []int{5, 1500}) })
+	// More holes past the ring than the 8 runs of far responses the
+	// requester first kept: every response after the ninth was taken for
+	// lost again (a 16 MiB READ at 0.1 % loss cost 1.6x its packets).
+	var many []int
+	for k := 1500; k <= 7000; k += 500 {
+		many = append(many, k)
+	}
+	t.Run("12 holes past the ring", func(t *testing.T) { srLongReadHoles(t, first, 8000, many) })
+}
+
+func srLongReadHoles(t *testing.T, first bth.PSN, n int, holes []int) {
+	lose := map[bth.PSN]bool{}
+	for _, k := range holes {
+		lose[first.Add(k)] = true
+	}
 	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: manual(), retry: 3, sr: true}, uint32(first), 0x40)
 	responses := 0
 	lb.drop = func(p *packet.Packet) bool {
@@ -268,24 +282,27 @@ func TestSRLongReadHoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	wcs := waitWC(t, a.scq, 1, 10*time.Second)
-	if wcs[0].WRID != 9 || wcs[0].Status != WCSuccess || wcs[0].ByteLen != n*256 {
+	if wcs[0].WRID != 9 || wcs[0].Status != WCSuccess || wcs[0].ByteLen != uint32(n)*256 {
 		t.Fatalf("completion %+v", wcs[0])
 	}
 	if !bytes.Equal(src, dst) {
 		t.Fatal("data differs")
 	}
-	want := []rd{{first, n * 256}, {first.Add(5), 256}, {first.Add(1500), 256}}
+	want := []rd{{first, uint32(n) * 256}}
+	for _, k := range holes {
+		want = append(want, rd{first.Add(k), 256})
+	}
 	if fmt.Sprint(reads) != fmt.Sprint(want) {
 		if len(reads) > 8 {
 			reads = reads[:8]
 		}
 		t.Fatalf("READ requests %v, want %v", reads, want)
 	}
-	if responses != n+2 {
-		t.Fatalf("%d READ responses sent, want %d", responses, n+2)
+	if responses != n+len(holes) {
+		t.Fatalf("%d READ responses sent, want %d", responses, n+len(holes))
 	}
-	if ca := a.dev.Counters(); ca.LocalAckTimeout != 0 || ca.RetransmittedPkts != 2 {
-		t.Fatalf("local_ack_timeout_err %d retransmitted_pkts %d, want 0 and 2", ca.LocalAckTimeout, ca.RetransmittedPkts)
+	if ca := a.dev.Counters(); ca.LocalAckTimeout != 0 || ca.RetransmittedPkts != uint64(len(holes)) {
+		t.Fatalf("local_ack_timeout_err %d retransmitted_pkts %d, want 0 and %d", ca.LocalAckTimeout, ca.RetransmittedPkts, len(holes))
 	}
 }
 
@@ -749,7 +766,7 @@ func TestSRFarRuns(t *testing.T) {
 	for _, d := range []int32{5, 6, 8, 4, 7, 20, 30, 19, 6} {
 		s.setDone(far(d))
 	}
-	if got := fmt.Sprint(s.far[:s.nfar]); got != fmt.Sprint([]srRun{{far(4), far(9)}, {far(19), far(21)}, {far(30), far(31)}}) {
+	if got := fmt.Sprint(s.far[:len(s.far)]); got != fmt.Sprint([]srRun{{far(4), far(9)}, {far(19), far(21)}, {far(30), far(31)}}) {
 		t.Fatalf("runs %v", got)
 	}
 	for d := int32(0); d < 40; d++ {
@@ -765,14 +782,14 @@ func TestSRFarRuns(t *testing.T) {
 	for d := int32(100); d < 100+2*srFarRuns; d += 2 {
 		s.setDone(far(d))
 	}
-	if s.nfar != srFarRuns || s.isDone(far(100+2*(srFarRuns-3))) {
-		t.Fatalf("%d runs: %v", s.nfar, s.far[:s.nfar])
+	if len(s.far) != srFarRuns || s.isDone(far(100+2*(srFarRuns-3))) {
+		t.Fatalf("%d runs: %v", len(s.far), s.far[:len(s.far)])
 	}
 	// The ring moves 20 on: [far+4, far+9) and far+19 are in its bitmap.
 	s.base = s.base.Add(20)
 	s.foldFar()
-	if s.nfar != srFarRuns-1 || s.far[0] != (srRun{far(20), far(21)}) {
-		t.Fatalf("after the move: %v", s.far[:s.nfar])
+	if len(s.far) != srFarRuns-1 || s.far[0] != (srRun{far(20), far(21)}) {
+		t.Fatalf("after the move: %v", s.far[:len(s.far)])
 	}
 	for d := int32(0); d < 40; d++ {
 		want := d >= 4 && d < 9 || d == 19 || d == 20 || d == 30
