@@ -133,8 +133,16 @@ func TestNoSecondGroup(t *testing.T) {
 		t.Fatal("Join opened a socket")
 		return -1, nil
 	})
-	if !errors.Is(err, ErrAddrInUse) || !strings.Contains(err.Error(), "1 socket(s) are bound to UDP 127.0.0.76:24791") {
+	if !errors.Is(err, ErrAddrInUse) || !errors.Is(err, unix.EADDRINUSE) || !strings.Contains(err.Error(), "1 socket(s) are bound to UDP 127.0.0.76:24791") {
 		t.Fatalf("Join: %v", err)
+	}
+	// No group came of it: no lock file either (nor of a Remove where
+	// no group is).
+	if _, err := Remove(netip.MustParseAddrPort("127.0.0.78:24791"), root); err == nil {
+		t.Fatal("Remove of an address without a group succeeded")
+	}
+	if ents, _ := os.ReadDir(locks); len(ents) != 0 {
+		t.Fatalf("lock files left by a failed Join and a Remove of nothing: %v", ents)
 	}
 	unix.Close(fd)
 	// Now the address is free: a group, then its removal with its lock file.

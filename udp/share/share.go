@@ -142,8 +142,8 @@ func CheckCapabilities() error {
 	has := func(c int) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
 	if !initialUserNS() {
 		return fmt.Errorf("%w: this process runs in a user namespace (a rootless container?), whose capabilities do not "+
-			"let it load BPF maps and programs (CAP_BPF in the initial user namespace does); open the address "+
-			"unshared (--share=false), which ShareAuto does by itself", ErrCapability)
+			"let it load BPF maps and programs (CAP_BPF in the initial user namespace does): it cannot share an address, "+
+			"only hold one alone (ShareAuto does that there)", ErrCapability)
 	}
 	var missing []string
 	if !has(unix.CAP_BPF) && !has(unix.CAP_SYS_ADMIN) {
@@ -739,6 +739,9 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 	defer lf.Close()
 	g, err := openGroup(ap, dirName(o.PinRoot, ap), groupKey(ap))
 	if err != nil {
+		if _, serr := os.Stat(dirName(o.PinRoot, ap)); os.IsNotExist(serr) {
+			removeLock(lockPath, lf) // no group: nothing for the file to serialize
+		}
 		return nil, err
 	}
 	now := time.Now()
@@ -1015,6 +1018,9 @@ func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
 				removeLock(lockPath, lf)
 			}
 			return true, err
+		}
+		if _, serr := os.Stat(dir); os.IsNotExist(serr) {
+			removeLock(lockPath, lf)
 		}
 		return false, fmt.Errorf("share: no group pinned in %s: %w", dir, err)
 	}

@@ -229,7 +229,9 @@ func ListenSocket(addr netip.Addr, opts udp.SocketOptions, advice string) (*udp.
 	}
 	switch {
 	case errors.Is(err, syscall.EADDRINUSE):
-		advice = "another program (a kernel rxe device, another rocev2d) holds the port; " + advice
+		if !foreignGroup(err) { // that error says who holds it
+			advice = "another program (a kernel rxe device, another rocev2d) holds the port; " + advice
+		}
 		if addr.Is4() && addr.IsLoopback() {
 			// Two sides on one host each need an address of their own.
 			advice += "; every 127.0.0.x address is this host's, so 127.0.0.N with another N will do"

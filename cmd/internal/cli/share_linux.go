@@ -3,10 +3,12 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
 	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/share"
 )
 
 // printShareCounters prints the sharing counters of a shared socket link:
@@ -27,3 +29,7 @@ func printShareCounters(w io.Writer, l udp.Link) {
 		fmt.Fprintf(w, "  %-26s %d\n", kv.n, kv.v)
 	}
 }
+
+// foreignGroup reports whether err is share.ErrAddrInUse: the address's
+// sockets are a group this process cannot see, which the error explains.
+func foreignGroup(err error) bool { return errors.Is(err, share.ErrAddrInUse) }
