@@ -517,10 +517,15 @@ func (s *srState) foldFar() {
 }
 
 // settledFrom returns the first PSN from q on, before end and inside the
-// ring, that is neither done nor pending (end, or the ring's end, when
-// there is none): a word of the bitmaps at a time.
+// ring, that is neither done nor pending; end, or the ring's end if that
+// comes first, when there is none. A word of the bitmaps at a time: the
+// bits of a word past the ring's end belong to PSNs at its start, so no
+// step goes past it.
 func (s *srState) settledFrom(q, end bth.PSN) bth.PSN {
-	for q.Before(end) && s.in(q) {
+	if re := s.base.Add(srRingBits); re.Before(end) {
+		end = re
+	}
+	for q.Before(end) {
 		b := uint32(q) % srRingBits
 		w := (s.done[b/64] | s.pend[b/64]) >> (b % 64)
 		if w&1 == 0 {
@@ -528,26 +533,29 @@ func (s *srState) settledFrom(q, end bth.PSN) bth.PSN {
 		}
 		q = q.Add(bits.TrailingZeros64(^w))
 	}
-	return q
+	return end
 }
 
 // unsettledFrom returns the first PSN from q on, before end and inside
-// the ring, that is done or pending (end, or the ring's end, when there
-// is none).
+// the ring, that is done or pending; end, or the ring's end if that comes
+// first, when there is none.
 func (s *srState) unsettledFrom(q, end bth.PSN) bth.PSN {
-	for q.Before(end) && s.in(q) {
+	if re := s.base.Add(srRingBits); re.Before(end) {
+		end = re
+	}
+	for q.Before(end) {
 		b := uint32(q) % srRingBits
 		w := (s.done[b/64] | s.pend[b/64]) >> (b % 64)
 		if w&1 != 0 {
 			return q
 		}
 		n := bits.TrailingZeros64(w)
-		if n > 64-int(b%64) {
-			n = 64 - int(b%64)
+		if m := 64 - int(b%64); n > m {
+			n = m
 		}
 		q = q.Add(n)
 	}
-	return q
+	return end
 }
 
 func (s *srState) setPend(q bth.PSN) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -795,6 +796,50 @@ func TestSRFarRuns(t *testing.T) {
 		want := d >= 4 && d < 9 || d == 19 || d == 20 || d == 30
 		if s.isDone(far(d)) != want {
 			t.Fatalf("after the move: isDone(far+%d) = %v", d, !want)
+		}
+	}
+}
+
+// TestSRSettledScans: the word-at-a-time scans of the requester's bitmaps
+// agree with a PSN-at-a-time reference on random bitmaps, ring positions
+// and bounds: never past end nor past the ring's end (a word's bits past
+// the ring's end are PSNs at its start; a step over them overshot the
+// ring, and a resend asked for PSNs past it, which have no pending bit).
+func TestSRSettledScans(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for iter := 0; iter < 3000; iter++ {
+		s := &srState{round: new([srRingBits]uint16), base: bth.PSN(rng.Uint32() & 0xffffff)}
+		density := rng.IntN(4)
+		for i := range s.done {
+			for b := 0; b < 64; b++ {
+				if rng.IntN(4) < density {
+					s.done[i] |= 1 << b
+				}
+				if rng.IntN(8) == 0 {
+					s.pend[i] |= 1 << b
+				}
+			}
+		}
+		q := s.base.Add(rng.IntN(srRingBits))
+		end := q.Add(rng.IntN(2*srRingBits) + 1)
+		lim := end
+		if re := s.base.Add(srRingBits); re.Before(lim) {
+			lim = re
+		}
+		settled := func(p bth.PSN) bool { return s.isDone(p) || s.isPend(p) }
+		want := q
+		for want.Before(lim) && settled(want) {
+			want = want.Add(1)
+		}
+		if got := s.settledFrom(q, end); got != want {
+			t.Fatalf("iter %d: settledFrom(%v, %v) base %v = %v, want %v", iter, q, end, s.base, got, want)
+		}
+		want = q
+		for want.Before(lim) && !settled(want) {
+			want = want.Add(1)
+		}
+		if got := s.unsettledFrom(q, end); got != want {
+			t.Fatalf("iter %d: unsettledFrom(%v, %v) base %v = %v, want %v", iter, q, end, s.base, got, want)
 		}
 	}
 }
