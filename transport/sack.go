@@ -449,7 +449,7 @@ func (s *srState) setDone(q bth.PSN) {
 	if s.in(q) {
 		i, m := srBit(q)
 		s.done[i] |= m
-	} else if q.Diff(s.base) >= srRingBits {
+	} else if s.beyond(q) {
 		s.addFar(q)
 	}
 }
@@ -518,42 +518,32 @@ func (s *srState) foldFar() {
 
 // settledFrom returns the first PSN from q on, before end and inside the
 // ring, that is neither done nor pending; end, or the ring's end if that
-// comes first, when there is none. A word of the bitmaps at a time: the
-// bits of a word past the ring's end belong to PSNs at its start, so no
-// step goes past it.
-func (s *srState) settledFrom(q, end bth.PSN) bth.PSN {
-	if re := s.base.Add(srRingBits); re.Before(end) {
-		end = re
-	}
-	for q.Before(end) {
-		b := uint32(q) % srRingBits
-		w := (s.done[b/64] | s.pend[b/64]) >> (b % 64)
-		if w&1 == 0 {
-			return q
-		}
-		q = q.Add(bits.TrailingZeros64(^w))
-	}
-	return end
-}
+// comes first, when there is none.
+func (s *srState) settledFrom(q, end bth.PSN) bth.PSN { return s.scanFrom(q, end, true) }
 
 // unsettledFrom returns the first PSN from q on, before end and inside
 // the ring, that is done or pending; end, or the ring's end if that comes
 // first, when there is none.
-func (s *srState) unsettledFrom(q, end bth.PSN) bth.PSN {
+func (s *srState) unsettledFrom(q, end bth.PSN) bth.PSN { return s.scanFrom(q, end, false) }
+
+// scanFrom skips the PSNs from q on that are settled (done or pending)
+// when settled, unsettled otherwise, a word of the bitmaps at a time. The
+// bits of a word past the ring's end belong to PSNs at its start, so no
+// step goes past it, nor past end.
+func (s *srState) scanFrom(q, end bth.PSN, settled bool) bth.PSN {
 	if re := s.base.Add(srRingBits); re.Before(end) {
 		end = re
 	}
 	for q.Before(end) {
 		b := uint32(q) % srRingBits
 		w := (s.done[b/64] | s.pend[b/64]) >> (b % 64)
+		if settled {
+			w = ^w // the PSNs to skip are the 0 bits of w
+		}
 		if w&1 != 0 {
 			return q
 		}
-		n := bits.TrailingZeros64(w)
-		if m := 64 - int(b%64); n > m {
-			n = m
-		}
-		q = q.Add(n)
+		q = q.Add(min(bits.TrailingZeros64(w), 64-int(b%64)))
 	}
 	return end
 }

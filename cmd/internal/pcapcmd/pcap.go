@@ -20,6 +20,7 @@ import (
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/rocelayer"
@@ -353,15 +354,8 @@ func ipProblem(gp gopacket.Packet, ci gopacket.CaptureInfo) string {
 		return ""
 	}
 	if v4, _ := gp.Layer(layers.LayerTypeIPv4).(*layers.IPv4); v4 != nil {
-		var sum uint32
 		h := v4.Contents
-		for i := 0; i+1 < len(h); i += 2 {
-			sum += uint32(h[i])<<8 | uint32(h[i+1])
-		}
-		for sum > 0xffff {
-			sum = sum&0xffff + sum>>16
-		}
-		if sum != 0xffff {
+		if pcaptap.IPChecksum(h) != 0 { // over a header with its checksum: 0 when right
 			return fmt.Sprintf("IPv4 header checksum 0x%04x is wrong (header length %d bytes)", v4.Checksum, len(h))
 		}
 		return ""

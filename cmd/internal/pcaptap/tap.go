@@ -764,7 +764,7 @@ func header4(f []byte, src, dst netip.Addr, sport uint16, tos uint8, id, flags u
 	s4, d4 := src.As4(), dst.As4()
 	copy(ip[12:16], s4[:])
 	copy(ip[16:20], d4[:])
-	binary.BigEndian.PutUint16(ip[10:12], ipChecksum(ip))
+	binary.BigEndian.PutUint16(ip[10:12], IPChecksum(ip))
 	return ethSize + ipv4Size + udpSize + payLen
 }
 
@@ -784,8 +784,9 @@ func header6(f []byte, src, dst netip.Addr, sport uint16, tos uint8, payLen int)
 	return ethSize + ipv6Size + udpSize + payLen
 }
 
-// ipChecksum is the IPv4 header checksum (RFC 1071).
-func ipChecksum(h []byte) uint16 { return fold(ipSum(h)) }
+// IPChecksum is the IPv4 header checksum (RFC 1071) of h; over a header
+// that holds its checksum, 0 when that is right.
+func IPChecksum(h []byte) uint16 { return fold(ipSum(h)) }
 
 // ipSum is the sum of the 16-bit words of h.
 func ipSum(h []byte) uint32 {
