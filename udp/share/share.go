@@ -455,8 +455,74 @@ func (g *group) pin() error {
 	return nil
 }
 
-// flock takes the address's lock file (exclusive).
-func flock(path string) (*os.File, error) { return lockFile(path, unix.LOCK_EX) }
+// LockWait is how long Join, Leave and Remove wait for an address's lock
+// file before they give up with ErrLockTimeout. The lock is held for the
+// few milliseconds a join, a leave or a sweep takes; a holder that keeps it
+// longer is stopped (SIGSTOP, a debugger) or hung, and waiting on would
+// hang the caller with it.
+var LockWait = 10 * time.Second
+
+// ErrLockTimeout is matched by the error returned when an address's lock
+// file stayed held for LockWait; the error names the file and, when
+// /proc/locks shows it, the process holding it.
+var ErrLockTimeout = errors.New("share: lock held too long")
+
+// flock takes the address's lock file (exclusive), waiting at most
+// LockWait for it.
+func flock(path string) (*os.File, error) {
+	deadline := time.Now().Add(LockWait)
+	pause := 100 * time.Microsecond
+	for {
+		f, err := tryFlock(path)
+		if err != nil || f != nil {
+			return f, err
+		}
+		if time.Now().After(deadline) {
+			holder := ""
+			if pid := lockHolder(path); pid > 0 {
+				holder = fmt.Sprintf(" by process %d", pid)
+			}
+			return nil, fmt.Errorf("%w: %s held%s for more than %v (a stopped or hung member of the group?)", ErrLockTimeout, path, holder, LockWait)
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 10*time.Millisecond)
+	}
+}
+
+// lockHolder returns the PID /proc/locks names for the flock on the file
+// at path, or 0.
+func lockHolder(path string) int {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return 0
+	}
+	b, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return 0
+	}
+	// "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF": PID, then
+	// major:minor:inode (hexadecimal device numbers).
+	want := fmt.Sprintf(":%d", st.Ino)
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || f[1] != "FLOCK" || !strings.HasSuffix(f[5], want) {
+			continue
+		}
+		dev := strings.Split(f[5], ":")
+		if len(dev) != 3 {
+			continue
+		}
+		maj, err1 := strconv.ParseUint(dev[0], 16, 32)
+		mnr, err2 := strconv.ParseUint(dev[1], 16, 32)
+		if err1 != nil || err2 != nil || unix.Mkdev(uint32(maj), uint32(mnr)) != uint64(st.Dev) {
+			continue
+		}
+		if pid, err := strconv.Atoi(f[4]); err == nil {
+			return pid
+		}
+	}
+	return 0
+}
 
 // tryFlock is flock without waiting: nil, nil when another process holds
 // the lock.
