@@ -28,10 +28,13 @@
 // then waits for the end of that batch; inside it each packet is a bounds
 // check and a copy. Memory from mmap can be registered like any byte
 // slice; it must stay mapped until Deregister returns. The zero-copy
-// send views (PD.GatherView, QPView.ReadView) are the exception: they
-// are checked when taken and read later, when the packet leaves, so
-// memory a work request sends from must stay mapped and unchanged until
-// that request has completed (the verbs rule).
+// send views (PD.GatherView, QPView.ReadView) are checked when taken and
+// read later, when the packet leaves: the sender reads one only between
+// its Hold's Acquire and Release, which pin the registration like any
+// other access, so Deregister waits for a send in progress and a packet
+// still queued after it is dropped, not sent. Memory a work request sends
+// from must still not change until that request has completed (the verbs
+// rule: the ICRC is computed when the packet leaves).
 //
 // # Access checks and NAK codes
 //

@@ -142,16 +142,18 @@ func (pd *PD) move(op Op, sges []SGE, offset uint64, buf []byte, acc Access, ps 
 
 // GatherView is Gather without the copy, for a zero-copy send: it returns
 // the n bytes at byte offset of the concatenated list as a slice of the
-// registered memory itself, when they lie inside one element (nil, nil
+// registered memory itself, when they lie inside one element (all nil
 // when they span elements: the caller gathers them with Gather). The
 // checks and errors are Gather's, made now; the slice is read later (by
 // the link, when the packet leaves), so the verbs rule applies: the
-// memory must not change, and memory from mmap must stay mapped, until
-// the work request that reads it has completed — the registration's
-// Deregister does not wait for such a read.
-func (pd *PD) GatherView(sges []SGE, offset uint64, n int) ([]byte, error) {
+// memory must not change until the work request that reads it has
+// completed. The sender reads the slice only between the returned Hold's
+// Acquire and Release, so a Deregister (which waits for such reads, and
+// makes later Acquires fail) is safe at any time, memory from mmap
+// included: once it returns nothing reads the view.
+func (pd *PD) GatherView(sges []SGE, offset uint64, n int) ([]byte, *Hold, error) {
 	if n <= 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	skip := offset
 	for i := range sges {
@@ -162,19 +164,39 @@ func (pd *PD) GatherView(sges []SGE, offset uint64, n int) ([]byte, error) {
 			continue
 		}
 		if l-skip < uint64(n) {
-			return nil, nil // spans elements (or runs past the list: Gather says so)
+			return nil, nil, nil // spans elements (or runs past the list: Gather says so)
 		}
 		addr := s.Addr + skip
 		e, off, err := pd.resolveLocal(s.LKey, addr, uint64(n), 0)
 		if err != nil {
-			return nil, accessErr(OpGather, s.LKey, addr, uint64(n), err, e, 0)
+			return nil, nil, accessErr(OpGather, s.LKey, addr, uint64(n), err, e, 0)
 		}
 		if !e.pin() {
-			return nil, accessErr(OpGather, s.LKey, addr, uint64(n), ErrStaleKey, e, 0)
+			return nil, nil, accessErr(OpGather, s.LKey, addr, uint64(n), ErrStaleKey, e, 0)
 		}
 		e.unpin()
 		end := off + uint64(n)
-		return e.mem[off:end:end], nil
+		return e.mem[off:end:end], (*Hold)(e), nil
 	}
-	return nil, nil
+	return nil, nil, nil
 }
+
+// Hold guards the memory of a zero-copy view (PD.GatherView,
+// QPView.ReadView) between the check that made the view and the send that
+// reads it, which may come much later (a packet queued behind others, a
+// paced QP): the sender calls Acquire right before it reads the view and
+// Release once it is done (its Link.Send returned). Acquire pins the
+// registration — the MR, or the memory window the view was taken
+// through — as every other access does, and fails once Deregister (or
+// the window's unbind, invalidation or dealloc) has begun; that call then
+// waits for the Release of every Acquire that succeeded. So no view is
+// read after Deregister returns, whether its packet was queued before or
+// not: a sender that cannot Acquire drops the packet instead.
+type Hold entry
+
+// Acquire pins the view's registration for a read; false means it is
+// gone (the view must not be read).
+func (h *Hold) Acquire() bool { return (*entry)(h).pin() }
+
+// Release ends a read started by a successful Acquire.
+func (h *Hold) Release() { (*entry)(h).unpin() }

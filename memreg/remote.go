@@ -179,17 +179,17 @@ func (v QPView) ReadRemote(rkey uint32, va uint64, dst []byte) error {
 // ReadView is ReadRemote without the copy, for a zero-copy READ
 // response: it makes ReadRemote's checks for the n > 0 bytes at va
 // through rkey and returns them as a slice of the registered memory
-// itself (see PD.GatherView for the rule on reading it later).
-func (v QPView) ReadView(rkey uint32, va uint64, n int) ([]byte, error) {
+// itself, with the Hold that guards the later read (see PD.GatherView).
+func (v QPView) ReadView(rkey uint32, va uint64, n int) ([]byte, *Hold, error) {
 	if n <= 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	e, mem, err := v.pinRemote(OpRead, rkey, va, uint64(n), AccessRemoteRead, 0)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	e.unpin()
-	return mem[:n:n], nil
+	return mem[:n:n], (*Hold)(e), nil
 }
 
 //go:noinline

@@ -55,6 +55,7 @@ func (qp *QP) takeOut(pkts []udp.Packet, bufs []*[udp.MaxPacketSize]byte) ([]udp
 		qp.outBufs[i] = nil
 		qp.out[i].Buf = nil
 		qp.out[i].Payload = nil
+		qp.out[i].Hold = nil
 	}
 	qp.nout = 0
 	qp.ackSlot = 0
@@ -79,6 +80,7 @@ func (b *respBatch) send(d *Device) {
 	for i := range b.pkts {
 		b.pkts[i].Buf = nil
 		b.pkts[i].Payload = nil
+		b.pkts[i].Hold = nil
 	}
 	for i, buf := range b.bufs {
 		if buf != nil { // a small packet's slot: its slab is in bufs too

@@ -44,6 +44,7 @@ type Counters struct {
 	KeepAliveProbes     uint64 // keep_alive_probes: zero-length RDMA WRITE probes QP.Probe posted
 	DestUnreachable     uint64 // dest_unreachable: ICMP port/host unreachable errors the link reported for packets sent
 	AckTimeoutLate      uint64 // ack_timeout_late: ACK timer expiries that ran more than a timeout late (the process was not scheduled); they resend without spending retry_cnt
+	ZeroCopyDropped     uint64 // zero_copy_dropped: zero-copy packets not sent because their memory was deregistered (MR deregistered, window unbound or invalidated) after they were queued
 
 	NPECNMarkedRocePackets uint64 // np_ecn_marked_roce_packets: packets for an RC/UC QP that arrived marked CE
 	NPCNPSent              uint64 // np_cnp_sent: CNPs the notification point sent
@@ -106,6 +107,7 @@ var counterFields = []struct {
 	{"keep_alive_probes", func(c *Counters) *uint64 { return &c.KeepAliveProbes }},
 	{"dest_unreachable", func(c *Counters) *uint64 { return &c.DestUnreachable }},
 	{"ack_timeout_late", func(c *Counters) *uint64 { return &c.AckTimeoutLate }},
+	{"zero_copy_dropped", func(c *Counters) *uint64 { return &c.ZeroCopyDropped }},
 	{"np_ecn_marked_roce_packets", func(c *Counters) *uint64 { return &c.NPECNMarkedRocePackets }},
 	{"np_cnp_sent", func(c *Counters) *uint64 { return &c.NPCNPSent }},
 	{"rp_cnp_handled", func(c *Counters) *uint64 { return &c.RPCNPHandled }},

@@ -697,11 +697,55 @@ func (d *Device) send(pkts []udp.Packet) {
 	if len(pkts) == 0 {
 		return
 	}
-	if err := d.link.Send(pkts); err != nil {
+	held := false
+	if d.zc {
+		pkts, held = d.acquireViews(pkts)
+		if len(pkts) == 0 {
+			return
+		}
+	}
+	err := d.link.Send(pkts)
+	if held {
+		for i := range pkts {
+			if h := pkts[i].Hold; h != nil {
+				h.Release()
+			}
+		}
+	}
+	if err != nil {
 		inc(&d.ctr.SendErr)
 		return
 	}
 	atomic.AddUint64(&d.ctr.SentPkts, uint64(len(pkts)))
+}
+
+// acquireViews acquires the Hold of every zero-copy packet in pkts, so
+// that the memory its payload lies in stays registered while the link
+// reads it, and leaves out the packets whose memory was deregistered (its
+// MR deregistered, its window unbound or invalidated) since they were
+// built: sent, they would carry memory the application owns again, and
+// read memory that may be unmapped. Such a packet is as good as lost: a
+// READ response's requester asks again and gets the rkey's NAK, a
+// request's is resent from the work request, whose gather then fails.
+// It returns the packets to send (pkts, compacted in place: the callers
+// clear every slot after the send) and whether any Hold is held.
+func (d *Device) acquireViews(pkts []udp.Packet) ([]udp.Packet, bool) {
+	held := false
+	n := 0
+	for i := range pkts {
+		if h := pkts[i].Hold; h != nil {
+			if !h.Acquire() {
+				inc(&d.ctr.ZeroCopyDropped)
+				continue
+			}
+			held = true
+		}
+		if n != i {
+			pkts[n] = pkts[i]
+		}
+		n++
+	}
+	return pkts[:n], held
 }
 
 // randomFirstQPN returns a QPN in [firstQPN, 0x800000): room for 8M QPs

@@ -83,16 +83,22 @@
 // one).
 //
 // On a link with zero-copy send (udp.CapZeroCopy, a udp.SocketLink) the
-// payload of a WRITE or SEND request, or of a READ response, that lies in
-// one registered region (one SGE) and is 1 KiB or more is not copied: the packet is queued
-// with its headers in a packet buffer and its payload a slice of the
-// region (memreg PD.GatherView, QPView.ReadView), and the link sends it
-// from there, computing the ICRC over it in place. As in verbs, memory a
-// work request reads must not change — nor memory from mmap be unmapped —
-// until the request has completed; a payload changed under an
-// outstanding request leaves with an ICRC the receiver rejects (or, in a
-// retransmission, with the new bytes). DeviceConfig.CopySend turns it
-// off; the wire bytes are the same. On a link that can leave the ICRC
+// payload of an RC WRITE or SEND request, or of a READ response, that
+// lies in one registered region (one SGE) and is 1 KiB or more is not
+// copied: the packet is queued with its headers in a packet buffer and
+// its payload a slice of the region (memreg PD.GatherView,
+// QPView.ReadView), and the link sends it from there, computing the ICRC
+// over it in place. The device reads such a slice only while it holds
+// the region (memreg.Hold, around its Link.Send): MR.Deregister (or a
+// window's unbind or invalidation) waits for a send in progress, and a
+// packet still queued after it is dropped (zero_copy_dropped), never
+// sent — a READ's responder has no completion to wait for, so this is
+// what makes Deregister safe, mmap'd memory included. As in verbs, memory
+// a work request reads must not change until the request has completed;
+// a payload changed under an outstanding request leaves with an ICRC the
+// receiver rejects (or, in a retransmission, with the new bytes). UC
+// requests, which complete when queued, always copy.
+// DeviceConfig.CopySend turns zero-copy off; the wire bytes are the same. On a link that can leave the ICRC
 // check to its caller (udp.CapDeferVerify), the device checks each
 // received packet right before handling it (verify-then-place: no byte
 // of a packet whose ICRC fails reaches registered memory, and the

@@ -108,6 +108,7 @@ func (qp *QP) commitTo(n int, dst netip.Addr, sport uint16, tos uint8) {
 		p.Buf = qp.outBufs[qp.nout][:n]
 	}
 	p.Payload = nil
+	p.Hold = nil
 	p.Addr = dst
 	p.SrcPort = sport
 	p.TOS = qp.dev.dataTOS(tos)
@@ -124,10 +125,11 @@ const zcMinPayload = 1024
 // commitPayload queues the packet built in the last outBuf by
 // packet.BuildSplit (length n, its payload left out) with its payload
 // in registered memory: the link sends it from there (zero-copy,
-// Device.zc).
-func (qp *QP) commitPayload(n int, payload []byte) {
+// Device.zc), reading it only while hold is acquired (Device.send).
+func (qp *QP) commitPayload(n int, payload []byte, hold udp.PayloadHold) {
 	qp.commit(n)
 	qp.out[qp.nout-1].Payload = payload
+	qp.out[qp.nout-1].Hold = hold
 }
 
 // flushOut sends the queued packets. Called with qp.mu held so that a QP's
@@ -157,6 +159,7 @@ func (qp *QP) flushOut() {
 	for i := 0; i < qp.nout; i++ {
 		qp.out[i].Buf = nil
 		qp.out[i].Payload = nil
+		qp.out[i].Hold = nil
 		if (i == 0 && keep) || qp.outBufs[i] == nil {
 			continue
 		}
@@ -201,7 +204,15 @@ func (qp *QP) dropSpare() {
 func (qp *QP) traceOut() {
 	var p packetT
 	for i := 0; i < qp.nout; i++ {
-		if p.Parse(qp.out[i].AppendWire(nil)) == nil && p.BTH.Opcode() != bth.RCWriteMiddle && p.BTH.Opcode() != bth.RCSendMiddle {
+		o := &qp.out[i]
+		if o.Hold != nil && !o.Hold.Acquire() {
+			continue // its memory is gone: Device.send drops it
+		}
+		w := o.AppendWire(nil)
+		if o.Hold != nil {
+			o.Hold.Release()
+		}
+		if p.Parse(w) == nil && p.BTH.Opcode() != bth.RCWriteMiddle && p.BTH.Opcode() != bth.RCSendMiddle {
 			qp.trace("tx %v psn %v", p.BTH.Opcode(), p.BTH.PSN())
 		}
 	}

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
 )
 
@@ -241,9 +242,13 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 		f.BTH.AckReq = false
 	}
 	var zc []byte // the payload in registered memory (zero-copy send)
-	if payloadLen >= zcMinPayload && qp.dev.zc {
+	var hold *memreg.Hold
+	// Not on UC: its work request completes as soon as the last packet is
+	// queued (below), before the link reads a zero-copy payload, and the
+	// application may then reuse the memory (verbs allows it): UC copies.
+	if payloadLen >= zcMinPayload && qp.dev.zc && qp.init.Type != QPTypeUC {
 		var err error
-		if zc, err = qp.pd.GatherView(w.sges, off, payloadLen); err != nil {
+		if zc, hold, err = qp.pd.GatherView(w.sges, off, payloadLen); err != nil {
 			r.failLocal(w, WCLocProtErr)
 			return false
 		}
@@ -269,7 +274,7 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 			r.failLocal(w, WCLocQPOpErr)
 			return false
 		}
-		qp.commitPayload(n, zc)
+		qp.commitPayload(n, zc, hold)
 	} else {
 		n, err := packet.Build(buf, f)
 		if err != nil {

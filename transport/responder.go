@@ -481,7 +481,7 @@ func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, fir
 		buf := qp.outBufN(size)
 		if zc {
 			// Zero-copy: the response's payload leaves from the region.
-			view, err := qp.rv.ReadView(rkey, va, int(plen))
+			view, hold, err := qp.rv.ReadView(rkey, va, int(plen))
 			if err != nil {
 				if replay {
 					return // as below
@@ -493,7 +493,7 @@ func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, fir
 			if err != nil {
 				return
 			}
-			qp.commitPayload(k, view)
+			qp.commitPayload(k, view, hold)
 		} else {
 			if plen > 0 {
 				hdr := bth.Size + op.Info().HeaderLen

@@ -107,6 +107,20 @@ type Packet struct {
 	// outstanding); a change after the ICRC was computed leaves a packet
 	// whose ICRC fails at the receiver. Recv never sets it.
 	Payload []byte
+	// Hold, when not nil, guards Payload's memory for the sender (see
+	// PayloadHold): whoever calls Link.Send acquires it first and does
+	// not send the packet when that fails, and releases it once Send
+	// has returned. Links ignore it.
+	Hold PayloadHold
+}
+
+// PayloadHold guards the memory a Packet's Payload lies in (registered
+// memory that its owner may take back: memreg's Hold). Acquire reports
+// whether the memory may still be read and, if so, keeps it readable
+// until Release.
+type PayloadHold interface {
+	Acquire() bool
+	Release()
 }
 
 // PayloadAt returns where a Packet with Payload set takes it: the offset
