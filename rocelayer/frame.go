@@ -8,6 +8,7 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
@@ -163,6 +164,73 @@ func FromFields(f *packet.Fields) []gopacket.SerializableLayer {
 // headers, ICRC) fits.
 const maxGSOSegment = 4096 + 64
 
+// gsoDatagram is an IP packet carrying a UDP datagram, cut into the parts
+// GSO segmentation works on.
+type gsoDatagram struct {
+	ip  []byte // the whole IP packet
+	hl  int    // IP header length
+	pay []byte // the UDP payload
+}
+
+// parseGSO cuts ip (IPv4 or IPv6 with UDP right after the fixed header)
+// into its IP header and UDP payload; ok is false for anything else.
+func parseGSO(ip []byte) (d gsoDatagram, ok bool) {
+	if len(ip) < 1 {
+		return d, false
+	}
+	var hl, end int
+	switch ip[0] >> 4 {
+	case 4:
+		hl = int(ip[0]&0x0f) * 4
+		if hl < 20 || len(ip) < hl+8 || ip[9] != 17 {
+			return d, false
+		}
+		end = int(binary.BigEndian.Uint16(ip[2:]))
+	case 6:
+		hl = 40
+		if len(ip) < hl+8 || ip[6] != 17 {
+			return d, false
+		}
+		end = hl + int(binary.BigEndian.Uint16(ip[4:]))
+	default:
+		return d, false
+	}
+	if end > len(ip) || end < hl+8 {
+		return d, false
+	}
+	return gsoDatagram{ip: ip, hl: hl, pay: ip[hl+8 : end]}, true
+}
+
+// segment writes segment k of the given size into scratch (room for the
+// headers and size bytes) and returns it: the datagram's IP and UDP
+// headers with their lengths set and (IPv4) the identification k above
+// the datagram's and the header checksum recomputed.
+func (d gsoDatagram) segment(scratch []byte, k, size int) []byte {
+	hl := d.hl
+	off := k * size
+	n := min(size, len(d.pay)-off)
+	b := scratch[:hl+8+n]
+	copy(b, d.ip[:hl+8])
+	copy(b[hl+8:], d.pay[off:off+n])
+	if hl == 40 {
+		binary.BigEndian.PutUint16(b[4:], uint16(8+n))
+	} else {
+		binary.BigEndian.PutUint16(b[2:], uint16(hl+8+n))
+		binary.BigEndian.PutUint16(b[4:], binary.BigEndian.Uint16(d.ip[4:])+uint16(k))
+		b[10], b[11] = 0, 0
+		var sum uint32
+		for i := 0; i < hl; i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(b[i:]))
+		}
+		for sum > 0xffff {
+			sum = sum&0xffff + sum>>16
+		}
+		binary.BigEndian.PutUint16(b[10:], ^uint16(sum))
+	}
+	binary.BigEndian.PutUint16(b[hl+4:], uint16(8+n))
+	return b
+}
+
 // GSOSegments splits ip — an IPv4 or IPv6 packet whose UDP payload is a
 // UDP GSO datagram as a capture sees it before segmentation (on lo, a veth
 // or the sender's side of a device that segments: `tcpdump -i any` of a
@@ -172,64 +240,22 @@ const maxGSOSegment = 4096 + 64
 // returns them (fresh buffers) only if every segment's ICRC is valid,
 // else nil; a single valid RoCEv2 packet is not a GSO datagram. The cost
 // is bounded: segment sizes up to maxGSOSegment, in steps of 4.
+//
+// A datagram of packets without payload (ACKs, READ requests, atomics)
+// is split by GSOHeaderOnlySegments instead.
 func GSOSegments(ip []byte) [][]byte {
-	if len(ip) < 1 {
+	d, ok := parseGSO(ip)
+	if !ok {
 		return nil
 	}
-	var hl, end int
-	switch ip[0] >> 4 {
-	case 4:
-		hl = int(ip[0]&0x0f) * 4
-		if hl < 20 || len(ip) < hl+8 || ip[9] != 17 {
-			return nil
-		}
-		end = int(binary.BigEndian.Uint16(ip[2:]))
-	case 6:
-		hl = 40
-		if len(ip) < hl+8 || ip[6] != 17 {
-			return nil
-		}
-		end = hl + int(binary.BigEndian.Uint16(ip[4:]))
-	default:
-		return nil
-	}
-	if end > len(ip) || end < hl+8 {
-		return nil
-	}
-	pay := ip[hl+8 : end]
-	// seg writes segment k of the given size into scratch.
-	scratch := make([]byte, hl+8+maxGSOSegment)
-	seg := func(k, size int) []byte {
-		off := k * size
-		n := min(size, len(pay)-off)
-		b := scratch[:hl+8+n]
-		copy(b, ip[:hl+8])
-		copy(b[hl+8:], pay[off:off+n])
-		if hl == 40 {
-			binary.BigEndian.PutUint16(b[4:], uint16(8+n))
-		} else {
-			binary.BigEndian.PutUint16(b[2:], uint16(hl+8+n))
-			binary.BigEndian.PutUint16(b[4:], binary.BigEndian.Uint16(ip[4:])+uint16(k))
-			b[10], b[11] = 0, 0
-			var sum uint32
-			for i := 0; i < hl; i += 2 {
-				sum += uint32(binary.BigEndian.Uint16(b[i:]))
-			}
-			for sum > 0xffff {
-				sum = sum&0xffff + sum>>16
-			}
-			binary.BigEndian.PutUint16(b[10:], ^uint16(sum))
-		}
-		binary.BigEndian.PutUint16(b[hl+4:], uint16(8+n))
-		return b
-	}
-	for size := 16; size <= maxGSOSegment && size < len(pay); size += 4 {
-		if icrc.Verify(seg(0, size)) != nil {
+	scratch := make([]byte, d.hl+8+maxGSOSegment)
+	for size := 16; size <= maxGSOSegment && size < len(d.pay); size += 4 {
+		if icrc.Verify(d.segment(scratch, 0, size)) != nil {
 			continue
 		}
 		var segs [][]byte
-		for k := 0; k*size < len(pay); k++ {
-			s := seg(k, size)
+		for k := 0; k*size < len(d.pay); k++ {
+			s := d.segment(scratch, k, size)
 			if icrc.Verify(s) != nil {
 				segs = nil
 				break
@@ -241,4 +267,67 @@ func GSOSegments(ip []byte) [][]byte {
 		}
 	}
 	return nil
+}
+
+// maxGSOSegments bounds the segments GSOHeaderOnlySegments returns (a
+// 64 KiB datagram of 20-byte ACKs has about 3,300).
+const maxGSOSegments = 65536 / 16
+
+// HeaderOnlySize returns the length of the RoCEv2 packet at the start of
+// a UDP payload when its opcode carries no payload: the BTH, its
+// extension headers (an RC ACKNOWLEDGE's SACK block included, if one
+// follows the AETH) and the ICRC. It returns 0 for an opcode with a
+// payload, an undefined opcode or a pad count other than 0.
+func HeaderOnlySize(udpPayload []byte) int {
+	if len(udpPayload) < bth.Size {
+		return 0
+	}
+	h := bth.BTH(udpPayload[:bth.Size])
+	info := h.Opcode().Info()
+	if !info.Valid || info.Payload || h.PadCount() != 0 {
+		return 0
+	}
+	size := bth.Size + info.HeaderLen + packet.ICRCSize
+	if h.Opcode() == bth.RCAck {
+		size += sackLen(udpPayload[bth.Size+info.HeaderLen:])
+	}
+	return size
+}
+
+// sackLen returns the length of the SACK block at the start of b (what
+// follows an RC ACKNOWLEDGE's AETH), or 0 if none starts there.
+func sackLen(b []byte) int {
+	if len(b) < aeth.SACKHeaderSize {
+		return 0
+	}
+	n := aeth.SACKSize(int(b[3]))
+	if n > len(b) || !aeth.IsSACK(b[:n]) {
+		return 0
+	}
+	return n
+}
+
+// GSOHeaderOnlySegments splits ip, an IPv4 or IPv6 packet whose UDP
+// payload is longer than the packet without payload it starts with (an
+// RC ACKNOWLEDGE, READ request, atomic or atomic ACKNOWLEDGE: see
+// HeaderOnlySize), as the kernel segments a UDP GSO datagram: gso_size is
+// that first packet's length, which a sender batching such packets gives
+// them all. The segments (fresh buffers) are returned whatever their
+// ICRCs, for the caller to check one by one; nil if ip is not such a
+// datagram.
+func GSOHeaderOnlySegments(ip []byte) [][]byte {
+	d, ok := parseGSO(ip)
+	if !ok {
+		return nil
+	}
+	size := HeaderOnlySize(d.pay)
+	if size == 0 || len(d.pay) <= size || len(d.pay)/size > maxGSOSegments {
+		return nil
+	}
+	scratch := make([]byte, d.hl+8+size)
+	var segs [][]byte
+	for k := 0; k*size < len(d.pay); k++ {
+		segs = append(segs, append([]byte(nil), d.segment(scratch, k, size)...))
+	}
+	return segs
 }

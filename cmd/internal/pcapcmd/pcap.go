@@ -288,31 +288,7 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pca
 			// packets the kernel sends of it, each on its own line.
 			st.gso++
 			st.roce += len(segs) - 1
-			for k, seg := range segs {
-				dec := layers.LayerTypeIPv4
-				if seg[0]>>4 == 6 {
-					dec = layers.LayerTypeIPv6
-				}
-				sp := gopacket.NewPacket(seg, dec, gopacket.DecodeOptions{NoCopy: true})
-				su, _ := sp.Layer(layers.LayerTypeUDP).(*layers.UDP)
-				if su == nil {
-					st.bad++
-					bad = append(bad, badPacket{name, num, "GSO segment not decoded"})
-					continue
-				}
-				sl, sr := describe(sp, su, gopacket.CaptureInfo{CaptureLength: len(seg), Length: len(seg)})
-				tag := fmt.Sprintf("(GSO segment %d/%d of a %d-byte datagram)", k+1, len(segs), len(udp.LayerPayload()))
-				if sr == "" {
-					st.ok++
-					if !quiet {
-						fmt.Fprintf(out, "%s #%d.%d %s ok %s\n", name, num, k+1, sl, tag)
-					}
-					continue
-				}
-				st.bad++
-				bad = append(bad, badPacket{name, num, sr})
-				fmt.Fprintf(out, "%s #%d.%d %s BAD: %s %s\n", name, num, k+1, sl, sr, tag)
-			}
+			bad = checkSegments(&st, bad, out, quiet, name, num, segs, len(udp.LayerPayload()))
 			continue
 		}
 		if reason == "" {
@@ -384,18 +360,59 @@ func gsoNote(n int) string {
 	return fmt.Sprintf(", %d GSO datagrams split into their packets", n)
 }
 
-// gsoSplit returns the segments of a RoCEv2 frame whose ICRC does not match
-// because it is a UDP GSO datagram captured before segmentation (a capture
-// on lo or a veth of a sender using GSO), or nil.
+// gsoSplit returns the segments of a RoCEv2 frame that is a UDP GSO
+// datagram captured before segmentation (a capture on lo or a veth of a
+// sender using GSO), or nil. Such a frame is bad as one packet: its ICRC
+// does not match (packets with payload: every segment's ICRC must then be
+// valid, rocelayer.GSOSegments) or it has bytes after a packet that
+// carries none (a batch of ACKs, READ requests or atomics, split at the
+// first packet's length and each segment checked on its own,
+// rocelayer.GSOHeaderOnlySegments).
 func gsoSplit(gp gopacket.Packet, reason string) [][]byte {
-	if !strings.HasPrefix(reason, "ICRC mismatch") {
+	if reason == "" {
 		return nil
 	}
 	ip, err := rocelayer.IPPacket(gp)
 	if err != nil {
 		return nil
 	}
-	return rocelayer.GSOSegments(ip)
+	if strings.HasPrefix(reason, "ICRC mismatch") {
+		return rocelayer.GSOSegments(ip)
+	}
+	return rocelayer.GSOHeaderOnlySegments(ip)
+}
+
+// checkSegments checks the segments of the GSO datagram of frame num
+// (pay: its UDP payload's length), each on its own line #num.K, and
+// returns bad with the bad ones added.
+func checkSegments(st *pcapStats, bad []badPacket, out io.Writer, quiet bool, name string, num int, segs [][]byte, pay int) []badPacket {
+	for k, seg := range segs {
+		dec := layers.LayerTypeIPv4
+		if seg[0]>>4 == 6 {
+			dec = layers.LayerTypeIPv6
+		}
+		sp := gopacket.NewPacket(seg, dec, gopacket.DecodeOptions{NoCopy: true})
+		tag := fmt.Sprintf("(GSO segment %d/%d of a %d-byte datagram)", k+1, len(segs), pay)
+		su, _ := sp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+		if su == nil {
+			st.bad++
+			bad = append(bad, badPacket{name, num, fmt.Sprintf("GSO segment %d/%d not decoded", k+1, len(segs))})
+			fmt.Fprintf(out, "%s #%d.%d BAD: not decoded %s\n", name, num, k+1, tag)
+			continue
+		}
+		sl, sr := describe(sp, su, gopacket.CaptureInfo{CaptureLength: len(seg), Length: len(seg)})
+		if sr == "" {
+			st.ok++
+			if !quiet {
+				fmt.Fprintf(out, "%s #%d.%d %s ok %s\n", name, num, k+1, sl, tag)
+			}
+			continue
+		}
+		st.bad++
+		bad = append(bad, badPacket{name, num, fmt.Sprintf("GSO segment %d/%d: %s", k+1, len(segs), sr)})
+		fmt.Fprintf(out, "%s #%d.%d %s BAD: %s %s\n", name, num, k+1, sl, sr, tag)
+	}
+	return bad
 }
 
 // writeAddrs appends the frame's source and destination address and port.
