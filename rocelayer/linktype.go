@@ -188,8 +188,10 @@ func FileLinkType(head []byte) (uint32, error) {
 			if len(head) < 24 {
 				return 0, ErrNoLinkType
 			}
-			// The upper 16 bits may carry FCS information (pcap-linktype(7)).
-			return bo.Uint32(head[20:]) & 0x0fffffff, nil
+			// The upper 16 bits may carry FCS information
+			// (pcap-linktype(7)): the link type is the lower 16
+			// (libpcap's LT_LINKTYPE).
+			return bo.Uint32(head[20:]) & 0xffff, nil
 		}
 	}
 	if binary.LittleEndian.Uint32(head) != pcapngSHB || len(head) < 12 {

@@ -59,6 +59,7 @@ func TestFileLinkType(t *testing.T) {
 		{"pcap be sll2", pcapHeader(be, 0xa1b2c3d4, 276), 276, true},
 		{"pcap nano ethernet", pcapHeader(le, 0xa1b23c4d, 1), 1, true},
 		{"pcap fcs bits", pcapHeader(le, 0xa1b2c3d4, 0x10000000|113), 113, true},
+		{"pcap fcs present", pcapHeader(le, 0xa1b2c3d4, 0x24000001), 1, true},
 		{"pcap short", pcapHeader(le, 0xa1b2c3d4, 276)[:20], 0, false},
 		{"pcapng le sll2", ngHeader(le, 276), 276, true},
 		{"pcapng be raw", ngHeader(be, 101), 101, true},

@@ -2,7 +2,6 @@ package pcapcmd
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -42,8 +41,9 @@ counted and skipped. Wireshark shows the ICRC but never checks it; this does.
 A capture taken before segmentation (tcpdump on lo, a veth, or -i any, of a
 sender using UDP GSO, as rocev2d does by default there) holds GSO datagrams of
 several packets: each is split as the kernel segments it (one size, IPv4 IDs
-numbered upward) and its packets are checked as #FRAME.K. Link type
-LINUX_SLL2 (276, what tcpdump -i any writes) is read from the file itself.
+numbered upward) and its packets are checked as #FRAME.K. Link types are
+read from the file itself (LINUX_SLL2, 276, is what tcpdump -i any writes);
+in pcapng, each frame's from its own interface, in every section.
 A frame cut by the capture's snap length (tcpdump -s, rocev2d --snaplen) is
 reported as truncated: the headers the capture kept are decoded and shown,
 its ICRC cannot be checked, and it is counted apart, neither ok nor bad.
@@ -51,7 +51,8 @@ its ICRC cannot be checked, and it is counted apart, neither ok nor bad.
 Exit status: 0 if every whole RoCEv2 packet is well-formed with a valid ICRC
 (truncated ones do not fail the check, unless the BTH the capture kept has a
 bad version or opcode), 1 if any is not (they are listed at the end), 2 if a
-file cannot be read.
+file cannot be read, or ends inside a record, or has a corrupt one (the frames
+before it are checked and counted).
 
 write-sample writes an Ethernet/IPv4 pcap with one packet of every RC, UC and
 UD opcode and a CNP, each with a correct ICRC (the tshark test reads it).
@@ -86,6 +87,27 @@ type pcapStats struct {
 	// truncated counts the RoCEv2 frames cut by the capture's snap
 	// length (in roce, but neither ok nor bad: their ICRC is not checked).
 	truncated int
+	// undecoded counts the frames on pcapng interfaces of a link type
+	// check does not decode.
+	undecoded int
+}
+
+// add adds o's counts to s.
+func (s *pcapStats) add(o pcapStats) {
+	s.frames += o.frames
+	s.roce += o.roce
+	s.ok += o.ok
+	s.bad += o.bad
+	s.skipped += o.skipped
+	s.malformed += o.malformed
+	s.gso += o.gso
+	s.truncated += o.truncated
+	s.undecoded += o.undecoded
+}
+
+// notes returns what a file's or the total's line adds to the counts.
+func (s *pcapStats) notes() string {
+	return truncatedNote(s.truncated) + malformedNote(s.malformed) + gsoNote(s.gso) + undecodedNote(s.undecoded)
 }
 
 // badPacket names a bad RoCEv2 packet.
@@ -112,36 +134,34 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer out.Flush()
 	var total pcapStats
 	var bad []badPacket
-	files, unreadable := 0, 0
+	files, unreadable, damaged := 0, 0, 0
 	for _, name := range fs.Args() {
-		st, b, err := checkFile(ctx, name, out, *quiet)
-		total.frames += st.frames
-		total.roce += st.roce
-		total.ok += st.ok
-		total.bad += st.bad
-		total.skipped += st.skipped
-		total.malformed += st.malformed
-		total.gso += st.gso
-		total.truncated += st.truncated
+		st, b, opened, err := checkFile(ctx, name, out, *quiet)
+		total.add(st)
 		bad = append(bad, b...)
+		if opened {
+			files++
+			fmt.Fprintf(out, "%s: %d frames, %d RoCEv2 (ICRC ok %d, bad %d), %d other frames skipped%s\n",
+				name, st.frames, st.roce, st.ok, st.bad, st.skipped, st.notes())
+		}
 		if err != nil {
 			out.Flush()
 			fmt.Fprintf(stderr, "rocev2d pcap check: %s: %v\n", name, err)
-			unreadable++
+			if opened {
+				damaged++
+			} else {
+				unreadable++
+			}
 			if ctx.Err() != nil {
 				break
 			}
-			continue
 		}
-		files++
-		fmt.Fprintf(out, "%s: %d frames, %d RoCEv2 (ICRC ok %d, bad %d), %d other frames skipped%s%s%s\n",
-			name, st.frames, st.roce, st.ok, st.bad, st.skipped, truncatedNote(st.truncated), malformedNote(st.malformed), gsoNote(st.gso))
 	}
-	fmt.Fprintf(out, "total: %d files, %d frames, %d RoCEv2 packets, %d ok, %d bad, %d other frames skipped",
-		files, total.frames, total.roce, total.ok, total.bad, total.skipped)
-	fmt.Fprint(out, truncatedNote(total.truncated))
-	fmt.Fprint(out, malformedNote(total.malformed))
-	fmt.Fprint(out, gsoNote(total.gso))
+	fmt.Fprintf(out, "total: %d files, %d frames, %d RoCEv2 packets, %d ok, %d bad, %d other frames skipped%s",
+		files, total.frames, total.roce, total.ok, total.bad, total.skipped, total.notes())
+	if damaged > 0 {
+		fmt.Fprintf(out, ", %d files cut short or corrupt (read up to the damage)", damaged)
+	}
 	if unreadable > 0 {
 		fmt.Fprintf(out, ", %d files unreadable", unreadable)
 	}
@@ -157,7 +177,7 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 	}
 	switch {
-	case unreadable > 0:
+	case unreadable+damaged > 0:
 		return cli.ExitUsage
 	case len(bad) > 0:
 		return cli.ExitFail
@@ -165,143 +185,131 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return cli.ExitOK
 }
 
-// captureReader is what pcap check needs of pcapgo's pcap and pcapng readers.
-type captureReader interface {
-	LinkType() layers.LinkType
-	ReadPacketData() ([]byte, gopacket.CaptureInfo, error)
+// fileCheck is the state of one file's check.
+type fileCheck struct {
+	name     string
+	out      io.Writer
+	quiet    bool
+	st       pcapStats
+	bad      []badPacket
+	decoders map[uint32]gopacket.Decoder
 }
 
-// maxFrame is the largest frame pcap check reads from a classic pcap.
-const maxFrame = 262144
-
-// pcapngMagic is the block type of a pcapng Section Header Block.
-var pcapngMagic = []byte{0x0a, 0x0d, 0x0d, 0x0a}
-
-// openCapture reads a classic pcap or (tcpdump -w on newer systems, Wireshark)
-// a pcapng file; for pcapng, the first interface's link type applies. The
-// decoder is the link type's, read from the file itself: gopacket keeps link
-// types in 8 bits, so LINUX_SLL2 (276, tcpdump -i any) would read as 20.
-func openCapture(br *bufio.Reader) (captureReader, gopacket.Decoder, error) {
-	head, _ := br.Peek(4096) // shorter at the end of a small file
-	lt, ltErr := rocelayer.FileLinkType(head)
-	r, err := openReader(br)
-	if err != nil {
-		return nil, nil, err
-	}
-	if ltErr != nil {
-		lt = uint32(r.LinkType()) // a pcapng section header beyond the first 4 KiB
-	}
-	dec, err := rocelayer.LinkDecoder(lt)
-	return r, dec, err
-}
-
-// openReader returns pcapgo's reader for the file's format.
-func openReader(br *bufio.Reader) (captureReader, error) {
-	if magic, err := br.Peek(4); err == nil && bytes.Equal(magic, pcapngMagic) {
-		r, err := pcapgo.NewNgReader(br, pcapgo.DefaultNgReaderOptions)
-		if err != nil {
-			return nil, fmt.Errorf("pcapng: %w", err)
-		}
-		return r, nil
-	}
-	r, err := pcapgo.NewReader(br)
-	if err != nil {
-		return nil, fmt.Errorf("not a pcap or pcapng file: %w", err)
-	}
-	// pcapgo allocates each frame's capture length, bounded only by the
-	// header's snap length (up to 4 GiB); a frame beyond tcpdump's default
-	// snap length is refused ("capture length exceeds snap length").
-	if r.Snaplen() > maxFrame {
-		r.SetSnaplen(maxFrame)
-	}
-	return r, nil
-}
-
-// checkFile checks one capture. The error is non-nil if the file cannot be
-// read (the stats then cover the frames read before the problem).
-func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (pcapStats, []badPacket, error) {
-	var st pcapStats
-	var bad []badPacket
+// checkFile checks one capture. opened says whether it was a capture
+// file at all; the error is non-nil if the file cannot be read to its end
+// (the stats then cover the frames read before the problem).
+func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (st pcapStats, bad []badPacket, opened bool, err error) {
 	f, err := os.Open(name)
 	if err != nil {
-		return st, nil, err
+		return st, nil, false, err
 	}
 	defer f.Close()
-	r, dec, err := openCapture(bufio.NewReaderSize(f, 1<<16))
+	r, err := openCapture(bufio.NewReaderSize(f, 1<<16))
 	if err != nil {
-		return st, nil, err
+		return st, nil, false, err
 	}
+	c := &fileCheck{name: name, out: out, quiet: quiet, decoders: map[uint32]gopacket.Decoder{}}
 	for num := 1; ; num++ {
 		if err := ctx.Err(); err != nil {
-			return st, bad, err
+			return c.st, c.bad, true, err
 		}
-		data, ci, err := r.ReadPacketData()
-		if errors.Is(err, io.EOF) {
-			return st, bad, nil
+		rec, err := r.next()
+		switch {
+		case errors.Is(err, io.EOF):
+			return c.st, c.bad, true, nil
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return c.st, c.bad, true, fmt.Errorf("frame %d: file ends inside a record: %w", num, io.ErrUnexpectedEOF)
+		case err != nil:
+			return c.st, c.bad, true, fmt.Errorf("frame %d: %w", num, err)
 		}
-		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return st, bad, fmt.Errorf("frame %d: file ends inside a record: %w", num, err)
-		}
-		if err != nil {
-			return st, bad, fmt.Errorf("frame %d: %w", num, err)
-		}
-		st.frames++
-		gp := gopacket.NewPacket(data, dec, gopacket.DecodeOptions{NoCopy: true})
-		udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
-		if udp == nil || udp.DstPort != rocelayer.Port {
-			if why := ipProblem(gp, ci); why != "" {
-				// Not another protocol's frame but a damaged IP
-				// header, whose port and payload cannot be trusted
-				// (an IHL made 1 or 15 hid a RoCEv2 packet among the
-				// "other frames"). A RoCEv2 packet's IP header is
-				// judged by its ICRC instead, which leaves out the
-				// fields a router changes.
-				st.malformed++
-				bad = append(bad, badPacket{name, num, why})
-				fmt.Fprintf(out, "%s #%d BAD: %s\n", name, num, why)
-				continue
-			}
-			st.skipped++
-			continue
-		}
-		st.roce++
-		if ci.CaptureLength < ci.Length {
-			// Cut by the capture's snap length: the headers the
-			// capture kept are decoded and shown, the ICRC cannot
-			// be checked, and the frame is neither ok nor bad.
-			line, reason := describeCut(gp, udp, ci)
-			if reason != "" {
-				st.bad++
-				bad = append(bad, badPacket{name, num, reason})
-				fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
-				continue
-			}
-			st.truncated++
-			if !quiet {
-				fmt.Fprintf(out, "%s #%d %s\n", name, num, line)
-			}
-			continue
-		}
-		line, reason := describe(gp, udp, ci)
-		if segs := gsoSplit(gp, reason); segs != nil {
-			// One GSO datagram seen before segmentation: check the
-			// packets the kernel sends of it, each on its own line.
-			st.gso++
-			st.roce += len(segs) - 1
-			bad = checkSegments(&st, bad, out, quiet, name, num, segs, len(udp.LayerPayload()))
-			continue
-		}
-		if reason == "" {
-			st.ok++
-			if !quiet {
-				fmt.Fprintf(out, "%s #%d %s ok\n", name, num, line)
-			}
-			continue
-		}
-		st.bad++
-		bad = append(bad, badPacket{name, num, reason})
-		fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
+		c.frame(num, rec)
 	}
+}
+
+// decoder returns the decoder of a link type (nil if unsupported).
+func (c *fileCheck) decoder(lt uint32) gopacket.Decoder {
+	dec, ok := c.decoders[lt]
+	if !ok {
+		dec, _ = rocelayer.LinkDecoder(lt)
+		c.decoders[lt] = dec
+	}
+	return dec
+}
+
+// fail records a bad frame.
+func (c *fileCheck) fail(num int, reason string) {
+	c.bad = append(c.bad, badPacket{c.name, num, reason})
+}
+
+// frame checks frame num.
+func (c *fileCheck) frame(num int, rec record) {
+	name, out, quiet, st := c.name, c.out, c.quiet, &c.st
+	st.frames++
+	dec := c.decoder(rec.linkType)
+	if dec == nil {
+		// A pcapng interface of a link type check does not decode.
+		st.undecoded++
+		if !quiet {
+			fmt.Fprintf(out, "%s #%d: not decoded: unsupported link type %d\n", name, num, rec.linkType)
+		}
+		return
+	}
+	ci := gopacket.CaptureInfo{CaptureLength: len(rec.data), Length: rec.origLen}
+	gp := gopacket.NewPacket(rec.data, dec, gopacket.DecodeOptions{NoCopy: true})
+	udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+	if udp == nil || udp.DstPort != rocelayer.Port {
+		if why := ipProblem(gp, ci); why != "" {
+			// Not another protocol's frame but a damaged IP
+			// header, whose port and payload cannot be trusted
+			// (an IHL made 1 or 15 hid a RoCEv2 packet among the
+			// "other frames"). A RoCEv2 packet's IP header is
+			// judged by its ICRC instead, which leaves out the
+			// fields a router changes.
+			st.malformed++
+			c.fail(num, why)
+			fmt.Fprintf(out, "%s #%d BAD: %s\n", name, num, why)
+			return
+		}
+		st.skipped++
+		return
+	}
+	st.roce++
+	if ci.CaptureLength < ci.Length {
+		// Cut by the capture's snap length: the headers the
+		// capture kept are decoded and shown, the ICRC cannot
+		// be checked, and the frame is neither ok nor bad.
+		line, reason := describeCut(gp, udp, ci)
+		if reason != "" {
+			st.bad++
+			c.fail(num, reason)
+			fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
+			return
+		}
+		st.truncated++
+		if !quiet {
+			fmt.Fprintf(out, "%s #%d %s\n", name, num, line)
+		}
+		return
+	}
+	line, reason := describe(gp, udp, ci)
+	if segs := gsoSplit(gp, reason); segs != nil {
+		// One GSO datagram seen before segmentation: check the
+		// packets the kernel sends of it, each on its own line.
+		st.gso++
+		st.roce += len(segs) - 1
+		c.checkSegments(num, segs, len(udp.LayerPayload()))
+		return
+	}
+	if reason == "" {
+		st.ok++
+		if !quiet {
+			fmt.Fprintf(out, "%s #%d %s ok\n", name, num, line)
+		}
+		return
+	}
+	st.bad++
+	c.fail(num, reason)
+	fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
 }
 
 // truncatedNote says how many RoCEv2 frames the capture cut short, if any.
@@ -352,6 +360,14 @@ func ipProblem(gp gopacket.Packet, ci gopacket.CaptureInfo) string {
 	return ""
 }
 
+// undecodedNote says how many frames were of an unsupported link type.
+func undecodedNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d on interfaces of an unsupported link type (not decoded)", n)
+}
+
 // gsoNote says how many frames were GSO datagrams, if any.
 func gsoNote(n int) string {
 	if n == 0 {
@@ -383,9 +399,8 @@ func gsoSplit(gp gopacket.Packet, reason string) [][]byte {
 }
 
 // checkSegments checks the segments of the GSO datagram of frame num
-// (pay: its UDP payload's length), each on its own line #num.K, and
-// returns bad with the bad ones added.
-func checkSegments(st *pcapStats, bad []badPacket, out io.Writer, quiet bool, name string, num int, segs [][]byte, pay int) []badPacket {
+// (pay: its UDP payload's length), each on its own line #num.K.
+func (c *fileCheck) checkSegments(num int, segs [][]byte, pay int) {
 	for k, seg := range segs {
 		dec := layers.LayerTypeIPv4
 		if seg[0]>>4 == 6 {
@@ -395,24 +410,23 @@ func checkSegments(st *pcapStats, bad []badPacket, out io.Writer, quiet bool, na
 		tag := fmt.Sprintf("(GSO segment %d/%d of a %d-byte datagram)", k+1, len(segs), pay)
 		su, _ := sp.Layer(layers.LayerTypeUDP).(*layers.UDP)
 		if su == nil {
-			st.bad++
-			bad = append(bad, badPacket{name, num, fmt.Sprintf("GSO segment %d/%d not decoded", k+1, len(segs))})
-			fmt.Fprintf(out, "%s #%d.%d BAD: not decoded %s\n", name, num, k+1, tag)
+			c.st.bad++
+			c.fail(num, fmt.Sprintf("GSO segment %d/%d not decoded", k+1, len(segs)))
+			fmt.Fprintf(c.out, "%s #%d.%d BAD: not decoded %s\n", c.name, num, k+1, tag)
 			continue
 		}
 		sl, sr := describe(sp, su, gopacket.CaptureInfo{CaptureLength: len(seg), Length: len(seg)})
 		if sr == "" {
-			st.ok++
-			if !quiet {
-				fmt.Fprintf(out, "%s #%d.%d %s ok %s\n", name, num, k+1, sl, tag)
+			c.st.ok++
+			if !c.quiet {
+				fmt.Fprintf(c.out, "%s #%d.%d %s ok %s\n", c.name, num, k+1, sl, tag)
 			}
 			continue
 		}
-		st.bad++
-		bad = append(bad, badPacket{name, num, fmt.Sprintf("GSO segment %d/%d: %s", k+1, len(segs), sr)})
-		fmt.Fprintf(out, "%s #%d.%d %s BAD: %s %s\n", name, num, k+1, sl, sr, tag)
+		c.st.bad++
+		c.fail(num, fmt.Sprintf("GSO segment %d/%d: %s", k+1, len(segs), sr))
+		fmt.Fprintf(c.out, "%s #%d.%d %s BAD: %s %s\n", c.name, num, k+1, sl, sr, tag)
 	}
-	return bad
 }
 
 // writeAddrs appends the frame's source and destination address and port.

@@ -188,7 +188,7 @@ func TestPcapCheckUnreadable(t *testing.T) {
 		{[]string{ng}, "pcapng"},
 		{[]string{cut}, "frame 1: file ends inside a record"},
 		{[]string{token}, "unsupported link type 6"},
-		{[]string{huge}, "exceeds snap length"},
+		{[]string{huge}, "frame 1: corrupt record: captured length 2130706432 exceeds the maximum 262144"},
 		{[]string{good, garbage}, garbage + ": not a pcap or pcapng file"},
 	}
 	for _, tt := range tests {
