@@ -3,6 +3,7 @@ package pcapcmd
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,7 +20,6 @@ import (
 	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
-	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
 	"github.com/gorocev2/rocev2/icrc"
 	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/rocelayer"
@@ -38,6 +38,14 @@ check decodes every RoCEv2 packet (UDP destination port 4791) in the pcap or pca
 IPv6), validates its layout against the opcode table, verifies its ICRC and
 prints one line per packet and a total per file and overall. Other frames are
 counted and skipped. Wireshark shows the ICRC but never checks it; this does.
+VLAN tags (also QinQ 0x9100/0x9200) and tunnels (GRE, ERSPAN I-III, IP-in-IP,
+VXLAN, Geneve) are looked through: the innermost RoCEv2 packet is checked
+against its own IP header and shown with its addresses; an encapsulation not
+decoded is named and counted apart. IPv4 fragments are reassembled (at most
+256 datagrams, 4 MiB). A RoCEv2 packet with a wrong IPv4 header checksum is
+bad (receivers drop it); a zero one is a note (offloaded at the capture
+point?). A frame that is not RoCEv2 never fails the check: a bad IP header on
+one is named and counted.
 A capture taken before segmentation (tcpdump on lo, a veth, or -i any, of a
 sender using UDP GSO, as rocev2d does by default there) holds GSO datagrams of
 several packets: each is split as the kernel segments it (one size, IPv4 IDs
@@ -49,10 +57,12 @@ reported as truncated: the headers the capture kept are decoded and shown,
 its ICRC cannot be checked, and it is counted apart, neither ok nor bad.
   -q  print only bad packets and the totals
 Exit status: 0 if every whole RoCEv2 packet is well-formed with a valid ICRC
-(truncated ones do not fail the check, unless the BTH the capture kept has a
-bad version or opcode), 1 if any is not (they are listed at the end), 2 if a
+and a sound IP header, 1 if any is not (they are listed at the end), 2 if a
 file cannot be read, or ends inside a record, or has a corrupt one (the frames
-before it are checked and counted).
+before it are checked and counted). Truncated RoCEv2 packets (unless the BTH
+the capture kept has a bad version or opcode), those in IP fragments not
+reassembled and those after IPv6 extension headers are counted apart and do
+not fail the check.
 
 write-sample writes an Ethernet/IPv4 pcap with one packet of every RC, UC and
 UD opcode and a CNP, each with a correct ICRC (the tshark test reads it).
@@ -77,10 +87,19 @@ func runPcap(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // pcapStats counts one file's frames.
 type pcapStats struct {
 	frames, roce, ok, bad, skipped int
-	// malformed counts the frames whose link layer says IP but whose IP
-	// header does not decode or fails its checksum (each is also a bad
-	// packet in the list).
-	malformed int
+	// badIPOther counts the frames that are not RoCEv2 and whose IP
+	// header does not decode or has a wrong (or zero) IPv4 checksum.
+	badIPOther int
+	// fragments counts the IPv4 fragments held for reassembly (the
+	// frame completing a datagram counts as what it holds).
+	fragments int
+	// unsupported counts the frames in an encapsulation check does not
+	// decode.
+	unsupported int
+	// notChecked counts the RoCEv2 packets whose ICRC cannot be checked
+	// (in IPv6 fragments or after IPv6 extension headers, in IPv4
+	// fragments not reassembled): in roce, neither ok nor bad.
+	notChecked int
 	// gso counts the UDP GSO datagrams split into their segments (each
 	// segment counts in roce, ok or bad).
 	gso int
@@ -99,7 +118,10 @@ func (s *pcapStats) add(o pcapStats) {
 	s.ok += o.ok
 	s.bad += o.bad
 	s.skipped += o.skipped
-	s.malformed += o.malformed
+	s.badIPOther += o.badIPOther
+	s.fragments += o.fragments
+	s.unsupported += o.unsupported
+	s.notChecked += o.notChecked
 	s.gso += o.gso
 	s.truncated += o.truncated
 	s.undecoded += o.undecoded
@@ -107,7 +129,10 @@ func (s *pcapStats) add(o pcapStats) {
 
 // notes returns what a file's or the total's line adds to the counts.
 func (s *pcapStats) notes() string {
-	return truncatedNote(s.truncated) + malformedNote(s.malformed) + gsoNote(s.gso) + undecodedNote(s.undecoded)
+	return truncatedNote(s.truncated) + countNote(s.notChecked, "RoCEv2 not checked (in IP fragments or after IPv6 extension headers)") +
+		gsoNote(s.gso) + countNote(s.badIPOther, "other frames with a bad IP header") +
+		countNote(s.fragments, "IPv4 fragments held for reassembly") +
+		countNote(s.unsupported, "in an encapsulation not supported") + undecodedNote(s.undecoded)
 }
 
 // badPacket names a bad RoCEv2 packet.
@@ -167,11 +192,7 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	fmt.Fprintln(out)
 	if len(bad) > 0 {
-		if total.malformed > 0 {
-			fmt.Fprintf(out, "FAIL: %d bad RoCEv2 packets and %d frames with a malformed IP header:\n", len(bad)-total.malformed, total.malformed)
-		} else {
-			fmt.Fprintf(out, "FAIL: %d bad RoCEv2 packets:\n", len(bad))
-		}
+		fmt.Fprintf(out, "FAIL: %d bad RoCEv2 packets:\n", len(bad))
 		for _, b := range bad {
 			fmt.Fprintf(out, "  %s #%d: %s\n", b.file, b.frame, b.reason)
 		}
@@ -193,6 +214,7 @@ type fileCheck struct {
 	st       pcapStats
 	bad      []badPacket
 	decoders map[uint32]gopacket.Decoder
+	walk     walker
 }
 
 // checkFile checks one capture. opened says whether it was a capture
@@ -208,7 +230,8 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (st 
 	if err != nil {
 		return st, nil, false, err
 	}
-	c := &fileCheck{name: name, out: out, quiet: quiet, decoders: map[uint32]gopacket.Decoder{}}
+	c := &fileCheck{name: name, out: out, quiet: quiet, decoders: map[uint32]gopacket.Decoder{},
+		walk: walker{frags: newReassembly()}}
 	for num := 1; ; num++ {
 		if err := ctx.Err(); err != nil {
 			return c.st, c.bad, true, err
@@ -216,6 +239,7 @@ func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (st 
 		rec, err := r.next()
 		switch {
 		case errors.Is(err, io.EOF):
+			c.finish()
 			return c.st, c.bad, true, nil
 		case errors.Is(err, io.ErrUnexpectedEOF):
 			return c.st, c.bad, true, fmt.Errorf("frame %d: file ends inside a record: %w", num, io.ErrUnexpectedEOF)
@@ -243,42 +267,89 @@ func (c *fileCheck) fail(num int, reason string) {
 
 // frame checks frame num.
 func (c *fileCheck) frame(num int, rec record) {
-	name, out, quiet, st := c.name, c.out, c.quiet, &c.st
-	st.frames++
-	dec := c.decoder(rec.linkType)
-	if dec == nil {
+	c.st.frames++
+	if c.decoder(rec.linkType) == nil {
 		// A pcapng interface of a link type check does not decode.
-		st.undecoded++
-		if !quiet {
-			fmt.Fprintf(out, "%s #%d: not decoded: unsupported link type %d\n", name, num, rec.linkType)
+		c.st.undecoded++
+		c.note(num, fmt.Sprintf("not decoded: unsupported link type %d", rec.linkType))
+		return
+	}
+	et, pkt, ok := rocelayer.NetworkPacket(rec.linkType, rec.data)
+	if !ok {
+		c.st.skipped++
+		return
+	}
+	f := c.walk.frame(num, len(rec.data) < rec.origLen, et, pkt)
+	switch f.kind {
+	case kindOther:
+		c.st.skipped++
+	case kindBadIPOther:
+		// Not RoCEv2 (no UDP header to port 4791 where a sound header
+		// or a 20-byte one would put it): named, never a failure (a
+		// capture point that offloads checksums writes 0 or garbage).
+		c.st.badIPOther++
+		c.note(num, "other frame with a bad IP header: "+f.why)
+	case kindFragment:
+		c.st.fragments++
+		if f.roceFrag {
+			c.note(num, "IPv4 fragment of a RoCEv2 packet: held for reassembly")
 		}
+	case kindUnsupported:
+		c.st.unsupported++
+		c.note(num, "encapsulation not supported: "+f.why)
+	case kindNotChecked:
+		c.st.roce++
+		c.st.notChecked++
+		c.note(num, f.why+viaNote(f.via))
+	case kindRoCEBadIP:
+		c.st.roce++
+		c.st.bad++
+		c.fail(num, "malformed IP header: "+f.why)
+		fmt.Fprintf(c.out, "%s #%d BAD: malformed IP header: %s%s\n", c.name, num, f.why, viaNote(f.via))
+	case kindRoCE:
+		c.roce(num, f, rec)
+	}
+}
+
+// note prints a line about frame num unless -q.
+func (c *fileCheck) note(num int, s string) {
+	if !c.quiet {
+		fmt.Fprintf(c.out, "%s #%d %s\n", c.name, num, s)
+	}
+}
+
+// viaNote names the encapsulations a packet was found in.
+func viaNote(via []string) string {
+	if len(via) == 0 {
+		return ""
+	}
+	return " (in " + strings.Join(via, ", ") + ")"
+}
+
+// roce checks the RoCEv2 packet f of frame num.
+func (c *fileCheck) roce(num int, f found, rec record) {
+	name, out, st := c.name, c.out, &c.st
+	st.roce++
+	dec := layers.LayerTypeIPv4
+	if f.ip[0]>>4 == 6 {
+		dec = layers.LayerTypeIPv6
+	}
+	gp := gopacket.NewPacket(f.ip, dec, gopacket.DecodeOptions{NoCopy: true})
+	udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+	if udp == nil {
+		st.bad++
+		why := "UDP header not decodable"
+		c.fail(num, why)
+		fmt.Fprintf(out, "%s #%d BAD: %s%s\n", name, num, why, viaNote(f.via))
 		return
 	}
 	ci := gopacket.CaptureInfo{CaptureLength: len(rec.data), Length: rec.origLen}
-	gp := gopacket.NewPacket(rec.data, dec, gopacket.DecodeOptions{NoCopy: true})
-	udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
-	if udp == nil || udp.DstPort != rocelayer.Port {
-		if why := ipProblem(gp, ci); why != "" {
-			// Not another protocol's frame but a damaged IP
-			// header, whose port and payload cannot be trusted
-			// (an IHL made 1 or 15 hid a RoCEv2 packet among the
-			// "other frames"). A RoCEv2 packet's IP header is
-			// judged by its ICRC instead, which leaves out the
-			// fields a router changes.
-			st.malformed++
-			c.fail(num, why)
-			fmt.Fprintf(out, "%s #%d BAD: %s\n", name, num, why)
-			return
-		}
-		st.skipped++
-		return
-	}
-	st.roce++
-	if ci.CaptureLength < ci.Length {
+	if !ipWhole(f.ip) && ci.CaptureLength < ci.Length {
 		// Cut by the capture's snap length: the headers the
 		// capture kept are decoded and shown, the ICRC cannot
 		// be checked, and the frame is neither ok nor bad.
 		line, reason := describeCut(gp, udp, ci)
+		line += viaNote(f.via)
 		if reason != "" {
 			st.bad++
 			c.fail(num, reason)
@@ -286,13 +357,11 @@ func (c *fileCheck) frame(num int, rec record) {
 			return
 		}
 		st.truncated++
-		if !quiet {
-			fmt.Fprintf(out, "%s #%d %s\n", name, num, line)
-		}
+		c.note(num, line)
 		return
 	}
 	line, reason := describe(gp, udp, ci)
-	if segs := gsoSplit(gp, reason); segs != nil {
+	if segs := gsoSplit(gp, reason); segs != nil && f.csumBad == "" {
 		// One GSO datagram seen before segmentation: check the
 		// packets the kernel sends of it, each on its own line.
 		st.gso++
@@ -300,16 +369,54 @@ func (c *fileCheck) frame(num int, rec record) {
 		c.checkSegments(num, segs, len(udp.LayerPayload()))
 		return
 	}
+	line += ipNotes(f)
+	if reason == "" && f.csumBad != "" {
+		// Every receiver drops it before RoCE sees it.
+		reason = f.csumBad
+	}
 	if reason == "" {
 		st.ok++
-		if !quiet {
-			fmt.Fprintf(out, "%s #%d %s ok\n", name, num, line)
-		}
+		c.note(num, line+" ok")
 		return
 	}
 	st.bad++
 	c.fail(num, reason)
 	fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
+}
+
+// ipNotes are the remarks on a RoCEv2 packet's IP layers: the tunnels it
+// was found in, its reassembly, a zero IPv4 checksum.
+func ipNotes(f found) string {
+	s := viaNote(f.via)
+	if f.frag != "" {
+		s += " (" + f.frag + ")"
+	}
+	if f.csumZero {
+		s += " (IPv4 checksum 0: offloaded at the capture point?)"
+	}
+	return s
+}
+
+// ipWhole reports whether ip holds its whole IP packet (its total or
+// payload length), whatever the capture cut after it (an FCS).
+func ipWhole(ip []byte) bool {
+	if len(ip) < 40 && ip[0]>>4 == 6 || len(ip) < 20 {
+		return false
+	}
+	if ip[0]>>4 == 6 {
+		return len(ip) >= 40+int(binary.BigEndian.Uint16(ip[4:]))
+	}
+	return len(ip) >= int(binary.BigEndian.Uint16(ip[2:]))
+}
+
+// finish reports the RoCEv2 packets left in IP fragments at the file's end.
+func (c *fileCheck) finish() {
+	for _, e := range c.walk.frags.finish() {
+		c.st.roce++
+		c.st.notChecked++
+		num := e.frames[len(e.frames)-1]
+		c.note(num, fmt.Sprintf("RoCEv2 packet in IPv4 fragments (frames %s): not reassembled (%s), ICRC not checked", frameList(e.frames), e.broken))
+	}
 }
 
 // truncatedNote says how many RoCEv2 frames the capture cut short, if any.
@@ -320,44 +427,12 @@ func truncatedNote(n int) string {
 	return fmt.Sprintf(", %d truncated by the capture (ICRC not checked)", n)
 }
 
-// malformedNote says how many frames had a damaged IP header, if any.
-func malformedNote(n int) string {
+// countNote is ", N what", or "" for none.
+func countNote(n int, what string) string {
 	if n == 0 {
 		return ""
 	}
-	return fmt.Sprintf(", %d with a malformed IP header", n)
-}
-
-// ipProblem says what is wrong with the IP header of a whole frame that is
-// not RoCEv2: its link layer names IPv4 or IPv6 but the header does not
-// decode, or an IPv4 header's checksum is wrong (the kernel computes it in
-// software even when the UDP checksum is offloaded, so a capture holds it
-// right). "" when nothing is, or the frame was cut by the capture.
-func ipProblem(gp gopacket.Packet, ci gopacket.CaptureInfo) string {
-	if ci.CaptureLength < ci.Length {
-		return ""
-	}
-	if v4, _ := gp.Layer(layers.LayerTypeIPv4).(*layers.IPv4); v4 != nil {
-		h := v4.Contents
-		if pcaptap.IPChecksum(h) != 0 { // over a header with its checksum: 0 when right
-			return fmt.Sprintf("IPv4 header checksum 0x%04x is wrong (header length %d bytes)", v4.Checksum, len(h))
-		}
-		return ""
-	}
-	ls := gp.Layers()
-	if gp.NetworkLayer() != nil || len(ls) < 2 {
-		return ""
-	}
-	el := gp.ErrorLayer()
-	link, ok := ls[len(ls)-2].(gopacket.DecodingLayer)
-	if el == nil || !ok {
-		return ""
-	}
-	switch link.NextLayerType() {
-	case layers.LayerTypeIPv4, layers.LayerTypeIPv6:
-		return fmt.Sprintf("%v header not decodable: %v", link.NextLayerType(), el.Error())
-	}
-	return ""
+	return fmt.Sprintf(", %d %s", n, what)
 }
 
 // undecodedNote says how many frames were of an unsupported link type.
@@ -458,6 +533,11 @@ func writeBTH(sb *strings.Builder, b *bth.Fields) {
 func describe(gp gopacket.Packet, udp *layers.UDP, ci gopacket.CaptureInfo) (line, reason string) {
 	var sb strings.Builder
 	writeAddrs(&sb, gp, udp)
+	if why := udpLengthProblem(gp, udp); why != "" {
+		// The UDP header cuts the packet elsewhere than the IP header:
+		// what is "payload" and "ICRC" depends on which is believed.
+		return sb.String(), why
+	}
 	b, _ := gp.Layer(rocelayer.LayerTypeBTH).(*rocelayer.BTH)
 	if b == nil {
 		why := "not decoded"
@@ -479,6 +559,22 @@ func describe(gp gopacket.Packet, udp *layers.UDP, ci gopacket.CaptureInfo) (lin
 		return sb.String(), "ICRC not verifiable: " + err.Error()
 	}
 	return sb.String(), ""
+}
+
+// udpLengthProblem says how the UDP length disagrees with the IP
+// header's payload length, or "".
+func udpLengthProblem(gp gopacket.Packet, udp *layers.UDP) string {
+	ipPay := -1
+	switch ip := gp.NetworkLayer().(type) {
+	case *layers.IPv4:
+		ipPay = int(ip.Length) - int(ip.IHL)*4
+	case *layers.IPv6:
+		ipPay = int(ip.Length)
+	}
+	if ipPay < 0 || int(udp.Length) == ipPay {
+		return ""
+	}
+	return fmt.Sprintf("malformed: UDP length %d disagrees with the IP payload length %d", udp.Length, ipPay)
 }
 
 // describeCut returns the summary of a RoCEv2 frame cut by the capture's

@@ -30,6 +30,7 @@ func TestPcapCheckSACK(t *testing.T) {
 		f[bthOff+12] = 0x60 // AETH (after the 12-byte BTH): NAK, PSN sequence error
 		binary.BigEndian.PutUint16(f[ipOff+2:], uint16(len(f)-ipOff))
 		binary.BigEndian.PutUint16(f[udpOff+4:], uint16(len(f)-udpOff))
+		fixIPv4Checksum(f[ipOff:udpOff])
 		if err := icrc.Put(f[ipOff:]); err != nil {
 			t.Fatal(err)
 		}

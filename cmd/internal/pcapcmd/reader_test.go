@@ -120,7 +120,7 @@ func TestPcapCheckReader(t *testing.T) {
 		{"cut inside a block header", twoGood[:len(twoGood)-len(epbBlock(0, eth))+6], cli.ExitUsage, []string{"frame 2: file ends inside a record"}},
 		{"huge captured length", huge, cli.ExitUsage, []string{"frame 1: corrupt block: captured length 4294967280 exceeds"}},
 		{"block length 4", short, cli.ExitUsage, []string{"frame 2: corrupt block: block type 6 has length 4"}},
-		{"unsupported interface", tokenRing, cli.ExitOK, []string{"#1: not decoded: unsupported link type 6", ": 2 frames, 1 RoCEv2 (ICRC ok 1, bad 0), 0 other frames skipped, 1 on interfaces of an unsupported link type"}},
+		{"unsupported interface", tokenRing, cli.ExitOK, []string{"#1 not decoded: unsupported link type 6", ": 2 frames, 1 RoCEv2 (ICRC ok 1, bad 0), 0 other frames skipped, 1 on interfaces of an unsupported link type"}},
 		{"snaplen 0", pcapFile(0, 1, 0, eth, eth), cli.ExitOK, []string{": 2 frames, 2 RoCEv2 (ICRC ok 2, bad 0)"}},
 		{"snaplen below records", pcapFile(60, 1, 0, eth, eth), cli.ExitOK, []string{": 2 frames, 2 RoCEv2 (ICRC ok 2, bad 0)"}},
 		{"fcs bits", pcapFile(65535, 0x24000001, 4, eth, eth), cli.ExitOK, []string{": 2 frames, 2 RoCEv2 (ICRC ok 2, bad 0)"}},
