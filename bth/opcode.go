@@ -28,6 +28,12 @@ const (
 	RCFetchAdd           Opcode = 0x14
 	RCSendLastInv        Opcode = 0x16
 	RCSendOnlyInv        Opcode = 0x17
+	// RCFlush (IBTA 1.5, Linux IB_OPCODE_FLUSH) asks the responder to make
+	// memory persistent or visible: BTH, FETH and RETH, no payload.
+	RCFlush Opcode = 0x1c
+	// RCAtomicWrite (IBTA 1.5, Linux IB_OPCODE_ATOMIC_WRITE) writes 8
+	// bytes atomically: BTH, RETH and an 8-byte payload.
+	RCAtomicWrite Opcode = 0x1d
 )
 
 // UC (unreliable connection) opcodes.
@@ -105,6 +111,8 @@ const (
 	KindCompareSwap
 	KindFetchAdd
 	KindCNP
+	KindFlush       // RC FLUSH (IBTA 1.5); decoded, not executed
+	KindAtomicWrite // RC ATOMIC_WRITE (IBTA 1.5); decoded, not executed
 )
 
 var kindNames = [...]string{
@@ -118,6 +126,8 @@ var kindNames = [...]string{
 	KindCompareSwap:  "COMPARE_SWAP",
 	KindFetchAdd:     "FETCH_ADD",
 	KindCNP:          "CNP",
+	KindFlush:        "FLUSH",
+	KindAtomicWrite:  "ATOMIC_WRITE",
 }
 
 // String returns the kind's name, e.g. "SEND" or "RDMA_WRITE".
@@ -163,6 +173,7 @@ type Header uint16
 const (
 	HdrRDETH        Header = 1 << iota // RD extended transport header, 4 bytes
 	HdrDETH                            // datagram extended transport header, 8 bytes
+	HdrFETH                            // flush extended transport header, 4 bytes (RC FLUSH)
 	HdrRETH                            // RDMA extended transport header, 16 bytes
 	HdrAtomicETH                       // atomic extended transport header, 28 bytes
 	HdrAETH                            // ACK extended transport header, 4 bytes
@@ -178,6 +189,7 @@ const (
 const (
 	RDETHSize        = 4
 	DETHSize         = 8
+	FETHSize         = 4
 	RETHSize         = 16
 	AtomicETHSize    = 28
 	AETHSize         = 4
@@ -188,12 +200,12 @@ const (
 )
 
 var headerSizes = [numHeaders]int{
-	RDETHSize, DETHSize, RETHSize, AtomicETHSize, AETHSize,
+	RDETHSize, DETHSize, FETHSize, RETHSize, AtomicETHSize, AETHSize,
 	AtomicAckETHSize, ImmDtSize, IETHSize, CNPPadSize,
 }
 
 var headerNames = [numHeaders]string{
-	"RDETH", "DETH", "RETH", "AtomicETH", "AETH",
+	"RDETH", "DETH", "FETH", "RETH", "AtomicETH", "AETH",
 	"AtomicAckETH", "ImmDt", "IETH", "CNPPad",
 }
 
@@ -344,6 +356,8 @@ func init() {
 	def(RCFetchAdd, "RC_FETCH_ADD", mk(rc, KindFetchAdd, PosOnly, HdrAtomicETH, false, false, false, true))
 	def(RCSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE", mk(rc, KindSend, PosLast, HdrIETH, true, false, true, true))
 	def(RCSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE", mk(rc, KindSend, PosOnly, HdrIETH, true, false, true, true))
+	def(RCFlush, "RC_FLUSH", mk(rc, KindFlush, PosOnly, HdrFETH|HdrRETH, false, false, false, true))
+	def(RCAtomicWrite, "RC_ATOMIC_WRITE", mk(rc, KindAtomicWrite, PosOnly, HdrRETH, true, false, false, true))
 
 	ud := TransportUD
 	def(UDSendOnly, "UD_SEND_ONLY", mk(ud, KindSend, PosOnly, HdrDETH, true, false, false, true))

@@ -30,6 +30,8 @@ func TestOpcodeNames(t *testing.T) {
 		{RCFetchAdd, "RC_FETCH_ADD"},
 		{RCSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE"},
 		{RCSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE"},
+		{RCFlush, "RC_FLUSH"},
+		{RCAtomicWrite, "RC_ATOMIC_WRITE"},
 		{UCSendFirst, "UC_SEND_FIRST"},
 		{UCSendMiddle, "UC_SEND_MIDDLE"},
 		{UCSendLast, "UC_SEND_LAST"},
@@ -112,12 +114,12 @@ func TestOpcodeTableProperties(t *testing.T) {
 		if in.Transport == TransportUD && !in.Headers.Has(HdrDETH) {
 			t.Errorf("%v: UD opcode without DETH", o)
 		}
-		wantPayload := in.Kind == KindSend || in.Kind == KindWrite || in.Kind == KindReadResponse
+		wantPayload := in.Kind == KindSend || in.Kind == KindWrite || in.Kind == KindReadResponse || in.Kind == KindAtomicWrite
 		if in.Payload != wantPayload {
 			t.Errorf("%v: Payload = %v, want %v", o, in.Payload, wantPayload)
 		}
 		wantReq := in.Kind == KindSend || in.Kind == KindWrite || in.Kind == KindReadRequest ||
-			in.Kind == KindCompareSwap || in.Kind == KindFetchAdd
+			in.Kind == KindCompareSwap || in.Kind == KindFetchAdd || in.Kind == KindFlush || in.Kind == KindAtomicWrite
 		if in.Request != wantReq {
 			t.Errorf("%v: Request = %v, want %v", o, in.Request, wantReq)
 		}
@@ -136,6 +138,8 @@ func TestOpcodeHeaders(t *testing.T) {
 		{RCSendLastImm, HdrImmDt, 4, PosLast},
 		{RCSendOnlyImm, HdrImmDt, 4, PosOnly},
 		{RCWriteFirst, HdrRETH, 16, PosFirst},
+		{RCFlush, HdrFETH | HdrRETH, 20, PosOnly},
+		{RCAtomicWrite, HdrRETH, 16, PosOnly},
 		{RCWriteMiddle, 0, 0, PosMiddle},
 		{RCWriteLast, 0, 0, PosLast},
 		{RCWriteLastImm, HdrImmDt, 4, PosLast},

@@ -67,6 +67,10 @@ type Packet struct {
 	IETH immdt.IETH
 	// DETH is the datagram extended transport header, or nil.
 	DETH deth.DETH
+	// FETH is the flush extended transport header of an RC FLUSH (4
+	// bytes, big-endian: bits 0-3 the placement type, bits 4-5 the
+	// selectivity level), or nil.
+	FETH []byte
 	// Payload is the payload without the pad. Its capacity ends at the
 	// payload, so appending to it never overwrites the pad or ICRC. For an
 	// RC ACKNOWLEDGE it is empty or a selective repeat peer's SACK block
@@ -229,6 +233,10 @@ func (p *Packet) Decode(b []byte) Fault {
 		p.DETH = deth.DETH(b[off : off+deth.Size : off+deth.Size])
 		off += deth.Size
 	}
+	if hs&bth.HdrFETH != 0 {
+		p.FETH = b[off : off+bth.FETHSize : off+bth.FETHSize]
+		off += bth.FETHSize
+	}
 	if hs&bth.HdrRETH != 0 {
 		p.RETH = reth.RETH(b[off : off+reth.Size : off+reth.Size])
 		off += reth.Size
@@ -282,6 +290,8 @@ type Fields struct {
 	IETHRKey uint32
 	// DETH is used by UD opcodes.
 	DETH deth.Fields
+	// FETH is the flush extended transport header of an RC FLUSH.
+	FETH uint32
 	// Payload is copied after the headers; it must be empty for opcodes that
 	// carry none.
 	Payload []byte
@@ -315,6 +325,9 @@ func (p *Packet) Fields() Fields {
 	}
 	if p.DETH != nil {
 		f.DETH = p.DETH.Fields()
+	}
+	if p.FETH != nil {
+		f.FETH = binary.BigEndian.Uint32(p.FETH)
 	}
 	f.Payload = p.Payload
 	return f
@@ -383,6 +396,10 @@ func buildPacket(buf []byte, f *Fields, payloadLen int, withPayload bool) (int, 
 	if hs&bth.HdrDETH != 0 {
 		deth.DETH(buf[off:]).Encode(&f.DETH)
 		off += deth.Size
+	}
+	if hs&bth.HdrFETH != 0 {
+		binary.BigEndian.PutUint32(buf[off:], f.FETH)
+		off += bth.FETHSize
 	}
 	if hs&bth.HdrRETH != 0 {
 		reth.RETH(buf[off:]).Encode(&f.RETH)

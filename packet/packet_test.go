@@ -63,7 +63,7 @@ func expectFields(f Fields) Fields {
 func sameFields(a, b Fields) bool {
 	return a.BTH == b.BTH && a.RETH == b.RETH && a.AETH == b.AETH && a.AtomicETH == b.AtomicETH &&
 		a.AtomicAckOrig == b.AtomicAckOrig && a.Imm == b.Imm && a.IETHRKey == b.IETHRKey &&
-		a.DETH == b.DETH && bytes.Equal(a.Payload, b.Payload)
+		a.DETH == b.DETH && a.FETH == b.FETH && bytes.Equal(a.Payload, b.Payload)
 }
 
 func validOpcodes() []bth.Opcode {

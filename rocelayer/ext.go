@@ -40,6 +40,7 @@ var headerOrder = [...]struct {
 }{
 	{bth.HdrRDETH, LayerTypeRDETH, func() extLayer { return &RDETH{} }},
 	{bth.HdrDETH, LayerTypeDETH, func() extLayer { return &DETH{} }},
+	{bth.HdrFETH, LayerTypeFETH, func() extLayer { return &FETH{} }},
 	{bth.HdrRETH, LayerTypeRETH, func() extLayer { return &RETH{} }},
 	{bth.HdrAtomicETH, LayerTypeAtomicETH, func() extLayer { return &AtomicETH{} }},
 	{bth.HdrAETH, LayerTypeAETH, func() extLayer { return &AETH{} }},
@@ -404,4 +405,48 @@ func (r *RDETH) SerializeTo(b gopacket.SerializeBuffer, _ gopacket.SerializeOpti
 	}
 	binary.BigEndian.PutUint32(h, r.EECnxt&0xffffff)
 	return nil
+}
+
+// FETH is the gopacket layer of the Flush Extended Transport Header of an
+// RC FLUSH (IBTA 1.5; Linux struct rxe_feth): 4 bytes, the placement type
+// in bits 0-3 and the selectivity level in bits 4-5.
+type FETH struct {
+	extBase
+	// Bits is the header as a big-endian word.
+	Bits uint32
+}
+
+// LayerType returns LayerTypeFETH.
+func (f *FETH) LayerType() gopacket.LayerType { return LayerTypeFETH }
+
+// CanDecode returns LayerTypeFETH.
+func (f *FETH) CanDecode() gopacket.LayerClass { return LayerTypeFETH }
+
+// PlacementType returns the placement type (bits 0-3).
+func (f *FETH) PlacementType() uint8 { return uint8(f.Bits & 0x0f) }
+
+// SelectivityLevel returns the selectivity level (bits 4-5).
+func (f *FETH) SelectivityLevel() uint8 { return uint8(f.Bits>>4) & 0x03 }
+
+// DecodeFromBytes decodes the first bth.FETHSize bytes of data.
+func (f *FETH) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error {
+	if err := f.split(data, bth.FETHSize, LayerTypeFETH, df); err != nil {
+		return err
+	}
+	f.Bits = binary.BigEndian.Uint32(data)
+	return nil
+}
+
+// SerializeTo prepends the FETH.
+func (f *FETH) SerializeTo(b gopacket.SerializeBuffer, _ gopacket.SerializeOptions) error {
+	h, err := b.PrependBytes(bth.FETHSize)
+	if err != nil {
+		return err
+	}
+	binary.BigEndian.PutUint32(h, f.Bits)
+	return nil
+}
+
+func decodeFETH(data []byte, p gopacket.PacketBuilder) error {
+	return decodeExt(&FETH{}, data, p)
 }

@@ -137,6 +137,8 @@ func FromFields(f *packet.Fields) []gopacket.SerializableLayer {
 			out = append(out, &RDETH{})
 		case bth.HdrDETH:
 			out = append(out, &DETH{Fields: f.DETH})
+		case bth.HdrFETH:
+			out = append(out, &FETH{Bits: f.FETH})
 		case bth.HdrRETH:
 			out = append(out, &RETH{Fields: f.RETH})
 		case bth.HdrAtomicETH:

@@ -71,6 +71,8 @@ var (
 	LayerTypeDETH = gopacket.RegisterLayerType(layerNumDETH, gopacket.LayerTypeMetadata{Name: "DETH", Decoder: gopacket.DecodeFunc(decodeDETH)})
 	// LayerTypeCNPPad is the 16 reserved bytes of a RoCEv2 CNP.
 	LayerTypeCNPPad = gopacket.RegisterLayerType(layerNumCNPPad, gopacket.LayerTypeMetadata{Name: "CNPPad", Decoder: gopacket.DecodeFunc(decodeCNPPad)})
+	// LayerTypeFETH is the Flush Extended Transport Header of an RC FLUSH (4 bytes).
+	LayerTypeFETH = gopacket.RegisterLayerType(layerNumFETH, gopacket.LayerTypeMetadata{Name: "FETH", Decoder: gopacket.DecodeFunc(decodeFETH)})
 	// LayerTypeRDETH is the Reliable Datagram Extended Transport Header (4 bytes).
 	LayerTypeRDETH = gopacket.RegisterLayerType(layerNumRDETH, gopacket.LayerTypeMetadata{Name: "RDETH", Decoder: gopacket.DecodeFunc(decodeRDETH)})
 )

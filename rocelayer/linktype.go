@@ -41,8 +41,12 @@ const (
 	sll2Addr     = 12 // 8: link-layer address, zero padded
 )
 
-// layerNumLinuxSLL2 follows the RoCEv2 layer numbers.
-const layerNumLinuxSLL2 = layerNumRDETH + 1
+// layerNumLinuxSLL2 follows the RoCEv2 layer numbers; layerNumFETH came
+// later.
+const (
+	layerNumLinuxSLL2 = layerNumRDETH + 1
+	layerNumFETH      = layerNumLinuxSLL2 + 1
+)
 
 // LayerTypeLinuxSLL2 is the LINUX_SLL2 pseudo link-layer header (20
 // bytes), which gopacket does not decode.

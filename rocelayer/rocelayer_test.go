@@ -72,7 +72,7 @@ func wantLayers(pk *packet.Packet) []gopacket.LayerType {
 		h bth.Header
 		t gopacket.LayerType
 	}{
-		{bth.HdrRDETH, rocelayer.LayerTypeRDETH}, {bth.HdrDETH, rocelayer.LayerTypeDETH},
+		{bth.HdrRDETH, rocelayer.LayerTypeRDETH}, {bth.HdrDETH, rocelayer.LayerTypeDETH}, {bth.HdrFETH, rocelayer.LayerTypeFETH},
 		{bth.HdrRETH, rocelayer.LayerTypeRETH}, {bth.HdrAtomicETH, rocelayer.LayerTypeAtomicETH},
 		{bth.HdrAETH, rocelayer.LayerTypeAETH}, {bth.HdrAtomicAckETH, rocelayer.LayerTypeAtomicAckETH},
 		{bth.HdrImmDt, rocelayer.LayerTypeImmDt}, {bth.HdrIETH, rocelayer.LayerTypeIETH},
@@ -320,6 +320,40 @@ func TestSampleFrames(t *testing.T) {
 		bth.UCWriteOnlyImm, bth.UDSendOnly, bth.UDSendOnlyImm, bth.CNP} {
 		if !ops[op] {
 			t.Errorf("samples lack %v", op)
+		}
+	}
+}
+
+// TestFlushAtomicWrite: RC FLUSH (BTH, FETH, RETH) and RC ATOMIC_WRITE
+// (BTH, RETH, 8 bytes) serialize from Fields and decode back, layer by
+// layer, as packet.Parse sees them; they are not among the samples.
+func TestFlushAtomicWrite(t *testing.T) {
+	for _, op := range []bth.Opcode{bth.RCFlush, bth.RCAtomicWrite} {
+		f := rocelayer.SampleFields(op, 3)
+		f.FETH = 0x21 // selectivity 2, placement type 1
+		if op == bth.RCAtomicWrite {
+			f.Payload = []byte{1, 2, 3, 4, 5, 6, 7, 8}
+		}
+		eth := &layers.Ethernet{SrcMAC: rocelayer.SampleSrcMAC, DstMAC: rocelayer.SampleDstMAC, EthernetType: layers.EthernetTypeIPv4}
+		ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: rocelayer.SampleSrcIP, DstIP: rocelayer.SampleDstIP}
+		udp := &layers.UDP{SrcPort: 0xc000, DstPort: rocelayer.Port}
+		buf := gopacket.NewSerializeBuffer()
+		ls := append([]gopacket.SerializableLayer{eth, ip, udp}, rocelayer.FromFields(&f)...)
+		if err := rocelayer.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
+			t.Fatal(err)
+		}
+		p := decode(buf.Bytes())
+		u, ok := isRoCE(p)
+		if !ok {
+			t.Fatalf("%v: not RoCEv2: %v", op, layerTypes(p))
+		}
+		checkAgainstParse(t, op.String(), p, u)
+		if err := rocelayer.VerifyICRC(p); err != nil {
+			t.Errorf("%v: %v", op, err)
+		}
+		if fe, ok := p.Layer(rocelayer.LayerTypeFETH).(*rocelayer.FETH); (op == bth.RCFlush) != ok ||
+			ok && (fe.PlacementType() != 1 || fe.SelectivityLevel() != 2) {
+			t.Errorf("%v: FETH layer %+v", op, fe)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 // Package tshark checks the project's RoCEv2 frames against Wireshark's
-// dissector: `rocev2d pcap write-sample` writes one packet of every RC, UC
-// and UD opcode and a CNP; tshark must decode every one without malformed
+// dissector: `rocev2d pcap write-sample` writes one packet of every RC
+// (but FLUSH and ATOMIC_WRITE, which tshark 4.0 does not decode), UC and UD
+// opcode and a CNP; tshark must decode every one without malformed
 // or expert-info packets and report the field values that were written.
 //
 // Tests only, on top: it builds and runs the rocev2d command and compares

@@ -186,3 +186,33 @@ func TestPcapCheckFragmentBound(t *testing.T) {
 		t.Errorf("%d datagrams given up at the bound, want 4:\n%s", got, out)
 	}
 }
+
+// TestPcapCheckFlushAtomicWrite: IBTA 1.5's RC FLUSH (BTH, FETH, RETH) and
+// RC ATOMIC_WRITE (BTH, RETH, 8 bytes), as rdma_rxe sends them, check ok
+// (they were "unknown opcode").
+func TestPcapCheckFlushAtomicWrite(t *testing.T) {
+	var frames [][]byte
+	for _, op := range []bth.Opcode{bth.RCFlush, bth.RCAtomicWrite} {
+		f := rocelayer.SampleFields(op, 1)
+		f.FETH = 0x21
+		if op == bth.RCAtomicWrite {
+			f.Payload = []byte{1, 2, 3, 4, 5, 6, 7, 8}
+		}
+		ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: rocelayer.SampleSrcIP, DstIP: rocelayer.SampleDstIP}
+		udp := &layers.UDP{SrcPort: 0xc011, DstPort: rocelayer.Port}
+		buf := gopacket.NewSerializeBuffer()
+		ls := append([]gopacket.SerializableLayer{ip, udp}, rocelayer.FromFields(&f)...)
+		if err := rocelayer.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
+			t.Fatal(err)
+		}
+		frames = append(frames, ethIPv4(buf.Bytes()))
+	}
+	path := filepath.Join(t.TempDir(), "flush.pcap")
+	writeFrames(t, path, layers.LinkTypeEthernet, frames, 0)
+	code, out, errOut := runIn(t, "pcap", "check", path)
+	for _, w := range []string{" RC_FLUSH qpn=", "FETH[sel=2 plt=1] RETH[", " RC_ATOMIC_WRITE qpn=", "pay=8 icrc=", "2 RoCEv2 (ICRC ok 2, bad 0)"} {
+		if code != cli.ExitOK || !strings.Contains(out, w) {
+			t.Errorf("exit %d, output lacks %q:\n%s%s", code, w, out, errOut)
+		}
+	}
+}
