@@ -55,7 +55,8 @@ in pcapng, each frame's from its own interface, in every section.
 A frame cut by the capture's snap length (tcpdump -s, rocev2d --snaplen) is
 reported as truncated: the headers the capture kept are decoded and shown,
 its ICRC cannot be checked, and it is counted apart, neither ok nor bad.
-  -q  print only bad packets and the totals
+  -q  print only bad packets and the totals (before or after the files;
+      -- ends the options)
 Exit status: 0 if every whole RoCEv2 packet is well-formed with a valid ICRC
 and a sound IP header, 1 if any is not (they are listed at the end), 2 if a
 file cannot be read, or ends inside a record, or has a corrupt one (the frames
@@ -144,15 +145,38 @@ type badPacket struct {
 	reason string
 }
 
+// parseInterspersed parses fs's flags wherever they stand among the
+// operands (Go's flag package stops at the first operand: "check F -q" opened
+// "-q" as a file) and returns the operands; after "--" everything is one.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var ops []string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			return append(ops, rest...), nil
+		}
+		if len(rest) == 0 {
+			break
+		}
+		ops = append(ops, rest[0])
+		args = rest[1:]
+	}
+	return ops, nil
+}
+
 func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rocev2d pcap check", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	quiet := fs.Bool("q", false, "print only bad packets and the totals")
-	if err := fs.Parse(args); err != nil {
+	names, err := parseInterspersed(fs, args)
+	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d pcap check: %v\n%s", err, pcapUsage)
 		return cli.ExitUsage
 	}
-	if fs.NArg() == 0 {
+	if len(names) == 0 {
 		fmt.Fprintln(stderr, "rocev2d pcap check: no files given")
 		fmt.Fprint(stderr, pcapUsage)
 		return cli.ExitUsage
@@ -162,7 +186,7 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var total pcapStats
 	var bad []badPacket
 	files, unreadable, damaged := 0, 0, 0
-	for _, name := range fs.Args() {
+	for _, name := range names {
 		st, b, opened, err := checkFile(ctx, name, out, *quiet)
 		total.add(st)
 		bad = append(bad, b...)

@@ -149,3 +149,35 @@ func TestPcapCheckReader(t *testing.T) {
 		})
 	}
 }
+
+// TestPcapCheckFlagsAfterFiles: -q after the file names is the option, not
+// a file ("open -q: no such file"); after -- it names a file.
+func TestPcapCheckFlagsAfterFiles(t *testing.T) {
+	samples, err := rocelayer.SampleFrames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "a.pcap")
+	if err := os.WriteFile(path, pcapFile(65535, 1, 0, samples[0].Frame), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		args  []string
+		code  int
+		want  string
+		lines int // lines of output (-1: not checked)
+	}{
+		{[]string{path, "-q"}, cli.ExitOK, "total: 1 files", 2},
+		{[]string{"-q", path}, cli.ExitOK, "total: 1 files", 2},
+		{[]string{path, path, "-q"}, cli.ExitOK, "total: 2 files", 3},
+		{[]string{path, "--", "-q"}, cli.ExitUsage, "-q: no such file", -1},
+		{[]string{path, "-x"}, cli.ExitUsage, "flag provided but not defined: -x", -1},
+	}
+	for _, tt := range tests {
+		code, out, errOut := runIn(t, append([]string{"pcap", "check"}, tt.args...)...)
+		if code != tt.code || !strings.Contains(out+errOut, tt.want) || tt.lines >= 0 && strings.Count(out, "\n") != tt.lines {
+			t.Errorf("%v: exit %d (want %d), want %q in %d lines:\n%s%s", tt.args, code, tt.code, tt.want, tt.lines, out, errOut)
+		}
+	}
+}
