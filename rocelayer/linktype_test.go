@@ -9,7 +9,10 @@ import (
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
 
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/icrc"
+	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/rocelayer"
 )
 
@@ -311,4 +314,46 @@ func FuzzLinkTypeAndSLL2(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestHeaderOnlySize: the length of a packet without payload at the start
+// of a UDP payload (GSOHeaderOnlySegments' segment size), a SACK block
+// after an ACK's AETH included; 0 for opcodes with payload, undefined ones
+// and a non-zero pad count.
+func TestHeaderOnlySize(t *testing.T) {
+	build := func(op bth.Opcode, sack []byte) []byte {
+		f := rocelayer.SampleFields(op, 0)
+		f.Payload = sack
+		buf := make([]byte, 256)
+		n, err := packet.Build(buf, &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(buf[:n], 0xee, 0xee, 0xee, 0xee) // the next packet's bytes
+	}
+	var sk [aeth.SACKMaxSize]byte
+	sack := sk[:aeth.EncodeSACK(sk[:], []uint32{0x80000000, 1})]
+	padded := build(bth.RCAck, nil)
+	padded[1] |= 0x30 // pad count 3
+	tests := []struct {
+		name string
+		b    []byte
+		want int
+	}{
+		{"ack", build(bth.RCAck, nil), 20},
+		{"sack nak", build(bth.RCAck, sack), 20 + len(sack)},
+		{"read request", build(bth.RCReadRequest, nil), 32},
+		{"compare swap", build(bth.RCCompareSwap, nil), 44},
+		{"atomic ack", build(bth.RCAtomicAck, nil), 28},
+		{"flush", build(bth.RCFlush, nil), 36},
+		{"send", build(bth.RCSendOnly, nil), 0},
+		{"pad count", padded, 0},
+		{"undefined", []byte{0x1f, 0, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0}, 0},
+		{"short", []byte{0x11, 0}, 0},
+	}
+	for _, tt := range tests {
+		if got := rocelayer.HeaderOnlySize(tt.b); got != tt.want {
+			t.Errorf("%s: HeaderOnlySize = %d, want %d", tt.name, got, tt.want)
+		}
+	}
 }
