@@ -50,38 +50,7 @@ func liveNeeds(t *testing.T) {
 func TestPcapCheckLiveTcpdumpAny(t *testing.T) {
 	liveNeeds(t)
 	bin := clitest.BuildRocev2d(t)
-	ns := "rocev2-any-" + strconv.Itoa(os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	if out, err := exec.Command("ip", "-n", ns, "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		t.Fatalf("lo up: %v %s", err, out)
-	}
-	dir := t.TempDir()
-	file := filepath.Join(dir, "any.pcap")
-	var tdErr clitest.LockedBuffer
-	td := exec.Command("ip", "netns", "exec", ns, "tcpdump", "-i", "any", "-s", "65600", "-B", "32768", "-U", "--immediate-mode", "-n",
-		"-Z", "root", "-w", file, "udp port 4791 or tcp port 18515")
-	td.Stderr = &tdErr
-	if err := td.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			td.Process.Signal(syscall.SIGINT)
-			td.Wait()
-		}
-	}
-	t.Cleanup(stop)
-	for i := 0; !strings.Contains(tdErr.String(), "listening on"); i++ {
-		if i > 200 {
-			t.Fatalf("tcpdump not capturing after 5 s: %s", tdErr.String())
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	ns, file, tdErr, stop := liveCapture(t)
 	const iters = 5
 	for _, size := range []int{64, 3000} {
 		args := []string{"pingpong", "--bind=127.0.0.2", "-s", strconv.Itoa(size), "-n", strconv.Itoa(iters), "--timeout=20s"}
@@ -131,12 +100,79 @@ func TestPcapCheckLiveTcpdumpAny(t *testing.T) {
 	}
 	// The same packets as pcapng.
 	frames := readSLL2(t, file)
-	ng := filepath.Join(dir, "any.pcapng")
+	ng := filepath.Join(filepath.Dir(file), "any.pcapng")
 	writeLinkType(t, ng, framings[2], frames, true)
 	code, out2, errOut := runIn(t, "pcap", "check", "-q", ng)
 	if want := fmt.Sprintf("%s frames, %s RoCEv2 (ICRC ok %s, bad 0)", m[1], m[2], m[3]); code != cli.ExitOK || !strings.Contains(out2, want) {
 		t.Errorf("pcapng: exit %d, output lacks %q:\n%s%s", code, want, out2, errOut)
 	}
+}
+
+// liveCapture makes a network namespace with lo up and starts tcpdump -i
+// any in it; it returns the namespace, the capture file, tcpdump's
+// stderr and a stop function (also run at cleanup).
+func liveCapture(t *testing.T) (ns, file string, tdErr *clitest.LockedBuffer, stop func()) {
+	t.Helper()
+	ns = "rocev2-any-" + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	if out, err := exec.Command("ip", "-n", ns, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v %s", err, out)
+	}
+	file = filepath.Join(t.TempDir(), "any.pcap")
+	tdErr = &clitest.LockedBuffer{}
+	td := exec.Command("ip", "netns", "exec", ns, "tcpdump", "-i", "any", "-s", "65600", "-B", "32768", "-U", "--immediate-mode", "-n",
+		"-Z", "root", "-w", file, "udp port 4791 or tcp port 18515")
+	td.Stderr = tdErr
+	if err := td.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			td.Process.Signal(syscall.SIGINT)
+			td.Wait()
+		}
+	}
+	t.Cleanup(stop)
+	for i := 0; !strings.Contains(tdErr.String(), "listening on"); i++ {
+		if i > 200 {
+			t.Fatalf("tcpdump not capturing after 5 s: %s", tdErr.String())
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return ns, file, tdErr, stop
+}
+
+// TestPcapCheckLiveTcpdumpAnyDemo: a tcpdump -i any capture of rocev2d
+// demo (every RC operation; its ACKs, READ requests and atomics leave in
+// GSO batches of packets without payload) checks clean, the batches split.
+func TestPcapCheckLiveTcpdumpAnyDemo(t *testing.T) {
+	liveNeeds(t)
+	bin := clitest.BuildRocev2d(t)
+	ns, file, tdErr, stop := liveCapture(t)
+	if out, err := exec.Command("ip", "netns", "exec", ns, bin, "demo").CombinedOutput(); err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	time.Sleep(200 * time.Millisecond)
+	stop()
+	code, out, errOut := runIn(t, "pcap", "check", file)
+	t.Logf("tcpdump: %s\n%s", strings.TrimSpace(tdErr.String()), lastLine(out))
+	if code != cli.ExitOK {
+		t.Fatalf("pcap check: exit %d\n%s%s", code, lastLines(out, 20), errOut)
+	}
+	if !regexp.MustCompile(`RC_RDMA_READ_REQUEST .* ok \(GSO segment 2/`).MatchString(out) {
+		t.Errorf("no GSO batch of READ requests split:\n%s", lastLines(out, 20))
+	}
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	ls := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(ls[max(0, len(ls)-n):], "\n")
 }
 
 // lastLine returns the last line of s.
