@@ -1,7 +1,9 @@
 // Package pcapcmd is rocev2d's pcap command: `pcap check` reads pcap and
-// pcapng captures (Ethernet, Linux cooked SLL and SLL2 as tcpdump -i any
-// writes, raw IP, loopback), decodes every RoCEv2 packet, verifies its
-// ICRC and layout and splits GSO datagrams; `pcap write-sample` writes a
+// pcapng captures with its own reader (reader.go: every pcapng interface's
+// link type, every section; Ethernet, Linux cooked SLL and SLL2 as tcpdump
+// -i any writes, raw IP, loopback), finds each frame's RoCEv2 packet
+// through VLAN tags, tunnels and IPv4 fragments (walk.go, reassembly.go),
+// verifies its ICRC and layout and splits GSO datagrams; `pcap write-sample` writes a
 // capture of every sample opcode. Commands returns it for rocev2d's
 // dispatch.
 //
