@@ -210,26 +210,30 @@ func (qp *QP) udInput(p *packetT, up *udp.Packet) {
 		return
 	}
 	n := uint64(len(p.Payload))
+	if GRHSize+n > rw.length {
+		// Longer than the receive WQE (with its GRH): dropped, as rxe's
+		// RESPST_ERR_LENGTH does for UC/UD (class D). The WQE stays for
+		// the next datagram and the QP stays in RTS, so a sender cannot
+		// stop a UD service with one datagram. Counted in ud_msgs_dropped.
+		inc(&qp.dev.ctr.UDMsgsDropped)
+		return
+	}
 	wc := WC{WRID: rw.wrid, Opcode: WCRecv, QPN: qp.qpn, SrcQP: p.DETH.SrcQP(),
 		Flags: WCGRH | WCWithNetworkHdrType, NetworkHdrType: NetworkIPv4}
 	src := up.Addr.Unmap()
 	if !src.Is4() {
 		wc.NetworkHdrType = NetworkIPv6
 	}
-	if GRHSize+n > rw.length {
-		wc.Status = WCLocLenErr
-	} else {
-		var g [GRHSize]byte
-		writeGRH(&g, src, qp.dev.addr, up.TOS, len(up.Buf))
-		err := qp.pd.Scatter(rw.sges, 0, g[:])
-		if err == nil && n > 0 {
-			err = qp.pd.Scatter(rw.sges, GRHSize, p.Payload)
-		}
-		if err != nil {
-			wc.Status = WCLocProtErr
-		}
-		wc.ByteLen = uint32(GRHSize + n)
+	var g [GRHSize]byte
+	writeGRH(&g, src, qp.dev.addr, up.TOS, len(up.Buf))
+	err := qp.pd.Scatter(rw.sges, 0, g[:])
+	if err == nil && n > 0 {
+		err = qp.pd.Scatter(rw.sges, GRHSize, p.Payload)
 	}
+	if err != nil {
+		wc.Status = WCLocProtErr
+	}
+	wc.ByteLen = uint32(GRHSize + n)
 	if p.Info.Imm {
 		wc.Flags |= WCWithImm
 		wc.Imm = p.ImmDt.Imm()

@@ -132,8 +132,9 @@ func TestUDQKeys(t *testing.T) {
 }
 
 // TestUDLimits: a message above the port MTU is refused at PostSend; a
-// datagram larger than the receive buffer (with the GRH) completes with a
-// local length error; with no receive posted it is dropped and counted.
+// datagram larger than the receive buffer (with the GRH) is dropped and
+// counted (ud_msgs_dropped); with no receive posted it is dropped and
+// counted (ud_no_recv_wqe).
 func TestUDLimits(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	a := newUDSide(t, n, [4]byte{192, 0, 2, 1}, 7, DeviceConfig{PortMTU: MTU2048})
@@ -159,15 +160,96 @@ func TestUDLimits(t *testing.T) {
 	if err := a.send(t, b, 0, 100, 7, WRSend); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]; wc.Status != WCLocLenErr {
-		t.Fatalf("too long: %+v", wc)
+	// Too long for the WQE: dropped and counted, the WQE stays posted
+	// (TestUDOversizedDropped has the details).
+	for b.dev.Counters().UDMsgsDropped == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
 	}
+	if c := b.dev.Counters().UDMsgsDropped; c != 1 {
+		t.Fatalf("ud_msgs_dropped = %d", c)
+	}
+	noWC(t, b.rcq)
 	// RC verbs on a UD QP are refused.
 	if err := a.qp.PostSend(SendWR{Opcode: WRWrite, SGEs: []memreg.SGE{a.mr.SGE(0, 8)}}); !errors.As(err, &we) || we.Field != "opcode" {
 		t.Fatalf("WRITE on UD: %v", err)
 	}
 	if err := a.qp.Connect(ConnParams{}); !errors.Is(err, ErrInvalidState) {
 		t.Fatalf("Connect on UD: %v", err)
+	}
+}
+
+// TestUDOversizedDropped: a datagram longer than the receive WQE (with
+// its GRH) is dropped and counted in ud_msgs_dropped, as rxe's
+// RESPST_ERR_LENGTH does for UD (class D): no completion, the WQE takes
+// the next datagram that fits, and the QP stays in RTS with its other
+// receives posted. Before, one such datagram from any sender moved the QP
+// to ERR and flushed every receive. Own RQ and SRQ.
+func TestUDOversizedDropped(t *testing.T) {
+	for _, useSRQ := range []bool{false, true} {
+		n := memnet.NewMemNetwork(memnet.Faults{})
+		a := newUDSide(t, n, [4]byte{192, 0, 2, 1}, 7, DeviceConfig{})
+		l, err := n.Link(netipFrom4([4]byte{192, 0, 2, 2}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev, err := NewDevice(l, DeviceConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dev.Close() })
+		pd, _ := dev.AllocPD()
+		cq, _ := dev.CreateCQ(64)
+		ia := QPInitAttr{Type: QPTypeUD, SendCQ: cq, RecvCQ: cq, MaxSendWR: 8, MaxRecvWR: 8}
+		var srq *SRQ
+		if useSRQ {
+			if srq, err = dev.CreateSRQ(pd, SRQAttr{MaxWR: 8}); err != nil {
+				t.Fatal(err)
+			}
+			ia.SRQ = srq
+		}
+		qp, err := dev.CreateQP(pd, ia)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := qp.ReadyUD(7, 0); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4096)
+		mr, _ := pd.RegisterMR(buf, memreg.AccessLocalWrite)
+		for i := range 3 {
+			wr := RecvWR{WRID: uint64(10 + i), SGEs: []memreg.SGE{mr.SGE(uint64(i*200), GRHSize+60)}}
+			if useSRQ {
+				err = srq.PostRecv(wr)
+			} else {
+				err = qp.PostRecv(wr)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		b := &udSide{side: &side{dev: dev, pd: pd, scq: cq, rcq: cq, qp: qp}, buf: buf, mr: mr}
+		if err := a.send(t, b, 0, 61, 7, WRSend); err != nil {
+			t.Fatal(err)
+		}
+		waitWC(t, a.scq, 1, 5*time.Second)
+		deadline := time.Now().Add(5 * time.Second)
+		for dev.Counters().UDMsgsDropped == 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if c := dev.Counters().UDMsgsDropped; c != 1 {
+			t.Fatalf("srq=%v: ud_msgs_dropped = %d after one datagram 1 byte too long", useSRQ, c)
+		}
+		if st := qp.State(); st != QPSRTS {
+			t.Fatalf("srq=%v: one oversized datagram moved the UD QP to %v (%v)", useSRQ, st, qp.Err())
+		}
+		noWC(t, cq)
+		if err := a.send(t, b, 0, 60, 7, WRSend); err != nil {
+			t.Fatal(err)
+		}
+		if wc := waitWC(t, cq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.WRID != 10 || wc.ByteLen != GRHSize+60 {
+			t.Fatalf("srq=%v: datagram after the dropped one: %+v", useSRQ, wc)
+		}
+		noWC(t, cq)
 	}
 }
 

@@ -979,7 +979,7 @@ var (
 // transport its QP does not run, a UD datagram with another Q_Key or
 // without a receive WQE, a UC message (a packet missing, no receive WQE).
 // All must stay 0 on a clean cell.
-var ourDropCounters = []string{"transport_mismatch", "qkey_violation", "ud_no_recv_wqe", "uc_msgs_dropped"}
+var ourDropCounters = []string{"transport_mismatch", "qkey_violation", "ud_no_recv_wqe", "ud_msgs_dropped", "uc_msgs_dropped"}
 
 var (
 	reCountersHeader = regexp.MustCompile(`(?m)^counters \S+:$`)
