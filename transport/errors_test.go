@@ -657,8 +657,13 @@ func rnrWaiting(qp *QP) bool {
 }
 
 // TestLateDuplicateReadAfterDeregister: a duplicate READ request arriving
-// after the READ completed and the region was deregistered is dropped; the
-// responder does not NAK or leave RTS (rxe: class D duplicate, dropped).
+// after the READ completed and the region was deregistered matches the
+// saved resource, but its rkey no longer reads: the responder answers with
+// a Remote Access Error NAK and goes to ERR, as rxe's read_reply does
+// (rxe_recheck_mr fails, RESPST_ERR_RKEY_VIOLATION, class C). The NAK is
+// behind the requester's window, so the requester's completed READ is not
+// touched. (It used to be dropped; TestDuplicateReadRkeyRechecked shows
+// why that was wrong when the requester is still waiting.)
 func TestLateDuplicateReadAfterDeregister(t *testing.T) {
 	a, b, _ := newPair(t, pairOpts{})
 	_, lmr := a.buffer(t, 4096, 0)
@@ -683,18 +688,64 @@ func TestLateDuplicateReadAfterDeregister(t *testing.T) {
 	if err := b.dev.HandlePacket(buf[:n], addrA); err != nil {
 		t.Fatal(err)
 	}
-	if st := b.qp.State(); st != QPSRTS {
-		t.Fatalf("responder state %v after a late duplicate READ", st)
-	}
 	if c := b.dev.Counters(); c.DuplicateRequest != 1 {
 		t.Fatalf("duplicate_request %d", c.DuplicateRequest)
 	}
-	// The connection still works.
-	_, dmr := b.buffer(t, 64, memreg.AccessRemoteWrite)
-	if err := a.qp.PostSend(SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(lmr, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+	if st := b.qp.State(); st != QPSErr {
+		t.Fatalf("responder state %v after a duplicate READ whose rkey is gone, want ERR (NAK sent)", st)
+	}
+	noWC(t, a.scq)
+}
+
+// TestDuplicateReadRkeyRechecked: the last READ response is lost and the
+// responder deregisters the region before the requester's ACK timer
+// resends the READ. The duplicate matches the saved resource, but its rkey
+// is checked again (rxe's read_reply, rxe_recheck_mr): the responder NAKs
+// Remote Access Error and the requester completes with REM_ACCESS_ERR after
+// one resend. Before, the duplicate was dropped and the requester resent
+// until retry_cnt was spent, then completed with RETRY_EXC_ERR.
+func TestDuplicateReadRkeyRechecked(t *testing.T) {
+	clk := manual()
+	o := pairOpts{clock: clk, retry: 3, timeout: 10}
+	o.defaults()
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	a := newSide(t, n, addrA, &o)
+	lb, err := n.Link(addrB)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.WRID != 2 {
-		t.Fatalf("%+v", wc)
+	dropped := false
+	dl := &dropLink{Wrap: udp.Wrap{Link: lb}, drop: func(op bth.Opcode) bool {
+		if op == bth.RCReadResponseLast && !dropped {
+			dropped = true
+			return true
+		}
+		return false
+	}}
+	b := sideOn(t, dl, &o)
+	connect(t, a, b, addrB, 100, 200, &o)
+	connect(t, b, a, addrA, 200, 100, &o)
+	_, smr := b.buffer(t, 4096, memreg.AccessRemoteRead)
+	_, dmr := a.buffer(t, 4096, 0)
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, 4096), RemoteAddr: smr.IOVA(), RKey: smr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "READ_RESPONSE_LAST drop", func() bool { return dl.n.Load() == 1 })
+	// The three responses that were not dropped have been handled (each
+	// restarts the ACK timer).
+	eventually(t, "the first three READ responses", func() bool { return a.dev.Counters().RcvdPkts >= 3 })
+	noWC(t, a.scq)
+	if err := smr.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(AckTimeout(10))
+	eventually(t, "the duplicate READ", func() bool { return b.dev.Counters().DuplicateRequest == 1 })
+	var wc [1]WC
+	eventually(t, "the READ's completion without another ACK timeout", func() bool { return a.scq.Poll(wc[:]) == 1 })
+	if wc[0].Status != WCRemAccessErr || wc[0].WRID != 1 {
+		t.Fatalf("READ completed %+v, want REM_ACCESS_ERR", wc[0])
+	}
+	if c := a.dev.Counters(); c.LocalAckTimeout != 1 {
+		t.Fatalf("local_ack_timeout_err %d, want 1", c.LocalAckTimeout)
 	}
 }

@@ -435,15 +435,16 @@ func (r *responder) onRead(p *packetT, psn bth.PSN) {
 	r.saveRes(rdRes{firstPSN: psn, lastPSN: psn.Add(np - 1), va: va, rkey: rkey, length: n})
 	r.msn = (r.msn + 1) & 0xffffff
 	r.psn = psn.Add(np)
-	r.readReply(psn, va, rkey, n, true, false)
+	r.readReply(psn, va, rkey, n, true)
 }
 
 // readReply sends READ response packets for [va, va+n) starting at psn.
 // A new request starts with FIRST/ONLY; a replay of a partly answered
-// request (first == false) starts with MIDDLE/LAST, as rxe does. A replay
-// (duplicate request) that can no longer read the memory is dropped, never
-// fatal.
-func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first, replay bool) {
+// request (first == false) starts with MIDDLE/LAST, as rxe does. A
+// request, new or replayed, that cannot read the memory (the region was
+// deregistered or the window invalidated since the first execution) is
+// answered with a NAK, as rxe's read_reply does after rxe_recheck_mr.
+func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first bool) {
 	qp := r.qp
 	mtu := uint32(qp.mtu)
 	f := &r.f
@@ -483,9 +484,6 @@ func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, fir
 			// Zero-copy: the response's payload leaves from the region.
 			view, hold, err := qp.rv.ReadView(rkey, va, int(plen))
 			if err != nil {
-				if replay {
-					return // as below
-				}
 				r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 				return
 			}
@@ -499,12 +497,6 @@ func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, fir
 				hdr := bth.Size + op.Info().HeaderLen
 				slot := buf[hdr : hdr+int(plen)]
 				if err := qp.rv.ReadRemote(rkey, va, slot); err != nil {
-					if replay {
-						// A late duplicate (e.g. after the region was
-						// deregistered) is never fatal: drop it, as rxe
-						// does for a class D duplicate it cannot serve.
-						return
-					}
 					r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 					return
 				}
@@ -644,7 +636,16 @@ func (r *responder) duplicate(p *packetT, psn bth.PSN) {
 			}
 			return
 		}
-		r.readReply(psn, va, rkey, n, psn == x.firstPSN, true)
+		// The rkey is checked again, as rxe's read_reply does
+		// (rxe_recheck_mr): a region deregistered or a window
+		// invalidated since the first execution gets a Remote Access
+		// Error NAK (the requester completes with REM_ACCESS_ERR at
+		// once), not silence that costs it its whole retry budget.
+		if err := qp.rv.CheckRemote(rkey, va, n, memreg.AccessRemoteRead); err != nil {
+			r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
+			return
+		}
+		r.readReply(psn, va, rkey, n, psn == x.firstPSN)
 	case bth.KindCompareSwap, bth.KindFetchAdd:
 		x := r.findRes(psn, true)
 		if x == nil {
