@@ -162,3 +162,45 @@ func TestBindMWRefusedLeavesWindowAlone(t *testing.T) {
 		t.Fatalf("after the refused bind: bound %v, rkey %#x (was %#x)", mw.Bound(), mw.RKey(), key)
 	}
 }
+
+// TestBindMWInErrFlushed: QP.BindMW on a QP in ERR flushes the bind, as
+// verbs flush a BIND_MW WR: nil error, the window's rkey unchanged, the
+// window not bound, the completion WR_FLUSH_ERR, and a remote WRITE
+// through the returned rkey fails. Before, the window was bound (and
+// usable remotely) while the completion said flushed.
+func TestBindMWInErrFlushed(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{})
+	_, smr := a.buffer(t, 64, 0)
+	_, dmr := b.buffer(t, 4096, memreg.AccessRemoteWrite|memreg.AccessMWBind)
+	mw, err := b.pd.AllocMW(memreg.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := mw.RKey()
+	// A second QP on b's device, in ERR.
+	qp, err := b.dev.CreateQP(b.pd, QPInitAttr{Type: QPTypeRC, SendCQ: b.scq, RecvCQ: b.rcq, MaxSendWR: 4, MaxRecvWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.Modify(&QPAttr{State: QPSErr}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	rkey, err := qp.BindMW(55, mw, MWBindInfo{MR: dmr, Addr: dmr.IOVA(), Length: 64, Access: memreg.AccessRemoteWrite}, SendSignaled)
+	if err != nil {
+		t.Fatalf("BindMW on a QP in ERR: %v, want nil (the WR is flushed)", err)
+	}
+	if rkey != key || mw.RKey() != key || mw.Bound() {
+		t.Fatalf("after a flushed bind: returned rkey %#x, window rkey %#x (was %#x), bound %v", rkey, mw.RKey(), key, mw.Bound())
+	}
+	if wc := waitWC(t, b.scq, 1, 5*time.Second)[0]; wc.WRID != 55 || wc.Opcode != WCBindMW || wc.Status != WCWRFlushErr {
+		t.Fatalf("bind completion %+v, want WR_FLUSH_ERR", wc)
+	}
+	// The window was not bound: a WRITE through the rkey BindMW returned
+	// fails.
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: rkey}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCRemAccessErr {
+		t.Fatalf("WRITE through the window of a flushed bind: %+v, want remote access error", wc)
+	}
+}

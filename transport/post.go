@@ -203,7 +203,11 @@ func (qp *QP) checkLocalWR(i int, wr *SendWR) error {
 // ERR; send queue full) leaves the window as it was, as ibv_bind_mw, which
 // posts the bind as a work request, does — unless another goroutine posts
 // to the QP or moves it out of RTS while the window is being bound; then
-// the window is bound and BindMW returns its rkey with the error.
+// the window is bound and BindMW returns its rkey with the error. On a QP
+// in ERR the bind is flushed, not executed, as verbs flush the BIND_MW WR:
+// BindMW returns the window's current rkey (unchanged) and a nil error,
+// the window stays as it was (unbound if it was), and the completion, if
+// signaled, has status WCWRFlushErr.
 func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlags) (uint32, error) {
 	if mw == nil || mw.Type() != memreg.MWType1 {
 		return 0, fmt.Errorf("transport: BindMW qp %#x: not a type 1 window: %w", qp.qpn, ErrInvalidWR)
@@ -216,6 +220,14 @@ func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlag
 	// a received batch may hold one while it waits for qp.mu.
 	qp.mu.Lock()
 	err := qp.bindPostable(wrid)
+	if err == nil && qp.attr.State == QPSErr {
+		// A QP in ERR flushes the bind WR without executing it, as verbs
+		// do (ibv_bind_mw returns 0, the WR completes with
+		// WR_FLUSH_ERR): the window stays as it was.
+		qp.queueBindWR(wrid, flags)
+		qp.mu.Unlock()
+		return mw.RKey(), nil
+	}
 	qp.mu.Unlock()
 	if err != nil {
 		return 0, err
@@ -231,6 +243,13 @@ func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlag
 	if err := qp.bindPostable(wrid); err != nil {
 		return rkey, err
 	}
+	qp.queueBindWR(wrid, flags)
+	return rkey, nil
+}
+
+// queueBindWR queues BindMW's completion WR, a local WR that is done when
+// reached (flushed in ERR). Called with qp.mu held, after bindPostable.
+func (qp *QP) queueBindWR(wrid uint64, flags SendFlags) {
 	qp.sqRoom()
 	w := qp.sqAt(qp.sqEnd)
 	*w = sendWQE{wr: SendWR{WRID: wrid, Opcode: WRBindMW, Flags: flags}, sges: w.sges[:0], localDone: true}
@@ -243,7 +262,6 @@ func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlag
 	}
 	qp.settle()
 	qp.flushOut()
-	return rkey, nil
 }
 
 // bindPostable reports whether BindMW may queue its completion WR: the QP
