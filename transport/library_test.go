@@ -648,3 +648,48 @@ func TestCQRingGrows(t *testing.T) {
 	}
 	get(depth)
 }
+
+// TestRecvCQOverflowNotAcked: the receiver's recv CQ holds one completion
+// and is not polled; two SENDs arrive. The first is completed and ACKed;
+// the second's completion does not fit, so the responder does not ACK it
+// and its QP goes to ERR, as rxe's do_complete does (no ACK after a failed
+// rxe_cq_post). The sender's second SEND does not complete with SUCCESS
+// (here: retry exceeded, the receiver being in ERR). Before, the second
+// SEND was ACKed and the sender saw SUCCESS for a message whose receive
+// completion was lost.
+func TestRecvCQOverflowNotAcked(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	oa := pairOpts{timeout: 10}
+	oa.defaults()
+	ob := pairOpts{timeout: 10, cqDepth: 1}
+	ob.defaults()
+	a := newSide(t, n, addrA, &oa)
+	b := newSide(t, n, addrB, &ob)
+	connect(t, a, b, addrB, 100, 200, &oa)
+	connect(t, b, a, addrA, 200, 100, &ob)
+	_, smr := a.buffer(t, 64, 0)
+	_, rmr := b.buffer(t, 128, 0)
+	for i := range 2 {
+		if err := b.qp.PostRecv(RecvWR{WRID: uint64(100 + i), SGEs: sge(rmr, 64*i, 64)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 2 {
+		if err := a.qp.PostSend(SendWR{WRID: uint64(1 + i), Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 64)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wcs := waitWC(t, a.scq, 2, 10*time.Second)
+	if wcs[0].WRID != 1 || wcs[0].Status != WCSuccess {
+		t.Fatalf("first SEND: %+v", wcs[0])
+	}
+	if wcs[1].WRID != 2 || wcs[1].Status == WCSuccess {
+		t.Fatalf("second SEND, whose receive completion was lost to the full CQ: %+v, want an error", wcs[1])
+	}
+	if st := b.qp.State(); st != QPSErr {
+		t.Fatalf("receiver state %v after its recv CQ overflowed", st)
+	}
+	if wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]; wc.WRID != 100 || wc.Status != WCSuccess {
+		t.Fatalf("receiver's stored completion %+v", wc)
+	}
+}

@@ -222,6 +222,16 @@ func (r *responder) endRequest(p *packetT, psn bth.PSN) {
 	if qp.init.Type == QPTypeUC {
 		return
 	}
+	if qp.cqLost && qp.attr.State != QPSErr {
+		// The message's receive completion did not fit in the CQ: no
+		// ACK, so the sender never sees SUCCESS for a message the
+		// receiving application cannot learn about. The QP goes to ERR
+		// now, as rxe's do_complete does on a failed rxe_cq_post
+		// (RESPST_ERR_CQ_OVERFLOW, class G), before any later request in
+		// the batch could be acknowledged.
+		qp.settle()
+		return
+	}
 	if p.BTH.AckReq() {
 		r.sendAck(aeth.ACK(aeth.NoCreditLimit), psn)
 	} else {
