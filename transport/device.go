@@ -415,7 +415,7 @@ func (d *Device) Close() error {
 		if !qp.failed && qp.failErr == nil {
 			qp.failErr = ErrClosed
 		}
-		qp.toError()
+		qp.enterError(false)
 		qp.stopTimersLocked()
 		// The QP is destroyed by Close: its PD, CQs and SRQ are released
 		// (unless a concurrent Destroy just did it). QP1 (GSI, no PD

@@ -25,17 +25,22 @@ const (
 	// (communication established).
 	EventCommEst EventType = 4
 	// EventSQDrained: a QP in SQD has no request left outstanding.
-	EventSQDrained        EventType = 5
-	EventPathMig          EventType = 6
-	EventPathMigErr       EventType = 7
-	EventDeviceFatal      EventType = 8
-	EventPortActive       EventType = 9
-	EventPortErr          EventType = 10
-	EventLIDChange        EventType = 11
-	EventPKeyChange       EventType = 12
-	EventSMChange         EventType = 13
-	EventSRQErr           EventType = 14
-	EventSRQLimitReached  EventType = 15
+	EventSQDrained       EventType = 5
+	EventPathMig         EventType = 6
+	EventPathMigErr      EventType = 7
+	EventDeviceFatal     EventType = 8
+	EventPortActive      EventType = 9
+	EventPortErr         EventType = 10
+	EventLIDChange       EventType = 11
+	EventPKeyChange      EventType = 12
+	EventSMChange        EventType = 13
+	EventSRQErr          EventType = 14
+	EventSRQLimitReached EventType = 15
+	// EventQPLastWQEReached: a QP attached to an SRQ entered the error
+	// state (by itself or through Modify); the receive WQE it held, if
+	// any, has completed (flushed) and it takes no more from the SRQ.
+	// Raised once per entry into ERR, not by Destroy or Device.Close;
+	// SRQ names the QP's SRQ. Linux's ib_drain_rq waits for it.
 	EventQPLastWQEReached EventType = 16
 	EventClientReregister EventType = 17
 	EventGIDChange        EventType = 18

@@ -309,8 +309,16 @@ func (qp *QP) reset() {
 // toError moves the QP to ERR and completes every outstanding work request:
 // the oldest send WQE with its own status if it failed (failWQE), every
 // other one with WCWRFlushErr, as verbs reports only the first error.
+// A QP attached to an SRQ that enters ERR raises EventQPLastWQEReached
+// once, after it has flushed the WQE it held (see enterError).
 // Called with qp.mu held.
-func (qp *QP) toError() {
+func (qp *QP) toError() { qp.enterError(true) }
+
+// enterError is toError; lastWQE false leaves out EventQPLastWQEReached
+// (Destroy and Device.Close: the QP is gone before anyone could act on
+// the event).
+func (qp *QP) enterError(lastWQE bool) {
+	wasErr := qp.attr.State == QPSErr
 	qp.flushOut()
 	qp.attr.State = QPSErr
 	qp.stopTimersLocked()
@@ -340,4 +348,11 @@ func (qp *QP) toError() {
 	}
 	qp.resp.wqeActive = false
 	qp.markFailed()
+	if lastWQE && !wasErr && qp.srq != nil {
+		// IBTA's affiliated event "Last WQE Reached": the QP will take
+		// no more WQEs from its SRQ, and the one it held has completed
+		// (flushed above). mlx5 raises it, and Linux's ib_drain_rq waits
+		// for it before destroying an SRQ-attached QP.
+		qp.dev.raise(AsyncEvent{Type: EventQPLastWQEReached, QP: qp, SRQ: qp.srq})
+	}
 }

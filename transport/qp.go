@@ -328,7 +328,7 @@ func (qp *QP) Destroy() error {
 	if qp.failErr == nil && !qp.failed {
 		qp.failErr = qp.destroyedErr()
 	}
-	qp.toError()
+	qp.enterError(false)
 	qp.stopTimersLocked()
 	qp.destroyed = true
 	qp.roomFreed() // waiters for send-queue room return ErrDestroyed

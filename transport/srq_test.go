@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/udp"
 	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
@@ -128,5 +130,86 @@ func expectSRQEvent(t *testing.T, d *Device) AsyncEvent {
 		case <-deadline:
 			t.Fatal("no SRQ limit event")
 		}
+	}
+}
+
+// TestLastWQEReached: a QP attached to an SRQ that enters ERR raises
+// EventQPLastWQEReached once, after the receive WQE it held (the first
+// packet of a SEND arrived, the last was lost) has been flushed to the
+// CQ; the SRQ's other WRs stay. Another trip through ERR (a PostSend in
+// ERR) does not raise it again, a QP without an SRQ never raises it, and
+// Destroy does not. Before, the event was never raised, and a program
+// that waits for it before destroying the QP (Linux's ib_drain_rq) hung.
+func TestLastWQEReached(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	o := pairOpts{}
+	o.defaults()
+	srv := newSide(t, n, addrB, &o)
+	srq, err := srv.dev.CreateSRQ(srv.pd, SRQAttr{MaxWR: 16, MaxSGE: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dmr := srv.buffer(t, 4*4096, 0)
+	for i := range 4 {
+		if err := srq.PostRecv(RecvWR{WRID: uint64(100 + i), SGEs: sge(dmr, i*4096, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	qp, err := srv.dev.CreateQP(srv.pd, QPInitAttr{Type: QPTypeRC, SendCQ: srv.scq, RecvCQ: srv.rcq, MaxSendWR: 4, SRQ: srq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc, err := n.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl := &dropLink{Wrap: udp.Wrap{Link: lc}, drop: func(op bth.Opcode) bool { return op == bth.RCSendLast }}
+	c := sideOn(t, dl, &o)
+	srvSide := &side{dev: srv.dev, pd: srv.pd, scq: srv.scq, rcq: srv.rcq, qp: qp}
+	connect(t, c, srvSide, addrB, 0x100, 0x200, &o)
+	connect(t, srvSide, c, addrA, 0x200, 0x100, &o)
+	_, smr := c.buffer(t, 2000, 0)
+	if err := c.qp.PostSend(SendWR{WRID: 1, Opcode: WRSend, SGEs: sge(smr, 0, 2000)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the SEND's first packet", func() bool { return srv.dev.Counters().RcvdPkts >= 1 })
+	noWC(t, srv.rcq)
+	if err := qp.Modify(&QPAttr{State: QPSErr}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	var ev AsyncEvent
+	select {
+	case ev = <-srv.dev.Events():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event after an SRQ QP entered ERR")
+	}
+	if ev.Type != EventQPLastWQEReached || ev.QP != qp || ev.SRQ != srq {
+		t.Fatalf("event %v (QP %p SRQ %p), want last WQE reached on %p/%p", ev, ev.QP, ev.SRQ, qp, srq)
+	}
+	// The held WQE was flushed before the event was raised.
+	var wc [2]WC
+	if k := srv.rcq.Poll(wc[:]); k != 1 || wc[0].WRID != 100 || wc[0].Status != WCWRFlushErr {
+		t.Fatalf("recv CQ after the event: %d completions %+v, want WR 100 flushed", k, wc[:k])
+	}
+	// ERR again (a post in ERR flushes through the same path): no second event.
+	if err := qp.PostSend(SendWR{WRID: 2, Opcode: WRSend}); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, srv.scq, 1, 5*time.Second)
+	// A QP without an SRQ, and Destroy: no event.
+	if err := srv.qp.Modify(&QPAttr{State: QPSErr}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-srv.dev.Events():
+		t.Fatalf("unexpected event %v", ev)
+	case <-time.After(20 * time.Millisecond):
+	}
+	// The SRQ's other WRs are still there for other QPs.
+	if k := srv.rcq.Poll(wc[:]); k != 0 {
+		t.Fatalf("completions %+v", wc[:k])
 	}
 }
