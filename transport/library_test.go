@@ -6,10 +6,12 @@ package transport
 // channels (issue 13).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -691,5 +693,89 @@ func TestRecvCQOverflowNotAcked(t *testing.T) {
 	}
 	if wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]; wc.WRID != 100 || wc.Status != WCSuccess {
 		t.Fatalf("receiver's stored completion %+v", wc)
+	}
+}
+
+// TestZeroQueueDepths: max_send_wr 0 and max_recv_wr 0 are accepted, as in
+// verbs and rxe (a QP with no receive queue is a WRITE/READ-only
+// requester; one with no send queue only responds). Posting to the
+// missing queue fails at once with ErrQueueFull naming the field
+// (PostRecv, PostSend, PostSendContext, WaitSendRoom, BindMW), nothing
+// indexes a zero-size ring, and a keep-alive probe still goes out. Before,
+// CreateQP refused both.
+func TestZeroQueueDepths(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	o := pairOpts{}
+	o.defaults()
+	a := newSide(t, n, addrA, &o)
+	b := newSide(t, n, addrB, &o)
+	qa, err := a.dev.CreateQP(a.pd, QPInitAttr{Type: QPTypeRC, SendCQ: a.scq, RecvCQ: a.rcq, MaxSendWR: 8, MaxRecvWR: 0})
+	if err != nil {
+		t.Fatalf("max_recv_wr 0: %v", err)
+	}
+	qb, err := b.dev.CreateQP(b.pd, QPInitAttr{Type: QPTypeRC, SendCQ: b.scq, RecvCQ: b.rcq, MaxSendWR: 0, MaxRecvWR: 4})
+	if err != nil {
+		t.Fatalf("max_send_wr 0: %v", err)
+	}
+	if _, err := a.dev.CreateQP(a.pd, QPInitAttr{Type: QPTypeRC, SendCQ: a.scq, RecvCQ: a.rcq, MaxSendWR: -1}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "max_send_wr") {
+		t.Fatalf("max_send_wr -1: %v", err)
+	}
+	sa := &side{dev: a.dev, pd: a.pd, scq: a.scq, rcq: a.rcq, qp: qa}
+	sb := &side{dev: b.dev, pd: b.pd, scq: b.scq, rcq: b.rcq, qp: qb}
+	connect(t, sa, sb, addrB, 100, 200, &o)
+	connect(t, sb, sa, addrA, 200, 100, &o)
+	src, smr := a.buffer(t, 4096, 0)
+	fill(src, 9)
+	dst, dmr := b.buffer(t, 4096, memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessMWBind)
+	// The requester without a receive queue WRITEs, READs and SENDs.
+	if err := qa.PostSend(SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 4096), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || !bytes.Equal(dst, src) {
+		t.Fatalf("WRITE from a QP without a receive queue: %+v", wc)
+	}
+	if err := qa.PostSend(SendWR{WRID: 2, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(smr, 0, 64), RemoteAddr: dmr.IOVA() + 64, RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess {
+		t.Fatalf("READ: %+v", wc)
+	}
+	if err := qb.PostRecv(RecvWR{WRID: 7, SGEs: sge(dmr, 0, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := qa.PostSend(SendWR{WRID: 3, Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, a.scq, 1, 5*time.Second)
+	if wc := waitWC(t, b.rcq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.WRID != 7 {
+		t.Fatalf("SEND to a QP without a send queue: %+v", wc)
+	}
+	// Posting to the missing queues.
+	queueFull := func(what string, err error, field string) {
+		t.Helper()
+		if !errors.Is(err, ErrQueueFull) || !strings.Contains(err.Error(), field+" 0") {
+			t.Fatalf("%s: %v, want ErrQueueFull naming %s 0", what, err, field)
+		}
+	}
+	queueFull("PostRecv", qa.PostRecv(RecvWR{WRID: 8, SGEs: sge(smr, 0, 8)}), "max_recv_wr")
+	queueFull("PostSend", qb.PostSend(SendWR{WRID: 9, Opcode: WRSend, SGEs: sge(dmr, 0, 8)}), "max_send_wr")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	queueFull("PostSendContext", qb.PostSendContext(ctx, SendWR{WRID: 10, Opcode: WRSend}), "max_send_wr")
+	queueFull("WaitSendRoom", qb.WaitSendRoom(ctx), "max_send_wr")
+	mw, _ := b.pd.AllocMW(memreg.MWType1)
+	_, err = qb.BindMW(11, mw, MWBindInfo{MR: dmr, Addr: dmr.IOVA(), Length: 8, Access: memreg.AccessRemoteRead}, SendSignaled)
+	queueFull("BindMW", err, "max_send_wr")
+	if mw.Bound() {
+		t.Fatal("window bound by a refused BindMW")
+	}
+	// A keep-alive probe needs no send-queue slot.
+	if err := qb.Probe(); err != nil {
+		t.Fatalf("Probe on a QP with max_send_wr 0: %v", err)
+	}
+	eventually(t, "the probe's ACK", func() bool { return qb.State() == QPSRTS && b.dev.Counters().KeepAliveProbes == 1 })
+	noWC(t, b.scq)
+	if ctx.Err() != nil {
+		t.Fatal("a post to a missing queue waited")
 	}
 }

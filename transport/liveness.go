@@ -149,6 +149,10 @@ func (qp *QP) WaitSendRoom(ctx context.Context) error {
 			qp.mu.Unlock()
 			return nil
 		}
+		if qp.init.MaxSendWR == 0 {
+			qp.mu.Unlock()
+			return &WRError{Op: "WaitSendRoom", QPN: qp.qpn, Msg: "the QP has no send queue (max_send_wr 0)", Kind: ErrQueueFull}
+		}
 		if err := qp.sleepForRoom(ctx); err != nil {
 			return err
 		}
@@ -206,6 +210,15 @@ func (qp *QP) PostSendContext(ctx context.Context, wrs ...SendWR) error {
 		if st != QPSRTS && st != QPSSQD && st != QPSErr {
 			qp.mu.Unlock()
 			return fmt.Errorf("transport: PostSendContext qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
+		}
+		if qp.init.MaxSendWR == 0 && i < len(wrs) {
+			// No send queue: room never comes (postOne says so).
+			err := qp.postOne(i, &wrs[i])
+			qp.mu.Unlock()
+			if we, ok := err.(*WRError); ok {
+				we.Op = "PostSendContext"
+			}
+			return err
 		}
 		// In ERR too, at most the room there is: afterPost flushes what
 		// was posted, and the rest goes in the next turn of the loop.

@@ -51,6 +51,9 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 		return &WRError{Op: "PostSend", QPN: qp.qpn, Index: i, WRID: wr.WRID, Field: field,
 			Msg: fmt.Sprintf(format, args...), Kind: kind, Err: err}
 	}
+	if qp.init.MaxSendWR == 0 {
+		return bad("", ErrQueueFull, nil, "the QP has no send queue (max_send_wr 0)")
+	}
 	if qp.sqEnd-qp.sqHead-uint64(qp.probes) >= uint64(qp.init.MaxSendWR) {
 		return bad("", ErrQueueFull, nil, "%d WRs outstanding (max_send_wr)", qp.init.MaxSendWR)
 	}
@@ -146,8 +149,11 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	for i := range wrs {
 		wr := &wrs[i]
 		if qp.rqEnd-qp.rqHead >= uint64(qp.init.MaxRecvWR) {
-			err = &WRError{Op: "PostRecv", QPN: qp.qpn, Index: i, WRID: wr.WRID,
-				Msg: fmt.Sprintf("%d WRs outstanding (max_recv_wr)", qp.init.MaxRecvWR), Kind: ErrQueueFull}
+			msg := fmt.Sprintf("%d WRs outstanding (max_recv_wr)", qp.init.MaxRecvWR)
+			if qp.init.MaxRecvWR == 0 {
+				msg = "the QP has no receive queue (max_recv_wr 0)"
+			}
+			err = &WRError{Op: "PostRecv", QPN: qp.qpn, Index: i, WRID: wr.WRID, Msg: msg, Kind: ErrQueueFull}
 			break
 		}
 		qp.rqRoom()
@@ -274,8 +280,11 @@ func (qp *QP) bindPostable(wrid uint64) error {
 	if st := qp.attr.State; st != QPSRTS && st != QPSSQD && st != QPSErr {
 		return fmt.Errorf("transport: BindMW qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
 	}
+	if qp.init.MaxSendWR == 0 {
+		return &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Msg: "the QP has no send queue (max_send_wr 0)", Kind: ErrQueueFull}
+	}
 	if qp.sqEnd-qp.sqHead-uint64(qp.probes) >= uint64(qp.init.MaxSendWR) {
-		return &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Msg: "send queue full", Kind: ErrQueueFull}
+		return &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Msg: "send queue full (max_send_wr)", Kind: ErrQueueFull}
 	}
 	return nil
 }

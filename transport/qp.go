@@ -226,8 +226,12 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if a.RecvCQ.dev != d {
 		return nil, fmt.Errorf("transport: CreateQP: recv_cq: %w", ErrWrongDevice)
 	}
-	if a.MaxSendWR <= 0 || a.MaxSendWR > 1<<16 {
-		return nil, fmt.Errorf("transport: CreateQP: max_send_wr %d out of range 1..%d: %w", a.MaxSendWR, 1<<16, ErrInvalidConfig)
+	// 0 is allowed, as in verbs and rxe (rxe_qp_chk_cap checks only the
+	// upper bound): a QP with no send queue, or (below) no receive queue
+	// — a WRITE/READ-only requester. Posting to it fails with
+	// ErrQueueFull naming max_send_wr / max_recv_wr.
+	if a.MaxSendWR < 0 || a.MaxSendWR > 1<<16 {
+		return nil, fmt.Errorf("transport: CreateQP: max_send_wr %d out of range 0..%d: %w", a.MaxSendWR, 1<<16, ErrInvalidConfig)
 	}
 	if a.SRQ != nil {
 		if a.SRQ.dev != d {
@@ -238,8 +242,8 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 		}
 		a.MaxRecvWR = 1 // unused: receives come from the SRQ
 	}
-	if a.MaxRecvWR <= 0 || a.MaxRecvWR > 1<<16 {
-		return nil, fmt.Errorf("transport: CreateQP: max_recv_wr %d out of range 1..%d: %w", a.MaxRecvWR, 1<<16, ErrInvalidConfig)
+	if a.MaxRecvWR < 0 || a.MaxRecvWR > 1<<16 {
+		return nil, fmt.Errorf("transport: CreateQP: max_recv_wr %d out of range 0..%d: %w", a.MaxRecvWR, 1<<16, ErrInvalidConfig)
 	}
 	if a.MaxSGE == 0 {
 		a.MaxSGE = 1
@@ -255,8 +259,11 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	}
 	// The rings start small and grow (doubling) to max_send_wr and
 	// max_recv_wr as WRs are posted: an idle QP costs little memory.
-	qp.sq = growRing[sendWQE](nil, 0, 0, min(a.MaxSendWR, ringStart), a.MaxSGE)
-	qp.rq = growRing[recvWQE](nil, 0, 0, min(a.MaxRecvWR, ringStart), a.MaxSGE)
+	// A ring has at least one slot, so no index is taken modulo 0 (with
+	// max_send_wr 0 the slot holds a keep-alive probe; with max_recv_wr
+	// 0 it stays unused).
+	qp.sq = growRing[sendWQE](nil, 0, 0, max(1, min(a.MaxSendWR, ringStart)), a.MaxSGE)
+	qp.rq = growRing[recvWQE](nil, 0, 0, max(1, min(a.MaxRecvWR, ringStart)), a.MaxSGE)
 	qp.resp.res = make([]rdRes, d.cfg.MaxRdAtomic)
 	qp.ccInit()
 	qp.initTimers()

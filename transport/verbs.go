@@ -192,9 +192,13 @@ type QPAttr struct {
 
 // QPInitAttr are the creation parameters of a QP.
 type QPInitAttr struct {
-	Type      QPType
-	SendCQ    *CQ
-	RecvCQ    *CQ
+	Type   QPType
+	SendCQ *CQ
+	RecvCQ *CQ
+	// MaxSendWR and MaxRecvWR (0..65536) bound the outstanding work
+	// requests of each queue. 0 is allowed, as in verbs: the QP has no
+	// such queue (e.g. a WRITE/READ-only requester without receives),
+	// and posting to it fails with ErrQueueFull.
 	MaxSendWR int
 	MaxRecvWR int
 	MaxSGE    int // per work request, send and receive (default 1)
