@@ -118,7 +118,7 @@ func (mw *MW) Bound() bool {
 // returns.
 func (mw *MW) Bind(mr *MR, addr, length uint64, access Access) (rkey uint32, err error) {
 	if mw.typ != MWType1 {
-		return 0, mw.bindErr(addr, length, fmt.Errorf("%w: type 2 windows are bound with BindQP", ErrInvalidState))
+		return 0, mw.bindErr(mw.RKey(), addr, length, fmt.Errorf("%w: type 2 windows are bound with BindQP", ErrInvalidState))
 	}
 	return mw.bind(anyQP, mr, addr, length, access, 0, false)
 }
@@ -130,43 +130,53 @@ func (mw *MW) Bind(mr *MR, addr, length uint64, access Access) (rkey uint32, err
 // remotely only through ForQP(qpn) (the PD-level calls skip that check).
 func (mw *MW) BindQP(qpn uint32, mr *MR, addr, length uint64, access Access, keyByte uint8) (rkey uint32, err error) {
 	if mw.typ != MWType2 {
-		return 0, mw.bindErr(addr, length, fmt.Errorf("%w: type 1 windows are bound with Bind", ErrInvalidState))
+		return 0, mw.bindErr(mw.RKey(), addr, length, fmt.Errorf("%w: type 1 windows are bound with Bind", ErrInvalidState))
 	}
 	if length == 0 {
-		return 0, mw.bindErr(addr, length, fmt.Errorf("%w: a type 2 bind needs a non-zero length", ErrInvalidArgument))
+		return 0, mw.bindErr(mw.RKey(), addr, length, fmt.Errorf("%w: a type 2 bind needs a non-zero length", ErrInvalidArgument))
 	}
 	return mw.bind(qpn&0xffffff, mr, addr, length, access, keyByte, true)
 }
 
-func (mw *MW) bindErr(addr, length uint64, err error) error {
-	return &AccessError{Op: OpBind, Key: mw.idx << 8, VA: addr, Len: length, Err: err}
+// bindErr is a refused bind that the window is at fault for; key is the
+// window's current rkey (mw.RKey(), or mw.cur.key under the table lock).
+func (mw *MW) bindErr(key uint32, addr, length uint64, err error) error {
+	return &AccessError{Op: OpBind, Key: key, VA: addr, Len: length, Err: err, Detail: "the window's rkey"}
+}
+
+// mrBindErr is a refused bind that the region mr is at fault for: the
+// error names the region's lkey.
+func mrBindErr(mr *MR, addr, length uint64, detail string, err error) error {
+	d := "the region's lkey"
+	if detail != "" {
+		d += "; " + detail
+	}
+	return &AccessError{Op: OpBind, Key: mr.key, VA: addr, Len: length, Err: err, Detail: d}
 }
 
 func (mw *MW) bind(qpn uint32, mr *MR, addr, length uint64, access Access, keyByte uint8, setKey bool) (uint32, error) {
 	if length != 0 {
 		if mr == nil {
-			return 0, mw.bindErr(addr, length, fmt.Errorf("%w: nil region", ErrInvalidArgument))
+			return 0, mw.bindErr(mw.RKey(), addr, length, fmt.Errorf("%w: nil region", ErrInvalidArgument))
 		}
 		if access&^accessRemote != 0 {
-			return 0, mw.bindErr(addr, length, fmt.Errorf("%w: a window carries only remote rights, not %v", ErrInvalidAccessFlags, access&^accessRemote))
+			return 0, mw.bindErr(mw.RKey(), addr, length, fmt.Errorf("%w: a window carries only remote rights, not %v", ErrInvalidAccessFlags, access&^accessRemote))
 		}
 		if mr.pd != mw.pd {
-			return 0, mw.bindErr(addr, length, ErrWrongPD)
+			return 0, mrBindErr(mr, addr, length, "", ErrWrongPD)
 		}
 		if mr.access&AccessMWBind == 0 {
-			return 0, &AccessError{Op: OpBind, Key: mr.key, VA: addr, Len: length, Err: ErrAccessDenied,
-				Detail: fmt.Sprintf("region grants %v, binding needs MW_BIND", mr.access)}
+			return 0, mrBindErr(mr, addr, length, fmt.Sprintf("region grants %v, binding needs MW_BIND", mr.access), ErrAccessDenied)
 		}
 		if access&accessNeedsLocalWrite != 0 && mr.access&AccessLocalWrite == 0 {
-			return 0, mw.bindErr(addr, length, fmt.Errorf("%w: a window with remote write/atomic needs a region with local write", ErrInvalidAccessFlags))
+			return 0, mrBindErr(mr, addr, length, "", fmt.Errorf("%w: a window with remote write/atomic needs a region with local write", ErrInvalidAccessFlags))
 		}
 		last := addr + length - 1
 		if last < addr {
-			return 0, mw.bindErr(addr, length, ErrAddressWrap)
+			return 0, mw.bindErr(mw.RKey(), addr, length, ErrAddressWrap)
 		}
 		if addr < mr.e.start || last > mr.e.last {
-			return 0, &AccessError{Op: OpBind, Key: mr.key, VA: addr, Len: length, Err: ErrOutOfBounds,
-				Detail: fmt.Sprintf("region covers [%#x, %#x]", mr.e.start, mr.e.last)}
+			return 0, mrBindErr(mr, addr, length, fmt.Sprintf("region covers [%#x, %#x]", mr.e.start, mr.e.last), ErrOutOfBounds)
 		}
 	}
 
@@ -177,17 +187,17 @@ func (mw *MW) bind(qpn uint32, mr *MR, addr, length uint64, access Access, keyBy
 	switch {
 	case mw.dead:
 		t.mu.Unlock()
-		return 0, mw.bindErr(addr, length, fmt.Errorf("window %w", ErrClosed))
+		return 0, mw.bindErr(mw.cur.key, addr, length, fmt.Errorf("window %w", ErrClosed))
 	case length != 0 && mr.dead:
 		t.mu.Unlock()
-		return 0, &AccessError{Op: OpBind, Key: mr.key, VA: addr, Len: length, Err: fmt.Errorf("region %w", ErrClosed)}
+		return 0, mrBindErr(mr, addr, length, "", fmt.Errorf("region %w", ErrClosed))
 	case length != 0 && t.closed: // unbinding gives back, and is allowed
 		err := t.closedCause()
 		t.mu.Unlock()
-		return 0, mw.bindErr(addr, length, err)
+		return 0, mw.bindErr(mw.cur.key, addr, length, err)
 	case setKey && !mw.cur.unbound:
 		t.mu.Unlock()
-		return 0, mw.bindErr(addr, length, fmt.Errorf("%w: type 2 window is already bound", ErrInvalidState))
+		return 0, mw.bindErr(mw.cur.key, addr, length, fmt.Errorf("%w: type 2 window is already bound", ErrInvalidState))
 	}
 	var key uint32
 	if setKey {

@@ -2,6 +2,7 @@ package memreg
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/gorocev2/rocev2/aeth"
@@ -59,6 +60,20 @@ func TestBindRules(t *testing.T) {
 			}
 			if err != nil {
 				t.Log(err)
+				// The error names the key at fault: the region's lkey
+				// when the region refuses, else the window's rkey
+				// (not the table index with key byte 0).
+				var ae *AccessError
+				if !errors.As(err, &ae) {
+					t.Fatalf("%T, want *AccessError", err)
+				}
+				key, who := c.mw.RKey(), "the window's rkey"
+				if c.mr != nil && (errors.Is(err, ErrAccessDenied) || errors.Is(err, ErrOutOfBounds) || errors.Is(err, ErrWrongPD) || c.mr == noLW) {
+					key, who = c.mr.LKey(), "the region's lkey"
+				}
+				if ae.Key != key || !strings.Contains(ae.Detail, who) {
+					t.Fatalf("error names key %#x (%q), want %#x (%s)", ae.Key, ae.Detail, key, who)
+				}
 			}
 		})
 	}

@@ -2,6 +2,8 @@ package transport
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,5 +204,29 @@ func TestBindMWInErrFlushed(t *testing.T) {
 	}
 	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCRemAccessErr {
 		t.Fatalf("WRITE through the window of a flushed bind: %+v, want remote access error", wc)
+	}
+}
+
+// TestBindMWErrorNamesKey: a refused type 1 bind names the key at fault:
+// the window's rkey when the window's rights are wrong, the region's lkey
+// when the range is outside the region. Before, the first named the
+// window's table index with key byte 0, a key that does not exist.
+func TestBindMWErrorNamesKey(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	_, mr := a.buffer(t, 4096, memreg.AccessRemoteRead|memreg.AccessMWBind)
+	mw, _ := a.pd.AllocMW(memreg.MWType1)
+	rkey, err := a.qp.BindMW(1, mw, MWBindInfo{MR: mr, Addr: mr.IOVA(), Length: 128, Access: memreg.AccessRemoteRead}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.qp.BindMW(2, mw, MWBindInfo{MR: mr, Addr: mr.IOVA(), Length: 128, Access: memreg.AccessLocalWrite}, 0)
+	want := fmt.Sprintf("key %#08x", rkey)
+	if !errors.Is(err, ErrInvalidWR) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "window's rkey") {
+		t.Fatalf("bind with LOCAL_WRITE: %v, want it to name the window's rkey (%s)", err, want)
+	}
+	_, err = a.qp.BindMW(3, mw, MWBindInfo{MR: mr, Addr: mr.IOVA() + 4000, Length: 128, Access: memreg.AccessRemoteRead}, 0)
+	want = fmt.Sprintf("key %#08x", mr.LKey())
+	if !errors.Is(err, ErrInvalidWR) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "region's lkey") {
+		t.Fatalf("bind past the region: %v, want it to name the region's lkey (%s)", err, want)
 	}
 }
