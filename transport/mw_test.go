@@ -230,3 +230,36 @@ func TestBindMWErrorNamesKey(t *testing.T) {
 		t.Fatalf("bind past the region: %v, want it to name the region's lkey (%s)", err, want)
 	}
 }
+
+// TestUnknownSendFlags: PostSend and BindMW refuse send_flags bits the
+// library does not implement — IBV_SEND_INLINE (8) included — with a
+// *WRError naming send_flags and the bad bits, and post nothing. Before,
+// they were silently accepted and ignored.
+func TestUnknownSendFlags(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{})
+	_, smr := a.buffer(t, 64, 0)
+	_, dmr := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	for _, bad := range []SendFlags{8, 0x40, SendSignaled | 0x10} {
+		err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, Flags: bad, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()})
+		var we *WRError
+		if !errors.As(err, &we) || we.Field != "send_flags" || !errors.Is(err, ErrInvalidWR) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("%#x", uint8(bad&^SendSignaled))) {
+			t.Fatalf("PostSend with flags %#x: %v, want ErrInvalidWR naming send_flags and the bits", uint8(bad), err)
+		}
+	}
+	mw, _ := a.pd.AllocMW(memreg.MWType1)
+	_, mr := a.buffer(t, 64, memreg.AccessRemoteRead|memreg.AccessMWBind)
+	_, err := a.qp.BindMW(2, mw, MWBindInfo{MR: mr, Addr: mr.IOVA(), Length: 8, Access: memreg.AccessRemoteRead}, SendSignaled|8)
+	var we *WRError
+	if !errors.As(err, &we) || we.Field != "send_flags" || mw.Bound() {
+		t.Fatalf("BindMW with flags 0x0a: %v (bound %v)", err, mw.Bound())
+	}
+	// The known flags still work, and nothing was posted before.
+	if err := a.qp.PostSend(SendWR{WRID: 3, Opcode: WRWrite, Flags: SendSignaled | SendFence | SendSolicited, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.WRID != 3 || wc.Status != WCSuccess {
+		t.Fatalf("%+v", wc)
+	}
+	noWC(t, a.scq)
+}

@@ -51,6 +51,9 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 		return &WRError{Op: "PostSend", QPN: qp.qpn, Index: i, WRID: wr.WRID, Field: field,
 			Msg: fmt.Sprintf(format, args...), Kind: kind, Err: err}
 	}
+	if bits := wr.Flags &^ knownSendFlags; bits != 0 {
+		return bad("send_flags", ErrInvalidWR, nil, "unknown bits %#x in %#x (known: FENCE 1, SIGNALED 2, SOLICITED 4, NoAckReq 0x80; inline data, IBV_SEND_INLINE 8, is not supported)", uint8(bits), uint8(wr.Flags))
+	}
 	if qp.init.MaxSendWR == 0 {
 		return bad("", ErrQueueFull, nil, "the QP has no send queue (max_send_wr 0)")
 	}
@@ -220,6 +223,10 @@ func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlag
 	}
 	if mw.PD() != qp.pd {
 		return 0, fmt.Errorf("transport: BindMW qp %#x: window of another PD: %w", qp.qpn, ErrInvalidWR)
+	}
+	if bits := flags &^ knownSendFlags; bits != 0 {
+		return 0, &WRError{Op: "BindMW", QPN: qp.qpn, WRID: wrid, Field: "send_flags",
+			Msg: fmt.Sprintf("unknown bits %#x in %#x", uint8(bits), uint8(flags)), Kind: ErrInvalidWR}
 	}
 	// The QP's refusals first. The bind itself runs without qp.mu: it
 	// waits for accesses through the window's old binding to finish, and

@@ -254,6 +254,7 @@ func (o WROpcode) String() string {
 }
 
 // SendFlags are the send_flags of a work request (ibv_send_flags values).
+// Only the bits below are supported; PostSend refuses others.
 type SendFlags uint8
 
 // Send flags.
@@ -272,6 +273,12 @@ const (
 	// repeat; AckReq every DeviceConfig.MaxPktsPerAck packets still holds.
 	SendNoAckReq SendFlags = 0x80
 )
+
+// knownSendFlags are the SendFlags bits PostSend and BindMW take; any
+// other bit (IBV_SEND_INLINE 8, IBV_SEND_IP_CSUM 16, ...) is refused with
+// a *WRError naming send_flags, so that code relying on a flag this
+// library does not implement fails loudly.
+const knownSendFlags = SendFence | SendSignaled | SendSolicited | SendNoAckReq
 
 // SendWR is a send work request.
 type SendWR struct {
