@@ -13,8 +13,8 @@
 // ibv_rc_pingpong and perftest do over TCP); work is posted with PostSend
 // and PostRecv and completes in the CQs, read with Poll, Wait or through a
 // completion channel. Asynchronous events (a QP that failed, a CQ that
-// overflowed, communication established, SQ drained) arrive on
-// Device.Events. Errors name the call, the object and the field at fault
+// overflowed, communication established, SQ drained, SRQ limit reached,
+// last WQE reached for an SRQ QP in ERR) arrive on Device.Events. Errors name the call, the object and the field at fault
 // and match the package's sentinels with errors.Is; a refused work request
 // is a *WRError (verbs' bad_wr), a failed completion's WC.Err a *WCError.
 //

@@ -25,16 +25,18 @@ const (
 	// (communication established).
 	EventCommEst EventType = 4
 	// EventSQDrained: a QP in SQD has no request left outstanding.
-	EventSQDrained       EventType = 5
-	EventPathMig         EventType = 6
-	EventPathMigErr      EventType = 7
-	EventDeviceFatal     EventType = 8
-	EventPortActive      EventType = 9
-	EventPortErr         EventType = 10
-	EventLIDChange       EventType = 11
-	EventPKeyChange      EventType = 12
-	EventSMChange        EventType = 13
-	EventSRQErr          EventType = 14
+	EventSQDrained   EventType = 5
+	EventPathMig     EventType = 6
+	EventPathMigErr  EventType = 7
+	EventDeviceFatal EventType = 8
+	EventPortActive  EventType = 9
+	EventPortErr     EventType = 10
+	EventLIDChange   EventType = 11
+	EventPKeyChange  EventType = 12
+	EventSMChange    EventType = 13
+	EventSRQErr      EventType = 14
+	// EventSRQLimitReached: an armed SRQ fell below its limit (SRQ
+	// names it); see SRQAttr.Limit.
 	EventSRQLimitReached EventType = 15
 	// EventQPLastWQEReached: a QP attached to an SRQ entered the error
 	// state (by itself or through Modify); the receive WQE it held, if
