@@ -63,12 +63,19 @@ options (getopt style: -vV, -C50 and -C 50 all work):
       --timeout=DUR  give up when the whole run takes longer (default 0 = no limit)
       --counters print the device's counters (rxe's names) and the CM's at
                  the end; SIGUSR1 prints the device's while running
+      --keepalive=DUR, --keepalive-timeout=DUR
+                     the connection's keep-alive interval and probe timeout
+                     (rdmacm.Options.KeepAlive/KeepAliveTimeout; default 15s
+                     and 10s; --keepalive=-1s turns it off): a peer found
+                     dead ends the run with "connection lost: ..." and 255
 ` + cli.SocketUsage + `
 Output, stdout and stderr, as rping's. Exit status, as rping's: 0 done (also
 when the peer disconnected first), 22 bad usage (EINVAL), 255 failed: the
 connection was refused or rejected ("cma event RDMA_CM_EVENT_REJECTED, error
 REASON"), the peer never answered (RDMA_CM_EVENT_UNREACHABLE, error -110), a
-completion failed, the data did not match (-V), or the run was interrupted
+completion failed, the peer stopped answering (keep-alive; not a disconnect:
+Linux's rdma_cm reports DISCONNECTED only for the peer's DREQ), the data did
+not match (-V), or the run was interrupted
 (SIGINT, SIGTERM, --timeout: the current ping may finish, for up to 3 s, so
 that the DREQ does not race a message the peer has yet to take in — which
 makes the real rping fail — then rocev2d disconnects).
@@ -123,6 +130,8 @@ type rpingConfig struct {
 	sock     cli.SocketFlags
 	// persistent: -P, the server serves clients until interrupted.
 	persistent bool
+	// keepAlive, keepAliveTimeout: --keepalive, --keepalive-timeout.
+	keepAlive, keepAliveTimeout time.Duration
 }
 
 // rpingOptLetters are rping's getopt letters ("a:I:Pp:C:S:t:scvVdq"): true
@@ -210,6 +219,8 @@ func parseRpingFlags(args []string) (*rpingConfig, error) {
 	fs.StringVar(&bind, "bind", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
 	fs.BoolVar(&c.counters, "counters", false, "")
+	fs.DurationVar(&c.keepAlive, "keepalive", 0, "")
+	fs.DurationVar(&c.keepAliveTimeout, "keepalive-timeout", 0, "")
 	cli.AddSocketFlags(fs, &c.sock)
 	if err := fs.Parse(splitGetopt(args, rpingOptLetters)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -232,6 +243,10 @@ func parseRpingFlags(args []string) (*rpingConfig, error) {
 		return nil, fmt.Errorf("%w: -p %d: port out of range 1..65535", cli.ErrUsage, c.port)
 	case c.timeout < 0:
 		return nil, fmt.Errorf("%w: --timeout %v: negative", cli.ErrUsage, c.timeout)
+	case c.keepAliveTimeout < 0:
+		return nil, fmt.Errorf("%w: --keepalive-timeout=%v: negative (0: the default, 10s)", cli.ErrUsage, c.keepAliveTimeout)
+	case c.keepAliveTimeout > 0 && c.keepAliveTimeout < time.Millisecond:
+		return nil, fmt.Errorf("%w: --keepalive-timeout=%v: below 1ms a live peer cannot answer a probe in time", cli.ErrUsage, c.keepAliveTimeout)
 	}
 	// getopt: the last of -s and -c wins; rping takes the later one too.
 	c.server = srv
@@ -394,7 +409,8 @@ func (r *rping) run(ctx context.Context) error {
 	}
 	opts := rdmacm.Options{QP: r.e.QP, PD: r.e.PD, SendCQ: r.e.SCQ, RecvCQ: r.e.RCQ,
 		ResponderResources: 1, InitiatorDepth: 1, // rping_init_conn_param
-		Retry:   &transport.Retry{Timeout: transport.DefaultRetry.Timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: transport.DefaultRetry.MinRNRTimer},
+		Retry:     &transport.Retry{Timeout: transport.DefaultRetry.Timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: transport.DefaultRetry.MinRNRTimer},
+		KeepAlive: c.keepAlive, KeepAliveTimeout: c.keepAliveTimeout,
 		Prepare: func(qp *transport.QP) error { return r.postRecv() }}
 	if c.server {
 		return r.runServer(ctx, &opts)
@@ -561,7 +577,7 @@ func (r *rping) next(ctx, cctx context.Context) (rpingEvent, error) {
 				}
 				select {
 				case <-done:
-					return r.disconnected(), nil
+					return r.ended(), nil
 				default:
 				}
 				fmt.Fprintf(r.stderr, "poll error %v\n", err)
@@ -575,7 +591,7 @@ func (r *rping) next(ctx, cctx context.Context) (rpingEvent, error) {
 				// moved it) or the QP failed; the CM says which.
 				select {
 				case <-done:
-					return r.disconnected(), nil
+					return r.ended(), nil
 				case <-time.After(2 * time.Second):
 					fmt.Fprintf(r.stderr, "cq completion failed status %d (%v) without a disconnect\n", uint8(w.Status), w.Status)
 					return evError, nil
@@ -611,6 +627,22 @@ func (r *rping) next(ctx, cctx context.Context) (rpingEvent, error) {
 			return evError, nil
 		}
 	}
+}
+
+// ended reports why the connection ended once its Done channel has
+// closed: the peer's disconnect (its DREQ) as rping's CM handler reports
+// RDMA_CM_EVENT_DISCONNECTED, anything else — keep-alive found the peer
+// dead, the QP failed — as the error it is (rping's ERROR state, exit
+// 255): Linux's rdma_cm raises DISCONNECTED only for a DREQ or DREP,
+// never for a peer that died silently.
+func (r *rping) ended() rpingEvent {
+	err := r.conn.Err()
+	if err == nil || errors.Is(err, rdmacm.ErrDisconnected) || errors.Is(err, rdmacm.ErrClosed) {
+		return r.disconnected()
+	}
+	fmt.Fprintf(r.stderr, "connection lost: %v\n", err)
+	r.peerDone = true // its end is reported: no DISCONNECT EVENT line at the finish
+	return evError
 }
 
 // disconnected reports the peer's disconnect as rping's CM handler does.
