@@ -781,6 +781,12 @@ type Member struct {
 // alone until it attaches, so no datagram is ever picked by hash. Until the member leases QPN
 // ranges, claims services or volunteers as rejector, nothing is steered
 // to it.
+//
+// When every slot is taken but some only by members in TimeWait (processes
+// that left or died within the last TimeWait: a reconnect loop of short
+// runs next to a long-lived member), Join waits, without the lock, for the
+// first of them to come free and tries again — at most twice TimeWait in
+// all — instead of failing with ErrFull.
 func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err error)) (*Member, error) {
 	if err := CheckCapabilities(); err != nil {
 		return nil, err
@@ -797,6 +803,43 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 	// (processes killed before they could leave), so that bpffs and the
 	// kernel's maps do not fill up with them over a host's life.
 	sweepOnce.Do(func() { Sweep(o.PinRoot, o.LockDir, o.TimeWait) })
+	deadline := time.Now().Add(2 * o.TimeWait)
+	for {
+		m, freeAt, err := joinOnce(ap, &o, open)
+		if freeAt.IsZero() || !freeAt.Before(deadline) {
+			return m, err
+		}
+		time.Sleep(time.Until(freeAt) + time.Millisecond)
+	}
+}
+
+// joinOnce is one try of Join. When the group is full it returns ErrFull
+// and, if a slot is only in TimeWait, when the first such slot comes free.
+func joinOnce(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err error)) (*Member, time.Time, error) {
+	o := *opts
+	m, err := joinLocked(ap, &o, open)
+	if err != nil && errors.Is(err, ErrFull) {
+		var f *fullError
+		if errors.As(err, &f) {
+			return nil, f.freeAt, err
+		}
+	}
+	return m, time.Time{}, err
+}
+
+// fullError is ErrFull with the time the first TimeWait slot comes free
+// (zero when every slot is live).
+type fullError struct {
+	msg    string
+	freeAt time.Time
+}
+
+func (e *fullError) Error() string { return e.msg }
+func (e *fullError) Unwrap() error { return ErrFull }
+
+// joinLocked takes the address's lock, a slot and the socket (Join).
+func joinLocked(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err error)) (*Member, error) {
+	o := *opts
 	lockPath := lockName(o.LockDir, ap)
 	lf, err := flock(lockPath)
 	if err != nil {
@@ -820,8 +863,18 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 		}
 	}
 	if slot < 0 {
+		var freeAt time.Time
+		tw := 0
+		for s := 0; s < MaxMembers; s++ {
+			if r := g.member(s); r.State == stateTimeWait {
+				tw++
+				if t := time.Unix(0, r.FreeAt); freeAt.IsZero() || t.Before(freeAt) {
+					freeAt = t
+				}
+			}
+		}
 		g.close()
-		return nil, fmt.Errorf("%w: %d members on %s (or in TimeWait)", ErrFull, MaxMembers, ap)
+		return nil, &fullError{msg: fmt.Sprintf("%v: %d members on %s, %d of them in TimeWait (processes that left within the last %v)", ErrFull, MaxMembers, ap, tw, o.TimeWait), freeAt: freeAt}
 	}
 	fd, err := open(g.prog.FD())
 	if err != nil {
