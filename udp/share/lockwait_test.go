@@ -62,3 +62,44 @@ func TestLockWaitBounded(t *testing.T) {
 		t.Errorf("free lock took %v", el)
 	}
 }
+
+// TestSweepLocks: Sweep removes lock files whose group is not pinned in
+// the bpffs it sees and that nobody holds (those of groups made under
+// `ip netns exec`, whose private bpffs went with the command, piled up by
+// the thousand), and keeps a held one and one whose group is pinned.
+func TestSweepLocks(t *testing.T) {
+	base, lockDir := t.TempDir(), t.TempDir()
+	mk := func(name string) string {
+		p := filepath.Join(lockDir, name+".lock")
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	stale := mk("c1234_192.0.2.1_4791")
+	held := mk("c1235_192.0.2.1_4791")
+	pinned := mk("c1236_192.0.2.1_4791")
+	other := filepath.Join(lockDir, "notalock")
+	os.WriteFile(other, nil, 0o644)
+	if err := os.Mkdir(filepath.Join(base, "c1236_192.0.2.1_4791"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h, err := os.OpenFile(held, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := unix.Flock(int(h.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	sweepLocks(base, lockDir)
+	for _, c := range []struct {
+		path string
+		want bool
+	}{{stale, false}, {held, true}, {pinned, true}, {other, true}} {
+		_, err := os.Stat(c.path)
+		if got := err == nil; got != c.want {
+			t.Errorf("%s: exists %v, want %v", filepath.Base(c.path), got, c.want)
+		}
+	}
+}

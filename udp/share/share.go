@@ -1188,7 +1188,41 @@ func Sweep(pinRoot, lockDir string, tw time.Duration) int {
 			n++
 		}
 	}
+	sweepLocks(base, o.LockDir)
 	return n
+}
+
+// sweepLocks removes the lock files in lockDir whose group is not pinned
+// under base and that nobody holds: those of groups pinned in a bpffs
+// this process does not see — `ip netns exec` mounts a private one, gone
+// with the command, so its groups were never swept and their lock files
+// piled up by the thousand. A group still live there (in another mount
+// namespace) loses nothing: its next change makes the file again, and a
+// process that opened the old one finds it removed and takes the new one
+// (lockFile).
+func sweepLocks(base, lockDir string) {
+	ents, err := os.ReadDir(lockDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".lock")
+		if !ok || e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(base, name)); err == nil {
+			continue // pinned here: sweepGroup's
+		}
+		path := filepath.Join(lockDir, e.Name())
+		f, err := tryFlock(path)
+		if err != nil || f == nil {
+			continue // held: in use
+		}
+		if _, err := os.Stat(filepath.Join(base, name)); os.IsNotExist(err) {
+			removeLock(path, f)
+		}
+		f.Close()
+	}
 }
 
 // sweepGroup sweeps the group pinned in dir under its lock file, unless
