@@ -211,8 +211,14 @@ func LocalAddr(bind netip.Addr, conn net.Conn) (netip.Addr, error) {
 
 // WCError describes a failed completion.
 func WCError(wc transport.WC, what string) error {
-	return fmt.Errorf("%s completion with error: %s (status %d, wr_id %d, opcode %v) — the peer or the path failed the operation",
-		what, wc.Status, uint8(wc.Status), wc.WRID, wc.Opcode)
+	why := "the peer or the path failed the operation"
+	if wc.Status == transport.WCWRFlushErr {
+		// Not this request's own failure: the QP was in the error state
+		// already.
+		why = "the QP had left service before it ran: the peer disconnected or died, or an earlier request failed"
+	}
+	return fmt.Errorf("%s completion with error: %s (status %d, wr_id %d, opcode %v) — %s",
+		what, wc.Status, uint8(wc.Status), wc.WRID, wc.Opcode, why)
 }
 
 // OpName is the name of an operation in the tables of demo and bench.

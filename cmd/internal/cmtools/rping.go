@@ -731,7 +731,7 @@ func (r *rping) cmError(err error, peer netip.AddrPort) error {
 		return unreachableError(peer, err)
 	case errors.Is(err, rdmacm.ErrTimeout):
 		fmt.Fprintf(r.stderr, "cma event RDMA_CM_EVENT_UNREACHABLE, error -110\n")
-		return fmt.Errorf("no answer from %v: nothing runs a connection manager there (no RoCEv2 device, or UDP 4791 filtered)", peer)
+		return fmt.Errorf("no answer from %v: the host is down or frozen, or nothing runs a connection manager there (no RoCEv2 device, or UDP 4791 filtered)", peer)
 	}
 	fmt.Fprintf(r.stderr, "connect error -1\n")
 	return err

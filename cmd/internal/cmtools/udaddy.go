@@ -289,7 +289,7 @@ func udaddy(ctx context.Context, c *udaddyConfig, stdout, stderr io.Writer) int 
 				return -111
 			case errors.Is(err, rdmacm.ErrTimeout):
 				fmt.Fprintf(stdout, "udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: -110\n")
-				fmt.Fprintf(stderr, "rocev2d udaddy: no answer from %v: nothing runs a connection manager there\n", peer)
+				fmt.Fprintf(stderr, "rocev2d udaddy: no answer from %v: the host is down or frozen, or nothing runs a connection manager there\n", peer)
 				return -110
 			}
 			return fail("%v", context.Cause(ctx))

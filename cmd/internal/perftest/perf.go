@@ -219,10 +219,11 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			return fmt.Errorf("out-of-band exchange with %s: %w (%s)", conn.RemoteAddr(), err, versionClosedHint(role, local, conn))
 		}
 		if c.test.IsBW() && errors.As(err, &se) && (se.Step == oob.PerfStepSync || strings.HasPrefix(se.Step, "report")) && errors.Is(err, oob.ErrPeerClosed) {
-			// The peer gave up after the data phase: it says why. A side
-			// with -b against one without ends this way too, and so may
-			// a peer running another test.
-			return fmt.Errorf("out-of-band exchange with %s: %w (the peer gave up and says why; a -b mismatch — both sides need -b, or neither — "+
+			// The peer went away after the data phase: it was killed, or
+			// it failed and says why on its side. A side with -b against
+			// one without ends this way too, and so may a peer running
+			// another test.
+			return fmt.Errorf("out-of-band exchange with %s: %w (the peer exited: it was killed, or it failed and says why on its side; a -b mismatch — both sides need -b, or neither — "+
 				"or another test on the peer ends this way too)", conn.RemoteAddr(), err)
 		}
 		return fmt.Errorf("out-of-band exchange with %s: %w", conn.RemoteAddr(), err)
