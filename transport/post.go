@@ -216,7 +216,9 @@ func (qp *QP) checkLocalWR(i int, wr *SendWR) error {
 // in ERR the bind is flushed, not executed, as verbs flush the BIND_MW WR:
 // BindMW returns the window's current rkey (unchanged) and a nil error,
 // the window stays as it was (unbound if it was), and the completion, if
-// signaled, has status WCWRFlushErr.
+// signaled, has status WCWRFlushErr. A QP that goes to ERR while the
+// window is being bound flushes the bind the same way; the window is then
+// left unbound.
 func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlags) (uint32, error) {
 	if mw == nil || mw.Type() != memreg.MWType1 {
 		return 0, fmt.Errorf("transport: BindMW qp %#x: not a type 1 window: %w", qp.qpn, ErrInvalidWR)
@@ -252,12 +254,24 @@ func (qp *QP) BindMW(wrid uint64, mw *memreg.MW, info MWBindInfo, flags SendFlag
 	// The completion travels through the send queue as a local invalidate
 	// of nothing would: a local WR that is done when reached.
 	qp.mu.Lock()
-	defer qp.mu.Unlock()
 	if err := qp.bindPostable(wrid); err != nil {
+		qp.mu.Unlock()
 		return rkey, err
 	}
 	qp.queueBindWR(wrid, flags)
-	return rkey, nil
+	if qp.attr.State != QPSErr {
+		qp.mu.Unlock()
+		return rkey, nil
+	}
+	// The QP went to ERR while the window was being bound: its bind WR
+	// is flushed, so the bind must not stand (a window usable remotely
+	// while the completion says flushed). Undone without qp.mu, as the
+	// bind ran: the window is left unbound.
+	qp.mu.Unlock()
+	if _, err := mw.Bind(nil, 0, 0, 0); err != nil {
+		return mw.RKey(), fmt.Errorf("transport: BindMW qp %#x: the QP went to ERR during the bind and the window could not be unbound: %w", qp.qpn, err)
+	}
+	return mw.RKey(), nil
 }
 
 // queueBindWR queues BindMW's completion WR, a local WR that is done when

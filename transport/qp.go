@@ -187,8 +187,14 @@ func (qp *QP) fail(ev EventType, cause error) {
 	if !qp.failed && qp.failErr == nil {
 		qp.failErr = cause
 	}
-	qp.toError()
+	wasErr := qp.attr.State == QPSErr
+	qp.enterError(false)
 	qp.dev.raise(AsyncEvent{Type: ev, QP: qp, Err: cause})
+	if !wasErr && qp.srq != nil {
+		// Last WQE Reached after the error that caused it, as a
+		// consumer that tears the QP down on the fatal event expects.
+		qp.dev.raise(AsyncEvent{Type: EventQPLastWQEReached, QP: qp, SRQ: qp.srq})
+	}
 }
 
 // CreateQP creates a QP of type a.Type (QPTypeRC, QPTypeUC or QPTypeUD) in

@@ -213,3 +213,44 @@ func TestLastWQEReached(t *testing.T) {
 		t.Fatalf("completions %+v", wc[:k])
 	}
 }
+
+// TestLastWQEReachedAfterFatal: an SRQ QP that fails by itself raises its
+// error event first and Last WQE Reached after it (once), as a consumer
+// that tears the QP down on the fatal event expects; before, Last WQE
+// Reached came first.
+func TestLastWQEReachedAfterFatal(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	o := pairOpts{}
+	o.defaults()
+	s := newSide(t, n, addrB, &o)
+	srq, err := s.dev.CreateSRQ(s.pd, SRQAttr{MaxWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := s.dev.CreateQP(s.pd, QPInitAttr{Type: QPTypeRC, SendCQ: s.scq, RecvCQ: s.rcq, MaxSendWR: 4, SRQ: srq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp.mu.Lock()
+	qp.fail(EventQPFatal, ErrCQOverflow)
+	qp.mu.Unlock()
+	var got []EventType
+	for len(got) < 2 {
+		select {
+		case ev := <-s.dev.Events():
+			if ev.QP == qp {
+				got = append(got, ev.Type)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("events %v, want the fatal event and last WQE reached", got)
+		}
+	}
+	if got[0] != EventQPFatal || got[1] != EventQPLastWQEReached {
+		t.Fatalf("events %v, want [%v %v]", got, EventQPFatal, EventQPLastWQEReached)
+	}
+	select {
+	case ev := <-s.dev.Events():
+		t.Fatalf("a third event %v", ev)
+	case <-time.After(50 * time.Millisecond):
+	}
+}

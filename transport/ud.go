@@ -211,11 +211,21 @@ func (qp *QP) udInput(p *packetT, up *udp.Packet) {
 	}
 	n := uint64(len(p.Payload))
 	if GRHSize+n > rw.length {
-		// Longer than the receive WQE (with its GRH): dropped, as rxe's
-		// RESPST_ERR_LENGTH does for UC/UD (class D). The WQE stays for
-		// the next datagram and the QP stays in RTS, so a sender cannot
-		// stop a UD service with one datagram. Counted in ud_msgs_dropped.
+		// Longer than the receive WQE (with its GRH): not delivered, and
+		// the QP stays in RTS, so a sender cannot stop a UD service with
+		// one datagram; counted in ud_msgs_dropped. As rxe's
+		// RESPST_ERR_LENGTH: on the QP's own receive queue the datagram
+		// is dropped and the WQE stays for the next one (class D); a WQE
+		// taken from an SRQ completes with a remote invalid request error
+		// (class E) — kept, it would stay this QP's and turn away every
+		// later datagram longer than it, while larger WQEs wait in the SRQ.
 		inc(&qp.dev.ctr.UDMsgsDropped)
+		if qp.srq == nil {
+			return
+		}
+		wc := WC{WRID: rw.wrid, Opcode: WCRecv, QPN: qp.qpn, SrcQP: p.DETH.SrcQP(), Status: WCRemInvReqErr}
+		qp.consumeRecv()
+		qp.pushWC(qp.recvCQ, &wc, false)
 		return
 	}
 	wc := WC{WRID: rw.wrid, Opcode: WCRecv, QPN: qp.qpn, SrcQP: p.DETH.SrcQP(),

@@ -179,11 +179,13 @@ func TestUDLimits(t *testing.T) {
 }
 
 // TestUDOversizedDropped: a datagram longer than the receive WQE (with
-// its GRH) is dropped and counted in ud_msgs_dropped, as rxe's
-// RESPST_ERR_LENGTH does for UD (class D): no completion, the WQE takes
-// the next datagram that fits, and the QP stays in RTS with its other
-// receives posted. Before, one such datagram from any sender moved the QP
-// to ERR and flushed every receive. Own RQ and SRQ.
+// its GRH) is not delivered, counted in ud_msgs_dropped, and the QP stays
+// in RTS with its other receives posted, as rxe's RESPST_ERR_LENGTH does
+// for UD: on the QP's own receive queue it is dropped with no completion
+// and the WQE takes the next datagram that fits (class D); a WQE taken
+// from an SRQ completes with a remote invalid request error (class E),
+// so that the SRQ's other WQEs take the next datagrams. Before, one such
+// datagram from any sender moved the QP to ERR and flushed every receive.
 func TestUDOversizedDropped(t *testing.T) {
 	for _, useSRQ := range []bool{false, true} {
 		n := memnet.NewMemNetwork(memnet.Faults{})
@@ -242,14 +244,27 @@ func TestUDOversizedDropped(t *testing.T) {
 		if st := qp.State(); st != QPSRTS {
 			t.Fatalf("srq=%v: one oversized datagram moved the UD QP to %v (%v)", useSRQ, st, qp.Err())
 		}
+		next := uint64(10) // the WQE the next datagram takes
+		if useSRQ {
+			// rxe's class E: the WQE taken from the SRQ completes with
+			// a remote invalid request error (kept, it would turn away
+			// every later datagram longer than it).
+			if wc := waitWC(t, cq, 1, 5*time.Second)[0]; wc.Status != WCRemInvReqErr || wc.WRID != 10 {
+				t.Fatalf("srq: the oversized datagram's WQE: %+v", wc)
+			}
+			next = 11
+		}
 		noWC(t, cq)
 		if err := a.send(t, b, 0, 60, 7, WRSend); err != nil {
 			t.Fatal(err)
 		}
-		if wc := waitWC(t, cq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.WRID != 10 || wc.ByteLen != GRHSize+60 {
+		if wc := waitWC(t, cq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.WRID != next || wc.ByteLen != GRHSize+60 {
 			t.Fatalf("srq=%v: datagram after the dropped one: %+v", useSRQ, wc)
 		}
 		noWC(t, cq)
+		if st := qp.State(); st != QPSRTS {
+			t.Fatalf("srq=%v: UD QP in %v at the end (%v)", useSRQ, st, qp.Err())
+		}
 	}
 }
 
