@@ -31,31 +31,10 @@ type testSock struct {
 
 func join(t *testing.T, ap netip.AddrPort, o *Options) *testSock {
 	t.Helper()
-	s := &testSock{fd: -1}
-	m, err := Join(ap, o, func(prog int) (int, error) {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
-		if err != nil {
-			return -1, err
-		}
-		if err := SetReusePort(fd); err != nil {
-			unix.Close(fd)
-			return -1, err
-		}
-		if err := unix.Bind(fd, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}); err != nil {
-			unix.Close(fd)
-			return -1, err
-		}
-		if err := AttachProgram(fd, prog); err != nil {
-			unix.Close(fd)
-			return -1, err
-		}
-		s.fd = fd
-		return fd, nil
-	})
+	s, err := tryJoin(ap, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.m = m
 	t.Cleanup(func() { s.close() })
 	return s
 }
