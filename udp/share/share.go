@@ -806,7 +806,7 @@ func Join(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err e
 	deadline := time.Now().Add(2 * o.TimeWait)
 	for {
 		m, freeAt, err := joinOnce(ap, &o, open)
-		if freeAt.IsZero() || !freeAt.Before(deadline) {
+		if freeAt.IsZero() || !freeAt.Before(deadline) || time.Now().After(deadline) {
 			return m, err
 		}
 		time.Sleep(time.Until(freeAt) + time.Millisecond)
