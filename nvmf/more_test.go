@@ -517,9 +517,42 @@ func TestVanishingHost(t *testing.T) {
 	if p.t.Stats().KATOExpired != 0 || p.t.Stats().LiveCtrls != 1 {
 		t.Fatalf("controller died with keep-alives flowing: %+v", p.t.Stats())
 	}
-	p.hdev.Close() // gone: no DREQ, no keep-alive
+	// Gone, as a killed process or a crashed host: no keep-alive and no
+	// DREQ (the farewell Device.Close sends is lost with the rest).
+	p.net.SetFaults(memnet.Faults{Loss: 1})
+	p.hdev.Close()
 	waitFor(t, func() bool { return p.t.Stats().KATOExpired == 1 && p.t.Stats().LiveCtrls == 0 }, "keep-alive expiry")
 	waitFor(t, func() bool { return p.t.Queues() == 0 }, "the vanished host's queues torn down")
+	h.Close()
+}
+
+// TestHostDeviceCloseTellsTarget: a host program that exits closing its
+// device without closing the host (a deferred Device.Close) has the
+// target told at once — every queue's connection gets its DREQ — rather
+// than holding the controller until its keep-alive timeout.
+func TestHostDeviceCloseTellsTarget(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 8, KATO: time.Minute, CtrlLossTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.t.Queues() != 3 {
+		t.Fatalf("target has %d queues, want 3 (admin and 2 I/O)", p.t.Queues())
+	}
+	start := time.Now()
+	p.hdev.Close()
+	end := time.Now().Add(5 * time.Second)
+	for p.t.Queues() != 0 || p.t.Stats().LiveCtrls != 0 {
+		if time.Now().After(end) {
+			t.Fatalf("target still has %d queues and %d controllers 5 s after the host's device closed", p.t.Queues(), p.t.Stats().LiveCtrls)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if p.t.Stats().KATOExpired != 0 {
+		t.Errorf("the controller ended by keep-alive expiry, not by the host's DREQs")
+	}
+	t.Logf("target released the controller %v after the host's device closed", time.Since(start))
 	h.Close()
 }
 

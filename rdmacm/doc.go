@@ -27,7 +27,10 @@
 // remote access error, ...), when the peer answers no keep-alive probe
 // (ErrKeepAlive; Options.KeepAlive, on by default: a zero-length RDMA
 // WRITE that any verbs peer's QP acknowledges by itself) and when the
-// device closes (ErrClosed and transport.ErrClosed). A Dial whose REQ (or
+// device closes (ErrClosed and transport.ErrClosed). Manager.Close and
+// Device.Close tell the peers first, as Linux's rdma_destroy_id does: a
+// DREQ for each connection still established, a REJ for each in its
+// handshake. A Dial whose REQ (or
 // a ResolveUD whose SIDR_REQ) the network bounces (ICMP port unreachable,
 // on a socket link) fails at once with ErrUnreachable naming the address.
 //

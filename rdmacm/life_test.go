@@ -105,7 +105,7 @@ func TestRestartSameQPN(t *testing.T) {
 	}
 	old := <-acc
 	writeOver(t, ca, old, "first life")
-	life1.Close() // SIGKILL: nothing said to the server
+	killDev(life1) // SIGKILL: nothing said to the server
 
 	for round := 0; round < 3; round++ {
 		life := devWith(t, n, addrA, cfg)
@@ -137,7 +137,7 @@ func TestRestartSameQPN(t *testing.T) {
 		}
 		old.Close()
 		old = srv
-		life.Close()
+		killDev(life)
 	}
 	s := StatsOf(db)
 	if s.RejStale < 3 || s.Ended[CauseStale] != 3 || s.RejSent[cm.RejStaleConn] < 3 {

@@ -87,6 +87,10 @@ type Stats struct {
 	// StrayDREQ counts DREQs for no known connection (each answered
 	// with a DREP, so a peer that lost its state stops sending them).
 	StrayDREQ uint64
+	// FarewellDREQs counts the DREQs Manager.Close or Device.Close sent
+	// for connections the application left established (each sent once,
+	// its DREP not awaited).
+	FarewellDREQs uint64
 	// RejSent and RejRecv count REJs sent and received by reason.
 	RejSent, RejRecv map[cm.RejectReason]uint64
 	// Ended counts connections that ended, by cause (a connection counts
@@ -109,7 +113,7 @@ type Stats struct {
 type stats struct {
 	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
-	shed, spoofDropped, strayDREQ                                  atomic.Uint64
+	shed, spoofDropped, strayDREQ, farewellDREQs                   atomic.Uint64
 	rejSent, rejRecv                                               [maxReason + 1]atomic.Uint64
 	ended                                                          [numCauses]atomic.Uint64
 	qpFailed, keepAliveFailed, keepAliveProbes, unreachable        atomic.Uint64
@@ -156,6 +160,10 @@ type Manager struct {
 	// errDeviceClosed and CauseDeviceClosed unless Close set them.
 	closeErr   error
 	closeCause Cause
+	// farewellSent: the peers were told (farewell); stopFarewell
+	// unregisters farewell from the device's Close.
+	farewellSent bool
+	stopFarewell func() bool
 }
 
 type remoteKey struct {
@@ -228,6 +236,7 @@ func startLocked(dev *transport.Device) (*Manager, error) {
 		agent.Close()
 		return nil, fmt.Errorf("rdmacm: %w", err)
 	}
+	m.stopFarewell = dev.OnClose(m.farewell)
 	byDevice[dev] = m
 	go m.loop()
 	go m.errLoop()
@@ -239,17 +248,24 @@ func (m *Manager) Device() *transport.Device { return m.dev }
 
 // Close stops the manager: its listeners close, and its connections and
 // pending Dials, Accepts and ResolveUDs end with ErrClosed
-// (CauseManagerClosed), without the DREQs a Conn.Close sends: close the
-// connections first to say goodbye to the peers. It returns when all of
-// that is done; the device stays open, and NewManager (or a package-level
-// function) may start a new manager on it. Closing a closed manager does
-// nothing.
+// (CauseManagerClosed). Each peer is told first, as Linux's
+// rdma_destroy_id tells it: one DREQ for an established connection (not
+// sent again, its DREP not awaited — Conn.Close is the goodbye that waits
+// for the peer), a REJ for a connection in its handshake. It returns when
+// all of that is done; the device stays open, and NewManager (or a
+// package-level function) may start a new manager on it. Closing a closed
+// manager does nothing.
+//
+// Closing the device does the same for its manager: its peers are told
+// before the device's QPs fail (Device.OnClose).
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if !m.closed {
 		m.closeErr, m.closeCause = errManagerClosed, CauseManagerClosed
 	}
 	m.mu.Unlock()
+	m.stopFarewell()
+	m.farewell()
 	m.agent.Close()
 	<-m.down
 	return nil
@@ -264,7 +280,7 @@ func (m *Manager) Stats() Stats {
 		Established: s.established.Load(), Disconnected: s.disconnected.Load(),
 		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load(),
 		Unreachable: s.unreachable.Load(),
-		Shed:        s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(),
+		Shed:        s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(), FarewellDREQs: s.farewellDREQs.Load(),
 		RejSent: map[cm.RejectReason]uint64{}, RejRecv: map[cm.RejectReason]uint64{}, Ended: map[Cause]uint64{}}
 	for i := range s.rejSent {
 		if v := s.rejSent[i].Load(); v != 0 {
@@ -324,9 +340,53 @@ func (m *Manager) agentGone() bool {
 	return errors.Is(err, transport.ErrClosed)
 }
 
+// farewell tells the peers of the manager's connections that they end,
+// as Linux's cm_destroy_id does when an application destroys a connected
+// ID: one DREQ for each established connection (with what its QP has
+// queued for the wire sent first, as Conn.Close does), not sent again and
+// its DREP not awaited; a REJ for each connection in its handshake (reason
+// timeout from the active side, consumer from the passive side, as abort
+// sends). Connections in a disconnect of their own are left to it. It runs
+// once, from Manager.Close or Device.Close (OnClose), before shutdown
+// fails the connections; a killed process sends nothing
+// (docs/connection-life.md).
+func (m *Manager) farewell() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.farewellSent || m.closed {
+		return
+	}
+	m.farewellSent = true
+	for _, c := range m.conns {
+		var out [transport.MADSize]byte
+		switch c.state {
+		case stEstablished:
+			c.qp.SendQueued()
+			dreq := &cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN}
+			m.sendMod(c.peer, c.opts.TrafficClass, c.tid, dreq, &out, c.eceMod(dreq))
+			m.st.farewellDREQs.Add(1)
+		case stREQSent, stREQRcvd, stREPSent:
+			kind, reason := cm.KindREQ, cm.RejTimeout
+			if c.state == stREPSent {
+				kind = cm.KindREP
+			}
+			if !c.active {
+				reason = cm.RejConsumer
+			}
+			rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: reason}
+			if reason == cm.RejTimeout {
+				rej.RejectedInfoLength = 8
+				putGUID(rej.ARI[:], m.guid)
+			}
+			m.sendMod(c.peer, c.opts.TrafficClass, c.tid, rej, &out, c.eceMod(rej))
+		}
+	}
+}
+
 // shutdown fails every connection when the device goes away or Close
 // closed the manager's agent.
 func (m *Manager) shutdown() {
+	m.stopFarewell()
 	m.mu.Lock()
 	m.closed = true
 	close(m.stop)

@@ -125,6 +125,10 @@ type Device struct {
 	qpns    qpnAlloc                  // under mu
 
 	gsi *GSI // QP1, opened by GSI(); under mu
+	// closeHooks run when Close begins (OnClose); under mu, nil once
+	// Close took them and set closing.
+	closeHooks map[*closeHook]struct{}
+	closing    bool
 
 	tq *timerQueue // every QP's protocol timers, one Clock timer (timerq.go)
 
@@ -367,6 +371,41 @@ func (d *Device) Counters() Counters { return d.ctr.snapshot() }
 
 func (d *Device) isClosed() bool { return d.closed.Load() }
 
+// closeHook is one function registered with OnClose (a pointer, so
+// that each registration is its own map key).
+type closeHook struct{ f func() }
+
+// OnClose registers f to run when Close begins, before the device's QPs
+// go to the error state and its link closes, so that f may still send —
+// as a connection manager does to tell its peers goodbye (a DREQ for each
+// established connection) when the application closes the device with
+// connections open. f runs once, on the goroutine that called Close,
+// with no lock of the device held; it must not call Close. Functions
+// registered with OnClose run in no particular order.
+//
+// The returned stop unregisters f and reports whether it did so before
+// Close took it to run; on a device that is closing or closed f is not
+// registered and stop reports false.
+func (d *Device) OnClose(f func()) (stop func() bool) {
+	h := &closeHook{f: f}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closing || d.closed.Load() {
+		return func() bool { return false }
+	}
+	if d.closeHooks == nil {
+		d.closeHooks = map[*closeHook]struct{}{}
+	}
+	d.closeHooks[h] = struct{}{}
+	return func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		_, ok := d.closeHooks[h]
+		delete(d.closeHooks, h)
+		return ok
+	}
+}
+
 // Close moves every QP to the error state (flushing their work requests
 // with WCWRFlushErr), releases the QPs' and SRQs' hold on their PDs and
 // CQs, closes the link and waits for the receive goroutine to exit. Then
@@ -383,7 +422,18 @@ func (d *Device) isClosed() bool { return d.closed.Load() }
 // MW.Dealloc, and PD.Dealloc, which succeeds once the PD's regions and
 // windows are gone (Close released the QPs' hold). QP.State reports
 // QPSErr, and accessors (QPN, PD, Depth, ...) keep answering.
+//
+// Before any of that, Close runs the functions registered with OnClose
+// while the device still works: a connection manager sends its DREQs
+// there.
 func (d *Device) Close() error {
+	d.mu.Lock()
+	hooks := d.closeHooks
+	d.closeHooks, d.closing = nil, true
+	d.mu.Unlock()
+	for h := range hooks {
+		h.f()
+	}
 	d.mu.Lock()
 	if d.closed.Swap(true) {
 		d.mu.Unlock()
