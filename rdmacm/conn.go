@@ -219,6 +219,9 @@ type Conn struct {
 	done     chan struct{} // closed when the connection has ended
 	ended    bool
 	life     life // teardown cause, stale handling, indexes (life.go)
+	// journaled: the connection has its record in the manager's
+	// journal (replay.go), from ESTABLISHED until it ends.
+	journaled bool
 	// Keep-alive (keepalive.go).
 	kaTimer   transport.Timer
 	kaHeard   uint64 // the QP's Activity at the last tick
@@ -631,6 +634,7 @@ func (c *Conn) finishLocked(err error) {
 	}
 	c.endedBy(causeOf(err))
 	c.leaveHalfOpenLocked()
+	c.unjournalLocked()
 	if c.state == stTimeWait {
 		m.timeWait--
 	}
@@ -678,6 +682,7 @@ func (c *Conn) timeWaitLocked(err error) {
 	}
 	c.endedBy(causeOf(err))
 	c.leaveHalfOpenLocked()
+	c.unjournalLocked()
 	c.state = stTimeWait
 	c.m.timeWait++
 	// Ended for the application now, as Stats.Ended counts it (it was
@@ -788,6 +793,7 @@ func (c *Conn) establishPassiveLocked() {
 	c.state = stEstablished
 	c.wasEstab = true
 	c.m.st.established.Add(1)
+	c.journalLocked()
 	c.startLivenessLocked()
 	close(c.estab)
 }

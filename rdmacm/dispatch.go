@@ -313,6 +313,7 @@ func (m *Manager) onREP(mad *transport.MAD, h *cm.HeaderFields, f *cm.REPFields)
 		c.timer.Stop()
 	}
 	m.st.established.Add(1)
+	c.journalLocked()
 	c.startLivenessLocked()
 	close(c.estab)
 }
@@ -377,6 +378,9 @@ func (m *Manager) onDREP(f *cm.DREPFields) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.conns[f.RemoteCommID]
+	if c == nil && m.onDeadDREPLocked(f) {
+		return
+	}
 	if c == nil || c.state != stDREQSent {
 		m.st.unknown.Add(1)
 		return

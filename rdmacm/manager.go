@@ -87,6 +87,12 @@ type Stats struct {
 	// StrayDREQ counts DREQs for no known connection (each answered
 	// with a DREP, so a peer that lost its state stops sending them).
 	StrayDREQ uint64
+	// DREQForDead counts the DREQs this manager sent for the connections
+	// of dead processes on its address (the connection journal,
+	// JournalEnv): each once, as Linux's kernel sends them for a killed
+	// process's cm_ids. DREPForDead counts the peers' DREPs to them (not
+	// counted as Unknown).
+	DREQForDead, DREPForDead uint64
 	// FarewellDREQs counts the DREQs Manager.Close or Device.Close sent
 	// for connections the application left established (each sent once,
 	// its DREP not awaited).
@@ -114,6 +120,7 @@ type stats struct {
 	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
 	shed, spoofDropped, strayDREQ, farewellDREQs                   atomic.Uint64
+	dreqForDead, drepForDead                                       atomic.Uint64
 	rejSent, rejRecv                                               [maxReason + 1]atomic.Uint64
 	ended                                                          [numCauses]atomic.Uint64
 	qpFailed, keepAliveFailed, keepAliveProbes, unreachable        atomic.Uint64
@@ -164,6 +171,11 @@ type Manager struct {
 	// unregisters farewell from the device's Close.
 	farewellSent bool
 	stopFarewell func() bool
+	// The connection journal (replay.go): nil without one (journalErr
+	// says why); deadSent the dead connections' DREQs awaiting DREPs.
+	jr         *journal
+	journalErr error
+	deadSent   map[uint32]deadSent
 }
 
 type remoteKey struct {
@@ -227,7 +239,7 @@ func startLocked(dev *transport.Device) (*Manager, error) {
 		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, byQPN: map[qpnKey]*Conn{},
 		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
 		gaveUp: map[remoteKey]bool{}, shedIDs: map[remoteKey]bool{},
-		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, stop: make(chan struct{}), down: make(chan struct{}),
+		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, deadSent: map[uint32]deadSent{}, stop: make(chan struct{}), down: make(chan struct{}),
 		closeErr: errDeviceClosed, closeCause: CauseDeviceClosed}
 	m.tag.Tag, m.tag.Mask = dev.CommIDTag()
 	// On a shared address one process answers the REQs nobody listens
@@ -240,6 +252,7 @@ func startLocked(dev *transport.Device) (*Manager, error) {
 	byDevice[dev] = m
 	go m.loop()
 	go m.errLoop()
+	m.startJournal()
 	return m, nil
 }
 
@@ -281,6 +294,7 @@ func (m *Manager) Stats() Stats {
 		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load(),
 		Unreachable: s.unreachable.Load(),
 		Shed:        s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(), FarewellDREQs: s.farewellDREQs.Load(),
+		DREQForDead: s.dreqForDead.Load(), DREPForDead: s.drepForDead.Load(),
 		RejSent: map[cm.RejectReason]uint64{}, RejRecv: map[cm.RejectReason]uint64{}, Ended: map[Cause]uint64{}}
 	for i := range s.rejSent {
 		if v := s.rejSent[i].Load(); v != 0 {
@@ -412,6 +426,9 @@ func (m *Manager) shutdown() {
 	}
 	for _, w := range waits {
 		w.done(sidrResult{err: closeErr})
+	}
+	if m.jr != nil {
+		m.jr.close()
 	}
 	m.agent.Close()
 	byDeviceMu.Lock()

@@ -54,8 +54,9 @@ func dialAccept(t *testing.T, m *Manager, l *Listener) (active, passive *Conn) {
 // TestManagersIndependent: two managers of two devices in one process keep
 // their connections, listeners and counters apart: each listens on the
 // same port, each dials the other, each counts its own; closing one ends
-// its connections (ErrClosed, CauseManagerClosed) and nothing of the
-// other, whose listener goes on accepting, and its device takes a new
+// its connections (ErrClosed, CauseManagerClosed; their peers, the
+// other's, told by DREQ) and nothing else of the other, whose listener
+// goes on accepting, and its device takes a new
 // manager. A device has one manager: NewManager on a device that has one
 // (explicit, or the one the package-level functions started) fails with
 // ErrInUse, and the package-level functions use an explicit one.
@@ -132,11 +133,16 @@ func TestManagersIndependent(t *testing.T) {
 	if s := StatsOf(da); s.MADsIn != 0 || s.Conns != 0 {
 		t.Errorf("StatsOf a device whose manager closed: %+v, want zero", s)
 	}
+	// The peers of the closed manager's connections were told (its
+	// farewell DREQs); nothing else of the other manager ended.
 	for _, c := range []*Conn{ba, ac} {
 		select {
 		case <-c.Done():
-			t.Errorf("a connection of the other manager ended: %v", c.Err())
-		default:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a peer of the closed manager's connections was not told")
+		}
+		if !errors.Is(c.Err(), ErrDisconnected) {
+			t.Errorf("peer of the closed manager's connection: %v, want ErrDisconnected", c.Err())
 		}
 	}
 	if got := mb.Stats().Ended[CauseManagerClosed]; got != 0 {

@@ -167,3 +167,23 @@ func (d *Device) VolunteerRejector() error {
 	}
 	return nil
 }
+
+// Simulated reports whether the device's link is a simulated network's
+// (udp/memnet's in-memory link, or a link that wraps one): a link, or a
+// link it wraps (Unwrap() udp.Link), with a Simulated() bool method that
+// returns true. Its peers live in the same process, so what must outlive
+// the process — rdmacm's connection journal — is not kept for it.
+func (d *Device) Simulated() bool {
+	l := d.link
+	for range 8 {
+		if s, ok := l.(interface{ Simulated() bool }); ok {
+			return s.Simulated()
+		}
+		u, ok := l.(interface{ Unwrap() udp.Link })
+		if !ok {
+			return false
+		}
+		l = u.Unwrap()
+	}
+	return false
+}

@@ -236,6 +236,10 @@ func (l *Lab) netns() error {
 // HostCommand returns a command that runs name in the lab's namespace.
 func (l *Lab) HostCommand(ctx context.Context, name string, args ...string) *exec.Cmd {
 	c := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", l.NS, name}, args...)...)
+	// The lab's rocev2d processes keep their connection journal
+	// (rdmacm.JournalEnv) in the lab's directory: a killed one's
+	// restart speaks for it, and no other run's records meet them.
+	c.Env = append(os.Environ(), "ROCEV2_CM_JOURNAL="+filepath.Join(l.Dir, "cm-journal"))
 	// ip netns exec execs name, so the PID is the program's; SIGTERM first.
 	c.Cancel = func() error { return c.Process.Signal(syscall.SIGTERM) }
 	c.WaitDelay = 5 * time.Second

@@ -123,10 +123,13 @@ func lifeVMClientKill(t *testing.T, ctx context.Context, lab *Lab, img *Image) (
 }
 
 // lifeHostClientKill: rocev2d's rping client pings rping -P in the VM
-// without end and is killed with SIGKILL (nothing is sent: rxe's CM keeps
-// the old connection), lifeRestarts times; every restart — a new process
-// on the same address — connects (the kernel CM does not take it for the
-// old connection) and pings; a last run of 5 pings exits 0.
+// without end and is killed with SIGKILL (it sends nothing), lifeRestarts
+// times; every restart — a new process on the same address — connects
+// (the kernel CM does not take it for the old connection), sends the
+// killed one's DREQ from the connection journal (rdmacm.JournalEnv) and
+// pings; a last run of 5 pings exits 0, and then the Linux server holds
+// no connection of theirs (before the journal, every killed client's
+// cm_id stayed in CONNECT for good).
 func lifeHostClientKill(t *testing.T, ctx context.Context, lab *Lab, img *Image) (string, error) {
 	const port = 7191
 	v, err := lab.StartVM(ctx, agentproto.Request{Cmd: fmt.Sprintf("rping -s -P -a %s -p %d 2>&1", lab.vmIP(), port), TimeoutSec: 300})
@@ -157,7 +160,18 @@ func lifeHostClientKill(t *testing.T, ctx context.Context, lab *Lab, img *Image)
 	if code != 0 || len(rePingLine.FindAllStringIndex(out, -1)) != 5 {
 		return "", fmt.Errorf("last client: exit %d\n%s", code, cmTail(out))
 	}
-	return fmt.Sprintf("%d restarts, last: cm_retransmits=%d", lifeRestarts, cmStat(out, "cm_retransmits")), nil
+	// (Which process sent a killed one's DREQ is not checked: another
+	// rocev2d process of the lab on the host's address, sharing it,
+	// speaks for a dead member within 2 s too.)
+	// rping -P ends a connection's thread on its DISCONNECTED event and
+	// destroys the cm_id: none of the clients' may be left connected.
+	script := fmt.Sprintf(`for i in $(seq 50); do n=$(rdma res show cm_id | grep -c 'state CONNECT.*src-addr %s:%d'); [ "$n" -eq 0 ] && break; sleep 0.1; done
+echo "connected=$n"; rdma res show cm_id; [ "$n" -eq 0 ]`, lab.vmIP(), port)
+	vm, err := lab.Run(ctx, script, 30*time.Second)
+	if err != nil || vm.Exit != 0 {
+		return "", fmt.Errorf("the Linux server kept connections of killed clients (exit %d %v):\n%s", vm.Exit, err, tail(vm.Output, 20))
+	}
+	return fmt.Sprintf("%d restarts, last: cm_retransmits=%d cm_dreq_for_dead=%d, Linux server: no connection left", lifeRestarts, cmStat(out, "cm_retransmits"), cmStat(out, "cm_dreq_for_dead")), nil
 }
 
 // lifeVMLoop: lifeLoopRounds runs of rping -c -C 1 back to back from the

@@ -283,6 +283,10 @@ func (l *MemLink) RecvBacklog() bool {
 // LocalAddr returns the link's address.
 func (l *MemLink) LocalAddr() netip.Addr { return l.addr }
 
+// Simulated reports true: the link is an in-memory network's, whose
+// peers live in this process (transport.Device.Simulated).
+func (l *MemLink) Simulated() bool { return true }
+
 // BatchSize returns the preferred number of packets per Send/Recv call.
 func (l *MemLink) BatchSize() int { return memBatchSize }
 

@@ -5,6 +5,7 @@ package cmtools
 import (
 	"bytes"
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -12,14 +13,18 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/clitest"
+	"github.com/gorocev2/rocev2/rdmacm"
 )
 
 // TestRpingKillRestart: a rocev2d rping client process killed with
-// SIGKILL mid-run (no DREQ: the server still holds its connection) and
-// started again from the same address connects and pings at once, five
-// times over, against one persistent rocev2d rping server process; the
-// server serves them all. Before, every restart was rejected as a stale
-// connection (the new process numbered its QP as the killed one did).
+// SIGKILL mid-run (it sends no DREQ) and started again from the same
+// address connects and pings at once, five times over, against one
+// persistent rocev2d rping server process; the server serves them all.
+// Before, every restart was rejected as a stale connection (the new
+// process numbered its QP as the killed one did). With the connection
+// journal (rdmacm.JournalEnv, a directory of the test's) each restarted
+// client sends the DREQ its killed predecessor could not, and the server
+// reports each killed client's DISCONNECT as it would a closed one's.
 func TestRpingKillRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs processes over loopback")
@@ -28,11 +33,12 @@ func TestRpingKillRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	port := cmPort()
+	env := append(os.Environ(), rdmacm.JournalEnv+"="+t.TempDir())
 	var srvOut, srvErr lockedBuffer
 	var srv *exec.Cmd
 	for try := 0; ; try++ {
 		srv = exec.CommandContext(ctx, bin, "rping", "-s", "-P", "-a", "127.0.0.1", "-p", port, "-v")
-		srv.Stdout, srv.Stderr = &srvOut, &srvErr
+		srv.Stdout, srv.Stderr, srv.Env = &srvOut, &srvErr, env
 		if err := srv.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -56,6 +62,7 @@ func TestRpingKillRestart(t *testing.T) {
 	// share_drop_no_listener 1, and the client failed on the ICMP error).
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		probe := exec.CommandContext(ctx, bin, "rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-C", "1")
+		probe.Env = env
 		pout, err := probe.CombinedOutput()
 		if err == nil {
 			break
@@ -75,7 +82,7 @@ func TestRpingKillRestart(t *testing.T) {
 	for round := 0; round < 5; round++ {
 		var out, errOut lockedBuffer
 		cli := exec.CommandContext(ctx, bin, "rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-C", "0", "-v", "-V")
-		cli.Stdout, cli.Stderr = &out, &errOut
+		cli.Stdout, cli.Stderr, cli.Env = &out, &errOut, env
 		if err := cli.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +100,7 @@ func TestRpingKillRestart(t *testing.T) {
 	// The last client ends by itself.
 	cli := exec.CommandContext(ctx, bin, "rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-C", "5", "-v", "-V", "--counters")
 	var out, errOut bytes.Buffer
-	cli.Stdout, cli.Stderr = &out, &errOut
+	cli.Stdout, cli.Stderr, cli.Env = &out, &errOut, env
 	if err := cli.Run(); err != nil {
 		t.Fatalf("last client: %v\n%s%s\nserver:\n%s", err, out.String(), errOut.String(), serverState())
 	}
@@ -102,5 +109,21 @@ func TestRpingKillRestart(t *testing.T) {
 	}
 	if strings.Contains(srvErr.String(), "connect error") {
 		t.Errorf("the server failed a connection:\n%s", srvErr.String())
+	}
+	// The last client spoke for the fifth killed one: one DREQ. (The
+	// server's DREP names the killed process's communication ID, which
+	// the address's sharing group steers to that gone member: dropped.)
+	if !strings.Contains(out.String(), "cm_dreq_for_dead         1") {
+		t.Errorf("last client did not send the killed client's DREQ:\n%s", out.String())
+	}
+	// The probe's, the five killed clients' and the last client's
+	// connections all end with the server's DISCONNECT EVENT; none is
+	// lost to keep-alive.
+	deadline := time.Now().Add(5 * time.Second)
+	for strings.Count(srvErr.String(), "server DISCONNECT EVENT") < 7 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := strings.Count(srvErr.String(), "server DISCONNECT EVENT"); n < 7 || strings.Contains(srvErr.String(), "connection lost") {
+		t.Errorf("server reported %d DISCONNECT EVENTs, want 7 (a probe, 5 killed clients, the last):\n%s", n, srvErr.String())
 	}
 }

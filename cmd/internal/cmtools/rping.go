@@ -968,7 +968,7 @@ func printCMStats(w io.Writer, label string, s rdmacm.Stats) {
 		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected},
 		{"cm_lost_qp", s.QPFailed}, {"cm_keepalive_probes", s.KeepAliveProbes}, {"cm_keepalive_dead", s.KeepAliveFailed},
 		{"cm_unreachable", s.Unreachable}, {"cm_shed", s.Shed}, {"cm_spoof_dropped", s.SpoofDropped}, {"cm_stray_dreq", s.StrayDREQ},
-		{"cm_farewell_dreqs", s.FarewellDREQs}} {
+		{"cm_farewell_dreqs", s.FarewellDREQs}, {"cm_dreq_for_dead", s.DREQForDead}, {"cm_drep_for_dead", s.DREPForDead}} {
 		fmt.Fprintf(w, "  %-24s %d\n", kv.n, kv.v)
 	}
 	// REJs by reason and ends by cause, those that happened, in order.

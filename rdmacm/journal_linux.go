@@ -1,0 +1,384 @@
+package rdmacm
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The connection journal: what a killed process leaves so that the next
+// connection manager on its address sends the DREQs it could not, as
+// Linux's kernel sends them for a killed process's cm_ids.
+//
+// Layout, under the root (journalRoot):
+//
+//	<root>/<scope>/<owner>/lock        held (flock) by the owning manager
+//	<root>/<scope>/<owner>/<id>.cm     one record per established connection
+//
+// The scope names the network namespace (its cookie, never reused) and
+// the address: only a manager of the same address in the same namespace
+// can speak for a dead one. The owner is one manager (a random name): it
+// holds an exclusive flock on its lock file for its life, which the
+// kernel drops when the process dies however it dies — liveness needs no
+// PIDs, so PID namespaces do not fool it. A manager that can take a
+// lock owns the dead owner's records: it sends their DREQs and removes
+// them.
+//
+// Every directory is the effective user's and closed to others (0700,
+// checked without following symlinks); files open with O_NOFOLLOW, records
+// are read only when they are regular files of at most journalRecMax
+// bytes and their name agrees with their content.
+
+// journalRecMax is the largest record file read.
+const journalRecMax = 128
+
+// journalStaleScope is how old an owner of another scope (a namespace
+// gone, an address not used since) must be before a starting manager
+// removes it: until then a manager of that scope may still speak for it.
+const journalStaleScope = 24 * time.Hour
+
+type journal struct {
+	root  string
+	scope string // <root>/<scope>
+	dir   string // <root>/<scope>/<owner>
+	lock  *os.File
+	mu    sync.Mutex // orders add and remove against close
+	shut  bool
+}
+
+// journalRoot returns where the journal lives: $ROCEV2_CM_JOURNAL ("off":
+// nowhere), else /run/rocev2-cm for root, $XDG_RUNTIME_DIR/rocev2-cm for
+// another user, and nowhere without either (never a world-writable
+// directory such as /tmp).
+func journalRoot() string {
+	switch v := os.Getenv(JournalEnv); v {
+	case "off":
+		return ""
+	case "":
+	default:
+		return v
+	}
+	if os.Geteuid() == 0 {
+		return "/run/rocev2-cm"
+	}
+	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" && filepath.IsAbs(x) {
+		return filepath.Join(x, "rocev2-cm")
+	}
+	return ""
+}
+
+// netnsID names the calling thread's network namespace: its cookie
+// (SO_NETNS_COOKIE, Linux 5.14, never reused while the system runs) or,
+// on an older kernel, its nsfs inode number.
+func netnsID() (string, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err == nil {
+		c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, soNetnsCookie)
+		unix.Close(fd)
+		if err == nil {
+			return "c" + strconv.FormatUint(c, 16), nil
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return "", err
+	}
+	return "i" + strconv.FormatUint(st.Ino, 10), nil
+}
+
+// soNetnsCookie is SO_NETNS_COOKIE (include/uapi/asm-generic/socket.h).
+const soNetnsCookie = 71
+
+// privateDir makes dir (mode 0700) unless it exists, and checks that it
+// is a directory, not a symlink, owned by the effective user, with none
+// of the mode bits in closed set.
+func privateDir(dir string, closed uint32) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return err
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fmt.Errorf("%s is not a directory", dir)
+	case int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("%s belongs to uid %d, not to this process's %d", dir, st.Uid, os.Geteuid())
+	case st.Mode&closed != 0:
+		return fmt.Errorf("%s is open to other users (mode %#o)", dir, st.Mode&0o777)
+	}
+	return nil
+}
+
+// openJournal opens this manager's journal for addr under root: its
+// owner directory made and locked. On error there is no journal (the
+// caller goes on without one).
+func openJournal(root string, addr netip.Addr) (*journal, error) {
+	if root == "" {
+		return nil, fmt.Errorf("none (%s=off, or no directory for uid %d)", JournalEnv, os.Geteuid())
+	}
+	ns, err := netnsID()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(root), 0o755); err != nil {
+		return nil, err
+	}
+	j := &journal{root: root, scope: filepath.Join(root, ns+"_"+addr.String())}
+	// The root may be readable by others (a directory the user named);
+	// below it everything is the user's alone.
+	if err := privateDir(root, 0o022); err != nil {
+		return nil, err
+	}
+	if err := privateDir(j.scope, 0o077); err != nil {
+		return nil, err
+	}
+	// The owner directory is made under a hidden name, locked, then
+	// renamed: a scanner never sees an owner without its lock held.
+	var rb [8]byte
+	rand.Read(rb[:])
+	name := hex.EncodeToString(rb[:])
+	tmp := filepath.Join(j.scope, ".new-"+name)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(tmp, "lock"), os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err == nil {
+		if err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	j.dir, j.lock = filepath.Join(j.scope, name), f
+	if err := os.Rename(tmp, j.dir); err != nil {
+		f.Close()
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	return j, nil
+}
+
+// journalRec is one established connection's record: what its DREQ needs.
+type journalRec struct {
+	LocalID, RemoteID uint32
+	RemoteQPN         uint32
+	TOS               uint8
+	Peer              netip.Addr
+}
+
+func (r journalRec) name() string { return fmt.Sprintf("%08x.cm", r.LocalID) }
+
+func (r journalRec) encode() []byte {
+	return fmt.Appendf(nil, "rocev2-cm 1 %08x %08x %06x %d %s\n", r.LocalID, r.RemoteID, r.RemoteQPN, r.TOS, r.Peer)
+}
+
+func parseJournalRec(b []byte) (journalRec, error) {
+	var r journalRec
+	f := strings.Fields(string(b))
+	if len(f) != 7 || f[0] != "rocev2-cm" || f[1] != "1" {
+		return r, errors.New("not a version 1 record")
+	}
+	var v [4]uint64
+	var err error
+	for i, s := range f[2:6] {
+		bits := 32
+		switch i {
+		case 2:
+			bits = 24
+		case 3:
+			bits = 8
+		}
+		base := 16
+		if i == 3 {
+			base = 10
+		}
+		if v[i], err = strconv.ParseUint(s, base, bits); err != nil {
+			return r, err
+		}
+	}
+	if r.Peer, err = netip.ParseAddr(f[6]); err != nil {
+		return r, err
+	}
+	r.LocalID, r.RemoteID, r.RemoteQPN, r.TOS = uint32(v[0]), uint32(v[1]), uint32(v[2]), uint8(v[3])
+	return r, nil
+}
+
+func (j *journal) path() string { return j.dir }
+
+// add records an established connection.
+func (j *journal) add(r journalRec) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.shut {
+		return errors.New("journal closed")
+	}
+	f, err := os.OpenFile(filepath.Join(j.dir, r.name()), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(r.encode())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(filepath.Join(j.dir, r.name()))
+	}
+	return err
+}
+
+// remove deletes an ended connection's record.
+func (j *journal) remove(localID uint32) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if !j.shut {
+		os.Remove(filepath.Join(j.dir, journalRec{LocalID: localID}.name()))
+	}
+}
+
+// close removes the manager's owner directory (its connections ended or
+// were told) and drops its lock.
+func (j *journal) close() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.shut {
+		return
+	}
+	j.shut = true
+	os.RemoveAll(j.dir)
+	j.lock.Close()
+}
+
+// takeDead returns the records of the dead owners of the journal's scope
+// and removes them: each owner whose lock this manager can take is dead
+// (its process exited without closing its manager), and taking the lock
+// makes this manager the one that speaks for it.
+func (j *journal) takeDead() []journalRec {
+	var recs []journalRec
+	ents, err := os.ReadDir(j.scope)
+	if err != nil {
+		return nil
+	}
+	own := filepath.Base(j.dir)
+	for _, e := range ents {
+		name := e.Name()
+		if name == own || !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(j.scope, name)
+		if strings.HasPrefix(name, ".new-") {
+			// A manager killed while it made its directory, or one
+			// making it now (its lock held, or just created).
+			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
+				takeOwner(dir, nil)
+			}
+			continue
+		}
+		recs = takeOwner(dir, recs)
+	}
+	return recs
+}
+
+// takeOwner takes the owner directory dir if its owner is dead: its
+// records are appended to recs (when recs is not nil or records exist)
+// and the directory removed. A live owner's directory is left alone.
+func takeOwner(dir string, recs []journalRec) []journalRec {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			// No lock: not an owner directory this code made, or
+			// one being removed by another manager right now.
+			return recs
+		}
+		return recs
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return recs // alive
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".cm") {
+			continue
+		}
+		if r, err := readJournalRec(filepath.Join(dir, name)); err == nil && r.name() == name {
+			recs = append(recs, r)
+		}
+	}
+	os.RemoveAll(dir)
+	return recs
+}
+
+// readJournalRec reads one record file: a regular file (no symlink, no
+// FIFO) of at most journalRecMax bytes.
+func readJournalRec(path string) (journalRec, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return journalRec{}, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return journalRec{}, err
+	}
+	if !st.Mode().IsRegular() || st.Size() > journalRecMax {
+		return journalRec{}, errors.New("not a record file")
+	}
+	b, err := io.ReadAll(io.LimitReader(f, journalRecMax+1))
+	if err != nil {
+		return journalRec{}, err
+	}
+	return parseJournalRec(b)
+}
+
+// sweepOtherScopes removes dead owners of other scopes (namespaces gone,
+// addresses no longer used) that are older than journalStaleScope, and
+// scopes left empty.
+func (j *journal) sweepOtherScopes() {
+	scopes, err := os.ReadDir(j.root)
+	if err != nil {
+		return
+	}
+	for _, s := range scopes {
+		dir := filepath.Join(j.root, s.Name())
+		if dir == j.scope || !s.IsDir() {
+			continue
+		}
+		owners, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		left := len(owners)
+		for _, o := range owners {
+			info, err := o.Info()
+			if err != nil || !o.IsDir() || time.Since(info.ModTime()) < journalStaleScope {
+				continue
+			}
+			odir := filepath.Join(dir, o.Name())
+			takeOwner(odir, nil)
+			if _, err := os.Lstat(odir); errors.Is(err, os.ErrNotExist) {
+				left--
+			}
+		}
+		if left == 0 {
+			if info, err := s.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
+				os.Remove(dir) // fails (and does nothing) if an owner came in
+			}
+		}
+	}
+}
