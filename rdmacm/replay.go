@@ -80,13 +80,39 @@ func (m *Manager) replayLoop() {
 // replayDead takes the dead owners' records and sends one DREQ for each:
 // not sent again (the process that owned it is gone, as the kernel's is
 // when it sends them for a killed process), its DREP counted if it comes.
+// They go replayBatch at a time, replayPause apart, so that a killed
+// server's thousands of connections do not leave as one burst.
 func (m *Manager) replayDead() {
 	recs := m.jr.takeDead()
-	if len(recs) == 0 {
-		return
+	for len(recs) > 0 {
+		n := min(len(recs), replayBatch)
+		if !m.replayBatchOf(recs[:n]) {
+			return
+		}
+		recs = recs[n:]
+		if len(recs) > 0 {
+			select {
+			case <-m.stop:
+				return
+			case <-time.After(replayPause):
+			}
+		}
 	}
+}
+
+const (
+	replayBatch = 32
+	replayPause = time.Millisecond
+)
+
+// replayBatchOf sends the DREQs of recs; false once the manager is
+// closed.
+func (m *Manager) replayBatchOf(recs []journalRec) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return false
+	}
 	now := time.Now()
 	for id, at := range m.deadSent {
 		if now.Sub(at.at) > deadDREPWindow {
@@ -94,9 +120,6 @@ func (m *Manager) replayDead() {
 		}
 	}
 	for _, r := range recs {
-		if m.closed {
-			return
-		}
 		var out [transport.MADSize]byte
 		h := cm.NewHeader(0, uint64(random32())<<32|uint64(random32()))
 		dreq := &cm.DREQFields{LocalCommID: r.LocalID, RemoteCommID: r.RemoteID, RemoteQPN: r.RemoteQPN}
@@ -108,6 +131,7 @@ func (m *Manager) replayDead() {
 		m.agent.Send(r.Peer, 1, r.TOS, out[:])
 		m.deadSent[r.LocalID] = deadSent{remote: r.RemoteID, at: now}
 	}
+	return true
 }
 
 // deadSent is a dead connection's DREQ waiting for its DREP.
