@@ -505,6 +505,14 @@ func TestModifyStateMachine(t *testing.T) {
 		t.Fatalf("QP changed on error: %+v", q)
 	}
 	rtr.PathMTU = MTU2048
+	// A connected QP has one peer: no group address.
+	for _, g := range []string{"224.0.0.251", "239.1.2.3", "255.255.255.255"} {
+		bad := rtr
+		bad.AV.Addr = netip.MustParseAddr(g)
+		if err := qp.Modify(&bad, rtrMask); !errors.Is(err, ErrInvalidAttr) || !contains(err.Error(), "group address") {
+			t.Fatalf("peer %s: %v", g, err)
+		}
+	}
 	if err := qp.Modify(&rtr, rtrMask); err != nil {
 		t.Fatal(err)
 	}

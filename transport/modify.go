@@ -224,6 +224,9 @@ func (qp *QP) checkValues(attr *QPAttr, given AttrMask) error {
 		if pa.Is4() != qp.dev.addr.Is4() {
 			return bad(AttrAV, "peer address %v is not in the device's address family (%v)", attr.AV.Addr, qp.dev.addr)
 		}
+		if pa.IsMulticast() || pa == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+			return bad(AttrAV, "peer address %v is a group address: a connected QP has one peer", attr.AV.Addr)
+		}
 	}
 	if given&AttrPathMTU != 0 && attr.PathMTU.Bytes() == 0 {
 		return bad(AttrPathMTU, "value %d (want MTU256..MTU4096)", attr.PathMTU)
