@@ -779,13 +779,10 @@ func (c *Conn) Close() error {
 	return c.release()
 }
 
-// establishPassiveLocked takes the passive QP to RTS on the RTU (or the
-// first packet in RTR, which stands for it).
+// establishPassiveLocked establishes the passive connection on the RTU
+// (or the first packet on its QP, which stands for it); the QP is in RTS
+// since the REP.
 func (c *Conn) establishPassiveLocked() {
-	if err := c.qp.ReadyToSend(c.params); err != nil {
-		c.finishLocked(fmt.Errorf("rdmacm: connecting the QP: %w", err))
-		return
-	}
 	if c.timer != nil {
 		c.timer.Stop()
 	}

@@ -47,7 +47,8 @@
 // SIDR_REQ/SIDR_REP, each retransmitted on its response timeout up to its
 // retry count; duplicates are answered (a duplicate REQ with the REP or an
 // MRA, a duplicate REP with the RTU, a duplicate DREQ with the DREP); the
-// first packet on a passive QP in RTR counts as the RTU (communication
+// passive QP is in RTS before its REP leaves (as rdma_accept leaves it),
+// and the first packet it receives counts as the RTU (communication
 // established); a REQ for a service nobody listens on is answered with a
 // REJ (invalid service ID), which librdmacm reports as ECONNREFUSED; a REQ
 // from a peer QP a connection is still known to is rejected as stale and

@@ -409,7 +409,7 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 	return c, nil
 }
 
-// reply is Accept up to the REP: the QP set up and in RTR, the REP sent.
+// reply is Accept up to the REP: the QP set up and in RTS, the REP sent.
 func (r *Request) reply(opts *Options) (*Conn, error) {
 	c := r.c
 	m := c.m
@@ -482,7 +482,13 @@ func (r *Request) reply(opts *Options) (*Conn, error) {
 	m.mu.Lock()
 	c.params = params
 	m.mu.Unlock()
-	if err := c.qp.ReadyToReceive(params); err != nil {
+	// RTR, then RTS before the REP, as Linux's rdma_accept does
+	// (cma_accept_ib): the active side may send as soon as it has the
+	// REP, and the application may answer its first message (seen on a
+	// receive CQ shared by its connections, or on the QP of Prepare)
+	// before the RTU has arrived. Before, the QP stayed in RTR until the
+	// RTU and such an answer failed with ErrInvalidState.
+	if err := c.qp.Connect(params); err != nil {
 		return fail(err)
 	}
 	rep := &cm.REPFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, LocalQPN: c.qp.QPN(),
@@ -508,7 +514,7 @@ func (r *Request) reply(opts *Options) (*Conn, error) {
 	if err != nil {
 		return fail(err)
 	}
-	// The first packet on the QP in RTR stands for a lost RTU.
+	// The first packet on the QP stands for a lost RTU.
 	go func() {
 		select {
 		case <-c.qp.CommEstablished():

@@ -313,9 +313,11 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	return qp, nil
 }
 
-// CommEstablished returns a channel that is closed when the first packet
-// arrives while the QP is in RTR (the event EventCommEst also reports): a
-// connection manager waiting for an RTU takes it as one.
+// CommEstablished returns a channel that is closed when the QP receives
+// its first packet from the peer, in RTR (the event EventCommEst also
+// reports it) or in RTS: a connection manager waiting for an RTU — with
+// the QP in RTS already, as Linux's rdma_accept leaves it before its REP —
+// takes it as one.
 func (qp *QP) CommEstablished() <-chan struct{} { return qp.commEstCh }
 
 // QPN returns the QP number.
@@ -467,10 +469,12 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 	if up.TOS&udp.ECNMask == udp.ECNCE {
 		qp.ceMarked()
 	}
-	if st == QPSRTR && !qp.commEst {
+	if !qp.commEst {
 		qp.commEst = true
 		close(qp.commEstCh)
-		qp.dev.raise(AsyncEvent{Type: EventCommEst, QP: qp})
+		if st == QPSRTR {
+			qp.dev.raise(AsyncEvent{Type: EventCommEst, QP: qp})
+		}
 	}
 	qp.rxBatch = batched
 	if qp.trace != nil && p.Info.Request && p.Info.Kind != bth.KindSend && p.Info.Kind != bth.KindWrite {
