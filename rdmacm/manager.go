@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cm"
+	"github.com/gorocev2/rocev2/internal/cmjournal"
 	"github.com/gorocev2/rocev2/transport"
 )
 
@@ -173,7 +174,7 @@ type Manager struct {
 	stopFarewell func() bool
 	// The connection journal (replay.go): nil without one (journalErr
 	// says why); deadSent the dead connections' DREQs awaiting DREPs.
-	jr         *journal
+	jr         *cmjournal.Journal
 	journalErr error
 	deadSent   map[uint32]deadSent
 }
@@ -428,7 +429,7 @@ func (m *Manager) shutdown() {
 		w.done(sidrResult{err: closeErr})
 	}
 	if m.jr != nil {
-		m.jr.close()
+		m.jr.Close()
 	}
 	m.agent.Close()
 	byDeviceMu.Lock()

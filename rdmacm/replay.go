@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cm"
+	"github.com/gorocev2/rocev2/internal/cmjournal"
 	"github.com/gorocev2/rocev2/transport"
 )
 
@@ -23,7 +24,7 @@ import (
 // its address (a restarted process, or another member of a shared
 // address within journalRescan) sends each connection's DREQ, once, as
 // Linux's kernel does for a killed process's cm_ids (Stats.DREQForDead).
-const JournalEnv = "ROCEV2_CM_JOURNAL"
+const JournalEnv = cmjournal.Env
 
 func init() {
 	if testing.Testing() && os.Getenv(JournalEnv) == "" {
@@ -46,8 +47,8 @@ func (m *Manager) startJournal() {
 	if m.dev.Simulated() {
 		return
 	}
-	root := journalRoot()
-	j, err := openJournal(root, m.dev.Addr())
+	root := cmjournal.Root()
+	j, err := cmjournal.Open(root, m.dev.Addr())
 	if err != nil {
 		m.journalErr = fmt.Errorf("rdmacm: connection journal %q: %w", root, err)
 		return
@@ -61,7 +62,7 @@ func (m *Manager) startJournal() {
 // on a shared address, every journalRescan (members speak for members).
 func (m *Manager) replayLoop() {
 	m.replayDead()
-	m.jr.sweepOtherScopes()
+	m.jr.SweepOtherScopes()
 	if _, mask := m.dev.CommIDTag(); mask == 0 {
 		return
 	}
@@ -83,7 +84,7 @@ func (m *Manager) replayLoop() {
 // They go replayBatch at a time, replayPause apart, so that a killed
 // server's thousands of connections do not leave as one burst.
 func (m *Manager) replayDead() {
-	recs := m.jr.takeDead()
+	recs := m.jr.TakeDead()
 	for len(recs) > 0 {
 		n := min(len(recs), replayBatch)
 		if !m.replayBatchOf(recs[:n]) {
@@ -107,7 +108,7 @@ const (
 
 // replayBatchOf sends the DREQs of recs; false once the manager is
 // closed.
-func (m *Manager) replayBatchOf(recs []journalRec) bool {
+func (m *Manager) replayBatchOf(recs []cmjournal.Record) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -159,7 +160,7 @@ func (c *Conn) journalLocked() {
 	if j == nil || c.journaled {
 		return
 	}
-	err := j.add(journalRec{LocalID: c.localID, RemoteID: c.remoteID, RemoteQPN: c.params.DestQPN,
+	err := j.Add(cmjournal.Record{LocalID: c.localID, RemoteID: c.remoteID, RemoteQPN: c.params.DestQPN,
 		TOS: c.opts.TrafficClass, Peer: c.peer})
 	c.journaled = err == nil
 }
@@ -171,7 +172,7 @@ func (c *Conn) unjournalLocked() {
 		return
 	}
 	c.journaled = false
-	c.m.jr.remove(c.localID)
+	c.m.jr.Remove(c.localID)
 }
 
 // Journal reports the directory where the manager records its
@@ -184,7 +185,7 @@ func (m *Manager) Journal() (string, error) {
 		}
 		return "", m.journalErr
 	}
-	return m.jr.path(), nil
+	return m.jr.Dir(), nil
 }
 
 var errSimulated = errors.New("rdmacm: no connection journal on a simulated network")

@@ -109,8 +109,10 @@ func ruleFor(r string) (rule, bool) {
 	case r == "internal/netns":
 		return rule{why: "internal/netns imports nothing of this module"}, true
 	case r == "rdmacm":
-		return rule{ours: append(slices.Clone(wire), "memreg", "transport"), banned: socketImports,
-			why: "rdmacm (the connection manager) builds on cm, memreg and transport; it reaches the network only through transport's GSI"}, true
+		return rule{ours: append(slices.Clone(wire), "memreg", "transport", "internal/cmjournal"), banned: socketImports,
+			why: "rdmacm (the connection manager) builds on cm, memreg, transport and internal/cmjournal; it reaches the network only through transport's GSI"}, true
+	case r == "internal/cmjournal":
+		return rule{why: "internal/cmjournal (the connection journal's files and locks) imports nothing of this module"}, true
 	}
 	return rule{}, false
 }

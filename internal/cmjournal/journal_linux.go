@@ -1,4 +1,6 @@
-package rdmacm
+//go:build linux
+
+package cmjournal
 
 import (
 	"crypto/rand"
@@ -17,38 +19,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The connection journal: what a killed process leaves so that the next
-// connection manager on its address sends the DREQs it could not, as
-// Linux's kernel sends them for a killed process's cm_ids.
-//
-// Layout, under the root (journalRoot):
-//
-//	<root>/<scope>/<owner>/lock        held (flock) by the owning manager
-//	<root>/<scope>/<owner>/<id>.cm     one record per established connection
-//
-// The scope names the network namespace (its cookie, never reused) and
-// the address: only a manager of the same address in the same namespace
-// can speak for a dead one. The owner is one manager (a random name): it
-// holds an exclusive flock on its lock file for its life, which the
-// kernel drops when the process dies however it dies — liveness needs no
-// PIDs, so PID namespaces do not fool it. A manager that can take a
-// lock owns the dead owner's records: it sends their DREQs and removes
-// them.
-//
-// Every directory is the effective user's and closed to others (0700,
-// checked without following symlinks); files open with O_NOFOLLOW, records
-// are read only when they are regular files of at most journalRecMax
-// bytes and their name agrees with their content.
-
-// journalRecMax is the largest record file read.
-const journalRecMax = 128
+// recordMax is the largest record file read.
+const recordMax = 128
 
 // journalStaleScope is how old an owner of another scope (a namespace
 // gone, an address not used since) must be before a starting manager
 // removes it: until then a manager of that scope may still speak for it.
 const journalStaleScope = 24 * time.Hour
 
-type journal struct {
+// Journal is one connection manager's journal: its owner directory,
+// locked while it lives.
+type Journal struct {
 	root  string
 	scope string // <root>/<scope>
 	dir   string // <root>/<scope>/<owner>
@@ -57,12 +38,12 @@ type journal struct {
 	shut  bool
 }
 
-// journalRoot returns where the journal lives: $ROCEV2_CM_JOURNAL ("off":
+// Root returns where the journal lives: $ROCEV2_CM_JOURNAL (Env; "off":
 // nowhere), else /run/rocev2-cm for root, $XDG_RUNTIME_DIR/rocev2-cm for
 // another user, and nowhere without either (never a world-writable
 // directory such as /tmp).
-func journalRoot() string {
-	switch v := os.Getenv(JournalEnv); v {
+func Root() string {
+	switch v := os.Getenv(Env); v {
 	case "off":
 		return ""
 	case "":
@@ -122,12 +103,12 @@ func privateDir(dir string, closed uint32) error {
 	return nil
 }
 
-// openJournal opens this manager's journal for addr under root: its
-// owner directory made and locked. On error there is no journal (the
-// caller goes on without one).
-func openJournal(root string, addr netip.Addr) (*journal, error) {
+// Open opens a connection manager's journal for its address addr under
+// root: its owner directory made and locked. On error there is no
+// journal (the caller goes on without one).
+func Open(root string, addr netip.Addr) (*Journal, error) {
 	if root == "" {
-		return nil, fmt.Errorf("none (%s=off, or no directory for uid %d)", JournalEnv, os.Geteuid())
+		return nil, fmt.Errorf("none (%s=off, or no directory for uid %d)", Env, os.Geteuid())
 	}
 	ns, err := netnsID()
 	if err != nil {
@@ -136,7 +117,7 @@ func openJournal(root string, addr netip.Addr) (*journal, error) {
 	if err := os.MkdirAll(filepath.Dir(root), 0o755); err != nil {
 		return nil, err
 	}
-	j := &journal{root: root, scope: filepath.Join(root, ns+"_"+addr.String())}
+	j := &Journal{root: root, scope: filepath.Join(root, ns+"_"+addr.String())}
 	// The root may be readable by others (a directory the user named);
 	// below it everything is the user's alone.
 	if err := privateDir(root, 0o022); err != nil {
@@ -173,55 +154,11 @@ func openJournal(root string, addr netip.Addr) (*journal, error) {
 	return j, nil
 }
 
-// journalRec is one established connection's record: what its DREQ needs.
-type journalRec struct {
-	LocalID, RemoteID uint32
-	RemoteQPN         uint32
-	TOS               uint8
-	Peer              netip.Addr
-}
+// Dir returns the journal's owner directory.
+func (j *Journal) Dir() string { return j.dir }
 
-func (r journalRec) name() string { return fmt.Sprintf("%08x.cm", r.LocalID) }
-
-func (r journalRec) encode() []byte {
-	return fmt.Appendf(nil, "rocev2-cm 1 %08x %08x %06x %d %s\n", r.LocalID, r.RemoteID, r.RemoteQPN, r.TOS, r.Peer)
-}
-
-func parseJournalRec(b []byte) (journalRec, error) {
-	var r journalRec
-	f := strings.Fields(string(b))
-	if len(f) != 7 || f[0] != "rocev2-cm" || f[1] != "1" {
-		return r, errors.New("not a version 1 record")
-	}
-	var v [4]uint64
-	var err error
-	for i, s := range f[2:6] {
-		bits := 32
-		switch i {
-		case 2:
-			bits = 24
-		case 3:
-			bits = 8
-		}
-		base := 16
-		if i == 3 {
-			base = 10
-		}
-		if v[i], err = strconv.ParseUint(s, base, bits); err != nil {
-			return r, err
-		}
-	}
-	if r.Peer, err = netip.ParseAddr(f[6]); err != nil {
-		return r, err
-	}
-	r.LocalID, r.RemoteID, r.RemoteQPN, r.TOS = uint32(v[0]), uint32(v[1]), uint32(v[2]), uint8(v[3])
-	return r, nil
-}
-
-func (j *journal) path() string { return j.dir }
-
-// add records an established connection.
-func (j *journal) add(r journalRec) error {
+// Add records an established connection.
+func (j *Journal) Add(r Record) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.shut {
@@ -241,18 +178,18 @@ func (j *journal) add(r journalRec) error {
 	return err
 }
 
-// remove deletes an ended connection's record.
-func (j *journal) remove(localID uint32) {
+// Remove deletes an ended connection's record.
+func (j *Journal) Remove(localID uint32) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if !j.shut {
-		os.Remove(filepath.Join(j.dir, journalRec{LocalID: localID}.name()))
+		os.Remove(filepath.Join(j.dir, Record{LocalID: localID}.name()))
 	}
 }
 
-// close removes the manager's owner directory (its connections ended or
-// were told) and drops its lock.
-func (j *journal) close() {
+// Close removes the owner directory (its connections ended or were told)
+// and drops its lock.
+func (j *Journal) Close() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.shut {
@@ -263,12 +200,12 @@ func (j *journal) close() {
 	j.lock.Close()
 }
 
-// takeDead returns the records of the dead owners of the journal's scope
+// TakeDead returns the records of the dead owners of the journal's scope
 // and removes them: each owner whose lock this manager can take is dead
 // (its process exited without closing its manager), and taking the lock
 // makes this manager the one that speaks for it.
-func (j *journal) takeDead() []journalRec {
-	var recs []journalRec
+func (j *Journal) TakeDead() []Record {
+	var recs []Record
 	ents, err := os.ReadDir(j.scope)
 	if err != nil {
 		return nil
@@ -296,7 +233,7 @@ func (j *journal) takeDead() []journalRec {
 // takeOwner takes the owner directory dir if its owner is dead: its
 // records are appended to recs (when recs is not nil or records exist)
 // and the directory removed. A live owner's directory is left alone.
-func takeOwner(dir string, recs []journalRec) []journalRec {
+func takeOwner(dir string, recs []Record) []Record {
 	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -316,7 +253,7 @@ func takeOwner(dir string, recs []journalRec) []journalRec {
 		if !strings.HasSuffix(name, ".cm") {
 			continue
 		}
-		if r, err := readJournalRec(filepath.Join(dir, name)); err == nil && r.name() == name {
+		if r, err := readRecord(filepath.Join(dir, name)); err == nil && r.name() == name {
 			recs = append(recs, r)
 		}
 	}
@@ -324,32 +261,32 @@ func takeOwner(dir string, recs []journalRec) []journalRec {
 	return recs
 }
 
-// readJournalRec reads one record file: a regular file (no symlink, no
-// FIFO) of at most journalRecMax bytes.
-func readJournalRec(path string) (journalRec, error) {
+// readRecord reads one record file: a regular file (no symlink, no
+// FIFO) of at most recordMax bytes.
+func readRecord(path string) (Record, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return journalRec{}, err
+		return Record{}, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return journalRec{}, err
+		return Record{}, err
 	}
-	if !st.Mode().IsRegular() || st.Size() > journalRecMax {
-		return journalRec{}, errors.New("not a record file")
+	if !st.Mode().IsRegular() || st.Size() > recordMax {
+		return Record{}, errors.New("not a record file")
 	}
-	b, err := io.ReadAll(io.LimitReader(f, journalRecMax+1))
+	b, err := io.ReadAll(io.LimitReader(f, recordMax+1))
 	if err != nil {
-		return journalRec{}, err
+		return Record{}, err
 	}
-	return parseJournalRec(b)
+	return parseRecord(b)
 }
 
-// sweepOtherScopes removes dead owners of other scopes (namespaces gone,
+// SweepOtherScopes removes dead owners of other scopes (namespaces gone,
 // addresses no longer used) that are older than journalStaleScope, and
 // scopes left empty.
-func (j *journal) sweepOtherScopes() {
+func (j *Journal) SweepOtherScopes() {
 	scopes, err := os.ReadDir(j.root)
 	if err != nil {
 		return
@@ -380,5 +317,17 @@ func (j *journal) sweepOtherScopes() {
 				os.Remove(dir) // fails (and does nothing) if an owner came in
 			}
 		}
+	}
+}
+
+// Abandon drops the lock and leaves the records, as a killed process
+// does: the next journal of the address takes them (tests stand for a
+// kill with it).
+func (j *Journal) Abandon() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if !j.shut {
+		j.shut = true
+		j.lock.Close()
 	}
 }
