@@ -118,6 +118,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
 		if len(args) > 1 {
+			if args[1] == "help" { // help is listed with the commands: its usage is the list
+				printHelp(stdout)
+				return cli.ExitOK
+			}
 			c, ok := commands[args[1]]
 			if !ok {
 				fmt.Fprintf(stderr, "rocev2d: unknown command %q\n", args[1])

@@ -29,6 +29,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"help"}, cli.ExitOK, "pcap"},
 		{[]string{"-h"}, cli.ExitOK, "commands:"},
 		{[]string{"help", "pcap"}, cli.ExitOK, "write-sample"},
+		{[]string{"help", "help"}, cli.ExitOK, "show this list"},
 		{[]string{"help", "nope"}, cli.ExitUsage, `unknown command "nope"`},
 		{[]string{"nope"}, cli.ExitUsage, `unknown command "nope"`},
 		{[]string{"pcap"}, cli.ExitUsage, "rocev2d pcap check"},
@@ -42,5 +43,16 @@ func TestHelp(t *testing.T) {
 		if code != tt.code || !strings.Contains(out+errOut, tt.out) {
 			t.Errorf("rocev2d %v: exit %d, want %d; output lacks %q:\n%s%s", tt.args, code, tt.code, tt.out, out, errOut)
 		}
+	}
+}
+
+// TestHelpHelp: help is in the list of commands, so `help help` prints
+// that list (its usage) on stdout, as `help` does, rather than calling
+// help an unknown command.
+func TestHelpHelp(t *testing.T) {
+	code, out, errOut := runIn(t, "help", "help")
+	_, list, _ := runIn(t, "help")
+	if code != cli.ExitOK || out != list || errOut != "" {
+		t.Errorf("rocev2d help help: exit %d, want %d; stdout %q (want the list of `rocev2d help`), stderr %q", code, cli.ExitOK, out, errOut)
 	}
 }
