@@ -25,6 +25,8 @@ type RejectedError struct {
 	Status nvme.CMStatus
 }
 
+// Error names the queue and the target's status, e.g. "nvmf: queue 1
+// rejected: ...".
 func (e *RejectedError) Error() string {
 	return fmt.Sprintf("nvmf: queue %d rejected: %v", e.QID, e.Status)
 }

@@ -44,6 +44,9 @@ type RejectError struct {
 	PrivateData []byte        // the peer's REJ private data
 }
 
+// Error gives the SIDR status for a refused ResolveUD, else the REJ's
+// reason and its number, e.g. "rdmacm: connection rejected: invalid
+// service ID (8)".
 func (e *RejectError) Error() string {
 	if e.SIDRStatus != 0 {
 		return fmt.Sprintf("rdmacm: service resolution rejected: %v", e.SIDRStatus)

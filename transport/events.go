@@ -74,6 +74,9 @@ type AsyncEvent struct {
 	Err  error // the cause, when there is one
 }
 
+// String gives the event's type as ibv_event_type_str does, then the QP's
+// number for QP events and the cause when there is one, e.g. "local work
+// queue catastrophic error on qp 0x12: ...".
 func (e AsyncEvent) String() string {
 	s := e.Type.String()
 	if e.QP != nil {

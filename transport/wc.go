@@ -173,6 +173,8 @@ type WCError struct {
 	QPN    uint32
 }
 
+// Error names the QP, the work request's ID and opcode and the
+// completion status.
 func (e *WCError) Error() string {
 	return fmt.Sprintf("transport: qp %#x wr_id %#x %v: %v", e.QPN, e.WRID, e.Opcode, e.Status)
 }
@@ -228,6 +230,9 @@ type WRError struct {
 	Err   error  // the underlying error (a memreg error for keys), or nil
 }
 
+// Error names the call, the QP and the work request (its index in the
+// posted list and its ID), then the field, message and underlying error
+// that apply.
 func (e *WRError) Error() string {
 	s := fmt.Sprintf("transport: %s qp %#x wr %d (wr_id %#x)", e.Op, e.QPN, e.Index, e.WRID)
 	if e.Field != "" {

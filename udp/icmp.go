@@ -34,6 +34,8 @@ type ICMPError struct {
 	Payload []byte
 }
 
+// Error gives the ICMP type and code, the router or host that sent it,
+// the bounced packet's destination and the errno the kernel reported.
 func (e *ICMPError) Error() string {
 	v := ""
 	if e.ICMPv6 {
