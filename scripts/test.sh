@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The whole rocev2 test suite. Installs what the tests need first (Debian packages when run as
 # root, Go modules), then: gofmt, go vet (also for darwin/arm64 and windows/amd64), the full
-# test suite, the suite again under the race detector (-short: soak-sized cases shrink), and a
-# short run of every fuzz target.
+# test suite, the CRC packages' tests with -tags purego (without the amd64 assembly), the suite
+# again under the race detector (-short: soak-sized cases shrink), the rxe interop matrix in
+# qemu (as root), and a short run of every fuzz target.
 #
 #   ./scripts/test.sh              everything
 #   FUZZTIME=30s ./scripts/test.sh longer fuzzing per target (default 8s each)
 #   SKIP_FUZZ=1 ./scripts/test.sh  no fuzzing
-#   SKIP_INTEROP=1 ./scripts/test.sh  no rxe interop stage (it needs root, qemu, ~2-3 min)
+#   SKIP_INTEROP=1 ./scripts/test.sh  no rxe interop stage (it needs root and qemu; ~11 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null)/bin"
