@@ -27,12 +27,18 @@
 // IPv6 extension headers are rejected (ErrNotUDP): the next header must be
 // UDP. IPv4 fragments are rejected (ErrFragment).
 //
-// Nothing in this package allocates on success. Compute, Verify and Put run a
-// single hardware-accelerated crc32.Update over exactly the bytes of the
-// packet, in place (plus one round of table lookups for a length that is not a
-// multiple of 16): the masked fields are accounted for by folding precomputed
-// corrections into the CRC's start value, so the caller's buffer is never
-// modified or copied.
+// Nothing in this package allocates on success. Compute, Verify and Put run
+// the CRC once over exactly the bytes of the packet, in place: the masked
+// fields are accounted for by folding precomputed corrections into the CRC's
+// start value, so the caller's buffer is never modified or copied. On amd64
+// the CRC runs the package's own kernels: where the CPU has AVX-512
+// VPCLMULQDQ, a folding kernel with four 512-bit accumulators for 256 bytes
+// and more (fold_amd64.s); and from 24 bytes on, where hash/crc32 would end
+// in table lookups (lengths below 128 or not a multiple of 16, and the
+// folding kernel's tail), one PCLMULQDQ lane without tables (small_amd64.s).
+// Otherwise (other architectures, -tags purego, other lengths) it is
+// hash/crc32's hardware-accelerated Update over the longest multiple of 16
+// bytes plus slicing-by-16 table lookups for the rest.
 //
 // # Layering
 //

@@ -129,7 +129,7 @@ done
 step "go test ./..."
 run "go test" go test -count=1 -timeout 20m ./...
 
-step "go test -tags purego (the portable CRC path, without icrc's AVX-512 kernel)"
+step "go test -tags purego (the portable CRC path, without icrc's amd64 kernels)"
 run "go test purego" go test -tags purego -count=1 ./icrc/ ./packet/ ./test/golden/
 
 step "go test -race -short ./..."
