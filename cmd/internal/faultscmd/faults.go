@@ -29,7 +29,9 @@ chosen faults to RoCEv2 packets only (UDP destination port 4791, IPv4 or
 IPv6); everything else passes untouched. The kernel needs no netem. Counters
 are printed every interval; SIGINT/SIGTERM (or the end of --duration)
 detaches the program and prints the totals. Needs root (CAP_BPF and
-CAP_NET_ADMIN).
+CAP_NET_ADMIN). The congestion point of package udp/faults (a phantom
+switch queue that marks and tail-drops, faults.Config.Congestion) has no
+flags here: it is Go API only (docs/CONGESTION.md).
 
 Faults (rates are probabilities 0..1, drawn per packet):
   --drop=RATE        drop at random
@@ -67,8 +69,9 @@ for the rules. Each segment's BTH is read; the DestQP filter, --psn,
 per segment: a datagram of n segments is hit with probability
 1-(1-RATE)^n) select segments, and what one segment draws applies to the
 whole datagram: it is dropped, CE-marked (its one IP header is copied into
-every segment) or duplicated whole, and counted once per segment. The
-congestion point takes its segments back to back. --psn-limit counts the
+every segment) or duplicated whole, and counted once per segment. (The
+congestion point of the Go API, faults.Config.Congestion, which this
+command does not set, takes them back to back.) --psn-limit counts the
 in-range segments of the datagrams dropped. GSO datagrams are never held
 by --reorder (a held single packet leaves behind the next datagram). So
 with GSO more packets are hit than RATE says (a datagram goes whole); for
