@@ -32,8 +32,9 @@ const SocketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one
                  (e.g. 100us) before sleeping in each receive: CPU for
                  latency, like the ibv_poll_cq loops of ibv_rc_pingpong
                  and perftest's latency tests. Off by default, except
-                 in pingpong and the *-lat tests: 100us unless -e or
-                 the machine has one CPU.
+                 in the ping-pongs (pingpong, uc-, ud-, srq-pingpong)
+                 and the *-lat tests: 100us unless -e or the machine
+                 has one CPU.
   --share[=BOOL]  share the address's UDP port 4791 with other processes
                  (an SO_REUSEPORT group whose eBPF program hands each
                  packet to the process owning its destination QP, CM
@@ -44,10 +45,11 @@ const SocketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one
                  once without them; --share=false never shares.
 ` + CCUsage
 
-// DefaultBusyPoll is how long the latency commands (pingpong and the
-// perftest *-lat tests without -e) poll their socket before sleeping in a
-// receive, unless --busy-poll says otherwise: the real tools poll their CQ
-// without pause, and waking an idle thread costs tens of µs on a VM.
+// DefaultBusyPoll is how long the latency commands (the four ping-pongs
+// and the perftest *-lat tests, without -e) poll their socket before
+// sleeping in a receive, unless --busy-poll says otherwise: the real tools
+// poll their CQ without pause, and waking an idle thread costs tens of µs
+// on a VM.
 const DefaultBusyPoll = 100 * time.Microsecond
 
 // SocketFlags holds the --gso and --busy-poll options of one command, and
