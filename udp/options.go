@@ -69,7 +69,8 @@ type SocketOptions struct {
 	BusyPoll time.Duration
 	// Share selects whether other processes may use the same address:
 	// ShareAuto (the zero value) shares where the process may load the
-	// steering program (CAP_BPF and CAP_NET_ADMIN) and opens the address
+	// steering program (CAP_BPF and CAP_NET_ADMIN, CAP_SYS_ADMIN standing
+	// for either) and opens the address
 	// for this link alone where it may not; ShareOn requires sharing and
 	// fails at once without the capabilities; ShareOff never shares.
 	// A shared link joins the SO_REUSEPORT group of addr:4791, whose

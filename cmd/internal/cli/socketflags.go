@@ -40,8 +40,9 @@ const SocketUsage = `  --gso[=BOOL]   send each run of equal-size packets to one
                  packet to the process owning its destination QP, CM
                  listener or connection; 'rocev2d share status ADDR'
                  lists them). Default: on where the process may load the
-                 program (CAP_BPF and CAP_NET_ADMIN, e.g. root), else
-                 the address is this process's alone. --share fails at
+                 program (CAP_BPF and CAP_NET_ADMIN, CAP_SYS_ADMIN
+                 standing for either; e.g. root), else the address is
+                 this process's alone. --share fails at
                  once without them; --share=false never shares.
 ` + CCUsage
 
