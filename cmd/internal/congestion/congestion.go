@@ -57,7 +57,10 @@ the run goes on, and the command names it and exits 1.
 The defaults are test/ccsim's scenario: a 10 Gb/s port with a 512 KiB
 buffer marking from 5 KiB to 200 KiB (1 % at Kmax, as in the DCQCN paper),
 senders with 25 Gb/s NICs, 2 µs per hop, 64 KiB WRITEs, 8 outstanding per
-flow, MTU 4096, and the reaction point of the DCQCN paper (--rp=paper).
+flow, MTU 4096, and the reaction point of the DCQCN paper (--rp=paper);
+but the flows start --stagger apart where test/ccsim starts them at once,
+and a run lasts 100 ms, not 200 ms. --duration 200ms --stagger 0 gives
+test/ccsim's numbers.
 
 Options:
   -n, --flows N    flows (default 4, at most 64)
