@@ -324,7 +324,7 @@ options:
   --bind ADDR      local address for RoCEv2 (UDP 4791); required
   --addr TARGET    the target's address (required)
   --port N         rdma_cm port (default 4420)
-  --nqn NQN        the subsystem (identify, read, write, bench)
+  --nqn NQN        the subsystem (identify, read, write, verify, bench)
   --nsid N         namespace (default the first active one)
   --io-queues N    I/O queues (default 4)
   --queue-size N   entries per I/O queue (default 128)
