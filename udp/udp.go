@@ -58,9 +58,10 @@
 // # Layering
 //
 // udp is the stack's only way to the network: transport imports it and no
-// socket code of its own. Of this module udp imports only the wire
-// packages (icrc, for the ICRC of every packet); it knows nothing of queue
-// pairs or memory. Its socket and raw backends are Linux-only; the Link
+// socket code of its own. Of this module udp imports only icrc (a wire
+// package, for the ICRC of every packet) and udp/share (the steering
+// program of a shared address, which imports nothing of this module); it
+// knows nothing of queue pairs or memory. Its socket and raw backends are Linux-only; the Link
 // interface and the options build everywhere.
 package udp
 

@@ -2,7 +2,7 @@
 
 // Package load checks that a flow with no fault on its path survives a
 // machine loaded with CPU-bound processes, with the library's defaults,
-// and that the counters say why any retry happened (docs/retries.md).
+// and that the counters say why any retry happened (docs/LIVENESS.md).
 package load
 
 import (
