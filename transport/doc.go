@@ -120,7 +120,10 @@
 // memory windows (type 1 bound with QP.BindMW, type 2 with WRBindMW work
 // requests, WRLocalInv, SEND with Invalidate), and QP1 (Device.GSI) for
 // management datagrams, which refuses CM connection and SIDR requests
-// itself while no CM agent is registered; not yet alternate paths.
+// that reach it itself while no CM agent is registered (on a shared
+// address udp/share steers CM MADs: when no member runs a connection
+// manager, a REQ is dropped before any device sees it and the dialer gets
+// ICMP port unreachable); not yet alternate paths.
 //
 // Loss recovery is go-back-N, as the IBTA and rxe do, unless both QPs
 // negotiated selective repeat (QPAttr.SelectiveRepeat, ConnParams, or the
