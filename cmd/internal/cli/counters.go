@@ -87,6 +87,7 @@ func PrintCounters(w io.Writer, label string, dev *transport.Device) {
 	s := dev.Link().Stats()
 	// link_drop_kernel is printed even when 0: with ack_timeout_late and
 	// local_ack_timeout_err it tells why a QP retried (docs/LIVENESS.md).
+	// On a link without a kernel socket (--mem's memnet link) it stays 0.
 	fmt.Fprintf(w, "  %-26s %d\n  %-26s %d\n  %-26s %d\n", "link_sent_pkts", s.SentPkts, "link_rcvd_pkts", s.RcvdPkts,
 		"link_drop_kernel", s.DropKernel)
 	for _, kv := range []struct {
