@@ -51,12 +51,15 @@
 // and the first packet it receives counts as the RTU (communication
 // established); a REQ for a service nobody listens on is answered with a
 // REJ (invalid service ID), which librdmacm reports as ECONNREFUSED; a REQ
-// from a peer QP a connection is still known to is rejected as stale and
-// that old connection torn down (DREQ, QP to ERR, Done closed with
-// ErrStale), so that a restarted peer's next attempt connects (Dial makes
-// it by itself). Ended connections pass through a bounded TimeWait; local
-// communication IDs (and the device's QP numbers) start at random, so a
-// restarted process does not repeat its previous life's. A listener sets
+// from a peer QP (address and QPN) a connection is still known to is
+// rejected as stale and that old connection torn down (DREQ, QP to ERR,
+// Done closed with ErrStale), so that the peer's next attempt from that QP
+// connects (Dial makes it by itself). Ended connections pass through a
+// bounded TimeWait; local communication IDs (and the device's QP numbers)
+// start at random, so a restarted process does not repeat its previous
+// life's and rarely meets that rule: its predecessor's connections end by
+// the DREQs the connection journal has it send (JournalEnv), or else by
+// keep-alive. A listener sets
 // requests up concurrently, bounds each half-open one in time
 // (HalfOpenTimeout) and their number (Backlog, shedding the oldest of the
 // source holding the most); requests queue apart from answers, fairly per

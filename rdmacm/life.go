@@ -13,9 +13,10 @@ import (
 
 // ErrStale ends a connection whose peer asked for a new one from the same
 // QP (the same address and QPN): the peer lost the old one — it crashed
-// and restarted, say — so the old one is torn down (a DREQ to the peer,
-// the QP to ERR, Done closed), as the IB CM asks, and the peer's next
-// attempt connects.
+// and restarted with the same QP numbers (transport.DeviceConfig.FirstQPN
+// fixed; by default they start at random), say — so the old one is torn
+// down (a DREQ to the peer, the QP to ERR, Done closed), as the IB CM
+// asks, and the peer's next attempt connects.
 var ErrStale = errors.New("rdmacm: connection replaced: its peer's QP asked to connect again (the peer lost it)")
 
 // errShed ends a half-open connection a listener dropped for a newer

@@ -366,8 +366,9 @@ func (m *Manager) agentGone() bool {
 // timeout from the active side, consumer from the passive side, as abort
 // sends). Connections in a disconnect of their own are left to it. It runs
 // once, from Manager.Close or Device.Close (OnClose), before shutdown
-// fails the connections; a killed process sends nothing
-// (docs/connection-life.md).
+// fails the connections. A killed process sends nothing itself: the
+// connection journal has the next manager on its address send the DREQs
+// (journal_linux.go, docs/connection-life.md).
 func (m *Manager) farewell() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
