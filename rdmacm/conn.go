@@ -440,7 +440,7 @@ func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) 
 	}
 
 	m.mu.Lock()
-	if m.closed || m.agentGone() {
+	if m.closed || m.leaving.Load() || m.agentGone() {
 		m.mu.Unlock()
 		c.releaseFailed()
 		return nil, m.closeErr
@@ -783,6 +783,10 @@ func (c *Conn) Close() error {
 // (or the first packet on its QP, which stands for it); the QP is in RTS
 // since the REP.
 func (c *Conn) establishPassiveLocked() {
+	if c.m.leaving.Load() { // its REJ went with the farewell
+		c.finishLocked(c.m.closeErr)
+		return
+	}
 	if c.timer != nil {
 		c.timer.Stop()
 	}

@@ -71,6 +71,14 @@ func (m *Manager) dispatch(mad *transport.MAD) {
 }
 
 func (m *Manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message) {
+	if m.leaving.Load() {
+		// The peers were told goodbye (farewell): nothing new starts
+		// or completes a handshake — it would end without a word.
+		switch msg.(type) {
+		case *cm.REQFields, *cm.REPFields, *cm.RTUFields, *cm.MRAFields, *cm.SIDRREQFields:
+			return
+		}
+	}
 	switch f := msg.(type) {
 	case *cm.REQFields:
 		m.onREQ(mad, h, f)

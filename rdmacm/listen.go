@@ -96,7 +96,7 @@ func (m *Manager) Listen(port uint16, opts *ListenOptions) (*Listener, error) {
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed || m.agentGone() {
+	if m.closed || m.leaving.Load() || m.agentGone() {
 		l.cancel()
 		return nil, m.closeErr
 	}

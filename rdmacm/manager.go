@@ -174,6 +174,7 @@ type Manager struct {
 	// farewellSent: the peers were told (farewell); stopFarewell
 	// unregisters farewell from the device's Close.
 	farewellSent bool
+	leaving      atomic.Bool // set with farewellSent; read without m.mu
 	stopFarewell func() bool
 	// The connection journal (replay.go): nil without one (journalErr
 	// says why); deadSent the dead connections' DREQs awaiting DREPs.
@@ -253,10 +254,13 @@ func startLocked(dev *transport.Device) (*Manager, error) {
 		return nil, fmt.Errorf("rdmacm: %w", err)
 	}
 	m.stopFarewell = dev.OnClose(m.farewell)
+	m.openJournal() // before the loops, which read m.jr
 	byDevice[dev] = m
 	go m.loop()
 	go m.errLoop()
-	m.startJournal()
+	if m.jr != nil {
+		go m.replayLoop()
+	}
 	return m, nil
 }
 
@@ -281,8 +285,8 @@ func (m *Manager) Close() error {
 		m.closeErr, m.closeCause = errManagerClosed, CauseManagerClosed
 	}
 	m.mu.Unlock()
-	m.stopFarewell()
 	m.farewell()
+	m.stopFarewell()
 	m.agent.Close()
 	<-m.down
 	return nil
@@ -364,7 +368,9 @@ func (m *Manager) agentGone() bool {
 // queued for the wire sent first, as Conn.Close does), not sent again and
 // its DREP not awaited; a REJ for each connection in its handshake (reason
 // timeout from the active side, consumer from the passive side, as abort
-// sends). Connections in a disconnect of their own are left to it. It runs
+// sends), with a DREQ after it when the REP went out (the peer may be
+// established already). Connections in a disconnect of their own are left
+// to it. From then on the manager completes no handshake (leaving). It runs
 // once, from Manager.Close or Device.Close (OnClose), before shutdown
 // fails the connections. A killed process sends nothing itself: the
 // connection journal has the next manager on its address send the DREQs
@@ -376,6 +382,7 @@ func (m *Manager) farewell() {
 		return
 	}
 	m.farewellSent = true
+	m.leaving.Store(true)
 	for _, c := range m.conns {
 		var out [transport.MADSize]byte
 		switch c.state {
@@ -384,6 +391,7 @@ func (m *Manager) farewell() {
 			dreq := &cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN}
 			m.sendMod(c.peer, c.opts.TrafficClass, c.tid, dreq, &out, c.eceMod(dreq))
 			m.st.farewellDREQs.Add(1)
+			c.unjournalLocked() // told: no later process tells it again
 		case stREQSent, stREQRcvd, stREPSent:
 			kind, reason := cm.KindREQ, cm.RejTimeout
 			if c.state == stREPSent {
@@ -398,6 +406,13 @@ func (m *Manager) farewell() {
 				putGUID(rej.ARI[:], m.guid)
 			}
 			m.sendMod(c.peer, c.opts.TrafficClass, c.tid, rej, &out, c.eceMod(rej))
+			if c.state == stREPSent {
+				// The peer may have the REP and be established
+				// already (its RTU on the way): a REJ means nothing
+				// to an established connection, a DREQ does.
+				dreq := &cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN}
+				m.sendMod(c.peer, c.opts.TrafficClass, c.tid, dreq, &out, c.eceMod(dreq))
+			}
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // JournalEnv is the environment variable that places the connection
-// journal (journal_linux.go): a directory, or "off" for none. Unset, the
+// journal (internal/cmjournal): a directory, or "off" for none. Unset, the
 // journal is /run/rocev2-cm for root and $XDG_RUNTIME_DIR/rocev2-cm for
 // other users (none without it), and off in test binaries, whose
 // processes (and the children they start, which inherit the variable)
@@ -40,10 +40,10 @@ const journalRescan = 2 * time.Second
 // (which is then counted as DREPForDead, not Unknown).
 const deadDREPWindow = 10 * time.Second
 
-// startJournal opens the manager's journal (none on a simulated network,
-// whose peers are in this process, or when it cannot be opened: JournalErr
-// says why) and starts sending the dead owners' DREQs.
-func (m *Manager) startJournal() {
+// openJournal opens the manager's journal: none on a simulated network,
+// whose peers are in this process, or when it cannot be opened (Journal
+// says why).
+func (m *Manager) openJournal() {
 	if m.dev.Simulated() {
 		return
 	}
@@ -54,7 +54,6 @@ func (m *Manager) startJournal() {
 		return
 	}
 	m.jr = j
-	go m.replayLoop()
 }
 
 // replayLoop sends the DREQs of the dead owners' connections: once at
@@ -130,6 +129,7 @@ func (m *Manager) replayBatchOf(recs []cmjournal.Record) bool {
 		m.st.madsOut.Add(1)
 		m.st.dreqForDead.Add(1)
 		m.agent.Send(r.Peer, 1, r.TOS, out[:])
+		m.jr.Sent(r)
 		m.deadSent[r.LocalID] = deadSent{remote: r.RemoteID, at: now}
 	}
 	return true

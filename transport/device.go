@@ -129,6 +129,7 @@ type Device struct {
 	// Close took them and set closing.
 	closeHooks map[*closeHook]struct{}
 	closing    bool
+	hooksDone  chan struct{}
 
 	tq *timerQueue // every QP's protocol timers, one Clock timer (timerq.go)
 
@@ -428,11 +429,21 @@ func (d *Device) OnClose(f func()) (stop func() bool) {
 // there.
 func (d *Device) Close() error {
 	d.mu.Lock()
+	first := !d.closing
 	hooks := d.closeHooks
 	d.closeHooks, d.closing = nil, true
+	if first {
+		d.hooksDone = make(chan struct{})
+	}
+	done := d.hooksDone
 	d.mu.Unlock()
-	for h := range hooks {
-		h.f()
+	if first {
+		for h := range hooks {
+			h.f()
+		}
+		close(done)
+	} else {
+		<-done
 	}
 	d.mu.Lock()
 	if d.closed.Swap(true) {

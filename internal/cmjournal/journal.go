@@ -46,6 +46,8 @@ type Record struct {
 	TOS uint8
 	// Peer is the peer's address.
 	Peer netip.Addr
+
+	file string // where TakeDead moved it (Sent removes it)
 }
 
 func (r Record) name() string { return fmt.Sprintf("%08x.cm", r.LocalID) }

@@ -22,10 +22,16 @@ import (
 // recordMax is the largest record file read.
 const recordMax = 128
 
-// journalStaleScope is how old an owner of another scope (a namespace
-// gone, an address not used since) must be before a starting manager
-// removes it: until then a manager of that scope may still speak for it.
+// journalStaleScope is how long an owner of another scope (another boot,
+// a namespace gone, an address not used since) must have been found dead
+// before a starting manager removes it: until then a manager of that
+// scope may still speak for it.
 const journalStaleScope = 24 * time.Hour
+
+// deadSince is the file a sweep leaves in an owner directory of another
+// scope when it first finds the owner dead: its time starts
+// journalStaleScope.
+const deadSince = "dead-since"
 
 // Journal is one connection manager's journal: its owner directory,
 // locked while it lives.
@@ -110,14 +116,24 @@ func Open(root string, addr netip.Addr) (*Journal, error) {
 	if root == "" {
 		return nil, fmt.Errorf("none (%s=off, or no directory for uid %d)", Env, os.Geteuid())
 	}
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("%s=%q is neither off nor an absolute directory", Env, root)
+	}
 	ns, err := netnsID()
 	if err != nil {
 		return nil, err
 	}
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil || len(boot) < 8 {
+		return nil, fmt.Errorf("no boot ID: %v", err)
+	}
 	if err := os.MkdirAll(filepath.Dir(root), 0o755); err != nil {
 		return nil, err
 	}
-	j := &Journal{root: root, scope: filepath.Join(root, ns+"_"+addr.String())}
+	// The scope: this boot (a namespace cookie or inode number repeats
+	// after a reboot, and /run may be on disk), this network namespace,
+	// this address.
+	j := &Journal{root: root, scope: filepath.Join(root, string(boot[:8])+"-"+ns+"_"+addr.String())}
 	// The root may be readable by others (a directory the user named);
 	// below it everything is the user's alone.
 	if err := privateDir(root, 0o022); err != nil {
@@ -196,15 +212,52 @@ func (j *Journal) Close() {
 		return
 	}
 	j.shut = true
+	// Records taken from dead owners and not sent yet (the manager
+	// closed during their replay) stay, with the lock file: the next
+	// manager of the address takes them as this dead owner's.
+	if ents, err := os.ReadDir(j.dir); err == nil {
+		pending := false
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), takenPrefix) {
+				pending = true
+			} else if e.Name() != "lock" {
+				os.Remove(filepath.Join(j.dir, e.Name()))
+			}
+		}
+		if pending {
+			j.lock.Close()
+			return
+		}
+	}
 	os.RemoveAll(j.dir)
 	j.lock.Close()
 }
 
-// TakeDead returns the records of the dead owners of the journal's scope
-// and removes them: each owner whose lock this manager can take is dead
-// (its process exited without closing its manager), and taking the lock
-// makes this manager the one that speaks for it.
+// takenPrefix starts the names of records taken from a dead owner, in the
+// taker's directory until their DREQ is sent (Sent).
+const takenPrefix = "taken-"
+
+// Sent removes a record TakeDead returned: its DREQ went out.
+func (j *Journal) Sent(r Record) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if !j.shut && r.file != "" {
+		os.Remove(r.file)
+	}
+}
+
+// TakeDead returns the records of the dead owners of the journal's scope:
+// each owner whose lock this manager can take is dead (its process exited
+// without closing its manager), and taking the lock makes this manager the
+// one that speaks for it. The records move into this journal's directory
+// until Sent removes each (a manager that closes before sending them all
+// leaves the rest to the next one) and the dead owner's directory goes.
 func (j *Journal) TakeDead() []Record {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.shut {
+		return nil
+	}
 	var recs []Record
 	ents, err := os.ReadDir(j.scope)
 	if err != nil {
@@ -221,39 +274,65 @@ func (j *Journal) TakeDead() []Record {
 			// A manager killed while it made its directory, or one
 			// making it now (its lock held, or just created).
 			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
-				takeOwner(dir, nil)
+				if f, dead := lockIfDead(dir); dead {
+					os.RemoveAll(dir)
+					f.Close()
+				}
 			}
 			continue
 		}
-		recs = takeOwner(dir, recs)
+		recs = j.takeOwner(dir, recs)
 	}
 	return recs
 }
 
-// takeOwner takes the owner directory dir if its owner is dead: its
-// records are appended to recs (when recs is not nil or records exist)
-// and the directory removed. A live owner's directory is left alone.
-func takeOwner(dir string, recs []Record) []Record {
+// lockIfDead takes the lock of owner directory dir if its owner is dead
+// (the returned file holds it; the caller closes it) and reports whether
+// it did. An owner directory without a lock file counts as dead once it
+// is a minute old (an owner makes its lock before its directory shows).
+func lockIfDead(dir string) (*os.File, bool) {
 	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			// No lock: not an owner directory this code made, or
-			// one being removed by another manager right now.
-			return recs
+		var st unix.Stat_t
+		if errors.Is(err, os.ErrNotExist) && unix.Lstat(dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR &&
+			time.Since(time.Unix(st.Mtim.Unix())) > time.Minute {
+			f, err := os.Open(os.DevNull)
+			return f, err == nil
 		}
+		return nil, false
+	}
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		f.Close()
+		return nil, false // alive
+	}
+	return f, true
+}
+
+// takeOwner takes the owner directory dir if its owner is dead: its
+// records move into j's directory (appended to recs) and dir is removed.
+// A live owner's directory is left alone. Called with j.mu held.
+func (j *Journal) takeOwner(dir string, recs []Record) []Record {
+	f, dead := lockIfDead(dir)
+	if !dead {
 		return recs
 	}
 	defer f.Close()
-	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
-		return recs // alive
-	}
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		name := e.Name()
 		if !strings.HasSuffix(name, ".cm") {
 			continue
 		}
-		if r, err := readRecord(filepath.Join(dir, name)); err == nil && r.name() == name {
+		r, err := readRecord(filepath.Join(dir, name))
+		// The name must be the record's own, or a taken one's.
+		if err != nil || name != r.name() && !(strings.HasPrefix(name, takenPrefix) && strings.HasSuffix(name, "-"+r.name())) {
+			continue
+		}
+		var rb [4]byte
+		rand.Read(rb[:])
+		to := filepath.Join(j.dir, takenPrefix+hex.EncodeToString(rb[:])+"-"+r.name())
+		if os.Rename(filepath.Join(dir, name), to) == nil {
+			r.file = to
 			recs = append(recs, r)
 		}
 	}
@@ -283,9 +362,11 @@ func readRecord(path string) (Record, error) {
 	return parseRecord(b)
 }
 
-// SweepOtherScopes removes dead owners of other scopes (namespaces gone,
-// addresses no longer used) that are older than journalStaleScope, and
-// scopes left empty.
+// SweepOtherScopes removes the owners of other scopes (other boots,
+// namespaces gone, addresses no longer used) found dead journalStaleScope
+// ago or more — the first sweep that finds one dead marks it (deadSince);
+// until the mark is that old a manager of its scope may still speak for
+// it — and scopes left empty.
 func (j *Journal) SweepOtherScopes() {
 	scopes, err := os.ReadDir(j.root)
 	if err != nil {
@@ -302,15 +383,26 @@ func (j *Journal) SweepOtherScopes() {
 		}
 		left := len(owners)
 		for _, o := range owners {
-			info, err := o.Info()
-			if err != nil || !o.IsDir() || time.Since(info.ModTime()) < journalStaleScope {
+			if !o.IsDir() {
 				continue
 			}
 			odir := filepath.Join(dir, o.Name())
-			takeOwner(odir, nil)
-			if _, err := os.Lstat(odir); errors.Is(err, os.ErrNotExist) {
+			f, dead := lockIfDead(odir)
+			if !dead {
+				continue
+			}
+			mark := filepath.Join(odir, deadSince)
+			var st unix.Stat_t
+			switch err := unix.Lstat(mark, &st); {
+			case errors.Is(err, os.ErrNotExist):
+				if m, err := os.OpenFile(mark, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600); err == nil {
+					m.Close()
+				}
+			case err == nil && time.Since(time.Unix(st.Mtim.Unix())) >= journalStaleScope:
+				os.RemoveAll(odir)
 				left--
 			}
+			f.Close()
 		}
 		if left == 0 {
 			if info, err := s.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {

@@ -37,6 +37,9 @@ func (*Journal) Close() {}
 // Abandon does nothing.
 func (*Journal) Abandon() {}
 
+// Sent does nothing.
+func (*Journal) Sent(Record) {}
+
 // TakeDead returns nothing.
 func (*Journal) TakeDead() []Record { return nil }
 
