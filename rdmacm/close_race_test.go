@@ -329,7 +329,7 @@ func TestEstablishedAfterFarewell(t *testing.T) {
 			case <-c.Done():
 			default:
 				untold++
-				t.Logf("round %d: client connection still established 1 s after the server's Manager.Close", round)
+				t.Logf("round %d: client connection still established 1 s after the server's Manager.Close (state %v; server %+v)", round, c.state, mb.Stats())
 			}
 		}
 		da.Close()

@@ -531,6 +531,9 @@ func (c *Conn) abort(why error) {
 			putGUID(rej.ARI[:], m.guid)
 		}
 		c.sendLocked(rej)
+		if c.state == stREQSent {
+			m.abandonLocked(c)
+		}
 		c.finishLocked(why)
 		m.mu.Unlock()
 	case stEstablished:

@@ -279,6 +279,9 @@ func (m *Manager) onREP(mad *transport.MAD, h *cm.HeaderFields, f *cm.REPFields)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.conns[f.RemoteCommID]
+	if c == nil && m.answerAbandonedLocked(mad, h, f) {
+		return
+	}
 	if c == nil || !c.active || c.peer != mad.Src {
 		m.st.unknown.Add(1)
 		return

@@ -271,3 +271,55 @@ func (c *Conn) releaseFailed() {
 		c.owned = nil
 	}
 }
+
+// abandonedDial is a Dial given up before its REP: its REJ (reason
+// timeout) went with no remote communication ID, which a passive side on
+// a shared address never receives — the address's steering program
+// routes CM messages by the communication ID addressed to, and there is
+// none. Its REP, when it comes, is answered with a REJ that names it.
+type abandonedDial struct {
+	peer  netip.Addr
+	tos   uint8
+	until time.Time
+}
+
+// maxAbandoned bounds the abandoned Dials remembered.
+const maxAbandoned = 4096
+
+// abandonLocked remembers c, a Dial given up in REQSent, for four of its
+// response timeouts (the passive side's REP can come that late). Called
+// with m.mu held.
+func (m *Manager) abandonLocked(c *Conn) {
+	now := m.clock.Now()
+	if len(m.abandoned) >= maxAbandoned {
+		for id, a := range m.abandoned {
+			if now.After(a.until) {
+				delete(m.abandoned, id)
+			}
+		}
+		if len(m.abandoned) >= maxAbandoned {
+			return
+		}
+	}
+	m.abandoned[c.localID] = abandonedDial{peer: c.peer, tos: c.opts.TrafficClass, until: now.Add(4 * c.opts.ResponseTimeout)}
+}
+
+// answerAbandonedLocked answers the REP of an abandoned Dial with a REJ
+// (timeout) that names the REP's sender, and reports whether f was one.
+// Called with m.mu held.
+func (m *Manager) answerAbandonedLocked(mad *transport.MAD, h *cm.HeaderFields, f *cm.REPFields) bool {
+	a, ok := m.abandoned[f.RemoteCommID]
+	if !ok || a.peer != mad.Src {
+		return false
+	}
+	delete(m.abandoned, f.RemoteCommID)
+	if m.clock.Now().After(a.until) {
+		return false
+	}
+	rej := &cm.REJFields{LocalCommID: f.RemoteCommID, RemoteCommID: f.LocalCommID, MessageRejected: cm.KindREP,
+		Reason: cm.RejTimeout, RejectedInfoLength: 8}
+	putGUID(rej.ARI[:], m.guid)
+	var out [transport.MADSize]byte
+	m.send(mad.Src, a.tos, h.TransactionID, rej, &out)
+	return true
+}

@@ -502,7 +502,10 @@ func (r *Request) reply(opts *Options) (*Conn, error) {
 		m.mu.Unlock()
 	}
 	m.mu.Lock()
-	if c.state != stREQRcvd { // rejected or timed out meanwhile
+	if c.state != stREQRcvd || m.leaving.Load() { // rejected, timed out or said goodbye to meanwhile
+		if c.err == nil {
+			c.finishLocked(m.closeErr)
+		}
 		err := c.err
 		m.mu.Unlock()
 		c.releaseFailed()

@@ -174,10 +174,14 @@ type Manager struct {
 	// farewellSent: the peers were told (farewell); stopFarewell
 	// unregisters farewell from the device's Close.
 	farewellSent bool
-	leaving      atomic.Bool // set with farewellSent; read without m.mu
+	leaving      atomic.Bool   // set with farewellSent; read without m.mu
+	farewellDone chan struct{} // closed when the farewell is sent
 	stopFarewell func() bool
 	// The connection journal (replay.go): nil without one (journalErr
 	// says why); deadSent the dead connections' DREQs awaiting DREPs.
+	// abandoned: Dials given up before the REP (their REJ sent with no
+	// remote ID), by local comm ID, to answer a late REP (onREP).
+	abandoned  map[uint32]abandonedDial
 	jr         *cmjournal.Journal
 	journalErr error
 	deadSent   map[uint32]deadSent
@@ -244,7 +248,7 @@ func startLocked(dev *transport.Device) (*Manager, error) {
 		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, byQPN: map[qpnKey]*Conn{},
 		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
 		gaveUp: map[remoteKey]bool{}, shedIDs: map[remoteKey]bool{},
-		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, deadSent: map[uint32]deadSent{}, stop: make(chan struct{}), down: make(chan struct{}),
+		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, deadSent: map[uint32]deadSent{}, abandoned: map[uint32]abandonedDial{}, farewellDone: make(chan struct{}), stop: make(chan struct{}), down: make(chan struct{}),
 		closeErr: errDeviceClosed, closeCause: CauseDeviceClosed}
 	m.tag.Tag, m.tag.Mask = dev.CommIDTag()
 	// On a shared address one process answers the REQs nobody listens
@@ -377,19 +381,26 @@ func (m *Manager) agentGone() bool {
 // (journal_linux.go, docs/connection-life.md).
 func (m *Manager) farewell() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.farewellSent || m.closed {
+	if m.farewellSent { // being sent by another Close: wait for it
+		m.mu.Unlock()
+		<-m.farewellDone
+		return
+	}
+	if m.closed {
+		m.mu.Unlock()
 		return
 	}
 	m.farewellSent = true
 	m.leaving.Store(true)
+	var out []farewellMAD
 	for _, c := range m.conns {
-		var out [transport.MADSize]byte
+		add := func(msg cm.Message) {
+			out = append(out, farewellMAD{peer: c.peer, tos: c.opts.TrafficClass, tid: c.tid, msg: msg, mod: c.eceMod(msg)})
+		}
 		switch c.state {
 		case stEstablished:
 			c.qp.SendQueued()
-			dreq := &cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN}
-			m.sendMod(c.peer, c.opts.TrafficClass, c.tid, dreq, &out, c.eceMod(dreq))
+			add(&cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN})
 			m.st.farewellDREQs.Add(1)
 			c.unjournalLocked() // told: no later process tells it again
 		case stREQSent, stREQRcvd, stREPSent:
@@ -405,16 +416,36 @@ func (m *Manager) farewell() {
 				rej.RejectedInfoLength = 8
 				putGUID(rej.ARI[:], m.guid)
 			}
-			m.sendMod(c.peer, c.opts.TrafficClass, c.tid, rej, &out, c.eceMod(rej))
+			add(rej)
 			if c.state == stREPSent {
 				// The peer may have the REP and be established
 				// already (its RTU on the way): a REJ means nothing
 				// to an established connection, a DREQ does.
-				dreq := &cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN}
-				m.sendMod(c.peer, c.opts.TrafficClass, c.tid, dreq, &out, c.eceMod(dreq))
+				add(&cm.DREQFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, RemoteQPN: c.params.DestQPN})
 			}
 		}
 	}
+	m.mu.Unlock()
+	// Paced as the journal's replay is: a peer host with a thousand of
+	// these connections would drop a burst at its CM's queue (seen: 2 of
+	// 1021 DREQs lost to one peer manager's 1024-MAD queue).
+	var buf [transport.MADSize]byte
+	for i, f := range out {
+		if i > 0 && i%replayBatch == 0 {
+			time.Sleep(replayPause)
+		}
+		m.sendMod(f.peer, f.tos, f.tid, f.msg, &buf, f.mod)
+	}
+	close(m.farewellDone)
+}
+
+// farewellMAD is one message of the farewell.
+type farewellMAD struct {
+	peer netip.Addr
+	tos  uint8
+	tid  uint64
+	msg  cm.Message
+	mod  uint32
 }
 
 // shutdown fails every connection when the device goes away or Close
