@@ -61,6 +61,15 @@ func ListenUD(dev *transport.Device, port uint16, qp *transport.QP, qkey uint32,
 	return m.ListenUD(port, qp, qkey, privateData)
 }
 
+// ManagerOf returns dev's running connection manager — the one NewManager
+// started, or the one the package-level functions started on first use —
+// or nil if none runs.
+func ManagerOf(dev *transport.Device) *Manager {
+	byDeviceMu.Lock()
+	defer byDeviceMu.Unlock()
+	return byDevice[dev]
+}
+
 // StatsOf returns the counters of dev's connection manager (zero if it
 // never started, or after it shut down).
 func StatsOf(dev *transport.Device) Stats {

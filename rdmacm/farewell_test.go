@@ -130,9 +130,7 @@ func waitFor(t *testing.T, d time.Duration, ok func() bool, what string) {
 // dev.
 func managerOf(t *testing.T, dev *transport.Device) *Manager {
 	t.Helper()
-	byDeviceMu.Lock()
-	defer byDeviceMu.Unlock()
-	m := byDevice[dev]
+	m := ManagerOf(dev)
 	if m == nil {
 		t.Fatal("no manager runs on the device")
 	}

@@ -211,7 +211,7 @@ func NewManager(dev *transport.Device) (*Manager, error) {
 	byDeviceMu.Lock()
 	defer byDeviceMu.Unlock()
 	if byDevice[dev] != nil {
-		return nil, fmt.Errorf("rdmacm: NewManager: %w: the device %v has a connection manager already (Manager.Close it first, or use it)", ErrInUse, dev.Addr())
+		return nil, fmt.Errorf("rdmacm: NewManager: %w: the device %v has a connection manager already (ManagerOf returns it: use it, or Close it first)", ErrInUse, dev.Addr())
 	}
 	return startLocked(dev)
 }

@@ -169,6 +169,9 @@ func TestManagersIndependent(t *testing.T) {
 	if s := StatsOf(dc); s.Established != 1 {
 		t.Errorf("device c's default manager: %d established, want 1", s.Established)
 	}
+	if ManagerOf(dc) == nil || ManagerOf(dc) == mb || ManagerOf(db) != mb {
+		t.Error("ManagerOf does not return the device's running manager")
+	}
 	if _, err := NewManager(dc); !errors.Is(err, ErrInUse) {
 		t.Errorf("NewManager on a device the package-level functions use: %v, want ErrInUse", err)
 	}
