@@ -72,10 +72,9 @@ func (pd *PD) Dealloc() error {
 	switch {
 	case pd.dead:
 		return fmt.Errorf("memreg: dealloc PD: %w", ErrClosed)
-	case pd.nMR > 0 || pd.nMW > 0:
-		return fmt.Errorf("memreg: dealloc PD: %w: %d regions and %d windows still live", ErrBusy, pd.nMR, pd.nMW)
-	case pd.users > 0:
-		return fmt.Errorf("memreg: dealloc PD: %w: %d queue pairs or SRQs still hold it", ErrBusy, pd.users)
+	case pd.nMR > 0 || pd.nMW > 0 || pd.users > 0:
+		return fmt.Errorf("memreg: dealloc PD: %w: %d regions and %d windows still live, %d queue pairs or SRQs still hold it",
+			ErrBusy, pd.nMR, pd.nMW, pd.users)
 	}
 	pd.dead = true
 	t.usage.PDs--
