@@ -31,6 +31,11 @@ type Options struct {
 	// request or reply goes out: the moment to post receives, as rping
 	// and perftest do before rdma_connect and rdma_accept.
 	Prepare func(qp *transport.QP) error
+	// SRQ, if set, is the shared receive queue the QP the connection
+	// creates takes its receives from (a server's connections sharing
+	// one, with one RecvCQ): the QP is made in the SRQ's PD (PD must be
+	// it or nil) and gets no receive queue of its own. Not with QP.
+	SRQ *transport.SRQ
 	// Access are the remote rights the QP grants the peer. The default
 	// (zero) is Linux's CM's: remote write, plus remote read and atomics
 	// when the connection has responder resources (it always has here:
@@ -93,6 +98,12 @@ func (o *Options) check(op string, maxPD int) error {
 	}
 	if o.NoRemoteAccess && o.Access != 0 {
 		return fmt.Errorf("rdmacm: %s: Options.NoRemoteAccess with Access %v", op, o.Access)
+	}
+	if o.SRQ != nil && o.QP != nil {
+		return fmt.Errorf("rdmacm: %s: Options.SRQ with Options.QP (the QP has its receive queue already)", op)
+	}
+	if o.SRQ != nil && o.PD != nil && o.PD != o.SRQ.PD() {
+		return fmt.Errorf("rdmacm: %s: Options.SRQ is in another PD than Options.PD", op)
 	}
 	if len(o.PrivateData) > maxPD {
 		return fmt.Errorf("rdmacm: %s: Options.PrivateData: %d bytes of private data, at most %d", op, len(o.PrivateData), maxPD)
@@ -290,6 +301,9 @@ func (c *Conn) setupQP() error {
 		o.PD = o.QP.PD()
 		return nil
 	}
+	if o.PD == nil && o.SRQ != nil {
+		o.PD = o.SRQ.PD()
+	}
 	if o.PD == nil {
 		pd, err := dev.AllocPD()
 		if err != nil {
@@ -315,7 +329,7 @@ func (c *Conn) setupQP() error {
 		}
 	}
 	qp, err := dev.CreateQP(o.PD, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: o.SendCQ, RecvCQ: o.RecvCQ,
-		MaxSendWR: o.MaxSendWR, MaxRecvWR: o.MaxRecvWR, MaxSGE: o.MaxSGE})
+		MaxSendWR: o.MaxSendWR, MaxRecvWR: o.MaxRecvWR, MaxSGE: o.MaxSGE, SRQ: o.SRQ})
 	if err != nil {
 		return err
 	}

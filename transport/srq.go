@@ -74,6 +74,9 @@ func (d *Device) CreateSRQ(pd *memreg.PD, a SRQAttr) (*SRQ, error) {
 	return s, nil
 }
 
+// PD returns the protection domain the SRQ was created in.
+func (s *SRQ) PD() *memreg.PD { return s.pd }
+
 // PostRecv posts receive WRs to the SRQ, checked as QP.PostRecv checks
 // them; the first refused one stops posting and is named in a *WRError.
 func (s *SRQ) PostRecv(wrs ...RecvWR) error {
