@@ -236,7 +236,7 @@ func TestSRReadHole(t *testing.T) {
 // again for all of them, and the READ went over the wire hundreds of times.
 func TestSRLongReadHoles(t *testing.T) {
 	const first = bth.PSN(0x10)
-	t.Run("2 holes", func(t *testing.T) { srLongReadHoles(t, first, 3000, []int{5, 1500}) })
+	t.Run("2 holes", func(t *testing.T) { srLongReadHoles(t, first, 3000, []int{5, 1500}, 0) })
 	// More holes past the ring than the 8 runs of far responses the
 	// requester first kept: every response after the ninth was taken for
 	// lost again (a 16 MiB READ at 0.1 % loss cost 1.6x its packets).
@@ -244,19 +244,45 @@ func TestSRLongReadHoles(t *testing.T) {
 	for k := 1500; k <= 7000; k += 500 {
 		many = append(many, k)
 	}
-	t.Run("12 holes past the ring", func(t *testing.T) { srLongReadHoles(t, first, 8000, many) })
+	t.Run("12 holes past the ring", func(t *testing.T) { srLongReadHoles(t, first, 8000, many, 0) })
+	// The requester's receiver not scheduled while the responder sends
+	// (a loaded machine): the responses wait for it, none is lost.
+	t.Run("12 holes, requester stalled", func(t *testing.T) { srLongReadHoles(t, first, 8000, many, 50*time.Millisecond) })
 }
 
-func srLongReadHoles(t *testing.T, first bth.PSN, n int, holes []int) {
+// srLongReadHoles reads n responses at MTU 256, losing the first response
+// at each offset in holes. stall holds the requester's QP for that long
+// once the first response was sent.
+func srLongReadHoles(t *testing.T, first bth.PSN, n int, holes []int, stall time.Duration) {
 	lose := map[bth.PSN]bool{}
 	for _, k := range holes {
 		lose[first.Add(k)] = true
 	}
 	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: manual(), retry: 3, sr: true}, uint32(first), 0x40)
+	// The responder sends the n responses as fast as it makes them. The
+	// requester's MemLink queues 4096 packets (a NIC ring) and drops what
+	// comes on top (DropOther) while the requester's receiver is behind,
+	// as on a loaded machine: losses the test does not plan. The
+	// requester recovers them, rightly, with more READ requests than the
+	// test expects (a lost run), or, for a lost tail, only at a timeout,
+	// which the manual clock never fires (waitWC times out). So the link
+	// is lossless, as PFC makes RoCE's: every 256 responses, the
+	// responder waits until the requester's queue is empty.
+	drained := drainedFn(la)
 	responses := 0
 	lb.drop = func(p *packet.Packet) bool {
 		if p.Info.Kind != bth.KindReadResponse {
 			return false
+		}
+		if responses == 0 && stall > 0 {
+			go func() {
+				a.qp.mu.Lock()
+				time.Sleep(stall)
+				a.qp.mu.Unlock()
+			}()
+		}
+		if responses%256 == 0 {
+			drained()
 		}
 		responses++
 		if lose[p.BTH.PSN()] {
@@ -286,6 +312,9 @@ func srLongReadHoles(t *testing.T, first bth.PSN, n int, holes []int) {
 	if wcs[0].WRID != 9 || wcs[0].Status != WCSuccess || wcs[0].ByteLen != uint32(n)*256 {
 		t.Fatalf("completion %+v", wcs[0])
 	}
+	if d := la.Link.Stats().DropOther; d != 0 {
+		t.Fatalf("the requester's link dropped %d packets (queue full)", d)
+	}
 	if !bytes.Equal(src, dst) {
 		t.Fatal("data differs")
 	}
@@ -304,6 +333,111 @@ func srLongReadHoles(t *testing.T, first bth.PSN, n int, holes []int) {
 	}
 	if ca := a.dev.Counters(); ca.LocalAckTimeout != 0 || ca.RetransmittedPkts != uint64(len(holes)) {
 		t.Fatalf("local_ack_timeout_err %d retransmitted_pkts %d, want 0 and %d", ca.LocalAckTimeout, ca.RetransmittedPkts, len(holes))
+	}
+}
+
+// drainedFn returns a function that waits (at most 5 s) until l's
+// receive queue is empty: a sender that calls it now and then cannot
+// overflow the queue (memnet drops what does not fit).
+func drainedFn(l *psnLink) func() {
+	rx := l.Link.(udp.BacklogLink)
+	return func() {
+		for end := time.Now().Add(5 * time.Second); rx.RecvBacklog() && time.Now().Before(end); {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+}
+
+// TestSRLongReadRunAndTailLost: what a receive queue overflow does to the
+// READ of TestSRLongReadHoles: besides its 12 holes, a run of 421
+// responses in the middle and the last 400 are lost. The requester asks
+// for each lost response once (the run in one READ request; the tail,
+// which nothing after it reveals, after one timeout: a probe for its first
+// PSN, then the rest in one READ request) and completes.
+func TestSRLongReadRunAndTailLost(t *testing.T) {
+	const first = bth.PSN(0x10)
+	const n = 8000
+	holes := map[int]bool{}
+	for k := 1500; k <= 7000; k += 500 {
+		holes[k] = true
+	}
+	lost := func(k int) bool { return holes[k] || (k >= 4103 && k < 4524) || k >= 7600 }
+	nlost := 0
+	for k := range n {
+		if lost(k) {
+			nlost++
+		}
+	}
+	clk := manual()
+	a, b, la, lb := linkPair(t, pairOpts{mtu: MTU256, clock: clk, retry: 3, sr: true}, uint32(first), 0x40)
+	drained := drainedFn(la)
+	seen := map[bth.PSN]bool{}
+	responses := 0
+	lb.drop = func(p *packet.Packet) bool {
+		if p.Info.Kind != bth.KindReadResponse {
+			return false
+		}
+		if responses%256 == 0 {
+			drained()
+		}
+		responses++
+		q := p.BTH.PSN()
+		if seen[q] {
+			return false
+		}
+		seen[q] = true
+		return lost(int(q.Diff(first)))
+	}
+	var reads []string
+	la.drop = func(p *packet.Packet) bool {
+		if p.BTH.Opcode() == bth.RCReadRequest {
+			reads = append(reads, fmt.Sprintf("%d+%d", p.BTH.PSN().Diff(first), p.RETH.DMALength()/256))
+		}
+		return false
+	}
+	src, smr := b.buffer(t, n*256, memreg.AccessRemoteRead)
+	fill(src, 13)
+	dst, dmr := a.buffer(t, len(src), 0)
+	if err := a.qp.PostSend(SendWR{WRID: 9, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, len(dst)), RemoteAddr: smr.IOVA(), RKey: smr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	// Time moves only while the responder is quiet (no response for
+	// 5 ms of wall clock) and the requester has read every response:
+	// the tail's loss shows only at a timeout.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		last := -1
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			lb.mu.Lock()
+			r := responses
+			lb.mu.Unlock()
+			if r == last && !la.Link.(udp.BacklogLink).RecvBacklog() {
+				clk.Advance(time.Millisecond)
+			}
+			last = r
+		}
+	}()
+	wcs := waitWC(t, a.scq, 1, 10*time.Second)
+	if wcs[0].WRID != 9 || wcs[0].Status != WCSuccess || !bytes.Equal(src, dst) {
+		t.Fatalf("completion %+v (or data differs)", wcs[0])
+	}
+	la.mu.Lock()
+	got := fmt.Sprint(reads)
+	la.mu.Unlock()
+	lb.mu.Lock()
+	r := responses
+	lb.mu.Unlock()
+	ca := a.dev.Counters()
+	t.Logf("READ requests %s; %d responses for %d (%d lost); %d timeouts", got, r, n, nlost, ca.CompleterRetryErr)
+	const want = "[0+8000 1500+1 2000+1 2500+1 3000+1 3500+1 4000+1 4103+421 5000+1 5500+1 6000+1 6500+1 7000+1 7600+1 7601+399]"
+	if got != want || r != n+nlost || ca.CompleterRetryErr != 1 || ca.RetryExceededErr != 0 {
+		t.Fatalf("READ requests %s, %d responses, %d timeouts; want %s, %d, 1", got, r, ca.CompleterRetryErr, want, n+nlost)
 	}
 }
 
