@@ -50,10 +50,17 @@ const (
 // Receiving: a UDP socket does not see the IP header. IPv6 packets are
 // verified fully (the pseudo header is all known); IPv6 datagrams with UDP
 // checksum 0, which rxe sends, are accepted (UDP_NO_CHECK6_RX). For IPv4 the
-// identification and flags are unknown, so a packet is accepted when an
-// identification exists that makes the ICRC valid (icrc.SolveIPv4ID, with DF
-// and then without); a random corruption passes that test with probability
-// about 2^-16 per flag setting. TOS/ECN is read with IP_RECVTOS /
+// identification and flags are unknown, so the ICRC is solved for them
+// (icrc.SolveIPv4ID, with DF and then without), and the identification it
+// solves for must be one the sender gives: a Linux socket's (0, or 0..n-1
+// through a GSO datagram), or, for a sender that numbers its datagrams as
+// rxe does, one near its last (ipv4IDs; a sender of random
+// identifications is learned and then checked by the solve alone). A
+// random corruption passes the solve with probability about 2^-16 per
+// flag setting, and a corruption the solve cannot tell from a change of
+// identification (single-bit flips at fixed offsets) passes the
+// identification's check with probability 2^-9 to 2^-6; those dropped are
+// counted in Stats.DropUnusualID. TOS/ECN is read with IP_RECVTOS /
 // IPV6_RECVTCLASS.
 type SocketLink struct {
 	sockLink
@@ -85,6 +92,8 @@ type SocketLink struct {
 	rxFlow flowPrefix // ICRC prefix of the flow received last (under recvMu)
 	dvFlow flowPrefix // VerifyICRC's (the receiving goroutine's, see DeferVerifyLink)
 	dvNext uint16     // VerifyICRC's guess of the next IPv4 identification
+
+	ids ipv4IDs // which sources send IPv4 identifications outside idWindow
 }
 
 var (
@@ -280,6 +289,7 @@ func (l *SocketLink) Stats() Stats {
 	if l.errs != nil {
 		st.ICMPErrors = l.errs.count.Load()
 	}
+	st.DropUnusualID = l.ids.dropped.Load()
 	return st
 }
 
@@ -1207,6 +1217,7 @@ func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, 
 	} else {
 		id, ok = pf.SolveIPv4IDFrom(guess, buf)
 	}
+	df := ok
 	if !ok {
 		h := icrc.IPv4Pseudo{Src: src.As4(), Dst: l.addr.As4(), SrcPort: srcPort, DstPort: Port} // without DF
 		if id, ok = icrc.SolveIPv4ID(&h, buf); !ok {
@@ -1214,11 +1225,135 @@ func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, 
 			return 0, false
 		}
 	}
+	if df && id < idWindow {
+		if !f.usualIDs {
+			f.usualIDs = true
+			l.ids.socketFlow(src, srcPort)
+		}
+	} else if f.usualIDs || !l.ids.accept(src, srcPort, id, df) {
+		l.ids.dropped.Add(1)
+		l.badICRC.Add(1)
+		return 0, false
+	}
 	if testHookIPv4ID != nil {
 		testHookIPv4ID(id)
 	}
 	return id, true
 }
+
+// idWindow bounds the IPv4 identifications Linux gives the datagrams of
+// an unconnected UDP socket with DF (this link, raw links): 0, and 0, 1,
+// 2, ... through the segments of a GSO datagram (at most 128 of them).
+// They are taken without further ado.
+const idWindow = 128
+
+// Other senders number their datagrams: rxe (ip_select_ident) counts up
+// per source and destination, with jumps where other flows share its
+// counter; an RNIC may do anything. A datagram is taken when its
+// identification lies idBehind before to idAhead after the last one taken
+// from its source (reordering, losses, shared counters); the first of a
+// source is taken as its start.
+const (
+	idAhead  = 1024
+	idBehind = 64
+)
+
+// idLearn is how many datagrams in a row from one source must solve only
+// outside its window before the link follows the source: to a new start
+// when they count up from one another, else to taking any identification
+// from it (a sender of random identifications, checked as before).
+const idLearn = 4
+
+// ipv4IDs decides which IPv4 datagrams the solved identification lets
+// through. The receiver does not see the IP header, so the ICRC is
+// checked by solving for the identification (and DF) that makes it
+// valid; the CRC being linear, a corruption whose effect on the CRC equals
+// a change of those 17 bits passes any such solve — single-bit flips at
+// fixed payload offsets did (soak24: one bit of payload byte 173 placed in
+// registered memory with a success completion). Requiring the
+// identification the sender would have given drops such a flip unless it
+// happens to land in the window: with probability 2^-9 for a Linux socket
+// sender, ~2^-6 for rxe.
+type ipv4IDs struct {
+	dropped atomic.Uint64 // datagrams dropped for their identification (also in DropBadICRC)
+	mu      sync.Mutex
+	src     map[netip.Addr]*idSource // numbering senders, by source
+	sockets map[flowKey]bool         // flows whose identifications are a Linux socket's
+}
+
+type flowKey struct {
+	src  netip.Addr
+	port uint16
+}
+
+type idSource struct {
+	last   uint16 // identification of the last datagram taken
+	cand   uint16 // identification of the last datagram outside the window
+	streak int    // datagrams in a row outside the window
+	counts bool   // the streak's datagrams count up from one another
+	wide   bool   // learned: any identification is taken
+}
+
+// socketFlow records that src:port sends a Linux socket's identifications
+// (a datagram of it solved inside idWindow): any other from it is a
+// corruption. Called once per fill of a flow cache.
+func (w *ipv4IDs) socketFlow(src netip.Addr, port uint16) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.sockets == nil || len(w.sockets) >= maxIDSources {
+		w.sockets = map[flowKey]bool{}
+	}
+	w.sockets[flowKey{src, port}] = true
+}
+
+// accept reports whether a datagram from src:port whose ICRC solved for
+// identification id outside idWindow (with DF if df, else without) is
+// taken (see idAhead).
+func (w *ipv4IDs) accept(src netip.Addr, port uint16, id uint16, df bool) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.sockets[flowKey{src, port}] {
+		return false
+	}
+	s := w.src[src]
+	if s == nil {
+		if w.src == nil || len(w.src) >= maxIDSources {
+			w.src = map[netip.Addr]*idSource{} // start over: each source's next datagram is its start
+		}
+		w.src[src] = &idSource{last: id}
+		return true
+	}
+	if s.wide {
+		return true
+	}
+	if df && (id-s.last-1 < idAhead || s.last-id < idBehind) {
+		if id-s.last-1 < idAhead {
+			s.last = id
+		}
+		s.streak = 0
+		return true
+	}
+	if s.streak == 0 {
+		s.counts = true
+	} else if id-s.cand-1 >= idAhead {
+		s.counts = false
+	}
+	s.cand = id
+	s.streak++
+	if s.streak >= idLearn {
+		if s.counts && df {
+			s.last = id // a new start
+		} else {
+			s.wide = true
+		}
+		s.streak = 0
+		return true
+	}
+	return false
+}
+
+// maxIDSources bounds the sources ipv4IDs keeps.
+const maxIDSources = 4096
 
 // parseSockaddr decodes a received source address.
 func parseSockaddr(sa *unix.RawSockaddrInet6, n uint32) (netip.Addr, uint16, bool) {
