@@ -113,12 +113,7 @@ func TestDeviceCloseRemovesRecords(t *testing.T) {
 	t.Setenv(JournalEnv, root)
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	db := newDev(t, n, addrB, nil)
-	l, err := Listen(db, 4420, &ListenOptions{Options: fast})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	acceptAll(t, l)
+	serve(t, db)
 	left := 0
 	const rounds = 20
 	for range rounds {
@@ -181,12 +176,7 @@ func TestOneDeviceCloseTellsAll(t *testing.T) { closesTell(t, 1) }
 func closesTell(t *testing.T, closers int) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	db := newDev(t, n, addrB, nil)
-	l, err := Listen(db, 4420, &ListenOptions{Options: fast})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	acc := acceptAll(t, l)
+	acc := serve(t, db)
 	untoldRounds := 0
 	const rounds, conns = 2, 200
 	for range rounds {
@@ -235,12 +225,7 @@ func closesTell(t *testing.T, closers int) {
 func TestManagerAndDeviceClose(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	db := newDev(t, n, addrB, nil)
-	l, err := Listen(db, 4420, &ListenOptions{Options: fast})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	acc := acceptAll(t, l)
+	acc := serve(t, db)
 	bad := 0
 	for round := range 100 {
 		da := newDev(t, n, addrA, nil)

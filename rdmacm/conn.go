@@ -531,20 +531,7 @@ func (c *Conn) abort(why error) {
 	m.mu.Lock()
 	switch c.state {
 	case stREQSent, stREQRcvd, stREPSent:
-		kind := cm.KindREQ
-		if c.state == stREPSent {
-			kind = cm.KindREP
-		}
-		reason := cm.RejTimeout
-		if !c.active {
-			reason = cm.RejConsumer
-		}
-		rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: reason}
-		if reason == cm.RejTimeout {
-			rej.RejectedInfoLength = 8
-			putGUID(rej.ARI[:], m.guid)
-		}
-		c.sendLocked(rej)
+		c.sendLocked(c.giveUpREJLocked())
 		if c.state == stREQSent {
 			m.abandonLocked(c)
 		}
@@ -556,6 +543,26 @@ func (c *Conn) abort(why error) {
 	default:
 		m.mu.Unlock()
 	}
+}
+
+// giveUpREJLocked is the REJ that ends a connection in its handshake from
+// this side: reason timeout from the active side (with this node's GUID,
+// as Linux sends when it gives up), consumer from the passive side.
+func (c *Conn) giveUpREJLocked() *cm.REJFields {
+	kind := cm.KindREQ
+	if c.state == stREPSent {
+		kind = cm.KindREP
+	}
+	reason := cm.RejTimeout
+	if !c.active {
+		reason = cm.RejConsumer
+	}
+	rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: reason}
+	if reason == cm.RejTimeout {
+		rej.RejectedInfoLength = 8
+		putGUID(rej.ARI[:], c.m.guid)
+	}
+	return rej
 }
 
 func putGUID(b []byte, g uint64) {

@@ -26,12 +26,7 @@ func TestCloseTellsPeers(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			n := memnet.NewMemNetwork(memnet.Faults{})
 			da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
-			l, err := Listen(db, 4420, &ListenOptions{Options: fast})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			acc := acceptAll(t, l)
+			acc := serve(t, db)
 			var client, server []*Conn
 			for range 3 {
 				c, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 4420), &fast)
@@ -147,4 +142,16 @@ func killDev(dev *transport.Device) {
 		m.stopFarewell()
 	}
 	dev.Close()
+}
+
+// serve listens on db's port 4420 (fast options) and accepts every
+// connection into the returned channel until the test ends.
+func serve(t *testing.T, db *transport.Device) <-chan *Conn {
+	t.Helper()
+	l, err := Listen(db, 4420, &ListenOptions{Options: fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return acceptAll(t, l)
 }

@@ -25,12 +25,7 @@ func TestJournalReplay(t *testing.T) {
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	real := func(l udp.Link) udp.Link { return realLink{l} }
 	db := newDev(t, n, addrB, nil)
-	l, err := Listen(db, 4420, &ListenOptions{Options: fast})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	acc := acceptAll(t, l)
+	acc := serve(t, db)
 	life1 := newDev(t, n, addrA, real)
 	if _, err := Dial(ctxT(t, 5*time.Second), life1, netip.AddrPortFrom(addrB, 4420), &fast); err != nil {
 		t.Fatal(err)

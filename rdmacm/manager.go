@@ -404,19 +404,7 @@ func (m *Manager) farewell() {
 			m.st.farewellDREQs.Add(1)
 			c.unjournalLocked() // told: no later process tells it again
 		case stREQSent, stREQRcvd, stREPSent:
-			kind, reason := cm.KindREQ, cm.RejTimeout
-			if c.state == stREPSent {
-				kind = cm.KindREP
-			}
-			if !c.active {
-				reason = cm.RejConsumer
-			}
-			rej := &cm.REJFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageRejected: kind, Reason: reason}
-			if reason == cm.RejTimeout {
-				rej.RejectedInfoLength = 8
-				putGUID(rej.ARI[:], m.guid)
-			}
-			add(rej)
+			add(c.giveUpREJLocked())
 			if c.state == stREPSent {
 				// The peer may have the REP and be established
 				// already (its RTU on the way): a REJ means nothing
