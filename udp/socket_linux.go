@@ -1249,10 +1249,12 @@ const idWindow = 128
 
 // Other senders number their datagrams: rxe (ip_select_ident) counts up
 // per source and destination, with jumps where other flows share its
-// counter; an RNIC may do anything. A datagram is taken when its
-// identification lies idBehind before to idAhead after the last one taken
-// from its source (reordering, losses, shared counters); the first of a
-// source is taken as its start.
+// counter, and after an idle spell a random jump below the jiffies it
+// lasted (ip_idents_reserve); an RNIC may do anything. A datagram is
+// taken when its identification lies idBehind before to idAhead after the
+// last one taken from its source (reordering, losses, shared counters),
+// plus one per millisecond since that one (jiffies are at least that long);
+// the first of a source is taken as its start.
 const (
 	idAhead  = 1024
 	idBehind = 64
@@ -1279,6 +1281,7 @@ type ipv4IDs struct {
 	mu      sync.Mutex
 	src     map[netip.Addr]*idSource // numbering senders, by source
 	sockets map[flowKey]bool         // flows whose identifications are a Linux socket's
+	now     func() time.Time         // the clock (nil: time.Now; tests)
 }
 
 type flowKey struct {
@@ -1287,11 +1290,12 @@ type flowKey struct {
 }
 
 type idSource struct {
-	last   uint16 // identification of the last datagram taken
-	cand   uint16 // identification of the last datagram outside the window
-	streak int    // datagrams in a row outside the window
-	counts bool   // the streak's datagrams count up from one another
-	wide   bool   // learned: any identification is taken
+	at     time.Time // when the last datagram was taken
+	last   uint16    // identification of the last datagram taken
+	cand   uint16    // identification of the last datagram outside the window
+	streak int       // datagrams in a row outside the window
+	counts bool      // the streak's datagrams count up from one another
+	wide   bool      // learned: any identification is taken
 }
 
 // socketFlow records that src:port sends a Linux socket's identifications
@@ -1320,15 +1324,17 @@ func (w *ipv4IDs) accept(src netip.Addr, port uint16, id uint16, df bool) bool {
 		if w.src == nil || len(w.src) >= maxIDSources {
 			w.src = map[netip.Addr]*idSource{} // start over: each source's next datagram is its start
 		}
-		w.src[src] = &idSource{last: id}
+		w.src[src] = &idSource{last: id, at: w.clock()}
 		return true
 	}
 	if s.wide {
 		return true
 	}
-	if df && (id-s.last-1 < idAhead || s.last-id < idBehind) {
-		if id-s.last-1 < idAhead {
-			s.last = id
+	now := w.clock()
+	ahead := idAhead + min(now.Sub(s.at).Milliseconds(), 1<<16)
+	if df && (int64(id-s.last-1) < ahead || s.last-id < idBehind) {
+		if int64(id-s.last-1) < ahead {
+			s.last, s.at = id, now
 		}
 		s.streak = 0
 		return true
@@ -1342,7 +1348,7 @@ func (w *ipv4IDs) accept(src netip.Addr, port uint16, id uint16, df bool) bool {
 	s.streak++
 	if s.streak >= idLearn {
 		if s.counts && df {
-			s.last = id // a new start
+			s.last, s.at = id, now // a new start
 		} else {
 			s.wide = true
 		}
@@ -1350,6 +1356,13 @@ func (w *ipv4IDs) accept(src netip.Addr, port uint16, id uint16, df bool) bool {
 		return true
 	}
 	return false
+}
+
+func (w *ipv4IDs) clock() time.Time {
+	if w.now != nil {
+		return w.now()
+	}
+	return time.Now()
 }
 
 // maxIDSources bounds the sources ipv4IDs keeps.

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/gorocev2/rocev2/icrc"
 )
@@ -122,6 +123,21 @@ func TestUnusualIPv4ID(t *testing.T) {
 	if !vr(0x1000+idLearn-1, -1) || !vr(0x1000+idLearn, -1) {
 		t.Fatal("the counter's new start was not followed")
 	}
+	// After an idle spell rxe's counter jumps by less than the jiffies it
+	// lasted: 5 s later a jump of 3000 is taken, one of 9000 is not.
+	clock := time.Now()
+	l.ids.now = func() time.Time { return clock }
+	if !vr(0x1000+idLearn+1, -1) {
+		t.Fatal("next datagram dropped")
+	}
+	clock = clock.Add(5 * time.Second)
+	if !vr(0x1000+idLearn+1+3000, -1) {
+		t.Fatal("a jump of 3000 after 5 s idle was dropped")
+	}
+	if vr(0x1000+idLearn+1+3000+9000, -1) {
+		t.Fatal("a jump of 9000 with no idle spell was taken")
+	}
+	l.ids.now = nil
 	// A sender of random identifications is taken as before after idLearn.
 	rnd := netip.MustParseAddr("198.51.100.4")
 	vn := func(id uint16) bool {
