@@ -59,7 +59,9 @@ const (
 // random corruption passes the solve with probability about 2^-16 per
 // flag setting, and a corruption the solve cannot tell from a change of
 // identification (single-bit flips at fixed offsets) passes the
-// identification's check with probability 2^-9 to 2^-6; those dropped are
+// identification's check with probability 2^-9 for a socket sender, for
+// a counting one ~2^-6 plus its counter's advance since its last datagram
+// (a microsecond each) in 2^16; those dropped are
 // counted in Stats.DropUnusualID. TOS/ECN is read with IP_RECVTOS /
 // IPV6_RECVTCLASS.
 type SocketLink struct {
@@ -1248,13 +1250,15 @@ func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, 
 const idWindow = 128
 
 // Other senders number their datagrams: rxe (ip_select_ident) counts up
-// per source and destination, with jumps where other flows share its
-// counter, and after an idle spell a random jump below the jiffies it
-// lasted (ip_idents_reserve); an RNIC may do anything. A datagram is
-// taken when its identification lies idBehind before to idAhead after the
-// last one taken from its source (reordering, losses, shared counters),
-// plus one per millisecond since that one (jiffies are at least that long);
-// the first of a source is taken as its start.
+// per source and destination — one counter for all its QPs, whose
+// datagrams a shared address steers to several members, each seeing the
+// counter jump by what went to the others — and after an idle spell it
+// jumps by a random amount below the jiffies it lasted
+// (ip_idents_reserve); an RNIC may do anything. A datagram is taken when
+// its identification lies idBehind before to idAhead after the last one
+// taken from its source, plus one per microsecond since that one (a
+// counter that advances faster than a million datagrams a second is not
+// expected); the first of a source is taken as its start.
 const (
 	idAhead  = 1024
 	idBehind = 64
@@ -1275,7 +1279,7 @@ const idLearn = 4
 // registered memory with a success completion). Requiring the
 // identification the sender would have given drops such a flip unless it
 // happens to land in the window: with probability 2^-9 for a Linux socket
-// sender, ~2^-6 for rxe.
+// sender, ~2^-6 for rxe while it streams (more after a pause).
 type ipv4IDs struct {
 	dropped atomic.Uint64 // datagrams dropped for their identification (also in DropBadICRC)
 	mu      sync.Mutex
@@ -1331,7 +1335,7 @@ func (w *ipv4IDs) accept(src netip.Addr, port uint16, id uint16, df bool) bool {
 		return true
 	}
 	now := w.clock()
-	ahead := idAhead + min(now.Sub(s.at).Milliseconds(), 1<<16)
+	ahead := idAhead + min(now.Sub(s.at).Microseconds(), 1<<16)
 	if df && (int64(id-s.last-1) < ahead || s.last-id < idBehind) {
 		if int64(id-s.last-1) < ahead {
 			s.last, s.at = id, now
