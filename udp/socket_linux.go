@@ -50,20 +50,16 @@ const (
 // Receiving: a UDP socket does not see the IP header. IPv6 packets are
 // verified fully (the pseudo header is all known); IPv6 datagrams with UDP
 // checksum 0, which rxe sends, are accepted (UDP_NO_CHECK6_RX). For IPv4 the
-// identification and flags are unknown, so the ICRC is solved for them
-// (icrc.SolveIPv4ID, with DF and then without), and the identification it
-// solves for must be one the sender gives: a Linux socket's (0, or 0..n-1
-// through a GSO datagram), or, for a sender that numbers its datagrams as
-// rxe does, one near its last (ipv4IDs; a sender of random
-// identifications is learned and then checked by the solve alone). A
-// random corruption passes the solve with probability about 2^-16 per
-// flag setting, and a corruption the solve cannot tell from a change of
-// identification (single-bit flips at fixed offsets) passes the
-// identification's check with probability 2^-9 for a socket sender, for
-// a counting one ~2^-6 plus its counter's advance since its last datagram
-// (a microsecond each) in 2^16; those dropped are
-// counted in Stats.DropUnusualID. TOS/ECN is read with IP_RECVTOS /
-// IPV6_RECVTCLASS.
+// identification and flags are unknown, so the ICRC is solved for the
+// identification that makes it valid (icrc.SolveIPv4ID), with DF, which
+// rxe, RNICs and Linux sockets set; a solution without DF is taken only
+// from a source learned to send without DF (ipv4IDs), since a corruption
+// can pass that solve (soak24: one bit of payload byte 173, in every
+// datagram). A random corruption passes the solve with DF with
+// probability about 2^-16, and so does every corruption equivalent to a
+// change of identification: single-bit flips at a few fixed offsets pass
+// it (Stats.DropNoDF counts the without-DF ones dropped).
+// TOS/ECN is read with IP_RECVTOS / IPV6_RECVTCLASS.
 type SocketLink struct {
 	sockLink
 	rx     *rxConn // addr:4791, receives (see rxConn)
@@ -95,7 +91,7 @@ type SocketLink struct {
 	dvFlow flowPrefix // VerifyICRC's (the receiving goroutine's, see DeferVerifyLink)
 	dvNext uint16     // VerifyICRC's guess of the next IPv4 identification
 
-	ids ipv4IDs // which sources send IPv4 identifications outside idWindow
+	ids ipv4IDs // which sources send IPv4 datagrams without DF
 }
 
 var (
@@ -291,7 +287,7 @@ func (l *SocketLink) Stats() Stats {
 	if l.errs != nil {
 		st.ICMPErrors = l.errs.count.Load()
 	}
-	st.DropUnusualID = l.ids.dropped.Load()
+	st.DropNoDF = l.ids.dropped.Load()
 	return st
 }
 
@@ -1227,12 +1223,10 @@ func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, 
 			return 0, false
 		}
 	}
-	if df && id < idWindow {
-		if !f.usualIDs {
-			f.usualIDs = true
-			l.ids.socketFlow(src, srcPort)
-		}
-	} else if f.usualIDs || !l.ids.accept(src, srcPort, id, df) {
+	if df && l.ids.n.Load() != 0 {
+		l.ids.resetNoDF(src)
+	}
+	if !df && !l.ids.acceptNoDF(src) {
 		l.ids.dropped.Add(1)
 		l.badICRC.Add(1)
 		return 0, false
@@ -1243,130 +1237,68 @@ func (l *SocketLink) verifyFlow(f *flowPrefix, dst, buf []byte, src netip.Addr, 
 	return id, true
 }
 
-// idWindow bounds the IPv4 identifications Linux gives the datagrams of
-// an unconnected UDP socket with DF (this link, raw links): 0, and 0, 1,
-// 2, ... through the segments of a GSO datagram (at most 128 of them).
-// They are taken without further ado.
-const idWindow = 128
-
-// Other senders number their datagrams: rxe (ip_select_ident) counts up
-// per source and destination — one counter for all its QPs, whose
-// datagrams a shared address steers to several members, each seeing the
-// counter jump by what went to the others — and after an idle spell it
-// jumps by a random amount below the jiffies it lasted
-// (ip_idents_reserve); an RNIC may do anything. A datagram is taken when
-// its identification lies idBehind before to idAhead after the last one
-// taken from its source, plus one per microsecond since that one (a
-// counter that advances faster than a million datagrams a second is not
-// expected); the first of a source is taken as its start.
-const (
-	idAhead  = 1024
-	idBehind = 64
-)
-
 // idLearn is how many datagrams in a row from one source must solve only
-// outside its window before the link follows the source: to a new start
-// when they count up from one another, else to taking any identification
-// from it (a sender of random identifications, checked as before).
+// without DF before the link takes that source for one that sends without
+// DF.
 const idLearn = 4
 
-// ipv4IDs decides which IPv4 datagrams the solved identification lets
-// through. The receiver does not see the IP header, so the ICRC is
-// checked by solving for the identification (and DF) that makes it
-// valid; the CRC being linear, a corruption whose effect on the CRC equals
-// a change of those 17 bits passes any such solve — single-bit flips at
-// fixed payload offsets did (soak24: one bit of payload byte 173 placed in
-// registered memory with a success completion). Requiring the
-// identification the sender would have given drops such a flip unless it
-// happens to land in the window: with probability 2^-9 for a Linux socket
-// sender, ~2^-6 for rxe while it streams (more after a pause).
+// ipv4IDs decides which IPv4 datagrams whose ICRC solved only without DF
+// are taken. The receiver does not see the IP header, so the ICRC is
+// checked by solving for the identification and DF that make it valid;
+// the CRC being linear, a corruption whose effect on the CRC equals a
+// change of those 17 bits passes such a solve — a single-bit flip of
+// payload byte 173 passed the without-DF solve in every datagram of 174
+// bytes or more (soak24: placed in registered memory with a success
+// completion). rxe, RNICs and Linux sockets send with DF, so a datagram
+// that solves only without DF is a corruption unless its source is one
+// that sends without DF, learned after idLearn of them in a row.
+// (Checking the identification itself was tried and dropped: rxe's
+// counter passes through every value, jumps after idle spells and is
+// shared across a shared address's members.)
 type ipv4IDs struct {
-	dropped atomic.Uint64 // datagrams dropped for their identification (also in DropBadICRC)
+	dropped atomic.Uint64 // datagrams dropped (also in DropBadICRC)
+	n       atomic.Int32  // len(src), read without mu
 	mu      sync.Mutex
-	src     map[netip.Addr]*idSource // numbering senders, by source
-	sockets map[flowKey]bool         // flows whose identifications are a Linux socket's
-	now     func() time.Time         // the clock (nil: time.Now; tests)
+	src     map[netip.Addr]*noDFSource
 }
 
-type flowKey struct {
-	src  netip.Addr
-	port uint16
+type noDFSource struct {
+	streak int  // datagrams in a row that solved only without DF
+	noDF   bool // learned: sends without DF
 }
 
-type idSource struct {
-	at     time.Time // when the last datagram was taken
-	last   uint16    // identification of the last datagram taken
-	cand   uint16    // identification of the last datagram outside the window
-	streak int       // datagrams in a row outside the window
-	counts bool      // the streak's datagrams count up from one another
-	wide   bool      // learned: any identification is taken
-}
-
-// socketFlow records that src:port sends a Linux socket's identifications
-// (a datagram of it solved inside idWindow): any other from it is a
-// corruption. Called once per fill of a flow cache.
-func (w *ipv4IDs) socketFlow(src netip.Addr, port uint16) {
+// acceptNoDF reports whether a datagram from src that solved only
+// without DF is taken.
+func (w *ipv4IDs) acceptNoDF(src netip.Addr) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.sockets == nil || len(w.sockets) >= maxIDSources {
-		w.sockets = map[flowKey]bool{}
-	}
-	w.sockets[flowKey{src, port}] = true
-}
-
-// accept reports whether a datagram from src:port whose ICRC solved for
-// identification id outside idWindow (with DF if df, else without) is
-// taken (see idAhead).
-func (w *ipv4IDs) accept(src netip.Addr, port uint16, id uint16, df bool) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.sockets[flowKey{src, port}] {
-		return false
-	}
 	s := w.src[src]
 	if s == nil {
 		if w.src == nil || len(w.src) >= maxIDSources {
-			w.src = map[netip.Addr]*idSource{} // start over: each source's next datagram is its start
+			w.src = map[netip.Addr]*noDFSource{}
 		}
-		w.src[src] = &idSource{last: id, at: w.clock()}
+		s = &noDFSource{}
+		w.src[src] = s
+		w.n.Store(int32(len(w.src)))
+	}
+	if s.noDF {
 		return true
 	}
-	if s.wide {
-		return true
-	}
-	now := w.clock()
-	ahead := idAhead + min(now.Sub(s.at).Microseconds(), 1<<16)
-	if df && (int64(id-s.last-1) < ahead || s.last-id < idBehind) {
-		if int64(id-s.last-1) < ahead {
-			s.last, s.at = id, now
-		}
-		s.streak = 0
-		return true
-	}
-	if s.streak == 0 {
-		s.counts = true
-	} else if id-s.cand-1 >= idAhead {
-		s.counts = false
-	}
-	s.cand = id
 	s.streak++
 	if s.streak >= idLearn {
-		if s.counts && df {
-			s.last, s.at = id, now // a new start
-		} else {
-			s.wide = true
-		}
-		s.streak = 0
+		s.noDF = true
 		return true
 	}
 	return false
 }
 
-func (w *ipv4IDs) clock() time.Time {
-	if w.now != nil {
-		return w.now()
+// resetNoDF ends src's streak: a datagram of it solved with DF.
+func (w *ipv4IDs) resetNoDF(src netip.Addr) {
+	w.mu.Lock()
+	if s := w.src[src]; s != nil && !s.noDF {
+		s.streak = 0
 	}
-	return time.Now()
+	w.mu.Unlock()
 }
 
 // maxIDSources bounds the sources ipv4IDs keeps.

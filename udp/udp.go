@@ -198,11 +198,11 @@ type Stats struct {
 	// socket before Recv saw them (receive buffer full): SO_MEMINFO's drop
 	// count on the socket backends, 0 on the in-memory link.
 	DropKernel uint64
-	// DropUnusualID counts the IPv4 datagrams of DropBadICRC whose ICRC
-	// was valid only for an identification (or a DF flag) their sender
-	// does not use (SocketLink: a corruption, or the first datagrams of a
-	// source that numbers its datagrams, until it is learned).
-	DropUnusualID uint64
+	// DropNoDF counts the IPv4 datagrams of DropBadICRC whose ICRC
+	// was valid only without DF, from a source that sends with DF
+	// (SocketLink: a corruption; or the first datagrams of a source that
+	// sends without DF, until it is learned).
+	DropNoDF uint64
 	// ICMPErrors counts the ICMP errors (port, host or network
 	// unreachable) the network returned for packets the link sent
 	// (SocketLink; see ErrorReporter).

@@ -93,7 +93,7 @@ func PrintCounters(w io.Writer, label string, dev *transport.Device) {
 	for _, kv := range []struct {
 		n string
 		v uint64
-	}{{"link_drop_bad_icrc", s.DropBadICRC}, {"link_drop_unusual_ip_id", s.DropUnusualID}, {"link_drop_malformed", s.DropMalformed}, {"link_drop_other", s.DropOther},
+	}{{"link_drop_bad_icrc", s.DropBadICRC}, {"link_drop_no_df", s.DropNoDF}, {"link_drop_malformed", s.DropMalformed}, {"link_drop_other", s.DropOther},
 		{"link_icmp_errors", s.ICMPErrors}} {
 		if kv.v != 0 {
 			fmt.Fprintf(w, "  %-26s %d\n", kv.n, kv.v)
