@@ -1292,11 +1292,14 @@ func (w *ipv4IDs) acceptNoDF(src netip.Addr) bool {
 	return false
 }
 
-// resetNoDF ends src's streak: a datagram of it solved with DF.
+// resetNoDF ends src's streak: a datagram of it solved with DF. The
+// source is forgotten, so that DF datagrams skip the lock again once no
+// streak is running.
 func (w *ipv4IDs) resetNoDF(src netip.Addr) {
 	w.mu.Lock()
 	if s := w.src[src]; s != nil && !s.noDF {
-		s.streak = 0
+		delete(w.src, src)
+		w.n.Store(int32(len(w.src)))
 	}
 	w.mu.Unlock()
 }
