@@ -113,16 +113,13 @@ type flowPrefix struct {
 	src, dst netip.Addr
 	srcPort  uint16
 	p        icrc.Prefix
-	// usualIDs: a datagram of the flow solved for an IPv4 identification
-	// a Linux socket gives (SocketLink's idWindow); reset with the flow.
-	usualIDs bool
 }
 
 // get returns the prefix of RoCEv2 packets src:srcPort -> dst:4791 (IPv4
 // with DF, or IPv6); src and dst are normalised and of the same family.
 func (f *flowPrefix) get(src, dst netip.Addr, srcPort uint16) *icrc.Prefix {
 	if f.srcPort != srcPort || f.src != src || f.dst != dst || !src.IsValid() {
-		f.src, f.dst, f.srcPort, f.usualIDs = src, dst, srcPort, false
+		f.src, f.dst, f.srcPort = src, dst, srcPort
 		if src.Is4() {
 			f.p = icrc.NewIPv4Prefix(&icrc.IPv4Pseudo{
 				Src: src.As4(), Dst: dst.As4(), FlagsFrag: 0x4000, SrcPort: srcPort, DstPort: Port,
