@@ -171,10 +171,9 @@ type Manager struct {
 	// errDeviceClosed and CauseDeviceClosed unless Close set them.
 	closeErr   error
 	closeCause Cause
-	// farewellSent: the peers were told (farewell); stopFarewell
+	// leaving: the peers were told (farewell); stopFarewell
 	// unregisters farewell from the device's Close.
-	farewellSent bool
-	leaving      atomic.Bool   // set with farewellSent; read without m.mu
+	leaving      atomic.Bool   // set under m.mu by farewell; read without it
 	farewellDone chan struct{} // closed when the farewell is sent
 	stopFarewell func() bool
 	// The connection journal (replay.go): nil without one (journalErr
@@ -381,7 +380,7 @@ func (m *Manager) agentGone() bool {
 // (journal_linux.go, docs/connection-life.md).
 func (m *Manager) farewell() {
 	m.mu.Lock()
-	if m.farewellSent { // being sent by another Close: wait for it
+	if m.leaving.Load() { // being sent by another Close: wait for it
 		m.mu.Unlock()
 		<-m.farewellDone
 		return
@@ -390,7 +389,6 @@ func (m *Manager) farewell() {
 		m.mu.Unlock()
 		return
 	}
-	m.farewellSent = true
 	m.leaving.Store(true)
 	var out []farewellMAD
 	for _, c := range m.conns {
