@@ -569,8 +569,8 @@ func lockFile(path string, how int) (*os.File, error) {
 // (through f), with the group it serialized: one lock file per namespace
 // and address piled up in /run otherwise, namespace cookies never coming
 // back.
-func removeLock(path string, f *os.File) {
-	if f != nil {
+func removeLock(path string, l *addrLock) {
+	if l.file() != nil {
 		os.Remove(path)
 	}
 }
@@ -670,7 +670,7 @@ func (g *group) depart(s int, r memberRec, now time.Time, tw time.Duration) {
 
 // removeIfEmpty unpins the group when no slot is held (a join that failed
 // to bind leaves nothing behind). Under the lock.
-func (g *group) removeIfEmpty(lockPath string, lf *os.File) {
+func (g *group) removeIfEmpty(lockPath string, lf *addrLock) {
 	for s := 0; s < MaxMembers; s++ {
 		if g.member(s).State != stateFree {
 			return
@@ -760,7 +760,15 @@ type Member struct {
 	opts Options
 	g    *group
 	slot int
-	lock string
+	lock string // the lock file
+	key  string // the group's key: its abstract lock name
+
+	// inNetns runs a function in the group's network namespace (the
+	// thread that joined was in it), for the abstract lock's socket when
+	// a later call comes on a thread of another namespace; netns is its
+	// handle, closed by Close.
+	inNetns func(func() error) error
+	netns   *os.File
 
 	mu     sync.Mutex
 	closed bool
@@ -840,13 +848,13 @@ func (e *fullError) Unwrap() error { return ErrFull }
 // joinLocked takes the address's lock, a slot and the socket (Join).
 func joinLocked(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int, err error)) (*Member, error) {
 	o := *opts
-	lockPath := lockName(o.LockDir, ap)
-	lf, err := flock(lockPath)
+	lockPath, key := lockName(o.LockDir, ap), groupKey(ap)
+	lf, err := lockAddr(lockPath, key, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer lf.Close()
-	g, err := openGroup(ap, dirName(o.PinRoot, ap), groupKey(ap))
+	g, err := openGroup(ap, dirName(o.PinRoot, ap), key)
 	if err != nil {
 		if _, serr := os.Stat(dirName(o.PinRoot, ap)); os.IsNotExist(serr) {
 			removeLock(lockPath, lf) // no group: nothing for the file to serialize
@@ -901,7 +909,8 @@ func joinLocked(ap netip.AddrPort, opts *Options, open func(progFD int) (fd int,
 		return nil, fmt.Errorf("share: member record: %w", err)
 	}
 	g.stats.Update(uint32(slot), uint64(0), ebpf.UpdateAny)
-	m := &Member{ap: ap, opts: o, g: g, slot: slot, lock: lockPath, svcs: map[uint64]bool{}, stop: make(chan struct{})}
+	m := &Member{ap: ap, opts: o, g: g, slot: slot, lock: lockPath, key: key, svcs: map[uint64]bool{}, stop: make(chan struct{})}
+	m.inNetns, m.netns = netnsRunner()
 	go m.watch()
 	return m, nil
 }
@@ -926,7 +935,7 @@ func (m *Member) watch() {
 		}
 		m.mu.Lock()
 		if !m.closed {
-			if f, err := tryFlock(m.lock); err == nil && f != nil {
+			if f, err := tryLockAddr(m.lock, m.key, m.inNetns); err == nil && f != nil {
 				m.g.sweep(time.Now(), m.opts.TimeWait)
 				f.Close()
 			}
@@ -955,7 +964,7 @@ func AttachProgram(fd, progFD int) error {
 
 // locked runs f under the address's lock after a sweep.
 func (m *Member) locked(f func() error) error {
-	lf, err := flock(m.lock)
+	lf, err := lockAddr(m.lock, m.key, m.inNetns)
 	if err != nil {
 		return err
 	}
@@ -1109,6 +1118,9 @@ func (m *Member) Close() error {
 		return nil
 	})
 	m.g.close()
+	if m.netns != nil {
+		m.netns.Close()
+	}
 	return err
 }
 
@@ -1121,7 +1133,7 @@ func Remove(ap netip.AddrPort, pinRoot string) (bool, error) {
 	o.PinRoot = pinRoot
 	o.defaults()
 	lockPath := lockName(o.LockDir, ap)
-	lf, err := flock(lockPath)
+	lf, err := lockAddr(lockPath, groupKey(ap), nil)
 	if err != nil {
 		return false, err
 	}
@@ -1219,7 +1231,7 @@ func sweepLocks(base, lockDir string) {
 			continue // held: in use
 		}
 		if _, err := os.Stat(filepath.Join(base, name)); os.IsNotExist(err) {
-			removeLock(path, f)
+			os.Remove(path)
 		}
 		f.Close()
 	}
@@ -1230,7 +1242,7 @@ func sweepLocks(base, lockDir string) {
 // reports whether it did. A directory this version cannot load is left
 // alone (Remove is the way to clear one).
 func sweepGroup(dir, lockPath string, now time.Time, tw time.Duration) bool {
-	f, err := tryFlock(lockPath)
+	f, err := tryLockAddr(lockPath, filepath.Base(dir), nil)
 	if err != nil || f == nil {
 		return false
 	}
