@@ -7,10 +7,11 @@
 //
 // A key is index<<8 | keyByte, as in verbs: a 24-bit table index and an
 // 8-bit key byte. Regions and windows share one index space; an MR's lkey
-// and rkey are the same value. A released index is reused oldest-first and
-// always with a new key byte, so a key that outlived its registration
-// fails with ErrStaleKey (until the byte wraps after 256 reuses of the same
-// index, as on hardware). Lookups are O(1) and lock-free: a fixed array of
+// and rkey are the same value. A released index is held back until 4096
+// others have been released, then reused oldest-first and always with a new
+// key byte, so a key that outlived its registration fails with ErrStaleKey
+// for at least 256 × 4096 registrations after it (the byte wraps after 256
+// reuses of the same index, as on hardware). Lookups are O(1) and lock-free: a fixed array of
 // lazily allocated 4096-slot pages, each slot an atomic pointer to an
 // immutable entry.
 //

@@ -316,35 +316,51 @@ func TestRegistrationRules(t *testing.T) {
 	}
 }
 
-// TestKeyReuse: re-registration at the same index gets a new key byte and
-// the old key fails as stale.
+// TestKeyReuse: a region deregistered and registered again over and over
+// (a bounce buffer per request) never gets a key it had before within
+// reuseAfter × 256 registrations, every old key fails as stale, and a
+// released index comes back only after reuseAfter others, with the next
+// key byte. Before, the same index came back at once and the key
+// repeated exactly every 256 registrations (a peer's stale rkey wrote
+// the new region).
 func TestKeyReuse(t *testing.T) {
 	tb := NewTable(Limits{})
 	pd := mustPD(t, tb)
 	buf := alignedBuf(64)
 	mr := mustMR(t, pd, buf, 0x1000, allRights)
-	seen := map[uint32]bool{mr.RKey(): true}
-	for i := 0; i < 255; i++ {
-		old := mr.RKey()
+	first := mr.RKey()
+	seen := map[uint32]bool{first: true}
+	keys := []uint32{first}
+	for i := 0; i < 3*reuseAfter; i++ {
 		if err := mr.Deregister(); err != nil {
 			t.Fatal(err)
 		}
 		mr = mustMR(t, pd, buf, 0x1000, allRights)
-		if KeyIndex(mr.RKey()) != KeyIndex(old) {
-			t.Fatalf("index changed: %#x -> %#x", old, mr.RKey())
+		k := mr.RKey()
+		if seen[k] {
+			t.Fatalf("registration %d: key %#x handed out again", i+1, k)
 		}
-		if KeyByte(mr.RKey()) != KeyByte(old)+1 {
-			t.Fatalf("key byte %#x -> %#x, want +1", KeyByte(old), KeyByte(mr.RKey()))
+		seen[k] = true
+		keys = append(keys, k)
+		if i%97 == 0 {
+			for _, old := range keys[:len(keys)-1] {
+				if err := pd.WriteRemote(old, 0x1000, []byte{1}); !errors.Is(err, ErrStaleKey) {
+					t.Fatalf("old key %#x: %v, want ErrStaleKey", old, err)
+				}
+			}
 		}
-		if seen[mr.RKey()] {
-			t.Fatalf("key %#x reused within 256 registrations", mr.RKey())
-		}
-		seen[mr.RKey()] = true
-		if err := pd.WriteRemote(old, 0x1000, []byte{1}); !errors.Is(err, ErrStaleKey) {
-			t.Fatalf("old key %#x: %v, want ErrStaleKey", old, err)
-		}
-		if err := pd.WriteRemote(mr.RKey(), 0x1000, []byte{1}); err != nil {
+		if err := pd.WriteRemote(k, 0x1000, []byte{1}); err != nil {
 			t.Fatal(err)
+		}
+	}
+	// The first index came back after reuseAfter releases, key byte + 1.
+	back := keys[reuseAfter]
+	if KeyIndex(back) != KeyIndex(first) || KeyByte(back) != KeyByte(first)+1 {
+		t.Fatalf("registration %d got %#x, want index %#x with key byte %#x", reuseAfter, back, KeyIndex(first), KeyByte(first)+1)
+	}
+	for i, k := range keys[1:reuseAfter] {
+		if KeyIndex(k) == KeyIndex(first) {
+			t.Fatalf("registration %d reused the first index before %d others were released", i+1, reuseAfter)
 		}
 	}
 }

@@ -62,7 +62,7 @@ type Table struct {
 	next  atomic.Uint32 // indices in [1, next) have been handed out at least once
 
 	mu     sync.Mutex
-	free   []uint32 // released indices, reused oldest first (FIFO)
+	free   []uint32 // released indices, reused oldest first (FIFO) once reuseAfter are held
 	rng    *rand.Rand
 	usage  Usage
 	closed bool  // Close was called; under mu
@@ -218,7 +218,7 @@ func (t *Table) slot(idx uint32) *atomic.Pointer[entry] {
 
 // allocIndex hands out an index and its next key. Called with t.mu held.
 func (t *Table) allocIndex() (idx uint32, key uint32, err error) {
-	if len(t.free) > 0 {
+	if len(t.free) >= reuseAfter || len(t.free) > 0 && t.next.Load() > maxIndex {
 		idx = t.free[0]
 		t.free = t.free[1:]
 	} else {
@@ -237,6 +237,17 @@ func (t *Table) allocIndex() (idx uint32, key uint32, err error) {
 	}
 	return idx, t.bumpKey(idx), nil
 }
+
+// reuseAfter is how many released indices the table holds back before it
+// reuses the oldest (fresh indices are handed out meanwhile, or a held one
+// once all 2^24 have been). Reusing a released index at once brought one
+// churned registration (a bounce buffer per request) back to the same
+// index every time, so its key came back exactly 256 registrations after
+// it was released — and a peer still holding it could write the new
+// region of the same PD; now it takes at least 256 × 4096 registrations.
+// rxe allocates indices cyclically for the same reason. It costs one
+// table page (36 KiB) more at most.
+const reuseAfter = 4096
 
 // bumpKey gives idx a new key byte (previous + 1) and returns the key.
 // Called with t.mu held.
