@@ -548,29 +548,66 @@ func (d *Device) now() time.Time {
 }
 
 // qpTable is a two-level table of the 2^24 QPNs: 4096 pages of 4096 QPs,
-// a page allocated when its first QP is. Readers need no lock.
+// a page allocated when its first QP is and let go when its last one is
+// destroyed. QPNs go round the whole space on an unshared device, so pages
+// kept for good grew the table by 32 KiB every 4096 QPs ever created, to
+// 128 MiB with no QP alive (longev25 F1). One emptied page is kept as a
+// spare for the next page needed, so a connection loop does not allocate
+// one per QP. Readers need no lock: a reader may still hold a page that
+// was emptied and reused for other QPNs, so get checks the QP's number.
 type qpTable struct {
-	pages [4096]atomic.Pointer[[4096]atomic.Pointer[QP]]
+	pages [4096]atomic.Pointer[qpPage]
+	live  [4096]uint16 // QPs per page; under the device's mu
+	spare *qpPage      // an emptied page, all nil; under the device's mu
 }
+
+type qpPage [4096]atomic.Pointer[QP]
 
 func (t *qpTable) get(qpn uint32) *QP {
 	if p := t.pages[(qpn>>12)&0xfff].Load(); p != nil {
-		return p[qpn&0xfff].Load()
+		if q := p[qpn&0xfff].Load(); q != nil && q.qpn == qpn {
+			return q
+		}
 	}
 	return nil
 }
 
 // set stores qp (nil removes) at qpn. Called with the device's mu held.
 func (t *qpTable) set(qpn uint32, qp *QP) {
-	p := t.pages[(qpn>>12)&0xfff].Load()
+	i := (qpn >> 12) & 0xfff
+	p := t.pages[i].Load()
 	if p == nil {
 		if qp == nil {
 			return
 		}
-		p = new([4096]atomic.Pointer[QP])
-		t.pages[(qpn>>12)&0xfff].Store(p)
+		p, t.spare = t.spare, nil
+		if p == nil {
+			p = new(qpPage)
+		}
+		t.pages[i].Store(p)
 	}
-	p[qpn&0xfff].Store(qp)
+	old := p[qpn&0xfff].Swap(qp)
+	switch {
+	case old == nil && qp != nil:
+		t.live[i]++
+	case old != nil && qp == nil:
+		t.live[i]--
+		if t.live[i] == 0 {
+			t.pages[i].Store(nil)
+			t.spare = p
+		}
+	}
+}
+
+// pageCount returns how many pages the table holds (tests).
+func (t *qpTable) pageCount() int {
+	n := 0
+	for i := range t.pages {
+		if t.pages[i].Load() != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // getBuf returns a packet buffer of udp.MaxPacketSize bytes.
