@@ -317,7 +317,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		} else {
 			d.qpns.src = &wholeSpace{given: true}
 			d.qpns.ranges = [][2]uint32{{firstQPN, bth.PSNMask + 1 - firstQPN}}
-			d.qpns.next = d.nextQPN
+			d.qpns.starts = []uint32{d.nextQPN - firstQPN}
 		}
 	}
 	d.tq = newTimerQueue(d.clock, d.fireTimer)

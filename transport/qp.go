@@ -293,7 +293,7 @@ func (d *Device) CreateQP(pd *memreg.PD, a QPInitAttr) (*QP, error) {
 	if err := pd.Acquire(); err != nil {
 		return nil, fmt.Errorf("transport: CreateQP: pd: %w", err)
 	}
-	n, err := d.qpns.alloc(func(n uint32) bool { _, busy := d.qps[n]; return busy })
+	n, err := d.qpns.alloc(d.now(), func(n uint32) bool { _, busy := d.qps[n]; return busy })
 	if err != nil {
 		pd.Release()
 		return nil, err

@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/udp"
@@ -58,58 +59,93 @@ func sharedLinkOf(l udp.Link) udp.SharedLink {
 	return nil
 }
 
-// qpnAlloc hands out QPNs from the ranges a QPNSource gave. Under the
-// device's mu.
+// qpnAlloc hands out QPNs from the ranges a QPNSource gave, going round
+// each range from its start (a random QPN of it on a shared link's
+// leases) before the next. Under the device's mu.
 type qpnAlloc struct {
 	src    QPNSource
 	ranges [][2]uint32 // first, n
-	cur    int         // the range next is in
-	next   uint32      // the next candidate QPN
+	starts []uint32    // per range: the offset its round begins at
+	cur    int         // the range being gone through
+	pos    uint32      // the next candidate's place in it, from its start
 	random bool        // start each range at a random QPN (a shared link's leases)
+
+	walked     uint64    // candidates tried since roundStart
+	roundStart time.Time // when the current round through the ranges began
 }
 
+// A QPN is not handed out again within qpnReuseMin of its last time while
+// the device may take more ranges (at most qpnMaxRanges): when a round
+// through its ranges ends sooner, the device asks its source for another
+// range first. A shared link's lease is 4096 QPNs, and going round it
+// again at once gave a QPN to a new connection while late packets of the
+// last one to hold it could still arrive (longev25 F3: a repeat every
+// 4096 QPs); rxe goes round a range of its own the same way, but a larger
+// one.
+const (
+	qpnReuseMin  = time.Minute
+	qpnMaxRanges = 8
+)
+
 // alloc returns a QPN for which busy is false, leasing a new range from
-// the source when every QPN of the current ones is busy.
-func (a *qpnAlloc) alloc(busy func(uint32) bool) (uint32, error) {
+// the source when every QPN of the current ones is busy, or when a round
+// through them ended within qpnReuseMin (then a failed lease only means
+// the QPNs are reused). now is the device's clock.
+func (a *qpnAlloc) alloc(now time.Time, busy func(uint32) bool) (uint32, error) {
 	total := uint64(0)
 	for _, r := range a.ranges {
 		total += uint64(r[1])
 	}
+	if total > 0 && a.walked >= total {
+		if now.Sub(a.roundStart) < qpnReuseMin && len(a.ranges) < qpnMaxRanges && a.lease() == nil {
+			// The round goes on through the new range only: the
+			// others' QPNs were just handed out.
+			total += uint64(a.ranges[len(a.ranges)-1][1])
+		} else {
+			a.walked, a.roundStart = 0, now
+		}
+	}
 	for tried := uint64(0); tried < total; tried++ {
 		r := a.ranges[a.cur]
-		if a.next < r[0] || a.next-r[0] >= r[1] {
-			a.cur = (a.cur + 1) % len(a.ranges)
-			a.next = a.ranges[a.cur][0]
-			r = a.ranges[a.cur]
-		}
-		n := a.next
-		a.next++
-		if a.next-r[0] >= r[1] {
-			a.cur = (a.cur + 1) % len(a.ranges)
-			a.next = a.ranges[a.cur][0]
+		n := r[0] + (a.starts[a.cur]+a.pos)%r[1]
+		a.walked++
+		if a.pos++; a.pos >= r[1] {
+			a.cur, a.pos = (a.cur+1)%len(a.ranges), 0
 		}
 		if !busy(n) {
 			return n, nil
 		}
 	}
+	if total == 0 {
+		a.roundStart = now
+	}
+	if err := a.lease(); err != nil {
+		return 0, err
+	}
+	return a.alloc(now, busy)
+}
+
+// lease takes a new range from the source and makes it the current one.
+func (a *qpnAlloc) lease() error {
 	first, n, err := a.src.NextRange()
 	if err != nil {
-		return 0, fmt.Errorf("transport: CreateQP: QPN range: %w", err)
+		return fmt.Errorf("transport: CreateQP: QPN range: %w", err)
 	}
 	if n == 0 || first <= 1 || uint64(first)+uint64(n) > bth.PSNMask+1 {
-		return 0, fmt.Errorf("transport: CreateQP: QPN source gave range [%#x, +%d): %w", first, n, ErrInvalidConfig)
+		return fmt.Errorf("transport: CreateQP: QPN source gave range [%#x, +%d): %w", first, n, ErrInvalidConfig)
 	}
-	a.ranges = append(a.ranges, [2]uint32{first, n})
-	a.cur = len(a.ranges) - 1
-	a.next = first
+	start := uint32(0)
 	if a.random {
 		// From a random QPN of the range on, as a device's first QPN
 		// is random (DeviceConfig.FirstQPN): a restarted process given
 		// the same range does not number its QPs as its previous life
 		// did while peers may still know them.
-		a.next = first + uint32(rand.N(n))
+		start = uint32(rand.N(n))
 	}
-	return a.alloc(busy)
+	a.ranges = append(a.ranges, [2]uint32{first, n})
+	a.starts = append(a.starts, start)
+	a.cur, a.pos = len(a.ranges)-1, 0
+	return nil
 }
 
 // QPNRanges returns the ranges of QPNs the device has taken from its

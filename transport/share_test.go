@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorocev2/rocev2/udp"
 	"github.com/gorocev2/rocev2/udp/memnet"
@@ -187,5 +188,99 @@ func TestSharedQPNsRandom(t *testing.T) {
 	}
 	if len(seen) < 8 {
 		t.Fatalf("16 devices numbered their first QP with %d QPNs: %v", len(seen), seen)
+	}
+}
+
+// TestQPNNotReusedSoon: on a shared link (4096-QPN leases) a device went
+// round its lease again at once, so a QPN came back every 4096 QPs created
+// while a dead connection's late packets could still reach it (longev25
+// F3). A round through the ranges that ends within qpnReuseMin takes
+// another range first (up to qpnMaxRanges); after qpnReuseMin, or with no
+// range left to take, the QPNs of the ranges held are used again.
+func TestQPNNotReusedSoon(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	l, err := n.Link(netip.MustParseAddr("192.0.2.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 16
+	var ranges [][2]uint32
+	for i := range 2 * qpnMaxRanges {
+		ranges = append(ranges, [2]uint32{uint32(0x10000 + 0x1000*i), size})
+	}
+	link := &sharedMem{Link: l, src: rangeSource{ranges: ranges}, svcs: map[uint64]bool{}}
+	clk := NewManualClock(time.Unix(1e9, 0))
+	dev, err := NewDevice(link, DeviceConfig{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(16)
+	churn := func(k int) []uint32 {
+		var out []uint32
+		for range k {
+			qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1, MaxRecvWR: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, qp.QPN())
+			qp.Destroy()
+		}
+		return out
+	}
+	seen := map[uint32]int{}
+	for i, q := range churn(qpnMaxRanges * size) {
+		if j, dup := seen[q]; dup {
+			t.Fatalf("QP %d got QPN %#x again (QP %d had it) within %v, with ranges left to take", i, q, j, qpnReuseMin)
+		}
+		seen[q] = i
+	}
+	if r := dev.QPNRanges(); len(r) != qpnMaxRanges {
+		t.Fatalf("%d ranges taken, want %d", len(r), qpnMaxRanges)
+	}
+	// At qpnMaxRanges: the held ranges go round again.
+	for _, q := range churn(size) {
+		if _, ok := seen[q]; !ok {
+			t.Fatalf("QPN %#x outside the held ranges after %d were taken", q, qpnMaxRanges)
+		}
+	}
+	if r := dev.QPNRanges(); len(r) != qpnMaxRanges {
+		t.Fatalf("%d ranges after the limit, want %d", len(r), qpnMaxRanges)
+	}
+}
+
+// TestQPNReusedAfterMinimum: a device whose round through its range took
+// longer than qpnReuseMin goes round it again rather than taking another.
+func TestQPNReusedAfterMinimum(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	l, err := n.Link(netip.MustParseAddr("192.0.2.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := &sharedMem{Link: l, src: rangeSource{ranges: [][2]uint32{{0x10000, 4}, {0x20000, 4}}}, svcs: map[uint64]bool{}}
+	clk := NewManualClock(time.Unix(1e9, 0))
+	dev, err := NewDevice(link, DeviceConfig{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(16)
+	for i := range 12 {
+		if i%2 == 1 {
+			clk.Advance(qpnReuseMin / 2)
+		}
+		qp, err := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1, MaxRecvWR: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if qp.QPN()>>16 != 1 {
+			t.Fatalf("QP %d: QPN %#x outside the first range", i, qp.QPN())
+		}
+		qp.Destroy()
+	}
+	if r := dev.QPNRanges(); len(r) != 1 {
+		t.Fatalf("%d ranges taken, want 1", len(r))
 	}
 }
