@@ -228,6 +228,11 @@ func (c *completer) onAck(p *packetT, psn bth.PSN) {
 			w.status = WCBadRespErr
 		}
 		qp.failWQE(w, w.status)
+	default:
+		// The reserved syndrome type (binary 10): no responder sends
+		// it. Dropped as a malformed packet, as a header that fails
+		// its checks is; the request is resent on its timeout.
+		inc(&qp.dev.ctr.MalformedPkts)
 	}
 }
 

@@ -22,7 +22,7 @@ type Counters struct {
 	RDMASends           uint64 // rdma_sends: SEND messages completed by the requester
 	RDMARecvs           uint64 // rdma_recvs: receive WQEs consumed by the responder
 	LocalAckTimeout     uint64 // local_ack_timeout_err: local ACK timer expirations that retried
-	MalformedPkts       uint64 // malformed_pkts: packets that did not parse
+	MalformedPkts       uint64 // malformed_pkts: packets that did not parse (and ACKs with AETH's reserved syndrome type)
 	UnknownQP           uint64 // unknown_qp: packets for a QPN the device does not have
 	TransportMismatch   uint64 // transport_mismatch: packets whose transport (UC, UD) the QP does not run
 	WrongState          uint64 // wrong_state: packets for a QP in RESET, INIT or ERR

@@ -710,3 +710,32 @@ func TestNAKBeyondUnansweredRead(t *testing.T) {
 		})
 	}
 }
+
+// TestReservedAETHTypeDropped: an ACK whose AETH syndrome has the reserved
+// type (binary 10) acknowledges nothing and fails nothing: it is dropped
+// and counted as malformed (it was dropped without a count), and the
+// outstanding WR completes normally once a real ACK comes.
+func TestReservedAETHTypeDropped(t *testing.T) {
+	a, _, first, dmr, smr := silentRequester(t)
+	if err := a.qp.PostSend(SendWR{WRID: 7, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	before := a.dev.Counters().MalformedPkts
+	if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first, aeth.Syndrome(2<<5), 1), addrB); err != nil {
+		t.Fatal(err)
+	}
+	noWC(t, a.scq)
+	if got := a.dev.Counters().MalformedPkts - before; got != 1 {
+		t.Errorf("malformed_pkts +%d, want +1", got)
+	}
+	if st := a.qp.State(); st != QPSRTS {
+		t.Errorf("state %v, want RTS", st)
+	}
+	if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first, aeth.ACK(0), 1), addrB); err != nil {
+		t.Fatal(err)
+	}
+	wcs := waitWC(t, a.scq, 1, time.Second)
+	if wcs[0].WRID != 7 || wcs[0].Status != WCSuccess {
+		t.Errorf("after the real ACK: %+v", wcs[0])
+	}
+}
