@@ -54,6 +54,7 @@ type Counters struct {
 
 	SRHeld        uint64 // sr_held: out-of-order requests a selective repeat responder held
 	SROutOfWindow uint64 // sr_out_of_window: out-of-order requests beyond the window, dropped
+	SRHoldFull    uint64 // sr_hold_full: out-of-order requests dropped because the device's QPs held SRConfig.MaxHeld packets
 	SRSACKSent    uint64 // sr_sack_sent: selective NAKs (with a SACK block) sent
 	SRSACKRcvd    uint64 // sr_sack_rcvd: selective NAKs received
 	SRRecoveries  uint64 // sr_recoveries: selective resend rounds (each resends only missing PSNs)
@@ -116,6 +117,7 @@ var counterFields = []struct {
 	{"rp_cnp_ignored", func(c *Counters) *uint64 { return &c.RPCNPIgnored }},
 	{"sr_held", func(c *Counters) *uint64 { return &c.SRHeld }},
 	{"sr_out_of_window", func(c *Counters) *uint64 { return &c.SROutOfWindow }},
+	{"sr_hold_full", func(c *Counters) *uint64 { return &c.SRHoldFull }},
 	{"sr_sack_sent", func(c *Counters) *uint64 { return &c.SRSACKSent }},
 	{"sr_sack_rcvd", func(c *Counters) *uint64 { return &c.SRSACKRcvd }},
 	{"sr_recoveries", func(c *Counters) *uint64 { return &c.SRRecoveries }},

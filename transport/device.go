@@ -146,6 +146,9 @@ type Device struct {
 	// them while it queues packets and gives them back once they are sent,
 	// so an idle QP holds none.
 	bufs sync.Pool
+	// srHeld counts the out-of-order packets the device's selective
+	// repeat QPs hold (SRConfig.MaxHeld).
+	srHeld atomic.Int64
 
 	lastRecvErr atomic.Pointer[error] // the link's last Recv error
 

@@ -55,8 +55,10 @@ import (
 // Memory. A QP without selective repeat has a nil pointer. With it, the
 // state is about 3.5 KiB with the default window of 128 (srState), and the
 // held packets take at most Window pool buffers of udp.MaxPacketSize bytes
-// (128 × 4224 B = 528 KiB per QP at the default; SRMemoryWorstCase), given
-// back as they are executed or when the QP leaves RTR/RTS.
+// (128 × 4224 B = 528 KiB per QP at the default; SRMemoryWorstCase; Go's
+// allocator rounds each buffer up to 4864 B, 608 KiB), given back as they
+// are executed or when the QP leaves RTR/RTS, and all the device's QPs hold
+// at most SRConfig.MaxHeld packets together.
 
 // SRConfig configures selective repeat on a device's QPs that negotiated
 // it. The zero value selects every default.
@@ -80,6 +82,15 @@ type SRConfig struct {
 	// LowThreshold is the number of outstanding packets up to which
 	// RTOLow applies (default 3, IRN's N).
 	LowThreshold int
+	// MaxHeld is the most out-of-order packets all the device's QPs
+	// hold together (default 8192: about 38 MiB of pool buffers). Each
+	// QP holds at most Window, but a peer that sends every QP it has a
+	// window of tiny packets ahead of a gap made the device hold a
+	// 4.75 KiB buffer for each (1.2 GiB for 1000 QPs from 9 MB sent,
+	// hostile26). A packet beyond it is dropped and counted
+	// (sr_hold_full) as one beyond the window is: the requester sends it
+	// again, as go-back-N would.
+	MaxHeld int
 }
 
 // srRingBits is the size of the requester's per-PSN bitmaps: MaxInflight
@@ -126,6 +137,12 @@ func (c SRConfig) normalize() (SRConfig, error) {
 	}
 	if c.LowThreshold < 0 {
 		return c, fmt.Errorf("transport: NewDevice: SelectiveRepeat.LowThreshold %d < 0: %w", c.LowThreshold, ErrInvalidConfig)
+	}
+	if c.MaxHeld == 0 {
+		c.MaxHeld = 8192
+	}
+	if c.MaxHeld < 0 {
+		return c, fmt.Errorf("transport: NewDevice: SelectiveRepeat.MaxHeld %d < 0: %w", c.MaxHeld, ErrInvalidConfig)
 	}
 	return c, nil
 }
@@ -230,7 +247,7 @@ func (qp *QP) srFree() {
 	}
 	for i := range s.slots {
 		if b := s.slots[i].buf; b != nil {
-			qp.dev.bufs.Put(b)
+			qp.srRelease(b)
 		}
 		s.slots[i] = srSlot{}
 	}
@@ -286,7 +303,7 @@ func (qp *QP) srHold(p *packetT, psn bth.PSN, d int32) {
 			return
 		}
 		// A packet behind the expected PSN (a READ's range was skipped).
-		qp.dev.bufs.Put(sl.buf)
+		qp.srRelease(sl.buf)
 		*sl = srSlot{}
 		s.held--
 	}
@@ -297,11 +314,23 @@ func (qp *QP) srHold(p *packetT, psn bth.PSN, d int32) {
 			span = int32(min(npkts(n, qp.mtu), int(w)))
 		}
 	}
+	if qp.dev.srHeld.Add(1) > int64(qp.dev.cfg.SelectiveRepeat.MaxHeld) {
+		qp.dev.srHeld.Add(-1)
+		inc(&qp.dev.ctr.SRHoldFull)
+		qp.srSendSACK(false)
+		return
+	}
 	buf := qp.dev.getBuf()
 	*sl = srSlot{buf: buf, n: int32(copy(buf[:], raw)), span: span, psn: psn}
 	s.held++
 	inc(&qp.dev.ctr.SRHeld)
 	qp.srSendSACK(false)
+}
+
+// srRelease gives a held packet's buffer back to the device's pool.
+func (qp *QP) srRelease(buf *[udp.MaxPacketSize]byte) {
+	qp.dev.bufs.Put(buf)
+	qp.dev.srHeld.Add(-1)
 }
 
 // srDrain executes the held packets that are now in sequence, after the
@@ -321,7 +350,7 @@ func (qp *QP) srDrain(prev bth.PSN) {
 		// hold nothing of use any more.
 		for q, k := prev.Add(1), uint32(0); q != r.psn && k < w; q, k = q.Add(1), k+1 {
 			if sl := &s.slots[uint32(q)%w]; sl.buf != nil && sl.psn == q {
-				qp.dev.bufs.Put(sl.buf)
+				qp.srRelease(sl.buf)
 				*sl = srSlot{}
 				s.held--
 			}
@@ -338,7 +367,7 @@ func (qp *QP) srDrain(prev bth.PSN) {
 			r.nakSent = false
 			qp.resp.execute(&pk, prev)
 		}
-		qp.dev.bufs.Put(buf)
+		qp.srRelease(buf)
 		if r.psn == prev { // RNR NAK or an error: the requester resends
 			break
 		}
@@ -386,7 +415,7 @@ func (qp *QP) srSendSACK(force bool) bool {
 		}
 		d := int(sl.psn.Diff(r.psn))
 		if d < 1 {
-			qp.dev.bufs.Put(sl.buf)
+			qp.srRelease(sl.buf)
 			*sl = srSlot{}
 			s.held--
 			continue

@@ -977,3 +977,99 @@ func TestSRSettledScans(t *testing.T) {
 		}
 	}
 }
+
+// TestSRMaxHeldDevice: every QP holds at most Window out-of-order packets,
+// but the device's QPs together hold at most SRConfig.MaxHeld: a peer that
+// opened many QPs and sent each a window of tiny packets ahead of a gap
+// made the device hold a pool buffer for each (1.2 GiB for 1000 QPs,
+// hostile26). Beyond the budget a packet is dropped and counted
+// (sr_hold_full); the holes filled, the held packets drain and the
+// budget is whole again; the data the requester then resends lands.
+func TestSRMaxHeldDevice(t *testing.T) {
+	const w, budget = 16, 20
+	sl := &sinkLink{addr: addrA, done: make(chan struct{})}
+	dev, err := NewDevice(sl, DeviceConfig{Clock: manual(), SelectiveRepeat: SRConfig{Window: w, MaxHeld: budget}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	o := pairOpts{mtu: MTU256, sr: true}
+	o.defaults()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(64)
+	const npk = w // FIRST, MIDDLEs, LAST: all within the window
+	type conn struct {
+		qp   *QP
+		mem  []byte
+		want []byte
+		pkt  func(k int) []byte
+	}
+	var conns []*conn
+	for i := range 2 {
+		qp, _ := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+		connect(t, &side{qp: qp}, &side{qp: &QP{qpn: 0x99 + uint32(i)}}, addrB, 100, 200, &o)
+		c := &conn{qp: qp, mem: make([]byte, npk*256), want: make([]byte, npk*256)}
+		fill(c.want, uint64(3+i))
+		mr, _ := pd.RegisterMRIOVA(c.mem, 0x1000, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+		c.pkt = func(k int) []byte {
+			f := packet.Fields{BTH: bth.Fields{Opcode: bth.RCWriteMiddle, PKey: 0xffff, DestQP: qp.QPN(), PSN: bth.PSN(200).Add(k)},
+				Payload: c.want[k*256 : (k+1)*256]}
+			switch k {
+			case 0:
+				f.BTH.Opcode, f.RETH = bth.RCWriteFirst, packetRETH(0x1000, mr.RKey(), uint32(len(c.mem)))
+			case npk - 1:
+				f.BTH.Opcode, f.BTH.AckReq = bth.RCWriteLast, true
+			}
+			buf := make([]byte, udp.MaxPacketSize)
+			n, err := packet.Build(buf, &f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return buf[:n]
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		for k := 1; k < npk; k++ { // everything but the FIRST
+			if err := dev.HandlePacket(c.pkt(k), addrB); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	held := func() (int, int) {
+		n := [2]int{}
+		for i, c := range conns {
+			c.qp.mu.Lock()
+			n[i] = c.qp.sr.held
+			c.qp.mu.Unlock()
+		}
+		return n[0], n[1]
+	}
+	h0, h1 := held()
+	ctr := dev.Counters()
+	if h0+h1 != budget || h0 != npk-1 || ctr.SRHeld != budget || ctr.SRHoldFull != 2*(npk-1)-budget || dev.srHeld.Load() != budget {
+		t.Fatalf("held %d+%d (device %d), sr_held %d, sr_hold_full %d; want %d+%d, %d, %d",
+			h0, h1, dev.srHeld.Load(), ctr.SRHeld, ctr.SRHoldFull, npk-1, budget-(npk-1), budget, 2*(npk-1)-budget)
+	}
+	for _, c := range conns { // the holes: what was held drains
+		if err := dev.HandlePacket(c.pkt(0), addrB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h0, h1 := held(); h0+h1 != 0 || dev.srHeld.Load() != 0 {
+		t.Fatalf("after the holes: held %d+%d, device count %d; want 0", h0, h1, dev.srHeld.Load())
+	}
+	for _, c := range conns { // the requester resends what was dropped
+		c.qp.mu.Lock()
+		next := int(c.qp.resp.psn.Diff(200))
+		c.qp.mu.Unlock()
+		for k := next; k < npk; k++ {
+			if err := dev.HandlePacket(c.pkt(k), addrB); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !bytes.Equal(c.mem, c.want) || c.qp.State() != QPSRTS {
+			t.Fatalf("QP %#x: WRITE data differs or state %v", c.qp.QPN(), c.qp.State())
+		}
+	}
+}
