@@ -363,6 +363,18 @@ func (c *Conn) release() error {
 	return c.releaseLocked()
 }
 
+// releaseQP destroys the QP the connection created, giving the device
+// its place back, and leaves the rest (its CQs, with the completions it
+// received, and its PD) to release. For a connection that ended before
+// Accept handed it out (endedUnacceptedLocked).
+func (c *Conn) releaseQP() {
+	c.relMu.Lock()
+	defer c.relMu.Unlock()
+	if c.qp != nil && c.opts.QP == nil {
+		c.qp.DestroyCause(c.closedCause()) // release's own try then finds it gone (ErrDestroyed)
+	}
+}
+
 // releaseLocked is release with c.relMu held.
 func (c *Conn) releaseLocked() error {
 	if c.qp != nil && c.opts.QP != nil {
@@ -658,6 +670,7 @@ func (c *Conn) finishLocked(err error) {
 	}
 	c.endedBy(causeOf(err))
 	c.leaveHalfOpenLocked()
+	c.endedUnacceptedLocked()
 	c.unjournalLocked()
 	if c.state == stTimeWait {
 		m.timeWait--
@@ -706,6 +719,7 @@ func (c *Conn) timeWaitLocked(err error) {
 	}
 	c.endedBy(causeOf(err))
 	c.leaveHalfOpenLocked()
+	c.endedUnacceptedLocked()
 	c.unjournalLocked()
 	c.state = stTimeWait
 	c.m.timeWait++
@@ -821,4 +835,7 @@ func (c *Conn) establishPassiveLocked() {
 	c.journalLocked()
 	c.startLivenessLocked()
 	close(c.estab)
+	if c.life.owed { // answered by Accept's workers: to its queue
+		c.listener.readyLocked(c)
+	}
 }

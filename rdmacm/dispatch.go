@@ -118,6 +118,14 @@ func (m *Manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 		c.life.retried = true
 		switch c.state {
 		case stREQRcvd:
+			if l := c.listener; l != nil && l.waitsForPlaceLocked(c) {
+				// Waiting for a place in Accept's queue: no MRA, so
+				// that the requester's retries run on (it fails at
+				// their end, not hung by MRA after MRA), as Linux's
+				// listener drops a REQ its backlog has no room for
+				// "to allow future retries".
+				return
+			}
 			// The application has not answered yet: ask for patience.
 			mra := &cm.MRAFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageMRAed: cm.KindREQ,
 				ServiceTimeout: timeoutExp(c.opts.ResponseTimeout) + 2}

@@ -178,6 +178,7 @@ func (c *Conn) lostLocked(err error) {
 	c.state = stDREQSent
 	c.max = min(c.opts.MaxRetries, 2)
 	c.sendLocked(dreq)
+	c.endedUnacceptedLocked()
 	select {
 	case <-c.done:
 	default:

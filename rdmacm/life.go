@@ -86,6 +86,12 @@ type life struct {
 	retried bool         // passive side: the requester sent its REQ again (it is there)
 	rej     *RejectError // active side: the stale REJ the request met last
 	stale   int          // active side: stale REJs met
+	// Passive side, Listener.Accept's accept queue (listen.go):
+	deferred bool // the request waited for a place in it (Stats.AcceptQueueFull)
+	owed     bool // holds a place in it (listener.owed)
+	replied  bool // the REP went out
+	ready    bool // in listener.ready
+	dead     bool // ended in listener.ready (its QP destroyed)
 }
 
 // qpnKey names a peer's QP: what a new request must not reuse while a
@@ -251,6 +257,7 @@ func (c *Conn) disconnectLocked(err error) {
 	if c.qp != nil {
 		c.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
 	}
+	c.endedUnacceptedLocked()
 	select {
 	case <-c.done:
 	default:

@@ -23,6 +23,16 @@ type ListenOptions struct {
 	// oldest of all when every source holds one), which is rejected (no
 	// resources): a REQ flood costs bounded memory, and a flood from one
 	// address cannot push out another's requests.
+	//
+	// Backlog also bounds Listener.Accept's accept queue: the connections
+	// its workers answered (a QP created, the REP sent) or established
+	// and Accept has not handed out yet, of which one source address may
+	// hold half (rounded up). While the queue is full, or a request's
+	// source holds its half, the request waits unanswered — no QP, no
+	// REP; a requester that sends it again is asked to wait (MRA) — until
+	// Accept makes room, within the bounds above (HalfOpenTimeout ends it
+	// with a REJ, timeout), as Linux's rdma_cm creates no QP and sends no
+	// REP before rdma_accept. Stats.AcceptQueueFull counts them.
 	Backlog int
 	// HalfOpenTimeout bounds how long a request may stay half-open —
 	// waiting for the application's answer or for the requester's RTU —
@@ -41,18 +51,30 @@ type Listener struct {
 	wake     chan struct{} // a request was queued (capacity 1)
 	closedCh chan struct{}
 
-	// Accept's side: it accepts every request concurrently, each on its
-	// own goroutine, and hands out the established connections.
+	// Accept's side: from the first Accept on, acceptWorkers goroutines
+	// (serve) answer requests while the accept queue has room; the
+	// established connections wait in ready for Accept.
 	serveOnce sync.Once
-	ready     chan *Conn
+	readyWake chan struct{}   // a connection was queued in ready (capacity 1)
 	ctx       context.Context // ends with the listener
 	cancel    context.CancelFunc
 
 	// Under m.mu:
-	queue  []*Conn            // requests not yet handed out by Next, in arrival order
+	queue  []*Conn            // requests not yet handed out by Next (or taken by Accept's workers), in arrival order
 	half   []*Conn            // half-open requests, in arrival order (at most Backlog)
 	perSrc map[netip.Addr]int // half-open requests by source address
-	closed bool
+	// The accept queue: owed counts the connections Accept's workers
+	// took to answer and Accept has not handed out, not ended (at most
+	// Backlog; owedBy by source address, at most srcShare each). ready
+	// holds the established ones in order, with those that ended there
+	// (dead of them, at most Backlog: their QP destroyed at once, their
+	// CQs kept for Accept).
+	accepting bool // Accept was called: its workers serve the queue
+	owed      int
+	owedBy    map[netip.Addr]int
+	ready     []*Conn
+	dead      int
+	closed    bool
 	// closeErr is what Next and Accept return once closed (set before
 	// closedCh closes; nil: ErrClosed).
 	closeErr error
@@ -91,8 +113,8 @@ func (m *Manager) Listen(port uint16, opts *ListenOptions) (*Listener, error) {
 		o.HalfOpenTimeout = 10 * time.Second
 	}
 	l := &Listener{m: m, port: port, svc: cm.ServiceID(cm.PSTCP, port), opts: o,
-		wake: make(chan struct{}, 1), closedCh: make(chan struct{}), ready: make(chan *Conn, o.Backlog),
-		perSrc: map[netip.Addr]int{}}
+		wake: make(chan struct{}, 1), closedCh: make(chan struct{}), readyWake: make(chan struct{}, 1),
+		perSrc: map[netip.Addr]int{}, owedBy: map[netip.Addr]int{}}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -120,40 +142,14 @@ func (l *Listener) Addr() netip.AddrPort { return netip.AddrPortFrom(l.m.dev.Add
 
 // Next returns the next connection request. Use either Next (and answer
 // each request) or Accept on a listener, not both.
-func (l *Listener) Next(ctx context.Context) (*Request, error) { return l.next(ctx, false) }
-
-// next takes the oldest queued request, or with fair the oldest of the
-// source holding the fewest half-open requests.
-func (l *Listener) next(ctx context.Context, fair bool) (*Request, error) {
+func (l *Listener) Next(ctx context.Context) (*Request, error) {
 	m := l.m
 	for {
 		m.mu.Lock()
 		if n := len(l.queue); n > 0 {
-			var c *Conn
-			if fair {
-				// The source holding the fewest half-open requests
-				// first, the oldest of those: a flood from one
-				// address waits behind everybody else.
-				best := 0
-				for i, x := range l.queue {
-					b := l.queue[best]
-					if x.life.retried != b.life.retried {
-						if x.life.retried {
-							best = i
-						}
-						continue
-					}
-					if l.perSrc[x.peer] < l.perSrc[b.peer] {
-						best = i
-					}
-				}
-				c = l.queue[best]
-				l.queue = append(l.queue[:best], l.queue[best+1:]...)
-			} else {
-				c = l.queue[0]
-				l.queue[0] = nil
-				l.queue = l.queue[1:]
-			}
+			c := l.queue[0]
+			l.queue[0] = nil
+			l.queue = l.queue[1:]
 			c.life.queued = false
 			if n > 1 {
 				select { // another waiter may take the rest
@@ -167,10 +163,7 @@ func (l *Listener) next(ctx context.Context, fair bool) (*Request, error) {
 		closed, cerr := l.closed, l.closeErr
 		m.mu.Unlock()
 		if closed {
-			if cerr != nil {
-				return nil, cerr
-			}
-			return nil, ErrClosed
+			return nil, closedErr(cerr)
 		}
 		select {
 		case <-l.wake:
@@ -181,35 +174,85 @@ func (l *Listener) next(ctx context.Context, fair bool) (*Request, error) {
 	}
 }
 
+// closedErr is what Next, Accept and the workers return once the
+// listener is closed: its closeErr, else ErrClosed.
+func closedErr(cerr error) error {
+	if cerr != nil {
+		return cerr
+	}
+	return ErrClosed
+}
+
 // Accept returns the next established connection, accepted with the
 // listener's options. The listener accepts requests concurrently from the
 // first Accept on (one at a time when the options name a QP of the
-// caller's), each on its own goroutine and within the listener's
-// backlog and half-open timeout, so requests that never complete (a lost
-// or forged peer) do not hold up the others; connections established
-// while nobody waits in Accept wait for the next call (as accept(2)'s
-// queue). A connection the peer established and has ended since (it
-// wrote and disconnected before this side's goroutines ran) is returned
-// too, as accept(2) returns a socket whose peer has closed: its Done is
-// closed, Err says why, and the completions it received are in its CQs.
-// Use either Next or Accept on a listener, not both.
+// caller's), within the listener's half-open timeout, so requests that
+// never complete (a lost or forged peer) do not hold up the others;
+// connections established while nobody waits in Accept wait for the next
+// call (as accept(2)'s queue). That accept queue is bounded by Backlog,
+// and one source address holds at most half of it: beyond, requests wait
+// unanswered — no QP is created, no REP sent — until Accept makes room
+// (ListenOptions.Backlog), so a peer that connects and never gets
+// accepted cannot take the device's QPs.
+//
+// A connection the peer established and has ended since, before Accept
+// handed it out (it wrote and disconnected before the application's
+// Accept ran; or keep-alive, its QP or a DREQ ended it while it waited),
+// is returned too, as accept(2) returns a socket whose peer has closed:
+// its Done is closed, Err says why, and the completions it received are
+// in its CQs. Its QP was destroyed when it ended (the device's place for
+// it freed without waiting for Accept); Close releases the rest. Of those,
+// the listener keeps at most Backlog, releasing the oldest beyond
+// (Stats.AcceptQueueEvicted). Use either Next or Accept on a listener,
+// not both.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
-	l.serveOnce.Do(func() { go l.serve() })
-	select {
-	case c := <-l.ready:
-		return c, nil
-	default:
-	}
-	select {
-	case c := <-l.ready:
-		return c, nil
-	case <-l.closedCh:
-		if l.closeErr != nil {
-			return nil, l.closeErr
+	m := l.m
+	l.serveOnce.Do(func() {
+		m.mu.Lock()
+		l.accepting = true
+		m.mu.Unlock()
+		go l.serve()
+	})
+	for {
+		m.mu.Lock()
+		if h := testHookEstablished.Load(); h != nil && len(l.ready) > 0 {
+			// Stands for the scheduling delay between the
+			// establishment and this goroutine's look at the queue.
+			c := l.ready[0]
+			m.mu.Unlock()
+			(*h)(c)
+			m.mu.Lock()
 		}
-		return nil, ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
+		if n := len(l.ready); n > 0 {
+			c := l.ready[0]
+			l.ready[0] = nil
+			l.ready = l.ready[1:]
+			c.life.ready = false
+			if c.life.dead {
+				c.life.dead = false
+				l.dead--
+			}
+			c.unoweLocked()
+			m.mu.Unlock()
+			if n > 1 {
+				select { // another Accept may take the rest
+				case l.readyWake <- struct{}{}:
+				default:
+				}
+			}
+			return c, nil
+		}
+		closed, cerr := l.closed, l.closeErr
+		m.mu.Unlock()
+		if closed {
+			return nil, closedErr(cerr)
+		}
+		select {
+		case <-l.readyWake:
+		case <-l.closedCh: // looked at again above
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 }
 
@@ -217,31 +260,25 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 // REP) at once; the wait for each requester's RTU costs no worker.
 const acceptWorkers = 4
 
-// serve accepts requests until the listener closes: acceptWorkers
-// goroutines take the request of the source holding the fewest half-open
-// requests first (a flood from one address waits behind everybody else),
-// reply, and leave the wait for the RTU to a goroutine of the
-// connection's own.
+// serve answers requests until the listener closes: acceptWorkers
+// goroutines take requests (take: while the accept queue has room, the
+// source holding the fewest places in it first) and reply; the RTU
+// establishes the connection into the accept queue (readyLocked), no
+// goroutine of its own waiting for it.
 func (l *Listener) serve() {
 	if l.opts.QP != nil {
 		// The caller's one QP serves one connection at a time: each
 		// request is accepted to the end before the next is taken.
 		go func() {
 			for {
-				r, err := l.next(l.ctx, true)
+				r, err := l.take(l.ctx)
 				if err != nil {
 					return
 				}
 				o := l.opts.Options
-				c, err := r.Accept(l.ctx, &o)
-				if err != nil {
-					continue
-				}
-				select {
-				case l.ready <- c:
-				case <-l.closedCh:
-					c.Close()
-				}
+				// Established, it waits in the accept queue; failed,
+				// Accept has released it.
+				r.Accept(l.ctx, &o)
 			}
 		}()
 		return
@@ -249,30 +286,215 @@ func (l *Listener) serve() {
 	for i := 0; i < acceptWorkers; i++ {
 		go func() {
 			for {
-				r, err := l.next(l.ctx, true)
+				r, err := l.take(l.ctx)
 				if err != nil {
 					return
 				}
 				o := l.opts.Options
-				c, err := r.reply(&o)
-				if err != nil {
-					// That peer went away, was shed or timed out, or
-					// no reply could be built: reply has rejected it
-					// then, so it is not left half-open.
-					continue
-				}
-				go func() {
-					if c.waitEstablished(l.ctx) != nil {
-						return
-					}
-					select {
-					case l.ready <- c:
-					case <-l.closedCh:
-						c.Close()
-					}
-				}()
+				// An error: that peer went away, was shed or timed
+				// out, or no reply could be built; reply has rejected
+				// and released it then, so it is not left half-open.
+				r.reply(&o)
 			}
 		}()
+	}
+}
+
+// waitsForPlaceLocked reports whether request c, queued, waits for a
+// place in Accept's queue (counted in AcceptQueueFull, or would be now).
+func (l *Listener) waitsForPlaceLocked(c *Conn) bool {
+	if !l.accepting || !c.life.queued {
+		return false
+	}
+	return c.life.deferred || l.owed >= l.opts.Backlog || l.owedBy[c.peer] >= l.srcShare()
+}
+
+// srcShare is how many places of the accept queue one source address
+// may hold: half of them, rounded up.
+func (l *Listener) srcShare() int { return (l.opts.Backlog + 1) / 2 }
+
+// take waits for a request Accept's workers may answer — one is queued
+// and the accept queue has a place for its source — and takes that place
+// for it. Of those requests it takes the one whose source holds the
+// fewest places, then one sent again (its requester is there), then the
+// one whose source holds the fewest half-open requests, then the oldest:
+// a flood from one address waits behind everybody else.
+func (l *Listener) take(ctx context.Context) (*Request, error) {
+	m := l.m
+	for {
+		m.mu.Lock()
+		if i := l.pickLocked(); i >= 0 {
+			c := l.queue[i]
+			l.queue = append(l.queue[:i], l.queue[i+1:]...)
+			c.life.queued, c.life.deferred = false, false
+			c.life.owed = true
+			l.owed++
+			l.owedBy[c.peer]++
+			more := len(l.queue) > 0 && l.owed < l.opts.Backlog
+			m.mu.Unlock()
+			if more {
+				select { // another worker may take the rest
+				case l.wake <- struct{}{}:
+				default:
+				}
+			}
+			return &Request{c: c, l: l}, nil
+		}
+		closed, cerr := l.closed, l.closeErr
+		m.mu.Unlock()
+		if closed {
+			return nil, closedErr(cerr)
+		}
+		select {
+		case <-l.wake: // a request came, or a place came free
+		case <-l.closedCh:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// pickLocked returns the index in l.queue of the request take answers
+// next, or -1 if none has a place in the accept queue; each request left
+// waiting for one counts once in Stats.AcceptQueueFull.
+func (l *Listener) pickLocked() int {
+	full := l.owed >= l.opts.Backlog
+	share := l.srcShare()
+	best := -1
+	for i, c := range l.queue {
+		if full || l.owedBy[c.peer] >= share {
+			if !c.life.deferred {
+				c.life.deferred = true
+				l.m.st.acceptQFull.Add(1)
+			}
+			continue
+		}
+		if best < 0 || l.before(c, l.queue[best]) {
+			best = i
+		}
+	}
+	return best
+}
+
+// before reports whether request x goes before b (take's order; b is
+// the older).
+func (l *Listener) before(x, b *Conn) bool {
+	if ox, ob := l.owedBy[x.peer], l.owedBy[b.peer]; ox != ob {
+		return ox < ob
+	}
+	if x.life.retried != b.life.retried {
+		return x.life.retried
+	}
+	return l.perSrc[x.peer] < l.perSrc[b.peer]
+}
+
+// readyLocked queues a connection Accept's workers answered, just
+// established, for Accept; on a closed listener it is disconnected.
+func (l *Listener) readyLocked(c *Conn) {
+	if l.closed {
+		c.unoweLocked()
+		go c.Close()
+		return
+	}
+	c.life.ready = true
+	l.ready = append(l.ready, c)
+	select {
+	case l.readyWake <- struct{}{}:
+	default:
+	}
+}
+
+// unoweLocked gives the connection's place in its listener's accept
+// queue back (handed out by Accept, or ended), so that a worker may take
+// another request.
+func (c *Conn) unoweLocked() {
+	if !c.life.owed {
+		return
+	}
+	c.life.owed = false
+	l := c.listener
+	l.owed--
+	if l.owedBy[c.peer]--; l.owedBy[c.peer] <= 0 {
+		delete(l.owedBy, c.peer)
+	}
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// endedUnacceptedLocked runs wherever a connection ends (its Done
+// closes). A request that waited for a place in the accept queue counts
+// as dropped; a connection Accept's workers answered and Accept has not
+// handed out gives its QP to the device at once, instead of when the
+// application gets to it, and then its place in the queue: one the RTU
+// never established is released whole (nobody else holds it), an
+// established one loses its QP and waits in the queue, ended, with its
+// CQs (a closed listener's is released whole). The releases run on a
+// goroutine of their own, since a QP's destruction takes m.mu; the place
+// is given back after, so that the listener's QPs stay within Backlog. A
+// connection on the caller's QP (Options.QP) is left to the worker that
+// accepts it.
+func (c *Conn) endedUnacceptedLocked() {
+	l := c.listener
+	if l == nil {
+		return
+	}
+	if c.life.deferred {
+		c.life.deferred = false
+		c.m.st.acceptQDropped.Add(1)
+	}
+	own := c.opts.QP == nil
+	then := func(release func()) {
+		go func() {
+			release()
+			c.m.mu.Lock()
+			c.unoweLocked()
+			c.m.mu.Unlock()
+		}()
+	}
+	switch {
+	case c.life.ready && !c.life.dead:
+		c.life.dead = true
+		l.dead++
+		if l.closed {
+			c.unoweLocked()
+			l.dropReadyLocked(c, own)
+			break
+		}
+		if own {
+			then(c.releaseQP)
+		} else {
+			c.unoweLocked()
+		}
+		for i := 0; l.dead > l.opts.Backlog && i < len(l.ready); {
+			if x := l.ready[i]; x.life.dead { // the oldest ended one
+				c.m.st.acceptQEvicted.Add(1)
+				l.dropReadyLocked(x, x.opts.QP == nil)
+				continue
+			}
+			i++
+		}
+	case c.life.owed && c.life.replied && own:
+		then(c.releaseFailed)
+	default:
+		c.unoweLocked()
+	}
+}
+
+// dropReadyLocked takes an ended connection out of the accept queue and
+// releases it, not to be handed out.
+func (l *Listener) dropReadyLocked(c *Conn, release bool) {
+	for i, x := range l.ready {
+		if x == c {
+			l.ready = append(l.ready[:i], l.ready[i+1:]...)
+			break
+		}
+	}
+	c.life.ready, c.life.dead = false, false
+	l.dead--
+	if release {
+		go c.releaseFailed()
 	}
 }
 
@@ -287,19 +509,25 @@ func (l *Listener) Close() error {
 	for _, c := range queued {
 		c.life.queued = false
 	}
+	ready := l.ready
+	l.ready = nil
+	for _, c := range ready {
+		c.life.ready = false
+		if c.life.dead {
+			c.life.dead = false
+			l.dead--
+		}
+		c.unoweLocked()
+	}
 	m.mu.Unlock()
 	l.cancel()
 	for _, c := range queued {
 		(&Request{c: c, l: l}).Reject(nil)
 	}
-	for {
-		select {
-		case c := <-l.ready:
-			c.Close()
-		default:
-			return nil
-		}
+	for _, c := range ready {
+		c.Close()
 	}
+	return nil
 }
 
 func (l *Listener) closeLocked() {
@@ -512,6 +740,7 @@ func (r *Request) reply(opts *Options) (*Conn, error) {
 		return nil, fmt.Errorf("rdmacm: Accept: %w", err)
 	}
 	c.state = stREPSent
+	c.life.replied = true
 	err := c.sendLocked(rep)
 	m.mu.Unlock()
 	if err != nil {

@@ -83,6 +83,17 @@ type Stats struct {
 	// the source holding the most) first, to admit a newer request when
 	// its backlog was full; each was answered with a REJ (no resources).
 	Shed uint64
+	// AcceptQueueFull counts requests Listener.Accept left waiting
+	// unanswered (no QP created, no REP sent) because its accept queue
+	// was full — Backlog connections answered or established and not
+	// yet handed out by Accept — or their source address held its half
+	// of it (ListenOptions.Backlog); each counts once. AcceptQueueDropped
+	// counts those that ended still waiting: the listener's
+	// HalfOpenTimeout (a REJ, timeout), shedding, the requester giving up
+	// or the listener closing. AcceptQueueEvicted counts connections that
+	// ended in the accept queue and were released unseen, because more
+	// than Backlog such waited for Accept.
+	AcceptQueueFull, AcceptQueueDropped, AcceptQueueEvicted uint64
 	// SpoofDropped counts REJs that named a connection by one
 	// communication ID (or the wrong source address) and were ignored:
 	// an established connection ends on a REJ or DREQ only when both IDs
@@ -125,6 +136,7 @@ type stats struct {
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
 	shed, spoofDropped, strayDREQ, farewellDREQs                   atomic.Uint64
 	dreqForDead, drepForDead                                       atomic.Uint64
+	acceptQFull, acceptQDropped, acceptQEvicted                    atomic.Uint64
 	rejSent, rejRecv                                               [maxReason + 1]atomic.Uint64
 	ended                                                          [numCauses]atomic.Uint64
 	qpFailed, keepAliveFailed, keepAliveProbes, unreachable        atomic.Uint64
@@ -306,6 +318,7 @@ func (m *Manager) Stats() Stats {
 		Unreachable: s.unreachable.Load(),
 		Shed:        s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(), FarewellDREQs: s.farewellDREQs.Load(),
 		DREQForDead: s.dreqForDead.Load(), DREPForDead: s.drepForDead.Load(),
+		AcceptQueueFull: s.acceptQFull.Load(), AcceptQueueDropped: s.acceptQDropped.Load(), AcceptQueueEvicted: s.acceptQEvicted.Load(),
 		RejSent: map[cm.RejectReason]uint64{}, RejRecv: map[cm.RejectReason]uint64{}, Ended: map[Cause]uint64{}}
 	for i := range s.rejSent {
 		if v := s.rejSent[i].Load(); v != 0 {
