@@ -1,0 +1,407 @@
+package rdmacm
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/cm"
+	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp/memnet"
+)
+
+// acceptOnce starts l's Accept (and so its workers) and returns the one
+// connection it accepts; the application then stops accepting.
+func acceptOnce(t *testing.T, l *Listener) <-chan *Conn {
+	ch := make(chan *Conn, 1)
+	go func() {
+		c, err := l.Accept(ctxT(t, 10*time.Second))
+		if err != nil {
+			t.Errorf("the first Accept: %v", err)
+		}
+		ch <- c
+	}()
+	return ch
+}
+
+// forgedPeer completes forged connections from src as the hostile probe
+// does: a REQ each, then an RTU for each REP (found in the manager's
+// state: the forged address receives nothing).
+type forgedPeer struct {
+	in   *madInjector
+	mb   *Manager
+	src  netip.Addr
+	port uint16
+	rtu  map[uint32]bool // comm IDs answered with an RTU
+}
+
+func newForgedPeer(t *testing.T, dev *transport.Device, src netip.Addr, port uint16) *forgedPeer {
+	mb, err := managerFor(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &forgedPeer{in: &madInjector{dev: dev}, mb: mb, src: src, port: port, rtu: map[uint32]bool{}}
+}
+
+// req sends the REQ of connection id.
+func (p *forgedPeer) req(t *testing.T, id uint32) {
+	p.in.send(t, p.src, uint64(id), forgedREQ(p.port, p.src, p.mb.dev.Addr(), id, 0x4000+id))
+}
+
+// answerREPs sends an RTU for every REP the listener has sent this peer
+// so far, and returns how many it sent.
+func (p *forgedPeer) answerREPs(t *testing.T) int {
+	type rep struct{ id, local uint32 }
+	var reps []rep
+	p.mb.mu.Lock()
+	for k, c := range p.mb.remote {
+		if k.addr == p.src && c.state == stREPSent && !p.rtu[k.id] {
+			reps = append(reps, rep{k.id, c.localID})
+		}
+	}
+	p.mb.mu.Unlock()
+	for _, r := range reps {
+		p.rtu[r.id] = true
+		p.in.send(t, p.src, uint64(r.id), &cm.RTUFields{LocalCommID: r.id, RemoteCommID: r.local})
+	}
+	return len(reps)
+}
+
+// resend sends again the REQs of the connections among ids that got
+// no REP yet (shed unanswered, or waiting), as a requester does on its
+// response timeout.
+func (p *forgedPeer) resend(t *testing.T, ids []uint32) {
+	for _, id := range ids {
+		if !p.rtu[id] {
+			p.req(t, id)
+		}
+	}
+}
+
+// established returns the listener's established connections to this
+// peer: its comm ID to ours.
+func (p *forgedPeer) established() map[uint32]uint32 {
+	out := map[uint32]uint32{}
+	p.mb.mu.Lock()
+	defer p.mb.mu.Unlock()
+	for k, c := range p.mb.remote {
+		if k.addr == p.src && c.state == stEstablished {
+			out[k.id] = c.localID
+		}
+	}
+	return out
+}
+
+// flood sends n REQs (ids from first on) and answers every REP with an
+// RTU until no new REP came for settle.
+func (p *forgedPeer) flood(t *testing.T, first, n uint32, settle time.Duration) {
+	for i := uint32(0); i < n; i++ {
+		p.req(t, first+i)
+	}
+	quiet := time.Now()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		if p.answerREPs(t) > 0 {
+			quiet = time.Now()
+		} else if time.Since(quiet) > settle {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// waitQPs waits until dev holds want QPs (5 s at most) and returns how
+// many it holds.
+func waitQPs(dev *transport.Device, want int) int {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := dev.Resources().QPs
+		if n == want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestAcceptQueueBoundsQPs: a listener whose application accepts once
+// and then stops, flooded by one client address that completes every
+// handshake it is answered (hostile probe, 2027-01: the workers answered
+// every request, each with a QP, until the device's QP table was full,
+// and then every REQ to any listener of the device and every Dial from
+// it failed with REJ consumer reject). The listener's device holds at
+// most Backlog of those connections' QPs (the flooding address half of
+// them); the flooder's extra Dials fail clearly (a REJ or ErrTimeout)
+// rather than hang; a client from another address connects at once, and
+// the application finds it when it accepts again.
+func TestAcceptQueueBoundsQPs(t *testing.T) {
+	const backlog = 8
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	da := newDev(t, n, addrA, nil)
+	db := devWith(t, n, addrB, transport.DeviceConfig{MaxQP: 48})
+	addrC := netip.MustParseAddr("192.0.2.3")
+	dc := newDev(t, n, addrC, nil)
+	l, err := Listen(db, 7300, &ListenOptions{Options: fast, Backlog: backlog, HalfOpenTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	first := acceptOnce(t, l)
+	c0, err := Dial(ctxT(t, 5*time.Second), da, netip.AddrPortFrom(addrB, 7300), &fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c0.Close()
+	if c := <-first; c != nil {
+		defer c.Close()
+	}
+
+	// The flood: 60 Dials at once from addrA, none accepted.
+	const dials = 60
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var held []*Conn
+	var failed, hung int
+	for i := 0; i < dials; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := Dial(ctxT(t, 8*time.Second), da, netip.AddrPortFrom(addrB, 7300), &fast)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				held = append(held, c)
+			case errors.Is(err, context.DeadlineExceeded):
+				hung++
+			default:
+				failed++
+			}
+		}()
+	}
+	wg.Wait()
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	qps := db.Resources().QPs
+	s := StatsOf(db)
+	t.Logf("flood: %d connected, %d failed, %d hung; listener device QPs %d; accept queue full %d, dropped %d",
+		len(held), failed, hung, qps, s.AcceptQueueFull, s.AcceptQueueDropped)
+	if qps > backlog+1 {
+		t.Errorf("the listener's device holds %d QPs: more than its backlog %d and the accepted connection", qps, backlog)
+	}
+	if len(held) > (backlog+1)/2 {
+		t.Errorf("the flooding address holds %d connections (its share of backlog %d is %d)", len(held), backlog, (backlog+1)/2)
+	}
+	if hung != 0 || failed == 0 {
+		t.Errorf("%d of the flood's Dials hung until their deadline, %d failed", hung, failed)
+	}
+	if s.AcceptQueueFull == 0 || s.AcceptQueueDropped == 0 {
+		t.Errorf("AcceptQueueFull %d, AcceptQueueDropped %d", s.AcceptQueueFull, s.AcceptQueueDropped)
+	}
+
+	// A legitimate client from another address gets in at once.
+	start := time.Now()
+	cc, err := Dial(ctxT(t, 5*time.Second), dc, netip.AddrPortFrom(addrB, 7300), &fast)
+	if err != nil {
+		t.Fatalf("legitimate Dial after the flood: %v after %v", err, time.Since(start))
+	}
+	defer cc.Close()
+	if took := time.Since(start); took > legitBound() {
+		t.Errorf("legitimate Dial took %v", took)
+	}
+	// And the device still dials out.
+	la, err := Listen(da, 7301, &ListenOptions{Options: fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer la.Close()
+	acceptAll(t, la)
+	if c, err := Dial(ctxT(t, 5*time.Second), db, netip.AddrPortFrom(addrA, 7301), &fast); err != nil {
+		t.Errorf("Dial from the listener's device after the flood: %v", err)
+	} else {
+		c.Close()
+	}
+	// The application accepts again: the legitimate client is among the
+	// connections waiting.
+	found := false
+	for i := 0; i <= backlog && !found; i++ {
+		c, err := l.Accept(ctxT(t, 2*time.Second))
+		if err != nil {
+			break
+		}
+		found = c.RemoteAddr().Addr() == addrC
+		defer c.Close()
+	}
+	if !found {
+		t.Error("Accept did not return the legitimate client's connection")
+	}
+}
+
+// TestAcceptQueueFairness: one address that fills its share of the
+// accept queue does not hold up another's requests, which the workers
+// answer first when places come free.
+func TestAcceptQueueFairness(t *testing.T) {
+	const backlog = 4
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	db := newDev(t, n, addrB, nil)
+	l, err := Listen(db, 7302, &ListenOptions{Options: fast, Backlog: backlog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.Accept(ctx) // starts the workers; the application accepts nothing
+	heavy := newForgedPeer(t, db, netip.MustParseAddr("198.51.100.7"), 7302)
+	heavy.flood(t, 1, 20, 100*time.Millisecond)
+	if got := len(heavy.established()); got != (backlog+1)/2 {
+		t.Fatalf("the flooding address established %d connections, want its share %d", got, (backlog+1)/2)
+	}
+	light := newForgedPeer(t, db, netip.MustParseAddr("198.51.100.8"), 7302)
+	light.flood(t, 1, 2, 100*time.Millisecond)
+	if got := len(light.established()); got != 2 {
+		t.Fatalf("another address established %d connections, want 2", got)
+	}
+	if qps := db.Resources().QPs; qps != backlog {
+		t.Errorf("device holds %d QPs, want %d", qps, backlog)
+	}
+}
+
+// TestAcceptQueueEndedReleases: connections that wait for Accept and
+// end — by keep-alive (a peer that answers no probe), or by the peer's
+// DREQ — give their QPs back to the device at once, without the
+// application accepting them (before: their goroutines waited to hand
+// them to Accept, holding the QPs until the application accepted and
+// closed each); the workers then answer the requests that waited. Accept
+// hands them out later, ended.
+func TestAcceptQueueEndedReleases(t *testing.T) {
+	for _, how := range []string{"keepalive", "dreq"} {
+		t.Run(how, func(t *testing.T) {
+			const backlog = 8
+			n := memnet.NewMemNetwork(memnet.Faults{})
+			db := newDev(t, n, addrB, nil)
+			lo := ListenOptions{Options: fast, Backlog: backlog, HalfOpenTimeout: 5 * time.Second}
+			if how == "keepalive" {
+				lo.KeepAlive, lo.KeepAliveTimeout = 50*time.Millisecond, 50*time.Millisecond
+			}
+			l, err := Listen(db, 7303, &lo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			l.Accept(ctx) // starts the workers; the application accepts nothing
+			var peers []*forgedPeer
+			var ids []uint32
+			for id := uint32(1); id <= 8; id++ {
+				ids = append(ids, id)
+			}
+			for i := byte(0); i < 2; i++ {
+				peers = append(peers, newForgedPeer(t, db, netip.AddrFrom4([4]byte{198, 51, 100, 10 + i}), 7303))
+			}
+			// The peers complete every handshake they are answered and
+			// send again the requests that were not; then they answer
+			// no probe (keepalive) or disconnect (dreq). Each ended
+			// connection gives its QP back, and the workers answer
+			// the requests that waited, which end the same way: all 16
+			// are established in turn, and their QPs go, without an
+			// Accept.
+			maxQPs := 0
+			var s Stats
+			var last time.Time
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+				if time.Since(last) > 30*time.Millisecond {
+					last = time.Now()
+					for _, p := range peers {
+						p.resend(t, ids)
+					}
+				}
+				for _, p := range peers {
+					p.answerREPs(t)
+					if how == "dreq" {
+						for id, local := range p.established() {
+							p.in.send(t, p.src, uint64(id), &cm.DREQFields{LocalCommID: id, RemoteCommID: local, RemoteQPN: 0x4000 + id})
+						}
+					}
+				}
+				qps := db.Resources().QPs
+				maxQPs = max(maxQPs, qps)
+				if s = StatsOf(db); s.Established == 16 && qps == 0 {
+					break
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			t.Logf("at most %d QPs; %+v", maxQPs, s)
+			if qps := db.Resources().QPs; qps != 0 || s.Established != 16 {
+				t.Fatalf("%d QPs held, %d of the 16 requests established, without an Accept (ended %v)", qps, s.Established, s.Ended)
+			}
+			if maxQPs > backlog {
+				t.Errorf("the device held up to %d QPs (backlog %d)", maxQPs, backlog)
+			}
+			// Accept hands out the ones that ended in its queue, ended;
+			// at most backlog of them are kept.
+			got := 0
+			for {
+				c, err := l.Accept(ctxT(t, 100*time.Millisecond))
+				if err != nil {
+					break
+				}
+				got++
+				select {
+				case <-c.Done():
+				default:
+					t.Errorf("Accept handed out a live connection from %v", c.RemoteAddr())
+				}
+				if err := c.Close(); err != nil {
+					t.Errorf("Close of an ended connection: %v", err)
+				}
+			}
+			if s := StatsOf(db); got > backlog || got+int(s.AcceptQueueEvicted) != 16 {
+				t.Errorf("Accept handed out %d ended connections, %d evicted (want 16 together, at most %d handed out)", got, s.AcceptQueueEvicted, backlog)
+			}
+			for deadline := time.Now().Add(5 * time.Second); db.Resources().CQs != 0 && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if r := db.Resources(); r.QPs != 0 || r.CQs != 0 {
+				t.Errorf("left: %+v", r)
+			}
+		})
+	}
+}
+
+// TestAcceptQueueGoroutines: a flood of connections nobody accepts costs
+// no goroutine each (before: one each, blocked handing its connection to
+// Accept, besides its QP's watcher).
+func TestAcceptQueueGoroutines(t *testing.T) {
+	const backlog, flood = 8, 200
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	db := newDev(t, n, addrB, nil)
+	l, err := Listen(db, 7304, &ListenOptions{Options: fast, Backlog: backlog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.Accept(ctx) // starts the workers; the application accepts nothing
+	time.Sleep(20 * time.Millisecond)
+	base := runtime.NumGoroutine()
+	// Many addresses, so that the share per source does not do the
+	// bounding here.
+	for i := 0; i < flood/20; i++ {
+		p := newForgedPeer(t, db, netip.AddrFrom4([4]byte{203, 0, 113, byte(1 + i)}), 7304)
+		p.flood(t, 1, 20, 30*time.Millisecond)
+	}
+	grown := runtime.NumGoroutine() - base
+	s := StatsOf(db)
+	t.Logf("goroutines: %d more after %d requests (%d established, QPs %d)", grown, flood, s.Established, db.Resources().QPs)
+	if grown > 2*backlog+16 {
+		t.Errorf("%d goroutines more after a flood of %d connections (backlog %d)", grown, flood, backlog)
+	}
+}
