@@ -140,7 +140,7 @@ func TestAcceptQueueBoundsQPs(t *testing.T) {
 	const backlog = 8
 	n := memnet.NewMemNetwork(memnet.Faults{})
 	da := newDev(t, n, addrA, nil)
-	db := devWith(t, n, addrB, transport.DeviceConfig{MaxQP: 48})
+	db := devWith(t, n, addrB, transport.DeviceConfig{MaxQP: 32})
 	addrC := netip.MustParseAddr("192.0.2.3")
 	dc := newDev(t, n, addrC, nil)
 	l, err := Listen(db, 7300, &ListenOptions{Options: fast, Backlog: backlog, HalfOpenTimeout: 300 * time.Millisecond})
