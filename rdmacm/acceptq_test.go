@@ -194,8 +194,16 @@ func TestAcceptQueueBoundsQPs(t *testing.T) {
 	if qps > backlog+1 {
 		t.Errorf("the listener's device holds %d QPs: more than its backlog %d and the accepted connection", qps, backlog)
 	}
-	if len(held) > (backlog+1)/2 {
-		t.Errorf("the flooding address holds %d connections (its share of backlog %d is %d)", len(held), backlog, (backlog+1)/2)
+	live := 0 // a Dial may return a connection the listener shed after the RTU left, ended
+	for _, c := range held {
+		select {
+		case <-c.Done():
+		default:
+			live++
+		}
+	}
+	if live > (backlog+1)/2 {
+		t.Errorf("the flooding address holds %d connections (its share of backlog %d is %d)", live, backlog, (backlog+1)/2)
 	}
 	if hung != 0 || failed == 0 {
 		t.Errorf("%d of the flood's Dials hung until their deadline, %d failed", hung, failed)
