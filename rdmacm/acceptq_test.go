@@ -128,7 +128,7 @@ func waitQPs(dev *transport.Device, want int) int {
 
 // TestAcceptQueueBoundsQPs: a listener whose application accepts once
 // and then stops, flooded by one client address that completes every
-// handshake it is answered (hostile probe, 2027-01: the workers answered
+// handshake it is answered (found by a hostile-peer probe: the workers answered
 // every request, each with a QP, until the device's QP table was full,
 // and then every REQ to any listener of the device and every Dial from
 // it failed with REJ consumer reject). The listener's device holds at
