@@ -29,8 +29,9 @@ type ListenOptions struct {
 	// and Accept has not handed out yet, of which one source address may
 	// hold half (rounded up). While the queue is full, or a request's
 	// source holds its half, the request waits unanswered — no QP, no
-	// REP; a requester that sends it again is asked to wait (MRA) — until
-	// Accept makes room, within the bounds above (HalfOpenTimeout ends it
+	// REP, and no MRA when the requester sends it again, so that its
+	// retries run out and it fails (ErrTimeout) instead of hanging —
+	// until Accept makes room, within the bounds above (HalfOpenTimeout ends it
 	// with a REJ, timeout), as Linux's rdma_cm creates no QP and sends no
 	// REP before rdma_accept. Stats.AcceptQueueFull counts them.
 	Backlog int
