@@ -47,6 +47,12 @@ type Counters struct {
 	AckTimeoutLate      uint64 // ack_timeout_late: ACK timer expiries that ran more than a timeout late (the process was not scheduled); they resend without spending retry_cnt
 	ZeroCopyDropped     uint64 // zero_copy_dropped: zero-copy packets not sent because their memory was deregistered (MR deregistered, window unbound or invalidated) after they were queued
 
+	// The send scheduler's budget (sched.go, docs/SCHEDULER.md): not rxe
+	// counters, rxe having no device-wide budget.
+	SchedFullNs      uint64 // sched_full_ns: nanoseconds the send scheduler held its queued QPs back because the device's unacknowledged packets filled its budget (SchedInflight); growing at the wall clock's pace, the budget is what limits the device
+	SchedForcedTurns uint64 // sched_forced_turns: times the budget stayed full for 5 ms with no ACK freeing room and no stale QP found, and one QP was served anyway
+	SchedStaleQPs    uint64 // sched_stale_qps: times a QP's unacknowledged PSNs stopped counting against the budget because its oldest had waited for its ACK longer than a quarter of its ACK timeout (a slow or silent peer)
+
 	NPECNMarkedRocePackets uint64 // np_ecn_marked_roce_packets: packets for an RC/UC QP that arrived marked CE
 	NPCNPSent              uint64 // np_cnp_sent: CNPs the notification point sent
 	RPCNPHandled           uint64 // rp_cnp_handled: CNPs a QP's reaction point acted on
@@ -111,6 +117,9 @@ var counterFields = []struct {
 	{"dest_unreachable", func(c *Counters) *uint64 { return &c.DestUnreachable }},
 	{"ack_timeout_late", func(c *Counters) *uint64 { return &c.AckTimeoutLate }},
 	{"zero_copy_dropped", func(c *Counters) *uint64 { return &c.ZeroCopyDropped }},
+	{"sched_full_ns", func(c *Counters) *uint64 { return &c.SchedFullNs }},
+	{"sched_forced_turns", func(c *Counters) *uint64 { return &c.SchedForcedTurns }},
+	{"sched_stale_qps", func(c *Counters) *uint64 { return &c.SchedStaleQPs }},
 	{"np_ecn_marked_roce_packets", func(c *Counters) *uint64 { return &c.NPECNMarkedRocePackets }},
 	{"np_cnp_sent", func(c *Counters) *uint64 { return &c.NPCNPSent }},
 	{"rp_cnp_handled", func(c *Counters) *uint64 { return &c.RPCNPHandled }},

@@ -113,9 +113,19 @@ type QP struct {
 	schedTurn   bool // in its turn: req.progress builds up to schedLeft packets
 	schedMore   bool // the turn ended on the quantum, with more to send
 	schedLeft   int
-	// schedInflight is this QP's share of dev.sched.inflight (account).
+	// schedInflight is this QP's share of dev.sched.inflight (account):
+	// its unacknowledged PSNs, at most schedQPCap of them, none while
+	// schedStale.
 	schedInflight int32
-	rxBatch       bool // input from the receive goroutine is running: defer CQ wakeups
+	// schedMarkPSN and schedMarkAt: every PSN before schedMarkPSN was
+	// sent by schedMarkAt (schedMarked; account renews the mark once
+	// they are all acknowledged). schedStale: they were not, a stale
+	// limit after schedMarkAt (schedStaleAfter).
+	schedMarkPSN bth.PSN
+	schedMarkAt  time.Time
+	schedMarked  bool
+	schedStale   bool
+	rxBatch      bool // input from the receive goroutine is running: defer CQ wakeups
 
 	cqLost     bool          // a completion was lost to a CQ in error: the QP must move to ERR (settle)
 	commEst    bool          // EventCommEst was raised
@@ -484,7 +494,7 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 		qp.resp.input(p)
 	} else if st >= QPSRTS {
 		qp.comp.input(p)
-		if qp.schedInflight != 0 {
+		if qp.schedMarked {
 			qp.dev.sched.account(qp) // ACKed: room for the scheduler
 		}
 	}

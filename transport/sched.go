@@ -35,7 +35,12 @@ import (
 //     where no timer of theirs runs, not in the peer's receive queue,
 //     where it would (10,000 packets posted at once took over a second
 //     to be absorbed, and thousands of 67 ms timers expired on packets
-//     that were on their way).
+//     that were on their way);
+//   - but the budget counts only packets on their way, so that no peer
+//     can hold it: a QP counts at most qpCap (a quarter of the budget)
+//     of its unacknowledged PSNs, and none once the oldest of them has
+//     waited for its ACK longer than its stale limit (a quarter of its
+//     ACK timeout, 5 to 20 ms: schedStaleAfter). See account.
 //
 // So the local ACK timeout measures, as an RNIC's does, the time since
 // the packet was transmitted. A resend (the ACK timer, an RNR back-off
@@ -74,6 +79,7 @@ type txSched struct {
 	// timeouts, or overflow it.
 	inflight    atomic.Int64
 	maxInflight int64
+	qpCap       int32 // the most one QP counts in inflight: maxInflight/4
 	stalled     atomic.Bool
 
 	wake chan struct{} // cap 1: the goroutine has work
@@ -82,15 +88,23 @@ type txSched struct {
 	// The goroutine's own state.
 	force bool // serve one QP despite a full inflight (schedStall)
 	held  []*QP
+	scan  []*QP     // sweep's copy of the device's QPs
 	out   respBatch // the batch's packets (the QPs' requests, their ACKs)
 }
 
 // schedQuantum is how many request packets a QP builds per turn (16
 // packets of MTU 4096: 64 KiB); schedBatch how many QPs' turns share one
 // Link.Send at most, schedMaxPkts how many packets.
+//
+// schedStall is how long the scheduler waits for an ACK to bring a full
+// inflight below maxInflight before it looks for stale QPs (sweep) and,
+// finding none, serves one QP anyway; schedStaleMax is the most a QP's
+// oldest unacknowledged PSN waits for its ACK before the QP's PSNs stop
+// counting in inflight (schedStaleAfter).
 const (
 	schedInflight = 256 // packets (1 MiB at MTU 4096)
 	schedStall    = 5 * time.Millisecond
+	schedStaleMax = 20 * time.Millisecond
 	schedQuantum  = 16
 	schedBatch    = 64
 	schedMaxPkts  = 256
@@ -118,6 +132,7 @@ func (d *Device) initSched() {
 	if d.cfg.SchedInflight > 0 {
 		s.maxInflight = int64(d.cfg.SchedInflight)
 	}
+	s.qpCap = int32(max(1, min(s.maxInflight/4, 1<<30)))
 	s.wake = make(chan struct{}, 1)
 	s.done = make(chan struct{})
 }
@@ -242,9 +257,12 @@ func (s *txSched) loop() {
 	var t *time.Timer
 	for {
 		if s.stalled.Load() {
-			// Waiting for ACKs. Should they not come (a peer gone
-			// silent holds its QPs' share until their timers act), one
-			// batch goes out per schedStall anyway.
+			// Waiting for ACKs. Should none bring inflight below the
+			// budget for schedStall, the QPs holding it are looked at
+			// (a peer gone silent, or acknowledging a PSN now and then:
+			// their PSNs stop counting once stale); should that free
+			// nothing either, one QP is served anyway.
+			start := time.Now()
 			if t == nil {
 				t = time.NewTimer(schedStall)
 			} else {
@@ -253,9 +271,13 @@ func (s *txSched) loop() {
 			select {
 			case <-s.wake:
 			case <-t.C:
-				s.stalled.Store(false)
-				s.force = true
+				s.sweep()
+				if s.stalled.Load() && s.stalled.CompareAndSwap(true, false) {
+					s.force = true
+					inc(&s.d.ctr.SchedForcedTurns)
+				}
 			}
+			atomic.AddUint64(&s.d.ctr.SchedFullNs, uint64(time.Since(start)))
 		} else {
 			<-s.wake
 		}
@@ -322,14 +344,115 @@ func (s *txSched) full() bool {
 // and unacknowledged PSNs (none once the QP left RTS/SQD or was
 // destroyed), and wakes a stalled scheduler that may go on. Called with
 // qp.mu held wherever that number changes in bulk: a scheduler turn, the
-// end of a received batch, a timer, the move to ERR.
+// end of a received batch (an ACK), a timer, the move to ERR, the
+// scheduler's sweep.
+//
+// What counts is what the budget is for, the packets on their way to a
+// peer that takes them: the budget keeps packets waiting here, where no
+// ACK timer runs, rather than in a receive queue, where theirs would.
+// It is no measure of a peer that does not acknowledge what it took, and
+// letting such a peer's PSNs count let it stop every QP of the device: one
+// QP whose peer acknowledges a PSN every 40 ms (never a retry spent,
+// never a timeout) held a budget that its small-packet window (512 PSNs)
+// alone exceeds, and 80 QPs to a healthy peer fell to 2 % of their
+// throughput. An RNIC, or rxe, has no device-wide budget at all: each QP
+// is held by its own window and a slow peer slows only its own QPs. So:
+//
+//   - a QP counts at most qpCap (a quarter of the budget) PSNs: one QP,
+//     however large its window and however slowly its peer
+//     acknowledges, leaves three quarters to the others; what it has
+//     beyond, its own window bounds, as on an RNIC;
+//   - a QP whose oldest unacknowledged PSN has waited for its ACK longer
+//     than its stale limit (schedStaleAfter: a quarter of its ACK
+//     timeout, 5 to 20 ms) counts none (schedStale, counted in
+//     sched_stale_qps) until every PSN it had sent then is acknowledged.
+//     The budget keeps what it has on its way to a few milliseconds'
+//     worth; a packet unacknowledged for that long is not in a queue
+//     the other QPs wait behind, but lost, or held by a peer that is
+//     slow to acknowledge, or behind something only its own QP waits
+//     for. Should a whole peer be that slow (every QP stale), the budget
+//     still bounds what is sent per stale limit.
+//
+// The age is kept with a mark, not per packet: schedMarkPSN is req.psn
+// as it was at schedMarkAt, renewed once comp.psn reached it. While
+// comp.psn is before the mark, the PSN comp.psn was sent before
+// schedMarkAt and is still unacknowledged: the QP is stale when that is
+// longer ago than its limit. A peer that acknowledges one PSN at a time
+// never reaches the mark; one that acknowledges promptly does within a
+// round trip.
 func (s *txSched) account(qp *QP) {
-	s.set(qp, qp.unackedPSNs())
+	u := qp.unackedPSNs()
+	if u == 0 {
+		qp.schedMarked, qp.schedStale = false, false
+		s.set(qp, 0)
+		return
+	}
+	if !qp.schedMarked || qp.comp.psn.Diff(qp.schedMarkPSN) >= 0 {
+		qp.schedMarkPSN, qp.schedMarkAt = qp.req.psn, s.d.clock.Now()
+		qp.schedMarked, qp.schedStale = true, false
+	} else if !qp.schedStale && s.d.clock.Now().Sub(qp.schedMarkAt) >= qp.schedStaleAfter() {
+		qp.schedStale = true
+		inc(&s.d.ctr.SchedStaleQPs)
+	}
+	switch {
+	case qp.schedStale:
+		u = 0
+	case u > s.qpCap:
+		u = s.qpCap
+	}
+	s.set(qp, u)
+}
+
+// schedStaleAfter is how long qp's oldest unacknowledged PSN may wait
+// for its ACK before the QP's PSNs stop counting in the scheduler's
+// inflight (account): a quarter of its local ACK timeout, at least
+// schedStall and at most schedStaleMax (16.8 ms at the default 67 ms;
+// schedStaleMax for a QP without a timeout). Long enough that a packet
+// the budget made wait its turn, taking a few milliseconds to be
+// absorbed, never counts as stale, and short enough that a slow peer
+// holds the budget for no more than a few batches. Called with qp.mu
+// held.
+func (qp *QP) schedStaleAfter() time.Duration {
+	d := qp.timeout / 4
+	if qp.timeout == 0 || d > schedStaleMax {
+		d = schedStaleMax
+	}
+	return max(d, schedStall)
+}
+
+// sweep accounts every QP that holds a share of inflight, so that a QP
+// gone stale stops counting even when no event of its own (an ACK, a
+// timer) comes to account it: a silent peer's QP with a long ACK
+// timeout. Called by the scheduler's goroutine, holding no QP's lock,
+// when inflight was full for schedStall; a QP whose lock is busy, or a
+// device whose lock is, waits for the next sweep.
+func (s *txSched) sweep() {
+	d := s.d
+	if !d.mu.TryLock() { // Close may hold it while it waits for this goroutine
+		return
+	}
+	for _, qp := range d.qps {
+		s.scan = append(s.scan, qp)
+	}
+	d.mu.Unlock()
+	for i, qp := range s.scan {
+		s.scan[i] = nil
+		if qp.mu.TryLock() {
+			if qp.schedInflight > 0 {
+				s.account(qp)
+			}
+			qp.mu.Unlock()
+		}
+	}
+	s.scan = s.scan[:0]
 }
 
 // forget drops qp's share of inflight (its timers stop: ERR, RESET,
 // destroy). Called with qp.mu held.
-func (s *txSched) forget(qp *QP) { s.set(qp, 0) }
+func (s *txSched) forget(qp *QP) {
+	qp.schedMarked, qp.schedStale = false, false
+	s.set(qp, 0)
+}
 
 // unackedPSNs returns the PSNs an RC QP in RTS or SQD has sent and not
 // seen acknowledged; 0 for any other QP. Called with qp.mu held.
