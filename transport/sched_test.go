@@ -106,6 +106,7 @@ func (w *wireLink) Close() error {
 // schedRig is n RC QP pairs from a device behind a wireLink (none for
 // per 0) to a device on the plain in-memory network, on the wall clock.
 type schedRig struct {
+	net    *memnet.MemNetwork
 	a, b   *Device
 	qa, qb []*QP
 	cq     *CQ
@@ -144,7 +145,7 @@ func newSchedRigFaults(t *testing.T, n int, cfg DeviceConfig, per time.Duration,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	r := &schedRig{a: a, b: b}
+	r := &schedRig{net: net, a: a, b: b}
 	pda, _ := a.AllocPD()
 	pdb, _ := b.AllocPD()
 	if r.cq, err = a.CreateCQ(2*n + 16); err != nil {
