@@ -94,7 +94,10 @@ type DeviceConfig struct {
 	// SchedInflight bounds the request packets the send scheduler lets
 	// the device's RC QPs have unacknowledged in all (default 256): the
 	// rest wait for their turn here, where no ACK timer runs, instead of
-	// in the peer's receive queue, where theirs would.
+	// in the peer's receive queue, where theirs would. One QP counts a
+	// quarter of it at most, and nothing once its oldest unacknowledged
+	// PSN has waited a quarter of its ACK timeout (5 to 20 ms) for its
+	// ACK: a slow or silent peer holds back its own QPs only.
 	SchedInflight int
 }
 
