@@ -34,7 +34,7 @@ import (
 // percent of their rate. Now the slow QPs' PSNs stop counting once they
 // have been unacknowledged for a quarter of their ACK timeout (at most
 // 20 ms), no QP counts for more than a quarter of the budget, and the
-// healthy QPs must keep at least half their rate; the slow QPs stay in
+// healthy QPs must keep at least a fifth of their rate (without the fix: 0.2 %); the slow QPs stay in
 // RTS with no more WRITEs completed than the peer acknowledged, and the
 // counters show what happened.
 func TestSchedSlowPeerNoStarve(t *testing.T) {
@@ -202,7 +202,9 @@ func testSchedSlowPeer(t *testing.T, timeout uint8, trickle bool) {
 	if slowDone > nSlow*a {
 		t.Fatalf("%d slow WRITEs completed, the peer acknowledged %d", slowDone, nSlow*a)
 	}
-	if held < base/2 {
+	// Without the fix they fell to 0.2 % of it; a fifth leaves room for a
+	// loaded machine's timing (0.64-1.65 measured on an idle one).
+	if held < base/5 {
 		t.Fatalf("the healthy QPs fell from %.0f to %.0f WRITEs/s beside %d slow QPs: the slow ones starve them", base, held, nSlow)
 	}
 	if c.SchedStaleQPs == 0 {
