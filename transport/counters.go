@@ -64,6 +64,9 @@ type Counters struct {
 	SRSACKSent    uint64 // sr_sack_sent: selective NAKs (with a SACK block) sent
 	SRSACKRcvd    uint64 // sr_sack_rcvd: selective NAKs received
 	SRRecoveries  uint64 // sr_recoveries: selective resend rounds (each resends only missing PSNs)
+
+	RespHeld        uint64 // resp_held: requests held behind a READ response under way, executed after it
+	RespHeldDropped uint64 // resp_held_dropped: requests dropped because a QP held as many as it may behind a READ response
 }
 
 // Counter is one named counter value.
@@ -130,6 +133,8 @@ var counterFields = []struct {
 	{"sr_sack_sent", func(c *Counters) *uint64 { return &c.SRSACKSent }},
 	{"sr_sack_rcvd", func(c *Counters) *uint64 { return &c.SRSACKRcvd }},
 	{"sr_recoveries", func(c *Counters) *uint64 { return &c.SRRecoveries }},
+	{"resp_held", func(c *Counters) *uint64 { return &c.RespHeld }},
+	{"resp_held_dropped", func(c *Counters) *uint64 { return &c.RespHeldDropped }},
 }
 
 // List returns the counters as name/value pairs in a fixed order, named as

@@ -59,7 +59,10 @@
 //     consumption and scatter, WRITE placement (the target checked once
 //     per message; inside a received batch the regions written stay
 //     pinned until the batch ends: memreg.Pins), multi-packet READ
-//     responses, atomics, saved responder resources (max_dest_rd_atomic)
+//     responses (readresp.go: a quantum at a time, the rest in the QP's
+//     scheduler turns, with the requests that arrive meanwhile held and
+//     executed after them, so that one huge READ does not stall the
+//     device's receive path), atomics, saved responder resources (max_dest_rd_atomic)
 //     so that a duplicate READ or atomic is replayed and never executed
 //     twice, coalesced ACKs (one per AckReq, MSN = completed messages,
 //     credits 0x1f), NAKs for every error class and RNR NAKs.
@@ -107,9 +110,9 @@
 //
 // Packets are sent in order per QP, in batches, with the UDP source port
 // rxe uses (udp.FlowSourcePort of the local and remote QPN); the link fills
-// the ICRC. What one received batch makes a QP send (ACKs, READ responses,
-// requests the window now admits) leaves in one Link.Send at the end of
-// the batch, not one per packet; the batch's completions wake each CQ's
+// the ICRC. What one received batch makes a QP send (ACKs, READ responses
+// up to a scheduler quantum each, requests the window now admits) leaves
+// in one Link.Send at the end of the batch, not one per packet; the batch's completions wake each CQ's
 // waiters once, before that flush. When the application's goroutine
 // received the batch, its queued ACKs leave with the application's next
 // PostSend instead (behind the requests, so that ACK and request form one

@@ -292,7 +292,8 @@ func (qp *QP) reset() {
 	for i := range res {
 		res[i] = rdRes{}
 	}
-	qp.resp = responder{qp: qp, res: res, srqWQE: recvWQE{sges: qp.resp.srqWQE.sges[:0]}}
+	qp.resp.dropHeld()
+	qp.resp = responder{qp: qp, res: res, srqWQE: recvWQE{sges: qp.resp.srqWQE.sges[:0]}, held: heldReqs{q: qp.resp.held.q}}
 	qp.nout = 0
 	qp.ackSlot = 0
 	qp.releaseSlabs(false)
@@ -326,6 +327,10 @@ func (qp *QP) enterError(lastWQE bool) {
 	qp.attr.State = QPSErr
 	qp.stopTimersLocked()
 	qp.srFree()
+	// A READ response under way ends; what was held behind it is not
+	// executed (as a QP in ERR drops what it receives).
+	qp.resp.rd = readResp{}
+	qp.resp.dropHeld()
 	first := true
 	for qp.sqHead != qp.sqEnd {
 		w := qp.sqAt(qp.sqHead)

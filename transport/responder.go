@@ -30,6 +30,12 @@ type responder struct {
 	res     []rdRes
 	resNext int
 
+	// rd is the READ response under way, sent a quantum at a time;
+	// held are the request packets received meanwhile, executed after
+	// it (readresp.go).
+	rd   readResp
+	held heldReqs
+
 	srqWQE  recvWQE // the WQE taken from the SRQ for the message in progress
 	srqHeld bool    // srqWQE is valid
 	f       packet.Fields
@@ -44,11 +50,12 @@ const (
 // reset starts the responder over at psn (INIT→RTR): the saved READ and
 // atomic resources are cleared, their storage kept.
 func (r *responder) reset(psn bth.PSN) {
+	r.dropHeld()
 	res := r.res
 	for i := range res {
 		res[i] = rdRes{}
 	}
-	*r = responder{qp: r.qp, psn: psn, res: res}
+	*r = responder{qp: r.qp, psn: psn, res: res, held: heldReqs{q: r.held.q}}
 }
 
 // rxPins returns the pins of the current received batch when input comes
@@ -71,6 +78,19 @@ func (qp *QP) releasePins() {
 
 // input handles a request packet. Called with qp.mu held.
 func (r *responder) input(p *packetT) {
+	if r.rd.active || r.held.n() > 0 {
+		// A READ response is under way: like everything else the
+		// responder sends, this request's answer goes out after it, so
+		// the request waits its turn (readresp.go).
+		r.hold(p)
+		return
+	}
+	r.inputNow(p)
+}
+
+// inputNow handles a request packet with no READ response under way.
+// Called with qp.mu held.
+func (r *responder) inputNow(p *packetT) {
 	qp := r.qp
 	psn := p.BTH.PSN()
 	if qp.init.Type == QPTypeUC {
@@ -425,7 +445,8 @@ func (r *responder) saveRes(x rdRes) {
 }
 
 // onRead checks an RDMA READ request, saves it as a resource and answers
-// it with READ responses.
+// it with READ responses (readReply: the first quantum now, the rest in
+// the QP's scheduler turns).
 func (r *responder) onRead(p *packetT, psn bth.PSN) {
 	qp := r.qp
 	if qp.attr.AccessFlags&memreg.AccessRemoteRead == 0 {
@@ -445,86 +466,7 @@ func (r *responder) onRead(p *packetT, psn bth.PSN) {
 	r.saveRes(rdRes{firstPSN: psn, lastPSN: psn.Add(np - 1), va: va, rkey: rkey, length: n})
 	r.msn = (r.msn + 1) & 0xffffff
 	r.psn = psn.Add(np)
-	r.readReply(psn, va, rkey, n, true)
-}
-
-// readReply sends READ response packets for [va, va+n) starting at psn.
-// A new request starts with FIRST/ONLY; a replay of a partly answered
-// request (first == false) starts with MIDDLE/LAST, as rxe does. A
-// request, new or replayed, that cannot read the memory (the region was
-// deregistered or the window invalidated since the first execution) is
-// answered with a NAK, as rxe's read_reply does after rxe_recheck_mr.
-func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, first bool) {
-	qp := r.qp
-	mtu := uint32(qp.mtu)
-	f := &r.f
-	rest := n
-	for i := 0; ; i++ {
-		isFirst := i == 0 && first
-		isLast := rest <= mtu
-		var op bth.Opcode
-		switch {
-		case isFirst && isLast:
-			op = bth.RCReadResponseOnly
-		case isFirst:
-			op = bth.RCReadResponseFirst
-		case isLast:
-			op = bth.RCReadResponseLast
-		default:
-			op = bth.RCReadResponseMiddle
-		}
-		plen := rest
-		if plen > mtu {
-			plen = mtu
-		}
-		*f = packet.Fields{}
-		f.BTH.Opcode = op
-		f.BTH.PKey = bth.DefaultPKey
-		f.BTH.DestQP = qp.attr.DestQPN
-		f.BTH.PSN = psn
-		f.AETH.Syndrome = aeth.ACK(aeth.NoCreditLimit)
-		f.AETH.MSN = r.msn
-		zc := plen >= zcMinPayload && qp.dev.zc
-		size := packet.Len(op, int(plen))
-		if zc {
-			size -= int(plen) // the payload stays in the region
-		}
-		buf := qp.outBufN(size)
-		if zc {
-			// Zero-copy: the response's payload leaves from the region.
-			view, hold, err := qp.rv.ReadView(rkey, va, int(plen))
-			if err != nil {
-				r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
-				return
-			}
-			k, err := packet.BuildSplit(buf, f, int(plen))
-			if err != nil {
-				return
-			}
-			qp.commitPayload(k, view, hold)
-		} else {
-			if plen > 0 {
-				hdr := bth.Size + op.Info().HeaderLen
-				slot := buf[hdr : hdr+int(plen)]
-				if err := qp.rv.ReadRemote(rkey, va, slot); err != nil {
-					r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
-					return
-				}
-				f.Payload = slot
-			}
-			k, err := packet.Build(buf, f)
-			if err != nil {
-				return
-			}
-			qp.commit(k)
-		}
-		if isLast {
-			return
-		}
-		rest -= plen
-		va += uint64(plen)
-		psn = psn.Add(1)
-	}
+	r.readReply(psn, va, rkey, n, true, true)
 }
 
 // onAtomic executes an atomic request once, saves its result for
@@ -655,7 +597,7 @@ func (r *responder) duplicate(p *packetT, psn bth.PSN) {
 			r.fatal(memreg.NAKCode(err), psn, WCRemAccessErr)
 			return
 		}
-		r.readReply(psn, va, rkey, n, psn == x.firstPSN)
+		r.readReply(psn, va, rkey, n, psn == x.firstPSN, false)
 	case bth.KindCompareSwap, bth.KindFetchAdd:
 		x := r.findRes(psn, true)
 		if x == nil {

@@ -337,7 +337,9 @@ func (qp *QP) srRelease(buf *[udp.MaxPacketSize]byte) {
 // request at prev was executed. Called with qp.mu held.
 func (qp *QP) srDrain(prev bth.PSN) {
 	s, r := qp.sr, &qp.resp
-	if s.held == 0 {
+	if s.held == 0 || r.rd.active {
+		// With a READ response under way, the rest waits for it
+		// (responder.progress calls srDrain when it is complete).
 		return
 	}
 	w := uint32(len(s.slots))
@@ -368,6 +370,9 @@ func (qp *QP) srDrain(prev bth.PSN) {
 			qp.resp.execute(&pk, prev)
 		}
 		qp.srRelease(buf)
+		if r.rd.active {
+			return // a READ response under way: no SACK before its end
+		}
 		if r.psn == prev { // RNR NAK or an error: the requester resends
 			break
 		}

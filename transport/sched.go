@@ -87,9 +87,12 @@ type txSched struct {
 
 	// The goroutine's own state.
 	force bool // serve one QP despite a full inflight (schedStall)
-	held  []*QP
-	scan  []*QP     // sweep's copy of the device's QPs
-	out   respBatch // the batch's packets (the QPs' requests, their ACKs)
+	// waitResp: a QP's turn found a received batch's responses on their
+	// way to the link (responder.progress): wait for them after the batch.
+	waitResp bool
+	held     []*QP
+	scan     []*QP     // sweep's copy of the device's QPs
+	out      respBatch // the batch's packets (the QPs' requests, their ACKs)
 }
 
 // schedQuantum is how many request packets a QP builds per turn (16
@@ -318,6 +321,12 @@ func (s *txSched) runBatch() bool {
 		s.account(qp)
 	}
 	s.flush()
+	if s.waitResp {
+		// Holding no QP's lock now: flushPending can finish its send.
+		s.waitResp = false
+		s.d.respMu.Lock()
+		s.d.respMu.Unlock()
+	}
 	return served
 }
 
@@ -482,15 +491,21 @@ func (s *txSched) set(qp *QP, n int32) {
 	}
 }
 
-// serve runs qp's turn: up to schedQuantum request packets are built,
-// and everything the QP has queued joins the batch. Called with qp.mu
-// held.
+// serve runs qp's turn: up to schedQuantum packets of a READ response
+// under way (readresp.go) and up to schedQuantum request packets are
+// built, and everything the QP has queued joins the batch. Called with
+// qp.mu held.
 func (s *txSched) serve(qp *QP) {
 	s.unmark(qp)
 	if qp.destroyed {
 		return
 	}
 	qp.schedTurn, qp.schedLeft, qp.schedMore = true, qp.schedQuantum(), false
+	qp.resp.progress()
+	// The requests get a quantum of their own: neither role of the QP
+	// waits for the other's backlog (an RNIC's requester and responder
+	// are engines of their own too).
+	qp.schedLeft = qp.schedQuantum()
 	qp.req.progress()
 	qp.schedTurn = false
 	qp.settle()
