@@ -66,7 +66,7 @@ type Counters struct {
 	SRRecoveries  uint64 // sr_recoveries: selective resend rounds (each resends only missing PSNs)
 
 	RespHeld        uint64 // resp_held: requests held behind a READ response under way, executed after it
-	RespHeldDropped uint64 // resp_held_dropped: requests dropped because a QP held as many as it may behind a READ response
+	RespHeldDropped uint64 // resp_held_dropped: requests dropped because their QP (or the device) held as many as it may behind READ responses
 }
 
 // Counter is one named counter value.

@@ -171,6 +171,9 @@ type Device struct {
 	// respMu is held by flushPending from taking the responses out of
 	// the QPs until they are on the link (QP.SendQueued waits for it).
 	respMu sync.Mutex
+	// respHeldBufs counts the pool buffers the QPs hold request packets
+	// in behind READ responses under way (heldMaxDev, readresp.go).
+	respHeldBufs atomic.Int64
 	// rxDataQueued is set when an rxPending QP queued anything but bare
 	// ACKs and NAKs (see pendingACKsOnly); cleared by flushPending.
 	// Batch owner only.

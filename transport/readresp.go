@@ -48,7 +48,8 @@ import (
 // repeat holds its out-of-order packets as before (srHold); a READ
 // executed from them stops srDrain until its response is complete.
 // What a QP holds is bounded (heldMaxPkts packets in heldMaxBufs pool
-// buffers, 528 KiB); a request beyond that is dropped and counted
+// buffers, 1 MiB; all QPs together heldMaxDev buffers); a request beyond
+// that is dropped and counted
 // (resp_held_dropped), and the requester resends it as it would a lost
 // packet. A well-behaved requester does not get there: a READ takes its
 // PSNs from the requester's window, so little can follow it.
@@ -73,11 +74,16 @@ type readResp struct {
 }
 
 // heldMaxPkts and heldMaxBufs bound the request packets a QP holds
-// behind a READ response (the small-packet window's worth; the
-// selective repeat window's memory).
+// behind a READ response: twice the requester's window (512 small
+// packets, or 128 of a full MTU), since a selective repeat requester
+// whose short timeout expires meanwhile sends its window again.
+// heldMaxDev bounds the pool buffers all the device's QPs use for them
+// together (8192: about 38 MiB), so that a peer with many QPs cannot
+// make the device hold more.
 const (
-	heldMaxPkts = 512
-	heldMaxBufs = 128
+	heldMaxPkts = 1024
+	heldMaxBufs = 256
+	heldMaxDev  = 8192
 )
 
 // heldReqs are the request packets received while a READ response was
@@ -292,6 +298,7 @@ func (r *responder) progress() {
 		}
 		if owned {
 			qp.dev.bufs.Put(e.buf)
+			qp.dev.respHeldBufs.Add(-1)
 		}
 		qp.schedLeft--
 		qp.settle()
@@ -313,6 +320,11 @@ func (r *responder) hold(p *packetT) {
 		buf = h.q[len(h.q)-1].buf
 	} else {
 		if h.bufs >= heldMaxBufs {
+			inc(&qp.dev.ctr.RespHeldDropped)
+			return
+		}
+		if qp.dev.respHeldBufs.Add(1) > heldMaxDev {
+			qp.dev.respHeldBufs.Add(-1)
 			inc(&qp.dev.ctr.RespHeldDropped)
 			return
 		}
@@ -341,6 +353,7 @@ func (r *responder) dropHeld() {
 	for i := h.head; i < len(h.q); i++ {
 		if b := h.q[i].buf; b != last {
 			r.qp.dev.bufs.Put(b)
+			r.qp.dev.respHeldBufs.Add(-1)
 			last = b
 		}
 		h.q[i] = heldReq{}
