@@ -62,8 +62,8 @@ func benchSocketGoodput(b *testing.B, op WROpcode, size int) {
 // options o (nil: the defaults, no GSO).
 func benchSocketGoodputOpts(b *testing.B, o *udp.SocketOptions, op WROpcode, size int) {
 	a, r := newSocketPairAt(b, o, sockAddrA, sockAddrB)
-	_, smr := a.buffer(b, 1<<16, 0)
-	_, dmr := r.buffer(b, 1<<16, memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
+	_, smr := a.buffer(b, max(size, 1<<16), 0)
+	_, dmr := r.buffer(b, max(size, 1<<16), memreg.AccessRemoteWrite|memreg.AccessRemoteRead)
 	window := 64
 	if size >= 1<<16 {
 		window = 8
@@ -128,8 +128,13 @@ func BenchmarkSocketGSOWrite4KiB(b *testing.B)  { benchSocketGoodputOpts(b, gsoO
 func BenchmarkSocketGSOWrite64KiB(b *testing.B) { benchSocketGoodputOpts(b, gsoOpts, WRWrite, 1<<16) }
 func BenchmarkSocketGSORead4KiB(b *testing.B)   { benchSocketGoodputOpts(b, gsoOpts, WRRead, 4096) }
 func BenchmarkSocketGSORead64KiB(b *testing.B)  { benchSocketGoodputOpts(b, gsoOpts, WRRead, 1<<16) }
-func BenchmarkSocketGSOSend4KiB(b *testing.B)   { benchSocketGoodputOpts(b, gsoOpts, WRSend, 4096) }
-func BenchmarkSocketGSOSend64KiB(b *testing.B)  { benchSocketGoodputOpts(b, gsoOpts, WRSend, 1<<16) }
+
+// BenchmarkSocketGSORead1MiB and 16MiB: READs longer than one scheduler
+// quantum (64 KiB), whose responses go out a quantum per turn.
+func BenchmarkSocketGSORead1MiB(b *testing.B)  { benchSocketGoodputOpts(b, gsoOpts, WRRead, 1<<20) }
+func BenchmarkSocketGSORead16MiB(b *testing.B) { benchSocketGoodputOpts(b, gsoOpts, WRRead, 16<<20) }
+func BenchmarkSocketGSOSend4KiB(b *testing.B)  { benchSocketGoodputOpts(b, gsoOpts, WRSend, 4096) }
+func BenchmarkSocketGSOSend64KiB(b *testing.B) { benchSocketGoodputOpts(b, gsoOpts, WRSend, 1<<16) }
 
 // BenchmarkSocketPingPong8B bounces an 8-byte SEND between the sides, the
 // echo running in its own goroutine as in `rocev2d bench`.
