@@ -308,16 +308,6 @@ func (s *txSched) runBatch() bool {
 			break
 		}
 		served = true
-		if s.holds(qp) {
-			// Served earlier in this batch and back in the ring with
-			// more to send (a long READ response, a long message): the
-			// ring was empty of others ahead of it, so it goes on in
-			// the same batch up to schedMaxPkts rather than one
-			// quantum per Link.Send.
-			s.serve(qp)
-			s.account(qp)
-			continue
-		}
 		if len(s.held) == 0 {
 			qp.mu.Lock() // holding no other lock: may wait
 		} else if !qp.mu.TryLock() {
@@ -338,16 +328,6 @@ func (s *txSched) runBatch() bool {
 		s.d.respMu.Unlock()
 	}
 	return served
-}
-
-// holds reports whether the batch holds qp's lock (served it already).
-func (s *txSched) holds(qp *QP) bool {
-	for _, h := range s.held {
-		if h == qp {
-			return true
-		}
-	}
-	return false
 }
 
 // full reports that the peers have maxInflight packets to absorb: the
