@@ -79,7 +79,8 @@ type txSched struct {
 	// timeouts, or overflow it.
 	inflight    atomic.Int64
 	maxInflight int64
-	qpCap       int32 // the most one QP counts in inflight: maxInflight/4
+	qpCap       int32        // the most one QP counts in inflight: maxInflight/4
+	ackDelay    atomic.Int64 // moving average of the QPs' ACK delays, ns (staleLimit)
 	stalled     atomic.Bool
 
 	wake chan struct{} // cap 1: the goroutine has work
@@ -392,14 +393,21 @@ func (s *txSched) full() bool {
 func (s *txSched) account(qp *QP) {
 	u := qp.unackedPSNs()
 	if u == 0 {
+		if qp.schedMarked && !qp.schedStale {
+			s.sampleAckDelay(s.d.clock.Now().Sub(qp.schedMarkAt))
+		}
 		qp.schedMarked, qp.schedStale = false, false
 		s.set(qp, 0)
 		return
 	}
 	if !qp.schedMarked || qp.comp.psn.Diff(qp.schedMarkPSN) >= 0 {
-		qp.schedMarkPSN, qp.schedMarkAt = qp.req.psn, s.d.clock.Now()
+		now := s.d.clock.Now()
+		if qp.schedMarked && !qp.schedStale {
+			s.sampleAckDelay(now.Sub(qp.schedMarkAt))
+		}
+		qp.schedMarkPSN, qp.schedMarkAt = qp.req.psn, now
 		qp.schedMarked, qp.schedStale = true, false
-	} else if !qp.schedStale && s.d.clock.Now().Sub(qp.schedMarkAt) >= qp.schedStaleAfter() {
+	} else if !qp.schedStale && s.d.clock.Now().Sub(qp.schedMarkAt) >= s.staleLimit(qp) {
 		qp.schedStale = true
 		inc(&s.d.ctr.SchedStaleQPs)
 	}
@@ -410,6 +418,37 @@ func (s *txSched) account(qp *QP) {
 		u = s.qpCap
 	}
 	s.set(qp, u)
+}
+
+// sampleAckDelay adds one QP's ACK delay — from a mark to the ACK that
+// covered everything sent before it — to the device's moving average
+// (weight 1/8).
+func (s *txSched) sampleAckDelay(d time.Duration) {
+	if d < 0 {
+		return
+	}
+	old := s.ackDelay.Load()
+	s.ackDelay.Store(old + (int64(d)-old)/8) // racing samples: one may be lost
+}
+
+// staleLimit is how long qp's oldest unacknowledged PSN may wait for its
+// ACK before its PSNs stop counting (account): schedStaleAfter, or four
+// times the device's average ACK delay if that is longer (up to the
+// QP's ACK timeout). A QP is stale when its peer is slow compared with
+// the others' peers, not when the whole path is: on a slow wire every
+// QP's packets wait in the same queue, ACK delays grow for all, and the
+// budget must go on bounding what is on its way (else the queue grows
+// and the timers expire in it: TestSchedNoTimeoutWhileWaiting under
+// -race, a 625 packet/s wire, did).
+func (s *txSched) staleLimit(qp *QP) time.Duration {
+	limit := qp.schedStaleAfter()
+	if e := 4 * time.Duration(s.ackDelay.Load()); e > limit {
+		limit = e
+		if qp.timeout > 0 && limit > qp.timeout {
+			limit = qp.timeout
+		}
+	}
+	return limit
 }
 
 // schedStaleAfter is how long qp's oldest unacknowledged PSN may wait
