@@ -260,12 +260,21 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 	n = min(n, nsq, ncq)
 	inline := 0
 	if a.id.SGLS&nvme.SGLSOffset != 0 && a.id.IOCCSZ >= 4 && !h.cfg.NoInline {
-		inline = int(a.id.IOCCSZ)*16 - nvme.SQESize
+		inline = inlineSize(a.id.IOCCSZ)
+		if offer := uint64(a.id.IOCCSZ)*16 - nvme.SQESize; offer > uint64(inline) {
+			h.logf("nvmf: controller %v offers %d bytes of in-capsule data (IOCCSZ %d); sending at most %d", h.addr,
+				offer, a.id.IOCCSZ, inline)
+		}
 	}
 	qs := min(h.cfg.QueueSize, int(ParseMQES(capv))+1)
 	if a.id.MAXCMD > 0 {
 		qs = min(qs, int(a.id.MAXCMD))
 	}
+	// MQES 0 is invalid and MAXCMD 1 leaves no room for the queue's one
+	// unused entry: a queue of 2 still carries one command at a time
+	// (fewer would be a queue without slots, where every command waits
+	// forever).
+	qs = max(qs, 2)
 	for i := 1; i <= n; i++ {
 		qctx, qcancel := step()
 		q, err := dialQueue(qctx, h.dev, h.addr, uint16(i), qs, inline, h.cfg.PathMTU)
@@ -280,6 +289,26 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 		}
 	}
 	return a, nil
+}
+
+// maxInline bounds the in-capsule data of a write, whatever the
+// controller's IOCCSZ offers: every slot of an I/O queue holds a capsule
+// buffer of 64 bytes plus this, allocated and registered when the queue
+// connects, so the offer sizes host memory (QueueSize-1 slots per queue).
+// IOCCSZ is a 32-bit count of 16-byte units: taken as is, a hostile or
+// broken target could make the host allocate 64 GiB per slot (a fatal
+// out-of-memory, not a recoverable panic). 16 KiB is the most nvmet-rdma
+// offers (its inline_data_size limit); Linux's host allocates nothing by
+// IOCCSZ (it sends in-capsule data from the request's own pages, at most
+// num_inline_segments of them) and uses it only as an upper bound, as
+// this host does with a smaller one: sending less in the capsule than
+// offered is always allowed, larger writes go by keyed SGL.
+const maxInline = 16 << 10
+
+// inlineSize returns the in-capsule data bytes to use for a controller's
+// IOCCSZ (at least 4: the 64-byte command itself).
+func inlineSize(ioccsz uint32) int {
+	return int(min(uint64(ioccsz)*16-nvme.SQESize, maxInline))
 }
 
 // setup configures a new queue before its first command.
@@ -311,6 +340,9 @@ func propGet(ctx context.Context, q *hqueue, off uint32, size8 bool) (uint64, er
 
 func identify(ctx context.Context, q *hqueue, id nvme.Identify, out []byte) error {
 	_, err := q.do(ctx, &request{in: out, build: id.Put})
+	if hk := testHooks.Load(); err == nil && hk != nil && hk.identify != nil {
+		hk.identify(id.CNS, out)
+	}
 	return err
 }
 

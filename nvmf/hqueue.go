@@ -110,6 +110,15 @@ type hqueue struct {
 
 const cidIdxBits = 10
 
+// testHooks let the package's tests play a broken or hostile target from
+// the host's side of the wire; nil outside tests.
+var testHooks atomic.Pointer[hostHooks]
+
+type hostHooks struct {
+	// identify rewrites Identify data as the host receives it.
+	identify func(cns uint8, b []byte)
+}
+
 // dialQueue connects queue qid: rdma_cm connection with the NVMe-RDMA
 // request, receive buffers for the completions posted before it.
 func dialQueue(ctx context.Context, dev *transport.Device, addr netip.AddrPort, qid uint16, size, inline int, mtu transport.MTU) (*hqueue, error) {

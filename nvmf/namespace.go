@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -30,13 +31,21 @@ var ErrAlignment = errors.New("nvmf: offset or length not a multiple of the bloc
 
 // Namespace identifies namespace nsid and returns it.
 func (h *Controller) Namespace(ctx context.Context, nsid uint32) (*HostNamespace, error) {
+	a, err := h.assoc(ctx)
+	if err != nil {
+		return nil, err
+	}
 	b := make([]byte, nvme.IdentifySize)
-	if _, err := h.admin(ctx, &request{in: b, build: (&nvme.Identify{CNS: nvme.CNSNamespace, NSID: nsid}).Put}); err != nil {
+	err = identify(ctx, a.admin, nvme.Identify{CNS: nvme.CNSNamespace, NSID: nsid}, b)
+	h.count(err)
+	if err != nil {
 		return nil, err
 	}
 	f := nvme.IdentifyNamespace(b).Fields()
 	shift := f.BlockShift()
-	if f.NSZE == 0 || shift < 9 || shift > 16 {
+	// The size in bytes must be an int64 (Size, offsets): 2^63 bytes is
+	// no disk, but a broken target's NSZE.
+	if f.NSZE == 0 || shift < 9 || shift > 16 || f.NSZE > math.MaxInt64>>shift {
 		return nil, fmt.Errorf("nvmf: namespace %d: size %d, block shift %d", nsid, f.NSZE, shift)
 	}
 	id, err := h.Identify(ctx)
