@@ -143,6 +143,7 @@ type Controller struct {
 	closeCh chan struct{}
 	rr      atomic.Uint32
 	wg      sync.WaitGroup
+	nss     map[uint32]*nsState // the namespaces handed out, checked at every reconnect
 
 	cmds, errs, reconnects, kas, requeued atomic.Uint64
 	invs                                  invCounters
@@ -432,6 +433,12 @@ func (h *Controller) supervise(a *association) {
 			}()
 			var err error
 			na, err = h.associate(ctx)
+			if err == nil {
+				if err = h.revalidate(ctx, na); err != nil {
+					na.close()
+					na = nil
+				}
+			}
 			cancel()
 			if err != nil {
 				h.logf("nvmf: reconnect %v: %v", h.addr, err)

@@ -2,7 +2,9 @@ package nvmf
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"testing"
 	"time"
 
@@ -106,6 +108,126 @@ func TestHostileIdentify(t *testing.T) {
 			}
 			if st := h.Stats(); st.Reconnects != 0 || st.Errors != 0 {
 				t.Errorf("host %+v", st)
+			}
+		})
+	}
+}
+
+// TestNamespaceReplaced: the target dies and another starts on its
+// address. The host reconnects by itself; whether the namespace behind
+// NSID 1 is still the disk it wrote decides what its I/O may do: the same
+// identity (NGUID, size, block size) goes on, anything else fails with
+// ErrNamespaceChanged — the reads and writes waiting for the reconnect
+// too, so no write lands on the other disk and no read returns its data
+// (Linux: nvme_validate_ns, "identifiers changed"). Without the check
+// the host read the new disk's zeros as its data and wrote onto it.
+func TestNamespaceReplaced(t *testing.T) {
+	defNGUID := func() [16]byte { // what the first target derived
+		h := sha256.Sum256([]byte(testNQN + "/1"))
+		return [16]byte(h[:16])
+	}()
+	for _, tc := range []struct {
+		name    string
+		ns      func(old *MemBackend) (*Namespace, *MemBackend)
+		changed bool
+	}{
+		{"same disk", func(old *MemBackend) (*Namespace, *MemBackend) {
+			return &Namespace{Backend: old}, old
+		}, false},
+		{"restarted with the same NGUID", func(old *MemBackend) (*Namespace, *MemBackend) {
+			b := bytes.Clone(old.buf)
+			be, _ := NewMemBackend(int64(len(b)))
+			copy(be.buf, b)
+			return &Namespace{Backend: be, NGUID: defNGUID}, be
+		}, false},
+		{"other NGUID", func(old *MemBackend) (*Namespace, *MemBackend) {
+			be, _ := NewMemBackend(8 << 20)
+			return &Namespace{Backend: be, NGUID: [16]byte{0xde, 0xad}}, be
+		}, true},
+		{"other size", func(old *MemBackend) (*Namespace, *MemBackend) {
+			be, _ := NewMemBackend(4 << 20)
+			return &Namespace{Backend: be}, be
+		}, true},
+		{"other block size", func(old *MemBackend) (*Namespace, *MemBackend) {
+			be, _ := NewMemBackend(8 << 20)
+			return &Namespace{Backend: be, BlockSize: 4096}, be
+		}, true},
+		{"namespace gone", func(old *MemBackend) (*Namespace, *MemBackend) {
+			be, _ := NewMemBackend(8 << 20)
+			return &Namespace{ID: 2, Backend: be}, be
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, memnet.Faults{}, TargetConfig{})
+			ctx := ctxT(t, 30*time.Second)
+			h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 8, KATO: 500 * time.Millisecond,
+				ReconnectDelay: 100 * time.Millisecond, CtrlLossTimeout: 20 * time.Second, ConnectTimeout: time.Second, Log: t.Logf})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Close()
+			ns, err := h.Namespace(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data := bytes.Repeat([]byte("precious"), 512)
+			if _, err := ns.WriteAtContext(ctx, data, 0); err != nil {
+				t.Fatal(err)
+			}
+			// The target dies; a write is started while it is gone
+			// (it waits for the reconnect); another target starts on
+			// the address.
+			p.tdev.Close()
+			p.t.Close()
+			time.Sleep(50 * time.Millisecond)
+			intruder := bytes.Repeat([]byte("intruder"), 512)
+			werr := make(chan error, 1)
+			go func() {
+				_, err := ns.WriteAtContext(ctx, intruder, 8192)
+				werr <- err
+			}()
+			time.Sleep(200 * time.Millisecond)
+			nns, be := tc.ns(p.backend)
+			tdev2 := newDevice(t, p.net, targetIP)
+			t2, err := Listen(tdev2, TargetConfig{Subsystems: []*Subsystem{{NQN: testNQN, Namespaces: []*Namespace{nns}}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { h.Close(); t2.Close(); tdev2.Close() }()
+			err = <-werr
+			got := make([]byte, len(data))
+			_, rerr := ns.ReadAtContext(ctx, got, 0)
+			t.Logf("write while replaced: %v; read after: %v; host %+v", err, rerr, h.Stats())
+			if h.Stats().Reconnects == 0 {
+				t.Fatal("no reconnect")
+			}
+			if !tc.changed {
+				if err != nil || rerr != nil || !bytes.Equal(got, data) {
+					t.Fatalf("same namespace: write %v, read %v (data equal %v)", err, rerr, bytes.Equal(got, data))
+				}
+				return
+			}
+			if !errors.Is(err, ErrNamespaceChanged) || !errors.Is(rerr, ErrNamespaceChanged) {
+				t.Errorf("replaced namespace: write %v, read %v; want ErrNamespaceChanged", err, rerr)
+			}
+			if bytes.Contains(be.buf, []byte("intruder")) {
+				t.Error("the write waiting for the reconnect landed on the other disk")
+			}
+			if err := ns.Flush(ctx); !errors.Is(err, ErrNamespaceChanged) {
+				t.Errorf("flush: %v", err)
+			}
+			// The namespace there now is there to be had, on purpose.
+			if nns.ID == 1 {
+				ns2, err := h.Namespace(ctx, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := ns2.WriteAtContext(ctx, intruder, 8192); err != nil {
+					t.Fatalf("write to the new namespace: %v", err)
+				}
+				if _, err := ns.ReadAtContext(ctx, got, 0); !errors.Is(err, ErrNamespaceChanged) {
+					t.Errorf("old namespace after Namespace again: %v", err)
+				}
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorocev2/rocev2/nvme"
@@ -24,40 +25,202 @@ type HostNamespace struct {
 	blocks   uint64
 	ro       bool
 	maxBytes int
+	st       *nsState
 }
 
 // ErrAlignment: an offset or length is not a multiple of the block size.
 var ErrAlignment = errors.New("nvmf: offset or length not a multiple of the block size")
 
-// Namespace identifies namespace nsid and returns it.
-func (h *Controller) Namespace(ctx context.Context, nsid uint32) (*HostNamespace, error) {
-	a, err := h.assoc(ctx)
-	if err != nil {
-		return nil, err
+// ErrNamespaceChanged: after a reconnect the controller reported another
+// namespace behind the NSID (other identifiers, size or block size) or
+// none. Every later command of the HostNamespace fails with it, reads and
+// writes that were waiting for the reconnect included: the data behind
+// it is not the data the caller wrote. Controller.Namespace again returns
+// the namespace there now.
+var ErrNamespaceChanged = errors.New("nvmf: namespace changed")
+
+// errBadNamespace: Identify Namespace data the host cannot use.
+var errBadNamespace = errors.New("nvmf: unusable namespace")
+
+// nsIdentity tells one namespace's data from another's behind the same
+// NSID: its identifiers and the geometry the host addresses it by. A
+// target restarted on other data (a memory namespace, a file made
+// again) reports other identifiers (docs/NVMEOF.md, "Identity across
+// restarts"); one without identifiers is still told apart by size.
+type nsIdentity struct {
+	nguid  [16]byte
+	eui64  [8]byte
+	uuid   [16]byte
+	blocks uint64
+	shift  uint8
+}
+
+// diff describes how b differs from a ("" if not).
+func (a nsIdentity) diff(b nsIdentity) string {
+	switch {
+	case a.nguid != b.nguid:
+		return fmt.Sprintf("NGUID %x, was %x", b.nguid, a.nguid)
+	case a.eui64 != b.eui64:
+		return fmt.Sprintf("EUI64 %x, was %x", b.eui64, a.eui64)
+	case a.uuid != b.uuid:
+		return fmt.Sprintf("UUID %x, was %x", b.uuid, a.uuid)
+	case a.shift != b.shift:
+		return fmt.Sprintf("block size %d, was %d", 1<<b.shift, 1<<a.shift)
+	case a.blocks != b.blocks:
+		return fmt.Sprintf("%d blocks, was %d", b.blocks, a.blocks)
 	}
+	return ""
+}
+
+// nsState is an NSID's namespace as the host identified it, shared by the
+// HostNamespaces made of it. The Controller checks it again after every
+// reconnect, before any command goes to the new association (Linux's
+// nvme_validate_ns); err is set, once, when the namespace changed.
+type nsState struct {
+	id  nsIdentity
+	err atomic.Pointer[error]
+}
+
+func (st *nsState) failed() error {
+	if e := st.err.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+func (st *nsState) fail(err error) { st.err.CompareAndSwap(nil, &err) }
+
+// identifyNS identifies namespace nsid on admin queue q: Identify
+// Namespace, and the namespace identification descriptors for a UUID
+// (or the NGUID or EUI64 when the former leaves them zero); a controller
+// that does not answer those (before NVMe 1.3) is identified without
+// them. A namespace the host cannot address is errBadNamespace.
+func identifyNS(ctx context.Context, q *hqueue, nsid uint32) (nvme.IdentifyNamespaceFields, nsIdentity, error) {
 	b := make([]byte, nvme.IdentifySize)
-	err = identify(ctx, a.admin, nvme.Identify{CNS: nvme.CNSNamespace, NSID: nsid}, b)
-	h.count(err)
-	if err != nil {
-		return nil, err
+	if err := identify(ctx, q, nvme.Identify{CNS: nvme.CNSNamespace, NSID: nsid}, b); err != nil {
+		return nvme.IdentifyNamespaceFields{}, nsIdentity{}, err
 	}
 	f := nvme.IdentifyNamespace(b).Fields()
 	shift := f.BlockShift()
 	// The size in bytes must be an int64 (Size, offsets): 2^63 bytes is
 	// no disk, but a broken target's NSZE.
 	if f.NSZE == 0 || shift < 9 || shift > 16 || f.NSZE > math.MaxInt64>>shift {
-		return nil, fmt.Errorf("nvmf: namespace %d: size %d, block shift %d", nsid, f.NSZE, shift)
+		return f, nsIdentity{}, fmt.Errorf("%w: namespace %d: size %d, block shift %d", errBadNamespace, nsid, f.NSZE, shift)
 	}
-	id, err := h.Identify(ctx)
+	id := nsIdentity{nguid: f.NGUID, eui64: f.EUI64, blocks: f.NSZE, shift: shift}
+	clear(b)
+	err := identify(ctx, q, nvme.Identify{CNS: nvme.CNSNSDescList, NSID: nsid}, b)
+	if err != nil && !errors.As(err, new(nvme.Status)) {
+		return f, nsIdentity{}, err
+	}
+	if err == nil {
+		ds, _ := nvme.NSDescriptors(b)
+		for _, d := range ds {
+			switch {
+			case d.Type == nvme.NIDTUUID && len(d.ID) == 16:
+				copy(id.uuid[:], d.ID)
+			case d.Type == nvme.NIDTNGUID && len(d.ID) == 16 && id.nguid == [16]byte{}:
+				copy(id.nguid[:], d.ID)
+			case d.Type == nvme.NIDTEUI64 && len(d.ID) == 8 && id.eui64 == [8]byte{}:
+				copy(id.eui64[:], d.ID)
+			}
+		}
+	}
+	return f, id, nil
+}
+
+// Namespace identifies namespace nsid and returns it.
+func (h *Controller) Namespace(ctx context.Context, nsid uint32) (*HostNamespace, error) {
+	for {
+		a, err := h.assoc(ctx)
+		if err != nil {
+			return nil, err
+		}
+		f, ident, err := identifyNS(ctx, a.admin, nsid)
+		h.count(err)
+		if err != nil {
+			return nil, err
+		}
+		h.mu.Lock()
+		if h.cur != a {
+			// Lost meanwhile: the reconnect checks the namespaces it
+			// knows, this one is not among them yet. Identify it on
+			// the new association.
+			h.mu.Unlock()
+			continue
+		}
+		st := h.nss[nsid]
+		if st == nil || st.failed() != nil || st.id != ident {
+			if st != nil {
+				st.fail(fmt.Errorf("%w: namespace %d: %s", ErrNamespaceChanged, nsid, st.id.diff(ident)))
+			}
+			st = &nsState{id: ident}
+			if h.nss == nil {
+				h.nss = map[uint32]*nsState{}
+			}
+			h.nss[nsid] = st
+		}
+		h.mu.Unlock()
+		maxBytes := MaxTransfer
+		if a.id.MDTS > 0 && a.id.MDTS < 20 {
+			maxBytes = min(maxBytes, 4096<<a.id.MDTS)
+		}
+		shift := ident.shift
+		maxBytes = min(maxBytes, 65536<<shift, nvme.MaxKeyedLength+1-(1<<shift))
+		return &HostNamespace{h: h, id: nsid, shift: shift, blocks: ident.blocks, ro: f.NSATTR&1 != 0, maxBytes: maxBytes, st: st}, nil
+	}
+}
+
+// revalidate identifies again, on the new association a, every namespace
+// handed out (before a goes into service: no command reaches a namespace
+// that changed). A namespace with other identifiers, size or block size,
+// or none, fails from now on (ErrNamespaceChanged). Only a transport
+// failure (the new association lost too) is an error: the reconnect
+// attempt failed.
+func (h *Controller) revalidate(ctx context.Context, a *association) error {
+	h.mu.Lock()
+	nss := make(map[uint32]*nsState, len(h.nss))
+	for nsid, st := range h.nss {
+		if st.failed() == nil {
+			nss[nsid] = st
+		}
+	}
+	h.mu.Unlock()
+	for nsid, st := range nss {
+		sctx, cancel := context.WithTimeout(ctx, h.cfg.ConnectTimeout)
+		_, ident, err := identifyNS(sctx, a.admin, nsid)
+		cancel()
+		var why string
+		switch {
+		case err == nil:
+			if why = st.id.diff(ident); why == "" {
+				continue
+			}
+		case errors.As(err, new(nvme.Status)), errors.Is(err, errBadNamespace):
+			why = err.Error()
+		default:
+			return fmt.Errorf("nvmf: Identify Namespace %d: %w", nsid, err)
+		}
+		err = fmt.Errorf("%w: namespace %d: %s", ErrNamespaceChanged, nsid, why)
+		h.logf("nvmf: controller %v %s: %v; its I/O fails from now on", h.addr, h.subNQN, err)
+		st.fail(err)
+	}
+	return nil
+}
+
+// queue picks the I/O queue for one of the namespace's commands, unless
+// the namespace changed. (A namespace that changed is marked so before
+// the association that found it goes into service, so a queue of that
+// association is never returned for it.)
+func (n *HostNamespace) queue(ctx context.Context) (*hqueue, error) {
+	q, err := n.h.ioQueue(ctx)
 	if err != nil {
 		return nil, err
 	}
-	maxBytes := MaxTransfer
-	if id.MDTS > 0 && id.MDTS < 20 {
-		maxBytes = min(maxBytes, 4096<<id.MDTS)
+	if err := n.st.failed(); err != nil {
+		return nil, err
 	}
-	maxBytes = min(maxBytes, 65536<<shift, nvme.MaxKeyedLength+1-(1<<shift))
-	return &HostNamespace{h: h, id: nsid, shift: shift, blocks: f.NSZE, ro: f.NSATTR&1 != 0, maxBytes: maxBytes}, nil
+	return q, nil
 }
 
 // ID returns the namespace ID.
@@ -98,7 +261,7 @@ func (n *HostNamespace) WriteAtContext(ctx context.Context, p []byte, off int64)
 
 // Flush asks the controller to make written data durable.
 func (n *HostNamespace) Flush(ctx context.Context) error {
-	q, err := n.h.ioQueue(ctx)
+	q, err := n.queue(ctx)
 	if err != nil {
 		return err
 	}
@@ -115,7 +278,7 @@ func (n *HostNamespace) WriteZeroes(ctx context.Context, off, length int64) erro
 	}
 	for length > 0 {
 		k := min(length, 65536<<n.shift)
-		q, err := n.h.ioQueue(ctx)
+		q, err := n.queue(ctx)
 		if err != nil {
 			return err
 		}
@@ -179,9 +342,9 @@ func (n *HostNamespace) one(ctx context.Context, op nvme.Opcode, p []byte, off i
 	}
 	var failed *hqueue // the queue the command was lost with
 	for {
-		q, err := n.h.ioQueue(ctx)
+		q, err := n.queue(ctx)
 		if err != nil {
-			if failed != nil {
+			if failed != nil || errors.Is(err, ErrNamespaceChanged) {
 				n.h.count(err) // the command was lost, and is not sent again
 			}
 			return err
