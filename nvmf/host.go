@@ -40,6 +40,19 @@ type HostConfig struct {
 	// trying (default 60 s; negative: never reconnect).
 	ReconnectDelay  time.Duration
 	CtrlLossTimeout time.Duration
+	// IOTimeout is how long a command may go unanswered (default 30 s,
+	// Linux's nvme_core io_timeout; negative: forever). One that does
+	// ends the association as a lost connection would: the host
+	// reconnects and sends its reads and writes again (see
+	// CtrlLossTimeout), up to maxTimeoutRetries times for a command that
+	// keeps timing out; other commands fail with ErrDisconnected. It
+	// also bounds how long a command whose caller gave up (its context
+	// ended) keeps its slot: the target may still write into the slot's
+	// buffer until the association is torn down, so such a slot is
+	// reused only after its response or the teardown — without the
+	// timeout a target that never answers it keeps it forever, and
+	// QueueSize-1 of them wedge the queue.
+	IOTimeout time.Duration
 	// NoInline never puts write data in the command capsule.
 	NoInline bool
 	// RemoteInvalidate gives every command that moves data by keyed SGL
@@ -95,6 +108,9 @@ func (c HostConfig) withDefaults() HostConfig {
 	}
 	if c.CtrlLossTimeout == 0 {
 		c.CtrlLossTimeout = 60 * time.Second
+	}
+	if c.IOTimeout == 0 {
+		c.IOTimeout = 30 * time.Second
 	}
 	return c
 }
@@ -371,16 +387,38 @@ func (a *association) watch() {
 	}
 }
 
+// expire ends the association when one of its commands went unanswered
+// for longer than d (HostConfig.IOTimeout), as Linux's nvme_rdma_timeout
+// starts error recovery: the supervisor then reconnects, and the commands
+// of the association end with ErrDisconnected (the one that timed out
+// with ErrIOTimeout too) and are sent again or fail as after any loss.
+func (a *association) expire(now time.Time, d time.Duration) {
+	for _, q := range append([]*hqueue{a.admin}, a.io...) {
+		if err := q.expire(now, d); err != nil {
+			q.die(err)
+			return
+		}
+	}
+}
+
 // supervise keeps an association alive: keep-alive, and on loss, reconnect.
 func (h *Controller) supervise(a *association) {
 	defer h.wg.Done()
 	for {
 		a.watch()
-		var tick <-chan time.Time
+		var tick, wd <-chan time.Time
+		var tickers []*time.Ticker
 		if h.cfg.KATO > 0 && h.subNQN != nvme.DiscoveryNQN {
 			t := time.NewTicker(h.cfg.KATO / 2)
 			defer t.Stop()
+			tickers = append(tickers, t)
 			tick = t.C
+		}
+		if h.cfg.IOTimeout > 0 {
+			t := time.NewTicker(min(max(h.cfg.IOTimeout/8, 10*time.Millisecond), time.Second))
+			defer t.Stop()
+			tickers = append(tickers, t)
+			wd = t.C
 		}
 	loop:
 		for {
@@ -389,6 +427,8 @@ func (h *Controller) supervise(a *association) {
 				return
 			case <-a.dead:
 				break loop
+			case now := <-wd:
+				a.expire(now, h.cfg.IOTimeout)
 			case <-tick:
 				h.kas.Add(1)
 				ctx, cancel := context.WithTimeout(context.Background(), h.cfg.KATO)
@@ -400,6 +440,9 @@ func (h *Controller) supervise(a *association) {
 			}
 		}
 		lost := time.Now() // CtrlLossTimeout counts from here, not from the end of the teardown
+		for _, t := range tickers {
+			t.Stop()
+		}
 		if h.cfg.CtrlLossTimeout < 0 {
 			h.logf("nvmf: controller %v %s lost", h.addr, h.subNQN)
 		} else {

@@ -2,9 +2,12 @@ package nvmf
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -231,4 +234,128 @@ func TestNamespaceReplaced(t *testing.T) {
 			}
 		})
 	}
+}
+
+// loseAnswers installs a hook that loses the completions of I/O commands
+// for which lose(opcode, SLBA) says so.
+func loseAnswers(t *testing.T, lose func(op nvme.Opcode, slba uint64) bool) {
+	setHooks(t, &hostHooks{response: func(q *hqueue, c *nvme.CQEFields) bool {
+		idx := int(c.CID & (1<<cidIdxBits - 1))
+		if q.qid == 0 || idx >= len(q.slots) {
+			return false
+		}
+		q.mu.Lock()
+		sqe := nvme.SQE(q.slots[idx].cmd[:nvme.SQESize])
+		op, slba := sqe.Opcode(), uint64(sqe.CDW(10))|uint64(sqe.CDW(11))<<32
+		q.mu.Unlock()
+		return lose(op, slba)
+	}})
+}
+
+// TestIOTimeout: a target that loses the answer to a command but answers
+// keep-alives. Without an I/O timeout ReadAt/WriteAt (no context) waited
+// forever, and commands whose callers gave up kept their slots until
+// QueueSize-1 of them wedged the queue for good. With it the host ends
+// the association after IOTimeout (Linux: nvme_rdma_timeout, error
+// recovery), reconnects, and sends the read or write again: a write is
+// reported done only when the new association acknowledged it. A command
+// that is never answered fails after maxTimeoutRetries resends.
+func TestIOTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	connect := func(t *testing.T) (*pair, *Controller, *HostNamespace, context.Context) {
+		p := newPair(t, memnet.Faults{}, TargetConfig{})
+		ctx := ctxT(t, 60*time.Second)
+		h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1, QueueSize: 8, KATO: 200 * time.Millisecond,
+			ReconnectDelay: 50 * time.Millisecond, IOTimeout: timeout, Log: t.Logf})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		ns, err := h.Namespace(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, h, ns, ctx
+	}
+	// within runs f, which must end within d.
+	within := func(t *testing.T, d time.Duration, what string, f func() error) error {
+		t.Helper()
+		errc := make(chan error, 1)
+		go func() { errc <- f() }()
+		select {
+		case err := <-errc:
+			return err
+		case <-time.After(d):
+			t.Fatalf("%s hangs", what)
+			return nil
+		}
+	}
+	for _, op := range []nvme.Opcode{nvme.IORead, nvme.IOWrite} {
+		t.Run(fmt.Sprintf("one answer lost, opcode %#x", op), func(t *testing.T) {
+			p, h, ns, _ := connect(t)
+			w := bytes.Repeat([]byte("answered"), 512)
+			copy(p.backend.buf[4096:], w)
+			var lost atomic.Int32
+			loseAnswers(t, func(o nvme.Opcode, slba uint64) bool { return o == op && lost.Add(1) == 1 })
+			start := time.Now()
+			r := make([]byte, len(w))
+			err := within(t, 20*time.Second, "the command", func() error {
+				if op == nvme.IOWrite {
+					_, err := ns.WriteAt(w, 8192)
+					return err
+				}
+				_, err := ns.ReadAt(r, 4096)
+				return err
+			})
+			st := h.Stats()
+			t.Logf("%v after %v; host %+v", err, time.Since(start).Round(time.Millisecond), st)
+			if err != nil || st.Reconnects != 1 || st.Requeued != 1 || time.Since(start) < timeout {
+				t.Fatalf("err %v, %d reconnects, %d requeued", err, st.Reconnects, st.Requeued)
+			}
+			if op == nvme.IORead && !bytes.Equal(r, w) || op == nvme.IOWrite && !bytes.Equal(p.backend.buf[8192:8192+len(w)], w) {
+				t.Error("data differs")
+			}
+		})
+	}
+	t.Run("never answered", func(t *testing.T) {
+		_, h, ns, _ := connect(t)
+		loseAnswers(t, func(o nvme.Opcode, slba uint64) bool { return o == nvme.IORead && slba == 64 })
+		err := within(t, 30*time.Second, "the read", func() error {
+			_, err := ns.ReadAt(make([]byte, 512), 64*512)
+			return err
+		})
+		st := h.Stats()
+		t.Logf("%v; host %+v", err, st)
+		if !errors.Is(err, ErrIOTimeout) || !errors.Is(err, ErrDisconnected) || st.Requeued != maxTimeoutRetries {
+			t.Errorf("err %v, sent again %d times; want ErrIOTimeout after %d", err, st.Requeued, maxTimeoutRetries)
+		}
+		if _, err := ns.ReadAt(make([]byte, 512), 0); err != nil {
+			t.Errorf("read after: %v", err)
+		}
+	})
+	t.Run("abandoned commands", func(t *testing.T) {
+		_, h, ns, ctx := connect(t)
+		var armed atomic.Bool
+		armed.Store(true)
+		loseAnswers(t, func(o nvme.Opcode, slba uint64) bool { return o == nvme.IORead && armed.Load() })
+		// QueueSize-1 reads whose callers give up: every slot of the
+		// queue waits for an answer that never comes.
+		for i := 0; i < 7; i++ {
+			c, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+			_, err := ns.ReadAtContext(c, make([]byte, 512), 0)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("abandoned read %d: %v", i, err)
+			}
+		}
+		armed.Store(false)
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := ns.ReadAtContext(c, make([]byte, 512), 0)
+		st := h.Stats()
+		t.Logf("read after 7 abandoned: %v; host %+v", err, st)
+		if err != nil || st.Reconnects == 0 {
+			t.Errorf("queue wedged by abandoned commands: %v, %d reconnects", err, st.Reconnects)
+		}
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/nvme"
@@ -17,6 +18,12 @@ import (
 // ErrDisconnected: the queue a command was on went down before its
 // completion arrived (the command may or may not have executed).
 var ErrDisconnected = errors.New("nvmf: controller connection lost")
+
+// ErrIOTimeout: the controller did not answer a command within
+// HostConfig.IOTimeout, and the host ended the association (it comes
+// wrapped with ErrDisconnected). The command may or may not have
+// executed.
+var ErrIOTimeout = errors.New("nvmf: I/O timeout")
 
 // RejectedError is a connection request the target refused with NVMe-RDMA
 // reject private data.
@@ -52,6 +59,8 @@ type hslot struct {
 	resp       *completion
 	callerDone bool // the caller took the result (or gave up)
 	orphan     bool // its caller gave up: nobody reads done
+	sent       time.Time
+	timedOut   bool // unanswered past the I/O timeout: it ends with ErrIOTimeout
 
 	// Remote invalidation (hqueue.remoteInv): a type 2 window on the data
 	// buffer, bound for one command with a fresh key byte; rkey is the
@@ -117,6 +126,9 @@ var testHooks atomic.Pointer[hostHooks]
 type hostHooks struct {
 	// identify rewrites Identify data as the host receives it.
 	identify func(cns uint8, b []byte)
+	// response returns true to lose a completion (the target's answer
+	// never comes).
+	response func(q *hqueue, c *nvme.CQEFields) bool
 }
 
 // dialQueue connects queue qid: rdma_cm connection with the NVMe-RDMA
@@ -211,6 +223,9 @@ func (q *hqueue) die(err error) {
 			s.sendDone = true // never now
 			if s.resp == nil {
 				s.resp = &completion{err: fmt.Errorf("%w: %v", ErrDisconnected, err)}
+				if s.timedOut {
+					s.resp.err = fmt.Errorf("%w: %w", ErrDisconnected, err)
+				}
 				if !s.orphan {
 					s.done <- *s.resp
 				}
@@ -219,6 +234,32 @@ func (q *hqueue) die(err error) {
 		}
 		q.mu.Unlock()
 	})
+}
+
+// expire marks the commands unanswered for longer than d and returns the
+// error that ends the queue for them (wrapping ErrIOTimeout), or nil
+// when there are none. The caller lets the queue die of it: a slot whose
+// command the target may still answer, or write data into, is freed only
+// then, and never reused (the queue is dead; its memory goes with its
+// teardown).
+func (q *hqueue) expire(now time.Time, d time.Duration) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var oldest *hslot
+	for i := range q.slots {
+		s := &q.slots[i]
+		if s.busy && s.resp == nil && now.Sub(s.sent) > d {
+			s.timedOut = true
+			if oldest == nil || s.sent.Before(oldest.sent) {
+				oldest = s
+			}
+		}
+	}
+	if oldest == nil {
+		return nil
+	}
+	cid := uint16(oldest.gen)<<cidIdxBits | uint16(oldest.idx)
+	return fmt.Errorf("queue %d: command %#x unanswered for %v: %w", q.qid, cid, now.Sub(oldest.sent).Round(time.Millisecond), ErrIOTimeout)
 }
 
 // loop receives completions until the queue goes down.
@@ -271,6 +312,9 @@ func (q *hqueue) onResponse(ri int, wc *transport.WC) {
 		return
 	}
 	if !ok {
+		return
+	}
+	if hk := testHooks.Load(); hk != nil && hk.response != nil && hk.response(q, &c) {
 		return
 	}
 	idx, gen := int(c.CID&(1<<cidIdxBits-1)), c.CID>>cidIdxBits
@@ -458,6 +502,7 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 	default:
 	}
 	s.busy, s.sendDone, s.resp, s.orphan, s.callerDone = true, false, nil, false, false
+	s.sent, s.timedOut = time.Now(), false
 	if !bind {
 		s.rkey = 0
 	}

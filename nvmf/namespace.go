@@ -328,6 +328,12 @@ func (n *HostNamespace) rw(ctx context.Context, op nvme.Opcode, p []byte, off in
 	return len(p), nil
 }
 
+// maxTimeoutRetries bounds how often a read or write that timed out
+// (HostConfig.IOTimeout) is sent again, as Linux's nvme_max_retries (5)
+// does: a command the target never answers must not reset the
+// association forever.
+const maxTimeoutRetries = 5
+
 // one runs one Read or Write command. A command lost with its connection
 // is sent again once the controller is back (block reads and writes are
 // idempotent; Linux's host requeues them the same way), unless the host
@@ -341,6 +347,7 @@ func (n *HostNamespace) one(ctx context.Context, op nvme.Opcode, p []byte, off i
 		r.in = p
 	}
 	var failed *hqueue // the queue the command was lost with
+	timeouts := 0
 	for {
 		q, err := n.queue(ctx)
 		if err != nil {
@@ -353,7 +360,11 @@ func (n *HostNamespace) one(ctx context.Context, op nvme.Opcode, p []byte, off i
 			n.h.requeued.Add(1) // sent again, on the controller that is back
 		}
 		_, err = q.do(ctx, r)
-		if err == nil || !errors.Is(err, ErrDisconnected) || n.h.cfg.CtrlLossTimeout < 0 || ctx.Err() != nil {
+		if errors.Is(err, ErrIOTimeout) {
+			timeouts++
+		}
+		if err == nil || !errors.Is(err, ErrDisconnected) || n.h.cfg.CtrlLossTimeout < 0 || ctx.Err() != nil ||
+			timeouts > maxTimeoutRetries {
 			n.h.count(err)
 			return err
 		}
