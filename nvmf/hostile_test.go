@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/nvme"
 	"github.com/gorocev2/rocev2/udp/memnet"
 )
@@ -358,4 +359,58 @@ func TestIOTimeout(t *testing.T) {
 			t.Errorf("queue wedged by abandoned commands: %v, %d reconnects", err, st.Reconnects)
 		}
 	})
+}
+
+// TestReadWithoutData: the target answers a read with success but its
+// data never reaches the host's buffer (here: the read's SGL names a
+// scratch region, as a target that skips the RDMA WRITE would leave the
+// slot's buffer untouched). The host read into its slot's buffer and
+// returned what the slot's previous read had left there — another
+// block's data — as success; now it returns ErrNoData, and the caller's
+// buffer holds nothing of that block.
+func TestReadWithoutData(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1, QueueSize: 2}) // one slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ns, err := h.Namespace(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := bytes.Repeat([]byte("SECRET-LBA-100! "), 256)
+	copy(p.backend.buf[100*512:], secret)
+	var armed atomic.Bool
+	var scratch *memreg.MR
+	setHooks(t, &hostHooks{readSGL: func(q *hqueue, g *nvme.SGLFields) {
+		if !armed.Load() {
+			return
+		}
+		if scratch == nil {
+			var err error
+			if scratch, err = q.pd.RegisterMR(make([]byte, 1<<20), memreg.AccessLocalWrite|memreg.AccessRemoteWrite); err != nil {
+				panic(err)
+			}
+		}
+		g.Addr, g.Key = scratch.IOVA(), scratch.RKey()
+	}})
+	for _, n := range []int{4096, 512} {
+		a := make([]byte, n)
+		if _, err := ns.ReadAtContext(ctx, a, 100*512); err != nil || !bytes.Equal(a, secret[:n]) {
+			t.Fatalf("read %d: %v", n, err)
+		}
+		armed.Store(true)
+		b := make([]byte, n)
+		_, err = ns.ReadAtContext(ctx, b, 0) // LBA 0 holds zeros
+		armed.Store(false)
+		t.Logf("read of %d bytes at LBA 0 without its data: %v", n, err)
+		if !errors.Is(err, ErrNoData) || bytes.Contains(b, []byte("SECRET")) {
+			t.Errorf("read of %d bytes without its data: %v, got %q...", n, err, b[:16])
+		}
+		if _, err := ns.ReadAtContext(ctx, b, 0); err != nil || !bytes.Equal(b, make([]byte, n)) {
+			t.Fatalf("read after: %v", err)
+		}
+	}
 }

@@ -2,8 +2,10 @@ package nvmf
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -108,6 +110,7 @@ type hqueue struct {
 	logf    func(format string, args ...any)
 
 	lastInv uint32 // tests: the R_Key the last raw command's response invalidated
+	canary  uint64 // ErrNoData
 
 	// remoteInv: data commands use a per-command key (a type 2 window
 	// bound before the command) and ask the target to invalidate it
@@ -129,12 +132,15 @@ type hostHooks struct {
 	// response returns true to lose a completion (the target's answer
 	// never comes).
 	response func(q *hqueue, c *nvme.CQEFields) bool
+	// readSGL rewrites the keyed SGL of a read on an I/O queue (to have
+	// its data written elsewhere).
+	readSGL func(q *hqueue, g *nvme.SGLFields)
 }
 
 // dialQueue connects queue qid: rdma_cm connection with the NVMe-RDMA
 // request, receive buffers for the completions posted before it.
 func dialQueue(ctx context.Context, dev *transport.Device, addr netip.AddrPort, qid uint16, size, inline int, mtu transport.MTU) (*hqueue, error) {
-	q := &hqueue{qid: qid, depth: size - 1, inline: inline, nresp: size, dead: make(chan struct{})}
+	q := &hqueue{qid: qid, depth: size - 1, inline: inline, nresp: size, dead: make(chan struct{}), canary: rand.Uint64()}
 	if qid == 0 {
 		q.inline = 0
 	}
@@ -470,7 +476,7 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 	sqe.SetFlags(nvme.FlagSGLMetabuf)
 	n := nvme.SQESize
 	var g nvme.SGLFields
-	var bind bool
+	var bind, canary bool
 	switch {
 	case len(r.out) > 0 && len(r.out) <= q.inline:
 		copy(s.cmd[nvme.SQESize:], r.out)
@@ -489,6 +495,14 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 			return 0, q.lost(err)
 		}
 		g, bind = q.keyed(s, len(r.in), memreg.AccessRemoteWrite)
+		if q.qid != 0 && len(r.in) >= canarySize {
+			// The last bytes the read's data must overwrite.
+			canary = true
+			binary.LittleEndian.PutUint64(s.data[len(r.in)-canarySize:], q.canary)
+			if hk := testHooks.Load(); hk != nil && hk.readSGL != nil {
+				hk.readSGL(q, &g)
+			}
+		}
 	default:
 		g = nvme.Keyed(0, 0, 0, false)
 	}
@@ -541,10 +555,32 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 		return c.result, c.status
 	}
 	if len(r.in) > 0 {
+		if canary && binary.LittleEndian.Uint64(s.data[len(r.in)-canarySize:]) == q.canary {
+			return c.result, fmt.Errorf("%w: queue %d, cid %#x, %d bytes", ErrNoData, q.qid, sqe.CID(), len(r.in))
+		}
 		copy(r.in, s.data)
 	}
 	return c.result, nil
 }
+
+// ErrNoData: the controller answered a read with success but did not
+// write its data (all of it) into the host's buffer. The host reads
+// into a buffer of the command's slot and copies from there, so such a
+// read would return what the slot's previous command left there — data
+// of another read, another block, another caller. Each read puts a
+// canary (canarySize bytes of the queue's random value) at the end of
+// the region the target must write, which a target that skipped or
+// shortened the transfer leaves in place: a check that costs 8 bytes a
+// read, where clearing the buffer would cost a pass over all of it. Its
+// limits: data that really ends in the canary (one chance in 2^64 per
+// read) is taken for a missing transfer; a transfer shortened by fewer
+// than canarySize bytes leaves only canary bytes, not another command's
+// data; a target that writes a read's data after its response (only
+// possible with the slot's long-lived key, without
+// HostConfig.RemoteInvalidate) can still corrupt a later command's.
+var ErrNoData = errors.New("nvmf: read completed without its data")
+
+const canarySize = 8
 
 // bindWRID marks the (unsignaled) window binds in the send queue.
 const bindWRID = 1 << 62
