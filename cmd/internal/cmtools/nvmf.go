@@ -338,6 +338,8 @@ options:
   --ctrl-loss-tmo DUR  how long to keep reconnecting after the controller is
                    lost (default 60s; 0: fail at once); a lost controller and
                    each attempt are printed on stderr
+  --io-timeout DUR how long a command may go unanswered before the host
+                   reconnects and sends it again (default 30s; 0: forever)
   -v               log connection events; print the device's counters
 ` + cli.SocketUsage + `
 Exit status: 0 success, 1 failure (connection refused or lost, an NVMe
@@ -389,6 +391,8 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&dur, "time", 2*time.Second, "")
 	lossTmo := 60 * time.Second
 	fs.DurationVar(&lossTmo, "ctrl-loss-tmo", lossTmo, "")
+	ioTmo := 30 * time.Second
+	fs.DurationVar(&ioTmo, "io-timeout", ioTmo, "")
 	cli.AddSocketFlags(fs, &sock)
 	err := fs.Parse(args[1:])
 	var local, peer netip.Addr
@@ -418,7 +422,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		mtu, err = nvmfMTU(mtuBytes)
 	}
 	if err == nil {
-		err = nvmfHostChecks(sub, ioq, qsize, port, dur, lossTmo)
+		err = nvmfHostChecks(sub, ioq, qsize, port, dur, lossTmo, ioTmo)
 	}
 	var off, n, limit int64
 	if err == nil && (sub == "read" || sub == "write" || sub == "verify") {
@@ -484,9 +488,12 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	target := netip.AddrPortFrom(peer, uint16(port))
 	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu, RemoteInvalidate: invalidate,
-		CtrlLossTimeout: lossTmo}
+		CtrlLossTimeout: lossTmo, IOTimeout: ioTmo}
 	if lossTmo == 0 {
 		cfg.CtrlLossTimeout = -1 // fail at once
+	}
+	if ioTmo == 0 {
+		cfg.IOTimeout = -1 // wait forever
 	}
 	// A lost controller, each reconnection attempt and the reconnection
 	// are always told: without them a run waiting for its target is silent.
@@ -622,7 +629,7 @@ func nvmfMTU(b int) (transport.MTU, error) {
 }
 
 // nvmfHostChecks checks nvmf-host's numeric flags before anything connects.
-func nvmfHostChecks(sub string, ioq, qsize, port int, dur, lossTmo time.Duration) error {
+func nvmfHostChecks(sub string, ioq, qsize, port int, dur, lossTmo, ioTmo time.Duration) error {
 	switch {
 	case ioq < 1 || ioq > 1024:
 		return fmt.Errorf("--io-queues %d: want 1..1024", ioq)
@@ -634,6 +641,8 @@ func nvmfHostChecks(sub string, ioq, qsize, port int, dur, lossTmo time.Duration
 		return fmt.Errorf("--time %v: want a duration above 0", dur)
 	case lossTmo < 0:
 		return fmt.Errorf("--ctrl-loss-tmo %v: want 0 or more", lossTmo)
+	case ioTmo < 0:
+		return fmt.Errorf("--io-timeout %v: want 0 or more", ioTmo)
 	}
 	return nil
 }

@@ -130,6 +130,7 @@ func TestNvmfUsage(t *testing.T) {
 		{host("identify", "--io-queues", "0"), "--io-queues 0"},
 		{host("identify", "--mtu", "100"), "--mtu 100"},
 		{host("identify", "--ctrl-loss-tmo", "-1s"), "--ctrl-loss-tmo"},
+		{host("identify", "--io-timeout", "-1s"), "--io-timeout -1s"},
 		{host("bench", "--time", "0s"), "--time 0s"},
 		{host("bench", "--range", "0"), "--range"},
 		{host("read"), "--length is required"},
