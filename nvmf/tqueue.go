@@ -92,6 +92,7 @@ type tqueue struct {
 	respData []*dbuf
 	reqs     []treq
 	pending  []int
+	spare    []int // runPending's other list
 
 	free_     [numClasses][]*dbuf
 	poolBytes int
@@ -624,29 +625,50 @@ func (q *tqueue) pend(r *treq) {
 	}
 }
 
+// runPending serves the commands that wait, after a SEND completed and
+// gave back its response buffer and, for a read, its data buffer.
+//
+// A command waiting for a response buffer (tsNeedResp) has executed and
+// holds its data buffer; one waiting for a data buffer (tsNeedBuf) holds
+// nothing. The first kind is served whenever a response buffer is free,
+// wherever it stands in the list: served strictly in order, a command at
+// the head waiting for a data buffer could wait for the very buffer a
+// command behind it holds until its response goes out, and neither would
+// ever complete. The data buffer waiters are served in their order, the
+// first one that still finds no buffer stopping the others (a large
+// transfer is not overtaken for ever by small ones). NVMe orders no
+// commands of a queue against each other (but fused pairs, which the
+// target refuses), so nothing else is owed.
 func (q *tqueue) runPending() {
-	for len(q.pending) > 0 {
-		r := &q.reqs[q.pending[0]]
-		switch r.stage {
-		case tsNeedResp:
-			if len(q.respFree) == 0 {
-				return
-			}
-			q.pending = q.pending[1:]
+	if len(q.pending) == 0 {
+		return
+	}
+	// Served commands can queue themselves again (a command given its
+	// data buffer may find no response buffer): they go to a new list.
+	waiting := q.pending
+	q.pending = q.spare[:0]
+	bufBlocked := false
+	for _, idx := range waiting {
+		r := &q.reqs[idx]
+		switch {
+		case r.stage == tsNeedResp && len(q.respFree) > 0:
 			r.pending = false
 			q.respond(r)
-		case tsNeedBuf:
+		case r.stage == tsNeedBuf && !bufBlocked:
 			d := q.getBuf(r.xfer)
 			if d == nil {
-				return
+				bufBlocked = true
+				q.pending = append(q.pending, idx)
+				continue
 			}
 			q.putBuf(d)
-			q.pending = q.pending[1:]
 			r.pending = false
 			q.start(r)
+		case r.stage == tsNeedResp, r.stage == tsNeedBuf:
+			q.pending = append(q.pending, idx)
 		default:
-			q.pending = q.pending[1:]
 			r.pending = false
 		}
 	}
+	q.spare = waiting[:0]
 }

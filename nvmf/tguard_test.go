@@ -1,0 +1,206 @@
+package nvmf
+
+// The target against a host that sends what it should not, or withholds
+// what it should send: the cases a hostile-peer probe found.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/nvme"
+	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
+)
+
+// tgtAdmin connects a raw admin queue to nqn with kato (ms) and enables
+// the controller; it returns the queue and the controller ID.
+func tgtAdmin(t *testing.T, p *pair, nqn string, kato uint32) (*hqueue, uint16) {
+	t.Helper()
+	ctx := ctxT(t, 10*time.Second)
+	adm := rawQueue(t, p, 0, 32)
+	h := &Controller{cfg: HostConfig{}.withDefaults(), subNQN: nqn}
+	res, err := h.connectQueue(ctx, adm, nvme.DynamicCNTLID, kato)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setCC(ctx, adm, nvme.CCEnable|nvme.CCIOSQES6IOCQ4); err != nil {
+		t.Fatal(err)
+	}
+	return adm, uint16(res)
+}
+
+// tgtIO connects raw I/O queue qid of size entries to controller cntlid.
+func tgtIO(t *testing.T, p *pair, cntlid, qid uint16, size int) *hqueue {
+	t.Helper()
+	q := rawQueue(t, p, qid, size)
+	h := &Controller{cfg: HostConfig{}.withDefaults(), subNQN: testNQN}
+	if _, err := h.connectQueue(ctxT(t, 10*time.Second), q, cntlid, 0); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+func setCC(ctx context.Context, adm *hqueue, v uint32) error {
+	_, err := adm.do(ctx, &request{build: (&nvme.Property{Set: true, Offset: nvme.PropCC, Value: uint64(v)}).Put})
+	return err
+}
+
+// rawStatus sends capsule on q and returns its status, or the error that
+// kept it from completing.
+func rawStatus(ctx context.Context, q *hqueue, capsule []byte) error {
+	c, err := q.raw(ctx, capsule)
+	if err != nil {
+		return err
+	}
+	if !c.Status.OK() {
+		return c.Status
+	}
+	return nil
+}
+
+// ackHoldLink holds back the RC ACKs its device sends to QP qpn that
+// acknowledge more than minMSN messages, while hold is set. (By MSN, not
+// from the moment hold is set: the ACK of the response that came before
+// may still be on its way to Link.Send then.)
+type ackHoldLink struct {
+	udp.Link
+	hold   atomic.Bool
+	qpn    atomic.Uint32
+	minMSN uint32
+	mu     sync.Mutex
+	held   []udp.Packet
+}
+
+func (l *ackHoldLink) Send(pkts []udp.Packet) error {
+	if !l.hold.Load() {
+		return l.Link.Send(pkts)
+	}
+	var pass []udp.Packet
+	for _, p := range pkts {
+		var pk packet.Packet
+		if pk.Parse(p.Buf) == nil && pk.BTH.Opcode() == bth.RCAck && pk.BTH.DestQP() == l.qpn.Load() && pk.AETH.MSN() > l.minMSN {
+			l.mu.Lock()
+			p.Buf = append([]byte(nil), p.Buf...)
+			l.held = append(l.held, p)
+			l.mu.Unlock()
+			continue
+		}
+		pass = append(pass, p)
+	}
+	if len(pass) == 0 {
+		return nil
+	}
+	return l.Link.Send(pass)
+}
+
+// release stops holding and sends what was held.
+func (l *ackHoldLink) release() {
+	l.hold.Store(false)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range l.held {
+		l.Link.Send([]udp.Packet{p})
+	}
+	l.held = nil
+}
+
+// TestTargetPendingNoHeadOfLine: a command waiting for a data buffer at
+// the head of the pending list must not hold back the commands behind it
+// that wait only for a response buffer — they hold the data buffer it
+// waits for. The host withholds its ACKs until every response buffer of
+// the queue is in flight; then, with a 1 MiB buffer budget, X (512 KiB
+// read) waits for a response buffer, A (1 MiB) for a data buffer, B
+// (512 KiB) takes the other half of the budget and waits for a response
+// buffer. Served strictly in order, A and B never completed.
+func TestTargetPendingNoHeadOfLine(t *testing.T) {
+	p := &pair{net: memnet.NewMemNetwork(memnet.Faults{})}
+	p.tdev = newDevice(t, p.net, targetIP)
+	link, err := p.net.Link(hostIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl := &ackHoldLink{Link: link, minMSN: 1} // the I/O queue's Connect response is message 1
+	if p.hdev, err = transport.NewDevice(hl, transport.DeviceConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	p.backend, _ = NewMemBackend(8 << 20)
+	for i := range p.backend.buf {
+		p.backend.buf[i] = byte(i / 512)
+	}
+	p.t, err = Listen(p.tdev, TargetConfig{Log: t.Logf, QueueBufferBytes: 1 << 20,
+		Subsystems: []*Subsystem{{NQN: testNQN, Namespaces: []*Namespace{{Backend: p.backend}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.targetAddr = netip.AddrPortFrom(targetIP, nvme.Port)
+	t.Cleanup(func() { p.t.Close(); p.hdev.Close(); p.tdev.Close() })
+	ctx := ctxT(t, 30*time.Second)
+	_, cntlid := tgtAdmin(t, p, testNQN, 0)
+	ioq := tgtIO(t, p, cntlid, 1, 5) // 5 receive buffers: 2*5+4 = 14 response buffers
+	a, err := ioq.qp.Query()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl.qpn.Store(a.DestQPN)
+	big := make([]byte, 4<<20)
+	mr, err := ioq.pd.RegisterMR(big, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(slba uint64, n int, off uint64) error {
+		cmd := sqeWith(func(s nvme.SQE) { (&nvme.RW{NSID: 1, SLBA: slba, NLB: uint16(n/512 - 1)}).Put(s, nvme.IORead) })
+		g := nvme.Keyed(mr.IOVA()+off, uint32(n), mr.RKey(), false)
+		nvme.SQE(cmd).SGL().Encode(&g)
+		rctx, cancel := context.WithTimeout(ctx, 8*time.Second)
+		defer cancel()
+		if err := rawStatus(rctx, ioq, cmd); err != nil {
+			return err
+		}
+		if !bytes.Equal(big[off:off+uint64(n)], p.backend.buf[slba*512:slba*512+uint64(n)]) {
+			return errors.New("wrong data")
+		}
+		return nil
+	}
+	flush := sqeWith(func(s nvme.SQE) { s.SetOpcode(nvme.IOFlush); s.SetNSID(1) })
+	hl.hold.Store(true)
+	for i := 0; i < 14; i++ { // 14 responses never ACKed: no response buffer left
+		if err := rawStatus(ctx, ioq, flush); err != nil {
+			t.Fatalf("flush %d: %v", i, err)
+		}
+	}
+	type result struct {
+		name string
+		err  error
+	}
+	res := make(chan result, 3)
+	for i, c := range []struct {
+		name string
+		slba uint64
+		n    int
+		off  uint64
+	}{{"X", 0, 512 << 10, 0}, {"A", 2048, 1 << 20, 1 << 20}, {"B", 4096, 512 << 10, 3 << 20}} {
+		go func() { res <- result{c.name, read(c.slba, c.n, c.off)} }()
+		// In this order: X waits for a response buffer, A for a
+		// data buffer, B for a response buffer.
+		waitFor(t, func() bool { return p.t.Stats().Waits == uint64(i+1) }, c.name+" waits")
+	}
+	hl.release()
+	for i := 0; i < 3; i++ {
+		if r := <-res; r.err != nil {
+			t.Errorf("read %s: %v", r.name, r.err)
+		}
+	}
+	if err := rawStatus(ctx, ioq, flush); err != nil {
+		t.Errorf("flush after: %v", err)
+	}
+}
