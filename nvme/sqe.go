@@ -87,7 +87,8 @@ const (
 	sqeDPTR   = 24
 )
 
-// SQE flag bits (byte 1): PSDT (bits 7:6) selects SGLs.
+// SQE flag bits (byte 1): PSDT (bits 7:6) selects SGLs; FUSE (bits 1:0)
+// marks fused operations.
 const (
 	// FlagSGLMetabuf: PSDT 01, SGLs for data, metadata pointer is an address.
 	FlagSGLMetabuf uint8 = 0x40
@@ -96,6 +97,9 @@ const (
 	FlagSGLMetaSeg uint8 = 0x80
 	// FlagPSDTMask masks PSDT.
 	FlagPSDTMask uint8 = 0xc0
+	// FlagFuseMask masks FUSE (bits 1:0): 01b the first command of a
+	// fused operation, 10b the second.
+	FlagFuseMask uint8 = 0x03
 )
 
 // SQE is a view of a 64-byte submission queue entry. The caller

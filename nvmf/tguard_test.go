@@ -204,3 +204,43 @@ func TestTargetPendingNoHeadOfLine(t *testing.T) {
 		t.Errorf("flush after: %v", err)
 	}
 }
+
+// TestTargetRefusesFused: Identify says fused operations are not
+// supported (FUSES 0); a command marked fused is refused (Invalid Field,
+// as nvmet), not run on its own — a Write that was the second half of a
+// failed Compare and Write would overwrite the block.
+func TestTargetRefusesFused(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 15*time.Second)
+	_, cntlid := tgtAdmin(t, p, testNQN, 0)
+	ioq := tgtIO(t, p, cntlid, 1, 8)
+	copy(p.backend.buf, bytes.Repeat([]byte{0x11}, 512))
+	g := nvme.InCapsule(0, 512)
+	for _, tt := range []struct {
+		name string
+		op   nvme.Opcode
+		fuse uint8
+	}{
+		{"compare, first", 0x05, 1},
+		{"write, second", nvme.IOWrite, 2},
+		{"write, first", nvme.IOWrite, 1},
+		{"write, both bits", nvme.IOWrite, 3},
+	} {
+		cmd := sqeWith(func(s nvme.SQE) { (&nvme.RW{NSID: 1}).Put(s, tt.op) })
+		nvme.SQE(cmd).SetFlags(nvme.FlagSGLMetabuf | tt.fuse)
+		nvme.SQE(cmd).SGL().Encode(&g)
+		err := rawStatus(ctx, ioq, append(cmd, bytes.Repeat([]byte{0x33}, 512)...))
+		if want := nvme.StatusInvalidField | nvme.StatusDNR; !errors.Is(err, want) {
+			t.Errorf("%s: %v, want %v", tt.name, err, want)
+		}
+	}
+	if p.backend.buf[0] != 0x11 {
+		t.Errorf("LBA 0 overwritten by a fused write: %#x", p.backend.buf[0])
+	}
+	// Unfused, the same write runs.
+	cmd := sqeWith(func(s nvme.SQE) { (&nvme.RW{NSID: 1}).Put(s, nvme.IOWrite) })
+	nvme.SQE(cmd).SGL().Encode(&g)
+	if err := rawStatus(ctx, ioq, append(cmd, bytes.Repeat([]byte{0x33}, 512)...)); err != nil || p.backend.buf[0] != 0x33 {
+		t.Errorf("plain write: %v, LBA 0 %#x", err, p.backend.buf[0])
+	}
+}

@@ -427,6 +427,14 @@ func (q *tqueue) onRecv(r *treq, n int) {
 	}
 	r.sqe = nvme.SQE(b[:nvme.SQESize])
 	r.cid = r.sqe.CID()
+	if r.sqe.Flags()&nvme.FlagFuseMask != 0 {
+		// Fused operations are not supported (Identify's FUSES is 0).
+		// Run on its own, the second half of a Compare and Write would
+		// write although the compare failed: refused, as nvmet_req_init
+		// refuses any command with FUSE set.
+		q.finish(r, nvme.StatusInvalidField|nvme.StatusDNR)
+		return
+	}
 	r.sgl = r.sqe.SGL().Fields()
 	op := r.sqe.Opcode()
 	if op == nvme.OpcodeFabrics {
