@@ -230,16 +230,49 @@ func (q *tqueue) execute(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 	}
 	c := q.ctrl
 	c.touch()
-	c.mu.Lock()
-	ready := c.csts&nvme.CSTSReady != 0
-	c.mu.Unlock()
-	if !ready {
+	if !c.ready() {
 		return nvme.StatusCmdSeqError | nvme.StatusDNR, 0, 0
 	}
 	if q.qid == 0 {
 		return q.admin(r, in, out)
 	}
 	return q.io(r, in, out)
+}
+
+// ready reports CSTS.RDY: enabled, not shut down.
+func (c *tctrl) ready() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.csts&nvme.CSTSReady != 0
+}
+
+// check refuses a command the target would refuse anyway before any of
+// its data moves, as nvmet_req_init parses a command before nvmet-rdma
+// maps its SGL: refused only after the RDMA READ of its data, a write
+// to a namespace that does not exist cost the transfer (up to
+// MaxTransfer) and, with a key the host never registered, the whole
+// queue, where an NVMe status was due. execute checks again when the
+// data is there: the controller may have been reset meanwhile.
+func (q *tqueue) check(r *treq) nvme.Status {
+	s := r.sqe
+	if s.Opcode() == nvme.OpcodeFabrics {
+		return 0 // Connect's data is fetched; the others carry none
+	}
+	c := q.ctrl
+	c.touch()
+	if !c.ready() {
+		return nvme.StatusCmdSeqError | nvme.StatusDNR
+	}
+	if q.qid == 0 {
+		switch s.Opcode() {
+		case nvme.AdminIdentify, nvme.AdminSetFeatures, nvme.AdminGetFeatures, nvme.AdminGetLogPage,
+			nvme.AdminKeepAlive, nvme.AdminAsyncEvent, nvme.AdminAbort:
+			return 0
+		}
+		return nvme.StatusInvalidOpcode | nvme.StatusDNR
+	}
+	_, st := q.ioCheck(r)
+	return st
 }
 
 // property executes Property Get/Set.
@@ -513,27 +546,53 @@ func itoa(n int) string {
 	return string(b[i:])
 }
 
-// io executes an NVM command.
-func (q *tqueue) io(r *treq, in, out []byte) (nvme.Status, uint64, int) {
+// ioCheck validates an NVM command as far as it can before its data
+// moves: namespace, opcode, LBA range, write protection and the data
+// length the SGL gives.
+func (q *tqueue) ioCheck(r *treq) (*Namespace, nvme.Status) {
 	s := r.sqe
 	ns := q.ctrl.sub.namespace(s.NSID())
 	if ns == nil {
-		return nvme.StatusInvalidNamespace | nvme.StatusDNR, 0, 0
+		return nil, nvme.StatusInvalidNamespace | nvme.StatusDNR
 	}
 	switch op := s.Opcode(); op {
 	case nvme.IORead, nvme.IOWrite, nvme.IOWriteZeroes:
 		rw := nvme.RWOf(s)
 		n := uint64(rw.Blocks())
 		if rw.SLBA >= ns.blocks || n > ns.blocks-rw.SLBA {
-			return nvme.StatusLBARange | nvme.StatusDNR, 0, 0
+			return nil, nvme.StatusLBARange | nvme.StatusDNR
 		}
-		off, size := int64(rw.SLBA<<ns.shift), int(n<<ns.shift)
 		if op != nvme.IORead && ns.ReadOnly {
-			return nvme.StatusNSWriteProtected | nvme.StatusDNR, 0, 0
+			return nil, nvme.StatusNSWriteProtected | nvme.StatusDNR
 		}
+		if op != nvme.IOWriteZeroes && int(n<<ns.shift) != r.xfer {
+			return nil, nvme.StatusSGLInvalidData | nvme.StatusDNR
+		}
+	case nvme.IOFlush:
+	case nvme.IODSM:
+		if ns.ReadOnly && nvme.DSMOf(s).Attr&nvme.DSMDeallocate != 0 {
+			return nil, nvme.StatusNSWriteProtected | nvme.StatusDNR
+		}
+	default:
+		return nil, nvme.StatusInvalidOpcode | nvme.StatusDNR
+	}
+	return ns, 0
+}
+
+// io executes an NVM command.
+func (q *tqueue) io(r *treq, in, out []byte) (nvme.Status, uint64, int) {
+	s := r.sqe
+	ns, st := q.ioCheck(r)
+	if st != 0 {
+		return st, 0, 0
+	}
+	switch op := s.Opcode(); op {
+	case nvme.IORead, nvme.IOWrite, nvme.IOWriteZeroes:
+		rw := nvme.RWOf(s)
+		off, size := int64(rw.SLBA<<ns.shift), int(uint64(rw.Blocks())<<ns.shift)
 		switch op {
 		case nvme.IORead:
-			if size != r.xfer || len(out) < size {
+			if len(out) < size {
 				return nvme.StatusSGLInvalidData | nvme.StatusDNR, 0, 0
 			}
 			if _, err := ns.Backend.ReadAt(out[:size], off); err != nil {
@@ -571,7 +630,7 @@ func (q *tqueue) io(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 			return nvme.StatusWriteFault, 0, 0
 		}
 		return 0, 0, 0
-	case nvme.IODSM:
+	default: // nvme.IODSM
 		d := nvme.DSMOf(s)
 		if len(in) < (int(d.NR)+1)*nvme.DSMRangeSize {
 			return nvme.StatusSGLInvalidData | nvme.StatusDNR, 0, 0
@@ -581,12 +640,8 @@ func (q *tqueue) io(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 				return nvme.StatusLBARange | nvme.StatusDNR, 0, 0
 			}
 		}
-		if ns.ReadOnly && d.Attr&nvme.DSMDeallocate != 0 {
-			return nvme.StatusNSWriteProtected | nvme.StatusDNR, 0, 0
-		}
 		// Deallocation is advisory (DLFEAT 0: reads of deallocated
 		// blocks return what they held).
 		return 0, 0, 0
 	}
-	return nvme.StatusInvalidOpcode | nvme.StatusDNR, 0, 0
 }

@@ -244,3 +244,47 @@ func TestTargetRefusesFused(t *testing.T) {
 		t.Errorf("plain write: %v, LBA 0 %#x", err, p.backend.buf[0])
 	}
 }
+
+// TestTargetChecksBeforeFetch: a command the target refuses gets its
+// status before any RDMA READ of its data (nvmet_req_init parses it
+// first): with a key the host never registered, fetching first lost the
+// queue instead.
+func TestTargetChecksBeforeFetch(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	adm, cntlid := tgtAdmin(t, p, testNQN, 0)
+	blocks := uint64(8<<20) / 512
+	qid := uint16(0)
+	for _, tt := range []struct {
+		name  string
+		admin bool
+		op    nvme.Opcode
+		nsid  uint32
+		slba  uint64
+		nlb   uint16
+		want  nvme.Status
+	}{
+		{"opcode 0x81", false, 0x81, 1, 0, 7, nvme.StatusInvalidOpcode},
+		{"write nsid 99", false, nvme.IOWrite, 99, 0, 7, nvme.StatusInvalidNamespace},
+		{"write nsid 0xffffffff", false, nvme.IOWrite, 0xffffffff, 0, 7, nvme.StatusInvalidNamespace},
+		{"write past the end", false, nvme.IOWrite, 1, blocks - 4, 7, nvme.StatusLBARange},
+		{"write length mismatch", false, nvme.IOWrite, 1, 0, 0, nvme.StatusSGLInvalidData},
+		// Last: the admin queue lost takes the controller with it.
+		{"admin opcode 0x81", true, 0x81, 0, 0, 7, nvme.StatusInvalidOpcode},
+	} {
+		cmd := sqeWith(func(s nvme.SQE) { (&nvme.RW{NSID: tt.nsid, SLBA: tt.slba, NLB: tt.nlb}).Put(s, tt.op) })
+		g := nvme.Keyed(0x1000, 4096, 0xdead00, false)
+		nvme.SQE(cmd).SGL().Encode(&g)
+		q := adm
+		if !tt.admin {
+			qid++ // a queue of its own: a fetch with the bad key would end it
+			q = tgtIO(t, p, cntlid, qid, 8)
+		}
+		ctx := ctxT(t, 5*time.Second)
+		if err := rawStatus(ctx, q, cmd); !errors.Is(err, tt.want|nvme.StatusDNR) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want|nvme.StatusDNR)
+		}
+	}
+	if n := p.t.Stats().TransportErrs; n != 0 {
+		t.Errorf("%d transport errors: the target fetched data of a command it refused", n)
+	}
+}

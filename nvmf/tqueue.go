@@ -450,6 +450,10 @@ func (q *tqueue) onRecv(r *treq, n int) {
 		q.finish(r, st)
 		return
 	}
+	if st := q.check(r); st != 0 {
+		q.finish(r, st)
+		return
+	}
 	q.start(r)
 }
 
