@@ -327,6 +327,12 @@ func (c *tctrl) setCC(v uint32) {
 		c.aers = nil
 	}
 	if v&nvme.CCShnMask != 0 && old&nvme.CCShnMask == 0 {
+		// Not ready from here (nvmet_clear_ctrl): commands after the
+		// shutdown get Command Sequence Error and are not executed, so
+		// no write lands after the flush the host counts on. CC reads
+		// 0 as in nvmet: enabling again needs no reset first.
+		c.csts &^= nvme.CSTSReady
+		c.cc = 0
 		if c.sub != nil {
 			for _, ns := range c.sub.Namespaces {
 				ns.Backend.Flush()

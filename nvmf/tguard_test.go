@@ -245,6 +245,46 @@ func TestTargetRefusesFused(t *testing.T) {
 	}
 }
 
+// TestTargetShutdownStopsIO: after CC.SHN the controller reports the
+// shutdown complete and is not ready any more (nvmet_clear_ctrl): I/O
+// gets Command Sequence Error and is not executed — nothing is written
+// after the flush the host relied on. Enabling again (CC reads 0 after
+// the shutdown, as nvmet's) makes it ready.
+func TestTargetShutdownStopsIO(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 15*time.Second)
+	adm, cntlid := tgtAdmin(t, p, testNQN, 0)
+	ioq := tgtIO(t, p, cntlid, 1, 8)
+	write := func(b byte) error {
+		_, err := ioq.do(ctx, &request{out: bytes.Repeat([]byte{b}, 512), build: func(s nvme.SQE) { (&nvme.RW{NSID: 1}).Put(s, nvme.IOWrite) }})
+		return err
+	}
+	if err := write(0x11); err != nil {
+		t.Fatal(err)
+	}
+	if err := setCC(ctx, adm, nvme.CCEnable|nvme.CCIOSQES6IOCQ4|nvme.CCShnNormal); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := propGet(ctx, adm, nvme.PropCSTS, false); err != nil || v != uint64(nvme.CSTSShstCmplt) {
+		t.Errorf("CSTS after SHN: %#x %v, want shutdown complete, not ready", v, err)
+	}
+	if err := write(0x22); !errors.Is(err, nvme.StatusCmdSeqError|nvme.StatusDNR) {
+		t.Errorf("write after shutdown: %v, want command sequence error", err)
+	}
+	if p.backend.buf[0] != 0x11 {
+		t.Errorf("write after shutdown executed: LBA 0 %#x", p.backend.buf[0])
+	}
+	if err := setCC(ctx, adm, nvme.CCEnable|nvme.CCIOSQES6IOCQ4); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := propGet(ctx, adm, nvme.PropCSTS, false); err != nil || v != uint64(nvme.CSTSReady) {
+		t.Errorf("CSTS after enabling again: %#x %v", v, err)
+	}
+	if err := write(0x33); err != nil || p.backend.buf[0] != 0x33 {
+		t.Errorf("write after enabling again: %v, LBA 0 %#x", err, p.backend.buf[0])
+	}
+}
+
 // TestTargetChecksBeforeFetch: a command the target refuses gets its
 // status before any RDMA READ of its data (nvmet_req_init parses it
 // first): with a key the host never registered, fetching first lost the
