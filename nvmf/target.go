@@ -87,6 +87,13 @@ type TargetConfig struct {
 	// ConnectTimeout is how long a queue may stay connected without a
 	// Fabrics Connect before the target closes it (default 10 s).
 	ConnectTimeout time.Duration
+	// DiscoveryKATO is the keep-alive timeout of a discovery controller
+	// whose Connect asks for none (KATO 0, as Discover and nvme-cli's
+	// discover send): default 120 s, nvmet's NVMET_DISC_KATO_MS; negative
+	// keeps such a controller as long as its connection. (Idle, it would
+	// otherwise hold one of MaxControllers for as long as the connection
+	// lives.)
+	DiscoveryKATO time.Duration
 	// Log, if set, receives one line per connection event.
 	Log func(format string, args ...any)
 
@@ -188,6 +195,9 @@ func Listen(dev *transport.Device, cfg TargetConfig) (*Target, error) {
 	}
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = 10 * time.Second
+	}
+	if cfg.DiscoveryKATO == 0 {
+		cfg.DiscoveryKATO = 120 * time.Second
 	}
 	if len(cfg.Subsystems) == 0 {
 		return nil, errors.New("nvmf: TargetConfig.Subsystems is empty")

@@ -175,10 +175,20 @@ func (q *tqueue) connect(r *treq, data []byte) (nvme.Status, uint64) {
 		t.st.live.Add(1)
 		t.mu.Unlock()
 		t.st.controllers.Add(1)
-		c.setKATO(cmd.KATO)
+		kato := cmd.KATO
+		if sub == nil && kato == 0 && t.cfg.DiscoveryKATO > 0 {
+			// A discovery controller whose host asks for no keep-alive
+			// (this package's Discover and nvme-cli's discover do) would
+			// live as long as its connection, and an idle connection to a
+			// host that vanished can live for ever: enough of them fill
+			// MaxControllers, shared by every host. nvmet gives these
+			// NVMET_DISC_KATO_MS (120 s) likewise.
+			kato = uint32(max(t.cfg.DiscoveryKATO/time.Millisecond, 1))
+		}
+		c.setKATO(kato)
 		q.ctrl = c
 		q.connected.Store(true)
-		t.logf("nvmf: controller %d for %s on %s (kato %d ms)", id, df.HostNQN, df.SubNQN, cmd.KATO)
+		t.logf("nvmf: controller %d for %s on %s (kato %d ms)", id, df.HostNQN, df.SubNQN, kato)
 		return 0, uint64(id)
 	}
 	t.mu.Lock()

@@ -285,6 +285,52 @@ func TestTargetShutdownStopsIO(t *testing.T) {
 	}
 }
 
+// TestDiscoveryKATO: a discovery controller whose host asks for no
+// keep-alive (KATO 0, as Discover sends) expires after DiscoveryKATO
+// (nvmet: 120 s): idle discovery connections do not hold MaxControllers
+// for ever and lock every other host out.
+func TestDiscoveryKATO(t *testing.T) {
+	if p := newPair(t, memnet.Faults{}, TargetConfig{}); p.t.cfg.DiscoveryKATO != 120*time.Second {
+		t.Errorf("default DiscoveryKATO %v", p.t.cfg.DiscoveryKATO)
+	}
+	for _, tt := range []struct {
+		name    string
+		kato    time.Duration
+		expires bool
+	}{
+		{"200ms", 200 * time.Millisecond, true},
+		{"none", -1, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPair(t, memnet.Faults{}, TargetConfig{MaxControllers: 2, DiscoveryKATO: tt.kato})
+			ctx := ctxT(t, 20*time.Second)
+			for i := 0; i < 2; i++ {
+				adm := rawQueue(t, p, 0, 32)
+				h := &Controller{cfg: HostConfig{}.withDefaults(), subNQN: nvme.DiscoveryNQN}
+				if _, err := h.connectQueue(ctx, adm, nvme.DynamicCNTLID, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !tt.expires {
+				time.Sleep(time.Second)
+				if st := p.t.Stats(); st.LiveCtrls != 2 || st.KATOExpired != 0 {
+					t.Errorf("discovery controllers expired with DiscoveryKATO < 0: %+v", st)
+				}
+				return
+			}
+			waitFor(t, func() bool { return p.t.Stats().LiveCtrls == 0 }, "idle discovery controllers expire")
+			if n := p.t.Stats().KATOExpired; n != 2 {
+				t.Errorf("%d keep-alive expiries, want 2", n)
+			}
+			h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1, QueueSize: 8, CtrlLossTimeout: -1})
+			if err != nil {
+				t.Fatalf("a host after the idle discovery controllers: %v", err)
+			}
+			h.Close()
+		})
+	}
+}
+
 // TestTargetChecksBeforeFetch: a command the target refuses gets its
 // status before any RDMA READ of its data (nvmet_req_init parses it
 // first): with a key the host never registered, fetching first lost the
