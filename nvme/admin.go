@@ -100,7 +100,7 @@ type GetLogPage struct {
 	LID    uint8
 	LSP    uint8
 	RAE    bool
-	NumD   uint32 // number of dwords (1's based)
+	NumD   uint32 // number of dwords (1's based; decoded, 0 means 2^32: NUMD all ones)
 	Offset uint64 // byte offset (LPOL/LPOU)
 	NSID   uint32
 }

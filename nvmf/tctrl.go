@@ -518,6 +518,9 @@ func (c *tctrl) logPage(g nvme.GetLogPage, out []byte) (nvme.Status, uint64, int
 		return nvme.StatusInvalidLogPage | nvme.StatusDNR, 0, 0
 	}
 	want := uint64(g.NumD) * 4
+	if g.NumD == 0 {
+		want = 1 << 34 // NUMD all ones: 2^32 dwords, more than any page
+	}
 	if g.Offset > uint64(len(page)) || g.Offset&3 != 0 || want > uint64(len(out)) {
 		return nvme.StatusInvalidField | nvme.StatusDNR, 0, 0
 	}

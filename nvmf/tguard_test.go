@@ -374,3 +374,27 @@ func TestTargetChecksBeforeFetch(t *testing.T) {
 		t.Errorf("%d transport errors: the target fetched data of a command it refused", n)
 	}
 }
+
+// TestGetLogPageNUMD: NUMD is 0's based; all ones asks 2^32 dwords, more
+// than any page: Invalid Field, not a success with no data (the count
+// wrapped to 0).
+func TestGetLogPageNUMD(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 15*time.Second)
+	adm, _ := tgtAdmin(t, p, testNQN, 0)
+	for _, tt := range []struct {
+		name string
+		g    nvme.GetLogPage
+		want error
+	}{
+		{"NUMD all ones", nvme.GetLogPage{LID: nvme.LogSMART, NumD: 0}, nvme.StatusInvalidField | nvme.StatusDNR},
+		{"past the buffer", nvme.GetLogPage{LID: nvme.LogSMART, NumD: 1 << 20}, nvme.StatusInvalidField | nvme.StatusDNR},
+		{"offset past the page", nvme.GetLogPage{LID: nvme.LogSMART, NumD: 128, Offset: 1 << 40}, nvme.StatusInvalidField | nvme.StatusDNR},
+		{"whole page", nvme.GetLogPage{LID: nvme.LogSMART, NumD: 128}, nil},
+	} {
+		_, err := adm.do(ctx, &request{in: make([]byte, 512), build: tt.g.Put})
+		if !errors.Is(err, tt.want) || (tt.want == nil && err != nil) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
+		}
+	}
+}
