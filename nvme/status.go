@@ -30,6 +30,7 @@ const (
 	StatusDataXferError       Status = 0x04
 	StatusInternal            Status = 0x06
 	StatusAbortReq            Status = 0x07
+	StatusAbortSQDeletion     Status = 0x08
 	StatusInvalidNamespace    Status = 0x0b
 	StatusCmdSeqError         Status = 0x0c
 	StatusSGLInvalidLast      Status = 0x0d
@@ -73,7 +74,8 @@ func (s Status) OK() bool { return s.Code() == StatusSuccess }
 var statusNames = map[Status]string{
 	StatusSuccess: "success", StatusInvalidOpcode: "invalid opcode", StatusInvalidField: "invalid field",
 	StatusCIDConflict: "command ID conflict", StatusDataXferError: "data transfer error",
-	StatusInternal: "internal error", StatusAbortReq: "abort requested", StatusInvalidNamespace: "invalid namespace",
+	StatusInternal: "internal error", StatusAbortReq: "abort requested",
+	StatusAbortSQDeletion: "aborted due to SQ deletion", StatusInvalidNamespace: "invalid namespace",
 	StatusCmdSeqError: "command sequence error", StatusSGLInvalidLast: "invalid SGL last segment",
 	StatusSGLInvalidCount: "invalid number of SGL descriptors", StatusSGLInvalidData: "invalid SGL data length",
 	StatusSGLInvalidType: "invalid SGL descriptor type", StatusSGLInvalidOffset: "invalid SGL offset",

@@ -29,7 +29,8 @@ type tctrl struct {
 	aec     uint32
 	nrIOQ   int
 	queues  map[uint16]*tqueue
-	aers    []uint16
+	aers    []uint16 // parked AERs' command IDs
+	aborted []uint16 // AERs a reset aborted: the admin queue answers them
 	deleted bool
 }
 
@@ -232,6 +233,7 @@ func (q *tqueue) execute(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 			}
 			q.ctrl.touch()
 			st, res := q.ctrl.property(nvme.PropertyOf(s))
+			q.answerAborted()
 			return st, res, 0
 		case nvme.FCDisconnect:
 			return 0, 0, 0
@@ -285,6 +287,19 @@ func (q *tqueue) check(r *treq) nvme.Status {
 	return st
 }
 
+// answerAborted answers the AERs a reset or shutdown of the controller
+// aborted (on the admin queue: the Property Set that did it runs there).
+func (q *tqueue) answerAborted() {
+	c := q.ctrl
+	c.mu.Lock()
+	cids := c.aborted
+	c.aborted = nil
+	c.mu.Unlock()
+	for _, cid := range cids {
+		q.answer(cid, nvme.StatusAbortSQDeletion)
+	}
+}
+
 // property executes Property Get/Set.
 func (c *tctrl) property(p nvme.Property) (nvme.Status, uint64) {
 	c.mu.Lock()
@@ -334,7 +349,7 @@ func (c *tctrl) setCC(v uint32) {
 	}
 	if v&nvme.CCEnable == 0 && old&nvme.CCEnable != 0 {
 		c.csts &^= nvme.CSTSReady | nvme.CSTSFatal
-		c.aers = nil
+		c.abortAERs()
 	}
 	if v&nvme.CCShnMask != 0 && old&nvme.CCShnMask == 0 {
 		// Not ready from here (nvmet_clear_ctrl): commands after the
@@ -343,6 +358,7 @@ func (c *tctrl) setCC(v uint32) {
 		// 0 as in nvmet: enabling again needs no reset first.
 		c.csts &^= nvme.CSTSReady
 		c.cc = 0
+		c.abortAERs()
 		if c.sub != nil {
 			for _, ns := range c.sub.Namespaces {
 				ns.Backend.Flush()
@@ -353,6 +369,17 @@ func (c *tctrl) setCC(v uint32) {
 	if v&nvme.CCShnMask == 0 && old&nvme.CCShnMask != 0 {
 		c.csts &^= nvme.CSTSShstMask
 	}
+}
+
+// abortAERs aborts the parked AERs (c.mu held): the controller stopped,
+// none of them will ever report an event. Dropped silently, each kept a
+// slot of the host's busy for the life of the association (the host
+// may even park more after it re-enables); they are answered Aborted due
+// to SQ Deletion by the admin queue (answerAborted), as a reset's aborted
+// commands are. (nvmet completes them when the admin queue goes.)
+func (c *tctrl) abortAERs() {
+	c.aborted = append(c.aborted, c.aers...)
+	c.aers = nil
 }
 
 // admin executes an admin command.

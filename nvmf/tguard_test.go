@@ -398,3 +398,62 @@ func TestGetLogPageNUMD(t *testing.T) {
 		}
 	}
 }
+
+// TestAERAbortedOnReset: AERs parked when the controller is disabled
+// (CC.EN 1→0) or shut down are answered (Aborted due to SQ Deletion), not
+// dropped: the host gets its slots back and may park AERL+1 again.
+func TestAERAbortedOnReset(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		cc   uint32
+	}{{"disable", 0}, {"shutdown", nvme.CCEnable | nvme.CCIOSQES6IOCQ4 | nvme.CCShnNormal}} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPair(t, memnet.Faults{}, TargetConfig{})
+			ctx := ctxT(t, 20*time.Second)
+			adm, _ := tgtAdmin(t, p, testNQN, 0)
+			for round := 0; round < 2; round++ {
+				errs := make(chan error, aerLimit)
+				for i := 0; i < aerLimit; i++ {
+					go func() {
+						_, err := adm.do(ctx, &request{build: func(s nvme.SQE) { s.SetOpcode(nvme.AdminAsyncEvent) }})
+						errs <- err
+					}()
+				}
+				waitFor(t, func() bool { return parkedAERs(p.t) == aerLimit }, "AERs parked")
+				_, err := adm.do(ctx, &request{build: func(s nvme.SQE) { s.SetOpcode(nvme.AdminAsyncEvent) }})
+				if !errors.Is(err, nvme.StatusAERLimitExceeded|nvme.StatusDNR) {
+					t.Fatalf("round %d: AER beyond the limit: %v", round, err)
+				}
+				if err := setCC(ctx, adm, tt.cc); err != nil {
+					t.Fatal(err)
+				}
+				for i := 0; i < aerLimit; i++ {
+					select {
+					case err := <-errs:
+						if !errors.Is(err, nvme.StatusAbortSQDeletion) {
+							t.Errorf("round %d: parked AER ended with %v, want aborted", round, err)
+						}
+					case <-time.After(5 * time.Second):
+						t.Fatalf("round %d: a parked AER was never answered", round)
+					}
+				}
+				if err := setCC(ctx, adm, nvme.CCEnable|nvme.CCIOSQES6IOCQ4); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// parkedAERs counts the AERs the target's controllers hold.
+func parkedAERs(t *Target) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.ctrls {
+		c.mu.Lock()
+		n += len(c.aers)
+		c.mu.Unlock()
+	}
+	return n
+}

@@ -68,6 +68,14 @@ type treq struct {
 	pending bool
 }
 
+// lateResp is a response owed to a command that no longer holds a
+// receive buffer: a parked Asynchronous Event Request the controller
+// aborts.
+type lateResp struct {
+	cid uint16
+	st  nvme.Status
+}
+
 // tqueue is one NVMe queue of the target: an rdma_cm connection, its
 // receive buffers (one command capsule each), response buffers and data
 // buffers, served by one goroutine.
@@ -92,7 +100,8 @@ type tqueue struct {
 	respData []*dbuf
 	reqs     []treq
 	pending  []int
-	spare    []int // runPending's other list
+	spare    []int      // runPending's other list
+	late     []lateResp // responses of commands that hold no receive buffer
 
 	free_     [numClasses][]*dbuf
 	poolBytes int
@@ -652,6 +661,11 @@ func (q *tqueue) pend(r *treq) {
 // commands of a queue against each other (but fused pairs, which the
 // target refuses), so nothing else is owed.
 func (q *tqueue) runPending() {
+	for len(q.late) > 0 && len(q.respFree) > 0 {
+		l := q.late[0]
+		q.late = q.late[1:]
+		q.answer(l.cid, l.st)
+	}
 	if len(q.pending) == 0 {
 		return
 	}
@@ -683,4 +697,23 @@ func (q *tqueue) runPending() {
 		}
 	}
 	q.spare = waiting[:0]
+}
+
+// answer posts the response of a command that holds no receive buffer
+// (a parked AER the controller aborts); without a free response buffer
+// it waits in q.late, which runPending serves first.
+func (q *tqueue) answer(cid uint16, st nvme.Status) {
+	if len(q.respFree) == 0 {
+		q.late = append(q.late, lateResp{cid: cid, st: st})
+		return
+	}
+	ri := q.respFree[len(q.respFree)-1]
+	q.respFree = q.respFree[:len(q.respFree)-1]
+	if !st.OK() {
+		q.t.st.errs.Add(1)
+	}
+	nvme.CQE(q.respBuf[ri*nvme.CQESize : (ri+1)*nvme.CQESize]).Encode(&nvme.CQEFields{SQID: q.qid, CID: cid, Status: st})
+	q.respData[ri] = nil
+	q.post(transport.SendWR{WRID: wrSend | uint64(ri), Opcode: transport.WRSend, Flags: transport.SendSignaled},
+		q.respMR.SGE(uint64(ri*nvme.CQESize), nvme.CQESize))
 }
