@@ -282,3 +282,96 @@ func TestReadResponseOrder(t *testing.T) {
 		})
 	}
 }
+
+// readCountLink counts READ responses sent and drops them.
+type readCountLink struct {
+	udp.Wrap
+	n atomic.Int64
+}
+
+func (l *readCountLink) Send(pkts []udp.Packet) error {
+	keep := pkts[:0:0]
+	var p packet.Packet
+	for _, up := range pkts {
+		if p.Decode(up.Buf) == packet.FaultNone && p.Info.Kind == bth.KindReadResponse {
+			l.n.Add(1)
+			continue
+		}
+		keep = append(keep, up)
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	return l.Link.Send(keep)
+}
+
+func readReqPacket(t *testing.T, qp *QP, psn bth.PSN, va uint64, rkey uint32, n uint32) *packetT {
+	t.Helper()
+	var f packet.Fields
+	f.BTH.Opcode = bth.RCReadRequest
+	f.BTH.PKey = bth.DefaultPKey
+	f.BTH.DestQP = qp.QPN()
+	f.BTH.PSN = psn
+	f.RETH.VA, f.RETH.RKey, f.RETH.DMALength = va, rkey, n
+	buf := make([]byte, 4096)
+	k, err := packet.Build(buf, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := new(packetT)
+	if err := p.Parse(buf[:k]); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestHeldReadTurnBounded: a READ held behind another READ's response
+// and executed in a scheduler turn that has less than its length left
+// sent the rest of its response in that same turn (the turn's budget
+// went to -1, which readMore took as "no limit"; review25): the whole
+// device's receive path waited on the QP's lock meanwhile. A turn sends
+// at most its quantum, four of them when no other QP waits.
+func TestHeldReadTurnBounded(t *testing.T) {
+	o := pairOpts{}
+	o.defaults()
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	a := newSide(t, n, addrA, &o)
+	lb, err := n.Link(addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap := &readCountLink{Wrap: udp.Wrap{Link: lb}}
+	b := newSideOn(t, tap, &o)
+	connect(t, a, b, addrB, 0x10, 0x20, &o)
+	connect(t, b, a, addrA, 0x20, 0x10, &o)
+	const big = 1 << 20
+	_, smr := b.buffer(t, 2*big, memreg.AccessRemoteRead)
+
+	qp := b.qp
+	qp.mu.Lock()
+	q := qp.schedQuantum() // 64 at MTU 1024
+	psn := qp.resp.psn
+	// R1: 300 packets, executed in a turn: the first four quanta go
+	// (no other QP waits for a turn).
+	qp.schedTurn, qp.schedLeft = true, q
+	qp.resp.input(readReqPacket(t, qp, psn, smr.IOVA(), smr.RKey(), 300<<10))
+	// R2: 1024 packets, held behind R1.
+	qp.resp.input(readReqPacket(t, qp, psn.Add(300), smr.IOVA()+big, smr.RKey(), big))
+	if n := qp.resp.held.n(); n != 1 {
+		qp.mu.Unlock()
+		t.Fatalf("held %d, want 1", n)
+	}
+	qp.flushOut()
+	before := tap.n.Load()
+	// The next turn: R1's last 44, then R2 with what is left of the turn.
+	qp.schedTurn, qp.schedLeft, qp.schedMore = true, q, false
+	qp.resp.progress()
+	qp.schedTurn = false
+	qp.flushOut()
+	qp.mu.Unlock()
+	sent := tap.n.Load() - before
+	t.Logf("first turn %d responses, second turn %d (quantum %d), schedLeft after %d", before, sent, q, qp.schedLeft)
+	if sent > 4*int64(q) {
+		t.Errorf("one scheduler turn sent %d READ responses, quantum %d (at most 4 when alone)", sent, q)
+	}
+}
