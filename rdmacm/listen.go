@@ -476,6 +476,12 @@ func (c *Conn) endedUnacceptedLocked() {
 			}
 			i++
 		}
+	case c.life.ready:
+		// Ended before (dead): a second end (the peer's DREP after
+		// the DREQ of a keep-alive failure) while the first's
+		// goroutine has not yet given the place back. The connection
+		// stays queued with its CQs for Accept (review25: this
+		// released it whole, CQs and all).
 	case c.life.owed && c.life.replied && own:
 		then(c.releaseFailed)
 	default:
