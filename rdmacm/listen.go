@@ -161,18 +161,29 @@ func (l *Listener) Next(ctx context.Context) (*Request, error) {
 			m.mu.Unlock()
 			return &Request{c: c, l: l}, nil
 		}
-		closed, cerr := l.closed, l.closeErr
-		m.mu.Unlock()
-		if closed {
-			return nil, closedErr(cerr)
-		}
-		select {
-		case <-l.wake:
-		case <-l.closedCh: // looked at again above
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := l.waitLocked(ctx, l.wake); err != nil {
+			return nil, err
 		}
 	}
+}
+
+// waitLocked waits, m.mu held and let go, for wake (something was queued
+// or a place came free), the listener's close or ctx's end; it returns
+// the error that ends the caller's wait (closedErr, ctx.Err()), or nil:
+// look again. For Next, Accept and the workers' take.
+func (l *Listener) waitLocked(ctx context.Context, wake <-chan struct{}) error {
+	closed, cerr := l.closed, l.closeErr
+	l.m.mu.Unlock()
+	if closed {
+		return closedErr(cerr)
+	}
+	select {
+	case <-wake:
+	case <-l.closedCh: // looked at again by the caller
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 // closedErr is what Next, Accept and the workers return once the
@@ -243,16 +254,8 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 			}
 			return c, nil
 		}
-		closed, cerr := l.closed, l.closeErr
-		m.mu.Unlock()
-		if closed {
-			return nil, closedErr(cerr)
-		}
-		select {
-		case <-l.readyWake:
-		case <-l.closedCh: // looked at again above
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := l.waitLocked(ctx, l.readyWake); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -341,16 +344,8 @@ func (l *Listener) take(ctx context.Context) (*Request, error) {
 			}
 			return &Request{c: c, l: l}, nil
 		}
-		closed, cerr := l.closed, l.closeErr
-		m.mu.Unlock()
-		if closed {
-			return nil, closedErr(cerr)
-		}
-		select {
-		case <-l.wake: // a request came, or a place came free
-		case <-l.closedCh:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := l.waitLocked(ctx, l.wake); err != nil {
+			return nil, err
 		}
 	}
 }
