@@ -10,7 +10,7 @@
 //     rocelayer only wire packages.
 //   - memreg imports only wire packages.
 //   - udp imports only wire packages (and internal/netns and udp/share);
-//     udp/faults only internal/netns; udp/share and internal/netns nothing
+//     udp/faults and udp/share only internal/netns; internal/netns nothing
 //     of ours. udp/memnet (the
 //     in-memory network) imports only wire packages and udp, and neither
 //     udp, transport nor rdmacm depends on it, even transitively (`go list

@@ -96,7 +96,7 @@ func ruleFor(r string) (rule, bool) {
 	case r == "udp":
 		return rule{ours: append(slices.Clone(wire), "internal/netns", "udp/share"), why: "udp imports only wire packages, internal/netns and udp/share"}, true
 	case r == "udp/share":
-		return rule{why: "udp/share (the SO_REUSEPORT steering program) imports nothing of this module"}, true
+		return rule{ours: []string{"internal/netns"}, why: "udp/share (the SO_REUSEPORT steering program) imports only internal/netns of this module"}, true
 	case r == "udp/memnet":
 		return rule{ours: append(slices.Clone(wire), "udp"), why: "udp/memnet (the in-memory network) imports only wire packages and udp"}, true
 	case r == "udp/faults":

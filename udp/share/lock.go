@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/gorocev2/rocev2/internal/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -155,10 +156,11 @@ func tryAbstract(key string, inNetns func(func() error) error) (int, *unix.Ucred
 	return -1, cred, nil
 }
 
-// netnsRunner returns a function running its argument on a thread in the
-// network namespace of the calling thread, opened now; nil when the
-// namespace cannot be opened (the caller's threads are then taken to be
-// in it). Close the returned file when done.
+// netnsRunner returns a function running its argument in the network
+// namespace of the calling thread, opened now: at once when the thread it
+// is called on is there, else through netns.Do (a thread switched in and
+// back); nil when the namespace cannot be opened (the caller's threads
+// are then taken to be in it). Close the returned file when done.
 func netnsRunner() (func(func() error) error, *os.File) {
 	ns, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
@@ -169,28 +171,14 @@ func netnsRunner() (func(func() error) error, *os.File) {
 		ns.Close()
 		return nil, nil
 	}
+	path := fmt.Sprintf("/proc/self/fd/%d", ns.Fd())
 	return func(f func() error) error {
-		runtime.LockOSThread()
+		runtime.LockOSThread() // the thread looked at is the one f runs on
+		defer runtime.UnlockOSThread()
 		var st unix.Stat_t
 		if unix.Stat("/proc/thread-self/ns/net", &st) == nil && st.Ino == want.Ino && st.Dev == want.Dev {
-			runtime.UnlockOSThread()
 			return f()
 		}
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			return err
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			return fmt.Errorf("share: enter the group's network namespace: %w", err)
-		}
-		ferr := f()
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) != nil {
-			return ferr // the thread stays locked and exits with its goroutine
-		}
-		runtime.UnlockOSThread()
-		return ferr
+		return netns.Do(path, f)
 	}, ns
 }

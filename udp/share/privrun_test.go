@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/internal/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -154,4 +155,36 @@ func TestAbstractLockWaitBounded(t *testing.T) {
 		t.Fatalf("a second lock of the name with another lock file: %v", err)
 	}
 	l.Close()
+}
+
+// TestNetnsRunner: the runner a member keeps runs its function in the
+// network namespace it was made in, also when called from a thread of
+// another one (the abstract lock's socket must be made there).
+func TestNetnsRunner(t *testing.T) {
+	needRoot(t)
+	ns := netns.TestNew(t, "rocev2-sharelock")
+	var run func(func() error) error
+	var f *os.File
+	var want unix.Stat_t
+	if err := netns.Do(ns, func() error {
+		run, f = netnsRunner()
+		return unix.Stat("/proc/thread-self/ns/net", &want)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if run == nil {
+		t.Fatal("no runner")
+	}
+	defer f.Close()
+	var got unix.Stat_t
+	if err := run(func() error { return unix.Stat("/proc/thread-self/ns/net", &got) }); err != nil {
+		t.Fatal(err)
+	}
+	if got.Ino != want.Ino {
+		t.Fatalf("ran in namespace %d, want %d (the runner's)", got.Ino, want.Ino)
+	}
+	var mine unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &mine); err == nil && mine.Ino == want.Ino {
+		t.Fatal("the test's own thread is in the runner's namespace: the test shows nothing")
+	}
 }
