@@ -30,7 +30,7 @@ type tctrl struct {
 	nrIOQ   int
 	queues  map[uint16]*tqueue
 	aers    []uint16 // parked AERs' command IDs
-	aborted []uint16 // AERs a reset aborted: the admin queue answers them
+	aborted []uint16 // AERs a reset or shutdown ended: the admin queue answers them
 	deleted bool
 }
 
@@ -288,7 +288,9 @@ func (q *tqueue) check(r *treq) nvme.Status {
 }
 
 // answerAborted answers the AERs a reset or shutdown of the controller
-// aborted (on the admin queue: the Property Set that did it runs there).
+// ended (on the admin queue: the Property Set that did it runs there),
+// with nvmet's status for them (nvmet_async_events_failall): Internal
+// Error, DNR.
 func (q *tqueue) answerAborted() {
 	c := q.ctrl
 	c.mu.Lock()
@@ -296,9 +298,14 @@ func (q *tqueue) answerAborted() {
 	c.aborted = nil
 	c.mu.Unlock()
 	for _, cid := range cids {
-		q.answer(cid, nvme.StatusAbortSQDeletion)
+		q.answer(cid, aerFailStatus)
 	}
 }
+
+// aerFailStatus is what an AER that will never report an event ends
+// with: Internal Error with DNR, as nvmet_async_events_failall answers
+// the parked AERs when the admin queue goes (nvmet_sq_destroy).
+const aerFailStatus = nvme.StatusInternal | nvme.StatusDNR
 
 // property executes Property Get/Set.
 func (c *tctrl) property(p nvme.Property) (nvme.Status, uint64) {
@@ -371,12 +378,16 @@ func (c *tctrl) setCC(v uint32) {
 	}
 }
 
-// abortAERs aborts the parked AERs (c.mu held): the controller stopped,
+// abortAERs ends the parked AERs (c.mu held): the controller stopped,
 // none of them will ever report an event. Dropped silently, each kept a
 // slot of the host's busy for the life of the association (the host
-// may even park more after it re-enables); they are answered Aborted due
-// to SQ Deletion by the admin queue (answerAborted), as a reset's aborted
-// commands are. (nvmet completes them when the admin queue goes.)
+// may even park more after it re-enables); the admin queue answers them
+// (answerAborted) with the status nvmet gives them, Internal Error with
+// DNR. nvmet answers them later, when the admin queue goes
+// (nvmet_sq_destroy; its CC.EN 1→0 and CC.SHN leave them parked), when
+// the answer can no longer reach the host over RDMA: here the host gets
+// its slots back on the live queue. (Linux's host ignores an AER's
+// completion that is not a success.)
 func (c *tctrl) abortAERs() {
 	c.aborted = append(c.aborted, c.aers...)
 	c.aers = nil
