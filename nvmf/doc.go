@@ -25,7 +25,8 @@
 //
 // The host's Controller connects the admin queue and N I/O queues,
 // enables and identifies the controller, keeps it alive and reconnects
-// after losing it or after a command went unanswered (IOTimeout),
+// after losing it or after a command went unanswered (AdminTimeout on
+// the admin queue, IOTimeout on the I/O queues),
 // checking that each namespace is still the same disk; its HostNamespace has ReadAt/WriteAt (and context
 // variants) that are safe for concurrent use, so that many goroutines keep
 // many commands in flight.

@@ -40,19 +40,29 @@ type HostConfig struct {
 	// trying (default 60 s; negative: never reconnect).
 	ReconnectDelay  time.Duration
 	CtrlLossTimeout time.Duration
-	// IOTimeout is how long a command may go unanswered (default 30 s,
-	// Linux's nvme_core io_timeout; negative: forever). One that does
-	// ends the association as a lost connection would: the host
-	// reconnects and sends its reads and writes again (see
-	// CtrlLossTimeout), up to maxTimeoutRetries times for a command that
-	// keeps timing out; other commands fail with ErrDisconnected. It
-	// also bounds how long a command whose caller gave up (its context
-	// ended) keeps its slot: the target may still write into the slot's
-	// buffer until the association is torn down, so such a slot is
-	// reused only after its response or the teardown — without the
-	// timeout a target that never answers it keeps it forever, and
-	// QueueSize-1 of them wedge the queue.
+	// IOTimeout is how long a command on an I/O queue (its Fabrics
+	// Connect included) may go unanswered (default 30 s, Linux's
+	// nvme_core io_timeout; negative: forever). One that does ends the
+	// association as a lost connection would: the host reconnects and
+	// sends its reads and writes again (see CtrlLossTimeout), up to
+	// maxTimeoutRetries times for a command that keeps timing out; other
+	// commands fail with ErrDisconnected. It also bounds how long a
+	// command whose caller gave up (its context ended) keeps its slot:
+	// the target may still write into the slot's buffer until the
+	// association is torn down, so such a slot is reused only after its
+	// response or the teardown — without the timeout a target that never
+	// answers it keeps it forever, and QueueSize-1 of them wedge the
+	// queue.
 	IOTimeout time.Duration
+	// AdminTimeout is the same for the admin queue (default 60 s,
+	// Linux's nvme_core admin_timeout; negative: forever): its Fabrics
+	// Connect, Property Get/Set, Identify, Set Features, Get Log Page.
+	// A command unanswered for longer ends the association (it fails
+	// with ErrAdminTimeout, wrapped with ErrDisconnected; the reads and
+	// writes lost with it are sent again after the reconnect). Keep
+	// Alive is bounded by KATO instead, as Linux's is. ConnectTimeout
+	// still bounds each step of connecting as a whole.
+	AdminTimeout time.Duration
 	// NoInline never puts write data in the command capsule.
 	NoInline bool
 	// RemoteInvalidate gives every command that moves data by keyed SGL
@@ -112,6 +122,9 @@ func (c HostConfig) withDefaults() HostConfig {
 	if c.IOTimeout == 0 {
 		c.IOTimeout = 30 * time.Second
 	}
+	if c.AdminTimeout == 0 {
+		c.AdminTimeout = 60 * time.Second
+	}
 	return c
 }
 
@@ -133,11 +146,16 @@ type HostStats struct {
 // association is one connected admin queue with its I/O queues.
 type association struct {
 	admin  *hqueue
-	io     []*hqueue
+	io     []*hqueue // appended under mu while connecting, fixed after
 	cntlid uint16
 	id     nvme.IdentifyControllerFields
 	dead   chan struct{} // closed when any queue of it died
 	once   sync.Once
+
+	mu       sync.Mutex
+	stopWD   chan struct{} // closed to stop the watchdog (nil: none)
+	wdDone   chan struct{}
+	stopOnce sync.Once
 }
 
 // Controller is a host's connection to an NVMe-oF controller over RDMA:
@@ -204,6 +222,10 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 	}
 	h.setup(adm)
 	a := &association{admin: adm, dead: make(chan struct{})}
+	// The timeouts apply from the first command on, the admin Connect
+	// included (Linux's connect commands run with the admin and I/O
+	// timeouts of their queues).
+	h.startWatchdog(a)
 	defer func() {
 		if err != nil {
 			a.close()
@@ -297,7 +319,9 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 		q, err := dialQueue(qctx, h.dev, h.addr, uint16(i), qs, inline, h.cfg.PathMTU)
 		if err == nil {
 			h.setup(q)
+			a.mu.Lock()
 			a.io = append(a.io, q)
+			a.mu.Unlock()
 			_, err = h.connectQueue(qctx, q, a.cntlid, 0)
 		}
 		qcancel()
@@ -333,6 +357,10 @@ func (h *Controller) setup(q *hqueue) {
 	q.logf = h.cfg.Log
 	q.remoteInv = h.cfg.RemoteInvalidate
 	q.invs = &h.invs
+	q.timeout = h.cfg.IOTimeout
+	if q.qid == 0 {
+		q.timeout = h.cfg.AdminTimeout
+	}
 }
 
 // ParseMQES returns CAP.MQES (0's based maximum queue entries).
@@ -366,6 +394,7 @@ func identify(ctx context.Context, q *hqueue, id nvme.Identify, out []byte) erro
 // close disconnects every queue, in parallel (a peer that is gone costs
 // each its DREQ retries).
 func (a *association) close() {
+	a.stopWatchdog()
 	var wg sync.WaitGroup
 	for _, q := range a.io {
 		wg.Add(1)
@@ -388,17 +417,60 @@ func (a *association) watch() {
 }
 
 // expire ends the association when one of its commands went unanswered
-// for longer than d (HostConfig.IOTimeout), as Linux's nvme_rdma_timeout
-// starts error recovery: the supervisor then reconnects, and the commands
-// of the association end with ErrDisconnected (the one that timed out
-// with ErrIOTimeout too) and are sent again or fail as after any loss.
-func (a *association) expire(now time.Time, d time.Duration) {
-	for _, q := range append([]*hqueue{a.admin}, a.io...) {
-		if err := q.expire(now, d); err != nil {
+// for longer than its queue's timeout (HostConfig.AdminTimeout on the
+// admin queue, IOTimeout on the I/O queues), as Linux's
+// nvme_rdma_timeout starts error recovery: the supervisor then
+// reconnects, and the commands of the association end with
+// ErrDisconnected (the one that timed out with ErrAdminTimeout or
+// ErrIOTimeout too) and are sent again or fail as after any loss.
+func (a *association) expire(now time.Time) {
+	a.mu.Lock()
+	qs := append([]*hqueue{a.admin}, a.io...)
+	a.mu.Unlock()
+	for _, q := range qs {
+		if err := q.expire(now); err != nil {
 			q.die(err)
 			return
 		}
 	}
+}
+
+// startWatchdog starts the goroutine that checks a's commands against
+// their timeouts (expire), from the admin queue's first command until
+// a.close. None runs when both timeouts are off.
+func (h *Controller) startWatchdog(a *association) {
+	d := time.Duration(0)
+	for _, t := range []time.Duration{h.cfg.AdminTimeout, h.cfg.IOTimeout} {
+		if t > 0 && (d == 0 || t < d) {
+			d = t
+		}
+	}
+	if d == 0 {
+		return
+	}
+	a.stopWD, a.wdDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(a.wdDone)
+		t := time.NewTicker(min(max(d/8, 10*time.Millisecond), time.Second))
+		defer t.Stop()
+		for {
+			select {
+			case <-a.stopWD:
+				return
+			case now := <-t.C:
+				a.expire(now)
+			}
+		}
+	}()
+}
+
+// stopWatchdog stops a's watchdog, if any, and waits for it.
+func (a *association) stopWatchdog() {
+	if a.stopWD == nil {
+		return
+	}
+	a.stopOnce.Do(func() { close(a.stopWD) })
+	<-a.wdDone
 }
 
 // supervise keeps an association alive: keep-alive, and on loss, reconnect.
@@ -406,19 +478,13 @@ func (h *Controller) supervise(a *association) {
 	defer h.wg.Done()
 	for {
 		a.watch()
-		var tick, wd <-chan time.Time
+		var tick <-chan time.Time
 		var tickers []*time.Ticker
 		if h.cfg.KATO > 0 && h.subNQN != nvme.DiscoveryNQN {
 			t := time.NewTicker(h.cfg.KATO / 2)
 			defer t.Stop()
 			tickers = append(tickers, t)
 			tick = t.C
-		}
-		if h.cfg.IOTimeout > 0 {
-			t := time.NewTicker(min(max(h.cfg.IOTimeout/8, 10*time.Millisecond), time.Second))
-			defer t.Stop()
-			tickers = append(tickers, t)
-			wd = t.C
 		}
 	loop:
 		for {
@@ -427,12 +493,12 @@ func (h *Controller) supervise(a *association) {
 				return
 			case <-a.dead:
 				break loop
-			case now := <-wd:
-				a.expire(now, h.cfg.IOTimeout)
 			case <-tick:
 				h.kas.Add(1)
 				ctx, cancel := context.WithTimeout(context.Background(), h.cfg.KATO)
-				_, err := a.admin.do(ctx, &request{build: func(s nvme.SQE) { s.SetOpcode(nvme.AdminKeepAlive) }})
+				// Bounded by KATO, not AdminTimeout (Linux: the keep-alive
+				// request's timeout is KATO).
+				_, err := a.admin.do(ctx, &request{timeout: h.cfg.KATO, build: func(s nvme.SQE) { s.SetOpcode(nvme.AdminKeepAlive) }})
 				cancel()
 				if err != nil && !errors.As(err, new(nvme.Status)) {
 					a.admin.die(fmt.Errorf("keep-alive: %w", err))

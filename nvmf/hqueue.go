@@ -21,11 +21,17 @@ import (
 // completion arrived (the command may or may not have executed).
 var ErrDisconnected = errors.New("nvmf: controller connection lost")
 
-// ErrIOTimeout: the controller did not answer a command within
-// HostConfig.IOTimeout, and the host ended the association (it comes
-// wrapped with ErrDisconnected). The command may or may not have
+// ErrIOTimeout: the controller did not answer a command on an I/O queue
+// within HostConfig.IOTimeout, and the host ended the association (it
+// comes wrapped with ErrDisconnected). The command may or may not have
 // executed.
 var ErrIOTimeout = errors.New("nvmf: I/O timeout")
+
+// ErrAdminTimeout: the controller did not answer a command on the admin
+// queue within HostConfig.AdminTimeout, and the host ended the
+// association (it comes wrapped with ErrDisconnected). The command may or
+// may not have executed.
+var ErrAdminTimeout = errors.New("nvmf: admin command timeout")
 
 // RejectedError is a connection request the target refused with NVMe-RDMA
 // reject private data.
@@ -62,7 +68,8 @@ type hslot struct {
 	callerDone bool // the caller took the result (or gave up)
 	orphan     bool // its caller gave up: nobody reads done
 	sent       time.Time
-	timedOut   bool // unanswered past the I/O timeout: it ends with ErrIOTimeout
+	timeout    time.Duration // this command's timeout, if not the queue's
+	timedOut   bool          // unanswered past its timeout: it ends with ErrIOTimeout or ErrAdminTimeout
 
 	// Remote invalidation (hqueue.remoteInv): a type 2 window on the data
 	// buffer, bound for one command with a fresh key byte; rkey is the
@@ -108,6 +115,7 @@ type hqueue struct {
 	wg      sync.WaitGroup
 	subs    atomic.Int64 // commands submitted
 	logf    func(format string, args ...any)
+	timeout time.Duration // how long a command may go unanswered (≤ 0: forever); set before the first command
 
 	lastInv uint32 // tests: the R_Key the last raw command's response invalidated
 	canary  uint64 // ErrNoData
@@ -242,19 +250,24 @@ func (q *hqueue) die(err error) {
 	})
 }
 
-// expire marks the commands unanswered for longer than d and returns the
-// error that ends the queue for them (wrapping ErrIOTimeout), or nil
-// when there are none. The caller lets the queue die of it: a slot whose
-// command the target may still answer, or write data into, is freed only
-// then, and never reused (the queue is dead; its memory goes with its
-// teardown).
-func (q *hqueue) expire(now time.Time, d time.Duration) error {
+// expire marks the commands unanswered for longer than their timeout
+// (the request's, else the queue's) and returns the error that ends the
+// queue for them (wrapping ErrAdminTimeout on the admin queue,
+// ErrIOTimeout on an I/O queue), or nil when there are none. The caller
+// lets the queue die of it: a slot whose command the target may still
+// answer, or write data into, is freed only then, and never reused (the
+// queue is dead; its memory goes with its teardown).
+func (q *hqueue) expire(now time.Time) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var oldest *hslot
 	for i := range q.slots {
 		s := &q.slots[i]
-		if s.busy && s.resp == nil && now.Sub(s.sent) > d {
+		d := q.timeout
+		if s.timeout > 0 {
+			d = s.timeout
+		}
+		if d > 0 && s.busy && s.resp == nil && now.Sub(s.sent) > d {
 			s.timedOut = true
 			if oldest == nil || s.sent.Before(oldest.sent) {
 				oldest = s
@@ -264,8 +277,14 @@ func (q *hqueue) expire(now time.Time, d time.Duration) error {
 	if oldest == nil {
 		return nil
 	}
+	why := ErrIOTimeout
+	if q.qid == 0 {
+		why = ErrAdminTimeout
+	}
 	cid := uint16(oldest.gen)<<cidIdxBits | uint16(oldest.idx)
-	return fmt.Errorf("queue %d: command %#x unanswered for %v: %w", q.qid, cid, now.Sub(oldest.sent).Round(time.Millisecond), ErrIOTimeout)
+	op := nvme.SQE(oldest.cmd[:nvme.SQESize]).Opcode()
+	return fmt.Errorf("queue %d: command %#x (opcode %#x) unanswered for %v: %w", q.qid, cid, op,
+		now.Sub(oldest.sent).Round(time.Millisecond), why)
 }
 
 // loop receives completions until the queue goes down.
@@ -450,6 +469,9 @@ type request struct {
 	out   []byte // data to the controller
 	in    []byte // where data from the controller goes
 	inLen int    // bytes expected from the controller (len(in) if zero)
+	// timeout, if positive, replaces the queue's (hqueue.timeout) for
+	// this command.
+	timeout time.Duration
 }
 
 // do submits r on the queue and waits for its completion. A status other
@@ -516,7 +538,7 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 	default:
 	}
 	s.busy, s.sendDone, s.resp, s.orphan, s.callerDone = true, false, nil, false, false
-	s.sent, s.timedOut = time.Now(), false
+	s.sent, s.timeout, s.timedOut = time.Now(), r.timeout, false
 	if !bind {
 		s.rkey = 0
 	}
