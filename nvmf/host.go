@@ -31,7 +31,7 @@ type HostConfig struct {
 	// has 32); QueueSize-1 commands can be in flight on a queue.
 	QueueSize int
 	// KATO is the keep-alive timeout (default 5 s; a keep-alive goes
-	// out every KATO/2). Negative: none.
+	// out every KATO/2; at most MaxKATO). Negative: none.
 	KATO time.Duration
 	// ConnectTimeout bounds each connection step (default 3 s).
 	ConnectTimeout time.Duration
@@ -190,6 +190,11 @@ func Connect(ctx context.Context, dev *transport.Device, addr netip.AddrPort, su
 	var c HostConfig
 	if cfg != nil {
 		c = *cfg
+	}
+	if c.KATO > MaxKATO {
+		// KATO goes out as a 32-bit count of milliseconds: beyond it the
+		// target would get the value wrapped (2^32 ms + 1 s as 1 s).
+		return nil, fmt.Errorf("nvmf: HostConfig.KATO %v exceeds MaxKATO (%v)", c.KATO, MaxKATO)
 	}
 	h := &Controller{dev: dev, addr: addr, subNQN: subNQN, cfg: c.withDefaults(), closeCh: make(chan struct{})}
 	a, err := h.associate(ctx)

@@ -92,7 +92,7 @@ type TargetConfig struct {
 	// discover send): default 120 s, nvmet's NVMET_DISC_KATO_MS; negative
 	// keeps such a controller as long as its connection. (Idle, it would
 	// otherwise hold one of MaxControllers for as long as the connection
-	// lives.)
+	// lives.) It counts in milliseconds (less is 1 ms), at most MaxKATO.
 	DiscoveryKATO time.Duration
 	// Log, if set, receives one line per connection event.
 	Log func(format string, args ...any)
@@ -113,6 +113,9 @@ const (
 	kas = 10
 	// aerLimit is how many Asynchronous Event Requests a controller holds (AERL+1).
 	aerLimit = 4
+	// MaxKATO is the largest keep-alive timeout: KATO is a 32-bit count
+	// of milliseconds (about 49.7 days).
+	MaxKATO = time.Duration(1<<32-1) * time.Millisecond
 )
 
 // TargetStats are a target's counters.
@@ -198,6 +201,12 @@ func Listen(dev *transport.Device, cfg TargetConfig) (*Target, error) {
 	}
 	if cfg.DiscoveryKATO == 0 {
 		cfg.DiscoveryKATO = 120 * time.Second
+	}
+	if cfg.DiscoveryKATO > MaxKATO {
+		// Beyond the 32-bit count of milliseconds KATO is: it wrapped
+		// (2^32 ms became 0, then 1 ms: every discovery controller
+		// expired at once).
+		return nil, fmt.Errorf("nvmf: TargetConfig.DiscoveryKATO %v exceeds MaxKATO (%v)", cfg.DiscoveryKATO, MaxKATO)
 	}
 	if len(cfg.Subsystems) == 0 {
 		return nil, errors.New("nvmf: TargetConfig.Subsystems is empty")

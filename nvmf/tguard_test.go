@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -328,6 +329,47 @@ func TestDiscoveryKATO(t *testing.T) {
 			}
 			h.Close()
 		})
+	}
+}
+
+// TestDiscoveryKATORange: KATO is a 32-bit count of milliseconds; a
+// DiscoveryKATO beyond it is an error naming the field. It wrapped: 2^32
+// ms became a KATO of 0, then 1 ms, and every discovery controller
+// expired at once.
+func TestDiscoveryKATORange(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	dev := newDevice(t, n, targetIP)
+	defer dev.Close()
+	subs := []*Subsystem{{NQN: testNQN, Namespaces: []*Namespace{{Backend: MemBackendOn(make([]byte, 4096))}}}}
+	for _, d := range []time.Duration{MaxKATO + time.Millisecond, time.Duration(1<<32) * time.Millisecond, 1<<63 - 1} {
+		tg, err := Listen(dev, TargetConfig{Subsystems: subs, DiscoveryKATO: d})
+		if err == nil {
+			tg.Close()
+			t.Errorf("DiscoveryKATO %v accepted", d)
+		} else if !strings.Contains(err.Error(), "DiscoveryKATO") {
+			t.Errorf("DiscoveryKATO %v: %v, not naming the field", d, err)
+		}
+	}
+	tg, err := Listen(dev, TargetConfig{Subsystems: subs, DiscoveryKATO: MaxKATO})
+	if err != nil {
+		t.Fatalf("DiscoveryKATO MaxKATO: %v", err)
+	}
+	tg.Close()
+}
+
+// TestHostKATORange: the host's KATO is refused beyond MaxKATO, before
+// anything connects; it went out wrapped (2^32 ms + 1 s as a KATO of
+// 1 s, while the host sent a keep-alive every 24 days).
+func TestHostKATORange(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 10*time.Second)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{KATO: time.Duration(1<<32)*time.Millisecond + time.Second})
+	if err == nil {
+		h.Close()
+		t.Fatal("KATO beyond MaxKATO accepted")
+	}
+	if !strings.Contains(err.Error(), "HostConfig.KATO") || p.t.Stats().Connections != 0 {
+		t.Errorf("%v (not naming the field?); target %+v", err, p.t.Stats())
 	}
 }
 

@@ -63,6 +63,11 @@ options:
                      a queue takes the host's, and a host asking for more is
                      rejected (use 4096 where the link carries it)
   --host NQN         allow only this host (repeatable; default any host)
+  --discovery-kato DUR  keep-alive timeout of a discovery controller whose
+                     host asks for none (KATO 0, as nvme-cli's discover):
+                     default 120s, nvmet's; 1ms .. 49.7 days (KATO is a 32-bit
+                     count of milliseconds); 0: none, such a controller lives
+                     as long as its connection
   -v                 log connections; print the target's and the device's
                      counters at the end (SIGUSR1 prints the device's)
   --cpuprofile FILE  write a Go CPU profile (pprof) of the whole run, from
@@ -73,6 +78,10 @@ Exit status: 0 after a clean stop, 1 when the target could not start, 2 bad usag
 
 // nvmfListening, when set (by tests), is called once the target listens.
 var nvmfListening func(addr netip.AddrPort)
+
+// nvmfHostConfig, when set (by tests), sees the host's configuration
+// before it connects.
+var nvmfHostConfig func(cfg nvmf.HostConfig)
 
 type multiFlag []string
 
@@ -104,6 +113,8 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	var ro, verbose bool
 	var hosts multiFlag
 	var sock cli.SocketFlags
+	discKATO := 120 * time.Second
+	fs.DurationVar(&discKATO, "discovery-kato", discKATO, "")
 	fs.StringVar(&bind, "bind", "", "")
 	fs.StringVar(&nqn, "nqn", "", "")
 	fs.StringVar(&file, "file", "", "")
@@ -165,6 +176,11 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		err = fmt.Errorf("--io-queues %d: want 1..1024", ioq)
 	case inline < 0 || inline > 16384:
 		err = fmt.Errorf("--inline %d: want 0 (none) .. 16384", inline)
+	case discKATO < 0 || discKATO > 0 && discKATO < time.Millisecond || discKATO > nvmf.MaxKATO:
+		err = fmt.Errorf("--discovery-kato %v: want 0 (none) or %v .. %v", discKATO, time.Millisecond, nvmf.MaxKATO)
+	}
+	if discKATO == 0 {
+		discKATO = -1 // TargetConfig: none
 	}
 	if err == nil && inline == 0 {
 		inline = -1
@@ -252,6 +268,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		rand.Read(guid[:])
 	}
 	cfg := nvmf.TargetConfig{Port: uint16(port), InlineDataSize: inline, PathMTU: mtu, MaxQueueSize: qsize, MaxIOQueues: ioq,
+		DiscoveryKATO: discKATO,
 		Subsystems: []*nvmf.Subsystem{{NQN: nqn, AllowedHosts: hosts,
 			Namespaces: []*nvmf.Namespace{{Backend: backend, BlockSize: bs, ReadOnly: ro, NGUID: guid}}}}}
 	var logMu sync.Mutex
@@ -338,8 +355,12 @@ options:
   --ctrl-loss-tmo DUR  how long to keep reconnecting after the controller is
                    lost (default 60s; 0: fail at once); a lost controller and
                    each attempt are printed on stderr
-  --io-timeout DUR how long a command may go unanswered before the host
-                   reconnects and sends it again (default 30s; 0: forever)
+  --io-timeout DUR how long a command on an I/O queue may go unanswered
+                   before the host reconnects and sends it again (default
+                   30s, Linux's io_timeout; 0: forever)
+  --admin-timeout DUR  the same for the admin queue (Connect, Identify,
+                   Property Get/Set, Get Log Page, ...; default 60s, Linux's
+                   admin_timeout; 0: forever)
   -v               log connection events; print the device's counters
 ` + cli.SocketUsage + `
 Exit status: 0 success, 1 failure (connection refused or lost, an NVMe
@@ -393,6 +414,8 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&lossTmo, "ctrl-loss-tmo", lossTmo, "")
 	ioTmo := 30 * time.Second
 	fs.DurationVar(&ioTmo, "io-timeout", ioTmo, "")
+	adminTmo := 60 * time.Second
+	fs.DurationVar(&adminTmo, "admin-timeout", adminTmo, "")
 	cli.AddSocketFlags(fs, &sock)
 	err := fs.Parse(args[1:])
 	var local, peer netip.Addr
@@ -422,7 +445,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		mtu, err = nvmfMTU(mtuBytes)
 	}
 	if err == nil {
-		err = nvmfHostChecks(sub, ioq, qsize, port, dur, lossTmo, ioTmo)
+		err = nvmfHostChecks(sub, ioq, qsize, port, dur, lossTmo, ioTmo, adminTmo)
 	}
 	var off, n, limit int64
 	if err == nil && (sub == "read" || sub == "write" || sub == "verify") {
@@ -488,12 +511,18 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	target := netip.AddrPortFrom(peer, uint16(port))
 	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu, RemoteInvalidate: invalidate,
-		CtrlLossTimeout: lossTmo, IOTimeout: ioTmo}
+		CtrlLossTimeout: lossTmo, IOTimeout: ioTmo, AdminTimeout: adminTmo}
 	if lossTmo == 0 {
 		cfg.CtrlLossTimeout = -1 // fail at once
 	}
 	if ioTmo == 0 {
 		cfg.IOTimeout = -1 // wait forever
+	}
+	if adminTmo == 0 {
+		cfg.AdminTimeout = -1 // wait forever
+	}
+	if nvmfHostConfig != nil {
+		nvmfHostConfig(*cfg)
 	}
 	// A lost controller, each reconnection attempt and the reconnection
 	// are always told: without them a run waiting for its target is silent.
@@ -629,7 +658,7 @@ func nvmfMTU(b int) (transport.MTU, error) {
 }
 
 // nvmfHostChecks checks nvmf-host's numeric flags before anything connects.
-func nvmfHostChecks(sub string, ioq, qsize, port int, dur, lossTmo, ioTmo time.Duration) error {
+func nvmfHostChecks(sub string, ioq, qsize, port int, dur, lossTmo, ioTmo, adminTmo time.Duration) error {
 	switch {
 	case ioq < 1 || ioq > 1024:
 		return fmt.Errorf("--io-queues %d: want 1..1024", ioq)
@@ -643,6 +672,8 @@ func nvmfHostChecks(sub string, ioq, qsize, port int, dur, lossTmo, ioTmo time.D
 		return fmt.Errorf("--ctrl-loss-tmo %v: want 0 or more", lossTmo)
 	case ioTmo < 0:
 		return fmt.Errorf("--io-timeout %v: want 0 or more", ioTmo)
+	case adminTmo < 0:
+		return fmt.Errorf("--admin-timeout %v: want 0 or more", adminTmo)
 	}
 	return nil
 }

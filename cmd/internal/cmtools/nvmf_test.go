@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/nvme"
+	"github.com/gorocev2/rocev2/nvmf"
 )
 
 // TestNvmfLoopback: rocev2d nvmf-target (a file namespace) and rocev2d
@@ -131,6 +133,10 @@ func TestNvmfUsage(t *testing.T) {
 		{host("identify", "--mtu", "100"), "--mtu 100"},
 		{host("identify", "--ctrl-loss-tmo", "-1s"), "--ctrl-loss-tmo"},
 		{host("identify", "--io-timeout", "-1s"), "--io-timeout -1s"},
+		{host("identify", "--admin-timeout", "-1s"), "--admin-timeout -1s"},
+		{append(tgt, "--discovery-kato", "-1s"), "--discovery-kato -1s"},
+		{append(tgt, "--discovery-kato", "500us"), "--discovery-kato 500µs"},
+		{append(tgt, "--discovery-kato", "1200h"), "--discovery-kato 1200h0m0s"},
 		{host("bench", "--time", "0s"), "--time 0s"},
 		{host("bench", "--range", "0"), "--range"},
 		{host("read"), "--length is required"},
@@ -195,6 +201,66 @@ func TestNvmfNGUID(t *testing.T) {
 		args := []string{"nvmf-target", "--bind", "127.0.0.1", "--nqn", nqn, "--size", "1m", "--nguid", bad}
 		if code := run(context.Background(), args, &out, &errb); code != cli.ExitUsage || !strings.Contains(errb.String(), "--nguid") {
 			t.Errorf("--nguid %s: exit %d %s", bad, code, errb.String())
+		}
+	}
+}
+
+// TestNvmfTimeoutFlags: --admin-timeout and --io-timeout reach the host's
+// configuration (0: none), each its own field; the defaults are Linux's
+// (admin_timeout 60 s, io_timeout 30 s).
+func TestNvmfTimeoutFlags(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	defer func() { nvmfHostConfig = nil }()
+	for _, tc := range []struct {
+		flags     []string
+		admin, io time.Duration
+	}{
+		{nil, 60 * time.Second, 30 * time.Second},
+		{[]string{"--admin-timeout", "5s"}, 5 * time.Second, 30 * time.Second},
+		{[]string{"--io-timeout", "7s", "--admin-timeout", "0"}, -1, 7 * time.Second},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var got *nvmf.HostConfig
+		nvmfHostConfig = func(cfg nvmf.HostConfig) {
+			got = &cfg
+			cancel() // no need to connect
+		}
+		args := append([]string{"nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", cmPort(), "--nqn", "x"},
+			tc.flags...)
+		r := runCmd(t, ctx, args...)
+		cancel()
+		if got == nil {
+			t.Errorf("%q: exit %d, the host never configured\n%s", tc.flags, r.code, r.errOut)
+			continue
+		}
+		if got.AdminTimeout != tc.admin || got.IOTimeout != tc.io {
+			t.Errorf("%q: AdminTimeout %v, IOTimeout %v; want %v, %v", tc.flags, got.AdminTimeout, got.IOTimeout, tc.admin, tc.io)
+		}
+	}
+}
+
+// TestNvmfDiscoveryKATO: --discovery-kato sets the keep-alive timeout a
+// discovery controller gets when its host asks for none (nvmf-host
+// discover asks for none); the target had no flag for it.
+func TestNvmfDiscoveryKATO(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	for _, tc := range []struct {
+		flag, want string
+	}{{"", "(kato 120000 ms)"}, {"1500ms", "(kato 1500 ms)"}, {"0", "(kato 0 ms)"}} {
+		port := cmPort()
+		args := []string{"nvmf-target", "--bind", "127.0.0.1", "--port", port, "--nqn", "nqn.2026-12.io.rocev2:dkato", "--size", "1m", "-v"}
+		if tc.flag != "" {
+			args = append(args, "--discovery-kato", tc.flag)
+		}
+		srv := startCMServer(t, &nvmfListening, args...)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		r := runCmd(t, ctx, "nvmf-host", "discover", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port)
+		cancel()
+		s := srv.wait(t, 10*time.Millisecond)
+		if r.code != 0 || !strings.Contains(s.errOut, "on "+nvme.DiscoveryNQN+" "+tc.want) {
+			t.Errorf("--discovery-kato %q: discover exit %d %s\ntarget:\n%s", tc.flag, r.code, r.errOut, s.errOut)
 		}
 	}
 }
