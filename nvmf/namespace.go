@@ -28,8 +28,14 @@ type HostNamespace struct {
 	st       *nsState
 }
 
-// ErrAlignment: an offset or length is not a multiple of the block size.
+// ErrAlignment: an offset or length is not a multiple of the block size
+// (or the offset is negative).
 var ErrAlignment = errors.New("nvmf: offset or length not a multiple of the block size")
+
+// ErrOutOfRange: a read, write or Write Zeroes reaches beyond the end of
+// the namespace (NSZE blocks). Nothing of it is sent: Linux's block layer
+// never sends I/O beyond a disk's capacity either.
+var ErrOutOfRange = errors.New("nvmf: beyond the end of the namespace")
 
 // ErrNamespaceChanged: after a reconnect the controller reported another
 // namespace behind the NSID (other identifiers, size or block size) or
@@ -238,13 +244,15 @@ func (n *HostNamespace) ReadOnly() bool { return n.ro }
 // MaxTransfer returns the largest piece one command moves.
 func (n *HostNamespace) MaxTransfer() int { return n.maxBytes }
 
-// ReadAt reads len(p) bytes at off (io.ReaderAt).
+// ReadAt reads len(p) bytes at off (io.ReaderAt). A read that reaches
+// beyond Size fails whole with ErrOutOfRange, and nothing is sent.
 func (n *HostNamespace) ReadAt(p []byte, off int64) (int, error) {
 	return n.ReadAtContext(context.Background(), p, off)
 }
 
 // WriteAt writes p at off (io.WriterAt). A nil error means the controller
-// acknowledged every block.
+// acknowledged every block. A write that reaches beyond Size fails whole
+// with ErrOutOfRange, and nothing is sent.
 func (n *HostNamespace) WriteAt(p []byte, off int64) (int, error) {
 	return n.WriteAtContext(context.Background(), p, off)
 }
@@ -274,7 +282,10 @@ func (n *HostNamespace) Flush(ctx context.Context) error {
 func (n *HostNamespace) WriteZeroes(ctx context.Context, off, length int64) error {
 	bs := int64(1) << n.shift
 	if off%bs != 0 || length%bs != 0 || off < 0 || length < 0 {
-		return ErrAlignment
+		return fmt.Errorf("%w: off %d, length %d, block size %d", ErrAlignment, off, length, bs)
+	}
+	if err := n.checkRange("off", off, "length", length); err != nil {
+		return err
 	}
 	for length > 0 {
 		k := min(length, 65536<<n.shift)
@@ -293,13 +304,31 @@ func (n *HostNamespace) WriteZeroes(ctx context.Context, off, length int64) erro
 	return nil
 }
 
+// checkRange refuses the length bytes at off (whole blocks, neither
+// negative) unless they lie within the namespace, naming the caller's
+// arguments. It compares in blocks and adds nothing: off+length may
+// exceed an int64 (off near 2^63), SLBA plus the block count a uint64
+// (which cannot wrap from int64 arguments, but is compared as
+// blocks > NSZE-SLBA all the same).
+func (n *HostNamespace) checkRange(offName string, off int64, lenName string, length int64) error {
+	slba, nlb := uint64(off)>>n.shift, uint64(length)>>n.shift
+	if slba > n.blocks || nlb > n.blocks-slba {
+		return fmt.Errorf("%w: %s %d (LBA %d) + %s %d (%d blocks): the namespace has %d blocks of %d bytes",
+			ErrOutOfRange, offName, off, slba, lenName, length, nlb, n.blocks, 1<<n.shift)
+	}
+	return nil
+}
+
 func (n *HostNamespace) rw(ctx context.Context, op nvme.Opcode, p []byte, off int64) (int, error) {
 	bs := int64(1) << n.shift
 	if off < 0 || off%bs != 0 || int64(len(p))%bs != 0 {
-		return 0, ErrAlignment
+		return 0, fmt.Errorf("%w: off %d, len(p) %d, block size %d", ErrAlignment, off, len(p), bs)
 	}
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if err := n.checkRange("off", off, "len(p)", int64(len(p))); err != nil {
+		return 0, err
 	}
 	if len(p) <= n.maxBytes {
 		if err := n.one(ctx, op, p, off); err != nil {

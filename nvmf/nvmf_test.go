@@ -3,6 +3,7 @@ package nvmf
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math/rand"
 	"net/netip"
 	"testing"
@@ -122,7 +123,7 @@ func TestHostTargetReadWrite(t *testing.T) {
 	if err := ns.WriteZeroes(ctx, 0, 4096); err != nil || !bytes.Equal(p.backend.buf[:4096], make([]byte, 4096)) {
 		t.Fatalf("write zeroes: %v", err)
 	}
-	if _, err := ns.ReadAt(make([]byte, 100), 0); err != ErrAlignment {
+	if _, err := ns.ReadAt(make([]byte, 100), 0); !errors.Is(err, ErrAlignment) {
 		t.Errorf("unaligned read: %v", err)
 	}
 	st := p.t.Stats()
