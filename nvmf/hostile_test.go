@@ -414,3 +414,143 @@ func TestReadWithoutData(t *testing.T) {
 		}
 	}
 }
+
+// TestReadPartlyWithoutData: the target answers a read with success but
+// wrote only part of its data (here: it writes all of it elsewhere, and
+// the parts it "wrote" are copied into the slot's buffer as the response
+// arrives). The host checked only the last 8 bytes of the region: a read
+// whose first half, or whose one block in the middle, never came
+// returned the slot's previous data there — another block's — as
+// success. Now a canary ends every 512 bytes: any block left unwritten
+// is ErrNoData, wherever it is, and the caller's buffer gets nothing.
+// A gap inside a block that leaves the block's last 8 bytes written is
+// what the canaries cannot see (ErrNoData's documented limit).
+func TestReadPartlyWithoutData(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1, QueueSize: 2}) // one slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ns, err := h.Namespace(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 64 << 10
+	secret := bytes.Repeat([]byte("SECRET-LBA-500! "), n/16)
+	copy(p.backend.buf[500*512:], secret)
+	for i := 0; i < n; i += 512 {
+		copy(p.backend.buf[i:], fmt.Sprintf("block %d of LBA 0..", i/512))
+	}
+	var scratch *memreg.MR
+	scratchBuf := make([]byte, 1<<20)
+	var written atomic.Pointer[[][2]int] // the ranges of the region the target "wrote"; nil: all (no hook)
+	setHooks(t, &hostHooks{
+		readSGL: func(q *hqueue, g *nvme.SGLFields) {
+			if written.Load() == nil {
+				return
+			}
+			if scratch == nil {
+				var err error
+				if scratch, err = q.pd.RegisterMR(scratchBuf, memreg.AccessLocalWrite|memreg.AccessRemoteWrite); err != nil {
+					panic(err)
+				}
+			}
+			g.Addr, g.Key = scratch.IOVA(), scratch.RKey()
+		},
+		response: func(q *hqueue, c *nvme.CQEFields) bool {
+			rs := written.Load()
+			if q.qid == 0 || rs == nil {
+				return false
+			}
+			s := &q.slots[int(c.CID&(1<<cidIdxBits-1))]
+			for _, r := range *rs {
+				copy(s.data[r[0]:r[1]], scratchBuf[r[0]:r[1]])
+			}
+			return false
+		},
+	})
+	for _, tc := range []struct {
+		name    string
+		written [][2]int
+		detect  bool
+	}{
+		{"nothing", nil, true},
+		{"the first half missing", [][2]int{{n / 2, n}}, true},
+		{"the second half missing", [][2]int{{0, n / 2}}, true},
+		{"block 0 missing", [][2]int{{512, n}}, true},
+		{"block 37 missing", [][2]int{{0, 37 * 512}, {38 * 512, n}}, true},
+		{"the last 8 bytes missing", [][2]int{{0, n - 8}}, true},
+		{"4 KiB in the middle missing", [][2]int{{0, 20 << 10}, {24 << 10, n}}, true},
+		{"all but the last 8 bytes of block 3 missing", [][2]int{{0, 3 * 512}, {4*512 - 8, n}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := make([]byte, n)
+			if _, err := ns.ReadAtContext(ctx, a, 500*512); err != nil || !bytes.Equal(a, secret) {
+				t.Fatalf("read at LBA 500: %v", err)
+			}
+			rs := append([][2]int{}, tc.written...)
+			written.Store(&rs)
+			b := make([]byte, n)
+			_, err = ns.ReadAtContext(ctx, b, 0)
+			written.Store(nil)
+			t.Logf("read of LBA 0.. with %v written: %v", tc.written, err)
+			if !tc.detect {
+				// The limit: the stale bytes pass (the slot's previous data).
+				if err != nil || !bytes.Contains(b, []byte("SECRET")) {
+					t.Errorf("a gap inside block 3: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrNoData) || bytes.Contains(b, []byte("SECRET")) {
+				t.Errorf("%v, got %q... (the caller's buffer holds the previous read's data: %v)", err, b[:24],
+					bytes.Contains(b, []byte("SECRET")))
+			}
+		})
+	}
+	b := make([]byte, n)
+	if _, err := ns.ReadAtContext(ctx, b, 0); err != nil || !bytes.Equal(b, p.backend.buf[:n]) {
+		t.Fatalf("read after: %v", err)
+	}
+}
+
+// TestCanaryLayout: the canaries of a region of any length from 8 bytes
+// on lie inside it, do not overlap, end every 512 bytes and the region
+// itself, and each one left in place is found.
+func TestCanaryLayout(t *testing.T) {
+	const v = 0x0123456789abcdef
+	for _, n := range []int{8, 9, 15, 511, 512, 513, 515, 519, 520, 1024, 1030, 4096, 4100} {
+		b := make([]byte, n)
+		putCanaries(b, v)
+		var at []int
+		for off := 0; off+canarySize <= n; off++ {
+			if binary.LittleEndian.Uint64(b[off:]) == v {
+				at = append(at, off)
+			}
+		}
+		want := []int{}
+		for end := canaryStride; end+canarySize <= n; end += canaryStride {
+			want = append(want, end-canarySize)
+		}
+		want = append(want, n-canarySize)
+		if fmt.Sprint(at) != fmt.Sprint(want) {
+			t.Errorf("%d bytes: canaries at %v, want %v", n, at, want)
+		}
+		for _, off := range want {
+			c := bytes.Clone(b)
+			for _, o := range want {
+				if o != off {
+					c[o] ^= 0xff // written by the target
+				}
+			}
+			if got := findCanary(c, v); got != off {
+				t.Errorf("%d bytes, only the canary at %d left: found %d", n, off, got)
+			}
+			c[off] ^= 0xff
+			if got := findCanary(c, v); got != -1 {
+				t.Errorf("%d bytes, every canary written: found %d", n, got)
+			}
+		}
+	}
+}

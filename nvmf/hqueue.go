@@ -518,9 +518,10 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 		}
 		g, bind = q.keyed(s, len(r.in), memreg.AccessRemoteWrite)
 		if q.qid != 0 && len(r.in) >= canarySize {
-			// The last bytes the read's data must overwrite.
+			// Bytes the read's data must overwrite: the end of every
+			// canaryStride bytes.
 			canary = true
-			binary.LittleEndian.PutUint64(s.data[len(r.in)-canarySize:], q.canary)
+			putCanaries(s.data[:len(r.in)], q.canary)
 			if hk := testHooks.Load(); hk != nil && hk.readSGL != nil {
 				hk.readSGL(q, &g)
 			}
@@ -577,8 +578,11 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 		return c.result, c.status
 	}
 	if len(r.in) > 0 {
-		if canary && binary.LittleEndian.Uint64(s.data[len(r.in)-canarySize:]) == q.canary {
-			return c.result, fmt.Errorf("%w: queue %d, cid %#x, %d bytes", ErrNoData, q.qid, sqe.CID(), len(r.in))
+		if canary {
+			if at := findCanary(s.data[:len(r.in)], q.canary); at >= 0 {
+				return c.result, fmt.Errorf("%w: queue %d, cid %#x, %d bytes: nothing written at byte %d", ErrNoData, q.qid, sqe.CID(),
+					len(r.in), at)
+			}
 		}
 		copy(r.in, s.data)
 	}
@@ -589,20 +593,65 @@ func (q *hqueue) do(ctx context.Context, r *request) (uint64, error) {
 // write its data (all of it) into the host's buffer. The host reads
 // into a buffer of the command's slot and copies from there, so such a
 // read would return what the slot's previous command left there — data
-// of another read, another block, another caller. Each read puts a
-// canary (canarySize bytes of the queue's random value) at the end of
-// the region the target must write, which a target that skipped or
-// shortened the transfer leaves in place: a check that costs 8 bytes a
-// read, where clearing the buffer would cost a pass over all of it. Its
-// limits: data that really ends in the canary (one chance in 2^64 per
-// read) is taken for a missing transfer; a transfer shortened by fewer
-// than canarySize bytes leaves only canary bytes, not another command's
-// data; a target that writes a read's data after its response (only
-// possible with the slot's long-lived key, without
+// of another read, another block, another caller.
+//
+// Each read puts a canary (canarySize bytes of the queue's random value,
+// never sent) at the end of every canaryStride (512) bytes of the region
+// the target must write, and of the region itself, and checks them
+// before it copies the data out. What it guarantees: a read whose
+// response says success fails with ErrNoData when any 512-byte granule
+// of it (counted from its start: each logical block, whatever the block
+// size, is one or more) was left without its last 8 bytes — in
+// particular a transfer that never came, one cut short by 8 bytes or
+// more, one that skipped or lost any whole block, in any place. What it
+// does not: a gap within a granule that leaves the granule's last 8
+// bytes written (a target that writes parts of blocks) passes, and
+// those bytes are the slot buffer's previous content; data that really
+// holds the canary at a granule's end (one chance in 2^64 each) is
+// taken for a missing transfer; a target that writes a read's data after
+// its response (only possible with the slot's long-lived key, without
 // HostConfig.RemoteInvalidate) can still corrupt a later command's.
+//
+// The trade-off: knowing that every byte was written needs a mark on
+// every byte before the transfer — filling or clearing the whole region,
+// a pass over the data on top of the copy out, for every read — because
+// RDMA WRITEs tell the receiver nothing about what they covered. The
+// canaries cost one 8-byte store and one load per 512 bytes (1/64 of
+// the data, no pass over it) and catch every failure that loses whole
+// blocks, which is how a target drops data: per RDMA WRITE, each whole
+// blocks or pages.
 var ErrNoData = errors.New("nvmf: read completed without its data")
 
-const canarySize = 8
+const (
+	canarySize   = 8
+	canaryStride = 512
+)
+
+// putCanaries writes v into the canaries of b (len(b) ≥ canarySize):
+// the last canarySize bytes of every canaryStride bytes and of b itself
+// (a stride's that would overlap b's is left out).
+func putCanaries(b []byte, v uint64) {
+	last := len(b) - canarySize
+	for off := canaryStride - canarySize; off+canarySize <= last; off += canaryStride {
+		binary.LittleEndian.PutUint64(b[off:], v)
+	}
+	binary.LittleEndian.PutUint64(b[last:], v)
+}
+
+// findCanary returns the offset of the first canary of b (putCanaries)
+// still holding v, or -1.
+func findCanary(b []byte, v uint64) int {
+	last := len(b) - canarySize
+	for off := canaryStride - canarySize; off+canarySize <= last; off += canaryStride {
+		if binary.LittleEndian.Uint64(b[off:]) == v {
+			return off
+		}
+	}
+	if binary.LittleEndian.Uint64(b[last:]) == v {
+		return last
+	}
+	return -1
+}
 
 // bindWRID marks the (unsignaled) window binds in the send queue.
 const bindWRID = 1 << 62
