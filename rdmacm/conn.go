@@ -62,7 +62,16 @@ type Options struct {
 	PrivateData []byte
 	// ResponseTimeout is how long to wait for each CM answer before
 	// sending again (default 1 s, advertised as the nearest CM timeout
-	// exponent); MaxRetries how often (default 15, as Linux).
+	// exponent); MaxRetries how often (default 15, as Linux). A peer
+	// that answers with an MRA (its application is still deciding) gets
+	// more time once, as Linux's CM gives it: from then on each wait is
+	// ResponseTimeout plus the MRA's service timeout, the latter at most
+	// MRAWaitFactor × ResponseTimeout; the retry count runs on, and
+	// further MRAs change nothing. So a Dial (and an Accept's wait for
+	// the RTU) ends, ErrTimeout at the latest, within
+	// (MaxRetries+1) × (1+MRAWaitFactor) × ResponseTimeout (144 s with
+	// the defaults; 16 s without an MRA) whatever the peer sends —
+	// sooner if its context ends.
 	ResponseTimeout time.Duration
 	MaxRetries      int
 	// TrafficClass is the IP traffic class of the MADs and the QP.
@@ -163,6 +172,11 @@ func (o *Options) withDefaults() Options {
 	return r
 }
 
+// MRAWaitFactor bounds the extra wait an MRA buys: at most this many
+// response timeouts (Options.ResponseTimeout) on top of each one, however
+// long the MRA's service timeout asks for (up to 2.4 hours).
+const MRAWaitFactor = 8
+
 // timeoutExp returns the CM timeout exponent (4.096 µs × 2^e) nearest above d.
 func timeoutExp(d time.Duration) uint8 {
 	for e := uint8(0); e < 31; e++ {
@@ -217,6 +231,10 @@ type Conn struct {
 	retries int
 	max     int
 	timer   transport.Timer
+	// mraWait is zero until the peer's MRA asks for more time to answer
+	// the message out (REQ or REP); then it is the wait between its
+	// sends for the rest of that message's retries (onMRA).
+	mraWait time.Duration
 	// acceptTimer gives up on a request the application never answers.
 	acceptTimer transport.Timer
 	err         error
@@ -587,9 +605,20 @@ func putGUID(b []byte, g uint64) {
 // on each response timeout while the state waits for an answer.
 func (c *Conn) sendLocked(msg cm.Message) error {
 	c.retries = 0
+	c.mraWait = 0 // an MRA was for the previous message
 	err := c.m.sendMod(c.peer, c.opts.TrafficClass, c.tid, msg, &c.out, c.eceMod(msg))
 	c.armLocked(c.opts.ResponseTimeout)
 	return err
+}
+
+// retryWaitLocked is how long the connection waits for an answer before
+// it sends its message again: the response timeout, or longer once the
+// peer's MRA asked for it.
+func (c *Conn) retryWaitLocked() time.Duration {
+	if c.mraWait > 0 {
+		return c.mraWait
+	}
+	return c.opts.ResponseTimeout
 }
 
 // resendLocked sends the current MAD again.
@@ -626,7 +655,7 @@ func (c *Conn) onTimer() {
 		c.retries++
 		m.st.retransmits.Add(1)
 		c.resendLocked()
-		c.timer.Reset(c.opts.ResponseTimeout)
+		c.timer.Reset(c.retryWaitLocked())
 		return
 	}
 	switch c.state {
@@ -649,8 +678,12 @@ func (c *Conn) onTimer() {
 		if !c.active {
 			op, msg = "Accept", "REP"
 		}
-		c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %d %ss sent, %v apart, none answered", op,
-			netip.AddrPortFrom(c.peer, c.remotePort), ErrTimeout, c.retries+1, msg, c.opts.ResponseTimeout))
+		how := fmt.Sprintf("%v apart, none answered", c.opts.ResponseTimeout)
+		if c.mraWait > 0 {
+			how = fmt.Sprintf("none answered but by an MRA (the peer asked for more time; the %ss went %v apart after it)", msg, c.mraWait)
+		}
+		c.finishLocked(fmt.Errorf("rdmacm: %s %v: %w: %d %ss sent, %s", op,
+			netip.AddrPortFrom(c.peer, c.remotePort), ErrTimeout, c.retries+1, msg, how))
 	case stDREQSent:
 		c.endedBy(CauseTimeout)
 		c.timeWaitLocked(ErrClosed)

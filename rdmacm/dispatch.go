@@ -83,7 +83,7 @@ func (m *Manager) handle(mad *transport.MAD, h *cm.HeaderFields, msg cm.Message)
 	case *cm.REQFields:
 		m.onREQ(mad, h, f)
 	case *cm.MRAFields:
-		m.onMRA(f)
+		m.onMRA(mad, f)
 	case *cm.REJFields:
 		m.onREJ(mad, f)
 	case *cm.REPFields:
@@ -207,17 +207,33 @@ func (m *Manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 	c.acceptTimer = m.clock.AfterFunc(wait, func() { c.halfOpenExpired(l.opts.HalfOpenTimeout) })
 }
 
-// onMRA: the peer needs more time; wait its service timeout more.
-func (m *Manager) onMRA(f *cm.MRAFields) {
+// onMRA: the peer received our REQ (or REP) and needs more time to
+// answer it. As Linux's cm_mra_handler, the first MRA of the message
+// counts (REQ_SENT to MRA_REQ_RCVD): the message goes out again after the
+// response timeout plus the MRA's service timeout — here at most
+// MRAWaitFactor response timeouts — from now on, and its retry count runs
+// on (ib_modify_mad changes the timeout, not the retries left); later
+// MRAs are duplicates. Before, every MRA reset the retry count and bought
+// up to 2.4 hours: a peer that answered each REQ with an MRA kept Dial
+// waiting for ever. An MRA must come from the peer, name the message
+// waiting for an answer, and for a REP also the peer's ID.
+func (m *Manager) onMRA(mad *transport.MAD, f *cm.MRAFields) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.conns[f.RemoteCommID]
-	if c == nil || (c.state != stREQSent && c.state != stREPSent) {
+	if c == nil || c.peer != mad.Src ||
+		!(c.state == stREQSent && c.active && f.MessageMRAed == cm.KindREQ ||
+			c.state == stREPSent && !c.active && f.MessageMRAed == cm.KindREP && f.LocalCommID == c.remoteID) {
 		m.st.unknown.Add(1)
 		return
 	}
-	c.retries = 0
-	c.armLocked(cm.Timeout(f.ServiceTimeout) + c.opts.ResponseTimeout)
+	if c.mraWait > 0 {
+		m.st.duplicates.Add(1)
+		return
+	}
+	rt := c.opts.ResponseTimeout
+	c.mraWait = rt + min(cm.Timeout(f.ServiceTimeout), MRAWaitFactor*rt)
+	c.armLocked(c.mraWait)
 }
 
 // onREJ: the peer rejected a request or reply. The connection it names

@@ -212,7 +212,7 @@ func (c *Conn) staleRetryLocked(rej *RejectError) bool {
 		c.retries++
 		c.m.st.retransmits.Add(1)
 		c.resendLocked()
-		c.armLocked(c.opts.ResponseTimeout)
+		c.armLocked(c.retryWaitLocked())
 	}
 	return true
 }

@@ -71,7 +71,7 @@ type Stats struct {
 	MADsIn        uint64 // CM MADs received
 	MADsOut       uint64 // CM MADs sent (retransmissions included)
 	Retransmits   uint64 // MADs sent again after a response timeout
-	Duplicates    uint64 // duplicate REQ/REP/DREQ answered again
+	Duplicates    uint64 // duplicate REQ/REP/DREQ answered again; MRAs after a message's first (ignored)
 	Malformed     uint64 // MADs that did not decode
 	Unknown       uint64 // messages for no known connection, or unexpected in its state
 	RejNoListener uint64 // REQs and SIDR_REQs for a service nobody listens on
