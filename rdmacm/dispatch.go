@@ -237,38 +237,50 @@ func (m *Manager) onMRA(mad *transport.MAD, f *cm.MRAFields) {
 }
 
 // onREJ: the peer rejected a request or reply. The connection it names
-// is found as Linux's CM finds it (cm_acquire_rejected_id): a REJ of a
-// REQ by our ID alone (the peer had none to give), a REJ "timeout" from a
-// requester that gave up by its own ID (from the address it dialed from,
-// and only while the request is half-open), and any other by both IDs;
-// the source address must be the peer's in every case. So a REJ that
-// knows one ID cannot end an established connection.
+// is found as Linux's CM finds it (cm_acquire_rejected_id): a REJ
+// "timeout" by the sender's own ID (a requester that gave up before it
+// knew ours; Linux's CM looks it up by that ID and the CA GUID in the ARI
+// whatever the "message rejected" field says — Linux's requester sends
+// "other" there, ours "REQ" — here from the address it dialed from, and
+// only while the request is half-open), a REJ of a REQ by our ID alone
+// (the peer had none to give), and any other by both IDs; the source
+// address must be the peer's in every case. So a REJ that knows one ID
+// cannot end an established connection. No REJ makes a Dial try again
+// but "stale connection" (staleRetryLocked): Linux's CM ends the attempt
+// on every other reason, and a REJ "timeout" of our REQ names no
+// connection a requester has (cm_acquire_rejected_id finds none before
+// the REP), so it is dropped there too.
 func (m *Manager) onREJ(mad *transport.MAD, f *cm.REJFields) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.st.rejRecv[reasonSlot(f.Reason)].Add(1)
 	var c *Conn
+	if f.Reason == cm.RejTimeout {
+		if k := m.remote[remoteKey{mad.Src, f.LocalCommID}]; k != nil && (k.state == stREQRcvd || k.state == stREPSent) {
+			c = k
+		}
+	}
 	switch {
+	case c != nil:
 	case f.MessageRejected == cm.KindREQ && f.Reason != cm.RejTimeout:
 		if k := m.conns[f.RemoteCommID]; k != nil && k.active && k.state == stREQSent && k.peer == mad.Src {
 			c = k
 		}
-	case f.Reason == cm.RejTimeout && f.MessageRejected == cm.KindREQ:
-		// A requester that gives up before it knows our ID rejects with
-		// its own only.
-		if k := m.remote[remoteKey{mad.Src, f.LocalCommID}]; k != nil && (k.state == stREQRcvd || k.state == stREPSent) {
-			c = k
-		}
+	case f.MessageRejected == cm.KindREQ: // a timeout: by the sender's ID only (above)
 	default:
 		if k := m.conns[f.RemoteCommID]; k != nil && k.remoteID == f.LocalCommID && k.peer == mad.Src {
 			c = k
 		}
 	}
 	if c == nil {
-		if k := m.conns[f.RemoteCommID]; k != nil {
+		k := m.conns[f.RemoteCommID]
+		// A REJ "timeout" of our REQ from its peer (a listener's
+		// half-open bound): dropped as Linux drops it, not a spoof.
+		ofOurREQ := f.Reason == cm.RejTimeout && k != nil && k.active && k.state == stREQSent && k.peer == mad.Src
+		if k != nil && !ofOurREQ {
 			m.st.spoofDropped.Add(1) // one ID right, the other or the address wrong
 		}
-		if f.Reason == cm.RejTimeout && f.MessageRejected == cm.KindREQ {
+		if f.Reason == cm.RejTimeout && f.MessageRejected != cm.KindREP && !ofOurREQ {
 			// Its REQ may be waiting still (requests are handled after
 			// answers): it is not to be served.
 			if len(m.gaveUp) >= 256 {
