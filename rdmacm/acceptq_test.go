@@ -413,3 +413,174 @@ func TestAcceptQueueGoroutines(t *testing.T) {
 		t.Errorf("%d goroutines more after a flood of %d connections (backlog %d)", grown, flood, backlog)
 	}
 }
+
+// TestFloodFromManyAddresses measures what a flood from many source
+// addresses costs a listener whose application accepts nothing: 3 REQs
+// from each of 762 addresses (every address of three /24s but ours), each
+// handshake the listener answers completed with an RTU, as fast as the
+// test injects them. Whatever the number of addresses, the manager knows
+// at most 2×Backlog connections (Backlog half-open, Backlog answered and
+// not accepted), the device holds at most Backlog of their QPs (and CQs:
+// two each), the goroutines grow by at most 2×Backlog+16, and the
+// manager's remembered-request tables and the listener's per-source counts
+// stay within their caps.
+func TestFloodFromManyAddresses(t *testing.T) {
+	const backlog = 16
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	db := newDev(t, n, addrB, nil)
+	l, err := Listen(db, 7305, &ListenOptions{Options: fast, Backlog: backlog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.Accept(ctx) // starts the workers; the application accepts nothing
+	time.Sleep(20 * time.Millisecond)
+	mb, err := managerFor(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	base := runtime.NumGoroutine()
+	res0 := db.Resources()
+
+	in := &madInjector{dev: db}
+	var srcs []netip.Addr
+	for _, p := range [][3]byte{{192, 0, 2}, {198, 51, 100}, {203, 0, 113}} {
+		for h := 1; h < 255; h++ {
+			if a := netip.AddrFrom4([4]byte{p[0], p[1], p[2], byte(h)}); a != addrB {
+				srcs = append(srcs, a)
+			}
+		}
+	}
+	var maxConns, maxQPs, maxCQs, maxG, maxTables int
+	rtu := map[remoteKey]bool{}
+	// answer completes every handshake answered so far and samples.
+	answer := func() int {
+		type rep struct {
+			k     remoteKey
+			local uint32
+		}
+		var reps []rep
+		mb.mu.Lock()
+		for k, c := range mb.remote {
+			if c.state == stREPSent && !rtu[k] {
+				reps = append(reps, rep{k, c.localID})
+			}
+		}
+		maxConns = max(maxConns, len(mb.conns))
+		maxTables = max(maxTables, len(mb.gaveUp)+len(mb.shedIDs)+len(mb.abandoned)+len(l.perSrc)+len(l.owedBy))
+		mb.mu.Unlock()
+		for _, r := range reps {
+			rtu[r.k] = true
+			in.send(t, r.k.addr, uint64(r.k.id), &cm.RTUFields{LocalCommID: r.k.id, RemoteCommID: r.local})
+		}
+		res := db.Resources()
+		maxQPs = max(maxQPs, res.QPs-res0.QPs)
+		maxCQs = max(maxCQs, res.CQs-res0.CQs)
+		maxG = max(maxG, runtime.NumGoroutine()-base)
+		return len(reps)
+	}
+	sent := 0
+	for round := uint32(1); round <= 3; round++ {
+		for i, a := range srcs {
+			id := round<<16 | uint32(i)
+			// A QPN of its own each: a REQ from a QP with a
+			// connection still known replaces that connection
+			// (the stale rule), which is not measured here.
+			in.send(t, a, uint64(id), forgedREQ(7305, a, addrB, id, id))
+			sent++
+			if i%16 == 0 {
+				answer()
+			}
+		}
+	}
+	quiet := time.Now()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && time.Since(quiet) < 100*time.Millisecond; {
+		if answer() > 0 {
+			quiet = time.Now()
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	runtime.GC()
+	var ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms1)
+	s := StatsOf(db)
+	t.Logf("%d REQs from %d addresses: at most %d connections known, %d QPs, %d CQs, %d goroutines more, %d table entries; "+
+		"heap in use %+d KiB; established %d, shed %d, accept queue full %d, dropped at the GSI %d",
+		sent, len(srcs), maxConns, maxQPs, maxCQs, maxG, maxTables, (int64(ms1.HeapInuse)-int64(ms0.HeapInuse))/1024,
+		s.Established, s.Shed, s.AcceptQueueFull, db.Counters().MADDropQueueFull)
+	if s.Established < backlog {
+		t.Fatalf("only %d connections established: the flood did not fill the accept queue", s.Established)
+	}
+	if maxConns > 2*backlog || maxQPs > backlog || maxCQs > 2*backlog || maxG > 2*backlog+16 ||
+		maxTables > 256+1024+2*backlog {
+		t.Errorf("bounds exceeded: %d connections (max %d), %d QPs (max %d), %d CQs (max %d), %d goroutines (max %d), %d table entries",
+			maxConns, 2*backlog, maxQPs, backlog, maxCQs, 2*backlog, maxG, 2*backlog+16, maxTables)
+	}
+}
+
+// TestAcceptQueuePlaceHeldWhileSettingUp: a request that ends while one
+// of Accept's workers sets it up (its QP created, its REP not yet sent:
+// the requester gave up, or it was shed) keeps its place in the accept
+// queue until the worker has released its QP; only then may another
+// worker create one. Before, the place came free at the end, with the QP
+// still there, and up to Backlog+acceptWorkers of the listener's QPs
+// could exist at once (seen by TestFloodFromManyAddresses: 17 with a
+// Backlog of 16).
+func TestAcceptQueuePlaceHeldWhileSettingUp(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	db := newDev(t, n, addrB, nil)
+	mb, err := managerFor(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := netip.MustParseAddr("198.51.100.30")
+	const id = 0x31
+	type seen struct{ owed, qps int }
+	during := make(chan seen, 4)
+	var l *Listener
+	o := fast
+	o.Prepare = func(qp *transport.QP) error {
+		// The requester gives up while its QP is being set up.
+		injectFrom(t, mb, src, &cm.REJFields{LocalCommID: id, MessageRejected: cm.KindREQ, Reason: cm.RejTimeout})
+		mb.mu.Lock()
+		owed := l.owed
+		mb.mu.Unlock()
+		during <- seen{owed, db.Resources().QPs}
+		return nil
+	}
+	l, err = Listen(db, 7306, &ListenOptions{Options: o, Backlog: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.Accept(ctx) // starts the workers; the application accepts nothing
+	injectFrom(t, mb, src, forgedREQ(7306, src, addrB, id, 0x700))
+	var s seen
+	select {
+	case s = <-during:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no worker set the request up")
+	}
+	if s.qps != 1 || s.owed < s.qps {
+		t.Errorf("after the request ended during its set-up: %d of the accept queue's places held, %d QPs (want the place held while the QP exists)", s.owed, s.qps)
+	}
+	// The worker releases the QP and then the place.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		mb.mu.Lock()
+		owed := l.owed
+		mb.mu.Unlock()
+		if owed == 0 && db.Resources().QPs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the worker's release: %d places held, %d QPs", owed, db.Resources().QPs)
+		}
+	}
+}

@@ -479,6 +479,11 @@ func (c *Conn) endedUnacceptedLocked() {
 		// released it whole, CQs and all).
 	case c.life.owed && c.life.replied && own:
 		then(c.releaseFailed)
+	case c.life.owed && own:
+		// A worker is setting it up (reply): its QP may exist already.
+		// The worker gives the place back once it has released it
+		// (before, the place came free here, and another worker's QP
+		// could join this one's: Backlog+acceptWorkers QPs at once).
 	default:
 		c.unoweLocked()
 	}
@@ -640,9 +645,21 @@ func (r *Request) Accept(ctx context.Context, opts *Options) (*Conn, error) {
 }
 
 // reply is Accept up to the REP: the QP set up and in RTS, the REP sent.
-func (r *Request) reply(opts *Options) (*Conn, error) {
+// A request one of Accept's workers took (its place in the accept queue
+// held) and that fails or ended before its REP gives the place back here,
+// once what it created is released.
+func (r *Request) reply(opts *Options) (_ *Conn, err error) {
 	c := r.c
 	m := c.m
+	defer func() {
+		if err != nil {
+			m.mu.Lock()
+			if !c.life.replied {
+				c.unoweLocked()
+			}
+			m.mu.Unlock()
+		}
+	}()
 	if err := opts.check("Accept", cm.REPPrivateDataSize); err != nil {
 		// No reply can be built with these options: the requester
 		// learns so at once (consumer reject, as rdma_accept's failure
@@ -743,7 +760,7 @@ func (r *Request) reply(opts *Options) (*Conn, error) {
 	}
 	c.state = stREPSent
 	c.life.replied = true
-	err := c.sendLocked(rep)
+	err = c.sendLocked(rep)
 	m.mu.Unlock()
 	if err != nil {
 		return fail(err)
