@@ -45,7 +45,10 @@
 // class (0x07) with the device's GSI and runs the state machine of every
 // connection of the device (its message handlers are in dispatch.go): REQ, MRA, REJ, REP, RTU, DREQ, DREP and
 // SIDR_REQ/SIDR_REP, each retransmitted on its response timeout up to its
-// retry count; duplicates are answered (a duplicate REQ with the REP or an
+// retry count (the peer's first MRA stretches that timeout, within a
+// bound, and resets no count: Options.ResponseTimeout, so no peer holds a
+// Dial for ever; no REJ but "stale connection" makes it try again, as in
+// Linux's CM); duplicates are answered (a duplicate REQ with the REP or an
 // MRA, a duplicate REP with the RTU, a duplicate DREQ with the DREP); the
 // passive QP is in RTS before its REP leaves (as rdma_accept leaves it),
 // and the first packet it receives counts as the RTU (communication
