@@ -35,6 +35,7 @@ type Counters struct {
 	UDNoRecvWQE         uint64 // ud_no_recv_wqe: UD datagrams dropped for want of a receive WQE
 	UCMsgsDropped       uint64 // uc_msgs_dropped: UC messages the responder dropped (a lost packet, no receive WQE, an access error)
 	UDMsgsDropped       uint64 // ud_msgs_dropped: UD datagrams dropped because they are longer than the receive WQE (with the GRH); the WQE stays posted and the QP in RTS
+	UDMTUExceeded       uint64 // ud_mtu_exceeded: UD datagrams dropped because their payload is longer than the port MTU (DeviceConfig.PortMTU), before a receive WQE is taken
 	MADSent             uint64 // mad_sent: MADs the GSI (QP1) sent
 	MADRcvd             uint64 // mad_rcvd: MADs the GSI passed to an agent
 	MADDropQKey         uint64 // mad_drop_qkey: datagrams to QP1 without the GSI Q_Key
@@ -109,6 +110,7 @@ var counterFields = []struct {
 	{"ud_no_recv_wqe", func(c *Counters) *uint64 { return &c.UDNoRecvWQE }},
 	{"uc_msgs_dropped", func(c *Counters) *uint64 { return &c.UCMsgsDropped }},
 	{"ud_msgs_dropped", func(c *Counters) *uint64 { return &c.UDMsgsDropped }},
+	{"ud_mtu_exceeded", func(c *Counters) *uint64 { return &c.UDMTUExceeded }},
 	{"mad_sent", func(c *Counters) *uint64 { return &c.MADSent }},
 	{"mad_rcvd", func(c *Counters) *uint64 { return &c.MADRcvd }},
 	{"mad_drop_qkey", func(c *Counters) *uint64 { return &c.MADDropQKey }},

@@ -61,7 +61,9 @@ type DeviceConfig struct {
 	// newer ones are dropped (default 256).
 	EventQueue int
 	// PortMTU is the port's active MTU: the largest UD message (default
-	// MTU1024, what rxe reports on a 1500-byte Ethernet link).
+	// MTU1024, what rxe reports on a 1500-byte Ethernet link). PostSend
+	// refuses a longer one; a longer one received is dropped
+	// (ud_mtu_exceeded).
 	PortMTU MTU
 	// Congestion configures ECN, CNPs and DCQCN (cc.go). The zero value
 	// sends ECT(0), answers CE marks with CNPs and runs DCQCN.

@@ -191,12 +191,23 @@ func (qp *QP) udProgress() {
 	}
 }
 
-// udInput handles a datagram for a UD QP in RTR or RTS: Q_Key check,
-// receive WQE, GRH and payload placement, completion. A datagram that
-// cannot be delivered is dropped and counted; UD never NAKs.
+// udInput handles a datagram for a UD QP in RTR or RTS: length (at most
+// the port MTU) and Q_Key checks, receive WQE (room for the GRH and the
+// payload), GRH and payload placement, completion. A datagram that cannot
+// be delivered is dropped and counted; UD never NAKs.
 func (qp *QP) udInput(p *packetT, up *udp.Packet) {
 	if p.Info.Kind != bth.KindSend || p.DETH == nil {
 		inc(&qp.dev.ctr.TransportMismatch)
+		return
+	}
+	if len(p.Payload) > qp.dev.cfg.PortMTU.Bytes() {
+		// A UD message is one packet of at most the path MTU (PostSend
+		// refuses longer ones): this one is malformed. Dropped before a
+		// receive WQE is taken, so that it neither completes one nor
+		// holds one back, however large the WQEs posted. rxe checks only
+		// the receive WQE's room (rxe_resp_check_length), an RNIC's port
+		// drops what exceeds its MTU.
+		inc(&qp.dev.ctr.UDMTUExceeded)
 		return
 	}
 	if p.DETH.QKey() != qp.attr.QKey {

@@ -269,3 +269,120 @@ func TestUDOversizedDropped(t *testing.T) {
 }
 
 func netipFrom4(a [4]byte) netip.Addr { return netip.AddrFrom4(a) }
+
+// TestUDOverPortMTUDropped: a UD datagram whose payload is longer than
+// the receiving port's MTU (DeviceConfig.PortMTU) is malformed — UD is
+// one packet of at most the path MTU, and PostSend refuses longer ones —
+// so it is dropped and counted (ud_mtu_exceeded) however large the
+// receive WQE, before a WQE is taken: no completion, the WQE (of the QP
+// or of its SRQ) takes the next datagram, the QP stays in RTS. A
+// datagram of exactly the MTU is delivered when the WQE has room for it
+// and the 40-byte GRH, and not otherwise (ud_msgs_dropped).
+func TestUDOverPortMTUDropped(t *testing.T) {
+	for _, useSRQ := range []bool{false, true} {
+		n := memnet.NewMemNetwork(memnet.Faults{})
+		// The sender's port MTU is 4096: it may send what b's (1024) may not.
+		a := newUDSide(t, n, [4]byte{192, 0, 2, 1}, 7, DeviceConfig{PortMTU: MTU4096})
+		l, err := n.Link(netipFrom4([4]byte{192, 0, 2, 2}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev, err := NewDevice(l, DeviceConfig{PortMTU: MTU1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dev.Close() })
+		pd, _ := dev.AllocPD()
+		cq, _ := dev.CreateCQ(64)
+		ia := QPInitAttr{Type: QPTypeUD, SendCQ: cq, RecvCQ: cq, MaxSendWR: 8, MaxRecvWR: 8}
+		var srq *SRQ
+		if useSRQ {
+			if srq, err = dev.CreateSRQ(pd, SRQAttr{MaxWR: 8}); err != nil {
+				t.Fatal(err)
+			}
+			ia.SRQ = srq
+		}
+		qp, err := dev.CreateQP(pd, ia)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := qp.ReadyUD(7, 0); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4*8192)
+		mr, _ := pd.RegisterMR(buf, memreg.AccessLocalWrite)
+		post := func(wrid uint64, off, n int) {
+			t.Helper()
+			wr := RecvWR{WRID: wrid, SGEs: []memreg.SGE{mr.SGE(uint64(off), uint32(n))}}
+			if useSRQ {
+				err = srq.PostRecv(wr)
+			} else {
+				err = qp.PostRecv(wr)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		post(10, 0, 8192) // room for any datagram the link carries
+		post(11, 8192, GRHSize+1023)
+		post(12, 16384, GRHSize+1024)
+		b := &udSide{side: &side{dev: dev, pd: pd, scq: cq, rcq: cq, qp: qp}, buf: buf, mr: mr}
+		fill(a.buf[:4096], 9)
+		drops := func() uint64 { return dev.Counters().UDMTUExceeded }
+		for i, size := range []int{1025, 4096} {
+			if err := a.send(t, b, 0, size, 7, WRSend); err != nil {
+				t.Fatal(err)
+			}
+			waitWC(t, a.scq, 1, 5*time.Second)
+			deadline := time.Now().Add(5 * time.Second)
+			for drops() < uint64(i+1) && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if c := drops(); c != uint64(i+1) {
+				t.Fatalf("srq=%v: %d-byte datagram at port MTU 1024: ud_mtu_exceeded = %d, want %d", useSRQ, size, c, i+1)
+			}
+		}
+		noWC(t, cq)
+		if c := dev.Counters(); c.UDMsgsDropped != 0 || c.RDMARecvs != 0 {
+			t.Fatalf("srq=%v: ud_msgs_dropped %d rdma_recvs %d, want 0 0", useSRQ, c.UDMsgsDropped, c.RDMARecvs)
+		}
+		if st := qp.State(); st != QPSRTS {
+			t.Fatalf("srq=%v: UD QP in %v (%v)", useSRQ, st, qp.Err())
+		}
+		// Exactly the MTU: delivered into the WQE the dropped ones did not take.
+		if err := a.send(t, b, 0, 1024, 7, WRSend); err != nil {
+			t.Fatal(err)
+		}
+		if wc := waitWC(t, cq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.WRID != 10 || wc.ByteLen != GRHSize+1024 {
+			t.Fatalf("srq=%v: 1024-byte datagram: %+v", useSRQ, wc)
+		}
+		if !bytes.Equal(buf[GRHSize:GRHSize+1024], a.buf[:1024]) {
+			t.Fatalf("srq=%v: payload differs", useSRQ)
+		}
+		// A WQE one byte short of MTU + GRH: not delivered (ud_msgs_dropped).
+		if err := a.send(t, b, 0, 1024, 7, WRSend); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for dev.Counters().UDMsgsDropped == 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if c := dev.Counters(); c.UDMsgsDropped != 1 || c.UDMTUExceeded != 2 {
+			t.Fatalf("srq=%v: ud_msgs_dropped %d ud_mtu_exceeded %d, want 1 2", useSRQ, c.UDMsgsDropped, c.UDMTUExceeded)
+		}
+		if useSRQ {
+			// The SRQ's WQE too short completes in error (class E), as
+			// in TestUDOversizedDropped; the next one takes the retry.
+			if wc := waitWC(t, cq, 1, 5*time.Second)[0]; wc.Status != WCRemInvReqErr || wc.WRID != 11 {
+				t.Fatalf("srq: the short WQE: %+v", wc)
+			}
+			if err := a.send(t, b, 0, 1024, 7, WRSend); err != nil {
+				t.Fatal(err)
+			}
+			if wc := waitWC(t, cq, 1, 5*time.Second)[0]; wc.Status != WCSuccess || wc.WRID != 12 || wc.ByteLen != GRHSize+1024 {
+				t.Fatalf("srq: MTU datagram into an MTU+GRH WQE: %+v", wc)
+			}
+		}
+		noWC(t, cq)
+	}
+}

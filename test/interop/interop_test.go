@@ -976,10 +976,11 @@ var (
 )
 
 // ourDropCounters are rocev2d's counters of rxe packets it dropped: a
-// transport its QP does not run, a UD datagram with another Q_Key or
-// without a receive WQE, a UC message (a packet missing, no receive WQE).
-// All must stay 0 on a clean cell.
-var ourDropCounters = []string{"transport_mismatch", "qkey_violation", "ud_no_recv_wqe", "ud_msgs_dropped", "uc_msgs_dropped"}
+// transport its QP does not run, a UD datagram with another Q_Key,
+// without a receive WQE, longer than it or than the port MTU, a UC
+// message (a packet missing, no receive WQE). All must stay 0 on a clean
+// cell.
+var ourDropCounters = []string{"transport_mismatch", "qkey_violation", "ud_no_recv_wqe", "ud_msgs_dropped", "ud_mtu_exceeded", "uc_msgs_dropped"}
 
 var (
 	reCountersHeader = regexp.MustCompile(`(?m)^counters \S+:$`)

@@ -120,7 +120,7 @@ func checkCounters(t *testing.T, kind ppKind, side, out string, size, iters, mtu
 		want("sent_pkts", iters)
 		want("rcvd_pkts", iters)
 		want("rdma_recvs", iters)
-		none("ud_no_recv_wqe", "ud_msgs_dropped", "qkey_violation")
+		none("ud_no_recv_wqe", "ud_msgs_dropped", "ud_mtu_exceeded", "qkey_violation")
 	case ppSRQ:
 		if n := counterValue(out, "rdma_sends"); n < int64(iters) || n >= int64(iters+qps) {
 			t.Errorf("%s: rdma_sends %d, want %d..%d (the tool's loop may post up to one more per QP)", side, n, iters, iters+qps-1)
