@@ -225,7 +225,10 @@ func (c *completer) onAck(p *packetT, psn bth.PSN) {
 		case aeth.NAKInvalidRDRequest:
 			w.status = WCRemInvRDReqErr
 		default:
-			w.status = WCBadRespErr
+			// A reserved NAK code: the responder failed the request
+			// for a reason the IBTA does not name. A remote operation
+			// error, as rxe's check_ack ("unexpected nak").
+			w.status = WCRemOpErr
 		}
 		qp.failWQE(w, w.status)
 	default:

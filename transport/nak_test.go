@@ -294,7 +294,15 @@ func TestResponderSeqNAKOncePerGap(t *testing.T) {
 // injects responses with HandlePacket.
 func silentRequester(t *testing.T) (a *side, la *psnLink, first bth.PSN, dmr *memreg.MR, smr *memreg.MR) {
 	t.Helper()
-	a, b, la, _ := linkPair(t, pairOpts{clock: manual(), retry: 3}, 0xfffffe, 0x10)
+	return silentRequesterWith(t, pairOpts{})
+}
+
+// silentRequesterWith is silentRequester with o's other options (its
+// clock and retry count are set).
+func silentRequesterWith(t *testing.T, o pairOpts) (a *side, la *psnLink, first bth.PSN, dmr *memreg.MR, smr *memreg.MR) {
+	t.Helper()
+	o.clock, o.retry = manual(), 3
+	a, b, la, _ := linkPair(t, o, 0xfffffe, 0x10)
 	la.drop = func(*packet.Packet) bool { return true }
 	_, smr = a.buffer(t, 4096, 0)
 	_, dmr = b.buffer(t, 4096, memreg.AccessRemoteWrite)
@@ -363,7 +371,9 @@ func TestPSNSeqNAKInjected(t *testing.T) {
 // TestNAKCodesCompleter injects each NAK code for the second of three
 // outstanding WRs: the first completes successfully (the NAK acknowledges
 // it), the second with the code's status, the third is flushed, the QP goes
-// to ERR and nothing is retransmitted.
+// to ERR and nothing is retransmitted. A reserved NAK code (5..31) is a
+// remote operation error, as rxe's check_ack has it for an unexpected NAK
+// (it was a bad response error).
 func TestNAKCodesCompleter(t *testing.T) {
 	cases := []struct {
 		code aeth.NAKCode
@@ -374,47 +384,50 @@ func TestNAKCodesCompleter(t *testing.T) {
 		{aeth.NAKRemoteAccessError, WCRemAccessErr, "remote access error"},
 		{aeth.NAKRemoteOperationalError, WCRemOpErr, "remote operation error"},
 		{aeth.NAKInvalidRDRequest, WCRemInvRDReqErr, "remote invalid RD request"},
-		{5, WCBadRespErr, "bad response error"}, // reserved code
-		{31, WCBadRespErr, "bad response error"},
+		{5, WCRemOpErr, "remote operation error"}, // reserved codes
+		{17, WCRemOpErr, "remote operation error"},
+		{31, WCRemOpErr, "remote operation error"},
 	}
 	for _, c := range cases {
 		for _, op := range []WROpcode{WRSend, WRWrite, WRRead} {
-			t.Run(fmt.Sprintf("%v/%v", c.code, op), func(t *testing.T) {
-				a, la, first, dmr, smr := silentRequester(t)
-				for i := range 3 {
-					wr := SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 64*i, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}
-					if i == 1 {
-						wr.Opcode = op
+			for _, sr := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%v/%v/sr=%v", c.code, op, sr), func(t *testing.T) {
+					a, la, first, dmr, smr := silentRequesterWith(t, pairOpts{sr: sr})
+					for i := range 3 {
+						wr := SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 64*i, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}
+						if i == 1 {
+							wr.Opcode = op
+						}
+						if err := a.qp.PostSend(wr); err != nil {
+							t.Fatal(err)
+						}
 					}
-					if err := a.qp.PostSend(wr); err != nil {
+					if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first.Add(1), aeth.NAK(c.code), 1), addrB); err != nil {
 						t.Fatal(err)
 					}
-				}
-				if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first.Add(1), aeth.NAK(c.code), 1), addrB); err != nil {
-					t.Fatal(err)
-				}
-				wcs := waitWC(t, a.scq, 3, time.Second)
-				wantOp := map[WROpcode]WCOpcode{WRSend: WCSend, WRWrite: WCRDMAWrite, WRRead: WCRDMARead}[op]
-				if wcs[0].WRID != 0 || wcs[0].Status != WCSuccess {
-					t.Errorf("first %+v", wcs[0])
-				}
-				if wcs[1].WRID != 1 || wcs[1].Status != c.want || wcs[1].Status.String() != c.str || wcs[1].Opcode != wantOp {
-					t.Errorf("NAK'd WR: %+v (%v), want %v %v", wcs[1], wcs[1].Status, c.want, wantOp)
-				}
-				if wcs[2].WRID != 2 || wcs[2].Status != WCWRFlushErr {
-					t.Errorf("third %+v, want flush", wcs[2])
-				}
-				if st := a.qp.State(); st != QPSErr {
-					t.Errorf("state %v, want ERR", st)
-				}
-				if n := len(la.sent()); n != 3 {
-					t.Errorf("%d packets sent, want 3 (no retransmission after a fatal NAK)", n)
-				}
-				if cnt := a.dev.Counters(); cnt.CompleterRetryErr != 0 || cnt.RcvdSeqErr != 0 {
-					t.Errorf("completer_retry_err %d rcvd_seq_err %d", cnt.CompleterRetryErr, cnt.RcvdSeqErr)
-				}
-				noWC(t, a.scq)
-			})
+					wcs := waitWC(t, a.scq, 3, time.Second)
+					wantOp := map[WROpcode]WCOpcode{WRSend: WCSend, WRWrite: WCRDMAWrite, WRRead: WCRDMARead}[op]
+					if wcs[0].WRID != 0 || wcs[0].Status != WCSuccess {
+						t.Errorf("first %+v", wcs[0])
+					}
+					if wcs[1].WRID != 1 || wcs[1].Status != c.want || wcs[1].Status.String() != c.str || wcs[1].Opcode != wantOp {
+						t.Errorf("NAK'd WR: %+v (%v), want %v %v", wcs[1], wcs[1].Status, c.want, wantOp)
+					}
+					if wcs[2].WRID != 2 || wcs[2].Status != WCWRFlushErr {
+						t.Errorf("third %+v, want flush", wcs[2])
+					}
+					if st := a.qp.State(); st != QPSErr {
+						t.Errorf("state %v, want ERR", st)
+					}
+					if n := len(la.sent()); n != 3 {
+						t.Errorf("%d packets sent, want 3 (no retransmission after a fatal NAK)", n)
+					}
+					if cnt := a.dev.Counters(); cnt.CompleterRetryErr != 0 || cnt.RcvdSeqErr != 0 {
+						t.Errorf("completer_retry_err %d rcvd_seq_err %d", cnt.CompleterRetryErr, cnt.RcvdSeqErr)
+					}
+					noWC(t, a.scq)
+				})
+			}
 		}
 	}
 }
