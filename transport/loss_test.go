@@ -302,6 +302,13 @@ func runLossCase(t testing.TB, c lossCase, total int64, limit time.Duration, tim
 // sr is set (sack_test.go).
 func runLossCaseMode(t testing.TB, c lossCase, sr bool, total int64, limit time.Duration, timeout uint8) {
 	t.Helper()
+	runLossCaseSR(t, c, sr, SRConfig{}, total, limit, timeout)
+}
+
+// runLossCaseSR is runLossCaseMode with srCfg as both devices' selective
+// repeat settings.
+func runLossCaseSR(t testing.TB, c lossCase, sr bool, srCfg SRConfig, total int64, limit time.Duration, timeout uint8) {
+	t.Helper()
 	// Local ACK timeout: the caller's (14 = 67 ms in CI and the soak).
 	// Retries must survive the
 	// scheduling stalls of a loaded 2-core machine: (retry_cnt+1) × the
@@ -309,7 +316,7 @@ func runLossCaseMode(t testing.TB, c lossCase, sr bool, total int64, limit time.
 	// receive-loop stalls of 30-100 ms when the machine is overloaded,
 	// which exhausted retries with 4 ms and 16.8 ms timeouts).
 	to := timeout
-	a, b, n := newPair(t, pairOpts{faults: c.f, mtu: c.mtu, timeout: to, retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64, sr: sr})
+	a, b, n := newPair(t, pairOpts{faults: c.f, mtu: c.mtu, timeout: to, retry: 7, rnrRetry: 7, sqDepth: 64, rqDepth: 64, sr: sr, srCfg: srCfg})
 	if a.qp.SelectiveRepeat() != sr || b.qp.SelectiveRepeat() != sr {
 		t.Fatalf("selective repeat %v/%v, want %v", a.qp.SelectiveRepeat(), b.qp.SelectiveRepeat(), sr)
 	}

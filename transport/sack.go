@@ -34,6 +34,9 @@ import (
 // standard sequence NAK), followed by a SACK block (aeth.SACK) whose bitmap
 // names every PSN held beyond the ePSN. Within a received batch a newer
 // selective NAK replaces a queued one, as positive ACKs are coalesced.
+// A request dropped (beyond the window or MaxHeld) or held already draws
+// one only if it would say something the last one did not: as go-back-N
+// NAKs a gap once, a stream of them gets no packet back per packet.
 //
 // Requester. It keeps, per outstanding PSN, whether it is done (a SEND or
 // WRITE packet acknowledged or held by the responder, a READ response or
@@ -173,6 +176,15 @@ type srState struct {
 	held  int      // slots in use
 	words [aeth.SACKMaxWords]uint32
 	sack  [aeth.SACKMaxSize]byte
+	// told is what the last selective NAK said (toldOn): its PSN (the
+	// expected PSN), MSN and bitmap. A request the responder drops or
+	// already holds draws a selective NAK only when it would say
+	// something else (srSendSACK).
+	told      [aeth.SACKMaxWords]uint32
+	toldPSN   bth.PSN
+	toldMSN   uint32
+	toldWords int8
+	toldOn    bool
 
 	// requester: bit PSN mod srRingBits for the PSNs [base, base+srRingBits)
 	done [srRingBits / 64]uint64 // acknowledged, held by the responder, or answered
@@ -252,6 +264,7 @@ func (qp *QP) srFree() {
 		s.slots[i] = srSlot{}
 	}
 	s.held = 0
+	s.toldOn = false
 }
 
 // srResetReq resets the requester's bitmaps for a QP entering RTS at psn.
@@ -284,14 +297,14 @@ func (qp *QP) srHold(p *packetT, psn bth.PSN, d int32) {
 	}
 	if d >= w {
 		inc(&qp.dev.ctr.SROutOfWindow)
-		qp.srSendSACK(true)
+		qp.srSendSACK(sackForce)
 		return
 	}
 	sl := &s.slots[uint32(psn)%uint32(w)]
 	if sl.buf != nil {
 		if sl.psn == psn {
 			inc(&qp.dev.ctr.DuplicateRequest)
-			qp.srSendSACK(false)
+			qp.srSendSACK(0)
 			return
 		}
 		if sl.psn.Diff(r.psn) > 0 {
@@ -299,7 +312,7 @@ func (qp *QP) srHold(p *packetT, psn bth.PSN, d int32) {
 			// response range of a held READ longer than the window (a
 			// resent part of it). That READ answers it when it runs.
 			inc(&qp.dev.ctr.SROutOfWindow)
-			qp.srSendSACK(false)
+			qp.srSendSACK(0)
 			return
 		}
 		// A packet behind the expected PSN (a READ's range was skipped).
@@ -317,14 +330,14 @@ func (qp *QP) srHold(p *packetT, psn bth.PSN, d int32) {
 	if qp.dev.srHeld.Add(1) > int64(qp.dev.cfg.SelectiveRepeat.MaxHeld) {
 		qp.dev.srHeld.Add(-1)
 		inc(&qp.dev.ctr.SRHoldFull)
-		qp.srSendSACK(false)
+		qp.srSendSACK(0)
 		return
 	}
 	buf := qp.dev.getBuf()
 	*sl = srSlot{buf: buf, n: int32(copy(buf[:], raw)), span: span, psn: psn}
 	s.held++
 	inc(&qp.dev.ctr.SRHeld)
-	qp.srSendSACK(false)
+	qp.srSendSACK(0)
 }
 
 // srRelease gives a held packet's buffer back to the device's pool.
@@ -379,7 +392,7 @@ func (qp *QP) srDrain(prev bth.PSN) {
 	}
 	if s.held > 0 {
 		if st := qp.attr.State; st == QPSRTR || st == QPSRTS || st == QPSSQD {
-			qp.srSendSACK(false)
+			qp.srSendSACK(0)
 		}
 	}
 }
@@ -391,7 +404,7 @@ func (qp *QP) srDuplicate(p *packetT) bool {
 	if qp.sr.held == 0 || (p.Info.Kind != bth.KindSend && p.Info.Kind != bth.KindWrite) {
 		return false
 	}
-	return qp.srSendSACK(false)
+	return qp.srSendSACK(sackRepeat)
 }
 
 // srAtNext reports whether p, for the requester's next PSN (not an
@@ -401,13 +414,32 @@ func (qp *QP) srAtNext(p *packetT, psn bth.PSN) bool {
 	return psn == qp.req.nextPSN() && p.Info.Kind == bth.KindAck && p.AETH.Syndrome() == aeth.NAK(aeth.NAKPSNSeqError)
 }
 
+// srSendSACK's flags.
+const (
+	// sackForce: send even with nothing held ahead of the expected PSN
+	// (a packet beyond the window was dropped).
+	sackForce = 1 << iota
+	// sackRepeat: send even when the last selective NAK said the same
+	// (the answer to a duplicate request, which go-back-N re-ACKs too).
+	sackRepeat
+)
+
 // srSendSACK queues a selective NAK for the expected PSN with the bitmap of
 // the held packets. A selective NAK queued last (in this batch) is
 // rewritten instead: the newer one says all the older one did. Held
 // packets the expected PSN passed are freed; when none is left ahead of it
-// nothing is sent (unless force: a packet beyond the window was dropped)
-// and srSendSACK reports false.
-func (qp *QP) srSendSACK(force bool) bool {
+// nothing is sent (unless sackForce: a packet beyond the window was
+// dropped) and srSendSACK reports false.
+//
+// Unless sackRepeat, nothing is sent either when the last selective NAK
+// said the same (PSN, MSN and bitmap): the requester knows it, and a
+// stream of requests the responder drops or already holds (beyond the
+// window or MaxHeld, copies of a held one) drew one selective NAK each —
+// a reflection to whoever sent them, where go-back-N NAKs a gap once and
+// then drops silently. A lost selective NAK is made up for by the next
+// one the responder's progress or a newly held packet draws, or by the
+// requester's timeout.
+func (qp *QP) srSendSACK(flags int) bool {
 	s, r := qp.sr, &qp.resp
 	nw := (len(s.slots) + 31) / 32
 	words := s.words[:nw]
@@ -430,9 +462,14 @@ func (qp *QP) srSendSACK(force bool) bool {
 			words[j/32] |= 1 << (31 - uint(j%32))
 		}
 	}
-	if ahead == 0 && !force {
+	if ahead == 0 && flags&sackForce == 0 {
 		return false
 	}
+	if s.toldOn && s.toldPSN == r.psn && s.toldMSN == r.msn && int(s.toldWords) == nw &&
+		s.words == s.told && flags&sackRepeat == 0 {
+		return true // said already
+	}
+	s.toldOn, s.toldPSN, s.toldMSN, s.toldWords, s.told = true, r.psn, r.msn, int8(nw), s.words
 	sackLen := aeth.SACKSize(nw)
 	if qp.nout > 0 {
 		b := qp.out[qp.nout-1].Buf

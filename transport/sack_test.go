@@ -49,6 +49,25 @@ func TestLossMatrixSR(t *testing.T) {
 	}
 }
 
+// TestLossMatrixSRSmallWindow runs loss cases with a responder window
+// (16) far smaller than what the requester puts in flight (128): most of
+// a flight after a loss lands beyond the window and is dropped
+// (sr_out_of_window), and the selective NAKs those drops no longer draw
+// one by one (TestSRNoReflection) must not stall the recovery — every
+// byte and completion checked, no retry exhausted, in the time bound.
+func TestLossMatrixSRSmallWindow(t *testing.T) {
+	total := max(lossBytes()/4, 8<<20) // 8 MiB: enough packets for the loss checks
+	for i, c := range lossCases {
+		if c.f.Loss == 0 || c.f.Loss > 0.05 {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			c.f.Seed = int64(5000 + i)
+			runLossCaseSR(t, c, true, SRConfig{Window: 16, MaxInflight: 128}, total, 60*time.Second, 14)
+		})
+	}
+}
+
 // TestSRCompare is the side-by-side benchmark: every loss-matrix case run
 // with go-back-N and then with selective repeat, with the same seed, each
 // byte-checked, and a table of MiB/s and the ratios to the clean case.
@@ -1071,5 +1090,89 @@ func TestSRMaxHeldDevice(t *testing.T) {
 		if !bytes.Equal(c.mem, c.want) || c.qp.State() != QPSRTS {
 			t.Fatalf("QP %#x: WRITE data differs or state %v", c.qp.QPN(), c.qp.State())
 		}
+	}
+}
+
+// TestSRNoReflection: a selective repeat responder answers a state it has
+// already told the requester about at most once, as go-back-N NAKs a gap
+// once and then drops silently: a stream of requests it drops — beyond
+// the window (sr_out_of_window), copies of a held packet, packets beyond
+// the device's MaxHeld (sr_hold_full) — draws no selective NAK per
+// packet (per received batch) any more, only when the responder's state
+// (expected PSN, held set) changed since the last one. Each packet here
+// is its own batch (HandlePacket); the responder's sent_pkts counts what
+// it answers. Before, each of those packets drew one selective NAK: a
+// peer, or anyone who can spoof one, got a packet back for each it sent.
+func TestSRNoReflection(t *testing.T) {
+	const w, n = 16, 100
+	sl := &sinkLink{addr: addrA, done: make(chan struct{})}
+	dev, err := NewDevice(sl, DeviceConfig{Clock: manual(), SelectiveRepeat: SRConfig{Window: w, MaxHeld: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	o := pairOpts{mtu: MTU256, sr: true}
+	o.defaults()
+	pd, _ := dev.AllocPD()
+	cq, _ := dev.CreateCQ(64)
+	qp, _ := dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+	connect(t, &side{qp: qp}, &side{qp: &QP{qpn: 0x99}}, addrB, 100, 200, &o)
+	mem := make([]byte, 64*256)
+	mr, _ := pd.RegisterMRIOVA(mem, 0x1000, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+	pay := make([]byte, 256)
+	pkt := func(k int) []byte { // PSN 200+k of one long WRITE
+		f := packet.Fields{BTH: bth.Fields{Opcode: bth.RCWriteMiddle, PKey: 0xffff, DestQP: qp.QPN(), PSN: bth.PSN(200).Add(k)}, Payload: pay}
+		if k == 0 {
+			f.BTH.Opcode, f.RETH = bth.RCWriteFirst, packetRETH(0x1000, mr.RKey(), uint32(len(mem)))
+		}
+		buf := make([]byte, udp.MaxPacketSize)
+		nb, err := packet.Build(buf, &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return buf[:nb]
+	}
+	// step sends packet k count times, each its own batch, and returns how
+	// many packets the responder sent meanwhile.
+	step := func(k, count int) uint64 {
+		t.Helper()
+		before := dev.Counters().SentPkts
+		for range count {
+			if err := dev.HandlePacket(pkt(k), addrB); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dev.Counters().SentPkts - before
+	}
+	far := w + 5 // beyond the window from every expected PSN below
+	steps := []struct {
+		what  string
+		k, n  int
+		limit uint64 // most packets the responder may send
+		least uint64 // fewest
+	}{
+		{"beyond the window, expected PSN 200", far, n, 1, 1},     // one selective NAK: the gap is news
+		{"held: 202", 2, 1, 1, 1},                                 // news: a selective NAK
+		{"the held 202 again", 2, n, 0, 0},                        // nothing new
+		{"beyond the window again", far, n, 0, 0},                 // nothing new
+		{"held: 203 (MaxHeld reached)", 3, 1, 1, 1},               // news
+		{"204: beyond MaxHeld", 4, n, 0, 0},                       // sr_hold_full, nothing new
+		{"200 executes: expected PSN 201", 0, 1, 1, 1},            // progress: a selective NAK for 201
+		{"beyond the window, expected PSN 201", far, n, 0, 0},     // told already
+		{"201: 201..203 execute, nothing held", 1, 1, 0, 0},       // no AckReq: silent
+		{"beyond the window, expected PSN 204", far + 3, n, 1, 1}, // the new gap is news once
+	}
+	for i, s := range steps {
+		got := step(s.k, s.n)
+		if got < s.least || got > s.limit {
+			t.Errorf("step %d (%s, %d packets): the responder sent %d packets, want %d..%d", i, s.what, s.n, got, s.least, s.limit)
+		}
+	}
+	c := dev.Counters()
+	if c.SROutOfWindow != 4*n || c.SRHoldFull != n || c.SRHeld != 2 || c.DuplicateRequest != n {
+		t.Errorf("sr_out_of_window %d sr_hold_full %d sr_held %d duplicate_request %d, want %d %d 2 %d", c.SROutOfWindow, c.SRHoldFull, c.SRHeld, c.DuplicateRequest, 4*n, n, n)
+	}
+	if qp.State() != QPSRTS {
+		t.Fatal(qp.State())
 	}
 }
