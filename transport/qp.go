@@ -106,13 +106,17 @@ type QP struct {
 	destroyed bool
 	cc        qpCC // congestion control (cc.go)
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
-	// The send scheduler's state (sched.go): schedQueued under
-	// dev.sched.mu, the others under mu.
-	outFixed    bool // the output queue never grows (QP1: one MAD per Send; output.go)
-	schedQueued bool // in the scheduler's ring
-	schedTurn   bool // in its turn: req.progress builds up to schedLeft packets
-	schedMore   bool // the turn ended on the quantum, with more to send
-	schedLeft   int
+	// The send scheduler's state (sched.go): schedQueued and
+	// schedRespQueued under dev.sched.mu, schedInBatch the scheduler's
+	// goroutine's own, the others under mu.
+	outFixed        bool  // the output queue never grows (QP1: one MAD per Send; output.go)
+	schedQueued     bool  // in the scheduler's request ring
+	schedRespQueued bool  // in the scheduler's response ring (readresp.go)
+	schedTurn       bool  // in a requester turn: req.progress builds up to schedLeft packets
+	schedRespTurn   bool  // in a responder turn: resp.progress sends up to schedLeft packets
+	schedMore       bool  // the turn ended on the quantum, with more to send
+	schedInBatch    uint8 // the kinds of turn (schedReqTurn, schedRespTurn) it had in the batch being built
+	schedLeft       int
 	// schedInflight is this QP's share of dev.sched.inflight (account):
 	// its unacknowledged PSNs, at most schedQPCap of them, none while
 	// schedStale.

@@ -353,7 +353,7 @@ func TestHeldReadTurnBounded(t *testing.T) {
 	psn := qp.resp.psn
 	// R1: 300 packets, executed in a turn: the first four quanta go
 	// (no other QP waits for a turn).
-	qp.schedTurn, qp.schedLeft = true, q
+	qp.schedRespTurn, qp.schedLeft = true, q
 	qp.resp.input(readReqPacket(t, qp, psn, smr.IOVA(), smr.RKey(), 300<<10))
 	// R2: 1024 packets, held behind R1.
 	qp.resp.input(readReqPacket(t, qp, psn.Add(300), smr.IOVA()+big, smr.RKey(), big))
@@ -364,9 +364,9 @@ func TestHeldReadTurnBounded(t *testing.T) {
 	qp.flushOut()
 	before := tap.n.Load()
 	// The next turn: R1's last 44, then R2 with what is left of the turn.
-	qp.schedTurn, qp.schedLeft, qp.schedMore = true, q, false
+	qp.schedRespTurn, qp.schedLeft, qp.schedMore = true, q, false
 	qp.resp.progress()
-	qp.schedTurn = false
+	qp.schedRespTurn = false
 	qp.flushOut()
 	qp.mu.Unlock()
 	sent := tap.n.Load() - before

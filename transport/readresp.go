@@ -24,11 +24,14 @@ import (
 // send scheduler's per-turn quantum (QP.schedQuantum: 64 KiB, 16
 // packets at MTU 4096). The request's handler sends the first quantum
 // right away — a READ of up to 64 KiB is answered exactly as before, in
-// the same received batch — and, if more is left, queues the QP in the
-// device's scheduler (sched.go); each of its turns there sends the next
-// quantum (besides the quantum of the QP's own requests), until the
-// response is complete. In between, the receive goroutine handles the
-// other QPs' packets, and the scheduler serves the other QPs' turns.
+// the same received batch — and, if more is left, queues the QP for a
+// responder turn in the device's scheduler (sched.go: txSched.addResp);
+// each such turn sends the next quantum, until the response is complete.
+// Responder turns take their place in the scheduler's round-robin beside
+// the QPs' requester turns, but the request budget (SchedInflight) does
+// not hold them back: a response is never acknowledged. In between, the
+// receive goroutine handles the other QPs' packets, and the scheduler
+// serves the other QPs' turns.
 // (HandlePacket, which runs in its caller's goroutine and blocks nobody
 // else, answers a READ in full, as a replay of a capture expects.)
 //
@@ -39,7 +42,7 @@ import (
 // atomic, a duplicate, whatever its PSN — is held (heldReqs: its bytes
 // copied into pool buffers, several small packets to a buffer) and
 // executed after the response's last packet, in arrival order, in the
-// QP's scheduler turns (responder.progress). Its execution, and its ACK,
+// QP's responder turns (responder.progress). Its execution, and its ACK,
 // NAK, READ response or atomic ACK, so come after the READ's responses,
 // as they did when the response was sent in one piece. The expected PSN
 // and the MSN move when the READ is executed, as before; the saved
@@ -107,7 +110,7 @@ type heldReq struct {
 func (h *heldReqs) n() int { return len(h.q) - h.head }
 
 // readReply answers [va, va+n) from psn on with READ responses: the
-// first quantum now, the rest in the QP's scheduler turns (progress). A
+// first quantum now, the rest in the QP's responder turns (progress). A
 // new request starts with FIRST/ONLY; a replay of a partly answered
 // request (first == false) starts with MIDDLE/LAST, as rxe does. inSeq
 // says a new request was executed in sequence (not a replay). A request,
@@ -120,14 +123,14 @@ func (r *responder) readReply(psn bth.PSN, va uint64, rkey uint32, n uint32, fir
 }
 
 // readMore sends the next packets of the READ response under way: in a
-// scheduler turn as many as the turn has left, in a received batch one
+// responder turn as many as the turn has left, in a received batch one
 // quantum, elsewhere (HandlePacket) all of them. If some are left the
 // QP gets a turn (again) for them. Called with qp.mu held.
 func (r *responder) readMore() {
 	qp := r.qp
 	budget := -1
 	switch {
-	case qp.schedTurn:
+	case qp.schedRespTurn:
 		// A turn spent (schedLeft 0 or below: a held request ran after
 		// the last packet it allowed) allows nothing more; -1 would
 		// mean no limit, and a held READ went out whole in one turn
@@ -146,10 +149,10 @@ func (r *responder) readMore() {
 	}
 	for r.rd.active {
 		if budget == 0 {
-			if qp.schedTurn {
+			if qp.schedRespTurn {
 				qp.schedMore = true
 			} else {
-				qp.dev.sched.add(qp)
+				qp.dev.sched.addResp(qp)
 			}
 			return
 		}
@@ -157,7 +160,7 @@ func (r *responder) readMore() {
 		if budget > 0 {
 			budget--
 		}
-		if qp.schedTurn {
+		if qp.schedRespTurn {
 			qp.schedLeft--
 		}
 	}
@@ -239,11 +242,11 @@ func (r *responder) readPacket() {
 	qp.commit(k)
 }
 
-// progress is the responder's part of the QP's scheduler turn: the READ
+// progress is the QP's responder turn in the scheduler: the READ
 // response under way goes on, and once it is complete the requests held
 // behind it are executed in order, each counting against the turn's
 // quantum, until the quantum is spent or another READ response is under
-// way. Called with qp.mu held, in a turn (sched.go).
+// way. Called with qp.mu held, in a responder turn (txSched.serveResp).
 func (r *responder) progress() {
 	qp := r.qp
 	if !r.rd.active && r.held.n() == 0 {

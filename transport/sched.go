@@ -30,12 +30,20 @@ import (
 //     sendmmsg of GSO datagrams), built in the turn that sends them: the
 //     local ACK timer of a packet starts when it is built, right before
 //     it is transmitted, never while its QP waits for its turn;
-//   - no QP is served while the device's RC QPs have maxInflight packets
-//     unacknowledged in all (inflight): the QPs beyond it wait here,
-//     where no timer of theirs runs, not in the peer's receive queue,
-//     where it would (10,000 packets posted at once took over a second
-//     to be absorbed, and thousands of 67 ms timers expired on packets
-//     that were on their way);
+//   - no QP's requests are served while the device's RC QPs have
+//     maxInflight packets unacknowledged in all (inflight): the QPs
+//     beyond it wait here, where no timer of theirs runs, not in the
+//     peer's receive queue, where it would (10,000 packets posted at
+//     once took over a second to be absorbed, and thousands of 67 ms
+//     timers expired on packets that were on their way);
+//   - the responses of a long READ (readresp.go) have turns of their
+//     own, a responder's, in the same round-robin (two rings, served
+//     oldest entry first: next), and the budget does not hold them
+//     back: they are never acknowledged and are no unacknowledged
+//     packets of this device. Held with the requests, a device whose
+//     requests were unacknowledged stopped answering its peers' READs
+//     (a quantum per forced turn, every 5 ms), and two devices that
+//     each READ from and WRITE to the other could wait on each other;
 //   - but the budget counts only packets on their way, so that no peer
 //     can hold it: a QP counts at most qpCap (a quarter of the budget)
 //     of its unacknowledged PSNs, and none once the oldest of them has
@@ -52,22 +60,37 @@ import (
 // asks for it: tests of timers want a request sent by the call that
 // made it.
 //
-// Order: a QP's request packets leave in PSN order because the scheduler
-// holds the lock of every QP whose packets are in the batch until the
-// batch was sent (it takes further locks with TryLock only, so it never
-// waits for a lock while holding one: no lock order to break), and any
-// other path that sends a QP's packets (an ACK, a response, a resend
-// built under the QP's lock) does it under that same lock.
+// Order: a QP's packets leave in PSN order, each of its two sequences
+// (its requests, its responses), because every packet is built under the
+// QP's lock into its output queue, in order, and whatever sends them
+// sends that queue from its head: the scheduler holds the lock of every
+// QP of its batch until the batch was sent (it takes further locks with
+// TryLock only, so it never waits for a lock while holding one: no lock
+// order to break) and takes a QP's packets out only then, after the QP's
+// last turn in the batch (flush: a QP may have had a turn of each kind,
+// and the second may send its full queue on the spot); any other path
+// that sends a QP's packets (PostSend, a timer, a full output queue)
+// does it under that same lock. The one exception, a received batch's
+// responses taken out of their QPs to leave together
+// (Device.flushPending), is waited for by every responder turn
+// (Device.respMu): TestSchedBothRolesOrder.
 type txSched struct {
 	d       *Device
 	minQPs  int32 // defer when at least this many timers are armed; <= 0: never
 	started atomic.Bool
 
-	mu     sync.Mutex
-	ring   []*QP // circular FIFO of queued QPs; QP.schedQueued marks them
-	head   int
-	n      int
-	queued atomic.Int32 // n, readable without mu
+	mu sync.Mutex
+	// ring holds the QPs waiting for a turn of their requester
+	// (QP.schedQueued marks them), rring those waiting for a turn of
+	// their responder: a READ response under way, or the requests held
+	// behind one (QP.schedRespQueued; readresp.go). The budget below
+	// holds back the first only. Their entries are numbered as they are
+	// queued (seq), and the next turn is the oldest entry of the two: one
+	// round-robin over both.
+	ring   schedRing
+	rring  schedRing
+	seq    uint64
+	queued atomic.Int32 // ring.n + rring.n, readable without mu
 	closed bool
 
 	// inflight is the sum over the device's RC QPs of their sent and
@@ -88,13 +111,72 @@ type txSched struct {
 
 	// The goroutine's own state.
 	force bool // serve one QP despite a full inflight (schedStall)
+	// stallAt is when the budget was found full (full), zero once the
+	// loop noted the end of that stall (noteStall).
+	stallAt time.Time
 	// waitResp: a QP's turn found a received batch's responses on their
 	// way to the link (responder.progress): wait for them after the batch.
 	waitResp bool
-	held     []*QP
+	held     []*QP     // the batch's QPs, locked until it is sent
+	npkts    int       // packets the held QPs have queued
 	scan     []*QP     // sweep's copy of the device's QPs
 	out      respBatch // the batch's packets (the QPs' requests, their ACKs)
 }
+
+// schedRing is a circular FIFO of the QPs waiting for one kind of turn,
+// each with the number it was queued under. Under txSched.mu.
+type schedRing struct {
+	q    []schedEntry
+	head int
+	n    int
+}
+
+type schedEntry struct {
+	qp  *QP
+	seq uint64
+}
+
+// push puts qp at the tail, growing the ring when full.
+func (r *schedRing) push(qp *QP, seq uint64) {
+	if r.n == len(r.q) {
+		q := make([]schedEntry, max(64, 2*len(r.q)))
+		for i := 0; i < r.n; i++ {
+			q[i] = r.q[(r.head+i)%len(r.q)]
+		}
+		r.q, r.head = q, 0
+	}
+	r.q[(r.head+r.n)%len(r.q)] = schedEntry{qp: qp, seq: seq}
+	r.n++
+}
+
+// front returns the number of the entry at the head; the ring must not
+// be empty.
+func (r *schedRing) front() uint64 { return r.q[r.head].seq }
+
+// pop takes the QP at the head; the ring must not be empty.
+func (r *schedRing) pop() *QP {
+	qp := r.q[r.head].qp
+	r.q[r.head] = schedEntry{}
+	r.head = (r.head + 1) % len(r.q)
+	r.n--
+	return qp
+}
+
+// clear empties the ring, calling f for each QP in it.
+func (r *schedRing) clear(f func(*QP)) {
+	for i := 0; i < r.n; i++ {
+		j := (r.head + i) % len(r.q)
+		f(r.q[j].qp)
+		r.q[j] = schedEntry{}
+	}
+	r.head, r.n = 0, 0
+}
+
+// Turn kinds, the bits of QP.schedInBatch.
+const (
+	schedReqTurn  = 1
+	schedRespTurn = 2
+)
 
 // schedQuantum is how many request packets a QP builds per turn (16
 // packets of MTU 4096: 64 KiB); schedBatch how many QPs' turns share one
@@ -148,18 +230,23 @@ func (s *txSched) deferring() bool {
 	return s.minQPs > 0 && (s.d.tq.armed.Load() >= s.minQPs || s.queued.Load() > 0)
 }
 
-// add queues qp for a turn unless it is queued already. Called with
-// qp.mu held.
-func (s *txSched) add(qp *QP) {
+// add queues qp for a turn of its requester unless it is queued for one
+// already. Called with qp.mu held.
+func (s *txSched) add(qp *QP) { s.enqueue(qp, false) }
+
+// addResp queues qp for a turn of its responder (the next quantum of a
+// READ response, the requests held behind it) unless it is queued for
+// one already. The request budget does not hold these turns back.
+// Called with qp.mu held.
+func (s *txSched) addResp(qp *QP) { s.enqueue(qp, true) }
+
+func (s *txSched) enqueue(qp *QP, resp bool) {
 	s.mu.Lock()
-	if s.closed || qp.schedQueued {
-		s.mu.Unlock()
+	first, ok := s.put(qp, resp)
+	s.mu.Unlock()
+	if !ok {
 		return
 	}
-	s.push(qp)
-	qp.schedQueued = true
-	first := s.n == 1
-	s.mu.Unlock()
 	if !s.started.Load() && s.started.CompareAndSwap(false, true) {
 		go s.loop()
 	}
@@ -171,58 +258,84 @@ func (s *txSched) add(qp *QP) {
 	}
 }
 
-// grow doubles the ring. Under s.mu.
-func (s *txSched) grow() {
-	r := make([]*QP, max(64, 2*len(s.ring)))
-	for i := 0; i < s.n; i++ {
-		r[i] = s.ring[(s.head+i)%len(s.ring)]
+// put queues qp in the ring of resp's kind unless it is there already or
+// the scheduler closed; it reports whether it did, and whether that ring
+// was empty. Under s.mu, with qp.mu held.
+func (s *txSched) put(qp *QP, resp bool) (first, ok bool) {
+	mark := &qp.schedQueued
+	if resp {
+		mark = &qp.schedRespQueued
 	}
-	s.ring, s.head = r, 0
+	if s.closed || *mark {
+		return false, false
+	}
+	*mark = true
+	r := s.push(qp, resp)
+	return r.n == 1, true
 }
 
-// pop takes the QP at the head of the ring, nil if it is empty. The QP
-// stays marked queued until its turn clears the mark, so that a PostSend
-// meanwhile does not queue it twice.
-func (s *txSched) pop() *QP {
+// push puts qp at the tail of the ring of resp's kind and returns that
+// ring. Under s.mu.
+func (s *txSched) push(qp *QP, resp bool) *schedRing {
+	r := &s.ring
+	if resp {
+		r = &s.rring
+	}
+	s.seq++
+	r.push(qp, s.seq)
+	s.queued.Store(int32(s.ring.n + s.rring.n))
+	return r
+}
+
+// next takes the QP whose turn is next: the oldest entry of the two
+// rings, of the request ring only while the budget has room (full). The
+// QP stays marked queued until its turn clears the mark (unmark), so that
+// a PostSend meanwhile does not queue it twice. It returns nil when no
+// QP may be served.
+func (s *txSched) next() (qp *QP, resp bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.n == 0 {
-		return nil
+	req := s.ring.n > 0 && (s.rring.n == 0 || s.ring.front() < s.rring.front())
+	if req && s.full() {
+		req = false // the responses go on: they are no requests
 	}
-	qp := s.ring[s.head]
-	s.ring[s.head] = nil
-	s.head = (s.head + 1) % len(s.ring)
-	s.n--
-	s.queued.Store(int32(s.n))
-	return qp
+	switch {
+	case req:
+		qp = s.ring.pop()
+	case s.rring.n > 0:
+		qp, resp = s.rring.pop(), true
+	default:
+		return nil, false
+	}
+	s.queued.Store(int32(s.ring.n + s.rring.n))
+	return qp, resp
 }
 
-// requeue puts qp (popped, still marked queued) back at the tail.
-func (s *txSched) requeue(qp *QP) {
+// requeue puts qp (popped, still marked queued) back at the tail of the
+// ring of resp's kind.
+func (s *txSched) requeue(qp *QP, resp bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		qp.schedQueued = false
+		if resp {
+			qp.schedRespQueued = false
+		} else {
+			qp.schedQueued = false
+		}
 		return
 	}
-	s.push(qp)
+	s.push(qp, resp)
 }
 
-// push puts qp at the ring's tail, growing the ring when full. Under s.mu.
-func (s *txSched) push(qp *QP) {
-	if s.n == len(s.ring) {
-		s.grow()
-	}
-	s.ring[(s.head+s.n)%len(s.ring)] = qp
-	s.n++
-	s.queued.Store(int32(s.n))
-}
-
-// unmark clears qp's queued mark at the start of its turn (qp.mu held):
-// from here on a new request queues it again.
-func (s *txSched) unmark(qp *QP) {
+// unmark clears qp's queued mark of resp's kind at the start of its turn
+// (qp.mu held): from here on new work queues it again.
+func (s *txSched) unmark(qp *QP, resp bool) {
 	s.mu.Lock()
-	qp.schedQueued = false
+	if resp {
+		qp.schedRespQueued = false
+	} else {
+		qp.schedQueued = false
+	}
 	s.mu.Unlock()
 }
 
@@ -230,12 +343,8 @@ func (s *txSched) unmark(qp *QP) {
 func (s *txSched) close() {
 	s.mu.Lock()
 	s.closed = true
-	for i := 0; i < s.n; i++ {
-		j := (s.head + i) % len(s.ring)
-		s.ring[j].schedQueued = false
-		s.ring[j] = nil
-	}
-	s.n = 0
+	s.ring.clear(func(qp *QP) { qp.schedQueued = false })
+	s.rring.clear(func(qp *QP) { qp.schedRespQueued = false })
 	s.queued.Store(0)
 	s.mu.Unlock()
 	if !s.started.Load() && s.started.CompareAndSwap(false, true) {
@@ -261,64 +370,89 @@ func (s *txSched) loop() {
 	var t *time.Timer
 	for {
 		if s.stalled.Load() {
-			// Waiting for ACKs. Should none bring inflight below the
-			// budget for schedStall, the QPs holding it are looked at
-			// (a peer gone silent, or acknowledging a PSN now and then:
-			// their PSNs stop counting once stale); should that free
-			// nothing either, one QP is served anyway.
-			start := time.Now()
-			if t == nil {
-				t = time.NewTimer(schedStall)
-			} else {
-				t.Reset(schedStall)
+			// Requests wait for ACKs (responses had their turns, and
+			// none is left). Should none bring inflight below the
+			// budget within schedStall of the stall's start, the QPs
+			// holding it are looked at (a peer gone silent, or
+			// acknowledging a PSN now and then: their PSNs stop
+			// counting once stale); should that free nothing either,
+			// one QP is served anyway.
+			wait := schedStall - time.Since(s.stallAt)
+			fired := wait <= 0
+			if !fired {
+				if t == nil {
+					t = time.NewTimer(wait)
+				} else {
+					t.Reset(wait)
+				}
+				select {
+				case <-s.wake:
+				case <-t.C:
+					fired = true
+				}
 			}
-			select {
-			case <-s.wake:
-			case <-t.C:
+			if fired {
 				s.sweep()
 				if s.stalled.Load() && s.stalled.CompareAndSwap(true, false) {
 					s.force = true
 					inc(&s.d.ctr.SchedForcedTurns)
 				}
 			}
-			atomic.AddUint64(&s.d.ctr.SchedFullNs, uint64(time.Since(start)))
 		} else {
 			<-s.wake
 		}
+		s.noteStall()
 		s.mu.Lock()
 		closed := s.closed
 		s.mu.Unlock()
 		if closed {
 			return
 		}
-		for s.runBatch() && !s.stalled.Load() {
+		for s.runBatch() {
 		}
 	}
 }
 
 // runBatch builds one batch of turns and sends it; it reports false when
-// the ring was empty.
+// no QP could be served (both rings empty, or only requests queued and
+// the budget full).
 func (s *txSched) runBatch() bool {
 	served := false
-	for len(s.held) < schedBatch && len(s.out.pkts) < schedMaxPkts {
-		if s.full() {
-			break
-		}
-		qp := s.pop()
+	for turns := 0; turns < schedBatch && s.npkts < schedMaxPkts; turns++ {
+		qp, resp := s.next()
 		if qp == nil {
 			break
 		}
 		served = true
-		if len(s.held) == 0 {
-			qp.mu.Lock() // holding no other lock: may wait
-		} else if !qp.mu.TryLock() {
-			// Busy elsewhere (its input, a PostSend): it takes its turn
-			// after this batch.
-			s.requeue(qp)
+		kind := uint8(schedReqTurn)
+		if resp {
+			kind = schedRespTurn
+		}
+		if qp.schedInBatch&kind != 0 {
+			// It had this kind of turn in this batch already (alone
+			// in its ring): the next one is in the next batch.
+			s.requeue(qp, resp)
 			break
 		}
-		s.held = append(s.held, qp)
-		s.serve(qp)
+		if qp.schedInBatch == 0 {
+			if len(s.held) == 0 {
+				qp.mu.Lock() // holding no other lock: may wait
+			} else if !qp.mu.TryLock() {
+				// Busy elsewhere (its input, a PostSend): it takes
+				// its turn after this batch.
+				s.requeue(qp, resp)
+				break
+			}
+			s.held = append(s.held, qp)
+		}
+		qp.schedInBatch |= kind
+		n := qp.nout
+		if resp {
+			s.serveResp(qp)
+		} else {
+			s.serveReq(qp)
+		}
+		s.npkts += qp.nout - n
 		s.account(qp)
 	}
 	s.flush()
@@ -331,9 +465,9 @@ func (s *txSched) runBatch() bool {
 	return served
 }
 
-// full reports that the peers have maxInflight packets to absorb: the
-// scheduler waits for their ACKs (account wakes it). Scheduler goroutine
-// only.
+// full reports that the peers have maxInflight request packets to
+// absorb: the request ring waits for their ACKs (account wakes the
+// scheduler). Scheduler goroutine only, under s.mu, with requests queued.
 func (s *txSched) full() bool {
 	if s.force {
 		s.force = false
@@ -342,12 +476,25 @@ func (s *txSched) full() bool {
 	if s.inflight.Load() < s.maxInflight {
 		return false
 	}
+	if !s.stalled.Load() {
+		s.noteStall()
+		s.stallAt = time.Now()
+	}
 	s.stalled.Store(true)
 	if s.inflight.Load() < s.maxInflight { // an ACK came in between
 		s.stalled.Store(false)
 		return false
 	}
 	return true
+}
+
+// noteStall adds the last stall, once it ended, to sched_full_ns.
+// Scheduler goroutine only.
+func (s *txSched) noteStall() {
+	if !s.stallAt.IsZero() && !s.stalled.Load() {
+		atomic.AddUint64(&s.d.ctr.SchedFullNs, uint64(time.Since(s.stallAt)))
+		s.stallAt = time.Time{}
+	}
 }
 
 // account brings the device's inflight count up to date with qp's sent
@@ -530,53 +677,72 @@ func (s *txSched) set(qp *QP, n int32) {
 	}
 }
 
-// serve runs qp's turn: up to schedQuantum packets of a READ response
-// under way (readresp.go) and up to schedQuantum request packets are
-// built, and everything the QP has queued joins the batch. Called with
-// qp.mu held.
-func (s *txSched) serve(qp *QP) {
-	s.unmark(qp)
+// serveReq runs a turn of qp's requester: up to its quantum of request
+// packets are built. Called with qp.mu held.
+func (s *txSched) serveReq(qp *QP) {
+	s.unmark(qp, false)
 	if qp.destroyed {
 		return
 	}
 	qp.schedTurn, qp.schedLeft, qp.schedMore = true, qp.schedQuantum(), false
-	qp.resp.progress()
-	// The requests get a quantum of their own: neither role of the QP
-	// waits for the other's backlog (an RNIC's requester and responder
-	// are engines of their own too).
-	qp.schedLeft = qp.schedQuantum()
 	qp.req.progress()
 	qp.schedTurn = false
+	s.endTurn(qp, false)
+}
+
+// serveResp runs a turn of qp's responder: up to its quantum of a READ
+// response under way (readresp.go), then of the requests held behind it.
+// The two roles have turns of their own, each its quantum, so that
+// neither waits for the other's backlog (an RNIC's requester and
+// responder are engines of their own too) and the request budget holds
+// back the requests only. Called with qp.mu held.
+func (s *txSched) serveResp(qp *QP) {
+	s.unmark(qp, true)
+	if qp.destroyed {
+		return
+	}
+	qp.schedRespTurn, qp.schedLeft, qp.schedMore = true, qp.schedQuantum(), false
+	qp.resp.progress()
+	qp.schedRespTurn = false
+	s.endTurn(qp, true)
+}
+
+// endTurn settles qp after a turn and queues it again (at the tail) if
+// its quantum ended the turn with more to send.
+func (s *txSched) endTurn(qp *QP, resp bool) {
 	qp.settle()
 	if qp.schedMore {
 		qp.schedMore = false
 		s.mu.Lock()
-		if !s.closed && !qp.schedQueued {
-			qp.schedQueued = true
-			s.mu.Unlock()
-			s.requeue(qp)
-		} else {
-			s.mu.Unlock()
-		}
+		s.put(qp, resp)
+		s.mu.Unlock()
 	}
-	if qp.nout == 0 {
-		return
-	}
-	qp.ackLast()
-	if qp.trace != nil {
-		qp.traceOut()
-	}
-	s.out.pkts, s.out.bufs = qp.takeOut(s.out.pkts, s.out.bufs)
 }
 
-// flush sends the batch, gives its buffers back and unlocks its QPs.
+// flush sends the batch, gives its buffers back and unlocks its QPs. A
+// QP's packets are taken out of it only here, all at once, after its
+// last turn in the batch: a QP may have had a turn of each kind, and a
+// second turn that sends its full output queue on the spot (outSlot)
+// must not overtake what an earlier turn left for the batch.
 func (s *txSched) flush() {
+	for _, qp := range s.held {
+		if qp.nout == 0 || qp.destroyed {
+			continue
+		}
+		qp.ackLast()
+		if qp.trace != nil {
+			qp.traceOut()
+		}
+		s.out.pkts, s.out.bufs = qp.takeOut(s.out.pkts, s.out.bufs)
+	}
 	s.out.send(s.d)
 	for i, qp := range s.held {
+		qp.schedInBatch = 0
 		qp.mu.Unlock()
 		s.held[i] = nil
 	}
 	s.held = s.held[:0]
+	s.npkts = 0
 }
 
 // schedHold reports, inside requester.progress, that the QP must not build a
