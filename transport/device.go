@@ -769,8 +769,10 @@ var testHookRespTaken atomic.Pointer[func(d *Device)]
 
 // HandlePacket feeds one RoCEv2 UDP payload (BTH .. ICRC) from src into the
 // device as if the link had received it. Tests and tools use it to replay
-// captured packets. It returns ErrClosed on a closed device, ErrMalformed (wrapping packet's error),
-// ErrUnknownQP or ErrTransportMismatch for a packet no QP takes;
+// captured packets. What the packet makes the QP send leaves before it
+// returns, after what the received packets before it made the QP send. It
+// returns ErrClosed on a closed device, ErrMalformed (wrapping packet's
+// error), ErrUnknownQP or ErrTransportMismatch for a packet no QP takes;
 // protocol-level drops by the QP are counted, not returned.
 func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
 	if d.isClosed() {

@@ -420,8 +420,31 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 	if batched {
 		qp.rxNow = &qp.dev.rxNow
 		defer func() { qp.rxNow = nil }()
+	} else {
+		qp.afterTakenResponses()
 	}
 	qp.inputLocked(p, up, batched)
+}
+
+// afterTakenResponses returns, with qp.mu held as on entry, once no
+// received batch's responses are on their way to the link outside the
+// QP: Device.flushPending takes them out of their QPs (coalesce.go) and
+// holds respMu until it has sent them. A packet handled outside the
+// receive path (HandlePacket) is answered right away, from the QP; its
+// ACK for a WRITE at PSN p+1 left before a taken READ response for PSN p
+// (TestReadResponseNotOvertakenByHandlePacket). Found free while qp.mu
+// is held, respMu says that whatever was taken of the QP is sent, and a
+// flushPending that starts later waits for qp.mu before it takes
+// anything of it. Not waited for under qp.mu: flushPending takes qp.mu
+// under respMu.
+func (qp *QP) afterTakenResponses() {
+	for !qp.dev.respMu.TryLock() {
+		qp.mu.Unlock()
+		qp.dev.respMu.Lock()
+		qp.dev.respMu.Unlock()
+		qp.mu.Lock()
+	}
+	qp.dev.respMu.Unlock()
 }
 
 // beginBatchInput takes the QP for a run of packets of a received batch

@@ -72,8 +72,9 @@ import (
 // that sends a QP's packets (PostSend, a timer, a full output queue)
 // does it under that same lock. The one exception, a received batch's
 // responses taken out of their QPs to leave together
-// (Device.flushPending), is waited for by every responder turn
-// (Device.respMu): TestSchedBothRolesOrder.
+// (Device.flushPending), is waited for by every responder turn and by
+// HandlePacket (Device.respMu): TestSchedBothRolesOrder,
+// TestReadResponseNotOvertakenByHandlePacket.
 type txSched struct {
 	d       *Device
 	minQPs  int32 // defer when at least this many timers are armed; <= 0: never
