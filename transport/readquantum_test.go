@@ -16,7 +16,8 @@ import (
 )
 
 // readRespLink watches what a responder sends to the QP dqpn: its
-// packets must leave in PSN order; its READ responses are counted, take
+// packets must leave in PSN order (but a PSN sent before may be sent
+// again later); its READ responses are counted, take
 // delay per Link.Send (a wire slower than memory) and, with drop, are
 // not delivered (the requester's receive queue is not flooded). For each
 // ACK to the QP other it notes how many READ responses had been sent
@@ -28,7 +29,8 @@ type readRespLink struct {
 	delay       time.Duration
 	n           atomic.Int64
 	mu          sync.Mutex
-	last        bth.PSN
+	hi          bth.PSN              // the highest PSN sent to dqpn
+	sent        map[bth.PSN]struct{} // every PSN sent to dqpn
 	on          bool
 	bad         string
 	ackAt       []int64
@@ -43,10 +45,22 @@ func (l *readRespLink) Send(pkts []udp.Packet) error {
 		if p.Decode(up.Buf) == packet.FaultNone {
 			switch q := p.BTH.DestQP(); {
 			case q == l.dqpn.Load():
-				if l.on && p.BTH.PSN().Diff(l.last) < 0 && l.bad == "" {
-					l.bad = fmt.Sprintf("%v psn %v after psn %v", p.BTH.Opcode(), p.BTH.PSN(), l.last)
+				// A PSN sent before may come again (the answer to a
+				// duplicate request: a selective repeat requester's
+				// probe, sent when its 4 ms RTO expired in a stall of
+				// a loaded machine); one sent for the first time
+				// after a later one was sent is out of order.
+				psn := p.BTH.PSN()
+				if _, again := l.sent[psn]; l.on && psn.Diff(l.hi) < 0 && !again && l.bad == "" {
+					l.bad = fmt.Sprintf("%v psn %v after psn %v", p.BTH.Opcode(), psn, l.hi)
 				}
-				l.on, l.last = true, p.BTH.PSN()
+				if !l.on || psn.Diff(l.hi) > 0 {
+					l.hi = psn
+				}
+				if l.sent == nil {
+					l.sent = make(map[bth.PSN]struct{})
+				}
+				l.on, l.sent[psn] = true, struct{}{}
 				if p.Info.Kind == bth.KindReadResponse {
 					l.n.Add(1)
 					resp = true
