@@ -393,11 +393,7 @@ func (s *txSched) loop() {
 				}
 			}
 			if fired {
-				s.sweep()
-				if s.stalled.Load() && s.stalled.CompareAndSwap(true, false) {
-					s.force = true
-					inc(&s.d.ctr.SchedForcedTurns)
-				}
+				s.stallExpired()
 			}
 		} else {
 			<-s.wake
@@ -410,7 +406,24 @@ func (s *txSched) loop() {
 			return
 		}
 		for s.runBatch() {
+			// Responder turns go on while the requests are stalled;
+			// they must not put off the sweep (a long READ answered
+			// while silent peers hold the budget).
+			if s.stalled.Load() && time.Since(s.stallAt) >= schedStall {
+				s.stallExpired()
+			}
 		}
+	}
+}
+
+// stallExpired handles a stall that lasted schedStall: the QPs holding
+// the budget are accounted (sweep), and if that frees nothing one QP's
+// requests are served anyway (force).
+func (s *txSched) stallExpired() {
+	s.sweep()
+	if s.stalled.Load() && s.stalled.CompareAndSwap(true, false) {
+		s.force = true
+		inc(&s.d.ctr.SchedForcedTurns)
 	}
 }
 

@@ -310,3 +310,98 @@ func TestSchedRingsOneRoundRobin(t *testing.T) {
 	put(q[4], true)
 	expect("budget free again", turn{10, false}, turn{12, false}, turn{14, true})
 }
+
+// TestSchedStallExpiresDuringReadResponse: while READ responses keep the
+// scheduler busy, a stall of the requests still ends after schedStall
+// (the sweep, then a forced turn), not only once the responses are done.
+// a's budget is full of WRITEs nobody acknowledges (ManualClock: they
+// never turn stale), b READs 16 MiB from a (a's responses are counted and
+// dropped, each Link.Send of them taking 500 µs: about 256 turns), and
+// then a third QP of a posts a WRITE to b: it must complete while the
+// READ's responses are still being sent, in a forced turn.
+func TestSchedStallExpiresDuringReadResponse(t *testing.T) {
+	clk := NewManualClock(time.Unix(1000, 0))
+	o := pairOpts{clock: clk, timeout: 14}
+	o.defaults()
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	la, err := n.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap := &readRespLink{Wrap: udp.Wrap{Link: la}, drop: true, delay: 500 * time.Microsecond}
+	adev, err := NewDevice(tap, DeviceConfig{Clock: clk, SchedQPs: 1, SchedInflight: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { adev.Close() })
+	apd, err := adev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := qpOn(t, &side{dev: adev, pd: apd})
+	b := newSide(t, n, addrB, &o)
+	connect(t, a, b, addrB, 0x10, 0x20, &o)
+	connect(t, b, a, addrA, 0x20, 0x10, &o)
+	tap.dqpn.Store(b.qp.QPN())
+	h, h2 := qpOn(t, a), qpOn(t, b)
+	connect(t, h, h2, addrB, 0x100, 0x200, &o)
+	connect(t, h2, h, addrA, 0x200, 0x100, &o)
+
+	silent := netip.MustParseAddr("192.0.2.3")
+	_, wmr := a.buffer(t, 32<<10, 0)
+	for k := 0; k < 5; k++ {
+		w := qpOn(t, a)
+		if err := w.qp.Connect(ConnParams{Peer: silent, DestQPN: 0x300 + uint32(k), SQPSN: 0x40, PathMTU: MTU1024,
+			Retry: &Retry{Timeout: 14, RetryCnt: 7}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.qp.PostSend(SendWR{Opcode: WRWrite, SGEs: sge(wmr, 0, 32<<10), RemoteAddr: 0x1000, RKey: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &adev.sched
+	for deadline := time.Now().Add(10 * time.Second); s.inflight.Load() < s.maxInflight || s.queued.Load() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("a's budget: %d of %d, %d QPs queued; want it full, none queued", s.inflight.Load(), s.maxInflight, s.queued.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	const size = 16 << 20
+	total := int64(size / 1024)
+	_, smr := a.buffer(t, size, memreg.AccessRemoteRead)
+	_, dmr := b.buffer(t, size, 0)
+	if err := b.qp.PostSend(SendWR{WRID: 7, Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, size), RemoteAddr: smr.IOVA(), RKey: smr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); tap.n.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("a sent no READ response")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	_, hmr := a.buffer(t, 64, 0)
+	_, h2mr := b.buffer(t, 64, memreg.AccessRemoteWrite)
+	if err := h.qp.PostSend(SendWR{WRID: 9, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(hmr, 0, 64), RemoteAddr: h2mr.IOVA(), RKey: h2mr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, h.scq, 1, 60*time.Second); wc[0].Status != WCSuccess {
+		t.Fatalf("WRITE: %+v", wc[0])
+	}
+	sent := tap.n.Load()
+	c := adev.Counters()
+	t.Logf("the WRITE completed after %d of the READ's %d responses; sched_forced_turns %d", sent, total, c.SchedForcedTurns)
+	if sent >= total {
+		t.Errorf("the WRITE completed only after all %d READ responses were sent: the responder turns put off the stall's end", total)
+	}
+	if c.SchedForcedTurns == 0 {
+		t.Error("no forced turn: the budget did not hold the WRITE, the test proves nothing")
+	}
+	for deadline := time.Now().Add(60 * time.Second); tap.n.Load() < total; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d READ responses sent", tap.n.Load(), total)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	tap.check(t)
+}
