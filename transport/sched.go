@@ -227,7 +227,7 @@ func (d *Device) initSched() {
 // deferring reports whether a request outside a scheduler turn should
 // be queued rather than sent now: the device has enough busy QPs.
 func (s *txSched) deferring() bool {
-	// While QPs wait in the ring, a new request waits behind them.
+	// While QPs wait in the rings, a new request waits behind them.
 	return s.minQPs > 0 && (s.d.tq.armed.Load() >= s.minQPs || s.queued.Load() > 0)
 }
 
