@@ -33,7 +33,7 @@ type Counters struct {
 	AsyncEventsDropped  uint64 // async_events_dropped: events lost because Events() was full
 	QKeyViolation       uint64 // qkey_violation: UD datagrams whose Q_Key is not the QP's
 	UDNoRecvWQE         uint64 // ud_no_recv_wqe: UD datagrams dropped for want of a receive WQE
-	UCMsgsDropped       uint64 // uc_msgs_dropped: UC messages the responder dropped (a lost packet, no receive WQE, an access error)
+	UCMsgsDropped       uint64 // uc_msgs_dropped: UC messages the responder dropped (a lost packet, no receive WQE, a receive WQE too short, an access error)
 	UDMsgsDropped       uint64 // ud_msgs_dropped: UD datagrams dropped because they are longer than the receive WQE (with the GRH); the WQE stays posted and the QP in RTS
 	UDMTUExceeded       uint64 // ud_mtu_exceeded: UD datagrams dropped because their payload is longer than the port MTU (DeviceConfig.PortMTU), before a receive WQE is taken
 	MADSent             uint64 // mad_sent: MADs the GSI (QP1) sent

@@ -173,8 +173,7 @@ func (r *responder) execute(p *packetT, psn bth.PSN) {
 func (r *responder) fatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
 	qp := r.qp
 	if qp.init.Type == QPTypeUC {
-		// UC cannot NAK: the message is dropped, the QP carries on.
-		r.ucDrop()
+		r.ucError(st)
 		return
 	}
 	r.wt, r.rsl = memreg.BatchTarget{}, memreg.ScatterList{}
@@ -281,6 +280,44 @@ func (r *responder) ucAccept(p *packetT, psn bth.PSN) bool {
 	r.ucDropping = false
 	r.psn = psn
 	return true
+}
+
+// ucError handles a request a UC responder cannot execute; st is the
+// status an RC responder would complete the receive WQE with. UC cannot
+// NAK: the message is dropped and the QP carries on (rxe's classes D
+// and E), and the receive WQE it had taken stays for the next message —
+// unless the WQE itself is at fault, where keeping it would lose every
+// later message too:
+//
+//   - a WQE whose memory cannot be written (st WCLocProtErr: an lkey
+//     deregistered, out of bounds, without local write) completes with
+//     that status and the QP goes to ERR, as on RC and UD (rxe:
+//     RESPST_ERR_MALFORMED_WQE, class A for every QP type). Kept, it
+//     dropped every later SEND in silence: no completion, no event.
+//   - a WQE taken from an SRQ that is too short for the message (st
+//     WCLocLenErr) completes with WCRemInvReqErr and the QP stays in
+//     RTS (rxe: RESPST_ERR_LENGTH on an SRQ, class E), as a UD QP's
+//     does. Kept, it stayed this QP's and turned away every later
+//     message longer than it while larger WQEs waited in the SRQ. A WQE
+//     of the QP's own receive queue stays (class D): the next message
+//     takes it in order either way.
+func (r *responder) ucError(st WCStatus) {
+	qp := r.qp
+	if !r.wqeActive {
+		r.ucDrop()
+		return
+	}
+	switch {
+	case st == WCLocProtErr:
+		wrid := qp.nextRecv().wrid
+		r.completeRecv(st, WCRecv, 0, 0, 0, 0, false)
+		r.ucDrop()
+		qp.fail(EventQPFatal, &WCError{Status: st, Opcode: WCRecv, WRID: wrid, QPN: qp.qpn})
+		return
+	case st == WCLocLenErr && qp.srq != nil:
+		r.completeRecv(WCRemInvReqErr, WCRecv, 0, 0, 0, 0, false)
+	}
+	r.ucDrop()
 }
 
 // ucDrop abandons the UC message in progress: its receive WQE (if it had

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
@@ -137,4 +139,138 @@ func TestUCLoss(t *testing.T) {
 		t.Errorf("delivered %d + dropped %d, want %d messages accounted for", got, dropped, msgs)
 	}
 	t.Logf("delivered %d, dropped %d, packets lost %d", got, dropped, n.Counters().Lost)
+}
+
+// ucResponder is a UC QP on its own device (on an SRQ when srq is set),
+// connected to a peer QP at addrA that the test plays by injecting packets
+// (sendUC). Its receive completions go to cq.
+type ucResponder struct {
+	t   *testing.T
+	dev *Device
+	pd  *memreg.PD
+	cq  *CQ
+	srq *SRQ
+	qp  *QP
+	psn bth.PSN
+}
+
+func newUCResponder(t *testing.T, withSRQ bool) *ucResponder {
+	t.Helper()
+	l, err := memnet.NewMemNetwork(memnet.Faults{}).Link(addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := NewDevice(l, DeviceConfig{Clock: manual()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	u := &ucResponder{t: t, dev: dev, psn: 0x100}
+	u.pd, _ = dev.AllocPD()
+	u.cq, _ = dev.CreateCQ(64)
+	if withSRQ {
+		if u.srq, err = dev.CreateSRQ(u.pd, SRQAttr{MaxWR: 16, MaxSGE: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u.qp, err = dev.CreateQP(u.pd, QPInitAttr{Type: QPTypeUC, SendCQ: u.cq, RecvCQ: u.cq, MaxSendWR: 4, MaxRecvWR: 16, SRQ: u.srq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := u.qp.Connect(ConnParams{Peer: addrA, DestQPN: 0x77, RQPSN: uint32(u.psn), SQPSN: 0x500}); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// sendUC injects a UC SEND ONLY of n bytes with the next PSN.
+func (u *ucResponder) sendUC(n int) {
+	u.t.Helper()
+	var f packet.Fields
+	f.BTH.Opcode, f.BTH.PKey, f.BTH.DestQP, f.BTH.PSN = bth.UCSendOnly, bth.DefaultPKey, u.qp.QPN(), u.psn
+	f.Payload = make([]byte, n)
+	u.psn = u.psn.Add(1)
+	buf := make([]byte, 4096)
+	k, err := packet.Build(buf, &f)
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	if err := u.dev.HandlePacket(buf[:k], addrA); err != nil {
+		u.t.Fatal(err)
+	}
+}
+
+// TestUCBadRecvWQE: a UC receive WQE whose memory cannot be written (its
+// region was deregistered) completes with a local protection error and
+// the QP goes to ERR (EventQPFatal), as an RC or UD QP's does and as
+// rxe's responder does for every QP type (RESPST_ERR_MALFORMED_WQE,
+// class A). It used to stay at the head of the receive queue while the
+// QP dropped every SEND into it in silence: no completion, no event, the
+// QP in RTS.
+func TestUCBadRecvWQE(t *testing.T) {
+	u := newUCResponder(t, false)
+	_, bad := (&side{pd: u.pd}).buffer(t, 64, 0)
+	_, good := (&side{pd: u.pd}).buffer(t, 64, 0)
+	if err := u.qp.PostRecv(RecvWR{WRID: 1, SGEs: sge(bad, 0, 64)}, RecvWR{WRID: 2, SGEs: sge(good, 0, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	u.sendUC(10)
+	u.sendUC(10)
+	wcs := waitWC(t, u.cq, 2, 5*time.Second)
+	if wcs[0].WRID != 1 || wcs[0].Status != WCLocProtErr || wcs[1].WRID != 2 || wcs[1].Status != WCWRFlushErr {
+		t.Fatalf("completions %+v, want WR 1 local protection error, WR 2 flushed", wcs)
+	}
+	if st := u.qp.State(); st != QPSErr {
+		t.Fatalf("QP state %v, want ERR", st)
+	}
+	ev := expectEvent(t, u.dev, EventQPFatal, u.qp)
+	var we *WCError
+	if !errors.As(ev.Err, &we) || we.WRID != 1 || we.Status != WCLocProtErr {
+		t.Fatalf("event cause %v", ev.Err)
+	}
+	noWC(t, u.cq)
+}
+
+// TestUCShortRecvWQE: a UC SEND longer than the receive WQE is dropped
+// (uc_msgs_dropped) and the QP stays in RTS. A WQE of the QP's own
+// receive queue stays for the next message (rxe's class D). One taken
+// from an SRQ completes with WCRemInvReqErr (rxe's RESPST_ERR_LENGTH on
+// an SRQ, class E), as a UD QP's does: it used to stay this QP's, turning
+// away every later longer message while a larger WQE waited in the SRQ.
+func TestUCShortRecvWQE(t *testing.T) {
+	t.Run("own receive queue", func(t *testing.T) {
+		u := newUCResponder(t, false)
+		_, mr := (&side{pd: u.pd}).buffer(t, 64, 0)
+		if err := u.qp.PostRecv(RecvWR{WRID: 1, SGEs: sge(mr, 0, 16)}); err != nil {
+			t.Fatal(err)
+		}
+		u.sendUC(100)
+		noWC(t, u.cq)
+		u.sendUC(10)
+		if wc := waitWC(t, u.cq, 1, 5*time.Second)[0]; wc.WRID != 1 || wc.Status != WCSuccess || wc.ByteLen != 10 {
+			t.Fatalf("completion %+v, want WR 1 with the 10-byte message", wc)
+		}
+		if c := u.dev.Counters(); c.UCMsgsDropped != 1 || u.qp.State() != QPSRTS {
+			t.Fatalf("uc_msgs_dropped %d, state %v", c.UCMsgsDropped, u.qp.State())
+		}
+	})
+	t.Run("SRQ", func(t *testing.T) {
+		u := newUCResponder(t, true)
+		_, mr := (&side{pd: u.pd}).buffer(t, 4096, 0)
+		if err := u.srq.PostRecv(RecvWR{WRID: 1, SGEs: sge(mr, 0, 16)}, RecvWR{WRID: 2, SGEs: sge(mr, 16, 4000)}); err != nil {
+			t.Fatal(err)
+		}
+		u.sendUC(100)
+		u.sendUC(100)
+		wcs := waitWC(t, u.cq, 2, 5*time.Second)
+		if wcs[0].WRID != 1 || wcs[0].Status != WCRemInvReqErr || wcs[1].WRID != 2 || wcs[1].Status != WCSuccess || wcs[1].ByteLen != 100 {
+			t.Fatalf("completions %+v, want WR 1 remote invalid request, WR 2 the second message", wcs)
+		}
+		if c := u.dev.Counters(); c.UCMsgsDropped != 1 || u.qp.State() != QPSRTS || u.srq.Len() != 0 {
+			t.Fatalf("uc_msgs_dropped %d, state %v, SRQ holds %d", c.UCMsgsDropped, u.qp.State(), u.srq.Len())
+		}
+	})
 }
