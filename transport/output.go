@@ -132,6 +132,26 @@ func (qp *QP) commitPayload(n int, payload []byte, hold udp.PayloadHold) {
 	qp.out[qp.nout-1].Hold = hold
 }
 
+// flushZeroCopy sends the queued packets now if any of them carries its
+// payload from registered memory (zero-copy, commitPayload), before an
+// invalidation this QP executes takes that memory away: a SEND with
+// Invalidate executes after the READ requests before it, and their
+// responses must leave with the data the READ was executed on. Left
+// queued to the end of the received batch or scheduler turn, READ
+// responses from the window the SEND invalidated were dropped
+// (zero_copy_dropped) and the requester's READ, resent, failed with a
+// remote access error, where rxe (which copies each response as it
+// builds it) and this device without zero-copy answered it. Called with
+// qp.mu held.
+func (qp *QP) flushZeroCopy() {
+	for i := 0; i < qp.nout; i++ {
+		if qp.out[i].Hold != nil {
+			qp.flushOut()
+			return
+		}
+	}
+}
+
 // flushOut sends the queued packets. Called with qp.mu held so that a QP's
 // packets leave in order.
 func (qp *QP) flushOut() {

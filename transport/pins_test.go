@@ -95,9 +95,31 @@ func (l *scriptLink) sentPackets(t testing.TB) []packet.Packet {
 func scriptedResponder(t testing.TB, mtu MTU, rqPSN uint32) (*side, *scriptLink) {
 	t.Helper()
 	l := newScriptLink(addrB, addrA)
+	return scriptedResponderOn(t, l, mtu, rqPSN), l
+}
+
+// zcScriptLink is a scriptLink with zero-copy send (udp.CapZeroCopy):
+// packets whose payload lies in registered memory are recorded whole.
+type zcScriptLink struct{ *scriptLink }
+
+func (l zcScriptLink) ZeroCopy() bool { return true }
+
+func (l zcScriptLink) Send(pkts []udp.Packet) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range pkts {
+		l.sent = append(l.sent, pkts[i].AppendWire(nil))
+	}
+	return nil
+}
+
+// scriptedResponderOn is scriptedResponder on link ul (a scriptLink or
+// a wrapper of one).
+func scriptedResponderOn(t testing.TB, ul udp.Link, mtu MTU, rqPSN uint32) *side {
+	t.Helper()
 	o := pairOpts{clock: manual(), mtu: mtu}
 	o.defaults()
-	s := sideOn(t, l, &o)
+	s := sideOn(t, ul, &o)
 	a := QPAttr{State: QPSInit, Port: 1, AccessFlags: o.access}
 	if err := s.qp.Modify(&a, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags); err != nil {
 		t.Fatal(err)
@@ -107,7 +129,7 @@ func scriptedResponder(t testing.TB, mtu MTU, rqPSN uint32) (*side, *scriptLink)
 	if err := s.qp.Modify(&a, AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer); err != nil {
 		t.Fatal(err)
 	}
-	return s, l
+	return s
 }
 
 const peerQPN = 0x99
@@ -190,6 +212,80 @@ func TestBatchWriteThenSendInvalidate(t *testing.T) {
 	}
 	if !bytes.Equal(buf[1024:1032], bytes.Repeat([]byte{0xc3}, 8)) {
 		t.Fatal("late WRITE through the invalidated window changed memory")
+	}
+}
+
+// TestZeroCopyReadThenSendInvalidate: on a zero-copy link, a READ
+// through a type 2 window and a SEND with Invalidate of that window,
+// received in one batch. The READ executes first, so its responses carry
+// the window's data: they leave before the invalidation (flushZeroCopy)
+// instead of being dropped at the end of the batch (zero_copy_dropped),
+// after which the requester's resent READ met the invalidated rkey and
+// failed with a remote access error. A READ longer than a scheduler
+// quantum (103 packets) holds the SEND behind it, which then executes in
+// the QP's scheduler turn right after the response's last packets: the
+// same.
+func TestZeroCopyReadThenSendInvalidate(t *testing.T) {
+	for _, size := range []int{4096, 103 << 10} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			l := newScriptLink(addrB, addrA)
+			s := scriptedResponderOn(t, zcScriptLink{l}, MTU1024, 0x100)
+			if !s.dev.zc {
+				t.Fatal("device does not send zero-copy")
+			}
+			buf := make([]byte, size)
+			fill(buf, 28)
+			mr, err := s.pd.RegisterMR(buf, memreg.AccessLocalWrite|memreg.AccessRemoteRead|memreg.AccessMWBind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mw, err := s.pd.AllocMW(memreg.MWType2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rkey, err := mw.BindQP(s.qp.QPN(), mr, mr.IOVA(), uint64(size), memreg.AccessRemoteRead, 0x5a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, rmr := s.buffer(t, 64, 0)
+			if err := s.qp.PostRecv(RecvWR{WRID: 7, SGEs: sge(rmr, 0, 64)}); err != nil {
+				t.Fatal(err)
+			}
+			rd := reqOnly(bth.RCReadRequest, nil)
+			rd.RETH = reth.Fields{VA: mr.IOVA(), RKey: rkey, DMALength: uint32(size)}
+			npk := size / 1024
+			inv := reqOnly(bth.RCSendOnlyInv, []byte("done"))
+			inv.IETHRKey = rkey
+			l.in <- [][]byte{build(t, s.qp, 0x100, rd), build(t, s.qp, bth.PSN(0x100).Add(npk), inv)}
+			wc := waitWC(t, s.rcq, 1, 5*time.Second)[0]
+			if wc.WRID != 7 || wc.Status != WCSuccess || wc.Flags&WCWithInv == 0 || wc.InvalidatedRKey != rkey {
+				t.Fatalf("receive completion %+v", wc)
+			}
+			eventually(t, "the SEND's ACK", func() bool {
+				sent := l.sentPackets(t)
+				return len(sent) > 0 && sent[len(sent)-1].BTH.Opcode() == bth.RCAck
+			})
+			sent := l.sentPackets(t)
+			if len(sent) != npk+1 {
+				t.Fatalf("sent %d packets, want %d READ responses and an ACK (zero_copy_dropped %d)", len(sent), npk, s.dev.Counters().ZeroCopyDropped)
+			}
+			var got []byte
+			for i, p := range sent[:npk] {
+				if p.BTH.Opcode().Info().Kind != bth.KindReadResponse || p.BTH.PSN() != bth.PSN(0x100).Add(i) {
+					t.Fatalf("sent[%d]: %v psn %v, want a READ response psn %v", i, p.BTH.Opcode(), p.BTH.PSN(), bth.PSN(0x100).Add(i))
+				}
+				got = append(got, p.Payload...)
+			}
+			if !bytes.Equal(got, buf) {
+				t.Fatal("READ response data differs from the region")
+			}
+			if a := sent[npk]; a.BTH.Opcode() != bth.RCAck || a.BTH.PSN() != bth.PSN(0x100).Add(npk) || a.AETH.Syndrome() != aeth.ACK(aeth.NoCreditLimit) {
+				t.Fatalf("last packet %v psn %v, want the SEND's ACK", a.BTH.Opcode(), a.BTH.PSN())
+			}
+			if c := s.dev.Counters(); c.ZeroCopyDropped != 0 || mw.Bound() {
+				t.Fatalf("zero_copy_dropped %d, window bound %v", c.ZeroCopyDropped, mw.Bound())
+			}
+		})
 	}
 }
 

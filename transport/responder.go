@@ -381,6 +381,10 @@ func (r *responder) onSend(p *packetT, psn bth.PSN) {
 			// Invalidation waits until the window's pins are released:
 			// release this batch's first (one of them may be it).
 			qp.releasePins()
+			// READ responses queued before this request may carry
+			// their payload from the window (zero-copy): they leave
+			// now, while it is still bound.
+			qp.flushZeroCopy()
 			if err := qp.rv.InvalidateRemote(inv); err != nil {
 				r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 				return
