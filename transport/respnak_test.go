@@ -213,3 +213,68 @@ func TestResponderErrorResponses(t *testing.T) {
 		})
 	}
 }
+
+// TestResponderNoRdAtomicResources: a QP whose responder keeps no
+// READ/atomic resources (max_dest_rd_atomic 0, set with Modify) answers a
+// READ or an atomic with NAK invalid request and goes to ERR, as rxe does
+// (RESPST_ERR_TOO_MANY_RDMA_ATM_REQ); it used to execute them as if it
+// had one resource. A WRITE is still executed.
+func TestResponderNoRdAtomicResources(t *testing.T) {
+	cases := []struct {
+		name string
+		op   bth.Opcode
+		want aeth.Syndrome
+	}{
+		{"read", bth.RCReadRequest, aeth.NAK(aeth.NAKInvalidRequest)},
+		{"fetch-add", bth.RCFetchAdd, aeth.NAK(aeth.NAKInvalidRequest)},
+		{"compare-swap", bth.RCCompareSwap, aeth.NAK(aeth.NAKInvalidRequest)},
+		{"write", bth.RCWriteOnly, aeth.ACK(aeth.NoCreditLimit)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l := newScriptLink(addrB, addrA)
+			o := pairOpts{clock: manual()}
+			o.defaults()
+			s := sideOn(t, l, &o)
+			if err := s.qp.Init(o.access); err != nil {
+				t.Fatal(err)
+			}
+			a := QPAttr{State: QPSRTR, AV: AddressVector{Addr: addrA}, PathMTU: MTU1024, DestQPN: peerQPN, RQPSN: 0x100, MaxDestRdAtomic: 0}
+			if err := s.qp.Modify(&a, AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer); err != nil {
+				t.Fatal(err)
+			}
+			buf, mr := s.buffer(t, 64, memreg.AccessRemoteWrite|memreg.AccessRemoteRead|memreg.AccessRemoteAtomic)
+			buf[0] = 1
+			f := reqOnly(c.op, nil)
+			switch c.op {
+			case bth.RCReadRequest:
+				f.RETH.VA, f.RETH.RKey, f.RETH.DMALength = mr.IOVA(), mr.RKey(), 8
+			case bth.RCWriteOnly:
+				f.Payload = []byte{9, 9, 9, 9, 9, 9, 9, 9}
+				f.RETH.VA, f.RETH.RKey, f.RETH.DMALength = mr.IOVA()+8, mr.RKey(), 8
+			default:
+				f.AtomicETH.VA, f.AtomicETH.RKey, f.AtomicETH.Compare, f.AtomicETH.SwapAdd = mr.IOVA(), mr.RKey(), 1, 5
+			}
+			if err := s.dev.HandlePacket(build(t, s.qp, 0x100, f), addrA); err != nil {
+				t.Fatal(err)
+			}
+			sent := l.sentPackets(t)
+			if len(sent) != 1 {
+				t.Fatalf("responder sent %d packets, want 1", len(sent))
+			}
+			if p := &sent[0]; p.BTH.Opcode() != bth.RCAck || p.BTH.PSN() != 0x100 || p.AETH.Syndrome() != c.want {
+				t.Fatalf("responder sent %v psn %v, want an ACKNOWLEDGE %v for psn 0x100", p.BTH.Opcode(), p.BTH.PSN(), c.want)
+			}
+			wantState := QPSErr
+			if c.op == bth.RCWriteOnly {
+				wantState = QPSRTR
+			}
+			if st := s.qp.State(); st != wantState {
+				t.Fatalf("state %v, want %v", st, wantState)
+			}
+			if buf[0] != 1 {
+				t.Fatalf("the atomic changed memory: %v", buf[:8])
+			}
+		})
+	}
+}

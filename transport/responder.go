@@ -487,10 +487,15 @@ func (r *responder) saveRes(x rdRes) {
 
 // onRead checks an RDMA READ request, saves it as a resource and answers
 // it with READ responses (readReply: the first quantum now, the rest in
-// the QP's scheduler turns).
+// the QP's scheduler turns). A QP without remote read, or with no
+// responder resources (max_dest_rd_atomic 0), takes no READ: NAK invalid
+// request (rxe's RESPST_ERR_UNSUPPORTED_OPCODE and
+// RESPST_ERR_TOO_MANY_RDMA_ATM_REQ, class C); atomics likewise. More
+// READs and atomics than the resources are executed, the oldest saved
+// resource giving way (rxe: "it is the requesters job").
 func (r *responder) onRead(p *packetT, psn bth.PSN) {
 	qp := r.qp
-	if qp.attr.AccessFlags&memreg.AccessRemoteRead == 0 {
+	if qp.attr.AccessFlags&memreg.AccessRemoteRead == 0 || qp.attr.MaxDestRdAtomic == 0 {
 		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
@@ -514,7 +519,7 @@ func (r *responder) onRead(p *packetT, psn bth.PSN) {
 // replays and answers with an ATOMIC ACK.
 func (r *responder) onAtomic(p *packetT, psn bth.PSN) {
 	qp := r.qp
-	if qp.attr.AccessFlags&memreg.AccessRemoteAtomic == 0 {
+	if qp.attr.AccessFlags&memreg.AccessRemoteAtomic == 0 || qp.attr.MaxDestRdAtomic == 0 {
 		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}

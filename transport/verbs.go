@@ -180,7 +180,7 @@ type QPAttr struct {
 	RNRRetry        uint8  // 0..7, 7 = infinite
 	MinRNRTimer     uint8  // RNR NAK timer code 0..31 the responder advertises
 	MaxQPRdAtomic   uint8  // outstanding READ/atomic requests as requester
-	MaxDestRdAtomic uint8  // saved READ/atomic responder resources
+	MaxDestRdAtomic uint8  // saved READ/atomic responder resources; 0: READ and atomic requests are NAKed (invalid request)
 	QKey            uint32 // UD: the Q_Key received datagrams must carry (high bit reserved for privileged QPs)
 	// SelectiveRepeat (AttrSelectiveRepeat, at INIT -> RTR of an RC QP)
 	// runs selective repeat with the peer instead of go-back-N. Both
