@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -147,6 +148,19 @@ func TestResponderErrorResponses(t *testing.T) {
 		{"send first shorter than the MTU", 0, 4096, func(e *respEnv) {
 			e.feed(reqOnly(bth.RCSendFirst, make([]byte, 1000)), 0)
 		}, want{bth.RCAck, aeth.NAK(aeth.NAKInvalidRequest), QPSErr, &remInv}},
+		{"send last without payload", 0, 4096, func(e *respEnv) {
+			f := reqOnly(bth.RCSendFirst, make([]byte, 1024))
+			f.BTH.AckReq = false
+			e.feed(f, 0)
+			e.feed(reqOnly(bth.RCSendLast, nil), 1)
+		}, want{bth.RCAck, aeth.NAK(aeth.NAKInvalidRequest), QPSErr, &remInv}},
+		{"write last without payload", 0, 0, func(e *respEnv) {
+			f := reqOnly(bth.RCWriteFirst, make([]byte, 1024))
+			f.BTH.AckReq = false
+			f.RETH.VA, f.RETH.RKey, f.RETH.DMALength = e.mr.IOVA(), e.mr.RKey(), 1024
+			e.feed(f, 0)
+			e.feed(reqOnly(bth.RCWriteLast, nil), 1)
+		}, want{bth.RCAck, aeth.NAK(aeth.NAKInvalidRequest), QPSErr, nil}},
 		{"send only longer than the MTU", 0, 4096, func(e *respEnv) {
 			e.feed(reqOnly(bth.RCSendOnly, make([]byte, 1028)), 0)
 		}, want{bth.RCAck, aeth.NAK(aeth.NAKInvalidRequest), QPSErr, &remInv}},
@@ -194,7 +208,7 @@ func TestResponderErrorResponses(t *testing.T) {
 			}
 			r := sent[0]
 			lastPSN := e.psn
-			if c.name == "send first then write only" {
+			if strings.HasSuffix(c.name, "then write only") || strings.HasSuffix(c.name, "without payload") {
 				lastPSN = e.psn.Add(1)
 			}
 			if r.op != c.want.op || r.syn != c.want.syn || r.psn != lastPSN {

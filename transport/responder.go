@@ -191,14 +191,18 @@ func (r *responder) fatal(code aeth.NAKCode, psn bth.PSN, st WCStatus) {
 	qp.fail(ev, fmt.Errorf("responder sent NAK %v for psn %v", code, psn))
 }
 
-// checkLen enforces the packet length rules: first and middle packets carry
-// exactly one path MTU, last and only packets at most one.
+// checkLen enforces the packet length rules (IBTA 9.7.4.1.6): first and
+// middle packets carry exactly one path MTU, last packets 1 to one path
+// MTU, only packets at most one. (rxe checks the same since Linux 6.2;
+// 6.1's check_length was a stub.)
 func (r *responder) checkLen(p *packetT) bool {
 	qp := r.qp
 	n := len(p.Payload)
 	switch p.Info.Pos {
 	case bth.PosFirst, bth.PosMiddle:
 		return n == qp.mtu
+	case bth.PosLast:
+		return n > 0 && n <= qp.mtu
 	}
 	return n <= qp.mtu
 }
