@@ -66,6 +66,9 @@ func (w *errWatch) add(c *fdConn) error {
 func (w *errWatch) close() {
 	w.ep.Close()
 	<-w.done
+	// The handler (a device's) refers back to the link, which the
+	// link's cleanup keeps w alive for: dropping it lets both go.
+	w.handler.Store(nil)
 	w.mu.Lock()
 	w.socks = map[int32]*fdConn{}
 	w.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+	"weak"
 
 	"golang.org/x/sys/unix"
 
@@ -782,6 +783,33 @@ func TestSocketLeakedIsClosed(t *testing.T) {
 			t.Fatalf("address still in use after the leaked link was collected: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSocketClosedIsCollected: a closed link is garbage collected even
+// though its ICMP error handler (a transport.Device's, in real use) refers
+// back to it. The handler used to stay in the error watcher, which the
+// link's cleanup keeps alive until the link is collected: each closed
+// device of a long-running program kept its link's buffers (4.7 MB) for
+// ever.
+func TestSocketClosedIsCollected(t *testing.T) {
+	wp := func() weak.Pointer[SocketLink] {
+		l, err := ListenSocket(sockA, &SocketOptions{Share: ShareOff})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetErrorHandler(func(*ICMPError) { _ = l.LocalAddr() })
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return weak.Make(l)
+	}()
+	for i := 0; wp.Value() != nil; i++ {
+		if i == 20 {
+			t.Fatal("a closed link whose error handler refers to it is never collected")
+		}
+		runtime.GC()
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
