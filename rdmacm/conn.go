@@ -519,6 +519,7 @@ var testHookEstablished atomic.Pointer[func(*Conn)]
 // on ctx's end it aborts it.
 func (c *Conn) waitEstablished(ctx context.Context) error {
 	aborted := false
+	var ctxErr error // ctx's error when the abort ended a live connection
 	select {
 	case <-c.estab:
 		if h := testHookEstablished.Load(); h != nil {
@@ -526,6 +527,9 @@ func (c *Conn) waitEstablished(ctx context.Context) error {
 		}
 	case <-ctx.Done():
 		aborted = true
+		c.m.mu.Lock()
+		live := c.err == nil
+		c.m.mu.Unlock()
 		c.abort(ctx.Err())
 		<-c.estab
 		c.m.mu.Lock()
@@ -533,9 +537,18 @@ func (c *Conn) waitEstablished(ctx context.Context) error {
 			c.err = ctx.Err()
 		}
 		c.m.mu.Unlock()
+		if live {
+			// The abort ended it (a connection established just
+			// before ctx ended is closed by it, which sets its
+			// error to ErrClosed): the caller asked for ctx's error.
+			ctxErr = ctx.Err()
+		}
 	}
 	c.m.mu.Lock()
 	err := c.err
+	if ctxErr != nil {
+		err = ctxErr
+	}
 	// Established, or established and ended since (the peer's DREQ, a
 	// failed QP, all before this goroutine ran on a loaded machine):
 	// the caller gets the connection, its completions in its CQs, and
