@@ -536,6 +536,12 @@ func (d *Device) Close() error {
 	for _, ch := range chans {
 		ch.close()
 	}
+	// Their Destroy answers ErrClosed from now on: Close has released
+	// them, and Resources no longer counts them.
+	d.mu.Lock()
+	clear(d.cqs)
+	clear(d.chans)
+	d.mu.Unlock()
 	d.closeEvents()
 	if werr != nil {
 		return werr

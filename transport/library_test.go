@@ -209,6 +209,39 @@ func TestCloseUnblocks(t *testing.T) {
 	}
 }
 
+// TestResourcesAfterClose: a closed device holds nothing — Close released
+// its QPs, SRQs, CQs and completion channels (their Destroy answers
+// ErrClosed) — so Resources reports zero. It kept counting the CQs and
+// channels, which nothing could destroy any more (probe lib26/fragile).
+func TestResourcesAfterClose(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{})
+	ch, err := a.dev.CreateCompChannel(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.dev.CreateCQWith(CQAttr{Depth: 4, Channel: ch}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.dev.CreateSRQ(a.pd, SRQAttr{MaxWR: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.dev.Resources(); r.QPs == 0 || r.CQs == 0 || r.SRQs == 0 || r.CompChannels == 0 {
+		t.Fatalf("before Close: %+v", r)
+	}
+	if err := a.dev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.dev.Resources(); r != (Resources{}) {
+		t.Errorf("after Close: %+v, want none", r)
+	}
+	if err := a.scq.Destroy(); !errors.Is(err, ErrClosed) {
+		t.Errorf("CQ.Destroy after Close: %v, want ErrClosed", err)
+	}
+	if err := ch.Destroy(); !errors.Is(err, ErrClosed) {
+		t.Errorf("CompChannel.Destroy after Close: %v, want ErrClosed", err)
+	}
+}
+
 // TestCloseRacesCreateQP: QPs created while Close runs are either refused
 // (ErrClosed) or flushed to ERR by Close; none is left behind in RESET.
 func TestCloseRacesCreateQP(t *testing.T) {
