@@ -68,6 +68,11 @@ func TestDialUnreachableFailsFast(t *testing.T) {
 			if s := StatsOf(dev); s.Unreachable == 0 {
 				t.Errorf("Unreachable not counted: %+v", s)
 			}
+			if s := StatsOf(dev); tc.name == "Dial" && (s.Ended[CauseUnreachable] != 1 || s.Ended[CauseError] != 0) {
+				// It was counted as "error" (probe lib26/rpc: Accepts
+				// whose REP bounced off a killed requester).
+				t.Errorf("ended by: %v, want one unreachable", s.Ended)
+			}
 			if c := dev.Counters().DestUnreachable; c == 0 {
 				t.Errorf("dest_unreachable = 0")
 			}

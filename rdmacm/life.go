@@ -48,7 +48,8 @@ const (
 	CauseShed
 	// CauseDeviceClosed: the device closed.
 	CauseDeviceClosed
-	// CauseError: the QP could not be set up or connected.
+	// CauseError: the QP could not be set up or connected, or another
+	// failure none of the other causes names.
 	CauseError
 	// CauseQPFailed: the established connection's QP failed
 	// (ErrQPFailed).
@@ -58,12 +59,17 @@ const (
 	CauseKeepAlive
 	// CauseManagerClosed: Manager.Close.
 	CauseManagerClosed
+	// CauseUnreachable: the network answered a CM message with an ICMP
+	// error (ErrUnreachable): nothing listens on UDP 4791 at the peer's
+	// address any more (a requester killed during its handshake, say),
+	// or the host is unreachable.
+	CauseUnreachable
 	numCauses
 )
 
 var causeNames = [numCauses]string{"", "local_close", "peer_disconnect", "peer_reject", "stale",
 	"timeout", "half_open_timeout", "shed", "device_closed", "error", "qp_failed", "keepalive",
-	"manager_closed"}
+	"manager_closed", "unreachable"}
 
 // String returns the cause's counter name, as "peer_reject".
 func (c Cause) String() string {
@@ -126,6 +132,8 @@ func causeOf(err error) Cause {
 		return CauseQPFailed
 	case errors.Is(err, ErrKeepAlive):
 		return CauseKeepAlive
+	case errors.Is(err, ErrUnreachable):
+		return CauseUnreachable
 	case errors.Is(err, errDeviceClosed):
 		return CauseDeviceClosed
 	case errors.Is(err, errManagerClosed):
