@@ -401,8 +401,10 @@ func (c *Conn) releaseLocked() error {
 	var errs []error
 	var left []func() error
 	for i := len(c.owned) - 1; i >= 0; i-- {
-		// ErrDestroyed: the caller destroyed it already, nothing is left.
-		if err := c.owned[i](); err != nil && !errors.Is(err, transport.ErrDestroyed) {
+		// ErrDestroyed: the caller destroyed it already, nothing is
+		// left. transport.ErrClosed: the device closed, and its Close
+		// released the QP and the CQs (a PD still deallocates).
+		if err := c.owned[i](); err != nil && !errors.Is(err, transport.ErrDestroyed) && !errors.Is(err, transport.ErrClosed) {
 			errs = append(errs, err)
 			left = append([]func() error{c.owned[i]}, left...)
 		}
@@ -819,7 +821,9 @@ func (c *Conn) timeWaitLocked(err error) {
 // Close disconnects: a DREQ to the peer, then a bounded wait for its DREP
 // (at most three response timeouts), the QP to ERR (its outstanding work
 // requests complete with WCWRFlushErr) and what the connection created
-// destroyed. Closing a connection the peer has ended only releases it.
+// destroyed. Closing a connection the peer has ended only releases it;
+// after its device closed (whose Close released the QP and CQs) it
+// deallocates the PD it created and returns nil.
 //
 // A PD the connection created (Options.PD nil) is deallocated too, which
 // fails while memory regions are registered in it (those of Prepare,
