@@ -27,6 +27,12 @@ const (
 	// the first transfer into fresh memory does not pay a page fault per
 	// 4 KiB on the data path. A region much larger than what it will hold
 	// (a sparse buffer) wants it: its untouched pages then cost nothing.
+	// Nor does RegisterMR check such a region's pages (no ErrBadAddress):
+	// they must be accessible as registered whenever a work request or a
+	// peer may use them. A page that is not (PROT_NONE, a guard page, a
+	// truncated file) faults in the process on the data path, which kills
+	// it — a peer's RDMA READ of it included — where an RNIC's ODP would
+	// fail the access.
 	AccessOnDemand Access = 64
 )
 
