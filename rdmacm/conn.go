@@ -97,7 +97,8 @@ type Options struct {
 	KeepAlive, KeepAliveTimeout time.Duration
 }
 
-// check reports options that contradict each other, or whose
+// check reports options that contradict each other, values the CM
+// messages or the QP cannot carry (a path MTU code, retry counts), or whose
 // PrivateData is longer than maxPD, what the message it goes in carries
 // (the REQ's 56 bytes behind rdma_cm's header for Dial, the REP's 196 for
 // Accept and Listen).
@@ -116,6 +117,24 @@ func (o *Options) check(op string, maxPD int) error {
 	}
 	if len(o.PrivateData) > maxPD {
 		return fmt.Errorf("rdmacm: %s: Options.PrivateData: %d bytes of private data, at most %d", op, len(o.PrivateData), maxPD)
+	}
+	// What the CM messages carry in a few bits is checked here, before
+	// anything is sent: a REQ with a path MTU code the peer cannot take
+	// went unanswered until the Dial's deadline.
+	if o.PathMTU != 0 && !o.PathMTU.Valid() {
+		return fmt.Errorf("rdmacm: %s: Options.PathMTU %d is not an MTU code (MTU256..MTU4096)", op, o.PathMTU)
+	}
+	if r := o.Retry; r != nil {
+		switch {
+		case r.Timeout > 31:
+			return fmt.Errorf("rdmacm: %s: Options.Retry.Timeout %d > 31", op, r.Timeout)
+		case r.RetryCnt > 7:
+			return fmt.Errorf("rdmacm: %s: Options.Retry.RetryCnt %d > 7", op, r.RetryCnt)
+		case r.RNRRetry > 7:
+			return fmt.Errorf("rdmacm: %s: Options.Retry.RNRRetry %d > 7", op, r.RNRRetry)
+		case r.MinRNRTimer > 31:
+			return fmt.Errorf("rdmacm: %s: Options.Retry.MinRNRTimer %d > 31", op, r.MinRNRTimer)
+		}
 	}
 	return nil
 }
