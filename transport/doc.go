@@ -97,8 +97,8 @@
 // packet still queued after it is dropped (zero_copy_dropped), never
 // sent — a READ's responder has no completion to wait for, so this is
 // what makes Deregister safe, mmap'd memory included. (A SEND with
-// Invalidate is executed after the READs before it: the READ responses
-// a QP has queued are sent before it invalidates the window.) As in verbs, memory
+// Invalidate or a LOCAL_INV is executed after the READs before it: the
+// READ responses a QP has queued are sent before it invalidates.) As in verbs, memory
 // a work request reads must not change until the request has completed;
 // a payload changed under an outstanding request leaves with an ICRC the
 // receiver rejects (or, in a retransmission, with the new bytes). UC

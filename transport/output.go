@@ -134,8 +134,9 @@ func (qp *QP) commitPayload(n int, payload []byte, hold udp.PayloadHold) {
 
 // flushZeroCopy sends the queued packets now if any of them carries its
 // payload from registered memory (zero-copy, commitPayload), before an
-// invalidation this QP executes takes that memory away: a SEND with
-// Invalidate executes after the READ requests before it, and their
+// invalidation this QP executes (a received SEND with Invalidate, a
+// LOCAL_INV it posted) takes that memory away: the invalidation executes
+// after the READ requests before it, and their
 // responses must leave with the data the READ was executed on. Left
 // queued to the end of the received batch or scheduler turn, READ
 // responses from the window the SEND invalidated were dropped

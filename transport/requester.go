@@ -510,6 +510,9 @@ func (r *requester) execLocal(w *sendWQE) bool {
 			b := &w.wr.Bind
 			_, err = w.wr.MW.BindQP(qp.qpn, b.MR, b.Addr, b.Length, b.Access, uint8(w.wr.RKey))
 		} else {
+			// The READ responses built before it leave first (see
+			// flushZeroCopy).
+			qp.flushZeroCopy()
 			err = qp.rv.InvalidateLocal(w.wr.InvRKey)
 		}
 		if err != nil {
