@@ -28,21 +28,25 @@ type respBatch struct {
 
 // takeResponses moves the QP's queued packets into b if they are all
 // responses and reports whether it did (a QP with nothing queued counts as
-// done). Called with qp.mu held.
-func (qp *QP) takeResponses(b *respBatch) bool {
+// done), and whether any of them carries its payload from registered
+// memory (zero-copy). Called with qp.mu held.
+func (qp *QP) takeResponses(b *respBatch) (took, zc bool) {
 	if qp.nout == 0 {
-		return true
+		return true, false
 	}
 	if qp.trace != nil {
-		return false // flushOut traces what it sends
+		return false, false // flushOut traces what it sends
 	}
 	for i := 0; i < qp.nout; i++ {
 		if bth.Opcode(qp.out[i].Buf[0]).Info().Request {
-			return false
+			return false, false
+		}
+		if qp.out[i].Hold != nil {
+			zc = true
 		}
 	}
 	b.pkts, b.bufs = qp.takeOut(b.pkts, b.bufs)
-	return true
+	return true, zc
 }
 
 // takeOut moves the QP's queued packets and their buffers to the end of

@@ -173,6 +173,12 @@ type Device struct {
 	// respMu is held by flushPending from taking the responses out of
 	// the QPs until they are on the link (QP.SendQueued waits for it).
 	respMu sync.Mutex
+	// respTook numbers flushPending's takes (under respMu); respSent is
+	// the number of the last one whose responses were sent. A QP whose
+	// zero-copy packets a take moved out (QP.zcTaken) has them between
+	// it and the link while zcTaken > respSent (QP.zcInFlight).
+	respTook uint64
+	respSent atomic.Uint64
 	// respHeldBufs counts the pool buffers the QPs hold request packets
 	// in behind READ responses under way (heldMaxDev, readresp.go).
 	respHeldBufs atomic.Int64
@@ -753,11 +759,14 @@ func (d *Device) flushPending() {
 	// on respMu for it, or a DREQ sent after it could overtake an ACK.
 	d.respMu.Lock()
 	defer d.respMu.Unlock()
+	d.respTook++
 	for i, qp := range d.rxPending {
 		qp.mu.Lock()
 		qp.rxQueued = false
-		if !qp.takeResponses(&d.rxResp) {
+		if took, zc := qp.takeResponses(&d.rxResp); !took {
 			qp.flushOut()
+		} else if zc {
+			qp.zcTaken = d.respTook
 		}
 		qp.mu.Unlock()
 		d.rxPending[i] = nil
@@ -767,6 +776,7 @@ func (d *Device) flushPending() {
 		(*h)(d)
 	}
 	d.rxResp.send(d)
+	d.respSent.Store(d.respTook)
 }
 
 // testHookRespTaken, when a test sets it, runs in flushPending between

@@ -145,12 +145,23 @@ func (qp *QP) commitPayload(n int, payload []byte, hold udp.PayloadHold) {
 // builds it) and this device without zero-copy answered it. Called with
 // qp.mu held.
 func (qp *QP) flushZeroCopy() {
+	// (Those a received batch took out of the QP are not here: see
+	// zcInFlight.)
 	for i := 0; i < qp.nout; i++ {
 		if qp.out[i].Hold != nil {
 			qp.flushOut()
 			return
 		}
 	}
+}
+
+// zcInFlight reports that zero-copy packets of the QP are between it and
+// the link: a received batch took them out (Device.flushPending) and has
+// not sent them yet. An invalidation must not run before they are sent
+// (flushZeroCopy), and this QP's lock is no place to wait for that:
+// flushPending takes QPs' locks before it sends. Called with qp.mu held.
+func (qp *QP) zcInFlight() bool {
+	return qp.zcTaken > qp.dev.respSent.Load()
 }
 
 // flushOut sends the queued packets. Called with qp.mu held so that a QP's

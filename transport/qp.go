@@ -106,6 +106,10 @@ type QP struct {
 	destroyed bool
 	cc        qpCC // congestion control (cc.go)
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
+	// zcTaken is the number of the device's last received-batch take
+	// (Device.respTook) that moved zero-copy packets out of the QP
+	// (zcInFlight).
+	zcTaken uint64
 	// The send scheduler's state (sched.go): schedQueued and
 	// schedRespQueued under dev.sched.mu, schedInBatch the scheduler's
 	// goroutine's own, the others under mu.

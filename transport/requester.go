@@ -501,7 +501,7 @@ func (r *requester) nextPSN() bth.PSN { return r.psn }
 // invalidate) when the requester reaches it: in order after the WRs before
 // it were sent, once only (a go-back-N passes over it). It completes when
 // it is the oldest outstanding WR: now, or when the ACKs of the WRs before
-// it arrive. It reports false when it failed (failLocal).
+// it arrive. It reports false when it failed (failLocal) or must wait.
 func (r *requester) execLocal(w *sendWQE) bool {
 	qp := r.qp
 	if !w.localDone {
@@ -510,6 +510,20 @@ func (r *requester) execLocal(w *sendWQE) bool {
 			b := &w.wr.Bind
 			_, err = w.wr.MW.BindQP(qp.qpn, b.MR, b.Addr, b.Length, b.Access, uint8(w.wr.RKey))
 		} else {
+			if qp.zcInFlight() {
+				// READ responses built before it are on their way to
+				// the link outside the QP (a received batch took them):
+				// invalidated now, they would be dropped at the send.
+				// It runs in a turn of the scheduler, which waits for
+				// them after its batch (waitResp) holding no QP's lock.
+				if qp.schedTurn {
+					qp.schedMore = true
+					qp.dev.sched.waitResp = true
+				} else {
+					qp.dev.sched.add(qp)
+				}
+				return false
+			}
 			// The READ responses built before it leave first (see
 			// flushZeroCopy).
 			qp.flushZeroCopy()
