@@ -31,7 +31,7 @@ type HostConfig struct {
 	// has 32); QueueSize-1 commands can be in flight on a queue.
 	QueueSize int
 	// KATO is the keep-alive timeout (default 5 s; a keep-alive goes
-	// out every KATO/2; at most MaxKATO). Negative: none.
+	// out every KATO/2; 1 ms to MaxKATO). Negative: none.
 	KATO time.Duration
 	// ConnectTimeout bounds each connection step (default 3 s).
 	ConnectTimeout time.Duration
@@ -195,6 +195,12 @@ func Connect(ctx context.Context, dev *transport.Device, addr netip.AddrPort, su
 		// KATO goes out as a 32-bit count of milliseconds: beyond it the
 		// target would get the value wrapped (2^32 ms + 1 s as 1 s).
 		return nil, fmt.Errorf("nvmf: HostConfig.KATO %v exceeds MaxKATO (%v)", c.KATO, MaxKATO)
+	}
+	if c.KATO > 0 && c.KATO < time.Millisecond {
+		// Below KATO's unit it would go out as 0 (no keep-alive timer at
+		// the target) while the host sent keep-alives every KATO/2 (1 ns:
+		// time.NewTicker(0), a panic in the supervisor).
+		return nil, fmt.Errorf("nvmf: HostConfig.KATO %v is below 1ms, the unit KATO is sent in", c.KATO)
 	}
 	h := &Controller{dev: dev, addr: addr, subNQN: subNQN, cfg: c.withDefaults(), closeCh: make(chan struct{})}
 	a, err := h.associate(ctx)
