@@ -296,15 +296,20 @@ func (r *responder) ucAccept(p *packetT, psn bth.PSN) bool {
 //   - a WQE whose memory cannot be written (st WCLocProtErr: an lkey
 //     deregistered, out of bounds, without local write) completes with
 //     that status and the QP goes to ERR, as on RC and UD (rxe:
-//     RESPST_ERR_MALFORMED_WQE, class A for every QP type). Kept, it
-//     dropped every later SEND in silence: no completion, no event.
+//     RESPST_ERR_MALFORMED_WQE, class A for every QP type, completed
+//     with IB_WC_LOC_QP_OP_ERR). Kept, it dropped every later SEND in
+//     silence: no completion, no event.
 //   - a WQE taken from an SRQ that is too short for the message (st
 //     WCLocLenErr) completes with WCRemInvReqErr and the QP stays in
-//     RTS (rxe: RESPST_ERR_LENGTH on an SRQ, class E), as a UD QP's
-//     does. Kept, it stayed this QP's and turned away every later
-//     message longer than it while larger WQEs waited in the SRQ. A WQE
-//     of the QP's own receive queue stays (class D): the next message
-//     takes it in order either way.
+//     RTS (the IBTA's class E for UC, RESPST_ERR_LENGTH's branch in
+//     rxe), as a UD QP's does. Kept, it stayed this QP's and turned
+//     away every later message longer than it while larger WQEs waited
+//     in the SRQ. A WQE of the QP's own receive queue stays (class D):
+//     the next message takes it in order either way. (rxe 6.1 never
+//     takes that branch for a SEND: its copy_data reports a WQE too
+//     short as -EINVAL, not -ENOSPC, so send_data_in answers
+//     RESPST_ERR_MALFORMED_WQE and the QP goes to ERR, SRQ or not. Only
+//     the receiving application sees the difference: UC sends no NAK.)
 func (r *responder) ucError(st WCStatus) {
 	qp := r.qp
 	if !r.wqeActive {
