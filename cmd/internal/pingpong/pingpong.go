@@ -51,6 +51,11 @@ type pingpongConfig struct {
 	chk     bool
 	bind    netip.Addr
 	timeout time.Duration
+	// idle is --idle-timeout: how long the loop waits while nothing
+	// arrives (idleSet: given; 0 waits for ever). idleTimeout applies
+	// the default.
+	idle    time.Duration
+	idleSet bool
 	// qpTimeout is the RC QP's local ACK timeout exponent (4.096 µs ×
 	// 2^T; ibv_rc_pingpong's is 14, about 67 ms, with 7 retries).
 	qpTimeout int
@@ -157,6 +162,14 @@ func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	cli.BoolFlags(fs, &c.chk, "c", "chk")
 	fs.StringVar(&bind, "bind", "", "")
 	fs.DurationVar(&c.timeout, "timeout", 0, "")
+	fs.Func("idle-timeout", "", func(v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return errors.New("want a duration of 0 (wait for ever) or more, e.g. 30s")
+		}
+		c.idle, c.idleSet = d, true
+		return nil
+	})
 	fs.IntVar(&c.qpTimeout, "qp-timeout", 14, "")
 	fs.BoolVar(&c.verbose, "v", false, "")
 	cli.AddSocketFlags(fs, &c.sock)

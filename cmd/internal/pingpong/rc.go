@@ -142,11 +142,11 @@ func (pc *ppContext) loop(ctx context.Context, c *pingpongConfig) error {
 	for rcnt < c.iters || scnt < c.iters {
 		n, err := pc.SCQ.Wait(ctx, wcs[:])
 		if err != nil {
-			return fmt.Errorf("waiting for completions after %d sends and %d receives of %d: %w", scnt, rcnt, c.iters, err)
+			return fmt.Errorf("waiting for completions after %d sends and %d receives of %d: %w", scnt, rcnt, c.iters, ppWaitErr(ctx, err))
 		}
 		for _, wc := range wcs[:n] {
 			if wc.Status != transport.WCSuccess {
-				return fmt.Errorf("failed status %s (%d) for wr_id %d", wc.Status, uint8(wc.Status), wc.WRID)
+				return wcError(c, wc, pc.Dev, false)
 			}
 			switch wc.WRID {
 			case ppSendWRID:

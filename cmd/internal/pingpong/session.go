@@ -108,7 +108,12 @@ func runSession(ctx context.Context, c *pingpongConfig, stdout io.Writer, usr1 *
 		return err
 	}
 	start := time.Now()
-	if err := s.loop(ctx, c); err != nil {
+	lctx, stopIdle := watchIdle(ctx, s.device(), c.idleTimeout(), c.kind, c.iters)
+	err = s.loop(lctx, c)
+	if idle := stopIdle(); err != nil {
+		if idle != nil && ctx.Err() == nil {
+			return fmt.Errorf("%w\n  (%s)", err, ppVerboseHint(c))
+		}
 		return ppCtxErr(ctx, err)
 	}
 	printPingpongResult(stdout, c, time.Since(start))
@@ -139,10 +144,30 @@ func printPingpongResult(w io.Writer, c *pingpongConfig, el time.Duration) {
 
 // ppCtxErr names the timeout or cancellation when ctx ended the run.
 func ppCtxErr(ctx context.Context, err error) error {
-	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) && !errors.Is(err, context.Cause(ctx)) {
 		return fmt.Errorf("%w (%v)", err, context.Cause(ctx))
 	}
 	return err
+}
+
+// ppWaitErr is the error of a wait for completions that failed with err:
+// the cause of ctx when ctx ended it (an interrupt, --timeout, the idle
+// watch), so that the message says why rather than "context canceled".
+func ppWaitErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		if cause := context.Cause(ctx); cause != nil {
+			return cause
+		}
+	}
+	return err
+}
+
+// ppVerboseHint points at -v when it was not given.
+func ppVerboseHint(c *pingpongConfig) string {
+	if c.verbose {
+		return "the device's counters are above"
+	}
+	return "-v prints the device's counters"
 }
 
 // ppDestString formats a destination like the tools' address lines.

@@ -206,11 +206,11 @@ func (sc *srqContext) loop(ctx context.Context, c *pingpongConfig) error {
 	for rcnt < c.iters || scnt < c.iters {
 		n, err := sc.SCQ.Wait(ctx, wcs)
 		if err != nil {
-			return fmt.Errorf("waiting for completions after %d sends and %d receives of %d: %w", scnt, rcnt, c.iters, err)
+			return fmt.Errorf("waiting for completions after %d sends and %d receives of %d: %w", scnt, rcnt, c.iters, ppWaitErr(ctx, err))
 		}
 		for _, wc := range wcs[:n] {
 			if wc.Status != transport.WCSuccess {
-				return fmt.Errorf("failed status %s (%d) for wr_id %d on QP 0x%06x", wc.Status, uint8(wc.Status), wc.WRID, wc.QPN)
+				return wcError(c, wc, sc.Dev, true)
 			}
 			qi, ok := sc.index[wc.QPN]
 			if !ok {

@@ -25,6 +25,11 @@ const (
 `
 	optODP  = "  -o, --odp              accepted and ignored\n"
 	optTail = `      --timeout=DUR      give up when the whole run takes longer (default 0 = no limit)
+      --idle-timeout=DUR give up when nothing has arrived from the peer for DUR
+                         during the run (default 10s, longer with a large
+                         --qp-timeout; 0 waits for ever, as the tool): a peer
+                         with a smaller -n, another -s or ping-pong, or that
+                         died, otherwise leaves this side waiting
       --qp-timeout=T     RC/UC QP local ACK timeout, 4.096 µs × 2^T (default 14, the
                          tool's; 7 retries): raise it for a peer that may stall
   -v                     print the device counters (rxe's names) at the end; SIGUSR1
