@@ -37,6 +37,14 @@ func runPerf(ctx context.Context, t oob.PerfTest, args []string, stdout, stderr 
 	if code, done := cli.FlagsResult(t.String(), perfUsage(t), err, stdout, stderr); done {
 		return code
 	}
+	if c.pcap != "" {
+		// A file that cannot be written is said at start-up (exit 2, as
+		// every command's), not to the first client.
+		if err := cli.CheckCapturePath(c.pcap); err != nil {
+			fmt.Fprintf(stderr, "rocev2d %s: %v\n", t, err)
+			return cli.ExitUsage
+		}
+	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("--timeout %v reached", c.timeout))
@@ -59,11 +67,6 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		local netip.Addr
 		err   error
 	)
-	if c.pcap != "" {
-		if err := cli.CheckCapturePath(c.pcap); err != nil {
-			return err
-		}
-	}
 	if c.rdmaCM {
 		// -R: the device first; the exchange runs over an rdma_cm
 		// connection on it.
@@ -250,7 +253,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			return fmt.Errorf("--check: %w", err)
 		}
 		if err := s.verify(role, sizes); err != nil {
-			return fmt.Errorf("--check: %w", err)
+			return fmt.Errorf("--check: %w\n  (%s)", err, checkHint)
 		}
 		fmt.Fprintln(stdout, " data check: ok")
 	}

@@ -189,9 +189,9 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 			}
 			if err := checkPattern(s.dst(i)[:size], 0); err != nil {
 				if nq > 1 {
-					return fmt.Errorf("--check: received data on QP %d: %w", i, err)
+					return fmt.Errorf("--check: received data on QP %d: %w\n  (%s)", i, err, checkHint)
 				}
-				return fmt.Errorf("--check: received data: %w", err)
+				return fmt.Errorf("--check: received data: %w\n  (%s)", err, checkHint)
 			}
 		}
 	}

@@ -8,6 +8,10 @@ import (
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
 )
 
+// checkHint follows a --check mismatch: the pattern comes from the peer,
+// which fills its source only when it runs with --check too.
+const checkHint = "the data comes from the peer's source, which holds the pattern only when the peer is a rocev2d run with --check too and the same -s, -n, -q and test"
+
 // perfPattern is the byte at offset off of a --check source region.
 func perfPattern(off int) byte { return byte(off*131 + off>>8 + 7) }
 

@@ -40,7 +40,7 @@ over a UDP socket on port 4791 of the local address. With -R both sides
 connect through rdma_cm (IB CM MADs to QP1) instead, as %[2]s -R does.
 
 options:
-  -s, --size=BYTES        message size (default %[3]d; atomics always 8)
+  -s, --size=BYTES        message size (default %[3]d; the atomic tests refuse any but 8)
   -n, --iters=N           iterations (default %[4]d, at least 5)
   -a, --all               run sizes 2, 4, ... 8388608 (not for atomics)
   -D, --duration=SEC      run for SEC seconds instead of -n (bandwidth tests)
@@ -182,6 +182,10 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	}
 	isAtomic := t == oob.AtomicBW || t == oob.AtomicLat
 	if isAtomic {
+		if c.size != 8 && flagSet(fs, "s", "size") {
+			// perftest: "Message size cannot be changed for Atomic tests".
+			return nil, fmt.Errorf("-s %d: the message size of the atomic tests cannot be changed (always 8 bytes)", c.size)
+		}
 		c.size = 8
 		if c.all {
 			return nil, errors.New("-a: atomic tests have one size (8 bytes)")
@@ -207,10 +211,10 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, errors.New("-b with -D is not supported; use -n")
 	case c.duration > 0 && c.all:
 		return nil, errors.New("-D and -a cannot be combined")
-	case c.qps != 1 && !t.IsBW():
-		return nil, fmt.Errorf("-q %d: multiple QPs only available on bw tests (as perftest)", c.qps)
 	case c.qps < 1 || c.qps > oob.MaxPerfQPs:
 		return nil, fmt.Errorf("-q %d: number of QPs must be between 1 and %d", c.qps, oob.MaxPerfQPs)
+	case c.qps != 1 && !t.IsBW():
+		return nil, fmt.Errorf("-q %d: multiple QPs only available on bw tests (as perftest)", c.qps)
 	case c.txDepth < 1 || c.txDepth > 15000:
 		return nil, fmt.Errorf("-t %d: tx depth must be between 1 and 15000", c.txDepth)
 	case c.rxDepth < 1 || c.rxDepth > 16384:
@@ -234,6 +238,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	}
 	if c.bind, err = cli.ParseBind(bind); err != nil {
 		return nil, err
+	}
+	if c.rdmaCM && c.server == "" && !c.bind.IsValid() {
+		return nil, errors.New("-R as a server needs --bind IP: the local address to accept rdma_cm connections and run RoCEv2 on")
 	}
 	return c, nil
 }

@@ -107,3 +107,36 @@ func TestPerfTestMismatch(t *testing.T) {
 		})
 	}
 }
+
+// TestPerfCheckOneSide: --check on one side only fails on the checking
+// side (the peer's source holds no pattern), and the message says that
+// the peer needs --check too instead of only naming a byte.
+func TestPerfCheckOneSide(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two devices over loopback sockets")
+	}
+	for _, tc := range []struct {
+		test               string
+		srvFlags, cliFlags []string
+		srvFails           bool
+	}{
+		{"write-bw", []string{"--check"}, nil, true},
+		{"read-bw", nil, []string{"--check"}, false},
+	} {
+		t.Run(tc.test, func(t *testing.T) {
+			common := []string{"-n", "20", "-s", "100", "--timeout", "20s"}
+			srv, client := runPerfSides(t, mismatchSrv, mismatchCli, tc.test, tc.test, append(common, tc.srvFlags...), append(common, tc.cliFlags...))
+			failed, other := srv, client
+			if !tc.srvFails {
+				failed, other = client, srv
+			}
+			if failed.code != cli.ExitFail || !strings.Contains(failed.errOut, "--check: size 100: byte 0 is 0x00") ||
+				!strings.Contains(failed.errOut, "only when the peer is a rocev2d run with --check too") {
+				t.Errorf("checking side: exit %d\n%s%s", failed.code, failed.out, failed.errOut)
+			}
+			if other.code != cli.ExitOK {
+				t.Errorf("other side: exit %d\n%s%s", other.code, other.out, other.errOut)
+			}
+		})
+	}
+}

@@ -357,11 +357,23 @@ func TestPerfFlags(t *testing.T) {
 		{[]string{"send-bw", "a", "b"}, `unexpected argument "b"`},
 		{[]string{"write-lat", "-b"}, "-b: bidirectional mode is for the bandwidth tests"},
 		{[]string{"send-bw", "--bidirectional", "-D", "2"}, "-b with -D"},
+		// perftest refuses another size for the atomics; rocev2d took 8.
+		{[]string{"atomic-bw", "-s", "4096"}, "-s 4096: the message size of the atomic tests cannot be changed"},
+		{[]string{"atomic-lat", "--size=-1"}, "-s -1: the message size of the atomic tests cannot be changed"},
+		// The range first: -q 0 is no request for several QPs.
+		{[]string{"read-lat", "-q", "0"}, "-q 0: number of QPs must be between 1 and"},
+		// A usage error, said before anything opens.
+		{[]string{"write-bw", "-R"}, "-R as a server needs --bind IP"},
 	}
 	for _, b := range bad {
-		code, out, errOut := runIn(t, b.args...)
-		if code != cli.ExitUsage || !strings.Contains(errOut, b.msg) {
-			t.Errorf("%v: exit %d, stderr %q (stdout %q), want exit 2 naming %q", b.args, code, errOut, out, b.msg)
+		// Bounded: a command that takes bad flags for good ones starts a
+		// server and waits for a client.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var o, e bytes.Buffer
+		code := run(ctx, b.args, &o, &e)
+		cancel()
+		if code != cli.ExitUsage || !strings.Contains(e.String(), b.msg) {
+			t.Errorf("%v: exit %d, stderr %q (stdout %q), want exit 2 naming %q", b.args, code, e.String(), o.String(), b.msg)
 		}
 	}
 	c, err := parsePerfFlags(oob.WriteBW, []string{"--size=100", "-n", "7", "-F", "10.0.0.1", "--tx-depth", "3", "-u", "17", "-x", "3"})
@@ -375,9 +387,11 @@ func TestPerfFlags(t *testing.T) {
 	if err != nil || c.size != 2 || c.iters != 1000 || c.txDepth != 1 || c.role() != oob.Server {
 		t.Errorf("lat defaults %+v %v", c, err)
 	}
-	c, err = parsePerfFlags(oob.AtomicBW, []string{"-s", "4096"})
-	if err != nil || c.size != 8 || len(c.sizes()) != 1 {
-		t.Errorf("atomic size %+v %v", c, err)
+	for _, args := range [][]string{nil, {"-s", "8"}} {
+		c, err = parsePerfFlags(oob.AtomicBW, args)
+		if err != nil || c.size != 8 || len(c.sizes()) != 1 {
+			t.Errorf("atomic size %v: %+v %v", args, c, err)
+		}
 	}
 	c, _ = parsePerfFlags(oob.SendBW, []string{"-a"})
 	if s := c.sizes(); len(s) != 23 || s[0] != 2 || s[22] != 1<<23 {
@@ -476,14 +490,15 @@ func TestPerfErrors(t *testing.T) {
 
 // TestPerfBadPcapAtStart: a server whose --pcap cannot be written says so
 // at start-up, before any client connects (it said so only to the first
-// client); a writable --pcap leaves no file behind the check.
+// client), with the usage status 2 as every command's bad --pcap; a
+// writable --pcap leaves no file behind the check.
 func TestPerfBadPcapAtStart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	bad := filepath.Join(t.TempDir(), "no-such-dir", "x.pcap")
 	var o, e bytes.Buffer
 	code := run(ctx, []string{"write-bw", "-p", strconv.Itoa(freeTCPPort(t)), "--pcap", bad}, &o, &e)
-	if code != 1 || !strings.Contains(e.String(), "--pcap "+bad+": open") || ctx.Err() != nil {
+	if code != cli.ExitUsage || !strings.Contains(e.String(), "--pcap "+bad+": open") || ctx.Err() != nil {
 		t.Fatalf("exit %d, ctx %v, stderr %q", code, ctx.Err(), e.String())
 	}
 	good := filepath.Join(t.TempDir(), "y.pcap")
