@@ -238,6 +238,8 @@ func ListenSocket(addr netip.Addr, opts udp.SocketOptions, advice string) (*udp.
 		}
 	case errors.Is(err, syscall.EADDRNOTAVAIL):
 		advice = "the address is not configured on this host; " + advice
+	case errors.Is(err, syscall.EINVAL) && NeedsZone(addr):
+		advice = fmt.Sprintf("a link-local address needs its zone, the interface it is on, e.g. %v%%eth0", addr)
 	}
 	return nil, fmt.Errorf("cannot open a RoCEv2 socket on %v: %w\n  (%s)", netip.AddrPortFrom(addr, udp.Port), err, advice)
 }

@@ -80,16 +80,14 @@ func ParseWithServer(fs *flag.FlagSet, args []string) (server string, err error)
 	}
 }
 
-// ParseBind parses a --bind address; "" is the zero Addr (not set).
+// ParseBind parses a --bind address (ParseIP: brackets accepted, a port
+// or a link-local address without its zone refused); "" is the zero Addr
+// (not set).
 func ParseBind(s string) (netip.Addr, error) {
 	if s == "" {
 		return netip.Addr{}, nil
 	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("--bind %q: not an IP address", s)
-	}
-	return a.Unmap(), nil
+	return ParseIP("--bind", s, "")
 }
 
 // PairOptions are the options of the commands that run two endpoints in

@@ -430,8 +430,8 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if err == nil {
 		if addr == "" {
 			err = errors.New("--addr (the target's address) is required")
-		} else if peer, err = netip.ParseAddr(addr); err != nil {
-			err = fmt.Errorf("--addr: %v", err)
+		} else {
+			peer, err = cli.ParseIP("--addr", addr, "--port")
 		}
 	}
 	if err == nil && sub != "discover" && nqn == "" {

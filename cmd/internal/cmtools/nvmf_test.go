@@ -144,6 +144,9 @@ func TestNvmfUsage(t *testing.T) {
 		{host("read", "--length", "4k", "--offset", "-512"), "--offset"},
 		{host("write", "--in", "/dev/null", "--length", "512"), "--in and --length"},
 		{[]string{"nvmf-host", "identify", "--bind", "127.0.0.2", "--nqn", "x"}, "--addr (the target's address) is required"},
+		{[]string{"nvmf-host", "identify", "--bind", "127.0.0.2", "--nqn", "x", "--addr", "127.0.0.1:4420"}, `--addr "127.0.0.1:4420": give the address alone; --port sets the port`},
+		{[]string{"nvmf-host", "identify", "--bind", "127.0.0.2", "--nqn", "x", "--addr", "localhost"}, `--addr "localhost": not an IP address`},
+		{[]string{"nvmf-target", "--bind", "fe80::1", "--nqn", "x", "--size", "1m"}, "--bind fe80::1: a link-local address needs its zone"},
 	} {
 		var out, errb lockedBuffer
 		if code := run(context.Background(), tc.args, &out, &errb); code != cli.ExitUsage || !strings.Contains(errb.String(), tc.msg) {

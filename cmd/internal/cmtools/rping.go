@@ -418,8 +418,14 @@ func (r *rping) run(ctx context.Context) error {
 	return r.runClient(ctx, netip.AddrPortFrom(peer, uint16(c.port)), &opts)
 }
 
-// resolveAddr is rping's get_addr: an IP address or a host name.
+// resolveAddr is rping's get_addr: an IP address or a host name. An
+// address in brackets is taken, one with a port or a link-local one
+// without its zone is refused, saying why, before any name lookup.
 func resolveAddr(ctx context.Context, s string) (netip.Addr, error) {
+	s, err := cli.PeerArg("address", s, "-p")
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("getaddrinfo failed (%v) - invalid hostname or IP address", err)
+	}
 	if a, err := netip.ParseAddr(s); err == nil {
 		return a.Unmap(), nil
 	}

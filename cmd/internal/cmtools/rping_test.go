@@ -67,6 +67,25 @@ func TestRpingFlags(t *testing.T) {
 	}
 }
 
+// TestRpingAddressForms: -a as users type it: in brackets it is taken; with
+// a port, or link-local without its zone, it is refused saying why,
+// before any name lookup ("lookup 127.0.0.1:7174: no such host" before).
+func TestRpingAddressForms(t *testing.T) {
+	ctx := context.Background()
+	if a, err := resolveAddr(ctx, "[::1]"); err != nil || a != netip.IPv6Loopback() {
+		t.Errorf("[::1]: %v, %v", a, err)
+	}
+	for _, tc := range []struct{ s, want string }{
+		{"127.0.0.1:7174", `address "127.0.0.1:7174": give the address alone; -p sets the port`},
+		{"[::1]:7174", "-p sets the port"},
+		{"fe80::1", "address fe80::1: a link-local address needs its zone"},
+	} {
+		if _, err := resolveAddr(ctx, tc.s); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "getaddrinfo failed") {
+			t.Errorf("%s: %v, want getaddrinfo's failure naming %q", tc.s, err, tc.want)
+		}
+	}
+}
+
 // TestRpingUsage: rping's exit status 22 (EINVAL) and its messages.
 func TestRpingUsage(t *testing.T) {
 	for _, tc := range []struct {

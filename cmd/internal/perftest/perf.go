@@ -189,6 +189,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		},
 		Reported: func(local, remote oob.Report) error { return s.reported(local, remote, role, stdout) },
 	}
+	clampMTU(c, local, stdout, stderr)
 	params := oob.DefaultParams
 	params.MTU = c.mtu
 	res, err := sess.RunQPs(ctx, plan, params, s.locals(), hooks)
@@ -449,4 +450,32 @@ func (s *perfSide) sendBidi(ctx context.Context, size int, stdout, stderr io.Wri
 		return rep, e
 	}
 	return rep, err
+}
+
+// perfLinkOf is cli.LinkOf (a variable for tests).
+var perfLinkOf = cli.LinkOf
+
+// clampMTU lowers c.mtu (-m) to what the interface holding local carries,
+// as perftest lowers it to the port's active MTU, which rxe derives from
+// its interface's MTU (cli.ActiveMTU): with -m 4096 on a 1500-byte link
+// every full packet would be refused by the host (send_err) and the run
+// would end in "transport retry counter exceeded". It prints perftest's
+// two lines and, on stderr, why.
+func clampMTU(c *perfConfig, local netip.Addr, stdout, stderr io.Writer) {
+	name, linkMTU, ok := perfLinkOf(local)
+	if !ok {
+		return
+	}
+	active, ok := cli.ActiveMTU(linkMTU)
+	if !ok {
+		active = transport.MTU256
+	}
+	act, _ := oob.MTUFromBytes(active.Bytes())
+	if c.mtu <= act {
+		return
+	}
+	fmt.Fprintf(stdout, "Requested mtu is higher than active mtu \nChanging to active mtu - %d\n", act)
+	fmt.Fprintf(stderr, "rocev2d %s: -m %d: %s (%v) has MTU %d, whose RoCEv2 packets carry at most %d bytes (the largest path MTU up to the interface's MTU - %d, as rxe's port): running with %d\n",
+		c.test, c.mtu.Bytes(), name, local, linkMTU, act.Bytes(), cli.RXEHeaderRoom, act.Bytes())
+	c.mtu = act
 }

@@ -239,6 +239,11 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	if c.bind, err = cli.ParseBind(bind); err != nil {
 		return nil, err
 	}
+	if c.server != "" {
+		if c.server, err = cli.PeerArg("server", c.server, "-p"); err != nil {
+			return nil, err
+		}
+	}
 	if c.rdmaCM && c.server == "" && !c.bind.IsValid() {
 		return nil, errors.New("-R as a server needs --bind IP: the local address to accept rdma_cm connections and run RoCEv2 on")
 	}

@@ -364,6 +364,10 @@ func TestPerfFlags(t *testing.T) {
 		{[]string{"read-lat", "-q", "0"}, "-q 0: number of QPs must be between 1 and"},
 		// A usage error, said before anything opens.
 		{[]string{"write-bw", "-R"}, "-R as a server needs --bind IP"},
+		// Addresses as users type them.
+		{[]string{"write-bw", "127.0.0.1:18515"}, `server "127.0.0.1:18515": give the address alone; -p sets the port`},
+		{[]string{"read-lat", "fe80::1"}, "server fe80::1: a link-local address needs its zone"},
+		{[]string{"send-bw", "--bind", "127.0.0.1:4791"}, "give the address alone (RoCEv2 always uses UDP port 4791)"},
 	}
 	for _, b := range bad {
 		// Bounded: a command that takes bad flags for good ones starts a

@@ -55,6 +55,10 @@ func TestFlags(t *testing.T) {
 		{kind: ppRC, name: "bad iters", args: []string{"-n", "-1"}, wantErr: "-n -1"},
 		{kind: ppRC, name: "bad bind", args: []string{"--bind", "host"}, wantErr: "--bind"},
 		{kind: ppRC, name: "two servers", args: []string{"a", "b"}, wantErr: `unexpected argument "b"`},
+		{kind: ppRC, name: "server in brackets", args: []string{"[2001:db8::1]"}, want: with(ppRC, func(c *pingpongConfig) { c.server = "2001:db8::1" })},
+		{kind: ppRC, name: "server with a port", args: []string{"127.0.0.1:18515"}, wantErr: `server "127.0.0.1:18515": give the address alone; -p sets the port`},
+		{kind: ppUD, name: "link-local server without zone", args: []string{"fe80::1"}, wantErr: "server fe80::1: a link-local address needs its zone"},
+		{kind: ppRC, name: "link-local bind without zone", args: []string{"--bind", "fe80::2"}, wantErr: "--bind fe80::2: a link-local address needs its zone"},
 		{kind: ppRC, name: "unknown flag", args: []string{"-x"}, wantErr: "-x"},
 		// RC, UC: no -o (ud-pingpong's and srq-pingpong's); none has -q but srq-pingpong.
 		{kind: ppRC, name: "no -o", args: []string{"-o"}, wantErr: "-o"},

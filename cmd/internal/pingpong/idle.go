@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/transport"
 )
 
@@ -143,11 +144,16 @@ func wcHint(c *pingpongConfig, wc transport.WC, dev *transport.Device) string {
 		return fmt.Sprintf("the peer refused the message: its receive buffer is smaller than this side's -s %d, or it uses another path MTU than -m %d; both sides need the same -s and -m",
 			c.size, c.mtu.Bytes())
 	case transport.WCRetryExcErr:
-		h := "the peer stopped acknowledging: it exited or was killed, or the path to it drops the packets"
 		if n := dev.Counters().SendErr; n > 0 {
-			h += fmt.Sprintf("; this host refused %d of this side's sends (send_err): packets larger than the interface's MTU? a smaller -m fits", n)
+			h := fmt.Sprintf("this host refused %d of this side's sends (send_err)", n)
+			if name, linkMTU, ok := cli.LinkOf(dev.Addr()); ok {
+				if m, ok := cli.ActiveMTU(linkMTU); ok && m < c.mtu {
+					return h + fmt.Sprintf(": %s has MTU %d, too small for packets of -m %d; -m %d fits (both sides need the same -m)", name, linkMTU, c.mtu.Bytes(), m.Bytes())
+				}
+			}
+			return h + ": packets larger than the interface's MTU? a smaller -m fits (both sides need the same -m)"
 		}
-		return h
+		return "the peer stopped acknowledging: it exited or was killed, or the path to it drops the packets"
 	case transport.WCRNRRetryExcErr:
 		return "the peer had no receive posted (RNR) for too long"
 	}

@@ -207,6 +207,11 @@ func parsePPFlags(args []string, kind ppKind) (*pingpongConfig, error) {
 	if c.bind, err = cli.ParseBind(bind); err != nil {
 		return nil, fmt.Errorf("%w: %w", cli.ErrUsage, err)
 	}
+	if c.server != "" {
+		if c.server, err = cli.PeerArg("server", c.server, "-p"); err != nil {
+			return nil, fmt.Errorf("%w: %w", cli.ErrUsage, err)
+		}
+	}
 	return c, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/netip"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
@@ -29,11 +28,22 @@ func init() {
 }
 
 func runShare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) != 2 || (args[0] != "status" && args[0] != "remove") {
-		fmt.Fprint(stderr, shareUsage)
+	var why string
+	switch {
+	case len(args) == 0:
+		why = "missing subcommand (status or remove)"
+	case args[0] != "status" && args[0] != "remove":
+		why = fmt.Sprintf("unknown subcommand %q", args[0])
+	case len(args) == 1:
+		why = "missing ADDR"
+	case len(args) > 2:
+		why = fmt.Sprintf("unexpected argument %q after ADDR", args[2])
+	}
+	if why != "" {
+		fmt.Fprintf(stderr, "rocev2d share: %s\n%s", why, shareUsage)
 		return cli.ExitUsage
 	}
-	addr, err := netip.ParseAddr(args[1])
+	addr, err := cli.ParseIP("ADDR", args[1], "")
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d share: %v\n", err)
 		return cli.ExitUsage

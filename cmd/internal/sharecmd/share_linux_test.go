@@ -24,6 +24,23 @@ func TestShareStatus(t *testing.T) {
 	if code, _, _ := runIn(t, "share", "status", "not-an-address"); code != cli.ExitUsage {
 		t.Errorf("share status with a bad address: exit %d", code)
 	}
+	// What is wrong is said before the usage text (it was the usage
+	// alone, or Go's ParseAddr("localhost"): unable to parse IP).
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"share"}, "rocev2d share: missing subcommand (status or remove)\n"},
+		{[]string{"share", "stat", "127.0.0.1"}, `rocev2d share: unknown subcommand "stat"`},
+		{[]string{"share", "status"}, "rocev2d share: missing ADDR\n"},
+		{[]string{"share", "status", "127.0.0.1", "x"}, `rocev2d share: unexpected argument "x" after ADDR`},
+		{[]string{"share", "status", "localhost"}, `rocev2d share: ADDR "localhost": not an IP address`},
+		{[]string{"share", "remove", "[::1]:4791"}, "give the address alone (RoCEv2 always uses UDP port 4791)"},
+	} {
+		if code, _, errOut := runIn(t, tc.args...); code != cli.ExitUsage || !strings.Contains(errOut, tc.msg) {
+			t.Errorf("%q: exit %d, stderr %q, want %q", tc.args, code, errOut, tc.msg)
+		}
+	}
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("sharing needs root (CI=true: not skipping)")

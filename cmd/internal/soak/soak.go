@@ -154,14 +154,22 @@ func parseSoakFlags(name string, args []string) (*soakConfig, error) {
 	}
 	var err error
 	if addr != "" {
-		if c.addr, err = netip.ParseAddr(addr); err != nil {
-			return nil, fmt.Errorf("--addr %q: %v", addr, err)
+		if c.addr, err = cli.ParseIP("--addr", addr, ""); err != nil {
+			return nil, err
 		}
 	}
 	if server != "" {
-		if c.server, err = netip.ParseAddr(server); err != nil {
-			return nil, fmt.Errorf("--server %q: %v", server, err)
+		if c.server, err = cli.ParseIP("--server", server, "--port"); err != nil {
+			return nil, err
 		}
+	}
+	// The children need their addresses: soak gives them; a user who
+	// runs one by hand learns which.
+	switch {
+	case name == "soak-server" && !c.addr.IsValid():
+		return nil, errors.New("--addr (the server's address) is required; soak-server is started by `rocev2d soak`, which gives it")
+	case name == "soak-client" && (!c.addr.IsValid() || !c.server.IsValid()):
+		return nil, errors.New("--addr (the client's address) and --server (the server's) are required; soak-client is started by `rocev2d soak`, which gives them")
 	}
 	return c, nil
 }

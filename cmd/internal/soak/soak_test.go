@@ -102,7 +102,26 @@ func TestSoakFlags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--churn=0 (never): %v", err)
 	}
-	if _, err := parseSoakFlags("soak-server", c.childArgs()); err != nil {
+	if _, err := parseSoakFlags("soak-server", append([]string{"--addr", "127.1.2.1"}, c.childArgs()...)); err != nil {
 		t.Errorf("the children's flags: %v", err)
+	}
+	if _, err := parseSoakFlags("soak-client", append([]string{"--addr", "127.1.2.5", "--server", "127.1.2.1"}, c.childArgs()...)); err != nil {
+		t.Errorf("the children's flags: %v", err)
+	}
+	// A child run by hand without its addresses is told which it needs
+	// (it said "cannot open a RoCEv2 socket on invalid AddrPort").
+	for _, tc := range []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"soak-server", nil, "--addr (the server's address) is required; soak-server is started by `rocev2d soak`"},
+		{"soak-client", []string{"--addr", "127.1.2.5"}, "--addr (the client's address) and --server (the server's) are required"},
+		{"soak-client", []string{"--server", "127.1.2.1"}, "--addr (the client's address) and --server (the server's) are required"},
+		{"soak-client", []string{"--addr", "127.1.2.5", "--server", "127.1.2.1:7900"}, `--server "127.1.2.1:7900": give the address alone; --port sets the port`},
+	} {
+		if _, err := parseSoakFlags(tc.name, tc.args); err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s %q: %v, want an error naming %q", tc.name, tc.args, err, tc.msg)
+		}
 	}
 }
