@@ -169,6 +169,9 @@ func demoCases() []demoCase {
 	return cs
 }
 
+// demoCreateCapture is cli.CreateCapture (a variable for tests).
+var demoCreateCapture = cli.CreateCapture
+
 // demoResult is the outcome of one case.
 type demoResult struct {
 	demoCase
@@ -188,7 +191,7 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 	}
 	var pw *pcaptap.Writer
 	if c.pcap != "" {
-		if pw, err = cli.CreateCapture(c.pcap, c.snaplen); err != nil {
+		if pw, err = demoCreateCapture(c.pcap, c.snaplen); err != nil {
 			la.Close()
 			lb.Close()
 			fmt.Fprintf(stderr, "rocev2d demo: %v\n", err)
@@ -252,10 +255,10 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 	// Close the devices before the capture so that every packet is in it.
 	a.Close()
 	b.Close()
+	var captureErr error
 	if pw != nil {
-		if err := pw.Close(); err != nil {
-			fmt.Fprintf(stderr, "rocev2d demo: --pcap %s: %v\n", c.pcap, err)
-			failed++
+		if captureErr = pw.Close(); captureErr != nil {
+			fmt.Fprintf(stderr, "rocev2d demo: --pcap %s: %v\n", c.pcap, captureErr)
 		} else {
 			fmt.Fprintf(stdout, "\nwrote %d packets to %s\n", pw.Packets(), c.pcap)
 		}
@@ -266,6 +269,10 @@ func demo(ctx context.Context, c *demoConfig, stdout, stderr io.Writer) int {
 		return cli.ExitFail
 	case failed > 0:
 		fmt.Fprintf(stdout, "\nFAIL: %d of %d cases failed\n", failed, ran)
+		return cli.ExitFail
+	case captureErr != nil:
+		// Not a case that failed: the capture is incomplete.
+		fmt.Fprintf(stdout, "\nFAIL: all %d cases passed, but the capture %s is incomplete: %v\n", ran, c.pcap, captureErr)
 		return cli.ExitFail
 	}
 	fmt.Fprintf(stdout, "\nPASS: all %d cases checked byte for byte\n", ran)

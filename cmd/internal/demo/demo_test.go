@@ -3,12 +3,15 @@
 package demo
 
 import (
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/cmd/internal/pcaptap"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -125,5 +128,38 @@ func TestDemoErrors(t *testing.T) {
 	code, _, errOut = runIn(t, "demo")
 	if code != cli.ExitFail || !strings.Contains(errOut, "127.0.0.1:4791") || !strings.Contains(errOut, "--mem") {
 		t.Errorf("port in use: exit %d %s", code, errOut)
+	}
+}
+
+// fullDisk accepts n bytes, then fails every write as a full disk does.
+type fullDisk struct{ n int }
+
+func (f *fullDisk) Write(p []byte) (int, error) {
+	if len(p) > f.n {
+		k := f.n
+		f.n = 0
+		return k, fmt.Errorf("write x.pcap: %w", syscall.ENOSPC)
+	}
+	f.n -= len(p)
+	return len(p), nil
+}
+
+// TestDemoCaptureFails: a capture that fails during the run (a full disk)
+// fails the demo with a verdict that says so: every case passed; it said
+// "FAIL: 1 of 27 cases failed" above 27 rows of "ok".
+func TestDemoCaptureFails(t *testing.T) {
+	defer func(f func(string, int) (*pcaptap.Writer, error)) { demoCreateCapture = f }(demoCreateCapture)
+	demoCreateCapture = func(path string, snaplen int) (*pcaptap.Writer, error) {
+		return pcaptap.NewWriterSnap(&fullDisk{n: 64 << 10}, snaplen)
+	}
+	code, out, errOut := runInRetry(t, "demo", "--mem", "--pcap", "x.pcap")
+	if code != cli.ExitFail {
+		t.Fatalf("exit %d, want %d\n%s%s", code, cli.ExitFail, out, errOut)
+	}
+	if !strings.Contains(out, "FAIL: all 27 cases passed, but the capture x.pcap is incomplete: ") || strings.Contains(out, "cases failed") {
+		t.Errorf("verdict:\n%s", out)
+	}
+	if !strings.Contains(errOut, "--pcap x.pcap: ") || !strings.Contains(errOut, "no space left on device") {
+		t.Errorf("stderr %q", errOut)
 	}
 }
