@@ -47,7 +47,7 @@ options:
   --file PATH        a regular file or block device as the namespace; a
                      file that does not exist is created with --size bytes
   --size BYTES       the namespace's size (memory when no --file); k/m/g
-                     suffixes (powers of 1024)
+                     suffixes (powers of 1024); whole blocks of --block-size
   --ro               read-only namespace (writes fail: write protected)
   --nguid HEX        the namespace's NGUID (32 hex digits). Default: derived
                      from the NQN and the file's device, inode and birth time
@@ -170,6 +170,12 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	case err != nil:
 	case port <= 0 || port > 65535:
 		err = fmt.Errorf("--port %d: want 1..65535", port)
+	case bs != 512 && bs != 4096:
+		err = fmt.Errorf("--block-size %d: want 512 or 4096", bs)
+	case nbytes%int64(bs) != 0:
+		// The tail beyond the last whole block would be reported in the
+		// size and never reachable.
+		err = fmt.Errorf("--size %s: %d bytes is not a multiple of the %d-byte block size (--block-size)", size, nbytes, bs)
 	case qsize < 2 || qsize > 1024:
 		err = fmt.Errorf("--queue-size %d: want 2..1024", qsize)
 	case ioq < 1 || ioq > 1024:
@@ -213,7 +219,11 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if file != "" {
 		fb, err := nvmf.OpenFile(file, nbytes, ro)
 		if err != nil {
-			fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
+			if errors.Is(err, os.ErrNotExist) && size == "" {
+				fmt.Fprintf(stderr, "rocev2d nvmf-target: --file: %v (--size creates it)\n", err)
+				return cli.ExitFail
+			}
+			fmt.Fprintf(stderr, "rocev2d nvmf-target: --file: %v\n", err)
 			return cli.ExitFail
 		}
 		defer fb.Close()
@@ -484,16 +494,17 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		}
 	}
 	if err == nil && (sub == "bench" || sub == "verify") {
-		bss, err = parseList(bsList)
+		bss, err = parseList("--bs", bsList, 1<<30)
 		if err == nil {
-			qds, err = parseList(qdList)
+			qds, err = parseList("--qd", qdList, nvmfMaxQD)
 		}
 	}
 	if code, done := cli.FlagsResult("nvmf-host", nvmfHostUsage, err, stdout, stderr); done {
 		return code
 	}
+	target := netip.AddrPortFrom(peer, uint16(port))
 	fail := func(err error) int {
-		fmt.Fprintf(stderr, "rocev2d nvmf-host %s: %v\n", sub, err)
+		fmt.Fprintf(stderr, "rocev2d nvmf-host %s: %v\n", sub, nvmfHostErr(ctx, err, target, local, nqn))
 		return cli.ExitFail
 	}
 	link, err := cli.ListenSocket(local, sock.Options(false, 0), "pick another address with --bind")
@@ -509,7 +520,6 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if verbose {
 		defer cli.PrintCounters(stdout, local.String(), dev)
 	}
-	target := netip.AddrPortFrom(peer, uint16(port))
 	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu, RemoteInvalidate: invalidate,
 		CtrlLossTimeout: lossTmo, IOTimeout: ioTmo, AdminTimeout: adminTmo}
 	if lossTmo == 0 {
@@ -678,16 +688,45 @@ func nvmfHostChecks(sub string, ioq, qsize, port int, dur, lossTmo, ioTmo, admin
 	return nil
 }
 
-func parseList(s string) ([]int, error) {
+// parseList parses the list of flag name (--bs, --qd): sizes of 1 to max
+// each (4096, 64k, 1m).
+func parseList(name, s string, max int64) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		v, err := parseSize(strings.TrimSpace(f))
-		if err != nil || v <= 0 || v > 1<<30 {
-			return nil, fmt.Errorf("bad list element %q", f)
+		if err != nil || v <= 0 || v > max {
+			return nil, fmt.Errorf("%s %q: %q is not a number from 1 to %d (the list is comma-separated)", name, s, f, max)
 		}
 		out = append(out, int(v))
 	}
 	return out, nil
+}
+
+// nvmfMaxQD bounds --qd: the commands a bench or verify keeps in flight,
+// one goroutine each (a million of them starved the keep-alive and made
+// the process deaf to SIGTERM); four times Linux's largest I/O queue.
+const nvmfMaxQD = 4096
+
+// nvmfHostErr is err with what it means when the command line can say
+// more than the library: the context's cause when a signal or a timeout
+// ended the run ("context canceled" before), no answer from the target, a
+// Connect the target refused.
+func nvmfHostErr(ctx context.Context, err error, target netip.AddrPort, local netip.Addr, nqn string) error {
+	var st nvme.Status
+	switch {
+	case ctx.Err() != nil:
+		if cause := context.Cause(ctx); cause != nil && !strings.Contains(err.Error(), cause.Error()) {
+			return fmt.Errorf("%w (%v)", err, cause)
+		}
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w\n  (no answer from %v: is a target (rocev2d nvmf-target, Linux's nvmet-rdma) listening on that address and --port, "+
+			"and does UDP 4791 reach it from --bind %v?)", err, target, local)
+	case errors.As(err, &st) && st.Code() == nvme.StatusConnectInvalidParam:
+		return fmt.Errorf("%w\n  (the target refused the Connect: has it a subsystem --nqn %q? `rocev2d nvmf-host discover` lists them; or is --queue-size above its own?)", err, nqn)
+	case errors.As(err, &st) && st.Code() == nvme.StatusConnectInvalidHost:
+		return fmt.Errorf("%w\n  (the target does not allow this host's NQN: see its --host list)", err)
+	}
+	return err
 }
 
 type benchResult struct{ iops, mbps, latUs float64 }

@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -93,6 +95,50 @@ func TestNvmfLoopback(t *testing.T) {
 	}
 }
 
+// TestNvmfHostSaysWhy: what the host's errors say besides the library's
+// words: a subsystem the target does not have, a target that does not
+// answer, an interrupt (each was a bare "invalid connect parameters",
+// "context deadline exceeded" or "context canceled").
+func TestNvmfHostSaysWhy(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	port := cmPort()
+	srv := startCMServer(t, &nvmfListening, "nvmf-target", "--bind", "127.0.0.1", "--port", port, "--nqn", "nqn.2026-12.io.rocev2:why", "--size", "1m")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r := runCmd(t, ctx, "nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port, "--nqn", "nqn.2026-12.io.rocev2:other")
+	if r.code != cli.ExitFail || !strings.Contains(r.errOut, "invalid connect parameters") ||
+		!strings.Contains(r.errOut, `has it a subsystem --nqn "nqn.2026-12.io.rocev2:other"? `+"`rocev2d nvmf-host discover` lists them") {
+		t.Errorf("unknown subsystem: exit %d, stderr %q", r.code, r.errOut)
+	}
+	srv.wait(t, 0)
+
+	// A black hole on UDP 4791: the Connect is never answered.
+	hole, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 93), Port: 4791})
+	if err != nil {
+		t.Skipf("UDP 127.0.0.93:4791: %v", err)
+	}
+	defer hole.Close()
+	go func() {
+		b := make([]byte, 2048)
+		for {
+			if _, _, err := hole.ReadFrom(b); err != nil {
+				return
+			}
+		}
+	}()
+	r = runCmd(t, ctx, "nvmf-host", "discover", "--bind", "127.0.0.94", "--addr", "127.0.0.93", "--port", port)
+	if r.code != cli.ExitFail || !strings.Contains(r.errOut, "no answer from 127.0.0.93:"+port+": is a target") {
+		t.Errorf("no answer: exit %d, stderr %q", r.code, r.errOut)
+	}
+	ictx, interrupt := context.WithCancelCause(ctx)
+	time.AfterFunc(300*time.Millisecond, func() { interrupt(errors.New("interrupt signal received")) })
+	r = runCmd(t, ictx, "nvmf-host", "discover", "--bind", "127.0.0.94", "--addr", "127.0.0.93", "--port", port)
+	if r.code != cli.ExitFail || !strings.Contains(r.errOut, "(interrupt signal received)") {
+		t.Errorf("interrupted: exit %d, stderr %q", r.code, r.errOut)
+	}
+}
+
 func TestNvmfUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"nvmf-target", "--bind", "127.0.0.1", "--size", "1m"},
@@ -144,12 +190,26 @@ func TestNvmfUsage(t *testing.T) {
 		{host("read", "--length", "4k", "--offset", "-512"), "--offset"},
 		{host("write", "--in", "/dev/null", "--length", "512"), "--in and --length"},
 		{[]string{"nvmf-host", "identify", "--bind", "127.0.0.2", "--nqn", "x"}, "--addr (the target's address) is required"},
+		// The lists name their flag (it was "bad list element"); a queue
+		// depth of a million goroutines hung the host.
+		{host("bench", "--qd", "1m"), `--qd "1m": "1m" is not a number from 1 to 4096`},
+		{host("verify", "--bs", "4k,0"), `--bs "4k,0": "0" is not a number from 1 to`},
+		// A block size the target cannot use, a size that is no whole
+		// number of blocks: said before anything opens (exit 1 naming a
+		// Go field, and a namespace with an unreachable tail, before).
+		{append(tgt, "--block-size", "1000"), "--block-size 1000: want 512 or 4096"},
+		{[]string{"nvmf-target", "--bind", "127.0.0.1", "--nqn", "x", "--size", "1000"}, "--size 1000: 1000 bytes is not a multiple of the 512-byte block size"},
+		{[]string{"nvmf-target", "--bind", "127.0.0.1", "--nqn", "x", "--size", "6k", "--block-size", "4096"}, "--size 6k: 6144 bytes is not a multiple of the 4096-byte block size"},
 		{[]string{"nvmf-host", "identify", "--bind", "127.0.0.2", "--nqn", "x", "--addr", "127.0.0.1:4420"}, `--addr "127.0.0.1:4420": give the address alone; --port sets the port`},
 		{[]string{"nvmf-host", "identify", "--bind", "127.0.0.2", "--nqn", "x", "--addr", "localhost"}, `--addr "localhost": not an IP address`},
 		{[]string{"nvmf-target", "--bind", "fe80::1", "--nqn", "x", "--size", "1m"}, "--bind fe80::1: a link-local address needs its zone"},
 	} {
+		// Bounded: a target that takes a bad value serves until stopped.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		var out, errb lockedBuffer
-		if code := run(context.Background(), tc.args, &out, &errb); code != cli.ExitUsage || !strings.Contains(errb.String(), tc.msg) {
+		code := run(ctx, tc.args, &out, &errb)
+		cancel()
+		if code != cli.ExitUsage || !strings.Contains(errb.String(), tc.msg) {
 			t.Errorf("%q: exit %d, stderr %q, want exit %d naming %q", tc.args, code, errb.String(), cli.ExitUsage, tc.msg)
 		}
 	}
