@@ -50,8 +50,11 @@ options (getopt style: -vV, -C50 and -C 50 all work):
   -I addr        client: source address (the local RoCEv2 address)
   -p port        rdma_cm port (default 7174)
   -C count       pings (client; default 0 = until interrupted). The server
-                 serves until the client disconnects
-  -S size        ping data size, 23..65535 (default 64)
+                 serves until the client disconnects; a server that
+                 disconnects first fails a counted client (exit 255;
+                 rping's exits 0)
+  -S size        ping data size, 23..65535 (default 64); the server's must
+                 be at least the client's
   -v             print the ping data ("ping data: ..." on the client,
                  "server ping data: ..." on the server)
   -V             client: check that the data came back unchanged
@@ -804,7 +807,7 @@ func (r *rping) testClient(ctx context.Context) error {
 		}
 		// Wait for the server to ACK.
 		if stop, err := r.expect(gctx, cctx, evRecv, "RDMA_WRITE_ADV"); stop {
-			return err
+			return r.cutShort(ctx, ping, err)
 		}
 		r.formatSend(r.rdmaMR)
 		if err := r.postInfo(); err != nil {
@@ -812,7 +815,7 @@ func (r *rping) testClient(ctx context.Context) error {
 		}
 		// Wait for the server to say the RDMA Write is complete.
 		if stop, err := r.expect(gctx, cctx, evRecv, "RDMA_WRITE_COMPLETE"); stop {
-			return err
+			return r.cutShort(ctx, ping, err)
 		}
 		if c.validate && string(r.startBuf) != string(r.rdmaBuf) {
 			fmt.Fprintf(r.stderr, "data mismatch!\n")
@@ -823,6 +826,20 @@ func (r *rping) testClient(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// cutShort is the end of a client loop that expect stopped after done
+// pings with err: rping ends with success when the server disconnects,
+// whatever -C asked for ("return (cb->state == DISCONNECTED) ? 0 :
+// ret"); rocev2d does so only for -C 0 (until the server ends) and says
+// that a counted run was cut short, exit 255: a client that asked for
+// -C 3 and got none (the server failed and disconnected) exited 0.
+func (r *rping) cutShort(ctx context.Context, done int, err error) error {
+	if err != nil || r.c.count == 0 || done >= r.c.count || ctx.Err() != nil {
+		return err
+	}
+	fmt.Fprintf(r.stderr, "rocev2d rping: the server disconnected after %d of -C %d pings (its output says why)\n", done, r.c.count)
+	return errReported
 }
 
 // rpingFill writes ping's data into buf as rping_test_client does: the
@@ -919,6 +936,13 @@ func (r *rping) testServer(ctx context.Context) error {
 		}
 		readInfo()
 		r.debugf("server received sink adv\n")
+		if int(remoteLen) > len(r.rdmaBuf) {
+			// rping posts the READ anyway and fails on its completion
+			// (a local protection or length error): say why instead.
+			fmt.Fprintf(r.stderr, "rocev2d rping: the client pings with %d bytes, more than this server's -S %d: the server READs the client's data into its own buffer; give both sides the same -S\n",
+				remoteLen, len(r.rdmaBuf))
+			return errReported
+		}
 		// The RDMA READ of the client's start buffer into the rdma buffer.
 		if err := r.post(transport.SendWR{WRID: rpingWRID, Opcode: transport.WRRead, Flags: transport.SendSignaled,
 			SGEs: []memreg.SGE{r.rdmaMR.SGE(0, remoteLen)}, RemoteAddr: remoteAddr, RKey: remoteRKey}); err != nil {

@@ -446,3 +446,25 @@ func TestRpingPersistent(t *testing.T) {
 		t.Errorf("the server saw %d disconnects, want 6:\n%s", n, s.errOut)
 	}
 }
+
+// TestRpingSizeMismatch: a client pinging with more bytes than the
+// server's -S: the server says so (it failed on "post send error ...
+// out of bounds"), and the client, whose -C 3 pings did not happen,
+// exits 255 saying that the server cut it short (rping's client exits 0
+// whenever the server disconnects; rocev2d's still does for -C 0).
+func TestRpingSizeMismatch(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	port := cmPort()
+	srv := startCMServer(t, &rpingListening, "rping", "-s", "-a", "127.0.0.1", "-p", port, "-S", "100")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli := runCmd(t, ctx, "rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-S", "200", "-C", "3", "-V")
+	s := srv.wait(t, 10*time.Second)
+	if s.code != rpingExitFail || !strings.Contains(s.errOut, "the client pings with 200 bytes, more than this server's -S 100") {
+		t.Errorf("server: exit %d\n%s%s", s.code, s.out, s.errOut)
+	}
+	if cli.code != rpingExitFail || !strings.Contains(cli.errOut, "the server disconnected after 0 of -C 3 pings") {
+		t.Errorf("client: exit %d\n%s%s", cli.code, cli.out, cli.errOut)
+	}
+}
