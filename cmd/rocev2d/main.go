@@ -118,7 +118,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
 		if len(args) > 1 {
-			if args[1] == "help" { // help is listed with the commands: its usage is the list
+			switch args[1] {
+			case "help", "-h", "-help", "--help":
+				// help is listed with the commands: its usage is the
+				// list (`help -h` called -h an unknown command).
 				printHelp(stdout)
 				return cli.ExitOK
 			}

@@ -30,6 +30,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"-h"}, cli.ExitOK, "commands:"},
 		{[]string{"help", "pcap"}, cli.ExitOK, "write-sample"},
 		{[]string{"help", "help"}, cli.ExitOK, "show this list"},
+		{[]string{"help", "-h"}, cli.ExitOK, "commands:"},
+		{[]string{"--help", "--help"}, cli.ExitOK, "commands:"},
 		{[]string{"help", "nope"}, cli.ExitUsage, `unknown command "nope"`},
 		{[]string{"nope"}, cli.ExitUsage, `unknown command "nope"`},
 		{[]string{"pcap"}, cli.ExitUsage, "rocev2d pcap check"},

@@ -186,7 +186,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return code
 	}
 	if err := bench(ctx, c, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "rocev2d bench: %v\n", err)
+		fmt.Fprintf(stderr, "rocev2d bench: %v\n", cli.CtxErr(ctx, err))
 		return cli.ExitFail
 	}
 	return cli.ExitOK

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -109,5 +111,23 @@ func TestListenSocketLinkLocalAdvice(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "a link-local address needs its zone") {
 		t.Errorf("error %q names no zone", err)
+	}
+}
+
+// TestCtxErr: an error of a run cut short names the cause of its context
+// (an interrupt, --timeout), once; other errors pass unchanged.
+func TestCtxErr(t *testing.T) {
+	base := errors.New("WRITE 65536 B: context canceled")
+	if got := CtxErr(context.Background(), base); got != base {
+		t.Errorf("live context: %v", got)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(errors.New("interrupt signal received"))
+	got := CtxErr(ctx, base)
+	if got.Error() != "WRITE 65536 B: context canceled (interrupt signal received)" || !errors.Is(got, base) {
+		t.Errorf("interrupted: %v", got)
+	}
+	if again := CtxErr(ctx, got); again.Error() != got.Error() {
+		t.Errorf("cause named twice: %v", again)
 	}
 }

@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"strings"
 )
 
 // Exit statuses shared by every subcommand.
@@ -40,3 +42,18 @@ func (r *Registry) Register(name, summary, usage string, run RunFunc) {
 
 // Commands returns the commands added so far.
 func (r *Registry) Commands() []Command { return r.cmds }
+
+// CtxErr is err, followed by the cause of ctx in parentheses when ctx has
+// ended (SIGINT, SIGTERM, --timeout) and err does not say it already: a
+// run cut short says "interrupt signal received", not only "context
+// canceled".
+func CtxErr(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	cause := context.Cause(ctx)
+	if cause == nil || strings.Contains(err.Error(), cause.Error()) {
+		return err
+	}
+	return fmt.Errorf("%w (%v)", err, cause)
+}

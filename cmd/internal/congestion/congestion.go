@@ -171,7 +171,9 @@ func parseCongestionFlags(args []string) (*ccConfig, error) {
 		return nil, fmt.Errorf("--interval %v: want (0, --duration]", c.interval)
 	case c.duration/c.interval > 100000:
 		return nil, fmt.Errorf("--interval %v: at most 100000 samples per run", c.interval)
-	case c.stagger < 0 || c.stagger*time.Duration(c.flows-1) >= c.duration:
+	case c.stagger < 0:
+		return nil, fmt.Errorf("--stagger %v: want 0 (all at once) or more", c.stagger)
+	case c.stagger*time.Duration(c.flows-1) >= c.duration:
 		return nil, fmt.Errorf("--stagger %v: the last flow must start before --duration %v", c.stagger, c.duration)
 	case c.size < 1 || c.size > 1<<30:
 		return nil, fmt.Errorf("--size %d: want 1 to 1 GiB", c.size)
@@ -268,14 +270,14 @@ func runCongestion(ctx context.Context, args []string, stdout, stderr io.Writer)
 	// Create the output files first: a bad path fails before the run.
 	var csvF, svgF *os.File
 	for _, o := range []struct {
-		path string
-		f    **os.File
-	}{{c.csvPath, &csvF}, {c.svgPth, &svgF}} {
+		flag, path string
+		f          **os.File
+	}{{"--csv", c.csvPath, &csvF}, {"--svg", c.svgPth, &svgF}} {
 		if o.path == "" {
 			continue
 		}
 		if *o.f, err = os.Create(o.path); err != nil {
-			fmt.Fprintf(stderr, "rocev2d congestion: %v\n", err)
+			fmt.Fprintf(stderr, "rocev2d congestion: %s: %v\n", o.flag, err)
 			return cli.ExitUsage
 		}
 		defer (*o.f).Close()

@@ -214,8 +214,17 @@ func TestCongestionFlags(t *testing.T) {
 		}
 	}
 	var o, e bytes.Buffer
-	if code := runCongestion(context.Background(), []string{"--csv", filepath.Join(t.TempDir(), "no", "such", "dir.csv")}, &o, &e); code != cli.ExitUsage {
-		t.Errorf("unwritable --csv: exit %d, want %d", code, cli.ExitUsage)
+	if code := runCongestion(context.Background(), []string{"--csv", filepath.Join(t.TempDir(), "no", "such", "dir.csv")}, &o, &e); code != cli.ExitUsage ||
+		!strings.HasPrefix(e.String(), "rocev2d congestion: --csv: open ") {
+		t.Errorf("unwritable --csv: exit %d, want %d; stderr %q (naming --csv)", code, cli.ExitUsage, e.String())
+	}
+	e.Reset()
+	if code := runCongestion(context.Background(), []string{"--svg", t.TempDir()}, &o, &e); code != cli.ExitUsage || !strings.HasPrefix(e.String(), "rocev2d congestion: --svg: open ") {
+		t.Errorf("--svg a directory: exit %d, stderr %q (naming --svg)", code, e.String())
+	}
+	// A negative stagger is no start after --duration.
+	if _, err := parseCongestionFlags([]string{"--stagger", "-1ms"}); err == nil || err.Error() != "--stagger -1ms: want 0 (all at once) or more" {
+		t.Errorf("--stagger -1ms: %v", err)
 	}
 }
 

@@ -185,11 +185,22 @@ func TestPcapCheckUnreadable(t *testing.T) {
 		1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 0, 0, 0, 0x7f}, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	empty := filepath.Join(dir, "empty.pcap")
+	short := filepath.Join(dir, "short.pcap")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(short, []byte{0xd4, 0xc3, 0xb2, 0xa1, 2, 0}, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		files []string
 		want  string
 	}{
 		{[]string{garbage}, "not a pcap or pcapng file"},
+		// An empty file says so (it said "header: EOF").
+		{[]string{empty}, empty + ": empty file, not a pcap or pcapng capture"},
+		{[]string{short}, short + ": not a pcap or pcapng file: header: unexpected EOF (the file is shorter than a pcap header)"},
 		{[]string{filepath.Join(dir, "missing.pcap")}, "no such file or directory"},
 		{[]string{ng}, "pcapng"},
 		{[]string{cut}, "frame 1: file ends inside a record"},

@@ -85,7 +85,11 @@ const (
 func newPcapReader(br *bufio.Reader) (*pcapReader, error) {
 	var h [24]byte
 	if err := readFull(br, h[:]); err != nil {
-		return nil, fmt.Errorf("not a pcap or pcapng file: header: %w", err)
+		if errors.Is(err, io.EOF) {
+			// No byte at all (was "header: EOF").
+			return nil, errors.New("empty file, not a pcap or pcapng capture")
+		}
+		return nil, fmt.Errorf("not a pcap or pcapng file: header: %w (the file is shorter than a pcap header)", err)
 	}
 	p := &pcapReader{r: br}
 	switch {

@@ -184,7 +184,7 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		for _, n := range c.qps {
 			row, err := scaleRow(ctx, c, n, stdout)
 			if err != nil {
-				fmt.Fprintf(stderr, "rocev2d scale: %d QPs: %v\n", n, err)
+				fmt.Fprintf(stderr, "rocev2d scale: %d QPs: %v\n", n, cli.CtxErr(ctx, err))
 				return cli.ExitFail
 			}
 			fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio),
@@ -201,7 +201,7 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	for _, n := range c.qps {
 		row, err := scaleRow(ctx, c, n, stdout)
 		if err != nil {
-			fmt.Fprintf(stderr, "rocev2d scale: %d QPs: %v\n", n, err)
+			fmt.Fprintf(stderr, "rocev2d scale: %d QPs: %v\n", n, cli.CtxErr(ctx, err))
 			return cli.ExitFail
 		}
 		fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), fmt.Sprintf("%.0f", row.bytesPerQP), strconv.Itoa(row.goroutines),
