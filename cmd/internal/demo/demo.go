@@ -110,7 +110,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if code, done := cli.FlagsResult("demo", demoUsage, err, stdout, stderr); done {
 		return code
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("--timeout %v reached", c.timeout))
 	defer cancel()
 	return demo(ctx, c, stdout, stderr)
 }

@@ -115,6 +115,12 @@ func TestDemoErrors(t *testing.T) {
 	if code != cli.ExitUsage || !strings.Contains(errOut, "-m 9000") {
 		t.Errorf("bad mtu: exit %d %s", code, errOut)
 	}
+	// A run --timeout stops names the flag (it said "context deadline
+	// exceeded"): at 60 % loss the 27 cases take far longer than 200ms.
+	code, out, _ := runIn(t, "demo", "--mem", "--loss", "0.6", "--timeout", "200ms")
+	if code != cli.ExitFail || !strings.Contains(out, "FAIL: stopped after") || !strings.Contains(out, "--timeout 200ms reached") {
+		t.Errorf("--timeout: exit %d\n%s", code, out)
+	}
 	if testing.Short() {
 		return
 	}

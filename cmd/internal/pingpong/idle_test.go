@@ -14,7 +14,7 @@ import (
 // TestIdleTimeout: a side whose peer stops sending gives up once nothing
 // has arrived for --idle-timeout and says why, where the tools wait for
 // ever (each case bounds the run with --timeout 30s: a side that still
-// hangs fails it with "context deadline exceeded").
+// hangs fails it with "--timeout 30s reached").
 func TestIdleTimeout(t *testing.T) {
 	t.Run("pingpong/fewer iterations on the server", func(t *testing.T) {
 		srv, clnt := runPPPair(t, ppRC, []string{"--timeout", "30s", "--idle-timeout", "300ms"}, []string{"-n", "5"}, []string{"-n", "10"})

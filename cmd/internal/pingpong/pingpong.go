@@ -224,7 +224,7 @@ func runPPCmd(ctx context.Context, args []string, kind ppKind, stdout, stderr io
 	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("--timeout %v reached", c.timeout))
 		defer cancel()
 	}
 	usr1 := cli.WatchSIGUSR1(stderr)

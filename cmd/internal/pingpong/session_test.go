@@ -199,7 +199,7 @@ func TestErrors(t *testing.T) {
 		t.Run(name+"/server timeout", func(t *testing.T) {
 			port := strconv.Itoa(freeTCPPort(t))
 			r := runKind(ctx, tc.kind, "-p", port, "--timeout", "200ms")
-			if r.code != cli.ExitFail || !strings.Contains(r.err, "waiting for a client on TCP port "+port) {
+			if r.code != cli.ExitFail || !strings.Contains(r.err, "waiting for a client on TCP port "+port+": --timeout 200ms reached") {
 				t.Fatalf("exit %d, stderr %q", r.code, r.err)
 			}
 		})

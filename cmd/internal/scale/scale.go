@@ -170,7 +170,7 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if code, done := cli.FlagsResult("scale", scaleUsage, err, stdout, stderr); done {
 		return code
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("--timeout %v reached", c.timeout))
 	defer cancel()
 	link := "UDP sockets"
 	if c.mem {
