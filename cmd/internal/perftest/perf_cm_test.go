@@ -172,7 +172,7 @@ func TestPerfRDMACMMismatch(t *testing.T) {
 	})
 	t.Run("flags", func(t *testing.T) {
 		code, _, errOut := runIn(t, "write-bw", "-R")
-		if code != cli.ExitFail || !strings.Contains(errOut, "-R as a server needs --bind") {
+		if code != cli.ExitUsage || !strings.Contains(errOut, "-R as a server needs --bind") {
 			t.Errorf("-R server without --bind: exit %d: %s", code, errOut)
 		}
 		code, _, errOut = runIn(t, "send-bw", "-z", "127.0.0.2")
