@@ -4,7 +4,7 @@
 // ibv_ud_pingpong (ud-pingpong), ibv_srq_pingpong (srq-pingpong) and
 // perftest (write-bw, read-lat, ...), librdmacm's examples connecting
 // through the IB connection manager (rping, rdma-server, rdma-client,
-// udaddy), a benchmark against raw UDP (bench), N flows into one bottleneck of
+// udaddy, cmtime, ucmatose), a benchmark against raw UDP (bench), N flows into one bottleneck of
 // the in-memory switch with ECN, CNPs and DCQCN, drawn as CSV and SVG
 // (congestion), many QP pairs between two devices (scale), a churn test of
 // CM connections (soak), checks and writes RoCEv2 captures (pcap), injects
@@ -19,7 +19,7 @@
 // main only dispatches: every command lives in a family package under
 // cmd/internal (pingpong: the four ibv_*_pingpong peers; perftest:
 // write-bw .. atomic-lat; cmtools: librdmacm's rping, rdma-server,
-// rdma-client, udaddy; bench: raw UDP against the stack; congestion: DCQCN
+// rdma-client, udaddy, cmtime, ucmatose; bench: raw UDP against the stack; congestion: DCQCN
 // flows into the simulated switch; demo; scale; pcapcmd: pcap; faultscmd:
 // faults; soak: soak and its children; sharecmd: share), which exports its
 // commands as []cli.Command; families (below) lists the packages, one line

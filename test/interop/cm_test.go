@@ -103,6 +103,10 @@ type cmCell struct {
 	injected func(eg, in faults.Counters) []string
 	// fast bounds the time of a refused connection.
 	fast time.Duration
+	// stopHost: rocev2d's server serves until stopped (cmtime): SIGTERM
+	// once the tool's client has ended. killVM: the tool's server never
+	// ends by itself (cmtime): killed once rocev2d's client has ended.
+	stopHost, killVM bool
 }
 
 // cmDrop is a targeted fault on one hook of the tap.
@@ -1006,7 +1010,7 @@ func runCMCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cmCell
 		start := time.Now()
 		vm, vmErr = lab.Run(ctx, vmCmd, 150*time.Second)
 		hostD = time.Since(start)
-		if c.wantHost != 0 { // the server was only there to refuse
+		if c.wantHost != 0 || c.stopHost { // the server was only there to refuse, or serves until stopped
 			h.Cmd.Process.Signal(syscall.SIGTERM)
 		}
 		if c.loss > 0 && vmErr == nil && vm.Exit == 0 {
@@ -1049,6 +1053,10 @@ func runCMCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cmCell
 		}
 		hostCode, hostOut = waitHost(h, 150*time.Second)
 		hostD = time.Since(start)
+		if c.killVM {
+			vm, vmErr = v.Cancel()
+			break
+		}
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		vm, vmErr = v.Wait(wctx)
 		cancel()

@@ -50,7 +50,7 @@ var VMTools = []struct {
 	{Name: "ibv_ud_pingpong"}, {Name: "ibv_srq_pingpong"},
 	{Name: "ib_write_bw"}, {Name: "ib_write_lat"}, {Name: "ib_read_bw"}, {Name: "ib_read_lat"},
 	{Name: "ib_send_bw"}, {Name: "ib_send_lat"}, {Name: "ib_atomic_bw"}, {Name: "ib_atomic_lat"},
-	{Name: "rping"}, {Name: "rdma_server"}, {Name: "rdma_client"}, {Name: "udaddy"}, {Name: "rdma"}, {Name: "tcpdump", Optional: true},
+	{Name: "rping"}, {Name: "rdma_server"}, {Name: "rdma_client"}, {Name: "udaddy"}, {Name: "cmtime"}, {Name: "ucmatose"}, {Name: "rdma"}, {Name: "tcpdump", Optional: true},
 }
 
 // Config says where the lab keeps its files and how to report progress.

@@ -63,13 +63,16 @@ type EndpointConfig struct {
 	// RdAtomic is the device's READ/atomic depth limit
 	// (DeviceConfig.MaxRdAtomic; 0: the transport's default, 16).
 	RdAtomic int
+	// MaxQP bounds the device's QPs (DeviceConfig.MaxQP; 0: the
+	// transport's default, 1024): cmtime's thousands of connections.
+	MaxQP int
 }
 
 // NewEndpoint creates a device on link with one PD, the CQs and an RC (or
 // UC or UD) QP, and takes the QP to INIT, so that receives can be posted before
 // the peer is known. The Endpoint owns Link: on an error it is closed.
 func NewEndpoint(link udp.Link, cfg EndpointConfig) (*Endpoint, error) {
-	dev, err := transport.NewDevice(link, transport.DeviceConfig{PortMTU: cfg.PortMTU, Congestion: cfg.CC, Clock: cfg.Clock, MaxRdAtomic: cfg.RdAtomic})
+	dev, err := transport.NewDevice(link, transport.DeviceConfig{PortMTU: cfg.PortMTU, Congestion: cfg.CC, Clock: cfg.Clock, MaxRdAtomic: cfg.RdAtomic, MaxQP: cfg.MaxQP})
 	if err != nil {
 		link.Close()
 		return nil, err
