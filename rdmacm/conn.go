@@ -74,7 +74,10 @@ type Options struct {
 	// sooner if its context ends.
 	ResponseTimeout time.Duration
 	MaxRetries      int
-	// TrafficClass is the IP traffic class of the MADs and the QP.
+	// TrafficClass is the IP traffic class of the MADs and the QP. On
+	// the passive side (Accept, ListenOptions) zero takes the REQ's
+	// primary path traffic class, as Linux's CM does, so that a
+	// requester's DSCP holds both ways; a nonzero one overrides it.
 	TrafficClass uint8
 	// LocalPort is the active side's rdma_cm port in the request's header
 	// (default: a random ephemeral port, as the kernel picks one).

@@ -171,6 +171,12 @@ func (m *Manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 		l.shedLocked(mad.Src)
 	}
 	c := newConn(m, false, l.opts.Options.withDefaults())
+	if c.opts.TrafficClass == 0 {
+		// The MADs before Accept (an MRA, a REJ) go with the
+		// requester's traffic class, as Linux's CM answers with the
+		// REQ's (cm_init_av_for_response).
+		c.opts.TrafficClass = f.Primary.TrafficClass
+	}
 	c.listener = l
 	c.localID = m.newLocalID()
 	c.remoteID = f.LocalCommID

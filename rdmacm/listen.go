@@ -668,6 +668,14 @@ func (r *Request) reply(opts *Options) (_ *Conn, err error) {
 		return nil, err
 	}
 	o := opts.withDefaults()
+	if o.TrafficClass == 0 {
+		// The requester's traffic class, for the REP and every MAD
+		// after it and for the QP, as Linux's CM takes the passive
+		// side's path (traffic class included) from the REQ: a client
+		// that asks for a DSCP (rdma_set_option TOS; ucmatose -t) gets
+		// its answers in that class too.
+		o.TrafficClass = c.req.Primary.TrafficClass
+	}
 	var bound transport.MTU // an explicit PathMTU; zero: take the REQ's
 	if opts != nil {
 		bound = opts.PathMTU
