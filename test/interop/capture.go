@@ -43,6 +43,9 @@ type CaptureStats struct {
 	// (IPv6: hop limits) of rxe's packets.
 	VMSrcPorts map[uint16]int
 	VMTTLs     map[uint16]int
+	// DSCP counts each side's RoCEv2 packets by the DSCP of their IP
+	// traffic class (ECN bits off), keyed "host 8" / "vm 8".
+	DSCP map[string]int
 	// IPv6 counts the RoCEv2 packets over IPv6 (the rest are IPv4). For
 	// them, HostTTLs are the host's hop limits, HostFlowLabels and
 	// VMFlowLabels each side's flow labels, HostUDPCsumZero and
@@ -550,7 +553,7 @@ func analyzeMTU(in io.Reader, check DataCheck, pairs [][2]uint32, mtu int) (*Cap
 		return nil, err
 	}
 	s := &CaptureStats{Opcodes: map[string]int{}, HostIPIDs: map[uint16]int{}, HostSrcPorts: map[uint16]int{},
-		VMSrcPorts: map[uint16]int{}, VMTTLs: map[uint16]int{}, CM: map[string]int{}}
+		VMSrcPorts: map[uint16]int{}, VMTTLs: map[uint16]int{}, CM: map[string]int{}, DSCP: map[string]int{}}
 	s.Messages, s.NAKs = map[string]int{}, map[string]int{}
 	s.HostTTLs, s.HostFlowLabels, s.VMFlowLabels = map[uint16]int{}, map[uint32]int{}, map[uint32]int{}
 	s.HostMiddlePayloads, s.VMMiddlePayloads = map[int]int{}, map[int]int{}
@@ -626,6 +629,11 @@ func analyzeMTU(in io.Reader, check DataCheck, pairs [][2]uint32, mtu int) (*Cap
 			s.IPv6++
 			flow = binary.BigEndian.Uint32(ip[0:4]) & 0xfffff
 		}
+		tclass := ip[1] // IPv4 TOS
+		if is6 {
+			tclass = byte(binary.BigEndian.Uint16(ip[0:2]) >> 4)
+		}
+		s.DSCP[fmt.Sprintf("%s %d", map[bool]string{true: "host", false: "vm"}[fromHost], tclass>>2)]++
 		dir := "vm  "
 		if fromHost {
 			dir = "host"

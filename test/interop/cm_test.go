@@ -107,6 +107,9 @@ type cmCell struct {
 	// once the tool's client has ended. killVM: the tool's server never
 	// ends by itself (cmtime): killed once rocev2d's client has ended.
 	stopHost, killVM bool
+	// dscp, when > 0, is the DSCP every RoCEv2 packet of both sides must
+	// carry (the client's -t; the server follows the REQ's).
+	dscp int
 }
 
 // cmDrop is a targeted fault on one hook of the tap.
@@ -1132,6 +1135,17 @@ func runCMCell(t *testing.T, ctx context.Context, lab *Lab, img *Image, c cmCell
 		problems = append(problems, fmt.Sprintf("data check: %d SEND/WRITE packets without their message's first packet in the capture", st.DataUnplaced))
 	}
 	problems = append(problems, wc.done()...)
+	if c.dscp > 0 {
+		for _, side := range []string{"host", "vm"} {
+			n := st.FromHost
+			if side == "vm" {
+				n = st.FromVM
+			}
+			if got := st.DSCP[fmt.Sprintf("%s %d", side, c.dscp)]; got != n || n == 0 {
+				problems = append(problems, fmt.Sprintf("DSCP: %d of %s's %d packets carry DSCP %d (all: %v)", got, side, n, c.dscp, st.DSCP))
+			}
+		}
+	}
 	if st.BadICRC > 0 || st.Bad > 0 {
 		problems = append(problems, fmt.Sprintf("capture: %d bad ICRC, %d malformed", st.BadICRC, st.Bad))
 	}

@@ -107,6 +107,25 @@ func cmStormCells() []cmCell {
 			}
 			cs = append(cs, c)
 		}
+
+		// The client asks for a traffic class (-t 32: DSCP 8); the
+		// server, which sets none, must answer in it (Linux's CM takes
+		// the passive path from the REQ).
+		u := ucmatoseRun{2, 10, 1024}
+		c := cmCell{name: "ucmatose_tos32_rocev2d_" + role, toolName: "ucmatose", rocev2dServer: server,
+			label: "ucmatose " + u.args() + " -t 32 (client)", vmListenPS: "TCP", dscp: 8,
+			check: func(hostOut, vmOut string) []string { return checkUcmatoseOutputs(hostOut, vmOut, clientHost) },
+			wire:  func() wireCheck { return cmStormWire(clientHost, u.conns, true, u.count, u.size, false) },
+		}
+		if server {
+			c.host = append([]string{"ucmatose", "-b", HostIP, "--timeout", "120s", "--counters"}, strings.Fields(u.args())...)
+			c.vm = fmt.Sprintf("ucmatose -s %s %s -t 32", HostIP, u.args())
+		} else {
+			c.host = append([]string{"ucmatose", "-s", VMIP, "-b", HostIP, "-t", "32", "--timeout", "120s", "--counters"}, strings.Fields(u.args())...)
+			c.vm = fmt.Sprintf("ucmatose -b %s %s", VMIP, u.args())
+			c.vmListen = ucmatosePort
+		}
+		cs = append(cs, c)
 	}
 	return cs
 }
