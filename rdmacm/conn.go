@@ -67,10 +67,14 @@ type Options struct {
 	// more time once, as Linux's CM gives it: from then on each wait is
 	// ResponseTimeout plus the MRA's service timeout, the latter at most
 	// MRAWaitFactor × ResponseTimeout; the retry count runs on, and
-	// further MRAs change nothing. So a Dial (and an Accept's wait for
+	// further MRAs change nothing. An Accept's REP waits for its RTU at
+	// least as long as the REQ says its requester takes to answer (its
+	// local CM response timeout, as Linux's CM; Linux's rdma_cm asks for
+	// 4.3 s), at most MRAWaitFactor × ResponseTimeout, before it goes
+	// again. So a Dial (and an Accept's wait for
 	// the RTU) ends, ErrTimeout at the latest, within
 	// (MaxRetries+1) × (1+MRAWaitFactor) × ResponseTimeout (144 s with
-	// the defaults; 16 s without an MRA) whatever the peer sends —
+	// the defaults; 16 s for a Dial without an MRA) whatever the peer sends —
 	// sooner if its context ends.
 	ResponseTimeout time.Duration
 	MaxRetries      int
@@ -257,6 +261,11 @@ type Conn struct {
 	// the message out (REQ or REP); then it is the wait between its
 	// sends for the rest of that message's retries (onMRA).
 	mraWait time.Duration
+	// peerWait is how long the requester said it takes to answer a
+	// REP (the REQ's local CM response timeout; passive side), at most
+	// MRAWaitFactor response timeouts: the REP waits that long for its
+	// RTU before it goes again, as Linux's cm_req_handler times it.
+	peerWait time.Duration
 	// acceptTimer gives up on a request the application never answers.
 	acceptTimer transport.Timer
 	err         error
@@ -644,16 +653,20 @@ func (c *Conn) sendLocked(msg cm.Message) error {
 	c.retries = 0
 	c.mraWait = 0 // an MRA was for the previous message
 	err := c.m.sendMod(c.peer, c.opts.TrafficClass, c.tid, msg, &c.out, c.eceMod(msg))
-	c.armLocked(c.opts.ResponseTimeout)
+	c.armLocked(c.retryWaitLocked())
 	return err
 }
 
 // retryWaitLocked is how long the connection waits for an answer before
 // it sends its message again: the response timeout, or longer once the
-// peer's MRA asked for it.
+// peer's MRA asked for it, or, for a REP, when the REQ said the requester
+// takes longer to answer (peerWait).
 func (c *Conn) retryWaitLocked() time.Duration {
 	if c.mraWait > 0 {
 		return c.mraWait
+	}
+	if c.state == stREPSent && c.peerWait > c.opts.ResponseTimeout {
+		return c.peerWait
 	}
 	return c.opts.ResponseTimeout
 }
