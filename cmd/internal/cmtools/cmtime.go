@@ -127,6 +127,15 @@ func parseCmtimeFlags(args []string) (*cmtimeConfig, error) {
 // serves at once: its device's QP limit (transport.DeviceConfig.MaxQP).
 const cmtimeMaxConns = 4096
 
+// cmBacklog is the servers' ListenOptions.Backlog: as many half-open
+// requests as connections they make. Linux's rdma_listen(id, 0) bounds
+// only the connect requests the application has not read yet (rdma_ucm's
+// max_backlog, 1024), not the requests waiting for their RTU; with 1024
+// here, 3000 requests from the VM's cmtime at once (its RTUs lagging) had
+// 934 shed unanswered, each connected only by its REQ's resend ~6.5 s
+// later.
+const cmBacklog = cmtimeMaxConns
+
 // cmtimeListening, when set (by tests), is called once the server listens.
 var cmtimeListening func(addr netip.AddrPort)
 
@@ -404,10 +413,8 @@ func cmtimeServer(ctx context.Context, c *cmtimeConfig, stdout io.Writer) error 
 			printCMStats(stdout, c.bind.String(), rdmacm.StatsOf(e.Dev))
 		}()
 	}
-	// Every connection shares the CQs (cmtime's QPs carry no data); the
-	// backlog is librdmacm's default for rdma_listen(id, 0), the
-	// rdma_ucm module's max_backlog (1024).
-	l, err := rdmacm.Listen(e.Dev, uint16(c.port), &rdmacm.ListenOptions{Backlog: 1024,
+	// Every connection shares the CQs (cmtime's QPs carry no data).
+	l, err := rdmacm.Listen(e.Dev, uint16(c.port), &rdmacm.ListenOptions{Backlog: cmBacklog,
 		Options: rdmacm.Options{PD: e.PD, SendCQ: e.SCQ, RecvCQ: e.RCQ, MaxSendWR: 1, MaxRecvWR: 1}})
 	if err != nil {
 		return fmt.Errorf("failure trying to listen: %v", err)

@@ -48,7 +48,9 @@ options:
   -S n           message size in bytes (default 100)
   -p port        rdma_cm port (default 7471)
   -t tos         IP type of service of the MADs and the QPs
-  -a n           the QPs' local ACK timeout exponent (0..31; default 14)
+  -a n           the client's QPs' local ACK timeout exponent (0..31; default
+                 14); a server takes the REQ's, as rdmacm's Accept does (unlike
+                 Linux's, where the server's own -a wins)
   -P tcp, -f ip|name, -m   accepted (TCP port space, IP addresses; -m only
                  prints cmatose's "migrating to new event channel")
       --bind=IP  same as -b
@@ -358,7 +360,7 @@ func (u *ucmatose) client(ctx context.Context, addr netip.AddrPort) int {
 func (u *ucmatose) server(ctx context.Context) int {
 	c := u.c
 	o := u.options()
-	l, err := rdmacm.Listen(u.e.Dev, uint16(c.port), &rdmacm.ListenOptions{Options: o, Backlog: 1024})
+	l, err := rdmacm.Listen(u.e.Dev, uint16(c.port), &rdmacm.ListenOptions{Options: o, Backlog: cmBacklog})
 	if err != nil {
 		return u.fail("failure trying to listen: %v", err)
 	}
