@@ -32,6 +32,11 @@ type tctrl struct {
 	aers    []uint16 // parked AERs' command IDs
 	aborted []uint16 // AERs a reset or shutdown ended: the admin queue answers them
 	deleted bool
+	// The Error Information log (errlog.go), under mu: the last
+	// errLogSlots errors, errNext the slot the next one takes.
+	errLog   [errLogSlots]errEntry
+	errNext  int
+	errCount uint64
 }
 
 func (c *tctrl) discovery() bool { return c.sub == nil }
@@ -472,7 +477,7 @@ func (c *tctrl) identify(id nvme.Identify, out []byte) (nvme.Status, uint64, int
 			SGLS: nvme.SGLSSupported | nvme.SGLSKeyed, SubNQN: nvme.DiscoveryNQN}
 		if !c.discovery() {
 			f.SN, f.MN, f.SubNQN = c.sub.Serial, c.sub.Model, c.sub.NQN
-			f.RAB, f.CTRATT, f.ACL, f.AERL, f.FRMW, f.LPA, f.ELPE = 6, nvme.CtrattHostID128, 3, aerLimit-1, 1<<1|1, 1<<2, 0
+			f.RAB, f.CTRATT, f.ACL, f.AERL, f.FRMW, f.LPA, f.ELPE = 6, nvme.CtrattHostID128, 3, aerLimit-1, 1<<1|1, 1<<2, errLogSlots-1
 			f.SQES, f.CQES, f.NN = 0x66, 0x44, maxNSID(c.sub)
 			f.ONCS = nvme.ONCSWriteZeroes | nvme.ONCSDSM
 			f.VWC = 1
@@ -547,8 +552,10 @@ func (c *tctrl) logPage(g nvme.GetLogPage, out []byte) (nvme.Status, uint64, int
 	case c.discovery():
 		return nvme.StatusInvalidLogPage | nvme.StatusDNR, 0, 0
 	case g.LID == nvme.LogError:
-		page = make([]byte, 64)
-	case g.LID == nvme.LogSMART, g.LID == nvme.LogFWSlot:
+		page = c.errorLog()
+	case g.LID == nvme.LogSMART:
+		page = c.smartLog()
+	case g.LID == nvme.LogFWSlot:
 		page = make([]byte, 512)
 	case g.LID == nvme.LogChangedNS, g.LID == nvme.LogCmdEffects:
 		page = make([]byte, 4096)

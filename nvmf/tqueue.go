@@ -575,6 +575,10 @@ func (q *tqueue) respond(r *treq) {
 	if !r.status.OK() {
 		q.t.st.errs.Add(1)
 		r.out = 0
+		if q.ctrl != nil {
+			// Before the receive buffer (r.sqe) is posted again.
+			q.ctrl.logError(q.qid, r.cid, r.status, r.sqe)
+		}
 		if q.t.cfg.Log != nil && r.sqe != nil {
 			op := fmt.Sprintf("opcode %#x", uint8(r.sqe.Opcode()))
 			if r.sqe.Opcode() == nvme.OpcodeFabrics {
