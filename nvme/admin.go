@@ -170,6 +170,13 @@ const (
 	CtrattTBKAS     = 1 << 6
 )
 
+// Controller types (Identify Controller CNTRLTYPE, byte 111; 0 is
+// "not reported", which controllers of NVMe 1.3 and before may say).
+const (
+	CntrlTypeIO        = 1
+	CntrlTypeDiscovery = 2
+)
+
 // IdentifyController is a view of the 4096-byte Identify Controller data.
 type IdentifyController []byte
 
@@ -187,6 +194,7 @@ type IdentifyControllerFields struct {
 	VER        uint32
 	OAES       uint32
 	CTRATT     uint32
+	CNTRLTYPE  uint8
 	OACS       uint16
 	ACL        uint8
 	AERL       uint8
@@ -241,7 +249,7 @@ func (c IdentifyController) Fields() IdentifyControllerFields {
 	f := IdentifyControllerFields{VID: le.Uint16(c[0:]), SSVID: le.Uint16(c[2:]), SN: spaceString(c[4:24]),
 		MN: spaceString(c[24:64]), FR: spaceString(c[64:72]), RAB: c[72], CMIC: c[76], MDTS: c[77],
 		CNTLID: le.Uint16(c[78:]), VER: le.Uint32(c[80:]), OAES: le.Uint32(c[92:]), CTRATT: le.Uint32(c[96:]),
-		OACS: le.Uint16(c[256:]), ACL: c[258], AERL: c[259], FRMW: c[260], LPA: c[261], ELPE: c[262],
+		CNTRLTYPE: c[111], OACS: le.Uint16(c[256:]), ACL: c[258], AERL: c[259], FRMW: c[260], LPA: c[261], ELPE: c[262],
 		KAS: le.Uint16(c[320:]), SQES: c[512], CQES: c[513], MAXCMD: le.Uint16(c[514:]), NN: le.Uint32(c[516:]),
 		ONCS: le.Uint16(c[520:]), VWC: c[525], SGLS: le.Uint32(c[536:]), SubNQN: cstring(c[768:1024]),
 		IOCCSZ: le.Uint32(c[1792:]), IORCSZ: le.Uint32(c[1796:]), ICDOFF: le.Uint16(c[1800:]), FCATT: c[1802],
@@ -264,6 +272,7 @@ func (c IdentifyController) Encode(f *IdentifyControllerFields) {
 	le.PutUint32(c[80:], f.VER)
 	le.PutUint32(c[92:], f.OAES)
 	le.PutUint32(c[96:], f.CTRATT)
+	c[111] = f.CNTRLTYPE
 	le.PutUint16(c[256:], f.OACS)
 	c[258], c[259], c[260], c[261], c[262] = f.ACL, f.AERL, f.FRMW, f.LPA, f.ELPE
 	le.PutUint16(c[320:], f.KAS)

@@ -474,9 +474,9 @@ func (c *tctrl) identify(id nvme.Identify, out []byte) (nvme.Status, uint64, int
 	case id.CNS == nvme.CNSController:
 		f := nvme.IdentifyControllerFields{SN: "discovery", MN: "rocev2", FR: "1.0", MDTS: MDTS, CNTLID: c.id,
 			VER: nvme.Version(1, 3, 0), LPA: 1 << 2, MAXCMD: uint16(c.t.cfg.MaxQueueSize), KAS: kas,
-			SGLS: nvme.SGLSSupported | nvme.SGLSKeyed, SubNQN: nvme.DiscoveryNQN}
+			SGLS: nvme.SGLSSupported | nvme.SGLSKeyed, SubNQN: nvme.DiscoveryNQN, CNTRLTYPE: nvme.CntrlTypeDiscovery}
 		if !c.discovery() {
-			f.SN, f.MN, f.SubNQN = c.sub.Serial, c.sub.Model, c.sub.NQN
+			f.SN, f.MN, f.SubNQN, f.CNTRLTYPE = c.sub.Serial, c.sub.Model, c.sub.NQN, nvme.CntrlTypeIO
 			f.RAB, f.CTRATT, f.ACL, f.AERL, f.FRMW, f.LPA, f.ELPE = 6, nvme.CtrattHostID128, 3, aerLimit-1, 1<<1|1, 1<<2, errLogSlots-1
 			f.SQES, f.CQES, f.NN = 0x66, 0x44, maxNSID(c.sub)
 			f.ONCS = nvme.ONCSWriteZeroes | nvme.ONCSDSM
