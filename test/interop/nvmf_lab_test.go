@@ -253,6 +253,8 @@ echo done
 			}
 			return nil
 		})
+		cell("nvme_cli", "nvme-cli: discover, connect-all, connect -i/-Q/-k/-l/-c, list, id-ctrl, id-ns, logs, features, flush, write-zeroes, dsm, blkdiscard, reset, disconnect", 3*time.Minute,
+			nvmfCLIScript, checkNvmfCLI)
 		cell("mkfs", "mke2fs + mount, files, remount, checksums", 5*time.Minute, nvmfShell+nvmfMkfsBody+"echo done\n", nil)
 		cell("reset_during_io", "reset_controller during a 16 MiB write", 5*time.Minute, nvmfShell+nvmfResetBody+"echo done\n", nil)
 		cell("reconnect_20", "20 connect/delete_controller rounds", 8*time.Minute, nvmfShell+nvmfReconnectBody+"echo done\n", nil)
@@ -320,6 +322,7 @@ echo done
 			t.Logf("target error status x%d: %s", n, k)
 		}
 
+		nvmfCrashRestart(t, ctx, lab, img, add)
 		nvmfLinuxTarget(t, ctx, lab, img, add)
 	})
 }

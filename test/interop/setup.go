@@ -27,6 +27,7 @@ var Packages = []string{
 	"qemu-system-x86", "rdma-core", "ibverbs-utils", "ibverbs-providers", "perftest",
 	"rdmacm-utils", "busybox-static", "tcpdump", "kmod", "cpio", "iproute2",
 	"gcc", "libc6-dev", "libibverbs-dev", // to build vmtools/rv2imm.c
+	"nvme-cli", // nvme (with libnvme) against rocev2d nvmf-target (nvmf_cli_test.go)
 }
 
 // VMModules are the kernel modules the VM loads (with their dependencies,
@@ -51,6 +52,7 @@ var VMTools = []struct {
 	{Name: "ib_write_bw"}, {Name: "ib_write_lat"}, {Name: "ib_read_bw"}, {Name: "ib_read_lat"},
 	{Name: "ib_send_bw"}, {Name: "ib_send_lat"}, {Name: "ib_atomic_bw"}, {Name: "ib_atomic_lat"},
 	{Name: "rping"}, {Name: "rdma_server"}, {Name: "rdma_client"}, {Name: "udaddy"}, {Name: "cmtime"}, {Name: "ucmatose"}, {Name: "rdma"}, {Name: "tcpdump", Optional: true},
+	{Name: "nvme"},
 }
 
 // Config says where the lab keeps its files and how to report progress.
