@@ -32,7 +32,10 @@ import (
 // equal; reset_controller during a write, data intact; 20 connect /
 // delete_controller rounds; under 1 % loss on the tap, one cell doing the
 // filesystem, the reset, the 20 rounds and the dd again; the target's SENDs
-// with Invalidate (the Linux host asks for them) counted. rocev2d host ->
+// with Invalidate (the Linux host asks for them) counted; nvme-cli's
+// commands with each output checked (nvme_cli, nvmf_cli_test.go); with
+// the suite's target stopped, one of its own killed (SIGKILL, then
+// SIGINT) under the host's writes and started again. rocev2d host ->
 // Linux target: discover; a 64 MiB sweep of 4 KiB..1 MiB x queue depth
 // 1..32, every byte checked, with per-command keys nvmet-rdma invalidates;
 // a 4 MiB write --verify; bench; the port removed mid-bench.
