@@ -441,6 +441,20 @@ func (q *tqueue) admin(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 				return inval, 0, 0
 			}
 			return 0, 1, 0
+		case nvme.FeatHostID:
+			// The 128-bit host identifier of the Connect (nvmet's
+			// answer, nvme get-feature -f 0x81 -c 1 -l 16): it asks for
+			// the extended identifier (EXHID) and takes 16 bytes. A
+			// fabrics host sets it only in Connect.
+			switch {
+			case set:
+				return nvme.StatusCmdSeqError | nvme.StatusDNR, 0, 0
+			case f.Value&1 == 0:
+				return inval, 0, 0
+			case len(out) != len(c.hostID):
+				return nvme.StatusSGLInvalidData | nvme.StatusDNR, 0, 0
+			}
+			return 0, 0, copy(out, c.hostID[:])
 		}
 		return inval, 0, 0
 	case nvme.AdminGetLogPage:
