@@ -44,7 +44,7 @@ want discover "subnqn: +$N" nvme discover -t rdma -a $A -s 4420
 want connect-all "" nvme connect-all -t rdma -a $A -s 4420
 want list-subsys "nvme[0-9]+ rdma traddr=$A,trsvcid=4420 live" nvme list-subsys
 want disconnect-all "" nvme disconnect-all
-want connect-opts "" nvme connect -t rdma -a $A -s 4420 -n $N -i 1 -Q 32 -k 7 -l 30 -c 2
+want connect-opts "" nvme connect -t rdma -a $A -s 4420 -n $N -i 1 -Q 32 -k 7 -l 30 -c 2 --hostid=11111111-2222-3333-4444-555555555555
 c=/sys/class/nvme/nvme0
 want sysfs "^sqsize=31 kato=7 loss=30 delay=2 live$" echo "sqsize=$(cat $c/sqsize) kato=$(cat $c/kato) loss=$(cat $c/ctrl_loss_tmo) delay=$(cat $c/reconnect_delay) $(cat $c/state)"
 want cntrltype "^io$" cat $c/cntrltype
@@ -60,6 +60,7 @@ want get-feature-vwc "Current value:0x00000001" nvme get-feature /dev/nvme0 -f 6
 want get-feature-nq "Number of Queues" nvme get-feature /dev/nvme0 -f 7
 want get-feature-aec "Async Event Configuration" nvme get-feature /dev/nvme0 -f 0xb
 want get-feature-kato "Current value:0x00001b58" nvme get-feature /dev/nvme0 -f 0xf
+want get-feature-hostid "0000: 11 11 11 11 22 22 33 33 44 44 55 55 55 55 55 55" nvme get-feature /dev/nvme0 -f 0x81 -c 1 -l 16
 want get-log-changed-ns "log-id:4" nvme get-log /dev/nvme0 --log-id=4 --log-len=16
 want ana-log-not-advertised "Invalid Log Page" nvme ana-log /dev/nvme0
 want compare-unsupported "Invalid Command Opcode" nvme compare /dev/nvme0n1 -s 0 -c 7 -z 4096 -d /dev/zero
