@@ -179,6 +179,15 @@ type Device struct {
 	// it and the link while zcTaken > respSent (QP.zcInFlight).
 	respTook uint64
 	respSent atomic.Uint64
+	// sending counts the Link.Send calls under way (Device.send). A
+	// HandlePacket that finds a lock it needs taken while one is may be
+	// called from inside that Send (a Link that hands packets to a peer
+	// device's HandlePacket, which answers into ours): it leaves the
+	// packet to the inbox instead of waiting (inbox.go).
+	sending atomic.Int32
+	// inbox holds the packets HandlePacket could not take without
+	// waiting, in order, for a goroutine of its own (inbox.go).
+	inbox inbox
 	// respHeldBufs counts the pool buffers the QPs hold request packets
 	// in behind READ responses under way (heldMaxDev, readresp.go).
 	respHeldBufs atomic.Int64
@@ -785,9 +794,16 @@ var testHookRespTaken atomic.Pointer[func(d *Device)]
 
 // HandlePacket feeds one RoCEv2 UDP payload (BTH .. ICRC) from src into the
 // device as if the link had received it. Tests and tools use it to replay
-// captured packets. What the packet makes the QP send leaves before it
-// returns, after what the received packets before it made the QP send. It
-// returns ErrClosed on a closed device, ErrMalformed (wrapping packet's
+// captured packets, and a Link may use it to deliver packets in process,
+// even from inside its Send (an in-process pipe whose Send calls the peer
+// device's HandlePacket, whose answers come back into this one). What
+// the packet makes the QP send leaves before it returns, after what the
+// received packets before it made the QP send — unless the QP is busy
+// while a Link.Send of this device is under way (the call may come from
+// inside that Send, whose caller holds the QP): then the packet is
+// copied and handled by the device right after, in the order
+// HandlePacket got it, and so are those given to HandlePacket until
+// that is done. It returns ErrClosed on a closed device, ErrMalformed (wrapping packet's
 // error), ErrUnknownQP or ErrTransportMismatch for a packet no QP takes;
 // protocol-level drops by the QP are counted, not returned.
 func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
@@ -803,7 +819,9 @@ func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("transport: HandlePacket: %v qp %#x: %w", p.BTH.Opcode(), p.BTH.DestQP(), err)
 	}
-	qp.input(&p, &udp.Packet{Buf: buf, Addr: src}, false)
+	if d.inbox.busy() || !qp.inputNoWait(&p, &udp.Packet{Buf: buf, Addr: src}) {
+		d.inbox.put(d, buf, src)
+	}
 	return nil
 }
 
@@ -831,7 +849,9 @@ func (d *Device) send(pkts []udp.Packet) {
 			return
 		}
 	}
+	d.sending.Add(1)
 	err := d.link.Send(pkts)
+	d.sending.Add(-1)
 	if held {
 		for i := range pkts {
 			if h := pkts[i].Hold; h != nil {

@@ -168,6 +168,12 @@ const (
 // time (a device's receive goroutine); Close may be called at any time and
 // unblocks Recv. Every implementation (SocketLink, RawLink, memnet.MemLink)
 // follows this contract.
+//
+// A Link of one's own may deliver in process by handing each packet to
+// the peer device's transport.Device.HandlePacket, even from inside Send
+// (the peer's answers then come back into this device's HandlePacket
+// within the same Send); HandlePacket does not wait there for a QP that
+// Send's caller holds.
 type Link interface {
 	// Send sends every packet or returns an error; it fills each packet's ICRC for the IP/UDP
 	// header the backend will actually put on the wire. Buffers may be reused when Send returns.
