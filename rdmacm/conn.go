@@ -45,7 +45,9 @@ type Options struct {
 	// means the default, so it cannot say so). Access must then be zero.
 	NoRemoteAccess bool
 	// PathMTU is the path MTU. The active side asks for it in the REQ
-	// (default 1024). The passive side takes the REQ's, as Linux's CM
+	// (default 1024, or what Linux's rdma_cm picks on a smaller
+	// interface: IBoEPathMTU of the MTU of the interface holding the
+	// device's address, 512 below 1120 bytes). The passive side takes the REQ's, as Linux's CM
 	// does, since the REP cannot tell the active side a smaller one and
 	// both QPs must use the same; a nonzero PathMTU at Accept (or in the
 	// ListenOptions) is the largest it accepts: a REQ asking for more is
@@ -459,6 +461,9 @@ func (m *Manager) Dial(ctx context.Context, addr netip.AddrPort, opts *Options) 
 		return nil, err
 	}
 	o := opts.withDefaults()
+	if opts == nil || opts.PathMTU == 0 {
+		o.PathMTU = defaultPathMTU(dev.Addr())
+	}
 	// A link-local address's zone names the interface to reach it
 	// through, which the device's socket is bound to already; the peer's
 	// packets arrive without one.

@@ -209,3 +209,60 @@ func mtuTransfer(t *testing.T, da, db *transport.Device, bAddr netip.Addr, dialM
 	_ = rmrA
 	_ = rmrB
 }
+
+// TestDefaultPathMTUFromInterface: Dial without a PathMTU asks for what
+// Linux's rdma_cm picks from the interface's MTU (iboe_get_mtu: the MTU
+// less 96 bytes of RoCE headers), never more than the 1024 it asks for
+// anyway. On an interface of 1100 bytes it asked for 1024, and every
+// full packet was too large for the link (retry exceeded).
+func TestDefaultPathMTUFromInterface(t *testing.T) {
+	for _, tc := range []struct {
+		linkMTU int
+		found   bool
+		want    transport.MTU
+	}{
+		{1100, true, transport.MTU512},
+		{1103, true, transport.MTU512},
+		{1104, true, transport.MTU512}, // rxe's port says 1024 (80 bytes of headers); rdma_cm 512
+		{1119, true, transport.MTU512},
+		{1120, true, transport.MTU1024},
+		{1500, true, transport.MTU1024},
+		{9000, true, transport.MTU1024},
+		{607, true, transport.MTU256},
+		{608, true, transport.MTU512},
+		{300, true, transport.MTU256}, // not even 256 fits: the smallest
+		{0, false, transport.MTU1024}, // on no interface (memnet)
+	} {
+		t.Run(fmt.Sprint(tc.linkMTU), func(t *testing.T) {
+			old := interfaceMTU
+			interfaceMTU = func(a netip.Addr) (int, bool) {
+				if a != addrA {
+					t.Errorf("interface MTU looked up for %v, want the dialing device's %v", a, addrA)
+				}
+				return tc.linkMTU, tc.found
+			}
+			t.Cleanup(func() { interfaceMTU = old })
+			n := memnet.NewMemNetwork(memnet.Faults{})
+			da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
+			mtuTransfer(t, da, db, addrB, 0, 0, tc.want)
+		})
+	}
+}
+
+// TestIBoEPathMTU checks IBoEPathMTU at the edges of each MTU.
+func TestIBoEPathMTU(t *testing.T) {
+	for _, tc := range []struct {
+		link int
+		want transport.MTU
+		ok   bool
+	}{
+		{351, 0, false}, {352, transport.MTU256, true}, {607, transport.MTU256, true},
+		{608, transport.MTU512, true}, {1119, transport.MTU512, true}, {1120, transport.MTU1024, true},
+		{2143, transport.MTU1024, true}, {2144, transport.MTU2048, true}, {4191, transport.MTU2048, true},
+		{4192, transport.MTU4096, true}, {65536, transport.MTU4096, true},
+	} {
+		if got, ok := IBoEPathMTU(tc.link); got != tc.want || ok != tc.ok {
+			t.Errorf("IBoEPathMTU(%d) = %v, %v; want %v, %v", tc.link, got, ok, tc.want, tc.ok)
+		}
+	}
+}
