@@ -67,7 +67,8 @@ they were, goroutines within 4 and open descriptors within 2 of it (the
 Go runtime's own come and go), the heap within 2x + 16 MiB. It prints a
 table of both samples, connections made and failed, reconnect latency
 p50/p99 and bytes checked, and fails (exit 1) on a data mismatch, on
-growth, or when nothing connected.
+growth, or when nothing connected. A run cut short by SIGINT or SIGTERM
+before --duration prints what ran and INTERRUPTED, not PASS, and exits 1.
 
 options:
   --duration=DUR       how long to run (default 1m)
@@ -926,6 +927,14 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// Cut short (SIGINT, SIGTERM): what ran is reported, but it is not
+	// the run asked for, so it is no pass, and the reaping is not waited
+	// for (an interrupted run should end now).
+	ran := time.Since(start)
+	var stopped error
+	if ctx.Err() != nil && ran < c.duration {
+		stopped = context.Cause(ctx)
+	}
 	// Every client dies without a word: the server finds them by
 	// keep-alive and must give everything back.
 	for i, p := range clients {
@@ -938,7 +947,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	r.mu.Unlock()
 	deadline := time.Now().Add(reap + 10*time.Second)
 	var last soakStatus
-	for {
+	for stopped == nil {
 		time.Sleep(c.statusEvery)
 		s, _ := r.lastStatus()
 		last = s
@@ -948,6 +957,9 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if time.Now().After(deadline) {
 			break
 		}
+	}
+	if stopped != nil {
+		last, _ = r.lastStatus()
 	}
 	el := time.Since(start)
 	r.mu.Lock()
@@ -959,11 +971,11 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if last.mismatches > 0 {
 		problems = append(problems, fmt.Sprintf("the server saw %d mismatches", last.mismatches))
 	}
-	if r.made == 0 || r.bytes == 0 {
+	if (r.made == 0 || r.bytes == 0) && stopped == nil {
 		problems = append(problems, fmt.Sprintf("%d connections made, %d bytes checked", r.made, r.bytes))
 	}
 	grow := func(what string, a, b, slack int) {
-		if b > a+slack {
+		if b > a+slack && stopped == nil { // not reaped when interrupted
 			problems = append(problems, fmt.Sprintf("%s grew: %d at start, %d at the end (after %v to reap)", what, a, b, reap))
 		}
 	}
@@ -971,7 +983,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	grow("server CM connections", base.conns, last.conns, 0)
 	grow("server goroutines", base.goroutines, last.goroutines, soakGoroutineSlack)
 	grow("server open descriptors", base.fds, last.fds, soakFDSlack)
-	if last.heap > 2*base.heap+16<<20 {
+	if last.heap > 2*base.heap+16<<20 && stopped == nil {
 		problems = append(problems, fmt.Sprintf("server heap grew: %d at start, %d at the end", base.heap, last.heap))
 	}
 	slices.Sort(r.lat)
@@ -995,10 +1007,17 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "%-28s %14d %14d\n", "server CM connections", base.conns, last.conns)
 	printByReason(stdout, "failed connects by reason:", r.failures)
 	printByReason(stdout, "connections ended by reason:", r.endings)
+	for _, p := range problems {
+		fmt.Fprintf(stdout, "FAIL: %s\n", p)
+	}
+	if stopped != nil {
+		// Not a pass: the run asked for did not happen (and the
+		// server's reaping was not checked).
+		fmt.Fprintf(stdout, "INTERRUPTED after %v of %v (%v): no verdict on the run asked for; nothing reaped or compared\n",
+			ran.Round(time.Millisecond), c.duration, stopped)
+		return cli.ExitFail
+	}
 	if len(problems) > 0 {
-		for _, p := range problems {
-			fmt.Fprintf(stdout, "FAIL: %s\n", p)
-		}
 		return cli.ExitFail
 	}
 	fmt.Fprintln(stdout, "PASS: every byte checked, nothing grew")
