@@ -65,7 +65,11 @@
 //     device's receive path), atomics, saved responder resources (max_dest_rd_atomic)
 //     so that a duplicate READ or atomic is replayed and never executed
 //     twice, coalesced ACKs (one per AckReq, MSN = completed messages,
-//     credits 0x1f), NAKs for every error class and RNR NAKs.
+//     credits 0x1f), NAKs for every error class and RNR NAKs. An RC
+//     error NAK completes the receive WQE the message had taken with
+//     the error's status (a SEND's, or an RDMA WRITE's packet with
+//     immediate, which takes it before its rkey check as rxe does) and
+//     flushes the rest.
 //   - completer.go: cumulative ACKs, implicit ACKs by READ responses and
 //     atomic ACKs, in-order completions, the decision to retry (go-back-N
 //     on a PSN sequence NAK, on a gap in the responses and on the local

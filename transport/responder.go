@@ -21,7 +21,7 @@ type responder struct {
 	ucDropping bool // UC: the rest of the current message is being dropped
 
 	op        uint8 // message in progress: opNone, opSend, opWrite
-	wqeActive bool  // rq head is being filled by a multi-packet SEND
+	wqeActive bool  // rq head is taken: being filled by a SEND, or by an RC WRITE's packet with immediate
 	offset    uint64
 	rsl       memreg.ScatterList // the receive WQE a SEND in progress fills
 	wt        memreg.BatchTarget // the RDMA WRITE in progress: checked once, at its first packet
@@ -421,9 +421,20 @@ func (r *responder) onWrite(p *packetT, psn bth.PSN) {
 	}
 	// A WRITE with immediate consumes a receive WQE: check for one before
 	// any side effect so that an RNR NAK leaves nothing half done.
-	if p.Info.Imm && qp.nextRecv() == nil {
-		r.rnrNAK(psn)
-		return
+	if p.Info.Imm {
+		if qp.nextRecv() == nil {
+			r.rnrNAK(psn)
+			return
+		}
+		// The packet carrying the immediate takes the WQE before its
+		// rkey and length are checked, as rxe's check_resource does
+		// (RXE_RWR_MASK): a class C error from here on completes it
+		// with the error's status (fatal; rxe's do_complete), not
+		// flushed behind it (TestWriteImmRKeyErrorCompletesRecv). UC
+		// keeps its WQE for the next message (ucError).
+		if qp.init.Type == QPTypeRC {
+			r.wqeActive = true
+		}
 	}
 	if pos == bth.PosFirst || pos == bth.PosOnly {
 		va, rkey, n := p.RETH.VA(), p.RETH.RKey(), p.RETH.DMALength()
