@@ -48,6 +48,7 @@ type Counters struct {
 	AckTimeoutLate      uint64 // ack_timeout_late: ACK timer expiries that ran more than a timeout late (the process was not scheduled); they resend without spending retry_cnt
 	ZeroCopyDropped     uint64 // zero_copy_dropped: zero-copy packets not sent because their memory was deregistered (MR deregistered, window unbound or invalidated) after they were queued
 	InboxDeferred       uint64 // handle_packet_deferred: packets HandlePacket left to the device's own goroutine because their QP was busy while a Link.Send was under way (a Link delivering in process, from inside its Send)
+	InboxDropped        uint64 // handle_packet_dropped: packets HandlePacket dropped because 4096 were already left to the device's goroutine
 
 	// The send scheduler's budget (sched.go, docs/SCHEDULER.md): not rxe
 	// counters, rxe having no device-wide budget.
@@ -124,6 +125,7 @@ var counterFields = []struct {
 	{"ack_timeout_late", func(c *Counters) *uint64 { return &c.AckTimeoutLate }},
 	{"zero_copy_dropped", func(c *Counters) *uint64 { return &c.ZeroCopyDropped }},
 	{"handle_packet_deferred", func(c *Counters) *uint64 { return &c.InboxDeferred }},
+	{"handle_packet_dropped", func(c *Counters) *uint64 { return &c.InboxDropped }},
 	{"sched_full_ns", func(c *Counters) *uint64 { return &c.SchedFullNs }},
 	{"sched_forced_turns", func(c *Counters) *uint64 { return &c.SchedForcedTurns }},
 	{"sched_stale_qps", func(c *Counters) *uint64 { return &c.SchedStaleQPs }},

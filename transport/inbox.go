@@ -40,11 +40,21 @@ func (b *inbox) busy() bool {
 	return r
 }
 
+// inboxMax bounds the packets the inbox holds: a Link delivering faster
+// than the device handles them loses the rest, as a full receive queue
+// does (handle_packet_dropped), instead of growing without bound.
+const inboxMax = 4096
+
 // put queues a copy of buf (the caller may reuse it) and starts the
 // goroutine that handles the queue if it is not running.
 func (b *inbox) put(d *Device, buf []byte, src netip.Addr) {
 	c := append([]byte(nil), buf...)
 	b.mu.Lock()
+	if len(b.q) >= inboxMax {
+		b.mu.Unlock()
+		inc(&d.ctr.InboxDropped)
+		return
+	}
 	b.q = append(b.q, inboxPkt{buf: c, src: src})
 	start := !b.running
 	b.running = true

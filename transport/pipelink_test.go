@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -171,4 +173,59 @@ func TestSynchronousPipeLink(t *testing.T) {
 	}
 	a.dev.Close()
 	b.dev.Close()
+}
+
+// TestInboxOrderAndBound: packets HandlePacket cannot take while their QP
+// is busy and a Send is under way are handled later in the order given,
+// and the inbox holds at most inboxMax of them (the rest are dropped and
+// counted, not queued without bound).
+func TestInboxOrderAndBound(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{})
+	_ = a
+	const extra = 10
+	dst, dmr := b.buffer(t, inboxMax+extra, memreg.AccessRemoteWrite)
+	psn := bth.PSN(0xfffff0) // b's expected PSN (newPair)
+	build := func(i int) []byte {
+		var f packet.Fields
+		f.BTH = bth.Fields{Opcode: bth.RCWriteOnly, PKey: bth.DefaultPKey, DestQP: b.qp.QPN(), PSN: psn.Add(i)}
+		f.RETH = packetRETH(dmr.IOVA()+uint64(i), dmr.RKey(), 1)
+		f.Payload = []byte{byte(i%255 + 1)}
+		buf := make([]byte, 128)
+		k, err := packet.Build(buf, &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return buf[:k]
+	}
+	before := b.dev.Counters()
+	b.qp.mu.Lock()
+	b.dev.sending.Add(1) // as if the QP's holder were inside a Link.Send
+	for i := range inboxMax + extra {
+		if err := b.dev.HandlePacket(build(i), addrA); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.dev.sending.Add(-1)
+	b.qp.mu.Unlock()
+	for i := 0; b.dev.inbox.busy(); i++ {
+		if i > 2000 {
+			t.Fatal("the inbox was never emptied")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	after := b.dev.Counters()
+	// The goroutine may have taken the first one out of the queue (and
+	// wait for the QP) before the queue filled.
+	deferred, dropped := after.InboxDeferred-before.InboxDeferred, after.InboxDropped-before.InboxDropped
+	if deferred+dropped != inboxMax+extra || deferred < inboxMax || deferred > inboxMax+1 {
+		t.Errorf("handle_packet_deferred +%d, handle_packet_dropped +%d; want %d or %d deferred, the rest of %d dropped",
+			deferred, dropped, inboxMax, inboxMax+1, inboxMax+extra)
+	}
+	b.qp.mu.Lock()
+	defer b.qp.mu.Unlock()
+	for i := range inboxMax {
+		if dst[i] != byte(i%255+1) {
+			t.Fatalf("byte %d is %#x, want %#x: the WRITEs were not all placed, in order", i, dst[i], byte(i%255+1))
+		}
+	}
 }
