@@ -2,6 +2,7 @@ package transport
 
 import (
 	"net/netip"
+	"runtime"
 	"sync"
 
 	"github.com/gorocev2/rocev2/packet"
@@ -96,19 +97,32 @@ func (b *inbox) run(d *Device) {
 	}
 }
 
+// inputSpins is how many times inputNoWait yields for a lock held while a
+// Send is under way before it leaves the packet to the inbox.
+const inputSpins = 64
+
 // inputNoWait is QP.input outside a received batch (HandlePacket) that
-// does not wait for the QP's lock or the device's respMu while a
+// does not block on the QP's lock or the device's respMu while a
 // Link.Send of the device is under way: the caller may be inside that
-// Send, and the holder waiting for it. It reports false, having done
-// nothing, when it would have had to wait then.
+// Send, and the holder waiting for it. It yields a few times
+// (inputSpins) for the lock, then reports false, having done nothing.
 func (qp *QP) inputNoWait(p *packetT, up *udp.Packet) bool {
 	d := qp.dev
 	lock := func(m *sync.Mutex) bool {
 		if m.TryLock() {
 			return true
 		}
-		if d.sending.Load() != 0 {
-			return false
+		// A holder whose Send does not come back here (another
+		// goroutine's, the usual case) lets go within a few yields;
+		// one whose Send is this call's caller never does.
+		for i := 0; d.sending.Load() != 0; i++ {
+			if i == inputSpins {
+				return false
+			}
+			runtime.Gosched()
+			if m.TryLock() {
+				return true
+			}
 		}
 		m.Lock() // no Send under way: the holder is not waiting for us
 		return true
