@@ -34,8 +34,8 @@ const pcapUsage = `usage:
   rocev2d pcap write-sample FILE
 
 check decodes every RoCEv2 packet (UDP destination port 4791) in the pcap or pcapng files
-(link types Ethernet, Linux SLL and SLL2, raw IP, IPv4, IPv6, BSD loopback; IPv4 and
-IPv6), validates its layout against the opcode table, verifies its ICRC and
+(also gzip-compressed, as tshark reads them; link types Ethernet, Linux SLL
+and SLL2, raw IP, IPv4, IPv6, BSD loopback; IPv4 and IPv6), validates its layout against the opcode table, verifies its ICRC and
 prints one line per packet and a total per file and overall. Other frames are
 counted and skipped. Wireshark shows the ICRC but never checks it; this does.
 VLAN tags (also QinQ 0x9100/0x9200) and tunnels (GRE, ERSPAN I-III, IP-in-IP,

@@ -2,6 +2,8 @@ package pcapcmd
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -45,11 +47,50 @@ type frameReader interface {
 // pcapngMagic is the block type of a pcapng Section Header Block.
 var pcapngMagic = []byte{0x0a, 0x0d, 0x0d, 0x0a}
 
-// openCapture returns the reader of a classic pcap or a pcapng file.
+// gzipMagic starts a gzip stream (RFC 1952): tcpdump -w - | gzip, or
+// Wireshark's "compress with gzip", and tshark reads such files.
+var gzipMagic = []byte{0x1f, 0x8b}
+
+// compressions names the compressed formats pcap check does not read, by
+// the magic number their files start with, and how to decompress them.
+var compressions = []struct {
+	magic []byte
+	name  string
+}{
+	{[]byte{0x28, 0xb5, 0x2f, 0xfd}, "zstd-compressed (decompress it first: zstd -d)"},
+	{[]byte{0x04, 0x22, 0x4d, 0x18}, "LZ4-compressed (decompress it first: lz4 -d)"},
+	{[]byte{0xfd, '7', 'z', 'X', 'Z', 0}, "xz-compressed (decompress it first: xz -d)"},
+	{[]byte("BZh"), "bzip2-compressed (decompress it first: bzip2 -d)"},
+}
+
+// openCapture returns the reader of a classic pcap or a pcapng file, either
+// as it is or gzip-compressed.
 func openCapture(br *bufio.Reader) (frameReader, error) {
+	if magic, _ := br.Peek(len(gzipMagic)); bytes.Equal(magic, gzipMagic) {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("gzip-compressed file: %w", err)
+		}
+		r, err := openUncompressed(bufio.NewReaderSize(zr, 1<<16))
+		if err != nil {
+			return nil, fmt.Errorf("gzip-compressed file: %w", err)
+		}
+		return r, nil
+	}
+	return openUncompressed(br)
+}
+
+// openUncompressed returns the reader of a classic pcap or a pcapng file.
+func openUncompressed(br *bufio.Reader) (frameReader, error) {
 	magic, err := br.Peek(4)
 	if err == nil && string(magic) == string(pcapngMagic) {
 		return newNgReader(br)
+	}
+	head, _ := br.Peek(6)
+	for _, c := range compressions {
+		if bytes.HasPrefix(head, c.magic) {
+			return nil, errors.New("not a pcap or pcapng file: " + c.name)
+		}
 	}
 	return newPcapReader(br)
 }

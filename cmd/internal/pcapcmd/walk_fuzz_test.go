@@ -37,12 +37,13 @@ func FuzzWalk(f *testing.F) {
 	})
 }
 
-// FuzzCheck: no file makes the readers or the per-frame check panic or
+// FuzzCheck: no file (also gzip-compressed) makes the readers or the per-frame check panic or
 // read without end.
 func FuzzCheck(f *testing.F) {
 	if samples, err := rocelayer.SampleFrames(); err == nil {
 		f.Add(pcapFile(65535, 1, 0, samples[0].Frame, samples[5].Frame))
 		f.Add(bytes.Join([][]byte{shbBlock(0), idbBlock(1), idbBlock(276), epbBlock(0, samples[1].Frame)}, nil))
+		f.Add(gzipped(f, pcapFile(65535, 1, 0, samples[2].Frame)))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r, err := openCapture(bufio.NewReader(bytes.NewReader(data)))
