@@ -37,7 +37,8 @@ check decodes every RoCEv2 packet (UDP destination port 4791) in the pcap or pca
 (also gzip-compressed, as tshark reads them; link types Ethernet, Linux SLL
 and SLL2, raw IP, IPv4, IPv6, BSD loopback; IPv4 and IPv6), validates its layout against the opcode table, verifies its ICRC and
 prints one line per packet and a total per file and overall. Other frames are
-counted and skipped. Wireshark shows the ICRC but never checks it; this does.
+counted and skipped; RoCE v1 frames (EtherType 0x8915) are counted apart,
+not checked. Wireshark shows the ICRC but never checks it; this does.
 VLAN tags (also QinQ 0x9100/0x9200) and tunnels (GRE, ERSPAN I-III, IP-in-IP,
 VXLAN, Geneve) are looked through: the innermost RoCEv2 packet is checked
 against its own IP header and shown with its addresses; an encapsulation not
@@ -112,6 +113,9 @@ type pcapStats struct {
 	// undecoded counts the frames on pcapng interfaces of a link type
 	// check does not decode.
 	undecoded int
+	// rocev1 counts the RoCE v1 frames (EtherType 0x8915, not RoCEv2:
+	// neither checked nor in skipped).
+	rocev1 int
 }
 
 // add adds o's counts to s.
@@ -128,6 +132,7 @@ func (s *pcapStats) add(o pcapStats) {
 	s.gso += o.gso
 	s.truncated += o.truncated
 	s.undecoded += o.undecoded
+	s.rocev1 += o.rocev1
 }
 
 // notes returns what a file's or the total's line adds to the counts.
@@ -135,7 +140,8 @@ func (s *pcapStats) notes() string {
 	return truncatedNote(s.truncated) + countNote(s.notChecked, "RoCEv2 not checked (in IP fragments or after IPv6 extension headers)") +
 		gsoNote(s.gso) + countNote(s.badIPOther, "other frames with a bad IP header") +
 		countNote(s.fragments, "IPv4 fragments held for reassembly") +
-		countNote(s.unsupported, "in an encapsulation not supported") + undecodedNote(s.undecoded)
+		countNote(s.unsupported, "in an encapsulation not supported") + undecodedNote(s.undecoded) +
+		countNote(s.rocev1, "RoCE v1 frames (EtherType 0x8915, not checked)")
 }
 
 // badPacket names a bad RoCEv2 packet.
@@ -320,6 +326,11 @@ func (c *fileCheck) frame(num int, rec record) {
 		if f.roceFrag {
 			c.note(num, "IPv4 fragment of a RoCEv2 packet: held for reassembly")
 		}
+	case kindRoCEv1:
+		// RoCE v1 (IB GRH and BTH over Ethernet): not what check
+		// verifies, but named rather than lost among other frames.
+		c.st.rocev1++
+		c.note(num, "RoCE v1 frame (EtherType 0x8915): not RoCEv2, not checked"+viaNote(f.via))
 	case kindUnsupported:
 		c.st.unsupported++
 		c.note(num, "encapsulation not supported: "+f.why)

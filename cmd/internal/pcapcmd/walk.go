@@ -16,6 +16,7 @@ const (
 	etTEB     = 0x6558 // transparent Ethernet bridging (GRE)
 	etERSPAN  = 0x88be // ERSPAN type II (type I without GRE sequence)
 	etERSPAN3 = 0x22eb // ERSPAN type III
+	etRoCEv1  = 0x8915 // RoCE v1: GRH and BTH right after the Ethernet header
 
 	protoIPIP   = 4
 	protoUDP    = 17
@@ -49,6 +50,7 @@ const (
 	kindFragment                // an IP fragment held for reassembly
 	kindUnsupported             // an encapsulation check does not decode (found.why)
 	kindNotChecked              // a RoCEv2 packet check cannot verify (found.why)
+	kindRoCEv1                  // a RoCE v1 frame (EtherType 0x8915): not RoCEv2
 )
 
 // found is what the walk found in a frame.
@@ -101,6 +103,8 @@ func (w *walker) ether(et uint16, b []byte) found {
 		return w.ipv4(b)
 	case etIPv6:
 		return w.ipv6(b)
+	case etRoCEv1:
+		return found{kind: kindRoCEv1, via: w.via}
 	}
 	return found{}
 }
