@@ -2,7 +2,7 @@
 // pcapng captures with its own reader (reader.go: every pcapng interface's
 // link type, every section; Ethernet, Linux cooked SLL and SLL2 as tcpdump
 // -i any writes, raw IP, loopback), finds each frame's RoCEv2 packet
-// through VLAN tags, tunnels and IPv4 fragments (walk.go, reassembly.go),
+// through VLAN tags, tunnels and IP fragments (walk.go, reassembly.go),
 // verifies its ICRC and layout and splits GSO datagrams; `pcap write-sample` writes a
 // capture of every sample opcode. Commands returns it for rocev2d's
 // dispatch.

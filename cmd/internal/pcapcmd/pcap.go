@@ -42,8 +42,8 @@ not checked. Wireshark shows the ICRC but never checks it; this does.
 VLAN tags (also QinQ 0x9100/0x9200) and tunnels (GRE, ERSPAN I-III, IP-in-IP,
 VXLAN, Geneve) are looked through: the innermost RoCEv2 packet is checked
 against its own IP header and shown with its addresses; an encapsulation not
-decoded is named and counted apart. IPv4 fragments are reassembled (at most
-256 datagrams, 4 MiB). A RoCEv2 packet with a wrong IPv4 header checksum is
+decoded is named and counted apart. IPv4 and IPv6 fragments are reassembled
+(at most 256 datagrams, 4 MiB). A RoCEv2 packet with a wrong IPv4 header checksum is
 bad (receivers drop it); a zero one is a note (offloaded at the capture
 point?). A frame that is not RoCEv2 never fails the check: a bad IP header on
 one is named and counted.
@@ -94,7 +94,7 @@ type pcapStats struct {
 	// badIPOther counts the frames that are not RoCEv2 and whose IP
 	// header does not decode or has a wrong (or zero) IPv4 checksum.
 	badIPOther int
-	// fragments counts the IPv4 fragments held for reassembly (the
+	// fragments counts the IP fragments held for reassembly (the
 	// frame completing a datagram counts as what it holds).
 	fragments int
 	// unsupported counts the frames in an encapsulation check does not
@@ -139,7 +139,7 @@ func (s *pcapStats) add(o pcapStats) {
 func (s *pcapStats) notes() string {
 	return truncatedNote(s.truncated) + countNote(s.notChecked, "RoCEv2 not checked (in IP fragments or after IPv6 extension headers)") +
 		gsoNote(s.gso) + countNote(s.badIPOther, "other frames with a bad IP header") +
-		countNote(s.fragments, "IPv4 fragments held for reassembly") +
+		countNote(s.fragments, "IP fragments held for reassembly") +
 		countNote(s.unsupported, "in an encapsulation not supported") + undecodedNote(s.undecoded) +
 		countNote(s.rocev1, "RoCE v1 frames (EtherType 0x8915, not checked)")
 }
@@ -324,7 +324,7 @@ func (c *fileCheck) frame(num int, rec record) {
 	case kindFragment:
 		c.st.fragments++
 		if f.roceFrag {
-			c.note(num, "IPv4 fragment of a RoCEv2 packet: held for reassembly")
+			c.note(num, f.why+" fragment of a RoCEv2 packet: held for reassembly")
 		}
 	case kindRoCEv1:
 		// RoCE v1 (IB GRH and BTH over Ethernet): not what check
@@ -452,7 +452,7 @@ func (c *fileCheck) finish() {
 		c.st.roce++
 		c.st.notChecked++
 		num := e.frames[len(e.frames)-1]
-		c.note(num, fmt.Sprintf("RoCEv2 packet in IPv4 fragments (frames %s): not reassembled (%s), ICRC not checked", frameList(e.frames), e.broken))
+		c.note(num, fmt.Sprintf("RoCEv2 packet in %s fragments (frames %s): not reassembled (%s), ICRC not checked", e.version(), frameList(e.frames), e.broken))
 	}
 }
 

@@ -16,9 +16,9 @@ const (
 	maxFragDatagrams = 256
 )
 
-// fragKey identifies an IPv4 datagram: source, destination,
-// identification and protocol (RFC 791).
-type fragKey [11]byte
+// fragKey identifies a datagram: the IP version, source, destination,
+// identification and (IPv4) protocol (RFC 791, RFC 8200 4.5).
+type fragKey [38]byte
 
 // fragPart is one fragment's payload.
 type fragPart struct {
@@ -28,7 +28,12 @@ type fragPart struct {
 
 // fragEntry is a datagram being reassembled.
 type fragEntry struct {
-	header []byte // the first fragment's IP header (nil until seen)
+	v6 bool
+	// header is the first fragment's IP header (IPv4) or unfragmentable
+	// part (IPv6: the header and extension headers before the Fragment
+	// header, the last next-header field already the Fragment header's);
+	// nil until seen.
+	header []byte
 	parts  []fragPart
 	total  int // the payload's length, once the last fragment is seen (else -1)
 	held   int // bytes held
@@ -37,7 +42,15 @@ type fragEntry struct {
 	broken string // why it cannot be reassembled
 }
 
-// reassembly holds the IPv4 fragments of one file, in order of arrival.
+// version is "IPv4" or "IPv6".
+func (e *fragEntry) version() string {
+	if e.v6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// reassembly holds the IP fragments of one file, in order of arrival.
 type reassembly struct {
 	entries map[fragKey]*fragEntry
 	order   []fragKey
@@ -54,11 +67,34 @@ func newReassembly() *reassembly {
 // keyOf returns the datagram key of IPv4 packet b.
 func keyOf(b []byte) fragKey {
 	var k fragKey
-	copy(k[:4], b[12:16])
-	copy(k[4:8], b[16:20])
-	copy(k[8:10], b[4:6])
-	k[10] = b[9]
+	k[0] = 4
+	copy(k[1:5], b[12:16])
+	copy(k[5:9], b[16:20])
+	copy(k[9:11], b[4:6])
+	k[11] = b[9]
 	return k
+}
+
+// keyOf6 returns the datagram key of IPv6 packet b whose Fragment header
+// is at b[fh:].
+func keyOf6(b []byte, fh int) fragKey {
+	var k fragKey
+	k[0] = 6
+	copy(k[1:33], b[8:40])
+	copy(k[33:37], b[fh+4:fh+8])
+	return k
+}
+
+// fragIn is one fragment as the walk read it.
+type fragIn struct {
+	key    fragKey
+	v6     bool
+	off    int    // the fragment's offset in the payload
+	mf     bool   // more fragments follow
+	data   []byte // its payload (nil if the capture cut it)
+	header []byte // the header to rebuild the datagram with (first fragment only)
+	roce   bool   // a first fragment holding a UDP header to port 4791
+	room   int    // the largest payload the datagram's length field can give
 }
 
 // fragment adds the IPv4 fragment pkt (header length hl) to its datagram
@@ -67,44 +103,82 @@ func (w *walker) fragment(pkt []byte, hl int, f found) found {
 	if f.csumBad != "" || f.csumZero {
 		return w.otherIP(f) // a fragment with a bad header is not used
 	}
+	off := int(binary.BigEndian.Uint16(pkt[6:])&0x1fff) * 8
+	in := fragIn{key: keyOf(pkt), off: off, mf: pkt[6]&0x20 != 0, room: 65535 - hl}
+	if tl := int(binary.BigEndian.Uint16(pkt[2:])); len(pkt) >= tl {
+		in.data = pkt[hl:tl]
+	}
+	if off == 0 {
+		in.header = pkt[:hl]
+		if dst, ok := udpDst(pkt, hl); ok && pkt[9] == protoUDP && dst == rocelayer.Port {
+			in.roce = true
+		}
+	}
+	return w.addFragment(in)
+}
+
+// fragment6 adds the IPv6 fragment pkt, whose Fragment header is at
+// pkt[fh:] and whose last next-header field before it is at pkt[prevNH],
+// to its datagram and, when that is whole, walks the reassembled packet
+// (as Linux rebuilds it: the Fragment header removed, the payload length
+// that of the whole datagram).
+func (w *walker) fragment6(pkt []byte, fh, prevNH int) found {
+	fo := binary.BigEndian.Uint16(pkt[fh+2:])
+	in := fragIn{key: keyOf6(pkt, fh), v6: true, off: int(fo & 0xfff8), mf: fo&1 != 0, room: 65535 - (fh - 40)}
+	if len(pkt) >= 40+int(binary.BigEndian.Uint16(pkt[4:])) {
+		in.data = pkt[fh+8:]
+	}
+	if in.off == 0 {
+		h := append([]byte(nil), pkt[:fh]...)
+		h[prevNH] = pkt[fh]
+		in.header = h
+		if dst, ok := udpDst(pkt, fh+8); ok && pkt[fh] == protoUDP && dst == rocelayer.Port {
+			in.roce = true
+		}
+	}
+	return w.addFragment(in)
+}
+
+// addFragment adds a fragment to its datagram and, when that is whole,
+// walks the reassembled packet.
+func (w *walker) addFragment(in fragIn) found {
 	r := w.frags
-	k := keyOf(pkt)
+	k := in.key
 	e := r.entries[k]
 	if e == nil {
-		e = &fragEntry{total: -1}
+		e = &fragEntry{total: -1, v6: in.v6}
 		r.entries[k] = e
 		r.order = append(r.order, k)
 	}
 	e.frames = append(e.frames, w.num)
-	off := int(binary.BigEndian.Uint16(pkt[6:])&0x1fff) * 8
-	mf := pkt[6]&0x20 != 0
-	tl := int(binary.BigEndian.Uint16(pkt[2:]))
-	if off == 0 {
-		e.header = append([]byte(nil), pkt[:hl]...)
-		if dst, ok := udpDst(pkt, hl); ok && pkt[9] == protoUDP && dst == rocelayer.Port {
-			e.roce = true
-		}
+	if in.header != nil {
+		e.header = append([]byte(nil), in.header...)
+		e.roce = e.roce || in.roce
 	}
 	switch {
-	case len(pkt) < tl:
+	case in.data == nil:
 		e.broken = "a fragment cut by the capture"
-	case off+tl-hl > 65535-hl:
+	case in.off+len(in.data) > in.room:
 		e.broken = "fragments beyond 64 KiB"
-	case !mf:
-		e.total = off + tl - hl
+	case !in.mf:
+		e.total = in.off + len(in.data)
 	}
 	if e.broken == "" {
-		d := append([]byte(nil), pkt[hl:tl]...)
-		e.parts = append(e.parts, fragPart{off, d})
+		d := append([]byte(nil), in.data...)
+		e.parts = append(e.parts, fragPart{in.off, d})
 		e.held += len(d)
 		r.held += len(d)
 	}
 	r.bound(k)
-	out := found{kind: kindFragment, roceFrag: e.roce}
+	out := found{kind: kindFragment, roceFrag: e.roce, why: e.version()}
 	if whole := e.reassembled(); whole != nil {
 		r.remove(k)
-		out = w.ipv4(whole)
-		out.frag = fmt.Sprintf("reassembled from %d IPv4 fragments, frames %s", len(e.parts), frameList(e.frames))
+		if e.v6 {
+			out = w.ipv6(whole)
+		} else {
+			out = w.ipv4(whole)
+		}
+		out.frag = fmt.Sprintf("reassembled from %d %s fragments, frames %s", len(e.parts), e.version(), frameList(e.frames))
 	}
 	return out
 }
@@ -147,10 +221,11 @@ func (r *reassembly) finish() []*fragEntry {
 	return r.lost
 }
 
-// reassembled returns the whole IPv4 packet once every byte of the
-// datagram is held: the first fragment's header with the total length,
-// no MF bit, offset 0 and its checksum recomputed (as Linux rebuilds
-// it). nil while incomplete.
+// reassembled returns the whole IP packet once every byte of the
+// datagram is held: for IPv4 the first fragment's header with the total
+// length, no MF bit, offset 0 and its checksum recomputed, for IPv6 the
+// unfragmentable part with the payload length (as Linux rebuilds them).
+// nil while incomplete.
 func (e *fragEntry) reassembled() []byte {
 	if e.header == nil || e.total < 0 || e.broken != "" {
 		return nil
@@ -168,6 +243,16 @@ func (e *fragEntry) reassembled() []byte {
 		end = max(end, p.off+len(p.data))
 	}
 	if end != e.total {
+		return nil
+	}
+	if e.v6 {
+		if len(b)-40 > 65535 {
+			return nil // headers longer than the fragments said
+		}
+		binary.BigEndian.PutUint16(b[4:], uint16(len(b)-40))
+		return b
+	}
+	if len(b) > 65535 {
 		return nil
 	}
 	binary.BigEndian.PutUint16(b[2:], uint16(len(b)))

@@ -62,7 +62,8 @@ type found struct {
 	ip []byte
 	// via names the encapsulations crossed, outermost first.
 	via []string
-	// why says what is wrong or not checked.
+	// why says what is wrong or not checked (kindFragment: the IP
+	// version, "IPv4" or "IPv6").
 	why string
 	// csumZero is set when the RoCEv2 packet's IPv4 header checksum is 0
 	// (offloaded at the capture point); csumBad says how it is wrong.
@@ -75,7 +76,7 @@ type found struct {
 }
 
 // walker finds the RoCEv2 packet of a frame through link layers, VLAN
-// tags, tunnels and IPv4 fragments.
+// tags, tunnels and IPv4 and IPv6 fragments.
 type walker struct {
 	cut   bool // the capture kept less than the frame
 	num   int  // the frame's number
@@ -350,7 +351,7 @@ func (w *walker) ipv6(b []byte) found {
 		return found{kind: kindBadIPOther, why: fmt.Sprintf("IPv6 header with version %d", b[0]>>4)}
 	}
 	pkt := b[:min(40+int(binary.BigEndian.Uint16(b[4:])), len(b))]
-	nh, off := b[6], 40
+	nh, off, prevNH := b[6], 40, 6
 	var ext []string
 	for len(ext) < 8 {
 		switch nh {
@@ -359,18 +360,16 @@ func (w *walker) ipv6(b []byte) found {
 				return found{}
 			}
 			ext = append(ext, map[uint8]string{0: "Hop-by-Hop", 43: "Routing", 60: "Destination Options"}[nh])
-			nh, off = pkt[off], off+(int(pkt[off+1])+1)*8
+			nh, off, prevNH = pkt[off], off+(int(pkt[off+1])+1)*8, off
 			continue
 		case protoFrag6:
 			if len(pkt) < off+8 {
 				return found{}
 			}
-			if binary.BigEndian.Uint16(pkt[off+2:])&0xfff9 != 0 || pkt[off+3]&1 != 0 {
-				return w.ipv6Fragment(pkt, pkt[off], off+8)
-			}
-			ext = append(ext, "Fragment")
-			nh, off = pkt[off], off+8
-			continue
+			// Every fragment, an atomic one (offset 0, M 0) too, goes
+			// through reassembly: Linux removes the Fragment header
+			// before UDP sees the datagram.
+			return w.fragment6(pkt, off, prevNH)
 		}
 		break
 	}
@@ -381,14 +380,4 @@ func (w *walker) ipv6(b []byte) found {
 		return found{kind: kindNotChecked, via: w.via, why: fmt.Sprintf("RoCEv2 packet after IPv6 extension headers (%s): ICRC not checked (whether it covers them is not settled)", strings.Join(ext, ", "))}
 	}
 	return found{}
-}
-
-// ipv6Fragment is the verdict on an IPv6 fragment (not reassembled): a
-// first fragment to port 4791 is named.
-func (w *walker) ipv6Fragment(pkt []byte, nh uint8, off int) found {
-	first := binary.BigEndian.Uint16(pkt[off-6:])&0xfff8 == 0
-	if dst, ok := udpDst(pkt, off); first && ok && nh == protoUDP && dst == rocelayer.Port {
-		return found{kind: kindNotChecked, via: w.via, why: "RoCEv2 packet in IPv6 fragments: not reassembled, ICRC not checked"}
-	}
-	return found{kind: kindFragment}
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // FuzzWalk: no frame makes the walk (link types, VLAN tags, tunnels, IPv4
-// reassembly, IPv6 extension headers) panic, and what it calls a RoCEv2
+// and IPv6 reassembly, IPv6 extension headers) panic, and what it calls a RoCEv2
 // packet starts with an IP header.
 func FuzzWalk(f *testing.F) {
 	if samples, err := rocelayer.SampleFrames(); err == nil {
@@ -21,6 +21,11 @@ func FuzzWalk(f *testing.F) {
 		}
 	}
 	f.Add(uint16(101), []byte{0x45, 0, 0, 20, 0, 0, 0x20, 0, 64, 47, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8}, false)
+	// An IPv6 first fragment (more to come) of a UDP datagram to 4791.
+	v6 := make([]byte, 40, 80)
+	v6[0], v6[5], v6[6] = 0x60, 24, protoFrag6
+	v6 = append(v6, protoUDP, 0, 0, 1, 0, 0, 0, 7, 0xc0, 0, 0x12, 0xb7, 0, 40, 0, 0, 4, 0, 0xff, 0xff, 0, 0, 0, 1)
+	f.Add(uint16(101), v6, false)
 	f.Fuzz(func(t *testing.T, lt uint16, frame []byte, cut bool) {
 		w := walker{frags: newReassembly()}
 		et, pkt, ok := rocelayer.NetworkPacket(uint32(lt), frame)
