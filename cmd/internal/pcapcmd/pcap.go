@@ -33,12 +33,13 @@ const pcapUsage = `usage:
   rocev2d pcap check [-q] FILE...
   rocev2d pcap write-sample FILE
 
-check decodes every RoCEv2 packet (UDP destination port 4791) in the pcap or pcapng files
-(also gzip-compressed, as tshark reads them; link types Ethernet, Linux SLL
-and SLL2, raw IP, IPv4, IPv6, BSD loopback; IPv4 and IPv6), validates its layout against the opcode table, verifies its ICRC and
-prints one line per packet and a total per file and overall. Other frames are
-counted and skipped; RoCE v1 frames (EtherType 0x8915) are counted apart,
-not checked. Wireshark shows the ICRC but never checks it; this does.
+check decodes every RoCEv2 packet (UDP destination port 4791) in the pcap (also
+the "modified" format, magic 0xa1b2cd34) or pcapng files (also gzip-compressed,
+as tshark reads them; link types Ethernet, Linux SLL and SLL2, raw IP, IPv4,
+IPv6, BSD loopback; IPv4 and IPv6), validates its layout against the opcode
+table, verifies its ICRC and prints one line per packet and a total per file
+and overall. Other frames are counted and skipped; RoCE v1 frames (EtherType
+0x8915) are counted apart, not checked. Wireshark shows the ICRC but never checks it; this does.
 VLAN tags (also QinQ 0x9100/0x9200) and tunnels (GRE, ERSPAN I-III, IP-in-IP,
 VXLAN, Geneve) are looked through: the innermost RoCEv2 packet is checked
 against its own IP header and shown with its addresses; an encapsulation not

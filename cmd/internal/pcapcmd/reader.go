@@ -103,14 +103,22 @@ func readFull(r io.Reader, b []byte) error {
 }
 
 // pcapReader reads a classic pcap file (either byte order, micro- or
-// nanosecond timestamps).
+// nanosecond timestamps, also the Kuznetzov "modified" format).
 type pcapReader struct {
 	r        *bufio.Reader
 	bo       binary.ByteOrder
 	linkType uint32
 	fcsLen   int // bytes of FCS at each frame's end (link type's FCS bits)
-	buf      []byte
+	// extra is the bytes each record header has beyond the standard 16:
+	// 8 in the "modified" format of Alexey Kuznetzov's patched libpcap
+	// (magic 0xa1b2cd34: interface index, protocol, packet type, pad),
+	// which old Red Hat tcpdump wrote and tshark reads.
+	extra int
+	buf   []byte
 }
+
+// pcapModifiedMagic is the magic of the Kuznetzov "modified" pcap format.
+const pcapModifiedMagic = 0xa1b2cd34
 
 // Link-type field bits of a classic pcap header (pcap-linktype(7)): the
 // link type is the low 16 bits (libpcap's LT_LINKTYPE); when the P bit is
@@ -138,6 +146,10 @@ func newPcapReader(br *bufio.Reader) (*pcapReader, error) {
 		p.bo = binary.LittleEndian
 	case binary.BigEndian.Uint32(h[:]) == 0xa1b2c3d4 || binary.BigEndian.Uint32(h[:]) == 0xa1b23c4d:
 		p.bo = binary.BigEndian
+	case binary.LittleEndian.Uint32(h[:]) == pcapModifiedMagic:
+		p.bo, p.extra = binary.LittleEndian, 8
+	case binary.BigEndian.Uint32(h[:]) == pcapModifiedMagic:
+		p.bo, p.extra = binary.BigEndian, 8
 	default:
 		return nil, fmt.Errorf("not a pcap or pcapng file: magic 0x%08x", binary.LittleEndian.Uint32(h[:]))
 	}
@@ -154,8 +166,8 @@ func newPcapReader(br *bufio.Reader) (*pcapReader, error) {
 
 // next reads the next record.
 func (p *pcapReader) next() (record, error) {
-	var h [16]byte
-	if err := readFull(p.r, h[:]); err != nil {
+	var h [24]byte
+	if err := readFull(p.r, h[:16+p.extra]); err != nil {
 		return record{}, err
 	}
 	capLen, origLen := p.bo.Uint32(h[8:]), p.bo.Uint32(h[12:])

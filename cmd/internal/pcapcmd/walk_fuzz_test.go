@@ -3,6 +3,7 @@ package pcapcmd
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"io"
 	"testing"
 
@@ -49,6 +50,7 @@ func FuzzCheck(f *testing.F) {
 		f.Add(pcapFile(65535, 1, 0, samples[0].Frame, samples[5].Frame))
 		f.Add(bytes.Join([][]byte{shbBlock(0), idbBlock(1), idbBlock(276), epbBlock(0, samples[1].Frame)}, nil))
 		f.Add(gzipped(f, pcapFile(65535, 1, 0, samples[2].Frame)))
+		f.Add(modifiedPcap(binary.BigEndian, samples[3].Frame))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r, err := openCapture(bufio.NewReader(bytes.NewReader(data)))
