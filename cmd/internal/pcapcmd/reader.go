@@ -34,6 +34,10 @@ type record struct {
 	data     []byte // the captured bytes (valid until the next read)
 	origLen  int    // the frame's length on the wire
 	linkType uint32 // the full link type of the frame's interface
+	// notPacket marks a pcapng block Wireshark lists among the frames
+	// though it holds no packet (a systemd Journal Export or a Custom
+	// Block): it takes a frame number and is not checked.
+	notPacket bool
 }
 
 // frameReader reads the frames of a capture file. next returns io.EOF at
@@ -203,6 +207,11 @@ const (
 	ngPB  = 2          // packet (obsolete)
 	ngSPB = 3          // simple packet
 	ngEPB = 6          // enhanced packet
+	// Blocks Wireshark numbers as frames: systemd Journal Export, and
+	// Custom Blocks (copied or not).
+	ngJournal    = 9
+	ngCustom     = 0x00000bad
+	ngCustomNoCp = 0x40000bad
 )
 
 // ngInterface is an interface of a pcapng section.
@@ -296,6 +305,11 @@ func (n *ngReader) next() (record, error) {
 			}
 		case ngEPB, ngPB, ngSPB:
 			return n.readPacket(typ, body)
+		case ngJournal, ngCustom, ngCustomNoCp:
+			if err := n.skip(body + 4); err != nil {
+				return record{}, err
+			}
+			return record{notPacket: true}, nil
 		default:
 			if err := n.skip(body + 4); err != nil {
 				return record{}, err
