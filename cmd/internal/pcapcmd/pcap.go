@@ -59,6 +59,7 @@ reported as truncated: the headers the capture kept are decoded and shown,
 its ICRC cannot be checked, and it is counted apart, neither ok nor bad.
   -q  print only bad packets and the totals (before or after the files;
       -- ends the options)
+A FILE of - is the standard input (tcpdump -w - | rocev2d pcap check -).
 Exit status: 0 if every whole RoCEv2 packet is well-formed with a valid ICRC
 and a sound IP header, 1 if any is not (they are listed at the end), 2 if a
 file cannot be read, or ends inside a record, or has a corrupt one (the frames
@@ -239,6 +240,9 @@ func pcapCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return cli.ExitOK
 }
 
+// stdin is what the file name "-" reads (as tshark -r - and tcpdump -r -).
+var stdin io.Reader = os.Stdin
+
 // fileCheck is the state of one file's check.
 type fileCheck struct {
 	name     string
@@ -254,12 +258,16 @@ type fileCheck struct {
 // file at all; the error is non-nil if the file cannot be read to its end
 // (the stats then cover the frames read before the problem).
 func checkFile(ctx context.Context, name string, out io.Writer, quiet bool) (st pcapStats, bad []badPacket, opened bool, err error) {
-	f, err := os.Open(name)
-	if err != nil {
-		return st, nil, false, err
+	var in io.Reader = stdin
+	if name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return st, nil, false, err
+		}
+		defer f.Close()
+		in = f
 	}
-	defer f.Close()
-	r, err := openCapture(bufio.NewReaderSize(f, 1<<16))
+	r, err := openCapture(bufio.NewReaderSize(in, 1<<16))
 	if err != nil {
 		return st, nil, false, err
 	}

@@ -142,6 +142,10 @@ func newPcapReader(br *bufio.Reader) (*pcapReader, error) {
 			// No byte at all (was "header: EOF").
 			return nil, errors.New("empty file, not a pcap or pcapng capture")
 		}
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			// Not a short file: a directory, an I/O error.
+			return nil, err
+		}
 		return nil, fmt.Errorf("not a pcap or pcapng file: header: %w (the file is shorter than a pcap header)", err)
 	}
 	p := &pcapReader{r: br}
