@@ -385,6 +385,12 @@ func (c *fileCheck) roce(num int, f found, rec record) {
 	}
 	gp := gopacket.NewPacket(f.ip, dec, gopacket.DecodeOptions{NoCopy: true})
 	udp, _ := gp.Layer(layers.LayerTypeUDP).(*layers.UDP)
+	if nl := gp.NetworkLayer(); (udp == nil || nl != nil && len(nl.LayerPayload()) < 8) && len(rec.data) < rec.origLen {
+		// The capture cut the UDP header after its destination port.
+		st.truncated++
+		c.note(num, cutInUDP(gp, f.ip, len(rec.data), rec.origLen)+viaNote(f.via))
+		return
+	}
 	if udp == nil {
 		st.bad++
 		why := "UDP header not decodable"
@@ -431,6 +437,21 @@ func (c *fileCheck) roce(num int, f found, rec record) {
 	st.bad++
 	c.fail(num, reason)
 	fmt.Fprintf(out, "%s #%d %s BAD: %s\n", name, num, line, reason)
+}
+
+// cutInUDP is the line of a RoCEv2 frame the capture cut inside its UDP
+// header (ip: from the IP header on): its addresses and ports, and how much
+// the capture kept.
+func cutInUDP(gp gopacket.Packet, ip []byte, kept, length int) string {
+	var sb strings.Builder
+	if nl := gp.NetworkLayer(); nl != nil {
+		s, d := nl.NetworkFlow().Endpoints()
+		sa, _ := netip.AddrFromSlice(s.Raw())
+		da, _ := netip.AddrFromSlice(d.Raw())
+		u := ip[len(ip)-len(nl.LayerPayload()):]
+		fmt.Fprintf(&sb, "%v > %v ", netip.AddrPortFrom(sa, binary.BigEndian.Uint16(u)), netip.AddrPortFrom(da, rocelayer.Port))
+	}
+	return sb.String() + fmt.Sprintf("truncated by the capture (%d of %d bytes, inside the UDP header): ICRC not checked", kept, length)
 }
 
 // ipNotes are the remarks on a RoCEv2 packet's IP layers: the tunnels it

@@ -248,6 +248,11 @@ func (w *walker) otherIP(f found) found {
 // udp walks a UDP header at b[off:] of IP packet b.
 func (w *walker) udp(b []byte, off int, f found) found {
 	dst, ok := udpDst(b, off)
+	if !ok && w.cut && off >= 0 && len(b) >= off+4 && binary.BigEndian.Uint16(b[off+2:]) == rocelayer.Port {
+		// The capture cut the UDP header after its destination port
+		// (a snap length of 38 to 41 on Ethernet): RoCEv2, truncated.
+		dst, ok = rocelayer.Port, true
+	}
 	switch {
 	case !ok:
 		return w.otherIP(f)
