@@ -381,9 +381,57 @@ func ParseMQES(capv uint64) uint16 { return nvme.ParseCAP(capv).MQES }
 func (h *Controller) connectQueue(ctx context.Context, q *hqueue, cntlid uint16, kato uint32) (uint64, error) {
 	data := make([]byte, nvme.ConnectDataSize)
 	nvme.ConnectData(data).Encode(&nvme.ConnectDataFields{HostID: h.cfg.HostID, CNTLID: cntlid, SubNQN: h.subNQN, HostNQN: h.cfg.HostNQN})
-	return q.do(ctx, &request{out: data, build: func(s nvme.SQE) {
+	res, err := q.do(ctx, &request{out: data, build: func(s nvme.SQE) {
 		(&nvme.Connect{QID: q.qid, SQSize: uint16(q.depth), KATO: kato}).Put(s)
 	}})
+	return res, h.connectError(q, cntlid, kato, res, err)
+}
+
+// connectError says what a refused Fabrics Connect points at, as Linux's
+// nvmf_log_connect_error does: for Invalid Parameter the result names the
+// field (bit 16: in the Connect data, else in the command; bits 15:0 its
+// byte offset), for Invalid Host the host NQN. The status stays wrapped
+// (errors.Is(err, nvme.StatusConnectInvalidParam|nvme.StatusDNR)).
+func (h *Controller) connectError(q *hqueue, cntlid uint16, kato uint32, res uint64, err error) error {
+	var st nvme.Status
+	if err == nil || !errors.As(err, &st) {
+		return err
+	}
+	switch st.Code() {
+	case nvme.StatusConnectInvalidHost:
+		return fmt.Errorf("%w: host NQN %q not allowed on subsystem %q", err, h.cfg.HostNQN, h.subNQN)
+	case nvme.StatusConnectInvalidParam:
+	default:
+		return err
+	}
+	off := res & 0xffff
+	var what string
+	if res&(1<<16) != 0 { // in the Connect data
+		switch off {
+		case 0:
+			what = fmt.Sprintf("host ID %x", h.cfg.HostID)
+		case 16:
+			what = fmt.Sprintf("controller ID %d", cntlid)
+		case 256:
+			what = fmt.Sprintf("subsystem NQN %q (not served there)", h.subNQN)
+		case 512:
+			what = fmt.Sprintf("host NQN %q", h.cfg.HostNQN)
+		default:
+			what = fmt.Sprintf("Connect data byte %d", off)
+		}
+	} else {
+		switch off {
+		case 42:
+			what = fmt.Sprintf("queue ID %d", q.qid)
+		case 44:
+			what = fmt.Sprintf("queue size %d (SQSIZE %d)", q.depth+1, q.depth)
+		case 48:
+			what = fmt.Sprintf("KATO %d ms", kato)
+		default:
+			what = fmt.Sprintf("Connect command byte %d", off)
+		}
+	}
+	return fmt.Errorf("%w: the target refused the %s", err, what)
 }
 
 func propGet(ctx context.Context, q *hqueue, off uint32, size8 bool) (uint64, error) {

@@ -1,0 +1,44 @@
+package nvmf
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/nvme"
+	"github.com/gorocev2/rocev2/udp/memnet"
+)
+
+// A Connect the target refuses names what it refused — the subsystem NQN,
+// the host NQN — as Linux's nvmf_log_connect_error does, not only the
+// status ("invalid connect parameters" said nothing of which).
+func TestConnectRefusalNamesField(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{Subsystems: []*Subsystem{
+		{NQN: testNQN, Namespaces: []*Namespace{{Backend: mustMem(t)}}},
+		{NQN: testNQN + "-only", AllowedHosts: []string{"nqn.2026-12.io.example:someone-else"},
+			Namespaces: []*Namespace{{Backend: mustMem(t)}}},
+	}})
+	ctx := ctxT(t, 30*time.Second)
+	_, err := Connect(ctx, p.hdev, p.targetAddr, "nqn.2026-12.io.example:nope", nil)
+	if !errors.Is(err, nvme.StatusConnectInvalidParam|nvme.StatusDNR) ||
+		!strings.Contains(err.Error(), `subsystem NQN "nqn.2026-12.io.example:nope"`) {
+		t.Errorf("unknown NQN: %v", err)
+	}
+	_, err = Connect(ctx, p.hdev, p.targetAddr, testNQN+"-only", &HostConfig{HostNQN: "nqn.2026-12.io.example:me"})
+	if !errors.Is(err, nvme.StatusConnectInvalidHost|nvme.StatusDNR) ||
+		!strings.Contains(err.Error(), `host NQN "nqn.2026-12.io.example:me"`) {
+		t.Errorf("host not allowed: %v", err)
+	}
+	if p.t.Stats().LiveCtrls != 0 {
+		t.Errorf("live controllers %d after refused Connects", p.t.Stats().LiveCtrls)
+	}
+}
+
+func mustMem(t *testing.T) *MemBackend {
+	m, err := NewMemBackend(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
