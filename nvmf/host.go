@@ -191,6 +191,9 @@ func Connect(ctx context.Context, dev *transport.Device, addr netip.AddrPort, su
 	if cfg != nil {
 		c = *cfg
 	}
+	if dev == nil {
+		return nil, errors.New("nvmf: Connect: dev is nil")
+	}
 	if c.KATO > MaxKATO {
 		// KATO goes out as a 32-bit count of milliseconds: beyond it the
 		// target would get the value wrapped (2^32 ms + 1 s as 1 s).

@@ -42,3 +42,40 @@ func mustMem(t *testing.T) *MemBackend {
 	}
 	return m
 }
+
+// A nil device or a nil entry in the configuration is an error naming it,
+// not a nil-pointer panic inside the library.
+func TestNilArgumentsAreErrors(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 10*time.Second)
+	check := func(what string, err error, want string) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming %q", what, err, want)
+		}
+	}
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("Connect with a nil device panicked: %v", r)
+			}
+		}()
+		_, err := Connect(ctx, nil, p.targetAddr, testNQN, nil)
+		check("Connect(nil dev)", err, "dev is nil")
+		_, err = Discover(ctx, nil, p.targetAddr, nil)
+		check("Discover(nil dev)", err, "dev is nil")
+	}()
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("Listen with a nil argument panicked: %v", r)
+			}
+		}()
+		_, err := Listen(nil, TargetConfig{Subsystems: []*Subsystem{{NQN: testNQN, Namespaces: []*Namespace{{Backend: mustMem(t)}}}}})
+		check("Listen(nil dev)", err, "dev is nil")
+		_, err = Listen(p.hdev, TargetConfig{Subsystems: []*Subsystem{nil}})
+		check("nil subsystem", err, "Subsystems[0] is nil")
+		_, err = Listen(p.hdev, TargetConfig{Subsystems: []*Subsystem{{NQN: testNQN, Namespaces: []*Namespace{nil}}}})
+		check("nil namespace", err, "Namespaces[0] is nil")
+	}()
+}

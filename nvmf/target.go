@@ -166,6 +166,9 @@ type Target struct {
 // Listen starts a target on dev: it listens on cfg.Port and serves until
 // Close.
 func Listen(dev *transport.Device, cfg TargetConfig) (*Target, error) {
+	if dev == nil {
+		return nil, errors.New("nvmf: Listen: dev is nil")
+	}
 	if cfg.Port == 0 {
 		cfg.Port = nvme.Port
 	}
@@ -234,6 +237,9 @@ func Listen(dev *transport.Device, cfg TargetConfig) (*Target, error) {
 }
 
 func (s *Subsystem) check(i int) error {
+	if s == nil {
+		return fmt.Errorf("nvmf: TargetConfig.Subsystems[%d] is nil", i)
+	}
 	if s.NQN == "" || len(s.NQN) > nvme.NQNSize-1 {
 		return fmt.Errorf("nvmf: TargetConfig.Subsystems[%d].NQN %q: empty or longer than 255 bytes", i, s.NQN)
 	}
@@ -242,6 +248,9 @@ func (s *Subsystem) check(i int) error {
 	}
 	used := map[uint32]bool{}
 	for j, ns := range s.Namespaces {
+		if ns == nil {
+			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d] is nil", i, j)
+		}
 		if ns.BlockSize == 0 {
 			ns.BlockSize = 512
 		}
