@@ -227,7 +227,12 @@ func (h *Controller) logf(format string, args ...any) {
 // associate connects and enables the controller and its I/O queues.
 func (h *Controller) associate(ctx context.Context) (_ *association, err error) {
 	disc := h.subNQN == nvme.DiscoveryNQN
-	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, h.cfg.ConnectTimeout) }
+	// Each step's deadline says which it is, so that a target that never
+	// answers is not a bare "context deadline exceeded".
+	stepErr := fmt.Errorf("no answer within HostConfig.ConnectTimeout (%v)", h.cfg.ConnectTimeout)
+	step := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeoutCause(ctx, h.cfg.ConnectTimeout, stepErr)
+	}
 	sctx, cancel := step()
 	adm, err := dialQueue(sctx, h.dev, h.addr, 0, nvme.AdminQueueDepth, 0, h.cfg.PathMTU)
 	cancel()
@@ -245,6 +250,8 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 			a.close()
 		}
 	}()
+	// sctx is the step's context at the time of the error.
+	defer func() { err = withCause(sctx, err) }()
 	kato := uint32(0)
 	if h.cfg.KATO > 0 && !disc {
 		kato = uint32(h.cfg.KATO / time.Millisecond)
@@ -340,7 +347,7 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 		}
 		qcancel()
 		if err != nil {
-			return nil, fmt.Errorf("nvmf: I/O queue %d: %w", i, err)
+			return nil, fmt.Errorf("nvmf: I/O queue %d: %w", i, withCause(qctx, err))
 		}
 	}
 	return a, nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,12 +202,29 @@ func dialQueue(ctx context.Context, dev *transport.Device, addr netip.AddrPort, 
 				return nil, &RejectedError{QID: qid, Status: r.Fields().Status}
 			}
 		}
-		return nil, fmt.Errorf("nvmf: queue %d: %w", qid, err)
+		if errors.Is(err, rdmacm.ErrUnreachable) || errors.Is(err, rdmacm.ErrTimeout) {
+			return nil, fmt.Errorf("nvmf: queue %d: %w", qid, err) // rdmacm named the address
+		}
+		// A REJ (no listener on the port: "invalid service ID") or the
+		// end of ctx (nothing answered in time) says nothing of where.
+		return nil, fmt.Errorf("nvmf: queue %d to %v: %w", qid, addr, withCause(ctx, err))
 	}
 	q.conn, q.qp = conn, conn.QP()
 	q.wg.Add(1)
 	go q.loop()
 	return q, nil
+}
+
+// withCause adds ctx's cause to err when ctx ended with one of its own
+// (the host's connection-step timeout), keeping err's chain.
+func withCause(ctx context.Context, err error) error {
+	if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+		return err
+	}
+	if c := context.Cause(ctx); c != nil && c != ctx.Err() && !strings.Contains(err.Error(), c.Error()) {
+		return fmt.Errorf("%w (%v)", err, c)
+	}
+	return err
 }
 
 func (q *hqueue) postRecvOn(qp *transport.QP, i int) error {

@@ -1,7 +1,9 @@
 package nvmf
 
 import (
+	"context"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -78,4 +80,27 @@ func TestNilArgumentsAreErrors(t *testing.T) {
 		_, err = Listen(p.hdev, TargetConfig{Subsystems: []*Subsystem{{NQN: testNQN, Namespaces: []*Namespace{nil}}}})
 		check("nil namespace", err, "Namespaces[0] is nil")
 	}()
+}
+
+// A Connect that finds no listener or no answer names the address and,
+// when the host's own step timeout ran out, that timeout: a library user
+// got a bare "nvmf: queue 0: context deadline exceeded" for a target that
+// does not answer, and a REJ without the port it came for.
+func TestConnectFailureNamesAddress(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	wrongPort := netip.AddrPortFrom(targetIP, 4421)
+	_, err := Connect(ctx, p.hdev, wrongPort, testNQN, nil)
+	if err == nil || !strings.Contains(err.Error(), wrongPort.String()) {
+		t.Errorf("Connect to a port nobody listens on: %v, want it to name %v", err, wrongPort)
+	}
+	nobody := netip.AddrPortFrom(netip.MustParseAddr("192.0.2.77"), nvme.Port)
+	_, err = Connect(ctx, p.hdev, nobody, testNQN, &HostConfig{ConnectTimeout: 100 * time.Millisecond})
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), nobody.String()) ||
+		!strings.Contains(err.Error(), "ConnectTimeout") {
+		t.Errorf("Connect to an address that never answers: %v, want it to name %v and ConnectTimeout", err, nobody)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the caller's context ended")
+	}
 }
