@@ -78,6 +78,16 @@ type HostConfig struct {
 	RemoteInvalidate bool
 	// PathMTU bounds the path MTU of the queues (default 1024).
 	PathMTU transport.MTU
+	// SelectiveRepeat offers selective repeat loss recovery on every
+	// queue (rdmacm.Options.SelectiveRepeat, docs/SELECTIVE-REPEAT.md): a
+	// rocev2 target accepts it (unless TargetConfig.NoSelectiveRepeat),
+	// and the queues then resend only lost packets, with a short
+	// retransmission timer, instead of go-back-N: on a lossy path without
+	// PFC, go-back-N's tail-loss timeouts take NVMe-oF I/O down to a few
+	// MB/s at 1 % loss. Other targets (Linux's nvmet-rdma) do not answer
+	// the offer and the queues run go-back-N as without it. Off by
+	// default: the connection requests then carry no ECE, as before.
+	SelectiveRepeat bool
 	// Log, if set, receives one line per connection event.
 	Log func(format string, args ...any)
 }
@@ -234,7 +244,7 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 		return context.WithTimeoutCause(ctx, h.cfg.ConnectTimeout, stepErr)
 	}
 	sctx, cancel := step()
-	adm, err := dialQueue(sctx, h.dev, h.addr, 0, nvme.AdminQueueDepth, 0, h.cfg.PathMTU)
+	adm, err := dialQueue(sctx, h.dev, h.addr, 0, nvme.AdminQueueDepth, 0, h.cfg.PathMTU, h.cfg.SelectiveRepeat)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -337,7 +347,7 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 	qs = max(qs, 2)
 	for i := 1; i <= n; i++ {
 		qctx, qcancel := step()
-		q, err := dialQueue(qctx, h.dev, h.addr, uint16(i), qs, inline, h.cfg.PathMTU)
+		q, err := dialQueue(qctx, h.dev, h.addr, uint16(i), qs, inline, h.cfg.PathMTU, h.cfg.SelectiveRepeat)
 		if err == nil {
 			h.setup(q)
 			a.mu.Lock()

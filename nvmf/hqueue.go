@@ -148,7 +148,8 @@ type hostHooks struct {
 
 // dialQueue connects queue qid: rdma_cm connection with the NVMe-RDMA
 // request, receive buffers for the completions posted before it.
-func dialQueue(ctx context.Context, dev *transport.Device, addr netip.AddrPort, qid uint16, size, inline int, mtu transport.MTU) (*hqueue, error) {
+// sr offers selective repeat (HostConfig.SelectiveRepeat).
+func dialQueue(ctx context.Context, dev *transport.Device, addr netip.AddrPort, qid uint16, size, inline int, mtu transport.MTU, sr bool) (*hqueue, error) {
 	q := &hqueue{qid: qid, depth: size - 1, inline: inline, nresp: size, dead: make(chan struct{}), canary: rand.Uint64()}
 	if qid == 0 {
 		q.inline = 0
@@ -185,7 +186,7 @@ func dialQueue(ctx context.Context, dev *transport.Device, addr netip.AddrPort, 
 	// healthy connections of a loaded machine.)
 	retry := transport.DefaultRetry
 	retry.Timeout = 16
-	conn, err := rdmacm.Dial(ctx, dev, addr, &rdmacm.Options{PD: q.pd, Retry: &retry, PathMTU: mtu, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: 2*size + 8,
+	conn, err := rdmacm.Dial(ctx, dev, addr, &rdmacm.Options{SelectiveRepeat: sr, PD: q.pd, Retry: &retry, PathMTU: mtu, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: 2*size + 8,
 		MaxRecvWR: size, MaxSGE: 2, PrivateData: pd, Prepare: func(qp *transport.QP) error {
 			for i := 0; i < q.nresp; i++ {
 				if err := q.postRecvOn(qp, i); err != nil {

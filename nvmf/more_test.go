@@ -241,7 +241,7 @@ func TestTargetKilledMidIO(t *testing.T) {
 // rawQueue is a host queue for sending hand-made capsules.
 func rawQueue(t *testing.T, p *pair, qid uint16, size int) *hqueue {
 	t.Helper()
-	q, err := dialQueue(ctxT(t, 10*time.Second), p.hdev, p.targetAddr, qid, size, 4096, 0)
+	q, err := dialQueue(ctxT(t, 10*time.Second), p.hdev, p.targetAddr, qid, size, 4096, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func TestBadConnectionRequests(t *testing.T) {
 		t.Errorf("%d queues left", p.t.Queues())
 	}
 	// Through the host API: the error names the NVMe-RDMA status.
-	_, err := dialQueue(ctxT(t, 5*time.Second), p.hdev, p.targetAddr, 5, 32, 0, 0)
+	_, err := dialQueue(ctxT(t, 5*time.Second), p.hdev, p.targetAddr, 5, 32, 0, 0, false)
 	var re *RejectedError
 	if !errors.As(err, &re) || re.Status != nvme.CMInvalidQID {
 		t.Errorf("dialQueue qid 5: %v", err)
@@ -792,7 +792,7 @@ func TestSeveralHosts(t *testing.T) {
 // the target after ConnectTimeout.
 func TestNoConnect(t *testing.T) {
 	p := newPair(t, memnet.Faults{}, TargetConfig{ConnectTimeout: 300 * time.Millisecond})
-	q, err := dialQueue(ctxT(t, 10*time.Second), p.hdev, p.targetAddr, 0, 32, 0, 0)
+	q, err := dialQueue(ctxT(t, 10*time.Second), p.hdev, p.targetAddr, 0, 32, 0, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,6 +94,11 @@ type TargetConfig struct {
 	// otherwise hold one of MaxControllers for as long as the connection
 	// lives.) It counts in milliseconds (less is 1 ms), at most MaxKATO.
 	DiscoveryKATO time.Duration
+	// NoSelectiveRepeat refuses selective repeat to hosts that offer it
+	// (HostConfig.SelectiveRepeat). By default a queue whose connection
+	// request offers it runs it; a request without the offer (Linux's
+	// nvme-rdma) gets the same reply as before, and go-back-N.
+	NoSelectiveRepeat bool
 	// Log, if set, receives one line per connection event.
 	Log func(format string, args ...any)
 
@@ -431,7 +436,7 @@ func (t *Target) accept(r *rdmacm.Request) {
 	rep := make([]byte, nvme.CMRepSize)
 	nvme.CMRep(rep).Encode(&nvme.CMRepFields{RecFmt: nvme.RecFmt10, CRQSize: uint16(q.depth)})
 	ctx, cancel := context.WithTimeout(t.ctx, 10*time.Second)
-	conn, err := r.Accept(ctx, &rdmacm.Options{PD: q.pd, PathMTU: t.cfg.PathMTU, SendCQ: q.cq, RecvCQ: q.cq,
+	conn, err := r.Accept(ctx, &rdmacm.Options{SelectiveRepeat: !t.cfg.NoSelectiveRepeat, PD: q.pd, PathMTU: t.cfg.PathMTU, SendCQ: q.cq, RecvCQ: q.cq,
 		MaxSendWR: q.sendDepth, MaxRecvWR: q.depth, MaxSGE: 2, Prepare: q.prepare, PrivateData: rep})
 	cancel()
 	if err != nil {
