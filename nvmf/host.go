@@ -28,7 +28,9 @@ type HostConfig struct {
 	// the controller grants).
 	IOQueues int
 	// QueueSize is each I/O queue's size (default 128; the admin queue
-	// has 32); QueueSize-1 commands can be in flight on a queue.
+	// has 32); QueueSize-1 commands can be in flight on a queue. 2 to
+	// 1024 (Connect refuses others); the controller's MQES and MAXCMD
+	// may make it smaller.
 	QueueSize int
 	// KATO is the keep-alive timeout (default 5 s; a keep-alive goes
 	// out every KATO/2; 1 ms to MaxKATO). Negative: none.
@@ -203,6 +205,16 @@ func Connect(ctx context.Context, dev *transport.Device, addr netip.AddrPort, su
 	}
 	if dev == nil {
 		return nil, errors.New("nvmf: Connect: dev is nil")
+	}
+	if c.QueueSize < 0 || c.QueueSize == 1 || c.QueueSize > 1024 {
+		// As Linux's nvmf_parse_options refuses queue_size outside its
+		// bounds: 1 would leave no command slot (one entry stays
+		// unused), and silently connecting with another size than asked
+		// hid the mistake.
+		return nil, fmt.Errorf("nvmf: HostConfig.QueueSize %d not in 2..1024 (0: default 128)", c.QueueSize)
+	}
+	if c.IOQueues < 0 {
+		return nil, fmt.Errorf("nvmf: HostConfig.IOQueues %d is negative (0: default 4)", c.IOQueues)
 	}
 	if c.KATO > MaxKATO {
 		// KATO goes out as a 32-bit count of milliseconds: beyond it the

@@ -104,3 +104,26 @@ func TestConnectFailureNamesAddress(t *testing.T) {
 		t.Fatal("the caller's context ended")
 	}
 }
+
+// A queue size or queue count Connect cannot honour is an error naming
+// the field (QueueSize 1 connected with 2, 100000 with 1024, silently).
+func TestConnectRefusesBadQueueConfig(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	for _, cfg := range []HostConfig{{QueueSize: 1}, {QueueSize: 1025}, {QueueSize: -5}, {IOQueues: -1}} {
+		h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &cfg)
+		if err == nil {
+			h.Close()
+			t.Errorf("%+v: connected", cfg)
+			continue
+		}
+		if want := map[bool]string{true: "HostConfig.IOQueues", false: "HostConfig.QueueSize"}[cfg.IOQueues != 0]; !strings.Contains(err.Error(), want) {
+			t.Errorf("QueueSize %d IOQueues %d: %v, want it to name %s", cfg.QueueSize, cfg.IOQueues, err, want)
+		}
+	}
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{QueueSize: 2, IOQueues: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+}
