@@ -359,6 +359,9 @@ options:
   --invalidate     a key of its own for every data command, which the
                    target is asked to invalidate (SEND with Invalidate;
                    keyed SGL subtype 0xF, as Linux's host does)
+  --selective-repeat  offer selective repeat on every queue (a rocev2
+                   target accepts it; others answer go-back-N): loss costs
+                   far less than go-back-N's ACK timeouts (docs/NVMEOF.md)
   --mtu N          path MTU the queues ask for: 256..4096 (default 1024;
                    the target rejects more than its own --mtu)
   --range BYTES    bench: the span of the namespace it touches (default all)
@@ -396,7 +399,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs := cli.NewFlagSet("nvmf-host")
 	var bind, addr, nqn, out, in, bsList, qdList, rw, length, offset, span string
 	var port, nsid, ioq, qsize, mtuBytes int
-	var verbose, verify, noInline, invalidate bool
+	var verbose, verify, noInline, invalidate, sr bool
 	var dur time.Duration
 	var sock cli.SocketFlags
 	fs.StringVar(&bind, "bind", "", "")
@@ -419,6 +422,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.BoolVar(&verify, "verify", false, "")
 	fs.BoolVar(&noInline, "no-inline", false, "")
 	fs.BoolVar(&invalidate, "invalidate", false, "")
+	fs.BoolVar(&sr, "selective-repeat", false, "")
 	fs.DurationVar(&dur, "time", 2*time.Second, "")
 	lossTmo := 60 * time.Second
 	fs.DurationVar(&lossTmo, "ctrl-loss-tmo", lossTmo, "")
@@ -521,7 +525,7 @@ func runNvmfHost(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		defer cli.PrintCounters(stdout, local.String(), dev)
 	}
 	cfg := &nvmf.HostConfig{IOQueues: ioq, QueueSize: qsize, NoInline: noInline, PathMTU: mtu, RemoteInvalidate: invalidate,
-		CtrlLossTimeout: lossTmo, IOTimeout: ioTmo, AdminTimeout: adminTmo}
+		SelectiveRepeat: sr, CtrlLossTimeout: lossTmo, IOTimeout: ioTmo, AdminTimeout: adminTmo}
 	if lossTmo == 0 {
 		cfg.CtrlLossTimeout = -1 // fail at once
 	}

@@ -278,10 +278,12 @@ func TestNvmfTimeoutFlags(t *testing.T) {
 	for _, tc := range []struct {
 		flags     []string
 		admin, io time.Duration
+		sr        bool
 	}{
-		{nil, 60 * time.Second, 30 * time.Second},
-		{[]string{"--admin-timeout", "5s"}, 5 * time.Second, 30 * time.Second},
-		{[]string{"--io-timeout", "7s", "--admin-timeout", "0"}, -1, 7 * time.Second},
+		{nil, 60 * time.Second, 30 * time.Second, false},
+		{[]string{"--admin-timeout", "5s"}, 5 * time.Second, 30 * time.Second, false},
+		{[]string{"--io-timeout", "7s", "--admin-timeout", "0"}, -1, 7 * time.Second, false},
+		{[]string{"--selective-repeat"}, 60 * time.Second, 30 * time.Second, true},
 	} {
 		ctx, cancel := context.WithCancel(context.Background())
 		var got *nvmf.HostConfig
@@ -297,8 +299,9 @@ func TestNvmfTimeoutFlags(t *testing.T) {
 			t.Errorf("%q: exit %d, the host never configured\n%s", tc.flags, r.code, r.errOut)
 			continue
 		}
-		if got.AdminTimeout != tc.admin || got.IOTimeout != tc.io {
-			t.Errorf("%q: AdminTimeout %v, IOTimeout %v; want %v, %v", tc.flags, got.AdminTimeout, got.IOTimeout, tc.admin, tc.io)
+		if got.AdminTimeout != tc.admin || got.IOTimeout != tc.io || got.SelectiveRepeat != tc.sr {
+			t.Errorf("%q: AdminTimeout %v, IOTimeout %v, SelectiveRepeat %v; want %v, %v, %v", tc.flags, got.AdminTimeout, got.IOTimeout,
+				got.SelectiveRepeat, tc.admin, tc.io, tc.sr)
 		}
 	}
 }
