@@ -262,6 +262,11 @@ func (h *Controller) associate(ctx context.Context) (_ *association, err error) 
 		return nil, err
 	}
 	h.setup(adm)
+	if h.cfg.SelectiveRepeat && !adm.conn.SelectiveRepeat() {
+		// Offered, not agreed (Linux's nvmet-rdma, or NoSelectiveRepeat):
+		// the queues run go-back-N, which the caller may want to know.
+		h.logf("nvmf: controller %v declined selective repeat: queues run go-back-N", h.addr)
+	}
 	a := &association{admin: adm, dead: make(chan struct{})}
 	// The timeouts apply from the first command on, the admin Connect
 	// included (Linux's connect commands run with the admin and I/O

@@ -2,7 +2,10 @@ package nvmf
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,9 +44,16 @@ func TestHostSelectiveRepeat(t *testing.T) {
 			ctx := ctxT(t, 120*time.Second)
 			var h *Controller
 			var err error
+			var mu sync.Mutex
+			var logged []string
+			logf := func(f string, a ...any) {
+				mu.Lock()
+				logged = append(logged, fmt.Sprintf(f, a...))
+				mu.Unlock()
+			}
 			for try := 0; try < 5; try++ { // a lost CM exchange can time a step out
 				if h, err = Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, SelectiveRepeat: tc.host,
-					ConnectTimeout: 10 * time.Second}); err == nil {
+					ConnectTimeout: 10 * time.Second, Log: logf}); err == nil {
 					break
 				}
 			}
@@ -51,6 +61,12 @@ func TestHostSelectiveRepeat(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer h.Close()
+			mu.Lock()
+			declined := strings.Contains(strings.Join(logged, "\n"), "declined selective repeat")
+			mu.Unlock()
+			if declined != (tc.host && !tc.want) {
+				t.Errorf("logged %q; want a line about the declined offer: %v", logged, tc.host && !tc.want)
+			}
 			for i, sr := range queuesSR(h) {
 				if sr != tc.want {
 					t.Errorf("queue %d: selective repeat %v, want %v", i, sr, tc.want)
