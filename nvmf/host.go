@@ -615,7 +615,19 @@ func (h *Controller) supervise(a *association) {
 		h.cur = nil
 		h.ready = make(chan struct{})
 		h.mu.Unlock()
-		a.close()
+		// The lost association is torn down while the host reconnects:
+		// its commands have all failed already (die), and its
+		// disconnects wait for the DREPs (up to three CM response
+		// timeouts each) of a peer that most likely does not answer any
+		// more — 3 s before the first attempt, when the target hung or
+		// the path broke. Linux's rdma_disconnect does not wait either.
+		// Its queues and buffers are its own, never reused by the next
+		// association; Close waits for it (wg).
+		h.wg.Add(1)
+		go func(a *association) {
+			defer h.wg.Done()
+			a.close()
+		}(a)
 		if h.cfg.CtrlLossTimeout < 0 {
 			h.fail(ErrDisconnected)
 			return

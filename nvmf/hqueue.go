@@ -144,6 +144,8 @@ type hostHooks struct {
 	// readSGL rewrites the keyed SGL of a read on an I/O queue (to have
 	// its data written elsewhere).
 	readSGL func(q *hqueue, g *nvme.SGLFields)
+	// closing runs as a queue's close starts (to hold a teardown).
+	closing func(q *hqueue)
 }
 
 // dialQueue connects queue qid: rdma_cm connection with the NVMe-RDMA
@@ -705,6 +707,9 @@ func (q *hqueue) lost(err error) error {
 
 // close disconnects the queue and frees its memory once no command uses it.
 func (q *hqueue) close() {
+	if hk := testHooks.Load(); hk != nil && hk.closing != nil {
+		hk.closing(q)
+	}
 	q.mu.Lock()
 	q.closing = true
 	q.mu.Unlock()
