@@ -64,7 +64,15 @@ func TestCloseTellsPeers(t *testing.T) {
 			if got := m.Stats().FarewellDREQs; got != 2 {
 				t.Errorf("FarewellDREQs = %d, want 2 (the connection closed first is not told twice)", got)
 			}
-			for _, c := range client {
+			for i, c := range client {
+				// Device.Close returns once the peers are told; the
+				// manager then fails its connections as it sees the
+				// device closed (asynchronously): wait for that.
+				select {
+				case <-c.Done():
+				case <-time.After(toldWithin):
+					t.Fatalf("client connection %d not ended within %v of %s", i, toldWithin, how)
+				}
 				if !errors.Is(c.Err(), ErrClosed) {
 					t.Errorf("client connection ended with %v, want ErrClosed", c.Err())
 				}
