@@ -91,7 +91,9 @@ func TestKeepAliveDeadIdlePeer(t *testing.T) {
 // with no false alarm: the peer's QP answers the probes by itself.
 func TestKeepAliveLiveIdlePeer(t *testing.T) {
 	o := fast
-	o.KeepAlive, o.KeepAliveTimeout = 20*time.Millisecond, 200*time.Millisecond
+	// Many probes (every 20 ms) but a timeout a loaded -race run does not
+	// reach by a stall of its own (200 ms did, 1 run in 30 on 2 cores).
+	o.KeepAlive, o.KeepAliveTimeout = 20*time.Millisecond, 2*time.Second
 	ca, cb, _, da, db := pairWith(t, o)
 	time.Sleep(time.Second)
 	for _, c := range []*Conn{ca, cb} {
