@@ -47,7 +47,7 @@ type Counters struct {
 	DestUnreachable     uint64 // dest_unreachable: ICMP port/host unreachable errors the link reported for packets sent
 	AckTimeoutLate      uint64 // ack_timeout_late: ACK timer expiries that ran more than a timeout late (the process was not scheduled); they resend without spending retry_cnt
 	ZeroCopyDropped     uint64 // zero_copy_dropped: zero-copy packets not sent because their memory was deregistered (MR deregistered, window unbound or invalidated) after they were queued
-	InboxDeferred       uint64 // handle_packet_deferred: packets HandlePacket left to the device's own goroutine because their QP was busy while a Link.Send was under way (a Link delivering in process, from inside its Send)
+	InboxDeferred       uint64 // handle_packet_deferred: packets HandlePacket left to the device's own goroutine because they were given from inside a Link.Send (a Link delivering in process) and their QP was busy while a Send of the device was under way
 	InboxDropped        uint64 // handle_packet_dropped: packets HandlePacket dropped because 4096 were already left to the device's goroutine
 
 	// The send scheduler's budget (sched.go, docs/SCHEDULER.md): not rxe

@@ -798,12 +798,13 @@ var testHookRespTaken atomic.Pointer[func(d *Device)]
 // even from inside its Send (an in-process pipe whose Send calls the peer
 // device's HandlePacket, whose answers come back into this one). What
 // the packet makes the QP send leaves before it returns, after what the
-// received packets before it made the QP send — unless the QP is busy
-// while a Link.Send of this device is under way (the call may come from
-// inside that Send, whose caller holds the QP): then the packet is
-// copied and handled by the device right after, in the order
-// HandlePacket got it, and so are those given to HandlePacket until
-// that is done. It returns ErrClosed on a closed device, ErrMalformed (wrapping packet's
+// received packets before it made the QP send — unless it is called
+// from inside a Link.Send (of this device or another) and finds the QP
+// busy while a Send of this device is under way (the holder may be
+// waiting for that Send): then the packet is copied and handled by the
+// device right after, in the order HandlePacket got it, and so are
+// those given to HandlePacket until that is done (a caller inside no
+// Send waits for its own to be handled). It returns ErrClosed on a closed device, ErrMalformed (wrapping packet's
 // error), ErrUnknownQP or ErrTransportMismatch for a packet no QP takes;
 // protocol-level drops by the QP are counted, not returned.
 func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
@@ -819,7 +820,15 @@ func (d *Device) HandlePacket(buf []byte, src netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("transport: HandlePacket: %v qp %#x: %w", p.BTH.Opcode(), p.BTH.DestQP(), err)
 	}
-	if d.inbox.busy() || !qp.inputNoWait(&p, &udp.Packet{Buf: buf, Addr: src}) {
+	if d.inbox.busy() {
+		// Behind the packets left there, to keep their order; a caller
+		// inside no Send waits for its own, as for a QP's lock.
+		if seq := d.inbox.put(d, buf, src); seq != 0 && !calledFromSend() {
+			d.inbox.wait(seq)
+		}
+		return nil
+	}
+	if !qp.inputNoWait(&p, &udp.Packet{Buf: buf, Addr: src}) {
 		d.inbox.put(d, buf, src)
 	}
 	return nil

@@ -25,6 +25,11 @@ type inbox struct {
 	mu      sync.Mutex
 	q       []inboxPkt
 	running bool // a goroutine is handling the queue
+	// queued and handled count the packets put in the queue and those
+	// the goroutine is done with; wait waits on done for a caller of
+	// HandlePacket that is inside no Send.
+	queued, handled uint64
+	done            *sync.Cond
 }
 
 type inboxPkt struct {
@@ -47,16 +52,19 @@ func (b *inbox) busy() bool {
 const inboxMax = 4096
 
 // put queues a copy of buf (the caller may reuse it) and starts the
-// goroutine that handles the queue if it is not running.
-func (b *inbox) put(d *Device, buf []byte, src netip.Addr) {
+// goroutine that handles the queue if it is not running. It returns the
+// packet's number for wait, 0 if the packet was dropped.
+func (b *inbox) put(d *Device, buf []byte, src netip.Addr) uint64 {
 	c := append([]byte(nil), buf...)
 	b.mu.Lock()
 	if len(b.q) >= inboxMax {
 		b.mu.Unlock()
 		inc(&d.ctr.InboxDropped)
-		return
+		return 0
 	}
 	b.q = append(b.q, inboxPkt{buf: c, src: src})
+	b.queued++
+	seq := b.queued
 	start := !b.running
 	b.running = true
 	b.mu.Unlock()
@@ -64,6 +72,20 @@ func (b *inbox) put(d *Device, buf []byte, src netip.Addr) {
 	if start {
 		go b.run(d)
 	}
+	return seq
+}
+
+// wait returns once the goroutine is done with packet seq (put's
+// number; 0 returns at once).
+func (b *inbox) wait(seq uint64) {
+	b.mu.Lock()
+	if b.done == nil {
+		b.done = sync.NewCond(&b.mu)
+	}
+	for b.handled < seq {
+		b.done.Wait()
+	}
+	b.mu.Unlock()
 }
 
 // run handles the queued packets until there are none, waiting for the
@@ -71,8 +93,16 @@ func (b *inbox) put(d *Device, buf []byte, src netip.Addr) {
 // Link.Send.
 func (b *inbox) run(d *Device) {
 	var p packet.Packet
+	first := true
 	for {
 		b.mu.Lock()
+		if !first {
+			b.handled++
+			if b.done != nil {
+				b.done.Broadcast()
+			}
+		}
+		first = false
 		if len(b.q) == 0 {
 			b.q = nil
 			b.running = false
@@ -97,34 +127,55 @@ func (b *inbox) run(d *Device) {
 	}
 }
 
-// inputSpins is how many times inputNoWait yields for a lock held while a
-// Send is under way before it leaves the packet to the inbox.
-const inputSpins = 64
+// sendFunc is the name runtime.CallersFrames gives Device.send.
+const sendFunc = "github.com/gorocev2/rocev2/transport.(*Device).send"
+
+// calledFromSend reports whether the calling goroutine is inside a
+// Device.send (this device's or another's): a Link delivering in process
+// whose Send came back into HandlePacket. Only such a caller may be what
+// the holder of a lock HandlePacket needs is waiting for; any other
+// caller waits for the lock as it always did. It walks the caller's
+// stack, so it is asked only when a lock is found taken while a Send is
+// under way. A variable for tests that stand in for a Send.
+var calledFromSend = func() bool {
+	var pcs [64]uintptr
+	n := runtime.Callers(3, pcs[:])
+	fr := runtime.CallersFrames(pcs[:n])
+	for {
+		f, more := fr.Next()
+		if f.Function == sendFunc {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
 
 // inputNoWait is QP.input outside a received batch (HandlePacket) that
-// does not block on the QP's lock or the device's respMu while a
-// Link.Send of the device is under way: the caller may be inside that
-// Send, and the holder waiting for it. It yields a few times
-// (inputSpins) for the lock, then reports false, having done nothing.
+// does not block on the QP's lock or the device's respMu when it is
+// called from inside a Link.Send (calledFromSend) while they are taken
+// and a Send of the device is under way: the holder may be waiting for
+// that Send. It then reports false, having done nothing.
 func (qp *QP) inputNoWait(p *packetT, up *udp.Packet) bool {
 	d := qp.dev
+	inSend := -1 // not asked yet
 	lock := func(m *sync.Mutex) bool {
 		if m.TryLock() {
 			return true
 		}
-		// A holder whose Send does not come back here (another
-		// goroutine's, the usual case) lets go within a few yields;
-		// one whose Send is this call's caller never does.
-		for i := 0; d.sending.Load() != 0; i++ {
-			if i == inputSpins {
+		if d.sending.Load() != 0 {
+			if inSend < 0 {
+				inSend = 0
+				if calledFromSend() {
+					inSend = 1
+				}
+			}
+			if inSend == 1 {
 				return false
 			}
-			runtime.Gosched()
-			if m.TryLock() {
-				return true
-			}
 		}
-		m.Lock() // no Send under way: the holder is not waiting for us
+		m.Lock() // the holder is not waiting for us
 		return true
 	}
 	for {

@@ -200,6 +200,9 @@ func TestInboxOrderAndBound(t *testing.T) {
 	before := b.dev.Counters()
 	b.qp.mu.Lock()
 	b.dev.sending.Add(1) // as if the QP's holder were inside a Link.Send
+	inSend := calledFromSend
+	calledFromSend = func() bool { return true } // and this goroutine inside one
+	defer func() { calledFromSend = inSend }()
 	for i := range inboxMax + extra {
 		if err := b.dev.HandlePacket(build(i), addrA); err != nil {
 			t.Fatal(err)
