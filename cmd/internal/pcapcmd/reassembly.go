@@ -17,7 +17,8 @@ const (
 )
 
 // fragKey identifies a datagram: the IP version, source, destination,
-// identification and (IPv4) protocol (RFC 791, RFC 8200 4.5).
+// identification and (IPv4) protocol (RFC 791, RFC 8200 4.5); its last
+// byte marks an IPv6 atomic fragment.
 type fragKey [38]byte
 
 // fragPart is one fragment's payload.
@@ -125,6 +126,12 @@ func (w *walker) fragment(pkt []byte, hl int, f found) found {
 func (w *walker) fragment6(pkt []byte, fh, prevNH int) found {
 	fo := binary.BigEndian.Uint16(pkt[fh+2:])
 	in := fragIn{key: keyOf6(pkt, fh), v6: true, off: int(fo & 0xfff8), mf: fo&1 != 0, room: 65535 - (fh - 40)}
+	if in.off == 0 && !in.mf {
+		// An atomic fragment is a whole packet, handled on its own
+		// (RFC 6946; Linux's ipv6_frag_rcv): not joined with fragments
+		// that share its identification.
+		in.key[len(in.key)-1] = 1
+	}
 	if len(pkt) >= 40+int(binary.BigEndian.Uint16(pkt[4:])) {
 		in.data = pkt[fh+8:]
 	}
