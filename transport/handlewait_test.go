@@ -109,3 +109,48 @@ func TestHandlePacketWaitsForAnotherGoroutinesSend(t *testing.T) {
 		t.Errorf("handle_packet_deferred %d, want 0: no Send re-entered HandlePacket", n)
 	}
 }
+
+// probeLink records, from deep inside its Send, whether calledFromSend
+// sees the Device.send it was called from.
+type probeLink struct {
+	*pipeLink
+	depth int
+	saw   []bool
+}
+
+func (l *probeLink) Send(pkts []udp.Packet) error {
+	var down func(int) bool
+	down = func(n int) bool {
+		if n == 0 {
+			return calledFromSend()
+		}
+		return down(n - 1)
+	}
+	l.saw = append(l.saw, down(l.depth))
+	return nil
+}
+
+// TestCalledFromSendDeepStack: a Link whose Send goes through many frames
+// (wrappers, fault injectors) before it hands a packet to HandlePacket is
+// still known to be inside a Send: HandlePacket must not wait there.
+// Outside any Send it is not.
+func TestCalledFromSendDeepStack(t *testing.T) {
+	pl := &probeLink{pipeLink: newPipeLink(addrA)}
+	dev, err := NewDevice(pl, DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	for _, depth := range []int{0, 10, 63, 64, 65, 200} {
+		pl.depth = depth
+		dev.send([]udp.Packet{{Buf: make([]byte, 64), Addr: addrB}})
+	}
+	for i, ok := range pl.saw {
+		if !ok {
+			t.Errorf("send %d: calledFromSend false inside a Send", i)
+		}
+	}
+	if calledFromSend() {
+		t.Error("calledFromSend true outside any Send")
+	}
+}

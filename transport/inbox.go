@@ -139,15 +139,20 @@ const sendFunc = "github.com/gorocev2/rocev2/transport.(*Device).send"
 // under way. A variable for tests that stand in for a Send.
 var calledFromSend = func() bool {
 	var pcs [64]uintptr
-	n := runtime.Callers(3, pcs[:])
-	fr := runtime.CallersFrames(pcs[:n])
-	for {
-		f, more := fr.Next()
-		if f.Function == sendFunc {
-			return true
+	for skip := 2; ; skip += len(pcs) {
+		n := runtime.Callers(skip, pcs[:])
+		fr := runtime.CallersFrames(pcs[:n])
+		for {
+			f, more := fr.Next()
+			if f.Function == sendFunc {
+				return true
+			}
+			if !more {
+				break
+			}
 		}
-		if !more {
-			return false
+		if n < len(pcs) {
+			return false // the whole stack was looked at
 		}
 	}
 }
