@@ -170,7 +170,15 @@ func (w *walker) addFragment(in fragIn) found {
 	case !in.mf:
 		e.total = in.off + len(in.data)
 	}
-	if e.broken == "" {
+	if e.broken == "" && in.data != nil {
+		switch e.overlap(in.off, in.off+len(in.data)) {
+		case overlapDup:
+			in.data = nil // wholly inside what is held: dropped alone
+		case overlapPartial:
+			e.broken = "overlapping fragments"
+		}
+	}
+	if e.broken == "" && in.data != nil {
 		d := append([]byte(nil), in.data...)
 		e.parts = append(e.parts, fragPart{in.off, d})
 		e.held += len(d)
@@ -188,6 +196,45 @@ func (w *walker) addFragment(in fragIn) found {
 		out.frag = fmt.Sprintf("reassembled from %d %s fragments, frames %s", len(e.parts), e.version(), frameList(e.frames))
 	}
 	return out
+}
+
+// Whether a fragment overlaps the fragments held (overlap).
+const (
+	overlapNone    = iota
+	overlapDup     // wholly inside bytes held: Linux drops the fragment (IPFRAG_DUP)
+	overlapPartial // overlaps otherwise: Linux drops the datagram (IPFRAG_OVERLAP; RFC 5722)
+)
+
+// overlap tells how the fragment of bytes [off, end) of the payload
+// overlaps the fragments held, as Linux's inet_frag_queue_insert judges
+// it: a fragment wholly inside a run of contiguous bytes held is a
+// duplicate; any other overlap discards the datagram.
+func (e *fragEntry) overlap(off, end int) int {
+	hit := false
+	type span struct{ a, b int }
+	var in []span
+	for _, p := range e.parts {
+		a, b := max(off, p.off), min(end, p.off+len(p.data))
+		if a < b {
+			hit = true
+			in = append(in, span{a, b})
+		}
+	}
+	if !hit {
+		return overlapNone
+	}
+	slices.SortFunc(in, func(x, y span) int { return x.a - y.a })
+	at := off
+	for _, s := range in {
+		if s.a > at {
+			break
+		}
+		at = max(at, s.b)
+	}
+	if at >= end { // covered by contiguous bytes held
+		return overlapDup
+	}
+	return overlapPartial
 }
 
 // bound gives up the oldest datagrams (but the one of key keep) while
