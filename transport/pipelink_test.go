@@ -199,10 +199,9 @@ func TestInboxOrderAndBound(t *testing.T) {
 	}
 	before := b.dev.Counters()
 	b.qp.mu.Lock()
-	b.dev.sending.Add(1) // as if the QP's holder were inside a Link.Send
-	inSend := calledFromSend
-	calledFromSend = func() bool { return true } // and this goroutine inside one
-	defer func() { calledFromSend = inSend }()
+	b.dev.sending.Add(1)       // as if the QP's holder were inside a Link.Send
+	testHookInSend.Store(true) // and this goroutine inside one
+	defer testHookInSend.Store(false)
 	for i := range inboxMax + extra {
 		if err := b.dev.HandlePacket(build(i), addrA); err != nil {
 			t.Fatal(err)
