@@ -55,12 +55,32 @@ func TestCmtime(t *testing.T) {
 				t.Errorf("%s: %s is not %d:\n%s", r.who, c, conns, r.out)
 			}
 		}
-		for _, c := range []string{"cm_retransmits", "cm_unknown", "cm_shed", "cm_acceptq_dropped"} {
+		for _, c := range []string{"cm_unknown", "cm_shed", "cm_acceptq_dropped"} {
 			if !hasCounter(r.out, c, "0") {
 				t.Errorf("%s: %s is not 0:\n%s", r.who, c, r.out)
 			}
 		}
+		// A MAD goes again after the 1 s response timeout: a stall that
+		// long of a loaded -race run may cause a few; a storm of them
+		// (every REP resent, as before the REP waited for the REQ's
+		// response time) may not.
+		if n, ok := counterValue(r.out, "cm_retransmits"); !ok || n > conns/10 {
+			t.Errorf("%s: cm_retransmits %d (found %v), want at most %d:\n%s", r.who, n, ok, conns/10, r.out)
+		} else if n > 0 {
+			t.Logf("%s: cm_retransmits %d", r.who, n)
+		}
 	}
+}
+
+// counterValue returns the value of counter name in a --counters listing.
+func counterValue(out, name string) (int, bool) {
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+			n, err := strconv.Atoi(f[1])
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 // TestCmtimeRefused: a cmtime client whose server does not listen prints
