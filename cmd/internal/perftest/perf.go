@@ -241,7 +241,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		switch {
 		case c.bidi: // each size's sum is printed after its report exchange
 		case c.test == oob.SendBW && role == oob.Server:
-			printBWLine(stdout, s.srvRecv)
+			printBWLine(stdout, s.srvRecv, c.gbits)
 		case role == oob.Server && res.HasReport:
 			writeBWLine(stdout, res.RemoteReport)
 		}

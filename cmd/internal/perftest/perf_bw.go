@@ -109,7 +109,7 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 	res.end = time.Now()
 	res.iters = int(totC)
 	s.results = append(s.results, res)
-	rep := bwReport(res, tx*nq)
+	rep := bwReport(res, tx*nq, c.gbits)
 	if !c.bidi { // -b prints the sum of both directions after the report exchange
 		writeBWLine(stdout, rep)
 	}

@@ -63,6 +63,10 @@ options:
   -d, --ib-dev=DEV        accepted for compatibility
   -i, --ib-port=PORT      accepted, must be 1
   -F, --CPU-freq          accepted (no CPU frequency check is made)
+  -c, --connection=TYPE   RC, the only connection type (UC or UD are refused)
+      --report_gbits      bandwidth columns in Gb/s (10^9 bits) instead of MB/sec (2^20
+                          bytes), as perftest; each side prints the peer's report in the
+                          peer's unit, as perftest does (the latency tests ignore it)
   -e, --events            sleep until packets arrive; without it the latency tests poll
                           their socket for up to 100 µs per wait (--busy-poll sets how
                           long), as perftest polls its CQ
@@ -119,6 +123,7 @@ type perfConfig struct {
 	rdmaCM      bool // -R: connect the QPs through rdma_cm, exchange over it
 	bidi        bool // -b: both sides run the data phase (perftest's duplex)
 	qps         int  // -q: QPs (bandwidth tests)
+	gbits       bool // --report_gbits: bandwidth in Gb/s instead of MB/s
 	sock        cli.SocketFlags
 	server      string
 }
@@ -158,6 +163,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	cli.BoolFlags(fs, &c.cpuFreq, "F", "CPU-freq")
 	cli.BoolFlags(fs, &c.rdmaCM, "R", "rdma_cm")
 	cli.BoolFlags(fs, &c.bidi, "b", "bidirectional")
+	fs.BoolVar(&c.gbits, "report_gbits", false, "")
+	var conn string
+	cli.StringFlags(fs, &conn, "c", "connection", "RC")
 	var commCM bool
 	cli.BoolFlags(fs, &commCM, "z", "comm_rdma_cm")
 	fs.StringVar(&bind, "bind", "", "")
@@ -171,7 +179,12 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	cli.AddSocketFlags(fs, &c.sock)
 	var err error
 	if c.server, err = cli.ParseWithServer(fs, args); err != nil {
-		return nil, err
+		return nil, perftestOnlyFlag(err)
+	}
+	if conn != "RC" {
+		// perftest's exchange does not carry the connection type: a UC or
+		// UD peer would only fail in the data phase.
+		return nil, fmt.Errorf("-c %s: rocev2d's perftest commands run RC only (UC and UD are in uc-pingpong and ud-pingpong); both sides need -c RC, perftest's default", conn)
 	}
 	var ok bool
 	if c.mtu, ok = oob.MTUFromBytes(mtu); !ok {
@@ -248,6 +261,75 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, errors.New("-R as a server needs --bind IP: the local address to accept rdma_cm connections and run RoCEv2 on")
 	}
 	return c, nil
+}
+
+// perftestOnlyFlags are perftest 4.5 options rocev2d does not take, by the
+// name flag reports: refused naming them as perftest's, not as unknown.
+var perftestOnlyFlags = map[string]string{
+	"run_infinitely":     "run until interrupted, reporting every -D seconds",
+	"I":                  "inline data size",
+	"inline_size":        "inline data size",
+	"l":                  "post lists of send WRs",
+	"post_list":          "post lists of send WRs",
+	"Q":                  "CQ moderation",
+	"cq-mod":             "CQ moderation",
+	"g":                  "multicast (UD SEND tests)",
+	"mcg":                "multicast (UD SEND tests)",
+	"M":                  "multicast group GID",
+	"MGID":               "multicast group GID",
+	"mr_per_qp":          "a memory region per QP",
+	"T":                  "traffic class",
+	"tclass":             "traffic class",
+	"S":                  "service level",
+	"sl":                 "service level",
+	"dont_xchg_versions": "no version exchange (perftest 4.5 refuses it itself)",
+	"use_old_post_send":  "the old ibv_post_send API",
+	"output":             "print only the bandwidth or latency figure",
+	"C":                  "report cycles instead of microseconds",
+	"report-cycles":      "report cycles instead of microseconds",
+	"H":                  "latency histogram",
+	"report-histogram":   "latency histogram",
+	"U":                  "unsorted latencies",
+	"report-unsorted":    "unsorted latencies",
+	"N":                  "no peak bandwidth",
+	"noPeak":             "no peak bandwidth",
+	"O":                  "dual port",
+	"dualport":           "dual port",
+	"use-srq":            "a shared receive queue",
+	"odp":                "on-demand paging",
+	"cpu_util":           "CPU utilisation",
+	"report-both":        "both directions' reports",
+	"reversed":           "reversed traffic direction",
+	"inline_recv":        "inline receive",
+	"latency_gap":        "a delay between posts",
+	"retry_count":        "the QP retry count",
+	"rate_limit":         "rate limiting",
+	"burst_size":         "rate limiting burst size",
+	"rate_units":         "rate limiting units",
+	"rate_limit_type":    "rate limiting type",
+	"ipv6":               "an IPv6 GID (rocev2d: --bind an IPv6 address)",
+	"pkey_index":         "a P_Key index",
+	"use_hugepages":      "huge pages",
+	"use-null-mr":        "a null memory region",
+	"tos":                "type of service",
+}
+
+// perftestOnlyFlag rewrites flag's "flag provided but not defined" for an
+// option perftest has and rocev2d does not.
+func perftestOnlyFlag(err error) error {
+	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
+	if !ok {
+		return err
+	}
+	what, ok := perftestOnlyFlags[name]
+	if !ok {
+		return err
+	}
+	dash := "--"
+	if len(name) == 1 {
+		dash = "-"
+	}
+	return fmt.Errorf("%s%s: perftest's %s, not supported by rocev2d", dash, name, what)
 }
 
 // sizes returns the message sizes of the run.

@@ -163,7 +163,10 @@ func writePerfHeader(w io.Writer, h perfHeader) {
 // (first post to last completion) and the peak, the best time per message
 // (tcompleted[j]-tposted[i])/(j-i+1) over runs of consecutive messages (up to
 // max(window, 1024) long, and the whole run).
-func bwReport(r perfResult, window int) oob.Report {
+// The bandwidth columns are in MiB/s (2^20 bytes per second, perftest's
+// "MB/sec"), or with --report_gbits in Gb/s (10^9 bits per second): perftest's
+// format_factor, 0x100000 or 125000000 bytes.
+func bwReport(r perfResult, window int, gbits bool) oob.Report {
 	rep := oob.Report{Size: uint64(r.size), Iters: uint64(r.iters)}
 	dur := r.end.Sub(r.start)
 	if len(r.tcomplete) > 0 && len(r.tposted) > 0 {
@@ -173,7 +176,11 @@ func bwReport(r perfResult, window int) oob.Report {
 		dur = time.Nanosecond
 	}
 	usec := float64(dur.Nanoseconds()) / 1e3
-	rep.BWAvg = float64(r.size) * float64(r.iters) / (usec / 1e6) / (1 << 20)
+	unit := float64(1 << 20)
+	if gbits {
+		unit = 125e6
+	}
+	rep.BWAvg = float64(r.size) * float64(r.iters) / (usec / 1e6) / unit
 	rep.MsgRate = float64(r.iters) / usec
 	if n := min(len(r.tposted), len(r.tcomplete)); n > 0 {
 		// The whole run is one candidate, so the peak is never below the
@@ -189,17 +196,27 @@ func bwReport(r perfResult, window int) oob.Report {
 			}
 		}
 		if !math.IsInf(best, 1) {
-			rep.BWPeak = float64(r.size) / (best / 1e9) / (1 << 20)
+			rep.BWPeak = float64(r.size) / (best / 1e9) / unit
 		}
 	}
 	return rep
 }
 
 // printBWLine prints the send-bw server's own measurement.
-func printBWLine(w io.Writer, r perfResult) {
-	rep := bwReport(r, 1)
+func printBWLine(w io.Writer, r perfResult, gbits bool) {
+	rep := bwReport(r, 1, gbits)
 	rep.BWPeak = 0 // perftest's server reports no peak
 	writeBWLine(w, rep)
+}
+
+// bwColumns is the bandwidth tests' column header, perftest's RESULT_FMT
+// (RESULT_FMT_G with --report_gbits).
+func bwColumns(gbits bool) string {
+	unit := "MB"
+	if gbits {
+		unit = "Gb"
+	}
+	return " #bytes     #iterations    BW peak[" + unit + "/sec]    BW average[" + unit + "/sec]   MsgRate[Mpps]"
 }
 
 // writeBWLine prints a bandwidth result line (perftest's REPORT_FMT).
