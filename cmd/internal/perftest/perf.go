@@ -96,6 +96,16 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 			}
 			defer s.close()
 			usr1.Add(local.String(), s.Dev)
+			// A client with -R or -z (perftest's rdma_cm modes) sends a
+			// CM REQ to this address. With UDP 4791 shared, a REQ for a
+			// port nobody listens on is dropped (the kernel answers ICMP
+			// port unreachable, which rxe ignores: perftest's client
+			// retried for minutes); the volunteer answers it with a REJ
+			// (invalid service ID), as the kernel's CM does for a perftest
+			// server without -R, and the client stops at once.
+			if err := s.Dev.VolunteerRejector(); err != nil {
+				return err
+			}
 		}
 		if conn, err = perfConnect(ctx, c, stdout); err != nil {
 			return err

@@ -3,13 +3,17 @@ package perftest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math"
+	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
 	"github.com/gorocev2/rocev2/cmd/internal/oob"
+	"github.com/gorocev2/rocev2/rdmacm"
 )
 
 // TestPerfPerftestOnlyFlags: perftest options rocev2d does not take are
@@ -107,5 +111,60 @@ func TestPerfReportGbits(t *testing.T) {
 				t.Errorf("%s: rows %v", test, rows)
 			}
 		}
+	}
+}
+
+// TestPerfServerRejectsCMClient: a server without -R (with --bind, so its
+// RoCEv2 socket is open while it waits) answers an rdma_cm REQ — what a
+// perftest client with -R or -z sends — with a REJ, as the kernel's CM
+// answers one for a perftest server without -R. Before, the shared port's
+// steering dropped the REQ (no listener, no rejector), the kernel answered
+// ICMP port unreachable, and ib_write_bw -z retried for minutes.
+func TestPerfServerRejectsCMClient(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses loopback sockets")
+	}
+	port := freeTCPPort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	var code int
+	var o, e bytes.Buffer
+	go func() {
+		defer close(done)
+		code = run(ctx, []string{"write-bw", "--bind", "127.0.0.1", "-p", strconv.Itoa(port), "--timeout", "15s"}, &o, &e)
+	}()
+	c, err := parsePerfFlags(oob.WriteBW, []string{"--bind", "127.0.0.2", "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newPerfSide(c, netip.MustParseAddr("127.0.0.2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	// The server's socket opens before it waits for TCP; a REQ before it
+	// is unreachable whatever the fix, so the first attempts may be.
+	var derr error
+	for range 20 {
+		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+		var conn *rdmacm.Conn
+		conn, derr = rdmacm.Dial(dctx, s.Dev, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)), nil)
+		dcancel()
+		if conn != nil {
+			conn.Close()
+		}
+		if !errors.Is(derr, rdmacm.ErrUnreachable) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !errors.Is(derr, rdmacm.ErrRefused) {
+		t.Errorf("rdma_cm REQ to a server without -R: %v, want a REJ (%v)", derr, rdmacm.ErrRefused)
+	}
+	cancel()
+	<-done
+	if code == cli.ExitOK {
+		t.Errorf("the server ended 0 without a client:\n%s%s", o.String(), e.String())
 	}
 }
