@@ -136,7 +136,7 @@ func TestInterop(t *testing.T) {
 			t.Logf("VM console (last 40 lines):\n%s", lab.ConsoleTail(40))
 		}
 	}()
-	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), srqCells(lab.GIDIndex), mwCells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex), perfCMCells(lab.GIDIndex), bidiCells(lab.GIDIndex)) {
+	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), srqCells(lab.GIDIndex), mwCells(lab.GIDIndex), lossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex), perfCMCells(lab.GIDIndex), bidiCells(lab.GIDIndex), perfFlagCells(lab.GIDIndex)) {
 		ok := t.Run(c.name, func(t *testing.T) {
 			// The row is recorded even when the cell stops on t.Fatal.
 			r := row{cell: c.label, direction: c.direction(), result: "FAIL"}

@@ -1,0 +1,131 @@
+//go:build linux
+
+package interop
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func init() { labSuites = append(labSuites, perfCMRejectSuite) }
+
+// perfCMRejectSuite: perftest's client with -R, and with -z (rdma_cm for
+// the exchange only), against a rocev2d server without -R: the CM REQ must
+// get a REJ, so that the tool stops at once with librdmacm's REJECTED event
+// (8), as against perftest's own server without -R. Before, the shared
+// port dropped the REQ, the kernel answered ICMP port unreachable, which
+// rxe ignores, and the tool retried for minutes. The server keeps waiting
+// for a TCP client (as perftest's) and is interrupted.
+func perfCMRejectSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func(row)) {
+	for _, mode := range []string{"-R", "-z"} {
+		name := "ib_write_bw_" + strings.TrimPrefix(mode, "-") + "_vs_rocev2d_without_R"
+		t.Run(name, func(t *testing.T) {
+			t0 := time.Now()
+			r := row{cell: "ib_write_bw " + mode + " against rocev2d write-bw without -R: REJ", direction: "rocev2d server <- tool client (VM)", result: "FAIL"}
+			defer func() { r.d = time.Since(t0); add(r) }()
+			fail := func(format string, args ...any) {
+				t.Helper()
+				r.counters = strings.SplitN(fmt.Sprintf(format, args...), "\n", 2)[0]
+				t.Fatalf(format, args...)
+			}
+			capt, err := lab.StartCapture(ctx, filepath.Join(lab.Dir, name+".pcap"))
+			if err != nil {
+				fail("capture: %v", err)
+			}
+			defer capt.Stop()
+			h, err := lab.StartHost(ctx, img.Rocev2d, "write-bw", "--bind", HostIP, "-s", "4096", "-n", "100", "--timeout", "60s")
+			if err != nil {
+				fail("start: %v", err)
+			}
+			if err := h.WaitListen(ppPort, 20*time.Second); err != nil {
+				h.Cmd.Process.Signal(os.Interrupt)
+				_, out := h.Wait()
+				fail("rocev2d server: %v\n%s", err, out)
+			}
+			vm, verr := lab.Run(ctx, fmt.Sprintf("ib_write_bw -d rxe0 -x %d -F %s -s 4096 -n 100 %s", lab.GIDIndex, mode, HostIP), 30*time.Second)
+			h.Cmd.Process.Signal(os.Interrupt)
+			_, hostOut := waitHost(h, 20*time.Second)
+			switch {
+			case verr != nil || vm.TimedOut:
+				fail("ib_write_bw %s: %v, timed out %v (its CM REQ got no REJ)\n%s\nrocev2d:\n%s", mode, verr, vm.TimedOut, vm.Output, hostOut)
+			case vm.Exit == 0 || !strings.Contains(vm.Output, "Unexpected CM event") || !strings.Contains(vm.Output, " 8\n"):
+				fail("ib_write_bw %s: exit %d, want a failure on CM event 8 (REJECTED):\n%s", mode, vm.Exit, vm.Output)
+			case strings.Contains(hostOut, "#bytes"):
+				fail("rocev2d ran a test:\n%s", hostOut)
+			}
+			r.result, r.counters = "PASS", fmt.Sprintf("tool exit %d on the REJ: %s", vm.Exit, strings.TrimSpace(strings.SplitN(vm.Output, "\n", 2)[0]))
+		})
+	}
+}
+
+// perftest flags beyond the basic cells, both roles (perf27's sweep):
+// ib_write_bw --report_gbits (perftest's Gb/sec columns on both sides),
+// ib_write_bw -D 2 (duration mode: the row's iterations are what ran) and
+// ib_send_lat -e (completion events on the tool's side, rocev2d sleeping
+// instead of polling). Every check of a clean cell applies (runCell).
+func perfFlagCells(gidIndex int) []cell {
+	var cs []cell
+	for _, server := range []bool{true, false} {
+		role := map[bool]string{true: "server", false: "client"}[server]
+		for _, pt := range []struct {
+			name, tool, sub string
+			args            []string
+			check           func(who, out string) []string
+			minPkts         int
+		}{
+			{"gbits", "ib_write_bw", "write-bw", []string{"--report_gbits", "-s", "4096", "-n", "200"}, func(who, out string) []string {
+				p := checkPerftestOutput(who, out, 4096, 200)
+				if !strings.Contains(out, " BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n") {
+					p = append(p, who+": no Gb/sec column header")
+				}
+				return p
+			}, 200},
+			{"D2", "ib_write_bw", "write-bw", []string{"-D", "2", "-s", "4096"}, checkDurationOutput(4096), 5},
+			{"e", "ib_send_lat", "send-lat", []string{"-e", "-s", "64", "-n", "100"}, func(who, out string) []string {
+				return checkPerftestOutput(who, out, 64, 100)
+			}, 200},
+		} {
+			cs = append(cs, cell{
+				name:          fmt.Sprintf("%s_%s_rocev2d_%s", pt.tool, pt.name, role),
+				label:         strings.Join(append([]string{pt.tool}, pt.args...), " "),
+				tool:          fmt.Sprintf("%s -d rxe0 -x %d -F %s", pt.tool, gidIndex, strings.Join(pt.args, " ")),
+				toolName:      pt.tool,
+				ours:          append([]string{pt.sub, "--bind", HostIP, "-v", "--timeout", "60s"}, pt.args...),
+				check:         pt.check,
+				rocev2dServer: server,
+				minPkts:       pt.minPkts,
+			})
+		}
+	}
+	return cs
+}
+
+// checkDurationOutput checks a -D result row: size bytes and at least 5
+// iterations (what ran in the duration, not -n).
+func checkDurationOutput(size int) func(who, out string) []string {
+	return func(who, out string) []string {
+		lines := strings.Split(out, "\n")
+		for i, l := range lines {
+			if !rePerfHeader.MatchString(l) {
+				continue
+			}
+			for _, row := range lines[i+1:] {
+				m := rePerfRow.FindStringSubmatch(row)
+				if m == nil {
+					continue
+				}
+				if n, _ := strconv.Atoi(m[2]); m[1] != strconv.Itoa(size) || n < 5 {
+					return []string{fmt.Sprintf("%s: result row %q, want %d bytes and at least 5 iterations", who, strings.TrimSpace(row), size)}
+				}
+				return nil
+			}
+		}
+		return []string{who + ": no result table (#bytes #iterations ...)"}
+	}
+}
