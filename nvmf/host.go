@@ -502,6 +502,23 @@ func (a *association) close() {
 	}
 }
 
+// fail stops every queue of a lost association at once: no new command
+// goes out on it, its QP moves to the error state, and the commands in
+// flight on it end with ErrDisconnected. (A queue that did not die itself
+// would otherwise keep them until close, which waits for the peer's DREP.)
+func (a *association) fail() {
+	a.mu.Lock()
+	qs := append([]*hqueue{a.admin}, a.io...)
+	a.mu.Unlock()
+	for _, q := range qs {
+		q.stop(errAssociationLost)
+	}
+}
+
+// errAssociationLost ends the commands of an association's queues that
+// were still up when another of its queues was lost.
+var errAssociationLost = errors.New("another queue of the association was lost")
+
 // watch closes a.dead when any queue dies.
 func (a *association) watch() {
 	for _, q := range append([]*hqueue{a.admin}, a.io...) {
@@ -615,9 +632,15 @@ func (h *Controller) supervise(a *association) {
 		h.cur = nil
 		h.ready = make(chan struct{})
 		h.mu.Unlock()
+		// Every queue of the lost association stops now, not only the
+		// one that died: its QP goes to the error state (the target can
+		// no longer read or write the queue's buffers, as Linux's error
+		// recovery drains the QPs before it cancels the requests) and
+		// the commands still in flight on it fail, to be sent again on
+		// the next association.
+		a.fail()
 		// The lost association is torn down while the host reconnects:
-		// its commands have all failed already (die), and its
-		// disconnects wait for the DREPs (up to three CM response
+		// its disconnects wait for the DREPs (up to three CM response
 		// timeouts each) of a peer that most likely does not answer any
 		// more — 3 s before the first attempt, when the target hung or
 		// the path broke. Linux's rdma_disconnect does not wait either.

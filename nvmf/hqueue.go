@@ -705,6 +705,21 @@ func (q *hqueue) lost(err error) error {
 	}
 }
 
+// stop ends the queue without disconnecting it (close does that): no
+// new command is accepted, the QP goes to the error state, so that the
+// peer can no longer read or write the queue's buffers and nothing more
+// completes, and the commands in flight end with ErrDisconnected (err).
+// The queue is being torn down: its end is not logged as a loss.
+func (q *hqueue) stop(err error) {
+	q.mu.Lock()
+	q.closing = true
+	q.mu.Unlock()
+	if q.qp != nil {
+		q.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
+	}
+	q.die(err)
+}
+
 // close disconnects the queue and frees its memory once no command uses it.
 func (q *hqueue) close() {
 	if hk := testHooks.Load(); hk != nil && hk.closing != nil {
