@@ -8,7 +8,8 @@ import (
 
 // errLogSlots is how many Error Information log entries a controller
 // keeps (Identify's ELPE is one less): the newest, as nvmet keeps its
-// last NVMET_ERROR_LOG_SLOTS.
+// last NVMET_ERROR_LOG_SLOTS (128 there). Unlike nvmet, the error's
+// completion does not get the More bit.
 const errLogSlots = 64
 
 // errEntrySize is the size of an Error Information log entry.
