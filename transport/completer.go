@@ -20,6 +20,13 @@ type completer struct {
 	// because this process was behind (onRetransTimer); bounded, so that
 	// a dead peer is found even on a process that is always behind.
 	lateRun uint8
+	// busySeen records that, since the last ACK timer expiry, READ
+	// responses arrived beyond the gap a go-back-N is re-requesting: the
+	// rest of the old response flight, so the peer is alive and busy.
+	// busyRun counts the expiries it excused since the last retry or
+	// progress (excuseBusy).
+	busySeen bool
+	busyRun  uint8
 }
 
 // reset starts the completer over at psn with the retry budgets of a
@@ -47,6 +54,7 @@ func (c *completer) retry() {
 		return
 	}
 	c.retryCnt--
+	c.busyRun = 0
 	inc(&qp.dev.ctr.CompleterRetryErr)
 	if qp.trace != nil {
 		qp.trace("retry from %v (req.psn %v) retryCnt now %d", c.psn, qp.req.nextPSN(), c.retryCnt)
@@ -65,6 +73,7 @@ func (c *completer) progressed() {
 	c.retryPending = false
 	qp.srProgress()
 	c.lateRun = 0
+	c.busySeen, c.busyRun = false, 0
 	qp.armRetrans()
 }
 
@@ -251,6 +260,7 @@ func (c *completer) onReadResponse(p *packetT, psn bth.PSN) {
 	if c.ackUpTo(psn.Add(-1)) {
 		// An earlier READ/atomic is still missing its response.
 		c.retryOnGap()
+		c.sawStale()
 		return
 	}
 	w := c.head()
@@ -259,6 +269,7 @@ func (c *completer) onReadResponse(p *packetT, psn bth.PSN) {
 	}
 	if psn != c.psn {
 		c.retryOnGap()
+		c.sawStale()
 		return
 	}
 	k := int(psn.Diff(w.firstPSN))
@@ -313,6 +324,43 @@ func (c *completer) retryOnGap() {
 		return
 	}
 	c.retry()
+}
+
+// sawStale notes a READ response beyond the gap while a go-back-N is
+// under way: the rest of the old flight, still streaming (excuseBusy).
+func (c *completer) sawStale() {
+	if c.retryPending {
+		c.busySeen = true
+	}
+}
+
+// maxBusyRun bounds the ACK timer expiries per retry that excuseBusy lets
+// pass without spending a retry. 16 timeouts (about 1 s at the common
+// timeout 14) cover the rest of a large READ's response flight from a
+// slow peer (an 8 MiB READ is 8192 packets at MTU 1024); a peer that
+// streams stale responses and never answers the re-request still fails
+// the WQE, after at most (retry_cnt + 1) × 17 timeouts.
+const maxBusyRun = 16
+
+// excuseBusy reports, at an ACK timer expiry during a go-back-N, that
+// READ responses of the old flight arrived since the previous expiry
+// (sawStale) and fewer than maxBusyRun expiries were excused since the
+// last retry or progress: the peer is alive and still sending what it
+// was asked before the re-request, which it answers after that (rxe's
+// responder works through its requests in order). The expiry then spends
+// no retry and resends nothing (rxe's completer likewise lets a timer
+// expiry that finds responses queued pass, and re-arms its timer after
+// each one). An expiry with nothing received since the previous one is
+// not excused: a dead peer is found after retry_cnt + 1 timeouts, as
+// before. It consumes the mark.
+func (c *completer) excuseBusy() bool {
+	seen := c.busySeen
+	c.busySeen = false
+	if !seen || !c.retryPending || c.busyRun >= maxBusyRun {
+		return false
+	}
+	c.busyRun++
+	return true
 }
 
 // onAtomicAck stores an ATOMIC ACK's original value into the head atomic

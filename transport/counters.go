@@ -46,6 +46,7 @@ type Counters struct {
 	KeepAliveProbes     uint64 // keep_alive_probes: zero-length RDMA WRITE probes QP.Probe posted
 	DestUnreachable     uint64 // dest_unreachable: ICMP port/host unreachable errors the link reported for packets sent
 	AckTimeoutLate      uint64 // ack_timeout_late: ACK timer expiries that ran more than a timeout late (the process was not scheduled); they resend without spending retry_cnt
+	AckTimeoutBusy      uint64 // ack_timeout_busy: ACK timer expiries during a READ's go-back-N while the rest of the old response flight kept arriving; they spend no retry_cnt and resend nothing
 	ZeroCopyDropped     uint64 // zero_copy_dropped: zero-copy packets not sent because their memory was deregistered (MR deregistered, window unbound or invalidated) after they were queued
 	InboxDeferred       uint64 // handle_packet_deferred: packets HandlePacket left to the device's own goroutine because they were given from inside a Link.Send (a Link delivering in process) and their QP was busy while a Send of the device was under way
 	InboxDropped        uint64 // handle_packet_dropped: packets HandlePacket dropped because 4096 were already left to the device's goroutine
@@ -123,6 +124,7 @@ var counterFields = []struct {
 	{"keep_alive_probes", func(c *Counters) *uint64 { return &c.KeepAliveProbes }},
 	{"dest_unreachable", func(c *Counters) *uint64 { return &c.DestUnreachable }},
 	{"ack_timeout_late", func(c *Counters) *uint64 { return &c.AckTimeoutLate }},
+	{"ack_timeout_busy", func(c *Counters) *uint64 { return &c.AckTimeoutBusy }},
 	{"zero_copy_dropped", func(c *Counters) *uint64 { return &c.ZeroCopyDropped }},
 	{"handle_packet_deferred", func(c *Counters) *uint64 { return &c.InboxDeferred }},
 	{"handle_packet_dropped", func(c *Counters) *uint64 { return &c.InboxDropped }},

@@ -182,6 +182,18 @@ func (qp *QP) onRetransTimer() {
 		qp.pushDeadline(now)
 		return
 	}
+	if qp.sr == nil && qp.comp.excuseBusy() {
+		// The rest of a READ's old response flight kept arriving: the
+		// peer is busy, not silent. Wait a timeout more for the answer
+		// to the re-request, without spending a retry or resending.
+		inc(&qp.dev.ctr.AckTimeoutBusy)
+		if qp.trace != nil {
+			qp.trace("timeout comp.psn %v excused: stale READ responses arrived", qp.comp.oldestUnacked())
+		}
+		qp.tmr.pushed = true
+		qp.pushDeadline(now)
+		return
+	}
 	if qp.behind(now) && qp.comp.lateRun < maxLateRun {
 		// This process was behind: the peer's ACK may be waiting unread
 		// (in the socket, or in a batch not handled yet). That is no
