@@ -134,14 +134,22 @@ func rcvdOrErr(t *testing.T, a *side, want uint64) {
 // (ack_timeout_busy): before, each spent a retry and retry_cnt 7 ran out
 // after 7 timeouts (transport retry counter exceeded), with the peer
 // visibly busy. The requester re-requests once, not at every expiry.
-func TestReadStaleFlightSpendsNoRetry(t *testing.T) {
+func TestReadStaleFlightSpendsNoRetry(t *testing.T) { testReadStaleFlight(t, false) }
+
+// The same with selective repeat: the stale responses are new data there
+// (placed out of order), and each new one counts as progress for the
+// retry count; before, the full timeouts without in-order progress spent
+// retry_cnt 7 after 7 timeouts.
+func TestReadStaleFlightSR(t *testing.T) { testReadStaleFlight(t, true) }
+
+func testReadStaleFlight(t *testing.T, sr bool) {
 	clk := manual()
 	const size, mtu = 8 << 20, 4096
 	const npkts = size / mtu
 	const gap, gap2, gap3 = 5, 1000, 1500
 	l := &flightLink{first: 0xfffff0, gap: gap, seen: map[int]int{}, holding: true,
 		drop: func(k, n int) bool { return (k == gap && n == 1) || (k == gap2 && n == 2) || (k == gap3 && n == 3) }}
-	a, b := staleReadPair(t, pairOpts{clock: clk, mtu: MTU4096, retry: 7, timeout: 14}, l)
+	a, b := staleReadPair(t, pairOpts{clock: clk, mtu: MTU4096, retry: 7, timeout: 14, sr: sr}, l)
 	to := a.qp.timeout
 	src, smr := b.buffer(t, size, memreg.AccessRemoteRead)
 	fill(src, 27)
@@ -166,12 +174,14 @@ func TestReadStaleFlightSpendsNoRetry(t *testing.T) {
 				st, i+1, c.LocalAckTimeout, c.RetryExceededErr, c.AckTimeoutBusy)
 		}
 	}
-	c := a.dev.Counters()
-	if c.AckTimeoutBusy < 8 || c.LocalAckTimeout != 0 {
+	if c := a.dev.Counters(); sr && c.RetryExceededErr != 0 {
+		t.Fatalf("retry_exceeded_err %d", c.RetryExceededErr)
+	}
+	if c := a.dev.Counters(); !sr && (c.AckTimeoutBusy < 8 || c.LocalAckTimeout != 0) {
 		t.Fatalf("during 12 timeouts of stale responses: ack_timeout_busy %d, local_ack_timeout_err %d; want ≥ 8 and 0",
 			c.AckTimeoutBusy, c.LocalAckTimeout)
 	}
-	if d := b.dev.Counters().DuplicateRequest; d != 1 {
+	if d := b.dev.Counters().DuplicateRequest; !sr && d != 1 {
 		t.Fatalf("the responder saw %d re-requests during the stale stream, want 1", d)
 	}
 	l.releaseLater()
@@ -183,7 +193,7 @@ func TestReadStaleFlightSpendsNoRetry(t *testing.T) {
 	if !bytes.Equal(dst, src) {
 		t.Fatal("READ data differs")
 	}
-	if c := a.dev.Counters(); c.LocalAckTimeout != 0 || c.RetryExceededErr != 0 {
+	if c := a.dev.Counters(); c.RetryExceededErr != 0 || (!sr && c.LocalAckTimeout != 0) {
 		t.Fatalf("local_ack_timeout_err %d, retry_exceeded_err %d; want 0 (the three losses cost a go-back-N each)", c.LocalAckTimeout, c.RetryExceededErr)
 	}
 }

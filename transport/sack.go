@@ -1020,6 +1020,13 @@ func (qp *QP) srOnReadResponse(p *packetT, psn bth.PSN) {
 	}
 	s.setDone(psn)
 	if psn != qp.comp.psn {
+		// A response beyond a gap, placed for the first time: the peer
+		// is alive and sending what it was asked (a slow peer streams a
+		// large READ's flight while the missing ones wait behind it).
+		// It is progress for the retry count (srTimeout's full timeout);
+		// each PSN counts once, so a peer that never fills the gap still
+		// runs out of retries.
+		s.progressAt = qp.now()
 		qp.srLostAgain(psn)
 		qp.srLost(psn)
 	}
