@@ -3,7 +3,6 @@ package cmtools
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -141,19 +140,11 @@ var cmtimeListening func(addr netip.AddrPort)
 
 func runCmtime(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseCmtimeFlags(args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, cmtimeUsage)
-		return cli.ExitOK
+	if code, done := flagOutcome("cmtime", cmtimeUsage, err, stdout, stderr); done {
+		return code
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rocev2d cmtime: %v\n(see `rocev2d help cmtime`)\n", err)
-		return 1
-	}
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("timed out after %v (--timeout)", c.timeout))
-		defer cancel()
-	}
+	ctx, cancel := runTimeout(ctx, c.timeout)
+	defer cancel()
 	if c.server == "" {
 		err = cmtimeServer(ctx, c, stdout)
 	} else {

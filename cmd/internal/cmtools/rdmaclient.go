@@ -3,7 +3,6 @@ package cmtools
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -148,20 +147,11 @@ var rdmaExListening func(addr netip.AddrPort)
 
 func runRdmaEx(ctx context.Context, name, usage string, server bool, args []string, stdout, stderr io.Writer) int {
 	c, err := parseRdmaExFlags(name, server, args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, usage)
-		return cli.ExitOK
+	if code, done := flagOutcome(name, usage, err, stdout, stderr); done {
+		return code
 	}
-	if err != nil {
-		// The real tools print their usage and exit 1.
-		fmt.Fprintf(stderr, "rocev2d %s: %v\n(see `rocev2d help %s`)\n", name, err, name)
-		return 1
-	}
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("timed out after %v (--timeout)", c.timeout))
-		defer cancel()
-	}
+	ctx, cancel := runTimeout(ctx, c.timeout)
+	defer cancel()
 	tool := "rdma_client"
 	if server {
 		tool = "rdma_server"

@@ -314,11 +314,8 @@ func runRping(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		return rpingExitUsage
 	}
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("timed out after %v (--timeout)", c.timeout))
-		defer cancel()
-	}
+	ctx, cancel := runTimeout(ctx, c.timeout)
+	defer cancel()
 	usr1 := cli.WatchSIGUSR1(stderr)
 	defer usr1.Stop()
 	r := &rping{c: c, stdout: stdout, stderr: stderr, usr1: usr1}

@@ -3,7 +3,6 @@ package cmtools
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -166,19 +165,11 @@ var ucmatoseListening func(addr netip.AddrPort)
 
 func runUcmatose(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseUcmatoseFlags(args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, ucmatoseUsage)
-		return cli.ExitOK
+	if code, done := flagOutcome("ucmatose", ucmatoseUsage, err, stdout, stderr); done {
+		return code
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rocev2d ucmatose: %v\n(see `rocev2d help ucmatose`)\n", err)
-		return 1
-	}
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("timed out after %v (--timeout)", c.timeout))
-		defer cancel()
-	}
+	ctx, cancel := runTimeout(ctx, c.timeout)
+	defer cancel()
 	u := &ucmatose{c: c, stdout: stdout, stderr: stderr}
 	ret := u.run(ctx)
 	fmt.Fprintf(stdout, "test complete\n")

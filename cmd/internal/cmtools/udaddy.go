@@ -3,7 +3,6 @@ package cmtools
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -141,19 +140,11 @@ var udaddyListening func(addr netip.AddrPort)
 
 func runUdaddy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseUdaddyFlags(args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, udaddyUsage)
-		return cli.ExitOK
+	if code, done := flagOutcome("udaddy", udaddyUsage, err, stdout, stderr); done {
+		return code
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rocev2d udaddy: %v\n(see `rocev2d help udaddy`)\n", err)
-		return 1
-	}
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("timed out after %v (--timeout)", c.timeout))
-		defer cancel()
-	}
+	ctx, cancel := runTimeout(ctx, c.timeout)
+	defer cancel()
 	ret := udaddy(ctx, c, stdout, stderr)
 	fmt.Fprintf(stdout, "test complete\n")
 	fmt.Fprintf(stdout, "return status %d\n", ret)
