@@ -50,7 +50,13 @@ type lossInjector struct{ inj *faults.Injector }
 // drop, so the capture checks (rxe sent = captured from rxe, rxe received
 // = captured from the host) still hold.
 func attachLoss(lab *Lab, rate float64) (*lossInjector, error) {
-	inj, err := faults.AttachWith(Tap, faults.Config{DropRate: rate}, &faults.Options{Netns: lab.NS, Egress: true, Ingress: true})
+	return attachFaults(lab, faults.Config{DropRate: rate})
+}
+
+// attachFaults attaches the injector with cfg on both hooks of the tap,
+// as attachLoss.
+func attachFaults(lab *Lab, cfg faults.Config) (*lossInjector, error) {
+	inj, err := faults.AttachWith(Tap, cfg, &faults.Options{Netns: lab.NS, Egress: true, Ingress: true})
 	if err != nil {
 		return nil, err
 	}
@@ -72,12 +78,22 @@ func ourRetransmissions(out string) int64 {
 }
 
 // summary is the table's note: drops per direction and rocev2d's
-// retransmissions.
+// retransmissions (and ack_timeout_busy, retry_exceeded_err when not 0).
 func (l *lossInjector) summary(hostOut string) string {
 	eg, _ := l.inj.HookCounters(faults.Egress)
 	in, _ := l.inj.HookCounters(faults.Ingress)
-	return fmt.Sprintf("dropped >vm %d/%d <vm %d/%d rocev2d_retransmitted=%d",
+	s := fmt.Sprintf("dropped >vm %d/%d <vm %d/%d rocev2d_retransmitted=%d",
 		eg.Dropped(), eg.Seen, in.Dropped(), in.Seen, ourRetransmissions(hostOut))
+	// The READ go-back-N's excused expiries and a WQE out of retries,
+	// when there were any.
+	if ours, err := ourCounters(hostOut); err == nil {
+		for _, k := range []string{"ack_timeout_busy", "retry_exceeded_err"} {
+			if ours[k] != 0 {
+				s += fmt.Sprintf(" rocev2d_%s=%d", k, ours[k])
+			}
+		}
+	}
+	return s
 }
 
 // problems checks that the faults were applied and recovered from.
