@@ -121,6 +121,14 @@ type ResendFlight struct {
 	// a NAK after it) had arrived before the flight; CoveredAt is when.
 	Covered   bool
 	CoveredAt time.Duration
+	// ReadGap is set when the flight's first packet is a READ request
+	// for FirstPSN inside an earlier READ's response range and the
+	// capture had shown a gap there since FirstPSN was last requested:
+	// a READ response beyond it arrived (at GapAt) while the response
+	// at FirstPSN had not. That is a go-back-N re-request from the gap
+	// (the responses beyond it do not acknowledge FirstPSN).
+	ReadGap bool
+	GapAt   time.Duration
 }
 
 // flightGap is how close in time resent packets must follow each other
@@ -140,8 +148,12 @@ func AckTimeout(exp int) time.Duration {
 // Justified reports whether a resend flight is a correct local ACK
 // timeout for timeout: its first PSN's previous copy was sent at least
 // the timeout (less ackTimeoutTolerance) before, and no response
-// covering that PSN had arrived.
+// covering that PSN had arrived; or a go-back-N READ re-request from a
+// response gap the capture shows (ReadGap).
 func (f ResendFlight) Justified(timeout time.Duration) bool {
+	if f.ReadGap {
+		return true
+	}
 	min := time.Duration(float64(timeout) * (1 - ackTimeoutTolerance))
 	return f.HasPrev && f.SincePrev >= min && !f.Covered
 }
@@ -161,7 +173,9 @@ func (f ResendFlight) Describe(timeout time.Duration) string {
 		b += ", its original is not in the capture"
 	}
 	b += fmt.Sprintf("; %s silent for %.1fms", peer, ms(f.PeerSilent))
-	if f.Covered {
+	if f.ReadGap {
+		b += fmt.Sprintf("; %s's READ responses had a gap there since +%.1fms (go-back-N re-request)", peer, ms(f.GapAt))
+	} else if f.Covered {
 		b += fmt.Sprintf("; %s had acknowledged it at +%.1fms", peer, ms(f.CoveredAt))
 	}
 	verdict := "SPURIOUS"
@@ -185,6 +199,19 @@ func (s *CaptureStats) JudgeResends(fromHost bool, timeout time.Duration) (justi
 		}
 	}
 	return justified, spurious
+}
+
+// ReadGapCount is the number of go-back-N READ re-requests (ReadGap)
+// among the resend flights of one sender: resends started by a response
+// gap, not by the ACK timer.
+func (s *CaptureStats) ReadGapCount(fromHost bool) int {
+	n := 0
+	for _, f := range s.Flights {
+		if f.FromHost == fromHost && f.ReadGap {
+			n++
+		}
+	}
+	return n
 }
 
 // FlightCount is the number of resend flights by one sender.
@@ -336,6 +363,16 @@ type flow struct {
 	flight    int
 	flightAt  time.Duration
 	flightPSN uint32
+	// first is the flow's first request PSN. respNext is the next
+	// response PSN the requester waits for (valid when respStarted):
+	// a READ response beyond it while it is missing is a gap, at
+	// gapPSN since gapAt (valid when hasGap).
+	first       uint32
+	respStarted bool
+	respNext    uint32
+	hasGap      bool
+	gapPSN      uint32
+	gapAt       time.Duration
 }
 
 type msgStart struct {
@@ -868,6 +905,18 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 				if f.hasAck && !psnBefore(f.acked, psn) {
 					fl.Covered, fl.CoveredAt = true, f.ackedAt
 				}
+				// A READ request inside an earlier READ's range, at the
+				// response gap the capture shows: the responses beyond
+				// the gap acknowledge nothing before it. The first
+				// request there since the gap opened is the go-back-N
+				// re-request; another one needs the ACK timeout.
+				if _, inRead := t.readVA[key][psn]; inRead && info.Kind == bth.KindReadRequest &&
+					f.hasGap && f.gapPSN == psn && !t.respSeen[key][psn] {
+					fl.Covered, fl.CoveredAt = false, 0
+					if last, ok := f.lastTx[psn]; !ok || last < f.gapAt {
+						fl.ReadGap, fl.GapAt = true, f.gapAt
+					}
+				}
 				s.Flights = append(s.Flights, fl)
 				f.flight = len(s.Flights) - 1
 			}
@@ -886,6 +935,9 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 					who, p.BTH.Opcode(), psn, ms(at), prev, ms(at-t.lastSeen[!fromHost])))
 			}
 		} else {
+			if !f.started {
+				f.first = psn
+			}
 			f.started, f.next = true, (psn+span)&0xffffff
 			f.flight = -1
 			if info.Pos == bth.PosLast || info.Pos == bth.PosOnly {
@@ -966,6 +1018,9 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 			if psnBefore(c, f.next) && (!f.hasAck || psnBefore(f.acked, c)) {
 				f.acked, f.hasAck, f.ackedAt = c, true, at
 			}
+			if psnBefore(c, f.next) {
+				t.trackGap(key, f, psn, c, info.Kind == bth.KindReadResponse, at)
+			}
 		}
 		switch {
 		case p.AtomicAck != nil:
@@ -988,6 +1043,31 @@ func (s *CaptureStats) track(p *packet.Packet, fromHost bool, at time.Duration, 
 		return
 	}
 	s.checkData(pl, check)
+}
+
+// trackGap follows the response PSN the requester of flow f waits for,
+// given a response at psn acknowledging up to c: a READ response beyond
+// it while it is missing (inside a READ's range, not seen) opens a gap
+// there (dated by its first such response; the rest of a stale flight
+// beyond it does not date it anew); the responses that fill it move on.
+func (t *tracker) trackGap(key flowKey, f *flow, psn, c uint32, read bool, at time.Duration) {
+	if !f.respStarted {
+		f.respStarted, f.respNext = true, f.first
+	}
+	switch {
+	case psn == f.respNext || (!read && !psnBefore(c, f.respNext)):
+		f.respNext = (c + 1) & 0xffffff
+		for n := 0; n < maxReadSpan && t.respSeen[key][f.respNext] && psnBefore(f.respNext, f.next); n++ {
+			f.respNext = (f.respNext + 1) & 0xffffff
+		}
+	case read && psnBefore(f.respNext, psn):
+		if _, inRead := t.readVA[key][f.respNext]; !inRead || t.respSeen[key][f.respNext] {
+			return
+		}
+		if !f.hasGap || f.gapPSN != f.respNext {
+			f.hasGap, f.gapPSN, f.gapAt = true, f.respNext, at
+		}
+	}
 }
 
 // checkData hands one packet's data to check and counts the result.

@@ -4,6 +4,7 @@ package interop
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,6 +76,37 @@ func TestJudgeResends(t *testing.T) {
 	vmReq := func(at float64, psn uint32) timed {
 		return timed{ms(at), frame(t, false, send(psn, bth.RCSendOnly, pay))}
 	}
+	// An 8-packet READ at PSN 10 (responses 10-17), re-requested from
+	// PSN first: the RETH starts at that packet's data.
+	hostRead := func(at float64, first uint32) timed {
+		return timed{ms(at), frame(t, true, packet.Fields{BTH: bth.Fields{Opcode: bth.RCReadRequest, PKey: 0xffff, DestQP: 0x11, PSN: bth.PSN(first)},
+			RETH: reth.Fields{VA: 0x1000 + uint64(first-10)*1024, RKey: 0x55, DMALength: (18 - first) * 1024}})}
+	}
+	vmResp := func(at float64, psn uint32) timed {
+		op := bth.RCReadResponseMiddle
+		switch psn {
+		case 10:
+			op = bth.RCReadResponseFirst
+		case 17:
+			op = bth.RCReadResponseLast
+		}
+		f := packet.Fields{BTH: bth.Fields{Opcode: op, PKey: 0xffff, DestQP: 0x12, PSN: bth.PSN(psn)}, Payload: mtu}
+		if op != bth.RCReadResponseMiddle {
+			f.AETH = aeth.Fields{Syndrome: aeth.ACK(31), MSN: 1}
+		}
+		return timed{ms(at), frame(t, false, f)}
+	}
+	// The READ's flight with response 12 lost before the tap: 10, 11,
+	// then 13-17 (the gap opens at 13, +1.3 ms).
+	gapFlight := []timed{hostRead(0, 10), vmResp(1, 10), vmResp(1.1, 11), vmResp(1.3, 13), vmResp(1.4, 14)}
+	stale := []timed{vmResp(1.6, 15), vmResp(1.7, 16), vmResp(1.8, 17)}
+	reread := func(at float64) []timed {
+		var out []timed
+		for k := uint32(12); k <= 17; k++ {
+			out = append(out, vmResp(at+0.1*float64(k-12), k))
+		}
+		return out
+	}
 	for _, tc := range []struct {
 		name              string
 		frames            []timed
@@ -138,6 +170,44 @@ func TestJudgeResends(t *testing.T) {
 			frames: []timed{hostW(0, 10), hostW(68, 10), hostW(68.1, 10)},
 			resent: 2, flights: 2, justified: 1, spurio: 1,
 			want: []string{"0.1ms after its previous copy (68.1ms after the original)", "SPURIOUS", "justified"},
+		},
+		{
+			// rocev2d re-requests from the gap at once; rxe answers after
+			// the rest of its old flight. Responses 13-17 beyond the gap
+			// acknowledge nothing before it.
+			name:   "a READ re-request from a response gap (go-back-N)",
+			frames: slices.Concat(gapFlight, []timed{hostRead(1.5, 12)}, stale, reread(3)),
+			resent: 1, flights: 1, justified: 1,
+			want: []string{"rocev2d resent RC_RDMA_READ_REQUEST psn=0x00000c (1 packets) at +1.5ms, its original is not in the capture",
+				"READ responses had a gap there since +1.3ms (go-back-N re-request)", "justified"},
+		},
+		{
+			name:   "a second READ re-request at the same gap before the ACK timeout",
+			frames: slices.Concat(gapFlight, []timed{hostRead(1.5, 12)}, stale, []timed{hostRead(10, 12)}, reread(12)),
+			resent: 2, flights: 2, justified: 1, spurio: 1,
+			want: []string{"+10.0ms, 8.5ms after its previous copy", "SPURIOUS", "gap there since +1.3ms", "justified"},
+		},
+		{
+			// The re-request's answer was lost too: a timeout later the
+			// second one is justified (the stale responses beyond the
+			// gap do not cover it).
+			name:   "a second READ re-request at the same gap after the ACK timeout",
+			frames: slices.Concat(gapFlight, []timed{hostRead(1.5, 12)}, stale, []timed{hostRead(70, 12)}, reread(71)),
+			resent: 2, flights: 2, justified: 2,
+			want: []string{"gap there since +1.3ms", "justified", "+70.0ms, 68.5ms after its previous copy", "justified"},
+		},
+		{
+			// Nothing beyond PSN 12 in the capture: no gap to answer.
+			name:   "a READ re-request with no gap in the capture",
+			frames: []timed{hostRead(0, 10), vmResp(1, 10), vmResp(1.1, 11), hostRead(1.5, 12), reread(3)[0]},
+			resent: 1, flights: 1, spurio: 1,
+			want: []string{"its original is not in the capture", "SPURIOUS"},
+		},
+		{
+			name:   "a READ re-request after the gap was filled",
+			frames: []timed{hostRead(0, 10), vmResp(1, 10), vmResp(1.1, 11), vmResp(1.3, 13), vmResp(1.4, 12), hostRead(1.5, 12)},
+			resent: 1, flights: 1, spurio: 1,
+			want: []string{"rxe had acknowledged it at +1.3ms", "SPURIOUS"},
 		},
 		{
 			name:   "rxe's resends are not rocev2d's",
