@@ -495,8 +495,18 @@ func (r *responder) maxDestRd() int {
 }
 
 // saveRes keeps x for replaying a duplicate READ or atomic, replacing the
-// oldest resource once all are used.
+// oldest resource once all are used. A saved resource whose PSNs overlap
+// x's is from a request 2^24 PSNs (or a multiple) before — the PSN space
+// went round while fewer READs and atomics than the resources came — and
+// is dropped: findRes returns the first resource covering a PSN, so a
+// duplicate of x was answered from it (an atomic with the old original
+// value, silently; a READ not at all, as its RETH did not match).
 func (r *responder) saveRes(x rdRes) {
+	for i := range r.res {
+		if o := &r.res[i]; o.valid && x.lastPSN.Diff(o.firstPSN) >= 0 && o.lastPSN.Diff(x.firstPSN) >= 0 {
+			o.valid = false
+		}
+	}
 	if r.resNext >= r.maxDestRd() {
 		r.resNext = 0
 	}
