@@ -26,7 +26,8 @@ type DeviceConfig struct {
 	// MaxQP bounds the number of QPs (default 1024).
 	MaxQP int
 	// FirstQPN is the first QP number handed out; the next ones count up
-	// from it (wrapping to 0x11 after 0xffffff). Zero picks one at random
+	// from it (wrapping to 0x11 after 0xfffffe: 0xffffff is the multicast
+	// QPN, never handed out). Zero picks one at random
 	// in [0x11, 0x800000), so that a process restarted on the same address
 	// does not number its QPs as its previous life did and a peer that
 	// still knows an old connection does not take the new one for it
@@ -254,7 +255,13 @@ type batchClock struct {
 }
 
 // firstQPN is the first QPN handed out; rxe starts at 17 as well (0 and 1 are special).
-const firstQPN = 0x11
+// lastQPN is the last: 0xffffff is the multicast QPN (IBTA; Linux's
+// IB_MULTICAST_QPN, which rxe's receive path takes for multicast), never
+// a QP's number.
+const (
+	firstQPN = 0x11
+	lastQPN  = bth.PSNMask - 1
+)
 
 // NewDevice creates a device on link and starts its receive goroutine.
 func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
@@ -310,8 +317,8 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		return nil, err
 	}
 	cfg.Congestion = cc
-	if cfg.FirstQPN > bth.PSNMask || (cfg.FirstQPN != 0 && cfg.FirstQPN < firstQPN) {
-		return nil, fmt.Errorf("transport: NewDevice: FirstQPN %#x outside [%#x, %#x]: %w", cfg.FirstQPN, firstQPN, bth.PSNMask, ErrInvalidConfig)
+	if cfg.FirstQPN > lastQPN || (cfg.FirstQPN != 0 && cfg.FirstQPN < firstQPN) {
+		return nil, fmt.Errorf("transport: NewDevice: FirstQPN %#x outside [%#x, %#x]: %w", cfg.FirstQPN, firstQPN, lastQPN, ErrInvalidConfig)
 	}
 	if cfg.FirstQPN != 0 && cfg.QPNs == nil && sharedLinkOf(link) != nil {
 		return nil, fmt.Errorf("transport: NewDevice: FirstQPN %#x on a link that shares its address: its QPNs come "+
@@ -342,7 +349,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 			d.qpns.random = true
 		} else {
 			d.qpns.src = &wholeSpace{given: true}
-			d.qpns.ranges = [][2]uint32{{firstQPN, bth.PSNMask + 1 - firstQPN}}
+			d.qpns.ranges = [][2]uint32{{firstQPN, lastQPN + 1 - firstQPN}}
 			d.qpns.starts = []uint32{d.nextQPN - firstQPN}
 		}
 	}

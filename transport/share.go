@@ -14,7 +14,8 @@ import (
 // ranges it has is in use.
 type QPNSource interface {
 	// NextRange returns a new range of QPNs [first, first+n) the device
-	// may use; QPNs 0 and 1 must not be in it.
+	// may use; QPNs 0 and 1 must not be in it. The device leaves out
+	// 0xffffff (the multicast QPN) if the range ends there.
 	NextRange() (first, n uint32, err error)
 }
 
@@ -26,7 +27,7 @@ func (w *wholeSpace) NextRange() (first, n uint32, err error) {
 		return 0, 0, fmt.Errorf("transport: every QPN is in use: %w", ErrLimit)
 	}
 	w.given = true
-	return firstQPN, bth.PSNMask + 1 - firstQPN, nil
+	return firstQPN, lastQPN + 1 - firstQPN, nil
 }
 
 // linkLeases is the QPNSource of a device on a shared link: the link's
@@ -133,6 +134,13 @@ func (a *qpnAlloc) lease() error {
 	}
 	if n == 0 || first <= 1 || uint64(first)+uint64(n) > bth.PSNMask+1 {
 		return fmt.Errorf("transport: CreateQP: QPN source gave range [%#x, +%d): %w", first, n, ErrInvalidConfig)
+	}
+	if first+n-1 > lastQPN {
+		// The last range of the space (a shared link's last lease)
+		// ends at the multicast QPN, which is never a QP's.
+		if n--; n == 0 {
+			return fmt.Errorf("transport: CreateQP: QPN source gave range [%#x, +1): the multicast QPN: %w", first, ErrInvalidConfig)
+		}
 	}
 	start := uint32(0)
 	if a.random {

@@ -2,12 +2,17 @@ package transport
 
 import (
 	"bytes"
+	"errors"
+	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/udp"
+	"github.com/gorocev2/rocev2/udp/memnet"
 )
 
 // skipPSNs moves a connected, idle pair (a requests, b responds) on by n
@@ -135,5 +140,78 @@ func testReadReplayAfterWrap(t *testing.T, sr bool) {
 	}
 	if !bytes.Equal(dst, src) {
 		t.Fatal("READ data differ")
+	}
+}
+
+// TestQPNNeverMulticast: QPN 0xffffff is the multicast QPN (IBTA; Linux's
+// IB_MULTICAST_QPN) and is never handed out: the default allocator goes
+// from 0xfffffe to 0x11, FirstQPN 0xffffff is refused, and a range of a
+// QPNSource or a shared link's lease ending at the top of the space stops
+// at 0xfffffe. 0 and 1 are never handed out either.
+func TestQPNNeverMulticast(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	newDev := func(t *testing.T, link udp.Link, cfg DeviceConfig) (*Device, func() (*QP, error)) {
+		t.Helper()
+		dev, err := NewDevice(link, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dev.Close() })
+		pd, _ := dev.AllocPD()
+		cq, _ := dev.CreateCQ(16)
+		return dev, func() (*QP, error) {
+			return dev.CreateQP(pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+		}
+	}
+	qpns := func(t *testing.T, create func() (*QP, error), k int) []uint32 {
+		t.Helper()
+		var out []uint32
+		for range k {
+			qp, err := create()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, qp.QPN())
+		}
+		return out
+	}
+	t.Run("default", func(t *testing.T) {
+		l, err := n.Link(netip.MustParseAddr("192.0.2.31"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := NewDevice(l, DeviceConfig{FirstQPN: 0xffffff}); !errors.Is(err, ErrInvalidConfig) {
+			t.Fatalf("FirstQPN 0xffffff: %v, want ErrInvalidConfig", err)
+		}
+		_, create := newDev(t, l, DeviceConfig{FirstQPN: 0xfffffd})
+		if got, want := qpns(t, create, 3), []uint32{0xfffffd, 0xfffffe, 0x11}; !slices.Equal(got, want) {
+			t.Fatalf("QPNs %#x, want %#x", got, want)
+		}
+	})
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "QPNSource", true: "shared link"}[shared], func(t *testing.T) {
+			addr := map[bool]string{false: "192.0.2.32", true: "192.0.2.33"}[shared]
+			l, err := n.Link(netip.MustParseAddr(addr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := rangeSource{ranges: [][2]uint32{{0xfffffd, 3}, {0x5000, 1}}}
+			cfg := DeviceConfig{}
+			var link udp.Link = l
+			if shared {
+				link = &sharedMem{Link: l, src: src, tag: 0x85000000, svcs: map[uint64]bool{}}
+			} else {
+				cfg.QPNs = &src
+			}
+			dev, create := newDev(t, link, cfg)
+			got := qpns(t, create, 3)
+			slices.Sort(got)
+			if want := []uint32{0x5000, 0xfffffd, 0xfffffe}; !slices.Equal(got, want) {
+				t.Fatalf("QPNs %#x, want %#x", got, want)
+			}
+			if r := dev.QPNRanges(); len(r) != 2 || r[0] != [2]uint32{0xfffffd, 0xfffffe} {
+				t.Fatalf("QPNRanges = %#x", r)
+			}
+		})
 	}
 }
