@@ -69,7 +69,8 @@ type TargetConfig struct {
 	// MaxIOQueues bounds the I/O queues of one controller (default 8).
 	MaxIOQueues int
 	// MaxControllers bounds the controllers (hosts' associations) at once
-	// (default 64).
+	// (default 64). Controller IDs go round [1, 0xffef] (as nvmet's); a
+	// Connect finding all of them live is refused as busy.
 	MaxControllers int
 	// QueueBufferBytes bounds the data buffers one queue holds at once
 	// (default 16 MiB); commands beyond it wait for buffers to free.

@@ -122,6 +122,29 @@ func (c *tctrl) detach(q *tqueue) {
 	}
 }
 
+// maxCNTLID is the largest controller ID handed out: 0xfff0-0xffff are
+// reserved (0xffff: dynamic controller), and nvmet allocates from
+// [1, 0xffef] likewise.
+const maxCNTLID = 0xffef
+
+// newCtrlID returns the next controller ID no live controller has, going
+// round [1, maxCNTLID], or false when every one is taken (possible only
+// with MaxControllers above maxCNTLID). Called with t.mu held.
+func (t *Target) newCtrlID() (uint16, bool) {
+	id := t.nextID
+	for range maxCNTLID {
+		if id == 0 || id > maxCNTLID {
+			id = 1
+		}
+		if t.ctrls[id] == nil {
+			t.nextID = id + 1
+			return id, true
+		}
+		id++
+	}
+	return 0, false
+}
+
 // connect executes a Fabrics Connect on queue q.
 func (q *tqueue) connect(r *treq, data []byte) (nvme.Status, uint64) {
 	t := q.t
@@ -167,14 +190,11 @@ func (q *tqueue) connect(r *treq, data []byte) (nvme.Status, uint64) {
 			t.mu.Unlock()
 			return nvme.StatusConnectCtrlBusy | nvme.StatusDNR, 0
 		}
-		id := t.nextID
-		for t.ctrls[id] != nil || id == 0 || id >= 0xfff0 {
-			id++
-			if id >= 0xfff0 {
-				id = 1
-			}
+		id, ok := t.newCtrlID()
+		if !ok {
+			t.mu.Unlock()
+			return nvme.StatusConnectCtrlBusy | nvme.StatusDNR, 0
 		}
-		t.nextID = id + 1
 		c := &tctrl{t: t, id: id, sub: sub, hostNQN: df.HostNQN, hostID: df.HostID, queues: map[uint16]*tqueue{0: q},
 			nrIOQ: t.cfg.MaxIOQueues}
 		t.ctrls[id] = c
