@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
@@ -34,4 +35,21 @@ func runTimeout(ctx context.Context, d time.Duration) (context.Context, context.
 		return ctx, func() {}
 	}
 	return context.WithTimeoutCause(ctx, d, fmt.Errorf("timed out after %v (--timeout)", d))
+}
+
+// bindFor is the local address of udaddy, cmtime and ucmatose: --bind, else
+// the tools' -b. A server needs one: rocev2d listens on one address, not
+// on every one.
+func bindFor(bind, bindB string, server bool) (netip.Addr, error) {
+	if bind == "" {
+		bind = bindB
+	}
+	a, err := cli.ParseBind(bind)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if server && !a.IsValid() {
+		return netip.Addr{}, errors.New("the server needs -b addr or --bind=IP: rocev2d listens on one address, not on every one")
+	}
+	return a, nil
 }

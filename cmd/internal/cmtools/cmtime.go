@@ -110,14 +110,8 @@ func parseCmtimeFlags(args []string) (*cmtimeConfig, error) {
 		return nil, fmt.Errorf("-p %q: port out of range 1..65535", port)
 	}
 	c.port = p
-	if bind == "" {
-		bind = bindB
-	}
-	if c.bind, err = cli.ParseBind(bind); err != nil {
+	if c.bind, err = bindFor(bind, bindB, c.server == ""); err != nil {
 		return nil, err
-	}
-	if c.server == "" && !c.bind.IsValid() {
-		return nil, errors.New("the server needs -b addr or --bind=IP: rocev2d listens on one address, not on every one")
 	}
 	return c, nil
 }

@@ -121,15 +121,9 @@ func parseUdaddyFlags(args []string) (*udaddyConfig, error) {
 		}
 		c.tos = uint8(v)
 	}
-	if bind == "" {
-		bind = bindB
-	}
 	var err error
-	if c.bind, err = cli.ParseBind(bind); err != nil {
+	if c.bind, err = bindFor(bind, bindB, c.server == ""); err != nil {
 		return nil, err
-	}
-	if c.server == "" && !c.bind.IsValid() {
-		return nil, errors.New("the server needs -b addr or --bind=IP: rocev2d listens on one address, not on every one")
 	}
 	return c, nil
 }
