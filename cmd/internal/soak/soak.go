@@ -68,7 +68,8 @@ Go runtime's own come and go), the heap within 2x + 16 MiB. It prints a
 table of both samples, connections made and failed, reconnect latency
 p50/p99 and bytes checked, and fails (exit 1) on a data mismatch, on
 growth, or when nothing connected. A run cut short by SIGINT or SIGTERM
-before --duration prints what ran and INTERRUPTED, not PASS, and exits 1.
+(before --duration, or while it waits for the server's reaping) prints
+what ran and INTERRUPTED, not PASS, and exits 1.
 
 options:
   --duration=DUR       how long to run (default 1m)
@@ -941,14 +942,26 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		kill(p)
 		clients[i] = nil
 	}
+	if soakReapHook != nil {
+		soakReapHook()
+	}
 	reap := 2*c.keepAlive + c.kaTO + 3*time.Second
 	r.mu.Lock()
 	base := r.serverStart[len(r.serverStart)-1]
 	r.mu.Unlock()
 	deadline := time.Now().Add(reap + 10*time.Second)
 	var last soakStatus
+	reaping := false // stopped while waiting for the server to give everything back
 	for stopped == nil {
-		time.Sleep(c.statusEvery)
+		select {
+		case <-ctx.Done():
+			// Cut short after --duration, while the server's
+			// reaping was awaited: the run's traffic was checked,
+			// but not that the server gave everything back.
+			stopped, reaping = context.Cause(ctx), true
+			continue
+		case <-time.After(c.statusEvery):
+		}
 		s, _ := r.lastStatus()
 		last = s
 		if s.qps <= base.qps && s.conns <= base.conns && s.goroutines <= base.goroutines+soakGoroutineSlack && s.fds <= base.fds+soakFDSlack {
@@ -1013,6 +1026,11 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if stopped != nil {
 		// Not a pass: the run asked for did not happen (and the
 		// server's reaping was not checked).
+		if reaping {
+			fmt.Fprintf(stdout, "INTERRUPTED after the %v run, while waiting up to %v for the server to give back what the killed clients held (%v): no verdict; the server's reaping was not checked\n",
+				c.duration, reap, stopped)
+			return cli.ExitFail
+		}
 		fmt.Fprintf(stdout, "INTERRUPTED after %v of %v (%v): no verdict on the run asked for; nothing reaped or compared\n",
 			ran.Round(time.Millisecond), c.duration, stopped)
 		return cli.ExitFail
@@ -1023,6 +1041,10 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stdout, "PASS: every byte checked, nothing grew")
 	return cli.ExitOK
 }
+
+// soakReapHook, when set (by tests), runs after the run's clients are
+// killed, before the wait for the server to reap them.
+var soakReapHook func()
 
 // Slack for gauges that wobble by a few: the runtime's own goroutines
 // (GC workers, a timer) and descriptors (epoll) come and go.

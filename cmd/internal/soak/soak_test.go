@@ -127,6 +127,30 @@ func TestSoakFlags(t *testing.T) {
 	}
 }
 
+// TestSoakInterruptedWhileReaping: a SIGINT after --duration, while the
+// soak waits for the server to give back what the killed clients held,
+// ends the wait and says INTERRUPTED, exit 1. It went unnoticed: the soak
+// waited for the reaping and printed PASS.
+func TestSoakInterruptedWhileReaping(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	var out, errb bytes.Buffer
+	// The signal comes when the run's clients have been killed.
+	soakReapHook = func() { cancel(errors.New("interrupt signal received")) }
+	defer func() { soakReapHook = nil }()
+	code := run(ctx, []string{"soak", "--duration", "2s", "--clients", "2", "--churn", "0", "--server-restarts", "0", "--loss", "0"}, &out, &errb)
+	t.Log(out.String(), errb.String())
+	if code != cli.ExitFail {
+		t.Errorf("soak interrupted while reaping: exit %d, want %d", code, cli.ExitFail)
+	}
+	if strings.Contains(out.String(), "PASS") {
+		t.Error("a soak interrupted while reaping printed PASS")
+	}
+	if !strings.Contains(out.String(), "INTERRUPTED after the 2s run, while waiting") || !strings.Contains(out.String(), "(interrupt signal received)") {
+		t.Error("a soak interrupted while reaping does not say so")
+	}
+}
+
 // TestSoakInterrupted: a soak cut short (SIGINT: its context cancelled)
 // before its --duration says so and exits 1. It printed "PASS: every byte
 // checked, nothing grew" for the part that ran, exit 0.
