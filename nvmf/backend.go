@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 )
 
 // Backend stores a namespace's blocks. ReadAt and WriteAt are called
@@ -75,7 +76,7 @@ func (m *MemBackend) Flush() error { return nil }
 // FileBackend is a Backend on a regular file or a block device.
 type FileBackend struct {
 	f    *os.File
-	size int64
+	size atomic.Int64 // the last size read
 }
 
 // OpenFile opens path (a regular file or a block device) as a backend,
@@ -109,7 +110,9 @@ func OpenFile(path string, size int64, ro bool) (*FileBackend, error) {
 		f.Close()
 		return nil, fmt.Errorf("nvmf: %s is empty (give a size)", path)
 	}
-	return &FileBackend{f: f, size: end}, nil
+	b := &FileBackend{f: f}
+	b.size.Store(end)
+	return b, nil
 }
 
 // ReadAt implements io.ReaderAt.
@@ -118,8 +121,17 @@ func (b *FileBackend) ReadAt(p []byte, off int64) (int, error) { return b.f.Read
 // WriteAt implements io.WriterAt.
 func (b *FileBackend) WriteAt(p []byte, off int64) (int, error) { return b.f.WriteAt(p, off) }
 
-// Size returns the capacity.
-func (b *FileBackend) Size() int64 { return b.size }
+// Size returns the capacity: the file's or device's size now (it reads
+// it at every call: a file that grew, or a device resized, shows its new
+// size, which Target.RevalidateNamespace hands to the hosts). When the
+// size cannot be read, the last one read.
+func (b *FileBackend) Size() int64 {
+	if end, err := b.f.Seek(0, io.SeekEnd); err == nil {
+		b.size.Store(end)
+		return end
+	}
+	return b.size.Load()
+}
 
 // Flush syncs the file.
 func (b *FileBackend) Flush() error { return b.f.Sync() }

@@ -37,14 +37,17 @@ type Namespace struct {
 	NGUID [16]byte
 
 	shift  uint8
-	blocks uint64
+	blocks atomic.Uint64 // the size in blocks (RevalidateNamespace changes it)
 }
 
 // Subsystem is an NVM subsystem a target exports.
 type Subsystem struct {
 	// NQN is the subsystem's NVMe Qualified Name.
 	NQN string
-	// Namespaces are its namespaces (at least one).
+	// Namespaces are its namespaces (at least one). Once the target
+	// runs, change them only through the Target's AddNamespace,
+	// RemoveNamespace and RevalidateNamespace: they tell the connected
+	// hosts (docs/NVMEOF.md, "Namespace changes").
 	Namespaces []*Namespace
 	// AllowedHosts lists the host NQNs that may connect; empty allows
 	// any host.
@@ -52,6 +55,8 @@ type Subsystem struct {
 	// Serial and Model fill Identify Controller (defaults derived from
 	// the NQN and "rocev2").
 	Serial, Model string
+
+	mu sync.RWMutex // Namespaces, once the target runs
 }
 
 // TargetConfig configures a target.
@@ -254,38 +259,8 @@ func (s *Subsystem) check(i int) error {
 	}
 	used := map[uint32]bool{}
 	for j, ns := range s.Namespaces {
-		if ns == nil {
-			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d] is nil", i, j)
-		}
-		if ns.BlockSize == 0 {
-			ns.BlockSize = 512
-		}
-		switch ns.BlockSize {
-		case 512:
-			ns.shift = 9
-		case 4096:
-			ns.shift = 12
-		default:
-			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d].BlockSize %d (512 or 4096)", i, j, ns.BlockSize)
-		}
-		if ns.Backend == nil {
-			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d].Backend is nil", i, j)
-		}
-		ns.blocks = uint64(ns.Backend.Size()) >> ns.shift
-		if ns.blocks == 0 {
-			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d]: backend smaller than a block", i, j)
-		}
-		if ns.ID == 0 {
-			for ns.ID = 1; used[ns.ID]; ns.ID++ {
-			}
-		}
-		if used[ns.ID] || ns.ID == 0xffffffff {
-			return fmt.Errorf("nvmf: Subsystems[%d].Namespaces[%d].ID %d used twice or invalid", i, j, ns.ID)
-		}
-		used[ns.ID] = true
-		if ns.NGUID == [16]byte{} {
-			h := sha256.Sum256([]byte(s.NQN + "/" + strconv.Itoa(int(ns.ID))))
-			copy(ns.NGUID[:], h[:16])
+		if err := ns.setup(s.NQN, used, fmt.Sprintf("Subsystems[%d].Namespaces[%d]", i, j)); err != nil {
+			return err
 		}
 	}
 	if s.Serial == "" {
@@ -298,7 +273,51 @@ func (s *Subsystem) check(i int) error {
 	return nil
 }
 
+// setup checks ns and fills in its defaults: the block size, the size in
+// blocks, the ID (the lowest one not in used) and the NGUID. name names
+// it in errors.
+func (ns *Namespace) setup(nqn string, used map[uint32]bool, name string) error {
+	if ns == nil {
+		return fmt.Errorf("nvmf: %s is nil", name)
+	}
+	if ns.BlockSize == 0 {
+		ns.BlockSize = 512
+	}
+	switch ns.BlockSize {
+	case 512:
+		ns.shift = 9
+	case 4096:
+		ns.shift = 12
+	default:
+		return fmt.Errorf("nvmf: %s.BlockSize %d (512 or 4096)", name, ns.BlockSize)
+	}
+	if ns.Backend == nil {
+		return fmt.Errorf("nvmf: %s.Backend is nil", name)
+	}
+	blocks := uint64(max(ns.Backend.Size(), 0)) >> ns.shift
+	if blocks == 0 {
+		return fmt.Errorf("nvmf: %s: backend smaller than a block", name)
+	}
+	ns.blocks.Store(blocks)
+	if ns.ID == 0 {
+		for ns.ID = 1; used[ns.ID]; ns.ID++ {
+		}
+	}
+	if used[ns.ID] || ns.ID == 0xffffffff {
+		return fmt.Errorf("nvmf: %s.ID %d used twice or invalid", name, ns.ID)
+	}
+	used[ns.ID] = true
+	if ns.NGUID == [16]byte{} {
+		h := sha256.Sum256([]byte(nqn + "/" + strconv.Itoa(int(ns.ID))))
+		copy(ns.NGUID[:], h[:16])
+	}
+	return nil
+}
+
+// namespace returns namespace id, or nil.
 func (s *Subsystem) namespace(id uint32) *Namespace {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	for _, ns := range s.Namespaces {
 		if ns.ID == id {
 			return ns

@@ -26,12 +26,20 @@ type tctrl struct {
 	ka      *time.Timer
 	kaGen   uint64      // under mu: which timer is the live one
 	seen    atomic.Bool // a command arrived since the timer last fired
-	aec     uint32
+	aec     uint32      // Asynchronous Event Configuration (Set Features 0Bh)
 	nrIOQ   int
 	queues  map[uint16]*tqueue
 	aers    []uint16 // parked AERs' command IDs
 	aborted []uint16 // AERs a reset or shutdown ended: the admin queue answers them
 	deleted bool
+	// Asynchronous events (aen.go), under mu: events found no AER
+	// parked; nsMasked: a namespace attribute notice went out and the
+	// host has not yet read log page 04h with RAE clear; changedNS the
+	// Changed Namespace List (changedAll: more than it holds).
+	events     []nvme.AsyncEvent
+	nsMasked   bool
+	changedNS  []uint32
+	changedAll bool
 	// The Error Information log (errlog.go), under mu: the last
 	// errLogSlots errors, errNext the slot the next one takes.
 	errLog   [errLogSlots]errEntry
@@ -197,6 +205,9 @@ func (q *tqueue) connect(r *treq, data []byte) (nvme.Status, uint64) {
 		}
 		c := &tctrl{t: t, id: id, sub: sub, hostNQN: df.HostNQN, hostID: df.HostID, queues: map[uint16]*tqueue{0: q},
 			nrIOQ: t.cfg.MaxIOQueues}
+		if sub != nil {
+			c.aec = aenNSAttr // nvmet_alloc_ctrl: aen_enabled = NVMET_AEN_CFG_OPTIONAL
+		}
 		t.ctrls[id] = c
 		t.st.live.Add(1)
 		t.mu.Unlock()
@@ -392,9 +403,11 @@ func (c *tctrl) setCC(v uint32) {
 		c.cc = 0
 		c.abortAERs()
 		if c.sub != nil {
+			c.sub.mu.RLock()
 			for _, ns := range c.sub.Namespaces {
 				ns.Backend.Flush()
 			}
+			c.sub.mu.RUnlock()
 		}
 		c.csts |= nvme.CSTSShstCmplt
 	}
@@ -452,7 +465,14 @@ func (q *tqueue) admin(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 			}
 			return 0, uint64(c.kato / time.Millisecond), 0
 		case nvme.FeatAsyncEvent:
+			// nvmet_set_feat_async_event: bits beyond what the
+			// controller reports are refused; the SMART critical
+			// warning bits are taken (and never used: no SMART
+			// events here).
 			if set {
+				if c.discovery() || f.Value&^aecSupported != 0 {
+					return inval, 0, 0
+				}
 				c.aec = f.Value
 			}
 			return 0, uint64(c.aec), 0
@@ -487,8 +507,10 @@ func (q *tqueue) admin(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 		if len(c.aers) >= aerLimit {
 			return nvme.StatusAERLimitExceeded | nvme.StatusDNR, 0, 0
 		}
-		// Parked: answered only when an event happens. Its receive
-		// buffer goes back now (the host counts the AER as outstanding).
+		// Parked: answered only when an event happens (an event that
+		// found none parked waits in c.events: serveEvents answers it at
+		// the end of this batch). Its receive buffer goes back now (the
+		// host counts the AER as outstanding).
 		c.aers = append(c.aers, r.cid)
 		return parked, 0, 0
 	case nvme.AdminAbort:
@@ -513,6 +535,7 @@ func (c *tctrl) identify(id nvme.Identify, out []byte) (nvme.Status, uint64, int
 			f.SN, f.MN, f.SubNQN, f.CNTRLTYPE = c.sub.Serial, c.sub.Model, c.sub.NQN, nvme.CntrlTypeIO
 			f.RAB, f.CTRATT, f.ACL, f.AERL, f.FRMW, f.LPA, f.ELPE = 6, nvme.CtrattHostID128, 3, aerLimit-1, 1<<1|1, 1<<2, errLogSlots-1
 			f.SQES, f.CQES, f.NN = 0x66, 0x44, maxNSID(c.sub)
+			f.OAES = aenNSAttr // namespace attribute notices (nvmet's NVMET_AEN_CFG_OPTIONAL but ANA)
 			f.ONCS = nvme.ONCSWriteZeroes | nvme.ONCSDSM
 			f.VWC = 1
 			f.IOCCSZ = uint32(nvme.SQESize+c.t.inline) / 16
@@ -534,7 +557,8 @@ func (c *tctrl) identify(id nvme.Identify, out []byte) (nvme.Status, uint64, int
 		if ns == nil {
 			return nvme.StatusInvalidNamespace | nvme.StatusDNR, 0, 0
 		}
-		f := nvme.IdentifyNamespaceFields{NSZE: ns.blocks, NCAP: ns.blocks, NUSE: ns.blocks, NGUID: ns.NGUID,
+		blocks := ns.blocks.Load()
+		f := nvme.IdentifyNamespaceFields{NSZE: blocks, NCAP: blocks, NUSE: blocks, NGUID: ns.NGUID,
 			LBAF: [16]nvme.LBAFormat{{LBADS: ns.shift}}, NSFEAT: 0}
 		if ns.ReadOnly {
 			f.NSATTR = 1
@@ -542,11 +566,13 @@ func (c *tctrl) identify(id nvme.Identify, out []byte) (nvme.Status, uint64, int
 		nvme.IdentifyNamespace(b[:]).Encode(&f)
 	case id.CNS == nvme.CNSActiveNSList:
 		var ids []uint32
+		c.sub.mu.RLock()
 		for _, ns := range c.sub.Namespaces {
 			if ns.ID > id.NSID {
 				ids = append(ids, ns.ID)
 			}
 		}
+		c.sub.mu.RUnlock()
 		sortU32(ids)
 		nvme.PutActiveNSList(b[:], ids)
 	case id.CNS == nvme.CNSNSDescList:
@@ -562,6 +588,8 @@ func (c *tctrl) identify(id nvme.Identify, out []byte) (nvme.Status, uint64, int
 }
 
 func maxNSID(s *Subsystem) uint32 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	var m uint32
 	for _, ns := range s.Namespaces {
 		m = max(m, ns.ID)
@@ -591,7 +619,9 @@ func (c *tctrl) logPage(g nvme.GetLogPage, out []byte) (nvme.Status, uint64, int
 		page = c.smartLog()
 	case g.LID == nvme.LogFWSlot:
 		page = make([]byte, 512)
-	case g.LID == nvme.LogChangedNS, g.LID == nvme.LogCmdEffects:
+	case g.LID == nvme.LogChangedNS:
+		page = c.changedNSLog()
+	case g.LID == nvme.LogCmdEffects:
 		page = make([]byte, 4096)
 	default:
 		return nvme.StatusInvalidLogPage | nvme.StatusDNR, 0, 0
@@ -605,6 +635,9 @@ func (c *tctrl) logPage(g nvme.GetLogPage, out []byte) (nvme.Status, uint64, int
 	}
 	n := copy(out[:want], page[g.Offset:])
 	clear(out[n:want])
+	if g.LID == nvme.LogChangedNS {
+		c.changedNSRead(g.RAE)
+	}
 	return 0, 0, int(want)
 }
 
@@ -656,8 +689,8 @@ func (q *tqueue) ioCheck(r *treq) (*Namespace, nvme.Status) {
 	switch op := s.Opcode(); op {
 	case nvme.IORead, nvme.IOWrite, nvme.IOWriteZeroes:
 		rw := nvme.RWOf(s)
-		n := uint64(rw.Blocks())
-		if rw.SLBA >= ns.blocks || n > ns.blocks-rw.SLBA {
+		n, blocks := uint64(rw.Blocks()), ns.blocks.Load()
+		if rw.SLBA >= blocks || n > blocks-rw.SLBA {
 			return nil, nvme.StatusLBARange | nvme.StatusDNR
 		}
 		if op != nvme.IORead && ns.ReadOnly {
@@ -733,8 +766,9 @@ func (q *tqueue) io(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 		if len(in) < (int(d.NR)+1)*nvme.DSMRangeSize {
 			return nvme.StatusSGLInvalidData | nvme.StatusDNR, 0, 0
 		}
+		blocks := ns.blocks.Load()
 		for _, rg := range nvme.DSMRanges(in[:(int(d.NR)+1)*nvme.DSMRangeSize]) {
-			if rg.SLBA >= ns.blocks || uint64(rg.NLB) > ns.blocks-rg.SLBA {
+			if rg.SLBA >= blocks || uint64(rg.NLB) > blocks-rg.SLBA {
 				return nvme.StatusLBARange | nvme.StatusDNR, 0, 0
 			}
 		}

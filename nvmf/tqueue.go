@@ -72,8 +72,9 @@ type treq struct {
 // receive buffer: a parked Asynchronous Event Request the controller
 // aborts.
 type lateResp struct {
-	cid uint16
-	st  nvme.Status
+	cid    uint16
+	st     nvme.Status
+	result uint64
 }
 
 // tqueue is one NVMe queue of the target: an rdma_cm connection, its
@@ -120,6 +121,8 @@ type tqueue struct {
 	ctrl      *tctrl      // set by Connect
 	connected atomic.Bool // ctrl is set (read by the connect timer)
 
+	wake chan struct{} // the admin queue: asynchronous events to answer (kick)
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	mu     sync.Mutex
@@ -127,7 +130,7 @@ type tqueue struct {
 }
 
 func (t *Target) newQueue(f nvme.CMReqFields) (*tqueue, error) {
-	q := &tqueue{t: t, qid: f.QID, depth: int(f.HSQSize) + 1, hostDepth: int(f.HRQSize)}
+	q := &tqueue{t: t, qid: f.QID, depth: int(f.HSQSize) + 1, hostDepth: int(f.HRQSize), wake: make(chan struct{}, 1)}
 	q.slot = nvme.SQESize
 	if q.qid != 0 {
 		q.slot += t.inline
@@ -278,6 +281,9 @@ func (q *tqueue) run() {
 		for ; i < n && q.ctx.Err() == nil; i++ {
 			q.handle(&wcs[i])
 		}
+		if q.ctx.Err() == nil {
+			q.serveEvents()
+		}
 		q.inBatch = false
 		q.flushSends()
 		q.countErrors(wcs[i:n])
@@ -330,6 +336,8 @@ func (q *tqueue) waitCQ(wcs []transport.WC) (int, error) {
 			if !ok {
 				return 0, transport.ErrClosed
 			}
+		case <-q.wake:
+			return 0, nil // serveEvents
 		case <-q.ctx.Done():
 			return 0, q.ctx.Err()
 		}
@@ -668,7 +676,7 @@ func (q *tqueue) runPending() {
 	for len(q.late) > 0 && len(q.respFree) > 0 {
 		l := q.late[0]
 		q.late = q.late[1:]
-		q.answer(l.cid, l.st)
+		q.answerResult(l.cid, l.st, l.result)
 	}
 	if len(q.pending) == 0 {
 		return
@@ -704,11 +712,15 @@ func (q *tqueue) runPending() {
 }
 
 // answer posts the response of a command that holds no receive buffer
-// (a parked AER the controller aborts); without a free response buffer
+// (a parked AER the controller aborts, or one an event completes); without a free response buffer
 // it waits in q.late, which runPending serves first.
-func (q *tqueue) answer(cid uint16, st nvme.Status) {
+func (q *tqueue) answer(cid uint16, st nvme.Status) { q.answerResult(cid, st, 0) }
+
+// answerResult is answer with the completion's result (DW0): an AER's
+// event.
+func (q *tqueue) answerResult(cid uint16, st nvme.Status, result uint64) {
 	if len(q.respFree) == 0 {
-		q.late = append(q.late, lateResp{cid: cid, st: st})
+		q.late = append(q.late, lateResp{cid: cid, st: st, result: result})
 		return
 	}
 	ri := q.respFree[len(q.respFree)-1]
@@ -716,7 +728,7 @@ func (q *tqueue) answer(cid uint16, st nvme.Status) {
 	if !st.OK() {
 		q.t.st.errs.Add(1)
 	}
-	nvme.CQE(q.respBuf[ri*nvme.CQESize : (ri+1)*nvme.CQESize]).Encode(&nvme.CQEFields{SQID: q.qid, CID: cid, Status: st})
+	nvme.CQE(q.respBuf[ri*nvme.CQESize : (ri+1)*nvme.CQESize]).Encode(&nvme.CQEFields{SQID: q.qid, CID: cid, Status: st, Result: result})
 	q.respData[ri] = nil
 	q.post(transport.SendWR{WRID: wrSend | uint64(ri), Opcode: transport.WRSend, Flags: transport.SendSignaled},
 		q.respMR.SGE(uint64(ri*nvme.CQESize), nvme.CQESize))

@@ -13,6 +13,7 @@ import (
 	"math"
 	"net/netip"
 	"os"
+	"os/signal"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -39,6 +40,13 @@ or rocev2d nvmf-host connects to it through rdma_cm. It exports one
 subsystem with one namespace, and the discovery controller
 (nqn.2014-08.org.nvmexpress.discovery) that lists it. It serves until
 SIGINT/SIGTERM, then disconnects every host.
+
+SIGHUP reads the size of --file again (a file that grew or shrank, a
+block device resized; whole blocks count) and, when it changed, tells the
+connected hosts with a Namespace Attribute Changed event (Linux's host
+revalidates the namespace and the block device takes the new size without
+reconnecting); it prints the namespace's size either way. A memory
+namespace keeps its size.
 
 options:
   --bind ADDR        local address for RoCEv2 (UDP 4791); required
@@ -78,6 +86,17 @@ Exit status: 0 after a clean stop, 1 when the target could not start, 2 bad usag
 
 // nvmfListening, when set (by tests), is called once the target listens.
 var nvmfListening func(addr netip.AddrPort)
+
+// nvmfHangup returns the channel on which nvmf-target learns of SIGHUP,
+// and the function that stops it (tests replace it).
+var nvmfHangup = func() (<-chan os.Signal, func()) {
+	ch := make(chan os.Signal, 1)
+	if len(cli.HangupSignals) == 0 {
+		return ch, func() {}
+	}
+	signal.Notify(ch, cli.HangupSignals...)
+	return ch, func() { signal.Stop(ch) }
+}
 
 // nvmfHostConfig, when set (by tests), sees the host's configuration
 // before it connects.
@@ -289,6 +308,8 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 			fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
 		}
 	}
+	hup, stopHup := nvmfHangup()
+	defer stopHup()
 	t, err := nvmf.Listen(dev, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocev2d nvmf-target: %v\n", err)
@@ -300,9 +321,27 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	u := cli.WatchSIGUSR1(stdout)
 	u.Add(local.String(), dev)
 	defer u.Stop()
-	fmt.Fprintf(stdout, "nvmf-target: %s on %v, namespace 1: %d bytes in %d-byte blocks%s, nguid %x\n", nqn, t.Addr(), backend.Size(), bs,
+	nsBytes := backend.Size() / int64(bs) * int64(bs)
+	fmt.Fprintf(stdout, "nvmf-target: %s on %v, namespace 1: %d bytes in %d-byte blocks%s, nguid %x\n", nqn, t.Addr(), nsBytes, bs,
 		map[bool]string{true: " (read-only)", false: ""}[ro], guid)
-	<-ctx.Done()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-hup:
+			// Revalidate the namespace's size (nvmet's revalidate_size).
+			changed, err := t.RevalidateNamespace(nqn, 1)
+			switch {
+			case err != nil:
+				fmt.Fprintf(stderr, "rocev2d nvmf-target: SIGHUP: %v\n", err)
+			case changed:
+				was := nsBytes
+				nsBytes = backend.Size() / int64(bs) * int64(bs)
+				fmt.Fprintf(stdout, "nvmf-target: namespace 1 resized: %d bytes, was %d; hosts notified\n", nsBytes, was)
+			default:
+				fmt.Fprintf(stdout, "nvmf-target: namespace 1: %d bytes, unchanged\n", nsBytes)
+			}
+		}
+	}
 	err = t.Close()
 	if verbose {
 		s := t.Stats()

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -328,5 +329,54 @@ func TestNvmfDiscoveryKATO(t *testing.T) {
 		if r.code != 0 || !strings.Contains(s.errOut, "on "+nvme.DiscoveryNQN+" "+tc.want) {
 			t.Errorf("--discovery-kato %q: discover exit %d %s\ntarget:\n%s", tc.flag, r.code, r.errOut, s.errOut)
 		}
+	}
+}
+
+// TestNvmfTargetHangupResizes: SIGHUP makes nvmf-target read its file's
+// size again: a file that grew is the namespace's new size, which a host
+// identifying it then sees; a second SIGHUP finds it unchanged.
+func TestNvmfTargetHangupResizes(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	hup := make(chan os.Signal, 1)
+	old := nvmfHangup
+	nvmfHangup = func() (<-chan os.Signal, func()) { return hup, func() {} }
+	defer func() { nvmfHangup = old }()
+	port := cmPort()
+	img := filepath.Join(t.TempDir(), "ns.img")
+	const nqn = "nqn.2026-12.io.rocev2:hup"
+	srv := startCMServer(t, &nvmfListening, "nvmf-target", "--bind", "127.0.0.1", "--port", port, "--nqn", nqn,
+		"--file", img, "--size", "1m")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	identify := func() string {
+		r := runCmd(t, ctx, "nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port, "--nqn", nqn)
+		if r.code != 0 {
+			t.Fatalf("identify: exit %d\n%s%s", r.code, r.out, r.errOut)
+		}
+		return r.out
+	}
+	if out := identify(); !strings.Contains(out, "namespace 1: 1048576 bytes") {
+		t.Fatalf("identify:\n%s", out)
+	}
+	if err := os.Truncate(img, 3<<20+100); err != nil { // the tail short of a block does not count
+		t.Fatal(err)
+	}
+	waitOut := func(what string) {
+		t.Helper()
+		hup <- syscall.SIGHUP
+		for end := time.Now().Add(10 * time.Second); !strings.Contains(srv.out.String(), what); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("no %q after SIGHUP:\n%s", what, srv.out.String())
+			}
+		}
+	}
+	waitOut("nvmf-target: namespace 1 resized: 3145728 bytes, was 1048576; hosts notified")
+	if out := identify(); !strings.Contains(out, "namespace 1: 3145728 bytes") {
+		t.Fatalf("identify after the resize:\n%s", out)
+	}
+	waitOut("nvmf-target: namespace 1: 3145728 bytes, unchanged")
+	if s := srv.wait(t, 100*time.Millisecond); s.code != 0 {
+		t.Errorf("target: exit %d\n%s%s", s.code, s.out, s.errOut)
 	}
 }

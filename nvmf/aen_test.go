@@ -1,0 +1,326 @@
+package nvmf
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/nvme"
+	"github.com/gorocev2/rocev2/udp/memnet"
+)
+
+// aer parks an Asynchronous Event Request on adm; its completion (result
+// or error) comes on the channel.
+type aerResult struct {
+	res uint64
+	err error
+}
+
+func parkAER(ctx context.Context, adm *hqueue) chan aerResult {
+	ch := make(chan aerResult, 1)
+	go func() {
+		res, err := adm.do(ctx, &request{build: func(s nvme.SQE) { s.SetOpcode(nvme.AdminAsyncEvent) }})
+		ch <- aerResult{res, err}
+	}()
+	return ch
+}
+
+// wantNSNotice waits for ch's AER to complete with the Namespace
+// Attribute Changed notice: type 2h, info 00h, log page 04h.
+func wantNSNotice(t *testing.T, ch chan aerResult) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("AER: %v", r.err)
+		}
+		if ev := nvme.ParseAsyncEvent(r.res); ev != (nvme.AsyncEvent{Type: nvme.AENotice, Info: 0, LID: nvme.LogChangedNS}) || r.res != 0x040002 {
+			t.Fatalf("AER completed with %#x (%+v), want 0x040002: notice, namespace attribute changed, log 04h", r.res, ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the AER was not completed by the namespace change")
+	}
+}
+
+// wantParked checks that ch's AER has not completed (n AERs parked in
+// all). A command on adm first: the admin queue answers the events
+// queued before it in the batch that executes it, so an event that
+// would complete the AER has by then.
+func wantParked(t *testing.T, p *pair, adm *hqueue, ch chan aerResult, n int) {
+	t.Helper()
+	if _, err := features(ctxT(t, 10*time.Second), adm, false, nvme.FeatAsyncEvent, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return parkedAERs(p.t) == n }, "AERs parked")
+	select {
+	case r := <-ch:
+		t.Fatalf("AER completed (%#x, %v); want it parked", r.res, r.err)
+	default:
+	}
+}
+
+// changedNSLog reads log page 04h (with RAE as given) and returns its
+// NSIDs up to the first zero.
+func changedNSLog(t *testing.T, ctx context.Context, adm *hqueue, rae bool) []uint32 {
+	t.Helper()
+	b := make([]byte, 4096)
+	g := nvme.GetLogPage{LID: nvme.LogChangedNS, NumD: 1024, RAE: rae}
+	if _, err := adm.do(ctx, &request{in: b, build: g.Put}); err != nil {
+		t.Fatalf("Get Log Page 04h: %v", err)
+	}
+	var ids []uint32
+	for i := 0; i < len(b); i += 4 {
+		v := binary.LittleEndian.Uint32(b[i:])
+		if v == 0 {
+			break
+		}
+		ids = append(ids, v)
+	}
+	return ids
+}
+
+func features(ctx context.Context, adm *hqueue, set bool, fid uint8, v uint32) (uint64, error) {
+	op := nvme.AdminGetFeatures
+	if set {
+		op = nvme.AdminSetFeatures
+	}
+	f := nvme.Features{FID: fid, Value: v}
+	return adm.do(ctx, &request{build: func(s nvme.SQE) { f.Put(s, op) }})
+}
+
+func identifyNSBlocks(t *testing.T, ctx context.Context, adm *hqueue, nsid uint32) (uint64, error) {
+	t.Helper()
+	b := make([]byte, nvme.IdentifySize)
+	id := nvme.Identify{CNS: nvme.CNSNamespace, NSID: nsid}
+	if _, err := adm.do(ctx, &request{in: b, build: id.Put}); err != nil {
+		return 0, err
+	}
+	return nvme.IdentifyNamespace(b).Fields().NSZE, nil
+}
+
+// fileTarget starts a target whose namespace 1 is a 1 MiB file; it
+// returns the pair and the file's path.
+func fileTarget(t *testing.T) (*pair, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ns1")
+	fb, err := OpenFile(path, 1<<20, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fb.Close() })
+	return newPair(t, memnet.Faults{}, TargetConfig{Subsystems: []*Subsystem{{NQN: testNQN,
+		Namespaces: []*Namespace{{Backend: fb}}}}}), path
+}
+
+// TestAENResizeCompletesParkedAER: a backing file that grew, once
+// revalidated, completes the parked AER with the namespace attribute
+// notice; Identify Namespace reports the new size, log page 04h names the
+// namespace (and is empty when read again).
+func TestAENResizeCompletesParkedAER(t *testing.T) {
+	p, path := fileTarget(t)
+	ctx := ctxT(t, 30*time.Second)
+	adm, _ := tgtAdmin(t, p, testNQN, 0)
+	ch := parkAER(ctx, adm)
+	wantParked(t, p, adm, ch, 1)
+	if changed, err := p.t.RevalidateNamespace(testNQN, 1); changed || err != nil {
+		t.Fatalf("RevalidateNamespace of an unchanged file: %v, %v", changed, err)
+	}
+	wantParked(t, p, adm, ch, 1)
+	if err := os.Truncate(path, 3<<20); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := p.t.RevalidateNamespace(testNQN, 1); !changed || err != nil {
+		t.Fatalf("RevalidateNamespace of a grown file: %v, %v", changed, err)
+	}
+	wantNSNotice(t, ch)
+	if n, err := identifyNSBlocks(t, ctx, adm, 1); err != nil || n != 3<<20/512 {
+		t.Fatalf("Identify Namespace: NSZE %d, %v; want %d", n, err, 3<<20/512)
+	}
+	if ids := changedNSLog(t, ctx, adm, false); len(ids) != 1 || ids[0] != 1 {
+		t.Fatalf("Changed Namespace List %v, want [1]", ids)
+	}
+	if ids := changedNSLog(t, ctx, adm, false); len(ids) != 0 {
+		t.Fatalf("Changed Namespace List read again: %v, want empty", ids)
+	}
+	// Reads beyond the old end now succeed.
+	io := tgtIO(t, p, 1, 1, 8)
+	b := make([]byte, 512)
+	rw := nvme.RW{NSID: 1, SLBA: 3<<20/512 - 1}
+	if _, err := io.do(ctx, &request{in: b, build: func(s nvme.SQE) { rw.Put(s, nvme.IORead) }}); err != nil {
+		t.Fatalf("read of the last block of the grown namespace: %v", err)
+	}
+}
+
+// TestAENQueuedWithoutAER: a change while no AER is parked waits for the
+// next AER, which completes at once.
+func TestAENQueuedWithoutAER(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	adm, _ := tgtAdmin(t, p, testNQN, 0)
+	b, _ := NewMemBackend(1 << 20)
+	if id, err := p.t.AddNamespace(testNQN, &Namespace{Backend: b}); err != nil || id != 2 {
+		t.Fatalf("AddNamespace: %d, %v", id, err)
+	}
+	wantNSNotice(t, parkAER(ctx, adm))
+	// Only one notice: the next AER stays parked.
+	wantParked(t, p, adm, parkAER(ctx, adm), 1)
+}
+
+// TestAENMaskedUntilLogRead: after a notice, further changes send none
+// until the host reads log page 04h with RAE clear (nvmet's aen_masked);
+// a read with RAE set keeps the notice masked. The list gathers every
+// change meanwhile.
+func TestAENMaskedUntilLogRead(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	adm, _ := tgtAdmin(t, p, testNQN, 0)
+	ch := parkAER(ctx, adm)
+	wantParked(t, p, adm, ch, 1)
+	b2, _ := NewMemBackend(1 << 20)
+	if _, err := p.t.AddNamespace(testNQN, &Namespace{ID: 7, Backend: b2}); err != nil {
+		t.Fatal(err)
+	}
+	wantNSNotice(t, ch)
+	ch = parkAER(ctx, adm)
+	if _, err := p.t.RemoveNamespace(testNQN, 1); err != nil {
+		t.Fatal(err)
+	}
+	wantParked(t, p, adm, ch, 1)
+	if ids := changedNSLog(t, ctx, adm, true); len(ids) != 2 || ids[0] != 7 || ids[1] != 1 {
+		t.Fatalf("Changed Namespace List %v, want [7 1]", ids)
+	}
+	b3, _ := NewMemBackend(1 << 20)
+	if _, err := p.t.AddNamespace(testNQN, &Namespace{ID: 3, Backend: b3}); err != nil {
+		t.Fatal(err)
+	}
+	wantParked(t, p, adm, ch, 1) // RAE set: still masked
+	if ids := changedNSLog(t, ctx, adm, false); len(ids) != 1 || ids[0] != 3 {
+		t.Fatalf("Changed Namespace List %v, want [3]", ids)
+	}
+	if _, err := p.t.RemoveNamespace(testNQN, 3); err != nil {
+		t.Fatal(err)
+	}
+	wantNSNotice(t, ch)
+}
+
+// TestAENConfiguration: Identify Controller reports OAES bit 8; the
+// Asynchronous Event Configuration reads 100h until set, takes the bits
+// nvmet takes and refuses others; with bit 8 clear a change completes
+// no AER but still enters log page 04h.
+func TestAENConfiguration(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	adm, _ := tgtAdmin(t, p, testNQN, 0)
+	b := make([]byte, nvme.IdentifySize)
+	id := nvme.Identify{CNS: nvme.CNSController}
+	if _, err := adm.do(ctx, &request{in: b, build: id.Put}); err != nil {
+		t.Fatal(err)
+	}
+	if oaes := nvme.IdentifyController(b).Fields().OAES; oaes != 1<<8 {
+		t.Fatalf("OAES %#x, want 0x100 (namespace attribute notices)", oaes)
+	}
+	if v, err := features(ctx, adm, false, nvme.FeatAsyncEvent, 0); err != nil || v != 0x100 {
+		t.Fatalf("Get Features 0Bh: %#x, %v; want 0x100", v, err)
+	}
+	if _, err := features(ctx, adm, true, nvme.FeatAsyncEvent, 1<<9); !errors.Is(err, nvme.StatusInvalidField|nvme.StatusDNR) {
+		t.Fatalf("Set Features 0Bh with bit 9 (firmware activation, not in OAES): %v, want Invalid Field", err)
+	}
+	if v, err := features(ctx, adm, true, nvme.FeatAsyncEvent, 0x1f); err != nil || v != 0x1f {
+		t.Fatalf("Set Features 0Bh 0x1f: %#x, %v", v, err)
+	}
+	if v, err := features(ctx, adm, false, nvme.FeatAsyncEvent, 0); err != nil || v != 0x1f {
+		t.Fatalf("Get Features 0Bh after setting 0x1f: %#x, %v", v, err)
+	}
+	ch := parkAER(ctx, adm)
+	wantParked(t, p, adm, ch, 1)
+	if _, err := p.t.RemoveNamespace(testNQN, 1); err != nil {
+		t.Fatal(err)
+	}
+	wantParked(t, p, adm, ch, 1)
+	if ids := changedNSLog(t, ctx, adm, false); len(ids) != 1 || ids[0] != 1 {
+		t.Fatalf("Changed Namespace List %v, want [1]", ids)
+	}
+}
+
+// TestChangedNSLogOverflow: more than 1024 changed namespaces make the
+// list FFFFFFFFh alone, until it is read.
+func TestChangedNSLogOverflow(t *testing.T) {
+	c := &tctrl{}
+	for id := uint32(1); id <= maxChangedNS; id++ {
+		c.addChangedNS(id)
+		c.addChangedNS(id) // once only
+	}
+	page := c.changedNSLog()
+	if v := binary.LittleEndian.Uint32(page[4*(maxChangedNS-1):]); v != maxChangedNS || binary.LittleEndian.Uint32(page) != 1 {
+		t.Fatalf("full list: first %d, last %d", binary.LittleEndian.Uint32(page), v)
+	}
+	c.addChangedNS(5000)
+	page = c.changedNSLog()
+	if binary.LittleEndian.Uint32(page) != 0xffffffff || binary.LittleEndian.Uint32(page[4:]) != 0 {
+		t.Fatalf("overflowed list starts %x %x, want ffffffff 0", page[:4], page[4:8])
+	}
+	c.changedNSRead(false)
+	c.addChangedNS(9)
+	if page = c.changedNSLog(); binary.LittleEndian.Uint32(page) != 9 || binary.LittleEndian.Uint32(page[4:]) != 0 {
+		t.Fatalf("after the read: %x %x, want 9 0", page[:4], page[4:8])
+	}
+}
+
+// TestNamespaceAddRemove: namespaces added and removed while the target
+// runs show in the active namespace list and Identify; a removed one's
+// commands fail with Invalid Namespace; bad calls name what is wrong.
+func TestNamespaceAddRemove(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	adm, cntlid := tgtAdmin(t, p, testNQN, 0)
+	io := tgtIO(t, p, cntlid, 1, 8)
+	b2, _ := NewMemBackend(2 << 20)
+	if _, err := p.t.AddNamespace(testNQN, &Namespace{ID: 5, Backend: b2, BlockSize: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	list := func() []uint32 {
+		b := make([]byte, nvme.IdentifySize)
+		id := nvme.Identify{CNS: nvme.CNSActiveNSList}
+		if _, err := adm.do(ctx, &request{in: b, build: id.Put}); err != nil {
+			t.Fatal(err)
+		}
+		return nvme.ActiveNSList(b)
+	}
+	if l := list(); len(l) != 2 || l[0] != 1 || l[1] != 5 {
+		t.Fatalf("active namespaces %v, want [1 5]", l)
+	}
+	if n, err := identifyNSBlocks(t, ctx, adm, 5); err != nil || n != 512 {
+		t.Fatalf("namespace 5: %d blocks, %v", n, err)
+	}
+	if _, err := p.t.RemoveNamespace(testNQN, 1); err != nil {
+		t.Fatal(err)
+	}
+	if l := list(); len(l) != 1 || l[0] != 5 {
+		t.Fatalf("active namespaces %v, want [5]", l)
+	}
+	buf := make([]byte, 512)
+	rw := nvme.RW{NSID: 1}
+	if _, err := io.do(ctx, &request{in: buf, build: func(s nvme.SQE) { rw.Put(s, nvme.IORead) }}); !errors.Is(err, nvme.StatusInvalidNamespace|nvme.StatusDNR) {
+		t.Fatalf("read of the removed namespace: %v", err)
+	}
+	for _, tt := range []struct {
+		err  error
+		want string
+	}{
+		{func() error { _, err := p.t.AddNamespace("nqn.nope", &Namespace{Backend: b2}); return err }(), `nqn "nqn.nope"`},
+		{func() error { _, err := p.t.AddNamespace(testNQN, &Namespace{ID: 5, Backend: b2}); return err }(), "ns.ID 5"},
+		{func() error { _, err := p.t.AddNamespace(testNQN, &Namespace{}); return err }(), "ns.Backend"},
+		{func() error { _, err := p.t.AddNamespace(testNQN, nil); return err }(), "ns is nil"},
+		{func() error { _, err := p.t.RemoveNamespace(testNQN, 1); return err }(), "nsid 1"},
+		{func() error { _, err := p.t.RevalidateNamespace(testNQN, 9); return err }(), "nsid 9"},
+	} {
+		if tt.err == nil || !strings.Contains(tt.err.Error(), tt.want) {
+			t.Errorf("error %v, want one naming %s", tt.err, tt.want)
+		}
+	}
+}
