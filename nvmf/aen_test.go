@@ -324,3 +324,70 @@ func TestNamespaceAddRemove(t *testing.T) {
 		}
 	}
 }
+
+// TestHostNamespaceChangeEvents: a host with OnNamespaceChange keeps an
+// AER outstanding and hands over the Changed Namespace List of each
+// notice: a namespace added, then the file namespace grown (whose new
+// size Namespace then reports). Without OnNamespaceChange the host
+// sends no AER.
+func TestHostNamespaceChangeEvents(t *testing.T) {
+	p, path := fileTarget(t)
+	ctx := ctxT(t, 30*time.Second)
+	plain, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.Identify(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := parkedAERs(p.t); n != 0 {
+		t.Fatalf("%d AERs parked by a host without OnNamespaceChange", n)
+	}
+	plain.Close()
+	changes := make(chan []uint32, 4)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1,
+		OnNamespaceChange: func(ids []uint32) { changes <- ids }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	waitFor(t, func() bool { return parkedAERs(p.t) == 1 }, "the host's AER parked")
+	// The AER has no timeout: an hour on, the admin queue's watchdog
+	// finds nothing overdue.
+	h.mu.Lock()
+	adm := h.cur.admin
+	h.mu.Unlock()
+	if err := adm.expire(time.Now().Add(time.Hour)); err != nil {
+		t.Fatalf("the outstanding AER timed out: %v", err)
+	}
+	want := func(ids ...uint32) {
+		t.Helper()
+		select {
+		case got := <-changes:
+			if len(got) != len(ids) || (len(ids) > 0 && got[0] != ids[0]) {
+				t.Fatalf("OnNamespaceChange(%v), want %v", got, ids)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no OnNamespaceChange(%v)", ids)
+		}
+	}
+	b, _ := NewMemBackend(1 << 20)
+	if _, err := p.t.AddNamespace(testNQN, &Namespace{ID: 4, Backend: b}); err != nil {
+		t.Fatal(err)
+	}
+	want(4)
+	if l, err := h.ActiveNamespaces(ctx); err != nil || len(l) != 2 || l[1] != 4 {
+		t.Fatalf("active namespaces %v, %v", l, err)
+	}
+	if err := os.Truncate(path, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.t.RevalidateNamespace(testNQN, 1); err != nil {
+		t.Fatal(err)
+	}
+	want(1) // the second notice: the host acknowledged the first (RAE clear)
+	ns, err := h.Namespace(ctx, 1)
+	if err != nil || ns.Size() != 2<<20 {
+		t.Fatalf("namespace 1 after the resize: %v", err)
+	}
+}

@@ -90,6 +90,18 @@ type HostConfig struct {
 	// the offer and the queues run go-back-N as without it. Off by
 	// default: the connection requests then carry no ECE, as before.
 	SelectiveRepeat bool
+	// OnNamespaceChange, if set, is called when the controller reports
+	// that namespaces changed (added, removed, resized): the host then
+	// keeps an Asynchronous Event Request outstanding on every
+	// association with a controller that reports namespace attribute
+	// notices (OAES bit 8), enables them (Set Features 0Bh), and on the
+	// notice reads the Changed Namespace List (log page 04h, which
+	// acknowledges it) and passes its NSIDs — nil when more than 1024
+	// changed — as Linux's host rescans then. Controller.Namespace
+	// identifies a namespace again (its new size); a HostNamespace made
+	// before a resize fails with ErrNamespaceChanged from then on. It
+	// runs on the host's event goroutine: the next event waits for it.
+	OnNamespaceChange func(nsids []uint32)
 	// Log, if set, receives one line per connection event.
 	Log func(format string, args ...any)
 }
@@ -237,6 +249,7 @@ func Connect(ctx context.Context, dev *transport.Device, addr netip.AddrPort, su
 	close(h.ready)
 	h.wg.Add(1)
 	go h.supervise(a)
+	h.startEvents(a)
 	return h, nil
 }
 
@@ -699,6 +712,7 @@ func (h *Controller) supervise(a *association) {
 		h.cur = na
 		close(h.ready)
 		h.mu.Unlock()
+		h.startEvents(na)
 		a = na
 	}
 }

@@ -285,8 +285,8 @@ func (q *hqueue) expire(now time.Time) error {
 	for i := range q.slots {
 		s := &q.slots[i]
 		d := q.timeout
-		if s.timeout > 0 {
-			d = s.timeout
+		if s.timeout != 0 {
+			d = s.timeout // negative: none (an AER)
 		}
 		if d > 0 && s.busy && s.resp == nil && now.Sub(s.sent) > d {
 			s.timedOut = true
@@ -491,7 +491,8 @@ type request struct {
 	in    []byte // where data from the controller goes
 	inLen int    // bytes expected from the controller (len(in) if zero)
 	// timeout, if positive, replaces the queue's (hqueue.timeout) for
-	// this command.
+	// this command; negative: none (an Asynchronous Event Request, which
+	// the controller answers only when an event happens).
 	timeout time.Duration
 }
 
