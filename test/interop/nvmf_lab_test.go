@@ -261,6 +261,7 @@ echo done
 		cell("mkfs", "mke2fs + mount, files, remount, checksums", 5*time.Minute, nvmfShell+nvmfMkfsBody+"echo done\n", nil)
 		cell("reset_during_io", "reset_controller during a 16 MiB write", 5*time.Minute, nvmfShell+nvmfResetBody+"echo done\n", nil)
 		cell("reconnect_20", "20 connect/delete_controller rounds", 8*time.Minute, nvmfShell+nvmfReconnectBody+"echo done\n", nil)
+		nvmfResizeCell(t, ctx, lab, h, file, dir, add)
 		func() {
 			inj, err := attachLoss(lab, 0.01)
 			if err != nil {
@@ -327,6 +328,97 @@ echo done
 
 		nvmfCrashRestart(t, ctx, lab, img, add)
 		nvmfLinuxTarget(t, ctx, lab, img, add)
+	})
+}
+
+// nvmfResizeCell (ns_resize_aen): Linux's host connected to rocev2d
+// nvmf-target learns that the namespace grew without reconnecting. The
+// VM connects and leaves the controller up; the host side grows the
+// target's file by 32 MiB and sends SIGHUP; the target completes the
+// host's parked AER with the Namespace Attribute Changed notice, and the
+// host (nvme_handle_aen_notice -> scan: log page 04h, Identify) sets the
+// block device's new capacity. Checked in the VM: /sys/block/nvme0n1/size
+// goes from 131072 to 196608 sectors with the same controller (cntlid,
+// state live, no reconnect), dmesg says "detected capacity change" and no
+// error, and the new last block reads. The file is shrunk back afterwards
+// (no host connected) so that the later cells see 64 MiB.
+func nvmfResizeCell(t *testing.T, ctx context.Context, lab *Lab, h *HostProc, file, dir string, add func(row)) {
+	t.Run("ns_resize_aen", func(t *testing.T) {
+		t0 := time.Now()
+		r := row{cell: "namespace grows (file + SIGHUP): Linux host sees the new size via AEN, no reconnect", direction: dir, result: "FAIL"}
+		defer func() { r.d = time.Since(t0); add(r) }()
+		fail := func(format string, args ...any) {
+			msg := fmt.Sprintf(format, args...)
+			r.counters = msg
+			t.Errorf("%s\n--- rocev2d nvmf-target:\n%s", msg, tail(h.Output(), 30))
+			lab.Run(ctx, nvmfShell+"for c in /sys/class/nvme/nvme*; do echo 1 > $c/delete_controller; done 2>/dev/null; true\n", time.Minute)
+		}
+		hup := func(want string) bool {
+			h.Cmd.Process.Signal(syscall.SIGHUP)
+			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+				if strings.Contains(h.Output(), want) {
+					return true
+				}
+			}
+			return false
+		}
+		res, err := lab.Run(ctx, nvmfShell+`dmesg -c >/dev/null
+connect $NQN; waitdev; waitlive
+echo "before size=$(cat /sys/block/nvme0n1/size) cntlid=$(cat /sys/class/nvme/nvme0/cntlid)"
+`, 2*time.Minute)
+		if err != nil || res.Exit != 0 {
+			fail("connect: %v exit %d\n%s", err, res.Exit, res.Output)
+			return
+		}
+		first := res.Output
+		if err := os.Truncate(file, nvmfSize+32<<20); err != nil {
+			fail("grow the file: %v", err)
+			return
+		}
+		if !hup(fmt.Sprintf("namespace 1 resized: %d bytes, was %d", nvmfSize+32<<20, nvmfSize)) {
+			fail("no resize line from the target after SIGHUP")
+			return
+		}
+		res, err = lab.Run(ctx, nvmfShell+`i=0; while [ "$(cat /sys/block/nvme0n1/size)" = 131072 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+echo "after size=$(cat /sys/block/nvme0n1/size) cntlid=$(cat /sys/class/nvme/nvme0/cntlid) state=$(cat /sys/class/nvme/nvme0/state) waited=${i}00ms"
+dd if=/dev/nvme0n1 of=/dev/null bs=512 skip=196607 count=1 iflag=direct 2>/tmp/e || fail "read of the new last block: $(cat /tmp/e)"
+echo "dmesg:"; dmesg | grep -i -E 'nvme|rdma' | sed 's/^/  /'
+disconnect
+echo done
+`, 2*time.Minute)
+		if err != nil {
+			fail("%v\n%s", err, res.Output)
+			return
+		}
+		out := res.Output
+		var probs []string
+		before, after := firstLine(first, "before "), firstLine(out, "after ")
+		if res.Exit != 0 {
+			probs = append(probs, fmt.Sprintf("VM script exit %d", res.Exit))
+		}
+		if !strings.Contains(out, "after size=196608 ") {
+			probs = append(probs, "the block device did not grow to 196608 sectors")
+		}
+		if m := regexp.MustCompile(`cntlid=(\d+)`).FindAllStringSubmatch(before+" "+after, -1); len(m) != 2 || m[0][1] != m[1][1] || !strings.Contains(after, "state=live") {
+			probs = append(probs, "not the same live controller (reconnected?)")
+		}
+		if !strings.Contains(out, "detected capacity change from 131072 to 196608") {
+			probs = append(probs, `no "detected capacity change" in dmesg`)
+		}
+		if regexp.MustCompile(`(?i)error|failed|reconnect|resetting`).MatchString(out[strings.Index(out, "dmesg:"):]) {
+			probs = append(probs, "dmesg has errors")
+		}
+		if len(probs) > 0 {
+			fail("%s\n--- VM output:\n%s%s", strings.Join(probs, "; "), first, out)
+			return
+		}
+		r.result = "ok"
+		r.counters = before + " -> " + after
+		t.Logf("ns_resize_aen: %s", strings.ReplaceAll(strings.TrimSpace(out), "\n", " | "))
+		// Back to 64 MiB for the cells after this one (no host connected).
+		if err := os.Truncate(file, nvmfSize); err != nil || !hup(fmt.Sprintf("namespace 1 resized: %d bytes, was %d", nvmfSize, nvmfSize+32<<20)) {
+			t.Errorf("shrinking the file back: %v", err)
+		}
 	})
 }
 
