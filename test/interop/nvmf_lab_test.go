@@ -191,8 +191,13 @@ func nvmfSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func
 	t.Run("nvmf", func(t *testing.T) {
 		file := filepath.Join(lab.Dir, "nvmf-target.img")
 		os.Remove(file)
+		// --ns-list: namespaces that ns_resize_aen adds and removes.
+		nsList := filepath.Join(lab.Dir, "nvmf-target.nslist")
+		if err := os.WriteFile(nsList, []byte("# NSID PATH\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		h, err := lab.StartHost(ctx, img.Rocev2d, "nvmf-target", "--bind", HostIP, "--nqn", nvmfNQN, "--file", file,
-			"--size", strconv.Itoa(nvmfSize), "-v")
+			"--size", strconv.Itoa(nvmfSize), "--ns-list", nsList, "-v")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,7 +266,7 @@ echo done
 		cell("mkfs", "mke2fs + mount, files, remount, checksums", 5*time.Minute, nvmfShell+nvmfMkfsBody+"echo done\n", nil)
 		cell("reset_during_io", "reset_controller during a 16 MiB write", 5*time.Minute, nvmfShell+nvmfResetBody+"echo done\n", nil)
 		cell("reconnect_20", "20 connect/delete_controller rounds", 8*time.Minute, nvmfShell+nvmfReconnectBody+"echo done\n", nil)
-		nvmfResizeCell(t, ctx, lab, h, file, dir, add)
+		nvmfResizeCell(t, ctx, lab, h, file, nsList, dir, add)
 		func() {
 			inj, err := attachLoss(lab, 0.01)
 			if err != nil {
@@ -342,10 +347,10 @@ echo done
 // state live, no reconnect), dmesg says "detected capacity change" and no
 // error, and the new last block reads. The file is shrunk back afterwards
 // (no host connected) so that the later cells see 64 MiB.
-func nvmfResizeCell(t *testing.T, ctx context.Context, lab *Lab, h *HostProc, file, dir string, add func(row)) {
+func nvmfResizeCell(t *testing.T, ctx context.Context, lab *Lab, h *HostProc, file, nsList, dir string, add func(row)) {
 	t.Run("ns_resize_aen", func(t *testing.T) {
 		t0 := time.Now()
-		r := row{cell: "namespace grows (file + SIGHUP): Linux host sees the new size via AEN, no reconnect", direction: dir, result: "FAIL"}
+		r := row{cell: "namespace grows, one added, then removed (file, --ns-list + SIGHUP): Linux host follows via AEN, no reconnect", direction: dir, result: "FAIL"}
 		defer func() { r.d = time.Since(t0); add(r) }()
 		fail := func(format string, args ...any) {
 			msg := fmt.Sprintf(format, args...)
@@ -382,6 +387,44 @@ echo "before size=$(cat /sys/block/nvme0n1/size) cntlid=$(cat /sys/class/nvme/nv
 		res, err = lab.Run(ctx, nvmfShell+`i=0; while [ "$(cat /sys/block/nvme0n1/size)" = 131072 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 echo "after size=$(cat /sys/block/nvme0n1/size) cntlid=$(cat /sys/class/nvme/nvme0/cntlid) state=$(cat /sys/class/nvme/nvme0/state) waited=${i}00ms"
 dd if=/dev/nvme0n1 of=/dev/null bs=512 skip=196607 count=1 iflag=direct 2>/tmp/e || fail "read of the new last block: $(cat /tmp/e)"
+`, 2*time.Minute)
+		if err != nil {
+			fail("%v\n%s", err, res.Output)
+			return
+		}
+		out := res.Output
+		// A namespace added (--ns-list + SIGHUP): nvme0n2 appears.
+		ns2 := filepath.Join(filepath.Dir(file), "nvmf-target-ns2.img")
+		if err := os.WriteFile(ns2, make([]byte, 8<<20), 0o644); err != nil {
+			fail("%v", err)
+			return
+		}
+		defer os.Remove(ns2)
+		os.WriteFile(nsList, []byte("2 "+ns2+"\n"), 0o644)
+		if !hup("namespace 2 added: " + ns2 + ", 8388608 bytes; hosts notified") {
+			fail("no namespace-added line from the target after SIGHUP")
+			return
+		}
+		res, err = lab.Run(ctx, nvmfShell+`i=0; while [ ! -b /dev/nvme0n2 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+echo "added nvme0n2=$( [ -b /dev/nvme0n2 ] && cat /sys/block/nvme0n2/size ) cntlid=$(cat /sys/class/nvme/nvme0/cntlid) state=$(cat /sys/class/nvme/nvme0/state) waited=${i}00ms"
+dd if=/dev/urandom of=/tmp/w bs=4096 count=4 2>/dev/null
+dd if=/tmp/w of=/dev/nvme0n2 bs=4096 count=4 oflag=direct 2>/tmp/e || fail "write nvme0n2: $(cat /tmp/e)"
+dd if=/dev/nvme0n2 of=/tmp/r bs=4096 count=4 iflag=direct 2>/tmp/e || fail "read nvme0n2: $(cat /tmp/e)"
+cmp /tmp/w /tmp/r || fail "nvme0n2 data"
+`, 2*time.Minute)
+		if err != nil {
+			fail("%v\n%s", err, res.Output)
+			return
+		}
+		out += res.Output
+		// And removed again: nvme0n2 goes.
+		os.WriteFile(nsList, []byte("# none\n"), 0o644)
+		if !hup("namespace 2 (" + ns2 + ") removed; hosts notified") {
+			fail("no namespace-removed line from the target after SIGHUP")
+			return
+		}
+		res, err = lab.Run(ctx, nvmfShell+`i=0; while [ -b /dev/nvme0n2 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+echo "removed nvme0n2=$( [ -b /dev/nvme0n2 ] && echo still-there || echo gone ) nvme0n1=$(cat /sys/block/nvme0n1/size) cntlid=$(cat /sys/class/nvme/nvme0/cntlid) state=$(cat /sys/class/nvme/nvme0/state) waited=${i}00ms"
 echo "dmesg:"; dmesg | grep -i -E 'nvme|rdma' | sed 's/^/  /'
 disconnect
 echo done
@@ -390,17 +433,25 @@ echo done
 			fail("%v\n%s", err, res.Output)
 			return
 		}
-		out := res.Output
+		out += res.Output
 		var probs []string
 		before, after := firstLine(first, "before "), firstLine(out, "after ")
+		added, removed := firstLine(out, "added "), firstLine(out, "removed ")
 		if res.Exit != 0 {
 			probs = append(probs, fmt.Sprintf("VM script exit %d", res.Exit))
 		}
 		if !strings.Contains(out, "after size=196608 ") {
 			probs = append(probs, "the block device did not grow to 196608 sectors")
 		}
-		if m := regexp.MustCompile(`cntlid=(\d+)`).FindAllStringSubmatch(before+" "+after, -1); len(m) != 2 || m[0][1] != m[1][1] || !strings.Contains(after, "state=live") {
-			probs = append(probs, "not the same live controller (reconnected?)")
+		if m := regexp.MustCompile(`cntlid=(\d+)`).FindAllStringSubmatch(before+" "+after+" "+added+" "+removed, -1); len(m) != 4 ||
+			m[0][1] != m[1][1] || m[0][1] != m[2][1] || m[0][1] != m[3][1] || strings.Count(after+added+removed, "state=live") != 3 {
+			probs = append(probs, "not the same live controller throughout (reconnected?)")
+		}
+		if !strings.HasPrefix(added, "added nvme0n2=16384 ") {
+			probs = append(probs, "namespace 2 did not appear as nvme0n2 of 16384 sectors")
+		}
+		if !strings.HasPrefix(removed, "removed nvme0n2=gone nvme0n1=196608 ") {
+			probs = append(probs, "nvme0n2 was not removed (or nvme0n1 changed)")
 		}
 		if !strings.Contains(out, "detected capacity change from 131072 to 196608") {
 			probs = append(probs, `no "detected capacity change" in dmesg`)
@@ -413,7 +464,7 @@ echo done
 			return
 		}
 		r.result = "ok"
-		r.counters = before + " -> " + after
+		r.counters = before + " -> " + after + "; " + added + "; " + removed
 		t.Logf("ns_resize_aen: %s", strings.ReplaceAll(strings.TrimSpace(out), "\n", " | "))
 		// Back to 64 MiB for the cells after this one (no host connected).
 		if err := os.Truncate(file, nvmfSize); err != nil || !hup(fmt.Sprintf("namespace 1 resized: %d bytes, was %d", nvmfSize, nvmfSize+32<<20)) {

@@ -46,7 +46,10 @@ block device resized; whole blocks count) and, when it changed, tells the
 connected hosts with a Namespace Attribute Changed event (Linux's host
 revalidates the namespace and the block device takes the new size without
 reconnecting); it prints the namespace's size either way. A memory
-namespace keeps its size.
+namespace keeps its size. With --ns-list, SIGHUP also reads the list
+again: namespaces added to it are added, ones gone from it (or given
+another path) removed, the others' sizes read again; the hosts are told
+of each change (Linux's host adds or deletes nvmeXnY).
 
 options:
   --bind ADDR        local address for RoCEv2 (UDP 4791); required
@@ -56,7 +59,10 @@ options:
                      file that does not exist is created with --size bytes
   --size BYTES       the namespace's size (memory when no --file); k/m/g
                      suffixes (powers of 1024); whole blocks of --block-size
-  --ro               read-only namespace (writes fail: write protected)
+  --ns-list FILE     more namespaces: one "NSID PATH" a line (NSID 2 and up; a
+                     file or block device that exists; # comments), read at
+                     the start and at every SIGHUP
+  --ro               read-only namespaces (writes fail: write protected)
   --nguid HEX        the namespace's NGUID (32 hex digits). Default: derived
                      from the NQN and the file's device, inode and birth time
                      (the same file keeps it across restarts; a new file, or
@@ -127,7 +133,7 @@ func parseSize(s string) (int64, error) {
 
 func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := cli.NewFlagSet("nvmf-target")
-	var bind, nqn, file, size, cpuprofile string
+	var bind, nqn, file, size, cpuprofile, nsList string
 	var port, bs, inline, qsize, ioq, mtuBytes int
 	var ro, verbose bool
 	var hosts multiFlag
@@ -137,6 +143,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.StringVar(&bind, "bind", "", "")
 	fs.StringVar(&nqn, "nqn", "", "")
 	fs.StringVar(&file, "file", "", "")
+	fs.StringVar(&nsList, "ns-list", "", "")
 	fs.StringVar(&size, "size", "", "")
 	var nguid string
 	fs.StringVar(&nguid, "nguid", "", "")
@@ -296,10 +303,21 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	default:
 		rand.Read(guid[:])
 	}
+	nss := []*nvmf.Namespace{{ID: 1, Backend: backend, BlockSize: bs, ReadOnly: ro, NGUID: guid}}
+	var more *nsListState
+	if nsList != "" {
+		more = &nsListState{list: nsList, nqn: nqn, blockSize: bs, ro: ro}
+		extra, err := more.initial()
+		if err != nil {
+			fmt.Fprintf(stderr, "rocev2d nvmf-target: --ns-list: %v\n", err)
+			return cli.ExitFail
+		}
+		defer func() { more.close() }()
+		nss = append(nss, extra...)
+	}
 	cfg := nvmf.TargetConfig{Port: uint16(port), InlineDataSize: inline, PathMTU: mtu, MaxQueueSize: qsize, MaxIOQueues: ioq,
 		DiscoveryKATO: discKATO,
-		Subsystems: []*nvmf.Subsystem{{NQN: nqn, AllowedHosts: hosts,
-			Namespaces: []*nvmf.Namespace{{Backend: backend, BlockSize: bs, ReadOnly: ro, NGUID: guid}}}}}
+		Subsystems:    []*nvmf.Subsystem{{NQN: nqn, AllowedHosts: hosts, Namespaces: nss}}}
 	var logMu sync.Mutex
 	if verbose {
 		cfg.Log = func(format string, args ...any) {
@@ -339,6 +357,9 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 				fmt.Fprintf(stdout, "nvmf-target: namespace 1 resized: %d bytes, was %d; hosts notified\n", nsBytes, was)
 			default:
 				fmt.Fprintf(stdout, "nvmf-target: namespace 1: %d bytes, unchanged\n", nsBytes)
+			}
+			if more != nil {
+				more.reload(t, stdout, stderr)
 			}
 		}
 	}

@@ -380,3 +380,63 @@ func TestNvmfTargetHangupResizes(t *testing.T) {
 		t.Errorf("target: exit %d\n%s%s", s.code, s.out, s.errOut)
 	}
 }
+
+// TestNvmfTargetNSList: --ns-list adds namespaces from the start, and
+// SIGHUP reads it again: a namespace gone from it is removed, a new one
+// added, which a host identifying the target then sees; a bad list
+// changes nothing and says why.
+func TestNvmfTargetNSList(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	hup := make(chan os.Signal, 1)
+	old := nvmfHangup
+	nvmfHangup = func() (<-chan os.Signal, func()) { return hup, func() {} }
+	defer func() { nvmfHangup = old }()
+	dir := t.TempDir()
+	for name, size := range map[string]int64{"a": 1 << 20, "b": 2 << 20} {
+		if err := os.WriteFile(filepath.Join(dir, name), make([]byte, size), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list := filepath.Join(dir, "list")
+	os.WriteFile(list, []byte("# nsid path\n2 "+filepath.Join(dir, "a")+"\n"), 0o644)
+	port := cmPort()
+	const nqn = "nqn.2026-12.io.rocev2:nslist"
+	srv := startCMServer(t, &nvmfListening, "nvmf-target", "--bind", "127.0.0.1", "--port", port, "--nqn", nqn,
+		"--size", "1m", "--ns-list", list)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	identify := func(nsid string) string {
+		r := runCmd(t, ctx, "nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port, "--nqn", nqn, "--nsid", nsid)
+		if r.code != 0 {
+			t.Fatalf("identify: exit %d\n%s%s", r.code, r.out, r.errOut)
+		}
+		return r.out
+	}
+	if out := identify("2"); !strings.Contains(out, "namespace 2: 1048576 bytes") || !strings.Contains(out, "namespaces: [1 2]") {
+		t.Fatalf("identify:\n%s", out)
+	}
+	waitOut := func(w *lockedBuffer, what string) {
+		t.Helper()
+		hup <- syscall.SIGHUP
+		for end := time.Now().Add(10 * time.Second); !strings.Contains(w.String(), what); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("no %q after SIGHUP:\n%s", what, w.String())
+			}
+		}
+	}
+	os.WriteFile(list, []byte("3 "+filepath.Join(dir, "b")+"\n"), 0o644)
+	waitOut(srv.out, "nvmf-target: namespace 3 added: "+filepath.Join(dir, "b")+", 2097152 bytes; hosts notified")
+	if !strings.Contains(srv.out.String(), "nvmf-target: namespace 2 ("+filepath.Join(dir, "a")+") removed; hosts notified") {
+		t.Fatalf("no removal of namespace 2:\n%s", srv.out.String())
+	}
+	if out := identify("3"); !strings.Contains(out, "namespace 3: 2097152 bytes") || !strings.Contains(out, "namespaces: [1 3]") {
+		t.Fatalf("identify after the reload:\n%s", out)
+	}
+	os.WriteFile(list, []byte("3 "+filepath.Join(dir, "b")+"\n1 /x\n"), 0o644)
+	hup <- syscall.SIGHUP
+	s := srv.wait(t, time.Second)
+	if !strings.Contains(s.errOut, "--ns-list: "+list+":2: NSID \"1\": want 2..4294967294") {
+		t.Errorf("bad list: exit %d\n%s%s", s.code, s.out, s.errOut)
+	}
+}
