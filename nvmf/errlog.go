@@ -8,9 +8,9 @@ import (
 
 // errLogSlots is how many Error Information log entries a controller
 // keeps (Identify's ELPE is one less): the newest, as nvmet keeps its
-// last NVMET_ERROR_LOG_SLOTS (128 there). Unlike nvmet, the error's
-// completion does not get the More bit.
-const errLogSlots = 64
+// last NVMET_ERROR_LOG_SLOTS. The error's completion carries the More
+// bit, as nvmet_set_error sets it.
+const errLogSlots = 128
 
 // errEntrySize is the size of an Error Information log entry.
 const errEntrySize = 64

@@ -98,3 +98,27 @@ func TestErrorLogWraps(t *testing.T) {
 		t.Errorf("SMART count %d", n)
 	}
 }
+
+// TestErrorMoreBit: a command answered with an error status carries the
+// More bit (its Error Information log entry), as nvmet_set_error sets
+// it; a success does not; the host's error is the status without it.
+func TestErrorMoreBit(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	adm, _ := tgtAdmin(t, p, testNQN, 0)
+	null := nvme.SGLFields{Type: nvme.SGLTypeKeyedDataBlock} // no data, as nvme_rdma_set_sg_null
+	capsule := sqeWith(func(s nvme.SQE) { (&nvme.Features{FID: 0x55}).Put(s, nvme.AdminGetFeatures); s.SGL().Encode(&null) })
+	if err := rawStatus(ctx, adm, capsule); !errors.Is(err, nvme.StatusInvalidField|nvme.StatusDNR) || !adm.lastMore {
+		t.Fatalf("Get Features 0x55: %v, More bit %v; want Invalid Field, DNR with More", err, adm.lastMore)
+	}
+	capsule = sqeWith(func(s nvme.SQE) {
+		(&nvme.Features{FID: nvme.FeatKATO}).Put(s, nvme.AdminGetFeatures)
+		s.SGL().Encode(&null)
+	})
+	if err := rawStatus(ctx, adm, capsule); err != nil || adm.lastMore {
+		t.Fatalf("Get Features KATO: %v, More bit %v", err, adm.lastMore)
+	}
+	if errLogSlots != 128 {
+		t.Errorf("%d error log entries kept, nvmet keeps 128", errLogSlots)
+	}
+}

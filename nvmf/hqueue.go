@@ -53,6 +53,7 @@ type completion struct {
 	result uint64
 	err    error
 	inv    uint32 // the R_Key the response invalidated (SEND with Invalidate), else 0
+	more   bool   // the status had the More bit (status has it cleared)
 }
 
 // hslot is one command slot of a host queue.
@@ -118,8 +119,9 @@ type hqueue struct {
 	logf    func(format string, args ...any)
 	timeout time.Duration // how long a command may go unanswered (≤ 0: forever); set before the first command
 
-	lastInv uint32 // tests: the R_Key the last raw command's response invalidated
-	canary  uint64 // ErrNoData
+	lastInv  uint32 // tests: the R_Key the last raw command's response invalidated
+	lastMore bool   // tests: the last raw command's completion had the More bit
+	canary   uint64 // ErrNoData
 
 	// remoteInv: data commands use a per-command key (a type 2 window
 	// bound before the command) and ask the target to invalidate it
@@ -399,7 +401,10 @@ func (q *hqueue) onResponse(ri int, wc *transport.WC) {
 		}
 		s.rkey = 0
 	}
-	s.resp = &completion{status: c.Status, result: c.Result}
+	// The More bit only says the controller logged the error (its Error
+	// Information log has more): the status is the rest, as Linux's
+	// host takes it (nvme_error_status).
+	s.resp = &completion{status: c.Status &^ nvme.StatusMore, result: c.Result, more: c.Status&nvme.StatusMore != 0}
 	if withInv {
 		s.resp.inv = wc.InvalidatedRKey
 	}

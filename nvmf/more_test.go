@@ -279,7 +279,7 @@ func (q *hqueue) raw(ctx context.Context, capsule []byte) (nvme.CQEFields, error
 	}
 	select {
 	case c := <-s.done:
-		q.lastInv = c.inv
+		q.lastInv, q.lastMore = c.inv, c.more
 		return nvme.CQEFields{Status: c.status, Result: c.result, CID: cid}, c.err
 	case <-ctx.Done():
 		return nvme.CQEFields{}, ctx.Err()

@@ -595,8 +595,14 @@ func (q *tqueue) respond(r *treq) {
 			q.t.logf("nvmf: qid %d cid %d %s (cdw10 %#x nsid %d): %v", q.qid, r.cid, op, r.sqe.CDW(10), r.sqe.NSID(), r.status)
 		}
 	}
+	st := r.status
+	if !st.OK() && q.ctrl != nil {
+		// Logged in the Error Information log: the More bit says so,
+		// as nvmet_set_error sets it.
+		st |= nvme.StatusMore
+	}
 	cqe := nvme.CQE(q.respBuf[ri*nvme.CQESize : (ri+1)*nvme.CQESize])
-	cqe.Encode(&nvme.CQEFields{Result: r.result, SQID: q.qid, CID: r.cid, Status: r.status})
+	cqe.Encode(&nvme.CQEFields{Result: r.result, SQID: q.qid, CID: r.cid, Status: st})
 	// The host may send its next command as soon as it sees this
 	// response: its receive buffer goes back first.
 	if err := q.postRecvOn(q.qp, r.idx); err != nil {
