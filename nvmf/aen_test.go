@@ -245,6 +245,14 @@ func TestAENConfiguration(t *testing.T) {
 	if ids := changedNSLog(t, ctx, adm, false); len(ids) != 1 || ids[0] != 1 {
 		t.Fatalf("Changed Namespace List %v, want [1]", ids)
 	}
+	// A discovery controller reports no notices: 0 only.
+	disc, _ := tgtAdmin(t, p, nvme.DiscoveryNQN, 0)
+	if _, err := features(ctx, disc, true, nvme.FeatAsyncEvent, 0); err != nil {
+		t.Errorf("discovery controller: Set Features 0Bh 0: %v", err)
+	}
+	if _, err := features(ctx, disc, true, nvme.FeatAsyncEvent, 1<<8); !errors.Is(err, nvme.StatusInvalidField|nvme.StatusDNR) {
+		t.Errorf("discovery controller: Set Features 0Bh 0x100: %v, want Invalid Field", err)
+	}
 }
 
 // TestChangedNSLogOverflow: more than 1024 changed namespaces make the

@@ -468,9 +468,13 @@ func (q *tqueue) admin(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 			// nvmet_set_feat_async_event: bits beyond what the
 			// controller reports are refused; the SMART critical
 			// warning bits are taken (and never used: no SMART
-			// events here).
+			// events here). A discovery controller reports none.
 			if set {
-				if c.discovery() || f.Value&^aecSupported != 0 {
+				mask := uint32(aecSupported)
+				if c.discovery() {
+					mask = 0
+				}
+				if f.Value&^mask != 0 {
 					return inval, 0, 0
 				}
 				c.aec = f.Value
