@@ -21,13 +21,19 @@
 // Keep Alive, Asynchronous Event Request, Abort) and Read, Write, Flush,
 // Write Zeroes and Dataset Management; controller enable, reset and
 // shutdown through CC/CSTS; the keep-alive timer; any number of hosts.
-// Every error is an NVMe status or an NVMe-RDMA reject, counted in Stats.
+// Namespaces change while it runs (Target.AddNamespace, RemoveNamespace,
+// RevalidateNamespace), and the connected hosts learn of it through the
+// Namespace Attribute Changed event and the Changed Namespace List, as
+// from nvmet. Every error is an NVMe status or an NVMe-RDMA reject,
+// counted in Stats.
 //
 // The host's Controller connects the admin queue and N I/O queues,
 // enables and identifies the controller, keeps it alive and reconnects
 // after losing it or after a command went unanswered (AdminTimeout on
 // the admin queue, IOTimeout on the I/O queues),
-// checking that each namespace is still the same disk; its HostNamespace has ReadAt/WriteAt (and context
+// checking that each namespace is still the same disk (and, with
+// HostConfig.OnNamespaceChange, reports the target's namespace change
+// events); its HostNamespace has ReadAt/WriteAt (and context
 // variants) that are safe for concurrent use, so that many goroutines keep
 // many commands in flight.
 //
