@@ -65,6 +65,10 @@ var (
 	// masks holds the correction tables of the fast paths (see maskTable).
 	masks [numMaskPos][256]uint32
 
+	// maskedBTH4 is sliceTable[11][0xff]: the masked BTH byte 4 in the
+	// first 16-byte block of a UDP payload (see shortPayload).
+	maskedBTH4 uint32
+
 	// invCache[n] caches x^-(8n-16) mod P for SolveIPv4ID; 0 means not yet
 	// computed (the value is never 0).
 	invCache [invCacheLen]atomic.Uint32
@@ -159,6 +163,7 @@ func init() {
 	masks[mIPv6UDPSum1] = maskTable(47, full)
 	masks[mIPv6BTH4] = maskTable(52, full)
 	masks[mPayloadBTH4] = maskTable(bthMaskOff, full)
+	maskedBTH4 = sliceTable[15-bthMaskOff][0xff]
 }
 
 // softUpdate is crc32.Update(crc, crc32.IEEETable, p) in portable code

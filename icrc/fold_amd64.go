@@ -29,3 +29,11 @@ var hasSmall = cpu.X86.HasPCLMULQDQ && cpu.X86.HasSSSE3 && cpu.X86.HasSSE41
 //
 //go:noescape
 func clmulSmall(r uint32, p []byte) uint32
+
+// clmulShort returns the register after p from register r (both inverted,
+// as for clmulSmall) with p[4], BTH byte 4, read as 0xff: shortPayload's
+// CRC in one carry-less fold and the final reduction (small_amd64.s).
+// 16 <= len(p) < 32.
+//
+//go:noescape
+func clmulShort(r uint32, p []byte) uint32

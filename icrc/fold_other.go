@@ -14,3 +14,5 @@ func foldCopyAVX512(r uint32, p []byte, dst *byte, out *[16]byte) { panic("icrc:
 const hasSmall = false
 
 func clmulSmall(r uint32, p []byte) uint32 { panic("icrc: no carry-less multiply kernel") }
+
+func clmulShort(r uint32, p []byte) uint32 { panic("icrc: no carry-less multiply kernel") }

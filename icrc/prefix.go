@@ -33,6 +33,16 @@ const (
 
 var varTable [numVarFields][2][256]uint32
 
+// lenTable[v6][n] is the change of the header CRC for a UDP payload of n <
+// lenTableSize bytes: both length fields of the header at once (IPv4
+// total length and UDP length, or IPv6 payload length and UDP length),
+// one lookup where vary takes four.
+var lenTable [2][lenTableSize]uint32
+
+// lenTableSize bounds the payload lengths lenTable serves: small packets,
+// whose ICRC is short enough for the header's lookups to matter.
+const lenTableSize = 512
+
 func init() {
 	pos := [numVarFields]struct{ off, n int }{
 		v4TotalLen:   {ipv4TotalLenOff, ipv4MinSize + udpSize},
@@ -51,6 +61,11 @@ func init() {
 				varTable[f][b][v] = softUpdate(0, h) ^ zero
 			}
 		}
+	}
+	for n := range lenTableSize {
+		ul := uint16(udpSize + n)
+		lenTable[0][n] = vary(v4TotalLen, ul+ipv4MinSize) ^ vary(v4UDPLen, ul)
+		lenTable[1][n] = vary(v6PayloadLen, ul) ^ vary(v6UDPLen, ul)
 	}
 }
 
@@ -95,7 +110,25 @@ func (p *Prefix) IsIPv6() bool { return p.v6 }
 
 // header returns the CRC after the seed and the header of a packet with
 // this prefix, identification id (IPv4) and a UDP payload of n bytes.
+// Small enough to inline: the length fields of a small packet are one
+// lenTable lookup, and an identification of 0 (every packet but GSO's
+// later segments) adds nothing.
 func (p *Prefix) header(id uint16, n int) uint32 {
+	if !p.ok || uint(n) >= lenTableSize {
+		return p.headerSlow(id, n)
+	}
+	if p.v6 {
+		return p.base ^ lenTable[1][n]
+	}
+	c := p.base ^ lenTable[0][n]
+	if id != 0 {
+		c ^= vary(v4ID, id)
+	}
+	return c
+}
+
+// headerSlow is header for a zero Prefix (it panics) and long payloads.
+func (p *Prefix) headerSlow(id uint16, n int) uint32 {
 	if !p.ok {
 		panic("icrc: zero Prefix (use NewIPv4Prefix or NewIPv6Prefix)")
 	}
@@ -109,8 +142,30 @@ func (p *Prefix) header(id uint16, n int) uint32 {
 // Compute returns the ICRC of a packet of this flow with IPv4
 // identification id (ignored for IPv6) and UDP payload udpPayload (BTH ..
 // ICRC): ComputeIPv4 or ComputeIPv6 with the prefix's header fields.
+//
+// A short packet (16 to 23 covered bytes where update would run the
+// carry-less multiply kernel from 24, to 31 elsewhere: an ACK, a SEND of a
+// few bytes) takes header's small-packet case, written out here, and
+// clmulShort (one carry-less fold, BTH byte 4 masked in the kernel) or,
+// without it, softShortPayload.
 func (p *Prefix) Compute(id uint16, udpPayload []byte) uint32 {
-	return finishPayload(p.header(id, len(udpPayload)), udpPayload, nil)
+	n := len(udpPayload)
+	if cov := n - Size; cov >= 16 && (cov < smallMin || !hasSmall && cov < 32) && p.ok {
+		c := p.base
+		if p.v6 {
+			c ^= lenTable[1][n]
+		} else {
+			c ^= lenTable[0][n]
+			if id != 0 {
+				c ^= vary(v4ID, id)
+			}
+		}
+		if hasSmall {
+			return ^clmulShort(^c, udpPayload[:cov])
+		}
+		return softShortPayload(c, udpPayload[:cov])
+	}
+	return finishPayload(p.header(id, n), udpPayload, nil)
 }
 
 // ComputeCopy is Compute that also copies udpPayload to dst (see
@@ -147,7 +202,7 @@ func (p *Prefix) SolveIPv4IDFrom(guess uint16, udpPayload []byte) (id uint16, ok
 	// The identification enters the CRC linearly, so the ICRC for guess
 	// differs from the stored one exactly as the ICRC for 0 does from the
 	// stored one for the identification id XOR guess.
-	delta := finishPayload(p.header(guess, len(udpPayload)), udpPayload, nil) ^ Load(udpPayload)
+	delta := p.Compute(guess, udpPayload) ^ Load(udpPayload)
 	if delta == 0 {
 		return guess, true
 	}
@@ -160,7 +215,13 @@ func (p *Prefix) solve(udpPayload, dst []byte) (id uint16, ok bool) {
 		copy(dst, udpPayload)
 		return 0, false
 	}
-	delta := finishPayload(p.header(0, len(udpPayload)), udpPayload, dst) ^ Load(udpPayload)
+	var c uint32
+	if dst == nil {
+		c = p.Compute(0, udpPayload)
+	} else {
+		c = finishPayload(p.header(0, len(udpPayload)), udpPayload, dst)
+	}
+	delta := c ^ Load(udpPayload)
 	return solveDelta(delta, ipv4MinSize+udpSize+len(udpPayload)-Size)
 }
 

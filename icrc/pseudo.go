@@ -72,6 +72,38 @@ func finishPayload(c uint32, udpPayload, dst []byte) uint32 {
 	return c
 }
 
+// softShortPayload is finishPayload(c, p+trailer, nil) for a covered part
+// p of 16 to 31 bytes (an ACK's BTH and AETH, a SEND of a few bytes), as
+// Prefix.Compute runs it where clmulShort does not: the first 16 bytes as
+// one slicing-by-16 step with the register folded in, where BTH byte 4,
+// masked, is the constant maskedBTH4 instead of a lookup and a
+// start-register correction, then tail's independent lookups for the
+// rest, without the calls through update, updateSplit and softUpdate.
+func softShortPayload(c uint32, p []byte) uint32 {
+	_ = p[15]
+	t := &sliceTable
+	r := ^c ^ binary.LittleEndian.Uint32(p)
+	r = t[15][byte(r)] ^ t[14][byte(r>>8)] ^ t[13][byte(r>>16)] ^ t[12][r>>24] ^
+		maskedBTH4 ^ t[10][p[5]] ^ t[9][p[6]] ^ t[8][p[7]] ^
+		t[7][p[8]] ^ t[6][p[9]] ^ t[5][p[10]] ^ t[4][p[11]] ^
+		t[3][p[12]] ^ t[2][p[13]] ^ t[1][p[14]] ^ t[0][p[15]]
+	q := p[16:]
+	n := len(q)
+	if n < 4 {
+		for _, b := range q {
+			r = t[0][byte(r)^b] ^ r>>8
+		}
+		return ^r
+	}
+	// As tail: the register folds into the first four bytes.
+	s := t[:n:n] // s[n-1-j] serves byte j
+	x := s[n-1][q[0]^byte(r)] ^ s[n-2][q[1]^byte(r>>8)] ^ s[n-3][q[2]^byte(r>>16)] ^ s[n-4][q[3]^byte(r>>24)]
+	for j := 4; j < n; j++ {
+		x ^= s[n-1-j][q[j]]
+	}
+	return ^x
+}
+
 // ComputeIPv4 returns the ICRC of a RoCEv2 packet sent over IPv4 with a
 // 20-byte header, given its UDP payload (BTH .. ICRC; the last 4 bytes are not
 // covered) and the header fields in h. It does not allocate.

@@ -122,3 +122,89 @@ finish:
 	PEXTRD $1, X1, AX
 	MOVL   AX, ret+32(FP)
 	RET
+
+// shortWin: 16 bytes of 0x80, the indices 0..15, 16 bytes of 0x80. The 16
+// bytes at shortWin+k are a PSHUFB mask that moves byte i to i+16-k (k <=
+// 16) or byte i+k-16 to i (k >= 16), zeroing the rest.
+DATA shortWin<>+0(SB)/8, $0x8080808080808080
+DATA shortWin<>+8(SB)/8, $0x8080808080808080
+DATA shortWin<>+16(SB)/8, $0x0706050403020100
+DATA shortWin<>+24(SB)/8, $0x0f0e0d0c0b0a0908
+DATA shortWin<>+32(SB)/8, $0x8080808080808080
+DATA shortWin<>+40(SB)/8, $0x8080808080808080
+GLOBL shortWin<>(SB), RODATA, $48
+
+// 0xff in byte 4: BTH byte 4 (FECN, BECN, reserved), masked.
+DATA shortBTH4<>+0(SB)/8, $0x000000ff00000000
+DATA shortBTH4<>+8(SB)/8, $0
+GLOBL shortBTH4<>(SB), RODATA, $16
+
+// func clmulShort(r uint32, p []byte) uint32
+//
+// The register after p (16 <= len(p) < 32, a short packet's covered UDP
+// payload) from register r, both inverted, with p[4] read as 0xff. With t
+// = len-16, the message is A = p[0:16] (r XORed into bytes 0..3, byte 4
+// masked) followed by the t bytes p[16:]. A CRC from a zero register does
+// not see leading zero bytes, so that is the 32-byte message of 16-t zero
+// bytes, A[0:t], then the last 16 bytes B = p[t:16+t] with A's changes to
+// p (D = A ^ p[0:16]) moved down by t bytes: one 16-byte fold of the first
+// block onto the second and clmulSmall's final reduction, no loop and no
+// tables but the two shuffle masks at shortWin+t and shortWin+16+t.
+TEXT ·clmulShort(SB), NOSPLIT, $0-36
+	MOVL  r+0(FP), X8
+	MOVQ  p_base+8(FP), SI
+	MOVQ  p_len+16(FP), CX
+	LEAQ  shortWin<>(SB), AX
+	LEAQ  -16(CX), DX          // t
+
+	MOVOU (SI), X2              // p[0:16]
+	MOVOU X2, X1
+	PXOR  X8, X1
+	POR   shortBTH4<>(SB), X1   // A
+	PXOR  X1, X2                // D = A ^ p[0:16]
+
+	// First block: 16-t zero bytes, then A[0:t].
+	MOVOU  (AX)(DX*1), X3
+	PSHUFB X3, X1
+
+	// Second block: p[t:16+t] ^ (D moved down by t bytes).
+	MOVOU  -16(SI)(CX*1), X10
+	MOVOU  16(AX)(DX*1), X4
+	PSHUFB X4, X2
+	PXOR   X2, X10
+
+	// Fold the first block onto the second.
+	MOVOU     smallK128<>(SB), X0
+	MOVOU     X1, X5
+	PCLMULQDQ $0x00, X0, X1
+	PCLMULQDQ $0x11, X0, X5
+	PXOR      X5, X1
+	PXOR      X10, X1
+
+	// 128 -> 64 bits (plus 32 of headroom), X0 still holds k128.
+	PCMPEQB   X3, X3
+	PCLMULQDQ $0x01, X1, X0
+	PSRLDQ    $8, X1
+	PXOR      X0, X1
+
+	// 64 -> 32.
+	MOVOU     X1, X2
+	MOVQ      smallK5<>(SB), X0
+	PSRLQ     $32, X3
+	PSRLDQ    $4, X2
+	PAND      X3, X1
+	PCLMULQDQ $0x00, X0, X1
+	PXOR      X2, X1
+
+	// Barrett reduction.
+	MOVOU     smallPoly<>(SB), X0
+	MOVOU     X1, X2
+	PAND      X3, X1
+	PCLMULQDQ $0x10, X0, X1
+	PAND      X3, X1
+	PCLMULQDQ $0x00, X0, X1
+	PXOR      X2, X1
+
+	PEXTRD $1, X1, AX
+	MOVL   AX, ret+32(FP)
+	RET
