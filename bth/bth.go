@@ -162,36 +162,25 @@ func (b BTH) PSN() PSN { return PSN(get24(b[psnOff:])) }
 func (b BTH) SetPSN(p PSN) { put24(b[psnOff:], uint32(p)&uint24Mask) }
 
 // Encode writes all Size bytes of the BTH from f. Reserved bits are written
-// as zero; out-of-range values are masked to their field width.
+// as zero; out-of-range values are masked to their field width. The header
+// is assembled in registers and written with two stores (bytes 0..7 and
+// 8..11).
 func (b BTH) Encode(f *Fields) {
 	_ = b[Size-1]
-	b[opcodeOff] = byte(f.Opcode)
-	var fl byte
-	if f.SolicitedEvent {
-		fl |= seBit
+	fl := uint64(f.PadCount&3)<<padShift | uint64(f.TVer&tverMask) |
+		uint64(b2u8(f.SolicitedEvent))<<7 | uint64(b2u8(f.MigReq))<<6
+	ecn := uint64(b2u8(f.FECN))<<7 | uint64(b2u8(f.BECN))<<6
+	binary.BigEndian.PutUint64(b, uint64(f.Opcode)<<56|fl<<48|uint64(f.PKey)<<32|ecn<<24|uint64(f.DestQP&qpnMask))
+	binary.BigEndian.PutUint32(b[ackReqOff:], uint32(b2u8(f.AckReq))<<31|uint32(f.PSN)&uint24Mask)
+}
+
+// b2u8 returns 1 for true and 0 for false, without a branch.
+func b2u8(v bool) uint8 {
+	var x uint8
+	if v {
+		x = 1
 	}
-	if f.MigReq {
-		fl |= migReqBit
-	}
-	fl |= (f.PadCount & 3) << padShift
-	fl |= f.TVer & tverMask
-	b[flagsOff] = fl
-	binary.BigEndian.PutUint16(b[pkeyOff:], f.PKey)
-	var ecn byte
-	if f.FECN {
-		ecn |= fecnBit
-	}
-	if f.BECN {
-		ecn |= becnBit
-	}
-	b[ecnOff] = ecn
-	put24(b[destQPOff:], f.DestQP&qpnMask)
-	var a byte
-	if f.AckReq {
-		a = ackReqBit
-	}
-	b[ackReqOff] = a
-	put24(b[psnOff:], uint32(f.PSN)&uint24Mask)
+	return x
 }
 
 // Fields decodes every BTH field.

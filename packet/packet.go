@@ -193,38 +193,69 @@ func describe(f Fault, b []byte) error {
 // FaultNone, or zeroes p and returns why b is malformed. It never
 // allocates.
 func (p *Packet) Decode(b []byte) Fault {
-	*p = Packet{}
 	if len(b) < MinLen {
-		return FaultTruncated
+		return p.fail(FaultTruncated)
 	}
 	h := bth.BTH(b[:bth.Size])
 	op := h.Opcode()
 	if h.TVer() != 0 {
-		return FaultBadTVer
+		return p.fail(FaultBadTVer)
 	}
 	info := &infos[op]
 	if !info.Valid {
-		return FaultUnknownOpcode
+		return p.fail(FaultUnknownOpcode)
 	}
 	end := len(b) - ICRCSize
 	off := bth.Size
 	if need := bth.Size + info.HeaderLen + ICRCSize; len(b) < need {
-		return FaultTruncated
+		return p.fail(FaultTruncated)
 	}
 	rest := end - off - info.HeaderLen // payload + pad
 	pad := h.PadCount()
 	if !info.Payload && rest != 0 && !(op == bth.RCAck && pad == 0 && aeth.IsSACK(b[off+aeth.Size:end])) {
 		// The one exception: a selective repeat peer's SACK block
 		// after an RC ACKNOWLEDGE's AETH (aeth.SACK), exactly one.
-		return FaultUnexpectedPayload
+		return p.fail(FaultUnexpectedPayload)
 	}
 	if pad > rest || rest%4 != 0 {
-		return FaultBadPadCount
+		return p.fail(FaultBadPadCount)
 	}
 
+	// Every field is written below: the views of the headers the opcode
+	// does not carry are set to nil here rather than the whole Packet
+	// zeroed first.
 	p.BTH = h
 	p.Info = *info
-	hs := info.Headers
+	p.RETH, p.AETH, p.AtomicETH, p.AtomicAck = nil, nil, nil, nil
+	p.ImmDt, p.IETH, p.DETH, p.FETH = nil, nil, nil, nil
+	pe := end - pad
+	p.ICRC = binary.LittleEndian.Uint32(b[end:])
+	// The two commonest layouts first, without testing each header bit:
+	// none (SEND, WRITE middle/last, READ response middle) and the AETH
+	// alone (ACK, READ response first/last/only).
+	switch hs := info.Headers; hs {
+	case 0:
+		p.Payload = b[off:pe:pe]
+		return FaultNone
+	case bth.HdrAETH:
+		p.AETH = aeth.AETH(b[off : off+aeth.Size : off+aeth.Size])
+		off += aeth.Size
+		p.Payload = b[off:pe:pe]
+		return FaultNone
+	}
+	p.Payload = b[p.views(b, off, info.Headers):pe:pe]
+	return FaultNone
+}
+
+// fail zeroes p and returns f, for Decode's rejections.
+func (p *Packet) fail(f Fault) Fault {
+	*p = Packet{}
+	return f
+}
+
+// views sets the views of the extension headers hs, which start at off in
+// b (Decode checked that they fit), and returns where they end.
+func (p *Packet) views(b []byte, off int, hs bth.Header) int {
 	// Extension headers in wire order (see bth.Header).
 	if hs&bth.HdrRDETH != 0 {
 		off += bth.RDETHSize // no view: RD is not a supported transport
@@ -264,10 +295,7 @@ func (p *Packet) Decode(b []byte) Fault {
 	if hs&bth.HdrCNPPad != 0 {
 		off += bth.CNPPadSize
 	}
-	pe := end - pad
-	p.Payload = b[off:pe:pe]
-	p.ICRC = binary.LittleEndian.Uint32(b[end:])
-	return FaultNone
+	return off
 }
 
 // Fields holds everything Build needs to write a packet. Only the headers the
@@ -388,7 +416,40 @@ func buildPacket(buf []byte, f *Fields, payloadLen int, withPayload bool) (int, 
 	h.Encode(&f.BTH)
 	h.SetPadCount(pad)
 	off := bth.Size
-	hs := info.Headers
+	switch hs := info.Headers; hs {
+	case 0:
+	case bth.HdrAETH: // ACK, READ response first/last/only
+		aeth.AETH(buf[off:]).Encode(&f.AETH)
+		off += aeth.Size
+	default:
+		off = encodeHeaders(buf, off, hs, f)
+	}
+	if pl := f.Payload; withPayload && len(pl) != 0 {
+		if k := len(pl); k >= 8 && k <= 16 {
+			// A short payload (an 8-byte SEND, an atomic write) as two
+			// overlapping 8-byte moves instead of a call to memmove;
+			// both loads come before the stores, as copy allows
+			// overlapping buffers.
+			d := buf[off : off+k]
+			a, z := binary.LittleEndian.Uint64(pl), binary.LittleEndian.Uint64(pl[k-8:])
+			binary.LittleEndian.PutUint64(d, a)
+			binary.LittleEndian.PutUint64(d[k-8:], z)
+		} else {
+			copy(buf[off:], pl)
+		}
+		off += len(pl)
+	}
+	// Pad and ICRC placeholder: n-off is pad+ICRCSize, 4 to 7 bytes, which
+	// two 4-byte stores cover.
+	binary.LittleEndian.PutUint32(buf[off:], 0)
+	binary.LittleEndian.PutUint32(buf[n-ICRCSize:], 0)
+	return n, nil
+}
+
+// encodeHeaders writes the extension headers hs of f into buf from off on,
+// in wire order, and returns where they end (buildPacket checked that
+// they fit).
+func encodeHeaders(buf []byte, off int, hs bth.Header, f *Fields) int {
 	if hs&bth.HdrRDETH != 0 {
 		clear(buf[off : off+bth.RDETHSize])
 		off += bth.RDETHSize
@@ -429,9 +490,5 @@ func buildPacket(buf []byte, f *Fields, payloadLen int, withPayload bool) (int, 
 		clear(buf[off : off+bth.CNPPadSize])
 		off += bth.CNPPadSize
 	}
-	if withPayload {
-		off += copy(buf[off:], f.Payload)
-	}
-	clear(buf[off:]) // pad and ICRC placeholder
-	return n, nil
+	return off
 }

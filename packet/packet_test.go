@@ -85,7 +85,7 @@ func TestRoundTripEveryOpcode(t *testing.T) {
 		info := op.Info()
 		sizes := []int{0}
 		if info.Payload {
-			sizes = []int{0, 1, 2, 3, 4, 5, 62, 1024, 4096}
+			sizes = []int{0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 15, 16, 17, 62, 1024, 4096}
 		}
 		for _, n := range sizes {
 			payload := make([]byte, n)
@@ -517,5 +517,104 @@ func TestSACKAfterAETH(t *testing.T) {
 	f.BTH.Opcode, f.Payload = bth.RCAck, block[:len(block)-4]
 	if _, err := Build(buf, &f); !errors.Is(err, ErrUnexpectedPayload) {
 		t.Fatalf("a truncated SACK block: %v", err)
+	}
+}
+
+// stalePacket returns a Packet with every field set to something Decode
+// must overwrite: each view a non-nil 4-byte slice, Info another opcode's
+// entry, the ICRC non-zero. It fills by reflection, so a field added to
+// Packet later is covered too.
+func stalePacket(t *testing.T) Packet {
+	t.Helper()
+	var p Packet
+	v := reflect.ValueOf(&p).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Slice:
+			f.Set(reflect.ValueOf([]byte{9, 9, 9, 9}).Convert(f.Type()))
+		case reflect.Struct:
+			f.Set(reflect.ValueOf(bth.UDSendOnlyImm.Info()))
+		case reflect.Uint32:
+			f.SetUint(0xdeadbeef)
+		default:
+			t.Fatalf("stalePacket: field %s of kind %v not handled", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+	return p
+}
+
+// TestDecodeOverwritesEveryField: Decode sets each field of a reused
+// Packet itself (the views of absent headers to nil) instead of zeroing
+// the whole Packet first, so decoding into a Packet full of a previous
+// packet's views must give exactly what decoding into a zero Packet
+// gives, for every opcode; a rejected packet leaves p zero.
+func TestDecodeOverwritesEveryField(t *testing.T) {
+	for _, op := range validOpcodes() {
+		sizes := []int{0}
+		if op.Info().Payload {
+			sizes = []int{0, 3, 8, 13}
+		}
+		for _, n := range sizes {
+			pkt := build(t, op, make([]byte, n))
+			var fresh Packet
+			if f := fresh.Decode(pkt); f != FaultNone {
+				t.Fatalf("%v/%d: Decode: %v", op, n, f)
+			}
+			reused := stalePacket(t)
+			if f := reused.Decode(pkt); f != FaultNone {
+				t.Fatalf("%v/%d: Decode into a used Packet: %v", op, n, f)
+			}
+			if !reflect.DeepEqual(reused, fresh) {
+				t.Errorf("%v/%d: Decode into a used Packet = %+v, want %+v", op, n, reused, fresh)
+			}
+		}
+	}
+	ack := build(t, bth.RCAck, nil)
+	for _, bad := range [][]byte{ack[:12], append([]byte{0x15}, ack[1:]...), append(ack[:1:1], append([]byte{ack[1] | 1}, ack[2:]...)...)} {
+		p := stalePacket(t)
+		if f := p.Decode(bad); f == FaultNone {
+			t.Fatalf("Decode(% x) accepted", bad)
+		}
+		if !reflect.DeepEqual(p, Packet{}) {
+			t.Errorf("Decode(% x) rejected but left %+v", bad, p)
+		}
+	}
+}
+
+// TestBuildSplitMatchesBuild: BuildSplit's headers, then the payload, then
+// its pad and ICRC placeholder are Build's packet byte for byte, in a
+// buffer that held other bytes before (BuildSplit clears the pad and
+// placeholder with two 4-byte stores).
+func TestBuildSplitMatchesBuild(t *testing.T) {
+	for _, op := range validOpcodes() {
+		info := op.Info()
+		if !info.Payload {
+			continue
+		}
+		for n := range 18 {
+			payload := make([]byte, n)
+			for i := range payload {
+				payload[i] = byte(i*5 + 3)
+			}
+			f := sampleFields(op, payload)
+			want := make([]byte, Len(op, n))
+			if _, err := Build(want, &f); err != nil {
+				t.Fatalf("%v/%d: Build: %v", op, n, err)
+			}
+			buf := bytes.Repeat([]byte{0xee}, len(want))
+			k, err := BuildSplit(buf, &f, n)
+			if err != nil {
+				t.Fatalf("%v/%d: BuildSplit: %v", op, n, err)
+			}
+			if k != len(want)-n {
+				t.Fatalf("%v/%d: BuildSplit returned %d, want %d", op, n, k, len(want)-n)
+			}
+			hl := bth.Size + info.HeaderLen
+			got := append(append(append([]byte(nil), buf[:hl]...), payload...), buf[hl:k]...)
+			if !bytes.Equal(got, want) {
+				t.Errorf("%v/%d: BuildSplit + payload =\n% x\nBuild =\n% x", op, n, got, want)
+			}
+		}
 	}
 }
