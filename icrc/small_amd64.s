@@ -149,7 +149,8 @@ GLOBL shortBTH4<>(SB), RODATA, $16
 // bytes, A[0:t], then the last 16 bytes B = p[t:16+t] with A's changes to
 // p (D = A ^ p[0:16]) moved down by t bytes: one 16-byte fold of the first
 // block onto the second and clmulSmall's final reduction, no loop and no
-// tables but the two shuffle masks at shortWin+t and shortWin+16+t.
+// tables but the two shuffle masks at shortWin+t and shortWin+16+t. For
+// t = 0 (an ACK's 16 bytes) A alone is reduced.
 TEXT ·clmulShort(SB), NOSPLIT, $0-36
 	MOVL  r+0(FP), X8
 	MOVQ  p_base+8(FP), SI
@@ -161,6 +162,9 @@ TEXT ·clmulShort(SB), NOSPLIT, $0-36
 	MOVOU X2, X1
 	PXOR  X8, X1
 	POR   shortBTH4<>(SB), X1   // A
+	MOVOU smallK128<>(SB), X0
+	TESTQ DX, DX
+	JZ    shortReduce           // t = 0 (an ACK): A is the whole message
 	PXOR  X1, X2                // D = A ^ p[0:16]
 
 	// First block: 16-t zero bytes, then A[0:t].
@@ -174,14 +178,14 @@ TEXT ·clmulShort(SB), NOSPLIT, $0-36
 	PXOR   X2, X10
 
 	// Fold the first block onto the second.
-	MOVOU     smallK128<>(SB), X0
 	MOVOU     X1, X5
 	PCLMULQDQ $0x00, X0, X1
 	PCLMULQDQ $0x11, X0, X5
 	PXOR      X5, X1
 	PXOR      X10, X1
 
-	// 128 -> 64 bits (plus 32 of headroom), X0 still holds k128.
+shortReduce:
+	// 128 -> 64 bits (plus 32 of headroom), X0 holds k128.
 	PCMPEQB   X3, X3
 	PCLMULQDQ $0x01, X1, X0
 	PSRLDQ    $8, X1

@@ -247,7 +247,10 @@ func (p *Packet) Decode(b []byte) Fault {
 	return FaultNone
 }
 
-// fail zeroes p and returns f, for Decode's rejections.
+// fail zeroes p and returns f, for Decode's rejections (not inlined: the
+// zeroing would be repeated at each of them).
+//
+//go:noinline
 func (p *Packet) fail(f Fault) Fault {
 	*p = Packet{}
 	return f
