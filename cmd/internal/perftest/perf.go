@@ -161,7 +161,7 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	var watched *oobWatchConn
 	if !c.rdmaCM {
 		// Over TCP the connection is watched during the data phase.
-		watched = &oobWatchConn{Conn: conn}
+		watched = &oobWatchConn{Conn: conn, endless: c.runInf}
 		conn = watched
 	}
 	sess := newSession(conn, role)
@@ -203,6 +203,20 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	params := oob.DefaultParams
 	params.MTU = c.mtu
 	res, err := sess.RunQPs(ctx, plan, params, s.locals(), hooks)
+	if c.runInf && errors.Is(err, errRunEnded) {
+		// perftest dies of the SIGINT and prints nothing more; a peer
+		// that went away is said on stderr.
+		if ctx.Err() == nil {
+			var se *oob.StepError
+			if errors.As(err, &se) {
+				err = se.Err
+			}
+			fmt.Fprintf(stderr, "rocev2d %s: %v\n", c.test, err)
+		} else if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) {
+			fmt.Fprintf(stderr, "rocev2d %s: --run_infinitely: %v\n", c.test, cause)
+		}
+		return nil
+	}
 	if err != nil {
 		if errors.Is(err, oob.ErrQPCountMismatch) {
 			return fmt.Errorf("peer %s: %w", conn.RemoteAddr(), err)
@@ -319,6 +333,19 @@ var perfTweakLocal func(*oob.PerfDest)
 func (s *perfSide) traffic(ctx context.Context, i int, sizes []int, role oob.Role, stdout, stderr io.Writer) (oob.Report, error) {
 	c := s.c
 	size := sizes[i]
+	if c.runInf {
+		switch {
+		case c.test == oob.SendBW && role == oob.Server:
+			return oob.Report{}, s.sendBWServerInfinite(ctx, size, stdout)
+		case role == oob.Server:
+			// Passive, as perftest's server, which waits for the
+			// client to exit: until interrupted or the client has gone
+			// (the out-of-band watch).
+			<-ctx.Done()
+			return oob.Report{}, runEnded(ctx)
+		}
+		return oob.Report{}, s.bwClientInfinite(ctx, size, stdout)
+	}
 	switch c.test {
 	case oob.WriteBW, oob.ReadBW, oob.AtomicBW:
 		if role == oob.Server && !c.bidi {

@@ -27,7 +27,6 @@ func TestPerfPerftestOnlyFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"write-bw", []string{"--run_infinitely", "-D", "2"}, "--run_infinitely: perftest's run until interrupted"},
 		{"write-bw", []string{"-I", "64"}, "-I: perftest's inline data size"},
 		{"write-bw", []string{"--inline_size=64"}, "--inline_size: perftest's inline data size"},
 		{"write-bw", []string{"-l", "4"}, "-l: perftest's post lists"},

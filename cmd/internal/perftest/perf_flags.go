@@ -44,6 +44,11 @@ options:
   -n, --iters=N           iterations (default %[4]d, at least 5)
   -a, --all               run sizes 2, 4, ... 8388608 (not for atomics)
   -D, --duration=SEC      run for SEC seconds instead of -n (bandwidth tests)
+      --run_infinitely    run until interrupted (SIGINT), printing a row every -D seconds
+                          (default 5): that period's iterations, average and message rate,
+                          peak 0.00, as perftest (bandwidth tests; not with -e, -b, -a, -R,
+                          --check). A write/read/atomic server prints nothing, as perftest's;
+                          a side whose peer went away ends (exit 0), saying so on stderr
   -b, --bidirectional     both sides send at once and print the sum of both directions
                           (bandwidth tests; both sides need -b)
   -m, --mtu=MTU           path MTU 256..4096 (default 1024; the smaller of both sides wins)
@@ -124,6 +129,7 @@ type perfConfig struct {
 	bidi        bool // -b: both sides run the data phase (perftest's duplex)
 	qps         int  // -q: QPs (bandwidth tests)
 	gbits       bool // --report_gbits: bandwidth in Gb/s instead of MB/s
+	runInf      bool // --run_infinitely: report every -D seconds until interrupted
 	sock        cli.SocketFlags
 	server      string
 }
@@ -164,6 +170,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	cli.BoolFlags(fs, &c.rdmaCM, "R", "rdma_cm")
 	cli.BoolFlags(fs, &c.bidi, "b", "bidirectional")
 	fs.BoolVar(&c.gbits, "report_gbits", false, "")
+	fs.BoolVar(&c.runInf, "run_infinitely", false, "")
 	var conn string
 	cli.StringFlags(fs, &conn, "c", "connection", "RC")
 	var commCM bool
@@ -202,6 +209,11 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		c.size = 8
 		if c.all {
 			return nil, errors.New("-a: atomic tests have one size (8 bytes)")
+		}
+	}
+	if c.runInf {
+		if err := c.checkRunInfinitely(fs); err != nil {
+			return nil, err
 		}
 	}
 	switch c.atomicType {
@@ -263,10 +275,43 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	return c, nil
 }
 
+// perfDefaultDuration is perftest's DEF_DURATION: the period of
+// --run_infinitely without -D.
+const perfDefaultDuration = 5
+
+// checkRunInfinitely refuses what perftest 4.5's --run_infinitely refuses
+// (the latency tests, -e, send-bw -b) and what rocev2d does not run
+// infinitely, and sets the period: -D, perftest's 5 s without it.
+func (c *perfConfig) checkRunInfinitely(fs *flag.FlagSet) error {
+	switch {
+	case !c.test.IsBW():
+		// perftest: "run_infinitely exists only in BW tests for now".
+		return errors.New("--run_infinitely: exists only in the bandwidth tests (as perftest)")
+	case c.events:
+		// perftest: "run_infinitely does not support events feature yet".
+		return errors.New("--run_infinitely with -e: perftest's run_infinitely does not support events")
+	case c.bidi && c.test == oob.SendBW:
+		// perftest: "run_infinitely mode is not supported in SEND
+		// Bidirectional BW test".
+		return errors.New("--run_infinitely with -b: not supported in the SEND bidirectional test (as perftest)")
+	case c.bidi:
+		return errors.New("--run_infinitely with -b is not supported by rocev2d")
+	case c.all:
+		return errors.New("--run_infinitely with -a: one size runs infinitely; drop -a")
+	case c.rdmaCM:
+		return errors.New("--run_infinitely with -R is not supported by rocev2d")
+	case c.check:
+		return errors.New("--run_infinitely with --check: the data is checked at the end of a run, which never comes")
+	}
+	if !flagSet(fs, "D", "duration") {
+		c.duration = perfDefaultDuration
+	}
+	return nil
+}
+
 // perftestOnlyFlags are perftest 4.5 options rocev2d does not take, by the
 // name flag reports: refused naming them as perftest's, not as unknown.
 var perftestOnlyFlags = map[string]string{
-	"run_infinitely":     "run until interrupted, reporting every -D seconds",
 	"I":                  "inline data size",
 	"inline_size":        "inline data size",
 	"l":                  "post lists of send WRs",

@@ -28,6 +28,9 @@ var perfPeerGrace = 5 * time.Second
 type oobWatchConn struct {
 	net.Conn
 	pending []byte // read by watch, not yet by Read
+	// endless: the data phase runs until interrupted (--run_infinitely),
+	// so a peer that closes the connection has ended the run.
+	endless bool
 }
 
 // Read reads what watch read first, then from the connection.
@@ -66,6 +69,10 @@ func (c *oobWatchConn) watch(ctx context.Context, moved func() uint64) (wctx con
 		default:
 			reason = "the peer closed the out-of-band connection, and nothing has moved on this side for %v since: " +
 				"it failed (its own output says why), or it ended a run with another -n or -s"
+			if c.endless {
+				reason = "the peer closed the out-of-band connection (it was interrupted, or it failed and its own output says why), " +
+					"and nothing has moved on this side for %v since"
+			}
 		}
 		last := moved()
 		t := time.NewTicker(perfPeerGrace)
