@@ -45,6 +45,9 @@ func runPerf(ctx context.Context, t oob.PerfTest, args []string, stdout, stderr 
 			return cli.ExitUsage
 		}
 	}
+	for _, l := range c.notes {
+		fmt.Fprintln(stdout, l)
+	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("--timeout %v reached", c.timeout))
@@ -285,6 +288,9 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 	if c.verbose {
 		cli.PrintCounters(stdout, local.String(), s.Dev)
 	}
+	if perfAfterRun != nil {
+		perfAfterRun(s)
+	}
 	if s.capture != nil {
 		n := s.capture.Packets()
 		if err := s.close(); err != nil {
@@ -328,6 +334,10 @@ func versionClosedHint(role oob.Role, local netip.Addr, conn net.Conn) string {
 // perfTweakLocal, if set (by tests), changes the QP data a side announces,
 // to provoke errors at the peer.
 var perfTweakLocal func(*oob.PerfDest)
+
+// perfAfterRun, if set (by tests), sees each side at the end of a run
+// that succeeded.
+var perfAfterRun func(*perfSide)
 
 // traffic runs the data phase of size number i.
 func (s *perfSide) traffic(ctx context.Context, i int, sizes []int, role oob.Role, stdout, stderr io.Writer) (oob.Report, error) {

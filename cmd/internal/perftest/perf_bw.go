@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
@@ -34,7 +35,12 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 	}
 	tx := s.txDepth()
 	scnt := make([]uint64, nq) // per QP
-	ccnt := make([]uint64, nq)
+	ccnt := make([]uint64, nq) // WRs completed: up to the last signaled one's
+	// lastSig is one past the last signaled WR posted on each QP: with
+	// -Q the WRs after it (a -D run that stopped posting) never complete
+	// visibly, as in perftest, which stops waiting for them too.
+	lastSig := make([]uint64, nq)
+	pl := max(c.postList, 1)
 	var totS, totC uint64
 	wcs := make([]transport.WC, 64)
 	wrs := make([]transport.SendWR, 0, tx)
@@ -49,30 +55,47 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 				break
 			}
 			wrs = wrs[:0]
-			for int(scnt[i]-ccnt[i])+len(wrs) < tx && int(scnt[i])+len(wrs) < iters {
-				wrs = append(wrs, s.sendWRQP(i, size, scnt[i]+uint64(len(wrs))))
+			for int(scnt[i]-ccnt[i])+len(wrs)+pl <= tx && int(scnt[i])+len(wrs)+pl <= iters {
+				for range pl {
+					wrs = append(wrs, s.signalWR(s.sendWRQP(i, size, scnt[i]+uint64(len(wrs))), iters))
+				}
 			}
-			if len(wrs) > 0 {
+			// Without -l every WR that fits goes in one call (what the
+			// wire carries is the same); with it, one call per list.
+			for rest := wrs; len(rest) > 0; {
+				list := rest
+				if pl > 1 {
+					list = rest[:pl]
+				}
+				rest = rest[len(list):]
 				now := time.Now()
-				if err := q.qp.PostSend(wrs...); err != nil {
+				if err := q.qp.PostSend(list...); err != nil {
 					if nq > 1 {
 						return oob.Report{}, fmt.Errorf("couldn't post send on QP %d after %d: %w", i, scnt[i], err)
 					}
 					return oob.Report{}, fmt.Errorf("couldn't post send after %d: %w", scnt[i], err)
 				}
 				if res.tposted != nil {
-					for range wrs {
+					for range list {
 						res.tposted = append(res.tposted, now)
 					}
 				}
-				scnt[i] += uint64(len(wrs))
-				totS += uint64(len(wrs))
+				for _, wr := range list {
+					if wr.Flags&transport.SendSignaled != 0 {
+						lastSig[i] = wr.WRID&(1<<perfWRIDShift-1) + 1
+					}
+				}
+				scnt[i] += uint64(len(list))
+				totS += uint64(len(list))
 			}
 			if int(scnt[i]) < iters {
 				allPosted = false
 			}
 		}
-		if totC == totS && (stopPosting || allPosted) {
+		if totC == totS && allPosted {
+			break
+		}
+		if stopPosting && slices.Equal(ccnt, lastSig) {
 			break
 		}
 		n, err := s.SCQ.Wait(ctx, wcs)
@@ -91,11 +114,20 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 			if i >= nq {
 				return oob.Report{}, fmt.Errorf("send completion with wr_id %#x names no QP of %d", wc.WRID, nq)
 			}
-			ccnt[i]++
-			totC++
-			if res.tcomplete != nil {
-				res.tcomplete = append(res.tcomplete, now)
+			// A signaled WR's completion ends the unsignaled ones
+			// before it on its QP (in order, as RC completes them).
+			end := wc.WRID&(1<<perfWRIDShift-1) + 1
+			if end <= ccnt[i] || end > scnt[i] {
+				return oob.Report{}, fmt.Errorf("send completion for WR %d on QP %d, where %d of %d completed", end-1, i, ccnt[i], scnt[i])
 			}
+			for range end - ccnt[i] {
+				totC++
+				if res.tcomplete != nil {
+					res.tcomplete = append(res.tcomplete, now)
+				}
+			}
+			ccnt[i] = end
+			s.sendWCs.Add(1)
 		}
 		if c.duration > 0 && !stopPosting && now.After(deadline) {
 			stopPosting = true
@@ -114,6 +146,18 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 		writeBWLine(stdout, rep)
 	}
 	return rep, nil
+}
+
+// signalWR sets SendSignaled on the WR of iteration n (its wr_id's low
+// bits) of a QP as perftest's run_iter_bw does with CQ moderation: every
+// -Q-th WR, and the last of a run of iters (math.MaxInt: no last).
+func (s *perfSide) signalWR(wr transport.SendWR, iters int) transport.SendWR {
+	n := wr.WRID & (1<<perfWRIDShift - 1)
+	wr.Flags &^= transport.SendSignaled
+	if (n+1)%uint64(max(s.c.cqMod, 1)) == 0 || (iters != math.MaxInt && n == uint64(iters)-1) {
+		wr.Flags |= transport.SendSignaled
+	}
+	return wr
 }
 
 // sendBWServer receives the client's SENDs on every QP (one receive CQ),

@@ -29,9 +29,6 @@ func TestPerfPerftestOnlyFlags(t *testing.T) {
 	}{
 		{"write-bw", []string{"-I", "64"}, "-I: perftest's inline data size"},
 		{"write-bw", []string{"--inline_size=64"}, "--inline_size: perftest's inline data size"},
-		{"write-bw", []string{"-l", "4"}, "-l: perftest's post lists"},
-		{"send-bw", []string{"--cq-mod", "10"}, "--cq-mod: perftest's CQ moderation"},
-		{"send-bw", []string{"-Q", "10"}, "-Q: perftest's CQ moderation"},
 		{"send-bw", []string{"-g"}, "-g: perftest's multicast"},
 		{"write-bw", []string{"--mr_per_qp", "-q", "2"}, "--mr_per_qp: perftest's a memory region per QP"},
 		{"write-bw", []string{"--tclass=32"}, "--tclass: perftest's traffic class"},

@@ -58,6 +58,13 @@ options:
                           the same -q; a mismatch fails in the exchange, naming both;
                           with -R each QP has its own rdma_cm connection)
   -r, --rx-depth=N        receives posted (SEND tests, default 512)
+  -Q, --cq-mod=N          request a completion for one send WR in N (1..1024; default 100,
+                          but 1 for messages over 8192 bytes unless -Q, -a or -e; at most
+                          -t), as perftest; the bandwidth tests count each completion as the
+                          WRs it ends (the latency tests signal every WR)
+  -l, --post_list=N       post the send WRs in lists of N, one post call each (bandwidth
+                          tests; -n a multiple of N; sets -Q to N unless given, which must
+                          divide N), as perftest
   -u, --qp-timeout=T      local ACK timeout exponent (default 14)
   -A, --atomic_type=TYPE  CMP_AND_SWAP or FETCH_AND_ADD (default FETCH_AND_ADD)
   -p, --port=PORT         out-of-band TCP port (default 18515); with -R the rdma_cm port
@@ -130,8 +137,13 @@ type perfConfig struct {
 	qps         int  // -q: QPs (bandwidth tests)
 	gbits       bool // --report_gbits: bandwidth in Gb/s instead of MB/s
 	runInf      bool // --run_infinitely: report every -D seconds until interrupted
-	sock        cli.SocketFlags
-	server      string
+	cqMod       int  // -Q: signal one send WR in cqMod (perftest's effective value)
+	postList    int  // -l: post lists of postList send WRs, one post call each
+	// notes are the lines perftest prints to stdout while it parses
+	// its flags (its CQ moderation notices), printed first.
+	notes  []string
+	sock   cli.SocketFlags
+	server string
 }
 
 // perfMaxSize is perftest's MAX_SIZE, the largest size of -a.
@@ -171,6 +183,8 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	cli.BoolFlags(fs, &c.bidi, "b", "bidirectional")
 	fs.BoolVar(&c.gbits, "report_gbits", false, "")
 	fs.BoolVar(&c.runInf, "run_infinitely", false, "")
+	cli.IntFlags(fs, &c.cqMod, "Q", "cq-mod", perfDefCQMod)
+	cli.IntFlags(fs, &c.postList, "l", "post_list", 1)
 	var conn string
 	cli.StringFlags(fs, &conn, "c", "connection", "RC")
 	var commCM bool
@@ -261,6 +275,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	case c.snaplen > 0 && c.pcap == "":
 		return nil, fmt.Errorf("--snaplen %d needs --pcap", c.snaplen)
 	}
+	if err := c.setCQMod(fs); err != nil {
+		return nil, err
+	}
 	if c.bind, err = cli.ParseBind(bind); err != nil {
 		return nil, err
 	}
@@ -273,6 +290,64 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, errors.New("-R as a server needs --bind IP: the local address to accept rdma_cm connections and run RoCEv2 on")
 	}
 	return c, nil
+}
+
+// perftest's CQ moderation: DEF_CQ_MOD, MAX_CQ_MOD and
+// MSG_SIZE_CQ_MOD_LIMIT, above which it signals every WR unless -Q is given.
+const (
+	perfDefCQMod       = 100
+	perfMaxCQMod       = 1024
+	perfCQModSizeLimit = 8192
+)
+
+// setCQMod checks -Q and -l and sets the CQ moderation perftest 4.5 runs
+// with (force_dependecies): -Q, by default 100, but 1 for messages over
+// 8 KiB unless -Q, -a or -e is given; at most the TX depth; with -l and
+// without -Q the post list's size. It refuses what perftest refuses, in
+// its words.
+func (c *perfConfig) setCQMod(fs *flag.FlagSet) error {
+	reqQ := flagSet(fs, "Q", "cq-mod")
+	durationMode := flagSet(fs, "D", "duration")
+	switch {
+	case c.cqMod < 1 || c.cqMod > perfMaxCQMod:
+		return fmt.Errorf("-Q %d: CQ moderation must be between 1 and %d", c.cqMod, perfMaxCQMod)
+	case c.postList < 1:
+		return fmt.Errorf("-l %d: the post list size must be at least 1", c.postList)
+	case c.postList > 1 && !c.test.IsBW():
+		return fmt.Errorf("-l %d: post lists are supported in the bandwidth tests only (as perftest)", c.postList)
+	case c.postList > 1 && !durationMode && c.iters%c.postList != 0:
+		return fmt.Errorf("-l %d: the number of iterations (-n %d) must be a multiple of the post list size (as perftest)", c.postList, c.iters)
+	case c.postList > 1 && reqQ && c.postList%c.cqMod != 0:
+		return fmt.Errorf("-l %d with -Q %d: the post list size must be a multiple of the CQ moderation (as perftest)", c.postList, c.cqMod)
+	case c.postList > c.sendWindow():
+		// perftest would never post: a list must fit in the TX window.
+		return fmt.Errorf("-l %d: larger than the TX depth (-t %d, at most -n), no list would fit in the send queue", c.postList, c.txDepth)
+	}
+	if c.size > perfCQModSizeLimit && !c.all && !c.events {
+		if !reqQ {
+			c.cqMod = 1
+		} else if c.cqMod > 1 {
+			c.notes = append(c.notes, strings.TrimSuffix(perfLine, "\n"),
+				"Warning: Large message requested and CQ moderation enabled",
+				"Warning: It can lead to inaccurate results")
+		}
+	}
+	c.cqMod = min(c.cqMod, c.sendWindow())
+	if c.postList > 1 && !reqQ {
+		c.cqMod = c.postList
+		c.notes = append(c.notes, strings.TrimSuffix(perfLine, "\n"),
+			"Post List requested - CQ moderation will be the size of the post list")
+	}
+	return nil
+}
+
+// sendWindow is the bandwidth tests' TX depth: -t, at most -n (perftest
+// lowers -t to -n, rocev2d with -D too).
+func (c *perfConfig) sendWindow() int {
+	if c.test.IsBW() {
+		return min(c.txDepth, c.iters)
+	}
+	return 1
 }
 
 // perfDefaultDuration is perftest's DEF_DURATION: the period of
@@ -314,10 +389,6 @@ func (c *perfConfig) checkRunInfinitely(fs *flag.FlagSet) error {
 var perftestOnlyFlags = map[string]string{
 	"I":                  "inline data size",
 	"inline_size":        "inline data size",
-	"l":                  "post lists of send WRs",
-	"post_list":          "post lists of send WRs",
-	"Q":                  "CQ moderation",
-	"cq-mod":             "CQ moderation",
 	"g":                  "multicast (UD SEND tests)",
 	"mcg":                "multicast (UD SEND tests)",
 	"M":                  "multicast group GID",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +76,7 @@ func (s *perfSide) bwClientInfinite(ctx context.Context, size int, stdout io.Wri
 	c := s.c
 	nq := len(s.qps)
 	tx := s.txDepth()
+	pl := max(c.postList, 1)
 	scnt := make([]uint64, nq)
 	ccnt := make([]uint64, nq)
 	var done atomic.Uint64
@@ -85,16 +87,22 @@ func (s *perfSide) bwClientInfinite(ctx context.Context, size int, stdout io.Wri
 	for {
 		for i, q := range s.qps {
 			wrs = wrs[:0]
-			for int(scnt[i]-ccnt[i])+len(wrs) < tx {
-				wrs = append(wrs, s.sendWRQP(i, size, scnt[i]+uint64(len(wrs))))
+			for int(scnt[i]-ccnt[i])+len(wrs)+pl <= tx {
+				for range pl {
+					wrs = append(wrs, s.signalWR(s.sendWRQP(i, size, scnt[i]+uint64(len(wrs))), math.MaxInt))
+				}
 			}
-			if len(wrs) == 0 {
-				continue
+			for rest := wrs; len(rest) > 0; {
+				list := rest
+				if pl > 1 {
+					list = rest[:pl] // -l: one call per list
+				}
+				rest = rest[len(list):]
+				if err := q.qp.PostSend(list...); err != nil {
+					return fmt.Errorf("couldn't post send on QP %d after %d: %w", i, scnt[i], err)
+				}
+				scnt[i] += uint64(len(list))
 			}
-			if err := q.qp.PostSend(wrs...); err != nil {
-				return fmt.Errorf("couldn't post send on QP %d after %d: %w", i, scnt[i], err)
-			}
-			scnt[i] += uint64(len(wrs))
 		}
 		n, err := s.SCQ.Wait(ctx, wcs)
 		if err != nil {
@@ -111,8 +119,12 @@ func (s *perfSide) bwClientInfinite(ctx context.Context, size int, stdout io.Wri
 			if i >= nq {
 				return fmt.Errorf("send completion with wr_id %#x names no QP of %d", wc.WRID, nq)
 			}
-			ccnt[i]++
-			done.Add(1)
+			end := wc.WRID&(1<<perfWRIDShift-1) + 1 // -Q: it ends the WRs before it
+			if end <= ccnt[i] || end > scnt[i] {
+				return fmt.Errorf("send completion for WR %d on QP %d, where %d of %d completed", end-1, i, ccnt[i], scnt[i])
+			}
+			done.Add(end - ccnt[i])
+			ccnt[i] = end
 		}
 	}
 }

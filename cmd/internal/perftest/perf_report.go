@@ -86,7 +86,7 @@ func (s *perfSide) printHeader(w io.Writer) {
 	}
 	writePerfHeader(w, perfHeader{test: c.test, atomicType: c.atomicType, dev: c.dev, role: c.role(),
 		txDepth: s.txDepth(), rxDepth: c.rxDepth, mtu: s.params.MTU.Bytes(), gidIdx: gid, outReads: int(s.local.OutReads),
-		rdmaCM: c.rdmaCM, bidi: c.bidi, qps: len(s.qps)})
+		rdmaCM: c.rdmaCM, bidi: c.bidi, qps: len(s.qps), cqMod: c.cqMod, postList: c.postList})
 }
 
 // perfHeader are the values of perftest's description block.
@@ -103,15 +103,19 @@ type perfHeader struct {
 	rdmaCM     bool // -R
 	bidi       bool // -b
 	qps        int  // -q (0: 1)
+	cqMod      int  // -Q, perftest's effective value (0: 1)
+	postList   int  // -l (0: 1)
 }
 
-// writePerfHeader prints the block in perftest 4.5's layout. CQ moderation
-// is 1: rocev2d requests a completion for every work request.
+// writePerfHeader prints the block in perftest 4.5's layout.
 func writePerfHeader(w io.Writer, h perfHeader) {
 	fmt.Fprint(w, perfLine)
 	title := perfTitle(h.test, h.atomicType)
 	if h.bidi {
 		title = strings.Replace(title, " BW Test", " Bidirectional BW Test", 1)
+	}
+	if h.postList > 1 && h.test.IsBW() {
+		title = strings.Replace(title, " BW Test", " Post List BW Test", 1)
 	}
 	fmt.Fprintf(w, "                    %s\n", title)
 	dev := h.dev
@@ -127,11 +131,14 @@ func writePerfHeader(w io.Writer, h perfHeader) {
 	if h.role == oob.Client || !h.test.IsBW() || h.bidi {
 		fmt.Fprintf(w, " TX depth        : %d\n", h.txDepth)
 	}
+	if h.postList > 1 {
+		fmt.Fprintf(w, " Post List       : %d\n", h.postList)
+	}
 	if (h.role == oob.Server || h.bidi) && send {
 		fmt.Fprintf(w, " RX depth        : %d\n", h.rxDepth)
 	}
 	if h.test.IsBW() {
-		fmt.Fprintf(w, " CQ Moderation   : 1\n")
+		fmt.Fprintf(w, " CQ Moderation   : %d\n", max(h.cqMod, 1))
 	}
 	fmt.Fprintf(w, " Mtu             : %d[B]\n", h.mtu)
 	fmt.Fprintf(w, " Link type       : Ethernet\n")

@@ -92,6 +92,7 @@ type perfSide struct {
 	// kind of test (checkPeerTest).
 	peerTestNote string
 	lastWC       atomic.Int64 // -b send-bw: UnixNano of the last completion
+	sendWCs      atomic.Uint64 // send completions polled (one per -Q WRs)
 }
 
 // perfQP is one QP of a perftest side (-q): its first PSN, its QP data and
@@ -215,12 +216,7 @@ func (s *perfSide) close() error {
 	return err
 }
 
-func (s *perfSide) txDepth() int {
-	if s.c.test.IsBW() {
-		return min(s.c.txDepth, s.c.iters)
-	}
-	return 1
-}
+func (s *perfSide) txDepth() int { return s.c.sendWindow() }
 
 // connect takes the QP to RTS towards the peer with the negotiated
 // parameters (ctx_connect; with -R the CM has connected it: the peer's QP
