@@ -91,7 +91,7 @@ type perfSide struct {
 	// peerTestNote, if not empty, suspects the peer of running another
 	// kind of test (checkPeerTest).
 	peerTestNote string
-	lastWC       atomic.Int64 // -b send-bw: UnixNano of the last completion
+	lastWC       atomic.Int64  // -b send-bw: UnixNano of the last completion
 	sendWCs      atomic.Uint64 // send completions polled (one per -Q WRs)
 }
 
