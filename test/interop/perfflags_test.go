@@ -92,6 +92,13 @@ func perfFlagCells(gidIndex int) []cell {
 				return p
 			}, 200},
 			{"D2", "ib_write_bw", "write-bw", []string{"-D", "2", "-s", "4096"}, nil, checkDurationOutput(4096), 5},
+			// -Q and -l: both headers print perftest's CQ moderation (and
+			// post list), the rows count every iteration.
+			{"Q10", "ib_write_bw", "write-bw", []string{"-Q", "10", "-s", "4096", "-n", "200"}, nil,
+				checkHeaderLines(4096, 200, " CQ Moderation   : 10\n"), 200},
+			{"l4", "ib_send_bw", "send-bw", []string{"-l", "4", "-s", "4096", "-n", "200"}, nil,
+				checkHeaderLines(4096, 200, "                    Send Post List BW Test\n", " Post List       : 4\n",
+					" CQ Moderation   : 4\n", "Post List requested - CQ moderation will be the size of the post list\n"), 200},
 			{"e", "ib_send_lat", "send-lat", []string{"-s", "64", "-n", "100"}, []string{"-e"}, func(who, out string) []string {
 				return checkPerftestOutput(who, out, 64, 100)
 			}, 200},
@@ -109,6 +116,20 @@ func perfFlagCells(gidIndex int) []cell {
 		}
 	}
 	return cs
+}
+
+// checkHeaderLines checks a result row of size bytes and iters
+// iterations and that the output holds each of lines.
+func checkHeaderLines(size, iters int, lines ...string) func(who, out string) []string {
+	return func(who, out string) []string {
+		p := checkPerftestOutput(who, out, size, iters)
+		for _, l := range lines {
+			if !strings.Contains(out, l) {
+				p = append(p, fmt.Sprintf("%s: no %q", who, strings.TrimSpace(l)))
+			}
+		}
+		return p
+	}
 }
 
 // checkDurationOutput checks a -D result row: size bytes and at least 5

@@ -31,6 +31,10 @@ type Endpoint struct {
 	// SR connects the QPs with selective repeat (--selective-repeat: the
 	// peer must be a rocev2d that set it too).
 	SR bool
+	// TrafficClass is the traffic class ConnectQP gives the QPs (the IP
+	// DSCP/ECN byte of their packets), as ibv_modify_qp's GRH
+	// traffic_class (perftest's --tclass).
+	TrafficClass uint8
 	// release undoes the registrations and mappings of Alloc, in reverse
 	// order, after the device is closed.
 	release []func()
@@ -152,7 +156,7 @@ func (e *Endpoint) ConnectQP(qp *transport.QP, psn uint32, peer netip.Addr, peer
 		return err
 	}
 	return qp.Connect(transport.ConnParams{Peer: peer, DestQPN: peerQPN, RQPSN: peerPSN, SQPSN: psn,
-		PathMTU: mtu, Access: e.Access, MaxRdAtomic: rdAtomic, MaxDestRdAtomic: rdAtomic,
+		PathMTU: mtu, Access: e.Access, MaxRdAtomic: rdAtomic, MaxDestRdAtomic: rdAtomic, TrafficClass: e.TrafficClass,
 		Retry: &transport.Retry{Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12}, SelectiveRepeat: e.SR})
 }
 

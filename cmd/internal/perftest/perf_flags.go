@@ -71,6 +71,10 @@ options:
   -R, --rdma_cm           connect through rdma_cm, as perftest -R: the exchange runs over an
                           RC connection made through the IB CM on port -p, then the test QP
                           gets its own (a server needs --bind; both sides need -R)
+      --tclass=TC         traffic class of the test QPs, 0..255 (default 0): the IP DSCP/ECN
+                          byte of their packets, as perftest's GRH traffic class (not with -R)
+  -S, --sl=SL             accepted (0..15) with no effect: RoCEv2 packets carry no SL (rxe
+                          drops it too)
   -x, --gid-index=IDX     accepted for compatibility (the GID is the local address)
   -d, --ib-dev=DEV        accepted for compatibility
   -i, --ib-port=PORT      accepted, must be 1
@@ -139,6 +143,8 @@ type perfConfig struct {
 	runInf      bool // --run_infinitely: report every -D seconds until interrupted
 	cqMod       int  // -Q: signal one send WR in cqMod (perftest's effective value)
 	postList    int  // -l: post lists of postList send WRs, one post call each
+	tclass      int  // --tclass: the QPs' traffic class (IP DSCP/ECN byte)
+	sl          int  // -S: accepted, no effect on RoCEv2
 	// notes are the lines perftest prints to stdout while it parses
 	// its flags (its CQ moderation notices), printed first.
 	notes  []string
@@ -185,6 +191,8 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	fs.BoolVar(&c.runInf, "run_infinitely", false, "")
 	cli.IntFlags(fs, &c.cqMod, "Q", "cq-mod", perfDefCQMod)
 	cli.IntFlags(fs, &c.postList, "l", "post_list", 1)
+	fs.IntVar(&c.tclass, "tclass", 0, "")
+	cli.IntFlags(fs, &c.sl, "S", "sl", 0)
 	var conn string
 	cli.StringFlags(fs, &conn, "c", "connection", "RC")
 	var commCM bool
@@ -270,6 +278,15 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, fmt.Errorf("--connect-timeout %v: must be positive", c.connTimeout)
 	case c.timeout < 0:
 		return nil, fmt.Errorf("--timeout %v: negative", c.timeout)
+	case c.tclass < 0 || c.tclass > 255:
+		return nil, fmt.Errorf("--tclass %d: traffic class must be between 0 and 255", c.tclass)
+	case c.tclass != 0 && c.rdmaCM:
+		// perftest gives --tclass only to QPs it connects itself (not
+		// -R's; their TOS is -T, --tos).
+		return nil, fmt.Errorf("--tclass %d with -R: perftest sets it only on QPs it connects without rdma_cm (with -R it takes -T/--tos, which rocev2d does not support)", c.tclass)
+	case c.sl < 0 || c.sl > 15:
+		// perftest: " Only 15 Service levels".
+		return nil, fmt.Errorf("-S %d: service level must be between 0 and 15", c.sl)
 	case c.snaplen < 0:
 		return nil, fmt.Errorf("--snaplen %d: must be 0 (whole frames) or more", c.snaplen)
 	case c.snaplen > 0 && c.pcap == "":
@@ -394,10 +411,7 @@ var perftestOnlyFlags = map[string]string{
 	"M":                  "multicast group GID",
 	"MGID":               "multicast group GID",
 	"mr_per_qp":          "a memory region per QP",
-	"T":                  "traffic class",
-	"tclass":             "traffic class",
-	"S":                  "service level",
-	"sl":                 "service level",
+	"T":                  "type of service of rdma_cm QPs (-T is --tos in perftest 4.5; --tclass sets the traffic class)",
 	"dont_xchg_versions": "no version exchange (perftest 4.5 refuses it itself)",
 	"use_old_post_send":  "the old ibv_post_send API",
 	"output":             "print only the bandwidth or latency figure",
@@ -427,7 +441,7 @@ var perftestOnlyFlags = map[string]string{
 	"pkey_index":         "a P_Key index",
 	"use_hugepages":      "huge pages",
 	"use-null-mr":        "a null memory region",
-	"tos":                "type of service",
+	"tos":                "type of service of rdma_cm QPs (--tclass sets the traffic class)",
 }
 
 // perftestOnlyFlag rewrites flag's "flag provided but not defined" for an

@@ -176,6 +176,7 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 		return nil, err
 	}
 	e.SR = c.sr
+	e.TrafficClass = uint8(c.tclass)
 	s := &perfSide{Endpoint: e, c: c, capture: capture}
 	s.qps = []*perfQP{{qp: e.QP, psn: e.PSN}}
 	for i := 1; i < nqp; i++ {
