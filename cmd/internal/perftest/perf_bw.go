@@ -29,7 +29,7 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 		deadline = time.Now().Add(time.Duration(c.duration) * time.Second)
 	}
 	res := perfResult{size: size}
-	if c.duration == 0 {
+	if c.duration == 0 && !c.noPeak {
 		res.tposted = make([]time.Time, 0, iters*nq)
 		res.tcomplete = make([]time.Time, 0, iters*nq)
 	}
@@ -142,6 +142,9 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 	res.iters = int(totC)
 	s.results = append(s.results, res)
 	rep := bwReport(res, tx*nq, c.gbits)
+	if c.noPeak {
+		rep.BWPeak = 0 // perftest's noPeak: no peak, 0.00
+	}
 	if !c.bidi { // -b prints the sum of both directions after the report exchange
 		writeBWLine(stdout, rep)
 	}

@@ -80,6 +80,8 @@ options:
   -i, --ib-port=PORT      accepted, must be 1
   -F, --CPU-freq          accepted (no CPU frequency check is made)
   -c, --connection=TYPE   RC, the only connection type (UC or UD are refused)
+  -N, --noPeak            no peak bandwidth: the row's peak is 0.00, as perftest's (which
+                          also computes none with -n above 20000)
       --report_gbits      bandwidth columns in Gb/s (10^9 bits) instead of MB/sec (2^20
                           bytes), as perftest; each side prints the peer's report in the
                           peer's unit, as perftest does (the latency tests ignore it)
@@ -145,6 +147,7 @@ type perfConfig struct {
 	postList    int  // -l: post lists of postList send WRs, one post call each
 	tclass      int  // --tclass: the QPs' traffic class (IP DSCP/ECN byte)
 	sl          int  // -S: accepted, no effect on RoCEv2
+	noPeak      bool // -N, or perftest's own choice: no peak bandwidth (0.00)
 	// notes are the lines perftest prints to stdout while it parses
 	// its flags (its CQ moderation notices), printed first.
 	notes  []string
@@ -192,6 +195,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	cli.IntFlags(fs, &c.cqMod, "Q", "cq-mod", perfDefCQMod)
 	cli.IntFlags(fs, &c.postList, "l", "post_list", 1)
 	fs.IntVar(&c.tclass, "tclass", 0, "")
+	cli.BoolFlags(fs, &c.noPeak, "N", "noPeak")
 	cli.IntFlags(fs, &c.sl, "S", "sl", 0)
 	var conn string
 	cli.StringFlags(fs, &conn, "c", "connection", "RC")
@@ -295,6 +299,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	if err := c.setCQMod(fs); err != nil {
 		return nil, err
 	}
+	if t.IsBW() && c.duration == 0 && c.iters > perfNoPeakIters {
+		c.noPeak = true // perftest: no peak above 20000 iterations
+	}
 	if c.bind, err = cli.ParseBind(bind); err != nil {
 		return nil, err
 	}
@@ -367,6 +374,10 @@ func (c *perfConfig) sendWindow() int {
 	return 1
 }
 
+// perfNoPeakIters is the -n above which perftest 4.5's bandwidth tests
+// compute no peak, as with -N (force_dependecies).
+const perfNoPeakIters = 20000
+
 // perfDefaultDuration is perftest's DEF_DURATION: the period of
 // --run_infinitely without -D.
 const perfDefaultDuration = 5
@@ -421,8 +432,6 @@ var perftestOnlyFlags = map[string]string{
 	"report-histogram":   "latency histogram",
 	"U":                  "unsorted latencies",
 	"report-unsorted":    "unsorted latencies",
-	"N":                  "no peak bandwidth",
-	"noPeak":             "no peak bandwidth",
 	"O":                  "dual port",
 	"dualport":           "dual port",
 	"use-srq":            "a shared receive queue",
