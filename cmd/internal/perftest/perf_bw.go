@@ -219,7 +219,7 @@ func (s *perfSide) sendBWServer(ctx context.Context, size int) error {
 			rcntQ[i]++
 			s.qps[i].posted--
 			res.end = now
-			for s.qps[i].posted < c.rxDepth && (c.duration > 0 || rcntQ[i]+s.qps[i].posted < c.iters) {
+			for s.qps[i].posted < s.recvDepth() && (c.duration > 0 || rcntQ[i]+s.qps[i].posted < c.iters) {
 				if err := s.postRecv(i); err != nil {
 					return err
 				}

@@ -71,6 +71,8 @@ options:
   -R, --rdma_cm           connect through rdma_cm, as perftest -R: the exchange runs over an
                           RC connection made through the IB CM on port -p, then the test QP
                           gets its own (a server needs --bind; both sides need -R)
+      --use-srq           SEND tests: the QPs take their receives from one shared receive
+                          queue of -r WRs (-r / QPs posted for each QP's region), as perftest
       --tclass=TC         traffic class of the test QPs, 0..255 (default 0): the IP DSCP/ECN
                           byte of their packets, as perftest's GRH traffic class (not with -R)
   -S, --sl=SL             accepted (0..15) with no effect: RoCEv2 packets carry no SL (rxe
@@ -148,6 +150,7 @@ type perfConfig struct {
 	tclass      int  // --tclass: the QPs' traffic class (IP DSCP/ECN byte)
 	sl          int  // -S: accepted, no effect on RoCEv2
 	noPeak      bool // -N, or perftest's own choice: no peak bandwidth (0.00)
+	useSRQ      bool // --use-srq: the QPs take their receives from one SRQ
 	// notes are the lines perftest prints to stdout while it parses
 	// its flags (its CQ moderation notices), printed first.
 	notes  []string
@@ -196,6 +199,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	cli.IntFlags(fs, &c.postList, "l", "post_list", 1)
 	fs.IntVar(&c.tclass, "tclass", 0, "")
 	cli.BoolFlags(fs, &c.noPeak, "N", "noPeak")
+	fs.BoolVar(&c.useSRQ, "use-srq", false, "")
 	cli.IntFlags(fs, &c.sl, "S", "sl", 0)
 	var conn string
 	cli.StringFlags(fs, &conn, "c", "connection", "RC")
@@ -282,6 +286,12 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, fmt.Errorf("--connect-timeout %v: must be positive", c.connTimeout)
 	case c.timeout < 0:
 		return nil, fmt.Errorf("--timeout %v: negative", c.timeout)
+	case c.useSRQ && t != oob.SendBW && t != oob.SendLat:
+		// perftest: "Using SRQ only avavilible in SEND tests."
+		return nil, errors.New("--use-srq: a shared receive queue is only available in the SEND tests (as perftest)")
+	case c.useSRQ && c.qps > c.rxDepth:
+		// perftest: "Using SRQ depth should be greater than number of QPs."
+		return nil, fmt.Errorf("--use-srq with -q %d: the SRQ depth (-r %d) must be at least the number of QPs (as perftest)", c.qps, c.rxDepth)
 	case c.tclass < 0 || c.tclass > 255:
 		return nil, fmt.Errorf("--tclass %d: traffic class must be between 0 and 255", c.tclass)
 	case c.tclass != 0 && c.rdmaCM:
@@ -434,7 +444,6 @@ var perftestOnlyFlags = map[string]string{
 	"report-unsorted":    "unsorted latencies",
 	"O":                  "dual port",
 	"dualport":           "dual port",
-	"use-srq":            "a shared receive queue",
 	"odp":                "on-demand paging",
 	"cpu_util":           "CPU utilisation",
 	"report-both":        "both directions' reports",

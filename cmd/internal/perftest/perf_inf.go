@@ -160,7 +160,7 @@ func (s *perfSide) sendBWServerInfinite(ctx context.Context, size int, stdout io
 			}
 			done.Add(1)
 			s.qps[i].posted--
-			for s.qps[i].posted < c.rxDepth {
+			for s.qps[i].posted < s.recvDepth() {
 				if err := s.postRecv(i); err != nil {
 					return err
 				}

@@ -224,7 +224,7 @@ func (s *perfSide) latSend(ctx context.Context, size int, role oob.Role, stdout 
 		}
 		rcnt++
 		s.qps[0].posted--
-		if s.qps[0].posted < c.rxDepth && rcnt+s.qps[0].posted < c.iters {
+		if s.qps[0].posted < s.recvDepth() && rcnt+s.qps[0].posted < c.iters {
 			return s.postRecv(0)
 		}
 		return nil

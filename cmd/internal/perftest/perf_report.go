@@ -86,7 +86,7 @@ func (s *perfSide) printHeader(w io.Writer) {
 	}
 	writePerfHeader(w, perfHeader{test: c.test, atomicType: c.atomicType, dev: c.dev, role: c.role(),
 		txDepth: s.txDepth(), rxDepth: c.rxDepth, mtu: s.params.MTU.Bytes(), gidIdx: gid, outReads: int(s.local.OutReads),
-		rdmaCM: c.rdmaCM, bidi: c.bidi, qps: len(s.qps), cqMod: c.cqMod, postList: c.postList})
+		rdmaCM: c.rdmaCM, bidi: c.bidi, qps: len(s.qps), cqMod: c.cqMod, postList: c.postList, srq: c.useSRQ})
 }
 
 // perfHeader are the values of perftest's description block.
@@ -105,6 +105,7 @@ type perfHeader struct {
 	qps        int  // -q (0: 1)
 	cqMod      int  // -Q, perftest's effective value (0: 1)
 	postList   int  // -l (0: 1)
+	srq        bool // --use-srq
 }
 
 // writePerfHeader prints the block in perftest 4.5's layout.
@@ -124,7 +125,7 @@ func writePerfHeader(w io.Writer, h perfHeader) {
 	}
 	fmt.Fprintf(w, " Dual-port       : OFF\t\tDevice         : %s\n", dev)
 	fmt.Fprintf(w, " Number of qps   : %d\t\tTransport type : IB\n", max(h.qps, 1))
-	fmt.Fprintf(w, " Connection type : RC\t\tUsing SRQ      : OFF\n")
+	fmt.Fprintf(w, " Connection type : RC\t\tUsing SRQ      : %s\n", map[bool]string{false: "OFF", true: "ON"}[h.srq])
 	fmt.Fprintf(w, " PCIe relax order: OFF\n")
 	fmt.Fprintf(w, " ibv_wr* API     : OFF\n")
 	send := h.test == oob.SendBW || h.test == oob.SendLat

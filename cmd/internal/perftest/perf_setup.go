@@ -168,6 +168,9 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 	cfg := cli.EndpointConfig{SendCQ: c.txDepth*nqp + 16, RecvCQ: (c.txDepth+c.rxDepth)*nqp + 16,
 		MaxSendWR: c.txDepth + 1, MaxRecvWR: c.rxDepth + 1,
 		Access: memreg.AccessRemoteWrite | memreg.AccessRemoteRead | memreg.AccessRemoteAtomic, CC: c.sock.CC.Config()}
+	if c.useSRQ {
+		cfg.SRQWR = c.rxDepth + 1 // perftest's max_wr: -r
+	}
 	e, err := cli.NewEndpoint(link, cfg)
 	if err != nil {
 		if capture != nil {
@@ -324,9 +327,9 @@ func (s *perfSide) prepare(size int) error {
 	if !recvSide {
 		return nil
 	}
-	want := min(c.rxDepth, c.iters)
+	want := min(s.recvDepth(), c.iters)
 	if c.duration > 0 {
-		want = c.rxDepth
+		want = s.recvDepth()
 	}
 	// rx depth receives on each QP, as perftest's ctx_set_recv_wqes.
 	for i, q := range s.qps {
@@ -339,13 +342,26 @@ func (s *perfSide) prepare(size int) error {
 	return nil
 }
 
+// recvDepth is how many receives a side keeps posted for each QP: -r,
+// or with --use-srq -r over the QPs, as perftest divides its SRQ.
+func (s *perfSide) recvDepth() int {
+	if s.SRQ != nil {
+		return max(s.c.rxDepth/len(s.qps), 1)
+	}
+	return s.c.rxDepth
+}
+
 // postRecv posts a receive on QP i, into its target region; its wr_id is
 // i, as perftest's.
 func (s *perfSide) postRecv(i int) error {
 	// Each receive may take the largest message of the run, at its slot.
 	q := s.qps[i]
 	wr := transport.RecvWR{WRID: uint64(i), SGEs: []memreg.SGE{{Addr: s.recvBaseQP(i), Length: uint32(s.half), LKey: s.mr.LKey()}}}
-	if err := q.qp.PostRecv(wr); err != nil {
+	post := q.qp.PostRecv
+	if s.SRQ != nil {
+		post = s.SRQ.PostRecv // --use-srq: any QP may take it
+	}
+	if err := post(wr); err != nil {
 		return fmt.Errorf("couldn't post receive: %w", err)
 	}
 	q.posted++
