@@ -48,6 +48,10 @@ func runPerf(ctx context.Context, t oob.PerfTest, args []string, stdout, stderr 
 	for _, l := range c.notes {
 		fmt.Fprintln(stdout, l)
 	}
+	if c.inline >= 0 {
+		fmt.Fprint(stdout, perfLine)
+		fmt.Fprintln(stderr, perfInlineDisabled)
+	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("--timeout %v reached", c.timeout))

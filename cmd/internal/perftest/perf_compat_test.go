@@ -27,8 +27,6 @@ func TestPerfPerftestOnlyFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"write-bw", []string{"-I", "64"}, "-I: perftest's inline data size"},
-		{"write-bw", []string{"--inline_size=64"}, "--inline_size: perftest's inline data size"},
 		{"send-bw", []string{"-g"}, "-g: perftest's multicast"},
 		{"write-bw", []string{"--mr_per_qp", "-q", "2"}, "--mr_per_qp: perftest's a memory region per QP"},
 		{"write-bw", []string{"-T", "32"}, "-T: perftest's type of service of rdma_cm QPs"},

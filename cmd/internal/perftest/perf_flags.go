@@ -73,6 +73,10 @@ options:
                           gets its own (a server needs --bind; both sides need -R)
       --use-srq           SEND tests: the QPs take their receives from one shared receive
                           queue of -r WRs (-r / QPs posted for each QP's region), as perftest
+  -I, --inline_size=N     taken (0..912) and disabled, as perftest on rxe and any device it
+                          does not know: it says "Device not recognized to implement inline
+                          feature. Disabling it" and sends without inline data (the header's
+                          "Max inline data : 0[B]")
       --tclass=TC         traffic class of the test QPs, 0..255 (default 0): the IP DSCP/ECN
                           byte of their packets, as perftest's GRH traffic class (not with -R)
   -S, --sl=SL             accepted (0..15) with no effect: RoCEv2 packets carry no SL (rxe
@@ -151,6 +155,7 @@ type perfConfig struct {
 	sl          int  // -S: accepted, no effect on RoCEv2
 	noPeak      bool // -N, or perftest's own choice: no peak bandwidth (0.00)
 	useSRQ      bool // --use-srq: the QPs take their receives from one SRQ
+	inline      int  // -I: taken and disabled, as perftest on a device it does not know (-1: not given)
 	// notes are the lines perftest prints to stdout while it parses
 	// its flags (its CQ moderation notices), printed first.
 	notes  []string
@@ -200,6 +205,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	fs.IntVar(&c.tclass, "tclass", 0, "")
 	cli.BoolFlags(fs, &c.noPeak, "N", "noPeak")
 	fs.BoolVar(&c.useSRQ, "use-srq", false, "")
+	cli.IntFlags(fs, &c.inline, "I", "inline_size", -1)
 	cli.IntFlags(fs, &c.sl, "S", "sl", 0)
 	var conn string
 	cli.StringFlags(fs, &conn, "c", "connection", "RC")
@@ -292,6 +298,8 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	case c.useSRQ && c.qps > c.rxDepth:
 		// perftest: "Using SRQ depth should be greater than number of QPs."
 		return nil, fmt.Errorf("--use-srq with -q %d: the SRQ depth (-r %d) must be at least the number of QPs (as perftest)", c.qps, c.rxDepth)
+	case flagSet(fs, "I", "inline_size") && (c.inline < 0 || c.inline > perfMaxInline):
+		return nil, fmt.Errorf("-I %d: inline size must be between 0 and %d (as perftest)", c.inline, perfMaxInline)
 	case c.tclass < 0 || c.tclass > 255:
 		return nil, fmt.Errorf("--tclass %d: traffic class must be between 0 and 255", c.tclass)
 	case c.tclass != 0 && c.rdmaCM:
@@ -384,6 +392,16 @@ func (c *perfConfig) sendWindow() int {
 	return 1
 }
 
+// perfMaxInline is perftest's MAX_INLINE, the largest -I.
+const perfMaxInline = 912
+
+// perfInlineDisabled is what perftest 4.5 says, with -I, on a device it
+// does not know to send inline (rxe among them), before it runs with no
+// inline data: rocev2d does the same (its sends read the data when they
+// go out; perftest's buffers do not change during a run, so the wire is
+// the same either way).
+const perfInlineDisabled = "Device not recognized to implement inline feature. Disabling it"
+
 // perfNoPeakIters is the -n above which perftest 4.5's bandwidth tests
 // compute no peak, as with -N (force_dependecies).
 const perfNoPeakIters = 20000
@@ -425,8 +443,6 @@ func (c *perfConfig) checkRunInfinitely(fs *flag.FlagSet) error {
 // perftestOnlyFlags are perftest 4.5 options rocev2d does not take, by the
 // name flag reports: refused naming them as perftest's, not as unknown.
 var perftestOnlyFlags = map[string]string{
-	"I":                  "inline data size",
-	"inline_size":        "inline data size",
 	"g":                  "multicast (UD SEND tests)",
 	"mcg":                "multicast (UD SEND tests)",
 	"M":                  "multicast group GID",
