@@ -35,8 +35,6 @@ func TestPerfPerftestOnlyFlags(t *testing.T) {
 		{"write-bw", []string{"--use_old_post_send"}, "--use_old_post_send: perftest's"},
 		{"write-bw", []string{"--output=bandwidth"}, "--output: perftest's"},
 		{"write-lat", []string{"-C"}, "-C: perftest's report cycles"},
-		{"write-lat", []string{"-H"}, "-H: perftest's latency histogram"},
-		{"read-lat", []string{"-U"}, "-U: perftest's unsorted latencies"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		var o, e bytes.Buffer

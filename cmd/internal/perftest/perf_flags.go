@@ -77,6 +77,9 @@ options:
                           does not know: it says "Device not recognized to implement inline
                           feature. Disabling it" and sends without inline data (the header's
                           "Max inline data : 0[B]")
+  -U, --report-unsorted   latency tests: print every latency as measured ("N, usec" lines),
+                          then the row, as perftest
+  -H, --report-histogram  latency tests: print the sorted latencies, then the row, as perftest
       --tclass=TC         traffic class of the test QPs, 0..255 (default 0): the IP DSCP/ECN
                           byte of their packets, as perftest's GRH traffic class (not with -R)
   -S, --sl=SL             accepted (0..15) with no effect: RoCEv2 packets carry no SL (rxe
@@ -156,6 +159,8 @@ type perfConfig struct {
 	noPeak      bool // -N, or perftest's own choice: no peak bandwidth (0.00)
 	useSRQ      bool // --use-srq: the QPs take their receives from one SRQ
 	inline      int  // -I: taken and disabled, as perftest on a device it does not know (-1: not given)
+	unsorted    bool // -U: print the latencies unsorted (latency tests)
+	histogram   bool // -H: print the sorted latencies (latency tests)
 	// notes are the lines perftest prints to stdout while it parses
 	// its flags (its CQ moderation notices), printed first.
 	notes  []string
@@ -206,6 +211,8 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	cli.BoolFlags(fs, &c.noPeak, "N", "noPeak")
 	fs.BoolVar(&c.useSRQ, "use-srq", false, "")
 	cli.IntFlags(fs, &c.inline, "I", "inline_size", -1)
+	cli.BoolFlags(fs, &c.unsorted, "U", "report-unsorted")
+	cli.BoolFlags(fs, &c.histogram, "H", "report-histogram")
 	cli.IntFlags(fs, &c.sl, "S", "sl", 0)
 	var conn string
 	cli.StringFlags(fs, &conn, "c", "connection", "RC")
@@ -454,10 +461,6 @@ var perftestOnlyFlags = map[string]string{
 	"output":             "print only the bandwidth or latency figure",
 	"C":                  "report cycles instead of microseconds",
 	"report-cycles":      "report cycles instead of microseconds",
-	"H":                  "latency histogram",
-	"report-histogram":   "latency histogram",
-	"U":                  "unsorted latencies",
-	"report-unsorted":    "unsorted latencies",
 	"O":                  "dual port",
 	"dualport":           "dual port",
 	"odp":                "on-demand paging",

@@ -236,22 +236,60 @@ func writeBWLine(w io.Writer, r oob.Report) {
 // intervals between consecutive posts divided by rtt (2 for ping-pong
 // tests), sorted, the two largest dropped (LAT_MEASURE_TAIL), then min, max,
 // median, average, standard deviation and the 99% / 99.9% percentiles.
-func printLat(w io.Writer, size, iters int, ts []time.Time, rtt float64) {
+//
+// With unsorted (-U) it first prints every latency in the order measured,
+// with histogram (-H) the sorted ones without the tail, each as perftest's
+// "N, %g" lines under "#, usec"; then the column header again, as perftest.
+func printLat(w io.Writer, size, iters int, ts []time.Time, rtt float64, unsorted, histogram bool) {
 	var d []float64
 	for i := 1; i < len(ts) && i <= iters; i++ {
 		d = append(d, float64(ts[i].Sub(ts[i-1]).Nanoseconds())/1e3/rtt)
+	}
+	if unsorted {
+		writeLatList(w, d)
+	}
+	if histogram {
+		writeLatList(w, latSorted(d))
+	}
+	if unsorted || histogram {
+		fmt.Fprint(w, perfLine)
+		fmt.Fprintln(w, latColumns)
 	}
 	writeLatLine(w, size, iters, d)
 	fmt.Fprint(w, perfLine)
 }
 
-// writeLatLine prints the latency row for the per-iteration latencies d
-// (µs), which it sorts.
-func writeLatLine(w io.Writer, size, iters int, d []float64) {
+// latColumns is the latency tests' column header (perftest's
+// RESULT_FMT_LAT).
+const latColumns = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+
+// writeLatList prints latencies (µs) as perftest's -U and -H do: "#, usec",
+// then "N, value" with C's %g.
+func writeLatList(w io.Writer, d []float64) {
+	fmt.Fprintln(w, "#, usec")
+	for i, v := range d {
+		fmt.Fprintf(w, "%d, %s\n", i+1, cG(v))
+	}
+}
+
+// cG formats v as C's "%g": 6 significant digits, no trailing zeros.
+func cG(v float64) string { return fmt.Sprintf("%.6g", v) }
+
+// latSorted returns the latencies sorted, without the two largest
+// (LAT_MEASURE_TAIL), as perftest reports them.
+func latSorted(d []float64) []float64 {
+	d = slices.Clone(d)
 	slices.Sort(d)
 	if len(d) > 4 {
 		d = d[:len(d)-2] // LAT_MEASURE_TAIL
 	}
+	return d
+}
+
+// writeLatLine prints the latency row for the per-iteration latencies d
+// (µs), which it sorts.
+func writeLatLine(w io.Writer, size, iters int, d []float64) {
+	d = latSorted(d)
 	if len(d) == 0 {
 		d = []float64{0}
 	}

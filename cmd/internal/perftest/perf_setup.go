@@ -278,7 +278,7 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 	if s.c.test.IsBW() {
 		fmt.Fprintln(stdout, bwColumns(s.c.gbits))
 	} else {
-		fmt.Fprintln(stdout, " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ")
+		fmt.Fprintln(stdout, latColumns)
 	}
 	return nil
 }
