@@ -272,12 +272,14 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		switch {
 		case c.bidi: // each size's sum is printed after its report exchange
 		case c.test == oob.SendBW && role == oob.Server:
-			printBWLine(stdout, s.srvRecv, c.gbits)
+			printBWLine(stdout, s.srvRecv, c)
 		case role == oob.Server && res.HasReport:
-			writeBWLine(stdout, res.RemoteReport)
+			c.bwRow(stdout, res.RemoteReport)
 		}
-		fmt.Fprint(stdout, perfLine)
-	} else if role == oob.Server && (c.test == oob.ReadLat || c.test == oob.AtomicLat) {
+		if c.output == "" {
+			fmt.Fprint(stdout, perfLine)
+		}
+	} else if role == oob.Server && (c.test == oob.ReadLat || c.test == oob.AtomicLat) && c.output == "" {
 		fmt.Fprint(stdout, perfLine)
 	}
 	if c.check {
@@ -453,7 +455,7 @@ func (s *perfSide) reported(local, remote oob.Report, role oob.Role, stdout io.W
 	sum.BWPeak += remote.BWPeak
 	sum.BWAvg += remote.BWAvg
 	sum.MsgRate += remote.MsgRate
-	writeBWLine(stdout, sum)
+	c.bwRow(stdout, sum)
 	return nil
 }
 

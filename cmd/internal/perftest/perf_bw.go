@@ -146,7 +146,7 @@ func (s *perfSide) bwClient(ctx context.Context, size int, stdout, stderr io.Wri
 		rep.BWPeak = 0 // perftest's noPeak: no peak, 0.00
 	}
 	if !c.bidi { // -b prints the sum of both directions after the report exchange
-		writeBWLine(stdout, rep)
+		c.bwRow(stdout, rep)
 	}
 	return rep, nil
 }

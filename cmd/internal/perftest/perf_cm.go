@@ -162,7 +162,9 @@ func (p *perfCM) connectComm(ctx context.Context, stdout io.Writer) (net.Conn, e
 		defer cancel(nil)
 		stop := refuseTCPClients(c.port, cancel)
 		defer stop()
-		printWaiting(stdout)
+		if c.output == "" {
+			printWaiting(stdout)
+		}
 		r, err := p.ln.Next(ctx)
 		if err == nil {
 			p.comm, err = r.Accept(ctx, opts)

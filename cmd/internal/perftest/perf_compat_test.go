@@ -33,7 +33,6 @@ func TestPerfPerftestOnlyFlags(t *testing.T) {
 		{"write-bw", []string{"--tos", "32"}, "--tos: perftest's type of service of rdma_cm QPs"},
 		{"write-bw", []string{"--dont_xchg_versions"}, "--dont_xchg_versions: perftest's"},
 		{"write-bw", []string{"--use_old_post_send"}, "--use_old_post_send: perftest's"},
-		{"write-bw", []string{"--output=bandwidth"}, "--output: perftest's"},
 		{"write-lat", []string{"-C"}, "-C: perftest's report cycles"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -80,6 +80,9 @@ options:
   -U, --report-unsorted   latency tests: print every latency as measured ("N, usec" lines),
                           then the row, as perftest
   -H, --report-histogram  latency tests: print the sorted latencies, then the row, as perftest
+      --output=WHAT       print only the figure, as perftest: bandwidth or message_rate (the
+                          average, bandwidth tests) or latency (the average, latency tests),
+                          one "%%f" line per result; no banner, header or table
       --tclass=TC         traffic class of the test QPs, 0..255 (default 0): the IP DSCP/ECN
                           byte of their packets, as perftest's GRH traffic class (not with -R)
   -S, --sl=SL             accepted (0..15) with no effect: RoCEv2 packets carry no SL (rxe
@@ -147,20 +150,21 @@ type perfConfig struct {
 	verbose     bool
 	sr          bool // --selective-repeat: offer selective repeat (both sides must set it)
 	events      bool
-	rdmaCM      bool // -R: connect the QPs through rdma_cm, exchange over it
-	bidi        bool // -b: both sides run the data phase (perftest's duplex)
-	qps         int  // -q: QPs (bandwidth tests)
-	gbits       bool // --report_gbits: bandwidth in Gb/s instead of MB/s
-	runInf      bool // --run_infinitely: report every -D seconds until interrupted
-	cqMod       int  // -Q: signal one send WR in cqMod (perftest's effective value)
-	postList    int  // -l: post lists of postList send WRs, one post call each
-	tclass      int  // --tclass: the QPs' traffic class (IP DSCP/ECN byte)
-	sl          int  // -S: accepted, no effect on RoCEv2
-	noPeak      bool // -N, or perftest's own choice: no peak bandwidth (0.00)
-	useSRQ      bool // --use-srq: the QPs take their receives from one SRQ
-	inline      int  // -I: taken and disabled, as perftest on a device it does not know (-1: not given)
-	unsorted    bool // -U: print the latencies unsorted (latency tests)
-	histogram   bool // -H: print the sorted latencies (latency tests)
+	rdmaCM      bool   // -R: connect the QPs through rdma_cm, exchange over it
+	bidi        bool   // -b: both sides run the data phase (perftest's duplex)
+	qps         int    // -q: QPs (bandwidth tests)
+	gbits       bool   // --report_gbits: bandwidth in Gb/s instead of MB/s
+	runInf      bool   // --run_infinitely: report every -D seconds until interrupted
+	cqMod       int    // -Q: signal one send WR in cqMod (perftest's effective value)
+	postList    int    // -l: post lists of postList send WRs, one post call each
+	tclass      int    // --tclass: the QPs' traffic class (IP DSCP/ECN byte)
+	sl          int    // -S: accepted, no effect on RoCEv2
+	noPeak      bool   // -N, or perftest's own choice: no peak bandwidth (0.00)
+	useSRQ      bool   // --use-srq: the QPs take their receives from one SRQ
+	inline      int    // -I: taken and disabled, as perftest on a device it does not know (-1: not given)
+	unsorted    bool   // -U: print the latencies unsorted (latency tests)
+	histogram   bool   // -H: print the sorted latencies (latency tests)
+	output      string // --output: bandwidth, message_rate or latency alone ("": everything)
 	// notes are the lines perftest prints to stdout while it parses
 	// its flags (its CQ moderation notices), printed first.
 	notes  []string
@@ -213,6 +217,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	cli.IntFlags(fs, &c.inline, "I", "inline_size", -1)
 	cli.BoolFlags(fs, &c.unsorted, "U", "report-unsorted")
 	cli.BoolFlags(fs, &c.histogram, "H", "report-histogram")
+	fs.StringVar(&c.output, "output", "", "")
 	cli.IntFlags(fs, &c.sl, "S", "sl", 0)
 	var conn string
 	cli.StringFlags(fs, &conn, "c", "connection", "RC")
@@ -307,6 +312,14 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, fmt.Errorf("--use-srq with -q %d: the SRQ depth (-r %d) must be at least the number of QPs (as perftest)", c.qps, c.rxDepth)
 	case flagSet(fs, "I", "inline_size") && (c.inline < 0 || c.inline > perfMaxInline):
 		return nil, fmt.Errorf("-I %d: inline size must be between 0 and %d (as perftest)", c.inline, perfMaxInline)
+	case c.output != "" && c.output != "bandwidth" && c.output != "message_rate" && c.output != "latency":
+		return nil, fmt.Errorf("--output=%s: must be bandwidth, latency or message_rate (as perftest)", c.output)
+	case c.output == "latency" && t.IsBW():
+		// perftest: "Output verbosity level for BW can be: bandwidth, message_rate".
+		return nil, errors.New("--output=latency: the bandwidth tests' output can be bandwidth or message_rate (as perftest)")
+	case c.output != "" && c.output != "latency" && !t.IsBW():
+		// perftest: "Output verbosity level for LAT can be: latency".
+		return nil, fmt.Errorf("--output=%s: the latency tests' output can be latency (as perftest)", c.output)
 	case c.tclass < 0 || c.tclass > 255:
 		return nil, fmt.Errorf("--tclass %d: traffic class must be between 0 and 255", c.tclass)
 	case c.tclass != 0 && c.rdmaCM:
@@ -458,7 +471,6 @@ var perftestOnlyFlags = map[string]string{
 	"T":                  "type of service of rdma_cm QPs (-T is --tos in perftest 4.5; --tclass sets the traffic class)",
 	"dont_xchg_versions": "no version exchange (perftest 4.5 refuses it itself)",
 	"use_old_post_send":  "the old ibv_post_send API",
-	"output":             "print only the bandwidth or latency figure",
 	"C":                  "report cycles instead of microseconds",
 	"report-cycles":      "report cycles instead of microseconds",
 	"O":                  "dual port",

@@ -42,7 +42,7 @@ func infReport(size int, n uint64, el time.Duration, gbits bool) oob.Report {
 // startInfReporter prints a report line to w every period, as perftest's
 // print thread (handle_signal_print_thread): what count grew by since the
 // last line, over the time since it. stop ends it.
-func startInfReporter(period time.Duration, size int, gbits bool, count *atomic.Uint64, w io.Writer) (stop func()) {
+func startInfReporter(period time.Duration, size int, c *perfConfig, count *atomic.Uint64, w io.Writer) (stop func()) {
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -57,7 +57,7 @@ func startInfReporter(period time.Duration, size int, gbits bool, count *atomic.
 				return
 			case now := <-t.C:
 				n := count.Load()
-				writeBWLine(w, infReport(size, n-last, now.Sub(lastT), gbits))
+				c.bwRow(w, infReport(size, n-last, now.Sub(lastT), c.gbits))
 				last, lastT = n, now
 			}
 		}
@@ -80,7 +80,7 @@ func (s *perfSide) bwClientInfinite(ctx context.Context, size int, stdout io.Wri
 	scnt := make([]uint64, nq)
 	ccnt := make([]uint64, nq)
 	var done atomic.Uint64
-	stop := startInfReporter(time.Duration(c.duration)*time.Second, size, c.gbits, &done, stdout)
+	stop := startInfReporter(time.Duration(c.duration)*time.Second, size, c, &done, stdout)
 	defer stop()
 	wcs := make([]transport.WC, 64)
 	wrs := make([]transport.SendWR, 0, tx)
@@ -136,7 +136,7 @@ func (s *perfSide) sendBWServerInfinite(ctx context.Context, size int, stdout io
 	c := s.c
 	nq := len(s.qps)
 	var done atomic.Uint64
-	stop := startInfReporter(time.Duration(c.duration)*time.Second, size, c.gbits, &done, stdout)
+	stop := startInfReporter(time.Duration(c.duration)*time.Second, size, c, &done, stdout)
 	defer stop()
 	wcs := make([]transport.WC, 64)
 	for {

@@ -52,7 +52,7 @@ func (s *perfSide) postSendWait(ctx context.Context, wr transport.SendWR, wc []t
 func (s *perfSide) latDone(stdout io.Writer, size int, ts []time.Time, rtt float64) {
 	ts = append(ts, time.Now())
 	s.results = append(s.results, perfResult{size: size, iters: s.c.iters})
-	printLat(stdout, size, s.c.iters, ts, rtt, s.c.unsorted, s.c.histogram)
+	printLat(stdout, size, s.c.iters, ts, rtt, s.c.unsorted, s.c.histogram, s.c.output)
 }
 
 // perfProgressEvery is the interval between progress lines on stderr of a

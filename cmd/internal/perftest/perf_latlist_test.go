@@ -20,7 +20,7 @@ func TestLatUnsortedHistogram(t *testing.T) {
 		ts = append(ts, t0.Add(time.Duration(us)*time.Microsecond))
 	}
 	var b bytes.Buffer
-	printLat(&b, 64, 6, ts, 2, true, true)
+	printLat(&b, 64, 6, ts, 2, true, true, "")
 	var row bytes.Buffer
 	writeLatLine(&row, 64, 6, []float64{1, 2, 1, 5, 1, 2.5})
 	want := "#, usec\n1, 1\n2, 2\n3, 1\n4, 5\n5, 1\n6, 2.5\n" +
@@ -30,7 +30,7 @@ func TestLatUnsortedHistogram(t *testing.T) {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
 	}
 	b.Reset()
-	printLat(&b, 64, 6, ts, 2, false, false)
+	printLat(&b, 64, 6, ts, 2, false, false, "")
 	if b.String() != row.String()+perfLine {
 		t.Errorf("without -U/-H:\n%s", b.String())
 	}

@@ -211,10 +211,23 @@ func bwReport(r perfResult, window int, gbits bool) oob.Report {
 }
 
 // printBWLine prints the send-bw server's own measurement.
-func printBWLine(w io.Writer, r perfResult, gbits bool) {
-	rep := bwReport(r, 1, gbits)
+func printBWLine(w io.Writer, r perfResult, c *perfConfig) {
+	rep := bwReport(r, 1, c.gbits)
 	rep.BWPeak = 0 // perftest's server reports no peak
-	writeBWLine(w, rep)
+	c.bwRow(w, rep)
+}
+
+// bwRow prints a bandwidth result: the row, or with --output its average
+// bandwidth or message rate alone, as perftest's "%lf\n".
+func (c *perfConfig) bwRow(w io.Writer, r oob.Report) {
+	switch c.output {
+	case "bandwidth":
+		fmt.Fprintf(w, "%f\n", r.BWAvg)
+	case "message_rate":
+		fmt.Fprintf(w, "%f\n", r.MsgRate)
+	default:
+		writeBWLine(w, r)
+	}
 }
 
 // bwColumns is the bandwidth tests' column header, perftest's RESULT_FMT
@@ -240,7 +253,10 @@ func writeBWLine(w io.Writer, r oob.Report) {
 // With unsorted (-U) it first prints every latency in the order measured,
 // with histogram (-H) the sorted ones without the tail, each as perftest's
 // "N, %g" lines under "#, usec"; then the column header again, as perftest.
-func printLat(w io.Writer, size, iters int, ts []time.Time, rtt float64, unsorted, histogram bool) {
+//
+// With --output=latency (output) it prints the average alone, as
+// perftest's "%lf\n", and no header or dashed line.
+func printLat(w io.Writer, size, iters int, ts []time.Time, rtt float64, unsorted, histogram bool, output string) {
 	var d []float64
 	for i := 1; i < len(ts) && i <= iters; i++ {
 		d = append(d, float64(ts[i].Sub(ts[i-1]).Nanoseconds())/1e3/rtt)
@@ -251,12 +267,28 @@ func printLat(w io.Writer, size, iters int, ts []time.Time, rtt float64, unsorte
 	if histogram {
 		writeLatList(w, latSorted(d))
 	}
+	if output != "" {
+		fmt.Fprintf(w, "%f\n", latAverage(latSorted(d)))
+		return
+	}
 	if unsorted || histogram {
 		fmt.Fprint(w, perfLine)
 		fmt.Fprintln(w, latColumns)
 	}
 	writeLatLine(w, size, iters, d)
 	fmt.Fprint(w, perfLine)
+}
+
+// latAverage is the mean of the reported latencies d.
+func latAverage(d []float64) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, v := range d {
+		sum += v
+	}
+	return sum / float64(len(d))
 }
 
 // latColumns is the latency tests' column header (perftest's

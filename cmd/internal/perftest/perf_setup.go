@@ -60,7 +60,11 @@ func perfConnect(ctx context.Context, c *perfConfig, stdout io.Writer) (net.Conn
 	}
 	return cli.AcceptOne(ctx, c.port, func(err error) error {
 		return fmt.Errorf("TCP port %d is in use (another server running?); pick another with -p: %w", c.port, err)
-	}, func() { printWaiting(stdout) })
+	}, func() {
+		if c.output == "" { // --output prints the figures only
+			printWaiting(stdout)
+		}
+	})
 }
 
 // printWaiting prints the banner of a perftest server waiting for its
@@ -265,6 +269,9 @@ func (s *perfSide) connect(remotes []oob.PerfDest, neg oob.Params, stdout io.Wri
 	}
 	if s.c.verbose {
 		s.printRecovery(stdout)
+	}
+	if s.c.output != "" {
+		return nil // --output prints the figures only
 	}
 	s.printHeader(stdout)
 	// perftest prints every local QP's line, then every remote one's.
