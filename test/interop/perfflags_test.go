@@ -83,6 +83,7 @@ func perfFlagCells(gidIndex int) []cell {
 			oursOnly        []string // given to rocev2d only
 			check           func(who, out string) []string
 			minPkts         int
+			captureCheck    func(st *CaptureStats, hostOut, vmOut string) []string
 		}{
 			{"gbits", "ib_write_bw", "write-bw", []string{"--report_gbits", "-s", "4096", "-n", "200"}, nil, func(who, out string) []string {
 				p := checkPerftestOutput(who, out, 4096, 200)
@@ -90,18 +91,26 @@ func perfFlagCells(gidIndex int) []cell {
 					p = append(p, who+": no Gb/sec column header")
 				}
 				return p
-			}, 200},
-			{"D2", "ib_write_bw", "write-bw", []string{"-D", "2", "-s", "4096"}, nil, checkDurationOutput(4096), 5},
+			}, 200, nil},
+			{"D2", "ib_write_bw", "write-bw", []string{"-D", "2", "-s", "4096"}, nil, checkDurationOutput(4096), 5, nil},
 			// -Q and -l: both headers print perftest's CQ moderation (and
 			// post list), the rows count every iteration.
 			{"Q10", "ib_write_bw", "write-bw", []string{"-Q", "10", "-s", "4096", "-n", "200"}, nil,
-				checkHeaderLines(4096, 200, " CQ Moderation   : 10\n"), 200},
+				checkHeaderLines(4096, 200, " CQ Moderation   : 10\n"), 200, nil},
 			{"l4", "ib_send_bw", "send-bw", []string{"-l", "4", "-s", "4096", "-n", "200"}, nil,
 				checkHeaderLines(4096, 200, "                    Send Post List BW Test\n", " Post List       : 4\n",
-					" CQ Moderation   : 4\n", "Post List requested - CQ moderation will be the size of the post list\n"), 200},
+					" CQ Moderation   : 4\n", "Post List requested - CQ moderation will be the size of the post list\n"), 200, nil},
+			// --tclass 104 on both sides: every RoCEv2 packet of both,
+			// the data and the ACKs, has DSCP 26 (rxe puts the GRH
+			// traffic class in the IP TOS; so does rocev2d).
+			{"tclass", "ib_write_bw", "write-bw", []string{"--tclass", "104", "-s", "4096", "-n", "200"}, nil,
+				func(who, out string) []string { return checkPerftestOutput(who, out, 4096, 200) }, 200, checkAllDSCP(26)},
+			// --use-srq: both sides' receives from an SRQ.
+			{"srq", "ib_send_bw", "send-bw", []string{"--use-srq", "-s", "4096", "-n", "200"}, nil,
+				checkHeaderLines(4096, 200, "Using SRQ      : ON\n"), 200, nil},
 			{"e", "ib_send_lat", "send-lat", []string{"-s", "64", "-n", "100"}, []string{"-e"}, func(who, out string) []string {
 				return checkPerftestOutput(who, out, 64, 100)
-			}, 200},
+			}, 200, nil},
 		} {
 			cs = append(cs, cell{
 				name:          fmt.Sprintf("%s_%s_rocev2d_%s", pt.tool, pt.name, role),
@@ -112,10 +121,30 @@ func perfFlagCells(gidIndex int) []cell {
 				check:         pt.check,
 				rocev2dServer: server,
 				minPkts:       pt.minPkts,
+				captureCheck:  pt.captureCheck,
 			})
 		}
 	}
 	return cs
+}
+
+// checkAllDSCP checks that both sides sent RoCEv2 packets, all with DSCP
+// dscp.
+func checkAllDSCP(dscp int) func(st *CaptureStats, hostOut, vmOut string) []string {
+	return func(st *CaptureStats, hostOut, vmOut string) []string {
+		var p []string
+		for _, side := range []string{"host", "vm"} {
+			if st.DSCP[fmt.Sprintf("%s %d", side, dscp)] == 0 {
+				p = append(p, fmt.Sprintf("no %s packet with DSCP %d (DSCP counts %v)", side, dscp, st.DSCP))
+			}
+		}
+		for k, n := range st.DSCP {
+			if !strings.HasSuffix(k, fmt.Sprintf(" %d", dscp)) {
+				p = append(p, fmt.Sprintf("%d packets %s, want DSCP %d only", n, k, dscp))
+			}
+		}
+		return p
+	}
 }
 
 // checkHeaderLines checks a result row of size bytes and iters

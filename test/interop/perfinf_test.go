@@ -62,7 +62,7 @@ func perfInfSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add f
 				if ourServer {
 					dir = "rocev2d server <- tool client (VM)"
 				}
-				r := row{cell: tc.tool + " --run_infinitely -D 1 -s 4096, SIGINT after 2 periods", direction: dir, result: "FAIL"}
+				r := row{cell: tc.tool + " --run_infinitely -D 1 -s 4096, SIGINT after >= 2 periods", direction: dir, result: "FAIL"}
 				defer func() { r.d = time.Since(t0); add(r) }()
 				fail := func(format string, args ...any) {
 					t.Helper()
@@ -86,11 +86,10 @@ func perfInfSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add f
 						_, out := h.Wait()
 						fail("rocev2d server: %v\n%s", err, out)
 					}
-					// The tool's client, interrupted once it has printed
-					// two periods (or after 20 s).
-					vm, verr := lab.Run(ctx, fmt.Sprintf(`%s %s >/tmp/inf.out 2>&1 & p=$!; i=0
-while [ $i -lt 200 ] && [ $(grep -c '^ %d ' /tmp/inf.out) -lt 2 ]; do sleep 0.1; i=$((i+1)); done
-kill -INT $p; wait $p; echo "tool exit $?"; cat /tmp/inf.out`, toolCmd, HostIP, size), 60*time.Second)
+					// The tool's client, interrupted after about four
+					// periods (busybox timeout: a background job of the
+					// agent's sh would ignore SIGINT).
+					vm, verr := lab.Run(ctx, fmt.Sprintf(`timeout -s INT 6 %s %s; echo "tool exit $?"`, toolCmd, HostIP), 40*time.Second)
 					vmOut = vm.Output
 					if verr != nil || vm.TimedOut {
 						probs = append(probs, fmt.Sprintf("tool: %v, timed out %v", verr, vm.TimedOut))
@@ -148,23 +147,20 @@ kill -INT $p; wait $p; echo "tool exit $?"; cat /tmp/inf.out`, toolCmd, HostIP, 
 						}
 					}
 				}
+				t.Logf("rocev2d:\n%s\n%s:\n%s", hostOut, tc.tool, vmOut)
 				var p []string
 				hostRows, p = infRows("rocev2d", hostOut, size)
 				probs = append(probs, p...)
-				vmRows, p = infRows(tc.tool, vmOut, size)
-				probs = append(probs, p...)
-				hostWant, vmWant := 2, 2
+				// perftest's own rows are shown, not required: its stdout
+				// is a pipe here, fully buffered, and the SIGINT or the
+				// agent's SIGKILL ends it with what it holds unwritten.
+				vmRows, _ = infRows(tc.tool, vmOut, size)
+				hostWant := 2
 				if ourServer && !sendServer {
 					hostWant = 0 // a passive server prints no period
 				}
-				if !ourServer && !sendServer {
-					vmWant = 0
-				}
 				if (hostWant == 0) != (hostRows == 0) || hostRows < hostWant {
 					probs = append(probs, fmt.Sprintf("rocev2d printed %d period rows, want %s", hostRows, map[bool]string{true: "none", false: "at least 2"}[hostWant == 0]))
-				}
-				if (vmWant == 0) != (vmRows == 0) || vmRows < vmWant {
-					probs = append(probs, fmt.Sprintf("%s printed %d period rows, want %s", tc.tool, vmRows, map[bool]string{true: "none", false: "at least 2"}[vmWant == 0]))
 				}
 				after, err := lab.Counters(ctx)
 				if err != nil {
