@@ -206,6 +206,17 @@ func (e *Endpoint) Alloc(n int, access memreg.Access) ([]byte, *memreg.MR, error
 	return b[:n], mr, nil
 }
 
+// Register registers b, memory of Alloc, as a memory region of its own
+// (perftest's --mr_per_qp), deregistered with Alloc's.
+func (e *Endpoint) Register(b []byte, access memreg.Access) (*memreg.MR, error) {
+	mr, err := e.PD.RegisterMR(b, access)
+	if err != nil {
+		return nil, fmt.Errorf("couldn't register MR: %w", err)
+	}
+	e.release = append(e.release, func() { mr.Deregister() })
+	return mr, nil
+}
+
 // close closes the device (its QP, CQs and link), then deregisters and
 // unmaps the memory of alloc. It may be called more than once.
 func (e *Endpoint) Close() {

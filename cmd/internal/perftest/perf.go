@@ -144,10 +144,14 @@ func perfRun(ctx context.Context, c *perfConfig, stdout, stderr io.Writer) error
 		}
 		if c.test == oob.ReadBW || c.test == oob.ReadLat {
 			// READs land in the source regions: they must be filled by them.
-			clear(s.mem[:s.srcOff(len(s.qps))])
+			for i := range s.qps {
+				clear(s.src(i))
+			}
 		} else {
 			// The targets must be filled by the traffic, not by us.
-			clear(s.mem[s.dstOff(0):])
+			for i := range s.qps {
+				clear(s.dst(i))
+			}
 		}
 	}
 	role := c.role()
@@ -400,9 +404,10 @@ const perfWRIDShift = 40
 func (s *perfSide) sendWRQP(i, size int, n uint64) transport.SendWR {
 	off := s.slotOff(size, n)
 	q := s.qps[i]
-	src := s.mr.IOVA() + uint64(s.srcOff(i))
+	src := s.srcAddr(i)
+	mr, _ := s.qpMR(i)
 	wr := transport.SendWR{WRID: uint64(i)<<perfWRIDShift | n, Flags: transport.SendSignaled,
-		SGEs:       []memreg.SGE{{Addr: src + off, Length: uint32(size), LKey: s.mr.LKey()}},
+		SGEs:       []memreg.SGE{{Addr: src + off, Length: uint32(size), LKey: mr.LKey()}},
 		RemoteAddr: q.remote.VAddr + off, RKey: q.remote.RKey}
 	switch s.c.test {
 	case oob.WriteBW, oob.WriteLat:

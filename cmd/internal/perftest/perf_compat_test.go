@@ -28,7 +28,6 @@ func TestPerfPerftestOnlyFlags(t *testing.T) {
 		want string
 	}{
 		{"send-bw", []string{"-g"}, "-g: perftest's multicast"},
-		{"write-bw", []string{"--mr_per_qp", "-q", "2"}, "--mr_per_qp: perftest's a memory region per QP"},
 		{"write-bw", []string{"-T", "32"}, "-T: perftest's type of service of rdma_cm QPs"},
 		{"write-bw", []string{"--tos", "32"}, "--tos: perftest's type of service of rdma_cm QPs"},
 		{"write-bw", []string{"--dont_xchg_versions"}, "--dont_xchg_versions: perftest's"},

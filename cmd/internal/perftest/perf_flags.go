@@ -83,6 +83,8 @@ options:
       --output=WHAT       print only the figure, as perftest: bandwidth or message_rate (the
                           average, bandwidth tests) or latency (the average, latency tests),
                           one "%%f" line per result; no banner, header or table
+      --mr_per_qp         a buffer and memory region per QP (its own RKey), as perftest; without
+                          it one MR serves all QPs
       --tclass=TC         traffic class of the test QPs, 0..255 (default 0): the IP DSCP/ECN
                           byte of their packets, as perftest's GRH traffic class (not with -R)
   -S, --sl=SL             accepted (0..15) with no effect: RoCEv2 packets carry no SL (rxe
@@ -165,6 +167,7 @@ type perfConfig struct {
 	unsorted    bool   // -U: print the latencies unsorted (latency tests)
 	histogram   bool   // -H: print the sorted latencies (latency tests)
 	output      string // --output: bandwidth, message_rate or latency alone ("": everything)
+	mrPerQP     bool   // --mr_per_qp: a buffer and MR per QP
 	// notes are the lines perftest prints to stdout while it parses
 	// its flags (its CQ moderation notices), printed first.
 	notes  []string
@@ -218,6 +221,7 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	cli.BoolFlags(fs, &c.unsorted, "U", "report-unsorted")
 	cli.BoolFlags(fs, &c.histogram, "H", "report-histogram")
 	fs.StringVar(&c.output, "output", "", "")
+	fs.BoolVar(&c.mrPerQP, "mr_per_qp", false, "")
 	cli.IntFlags(fs, &c.sl, "S", "sl", 0)
 	var conn string
 	cli.StringFlags(fs, &conn, "c", "connection", "RC")
@@ -467,7 +471,6 @@ var perftestOnlyFlags = map[string]string{
 	"mcg":                "multicast (UD SEND tests)",
 	"M":                  "multicast group GID",
 	"MGID":               "multicast group GID",
-	"mr_per_qp":          "a memory region per QP",
 	"T":                  "type of service of rdma_cm QPs (-T is --tos in perftest 4.5; --tclass sets the traffic class)",
 	"dont_xchg_versions": "no version exchange (perftest 4.5 refuses it itself)",
 	"use_old_post_send":  "the old ibv_post_send API",

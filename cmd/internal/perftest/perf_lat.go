@@ -133,7 +133,7 @@ func (s *perfSide) latWrite(ctx context.Context, size int, role oob.Role, stdout
 	c := s.c
 	ts := make([]time.Time, 0, c.iters+1)
 	post := size - 1
-	poll := s.half + size - 1
+	poll := s.dstOff(0) + size - 1
 	var wc [1]transport.WC
 	var scnt, rcnt int
 	// stalled looks for a write of another size once the peer's write

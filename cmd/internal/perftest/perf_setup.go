@@ -84,6 +84,7 @@ type perfSide struct {
 	mem     []byte
 	half    int
 	mr      *memreg.MR
+	mrs     []*memreg.MR // --mr_per_qp: QP i's MR, over its source and target
 	params  oob.Params   // negotiated
 	remote  oob.PerfDest // QP 0's peer (qps[0].remote)
 	local   oob.PerfDest // QP 0's QP data (with -R: after the CM connected it)
@@ -113,8 +114,35 @@ const perfCycle = 4096 // cycle buffer: the page size, as perftest
 
 // srcOff and dstOff are the offsets in mem of QP i's source and target
 // regions.
-func (s *perfSide) srcOff(i int) int { return i * s.half }
-func (s *perfSide) dstOff(i int) int { return (len(s.qps) + i) * s.half }
+// With --mr_per_qp each QP's source and target are adjacent, one buffer
+// and MR per QP, as perftest allocates them.
+func (s *perfSide) srcOff(i int) int {
+	if s.c.mrPerQP {
+		return 2 * i * s.half
+	}
+	return i * s.half
+}
+
+func (s *perfSide) dstOff(i int) int {
+	if s.c.mrPerQP {
+		return (2*i + 1) * s.half
+	}
+	return (len(s.qps) + i) * s.half
+}
+
+// qpMR is QP i's memory region and the offset in mem where it starts.
+func (s *perfSide) qpMR(i int) (*memreg.MR, int) {
+	if s.mrs != nil {
+		return s.mrs[i], s.srcOff(i)
+	}
+	return s.mr, 0
+}
+
+// srcAddr is the address of QP i's source region in its MR.
+func (s *perfSide) srcAddr(i int) uint64 {
+	mr, base := s.qpMR(i)
+	return mr.IOVA() + uint64(s.srcOff(i)-base)
+}
 
 // src and dst are QP i's source and target regions.
 func (s *perfSide) src(i int) []byte { return s.mem[s.srcOff(i) : s.srcOff(i)+s.half] }
@@ -123,7 +151,10 @@ func (s *perfSide) dst(i int) []byte { return s.mem[s.dstOff(i) : s.dstOff(i)+s.
 func (s *perfSide) recvBase() uint64 { return s.recvBaseQP(0) }
 
 // recvBaseQP is the address of QP i's target region, which it announces.
-func (s *perfSide) recvBaseQP(i int) uint64 { return s.mr.IOVA() + uint64(s.dstOff(i)) }
+func (s *perfSide) recvBaseQP(i int) uint64 {
+	mr, base := s.qpMR(i)
+	return mr.IOVA() + uint64(s.dstOff(i)-base)
+}
 
 // locals returns the QP data of every QP, for the exchange.
 func (s *perfSide) locals() []oob.PerfDest {
@@ -200,12 +231,23 @@ func newPerfSide(c *perfConfig, local netip.Addr) (*perfSide, error) {
 		s.close()
 		return nil, err
 	}
+	if c.mrPerQP {
+		for i := range s.qps {
+			mr, err := e.Register(s.mem[s.srcOff(i):s.dstOff(i)+s.half], memreg.AccessLocalWrite|e.Access)
+			if err != nil {
+				s.close()
+				return nil, fmt.Errorf("QP %d's MR (--mr_per_qp): %w", i+1, err)
+			}
+			s.mrs = append(s.mrs, mr)
+		}
+	}
 	outReads := uint16(1)
 	if c.test == oob.ReadBW || c.test == oob.ReadLat || c.test == oob.AtomicBW || c.test == oob.AtomicLat {
 		outReads = 16
 	}
 	for i, q := range s.qps {
-		q.local = oob.PerfDest{OutReads: outReads, QPN: q.qp.QPN(), PSN: q.psn, RKey: s.mr.RKey(),
+		mr, _ := s.qpMR(i)
+		q.local = oob.PerfDest{OutReads: outReads, QPN: q.qp.QPN(), PSN: q.psn, RKey: mr.RKey(),
 			VAddr: s.recvBaseQP(i), GID: e.Dev.GID()}
 	}
 	s.local = s.qps[0].local
@@ -363,7 +405,8 @@ func (s *perfSide) recvDepth() int {
 func (s *perfSide) postRecv(i int) error {
 	// Each receive may take the largest message of the run, at its slot.
 	q := s.qps[i]
-	wr := transport.RecvWR{WRID: uint64(i), SGEs: []memreg.SGE{{Addr: s.recvBaseQP(i), Length: uint32(s.half), LKey: s.mr.LKey()}}}
+	mr, _ := s.qpMR(i)
+	wr := transport.RecvWR{WRID: uint64(i), SGEs: []memreg.SGE{{Addr: s.recvBaseQP(i), Length: uint32(s.half), LKey: mr.LKey()}}}
 	post := q.qp.PostRecv
 	if s.SRQ != nil {
 		post = s.SRQ.PostRecv // --use-srq: any QP may take it
