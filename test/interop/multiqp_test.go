@@ -83,6 +83,9 @@ type perfAddr struct {
 
 var rePerfAddrLine = regexp.MustCompile(`(?m)^ (local|remote) address: LID \S+ QPN (0x[0-9a-fA-F]+|0+) PSN \S+(?:.* VAddr (0x[0-9a-fA-F]+|0+))?`)
 
+// reLocalRKey is the RKey of a perftest local address line.
+var reLocalRKey = regexp.MustCompile(`(?m)^ local address: .* RKey (0x[0-9a-fA-F]+|0+) `)
+
 // perfAddrs returns the local and remote address lines of a perftest
 // output (perftest's or rocev2d's), in order.
 func perfAddrs(out string) (local, remote []perfAddr) {
@@ -132,13 +135,21 @@ func multiQPCells(gidIndex int) []cell {
 			size      int
 			perMsg    int  // data packets per message at labMTU
 			responses bool // the data flows back to the requester (READ, atomic)
+			mrPerQP   bool // --mr_per_qp on both sides: 8 RKeys announced by each
 		}{
-			{"ib_write_bw", "write-bw", 4096, 4, false},
-			{"ib_read_bw", "read-bw", 4096, 4, true},
-			{"ib_send_bw", "send-bw", 4096, 4, false},
-			{"ib_atomic_bw", "atomic-bw", 8, 1, true},
+			{"ib_write_bw", "write-bw", 4096, 4, false, false},
+			{"ib_read_bw", "read-bw", 4096, 4, true, false},
+			{"ib_send_bw", "send-bw", 4096, 4, false, false},
+			{"ib_atomic_bw", "atomic-bw", 8, 1, true, false},
+			{"ib_write_bw", "write-bw", 4096, 4, false, true},
 		} {
 			args := []string{"-q", strconv.Itoa(multiQPs), "-t", strconv.Itoa(multiQPTx), "-s", strconv.Itoa(pt.size), "-n", strconv.Itoa(n)}
+			name := fmt.Sprintf("%s_q%d_%d_rocev2d_%s", pt.tool, multiQPs, pt.size, role)
+			mrPerQP := pt.mrPerQP
+			if mrPerQP {
+				args = append(args, "--mr_per_qp")
+				name = fmt.Sprintf("%s_q%d_mr_per_qp_rocev2d_%s", pt.tool, multiQPs, role)
+			}
 			label := strings.Join(append([]string{pt.tool}, args...), " ")
 			ours := append([]string{pt.sub, "--bind", HostIP, "-v", "--timeout", "120s"}, args...)
 			// rocev2d --check where it sends known data (or, atomics,
@@ -152,7 +163,7 @@ func multiQPCells(gidIndex int) []cell {
 			tally := &qpTally{}
 			sub, size, perMsg, responses := pt.sub, pt.size, pt.perMsg, pt.responses
 			cs = append(cs, cell{
-				name:     fmt.Sprintf("%s_q%d_%d_rocev2d_%s", pt.tool, multiQPs, size, role),
+				name:     name,
 				label:    label,
 				tool:     fmt.Sprintf("%s -d rxe0 -x %d -F %s", pt.tool, gidIndex, strings.Join(args, " ")),
 				toolName: pt.tool,
@@ -165,6 +176,16 @@ func multiQPCells(gidIndex int) []cell {
 					loc, rem := perfAddrs(out)
 					if len(loc) != multiQPs || len(rem) != multiQPs {
 						p = append(p, fmt.Sprintf("%s: %d local and %d remote address lines, want %d each", who, len(loc), len(rem), multiQPs))
+					}
+					if mrPerQP {
+						// Each side announces a buffer and an RKey per QP.
+						keys := map[string]bool{}
+						for _, m := range reLocalRKey.FindAllStringSubmatch(out, -1) {
+							keys[m[1]] = true
+						}
+						if len(keys) != multiQPs {
+							p = append(p, fmt.Sprintf("%s: %d distinct local RKeys, want %d (--mr_per_qp)", who, len(keys), multiQPs))
+						}
 					}
 					if check && who == "rocev2d" && !strings.Contains(out, " data check: ok") {
 						p = append(p, "rocev2d --check: no \"data check: ok\" line")
