@@ -1,6 +1,9 @@
 package transport
 
-import "github.com/gorocev2/rocev2/bth"
+import (
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/udp"
+)
 
 // ackLast moves the ACKs queued at the head of the QP's output behind the
 // requests queued after them, when everything after the ACKs is a
@@ -31,11 +34,14 @@ func (qp *QP) ackLast() {
 		}
 	}
 	if a == 1 {
-		// One ACK (a ping-pong's): moved behind the requests.
-		p, b := qp.out[0], qp.outBufs[0]
-		copy(qp.out[:n-1], qp.out[1:n])
-		copy(qp.outBufs[:n-1], qp.outBufs[1:n])
-		qp.out[n-1], qp.outBufs[n-1] = p, b
+		// One ACK (a ping-pong's): moved behind the requests by
+		// swapping it along, field by field (a copy of whole Packets
+		// went through typedslicecopy, a call per slice and a write
+		// barrier per pointer word).
+		for i := 0; i < n-1; i++ {
+			swapOut(&qp.out[i], &qp.out[i+1])
+			qp.outBufs[i], qp.outBufs[i+1] = qp.outBufs[i+1], qp.outBufs[i]
+		}
 		return
 	}
 	// Rotate out[:n] and outBufs[:n] left by a (three reversals, no
@@ -43,6 +49,20 @@ func (qp *QP) ackLast() {
 	qp.revOut(0, a-1)
 	qp.revOut(a, n-1)
 	qp.revOut(0, n-1)
+}
+
+// swapOut exchanges the packets x and y.
+func swapOut(x, y *udp.Packet) {
+	x.Buf, y.Buf = y.Buf, x.Buf
+	x.Addr, y.Addr = y.Addr, x.Addr
+	x.SrcPort, y.SrcPort = y.SrcPort, x.SrcPort
+	x.TOS, y.TOS = y.TOS, x.TOS
+	if x.Payload != nil || y.Payload != nil {
+		x.Payload, y.Payload = y.Payload, x.Payload
+	}
+	if x.Hold != nil || y.Hold != nil {
+		x.Hold, y.Hold = y.Hold, x.Hold
+	}
 }
 
 // revOut reverses out[i:j+1] and outBufs[i:j+1].

@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"net/netip"
+	"reflect"
 	"testing"
 
 	"github.com/gorocev2/rocev2/bth"
@@ -60,3 +62,23 @@ func TestAckLast(t *testing.T) {
 		})
 	}
 }
+
+// TestSwapOut: swapOut exchanges every field of two packets (a field added
+// to udp.Packet must be added to swapOut too).
+func TestSwapOut(t *testing.T) {
+	if n := reflect.TypeFor[udp.Packet]().NumField(); n != 6 {
+		t.Fatalf("udp.Packet has %d fields; swapOut swaps 6", n)
+	}
+	a := udp.Packet{Buf: []byte{1}, Addr: netip.MustParseAddr("192.0.2.1"), SrcPort: 1, TOS: 1, Payload: []byte{1, 1}, Hold: fakeHold(1)}
+	b := udp.Packet{Buf: []byte{2, 2, 2}, Addr: netip.MustParseAddr("192.0.2.2"), SrcPort: 2, TOS: 2}
+	x, y := a, b
+	swapOut(&x, &y)
+	if !reflect.DeepEqual(x, b) || !reflect.DeepEqual(y, a) {
+		t.Fatalf("swapOut: %+v %+v", x, y)
+	}
+}
+
+type fakeHold int
+
+func (fakeHold) Acquire() bool { return true }
+func (fakeHold) Release()      {}
