@@ -99,13 +99,23 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	w := qp.sqAt(qp.sqEnd)
 	sges := append(w.sges[:0], wr.SGEs...)
 	// Field by field, so that the caller's SGE slice is not retained
-	// (and does not escape).
-	*w = sendWQE{wr: SendWR{WRID: wr.WRID, Opcode: wr.Opcode, SGEs: sges, Flags: wr.Flags, Imm: wr.Imm,
-		InvRKey: wr.InvRKey, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey, CompareAdd: wr.CompareAdd, Swap: wr.Swap,
-		AH: wr.AH, RemoteQPN: wr.RemoteQPN, RemoteQKey: wr.RemoteQKey, MW: wr.MW, Bind: wr.Bind},
-		sges: sges, length: uint32(total)}
-	if wr.Opcode == WRRead {
+	// (and does not escape), and in place: a composite literal of the
+	// whole WQE (~300 bytes) was built in a temporary, zeroed and copied
+	// with its pointers' write barriers.
+	prevRead := w.wr.Opcode == WRRead
+	ww := &w.wr
+	ww.WRID, ww.Opcode, ww.SGEs, ww.Flags, ww.Imm = wr.WRID, wr.Opcode, sges, wr.Flags, wr.Imm
+	ww.InvRKey, ww.RemoteAddr, ww.RKey, ww.CompareAdd, ww.Swap = wr.InvRKey, wr.RemoteAddr, wr.RKey, wr.CompareAdd, wr.Swap
+	ww.AH, ww.RemoteQPN, ww.RemoteQKey, ww.MW, ww.Bind = wr.AH, wr.RemoteQPN, wr.RemoteQKey, wr.MW, wr.Bind
+	w.sges, w.length, w.npkts, w.firstPSN = sges, uint32(total), 0, 0
+	w.rdCounted, w.done, w.localDone, w.probe, w.status = false, false, false, false, 0
+	switch {
+	case wr.Opcode == WRRead:
 		w.rsl = qp.pd.ScatterList(sges)
+	case prevRead:
+		// Only a READ's WQE sets rsl (and its Scatter caches a region
+		// in it): let go of it.
+		w.rsl = memreg.ScatterList{}
 	}
 	w.signaled = qp.init.SigAll || wr.Flags&SendSignaled != 0
 	qp.sqEnd++
