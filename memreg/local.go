@@ -36,11 +36,17 @@ func (pd *PD) resolveLocal(key uint32, addr, n uint64, acc Access) (*entry, uint
 	return e, addr - e.start, nil
 }
 
+// checkLocalFlags refuses rights other than local ones; small enough to
+// be inlined, the error built out of line.
 func checkLocalFlags(op Op, acc Access) error {
 	if acc&^AccessLocalWrite != 0 {
-		return &AccessError{Op: op, Err: fmt.Errorf("%w: %v is not a local right", ErrInvalidAccessFlags, acc)}
+		return localFlagsErr(op, acc)
 	}
 	return nil
+}
+
+func localFlagsErr(op Op, acc Access) error {
+	return &AccessError{Op: op, Err: fmt.Errorf("%w: %v is not a local right", ErrInvalidAccessFlags, acc)}
 }
 
 // CheckSGEs checks every element of a scatter/gather list against its

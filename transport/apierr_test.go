@@ -215,6 +215,14 @@ func TestSGEErrorField(t *testing.T) {
 			t.Errorf("%s: %v (WRError %+v), want Field %q, cause %v, text %q", c.name, err, we, c.field, c.cause, c.msg)
 		}
 	}
+	// A list is checked whole first: the element named is still the
+	// first that fails (a zero-length element checks no key).
+	list := []memreg.SGE{{Addr: va, Length: 8, LKey: key}, {Addr: va, Length: 0, LKey: 0x999},
+		{Addr: va + 64, Length: 1, LKey: key}, {Addr: va, Length: 8, LKey: 0x999}}
+	err = a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: list})
+	if we := (*WRError)(nil); !errors.As(err, &we) || we.Field != "sg_list[2].addr" || !errors.Is(err, memreg.ErrOutOfBounds) {
+		t.Errorf("list: %v, want sg_list[2].addr out of bounds", err)
+	}
 }
 
 // TestAPIDocs: doc comments that promised less (or other) than the code

@@ -129,6 +129,12 @@ func (qp *QP) checkSGEs(op string, i int, wrid uint64, sges []memreg.SGE, acc me
 		return 0, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: "num_sge",
 			Msg: fmt.Sprintf("%d SGEs > max_sge %d", len(sges), qp.init.MaxSGE), Kind: ErrInvalidWR}
 	}
+	// The whole list in one call (the usual case: it is valid); only a
+	// list that fails is checked again element by element, to name the
+	// element at fault (the first that fails now, as before).
+	if total, err := qp.pd.CheckSGEs(sges, acc); err == nil {
+		return total, nil
+	}
 	var total uint64
 	for j := range sges {
 		n, err := qp.pd.CheckSGEs(sges[j:j+1], acc)
