@@ -46,3 +46,32 @@ func TestPostOneResetsWQE(t *testing.T) {
 		t.Fatalf("WQE SGEs %v, want a copy of %v", w.sges, wr.SGEs)
 	}
 }
+
+// TestCopySGEs: the WQE's copy of a list is equal to it, never shares its
+// memory, and reuses the WQE's own memory when it has room.
+func TestCopySGEs(t *testing.T) {
+	one := []memreg.SGE{{Addr: 1, Length: 2, LKey: 3}}
+	three := []memreg.SGE{{Addr: 1}, {Addr: 2}, {Addr: 3}}
+	own := make([]memreg.SGE, 0, 4)
+	for _, c := range []struct {
+		name     string
+		dst, src []memreg.SGE
+	}{
+		{"one into room", own, one},
+		{"one into nothing", nil, one},
+		{"three into room", own, three},
+		{"three into nothing", nil, three},
+		{"none", own, nil},
+	} {
+		got := copySGEs(c.dst, c.src)
+		if len(got) != len(c.src) || (len(got) > 0 && !reflect.DeepEqual(got, c.src)) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.src)
+		}
+		if len(got) > 0 && &got[0] == &c.src[0] {
+			t.Errorf("%s: the copy shares the caller's memory", c.name)
+		}
+		if cap(c.dst) >= len(c.src) && len(got) > 0 && &got[:1][0] != &c.dst[:1][0] {
+			t.Errorf("%s: the WQE's memory was not reused", c.name)
+		}
+	}
+}

@@ -109,7 +109,7 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) error {
 		}
 		r := &s.rq[s.end%uint64(len(s.rq))]
 		r.wrid = wr.WRID
-		r.sges = append(r.sges[:0], wr.SGEs...)
+		r.sges = copySGEs(r.sges, wr.SGEs)
 		r.length = total
 		s.end++
 	}
