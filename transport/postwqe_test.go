@@ -75,3 +75,54 @@ func TestCopySGEs(t *testing.T) {
 		}
 	}
 }
+
+// TestRingMask: sqAt and rqAt find slot index mod the ring's length, with
+// the mask or without, for every ring size — and the mask follows the
+// ring when it grows (a mask left from the smaller ring would hand out
+// the wrong slots).
+func TestRingMask(t *testing.T) {
+	qp := &QP{}
+	for n := 1; n <= 9; n++ {
+		qp.setSQ(make([]sendWQE, n))
+		qp.setRQ(make([]recvWQE, n))
+		for i := uint64(0); i < 40; i++ {
+			if qp.sqAt(i) != &qp.sq[i%uint64(n)] || qp.rqAt(i) != &qp.rq[i%uint64(n)] {
+				t.Fatalf("ring of %d: index %d in the wrong slot", n, i)
+			}
+		}
+	}
+	a, _, _ := newPair(t, pairOpts{sqDepth: 6, rqDepth: 12}) // rings start at 4
+	q := a.qp
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, want := range []int{7} { // doubles, but to max_send_wr+1 at most
+		l := len(q.sq)
+		head, end := q.sqHead, q.sqEnd
+		q.sqEnd = q.sqHead + uint64(l) // full: sqRoom grows it
+		q.sqRoom()
+		q.sqHead, q.sqEnd = head, end
+		if len(q.sq) != want {
+			t.Fatalf("send ring grew from %d to %d, want %d", l, len(q.sq), want)
+		}
+		for i := uint64(0); i < 40; i++ {
+			if q.sqAt(i) != &q.sq[i%uint64(len(q.sq))] {
+				t.Fatalf("send ring of %d: index %d in the wrong slot", len(q.sq), i)
+			}
+		}
+	}
+	for _, want := range []int{8, 12} {
+		l := len(q.rq)
+		head, end := q.rqHead, q.rqEnd
+		q.rqEnd = q.rqHead + uint64(l)
+		q.rqRoom()
+		q.rqHead, q.rqEnd = head, end
+		if len(q.rq) != want {
+			t.Fatalf("receive ring grew from %d to %d, want %d", l, len(q.rq), want)
+		}
+		for i := uint64(0); i < 40; i++ {
+			if q.rqAt(i) != &q.rq[i%uint64(len(q.rq))] {
+				t.Fatalf("receive ring of %d: index %d in the wrong slot", len(q.rq), i)
+			}
+		}
+	}
+}
