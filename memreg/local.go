@@ -98,6 +98,14 @@ func (pd *PD) move(op Op, sges []SGE, offset uint64, buf []byte, acc Access, ps 
 	if n == 0 {
 		return nil
 	}
+	if len(sges) == 1 {
+		// A list of one element (a small message's usual case): no
+		// walk to total the list and to find the element at offset.
+		s := &sges[0]
+		if l := uint64(s.Length); offset <= l && n <= l-offset {
+			return pd.moveOne(op, s, s.Addr+offset, buf, acc, ps, sl, 0)
+		}
+	}
 	var total uint64
 	for i := range sges {
 		total += uint64(sges[i].Length)
@@ -117,32 +125,42 @@ func (pd *PD) move(op Op, sges []SGE, offset uint64, buf []byte, acc Access, ps 
 		chunk := min(l-skip, uint64(len(buf)))
 		addr := s.Addr + skip
 		skip = 0
-		e, off, err := pd.resolveLocal(s.LKey, addr, chunk, acc)
-		if err != nil {
-			return accessErr(op, s.LKey, addr, chunk, err, e, acc)
-		}
-		if sl != nil {
-			if !ps.hold(e) {
-				return accessErr(op, s.LKey, addr, chunk, ErrStaleKey, e, 0)
-			}
-			copy(e.mem[off:off+chunk], buf[:chunk])
-			sl.remember(ps, e, s, offset+n-uint64(len(buf))-(addr-s.Addr))
-		} else {
-			if !e.pin() {
-				return accessErr(op, s.LKey, addr, chunk, ErrStaleKey, e, 0)
-			}
-			if op == OpScatter {
-				copy(e.mem[off:off+chunk], buf[:chunk])
-			} else {
-				copy(buf[:chunk], e.mem[off:off+chunk])
-			}
-			e.unpin()
+		if err := pd.moveOne(op, s, addr, buf[:chunk], acc, ps, sl, offset+n-uint64(len(buf))-(addr-s.Addr)); err != nil {
+			return err
 		}
 		buf = buf[chunk:]
 		if len(buf) == 0 {
 			return nil
 		}
 	}
+	return nil
+}
+
+// moveOne is move's copy between buf and element s of the list at addr
+// (inside s; the element starts at byte start of the list).
+func (pd *PD) moveOne(op Op, s *SGE, addr uint64, buf []byte, acc Access, ps *Pins, sl *ScatterList, start uint64) error {
+	chunk := uint64(len(buf))
+	e, off, err := pd.resolveLocal(s.LKey, addr, chunk, acc)
+	if err != nil {
+		return accessErr(op, s.LKey, addr, chunk, err, e, acc)
+	}
+	if sl != nil {
+		if !ps.hold(e) {
+			return accessErr(op, s.LKey, addr, chunk, ErrStaleKey, e, 0)
+		}
+		copy(e.mem[off:off+chunk], buf)
+		sl.remember(ps, e, s, start)
+		return nil
+	}
+	if !e.pin() {
+		return accessErr(op, s.LKey, addr, chunk, ErrStaleKey, e, 0)
+	}
+	if op == OpScatter {
+		copy(e.mem[off:off+chunk], buf)
+	} else {
+		copy(buf, e.mem[off:off+chunk])
+	}
+	e.unpin()
 	return nil
 }
 
