@@ -21,6 +21,17 @@ func (qp *QP) ackLast() {
 	if n < 2 {
 		return
 	}
+	if n == 2 {
+		// An ACK and the answer posted to the message it acknowledges
+		// (a ping-pong's usual pair): the general case below, without
+		// its loops.
+		if p := &qp.out[1]; qp.out[0].Buf[0] == byte(bth.RCAck) && p.Buf[0] != byte(bth.RCAck) &&
+			bth.Opcode(p.Buf[0]).Info().Request {
+			swapOut(&qp.out[0], p)
+			qp.outBufs[0], qp.outBufs[1] = qp.outBufs[1], qp.outBufs[0]
+		}
+		return
+	}
 	a := 0
 	for a < n && qp.out[a].Buf[0] == byte(bth.RCAck) {
 		a++
