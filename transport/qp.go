@@ -601,16 +601,27 @@ func ringMask(n int) uint64 {
 // sqRoom makes room for one more send WQE (the caller checked
 // max_send_wr), doubling the ring when it is full.
 func (qp *QP) sqRoom() {
-	if n := qp.sqEnd - qp.sqHead; n == uint64(len(qp.sq)) {
-		qp.setSQ(growRing(qp.sq, qp.sqHead, qp.sqEnd, min(2*len(qp.sq), qp.init.MaxSendWR+1), qp.init.MaxSGE)) // +1: a keep-alive probe
+	if qp.sqEnd-qp.sqHead == uint64(len(qp.sq)) {
+		qp.growSQ()
 	}
+}
+
+// growSQ doubles the full send ring (sqRoom's rare case, out of line so
+// that sqRoom is inlined into PostSend).
+func (qp *QP) growSQ() {
+	qp.setSQ(growRing(qp.sq, qp.sqHead, qp.sqEnd, min(2*len(qp.sq), qp.init.MaxSendWR+1), qp.init.MaxSGE)) // +1: a keep-alive probe
 }
 
 // rqRoom does for the receive ring what sqRoom does for the send ring.
 func (qp *QP) rqRoom() {
-	if n := qp.rqEnd - qp.rqHead; n == uint64(len(qp.rq)) {
-		qp.setRQ(growRing(qp.rq, qp.rqHead, qp.rqEnd, min(2*len(qp.rq), qp.init.MaxRecvWR), qp.init.MaxSGE))
+	if qp.rqEnd-qp.rqHead == uint64(len(qp.rq)) {
+		qp.growRQ()
 	}
+}
+
+// growRQ doubles the full receive ring (see growSQ).
+func (qp *QP) growRQ() {
+	qp.setRQ(growRing(qp.rq, qp.rqHead, qp.rqEnd, min(2*len(qp.rq), qp.init.MaxRecvWR), qp.init.MaxSGE))
 }
 
 // wqe is what a ring holds: a send or a receive WQE with its SGE list.
