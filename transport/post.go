@@ -37,6 +37,14 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 // postable refuses posting on a closed device or a destroyed QP (Close
 // destroys the QPs, but its callers are told ErrClosed).
 func (qp *QP) postable(op string) error {
+	if qp.destroyed || qp.dev.closed.Load() {
+		return qp.unpostable(op)
+	}
+	return nil // inlined: every post asks
+}
+
+// unpostable is postable's error.
+func (qp *QP) unpostable(op string) error {
 	switch {
 	case qp.dev.isClosed():
 		return fmt.Errorf("transport: %s qp %#x: %w", op, qp.qpn, ErrClosed)

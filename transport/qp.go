@@ -193,6 +193,13 @@ func (qp *QP) pushWC(cq *CQ, wc *WC, solicited bool) {
 // moves a QP whose CQ overflowed, and raises EventQPFatal.
 // In SQD it also raises EventSQDrained once nothing is outstanding.
 func (qp *QP) settle() {
+	if qp.cqLost || qp.attr.State == QPSSQD {
+		qp.settleSlow() // inlined check: every post and received packet settles
+	}
+}
+
+// settleSlow is settle's work, when there may be some.
+func (qp *QP) settleSlow() {
 	if qp.cqLost {
 		qp.cqLost = false
 		if qp.attr.State != QPSErr && !qp.destroyed {
