@@ -173,10 +173,15 @@ func (qp *QP) ipOverhead() int {
 // packet; it then arms the pace timer for when the packet may go. Called
 // with qp.mu held.
 func (qp *QP) paceHold() bool {
-	rp := &qp.cc.rp
-	if !rp.Limited() {
-		return false
+	if !qp.cc.rp.Limited() {
+		return false // inlined: the usual, unlimited case
 	}
+	return qp.paceHoldLimited()
+}
+
+// paceHoldLimited is paceHold for a rate-limited QP.
+func (qp *QP) paceHoldLimited() bool {
+	rp := &qp.cc.rp
 	d := rp.Wait(qp.dev.clock.Now())
 	if d <= 0 {
 		return false
@@ -191,9 +196,14 @@ func (qp *QP) paceHold() bool {
 // paceSent accounts the request packet of n bytes (UDP payload) just
 // queued. Called with qp.mu held.
 func (qp *QP) paceSent(n int) {
-	if rp := &qp.cc.rp; rp.Limited() {
-		rp.Sent(qp.dev.clock.Now(), n+qp.ipOverhead())
+	if qp.cc.rp.Limited() {
+		qp.paceSentLimited(n) // the check inlined, the work out of line
 	}
+}
+
+// paceSentLimited is paceSent for a rate-limited QP.
+func (qp *QP) paceSentLimited(n int) {
+	qp.cc.rp.Sent(qp.dev.clock.Now(), n+qp.ipOverhead())
 }
 
 // onPaceTimer resumes a requester the pacer held. Called with qp.mu held.
