@@ -77,6 +77,9 @@ options:
                      a queue takes the host's, and a host asking for more is
                      rejected (use 4096 where the link carries it)
   --host NQN         allow only this host (repeatable; default any host)
+  --no-selective-repeat  refuse selective repeat to hosts that offer it (a
+                     rocev2 host's --selective-repeat): every queue runs
+                     go-back-N, as with Linux's nvmet-rdma
   --discovery-kato DUR  keep-alive timeout of a discovery controller whose
                      host asks for none (KATO 0, as nvme-cli's discover):
                      default 120s, nvmet's; 1ms .. 49.7 days (KATO is a 32-bit
@@ -135,7 +138,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs := cli.NewFlagSet("nvmf-target")
 	var bind, nqn, file, size, cpuprofile, nsList string
 	var port, bs, inline, qsize, ioq, mtuBytes int
-	var ro, verbose bool
+	var ro, verbose, noSR bool
 	var hosts multiFlag
 	var sock cli.SocketFlags
 	discKATO := 120 * time.Second
@@ -155,6 +158,7 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&ioq, "io-queues", 8, "")
 	fs.IntVar(&mtuBytes, "mtu", 1024, "")
 	fs.BoolVar(&ro, "ro", false, "")
+	fs.BoolVar(&noSR, "no-selective-repeat", false, "")
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.Var(&hosts, "host", "")
 	cli.AddSocketFlags(fs, &sock)
@@ -316,8 +320,8 @@ func runNvmfTarget(ctx context.Context, args []string, stdout, stderr io.Writer)
 		nss = append(nss, extra...)
 	}
 	cfg := nvmf.TargetConfig{Port: uint16(port), InlineDataSize: inline, PathMTU: mtu, MaxQueueSize: qsize, MaxIOQueues: ioq,
-		DiscoveryKATO: discKATO,
-		Subsystems:    []*nvmf.Subsystem{{NQN: nqn, AllowedHosts: hosts, Namespaces: nss}}}
+		DiscoveryKATO: discKATO, NoSelectiveRepeat: noSR,
+		Subsystems: []*nvmf.Subsystem{{NQN: nqn, AllowedHosts: hosts, Namespaces: nss}}}
 	var logMu sync.Mutex
 	if verbose {
 		cfg.Log = func(format string, args ...any) {

@@ -307,6 +307,35 @@ func TestNvmfTimeoutFlags(t *testing.T) {
 	}
 }
 
+// TestNvmfTargetNoSelectiveRepeat: nvmf-target --no-selective-repeat
+// refuses a host's selective repeat offer (the host says its queues run
+// go-back-N); without it the offer is taken. The target had no flag for
+// TargetConfig.NoSelectiveRepeat.
+func TestNvmfTargetNoSelectiveRepeat(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	const nqn = "nqn.2026-12.io.rocev2:nosr"
+	for _, refuse := range []bool{false, true} {
+		port := cmPort()
+		args := []string{"nvmf-target", "--bind", "127.0.0.1", "--port", port, "--nqn", nqn, "--size", "1m"}
+		if refuse {
+			args = append(args, "--no-selective-repeat")
+		}
+		srv := startCMServer(t, &nvmfListening, args...)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		r := runCmd(t, ctx, "nvmf-host", "identify", "--bind", "127.0.0.2", "--addr", "127.0.0.1", "--port", port, "--nqn", nqn,
+			"--selective-repeat")
+		cancel()
+		srv.wait(t, 10*time.Millisecond)
+		if r.code != 0 {
+			t.Fatalf("--no-selective-repeat %v: identify exit %d\n%s%s", refuse, r.code, r.out, r.errOut)
+		}
+		if declined := strings.Contains(r.errOut, "declined selective repeat"); declined != refuse {
+			t.Errorf("--no-selective-repeat %v: the host's offer declined: %v\n%s", refuse, declined, r.errOut)
+		}
+	}
+}
+
 // TestNvmfDiscoveryKATO: --discovery-kato sets the keep-alive timeout a
 // discovery controller gets when its host asks for none (nvmf-host
 // discover asks for none); the target had no flag for it.
