@@ -795,6 +795,20 @@ func (h *Controller) IOQueues() int {
 	return len(h.cur.io)
 }
 
+// SelectiveRepeat reports whether the queues of the current association
+// run selective repeat: HostConfig.SelectiveRepeat offered it and the
+// target agreed (a rocev2 target without TargetConfig.NoSelectiveRepeat;
+// Linux's nvmet-rdma does not). False while no association is up. A
+// reconnect asks again, so a restarted target may answer otherwise.
+func (h *Controller) SelectiveRepeat() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cur == nil {
+		return false
+	}
+	return h.cur.admin.conn.SelectiveRepeat()
+}
+
 // ActiveNamespaces lists the active namespace IDs.
 func (h *Controller) ActiveNamespaces(ctx context.Context) ([]uint32, error) {
 	b := make([]byte, nvme.IdentifySize)

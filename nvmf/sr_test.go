@@ -72,6 +72,9 @@ func TestHostSelectiveRepeat(t *testing.T) {
 					t.Errorf("queue %d: selective repeat %v, want %v", i, sr, tc.want)
 				}
 			}
+			if got := h.SelectiveRepeat(); got != tc.want {
+				t.Errorf("Controller.SelectiveRepeat() = %v, want %v", got, tc.want)
+			}
 			if !tc.want {
 				return
 			}
