@@ -690,7 +690,11 @@ func (r *Request) reply(opts *Options) (_ *Conn, err error) {
 		return nil, fmt.Errorf("rdmacm: Accept: %w", err)
 	}
 	c.opts = o
-	c.max = o.MaxRetries
+	// The REP goes as often as the REQ's Max CM Retries asks, not the
+	// listener's MaxRetries: Linux's cm_req_handler keeps the REQ's
+	// value (cm_id_priv->max_cm_retries) and cm_alloc_msg gives it to
+	// the REP's MAD send (ib_send_cm_rep).
+	c.max = int(c.req.MaxCMRetries)
 	m.mu.Unlock()
 
 	fail := func(err error) (*Conn, error) {

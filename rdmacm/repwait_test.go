@@ -75,3 +75,64 @@ func TestREPWaitsRequesterResponseTime(t *testing.T) {
 		}
 	}
 }
+
+// TestREPRetriesFromREQ: the passive side sends its REP as often as the
+// REQ's Max CM Retries says (here 2: three REPs, then a REJ "timeout"),
+// not the listener's MaxRetries (15), as Linux's cm_req_handler takes
+// max_cm_retries from the REQ and cm_alloc_msg uses it for the REP.
+// Before, the REP went 16 times to a requester that had said it would
+// take 3.
+func TestREPRetriesFromREQ(t *testing.T) {
+	const rt = time.Second
+	clk := transport.NewManualClock(time.Unix(1_000_000, 0))
+	out := make(chan sentMAD, 64)
+	db := peerlessDev(t, clk, out)
+	mb, err := managerFor(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen(db, 7731, &ListenOptions{Options: Options{ResponseTimeout: rt, MaxRetries: 15}, HalfOpenTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	peer := netip.MustParseAddr("198.51.100.31")
+	req := forgedREQ(7731, peer, addrA, 0x7731, 0x631)
+	req.LocalCMResponseTimeout, req.MaxCMRetries = 10, 2
+	injectFrom(t, mb, peer, req)
+	r, err := l.Next(ctxT(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Accept(ctx, nil) // waits for an RTU that never comes
+	reps, rej := 0, false
+	handle := func(s sentMAD) {
+		switch f := s.msg.(type) {
+		case *cm.REPFields:
+			reps++
+		case *cm.REJFields:
+			if f.Reason == cm.RejTimeout && f.MessageRejected == cm.KindREP {
+				rej = true
+			}
+		}
+	}
+	select {
+	case s := <-out:
+		handle(s)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no REP")
+	}
+	mb.mu.Lock() // the REP's timer is armed under the lock
+	mb.mu.Unlock()
+	for i := 0; !rej && i < 200; i++ { // 50 s of clock at most
+		clk.Advance(rt / 4)
+		for len(out) > 0 {
+			handle(<-out)
+		}
+	}
+	if !rej || reps != 3 {
+		t.Errorf("%d REPs sent, gave up: %v; want 3 REPs (Max CM Retries 2), then a REJ", reps, rej)
+	}
+}
