@@ -63,8 +63,11 @@ type Options struct {
 	// behind rdma_cm's header) or the reply (at most 196 bytes).
 	PrivateData []byte
 	// ResponseTimeout is how long to wait for each CM answer before
-	// sending again (default 1 s, advertised as the nearest CM timeout
-	// exponent); MaxRetries how often (default 15, as Linux). A peer
+	// sending again (default 1 s, advertised as the CM timeout exponent
+	// at or above it: 18, 1.07 s; a Dial's REQ waits the advertised time,
+	// as Linux's ib_send_cm_req); MaxRetries how often (default 15, as
+	// Linux; an Accept's REP goes as often as the REQ's Max CM Retries
+	// says instead, as Linux's cm_req_handler). A peer
 	// that answers with an MRA (its application is still deciding) gets
 	// more time once, as Linux's CM gives it: from then on each wait is
 	// ResponseTimeout plus the MRA's service timeout, the latter at most
@@ -76,7 +79,7 @@ type Options struct {
 	// again. So a Dial (and an Accept's wait for
 	// the RTU) ends, ErrTimeout at the latest, within
 	// (MaxRetries+1) × (1+MRAWaitFactor) × ResponseTimeout (144 s with
-	// the defaults; 16 s for a Dial without an MRA) whatever the peer sends —
+	// the defaults; 17.2 s for a Dial without an MRA) whatever the peer sends —
 	// sooner if its context ends.
 	ResponseTimeout time.Duration
 	MaxRetries      int
@@ -673,7 +676,20 @@ func (c *Conn) retryWaitLocked() time.Duration {
 	if c.state == stREPSent && c.peerWait > c.opts.ResponseTimeout {
 		return c.peerWait
 	}
+	if c.state == stREQSent {
+		return reqWait(&c.opts)
+	}
 	return c.opts.ResponseTimeout
+}
+
+// reqWait is how long a Dial waits before it sends its REQ again: the
+// remote CM response timeout its REQ advertises (the exponent at or above
+// ResponseTimeout: 18, 1.07 s, for the default 1 s), never less, as
+// Linux's ib_send_cm_req waits that plus twice the path's packet life
+// time (none on a path rocev2 advertises: RoCE has no SA, and a REQ has no
+// field for it).
+func reqWait(o *Options) time.Duration {
+	return max(o.ResponseTimeout, cm.Timeout(timeoutExp(o.ResponseTimeout)))
 }
 
 // resendLocked sends the current MAD again.
@@ -733,7 +749,7 @@ func (c *Conn) onTimer() {
 		if !c.active {
 			op, msg = "Accept", "REP"
 		}
-		how := fmt.Sprintf("%v apart, none answered", c.opts.ResponseTimeout)
+		how := fmt.Sprintf("%v apart, none answered", c.retryWaitLocked())
 		if c.mraWait > 0 {
 			how = fmt.Sprintf("none answered but by an MRA (the peer asked for more time; the %ss went %v apart after it)", msg, c.mraWait)
 		}

@@ -195,7 +195,7 @@ func TestMRAThenREPConnects(t *testing.T) {
 		return false
 	}
 	// The REQ again, which the listener answers with an MRA.
-	clk.Advance(o.ResponseTimeout)
+	clk.Advance(reqWait(&o)) // the REQ waits what it advertises
 	for deadline := time.Now().Add(10 * time.Second); !mraed(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the listener's MRA did not reach the Dial")
@@ -203,8 +203,8 @@ func TestMRAThenREPConnects(t *testing.T) {
 	}
 	// The application decides after the requester's retries would
 	// have run out without the MRA.
-	clk.Advance(time.Duration(o.MaxRetries)*o.ResponseTimeout + o.ResponseTimeout/2)
-	if el := clk.Now().Sub(start); el <= time.Duration(o.MaxRetries+1)*o.ResponseTimeout {
+	clk.Advance(time.Duration(o.MaxRetries)*reqWait(&o) + o.ResponseTimeout/2)
+	if el := clk.Now().Sub(start); el <= time.Duration(o.MaxRetries+1)*reqWait(&o) {
 		t.Fatalf("the test accepts at %v, before the unextended retries end", el)
 	}
 	srv, err := r.Accept(ctxT(t, 10*time.Second), &o)
@@ -271,7 +271,7 @@ func TestMRAOnlyFromThePeer(t *testing.T) {
 			handle(<-out)
 		}
 	}
-	if want := time.Duration(o.MaxRetries+1) * o.ResponseTimeout; rejAt != want {
+	if want := time.Duration(o.MaxRetries+1) * reqWait(&o); rejAt != want { // the REQ waits what it advertises
 		t.Errorf("Dial gave up at %v, want %v (its own retries)", rejAt, want)
 	}
 	select {
