@@ -58,7 +58,15 @@ type Options struct {
 	// ends up with the smaller of its own and what the peer serves.
 	ResponderResources, InitiatorDepth uint8
 	// Retry is the QP's retry configuration (default transport.DefaultRetry).
+	// An Accept's QP takes the REQ's local ACK timeout, retry and RNR
+	// retry counts instead, unless OwnACKTimeout is set.
 	Retry *transport.Retry
+	// OwnACKTimeout makes an Accept's QP use Retry.Timeout as its local
+	// ACK timeout rather than the REQ's, as rdma_set_option
+	// (RDMA_OPTION_ID_ACK_TIMEOUT) on a passive rdma_cm ID does in Linux
+	// (rdma_init_qp_attr overrides the CM's value; ucmatose -a on a
+	// server). A Dial always uses Retry.Timeout.
+	OwnACKTimeout bool
 	// PrivateData is sent to the peer with the request (at most 56 bytes
 	// behind rdma_cm's header) or the reply (at most 196 bytes).
 	PrivateData []byte

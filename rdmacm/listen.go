@@ -730,7 +730,7 @@ func (r *Request) reply(opts *Options) (_ *Conn, err error) {
 	rt := *o.Retry
 	rt.RetryCnt = q.RetryCount
 	rt.RNRRetry = q.RNRRetryCount
-	if q.Primary.LocalACKTimeout != 0 {
+	if q.Primary.LocalACKTimeout != 0 && !o.OwnACKTimeout {
 		rt.Timeout = q.Primary.LocalACKTimeout
 	}
 	params := transport.ConnParams{Peer: c.peer, TrafficClass: o.TrafficClass, DestQPN: q.LocalQPN,

@@ -47,9 +47,10 @@ options:
   -S n           message size in bytes (default 100)
   -p port        rdma_cm port (default 7471)
   -t tos         IP type of service of the MADs and the QPs
-  -a n           the client's QPs' local ACK timeout exponent (0..31; default
-                 14); a server takes the REQ's, as rdmacm's Accept does (unlike
-                 Linux's, where the server's own -a wins)
+  -a n           the QPs' local ACK timeout exponent (0..31), as cmatose's
+                 rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT): the client's
+                 (default 14) goes in its REQ; a server's overrides the REQ's
+                 (without -a a server takes the REQ's)
   -P tcp, -f ip|name, -m   accepted (TCP port space, IP addresses; -m only
                  prints cmatose's "migrating to new event channel")
       --bind=IP  same as -b
@@ -219,6 +220,10 @@ func (u *ucmatose) options() rdmacm.Options {
 		rt.Timeout = uint8(u.c.ackTimeout)
 		rt.RetryCnt = 5 // cmatose's conn_param.retry_count
 		o.Retry = &rt
+		// A server's -a is rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)
+		// on the request's ID (cmatose's connect_handler): its QP's ACK
+		// timeout, not the client's from the REQ.
+		o.OwnACKTimeout = true
 	} else {
 		rt := transport.DefaultRetry
 		rt.RetryCnt = 5
