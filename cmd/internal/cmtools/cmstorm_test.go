@@ -168,3 +168,33 @@ func checkGoroutines(t *testing.T, before int) {
 		t.Errorf("%d goroutines after the run, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// TestUcmatoseExtraRejected: a ucmatose server of -c 1 refuses a second
+// connection request as cmatose's connect_handler does — rdma_reject,
+// which Linux's rdma_cm sends as REJ "consumer reject" (28) — printing
+// "cmatose: failing connection request"; the client reports status 28.
+// Before, the server closed its listener after -c connections and the
+// second request got REJ "invalid service ID" (8). The client, one
+// connection refused, sends no replies (as cmatose), so the server waits
+// for them until the test interrupts it.
+func TestUcmatoseExtraRejected(t *testing.T) {
+	hookMu.Lock()
+	defer hookMu.Unlock()
+	port := cmPort()
+	srv := startCMServer(t, &ucmatoseListening, "ucmatose", "-b", "127.0.0.1", "-p", port, "-c", "1", "-C", "1")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done := make(chan cmResult, 1)
+	go func() {
+		done <- runCmd(t, ctx, "ucmatose", "-s", "127.0.0.1", "-b", "127.0.0.2", "-p", port, "-c", "2", "-C", "1")
+	}()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(srv.out.String(), "failing connection request") && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	s := srv.wait(t, 0) // interrupt: it waits for replies that do not come
+	cli := <-done
+	if cli.code != 28 || !strings.Contains(cli.out, "cmatose: event: RDMA_CM_EVENT_REJECTED, error: 28\n") ||
+		!strings.Contains(s.out, "cmatose: failing connection request\n") {
+		t.Errorf("exit client %d server %d\n--- client:\n%s%s--- server:\n%s%s", cli.code, s.code, cli.out, cli.errOut, s.out, s.errOut)
+	}
+}

@@ -364,16 +364,69 @@ func (u *ucmatose) server(ctx context.Context) int {
 			conn.Close()
 		}
 	}()
-	for len(conns) < c.conns {
-		conn, err := l.Accept(ctx)
-		if err != nil {
+	// cmatose's connect_handler: the first -c requests are accepted;
+	// every later one while the server runs is refused with rdma_reject
+	// (REJ "consumer reject", 28: Linux's ucma_reject reason) and
+	// "cmatose: failing connection request". Before, the listener closed
+	// after -c and a later client got REJ "invalid service ID" (8).
+	type accepted struct {
+		conn *rdmacm.Conn
+		err  error
+	}
+	results := make(chan accepted, c.conns)
+	intakeCtx, stopIntake := context.WithCancel(ctx)
+	var intake sync.WaitGroup
+	intake.Add(1)
+	go func() {
+		defer intake.Done()
+		taken := 0
+		for {
+			r, err := l.Next(intakeCtx)
+			if err != nil {
+				return
+			}
+			if taken == c.conns {
+				u.out.Lock()
+				fmt.Fprintf(u.stdout, "cmatose: failing connection request\n")
+				u.out.Unlock()
+				r.Reject(nil)
+				continue
+			}
+			taken++
+			intake.Add(1)
+			go func() {
+				defer intake.Done()
+				o := u.options()
+				conn, err := r.Accept(intakeCtx, &o)
+				results <- accepted{conn, err}
+			}()
+		}
+	}()
+	defer func() {
+		stopIntake()
+		l.Close()
+		intake.Wait()
+		for len(results) > 0 { // accepted after the run gave up
+			if a := <-results; a.conn != nil {
+				a.conn.Close()
+			}
+		}
+	}()
+	for n := 0; n < c.conns; n++ {
+		select {
+		case a := <-results:
+			if a.err != nil { // cmatose's connect_error: one connection fewer
+				u.out.Lock()
+				fmt.Fprintf(u.stdout, "cmatose: failing connection request\n")
+				u.out.Unlock()
+				fmt.Fprintf(u.stderr, "rocev2d ucmatose: %v\n", a.err)
+				continue
+			}
+			conns = append(conns, a.conn)
+		case <-ctx.Done():
 			return u.fail("waiting for connection %d of %d: %v", len(conns)+1, c.conns, context.Cause(ctx))
 		}
-		conns = append(conns, conn)
 	}
-	// Further requests are rejected (cmatose's "failing connection
-	// request"): no listener any more answers them with a REJ.
-	l.Close()
 	if c.count > 0 {
 		fmt.Fprintf(u.stdout, "initiating data transfers\n")
 		for _, conn := range conns {
