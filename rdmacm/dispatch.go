@@ -126,11 +126,16 @@ func (m *Manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 				// "to allow future retries".
 				return
 			}
-			// The application has not answered yet: ask for patience.
+			// The application has not answered yet: ask for patience,
+			// in the repeated REQ's own traffic class: Linux answers a
+			// duplicate REQ (cm_dup_req_handler) with a response MAD
+			// whose address comes from the packet received
+			// (cm_alloc_response_msg, ib_init_ah_attr_from_wc: the
+			// GRH's traffic class), not from the REQ's path.
 			mra := &cm.MRAFields{LocalCommID: c.localID, RemoteCommID: c.remoteID, MessageMRAed: cm.KindREQ,
 				ServiceTimeout: timeoutExp(c.opts.ResponseTimeout) + 2}
 			var out [transport.MADSize]byte
-			m.send(c.peer, c.opts.TrafficClass, c.tid, mra, &out)
+			m.send(c.peer, mad.TOS, c.tid, mra, &out)
 		case stREPSent:
 			c.resendLocked() // the REP was lost
 		}
