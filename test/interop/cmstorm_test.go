@@ -71,7 +71,7 @@ func cmStormCells() []cmCell {
 		for _, n := range []int{cmtimeConns, cmtimeMany} {
 			// 1000 requests at once take the VM's cmtime server ~1.8 s
 			// to answer: rocev2d resends the REQs it has no answer to
-			// after its 1 s response timeout (rdmacm.Options; Linux waits
+			// after the 1.07 s its REQ advertises (rdmacm.Options; Linux waits
 			// ~5 s), and rxe's CM answers each duplicate with an MRA;
 			// so with its DREQs (seen: 206 resent, one answered twice).
 			resends := n == cmtimeMany && clientHost
