@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorocev2/rocev2/cm"
 )
 
 // The connection-storm cells: rocev2d's cmtime and ucmatose against
@@ -128,6 +130,49 @@ func cmStormCells() []cmCell {
 		}
 		cs = append(cs, c)
 	}
+
+	// One connection more than the VM's ucmatose server takes (-c 1, the
+	// rocev2d client's -c 2): cmatose's connect_handler rejects it with
+	// rdma_reject, which Linux's rdma_cm sends as REJ "consumer reject"
+	// (28) — what rocev2d's ucmatose server now sends too — and the
+	// rocev2d client reports status 28. The VM's server then ends with
+	// connect_handler's -ENOMEM (return status -12: exit 244).
+	cs = append(cs, cmCell{name: "ucmatose_extra_rejected_rocev2d_client", toolName: "ucmatose",
+		label:    "ucmatose -c 2 -C 0 -> server -c 1 (one refused)",
+		host:     []string{"ucmatose", "-s", VMIP, "-b", HostIP, "-c", "2", "-C", "0", "--timeout", "120s", "--counters"},
+		vm:       fmt.Sprintf("ucmatose -b %s -c 1 -C 0", VMIP),
+		vmListen: ucmatosePort, vmListenPS: "TCP", wantHost: 28, wantVM: 244,
+		check: func(hostOut, vmOut string) []string {
+			var p []string
+			if !strings.Contains(hostOut, "cmatose: event: RDMA_CM_EVENT_REJECTED, error: 28\n") {
+				p = append(p, "rocev2d: no \"RDMA_CM_EVENT_REJECTED, error: 28\" (consumer reject)")
+			}
+			if !strings.Contains(vmOut, "cmatose: failing connection request") {
+				p = append(p, "ucmatose: no \"failing connection request\"")
+			}
+			return p
+		},
+		wire: func() wireCheck {
+			var recs []madRec
+			check := func(p Payload) string {
+				if isMAD, msg := madCheck(p, &recs); isMAD {
+					return msg
+				}
+				return fmt.Sprintf("%s: no data with -C 0", p.Opcode)
+			}
+			done := func() []string {
+				p := checkMADs(recs, []madSpec{{true, "REQ", 2, -1}, {false, "MRA", 0, -1}, {false, "REP", 1, -1}, {true, "RTU", 1, -1},
+					{false, "REJ", 1, -1}, {true, "REJ", 0, -1}, {false, "DREQ", 0, -1}, {true, "DREP", 0, -1}, {true, "DREQ", 0, -1}, {false, "DREP", 0, -1}})
+				for _, m := range recs {
+					if m.name == "REJ" && !m.fromHost && m.detail != cm.RejConsumer.String() {
+						p = append(p, fmt.Sprintf("rxe's REJ reason %q, want %q", m.detail, cm.RejConsumer))
+					}
+				}
+				return p
+			}
+			return wireCheck{check: check, done: done, mads: &recs, what: "two REQs, one REP, one REJ (consumer reject)"}
+		},
+	})
 	return cs
 }
 
