@@ -74,33 +74,29 @@ func (c *tctrl) addChangedNS(nsid uint32) {
 	c.changedNS = append(c.changedNS, nsid)
 }
 
-// changedNSLog builds log page 04h: the changed NSIDs, or FFFFFFFFh in
-// the first entry when more than 1024 changed, then zeros.
-func (c *tctrl) changedNSLog() []byte {
+// takeChangedNSLog builds log page 04h for a host's read of it: the
+// changed NSIDs, or FFFFFFFFh in the first entry when more than 1024
+// changed, then zeros. The list starts again (nvmet clears it whatever
+// RAE says); with RAE (Retain Asynchronous Event) clear the notice is
+// acknowledged and the next change sends another. Both under one hold of
+// c.mu, as nvmet_execute_get_log_changed_ns under ctrl->lock: a change
+// that lands meanwhile is in this page or stays for the next read.
+func (c *tctrl) takeChangedNSLog(rae bool) []byte {
 	page := make([]byte, maxChangedNS*4)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.changedAll {
 		binary.LittleEndian.PutUint32(page, 0xffffffff)
-		return page
+	} else {
+		for i, id := range c.changedNS {
+			binary.LittleEndian.PutUint32(page[4*i:], id)
+		}
 	}
-	for i, id := range c.changedNS {
-		binary.LittleEndian.PutUint32(page[4*i:], id)
-	}
-	return page
-}
-
-// changedNSRead: the host read log page 04h. The list starts again
-// (nvmet clears it whatever RAE says); with RAE (Retain Asynchronous
-// Event) clear the notice is acknowledged and the next change sends
-// another.
-func (c *tctrl) changedNSRead(rae bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.changedNS, c.changedAll = c.changedNS[:0], false
 	if !rae {
 		c.nsMasked = false
 	}
+	return page
 }
 
 // takeEvents pairs queued events with parked AERs (c.mu not held): the

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -259,22 +261,25 @@ func TestAENConfiguration(t *testing.T) {
 // list FFFFFFFFh alone, until it is read.
 func TestChangedNSLogOverflow(t *testing.T) {
 	c := &tctrl{}
-	for id := uint32(1); id <= maxChangedNS; id++ {
-		c.addChangedNS(id)
-		c.addChangedNS(id) // once only
+	fill := func() {
+		for id := uint32(1); id <= maxChangedNS; id++ {
+			c.addChangedNS(id)
+			c.addChangedNS(id) // once only
+		}
 	}
-	page := c.changedNSLog()
+	fill()
+	page := c.takeChangedNSLog(false)
 	if v := binary.LittleEndian.Uint32(page[4*(maxChangedNS-1):]); v != maxChangedNS || binary.LittleEndian.Uint32(page) != 1 {
 		t.Fatalf("full list: first %d, last %d", binary.LittleEndian.Uint32(page), v)
 	}
+	fill()
 	c.addChangedNS(5000)
-	page = c.changedNSLog()
+	page = c.takeChangedNSLog(false)
 	if binary.LittleEndian.Uint32(page) != 0xffffffff || binary.LittleEndian.Uint32(page[4:]) != 0 {
 		t.Fatalf("overflowed list starts %x %x, want ffffffff 0", page[:4], page[4:8])
 	}
-	c.changedNSRead(false)
 	c.addChangedNS(9)
-	if page = c.changedNSLog(); binary.LittleEndian.Uint32(page) != 9 || binary.LittleEndian.Uint32(page[4:]) != 0 {
+	if page = c.takeChangedNSLog(false); binary.LittleEndian.Uint32(page) != 9 || binary.LittleEndian.Uint32(page[4:]) != 0 {
 		t.Fatalf("after the read: %x %x, want 9 0", page[:4], page[4:8])
 	}
 }
@@ -397,5 +402,73 @@ func TestHostNamespaceChangeEvents(t *testing.T) {
 	ns, err := h.Namespace(ctx, 1)
 	if err != nil || ns.Size() != 2<<20 {
 		t.Fatalf("namespace 1 after the resize: %v", err)
+	}
+}
+
+// TestChangedNSLogReadAtomic: a namespace change that lands while the
+// host reads log page 04h is either in the page it gets or left in the
+// list for the next read (nvmet copies and clears the list under one
+// lock). The read used to build the page and clear the list in two
+// steps, so a change between them was cleared unreported.
+func TestChangedNSLogReadAtomic(t *testing.T) {
+	c := &tctrl{aec: aenNSAttr, sub: &Subsystem{NQN: testNQN}}
+	const n = 20000
+	seen := make([]bool, n+1)
+	read := func() bool {
+		out := make([]byte, maxChangedNS*4)
+		g := nvme.GetLogPage{LID: nvme.LogChangedNS, NumD: maxChangedNS}
+		if st, _, _ := c.logPage(g, out); st != 0 {
+			t.Errorf("Get Log Page 04h: %v", st)
+			return false
+		}
+		for i := 0; i < len(out); i += 4 {
+			v := binary.LittleEndian.Uint32(out[i:])
+			if v == 0 {
+				break
+			}
+			if v == 0xffffffff {
+				return true // more than the list holds: all changed
+			}
+			seen[v] = true
+		}
+		return false
+	}
+	// The writer waits for a read every 16 changes, so that the list
+	// never overflows and both run at once.
+	var reads atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for id := uint32(1); id <= n; id++ {
+			c.nsChanged(id)
+			if id%16 == 0 {
+				for r := reads.Load(); reads.Load() == r; {
+					runtime.Gosched()
+				}
+			}
+		}
+	}()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		if read() {
+			t.Fatal("the Changed Namespace List overflowed")
+		}
+		reads.Add(1)
+	}
+	if read() {
+		t.Fatal("the Changed Namespace List overflowed")
+	}
+	lost := 0
+	for id := 1; id <= n; id++ {
+		if !seen[id] {
+			lost++
+		}
+	}
+	if lost != 0 {
+		t.Fatalf("%d of %d namespace changes never showed in log page 04h", lost, n)
 	}
 }

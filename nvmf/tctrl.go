@@ -624,25 +624,38 @@ func (c *tctrl) logPage(g nvme.GetLogPage, out []byte) (nvme.Status, uint64, int
 	case g.LID == nvme.LogFWSlot:
 		page = make([]byte, 512)
 	case g.LID == nvme.LogChangedNS:
-		page = c.changedNSLog()
+		// Checked before the list is taken: a read that fails leaves
+		// it (and the notice's mask) as they were.
+		if !logRangeOK(g, maxChangedNS*4, out) {
+			return nvme.StatusInvalidField | nvme.StatusDNR, 0, 0
+		}
+		page = c.takeChangedNSLog(g.RAE)
 	case g.LID == nvme.LogCmdEffects:
 		page = make([]byte, 4096)
 	default:
 		return nvme.StatusInvalidLogPage | nvme.StatusDNR, 0, 0
 	}
-	want := uint64(g.NumD) * 4
-	if g.NumD == 0 {
-		want = 1 << 34 // NUMD all ones: 2^32 dwords, more than any page
-	}
-	if g.Offset > uint64(len(page)) || g.Offset&3 != 0 || want > uint64(len(out)) {
+	if !logRangeOK(g, len(page), out) {
 		return nvme.StatusInvalidField | nvme.StatusDNR, 0, 0
 	}
+	want := logWant(g)
 	n := copy(out[:want], page[g.Offset:])
 	clear(out[n:want])
-	if g.LID == nvme.LogChangedNS {
-		c.changedNSRead(g.RAE)
-	}
 	return 0, 0, int(want)
+}
+
+// logWant is how many bytes Get Log Page g asks for.
+func logWant(g nvme.GetLogPage) uint64 {
+	if g.NumD == 0 {
+		return 1 << 34 // NUMD all ones: 2^32 dwords, more than any page
+	}
+	return uint64(g.NumD) * 4
+}
+
+// logRangeOK reports whether g's offset and length fit a page of size
+// bytes and the buffer out.
+func logRangeOK(g nvme.GetLogPage, size int, out []byte) bool {
+	return g.Offset <= uint64(size) && g.Offset&3 == 0 && logWant(g) <= uint64(len(out))
 }
 
 // discoveryLog builds the discovery log page: one entry per subsystem.
