@@ -472,3 +472,48 @@ func TestChangedNSLogReadAtomic(t *testing.T) {
 		t.Fatalf("%d of %d namespace changes never showed in log page 04h", lost, n)
 	}
 }
+
+// TestHostNamespaceChangeAfterReconnect: a reconnect reports "changed,
+// which not known" (OnNamespaceChange(nil)), as Linux's host rescans at
+// every controller start (nvme_start_ctrl queues a scan): the new
+// controller's Changed Namespace List starts empty, so a change made
+// while the host was away would otherwise never be reported.
+func TestHostNamespaceChangeAfterReconnect(t *testing.T) {
+	p, _ := fileTarget(t)
+	ctx := ctxT(t, 30*time.Second)
+	changes := make(chan []uint32, 4)
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1,
+		OnNamespaceChange: func(ids []uint32) { changes <- ids }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	waitFor(t, func() bool { return parkedAERs(p.t) == 1 }, "the host's AER parked")
+	h.mu.Lock()
+	a := h.cur
+	h.mu.Unlock()
+	a.fail()
+	waitFor(t, func() bool { return h.Stats().Reconnects == 1 }, "host reconnected")
+	select {
+	case got := <-changes:
+		if got != nil {
+			t.Fatalf("OnNamespaceChange(%v) after the reconnect, want nil (rescan all)", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no OnNamespaceChange after the reconnect: changes made while away are never reported")
+	}
+	// Events still arrive on the new association.
+	waitFor(t, func() bool { return parkedAERs(p.t) == 1 }, "the host's AER parked again")
+	b, _ := NewMemBackend(1 << 20)
+	if _, err := p.t.AddNamespace(testNQN, &Namespace{ID: 6, Backend: b}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-changes:
+		if len(got) != 1 || got[0] != 6 {
+			t.Fatalf("OnNamespaceChange(%v), want [6]", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no OnNamespaceChange([6])")
+	}
+}

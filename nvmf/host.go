@@ -97,7 +97,8 @@ type HostConfig struct {
 	// notices (OAES bit 8), enables them (Set Features 0Bh), and on the
 	// notice reads the Changed Namespace List (log page 04h, which
 	// acknowledges it) and passes its NSIDs — nil when more than 1024
-	// changed — as Linux's host rescans then. Controller.Namespace
+	// changed, and after every reconnect (what changed while the host
+	// was away is not known) — as Linux's host rescans then. Controller.Namespace
 	// identifies a namespace again (its new size); a HostNamespace made
 	// before a resize fails with ErrNamespaceChanged from then on. It
 	// runs on the host's event goroutine: the next event waits for it.
@@ -202,6 +203,7 @@ type Controller struct {
 	rr      atomic.Uint32
 	wg      sync.WaitGroup
 	nss     map[uint32]*nsState // the namespaces handed out, checked at every reconnect
+	nsCBMu  sync.Mutex          // one OnNamespaceChange call at a time
 
 	cmds, errs, reconnects, kas, requeued atomic.Uint64
 	invs                                  invCounters
@@ -249,7 +251,7 @@ func Connect(ctx context.Context, dev *transport.Device, addr netip.AddrPort, su
 	close(h.ready)
 	h.wg.Add(1)
 	go h.supervise(a)
-	h.startEvents(a)
+	h.startEvents(a, false)
 	return h, nil
 }
 
@@ -712,7 +714,7 @@ func (h *Controller) supervise(a *association) {
 		h.cur = na
 		close(h.ready)
 		h.mu.Unlock()
-		h.startEvents(na)
+		h.startEvents(na, true)
 		a = na
 	}
 }

@@ -9,13 +9,23 @@ import (
 )
 
 // startEvents starts a's event goroutine (events) when the caller wants
-// namespace change notices and the controller sends them.
-func (h *Controller) startEvents(a *association) {
+// namespace change notices and the controller sends them. rescan: a is a
+// reconnect's association.
+func (h *Controller) startEvents(a *association, rescan bool) {
 	if h.cfg.OnNamespaceChange == nil || h.subNQN == nvme.DiscoveryNQN || a.id.OAES&aenNSAttr == 0 {
 		return
 	}
 	h.wg.Add(1)
-	go h.events(a)
+	go h.events(a, rescan)
+}
+
+// nsChanged calls HostConfig.OnNamespaceChange, one call at a time: the
+// goroutine of an association that ended may still be in it when the
+// next association's starts.
+func (h *Controller) nsChanged(ids []uint32) {
+	h.nsCBMu.Lock()
+	defer h.nsCBMu.Unlock()
+	h.cfg.OnNamespaceChange(ids)
 }
 
 // events enables namespace attribute notices on a (as Linux's
@@ -24,8 +34,12 @@ func (h *Controller) startEvents(a *association) {
 // 04h with RAE clear (the controller sends the next notice only then)
 // and hands its NSIDs to HostConfig.OnNamespaceChange; other events are
 // ignored. An AER that ends with an error status (the controller was
-// reset, or refuses AERs) ends the goroutine: a reconnect starts another.
-func (h *Controller) events(a *association) {
+// reset, or refuses AERs) ends the goroutine: a reconnect starts another,
+// which first reports "changed, which not known" (nil), as Linux's host
+// rescans at every controller start (nvme_start_ctrl queues a scan): the
+// new controller's Changed Namespace List does not hold what changed
+// while the host was away.
+func (h *Controller) events(a *association, rescan bool) {
 	defer h.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -41,6 +55,9 @@ func (h *Controller) events(a *association) {
 	if _, err := a.admin.do(ctx, &request{build: func(s nvme.SQE) { f.Put(s, nvme.AdminSetFeatures) }}); err != nil {
 		h.logf("nvmf: controller %v %s: Set Features (async event configuration): %v; no namespace change events", h.addr, h.subNQN, err)
 		return
+	}
+	if rescan {
+		h.nsChanged(nil)
 	}
 	for ctx.Err() == nil {
 		res, err := a.admin.do(ctx, &request{timeout: -1, build: func(s nvme.SQE) { s.SetOpcode(nvme.AdminAsyncEvent) }})
@@ -70,7 +87,7 @@ func (h *Controller) events(a *association) {
 		} else {
 			ids = changedNSIDs(page)
 		}
-		h.cfg.OnNamespaceChange(ids) // nil: which is not known
+		h.nsChanged(ids) // nil: which is not known
 	}
 }
 
