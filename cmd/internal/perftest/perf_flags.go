@@ -78,7 +78,7 @@ options:
                           feature. Disabling it" and sends without inline data (the header's
                           "Max inline data : 0[B]")
   -U, --report-unsorted   latency tests: print every latency as measured ("N, usec" lines),
-                          then the row, as perftest
+                          then the row, as perftest (which refuses -U and -H in the others)
   -H, --report-histogram  latency tests: print the sorted latencies, then the row, as perftest
       --output=WHAT       print only the figure, as perftest: bandwidth or message_rate (the
                           average, bandwidth tests) or latency (the average, latency tests),
@@ -333,6 +333,12 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 	case c.sl < 0 || c.sl > 15:
 		// perftest: " Only 15 Service levels".
 		return nil, fmt.Errorf("-S %d: service level must be between 0 and 15", c.sl)
+	case c.unsorted && t.IsBW():
+		// perftest: " is Available only on Latency tests".
+		return nil, errors.New("-U/--report-unsorted: available only in the latency tests (as perftest)")
+	case c.histogram && t.IsBW():
+		// perftest: " Available only on Latency tests".
+		return nil, errors.New("-H/--report-histogram: available only in the latency tests (as perftest)")
 	case c.snaplen < 0:
 		return nil, fmt.Errorf("--snaplen %d: must be 0 (whole frames) or more", c.snaplen)
 	case c.snaplen > 0 && c.pcap == "":

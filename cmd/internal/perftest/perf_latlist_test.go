@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
 )
 
 // TestLatUnsortedHistogram: -U prints the latencies as measured, -H the
@@ -61,6 +63,25 @@ func TestPerfLatHistogramRun(t *testing.T) {
 		}
 		if !ok || n < 40 || strings.Count(out, latColumns) != 2 || len(resultRows(out)) != 1 {
 			t.Errorf("%s: %d histogram lines, want the iterations' latencies, then the header again and one row:\n%s", who, n, out)
+		}
+	}
+}
+
+// TestLatListFlagsBWRefused: -U and -H are refused in the bandwidth
+// tests, naming the flag, as perftest 4.5 refuses them there
+// ("Available only on Latency tests"); they used to be taken and ignored.
+func TestLatListFlagsBWRefused(t *testing.T) {
+	for _, test := range []oob.PerfTest{oob.WriteBW, oob.SendBW, oob.ReadBW, oob.AtomicBW} {
+		for _, f := range []string{"-U", "--report-unsorted", "-H", "--report-histogram"} {
+			_, err := parsePerfFlags(test, []string{f})
+			if err == nil || !strings.Contains(err.Error(), f) || !strings.Contains(err.Error(), "latency tests") {
+				t.Errorf("%v %s: %v, want an error naming %s (latency tests only)", test, f, err, f)
+			}
+		}
+	}
+	for _, f := range []string{"-U", "-H"} {
+		if _, err := parsePerfFlags(oob.WriteLat, []string{f}); err != nil {
+			t.Errorf("write-lat %s: %v", f, err)
 		}
 	}
 }
