@@ -76,7 +76,7 @@ options:
   -I, --inline_size=N     taken (0..912) and disabled, as perftest on rxe and any device it
                           does not know: it says "Device not recognized to implement inline
                           feature. Disabling it" and sends without inline data (the header's
-                          "Max inline data : 0[B]")
+                          "Max inline data : 0[B]"); WRITE and SEND tests only, as perftest
   -U, --report-unsorted   latency tests: print every latency as measured ("N, usec" lines),
                           then the row, as perftest (which refuses -U and -H in the others)
   -H, --report-histogram  latency tests: print the sorted latencies, then the row, as perftest
@@ -316,6 +316,9 @@ func parsePerfFlags(t oob.PerfTest, args []string) (*perfConfig, error) {
 		return nil, fmt.Errorf("--use-srq with -q %d: the SRQ depth (-r %d) must be at least the number of QPs (as perftest)", c.qps, c.rxDepth)
 	case flagSet(fs, "I", "inline_size") && (c.inline < 0 || c.inline > perfMaxInline):
 		return nil, fmt.Errorf("-I %d: inline size must be between 0 and %d (as perftest)", c.inline, perfMaxInline)
+	case flagSet(fs, "I", "inline_size") && (t == oob.ReadBW || t == oob.ReadLat || t == oob.AtomicBW || t == oob.AtomicLat):
+		// perftest: " Inline feature not available on READ/Atomic verbs".
+		return nil, fmt.Errorf("-I %d: inline data is not available in the READ and atomic tests (as perftest)", c.inline)
 	case c.output != "" && c.output != "bandwidth" && c.output != "message_rate" && c.output != "latency":
 		return nil, fmt.Errorf("--output=%s: must be bandwidth, latency or message_rate (as perftest)", c.output)
 	case c.output == "latency" && t.IsBW():

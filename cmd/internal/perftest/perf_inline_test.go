@@ -5,6 +5,8 @@ package perftest
 import (
 	"strings"
 	"testing"
+
+	"github.com/gorocev2/rocev2/cmd/internal/oob"
 )
 
 // TestPerfInline: -I is taken (0..912) and disabled as perftest 4.5 does on
@@ -31,5 +33,24 @@ func TestPerfInline(t *testing.T) {
 	}
 	if rows := resultRows(cli.out); len(rows) != 1 || rows[0][1] != "100" {
 		t.Errorf("rows %v", rows)
+	}
+}
+
+// TestPerfInlineReadAtomicRefused: perftest 4.5 refuses -I in the READ and
+// atomic tests (" Inline feature not available on READ/Atomic verbs"),
+// whose requests carry no data to inline; rocev2d took it there.
+func TestPerfInlineReadAtomicRefused(t *testing.T) {
+	for _, test := range []oob.PerfTest{oob.ReadBW, oob.ReadLat, oob.AtomicBW, oob.AtomicLat} {
+		for _, args := range [][]string{{"-I", "64"}, {"--inline_size=0"}} {
+			_, err := parsePerfFlags(test, args)
+			if err == nil || !strings.Contains(err.Error(), "-I") || !strings.Contains(err.Error(), "READ") {
+				t.Errorf("%v %v: %v, want an error naming -I (not in READ/atomic tests)", test, args, err)
+			}
+		}
+	}
+	for _, test := range []oob.PerfTest{oob.WriteBW, oob.WriteLat, oob.SendBW, oob.SendLat} {
+		if _, err := parsePerfFlags(test, []string{"-I", "64"}); err != nil {
+			t.Errorf("%v -I 64: %v", test, err)
+		}
 	}
 }
