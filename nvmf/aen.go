@@ -191,9 +191,9 @@ func (t *Target) AddNamespace(nqn string, ns *Namespace) (uint32, error) {
 
 // RemoveNamespace removes namespace nsid from the subsystem nqn while the
 // target runs and tells the connected hosts. Commands for it fail from
-// now on (Invalid Namespace); ones already running finish on its
-// Backend, which the caller may close once the hosts saw it go. It
-// returns the namespace removed.
+// now on (Invalid Namespace); it returns once the ones already running on
+// its Backend have finished (as nvmet_ns_disable waits for them), so the
+// caller may close the Backend then. It returns the namespace removed.
 func (t *Target) RemoveNamespace(nqn string, nsid uint32) (*Namespace, error) {
 	s, err := t.subsystem("RemoveNamespace", nqn)
 	if err != nil {
@@ -215,6 +215,9 @@ func (t *Target) RemoveNamespace(nqn string, nsid uint32) (*Namespace, error) {
 	}
 	s.Namespaces = kept
 	s.mu.Unlock()
+	// Wait for the commands that found it before it went (acquire).
+	ns.running.Lock()
+	ns.running.Unlock() //lint:ignore SA2001 a barrier: nothing runs under it
 	t.logf("nvmf: %s: namespace %d removed", nqn, nsid)
 	t.notifyNSChanged(s, nsid)
 	return ns, nil

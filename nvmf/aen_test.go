@@ -517,3 +517,71 @@ func TestHostNamespaceChangeAfterReconnect(t *testing.T) {
 		t.Fatal("no OnNamespaceChange([6])")
 	}
 }
+
+// heldBackend is a MemBackend whose ReadAt, once armed, says it started
+// and waits for release.
+type heldBackend struct {
+	*MemBackend
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *heldBackend) ReadAt(p []byte, off int64) (int, error) {
+	if b.armed.CompareAndSwap(true, false) {
+		close(b.entered)
+		<-b.release
+	}
+	return b.MemBackend.ReadAt(p, off)
+}
+
+// TestRemoveNamespaceWaitsForRunningIO: RemoveNamespace returns only once
+// the commands already running on the namespace's Backend have finished,
+// as nvmet_ns_disable waits for its requests, so that the caller may
+// close the Backend then (rocev2d nvmf-target closes the file at once).
+// It used to return at once: the running Read then hit a closed file.
+func TestRemoveNamespaceWaitsForRunningIO(t *testing.T) {
+	p := newPair(t, memnet.Faults{}, TargetConfig{})
+	ctx := ctxT(t, 30*time.Second)
+	mb, _ := NewMemBackend(1 << 20)
+	b := &heldBackend{MemBackend: mb, entered: make(chan struct{}), release: make(chan struct{})}
+	if _, err := p.t.AddNamespace(testNQN, &Namespace{ID: 2, Backend: b}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ns, err := h.Namespace(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.armed.Store(true)
+	readErr := make(chan error, 1)
+	go func() {
+		_, err := ns.ReadAtContext(ctx, make([]byte, 4096), 0)
+		readErr <- err
+	}()
+	<-b.entered
+	removed := make(chan error, 1)
+	go func() {
+		_, err := p.t.RemoveNamespace(testNQN, 2)
+		removed <- err
+	}()
+	// Give RemoveNamespace the chance to return early (it must not).
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case err := <-removed:
+		close(b.release)
+		t.Fatalf("RemoveNamespace returned (%v) while a Read was running on the namespace", err)
+	default:
+	}
+	close(b.release)
+	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-readErr; err != nil {
+		t.Fatalf("the Read running when the namespace went: %v", err)
+	}
+}

@@ -38,6 +38,9 @@ type Namespace struct {
 
 	shift  uint8
 	blocks atomic.Uint64 // the size in blocks (RevalidateNamespace changes it)
+	// running is held shared by each command executing on the Backend
+	// (Subsystem.acquire); RemoveNamespace takes it to wait for them.
+	running sync.RWMutex
 }
 
 // Subsystem is an NVM subsystem a target exports.
@@ -310,6 +313,23 @@ func (ns *Namespace) setup(nqn string, used map[uint32]bool, name string) error 
 	if ns.NGUID == [16]byte{} {
 		h := sha256.Sum256([]byte(nqn + "/" + strconv.Itoa(int(ns.ID))))
 		copy(ns.NGUID[:], h[:16])
+	}
+	return nil
+}
+
+// acquire returns namespace id with its running lock held shared (the
+// caller releases it when its command is done with the Backend), or nil.
+// The lock is taken before s.mu is released: RemoveNamespace, which
+// takes it after dropping the namespace from the list, waits for every
+// command that found the namespace.
+func (s *Subsystem) acquire(id uint32) *Namespace {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, ns := range s.Namespaces {
+		if ns.ID == id {
+			ns.running.RLock()
+			return ns
+		}
 	}
 	return nil
 }

@@ -698,11 +698,16 @@ func itoa(n int) string {
 // moves: namespace, opcode, LBA range, write protection and the data
 // length the SGL gives.
 func (q *tqueue) ioCheck(r *treq) (*Namespace, nvme.Status) {
-	s := r.sqe
-	ns := q.ctrl.sub.namespace(s.NSID())
+	ns := q.ctrl.sub.namespace(r.sqe.NSID())
 	if ns == nil {
 		return nil, nvme.StatusInvalidNamespace | nvme.StatusDNR
 	}
+	return q.ioCheckNS(r, ns)
+}
+
+// ioCheckNS is ioCheck for the namespace ns the command names.
+func (q *tqueue) ioCheckNS(r *treq, ns *Namespace) (*Namespace, nvme.Status) {
+	s := r.sqe
 	switch op := s.Opcode(); op {
 	case nvme.IORead, nvme.IOWrite, nvme.IOWriteZeroes:
 		rw := nvme.RWOf(s)
@@ -730,7 +735,12 @@ func (q *tqueue) ioCheck(r *treq) (*Namespace, nvme.Status) {
 // io executes an NVM command.
 func (q *tqueue) io(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 	s := r.sqe
-	ns, st := q.ioCheck(r)
+	held := q.ctrl.sub.acquire(s.NSID())
+	if held == nil {
+		return nvme.StatusInvalidNamespace | nvme.StatusDNR, 0, 0
+	}
+	defer held.running.RUnlock() // RemoveNamespace waits for it
+	ns, st := q.ioCheckNS(r, held)
 	if st != 0 {
 		return st, 0, 0
 	}

@@ -142,8 +142,8 @@ func (s *nsListState) reload(t *nvmf.Target, w, errw io.Writer) {
 			fmt.Fprintf(errw, "rocev2d nvmf-target: SIGHUP: namespace %d: %v\n", id, err)
 			continue
 		}
-		// Commands already running on it finish on the open file; the
-		// next SIGHUP's reads find it closed at worst (a Read Error).
+		// RemoveNamespace returned once the commands running on it had
+		// finished: nothing uses the file any more.
 		o.fb.Close()
 		delete(s.open, id)
 		fmt.Fprintf(w, "nvmf-target: namespace %d (%s) removed; hosts notified\n", id, o.path)
