@@ -468,7 +468,10 @@ func (q *tqueue) admin(r *treq, in, out []byte) (nvme.Status, uint64, int) {
 			// nvmet_set_feat_async_event: bits beyond what the
 			// controller reports are refused; the SMART critical
 			// warning bits are taken (and never used: no SMART
-			// events here). A discovery controller reports none.
+			// events here). A discovery controller reports none and
+			// takes 0 only (nvmet's discovery controller reports and
+			// takes the Discovery Log Page Change notice, bit 31,
+			// which this target does not send).
 			if set {
 				mask := uint32(aecSupported)
 				if c.discovery() {
