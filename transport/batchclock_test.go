@@ -48,3 +48,55 @@ func TestBatchClock(t *testing.T) {
 	}
 	t.Logf("%d clock readings for %d response packets", reads, size/1024)
 }
+
+// TestBatchClockMonoDropped: on the wall clock a batch keeps its one
+// reading as the time since clkBase and makes it a time.Time only when a
+// QP asks (QP.now) — the same instant Device.now gives. A Link.Send
+// inside the batch (flushOut) drops that reading too: the next QP.now
+// reads the clock again instead of returning the batch's old time.
+func TestBatchClockMonoDropped(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{})
+	if !a.dev.realClk {
+		t.Fatal("pair not on the wall clock")
+	}
+	_, rmr := b.buffer(t, 8, 0)
+	if err := b.qp.PostRecv(RecvWR{SGEs: sge(rmr, 0, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	_, smr := a.buffer(t, 8, 0)
+	qp := a.qp
+	since := time.Since(a.dev.clkBase)
+	c := batchClock{mono: since, monoOK: true}
+	at := func() time.Time {
+		qp.mu.Lock()
+		defer qp.mu.Unlock()
+		qp.rxNow = &c
+		defer func() { qp.rxNow = nil }()
+		return qp.now()
+	}
+	if got, want := at(), a.dev.clkBase.Add(since); !got.Equal(want) {
+		t.Fatalf("batch time %v, want %v", got, want)
+	}
+	c = batchClock{mono: since, monoOK: true}
+	time.Sleep(2 * time.Millisecond)
+	mark := a.dev.now()
+	// PostSend's flushOut sends the SEND while qp.rxNow is c, as a
+	// flushOut inside a batch would.
+	qp.mu.Lock()
+	qp.rxNow = &c
+	qp.mu.Unlock()
+	if err := qp.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	qp.mu.Lock()
+	if qp.rxNow == &c {
+		qp.rxNow = nil
+	}
+	qp.mu.Unlock()
+	if got := at(); got.Before(mark) {
+		t.Fatalf("time after the send %v is the batch's old reading (before %v)", got, mark)
+	}
+	if wc := waitWC(t, a.scq, 1, 10*time.Second); wc[0].Status != WCSuccess {
+		t.Fatalf("%+v", wc[0])
+	}
+}

@@ -232,6 +232,9 @@ type Device struct {
 	// RealClock the device reads the time as clkBase plus the monotonic
 	// time since (now), one clock read where time.Now makes two.
 	clkBase time.Time
+	// clkBaseUnix is clkBase.UnixNano(): rxBusy is clkBaseUnix plus the
+	// monotonic time since clkBase, the UnixNano of Device.now's reading.
+	clkBaseUnix int64
 	// zc: the link sends payloads from registered memory (udp.CapZeroCopy
 	// and not DeviceConfig.CopySend): WRITE and SEND requests and READ
 	// responses whose payload lies in one SGE (one region) are queued
@@ -248,11 +251,19 @@ type Device struct {
 	outMax int
 }
 
-// batchClock caches one clock reading for the batch in progress.
+// batchClock caches one clock reading for the batch in progress. On the
+// wall clock the batch's reading is taken as mono, the time since
+// Device.clkBase, and made a time.Time (t) only when a QP first asks for
+// it (QP.now): most batches never do. drop forgets both.
 type batchClock struct {
-	t  time.Time
-	ok bool
+	t      time.Time
+	ok     bool // t is the batch's reading
+	mono   time.Duration
+	monoOK bool // mono is the batch's reading, t not yet made of it
 }
+
+// drop forgets the batch's reading: the next QP.now reads the clock.
+func (c *batchClock) drop() { c.ok, c.monoOK = false, false }
 
 // firstQPN is the first QPN handed out; rxe starts at 17 as well (0 and 1 are special).
 // lastQPN is the last: 0xffffff is the multicast QPN (IBTA; Linux's
@@ -367,6 +378,7 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		d.lazyPush = true
 	}
 	d.clkBase = time.Now()
+	d.clkBaseUnix = d.clkBase.UnixNano()
 	d.backlog = backlogLink(link)
 	if er, ok := link.(udp.ErrorReporter); ok {
 		er.SetErrorHandler(d.linkError)
@@ -666,12 +678,14 @@ func (d *Device) getBuf() *[udp.MaxPacketSize]byte {
 // its packets do.
 func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	if d.realClk {
-		now := d.now()
-		d.rxBusy.Store(now.UnixNano())
-		d.rxNow = batchClock{t: now, ok: true}
+		// Device.now's reading, not yet made a time.Time (QP.now does
+		// that if a QP asks), and its UnixNano.
+		since := time.Since(d.clkBase)
+		d.rxBusy.Store(d.clkBaseUnix + int64(since))
+		d.rxNow = batchClock{mono: since, monoOK: true}
 		defer d.rxBusy.Store(0)
 	} else {
-		d.rxNow.ok = false
+		d.rxNow.drop()
 	}
 	// Consecutive packets for one QP (a message's packets, a window's
 	// ACKs, a request and the ACK that came with it) are handed to it
@@ -706,7 +720,7 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	if held != nil {
 		held.endBatchInput()
 	}
-	d.rxNow.ok = false
+	d.rxNow.drop()
 	d.rxPins.Release()
 }
 

@@ -179,7 +179,7 @@ func (qp *QP) flushOut() {
 	// after an ACK) may take long, or block on a full socket: the batch's
 	// clock reading is too old for the deadlines set after it.
 	if qp.rxNow != nil {
-		qp.rxNow.ok = false
+		qp.rxNow.drop()
 	}
 	// The link is done with the buffers: back to the pool, so that a QP
 	// holds packet memory only while it has packets queued — except the

@@ -283,7 +283,12 @@ func (qp *QP) now() time.Time {
 		return qp.dev.now()
 	}
 	if !c.ok {
-		c.t, c.ok = qp.dev.now(), true
+		if c.monoOK {
+			c.t = qp.dev.clkBase.Add(c.mono) // what Device.now made of it
+		} else {
+			c.t = qp.dev.now()
+		}
+		c.ok = true
 	}
 	return c.t
 }
