@@ -137,6 +137,22 @@ type ScatterList struct {
 // keeps them unchanged while it uses the ScatterList).
 func (pd *PD) ScatterList(sges []SGE) ScatterList { return ScatterList{pd: pd, sges: sges} }
 
+// ScatterListRef is ScatterList over a list that CheckSGEsRef returned r
+// for (r may be nil). While r is the element's live region with local
+// write access, its first Scatter in a batch holds r in the Pins (the pin
+// fails once Deregister has begun) and copies, with no key lookup;
+// otherwise Scatter takes its full path, with its checks and errors.
+func (pd *PD) ScatterListRef(sges []SGE, r *Ref) ScatterList {
+	sl := ScatterList{pd: pd, sges: sges}
+	if e := (*entry)(r); e != nil && len(sges) == 1 && e.covers(pd, &sges[0], AccessLocalWrite) {
+		// Remembered as the element written last, held in no Pins yet:
+		// scatterSlow holds it (or, if it is gone, takes the full path).
+		o, l := sges[0].Addr-e.start, uint64(sges[0].Length)
+		sl.mem, sl.e = e.mem[o:o+l:o+l], e
+	}
+	return sl
+}
+
 // Scatter places src at byte offset of the concatenated list, like
 // PD.Scatter (same rules and errors). With ps non-nil the regions written
 // are held in ps until its next Release; with ps nil it is PD.Scatter.

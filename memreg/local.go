@@ -224,3 +224,57 @@ func (h *Hold) Acquire() bool { return (*entry)(h).pin() }
 
 // Release ends a read started by a successful Acquire.
 func (h *Hold) Release() { (*entry)(h).unpin() }
+
+// Ref is the registration a scatter/gather list of one element was
+// checked against (CheckSGEsRef), kept with the work request so that the
+// copy made later (GatherRef, ScatterListRef) need not look the lkey up
+// again. A Ref is a hint, never trusted: it is used only if it is the
+// region the element's lkey names, of this PD, granting the rights the
+// copy needs, with the element inside it — and, as every access, only
+// under a pin, which fails once Deregister has begun. Registrations never
+// change after they are made: re-registering memory (Deregister, then
+// RegisterMR) makes a new one under a new key, and a local SGE never
+// names a window. So a copy through a Ref fails exactly when the lookup
+// would have failed; it then takes the lookup's path, with its errors.
+type Ref entry
+
+// covers reports whether e is the region element s's lkey names, of pd,
+// granting acc, with s (non-empty) inside it.
+func (e *entry) covers(pd *PD, s *SGE, acc Access) bool {
+	last := s.Addr + uint64(s.Length) - 1
+	return e.key == s.LKey && e.pd == pd && e.kind == kindMR && e.access&acc == acc &&
+		s.Length != 0 && last >= s.Addr && s.Addr >= e.start && last <= e.last
+}
+
+// CheckSGEsRef is CheckSGEs that also returns, for a list of one
+// non-empty element that passes, the region it was checked against (nil
+// for any other list).
+func (pd *PD) CheckSGEsRef(sges []SGE, acc Access) (total uint64, r *Ref, err error) {
+	if len(sges) == 1 && sges[0].Length != 0 && acc&^AccessLocalWrite == 0 {
+		s := &sges[0]
+		e, _, err := pd.resolveLocal(s.LKey, s.Addr, uint64(s.Length), acc)
+		if err != nil {
+			return 0, nil, accessErr(OpCheckSGE, s.LKey, s.Addr, uint64(s.Length), err, e, acc)
+		}
+		return uint64(s.Length), (*Ref)(e), nil
+	}
+	total, err = pd.CheckSGEs(sges, acc)
+	return total, nil, err
+}
+
+// GatherRef is Gather of a list that CheckSGEsRef returned r for (r may
+// be nil): the same copy, checks and errors, without the key lookup while
+// r is still the element's live region.
+func (pd *PD) GatherRef(sges []SGE, r *Ref, offset uint64, dst []byte) error {
+	if e := (*entry)(r); e != nil && len(sges) == 1 && len(dst) != 0 {
+		s := &sges[0]
+		n, l := uint64(len(dst)), uint64(s.Length)
+		if offset <= l && n <= l-offset && e.covers(pd, s, 0) && e.pin() {
+			o := s.Addr - e.start + offset
+			copy(dst, e.mem[o:o+n])
+			e.unpin()
+			return nil
+		}
+	}
+	return pd.Gather(sges, offset, dst)
+}

@@ -84,7 +84,7 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	if qp.init.Type == QPTypeUC && (acc != 0 || wr.Opcode == WRSendInv) {
 		return bad("opcode", ErrInvalidWR, nil, "%v on a UC QP (only SEND and RDMA WRITE, with or without immediate)", wr.Opcode)
 	}
-	total, err := qp.checkSGEs("PostSend", i, wr.WRID, wr.SGEs, acc)
+	total, ref, err := qp.checkSGEs("PostSend", i, wr.WRID, wr.SGEs, acc)
 	if err != nil {
 		return err
 	}
@@ -115,11 +115,11 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	ww.WRID, ww.Opcode, ww.SGEs, ww.Flags, ww.Imm = wr.WRID, wr.Opcode, sges, wr.Flags, wr.Imm
 	ww.InvRKey, ww.RemoteAddr, ww.RKey, ww.CompareAdd, ww.Swap = wr.InvRKey, wr.RemoteAddr, wr.RKey, wr.CompareAdd, wr.Swap
 	ww.AH, ww.RemoteQPN, ww.RemoteQKey, ww.MW, ww.Bind = wr.AH, wr.RemoteQPN, wr.RemoteQKey, wr.MW, wr.Bind
-	w.sges, w.length, w.npkts, w.firstPSN = sges, uint32(total), 0, 0
+	w.sges, w.ref, w.length, w.npkts, w.firstPSN = sges, ref, uint32(total), 0, 0
 	w.rdCounted, w.done, w.localDone, w.probe, w.status = false, false, false, false, 0
 	switch {
 	case wr.Opcode == WRRead:
-		w.rsl = qp.pd.ScatterList(sges)
+		w.rsl = qp.pd.ScatterListRef(sges, ref)
 	case prevRead:
 		// Only a READ's WQE sets rsl (and its Scatter caches a region
 		// in it): let go of it.
@@ -144,29 +144,30 @@ func copySGEs(dst, src []memreg.SGE) []memreg.SGE {
 }
 
 // checkSGEs checks the SGE list of WR i (count, keys, rights, bounds) and
-// returns its total length, or a *WRError naming the SGE at fault.
-func (qp *QP) checkSGEs(op string, i int, wrid uint64, sges []memreg.SGE, acc memreg.Access) (uint64, error) {
+// returns its total length and, for a list of one element, the region it
+// was checked against (memreg.Ref), or a *WRError naming the SGE at fault.
+func (qp *QP) checkSGEs(op string, i int, wrid uint64, sges []memreg.SGE, acc memreg.Access) (uint64, *memreg.Ref, error) {
 	if len(sges) > qp.init.MaxSGE {
-		return 0, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: "num_sge",
+		return 0, nil, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: "num_sge",
 			Msg: fmt.Sprintf("%d SGEs > max_sge %d", len(sges), qp.init.MaxSGE), Kind: ErrInvalidWR}
 	}
 	// The whole list in one call (the usual case: it is valid); only a
 	// list that fails is checked again element by element, to name the
 	// element at fault (the first that fails now, as before).
-	if total, err := qp.pd.CheckSGEs(sges, acc); err == nil {
-		return total, nil
+	if total, ref, err := qp.pd.CheckSGEsRef(sges, acc); err == nil {
+		return total, ref, nil
 	}
 	var total uint64
 	for j := range sges {
 		n, err := qp.pd.CheckSGEs(sges[j:j+1], acc)
 		if err != nil {
-			return 0, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: sgeField(qp.pd, j, sges[j], acc, err),
+			return 0, nil, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: sgeField(qp.pd, j, sges[j], acc, err),
 				Msg:  fmt.Sprintf("lkey %#x addr %#x length %d", sges[j].LKey, sges[j].Addr, sges[j].Length),
 				Kind: ErrInvalidWR, Err: err}
 		}
 		total += n
 	}
-	return total, nil
+	return total, nil, nil
 }
 
 // PostRecv queues receive work requests. The QP must not be in RESET.
@@ -198,12 +199,14 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 		}
 		qp.rqRoom()
 		var total uint64
-		if total, err = qp.checkSGEs("PostRecv", i, wr.WRID, wr.SGEs, memreg.AccessLocalWrite); err != nil {
+		var ref *memreg.Ref
+		if total, ref, err = qp.checkSGEs("PostRecv", i, wr.WRID, wr.SGEs, memreg.AccessLocalWrite); err != nil {
 			break
 		}
 		r := qp.rqAt(qp.rqEnd)
 		r.wrid = wr.WRID
 		r.sges = copySGEs(r.sges, wr.SGEs)
+		r.ref = ref
 		r.length = total
 		qp.rqEnd++
 	}

@@ -13,32 +13,39 @@ import (
 // the memory table). The result must be what a fresh WQE would be.
 func TestPostOneResetsWQE(t *testing.T) {
 	// A field added to either struct must be reset by postOne too.
-	if n := reflect.TypeFor[sendWQE]().NumField(); n != 12 {
-		t.Fatalf("sendWQE has %d fields; postOne writes 12", n)
+	if n := reflect.TypeFor[sendWQE]().NumField(); n != 13 {
+		t.Fatalf("sendWQE has %d fields; postOne writes 13", n)
 	}
 	if n := reflect.TypeFor[SendWR]().NumField(); n != 15 {
 		t.Fatalf("SendWR has %d fields; postOne writes 15", n)
 	}
 	a, _, _ := newPair(t, pairOpts{})
 	_, mr := a.buffer(t, 64, 0)
+	_, omr := a.buffer(t, 64, memreg.AccessLocalWrite)
 	qp := a.qp
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	w := qp.sqAt(qp.sqEnd)
-	old := sge(mr, 32, 16)
+	old := sge(omr, 32, 16)
+	_, oldRef, err := a.pd.CheckSGEsRef(old, memreg.AccessLocalWrite)
+	if err != nil || oldRef == nil {
+		t.Fatal(oldRef, err)
+	}
 	ah := &AH{}
 	*w = sendWQE{wr: SendWR{WRID: 1, Opcode: WRRead, SGEs: old, Flags: SendFence, Imm: 2, InvRKey: 3,
 		RemoteAddr: 4, RKey: 5, CompareAdd: 6, Swap: 7, AH: ah, RemoteQPN: 8, RemoteQKey: 9,
 		MW: &memreg.MW{}, Bind: MWBindInfo{MR: mr, Addr: 1, Length: 2, Access: 3}},
 		sges: old, length: 16, npkts: 3, firstPSN: 5, signaled: true, rdCounted: true, done: true,
-		localDone: true, probe: true, status: WCLocProtErr, rsl: a.pd.ScatterList(old)}
+		localDone: true, probe: true, status: WCLocProtErr, rsl: a.pd.ScatterList(old), ref: oldRef}
 	wr := SendWR{WRID: 42, Opcode: WRSend, SGEs: sge(mr, 0, 8), Imm: 11}
 	if err := qp.postOne(0, &wr); err != nil {
 		t.Fatal(err)
 	}
 	qp.sqEnd-- // not sent
+	// The region the WR's list names.
+	_, ref, _ := a.pd.CheckSGEsRef(wr.SGEs, 0)
 	want := sendWQE{wr: SendWR{WRID: 42, Opcode: WRSend, SGEs: w.sges, Imm: 11}, sges: w.sges, length: 8,
-		signaled: qp.init.SigAll}
+		signaled: qp.init.SigAll, ref: ref}
 	if !reflect.DeepEqual(*w, want) {
 		t.Fatalf("reused WQE:\n%+v\nwant\n%+v", *w, want)
 	}

@@ -24,12 +24,14 @@ type sendWQE struct {
 	probe     bool // a keep-alive probe (QP.Probe): never completes to a CQ
 	status    WCStatus
 	rsl       memreg.ScatterList // RDMA READ: places the response data into sges
+	ref       *memreg.Ref        // the region a one-element sges was checked against at post (a hint: memreg.Ref)
 }
 
 type recvWQE struct {
 	wrid   uint64
 	sges   []memreg.SGE
 	length uint64
+	ref    *memreg.Ref // the region a one-element sges was checked against at post (a hint: memreg.Ref)
 }
 
 // rdRes is a saved responder resource for a READ or atomic request.

@@ -261,7 +261,7 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 	if payloadLen > 0 && zc == nil {
 		hdr := bth.Size + f.BTH.Opcode.Info().HeaderLen
 		slot := buf[hdr : hdr+payloadLen]
-		if err := qp.pd.Gather(w.sges, off, slot); err != nil {
+		if err := qp.pd.GatherRef(w.sges, w.ref, off, slot); err != nil {
 			// The local memory went away after PostSend: local protection error.
 			r.failLocal(w, WCLocProtErr)
 			return false

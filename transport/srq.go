@@ -110,6 +110,7 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) error {
 		r := &s.rq[s.end%uint64(len(s.rq))]
 		r.wrid = wr.WRID
 		r.sges = copySGEs(r.sges, wr.SGEs)
+		r.ref = nil // checked element by element: no memreg.Ref
 		r.length = total
 		s.end++
 	}
