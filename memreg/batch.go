@@ -137,20 +137,23 @@ type ScatterList struct {
 // keeps them unchanged while it uses the ScatterList).
 func (pd *PD) ScatterList(sges []SGE) ScatterList { return ScatterList{pd: pd, sges: sges} }
 
-// ScatterListRef is ScatterList over a list that CheckSGEsRef returned r
-// for (r may be nil). While r is the element's live region with local
-// write access, its first Scatter in a batch holds r in the Pins (the pin
-// fails once Deregister has begun) and copies, with no key lookup;
-// otherwise Scatter takes its full path, with its checks and errors.
-func (pd *PD) ScatterListRef(sges []SGE, r *Ref) ScatterList {
-	sl := ScatterList{pd: pd, sges: sges}
+// InitRef makes sl a ScatterList over a list that CheckSGEsRef returned
+// r for (r may be nil), in place: written field by field, where a
+// ScatterList returned by value was built, zeroed and copied whole. While
+// r is the element's live region with local write access, the first
+// Scatter in a batch holds r in the Pins (the pin fails once Deregister
+// has begun) and copies, with no key lookup; otherwise Scatter takes its
+// full path, with its checks and errors.
+func (sl *ScatterList) InitRef(pd *PD, sges []SGE, r *Ref) {
+	sl.pd, sl.sges, sl.start, sl.ps, sl.gen = pd, sges, 0, nil, 0
 	if e := (*entry)(r); e != nil && len(sges) == 1 && e.covers(pd, &sges[0], AccessLocalWrite) {
 		// Remembered as the element written last, held in no Pins yet:
 		// scatterSlow holds it (or, if it is gone, takes the full path).
 		o, l := sges[0].Addr-e.start, uint64(sges[0].Length)
 		sl.mem, sl.e = e.mem[o:o+l:o+l], e
+		return
 	}
-	return sl
+	sl.mem, sl.e = nil, nil
 }
 
 // Scatter places src at byte offset of the concatenated list, like

@@ -227,7 +227,7 @@ func (h *Hold) Release() { (*entry)(h).unpin() }
 
 // Ref is the registration a scatter/gather list of one element was
 // checked against (CheckSGEsRef), kept with the work request so that the
-// copy made later (GatherRef, ScatterListRef) need not look the lkey up
+// copy made later (GatherRef, ScatterList.InitRef) need not look the lkey up
 // again. A Ref is a hint, never trusted: it is used only if it is the
 // region the element's lkey names, of this PD, granting the rights the
 // copy needs, with the element inside it — and, as every access, only

@@ -8,7 +8,7 @@ import (
 
 // TestRefDeregistered: a Ref kept from CheckSGEsRef is not used once its
 // region is deregistered, nor after the same memory is registered again
-// (at the same IOVA, under a new key): GatherRef and a ScatterListRef's
+// (at the same IOVA, under a new key): GatherRef and a ScatterList.InitRef's
 // Scatter fail as Gather and Scatter do (ErrStaleKey), and neither reads
 // nor writes the memory.
 func TestRefDeregistered(t *testing.T) {
@@ -29,7 +29,8 @@ func TestRefDeregistered(t *testing.T) {
 		t.Fatalf("GatherRef live: %v %x", err, got)
 	}
 	var ps Pins
-	sl := pd.ScatterListRef(sges, ref)
+	var sl ScatterList
+	sl.InitRef(pd, sges, ref)
 	if err := sl.Scatter(&ps, 2, []byte{0xaa, 0xbb}); err != nil || buf[0x12] != 0xaa || buf[0x13] != 0xbb {
 		t.Fatalf("Scatter live: %v %x", err, buf[0x10:0x20])
 	}
@@ -57,7 +58,8 @@ func TestRefDeregistered(t *testing.T) {
 			t.Fatalf("re-registered %v: GatherRef read the memory: %x", again, got)
 		}
 		before := bytes.Clone(buf)
-		sl := pd.ScatterListRef(sges, ref)
+		var sl ScatterList
+		sl.InitRef(pd, sges, ref)
 		err := sl.Scatter(&ps, 2, []byte{0x11, 0x22})
 		ps.Release()
 		if !errors.Is(err, ErrStaleKey) {
@@ -99,7 +101,8 @@ func TestRefMismatch(t *testing.T) {
 	}
 	// a granted no local write: the Scatter through its Ref is refused.
 	var ps Pins
-	sl := pd.ScatterListRef([]SGE{{Addr: 0x1000, Length: 64, LKey: ma.LKey()}}, ra)
+	var sl ScatterList
+	sl.InitRef(pd, []SGE{{Addr: 0x1000, Length: 64, LKey: ma.LKey()}}, ra)
 	if err := sl.Scatter(&ps, 0, []byte{1}); !errors.Is(err, ErrAccessDenied) {
 		t.Fatalf("Scatter into a read-only region through its Ref: %v", err)
 	}

@@ -119,7 +119,7 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	w.rdCounted, w.done, w.localDone, w.probe, w.status = false, false, false, false, 0
 	switch {
 	case wr.Opcode == WRRead:
-		w.rsl = qp.pd.ScatterListRef(sges, ref)
+		w.rsl.InitRef(qp.pd, sges, ref)
 	case prevRead:
 		// Only a READ's WQE sets rsl (and its Scatter caches a region
 		// in it): let go of it.

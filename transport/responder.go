@@ -361,7 +361,7 @@ func (r *responder) onSend(p *packetT, psn bth.PSN) {
 	}
 	rw := qp.nextRecv()
 	if pos == bth.PosFirst || pos == bth.PosOnly {
-		r.rsl = qp.pd.ScatterListRef(rw.sges, rw.ref)
+		r.rsl.InitRef(qp.pd, rw.sges, rw.ref)
 	}
 	n := uint64(len(p.Payload))
 	if r.offset+n > rw.length {
