@@ -27,7 +27,11 @@
 // ScatterList.Scatter (SEND and READ response data) pin a registration
 // into a Pins once per batch and Pins.Release unpins it, so a Deregister
 // then waits for the end of that batch; inside it each packet is a bounds
-// check and a copy. Memory from mmap can be registered like any byte
+// check and a copy. A work request's one-element SGE list can keep the
+// region it was checked against (CheckSGEsRef returns a Ref; GatherRef and
+// ScatterList.InitRef use it): a copy through it skips the key lookup but
+// not the pin, and runs only while the Ref is the live region the lkey
+// names, so it fails exactly when the lookup would. Memory from mmap can be registered like any byte
 // slice; it must stay mapped until Deregister returns. The zero-copy
 // send views (PD.GatherView, QPView.ReadView) are checked when taken and
 // read later, when the packet leaves: the sender reads one only between
