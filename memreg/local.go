@@ -252,6 +252,12 @@ func (e *entry) covers(pd *PD, s *SGE, acc Access) bool {
 func (pd *PD) CheckSGEsRef(sges []SGE, acc Access) (total uint64, r *Ref, err error) {
 	if len(sges) == 1 && sges[0].Length != 0 && acc&^AccessLocalWrite == 0 {
 		s := &sges[0]
+		// What resolveLocal checks, in one expression (covers); its
+		// call, and its error's classification, only for a list that
+		// fails.
+		if e := pd.t.lookup(s.LKey); e != nil && e.covers(pd, s, acc) {
+			return uint64(s.Length), (*Ref)(e), nil
+		}
 		e, _, err := pd.resolveLocal(s.LKey, s.Addr, uint64(s.Length), acc)
 		if err != nil {
 			return 0, nil, accessErr(OpCheckSGE, s.LKey, s.Addr, uint64(s.Length), err, e, acc)

@@ -147,16 +147,23 @@ func copySGEs(dst, src []memreg.SGE) []memreg.SGE {
 // returns its total length and, for a list of one element, the region it
 // was checked against (memreg.Ref), or a *WRError naming the SGE at fault.
 func (qp *QP) checkSGEs(op string, i int, wrid uint64, sges []memreg.SGE, acc memreg.Access) (uint64, *memreg.Ref, error) {
+	// The whole list in one call (the usual case: it is valid), inlined.
+	if len(sges) <= qp.init.MaxSGE {
+		if total, ref, err := qp.pd.CheckSGEsRef(sges, acc); err == nil {
+			return total, ref, nil
+		}
+	}
+	return qp.checkSGEsSlow(op, i, wrid, sges, acc)
+}
+
+// checkSGEsSlow is checkSGEs of a list that failed: the *WRError.
+func (qp *QP) checkSGEsSlow(op string, i int, wrid uint64, sges []memreg.SGE, acc memreg.Access) (uint64, *memreg.Ref, error) {
 	if len(sges) > qp.init.MaxSGE {
 		return 0, nil, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: "num_sge",
 			Msg: fmt.Sprintf("%d SGEs > max_sge %d", len(sges), qp.init.MaxSGE), Kind: ErrInvalidWR}
 	}
-	// The whole list in one call (the usual case: it is valid); only a
-	// list that fails is checked again element by element, to name the
-	// element at fault (the first that fails now, as before).
-	if total, ref, err := qp.pd.CheckSGEsRef(sges, acc); err == nil {
-		return total, ref, nil
-	}
+	// Checked again element by element, to name the element at fault
+	// (the first that fails now, as before).
 	var total uint64
 	for j := range sges {
 		n, err := qp.pd.CheckSGEs(sges[j:j+1], acc)
