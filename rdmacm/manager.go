@@ -196,6 +196,13 @@ type Manager struct {
 	jr         *cmjournal.Journal
 	journalErr error
 	deadSent   map[uint32]deadSent
+	// replayed is closed when the first replay of the dead owners'
+	// records is done (the guardian waits for it).
+	replayed chan struct{}
+	// The guardian (guardian_linux.go): nil without one (guardianErr
+	// says why, if it failed to start).
+	guard       *guardian
+	guardianErr error
 }
 
 type remoteKey struct {
@@ -259,7 +266,7 @@ func startLocked(dev *transport.Device) (*Manager, error) {
 		conns: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, byQPN: map[qpnKey]*Conn{},
 		nextID: random32(), idXor: random32(), listeners: map[uint64]*Listener{},
 		gaveUp: map[remoteKey]bool{}, shedIDs: map[remoteKey]bool{},
-		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, deadSent: map[uint32]deadSent{}, abandoned: map[uint32]abandonedDial{}, farewellDone: make(chan struct{}), stop: make(chan struct{}), down: make(chan struct{}),
+		udl: map[uint64]*UDListener{}, sidr: map[uint32]*sidrWait{}, deadSent: map[uint32]deadSent{}, abandoned: map[uint32]abandonedDial{}, replayed: make(chan struct{}), farewellDone: make(chan struct{}), stop: make(chan struct{}), down: make(chan struct{}),
 		closeErr: errDeviceClosed, closeCause: CauseDeviceClosed}
 	m.tag.Tag, m.tag.Mask = dev.CommIDTag()
 	// On a shared address one process answers the REQs nobody listens
@@ -270,6 +277,7 @@ func startLocked(dev *transport.Device) (*Manager, error) {
 	}
 	m.stopFarewell = dev.OnClose(m.farewell)
 	m.openJournal() // before the loops, which read m.jr
+	m.startGuardian()
 	byDevice[dev] = m
 	go m.loop()
 	go m.errLoop()
@@ -480,6 +488,7 @@ func (m *Manager) shutdown() {
 	if m.jr != nil {
 		m.jr.Close()
 	}
+	m.stopGuardian() // after the journal closed: it finds nothing to send
 	m.agent.Close()
 	byDeviceMu.Lock()
 	if byDevice[m.dev] == m {

@@ -61,6 +61,7 @@ func (m *Manager) openJournal() {
 // on a shared address, every journalRescan (members speak for members).
 func (m *Manager) replayLoop() {
 	m.replayDead()
+	close(m.replayed)
 	m.jr.SweepOtherScopes()
 	if _, mask := m.dev.CommIDTag(); mask == 0 {
 		return

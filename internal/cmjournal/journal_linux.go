@@ -423,3 +423,39 @@ func (j *Journal) Abandon() {
 		j.lock.Close()
 	}
 }
+
+// Owner states, as OwnerState reports them.
+const (
+	// OwnerGone: no owner directory, or one without records (its
+	// manager closed cleanly).
+	OwnerGone = iota
+	// OwnerAlive: the owner's lock is held (its process lives).
+	OwnerAlive
+	// OwnerDead: the lock is free and records remain: somebody must
+	// send their DREQs.
+	OwnerDead
+)
+
+// OwnerState reports whether the owner directory dir (Dir of a journal)
+// is gone or empty, alive (its lock held), or dead with records left. It
+// holds the dead owner's lock only while it looks.
+func OwnerState(dir string) int {
+	f, dead := lockIfDead(dir)
+	if !dead {
+		if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+			return OwnerGone
+		}
+		return OwnerAlive
+	}
+	defer f.Close()
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".cm") {
+			return OwnerDead
+		}
+	}
+	return OwnerGone
+}
+
+// RootDir returns the root the journal lives under.
+func (j *Journal) RootDir() string { return j.root }

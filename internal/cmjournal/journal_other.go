@@ -45,3 +45,16 @@ func (*Journal) TakeDead() []Record { return nil }
 
 // SweepOtherScopes does nothing.
 func (*Journal) SweepOtherScopes() {}
+
+// Owner states, as OwnerState reports them.
+const (
+	OwnerGone = iota
+	OwnerAlive
+	OwnerDead
+)
+
+// OwnerState reports OwnerGone: no journal on this system.
+func OwnerState(string) int { return OwnerGone }
+
+// RootDir returns "".
+func (*Journal) RootDir() string { return "" }

@@ -1,0 +1,204 @@
+//go:build linux
+
+package rdmacm
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/internal/netns"
+	"github.com/gorocev2/rocev2/transport"
+	"github.com/gorocev2/rocev2/udp"
+)
+
+// guardianChildEnv selects TestGuardianChild's role ("kill", "clean",
+// "live"); guardianPeerEnv and guardianLocalEnv its addresses.
+const (
+	guardianChildEnv = "ROCEV2_TEST_GUARDIAN_CHILD"
+	guardianPeerEnv  = "ROCEV2_TEST_GUARDIAN_PEER"
+	guardianLocalEnv = "ROCEV2_TEST_GUARDIAN_LOCAL"
+)
+
+// TestGuardianChild is the process TestGuardian starts (in its own
+// network namespace): a manager with a guardian and one connection to the
+// test's peer, which it then leaves as its role says.
+func TestGuardianChild(t *testing.T) {
+	mode := os.Getenv(guardianChildEnv)
+	if mode == "" {
+		t.Skip("the child process of TestGuardian")
+	}
+	SetGuardian(true)
+	l, err := udp.ListenSocket(netip.MustParseAddr(os.Getenv(guardianLocalEnv)), &udp.SocketOptions{Share: udp.ShareOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := transport.NewDevice(l, transport.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := fast
+	opts.KeepAlive = -1
+	if _, err := Dial(ctxT(t, 10*time.Second), dev, netip.AddrPortFrom(netip.MustParseAddr(os.Getenv(guardianPeerEnv)), 4420), &opts); err != nil {
+		t.Fatal(err)
+	}
+	m := managerOf(t, dev)
+	pid, err := m.Guardian()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("established guardian %d\n", pid)
+	switch mode {
+	case "clean":
+		m.Close() // the farewell DREQ, the journal emptied, the pipe closed
+	case "live":
+		m.guard.w.Close() // the guardian told its parent went; the lock still held
+	}
+	if mode != "kill" {
+		<-m.guard.done
+		fmt.Printf("guardian exit %d\n", m.guard.code)
+	}
+	if mode == "live" {
+		io.Copy(io.Discard, os.Stdin) // until the test has looked
+		m.Close()
+		fmt.Println("closed")
+	}
+	time.Sleep(time.Minute) // until the test kills this process
+}
+
+// TestGuardian: a process whose manager has a guardian (SetGuardian)
+// and one established connection to a peer (keep-alive off, so that only
+// a DREQ can end it) is killed with SIGKILL and not restarted: its
+// guardian sends the DREQ the process could not, and the peer's Conn ends
+// with ErrDisconnected (CausePeerDisconnect). A manager closed cleanly
+// leaves its guardian nothing to send (exit 0, no stray DREQ at the
+// peer); a guardian told its parent went while the parent's journal lock
+// is held (the process lives) sends nothing (exit 4, the connection
+// stays).
+func TestGuardian(t *testing.T) {
+	netns.Require(t)
+	p := netns.TestPair(t, netns.PairConfig{Prefix: "rdmacm-gd", IfPrefix: "gd",
+		AddrA: netip.MustParseAddr("192.0.2.1"), AddrB: netip.MustParseAddr("192.0.2.2"),
+		MACA: "02:00:00:00:0d:01", MACB: "02:00:00:00:0d:02"})
+	root := t.TempDir()
+	l := netns.MustGet(t, p.NsB, func() (*udp.SocketLink, error) {
+		return udp.ListenSocket(p.AddrB, &udp.SocketOptions{Share: udp.ShareOff})
+	})
+	db, err := transport.NewDevice(l, transport.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	opts := fast
+	opts.KeepAlive = -1
+	ln, err := Listen(db, 4420, &ListenOptions{Options: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	acc := acceptAll(t, ln)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// child starts the child process in role mode and returns it, its
+	// output and the peer's side of its connection.
+	child := func(mode string) (*exec.Cmd, io.WriteCloser, *bufio.Scanner, *Conn) {
+		cmd := exec.Command("ip", "netns", "exec", p.NsA, exe, "-test.run=^TestGuardianChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), guardianChildEnv+"="+mode, guardianPeerEnv+"="+p.AddrB.String(),
+			guardianLocalEnv+"="+p.AddrA.String(), JournalEnv+"="+root)
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		sc := bufio.NewScanner(out)
+		if !scanFor(sc, "established guardian ") {
+			t.Fatalf("%s child: no connection", mode)
+		}
+		select {
+		case c := <-acc:
+			return cmd, in, sc, c
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s child: the peer accepted nothing", mode)
+		}
+		return nil, nil, nil, nil
+	}
+	guardianExit := func(mode string, sc *bufio.Scanner) string {
+		if !scanFor(sc, "guardian exit ") {
+			t.Fatalf("%s child: its guardian's exit not reported", mode)
+		}
+		return strings.TrimPrefix(sc.Text(), "guardian exit ")
+	}
+
+	// live: the guardian sees its pipe end while the owner lives.
+	cmd, in, sc, srv := child("live")
+	if code := guardianExit("live", sc); code != fmt.Sprint(guardianAlive) {
+		t.Errorf("live owner: guardian exit %s, want %d (owner alive, nothing sent)", code, guardianAlive)
+	}
+	select {
+	case <-srv.Done():
+		t.Errorf("live owner: the peer's connection ended: %v", srv.Err())
+	case <-time.After(100 * time.Millisecond):
+	}
+	in.Close() // the child closes its manager (the peer told) and exits
+	if !scanFor(sc, "closed") {
+		t.Fatal("live child: did not close")
+	}
+	<-srv.Done()
+	cmd.Process.Kill()
+	cmd.Wait()
+
+	// clean: Manager.Close tells the peer; the guardian finds nothing.
+	cmd, _, sc, srv = child("clean")
+	if code := guardianExit("clean", sc); code != fmt.Sprint(guardianNothing) {
+		t.Errorf("clean close: guardian exit %s, want %d (nothing to send)", code, guardianNothing)
+	}
+	<-srv.Done()
+	cmd.Process.Kill()
+	cmd.Wait()
+	stray := StatsOf(db).StrayDREQ
+
+	// kill: SIGKILL with the connection established, no restart.
+	cmd, _, _, srv = child("kill")
+	cmd.Process.Kill()
+	cmd.Wait()
+	select {
+	case <-srv.Done():
+	case <-time.After(guardianLimit):
+		t.Fatal("the killed process's guardian did not send its DREQ (keep-alive is off: the connection would stay)")
+	}
+	if !errors.Is(srv.Err(), ErrDisconnected) {
+		t.Errorf("killed process: the peer's connection ended with %v, want ErrDisconnected", srv.Err())
+	}
+	s := StatsOf(db)
+	if s.Ended[CausePeerDisconnect] != 3 || s.StrayDREQ != stray || stray != 0 {
+		t.Errorf("peer: Ended[CausePeerDisconnect] %d (want 3: two closes' and the guardian's), StrayDREQ %d then %d (want 0)",
+			s.Ended[CausePeerDisconnect], stray, s.StrayDREQ)
+	}
+}
+
+// scanFor reads lines until one starts with prefix (false at the end).
+func scanFor(sc *bufio.Scanner, prefix string) bool {
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), prefix) {
+			return true
+		}
+	}
+	return false
+}
