@@ -199,10 +199,9 @@ type Manager struct {
 	// replayed is closed when the first replay of the dead owners'
 	// records is done (the guardian waits for it).
 	replayed chan struct{}
-	// The guardian (guardian_linux.go): nil without one (guardianErr
-	// says why, if it failed to start).
-	guard       *guardian
-	guardianErr error
+	// journalDone is what the journal hook (SetJournalHook) returned
+	// for this manager: called once its journal closed.
+	journalDone func()
 }
 
 type remoteKey struct {
@@ -277,7 +276,11 @@ func startLocked(dev *transport.Device) (*Manager, error) {
 	}
 	m.stopFarewell = dev.OnClose(m.farewell)
 	m.openJournal() // before the loops, which read m.jr
-	m.startGuardian()
+	if m.jr != nil {
+		if h := journalHook.Load(); h != nil {
+			m.journalDone = (*h)(m.jr.Dir(), m.jr.RootDir(), dev.Addr())
+		}
+	}
 	byDevice[dev] = m
 	go m.loop()
 	go m.errLoop()
@@ -488,7 +491,9 @@ func (m *Manager) shutdown() {
 	if m.jr != nil {
 		m.jr.Close()
 	}
-	m.stopGuardian() // after the journal closed: it finds nothing to send
+	if m.journalDone != nil {
+		m.journalDone() // after the journal closed: nothing left to send
+	}
 	m.agent.Close()
 	byDeviceMu.Lock()
 	if byDevice[m.dev] == m {

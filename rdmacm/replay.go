@@ -3,7 +3,9 @@ package rdmacm
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,6 +189,29 @@ func (m *Manager) Journal() (string, error) {
 		return "", m.journalErr
 	}
 	return m.jr.Dir(), nil
+}
+
+// Replayed returns a channel closed when the manager's first look at its
+// address's dead processes is done: the DREQs of their recorded
+// connections handed to the network (Stats.DREQForDead). It is never
+// closed for a manager without a journal.
+func (m *Manager) Replayed() <-chan struct{} { return m.replayed }
+
+// journalHook is SetJournalHook's function.
+var journalHook atomic.Pointer[func(dir, root string, addr netip.Addr) func()]
+
+// SetJournalHook registers f, called when a connection manager with a
+// journal starts (before its loops), with the journal's owner directory,
+// its root (JournalEnv) and the manager's address; the function f returns
+// (nil for none) is called when the manager has shut down and removed its
+// journal. Package rdmacm/guardian starts its guardian process with it;
+// nil unregisters.
+func SetJournalHook(f func(dir, root string, addr netip.Addr) (done func())) {
+	if f == nil {
+		journalHook.Store(nil)
+		return
+	}
+	journalHook.Store(&f)
 }
 
 var errSimulated = errors.New("rdmacm: no connection journal on a simulated network")

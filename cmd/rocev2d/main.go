@@ -25,7 +25,14 @@
 // commands as []cli.Command; families (below) lists the packages, one line
 // each, and run dispatches args[0] to the command of that name. Besides,
 // this package sets the process's GOGC (gcsettle.go) and its
-// ROCEV2D_TRACE and ROCEV2D_CPUPROFILE recordings (diagenv.go).
+// ROCEV2D_TRACE and ROCEV2D_CPUPROFILE recordings (diagenv.go), and it
+// turns on rdmacm's guardian (package rdmacm/guardian, cli.EnableGuardian) for every command that
+// runs a connection manager (rping, rdma-server/-client, udaddy, cmtime,
+// ucmatose, perftest -R, nvmf-target/-host, soak, ...): a killed or
+// crashed rocev2d still has its established connections' DREQs sent by a
+// small child process, as Linux's kernel sends them for a killed
+// process's cm_ids (docs/connection-life.md). ROCEV2D_GUARDIAN=off leaves
+// it off (the connection journal then waits for a restart on the address).
 //
 // What the commands share is package cli (cmd/internal/cli): flag parsing,
 // exit statuses, the --gso, --busy-poll and congestion control options,
@@ -103,6 +110,9 @@ func init() {
 }
 
 func main() {
+	// In main, not init: the commands' in-process tests (run) start no
+	// guardian processes.
+	cli.EnableGuardian()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

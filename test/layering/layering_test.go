@@ -111,6 +111,9 @@ func ruleFor(r string) (rule, bool) {
 	case r == "rdmacm":
 		return rule{ours: append(slices.Clone(wire), "memreg", "transport", "internal/cmjournal"), banned: socketImports,
 			why: "rdmacm (the connection manager) builds on cm, memreg, transport and internal/cmjournal; it reaches the network only through transport's GSI"}, true
+	case r == "rdmacm/guardian":
+		return rule{ours: []string{"rdmacm", "transport", "udp", "internal/cmjournal"},
+			why: "rdmacm/guardian (the process that sends a killed process's DREQs) builds on rdmacm, transport, udp (its socket link) and internal/cmjournal"}, true
 	case r == "internal/cmjournal":
 		return rule{why: "internal/cmjournal (the connection journal's files and locks) imports nothing of this module"}, true
 	}

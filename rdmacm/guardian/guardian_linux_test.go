@@ -1,9 +1,10 @@
 //go:build linux
 
-package rdmacm
+package guardian
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/internal/netns"
+	"github.com/gorocev2/rocev2/rdmacm"
 	"github.com/gorocev2/rocev2/transport"
 	"github.com/gorocev2/rocev2/udp"
 )
@@ -27,15 +29,15 @@ const (
 	guardianLocalEnv = "ROCEV2_TEST_GUARDIAN_LOCAL"
 )
 
-// TestGuardianChild is the process TestGuardian starts (in its own
+// TestChild is the process TestGuardian starts (in its own
 // network namespace): a manager with a guardian and one connection to the
 // test's peer, which it then leaves as its role says.
-func TestGuardianChild(t *testing.T) {
+func TestChild(t *testing.T) {
 	mode := os.Getenv(guardianChildEnv)
 	if mode == "" {
 		t.Skip("the child process of TestGuardian")
 	}
-	SetGuardian(true)
+	Enable(true)
 	l, err := udp.ListenSocket(netip.MustParseAddr(os.Getenv(guardianLocalEnv)), &udp.SocketOptions{Share: udp.ShareOff})
 	if err != nil {
 		t.Fatal(err)
@@ -45,25 +47,30 @@ func TestGuardianChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := fast
-	opts.KeepAlive = -1
-	if _, err := Dial(ctxT(t, 10*time.Second), dev, netip.AddrPortFrom(netip.MustParseAddr(os.Getenv(guardianPeerEnv)), 4420), &opts); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := rdmacm.Dial(ctx, dev, netip.AddrPortFrom(netip.MustParseAddr(os.Getenv(guardianPeerEnv)), 4420), &opts); err != nil {
 		t.Fatal(err)
 	}
-	m := managerOf(t, dev)
-	pid, err := m.Guardian()
+	m := rdmacm.ManagerOf(dev)
+	pid, err := PID(m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fmt.Printf("established guardian %d\n", pid)
+	dir, _ := m.Journal()
+	mu.Lock()
+	g := procs[dir]
+	mu.Unlock()
 	switch mode {
 	case "clean":
 		m.Close() // the farewell DREQ, the journal emptied, the pipe closed
 	case "live":
-		m.guard.w.Close() // the guardian told its parent went; the lock still held
+		g.w.Close() // the guardian told its parent went; the lock still held
 	}
 	if mode != "kill" {
-		<-m.guard.done
-		fmt.Printf("guardian exit %d\n", m.guard.code)
+		<-g.done
+		fmt.Printf("guardian exit %d\n", g.code)
 	}
 	if mode == "live" {
 		io.Copy(io.Discard, os.Stdin) // until the test has looked
@@ -73,11 +80,11 @@ func TestGuardianChild(t *testing.T) {
 	time.Sleep(time.Minute) // until the test kills this process
 }
 
-// TestGuardian: a process whose manager has a guardian (SetGuardian)
+// TestGuardian: a process whose manager has a guardian (Enable)
 // and one established connection to a peer (keep-alive off, so that only
 // a DREQ can end it) is killed with SIGKILL and not restarted: its
 // guardian sends the DREQ the process could not, and the peer's Conn ends
-// with ErrDisconnected (CausePeerDisconnect). A manager closed cleanly
+// with rdmacm.ErrDisconnected (CausePeerDisconnect). A manager closed cleanly
 // leaves its guardian nothing to send (exit 0, no stray DREQ at the
 // peer); a guardian told its parent went while the parent's journal lock
 // is held (the process lives) sends nothing (exit 4, the connection
@@ -96,9 +103,7 @@ func TestGuardian(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	opts := fast
-	opts.KeepAlive = -1
-	ln, err := Listen(db, 4420, &ListenOptions{Options: opts})
+	ln, err := rdmacm.Listen(db, 4420, &rdmacm.ListenOptions{Options: fast})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,10 +115,10 @@ func TestGuardian(t *testing.T) {
 	}
 	// child starts the child process in role mode and returns it, its
 	// output and the peer's side of its connection.
-	child := func(mode string) (*exec.Cmd, io.WriteCloser, *bufio.Scanner, *Conn) {
-		cmd := exec.Command("ip", "netns", "exec", p.NsA, exe, "-test.run=^TestGuardianChild$", "-test.count=1")
+	child := func(mode string) (*exec.Cmd, io.WriteCloser, *bufio.Scanner, *rdmacm.Conn) {
+		cmd := exec.Command("ip", "netns", "exec", p.NsA, exe, "-test.run=^TestChild$", "-test.count=1")
 		cmd.Env = append(os.Environ(), guardianChildEnv+"="+mode, guardianPeerEnv+"="+p.AddrB.String(),
-			guardianLocalEnv+"="+p.AddrA.String(), JournalEnv+"="+root)
+			guardianLocalEnv+"="+p.AddrA.String(), rdmacm.JournalEnv+"="+root)
 		cmd.Stderr = os.Stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -148,8 +153,8 @@ func TestGuardian(t *testing.T) {
 
 	// live: the guardian sees its pipe end while the owner lives.
 	cmd, in, sc, srv := child("live")
-	if code := guardianExit("live", sc); code != fmt.Sprint(guardianAlive) {
-		t.Errorf("live owner: guardian exit %s, want %d (owner alive, nothing sent)", code, guardianAlive)
+	if code := guardianExit("live", sc); code != fmt.Sprint(ExitAlive) {
+		t.Errorf("live owner: guardian exit %s, want %d (owner alive, nothing sent)", code, ExitAlive)
 	}
 	select {
 	case <-srv.Done():
@@ -166,13 +171,13 @@ func TestGuardian(t *testing.T) {
 
 	// clean: Manager.Close tells the peer; the guardian finds nothing.
 	cmd, _, sc, srv = child("clean")
-	if code := guardianExit("clean", sc); code != fmt.Sprint(guardianNothing) {
-		t.Errorf("clean close: guardian exit %s, want %d (nothing to send)", code, guardianNothing)
+	if code := guardianExit("clean", sc); code != fmt.Sprint(ExitNothing) {
+		t.Errorf("clean close: guardian exit %s, want %d (nothing to send)", code, ExitNothing)
 	}
 	<-srv.Done()
 	cmd.Process.Kill()
 	cmd.Wait()
-	stray := StatsOf(db).StrayDREQ
+	stray := rdmacm.StatsOf(db).StrayDREQ
 
 	// kill: SIGKILL with the connection established, no restart.
 	cmd, _, _, srv = child("kill")
@@ -180,16 +185,16 @@ func TestGuardian(t *testing.T) {
 	cmd.Wait()
 	select {
 	case <-srv.Done():
-	case <-time.After(guardianLimit):
+	case <-time.After(Limit):
 		t.Fatal("the killed process's guardian did not send its DREQ (keep-alive is off: the connection would stay)")
 	}
-	if !errors.Is(srv.Err(), ErrDisconnected) {
-		t.Errorf("killed process: the peer's connection ended with %v, want ErrDisconnected", srv.Err())
+	if !errors.Is(srv.Err(), rdmacm.ErrDisconnected) {
+		t.Errorf("killed process: the peer's connection ended with %v, want rdmacm.ErrDisconnected", srv.Err())
 	}
-	s := StatsOf(db)
-	if s.Ended[CausePeerDisconnect] != 3 || s.StrayDREQ != stray || stray != 0 {
+	s := rdmacm.StatsOf(db)
+	if s.Ended[rdmacm.CausePeerDisconnect] != 3 || s.StrayDREQ != stray || stray != 0 {
 		t.Errorf("peer: Ended[CausePeerDisconnect] %d (want 3: two closes' and the guardian's), StrayDREQ %d then %d (want 0)",
-			s.Ended[CausePeerDisconnect], stray, s.StrayDREQ)
+			s.Ended[rdmacm.CausePeerDisconnect], stray, s.StrayDREQ)
 	}
 }
 
@@ -201,4 +206,26 @@ func scanFor(sc *bufio.Scanner, prefix string) bool {
 		}
 	}
 	return false
+}
+
+// fast: quick CM retries, keep-alive off (only a DREQ can end a
+// connection).
+var fast = rdmacm.Options{ResponseTimeout: 20 * time.Millisecond, MaxRetries: 15, KeepAlive: -1}
+
+// acceptAll accepts every connection of l into the returned channel
+// until the test ends.
+func acceptAll(t *testing.T, l *rdmacm.Listener) <-chan *rdmacm.Conn {
+	ch := make(chan *rdmacm.Conn, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			ch <- c
+		}
+	}()
+	return ch
 }
