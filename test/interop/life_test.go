@@ -35,6 +35,8 @@ func lifeSuite(t *testing.T, ctx context.Context, lab *Lab, img *Image, add func
 			"rocev2d server <- tool client (VM)", lifeVMClientKill},
 		{"life_rocev2d_client_kill9", fmt.Sprintf("rocev2d rping -c killed -9 and restarted x%d -> rping -s -P", lifeRestarts),
 			"rocev2d client -> tool server (VM)", lifeHostClientKill},
+		{"life_rocev2d_client_kill9_guardian", "rocev2d rping -c killed -9, no restart -> rping -s -P",
+			"rocev2d client -> tool server (VM)", lifeHostClientKillGuardian},
 		{"life_rping_loop", fmt.Sprintf("%d x rping -c -C 1 -> rocev2d rping -s -P", lifeLoopRounds),
 			"rocev2d server <- tool client (VM)", lifeVMLoop},
 		{"life_rping_persistent_concurrent", fmt.Sprintf("%d rping -c -C 20 at once -> rocev2d rping -s -P", lifeConcurrent),
@@ -172,6 +174,51 @@ echo "connected=$n"; rdma res show cm_id; [ "$n" -eq 0 ]`, lab.vmIP(), port)
 		return "", fmt.Errorf("the Linux server kept connections of killed clients (exit %d %v):\n%s", vm.Exit, err, tail(vm.Output, 20))
 	}
 	return fmt.Sprintf("%d restarts, last: cm_retransmits=%d cm_dreq_for_dead=%d, Linux server: no connection left", lifeRestarts, cmStat(out, "cm_retransmits"), cmStat(out, "cm_dreq_for_dead")), nil
+}
+
+// lifeHostClientKillGuardian: rocev2d's rping client pings rping -P in
+// the VM and is killed with SIGKILL; nothing is restarted on the host's
+// address (and no other rocev2d process runs there in this cell). Its
+// guardian (rdmacm/guardian, on by default in rocev2d) sends the DREQ the
+// kernel would have sent for a killed process's cm_id: the Linux server's
+// cm_id leaves CONNECT within a few seconds. Without the guardian it
+// stays there for good (rping -P's thread waits in its receive).
+func lifeHostClientKillGuardian(t *testing.T, ctx context.Context, lab *Lab, img *Image) (string, error) {
+	const port = 7194
+	v, err := lab.StartVM(ctx, agentproto.Request{Cmd: fmt.Sprintf("rping -s -P -v -a %s -p %d 2>&1", lab.vmIP(), port), TimeoutSec: 120})
+	if err != nil {
+		return "", err
+	}
+	defer v.Cancel()
+	if err := waitRdmaCMListen(ctx, lab, port, "TCP", 20*time.Second); err != nil {
+		return "", err
+	}
+	h, err := lab.StartHost(ctx, img.Rocev2d, "rping", "-c", "-a", lab.vmIP(), "-p", strconv.Itoa(port), "-C", "0", "-v")
+	if err != nil {
+		return "", err
+	}
+	waitPings(h.Output, rePingLine, 10, 60*time.Second)
+	h.Cmd.Process.Signal(syscall.SIGKILL)
+	_, out := h.Wait()
+	if n := len(rePingLine.FindAllStringIndex(out, -1)); n < 10 {
+		return "", fmt.Errorf("%d pings in 60 s\n%s", n, cmTail(out))
+	}
+	killed := time.Now()
+	script := fmt.Sprintf(`for i in $(seq 50); do n=$(rdma res show cm_id | grep -c 'state CONNECT.*src-addr %s:%d'); [ "$n" -eq 0 ] && break; sleep 0.1; done
+echo "connected=$n"; rdma res show cm_id; [ "$n" -eq 0 ]`, lab.vmIP(), port)
+	vm, err := lab.Run(ctx, script, 30*time.Second)
+	if err != nil || vm.Exit != 0 {
+		srv, _ := v.Cancel()
+		return "", fmt.Errorf("the Linux server's connection to the killed client stayed (exit %d %v):\n%s\n--- rping (VM):\n%s", vm.Exit, err, tail(vm.Output, 20), tail(srv.Output, 20))
+	}
+	gone := time.Since(killed)
+	// rping prints its cm_id's DISCONNECTED event: the DREQ's, not a
+	// retry-exhausted QP's error.
+	srv, _ := v.Cancel()
+	if !strings.Contains(srv.Output, "server DISCONNECT EVENT") {
+		return "", fmt.Errorf("the Linux server did not report the disconnect:\n%s", tail(srv.Output, 20))
+	}
+	return fmt.Sprintf("Linux server: DISCONNECT EVENT, no connection left %.1fs after the kill, no restart", gone.Seconds()), nil
 }
 
 // lifeVMLoop: lifeLoopRounds runs of rping -c -C 1 back to back from the
