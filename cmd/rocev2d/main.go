@@ -28,7 +28,7 @@
 // ROCEV2D_TRACE and ROCEV2D_CPUPROFILE recordings (diagenv.go), and it
 // turns on rdmacm's guardian (package rdmacm/guardian, cli.EnableGuardian) for every command that
 // runs a connection manager (rping, rdma-server/-client, udaddy, cmtime,
-// ucmatose, perftest -R, nvmf-target/-host, soak, ...): a killed or
+// ucmatose, perftest -R, nvmf-target/-host, ...; not soak's children): a killed or
 // crashed rocev2d still has its established connections' DREQs sent by a
 // small child process, as Linux's kernel sends them for a killed
 // process's cm_ids (docs/connection-life.md). ROCEV2D_GUARDIAN=off leaves

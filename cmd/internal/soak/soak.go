@@ -58,7 +58,10 @@ kills the server with SIGKILL and starts it again. Every process drops
 A restarted client takes the next address of its own range, so the
 server's connections to the killed one end by keep-alive (a process
 restarted on its old address would send their DREQs from the connection
-journal, rdmacm.JournalEnv; soak leaves that path to rdmacm's tests).
+journal, rdmacm.JournalEnv; soak leaves that path to rdmacm's tests). Its
+children run without rocev2d's guardian (ROCEV2D_GUARDIAN=off, which the
+parent sets): what soak checks is that keep-alive finds dead peers, and a
+killed server's guardian would hold its address as it restarts.
 
 At the end every client is killed and none is restarted (no DREQ: the
 server must find its dead peers by keep-alive) and the server's resources
@@ -703,7 +706,7 @@ type soakRun struct {
 
 func (r *soakRun) start(args ...string) (*soakProc, error) {
 	cmd := exec.Command(r.bin, args...)
-	cmd.Env = append(os.Environ(), soakChildEnv+"=1")
+	cmd.Env = append(os.Environ(), soakChildEnv+"=1", cli.GuardianEnv+"=off")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
