@@ -3,6 +3,7 @@
 package guardian
 
 import (
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
@@ -34,6 +35,15 @@ const (
 	Limit    = 10 * time.Second
 	DREPWait = time.Second
 )
+
+// exitWait bounds how long a guardian whose pipe ended while its
+// parent's journal lock is still held waits for the parent to finish
+// exiting (to be reparented) before it takes the parent for alive.
+const exitWait = time.Second
+
+// sharedFlush is how long a guardian on a shared address, which gets no
+// DREP, keeps its socket after its DREQs were handed to it.
+const sharedFlush = 100 * time.Millisecond
 
 // A guardian's exit status says what it did.
 const (
@@ -171,6 +181,36 @@ func init() {
 	os.Exit(run(spec))
 }
 
+// logMax bounds the guardian log (LogName): a longer one starts again.
+const logMax = 64 << 10
+
+// LogName is the file under the journal's root where guardians that had
+// something to do (send, or fail) append one line each: when, whose,
+// what.
+const LogName = "guardian.log"
+
+// logLine appends a line to the guardian log of the journal root (the
+// parent's, JournalEnv); best effort.
+func logLine(format string, args ...any) {
+	root := os.Getenv(rdmacm.JournalEnv)
+	if !filepath.IsAbs(root) {
+		return
+	}
+	name := filepath.Join(root, LogName)
+	flags := os.O_WRONLY | os.O_CREATE | os.O_APPEND | syscall.O_NOFOLLOW | syscall.O_CLOEXEC
+	if st, err := os.Lstat(name); err == nil && st.Size() > logMax {
+		flags |= os.O_TRUNC
+	}
+	f, err := os.OpenFile(name, flags, 0o600)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(f, "%s guardian %d of %d: %s\n", time.Now().UTC().Format(time.RFC3339Nano), os.Getpid(), parentPID, fmt.Sprintf(format, args...))
+	f.Close()
+}
+
+var parentPID int
+
 // run is a guardian's life: spec is "parent PID,address,owner
 // directory", fd 3 the pipe from its parent. It returns the exit status.
 func run(spec string) int {
@@ -180,6 +220,7 @@ func run(spec string) int {
 		return ExitFailed
 	}
 	ppid, err1 := strconv.Atoi(f[0])
+	parentPID = ppid
 	addr, err2 := netip.ParseAddr(f[1])
 	dir := f[2]
 	if err1 != nil || err2 != nil || !filepath.IsAbs(dir) {
@@ -208,38 +249,69 @@ func run(spec string) int {
 		}
 	}
 	pipe.Close()
-	switch cmjournal.OwnerState(dir) {
+	state := cmjournal.OwnerState(dir)
+	if state == cmjournal.OwnerAlive {
+		// A dying process closes its descriptors in their order: the
+		// pipe's end of file may come while its journal lock is still
+		// held. It is reparented only after all are closed: wait for
+		// that (a parent that lives on and closed the pipe is not).
+		for end := time.Now().Add(exitWait); os.Getppid() == ppid && time.Now().Before(end); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if os.Getppid() != ppid {
+			state = cmjournal.OwnerState(dir)
+		}
+	}
+	switch state {
 	case cmjournal.OwnerAlive:
+		logLine("%v: the journal's owner lives (its lock is held): nothing sent", addr)
 		return ExitAlive
 	case cmjournal.OwnerGone:
 		return ExitNothing
 	}
-	time.AfterFunc(Limit, func() { os.Exit(ExitFailed) })
+	time.AfterFunc(Limit, func() {
+		logLine("%v: not done within %v", addr, Limit)
+		os.Exit(ExitFailed)
+	})
 	link, err := udp.ListenSocket(addr, nil)
 	if err != nil {
+		logLine("%v", err)
 		return ExitFailed
 	}
 	dev, err := transport.NewDevice(link, transport.DeviceConfig{})
 	if err != nil {
 		link.Close()
+		logLine("%v: %v", addr, err)
 		return ExitFailed
 	}
 	defer dev.Close()
 	m, err := rdmacm.NewManager(dev)
 	if err != nil {
+		logLine("%v: %v", addr, err)
 		return ExitFailed
 	}
 	if _, err := m.Journal(); err != nil {
+		logLine("%v: %v", addr, err)
 		return ExitFailed
 	}
 	<-m.Replayed()
-	for end := time.Now().Add(DREPWait); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	wait := DREPWait
+	if link.Shared() {
+		// On a shared address the DREPs name the dead process's
+		// communication IDs, which the steering program hands to that
+		// gone member: none comes back. Only let the DREQs leave.
+		wait = sharedFlush
+	}
+	for end := time.Now().Add(wait); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		if s := m.Stats(); s.DREPForDead >= s.DREQForDead {
 			break
 		}
 	}
-	if m.Stats().DREQForDead == 0 {
-		return ExitNothing // another manager of the address spoke first
+	st := m.Stats()
+	if st.DREQForDead == 0 {
+		logLine("%v: nothing left to send (another manager of the address spoke first)", addr)
+		return ExitNothing
 	}
+	logLine("%v: sent %d DREQs for the dead process, %d DREPs back", addr, st.DREQForDead, st.DREPForDead)
 	return ExitSent
 }

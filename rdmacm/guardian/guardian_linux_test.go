@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -190,6 +191,17 @@ func TestGuardian(t *testing.T) {
 	}
 	if !errors.Is(srv.Err(), rdmacm.ErrDisconnected) {
 		t.Errorf("killed process: the peer's connection ended with %v, want rdmacm.ErrDisconnected", srv.Err())
+	}
+	// The guardian's own counter, in its log: one DREQ for the dead
+	// (DREQForDead). (Its socket joins the address's sharing group where
+	// the host allows it, and then the DREP is steered to the dead
+	// member: not counted.)
+	var log []byte
+	for end := time.Now().Add(Limit); time.Now().Before(end) && !strings.Contains(string(log), "sent 1 DREQs"); time.Sleep(10 * time.Millisecond) {
+		log, _ = os.ReadFile(filepath.Join(root, LogName))
+	}
+	if !strings.Contains(string(log), "sent 1 DREQs for the dead process") {
+		t.Errorf("guardian log:\n%s", log)
 	}
 	s := rdmacm.StatsOf(db)
 	if s.Ended[rdmacm.CausePeerDisconnect] != 3 || s.StrayDREQ != stray || stray != 0 {
