@@ -36,8 +36,8 @@ func TestRpingKillRestart(t *testing.T) {
 	port := cmPort()
 	// The guardian (on by default in rocev2d) would send a killed
 	// client's DREQ before its restart does: off, so that this test
-	// keeps checking the restart's replay (TestRocev2dGuardian in
-	// cmd/rocev2d checks the guardian).
+	// keeps checking the restart's replay (TestRpingKillGuardian checks
+	// the guardian).
 	env := append(os.Environ(), rdmacm.JournalEnv+"="+t.TempDir(), cli.GuardianEnv+"=off")
 	var srvOut, srvErr lockedBuffer
 	var srv *exec.Cmd
@@ -130,5 +130,71 @@ func TestRpingKillRestart(t *testing.T) {
 	}
 	if n := strings.Count(srvErr.String(), "server DISCONNECT EVENT"); n < 7 || strings.Contains(srvErr.String(), "connection lost") {
 		t.Errorf("server reported %d DISCONNECT EVENTs, want 7 (a probe, 5 killed clients, the last):\n%s", n, srvErr.String())
+	}
+}
+
+// TestRpingKillGuardian: a rocev2d rping client process killed with
+// SIGKILL mid-run and never restarted: its guardian (on by default in
+// rocev2d, package rdmacm/guardian) sends the DREQ, and the rocev2d rping
+// server — keep-alive off, so nothing else could end the connection —
+// reports the client's DISCONNECT. With ROCEV2D_GUARDIAN=off it waits
+// for good.
+func TestRpingKillGuardian(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs processes over loopback")
+	}
+	bin := clitest.BuildRocev2d(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	port := cmPort()
+	env := append(os.Environ(), rdmacm.JournalEnv+"="+t.TempDir())
+	var srvErr lockedBuffer
+	var srv *exec.Cmd
+	for try := 0; ; try++ {
+		srv = exec.CommandContext(ctx, bin, "rping", "-s", "-P", "-a", "127.0.0.1", "-p", port, "-v", "--keepalive=-1s")
+		srv.Stdout, srv.Stderr, srv.Env = &srvErr, &srvErr, env
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if srv.ProcessState == nil && !strings.Contains(srvErr.String(), "address already in use") {
+			break
+		}
+		srv.Wait()
+		if try == 5 {
+			t.Fatalf("server did not start: %s", srvErr.String())
+		}
+	}
+	defer func() {
+		srv.Process.Signal(syscall.SIGTERM)
+		srv.Wait()
+	}()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		out := &lockedBuffer{}
+		client := exec.CommandContext(ctx, bin, "rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-C", "0", "-v", "--keepalive=-1s")
+		client.Stdout, client.Stderr, client.Env = out, out, env
+		if err := client.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for strings.Count(out.String(), "ping data: ") < 20 && time.Now().Before(deadline) && !strings.Contains(out.String(), "error") {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if strings.Count(out.String(), "ping data: ") >= 20 {
+			client.Process.Signal(syscall.SIGKILL)
+			client.Wait()
+			break
+		}
+		client.Process.Kill()
+		client.Wait()
+		if time.Now().After(deadline) {
+			t.Fatalf("the client did not ping within 20 s:\n%s\nserver:\n%s", out.String(), srvErr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srvErr.String(), "server DISCONNECT EVENT") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(srvErr.String(), "server DISCONNECT EVENT") {
+		t.Errorf("the server was not told of the killed client:\n%s", srvErr.String())
 	}
 }
