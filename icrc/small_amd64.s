@@ -34,6 +34,33 @@ DATA smallPoly<>+0(SB)/8, $0x1db710641
 DATA smallPoly<>+8(SB)/8, $0x1f7011641
 GLOBL smallPoly<>(SB), RODATA, $16
 
+// REDUCE128 reduces the 128 bits in X1 (X0 holding k128) to the 32-bit
+// register and returns it (ret+32(FP): both kernels' frames): 128 -> 64
+// bits (plus 32 of headroom), 64 -> 32, then the Barrett reduction. X3 is
+// the mask of the low 32 bits of each quadword.
+#define REDUCE128 \
+	PCMPEQB   X3, X3; \
+	PCLMULQDQ $0x01, X1, X0; \
+	PSRLDQ    $8, X1; \
+	PXOR      X0, X1; \
+	MOVOU     X1, X2; \
+	MOVQ      smallK5<>(SB), X0; \
+	PSRLQ     $32, X3; \
+	PSRLDQ    $4, X2; \
+	PAND      X3, X1; \
+	PCLMULQDQ $0x00, X0, X1; \
+	PXOR      X2, X1; \
+	MOVOU     smallPoly<>(SB), X0; \
+	MOVOU     X1, X2; \
+	PAND      X3, X1; \
+	PCLMULQDQ $0x10, X0, X1; \
+	PAND      X3, X1; \
+	PCLMULQDQ $0x00, X0, X1; \
+	PXOR      X2, X1; \
+	PEXTRD    $1, X1, AX; \
+	MOVL      AX, ret+32(FP); \
+	RET
+
 // func clmulSmall(r uint32, p []byte) uint32
 TEXT ·clmulSmall(SB), NOSPLIT, $0-36
 	MOVL r+0(FP), X8            // R: the register in bytes 0..3, zeros above
@@ -95,33 +122,7 @@ loop:
 	JNZ       loop
 
 finish:
-	// 128 -> 64 bits (plus 32 of headroom), X0 still holds k128.
-	PCMPEQB   X3, X3
-	PCLMULQDQ $0x01, X1, X0
-	PSRLDQ    $8, X1
-	PXOR      X0, X1
-
-	// 64 -> 32.
-	MOVOU     X1, X2
-	MOVQ      smallK5<>(SB), X0
-	PSRLQ     $32, X3           // mask of the low 32 bits of each quadword
-	PSRLDQ    $4, X2
-	PAND      X3, X1
-	PCLMULQDQ $0x00, X0, X1
-	PXOR      X2, X1
-
-	// Barrett reduction.
-	MOVOU     smallPoly<>(SB), X0
-	MOVOU     X1, X2
-	PAND      X3, X1
-	PCLMULQDQ $0x10, X0, X1
-	PAND      X3, X1
-	PCLMULQDQ $0x00, X0, X1
-	PXOR      X2, X1
-
-	PEXTRD $1, X1, AX
-	MOVL   AX, ret+32(FP)
-	RET
+	REDUCE128
 
 // shortWin: 16 bytes of 0x80, the indices 0..15, 16 bytes of 0x80. The 16
 // bytes at shortWin+k are a PSHUFB mask that moves byte i to i+16-k (k <=
@@ -185,30 +186,4 @@ TEXT ·clmulShort(SB), NOSPLIT, $0-36
 	PXOR      X10, X1
 
 shortReduce:
-	// 128 -> 64 bits (plus 32 of headroom), X0 holds k128.
-	PCMPEQB   X3, X3
-	PCLMULQDQ $0x01, X1, X0
-	PSRLDQ    $8, X1
-	PXOR      X0, X1
-
-	// 64 -> 32.
-	MOVOU     X1, X2
-	MOVQ      smallK5<>(SB), X0
-	PSRLQ     $32, X3
-	PSRLDQ    $4, X2
-	PAND      X3, X1
-	PCLMULQDQ $0x00, X0, X1
-	PXOR      X2, X1
-
-	// Barrett reduction.
-	MOVOU     smallPoly<>(SB), X0
-	MOVOU     X1, X2
-	PAND      X3, X1
-	PCLMULQDQ $0x10, X0, X1
-	PAND      X3, X1
-	PCLMULQDQ $0x00, X0, X1
-	PXOR      X2, X1
-
-	PEXTRD $1, X1, AX
-	MOVL   AX, ret+32(FP)
-	RET
+	REDUCE128
