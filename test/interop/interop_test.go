@@ -135,6 +135,9 @@ func TestInterop(t *testing.T) {
 			// What the VM's kernel said: a hung or oopsed VM explains
 			// cells that failed on the command channel.
 			t.Logf("VM console (last 40 lines):\n%s", lab.ConsoleTail(40))
+			// Last, what failed: a CI log is often shown only by its
+			// tail, and the table above is long.
+			t.Log(failedSummary(rows))
 		}
 	}()
 	for _, c := range slices.Concat(cells(lab.GIDIndex), ucCells(lab.GIDIndex), srqCells(lab.GIDIndex), mwCells(lab.GIDIndex), lossCells(lab.GIDIndex), readLossCells(lab.GIDIndex), busyPollCells(lab.GIDIndex), perfCMCells(lab.GIDIndex), bidiCells(lab.GIDIndex), perfFlagCells(lab.GIDIndex)) {
@@ -1024,4 +1027,28 @@ func ourCounters(out string) (map[string]int64, error) {
 		m[sm[1]], _ = strconv.ParseInt(sm[2], 10, 64)
 	}
 	return m, nil
+}
+
+// failedSummary names the table's failed rows, each with the start of its
+// counters (where the failure's reason is), for the end of a failed run's
+// log. A run that failed with no failed row failed outside the cells (a
+// suite's own check, such as restoring the wire MTU): it says so.
+func failedSummary(rows []row) string {
+	var b strings.Builder
+	n := 0
+	for _, r := range rows {
+		if r.result != "FAIL" {
+			continue
+		}
+		n++
+		c := strings.Join(strings.Fields(r.counters), " ")
+		if len(c) > 300 {
+			c = c[:300] + "..."
+		}
+		fmt.Fprintf(&b, "\n  FAIL %s (%s, %.1fs): %s", r.cell, r.direction, r.d.Seconds(), c)
+	}
+	if n == 0 {
+		return "cells that FAILED: none of the table's rows; the run failed outside the cells (search this log for the test's own messages, e.g. \"restoring the wire MTU\")"
+	}
+	return fmt.Sprintf("cells that FAILED: %d of %d rows:%s", n, len(rows), b.String())
 }

@@ -337,3 +337,17 @@ func TestAnalyzeHostileCapture(t *testing.T) {
 		t.Fatalf("frames %d, RoCE %d, bad %d, bad ICRC %d: want the one READ request decoded and tracked", s.Frames, s.RoCE, s.Bad, s.BadICRC)
 	}
 }
+
+func TestFailedSummary(t *testing.T) {
+	rows := []row{
+		{cell: "a", direction: "d", result: "PASS"},
+		{cell: "nvmf loss", direction: "host", result: "FAIL", d: 2 * time.Second, counters: "connect\n  timed out " + strings.Repeat("x", 400)},
+	}
+	s := failedSummary(rows)
+	if !strings.Contains(s, "1 of 2 rows") || !strings.Contains(s, "FAIL nvmf loss (host, 2.0s): connect timed out x") || strings.Contains(s, "FAIL a ") || len(s) > 420 {
+		t.Errorf("summary:\n%s", s)
+	}
+	if s := failedSummary(rows[:1]); !strings.Contains(s, "outside the cells") {
+		t.Errorf("no failed row: %s", s)
+	}
+}
