@@ -551,24 +551,30 @@ func (s *txSched) noteStall() {
 // longer ago than its limit. A peer that acknowledges one PSN at a time
 // never reaches the mark; one that acknowledges promptly does within a
 // round trip.
+//
+// The times are QP.now's: inside a received batch the batch's one clock
+// reading. A requester with READs outstanding stays marked and is
+// accounted for every READ response it receives; a clock reading each
+// (time.Now for the stale check) cost a 64 KiB READ 16 of them at MTU
+// 4096 (TestBatchClockSchedMarked). Called with qp.mu held.
 func (s *txSched) account(qp *QP) {
 	u := qp.unackedPSNs()
 	if u == 0 {
 		if qp.schedMarked && !qp.schedStale {
-			s.sampleAckDelay(s.d.clock.Now().Sub(qp.schedMarkAt))
+			s.sampleAckDelay(qp.now().Sub(qp.schedMarkAt))
 		}
 		qp.schedMarked, qp.schedStale = false, false
 		s.set(qp, 0)
 		return
 	}
 	if !qp.schedMarked || qp.comp.psn.Diff(qp.schedMarkPSN) >= 0 {
-		now := s.d.clock.Now()
+		now := qp.now()
 		if qp.schedMarked && !qp.schedStale {
 			s.sampleAckDelay(now.Sub(qp.schedMarkAt))
 		}
 		qp.schedMarkPSN, qp.schedMarkAt = qp.req.psn, now
 		qp.schedMarked, qp.schedStale = true, false
-	} else if !qp.schedStale && s.d.clock.Now().Sub(qp.schedMarkAt) >= s.staleLimit(qp) {
+	} else if !qp.schedStale && qp.now().Sub(qp.schedMarkAt) >= s.staleLimit(qp) {
 		qp.schedStale = true
 		inc(&s.d.ctr.SchedStaleQPs)
 	}
