@@ -30,13 +30,17 @@ func acceptOnce(t *testing.T, l *Listener) <-chan *Conn {
 
 // forgedPeer completes forged connections from src as the hostile probe
 // does: a REQ each, then an RTU for each REP (found in the manager's
-// state: the forged address receives nothing).
+// state: the forged address has no device; hearREJs lets it see the
+// REJs sent to it).
 type forgedPeer struct {
 	in   *madInjector
 	mb   *Manager
 	src  netip.Addr
 	port uint16
-	rtu  map[uint32]bool // comm IDs answered with an RTU
+	rtu  map[uint32]uint32 // comm IDs answered with an RTU: the listener's comm ID answered
+
+	mu   sync.Mutex
+	rejs []cm.REJFields // sent to src, seen by hearREJs' tap, not yet taken by takeREJs
 }
 
 func newForgedPeer(t *testing.T, dev *transport.Device, src netip.Addr, port uint16) *forgedPeer {
@@ -44,7 +48,50 @@ func newForgedPeer(t *testing.T, dev *transport.Device, src netip.Addr, port uin
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &forgedPeer{in: &madInjector{dev: dev}, mb: mb, src: src, port: port, rtu: map[uint32]bool{}}
+	return &forgedPeer{in: &madInjector{dev: dev}, mb: mb, src: src, port: port, rtu: map[uint32]uint32{}}
+}
+
+// hearREJs lets peers see the REJs n carries to their addresses (n's
+// tap: the forged addresses have no link), as their requesters would
+// receive them.
+func hearREJs(n *memnet.MemNetwork, peers ...*forgedPeer) {
+	n.SetTap(func(src, dst netip.Addr, _ uint16, _ uint8, payload []byte) {
+		if len(payload) < transport.MADOffset+cm.MADSize {
+			return
+		}
+		_, msg, err := cm.Decode(payload[transport.MADOffset : transport.MADOffset+cm.MADSize])
+		rej, ok := msg.(*cm.REJFields)
+		if err != nil || !ok {
+			return
+		}
+		for _, p := range peers {
+			if p.src == dst {
+				p.mu.Lock()
+				p.rejs = append(p.rejs, *rej)
+				p.mu.Unlock()
+			}
+		}
+	})
+}
+
+// takeREJs handles the REJs heard since the last call, as a requester
+// does: a connection it completed with an RTU and the listener rejected
+// since (shed while the RTU was on its way: the REJ of a REP; or its
+// half-open bound) is forgotten, so that resend sends its REQ again.
+// It returns how many it forgot.
+func (p *forgedPeer) takeREJs() int {
+	p.mu.Lock()
+	rejs := p.rejs
+	p.rejs = nil
+	p.mu.Unlock()
+	forgot := 0
+	for _, r := range rejs {
+		if local, ok := p.rtu[r.RemoteCommID]; ok && local == r.LocalCommID {
+			delete(p.rtu, r.RemoteCommID)
+			forgot++
+		}
+	}
+	return forgot
 }
 
 // req sends the REQ of connection id.
@@ -59,13 +106,13 @@ func (p *forgedPeer) answerREPs(t *testing.T) int {
 	var reps []rep
 	p.mb.mu.Lock()
 	for k, c := range p.mb.remote {
-		if k.addr == p.src && c.state == stREPSent && !p.rtu[k.id] {
+		if _, done := p.rtu[k.id]; k.addr == p.src && c.state == stREPSent && !done {
 			reps = append(reps, rep{k.id, c.localID})
 		}
 	}
 	p.mb.mu.Unlock()
 	for _, r := range reps {
-		p.rtu[r.id] = true
+		p.rtu[r.id] = r.local
 		p.in.send(t, p.src, uint64(r.id), &cm.RTUFields{LocalCommID: r.id, RemoteCommID: r.local})
 	}
 	return len(reps)
@@ -76,7 +123,7 @@ func (p *forgedPeer) answerREPs(t *testing.T) int {
 // response timeout.
 func (p *forgedPeer) resend(t *testing.T, ids []uint32) {
 	for _, id := range ids {
-		if !p.rtu[id] {
+		if _, done := p.rtu[id]; !done {
 			p.req(t, id)
 		}
 	}
@@ -313,17 +360,24 @@ func TestAcceptQueueEndedReleases(t *testing.T) {
 			for i := byte(0); i < 2; i++ {
 				peers = append(peers, newForgedPeer(t, db, netip.AddrFrom4([4]byte{198, 51, 100, 10 + i}), 7303))
 			}
+			hearREJs(n, peers...)
 			// The peers complete every handshake they are answered and
-			// send again the requests that were not; then they answer
+			// send again the requests that were not, or were rejected
+			// after their RTU left (shed by a newer request handled
+			// before the RTU: only the REJ tells); then they answer
 			// no probe (keepalive) or disconnect (dreq). Each ended
 			// connection gives its QP back, and the workers answer
 			// the requests that waited, which end the same way: all 16
 			// are established in turn, and their QPs go, without an
-			// Accept.
-			maxQPs := 0
+			// Accept. The loop ends on that state; its deadline only
+			// bounds a hang.
+			maxQPs, redials := 0, 0
 			var s Stats
 			var last time.Time
-			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
+				for _, p := range peers {
+					redials += p.takeREJs()
+				}
 				if time.Since(last) > 30*time.Millisecond {
 					last = time.Now()
 					for _, p := range peers {
@@ -345,7 +399,7 @@ func TestAcceptQueueEndedReleases(t *testing.T) {
 				}
 				time.Sleep(2 * time.Millisecond)
 			}
-			t.Logf("at most %d QPs; %+v", maxQPs, s)
+			t.Logf("at most %d QPs; %d requests rejected after their RTU, sent again; %+v", maxQPs, redials, s)
 			if qps := db.Resources().QPs; qps != 0 || s.Established != 16 {
 				t.Fatalf("%d QPs held, %d of the 16 requests established, without an Accept (ended %v)", qps, s.Established, s.Ended)
 			}
@@ -355,8 +409,10 @@ func TestAcceptQueueEndedReleases(t *testing.T) {
 			// Accept hands out the ones that ended in its queue, ended;
 			// at most backlog of them are kept.
 			got := 0
+			done, cancel := context.WithCancel(context.Background())
+			cancel() // what waits in the queue, no more
 			for {
-				c, err := l.Accept(ctxT(t, 100*time.Millisecond))
+				c, err := l.Accept(done)
 				if err != nil {
 					break
 				}
@@ -582,5 +638,111 @@ func TestAcceptQueuePlaceHeldWhileSettingUp(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after the worker's release: %d places held, %d QPs", owed, db.Resources().QPs)
 		}
+	}
+}
+
+// TestAcceptQueueShedAnsweredBeforeRTU: what left one of the 16
+// requests of TestAcceptQueueEndedReleases unestablished in a loaded CI
+// run (Unknown:1, one REJ "no resources" sent). With the backlog full, a
+// newer request from the source that holds the most sheds that source's
+// oldest request, and when all of them are answered (REP sent, waiting
+// for the RTU) an answered one goes, rejected: no resources (REJ of the
+// REP), its QP released. Its requester may have sent its RTU already —
+// here the RTU is handled just after the newer request, as a loaded
+// manager handles an RTU that came in behind it — and then only that REJ
+// tells it; the late RTU names no connection (Unknown). The listener
+// remembers nothing of the rejected request: sent again (same comm ID,
+// same QPN), it is answered anew and established. The test's forged
+// peers did not hear the REJ and counted the request as established.
+func TestAcceptQueueShedAnsweredBeforeRTU(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	db := newDev(t, n, addrB, nil)
+	l, err := Listen(db, 7307, &ListenOptions{Options: fast, Backlog: 2, HalfOpenTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.Accept(ctx) // starts the workers; the application accepts nothing
+	a := newForgedPeer(t, db, netip.MustParseAddr("198.51.100.40"), 7307)
+	b := newForgedPeer(t, db, netip.MustParseAddr("198.51.100.41"), 7307)
+	hearREJs(n, a, b)
+	// answered waits until the workers have sent p's request id its REP
+	// and returns the listener's comm ID for it.
+	answered := func(p *forgedPeer, id uint32) uint32 {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			p.mb.mu.Lock()
+			c := p.mb.remote[remoteKey{p.src, id}]
+			var local uint32
+			if c != nil && c.state == stREPSent {
+				local = c.localID
+			}
+			p.mb.mu.Unlock()
+			if local != 0 {
+				return local
+			}
+		}
+		t.Fatalf("request %d from %v not answered (%+v)", id, p.src, StatsOf(db))
+		return 0
+	}
+	a.req(t, 1)
+	b.req(t, 1)
+	first := answered(a, 1)
+	answered(b, 1)
+	before := StatsOf(db)
+
+	// A's request 2, then A's RTU of request 1, in that order.
+	injectFrom(t, a.mb, a.src, forgedREQ(7307, a.src, addrB, 2, 0x4000+2))
+	a.rtu[1] = first
+	injectFrom(t, a.mb, a.src, &cm.RTUFields{LocalCommID: 1, RemoteCommID: first})
+	s := StatsOf(db)
+	if s.Shed-before.Shed != 1 || s.Unknown-before.Unknown != 1 || s.Established != before.Established {
+		t.Errorf("shed %d, unknown %d, established %d: want the answered request shed and its RTU unknown",
+			s.Shed-before.Shed, s.Unknown-before.Unknown, s.Established-before.Established)
+	}
+	a.mu.Lock()
+	rejs := append([]cm.REJFields(nil), a.rejs...)
+	a.mu.Unlock()
+	if len(rejs) != 1 || rejs[0].LocalCommID != first || rejs[0].RemoteCommID != 1 ||
+		rejs[0].MessageRejected != cm.KindREP || rejs[0].Reason != cm.RejNoResources {
+		t.Fatalf("REJs to the requester: %+v; want one, of request 1's REP, no resources", rejs)
+	}
+	if forgot := a.takeREJs(); forgot != 1 {
+		t.Fatalf("the requester forgot %d connections on the REJ, want 1", forgot)
+	}
+
+	// B's request and A's request 2 complete, and the application
+	// accepts them (A's place in the accept queue comes free); then A
+	// sends request 1 again, and it is answered and established.
+	b.answerREPs(t)
+	answered(a, 2)
+	a.answerREPs(t)
+	for deadline := time.Now().Add(10 * time.Second); len(a.established())+len(b.established()) < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("established: %v from A, %v from B; want A's request 2 and B's 1", a.established(), b.established())
+		}
+	}
+	for i := 0; i < 2; i++ {
+		c, err := l.Accept(ctx) // ctx is done: what waits in the queue
+		if err != nil {
+			t.Fatalf("Accept of the established connection %d: %v", i+1, err)
+		}
+		defer c.Close()
+	}
+	a.resend(t, []uint32{1})
+	again := answered(a, 1)
+	if again == first {
+		t.Errorf("request 1 sent again was answered under the rejected connection's comm ID %#x", first)
+	}
+	a.answerREPs(t)
+	for deadline := time.Now().Add(10 * time.Second); a.established()[1] != again; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("request 1 sent again after its REJ: not established (%+v)", StatsOf(db))
+		}
+	}
+	if got := len(a.established()) + len(b.established()); got != 3 {
+		t.Errorf("%d connections established, want 3", got)
 	}
 }
