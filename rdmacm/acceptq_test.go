@@ -38,6 +38,9 @@ type forgedPeer struct {
 	src  netip.Addr
 	port uint16
 	rtu  map[uint32]uint32 // comm IDs answered with an RTU: the listener's comm ID answered
+	// direct: its MADs are handled in the sending goroutine (the
+	// manager's dispatch), not queued at the device's GSI.
+	direct bool
 
 	mu   sync.Mutex
 	rejs []cm.REJFields // sent to src, seen by hearREJs' tap, not yet taken by takeREJs
@@ -96,7 +99,21 @@ func (p *forgedPeer) takeREJs() int {
 
 // req sends the REQ of connection id.
 func (p *forgedPeer) req(t *testing.T, id uint32) {
-	p.in.send(t, p.src, uint64(id), forgedREQ(p.port, p.src, p.mb.dev.Addr(), id, 0x4000+id))
+	p.send(t, id, forgedREQ(p.port, p.src, p.mb.dev.Addr(), id, 0x4000+id))
+}
+
+// send sends msg of connection id (its transaction ID).
+func (p *forgedPeer) send(t *testing.T, id uint32, msg cm.Message) {
+	if !p.direct {
+		p.in.send(t, p.src, uint64(id), msg)
+		return
+	}
+	mad := transport.MAD{Src: p.src, SrcQP: 1}
+	h := cm.NewHeader(0, uint64(id))
+	if err := cm.Encode(mad.Data[:], &h, msg); err != nil {
+		t.Fatal(err)
+	}
+	p.mb.dispatch(&mad)
 }
 
 // answerREPs sends an RTU for every REP the listener has sent this peer
@@ -113,7 +130,7 @@ func (p *forgedPeer) answerREPs(t *testing.T) int {
 	p.mb.mu.Unlock()
 	for _, r := range reps {
 		p.rtu[r.id] = r.local
-		p.in.send(t, p.src, uint64(r.id), &cm.RTUFields{LocalCommID: r.id, RemoteCommID: r.local})
+		p.send(t, r.id, &cm.RTUFields{LocalCommID: r.id, RemoteCommID: r.local})
 	}
 	return len(reps)
 }
@@ -143,21 +160,55 @@ func (p *forgedPeer) established() map[uint32]uint32 {
 	return out
 }
 
-// flood sends n REQs (ids from first on) and answers every REP with an
-// RTU until no new REP came for settle.
-func (p *forgedPeer) flood(t *testing.T, first, n uint32, settle time.Duration) {
+// flood sends n REQs (ids from first on), each handled as it is sent
+// (direct), and answers every REP with an RTU until listener l has
+// settled (settled); the deadline only bounds a hang. Before, it returned
+// once no REP had come for a while (100 ms), too early on a loaded
+// machine whose workers had not run yet.
+func (p *forgedPeer) flood(t *testing.T, l *Listener, first, n uint32) {
+	t.Helper()
+	p.direct = true
 	for i := uint32(0); i < n; i++ {
 		p.req(t, first+i)
 	}
-	quiet := time.Now()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-		if p.answerREPs(t) > 0 {
-			quiet = time.Now()
-		} else if time.Since(quiet) > settle {
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(time.Millisecond) {
+		p.answerREPs(t)
+		if settled(l) {
 			return
 		}
-		time.Sleep(2 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("the listener did not settle after %d requests from %v (%+v)", n, p.src, StatsOf(p.mb.dev))
+		}
 	}
+}
+
+// settled reports whether nothing is left to happen at listener l but
+// by a peer's message or the application's Accept, with every request
+// its peer sent handled: every request queued waits for a place in the
+// accept queue, no worker sets one up, no answered request waits for
+// its RTU, and every ended connection's release is done (each gives its
+// place back last): the places held (l.owed) are those of the live
+// answered connections.
+func settled(l *Listener) bool {
+	m := l.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range l.queue {
+		if !l.waitsForPlaceLocked(c) {
+			return false
+		}
+	}
+	live := 0
+	for _, c := range m.conns {
+		if c.listener != l || !c.life.owed || !c.life.replied || c.ended {
+			continue
+		}
+		if c.state == stREPSent {
+			return false
+		}
+		live++
+	}
+	return l.owed == live
 }
 
 // waitQPs waits until dev holds want QPs (5 s at most) and returns how
@@ -313,12 +364,12 @@ func TestAcceptQueueFairness(t *testing.T) {
 	cancel()
 	l.Accept(ctx) // starts the workers; the application accepts nothing
 	heavy := newForgedPeer(t, db, netip.MustParseAddr("198.51.100.7"), 7302)
-	heavy.flood(t, 1, 20, 100*time.Millisecond)
+	heavy.flood(t, l, 1, 20)
 	if got := len(heavy.established()); got != (backlog+1)/2 {
 		t.Fatalf("the flooding address established %d connections, want its share %d", got, (backlog+1)/2)
 	}
 	light := newForgedPeer(t, db, netip.MustParseAddr("198.51.100.8"), 7302)
-	light.flood(t, 1, 2, 100*time.Millisecond)
+	light.flood(t, l, 1, 2)
 	if got := len(light.established()); got != 2 {
 		t.Fatalf("another address established %d connections, want 2", got)
 	}
@@ -460,7 +511,7 @@ func TestAcceptQueueGoroutines(t *testing.T) {
 	// bounding here.
 	for i := 0; i < flood/20; i++ {
 		p := newForgedPeer(t, db, netip.AddrFrom4([4]byte{203, 0, 113, byte(1 + i)}), 7304)
-		p.flood(t, 1, 20, 30*time.Millisecond)
+		p.flood(t, l, 1, 20)
 	}
 	grown := runtime.NumGoroutine() - base
 	s := StatsOf(db)
