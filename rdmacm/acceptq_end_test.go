@@ -54,7 +54,19 @@ func TestEndedTwiceInAcceptQueue(t *testing.T) {
 	c.lostLocked(ErrKeepAlive)  // keep-alive gave up: DREQ sent, QP to go
 	c.timeWaitLocked(ErrClosed) // the peer's DREP, before that goroutine ran
 	m.mu.Unlock()
-	time.Sleep(200 * time.Millisecond)
+	// The release under way ends by giving the place back (after the
+	// QP's destruction).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		m.mu.Lock()
+		owed := c.life.owed
+		m.mu.Unlock()
+		if !owed && db.Resources().QPs < before.QPs {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ended connection's release did not end: place held %v, %+v", owed, db.Resources())
+		}
+	}
 	after := db.Resources()
 	t.Logf("before %+v after %+v", before, after)
 	if after.QPs != before.QPs-1 {
