@@ -310,16 +310,22 @@ func TestAcceptQueueBoundsQPs(t *testing.T) {
 		t.Errorf("AcceptQueueFull %d, AcceptQueueDropped %d", s.AcceptQueueFull, s.AcceptQueueDropped)
 	}
 
-	// A legitimate client from another address gets in at once.
+	// A legitimate client from another address gets in: answered while
+	// the application accepts nothing, so its request did not wait for a
+	// place in the accept queue (one that waits gets no REP and no MRA:
+	// its retries run out and Dial fails, ErrTimeout). Its response
+	// timeout is ten times fast's, so that a loaded machine's slow
+	// answer is not taken for that; no bound on the time it took
+	// (before: legitBound, 3 s with -race, a timed assertion).
+	patient := fast
+	patient.ResponseTimeout = 10 * fast.ResponseTimeout
 	start := time.Now()
-	cc, err := Dial(ctxT(t, 5*time.Second), dc, netip.AddrPortFrom(addrB, 7300), &fast)
+	cc, err := Dial(ctxT(t, 60*time.Second), dc, netip.AddrPortFrom(addrB, 7300), &patient)
 	if err != nil {
 		t.Fatalf("legitimate Dial after the flood: %v after %v", err, time.Since(start))
 	}
 	defer cc.Close()
-	if took := time.Since(start); took > legitBound() {
-		t.Errorf("legitimate Dial took %v", took)
-	}
+	t.Logf("legitimate Dial: %v", time.Since(start))
 	// And the device still dials out.
 	la, err := Listen(da, 7301, &ListenOptions{Options: fast})
 	if err != nil {
@@ -605,12 +611,14 @@ func TestFloodFromManyAddresses(t *testing.T) {
 			}
 		}
 	}
-	quiet := time.Now()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && time.Since(quiet) < 100*time.Millisecond; {
-		if answer() > 0 {
-			quiet = time.Now()
+	// Until the accept queue is full of established connections and the
+	// listener has settled (the deadline only bounds a hang; before, 100
+	// ms without a REP ended this wait, too early on a loaded machine).
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		answer()
+		if StatsOf(db).Established >= backlog && settled(l) {
+			break
 		}
-		time.Sleep(2 * time.Millisecond)
 	}
 	runtime.GC()
 	var ms1 runtime.MemStats
