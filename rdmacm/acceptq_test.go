@@ -486,7 +486,7 @@ func TestAcceptQueueEndedReleases(t *testing.T) {
 			if s := StatsOf(db); got > backlog || got+int(s.AcceptQueueEvicted) != 16 {
 				t.Errorf("Accept handed out %d ended connections, %d evicted (want 16 together, at most %d handed out)", got, s.AcceptQueueEvicted, backlog)
 			}
-			for deadline := time.Now().Add(5 * time.Second); db.Resources().CQs != 0 && time.Now().Before(deadline); {
+			for deadline := time.Now().Add(60 * time.Second); db.Resources().CQs != 0 && time.Now().Before(deadline); {
 				time.Sleep(5 * time.Millisecond)
 			}
 			if r := db.Resources(); r.QPs != 0 || r.CQs != 0 {
