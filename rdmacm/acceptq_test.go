@@ -256,7 +256,11 @@ func TestAcceptQueueBoundsQPs(t *testing.T) {
 		defer c.Close()
 	}
 
-	// The flood: 60 Dials at once from addrA, none accepted.
+	// The flood: 60 Dials at once from addrA, none accepted. Each ends
+	// by its own retries (fast: 16 REQs 33.5 ms apart, and one MRA's
+	// extra wait of at most MRAWaitFactor response timeouts: about a
+	// second) or by a REJ; the context only tells a Dial that does not
+	// end (before: 8 s, a bound on a loaded machine's speed too).
 	const dials = 60
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -266,7 +270,7 @@ func TestAcceptQueueBoundsQPs(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := Dial(ctxT(t, 8*time.Second), da, netip.AddrPortFrom(addrB, 7300), &fast)
+			c, err := Dial(ctxT(t, 60*time.Second), da, netip.AddrPortFrom(addrB, 7300), &fast)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
