@@ -1,9 +1,13 @@
 package transport
 
 import (
+	"encoding/binary"
+
 	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/immdt"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
+	"github.com/gorocev2/rocev2/reth"
 )
 
 type packetT = packet.Packet
@@ -155,66 +159,41 @@ func (r *requester) fillsWindow(w *sendWQE, k int) bool {
 // remaining PSNs) and advances the requester. It reports false when the
 // QP went to ERR.
 func (r *requester) sendRequest(w *sendWQE) bool {
+	switch w.wr.Opcode {
+	case WRRead, WRCompareSwap, WRFetchAdd:
+		return r.sendRdAtomic(w)
+	}
+	return r.sendData(w)
+}
+
+// sendData emits the next packet of a SEND or WRITE. Its headers are
+// written straight into the packet buffer and its payload gathered into
+// place, where packet.Build took a packet.Fields (cleared per packet) and
+// copied the payload, already gathered into its slot, onto itself; the
+// bytes are Build's (TestSendDataMatchesBuild).
+func (r *requester) sendData(w *sendWQE) bool {
 	qp := r.qp
 	k := r.curPkt
 	mtu := qp.mtu
-	f := &r.f
-	*f = packet.Fields{}
-	f.BTH.PKey = bth.DefaultPKey
-	f.BTH.DestQP = qp.attr.DestQPN
-	f.BTH.PSN = r.psn
-	consumed := 1
-	var payloadLen int
-	var off uint64
-	switch w.wr.Opcode {
-	case WRRead:
-		off = uint64(k) * uint64(mtu)
-		f.BTH.Opcode = bth.RCReadRequest
-		f.BTH.AckReq = true
-		f.RETH.VA = w.wr.RemoteAddr + off
-		f.RETH.RKey = w.wr.RKey
-		f.RETH.DMALength = w.length - uint32(off)
-		if r.rdLimit != 0 && f.RETH.DMALength > r.rdLimit {
-			f.RETH.DMALength = r.rdLimit
-		}
-		consumed = w.npkts - k
-	case WRCompareSwap, WRFetchAdd:
-		f.BTH.Opcode = bth.RCFetchAdd
-		if w.wr.Opcode == WRCompareSwap {
-			f.BTH.Opcode = bth.RCCompareSwap
-			f.AtomicETH.SwapAdd = w.wr.Swap
-			f.AtomicETH.Compare = w.wr.CompareAdd
-		} else {
-			f.AtomicETH.SwapAdd = w.wr.CompareAdd
-		}
-		f.BTH.AckReq = true
-		f.AtomicETH.VA = w.wr.RemoteAddr
-		f.AtomicETH.RKey = w.wr.RKey
-	default:
-		off = uint64(k) * uint64(mtu)
-		rest := uint64(w.length) - off
-		payloadLen = mtu
-		if rest <= uint64(mtu) {
-			payloadLen = int(rest)
-		}
-		first, last := k == 0, k == w.npkts-1
-		f.BTH.Opcode = dataOpcode(w.wr.Opcode, first, last)
-		if last {
-			f.BTH.AckReq = w.wr.Flags&SendNoAckReq == 0 || !r.coveredByNext(w)
-			switch w.wr.Opcode {
-			case WRSendImm, WRWriteImm:
-				f.Imm = w.wr.Imm
-			case WRSendInv:
-				f.IETHRKey = w.wr.InvRKey
-			}
-			if w.wr.Flags&SendSolicited != 0 && w.wr.Opcode != WRWrite {
-				f.BTH.SolicitedEvent = true
-			}
-		}
-		if first && (w.wr.Opcode == WRWrite || w.wr.Opcode == WRWriteImm) {
-			f.RETH.VA = w.wr.RemoteAddr
-			f.RETH.RKey = w.wr.RKey
-			f.RETH.DMALength = w.length
+	off := uint64(k) * uint64(mtu)
+	rest := uint64(w.length) - off
+	payloadLen := mtu
+	if rest <= uint64(mtu) {
+		payloadLen = int(rest)
+	}
+	op := w.wr.Opcode
+	first, last := k == 0, k == w.npkts-1
+	opc := dataOpcode(op, first, last)
+	hdr := bth.Size
+	if first && (op == WRWrite || op == WRWriteImm) {
+		hdr += reth.Size
+	}
+	var ackReq, se bool
+	if last {
+		ackReq = w.wr.Flags&SendNoAckReq == 0 || !r.coveredByNext(w)
+		se = w.wr.Flags&SendSolicited != 0 && op != WRWrite
+		if op == WRSendImm || op == WRWriteImm || op == WRSendInv {
+			hdr += immdt.Size // ImmDt or IETH, both 4 bytes
 		}
 	}
 	r.noack++
@@ -228,18 +207,18 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 	// instead of ~1 GB/s).
 	// So does a packet that fills the window (fillsWindow), looked at
 	// last: most packets are decided before it.
-	if !f.BTH.AckReq && (r.noack >= qp.dev.cfg.MaxPktsPerAck || r.forceAck || (qp.schedTurn && qp.schedLeft <= 1) ||
+	if !ackReq && (r.noack >= qp.dev.cfg.MaxPktsPerAck || r.forceAck || (qp.schedTurn && qp.schedLeft <= 1) ||
 		(qp.sr != nil && r.noack >= qp.srAckEvery()) || r.fillsWindow(w, k)) {
-		f.BTH.AckReq = true
+		ackReq = true
 	}
-	if f.BTH.AckReq {
+	if ackReq {
 		r.noack = 0
 	}
 	if qp.init.Type == QPTypeUC {
 		// The same operation in the UC transport (0x20 | op), never
 		// asking for an acknowledgement.
-		f.BTH.Opcode |= bth.Opcode(bth.TransportUC)
-		f.BTH.AckReq = false
+		opc |= bth.Opcode(bth.TransportUC)
+		ackReq = false
 	}
 	var zc []byte // the payload in registered memory (zero-copy send)
 	var hold *memreg.Hold
@@ -253,36 +232,102 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 			return false
 		}
 	}
-	size := packet.Len(f.BTH.Opcode, payloadLen)
-	if zc != nil {
-		size -= payloadLen
+	pad := bth.PadFor(payloadLen)
+	n := hdr + pad + packet.ICRCSize
+	if zc == nil {
+		n += payloadLen
 	}
-	buf := qp.outBufN(size)
-	if payloadLen > 0 && zc == nil {
-		hdr := bth.Size + f.BTH.Opcode.Info().HeaderLen
-		slot := buf[hdr : hdr+payloadLen]
-		if err := qp.pd.GatherRef(w.sges, w.ref, off, slot); err != nil {
+	buf := qp.outBufN(n)[:n]
+	h := bth.Fields{Opcode: opc, SolicitedEvent: se, PadCount: uint8(pad), PKey: bth.DefaultPKey,
+		DestQP: qp.attr.DestQPN, AckReq: ackReq, PSN: r.psn}
+	bth.BTH(buf).Encode(&h)
+	o := bth.Size
+	if first && (op == WRWrite || op == WRWriteImm) {
+		t := reth.RETH(buf[o : o+reth.Size])
+		t.SetVA(w.wr.RemoteAddr)
+		t.SetRKey(w.wr.RKey)
+		t.SetDMALength(w.length)
+		o += reth.Size
+	}
+	if o != hdr {
+		v := w.wr.Imm
+		if op == WRSendInv {
+			v = w.wr.InvRKey
+		}
+		binary.BigEndian.PutUint32(buf[o:], v) // ImmDt or IETH
+	}
+	if zc == nil && payloadLen > 0 {
+		if err := qp.pd.GatherRef(w.sges, w.ref, off, buf[hdr:hdr+payloadLen]); err != nil {
 			// The local memory went away after PostSend: local protection error.
 			r.failLocal(w, WCLocProtErr)
 			return false
 		}
-		f.Payload = slot
 	}
+	// Pad and ICRC placeholder: pad+ICRCSize is 4 to 7 bytes, which two
+	// 4-byte stores cover.
+	binary.LittleEndian.PutUint32(buf[n-pad-packet.ICRCSize:], 0)
+	binary.LittleEndian.PutUint32(buf[n-packet.ICRCSize:], 0)
 	if zc != nil {
-		n, err := packet.BuildSplit(buf, f, payloadLen)
-		if err != nil {
-			r.failLocal(w, WCLocQPOpErr)
-			return false
-		}
 		qp.commitPayload(n, zc, hold)
 	} else {
-		n, err := packet.Build(buf, f)
-		if err != nil {
-			r.failLocal(w, WCLocQPOpErr)
-			return false
-		}
 		qp.commit(n)
 	}
+	r.advance(w, 1)
+	return true
+}
+
+// sendRdAtomic emits the READ request of w's remaining PSNs, or its
+// atomic request, and advances the requester.
+func (r *requester) sendRdAtomic(w *sendWQE) bool {
+	qp := r.qp
+	k := r.curPkt
+	mtu := qp.mtu
+	f := &r.f
+	*f = packet.Fields{}
+	f.BTH.PKey = bth.DefaultPKey
+	f.BTH.DestQP = qp.attr.DestQPN
+	f.BTH.PSN = r.psn
+	consumed := 1
+	if w.wr.Opcode == WRRead {
+		off := uint64(k) * uint64(mtu)
+		f.BTH.Opcode = bth.RCReadRequest
+		f.BTH.AckReq = true
+		f.RETH.VA = w.wr.RemoteAddr + off
+		f.RETH.RKey = w.wr.RKey
+		f.RETH.DMALength = w.length - uint32(off)
+		if r.rdLimit != 0 && f.RETH.DMALength > r.rdLimit {
+			f.RETH.DMALength = r.rdLimit
+		}
+		consumed = w.npkts - k
+	} else {
+		f.BTH.Opcode = bth.RCFetchAdd
+		if w.wr.Opcode == WRCompareSwap {
+			f.BTH.Opcode = bth.RCCompareSwap
+			f.AtomicETH.SwapAdd = w.wr.Swap
+			f.AtomicETH.Compare = w.wr.CompareAdd
+		} else {
+			f.AtomicETH.SwapAdd = w.wr.CompareAdd
+		}
+		f.BTH.AckReq = true
+		f.AtomicETH.VA = w.wr.RemoteAddr
+		f.AtomicETH.RKey = w.wr.RKey
+	}
+	// Both ask for an ACK (a response).
+	r.noack = 0
+	buf := qp.outBufN(packet.Len(f.BTH.Opcode, 0))
+	n, err := packet.Build(buf, f)
+	if err != nil {
+		r.failLocal(w, WCLocQPOpErr)
+		return false
+	}
+	qp.commit(n)
+	r.advance(w, consumed)
+	return true
+}
+
+// advance moves the requester past the consumed PSNs of w just queued.
+func (r *requester) advance(w *sendWQE, consumed int) {
+	qp := r.qp
 	if r.psn.Before(r.maxPSN) {
 		inc(&qp.dev.ctr.RetransmittedPkts)
 	}
@@ -299,7 +344,6 @@ func (r *requester) sendRequest(w *sendWQE) bool {
 			qp.comp.completeHead(w)
 		}
 	}
-	return true
 }
 
 // coveredByNext reports whether the last packet of w, flagged

@@ -1,0 +1,114 @@
+package transport
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/gorocev2/rocev2/bth"
+	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
+)
+
+// TestSendDataMatchesBuild checks the request packets of SENDs and WRITEs,
+// which requester.sendData writes field by field into the packet buffer:
+// each must be exactly what packet.Build makes of its parsed fields
+// (headers in wire order, pad count and zero pad, zero ICRC placeholder
+// before the link fills it), with the opcode, immediate data or invalidated
+// rkey, RETH, SE bit and payload of its work request, for every pad length
+// and for first, middle and last packets.
+func TestSendDataMatchesBuild(t *testing.T) {
+	a, b, tap := tapPair(t, pairOpts{mtu: MTU256, sqDepth: 64, rqDepth: 64, cqDepth: 128}, false)
+	src, smr := a.buffer(t, 4096, 0)
+	fill(src, 11)
+	_, dmr := b.buffer(t, 4096, memreg.AccessRemoteWrite)
+	_, rmr := b.buffer(t, 4096, 0)
+	for range 16 {
+		if err := b.qp.PostRecv(RecvWR{SGEs: sge(rmr, 0, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type msg struct {
+		op    WROpcode
+		n     int
+		flags SendFlags
+	}
+	msgs := []msg{
+		{WRWrite, 0, 0}, {WRWrite, 1, 0}, {WRWrite, 2, 0}, {WRWrite, 3, 0}, {WRWrite, 4, 0},
+		{WRWriteImm, 5, 0}, {WRWriteImm, 0, 0}, {WRWrite, 513, 0}, {WRWriteImm, 300, 0},
+		{WRSend, 3, SendSolicited}, {WRSend, 0, 0}, {WRSendImm, 600, SendSolicited}, {WRSendImm, 7, 0},
+		{WRWrite, 6, SendSolicited}, {WRWriteImm, 9, SendSolicited}, {WRSend, 257, 0},
+		{WRSendInv, 258, 0}, // last: the responder may refuse the rkey
+	}
+	var wrs []SendWR
+	for i, m := range msgs {
+		wrs = append(wrs, SendWR{WRID: uint64(i), Opcode: m.op, Flags: m.flags | SendSignaled,
+			SGEs: sge(smr, i, m.n), RemoteAddr: dmr.IOVA() + uint64(i), RKey: dmr.RKey(),
+			Imm: 0xa0b0c000 | uint32(i), InvRKey: 0x0d0e0f00 | uint32(i)})
+	}
+	if err := a.qp.PostSend(wrs...); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, a.scq, len(msgs), 5*time.Second)
+	var reqs [][]byte
+	tap.mu.Lock()
+	for _, p := range tap.pkts {
+		if bth.Opcode(p[0]) != bth.RCAck {
+			reqs = append(reqs, p)
+		}
+	}
+	tap.mu.Unlock()
+	i, k := 0, 0 // message, its packet
+	for _, raw := range reqs {
+		if i == len(msgs) {
+			t.Fatalf("more request packets than expected (%d messages)", len(msgs))
+		}
+		m := msgs[i]
+		var p packet.Packet
+		if err := p.Parse(raw); err != nil {
+			t.Fatalf("message %d packet %d: %v", i, k, err)
+		}
+		f := p.Fields()
+		want := make([]byte, len(raw))
+		n, err := packet.Build(want, &f)
+		if err != nil || n != len(raw) {
+			t.Fatalf("message %d packet %d: Build of its fields: %d, %v (have %d bytes)", i, k, n, err, len(raw))
+		}
+		got := raw[:n-packet.ICRCSize]
+		if !bytes.Equal(got, want[:n-packet.ICRCSize]) {
+			t.Fatalf("message %d (%v, %d bytes) packet %d:\n got % x\nwant % x", i, m.op, m.n, k, got, want[:n-packet.ICRCSize])
+		}
+		npk := max(1, (m.n+255)/256)
+		first, last := k == 0, k == npk-1
+		if op := dataOpcode(m.op, first, last); p.BTH.Opcode() != op {
+			t.Fatalf("message %d packet %d: opcode %v, want %v", i, k, p.BTH.Opcode(), op)
+		}
+		pl := min(256, m.n-256*k)
+		if !bytes.Equal(p.Payload, src[i+256*k:i+256*k+pl]) {
+			t.Fatalf("message %d packet %d: payload differs", i, k)
+		}
+		if se := last && m.flags&SendSolicited != 0 && m.op != WRWrite; p.BTH.SolicitedEvent() != se {
+			t.Fatalf("message %d packet %d: SE %v, want %v", i, k, p.BTH.SolicitedEvent(), se)
+		}
+		if (m.op == WRWrite || m.op == WRWriteImm) && first {
+			if p.RETH == nil || p.RETH.VA() != dmr.IOVA()+uint64(i) || p.RETH.RKey() != dmr.RKey() || p.RETH.DMALength() != uint32(m.n) {
+				t.Fatalf("message %d: RETH %v", i, p.RETH)
+			}
+		}
+		if last && (m.op == WRWriteImm || m.op == WRSendImm) && (p.ImmDt == nil || p.ImmDt.Imm() != 0xa0b0c000|uint32(i)) {
+			t.Fatalf("message %d: ImmDt %v", i, p.ImmDt)
+		}
+		if last && m.op == WRSendInv && (p.IETH == nil || p.IETH.RKey() != 0x0d0e0f00|uint32(i)) {
+			t.Fatalf("message %d: IETH %v", i, p.IETH)
+		}
+		if last && !p.BTH.AckReq() {
+			t.Fatalf("message %d: last packet without AckReq", i)
+		}
+		if k++; last {
+			i, k = i+1, 0
+		}
+	}
+	if i != len(msgs) {
+		t.Fatalf("%d of %d messages on the wire", i, len(msgs))
+	}
+}
