@@ -238,9 +238,19 @@ func (r *requester) sendData(w *sendWQE) bool {
 		n += payloadLen
 	}
 	buf := qp.outBufN(n)[:n]
-	h := bth.Fields{Opcode: opc, SolicitedEvent: se, PadCount: uint8(pad), PKey: bth.DefaultPKey,
-		DestQP: qp.attr.DestQPN, AckReq: ackReq, PSN: r.psn}
-	bth.BTH(buf).Encode(&h)
+	// The BTH as bth.BTH.Encode writes it (two stores), without its
+	// call and the fields it takes: opcode; SE, M 0, pad count, TVer 0;
+	// the P_Key; FECN, BECN 0; the destination QP; AckReq; the PSN.
+	fl := uint64(pad) << 4
+	if se {
+		fl |= 0x80
+	}
+	psn := uint32(r.psn) & 0xffffff
+	if ackReq {
+		psn |= 1 << 31
+	}
+	binary.BigEndian.PutUint64(buf, uint64(opc)<<56|fl<<48|uint64(bth.DefaultPKey)<<32|uint64(qp.attr.DestQPN&0xffffff))
+	binary.BigEndian.PutUint32(buf[8:], psn)
 	o := bth.Size
 	if first && (op == WRWrite || op == WRWriteImm) {
 		t := reth.RETH(buf[o : o+reth.Size])

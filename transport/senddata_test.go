@@ -59,6 +59,7 @@ func TestSendDataMatchesBuild(t *testing.T) {
 	}
 	tap.mu.Unlock()
 	i, k := 0, 0 // message, its packet
+	psn := bth.PSN(0xfffffe)
 	for _, raw := range reqs {
 		if i == len(msgs) {
 			t.Fatalf("more request packets than expected (%d messages)", len(msgs))
@@ -78,6 +79,11 @@ func TestSendDataMatchesBuild(t *testing.T) {
 		if !bytes.Equal(got, want[:n-packet.ICRCSize]) {
 			t.Fatalf("message %d (%v, %d bytes) packet %d:\n got % x\nwant % x", i, m.op, m.n, k, got, want[:n-packet.ICRCSize])
 		}
+		if h := p.BTH; h.PKey() != bth.DefaultPKey || h.DestQP() != b.qp.QPN() || h.PSN() != psn ||
+			h.MigReq() || h.TVer() != 0 || h.FECN() || h.BECN() {
+			t.Fatalf("message %d packet %d: BTH % x (want P_Key %#x, QP %#x, PSN %v)", i, k, []byte(h), bth.DefaultPKey, b.qp.QPN(), psn)
+		}
+		psn = psn.Add(1)
 		npk := max(1, (m.n+255)/256)
 		first, last := k == 0, k == npk-1
 		if op := dataOpcode(m.op, first, last); p.BTH.Opcode() != op {
