@@ -67,6 +67,7 @@ func (r *requester) progress() {
 		maxRd = 1
 	}
 	sent := false
+	asked := false // schedHold asked outside a turn
 	if qp.sr != nil {
 		if qp.sr.due {
 			nout := qp.nout
@@ -82,8 +83,15 @@ func (r *requester) progress() {
 		if qp.init.Type == QPTypeRC && r.psn.Diff(qp.comp.oldestUnacked()) >= r.window(w, r.curPkt) {
 			break
 		}
-		if qp.schedHold() {
-			break // its turn comes (sched.go)
+		if !asked {
+			if qp.schedHold() {
+				break // its turn comes (sched.go)
+			}
+			// Outside a turn asked once per call, not per packet: a
+			// device that does not defer the first packet lets the
+			// call send all it may (one doorbell per post). In a turn,
+			// every packet counts against its quantum.
+			asked = !qp.schedTurn
 		}
 		if w.stalled() {
 			break
@@ -124,7 +132,9 @@ func (r *requester) progress() {
 		if !r.sendRequest(w) {
 			break
 		}
-		qp.paceSent(qp.out[qp.nout-1].Len())
+		if qp.cc.rp.Limited() {
+			qp.paceSentLimited(qp.out[qp.nout-1].Len())
+		}
 		if qp.schedTurn {
 			qp.schedLeft--
 		}

@@ -480,3 +480,42 @@ func testSchedLongMessages(t *testing.T, n int, cfg DeviceConfig) {
 		schedNoTimeout(t, c, "256 KiB WRITEs at MTU 1024")
 	}
 }
+
+// TestSchedTurnQuantum: in a scheduler turn the requester builds at most
+// the turn's quantum of packets and asks for another turn (schedMore),
+// though requester.progress asks the scheduler only once per call outside
+// a turn; outside a turn, on a device that does not defer, one call sends
+// the rest.
+func TestSchedTurnQuantum(t *testing.T) {
+	a, b, _ := newPair(t, pairOpts{mtu: MTU1024})
+	const size = 100 << 10 // 100 packets
+	_, smr := a.buffer(t, size, 0)
+	_, dmr := b.buffer(t, size, memreg.AccessRemoteWrite)
+	qp := a.qp
+	qp.mu.Lock()
+	qp.schedTurn, qp.schedLeft = true, 0 // a turn with its quantum spent
+	qp.mu.Unlock()
+	if err := qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, size),
+		RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	qp.mu.Lock()
+	psn0 := qp.req.psn
+	qp.schedLeft, qp.schedMore = 10, false
+	qp.req.progress()
+	built, more := qp.req.psn.Diff(psn0), qp.schedMore
+	qp.schedTurn, qp.schedMore = false, false
+	qp.req.progress()
+	rest := qp.req.psn.Diff(psn0) - built
+	qp.flushOut()
+	qp.mu.Unlock()
+	if built != 10 || !more {
+		t.Fatalf("a turn of quantum 10 built %d packets (schedMore %v)", built, more)
+	}
+	if rest != 90 {
+		t.Fatalf("outside a turn: %d more packets, want 90", rest)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second); wc[0].Status != WCSuccess {
+		t.Fatalf("WRITE: %v", wc[0].Status)
+	}
+}
