@@ -253,3 +253,44 @@ func TestUCCompletionAfterPayloadRead(t *testing.T) {
 		t.Fatalf("the receiver got %d bytes written after the send completed", bytes.Count(dst, []byte{0x55}))
 	}
 }
+
+// TestFlushOutDropsZeroCopyViews: once the output queue is sent, no slot
+// of it still points into registered memory or holds the region (flushOut
+// clears a zero-copy packet's Payload and Hold; it tests for them rather
+// than clearing every slot).
+func TestFlushOutDropsZeroCopyViews(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	o := pairOpts{mtu: MTU4096}
+	o.defaults()
+	al := newGatedZCLink(t, n, addrA, nil)
+	a := newSideOn(t, al, &o)
+	b := newSide(t, n, addrB, &o)
+	if !a.dev.zc {
+		t.Fatal("the requester's device does not send zero-copy")
+	}
+	connect(t, a, b, addrB, 0x10, 0x20, &o)
+	connect(t, b, a, addrA, 0x20, 0x10, &o)
+	const size = 16 << 10
+	_, smr := a.buffer(t, size, 0)
+	_, dmr := b.buffer(t, size, memreg.AccessRemoteWrite)
+	if err := a.qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, size),
+		RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.scq, 1, 5*time.Second)[0]; wc.Status != WCSuccess {
+		t.Fatalf("WRITE: %v", wc.Status)
+	}
+	al.mu.Lock()
+	zc := al.zcPkts
+	al.mu.Unlock()
+	if zc == 0 {
+		t.Fatal("no packet was sent zero-copy")
+	}
+	a.qp.mu.Lock()
+	defer a.qp.mu.Unlock()
+	for i := range a.qp.out {
+		if p := &a.qp.out[i]; p.Payload != nil || p.Hold != nil || p.Buf != nil {
+			t.Fatalf("output slot %d after the flush: Buf %v, Payload %v, Hold %v", i, p.Buf != nil, p.Payload != nil, p.Hold != nil)
+		}
+	}
+}
