@@ -59,16 +59,65 @@ func (qp *QP) outBufN(size int) []byte {
 	}
 	qp.outSlot() // may flush, which empties the slabs
 	if len(qp.slabs) == 0 || qp.slabOff+size > udp.MaxPacketSize {
-		b := qp.slabSpare
-		qp.slabSpare = nil
-		if b == nil {
-			b = qp.dev.getBuf()
-		}
-		qp.slabs = append(qp.slabs, b)
-		qp.slabOff = 0
+		qp.newSlab()
 	}
 	qp.outSmall = true
 	return qp.slabs[len(qp.slabs)-1][qp.slabOff:]
+}
+
+// outPkt queues the next packet, n bytes for the connected peer, and
+// returns its bytes for the caller to fill (outBufN, then commit, in one
+// step: the requester's data packets are built in place and cannot fail
+// but for their gather, which dropLast undoes). A small packet goes in
+// the QP's slab, as outBufN puts it.
+func (qp *QP) outPkt(n int) []byte {
+	qp.outSlot() // may flush, which empties the slabs
+	var b []byte
+	if n <= slabMax {
+		if len(qp.slabs) == 0 || qp.slabOff+n > udp.MaxPacketSize {
+			qp.newSlab()
+		}
+		o := qp.slabOff
+		b = qp.slabs[len(qp.slabs)-1][o : o+n : o+n]
+		qp.slabOff = o + n
+	} else {
+		if qp.outBufs[qp.nout] == nil {
+			qp.outBufs[qp.nout] = qp.dev.getBuf()
+		}
+		b = qp.outBufs[qp.nout][:n]
+	}
+	p := &qp.out[qp.nout]
+	p.Buf = b
+	p.Payload = nil
+	p.Hold = nil
+	p.Addr = qp.peer
+	p.SrcPort = qp.srcPort
+	p.TOS = qp.dev.dataTOS(qp.attr.AV.TrafficClass)
+	qp.nout++
+	qp.ackSlot = 0
+	return b
+}
+
+// dropLast takes the packet of n bytes that outPkt queued last out of
+// the queue again (its gather failed), giving its slab room back.
+func (qp *QP) dropLast(n int) {
+	qp.nout--
+	qp.out[qp.nout].Buf = nil
+	if n <= slabMax {
+		qp.slabOff -= n
+	}
+}
+
+// newSlab starts a new slab for small packets (outBufN): the spare a
+// hot QP kept, or a pool buffer.
+func (qp *QP) newSlab() {
+	b := qp.slabSpare
+	qp.slabSpare = nil
+	if b == nil {
+		b = qp.dev.getBuf()
+	}
+	qp.slabs = append(qp.slabs, b)
+	qp.slabOff = 0
 }
 
 // outSlot makes room in the output queue for one more packet, growing it

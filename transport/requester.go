@@ -247,7 +247,7 @@ func (r *requester) sendData(w *sendWQE) bool {
 	if zc == nil {
 		n += payloadLen
 	}
-	buf := qp.outBufN(n)[:n]
+	buf := qp.outPkt(n)
 	// The BTH as bth.BTH.Encode writes it (two stores), without its
 	// call and the fields it takes: opcode; SE, M 0, pad count, TVer 0;
 	// the P_Key; FECN, BECN 0; the destination QP; AckReq; the PSN.
@@ -279,6 +279,7 @@ func (r *requester) sendData(w *sendWQE) bool {
 	if zc == nil && payloadLen > 0 {
 		if err := qp.pd.GatherRef(w.sges, w.ref, off, buf[hdr:hdr+payloadLen]); err != nil {
 			// The local memory went away after PostSend: local protection error.
+			qp.dropLast(n)
 			r.failLocal(w, WCLocProtErr)
 			return false
 		}
@@ -288,9 +289,10 @@ func (r *requester) sendData(w *sendWQE) bool {
 	binary.LittleEndian.PutUint32(buf[n-pad-packet.ICRCSize:], 0)
 	binary.LittleEndian.PutUint32(buf[n-packet.ICRCSize:], 0)
 	if zc != nil {
-		qp.commitPayload(n, zc, hold)
-	} else {
-		qp.commit(n)
+		// The link sends the payload from registered memory (Device.zc),
+		// reading it only while hold is acquired (Device.send).
+		p := &qp.out[qp.nout-1]
+		p.Payload, p.Hold = zc, hold
 	}
 	r.advance(w, 1)
 	return true

@@ -118,3 +118,54 @@ func TestSendDataMatchesBuild(t *testing.T) {
 		t.Fatalf("%d of %d messages on the wire", i, len(msgs))
 	}
 }
+
+// TestSendGatherFailureQueuesNothing: a WRITE whose local memory was
+// deregistered after PostSend completes with a local protection error and
+// sends nothing (its packet, queued before its payload is gathered, is
+// taken out again: dropLast), while the WRITE queued right before it in
+// the same slab leaves intact and completes.
+func TestSendGatherFailureQueuesNothing(t *testing.T) {
+	a, b, tap := tapPair(t, pairOpts{}, false)
+	src, good := a.buffer(t, 64, 0)
+	fill(src, 5)
+	_, bad := a.buffer(t, 64, 0)
+	dst, dmr := b.buffer(t, 128, memreg.AccessRemoteWrite)
+	qp := a.qp
+	qp.mu.Lock()
+	qp.schedTurn, qp.schedLeft = true, 0 // hold the requester (a turn with its quantum spent)
+	qp.mu.Unlock()
+	if err := qp.PostSend(
+		SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(good, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()},
+		SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(bad, 0, 64), RemoteAddr: dmr.IOVA() + 64, RKey: dmr.RKey()},
+	); err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	qp.mu.Lock()
+	qp.schedTurn = false
+	qp.req.progress()
+	nout := qp.nout
+	qp.flushOut()
+	qp.mu.Unlock()
+	if nout != 1 {
+		t.Fatalf("%d packets queued, want 1 (the first WRITE's)", nout)
+	}
+	wcs := waitWC(t, a.scq, 2, 5*time.Second)
+	if wcs[0].WRID != 1 || wcs[0].Status != WCSuccess || wcs[1].WRID != 2 || wcs[1].Status != WCLocProtErr {
+		t.Fatalf("completions %+v, want WR 1 success, WR 2 local protection error", wcs)
+	}
+	if !bytes.Equal(dst[:64], src) {
+		t.Fatal("the first WRITE's payload differs")
+	}
+	var reqs int
+	for _, p := range tap.sent() {
+		if p.BTH.Opcode() != bth.RCAck {
+			reqs++
+		}
+	}
+	if reqs != 1 {
+		t.Fatalf("%d request packets sent, want 1", reqs)
+	}
+}
