@@ -147,10 +147,11 @@ func (p *Prefix) headerSlow(id uint16, n int) uint32 {
 // carry-less multiply kernel from 24, to 31 elsewhere: an ACK, a SEND of a
 // few bytes) takes header's small-packet case, written out here, and
 // clmulShort (one carry-less fold, BTH byte 4 masked in the kernel) or,
-// without it, softShortPayload.
+// without it, softShortPayload; a small one (24 to 127 covered bytes)
+// with the kernel takes the same header case and clmulSmall directly.
 func (p *Prefix) Compute(id uint16, udpPayload []byte) uint32 {
 	n := len(udpPayload)
-	if cov := n - Size; cov >= 16 && (cov < smallMin || !hasSmall && cov < 32) && p.ok {
+	if cov := n - Size; cov >= 16 && (cov < 128 && hasSmall || cov < 32) && p.ok {
 		c := p.base
 		if p.v6 {
 			c ^= lenTable[1][n]
@@ -160,10 +161,17 @@ func (p *Prefix) Compute(id uint16, udpPayload []byte) uint32 {
 				c ^= vary(v4ID, id)
 			}
 		}
-		if hasSmall {
+		switch {
+		case !hasSmall:
+			return softShortPayload(c, udpPayload[:cov])
+		case cov < smallMin:
 			return ^clmulShort(^c, udpPayload[:cov])
 		}
-		return softShortPayload(c, udpPayload[:cov])
+		// A small packet (a 64-byte WRITE's 92 covered bytes):
+		// finishPayload's masking and update's choice of clmulSmall
+		// written out, without their calls.
+		c ^= masks[mPayloadBTH4][udpPayload[bthMaskOff]]
+		return ^clmulSmall(^c, udpPayload[:cov])
 	}
 	return finishPayload(p.header(id, n), udpPayload, nil)
 }
