@@ -56,8 +56,7 @@ func (qp *QP) unpostable(op string) error {
 
 func (qp *QP) postOne(i int, wr *SendWR) error {
 	bad := func(field string, kind, err error, format string, args ...any) error {
-		return &WRError{Op: "PostSend", QPN: qp.qpn, Index: i, WRID: wr.WRID, Field: field,
-			Msg: fmt.Sprintf(format, args...), Kind: kind, Err: err}
+		return qp.postErr(i, wr, field, kind, err, format, args...)
 	}
 	if bits := wr.Flags &^ knownSendFlags; bits != 0 {
 		return bad("send_flags", ErrInvalidWR, nil, "unknown bits %#x in %#x (known: FENCE 1, SIGNALED 2, SOLICITED 4, NoAckReq 0x80; inline data, IBV_SEND_INLINE 8, is not supported)", uint8(bits), uint8(wr.Flags))
@@ -84,9 +83,18 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	if qp.init.Type == QPTypeUC && (acc != 0 || wr.Opcode == WRSendInv) {
 		return bad("opcode", ErrInvalidWR, nil, "%v on a UC QP (only SEND and RDMA WRITE, with or without immediate)", wr.Opcode)
 	}
-	total, ref, err := qp.checkSGEs("PostSend", i, wr.WRID, wr.SGEs, acc)
-	if err != nil {
-		return err
+	// checkSGEs, written out (one call less per WR).
+	var total uint64
+	var ref *memreg.Ref
+	var err error
+	ok := len(wr.SGEs) <= qp.init.MaxSGE
+	if ok {
+		total, ref, err = qp.pd.CheckSGEsRef(wr.SGEs, acc)
+	}
+	if !ok || err != nil {
+		if total, ref, err = qp.checkSGEsSlow("PostSend", i, wr.WRID, wr.SGEs, acc); err != nil {
+			return err
+		}
 	}
 	if total > 1<<31 {
 		return bad("sg_list", ErrInvalidWR, nil, "length %d > 2^31", total)
@@ -128,6 +136,16 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	w.signaled = qp.init.SigAll || wr.Flags&SendSignaled != 0
 	qp.sqEnd++
 	return nil
+}
+
+// postErr is postOne's *WRError for WR i. Out of line: built inline at
+// each of postOne's checks, the errors made its frame four times the size
+// its work needs, spilled around every call.
+//
+//go:noinline
+func (qp *QP) postErr(i int, wr *SendWR, field string, kind, err error, format string, args ...any) error {
+	return &WRError{Op: "PostSend", QPN: qp.qpn, Index: i, WRID: wr.WRID, Field: field,
+		Msg: fmt.Sprintf(format, args...), Kind: kind, Err: err}
 }
 
 // copySGEs copies src into dst's memory (reused from the WQE's last use;
