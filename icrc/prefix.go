@@ -151,7 +151,7 @@ func (p *Prefix) headerSlow(id uint16, n int) uint32 {
 // with the kernel takes the same header case and clmulSmall directly.
 func (p *Prefix) Compute(id uint16, udpPayload []byte) uint32 {
 	n := len(udpPayload)
-	if cov := n - Size; cov >= 16 && (cov < 128 && hasSmall || cov < 32) && p.ok {
+	if cov := n - Size; uint(cov-16) < 128-16 && p.ok { // 16 <= cov < 128
 		c := p.base
 		if p.v6 {
 			c ^= lenTable[1][n]
@@ -161,17 +161,22 @@ func (p *Prefix) Compute(id uint16, udpPayload []byte) uint32 {
 				c ^= vary(v4ID, id)
 			}
 		}
-		switch {
-		case !hasSmall:
+		if cov < smallMin {
+			if hasSmall {
+				return ^clmulShort(^c, udpPayload[:cov])
+			}
 			return softShortPayload(c, udpPayload[:cov])
-		case cov < smallMin:
-			return ^clmulShort(^c, udpPayload[:cov])
 		}
-		// A small packet (a 64-byte WRITE's 92 covered bytes):
-		// finishPayload's masking and update's choice of clmulSmall
-		// written out, without their calls.
-		c ^= masks[mPayloadBTH4][udpPayload[bthMaskOff]]
-		return ^clmulSmall(^c, udpPayload[:cov])
+		if hasSmall {
+			// A small packet (a 64-byte WRITE's 92 covered bytes):
+			// finishPayload's masking and update's choice of
+			// clmulSmall written out, without their calls.
+			c ^= masks[mPayloadBTH4][udpPayload[bthMaskOff]]
+			return ^clmulSmall(^c, udpPayload[:cov])
+		}
+		if cov < 32 {
+			return softShortPayload(c, udpPayload[:cov])
+		}
 	}
 	return finishPayload(p.header(id, n), udpPayload, nil)
 }
