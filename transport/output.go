@@ -123,6 +123,13 @@ func (qp *QP) newSlab() {
 // outSlot makes room in the output queue for one more packet, growing it
 // or flushing it when full.
 func (qp *QP) outSlot() {
+	if qp.nout == len(qp.out) { // also a QP's first packet: no queue yet
+		qp.outSlotFull()
+	}
+}
+
+// outSlotFull is outSlot's work, when the queue is full or not made yet.
+func (qp *QP) outSlotFull() {
 	if qp.out == nil {
 		qp.out = make([]udp.Packet, outFirst)
 		qp.outBufs = make([]*[udp.MaxPacketSize]byte, outFirst)

@@ -248,6 +248,10 @@ func (r *requester) sendData(w *sendWQE) bool {
 		n += payloadLen
 	}
 	buf := qp.outPkt(n)
+	// Pad and ICRC placeholder (4 to 7 bytes) zeroed with one store over
+	// the last 8, before the headers and payload are written: n is at
+	// least 16 (BTH and ICRC).
+	binary.LittleEndian.PutUint64(buf[n-8:], 0)
 	// The BTH as bth.BTH.Encode writes it (two stores), without its
 	// call and the fields it takes: opcode; SE, M 0, pad count, TVer 0;
 	// the P_Key; FECN, BECN 0; the destination QP; AckReq; the PSN.
@@ -284,17 +288,22 @@ func (r *requester) sendData(w *sendWQE) bool {
 			return false
 		}
 	}
-	// Pad and ICRC placeholder: pad+ICRCSize is 4 to 7 bytes, which two
-	// 4-byte stores cover.
-	binary.LittleEndian.PutUint32(buf[n-pad-packet.ICRCSize:], 0)
-	binary.LittleEndian.PutUint32(buf[n-packet.ICRCSize:], 0)
 	if zc != nil {
 		// The link sends the payload from registered memory (Device.zc),
 		// reading it only while hold is acquired (Device.send).
 		p := &qp.out[qp.nout-1]
 		p.Payload, p.Hold = zc, hold
 	}
-	r.advance(w, 1)
+	if r.psn == r.maxPSN {
+		// A first transmission (advance, written out for one PSN).
+		r.psn = r.psn.Add(1)
+		r.maxPSN = r.psn
+		if r.curPkt++; r.curPkt >= w.npkts {
+			r.endWQE(w)
+		}
+	} else {
+		r.advanceResend(w, 1)
+	}
 	return true
 }
 
@@ -349,9 +358,9 @@ func (r *requester) sendRdAtomic(w *sendWQE) bool {
 
 // advance moves the requester past the consumed PSNs of w just queued.
 func (r *requester) advance(w *sendWQE, consumed int) {
-	qp := r.qp
-	if r.psn.Before(r.maxPSN) {
-		inc(&qp.dev.ctr.RetransmittedPkts)
+	if r.psn != r.maxPSN {
+		r.advanceResend(w, consumed)
+		return
 	}
 	r.psn = r.psn.Add(consumed)
 	if r.maxPSN.Before(r.psn) {
@@ -359,12 +368,33 @@ func (r *requester) advance(w *sendWQE, consumed int) {
 	}
 	r.curPkt += consumed
 	if r.curPkt >= w.npkts {
-		r.curPkt = 0
-		qp.sqCur++
-		if qp.init.Type == QPTypeUC {
-			// No acknowledgement will come: done once sent.
-			qp.comp.completeHead(w)
-		}
+		r.endWQE(w)
+	}
+}
+
+// advanceResend is advance of a resent packet (counted).
+func (r *requester) advanceResend(w *sendWQE, consumed int) {
+	if r.psn.Before(r.maxPSN) {
+		inc(&r.qp.dev.ctr.RetransmittedPkts)
+	}
+	r.psn = r.psn.Add(consumed)
+	if r.maxPSN.Before(r.psn) {
+		r.maxPSN = r.psn
+	}
+	r.curPkt += consumed
+	if r.curPkt >= w.npkts {
+		r.endWQE(w)
+	}
+}
+
+// endWQE moves the requester past w, all of whose packets were queued.
+func (r *requester) endWQE(w *sendWQE) {
+	qp := r.qp
+	r.curPkt = 0
+	qp.sqCur++
+	if qp.init.Type == QPTypeUC {
+		// No acknowledgement will come: done once sent.
+		qp.comp.completeHead(w)
 	}
 }
 
