@@ -108,15 +108,9 @@ func (qp *QP) dropLast(n int) {
 	}
 }
 
-// newSlab starts a new slab for small packets (outBufN): the spare a
-// hot QP kept, or a pool buffer.
+// newSlab starts a new slab for small packets (outBufN).
 func (qp *QP) newSlab() {
-	b := qp.slabSpare
-	qp.slabSpare = nil
-	if b == nil {
-		b = qp.dev.getBuf()
-	}
-	qp.slabs = append(qp.slabs, b)
+	qp.slabs = append(qp.slabs, qp.dev.getBuf())
 	qp.slabOff = 0
 }
 
@@ -264,18 +258,20 @@ func (qp *QP) flushOut() {
 }
 
 // releaseSlabs ends the slabs' use once nothing queued lies in them: a
-// hot QP keeps the first as its spare (as it keeps a packet buffer), the
-// rest go back to the device's pool. Called with qp.mu held.
+// hot QP keeps the first in place for its next packets (as it keeps a
+// packet buffer; handing it to a spare and back cost a slice append and a
+// loop per flush), the rest go back to the device's pool. Called with
+// qp.mu held.
 func (qp *QP) releaseSlabs(keep bool) {
-	for i, b := range qp.slabs {
-		if i == 0 && keep && qp.slabSpare == nil {
-			qp.slabSpare = b
-		} else {
-			qp.dev.bufs.Put(b)
-		}
+	k := 0
+	if keep && len(qp.slabs) > 0 {
+		k = 1
+	}
+	for i := k; i < len(qp.slabs); i++ {
+		qp.dev.bufs.Put(qp.slabs[i])
 		qp.slabs[i] = nil
 	}
-	qp.slabs = qp.slabs[:0]
+	qp.slabs = qp.slabs[:k]
 	qp.slabOff = 0
 }
 
@@ -286,9 +282,8 @@ func (qp *QP) dropSpare() {
 		qp.dev.bufs.Put(qp.outBufs[0])
 		qp.outBufs[0] = nil
 	}
-	if qp.slabSpare != nil {
-		qp.dev.bufs.Put(qp.slabSpare)
-		qp.slabSpare = nil
+	if qp.nout == 0 && len(qp.slabs) > 0 {
+		qp.releaseSlabs(false)
 	}
 }
 

@@ -104,12 +104,11 @@ type QP struct {
 	nout    int
 	// slabs hold the queued small packets back to back (outBufN): the
 	// last one is being filled, slabOff bytes of it so far. outSmall: the
-	// buffer outBufN returned last is in it. slabSpare is the slab a hot
-	// QP keeps between flushes (releaseSlabs).
+	// buffer outBufN returned last is in it. A hot QP keeps its first
+	// slab between flushes (releaseSlabs).
 	slabs     []*[udp.MaxPacketSize]byte
 	slabOff   int
 	outSmall  bool
-	slabSpare *[udp.MaxPacketSize]byte
 	ackSlot   int // nout when the last queued packet is a positive ACK that a newer one may replace, else 0
 	destroyed bool
 	cc        qpCC // congestion control (cc.go)

@@ -12,7 +12,7 @@ import (
 // TestOutSlab: small packets queued on a QP lie back to back in its slabs
 // (a new slab when one is full), each capped at its length; a large packet
 // takes a buffer of its own in between; the flush sends them all intact
-// and ends the slabs (a hot QP keeps one as its spare), and responses
+// and ends the slabs (a hot QP keeps its first in place), and responses
 // taken into a batch (takeOut) carry their slabs with them.
 func TestOutSlab(t *testing.T) {
 	a, _, _ := newPair(t, pairOpts{})
@@ -91,5 +91,31 @@ func TestOutSlab(t *testing.T) {
 	qp.flushOut()
 	if qp.nout != 0 || len(qp.slabs) != 0 || qp.slabOff != 0 {
 		t.Fatalf("after flush: %d queued, %d slabs, offset %d", qp.nout, len(qp.slabs), qp.slabOff)
+	}
+	// A hot QP (its ACK timer kept armed) keeps its first slab in place
+	// across a flush, and its next packets start at the slab's start;
+	// going cold (dropSpare) gives it back.
+	armed, cold := qp.tmr.timerArmed, qp.tmr.coldIdle
+	qp.tmr.timerArmed, qp.tmr.coldIdle = true, false
+	for range perSlab + 1 {
+		ack(8)
+	}
+	first := qp.slabs[0]
+	qp.flushOut()
+	if qp.nout != 0 || len(qp.slabs) != 1 || qp.slabs[0] != first || qp.slabOff != 0 {
+		t.Fatalf("hot QP after flush: %d queued, %d slabs (the first kept: %v), offset %d", qp.nout, len(qp.slabs), len(qp.slabs) > 0 && qp.slabs[0] == first, qp.slabOff)
+	}
+	ack(9)
+	if &qp.out[0].Buf[0] != &first[0] || bth.BTH(qp.out[0].Buf).PSN() != 9 {
+		t.Fatal("the next packet is not at the start of the kept slab")
+	}
+	qp.flushOut()
+	if len(qp.slabs) != 1 {
+		t.Fatalf("hot QP after its second flush: %d slabs", len(qp.slabs))
+	}
+	qp.tmr.timerArmed, qp.tmr.coldIdle = armed, cold
+	qp.dropSpare()
+	if len(qp.slabs) != 0 {
+		t.Fatalf("cold QP: %d slabs kept", len(qp.slabs))
 	}
 }
