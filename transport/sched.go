@@ -20,7 +20,9 @@ import (
 //
 //   - requester.progress outside a turn only queues the QP (txSched.add) and
 //     returns: PostSend costs no system call, and no request packet is
-//     built (nor its ACK timer started) before the QP's turn;
+//     built (nor its ACK timer started) before the QP's turn (asked once
+//     per call, at its first packet: a call not deferred sends all its
+//     window admits);
 //   - the scheduler's goroutine serves the queued QPs round-robin, each
 //     at most schedQuantum packets per turn (deficit round robin with
 //     every packet costing one, the MTU being the QP's): a QP with a long send queue
