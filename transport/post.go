@@ -15,13 +15,17 @@ import (
 // must be in RTS or SQD, or in ERR (then the WRs complete with
 // WCWRFlushErr); on a closed device PostSend returns ErrClosed.
 func (qp *QP) PostSend(wrs ...SendWR) error {
+	// Unlocked on each return rather than deferred: the defer's record
+	// and call were a tenth of a one-WR post (a panic in here is a bug
+	// that ends the program; nothing of the stack recovers it).
 	qp.mu.Lock()
-	defer qp.mu.Unlock()
 	if err := qp.postable("PostSend"); err != nil {
+		qp.mu.Unlock()
 		return err
 	}
 	st := qp.attr.State
 	if st != QPSRTS && st != QPSSQD && st != QPSErr {
+		qp.mu.Unlock()
 		return fmt.Errorf("transport: PostSend qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
 	}
 	var err error
@@ -31,6 +35,7 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 		}
 	}
 	qp.afterPost()
+	qp.mu.Unlock()
 	return err
 }
 
@@ -83,7 +88,7 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	if qp.init.Type == QPTypeUC && (acc != 0 || wr.Opcode == WRSendInv) {
 		return bad("opcode", ErrInvalidWR, nil, "%v on a UC QP (only SEND and RDMA WRITE, with or without immediate)", wr.Opcode)
 	}
-	// checkSGEs, written out (one call less per WR).
+	// The whole list in one call (the usual case: it is valid).
 	var total uint64
 	var ref *memreg.Ref
 	var err error
@@ -161,20 +166,10 @@ func copySGEs(dst, src []memreg.SGE) []memreg.SGE {
 	return append(dst[:0], src...)
 }
 
-// checkSGEs checks the SGE list of WR i (count, keys, rights, bounds) and
-// returns its total length and, for a list of one element, the region it
-// was checked against (memreg.Ref), or a *WRError naming the SGE at fault.
-func (qp *QP) checkSGEs(op string, i int, wrid uint64, sges []memreg.SGE, acc memreg.Access) (uint64, *memreg.Ref, error) {
-	// The whole list in one call (the usual case: it is valid), inlined.
-	if len(sges) <= qp.init.MaxSGE {
-		if total, ref, err := qp.pd.CheckSGEsRef(sges, acc); err == nil {
-			return total, ref, nil
-		}
-	}
-	return qp.checkSGEsSlow(op, i, wrid, sges, acc)
-}
-
-// checkSGEsSlow is checkSGEs of a list that failed: the *WRError.
+// checkSGEsSlow checks again, element by element, the SGE list of WR i
+// that pd.CheckSGEsRef failed (or that is longer than max_sge), and
+// returns the *WRError naming the SGE at fault (count, key, rights,
+// bounds).
 func (qp *QP) checkSGEsSlow(op string, i int, wrid uint64, sges []memreg.SGE, acc memreg.Access) (uint64, *memreg.Ref, error) {
 	if len(sges) > qp.init.MaxSGE {
 		return 0, nil, &WRError{Op: op, QPN: qp.qpn, Index: i, WRID: wrid, Field: "num_sge",
@@ -200,15 +195,17 @@ func (qp *QP) checkSGEsSlow(op string, i int, wrid uint64, sges []memreg.SGE, ac
 // posting and PostRecv returns a *WRError for it, as PostSend does. In ERR
 // the WRs complete with WCWRFlushErr.
 func (qp *QP) PostRecv(wrs ...RecvWR) error {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
+	qp.mu.Lock() // unlocked on each return, as in PostSend
 	if err := qp.postable("PostRecv"); err != nil {
+		qp.mu.Unlock()
 		return err
 	}
 	if qp.attr.State == QPSReset {
+		qp.mu.Unlock()
 		return fmt.Errorf("transport: PostRecv qp %#x: state %v: %w", qp.qpn, qp.attr.State, ErrInvalidState)
 	}
 	if qp.srq != nil {
+		qp.mu.Unlock()
 		return fmt.Errorf("transport: PostRecv qp %#x: the QP takes its receives from an SRQ (SRQ.PostRecv): %w", qp.qpn, ErrInvalidWR)
 	}
 	var err error
@@ -223,10 +220,17 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 			break
 		}
 		qp.rqRoom()
+		// The whole list in one call (the usual case: it is valid).
 		var total uint64
 		var ref *memreg.Ref
-		if total, ref, err = qp.checkSGEs("PostRecv", i, wr.WRID, wr.SGEs, memreg.AccessLocalWrite); err != nil {
-			break
+		ok := len(wr.SGEs) <= qp.init.MaxSGE
+		if ok {
+			total, ref, err = qp.pd.CheckSGEsRef(wr.SGEs, memreg.AccessLocalWrite)
+		}
+		if !ok || err != nil {
+			if total, ref, err = qp.checkSGEsSlow("PostRecv", i, wr.WRID, wr.SGEs, memreg.AccessLocalWrite); err != nil {
+				break
+			}
 		}
 		r := qp.rqAt(qp.rqEnd)
 		r.wrid = wr.WRID
@@ -239,6 +243,7 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 		qp.toError()
 	}
 	qp.settle()
+	qp.mu.Unlock()
 	return err
 }
 
