@@ -6,7 +6,7 @@
 # qemu (as root), and a short run of every fuzz target.
 #
 #   ./scripts/test.sh              everything
-#   FUZZTIME=30s ./scripts/test.sh longer fuzzing per target (default 8s each)
+#   FUZZTIME=30s ./scripts/test.sh longer fuzzing per target (default 6s each)
 #   SKIP_FUZZ=1 ./scripts/test.sh  no fuzzing
 #   SKIP_INTEROP=1 ./scripts/test.sh  no rxe interop stage (it needs root and qemu; ~11 min)
 set -euo pipefail
@@ -154,7 +154,7 @@ fi
 fuzz() {
 	local pkg=$1 target=$2 out
 	for attempt in 1 2; do
-		out=$(go test -run '^$' -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-8s}" "$pkg" 2>&1)
+		out=$(go test -run '^$' -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-6s}" "$pkg" 2>&1)
 		local rc=$?
 		printf '%s\n' "$out" | grep -v 'execs:.*new interesting' | tail -20
 		[ $rc = 0 ] && return 0
@@ -168,7 +168,7 @@ fuzz() {
 }
 
 if [ "${SKIP_FUZZ:-}" != 1 ]; then
-	step "fuzz (${FUZZTIME:-8s} per target)"
+	step "fuzz (${FUZZTIME:-6s} per target)"
 	for pkg in $(go list ./...); do
 		for target in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
 			echo "-- $pkg $target"
