@@ -132,6 +132,7 @@ type QP struct {
 	// its unacknowledged PSNs, at most schedQPCap of them, none while
 	// schedStale.
 	schedInflight int32
+	schedHolder   int32 // index + 1 in dev.sched.holders while schedInflight > 0, under dev.sched.holdMu
 	// schedMarkPSN and schedMarkAt: every PSN before schedMarkPSN was
 	// sent by schedMarkAt (schedMarked; account renews the mark once
 	// they are all acknowledged). schedStale: they were not, a stale

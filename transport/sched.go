@@ -120,10 +120,19 @@ type txSched struct {
 	// waitResp: a QP's turn found a received batch's responses on their
 	// way to the link (responder.progress): wait for them after the batch.
 	waitResp bool
-	held     []*QP     // the batch's QPs, locked until it is sent
-	npkts    int       // packets the held QPs have queued
-	scan     []*QP     // sweep's copy of the device's QPs
-	out      respBatch // the batch's packets (the QPs' requests, their ACKs)
+	held     []*QP // the batch's QPs, locked until it is sent
+	npkts    int   // packets the held QPs have queued
+	scan     []*QP // sweep's copy of holders
+	// holders are the QPs whose share of inflight is above zero (their
+	// schedHolder is their index + 1), under holdMu: what sweep looks
+	// at, so that its work is the few QPs holding the budget, not every
+	// QP of the device (10,000 cold QPs, milliseconds, per stall).
+	holdMu  sync.Mutex
+	holders []*QP
+	// sweeps and swept count the sweeps and the QPs they looked at
+	// (tests).
+	sweeps, swept atomic.Uint64
+	out           respBatch // the batch's packets (the QPs' requests, their ACKs)
 }
 
 // schedRing is a circular FIFO of the QPs waiting for one kind of turn,
@@ -640,18 +649,16 @@ func (qp *QP) schedStaleAfter() time.Duration {
 // sweep accounts every QP that holds a share of inflight, so that a QP
 // gone stale stops counting even when no event of its own (an ACK, a
 // timer) comes to account it: a silent peer's QP with a long ACK
-// timeout. Called by the scheduler's goroutine, holding no QP's lock,
-// when inflight was full for schedStall; a QP whose lock is busy, or a
-// device whose lock is, waits for the next sweep.
+// timeout. It looks at holders only (the QPs whose share is above zero),
+// not at every QP of the device. Called by the scheduler's goroutine,
+// holding no QP's lock, when inflight was full for schedStall; a QP whose
+// lock is busy waits for the next sweep.
 func (s *txSched) sweep() {
-	d := s.d
-	if !d.mu.TryLock() { // Close may hold it while it waits for this goroutine
-		return
-	}
-	for _, qp := range d.qps {
-		s.scan = append(s.scan, qp)
-	}
-	d.mu.Unlock()
+	s.holdMu.Lock()
+	s.scan = append(s.scan, s.holders...)
+	s.holdMu.Unlock()
+	s.sweeps.Add(1)
+	s.swept.Add(uint64(len(s.scan)))
 	for i, qp := range s.scan {
 		s.scan[i] = nil
 		if qp.mu.TryLock() {
@@ -690,6 +697,9 @@ func (s *txSched) set(qp *QP, n int32) {
 		return
 	}
 	v := s.inflight.Add(int64(n - qp.schedInflight))
+	if n == 0 || qp.schedInflight == 0 {
+		s.hold(qp, n > 0)
+	}
 	qp.schedInflight = n
 	if v < s.maxInflight && s.stalled.Load() && s.stalled.CompareAndSwap(true, false) {
 		select {
@@ -697,6 +707,29 @@ func (s *txSched) set(qp *QP, n int32) {
 		default:
 		}
 	}
+}
+
+// hold adds qp to holders (on) or takes it out. Called with qp.mu held
+// when its share of inflight becomes or stops being zero.
+func (s *txSched) hold(qp *QP, on bool) {
+	s.holdMu.Lock()
+	if on {
+		if qp.schedHolder == 0 {
+			s.holders = append(s.holders, qp)
+			qp.schedHolder = int32(len(s.holders))
+		}
+	} else if i := qp.schedHolder - 1; i >= 0 {
+		last := len(s.holders) - 1
+		if int(i) != last {
+			m := s.holders[last]
+			s.holders[i] = m
+			m.schedHolder = i + 1
+		}
+		s.holders[last] = nil
+		s.holders = s.holders[:last]
+		qp.schedHolder = 0
+	}
+	s.holdMu.Unlock()
 }
 
 // serveReq runs a turn of qp's requester: up to its quantum of request

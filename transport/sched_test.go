@@ -417,6 +417,8 @@ func TestSchedRecovery(t *testing.T) {
 	if !r.a.sched.started.Load() {
 		t.Fatal("the scheduler never ran")
 	}
+	checkHolders(t, r.a) // many shares taken and dropped, under loss
+
 }
 
 // TestSchedLongMessages: 100 QPs post one 256 KiB WRITE each at once at
