@@ -22,10 +22,8 @@ const (
 // timerQueue. All fields except qp and kind are owned by the queue and
 // change only under its mutex.
 type timerEntry struct {
-	when  time.Time // the deadline while queued
-	seq   uint64    // arm order: breaks ties between equal deadlines
-	idx   int32     // index in the heap, -1 when not queued
-	fired bool      // popped as due and not yet taken, re-armed or cancelled
+	idx   int32 // index in the heap, -1 when not queued
+	fired bool  // popped as due and not yet taken, re-armed or cancelled
 	kind  timerKind
 	qp    *QP
 }
@@ -57,7 +55,7 @@ type timerQueue struct {
 	fire  func(e *timerEntry) // called for every due entry, without mu held
 
 	mu       sync.Mutex
-	h        []*timerEntry
+	h        []timerSlot
 	seq      uint64
 	count    *timerStats // counts runs for tests (stats, in timerq_stats_test.go); nil in production
 	timer    Timer       // the one AfterFunc; nil until first armed
@@ -71,6 +69,17 @@ type timerQueue struct {
 
 	runMu sync.Mutex    // serializes run (a RealClock timer can fire twice at once)
 	due   []*timerEntry // run's scratch list, under runMu
+}
+
+// timerSlot is one heap element: the entry's deadline and arm order are
+// kept in the heap's own array, so that a sift compares keys in a few
+// contiguous cache lines instead of loading the entries (one per QP,
+// scattered over the QPs of a device: with 10,000 busy QPs a cache miss
+// per comparison); only the entries that move are touched (their idx).
+type timerSlot struct {
+	when time.Time // the deadline
+	seq  uint64    // arm order: breaks ties between equal deadlines
+	e    *timerEntry
 }
 
 // newTimerQueue returns an empty queue on clock that calls fire for each
@@ -95,18 +104,20 @@ func (q *timerQueue) arm(e *timerEntry, now time.Time, d time.Duration) {
 		return
 	}
 	e.fired = false
-	e.when = when
 	q.seq++
-	e.seq = q.seq
 	if e.idx < 0 {
 		e.idx = int32(len(q.h))
-		q.h = append(q.h, e)
+		q.h = append(q.h, timerSlot{when: when, seq: q.seq, e: e})
 		q.armed.Store(int32(len(q.h)))
 		q.up(int(e.idx))
-	} else if !q.up(int(e.idx)) {
-		q.down(int(e.idx))
+	} else {
+		sl := &q.h[e.idx]
+		sl.when, sl.seq = when, q.seq
+		if !q.up(int(e.idx)) {
+			q.down(int(e.idx))
+		}
 	}
-	if q.h[0] == e {
+	if q.h[0].e == e {
 		q.kickLocked(when)
 	}
 }
@@ -162,9 +173,9 @@ func (q *timerQueue) close() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.closed = true
-	for i, e := range q.h {
-		e.idx = -1
-		q.h[i] = nil
+	for i := range q.h {
+		q.h[i].e.idx = -1
+		q.h[i] = timerSlot{}
 	}
 	q.h = q.h[:0]
 	q.armed.Store(0)
@@ -208,7 +219,7 @@ func (q *timerQueue) run() {
 	now := q.clock.Now()
 	due := q.due[:0]
 	for len(q.h) > 0 && !q.h[0].when.After(now) {
-		e := q.h[0]
+		e := q.h[0].e
 		q.remove(0)
 		e.fired = true
 		if st != nil {
@@ -229,7 +240,7 @@ func (q *timerQueue) run() {
 
 // less orders the heap: earlier deadline first, then arm order.
 func (q *timerQueue) less(i, j int) bool {
-	a, b := q.h[i], q.h[j]
+	a, b := &q.h[i], &q.h[j]
 	if a.when.Equal(b.when) {
 		return a.seq < b.seq
 	}
@@ -238,8 +249,8 @@ func (q *timerQueue) less(i, j int) bool {
 
 func (q *timerQueue) swap(i, j int) {
 	q.h[i], q.h[j] = q.h[j], q.h[i]
-	q.h[i].idx = int32(i)
-	q.h[j].idx = int32(j)
+	q.h[i].e.idx = int32(i)
+	q.h[j].e.idx = int32(j)
 }
 
 // up moves entry i towards the root; it reports whether it moved.
@@ -280,11 +291,11 @@ func (q *timerQueue) down(i int) {
 // remove takes entry i out of the heap.
 func (q *timerQueue) remove(i int) {
 	last := len(q.h) - 1
-	e := q.h[i]
+	e := q.h[i].e
 	if i != last {
 		q.swap(i, last)
 	}
-	q.h[last] = nil
+	q.h[last] = timerSlot{}
 	q.h = q.h[:last]
 	q.armed.Store(int32(last))
 	e.idx = -1
