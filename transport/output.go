@@ -100,11 +100,18 @@ func (qp *QP) outPkt(n int) []byte {
 
 // dropLast takes the packet of n bytes that outPkt queued last out of
 // the queue again (its gather failed), giving its slab room back.
-func (qp *QP) dropLast(n int) {
+// ackSlot is qp.ackSlot from before outPkt: when outPkt flushed nothing,
+// a positive ACK queued last before it is last again, and a newer ACK
+// replaces it as if the packet had never been queued
+// (TestSendGatherFailureKeepsAckCoalescing).
+func (qp *QP) dropLast(n, ackSlot int) {
 	qp.nout--
 	qp.out[qp.nout].Buf = nil
 	if n <= slabMax {
 		qp.slabOff -= n
+	}
+	if ackSlot == qp.nout {
+		qp.ackSlot = ackSlot
 	}
 }
 

@@ -247,6 +247,7 @@ func (r *requester) sendData(w *sendWQE) bool {
 	if zc == nil {
 		n += payloadLen
 	}
+	ackSlot := qp.ackSlot // for dropLast
 	buf := qp.outPkt(n)
 	// Pad and ICRC placeholder (4 to 7 bytes) zeroed with one store over
 	// the last 8, before the headers and payload are written: n is at
@@ -283,7 +284,7 @@ func (r *requester) sendData(w *sendWQE) bool {
 	if zc == nil && payloadLen > 0 {
 		if err := qp.pd.GatherRef(w.sges, w.ref, off, buf[hdr:hdr+payloadLen]); err != nil {
 			// The local memory went away after PostSend: local protection error.
-			qp.dropLast(n)
+			qp.dropLast(n, ackSlot)
 			r.failLocal(w, WCLocProtErr)
 			return false
 		}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/aeth"
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/packet"
@@ -167,5 +168,56 @@ func TestSendGatherFailureQueuesNothing(t *testing.T) {
 	}
 	if reqs != 1 {
 		t.Fatalf("%d request packets sent, want 1", reqs)
+	}
+}
+
+// TestSendGatherFailureKeepsAckCoalescing: a positive ACK queued by the
+// responder, then a request packet whose gather fails (taken out again:
+// dropLast), then another positive ACK in the same batch. With the
+// failed packet gone, the queue is what it was, and the second ACK
+// replaces the first (sendAck's coalescing) as it did before outPkt
+// (d84258b: nothing was queued until the gather had succeeded); dropLast
+// had left ackSlot cleared, and two ACKs went out. The failed WRITE is not
+// at the head of the send queue (a WRITE before it awaits its ACK), so
+// the QP stays in RTS and its responder goes on acknowledging.
+func TestSendGatherFailureKeepsAckCoalescing(t *testing.T) {
+	a, _, tap := tapPair(t, pairOpts{clock: manual()}, true)
+	_, good := a.buffer(t, 64, 0)
+	_, bad := a.buffer(t, 64, 0)
+	qp := a.qp
+	if err := qp.PostSend(SendWR{WRID: 1, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(good, 0, 64), RemoteAddr: 0x1000, RKey: 7}); err != nil {
+		t.Fatal(err)
+	}
+	qp.mu.Lock()
+	qp.schedTurn, qp.schedLeft = true, 0 // hold the requester (a turn with its quantum spent)
+	qp.mu.Unlock()
+	if err := qp.PostSend(SendWR{WRID: 2, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(bad, 0, 64), RemoteAddr: 0x1040, RKey: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	qp.mu.Lock()
+	qp.schedTurn = false
+	psn := qp.resp.psn
+	qp.resp.sendAck(aeth.ACK(aeth.NoCreditLimit), psn)
+	qp.req.progress() // WRITE 2: gather fails, its packet is taken out
+	qp.resp.sendAck(aeth.ACK(aeth.NoCreditLimit), psn.Add(1))
+	nout, st := qp.nout, qp.attr.State
+	qp.flushOut()
+	qp.mu.Unlock()
+	if st != QPSRTS {
+		t.Fatalf("state %v, want RTS (the failed WRITE is not at the head)", st)
+	}
+	if nout != 1 {
+		t.Fatalf("%d packets queued, want 1 (the second ACK replacing the first)", nout)
+	}
+	pk := tap.sent()
+	last := pk[len(pk)-1]
+	if last.BTH.Opcode() != bth.RCAck || last.BTH.PSN() != psn.Add(1) {
+		t.Fatalf("last packet %v PSN %v, want the ACK of %v", last.BTH.Opcode(), last.BTH.PSN(), psn.Add(1))
+	}
+	if len(pk) != 2 { // WRITE 1 and one ACK
+		t.Fatalf("%d packets sent, want 2 (WRITE 1, one ACK)", len(pk))
 	}
 }
