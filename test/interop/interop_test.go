@@ -957,7 +957,7 @@ func printTable(t *testing.T, rows []row, img *Image, setup, boot, total time.Du
 		steps = append(steps, fmt.Sprintf("%s %.1fs", s.Step, s.D.Seconds()))
 	}
 	fmt.Fprintf(&b, "PASS* = passed with retransmissions proven by the capture: rxe resent in up to %d flights (its free-running 67 ms retransmit timer; ROCEV2_INTEROP_STRICT=1 fails them), or rocev2d resent only after its full local ACK timeout without an ACK (the TCG VM stalled)\n", 3)
-	fmt.Fprintf(&b, "(rerun) = the first run's only problems were retransmission timing (more rxe flights than tolerated, or a rocev2d resend the capture shows as spurious), and the cell ran again; its counters end with the first run's problem. The sharing kill/restart cell reruns after any failure (intermittent, not yet diagnosed): its counters say FIRST ATTEMPT\n")
+	fmt.Fprintf(&b, "(rerun) = the first run's only problems were retransmission timing (more rxe flights than tolerated, or a rocev2d resend the capture shows as spurious), and the cell ran again; its counters end with the first run's problem. The sharing kill/restart cell reruns after any failure (intermittent, not yet diagnosed): its counters say FIRST ATTEMPT. In the nvmf loss cell, ok (rerun) = a step whose failure was only %s, kernel line \"rxe_reg_fast_mr: mr->lkey = 0x... not free\" since the step began and no data differing, ran once more: its counters say RERUN, which step and the kernel's line\n", rxeFastRegBugNote)
 	fmt.Fprintf(&b, "rping_teardown_race = the VM's rping exited 255 after every ping and its DISCONNECT EVENT, on its own CM thread's EBADF (Debian 12's rping destroys the event channel under it); every other check of the cell stands\n")
 	if note != "" {
 		fmt.Fprintln(&b, note)

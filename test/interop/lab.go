@@ -739,11 +739,18 @@ type Capture struct {
 // StartCapture starts tcpdump on the tap writing file (everything except
 // the command channel) and waits until it captures.
 func (l *Lab) StartCapture(ctx context.Context, file string) (*Capture, error) {
+	return l.StartCaptureOn(ctx, Tap, file)
+}
+
+// StartCaptureOn is StartCapture on the namespace's interface ifname: on
+// the Bridge it sees the VM's packets after the tap's ingress hook (those
+// the fault injector let through) and the host's before its egress hook.
+func (l *Lab) StartCaptureOn(ctx context.Context, ifname, file string) (*Capture, error) {
 	// Snap length 9216, not 0: in immediate mode libpcap uses fixed ring
 	// slots of the snap length, so -s 0 (256 KiB slots) left a 32 MiB ring
 	// only ~128 frames deep and tcpdump dropped packets in the bursts of a
 	// go-back-N under loss. The tap's MTU is 1500: no RoCEv2 frame is cut.
-	h, err := l.StartHost(ctx, "tcpdump", "-i", Tap, "-s", "9216", "-U", "--immediate-mode", "-B", "65536", "-n", "-Z", "root", "-w", file,
+	h, err := l.StartHost(ctx, "tcpdump", "-i", ifname, "-s", "9216", "-U", "--immediate-mode", "-B", "65536", "-n", "-Z", "root", "-w", file,
 		"not", "tcp", "port", strconv.Itoa(agentproto.Port))
 	if err != nil {
 		return nil, err

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/test/interop/agentproto"
-	"github.com/gorocev2/rocev2/udp/faults"
 )
 
 // NVMe over Fabrics on RDMA (labSuites): Linux's nvme-rdma host in the VM
@@ -56,10 +55,21 @@ const (
 	nvmfSize    = 64 << 20
 )
 
-// nvmfShell is the VM's shell prelude: fail prints the kernel's last words.
+// nvmfSinceStep filters a kernel log to its lines since the last step mark
+// (nvmfStep), the mark included; without a mark it passes all.
+const nvmfSinceStep = `awk '/rocev2lab: step /{n=0} {l[++n]=$0} END{for(i=1;i<=n;i++) print l[i]}'`
+
+// nvmfShell is the VM's shell prelude: fail prints the kernel's last words
+// since the step began (nvmfStep marks it in the kernel log; without a
+// mark, all of them): the tail of those about nvme, rdma, rxe and ext4,
+// then each of rxe_reg_fast_mr's as "kernel since step: LINE"
+// (nvmfRxeFastRegBug reads them).
 const nvmfShell = `NQN=` + nvmfNQN + `; T=` + HostIP + `
 fail() {
-	echo "FAIL: $*"; dmesg | grep -i -E 'nvme|rdma|rxe|ext4' | tail -25
+	echo "FAIL: $*"
+	dmesg | ` + nvmfSinceStep + ` > /tmp/dmesg.step
+	grep -i -E 'nvme|rdma|rxe|ext4' /tmp/dmesg.step | tail -25
+	grep 'rxe_reg_fast_mr: ' /tmp/dmesg.step | head -5 | sed 's/^/kernel since step: /'
 	# Leave nothing connected for the next cell.
 	umount /mnt/nv 2>/dev/null; wait
 	for c in /sys/class/nvme/nvme*; do [ -e $c/delete_controller ] && echo 1 > $c/delete_controller; done 2>/dev/null
@@ -115,9 +125,10 @@ echo "ok bs=%[1]d off=%[4]d len=%[5]d md5=$(md5sum < /tmp/w | cut -d' ' -f1)"
 	return b.String()
 }
 
-// nvmfStep prints a step's name and the VM's uptime.
+// nvmfStep marks a step's start in the kernel log (for fail) and prints
+// its name and the VM's uptime.
 func nvmfStep(name string) string {
-	return `echo "step ` + name + ` $(cut -d' ' -f1 /proc/uptime)"` + "\n"
+	return `echo "rocev2lab: step ` + name + `" > /dev/kmsg; echo "step ` + name + ` $(cut -d' ' -f1 /proc/uptime)"` + "\n"
 }
 
 // The bodies of the filesystem, reset and reconnect cells (connect ...
@@ -275,35 +286,7 @@ echo done
 				return
 			}
 			defer inj.close()
-			// Everything again under loss, in one cell: the filesystem,
-			// the reset during a write, 20 reconnects, then dd (last: the
-			// regions it checks in the target's file are its own). Smaller
-			// than the cells without loss (an 8 MiB filesystem with 768 KiB
-			// of files, a 4 MiB
-			// write across the reset, 2 blocks per dd size): each lost
-			// single-packet command costs the Linux host's ACK timeout
-			// (about 2 s): the full sizes took 257 s; with these the cell
-			// took 47-119 s in two runs.
-			ls := []int{4096, 65536, 1 << 20}
-			cell("loss1pct", "under 1% loss: mke2fs/mount/checksums, reset_controller during a write, 20 reconnects, O_DIRECT dd, data checked", 12*time.Minute,
-				nvmfShell+"RETRY=2; FSKB=8192; FILEBLKS=2; RESETMB=4\n"+nvmfStep("mkfs")+nvmfMkfsBody+nvmfStep("reset")+nvmfResetBody+
-					nvmfStep("reconnect")+nvmfReconnectBody+nvmfStep("dd")+nvmfDDBody(ls, 2)+nvmfStep("end")+"echo done\n",
-				func(out string) []string {
-					probs := checkNvmfRegions(file, out, len(ls))
-					for _, want := range []string{"ctrl files equal after remount", "ctrl reset during I/O, 4 MiB intact", "ctrl 20 rounds"} {
-						if !strings.Contains(out, want) {
-							probs = append(probs, "missing: "+want)
-						}
-					}
-					eg, err1 := inj.inj.HookCounters(faults.Egress)
-					in, err2 := inj.inj.HookCounters(faults.Ingress)
-					if err1 != nil || err2 != nil || eg.Dropped() == 0 || in.Dropped() == 0 {
-						probs = append(probs, fmt.Sprintf("the injector dropped nothing one way: %v %v %+v %+v", err1, err2, eg, in))
-					}
-					t.Logf("loss1pct: %s; connects tried again: %d; steps at (VM uptime): %s", inj.summary(h.Output()),
-						strings.Count(out, "connect retry "), strings.Join(regexp.MustCompile(`(?m)^step .*$`).FindAllString(out, -1), ", "))
-					return probs
-				})
+			nvmfLossCell(t, ctx, lab, h, inj, file, dir, add)
 		}()
 		code, out := stop()
 		if code != 0 || !strings.Contains(out, "nvmf-target: stopped") {
