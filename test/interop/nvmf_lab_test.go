@@ -78,9 +78,9 @@ fail() {
 connect() {
 	# RETRY (the loss cell): a connect may fail when a lost CM packet
 	# delays a queue's handshake past the controller's keep-alive; try
-	# again, and say so.
+	# again, and say so. CONNOPTS: more options (",reconnect_delay=1").
 	n=0
-	until echo "transport=rdma,traddr=$T,trsvcid=4420,nqn=$1" > /dev/nvme-fabrics; do
+	until echo "transport=rdma,traddr=$T,trsvcid=4420,nqn=$1$CONNOPTS" > /dev/nvme-fabrics; do
 		n=$((n+1)); [ $n -gt ${RETRY:-0} ] && fail "connect $1"
 		echo "connect retry $n"; sleep 1
 	done
