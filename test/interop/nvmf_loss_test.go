@@ -32,7 +32,7 @@ import (
 
 // rxeFastRegBugNote explains the rerun (the row's counters and the table's
 // footnote).
-const rxeFastRegBugNote = "rxe's own fast-reg retry bug (Linux 6.1 rxe_req.c: req_retry rewinds the requester to the oldest unacknowledged WQE and leaves an executed REG_MR behind it in state done; rxe_requester executes it again and rxe_reg_fast_mr fails with \"not free\", the QP goes to error; any retransmission by the VM's rxe while a REG_MR sits behind an unacknowledged SEND triggers it)"
+const rxeFastRegBugNote = "rxe's own fast-reg retry bug (Linux 6.1 rxe_req.c: req_retry rewinds the requester to the oldest unacknowledged WQE and leaves an executed REG_MR behind it in state done; rxe_requester executes it again, rxe_reg_fast_mr fails with \"not free\" and the requester stops, so the queue's later commands never go out until the host's I/O or admin timeout; any retransmission by the VM's rxe — after a lost SEND and the target's NAK, or its ACK timeout — while a REG_MR sits behind an unacknowledged SEND triggers it; no upstream fix found: later upstream rxe has the same code path and logs the line at debug level only)"
 
 var (
 	// reRxeFastRegBug is the kernel's line of that bug, as fail() prints
