@@ -61,9 +61,12 @@ func nvmfRxeFastRegBug(out string, probs []string) (string, bool) {
 	return m[1], true
 }
 
-// nvmeIOTimeout is the Linux host's I/O timeout in seconds (nvme_core's
-// io_timeout, read when a controller is created).
-const nvmeIOTimeout = "/sys/module/nvme_core/parameters/io_timeout"
+// The Linux host's I/O and admin command timeouts in seconds (nvme_core's
+// io_timeout and admin_timeout, read when a controller is created).
+const (
+	nvmeIOTimeout    = "/sys/module/nvme_core/parameters/io_timeout"
+	nvmeAdminTimeout = "/sys/module/nvme_core/parameters/admin_timeout"
+)
 
 // rxeFastRegBugCount is how many times the VM's kernel logged rxe's
 // fast-reg "not free" since it booted (-1 when it cannot tell).
@@ -135,19 +138,21 @@ func nvmfLossCell(t *testing.T, ctx context.Context, lab *Lab, h *HostProc, inj 
 			}
 		}()
 
-		// The host's I/O timeout 15 s instead of 30 and its reconnect
-		// delay 1 s instead of 10 (restored after the cell): when rxe's
-		// fast-reg retry bug stops a queue's requester (below), the host
-		// finds out at the timeout and recovers by reconnecting; that took
-		// 40 s of a step at the defaults. Under 1 % loss a command's
-		// longest legitimate wait seen was two ACK timeouts, about 6.5 s.
-		ioTimeout := "30"
-		if res, err := lab.Run(ctx, "cat "+nvmeIOTimeout, 20*time.Second); err == nil && res.Exit == 0 {
-			ioTimeout = strings.TrimSpace(res.Output)
+		// The host's I/O and admin timeouts 15 s instead of 30 and 60,
+		// and its reconnect delay 1 s instead of 10 (restored after the
+		// cell): when rxe's fast-reg retry bug stops a queue's requester
+		// (below), the host finds out at the timeout and recovers by
+		// reconnecting; that took 40 s of a step at the defaults, and 54 s
+		// of a keep-alive on a stopped admin queue. Under 1 % loss a
+		// command's longest legitimate wait seen was two ACK timeouts,
+		// about 6.5 s.
+		for _, p := range []string{nvmeIOTimeout, nvmeAdminTimeout} {
+			if res, err := lab.Run(ctx, "cat "+p, 20*time.Second); err == nil && res.Exit == 0 {
+				defer lab.Run(ctx, "echo "+strings.TrimSpace(res.Output)+" > "+p, 20*time.Second)
+			}
 		}
-		defer lab.Run(ctx, "echo "+ioTimeout+" > "+nvmeIOTimeout, 20*time.Second)
 		bugsBefore := rxeFastRegBugCount(ctx, lab)
-		prelude := nvmfShell + "RETRY=2; FSKB=8192; FILEBLKS=2; RESETMB=4; CONNOPTS=,reconnect_delay=1; echo 15 > " + nvmeIOTimeout + "\n"
+		prelude := nvmfShell + "RETRY=2; FSKB=8192; FILEBLKS=2; RESETMB=4; CONNOPTS=,reconnect_delay=1; echo 15 > " + nvmeIOTimeout + "; echo 15 > " + nvmeAdminTimeout + "\n"
 		check := func(s nvmfLossStep, out string, exit int) []string {
 			var probs []string
 			if exit != 0 {
