@@ -62,14 +62,15 @@ const nvmfSinceStep = `awk '/rocev2lab: step /{n=0} {l[++n]=$0} END{for(i=1;i<=n
 // nvmfShell is the VM's shell prelude: fail prints the kernel's last words
 // since the step began (nvmfStep marks it in the kernel log; without a
 // mark, all of them): the tail of those about nvme, rdma, rxe and ext4,
-// then each of rxe_reg_fast_mr's as "kernel since step: LINE"
+// then the step's mark and each of rxe_reg_fast_mr's as "kernel since
+// step: LINE"
 // (nvmfRxeFastRegBug reads them).
 const nvmfShell = `NQN=` + nvmfNQN + `; T=` + HostIP + `
 fail() {
 	echo "FAIL: $*"
 	dmesg | ` + nvmfSinceStep + ` > /tmp/dmesg.step
 	grep -i -E 'nvme|rdma|rxe|ext4' /tmp/dmesg.step | tail -25
-	grep 'rxe_reg_fast_mr: ' /tmp/dmesg.step | head -5 | sed 's/^/kernel since step: /'
+	grep -E 'rocev2lab: step |rxe_reg_fast_mr: ' /tmp/dmesg.step | head -6 | sed 's/^/kernel since step: /'
 	# Leave nothing connected for the next cell.
 	umount /mnt/nv 2>/dev/null; wait
 	for c in /sys/class/nvme/nvme*; do [ -e $c/delete_controller ] && echo 1 > $c/delete_controller; done 2>/dev/null

@@ -42,15 +42,18 @@ var (
 	reNvmfDataFail = regexp.MustCompile(`(?m)^FAIL: (data|checksums)|: FAILED$`)
 )
 
-// nvmfRxeFastRegBug reports whether a failed step's VM output out (with
-// the host's problems probs) is rxe's fast-reg retry bug and nothing
-// worse, and returns the kernel's line. It is when the step's script
-// failed (a "FAIL: " line), the kernel logged rxe_reg_fast_mr's "not free"
-// since the step began, and no data was found to differ — neither by the
-// VM (cmp, md5sum -c) nor in the target's file.
-func nvmfRxeFastRegBug(out string, probs []string) (string, bool) {
-	m := reRxeFastRegBug.FindStringSubmatch(out)
-	if m == nil || !regexp.MustCompile(`(?m)^FAIL: `).MatchString(out) || reNvmfDataFail.MatchString(out) {
+// nvmfRxeFastRegBug reports whether the VM output out of the failed step
+// named step (with the host's problems probs) is rxe's fast-reg retry bug
+// and nothing worse, and returns the kernel's line. It is when the step's
+// script failed (a "FAIL: " line), the kernel logged rxe_reg_fast_mr's
+// "not free" after the step's own mark (nvmfStep; without the mark in
+// fail()'s output the kernel log is not known to be the step's), and no
+// data was found to differ — neither by the VM (cmp, md5sum -c) nor in the
+// target's file.
+func nvmfRxeFastRegBug(out, step string, probs []string) (string, bool) {
+	mark := regexp.MustCompile(`(?m)^kernel since step: \[[ 0-9.]+\] rocev2lab: step ` + regexp.QuoteMeta(step) + `$`).FindStringIndex(out)
+	m := reRxeFastRegBug.FindStringSubmatchIndex(out)
+	if mark == nil || m == nil || m[0] < mark[1] || !regexp.MustCompile(`(?m)^FAIL: `).MatchString(out) || reNvmfDataFail.MatchString(out) {
 		return "", false
 	}
 	for _, p := range probs {
@@ -58,7 +61,7 @@ func nvmfRxeFastRegBug(out string, probs []string) (string, bool) {
 			return "", false
 		}
 	}
-	return m[1], true
+	return out[m[2]:m[3]], true
 }
 
 // The Linux host's I/O and admin command timeouts in seconds (nvme_core's
@@ -177,7 +180,7 @@ func nvmfLossCell(t *testing.T, ctx context.Context, lab *Lab, h *HostProc, inj 
 				t.Fatalf("step %s: %v\n%s", s.name, err, res.Output)
 			}
 			sp := check(s, res.Output, res.Exit)
-			if line, ok := nvmfRxeFastRegBug(res.Output, sp); len(sp) > 0 && ok {
+			if line, ok := nvmfRxeFastRegBug(res.Output, s.name, sp); len(sp) > 0 && ok {
 				t.Logf("RERUN step %s: the first run hit %s; kernel: %s; its problems: %s\n--- VM output:\n%s",
 					s.name, rxeFastRegBugNote, line, strings.Join(sp, "; "), res.Output)
 				reruns = append(reruns, fmt.Sprintf("step %s: %s", s.name, line))

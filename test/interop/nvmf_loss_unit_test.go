@@ -16,32 +16,40 @@ FAIL: no /dev/nvme0n1
 [  667.056854] rdma_rxe: rxe_reg_fast_mr: mr->lkey = 0x223d7c not free
 [  674.720153] nvme nvme0: I/O 0 QID 0 timeout
 [  674.720313] nvme nvme0: starting error recovery
+kernel since step: [  619.118040] rocev2lab: step reconnect
 kernel since step: [  667.056854] rdma_rxe: rxe_reg_fast_mr: mr->lkey = 0x223d7c not free
 `
 
 func TestNvmfRxeFastRegBug(t *testing.T) {
 	probs := []string{"step reconnect: VM script exit 1", "missing: ctrl 20 rounds"}
-	line, ok := nvmfRxeFastRegBug(ciFastRegFail, probs)
+	line, ok := nvmfRxeFastRegBug(ciFastRegFail, "reconnect", probs)
 	if !ok || line != "[  667.056854] rdma_rxe: rxe_reg_fast_mr: mr->lkey = 0x223d7c not free" {
 		t.Fatalf("the CI failure: %q %v, want its kernel line", line, ok)
 	}
 	for _, c := range []struct {
 		name  string
 		out   string
+		step  string
 		probs []string
 	}{
-		{"no kernel line", strings.ReplaceAll(ciFastRegFail, "kernel since step: [  667.056854] rdma_rxe: rxe_reg_fast_mr: mr->lkey = 0x223d7c not free\n", ""), probs},
+		{"no kernel line", strings.ReplaceAll(ciFastRegFail, "kernel since step: [  667.056854] rdma_rxe: rxe_reg_fast_mr: mr->lkey = 0x223d7c not free\n", ""), "reconnect", probs},
 		// Only in the tail of all of dmesg, not marked as since the step.
-		{"not since the step", strings.ReplaceAll(ciFastRegFail, "kernel since step: ", ""), probs},
+		{"not since the step", strings.ReplaceAll(ciFastRegFail, "kernel since step: ", ""), "reconnect", probs},
 		{"another rxe_reg_fast_mr failure", strings.ReplaceAll(ciFastRegFail, "kernel since step: [  667.056854] rdma_rxe: rxe_reg_fast_mr: mr->lkey = 0x223d7c not free",
-			"kernel since step: [  667.056854] rdma_rxe: rxe_reg_fast_mr: qp->pd and mr->pd don't match"), probs},
-		{"the script did not fail", strings.ReplaceAll(ciFastRegFail, "FAIL: no /dev/nvme0n1\n", ""), probs},
-		{"data differs in the VM", strings.ReplaceAll(ciFastRegFail, "FAIL: no /dev/nvme0n1", "FAIL: data bs=4096"), probs},
-		{"checksums differ", strings.ReplaceAll(ciFastRegFail, "FAIL: no /dev/nvme0n1", "/mnt/nv/f2: FAILED\nFAIL: checksums"), probs},
-		{"md5sum -c alone", strings.ReplaceAll(ciFastRegFail, "FAIL: no /dev/nvme0n1", "/mnt/nv/f2: FAILED\nFAIL: umount"), probs},
-		{"the target's file differs", ciFastRegFail, append(probs[:1:1], "bs=65536: the target's file differs from what the VM wrote at 8388608")},
+			"kernel since step: [  667.056854] rdma_rxe: rxe_reg_fast_mr: qp->pd and mr->pd don't match"), "reconnect", probs},
+		{"the script did not fail", strings.ReplaceAll(ciFastRegFail, "FAIL: no /dev/nvme0n1\n", ""), "reconnect", probs},
+		{"data differs in the VM", strings.ReplaceAll(ciFastRegFail, "FAIL: no /dev/nvme0n1", "FAIL: data bs=4096"), "reconnect", probs},
+		{"checksums differ", strings.ReplaceAll(ciFastRegFail, "FAIL: no /dev/nvme0n1", "/mnt/nv/f2: FAILED\nFAIL: checksums"), "reconnect", probs},
+		{"md5sum -c alone", strings.ReplaceAll(ciFastRegFail, "FAIL: no /dev/nvme0n1", "/mnt/nv/f2: FAILED\nFAIL: umount"), "reconnect", probs},
+		// The kernel log is not the step's: no mark (fail() passed all of
+		// it), another step's mark, or the line before the mark.
+		{"no step mark", strings.ReplaceAll(ciFastRegFail, "kernel since step: [  619.118040] rocev2lab: step reconnect\n", ""), "reconnect", probs},
+		{"another step's mark", ciFastRegFail, "dd", probs},
+		{"before the mark", strings.ReplaceAll(ciFastRegFail, "kernel since step: [  619.118040] rocev2lab: step reconnect\nkernel since step: [  667.056854] rdma_rxe: rxe_reg_fast_mr: mr->lkey = 0x223d7c not free",
+			"kernel since step: [  667.056854] rdma_rxe: rxe_reg_fast_mr: mr->lkey = 0x223d7c not free\nkernel since step: [  619.118040] rocev2lab: step reconnect"), "reconnect", probs},
+		{"the target's file differs", ciFastRegFail, "reconnect", append(probs[:1:1], "bs=65536: the target's file differs from what the VM wrote at 8388608")},
 	} {
-		if line, ok := nvmfRxeFastRegBug(c.out, c.probs); ok {
+		if line, ok := nvmfRxeFastRegBug(c.out, c.step, c.probs); ok {
 			t.Errorf("%s: recognised as rxe's fast-reg retry bug (%q)", c.name, line)
 		}
 	}
