@@ -612,16 +612,10 @@ func (r *responder) sendAck(syn aeth.Syndrome, psn bth.PSN) {
 		inc(&qp.dev.ctr.AckDeferred)
 		return
 	}
-	f := &r.f
-	*f = packet.Fields{}
-	f.BTH.Opcode = bth.RCAck
-	f.BTH.PKey = bth.DefaultPKey
-	f.BTH.DestQP = qp.attr.DestQPN
-	f.BTH.PSN = psn
-	f.AETH.Syndrome = syn
-	f.AETH.MSN = r.msn
-	buf := qp.outBufN(packet.Len(bth.RCAck, 0))
-	if n, err := packet.Build(buf, f); err == nil {
+	// Built directly (packet.BuildAck: the bytes packet.Build writes
+	// for it), without clearing and walking a packet.Fields.
+	buf := qp.outBufN(packet.AckLen)
+	if n := packet.BuildAck(buf, bth.DefaultPKey, qp.attr.DestQPN, psn, syn, r.msn); n != 0 {
 		qp.commit(n)
 		if positive {
 			qp.ackSlot = qp.nout
