@@ -210,8 +210,13 @@ func (r *responder) checkLen(p *packetT) bool {
 // completeRecv completes the receive WQE at the head of the receive queue.
 // solicited is the SE bit of the message's last packet.
 func (r *responder) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFlags, imm, inv uint32, solicited bool) {
+	r.completeWQE(r.qp.nextRecv(), st, op, n, flags, imm, inv, solicited)
+}
+
+// completeWQE is completeRecv for rw, the WQE nextRecv returned (a caller
+// that holds it already spares looking it up again).
+func (r *responder) completeWQE(rw *recvWQE, st WCStatus, op WCOpcode, n uint32, flags WCFlags, imm, inv uint32, solicited bool) {
 	qp := r.qp
-	rw := qp.nextRecv()
 	wc := WC{WRID: rw.wrid, Status: st, Opcode: op, ByteLen: n, Flags: flags, Imm: imm,
 		InvalidatedRKey: inv, QPN: qp.qpn, SrcQP: qp.attr.DestQPN}
 	qp.consumeRecv()
@@ -346,8 +351,12 @@ func (r *responder) ucDrop() {
 func (r *responder) onSend(p *packetT, psn bth.PSN) {
 	qp := r.qp
 	pos := p.Info.Pos
-	if pos == bth.PosFirst || pos == bth.PosOnly {
-		if qp.nextRecv() == nil {
+	// The WQE the message fills: taken at its first packet, and the
+	// same one (the head) until its completion.
+	rw := qp.nextRecv()
+	start := pos == bth.PosFirst || pos == bth.PosOnly
+	if start {
+		if rw == nil {
 			r.rnrNAK(psn)
 			return
 		}
@@ -359,8 +368,7 @@ func (r *responder) onSend(p *packetT, psn bth.PSN) {
 		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
-	rw := qp.nextRecv()
-	if pos == bth.PosFirst || pos == bth.PosOnly {
+	if start {
 		r.rsl.InitRef(qp.pd, rw.sges, rw.ref)
 	}
 	n := uint64(len(p.Payload))
@@ -400,7 +408,7 @@ func (r *responder) onSend(p *packetT, psn bth.PSN) {
 			}
 			flags |= WCWithInv
 		}
-		r.completeRecv(WCSuccess, WCRecv, uint32(r.offset), flags, imm, inv, p.BTH.SolicitedEvent())
+		r.completeWQE(rw, WCSuccess, WCRecv, uint32(r.offset), flags, imm, inv, p.BTH.SolicitedEvent())
 	}
 	r.endRequest(p, psn)
 }
