@@ -439,10 +439,14 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 	if batched {
 		qp.rxNow = &qp.dev.rxNow
 		defer func() { qp.rxNow = nil }()
-	} else {
-		qp.afterTakenResponses()
+		qp.inputLocked(p, up, true)
+		if qp.nout > 0 {
+			qp.queuedInBatch()
+		}
+		return
 	}
-	qp.inputLocked(p, up, batched)
+	qp.afterTakenResponses()
+	qp.inputLocked(p, up, false)
 }
 
 // afterTakenResponses returns, with qp.mu held as on entry, once no
@@ -474,13 +478,34 @@ func (qp *QP) beginBatchInput() {
 	qp.rxNow = &qp.dev.rxNow
 }
 
+// endBatchInput ends the QP's run of packets in a received batch. What
+// the run made the QP queue is noted here, once per run (not per
+// packet): the QP goes on the device's list of QPs to flush at the
+// batch's end (rxPending), and the batch is marked as having queued more
+// than bare ACKs (rxDataQueued) if it did.
 func (qp *QP) endBatchInput() {
+	if qp.nout > 0 {
+		qp.queuedInBatch()
+	}
 	qp.rxNow = nil
 	qp.mu.Unlock()
 }
 
+// queuedInBatch records that the QP has packets queued at the end of its
+// run in a received batch (endBatchInput). Called with qp.mu held.
+func (qp *QP) queuedInBatch() {
+	d := qp.dev
+	if !qp.rxQueued {
+		qp.rxQueued = true
+		d.rxPending = append(d.rxPending, qp)
+	}
+	if !d.rxDataQueued && !qp.acksOnlyQueued() {
+		d.rxDataQueued = true
+	}
+}
+
 // inputLocked is input with qp.mu held (and, for a batched packet, rxNow
-// set).
+// set: Device.inputBatch, between beginBatchInput and endBatchInput).
 func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 	st := qp.attr.State
 	if st < QPSRTR || st == QPSErr || qp.destroyed {
@@ -548,15 +573,9 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 	qp.rxBatch = false
 	if !batched {
 		qp.flushOut()
-	} else if qp.nout > 0 {
-		if !qp.rxQueued {
-			qp.rxQueued = true
-			qp.dev.rxPending = append(qp.dev.rxPending, qp)
-		}
-		if !qp.dev.rxDataQueued && !qp.acksOnlyQueued() {
-			qp.dev.rxDataQueued = true
-		}
 	}
+	// Batched, what it queued is noted at the end of the QP's run of
+	// packets (endBatchInput).
 }
 
 // acksOnlyQueued reports whether every queued packet is a bare ACK (or
