@@ -778,19 +778,41 @@ func (d *Device) wakePending() bool {
 // flushPending sends what the QPs touched by the last received batch
 // queued: one Link.Send per QP and batch instead of one per packet, and
 // the responses of all the QPs together in one (coalesce.go).
+//
+// A QP whose queue is empty by now (a ping-pong's: the application
+// answered the batch's message with PostSend, and the ACK the batch
+// queued left with the answer) only has its mark cleared: respMu, the
+// take and the send are for a batch that still has something queued.
 func (d *Device) flushPending() {
 	d.rx.ackOnly = false
 	d.rxDataQueued = false
 	if len(d.rxPending) == 0 {
 		return
 	}
+	for i, qp := range d.rxPending {
+		qp.mu.Lock()
+		if qp.nout != 0 {
+			qp.mu.Unlock()
+			d.flushPendingFrom(i)
+			return
+		}
+		qp.rxQueued = false
+		qp.mu.Unlock()
+		d.rxPending[i] = nil
+	}
+	d.rxPending = d.rxPending[:0]
+}
+
+// flushPendingFrom is flushPending's take and send, from the QP
+// rxPending[i] on (those before it had nothing queued).
+func (d *Device) flushPendingFrom(i int) {
 	// From the first take to the send, what the batch took out of its
 	// QPs is on its way to the link but in neither: QP.SendQueued waits
 	// on respMu for it, or a DREQ sent after it could overtake an ACK.
 	d.respMu.Lock()
 	defer d.respMu.Unlock()
 	d.respTook++
-	for i, qp := range d.rxPending {
+	for j, qp := range d.rxPending[i:] {
 		qp.mu.Lock()
 		qp.rxQueued = false
 		if took, zc := qp.takeResponses(&d.rxResp); !took {
@@ -799,9 +821,9 @@ func (d *Device) flushPending() {
 			qp.zcTaken = d.respTook
 		}
 		qp.mu.Unlock()
-		d.rxPending[i] = nil
+		d.rxPending[i+j] = nil
 	}
-	d.rxPending = d.rxPending[:0]
+	d.rxPending = d.rxPending[:0] // those before i were cleared by flushPending
 	if h := testHookRespTaken.Load(); h != nil {
 		(*h)(d)
 	}
