@@ -784,7 +784,6 @@ func (d *Device) wakePending() bool {
 // queued left with the answer) only has its mark cleared: respMu, the
 // take and the send are for a batch that still has something queued.
 func (d *Device) flushPending() {
-	d.rx.ackOnly = false
 	d.rxDataQueued = false
 	if len(d.rxPending) == 0 {
 		return

@@ -112,14 +112,22 @@ type rxDriver struct {
 	// check per event instead of an atomic add.
 	stats *rxStats
 
-	// progSeq counts Progress calls, batchAt is the call that last
-	// handled a batch, ackOnly says that batch left only ACKs queued:
-	// those wait for one more Progress call (see Progress). Under mu.
-	progSeq, batchAt uint64
-	ackOnly          bool
+	// after says what the next Progress call does, set by the Progress
+	// call that handled a batch (see progressLocked): afterBatch, it
+	// sends what the batch queued and does not receive; afterACKs (the
+	// batch queued bare ACKs only), it does neither, and takes no lock
+	// for that. Set under mu; the afterACKs call takes it without.
+	after atomic.Uint32
 
 	sleepers atomic.Int32 // goroutines asleep in CQ.Wait (they need someone to receive)
 }
+
+// Values of rxDriver.after.
+const (
+	afterNone  = iota
+	afterBatch // right after a polled batch: send what it queued, do not receive
+	afterACKs  // right after a polled batch that queued bare ACKs only: do nothing
+)
 
 // rxStatsOn makes new devices count their receive driver's events
 // (rxDriver.stats); only test binaries set it.
@@ -354,6 +362,16 @@ func (d *Device) Progress() int {
 	if d.isClosed() {
 		return 0
 	}
+	if rx.after.Load() == afterACKs && rx.after.CompareAndSwap(afterACKs, afterNone) {
+		// Right after a batch that left only ACKs (progressLocked):
+		// nothing to receive or send. Without the lock and the lease's
+		// renewal, a tenth of a polled round trip's instructions.
+		if st := rx.stats; st != nil {
+			st.deferred.Add(1)
+			st.skips.Add(1)
+		}
+		return 0
+	}
 	rx.renew(pl)
 	if !rx.own.tryLock(rxHolderPoller) {
 		return 0 // another goroutine is handling a batch (or leaving Recv)
@@ -376,26 +394,31 @@ func (d *Device) progressLocked(pl udp.PollLink) int {
 	// application often polls another CQ (its send CQ) between the
 	// completion and the PostSend that answers it, and sending the ACK
 	// alone there would cost the peer a datagram and the answer a system
-	// call's delay; one Progress call later they go anyway.
-	rx.progSeq++
-	if rx.ackOnly && rx.batchAt+1 == rx.progSeq && len(d.rxPending) > 0 {
+	// call's delay; one Progress call later they go anyway. (Progress
+	// itself takes the usual case, rx.after afterACKs, without the lock;
+	// one that finds it here lost the race for it to a goroutine that
+	// had the lock meanwhile.)
+	//
+	// The call right after one that handled a batch does not look at the
+	// socket either: it is the application's poll of another CQ (or of
+	// the same one, once more) between a completion and its answer, and
+	// a receive that finds nothing there is a system call on the round
+	// trip's path. The call after it looks again.
+	switch rx.after.Swap(afterNone) {
+	case afterACKs:
 		if st := rx.stats; st != nil {
 			st.deferred.Add(1)
+			st.skips.Add(1)
 		}
-	} else {
+		return 0
+	case afterBatch:
 		d.flushPending()
-	}
-	// The call right after one that handled a batch does not look at the
-	// socket: it is the application's poll of another CQ (or of the same
-	// one, once more) between a completion and its answer, and a receive
-	// that finds nothing there is a system call on the round trip's
-	// path. The call after it looks again.
-	if rx.batchAt != 0 && rx.batchAt+1 == rx.progSeq {
 		if st := rx.stats; st != nil {
 			st.skips.Add(1)
 		}
 		return 0
 	}
+	d.flushPending()
 	pkts := rx.freshPkts()
 	n, err := pl.TryRecv(pkts)
 	rx.received(n, err)
@@ -408,12 +431,12 @@ func (d *Device) progressLocked(pl udp.PollLink) int {
 	if st := rx.stats; st != nil {
 		st.polls.Add(1)
 	}
-	rx.batchAt = rx.progSeq
 	d.inputBatch(&rx.p, pkts[:n])
-	// ackOnly is false here: this call either flushed (which clears it)
-	// or deferred, and a call that deferred follows a batch and so
-	// skipped the receive above.
-	rx.ackOnly = d.pendingACKsOnly()
+	if d.pendingACKsOnly() {
+		rx.after.Store(afterACKs)
+	} else {
+		rx.after.Store(afterBatch)
+	}
 	// The completions are in their CQs now (and sleeping waiters woken).
 	// What the batch queued is not sent yet: a caller that answers a
 	// completion with PostSend sends it together with its request, in
@@ -468,7 +491,7 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 			}
 		}
 	}
-	rx.batchAt = 0 // Progress's skip is for the call right after its own batch
+	rx.after.Store(afterNone) // Progress's skip is for the call right after its own batch
 	rx.entries.Add(1)
 	if rx.deep.Load() {
 		// Waits are long (see rxDriver.deep): the receive goroutine
@@ -659,7 +682,7 @@ func (d *Device) lookLeft() bool {
 	if st := rx.stats; st != nil {
 		st.looped.Add(1)
 	}
-	rx.batchAt = 0
+	rx.after.Store(afterNone)
 	d.inputBatch(&rx.p, pkts[:n])
 	d.wakePending()
 	d.flushPending()
@@ -770,7 +793,7 @@ func (d *Device) recvLoop() {
 			continue
 		}
 		busy = 0
-		rx.batchAt = 0
+		rx.after.Store(afterNone)
 		// Driving the link itself, this goroutine is not in quiet mode
 		// (a waiter that left with others asleep kicked it out of it):
 		// the next waiter must push its timer out, not stop it.

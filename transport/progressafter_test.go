@@ -1,0 +1,95 @@
+package transport
+
+import (
+	"testing"
+
+	"github.com/gorocev2/rocev2/aeth"
+)
+
+// TestProgressAfterBatch walks the Progress calls after a polled batch
+// (rxDriver.after) one by one on a memLoop link, whose lease (twice its
+// busy-poll budget of a second) keeps the receive goroutine off the link
+// meanwhile: the call right after a batch that queued only an ACK does
+// nothing — it neither receives what waits in the link nor sends the ACK
+// (it takes no lock for that) — and the call after it sends the ACK and
+// receives again; the call right after a batch that queued more sends it
+// and does not receive.
+func TestProgressAfterBatch(t *testing.T) {
+	p := newProtoPingPong(t)
+	if err := p.round(3); err != nil {
+		t.Fatal(err)
+	}
+	d := p.r.dev
+	link := d.link.(*memLoop)
+	waiting := func() int {
+		link.mu.Lock()
+		defer link.mu.Unlock()
+		return len(link.q)
+	}
+	// send has A send a SEND (with the ACK A may have queued for B) and
+	// returns how many packets wait in B's link then.
+	send := func() int {
+		t.Helper()
+		if err := p.a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: p.asge}); err != nil {
+			t.Fatal(err)
+		}
+		w := waiting()
+		if w == 0 {
+			t.Fatal("A's SEND is not in B's link")
+		}
+		return w
+	}
+	// Settle: whatever the rounds left is handled and sent.
+	for range 4 {
+		d.Progress()
+	}
+	if w := waiting(); w != 0 {
+		t.Fatalf("%d packets left in B's link after the rounds", w)
+	}
+
+	w := send()
+	d.rx.after.Store(afterACKs)
+	st := d.rx.stats
+	deferred, skips, sent := st.deferred.Load(), st.skips.Load(), d.Counters().SentPkts
+	if n := d.Progress(); n != 0 || waiting() != w {
+		t.Fatalf("after an ACK-only batch: Progress handled %d, %d packets wait in the link, want 0 and %d", n, waiting(), w)
+	}
+	if a := d.rx.after.Load(); a != afterNone || st.deferred.Load() != deferred+1 || st.skips.Load() != skips+1 {
+		t.Fatalf("after an ACK-only batch: after %d, deferred +%d, skips +%d; want %d, +1, +1", a, st.deferred.Load()-deferred, st.skips.Load()-skips, afterNone)
+	}
+	// The next call receives: the SEND, which queues an ACK only.
+	if n := d.Progress(); n != w {
+		t.Fatalf("the call after: Progress handled %d packets, want %d", n, w)
+	}
+	if a := d.rx.after.Load(); a != afterACKs {
+		t.Fatalf("a batch that queued an ACK: after %d, want %d", a, afterACKs)
+	}
+	if n := d.Progress(); n != 0 || d.Counters().SentPkts != sent {
+		t.Fatalf("right after it: Progress handled %d, sent %d; want 0, 0 (the ACK kept)", n, d.Counters().SentPkts-sent)
+	}
+	if n := d.Progress(); n != 0 || d.Counters().SentPkts != sent+1 {
+		t.Fatalf("the call after that: Progress handled %d, sent %d; want 0, 1 (the ACK)", n, d.Counters().SentPkts-sent)
+	}
+	if err := p.r.qp.PostRecv(RecvWR{SGEs: p.rrecv}); err != nil {
+		t.Fatal(err)
+	}
+	p.r.rcq.Poll(p.wcs) // the SEND's completion (Poll's own Progress finds nothing)
+
+	// After a batch that queued more than ACKs: what is queued goes, and
+	// the link is not read. (An ACK stands for it here.)
+	w = send()
+	qp := p.r.qp
+	qp.mu.Lock()
+	qp.resp.sendAck(aeth.ACK(aeth.NoCreditLimit), qp.resp.psn.Add(-1))
+	qp.rxQueued = true
+	d.rxPending = append(d.rxPending, qp)
+	qp.mu.Unlock()
+	d.rx.after.Store(afterBatch)
+	sent = d.Counters().SentPkts
+	if n := d.Progress(); n != 0 || waiting() != w || d.Counters().SentPkts != sent+1 {
+		t.Fatalf("after a batch: Progress handled %d, %d wait in the link, sent %d; want 0, %d, 1", n, waiting(), d.Counters().SentPkts-sent, w)
+	}
+	if n := d.Progress(); n != w {
+		t.Fatalf("the call after: Progress handled %d packets, want %d", n, w)
+	}
+}
