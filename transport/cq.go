@@ -255,6 +255,13 @@ func (cq *CQ) signal() {
 	}
 }
 
+// hasWaiters reports whether a completion stored in the CQ has someone to
+// wake (wake): a waiter asleep or about to sleep on notify, one in the
+// link's Recv, or a completion channel that may be armed.
+func (cq *CQ) hasWaiters() bool {
+	return cq.ch != nil || cq.sleeping.Load() > 0 || cq.driving.Load()
+}
+
 // ready reports whether a waiter would return: completions or an error.
 func (cq *CQ) ready() bool {
 	return cq.full.Load()

@@ -753,10 +753,15 @@ func (d *Device) LastRecvError() error {
 	return nil
 }
 
-// deferWake records that cq got a completion during the current batch.
+// deferWake records that cq got a completion during the current batch,
+// for wakePending to wake its waiters — if it has any to wake: a CQ
+// nobody waits on (a polling application's) is left alone. The
+// completion is stored (cq.full set) before this looks at the waiters,
+// and a waiter counts itself (cq.sleeping) before it looks at full a
+// last time, so a waiter this does not see finds the completion itself.
 // Receive goroutine only.
 func (d *Device) deferWake(cq *CQ) {
-	if !cq.wakeQueued {
+	if !cq.wakeQueued && cq.hasWaiters() {
 		cq.wakeQueued = true
 		d.rxWake = append(d.rxWake, cq)
 	}

@@ -560,7 +560,7 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 				st.waited.Add(1)
 			}
 			d.inputBatch(&rx.p, pkts[:n])
-			got := cq.wakeQueued // the batch stored a completion in cq
+			got := cq.ready() // the batch stored a completion in cq (it had none before)
 			woke := d.wakePending()
 			if got {
 				// cq is ready (unless another goroutine polled it
