@@ -275,11 +275,18 @@ func (cq *CQ) ready() bool {
 // not, a loop that keeps polling does too, once Device.Progress takes it
 // for one (spinAfter polls with no Wait in between).
 func (cq *CQ) Poll(wc []WC) int {
-	k, _ := cq.poll(wc)
-	if k == 0 && len(wc) > 0 && cq.dev.progressable() && cq.dev.Progress() > 0 {
-		k, _ = cq.poll(wc)
+	// poll's look at full, made here: an empty CQ (a polling loop's
+	// usual case) costs no call.
+	if cq.full.Load() {
+		if k, _ := cq.poll(wc); k > 0 {
+			return k
+		}
 	}
-	return k
+	if len(wc) > 0 && cq.dev.progressable() && cq.dev.Progress() > 0 {
+		k, _ := cq.poll(wc)
+		return k
+	}
+	return 0
 }
 
 // poll is Poll that also reports whether completions or an error remain,
