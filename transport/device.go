@@ -691,16 +691,18 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	// ACKs, a request and the ACK that came with it) are handed to it
 	// under one take of its lock.
 	var held *QP
+	verify := d.rx.verify
 	for i := range pkts {
 		up := &pkts[i]
-		if d.rx.verify != nil && !d.rx.verify.VerifyICRC(up) {
+		if verify != nil && !verify.VerifyICRC(up) {
 			continue // counted by the link; nothing of it was used
 		}
 		if p.Decode(up.Buf) != packet.FaultNone {
 			inc(&d.ctr.MalformedPkts)
 			continue
 		}
-		if held != nil && p.BTH.DestQP() == held.qpn &&
+		qpn := p.BTH.DestQP()
+		if held != nil && qpn == held.qpn &&
 			(p.Info.Transport == held.transport || p.Info.Transport == bth.TransportCNP) {
 			held.inputLocked(p, up, true)
 			continue
@@ -709,9 +711,13 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 			held.endBatchInput()
 			held = nil
 		}
-		qp, err := d.route(p)
-		if err != nil {
-			continue
+		// route's usual case in line: a QP of the packet's transport.
+		qp := d.lookup(qpn)
+		if qp == nil || p.Info.Transport != qp.transport {
+			var err error
+			if qp, err = d.route(p); err != nil {
+				continue
+			}
 		}
 		held = qp
 		qp.beginBatchInput()

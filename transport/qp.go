@@ -562,7 +562,13 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 		qp.trace("rx req %v psn %v (resp.psn %v)", p.BTH.Opcode(), p.BTH.PSN(), qp.resp.psn)
 	}
 	if p.Info.Request {
-		qp.resp.input(p)
+		// responder.input in line: held behind a READ response under
+		// way, or handled now.
+		if r := &qp.resp; r.rd.active || r.held.n() > 0 {
+			r.hold(p)
+		} else {
+			r.inputNow(p)
+		}
 	} else if st >= QPSRTS {
 		qp.comp.input(p)
 		if qp.schedMarked {

@@ -76,7 +76,8 @@ func (qp *QP) releasePins() {
 	}
 }
 
-// input handles a request packet. Called with qp.mu held.
+// input handles a request packet. Called with qp.mu held. (QP.inputLocked
+// has it in line.)
 func (r *responder) input(p *packetT) {
 	if r.rd.active || r.held.n() > 0 {
 		// A READ response is under way: like everything else the
