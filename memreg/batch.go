@@ -206,3 +206,24 @@ func (sl *ScatterList) remember(ps *Pins, e *entry, s *SGE, start uint64) {
 	sl.start = start
 	sl.ps, sl.gen = ps, ps.gen
 }
+
+// ScatterRef places src at offset 0 of a list that CheckSGEsRef returned
+// r for (r may be nil): what InitRef followed by one Scatter(ps, 0, src)
+// does, for a message placed whole by one call (a SEND ONLY), which needs
+// no ScatterList afterwards. While r is the element's live region with
+// local write access and src fits the element, r is held in ps (as
+// Scatter holds it) and src copied, with no key lookup; otherwise it takes
+// Scatter's full path, with its checks and errors.
+func (pd *PD) ScatterRef(ps *Pins, sges []SGE, r *Ref, src []byte) error {
+	if e := (*entry)(r); e != nil && ps != nil && len(sges) == 1 && len(src) != 0 {
+		s := &sges[0]
+		if n := uint64(len(src)); n <= uint64(s.Length) && e.covers(pd, s, AccessLocalWrite) && ps.hold(e) {
+			o := s.Addr - e.start
+			copy(e.mem[o:o+n:o+n], src)
+			return nil
+		}
+	}
+	var sl ScatterList
+	sl.InitRef(pd, sges, r)
+	return sl.Scatter(ps, 0, src)
+}

@@ -369,21 +369,32 @@ func (r *responder) onSend(p *packetT, psn bth.PSN) {
 		r.fatal(aeth.NAKInvalidRequest, psn, WCRemInvReqErr)
 		return
 	}
-	if start {
-		r.rsl.InitRef(qp.pd, rw.sges, rw.ref)
-	}
 	n := uint64(len(p.Payload))
 	if r.offset+n > rw.length {
 		r.fatal(aeth.NAKInvalidRequest, psn, WCLocLenErr)
 		return
 	}
-	if n > 0 {
-		// Inside a received batch the regions written stay pinned until
-		// the batch ends (Device.rxPins): a packet inside the SGE the
-		// previous one wrote is a bounds check and a copy.
-		if err := r.rsl.Scatter(qp.rxPins(), r.offset, p.Payload); err != nil {
-			r.fatal(aeth.NAKRemoteOperationalError, psn, WCLocProtErr)
-			return
+	if pos == bth.PosOnly {
+		// The whole message in one packet: placed in one call, with no
+		// ScatterList kept for packets after it (memreg.PD.ScatterRef).
+		if n > 0 {
+			if err := qp.pd.ScatterRef(qp.rxPins(), rw.sges, rw.ref, p.Payload); err != nil {
+				r.fatal(aeth.NAKRemoteOperationalError, psn, WCLocProtErr)
+				return
+			}
+		}
+	} else {
+		if start {
+			r.rsl.InitRef(qp.pd, rw.sges, rw.ref)
+		}
+		if n > 0 {
+			// Inside a received batch the regions written stay pinned
+			// until the batch ends (Device.rxPins): a packet inside the
+			// SGE the previous one wrote is a bounds check and a copy.
+			if err := r.rsl.Scatter(qp.rxPins(), r.offset, p.Payload); err != nil {
+				r.fatal(aeth.NAKRemoteOperationalError, psn, WCLocProtErr)
+				return
+			}
 		}
 	}
 	r.offset += n
