@@ -537,8 +537,8 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 		qp.rxBatch = false
 		return
 	}
-	src := up.Addr
-	if src.Unmap() != qp.peer {
+	// qp.peer is unmapped (Modify): a source equal to it needs no Unmap.
+	if src := up.Addr; src != qp.peer && src.Unmap() != qp.peer {
 		inc(&qp.dev.ctr.WrongPeer)
 		if qp.trace != nil {
 			qp.trace("drop %v psn %v from %v pkey %#x", p.BTH.Opcode(), p.BTH.PSN(), src, p.BTH.PKey())
