@@ -683,7 +683,6 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 		since := time.Since(d.clkBase)
 		d.rxBusy.Store(d.clkBaseUnix + int64(since))
 		d.rxNow = batchClock{mono: since, monoOK: true}
-		defer d.rxBusy.Store(0)
 	} else {
 		d.rxNow.drop()
 	}
@@ -728,6 +727,13 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	}
 	d.rxNow.drop()
 	d.rxPins.Release()
+	// Not deferred (a defer's record and call per batch): a panic in
+	// here, which would leave rxBusy set, is a bug in the handling of
+	// network input (which never panics); Progress does not release the
+	// receive driver on one either.
+	if d.realClk {
+		d.rxBusy.Store(0)
+	}
 }
 
 // route finds the QP a parsed packet is for, counting the packets it

@@ -61,6 +61,9 @@ func TestProgressAfterBatch(t *testing.T) {
 	if n := d.Progress(); n != w {
 		t.Fatalf("the call after: Progress handled %d packets, want %d", n, w)
 	}
+	if b := d.rxBusy.Load(); !d.realClk || b != 0 {
+		t.Fatalf("after the batch: rxBusy %d (wall clock %v), want 0: the device looks stuck in a batch (inputBehind)", b, d.realClk)
+	}
 	if a := d.rx.after.Load(); a != afterACKs {
 		t.Fatalf("a batch that queued an ACK: after %d, want %d", a, afterACKs)
 	}
