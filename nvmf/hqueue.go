@@ -150,6 +150,10 @@ type hostHooks struct {
 	closing func(q *hqueue)
 }
 
+// hostACKTimeout is the local ACK timeout exponent of the host's queues
+// (16, 268 ms: see dialQueue); tests shorten it.
+var hostACKTimeout uint8 = 16
+
 // dialQueue connects queue qid: rdma_cm connection with the NVMe-RDMA
 // request, receive buffers for the completions posted before it.
 // sr offers selective repeat (HostConfig.SelectiveRepeat).
@@ -189,7 +193,7 @@ func dialQueue(ctx context.Context, dev *transport.Device, addr netip.AddrPort, 
 	// sends 19 on RoCE through rdma_cm; the default 14, 67 ms, gave up on
 	// healthy connections of a loaded machine.)
 	retry := transport.DefaultRetry
-	retry.Timeout = 16
+	retry.Timeout = hostACKTimeout
 	conn, err := rdmacm.Dial(ctx, dev, addr, &rdmacm.Options{SelectiveRepeat: sr, PD: q.pd, Retry: &retry, PathMTU: mtu, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: 2*size + 8,
 		MaxRecvWR: size, MaxSGE: 2, PrivateData: pd, Prepare: func(qp *transport.QP) error {
 			for i := 0; i < q.nresp; i++ {
