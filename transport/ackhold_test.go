@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -60,6 +59,8 @@ func TestACKNotHeldByBusyApp(t *testing.T) {
 				connect(t, &side{qp: rqp}, &side{qp: aqp}, latAddrA, 0x40, 0x30, &po)
 			}
 			const rounds = 10
+			st := r.dev.rx.stats
+			waited0, polls0 := st.waited.Load(), st.polls.Load()
 			for range rounds {
 				if err := rqp.PostRecv(RecvWR{SGEs: sge(rmr, 8, 8)}); err != nil {
 					t.Fatal(err)
@@ -134,7 +135,19 @@ func TestACKNotHeldByBusyApp(t *testing.T) {
 						i, c.LocalAckTimeout, c.RetransmittedPkts)
 				}
 			}
-			_ = memreg.AccessLocalWrite
+			// The modes took the path they are for: the application's
+			// own goroutine handled the SEND's batch, leaving its ACK
+			// queued, in some rounds at least.
+			switch mode {
+			case "wait", "wait-deep":
+				if st.waited.Load() == waited0 {
+					t.Errorf("no batch was handled by the waiter")
+				}
+			case "poll-busypoll", "poll-loop":
+				if st.polls.Load() == polls0 {
+					t.Errorf("no batch was handled by the poller")
+				}
+			}
 		})
 	}
 }
