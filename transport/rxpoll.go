@@ -451,8 +451,12 @@ func (d *Device) progressLocked(pl udp.PollLink) int {
 // receives itself, in a blocking Recv (the goroutine parks in Go's poller
 // just as one reading a plain UDP socket does), and handles each batch
 // until cq has a completion or an error, or ctx ends. The batch's ACKs
-// are left for the caller's next PostSend (or the next Wait, or the
-// receive goroutine). It reports false, having done nothing, when another
+// are left for the caller's next PostSend (or the next Wait); an
+// application that does neither (a slow backend) does not hold them: the
+// receive goroutine sends them when it takes the link back, at its first
+// or second look after the waiter left (at most about 2×rxLookMax later;
+// TestACKNotHeldByBusyApp, nvmf's TestSlowBackendNoRetransmit). It
+// reports false, having done nothing, when another
 // waiter is receiving already (then the caller sleeps as before: that one
 // wakes it); the caller then counts itself in sleepers while it sleeps.
 func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
