@@ -40,26 +40,7 @@ func TestRpingKillRestart(t *testing.T) {
 	// the guardian).
 	env := append(os.Environ(), rdmacm.JournalEnv+"="+t.TempDir(), cli.GuardianEnv+"=off")
 	var srvOut, srvErr lockedBuffer
-	var srv *exec.Cmd
-	for try := 0; ; try++ {
-		srv = exec.CommandContext(ctx, bin, "rping", "-s", "-P", "-a", "127.0.0.1", "-p", port, "-v")
-		srv.Stdout, srv.Stderr, srv.Env = &srvOut, &srvErr, env
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(300 * time.Millisecond)
-		if srv.ProcessState == nil && !strings.Contains(srvErr.String(), "address already in use") {
-			break
-		}
-		srv.Wait()
-		if try == 5 {
-			t.Fatalf("server did not start: %s", srvErr.String())
-		}
-	}
-	defer func() {
-		srv.Process.Signal(syscall.SIGTERM)
-		srv.Wait()
-	}()
+	srv := startRpingServer(t, ctx, bin, env, &srvOut, &srvErr, "-p", port)
 	pings := func(s string) int { return strings.Count(s, "ping data: ") }
 	// The server is up once a one-ping client gets through: a fixed wait
 	// was not enough under load (a CI-like run: the first client's REQ
@@ -149,26 +130,7 @@ func TestRpingKillGuardian(t *testing.T) {
 	port := cmPort()
 	env := append(os.Environ(), rdmacm.JournalEnv+"="+t.TempDir())
 	var srvErr lockedBuffer
-	var srv *exec.Cmd
-	for try := 0; ; try++ {
-		srv = exec.CommandContext(ctx, bin, "rping", "-s", "-P", "-a", "127.0.0.1", "-p", port, "-v", "--keepalive=-1s")
-		srv.Stdout, srv.Stderr, srv.Env = &srvErr, &srvErr, env
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(300 * time.Millisecond)
-		if srv.ProcessState == nil && !strings.Contains(srvErr.String(), "address already in use") {
-			break
-		}
-		srv.Wait()
-		if try == 5 {
-			t.Fatalf("server did not start: %s", srvErr.String())
-		}
-	}
-	defer func() {
-		srv.Process.Signal(syscall.SIGTERM)
-		srv.Wait()
-	}()
+	startRpingServer(t, ctx, bin, env, &srvErr, &srvErr, "-p", port, "--keepalive=-1s")
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		out := &lockedBuffer{}
 		client := exec.CommandContext(ctx, bin, "rping", "-c", "-a", "127.0.0.1", "--bind", "127.0.0.2", "-p", port, "-C", "0", "-v", "--keepalive=-1s")
@@ -196,5 +158,34 @@ func TestRpingKillGuardian(t *testing.T) {
 	}
 	if !strings.Contains(srvErr.String(), "server DISCONNECT EVENT") {
 		t.Errorf("the server was not told of the killed client:\n%s", srvErr.String())
+	}
+}
+
+// startRpingServer starts `rocev2d rping -s -P -a 127.0.0.1 -v` with extra
+// arguments, trying again (up to 6 times) while the port is still in use
+// by an earlier test's server (only what this try printed counts), and
+// stops it with SIGTERM when t ends.
+func startRpingServer(t *testing.T, ctx context.Context, bin string, env []string, stdout, stderr *lockedBuffer, extra ...string) *exec.Cmd {
+	t.Helper()
+	args := append([]string{"rping", "-s", "-P", "-a", "127.0.0.1", "-v"}, extra...)
+	for try := 0; ; try++ {
+		srv := exec.CommandContext(ctx, bin, args...)
+		srv.Stdout, srv.Stderr, srv.Env = stdout, stderr, env
+		seen := len(stderr.String()) // what an earlier try printed
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if !strings.Contains(stderr.String()[seen:], "address already in use") {
+			t.Cleanup(func() {
+				srv.Process.Signal(syscall.SIGTERM)
+				srv.Wait()
+			})
+			return srv
+		}
+		srv.Wait()
+		if try == 5 {
+			t.Fatalf("server did not start: %s", stderr.String())
+		}
 	}
 }
