@@ -150,7 +150,8 @@ type mmsgState struct {
 
 	segs []int // send: packets in each message (1, or a GSO group)
 
-	usedIovs int // send: iovecs the last buildSend filled (cleared after the send)
+	usedIovs int    // send: iovecs the last buildSend filled (cleared after the send)
+	calls    uint64 // send: system calls made (tests)
 
 	trap  uintptr               // unix.SYS_SENDMMSG or unix.SYS_RECVMMSG
 	flags uintptr               // 0 to send (blocking), MSG_DONTWAIT to receive
@@ -279,6 +280,7 @@ func (s *mmsgState) send(rc syscall.RawConn, nmsg int, sent *atomic.Uint64) (don
 	icmpRetries := 0
 	for s.off < s.cnt {
 		s.n = 0
+		s.calls++
 		if err := rc.Write(s.fn); err != nil {
 			// The RawConn's error (net.ErrClosed) wins: an fdConn's call
 			// woken by Close's shutdown fails with EPIPE, which is no error

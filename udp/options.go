@@ -14,7 +14,9 @@ type SocketOptions struct {
 	// process may, so net.core.wmem_max does not cap it). 0 means 8 MiB.
 	SendBufferSize int
 	// BatchSize is the number of datagrams per sendmmsg/recvmmsg call.
-	// 0 means 64.
+	// 0 means 64. With GSO a sent datagram holds a group of packets: a
+	// group ends at the latest at every BatchSize-th packet of a Send, and
+	// one sendmmsg carries BatchSize groups.
 	BatchSize int
 	// GSO sends runs of consecutive packets with the same destination, TOS
 	// and size as one UDP GSO datagram (UDP_SEGMENT), which the kernel

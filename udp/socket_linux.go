@@ -262,8 +262,13 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 		member:   member,
 	}
 	// Up to three iovecs per packet: a zero-copy packet's headers, its
-	// payload in the caller's memory, its pad and ICRC.
-	l.sockLink.init(rx, tx, a, o.BatchSize, zcIovs)
+	// payload in the caller's memory, its pad and ICRC; with GSO a
+	// sendmmsg of BatchSize messages holds up to sendPktsMax packets.
+	sendIovs := zcIovs
+	if o.GSO {
+		sendIovs = (zcIovs*sendPktsMax + o.BatchSize - 1) / o.BatchSize
+	}
+	l.sockLink.init(rx, tx, a, o.BatchSize, sendIovs)
 	l.recv.spin = o.BusyPoll
 	if o.SourcePorts {
 		rx.Control(func(fd uintptr) { l.netns = socketNetnsOf(int(fd)) })
@@ -584,9 +589,15 @@ func putTOSCmsg(b []byte, tos uint8, is6 bool) int {
 // Send fills each packet's ICRC for the header the kernel will send (this
 // address, the source port actually used, destination port 4791, DF, IPv4
 // identification 0 — or, with GSO, the segment's index in its group) and
-// sends the packets with sendmmsg, BatchSize per call. The source port is
-// SendPort, or Packet.SrcPort with SocketOptions.SourcePorts (see
-// SocketLink); each Packet.SrcPort is set to the port used.
+// sends the packets with sendmmsg. A message is one packet or, with GSO,
+// one group of packets (gsoGroup) that does not cross a multiple of
+// BatchSize packets from the start of pkts — the datagrams are those of
+// BatchSize packets sent at a time — and a sendmmsg carries up to
+// BatchSize messages (with GSO up to sendPktsMax packets), so that a Send
+// of several BatchSize of GSO packets takes one call, not one per
+// BatchSize packets. The source port is SendPort, or Packet.SrcPort with
+// SocketOptions.SourcePorts (see SocketLink); each Packet.SrcPort is set
+// to the port used.
 // It returns after every packet was accepted by the kernel, or with the
 // first error (packets before it were sent).
 func (l *SocketLink) Send(pkts []Packet) error {
@@ -595,46 +606,49 @@ func (l *SocketLink) Send(pkts []Packet) error {
 	}
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
-	for base := 0; base < len(pkts); {
-		k := min(l.batch, len(pkts)-base)
-		chunk := pkts[base : base+k]
-		// Runs of packets leaving from the same socket (source port).
-		for off := 0; off < k; {
-			end := off + 1
-			if l.srcPorts {
-				for end < k && chunk[end].SrcPort == chunk[off].SrcPort {
-					end++
-				}
-			} else {
-				end = k
+	// Runs of packets leaving from the same socket (source port).
+	for off := 0; off < len(pkts); {
+		end := len(pkts)
+		if l.srcPorts {
+			end = off + 1
+			for end < len(pkts) && pkts[end].SrcPort == pkts[off].SrcPort {
+				end++
 			}
-			rc, port, err := l.sourceSocket(chunk[off].SrcPort)
-			if err != nil {
-				return err
-			}
-			if err := l.sendRun(rc, port, chunk[off:end], base+off); err != nil {
-				return err
-			}
-			off = end
 		}
-		base += k
+		rc, port, err := l.sourceSocket(pkts[off].SrcPort)
+		if err != nil {
+			return err
+		}
+		if err := l.sendRun(rc, port, pkts[off:end], off); err != nil {
+			return err
+		}
+		off = end
 	}
 	return nil
 }
 
-// sendRun sends run (at most BatchSize packets, index base in the caller's
-// slice) from the socket rc whose source port is port.
+// sendPktsMax bounds the packets of one sendmmsg on a GSO link: the send
+// iovecs are sized for it (zcIovs per packet, the most one takes). It is
+// at least gsoMaxSegs, so that any group fits.
+const sendPktsMax = 4 * gsoMaxSegs
+
+// sendRun sends run (index base in the caller's slice) from the socket c
+// whose source port is port, one sendmmsg per buildSend.
 func (l *SocketLink) sendRun(c *fdConn, port uint16, run []Packet, base int) error {
 	s := &l.send
-	defer func() { s.clearIovs(s.usedIovs) }()
 	l.sendTOS(c, run)
-	first, err := s.send(c, l.buildSend(run, port, c.tos), &l.sent) // first: the first packet not sent
-	if err != nil && s.errno != 0 {
-		return fmt.Errorf("udp: sendmmsg packet %d (%d bytes, %d in GSO group) %v:%d -> %v: %w",
-			base+first, len(run[first].Buf), s.segs[s.off], l.addr, port, run[first].Addr, s.errno)
-	}
-	if err != nil {
-		return fmt.Errorf("udp: send: %w", err)
+	for off := 0; off < len(run); {
+		nmsg, npkt := l.buildSend(run[off:], base+off, port, c.tos)
+		first, err := s.send(c, nmsg, &l.sent) // first: the first packet not sent
+		s.clearIovs(s.usedIovs)
+		if err != nil && s.errno != 0 {
+			return fmt.Errorf("udp: sendmmsg packet %d (%d bytes, %d in GSO group) %v:%d -> %v: %w",
+				base+off+first, len(run[off+first].Buf), s.segs[s.off], l.addr, port, run[off+first].Addr, s.errno)
+		}
+		if err != nil {
+			return fmt.Errorf("udp: send: %w", err)
+		}
+		off += npkt
 	}
 	return nil
 }
@@ -774,18 +788,28 @@ func (l *SocketLink) sendTOS(c *fdConn, run []Packet) {
 	}
 }
 
-// buildSend fills the ICRCs of chunk and the send mmsghdrs, one message per
-// packet or, with GSO, one per group; a packet whose TOS is not sockTOS,
-// the socket's, gets an IP_TOS (IPV6_TCLASS) control message. It returns
-// the number of messages.
-func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
+// buildSend fills the ICRCs and the send mmsghdrs of the packets at the
+// start of chunk, whose first is packet at of the caller's Send: one
+// message per packet or, with GSO, one per group, which ends at the latest
+// at a multiple of BatchSize packets from the start of the Send (see
+// Send), as many messages as one sendmmsg takes (BatchSize, and only
+// whole groups whose iovecs fit); a packet whose TOS is not sockTOS, the
+// socket's, gets an IP_TOS (IPV6_TCLASS) control message. It returns the
+// number of messages and of packets they hold.
+func (l *SocketLink) buildSend(chunk []Packet, at int, port uint16, sockTOS uint8) (nmsg, npkt int) {
 	s := &l.send
-	nmsg := 0
 	iov := 0 // next free iovec
-	for i := 0; i < len(chunk); {
+	i := 0
+	for i < len(chunk) && nmsg < len(s.hdrs) {
 		g := 1
 		if l.gso {
 			g = gsoGroup(chunk[i:])
+			g = min(g, l.batch-(at+i)%l.batch)
+		}
+		// Room for the group's iovecs at the most each packet takes
+		// (the iovecs hold at least one group of gsoMaxSegs).
+		if iov+g*zcIovs > len(s.iovs) {
+			break
 		}
 		p := &chunk[i]
 		dst := normAddr(p.Addr)
@@ -839,7 +863,7 @@ func (l *SocketLink) buildSend(chunk []Packet, port uint16, sockTOS uint8) int {
 		i += g
 	}
 	s.usedIovs = iov
-	return nmsg
+	return nmsg, i
 }
 
 // addIov adds b as the message's next iovec at s.iovs[iov] and returns

@@ -559,6 +559,49 @@ func testSocketGSO(t *testing.T, ob *SocketOptions) {
 	}
 }
 
+// TestSocketGSOSendOneCall: with GSO, a Send of more than BatchSize
+// packets leaves in one sendmmsg when its GSO datagrams fit in one
+// (BatchSize messages): 128 equal packets, BatchSize 64, are one call of
+// two datagrams of 64 segments — the datagrams, and so the segments' IPv4
+// identifications (0-63 twice), those of two calls of 64 packets.
+func TestSocketGSOSendOneCall(t *testing.T) {
+	a, b := listenPairOpts(t, &SocketOptions{GSO: true}, &SocketOptions{})
+	pkts := make([]Packet, 2*a.BatchSize())
+	want := make([][]byte, len(pkts))
+	for i := range pkts {
+		pkts[i] = Packet{Buf: testPayload(make([]byte, 200), uint32(i), 200), Addr: sockB}
+	}
+	var gotIDs []uint16
+	testHookIPv4ID = func(id uint16) { gotIDs = append(gotIDs, id) }
+	defer func() { testHookIPv4ID = nil }()
+	calls := a.send.calls
+	if err := a.Send(pkts); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.send.calls - calls; n != 1 {
+		t.Errorf("%d sendmmsg calls for %d packets in 2 GSO datagrams, want 1", n, len(pkts))
+	}
+	for i := range pkts {
+		want[i] = bytes.Clone(pkts[i].Buf)
+	}
+	got := recvN(t, b, len(pkts), 10*time.Second)
+	for i, p := range got {
+		if !bytes.Equal(p.Buf, want[i]) {
+			t.Fatalf("packet %d: %d bytes, seq %d, want seq %d", i, len(p.Buf), seqOf(p.Buf), i)
+		}
+	}
+	var wantIDs []uint16
+	for i := range pkts {
+		wantIDs = append(wantIDs, uint16(i%a.BatchSize()))
+	}
+	if !slices.Equal(gotIDs, wantIDs) {
+		t.Errorf("IPv4 IDs of the GSO segments = %v, want 0-63 twice", gotIDs)
+	}
+	if n := b.GROCoalesced(); n != 2 {
+		t.Errorf("receiver got %d coalesced buffers, want 2 (two GSO datagrams of 64)", n)
+	}
+}
+
 // TestSocketGROSmallRecv returns the segments of coalesced buffers through
 // Recv calls with fewer slots than segments.
 func TestSocketGROSmallRecv(t *testing.T) {
@@ -1187,7 +1230,7 @@ func TestSocketTOSNoControlMessage(t *testing.T) {
 	if !a.tx.tosSet || a.tx.tos != ECNECT0 {
 		t.Fatalf("socket TOS %#x (set %v), want %#x", a.tx.tos, a.tx.tosSet, ECNECT0)
 	}
-	n := a.buildSend(run, a.txPort, a.tx.tos)
+	n, _ := a.buildSend(run, 0, a.txPort, a.tx.tos)
 	defer a.send.clearIovs(len(run))
 	if n != len(run) {
 		t.Fatalf("%d messages for %d packets without GSO", n, len(run))
@@ -1246,7 +1289,7 @@ func TestSendCountsWhatLeftBeforeClose(t *testing.T) {
 		run[i] = Packet{Buf: testPayload(make([]byte, 64), uint32(i), 64), Addr: sockB}
 	}
 	a.sendMu.Lock()
-	n := a.buildSend(run, a.txPort, a.tx.tos)
+	n, _ := a.buildSend(run, 0, a.txPort, a.tx.tos)
 	var sent atomic.Uint64
 	done, err := a.send.send(closingConn{a.tx}, n, &sent)
 	a.send.clearIovs(len(run))
@@ -1296,7 +1339,7 @@ func TestSocketGSOBackToBack(t *testing.T) {
 	// One more, not adjacent (its own buffer): a second iovec.
 	run = append(run, Packet{Buf: testPayload(make([]byte, size), n, size), Addr: sockB})
 	a.sendMu.Lock()
-	if m := a.buildSend(run, a.txPort, a.tx.tos); m != 1 {
+	if m, _ := a.buildSend(run, 0, a.txPort, a.tx.tos); m != 1 {
 		t.Errorf("%d messages for %d equal packets with GSO, want 1", m, len(run))
 	}
 	if got := a.send.hdrs[0].Hdr.Iovlen; got != 2 {
@@ -1314,7 +1357,7 @@ func TestSocketGSOBackToBack(t *testing.T) {
 		copy(b[hdr:], full[hdr+pay:])
 		zrun = append(zrun, Packet{Buf: b, Payload: full[hdr : hdr+pay], Addr: sockB})
 	}
-	if m := a.buildSend(zrun, a.txPort, a.tx.tos); m != 1 {
+	if m, _ := a.buildSend(zrun, 0, a.txPort, a.tx.tos); m != 1 {
 		t.Errorf("%d messages for 8 equal zero-copy packets, want 1", m)
 	}
 	// headers, then (payload, trailer+next headers) × 7, payload, trailer.
