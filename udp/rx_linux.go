@@ -38,6 +38,13 @@ import (
 // busy receiver is in no epoll set, so arriving datagrams wake nobody,
 // while a receiver that waits for every packet (a ping-pong) stays
 // registered and pays per wait exactly what a plain net.UDPConn pays.
+// A receiver that waits every few Reads (the requester of a stream of
+// READs, whose responses come in bursts) would leave and join again
+// every time, five system calls a round (the dup, os.NewFile's F_GETFL,
+// two epoll_ctl and the close) and the os.File; so a socket that must
+// join again within fewer Reads than the streak that made it leave
+// doubles that streak (up to leaveMax), and one that stayed out at
+// least that long halves it again (down to leaveAfter).
 // (This used to be a private epoll instance, itself in the poller, that
 // held the socket while a receiver waited; the nested instance cost every
 // wakeup a second epoll callback and every poll a nested scan, ~10 % of an
@@ -58,6 +65,8 @@ type rxConn struct {
 
 	member bool                  // wf is open: the socket is in the poller
 	streak int                   // Reads in a row that did not wait, while member
+	need   int                   // streak after which the socket leaves (leaveAfter to leaveMax)
+	out    int                   // Reads since the socket left the poller, while not member
 	waited bool                  // the last Read waited for its datagram (receiver only)
 	f      func(fd uintptr) bool // the running Read's callback (for waitFn)
 	calls  int                   // waitFn calls in the running Read
@@ -73,8 +82,12 @@ type rxConn struct {
 var errWoken = errors.New("udp: receive woken")
 
 // leaveAfter is how many Reads in a row must find data without waiting
-// before the socket leaves the poller.
-const leaveAfter = 4
+// before the socket leaves the poller; a socket that joins again soon
+// after it left needs up to leaveMax (see rxConn).
+const (
+	leaveAfter = 4
+	leaveMax   = 64
+)
 
 var _ syscall.RawConn = (*rxConn)(nil)
 
@@ -103,7 +116,7 @@ func newRxConn(sock *fdConn) (*rxConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("receive socket non-blocking: %w", err)
 	}
-	c := &rxConn{sock: sock}
+	c := &rxConn{sock: sock, need: leaveAfter, out: leaveMax}
 	c.waitFn = c.waitCall
 	return c, nil
 }
@@ -123,6 +136,7 @@ func (c *rxConn) Write(func(fd uintptr) bool) error {
 func (c *rxConn) Read(f func(fd uintptr) bool) error {
 	c.waited = false
 	if !c.member {
+		c.out++
 		if done, err := c.sock.once(f); err != nil || done {
 			return err
 		}
@@ -184,6 +198,12 @@ func (c *rxConn) join() error {
 	c.wrc = rc
 	c.member = true
 	c.streak = 0
+	if c.out < c.need {
+		c.need = min(2*c.need, leaveMax) // back soon: stay longer next time
+	} else {
+		c.need = max(c.need/2, leaveAfter)
+	}
+	c.out = 0
 	c.wf.Store(f)
 	// Close may have run before the Store and missed f; Wake may have
 	// found no file to move the deadline of.
@@ -209,13 +229,13 @@ func (c *rxConn) leave() error {
 	return nil
 }
 
-// noWait counts a receive that did not wait; after leaveAfter in a row the
+// noWait counts a receive that did not wait; after need in a row the
 // socket leaves the poller.
 func (c *rxConn) noWait() {
 	if !c.member {
 		return
 	}
-	if c.streak++; c.streak < leaveAfter {
+	if c.streak++; c.streak < c.need {
 		return
 	}
 	c.streak = 0
@@ -281,6 +301,9 @@ func (c *rxConn) wakePending() bool { return c.wake.Load() }
 // to the next Read to report.
 func (c *rxConn) polled() {
 	c.waited = false
+	if !c.member {
+		c.out++
+	}
 	c.noWait()
 }
 

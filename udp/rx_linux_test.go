@@ -138,6 +138,94 @@ func TestRxConnWatchedOnlyWhileWaiting(t *testing.T) {
 	targets(0, "after leaveAfter receives without waiting")
 }
 
+// TestRxConnStaysWhenWaitingOften: a receiver that waits every few Recvs
+// — each wait followed by leaveAfter+1 Recvs of queued datagrams — left
+// the poller after every burst and joined it again at the next wait (five
+// system calls and an os.File a round). Joining again within fewer Recvs
+// than it took to leave doubles that streak, so from the second round on
+// the socket stays in the epoll set through the bursts; a receiver that
+// then stays away long enough leaves after leaveAfter again.
+func TestRxConnStaysWhenWaitingOften(t *testing.T) {
+	a, b := listenPairOpts(t, &SocketOptions{NoGRO: true}, &SocketOptions{NoGRO: true})
+	out := testPackets(1, 256, sockB, 0)
+	in := recvBufs(1)
+	send := func(n int) {
+		t.Helper()
+		for range n {
+			if err := a.Send(out); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	recv := func(n int) {
+		t.Helper()
+		for range n {
+			if n, err := b.Recv(in); n != 1 || err != nil {
+				t.Fatalf("Recv = %d, %v", n, err)
+			}
+		}
+	}
+	// wait has a Recv find the socket empty and be woken by a datagram
+	// (tried again if the Recv started only after the datagram came).
+	wait := func(round int) {
+		t.Helper()
+		for try := 0; ; try++ {
+			waits := b.rx.waits.Load()
+			done := make(chan error, 1)
+			go func() {
+				n, err := b.Recv(in)
+				if err == nil && n != 1 {
+					err = fmt.Errorf("Recv = %d packets", n)
+				}
+				done <- err
+			}()
+			time.Sleep(5 * time.Millisecond) // let it find the socket empty and park
+			send(1)
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("round %d: a datagram did not wake the waiting Recv in 10 s", round)
+			}
+			if b.rx.waits.Load() != waits {
+				return
+			}
+			if try == 20 {
+				t.Fatalf("round %d: no Recv of 20 waited", round)
+			}
+		}
+	}
+	burst := leaveAfter + 1
+	for round := range 4 {
+		wait(round)
+		send(burst)
+		recv(burst)
+		n := epollTargets(t, b.rx)
+		if round == 0 && n != 0 {
+			t.Fatalf("round 0: epoll watches %d descriptors after %d Recvs without waiting, want 0 (left)", n, burst)
+		}
+		if round > 0 && n != 1 {
+			t.Fatalf("round %d: epoll watches %d descriptors after a burst of %d, want 1 (the socket joined again within %d Recvs of leaving)", round, n, burst, burst)
+		}
+	}
+	// A long stream without waiting: out after the longer streak, and the
+	// next join, after a long absence, halves the streak again.
+	send(leaveMax)
+	recv(leaveMax)
+	if n := epollTargets(t, b.rx); n != 0 {
+		t.Fatalf("after %d Recvs without waiting: epoll watches %d descriptors, want 0", leaveMax, n)
+	}
+	if b.rx.need != 2*leaveAfter {
+		t.Fatalf("need = %d after the flapping rounds, want %d (doubled once)", b.rx.need, 2*leaveAfter)
+	}
+	wait(4)
+	if b.rx.need != leaveAfter {
+		t.Fatalf("need = %d after joining after a long absence, want %d (halved)", b.rx.need, leaveAfter)
+	}
+}
+
 // TestRxConnNoLostWakeup runs a ping-pong in which each side sends as soon
 // as the other's Recv found its socket empty, which races the datagram
 // against the adding of the socket to the epoll set; every round must
