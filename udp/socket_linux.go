@@ -639,6 +639,9 @@ func (l *SocketLink) sendRun(c *fdConn, port uint16, run []Packet, base int) err
 	l.sendTOS(c, run)
 	for off := 0; off < len(run); {
 		nmsg, npkt := l.buildSend(run[off:], base+off, port, c.tos)
+		if npkt == 0 { // cannot happen: the iovecs hold any one group
+			return fmt.Errorf("udp: send: packet %d does not fit in a sendmmsg", base+off)
+		}
 		first, err := s.send(c, nmsg, &l.sent) // first: the first packet not sent
 		s.clearIovs(s.usedIovs)
 		if err != nil && s.errno != 0 {
