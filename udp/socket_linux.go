@@ -593,11 +593,11 @@ func putTOSCmsg(b []byte, tos uint8, is6 bool) int {
 // one group of packets (gsoGroup) that does not cross a multiple of
 // BatchSize packets from the start of pkts — the datagrams are those of
 // BatchSize packets sent at a time — and a sendmmsg carries up to
-// BatchSize messages (with GSO up to sendPktsMax packets), so that a Send
-// of several BatchSize of GSO packets takes one call, not one per
-// BatchSize packets. The source port is SendPort, or Packet.SrcPort with
-// SocketOptions.SourcePorts (see SocketLink); each Packet.SrcPort is set
-// to the port used.
+// BatchSize messages (with GSO, as many packets as its iovecs hold: at
+// least sendPktsMax), so that a Send of several BatchSize of GSO packets
+// takes one call, not one per BatchSize packets. The source port is
+// SendPort, or Packet.SrcPort with SocketOptions.SourcePorts (see
+// SocketLink); each Packet.SrcPort is set to the port used.
 // It returns after every packet was accepted by the kernel, or with the
 // first error (packets before it were sent).
 func (l *SocketLink) Send(pkts []Packet) error {
@@ -627,9 +627,10 @@ func (l *SocketLink) Send(pkts []Packet) error {
 	return nil
 }
 
-// sendPktsMax bounds the packets of one sendmmsg on a GSO link: the send
-// iovecs are sized for it (zcIovs per packet, the most one takes). It is
-// at least gsoMaxSegs, so that any group fits.
+// sendPktsMax is how many packets one sendmmsg on a GSO link holds at
+// least: the send iovecs are sized for it at zcIovs per packet, the most
+// one takes (packets whose iovecs merge fit more). It is at least
+// gsoMaxSegs, so that any group fits.
 const sendPktsMax = 4 * gsoMaxSegs
 
 // sendRun sends run (index base in the caller's slice) from the socket c
