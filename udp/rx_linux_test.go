@@ -226,6 +226,76 @@ func TestRxConnStaysWhenWaitingOften(t *testing.T) {
 	}
 }
 
+// TestRxConnProbeAfterWait: a Read that follows one that waited makes its
+// first attempt a peek, and waits for a socket the peek found empty
+// without the full receive call; a datagram that is already queued when
+// such a Read starts is received at once, without waiting.
+func TestRxConnProbeAfterWait(t *testing.T) {
+	a, b := listenPairOpts(t, &SocketOptions{NoGRO: true}, &SocketOptions{NoGRO: true})
+	out := testPackets(1, 256, sockB, 0)
+	in := recvBufs(1)
+	send := func() {
+		t.Helper()
+		if err := a.Send(out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func() chan error {
+		done := make(chan error, 1)
+		go func() {
+			n, err := b.Recv(in)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("Recv = %d packets", n)
+			}
+			done <- err
+		}()
+		return done
+	}
+	wait := func(done chan error, what string) {
+		t.Helper()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Recv did not return in 10 s", what)
+		}
+	}
+	// A Recv on an empty socket that waits (and is woken by a datagram).
+	waitedRecv := func(what string) {
+		t.Helper()
+		done := start()
+		deadline := time.Now().Add(10 * time.Second)
+		for epollTargets(t, b.rx) != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: Recv on an empty socket did not join the poller in 10 s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(5 * time.Millisecond) // let it park
+		send()
+		wait(done, what)
+	}
+	waitedRecv("first wait")
+	if w, p := b.rx.waits.Load(), b.rx.probes.Load(); w != 1 || p != 0 {
+		t.Fatalf("after the first wait: waits %d probes %d, want 1 and 0 (no Read waited before it)", w, p)
+	}
+	waitedRecv("wait after a wait")
+	if w, p := b.rx.waits.Load(), b.rx.probes.Load(); w != 2 || p != 1 {
+		t.Fatalf("after a wait that followed a wait: waits %d probes %d, want 2 and 1 (its first attempt a peek)", w, p)
+	}
+	// The datagram is queued (and its readiness taken by the poller)
+	// before the Read starts: the peek finds it and the Read receives it
+	// without waiting for another.
+	send()
+	time.Sleep(5 * time.Millisecond)
+	wait(start(), "queued datagram after a wait")
+	if w, p := b.rx.waits.Load(), b.rx.probes.Load(); w != 2 || p != 1 {
+		t.Fatalf("after a queued datagram: waits %d probes %d, want 2 and 1 (received at the first attempt)", w, p)
+	}
+}
+
 // TestRxConnNoLostWakeup runs a ping-pong in which each side sends as soon
 // as the other's Recv found its socket empty, which races the datagram
 // against the adding of the socket to the epoll set; every round must
