@@ -90,6 +90,9 @@ type SocketLink struct {
 	rxFlow flowPrefix // ICRC prefix of the flow received last (under recvMu)
 	dvFlow flowPrefix // VerifyICRC's (the receiving goroutine's, see DeferVerifyLink)
 	dvNext uint16     // VerifyICRC's guess of the next IPv4 identification
+	// dvMiss counts VerifyICRC calls whose IPv4 identification was not
+	// the one guessed (each cost a solve; tests).
+	dvMiss atomic.Uint64
 
 	ids ipv4IDs // which sources send IPv4 datagrams without DF
 }
@@ -123,14 +126,38 @@ func (l *SocketLink) VerifyICRC(p *Packet) bool {
 	}
 	// The segments of a GSO datagram arrive in order with
 	// identifications 0, 1, 2, ...: the one after the last is the best
-	// guess (any other is still found, at the cost of a solve).
-	id, ok := l.verifyFlow(&l.dvFlow, nil, p.Buf, normAddr(p.Addr), p.SrcPort, l.dvNext)
+	// guess, except for a packet that starts a GRO buffer (handed out in
+	// place): that is the first segment of its datagram, identification
+	// 0. Any other is still found, at the cost of a solve (~600
+	// instructions): with the one-after-the-last guess alone the first
+	// segment of every coalesced datagram paid it — one solve per message
+	// of an 8-byte ping-pong (docs/PERFORMANCE.md, session 30).
+	guess := l.dvNext
+	if l.groStart(p.Buf) {
+		guess = 0
+	}
+	id, ok := l.verifyFlow(&l.dvFlow, nil, p.Buf, normAddr(p.Addr), p.SrcPort, guess)
 	if !ok {
 		l.rcvd.Add(^uint64(0))
 		return false
 	}
+	if id != guess {
+		l.dvMiss.Add(1)
+	}
 	l.dvNext = id + 1
 	return true
+}
+
+// groStart reports whether b is a packet the last receive handed out in
+// place from the start of a GRO buffer. Called by the goroutine that
+// received b (DeferVerifyLink), before the next receive.
+func (l *SocketLink) groStart(b []byte) bool {
+	g := l.gro
+	if g == nil || cap(b) == 0 {
+		return false
+	}
+	off := uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(g.mem)))
+	return off < uintptr(len(g.mem)) && off%groBufSize == 0
 }
 
 // zcIovs is the most iovecs one packet takes in a send: Buf's headers,
