@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
+	"github.com/gorocev2/rocev2/memreg"
 	"github.com/gorocev2/rocev2/transport"
 )
 
@@ -107,6 +108,52 @@ func BenchmarkBenchGSO(b *testing.B) {
 			reportRow(b, row)
 			b.ReportMetric(plain.mbs(), "raw-sendmmsg-MB/s")
 			b.ReportMetric(row.roc.mbs()/plain.mbs(), "x-sendmmsg")
+		})
+	}
+}
+
+// BenchmarkBenchLatencySide is one side of the latency rows alone — raw
+// UDP's ping-pong (rawPingPongSpin, blocking), or the stack's SEND or
+// WRITE ping-pong (stackPingPongOp) — as one run of b.N × benchBRun, so
+// that perf stat or strace over the process counts what one kind of round
+// trip makes the kernel and the runtime do (divide by the rtts metric;
+// the setup of two devices is a few milliseconds of it). Metrics: rtts
+// (round trips in all), µs/rtt and cpu-µs/rtt (process user + sys time
+// per round trip).
+func BenchmarkBenchLatencySide(b *testing.B) {
+	for _, side := range []string{"raw", "SEND", "WRITE"} {
+		b.Run(side, func(b *testing.B) {
+			c := benchBConfig()
+			c.dur = time.Duration(b.N) * benchBRun
+			ctx := context.Background()
+			var r benchRun
+			var err error
+			if side == "raw" {
+				r, err = rawPingPongSpin(ctx, c, 8+16, 0)
+			} else {
+				s := benchBStack(b, c, modeGSO)
+				_, wa, aerr := s.a.Alloc(64, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+				_, wb, berr := s.b.Alloc(64, memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+				if aerr != nil || berr != nil {
+					b.Fatal(aerr, berr)
+				}
+				op := transport.WRSend
+				if side == "WRITE" {
+					op = transport.WRWriteImm
+				}
+				r, err = stackPingPongOp(ctx, c, s.a, s.b, op, wa, wb)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			var sum benchSum
+			sum.add(r)
+			b.ReportMetric(sum.iters, "rtts")
+			b.ReportMetric(sum.rtt(), "µs/rtt")
+			if sum.cpuSeen {
+				b.ReportMetric(sum.cpuPerRTT(), "cpu-µs/rtt")
+			}
+			b.ReportMetric(0, "ns/op") // b.N sets the run's length
 		})
 	}
 }
