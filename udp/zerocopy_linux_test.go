@@ -251,9 +251,9 @@ func testDeferVerify(t *testing.T, ob *SocketOptions) {
 // place from GRO buffers guesses identification 0 for a packet at the
 // start of a buffer (the first segment of a coalesced datagram) and the
 // one after the last packet's for the others, so that no packet of
-// datagrams sent with GSO costs a solve. With the second guess alone,
-// each datagram after the first cost one: an 8-byte ping-pong paid one
-// per message.
+// datagrams sent with or without GSO costs a solve. With the second guess
+// alone, each datagram after the first cost one: an 8-byte ping-pong paid
+// one per message, a sender without GSO one per packet.
 func TestDeferVerifyGuessesGROSegment(t *testing.T) {
 	a, b := listenPairOpts(t, &SocketOptions{GSO: true}, &SocketOptions{})
 	if b.gro == nil {
@@ -261,21 +261,25 @@ func TestDeferVerifyGuessesGROSegment(t *testing.T) {
 	}
 	b.SetDeferVerify(true)
 	b.SetRecvInPlace(true)
-	const sends, per = 5, 3
+	// GSO datagrams of 3 and 2 segments, and single datagrams (sent
+	// without GSO: identification 0 each).
+	groups := []int{3, 1, 1, 3, 2, 1, 3}
+	total := 0
 	r := recvBufs(64)
 	seq := uint32(0)
-	for range sends {
+	for _, per := range groups {
+		total += per
 		pkts := make([]Packet, per)
 		for i := range pkts {
 			pkts[i] = Packet{Buf: testPayload(make([]byte, 200), seq, 200), Addr: sockB}
 			seq++
 		}
-		// One GSO datagram of per segments (identifications 0..per-1).
+		// One datagram of per segments (identifications 0..per-1).
 		if err := a.Send(pkts); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for got := 0; got < sends*per; {
+	for got := 0; got < total; {
 		for i := range r {
 			if cap(r[i].Buf) < MaxPacketSize {
 				r[i].Buf = make([]byte, MaxPacketSize)
@@ -297,6 +301,6 @@ func TestDeferVerifyGuessesGROSegment(t *testing.T) {
 		t.Skip("the datagrams were not coalesced (no GSO/GRO on this path): nothing to guess")
 	}
 	if m := b.dvMiss.Load(); m != 0 {
-		t.Errorf("%d of %d packets' identifications were not guessed (each cost a solve), want 0", m, sends*per)
+		t.Errorf("%d of %d packets' identifications were not guessed (each cost a solve), want 0", m, total)
 	}
 }
