@@ -422,6 +422,9 @@ func (l *memLoop) Recv(pkts []udp.Packet) (int, error) {
 	}
 }
 
+// RecvPrefix: TryRecv fills pkts[:got] only, in the buffers given.
+func (l *memLoop) RecvPrefix() bool { return true }
+
 func (l *memLoop) WakeRecv()               { l.wake.Store(true) }
 func (l *memLoop) BusyPoll() time.Duration { return time.Second }
 func (l *memLoop) LocalAddr() netip.Addr   { return l.addr }

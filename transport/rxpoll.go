@@ -47,7 +47,13 @@ type rxDriver struct {
 	pkts []udp.Packet
 	bufs [][]byte
 	k    int // slots the next receive is given, 1..len(pkts) (freshPkts, received)
-	p    packet.Packet
+	// dirty is how many of the first slots may not hold their own
+	// buffer (bufs[i], whole): those the last receive was given, or only
+	// those it returned on a link that changes no others
+	// (udp.CapRecvPrefix). Every slot from dirty on holds its own.
+	dirty  int
+	prefix bool // the link has udp.CapRecvPrefix
+	p      packet.Packet
 
 	// verify is the link when it leaves the ICRC check of received
 	// packets to the device (udp.DeferVerifyLink); nil when Recv checks.
@@ -191,6 +197,7 @@ func (d *Device) initRx() {
 		rx.pkts[i].Buf = rx.bufs[i]
 	}
 	rx.k = bs
+	rx.dirty = 0 // all hold their own buffers
 	rx.kick = make(chan struct{}, 1)
 	rx.park = time.NewTimer(time.Hour)
 	rx.park.Stop()
@@ -220,6 +227,9 @@ func (d *Device) initRx() {
 		dv.SetDeferVerify(true)
 		rx.verify = dv
 	}
+	if _, ok := d.link.(udp.PrefixRecvLink); ok && caps&udp.CapRecvPrefix != 0 {
+		rx.prefix = true
+	}
 	if pl, ok := d.link.(udp.PollLink); ok && caps&udp.CapPoll != 0 {
 		rx.wl = pl
 		if pl.BusyPoll() > 0 {
@@ -233,20 +243,26 @@ func (d *Device) initRx() {
 // in place (SetRecvInPlace) leaves slices of its memory in them. Called
 // with mu held.
 //
-// Every slot handed to the link is reset, not only the n the last
-// receive returned: a link may rearrange slots past n — the socket link
-// moves the packets it accepts to the front by swapping whole slots, so a
-// rejected datagram's slot (past n) keeps the buffer of a slot now reset,
-// and two slots then share one buffer: the next recvmmsg writes two
+// The slots the last receive was given are reset, not only the n it
+// returned: a link may rearrange slots past n — the socket link once
+// moved the packets it accepted to the front by swapping whole slots, so
+// a rejected datagram's slot (past n) kept the buffer of a slot then
+// reset, and two slots shared one buffer: the next recvmmsg wrote two
 // datagrams into the same memory. Seen as bad ICRCs on genuine packets in
-// TestVethRC (12-05) when only pkts[:n] were reset. A link only touches
-// the slots it is given, so those past k need nothing.
+// TestVethRC (12-05) when only pkts[:n] were reset. A link that says it
+// changes no slot past n (udp.CapRecvPrefix) has only those n reset
+// (rx.dirty, set by received): a ping-pong's receive of one packet, or a
+// poll that finds none, then costs one slot's reset or none instead of
+// eight. A link only touches the slots it is given, so those past k need
+// nothing.
 func (rx *rxDriver) freshPkts() []udp.Packet {
-	pkts, bufs := rx.pkts[:rx.k], rx.bufs[:rx.k]
-	for i := range pkts {
-		pkts[i].Buf = bufs[i]
+	if n := rx.dirty; n > 0 {
+		pkts, bufs := rx.pkts[:n], rx.bufs[:n]
+		for i := range pkts {
+			pkts[i].Buf = bufs[i]
+		}
 	}
-	return pkts
+	return rx.pkts[:rx.k]
 }
 
 // rxSlotsMin is the fewest slots a receive is given (freshPkts).
@@ -258,8 +274,19 @@ const rxSlotsMin = 8
 // less than a quarter (down to rxSlotsMin). A ping-pong, which receives a
 // packet or two at a time, resets 8 slots per receive instead of the
 // whole batch (a few percent of a polled round trip's CPU); a stream
-// grows back to full batches within a few receives. Called with mu held.
+// grows back to full batches within a few receives. It also records which
+// slots the receive may have changed (rx.dirty, for freshPkts): on a link
+// with udp.CapRecvPrefix the n it returned, else all it was given. Called
+// with mu held, right after a receive on freshPkts' slots.
 func (rx *rxDriver) received(n int, err error) {
+	switch {
+	case !rx.prefix:
+		rx.dirty = rx.k
+	case n > 0:
+		rx.dirty = min(n, rx.k)
+	default:
+		rx.dirty = 0 // a prefix link returning none changed none
+	}
 	if err != nil || n <= 0 {
 		return
 	}

@@ -39,6 +39,12 @@ const (
 	// the ICRC check of the packets it returns to the caller, who makes
 	// it right before it uses the packet's bytes.
 	CapDeferVerify
+	// CapRecvPrefix: the link implements PrefixRecvLink and RecvPrefix
+	// reports true: Recv and TryRecv leave every slot past the n packets
+	// they return with the buffer it was given, so a caller that puts its
+	// own buffers back before each receive need only do so for the slots
+	// the last one returned.
+	CapRecvPrefix
 )
 
 // String lists the capabilities by name ("gso|recv-in-place|poll"; "none").
@@ -47,7 +53,7 @@ func (c Capabilities) String() string {
 	for _, n := range []struct {
 		c    Capabilities
 		name string
-	}{{CapGSO, "gso"}, {CapRecvInPlace, "recv-in-place"}, {CapPoll, "poll"}, {CapZeroCopy, "zero-copy"}, {CapDeferVerify, "defer-verify"}} {
+	}{{CapGSO, "gso"}, {CapRecvInPlace, "recv-in-place"}, {CapPoll, "poll"}, {CapZeroCopy, "zero-copy"}, {CapDeferVerify, "defer-verify"}, {CapRecvPrefix, "recv-prefix"}} {
 		if c&n.c != 0 {
 			s = append(s, n.name)
 		}
@@ -108,6 +114,25 @@ type DeferVerifyLink interface {
 	// it from the goroutine that received the packet, before its next
 	// Recv or TryRecv.
 	VerifyICRC(p *Packet) bool
+}
+
+// PrefixRecvLink is a Link whose receives change only the slots they
+// return. A caller whose slots must hold its own buffers before each
+// receive (after one in place, or one that moved buffers between slots)
+// then restores the n slots the last receive returned, not every slot it
+// gave: a ping-pong receives one packet at a time into 8 or more slots.
+// Like wireguard-go's optional Bind methods, it is asked for by name;
+// Wrap does not forward it (a wrapper that overrides Recv may move
+// packets between slots).
+type PrefixRecvLink interface {
+	Link
+	// RecvPrefix reports whether every Recv and TryRecv that returns n
+	// (error or not; 0 when it returns none) leaves each slot past n with
+	// the memory its Buf was given: the same backing array, the same
+	// capacity (only the slice's length may change; the bytes in it and
+	// the other fields may be anything). Slots up to n hold the packets
+	// (their Buf resliced, or, in place, replaced by the link's memory).
+	RecvPrefix() bool
 }
 
 // InPlaceRecvLink is a Link that can hand received packets out in place.
@@ -171,6 +196,9 @@ func CapabilitiesOf(l Link) Capabilities {
 	if _, ok := l.(DeferVerifyLink); ok {
 		c |= CapDeferVerify
 	}
+	if p, ok := l.(PrefixRecvLink); ok && p.RecvPrefix() {
+		c |= CapRecvPrefix
+	}
 	return c
 }
 
@@ -184,7 +212,8 @@ func CapabilitiesOf(l Link) Capabilities {
 //
 // Deferred verification (CapDeferVerify) is never forwarded: a wrapper
 // that looks at what Recv returns must see only packets whose ICRC was
-// checked.
+// checked. Nor is CapRecvPrefix: a wrapper that overrides Recv (drops or
+// reorders what the wrapped link returned) may leave other slots changed.
 //
 // Zero-copy send (CapZeroCopy) is an exception too: a wrapper that overrides
 // Send and looks at Buf would see packets without their payload, so Wrap
@@ -199,9 +228,9 @@ type Wrap struct {
 }
 
 // Capabilities returns the wrapped link's capabilities (CapZeroCopy only
-// with PassPayload).
+// with PassPayload; never CapDeferVerify or CapRecvPrefix).
 func (w Wrap) Capabilities() Capabilities {
-	c := CapabilitiesOf(w.Link) &^ CapDeferVerify
+	c := CapabilitiesOf(w.Link) &^ (CapDeferVerify | CapRecvPrefix)
 	if !w.PassPayload {
 		c &^= CapZeroCopy
 	}

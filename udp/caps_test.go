@@ -53,8 +53,10 @@ func TestCapabilities(t *testing.T) {
 		l    udp.Link
 		want udp.Capabilities
 	}{
-		{"mem link", ml, 0},
-		{"capable link", inner, all},
+		// A receive that changes only the slots it returns is the
+		// link's own: a wrapper may override Recv (never forwarded).
+		{"mem link", ml, udp.CapRecvPrefix},
+		{"capable link", inner, all | udp.CapRecvPrefix},
 		{"wrapped", rec, all},
 		{"wrapped twice", twice, all},
 		{"wrapped mem link", udp.Wrap{Link: ml}, 0},

@@ -941,8 +941,9 @@ func putGSOCmsg(b []byte, size uint16) int {
 // Recv receives up to min(len(pkts), BatchSize) datagrams with one
 // recvmmsg, blocking until at least one valid RoCEv2 packet arrived. Bad
 // datagrams are dropped and counted: shorter than BTH+ICRC or truncated
-// (DropMalformed), ICRC not verifiable (DropBadICRC). Recv may permute the
-// Buf slices among pkts (a dropped datagram's buffer moves to the end).
+// (DropMalformed), ICRC not verifiable (DropBadICRC). The packets after a
+// dropped datagram are copied down into the slots before them; no slot
+// past the n returned gets another buffer (RecvPrefix).
 //
 // WakeRecv makes a Recv that waits return 0 packets and no error.
 func (l *SocketLink) Recv(pkts []Packet) (int, error) {
@@ -956,6 +957,10 @@ func (l *SocketLink) Recv(pkts []Packet) (int, error) {
 func (l *SocketLink) TryRecv(pkts []Packet) (int, error) {
 	return l.recvMsgs(pkts, false)
 }
+
+// RecvPrefix reports true: Recv and TryRecv change no slot's buffer past
+// the packets they return (udp.PrefixRecvLink), in place or not.
+func (l *SocketLink) RecvPrefix() bool { return true }
 
 // WakeRecv makes a Recv that is waiting for datagrams (or busy polling
 // for them) return 0 packets and no error at once; if none is waiting, the
@@ -1005,7 +1010,12 @@ func (l *SocketLink) recvMsgs(pkts []Packet, wait bool) (int, error) {
 				continue
 			}
 			if out != i {
-				pkts[out], pkts[i] = pkts[i], pkts[out]
+				// Copied down, not swapped (only after a dropped
+				// datagram): every slot past the n returned keeps
+				// the buffer it was given (CapRecvPrefix).
+				q, d := &pkts[i], &pkts[out]
+				d.Buf = append(d.Buf[:0], q.Buf...)
+				d.Addr, d.SrcPort, d.TOS = q.Addr, q.SrcPort, q.TOS
 			}
 			out++
 		}

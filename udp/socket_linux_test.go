@@ -1384,3 +1384,65 @@ func TestSocketGSOBackToBack(t *testing.T) {
 		}
 	}
 }
+
+// TestSocketRecvPrefix: a receive that drops a datagram before good ones
+// leaves every slot past the packets it returns with the buffer it was
+// given (CapRecvPrefix: transport restores only the returned slots). The
+// plain path once swapped the dropped datagram's slot behind the good
+// ones, so a slot past n held another slot's buffer.
+func TestSocketRecvPrefix(t *testing.T) { forGRO(t, "", testSocketRecvPrefix) }
+
+func testSocketRecvPrefix(t *testing.T, ob *SocketOptions) {
+	a, b := listenPairOpts(t, nil, ob)
+	if CapabilitiesOf(b)&CapRecvPrefix == 0 {
+		t.Fatalf("socket link capabilities %v: no recv-prefix", CapabilitiesOf(b))
+	}
+	raw, err := net.ListenUDP("udp4", &net.UDPAddr{IP: sockA.AsSlice()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	dst := &net.UDPAddr{IP: sockB.AsSlice(), Port: Port}
+	if _, err := raw.WriteToUDP(make([]byte, 11), dst); err != nil { // malformed: dropped
+		t.Fatal(err)
+	}
+	if err := a.Send([]Packet{
+		{Buf: testPayload(make([]byte, 64), 41, 64), Addr: sockB},
+		{Buf: testPayload(make([]byte, 64), 42, 64), Addr: sockB},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pkts := recvBufs(8)
+	orig := make([]*byte, len(pkts))
+	for i := range pkts {
+		orig[i] = &pkts[i].Buf[0]
+	}
+	var seqs []uint32
+	for tries := 0; len(seqs) < 2 && tries < 5000; tries++ {
+		n, err := b.TryRecv(pkts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		for i := range n {
+			seqs = append(seqs, seqOf(pkts[i].Buf))
+		}
+		for i := n; i < len(pkts); i++ {
+			if c := cap(pkts[i].Buf); c != MaxPacketSize || &pkts[i].Buf[:1][0] != orig[i] {
+				t.Fatalf("after a receive of %d: slot %d holds another buffer (cap %d)", n, i, c)
+			}
+		}
+		for i := range n { // as transport does: its own buffers back
+			pkts[i].Buf = unsafe.Slice(orig[i], MaxPacketSize)
+		}
+	}
+	if len(seqs) != 2 || seqs[0] != 41 || seqs[1] != 42 {
+		t.Fatalf("received seqs %v, want [41 42]", seqs)
+	}
+	if s := b.Stats(); s.DropMalformed != 1 {
+		t.Errorf("stats %+v, want 1 malformed", s)
+	}
+}

@@ -27,9 +27,11 @@ func TestTapKeepsCapabilities(t *testing.T) {
 	lb := listenOrSkip(t, b, &udp.SocketOptions{Share: udp.ShareOff})
 	defer lb.Close()
 	want := udp.CapGSO | udp.CapRecvInPlace | udp.CapPoll | udp.CapZeroCopy
-	// Deferred ICRC checks are the socket's, never a wrapper's.
-	if got := udp.CapabilitiesOf(la); got != want|udp.CapDeferVerify {
-		t.Fatalf("socket link: %v, want %v", got, want|udp.CapDeferVerify)
+	// Deferred ICRC checks and prefix-only receives are the socket's,
+	// never a wrapper's.
+	own := udp.CapDeferVerify | udp.CapRecvPrefix
+	if got := udp.CapabilitiesOf(la); got != want|own {
+		t.Fatalf("socket link: %v, want %v", got, want|own)
 	}
 	var out bytes.Buffer
 	w, err := NewWriter(&out)
