@@ -91,12 +91,11 @@ func TestBatchClockSchedMarked(t *testing.T) {
 	t.Logf("%d clock readings for %d response packets", reads, size/1024)
 }
 
-// TestBatchClockMonoDropped: on the wall clock a batch keeps its one
-// reading as the time since clkBase and makes it a time.Time only when a
-// QP asks (QP.now) — the same instant Device.now gives. A Link.Send
-// inside the batch (flushOut) drops that reading too: the next QP.now
-// reads the clock again instead of returning the batch's old time.
-func TestBatchClockMonoDropped(t *testing.T) {
+// TestBatchClockDropped: on the wall clock a batch's QPs share its one
+// reading (QP.now returns it). A Link.Send inside the batch (flushOut)
+// drops that reading: the next QP.now reads the clock again instead of
+// returning the batch's old time.
+func TestBatchClockDropped(t *testing.T) {
 	a, b, _ := newPair(t, pairOpts{})
 	if !a.dev.realClk {
 		t.Fatal("pair not on the wall clock")
@@ -107,8 +106,8 @@ func TestBatchClockMonoDropped(t *testing.T) {
 	}
 	_, smr := a.buffer(t, 8, 0)
 	qp := a.qp
-	since := time.Since(a.dev.clkBase)
-	c := batchClock{mono: since, monoOK: true}
+	reading := a.dev.now()
+	c := batchClock{t: reading, ok: true}
 	at := func() time.Time {
 		qp.mu.Lock()
 		defer qp.mu.Unlock()
@@ -116,10 +115,10 @@ func TestBatchClockMonoDropped(t *testing.T) {
 		defer func() { qp.rxNow = nil }()
 		return qp.now()
 	}
-	if got, want := at(), a.dev.clkBase.Add(since); !got.Equal(want) {
+	if got, want := at(), reading; !got.Equal(want) {
 		t.Fatalf("batch time %v, want %v", got, want)
 	}
-	c = batchClock{mono: since, monoOK: true}
+	c = batchClock{t: reading, ok: true}
 	time.Sleep(2 * time.Millisecond)
 	mark := a.dev.now()
 	// PostSend's flushOut sends the SEND while qp.rxNow is c, as a

@@ -39,9 +39,10 @@ func (d *Device) unregisterBehind() {
 }
 
 // inputBehind reports whether d's receive side has been inside one batch
-// for longer than to at now, or datagrams wait unread in its link.
-func (d *Device) inputBehind(now time.Time, to time.Duration) bool {
-	if b := d.rxBusy.Load(); d.realClk && b != 0 && now.UnixNano()-b > int64(to) {
+// for longer than to (on the busy clock, now: busyAge), or datagrams
+// wait unread in its link.
+func (d *Device) inputBehind(to time.Duration) bool {
+	if b := d.rxBusy.Load(); d.realClk && b != 0 && busyAge(b) > to {
 		return true
 	}
 	return d.backlog != nil && d.backlog.RecvBacklog()
@@ -49,7 +50,7 @@ func (d *Device) inputBehind(now time.Time, to time.Duration) bool {
 
 // othersBehind reports whether another device of this process (at most
 // maxBehindCheck of them) is behind on its input (inputBehind).
-func (d *Device) othersBehind(now time.Time, to time.Duration) bool {
+func (d *Device) othersBehind(to time.Duration) bool {
 	procDevs.mu.Lock()
 	defer procDevs.mu.Unlock()
 	n := 0
@@ -60,7 +61,7 @@ func (d *Device) othersBehind(now time.Time, to time.Duration) bool {
 		if n++; n > maxBehindCheck {
 			return false
 		}
-		if o.inputBehind(now, to) {
+		if o.inputBehind(to) {
 			return true
 		}
 	}

@@ -218,10 +218,10 @@ type Device struct {
 	// clock_gettime per packet (a few percent of a 4 KiB READ stream
 	// in a VM). Batch owner only.
 	rxNow batchClock
-	// rxBusy is when the batch being handled began (UnixNano, wall clock
-	// only; 0 between batches): an ACK timer that expires while a batch
-	// has been under way for longer than its timeout knows that this
-	// process is behind on its input (onRetransTimer).
+	// rxBusy is when the batch being handled began (a busyMark, wall
+	// clock only; 0 between batches): an ACK timer that expires while a
+	// batch has been under way for longer than its timeout knows that
+	// this process is behind on its input (onRetransTimer).
 	rxBusy  atomic.Int64
 	realClk bool
 	// lazyPush: progress on a QP marks its armed ACK timer pushed instead
@@ -232,9 +232,6 @@ type Device struct {
 	// RealClock the device reads the time as clkBase plus the monotonic
 	// time since (now), one clock read where time.Now makes two.
 	clkBase time.Time
-	// clkBaseUnix is clkBase.UnixNano(): rxBusy is clkBaseUnix plus the
-	// monotonic time since clkBase, the UnixNano of Device.now's reading.
-	clkBaseUnix int64
 	// zc: the link sends payloads from registered memory (udp.CapZeroCopy
 	// and not DeviceConfig.CopySend): WRITE and SEND requests and READ
 	// responses whose payload lies in one SGE (one region) are queued
@@ -251,19 +248,16 @@ type Device struct {
 	outMax int
 }
 
-// batchClock caches one clock reading for the batch in progress. On the
-// wall clock the batch's reading is taken as mono, the time since
-// Device.clkBase, and made a time.Time (t) only when a QP first asks for
-// it (QP.now): most batches never do. drop forgets both.
+// batchClock caches one clock reading for the batch in progress: taken
+// when a QP first asks for the time in it (QP.now; most batches never
+// do), forgotten by drop.
 type batchClock struct {
-	t      time.Time
-	ok     bool // t is the batch's reading
-	mono   time.Duration
-	monoOK bool // mono is the batch's reading, t not yet made of it
+	t  time.Time
+	ok bool // t is the batch's reading
 }
 
 // drop forgets the batch's reading: the next QP.now reads the clock.
-func (c *batchClock) drop() { c.ok, c.monoOK = false, false }
+func (c *batchClock) drop() { c.ok = false }
 
 // firstQPN is the first QPN handed out; rxe starts at 17 as well (0 and 1 are special).
 // lastQPN is the last: 0xffffff is the multicast QPN (IBTA; Linux's
@@ -378,7 +372,9 @@ func NewDevice(link udp.Link, cfg DeviceConfig) (*Device, error) {
 		d.lazyPush = true
 	}
 	d.clkBase = time.Now()
-	d.clkBaseUnix = d.clkBase.UnixNano()
+	if d.realClk {
+		initBusyClock()
+	}
 	d.backlog = backlogLink(link)
 	if er, ok := link.(udp.ErrorReporter); ok {
 		er.SetErrorHandler(d.linkError)
@@ -672,20 +668,18 @@ func (d *Device) getBuf() *[udp.MaxPacketSize]byte {
 // inputBatch handles the datagrams of one Link.Recv, then releases the
 // memory pins the batch took (rxPins). Receive goroutine only.
 //
-// On the wall clock the batch reads the clock once, here: the reading
-// marks the batch busy (rxBusy) and is the batch clock every QP's timers
-// use (rxNow, QP.now), so that a batch costs one clock reading whatever
-// its packets do.
+// On the wall clock the batch marks itself busy (rxBusy) on the busy
+// clock (busymark.go: a time-stamp counter read where the kernel keeps
+// time with it); the clock proper is read by the first QP that needs the
+// time (QP.now) and is then the batch clock every QP's timers use
+// (rxNow), so that a batch costs at most one clock reading whatever its
+// packets do — none in a ping-pong, whose ACK deadlines are pushed
+// without one (Device.lazyPush).
 func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	if d.realClk {
-		// Device.now's reading, not yet made a time.Time (QP.now does
-		// that if a QP asks), and its UnixNano.
-		since := time.Since(d.clkBase)
-		d.rxBusy.Store(d.clkBaseUnix + int64(since))
-		d.rxNow = batchClock{mono: since, monoOK: true}
-	} else {
-		d.rxNow.drop()
+		d.rxBusy.Store(busyMark())
 	}
+	d.rxNow.drop() // read by the first QP that asks (QP.now)
 	// Consecutive packets for one QP (a message's packets, a window's
 	// ACKs, a request and the ACK that came with it) are handed to it
 	// under one take of its lock.

@@ -406,30 +406,29 @@ func TestOthersBehind(t *testing.T) {
 		procDevs.mu.Unlock()
 	})
 	to := 10 * time.Millisecond
-	now := time.Now()
-	if da.othersBehind(now, to) || db.othersBehind(now, to) {
+	if da.othersBehind(to) || db.othersBehind(to) {
 		t.Fatal("behind with nothing waiting")
 	}
 	la.backlog.Store(true)
-	if da.othersBehind(now, to) {
+	if da.othersBehind(to) {
 		t.Error("a device counts its own backlog as another's")
 	}
-	if !db.othersBehind(now, to) {
+	if !db.othersBehind(to) {
 		t.Error("b does not see a's backlog")
 	}
 	la.backlog.Store(false)
-	db.rxBusy.Store(now.Add(-2 * to).UnixNano())
-	if !da.othersBehind(now, to) {
+	db.rxBusy.Store(busyMarkAgo(2 * to))
+	if !da.othersBehind(to) {
 		t.Error("a does not see b stuck in a batch for two timeouts")
 	}
-	db.rxBusy.Store(now.Add(-to / 2).UnixNano())
-	if da.othersBehind(now, to) {
+	db.rxBusy.Store(busyMarkAgo(to / 2))
+	if da.othersBehind(to) {
 		t.Error("a takes b half a timeout into a batch for behind")
 	}
 	db.rxBusy.Store(0)
 	lb.backlog.Store(true)
 	db.Close()
-	if da.othersBehind(now, to) {
+	if da.othersBehind(to) {
 		t.Error("a closed device still counts")
 	}
 	// A ManualClock device is not in the process's list.
@@ -444,7 +443,7 @@ func TestOthersBehind(t *testing.T) {
 	}
 	defer dm.Close()
 	lm.backlog.Store(true)
-	if da.othersBehind(now, to) {
+	if da.othersBehind(to) {
 		t.Error("a ManualClock device counts for the wall-clock ones")
 	}
 }

@@ -255,7 +255,7 @@ func (qp *QP) behind(now time.Time) bool {
 	// datagrams unread in the socket: it was not scheduled to read them
 	// (the ACK may be among them). Then the same for the process's other
 	// devices: the peer may be one of them.
-	return qp.dev.inputBehind(now, qp.timeout) || (wall && qp.dev.othersBehind(now, qp.timeout))
+	return qp.dev.inputBehind(qp.timeout) || (wall && qp.dev.othersBehind(qp.timeout))
 }
 
 // onRNRTimer ends an RNR back-off: the requester resends from the NAKed
@@ -283,12 +283,7 @@ func (qp *QP) now() time.Time {
 		return qp.dev.now()
 	}
 	if !c.ok {
-		if c.monoOK {
-			c.t = qp.dev.clkBase.Add(c.mono) // what Device.now made of it
-		} else {
-			c.t = qp.dev.now()
-		}
-		c.ok = true
+		c.t, c.ok = qp.dev.now(), true
 	}
 	return c.t
 }
