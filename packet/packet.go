@@ -230,9 +230,10 @@ func (p *Packet) Decode(b []byte) Fault {
 	p.ImmDt, p.IETH, p.DETH, p.FETH = nil, nil, nil, nil
 	pe := end - pad
 	p.ICRC = binary.LittleEndian.Uint32(b[end:])
-	// The two commonest layouts first, without testing each header bit:
-	// none (SEND, WRITE middle/last, READ response middle) and the AETH
-	// alone (ACK, READ response first/last/only).
+	// The three commonest layouts first, without testing each header
+	// bit: none (SEND, WRITE middle/last, READ response middle), the
+	// AETH alone (ACK, READ response first/last/only) and the RETH alone
+	// (WRITE first/only, READ request).
 	switch hs := info.Headers; hs {
 	case 0:
 		p.Payload = b[off:pe:pe]
@@ -240,6 +241,11 @@ func (p *Packet) Decode(b []byte) Fault {
 	case bth.HdrAETH:
 		p.AETH = aeth.AETH(b[off : off+aeth.Size : off+aeth.Size])
 		off += aeth.Size
+		p.Payload = b[off:pe:pe]
+		return FaultNone
+	case bth.HdrRETH:
+		p.RETH = reth.RETH(b[off : off+reth.Size : off+reth.Size])
+		off += reth.Size
 		p.Payload = b[off:pe:pe]
 		return FaultNone
 	}
