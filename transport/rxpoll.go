@@ -48,12 +48,14 @@ type rxDriver struct {
 	bufs [][]byte
 	k    int // slots the next receive is given, 1..len(pkts) (freshPkts, received)
 	// dirty is how many of the first slots may not hold their own
-	// buffer (bufs[i], whole): those the last receive was given, or only
-	// those it returned on a link that changes no others
-	// (udp.CapRecvPrefix). Every slot from dirty on holds its own.
-	dirty  int
-	prefix bool // the link has udp.CapRecvPrefix
-	p      packet.Packet
+	// buffer (bufs[i], whole capacity): those the last receive was given;
+	// on a link that changes no others (udp.CapRecvPrefix) only those it
+	// returned in place, none when not in place. Every slot from dirty on
+	// holds its own.
+	dirty   int
+	prefix  bool // the link has udp.CapRecvPrefix
+	inPlace bool // the link was asked to receive in place (SetRecvInPlace)
+	p       packet.Packet
 
 	// verify is the link when it leaves the ICRC check of received
 	// packets to the device (udp.DeferVerifyLink); nil when Recv checks.
@@ -215,6 +217,7 @@ func (d *Device) initRx() {
 	caps := udp.CapabilitiesOf(d.link)
 	if ip, ok := d.link.(udp.InPlaceRecvLink); ok && caps&udp.CapRecvInPlace != 0 {
 		ip.SetRecvInPlace(true)
+		rx.inPlace = true
 	}
 	// Verify-then-place per packet: a link that can leave the ICRC check
 	// to its caller (udp.DeferVerifyLink) does, and inputBatch checks
@@ -250,11 +253,12 @@ func (d *Device) initRx() {
 // reset, and two slots shared one buffer: the next recvmmsg wrote two
 // datagrams into the same memory. Seen as bad ICRCs on genuine packets in
 // TestVethRC (12-05) when only pkts[:n] were reset. A link that says it
-// changes no slot past n (udp.CapRecvPrefix) has only those n reset
-// (rx.dirty, set by received): a ping-pong's receive of one packet, or a
-// poll that finds none, then costs one slot's reset or none instead of
-// eight. A link only touches the slots it is given, so those past k need
-// nothing.
+// changes no slot past n and keeps the n in their own memory unless in
+// place (udp.CapRecvPrefix) has only the n it returned in place reset
+// (rx.dirty, set by received), and none when not in place: a ping-pong's
+// receive of one packet, or a poll that finds none, then costs one slot's
+// reset or none instead of eight. A link only touches the slots it is
+// given, so those past k need nothing.
 func (rx *rxDriver) freshPkts() []udp.Packet {
 	if n := rx.dirty; n > 0 {
 		pkts, bufs := rx.pkts[:n], rx.bufs[:n]
@@ -276,16 +280,17 @@ const rxSlotsMin = 8
 // whole batch (a few percent of a polled round trip's CPU); a stream
 // grows back to full batches within a few receives. It also records which
 // slots the receive may have changed (rx.dirty, for freshPkts): on a link
-// with udp.CapRecvPrefix the n it returned, else all it was given. Called
-// with mu held, right after a receive on freshPkts' slots.
+// with udp.CapRecvPrefix the n it returned in place (none when not in
+// place), else all it was given. Called with mu held, right after a
+// receive on freshPkts' slots.
 func (rx *rxDriver) received(n int, err error) {
 	switch {
 	case !rx.prefix:
 		rx.dirty = rx.k
-	case n > 0:
+	case rx.inPlace && n > 0:
 		rx.dirty = min(n, rx.k)
 	default:
-		rx.dirty = 0 // a prefix link returning none changed none
+		rx.dirty = 0 // resliced within their own buffers, or none returned
 	}
 	if err != nil || n <= 0 {
 		return

@@ -16,19 +16,21 @@ import (
 )
 
 // slotLink is a polled link that returns the packet counts of plan, one
-// per TryRecv, handing them out in place (slices of its own memory), and
-// checks that every slot it is given holds a buffer of the caller's own:
-// at least MaxPacketSize, none of its memory, no two slots sharing one.
-// Without prefix it also does what a link may do to the slots past the
-// packets it returns (udp.CapRecvPrefix not claimed): it leaves a small
-// buffer of its own in each.
+// per TryRecv, and checks that every slot it is given holds a buffer of
+// the caller's own: at least MaxPacketSize, none of its memory, no two
+// slots sharing one. Asked to receive in place (with canInPlace), it
+// hands the packets out as slices of its own memory; else it reslices
+// the buffers given. Without prefix it also does what a link may do to
+// the slots past the packets it returns (udp.CapRecvPrefix not claimed):
+// it leaves a small buffer of its own in each.
 type slotLink struct {
 	*memnet.MemLink
-	prefix bool
-	mem    [64][8]byte // handed out in place (shorter than a BTH)
-	junk   [16]byte    // left in the slots past n (without prefix)
-	wake   chan struct{}
-	closed atomic.Bool
+	prefix     bool
+	canInPlace bool
+	mem        [64][8]byte // handed out in place (shorter than a BTH)
+	junk       [16]byte    // left in the slots past n (without prefix)
+	wake       chan struct{}
+	closed     atomic.Bool
 
 	mu      sync.Mutex
 	plan    []int
@@ -38,7 +40,17 @@ type slotLink struct {
 	inPlace bool
 }
 
-func (l *slotLink) RecvPrefix() bool       { return l.prefix }
+func (l *slotLink) RecvPrefix() bool { return l.prefix }
+func (l *slotLink) Capabilities() udp.Capabilities {
+	c := udp.CapPoll
+	if l.prefix {
+		c |= udp.CapRecvPrefix
+	}
+	if l.canInPlace {
+		c |= udp.CapRecvInPlace
+	}
+	return c
+}
 func (l *slotLink) SetRecvInPlace(on bool) { l.inPlace = on }
 func (l *slotLink) WakeRecv() {
 	select {
@@ -74,7 +86,12 @@ func (l *slotLink) TryRecv(pkts []udp.Packet) (int, error) {
 	l.plan = l.plan[1:]
 	l.handed += uint64(n)
 	for i := range n {
-		pkts[i].Buf = l.mem[i][:] // all zero: malformed, dropped
+		if l.inPlace {
+			pkts[i].Buf = l.mem[i][:] // all zero: malformed, dropped
+		} else {
+			pkts[i].Buf = pkts[i].Buf[:len(l.mem[i])]
+			clear(pkts[i].Buf)
+		}
 		pkts[i].Addr = netip.AddrFrom4([4]byte{192, 0, 2, 99})
 	}
 	if !l.prefix {
@@ -106,28 +123,29 @@ func (l *slotLink) check(pkts []udp.Packet) {
 
 // TestRecvSlotsRestored: the receive driver gives every receive slots that
 // hold its own buffers. On a link that claims udp.CapRecvPrefix it
-// restores only the slots the last receive returned (here handed out in
-// place); on one that does not, every slot the last receive was given
-// (here the link leaves a buffer of its own in those past n). Fails when
-// the driver restores fewer: the link sees a slot of its memory or of
-// too small a capacity.
+// restores only the slots the last receive returned in place, none when
+// the link receives into the buffers given; on one that does not, every
+// slot the last receive was given (here the link leaves a buffer of its
+// own in those past n). Fails when the driver restores fewer: the link
+// sees a slot of its memory or of too small a capacity.
 func TestRecvSlotsRestored(t *testing.T) {
-	for _, prefix := range []bool{true, false} {
-		t.Run(fmt.Sprintf("prefix=%v", prefix), func(t *testing.T) {
+	for _, tc := range []struct{ prefix, inPlace bool }{{true, true}, {true, false}, {false, true}, {false, false}} {
+		prefix := tc.prefix
+		t.Run(fmt.Sprintf("prefix=%v,inPlace=%v", prefix, tc.inPlace), func(t *testing.T) {
 			n := memnet.NewMemNetwork(memnet.Faults{})
 			ml, err := n.Link(netip.MustParseAddr("192.0.2.1"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			plan := []int{1, 0, 3, 1, 0, 0, 8, 2, 0, 40, 1, 5, 0, 1}
-			l := &slotLink{MemLink: ml, prefix: prefix, wake: make(chan struct{}, 1), plan: plan}
+			l := &slotLink{MemLink: ml, prefix: prefix, canInPlace: tc.inPlace, wake: make(chan struct{}, 1), plan: plan}
 			d, err := NewDevice(l, DeviceConfig{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			if d.rx.prefix != prefix || d.rx.pl == nil {
-				t.Fatalf("driver: prefix %v polled %v, want prefix %v, polled", d.rx.prefix, d.rx.pl != nil, prefix)
+			if d.rx.prefix != prefix || d.rx.inPlace != tc.inPlace || l.inPlace != tc.inPlace || d.rx.pl == nil {
+				t.Fatalf("driver: prefix %v in place %v (link %v) polled %v, want %v, %v, polled", d.rx.prefix, d.rx.inPlace, l.inPlace, d.rx.pl != nil, prefix, tc.inPlace)
 			}
 			for i := 0; i < 1_000_000; i++ {
 				l.mu.Lock()

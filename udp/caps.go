@@ -41,9 +41,10 @@ const (
 	CapDeferVerify
 	// CapRecvPrefix: the link implements PrefixRecvLink and RecvPrefix
 	// reports true: Recv and TryRecv leave every slot past the n packets
-	// they return with the buffer it was given, so a caller that puts its
-	// own buffers back before each receive need only do so for the slots
-	// the last one returned.
+	// they return with the buffer it was given, and the n in it too
+	// unless receiving in place, so a caller that puts its own buffers
+	// back before each receive need only do so for the slots the last one
+	// returned in place.
 	CapRecvPrefix
 )
 
@@ -117,12 +118,14 @@ type DeferVerifyLink interface {
 }
 
 // PrefixRecvLink is a Link whose receives change only the slots they
-// return. A caller whose slots must hold its own buffers before each
-// receive (after one in place, or one that moved buffers between slots)
-// then restores the n slots the last receive returned, not every slot it
-// gave: a ping-pong receives one packet at a time into 8 or more slots.
-// Like wireguard-go's optional Bind methods, it is asked for by name;
-// Wrap does not forward it (a wrapper that overrides Recv may move
+// return, and those only within the memory they were given unless it
+// hands packets out in place. A caller whose slots must hold its own
+// buffers before each receive (after one in place, or one that moved
+// buffers between slots) then restores the n slots the last receive
+// returned when receiving in place, and none otherwise, instead of every
+// slot it gave: a ping-pong receives one packet at a time into 8 or more
+// slots. Like wireguard-go's optional Bind methods, it is asked for by
+// name; Wrap does not forward it (a wrapper that overrides Recv may move
 // packets between slots).
 type PrefixRecvLink interface {
 	Link
@@ -130,8 +133,10 @@ type PrefixRecvLink interface {
 	// (error or not; 0 when it returns none) leaves each slot past n with
 	// the memory its Buf was given: the same backing array, the same
 	// capacity (only the slice's length may change; the bytes in it and
-	// the other fields may be anything). Slots up to n hold the packets
-	// (their Buf resliced, or, in place, replaced by the link's memory).
+	// the other fields may be anything); and each slot up to n holds its
+	// packet in that memory too (Buf resliced to the packet), except
+	// while receiving in place (InPlaceRecvLink switched on), when Buf
+	// may be the link's own memory instead.
 	RecvPrefix() bool
 }
 

@@ -959,7 +959,8 @@ func (l *SocketLink) TryRecv(pkts []Packet) (int, error) {
 }
 
 // RecvPrefix reports true: Recv and TryRecv change no slot's buffer past
-// the packets they return (udp.PrefixRecvLink), in place or not.
+// the packets they return, and return those in the buffers given unless
+// in place (udp.PrefixRecvLink).
 func (l *SocketLink) RecvPrefix() bool { return true }
 
 // WakeRecv makes a Recv that is waiting for datagrams (or busy polling

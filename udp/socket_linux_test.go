@@ -1386,10 +1386,10 @@ func TestSocketGSOBackToBack(t *testing.T) {
 }
 
 // TestSocketRecvPrefix: a receive that drops a datagram before good ones
-// leaves every slot past the packets it returns with the buffer it was
-// given (CapRecvPrefix: transport restores only the returned slots). The
-// plain path once swapped the dropped datagram's slot behind the good
-// ones, so a slot past n held another slot's buffer.
+// leaves every slot with the buffer it was given, the packets it returns
+// in theirs (CapRecvPrefix: transport restores only the slots returned in
+// place). The plain path once swapped the dropped datagram's slot behind
+// the good ones, so a slot past n held another slot's buffer.
 func TestSocketRecvPrefix(t *testing.T) { forGRO(t, "", testSocketRecvPrefix) }
 
 func testSocketRecvPrefix(t *testing.T, ob *SocketOptions) {
@@ -1427,8 +1427,11 @@ func testSocketRecvPrefix(t *testing.T, ob *SocketOptions) {
 			time.Sleep(time.Millisecond)
 			continue
 		}
-		for i := range n {
+		for i := range n { // not in place: each in its own buffer
 			seqs = append(seqs, seqOf(pkts[i].Buf))
+			if c := cap(pkts[i].Buf); c != MaxPacketSize || &pkts[i].Buf[:1][0] != orig[i] {
+				t.Fatalf("after a receive of %d: packet %d is not in its slot's buffer (cap %d)", n, i, c)
+			}
 		}
 		for i := n; i < len(pkts); i++ {
 			if c := cap(pkts[i].Buf); c != MaxPacketSize || &pkts[i].Buf[:1][0] != orig[i] {

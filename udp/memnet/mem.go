@@ -637,8 +637,9 @@ func (l *MemLink) Recv(pkts []udp.Packet) (int, error) {
 	}
 }
 
-// RecvPrefix reports true: Recv fills only the slots it returns, a
-// datagram it drops leaves its slot as it was (udp.PrefixRecvLink).
+// RecvPrefix reports true: Recv fills only the slots it returns, in the
+// buffers given, and a datagram it drops leaves its slot as it was
+// (udp.PrefixRecvLink).
 func (l *MemLink) RecvPrefix() bool { return true }
 
 // accept verifies b and copies it into p. It reports whether p was filled.
