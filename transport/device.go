@@ -677,17 +677,24 @@ func (d *Device) getBuf() *[udp.MaxPacketSize]byte {
 // without one (Device.lazyPush).
 func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 	if d.realClk {
-		d.rxBusy.Store(busyMark())
+		m := int64(0)
+		if busyClk.tsc { // busyMark's usual case in line
+			m = readTSC() | 1
+		} else {
+			m = busyMark()
+		}
+		d.rxBusy.Store(m)
 	}
 	d.rxNow.drop() // read by the first QP that asks (QP.now)
 	// Consecutive packets for one QP (a message's packets, a window's
 	// ACKs, a request and the ACK that came with it) are handed to it
 	// under one take of its lock.
 	var held *QP
-	verify := d.rx.verify
 	for i := range pkts {
 		up := &pkts[i]
-		if verify != nil && !verify.VerifyICRC(up) {
+		// d.rx.verify read here, not kept in a local: one more value
+		// live across the calls below was reloaded after each of them.
+		if v := d.rx.verify; v != nil && !v.VerifyICRC(up) {
 			continue // counted by the link; nothing of it was used
 		}
 		if p.Decode(up.Buf) != packet.FaultNone {
