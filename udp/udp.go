@@ -48,6 +48,10 @@
 // packet right before it handles it, so that placing its payload in
 // registered memory copies bytes the check has just pulled into L1, and
 // a packet whose ICRC fails is dropped before any byte of it is used.
+// A link whose receives change only the slots they return, in the
+// buffers given unless in place (CapRecvPrefix / PrefixRecvLink:
+// SocketLink, memnet), spares the device the restore of every slot it
+// gives a receive.
 //
 // Every backend counts what it drops (Stats): bad ICRC, malformed, other,
 // and the datagrams the kernel dropped at a full receive buffer.
