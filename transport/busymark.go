@@ -16,44 +16,59 @@ import (
 // timer asks; elsewhere the monotonic clock (time.Since: a vDSO call,
 // ~86 instructions under callgrind, twice per 8-byte round trip).
 
-// busyClk is the busy mark's clock, set up by the first device on the
-// wall clock (initBusyClock) before its receive goroutine starts.
-var busyClk struct {
-	once sync.Once
+// busyClock is a busy-mark clock: the time-stamp counter or the
+// monotonic clock, and the reading its rate is measured from.
+type busyClock struct {
 	tsc  bool      // marks are time-stamp counter ticks
 	base time.Time // when the clock was set up (monotonic reading)
 	tsc0 int64     // the counter at base
 }
 
+// busyClk is the process's busy mark clock, set up by the first device on
+// the wall clock (initBusyClock) before its receive goroutine starts and
+// never changed after.
+var (
+	busyClk     busyClock
+	busyClkOnce sync.Once
+)
+
 // initBusyClock sets up busyClk once; NewDevice calls it for a device on
 // the wall clock before that device receives.
 func initBusyClock() {
-	busyClk.once.Do(func() {
-		busyClk.tsc = tscUsable()
-		busyClk.base = time.Now()
-		busyClk.tsc0 = readTSC()
-	})
+	busyClkOnce.Do(func() { busyClk = newBusyClock(tscUsable()) })
 }
 
-// busyMark returns a mark of now on the busy clock: nonzero.
-func busyMark() int64 {
-	if busyClk.tsc {
+// newBusyClock returns a busy clock on the time-stamp counter (tsc) or
+// the monotonic clock.
+func newBusyClock(tsc bool) busyClock {
+	return busyClock{tsc: tsc, base: time.Now(), tsc0: readTSC()}
+}
+
+// busyMark returns a mark of now on busyClk: nonzero.
+func busyMark() int64 { return busyClk.mark() }
+
+// busyAge returns how long ago mark (busyMark's) was taken.
+func busyAge(mark int64) time.Duration { return busyClk.age(mark) }
+
+// mark returns a mark of now on c: nonzero.
+func (c *busyClock) mark() int64 {
+	if c.tsc {
 		return readTSC() | 1
 	}
-	return int64(time.Since(busyClk.base)) | 1
+	return int64(time.Since(c.base)) | 1
 }
 
-// busyAge returns how long ago mark (busyMark's) was taken. On the
-// time-stamp counter it converts ticks at the rate measured between
-// initBusyClock and now.
-func busyAge(mark int64) time.Duration {
-	mono := time.Since(busyClk.base)
-	if !busyClk.tsc {
+// age returns how long ago mark (c.mark's) was taken. On the time-stamp
+// counter it converts ticks at the rate measured between c's set-up and
+// now.
+func (c *busyClock) age(mark int64) time.Duration {
+	mono := time.Since(c.base)
+	if !c.tsc {
 		return mono - time.Duration(mark)
 	}
 	t := readTSC()
-	if t <= busyClk.tsc0 || mono <= 0 {
+	if t <= c.tsc0 || mono <= 0 {
 		return 0 // no rate yet (or a counter that went back): not behind
 	}
-	return time.Duration(float64(t-mark) * float64(mono) / float64(t-busyClk.tsc0))
+	return time.Duration(float64(t-mark) * float64(mono) / float64(t-c.tsc0))
 }
