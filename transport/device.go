@@ -701,7 +701,9 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 			inc(&d.ctr.MalformedPkts)
 			continue
 		}
-		qpn := p.BTH.DestQP()
+		bt := p.BTH
+		_ = bt[bth.Size-1] // Decode's BTH is whole: the accessors below need no checks
+		qpn := bt.DestQP()
 		if held != nil && qpn == held.qpn &&
 			(p.Info.Transport == held.transport || p.Info.Transport == bth.TransportCNP) {
 			held.inputLocked(p, up, true)

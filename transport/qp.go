@@ -515,7 +515,9 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 		}
 		return
 	}
-	if p.BTH.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
+	bt := p.BTH
+	_ = bt[bth.Size-1] // parsed: a whole BTH, so PKey needs no bounds checks
+	if bt.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
 		inc(&qp.dev.ctr.WrongPeer)
 		return
 	}
