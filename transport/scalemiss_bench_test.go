@@ -17,8 +17,10 @@ import (
 // round-robin, as with 10,000 active QPs over loopback; 8 MB of QP state
 // and 32 MB of regions, far beyond the caches). The ACK timeout
 // is long enough that no timer expires under valgrind. Run it under
-// cachegrind for two iteration counts and divide the difference of the
-// miss counts by the difference of the WRITEs (scripts/miss-scale.sh).
+// cachegrind for two iteration counts of 2 or more and divide the
+// difference of the miss counts by the difference of the WRITEs
+// (scripts/miss-scale.sh): -benchtime Nx with N > 1 runs it with b.N = 1
+// first (a setup and three rounds), so 1x and 3x differ by a setup too.
 func BenchmarkScaleActiveMem(b *testing.B) {
 	// 4,000 pairs: under valgrind (or a machine as slow) every QP goes
 	// stale and stops counting in the scheduler's budget, so all n
