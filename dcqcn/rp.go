@@ -16,9 +16,14 @@ const maxIncreaseSteps = 4096
 type RP struct {
 	cfg *Config
 
-	limited bool    // a CNP was received and the rate is not back at line rate
-	rc, rt  float64 // current and target rate, bits/s (line rate while !limited)
-	alpha   float64 // congestion estimate in [0, 1]
+	// limited and held first: a sender reads them per packet (Limited,
+	// Idle) and the rest only under congestion, so that they share a
+	// cache line with what the sender reads next to them.
+	limited bool // a CNP was received and the rate is not back at line rate
+	held    bool // Wait held the flow back: it is backlogged, not idle
+
+	rc, rt float64 // current and target rate, bits/s (line rate while !limited)
+	alpha  float64 // congestion estimate in [0, 1]
 
 	alphaAt     time.Time // start of the current α period
 	cnpInPeriod bool      // a CNP arrived in the current α period
@@ -29,8 +34,7 @@ type RP struct {
 	bytes       int64     // bytes sent since the last byte counter event
 	timeInc     bool      // the timer raised the rate since the last cut
 
-	next time.Time // pacer: when the next packet may leave
-	held bool      // Wait held the flow back: it is backlogged, not idle
+	next time.Time // pacer: when the next packet may leave (held: above)
 
 	stats Stats
 }

@@ -123,10 +123,12 @@ type CongestionState struct {
 
 // qpCC is a QP's congestion control state. Guarded by qp.mu.
 type qpCC struct {
+	// paceArmed and rp's first bytes are read per requester turn; the
+	// rest of rp and lastCNP only with congestion (QP's layout).
+	paceArmed bool // qp.tq[timerPace] is armed
+	cnpSent   bool // lastCNP is valid
 	rp        dcqcn.RP
 	lastCNP   time.Time // when the NP last sent a CNP for this QP
-	cnpSent   bool      // lastCNP is valid
-	paceArmed bool      // qp.tq[timerPace] is armed
 }
 
 // ccInit sets up the QP's reaction point at line rate.

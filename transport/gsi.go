@@ -306,7 +306,7 @@ func (g *GSI) send(dst netip.Addr, dstQP uint32, tos uint8, mad []byte) error {
 // with g.qp.mu held.
 func (g *GSI) sendLocked(pa netip.Addr, dstQP uint32, tos uint8, mad []byte) error {
 	d, qp := g.dev, g.qp
-	f := &qp.req.f
+	f := &qp.reqF
 	*f = packet.Fields{}
 	f.BTH.Opcode = bth.UDSendOnly
 	f.BTH.PKey = bth.DefaultPKey

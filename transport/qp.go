@@ -8,6 +8,7 @@ import (
 
 	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
+	"github.com/gorocev2/rocev2/packet"
 	"github.com/gorocev2/rocev2/udp"
 )
 
@@ -54,51 +55,48 @@ type rdRes struct {
 // request are copied by PostSend and PostRecv; the memory they name must
 // stay registered until the WR completes.
 type QP struct {
+	// The fields are ordered by who touches them per message (issue 30
+	// item 4: with 10,000 active QPs no QP's state stays in the CPU's
+	// caches, and every cache line a message's send, its ACK, the
+	// scheduler's turn and account touch is a miss): first what every
+	// packet, post and turn of either role reads, then the output queue
+	// (both roles), the requester's, completer's, timers' and scheduler's
+	// state, then the responder's, and last what is used rarely
+	// (creation, errors, events, receive queue, congestion control's
+	// rate state, the scratch Fields of READ/atomic/NAK packets).
+	// TestQPHotLayout pins how many cache lines a requester's and a
+	// responder's WRITE path touch (a QP starts 8 bytes into a line, after
+	// the allocator's header).
+
+	// Every packet, post and turn.
 	dev       *Device
-	pd        *memreg.PD
-	rv        memreg.QPView // remote-facing view of pd for this QP (type 2 windows)
+	mu        sync.Mutex
 	qpn       uint32
-	sendCQ    *CQ
-	recvCQ    *CQ
-	srq       *SRQ
-	init      QPInitAttr
 	transport bth.Transport // the BTH transport of its packets (RC or UD)
-
-	mu      sync.Mutex
-	attr    QPAttr
-	mtu     int
-	srcPort uint16
-	peer    netip.Addr
-	timeout time.Duration // local ACK timeout, 0 = infinite
-
-	// send queue: monotonic indexes, slot = index % len(sq)
-	sq                   []sendWQE
-	sqHead, sqCur, sqEnd uint64
-	// sqMask and rqMask are len(sq)-1 and len(rq)-1 when that length is
-	// a power of two (the rings start at ringStart and double), else 0:
-	// sqAt and rqAt then take the slot with a mask instead of a 64-bit
-	// division (tens of cycles, several per message). Set with the ring
-	// (setSQ, setRQ).
-	sqMask, rqMask uint64
-
-	req  requester
-	comp completer
-
-	// receive queue
-	rq            []recvWQE
-	rqHead, rqEnd uint64
-
-	resp responder
-	sr   *srState // selective repeat (sack.go), nil: go-back-N
-
-	tq  [numTimerKinds]timerEntry // this QP's entries in dev.tq
-	tmr timers
+	destroyed bool
+	rxBatch   bool // input from the receive goroutine is running: defer CQ wakeups
+	cqLost    bool // a completion was lost to a CQ in error: the QP must move to ERR (settle)
+	commEst   bool // EventCommEst was raised
+	rxQueued  bool // on dev.rxPending (receive goroutine only)
+	outSmall  bool // see slabs
+	outFixed  bool // the output queue never grows (QP1: one MAD per Send; output.go)
+	srcPort   uint16
 	// rxNow is the device's batch clock while the batch owner hands this
 	// QP a packet of the batch (input), nil otherwise (see now).
-	rxNow *batchClock
+	rxNow   *batchClock
+	sr      *srState                         // selective repeat (sack.go), nil: go-back-N
+	trace   func(format string, args ...any) // test hook, nil in production
+	mtu     int
+	timeout time.Duration // local ACK timeout, 0 = infinite
+	heard   uint64        // packets accepted from the peer (liveness.go)
+	attr    QPAttr
+	peer    netip.Addr
+	pd      *memreg.PD
+	rv      memreg.QPView // remote-facing view of pd for this QP (type 2 windows)
+	sendCQ  *CQ
+	init    QPInitAttr
 
-	trace func(format string, args ...any) // test hook, nil in production
-
+	// The output queue (output.go), both roles.
 	out     []udp.Packet
 	outBufs []*[udp.MaxPacketSize]byte // taken from the device's pool while packets are queued
 	nout    int
@@ -106,63 +104,93 @@ type QP struct {
 	// last one is being filled, slabOff bytes of it so far. outSmall: the
 	// buffer outBufN returned last is in it. A hot QP keeps its first
 	// slab between flushes (releaseSlabs).
-	slabs     []*[udp.MaxPacketSize]byte
-	slabOff   int
-	outSmall  bool
-	ackSlot   int // nout when the last queued packet is a positive ACK that a newer one may replace, else 0
-	destroyed bool
-	cc        qpCC // congestion control (cc.go)
-	rxQueued  bool // on dev.rxPending (receive goroutine only)
+	slabs   []*[udp.MaxPacketSize]byte
+	slabOff int
+	ackSlot int // nout when the last queued packet is a positive ACK that a newer one may replace, else 0
 	// zcTaken is the number of the device's last received-batch take
 	// (Device.respTook) that moved zero-copy packets out of the QP
 	// (zcInFlight).
 	zcTaken uint64
+
+	// send queue: monotonic indexes, slot = index % len(sq)
+	sq                   []sendWQE
+	sqHead, sqCur, sqEnd uint64
+	// sqMask and rqMask (below) are len(sq)-1 and len(rq)-1 when that
+	// length is a power of two (the rings start at ringStart and double),
+	// else 0: sqAt and rqAt then take the slot with a mask instead of a
+	// 64-bit division (tens of cycles, several per message). Set with the
+	// ring (setSQ, setRQ).
+	sqMask uint64
+	// probes is 1 while a keep-alive probe is in the send queue (it does
+	// not count against max_send_wr; liveness.go); roomSig wakes every
+	// PostSendContext and WaitSendRoom waiter when a send WQE leaves the
+	// queue (closed, then replaced by the next waiter; nil while nobody
+	// waits; read per completion), and roomWait counts the waiters.
+	probes   int
+	roomWait int
+	roomSig  chan struct{}
+
+	req  requester
+	comp completer
+
+	tq  [numTimerKinds]timerEntry // this QP's entries in dev.tq
+	tmr timers
+
 	// The send scheduler's state (sched.go): schedQueued and
 	// schedRespQueued under dev.sched.mu, schedInBatch the scheduler's
 	// goroutine's own, the others under mu.
-	outFixed        bool  // the output queue never grows (QP1: one MAD per Send; output.go)
 	schedQueued     bool  // in the scheduler's request ring
 	schedRespQueued bool  // in the scheduler's response ring (readresp.go)
 	schedTurn       bool  // in a requester turn: req.progress builds up to schedLeft packets
 	schedRespTurn   bool  // in a responder turn: resp.progress sends up to schedLeft packets
 	schedMore       bool  // the turn ended on the quantum, with more to send
 	schedInBatch    uint8 // the kinds of turn (schedReqTurn, schedRespTurn) it had in the batch being built
-	schedLeft       int
+	// schedMarkPSN and schedMarkAt: every PSN before schedMarkPSN was
+	// sent by schedMarkAt (schedMarked; account renews the mark once
+	// they are all acknowledged). schedStale: they were not, a stale
+	// limit after schedMarkAt (schedStaleAfter).
+	schedMarked bool
+	schedStale  bool
+	schedLeft   int
 	// schedInflight is this QP's share of dev.sched.inflight (account):
 	// its unacknowledged PSNs, at most schedQPCap of them, none while
 	// schedStale.
 	schedInflight int32
 	schedHolder   int32 // index + 1 in dev.sched.holders while schedInflight > 0, under dev.sched.holdMu
-	// schedMarkPSN and schedMarkAt: every PSN before schedMarkPSN was
-	// sent by schedMarkAt (schedMarked; account renews the mark once
-	// they are all acknowledged). schedStale: they were not, a stale
-	// limit after schedMarkAt (schedStaleAfter).
-	schedMarkPSN bth.PSN
-	schedMarkAt  time.Time
-	schedMarked  bool
-	schedStale   bool
-	rxBatch      bool // input from the receive goroutine is running: defer CQ wakeups
+	schedMarkPSN  bth.PSN
+	schedMarkAt   time.Time
 
-	cqLost     bool          // a completion was lost to a CQ in error: the QP must move to ERR (settle)
-	commEst    bool          // EventCommEst was raised
+	// congestion control (cc.go): its first bytes (paceArmed, the
+	// reaction point's limited and held) are read per turn.
+	cc qpCC
+
+	// The responder (its fields for a WRITE first; responder.go).
+	resp responder
+
+	// Rarely used: creation, the receive queue, events, errors.
+	recvCQ *CQ
+	srq    *SRQ
+
+	// receive queue
+	rq            []recvWQE
+	rqHead, rqEnd uint64
+	rqMask        uint64
+
 	commEstCh  chan struct{} // closed with commEst
 	sqdDrained bool          // EventSQDrained was raised for the current SQD
 
 	// Liveness (liveness.go): failCh is closed when the QP enters ERR
-	// (failed reports that it is), failErr says why; heard counts the
-	// packets accepted from the peer; probes is 1 while a keep-alive
-	// probe is in the send queue (it does not count against max_send_wr);
-	// roomSig wakes every PostSendContext and WaitSendRoom waiter when a
-	// send WQE leaves the queue (closed, then replaced by the next waiter;
-	// nil while nobody waits), and roomWait counts the waiters.
+	// (failed reports that it is), failErr says why; heard, probes,
+	// roomSig and roomWait are above.
 	failCh       chan struct{}
 	failed       bool
 	failErr      error
-	heard        uint64
-	probes       int
-	roomSig      chan struct{}
-	roomWait     int
 	destroyCause error // what Destroy's callers name (DestroyCause), nil: ErrDestroyed alone
+
+	// reqF and respF are where the requester and the responder build a
+	// READ/atomic request, a NAK or a READ response's header fields
+	// (packet.Build); a WRITE's packets and their ACKs are built without.
+	reqF, respF packet.Fields
 }
 
 // initRoles points the QP's requester, completer and responder (embedded

@@ -194,7 +194,7 @@ func (r *responder) readPacket() {
 		rd.va += uint64(plen)
 		rd.psn = psn.Add(1)
 	}
-	f := &r.f
+	f := &r.qp.respF
 	*f = packet.Fields{}
 	f.BTH.Opcode = op
 	f.BTH.PKey = bth.DefaultPKey

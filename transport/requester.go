@@ -31,7 +31,6 @@ type requester struct {
 	// path keeps the window it had before small packets got a bigger one
 	// — and acknowledged PSNs grow it back (smallGrow).
 	smallWin int32
-	f        packet.Fields
 }
 
 // reset starts the requester over at psn (RTR→RTS): every other field
@@ -314,7 +313,7 @@ func (r *requester) sendRdAtomic(w *sendWQE) bool {
 	qp := r.qp
 	k := r.curPkt
 	mtu := qp.mtu
-	f := &r.f
+	f := &qp.reqF
 	*f = packet.Fields{}
 	f.BTH.PKey = bth.DefaultPKey
 	f.BTH.DestQP = qp.attr.DestQPN

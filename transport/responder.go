@@ -13,6 +13,8 @@ import (
 // requests and generates ACKs, NAKs, READ responses and atomic ACKs
 // (rxe_resp.c).
 type responder struct {
+	// What a WRITE's packet reads and writes comes first (QP's layout:
+	// TestQPHotLayout).
 	qp      *QP     // the QP it belongs to (it is embedded there, as QP.resp)
 	psn     bth.PSN // expected PSN
 	msn     uint32  // completed messages (24 bits)
@@ -22,13 +24,10 @@ type responder struct {
 
 	op        uint8 // message in progress: opNone, opSend, opWrite
 	wqeActive bool  // rq head is taken: being filled by a SEND, or by an RC WRITE's packet with immediate
-	offset    uint64
-	rsl       memreg.ScatterList // the receive WQE a SEND in progress fills
-	wt        memreg.BatchTarget // the RDMA WRITE in progress: checked once, at its first packet
+	srqHeld   bool  // srqWQE is valid
 	wlen      uint32
-
-	res     []rdRes
-	resNext int
+	offset    uint64
+	wt        memreg.BatchTarget // the RDMA WRITE in progress: checked once, at its first packet
 
 	// rd is the READ response under way, sent a quantum at a time;
 	// held are the request packets received meanwhile, executed after
@@ -36,9 +35,12 @@ type responder struct {
 	rd   readResp
 	held heldReqs
 
-	srqWQE  recvWQE // the WQE taken from the SRQ for the message in progress
-	srqHeld bool    // srqWQE is valid
-	f       packet.Fields
+	rsl memreg.ScatterList // the receive WQE a SEND in progress fills
+
+	res     []rdRes
+	resNext int
+
+	srqWQE recvWQE // the WQE taken from the SRQ for the message in progress
 }
 
 const (
@@ -594,7 +596,7 @@ func (r *responder) onAtomic(p *packetT, psn bth.PSN) {
 // sendAtomicAck queues an ATOMIC ACKNOWLEDGE for psn carrying orig.
 func (r *responder) sendAtomicAck(psn bth.PSN, orig uint64) {
 	qp := r.qp
-	f := &r.f
+	f := &qp.respF
 	*f = packet.Fields{}
 	f.BTH.Opcode = bth.RCAtomicAck
 	f.BTH.PKey = bth.DefaultPKey

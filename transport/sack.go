@@ -481,7 +481,7 @@ func (qp *QP) srSendSACK(flags int) bool {
 			return true
 		}
 	}
-	f := &r.f
+	f := &qp.respF
 	*f = packet.Fields{}
 	f.BTH.Opcode = bth.RCAck
 	f.BTH.PKey = bth.DefaultPKey

@@ -146,7 +146,7 @@ func (qp *QP) udProgress() {
 	}
 	for qp.sqCur != qp.sqEnd {
 		w := qp.sqAt(qp.sqCur)
-		f := &qp.req.f
+		f := &qp.reqF
 		*f = packet.Fields{}
 		f.BTH.Opcode = bth.UDSendOnly
 		if w.wr.Opcode == WRSendImm {
