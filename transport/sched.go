@@ -126,9 +126,16 @@ type txSched struct {
 	// holders are the QPs whose share of inflight is above zero (their
 	// schedHolder is their index + 1), under holdMu: what sweep looks
 	// at, so that its work is the few QPs holding the budget, not every
-	// QP of the device (10,000 cold QPs, milliseconds, per stall).
-	holdMu  sync.Mutex
-	holders []*QP
+	// QP of the device (10,000 cold QPs, milliseconds, per stall). A QP
+	// leaving it leaves a nil slot, whose index goes to holdFree for the
+	// next QP to come: moving the last holder into the slot instead
+	// wrote that other QP's schedHolder, a cache miss on a cold QP per
+	// message with thousands of QPs taking turns. The list is as long as
+	// the most QPs that held a share at once (at most the budget's
+	// packets while all are counted).
+	holdMu   sync.Mutex
+	holders  []*QP
+	holdFree []int32
 	// sweeps and swept count the sweeps and the QPs they looked at
 	// (tests).
 	sweeps, swept atomic.Uint64
@@ -655,7 +662,11 @@ func (qp *QP) schedStaleAfter() time.Duration {
 // lock is busy waits for the next sweep.
 func (s *txSched) sweep() {
 	s.holdMu.Lock()
-	s.scan = append(s.scan, s.holders...)
+	for _, qp := range s.holders {
+		if qp != nil {
+			s.scan = append(s.scan, qp)
+		}
+	}
 	s.holdMu.Unlock()
 	s.sweeps.Add(1)
 	s.swept.Add(uint64(len(s.scan)))
@@ -710,23 +721,25 @@ func (s *txSched) set(qp *QP, n int32) {
 }
 
 // hold adds qp to holders (on) or takes it out. Called with qp.mu held
-// when its share of inflight becomes or stops being zero.
+// when its share of inflight becomes or stops being zero. It touches no
+// other QP.
 func (s *txSched) hold(qp *QP, on bool) {
 	s.holdMu.Lock()
 	if on {
 		if qp.schedHolder == 0 {
-			s.holders = append(s.holders, qp)
-			qp.schedHolder = int32(len(s.holders))
+			if n := len(s.holdFree); n > 0 {
+				i := s.holdFree[n-1]
+				s.holdFree = s.holdFree[:n-1]
+				s.holders[i] = qp
+				qp.schedHolder = i + 1
+			} else {
+				s.holders = append(s.holders, qp)
+				qp.schedHolder = int32(len(s.holders))
+			}
 		}
 	} else if i := qp.schedHolder - 1; i >= 0 {
-		last := len(s.holders) - 1
-		if int(i) != last {
-			m := s.holders[last]
-			s.holders[i] = m
-			m.schedHolder = i + 1
-		}
-		s.holders[last] = nil
-		s.holders = s.holders[:last]
+		s.holders[i] = nil
+		s.holdFree = append(s.holdFree, i)
 		qp.schedHolder = 0
 	}
 	s.holdMu.Unlock()

@@ -32,10 +32,53 @@ func checkHolders(t *testing.T, d *Device) {
 		}
 	}
 	s.holdMu.Lock()
-	n := len(s.holders)
+	n := 0
+	for _, qp := range s.holders {
+		if qp != nil {
+			n++
+		}
+	}
+	free := len(s.holdFree)
 	s.holdMu.Unlock()
 	if n != want {
 		t.Errorf("%d QPs in holders, %d hold a share", n, want)
+	}
+	if n+free != len(s.holders) {
+		t.Errorf("%d holders and %d free slots in a list of %d", n, free, len(s.holders))
+	}
+}
+
+// TestSchedHoldTouchesNoOtherQP: a QP whose share of inflight drops to
+// zero leaves the holders list without writing to another QP (each
+// holder keeps its index), and the next QP to hold a share takes the slot
+// it left, so that the list stays as long as the most holders at once.
+// Before, the last holder moved into the slot and its schedHolder was
+// rewritten: with 10,000 QPs taking turns, a write to a cold QP per ACK.
+func TestSchedHoldTouchesNoOtherQP(t *testing.T) {
+	var s txSched
+	qps := make([]*QP, 4)
+	for i := range qps {
+		qps[i] = &QP{}
+	}
+	for _, qp := range qps[:3] {
+		s.hold(qp, true)
+	}
+	s.hold(qps[0], false)
+	if qps[0].schedHolder != 0 {
+		t.Errorf("the QP that left still has index %d", qps[0].schedHolder)
+	}
+	for i, qp := range qps[1:3] {
+		if want := int32(i + 2); qp.schedHolder != want || s.holders[want-1] != qp {
+			t.Errorf("holder %d: index %d, want %d (unchanged)", i+1, qp.schedHolder, want)
+		}
+	}
+	s.hold(qps[3], true)
+	if qps[3].schedHolder != 1 || len(s.holders) != 3 || len(s.holdFree) != 0 {
+		t.Errorf("a new holder got index %d in a list of %d (%d free), want the free slot 1 of 3", qps[3].schedHolder, len(s.holders), len(s.holdFree))
+	}
+	s.hold(qps[3], true) // already a holder: no second slot
+	if len(s.holders) != 3 {
+		t.Errorf("holding twice made the list %d long", len(s.holders))
 	}
 }
 
