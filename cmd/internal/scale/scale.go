@@ -48,13 +48,14 @@ and one table row says:
 
 With --active every one of the N QPs has WRITEs outstanding at once
 (--depth each) for --duration, against one QP alone with --window
-WRITEs outstanding for as long, in --rounds alternating pairs; the
-table then says, per N:
+WRITEs outstanding for as long, in --rounds alternating phases (one QP,
+N QPs, one QP, ..., one QP); the table then says, per N:
 
   QPs         N
   MB/s        aggregate goodput of the N QPs (all rounds)
   1 QP MB/s   goodput of the one QP (all rounds)
-  ratio       median over the rounds of N QPs / 1 QP
+  ratio       median over the rounds of N QPs / 1 QP, a round's one QP
+              being the mean of the one-QP phases before and after it
   min         the lowest round's ratio (the figure "in every run")
   jain        Jain's fairness index of the bytes each QP moved over
               the N-QP rounds, (sum x)^2 / (N sum x^2): 1 when every QP
@@ -82,6 +83,14 @@ options:
                   --active, the one QP's
   --active        keep every QP busy at once (see above)
   --depth=N       with --active, WRITEs outstanding per QP (default 1)
+  --workers=N     with --active, N goroutines each with its own CQ post
+                  and complete the WRITEs, QP i on goroutine i mod N
+                  (default 1), as a program serving its connections
+                  from several goroutines does
+  --own-mr        with --active, every QP pair has its own --size source
+                  and destination regions (default: one of each per
+                  device), so that N QPs move N regions' bytes through
+                  the caches, not one's; N x 2 x --size bytes of memory
   --duration=DUR  with --active, the length of one side of a round
                   (default 300ms)
   --mem           run over the in-memory network instead of UDP sockets
@@ -106,6 +115,8 @@ type scaleConfig struct {
 	active   bool
 	depth    int
 	duration time.Duration
+	workers  int  // goroutines (and CQs) of the --active runs
+	ownMR    bool // a source and a destination region per QP pair
 }
 
 func parseScaleFlags(args []string) (*scaleConfig, error) {
@@ -121,6 +132,8 @@ func parseScaleFlags(args []string) (*scaleConfig, error) {
 	fs.BoolVar(&c.active, "active", false, "")
 	fs.IntVar(&c.depth, "depth", 1, "")
 	fs.DurationVar(&c.duration, "duration", 300*time.Millisecond, "")
+	fs.IntVar(&c.workers, "workers", 1, "")
+	fs.BoolVar(&c.ownMR, "own-mr", false, "")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "")
 	if err := cli.ParsePairFlags(fs, args, &c.PairOptions, 4096); err != nil {
 		return nil, err
@@ -150,11 +163,13 @@ func parseScaleFlags(args []string) (*scaleConfig, error) {
 		return nil, fmt.Errorf("--depth %d: want 1..64", c.depth)
 	case c.duration <= 0 || c.duration > time.Hour:
 		return nil, fmt.Errorf("--duration %v: want a positive duration up to 1h", c.duration)
+	case c.workers < 1 || c.workers > 1024:
+		return nil, fmt.Errorf("--workers %d: want 1..1024", c.workers)
 	}
 	if !c.active {
 		var only string
 		fs.Visit(func(f *flag.Flag) {
-			if f.Name == "depth" || f.Name == "duration" {
+			if f.Name == "depth" || f.Name == "duration" || f.Name == "workers" || f.Name == "own-mr" {
 				only = f.Name
 			}
 		})
@@ -177,8 +192,12 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		link = "in-memory network"
 	}
 	if c.active {
-		fmt.Fprintf(stdout, "rocev2d scale --active: %v <-> %v over %s, MTU %d, %d-byte WRITEs, %d per QP outstanding (one QP alone: %d), %d x %v per side of the ratio\n",
-			c.A, c.B, link, c.MTU.Bytes(), c.size, c.depth, c.window, c.rounds, c.duration)
+		regions := "one region per device"
+		if c.ownMR {
+			regions = "regions of their own per QP"
+		}
+		fmt.Fprintf(stdout, "rocev2d scale --active: %v <-> %v over %s, MTU %d, %d-byte WRITEs, %d per QP outstanding (one QP alone: %d), %d x %v per side of the ratio, %d goroutine(s) with a CQ each, %s\n",
+			c.A, c.B, link, c.MTU.Bytes(), c.size, c.depth, c.window, c.rounds, c.duration, c.workers, regions)
 		const rowFmt = "%7s %8s %10s %6s %6s %6s %8s\n"
 		fmt.Fprintf(stdout, rowFmt, "QPs", "MB/s", "1 QP MB/s", "ratio", "min", "jain", "min/max")
 		for _, n := range c.qps {
@@ -296,9 +315,19 @@ func scaleLinks(c *scaleConfig) (udp.Link, udp.Link, error) {
 type scaleSide struct {
 	dev *transport.Device
 	pd  *memreg.PD
-	cq  *transport.CQ
+	cq  *transport.CQ   // cqs[0]
+	cqs []*transport.CQ // --workers: QP i completes on cqs[i%len(cqs)]
 	mr  *memreg.MR
+	mrs []*memreg.MR // --own-mr: QP i's region, else nil
 	qps []*transport.QP
+}
+
+// qpMR returns QP i's region.
+func (s *scaleSide) qpMR(i int) *memreg.MR {
+	if s.mrs != nil {
+		return s.mrs[i]
+	}
+	return s.mr
 }
 
 func newScaleSide(l udp.Link, c *scaleConfig, n int, access memreg.Access) (*scaleSide, error) {
@@ -312,12 +341,19 @@ func newScaleSide(l udp.Link, c *scaleConfig, n int, access memreg.Access) (*sca
 		return s, err
 	}
 	depth := 4*c.window + 16
+	workers := 1
 	if c.active {
-		depth = max(depth, n*c.depth+16)
+		workers = c.workers
+		depth = max(depth, (n+workers-1)/workers*c.depth+16)
 	}
-	if s.cq, err = dev.CreateCQ(depth); err != nil {
-		return s, err
+	for range workers {
+		cq, err := dev.CreateCQ(depth)
+		if err != nil {
+			return s, err
+		}
+		s.cqs = append(s.cqs, cq)
 	}
+	s.cq = s.cqs[0]
 	if s.mr, err = s.pd.RegisterMR(make([]byte, c.size), memreg.AccessLocalWrite|access); err != nil {
 		return s, err
 	}
@@ -352,7 +388,8 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 		if i%256 == 0 && ctx.Err() != nil {
 			return res, fmt.Errorf("setting up pair %d: %w", i, context.Cause(ctx))
 		}
-		qa, err := a.dev.CreateQP(a.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: a.cq, RecvCQ: a.cq, MaxSendWR: max(2*c.window, c.depth), MaxRecvWR: 1})
+		cq := a.cqs[i%len(a.cqs)]
+		qa, err := a.dev.CreateQP(a.pd, transport.QPInitAttr{Type: transport.QPTypeRC, SendCQ: cq, RecvCQ: cq, MaxSendWR: max(2*c.window, c.depth), MaxRecvWR: 1})
 		if err != nil {
 			return res, err
 		}
@@ -368,14 +405,30 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 		}
 		a.qps = append(a.qps, qa)
 		b.qps = append(b.qps, qb)
+		if c.active && c.ownMR {
+			ma, err := a.pd.RegisterMR(make([]byte, c.size), memreg.AccessLocalWrite)
+			if err != nil {
+				return res, err
+			}
+			mb, err := b.pd.RegisterMR(make([]byte, c.size), memreg.AccessLocalWrite|memreg.AccessRemoteWrite)
+			if err != nil {
+				return res, err
+			}
+			a.mrs = append(a.mrs, ma)
+			b.mrs = append(b.mrs, mb)
+		}
 	}
 	res.setupRate = float64(n) / time.Since(start).Seconds()
 	res.bytesPerQP = float64(settledHeap()-h0) / float64(2*n)
 	res.goroutines = runtime.NumGoroutine()
 
-	w := &scaleWriter{c: c, a: a, dst: b.mr}
-	if _, err := w.run(ctx, n, n, min(64, c.size)); err != nil {
-		return res, fmt.Errorf("first WRITE on every QP: %w", err)
+	w := &scaleWriter{c: c, a: a, b: b, dst: b.mr}
+	if len(a.cqs) == 1 {
+		// With several CQs the first unmeasured --active phases are
+		// every QP's first traffic.
+		if _, err := w.run(ctx, n, n, min(64, c.size)); err != nil {
+			return res, fmt.Errorf("first WRITE on every QP: %w", err)
+		}
 	}
 	if c.active {
 		res, err := w.activeRounds(ctx, n, res)
@@ -472,10 +525,11 @@ func settledHeap() int64 {
 // scaleWriter posts WRITEs round-robin over a side's QPs.
 type scaleWriter struct {
 	c    *scaleConfig
-	a    *scaleSide
+	a, b *scaleSide
 	dst  *memreg.MR
 	next int // where the round-robin over more than one QP goes on
 	wcs  []transport.WC
+	wrs  []transport.SendWR // --active: QP i's WRITE (runActive)
 }
 
 // run posts writes WRITEs of size bytes round-robin over the first nq
@@ -545,23 +599,35 @@ func (w *scaleWriter) activeRounds(ctx context.Context, n int, res scaleResult) 
 	}
 	var b1, bn, t1, tn float64
 	ratios := make([]float64, 0, c.rounds)
-	for range c.rounds {
-		var cw cpudist.Watch
-		cw.Sample()
+	one := func() (activeRun, error) {
 		r1, err := w.runActive(ctx, 1, c.window, nil)
 		if err != nil {
-			return res, fmt.Errorf("one QP: %w", err)
+			return r1, fmt.Errorf("one QP: %w", err)
 		}
+		b1, t1 = b1+r1.bytes, t1+r1.d.Seconds()
+		return r1, nil
+	}
+	before, err := one()
+	if err != nil {
+		return res, err
+	}
+	for range c.rounds {
+		var cw cpudist.Watch
 		cw.Sample()
 		rn, err := w.runActive(ctx, n, c.depth, perQP)
 		if err != nil {
 			return res, fmt.Errorf("%d QPs: %w", n, err)
 		}
 		cw.Sample()
-		b1, t1 = b1+r1.bytes, t1+r1.d.Seconds()
+		after, err := one()
+		if err != nil {
+			return res, err
+		}
+		cw.Sample()
 		bn, tn = bn+rn.bytes, tn+rn.d.Seconds()
-		ratios = append(ratios, rn.rate()/r1.rate())
+		ratios = append(ratios, rn.rate()/((before.rate()+after.rate())/2))
 		res.roundCores = append(res.roundCores, cw)
+		before = after
 	}
 	res.roundRatios = ratios
 	res.mbs, res.mbs1 = bn/tn/1e6, b1/t1/1e6
@@ -583,23 +649,67 @@ func (r activeRun) rate() float64 { return r.bytes / r.d.Seconds() }
 // for c.duration (a completed WRITE is reposted on its QP until then),
 // waits for the last ones and returns the bytes moved and the time from
 // the first post to the last completion. perQP, if not nil, gets each
-// QP's completed bytes added.
+// QP's completed bytes added. With --workers each goroutine posts to and
+// completes the QPs of its own CQ.
 func (w *scaleWriter) runActive(ctx context.Context, nq, depth int, perQP []uint64) (activeRun, error) {
 	c := w.c
-	if len(w.wcs) < 256 {
-		w.wcs = make([]transport.WC, 256)
+	if w.wrs == nil {
+		// Every QP's WRITE, built once: QP i's from its region (--own-mr)
+		// to its peer's.
+		w.wrs = make([]transport.SendWR, len(w.a.qps))
+		for i := range w.wrs {
+			dst := w.dst
+			if w.b.mrs != nil {
+				dst = w.b.mrs[i]
+			}
+			w.wrs[i] = transport.SendWR{WRID: uint64(i), Opcode: transport.WRWrite, Flags: transport.SendSignaled,
+				SGEs:       []memreg.SGE{w.a.qpMR(i).SGE(0, uint32(c.size))},
+				RemoteAddr: dst.IOVA(), RKey: dst.RKey()}
+		}
 	}
-	wr := transport.SendWR{Opcode: transport.WRWrite, Flags: transport.SendSignaled,
-		SGEs:       []memreg.SGE{w.a.mr.SGE(0, uint32(c.size))},
-		RemoteAddr: w.dst.IOVA(), RKey: w.dst.RKey()}
 	start := time.Now()
 	end := start.Add(c.duration)
+	nw := min(len(w.a.cqs), nq)
+	if nw == 1 {
+		done, err := w.activeWorker(ctx, 0, 1, nq, depth, end, perQP)
+		return activeRun{bytes: float64(done) * float64(c.size), d: time.Since(start)}, err
+	}
+	type result struct {
+		done uint64
+		err  error
+	}
+	results := make(chan result, nw)
+	for g := range nw {
+		go func() {
+			done, err := w.activeWorker(ctx, g, nw, nq, depth, end, perQP)
+			results <- result{done, err}
+		}()
+	}
+	var done uint64
+	var err error
+	for range nw {
+		r := <-results
+		done += r.done
+		if err == nil {
+			err = r.err
+		}
+	}
+	return activeRun{bytes: float64(done) * float64(c.size), d: time.Since(start)}, err
+}
+
+// activeWorker is runActive's work for the QPs g, g+nw, g+2nw, ... below
+// nq, which complete on cqs[g]: it returns the WRITEs completed. The
+// workers write to disjoint elements of perQP.
+func (w *scaleWriter) activeWorker(ctx context.Context, g, nw, nq, depth int, end time.Time, perQP []uint64) (uint64, error) {
+	c := w.c
+	cq := w.a.cqs[g]
+	wcs := make([]transport.WC, 256)
+	wrs := w.wrs
 	outstanding := 0
 	for d := 0; d < depth; d++ {
-		for i := 0; i < nq; i++ {
-			wr.WRID = uint64(i)
-			if err := w.a.qps[i].PostSend(wr); err != nil {
-				return activeRun{}, fmt.Errorf("QP %d: %w", i, err)
+		for i := g; i < nq; i += nw {
+			if err := w.a.qps[i].PostSend(wrs[i]); err != nil {
+				return 0, fmt.Errorf("QP %d: %w", i, err)
 			}
 			outstanding++
 		}
@@ -607,16 +717,16 @@ func (w *scaleWriter) runActive(ctx context.Context, nq, depth int, perQP []uint
 	var done uint64
 	closing := false
 	for outstanding > 0 {
-		k, err := w.a.cq.Wait(ctx, w.wcs)
+		k, err := cq.Wait(ctx, wcs)
 		if err != nil {
-			return activeRun{}, fmt.Errorf("%d WRITEs outstanding: %w", outstanding, err)
+			return done, fmt.Errorf("%d WRITEs outstanding: %w", outstanding, err)
 		}
 		if !closing && time.Now().After(end) {
 			closing = true
 		}
-		for _, wc := range w.wcs[:k] {
+		for _, wc := range wcs[:k] {
 			if wc.Status != transport.WCSuccess {
-				return activeRun{}, fmt.Errorf("WRITE on QP %#x: %v", wc.QPN, wc.Status)
+				return done, fmt.Errorf("WRITE on QP %#x: %v", wc.QPN, wc.Status)
 			}
 			done++
 			if perQP != nil {
@@ -626,13 +736,12 @@ func (w *scaleWriter) runActive(ctx context.Context, nq, depth int, perQP []uint
 				outstanding--
 				continue
 			}
-			wr.WRID = wc.WRID
-			if err := w.a.qps[wc.WRID].PostSend(wr); err != nil {
-				return activeRun{}, err
+			if err := w.a.qps[wc.WRID].PostSend(wrs[wc.WRID]); err != nil {
+				return done, err
 			}
 		}
 	}
-	return activeRun{bytes: float64(done) * float64(c.size), d: time.Since(start)}, nil
+	return done, nil
 }
 
 // fairness returns Jain's index of x, (sum x)^2 / (n sum x^2), and the

@@ -90,6 +90,9 @@ func TestScaleFlags(t *testing.T) {
 		{[]string{"--active", "--duration", "0s"}, "--duration"},
 		{[]string{"--duration", "1s"}, "--duration applies to --active"},
 		{[]string{"--depth", "2"}, "--depth applies to --active"},
+		{[]string{"--active", "--workers", "0"}, "--workers"},
+		{[]string{"--workers", "2"}, "--workers applies to --active"},
+		{[]string{"--own-mr"}, "--own-mr applies to --active"},
 		{[]string{"--a", "127.0.0.5", "--b", "127.0.0.5"}, "different addresses"},
 		{[]string{"extra"}, "unexpected argument"},
 	}
@@ -145,14 +148,17 @@ func TestScaleSmall(t *testing.T) {
 // TestScaleActive: --active keeps every QP busy at once and prints, per
 // QP count, the goodputs, the median and lowest round ratio and the
 // fairness figures, each within its range; the lowest ratio is no
-// higher than the median.
+// higher than the median. With --workers and --own-mr (the outside-style
+// probe: goroutines with a CQ each, a region pair per QP) every QP moves
+// bytes (min/max above 0: no worker's QPs were left out).
 func TestScaleActive(t *testing.T) {
 	runs := [][]string{
 		{"scale", "--mem", "--active", "--qps", "1,300", "--rounds", "3", "--size", "4096", "--duration", "30ms"},
+		{"scale", "--mem", "--active", "--qps", "1,200", "--rounds", "2", "--size", "4096", "--duration", "30ms", "--workers", "4", "--own-mr"},
 		{"scale", "--active", "--qps", "50", "--rounds", "2", "--size", "4096", "--duration", "30ms", "--depth", "2"},
 	}
 	if testing.Short() {
-		runs = runs[:1]
+		runs = runs[:2]
 	}
 	for _, args := range runs {
 		code, out, errOut := runInRetry(t, args...)
