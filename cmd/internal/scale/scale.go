@@ -62,6 +62,10 @@ N QPs, one QP, ..., one QP); the table then says, per N:
               moved the same, 1/N when one moved everything
   min/max     the least bytes one QP moved over the most
 
+and a line below it gives every round's ratio in order and the
+process's CPU time per MB moved over the N-QP and the one-QP phases
+(getrusage; both devices are in this process).
+
 Around every round the first two CPUs time a cache line passed back and
 forth (before, between and after its two runs). When some rounds had a
 sample at twice the fastest or more — the CPUs were apart, as a VM's
@@ -208,6 +212,7 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			}
 			fmt.Fprintf(stdout, rowFmt, strconv.Itoa(n), formatMBs(row.mbs), formatMBs(row.mbs1), fmt.Sprintf("%.2f", row.ratio),
 				fmt.Sprintf("%.2f", row.minRatio), fmt.Sprintf("%.3f", row.jain), fmt.Sprintf("%.2f", row.minMax))
+			printActiveRounds(stdout, n, row)
 			printRoundCores(stdout, row)
 		}
 		return cli.ExitOK
@@ -229,6 +234,20 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		printRoundCores(stdout, row)
 	}
 	return cli.ExitOK
+}
+
+// printActiveRounds prints, below an --active row, every round's ratio in
+// order and the CPU time per MB of each side.
+func printActiveRounds(w io.Writer, n int, row scaleResult) {
+	r := make([]string, len(row.roundRatios))
+	for i, v := range row.roundRatios {
+		r[i] = fmt.Sprintf("%.2f", v)
+	}
+	fmt.Fprintf(w, "  rounds %s", strings.Join(r, " "))
+	if row.cpuMB > 0 {
+		fmt.Fprintf(w, "; CPU per MB: %d QPs %.3f ms, 1 QP %.3f ms", n, row.cpuMB, row.cpuMB1)
+	}
+	fmt.Fprintln(w)
 }
 
 // printRoundCores prints, below a row, the CPU distance sampled around
@@ -276,6 +295,9 @@ type scaleResult struct {
 	minRatio   float64 // the lowest of them
 	jain       float64 // --active: Jain's index of the bytes per QP
 	minMax     float64 // --active: least over most bytes of one QP
+	// --active: ms of the process's CPU time per MB moved, over the N-QP
+	// phases and over the one-QP phases (0 where not measured).
+	cpuMB, cpuMB1 float64
 	// roundRatios are the rounds' ratios (N QPs / 1 QP) and roundCores
 	// the CPU distance sampled before, between and after each round's
 	// two runs (cpudist), in round order.
@@ -473,8 +495,7 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 	bytes := float64(c.rounds) * float64(c.chunk) * float64(c.size)
 	res.mbs = bytes / tn.Seconds() / 1e6
 	res.mbs1 = bytes / t1.Seconds() / 1e6
-	res.minRatio = slices.Min(ratios)
-	res.ratio = median(ratios)
+	res.ratio, res.minRatio = ratioStats(ratios)
 	if c.Verbose {
 		a.dev.Close()
 		b.dev.Close()
@@ -482,6 +503,15 @@ func scaleRow(ctx context.Context, c *scaleConfig, n int, stdout io.Writer) (sca
 		cli.PrintCounters(stdout, fmt.Sprintf("%v (%d QPs)", b.dev.Addr(), n), b.dev)
 	}
 	return res, nil
+}
+
+// ratioStats returns the median and the lowest of the rounds' ratios,
+// leaving ratios in round order: it is roundRatios, which printRoundCores
+// pairs with roundCores by index (median sorted it in place, so the
+// ratios it named for the rounds with the CPUs apart were the sorted
+// list's, not those rounds').
+func ratioStats(ratios []float64) (med, lo float64) {
+	return median(slices.Clone(ratios)), slices.Min(ratios)
 }
 
 // median returns the median of x (not empty), the mean of the middle two
@@ -598,13 +628,14 @@ func (w *scaleWriter) activeRounds(ctx context.Context, n int, res scaleResult) 
 		return res, fmt.Errorf("%d QPs, warming up: %w", n, err)
 	}
 	var b1, bn, t1, tn float64
+	var cpu1, cpun time.Duration
 	ratios := make([]float64, 0, c.rounds)
 	one := func() (activeRun, error) {
 		r1, err := w.runActive(ctx, 1, c.window, nil)
 		if err != nil {
 			return r1, fmt.Errorf("one QP: %w", err)
 		}
-		b1, t1 = b1+r1.bytes, t1+r1.d.Seconds()
+		b1, t1, cpu1 = b1+r1.bytes, t1+r1.d.Seconds(), cpu1+r1.cpu
 		return r1, nil
 	}
 	before, err := one()
@@ -624,23 +655,25 @@ func (w *scaleWriter) activeRounds(ctx context.Context, n int, res scaleResult) 
 			return res, err
 		}
 		cw.Sample()
-		bn, tn = bn+rn.bytes, tn+rn.d.Seconds()
+		bn, tn, cpun = bn+rn.bytes, tn+rn.d.Seconds(), cpun+rn.cpu
 		ratios = append(ratios, rn.rate()/((before.rate()+after.rate())/2))
 		res.roundCores = append(res.roundCores, cw)
 		before = after
 	}
 	res.roundRatios = ratios
 	res.mbs, res.mbs1 = bn/tn/1e6, b1/t1/1e6
-	res.minRatio = slices.Min(ratios)
-	res.ratio = median(ratios)
+	res.cpuMB, res.cpuMB1 = cpun.Seconds()*1e3/(bn/1e6), cpu1.Seconds()*1e3/(b1/1e6)
+	res.ratio, res.minRatio = ratioStats(ratios)
 	res.jain, res.minMax = fairness(perQP)
 	return res, nil
 }
 
-// activeRun is one side of an --active round: bytes moved in d.
+// activeRun is one side of an --active round: bytes moved in d, using
+// cpu of the process's CPU time (0 where it is not measured).
 type activeRun struct {
 	bytes float64
 	d     time.Duration
+	cpu   time.Duration
 }
 
 func (r activeRun) rate() float64 { return r.bytes / r.d.Seconds() }
@@ -667,12 +700,20 @@ func (w *scaleWriter) runActive(ctx context.Context, nq, depth int, perQP []uint
 				RemoteAddr: dst.IOVA(), RKey: dst.RKey()}
 		}
 	}
+	cpu0, _ := processCPU()
 	start := time.Now()
 	end := start.Add(c.duration)
+	run := func(done uint64) activeRun {
+		r := activeRun{bytes: float64(done) * float64(c.size), d: time.Since(start)}
+		if cpu1, ok := processCPU(); ok {
+			r.cpu = cpu1 - cpu0
+		}
+		return r
+	}
 	nw := min(len(w.a.cqs), nq)
 	if nw == 1 {
 		done, err := w.activeWorker(ctx, 0, 1, nq, depth, end, perQP)
-		return activeRun{bytes: float64(done) * float64(c.size), d: time.Since(start)}, err
+		return run(done), err
 	}
 	type result struct {
 		done uint64
@@ -694,7 +735,7 @@ func (w *scaleWriter) runActive(ctx context.Context, nq, depth int, perQP []uint
 			err = r.err
 		}
 	}
-	return activeRun{bytes: float64(done) * float64(c.size), d: time.Since(start)}, err
+	return run(done), err
 }
 
 // activeWorker is runActive's work for the QPs g, g+nw, g+2nw, ... below

@@ -3,6 +3,7 @@
 package scale
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -194,6 +195,19 @@ func TestScaleActive(t *testing.T) {
 		if strings.Join(got, ",") != strings.Join(want, ",") {
 			t.Errorf("%v: rows for %v, want %v:\n%s", args, got, want, out)
 		}
+	}
+}
+
+// TestRatioStats: the median and lowest ratio of the rounds, with the
+// rounds left in order (printRoundCores names rounds by index).
+func TestRatioStats(t *testing.T) {
+	r := []float64{0.9, 0.5, 1.1, 0.7}
+	med, lo := ratioStats(r)
+	if med != 0.8 || lo != 0.5 {
+		t.Errorf("median %v, lowest %v; want 0.8, 0.5", med, lo)
+	}
+	if want := []float64{0.9, 0.5, 1.1, 0.7}; !slices.Equal(r, want) {
+		t.Errorf("rounds reordered to %v", r)
 	}
 }
 
