@@ -125,3 +125,32 @@ func TestQPHotLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestSendWQEHotLayout: a send queue slot keeps what a WRITE's post,
+// turns and ACK read (its header fields, and wr's fields up to RKey) in
+// its first 136 bytes, at most three cache lines wherever the slot
+// starts; wr's rarely used fields (atomics, UD, memory windows) and the
+// READ's scatter list come after. At 2cdb760 wr came first and the
+// header after its 144 bytes, so a WRITE read bytes 0-72, 144-194 and
+// 288-296 of a 296-byte slot: four or five lines.
+func TestSendWQEHotLayout(t *testing.T) {
+	typ := reflect.TypeOf(sendWQE{})
+	var end uintptr
+	for _, name := range []string{"sges", "ref", "npkts", "length", "firstPSN", "signaled", "rdCounted", "done", "localDone", "probe", "status"} {
+		f, _ := typ.FieldByName(name)
+		end = max(end, f.Offset+f.Type.Size())
+	}
+	wr, _ := typ.FieldByName("wr")
+	for _, name := range []string{"WRID", "Opcode", "SGEs", "Flags", "Imm", "InvRKey", "RemoteAddr", "RKey"} {
+		f, _ := wr.Type.FieldByName(name)
+		end = max(end, wr.Offset+f.Offset+f.Type.Size())
+	}
+	if end > 136 {
+		t.Errorf("a WRITE reads the first %d bytes of a send WQE, want at most 136", end)
+	}
+	for _, cold := range []string{"rsl"} {
+		if f, _ := typ.FieldByName(cold); f.Offset < end {
+			t.Errorf("%s at offset %d, inside the hot %d bytes", cold, f.Offset, end)
+		}
+	}
+}

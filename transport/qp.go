@@ -12,11 +12,16 @@ import (
 	"github.com/gorocev2/rocev2/udp"
 )
 
+// sendWQE is a send queue slot. Its fields are ordered as the QP's are
+// (TestQPHotLayout): what a WRITE's post, turns and ACK read first, then
+// wr, whose first fields (WRID to RKey) they read too, and the READ's
+// scatter list last, so that a WRITE touches its first 136 bytes
+// (TestSendWQEHotLayout).
 type sendWQE struct {
-	wr        SendWR
 	sges      []memreg.SGE
-	length    uint32
+	ref       *memreg.Ref // the region a one-element sges was checked against at post (a hint: memreg.Ref)
 	npkts     int
+	length    uint32
 	firstPSN  bth.PSN
 	signaled  bool
 	rdCounted bool
@@ -24,8 +29,8 @@ type sendWQE struct {
 	localDone bool // a local operation (bind, invalidate) was executed
 	probe     bool // a keep-alive probe (QP.Probe): never completes to a CQ
 	status    WCStatus
+	wr        SendWR
 	rsl       memreg.ScatterList // RDMA READ: places the response data into sges
-	ref       *memreg.Ref        // the region a one-element sges was checked against at post (a hint: memreg.Ref)
 }
 
 type recvWQE struct {
