@@ -19,9 +19,8 @@
 # the setups' garbage set off collections at different points of the two
 # runs (50-90 misses per WRITE of collector work in either direction).
 # The binary keeps its DWARF uncompressed, which valgrind reads, so that
-# cg_annotate can give the misses per source line (cg_diff keeps only
-# the functions' sums: diff the two files' line records yourself). Keeps
-# the files in $OUT (default a temporary directory). Needs valgrind.
+# the misses can be had per source line ($OUT/lines.txt). Keeps the files
+# in $OUT (default a temporary directory). Needs valgrind.
 set -eu
 rev=${1:-HEAD}
 top=$(git rev-parse --show-toplevel)
@@ -45,4 +44,11 @@ awk -v rev="$rev" '
 		for (i = 2; i <= nf; i++) printf " %s=%.1f", name[i], (v[ARGV[2], i] - v[ARGV[1], i]) / 8000
 		printf "\n"
 	}' "$out/cg.2" "$out/cg.4"
-echo "cg_diff $out/cg.2 $out/cg.4 > d; cg_annotate --sort=D1mr d   # per function"
+# Per source line (cg_diff keeps only the functions' sums): D1mr and D1mw
+# per WRITE of the 60 lines with the most, in $out/lines.txt.
+awk '
+	/^fl=/ { fl = substr($0, 4) }
+	/^[0-9]/ { k = fl ":" $1; r[k] += (FILENAME == ARGV[2] ? 1 : -1) * $6; w[k] += (FILENAME == ARGV[2] ? 1 : -1) * $9 }
+	END { for (k in r) if (r[k] + w[k] >= 2400) printf "%6.2f %6.2f %s\n", r[k] / 8000, w[k] / 8000, k }' \
+	"$out/cg.2" "$out/cg.4" | sort -k1,1nr | head -60 >"$out/lines.txt"
+echo "per line: $out/lines.txt; per function: cg_diff $out/cg.2 $out/cg.4 > d; cg_annotate --sort=D1mr d"
