@@ -116,11 +116,12 @@ func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
 	if psn.Before(c.psn) {
 		return false
 	}
+	qp := c.qp
 	from := c.psn
 	moved := false
-	for {
-		w := c.head()
-		if w == nil || psn.Before(w.firstPSN) {
+	for qp.sqHead != qp.sqEnd && qp.req.started(qp.sqHead) { // c.head() != nil
+		w := qp.sqAt(qp.sqHead)
+		if psn.Before(w.firstPSN) {
 			break
 		}
 		if w.npkts == 0 { // a local operation (bind, invalidate), done when reached
@@ -142,7 +143,7 @@ func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
 		moved = true
 	}
 	if moved {
-		c.qp.req.smallGrow(c.psn.Diff(from))
+		qp.req.smallGrow(c.psn.Diff(from))
 		c.progressed()
 	}
 	return needRetry
@@ -170,9 +171,20 @@ func (c *completer) input(p *packetT) {
 	case bth.KindAtomicAck:
 		c.onAtomicAck(p, psn)
 	}
-	qp.req.failAtHead()
-	if qp.attr.State == QPSRTS || qp.attr.State == QPSSQD {
-		qp.req.progress()
+	if qp.sqHead != qp.sqEnd && qp.sqAt(qp.sqHead).done {
+		// The head is done before it completed only when the
+		// requester gave up on it (failLocal).
+		qp.req.failAtHead()
+	}
+	if st := qp.attr.State; st == QPSRTS || st == QPSSQD {
+		if qp.sqCur != qp.sqEnd || qp.sr != nil || qp.tmr.rnrWait || qp.mtu == 0 {
+			qp.req.progress()
+		} else {
+			// Nothing left to send (every ACK of a ping-pong): all
+			// progress would do is mark the pacer idle
+			// (TestAckNothingToSendIsProgress).
+			qp.cc.rp.Idle()
+		}
 	}
 }
 
