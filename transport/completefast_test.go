@@ -1,9 +1,12 @@
 package transport
 
 import (
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/gorocev2/rocev2/aeth"
+	"github.com/gorocev2/rocev2/bth"
 	"github.com/gorocev2/rocev2/memreg"
 )
 
@@ -34,5 +37,147 @@ func TestAckNothingToSendIsProgress(t *testing.T) {
 	}
 	if c := a.dev.Counters(); c.CompleterRetryErr != 0 {
 		t.Fatalf("%d go-back-N retries: the window stalled", c.CompleterRetryErr)
+	}
+}
+
+// TestAckCompletesRun: one ACK that covers many SENDs and WRITEs
+// (completer.ackUpTo: one CQ lock for the run) completes them in
+// order as one completion each would: signaled ones only, with their
+// opcodes, a keep-alive probe among them silently, and nothing past the
+// last PSN the ACK covers in full.
+func TestAckCompletesRun(t *testing.T) {
+	a, la, first, dmr, smr := silentRequester(t)
+	post := func(i int) {
+		t.Helper()
+		wr := SendWR{WRID: uint64(i), Opcode: WRSend, SGEs: sge(smr, 0, 64)}
+		if i%2 == 1 {
+			wr.Opcode, wr.RemoteAddr, wr.RKey = WRWrite, dmr.IOVA(), dmr.RKey()
+		}
+		if i != 3 && i != 7 {
+			wr.Flags = SendSignaled
+		}
+		if err := a.qp.PostSend(wr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		post(i)
+	}
+	if err := a.qp.Probe(); err != nil { // PSN first+5
+		t.Fatal(err)
+	}
+	for i := 5; i < 8; i++ {
+		post(i)
+	}
+	// A type 1 window's bind completes in the send queue's order as a
+	// local WR (no PSN of its own): the run's CQ lock is let go before
+	// it completes through pushWC, and taken again after it.
+	_, bmr := a.buffer(t, 64, memreg.AccessMWBind)
+	mw, err := a.pd.AllocMW(memreg.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.qp.BindMW(100, mw, MWBindInfo{MR: bmr, Addr: bmr.IOVA(), Length: 64, Access: memreg.AccessRemoteRead}, SendSignaled); err != nil {
+		t.Fatal(err)
+	}
+	for i := 8; i < 10; i++ {
+		post(i)
+	}
+	// WR 11 is two packets (PSNs first+11, first+12).
+	if err := a.qp.PostSend(SendWR{WRID: 11, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 1500), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(la.sent()); n != 13 {
+		t.Fatalf("%d packets sent, want 13", n)
+	}
+	ack := func(psn bth.PSN, msn uint32) {
+		t.Helper()
+		if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), psn, aeth.ACK(aeth.NoCreditLimit), msn), addrB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(wcs []WC, ids ...uint64) {
+		t.Helper()
+		if len(wcs) != len(ids) {
+			t.Fatalf("%d completions %+v, want WRIDs %v", len(wcs), wcs, ids)
+		}
+		for k, wc := range wcs {
+			op := WCSend
+			switch {
+			case wc.WRID == 100:
+				op = WCBindMW
+			case wc.WRID%2 == 1:
+				op = WCRDMAWrite
+			}
+			if wc.WRID != ids[k] || wc.Status != WCSuccess || wc.Opcode != op || wc.ByteLen != 0 || wc.QPN != a.qp.QPN() {
+				t.Fatalf("completion %d: %+v, want WRID %d %v success", k, wc, ids[k], op)
+			}
+		}
+	}
+	ack(first.Add(6), 7) // WRs 0-4 and the probe, WR 5
+	check(waitWC(t, a.scq, 5, 5*time.Second), 0, 1, 2, 4, 5)
+	noWC(t, a.scq)
+	ack(first.Add(11), 11) // WRs 6-9, the bind, and the first packet of WR 11
+	check(waitWC(t, a.scq, 4, 5*time.Second), 6, 100, 8, 9)
+	noWC(t, a.scq)
+	ack(first.Add(12), 12)
+	check(waitWC(t, a.scq, 1, 5*time.Second), 11)
+	if c := a.dev.Counters(); c.RDMASends != 5 || c.KeepAliveProbes != 1 {
+		t.Fatalf("rdma_sends %d keep_alive_probes %d, want 5 1", c.RDMASends, c.KeepAliveProbes)
+	}
+	if a.qp.State() != QPSRTS || a.qp.Err() != nil {
+		t.Fatalf("QP %v (%v), want RTS", a.qp.State(), a.qp.Err())
+	}
+}
+
+// TestAckRunOverflowsCQ: a CQ that overflows in the middle of an ACK's
+// run of completions keeps the ones before, loses the rest, raises
+// EventCQErr once, and its QP moves to ERR, as one completion at a time
+// did.
+func TestAckRunOverflowsCQ(t *testing.T) {
+	a, la, first, dmr, smr := silentRequesterWith(t, pairOpts{cqDepth: 4})
+	for i := range 7 {
+		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(la.sent()); n != 7 {
+		t.Fatalf("%d packets sent, want 7", n)
+	}
+	if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first.Add(6), aeth.ACK(aeth.NoCreditLimit), 7), addrB); err != nil {
+		t.Fatal(err)
+	}
+	wcs := make([]WC, 8)
+	if n := a.scq.Poll(wcs); n != 4 {
+		t.Fatalf("%d completions, want 4", n)
+	}
+	for k, wc := range wcs[:4] {
+		if wc.WRID != uint64(k) || wc.Status != WCSuccess {
+			t.Fatalf("completion %d: %+v", k, wc)
+		}
+	}
+	if err := a.scq.Err(); !errors.Is(err, ErrCQOverflow) {
+		t.Fatalf("CQ error %v, want overflow", err)
+	}
+	if st := a.qp.State(); st != QPSErr {
+		t.Fatalf("QP %v, want ERR", st)
+	}
+	if c := a.dev.Counters(); c.CQOverflow != 1 {
+		t.Fatalf("cq_overflow %d, want 1", c.CQOverflow)
+	}
+	cqErr := 0
+	for {
+		select {
+		case ev := <-a.dev.Events():
+			if ev.Type == EventCQErr {
+				cqErr++
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if cqErr != 1 {
+		t.Fatalf("%d EventCQErr, want 1", cqErr)
 	}
 }

@@ -112,6 +112,13 @@ func (c *completer) completeHead(w *sendWQE) {
 // ackUpTo applies a cumulative acknowledgement of every PSN up to and
 // including psn. It reports true when the ACK covers a READ or atomic
 // whose response is missing (the requester must retry).
+//
+// The SENDs and WRITEs it covers in full complete here as completeHead
+// would one by one, but their completions go to the send CQ under one
+// lock, taken at the first signaled one, and wake its waiters once
+// (endRun): an ACK of a stream of small messages covers many. A
+// completion the CQ cannot take is lost as completeHead's would be (and
+// so is every later one: the CQ is in error then).
 func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
 	if psn.Before(c.psn) {
 		return false
@@ -119,12 +126,18 @@ func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
 	qp := c.qp
 	from := c.psn
 	moved := false
+	var cq *CQ // the send CQ, locked, once a completion of the run went to it
+	var run runState
 	for qp.sqHead != qp.sqEnd && qp.req.started(qp.sqHead) { // c.head() != nil
 		w := qp.sqAt(qp.sqHead)
 		if psn.Before(w.firstPSN) {
 			break
 		}
 		if w.npkts == 0 { // a local operation (bind, invalidate), done when reached
+			if cq != nil { // completeHead stores through pushWC
+				qp.endRun(cq, run)
+				cq, run = nil, runState{}
+			}
 			c.completeHead(w)
 			moved = true
 			continue
@@ -139,14 +152,70 @@ func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
 			moved = true
 			break
 		}
-		c.completeHead(w)
+		// completeHead and completeSend of a SEND or WRITE, in line.
+		w.done = true
+		qp.req.rdComplete(w)
+		qp.roomFreed()
+		if w.wr.Opcode == WRSend || w.wr.Opcode == WRSendImm || w.wr.Opcode == WRSendInv {
+			inc(&qp.dev.ctr.RDMASends)
+		}
+		if w.probe {
+			qp.probes-- // the QP's own: no completion (completeSend)
+		} else if w.signaled {
+			if cq == nil {
+				cq = qp.sendCQ
+				cq.mu.Lock()
+			}
+			wc := WC{WRID: w.wr.WRID, Status: WCSuccess, QPN: qp.qpn, Opcode: WCSend}
+			if w.wr.Opcode == WRWrite || w.wr.Opcode == WRWriteImm {
+				wc.Opcode = WCRDMAWrite
+			}
+			ok, wk := cq.storeLocked(&wc, false)
+			run.wake = run.wake || wk
+			if !ok {
+				run.lost = true
+				run.over = run.over || wk
+			}
+		}
+		qp.sqHead++
+		c.psn = w.firstPSN.Add(w.npkts)
 		moved = true
+	}
+	if cq != nil {
+		qp.endRun(cq, run)
 	}
 	if moved {
 		qp.req.smallGrow(c.psn.Diff(from))
 		c.progressed()
 	}
 	return needRetry
+}
+
+// runState is what ackUpTo's stores of a run of completions reported.
+type runState struct {
+	wake bool // a completion was stored, or the CQ overflowed
+	lost bool // a completion was lost (overflow, or a CQ in error)
+	over bool // this run overflowed the CQ
+}
+
+// endRun ends a run of completions ackUpTo stored in cq: it unlocks cq,
+// marks the QP for the error state if one was lost (settle), raises an
+// overflow, and wakes cq's waiters as pushWC does.
+func (qp *QP) endRun(cq *CQ, run runState) {
+	cq.mu.Unlock()
+	if run.lost {
+		qp.cqLost = true
+	}
+	if run.over {
+		cq.overflowed()
+	}
+	if run.wake {
+		if qp.rxBatch {
+			qp.dev.deferWake(cq)
+		} else {
+			cq.wake()
+		}
+	}
 }
 
 // input handles a response packet. Called with qp.mu held.

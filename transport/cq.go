@@ -187,15 +187,26 @@ func (cq *CQ) push(wc *WC, solicited bool) bool {
 	return ok
 }
 
-// store stores one completion without waking a waiter. ok is false when
-// the completion was lost (overflow, or a CQ in error); wake reports
-// whether a waiter must be woken (a completion was stored, or the CQ just
-// overflowed). solicited marks a receive completion of a message with the
-// solicited event bit.
+// store is storeLocked with cq.mu taken and released (and an overflow
+// raised); it does not wake a waiter.
 func (cq *CQ) store(wc *WC, solicited bool) (ok, wake bool) {
 	cq.mu.Lock()
+	ok, wake = cq.storeLocked(wc, solicited)
+	cq.mu.Unlock()
+	if wake && !ok {
+		cq.overflowed()
+	}
+	return ok, wake
+}
+
+// storeLocked stores one completion; the caller holds cq.mu and wakes a
+// waiter after unlocking it. ok is false when the completion was lost
+// (overflow, or a CQ in error); wake reports whether a waiter must be
+// woken (a completion was stored, or the CQ just overflowed: then ok is
+// false, and the caller calls overflowed after unlocking). solicited
+// marks a receive completion of a message with the solicited event bit.
+func (cq *CQ) storeLocked(wc *WC, solicited bool) (ok, wake bool) {
 	if cq.err != nil {
-		cq.mu.Unlock()
 		return false, false
 	}
 	if cq.n == len(cq.ring) && len(cq.ring) < cq.depth {
@@ -204,9 +215,6 @@ func (cq *CQ) store(wc *WC, solicited bool) (ok, wake bool) {
 	if cq.n == len(cq.ring) {
 		cq.err = ErrCQOverflow
 		cq.full.Store(true)
-		cq.mu.Unlock()
-		inc(&cq.dev.ctr.CQOverflow)
-		cq.dev.raise(AsyncEvent{Type: EventCQErr, CQ: cq, Err: ErrCQOverflow})
 		return false, true
 	}
 	i := cq.head + cq.n
@@ -222,8 +230,14 @@ func (cq *CQ) store(wc *WC, solicited bool) (ok, wake bool) {
 		cq.armed = notifyOff
 		cq.fire = true
 	}
-	cq.mu.Unlock()
 	return true, true
+}
+
+// overflowed counts the overflow storeLocked reported and raises
+// EventCQErr. Without cq.mu.
+func (cq *CQ) overflowed() {
+	inc(&cq.dev.ctr.CQOverflow)
+	cq.dev.raise(AsyncEvent{Type: EventCQErr, CQ: cq, Err: ErrCQOverflow})
 }
 
 // wake delivers a due channel event and lets one waiter run; a waiter that

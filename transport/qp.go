@@ -209,17 +209,21 @@ func (qp *QP) initRoles() { qp.req.qp, qp.comp.qp, qp.resp.qp = qp, qp, qp }
 // for the error state, which settle applies once the operation in progress
 // is over. solicited marks a receive completion of a solicited message.
 func (qp *QP) pushWC(cq *CQ, wc *WC, solicited bool) {
-	var ok bool
-	if qp.rxBatch {
-		var wake bool
-		if ok, wake = cq.store(wc, solicited); wake {
-			qp.dev.deferWake(cq)
-		}
-	} else {
-		ok = cq.push(wc, solicited)
-	}
+	cq.mu.Lock()
+	ok, wake := cq.storeLocked(wc, solicited)
+	cq.mu.Unlock()
 	if !ok {
 		qp.cqLost = true
+		if wake {
+			cq.overflowed()
+		}
+	}
+	if wake {
+		if qp.rxBatch {
+			qp.dev.deferWake(cq)
+		} else {
+			cq.wake()
+		}
 	}
 }
 
