@@ -181,3 +181,55 @@ func TestAckRunOverflowsCQ(t *testing.T) {
 		t.Fatalf("%d EventCQErr, want 1", cqErr)
 	}
 }
+
+// TestArmRetransFast: in every state of an armed ACK timer (requests
+// outstanding or not, lazyPush, coldIdle, a zero timeout) where
+// armRetransFast reports it handled progress, it left the timer as
+// armRetrans would have; where it does not, progressed calls armRetrans.
+func TestArmRetransFast(t *testing.T) {
+	a, _, _, dmr, smr := silentRequester(t)
+	if err := a.qp.PostSend(SendWR{Opcode: WRWrite, SGEs: sge(smr, 0, 64), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	qp := a.qp
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if !qp.tmr.timerArmed || qp.comp.psn == qp.req.psn {
+		t.Fatalf("after a post to a silent peer: timer armed %v, outstanding %v", qp.tmr.timerArmed, qp.comp.psn != qp.req.psn)
+	}
+	tmr0, psn0, to0, lazy0 := qp.tmr, qp.comp.psn, qp.timeout, qp.dev.lazyPush
+	defer func() { qp.tmr, qp.comp.psn, qp.timeout, qp.dev.lazyPush = tmr0, psn0, to0, lazy0 }()
+	handled := 0
+	for k := range 16 {
+		outstanding, lazy, cold, zero := k&1 != 0, k&2 != 0, k&4 != 0, k&8 != 0
+		set := func() {
+			qp.tmr, qp.comp.psn, qp.timeout, qp.dev.lazyPush = tmr0, psn0, to0, lazy
+			qp.tmr.coldIdle = cold
+			if !outstanding {
+				qp.comp.psn = qp.req.psn
+			}
+			if zero {
+				qp.timeout = 0
+			}
+		}
+		set()
+		before := qp.tmr
+		if !qp.armRetransFast() {
+			if qp.tmr != before {
+				t.Fatalf("state %d: armRetransFast changed the timer and reported false", k)
+			}
+			continue
+		}
+		handled++
+		fast := qp.tmr
+		set()
+		qp.armRetrans()
+		if qp.tmr != fast {
+			t.Fatalf("state %d (outstanding %v lazyPush %v coldIdle %v zero timeout %v): armRetransFast left %+v, armRetrans %+v",
+				k, outstanding, lazy, cold, zero, fast, qp.tmr)
+		}
+	}
+	if handled != 4 { // outstanding with lazyPush, idle and warm: each with the other flag either way
+		t.Fatalf("armRetransFast handled %d states, want 4", handled)
+	}
+}

@@ -74,7 +74,28 @@ func (c *completer) progressed() {
 	qp.srProgress()
 	c.lateRun = 0
 	c.busySeen, c.busyRun = false, 0
-	qp.armRetrans()
+	if !qp.armRetransFast() {
+		qp.armRetrans()
+	}
+}
+
+// armRetransFast does what armRetrans would in its two cases after an ACK
+// with the timer armed, and reports whether it did: requests still
+// outstanding only mark the timer pushed (lazyPush), and a QP gone idle
+// keeps a warm timer (not coldIdle). In line, where armRetrans is a call
+// per ACK; TestArmRetransFast compares the two.
+func (qp *QP) armRetransFast() bool {
+	if qp.tmr.timerArmed && qp.timeout != 0 {
+		if qp.comp.psn != qp.req.psn {
+			if qp.dev.lazyPush {
+				qp.tmr.pushed = true
+				return true
+			}
+		} else if !qp.tmr.coldIdle {
+			return true
+		}
+	}
+	return false
 }
 
 // head returns the oldest WQE that was (at least partly) sent and has not
@@ -234,7 +255,14 @@ func (c *completer) input(p *packetT) {
 	}
 	switch p.Info.Kind {
 	case bth.KindAck:
-		c.onAck(p, psn)
+		if qp.sr == nil && p.AETH.Syndrome().Type() == aeth.TypeACK {
+			// onAck's first case, without its call (every ACK).
+			if c.ackUpTo(psn) {
+				c.retryOnGap()
+			}
+		} else {
+			c.onAck(p, psn)
+		}
 	case bth.KindReadResponse:
 		c.onReadResponse(p, psn)
 	case bth.KindAtomicAck:
