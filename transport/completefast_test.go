@@ -233,3 +233,64 @@ func TestArmRetransFast(t *testing.T) {
 		t.Fatalf("armRetransFast handled %d states, want 4", handled)
 	}
 }
+
+// TestAckRunFiresChannel: a send completion that an ACK's run stores in
+// place fires the CQ's completion channel when ReqNotify armed it for
+// any completion, and not when armed for solicited ones only.
+func TestAckRunFiresChannel(t *testing.T) {
+	a, r, _ := newPair(t, pairOpts{})
+	ch, err := a.dev.CreateCompChannel(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := a.dev.CreateCQWith(CQAttr{Depth: 16, Channel: ch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aq, err := a.dev.CreateQP(a.pd, QPInitAttr{Type: QPTypeRC, SendCQ: cq, RecvCQ: a.rcq, MaxSendWR: 8, MaxRecvWR: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rq, err := r.dev.CreateQP(r.pd, QPInitAttr{Type: QPTypeRC, SendCQ: r.scq, RecvCQ: r.rcq, MaxSendWR: 8, MaxRecvWR: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := aq.Connect(ConnParams{Peer: addrB, DestQPN: rq.QPN(), RQPSN: 7, SQPSN: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rq.Connect(ConnParams{Peer: addrA, DestQPN: aq.QPN(), RQPSN: 9, SQPSN: 7, Access: memreg.AccessRemoteWrite}); err != nil {
+		t.Fatal(err)
+	}
+	_, smr := a.buffer(t, 8, 0)
+	_, dmr := r.buffer(t, 8, memreg.AccessRemoteWrite)
+	write := func(id uint64) {
+		t.Helper()
+		if err := aq.PostSend(SendWR{WRID: id, Opcode: WRWrite, Flags: SendSignaled, SGEs: sge(smr, 0, 8), RemoteAddr: dmr.IOVA(), RKey: dmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+		if wc := waitWC(t, cq, 1, 5*time.Second)[0]; wc.WRID != id || wc.Status != WCSuccess {
+			t.Fatalf("completion %+v", wc)
+		}
+	}
+	if err := cq.ReqNotify(true); err != nil { // solicited only: a WRITE's success does not fire
+		t.Fatal(err)
+	}
+	write(1)
+	select {
+	case <-ch.C():
+		t.Fatal("a successful send completion fired a CQ armed for solicited completions")
+	default:
+	}
+	if err := cq.ReqNotify(false); err != nil {
+		t.Fatal(err)
+	}
+	write(2)
+	select {
+	case got := <-ch.C():
+		if got != cq {
+			t.Fatalf("event for %p, want %p", got, cq)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no channel event for the send completion")
+	}
+}

@@ -187,15 +187,21 @@ func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
 				cq = qp.sendCQ
 				cq.mu.Lock()
 			}
-			wc := WC{WRID: w.wr.WRID, Status: WCSuccess, QPN: qp.qpn, Opcode: WCSend}
-			if w.wr.Opcode == WRWrite || w.wr.Opcode == WRWriteImm {
-				wc.Opcode = WCRDMAWrite
-			}
-			ok, wk := cq.storeLocked(&wc, false)
-			run.wake = run.wake || wk
-			if !ok {
+			if slot, over := cq.slotLocked(); slot != nil {
+				op := WCSend
+				if w.wr.Opcode == WRWrite || w.wr.Opcode == WRWriteImm {
+					op = WCRDMAWrite
+				}
+				*slot = WC{WRID: w.wr.WRID, Status: WCSuccess, QPN: qp.qpn, Opcode: op}
+				if cq.armed != notifyOff {
+					cq.armedLocked(false, WCSuccess)
+				}
+				run.wake = true
+			} else {
 				run.lost = true
-				run.over = run.over || wk
+				if over {
+					run.over, run.wake = true, true
+				}
 			}
 		}
 		qp.sqHead++
@@ -231,11 +237,7 @@ func (qp *QP) endRun(cq *CQ, run runState) {
 		cq.overflowed()
 	}
 	if run.wake {
-		if qp.rxBatch {
-			qp.dev.deferWake(cq)
-		} else {
-			cq.wake()
-		}
+		qp.wakeCQ(cq)
 	}
 }
 

@@ -206,8 +206,28 @@ func (cq *CQ) store(wc *WC, solicited bool) (ok, wake bool) {
 // false, and the caller calls overflowed after unlocking). solicited
 // marks a receive completion of a message with the solicited event bit.
 func (cq *CQ) storeLocked(wc *WC, solicited bool) (ok, wake bool) {
+	slot, over := cq.slotLocked()
+	if slot == nil {
+		return false, over
+	}
+	*slot = *wc
+	if cq.armed != notifyOff {
+		cq.armedLocked(solicited, wc.Status)
+	}
+	return true, true
+}
+
+// slotLocked takes the ring entry the next completion goes to, under
+// cq.mu: the caller writes the whole entry before it unlocks, calls
+// armedLocked if cq.armed is set, and wakes a waiter after unlocking
+// (storeLocked does all that for a WC built elsewhere; the hot callers
+// write the entry in place). nil means the completion is lost
+// (overflow, or a CQ in error); over reports that this one overflowed
+// the CQ: the caller then calls overflowed after unlocking, and wakes
+// the waiters too.
+func (cq *CQ) slotLocked() (slot *WC, over bool) {
 	if cq.err != nil {
-		return false, false
+		return nil, false
 	}
 	if cq.n == len(cq.ring) && len(cq.ring) < cq.depth {
 		cq.grow()
@@ -215,22 +235,27 @@ func (cq *CQ) storeLocked(wc *WC, solicited bool) (ok, wake bool) {
 	if cq.n == len(cq.ring) {
 		cq.err = ErrCQOverflow
 		cq.full.Store(true)
-		return false, true
+		return nil, true
 	}
 	i := cq.head + cq.n
 	if i >= len(cq.ring) {
 		i -= len(cq.ring)
 	}
-	cq.ring[i] = *wc
 	cq.n++
 	if cq.n == 1 {
 		cq.full.Store(true)
 	}
-	if cq.armed == notifyNext || (cq.armed == notifySolicited && (solicited || wc.Status != WCSuccess)) {
+	return &cq.ring[i], false
+}
+
+// armedLocked applies ReqNotify's arming to a completion just stored
+// with status st (solicited: a receive completion of a solicited
+// message): the next channel event is due. Under cq.mu.
+func (cq *CQ) armedLocked(solicited bool, st WCStatus) {
+	if cq.armed == notifyNext || (cq.armed == notifySolicited && (solicited || st != WCSuccess)) {
 		cq.armed = notifyOff
 		cq.fire = true
 	}
-	return true, true
 }
 
 // overflowed counts the overflow storeLocked reported and raises

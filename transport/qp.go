@@ -219,11 +219,22 @@ func (qp *QP) pushWC(cq *CQ, wc *WC, solicited bool) {
 		}
 	}
 	if wake {
-		if qp.rxBatch {
+		if qp.rxBatch { // qp.wakeCQ, in line
 			qp.dev.deferWake(cq)
 		} else {
 			cq.wake()
 		}
+	}
+}
+
+// wakeCQ wakes cq's waiters after a completion was stored in it (or it
+// overflowed): at the end of the batch inside a received one
+// (Device.wakePending), else now.
+func (qp *QP) wakeCQ(cq *CQ) {
+	if qp.rxBatch {
+		qp.dev.deferWake(cq)
+	} else {
+		cq.wake()
 	}
 }
 

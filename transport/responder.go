@@ -220,13 +220,35 @@ func (r *responder) completeRecv(st WCStatus, op WCOpcode, n uint32, flags WCFla
 // that holds it already spares looking it up again).
 func (r *responder) completeWQE(rw *recvWQE, st WCStatus, op WCOpcode, n uint32, flags WCFlags, imm, inv uint32, solicited bool) {
 	qp := r.qp
-	wc := WC{WRID: rw.wrid, Status: st, Opcode: op, ByteLen: n, Flags: flags, Imm: imm,
-		InvalidatedRKey: inv, QPN: qp.qpn, SrcQP: qp.attr.DestQPN}
+	wrid := rw.wrid
 	qp.consumeRecv()
 	r.wqeActive = false
 	r.rsl = memreg.ScatterList{}
 	inc(&qp.dev.ctr.RDMARecvs)
-	qp.pushWC(qp.recvCQ, &wc, solicited)
+	// pushWC, with the completion written in place in the CQ's ring.
+	cq := qp.recvCQ
+	cq.mu.Lock()
+	slot, over := cq.slotLocked()
+	if slot != nil {
+		*slot = WC{WRID: wrid, Status: st, Opcode: op, ByteLen: n, Flags: flags, Imm: imm,
+			InvalidatedRKey: inv, QPN: qp.qpn, SrcQP: qp.attr.DestQPN}
+		if cq.armed != notifyOff {
+			cq.armedLocked(solicited, st)
+		}
+	}
+	cq.mu.Unlock()
+	if slot == nil {
+		qp.cqLost = true
+		if !over {
+			return
+		}
+		cq.overflowed()
+	}
+	if qp.rxBatch { // qp.wakeCQ, in line
+		qp.dev.deferWake(cq)
+	} else {
+		cq.wake()
+	}
 }
 
 // rnrNAK answers a request that needs a receive WQE when none is posted:
