@@ -294,3 +294,76 @@ func TestAckRunFiresChannel(t *testing.T) {
 		t.Fatal("no channel event for the send completion")
 	}
 }
+
+// TestCQSlotRing: completions stored as ackUpTo stores them (slotFast
+// in line, slotLocked where it returns nil: the first one of an empty
+// CQ, a full ring, a CQ in error) come out of Poll in order, with the ring wrapping and growing,
+// until the CQ overflows at its depth: the completion that overflows it
+// and every later one are lost, the ones stored before are still polled.
+func TestCQSlotRing(t *testing.T) {
+	for _, depth := range []int{1, 5, 16, 40} {
+		a, _, _ := newPair(t, pairOpts{})
+		cq, err := a.dev.CreateCQ(depth)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var model []uint64 // what the CQ holds, oldest first
+		next := uint64(0)
+		store := func(k int) (lost int) {
+			cq.mu.Lock()
+			for range k {
+				slot, over := cq.slotFast(), false
+				if slot == nil {
+					slot, over = cq.slotLocked()
+				}
+				if slot == nil {
+					if over != (lost == 0 && len(model) == depth && cq.err == ErrCQOverflow) {
+						t.Fatalf("depth %d: over %v with %d held", depth, over, len(model))
+					}
+					lost++
+					continue
+				}
+				*slot = WC{WRID: next}
+				model = append(model, next)
+				next++
+			}
+			cq.mu.Unlock()
+			return lost
+		}
+		wcs := make([]WC, 64)
+		poll := func(k int) {
+			t.Helper()
+			n := cq.Poll(wcs[:k])
+			if n != min(k, len(model)) {
+				t.Fatalf("depth %d: polled %d of %d, want %d", depth, n, len(model), min(k, len(model)))
+			}
+			for i := range n {
+				if wcs[i].WRID != model[i] {
+					t.Fatalf("depth %d: polled WRID %d, want %d", depth, wcs[i].WRID, model[i])
+				}
+			}
+			model = model[n:]
+		}
+		rng := []int{3, 2, 7, 1, 4, 6, 5, 9, 2, 8}
+		for i, k := range rng {
+			if lost := store(min(k, depth-len(model))); lost != 0 {
+				t.Fatalf("depth %d: lost %d before the CQ was full", depth, lost)
+			}
+			poll(rng[(i+3)%len(rng)])
+			for len(model) > depth/2 { // keep room for the next round
+				poll(1)
+			}
+		}
+		// Fill it, then one more overflows it.
+		if lost := store(depth - len(model) + 3); lost != 3 {
+			t.Fatalf("depth %d: lost %d, want 3", depth, lost)
+		}
+		if err := cq.Err(); !errors.Is(err, ErrCQOverflow) {
+			t.Fatalf("depth %d: CQ error %v", depth, err)
+		}
+		poll(64)
+		if len(model) != 0 {
+			t.Fatalf("depth %d: %d left", depth, len(model))
+		}
+	}
+}

@@ -187,7 +187,11 @@ func (c *completer) ackUpTo(psn bth.PSN) (needRetry bool) {
 				cq = qp.sendCQ
 				cq.mu.Lock()
 			}
-			if slot, over := cq.slotLocked(); slot != nil {
+			slot, over := cq.slotFast(), false
+			if slot == nil {
+				slot, over = cq.slotLocked()
+			}
+			if slot != nil {
 				op := WCSend
 				if w.wr.Opcode == WRWrite || w.wr.Opcode == WRWriteImm {
 					op = WCRDMAWrite

@@ -217,6 +217,22 @@ func (cq *CQ) storeLocked(wc *WC, solicited bool) (ok, wake bool) {
 	return true, true
 }
 
+// slotFast is slotLocked's usual case for a busy CQ, in line (an ACK's
+// run of completions takes it first): room in the ring, and completions
+// stored already (full is set, the CQ is not in error). nil means
+// slotLocked must decide.
+func (cq *CQ) slotFast() *WC {
+	if n, r := cq.n, cq.ring; uint(n-1) < uint(len(r)-1) && cq.err == nil { // 0 < n < len(r)
+		i := cq.head + n
+		if i >= len(r) {
+			i -= len(r)
+		}
+		cq.n = n + 1
+		return &r[i]
+	}
+	return nil
+}
+
 // slotLocked takes the ring entry the next completion goes to, under
 // cq.mu: the caller writes the whole entry before it unlocks, calls
 // armedLocked if cq.armed is set, and wakes a waiter after unlocking
