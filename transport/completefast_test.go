@@ -295,9 +295,9 @@ func TestAckRunFiresChannel(t *testing.T) {
 	}
 }
 
-// TestCQSlotRing: completions stored as ackUpTo stores them (slotFast
-// in line, slotLocked where it returns nil: the first one of an empty
-// CQ, a full ring, a CQ in error) come out of Poll in order, with the ring wrapping and growing,
+// TestCQSlotRing: completions stored as ackUpTo and completeWQE store
+// them (slotFast in line, slotLocked where it returns nil: a full ring,
+// a CQ in error) come out of Poll in order, with the ring wrapping and growing,
 // until the CQ overflows at its depth: the completion that overflows it
 // and every later one are lost, the ones stored before are still polled.
 func TestCQSlotRing(t *testing.T) {

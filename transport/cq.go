@@ -217,17 +217,21 @@ func (cq *CQ) storeLocked(wc *WC, solicited bool) (ok, wake bool) {
 	return true, true
 }
 
-// slotFast is slotLocked's usual case for a busy CQ, in line (an ACK's
-// run of completions takes it first): room in the ring, and completions
-// stored already (full is set, the CQ is not in error). nil means
-// slotLocked must decide.
+// slotFast is slotLocked's usual case, in line (the receive completions
+// and an ACK's run of completions take it first): room in the ring and
+// no error; it sets full with the first completion, as slotLocked does.
+// nil means slotLocked must decide (a full ring grows or overflows; a
+// CQ in error loses the completion).
 func (cq *CQ) slotFast() *WC {
-	if n, r := cq.n, cq.ring; uint(n-1) < uint(len(r)-1) && cq.err == nil { // 0 < n < len(r)
+	if n, r := cq.n, cq.ring; n < len(r) && cq.err == nil {
 		i := cq.head + n
 		if i >= len(r) {
 			i -= len(r)
 		}
 		cq.n = n + 1
+		if n == 0 {
+			cq.full.Store(true)
+		}
 		return &r[i]
 	}
 	return nil

@@ -228,7 +228,10 @@ func (r *responder) completeWQE(rw *recvWQE, st WCStatus, op WCOpcode, n uint32,
 	// pushWC, with the completion written in place in the CQ's ring.
 	cq := qp.recvCQ
 	cq.mu.Lock()
-	slot, over := cq.slotLocked()
+	slot, over := cq.slotFast(), false
+	if slot == nil {
+		slot, over = cq.slotLocked()
+	}
 	if slot != nil {
 		*slot = WC{WRID: wrid, Status: st, Opcode: op, ByteLen: n, Flags: flags, Imm: imm,
 			InvalidatedRKey: inv, QPN: qp.qpn, SrcQP: qp.attr.DestQPN}
