@@ -16,7 +16,8 @@ type SocketOptions struct {
 	// BatchSize is the number of datagrams per sendmmsg/recvmmsg call.
 	// 0 means 64. With GSO a sent datagram holds a group of packets: a
 	// group ends at the latest at every BatchSize-th packet of a Send, and
-	// one sendmmsg carries BatchSize groups.
+	// one sendmmsg carries up to BatchSize groups: as many whole groups as
+	// its iovecs hold (room for 256 packets at three iovecs each).
 	BatchSize int
 	// GSO sends runs of consecutive packets with the same destination, TOS
 	// and size as one UDP GSO datagram (UDP_SEGMENT), which the kernel

@@ -620,9 +620,11 @@ func putTOSCmsg(b []byte, tos uint8, is6 bool) int {
 // one group of packets (gsoGroup) that does not cross a multiple of
 // BatchSize packets from the start of pkts — the datagrams are those of
 // BatchSize packets sent at a time — and a sendmmsg carries up to
-// BatchSize messages (with GSO, as many packets as its iovecs hold: at
-// least sendPktsMax), so that a Send of several BatchSize of GSO packets
-// takes one call, not one per BatchSize packets. The source port is
+// BatchSize messages (with GSO, only the whole groups its iovecs hold:
+// room for sendPktsMax packets at three iovecs each), so that a Send of
+// several BatchSize of GSO packets takes one call, not one per BatchSize
+// packets, when its groups fit (a BatchSize below 16 caps a call at
+// BatchSize² packets). The source port is
 // SendPort, or Packet.SrcPort with SocketOptions.SourcePorts (see
 // SocketLink); each Packet.SrcPort is set to the port used.
 // It returns after every packet was accepted by the kernel, or with the
@@ -654,9 +656,10 @@ func (l *SocketLink) Send(pkts []Packet) error {
 	return nil
 }
 
-// sendPktsMax is how many packets one sendmmsg on a GSO link holds at
-// least: the send iovecs are sized for it at zcIovs per packet, the most
-// one takes (packets whose iovecs merge fit more). It is at least
+// sendPktsMax is how many packets the iovecs of one sendmmsg on a GSO
+// link hold at least (its BatchSize messages may hold fewer): the send
+// iovecs are sized for it at zcIovs per packet, the most one takes
+// (packets whose iovecs merge fit more). It is at least
 // gsoMaxSegs, so that any group fits.
 const sendPktsMax = 4 * gsoMaxSegs
 
