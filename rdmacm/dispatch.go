@@ -173,7 +173,9 @@ func (m *Manager) onREQ(mad *transport.MAD, h *cm.HeaderFields, f *cm.REQFields)
 		return
 	}
 	for len(l.half) >= l.opts.Backlog {
-		l.shedLocked(mad.Src)
+		if !l.shedLocked(mad.Src, key) {
+			return // dropped: its requester sends it again
+		}
 	}
 	c := newConn(m, false, l.opts.Options.withDefaults())
 	if c.opts.TrafficClass == 0 {

@@ -65,8 +65,9 @@
 // keep-alive. A listener sets
 // requests up concurrently, bounds each half-open one in time
 // (HalfOpenTimeout) and their number (Backlog, shedding the oldest of the
-// source holding the most), and answers requests (a QP, a REP) only while
-// fewer than Backlog connections wait for Accept (one source holding at
+// source holding the most, or dropping the new request when its own
+// source holds the most and has nothing unanswered to give up), and
+// answers requests (a QP, a REP) only while fewer than Backlog connections wait for Accept (one source holding at
 // most half); requests queue apart from answers, fairly per source; a REJ or DREQ ends an established connection only when both
 // communication IDs and the address match. Everything the manager drops
 // is counted (Stats: REJs by reason, ends by cause, ...). See

@@ -18,11 +18,16 @@ type ListenOptions struct {
 	Options
 	// Backlog bounds the connection requests the listener holds that are
 	// not established yet, waiting for Accept or for the peer's RTU
-	// (default 128). When it is full, a new request sheds the oldest
-	// half-open one of the source address that holds the most (the
-	// oldest of all when every source holds one), which is rejected (no
-	// resources): a REQ flood costs bounded memory, and a flood from one
-	// address cannot push out another's requests.
+	// (default 128). When it is full, a new request sheds a half-open
+	// one of the source address that holds the most (the oldest of all
+	// when every source holds one): its oldest unanswered one, dropped
+	// without a word, else one answered, rejected (no resources). When
+	// the new request's own source holds the most and all its other
+	// requests are answered, the new request is dropped without a word
+	// instead (Stats.BacklogDropped; its requester sends it again), so
+	// that a client reconnecting in a loop does not fail its attempt
+	// about to complete. A REQ flood costs bounded memory, and a flood
+	// from one address cannot push out another's requests.
 	//
 	// Backlog also bounds Listener.Accept's accept queue: the connections
 	// its workers answered (a QP created, the REP sent) or established
@@ -549,19 +554,31 @@ func (l *Listener) closeLocked() {
 	close(l.closedCh)
 }
 
-// shedLocked makes room in a full backlog for a request from src. The
-// victim is the oldest request of the source address holding the most
-// (src counted with the new request), so that a flood from one address
-// cannot push out another's requests: an unanswered one first (dropped
-// without a word, as a full SYN queue drops a SYN: a live requester sends
-// its REQ again after its response timeout), else one waiting for its
-// RTU (rejected: no resources, since its requester may think itself
-// connected). When every source holds one, the oldest request waiting for
-// its RTU goes first. A request sent again after it was shed is never
-// the victim while another can be.
-func (l *Listener) shedLocked(src netip.Addr) {
+// shedLocked makes room in a full backlog for a new request from src
+// (key names it), or reports false: the new request is to be dropped
+// instead. The victim is a request of the source address holding the
+// most (src counted with the new request), so that a flood from one
+// address cannot push out another's requests: its oldest unanswered one
+// (dropped without a word, as a full SYN queue drops a SYN: a live
+// requester sends its REQ again after its response timeout), else, when
+// that source is another than src, its oldest one taken to be answered
+// (a QP being set up, or the REP sent and the RTU awaited: rejected, no
+// resources, since its requester may think itself connected). When src
+// itself holds the most and has no unanswered request to give up, the
+// new request is dropped without a word (Stats.BacklogDropped) and
+// remembered as shed: its requester sends it again, and the answered
+// ones — about to complete, perhaps the same client's previous attempt —
+// are not failed for a newer one of theirs, as neither Linux's rdma_cm
+// (a REQ beyond the backlog is dropped, cm_destroy_id's -ENOMEM "to allow
+// future retries") nor TCP (tcp_conn_request drops the SYN; no SYN_RECV
+// request is evicted for it) fails an answered request for a new one.
+// When every source holds at most one and src none, the oldest request
+// waiting for its RTU goes first, then the oldest unanswered one. A
+// request sent again after it was shed is never the victim while
+// another of its source can be.
+func (l *Listener) shedLocked(src netip.Addr, key remoteKey) bool {
 	if len(l.half) == 0 {
-		return
+		return true
 	}
 	count := func(a netip.Addr) int {
 		n := l.perSrc[a]
@@ -576,42 +593,53 @@ func (l *Listener) shedLocked(src netip.Addr) {
 			heavy, most = a, n
 		}
 	}
-	first := func(from []*Conn, match bool) *Conn {
-		for _, c := range from {
-			if (!match || c.peer == heavy) && !c.life.retried {
+	// first returns the oldest request of heavy (of anyone: !match)
+	// that is queued (unanswered) or not, sent again or not (any).
+	first := func(match, queued, any bool) *Conn {
+		for _, c := range l.half {
+			if (!match || c.peer == heavy) && c.life.queued == queued && (any || !c.life.retried) {
 				return c
 			}
 		}
 		return nil
 	}
-	victim := first(l.queue, true)
-	if victim == nil {
-		victim = first(l.half, true)
-	}
-	if victim == nil {
-		// Every source holds one: the oldest request still waiting for
-		// its RTU goes (a requester that is there answers a REP within
-		// a round trip), then the oldest unanswered one.
-		for _, c := range l.half {
-			if !c.life.queued && !c.life.retried {
-				victim = c
-				break
-			}
-		}
-		if victim == nil {
-			if victim = first(l.queue, false); victim == nil {
+	m := l.m
+	var victim *Conn
+	switch {
+	case most == 1:
+		// Every source holds at most one and src none: the oldest
+		// request still waiting for its RTU goes (a requester that is
+		// there answers a REP within a round trip), then the oldest
+		// unanswered one.
+		if victim = first(false, false, false); victim == nil {
+			if victim = first(false, true, false); victim == nil {
 				victim = l.half[0]
 			}
 		}
+	case heavy == src:
+		if victim = first(true, true, false); victim == nil {
+			// src's other requests are answered (or sent again):
+			// the new one waits for its requester's next try.
+			m.st.backlogDropped.Add(1)
+			m.rememberShedLocked(key)
+			return false
+		}
+	default:
+		// Another source holds more than src would: one of its goes,
+		// a request sent again only when it has no other.
+		for _, any := range []bool{false, true} {
+			if victim = first(true, true, any); victim == nil {
+				victim = first(true, false, any)
+			}
+			if victim != nil {
+				break
+			}
+		}
 	}
-	m := l.m
 	m.st.shed.Add(1)
 	m.st.rejBacklog.Add(1)
 	if victim.life.queued {
-		if len(m.shedIDs) >= 1024 {
-			clear(m.shedIDs)
-		}
-		m.shedIDs[remoteKey{victim.peer, victim.remoteID}] = true
+		m.rememberShedLocked(remoteKey{victim.peer, victim.remoteID})
 	} else {
 		kind := cm.KindREQ
 		if victim.state == stREPSent {
@@ -623,6 +651,16 @@ func (l *Listener) shedLocked(src netip.Addr) {
 	}
 	victim.endedBy(CauseShed)
 	victim.finishLocked(errShed)
+	return true
+}
+
+// rememberShedLocked notes a request dropped unanswered for a full
+// backlog: sent again, it proves its requester is there (onREQ).
+func (m *Manager) rememberShedLocked(key remoteKey) {
+	if len(m.shedIDs) >= 1024 {
+		clear(m.shedIDs)
+	}
+	m.shedIDs[key] = true
 }
 
 // Accept accepts the request with opts: the QP goes to RTR, the REP goes

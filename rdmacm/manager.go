@@ -81,8 +81,14 @@ type Stats struct {
 	Disconnected  uint64 // connections that ended (either side)
 	// Shed counts half-open connections a listener dropped, oldest (of
 	// the source holding the most) first, to admit a newer request when
-	// its backlog was full; each was answered with a REJ (no resources).
+	// its backlog was full: an unanswered one without a word, one
+	// answered (its QP set up, its REP sent) with a REJ (no resources).
 	Shed uint64
+	// BacklogDropped counts REQs a listener with a full backlog dropped
+	// on arrival, without a word, instead of shedding a request: their
+	// source held the most, and all its other requests were answered
+	// (or sent again). Each requester sends its REQ again.
+	BacklogDropped uint64
 	// AcceptQueueFull counts requests Listener.Accept left waiting
 	// unanswered (no QP created, no REP sent) because its accept queue
 	// was full — Backlog connections answered or established and not
@@ -134,7 +140,7 @@ type Stats struct {
 type stats struct {
 	madsIn, madsOut, retransmits, duplicates, malformed, unknown   atomic.Uint64
 	rejNoListener, rejBacklog, rejStale, established, disconnected atomic.Uint64
-	shed, spoofDropped, strayDREQ, farewellDREQs                   atomic.Uint64
+	shed, spoofDropped, strayDREQ, farewellDREQs, backlogDropped   atomic.Uint64
 	dreqForDead, drepForDead                                       atomic.Uint64
 	acceptQFull, acceptQDropped, acceptQEvicted                    atomic.Uint64
 	rejSent, rejRecv                                               [maxReason + 1]atomic.Uint64
@@ -327,7 +333,7 @@ func (m *Manager) Stats() Stats {
 		Established: s.established.Load(), Disconnected: s.disconnected.Load(),
 		QPFailed: s.qpFailed.Load(), KeepAliveFailed: s.keepAliveFailed.Load(), KeepAliveProbes: s.keepAliveProbes.Load(),
 		Unreachable: s.unreachable.Load(),
-		Shed:        s.shed.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(), FarewellDREQs: s.farewellDREQs.Load(),
+		Shed:        s.shed.Load(), BacklogDropped: s.backlogDropped.Load(), SpoofDropped: s.spoofDropped.Load(), StrayDREQ: s.strayDREQ.Load(), FarewellDREQs: s.farewellDREQs.Load(),
 		DREQForDead: s.dreqForDead.Load(), DREPForDead: s.drepForDead.Load(),
 		AcceptQueueFull: s.acceptQFull.Load(), AcceptQueueDropped: s.acceptQDropped.Load(), AcceptQueueEvicted: s.acceptQEvicted.Load(),
 		RejSent: map[cm.RejectReason]uint64{}, RejRecv: map[cm.RejectReason]uint64{}, Ended: map[Cause]uint64{}}
