@@ -55,7 +55,7 @@ func TestCmtime(t *testing.T) {
 				t.Errorf("%s: %s is not %d:\n%s", r.who, c, conns, r.out)
 			}
 		}
-		for _, c := range []string{"cm_unknown", "cm_shed", "cm_acceptq_dropped"} {
+		for _, c := range []string{"cm_unknown", "cm_shed", "cm_backlog_dropped", "cm_acceptq_dropped"} {
 			if !hasCounter(r.out, c, "0") {
 				t.Errorf("%s: %s is not 0:\n%s", r.who, c, r.out)
 			}

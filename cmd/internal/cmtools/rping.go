@@ -994,7 +994,8 @@ func printCMStats(w io.Writer, label string, s rdmacm.Stats) {
 		{"cm_rej_no_listener", s.RejNoListener}, {"cm_rej_backlog", s.RejBacklog}, {"cm_rej_stale", s.RejStale},
 		{"cm_established", s.Established}, {"cm_disconnected", s.Disconnected},
 		{"cm_lost_qp", s.QPFailed}, {"cm_keepalive_probes", s.KeepAliveProbes}, {"cm_keepalive_dead", s.KeepAliveFailed},
-		{"cm_unreachable", s.Unreachable}, {"cm_shed", s.Shed}, {"cm_acceptq_full", s.AcceptQueueFull},
+		{"cm_unreachable", s.Unreachable}, {"cm_shed", s.Shed}, {"cm_backlog_dropped", s.BacklogDropped},
+		{"cm_acceptq_full", s.AcceptQueueFull},
 		{"cm_acceptq_dropped", s.AcceptQueueDropped}, {"cm_acceptq_evicted", s.AcceptQueueEvicted},
 		{"cm_spoof_dropped", s.SpoofDropped}, {"cm_stray_dreq", s.StrayDREQ},
 		{"cm_farewell_dreqs", s.FarewellDREQs}, {"cm_dreq_for_dead", s.DREQForDead}, {"cm_drep_for_dead", s.DREPForDead}} {
