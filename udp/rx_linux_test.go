@@ -56,6 +56,83 @@ func epollTargets(t *testing.T, c *rxConn) int {
 	return n
 }
 
+// rxHarness is a pair of links without GRO (every Recv of one packet is
+// one receive call; with GRO one call may take several queued datagrams)
+// for the rxConn tests: b receives what a sends.
+type rxHarness struct {
+	t       *testing.T
+	a, b    *SocketLink
+	out, in []Packet
+}
+
+func newRxHarness(t *testing.T) *rxHarness {
+	a, b := listenPairOpts(t, &SocketOptions{NoGRO: true}, &SocketOptions{NoGRO: true})
+	return &rxHarness{t: t, a: a, b: b, out: testPackets(1, 256, sockB, 0), in: recvBufs(1)}
+}
+
+// send sends n one-packet datagrams from a to b.
+func (h *rxHarness) send(n int) {
+	h.t.Helper()
+	for range n {
+		if err := h.a.Send(h.out); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+}
+
+// recv receives n packets on b, one per Recv.
+func (h *rxHarness) recv(n int) {
+	h.t.Helper()
+	for range n {
+		if n, err := h.b.Recv(h.in); n != 1 || err != nil {
+			h.t.Fatalf("Recv = %d, %v", n, err)
+		}
+	}
+}
+
+// start runs one Recv of one packet on b in a goroutine.
+func (h *rxHarness) start() chan error {
+	done := make(chan error, 1)
+	go func() {
+		n, err := h.b.Recv(h.in)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("Recv = %d packets", n)
+		}
+		done <- err
+	}()
+	return done
+}
+
+// wait waits for start's Recv to return without an error.
+func (h *rxHarness) wait(done chan error, what string) {
+	h.t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			h.t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(10 * time.Second):
+		h.t.Fatalf("%s: Recv did not return in 10 s", what)
+	}
+}
+
+// waitedRecv has a Recv on an empty socket join the poller, wait, and be
+// woken by a datagram.
+func (h *rxHarness) waitedRecv(what string) {
+	h.t.Helper()
+	done := h.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for epollTargets(h.t, h.b.rx) != 1 {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%s: Recv on an empty socket did not join the poller in 10 s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(5 * time.Millisecond) // let it park
+	h.send(1)
+	h.wait(done, what)
+}
+
 // TestRxConnWatchedOnlyWhileWaiting checks the point of rxConn: while
 // the receiver finds data without waiting, the receive socket is in no
 // epoll set (so an arriving datagram wakes nobody); a Recv that finds it
@@ -63,27 +140,8 @@ func epollTargets(t *testing.T, c *rxConn) int {
 // set while Recvs keep waiting and leaves after leaveAfter Recvs in a row
 // did not wait.
 func TestRxConnWatchedOnlyWhileWaiting(t *testing.T) {
-	// No GRO: then every Recv of one packet is one receive call (with GRO
-	// one call may take several queued datagrams).
-	a, b := listenPairOpts(t, &SocketOptions{NoGRO: true}, &SocketOptions{NoGRO: true})
-	out := testPackets(1, 256, sockB, 0)
-	in := recvBufs(1)
-	send := func(n int) {
-		t.Helper()
-		for range n {
-			if err := a.Send(out); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	recv := func(n int) {
-		t.Helper()
-		for range n {
-			if n, err := b.Recv(in); n != 1 || err != nil {
-				t.Fatalf("Recv = %d, %v", n, err)
-			}
-		}
-	}
+	h := newRxHarness(t)
+	b, send, recv := h.b, h.send, h.recv
 	targets := func(want int, when string) {
 		t.Helper()
 		if n := epollTargets(t, b.rx); n != want {
@@ -101,31 +159,7 @@ func TestRxConnWatchedOnlyWhileWaiting(t *testing.T) {
 
 	// Two rounds of a Recv on an empty socket, woken by a datagram.
 	for round := range 2 {
-		done := make(chan error, 1)
-		go func() {
-			n, err := b.Recv(in)
-			if err == nil && n != 1 {
-				err = fmt.Errorf("Recv = %d packets", n)
-			}
-			done <- err
-		}()
-		deadline := time.Now().Add(10 * time.Second)
-		for epollTargets(t, b.rx) != 1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: Recv on an empty socket did not add it to the epoll set in 10 s", round)
-			}
-			time.Sleep(time.Millisecond)
-		}
-		time.Sleep(5 * time.Millisecond) // let it park
-		send(1)
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("round %d: woken Recv: %v", round, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("round %d: a datagram did not wake the waiting Recv in 10 s", round)
-		}
+		h.waitedRecv(fmt.Sprintf("round %d", round))
 		if w := b.rx.waits.Load(); w != uint64(round+1) {
 			t.Fatalf("round %d: waits = %d, want %d", round, w, round+1)
 		}
@@ -146,49 +180,18 @@ func TestRxConnWatchedOnlyWhileWaiting(t *testing.T) {
 // the socket stays in the epoll set through the bursts; a receiver that
 // then stays away long enough leaves after leaveAfter again.
 func TestRxConnStaysWhenWaitingOften(t *testing.T) {
-	a, b := listenPairOpts(t, &SocketOptions{NoGRO: true}, &SocketOptions{NoGRO: true})
-	out := testPackets(1, 256, sockB, 0)
-	in := recvBufs(1)
-	send := func(n int) {
-		t.Helper()
-		for range n {
-			if err := a.Send(out); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	recv := func(n int) {
-		t.Helper()
-		for range n {
-			if n, err := b.Recv(in); n != 1 || err != nil {
-				t.Fatalf("Recv = %d, %v", n, err)
-			}
-		}
-	}
+	h := newRxHarness(t)
+	b, send, recv := h.b, h.send, h.recv
 	// wait has a Recv find the socket empty and be woken by a datagram
 	// (tried again if the Recv started only after the datagram came).
 	wait := func(round int) {
 		t.Helper()
 		for try := 0; ; try++ {
 			waits := b.rx.waits.Load()
-			done := make(chan error, 1)
-			go func() {
-				n, err := b.Recv(in)
-				if err == nil && n != 1 {
-					err = fmt.Errorf("Recv = %d packets", n)
-				}
-				done <- err
-			}()
+			done := h.start()
 			time.Sleep(5 * time.Millisecond) // let it find the socket empty and park
 			send(1)
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("round %d: %v", round, err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("round %d: a datagram did not wake the waiting Recv in 10 s", round)
-			}
+			h.wait(done, fmt.Sprintf("round %d", round))
 			if b.rx.waits.Load() != waits {
 				return
 			}
@@ -231,52 +234,9 @@ func TestRxConnStaysWhenWaitingOften(t *testing.T) {
 // without the full receive call; a datagram that is already queued when
 // such a Read starts is received at once, without waiting.
 func TestRxConnProbeAfterWait(t *testing.T) {
-	a, b := listenPairOpts(t, &SocketOptions{NoGRO: true}, &SocketOptions{NoGRO: true})
-	out := testPackets(1, 256, sockB, 0)
-	in := recvBufs(1)
-	send := func() {
-		t.Helper()
-		if err := a.Send(out); err != nil {
-			t.Fatal(err)
-		}
-	}
-	start := func() chan error {
-		done := make(chan error, 1)
-		go func() {
-			n, err := b.Recv(in)
-			if err == nil && n != 1 {
-				err = fmt.Errorf("Recv = %d packets", n)
-			}
-			done <- err
-		}()
-		return done
-	}
-	wait := func(done chan error, what string) {
-		t.Helper()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("%s: %v", what, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: Recv did not return in 10 s", what)
-		}
-	}
-	// A Recv on an empty socket that waits (and is woken by a datagram).
-	waitedRecv := func(what string) {
-		t.Helper()
-		done := start()
-		deadline := time.Now().Add(10 * time.Second)
-		for epollTargets(t, b.rx) != 1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: Recv on an empty socket did not join the poller in 10 s", what)
-			}
-			time.Sleep(time.Millisecond)
-		}
-		time.Sleep(5 * time.Millisecond) // let it park
-		send()
-		wait(done, what)
-	}
+	h := newRxHarness(t)
+	b, start, wait, waitedRecv := h.b, h.start, h.wait, h.waitedRecv
+	send := func() { t.Helper(); h.send(1) }
 	waitedRecv("first wait")
 	if w, p := b.rx.waits.Load(), b.rx.probes.Load(); w != 1 || p != 0 {
 		t.Fatalf("after the first wait: waits %d probes %d, want 1 and 0 (no Read waited before it)", w, p)
