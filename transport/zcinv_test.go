@@ -48,7 +48,14 @@ func TestZeroCopyReadThenLocalInv(t *testing.T) {
 func testReadThenInv(t *testing.T, size int, copySend, local bool) {
 	for round := 0; round < 10; round++ {
 		n := memnet.NewMemNetwork(memnet.Faults{})
-		o := pairOpts{mtu: MTU4096, timeout: 8, retry: 3}
+		// The ACK timeout is 268 ms and retry_cnt 7: with the fix no
+		// timer expires, so the timeout is a hang guard; without it the
+		// requester resends the READ after one timeout and fails all
+		// the same. It was ~1 ms with 3 retries: under -race on a
+		// loaded machine the responses of a 256 KiB READ, in scheduler
+		// turns, came more than a millisecond apart four times in a row
+		// and the READ failed with "retry counter exceeded".
+		o := pairOpts{mtu: MTU4096, timeout: 16, retry: 7}
 		o.defaults()
 		a := newSide(t, n, addrA, &o)
 		bl := newGatedZCLink(t, n, addrB, nil)
