@@ -222,32 +222,41 @@ func (r *schedRig) collect(t *testing.T, want int, d time.Duration, per []int, r
 }
 
 // TestSchedNoTimeoutWhileWaiting: 600 QPs post a WRITE each at once into
-// a 2,500-packet/s wire with a 134 ms ACK timeout (the wire needs 240 ms
-// for them all; under -race 150 QPs and 625 packets/s). With the send scheduler (the default on the wall clock),
-// a QP's packet waits for its turn on this device — where no ACK timer
-// runs — and leaves when little is in flight: no timer expires (but for
+// a 1,250-packet/s wire with a 268 ms ACK timeout (the wire needs 480 ms
+// for them all; under -race 150 QPs, 625 packets/s, 32 packets in flight
+// and 134 ms, as before, timing unchecked). With the send
+// scheduler (the default on the wall clock), a QP's packet waits for its
+// turn on this device — where no ACK timer runs — and leaves when little
+// is in flight (16 packets, 12.8 ms of wire): no timer expires (but for
 // expiries the stack finds late, this process not having run for a
 // whole timeout on a loaded machine), nothing else is resent; then,
-// every QP keeping one WRITE outstanding for 600 ms, no QP falls behind
+// every QP keeping one WRITE outstanding for 1.5 s, no QP falls behind
 // another by more than two WRITEs. Without the scheduler (SchedQPs -1,
 // as before it existed) every packet's timer starts as it is posted and
 // the last ones expire in the wire's queue: the control case must see
 // resends (genuine timeouts on an idle machine, which the scheduled case
-// may not have), or the test proves nothing.
+// may not have), or the test proves nothing. (Before: a 2,500-packet/s
+// wire, 32 packets in flight, a 134 ms timeout; it failed once in a full
+// transport run at load 7-8. The timeout is now twice as long against
+// the same 12.8 ms in flight: a stall of this process must be twice as
+// long to delay an ACK past it without the stack judging the expiry
+// late. The time in flight stays under the scheduler's staleness bound,
+// 20 ms: a window longer than that is released as stale while the ACK
+// delay average adapts, and the queue grows.)
 func TestSchedNoTimeoutWhileWaiting(t *testing.T) {
-	n, per, busy := 600, 400*time.Microsecond, 600*time.Millisecond // 2,500 packets/s
+	n, per, busy := 600, 800*time.Microsecond, 1500*time.Millisecond // 1,250 packets/s
+	timeout, inflight := uint8(16), 16                               // 268 ms; 12.8 ms of wire
 	if raceEnabled {
 		// Everything runs several times slower: a slower wire, as many
 		// packets per timeout.
-		n, per, busy = 150, 1600*time.Microsecond, 1500*time.Millisecond
+		n, per, busy, timeout, inflight = 150, 1600*time.Microsecond, 1500*time.Millisecond, 15, 32
 	}
-	const timeout = 15 // 134 ms
 	for _, tc := range []struct {
 		name  string
 		cfg   DeviceConfig
 		sched bool
 	}{
-		{"scheduler", DeviceConfig{SchedQPs: 16, SchedInflight: 32}, true},
+		{"scheduler", DeviceConfig{SchedQPs: 16, SchedInflight: inflight}, true},
 		{"direct", DeviceConfig{SchedQPs: -1}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -262,7 +271,7 @@ func TestSchedNoTimeoutWhileWaiting(t *testing.T) {
 			c := r.a.Counters()
 			t.Logf("all at once: retransmitted %d, local_ack_timeout %d, ack_timeout_late %d", c.RetransmittedPkts, c.LocalAckTimeout, c.AckTimeoutLate)
 			if !tc.sched {
-				// Genuine timeouts (local_ack_timeout) here, ~230 of the
+				// Genuine timeouts (local_ack_timeout) here, ~260 of the
 				// 600 on an idle machine; on a slow one (-race) the stack
 				// may judge them all late. Either way timers expired on
 				// packets the wire still held.
@@ -278,7 +287,7 @@ func TestSchedNoTimeoutWhileWaiting(t *testing.T) {
 			} else {
 				schedNoTimeout(t, c, "all at once")
 			}
-			// All busy at once: one WRITE outstanding per QP for 600 ms.
+			// All busy at once: one WRITE outstanding per QP for 1.5 s.
 			clear(perQP)
 			for i := range n {
 				r.post(t, i)
