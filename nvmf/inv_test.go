@@ -34,15 +34,8 @@ func TestHostRemoteInvalidate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := newPair(t, tt.faults, TargetConfig{testNoInvalidate: tt.noInval})
 			ctx := ctxT(t, 90*time.Second)
-			h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 16, RemoteInvalidate: true})
-			if err != nil {
-				t.Fatal(err)
-			}
+			h, ns := connectNS(t, ctx, p.hdev, p.targetAddr, &HostConfig{IOQueues: 2, QueueSize: 16, RemoteInvalidate: true})
 			defer h.Close()
-			ns, err := h.Namespace(ctx, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
 			var wg sync.WaitGroup
 			for g := 0; g < 6; g++ {
 				wg.Add(1)

@@ -84,15 +84,8 @@ func TestLossyNetwork(t *testing.T) {
 	}()
 	p := newPair(t, memnet.Faults{Loss: 0.01, Seed: 7}, TargetConfig{Log: logf})
 	ctx := ctxT(t, 120*time.Second)
-	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 16, Log: logf})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, ns := connectNS(t, ctx, p.hdev, p.targetAddr, &HostConfig{IOQueues: 2, QueueSize: 16, Log: logf})
 	defer h.Close()
-	ns, err := h.Namespace(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rounds := 12
 	if testing.Short() {
 		rounds = 4
@@ -561,15 +554,8 @@ func TestHostDeviceCloseTellsTarget(t *testing.T) {
 func TestReconnect(t *testing.T) {
 	p := newPair(t, memnet.Faults{}, TargetConfig{})
 	ctx := ctxT(t, 60*time.Second)
-	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 8, ReconnectDelay: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, ns := connectNS(t, ctx, p.hdev, p.targetAddr, &HostConfig{IOQueues: 2, QueueSize: 8, ReconnectDelay: 100 * time.Millisecond})
 	defer h.Close()
-	ns, err := h.Namespace(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
 	w := bytes.Repeat([]byte{0xa5}, 8192)
 	if _, err := ns.WriteAt(w, 4096); err != nil {
 		t.Fatal(err)
@@ -811,15 +797,8 @@ func TestNoConnect(t *testing.T) {
 func TestBoundedBuffers(t *testing.T) {
 	p := newPair(t, memnet.Faults{}, TargetConfig{QueueBufferBytes: 1})
 	ctx := ctxT(t, 60*time.Second)
-	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 1, QueueSize: 16, NoInline: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, ns := connectNS(t, ctx, p.hdev, p.targetAddr, &HostConfig{IOQueues: 1, QueueSize: 16, NoInline: true})
 	defer h.Close()
-	ns, err := h.Namespace(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var wg sync.WaitGroup
 	for g := 0; g < 8; g++ {
 		wg.Add(1)

@@ -66,6 +66,22 @@ func newPair(t testing.TB, f memnet.Faults, cfg TargetConfig) *pair {
 	return p
 }
 
+// connectNS connects a host controller to testNQN at addr over dev and
+// returns it with its namespace 1; the caller closes the controller.
+func connectNS(t *testing.T, ctx context.Context, dev *transport.Device, addr netip.AddrPort, cfg *HostConfig) (*Controller, *HostNamespace) {
+	t.Helper()
+	h, err := Connect(ctx, dev, addr, testNQN, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := h.Namespace(ctx, 1)
+	if err != nil {
+		h.Close()
+		t.Fatal(err)
+	}
+	return h, ns
+}
+
 func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

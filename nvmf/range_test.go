@@ -33,15 +33,8 @@ func sentIO(h *Controller) int64 {
 func TestHostRangeChecks(t *testing.T) {
 	p := newPair(t, memnet.Faults{}, TargetConfig{})
 	ctx := ctxT(t, 30*time.Second)
-	h, err := Connect(ctx, p.hdev, p.targetAddr, testNQN, &HostConfig{IOQueues: 2, QueueSize: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, ns := connectNS(t, ctx, p.hdev, p.targetAddr, &HostConfig{IOQueues: 2, QueueSize: 16})
 	defer h.Close()
-	ns, err := h.Namespace(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
 	size := ns.Size() // 8 MiB: 16384 blocks
 	huge := int64(math.MaxInt64) &^ 511
 	for _, tc := range []struct {

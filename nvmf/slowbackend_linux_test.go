@@ -75,15 +75,8 @@ func TestSlowBackendNoRetransmit(t *testing.T) {
 	}
 	t.Cleanup(func() { tg.Close() })
 	ctx := ctxT(t, 60*time.Second)
-	h, err := Connect(ctx, hdev, netip.AddrPortFrom(tIP, nvme.Port), testNQN, &HostConfig{IOQueues: 1, QueueSize: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, ns := connectNS(t, ctx, hdev, netip.AddrPortFrom(tIP, nvme.Port), &HostConfig{IOQueues: 1, QueueSize: 8})
 	defer h.Close()
-	ns, err := h.Namespace(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c0 := hdev.Counters()
 	const reads = 3
 	for i := range reads {
