@@ -101,7 +101,11 @@ type ZeroCopyLink interface {
 // whole batch (64 packets of 4 KiB: 256 KiB), it leaves the first
 // packets out of the nearest cache by the time they are placed. Made
 // by the caller right before the packet's placement, the placement copy
-// reads bytes the check has just brought into L1.
+// reads bytes the check has just brought into L1. As with
+// PrefixRecvLink, a type that embeds a link directly instead of through
+// Wrap inherits SetDeferVerify and VerifyICRC: if it overrides Recv or
+// TryRecv to look at packets, it must not offer them (embed Wrap, which
+// never forwards deferred verification).
 type DeferVerifyLink interface {
 	Link
 	// SetDeferVerify(true) makes Recv and TryRecv return packets whose
@@ -126,7 +130,10 @@ type DeferVerifyLink interface {
 // slot it gave: a ping-pong receives one packet at a time into 8 or more
 // slots. Like wireguard-go's optional Bind methods, it is asked for by
 // name; Wrap does not forward it (a wrapper that overrides Recv may move
-// packets between slots).
+// packets between slots). A type that embeds a link directly (say
+// *SocketLink) instead of through Wrap inherits RecvPrefix with it: if it
+// overrides Recv or TryRecv, it must override RecvPrefix too (returning
+// false unless its own receives keep the promise), or embed Wrap.
 type PrefixRecvLink interface {
 	Link
 	// RecvPrefix reports whether every Recv and TryRecv that returns n
