@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,7 +65,16 @@ N QPs, one QP, ..., one QP); the table then says, per N:
 
 and a line below it gives every round's ratio in order and the
 process's CPU time per MB moved over the N-QP and the one-QP phases
-(getrusage; both devices are in this process).
+(getrusage; both devices are in this process; "n/a" with the reason
+where a side moved nothing or no CPU time was measured). Then one line
+per round splits its ratio: each side's cores (CPU time over wall time:
+the share of the machine it got) and CPU time per MB (what its bytes
+cost), the one-QP side being the phases before and after it together,
+so that the ratio is about (cores N / cores 1) x (ms per MB 1 / ms per
+MB N): a round is low either because its N-QP phase got less of the
+machine than the one-QP phases around it (load from elsewhere) or
+because its bytes cost more CPU. The garbage collections and heap
+objects allocated during the round's three phases follow.
 
 Around every round the first two CPUs time a cache line passed back and
 forth (before, between and after its two runs). When some rounds had a
@@ -237,17 +247,44 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 // printActiveRounds prints, below an --active row, every round's ratio in
-// order and the CPU time per MB of each side.
+// order and the CPU time per MB of each side, then one line per round
+// that splits its ratio into the share of the CPU each side got and what
+// each side's bytes cost: a round's ratio is, up to the averaging of the
+// one-QP phases around it, (cores N / cores 1) x (ms per MB 1 / ms per MB
+// N), so a low round shows whether its N-QP phase got less of the
+// machine (load from elsewhere) or spent more CPU per byte (the stack).
 func printActiveRounds(w io.Writer, n int, row scaleResult) {
 	r := make([]string, len(row.roundRatios))
 	for i, v := range row.roundRatios {
 		r[i] = fmt.Sprintf("%.2f", v)
 	}
 	fmt.Fprintf(w, "  rounds %s", strings.Join(r, " "))
-	if row.cpuMB > 0 {
-		fmt.Fprintf(w, "; CPU per MB: %d QPs %.3f ms, 1 QP %.3f ms", n, row.cpuMB, row.cpuMB1)
+	if row.cpuMeasured {
+		fmt.Fprintf(w, "; CPU per MB: %d QPs %s, 1 QP %s", n, formatCPUPerMB(row.cpuN, row.bytesN), formatCPUPerMB(row.cpu1, row.bytes1))
 	}
 	fmt.Fprintln(w)
+	if !row.cpuMeasured {
+		return
+	}
+	for i, rd := range row.rounds {
+		if i >= len(row.roundRatios) {
+			break
+		}
+		fmt.Fprintf(w, "  round %d: %.2f; %d QPs %s, 1 QP %s; GCs %d, heap objects allocated %d\n",
+			i+1, row.roundRatios[i], n, rd.n.costString(), rd.one.costString(), rd.n.gcs+rd.one.gcs, rd.n.allocs+rd.one.allocs)
+	}
+}
+
+// formatCPUPerMB formats cpu over the MB moved: "n/a" with the reason
+// when nothing moved (cpu/0 printed as +Inf) or no CPU time was measured.
+func formatCPUPerMB(cpu time.Duration, bytes float64) string {
+	switch {
+	case bytes <= 0:
+		return "n/a (moved nothing)"
+	case cpu <= 0:
+		return "n/a (no CPU time measured)"
+	}
+	return fmt.Sprintf("%.3f ms", cpu.Seconds()*1e3/(bytes/1e6))
 }
 
 // printRoundCores prints, below a row, the CPU distance sampled around
@@ -295,9 +332,13 @@ type scaleResult struct {
 	minRatio   float64 // the lowest of them
 	jain       float64 // --active: Jain's index of the bytes per QP
 	minMax     float64 // --active: least over most bytes of one QP
-	// --active: ms of the process's CPU time per MB moved, over the N-QP
-	// phases and over the one-QP phases (0 where not measured).
-	cpuMB, cpuMB1 float64
+	// --active: the process's CPU time over the N-QP phases and over the
+	// one-QP phases, and the bytes they moved (cpuMeasured: getrusage
+	// answered; see formatCPUPerMB).
+	cpuN, cpu1     time.Duration
+	bytesN, bytes1 float64
+	cpuMeasured    bool
+	rounds         []activeRound // --active: each round's phases
 	// roundRatios are the rounds' ratios (N QPs / 1 QP) and roundCores
 	// the CPU distance sampled before, between and after each round's
 	// two runs (cpudist), in round order.
@@ -627,15 +668,16 @@ func (w *scaleWriter) activeRounds(ctx context.Context, n int, res scaleResult) 
 	if _, err := w.runActive(ctx, n, c.depth, nil); err != nil {
 		return res, fmt.Errorf("%d QPs, warming up: %w", n, err)
 	}
-	var b1, bn, t1, tn float64
-	var cpu1, cpun time.Duration
+	var t1, tn float64
+	res.cpuMeasured = true
 	ratios := make([]float64, 0, c.rounds)
 	one := func() (activeRun, error) {
 		r1, err := w.runActive(ctx, 1, c.window, nil)
 		if err != nil {
 			return r1, fmt.Errorf("one QP: %w", err)
 		}
-		b1, t1, cpu1 = b1+r1.bytes, t1+r1.d.Seconds(), cpu1+r1.cpu
+		res.bytes1, t1, res.cpu1 = res.bytes1+r1.bytes, t1+r1.d.Seconds(), res.cpu1+r1.cpu
+		res.cpuMeasured = res.cpuMeasured && r1.cpuOK
 		return r1, nil
 	}
 	before, err := one()
@@ -655,28 +697,72 @@ func (w *scaleWriter) activeRounds(ctx context.Context, n int, res scaleResult) 
 			return res, err
 		}
 		cw.Sample()
-		bn, tn, cpun = bn+rn.bytes, tn+rn.d.Seconds(), cpun+rn.cpu
-		ratios = append(ratios, rn.rate()/((before.rate()+after.rate())/2))
+		res.bytesN, tn, res.cpuN = res.bytesN+rn.bytes, tn+rn.d.Seconds(), res.cpuN+rn.cpu
+		res.cpuMeasured = res.cpuMeasured && rn.cpuOK
+		ratios = append(ratios, roundRatio(rn, before, after))
+		res.rounds = append(res.rounds, activeRound{n: rn, one: before.plus(after)})
 		res.roundCores = append(res.roundCores, cw)
 		before = after
 	}
 	res.roundRatios = ratios
-	res.mbs, res.mbs1 = bn/tn/1e6, b1/t1/1e6
-	res.cpuMB, res.cpuMB1 = cpun.Seconds()*1e3/(bn/1e6), cpu1.Seconds()*1e3/(b1/1e6)
+	res.mbs, res.mbs1 = res.bytesN/tn/1e6, res.bytes1/t1/1e6
 	res.ratio, res.minRatio = ratioStats(ratios)
 	res.jain, res.minMax = fairness(perQP)
 	return res, nil
 }
 
-// activeRun is one side of an --active round: bytes moved in d, using
-// cpu of the process's CPU time (0 where it is not measured).
-type activeRun struct {
-	bytes float64
-	d     time.Duration
-	cpu   time.Duration
+// roundRatio is a round's ratio: the N-QP phase's goodput over the mean
+// of the one-QP phases before and after it.
+func roundRatio(n, before, after activeRun) float64 {
+	return n.rate() / ((before.rate() + after.rate()) / 2)
 }
 
+// activeRun is one side of an --active round: bytes moved in d, using
+// cpu of the process's CPU time (cpuOK: measured), while gcs garbage
+// collections ended and allocs heap objects were allocated.
+type activeRun struct {
+	bytes  float64
+	d      time.Duration
+	cpu    time.Duration
+	cpuOK  bool
+	gcs    uint64
+	allocs uint64
+}
+
+// activeRound is a round's N-QP phase and its one-QP phases before and
+// after it, taken together.
+type activeRound struct{ n, one activeRun }
+
 func (r activeRun) rate() float64 { return r.bytes / r.d.Seconds() }
+
+// plus returns r and o taken together (their sums).
+func (r activeRun) plus(o activeRun) activeRun {
+	return activeRun{bytes: r.bytes + o.bytes, d: r.d + o.d, cpu: r.cpu + o.cpu, cpuOK: r.cpuOK && o.cpuOK,
+		gcs: r.gcs + o.gcs, allocs: r.allocs + o.allocs}
+}
+
+// costString says how much of the machine a phase got (cores: CPU time
+// over wall time) and what its bytes cost (CPU time per MB).
+func (r activeRun) costString() string {
+	if !r.cpuOK || r.d <= 0 {
+		return "n/a (no CPU time measured)"
+	}
+	return fmt.Sprintf("%.2f cores x %s per MB", r.cpu.Seconds()/r.d.Seconds(), formatCPUPerMB(r.cpu, r.bytes))
+}
+
+// gcAllocs returns the garbage collections ended and the heap objects
+// allocated so far (runtime/metrics: no stop of the world).
+func gcAllocs() (gcs, allocs uint64) {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/gc/heap/allocs:objects"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() == metrics.KindUint64 {
+		gcs = s[0].Value.Uint64()
+	}
+	if s[1].Value.Kind() == metrics.KindUint64 {
+		allocs = s[1].Value.Uint64()
+	}
+	return gcs, allocs
+}
 
 // runActive keeps depth WRITEs outstanding on each of the first nq QPs
 // for c.duration (a completed WRITE is reposted on its QP until then),
@@ -700,14 +786,17 @@ func (w *scaleWriter) runActive(ctx context.Context, nq, depth int, perQP []uint
 				RemoteAddr: dst.IOVA(), RKey: dst.RKey()}
 		}
 	}
-	cpu0, _ := processCPU()
+	gc0, allocs0 := gcAllocs()
+	cpu0, ok0 := processCPU()
 	start := time.Now()
 	end := start.Add(c.duration)
 	run := func(done uint64) activeRun {
 		r := activeRun{bytes: float64(done) * float64(c.size), d: time.Since(start)}
-		if cpu1, ok := processCPU(); ok {
-			r.cpu = cpu1 - cpu0
+		if cpu1, ok := processCPU(); ok && ok0 {
+			r.cpu, r.cpuOK = cpu1-cpu0, true
 		}
+		gc1, allocs1 := gcAllocs()
+		r.gcs, r.allocs = gc1-gc0, allocs1-allocs0
 		return r
 	}
 	nw := min(len(w.a.cqs), nq)

@@ -3,10 +3,12 @@
 package scale
 
 import (
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorocev2/rocev2/cmd/internal/cli"
 )
@@ -195,7 +197,21 @@ func TestScaleActive(t *testing.T) {
 		if strings.Join(got, ",") != strings.Join(want, ",") {
 			t.Errorf("%v: rows for %v, want %v:\n%s", args, got, want, out)
 		}
+		// Every row has a line per round splitting its ratio (getrusage
+		// answers on the systems the tests run on).
+		if rounds := strings.Count(out, "\n  round "); runtime.GOOS == "linux" && rounds != len(want)*atoi(t, args[indexOf(args, "--rounds")+1]) {
+			t.Errorf("%v: %d round lines, want one per round per row:\n%s", args, rounds, out)
+		}
 	}
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestRatioStats: the median and lowest ratio of the rounds, with the
@@ -228,5 +244,40 @@ func TestFairness(t *testing.T) {
 		if d := j - tc.jain; d > 1e-12 || d < -1e-12 || m != tc.minMax {
 			t.Errorf("fairness(%v) = %v, %v; want %v, %v", tc.x, j, m, tc.jain, tc.minMax)
 		}
+	}
+}
+
+// TestActiveRoundsNothingMoved: a side that moved nothing prints its CPU
+// per MB as "n/a" with the reason, not as cpu/0 (+Inf), and so does a
+// side whose CPU time was not measured; a round's line splits its ratio
+// into each side's cores and CPU per MB.
+func TestActiveRoundsNothingMoved(t *testing.T) {
+	n := activeRun{bytes: 0, d: time.Second, cpu: 500 * time.Millisecond, cpuOK: true}
+	one := activeRun{bytes: 2e9, d: 2 * time.Second, cpu: time.Second, cpuOK: true, gcs: 1, allocs: 7}
+	row := scaleResult{roundRatios: []float64{0}, cpuN: n.cpu, bytesN: n.bytes, cpu1: one.cpu, bytes1: one.bytes,
+		cpuMeasured: true, rounds: []activeRound{{n: n, one: one}}}
+	var b strings.Builder
+	printActiveRounds(&b, 10000, row)
+	out := b.String()
+	for _, bad := range []string{"Inf", "NaN"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("output has %s:\n%s", bad, out)
+		}
+	}
+	for _, want := range []string{
+		"CPU per MB: 10000 QPs n/a (moved nothing), 1 QP 0.500 ms",
+		"round 1: 0.00; 10000 QPs 0.50 cores x n/a (moved nothing) per MB, 1 QP 0.50 cores x 0.500 ms per MB; GCs 1, heap objects allocated 7",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if got := formatCPUPerMB(0, 1e6); got != "n/a (no CPU time measured)" {
+		t.Errorf("formatCPUPerMB(0, 1 MB) = %q", got)
+	}
+	b.Reset()
+	printActiveRounds(&b, 3, scaleResult{roundRatios: []float64{1}, rounds: []activeRound{{}}})
+	if out := b.String(); out != "  rounds 1.00\n" {
+		t.Errorf("CPU not measured: %q, want the ratios alone", out)
 	}
 }
