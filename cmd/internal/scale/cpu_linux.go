@@ -17,3 +17,13 @@ func processCPU() (time.Duration, bool) {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
 }
+
+// processSwitches returns the process's voluntary and involuntary context
+// switches so far (every thread).
+func processSwitches() (vol, invol int64, ok bool) {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0, 0, false
+	}
+	return ru.Nvcsw, ru.Nivcsw, true
+}

@@ -73,7 +73,9 @@ cost), the one-QP side being the phases before and after it together,
 so that the ratio is about (cores N / cores 1) x (ms per MB 1 / ms per
 MB N): a round is low either because its N-QP phase got less of the
 machine than the one-QP phases around it (load from elsewhere) or
-because its bytes cost more CPU. The garbage collections and heap
+because its bytes cost more CPU. Each side's context switches per MB
+(voluntary: a thread waited; involuntary: it was preempted) and the
+garbage collections and heap
 objects allocated during the round's three phases follow.
 
 Around every round the first two CPUs time a cache line passed back and
@@ -718,15 +720,18 @@ func roundRatio(n, before, after activeRun) float64 {
 }
 
 // activeRun is one side of an --active round: bytes moved in d, using
-// cpu of the process's CPU time (cpuOK: measured), while gcs garbage
-// collections ended and allocs heap objects were allocated.
+// cpu of the process's CPU time (cpuOK: measured), while the process's
+// threads were switched out vol times waiting and invol times preempted
+// (getrusage), gcs garbage collections ended and allocs heap objects
+// were allocated.
 type activeRun struct {
-	bytes  float64
-	d      time.Duration
-	cpu    time.Duration
-	cpuOK  bool
-	gcs    uint64
-	allocs uint64
+	bytes      float64
+	d          time.Duration
+	cpu        time.Duration
+	cpuOK      bool
+	vol, invol int64
+	gcs        uint64
+	allocs     uint64
 }
 
 // activeRound is a round's N-QP phase and its one-QP phases before and
@@ -738,7 +743,7 @@ func (r activeRun) rate() float64 { return r.bytes / r.d.Seconds() }
 // plus returns r and o taken together (their sums).
 func (r activeRun) plus(o activeRun) activeRun {
 	return activeRun{bytes: r.bytes + o.bytes, d: r.d + o.d, cpu: r.cpu + o.cpu, cpuOK: r.cpuOK && o.cpuOK,
-		gcs: r.gcs + o.gcs, allocs: r.allocs + o.allocs}
+		vol: r.vol + o.vol, invol: r.invol + o.invol, gcs: r.gcs + o.gcs, allocs: r.allocs + o.allocs}
 }
 
 // costString says how much of the machine a phase got (cores: CPU time
@@ -747,7 +752,11 @@ func (r activeRun) costString() string {
 	if !r.cpuOK || r.d <= 0 {
 		return "n/a (no CPU time measured)"
 	}
-	return fmt.Sprintf("%.2f cores x %s per MB", r.cpu.Seconds()/r.d.Seconds(), formatCPUPerMB(r.cpu, r.bytes))
+	s := fmt.Sprintf("%.2f cores x %s per MB", r.cpu.Seconds()/r.d.Seconds(), formatCPUPerMB(r.cpu, r.bytes))
+	if r.bytes > 0 {
+		s += fmt.Sprintf(" (%.1f+%.1f context switches per MB)", float64(r.vol)/(r.bytes/1e6), float64(r.invol)/(r.bytes/1e6))
+	}
+	return s
 }
 
 // gcAllocs returns the garbage collections ended and the heap objects
@@ -787,6 +796,7 @@ func (w *scaleWriter) runActive(ctx context.Context, nq, depth int, perQP []uint
 		}
 	}
 	gc0, allocs0 := gcAllocs()
+	vol0, invol0, swOK0 := processSwitches()
 	cpu0, ok0 := processCPU()
 	start := time.Now()
 	end := start.Add(c.duration)
@@ -794,6 +804,9 @@ func (w *scaleWriter) runActive(ctx context.Context, nq, depth int, perQP []uint
 		r := activeRun{bytes: float64(done) * float64(c.size), d: time.Since(start)}
 		if cpu1, ok := processCPU(); ok && ok0 {
 			r.cpu, r.cpuOK = cpu1-cpu0, true
+		}
+		if vol1, invol1, ok := processSwitches(); ok && swOK0 {
+			r.vol, r.invol = vol1-vol0, invol1-invol0
 		}
 		gc1, allocs1 := gcAllocs()
 		r.gcs, r.allocs = gc1-gc0, allocs1-allocs0

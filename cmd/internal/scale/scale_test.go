@@ -266,7 +266,7 @@ func TestActiveRoundsNothingMoved(t *testing.T) {
 	}
 	for _, want := range []string{
 		"CPU per MB: 10000 QPs n/a (moved nothing), 1 QP 0.500 ms",
-		"round 1: 0.00; 10000 QPs 0.50 cores x n/a (moved nothing) per MB, 1 QP 0.50 cores x 0.500 ms per MB; GCs 1, heap objects allocated 7",
+		"round 1: 0.00; 10000 QPs 0.50 cores x n/a (moved nothing) per MB, 1 QP 0.50 cores x 0.500 ms per MB (0.0+0.0 context switches per MB); GCs 1, heap objects allocated 7",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
