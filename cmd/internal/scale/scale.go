@@ -75,8 +75,8 @@ MB N): a round is low either because its N-QP phase got less of the
 machine than the one-QP phases around it (load from elsewhere) or
 because its bytes cost more CPU. Each side's context switches per MB
 (voluntary: a thread waited; involuntary: it was preempted) and the
-garbage collections and heap
-objects allocated during the round's three phases follow.
+garbage collections and heap objects allocated during the round's three
+phases follow.
 
 Around every round the first two CPUs time a cache line passed back and
 forth (before, between and after its two runs). When some rounds had a
