@@ -246,17 +246,40 @@ func (e *entry) covers(pd *PD, s *SGE, acc Access) bool {
 		s.Length != 0 && last >= s.Addr && s.Addr >= e.start && last <= e.last
 }
 
+// CheckSGE is CheckSGEsRef's usual case, for posting: it returns the
+// region element s's lkey names when s is non-empty and passes every
+// check CheckSGEs makes (a live key of pd naming a memory region that
+// grants acc, a local right, with s inside it), and nil otherwise — the
+// caller then calls CheckSGEsRef (or CheckSGEs), which says why. It
+// makes no call and builds no error, so that a post of a valid element
+// costs a key lookup and a few comparisons.
+func (pd *PD) CheckSGE(s *SGE, acc Access) *Ref {
+	e := pd.t.lookup(s.LKey)
+	if e == nil || e.key != s.LKey || e.pd != pd || e.kind != kindMR || e.access&acc != acc || acc&^AccessLocalWrite != 0 {
+		return nil
+	}
+	// Inside [start, last] with a non-zero length, without wrapping:
+	// off is below the region's length n exactly when start <= Addr
+	// (a region never wraps the address space, so Addr < start makes
+	// off wrap to at least n), and Length <= n-off exactly when the
+	// element's last byte is at or below last.
+	off, n := s.Addr-e.start, uint64(len(e.mem))
+	if s.Length == 0 || off >= n || uint64(s.Length) > n-off {
+		return nil
+	}
+	return (*Ref)(e)
+}
+
 // CheckSGEsRef is CheckSGEs that also returns, for a list of one
 // non-empty element that passes, the region it was checked against (nil
 // for any other list).
 func (pd *PD) CheckSGEsRef(sges []SGE, acc Access) (total uint64, r *Ref, err error) {
 	if len(sges) == 1 && sges[0].Length != 0 && acc&^AccessLocalWrite == 0 {
 		s := &sges[0]
-		// What resolveLocal checks, in one expression (covers); its
-		// call, and its error's classification, only for a list that
-		// fails.
-		if e := pd.t.lookup(s.LKey); e != nil && e.covers(pd, s, acc) {
-			return uint64(s.Length), (*Ref)(e), nil
+		// What resolveLocal checks, without its call and its error's
+		// classification, which only a list that fails needs.
+		if r := pd.CheckSGE(s, acc); r != nil {
+			return uint64(s.Length), r, nil
 		}
 		e, _, err := pd.resolveLocal(s.LKey, s.Addr, uint64(s.Length), acc)
 		if err != nil {

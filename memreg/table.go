@@ -154,7 +154,7 @@ type entry struct {
 	pd      *PD
 	start   uint64 // first valid address (IOVA space)
 	last    uint64 // last valid address (inclusive)
-	mem     []byte // host memory backing [start, last]
+	mem     []byte // host memory backing [start, last]; a region's len(mem) is last-start+1 (PD.CheckSGE relies on it)
 	mr      *MR    // the region itself, or the region a window is bound to
 	mw      *MW    // the window, for window entries
 }
