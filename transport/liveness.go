@@ -89,7 +89,7 @@ func (qp *QP) Probe() error {
 	}
 	qp.sqRoom()
 	w := qp.sqAt(qp.sqEnd)
-	*w = sendWQE{wr: SendWR{WRID: ProbeWRID, Opcode: WRWrite, SGEs: w.sges[:0]}, sges: w.sges[:0], probe: true}
+	*w = sendWQE{wr: SendWR{WRID: ProbeWRID, Opcode: WRWrite}, sges: w.sges[:0], probe: true}
 	qp.sqEnd++
 	qp.probes++
 	inc(&qp.dev.ctr.KeepAliveProbes)

@@ -19,24 +19,37 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 	// and call were a tenth of a one-WR post (a panic in here is a bug
 	// that ends the program; nothing of the stack recovers it).
 	qp.mu.Lock()
-	if err := qp.postable("PostSend"); err != nil {
-		qp.mu.Unlock()
-		return err
-	}
-	st := qp.attr.State
-	if st != QPSRTS && st != QPSSQD && st != QPSErr {
-		qp.mu.Unlock()
-		return fmt.Errorf("transport: PostSend qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
+	if st := qp.attr.State; qp.destroyed || qp.dev.closed.Load() || st != QPSRTS && st != QPSSQD && st != QPSErr {
+		if err := qp.sendRefused(); err != nil {
+			qp.mu.Unlock()
+			return err
+		}
 	}
 	var err error
 	for i := range wrs {
-		if err = qp.postOne(i, &wrs[i]); err != nil {
-			break
+		if !qp.postFast(&wrs[i]) {
+			if err = qp.postSlow(i, &wrs[i]); err != nil {
+				break
+			}
 		}
 	}
 	qp.afterPost()
 	qp.mu.Unlock()
 	return err
+}
+
+// sendRefused is PostSend's error for a closed device, a destroyed QP or
+// a QP in a state that takes no send WR (nil if none holds by now). Out
+// of line: built in PostSend, its errors' formatting made PostSend's
+// frame several times what posting needs.
+func (qp *QP) sendRefused() error {
+	if err := qp.postable("PostSend"); err != nil {
+		return err
+	}
+	if st := qp.attr.State; st != QPSRTS && st != QPSSQD && st != QPSErr {
+		return fmt.Errorf("transport: PostSend qp %#x: state %v: %w", qp.qpn, st, ErrInvalidState)
+	}
+	return nil
 }
 
 // postable refuses posting on a closed device or a destroyed QP (Close
@@ -59,7 +72,98 @@ func (qp *QP) unpostable(op string) error {
 	return nil
 }
 
+// postOne posts WR i of a PostSend or returns the *WRError that stops
+// the post. Under qp.mu.
 func (qp *QP) postOne(i int, wr *SendWR) error {
+	if qp.postFast(wr) {
+		return nil
+	}
+	return qp.postSlow(i, wr)
+}
+
+// postFast posts wr and reports true when it is a usual valid WR: known
+// flags, room in the send queue, a SEND or RDMA WRITE (with or without
+// immediate) on an RC or UC QP or an RDMA READ on an RC QP, with no SGE
+// or one SGE of at most 2^31 bytes that memreg.PD.CheckSGE accepts
+// (CreateQP makes max_sge at least 1). Every other WR it leaves alone
+// (false), and postSlow checks it in full, naming the field at fault:
+// what postFast posts, postSlow would have posted the same way, and
+// what it leaves, postSlow checks from the start, so the errors stay
+// postSlow's. Without postSlow's errors its frame is small, and it
+// makes no call but CheckSGE's. Under qp.mu.
+func (qp *QP) postFast(wr *SendWR) bool {
+	var acc memreg.Access
+	if op := wr.Opcode; op > WRSendImm {
+		if op != WRRead || qp.init.Type != QPTypeRC {
+			return false
+		}
+		acc = memreg.AccessLocalWrite
+	}
+	n := qp.sqEnd - qp.sqHead
+	if wr.Flags&^knownSendFlags != 0 || qp.init.Type == QPTypeUD ||
+		n-uint64(qp.probes) >= uint64(qp.init.MaxSendWR) || n == uint64(len(qp.sq)) {
+		return false // n == len(qp.sq): postSlow grows the ring
+	}
+	var ref *memreg.Ref
+	var total uint32
+	switch len(wr.SGEs) {
+	case 0:
+	case 1:
+		s := &wr.SGEs[0]
+		if s.Length > 1<<31 {
+			return false
+		}
+		if ref = qp.pd.CheckSGE(s, acc); ref == nil {
+			return false
+		}
+		total = s.Length
+	default:
+		return false
+	}
+	w := qp.sqAt(qp.sqEnd)
+	if cap(w.sges) == 0 {
+		return false // not so (growRing gives each WQE max_sge), but postSlow copes
+	}
+	// Only the fields a SEND, WRITE or READ uses; the rest are cleared
+	// when a WR of another kind left them set (w.extra).
+	if w.extra {
+		w.clearExtra()
+	}
+	if w.wr.Opcode == WRRead && wr.Opcode != WRRead {
+		// Only a READ's WQE sets rsl (and its Scatter caches a region
+		// in it): let go of it.
+		w.rsl = memreg.ScatterList{}
+	}
+	if ref != nil {
+		w.sges = w.sges[:1]
+		w.sges[0] = wr.SGEs[0]
+	} else {
+		w.sges = w.sges[:0]
+	}
+	ww := &w.wr
+	ww.WRID, ww.Opcode, ww.Flags, ww.Imm, ww.RemoteAddr, ww.RKey = wr.WRID, wr.Opcode, wr.Flags, wr.Imm, wr.RemoteAddr, wr.RKey
+	w.ref, w.length, w.npkts, w.firstPSN = ref, total, 0, 0
+	w.rdCounted, w.done, w.localDone, w.probe, w.status = false, false, false, false, 0
+	if wr.Opcode == WRRead {
+		w.rsl.InitRef(qp.pd, w.sges, ref)
+	}
+	w.signaled = qp.init.SigAll || wr.Flags&SendSignaled != 0
+	qp.sqEnd++
+	return true
+}
+
+// clearExtra clears the fields of w.wr that postFast does not write, as
+// pushWQE may have set them (and SGEs, which nothing sets).
+func (w *sendWQE) clearExtra() {
+	ww := &w.wr
+	ww.SGEs, ww.InvRKey, ww.CompareAdd, ww.Swap = nil, 0, 0, 0
+	ww.AH, ww.RemoteQPN, ww.RemoteQKey, ww.MW, ww.Bind = nil, 0, 0, nil, MWBindInfo{}
+	w.extra = false
+}
+
+// postSlow is postOne for a WR that postFast left: every check, in
+// verbs' order, each failure a *WRError naming its field.
+func (qp *QP) postSlow(i int, wr *SendWR) error {
 	bad := func(field string, kind, err error, format string, args ...any) error {
 		return qp.postErr(i, wr, field, kind, err, format, args...)
 	}
@@ -88,18 +192,9 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	if qp.init.Type == QPTypeUC && (acc != 0 || wr.Opcode == WRSendInv) {
 		return bad("opcode", ErrInvalidWR, nil, "%v on a UC QP (only SEND and RDMA WRITE, with or without immediate)", wr.Opcode)
 	}
-	// The whole list in one call (the usual case: it is valid).
-	var total uint64
-	var ref *memreg.Ref
-	var err error
-	ok := len(wr.SGEs) <= qp.init.MaxSGE
-	if ok {
-		total, ref, err = qp.pd.CheckSGEsRef(wr.SGEs, acc)
-	}
-	if !ok || err != nil {
-		if total, ref, err = qp.checkSGEsSlow("PostSend", i, wr.WRID, wr.SGEs, acc); err != nil {
-			return err
-		}
+	total, ref, err := qp.checkSGEs("PostSend", i, wr.WRID, wr.SGEs, acc)
+	if err != nil {
+		return err
 	}
 	if total > 1<<31 {
 		return bad("sg_list", ErrInvalidWR, nil, "length %d > 2^31", total)
@@ -117,6 +212,14 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 			return bad("remote_addr", ErrInvalidWR, nil, "%#x not 8-byte aligned", wr.RemoteAddr)
 		}
 	}
+	qp.pushWQE(wr, ref, uint32(total))
+	return nil
+}
+
+// pushWQE writes checked WR wr, whose single SGE (if it has one) was
+// checked against ref, with total bytes, into the send queue's next
+// WQE. The queue has room (sqRoom). Under qp.mu.
+func (qp *QP) pushWQE(wr *SendWR, ref *memreg.Ref, total uint32) {
 	w := qp.sqAt(qp.sqEnd)
 	sges := copySGEs(w.sges, wr.SGEs)
 	// Field by field, so that the caller's SGE slice is not retained
@@ -125,10 +228,11 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	// with its pointers' write barriers.
 	prevRead := w.wr.Opcode == WRRead
 	ww := &w.wr
-	ww.WRID, ww.Opcode, ww.SGEs, ww.Flags, ww.Imm = wr.WRID, wr.Opcode, sges, wr.Flags, wr.Imm
+	ww.WRID, ww.Opcode, ww.SGEs, ww.Flags, ww.Imm = wr.WRID, wr.Opcode, nil, wr.Flags, wr.Imm
 	ww.InvRKey, ww.RemoteAddr, ww.RKey, ww.CompareAdd, ww.Swap = wr.InvRKey, wr.RemoteAddr, wr.RKey, wr.CompareAdd, wr.Swap
 	ww.AH, ww.RemoteQPN, ww.RemoteQKey, ww.MW, ww.Bind = wr.AH, wr.RemoteQPN, wr.RemoteQKey, wr.MW, wr.Bind
-	w.sges, w.ref, w.length, w.npkts, w.firstPSN = sges, ref, uint32(total), 0, 0
+	w.extra = true
+	w.sges, w.ref, w.length, w.npkts, w.firstPSN = sges, ref, total, 0, 0
 	w.rdCounted, w.done, w.localDone, w.probe, w.status = false, false, false, false, 0
 	switch {
 	case wr.Opcode == WRRead:
@@ -140,7 +244,6 @@ func (qp *QP) postOne(i int, wr *SendWR) error {
 	}
 	w.signaled = qp.init.SigAll || wr.Flags&SendSignaled != 0
 	qp.sqEnd++
-	return nil
 }
 
 // postErr is postOne's *WRError for WR i. Out of line: built inline at
@@ -164,6 +267,18 @@ func copySGEs(dst, src []memreg.SGE) []memreg.SGE {
 		return dst
 	}
 	return append(dst[:0], src...)
+}
+
+// checkSGEs checks the SGE list of WR i (op's) against max_sge and
+// its lkeys: in one call when it is valid (the usual case), element by
+// element (checkSGEsSlow) when it is not, to name the element at fault.
+func (qp *QP) checkSGEs(op string, i int, wrid uint64, sges []memreg.SGE, acc memreg.Access) (uint64, *memreg.Ref, error) {
+	if len(sges) <= qp.init.MaxSGE {
+		if total, ref, err := qp.pd.CheckSGEsRef(sges, acc); err == nil {
+			return total, ref, nil
+		}
+	}
+	return qp.checkSGEsSlow(op, i, wrid, sges, acc)
 }
 
 // checkSGEsSlow checks again, element by element, the SGE list of WR i
@@ -196,48 +311,34 @@ func (qp *QP) checkSGEsSlow(op string, i int, wrid uint64, sges []memreg.SGE, ac
 // the WRs complete with WCWRFlushErr.
 func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	qp.mu.Lock() // unlocked on each return, as in PostSend
-	if err := qp.postable("PostRecv"); err != nil {
-		qp.mu.Unlock()
-		return err
-	}
-	if qp.attr.State == QPSReset {
-		qp.mu.Unlock()
-		return fmt.Errorf("transport: PostRecv qp %#x: state %v: %w", qp.qpn, qp.attr.State, ErrInvalidState)
-	}
-	if qp.srq != nil {
-		qp.mu.Unlock()
-		return fmt.Errorf("transport: PostRecv qp %#x: the QP takes its receives from an SRQ (SRQ.PostRecv): %w", qp.qpn, ErrInvalidWR)
+	if qp.destroyed || qp.dev.closed.Load() || qp.attr.State == QPSReset || qp.srq != nil {
+		if err := qp.recvRefused(); err != nil {
+			qp.mu.Unlock()
+			return err
+		}
 	}
 	var err error
 	for i := range wrs {
+		// The usual WR in line: room in the ring (not full: recvSlow
+		// grows it) and one SGE that memreg.PD.CheckSGE accepts (max_sge
+		// is at least 1). recvSlow checks any other in full, from the
+		// start, and names the field at fault.
 		wr := &wrs[i]
-		if qp.rqEnd-qp.rqHead >= uint64(qp.init.MaxRecvWR) {
-			msg := fmt.Sprintf("%d WRs outstanding (max_recv_wr)", qp.init.MaxRecvWR)
-			if qp.init.MaxRecvWR == 0 {
-				msg = "the QP has no receive queue (max_recv_wr 0)"
+		if n := qp.rqEnd - qp.rqHead; n < uint64(qp.init.MaxRecvWR) && n != uint64(len(qp.rq)) && len(wr.SGEs) == 1 {
+			r := qp.rqAt(qp.rqEnd)
+			if ref := qp.pd.CheckSGE(&wr.SGEs[0], memreg.AccessLocalWrite); ref != nil && cap(r.sges) != 0 {
+				r.wrid = wr.WRID
+				r.sges = r.sges[:1]
+				r.sges[0] = wr.SGEs[0]
+				r.ref = ref
+				r.length = uint64(wr.SGEs[0].Length)
+				qp.rqEnd++
+				continue
 			}
-			err = &WRError{Op: "PostRecv", QPN: qp.qpn, Index: i, WRID: wr.WRID, Msg: msg, Kind: ErrQueueFull}
+		}
+		if err = qp.recvSlow(i, wr); err != nil {
 			break
 		}
-		qp.rqRoom()
-		// The whole list in one call (the usual case: it is valid).
-		var total uint64
-		var ref *memreg.Ref
-		ok := len(wr.SGEs) <= qp.init.MaxSGE
-		if ok {
-			total, ref, err = qp.pd.CheckSGEsRef(wr.SGEs, memreg.AccessLocalWrite)
-		}
-		if !ok || err != nil {
-			if total, ref, err = qp.checkSGEsSlow("PostRecv", i, wr.WRID, wr.SGEs, memreg.AccessLocalWrite); err != nil {
-				break
-			}
-		}
-		r := qp.rqAt(qp.rqEnd)
-		r.wrid = wr.WRID
-		r.sges = copySGEs(r.sges, wr.SGEs)
-		r.ref = ref
-		r.length = total
-		qp.rqEnd++
 	}
 	if qp.attr.State == QPSErr {
 		qp.toError()
@@ -245,6 +346,47 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	qp.settle()
 	qp.mu.Unlock()
 	return err
+}
+
+// recvRefused is PostRecv's error for a closed device, a destroyed QP, a
+// QP in RESET or one with an SRQ (nil if none holds by now); out of line,
+// as sendRefused.
+func (qp *QP) recvRefused() error {
+	if err := qp.postable("PostRecv"); err != nil {
+		return err
+	}
+	if qp.attr.State == QPSReset {
+		return fmt.Errorf("transport: PostRecv qp %#x: state %v: %w", qp.qpn, qp.attr.State, ErrInvalidState)
+	}
+	if qp.srq != nil {
+		return fmt.Errorf("transport: PostRecv qp %#x: the QP takes its receives from an SRQ (SRQ.PostRecv): %w", qp.qpn, ErrInvalidWR)
+	}
+	return nil
+}
+
+// recvSlow posts receive WR i (wr) that PostRecv did not take in line, or
+// returns the *WRError that stops the post: a full queue, or the SGE at
+// fault.
+func (qp *QP) recvSlow(i int, wr *RecvWR) error {
+	if qp.rqEnd-qp.rqHead >= uint64(qp.init.MaxRecvWR) {
+		msg := fmt.Sprintf("%d WRs outstanding (max_recv_wr)", qp.init.MaxRecvWR)
+		if qp.init.MaxRecvWR == 0 {
+			msg = "the QP has no receive queue (max_recv_wr 0)"
+		}
+		return &WRError{Op: "PostRecv", QPN: qp.qpn, Index: i, WRID: wr.WRID, Msg: msg, Kind: ErrQueueFull}
+	}
+	qp.rqRoom()
+	total, ref, err := qp.checkSGEs("PostRecv", i, wr.WRID, wr.SGEs, memreg.AccessLocalWrite)
+	if err != nil {
+		return err
+	}
+	r := qp.rqAt(qp.rqEnd)
+	r.wrid = wr.WRID
+	r.sges = copySGEs(r.sges, wr.SGEs)
+	r.ref = ref
+	r.length = total
+	qp.rqEnd++
+	return nil
 }
 
 // checkLocalWR checks a bind or local invalidate WR: RC or UC only, a type

@@ -1,23 +1,28 @@
 package transport
 
 import (
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/gorocev2/rocev2/memreg"
 )
 
-// TestPostOneResetsWQE: postOne writes a reused send WQE field by field;
+// TestPostOneResetsWQE: a post writes a reused send WQE field by field;
 // nothing of the WR that used the slot before may survive — not its
 // completion state, not a READ's scatter list (which caches a region of
-// the memory table). The result must be what a fresh WQE would be.
+// the memory table), not the fields only atomics, UD, binds and
+// invalidates use. The result must be what a fresh WQE would be, through
+// postFast (the usual WR) and through postSlow (the same WR checked in
+// full) alike; the slot left as pushWQE leaves it (extra set).
 func TestPostOneResetsWQE(t *testing.T) {
-	// A field added to either struct must be reset by postOne too.
-	if n := reflect.TypeFor[sendWQE]().NumField(); n != 13 {
-		t.Fatalf("sendWQE has %d fields; postOne writes 13", n)
+	// A field added to either struct must be reset by both paths too.
+	if n := reflect.TypeFor[sendWQE]().NumField(); n != 14 {
+		t.Fatalf("sendWQE has %d fields; postFast and pushWQE write 14", n)
 	}
 	if n := reflect.TypeFor[SendWR]().NumField(); n != 15 {
-		t.Fatalf("SendWR has %d fields; postOne writes 15", n)
+		t.Fatalf("SendWR has %d fields; pushWQE writes 15, postFast and clearExtra too", n)
 	}
 	a, _, _ := newPair(t, pairOpts{})
 	_, mr := a.buffer(t, 64, 0)
@@ -25,32 +30,151 @@ func TestPostOneResetsWQE(t *testing.T) {
 	qp := a.qp
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	w := qp.sqAt(qp.sqEnd)
-	old := sge(omr, 32, 16)
-	_, oldRef, err := a.pd.CheckSGEsRef(old, memreg.AccessLocalWrite)
-	if err != nil || oldRef == nil {
-		t.Fatal(oldRef, err)
+	for _, path := range []string{"postFast", "postSlow"} {
+		w := qp.sqAt(qp.sqEnd)
+		old := sge(omr, 32, 16)
+		_, oldRef, err := a.pd.CheckSGEsRef(old, memreg.AccessLocalWrite)
+		if err != nil || oldRef == nil {
+			t.Fatal(oldRef, err)
+		}
+		ah := &AH{}
+		*w = sendWQE{wr: SendWR{WRID: 1, Opcode: WRRead, SGEs: old, Flags: SendFence, Imm: 2, InvRKey: 3,
+			RemoteAddr: 4, RKey: 5, CompareAdd: 6, Swap: 7, AH: ah, RemoteQPN: 8, RemoteQKey: 9,
+			MW: &memreg.MW{}, Bind: MWBindInfo{MR: mr, Addr: 1, Length: 2, Access: 3}},
+			sges: w.sges[:1], length: 16, npkts: 3, firstPSN: 5, signaled: true, rdCounted: true, done: true,
+			localDone: true, probe: true, extra: true, status: WCLocProtErr, rsl: a.pd.ScatterList(old), ref: oldRef}
+		w.sges[0] = old[0]
+		wr := SendWR{WRID: 42, Opcode: WRSend, SGEs: sge(mr, 0, 8), Imm: 11}
+		switch path {
+		case "postFast":
+			if !qp.postFast(&wr) {
+				t.Fatal("postFast declined a valid SEND")
+			}
+		default:
+			if err := qp.postSlow(0, &wr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		qp.sqEnd-- // not sent
+		// The region the WR's list names.
+		_, ref, _ := a.pd.CheckSGEsRef(wr.SGEs, 0)
+		want := sendWQE{wr: SendWR{WRID: 42, Opcode: WRSend, Imm: 11}, sges: w.sges, length: 8,
+			signaled: qp.init.SigAll, ref: ref, extra: path == "postSlow"}
+		if !reflect.DeepEqual(*w, want) {
+			t.Fatalf("%s: reused WQE:\n%+v\nwant\n%+v", path, *w, want)
+		}
+		if !reflect.DeepEqual(w.sges, wr.SGEs) || &w.sges[0] == &wr.SGEs[0] {
+			t.Fatalf("%s: WQE SGEs %v, want a copy of %v", path, w.sges, wr.SGEs)
+		}
 	}
-	ah := &AH{}
-	*w = sendWQE{wr: SendWR{WRID: 1, Opcode: WRRead, SGEs: old, Flags: SendFence, Imm: 2, InvRKey: 3,
-		RemoteAddr: 4, RKey: 5, CompareAdd: 6, Swap: 7, AH: ah, RemoteQPN: 8, RemoteQKey: 9,
-		MW: &memreg.MW{}, Bind: MWBindInfo{MR: mr, Addr: 1, Length: 2, Access: 3}},
-		sges: old, length: 16, npkts: 3, firstPSN: 5, signaled: true, rdCounted: true, done: true,
-		localDone: true, probe: true, status: WCLocProtErr, rsl: a.pd.ScatterList(old), ref: oldRef}
-	wr := SendWR{WRID: 42, Opcode: WRSend, SGEs: sge(mr, 0, 8), Imm: 11}
-	if err := qp.postOne(0, &wr); err != nil {
+}
+
+// TestPostFastAgreesWithSlow: postFast takes only WRs that postSlow
+// takes, and leaves the WQE as postSlow does (but for the fields of w.wr
+// its opcodes never read, which it clears instead of copying); a WR it
+// declines it leaves untouched, for postSlow to check and name. Random
+// WRs (every opcode and one beyond, known and unknown flags, zero to two
+// SGEs that are valid, read-only for a READ, out of bounds, of a stale
+// key, of another PD, empty or too long) on RC, UC and UD QPs, with the
+// queue sometimes full and the slot left dirty by the WRs before.
+func TestPostFastAgreesWithSlow(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{sqDepth: 8})
+	qp := a.qp
+	_, rw := a.buffer(t, 64, 0)
+	ro, err := a.pd.RegisterMR(make([]byte, 64), 0)
+	if err != nil {
 		t.Fatal(err)
 	}
-	qp.sqEnd-- // not sent
-	// The region the WR's list names.
-	_, ref, _ := a.pd.CheckSGEsRef(wr.SGEs, 0)
-	want := sendWQE{wr: SendWR{WRID: 42, Opcode: WRSend, SGEs: w.sges, Imm: 11}, sges: w.sges, length: 8,
-		signaled: qp.init.SigAll, ref: ref}
-	if !reflect.DeepEqual(*w, want) {
-		t.Fatalf("reused WQE:\n%+v\nwant\n%+v", *w, want)
+	stale, err := a.pd.RegisterMR(make([]byte, 64), memreg.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(w.sges, wr.SGEs) || &w.sges[0] == &wr.SGEs[0] {
-		t.Fatalf("WQE SGEs %v, want a copy of %v", w.sges, wr.SGEs)
+	staleKey := stale.LKey()
+	if err := stale.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	opd, err := a.dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := opd.RegisterMR(make([]byte, 64), memreg.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sges := []memreg.SGE{
+		{Addr: rw.IOVA() + 8, Length: 8, LKey: rw.LKey()},
+		{Addr: rw.IOVA(), Length: 64, LKey: rw.LKey()},
+		{Addr: ro.IOVA(), Length: 16, LKey: ro.LKey()},
+		{Addr: rw.IOVA() + 60, Length: 8, LKey: rw.LKey()},
+		{Addr: rw.IOVA() - 1, Length: 8, LKey: rw.LKey()},
+		{Addr: 0x1000, Length: 8, LKey: staleKey},
+		{Addr: theirs.IOVA(), Length: 8, LKey: theirs.LKey()},
+		{Addr: rw.IOVA(), Length: 0, LKey: rw.LKey()},
+		{Addr: rw.IOVA(), Length: 1<<31 + 1, LKey: rw.LKey()},
+	}
+	flags := []SendFlags{0, SendSignaled, SendFence | SendSolicited, SendNoAckReq, 0x08, 0x40}
+	r := rand.New(rand.NewPCG(31, 8))
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	typ := qp.init.Type
+	defer func() { qp.init.Type = typ }()
+	// The fields of w.wr postFast's opcodes never read: compared zeroed.
+	norm := func(w sendWQE) sendWQE {
+		w.sges = slices.Clone(w.sges)
+		w.extra = false
+		ww := &w.wr
+		ww.SGEs, ww.InvRKey, ww.CompareAdd, ww.Swap = nil, 0, 0, 0
+		ww.AH, ww.RemoteQPN, ww.RemoteQKey, ww.MW, ww.Bind = nil, 0, 0, nil, MWBindInfo{}
+		return w
+	}
+	taken, declined := 0, 0
+	for i := range 20000 {
+		qp.init.Type = []QPType{QPTypeRC, QPTypeUC, QPTypeUD}[r.IntN(3)]
+		wr := SendWR{WRID: uint64(i), Opcode: WROpcode(r.IntN(11)), Flags: flags[r.IntN(len(flags))], Imm: r.Uint32(),
+			InvRKey: r.Uint32(), RemoteAddr: uint64(r.IntN(4)) * 4, RKey: r.Uint32(), CompareAdd: r.Uint64(), Swap: r.Uint64()}
+		for range r.IntN(3) {
+			wr.SGEs = append(wr.SGEs, sges[r.IntN(len(sges))])
+		}
+		if r.IntN(4) == 0 {
+			wr.AH, wr.RemoteQPN, wr.RemoteQKey = &AH{dev: a.dev}, 0x11, 0x22
+		}
+		head := qp.sqHead
+		if r.IntN(8) == 0 {
+			qp.sqHead = qp.sqEnd - uint64(qp.init.MaxSendWR) // full
+		}
+		w := qp.sqAt(qp.sqEnd)
+		before, end := norm(*w), qp.sqEnd
+		beforeRaw := *w
+		if !qp.postFast(&wr) {
+			declined++
+			if got := norm(*w); qp.sqEnd != end || !reflect.DeepEqual(got, before) || w.extra != beforeRaw.extra {
+				t.Fatalf("WR %d (%+v, %v QP): postFast declined it but changed the queue", i, wr, qp.init.Type)
+			}
+			// Dirty the slot now and then through postSlow.
+			if qp.postSlow(0, &wr) == nil {
+				qp.sqEnd--
+			}
+			qp.sqHead = head
+			continue
+		}
+		taken++
+		fast := norm(*w)
+		qp.sqEnd--
+		*w = beforeRaw
+		if err := qp.postSlow(0, &wr); err != nil {
+			t.Fatalf("WR %d (%+v, %v QP): postFast took it, postSlow says %v", i, wr, qp.init.Type, err)
+		}
+		if slow := norm(*w); !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("WR %d (%+v, %v QP): postFast's WQE\n%+v\npostSlow's\n%+v", i, wr, qp.init.Type, fast, slow)
+		}
+		qp.sqEnd--
+		if r.IntN(2) == 0 {
+			*w = beforeRaw // the next WR finds the slot as it was (clean or not)
+		}
+		qp.sqHead = head
+	}
+	if taken < 1000 || declined < 1000 {
+		t.Fatalf("postFast took %d and declined %d WRs: the cases do not cover both", taken, declined)
 	}
 }
 

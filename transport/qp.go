@@ -28,8 +28,9 @@ type sendWQE struct {
 	done      bool
 	localDone bool // a local operation (bind, invalidate) was executed
 	probe     bool // a keep-alive probe (QP.Probe): never completes to a CQ
+	extra     bool // pushWQE set wr's fields that postFast does not write (clearExtra)
 	status    WCStatus
-	wr        SendWR
+	wr        SendWR             // as posted, but for SGEs (nil; the list is sges)
 	rsl       memreg.ScatterList // RDMA READ: places the response data into sges
 }
 
