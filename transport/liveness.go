@@ -110,7 +110,7 @@ func (qp *QP) afterPost() {
 	qp.flushOut()
 	if qp.tmr.armDue {
 		qp.tmr.armDue = false
-		if qp.attr.State != QPSErr {
+		if qp.attr.State != QPSErr && !qp.armRetransFast() {
 			qp.armRetrans()
 		}
 	}
