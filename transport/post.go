@@ -325,15 +325,17 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 		// start, and names the field at fault.
 		wr := &wrs[i]
 		if n := qp.rqEnd - qp.rqHead; n < uint64(qp.init.MaxRecvWR) && n != uint64(len(qp.rq)) && len(wr.SGEs) == 1 {
-			r := qp.rqAt(qp.rqEnd)
-			if ref := qp.pd.CheckSGE(&wr.SGEs[0], memreg.AccessLocalWrite); ref != nil && cap(r.sges) != 0 {
-				r.wrid = wr.WRID
-				r.sges = r.sges[:1]
-				r.sges[0] = wr.SGEs[0]
-				r.ref = ref
-				r.length = uint64(wr.SGEs[0].Length)
-				qp.rqEnd++
-				continue
+			if ref := qp.pd.CheckSGE(&wr.SGEs[0], memreg.AccessLocalWrite); ref != nil {
+				r, s := qp.rqAt(qp.rqEnd), &wr.SGEs[0]
+				if cap(r.sges) != 0 {
+					r.wrid = wr.WRID
+					r.sges = r.sges[:1]
+					r.sges[0] = *s
+					r.ref = ref
+					r.length = uint64(s.Length)
+					qp.rqEnd++
+					continue
+				}
 			}
 		}
 		if err = qp.recvSlow(i, wr); err != nil {
