@@ -25,17 +25,30 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 			return err
 		}
 	}
+	// The usual WRs, then (out of the loop, which then carries no
+	// error) the rest from the first that postFast leaves.
+	i := 0
+	for i < len(wrs) && qp.postFast(&wrs[i]) {
+		i++
+	}
 	var err error
-	for i := range wrs {
-		if !qp.postFast(&wrs[i]) {
-			if err = qp.postSlow(i, &wrs[i]); err != nil {
-				break
-			}
-		}
+	if i < len(wrs) {
+		err = qp.postRest(wrs, i)
 	}
 	qp.afterPost()
 	qp.mu.Unlock()
 	return err
+}
+
+// postRest posts wrs from index i on (postOne) until one fails, and
+// returns its *WRError. Under qp.mu.
+func (qp *QP) postRest(wrs []SendWR, i int) error {
+	for ; i < len(wrs); i++ {
+		if err := qp.postOne(i, &wrs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // sendRefused is PostSend's error for a closed device, a destroyed QP or
@@ -317,30 +330,32 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 			return err
 		}
 	}
-	var err error
-	for i := range wrs {
-		// The usual WR in line: room in the ring (not full: recvSlow
-		// grows it) and one SGE that memreg.PD.CheckSGE accepts (max_sge
-		// is at least 1). recvSlow checks any other in full, from the
-		// start, and names the field at fault.
+	// The usual WRs in line: room in the ring (not full: recvSlow grows
+	// it) and one SGE that memreg.PD.CheckSGE accepts (max_sge is at
+	// least 1). From the first other WR on, recvRest checks each in
+	// full, from the start, and names the field at fault.
+	i := 0
+	for ; i < len(wrs); i++ {
 		wr := &wrs[i]
-		if n := qp.rqEnd - qp.rqHead; n < uint64(qp.init.MaxRecvWR) && n != uint64(len(qp.rq)) && len(wr.SGEs) == 1 {
-			if ref := qp.pd.CheckSGE(&wr.SGEs[0], memreg.AccessLocalWrite); ref != nil {
-				r, s := qp.rqAt(qp.rqEnd), &wr.SGEs[0]
-				if cap(r.sges) != 0 {
-					r.wrid = wr.WRID
-					r.sges = r.sges[:1]
-					r.sges[0] = *s
-					r.ref = ref
-					r.length = uint64(s.Length)
-					qp.rqEnd++
-					continue
-				}
-			}
-		}
-		if err = qp.recvSlow(i, wr); err != nil {
+		n := qp.rqEnd - qp.rqHead
+		if n >= uint64(qp.init.MaxRecvWR) || n == uint64(len(qp.rq)) || len(wr.SGEs) != 1 {
 			break
 		}
+		ref := qp.pd.CheckSGE(&wr.SGEs[0], memreg.AccessLocalWrite)
+		r, s := qp.rqAt(qp.rqEnd), &wr.SGEs[0]
+		if ref == nil || cap(r.sges) == 0 {
+			break
+		}
+		r.wrid = wr.WRID
+		r.sges = r.sges[:1]
+		r.sges[0] = *s
+		r.ref = ref
+		r.length = uint64(s.Length)
+		qp.rqEnd++
+	}
+	var err error
+	if i < len(wrs) {
+		err = qp.recvRest(wrs, i)
 	}
 	if qp.attr.State == QPSErr {
 		qp.toError()
@@ -348,6 +363,17 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	qp.settle()
 	qp.mu.Unlock()
 	return err
+}
+
+// recvRest posts receive WRs wrs from index i on (recvSlow) until one
+// fails, and returns its *WRError. Under qp.mu.
+func (qp *QP) recvRest(wrs []RecvWR, i int) error {
+	for ; i < len(wrs); i++ {
+		if err := qp.recvSlow(i, &wrs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // recvRefused is PostRecv's error for a closed device, a destroyed QP, a
