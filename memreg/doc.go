@@ -28,10 +28,14 @@
 // into a Pins once per batch and Pins.Release unpins it, so a Deregister
 // then waits for the end of that batch; inside it each packet is a bounds
 // check and a copy. A work request's one-element SGE list can keep the
-// region it was checked against (CheckSGEsRef returns a Ref; GatherRef and
+// region it was checked against (CheckSGEsRef returns a Ref, and so does
+// CheckSGE, its call-free form for posting one valid element, which
+// returns nil where CheckSGEsRef would say why; GatherRef and
 // ScatterList.InitRef use it): a copy through it skips the key lookup but
 // not the pin, and runs only while the Ref is the live region the lkey
-// names, so it fails exactly when the lookup would. Memory from mmap can be registered like any byte
+// names, so it fails exactly when the lookup would. No check is cached
+// across posts: each post looks its lkey up in the table (two atomic
+// loads), so a Deregister or a window bind is seen by the next post. Memory from mmap can be registered like any byte
 // slice; it must stay mapped until Deregister returns. The zero-copy
 // send views (PD.GatherView, QPView.ReadView) are checked when taken and
 // read later, when the packet leaves: the sender reads one only between

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"errors"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -256,4 +257,63 @@ func TestRingMask(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPostAfterDeregister: a post checks its lkey against the table each
+// time (no check is remembered between posts): once the region is
+// deregistered, the SGE that was just posted (through postFast and
+// PostRecv's in-line path) is refused, naming sg_list[0].lkey, for a
+// SEND, a READ's destination and a receive alike — also after the same
+// memory is registered again under a new key, which posts. A window's
+// rkey is no lkey, bound or not.
+func TestPostAfterDeregister(t *testing.T) {
+	a, _, _ := newPair(t, pairOpts{sqDepth: 64, rqDepth: 64})
+	buf, mr := a.buffer(t, 64, memreg.AccessMWBind)
+	posts := map[string]func(memreg.SGE) error{
+		"SEND": func(s memreg.SGE) error { return a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: []memreg.SGE{s}}) },
+		"READ": func(s memreg.SGE) error {
+			return a.qp.PostSend(SendWR{Opcode: WRRead, SGEs: []memreg.SGE{s}, RemoteAddr: 0x1000, RKey: 0x1234})
+		},
+		"recv": func(s memreg.SGE) error { return a.qp.PostRecv(RecvWR{SGEs: []memreg.SGE{s}}) },
+	}
+	old := mr.SGE(0, 8)
+	for name, post := range posts {
+		if err := post(old); err != nil {
+			t.Fatalf("%s before Deregister: %v", name, err)
+		}
+	}
+	if err := mr.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(when string, s memreg.SGE, cause error) {
+		t.Helper()
+		for name, post := range posts {
+			err := post(s)
+			var we *WRError
+			if !errors.As(err, &we) || we.Field != "sg_list[0].lkey" || !errors.Is(err, cause) {
+				t.Errorf("%s %s: %v, want sg_list[0].lkey refused (%v)", name, when, err, cause)
+			}
+		}
+	}
+	refused("after Deregister", old, memreg.ErrStaleKey)
+	again, err := a.pd.RegisterMR(buf, memreg.AccessLocalWrite|memreg.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused("after the memory is registered again", old, memreg.ErrStaleKey)
+	for name, post := range posts {
+		if err := post(again.SGE(0, 8)); err != nil {
+			t.Fatalf("%s with the new key: %v", name, err)
+		}
+	}
+	mw, err := a.pd.AllocMW(memreg.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused("naming an unbound window", memreg.SGE{Addr: again.IOVA(), Length: 8, LKey: mw.RKey()}, memreg.ErrKeyType)
+	rkey, err := mw.Bind(again, again.IOVA(), 64, memreg.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused("naming a bound window", memreg.SGE{Addr: again.IOVA(), Length: 8, LKey: rkey}, memreg.ErrKeyType)
 }
