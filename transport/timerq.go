@@ -43,8 +43,9 @@ type timerEntry struct {
 // every entry at exactly its deadline, in a deterministic order (equal
 // deadlines in arm order), and log2(30,000) ≈ 15 steps is cheap next to
 // what a timer does when it fires. The local ACK timer is re-armed
-// lazily (progress only marks it pushed; the expiry then re-arms), so the heap is touched about once per timeout period per
-// busy QP, not per packet.
+// lazily (progress only marks it pushed; the expiry then re-arms), so the
+// heap is touched about four times per timeout period per busy QP (the
+// lazy timer's check interval, QP.checkIn), not per packet.
 //
 // The single Clock timer is also re-armed lazily: it is moved only when
 // a new earliest deadline lies before the one it is set for; cancelling

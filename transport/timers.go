@@ -7,7 +7,8 @@ import "time"
 // through the QP's entries tq[timerRetrans] and tq[timerRNR], as does the
 // DCQCN pacing timer (tq[timerPace], cc.go). The ACK
 // timer is re-armed lazily: progress only marks it pushed, without a
-// clock reading, and its expiry then re-arms a timeout later.
+// clock reading, and its expiry (every quarter timeout while armed,
+// checkIn) then moves the deadline a timeout past its own reading.
 type timers struct {
 	deadline   time.Time
 	timerArmed bool
@@ -125,8 +126,30 @@ func (qp *QP) armRetrans() {
 	if !qp.tmr.timerArmed {
 		qp.tmr.pushed = false
 		qp.tmr.timerArmed = true
-		qp.dev.tq.arm(&qp.tq[timerRetrans], now, to)
+		qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.checkIn(to))
 	}
+}
+
+// retransSlackDiv divides the ACK timeout into the lazily pushed timer's
+// check interval (checkIn): a push is seen at most timeout/retransSlackDiv
+// after it happened, so a request or ACK lost after the last progress is
+// found between one timeout and 1 + 1/retransSlackDiv timeouts after it,
+// for retransSlackDiv expiries per timeout while the timer is armed (one
+// did before, and a loss then waited up to two timeouts).
+const retransSlackDiv = 4
+
+// checkIn returns how long after now the ACK timer's entry is to fire,
+// d before its deadline. With exact pushes (no lazyPush) that is the
+// deadline itself: every push moved it. With lazy pushes the entry fires
+// at least every timeout/retransSlackDiv, so that the expiry that finds a
+// push (pushDeadline) reads the clock at most that long after it.
+func (qp *QP) checkIn(d time.Duration) time.Duration {
+	if qp.dev.lazyPush {
+		if c := qp.retransTimeout() / retransSlackDiv; c > 0 && d > c {
+			return c
+		}
+	}
+	return d
 }
 
 // retransTimeout is the local ACK timeout the timer waits: the QP's, or
@@ -140,10 +163,12 @@ func (qp *QP) retransTimeout() time.Duration {
 
 // pushDeadline re-arms the ACK timer at an expiry before its deadline.
 // After armRetrans noted progress (pushed), the deadline first moves to a
-// whole timeout from now. A request or ACK the expiry does not see
-// therefore waits at least one timeout and at most two (the progress came
-// between the arming and the expiry) before it counts as lost; a timer
-// pushed per message with a clock reading each time waited exactly one.
+// whole timeout from now. On lazy pushes the entry fires every
+// timeout/retransSlackDiv (checkIn) until the deadline, so the expiry
+// that sees a push comes at most that long after it: a request or ACK
+// lost after the last progress waits at least one timeout and at most
+// 1 + 1/retransSlackDiv (1.25) before it counts as lost; a timer pushed
+// per message with a clock reading each time waits exactly one.
 func (qp *QP) pushDeadline(now time.Time) {
 	if qp.tmr.pushed {
 		qp.tmr.pushed = false
@@ -152,7 +177,7 @@ func (qp *QP) pushDeadline(now time.Time) {
 		}
 	}
 	qp.tmr.timerArmed = true
-	qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.tmr.deadline.Sub(now))
+	qp.dev.tq.arm(&qp.tq[timerRetrans], now, qp.checkIn(qp.tmr.deadline.Sub(now)))
 }
 
 // onRetransTimer is the local ACK timeout. Called with qp.mu held.
