@@ -165,6 +165,12 @@ type QP struct {
 	schedHolder   int32 // index + 1 in dev.sched.holders while schedInflight > 0, under dev.sched.holdMu
 	schedMarkPSN  bth.PSN
 	schedMarkAt   time.Time
+	// schedMarkLo: the PSNs the mark covers that were unacknowledged
+	// when it was made were sent after schedMarkLo (zero: unknown);
+	// schedIdleAt is when account last found the QP, marked before,
+	// with nothing unacknowledged. See txSched.overtaken.
+	schedMarkLo time.Time
+	schedIdleAt time.Time
 
 	// congestion control (cc.go): its first bytes (paceArmed, the
 	// reaction point's limited and held) are read per turn.

@@ -107,7 +107,11 @@ type txSched struct {
 	maxInflight int64
 	qpCap       int32        // the most one QP counts in inflight: maxInflight/4
 	ackDelay    atomic.Int64 // moving average of the QPs' ACK delays, ns (staleLimit)
-	stalled     atomic.Bool
+	// ackedLo (Unix ns, 0 none) is the latest QP.schedMarkLo of a mark
+	// found acknowledged: a packet sent after it has been acknowledged
+	// (overtaken).
+	ackedLo atomic.Int64
+	stalled atomic.Bool
 
 	wake chan struct{} // cap 1: the goroutine has work
 	done chan struct{} // closed when the goroutine ended
@@ -553,14 +557,18 @@ func (s *txSched) noteStall() {
 //     beyond, its own window bounds, as on an RNIC;
 //   - a QP whose oldest unacknowledged PSN has waited for its ACK longer
 //     than its stale limit (schedStaleAfter: a quarter of its ACK
-//     timeout, 5 to 20 ms) counts none (schedStale, counted in
-//     sched_stale_qps) until every PSN it had sent then is acknowledged.
-//     The budget keeps what it has on its way to a few milliseconds'
-//     worth; a packet unacknowledged for that long is not in a queue
-//     the other QPs wait behind, but lost, or held by a peer that is
-//     slow to acknowledge, or behind something only its own QP waits
-//     for. Should a whole peer be that slow (every QP stale), the budget
-//     still bounds what is sent per stale limit.
+//     timeout, 5 to 20 ms) while a packet sent after it was
+//     acknowledged, on any QP (overtaken), counts none (schedStale,
+//     counted in sched_stale_qps) until every PSN it had sent then is
+//     acknowledged. A packet overtaken so is not in a queue the other
+//     QPs wait behind, but lost, or held by a peer that is slow to
+//     acknowledge, or behind something only its own QP waits for. One
+//     not overtaken waits in the path's queue with the others' (a slow
+//     link: every QP's ACK delay long): it goes on counting, however
+//     long, so that the budget goes on bounding that queue. Before,
+//     age alone made every QP stale on a link slower than the budget
+//     per stale limit (16 packets at 6 ms each), the queue grew and the
+//     ACK timers expired in it (TestSchedStaleNeedsOvertaking).
 //
 // The age is kept with a mark, not per packet: schedMarkPSN is req.psn
 // as it was at schedMarkAt, renewed once comp.psn reached it. While
@@ -578,8 +586,13 @@ func (s *txSched) noteStall() {
 func (s *txSched) account(qp *QP) {
 	u := qp.unackedPSNs()
 	if u == 0 {
-		if qp.schedMarked && !qp.schedStale {
-			s.sampleAckDelay(qp.now().Sub(qp.schedMarkAt))
+		if qp.schedMarked {
+			now := qp.now()
+			if !qp.schedStale {
+				s.sampleAckDelay(now.Sub(qp.schedMarkAt))
+			}
+			s.noteAcked(qp.schedMarkLo)
+			qp.schedIdleAt = now
 		}
 		qp.schedMarked, qp.schedStale = false, false
 		s.set(qp, 0)
@@ -587,12 +600,20 @@ func (s *txSched) account(qp *QP) {
 	}
 	if !qp.schedMarked || qp.comp.psn.Diff(qp.schedMarkPSN) >= 0 {
 		now := qp.now()
-		if qp.schedMarked && !qp.schedStale {
-			s.sampleAckDelay(now.Sub(qp.schedMarkAt))
+		if qp.schedMarked {
+			if !qp.schedStale {
+				s.sampleAckDelay(now.Sub(qp.schedMarkAt))
+			}
+			s.noteAcked(qp.schedMarkLo)
+			// What is unacknowledged now was sent after the old mark.
+			qp.schedMarkLo = qp.schedMarkAt
+		} else {
+			// Sent since the QP was last found with nothing unacknowledged.
+			qp.schedMarkLo = qp.schedIdleAt
 		}
 		qp.schedMarkPSN, qp.schedMarkAt = qp.req.psn, now
 		qp.schedMarked, qp.schedStale = true, false
-	} else if !qp.schedStale && qp.now().Sub(qp.schedMarkAt) >= s.staleLimit(qp) {
+	} else if !qp.schedStale && qp.now().Sub(qp.schedMarkAt) >= s.staleLimit(qp) && s.overtaken(qp.schedMarkAt) {
 		qp.schedStale = true
 		inc(&s.d.ctr.SchedStaleQPs)
 	}
@@ -603,6 +624,31 @@ func (s *txSched) account(qp *QP) {
 		u = s.qpCap
 	}
 	s.set(qp, u)
+}
+
+// noteAcked records that the PSNs of a mark whose unacknowledged PSNs
+// were sent after lo (QP.schedMarkLo) are all acknowledged.
+func (s *txSched) noteAcked(lo time.Time) {
+	if lo.IsZero() {
+		return
+	}
+	v := lo.UnixNano()
+	for {
+		old := s.ackedLo.Load()
+		if v <= old || s.ackedLo.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// overtaken reports that a packet sent after markAt (a QP's mark: its
+// oldest unacknowledged PSN was sent no later) has been acknowledged,
+// on any QP of the device: the path delivers what was sent after that
+// PSN, so its own peer is what holds it. On one slow path, where every
+// QP's packets wait in one queue in the order they were sent, no QP is
+// overtaken and none goes stale, however long the queue takes.
+func (s *txSched) overtaken(markAt time.Time) bool {
+	return s.ackedLo.Load() > markAt.UnixNano()
 }
 
 // sampleAckDelay adds one QP's ACK delay — from a mark to the ACK that

@@ -84,30 +84,41 @@ func TestSchedHoldTouchesNoOtherQP(t *testing.T) {
 
 // TestSchedSweepHoldersOnly: when the budget stays full (a silent peer),
 // the scheduler's sweep looks at the QPs holding a share of it, not at
-// every QP of the device: 1,000 QPs of which 20 sent, each sweep looks
-// at no more than those 20 (before, at all 1,000 — with 10,000 cold QPs,
-// milliseconds per stall). The QPs sent to a silent peer still go stale
-// (sweep found them) and the holders list matches the shares.
+// every QP of the device: 1,000 QPs of which 20 sent to a silent peer
+// and one more to a peer that answers; each sweep looks at no more than
+// those 21 (before, at all 1,000 — with 10,000 cold QPs, milliseconds
+// per stall). The QPs sent to the silent peer still go stale (the sweep
+// found them, overtaken by the answered QP's WRITEs) and the holders
+// list matches the shares.
 func TestSchedSweepHoldersOnly(t *testing.T) {
 	const n, busy = 1000, 20
-	// Budget 8 (2 per QP), ACK timeout ~4 s: the peer never answers, so
-	// only stale marks (found by the sweep) free the budget.
+	// Budget 8 (2 per QP), ACK timeout ~4 s: the silent QPs' peer never
+	// answers, so only stale marks (found by the sweep) free the budget.
 	r := newSchedRig(t, n, DeviceConfig{SchedQPs: 1, SchedInflight: 8}, 0, 20)
-	r.b.Close() // silent peer
+	for i := range busy {
+		r.qb[i].Destroy() // silent peer: B drops what comes to these QPNs
+	}
 	for i := range busy {
 		r.post(t, i)
 	}
+	// QP busy answers: its WRITEs, sent after the silent ones (forced
+	// turns while the budget is full), overtake them.
+	per := make([]int, n)
 	deadline := time.Now().Add(20 * time.Second)
 	for r.a.sched.sweeps.Load() < 3 || r.a.Counters().SchedStaleQPs == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d sweeps and %d stale QPs in 20 s", r.a.sched.sweeps.Load(), r.a.Counters().SchedStaleQPs)
 		}
+		r.post(t, busy)
+		if r.collect(t, 1, 10*time.Second, per, time.Time{}) != 1 {
+			t.Fatal("the answered QP's WRITE did not complete")
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	sweeps, swept := r.a.sched.sweeps.Load(), r.a.sched.swept.Load()
 	t.Logf("%d sweeps looked at %d QPs; stale %d", sweeps, swept, r.a.Counters().SchedStaleQPs)
-	if swept > busy*sweeps {
-		t.Errorf("%d sweeps looked at %d QPs: more than the %d that sent", sweeps, swept, busy)
+	if swept > (busy+1)*sweeps {
+		t.Errorf("%d sweeps looked at %d QPs: more than the %d that sent", sweeps, swept, busy+1)
 	}
 	checkHolders(t, r.a)
 }
