@@ -169,8 +169,9 @@ type QP struct {
 	// when it was made were sent after schedMarkLo (zero: unknown);
 	// schedIdleAt is when account last found the QP, marked before,
 	// with nothing unacknowledged. See txSched.overtaken.
-	schedMarkLo time.Time
-	schedIdleAt time.Time
+	schedMarkLo   time.Time
+	schedIdleAt   time.Time
+	schedFromTurn bool // in a requester turn that began with nothing unacknowledged
 
 	// congestion control (cc.go): its first bytes (paceArmed, the
 	// reaction point's limited and held) are read per turn.

@@ -112,6 +112,9 @@ type txSched struct {
 	// (overtaken).
 	ackedLo atomic.Int64
 	stalled atomic.Bool
+	// freed counts the shares of inflight that went down while the
+	// budget was full (set): ACKs the path brought.
+	freed atomic.Uint64
 
 	wake chan struct{} // cap 1: the goroutine has work
 	done chan struct{} // closed when the goroutine ended
@@ -121,6 +124,14 @@ type txSched struct {
 	// stallAt is when the budget was found full (full), zero once the
 	// loop noted the end of that stall (noteStall).
 	stallAt time.Time
+	// waitFrom is when the current wait for an ACK began: stallAt, or
+	// the last stallExpired that forced no turn.
+	waitFrom time.Time
+	// freedSeen is the last value of freed the goroutine saw, at
+	// freedAt: while ACKs free room (freed moves) within schedStaleMax,
+	// a stall forces no turn (stallExpired).
+	freedSeen uint64
+	freedAt   time.Time
 	// waitResp: a QP's turn found a received batch's responses on their
 	// way to the link (responder.progress): wait for them after the batch.
 	waitResp bool
@@ -207,8 +218,9 @@ const (
 //
 // schedStall is how long the scheduler waits for an ACK to bring a full
 // inflight below maxInflight before it looks for stale QPs (sweep) and,
-// finding none, serves one QP anyway; schedStaleMax is the most a QP's
-// oldest unacknowledged PSN waits for its ACK before the QP's PSNs stop
+// finding none while no ACK freed room for schedStaleMax, serves one QP
+// anyway (stallExpired); schedStaleMax is also the most a QP's oldest
+// unacknowledged PSN waits for its ACK before the QP's PSNs may stop
 // counting in inflight (schedStaleAfter).
 const (
 	schedInflight = 256 // packets (1 MiB at MTU 4096)
@@ -400,7 +412,7 @@ func (s *txSched) loop() {
 			// acknowledging a PSN now and then: their PSNs stop
 			// counting once stale); should that free nothing either,
 			// one QP is served anyway.
-			wait := schedStall - time.Since(s.stallAt)
+			wait := schedStall - time.Since(s.waitFrom)
 			fired := wait <= 0
 			if !fired {
 				if t == nil {
@@ -431,7 +443,7 @@ func (s *txSched) loop() {
 			// Responder turns go on while the requests are stalled;
 			// they must not put off the sweep (a long READ answered
 			// while silent peers hold the budget).
-			if s.stalled.Load() && time.Since(s.stallAt) >= schedStall {
+			if s.stalled.Load() && time.Since(s.waitFrom) >= schedStall {
 				s.stallExpired()
 			}
 		}
@@ -439,10 +451,27 @@ func (s *txSched) loop() {
 }
 
 // stallExpired handles a stall that lasted schedStall: the QPs holding
-// the budget are accounted (sweep), and if that frees nothing one QP's
-// requests are served anyway (force).
+// the budget are accounted (sweep), and if that frees nothing and no ACK
+// freed room for schedStaleMax, one QP's requests are served anyway
+// (force).
+//
+// On a link whose packets take longer than schedStall each (16 packets
+// of 6 ms), every gap between two ACKs was such a stall: a forced turn
+// per packet sent put one QP's packets more into the link's queue, which
+// grew without bound and held packets past their ACK timeout. So a turn
+// is forced only when no ACK freed room in the budget (freed) for
+// schedStaleMax: a path that acknowledges, however slowly, is left to
+// drain; a peer that holds the budget silently is still passed by.
 func (s *txSched) stallExpired() {
 	s.sweep()
+	now := time.Now()
+	if f := s.freed.Load(); f != s.freedSeen || s.freedAt.IsZero() {
+		s.freedSeen, s.freedAt = f, now
+	}
+	if now.Sub(s.freedAt) < schedStaleMax {
+		s.waitFrom = now // sweep again after schedStall
+		return
+	}
 	if s.stalled.Load() && s.stalled.CompareAndSwap(true, false) {
 		s.force = true
 		inc(&s.d.ctr.SchedForcedTurns)
@@ -490,6 +519,7 @@ func (s *txSched) runBatch() bool {
 		}
 		s.npkts += qp.nout - n
 		s.account(qp)
+		qp.schedFromTurn = false
 	}
 	s.flush()
 	if s.waitResp {
@@ -515,6 +545,7 @@ func (s *txSched) full() bool {
 	if !s.stalled.Load() {
 		s.noteStall()
 		s.stallAt = time.Now()
+		s.waitFrom = s.stallAt
 	}
 	s.stalled.Store(true)
 	if s.inflight.Load() < s.maxInflight { // an ACK came in between
@@ -607,6 +638,12 @@ func (s *txSched) account(qp *QP) {
 			s.noteAcked(qp.schedMarkLo)
 			// What is unacknowledged now was sent after the old mark.
 			qp.schedMarkLo = qp.schedMarkAt
+		} else if qp.schedFromTurn {
+			// Built by this turn, just now (serveReq): a QP that
+			// answered peer gives evidence with its first ACK, not
+			// its second (a silent peer's QPs beside it go stale
+			// after one forced turn of it).
+			qp.schedMarkLo = now
 		} else {
 			// Sent since the QP was last found with nothing unacknowledged.
 			qp.schedMarkLo = qp.schedIdleAt
@@ -754,6 +791,9 @@ func (s *txSched) set(qp *QP, n int32) {
 		return
 	}
 	v := s.inflight.Add(int64(n - qp.schedInflight))
+	if n < qp.schedInflight && s.stalled.Load() {
+		s.freed.Add(1)
+	}
 	if n == 0 || qp.schedInflight == 0 {
 		s.hold(qp, n > 0)
 	}
@@ -799,6 +839,9 @@ func (s *txSched) serveReq(qp *QP) {
 		return
 	}
 	qp.schedTurn, qp.schedLeft, qp.schedMore = true, qp.schedQuantum(), false
+	// Nothing unacknowledged before the turn: what it builds is all the
+	// QP will have on its way (account's mark from it: schedFromTurn).
+	qp.schedFromTurn = !qp.schedMarked && qp.unackedPSNs() == 0
 	qp.req.progress()
 	qp.schedTurn = false
 	s.endTurn(qp, false)

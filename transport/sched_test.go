@@ -255,11 +255,23 @@ func TestSchedNoTimeoutWhileWaiting(t *testing.T) {
 		name  string
 		cfg   DeviceConfig
 		sched bool
+		slow  bool // 150 QPs, 6 ms per packet: 96 ms in flight
 	}{
-		{"scheduler", DeviceConfig{SchedQPs: 16, SchedInflight: inflight}, true},
-		{"direct", DeviceConfig{SchedQPs: -1}, false},
+		{"scheduler", DeviceConfig{SchedQPs: 16, SchedInflight: inflight}, true, false},
+		{"direct", DeviceConfig{SchedQPs: -1}, false, false},
+		{"slow-link", DeviceConfig{SchedQPs: 16, SchedInflight: 16}, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			n, per := n, per
+			if tc.slow {
+				// Each packet longer than the 5 ms stall and the budget
+				// (96 ms) longer than the 20 ms stale limit: before, the
+				// budget's QPs all went stale, every gap between two ACKs
+				// forced a turn, the link's queue grew and 98-142 of the
+				// 150 WRITEs timed out in it (TestSchedStaleNeedsOvertaking,
+				// TestSchedForcedTurnOnlyWhenNothingFreed).
+				n, per = 150, 6*time.Millisecond
+			}
 			r := newSchedRig(t, n, tc.cfg, per, timeout)
 			perQP := make([]int, n)
 			for i := range n {

@@ -133,3 +133,34 @@ func TestSchedStaleNeedsOvertaking(t *testing.T) {
 			g.stale(silent), g.r.qa[silent].schedInflight)
 	}
 }
+
+// TestSchedForcedTurnOnlyWhenNothingFreed: a stall of the budget (5 ms
+// without room) forces a turn only when no ACK freed room in it for
+// schedStaleMax (a peer holding it silently); while ACKs free room, as on
+// a slow link whose packets take longer than 5 ms each, the stall only
+// sweeps and waits again. Before, every such stall forced a turn: one QP's
+// packets more in the link's queue per packet the link sent, a queue
+// without bound (TestSchedNoTimeoutWhileWaiting/slow-link on the wall
+// clock: 98-142 of 150 WRITEs timed out).
+func TestSchedForcedTurnOnlyWhenNothingFreed(t *testing.T) {
+	r := newSchedRig(t, 1, DeviceConfig{SchedQPs: 1, SchedInflight: 16}, 0, 14)
+	s := &r.a.sched
+	if s.started.Load() {
+		t.Fatal("the scheduler's goroutine runs: the test calls its stall handling itself")
+	}
+	s.stalled.Store(true)
+	s.freed.Add(1) // an ACK freed room during the stall
+	s.stallExpired()
+	if s.force || !s.stalled.Load() || r.a.Counters().SchedForcedTurns != 0 {
+		t.Fatalf("a stall during which an ACK freed room forced a turn (force %v, stalled %v, sched_forced_turns %d)",
+			s.force, s.stalled.Load(), r.a.Counters().SchedForcedTurns)
+	}
+	// Nothing freed since, for schedStaleMax: a turn is forced.
+	s.freedAt = s.freedAt.Add(-schedStaleMax)
+	s.stallExpired()
+	if !s.force || s.stalled.Load() || r.a.Counters().SchedForcedTurns != 1 {
+		t.Fatalf("a stall with nothing freed for %v: force %v, stalled %v, sched_forced_turns %d; want a forced turn",
+			schedStaleMax, s.force, s.stalled.Load(), r.a.Counters().SchedForcedTurns)
+	}
+	s.force = false
+}
