@@ -65,7 +65,7 @@ func TestBatchClockSchedMarked(t *testing.T) {
 	qp := a.qp
 	qp.mu.Lock()
 	qp.schedMarked, qp.schedStale = true, false
-	qp.schedMarkPSN, qp.schedMarkAt = qp.req.psn, a.dev.now()
+	qp.schedMarkPSN, qp.schedMarkAt = qp.req.psn, a.dev.now().UnixNano()
 	qp.mu.Unlock()
 	before := clk.n.Load()
 	if err := qp.PostSend(SendWR{Opcode: WRRead, Flags: SendSignaled, SGEs: sge(dmr, 0, size),

@@ -26,6 +26,7 @@ var (
 		"req", "comp", "tq", "tmr",
 		"schedQueued", "schedTurn", "schedMore", "schedInBatch", "schedMarked", "schedStale",
 		"schedLeft", "schedInflight", "schedHolder", "schedMarkPSN", "schedMarkAt",
+		"schedFromTurn", "schedMarkLo", "schedIdleAt",
 		"cc.paceArmed", "cc.rp.limited", "cc.rp.held",
 	}
 	qpHotResponder = []string{

@@ -151,27 +151,30 @@ type QP struct {
 	schedRespTurn   bool  // in a responder turn: resp.progress sends up to schedLeft packets
 	schedMore       bool  // the turn ended on the quantum, with more to send
 	schedInBatch    uint8 // the kinds of turn (schedReqTurn, schedRespTurn) it had in the batch being built
-	// schedMarkPSN and schedMarkAt: every PSN before schedMarkPSN was
-	// sent by schedMarkAt (schedMarked; account renews the mark once
-	// they are all acknowledged). schedStale: they were not, a stale
-	// limit after schedMarkAt (schedStaleAfter).
+	// schedMarkPSN and schedMarkAt (Unix ns of QP.now): every PSN
+	// before schedMarkPSN was sent by schedMarkAt (schedMarked; account
+	// renews the mark once they are all acknowledged). schedStale: they
+	// were not, a stale limit after schedMarkAt (schedStaleAfter), and a
+	// packet sent after it was (txSched.overtaken).
 	schedMarked bool
 	schedStale  bool
-	schedLeft   int
+	// schedFromTurn: in a requester turn that began with nothing
+	// unacknowledged (serveReq; account dates its mark by the turn).
+	schedFromTurn bool
+	schedLeft     int
 	// schedInflight is this QP's share of dev.sched.inflight (account):
 	// its unacknowledged PSNs, at most schedQPCap of them, none while
 	// schedStale.
 	schedInflight int32
 	schedHolder   int32 // index + 1 in dev.sched.holders while schedInflight > 0, under dev.sched.holdMu
 	schedMarkPSN  bth.PSN
-	schedMarkAt   time.Time
-	// schedMarkLo: the PSNs the mark covers that were unacknowledged
-	// when it was made were sent after schedMarkLo (zero: unknown);
-	// schedIdleAt is when account last found the QP, marked before,
-	// with nothing unacknowledged. See txSched.overtaken.
-	schedMarkLo   time.Time
-	schedIdleAt   time.Time
-	schedFromTurn bool // in a requester turn that began with nothing unacknowledged
+	schedMarkAt   int64
+	// schedMarkLo (Unix ns, 0 unknown): the PSNs the mark covers that
+	// were unacknowledged when it was made were sent after it;
+	// schedIdleAt (Unix ns) is when account last found the QP, marked
+	// before, with nothing unacknowledged. See txSched.overtaken.
+	schedMarkLo int64
+	schedIdleAt int64
 
 	// congestion control (cc.go): its first bytes (paceArmed, the
 	// reaction point's limited and held) are read per turn.

@@ -620,10 +620,10 @@ func (s *txSched) account(qp *QP) {
 		if qp.schedMarked {
 			now := qp.now()
 			if !qp.schedStale {
-				s.sampleAckDelay(now.Sub(qp.schedMarkAt))
+				s.sampleAckDelay(time.Duration(now.UnixNano() - qp.schedMarkAt))
 			}
 			s.noteAcked(qp.schedMarkLo)
-			qp.schedIdleAt = now
+			qp.schedIdleAt = now.UnixNano()
 		}
 		qp.schedMarked, qp.schedStale = false, false
 		s.set(qp, 0)
@@ -633,7 +633,7 @@ func (s *txSched) account(qp *QP) {
 		now := qp.now()
 		if qp.schedMarked {
 			if !qp.schedStale {
-				s.sampleAckDelay(now.Sub(qp.schedMarkAt))
+				s.sampleAckDelay(time.Duration(now.UnixNano() - qp.schedMarkAt))
 			}
 			s.noteAcked(qp.schedMarkLo)
 			// What is unacknowledged now was sent after the old mark.
@@ -643,14 +643,14 @@ func (s *txSched) account(qp *QP) {
 			// answered peer gives evidence with its first ACK, not
 			// its second (a silent peer's QPs beside it go stale
 			// after one forced turn of it).
-			qp.schedMarkLo = now
+			qp.schedMarkLo = now.UnixNano()
 		} else {
 			// Sent since the QP was last found with nothing unacknowledged.
 			qp.schedMarkLo = qp.schedIdleAt
 		}
-		qp.schedMarkPSN, qp.schedMarkAt = qp.req.psn, now
+		qp.schedMarkPSN, qp.schedMarkAt = qp.req.psn, now.UnixNano()
 		qp.schedMarked, qp.schedStale = true, false
-	} else if !qp.schedStale && qp.now().Sub(qp.schedMarkAt) >= s.staleLimit(qp) && s.overtaken(qp.schedMarkAt) {
+	} else if !qp.schedStale && time.Duration(qp.now().UnixNano()-qp.schedMarkAt) >= s.staleLimit(qp) && s.overtaken(qp.schedMarkAt) {
 		qp.schedStale = true
 		inc(&s.d.ctr.SchedStaleQPs)
 	}
@@ -665,11 +665,10 @@ func (s *txSched) account(qp *QP) {
 
 // noteAcked records that the PSNs of a mark whose unacknowledged PSNs
 // were sent after lo (QP.schedMarkLo) are all acknowledged.
-func (s *txSched) noteAcked(lo time.Time) {
-	if lo.IsZero() {
+func (s *txSched) noteAcked(v int64) {
+	if v == 0 {
 		return
 	}
-	v := lo.UnixNano()
 	for {
 		old := s.ackedLo.Load()
 		if v <= old || s.ackedLo.CompareAndSwap(old, v) {
@@ -684,8 +683,8 @@ func (s *txSched) noteAcked(lo time.Time) {
 // PSN, so its own peer is what holds it. On one slow path, where every
 // QP's packets wait in one queue in the order they were sent, no QP is
 // overtaken and none goes stale, however long the queue takes.
-func (s *txSched) overtaken(markAt time.Time) bool {
-	return s.ackedLo.Load() > markAt.UnixNano()
+func (s *txSched) overtaken(markAt int64) bool {
+	return s.ackedLo.Load() > markAt
 }
 
 // sampleAckDelay adds one QP's ACK delay — from a mark to the ACK that
