@@ -78,6 +78,11 @@ type Packet struct {
 	Payload []byte
 	// ICRC is the trailer as stored (little-endian in the last 4 bytes).
 	ICRC uint32
+
+	// set holds the headers whose views the last Decode or DecodeNext
+	// may have set (all bits after Decode's start): the views DecodeNext
+	// clears.
+	set bth.Header
 }
 
 // infos is bth's opcode table, read through a pointer. Parse used to copy
@@ -193,6 +198,18 @@ func describe(f Fault, b []byte) error {
 // FaultNone, or zeroes p and returns why b is malformed. It never
 // allocates.
 func (p *Packet) Decode(b []byte) Fault {
+	p.set = ^bth.Header(0) // any field may hold anything: clear every view
+	return p.DecodeNext(b)
+}
+
+// DecodeNext is Decode for a Packet that only Decode and DecodeNext have
+// written since it was zero (a receive loop's one Packet): it checks b
+// exactly as Decode does, and of the header views the previous decode
+// set it clears only those b's opcode does not carry, instead of all
+// eight. On a Packet whose fields were written otherwise (assigned, or
+// copied from one that was) it may leave such a view in place: use
+// Decode there.
+func (p *Packet) DecodeNext(b []byte) Fault {
 	if len(b) < MinLen {
 		return p.fail(FaultTruncated)
 	}
@@ -223,11 +240,23 @@ func (p *Packet) Decode(b []byte) Fault {
 
 	// Every field is written below: the views of the headers the opcode
 	// does not carry are set to nil here rather than the whole Packet
-	// zeroed first.
+	// zeroed first — only those the previous decode may have set (none
+	// when it had the same layout or a subset of it; one when a SEND
+	// follows an ACK).
 	p.BTH = h
 	p.Info = *info
-	p.RETH, p.AETH, p.AtomicETH, p.AtomicAck = nil, nil, nil, nil
-	p.ImmDt, p.IETH, p.DETH, p.FETH = nil, nil, nil, nil
+	if s := p.set &^ info.Headers; s != 0 {
+		switch s {
+		case bth.HdrAETH:
+			p.AETH = nil
+		case bth.HdrRETH:
+			p.RETH = nil
+		default:
+			p.RETH, p.AETH, p.AtomicETH, p.AtomicAck = nil, nil, nil, nil
+			p.ImmDt, p.IETH, p.DETH, p.FETH = nil, nil, nil, nil
+		}
+	}
+	p.set = info.Headers
 	pe := end - pad
 	p.ICRC = binary.LittleEndian.Uint32(b[end:])
 	// The three commonest layouts first, without testing each header

@@ -530,6 +530,9 @@ func stalePacket(t *testing.T) Packet {
 	v := reflect.ValueOf(&p).Elem()
 	for i := range v.NumField() {
 		f := v.Field(i)
+		if !v.Type().Field(i).IsExported() {
+			continue // set: Decode's own record
+		}
 		switch f.Kind() {
 		case reflect.Slice:
 			f.Set(reflect.ValueOf([]byte{9, 9, 9, 9}).Convert(f.Type()))

@@ -697,7 +697,7 @@ func (d *Device) inputBatch(p *packet.Packet, pkts []udp.Packet) {
 		if v := d.rx.verify; v != nil && !v.VerifyICRC(up) {
 			continue // counted by the link; nothing of it was used
 		}
-		if p.Decode(up.Buf) != packet.FaultNone {
+		if p.DecodeNext(up.Buf) != packet.FaultNone { // p: only ever decoded into
 			inc(&d.ctr.MalformedPkts)
 			continue
 		}
