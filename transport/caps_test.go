@@ -78,7 +78,7 @@ func TestWrappedLinkCapabilities(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Set by NewDevice before its receive goroutine starts, never
-		// changed (rx.own.mu is the receive goroutine's while it receives).
+		// changed (rx.own is the receive goroutine's while it receives).
 		pl, wl := d.rx.pl, d.rx.wl
 		if d.outMax != outBatchMax || pl == nil || wl == nil || d.rx.spin != time.Millisecond || !inner.inPlace {
 			t.Errorf("wrapping %d: output batch %d (GSO: %d), poller %v, waiter link %v, spin %v, in place %v",

@@ -160,7 +160,7 @@ type Device struct {
 
 	// rx is the receive state: the receive goroutine's batch buffers and
 	// who drives the link (rxpoll.go). The batch state below (rxPending,
-	// rxWake, rxPins) belongs to whoever holds rx.own.mu: the receive
+	// rxWake, rxPins) belongs to whoever holds rx.own (tryLock): the receive
 	// goroutine, or a caller polling the link (Progress).
 	rx rxDriver
 

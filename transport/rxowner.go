@@ -1,13 +1,10 @@
 package transport
 
-import (
-	"sync"
-	"sync/atomic"
-)
+import "sync/atomic"
 
-// rxOwner is who drives the device's link (rxpoll.go): the mutex of the
-// goroutine that receives and handles a batch, which goroutine holds it,
-// and the lease that keeps the receive goroutine away from the link while
+// rxOwner is who drives the device's link (rxpoll.go): the goroutine
+// that receives and handles a batch (holder, its only lock), and the
+// lease that keeps the receive goroutine away from the link while
 // a busy-polling caller or a CQ waiter drives it. Every change of owner
 // is one of its methods; the holder and the lease are single atomic
 // words, so that a poller renews its lease and a waiter takes or leaves
@@ -19,18 +16,21 @@ import (
 // again without waking the receive goroutine), the holder who is in the
 // middle of a receive or batch right now.
 type rxOwner struct {
-	mu     sync.Mutex   // held while receiving and handling a batch
-	holder atomic.Int32 // the rxHolder holding mu (rxHolderNone when free)
+	// holder is the rxHolder receiving and handling a batch, or
+	// rxHolderNone: a lock that is only ever tried (tryLock), one word
+	// where a sync.Mutex and a record of its holder were two, and an
+	// unlock small enough to be inlined into Progress.
+	holder atomic.Int32
 	// lease is an rxLease packed into one word: the kind in the top two
 	// bits, a poll lease's deadline (lease clock, rxDriver.now) below.
 	lease atomic.Uint64
 }
 
-// rxHolder is who holds rxOwner.mu.
+// rxHolder is who holds the batch lock (rxOwner.holder).
 type rxHolder int32
 
 const (
-	rxHolderNone   rxHolder = iota // mu is free
+	rxHolderNone   rxHolder = iota // the batch lock is free
 	rxHolderLoop                   // the receive goroutine (recvLoop, lookLeft)
 	rxHolderPoller                 // a busy-polling caller (Device.Progress)
 	rxHolderWaiter                 // a CQ waiter in a blocking Recv (Device.waitRecv)
@@ -99,25 +99,20 @@ func unpackLease(w uint64) (rxLeaseKind, int64) {
 	return rxLeaseKind(w >> leaseKindShift), int64(w & leaseUntilMask)
 }
 
-// tryLock takes mu for h without blocking; it reports whether it did.
-// Nobody blocks on mu: a goroutine blocked there would be woken by every
-// Unlock of the one driving the link.
+// tryLock takes the batch lock for h without blocking; it reports
+// whether it did. Nobody blocks on it: a goroutine blocked there would be
+// woken by every unlock of the one driving the link. Like a mutex's, the
+// successful take happens after the unlock that freed it (sequentially
+// consistent atomics), so the batch state it guards passes from holder
+// to holder.
 func (o *rxOwner) tryLock(h rxHolder) bool {
-	if !o.mu.TryLock() {
-		return false
-	}
-	o.holder.Store(int32(h))
-	return true
+	return o.holder.CompareAndSwap(int32(rxHolderNone), int32(h))
 }
 
-// unlock releases mu.
-func (o *rxOwner) unlock() {
-	o.holder.Store(int32(rxHolderNone))
-	o.mu.Unlock()
-}
+// unlock releases the batch lock.
+func (o *rxOwner) unlock() { o.holder.Store(int32(rxHolderNone)) }
 
-// heldBy returns who holds mu (rxHolderNone when free, or a moment
-// before it is taken or after it is released).
+// heldBy returns who holds the batch lock (rxHolderNone when free).
 func (o *rxOwner) heldBy() rxHolder { return rxHolder(o.holder.Load()) }
 
 // state returns the lease: its kind and, for rxLeasePoll, its deadline.

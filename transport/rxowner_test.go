@@ -10,7 +10,7 @@ import (
 
 // TestRxOwnerTransitions: the receive driver's owner state, one
 // transition at a time — the lease (none, poll until a deadline, waiter,
-// left) and the holder of the batch mutex — as rxpoll.go drives it.
+// left) and the holder of the batch lock — as rxpoll.go drives it.
 func TestRxOwnerTransitions(t *testing.T) {
 	type step struct {
 		op string // what is done (see do below)
@@ -57,7 +57,7 @@ func TestRxOwnerTransitions(t *testing.T) {
 			{"reclaim", rxLeasePoll, now + 10, "false"},
 			{"release", rxLeaseNone, 0, ""},
 		}},
-		{"one holder of the batch mutex at a time", []step{
+		{"one holder of the batch lock at a time", []step{
 			{"lock loop", rxLeaseNone, 0, "receive goroutine"},
 			{"lock waiter", rxLeaseNone, 0, "receive goroutine"}, // refused: still the loop's
 			{"unlock", rxLeaseNone, 0, "none"},

@@ -34,16 +34,17 @@ import (
 // (rxLease, renewed by every poll) and the receive goroutine stays parked;
 // the lease lapses a little after the last poll (or at once when CQ.Wait
 // stops spinning and goes to sleep), and the receive goroutine takes the
-// link back. One mutex (rxOwner.mu) makes sure a single goroutine
-// receives and handles a batch at a time, so the batch state (rxPending,
-// rxWake, rxPins) keeps a single owner. Who holds the mutex and whom the
+// link back. One lock (rxOwner.holder, only ever tried) makes sure a
+// single goroutine receives and handles a batch at a time, so the batch
+// state (rxPending, rxWake, rxPins) keeps a single owner. Who holds the
+// lock and whom the
 // link is leased to is rxOwner's state (rxowner.go), changed only by its
 // methods.
 
 // rxDriver is the device's receive state: the batch buffers and who
 // drives the link.
 type rxDriver struct {
-	own  rxOwner // who drives the link: its mutex, holder and lease
+	own  rxOwner // who drives the link: the batch lock's holder and the lease
 	pkts []udp.Packet
 	bufs [][]byte
 	k    int // slots the next receive is given, 1..len(pkts) (freshPkts, received)
@@ -99,13 +100,13 @@ type rxDriver struct {
 	// ends it too.
 	deep atomic.Bool
 	// deepEntry is when a waiter last came in while deep was set (the
-	// lease clock, rx.now); under mu.
+	// lease clock, rx.now); under the batch lock.
 	deepEntry int64
 
 	// afterDone and afterStop are the context.AfterFunc that wakes a
 	// waiter's Recv when its context ends, kept across waits for the
 	// same Done channel (registering one per wait cost an allocation
-	// and a lock per message); under mu. afterLast is the Done channel
+	// and a lock per message); under the batch lock. afterLast is the Done channel
 	// of the last wait and afterNew says it was not the one before:
 	// when two waits in a row come with a new context, the application
 	// makes one per wait (context.WithTimeout around each CQ.Wait), and
@@ -124,7 +125,7 @@ type rxDriver struct {
 	// call that handled a batch (see progressLocked): afterBatch, it
 	// sends what the batch queued and does not receive; afterACKs (the
 	// batch queued bare ACKs only), it does neither, and takes no lock
-	// for that. Set under mu; the afterACKs call takes it without.
+	// for that. Set under the batch lock; the afterACKs call takes it without.
 	after atomic.Uint32
 
 	sleepers atomic.Int32 // goroutines asleep in CQ.Wait (they need someone to receive)
@@ -244,7 +245,7 @@ func (d *Device) initRx() {
 // freshPkts returns the slots for the next receive, k of them (see
 // received), with the driver's own buffers: a link that hands packets out
 // in place (SetRecvInPlace) leaves slices of its memory in them. Called
-// with mu held.
+// with the batch lock held.
 //
 // The slots the last receive was given are reset, not only the n it
 // returned: a link may rearrange slots past n — the socket link once
@@ -281,7 +282,7 @@ const rxSlotsMin = 8
 // grows back to full batches within a few receives. It also records which
 // slots the receive may have changed (rx.dirty, for freshPkts): on a link
 // with udp.CapRecvPrefix the n it returned in place (none when not in
-// place), else all it was given. Called with mu held, right after a
+// place), else all it was given. Called with the batch lock held, right after a
 // receive on freshPkts' slots.
 func (rx *rxDriver) received(n int, err error) {
 	switch {
@@ -501,10 +502,10 @@ func (d *Device) waitRecv(ctx context.Context, cq *CQ) bool {
 			return false
 		}
 		// The receive goroutine has the link: take it (it leaves its
-		// Recv and parks while the lease is held). Never block on mu:
+		// Recv and parks while the lease is held). Never block on the batch lock:
 		// the lease can be cut short (a waiter leaving sets its own) and
 		// the receive goroutine go back into a Recv that nothing ends, so
-		// the claim and the wake are repeated until mu is free — or the
+		// the claim and the wake are repeated until the batch lock is free — or the
 		// wait has what it waited for, and the claim is given back.
 		for tries := 0; !rx.own.tryLock(rxHolderWaiter); tries++ {
 			if rx.own.heldBy() == rxHolderWaiter {
@@ -818,7 +819,7 @@ func (d *Device) recvLoop() {
 			sleep(min(left, rxLeaseMin))
 			continue
 		}
-		// Never block on mu: a goroutine blocked there would be woken
+		// Never block on the batch lock: a goroutine blocked there would be woken
 		// by every Unlock of the caller driving the link.
 		if !rx.own.tryLock(rxHolderLoop) {
 			if busy++; busy < 16 {
