@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,48 +97,74 @@ func TestBatchClockSchedMarked(t *testing.T) {
 // drops that reading: the next QP.now reads the clock again instead of
 // returning the batch's old time.
 func TestBatchClockDropped(t *testing.T) {
-	a, b, _ := newPair(t, pairOpts{})
+	// A memLoop pair: its devices are driven by Progress, whose poll
+	// lease keeps the receive goroutine parked, out of Recv, so that the
+	// test can hold A's receive driver (the batch clock is its state).
+	p := newProtoPingPong(t)
+	if err := p.round(3); err != nil {
+		t.Fatal(err)
+	}
+	a := p.a
 	if !a.dev.realClk {
 		t.Fatal("pair not on the wall clock")
 	}
-	_, rmr := b.buffer(t, 8, 0)
-	if err := b.qp.PostRecv(RecvWR{SGEs: sge(rmr, 0, 8)}); err != nil {
-		t.Fatal(err)
-	}
-	_, smr := a.buffer(t, 8, 0)
 	qp := a.qp
-	reading := a.dev.now()
-	c := batchClock{t: reading, ok: true}
+	d := a.dev
+	for i := 0; !d.rx.own.tryLock(rxHolderPoller); i++ {
+		if i > 1e6 {
+			t.Fatal("the receive driver stays held")
+		}
+		d.Progress()
+		runtime.Gosched()
+	}
+	reading := d.now()
+	c := &d.rxNow
+	*c = batchClock{t: reading, ok: true}
 	at := func() time.Time {
 		qp.mu.Lock()
 		defer qp.mu.Unlock()
-		qp.rxNow = &c
-		defer func() { qp.rxNow = nil }()
+		qp.rxIn = true
+		defer func() { qp.rxIn = false }()
 		return qp.now()
 	}
 	if got, want := at(), reading; !got.Equal(want) {
+		d.rx.own.unlock()
 		t.Fatalf("batch time %v, want %v", got, want)
 	}
-	c = batchClock{t: reading, ok: true}
+	*c = batchClock{t: reading, ok: true}
 	time.Sleep(2 * time.Millisecond)
-	mark := a.dev.now()
-	// PostSend's flushOut sends the SEND while qp.rxNow is c, as a
-	// flushOut inside a batch would.
+	mark := d.now()
+	// PostSend's flushOut sends the SEND while the QP is in the batch, as
+	// a flushOut inside a batch would.
 	qp.mu.Lock()
-	qp.rxNow = &c
+	qp.rxIn = true
 	qp.mu.Unlock()
-	if err := qp.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: sge(smr, 0, 8)}); err != nil {
+	err := qp.PostSend(SendWR{Opcode: WRSend, Flags: SendSignaled, SGEs: p.asge})
+	qp.mu.Lock()
+	qp.rxIn = false
+	qp.mu.Unlock()
+	if err != nil {
+		d.rx.own.unlock()
 		t.Fatal(err)
 	}
-	qp.mu.Lock()
-	if qp.rxNow == &c {
-		qp.rxNow = nil
-	}
-	qp.mu.Unlock()
-	if got := at(); got.Before(mark) {
+	got := at()
+	d.rx.own.unlock()
+	if got.Before(mark) {
 		t.Fatalf("time after the send %v is the batch's old reading (before %v)", got, mark)
 	}
-	if wc := waitWC(t, a.scq, 1, 10*time.Second); wc[0].Status != WCSuccess {
-		t.Fatalf("%+v", wc[0])
+	// The SEND arrives and completes (B's ACK leaves at its next
+	// Progress: ACKs wait one call for an answer to go with).
+	if err := p.await(p.r, p.rrecv); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; a.scq.Poll(p.wcs[:1]) == 0; i++ {
+		if i > 1<<24 {
+			t.Fatal("the SEND did not complete")
+		}
+		p.r.dev.Progress()
+		runtime.Gosched()
+	}
+	if p.wcs[0].Status != WCSuccess {
+		t.Fatalf("%+v", p.wcs[0])
 	}
 }

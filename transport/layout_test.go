@@ -16,7 +16,7 @@ import (
 var (
 	qpHotCommon = []string{
 		"dev", "mu", "qpn", "transport", "destroyed", "rxBatch", "cqLost", "commEst", "rxQueued", "outSmall",
-		"rxNow", "sr", "trace", "mtu", "timeout", "heard",
+		"rxIn", "sr", "trace", "mtu", "timeout", "heard",
 		"attr.State", "attr.AccessFlags", "attr.DestQPN", "attr.AV", "attr.MaxQPRdAtomic",
 		"peer", "pd", "rv", "sendCQ", "srcPort", "init",
 		"out", "outBufs", "nout", "slabs", "slabOff", "ackSlot", "zcTaken",

@@ -235,8 +235,8 @@ func (qp *QP) flushOut() {
 	// A Link.Send inside a batch (a long READ response, a window refilled
 	// after an ACK) may take long, or block on a full socket: the batch's
 	// clock reading is too old for the deadlines set after it.
-	if qp.rxNow != nil {
-		qp.rxNow.drop()
+	if qp.rxIn {
+		qp.dev.rxNow.drop()
 	}
 	// The link is done with the buffers: back to the pool, so that a QP
 	// holds packet memory only while it has packets queued — except the

@@ -86,10 +86,13 @@ type QP struct {
 	rxQueued  bool // on dev.rxPending (receive goroutine only)
 	outSmall  bool // see slabs
 	outFixed  bool // the output queue never grows (QP1: one MAD per Send; output.go)
-	srcPort   uint16
-	// rxNow is the device's batch clock while the batch owner hands this
-	// QP a packet of the batch (input), nil otherwise (see now).
-	rxNow   *batchClock
+	// rxIn is set while the batch owner hands this QP packets of a
+	// received batch (input): now reads the device's batch clock
+	// (Device.rxNow) then. A flag, not a pointer to the clock: a pointer
+	// store into the QP costs a write barrier check per run.
+	rxIn    bool
+	srcPort uint16
+	_       [8]byte                          // where the clock's pointer was: the hot fields after it keep their lines (TestQPHotLayout)
 	sr      *srState                         // selective repeat (sack.go), nil: go-back-N
 	trace   func(format string, args ...any) // test hook, nil in production
 	mtu     int
@@ -496,8 +499,8 @@ func (qp *QP) input(p *packetT, up *udp.Packet, batched bool) {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if batched {
-		qp.rxNow = &qp.dev.rxNow
-		defer func() { qp.rxNow = nil }()
+		qp.rxIn = true
+		defer func() { qp.rxIn = false }()
 		qp.inputLocked(p, up, true)
 		if qp.nout > 0 {
 			qp.queuedInBatch()
@@ -534,7 +537,7 @@ func (qp *QP) afterTakenResponses() {
 // both back.
 func (qp *QP) beginBatchInput() {
 	qp.mu.Lock()
-	qp.rxNow = &qp.dev.rxNow
+	qp.rxIn = true
 }
 
 // endBatchInput ends the QP's run of packets in a received batch. What
@@ -546,7 +549,7 @@ func (qp *QP) endBatchInput() {
 	if qp.nout > 0 {
 		qp.queuedInBatch()
 	}
-	qp.rxNow = nil
+	qp.rxIn = false
 	qp.mu.Unlock()
 }
 
@@ -563,7 +566,7 @@ func (qp *QP) queuedInBatch() {
 	}
 }
 
-// inputLocked is input with qp.mu held (and, for a batched packet, rxNow
+// inputLocked is input with qp.mu held (and, for a batched packet, rxIn
 // set: Device.inputBatch, between beginBatchInput and endBatchInput).
 func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 	st := qp.attr.State

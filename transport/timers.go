@@ -303,10 +303,10 @@ func (qp *QP) onRNRTimer() {
 // milliseconds; nothing changes for a ManualClock not advanced during a
 // batch). Called with qp.mu held.
 func (qp *QP) now() time.Time {
-	c := qp.rxNow
-	if c == nil {
+	if !qp.rxIn {
 		return qp.dev.now()
 	}
+	c := &qp.dev.rxNow
 	if !c.ok {
 		c.t, c.ok = qp.dev.now(), true
 	}
