@@ -98,3 +98,79 @@ func TestProgressAfterBatch(t *testing.T) {
 		t.Fatalf("the call after: Progress handled %d packets, want %d", n, w)
 	}
 }
+
+// TestPollSkipsAfterACKs: CQ.Poll of an empty CQ takes Progress's first
+// case itself (skipAfterACKs, without the call) — and only that case.
+// Right after a batch that queued only ACKs it returns without receiving
+// and takes the mark, so that the next Poll receives; after any other
+// batch, or none, it drives the link as Progress does.
+func TestPollSkipsAfterACKs(t *testing.T) {
+	p := newProtoPingPong(t)
+	if err := p.round(3); err != nil {
+		t.Fatal(err)
+	}
+	d := p.r.dev
+	link := d.link.(*memLoop)
+	waiting := func() int {
+		link.mu.Lock()
+		defer link.mu.Unlock()
+		return len(link.q)
+	}
+	for range 4 {
+		d.Progress()
+	}
+	if w := waiting(); w != 0 {
+		t.Fatalf("%d packets left in B's link after the rounds", w)
+	}
+	empty := p.r.scq // B's send CQ: the rounds' completions were polled
+	send := func() int {
+		t.Helper()
+		if err := p.a.qp.PostSend(SendWR{Opcode: WRSend, SGEs: p.asge}); err != nil {
+			t.Fatal(err)
+		}
+		if w := waiting(); w != 0 {
+			return w
+		}
+		t.Fatal("A's SEND is not in B's link")
+		return 0
+	}
+	st := d.rx.stats
+
+	w := send()
+	d.rx.after.Store(afterACKs)
+	deferred, skips := st.deferred.Load(), st.skips.Load()
+	if k := empty.Poll(p.wcs); k != 0 || waiting() != w {
+		t.Fatalf("after an ACK-only batch: Poll returned %d with %d packets waiting, want 0 with %d (not received)", k, waiting(), w)
+	}
+	if a := d.rx.after.Load(); a != afterNone || st.deferred.Load() != deferred+1 || st.skips.Load() != skips+1 {
+		t.Fatalf("after an ACK-only batch: after %d, deferred +%d, skips +%d; want %d, +1, +1 (the mark taken)", a, st.deferred.Load()-deferred, st.skips.Load()-skips, afterNone)
+	}
+	// The next Poll receives the SEND (its completion lands in B's
+	// receive CQ, not in the polled one).
+	if k := empty.Poll(p.wcs); k != 0 || waiting() != 0 {
+		t.Fatalf("the Poll after: returned %d with %d packets waiting, want 0 with 0 (received)", k, waiting())
+	}
+	if k := p.r.rcq.Poll(p.wcs[:1]); k != 1 {
+		t.Fatalf("the SEND's completion: %d", k)
+	}
+	if err := p.r.qp.PostRecv(RecvWR{SGEs: p.rrecv}); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		d.Progress()
+	}
+
+	// After a batch that queued more than ACKs the skip is not taken:
+	// Progress sends what is queued (afterBatch) and does not count the
+	// call as one that kept ACKs back.
+	w = send()
+	d.rx.after.Store(afterBatch)
+	deferred = st.deferred.Load()
+	if k := empty.Poll(p.wcs); k != 0 || waiting() != w || st.deferred.Load() != deferred || d.rx.after.Load() != afterNone {
+		t.Fatalf("after a batch: Poll returned %d, %d packets wait, deferred +%d, after %d; want 0, %d, +0, %d",
+			k, waiting(), st.deferred.Load()-deferred, d.rx.after.Load(), w, afterNone)
+	}
+	if k := empty.Poll(p.wcs); k != 0 || waiting() != 0 {
+		t.Fatalf("the Poll after: returned %d with %d packets waiting, want 0 with 0", k, waiting())
+	}
+}
