@@ -570,44 +570,20 @@ func (qp *QP) queuedInBatch() {
 // set: Device.inputBatch, between beginBatchInput and endBatchInput).
 func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 	st := qp.attr.State
-	if st < QPSRTR || st == QPSErr || qp.destroyed {
-		inc(&qp.dev.ctr.WrongState)
-		if qp.trace != nil && st != QPSErr {
-			qp.trace("drop %v psn %v state %v", p.BTH.Opcode(), p.BTH.PSN(), st)
-		}
-		return
-	}
 	bt := p.BTH
 	_ = bt[bth.Size-1] // parsed: a whole BTH, so PKey needs no bounds checks
-	if bt.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
-		inc(&qp.dev.ctr.WrongPeer)
-		return
-	}
-	if p.Info.Transport == bth.TransportCNP {
-		inc(&qp.dev.ctr.RcvdPkts)
-		qp.cnpInput(up)
-		return
-	}
-	if qp.qpn == 1 {
-		inc(&qp.dev.ctr.RcvdPkts)
-		qp.dev.gsi.input(p, up)
-		return
-	}
-	if qp.init.Type == QPTypeUD {
-		inc(&qp.dev.ctr.RcvdPkts)
-		qp.rxBatch = batched
-		qp.udInput(p, up)
-		qp.settle()
-		qp.rxBatch = false
-		return
-	}
-	// qp.peer is unmapped (Modify): a source equal to it needs no Unmap.
-	if src := up.Addr; src != qp.peer && src.Unmap() != qp.peer {
-		inc(&qp.dev.ctr.WrongPeer)
-		if qp.trace != nil {
-			qp.trace("drop %v psn %v from %v pkey %#x", p.BTH.Opcode(), p.BTH.PSN(), src, p.BTH.PKey())
+	// The usual packet passes every check of inputChecks, which are made
+	// here in one test: an RC packet (not a CNP) for an RC QP (not QP1,
+	// not UD) in RTR, RTS, SQD or SQE, not destroyed, with the default
+	// partition key, from the peer's address exactly as stored. Any
+	// other packet gets inputChecks' checks one by one, in their order,
+	// with their counters (TestInputFastGate).
+	if p.Info.Transport != bth.TransportRC || qp.transport != bth.TransportRC ||
+		uint8(st-QPSRTR) > uint8(QPSSQE-QPSRTR) || qp.destroyed ||
+		bt.PKey()&0x7fff != bth.DefaultPKey&0x7fff || up.Addr != qp.peer {
+		if !qp.inputChecks(p, up, batched, st) {
+			return
 		}
-		return
 	}
 	inc(&qp.dev.ctr.RcvdPkts)
 	qp.heard++
@@ -646,6 +622,55 @@ func (qp *QP) inputLocked(p *packetT, up *udp.Packet, batched bool) {
 	}
 	// Batched, what it queued is noted at the end of the QP's run of
 	// packets (endBatchInput).
+}
+
+// inputChecks makes inputLocked's checks of a packet one by one: it
+// drops and counts one for a QP in the wrong state, with a foreign
+// partition key or from another address; hands a CNP, a MAD (QP1) or a
+// UD datagram to their handlers; and reports whether p is for the
+// responder or completer (the rest of inputLocked) — then it has not
+// counted it.
+func (qp *QP) inputChecks(p *packetT, up *udp.Packet, batched bool, st QPState) bool {
+	if st < QPSRTR || st == QPSErr || qp.destroyed {
+		inc(&qp.dev.ctr.WrongState)
+		if qp.trace != nil && st != QPSErr {
+			qp.trace("drop %v psn %v state %v", p.BTH.Opcode(), p.BTH.PSN(), st)
+		}
+		return false
+	}
+	bt := p.BTH
+	_ = bt[bth.Size-1] // parsed: a whole BTH, so PKey needs no bounds checks
+	if bt.PKey()&0x7fff != bth.DefaultPKey&0x7fff {
+		inc(&qp.dev.ctr.WrongPeer)
+		return false
+	}
+	if p.Info.Transport == bth.TransportCNP {
+		inc(&qp.dev.ctr.RcvdPkts)
+		qp.cnpInput(up)
+		return false
+	}
+	if qp.qpn == 1 {
+		inc(&qp.dev.ctr.RcvdPkts)
+		qp.dev.gsi.input(p, up)
+		return false
+	}
+	if qp.init.Type == QPTypeUD {
+		inc(&qp.dev.ctr.RcvdPkts)
+		qp.rxBatch = batched
+		qp.udInput(p, up)
+		qp.settle()
+		qp.rxBatch = false
+		return false
+	}
+	// qp.peer is unmapped (Modify): a source equal to it needs no Unmap.
+	if src := up.Addr; src != qp.peer && src.Unmap() != qp.peer {
+		inc(&qp.dev.ctr.WrongPeer)
+		if qp.trace != nil {
+			qp.trace("drop %v psn %v from %v pkey %#x", p.BTH.Opcode(), p.BTH.PSN(), src, p.BTH.PKey())
+		}
+		return false
+	}
+	return true
 }
 
 // acksOnlyQueued reports whether every queued packet is a bare ACK (or
