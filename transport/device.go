@@ -783,16 +783,25 @@ func (d *Device) deferWake(cq *CQ) {
 }
 
 // wakePending wakes the waiters of the CQs that got completions during the
-// last batch.
+// last batch, and reports whether there were any. Inlined: a polled
+// batch's CQs usually have no waiters (a polling application's), and the
+// call of an empty list cost ~20 instructions per batch.
 func (d *Device) wakePending() bool {
-	woke := len(d.rxWake) > 0
+	if len(d.rxWake) == 0 {
+		return false
+	}
+	d.wakeAll()
+	return true
+}
+
+// wakeAll is wakePending's work for a list that is not empty.
+func (d *Device) wakeAll() {
 	for i, cq := range d.rxWake {
 		cq.wakeQueued = false
 		cq.wake()
 		d.rxWake[i] = nil
 	}
 	d.rxWake = d.rxWake[:0]
-	return woke
 }
 
 // flushPending sends what the QPs touched by the last received batch
