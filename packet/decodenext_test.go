@@ -11,7 +11,15 @@ import (
 // decodeSamples returns packets of every valid opcode (payloads of 0, 3
 // and 8 bytes where the opcode carries one) and malformed ones (short,
 // TVer 1, an undefined opcode, a bad pad count, payload on an ACK).
-func decodeSamples(t *testing.T) [][]byte {
+func decodeSamples(tb testing.TB) [][]byte {
+	build := func(op bth.Opcode, payload []byte) []byte {
+		f := sampleFields(op, payload)
+		buf := make([]byte, Len(op, len(payload)))
+		if _, err := Build(buf, &f); err != nil {
+			tb.Fatal(err)
+		}
+		return buf
+	}
 	var pkts [][]byte
 	for _, op := range validOpcodes() {
 		sizes := []int{0}
@@ -19,11 +27,11 @@ func decodeSamples(t *testing.T) [][]byte {
 			sizes = []int{0, 3, 8}
 		}
 		for _, n := range sizes {
-			pkts = append(pkts, build(t, op, make([]byte, n)))
+			pkts = append(pkts, build(op, make([]byte, n)))
 		}
 	}
-	ack := build(t, bth.RCAck, nil)
-	write := build(t, bth.RCWriteOnly, []byte{1, 2})
+	ack := build(bth.RCAck, nil)
+	write := build(bth.RCWriteOnly, []byte{1, 2})
 	badPad := append([]byte(nil), write...)
 	badPad[1] |= 0x30 // pad 3 > 2+2
 	pkts = append(pkts, ack[:12], append([]byte{0x15}, ack[1:]...), append(ack[:1:1], append([]byte{ack[1] | 1}, ack[2:]...)...),
@@ -78,4 +86,22 @@ func TestDecodeAfterAssignedViews(t *testing.T) {
 	if p.Decode(send) != FaultNone || p.RETH != nil {
 		t.Fatalf("Decode left RETH %v", p.RETH)
 	}
+}
+
+// FuzzDecodeNext: DecodeNext of b after a, into one Packet, gives the
+// Packet and Fault that Decode of b into a fresh Packet gives, whatever
+// a and b hold.
+func FuzzDecodeNext(f *testing.F) {
+	pkts := decodeSamples(f)
+	for i, a := range pkts {
+		f.Add(a, pkts[(i*7+3)%len(pkts)])
+	}
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		var p, fresh Packet
+		p.DecodeNext(a)
+		want := fresh.Decode(b)
+		if got := p.DecodeNext(b); got != want || !reflect.DeepEqual(p, fresh) {
+			t.Fatalf("DecodeNext(% x) after % x = %v %+v, Decode %v %+v", b, a, got, p, want, fresh)
+		}
+	})
 }
