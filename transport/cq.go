@@ -341,7 +341,7 @@ func (cq *CQ) Poll(wc []WC) int {
 			return k
 		}
 	}
-	if len(wc) == 0 || cq.dev.skipAfterACKs() { // Progress's first case, without its call
+	if len(wc) == 0 || cq.dev.rx.pl != nil && cq.dev.skipAfterACKs() { // Progress's first case, without its call
 		return 0
 	}
 	if cq.dev.progressable() && cq.dev.Progress() > 0 {

@@ -414,13 +414,14 @@ func (d *Device) Progress() int {
 // skipAfterACKs is Progress's usual case right after a polled batch that
 // left only ACKs (progressLocked): nothing to receive or send, so the call
 // returns 0 without the batch lock and the lease's renewal (a tenth of a
-// polled round trip's instructions). Small enough to be inlined: CQ.Poll
-// of an empty CQ takes it before it calls Progress, and saves the call.
-// It reports true, having taken the mark, when Progress would take this
-// case or return 0 for a closed device: on a busy-polling link (rx.pl).
+// polled round trip's instructions). It reports whether it took the mark.
+// Small enough to be inlined: CQ.Poll of an empty CQ on a busy-polling
+// link (rx.pl, where Progress takes this case before anything but its
+// closed check, which returns 0 as well) takes it before it calls
+// Progress, and saves the call.
 func (d *Device) skipAfterACKs() bool {
 	rx := &d.rx
-	if rx.after.Load() != afterACKs || rx.pl == nil || !rx.after.CompareAndSwap(afterACKs, afterNone) {
+	if rx.after.Load() != afterACKs || !rx.after.CompareAndSwap(afterACKs, afterNone) {
 		return false
 	}
 	if st := rx.stats; st != nil {
