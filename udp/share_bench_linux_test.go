@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/gorocev2/rocev2/udp/share"
@@ -101,4 +103,126 @@ func rusageCPU() time.Duration {
 	var ru unix.Rusage
 	unix.Getrusage(unix.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkSharedRecvParts splits what BenchmarkSharedRecv measures: the
+// same 1 KiB datagrams, received in turn by an unshared link and by three
+// shared links (each alone in its group) that differ only in the
+// group's program — the steering program, a program that only returns
+// SK_PASS (the kernel then picks by hash: the one socket), and none
+// (detached). Metrics, each the median over the rounds of the link's CPU
+// per datagram minus the unshared link's: steer-ns (what sharing costs
+// now), anyprog-ns (the kernel's cost of running any SK_REUSEPORT
+// program), group-ns (a reuseport group without a program); steer-ns
+// minus anyprog-ns is the steering program's own work. The two stand-in
+// programs would misroute other members' datagrams, so each is set only
+// on a group of which the benchmark's link is the only member (skipped
+// otherwise). Needs the capabilities of ShareOn (root).
+func BenchmarkSharedRecvParts(b *testing.B) {
+	if err := share.CheckCapabilities(); err != nil {
+		b.Skipf("sharing needs: %v", err)
+	}
+	listen := func(a string, m ShareMode) *SocketLink {
+		l, err := ListenSocket(netip.MustParseAddr(a), &SocketOptions{Share: m})
+		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
+			b.Skipf("UDP %v:4791 unavailable: %v", a, err)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { l.Close() })
+		return l
+	}
+	alone := func(l *SocketLink) {
+		st, err := share.ReadStatus(netip.AddrPortFrom(l.addr, Port), "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range st.Members {
+			if m.Slot != l.ShareStats().Slot && m.State == "live" {
+				b.Skipf("another member (slot %d, %s) shares %v: not replacing its program", m.Slot, m.State, l.addr)
+			}
+		}
+	}
+	tx := listen("127.0.0.91", ShareOff)
+	unshared := listen("127.0.0.93", ShareOff)
+	steer := listen("127.0.0.92", ShareOn)
+	anyProg := listen("127.0.0.94", ShareOn)
+	noProg := listen("127.0.0.95", ShareOn)
+	pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SkReuseport, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pass.Close()
+	alone(anyProg)
+	anyProg.rx.Control(func(fd uintptr) { err = share.AttachProgram(int(fd), pass.FD()) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	alone(noProg)
+	noProg.rx.Control(func(fd uintptr) {
+		err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DETACH_REUSEPORT_BPF, 0)
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const batch, size, rounds = 64, 1024, 200
+	type part struct {
+		l    *SocketLink
+		p    []Packet
+		cpu  []float64
+		name string
+	}
+	var parts []*part
+	for i, l := range []*SocketLink{unshared, steer, anyProg, noProg} {
+		qpn := uint32(0x12345)
+		if l.Shared() {
+			if qpn, _, err = l.LeaseQPNs(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		p := testPackets(batch, size, l.addr, 0)
+		for i := range p {
+			p[i].Buf[5], p[i].Buf[6], p[i].Buf[7] = byte(qpn>>16), byte(qpn>>8), byte(qpn)
+		}
+		parts = append(parts, &part{l: l, p: p, name: []string{"", "steer", "anyprog", "group"}[i]})
+	}
+	in := recvBufs(batch)
+	run := func(x *part) float64 {
+		c0 := rusageCPU()
+		for range rounds {
+			if err := tx.Send(x.p); err != nil {
+				b.Fatal(err)
+			}
+			for got := 0; got < batch; {
+				k, err := x.l.Recv(in[:batch-got])
+				if err != nil {
+					b.Fatal(err)
+				}
+				got += k
+			}
+		}
+		return float64((rusageCPU() - c0).Nanoseconds()) / (rounds * batch)
+	}
+	for _, x := range parts { // warm up
+		run(x)
+	}
+	for b.Loop() {
+		for _, x := range parts {
+			x.cpu = append(x.cpu, run(x))
+		}
+	}
+	if st := steer.ShareStats(); st.Steered == 0 {
+		b.Fatalf("the steered link's datagrams were not steered: %+v", st)
+	}
+	for _, x := range parts[1:] {
+		d := make([]float64, len(x.cpu))
+		for i := range d {
+			d[i] = x.cpu[i] - parts[0].cpu[i]
+		}
+		slices.Sort(d)
+		b.ReportMetric(d[len(d)/2], x.name+"-ns/dgram")
+	}
+	b.ReportMetric(0, "ns/op")
 }
