@@ -65,3 +65,51 @@ func TestAcceptOwnACKTimeout(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestRNRRetryCrossesOver: each side's Options.Retry.RNRRetry travels to
+// the peer (in the REQ, in the REP) and sets the peer's QP, as in Linux's
+// CM (cm_req_handler and cm_rep_handler take rnr_retry_count from the
+// message): the Dial's QP retries RNR NAKs as often as the listener asked,
+// not as its own Options say. The Options.Retry doc says so.
+func TestRNRRetryCrossesOver(t *testing.T) {
+	n := memnet.NewMemNetwork(memnet.Faults{})
+	da, db := newDev(t, n, addrA, nil), newDev(t, n, addrB, nil)
+	ol := fast
+	ol.Retry = &transport.Retry{Timeout: 14, RetryCnt: 7, RNRRetry: 2}
+	l, err := Listen(db, 7751, &ListenOptions{Options: ol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan *Conn, 1)
+	go func() {
+		c, err := l.Accept(ctxT(t, 10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	od := fast
+	od.Retry = &transport.Retry{Timeout: 14, RetryCnt: 7, RNRRetry: 5}
+	cc, err := Dial(ctxT(t, 10*time.Second), da, netip.AddrPortFrom(addrB, 7751), &od)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	srv := <-accepted
+	if srv == nil {
+		t.FailNow()
+	}
+	defer srv.Close()
+	ca, err := cc.QP().Query()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, err := srv.QP().Query()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ca.RNRRetry != 2 || sa.RNRRetry != 5 {
+		t.Errorf("rnr_retry: dialer's QP %d (want the listener's 2), listener's QP %d (want the dialer's 5)", ca.RNRRetry, sa.RNRRetry)
+	}
+}

@@ -59,7 +59,10 @@ type Options struct {
 	ResponderResources, InitiatorDepth uint8
 	// Retry is the QP's retry configuration (default transport.DefaultRetry).
 	// An Accept's QP takes the REQ's local ACK timeout, retry and RNR
-	// retry counts instead, unless OwnACKTimeout is set.
+	// retry counts instead, unless OwnACKTimeout is set. RNRRetry is the
+	// peer's: it goes in the REQ or REP, and a Dial's QP retries RNR NAKs
+	// as often as the REP says (the listener's Retry.RNRRetry), as with
+	// Linux's CM; to bound a Dial's RNR retries, set it on the listener.
 	Retry *transport.Retry
 	// OwnACKTimeout makes an Accept's QP use Retry.Timeout as its local
 	// ACK timeout rather than the REQ's, as rdma_set_option
