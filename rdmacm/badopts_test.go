@@ -1,6 +1,7 @@
 package rdmacm
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -55,5 +56,38 @@ func TestDialOptionsCheckedFirst(t *testing.T) {
 	}
 	if da.Resources().QPs != 0 {
 		t.Errorf("refused Dials left %d QPs", da.Resources().QPs)
+	}
+}
+
+// TestNilDevice: the package-level calls and NewManager given a nil
+// device return an error naming the call and matching
+// transport.ErrInvalidArgument. They dereferenced it and panicked (probe
+// user31/misuse: rdmacm.Dial(ctx, nil, addr, nil)).
+func TestNilDevice(t *testing.T) {
+	addr := netip.AddrPortFrom(addrB, 7174)
+	for _, tc := range []struct {
+		op string
+		f  func() error
+	}{
+		{"Dial", func() error { _, err := Dial(ctxT(t, time.Second), nil, addr, nil); return err }},
+		{"Listen", func() error { _, err := Listen(nil, 7174, nil); return err }},
+		{"ResolveUD", func() error { _, err := ResolveUD(ctxT(t, time.Second), nil, addr, nil); return err }},
+		{"ListenUD", func() error { _, err := ListenUD(nil, 7174, nil, UDPQKey, nil); return err }},
+		{"NewManager", func() error { _, err := NewManager(nil); return err }},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s with a nil device panicked: %v", tc.op, r)
+				}
+			}()
+			err := tc.f()
+			if !errors.Is(err, transport.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.op) || !strings.Contains(err.Error(), "dev is nil") {
+				t.Errorf("%s with a nil device: %v, want an ErrInvalidArgument naming the call and dev", tc.op, err)
+			}
+		}()
+	}
+	if ManagerOf(nil) != nil || StatsOf(nil).Established != 0 {
+		t.Error("ManagerOf/StatsOf(nil) found a manager")
 	}
 }

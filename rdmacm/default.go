@@ -2,6 +2,7 @@ package rdmacm
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 
 	"github.com/gorocev2/rocev2/cm"
@@ -19,6 +20,9 @@ import (
 // Dial connects to the rdma_cm listener at addr through dev's connection
 // manager: Manager.Dial.
 func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts *Options) (*Conn, error) {
+	if dev == nil {
+		return nil, errNilDevice("Dial")
+	}
 	m, err := managerFor(dev)
 	if err != nil {
 		return nil, err
@@ -29,6 +33,9 @@ func Dial(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts 
 // Listen starts accepting connection requests for port on dev:
 // Manager.Listen.
 func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener, error) {
+	if dev == nil {
+		return nil, errNilDevice("Listen")
+	}
 	if opts != nil {
 		if err := opts.Options.check("Listen", cm.REPPrivateDataSize); err != nil {
 			return nil, err
@@ -44,6 +51,9 @@ func Listen(dev *transport.Device, port uint16, opts *ListenOptions) (*Listener,
 // ResolveUD asks the UD service at addr for its QP number and Q_Key
 // through dev's connection manager: Manager.ResolveUD.
 func ResolveUD(ctx context.Context, dev *transport.Device, addr netip.AddrPort, opts *UDOptions) (UDPeer, error) {
+	if dev == nil {
+		return UDPeer{}, errNilDevice("ResolveUD")
+	}
 	m, err := managerFor(dev)
 	if err != nil {
 		return UDPeer{}, err
@@ -54,6 +64,9 @@ func ResolveUD(ctx context.Context, dev *transport.Device, addr netip.AddrPort, 
 // ListenUD serves SIDR requests for port on dev with the UD QP qp:
 // Manager.ListenUD.
 func ListenUD(dev *transport.Device, port uint16, qp *transport.QP, qkey uint32, privateData []byte) (*UDListener, error) {
+	if dev == nil {
+		return nil, errNilDevice("ListenUD")
+	}
 	m, err := managerFor(dev)
 	if err != nil {
 		return nil, err
@@ -80,4 +93,10 @@ func StatsOf(dev *transport.Device) Stats {
 		return Stats{}
 	}
 	return m.Stats()
+}
+
+// errNilDevice is the error of a package-level call (or NewManager) given
+// a nil device: an argument error naming the call, not a nil dereference.
+func errNilDevice(op string) error {
+	return fmt.Errorf("rdmacm: %s: dev is nil: %w", op, transport.ErrInvalidArgument)
 }

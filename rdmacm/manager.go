@@ -231,6 +231,9 @@ var (
 // manager: NewManager fails with ErrInUse when dev has one already (a
 // previous NewManager, or the one the package-level functions started).
 func NewManager(dev *transport.Device) (*Manager, error) {
+	if dev == nil {
+		return nil, errNilDevice("NewManager")
+	}
 	byDeviceMu.Lock()
 	defer byDeviceMu.Unlock()
 	if byDevice[dev] != nil {
