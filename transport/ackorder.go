@@ -25,11 +25,13 @@ func (qp *QP) ackLast() {
 		// An ACK and the answer posted to the message it acknowledges
 		// (a ping-pong's usual pair): the general case below, without
 		// its loops.
-		if p := &qp.out[1]; qp.out[0].Buf[0] == byte(bth.RCAck) && p.Buf[0] != byte(bth.RCAck) &&
+		// (Both slots cut once: one bounds check for each slice.)
+		out, bufs := qp.out[:2], qp.outBufs[:2]
+		if p := &out[1]; out[0].Buf[0] == byte(bth.RCAck) && p.Buf[0] != byte(bth.RCAck) &&
 			requestOps[p.Buf[0]] {
-			swapOut(&qp.out[0], p)
-			if qp.outBufs[0] != nil || qp.outBufs[1] != nil { // both in the slab: nothing to swap
-				qp.outBufs[0], qp.outBufs[1] = qp.outBufs[1], qp.outBufs[0]
+			swapOut(&out[0], p)
+			if bufs[0] != nil || bufs[1] != nil { // both in the slab: nothing to swap
+				bufs[0], bufs[1] = bufs[1], bufs[0]
 			}
 		}
 		return

@@ -74,11 +74,17 @@ func (qp *QP) outPkt(n int) []byte {
 	qp.outSlot() // may flush, which empties the slabs
 	var b []byte
 	if n <= slabMax {
-		if len(qp.slabs) == 0 || qp.slabOff+n > udp.MaxPacketSize {
+		// The slab and offset held in locals, so that the slice is cut
+		// with the one check the condition leaves (o+n fits a slab).
+		s, o := qp.slabs, qp.slabOff
+		var sl *[udp.MaxPacketSize]byte
+		if len(s) != 0 && o+n <= udp.MaxPacketSize {
+			sl = s[len(s)-1]
+		} else {
 			qp.newSlab()
+			sl, o = qp.slabs[len(qp.slabs)-1], 0
 		}
-		o := qp.slabOff
-		b = qp.slabs[len(qp.slabs)-1][o : o+n : o+n]
+		b = sl[o : o+n : o+n]
 		qp.slabOff = o + n
 	} else {
 		if qp.outBufs[qp.nout] == nil {
@@ -245,23 +251,30 @@ func (qp *QP) flushOut() {
 	// for its next packet, which then costs no pool round trip. Going
 	// cold gives it back (dropSpare).
 	keep := qp.tmr.timerArmed && !qp.tmr.coldIdle
-	for i := 0; i < qp.nout; i++ {
-		o := &qp.out[i]
+	out := qp.out[:qp.nout]
+	bufs := qp.outBufs[:len(out)] // one bounds check for the loop
+	for i := range out {
+		o := &out[i]
 		o.Buf = nil
 		if o.Hold != nil || o.Payload != nil {
 			// Only a zero-copy packet (commitPayload) has them: a
 			// test costs less than two stores with write barriers.
 			o.Payload, o.Hold = nil, nil
 		}
-		if (i == 0 && keep) || qp.outBufs[i] == nil {
+		if (i == 0 && keep) || bufs[i] == nil {
 			continue
 		}
-		qp.dev.bufs.Put(qp.outBufs[i])
-		qp.outBufs[i] = nil
+		qp.dev.bufs.Put(bufs[i])
+		bufs[i] = nil
 	}
 	qp.nout = 0
 	qp.ackSlot = 0
-	qp.releaseSlabs(keep)
+	if keep && len(qp.slabs) == 1 {
+		// releaseSlabs' usual case in line: a hot QP's one slab stays.
+		qp.slabOff = 0
+	} else {
+		qp.releaseSlabs(keep)
+	}
 }
 
 // releaseSlabs ends the slabs' use once nothing queued lies in them: a

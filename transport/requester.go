@@ -131,7 +131,13 @@ func (r *requester) progress() {
 		if qp.paceHold() {
 			break
 		}
-		if !r.sendRequest(w) {
+		// sendRequest written out: its call was a tenth of the
+		// requester's own work per one-packet message.
+		if isRdAtomic(w.wr.Opcode) {
+			if !r.sendRdAtomic(w) {
+				break
+			}
+		} else if !r.sendData(w) {
 			break
 		}
 		if qp.cc.rp.Limited() {

@@ -660,13 +660,13 @@ func (r *responder) sendAck(syn aeth.Syndrome, psn bth.PSN) {
 		return
 	}
 	// Built directly (packet.BuildAck: the bytes packet.Build writes
-	// for it), without clearing and walking a packet.Fields.
-	buf := qp.outBufN(packet.AckLen)
-	if n := packet.BuildAck(buf, bth.DefaultPKey, qp.attr.DestQPN, psn, syn, r.msn); n != 0 {
-		qp.commit(n)
-		if positive {
-			qp.ackSlot = qp.nout
-		}
+	// for it), without clearing and walking a packet.Fields, in place in
+	// the slot outPkt queues (as the requester builds its data packets):
+	// an ACK cannot fail to build in AckLen bytes, so the outBufN and
+	// commit pair had nothing to undo.
+	packet.BuildAck(qp.outPkt(packet.AckLen), bth.DefaultPKey, qp.attr.DestQPN, psn, syn, r.msn)
+	if positive {
+		qp.ackSlot = qp.nout
 	}
 }
 
