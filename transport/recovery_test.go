@@ -343,3 +343,59 @@ func TestSmallWindowCutOnLoss(t *testing.T) {
 		t.Fatalf("after a timeout: %d packets resent, want 128", got)
 	}
 }
+
+// TestRequesterWindowAtLeastOne: requester.progress asks window only
+// while PSNs are outstanding — nothing outstanding fits any window — which
+// is right only if every window is at least 1: checked for the smallest
+// configurations (one PSN, the small window as large or -1, selective
+// repeat with one packet in flight), a small window cut by a rewind, and
+// every opcode, length and packet index. And on the wire: with a window
+// of one PSN the second SEND waits for the first one's ACK.
+func TestRequesterWindowAtLeastOne(t *testing.T) {
+	ops := []WROpcode{WRSend, WRSendImm, WRSendInv, WRWrite, WRWriteImm, WRRead, WRCompareSwap, WRFetchAdd}
+	for _, o := range []pairOpts{
+		{window: 1, small: -1},
+		{window: 1, small: 1},
+		{window: 1, small: -1, sr: true, srCfg: SRConfig{MaxInflight: 1}},
+		{},
+	} {
+		a, _, _, _, _, _ := windowRequesterOpts(t, o)
+		qp := a.qp
+		qp.mu.Lock()
+		for _, cut := range []bool{false, true} {
+			if cut {
+				qp.req.smallWin = int32(qp.dev.cfg.MaxUnackedPSNs)
+			}
+			for _, op := range ops {
+				for _, n := range []uint32{0, 8, 128, 129, 1024, 5000} {
+					w := &sendWQE{length: n}
+					w.wr.Opcode = op
+					for k := range npkts(n, qp.mtu) {
+						if got := qp.req.window(w, k); got < 1 {
+							t.Errorf("window %d small %d sr %v cut %v: window(%v, %d bytes, packet %d) = %d, want >= 1",
+								o.window, o.small, o.sr, cut, op, n, k, got)
+						}
+					}
+				}
+			}
+		}
+		qp.req.smallWin = 0
+		qp.mu.Unlock()
+	}
+
+	a, la, _, first, _, smr := windowRequester(t, 1, 16)
+	for i := range 2 {
+		if err := a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: WRSend, SGEs: sge(smr, 0, 8)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := psnsOf(la.sent()), psnRange(first, 0, 1); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("window 1: sent %v before an ACK, want %v", got, want)
+	}
+	if err := a.dev.HandlePacket(buildAck(t, a.qp.QPN(), first, aeth.ACK(aeth.NoCreditLimit), 1), addrB); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := psnsOf(la.sent()), psnRange(first, 0, 2); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("window 1: sent %v after the first ACK, want %v", got, want)
+	}
+}
