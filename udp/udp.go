@@ -262,12 +262,17 @@ func FlowSourcePort(lqpn, rqpn uint32) uint16 {
 // normAddr returns a in the form links are keyed by: IPv4-mapped IPv6 (the
 // RoCEv2 GID form) becomes plain IPv4, and any zone is removed.
 //
-// A plain IPv4 address (the usual destination) is returned as it is:
-// it is neither mapped nor zoned, and Unmap with WithZone cost ~34
+// A plain IPv4 address (the usual destination) is returned as it is, in
+// line: it is neither mapped nor zoned, and Unmap with WithZone cost ~34
 // instructions, twice per Send (checkSend, buildSend) — TestNormAddr.
 func normAddr(a netip.Addr) netip.Addr {
 	if a.Is4() {
 		return a
 	}
+	return normAddrSlow(a)
+}
+
+// normAddrSlow is normAddr of an address that is not plain IPv4.
+func normAddrSlow(a netip.Addr) netip.Addr {
 	return a.Unmap().WithZone("")
 }
