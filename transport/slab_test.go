@@ -110,9 +110,16 @@ func TestOutSlab(t *testing.T) {
 		t.Fatal("the next packet is not at the start of the kept slab")
 	}
 	qp.flushOut()
-	if len(qp.slabs) != 1 {
-		t.Fatalf("hot QP after its second flush: %d slabs", len(qp.slabs))
+	// One slab (flushOut's in-line case of releaseSlabs): kept, and
+	// the next packet again at its start.
+	if len(qp.slabs) != 1 || qp.slabs[0] != first || qp.slabOff != 0 {
+		t.Fatalf("hot QP after its second flush: %d slabs, offset %d", len(qp.slabs), qp.slabOff)
 	}
+	ack(10)
+	if &qp.out[0].Buf[0] != &first[0] || bth.BTH(qp.out[0].Buf).PSN() != 10 {
+		t.Fatal("after a flush of one slab, the next packet is not at the start of the kept slab")
+	}
+	qp.flushOut()
 	qp.tmr.timerArmed, qp.tmr.coldIdle = armed, cold
 	qp.dropSpare()
 	if len(qp.slabs) != 0 {
