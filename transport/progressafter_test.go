@@ -22,12 +22,7 @@ func TestProgressAfterBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := p.r.dev
-	link := d.link.(*memLoop)
-	waiting := func() int {
-		link.mu.Lock()
-		defer link.mu.Unlock()
-		return len(link.q)
-	}
+	waiting := queuedIn(d)
 	// send has A send a SEND (with the ACK A may have queued for B) and
 	// returns how many packets wait in B's link then.
 	send := func() int {
@@ -110,12 +105,7 @@ func TestPollSkipsAfterACKs(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := p.r.dev
-	link := d.link.(*memLoop)
-	waiting := func() int {
-		link.mu.Lock()
-		defer link.mu.Unlock()
-		return len(link.q)
-	}
+	waiting := queuedIn(d)
 	for range 4 {
 		d.Progress()
 	}
@@ -172,5 +162,16 @@ func TestPollSkipsAfterACKs(t *testing.T) {
 	}
 	if k := empty.Poll(p.wcs); k != 0 || waiting() != 0 {
 		t.Fatalf("the Poll after: returned %d with %d packets waiting, want 0 with 0", k, waiting())
+	}
+}
+
+// queuedIn returns a function that counts the packets waiting in d's
+// memLoop link.
+func queuedIn(d *Device) func() int {
+	link := d.link.(*memLoop)
+	return func() int {
+		link.mu.Lock()
+		defer link.mu.Unlock()
+		return len(link.q)
 	}
 }
