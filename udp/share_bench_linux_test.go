@@ -32,17 +32,7 @@ func BenchmarkSharedRecv(b *testing.B) {
 		b.Skipf("sharing needs: %v", err)
 	}
 	src := netip.MustParseAddr("127.0.0.91")
-	listen := func(a netip.Addr, m ShareMode) *SocketLink {
-		l, err := ListenSocket(a, &SocketOptions{Share: m})
-		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
-			b.Skipf("UDP %v:4791 unavailable: %v", a, err)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { l.Close() })
-		return l
-	}
+	listen := func(a netip.Addr, m ShareMode) *SocketLink { return benchListen(b, a, m) }
 	tx := listen(src, ShareOff)
 	ls := listen(netip.MustParseAddr("127.0.0.92"), ShareOn)
 	lu := listen(netip.MustParseAddr("127.0.0.93"), ShareOff)
@@ -122,17 +112,7 @@ func BenchmarkSharedRecvParts(b *testing.B) {
 	if err := share.CheckCapabilities(); err != nil {
 		b.Skipf("sharing needs: %v", err)
 	}
-	listen := func(a string, m ShareMode) *SocketLink {
-		l, err := ListenSocket(netip.MustParseAddr(a), &SocketOptions{Share: m})
-		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
-			b.Skipf("UDP %v:4791 unavailable: %v", a, err)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { l.Close() })
-		return l
-	}
+	listen := func(a string, m ShareMode) *SocketLink { return benchListen(b, netip.MustParseAddr(a), m) }
 	alone := func(l *SocketLink) {
 		st, err := share.ReadStatus(netip.AddrPortFrom(l.addr, Port), "")
 		if err != nil {
@@ -225,4 +205,20 @@ func BenchmarkSharedRecvParts(b *testing.B) {
 		b.ReportMetric(d[len(d)/2], x.name+"-ns/dgram")
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// benchListen opens a SocketLink on a with sharing mode m for a
+// benchmark, closed at its end; it skips the benchmark when the address
+// is taken or missing.
+func benchListen(b *testing.B, a netip.Addr, m ShareMode) *SocketLink {
+	b.Helper()
+	l, err := ListenSocket(a, &SocketOptions{Share: m})
+	if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
+		b.Skipf("UDP %v:4791 unavailable: %v", a, err)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	return l
 }
