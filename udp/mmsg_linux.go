@@ -333,6 +333,30 @@ func (s *mmsgState) prepRecv(i int, buf []byte, ctrl bool) {
 	s.hdrs[i].Len = 0
 }
 
+// fixRecv points message i's iovec at buf and its control buffer at its
+// slot, for good: a receive state whose messages always receive into the
+// same buffers (a GRO link's) is set up once, and readied for each call
+// with resetRecv alone.
+func (s *mmsgState) fixRecv(i int, buf []byte) {
+	s.iovs[i].Base = &buf[0]
+	s.iovs[i].SetLen(len(buf))
+	h := &s.hdrs[i].Hdr
+	h.Control = &s.ctrl[i*cmsgSpace]
+	s.resetRecv(i)
+}
+
+// resetRecv readies message i, which fixRecv set up, for the next
+// recvmmsg: the fields the kernel wrote back (name and control lengths,
+// flags, length) get their sizes again; prepRecv's iovec and control
+// pointers are left as fixRecv set them.
+func (s *mmsgState) resetRecv(i int) {
+	m := &s.hdrs[i]
+	m.Hdr.Namelen = unix.SizeofSockaddrInet6
+	m.Hdr.SetControllen(cmsgSpace)
+	m.Hdr.Flags = 0
+	m.Len = 0
+}
+
 // recv waits for datagrams on rc and receives up to k of them into the
 // messages hdrs[:k] readied by prepRecv; s.n tells how many arrived. A
 // closed socket gives net.ErrClosed; other errors start with prefix

@@ -302,6 +302,11 @@ func ListenSocket(addr netip.Addr, opts *SocketOptions) (*SocketLink, error) {
 	}
 	if !o.NoGRO {
 		l.gro = &groState{mem: make([]byte, o.BatchSize*groBufSize), msgs: make([]groMsg, o.BatchSize)}
+		// recvGRO receives into these buffers only (recvMsgs' path,
+		// which prepares the caller's, is not taken with GRO).
+		for i := range o.BatchSize {
+			l.recv.fixRecv(i, l.gro.mem[i*groBufSize:(i+1)*groBufSize])
+		}
 	}
 	if w, err := newErrWatch(); err == nil {
 		l.errs = w
@@ -1140,7 +1145,7 @@ func (l *SocketLink) recvGRO(pkts []Packet, wait bool) (int, error) {
 		// last call suggests (see groState.k).
 		k := min(max(g.k, 1), l.batch)
 		for i := range k {
-			s.prepRecv(i, g.mem[i*groBufSize:(i+1)*groBufSize], true)
+			s.resetRecv(i) // buffers and control slots: fixRecv, at ListenSocket
 		}
 		if err := l.recvOnce(k, wait); err != nil {
 			if err == errWoken || err == errNothing {
