@@ -184,3 +184,18 @@ func noWC(t testing.TB, cq *CQ) {
 		t.Fatalf("unexpected completion %+v", wc[0])
 	}
 }
+
+// memLinks returns the links of addrA and addrB on a new in-memory
+// network with faults f.
+func memLinks(t testing.TB, f memnet.Faults) (la, lb udp.Link) {
+	t.Helper()
+	n := memnet.NewMemNetwork(f)
+	la, err := n.Link(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lb, err = n.Link(addrB); err != nil {
+		t.Fatal(err)
+	}
+	return la, lb
+}

@@ -321,15 +321,7 @@ func TestBacklogExpirySpendsNoRetry(t *testing.T) {
 	clk.lateTimers = true
 	o := pairOpts{clock: clk, timeout: 8, retry: 0}
 	o.defaults()
-	n := memnet.NewMemNetwork(memnet.Faults{})
-	ra, err := n.Link(addrA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb, err := n.Link(addrB)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ra, rb := memLinks(t, memnet.Faults{})
 	la := &backlogWrap{Wrap: udp.Wrap{Link: ra}}
 	lb := &psnLink{Wrap: udp.Wrap{Link: rb}}
 	a, b := sideOn(t, la, &o), sideOn(t, lb, &o)

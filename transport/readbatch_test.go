@@ -94,15 +94,7 @@ func TestReadsPostedTogetherLeaveTogether(t *testing.T) {
 	const reads, size = 8, 4096 // 4 responses each at MTU 1024
 	o := pairOpts{}
 	o.defaults()
-	n := memnet.NewMemNetwork(memnet.Faults{})
-	la, err := n.Link(addrA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lb, err := n.Link(addrB)
-	if err != nil {
-		t.Fatal(err)
-	}
+	la, lb := memLinks(t, memnet.Faults{})
 	ta := &readSendLink{Wrap: udp.Wrap{Link: la}}
 	tb := &readSendLink{Wrap: udp.Wrap{Link: lb}, gather: reads}
 	a, b := newSideOn(t, ta, &o), newSideOn(t, tb, &o)
